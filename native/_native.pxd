@@ -1,0 +1,64 @@
+# Declarations mirroring vkm.h (and the few Vulkan types it uses).
+from libc.stdint cimport uint32_t, uint64_t, int32_t
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    int pthread_mutex_lock(pthread_mutex_t *m)
+    int pthread_mutex_unlock(pthread_mutex_t *m)
+
+cdef extern from "vkm.h" nogil:
+    ctypedef int32_t VkResult
+    ctypedef void* VkInstance
+    ctypedef void* VkPhysicalDevice
+    ctypedef void* VkDevice
+    ctypedef void* VkQueue
+    ctypedef void* VkSemaphore
+    ctypedef void* VkFence
+    ctypedef uint64_t VkDeviceSize
+
+    enum:
+        VK_SUCCESS
+        VK_NOT_READY
+        VK_TIMEOUT
+
+    ctypedef struct vkm_device:
+        VkPhysicalDevice physical
+        VkDevice device
+        VkDeviceSize host_pointer_alignment
+        int has_external_memory_host
+        int has_external_memory_fd
+        int has_external_memory_dma_buf
+
+    VkResult vkm_device_init(vkm_device *d, VkPhysicalDevice physical, VkDevice device,
+                             int has_external_memory_host, int has_external_memory_fd,
+                             int has_external_memory_dma_buf, const char **call)
+
+    ctypedef struct vkm_queue:
+        VkQueue queue
+        uint32_t family
+        uint32_t index
+        pthread_mutex_t lock
+
+    void vkm_queue_init(vkm_queue *q, VkQueue queue, uint32_t family, uint32_t index)
+    void vkm_queue_destroy(vkm_queue *q)
+
+    VkResult vkm_wait_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t timeout_ns)
+    VkResult vkm_timeline_value(const vkm_device *d, VkSemaphore sem, uint64_t *value)
+    VkResult vkm_wait_fence(const vkm_device *d, VkFence fence, uint64_t timeout_ns)
+    VkResult vkm_device_wait_idle(const vkm_device *d)
+    VkResult vkm_create_timeline(const vkm_device *d, uint64_t initial, VkSemaphore *out)
+
+    ctypedef struct vkm_messenger:
+        pass
+    VkResult vkm_messenger_create(VkInstance instance, vkm_messenger **out, const char **call)
+    void vkm_messenger_destroy(vkm_messenger *m)
+    size_t vkm_messenger_drain(vkm_messenger *m, size_t max, int *severity, char **text)
+    uint64_t vkm_messenger_count(vkm_messenger *m, int severity)
+
+
+cdef int check(VkResult result, const char *call) except -1
+cdef class Device:
+    cdef vkm_device dev
+    cdef bint alive
+    cdef vkm_device* ptr(self) except NULL

@@ -1,0 +1,217 @@
+# cython: language_level=3
+"""Bindings over the C core (vkm.h). Integer handles in, exceptions out.
+
+Everything that waits or copies runs without the GIL; long waits are cut into
+short slices so that Ctrl-C (PyErr_CheckSignals) is honoured.
+"""
+from libc.stdint cimport uint32_t, uint64_t, uintptr_t
+from libc.stdlib cimport free
+from cpython.exc cimport PyErr_CheckSignals
+import time as _time
+
+cdef uint64_t _SLICE_NS = 50_000_000          # 50 ms between signal checks
+cdef uint64_t _FOREVER = 0xFFFFFFFFFFFFFFFFULL
+
+
+cdef int check(VkResult result, const char *call) except -1:
+    """The one place a VkResult becomes an exception (table in vkmulti.errors)."""
+    if result == VK_SUCCESS:
+        return 0
+    from vkmulti.errors import raise_for_result
+    raise_for_result(int(result), (<bytes>call).decode() if call != NULL else "?")
+    return -1
+
+
+def result_check(int result, str call):
+    """Python access to `check` (for results obtained elsewhere)."""
+    cdef bytes c = call.encode()
+    check(<VkResult>result, c)
+
+
+cdef uint64_t _timeout_ns(timeout) except? 0:
+    if timeout is None:
+        return _FOREVER
+    t = float(timeout)
+    if t != t or t < 0:
+        raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}")
+    if t > 1e9:
+        return _FOREVER
+    return <uint64_t>(t * 1e9)
+
+
+cdef class Device:
+    """The native view of one VkDevice: its function table, loaded once."""
+
+    def __cinit__(self, uintptr_t physical, uintptr_t device, bint external_memory_host=False,
+                  bint external_memory_fd=False, bint external_memory_dma_buf=False):
+        cdef const char *call = NULL
+        if physical == 0 or device == 0:
+            raise ValueError("Device needs non-null VkPhysicalDevice and VkDevice handles")
+        self.alive = False
+        check(vkm_device_init(&self.dev, <VkPhysicalDevice>physical, <VkDevice>device,
+                              external_memory_host, external_memory_fd, external_memory_dma_buf, &call), call)
+        self.alive = True
+
+    cdef vkm_device* ptr(self) except NULL:
+        if not self.alive:
+            from vkmulti.errors import DestroyedError
+            raise DestroyedError("the native device was released (its VkDevice is destroyed)")
+        return &self.dev
+
+    def release(self):
+        """Forget the device (called just before vkDestroyDevice)."""
+        self.alive = False
+
+    @property
+    def handle(self):
+        return <uintptr_t>self.dev.device
+
+    @property
+    def host_pointer_alignment(self):
+        return self.dev.host_pointer_alignment
+
+    def wait_idle(self):
+        """vkDeviceWaitIdle without the GIL."""
+        cdef vkm_device *d = self.ptr()
+        cdef VkResult r
+        with nogil:
+            r = vkm_device_wait_idle(d)
+        check(r, "vkDeviceWaitIdle")
+
+    def create_timeline(self, uint64_t initial=0):
+        cdef VkSemaphore s = NULL
+        cdef vkm_device *d = self.ptr()
+        check(vkm_create_timeline(d, initial, &s), "vkCreateSemaphore(timeline)")
+        return <uintptr_t>s
+
+    def timeline_value(self, uintptr_t semaphore):
+        cdef uint64_t v = 0
+        cdef vkm_device *d = self.ptr()
+        check(vkm_timeline_value(d, <VkSemaphore>semaphore, &v), "vkGetSemaphoreCounterValue")
+        return v
+
+    def wait_timeline(self, uintptr_t semaphore, uint64_t value, timeout=None):
+        """Wait until `semaphore` reaches `value`; TimeoutError after `timeout` s."""
+        cdef vkm_device *d = self.ptr()
+        return wait_slices(d, <VkSemaphore>semaphore, NULL, value, _timeout_ns(timeout),
+                           "vkWaitSemaphores")
+
+    def wait_fence(self, uintptr_t fence, timeout=None):
+        cdef vkm_device *d = self.ptr()
+        return wait_slices(d, NULL, <VkFence>fence, 0, _timeout_ns(timeout), "vkWaitForFences")
+
+
+cdef object wait_slices(vkm_device *d, VkSemaphore sem, VkFence fence, uint64_t value,
+                        uint64_t timeout_ns, const char *call):
+    """Wait in slices of at most 50 ms, checking signals between slices."""
+    cdef VkResult r
+    cdef uint64_t slice_ns
+    cdef double deadline = _time.monotonic() + (timeout_ns / 1e9 if timeout_ns != _FOREVER else 1e18)
+    cdef double left
+    while True:
+        left = deadline - _time.monotonic()
+        slice_ns = _SLICE_NS
+        if left * 1e9 < slice_ns:
+            slice_ns = <uint64_t>(left * 1e9) if left > 0 else 0
+        with nogil:
+            if sem != NULL:
+                r = vkm_wait_timeline(d, sem, value, slice_ns)
+            else:
+                r = vkm_wait_fence(d, fence, slice_ns)
+        if r == VK_SUCCESS:
+            return None
+        if r != VK_TIMEOUT:
+            check(r, call)
+        PyErr_CheckSignals()
+        if _time.monotonic() >= deadline:
+            from vkmulti.errors import TimeoutError as VkmTimeout
+            raise VkmTimeout(f"{call.decode()} did not complete within {timeout_ns / 1e9:.3f} s")
+
+
+cdef class QueueLock:
+    """The external-synchronisation lock of one VkQueue, shared with native threads.
+
+    Use it as a context manager around any vkQueueSubmit you make yourself on a
+    queue vkmulti also submits to.
+    """
+    cdef vkm_queue q
+
+    def __cinit__(self, uintptr_t queue, uint32_t family, uint32_t index=0):
+        if queue == 0:
+            raise ValueError("QueueLock needs a non-null VkQueue handle")
+        vkm_queue_init(&self.q, <VkQueue>queue, family, index)
+
+    def __dealloc__(self):
+        vkm_queue_destroy(&self.q)
+
+    @property
+    def handle(self):
+        return <uintptr_t>self.q.queue
+
+    @property
+    def family(self):
+        return self.q.family
+
+    @property
+    def index(self):
+        return self.q.index
+
+    cdef vkm_queue* ptr(self):
+        return &self.q
+
+    def acquire(self):
+        with nogil:
+            pthread_mutex_lock(&self.q.lock)
+
+    def release(self):
+        pthread_mutex_unlock(&self.q.lock)
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
+cdef class Messenger:
+    """Debug-utils messenger whose callback is C; messages are drained from Python."""
+    cdef vkm_messenger *m
+
+    def __cinit__(self, uintptr_t instance):
+        cdef const char *call = NULL
+        self.m = NULL
+        if instance == 0:
+            raise ValueError("Messenger needs a non-null VkInstance handle")
+        check(vkm_messenger_create(<VkInstance>instance, &self.m, &call), call)
+
+    def destroy(self):
+        if self.m != NULL:
+            vkm_messenger_destroy(self.m)
+            self.m = NULL
+
+    def drain(self):
+        """Return and forget the pending messages as (severity, text) pairs."""
+        cdef int sev[256]
+        cdef char *text[256]
+        cdef size_t n, i
+        out = []
+        if self.m == NULL:
+            return out
+        names = ("verbose", "info", "warning", "error")
+        while True:
+            n = vkm_messenger_drain(self.m, 256, sev, text)
+            for i in range(n):
+                out.append((names[sev[i]], (<bytes>text[i]).decode("utf-8", "replace")))
+                free(text[i])
+            if n < 256:
+                return out
+
+    def count(self, str severity="error"):
+        names = ("verbose", "info", "warning", "error")
+        if severity not in names:
+            raise ValueError(f"severity must be one of {names}, got {severity!r}")
+        if self.m == NULL:
+            return 0
+        return vkm_messenger_count(self.m, names.index(severity))

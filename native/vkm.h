@@ -1,0 +1,85 @@
+/* vkm.h - the C core of vkmulti. Knows nothing of Python.
+ *
+ * Every function that can fail returns a VkResult (VK_SUCCESS on success) and,
+ * where useful, fills a short static description of the failing call through
+ * `const char **call`. The Cython layer turns (result, call) into exceptions.
+ */
+#ifndef VKM_H
+#define VKM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <pthread.h>
+#include <vulkan/vulkan.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- device-level function table: loaded once per VkDevice ---------------- */
+
+typedef struct vkm_device_fns {
+#define VKM_DEVICE_FN(name) PFN_##name name;
+#include "vkm_device_fns.h"
+#undef VKM_DEVICE_FN
+} vkm_device_fns;
+
+typedef struct vkm_device {
+    VkPhysicalDevice physical;
+    VkDevice device;
+    vkm_device_fns fn;
+    VkPhysicalDeviceMemoryProperties memory;
+    VkPhysicalDeviceLimits limits;
+    VkDeviceSize host_pointer_alignment;   /* 0 when VK_EXT_external_memory_host is off */
+    int has_external_memory_host;
+    int has_external_memory_fd;
+    int has_external_memory_dma_buf;
+} vkm_device;
+
+/* Load the function table of `device`. The extension flags say which
+ * extensions the caller enabled on it (their functions are then required). */
+VkResult vkm_device_init(vkm_device *d, VkPhysicalDevice physical, VkDevice device,
+                         int has_external_memory_host, int has_external_memory_fd,
+                         int has_external_memory_dma_buf, const char **call);
+
+/* Index of a memory type allowed by `type_bits` that has all of `required`
+ * (and, if possible, all of `preferred`); -1 when none. */
+int vkm_find_memory_type(const vkm_device *d, uint32_t type_bits,
+                         VkMemoryPropertyFlags required, VkMemoryPropertyFlags preferred);
+
+/* ---- queues: a VkQueue plus the lock Vulkan's external synchronisation needs */
+
+typedef struct vkm_queue {
+    VkQueue queue;
+    uint32_t family;
+    uint32_t index;
+    pthread_mutex_t lock;
+} vkm_queue;
+
+void vkm_queue_init(vkm_queue *q, VkQueue queue, uint32_t family, uint32_t index);
+void vkm_queue_destroy(vkm_queue *q);
+VkResult vkm_queue_submit(const vkm_device *d, vkm_queue *q, uint32_t count,
+                          const VkSubmitInfo *submits, VkFence fence);
+
+/* ---- waits (call without the GIL; bounded by timeout_ns) ----------------- */
+
+VkResult vkm_wait_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t timeout_ns);
+VkResult vkm_timeline_value(const vkm_device *d, VkSemaphore sem, uint64_t *value);
+VkResult vkm_wait_fence(const vkm_device *d, VkFence fence, uint64_t timeout_ns);
+VkResult vkm_device_wait_idle(const vkm_device *d);
+VkResult vkm_create_timeline(const vkm_device *d, uint64_t initial, VkSemaphore *out);
+
+/* ---- validation messages: a debug-utils messenger with a C callback ------- */
+
+typedef struct vkm_messenger vkm_messenger;
+
+VkResult vkm_messenger_create(VkInstance instance, vkm_messenger **out, const char **call);
+void vkm_messenger_destroy(vkm_messenger *m);
+/* Copies out and removes up to `max` pending messages; returns how many. */
+size_t vkm_messenger_drain(vkm_messenger *m, size_t max, int *severity, char **text);
+uint64_t vkm_messenger_count(vkm_messenger *m, int severity);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,22 @@
+"""vkmulti: drive several GPUs through Vulkan.
+
+Places work on GPUs by cost, moves results between them as fast as the
+hardware allows, and keeps working when a GPU is slow or gone.
+"""
+__version__ = "0.1.0"
+
+from .capabilities import DeviceCapabilities, QueueFamilies, RenderCapabilities, probe_device
+from .devices import LogicalDevice, Queue, create_logical_device
+from .errors import (DestroyedError, DeviceLostError, OutOfDeviceMemoryError, OutOfHostMemoryError,
+                     TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError)
+from .instance import Instance
+from .methods import TransferMethod, supported_methods
+from .multi_device import DeviceSlot, MultiDeviceManager
+
+__all__ = [
+    "DeviceCapabilities", "QueueFamilies", "RenderCapabilities", "probe_device",
+    "LogicalDevice", "Queue", "create_logical_device", "Instance",
+    "DeviceSlot", "MultiDeviceManager", "TransferMethod", "supported_methods",
+    "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError", "OutOfHostMemoryError",
+    "UnsupportedError", "TransferError", "TimeoutError", "DestroyedError",
+]

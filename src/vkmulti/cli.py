@@ -1,0 +1,127 @@
+"""Command line: `python -m vkmulti info [--json] [--virtual N]`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from . import __version__
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _use_virtual(args: argparse.Namespace) -> str | None:
+    """Install the virtual pair when asked, or when this machine has no real GPU."""
+    from .testing import find_lavapipe_icd, install_virtual_gpus, is_virtual_setup
+
+    if args.virtual:
+        install_virtual_gpus(args.virtual)
+        return f"using {args.virtual} virtual lavapipe GPUs (--virtual)"
+    if is_virtual_setup():
+        return "using the virtual lavapipe GPUs named in VK_DRIVER_FILES"
+    from .capabilities import probe_device
+    from .instance import Instance
+
+    inst = Instance(validation=False)
+    try:
+        types = [probe_device(p).device_type for p in inst.physical_devices()]
+    finally:
+        inst.destroy()
+    if not any(t != "cpu" for t in types) and find_lavapipe_icd() is not None:
+        install_virtual_gpus(2)
+        return "no GPU found: using the virtual lavapipe GPU pair (2 CPU devices)"
+    return None
+
+
+def gather_info() -> dict[str, Any]:
+    from .capabilities import probe_device
+    from .instance import Instance
+    from .methods import method_support, supported_methods, TransferMethod
+
+    inst = Instance(validation=False)
+    try:
+        caps = [probe_device(p) for p in inst.physical_devices()]
+    finally:
+        inst.destroy()
+    pairs = []
+    for i, a in enumerate(caps):
+        for j, b in enumerate(caps):
+            if i == j:
+                continue
+            pairs.append({
+                "src": i, "dst": j, "methods": supported_methods(a, b),
+                "unavailable": {m: method_support(m, a, b) for m in TransferMethod.CROSS_DEVICE
+                                if method_support(m, a, b) is not None},
+            })
+    return {"vkmulti": __version__, "devices": [dict(index=i, **c.to_dict()) for i, c in enumerate(caps)],
+            "pairs": pairs}
+
+
+def _print_info(info: dict[str, Any]) -> None:
+    devs = info["devices"]
+    print(f"vkmulti {info['vkmulti']}: {len(devs)} Vulkan device(s)\n")
+    for d in devs:
+        print(f"GPU {d['index']}: {d['name']}  [{d['device_type']}, {d['vendor']}]")
+        rows = [
+            ("driver", f"{d['driver_name']} ({d['driver_info']})"),
+            ("Vulkan API", d["api_version"]),
+            ("deviceUUID", d["device_uuid"]),
+            ("driverUUID", d["driver_uuid"]),
+            ("PCI bus", d["pci_bus"] or "n/a (no VK_EXT_pci_bus_info)"),
+            ("host import align", d["min_imported_host_pointer_alignment"] or "n/a"),
+            ("timeline / sync2", f"{d['timeline_semaphore']} / {d['synchronization2']}"),
+        ]
+        for h in d["memory_heaps"]:
+            rows.append((f"heap {h['index']}", f"{_gib(h['size'])}{' device-local' if h['device_local'] else ''}"))
+        for k, v in rows:
+            print(f"  {k:<18} {v}")
+        print(f"  {'queue families':<18} {'idx':>3}  {'count':>5}  flags")
+        for q in d["queue_families"]:
+            role = []
+            if q["index"] == d["graphics_family"]:
+                role.append("universal")
+            if q["index"] == d["dedicated_compute_family"]:
+                role.append("dedicated compute")
+            if q["index"] == d["dedicated_transfer_family"]:
+                role.append("dedicated transfer")
+            print(f"  {'':<18} {q['index']:>3}  {q['queue_count']:>5}  {'+'.join(q['flags'])}"
+                  f"{'  <- ' + ', '.join(role) if role else ''}")
+        print(f"  {'extensions':<18} " + "  ".join(f"{'+' if v else '-'}{k}" for k, v in d["extensions"].items()))
+        print()
+    if info["pairs"]:
+        print("Transfer methods per pair (best first):")
+        print(f"  {'src -> dst':<10} {'methods':<40} why others are unavailable")
+        for p in info["pairs"]:
+            why = "; ".join(f"{m}: {r}" for m, r in p["unavailable"].items()) or "-"
+            print(f"  {p['src']} -> {p['dst']:<5} {', '.join(p['methods']):<40} {why}")
+    else:
+        print("One device: no cross-device transfers.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vkmulti", description="vkmulti: several GPUs through Vulkan")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_info = sub.add_parser("info", help="list devices, capabilities and transfer methods per pair")
+    p_info.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p_info.add_argument("--virtual", type=int, default=0, metavar="N",
+                        help="use N virtual lavapipe GPUs instead of the real ones")
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        if args.virtual < 0:
+            parser.error("--virtual must be >= 0")
+        note = _use_virtual(args)
+        info = gather_info()
+        if note:
+            info["note"] = note
+        if args.json:
+            json.dump(info, sys.stdout, indent=2)
+            print()
+        else:
+            if note:
+                print(f"note: {note}\n")
+            _print_info(info)
+        return 0
+    return 2  # pragma: no cover - argparse enforces the choices

@@ -1,0 +1,105 @@
+"""The exception hierarchy of vkmulti and the table that maps VkResult to it."""
+from __future__ import annotations
+
+import builtins
+
+__all__ = [
+    "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError",
+    "OutOfHostMemoryError", "UnsupportedError", "TransferError", "TimeoutError",
+    "DestroyedError", "raise_for_result", "result_name", "from_vulkan_exception",
+]
+
+
+class VkmError(Exception):
+    """Base of every error vkmulti raises on purpose."""
+
+
+class VulkanError(VkmError):
+    """A Vulkan call returned an error code."""
+
+    def __init__(self, result: int, call: str, message: str | None = None):
+        self.result = result
+        self.result_name = result_name(result)
+        self.call = call
+        super().__init__(message or f"{call} failed: {self.result_name} ({result})")
+
+
+class DeviceLostError(VulkanError):
+    """The device was lost (VK_ERROR_DEVICE_LOST): its objects can only be destroyed."""
+
+
+class OutOfDeviceMemoryError(VulkanError, MemoryError):
+    """VK_ERROR_OUT_OF_DEVICE_MEMORY."""
+
+
+class OutOfHostMemoryError(VulkanError, MemoryError):
+    """VK_ERROR_OUT_OF_HOST_MEMORY."""
+
+
+class UnsupportedError(VkmError):
+    """A capability is missing: names the extension, the device and what to use instead."""
+
+    def __init__(self, message: str, *, extension: str | None = None, device: str | None = None):
+        self.extension = extension
+        self.device = device
+        super().__init__(message)
+
+
+class TransferError(VkmError):
+    """A cross-device transfer could not be carried out."""
+
+
+class TimeoutError(VkmError, builtins.TimeoutError):
+    """A wait did not complete within its timeout; the object stays usable."""
+
+
+class DestroyedError(VkmError, RuntimeError):
+    """The object was used after destroy()."""
+
+
+# VkResult values (vulkan_core.h). Kept here so errors read by name without a GPU.
+_RESULT_NAMES = {
+    0: "VK_SUCCESS", 1: "VK_NOT_READY", 2: "VK_TIMEOUT", 3: "VK_EVENT_SET", 4: "VK_EVENT_RESET",
+    5: "VK_INCOMPLETE", -1: "VK_ERROR_OUT_OF_HOST_MEMORY", -2: "VK_ERROR_OUT_OF_DEVICE_MEMORY",
+    -3: "VK_ERROR_INITIALIZATION_FAILED", -4: "VK_ERROR_DEVICE_LOST", -5: "VK_ERROR_MEMORY_MAP_FAILED",
+    -6: "VK_ERROR_LAYER_NOT_PRESENT", -7: "VK_ERROR_EXTENSION_NOT_PRESENT",
+    -8: "VK_ERROR_FEATURE_NOT_PRESENT", -9: "VK_ERROR_INCOMPATIBLE_DRIVER", -10: "VK_ERROR_TOO_MANY_OBJECTS",
+    -11: "VK_ERROR_FORMAT_NOT_SUPPORTED", -12: "VK_ERROR_FRAGMENTED_POOL", -13: "VK_ERROR_UNKNOWN",
+    -1000069000: "VK_ERROR_OUT_OF_POOL_MEMORY", -1000072003: "VK_ERROR_INVALID_EXTERNAL_HANDLE",
+    -1000161000: "VK_ERROR_FRAGMENTATION", -1000257000: "VK_ERROR_INVALID_OPAQUE_CAPTURE_ADDRESS",
+}
+
+_RESULT_CLASSES: dict[int, type[VulkanError]] = {
+    -1: OutOfHostMemoryError,
+    -2: OutOfDeviceMemoryError,
+    -4: DeviceLostError,
+}
+
+
+def result_name(result: int) -> str:
+    return _RESULT_NAMES.get(result, f"VkResult({result})")
+
+
+def raise_for_result(result: int, call: str) -> None:
+    """Raise the exception for `result` from `call`; return for VK_SUCCESS.
+
+    The single translation point: the native layer and the Python layer both
+    come here.
+    """
+    if result == 0:
+        return
+    if result == 2:
+        raise TimeoutError(f"{call} timed out (VK_TIMEOUT)")
+    if result in (-6, -7, -8):
+        raise UnsupportedError(f"{call} failed: {result_name(result)}; the driver lacks what was asked for")
+    raise _RESULT_CLASSES.get(result, VulkanError)(result, call)
+
+
+def from_vulkan_exception(exc: BaseException, call: str) -> None:
+    """Re-raise an exception of the `vulkan` (cffi) package through the same table."""
+    import vulkan as vk
+
+    for code, cls in vk.exception_codes.items():
+        if type(exc) is cls:
+            raise_for_result(code, call)
+    raise VulkanError(-13, call, f"{call} failed: {exc!r}") from exc

@@ -1,0 +1,72 @@
+"""A virtual GPU pair (or N) from Mesa's lavapipe, for tests and machines without GPUs.
+
+The Vulkan loader lists one physical device per ICD manifest file; N copies of
+the lavapipe manifest under different names give N CPU "GPUs". Call this
+before any Instance is created (the loader reads VK_DRIVER_FILES then).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from typing import Iterator
+
+_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/etc/vulkan/icd.d")
+_ENV_KEYS = ("VK_DRIVER_FILES", "VK_ICD_FILENAMES")
+
+
+def find_lavapipe_icd() -> str | None:
+    """Path of the lavapipe ICD manifest, or None when Mesa's Vulkan drivers are absent."""
+    for d in _ICD_DIRS:
+        hits = sorted(glob.glob(os.path.join(d, "lvp_icd*.json")))
+        if hits:
+            return hits[0]
+    return None
+
+
+def install_virtual_gpus(count: int = 2, *, directory: str | None = None) -> list[str]:
+    """Write `count` copies of the lavapipe manifest and point the loader at them.
+
+    Returns the manifest paths. Sets VK_DRIVER_FILES (and the older
+    VK_ICD_FILENAMES) for this process; use `virtual_gpus()` to restore them.
+    """
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"count must be a positive int, got {count!r}")
+    icd = find_lavapipe_icd()
+    if icd is None:
+        from .errors import UnsupportedError
+        raise UnsupportedError("no lavapipe ICD manifest found; install Mesa's Vulkan drivers "
+                               "(Debian: apt-get install mesa-vulkan-drivers)")
+    directory = directory or tempfile.mkdtemp(prefix="vkmulti-icd-")
+    paths = []
+    for i in range(count):
+        p = os.path.join(directory, f"vkmulti_lvp_{i}.json")
+        shutil.copyfile(icd, p)
+        paths.append(p)
+    value = os.pathsep.join(paths)
+    for k in _ENV_KEYS:
+        os.environ[k] = value
+    return paths
+
+
+@contextmanager
+def virtual_gpus(count: int = 2) -> Iterator[list[str]]:
+    """Context manager form of install_virtual_gpus; restores the environment after."""
+    saved = {k: os.environ.get(k) for k in _ENV_KEYS}
+    directory = tempfile.mkdtemp(prefix="vkmulti-icd-")
+    try:
+        yield install_virtual_gpus(count, directory=directory)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def is_virtual_setup() -> bool:
+    """True when the loader is pointed at vkmulti's lavapipe copies."""
+    return "vkmulti_lvp_" in os.environ.get("VK_DRIVER_FILES", "")

@@ -1,0 +1,53 @@
+"""Test set-up: the virtual lavapipe GPU pair and the validation-layer guard.
+
+Unless VKMULTI_REAL_GPUS=1 (the GPU host), the loader is pointed at two copies
+of the lavapipe ICD before anything creates an instance. Every Instance the
+tests create has VK_LAYER_KHRONOS_validation on; any validation message of
+severity error fails the test that produced it.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+REAL_GPUS = os.environ.get("VKMULTI_REAL_GPUS") == "1"
+
+os.environ["VKMULTI_VALIDATION"] = "1"
+if not REAL_GPUS:
+    from vkmulti.testing import install_virtual_gpus
+
+    install_virtual_gpus(2)
+
+
+def pytest_collection_modifyitems(config, items):
+    if REAL_GPUS:
+        return
+    skip = pytest.mark.skip(reason="needs two real GPUs (set VKMULTI_REAL_GPUS=1 on a GPU host)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def validation_guard(request):
+    """Fail the test if the validation layer reported an error during it."""
+    from vkmulti.instance import drain_all_validation_messages
+
+    drain_all_validation_messages()
+    yield
+    errors = [text for sev, text in drain_all_validation_messages() if sev == "error"]
+    if errors and "allow_validation_errors" not in request.keywords:
+        pytest.fail("validation layer reported %d error(s):\n%s" % (len(errors), "\n".join(errors[:5])))
+
+
+@pytest.fixture
+def manager():
+    """A MultiDeviceManager over both GPUs (virtual pair by default); destroyed after."""
+    from vkmulti import MultiDeviceManager
+
+    mgr = MultiDeviceManager.create(enabled=True)
+    try:
+        yield mgr
+    finally:
+        mgr.destroy()
