@@ -215,3 +215,6 @@ cdef class Messenger:
         if self.m == NULL:
             return 0
         return vkm_messenger_count(self.m, names.index(severity))
+
+include "partition.pxi"
+include "transfer.pxi"

@@ -36,6 +36,9 @@ class DeviceSlot:
     enabled_extensions: frozenset[str] = frozenset()
     native: Any = dataclasses.field(default=None, repr=False)
     owned: bool = dataclasses.field(default=False, repr=False)
+    #: Per-device helpers vkmulti caches (transfer links, command runners);
+    #: each has destroy() and goes before any device is destroyed.
+    children: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def is_primary(self) -> bool:
@@ -45,6 +48,12 @@ class DeviceSlot:
     def copy_queue(self) -> Queue:
         """The queue vkmulti copies on: dedicated transfer, else compute, else graphics."""
         return self.transfer_queue or self.compute_queue or self.graphics_queue
+
+    def release_children(self) -> None:
+        """Destroy the cached helpers, newest first."""
+        while self.children:
+            _, child = self.children.popitem()
+            child.destroy()
 
 
 def _device_name(pd: Any) -> str:
@@ -275,6 +284,8 @@ class MultiDeviceManager:
         self._teardown.append(hook)
 
     def _destroy_secondaries(self) -> None:
+        for s in self._slots:   # children (links between any two slots) before any device
+            s.release_children()
         for s in self._slots[1:]:
             if s.device is not None:
                 destroy_logical_device(s.device, s.native)
@@ -299,6 +310,7 @@ class MultiDeviceManager:
                 errors.append(exc)
         self._destroy_secondaries()
         p = self._slots[0]
+        p.release_children()
         if p.owned and p.device is not None:
             destroy_logical_device(p.device, p.native)
             p.device = None

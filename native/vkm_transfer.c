@@ -1,0 +1,822 @@
+/* vkm_transfer.c - the cross-device transfer engine (see vkm_transfer.h). */
+#include "vkm_transfer.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SLICE_NS 100000000ull /* worker waits are cut into 100 ms slices */
+
+typedef struct vkm_job {
+    vkm_endpoint src, dst;
+    VkDeviceSize size, chunk_bytes;
+    uint32_t chunks;
+    uint64_t ticket;
+    uint64_t src_base, dst_base; /* first timeline value this job signals, minus one */
+    uint64_t src_done, dst_ready;
+    struct vkm_job *next;
+} vkm_job;
+
+/* One device's end of a link. */
+typedef struct vkm_side {
+    vkm_device *dev;
+    vkm_queue *queue;
+    VkCommandPool pool;
+    VkCommandBuffer *cmds; /* one per slot */
+    VkSemaphore timeline;
+    VkBuffer ring;
+    VkDeviceMemory memory;
+    uint8_t *mapped;        /* staging rings only */
+    int coherent;
+    /* ownership-transfer submits on an owner queue: a small pool per family */
+    VkCommandPool owner_pool;
+    uint32_t owner_family;
+    VkCommandBuffer owner_cmds[4];
+    uint64_t owner_free_at[4]; /* timeline value after which owner_cmds[i] is free */
+    uint32_t owner_next;
+} vkm_side;
+
+struct vkm_link {
+    vkm_link_config cfg;
+    vkm_side src, dst;
+    void *host_block; /* shared-host ring */
+    uint64_t *slot_free_at; /* dst timeline value after which slot i may be rewritten */
+    uint64_t chunk_counter;
+
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;   /* a job was queued / stop requested */
+    pthread_cond_t progress; /* a job was fully submitted */
+    vkm_job *head, *tail;
+    int stopping;
+    uint64_t next_ticket;       /* last ticket handed out */
+    uint64_t submitted_ticket;  /* last ticket fully submitted */
+    uint64_t src_value, dst_value; /* last values handed out */
+    VkResult error;             /* sticky: once a job fails, the link is failed */
+    const char *error_call;
+    uint64_t failed_ticket;
+};
+
+/* ---- small helpers ------------------------------------------------------- */
+
+#define TRY(expr, name)                                                        \
+    do {                                                                       \
+        VkResult r_ = (expr);                                                  \
+        if (r_ != VK_SUCCESS) {                                                \
+            if (call) *call = name;                                            \
+            return r_;                                                         \
+        }                                                                      \
+    } while (0)
+
+static VkResult make_pool(vkm_device *d, uint32_t family, VkCommandPool *pool)
+{
+    VkCommandPoolCreateInfo info = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                                    .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT |
+                                             VK_COMMAND_POOL_CREATE_TRANSIENT_BIT,
+                                    .queueFamilyIndex = family};
+    return d->fn.vkCreateCommandPool(d->device, &info, NULL, pool);
+}
+
+static VkResult make_cmds(vkm_device *d, VkCommandPool pool, uint32_t n, VkCommandBuffer *out)
+{
+    VkCommandBufferAllocateInfo info = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                        .commandPool = pool,
+                                        .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                        .commandBufferCount = n};
+    return d->fn.vkAllocateCommandBuffers(d->device, &info, out);
+}
+
+static VkResult make_buffer(vkm_device *d, VkDeviceSize size, VkBufferUsageFlags usage,
+                            VkExternalMemoryHandleTypeFlags external, VkBuffer *out)
+{
+    VkExternalMemoryBufferCreateInfo ext = {.sType = VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO,
+                                            .handleTypes = external};
+    VkBufferCreateInfo info = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                               .pNext = external ? &ext : NULL,
+                               .size = size,
+                               .usage = usage,
+                               .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+    return d->fn.vkCreateBuffer(d->device, &info, NULL, out);
+}
+
+static VkDeviceSize round_up(VkDeviceSize v, VkDeviceSize a)
+{
+    return a ? (v + a - 1) / a * a : v;
+}
+
+/* A host-visible buffer of `size` bytes, persistently mapped. */
+static VkResult make_staging(vkm_side *s, VkDeviceSize size, VkBufferUsageFlags usage, int readback,
+                             const char **call)
+{
+    vkm_device *d = s->dev;
+    TRY(make_buffer(d, size, usage, 0, &s->ring), "vkCreateBuffer(staging)");
+    VkMemoryRequirements req;
+    d->fn.vkGetBufferMemoryRequirements(d->device, s->ring, &req);
+    VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    int type = vkm_find_memory_type(d, req.memoryTypeBits, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT,
+                                    readback ? want | VK_MEMORY_PROPERTY_HOST_CACHED_BIT : want);
+    if (type < 0) {
+        if (call) *call = "vkm_find_memory_type(host-visible)";
+        return VK_ERROR_FEATURE_NOT_PRESENT;
+    }
+    s->coherent = (d->memory.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT) != 0;
+    VkMemoryAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                                  .allocationSize = req.size,
+                                  .memoryTypeIndex = (uint32_t)type};
+    TRY(d->fn.vkAllocateMemory(d->device, &alloc, NULL, &s->memory), "vkAllocateMemory(staging)");
+    TRY(d->fn.vkBindBufferMemory(d->device, s->ring, s->memory, 0), "vkBindBufferMemory(staging)");
+    void *p = NULL;
+    TRY(d->fn.vkMapMemory(d->device, s->memory, 0, VK_WHOLE_SIZE, 0, &p), "vkMapMemory(staging)");
+    s->mapped = p;
+    return VK_SUCCESS;
+}
+
+/* Import the host block into side `s` as a buffer. */
+static VkResult import_host(vkm_side *s, void *block, VkDeviceSize size, VkBufferUsageFlags usage,
+                            const char **call)
+{
+    vkm_device *d = s->dev;
+    const VkExternalMemoryHandleTypeFlagBits type = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
+    TRY(make_buffer(d, size, usage, type, &s->ring), "vkCreateBuffer(host import)");
+    VkMemoryRequirements req;
+    d->fn.vkGetBufferMemoryRequirements(d->device, s->ring, &req);
+    VkMemoryHostPointerPropertiesEXT hp = {.sType = VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
+    TRY(d->fn.vkGetMemoryHostPointerPropertiesEXT(d->device, type, block, &hp),
+        "vkGetMemoryHostPointerPropertiesEXT");
+    int mt = vkm_find_memory_type(d, req.memoryTypeBits & hp.memoryTypeBits, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT,
+                                  VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+    if (mt < 0) {
+        if (call) *call = "vkGetMemoryHostPointerPropertiesEXT(no memory type)";
+        return VK_ERROR_FEATURE_NOT_PRESENT;
+    }
+    VkImportMemoryHostPointerInfoEXT imp = {.sType = VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT,
+                                            .handleType = type,
+                                            .pHostPointer = block};
+    VkMemoryAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                                  .pNext = &imp,
+                                  .allocationSize = size,
+                                  .memoryTypeIndex = (uint32_t)mt};
+    TRY(d->fn.vkAllocateMemory(d->device, &alloc, NULL, &s->memory), "vkAllocateMemory(host import)");
+    TRY(d->fn.vkBindBufferMemory(d->device, s->ring, s->memory, 0), "vkBindBufferMemory(host import)");
+    return VK_SUCCESS;
+}
+
+/* Allocate exportable memory on the source, export it, import it on the destination. */
+static VkResult export_import(vkm_link *l, VkDeviceSize size, const char **call)
+{
+    vkm_device *sd = l->src.dev, *dd = l->dst.dev;
+    VkExternalMemoryHandleTypeFlagBits type = l->cfg.export_type;
+    TRY(make_buffer(sd, size, VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT, type,
+                    &l->src.ring), "vkCreateBuffer(export)");
+    VkMemoryRequirements req;
+    sd->fn.vkGetBufferMemoryRequirements(sd->device, l->src.ring, &req);
+    int mt = vkm_find_memory_type(sd, req.memoryTypeBits, 0, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+    if (mt < 0) {
+        if (call) *call = "vkm_find_memory_type(exportable)";
+        return VK_ERROR_FEATURE_NOT_PRESENT;
+    }
+    VkMemoryDedicatedAllocateInfo ded = {.sType = VK_STRUCTURE_TYPE_MEMORY_DEDICATED_ALLOCATE_INFO,
+                                         .buffer = l->src.ring};
+    VkExportMemoryAllocateInfo exp = {.sType = VK_STRUCTURE_TYPE_EXPORT_MEMORY_ALLOCATE_INFO,
+                                      .pNext = &ded,
+                                      .handleTypes = type};
+    VkMemoryAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                                  .pNext = &exp,
+                                  .allocationSize = req.size,
+                                  .memoryTypeIndex = (uint32_t)mt};
+    TRY(sd->fn.vkAllocateMemory(sd->device, &alloc, NULL, &l->src.memory), "vkAllocateMemory(export)");
+    TRY(sd->fn.vkBindBufferMemory(sd->device, l->src.ring, l->src.memory, 0), "vkBindBufferMemory(export)");
+    VkMemoryGetFdInfoKHR gfd = {.sType = VK_STRUCTURE_TYPE_MEMORY_GET_FD_INFO_KHR,
+                                .memory = l->src.memory,
+                                .handleType = type};
+    int fd = -1;
+    TRY(sd->fn.vkGetMemoryFdKHR(sd->device, &gfd, &fd), "vkGetMemoryFdKHR");
+
+    VkResult r = make_buffer(dd, size, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, type,
+                             &l->dst.ring);
+    if (r != VK_SUCCESS) {
+        close(fd);
+        if (call) *call = "vkCreateBuffer(import)";
+        return r;
+    }
+    VkMemoryRequirements dreq;
+    dd->fn.vkGetBufferMemoryRequirements(dd->device, l->dst.ring, &dreq);
+    uint32_t bits = dreq.memoryTypeBits;
+    if (type != VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT) {
+        VkMemoryFdPropertiesKHR fp = {.sType = VK_STRUCTURE_TYPE_MEMORY_FD_PROPERTIES_KHR};
+        r = dd->fn.vkGetMemoryFdPropertiesKHR(dd->device, type, fd, &fp);
+        if (r != VK_SUCCESS) {
+            close(fd);
+            if (call) *call = "vkGetMemoryFdPropertiesKHR";
+            return r;
+        }
+        bits &= fp.memoryTypeBits;
+    } else {
+        bits &= 1u << mt; /* opaque fd: same driver and device, same memory type */
+    }
+    int dmt = vkm_find_memory_type(dd, bits, 0, 0);
+    if (dmt < 0) {
+        close(fd);
+        if (call) *call = "vkm_find_memory_type(import)";
+        return VK_ERROR_FEATURE_NOT_PRESENT;
+    }
+    VkMemoryDedicatedAllocateInfo dded = {.sType = VK_STRUCTURE_TYPE_MEMORY_DEDICATED_ALLOCATE_INFO,
+                                          .buffer = l->dst.ring};
+    VkImportMemoryFdInfoKHR imp = {.sType = VK_STRUCTURE_TYPE_IMPORT_MEMORY_FD_INFO_KHR,
+                                   .pNext = &dded,
+                                   .handleType = type,
+                                   .fd = fd};
+    VkMemoryAllocateInfo dalloc = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                                   .pNext = &imp,
+                                   .allocationSize = req.size,
+                                   .memoryTypeIndex = (uint32_t)dmt};
+    r = dd->fn.vkAllocateMemory(dd->device, &dalloc, NULL, &l->dst.memory);
+    if (r != VK_SUCCESS) {
+        close(fd); /* ownership passes to the driver only on success */
+        if (call) *call = "vkAllocateMemory(import fd)";
+        return r;
+    }
+    TRY(dd->fn.vkBindBufferMemory(dd->device, l->dst.ring, l->dst.memory, 0), "vkBindBufferMemory(import)");
+    return VK_SUCCESS;
+}
+
+static VkResult side_init(vkm_side *s, uint32_t slots, const char **call)
+{
+    TRY(make_pool(s->dev, s->queue->family, &s->pool), "vkCreateCommandPool");
+    s->cmds = calloc(slots, sizeof(VkCommandBuffer));
+    if (!s->cmds) return VK_ERROR_OUT_OF_HOST_MEMORY;
+    TRY(make_cmds(s->dev, s->pool, slots, s->cmds), "vkAllocateCommandBuffers");
+    TRY(vkm_create_timeline(s->dev, 0, &s->timeline), "vkCreateSemaphore(timeline)");
+    s->owner_family = VK_QUEUE_FAMILY_IGNORED;
+    return VK_SUCCESS;
+}
+
+static void side_free(vkm_side *s, uint32_t slots)
+{
+    vkm_device *d = s->dev;
+    if (!d) return;
+    if (s->mapped) d->fn.vkUnmapMemory(d->device, s->memory);
+    if (s->ring) d->fn.vkDestroyBuffer(d->device, s->ring, NULL);
+    if (s->memory) d->fn.vkFreeMemory(d->device, s->memory, NULL);
+    if (s->cmds && s->pool && s->cmds[0]) d->fn.vkFreeCommandBuffers(d->device, s->pool, slots, s->cmds);
+    free(s->cmds);
+    if (s->pool) d->fn.vkDestroyCommandPool(d->device, s->pool, NULL);
+    if (s->owner_pool) d->fn.vkDestroyCommandPool(d->device, s->owner_pool, NULL);
+    if (s->timeline) d->fn.vkDestroySemaphore(d->device, s->timeline, NULL);
+    memset(s, 0, sizeof(*s));
+}
+
+static void *worker(void *arg);
+
+VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
+                         const vkm_link_config *config, vkm_link **out, const char **call)
+{
+    *out = NULL;
+    if (!src || !dst || !src_queue || !dst_queue || !config || config->slot_count < 1 || config->slot_size < 1)
+        return VK_ERROR_INITIALIZATION_FAILED;
+    vkm_link *l = calloc(1, sizeof(*l));
+    if (!l) return VK_ERROR_OUT_OF_HOST_MEMORY;
+    l->cfg = *config;
+    if (!l->cfg.stall_timeout_ns) l->cfg.stall_timeout_ns = 30ull * 1000000000ull;
+    l->src.dev = src;
+    l->src.queue = src_queue;
+    l->dst.dev = dst;
+    l->dst.queue = dst_queue;
+    pthread_mutex_init(&l->lock, NULL);
+    pthread_cond_init(&l->wake, NULL);
+    pthread_cond_init(&l->progress, NULL);
+
+    /* Slots are aligned for host import and for buffer-copy offsets. */
+    VkDeviceSize align = 256;
+    if (l->cfg.ring == VKM_RING_SHARED_HOST) {
+        if (!src->host_pointer_alignment || !dst->host_pointer_alignment) {
+            if (call) *call = "VK_EXT_external_memory_host not enabled";
+            vkm_link_destroy(l);
+            return VK_ERROR_EXTENSION_NOT_PRESENT;
+        }
+        if (src->host_pointer_alignment > align) align = src->host_pointer_alignment;
+        if (dst->host_pointer_alignment > align) align = dst->host_pointer_alignment;
+    }
+    l->cfg.slot_size = round_up(l->cfg.slot_size, align);
+    VkDeviceSize total = l->cfg.slot_size * l->cfg.slot_count;
+    uint32_t n = l->cfg.slot_count;
+    l->slot_free_at = calloc(n, sizeof(uint64_t));
+    VkResult r = l->slot_free_at ? VK_SUCCESS : VK_ERROR_OUT_OF_HOST_MEMORY;
+    if (r == VK_SUCCESS) r = side_init(&l->src, n, call);
+    if (r == VK_SUCCESS) r = side_init(&l->dst, n, call);
+    if (r == VK_SUCCESS) {
+        switch (l->cfg.ring) {
+        case VKM_RING_STAGING:
+            r = make_staging(&l->src, total, VK_BUFFER_USAGE_TRANSFER_DST_BIT, 1, call);
+            if (r == VK_SUCCESS)
+                r = make_staging(&l->dst, total, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, 0, call);
+            break;
+        case VKM_RING_SHARED_HOST:
+            l->host_block = aligned_alloc(align, total);
+            if (!l->host_block) {
+                r = VK_ERROR_OUT_OF_HOST_MEMORY;
+                if (call) *call = "aligned_alloc(shared host ring)";
+                break;
+            }
+            memset(l->host_block, 0, total); /* touch the pages once */
+            r = import_host(&l->src, l->host_block, total, VK_BUFFER_USAGE_TRANSFER_DST_BIT, call);
+            if (r == VK_SUCCESS)
+                r = import_host(&l->dst, l->host_block, total, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, call);
+            break;
+        case VKM_RING_EXPORTED:
+            if (!src->has_external_memory_fd || !dst->has_external_memory_fd) {
+                r = VK_ERROR_EXTENSION_NOT_PRESENT;
+                if (call) *call = "VK_KHR_external_memory_fd not enabled";
+                break;
+            }
+            r = export_import(l, total, call);
+            break;
+        default:
+            r = VK_ERROR_INITIALIZATION_FAILED;
+            if (call) *call = "vkm_link_create(unknown ring kind)";
+        }
+    }
+    if (r == VK_SUCCESS) {
+        if (pthread_create(&l->thread, NULL, worker, l) != 0) {
+            r = VK_ERROR_INITIALIZATION_FAILED;
+            if (call) *call = "pthread_create";
+        } else {
+            l->thread_started = 1;
+        }
+    }
+    if (r != VK_SUCCESS) {
+        vkm_link_destroy(l);
+        return r;
+    }
+    *out = l;
+    return VK_SUCCESS;
+}
+
+void vkm_link_destroy(vkm_link *l)
+{
+    if (!l) return;
+    if (l->thread_started) {
+        pthread_mutex_lock(&l->lock);
+        l->stopping = 1;
+        pthread_cond_broadcast(&l->wake);
+        pthread_mutex_unlock(&l->lock);
+        pthread_join(l->thread, NULL);
+    }
+    /* Wait until the GPUs are done with everything this link submitted. */
+    if (l->src.timeline && l->error == VK_SUCCESS)
+        vkm_wait_timeline(l->src.dev, l->src.timeline, l->src_value, l->cfg.stall_timeout_ns);
+    if (l->dst.timeline && l->error == VK_SUCCESS)
+        vkm_wait_timeline(l->dst.dev, l->dst.timeline, l->dst_value, l->cfg.stall_timeout_ns);
+    if (l->error != VK_SUCCESS) { /* partially submitted work: fall back to idle waits */
+        if (l->src.dev) vkm_device_wait_idle(l->src.dev);
+        if (l->dst.dev) vkm_device_wait_idle(l->dst.dev);
+    }
+    side_free(&l->src, l->cfg.slot_count);
+    side_free(&l->dst, l->cfg.slot_count);
+    free(l->host_block); /* after both imports are freed */
+    free(l->slot_free_at);
+    vkm_job *j = l->head;
+    while (j) {
+        vkm_job *next = j->next;
+        free(j);
+        j = next;
+    }
+    pthread_cond_destroy(&l->progress);
+    pthread_cond_destroy(&l->wake);
+    pthread_mutex_destroy(&l->lock);
+    free(l);
+}
+
+VkSemaphore vkm_link_src_timeline(const vkm_link *l) { return l->src.timeline; }
+VkSemaphore vkm_link_dst_timeline(const vkm_link *l) { return l->dst.timeline; }
+VkDeviceSize vkm_link_slot_size(const vkm_link *l) { return l->cfg.slot_size; }
+
+static int needs_ownership(const vkm_side *s, const vkm_endpoint *e)
+{
+    return e->owner && e->owner->family != s->queue->family;
+}
+
+VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoint *dst, VkDeviceSize size,
+                         uint64_t *ticket, uint64_t *src_done, uint64_t *dst_ready, const char **call)
+{
+    if (size == 0) {
+        if (call) *call = "vkm_link_submit(size 0)";
+        return VK_ERROR_INITIALIZATION_FAILED;
+    }
+    VkDeviceSize chunk = l->cfg.slot_size;
+    const vkm_endpoint *img = src->image ? src : (dst->image ? dst : NULL);
+    if (img) { /* chunks are whole rows */
+        VkDeviceSize row = (VkDeviceSize)img->width * img->bytes_per_pixel;
+        if (row == 0 || row > chunk) {
+            if (call) *call = "vkm_link_submit(image row larger than a ring slot)";
+            return VK_ERROR_FORMAT_NOT_SUPPORTED;
+        }
+        chunk = chunk / row * row;
+    }
+    vkm_job *j = calloc(1, sizeof(*j));
+    if (!j) return VK_ERROR_OUT_OF_HOST_MEMORY;
+    j->src = *src;
+    j->dst = *dst;
+    j->size = size;
+    j->chunk_bytes = chunk;
+    j->chunks = (uint32_t)((size + chunk - 1) / chunk);
+    int src_own = needs_ownership(&l->src, src), dst_own = needs_ownership(&l->dst, dst);
+
+    pthread_mutex_lock(&l->lock);
+    if (l->error != VK_SUCCESS) {
+        VkResult e = l->error;
+        if (call) *call = l->error_call;
+        pthread_mutex_unlock(&l->lock);
+        free(j);
+        return e;
+    }
+    j->ticket = ++l->next_ticket;
+    j->src_base = l->src_value;
+    j->dst_base = l->dst_value;
+    l->src_value += j->chunks + (src_own ? 2 : 0);
+    l->dst_value += j->chunks + (dst_own ? 1 : 0);
+    j->src_done = l->src_value;
+    j->dst_ready = l->dst_value;
+    if (l->tail) l->tail->next = j; else l->head = j;
+    l->tail = j;
+    pthread_cond_signal(&l->wake);
+    pthread_mutex_unlock(&l->lock);
+    *ticket = j->ticket;
+    *src_done = j->src_done;
+    *dst_ready = j->dst_ready;
+    return VK_SUCCESS;
+}
+
+VkResult vkm_link_poll(vkm_link *l, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns, const char **call)
+{
+    pthread_mutex_lock(&l->lock);
+    if (l->error != VK_SUCCESS && ticket >= l->failed_ticket) {
+        VkResult e = l->error;
+        if (call) *call = l->error_call;
+        pthread_mutex_unlock(&l->lock);
+        return e;
+    }
+    if (l->submitted_ticket < ticket) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + timeout_ns;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        while (l->submitted_ticket < ticket && l->error == VK_SUCCESS) {
+            if (pthread_cond_timedwait(&l->progress, &l->lock, &ts) == ETIMEDOUT) break;
+        }
+        if (l->error != VK_SUCCESS && ticket >= l->failed_ticket) {
+            VkResult e = l->error;
+            if (call) *call = l->error_call;
+            pthread_mutex_unlock(&l->lock);
+            return e;
+        }
+        if (l->submitted_ticket < ticket) {
+            pthread_mutex_unlock(&l->lock);
+            return VK_TIMEOUT;
+        }
+        timeout_ns = 0; /* the slice went on waiting for the submit; just look */
+    }
+    pthread_mutex_unlock(&l->lock);
+    VkResult r = vkm_wait_timeline(l->dst.dev, l->dst.timeline, dst_ready, timeout_ns);
+    if (r != VK_SUCCESS && r != VK_TIMEOUT && call) *call = "vkWaitSemaphores(dst_ready)";
+    return r;
+}
+
+/* ---- the worker ---------------------------------------------------------- */
+
+/* Wait for a timeline value on the worker thread: slices, bounded by the stall timeout. */
+static VkResult worker_wait(vkm_link *l, vkm_side *s, uint64_t value, const char **call, const char *name)
+{
+    uint64_t waited = 0;
+    for (;;) {
+        VkResult r = vkm_wait_timeline(s->dev, s->timeline, value, SLICE_NS);
+        if (r == VK_SUCCESS) return r;
+        if (r != VK_TIMEOUT) {
+            *call = name;
+            return r;
+        }
+        waited += SLICE_NS;
+        if (waited >= l->cfg.stall_timeout_ns) {
+            *call = name;
+            return VK_TIMEOUT;
+        }
+    }
+}
+
+static void image_barrier(vkm_device *d, VkCommandBuffer cmd, const vkm_endpoint *e, VkImageLayout from,
+                          VkImageLayout to, VkAccessFlags src_access, VkAccessFlags dst_access,
+                          VkPipelineStageFlags src_stage, VkPipelineStageFlags dst_stage, uint32_t src_family,
+                          uint32_t dst_family)
+{
+    VkImageMemoryBarrier b = {
+        .sType = VK_STRUCTURE_TYPE_IMAGE_MEMORY_BARRIER,
+        .srcAccessMask = src_access,
+        .dstAccessMask = dst_access,
+        .oldLayout = from,
+        .newLayout = to,
+        .srcQueueFamilyIndex = src_family,
+        .dstQueueFamilyIndex = dst_family,
+        .image = e->image,
+        .subresourceRange = {VK_IMAGE_ASPECT_COLOR_BIT, e->mip_level, 1, e->array_layer, 1},
+    };
+    d->fn.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 0, NULL, 0, NULL, 1, &b);
+}
+
+static void buffer_barrier(vkm_device *d, VkCommandBuffer cmd, const vkm_endpoint *e, VkDeviceSize size,
+                           VkAccessFlags src_access, VkAccessFlags dst_access, VkPipelineStageFlags src_stage,
+                           VkPipelineStageFlags dst_stage, uint32_t src_family, uint32_t dst_family)
+{
+    VkBufferMemoryBarrier b = {
+        .sType = VK_STRUCTURE_TYPE_BUFFER_MEMORY_BARRIER,
+        .srcAccessMask = src_access,
+        .dstAccessMask = dst_access,
+        .srcQueueFamilyIndex = src_family,
+        .dstQueueFamilyIndex = dst_family,
+        .buffer = e->buffer,
+        .offset = e->offset,
+        .size = size,
+    };
+    d->fn.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 0, NULL, 1, &b, 0, NULL);
+}
+
+/* Record the barrier that takes a resource out of (acquire=0) or back into
+ * (acquire=1) the owner's queue family, or plain layout transitions when no
+ * ownership transfer is needed. `side_is_src`: reading (1) or writing (0). */
+static void ownership_barrier(vkm_device *d, VkCommandBuffer cmd, const vkm_endpoint *e, VkDeviceSize size,
+                              int side_is_src, int entering, int on_owner, uint32_t owner_family,
+                              uint32_t copy_family)
+{
+    VkImageLayout xfer = side_is_src ? VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL : VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL;
+    VkAccessFlags xacc = side_is_src ? VK_ACCESS_TRANSFER_READ_BIT : VK_ACCESS_TRANSFER_WRITE_BIT;
+    VkAccessFlags any = VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT;
+    int qfot = owner_family != VK_QUEUE_FAMILY_IGNORED && owner_family != copy_family;
+    uint32_t sf = VK_QUEUE_FAMILY_IGNORED, df = VK_QUEUE_FAMILY_IGNORED;
+    VkAccessFlags sa, da;
+    VkPipelineStageFlags ss, ds;
+    VkImageLayout from, to;
+    if (entering) { /* owner -> copy queue: layout_before -> transfer layout */
+        from = side_is_src ? e->layout_before : VK_IMAGE_LAYOUT_UNDEFINED; /* dst is overwritten whole */
+        to = xfer;
+        if (qfot) { sf = owner_family; df = copy_family; }
+        sa = any; ss = VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
+        da = xacc; ds = VK_PIPELINE_STAGE_TRANSFER_BIT;
+        if (qfot && on_owner) { da = 0; ds = VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT; }   /* release half */
+        if (qfot && !on_owner) { sa = 0; ss = VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT; }     /* acquire half */
+    } else { /* copy queue -> owner: transfer layout -> layout_after */
+        from = xfer;
+        to = e->layout_after;
+        if (qfot) { sf = copy_family; df = owner_family; }
+        sa = xacc; ss = VK_PIPELINE_STAGE_TRANSFER_BIT;
+        da = any; ds = VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
+        if (qfot && !on_owner) { da = 0; ds = VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT; }  /* release half */
+        if (qfot && on_owner) { sa = 0; ss = VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT; }      /* acquire half */
+    }
+    if (e->image)
+        image_barrier(d, cmd, e, from, to, sa, da, ss, ds, sf, df);
+    else
+        buffer_barrier(d, cmd, e, size, sa, da, ss, ds, sf, df);
+}
+
+static VkResult begin(vkm_device *d, VkCommandBuffer cmd)
+{
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    d->fn.vkResetCommandBuffer(cmd, 0);
+    return d->fn.vkBeginCommandBuffer(cmd, &bi);
+}
+
+/* Submit `cmd` on `q`, waiting on up to two timeline points, signalling `signal` on `s`. */
+static VkResult submit(vkm_side *s, vkm_queue *q, VkCommandBuffer cmd, VkSemaphore w0, uint64_t v0,
+                       VkSemaphore w1, uint64_t v1, uint64_t signal)
+{
+    VkSemaphore waits[2];
+    uint64_t wvals[2];
+    VkPipelineStageFlags stages[2] = {VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT};
+    uint32_t nw = 0;
+    if (w0) { waits[nw] = w0; wvals[nw++] = v0; }
+    if (w1) { waits[nw] = w1; wvals[nw++] = v1; }
+    VkTimelineSemaphoreSubmitInfo tl = {.sType = VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
+                                        .waitSemaphoreValueCount = nw,
+                                        .pWaitSemaphoreValues = wvals,
+                                        .signalSemaphoreValueCount = 1,
+                                        .pSignalSemaphoreValues = &signal};
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                       .pNext = &tl,
+                       .waitSemaphoreCount = nw,
+                       .pWaitSemaphores = waits,
+                       .pWaitDstStageMask = stages,
+                       .commandBufferCount = 1,
+                       .pCommandBuffers = &cmd,
+                       .signalSemaphoreCount = 1,
+                       .pSignalSemaphores = &s->timeline};
+    return vkm_queue_submit(s->dev, q, 1, &si, VK_NULL_HANDLE);
+}
+
+/* An ownership-transfer submit on the owner queue of `e` (release before the
+ * copies or acquire after them), waiting on (w, wv), signalling `signal`. */
+static VkResult owner_submit(vkm_link *l, vkm_side *s, const vkm_endpoint *e, VkDeviceSize size, int side_is_src,
+                             int entering, VkSemaphore w, uint64_t wv, uint64_t signal, const char **call)
+{
+    vkm_device *d = s->dev;
+    if (!s->owner_pool || s->owner_family != e->owner->family) {
+        if (s->owner_pool) {
+            /* the family changed: wait until every owner command buffer is free, then rebuild */
+            for (int i = 0; i < 4; i++)
+                if (s->owner_free_at[i]) {
+                    VkResult r = worker_wait(l, s, s->owner_free_at[i], call, "vkWaitSemaphores(owner)");
+                    if (r != VK_SUCCESS) return r;
+                }
+            d->fn.vkDestroyCommandPool(d->device, s->owner_pool, NULL);
+            s->owner_pool = VK_NULL_HANDLE;
+        }
+        TRY(make_pool(d, e->owner->family, &s->owner_pool), "vkCreateCommandPool(owner)");
+        TRY(make_cmds(d, s->owner_pool, 4, s->owner_cmds), "vkAllocateCommandBuffers(owner)");
+        memset(s->owner_free_at, 0, sizeof(s->owner_free_at));
+        s->owner_family = e->owner->family;
+    }
+    uint32_t i = s->owner_next++ % 4;
+    if (s->owner_free_at[i]) {
+        VkResult r = worker_wait(l, s, s->owner_free_at[i], call, "vkWaitSemaphores(owner)");
+        if (r != VK_SUCCESS) return r;
+    }
+    VkCommandBuffer cmd = s->owner_cmds[i];
+    TRY(begin(d, cmd), "vkBeginCommandBuffer(owner)");
+    ownership_barrier(d, cmd, e, size, side_is_src, entering, 1, e->owner->family, s->queue->family);
+    TRY(d->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(owner)");
+    TRY(submit(s, e->owner, cmd, w, wv, VK_NULL_HANDLE, 0, signal), "vkQueueSubmit(owner)");
+    s->owner_free_at[i] = signal;
+    return VK_SUCCESS;
+}
+
+/* Record the copy of chunk `k` of job `j` between endpoint `e` and ring slot `slot`. */
+static void record_copy(vkm_side *s, VkCommandBuffer cmd, const vkm_job *j, const vkm_endpoint *e, uint32_t k,
+                        VkDeviceSize slot_offset, int to_ring)
+{
+    vkm_device *d = s->dev;
+    VkDeviceSize start = (VkDeviceSize)k * j->chunk_bytes;
+    VkDeviceSize len = j->size - start < j->chunk_bytes ? j->size - start : j->chunk_bytes;
+    if (e->image) {
+        VkDeviceSize row = (VkDeviceSize)e->width * e->bytes_per_pixel;
+        VkBufferImageCopy region = {
+            .bufferOffset = slot_offset,
+            .imageSubresource = {VK_IMAGE_ASPECT_COLOR_BIT, e->mip_level, e->array_layer, 1},
+            .imageOffset = {0, (int32_t)(start / row), 0},
+            .imageExtent = {e->width, (uint32_t)(len / row), 1},
+        };
+        if (to_ring)
+            d->fn.vkCmdCopyImageToBuffer(cmd, e->image, VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL, s->ring, 1, &region);
+        else
+            d->fn.vkCmdCopyBufferToImage(cmd, s->ring, e->image, VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, 1, &region);
+    } else {
+        VkBufferCopy region = {.size = len};
+        if (to_ring) {
+            region.srcOffset = e->offset + start;
+            region.dstOffset = slot_offset;
+            d->fn.vkCmdCopyBuffer(cmd, e->buffer, s->ring, 1, &region);
+        } else {
+            region.srcOffset = slot_offset;
+            region.dstOffset = e->offset + start;
+            d->fn.vkCmdCopyBuffer(cmd, s->ring, e->buffer, 1, &region);
+        }
+    }
+}
+
+static VkDeviceSize chunk_len(const vkm_job *j, uint32_t k)
+{
+    VkDeviceSize start = (VkDeviceSize)k * j->chunk_bytes;
+    return j->size - start < j->chunk_bytes ? j->size - start : j->chunk_bytes;
+}
+
+static VkResult run_job(vkm_link *l, vkm_job *j, const char **call)
+{
+    vkm_side *S = &l->src, *D = &l->dst;
+    vkm_device *sd = S->dev, *dd = D->dev;
+    uint32_t K = l->cfg.slot_count;
+    VkDeviceSize slot = l->cfg.slot_size;
+    int src_own = needs_ownership(S, &j->src), dst_own = needs_ownership(D, &j->dst);
+    uint32_t src_owner_family = src_own ? j->src.owner->family : VK_QUEUE_FAMILY_IGNORED;
+    uint32_t dst_owner_family = dst_own ? j->dst.owner->family : VK_QUEUE_FAMILY_IGNORED;
+    uint64_t sv = j->src_base, dv = j->dst_base;
+    VkDeviceSize src_span = j->src.image ? 0 : j->size, dst_span = j->dst.image ? 0 : j->size;
+    VkSemaphore first_wait = j->src.wait_semaphore;
+    uint64_t first_wait_value = j->src.wait_value;
+
+    if (src_own) { /* release from the owner's family (and the wait on the producer) */
+        VkResult r = owner_submit(l, S, &j->src, src_span, 1, 1, first_wait, first_wait_value, ++sv, call);
+        if (r != VK_SUCCESS) return r;
+        first_wait = S->timeline;
+        first_wait_value = sv;
+    }
+    uint64_t g0 = l->chunk_counter;
+    uint32_t next_src = 0, next_dst = 0;
+    uint64_t src_chunk_value0 = sv; /* chunk k signals src_chunk_value0 + k + 1 */
+    while (next_dst < j->chunks) {
+        while (next_src < j->chunks && next_src < next_dst + K) {
+            uint32_t s = (uint32_t)((g0 + next_src) % K);
+            uint64_t need = l->slot_free_at[s];
+            if (need) {
+                uint64_t have = 0;
+                VkResult r = vkm_timeline_value(dd, D->timeline, &have);
+                if (r != VK_SUCCESS) { *call = "vkGetSemaphoreCounterValue"; return r; }
+                if (have < need) {
+                    if (next_src > next_dst) break; /* let the destination catch up first */
+                    r = worker_wait(l, D, need, call, "vkWaitSemaphores(ring slot)");
+                    if (r != VK_SUCCESS) return r;
+                }
+            }
+            VkCommandBuffer cmd = S->cmds[s];
+            TRY(begin(sd, cmd), "vkBeginCommandBuffer(src)");
+            if (next_src == 0)
+                ownership_barrier(sd, cmd, &j->src, src_span, 1, 1, 0, src_owner_family, S->queue->family);
+            record_copy(S, cmd, j, &j->src, next_src, s * slot, 1);
+            VkMemoryBarrier host = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                                    .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                                    .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+            sd->fn.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
+                                        &host, 0, NULL, 0, NULL);
+            if (next_src == j->chunks - 1)
+                ownership_barrier(sd, cmd, &j->src, src_span, 1, 0, 0, src_owner_family, S->queue->family);
+            TRY(sd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(src)");
+            VkSemaphore w = next_src == 0 ? first_wait : VK_NULL_HANDLE;
+            TRY(submit(S, S->queue, cmd, w, first_wait_value, VK_NULL_HANDLE, 0, src_chunk_value0 + next_src + 1),
+                "vkQueueSubmit(src)");
+            next_src++;
+        }
+        uint32_t k = next_dst;
+        uint32_t s = (uint32_t)((g0 + k) % K);
+        VkResult r = worker_wait(l, S, src_chunk_value0 + k + 1, call, "vkWaitSemaphores(src chunk)");
+        if (r != VK_SUCCESS) return r;
+        if (l->cfg.ring == VKM_RING_STAGING) {
+            VkDeviceSize len = chunk_len(j, k);
+            if (!S->coherent) {
+                VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = S->memory,
+                                          .offset = 0, .size = VK_WHOLE_SIZE};
+                sd->fn.vkInvalidateMappedMemoryRanges(sd->device, 1, &mr);
+            }
+            memcpy(D->mapped + s * slot, S->mapped + s * slot, len);
+            if (!D->coherent) {
+                VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = D->memory,
+                                          .offset = 0, .size = VK_WHOLE_SIZE};
+                dd->fn.vkFlushMappedMemoryRanges(dd->device, 1, &mr);
+            }
+        }
+        VkCommandBuffer cmd = D->cmds[s];
+        TRY(begin(dd, cmd), "vkBeginCommandBuffer(dst)");
+        if (k == 0)
+            /* the destination is overwritten whole: it is taken over without an
+             * acquire (contents undefined), so only the layout changes */
+            ownership_barrier(dd, cmd, &j->dst, dst_span, 0, 1, 0, VK_QUEUE_FAMILY_IGNORED, D->queue->family);
+        record_copy(D, cmd, j, &j->dst, k, s * slot, 0);
+        if (k == j->chunks - 1)
+            ownership_barrier(dd, cmd, &j->dst, dst_span, 0, 0, 0, dst_owner_family, D->queue->family);
+        TRY(dd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(dst)");
+        VkSemaphore w = k == 0 ? j->dst.wait_semaphore : VK_NULL_HANDLE;
+        TRY(submit(D, D->queue, cmd, w, j->dst.wait_value, VK_NULL_HANDLE, 0, ++dv), "vkQueueSubmit(dst)");
+        l->slot_free_at[s] = dv;
+        next_dst++;
+    }
+    l->chunk_counter += j->chunks;
+    sv = src_chunk_value0 + j->chunks;
+    if (src_own) { /* back to the owner's family */
+        VkResult r = owner_submit(l, S, &j->src, src_span, 1, 0, S->timeline, sv, sv + 1, call);
+        if (r != VK_SUCCESS) return r;
+    }
+    if (dst_own) {
+        VkResult r = owner_submit(l, D, &j->dst, dst_span, 0, 0, D->timeline, dv, dv + 1, call);
+        if (r != VK_SUCCESS) return r;
+    }
+    return VK_SUCCESS;
+}
+
+static void *worker(void *arg)
+{
+    vkm_link *l = arg;
+    pthread_mutex_lock(&l->lock);
+    for (;;) {
+        while (!l->head && !l->stopping)
+            pthread_cond_wait(&l->wake, &l->lock);
+        if (!l->head) break; /* stopping and drained */
+        vkm_job *j = l->head;
+        int failed = l->error != VK_SUCCESS;
+        pthread_mutex_unlock(&l->lock);
+        const char *call = "?";
+        VkResult r = failed ? VK_SUCCESS : run_job(l, j, &call);
+        pthread_mutex_lock(&l->lock);
+        if (r != VK_SUCCESS && l->error == VK_SUCCESS) {
+            l->error = r;
+            l->error_call = call;
+            l->failed_ticket = j->ticket;
+        }
+        l->submitted_ticket = j->ticket;
+        l->head = j->next;
+        if (!l->head) l->tail = NULL;
+        free(j);
+        pthread_cond_broadcast(&l->progress);
+    }
+    pthread_mutex_unlock(&l->lock);
+    return NULL;
+}

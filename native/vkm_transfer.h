@@ -1,0 +1,68 @@
+/* vkm_transfer.h - the cross-device transfer engine ("links").
+ *
+ * A link moves bytes from one device to another through a ring of slots:
+ *   - VKM_RING_STAGING:     a host-visible buffer on each device + CPU copy
+ *   - VKM_RING_SHARED_HOST: one host allocation imported into both devices
+ *                           (VK_EXT_external_memory_host), no CPU copy
+ *   - VKM_RING_EXPORTED:    memory allocated on the source, exported as an fd
+ *                           (opaque fd or dma-buf) and imported on the destination
+ * A native worker thread per link chunks each job, keeps the source copies up
+ * to `slot_count` chunks ahead, waits for each source chunk on the host (no
+ * GIL, no queue-idle waits) and submits the destination copy. Every chunk
+ * signals a timeline semaphore on its device: the last source value is
+ * "src_done", the last destination value is "dst_ready".
+ */
+#ifndef VKM_TRANSFER_H
+#define VKM_TRANSFER_H
+
+#include "vkm.h"
+
+enum { VKM_RING_STAGING = 0, VKM_RING_SHARED_HOST = 1, VKM_RING_EXPORTED = 2 };
+
+typedef struct vkm_endpoint {
+    /* a buffer (image == VK_NULL_HANDLE) ... */
+    VkBuffer buffer;
+    VkDeviceSize offset;
+    /* ... or a whole 2D colour image (mip 0, one layer) */
+    VkImage image;
+    uint32_t width, height, bytes_per_pixel;
+    uint32_t mip_level, array_layer;
+    VkImageLayout layout_before, layout_after;
+    /* the queue that owns the resource when it is not the link's copy queue
+     * family (queue family ownership transfer); NULL: no transfer */
+    vkm_queue *owner;
+    /* optional timeline wait before the resource is touched */
+    VkSemaphore wait_semaphore;
+    uint64_t wait_value;
+} vkm_endpoint;
+
+typedef struct vkm_link vkm_link;
+
+typedef struct vkm_link_config {
+    int ring;                       /* VKM_RING_* */
+    VkDeviceSize slot_size;         /* bytes per slot (rounded up to alignment) */
+    uint32_t slot_count;            /* ring depth */
+    VkExternalMemoryHandleTypeFlagBits export_type; /* for VKM_RING_EXPORTED */
+    uint64_t stall_timeout_ns;      /* a single GPU wait longer than this fails the job */
+} vkm_link_config;
+
+VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
+                         const vkm_link_config *config, vkm_link **out, const char **call);
+/* Finishes every queued job, waits for the GPUs, frees everything. */
+void vkm_link_destroy(vkm_link *link);
+
+VkSemaphore vkm_link_src_timeline(const vkm_link *link);
+VkSemaphore vkm_link_dst_timeline(const vkm_link *link);
+VkDeviceSize vkm_link_slot_size(const vkm_link *link);
+
+/* Queue a job of `size` bytes. Fills the ticket and the timeline values that
+ * mean "source released" and "destination ready". Thread-safe. */
+VkResult vkm_link_submit(vkm_link *link, const vkm_endpoint *src, const vkm_endpoint *dst, VkDeviceSize size,
+                         uint64_t *ticket, uint64_t *src_done, uint64_t *dst_ready, const char **call);
+
+/* Wait up to `timeout_ns` for job `ticket` (whose dst_ready value is given):
+ * VK_SUCCESS when complete, VK_TIMEOUT when not yet, else the job's error. */
+VkResult vkm_link_poll(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
+                       const char **call);
+
+#endif

@@ -1,0 +1,354 @@
+"""Device buffers and 2D images owned by vkmulti, with host upload/download.
+
+Not a hot path: uploads and downloads go through a temporary host-visible
+buffer and a one-shot command buffer on the slot's universal queue. The
+objects exist so tests, benches, the demo and engine-less users have real
+device resources to move between GPUs.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+import vulkan as vk
+
+from ._handles import handle_int
+from .errors import DestroyedError, UnsupportedError, from_vulkan_exception
+from .formats import bytes_per_pixel, format_name
+
+_ffi = vk.ffi
+
+DEFAULT_FORMAT = vk.VK_FORMAT_R16G16B16A16_SFLOAT
+SHADER_READ = vk.VK_IMAGE_LAYOUT_SHADER_READ_ONLY_OPTIMAL
+BUFFER_USAGE = (vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
+                | vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT)
+IMAGE_USAGE = (vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT | vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT
+               | vk.VK_IMAGE_USAGE_SAMPLED_BIT)
+
+
+def _vk(call: str, fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except vk.VkError as exc:
+        from_vulkan_exception(exc, call)
+        raise
+
+
+def _memory_type(slot: Any, bits: int, required: int, preferred: int = 0) -> int:
+    props = vk.vkGetPhysicalDeviceMemoryProperties(slot.physical_device)
+    fallback = -1
+    for i in range(props.memoryTypeCount):
+        flags = props.memoryTypes[i].propertyFlags
+        if bits & (1 << i) and flags & required == required:
+            if flags & preferred == preferred:
+                return i
+            if fallback < 0:
+                fallback = i
+    if fallback < 0:
+        raise UnsupportedError(f"no memory type with flags 0x{required:x} on {slot.name!r}", device=slot.name)
+    return fallback
+
+
+def _allocate(slot: Any, req: Any, required: int, preferred: int) -> Any:
+    info = vk.VkMemoryAllocateInfo(sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, allocationSize=req.size,
+                                   memoryTypeIndex=_memory_type(slot, req.memoryTypeBits, required, preferred))
+    return _vk("vkAllocateMemory", vk.vkAllocateMemory, slot.device, info, None)
+
+
+class CommandRunner:
+    """One-shot command buffers on a queue of a slot, waited with a fence (no GIL, timeout)."""
+
+    def __init__(self, slot: Any, queue: Any = None):
+        self.slot = slot
+        self.queue = queue or slot.graphics_queue
+        self._lock = threading.Lock()
+        self.pool = _vk("vkCreateCommandPool", vk.vkCreateCommandPool, slot.device, vk.VkCommandPoolCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+            flags=vk.VK_COMMAND_POOL_CREATE_TRANSIENT_BIT | vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+            queueFamilyIndex=self.queue.family), None)
+        self.fence = _vk("vkCreateFence", vk.vkCreateFence, slot.device,
+                         vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
+        self.cmd = vk.vkAllocateCommandBuffers(slot.device, vk.VkCommandBufferAllocateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
+            level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+
+    @classmethod
+    def for_slot(cls, slot: Any) -> "CommandRunner":
+        """The slot's shared runner (created once, destroyed with the slot's children)."""
+        runner = slot.children.get("runner")
+        if runner is None:
+            runner = slot.children["runner"] = cls(slot)
+        return runner
+
+    def run(self, record: Callable[[Any], None], *, waits: list[tuple[int, int]] = (),
+            timeout: float | None = 60.0) -> None:
+        """Record with `record(cmd)`, submit (optionally waiting on timeline points), wait."""
+        with self._lock:
+            dev = self.slot.device
+            vk.vkResetCommandBuffer(self.cmd, 0)
+            vk.vkBeginCommandBuffer(self.cmd, vk.VkCommandBufferBeginInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+            record(self.cmd)
+            vk.vkEndCommandBuffer(self.cmd)
+            sems = [_ffi.cast("VkSemaphore", s) for s, _ in waits]
+            chain = None
+            if waits:
+                chain = vk.VkTimelineSemaphoreSubmitInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
+                    waitSemaphoreValueCount=len(waits), pWaitSemaphoreValues=[v for _, v in waits])
+            info = vk.VkSubmitInfo(
+                sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, pNext=chain, waitSemaphoreCount=len(sems),
+                pWaitSemaphores=sems or None,
+                pWaitDstStageMask=[vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT] * len(sems) or None,
+                commandBufferCount=1, pCommandBuffers=[self.cmd])
+            with self.queue.lock:
+                _vk("vkQueueSubmit", vk.vkQueueSubmit, self.queue.handle, 1, [info], self.fence)
+            try:
+                self.slot.native.wait_fence(handle_int(self.fence, "VkFence"), timeout)
+            finally:
+                # A timed-out submit must finish before the buffer is reused.
+                if vk.vkGetFenceStatus(dev, self.fence) != vk.VK_SUCCESS:
+                    self.slot.native.wait_fence(handle_int(self.fence, "VkFence"), None)
+                vk.vkResetFences(dev, 1, [self.fence])
+
+    def destroy(self) -> None:
+        if self.pool is None:
+            return
+        vk.vkDestroyFence(self.slot.device, self.fence, None)
+        vk.vkDestroyCommandPool(self.slot.device, self.pool, None)
+        self.pool = None
+
+
+def _check_slot(slot: Any) -> None:
+    if getattr(slot, "device", None) is None or getattr(slot, "native", None) is None:
+        raise ValueError("slot has no live device (destroyed, or a passthrough primary without a native table); "
+                         "use a slot of an active MultiDeviceManager")
+
+
+class Buffer:
+    """A VkBuffer with its own memory on one slot (device-local unless `host_visible`)."""
+
+    def __init__(self, slot: Any, size: int, *, usage: int = BUFFER_USAGE, host_visible: bool = False):
+        _check_slot(slot)
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(f"buffer size must be a positive int, got {size!r}")
+        self.slot, self.size, self.usage = slot, size, usage
+        # Shared by the universal and copy families, so transfers need no ownership hand-over.
+        families = sorted({slot.graphics_queue.family, slot.copy_queue.family})
+        concurrent = len(families) > 1
+        self.handle = _vk("vkCreateBuffer", vk.vkCreateBuffer, slot.device, vk.VkBufferCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, size=size, usage=usage,
+            sharingMode=vk.VK_SHARING_MODE_CONCURRENT if concurrent else vk.VK_SHARING_MODE_EXCLUSIVE,
+            queueFamilyIndexCount=len(families) if concurrent else 0,
+            pQueueFamilyIndices=families if concurrent else None), None)
+        try:
+            req = vk.vkGetBufferMemoryRequirements(slot.device, self.handle)
+            host = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+            self.memory = _allocate(slot, req, host if host_visible else 0,
+                                    0 if host_visible else vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+        except BaseException:
+            vk.vkDestroyBuffer(slot.device, self.handle, None)
+            raise
+        vk.vkBindBufferMemory(slot.device, self.handle, self.memory, 0)
+        self.host_visible = host_visible
+
+    @property
+    def handle_int(self) -> int:
+        if self.handle is None:
+            raise DestroyedError("Buffer used after destroy()")
+        return handle_int(self.handle, "VkBuffer")
+
+    def upload(self, data: Any, offset: int = 0) -> None:
+        """Copy host bytes (any buffer-protocol object) into the buffer at `offset`."""
+        src = _as_bytes(data)
+        self._check_range(offset, src.nbytes)
+        staging = Buffer(self.slot, max(1, src.nbytes), usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, host_visible=True)
+        try:
+            staging._write(src)
+            CommandRunner.for_slot(self.slot).run(lambda cmd: vk.vkCmdCopyBuffer(
+                cmd, staging.handle, self.handle, 1, [vk.VkBufferCopy(srcOffset=0, dstOffset=offset,
+                                                                      size=src.nbytes)]))
+        finally:
+            staging.destroy()
+
+    def download(self, size: int | None = None, offset: int = 0) -> np.ndarray:
+        """The bytes at [offset, offset+size) as a new uint8 array."""
+        size = self.size - offset if size is None else size
+        self._check_range(offset, size)
+        staging = Buffer(self.slot, max(1, size), usage=vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=True)
+        try:
+            CommandRunner.for_slot(self.slot).run(lambda cmd: vk.vkCmdCopyBuffer(
+                cmd, self.handle, staging.handle, 1, [vk.VkBufferCopy(srcOffset=offset, dstOffset=0, size=size)]))
+            return staging._read(size)
+        finally:
+            staging.destroy()
+
+    def _check_range(self, offset: int, size: int) -> None:
+        if self.handle is None:
+            raise DestroyedError("Buffer used after destroy()")
+        if offset < 0 or size <= 0 or offset + size > self.size:
+            raise ValueError(f"range [{offset}, {offset + size}) is outside the buffer of {self.size} bytes")
+
+    def _write(self, src: np.ndarray) -> None:
+        mapped = vk.vkMapMemory(self.slot.device, self.memory, 0, src.nbytes, 0)
+        _ffi.memmove(mapped, src, src.nbytes)
+        vk.vkUnmapMemory(self.slot.device, self.memory)
+
+    def _read(self, size: int) -> np.ndarray:
+        mapped = vk.vkMapMemory(self.slot.device, self.memory, 0, size, 0)
+        out = np.frombuffer(bytes(mapped[:size]), dtype=np.uint8).copy()
+        vk.vkUnmapMemory(self.slot.device, self.memory)
+        return out
+
+    def destroy(self) -> None:
+        if self.handle is None:
+            return
+        vk.vkDestroyBuffer(self.slot.device, self.handle, None)
+        vk.vkFreeMemory(self.slot.device, self.memory, None)
+        self.handle = None
+
+    def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+
+def _as_bytes(data: Any) -> np.ndarray:
+    try:
+        mv = memoryview(data)
+    except TypeError:
+        raise TypeError(f"expected bytes, a numpy array or another buffer-protocol object, "
+                        f"got {type(data).__name__}") from None
+    if not mv.c_contiguous:
+        raise ValueError("data must be C-contiguous (use numpy.ascontiguousarray)")
+    return np.frombuffer(mv.cast("B") if mv.nbytes else b"", dtype=np.uint8)
+
+
+class Image:
+    """A 2D optimal-tiling colour image with its own memory on one slot.
+
+    `layout` is the layout the image is in between operations (vkmulti keeps it
+    there); `owner_family` the queue family that owns it (the slot's universal
+    family).
+    """
+
+    def __init__(self, slot: Any, width: int, height: int, format: int = DEFAULT_FORMAT, *,
+                 usage: int = IMAGE_USAGE, layout: int = SHADER_READ):
+        _check_slot(slot)
+        for label, v in (("width", width), ("height", height)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"image {label} must be a positive int, got {v!r}")
+        self.bytes_per_pixel = bytes_per_pixel(format)
+        self.slot, self.width, self.height, self.format, self.usage = slot, width, height, format, usage
+        try:
+            props = vk.vkGetPhysicalDeviceImageFormatProperties(
+                slot.physical_device, format, vk.VK_IMAGE_TYPE_2D, vk.VK_IMAGE_TILING_OPTIMAL, usage, 0)
+        except vk.VkErrorFormatNotSupported:
+            raise UnsupportedError(f"{format_name(format)} images with usage 0x{usage:x} are not supported on "
+                                   f"{slot.name!r}", device=slot.name) from None
+        if width > props.maxExtent.width or height > props.maxExtent.height:
+            raise ValueError(f"{width}x{height} exceeds the device's maximum image extent "
+                             f"{props.maxExtent.width}x{props.maxExtent.height}")
+        self.handle = _vk("vkCreateImage", vk.vkCreateImage, slot.device, vk.VkImageCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO, imageType=vk.VK_IMAGE_TYPE_2D, format=format,
+            extent=vk.VkExtent3D(width, height, 1), mipLevels=1, arrayLayers=1,
+            samples=vk.VK_SAMPLE_COUNT_1_BIT, tiling=vk.VK_IMAGE_TILING_OPTIMAL, usage=usage,
+            sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE, initialLayout=vk.VK_IMAGE_LAYOUT_UNDEFINED), None)
+        try:
+            req = vk.vkGetImageMemoryRequirements(slot.device, self.handle)
+            self.memory = _allocate(slot, req, 0, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+        except BaseException:
+            vk.vkDestroyImage(slot.device, self.handle, None)
+            raise
+        vk.vkBindImageMemory(slot.device, self.handle, self.memory, 0)
+        self.owner_family = slot.graphics_queue.family
+        self.layout = layout
+        CommandRunner.for_slot(slot).run(
+            lambda cmd: self.barrier(cmd, vk.VK_IMAGE_LAYOUT_UNDEFINED, layout))
+
+    @property
+    def nbytes(self) -> int:
+        return self.width * self.height * self.bytes_per_pixel
+
+    @property
+    def handle_int(self) -> int:
+        if self.handle is None:
+            raise DestroyedError("Image used after destroy()")
+        return handle_int(self.handle, "VkImage")
+
+    def barrier(self, cmd: Any, old: int, new: int) -> None:
+        """Record a full layout transition (conservative access masks)."""
+        mem = vk.VK_ACCESS_MEMORY_READ_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT
+        vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
+                                0, 0, None, 0, None, 1, [vk.VkImageMemoryBarrier(
+                                    sType=vk.VK_STRUCTURE_TYPE_IMAGE_MEMORY_BARRIER, srcAccessMask=mem,
+                                    dstAccessMask=mem, oldLayout=old, newLayout=new,
+                                    srcQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
+                                    dstQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED, image=self.handle,
+                                    subresourceRange=vk.VkImageSubresourceRange(
+                                        aspectMask=vk.VK_IMAGE_ASPECT_COLOR_BIT, baseMipLevel=0, levelCount=1,
+                                        baseArrayLayer=0, layerCount=1))])
+
+    def _region(self) -> Any:
+        return vk.VkBufferImageCopy(
+            bufferOffset=0, bufferRowLength=0, bufferImageHeight=0,
+            imageSubresource=vk.VkImageSubresourceLayers(aspectMask=vk.VK_IMAGE_ASPECT_COLOR_BIT, mipLevel=0,
+                                                         baseArrayLayer=0, layerCount=1),
+            imageOffset=vk.VkOffset3D(0, 0, 0), imageExtent=vk.VkExtent3D(self.width, self.height, 1))
+
+    def upload(self, pixels: Any) -> None:
+        """Fill the image from host pixels (rows tightly packed, nbytes must match)."""
+        if self.handle is None:
+            raise DestroyedError("Image used after destroy()")
+        src = _as_bytes(pixels)
+        if src.nbytes != self.nbytes:
+            raise ValueError(f"pixels hold {src.nbytes} bytes; a {self.width}x{self.height} "
+                             f"{format_name(self.format)} image needs {self.nbytes}")
+        staging = Buffer(self.slot, self.nbytes, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, host_visible=True)
+        try:
+            staging._write(src)
+
+            def record(cmd: Any) -> None:
+                self.barrier(cmd, self.layout, vk.VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL)
+                vk.vkCmdCopyBufferToImage(cmd, staging.handle, self.handle,
+                                          vk.VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, 1, [self._region()])
+                self.barrier(cmd, vk.VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, self.layout)
+            CommandRunner.for_slot(self.slot).run(record)
+        finally:
+            staging.destroy()
+
+    def download(self, *, waits: list[tuple[int, int]] = ()) -> np.ndarray:
+        """The pixels as a (height, width, bytes_per_pixel) uint8 array.
+
+        `waits`: timeline (semaphore, value) points on this device to wait for
+        first, e.g. a transfer's dst_ready.
+        """
+        if self.handle is None:
+            raise DestroyedError("Image used after destroy()")
+        staging = Buffer(self.slot, self.nbytes, usage=vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=True)
+        try:
+            def record(cmd: Any) -> None:
+                self.barrier(cmd, self.layout, vk.VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL)
+                vk.vkCmdCopyImageToBuffer(cmd, self.handle, vk.VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL,
+                                          staging.handle, 1, [self._region()])
+                self.barrier(cmd, vk.VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL, self.layout)
+            CommandRunner.for_slot(self.slot).run(record, waits=waits)
+            return staging._read(self.nbytes).reshape(self.height, self.width, self.bytes_per_pixel)
+        finally:
+            staging.destroy()
+
+    def destroy(self) -> None:
+        if self.handle is None:
+            return
+        vk.vkDestroyImage(self.slot.device, self.handle, None)
+        vk.vkFreeMemory(self.slot.device, self.memory, None)
+        self.handle = None
+
+    def __enter__(self) -> "Image":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
