@@ -42,6 +42,7 @@ cdef extern from "vkm_transfer.h" nogil:
                              uint64_t *ticket, uint64_t *src_done, uint64_t *dst_ready, const char **call)
     VkResult vkm_link_poll(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
                            const char **call)
+    VkResult vkm_link_wait_submitted(vkm_link *link, uint64_t ticket, uint64_t timeout_ns, const char **call)
 
 RING_STAGING = VKM_RING_STAGING
 RING_SHARED_HOST = VKM_RING_SHARED_HOST
@@ -141,32 +142,38 @@ cdef class Link:
         check(r, call if call != NULL else <const char*>"vkm_link_submit")
         return ticket, sdone, dready
 
-    def poll(self, uint64_t ticket, uint64_t dst_ready, double timeout=0.0):
-        """True when the job is complete; False if not within `timeout` s (one slice)."""
+    def poll(self, uint64_t ticket, uint64_t dst_ready, double timeout=0.0, bint submitted_only=False):
+        """True when the job is complete (or, with submitted_only, fully submitted);
+        False if not within `timeout` s (one slice)."""
         cdef const char *call = NULL
         cdef vkm_link *l = self.ptr()
         cdef uint64_t ns = <uint64_t>(timeout * 1e9) if timeout > 0 else 0
         cdef VkResult r
         with nogil:
-            r = vkm_link_poll(l, ticket, dst_ready, ns, &call)
+            if submitted_only:
+                r = vkm_link_wait_submitted(l, ticket, ns, &call)
+            else:
+                r = vkm_link_poll(l, ticket, dst_ready, ns, &call)
         if r == VK_TIMEOUT:
             return False
         check(r, call if call != NULL else <const char*>"vkm_link_poll")
         return True
 
-    def wait(self, uint64_t ticket, uint64_t dst_ready, timeout=None):
-        """Block (no GIL, Ctrl-C honoured) until the job is complete or `timeout` s pass."""
+    def wait(self, uint64_t ticket, uint64_t dst_ready, timeout=None, bint submitted_only=False):
+        """Block (no GIL, Ctrl-C honoured) until the job is complete (or submitted)
+        or `timeout` s pass."""
         cdef uint64_t total = _timeout_ns(timeout)
         cdef double deadline = _time.monotonic() + (total / 1e9 if total != _FOREVER else 1e18)
         cdef double left
         while True:
             left = deadline - _time.monotonic()
-            if self.poll(ticket, dst_ready, min(max(left, 0.0), _SLICE_NS / 1e9)):
+            if self.poll(ticket, dst_ready, min(max(left, 0.0), _SLICE_NS / 1e9), submitted_only):
                 return None
             PyErr_CheckSignals()
             if _time.monotonic() >= deadline:
                 from vkmulti.errors import TimeoutError as VkmTimeout
-                raise VkmTimeout(f"transfer {ticket} did not complete within {total / 1e9:.3f} s")
+                what = "was not submitted" if submitted_only else "did not complete"
+                raise VkmTimeout(f"transfer {ticket} {what} within {total / 1e9:.3f} s")
 
     def destroy(self):
         """Finish queued jobs, wait for the GPUs and free the ring (idempotent)."""

@@ -450,38 +450,43 @@ VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoin
     return VK_SUCCESS;
 }
 
-VkResult vkm_link_poll(vkm_link *l, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns, const char **call)
+static VkResult link_failure(vkm_link *l, uint64_t ticket, const char **call)
+{
+    if (l->error != VK_SUCCESS && ticket >= l->failed_ticket) {
+        if (call) *call = l->error_call;
+        return l->error;
+    }
+    return VK_SUCCESS;
+}
+
+VkResult vkm_link_wait_submitted(vkm_link *l, uint64_t ticket, uint64_t timeout_ns, const char **call)
 {
     pthread_mutex_lock(&l->lock);
-    if (l->error != VK_SUCCESS && ticket >= l->failed_ticket) {
-        VkResult e = l->error;
-        if (call) *call = l->error_call;
-        pthread_mutex_unlock(&l->lock);
-        return e;
-    }
-    if (l->submitted_ticket < ticket) {
+    VkResult r = link_failure(l, ticket, call);
+    if (r == VK_SUCCESS && l->submitted_ticket < ticket) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t ns = (uint64_t)ts.tv_nsec + timeout_ns;
         ts.tv_sec += (time_t)(ns / 1000000000ull);
         ts.tv_nsec = (long)(ns % 1000000000ull);
-        while (l->submitted_ticket < ticket && l->error == VK_SUCCESS) {
+        while (l->submitted_ticket < ticket && l->error == VK_SUCCESS)
             if (pthread_cond_timedwait(&l->progress, &l->lock, &ts) == ETIMEDOUT) break;
-        }
-        if (l->error != VK_SUCCESS && ticket >= l->failed_ticket) {
-            VkResult e = l->error;
-            if (call) *call = l->error_call;
-            pthread_mutex_unlock(&l->lock);
-            return e;
-        }
-        if (l->submitted_ticket < ticket) {
-            pthread_mutex_unlock(&l->lock);
-            return VK_TIMEOUT;
-        }
-        timeout_ns = 0; /* the slice went on waiting for the submit; just look */
+        r = link_failure(l, ticket, call);
+        if (r == VK_SUCCESS && l->submitted_ticket < ticket) r = VK_TIMEOUT;
     }
     pthread_mutex_unlock(&l->lock);
-    VkResult r = vkm_wait_timeline(l->dst.dev, l->dst.timeline, dst_ready, timeout_ns);
+    return r;
+}
+
+VkResult vkm_link_poll(vkm_link *l, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns, const char **call)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    VkResult r = vkm_link_wait_submitted(l, ticket, timeout_ns, call);
+    if (r != VK_SUCCESS) return r;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    uint64_t spent = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)(t1.tv_nsec - t0.tv_nsec);
+    r = vkm_wait_timeline(l->dst.dev, l->dst.timeline, dst_ready, spent < timeout_ns ? timeout_ns - spent : 0);
     if (r != VK_SUCCESS && r != VK_TIMEOUT && call) *call = "vkWaitSemaphores(dst_ready)";
     return r;
 }

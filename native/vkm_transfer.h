@@ -65,4 +65,10 @@ VkResult vkm_link_submit(vkm_link *link, const vkm_endpoint *src, const vkm_endp
 VkResult vkm_link_poll(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
                        const char **call);
 
+/* Wait up to `timeout_ns` until the worker has submitted all of job `ticket`'s
+ * GPU work: VK_SUCCESS, VK_TIMEOUT, or the job's error. A submit of yours on a
+ * queue the link also uses may wait on dst_ready only after this: an in-order
+ * queue cannot run a wait that stands before its signal. */
+VkResult vkm_link_wait_submitted(vkm_link *link, uint64_t ticket, uint64_t timeout_ns, const char **call);
+
 #endif

@@ -12,11 +12,15 @@ from .errors import (DestroyedError, DeviceLostError, OutOfDeviceMemoryError, Ou
 from .instance import Instance
 from .methods import TransferMethod, supported_methods
 from .multi_device import DeviceSlot, MultiDeviceManager
+from .partition import SRUAssignment, assign_srus
+from .transfer import CrossDeviceTransfer, TimelinePoint, TransferTicket, select_transfer_method
 
 __all__ = [
     "DeviceCapabilities", "QueueFamilies", "RenderCapabilities", "probe_device",
     "LogicalDevice", "Queue", "create_logical_device", "Instance",
     "DeviceSlot", "MultiDeviceManager", "TransferMethod", "supported_methods",
+    "SRUAssignment", "assign_srus", "CrossDeviceTransfer", "TimelinePoint", "TransferTicket",
+    "select_transfer_method",
     "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError", "OutOfHostMemoryError",
     "UnsupportedError", "TransferError", "TimeoutError", "DestroyedError",
 ]

@@ -67,9 +67,13 @@ class CommandRunner:
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
             flags=vk.VK_COMMAND_POOL_CREATE_TRANSIENT_BIT | vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
             queueFamilyIndex=self.queue.family), None)
-        self.fence = _vk("vkCreateFence", vk.vkCreateFence, slot.device,
+        self._abandoned: list[Any] = []   # fences of submits that timed out, still pending
+        self._new_buffer()
+
+    def _new_buffer(self) -> None:
+        self.fence = _vk("vkCreateFence", vk.vkCreateFence, self.slot.device,
                          vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
-        self.cmd = vk.vkAllocateCommandBuffers(slot.device, vk.VkCommandBufferAllocateInfo(
+        self.cmd = vk.vkAllocateCommandBuffers(self.slot.device, vk.VkCommandBufferAllocateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
             level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
 
@@ -107,15 +111,19 @@ class CommandRunner:
                 _vk("vkQueueSubmit", vk.vkQueueSubmit, self.queue.handle, 1, [info], self.fence)
             try:
                 self.slot.native.wait_fence(handle_int(self.fence, "VkFence"), timeout)
-            finally:
-                # A timed-out submit must finish before the buffer is reused.
-                if vk.vkGetFenceStatus(dev, self.fence) != vk.VK_SUCCESS:
-                    self.slot.native.wait_fence(handle_int(self.fence, "VkFence"), None)
-                vk.vkResetFences(dev, 1, [self.fence])
+            except BaseException:
+                # Still pending: set the buffer aside (freed at destroy) and use a new one.
+                self._abandoned.append(self.fence)
+                self._new_buffer()
+                raise
+            vk.vkResetFences(dev, 1, [self.fence])
 
     def destroy(self) -> None:
         if self.pool is None:
             return
+        for fence in self._abandoned:
+            self.slot.native.wait_fence(handle_int(fence, "VkFence"), 30.0)
+            vk.vkDestroyFence(self.slot.device, fence, None)
         vk.vkDestroyFence(self.slot.device, self.fence, None)
         vk.vkDestroyCommandPool(self.slot.device, self.pool, None)
         self.pool = None

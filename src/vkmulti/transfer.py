@@ -154,6 +154,16 @@ class TransferTicket:
             self._link.wait(self.ticket, self.dst_ready.value, timeout)
             self._complete = True
 
+    def wait_submitted(self, timeout: float | None = None) -> None:
+        """Block until all of this transfer's GPU work is submitted (not finished).
+
+        A submit of your own that waits on `dst_ready` on a queue the transfer
+        also uses (a device with a single queue) must come after this: an
+        in-order queue cannot run a wait placed before its signal.
+        """
+        if not self._complete:
+            self._link.wait(self.ticket, self.dst_ready.value, timeout, True)
+
     def done(self) -> bool:
         if not self._complete:
             self._complete = self._link.poll(self.ticket, self.dst_ready.value, 0.0)
@@ -233,21 +243,23 @@ class CrossDeviceTransfer:
         self.extra["staging"] = info
         return info
 
-    def destroy(self) -> None:
-        """Wait for this transfer's jobs, then release its share of the ring (idempotent)."""
+    def destroy(self, timeout: float | None = None) -> None:
+        """Wait for this transfer's jobs, then release its share of the ring (idempotent).
+
+        On timeout (vkmulti.TimeoutError) the ring stays held, so nothing the
+        GPU may still touch is freed; the manager's destroy() frees it later.
+        """
         with self._lock:
             if self._destroyed:
                 return
             self._destroyed = True
             last, ref = self._last, self._ref
             self._last = self._ref = None
-        try:
-            if last is not None and ref is not None and ref.link.alive:
-                last.wait(None)
-        finally:
-            if ref is not None and ref.link.alive:
-                ref.release()
-            self.extra.pop("staging", None)
+        if last is not None and ref is not None and ref.link.alive:
+            last.wait(timeout)
+        if ref is not None and ref.link.alive:
+            ref.release()
+        self.extra.pop("staging", None)
 
     def __enter__(self) -> "CrossDeviceTransfer":
         return self

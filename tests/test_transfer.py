@@ -1,0 +1,303 @@
+"""Cross-device transfers on the virtual pair (and, marked gpu, on two real GPUs)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import vulkan as vk
+
+import vkmulti
+from vkmulti import DestroyedError, TransferMethod, UnsupportedError
+from vkmulti.capabilities import EXT_MEMORY_HOST
+from vkmulti.images import Buffer, Image
+from vkmulti.transfer import CrossDeviceTransfer, TimelinePoint, select_transfer_method
+
+from conftest import REAL_GPUS
+
+METHODS = [TransferMethod.STAGING_COPY, TransferMethod.HOST_SHARED, TransferMethod.DMABUF]
+F = vk.VK_FORMAT_R16G16B16A16_SFLOAT
+
+
+class Assignment:
+    def __init__(self, device_index):
+        self.device_index = device_index
+
+
+def available(manager, method, src=1, dst=0):
+    from vkmulti.methods import method_support
+    a, b = manager.slot(src), manager.slot(dst)
+    return method_support(method, a.capabilities, b.capabilities, a.enabled_extensions, b.enabled_extensions) is None
+
+
+def roundtrip_image(manager, method, w, h, fmt=F, src=1, dst=0, **kw):
+    rng = np.random.default_rng(w * 7919 + h)
+    a = Image(manager.slot(src), w, h, fmt)
+    b = Image(manager.slot(dst), w, h, fmt)
+    try:
+        px = rng.integers(0, 256, (h, w, a.bytes_per_pixel), dtype=np.uint8)
+        a.upload(px)
+        with CrossDeviceTransfer(manager.slot(src), manager.slot(dst), method, **kw) as x:
+            x.run(src_image=a, dst_image=b, timeout=30)
+            assert x.src_done.value > 0 and x.dst_ready.value > 0
+        np.testing.assert_array_equal(b.download(), px)
+        np.testing.assert_array_equal(a.download(), px)   # the source is left intact
+    finally:
+        a.destroy()
+        b.destroy()
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("w, h", [(1, 1), (1023, 7), (97, 131)])
+def test_image_roundtrip_odd_sizes(manager, method, w, h):
+    # 16 KiB slots: 97x131 RGBA16F spans many chunks, and is no multiple of one
+    roundtrip_image(manager, method, w, h, slot_size=16 << 10, slot_count=3)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("fmt", [vk.VK_FORMAT_R8_UNORM, vk.VK_FORMAT_B8G8R8A8_UNORM, vk.VK_FORMAT_R32G32B32A32_SFLOAT,
+                                 vk.VK_FORMAT_R16G16_SFLOAT])
+def test_image_roundtrip_formats(manager, method, fmt):
+    roundtrip_image(manager, method, 61, 33, fmt, slot_size=8 << 10, slot_count=2)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_image_roundtrip_other_direction(manager, method):
+    roundtrip_image(manager, method, 320, 200, src=0, dst=1)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("n, src_off, dst_off", [(1, 0, 0), (4097, 3, 5), ((64 << 20), 256, 0)])
+def test_buffer_roundtrip(manager, method, n, src_off, dst_off):
+    rng = np.random.default_rng(n)
+    data = rng.integers(0, 256, n + src_off, dtype=np.uint8)
+    with Buffer(manager.slot(1), n + src_off) as s, Buffer(manager.slot(0), n + dst_off + 7) as d:
+        s.upload(data)
+        with CrossDeviceTransfer(manager.slot(1), manager.slot(0), method) as x:
+            x.submit(src_buffer=s, dst_buffer=d, src_offset=src_off, dst_offset=dst_off, size=n).wait(60)
+        np.testing.assert_array_equal(d.download(n, dst_off), data[src_off:])
+
+
+def test_many_in_flight_from_threads(manager):
+    """Four threads, three methods, shared links: every byte lands where it should."""
+    rng = np.random.default_rng(5)
+    jobs = []
+    for i in range(12):
+        size = int(rng.integers(1, 300_000))
+        data = rng.integers(0, 256, size, dtype=np.uint8)
+        s, d = Buffer(manager.slot(1), size), Buffer(manager.slot(0), size)
+        s.upload(data)
+        jobs.append((METHODS[i % 3], s, d, data))
+    transfers = {m: CrossDeviceTransfer(manager.slot(1), manager.slot(0), m, slot_size=64 << 10, slot_count=4)
+                 for m in METHODS}
+    errors = []
+
+    def worker(k):
+        try:
+            tickets = [transfers[m].submit(src_buffer=s, dst_buffer=d) for m, s, d, _ in jobs[k::4]]
+            for t in tickets:
+                t.wait(60)
+        except Exception as exc:   # reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for m, s, d, data in jobs:
+        np.testing.assert_array_equal(d.download(), data)
+        s.destroy()
+        d.destroy()
+    for x in transfers.values():
+        x.destroy()
+
+
+def _blocked_source(manager):
+    """A source buffer gated by a host-signalled timeline semaphore on GPU 1."""
+    slot = manager.slot(1)
+    sem = slot.native.create_timeline(0)
+    data = np.arange(100_000, dtype=np.uint8)
+    s, d = Buffer(slot, data.nbytes), Buffer(manager.slot(0), data.nbytes)
+    s.upload(data)
+
+    def release():
+        vk.vkSignalSemaphore(slot.device, vk.VkSemaphoreSignalInfo(
+            sType=vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, semaphore=vk.ffi.cast("VkSemaphore", sem), value=1))
+
+    def cleanup():
+        s.destroy()
+        d.destroy()
+        vk.vkDestroySemaphore(slot.device, vk.ffi.cast("VkSemaphore", sem), None)
+    return sem, data, s, d, release, cleanup
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_wait_timeout_leaves_transfer_usable(manager, method):
+    sem, data, s, d, release, cleanup = _blocked_source(manager)
+    x = CrossDeviceTransfer(manager.slot(1), manager.slot(0), method)
+    try:
+        t = x.submit(src_buffer=s, dst_buffer=d, src_wait=(sem, 1))
+        with pytest.raises(vkmulti.TimeoutError):
+            t.wait(timeout=0.1)
+        assert not t.done()
+        release()
+        t.wait(timeout=30)
+        assert t.done()
+        np.testing.assert_array_equal(d.download(), data)
+        x.submit(src_buffer=s, dst_buffer=d).wait(30)   # still usable
+    finally:
+        x.destroy()
+        cleanup()
+
+
+def test_destroy_waits_for_in_flight(manager):
+    sem, data, s, d, release, cleanup = _blocked_source(manager)
+    x = CrossDeviceTransfer(manager.slot(1), manager.slot(0), TransferMethod.HOST_SHARED)
+    x.submit(src_buffer=s, dst_buffer=d, src_wait=(sem, 1))
+    timer = threading.Timer(0.3, release)
+    timer.start()
+    t0 = time.monotonic()
+    x.destroy()
+    assert time.monotonic() - t0 >= 0.25
+    np.testing.assert_array_equal(d.download(), data)
+    with pytest.raises(DestroyedError):
+        x.submit(src_buffer=s, dst_buffer=d)
+    x.destroy()
+    timer.join()
+    cleanup()
+
+
+def test_dst_ready_orders_gpu_work_without_host_wait(manager):
+    """An engine's submit on the destination waits on dst_ready on the GPU."""
+    sem, data, s, d, release, cleanup = _blocked_source(manager)
+    x = CrossDeviceTransfer(manager.slot(1), manager.slot(0), TransferMethod.STAGING_COPY)
+    try:
+        t = x.submit(src_buffer=s, dst_buffer=d, src_wait=(sem, 1))
+        assert isinstance(t.dst_ready, TimelinePoint) and t.dst_ready.device_index == 0
+        release()
+        # a single-queue device: our submit must follow the transfer's submits
+        t.wait_submitted(30)
+        # record a readback on GPU 0 that waits for dst_ready on the GPU; no ticket.wait()
+        out = Buffer(manager.slot(0), data.nbytes, host_visible=True)
+        from vkmulti.images import CommandRunner
+        CommandRunner.for_slot(manager.slot(0)).run(
+            lambda cmd: vk.vkCmdCopyBuffer(cmd, d.handle, out.handle, 1, [vk.VkBufferCopy(0, 0, data.nbytes)]),
+            waits=[(t.dst_ready.semaphore, t.dst_ready.value)])
+        np.testing.assert_array_equal(out._read(data.nbytes), data)
+        out.destroy()
+        # src_done is reached too
+        manager.slot(1).native.wait_timeline(t.src_done.semaphore, t.src_done.value, 5)
+    finally:
+        x.destroy()
+        cleanup()
+
+
+def test_select_transfer_method(manager):
+    caps = manager.capabilities
+    assert select_transfer_method(Assignment(0), caps) == TransferMethod.NONE
+    assert select_transfer_method(Assignment(1), None) == TransferMethod.STAGING_COPY
+    assert select_transfer_method(Assignment(1), caps) == TransferMethod.DMABUF       # same UUIDs on lavapipe
+    assert select_transfer_method(Assignment(1), caps, prefer_dmabuf=False) == TransferMethod.HOST_SHARED
+    no_host = caps.__class__(**{**caps.__dict__, "enabled_extensions": (frozenset(), frozenset())})
+    assert select_transfer_method(Assignment(1), no_host, prefer_dmabuf=False) == TransferMethod.STAGING_COPY
+    with pytest.raises(TypeError):
+        select_transfer_method(object(), caps)
+
+
+def test_forced_method_missing_extension(manager):
+    slot = manager.slot(1)
+    saved = slot.enabled_extensions
+    slot.enabled_extensions = saved - {EXT_MEMORY_HOST}
+    try:
+        x = CrossDeviceTransfer(slot, manager.slot(0), TransferMethod.HOST_SHARED)
+        with Buffer(slot, 16) as s, Buffer(manager.slot(0), 16) as d:
+            with pytest.raises(UnsupportedError, match="VK_EXT_external_memory_host.*GPU 1|GPU 1.*external_memory_host"):
+                x.submit(src_buffer=s, dst_buffer=d)
+        x.destroy()
+    finally:
+        slot.enabled_extensions = saved
+
+
+def test_bad_input(manager):
+    s1, s0 = manager.slot(1), manager.slot(0)
+    with pytest.raises(ValueError, match="unknown cross-device transfer method"):
+        CrossDeviceTransfer(s1, s0, "teleport")
+    with pytest.raises(ValueError, match="slot_size"):
+        CrossDeviceTransfer(s1, s0, TransferMethod.HOST_SHARED, slot_size=0)
+    x = CrossDeviceTransfer(s1, s0, TransferMethod.HOST_SHARED)
+    a, b, c = Image(s1, 8, 8), Image(s0, 8, 8), Image(s0, 8, 9)
+    try:
+        with pytest.raises(ValueError, match="dst_image"):
+            x.run(src_image=a)
+        with pytest.raises(ValueError, match="size mismatch"):
+            x.run(src_image=a, dst_image=c)
+        with pytest.raises(ValueError, match="src_image belongs to GPU 0"):
+            x.run(src_image=b, dst_image=c)
+        with pytest.raises(TypeError, match="VkImage"):
+            x.run(src_image="image", dst_image=b)
+        with pytest.raises(ValueError, match="run_staging_copy called for method"):
+            x.run_staging_copy(src_image=a, dst_image=b)
+        with pytest.raises(ValueError, match="raw image handles need"):
+            x.run(src_image=a.handle, dst_image=b.handle)
+        with pytest.raises(TypeError, match="src_wait"):
+            x.run(src_image=a, dst_image=b, src_wait=5)
+        with Buffer(s1, 100) as sb, Buffer(s0, 50) as db:
+            with pytest.raises(ValueError, match="dst_buffer is too small"):
+                x.submit(src_buffer=sb, dst_buffer=db)
+            with pytest.raises(ValueError, match="size must be a positive int"):
+                x.submit(src_buffer=sb, dst_buffer=db, size=0)
+            with pytest.raises(ValueError, match="not both"):
+                x.submit(src_buffer=sb, dst_image=b)
+        x.run(src_image=a, dst_image=b, timeout=10)   # still usable after all that
+        x.destroy()
+        with pytest.raises(DestroyedError):
+            x.run(src_image=a, dst_image=b)
+        x.destroy()
+    finally:
+        for img in (a, b, c):
+            img.destroy()
+
+
+def test_raw_handles_with_seed_fields(manager):
+    """The seed's calling convention: raw VkImage handles, size from the transfer's fields."""
+    s1, s0 = manager.slot(1), manager.slot(0)
+    with Image(s1, 33, 17) as a, Image(s0, 33, 17) as b:
+        px = np.random.default_rng(0).integers(0, 256, (17, 33, 8), dtype=np.uint8)
+        a.upload(px)
+        x = CrossDeviceTransfer(s1, s0, TransferMethod.STAGING_COPY, width=33, height=17)
+        info = x.ensure_staging(None, None)
+        assert info["size"] == 33 * 17 * 8 and x.extra["staging"] is info
+        x.run_staging_copy(src_image=a.handle, dst_image=b.handle)
+        x.destroy()
+        np.testing.assert_array_equal(b.download(), px)
+
+
+def test_none_method_is_noop(manager):
+    x = CrossDeviceTransfer(manager.slot(0), manager.slot(0), TransferMethod.NONE)
+    x.run()
+    x.destroy()
+
+
+def test_manager_destroy_frees_links(manager):
+    """Links still held by transfers are freed with the manager (no validation leak reports)."""
+    x = CrossDeviceTransfer(manager.slot(1), manager.slot(0), TransferMethod.HOST_SHARED)
+    x.ensure_staging()
+    manager.destroy()
+    with pytest.raises(DestroyedError):
+        x.run(src_image=None, dst_image=None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", [TransferMethod.STAGING_COPY, TransferMethod.HOST_SHARED])
+@pytest.mark.parametrize("src, dst", [(0, 1), (1, 0)])
+@pytest.mark.parametrize("w, h", [(1, 1), (1023, 7), (3840, 2160)])
+def test_gpu_image_roundtrip(manager, method, src, dst, w, h):
+    roundtrip_image(manager, method, w, h, src=src, dst=dst)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", [TransferMethod.STAGING_COPY, TransferMethod.HOST_SHARED])
+def test_gpu_buffer_roundtrip(manager, method):
+    test_buffer_roundtrip(manager, method, (256 << 20) + 13, 64, 4)
