@@ -1,4 +1,4 @@
-"""Command line: `python -m vkmulti info [--json] [--virtual N]`."""
+"""Command line: `python -m vkmulti info [--json] [--virtual N]`, `python -m vkmulti bench transfer ...`."""
 from __future__ import annotations
 
 import argparse
@@ -108,7 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     p_info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p_info.add_argument("--virtual", type=int, default=0, metavar="N",
                         help="use N virtual lavapipe GPUs instead of the real ones")
+    p_bench = sub.add_parser("bench", help="run a bench (transfer)", add_help=False)
+    p_bench.add_argument("which", choices=["transfer"])
+    p_bench.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        from .benchmarks import main as bench_main
+        return bench_main(args.rest)
     if args.command == "info":
         if args.virtual < 0:
             parser.error("--virtual must be >= 0")

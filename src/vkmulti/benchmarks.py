@@ -1,0 +1,307 @@
+"""Transfer benchmark: every method against the seed's serial algorithm, same run.
+
+Used by `bench/transfer.py` and `python -m vkmulti bench transfer`. Prints
+figures as JSON and ends with a ratio line; optionally draws a PNG bar chart.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+import vulkan as vk
+
+from .images import Buffer, Image
+from .methods import TransferMethod, method_support
+from .transfer import CrossDeviceTransfer
+
+_ffi = vk.ffi
+IMAGE_SIZES = ((256, 256), (1920, 1080), (3840, 2160))
+BUFFER_BYTES = 256 << 20
+RGBA16F = vk.VK_FORMAT_R16G16B16A16_SFLOAT
+
+
+def _median_time(fn: Callable[[], None], reps: int, warmup: int = 2) -> tuple[float, list[float]]:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+class SeedStagingCopy:
+    """The seed's algorithm, as it ran: copy into a host-visible buffer, vkQueueWaitIdle,
+    map both buffers and memmove on the CPU, copy out, vkQueueWaitIdle. Serial."""
+
+    def __init__(self, src_slot: Any, dst_slot: Any, nbytes: int):
+        self.src, self.dst, self.nbytes = src_slot, dst_slot, nbytes
+        self.src_buf = Buffer(src_slot, nbytes, usage=vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=True)
+        self.dst_buf = Buffer(dst_slot, nbytes, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, host_visible=True)
+        self.pools = {}
+        for slot in (src_slot, dst_slot):
+            self.pools[slot.index] = vk.vkCreateCommandPool(slot.device, vk.VkCommandPoolCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, queueFamilyIndex=slot.graphics_queue.family),
+                None)
+
+    def _one_shot(self, slot: Any, record: Callable[[Any], None]) -> None:
+        pool = self.pools[slot.index]
+        cmd = vk.vkAllocateCommandBuffers(slot.device, vk.VkCommandBufferAllocateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=pool,
+            level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+        record(cmd)
+        vk.vkEndCommandBuffer(cmd)
+        q = slot.graphics_queue
+        with q.lock:
+            vk.vkQueueSubmit(q.handle, 1, [vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                                           commandBufferCount=1, pCommandBuffers=[cmd])], None)
+            vk.vkQueueWaitIdle(q.handle)
+        vk.vkFreeCommandBuffers(slot.device, pool, 1, [cmd])
+
+    def _memmove(self) -> None:
+        s = vk.vkMapMemory(self.src.device, self.src_buf.memory, 0, self.nbytes, 0)
+        d = vk.vkMapMemory(self.dst.device, self.dst_buf.memory, 0, self.nbytes, 0)
+        _ffi.memmove(d, s, self.nbytes)
+        vk.vkUnmapMemory(self.src.device, self.src_buf.memory)
+        vk.vkUnmapMemory(self.dst.device, self.dst_buf.memory)
+
+    def run_image(self, a: Image, b: Image) -> None:
+        region = a._region()
+
+        def out(cmd: Any) -> None:
+            a.barrier(cmd, a.layout, vk.VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL)
+            vk.vkCmdCopyImageToBuffer(cmd, a.handle, vk.VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL, self.src_buf.handle,
+                                      1, [region])
+            a.barrier(cmd, vk.VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL, a.layout)
+
+        def into(cmd: Any) -> None:
+            b.barrier(cmd, b.layout, vk.VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL)
+            vk.vkCmdCopyBufferToImage(cmd, self.dst_buf.handle, b.handle, vk.VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL,
+                                      1, [region])
+            b.barrier(cmd, vk.VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, b.layout)
+        self._one_shot(self.src, out)
+        self._memmove()
+        self._one_shot(self.dst, into)
+
+    def run_buffer(self, a: Buffer, b: Buffer) -> None:
+        self._one_shot(self.src, lambda cmd: vk.vkCmdCopyBuffer(cmd, a.handle, self.src_buf.handle, 1,
+                                                                [vk.VkBufferCopy(0, 0, self.nbytes)]))
+        self._memmove()
+        self._one_shot(self.dst, lambda cmd: vk.vkCmdCopyBuffer(cmd, self.dst_buf.handle, b.handle, 1,
+                                                                [vk.VkBufferCopy(0, 0, self.nbytes)]))
+
+    def destroy(self) -> None:
+        for slot in (self.src, self.dst):
+            vk.vkDestroyCommandPool(slot.device, self.pools[slot.index], None)
+        self.src_buf.destroy()
+        self.dst_buf.destroy()
+
+
+def _torch_pinned(nbytes: int, src: int, dst: int, reps: int) -> dict[str, Any] | None:
+    """torch's copy of the same bytes cuda:src -> pinned host -> cuda:dst (None without 2 CUDA GPUs)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available() or torch.cuda.device_count() <= max(src, dst):
+        return None
+    a = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{src}")
+    b = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{dst}")
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def once() -> None:
+        host.copy_(a, non_blocking=True)
+        torch.cuda.synchronize(src)
+        b.copy_(host, non_blocking=True)
+        torch.cuda.synchronize(dst)
+    med, _ = _median_time(once, reps)
+    return {"median_s": med, "gbps": nbytes / med / 1e9}
+
+
+def methods_for(src: Any, dst: Any) -> list[str]:
+    return [m for m in TransferMethod.CROSS_DEVICE
+            if method_support(m, src.capabilities, dst.capabilities, src.enabled_extensions,
+                              dst.enabled_extensions) is None]
+
+
+def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 10, buffer_reps: int | None = None,
+                       methods: list[str] | None = None, sizes: tuple = IMAGE_SIZES, buffer_bytes: int = BUFFER_BYTES,
+                       torch: bool = True, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Time each method and size end to end (submit to dst_ready), plus the seed baseline."""
+    s, d = manager.slot(src), manager.slot(dst)
+    methods = methods or methods_for(s, d)
+    buffer_reps = buffer_reps or max(3, reps // 2)
+    rng = np.random.default_rng(0)
+    results: dict[str, Any] = {"machine": {"src": f"GPU {src}: {s.name}", "dst": f"GPU {dst}: {d.name}"},
+                               "reps": reps, "cases": []}
+    say = log or (lambda msg: None)
+
+    def record(case: str, nbytes: int, method: str, med: float, times: list[float]) -> None:
+        results["cases"].append({"case": case, "bytes": nbytes, "method": method, "median_s": med,
+                                 "min_s": min(times), "gbps": nbytes / med / 1e9})
+        say(f"{case:>16} {method:>13}: {med * 1e3:9.3f} ms  {nbytes / med / 1e9:7.2f} GB/s")
+
+    for w, h in sizes:
+        a, b = Image(s, w, h, RGBA16F), Image(d, w, h, RGBA16F)
+        px = rng.integers(0, 256, (h, w, 8), dtype=np.uint8)
+        a.upload(px)
+        case = f"image {w}x{h}"
+        try:
+            for m in methods:
+                with CrossDeviceTransfer(s, d, m) as x:
+                    med, times = _median_time(lambda: x.run(src_image=a, dst_image=b, timeout=60), reps)
+                record(case, a.nbytes, m, med, times)
+                if not np.array_equal(b.download(), px):
+                    raise AssertionError(f"{m} produced wrong pixels for {case}")
+            seed = SeedStagingCopy(s, d, a.nbytes)
+            try:
+                med, times = _median_time(lambda: seed.run_image(a, b), reps)
+            finally:
+                seed.destroy()
+            record(case, a.nbytes, "seed_baseline", med, times)
+            if torch:
+                t = _torch_pinned(a.nbytes, src, dst, reps)
+                if t:
+                    record(case, a.nbytes, "torch_pinned", t["median_s"], [t["median_s"]])
+        finally:
+            a.destroy()
+            b.destroy()
+
+    if buffer_bytes:
+        a, b = Buffer(s, buffer_bytes), Buffer(d, buffer_bytes)
+        data = rng.integers(0, 256, buffer_bytes, dtype=np.uint8)
+        a.upload(data)
+        case = f"buffer {buffer_bytes >> 20} MiB"
+        try:
+            for m in methods:
+                with CrossDeviceTransfer(s, d, m) as x:
+                    med, times = _median_time(lambda: x.submit(src_buffer=a, dst_buffer=b).wait(120), buffer_reps, 1)
+                record(case, buffer_bytes, m, med, times)
+                if not np.array_equal(b.download(), data):
+                    raise AssertionError(f"{m} produced wrong bytes for {case}")
+            seed = SeedStagingCopy(s, d, buffer_bytes)
+            try:
+                med, times = _median_time(lambda: seed.run_buffer(a, b), buffer_reps, 1)
+            finally:
+                seed.destroy()
+            record(case, buffer_bytes, "seed_baseline", med, times)
+            if torch:
+                t = _torch_pinned(buffer_bytes, src, dst, buffer_reps)
+                if t:
+                    record(case, buffer_bytes, "torch_pinned", t["median_s"], [t["median_s"]])
+        finally:
+            a.destroy()
+            b.destroy()
+    results["ratios"] = ratios(results)
+    return results
+
+
+def ratios(results: dict[str, Any]) -> dict[str, float]:
+    """Throughput of each method over the seed baseline (and torch) per case."""
+    by: dict[str, dict[str, float]] = {}
+    for c in results["cases"]:
+        by.setdefault(c["case"], {})[c["method"]] = c["gbps"]
+    out = {}
+    for case, ms in by.items():
+        for m, g in ms.items():
+            if m in ("seed_baseline", "torch_pinned"):
+                continue
+            if "seed_baseline" in ms:
+                out[f"{case}: {m}/seed"] = g / ms["seed_baseline"]
+            if "torch_pinned" in ms:
+                out[f"{case}: {m}/torch_pinned"] = g / ms["torch_pinned"]
+    return out
+
+
+def ratio_line(results: dict[str, Any]) -> str:
+    r = results["ratios"]
+    keys = [k for k in r if k.startswith("image 3840x2160") or k.startswith("buffer")]
+    return "ratio: " + ", ".join(f"{k} = {r[k]:.2f}x" for k in keys)
+
+
+def plot(results: dict[str, Any], path: str) -> None:
+    """A grouped bar chart of GB/s by case and method, drawn with Pillow."""
+    from PIL import Image as PILImage, ImageDraw
+
+    cases = list(dict.fromkeys(c["case"] for c in results["cases"]))
+    methods = list(dict.fromkeys(c["method"] for c in results["cases"]))
+    colors = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75)]
+    gb = {(c["case"], c["method"]): c["gbps"] for c in results["cases"]}
+    top = max(gb.values()) * 1.15 or 1.0
+    W, H, left, bottom, topm = 1000, 560, 70, 70, 60
+    img = PILImage.new("RGB", (W, H), "white")
+    g = ImageDraw.Draw(img)
+    g.text((left, 15), f"vkmulti transfer bandwidth (GB/s): {results['machine']['src']} -> "
+                       f"{results['machine']['dst']}", fill="black")
+    plot_h = H - bottom - topm
+    for k in range(6):
+        y = H - bottom - plot_h * k / 5
+        g.line([(left, y), (W - 20, y)], fill=(220, 220, 220))
+        g.text((10, y - 6), f"{top * k / 5:.1f}", fill="black")
+    group_w = (W - left - 20) / max(1, len(cases))
+    bar_w = group_w * 0.8 / max(1, len(methods))
+    for i, case in enumerate(cases):
+        x0 = left + i * group_w + group_w * 0.1
+        for j, m in enumerate(methods):
+            v = gb.get((case, m))
+            if v is None:
+                continue
+            h = plot_h * v / top
+            x = x0 + j * bar_w
+            g.rectangle([x, H - bottom - h, x + bar_w - 2, H - bottom], fill=colors[j % len(colors)])
+            g.text((x, H - bottom - h - 12), f"{v:.1f}", fill="black")
+        g.text((x0, H - bottom + 8), case, fill="black")
+    for j, m in enumerate(methods):
+        g.rectangle([left + j * 150, H - 30, left + j * 150 + 12, H - 18], fill=colors[j % len(colors)])
+        g.text((left + j * 150 + 16, H - 30), m, fill="black")
+    img.save(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="vkmulti bench transfer", description=__doc__)
+    p.add_argument("--src", type=int, default=1)
+    p.add_argument("--dst", type=int, default=0)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--quick", action="store_true", help="4K image and a 64 MiB buffer only, 5 reps")
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--plot", metavar="PNG", help="write a bar chart of GB/s by method and size")
+    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
+    p.add_argument("--virtual", type=int, default=0, metavar="N", help="use N virtual lavapipe GPUs")
+    args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error("--reps must be >= 1")
+    from .multi_device import MultiDeviceManager
+    from .testing import install_virtual_gpus
+
+    if args.virtual:
+        install_virtual_gpus(args.virtual)
+    with MultiDeviceManager.create(enabled=True, validation=False) as mgr:
+        if mgr.device_count < 2:
+            print("bench transfer needs two devices (try --virtual 2)", file=sys.stderr)
+            return 2
+        for i in (args.src, args.dst):
+            if not 0 <= i < mgr.device_count:
+                p.error(f"device index {i} out of range: {mgr.device_count} devices")
+        kw: dict[str, Any] = {}
+        if args.quick:
+            kw = {"sizes": ((3840, 2160),), "buffer_bytes": 64 << 20}
+        res = run_transfer_bench(mgr, src=args.src, dst=args.dst, reps=5 if args.quick else args.reps,
+                                 torch=not args.no_torch, log=lambda m: print(m, file=sys.stderr), **kw)
+    text = json.dumps(res, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text)
+    if args.plot:
+        plot(res, args.plot)
+    print(ratio_line(res))
+    return 0
