@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+
+import pytest
 import subprocess
 import sys
 
@@ -10,6 +12,7 @@ from vkmulti.capabilities import EXT_MEMORY_HOST
 from vkmulti.methods import method_support
 
 
+@pytest.mark.virtual
 def test_probe_device_facts():
     with Instance() as inst:
         caps = [probe_device(p) for p in inst.physical_devices()]
@@ -23,6 +26,7 @@ def test_probe_device_facts():
     assert a.pci_bus is None   # lavapipe has no VK_EXT_pci_bus_info
 
 
+@pytest.mark.virtual
 def test_pair_methods_on_virtual_pair():
     with Instance() as inst:
         a, b = (probe_device(p) for p in inst.physical_devices())
