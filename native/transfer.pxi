@@ -31,6 +31,7 @@ cdef extern from "vkm_transfer.h" nogil:
         uint32_t slot_count
         VkExternalMemoryHandleTypeFlagBits export_type
         uint64_t stall_timeout_ns
+        int copy_threads
 
     VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
                              const vkm_link_config *config, vkm_link **out, const char **call)
@@ -82,7 +83,7 @@ cdef class Link:
     cdef list keep
 
     def __cinit__(self, Device src, QueueLock src_queue, Device dst, QueueLock dst_queue, int ring,
-                  uint64_t slot_size, uint32_t slot_count, int export_type=0, double stall_timeout=30.0):
+                  uint64_t slot_size, uint32_t slot_count, int export_type=0, double stall_timeout=30.0, int copy_threads=-1):
         cdef vkm_link_config cfg
         cdef const char *call = NULL
         cdef vkm_device *sd = src.ptr()
@@ -99,6 +100,7 @@ cdef class Link:
         cfg.slot_count = slot_count
         cfg.export_type = <VkExternalMemoryHandleTypeFlagBits>export_type
         cfg.stall_timeout_ns = <uint64_t>(stall_timeout * 1e9)
+        cfg.copy_threads = copy_threads
         self.src, self.dst, self.src_queue, self.dst_queue = src, dst, src_queue, dst_queue
         with nogil:
             r = vkm_link_create(sd, &src_queue.q, dd, &dst_queue.q, &cfg, &self.link, &call)

@@ -19,6 +19,112 @@ typedef struct vkm_job {
     struct vkm_job *next;
 } vkm_job;
 
+/* A team of helper threads that splits the staging ring's CPU copies: one
+ * core copies out of mapped memory at a fraction of what PCIe carries. */
+typedef struct vkm_copy_team {
+    int helpers;
+    pthread_t *threads;
+    pthread_mutex_t lock;
+    pthread_cond_t go, done;
+    uint64_t generation;
+    int remaining, stop;
+    uint8_t *dst;
+    const uint8_t *src;
+    size_t len;
+} vkm_copy_team;
+
+static void team_part(const vkm_copy_team *t, int i, size_t *off, size_t *len)
+{
+    size_t parts = (size_t)t->helpers + 1;
+    size_t each = (t->len / parts + 63) & ~(size_t)63;
+    size_t start = each * (size_t)i;
+    *off = start < t->len ? start : t->len;
+    size_t end = start + each < t->len ? start + each : t->len;
+    *len = end > *off ? end - *off : 0;
+}
+
+static void *team_helper(void *arg)
+{
+    vkm_copy_team *t = ((void **)arg)[0];
+    int i = (int)(intptr_t)((void **)arg)[1];
+    free(arg);
+    uint64_t seen = 0;
+    pthread_mutex_lock(&t->lock);
+    for (;;) {
+        while (t->generation == seen && !t->stop)
+            pthread_cond_wait(&t->go, &t->lock);
+        if (t->stop) break;
+        seen = t->generation;
+        size_t off, len;
+        team_part(t, i, &off, &len);
+        pthread_mutex_unlock(&t->lock);
+        if (len) memcpy(t->dst + off, t->src + off, len);
+        pthread_mutex_lock(&t->lock);
+        if (--t->remaining == 0) pthread_cond_signal(&t->done);
+    }
+    pthread_mutex_unlock(&t->lock);
+    return NULL;
+}
+
+static void team_start(vkm_copy_team *t, int helpers)
+{
+    memset(t, 0, sizeof(*t));
+    pthread_mutex_init(&t->lock, NULL);
+    pthread_cond_init(&t->go, NULL);
+    pthread_cond_init(&t->done, NULL);
+    if (helpers <= 0) return;
+    t->threads = calloc((size_t)helpers, sizeof(pthread_t));
+    if (!t->threads) return;
+    for (int i = 0; i < helpers; i++) {
+        void **arg = malloc(2 * sizeof(void *));
+        if (!arg) break;
+        arg[0] = t;
+        arg[1] = (void *)(intptr_t)(i + 1);
+        if (pthread_create(&t->threads[i], NULL, team_helper, arg) != 0) {
+            free(arg);
+            break;
+        }
+        t->helpers++;
+    }
+}
+
+static void team_copy(vkm_copy_team *t, uint8_t *dst, const uint8_t *src, size_t len)
+{
+    if (t->helpers == 0 || len < ((size_t)1 << 20)) {
+        memcpy(dst, src, len);
+        return;
+    }
+    pthread_mutex_lock(&t->lock);
+    t->dst = dst;
+    t->src = src;
+    t->len = len;
+    t->remaining = t->helpers;
+    t->generation++;
+    pthread_cond_broadcast(&t->go);
+    pthread_mutex_unlock(&t->lock);
+    size_t off, part;
+    team_part(t, 0, &off, &part);
+    memcpy(dst + off, src + off, part);
+    pthread_mutex_lock(&t->lock);
+    while (t->remaining > 0)
+        pthread_cond_wait(&t->done, &t->lock);
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void team_stop(vkm_copy_team *t)
+{
+    pthread_mutex_lock(&t->lock);
+    t->stop = 1;
+    pthread_cond_broadcast(&t->go);
+    pthread_mutex_unlock(&t->lock);
+    for (int i = 0; i < t->helpers; i++)
+        pthread_join(t->threads[i], NULL);
+    free(t->threads);
+    pthread_cond_destroy(&t->done);
+    pthread_cond_destroy(&t->go);
+    pthread_mutex_destroy(&t->lock);
+}
+
 /* One device's end of a link. */
 typedef struct vkm_side {
     vkm_device *dev;
@@ -44,6 +150,8 @@ struct vkm_link {
     void *host_block; /* shared-host ring */
     uint64_t *slot_free_at; /* dst timeline value after which slot i may be rewritten */
     uint64_t chunk_counter;
+    vkm_copy_team team;
+    int team_started;
 
     pthread_t thread;
     int thread_started;
@@ -339,6 +447,11 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
             if (call) *call = "vkm_link_create(unknown ring kind)";
         }
     }
+    if (r == VK_SUCCESS && l->cfg.ring == VKM_RING_STAGING) {
+        int helpers = l->cfg.copy_threads >= 0 ? l->cfg.copy_threads : (int)(sysconf(_SC_NPROCESSORS_ONLN) / 4);
+        team_start(&l->team, helpers > 7 ? 7 : helpers);
+        l->team_started = 1;
+    }
     if (r == VK_SUCCESS) {
         if (pthread_create(&l->thread, NULL, worker, l) != 0) {
             r = VK_ERROR_INITIALIZATION_FAILED;
@@ -365,6 +478,7 @@ void vkm_link_destroy(vkm_link *l)
         pthread_mutex_unlock(&l->lock);
         pthread_join(l->thread, NULL);
     }
+    if (l->team_started) team_stop(&l->team);
     /* Wait until the GPUs are done with everything this link submitted. */
     if (l->src.timeline && l->error == VK_SUCCESS)
         vkm_wait_timeline(l->src.dev, l->src.timeline, l->src_value, l->cfg.stall_timeout_ns);
@@ -762,7 +876,7 @@ static VkResult run_job(vkm_link *l, vkm_job *j, const char **call)
                                           .offset = 0, .size = VK_WHOLE_SIZE};
                 sd->fn.vkInvalidateMappedMemoryRanges(sd->device, 1, &mr);
             }
-            memcpy(D->mapped + s * slot, S->mapped + s * slot, len);
+            team_copy(&l->team, D->mapped + s * slot, S->mapped + s * slot, (size_t)len);
             if (!D->coherent) {
                 VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = D->memory,
                                           .offset = 0, .size = VK_WHOLE_SIZE};

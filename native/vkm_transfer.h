@@ -44,6 +44,7 @@ typedef struct vkm_link_config {
     uint32_t slot_count;            /* ring depth */
     VkExternalMemoryHandleTypeFlagBits export_type; /* for VKM_RING_EXPORTED */
     uint64_t stall_timeout_ns;      /* a single GPU wait longer than this fails the job */
+    int copy_threads;               /* staging: helper threads for the CPU copy; -1: a quarter of the CPUs (max 7) */
 } vkm_link_config;
 
 VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,

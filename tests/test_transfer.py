@@ -310,3 +310,34 @@ def test_gpu_image_roundtrip(manager, method, src, dst, w, h):
 @pytest.mark.parametrize("method", [TransferMethod.STAGING_COPY, TransferMethod.HOST_SHARED])
 def test_gpu_buffer_roundtrip(manager, method):
     test_buffer_roundtrip(manager, method, (256 << 20) + 13, 64, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", [TransferMethod.STAGING_COPY, TransferMethod.HOST_SHARED])
+@pytest.mark.parametrize("src, dst", [(0, 1), (1, 0)])
+def test_gpu_queue_family_ownership_transfer(method, src, dst):
+    """An engine's primary whose copy queue is the dedicated transfer family: images
+    owned by the universal family go through release/acquire barriers."""
+    from vkmulti import MultiDeviceManager
+    from vkmulti.devices import create_logical_device, destroy_logical_device
+    from vkmulti.instance import Instance
+
+    inst = Instance()
+    pds = inst.physical_devices()
+    ld = create_logical_device(pds[0])
+    if ld.transfer_queue is None:
+        destroy_logical_device(ld.device, ld.native)
+        inst.destroy()
+        pytest.skip("no dedicated transfer family")
+    mgr = MultiDeviceManager(primary_physical_device=pds[0], primary_queue_families=ld.queue_families,
+                             primary_device=ld.device, primary_graphics_queue=ld.graphics_queue,
+                             primary_present_queue=ld.present_queue, physical_devices=pds, enabled=True,
+                             primary_transfer_queue=ld.transfer_queue, primary_extensions=ld.enabled_extensions)
+    try:
+        assert mgr.primary.copy_queue.family != mgr.primary.graphics_queue.family
+        for w, h in ((1, 1), (1023, 7), (1920, 1080)):
+            roundtrip_image(mgr, method, w, h, src=src, dst=dst)
+    finally:
+        mgr.destroy()
+        destroy_logical_device(ld.device, ld.native)
+        inst.destroy()

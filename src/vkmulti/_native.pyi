@@ -46,7 +46,8 @@ class Link:
     src_queue: QueueLock
     dst_queue: QueueLock
     def __init__(self, src: Device, src_queue: QueueLock, dst: Device, dst_queue: QueueLock, ring: int,
-                 slot_size: int, slot_count: int, export_type: int = ..., stall_timeout: float = ...) -> None: ...
+                 slot_size: int, slot_count: int, export_type: int = ..., stall_timeout: float = ...,
+                 copy_threads: int = ...) -> None: ...
     @property
     def alive(self) -> bool: ...
     @property

@@ -237,6 +237,22 @@ def probe_device(physical_device: Any) -> DeviceCapabilities:
     )
 
 
+def _device_group_sizes(instance: Any) -> list[int]:
+    """Devices per device group. (The `vulkan` package's wrapper leaves the
+    output structs' sType unset, which the validation layer rejects.)"""
+    from vulkan._vulkan import lib
+
+    count = _ffi.new("uint32_t*")
+    if lib.vkEnumeratePhysicalDeviceGroups(instance, count, _ffi.NULL) != 0 or count[0] == 0:
+        return []
+    groups = _ffi.new("VkPhysicalDeviceGroupProperties[]", count[0])
+    for i in range(count[0]):
+        groups[i].sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_GROUP_PROPERTIES
+    if lib.vkEnumeratePhysicalDeviceGroups(instance, count, groups) not in (0, 5):
+        return []
+    return [int(groups[i].physicalDeviceCount) for i in range(count[0])]
+
+
 @dataclass(frozen=True)
 class RenderCapabilities:
     """Probed facts for the engine (the seed's fields), plus per-device detail.
@@ -288,11 +304,7 @@ class RenderCapabilities:
             count = len(vk.vkEnumeratePhysicalDevices(inst))
         except vk.VkError:
             count = 0
-        try:
-            groups = vk.vkEnumeratePhysicalDeviceGroups(inst)
-            group = any(g.physicalDeviceCount > 1 for g in groups)
-        except vk.VkError:
-            group = False
+        group = any(n > 1 for n in _device_group_sizes(inst))
         f = vk.vkGetPhysicalDeviceFeatures(pd)
         lim = vk.vkGetPhysicalDeviceProperties(pd).limits
         limits = {name: getattr(lim, name) for name in (

@@ -67,6 +67,8 @@ class LogicalDevice:
     enabled_extensions: frozenset[str]
     capabilities: DeviceCapabilities
     native: Any = field(repr=False, default=None)
+    #: vkmulti's own queue for transfers (second universal queue), if any
+    copy_queue: Queue | None = None
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.device, self.graphics_queue, self.present_queue,
@@ -125,9 +127,14 @@ def create_logical_device(physical_device: Any, queue_families: QueueFamilies | 
         wanted.remove(EXT_DMA_BUF)
 
     families = list(dict.fromkeys(f for f in (qf.graphics, qf.present, compute_qf, transfer_qf) if f is not None))
-    prio = _ffi.new("float[]", [1.0])
+    # A second queue of the universal family, when there is one, is vkmulti's
+    # copy queue: as fast as the transfer family for PCIe copies, and images
+    # owned by the universal family need no ownership transfer on it.
+    copy_index = 1 if caps.queue_families[qf.graphics].queue_count >= 2 else None
+    prio = _ffi.new("float[]", [1.0, 1.0])
     qinfos = [vk.VkDeviceQueueCreateInfo(sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
-                                         queueFamilyIndex=f, queueCount=1, pQueuePriorities=prio)
+                                         queueFamilyIndex=f, pQueuePriorities=prio,
+                                         queueCount=2 if f == qf.graphics and copy_index else 1)
               for f in families]
     timeline = _ffi.new("VkPhysicalDeviceTimelineSemaphoreFeatures*")
     timeline.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES
@@ -169,6 +176,8 @@ def create_logical_device(physical_device: Any, queue_families: QueueFamilies | 
     assert g is not None
     ld = LogicalDevice(device=device, graphics_queue=g, present_queue=queue(qf.present) or g,
                        compute_queue=queue(compute_qf), transfer_queue=queue(transfer_qf),
+                       copy_queue=(Queue(vk.vkGetDeviceQueue(device, qf.graphics, 1), qf.graphics, 1)
+                                   if copy_index else None),
                        queue_families=QueueFamilies(qf.graphics, qf.present, compute_qf, transfer_qf),
                        enabled_extensions=enabled, capabilities=caps, native=nat)
     log.debug("created device %s: families %s, extensions %s", caps.name, families, sorted(enabled))

@@ -39,6 +39,8 @@ class DeviceSlot:
     #: Per-device helpers vkmulti caches (transfer links, command runners);
     #: each has destroy() and goes before any device is destroyed.
     children: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    #: A queue reserved for vkmulti's transfers (made by vkmulti), if any.
+    dedicated_copy_queue: Any = dataclasses.field(default=None, repr=False)
 
     @property
     def is_primary(self) -> bool:
@@ -46,8 +48,9 @@ class DeviceSlot:
 
     @property
     def copy_queue(self) -> Queue:
-        """The queue vkmulti copies on: dedicated transfer, else compute, else graphics."""
-        return self.transfer_queue or self.compute_queue or self.graphics_queue
+        """The queue vkmulti copies on: its own queue when vkmulti made the device,
+        else the transfer queue, else compute, else graphics."""
+        return self.dedicated_copy_queue or self.transfer_queue or self.compute_queue or self.graphics_queue
 
     def release_children(self) -> None:
         """Destroy the cached helpers, newest first."""
@@ -168,7 +171,8 @@ class MultiDeviceManager:
                           graphics_queue=ld.graphics_queue, present_queue=ld.present_queue,
                           compute_queue=ld.compute_queue, transfer_queue=ld.transfer_queue,
                           name=ld.capabilities.name, capabilities=ld.capabilities,
-                          enabled_extensions=ld.enabled_extensions, native=ld.native, owned=owned)
+                          enabled_extensions=ld.enabled_extensions, native=ld.native, owned=owned,
+                          dedicated_copy_queue=ld.copy_queue)
 
     def _refresh_capabilities(self) -> None:
         self.external_memory_fd_enabled = len(self._slots) > 1 and all(
@@ -228,6 +232,7 @@ class MultiDeviceManager:
             p.native.release()
         p.native = primary_ld.native
         p.owned = True
+        p.dedicated_copy_queue = primary_ld.copy_queue
         mgr._owned_instance = inst if own_instance else None
         mgr.instance = inst
         return mgr
