@@ -218,3 +218,4 @@ cdef class Messenger:
 
 include "partition.pxi"
 include "transfer.pxi"
+include "cuda.pxi"
