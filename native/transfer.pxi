@@ -31,6 +31,7 @@ cdef extern from "vkm_transfer.h" nogil:
         uint32_t slot_count
         VkExternalMemoryHandleTypeFlagBits export_type
         uint64_t stall_timeout_ns
+        uint64_t spin_ns
         int copy_threads
 
     VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
@@ -83,7 +84,8 @@ cdef class Link:
     cdef list keep
 
     def __cinit__(self, Device src, QueueLock src_queue, Device dst, QueueLock dst_queue, int ring,
-                  uint64_t slot_size, uint32_t slot_count, int export_type=0, double stall_timeout=30.0, int copy_threads=-1):
+                  uint64_t slot_size, uint32_t slot_count, int export_type=0, double stall_timeout=30.0, int copy_threads=-1,
+                  double spin=0.0):
         cdef vkm_link_config cfg
         cdef const char *call = NULL
         cdef vkm_device *sd = src.ptr()
@@ -101,6 +103,7 @@ cdef class Link:
         cfg.export_type = <VkExternalMemoryHandleTypeFlagBits>export_type
         cfg.stall_timeout_ns = <uint64_t>(stall_timeout * 1e9)
         cfg.copy_threads = copy_threads
+        cfg.spin_ns = <uint64_t>(spin * 1e9) if spin > 0 else 0
         self.src, self.dst, self.src_queue, self.dst_queue = src, dst, src_queue, dst_queue
         with nogil:
             r = vkm_link_create(sd, &src_queue.q, dd, &dst_queue.q, &cfg, &self.link, &call)

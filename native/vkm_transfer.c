@@ -2,6 +2,7 @@
 #include "vkm_transfer.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -213,6 +214,29 @@ static VkResult make_buffer(vkm_device *d, VkDeviceSize size, VkBufferUsageFlags
 static VkDeviceSize round_up(VkDeviceSize v, VkDeviceSize a)
 {
     return a ? (v + a - 1) / a * a : v;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* Poll the counter for up to `spin_ns` before a blocking wait: a GPU's
+ * semaphore wake-up costs tens of microseconds, a chunk only a few more. */
+static VkResult spin_wait(vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns)
+{
+    if (!spin_ns) return VK_TIMEOUT;
+    uint64_t end = now_ns() + spin_ns;
+    do {
+        uint64_t have = 0;
+        VkResult r = vkm_timeline_value(d, sem, &have);
+        if (r != VK_SUCCESS) return r;
+        if (have >= value) return VK_SUCCESS;
+        sched_yield();
+    } while (now_ns() < end);
+    return VK_TIMEOUT;
 }
 
 /* A host-visible buffer of `size` bytes, persistently mapped. */
@@ -594,13 +618,16 @@ VkResult vkm_link_wait_submitted(vkm_link *l, uint64_t ticket, uint64_t timeout_
 
 VkResult vkm_link_poll(vkm_link *l, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns, const char **call)
 {
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t t0 = now_ns();
     VkResult r = vkm_link_wait_submitted(l, ticket, timeout_ns, call);
     if (r != VK_SUCCESS) return r;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    uint64_t spent = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)(t1.tv_nsec - t0.tv_nsec);
-    r = vkm_wait_timeline(l->dst.dev, l->dst.timeline, dst_ready, spent < timeout_ns ? timeout_ns - spent : 0);
+    uint64_t spent = now_ns() - t0;
+    uint64_t left = spent < timeout_ns ? timeout_ns - spent : 0;
+    r = spin_wait(l->dst.dev, l->dst.timeline, dst_ready, left < l->cfg.spin_ns ? left : l->cfg.spin_ns);
+    if (r == VK_TIMEOUT) {
+        spent = now_ns() - t0;
+        r = vkm_wait_timeline(l->dst.dev, l->dst.timeline, dst_ready, spent < timeout_ns ? timeout_ns - spent : 0);
+    }
     if (r != VK_SUCCESS && r != VK_TIMEOUT && call) *call = "vkWaitSemaphores(dst_ready)";
     return r;
 }
@@ -610,6 +637,12 @@ VkResult vkm_link_poll(vkm_link *l, uint64_t ticket, uint64_t dst_ready, uint64_
 /* Wait for a timeline value on the worker thread: slices, bounded by the stall timeout. */
 static VkResult worker_wait(vkm_link *l, vkm_side *s, uint64_t value, const char **call, const char *name)
 {
+    VkResult sr = spin_wait(s->dev, s->timeline, value, l->cfg.spin_ns);
+    if (sr == VK_SUCCESS) return sr;
+    if (sr != VK_TIMEOUT) {
+        *call = name;
+        return sr;
+    }
     uint64_t waited = 0;
     for (;;) {
         VkResult r = vkm_wait_timeline(s->dev, s->timeline, value, SLICE_NS);

@@ -44,6 +44,7 @@ typedef struct vkm_link_config {
     uint32_t slot_count;            /* ring depth */
     VkExternalMemoryHandleTypeFlagBits export_type; /* for VKM_RING_EXPORTED */
     uint64_t stall_timeout_ns;      /* a single GPU wait longer than this fails the job */
+    uint64_t spin_ns;               /* poll semaphores this long before blocking (0 on CPU devices) */
     int copy_threads;               /* staging: helper threads for the CPU copy; -1: a quarter of the CPUs (max 7) */
 } vkm_link_config;
 

@@ -31,12 +31,12 @@ def available(manager, method, src=1, dst=0):
     return method_support(method, a.capabilities, b.capabilities, a.enabled_extensions, b.enabled_extensions) is None
 
 
-def roundtrip_image(manager, method, w, h, fmt=F, src=1, dst=0, **kw):
+def roundtrip_image(manager, method, w, h, fmt=F, src=1, dst=0, exclusive=False, **kw):
     if not available(manager, method, src, dst):
         pytest.skip(f"{method} is not available between these devices")
     rng = np.random.default_rng(w * 7919 + h)
-    a = Image(manager.slot(src), w, h, fmt)
-    b = Image(manager.slot(dst), w, h, fmt)
+    a = Image(manager.slot(src), w, h, fmt, exclusive=exclusive)
+    b = Image(manager.slot(dst), w, h, fmt, exclusive=exclusive)
     try:
         px = rng.integers(0, 256, (h, w, a.bytes_per_pixel), dtype=np.uint8)
         a.upload(px)
@@ -302,8 +302,11 @@ def test_manager_destroy_frees_links(manager):
 @pytest.mark.parametrize("method", [TransferMethod.STAGING_COPY, TransferMethod.HOST_SHARED])
 @pytest.mark.parametrize("src, dst", [(0, 1), (1, 0)])
 @pytest.mark.parametrize("w, h", [(1, 1), (1023, 7), (3840, 2160)])
-def test_gpu_image_roundtrip(manager, method, src, dst, w, h):
-    roundtrip_image(manager, method, w, h, src=src, dst=dst)
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_gpu_image_roundtrip(manager, method, src, dst, w, h, exclusive):
+    if exclusive:   # owned by the universal family, copied on the transfer family
+        assert manager.slot(src).copy_queue.family != manager.slot(src).graphics_queue.family
+    roundtrip_image(manager, method, w, h, src=src, dst=dst, exclusive=exclusive)
 
 
 @pytest.mark.gpu
@@ -336,7 +339,7 @@ def test_gpu_queue_family_ownership_transfer(method, src, dst):
     try:
         assert mgr.primary.copy_queue.family != mgr.primary.graphics_queue.family
         for w, h in ((1, 1), (1023, 7), (1920, 1080)):
-            roundtrip_image(mgr, method, w, h, src=src, dst=dst)
+            roundtrip_image(mgr, method, w, h, src=src, dst=dst, exclusive=True)
     finally:
         mgr.destroy()
         destroy_logical_device(ld.device, ld.native)

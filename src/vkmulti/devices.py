@@ -67,7 +67,7 @@ class LogicalDevice:
     enabled_extensions: frozenset[str]
     capabilities: DeviceCapabilities
     native: Any = field(repr=False, default=None)
-    #: vkmulti's own queue for transfers (second universal queue), if any
+    #: vkmulti's own queue for transfers (second transfer or universal queue), if any
     copy_queue: Queue | None = None
 
     def __iter__(self) -> Iterator[Any]:
@@ -127,14 +127,17 @@ def create_logical_device(physical_device: Any, queue_families: QueueFamilies | 
         wanted.remove(EXT_DMA_BUF)
 
     families = list(dict.fromkeys(f for f in (qf.graphics, qf.present, compute_qf, transfer_qf) if f is not None))
-    # A second queue of the universal family, when there is one, is vkmulti's
-    # copy queue: as fast as the transfer family for PCIe copies, and images
-    # owned by the universal family need no ownership transfer on it.
-    copy_index = 1 if caps.queue_families[qf.graphics].queue_count >= 2 else None
+    # vkmulti's own copy queue: a second queue of the dedicated transfer family
+    # (the copy engines: fastest for PCIe hops), else of the universal family.
+    copy_family = None
+    for fam in (transfer_qf, qf.graphics):
+        if fam is not None and caps.queue_families[fam].queue_count >= 2:
+            copy_family = fam
+            break
     prio = _ffi.new("float[]", [1.0, 1.0])
     qinfos = [vk.VkDeviceQueueCreateInfo(sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                          queueFamilyIndex=f, pQueuePriorities=prio,
-                                         queueCount=2 if f == qf.graphics and copy_index else 1)
+                                         queueCount=2 if f == copy_family else 1)
               for f in families]
     timeline = _ffi.new("VkPhysicalDeviceTimelineSemaphoreFeatures*")
     timeline.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES
@@ -176,8 +179,8 @@ def create_logical_device(physical_device: Any, queue_families: QueueFamilies | 
     assert g is not None
     ld = LogicalDevice(device=device, graphics_queue=g, present_queue=queue(qf.present) or g,
                        compute_queue=queue(compute_qf), transfer_queue=queue(transfer_qf),
-                       copy_queue=(Queue(vk.vkGetDeviceQueue(device, qf.graphics, 1), qf.graphics, 1)
-                                   if copy_index else None),
+                       copy_queue=(Queue(vk.vkGetDeviceQueue(device, copy_family, 1), copy_family, 1)
+                                   if copy_family is not None else None),
                        queue_families=QueueFamilies(qf.graphics, qf.present, compute_qf, transfer_qf),
                        enabled_extensions=enabled, capabilities=caps, native=nat)
     log.debug("created device %s: families %s, extensions %s", caps.name, families, sorted(enabled))

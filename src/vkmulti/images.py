@@ -239,12 +239,14 @@ class Image:
     """A 2D optimal-tiling colour image with its own memory on one slot.
 
     `layout` is the layout the image is in between operations (vkmulti keeps it
-    there); `owner_family` the queue family that owns it (the slot's universal
-    family).
+    there). By default the image is shared (CONCURRENT) by the slot's universal
+    and copy queue families, so transfers need no ownership hand-over;
+    `exclusive=True` makes it owned by the universal family (`owner_family`),
+    as engine images usually are, and transfers then release and re-acquire it.
     """
 
     def __init__(self, slot: Any, width: int, height: int, format: int = DEFAULT_FORMAT, *,
-                 usage: int = IMAGE_USAGE, layout: int = SHADER_READ):
+                 usage: int = IMAGE_USAGE, layout: int = SHADER_READ, exclusive: bool = False):
         _check_slot(slot)
         for label, v in (("width", width), ("height", height)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -260,11 +262,16 @@ class Image:
         if width > props.maxExtent.width or height > props.maxExtent.height:
             raise ValueError(f"{width}x{height} exceeds the device's maximum image extent "
                              f"{props.maxExtent.width}x{props.maxExtent.height}")
+        families = sorted({slot.graphics_queue.family, slot.copy_queue.family})
+        concurrent = len(families) > 1 and not exclusive
         self.handle = _vk("vkCreateImage", vk.vkCreateImage, slot.device, vk.VkImageCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO, imageType=vk.VK_IMAGE_TYPE_2D, format=format,
             extent=vk.VkExtent3D(width, height, 1), mipLevels=1, arrayLayers=1,
             samples=vk.VK_SAMPLE_COUNT_1_BIT, tiling=vk.VK_IMAGE_TILING_OPTIMAL, usage=usage,
-            sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE, initialLayout=vk.VK_IMAGE_LAYOUT_UNDEFINED), None)
+            sharingMode=vk.VK_SHARING_MODE_CONCURRENT if concurrent else vk.VK_SHARING_MODE_EXCLUSIVE,
+            queueFamilyIndexCount=len(families) if concurrent else 0,
+            pQueueFamilyIndices=families if concurrent else None,
+            initialLayout=vk.VK_IMAGE_LAYOUT_UNDEFINED), None)
         try:
             req = vk.vkGetImageMemoryRequirements(slot.device, self.handle)
             self.memory = _allocate(slot, req, 0, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
@@ -272,7 +279,8 @@ class Image:
             vk.vkDestroyImage(slot.device, self.handle, None)
             raise
         vk.vkBindImageMemory(slot.device, self.handle, self.memory, 0)
-        self.owner_family = slot.graphics_queue.family
+        #: the family that owns the image (None: shared by every family vkmulti uses)
+        self.owner_family = None if concurrent else slot.graphics_queue.family
         self.layout = layout
         CommandRunner.for_slot(slot).run(
             lambda cmd: self.barrier(cmd, vk.VK_IMAGE_LAYOUT_UNDEFINED, layout))

@@ -31,6 +31,9 @@ __all__ = ["TransferMethod", "select_transfer_method", "CrossDeviceTransfer", "T
 #: Ring shape per device pair and method: 8 slots of 4 MiB (32 MiB).
 DEFAULT_SLOT_SIZE = 4 << 20
 DEFAULT_SLOT_COUNT = 8
+#: On GPUs, semaphores are polled this long before a blocking wait (a wake-up
+#: costs tens of microseconds); never on CPU devices, where it steals their cores.
+SPIN_SECONDS = 200e-6
 SHADER_READ = vk.VK_IMAGE_LAYOUT_SHADER_READ_ONLY_OPTIMAL
 _OPAQUE_FD = vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT
 _DMA_BUF = 0x200  # VK_EXTERNAL_MEMORY_HANDLE_TYPE_DMA_BUF_BIT_EXT
@@ -133,8 +136,10 @@ def _acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: i
         ref = links.by_key.get(key)
         if ref is None or not ref.link.alive:
             export = _export_type(src, dst) if method == TransferMethod.DMABUF else 0
+            on_gpus = src.capabilities is not None and dst.capabilities is not None and \
+                "cpu" not in (src.capabilities.device_type, dst.capabilities.device_type)
             link = _native.Link(src.native, src.copy_queue.lock, dst.native, dst.copy_queue.lock, _RING[method],
-                                slot_size, slot_count, export)
+                                slot_size, slot_count, export, spin=SPIN_SECONDS if on_gpus else 0.0)
             ref = _LinkRef(link, key, {"links": links.by_key})
             links.by_key[key] = ref
         ref.refs += 1
@@ -409,7 +414,7 @@ class CrossDeviceTransfer:
             raise ValueError(f"{label} rows are {row} B, larger than a ring slot ({self.slot_size} B); "
                              f"raise slot_size")
         owner = None
-        if owner_family != slot.copy_queue.family:
+        if owner_family is not None and owner_family != slot.copy_queue.family:
             owner = slot.graphics_queue.lock if slot.graphics_queue.family == owner_family else None
             if owner is None:
                 raise ValueError(f"{label} is owned by queue family {owner_family}, which has no queue on "
