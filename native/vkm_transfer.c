@@ -12,8 +12,9 @@
 
 typedef struct vkm_job {
     vkm_endpoint src, dst;
-    VkDeviceSize size, chunk_bytes;
+    VkDeviceSize size;
     uint32_t chunks;
+    VkDeviceSize *starts; /* chunk k is [starts[k], starts[k+1]) */
     uint64_t ticket;
     uint64_t src_base, dst_base; /* first timeline value this job signals, minus one */
     uint64_t src_done, dst_ready;
@@ -150,6 +151,7 @@ struct vkm_link {
     vkm_side src, dst;
     void *host_block; /* shared-host ring */
     uint64_t *slot_free_at; /* dst timeline value after which slot i may be rewritten */
+    VkCommandBuffer *batch_cmds; /* scratch for one batch of destination submits */
     uint64_t chunk_counter;
     vkm_copy_team team;
     int team_started;
@@ -436,7 +438,8 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
     VkDeviceSize total = l->cfg.slot_size * l->cfg.slot_count;
     uint32_t n = l->cfg.slot_count;
     l->slot_free_at = calloc(n, sizeof(uint64_t));
-    VkResult r = l->slot_free_at ? VK_SUCCESS : VK_ERROR_OUT_OF_HOST_MEMORY;
+    l->batch_cmds = calloc(n, sizeof(VkCommandBuffer));
+    VkResult r = l->slot_free_at && l->batch_cmds ? VK_SUCCESS : VK_ERROR_OUT_OF_HOST_MEMORY;
     if (r == VK_SUCCESS) r = side_init(&l->src, n, call);
     if (r == VK_SUCCESS) r = side_init(&l->dst, n, call);
     if (r == VK_SUCCESS) {
@@ -516,9 +519,11 @@ void vkm_link_destroy(vkm_link *l)
     side_free(&l->dst, l->cfg.slot_count);
     free(l->host_block); /* after both imports are freed */
     free(l->slot_free_at);
+    free(l->batch_cmds);
     vkm_job *j = l->head;
     while (j) {
         vkm_job *next = j->next;
+        free(j->starts);
         free(j);
         j = next;
     }
@@ -537,6 +542,42 @@ static int needs_ownership(const vkm_side *s, const vkm_endpoint *e)
     return e->owner && e->owner->family != s->queue->family;
 }
 
+/* Chunk boundaries: ramped (1/4, 1/2 of a chunk) at both ends so the second
+ * device starts early and finishes soon after the first, full chunks in
+ * between; every boundary a multiple of `unit` (an image row). */
+static VkDeviceSize *plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, uint32_t *count)
+{
+    VkDeviceSize q = chunk / 4 / unit * unit, h = chunk / 2 / unit * unit;
+    int ramp = q >= unit && h >= unit && size > 2 * chunk + 2 * (q + h);
+    VkDeviceSize head = ramp ? q + h : 0;
+    VkDeviceSize tail_start = ramp ? (size - q - h) / unit * unit : size;
+    VkDeviceSize span = tail_start - head;
+    uint64_t mid = (uint64_t)((span + chunk - 1) / chunk);
+    VkDeviceSize each = mid ? (span + mid - 1) / mid : 0;
+    each = (each + unit - 1) / unit * unit;
+    if (each > chunk) each = chunk;
+    size_t cap = (size_t)mid + 6;
+    VkDeviceSize *b = malloc(cap * sizeof(VkDeviceSize));
+    if (!b) return NULL;
+    uint32_t n = 0;
+    b[n++] = 0;
+    if (ramp) {
+        b[n++] = q;
+        b[n++] = q + h;
+    }
+    VkDeviceSize at = head;
+    while (at < tail_start && n + 3 < cap) {
+        at = at + each < tail_start ? at + each : tail_start;
+        b[n++] = at;
+    }
+    if (ramp) {
+        if (size - tail_start > h) b[n++] = tail_start + h;
+    }
+    if (b[n - 1] != size) b[n++] = size;
+    *count = n - 1;
+    return b;
+}
+
 VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoint *dst, VkDeviceSize size,
                          uint64_t *ticket, uint64_t *src_done, uint64_t *dst_ready, const char **call)
 {
@@ -544,23 +585,26 @@ VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoin
         if (call) *call = "vkm_link_submit(size 0)";
         return VK_ERROR_INITIALIZATION_FAILED;
     }
-    VkDeviceSize chunk = l->cfg.slot_size;
+    VkDeviceSize chunk = l->cfg.slot_size, unit = 256;
     const vkm_endpoint *img = src->image ? src : (dst->image ? dst : NULL);
     if (img) { /* chunks are whole rows */
-        VkDeviceSize row = (VkDeviceSize)img->width * img->bytes_per_pixel;
-        if (row == 0 || row > chunk) {
+        unit = (VkDeviceSize)img->width * img->bytes_per_pixel;
+        if (unit == 0 || unit > chunk) {
             if (call) *call = "vkm_link_submit(image row larger than a ring slot)";
             return VK_ERROR_FORMAT_NOT_SUPPORTED;
         }
-        chunk = chunk / row * row;
     }
+    chunk = chunk / unit * unit;
     vkm_job *j = calloc(1, sizeof(*j));
     if (!j) return VK_ERROR_OUT_OF_HOST_MEMORY;
     j->src = *src;
     j->dst = *dst;
     j->size = size;
-    j->chunk_bytes = chunk;
-    j->chunks = (uint32_t)((size + chunk - 1) / chunk);
+    j->starts = plan_chunks(size, chunk, unit, &j->chunks);
+    if (!j->starts) {
+        free(j);
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    }
     int src_own = needs_ownership(&l->src, src), dst_own = needs_ownership(&l->dst, dst);
 
     pthread_mutex_lock(&l->lock);
@@ -568,6 +612,7 @@ VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoin
         VkResult e = l->error;
         if (call) *call = l->error_call;
         pthread_mutex_unlock(&l->lock);
+        free(j->starts);
         free(j);
         return e;
     }
@@ -768,6 +813,42 @@ static VkResult submit(vkm_side *s, vkm_queue *q, VkCommandBuffer cmd, VkSemapho
     return vkm_queue_submit(s->dev, q, 1, &si, VK_NULL_HANDLE);
 }
 
+/* Submit `n` command buffers as n batches on `q`, batch i signalling `first + i`
+ * on `s`'s timeline; the first batch optionally waits on (w, wv). One call. */
+static VkResult submit_batch(vkm_side *s, vkm_queue *q, VkCommandBuffer *cmds, uint32_t n, VkSemaphore w,
+                             uint64_t wv, uint64_t first)
+{
+    VkSubmitInfo si[16];
+    VkTimelineSemaphoreSubmitInfo tl[16];
+    uint64_t values[16];
+    VkPipelineStageFlags stage = VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
+    for (uint32_t done = 0; done < n;) {
+        uint32_t m = n - done < 16 ? n - done : 16;
+        for (uint32_t i = 0; i < m; i++) {
+            int waits = (done + i == 0) && w;
+            values[i] = first + done + i;
+            tl[i] = (VkTimelineSemaphoreSubmitInfo){.sType = VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
+                                                    .waitSemaphoreValueCount = waits ? 1 : 0,
+                                                    .pWaitSemaphoreValues = waits ? &wv : NULL,
+                                                    .signalSemaphoreValueCount = 1,
+                                                    .pSignalSemaphoreValues = &values[i]};
+            si[i] = (VkSubmitInfo){.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                   .pNext = &tl[i],
+                                   .waitSemaphoreCount = waits ? 1 : 0,
+                                   .pWaitSemaphores = waits ? &w : NULL,
+                                   .pWaitDstStageMask = waits ? &stage : NULL,
+                                   .commandBufferCount = 1,
+                                   .pCommandBuffers = &cmds[done + i],
+                                   .signalSemaphoreCount = 1,
+                                   .pSignalSemaphores = &s->timeline};
+        }
+        VkResult r = vkm_queue_submit(s->dev, q, m, si, VK_NULL_HANDLE);
+        if (r != VK_SUCCESS) return r;
+        done += m;
+    }
+    return VK_SUCCESS;
+}
+
 /* An ownership-transfer submit on the owner queue of `e` (release before the
  * copies or acquire after them), waiting on (w, wv), signalling `signal`. */
 static VkResult owner_submit(vkm_link *l, vkm_side *s, const vkm_endpoint *e, VkDeviceSize size, int side_is_src,
@@ -809,8 +890,7 @@ static void record_copy(vkm_side *s, VkCommandBuffer cmd, const vkm_job *j, cons
                         VkDeviceSize slot_offset, int to_ring)
 {
     vkm_device *d = s->dev;
-    VkDeviceSize start = (VkDeviceSize)k * j->chunk_bytes;
-    VkDeviceSize len = j->size - start < j->chunk_bytes ? j->size - start : j->chunk_bytes;
+    VkDeviceSize start = j->starts[k], len = j->starts[k + 1] - start;
     if (e->image) {
         VkDeviceSize row = (VkDeviceSize)e->width * e->bytes_per_pixel;
         VkBufferImageCopy region = {
@@ -839,8 +919,7 @@ static void record_copy(vkm_side *s, VkCommandBuffer cmd, const vkm_job *j, cons
 
 static VkDeviceSize chunk_len(const vkm_job *j, uint32_t k)
 {
-    VkDeviceSize start = (VkDeviceSize)k * j->chunk_bytes;
-    return j->size - start < j->chunk_bytes ? j->size - start : j->chunk_bytes;
+    return j->starts[k + 1] - j->starts[k];
 }
 
 static VkResult run_job(vkm_link *l, vkm_job *j, const char **call)
@@ -898,38 +977,48 @@ static VkResult run_job(vkm_link *l, vkm_job *j, const char **call)
                 "vkQueueSubmit(src)");
             next_src++;
         }
+        /* every chunk whose source copy is done goes out in one destination submit */
         uint32_t k = next_dst;
-        uint32_t s = (uint32_t)((g0 + k) % K);
         VkResult r = worker_wait(l, S, src_chunk_value0 + k + 1, call, "vkWaitSemaphores(src chunk)");
         if (r != VK_SUCCESS) return r;
-        if (l->cfg.ring == VKM_RING_STAGING) {
-            VkDeviceSize len = chunk_len(j, k);
-            if (!S->coherent) {
-                VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = S->memory,
-                                          .offset = 0, .size = VK_WHOLE_SIZE};
-                sd->fn.vkInvalidateMappedMemoryRanges(sd->device, 1, &mr);
+        uint64_t have = 0;
+        r = vkm_timeline_value(sd, S->timeline, &have);
+        if (r != VK_SUCCESS) { *call = "vkGetSemaphoreCounterValue"; return r; }
+        uint32_t last = k;
+        while (last + 1 < next_src && src_chunk_value0 + last + 2 <= have) last++;
+        uint32_t batch = last - k + 1;
+        for (uint32_t c = k; c <= last; c++) {
+            uint32_t s = (uint32_t)((g0 + c) % K);
+            if (l->cfg.ring == VKM_RING_STAGING) {
+                if (!S->coherent) {
+                    VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = S->memory,
+                                              .offset = 0, .size = VK_WHOLE_SIZE};
+                    sd->fn.vkInvalidateMappedMemoryRanges(sd->device, 1, &mr);
+                }
+                team_copy(&l->team, D->mapped + s * slot, S->mapped + s * slot, (size_t)chunk_len(j, c));
+                if (!D->coherent) {
+                    VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = D->memory,
+                                              .offset = 0, .size = VK_WHOLE_SIZE};
+                    dd->fn.vkFlushMappedMemoryRanges(dd->device, 1, &mr);
+                }
             }
-            team_copy(&l->team, D->mapped + s * slot, S->mapped + s * slot, (size_t)len);
-            if (!D->coherent) {
-                VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = D->memory,
-                                          .offset = 0, .size = VK_WHOLE_SIZE};
-                dd->fn.vkFlushMappedMemoryRanges(dd->device, 1, &mr);
-            }
+            VkCommandBuffer cmd = D->cmds[s];
+            TRY(begin(dd, cmd), "vkBeginCommandBuffer(dst)");
+            if (c == 0)
+                /* the destination is overwritten whole: it is taken over without an
+                 * acquire (contents undefined), so only the layout changes */
+                ownership_barrier(dd, cmd, &j->dst, dst_span, 0, 1, 0, VK_QUEUE_FAMILY_IGNORED, D->queue->family);
+            record_copy(D, cmd, j, &j->dst, c, s * slot, 0);
+            if (c == j->chunks - 1)
+                ownership_barrier(dd, cmd, &j->dst, dst_span, 0, 0, 0, dst_owner_family, D->queue->family);
+            TRY(dd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(dst)");
+            l->batch_cmds[c - k] = cmd;
         }
-        VkCommandBuffer cmd = D->cmds[s];
-        TRY(begin(dd, cmd), "vkBeginCommandBuffer(dst)");
-        if (k == 0)
-            /* the destination is overwritten whole: it is taken over without an
-             * acquire (contents undefined), so only the layout changes */
-            ownership_barrier(dd, cmd, &j->dst, dst_span, 0, 1, 0, VK_QUEUE_FAMILY_IGNORED, D->queue->family);
-        record_copy(D, cmd, j, &j->dst, k, s * slot, 0);
-        if (k == j->chunks - 1)
-            ownership_barrier(dd, cmd, &j->dst, dst_span, 0, 0, 0, dst_owner_family, D->queue->family);
-        TRY(dd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(dst)");
         VkSemaphore w = k == 0 ? j->dst.wait_semaphore : VK_NULL_HANDLE;
-        TRY(submit(D, D->queue, cmd, w, j->dst.wait_value, VK_NULL_HANDLE, 0, ++dv), "vkQueueSubmit(dst)");
-        l->slot_free_at[s] = dv;
-        next_dst++;
+        TRY(submit_batch(D, D->queue, l->batch_cmds, batch, w, j->dst.wait_value, dv + 1), "vkQueueSubmit(dst)");
+        for (uint32_t c = k; c <= last; c++)
+            l->slot_free_at[(g0 + c) % K] = ++dv;
+        next_dst = last + 1;
     }
     l->chunk_counter += j->chunks;
     sv = src_chunk_value0 + j->chunks;
@@ -966,6 +1055,7 @@ static void *worker(void *arg)
         l->submitted_ticket = j->ticket;
         l->head = j->next;
         if (!l->head) l->tail = NULL;
+        free(j->starts);
         free(j);
         pthread_cond_broadcast(&l->progress);
     }
