@@ -1,0 +1,87 @@
+"""Probe: does splitting a device->host copy over two queues raise PCIe throughput?
+
+Times 256 MiB device-local -> host-visible on one transfer queue, then the same
+bytes split in halves over two queues (transfer family 0/1, or transfer +
+universal) submitted together. Prints JSON and a ratio line.
+"""
+import json
+import statistics
+import time
+
+import vulkan as vk
+
+from vkmulti.devices import Queue, create_logical_device
+from vkmulti.images import Buffer
+from vkmulti.instance import Instance
+from vkmulti.multi_device import DeviceSlot
+
+N = 256 << 20
+
+
+def main():
+    inst = Instance(validation=False)
+    pd = inst.physical_devices()[0]
+    ld = create_logical_device(pd)
+    slot = DeviceSlot(0, pd, ld.queue_families, ld.device, ld.graphics_queue, ld.present_queue, ld.compute_queue,
+                      ld.transfer_queue, "gpu0", None, ld.capabilities, ld.enabled_extensions, ld.native,
+                      dedicated_copy_queue=ld.copy_queue)
+    src = Buffer(slot, N)
+    dst = Buffer(slot, N, host_visible=True)
+    queues = {"transfer0": ld.transfer_queue, "transfer1": ld.copy_queue, "universal": ld.graphics_queue}
+    pools, cmds = {}, {}
+    for name, q in queues.items():
+        pools[name] = vk.vkCreateCommandPool(ld.device, vk.VkCommandPoolCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, queueFamilyIndex=q.family), None)
+    fence = vk.vkCreateFence(ld.device, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
+
+    def record(name, off, size):
+        c = vk.vkAllocateCommandBuffers(ld.device, vk.VkCommandBufferAllocateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=pools[name],
+            level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        vk.vkBeginCommandBuffer(c, vk.VkCommandBufferBeginInfo(sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO))
+        vk.vkCmdCopyBuffer(c, src.handle, dst.handle, 1, [vk.VkBufferCopy(off, off, size)])
+        vk.vkEndCommandBuffer(c)
+        return c
+
+    def run(plan):
+        fences = []
+        for name, c in plan:
+            f = vk.vkCreateFence(ld.device, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
+            fences.append(f)
+        t0 = time.perf_counter()
+        for (name, c), f in zip(plan, fences):
+            vk.vkQueueSubmit(queues[name].handle, 1, [vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                                                      commandBufferCount=1, pCommandBuffers=[c])], f)
+        vk.vkWaitForFences(ld.device, len(fences), fences, vk.VK_TRUE, 10**10)
+        dt = time.perf_counter() - t0
+        for f in fences:
+            vk.vkDestroyFence(ld.device, f, None)
+        return dt
+
+    out = {}
+    plans = {
+        "one transfer queue": [("transfer1", record("transfer1", 0, N))],
+        "one universal queue": [("universal", record("universal", 0, N))],
+        "two transfer queues": [("transfer0", record("transfer0", 0, N // 2)),
+                                ("transfer1", record("transfer1", N // 2, N // 2))],
+        "transfer + universal": [("transfer1", record("transfer1", 0, N // 2)),
+                                 ("universal", record("universal", N // 2, N // 2))],
+    }
+    for name, plan in plans.items():
+        ts = [run(plan) for _ in range(12)][2:]
+        out[name] = N / statistics.median(ts) / 1e9
+    print(json.dumps({"d2h_gbps": out}, indent=1))
+    print("ratio: two transfer queues / one = %.2fx, transfer+universal / one = %.2fx" % (
+        out["two transfer queues"] / out["one transfer queue"], out["transfer + universal"] / out["one transfer queue"]))
+    vk.vkDestroyFence(ld.device, fence, None)
+    for p in pools.values():
+        vk.vkDestroyCommandPool(ld.device, p, None)
+    src.destroy()
+    dst.destroy()
+    ld.native.wait_idle()
+    vk.vkDestroyDevice(ld.device, None)
+    inst.destroy()
+
+
+if __name__ == "__main__":
+    main()
