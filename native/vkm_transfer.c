@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #define SLICE_NS 100000000ull /* worker waits are cut into 100 ms slices */
@@ -451,14 +450,7 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
                 r = make_staging(&l->dst, total, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, 0, call);
             break;
         case VKM_RING_SHARED_HOST:
-            /* 2 MiB aligned and backed by huge pages where the kernel allows:
-             * fewer translations for the GPUs' DMA reads and writes */
-            if (total % (2u << 20) == 0) {
-                l->host_block = aligned_alloc(align > (2u << 20) ? align : (2u << 20), total);
-                if (l->host_block) madvise(l->host_block, total, MADV_HUGEPAGE);
-            } else {
-                l->host_block = aligned_alloc(align, total);
-            }
+            l->host_block = aligned_alloc(align, total);
             if (!l->host_block) {
                 r = VK_ERROR_OUT_OF_HOST_MEMORY;
                 if (call) *call = "aligned_alloc(shared host ring)";
