@@ -1,0 +1,565 @@
+"""SRU offload: OffloadRoute and SRUOffloadCoordinator, from plan to composited frame.
+
+The coordinator plans which GPU renders each scene-render-unit (SRU), renders
+the offloaded ones on their secondaries concurrently, moves each image to the
+primary with the asynchronous transfer engine, and composites on the primary
+once each transfer's `dst_ready` is reached (a GPU-side wait). When a
+secondary's renderer raises or its device is lost, the SRU is rendered on the
+primary for this frame and the device is left out of later plans.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import vulkan as vk
+
+from .errors import (DestroyedError, TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError)
+from .images import Image
+from .multi_device import DeviceSlot, MultiDeviceManager
+from .partition import SRUAssignment, _sru_cost, assign_srus
+from .render import SRU_FORMAT, SRU_IMAGE_USAGE, Compositor, _scale_pair, as_wait_points
+from .transfer import CrossDeviceTransfer, TimelinePoint, TransferTicket, select_transfer_method
+
+log = logging.getLogger(__name__)
+
+__all__ = ["OffloadRoute", "SRUOffloadCoordinator", "SecondaryRenderContext", "FrameReport",
+           "RendererMissingError"]
+
+#: Errors of a device or its renderer that make an SRU fall back to the primary.
+_DEVICE_ERRORS = (VulkanError, TransferError, UnsupportedError, TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadRoute:
+    """Where one SRU renders this frame and how its image reaches the primary."""
+
+    sru_id: int | str
+    device_index: int
+    transfer: str
+
+    @property
+    def offloaded(self) -> bool:
+        """True when the SRU renders on a secondary (its image is transferred to GPU 0)."""
+        return self.device_index != 0
+
+
+class RendererMissingError(VkmError, NotImplementedError):
+    """An SRU is routed to a device that has no renderer (attach one, or pass a factory)."""
+
+
+class SecondaryRenderContext:
+    """What a renderer factory gets for one device: the slot and a command pool of its own.
+
+    vkmulti has no engine facade; renderers build their pipelines from `slot`
+    (device, queues, capabilities). The context owns the renderer the factory
+    returns (destroyed with it when it has destroy()), never the device.
+    """
+
+    def __init__(self, slot: DeviceSlot, *, capabilities: Any = None, content_scale: Any = (1.0, 1.0)):
+        if not isinstance(slot, DeviceSlot):
+            raise TypeError(f"slot must be a DeviceSlot, got {type(slot).__name__}")
+        self.slot = slot
+        self.capabilities = capabilities
+        self.content_scale = _scale_pair(content_scale)
+        self.command_pool: Any = None
+        self.renderer: Any = None
+
+    @property
+    def device(self) -> Any:
+        return self.slot.device
+
+    def ensure_command_pool(self) -> Any:
+        """This context's command pool on the slot's universal family (made once)."""
+        if self.command_pool is None:
+            if self.slot.device is None:
+                raise DestroyedError(f"GPU {self.slot.index} is destroyed")
+            self.command_pool = vk.vkCreateCommandPool(self.slot.device, vk.VkCommandPoolCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                queueFamilyIndex=self.slot.graphics_queue.family), None)
+        return self.command_pool
+
+    def attach_renderer(self, renderer: Any) -> None:
+        self.renderer = renderer
+
+    def destroy(self) -> None:
+        """Destroy the renderer (if it has destroy()) and the command pool; idempotent."""
+        renderer, self.renderer = self.renderer, None
+        if renderer is not None and callable(getattr(renderer, "destroy", None)):
+            renderer.destroy()
+        if self.command_pool is not None and self.slot.device is not None:
+            vk.vkDestroyCommandPool(self.slot.device, self.command_pool, None)
+        self.command_pool = None
+
+
+@dataclass(frozen=True)
+class FrameReport:
+    """What render_frame did: the plan, where each SRU really rendered, and the frame's done point."""
+
+    routes: list[OffloadRoute]
+    rendered_on: dict[Any, int]
+    fallbacks: list[Any]
+    done: TimelinePoint
+    transferred_bytes: int
+
+    def device_loads(self, device_count: int) -> list[list[Any]]:
+        """SRU ids per device, as rendered."""
+        out: list[list[Any]] = [[] for _ in range(device_count)]
+        for sid, d in self.rendered_on.items():
+            out[d].append(sid)
+        return out
+
+
+@dataclass
+class _Entry:
+    """Cached per-SRU resources: target on its device, landing image on the primary, transfer."""
+
+    sru_id: Any
+    device_index: int
+    width: int
+    height: int
+    target: Image | None = None
+    landing: Image | None = None
+    fallback: Image | None = None
+    transfer: CrossDeviceTransfer | None = None
+    ticket: TransferTicket | None = None
+    points: list[TimelinePoint] = field(default_factory=list)
+
+
+def _default_cost(sru: Any) -> float:
+    """`sru.render_cost` when the SRU has one (ReferenceSRU), else the seed's instance count."""
+    c = getattr(sru, "render_cost", None)
+    return _sru_cost(sru) if c is None else c
+
+
+def _sru_size(sru: Any) -> tuple[int, int]:
+    try:
+        w, h = sru.width, sru.height
+    except AttributeError:
+        raise TypeError(f"SRU {sru!r} needs width and height attributes") from None
+    for label, v in (("width", w), ("height", h)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"SRU {getattr(sru, 'sru_id', sru)!r}: {label} must be a positive int, got {v!r}")
+    return w, h
+
+
+class SRUOffloadCoordinator:
+    """Plans SRUs over the GPUs, renders offloaded ones on secondaries and brings their images to GPU 0.
+
+    The seed's constructor and members, plus: `devices` (slot indices it may
+    use, GPU 0 first; default all), per-device speed `weights`, and
+    `hysteresis` (None: plan every frame afresh, as the seed; a number in
+    [0, 1): keep the previous plan unless a new one shortens the frame by more
+    than that fraction, so temporal history stays on one device).
+
+    `secondary_renderer_factory(context)` gets a SecondaryRenderContext and
+    returns a renderer; a renderer attached to a slot
+    (`MultiDeviceManager.attach_renderer`) is used in preference. A renderer
+    with `render(sru, target, *, wait=None) -> TimelinePoint` (ReferenceRenderer)
+    runs asynchronously; otherwise the seed's `render_sru_offscreen(sru, target)`
+    is called and is complete when it returns (or returns a TimelinePoint).
+    """
+
+    def __init__(self, manager: MultiDeviceManager, capabilities: Any = None, *, prefer_dmabuf: bool = True,
+                 content_scale: tuple[float, float] = (1.0, 1.0),
+                 secondary_renderer_factory: Callable[[SecondaryRenderContext], Any] | None = None,
+                 devices: Sequence[int] | None = None, weights: Sequence[float] | None = None,
+                 hysteresis: float | None = None, timeout: float = 60.0):
+        if not isinstance(manager, MultiDeviceManager):
+            raise TypeError(f"manager must be a MultiDeviceManager, got {type(manager).__name__}")
+        if secondary_renderer_factory is not None and not callable(secondary_renderer_factory):
+            raise TypeError("secondary_renderer_factory must be callable or None")
+        count = manager.device_count
+        if devices is None:
+            devices = list(range(count))
+        devices = list(devices)
+        for d in devices:
+            if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < count:
+                raise IndexError(f"device {d!r} out of range: the manager has {count} slot(s)")
+        if not devices or devices[0] != 0 or len(set(devices)) != len(devices):
+            raise ValueError(f"devices must list distinct slot indices starting with 0 (the primary), got {devices!r}")
+        if weights is not None:
+            weights = [float(w) for w in weights]
+            if len(weights) != count:
+                raise ValueError(f"weights has {len(weights)} entries for {count} devices: {weights!r}")
+        if hysteresis is not None and not 0.0 <= float(hysteresis) < 1.0:
+            raise ValueError(f"hysteresis must be None or in [0, 1), got {hysteresis!r}")
+        self.manager = manager
+        self.capabilities = capabilities
+        self.prefer_dmabuf = bool(prefer_dmabuf)
+        self.content_scale = _scale_pair(content_scale)
+        self.secondary_renderer_factory = secondary_renderer_factory
+        self.devices = devices
+        self.weights = weights
+        self.hysteresis = None if hysteresis is None else float(hysteresis)
+        self.timeout = timeout
+        self._routes: dict[Any, OffloadRoute] = {}
+        self._contexts: dict[int, SecondaryRenderContext] = {}
+        self._entries: dict[Any, _Entry] = {}
+        self._unavailable: dict[int, str] = {}
+        self._compositor: Compositor | None = None
+        self._last_frame: TimelinePoint | None = None
+        self._lock = threading.RLock()
+        self._destroyed = False
+        manager.register_teardown(self.destroy)
+
+    # -- the seed's API ----------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """True when the manager drives more than one GPU."""
+        return not self._destroyed and self.manager.multi_gpu
+
+    @property
+    def unavailable(self) -> dict[int, str]:
+        """Devices left out of plans after a failure: index -> reason."""
+        return dict(self._unavailable)
+
+    def usable_devices(self) -> list[int]:
+        """The devices the next plan may use (GPU 0 first)."""
+        if not self.active:
+            return [0]
+        return [d for d in self.devices if d == 0 or d not in self._unavailable]
+
+    def restore_device(self, index: int) -> None:
+        """Let a device marked unavailable take part in plans again."""
+        self._unavailable.pop(index, None)
+
+    def plan(self, srus: Iterable[Any], *, sru_id: Callable[[Any], Any] | None = None,
+             cost: Callable[[Any], float] | None = None, transfer_cost: Callable[[Any], float] | None = None,
+             offloadable: Callable[[Any], bool] | None = None) -> list[OffloadRoute]:
+        """Assign every SRU a device (assign_srus) and a transfer method per pair; routes in input order.
+
+        cost defaults to `sru.render_cost` when SRUs have it, else the seed's
+        instance count. The route cache is replaced.
+        """
+        self._check()
+        srus = list(srus)
+        usable = self.usable_devices()
+        previous = None
+        if self.hysteresis is not None and self._routes:
+            previous = {r.sru_id: usable.index(r.device_index) for r in self._routes.values()
+                        if r.device_index in usable}
+        weights = [self.weights[d] for d in usable] if self.weights is not None else None
+        assigned = assign_srus(srus, len(usable), sru_id=sru_id, cost=cost or _default_cost, weights=weights,
+                               transfer_cost=transfer_cost, offloadable=offloadable, previous=previous,
+                               hysteresis=self.hysteresis or 0.0)
+        caps = self._caps()
+        methods: dict[int, str] = {}
+        routes = []
+        for a in assigned:
+            d = usable[a.device_index]
+            if d not in methods:
+                methods[d] = select_transfer_method(SRUAssignment(a.sru_id, d), caps,
+                                                    prefer_dmabuf=self.prefer_dmabuf)
+            routes.append(OffloadRoute(a.sru_id, d, methods[d]))
+        self._routes = {r.sru_id: r for r in routes}
+        return routes
+
+    def route_for(self, sru_id: Any) -> OffloadRoute | None:
+        """The route of the latest plan, or None (render on the primary)."""
+        return self._routes.get(sru_id)
+
+    def transfer_for(self, route: OffloadRoute, *, width: int = 0, height: int = 0) -> CrossDeviceTransfer:
+        """A new transfer from the route's device to the primary (the caller destroys it)."""
+        if not isinstance(route, OffloadRoute):
+            raise TypeError(f"route must be an OffloadRoute, got {type(route).__name__}")
+        return CrossDeviceTransfer(self.manager.slot(route.device_index), self.manager.primary, route.transfer,
+                                   width=width, height=height, bytes_per_pixel=8)
+
+    def render_offloaded(self, route: OffloadRoute) -> Any:
+        """The renderer for the route's device: the slot's attached one, else the factory's."""
+        if not isinstance(route, OffloadRoute):
+            raise TypeError(f"route must be an OffloadRoute, got {type(route).__name__}")
+        return self._renderer_for(route.device_index)
+
+    def render_sru_offloaded(self, sru: Any, primary_dst_image: Any, *, dst_wait: Any = None) -> bool:
+        """Render `sru` on its secondary and start moving the image into `primary_dst_image`.
+
+        Returns False when the SRU is not offloaded (no route, routed to GPU 0,
+        or its device failed now or before): the caller renders it on the
+        primary. True when the transfer is under way: wait for
+        `ticket_for(sru.sru_id).dst_ready` on the primary (GPU side) or call
+        its wait(). `dst_wait`: a TimelinePoint on the primary to reach before
+        the destination image is overwritten.
+        """
+        self._check()
+        sid = getattr(sru, "sru_id", None)
+        route = self._routes.get(sid) if sid is not None else None
+        if route is None or not route.offloaded or route.device_index in self._unavailable:
+            return False
+        renderer = self.render_offloaded(route)
+        with self._lock:
+            entry = self._ensure_entry(sru, route, landing=False)
+            return self._offload(entry, sru, renderer, primary_dst_image, dst_wait)
+
+    def ticket_for(self, sru_id: Any) -> TransferTicket | None:
+        """The latest transfer of that SRU's image to the primary, or None."""
+        e = self._entries.get(sru_id)
+        return e.ticket if e is not None else None
+
+    def destroy(self) -> None:
+        """Wait for in-flight work, then free targets, transfers, compositor and contexts (idempotent)."""
+        with self._lock:
+            if self._destroyed:
+                return
+            self._destroyed = True
+            for e in list(self._entries.values()):
+                self._release(e)
+            self._entries.clear()
+            if self._compositor is not None:
+                self._compositor.destroy()
+                self._compositor = None
+            for ctx in self._contexts.values():
+                ctx.destroy()
+            self._contexts.clear()
+            self._routes.clear()
+
+    def __enter__(self) -> "SRUOffloadCoordinator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    # -- a whole frame -----------------------------------------------------
+
+    def render_frame(self, srus: Iterable[Any], frame: Image, *, sru_id: Callable[[Any], Any] | None = None,
+                     cost: Callable[[Any], float] | None = None,
+                     transfer_cost: Callable[[Any], float] | None = None,
+                     offloadable: Callable[[Any], bool] | None = None,
+                     clear: Sequence[float] | None = (0.0, 0.0, 0.0, 1.0), wait: bool = True) -> FrameReport:
+        """Plan, render offloaded SRUs on their secondaries (concurrently), transfer them
+        asynchronously, render the rest on the primary, and composite into `frame`.
+
+        Each SRU needs `x`, `y` (its place in the frame, logical units) besides
+        `width` and `height`. With `wait` the call returns when the frame is
+        complete; otherwise wait for `report.done` (GPU or `wait_frame`).
+        """
+        self._check()
+        srus = list(srus)
+        compositor = self._ensure_compositor()
+        compositor._check_image(frame, "frame", vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT)
+        key = sru_id or (lambda s: s.sru_id)
+        for s in srus:
+            _sru_size(s)
+            for label in ("x", "y"):
+                v = getattr(s, label, None)
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise TypeError(f"SRU {key(s)!r}: {label} (its place in the frame) must be an int, got {v!r}")
+        with self._lock:
+            routes = self.plan(srus, sru_id=sru_id, cost=cost, transfer_cost=transfer_cost, offloadable=offloadable)
+            prev = [self._last_frame] if self._last_frame is not None else []
+            images: dict[Any, Image] = {}
+            rendered_on: dict[Any, int] = {}
+            waits: list[TimelinePoint] = []
+            pending: list[tuple[Any, _Entry]] = []
+            fallbacks: list[Any] = []
+            sent = 0
+            by_id = {key(s): s for s in srus}
+            # 1. secondaries first: their renders and transfers run while the primary renders its own
+            for r in routes:
+                if not r.offloaded:
+                    continue
+                sru = by_id[r.sru_id]
+                if r.device_index in self._unavailable:   # failed earlier in this frame
+                    fallbacks.append(sru)
+                    continue
+                renderer = self._renderer_for(r.device_index)
+                e = self._ensure_entry(sru, r, landing=True)
+                if self._offload(e, sru, renderer, e.landing, self._last_frame):
+                    pending.append((sru, e))
+                else:
+                    fallbacks.append(sru)
+            # 2. the primary's own SRUs
+            for r in routes:
+                if not r.offloaded:
+                    sru = by_id[r.sru_id]
+                    e = self._ensure_entry(sru, r, landing=False)
+                    waits += self._render(self._renderer_for(0), sru, e.target, prev, 0)
+                    images[r.sru_id], rendered_on[r.sru_id] = e.target, 0
+            # 3. transfers: the composite waits for dst_ready on the GPU; waiting here until each
+            #    transfer is submitted orders it after them on a one-queue primary and reveals a
+            #    source device that failed (the primary keeps rendering meanwhile)
+            for sru, e in pending:
+                try:
+                    e.ticket.wait_submitted(self.timeout)
+                except _DEVICE_ERRORS as exc:
+                    self._mark_unavailable(e.device_index, "its transfer failed", exc)
+                    fallbacks.append(sru)
+                    continue
+                waits.append(e.ticket.dst_ready)
+                images[e.sru_id], rendered_on[e.sru_id] = e.landing, e.device_index
+                sent += e.width * e.height * 8
+            # 4. fallbacks render on the primary, into an image no transfer writes
+            for sru in fallbacks:
+                sid = key(sru)
+                e = self._entries.get(sid)
+                if e is None:
+                    w, h = _sru_size(sru)
+                    e = self._entries[sid] = _Entry(sid, self._routes[sid].device_index, w, h)
+                if e.fallback is None:
+                    e.fallback = Image(self.manager.primary, e.width, e.height, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
+                waits += self._render(self._renderer_for(0), sru, e.fallback, prev, 0)
+                images[sid], rendered_on[sid] = e.fallback, 0
+            # 5. composite after every render and every dst_ready, in input order
+            placements = [(images[key(s)], s.x, s.y) for s in srus]
+            done = compositor.composite(frame, placements, wait=waits, clear=clear)
+            self._last_frame = done
+            self._prune(set(by_id))
+        if wait:
+            compositor.wait(done, self.timeout)
+        return FrameReport(routes, rendered_on, [key(s) for s in fallbacks], done, sent)
+
+    def wait_frame(self, timeout: float | None = None) -> None:
+        """Block until the latest frame is composited."""
+        if self._compositor is not None and self._last_frame is not None:
+            self._compositor.wait(self._last_frame, self.timeout if timeout is None else timeout)
+
+    # -- helpers -------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._destroyed:
+            raise DestroyedError("SRUOffloadCoordinator used after destroy()")
+        if self.manager.destroyed:
+            raise DestroyedError("the coordinator's MultiDeviceManager is destroyed")
+
+    def _caps(self) -> Any:
+        caps = self.capabilities
+        if caps is not None and len(getattr(caps, "devices", ())) >= self.manager.device_count:
+            return caps
+        return self.manager.capabilities
+
+    def _context(self, index: int) -> SecondaryRenderContext | None:
+        ctx = self._contexts.get(index)
+        if ctx is None and self.secondary_renderer_factory is not None:
+            ctx = SecondaryRenderContext(self.manager.slot(index), capabilities=self._caps(),
+                                         content_scale=self.content_scale)
+            ctx.ensure_command_pool()
+            try:
+                ctx.attach_renderer(self.secondary_renderer_factory(ctx))
+            except BaseException:
+                ctx.destroy()
+                raise
+            self._contexts[index] = ctx
+        return ctx
+
+    def _renderer_for(self, index: int) -> Any:
+        slot = self.manager.slot(index)
+        if slot.renderer is not None:
+            return slot.renderer
+        ctx = self._context(index)
+        if ctx is None or ctx.renderer is None:
+            raise RendererMissingError(
+                f"rendering on device {index} ({slot.name!r}) needs that device's own renderer (pipelines, "
+                f"descriptor pools, resources on that device); pass secondary_renderer_factory to "
+                f"SRUOffloadCoordinator or bind one with MultiDeviceManager.attach_renderer({index}, renderer)")
+        return ctx.renderer
+
+    def _ensure_compositor(self) -> Compositor:
+        if self._compositor is None:
+            self._compositor = Compositor(self.manager.primary, content_scale=self.content_scale)
+        return self._compositor
+
+    def _ensure_entry(self, sru: Any, route: OffloadRoute, *, landing: bool) -> _Entry:
+        w, h = _sru_size(sru)
+        e = self._entries.get(route.sru_id)
+        if e is not None and (e.device_index != route.device_index or (e.width, e.height) != (w, h)
+                              or (e.transfer is not None and e.transfer.method != route.transfer)):
+            self._release(e)   # moved or resized: free the old resources
+            e = None
+        if e is None:
+            e = self._entries[route.sru_id] = _Entry(route.sru_id, route.device_index, w, h)
+        if e.target is None:
+            e.target = Image(self.manager.slot(route.device_index), w, h, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
+        if route.offloaded and e.transfer is None:
+            e.transfer = self.transfer_for(route, width=w, height=h)
+        if landing and route.offloaded and e.landing is None:
+            e.landing = Image(self.manager.primary, w, h, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
+        return e
+
+    def _render(self, renderer: Any, sru: Any, target: Image, wait: list[TimelinePoint],
+                index: int) -> list[TimelinePoint]:
+        """Run a renderer: asynchronously when it can (returns its point), else synchronously."""
+        render = getattr(renderer, "render", None)
+        if callable(render):
+            point = render(sru, target, wait=wait)
+        else:
+            slot = self.manager.slot(index)
+            for p in wait:
+                slot.native.wait_timeline(p.semaphore, p.value, self.timeout)
+            point = renderer.render_sru_offscreen(sru, target)
+        if point is None:
+            return []
+        return as_wait_points(point, index, "the renderer's result")
+
+    def _offload(self, e: _Entry, sru: Any, renderer: Any, dst_image: Any, dst_wait: Any) -> bool:
+        """Render on the secondary and submit the transfer; False (device marked) on failure."""
+        d = e.device_index
+        if dst_wait is not None and not isinstance(dst_wait, TimelinePoint):
+            raise TypeError(f"dst_wait must be a TimelinePoint on the primary or None, got {dst_wait!r}")
+        try:
+            waits: list[TimelinePoint] = []
+            if e.ticket is not None:
+                # the previous transfer must have read the target; its signal must be submitted first
+                e.ticket.wait_submitted(self.timeout)
+                waits.append(e.ticket.src_done)
+            points = self._render(renderer, sru, e.target, waits, d)
+        except (DestroyedError, RendererMissingError):
+            raise
+        except Exception as exc:   # whatever a renderer raises: the frame goes on without this device
+            self._mark_unavailable(d, "its renderer raised", exc)
+            return False
+        e.points = points
+        try:
+            e.ticket = e.transfer.submit(src_image=e.target, dst_image=dst_image,
+                                         src_wait=points[-1] if points else None, dst_wait=dst_wait)
+        except _DEVICE_ERRORS as exc:
+            self._mark_unavailable(d, "its transfer could not start", exc)
+            return False
+        return True
+
+    def _mark_unavailable(self, index: int, why: str, exc: BaseException) -> None:
+        name = self.manager.slot(index).name
+        self._unavailable[index] = f"{why}: {exc!r}"
+        log.error("GPU %d (%s) left out of later plans, %s; its SRUs render on the primary this frame",
+                  index, name, why, exc_info=exc)
+
+    def _settle(self, e: _Entry) -> None:
+        """Wait until nothing in flight uses the entry's resources (errors are logged)."""
+        waits: list[Callable[[], Any]] = []
+        if e.ticket is not None:
+            waits.append(lambda: e.ticket.wait(self.timeout))
+        for p in e.points:
+            slot = self.manager.slot(p.device_index)
+            waits.append(lambda p=p, slot=slot: slot.native.wait_timeline(p.semaphore, p.value, self.timeout))
+        if self._last_frame is not None and self._compositor is not None:
+            waits.append(lambda: self._compositor.wait(self._last_frame, self.timeout))
+        for w in waits:
+            try:
+                w()
+            except VkmError as exc:
+                log.warning("SRU %r: waiting for in-flight work failed (%r); freeing its resources anyway",
+                            e.sru_id, exc)
+
+    def _release(self, e: _Entry) -> None:
+        self._settle(e)
+        if e.transfer is not None:
+            try:
+                e.transfer.destroy(self.timeout)
+            except VkmError as exc:
+                log.warning("SRU %r: transfer teardown failed: %r", e.sru_id, exc)
+        for img in (e.target, e.landing, e.fallback):
+            if img is not None and img.slot.device is not None:
+                img.destroy()
+        e.target = e.landing = e.fallback = e.transfer = e.ticket = None
+        e.points = []
+        if self._entries.get(e.sru_id) is e:
+            del self._entries[e.sru_id]
+
+    def _prune(self, live: set) -> None:
+        """Free the resources of SRUs that were not in the latest frame."""
+        for sid in [s for s in self._entries if s not in live]:
+            self._release(self._entries[sid])
