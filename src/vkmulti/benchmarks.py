@@ -16,7 +16,7 @@ import vulkan as vk
 
 from .images import Buffer, Image
 from .methods import TransferMethod, method_support
-from .transfer import CrossDeviceTransfer
+from .transfer import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer
 
 _ffi = vk.ffi
 IMAGE_SIZES = ((256, 256), (1920, 1080), (3840, 2160))
@@ -133,14 +133,16 @@ def methods_for(src: Any, dst: Any) -> list[str]:
 
 def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 10, buffer_reps: int | None = None,
                        methods: list[str] | None = None, sizes: tuple = IMAGE_SIZES, buffer_bytes: int = BUFFER_BYTES,
-                       torch: bool = True, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+                       torch: bool = True, log: Callable[[str], None] | None = None,
+                       slot_size: int = DEFAULT_SLOT_SIZE, slot_count: int = DEFAULT_SLOT_COUNT) -> dict[str, Any]:
     """Time each method and size end to end (submit to dst_ready), plus the seed baseline."""
     s, d = manager.slot(src), manager.slot(dst)
     methods = methods or methods_for(s, d)
     buffer_reps = buffer_reps or max(3, reps // 2)
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"machine": {"src": f"GPU {src}: {s.name}", "dst": f"GPU {dst}: {d.name}"},
-                               "reps": reps, "cases": []}
+                               "reps": reps, "ring": {"slot_size": slot_size, "slot_count": slot_count},
+                               "cases": []}
     say = log or (lambda msg: None)
 
     def record(case: str, nbytes: int, method: str, med: float, times: list[float]) -> None:
@@ -155,7 +157,7 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
         case = f"image {w}x{h}"
         try:
             for m in methods:
-                with CrossDeviceTransfer(s, d, m) as x:
+                with CrossDeviceTransfer(s, d, m, slot_size=slot_size, slot_count=slot_count) as x:
                     med, times = _median_time(lambda: x.run(src_image=a, dst_image=b, timeout=60), reps)
                 record(case, a.nbytes, m, med, times)
                 if not np.array_equal(b.download(), px):
@@ -181,7 +183,7 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
         case = f"buffer {buffer_bytes >> 20} MiB"
         try:
             for m in methods:
-                with CrossDeviceTransfer(s, d, m) as x:
+                with CrossDeviceTransfer(s, d, m, slot_size=slot_size, slot_count=slot_count) as x:
                     med, times = _median_time(lambda: x.submit(src_buffer=a, dst_buffer=b).wait(120), buffer_reps, 1)
                 record(case, buffer_bytes, m, med, times)
                 if not np.array_equal(b.download(), data):
@@ -273,12 +275,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="4K image and a 64 MiB buffer only, 5 reps")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--slot-size", type=int, default=DEFAULT_SLOT_SIZE >> 20, metavar="MiB",
+                   help="ring slot size in MiB (default %(default)s)")
+    p.add_argument("--slot-count", type=int, default=DEFAULT_SLOT_COUNT, help="ring depth (default %(default)s)")
+    p.add_argument("--methods", help="comma-separated methods to time (default: all the pair supports)")
     p.add_argument("--plot", metavar="PNG", help="write a bar chart of GB/s by method and size")
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
     p.add_argument("--virtual", type=int, default=0, metavar="N", help="use N virtual lavapipe GPUs")
     args = p.parse_args(argv)
     if args.reps < 1:
         p.error("--reps must be >= 1")
+    if args.slot_size < 1 or args.slot_count < 1:
+        p.error("--slot-size and --slot-count must be >= 1")
     from .multi_device import MultiDeviceManager
     from .testing import install_virtual_gpus
 
@@ -294,8 +302,14 @@ def main(argv: list[str] | None = None) -> int:
         kw: dict[str, Any] = {}
         if args.quick:
             kw = {"sizes": ((3840, 2160),), "buffer_bytes": 64 << 20}
+        if args.methods:
+            kw["methods"] = [m.strip() for m in args.methods.split(",")]
+            for m in kw["methods"]:
+                if m not in TransferMethod.CROSS_DEVICE:
+                    p.error(f"unknown method {m!r}; choose from {', '.join(TransferMethod.CROSS_DEVICE)}")
         res = run_transfer_bench(mgr, src=args.src, dst=args.dst, reps=5 if args.quick else args.reps,
-                                 torch=not args.no_torch, log=lambda m: print(m, file=sys.stderr), **kw)
+                                 torch=not args.no_torch, log=lambda m: print(m, file=sys.stderr),
+                                 slot_size=args.slot_size << 20, slot_count=args.slot_count, **kw)
     text = json.dumps(res, indent=2)
     print(text)
     if args.json:
