@@ -67,7 +67,7 @@ def main():
     ctypes.CDLL(None).mlock(ctypes.c_void_p(addr), ctypes.c_size_t(N))
     mmap_buf = imported(addr)
 
-    q = ld.transfer_queue
+    q = ld.transfer_queue or ld.graphics_queue
     pool = vk.vkCreateCommandPool(dev, vk.VkCommandPoolCreateInfo(
         sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, queueFamilyIndex=q.family), None)
 
