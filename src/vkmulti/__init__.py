@@ -5,6 +5,7 @@ hardware allows, and keeps working when a GPU is slow or gone.
 """
 __version__ = "0.1.0"
 
+from .buffers import Gathered, InterGpuTransfer
 from .capabilities import DeviceCapabilities, QueueFamilies, RenderCapabilities, probe_device
 from .devices import LogicalDevice, Queue, create_logical_device
 from .errors import (DestroyedError, DeviceLostError, OutOfDeviceMemoryError, OutOfHostMemoryError,
@@ -20,7 +21,7 @@ __all__ = [
     "LogicalDevice", "Queue", "create_logical_device", "Instance",
     "DeviceSlot", "MultiDeviceManager", "TransferMethod", "supported_methods",
     "SRUAssignment", "assign_srus", "CrossDeviceTransfer", "TimelinePoint", "TransferTicket",
-    "select_transfer_method",
+    "select_transfer_method", "InterGpuTransfer", "Gathered",
     "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError", "OutOfHostMemoryError",
     "UnsupportedError", "TransferError", "TimeoutError", "DestroyedError",
 ]

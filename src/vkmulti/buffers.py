@@ -1,0 +1,591 @@
+"""InterGpuTransfer: device buffers between GPUs (copy, broadcast, gather).
+
+The buffer API of oxigdal-gpu's `InterGpuTransfer`, on real device buffers:
+device->device moves go through the cross-device transfer engine
+(`CrossDeviceTransfer`, best method of each pair), host<->device copies through
+`HostPort` (the GPU reads/writes the numpy array itself where the device can
+import host memory).
+
+Every operation has a blocking form (`*_blocking`) and an asyncio form named
+like the seed's (`await t.gather(0)`). The asyncio form runs the blocking form
+on this object's thread pool (`loop.run_in_executor`), where every wait is a
+native fence/semaphore wait without the GIL, so the event loop never blocks
+and no polling is involved. Cancelling the awaiting task does not stop the
+copy; it finishes in the background.
+
+Results: host results are numpy uint8 arrays owned by the caller (the GPU wrote
+them directly, or they are the caller's `out=` arrays); device results are
+`Buffer`s this object created: they stay valid until you `destroy()` them, or
+until this InterGpuTransfer is destroyed (it frees the ones it made; `detach()`
+hands one over to you for good).
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, NamedTuple, Sequence
+
+import numpy as np
+import vulkan as vk
+
+from ._handles import handle_int
+from .errors import DestroyedError
+from .errors import TimeoutError as VkmTimeoutError
+from .host_copy import Deadline, HostPort, as_host_bytes
+from .images import Buffer, Image
+from .transfer import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer, TimelinePoint, select_transfer_method
+
+__all__ = ["InterGpuTransfer", "Gathered"]
+
+#: Offsets in gather_to_device are multiples of this (>= any minStorageBufferOffsetAlignment).
+GATHER_ALIGNMENT = 256
+_SEGMENT_MIN = 16 << 20
+
+
+class Gathered(NamedTuple):
+    """gather_to_device's result: one buffer; device i's bytes at [offsets[i], offsets[i] + sizes[i])."""
+    buffer: Any
+    offsets: dict[int, int]
+    sizes: dict[int, int]
+
+
+@dataclass(frozen=True)
+class _Registration:
+    device: int
+    buffer: Any             # a vkmulti Buffer or a raw VkBuffer handle (int)
+    size: int
+    ready: tuple[int, int] | None
+
+    def handle(self) -> int:
+        if isinstance(self.buffer, Buffer):
+            if self.buffer.handle is None:
+                raise DestroyedError(f"the buffer registered for GPU {self.device} was destroyed")
+            return self.buffer.handle_int
+        return self.buffer
+
+    @property
+    def waits(self) -> list[tuple[int, int]]:
+        return [self.ready] if self.ready else []
+
+
+class _Assignment:
+    __slots__ = ("device_index",)
+
+    def __init__(self, index: int):
+        self.device_index = index
+
+
+def _segment_size(n: int) -> int:
+    """Broadcast segment: the upload of segment k+1 overlaps the fan-out of segment k."""
+    if n <= 2 * _SEGMENT_MIN:
+        return n
+    return -(-max(_SEGMENT_MIN, -(-n // 8)) // (1 << 20)) * (1 << 20)
+
+
+class InterGpuTransfer:
+    """Copy, broadcast and gather device buffers across the GPUs of a MultiDeviceManager.
+
+    One registration slot per device (the seed's "last result buffer"), sized
+    by the manager's device count at construction. `host_import=False` makes
+    host copies use the staging ring even where memory import works;
+    `slot_size`/`slot_count` shape the device->device rings.
+    """
+
+    def __init__(self, manager: Any, *, host_import: bool | None = None, slot_size: int = DEFAULT_SLOT_SIZE,
+                 slot_count: int = DEFAULT_SLOT_COUNT, max_workers: int | None = None):
+        from .multi_device import MultiDeviceManager
+
+        if not isinstance(manager, MultiDeviceManager):
+            raise TypeError(f"manager must be a MultiDeviceManager, got {type(manager).__name__}")
+        for label, v in (("slot_size", slot_size), ("slot_count", slot_count)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{label} must be a positive int, got {v!r}")
+        if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
+                                        or max_workers <= 0):
+            raise ValueError(f"max_workers must be a positive int or None, got {max_workers!r}")
+        self.manager = manager
+        self._slots = manager.slots      # raises DestroyedError for a destroyed manager
+        self.device_count = len(self._slots)
+        self._host_import, self._slot_size, self._slot_count = host_import, slot_size, slot_count
+        self._max_workers = max_workers or max(4, 2 * self.device_count)
+        self._regs: dict[int, _Registration] = {}
+        self._ports: dict[int, HostPort] = {}
+        self._transfers: dict[tuple[int, int], CrossDeviceTransfer] = {}
+        self._owned: list[Buffer] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._cond = threading.Condition()
+        self._active = 0
+        self._closing = False
+        self._destroyed = False
+        ref = weakref.ref(self)
+        manager.register_teardown(lambda: ref() is not None and ref().destroy())
+
+    # -- registration --------------------------------------------------------
+
+    def set_device_buffer(self, device_idx: int, buffer: Any, size_bytes: int | None = None, *,
+                          ready: Any = None) -> None:
+        """Register the result buffer of work on `device_idx` (replacing the previous one).
+
+        `buffer`: a vkmulti `Buffer` of that device (its TRANSFER_SRC usage and
+        size are checked), a raw `VkBuffer` handle (cffi or int) with
+        `size_bytes` (trusted: Vulkan cannot check a raw handle; it must be
+        usable on the device's copy queue family), or None to clear the slot.
+        `ready`: a TimelinePoint or (semaphore, value) on that device that the
+        GPU reaches once the buffer is written; every read waits for it.
+        """
+        self._check()
+        i = self._index(device_idx, "device_idx")
+        if buffer is None:
+            with self._cond:
+                self._regs.pop(i, None)
+            return
+        slot = self._slots[i]
+        if isinstance(buffer, Image):
+            raise TypeError("buffer is an Image; InterGpuTransfer moves buffers (use CrossDeviceTransfer for images)")
+        if isinstance(buffer, Buffer):
+            self._check_buffer(buffer, i, "buffer")
+            if not buffer.usage & vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT:
+                raise ValueError(f"buffer lacks VK_BUFFER_USAGE_TRANSFER_SRC_BIT (usage 0x{buffer.usage:x}); "
+                                 f"create it with transfer-source usage")
+            size = buffer.size if size_bytes is None else self._size(size_bytes, "size_bytes")
+            if size > buffer.size:
+                raise ValueError(f"buffer is too small: size_bytes {size} exceeds its {buffer.size} bytes")
+            obj: Any = buffer
+        else:
+            obj = handle_int(buffer, "VkBuffer")
+            if size_bytes is None:
+                raise ValueError("size_bytes is required for a raw VkBuffer handle")
+            size = self._size(size_bytes, "size_bytes")
+        point = self._wait_point(ready, slot, "ready")
+        with self._cond:
+            self._regs[i] = _Registration(i, obj, size, point)
+
+    def registered(self, device_idx: int) -> tuple[Any, int] | None:
+        """(buffer, size) registered for `device_idx`, or None."""
+        self._check()
+        reg = self._regs.get(self._index(device_idx, "device_idx"))
+        return None if reg is None else (reg.buffer, reg.size)
+
+    def transfer_method(self, src_device: int, dst_device: int) -> str:
+        """The cross-device method used from `src_device` to `dst_device`."""
+        self._check()
+        s, d = self._index(src_device, "src_device"), self._index(dst_device, "dst_device")
+        return select_transfer_method(_Assignment(s), self.manager.capabilities, dst_index=d)
+
+    # -- blocking forms ------------------------------------------------------
+
+    def copy_buffer_blocking(self, src_device: int, dst_device: int, data: Any = None, *, dst_buffer: Any = None,
+                             dst_offset: int = 0, timeout: float | None = None) -> Any:
+        """Copy to `dst_device` and return the destination buffer.
+
+        `data` None: the buffer registered for `src_device`; a vkmulti `Buffer`
+        of `src_device`: that buffer (both move device->device, or on-device
+        when the devices are equal); host bytes (bytes, numpy, any C-contiguous
+        buffer-protocol object): uploaded to `dst_device` (`src_device` is
+        only validated, as in the seed). `dst_buffer`: a Buffer of
+        `dst_device` (or a raw VkBuffer handle, trusted to be large enough),
+        written at `dst_offset`; default a new Buffer.
+        """
+        with self._op():
+            dl = Deadline(timeout)
+            src, dst = self._index(src_device, "src_device"), self._index(dst_device, "dst_device")
+            host, reg = self._source(src, data, "data")
+            size = host.nbytes if host is not None else reg.size
+            created: list[Buffer] = []
+            target, handle = self._target(dst, dst_buffer, size, dst_offset, "dst_buffer", created)
+            if host is not None:
+                self._port(dst).start_upload(handle, dst_offset, host, deadline=dl).wait(dl.left())
+            elif src == dst:
+                if handle == reg.handle() and dst_offset < size:
+                    raise ValueError(f"source and destination ranges overlap in the same buffer "
+                                     f"([0, {size}) and [{dst_offset}, {dst_offset + size}))")
+                self._port(dst).start_copy(reg.handle(), 0, handle, dst_offset, size,
+                                           waits=reg.waits).wait(dl.left())
+            else:
+                self._transfer(src, dst).submit(src_buffer=reg.buffer, dst_buffer=target, dst_offset=dst_offset,
+                                                size=size, src_wait=reg.ready).wait(dl.left())
+            return target
+
+    def broadcast_blocking(self, data_or_buffer: Any = None, *, src_device: int | None = None,
+                           dst_buffers: Sequence[Any] | None = None, timeout: float | None = None) -> list[Any]:
+        """Put the same bytes on every device; returns one buffer per device (index = device).
+
+        Host data is uploaded once, to `src_device` (default 0), and fanned out
+        device->device to all others at once, the upload of each segment
+        overlapping the fan-out of the previous one. A vkmulti `Buffer` (or
+        None: the buffer registered for `src_device`) is fanned out from its
+        device; that entry of the result is the source buffer itself.
+        `dst_buffers`: optional per-device destinations (None entries: new).
+        """
+        with self._op():
+            dl = Deadline(timeout)
+            if isinstance(data_or_buffer, Buffer):
+                own = next((s.index for s in self._slots if s is data_or_buffer.slot), None)
+                if own is None:
+                    raise ValueError(f"data_or_buffer is a Buffer of a device ({data_or_buffer.slot.name!r}) "
+                                     f"that is not part of this manager")
+                if src_device is not None and self._index(src_device, "src_device") != own:
+                    raise ValueError(f"data_or_buffer belongs to GPU {own}, not src_device {src_device}")
+                src_device = own
+            src = 0 if src_device is None else self._index(src_device, "src_device")
+            host, reg = self._source(src, data_or_buffer, "data_or_buffer")
+            size = host.nbytes if host is not None else reg.size
+            if dst_buffers is not None:
+                if isinstance(dst_buffers, (str, bytes)) or not isinstance(dst_buffers, Sequence):
+                    raise TypeError(f"dst_buffers must be a sequence (one entry per device), "
+                                    f"got {type(dst_buffers).__name__}")
+                if len(dst_buffers) != self.device_count:
+                    raise ValueError(f"dst_buffers has {len(dst_buffers)} entries; this manager has "
+                                     f"{self.device_count} device(s)")
+            out: list[Any] = [None] * self.device_count
+            handles: list[int] = [0] * self.device_count
+            created: list[Buffer] = []
+            for i in range(self.device_count):
+                given = None if dst_buffers is None else dst_buffers[i]
+                if i == src and host is None:
+                    if given is not None:
+                        raise ValueError(f"dst_buffers[{i}] must be None: GPU {i} holds the source")
+                    out[i], handles[i] = reg.buffer, reg.handle()
+                else:
+                    out[i], handles[i] = self._target(i, given, size, 0, f"dst_buffers[{i}]", created)
+            others = [i for i in range(self.device_count) if i != src]
+            tickets: list[Any] = []
+            try:
+                if host is None:
+                    for d in others:
+                        tickets.append(self._transfer(src, d).submit(src_buffer=reg.buffer, dst_buffer=out[d],
+                                                                     size=size, src_wait=reg.ready))
+                else:
+                    seg = _segment_size(size)
+                    port = self._port(src)
+                    for a in range(0, size, seg):
+                        b = min(size, a + seg)
+                        port.start_upload(handles[src], a, host[a:b], deadline=dl).wait(dl.left())
+                        for d in others:
+                            tickets.append(self._transfer(src, d).submit(
+                                src_buffer=out[src], dst_buffer=out[d], src_offset=a, dst_offset=a, size=b - a))
+            finally:
+                for t in tickets:   # every submitted job is waited (or left to destroy() on timeout)
+                    t.wait(dl.left())
+            return out
+
+    def gather_blocking(self, dst_device: int, *, out: Sequence[Any] | None = None, reuse: bool = False,
+                        timeout: float | None = None) -> list[np.ndarray]:
+        """Read every registered buffer back to the host, as the seed does.
+
+        One uint8 array per source device in ascending index order, skipping
+        `dst_device`; an empty array for a device with no registered buffer.
+        The readbacks of all devices run at once, the GPU writing straight into
+        the result memory where the device can import host memory. Default:
+        new arrays, yours to keep. `out`: arrays to read into (one per entry,
+        None for new; any dtype, C-contiguous, writable, exactly the registered
+        size in bytes), returned as given. `reuse=True`: zero-copy read-only
+        views of host memory this object keeps imported per source device (no
+        allocation, page faults or per-call import): their bytes are valid
+        until the next `reuse=True` gather on this object; the memory itself
+        stays valid for as long as you hold a view, even after destroy().
+        """
+        with self._op():
+            dl = Deadline(timeout)
+            dst = self._index(dst_device, "dst_device")
+            sources = [i for i in range(self.device_count) if i != dst]
+            if out is not None:
+                if reuse:
+                    raise ValueError("pass out= or reuse=True, not both")
+                if isinstance(out, (str, bytes, np.ndarray)) or not isinstance(out, Sequence):
+                    raise TypeError(f"out must be a list with one entry per source device, got {type(out).__name__}")
+                if len(out) != len(sources):
+                    raise ValueError(f"out has {len(out)} entries; gather to GPU {dst} returns {len(sources)}")
+            with self._cond:
+                regs = dict(self._regs)
+            results: list[Any] = []
+            jobs: list[tuple[int, int, _Registration, np.ndarray | None]] = []
+            for k, i in enumerate(sources):
+                reg = regs.get(i)
+                given = None if out is None else out[k]
+                if reg is None:
+                    results.append(np.empty(0, dtype=np.uint8))
+                    continue
+                reg.handle()
+                if given is not None:
+                    u8 = as_host_bytes(given, f"out[{k}]", writable=True)
+                    if u8.nbytes != reg.size:
+                        raise ValueError(f"out[{k}] holds {u8.nbytes} bytes; GPU {i}'s registered buffer has "
+                                         f"{reg.size}")
+                    jobs.append((len(results), i, reg, u8))
+                    results.append(given)
+                else:
+                    jobs.append((len(results), i, reg, None))
+                    results.append(None)
+            with ExitStack() as held:
+                pending = []
+                try:
+                    for pos, i, reg, u8 in jobs:
+                        arena = None
+                        if reuse:
+                            arena = held.enter_context(self._port(i).arena(reg.size))
+                            u8 = arena.array[:reg.size]
+                            view = u8.view()
+                            view.flags.writeable = False
+                            results[pos] = view
+                        elif u8 is None:
+                            u8 = np.empty(reg.size, dtype=np.uint8)
+                            results[pos] = u8
+                        pending.append(self._port(i).start_download(reg.handle(), 0, u8, waits=reg.waits,
+                                                                    deadline=dl, arena=arena))
+                finally:
+                    for p in pending:
+                        p.wait(dl.left())
+            return results
+
+    def gather_to_device_blocking(self, dst_device: int, *, dst_buffer: Any = None,
+                                  timeout: float | None = None) -> Gathered:
+        """Land every registered buffer (dst_device's own included) in one buffer on `dst_device`.
+
+        Device i's bytes go to offsets[i] (ascending device order, each offset
+        a multiple of 256 so it can be bound as a storage buffer). Returns
+        Gathered(buffer, offsets, sizes). `dst_buffer`: a Buffer of that device
+        large enough (or a raw handle, trusted); default a new one.
+        """
+        with self._op():
+            dl = Deadline(timeout)
+            dst = self._index(dst_device, "dst_device")
+            with self._cond:
+                regs = dict(sorted(self._regs.items()))
+            if not regs:
+                raise ValueError("no device has a registered buffer; call set_device_buffer first")
+            offsets, sizes, cursor = {}, {}, 0
+            for i, reg in regs.items():
+                reg.handle()
+                offsets[i] = -(-cursor // GATHER_ALIGNMENT) * GATHER_ALIGNMENT
+                sizes[i] = reg.size
+                cursor = offsets[i] + reg.size
+            created: list[Buffer] = []
+            target, handle = self._target(dst, dst_buffer, cursor, 0, "dst_buffer", created)
+            waits: list[Any] = []
+            try:
+                for i, reg in regs.items():
+                    if i == dst:
+                        waits.append(self._port(dst).start_copy(reg.handle(), 0, handle, offsets[i], reg.size,
+                                                                waits=reg.waits))
+                    else:
+                        waits.append(self._transfer(i, dst).submit(src_buffer=reg.buffer, dst_buffer=target,
+                                                                   dst_offset=offsets[i], size=reg.size,
+                                                                   src_wait=reg.ready))
+            finally:
+                for w in waits:
+                    w.wait(dl.left())
+            return Gathered(target, offsets, sizes)
+
+    # -- asyncio forms (the seed's names) ------------------------------------
+
+    async def copy_buffer(self, src_device: int, dst_device: int, data: Any = None, **kw: Any) -> Any:
+        """Asyncio form of copy_buffer_blocking."""
+        return await self._run(self.copy_buffer_blocking, src_device, dst_device, data, **kw)
+
+    async def broadcast(self, data_or_buffer: Any = None, **kw: Any) -> list[Any]:
+        """Asyncio form of broadcast_blocking."""
+        return await self._run(self.broadcast_blocking, data_or_buffer, **kw)
+
+    async def gather(self, dst_device: int, **kw: Any) -> list[np.ndarray]:
+        """Asyncio form of gather_blocking."""
+        return await self._run(self.gather_blocking, dst_device, **kw)
+
+    async def gather_to_device(self, dst_device: int, **kw: Any) -> Gathered:
+        """Asyncio form of gather_to_device_blocking."""
+        return await self._run(self.gather_to_device_blocking, dst_device, **kw)
+
+    # -- ownership and lifetime -----------------------------------------------
+
+    def detach(self, buffer: Buffer) -> Buffer:
+        """Hand a Buffer this object created over to the caller (who must destroy it)."""
+        with self._cond:
+            for k, b in enumerate(self._owned):
+                if b is buffer:
+                    del self._owned[k]
+                    return buffer
+        raise ValueError("buffer was not created by this InterGpuTransfer (or was detached already)")
+
+    @property
+    def destroyed(self) -> bool:
+        return self._destroyed
+
+    def destroy(self, timeout: float | None = None) -> None:
+        """Wait for running operations, then free the rings, copies and buffers this object made.
+
+        Idempotent; also run by the manager's destroy(). On timeout
+        (vkmulti.TimeoutError) nothing is freed and destroy() may be retried.
+        """
+        dl = Deadline(timeout)
+        with self._cond:
+            if self._destroyed:
+                return
+            self._closing = True
+            if not self._cond.wait_for(lambda: self._active == 0, dl.left()):
+                raise VkmTimeoutError(f"{self._active} InterGpuTransfer operation(s) still running after "
+                                      f"{timeout} s")
+            transfers, ports, owned = list(self._transfers.values()), list(self._ports.values()), self._owned
+            self._transfers, self._ports, self._owned, self._regs = {}, {}, [], {}
+            executor, self._executor = self._executor, None
+            self._destroyed = True
+        if not self.manager.destroyed:
+            for x in transfers:
+                x.destroy(dl.left())
+            for p in ports:
+                p.destroy()
+            for b in owned:
+                b.destroy()
+        if executor is not None:
+            executor.shutdown(wait=False)
+
+    def __enter__(self) -> "InterGpuTransfer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def __repr__(self) -> str:
+        if self._destroyed:
+            return "InterGpuTransfer(destroyed)"
+        return f"InterGpuTransfer(devices={self.device_count}, registered={sorted(self._regs)})"
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._destroyed or self._closing:
+            raise DestroyedError("InterGpuTransfer used after destroy()")
+        if self.manager.destroyed:
+            raise DestroyedError("the MultiDeviceManager of this InterGpuTransfer was destroyed")
+
+    @contextmanager
+    def _op(self) -> Iterator[None]:
+        with self._cond:
+            self._check()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                if self._active == 0:
+                    self._cond.notify_all()
+
+    async def _run(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        with self._cond:
+            self._check()
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self._max_workers, thread_name_prefix="vkmulti-buffers")
+            executor = self._executor
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, functools.partial(fn, *args, **kw))
+
+    def _index(self, value: Any, label: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{label} must be an int device index, got {type(value).__name__} {value!r}")
+        if not 0 <= value < self.device_count:
+            raise IndexError(f"{label} {value} out of range: {self.device_count} device(s)")
+        return int(value)
+
+    @staticmethod
+    def _size(value: Any, label: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+            raise ValueError(f"{label} must be a positive int, got {value!r}")
+        return int(value)
+
+    def _check_buffer(self, buf: Buffer, device: int, label: str) -> None:
+        if buf.handle is None:
+            raise DestroyedError(f"{label} was destroyed")
+        if buf.slot is not self._slots[device]:
+            where = (f"GPU {buf.slot.index} ({buf.slot.name!r})" if any(s is buf.slot for s in self._slots)
+                     else f"{buf.slot.name!r} of another manager")
+            raise ValueError(f"{label} belongs to {where}, not GPU {device} ({self._slots[device].name!r})")
+
+    @staticmethod
+    def _wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
+        if value is None:
+            return None
+        if isinstance(value, TimelinePoint):
+            if value.device_index != slot.index:
+                raise ValueError(f"{label} is a semaphore of GPU {value.device_index}, not of GPU {slot.index}")
+            return value.semaphore, value.value
+        try:
+            sem, v = value
+        except (TypeError, ValueError):
+            raise TypeError(f"{label} must be a TimelinePoint or a (semaphore, value) pair, got {value!r}") from None
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{label} value must be a non-negative int, got {v!r}")
+        return handle_int(sem, "VkSemaphore"), v
+
+    def _source(self, device: int, data: Any, label: str) -> tuple[np.ndarray | None, _Registration | None]:
+        """(host bytes, None) or (None, a registration-like view of the device source)."""
+        if data is None:
+            reg = self._regs.get(device)
+            if reg is None:
+                raise ValueError(f"GPU {device} has no registered buffer; call set_device_buffer({device}, ...) "
+                                 f"or pass {label}")
+            reg.handle()
+            return None, reg
+        if isinstance(data, Image):
+            raise TypeError(f"{label} is an Image; InterGpuTransfer moves buffers")
+        if isinstance(data, Buffer):
+            self._check_buffer(data, device, label)
+            if not data.usage & vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT:
+                raise ValueError(f"{label} lacks VK_BUFFER_USAGE_TRANSFER_SRC_BIT (usage 0x{data.usage:x})")
+            return None, _Registration(device, data, data.size, None)
+        host = as_host_bytes(data, label)
+        if host.nbytes == 0:
+            raise ValueError(f"{label} is empty: nothing to copy")
+        return host, None
+
+    def _target(self, device: int, given: Any, size: int, offset: int, label: str,
+                created: list[Buffer]) -> tuple[Any, int]:
+        """The destination (object to return, handle): `given` checked, or a new owned Buffer."""
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
+            raise ValueError(f"dst_offset must be a non-negative int, got {offset!r}")
+        if given is None:
+            if offset:
+                raise ValueError(f"dst_offset {offset} needs a dst_buffer (a new buffer is written at 0)")
+            try:
+                buf = Buffer(self._slots[device], size)
+            except BaseException:
+                for b in created:
+                    b.destroy()
+                raise
+            created.append(buf)
+            with self._cond:
+                if len(self._owned) > 64:   # forget the ones the caller destroyed already
+                    self._owned = [b for b in self._owned if b.handle is not None]
+                self._owned.append(buf)
+            return buf, buf.handle_int
+        if isinstance(given, Image):
+            raise TypeError(f"{label} is an Image; InterGpuTransfer moves buffers")
+        if isinstance(given, Buffer):
+            self._check_buffer(given, device, label)
+            if not given.usage & vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT:
+                raise ValueError(f"{label} lacks VK_BUFFER_USAGE_TRANSFER_DST_BIT (usage 0x{given.usage:x})")
+            if offset + size > given.size:
+                raise ValueError(f"{label} is too small: [{offset}, {offset + size}) exceeds its {given.size} bytes")
+            return given, given.handle_int
+        return given, handle_int(given, "VkBuffer")
+
+    def _port(self, device: int) -> HostPort:
+        with self._cond:
+            port = self._ports.get(device)
+            if port is None:
+                port = self._ports[device] = HostPort(self._slots[device], host_import=self._host_import)
+            return port
+
+    def _transfer(self, src: int, dst: int) -> CrossDeviceTransfer:
+        with self._cond:
+            x = self._transfers.get((src, dst))
+            if x is None:
+                method = select_transfer_method(_Assignment(src), self.manager.capabilities, dst_index=dst)
+                x = self._transfers[(src, dst)] = CrossDeviceTransfer(
+                    self._slots[src], self._slots[dst], method, slot_size=self._slot_size,
+                    slot_count=self._slot_count)
+            return x
