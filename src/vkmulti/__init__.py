@@ -13,7 +13,9 @@ from .errors import (DestroyedError, DeviceLostError, OutOfDeviceMemoryError, Ou
 from .instance import Instance
 from .methods import TransferMethod, supported_methods
 from .multi_device import DeviceSlot, MultiDeviceManager
+from .offload import OffloadRoute, SRUOffloadCoordinator
 from .partition import SRUAssignment, assign_srus
+from .render import Compositor, ReferenceRenderer, ReferenceSRU
 from .transfer import CrossDeviceTransfer, TimelinePoint, TransferTicket, select_transfer_method
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "DeviceSlot", "MultiDeviceManager", "TransferMethod", "supported_methods",
     "SRUAssignment", "assign_srus", "CrossDeviceTransfer", "TimelinePoint", "TransferTicket",
     "select_transfer_method", "InterGpuTransfer", "Gathered",
+    "OffloadRoute", "SRUOffloadCoordinator", "ReferenceSRU", "ReferenceRenderer", "Compositor",
     "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError", "OutOfHostMemoryError",
     "UnsupportedError", "TransferError", "TimeoutError", "DestroyedError",
 ]

@@ -1,4 +1,5 @@
-"""Command line: `python -m vkmulti info [--json] [--virtual N]`, `python -m vkmulti bench transfer ...`."""
+"""Command line: `python -m vkmulti info [--json] [--virtual N]`, `python -m vkmulti demo ...`,
+`python -m vkmulti bench transfer ...`."""
 from __future__ import annotations
 
 import argparse
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     p_info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p_info.add_argument("--virtual", type=int, default=0, metavar="N",
                         help="use N virtual lavapipe GPUs instead of the real ones")
+    p_demo = sub.add_parser("demo", help="render a frame of many SRUs across every GPU and on one GPU")
+    from .demo import add_arguments as demo_arguments
+    demo_arguments(p_demo)
     p_bench = sub.add_parser("bench", help="run a bench (transfer)", add_help=False)
     p_bench.add_argument("which", choices=["transfer"])
     p_bench.add_argument("rest", nargs=argparse.REMAINDER)
@@ -115,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from .benchmarks import main as bench_main
         return bench_main(args.rest)
+    if args.command == "demo":
+        from .demo import main as demo_main
+        return demo_main(args, p_demo, _use_virtual)
     if args.command == "info":
         if args.virtual < 0:
             parser.error("--virtual must be >= 0")

@@ -1,0 +1,252 @@
+"""`python -m vkmulti demo`: one frame of many SRUs rendered across every GPU, and on one GPU.
+
+Prints the assignment per device, the per-frame time with and without
+offload, the transfer method between each secondary and GPU 0 with its
+measured GB/s, and the speed-up; writes the frame as a PNG. With no GPU it
+runs on the virtual lavapipe pair (whose two "GPUs" share the CPU, so no
+speed-up is expected there).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+#: Steps per pixel: light (lavapipe, a few seconds) and render-heavy (real GPUs).
+LIGHT_ITERATIONS = (24, 160)
+HEAVY_ITERATIONS = (25_000, 75_000)
+LIGHT_SIZE = (1280, 720)
+HEAVY_SIZE = (3840, 2160)
+_PALETTE = [((1.0, 0.55, 0.15), (0.08, 0.16, 0.45)), ((0.95, 0.9, 0.3), (0.35, 0.05, 0.25)),
+            ((0.3, 0.95, 0.7), (0.05, 0.12, 0.2)), ((1.0, 0.35, 0.45), (0.1, 0.05, 0.3)),
+            ((0.55, 0.75, 1.0), (0.02, 0.08, 0.12)), ((0.9, 0.9, 0.95), (0.25, 0.1, 0.05))]
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'WxH' -> (W, H), both positive."""
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size must look like 1280x720, got {text!r}") from None
+    if w <= 0 or h <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return w, h
+
+
+def parse_devices(text: str) -> list[int]:
+    """'0,1' -> [0, 1] (enumeration indices; the first is the primary)."""
+    try:
+        out = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"devices must be a comma-separated list of indices, got {text!r}") from None
+    if not out or any(v < 0 for v in out) or len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"devices must be distinct indices >= 0, got {text!r}")
+    return out
+
+
+def make_srus(count: int, width: int, height: int, *, heavy: bool = False, seed: int = 1) -> list[Any]:
+    """`count` ReferenceSRUs tiling a width x height frame, with varied steps per pixel (varied costs)."""
+    from .render import ReferenceSRU
+
+    if count <= 0:
+        raise ValueError(f"SRU count must be positive, got {count}")
+    cols = math.ceil(math.sqrt(count))
+    rows = math.ceil(count / cols)
+    if width < cols or height < rows:
+        raise ValueError(f"a {width}x{height} frame is too small for {count} SRUs ({cols}x{rows} tiles)")
+    lo, hi = HEAVY_ITERATIONS if heavy else LIGHT_ITERATIONS
+    rng = np.random.default_rng(seed)
+    srus = []
+    th = height // rows
+    for r in range(rows):
+        n = cols if r < rows - 1 else count - cols * (rows - 1)
+        tw = width // n
+        y = r * th
+        h = th if r < rows - 1 else height - y
+        for c in range(n):
+            x = c * tw
+            w = tw if c < n - 1 else width - x
+            a, b = _PALETTE[int(rng.integers(len(_PALETTE)))]
+            srus.append(ReferenceSRU(len(srus), w, h, x=x, y=y, seed=int(rng.integers(2**32)),
+                                     iterations=int(rng.integers(lo, hi + 1)), color_a=a, color_b=b,
+                                     border=max(1, min(w, h) // 128)))
+    return srus
+
+
+def frame_to_rgb8(pixels: np.ndarray) -> np.ndarray:
+    """An RGBA16F frame as downloaded ((h, w, 8) uint8) -> (h, w, 3) uint8, sRGB-ish gamma 2.2."""
+    h, w = pixels.shape[:2]
+    f = np.ascontiguousarray(pixels).view(np.float16).reshape(h, w, 4)[..., :3].astype(np.float32)
+    return (np.clip(f, 0.0, 1.0) ** (1 / 2.2) * 255.0 + 0.5).astype(np.uint8)
+
+
+def _measure_transfer(mgr: Any, src: int, method: str, width: int, height: int,
+                      repeats: int = 3) -> tuple[float, int]:
+    """Best time of moving a width x height RGBA16F image from GPU `src` to GPU 0 with `method`."""
+    from .images import Image
+    from .transfer import CrossDeviceTransfer
+
+    a = Image(mgr.slot(src), width, height)
+    b = Image(mgr.primary, width, height)
+    x = CrossDeviceTransfer(mgr.slot(src), mgr.primary, method)
+    try:
+        x.run(src_image=a, dst_image=b, timeout=120)   # warm: the ring is made on first use
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            x.run(src_image=a, dst_image=b, timeout=120)
+            best = min(best, time.perf_counter() - t0)
+        return best, a.nbytes
+    finally:
+        x.destroy()
+        a.destroy()
+        b.destroy()
+
+
+def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
+    """Render the demo frame with and without offload; returns the figures (also printed)."""
+    from .images import Image
+    from .multi_device import MultiDeviceManager
+    from .offload import SRUOffloadCoordinator
+    from .render import ReferenceRenderer
+
+    width, height = args.size or (HEAVY_SIZE if args.heavy else LIGHT_SIZE)
+    srus = make_srus(args.srus, width, height, heavy=args.heavy)
+    out: dict[str, Any] = {"note": note, "virtual": note is not None, "srus": len(srus), "size": [width, height],
+                           "frames": args.frames, "heavy": bool(args.heavy)}
+    mgr = MultiDeviceManager.create(enabled=True, device_indices=args.devices)
+    try:
+        def factory(ctx: Any) -> ReferenceRenderer:
+            return ReferenceRenderer(ctx.slot)
+
+        multi = SRUOffloadCoordinator(mgr, secondary_renderer_factory=factory)
+        single = SRUOffloadCoordinator(mgr, secondary_renderer_factory=factory, devices=[0])
+        frame_multi = Image(mgr.primary, width, height)
+        frame_single = Image(mgr.primary, width, height)
+        report = multi.render_frame(srus, frame_multi)      # warm-up: pipelines, targets, rings
+        single.render_frame(srus, frame_single)
+        t_multi, t_single = [], []
+        for _ in range(args.frames):
+            t0 = time.perf_counter()
+            report = multi.render_frame(srus, frame_multi)
+            t1 = time.perf_counter()
+            single.render_frame(srus, frame_single)
+            t2 = time.perf_counter()
+            t_multi.append(t1 - t0)
+            t_single.append(t2 - t1)
+        pixels = frame_multi.download()
+        identical = bool(np.array_equal(pixels, frame_single.download()))
+
+        cost = {s.sru_id: s.render_cost for s in srus}
+        total = sum(cost.values())
+        loads = report.device_loads(mgr.device_count)
+        out["devices"] = [{"index": s.index, "name": s.name, "srus": loads[s.index],
+                           "cost_share": sum(cost[i] for i in loads[s.index]) / total} for s in mgr.slots]
+        out["frame_ms_offload"] = statistics.median(t_multi) * 1e3
+        out["frame_ms_single"] = statistics.median(t_single) * 1e3
+        out["speedup"] = out["frame_ms_single"] / out["frame_ms_offload"]
+        out["offloaded_bytes_per_frame"] = report.transferred_bytes
+        out["fallbacks"] = report.fallbacks
+        out["identical"] = identical
+        transfers = {}
+        for r in report.routes:
+            if r.offloaded and r.device_index not in transfers:
+                sec, nbytes = _measure_transfer(mgr, r.device_index, r.transfer, width, height)
+                transfers[r.device_index] = {"method": r.transfer, "bytes": nbytes, "ms": sec * 1e3,
+                                             "gbps": nbytes / sec / 1e9}
+        out["transfers"] = {str(k): v for k, v in transfers.items()}
+        for img in (frame_multi, frame_single):
+            img.destroy()
+        multi.destroy()
+        single.destroy()
+    finally:
+        mgr.destroy()
+    if args.output:
+        from PIL import Image as PILImage
+
+        PILImage.fromarray(frame_to_rgb8(pixels), "RGB").save(args.output)
+        out["png"] = args.output
+    return out
+
+
+def print_report(r: dict[str, Any]) -> None:
+    w, h = r["size"]
+    print(f"vkmulti demo: {r['srus']} SRUs in a {w}x{h} RGBA16F frame, {len(r['devices'])} GPU(s), "
+          f"median of {r['frames']} frame(s){', render-heavy' if r['heavy'] else ''}")
+    if r["note"]:
+        print(f"note: {r['note']}")
+    print("\nassignment (offload run):")
+    for d in r["devices"]:
+        ids = ", ".join(str(i) for i in d["srus"]) or "-"
+        print(f"  GPU {d['index']} {d['name']:<28} {len(d['srus']):>3} SRUs  {d['cost_share'] * 100:5.1f}% of the "
+              f"cost  [{ids}]")
+    if r["fallbacks"]:
+        print(f"  rendered on GPU 0 after a secondary failed: {r['fallbacks']}")
+    print("\nper-frame time:")
+    print(f"  with offload ({len(r['devices'])} GPUs)  {r['frame_ms_offload']:9.2f} ms")
+    print(f"  one GPU                 {r['frame_ms_single']:9.2f} ms")
+    print(f"  speed-up                {r['speedup']:9.2f}x")
+    if r["virtual"]:
+        print("  (the virtual GPUs share this machine's CPU cores: no speed-up is expected from them)")
+    if r["transfers"]:
+        mb = r["offloaded_bytes_per_frame"] / 1e6
+        print(f"\ntransfers to GPU 0 ({mb:.1f} MB of SRU images per frame):")
+        for src, t in r["transfers"].items():
+            print(f"  GPU {src} -> GPU 0  {t['method']:<13} {t['gbps']:6.2f} GB/s  "
+                  f"({t['bytes'] / 1e6:.1f} MB frame-sized image in {t['ms']:.2f} ms)")
+    else:
+        print("\nno SRU was offloaded (one GPU): no transfers")
+    print(f"\nframe with offload identical to the one-GPU frame: {'yes' if r['identical'] else 'NO'}")
+    if r.get("png"):
+        print(f"wrote {r['png']}")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--srus", type=int, default=16, help="number of SRUs in the frame (default 16)")
+    p.add_argument("--size", type=parse_size, default=None, metavar="WxH",
+                   help=f"frame size (default {LIGHT_SIZE[0]}x{LIGHT_SIZE[1]}, "
+                        f"{HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} with --heavy)")
+    p.add_argument("--frames", type=int, default=3, help="timed frames per configuration (default 3)")
+    p.add_argument("--devices", type=parse_devices, default=None, metavar="I,J,...",
+                   help="physical devices to use, primary first (default: all)")
+    p.add_argument("--output", default="vkmulti-demo.png", metavar="PATH",
+                   help="PNG to write (default vkmulti-demo.png; '' to skip)")
+    p.add_argument("--heavy", action="store_true",
+                   help=f"render-heavy SRUs ({HEAVY_ITERATIONS[0]}-{HEAVY_ITERATIONS[1]} steps per pixel) "
+                        f"for real GPUs")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--virtual", type=int, default=0, metavar="N",
+                   help="use N virtual lavapipe GPUs instead of the real ones")
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser, use_virtual: Any) -> int:
+    """The `demo` subcommand (cli.py passes its parser and its virtual-GPU chooser)."""
+    if args.srus <= 0:
+        parser.error(f"--srus must be positive, got {args.srus}")
+    if args.frames <= 0:
+        parser.error(f"--frames must be positive, got {args.frames}")
+    if args.virtual < 0:
+        parser.error("--virtual must be >= 0")
+    if args.output:
+        try:
+            import PIL  # noqa: F401
+        except ImportError:
+            parser.error("writing the PNG needs Pillow: pip install 'vkmulti[demo]' (or pass --output '')")
+    note = use_virtual(args)
+    try:
+        r = run(args, note)
+    except (ValueError, IndexError) as exc:
+        print(f"vkmulti demo: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(r, sys.stdout, indent=2)
+        print()
+    else:
+        print_report(r)
+    return 0
