@@ -252,6 +252,24 @@ def test_fallback_when_transfer_fails(manager, monkeypatch):
         frame.destroy()
 
 
+def test_fallback_when_secondary_factory_raises(manager, caplog):
+    def picky(ctx):
+        if ctx.slot.index == 1:
+            raise vkmulti.OutOfDeviceMemoryError(-2, "vkAllocateMemory")
+        return ReferenceRenderer(ctx.slot)
+    srus = tiles(6, 120, 60)
+    c = SRUOffloadCoordinator(manager, secondary_renderer_factory=picky)
+    frame = Image(manager.primary, 120, 60)
+    try:
+        with caplog.at_level(logging.ERROR, logger="vkmulti.offload"):
+            rep = c.render_frame(srus, frame)
+        assert rep.fallbacks and set(rep.rendered_on.values()) == {0} and 1 in c.unavailable
+        np.testing.assert_array_equal(frame.download(), render_single(manager, srus, 120, 60))
+    finally:
+        c.destroy()
+        frame.destroy()
+
+
 def test_resizing_frees_old_targets(manager):
     """Targets and transfers are cached per SRU and replaced (old ones freed) only on a size change;
     the validation layer reports any leak when the devices are destroyed."""

@@ -20,7 +20,7 @@ import numpy as np
 
 #: Steps per pixel: light (lavapipe, a few seconds) and render-heavy (real GPUs).
 LIGHT_ITERATIONS = (24, 160)
-HEAVY_ITERATIONS = (25_000, 75_000)
+HEAVY_ITERATIONS = (40_000, 120_000)
 LIGHT_SIZE = (1280, 720)
 HEAVY_SIZE = (3840, 2160)
 _PALETTE = [((1.0, 0.55, 0.15), (0.08, 0.16, 0.45)), ((0.95, 0.9, 0.3), (0.35, 0.05, 0.25)),
@@ -121,14 +121,16 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {"note": note, "virtual": note is not None, "srus": len(srus), "size": [width, height],
                            "frames": args.frames, "heavy": bool(args.heavy)}
     mgr = MultiDeviceManager.create(enabled=True, device_indices=args.devices)
-    try:
-        def factory(ctx: Any) -> ReferenceRenderer:
-            return ReferenceRenderer(ctx.slot)
+    owned: list[Any] = []        # destroyed in reverse order: coordinators before the frames they write
 
-        multi = SRUOffloadCoordinator(mgr, secondary_renderer_factory=factory)
-        single = SRUOffloadCoordinator(mgr, secondary_renderer_factory=factory, devices=[0])
+    def factory(ctx: Any) -> ReferenceRenderer:
+        return ReferenceRenderer(ctx.slot)
+    try:
         frame_multi = Image(mgr.primary, width, height)
         frame_single = Image(mgr.primary, width, height)
+        multi = SRUOffloadCoordinator(mgr, secondary_renderer_factory=factory)
+        single = SRUOffloadCoordinator(mgr, secondary_renderer_factory=factory, devices=[0])
+        owned += [frame_multi, frame_single, multi, single]
         report = multi.render_frame(srus, frame_multi)      # warm-up: pipelines, targets, rings
         single.render_frame(srus, frame_single)
         t_multi, t_single = [], []
@@ -161,11 +163,9 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
                 transfers[r.device_index] = {"method": r.transfer, "bytes": nbytes, "ms": sec * 1e3,
                                              "gbps": nbytes / sec / 1e9}
         out["transfers"] = {str(k): v for k, v in transfers.items()}
-        for img in (frame_multi, frame_single):
-            img.destroy()
-        multi.destroy()
-        single.destroy()
     finally:
+        for obj in reversed(owned):
+            obj.destroy()
         mgr.destroy()
     if args.output:
         from PIL import Image as PILImage

@@ -350,6 +350,7 @@ class SRUOffloadCoordinator:
                 if isinstance(v, bool) or not isinstance(v, int):
                     raise TypeError(f"SRU {key(s)!r}: {label} (its place in the frame) must be an int, got {v!r}")
         with self._lock:
+            self._prune({key(s) for s in srus})
             routes = self.plan(srus, sru_id=sru_id, cost=cost, transfer_cost=transfer_cost, offloadable=offloadable)
             prev = [self._last_frame] if self._last_frame is not None else []
             images: dict[Any, Image] = {}
@@ -367,8 +368,15 @@ class SRUOffloadCoordinator:
                 if r.device_index in self._unavailable:   # failed earlier in this frame
                     fallbacks.append(sru)
                     continue
-                renderer = self._renderer_for(r.device_index)
-                e = self._ensure_entry(sru, r, landing=True)
+                try:
+                    renderer = self._renderer_for(r.device_index)
+                    e = self._ensure_entry(sru, r, landing=True)
+                except RendererMissingError:
+                    raise
+                except Exception as exc:   # the factory or the device failed: this device sits out
+                    self._mark_unavailable(r.device_index, "its renderer or render target could not be made", exc)
+                    fallbacks.append(sru)
+                    continue
                 if self._offload(e, sru, renderer, e.landing, self._last_frame):
                     pending.append((sru, e))
                 else:
@@ -408,7 +416,6 @@ class SRUOffloadCoordinator:
             placements = [(images[key(s)], s.x, s.y) for s in srus]
             done = compositor.composite(frame, placements, wait=waits, clear=clear)
             self._last_frame = done
-            self._prune(set(by_id))
         if wait:
             compositor.wait(done, self.timeout)
         return FrameReport(routes, rendered_on, [key(s) for s in fallbacks], done, sent)
@@ -560,6 +567,6 @@ class SRUOffloadCoordinator:
             del self._entries[e.sru_id]
 
     def _prune(self, live: set) -> None:
-        """Free the resources of SRUs that were not in the latest frame."""
+        """Free the resources of SRUs that are not in the coming frame."""
         for sid in [s for s in self._entries if s not in live]:
             self._release(self._entries[sid])
