@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ import numpy as np
 import vulkan as vk
 
 from ._handles import handle_int
-from .errors import DestroyedError
+from .errors import DestroyedError, UnsupportedError
 from .errors import TimeoutError as VkmTimeoutError
 from .host_copy import Deadline, HostPort, as_host_bytes
 from .images import Buffer, Image
@@ -80,6 +79,26 @@ class _Assignment:
         self.device_index = index
 
 
+#: Errors raised before a submit reached the GPU: buffers made for the operation can go.
+_NOTHING_RAN = (ValueError, TypeError, UnsupportedError)
+
+
+def _wait_all(jobs: list[Any], dl: Deadline, *, quiet: bool = False) -> None:
+    """Wait for every job (tickets or pendings); raise the first error unless `quiet`.
+
+    A job that does not finish stays with its link or port, which waits for it
+    before freeing anything.
+    """
+    first: BaseException | None = None
+    for job in jobs:
+        try:
+            job.wait(dl.left())
+        except BaseException as exc:
+            first = first or exc
+    if first is not None and not quiet:
+        raise first
+
+
 def _segment_size(n: int) -> int:
     """Broadcast segment: the upload of segment k+1 overlaps the fan-out of segment k."""
     if n <= 2 * _SEGMENT_MIN:
@@ -114,7 +133,7 @@ class InterGpuTransfer:
         self._host_import, self._slot_size, self._slot_count = host_import, slot_size, slot_count
         self._max_workers = max_workers or max(4, 2 * self.device_count)
         self._regs: dict[int, _Registration] = {}
-        self._ports: dict[int, HostPort] = {}
+        self._ports: dict[tuple[int, bool], HostPort] = {}
         self._transfers: dict[tuple[int, int], CrossDeviceTransfer] = {}
         self._owned: list[Buffer] = []
         self._executor: ThreadPoolExecutor | None = None
@@ -122,8 +141,7 @@ class InterGpuTransfer:
         self._active = 0
         self._closing = False
         self._destroyed = False
-        ref = weakref.ref(self)
-        manager.register_teardown(lambda: ref() is not None and ref().destroy())
+        manager.register_teardown(self.destroy)   # a strong reference: dropped objects are freed there too
 
     # -- registration --------------------------------------------------------
 
@@ -196,19 +214,26 @@ class InterGpuTransfer:
             src, dst = self._index(src_device, "src_device"), self._index(dst_device, "dst_device")
             host, reg = self._source(src, data, "data")
             size = host.nbytes if host is not None else reg.size
-            created: list[Buffer] = []
-            target, handle = self._target(dst, dst_buffer, size, dst_offset, "dst_buffer", created)
-            if host is not None:
-                self._port(dst).start_upload(handle, dst_offset, host, deadline=dl).wait(dl.left())
-            elif src == dst:
-                if handle == reg.handle() and dst_offset < size:
-                    raise ValueError(f"source and destination ranges overlap in the same buffer "
-                                     f"([0, {size}) and [{dst_offset}, {dst_offset + size}))")
-                self._port(dst).start_copy(reg.handle(), 0, handle, dst_offset, size,
-                                           waits=reg.waits).wait(dl.left())
-            else:
-                self._transfer(src, dst).submit(src_buffer=reg.buffer, dst_buffer=target, dst_offset=dst_offset,
-                                                size=size, src_wait=reg.ready).wait(dl.left())
+            target, handle = self._target(dst, dst_buffer, size, dst_offset, "dst_buffer")
+            if host is None and src == dst and handle == reg.handle() and dst_offset < size:
+                raise ValueError(f"source and destination ranges overlap in the same buffer "
+                                 f"([0, {size}) and [{dst_offset}, {dst_offset + size}))")
+            made: list[Buffer] = []
+            if target is None:
+                target, handle = self._create(dst, size, made)
+            try:
+                if host is not None:
+                    job: Any = self._port(dst).start_upload(handle, dst_offset, host, deadline=dl)
+                elif src == dst:
+                    job = self._port(dst, local=True).start_copy(reg.handle(), 0, handle, dst_offset, size,
+                                                                 waits=reg.waits)
+                else:
+                    job = self._transfer(src, dst).submit(src_buffer=reg.buffer, dst_buffer=target,
+                                                          dst_offset=dst_offset, size=size, src_wait=reg.ready)
+            except _NOTHING_RAN:
+                self._discard(made)
+                raise
+            job.wait(dl.left())
             return target
 
     def broadcast_blocking(self, data_or_buffer: Any = None, *, src_device: int | None = None,
@@ -244,34 +269,42 @@ class InterGpuTransfer:
                                      f"{self.device_count} device(s)")
             out: list[Any] = [None] * self.device_count
             handles: list[int] = [0] * self.device_count
-            created: list[Buffer] = []
-            for i in range(self.device_count):
+            for i in range(self.device_count):     # check every given destination before making any
                 given = None if dst_buffers is None else dst_buffers[i]
                 if i == src and host is None:
                     if given is not None:
                         raise ValueError(f"dst_buffers[{i}] must be None: GPU {i} holds the source")
                     out[i], handles[i] = reg.buffer, reg.handle()
                 else:
-                    out[i], handles[i] = self._target(i, given, size, 0, f"dst_buffers[{i}]", created)
+                    out[i], handles[i] = self._target(i, given, size, 0, f"dst_buffers[{i}]")
+            made: list[Buffer] = []
+            for i in range(self.device_count):
+                if out[i] is None:
+                    out[i], handles[i] = self._create(i, size, made)
             others = [i for i in range(self.device_count) if i != src]
-            tickets: list[Any] = []
+            jobs: list[Any] = []
             try:
                 if host is None:
                     for d in others:
-                        tickets.append(self._transfer(src, d).submit(src_buffer=reg.buffer, dst_buffer=out[d],
-                                                                     size=size, src_wait=reg.ready))
+                        jobs.append(self._transfer(src, d).submit(src_buffer=reg.buffer, dst_buffer=out[d],
+                                                                  size=size, src_wait=reg.ready))
                 else:
                     seg = _segment_size(size)
                     port = self._port(src)
                     for a in range(0, size, seg):
                         b = min(size, a + seg)
-                        port.start_upload(handles[src], a, host[a:b], deadline=dl).wait(dl.left())
+                        up = port.start_upload(handles[src], a, host[a:b], deadline=dl)
+                        jobs.append(up)
+                        up.wait(dl.left())
                         for d in others:
-                            tickets.append(self._transfer(src, d).submit(
+                            jobs.append(self._transfer(src, d).submit(
                                 src_buffer=out[src], dst_buffer=out[d], src_offset=a, dst_offset=a, size=b - a))
-            finally:
-                for t in tickets:   # every submitted job is waited (or left to destroy() on timeout)
-                    t.wait(dl.left())
+            except BaseException as exc:
+                _wait_all(jobs, dl, quiet=True)
+                if not jobs and isinstance(exc, _NOTHING_RAN):
+                    self._discard(made)
+                raise
+            _wait_all(jobs, dl)
             return out
 
     def gather_blocking(self, dst_device: int, *, out: Sequence[Any] | None = None, reuse: bool = False,
@@ -323,7 +356,7 @@ class InterGpuTransfer:
                     jobs.append((len(results), i, reg, None))
                     results.append(None)
             with ExitStack() as held:
-                pending = []
+                pending: list[Any] = []
                 try:
                     for pos, i, reg, u8 in jobs:
                         arena = None
@@ -338,9 +371,10 @@ class InterGpuTransfer:
                             results[pos] = u8
                         pending.append(self._port(i).start_download(reg.handle(), 0, u8, waits=reg.waits,
                                                                     deadline=dl, arena=arena))
-                finally:
-                    for p in pending:
-                        p.wait(dl.left())
+                except BaseException:
+                    _wait_all(pending, dl, quiet=True)
+                    raise
+                _wait_all(pending, dl)
             return results
 
     def gather_to_device_blocking(self, dst_device: int, *, dst_buffer: Any = None,
@@ -365,21 +399,27 @@ class InterGpuTransfer:
                 offsets[i] = -(-cursor // GATHER_ALIGNMENT) * GATHER_ALIGNMENT
                 sizes[i] = reg.size
                 cursor = offsets[i] + reg.size
-            created: list[Buffer] = []
-            target, handle = self._target(dst, dst_buffer, cursor, 0, "dst_buffer", created)
+            target, handle = self._target(dst, dst_buffer, cursor, 0, "dst_buffer")
+            made: list[Buffer] = []
+            if target is None:
+                target, handle = self._create(dst, cursor, made)
             waits: list[Any] = []
             try:
-                for i, reg in regs.items():
-                    if i == dst:
-                        waits.append(self._port(dst).start_copy(reg.handle(), 0, handle, offsets[i], reg.size,
-                                                                waits=reg.waits))
-                    else:
+                for i, reg in regs.items():     # the cross-device moves first: they take longest
+                    if i != dst:
                         waits.append(self._transfer(i, dst).submit(src_buffer=reg.buffer, dst_buffer=target,
                                                                    dst_offset=offsets[i], size=reg.size,
                                                                    src_wait=reg.ready))
-            finally:
-                for w in waits:
-                    w.wait(dl.left())
+                own = regs.get(dst)
+                if own is not None:
+                    waits.append(self._port(dst, local=True).start_copy(
+                        own.handle(), 0, handle, offsets[dst], own.size, waits=own.waits))
+            except BaseException as exc:
+                _wait_all(waits, dl, quiet=True)
+                if not waits and isinstance(exc, _NOTHING_RAN):
+                    self._discard(made)
+                raise
+            _wait_all(waits, dl)
             return Gathered(target, offsets, sizes)
 
     # -- asyncio forms (the seed's names) ------------------------------------
@@ -542,26 +582,14 @@ class InterGpuTransfer:
             raise ValueError(f"{label} is empty: nothing to copy")
         return host, None
 
-    def _target(self, device: int, given: Any, size: int, offset: int, label: str,
-                created: list[Buffer]) -> tuple[Any, int]:
-        """The destination (object to return, handle): `given` checked, or a new owned Buffer."""
+    def _target(self, device: int, given: Any, size: int, offset: int, label: str) -> tuple[Any, int]:
+        """The given destination checked, as (object to return, handle); (None, 0) for none."""
         if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
             raise ValueError(f"dst_offset must be a non-negative int, got {offset!r}")
         if given is None:
             if offset:
                 raise ValueError(f"dst_offset {offset} needs a dst_buffer (a new buffer is written at 0)")
-            try:
-                buf = Buffer(self._slots[device], size)
-            except BaseException:
-                for b in created:
-                    b.destroy()
-                raise
-            created.append(buf)
-            with self._cond:
-                if len(self._owned) > 64:   # forget the ones the caller destroyed already
-                    self._owned = [b for b in self._owned if b.handle is not None]
-                self._owned.append(buf)
-            return buf, buf.handle_int
+            return None, 0
         if isinstance(given, Image):
             raise TypeError(f"{label} is an Image; InterGpuTransfer moves buffers")
         if isinstance(given, Buffer):
@@ -573,11 +601,37 @@ class InterGpuTransfer:
             return given, given.handle_int
         return given, handle_int(given, "VkBuffer")
 
-    def _port(self, device: int) -> HostPort:
+    def _create(self, device: int, size: int, made: list[Buffer]) -> tuple[Buffer, int]:
+        """A new Buffer this object owns (on failure, the others in `made` are freed)."""
+        try:
+            buf = Buffer(self._slots[device], size)
+        except BaseException:
+            self._discard(made)
+            raise
+        made.append(buf)
         with self._cond:
-            port = self._ports.get(device)
+            if len(self._owned) > 64:   # forget the ones the caller destroyed already
+                self._owned = [b for b in self._owned if b.handle is not None]
+            self._owned.append(buf)
+        return buf, buf.handle_int
+
+    def _discard(self, made: list[Buffer]) -> None:
+        """Free buffers made for an operation that failed before any GPU work."""
+        with self._cond:
+            self._owned = [b for b in self._owned if all(b is not m for m in made)]
+        for b in made:
+            b.destroy()
+        made.clear()
+
+    def _port(self, device: int, *, local: bool = False) -> HostPort:
+        """The device's host-copy port; `local`: the one on the universal queue, for on-device copies."""
+        key = (device, local)
+        with self._cond:
+            port = self._ports.get(key)
             if port is None:
-                port = self._ports[device] = HostPort(self._slots[device], host_import=self._host_import)
+                slot = self._slots[device]
+                port = self._ports[key] = HostPort(slot, queue=slot.graphics_queue if local else None,
+                                                   host_import=self._host_import)
             return port
 
     def _transfer(self, src: int, dst: int) -> CrossDeviceTransfer:
