@@ -19,7 +19,7 @@ from vkmulti import (DestroyedError, MultiDeviceManager, OffloadRoute, Reference
 from vkmulti.demo import make_srus
 from vkmulti.images import Image
 from vkmulti.offload import RendererMissingError, SecondaryRenderContext
-from vkmulti.partition import SRUAssignment, makespan
+from vkmulti.partition import SRUAssignment
 from vkmulti.render import SRU_IMAGE_USAGE
 from vkmulti.transfer import CrossDeviceTransfer
 
@@ -228,6 +228,41 @@ def test_fallback_when_secondary_renderer_raises(manager, caplog, ok, exc):
         frame.destroy()
         manager.attach_renderer(1, None)
         broken.destroy()
+
+
+class SeedRecorder:
+    """The seed's recorder protocol only: render_sru_offscreen(sru, target), complete on return."""
+
+    def __init__(self, slot):
+        self.inner = ReferenceRenderer(slot)
+        self.calls = 0
+
+    def render_sru_offscreen(self, sru, target):
+        self.calls += 1
+        self.inner.wait(self.inner.render(sru, target), timeout=60)
+
+    def destroy(self):
+        self.inner.destroy()
+
+
+def test_seed_style_recorder_is_used_synchronously(manager):
+    srus = tiles(8, 160, 80)
+    ref = render_single(manager, srus, 160, 80)
+    rec = SeedRecorder(manager.slot(1))
+    manager.attach_renderer(1, rec)
+    c = SRUOffloadCoordinator(manager, secondary_renderer_factory=factory)
+    frame = Image(manager.primary, 160, 80)
+    try:
+        for _ in range(2):
+            rep = c.render_frame(srus, frame)
+            assert not rep.fallbacks
+            np.testing.assert_array_equal(frame.download(), ref)
+        assert rec.calls == 2 * sum(d == 1 for d in rep.rendered_on.values()) > 0
+    finally:
+        c.destroy()
+        frame.destroy()
+        manager.attach_renderer(1, None)
+        rec.destroy()
 
 
 def test_fallback_when_transfer_fails(manager, monkeypatch):

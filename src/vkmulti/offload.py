@@ -307,16 +307,23 @@ class SRUOffloadCoordinator:
             if self._destroyed:
                 return
             self._destroyed = True
-            for e in list(self._entries.values()):
-                self._release(e)
-            self._entries.clear()
+            steps: list[Callable[[], Any]] = [lambda e=e: self._release(e) for e in list(self._entries.values())]
             if self._compositor is not None:
-                self._compositor.destroy()
-                self._compositor = None
-            for ctx in self._contexts.values():
-                ctx.destroy()
+                steps.append(self._compositor.destroy)
+            steps += [ctx.destroy for ctx in self._contexts.values()]
+            errors = []
+            for step in steps:     # free as much as possible; report the first failure
+                try:
+                    step()
+                except Exception as exc:
+                    log.exception("SRUOffloadCoordinator teardown step failed")
+                    errors.append(exc)
+            self._entries.clear()
+            self._compositor = None
             self._contexts.clear()
             self._routes.clear()
+            if errors:
+                raise errors[0]
 
     def __enter__(self) -> "SRUOffloadCoordinator":
         return self

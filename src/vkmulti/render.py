@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 
 import vulkan as vk
 
-from .errors import DestroyedError, UnsupportedError
+from .errors import DestroyedError, DeviceLostError, UnsupportedError
 from .images import IMAGE_USAGE, Image, _check_slot, _vk
 from .transfer import TimelinePoint
 
@@ -143,12 +143,15 @@ class _Submitter:
         self._free: list[_Job] = []
         self._inflight: deque[_Job] = deque()
         self._value = 0
-        self.pool = None
-        self._timeline = 0
         self.pool = _vk("vkCreateCommandPool", vk.vkCreateCommandPool, slot.device, vk.VkCommandPoolCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue.family), None)
-        self._timeline = slot.native.create_timeline(0)
+        try:
+            self._timeline = slot.native.create_timeline(0)
+        except BaseException:
+            vk.vkDestroyCommandPool(slot.device, self.pool, None)
+            self.pool = None
+            raise
 
     # -- jobs ------------------------------------------------------------
 
@@ -219,14 +222,17 @@ class _Submitter:
         """Subclasses free their own objects here (the GPU is idle for them)."""
 
     def destroy(self, timeout: float | None = 60.0) -> None:
-        """Wait for every submit, then free everything (idempotent)."""
+        """Wait for every submit, then free everything (idempotent; vkmulti.TimeoutError keeps it all)."""
         with self._lock:
             if self.pool is None:
                 return
             dev = self.slot.device
             if dev is not None:
                 if self._value:
-                    self.slot.native.wait_timeline(self._timeline, self._value, timeout)
+                    try:
+                        self.slot.native.wait_timeline(self._timeline, self._value, timeout)
+                    except DeviceLostError:
+                        pass   # nothing runs on a lost device any more: its objects can be freed
                 for job in list(self._inflight) + self._free:
                     self._retire(job)
                 self._inflight.clear()
