@@ -8,6 +8,7 @@ the reverse into the next device (upload). Prints figures as JSON, then a line
 starting with "ratio:". Uses the virtual lavapipe pair when no GPU is present.
 
     python bench/buffers.py [--mib 256] [--reps 5] [--virtual N] [--json FILE]
+                            [--slot-size MiB] [--slot-count N] [--no-dmabuf]
 """
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ class SerialRoundTrip:
         self.staging = {}
 
 
-def run(manager: Any, nbytes: int, reps: int, say: Callable[[str], None]) -> dict[str, Any]:
+def run(manager: Any, nbytes: int, reps: int, say: Callable[[str], None], **ring: int) -> dict[str, Any]:
     from vkmulti import InterGpuTransfer
     from vkmulti.images import Buffer
 
@@ -117,8 +118,8 @@ def run(manager: Any, nbytes: int, reps: int, say: Callable[[str], None]) -> dic
     regs = [Buffer(s, nbytes) for s in manager.slots]            # per device: registered result buffer
     host = [np.empty(nbytes, np.uint8) for _ in range(n_dev)]    # preallocated host results (both sides)
     rt = SerialRoundTrip(manager, nbytes)
-    t = InterGpuTransfer(manager)
-    t_ring = InterGpuTransfer(manager, host_import=False)
+    t = InterGpuTransfer(manager, **ring)
+    t_ring = InterGpuTransfer(manager, host_import=False, **ring)
     try:
         res["method"] = {f"{a}->{b}": t.transfer_method(a, b) for a in range(n_dev) for b in range(n_dev) if a != b}
         for i, r in enumerate(regs):
@@ -222,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--virtual", type=int, default=0, metavar="N", help="use N virtual lavapipe GPUs")
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
+    p.add_argument("--slot-size", type=int, metavar="MiB", help="device->device ring slot size")
+    p.add_argument("--slot-count", type=int, metavar="N", help="device->device ring depth")
+    p.add_argument("--no-dmabuf", action="store_true", help="pairs use host_shared/staging_copy, never dmabuf")
     args = p.parse_args(argv)
     if args.mib < 1 or args.reps < 1:
         p.error("--mib and --reps must be >= 1")
@@ -232,7 +236,12 @@ def main(argv: list[str] | None = None) -> int:
         if mgr.device_count < 2:
             print("bench buffers needs two devices (try --virtual 2)", file=sys.stderr)
             return 2
-        res = run(mgr, args.mib << 20, args.reps, lambda m: print(m, file=sys.stderr))
+        ring: dict[str, Any] = {k: v for k, v in (("slot_size", args.slot_size and args.slot_size << 20),
+                                                  ("slot_count", args.slot_count)) if v}
+        if args.no_dmabuf:
+            ring["prefer_dmabuf"] = False
+        res = run(mgr, args.mib << 20, args.reps, lambda m: print(m, file=sys.stderr), **ring)
+        res["ring"] = ring
     if note:
         res["note"] = note
     text = json.dumps(res, indent=2)

@@ -89,6 +89,7 @@ def test_raw_handles(xfer1, manager):
 @pytest.mark.parametrize("n", [4097, 40 << 20])
 def test_broadcast_host_data_reaches_every_device(xfer, manager, n):
     data = rand(n, 11)
+    assert xfer.transfer_method(0, 1) in ("dmabuf", "host_shared", "staging_copy")
     bufs = xfer.broadcast_blocking(data, timeout=60)
     assert [b.slot.index for b in bufs] == list(range(manager.device_count))
     for b in bufs:
@@ -99,6 +100,21 @@ def test_broadcast_host_data_reaches_every_device(xfer, manager, n):
         if whole is not None:
             np.testing.assert_array_equal(whole[got.offsets[i]:got.offsets[i] + n], data)
         np.testing.assert_array_equal(b.download() if n < (1 << 20) else xfer.gather_blocking(1 - i)[0], data)
+
+
+@pytest.mark.parametrize("prefer_dmabuf", [True, False])
+def test_broadcast_routes(manager, prefer_dmabuf):
+    """Fan-out device->device, or (pairs whose path goes through host memory) straight from the host."""
+    data = rand(20 << 20, 14)
+    with InterGpuTransfer(manager, prefer_dmabuf=prefer_dmabuf) as t:
+        if not prefer_dmabuf:
+            assert t.transfer_method(0, 1) in ("host_shared", "staging_copy")
+        for src in (0, 1):
+            bufs = t.broadcast_blocking(data, src_device=src, timeout=60)
+            for b in bufs:
+                t.set_device_buffer(b.slot.index, b)
+            np.testing.assert_array_equal(t.gather_blocking(0)[0], data)
+            np.testing.assert_array_equal(t.gather_blocking(1)[0], data)
 
 
 def test_broadcast_from_a_device_buffer_into_given_buffers(xfer1, manager):

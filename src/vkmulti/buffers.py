@@ -37,6 +37,7 @@ from .errors import DestroyedError, UnsupportedError
 from .errors import TimeoutError as VkmTimeoutError
 from .host_copy import Deadline, HostPort, as_host_bytes
 from .images import Buffer, Image
+from .methods import TransferMethod
 from .transfer import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer, TimelinePoint, select_transfer_method
 
 __all__ = ["InterGpuTransfer", "Gathered"]
@@ -79,6 +80,8 @@ class _Assignment:
         self.device_index = index
 
 
+#: Methods whose device->device path goes through host memory (broadcast uploads to them directly).
+_VIA_HOST = (TransferMethod.HOST_SHARED, TransferMethod.STAGING_COPY)
 #: Errors raised before a submit reached the GPU: buffers made for the operation can go.
 _NOTHING_RAN = (ValueError, TypeError, UnsupportedError)
 
@@ -112,11 +115,14 @@ class InterGpuTransfer:
     One registration slot per device (the seed's "last result buffer"), sized
     by the manager's device count at construction. `host_import=False` makes
     host copies use the staging ring even where memory import works;
-    `slot_size`/`slot_count` shape the device->device rings.
+    `prefer_dmabuf` is select_transfer_method's (each pair gets the best
+    method both devices support); `slot_size`/`slot_count` shape the
+    device->device rings; `max_workers` sizes the pool of the asyncio forms.
     """
 
-    def __init__(self, manager: Any, *, host_import: bool | None = None, slot_size: int = DEFAULT_SLOT_SIZE,
-                 slot_count: int = DEFAULT_SLOT_COUNT, max_workers: int | None = None):
+    def __init__(self, manager: Any, *, host_import: bool | None = None, prefer_dmabuf: bool = True,
+                 slot_size: int = DEFAULT_SLOT_SIZE, slot_count: int = DEFAULT_SLOT_COUNT,
+                 max_workers: int | None = None):
         from .multi_device import MultiDeviceManager
 
         if not isinstance(manager, MultiDeviceManager):
@@ -131,6 +137,7 @@ class InterGpuTransfer:
         self._slots = manager.slots      # raises DestroyedError for a destroyed manager
         self.device_count = len(self._slots)
         self._host_import, self._slot_size, self._slot_count = host_import, slot_size, slot_count
+        self._prefer_dmabuf = bool(prefer_dmabuf)
         self._max_workers = max_workers or max(4, 2 * self.device_count)
         self._regs: dict[int, _Registration] = {}
         self._ports: dict[tuple[int, bool], HostPort] = {}
@@ -154,7 +161,9 @@ class InterGpuTransfer:
         `size_bytes` (trusted: Vulkan cannot check a raw handle; it must be
         usable on the device's copy queue family), or None to clear the slot.
         `ready`: a TimelinePoint or (semaphore, value) on that device that the
-        GPU reaches once the buffer is written; every read waits for it.
+        GPU reaches once the buffer is written; every read waits for it on the
+        GPU. On a device with a single queue, the work that signals it must
+        be submitted first (for a transfer: `ticket.wait_submitted()`).
         """
         self._check()
         i = self._index(device_idx, "device_idx")
@@ -193,7 +202,8 @@ class InterGpuTransfer:
         """The cross-device method used from `src_device` to `dst_device`."""
         self._check()
         s, d = self._index(src_device, "src_device"), self._index(dst_device, "dst_device")
-        return select_transfer_method(_Assignment(s), self.manager.capabilities, dst_index=d)
+        return select_transfer_method(_Assignment(s), self.manager.capabilities, dst_index=d,
+                                      prefer_dmabuf=self._prefer_dmabuf)
 
     # -- blocking forms ------------------------------------------------------
 
@@ -242,7 +252,11 @@ class InterGpuTransfer:
 
         Host data is uploaded once, to `src_device` (default 0), and fanned out
         device->device to all others at once, the upload of each segment
-        overlapping the fan-out of the previous one. A vkmulti `Buffer` (or
+        overlapping the fan-out of the previous one; a device whose path from
+        `src_device` goes through host memory anyway (HOST_SHARED,
+        STAGING_COPY) and that can import host memory is written straight
+        from the caller's memory instead, in parallel (one PCIe hop instead of
+        two, no extra host copy). A vkmulti `Buffer` (or
         None: the buffer registered for `src_device`) is fanned out from its
         device; that entry of the result is the source buffer itself.
         `dst_buffers`: optional per-device destinations (None entries: new).
@@ -289,14 +303,22 @@ class InterGpuTransfer:
                         jobs.append(self._transfer(src, d).submit(src_buffer=reg.buffer, dst_buffer=out[d],
                                                                   size=size, src_wait=reg.ready))
                 else:
-                    seg = _segment_size(size)
+                    # a pair whose device->device path bounces through host memory anyway
+                    # gets the bytes straight from the caller's memory, at the same time
+                    direct = [d for d in others
+                              if self.transfer_method(src, d) in _VIA_HOST and self._port(d).host_import]
+                    fan = [d for d in others if d not in direct]
+                    for d in direct:
+                        jobs.append(self._port(d).start_upload(handles[d], 0, host, deadline=dl))
+                    seg = _segment_size(size) if fan else size
                     port = self._port(src)
                     for a in range(0, size, seg):
                         b = min(size, a + seg)
                         up = port.start_upload(handles[src], a, host[a:b], deadline=dl)
                         jobs.append(up)
-                        up.wait(dl.left())
-                        for d in others:
+                        if fan:
+                            up.wait(dl.left())
+                        for d in fan:
                             jobs.append(self._transfer(src, d).submit(
                                 src_buffer=out[src], dst_buffer=out[d], src_offset=a, dst_offset=a, size=b - a))
             except BaseException as exc:
@@ -638,7 +660,8 @@ class InterGpuTransfer:
         with self._cond:
             x = self._transfers.get((src, dst))
             if x is None:
-                method = select_transfer_method(_Assignment(src), self.manager.capabilities, dst_index=dst)
+                method = select_transfer_method(_Assignment(src), self.manager.capabilities, dst_index=dst,
+                                                prefer_dmabuf=self._prefer_dmabuf)
                 x = self._transfers[(src, dst)] = CrossDeviceTransfer(
                     self._slots[src], self._slots[dst], method, slot_size=self._slot_size,
                     slot_count=self._slot_count)
