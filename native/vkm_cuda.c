@@ -1,0 +1,1493 @@
+/* vkm_cuda.c - the CUDA_PEER link (see vkm_cuda.h).
+ *
+ * Per chunk g of the link (slot s = g % K, K slots in each of the three rings):
+ *
+ *   Vulkan, source queue:  [wait released(S) >= g-K+1]  endpoint -> src ring[s],
+ *                          release to VK_QUEUE_FAMILY_EXTERNAL, signal src_done(S)
+ *   CUDA, source stream:   wait src_done(S); wait event landed[s] (chunk g-K left
+ *                          the bounce slot); peer copy src ring[s] -> bounce[s];
+ *                          record copied[s]; signal released(S) = g+1
+ *   CUDA, dest stream:     wait event copied[s]; wait dst_ready(D) >= the value
+ *                          after which dst ring[s] was read; local copy
+ *                          bounce[s] -> dst ring[s]; record landed[s]; signal
+ *                          arrived(D) = g+1
+ *   Vulkan, dest queue:    wait arrived(D) >= g+1; acquire from EXTERNAL;
+ *                          dst ring[s] -> endpoint; signal dst_ready(D)
+ *
+ * The worker thread only records and submits; every wait is on a GPU, except
+ * command-buffer reuse (ring back-pressure) and, in host-sync mode, the
+ * semaphore hand-offs, which it waits for itself, always bounded.
+ */
+#include "vkm_cuda.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SLICE_NS 100000000ull            /* host waits are cut into 100 ms slices */
+#define WATCH_NS 50000000ull             /* the idle worker looks at in-flight work this often */
+#define MAX_CUDA_DEVICES 64
+#define MIN_CHUNK ((VkDeviceSize)2 << 20) /* smaller chunks cost more in submits than they gain */
+#define TARGET_CHUNKS 8                  /* a job is cut into about this many chunks (pipeline depth) */
+#define SLOT_ALIGN 256
+
+/* ---- the driver, loaded once per process --------------------------------- */
+
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+static vkm_cuda_api cu;
+static int cu_ok;
+static char cu_reason[512];
+static int cu_count;
+static struct {
+    vkm_CUdevice dev;
+    uint8_t uuid[16];
+    char name[128];
+} cu_devs[MAX_CUDA_DEVICES];
+
+static const char *cu_text(vkm_CUresult r, char *buf, size_t n)
+{
+    const char *name = NULL, *desc = NULL;
+    if (cu.cuGetErrorName && cu.cuGetErrorName(r, &name) != VKM_CUDA_SUCCESS) name = NULL;
+    if (cu.cuGetErrorString && cu.cuGetErrorString(r, &desc) != VKM_CUDA_SUCCESS) desc = NULL;
+    snprintf(buf, n, "%s (%d)%s%s", name ? name : "CUresult", (int)r, desc ? ": " : "", desc ? desc : "");
+    return buf;
+}
+
+static void cu_load(void)
+{
+    const char *path = getenv("VKMULTI_LIBCUDA");
+    if (!path || !*path) path = "libcuda.so.1";
+    dlerror();
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *e = dlerror();
+        snprintf(cu_reason, sizeof cu_reason, "the NVIDIA CUDA driver (%s) could not be loaded: %s", path,
+                 e ? e : "not found");
+        return;
+    }
+    /* never dlclose'd: the driver does not support being unloaded */
+#define VKM_CUDA_LOAD(field, symbol, fallback, params)                                                  \
+    *(void **)&cu.field = dlsym(lib, #symbol);                                                          \
+    if (!cu.field && strcmp(#fallback, "none") != 0) *(void **)&cu.field = dlsym(lib, #fallback);       \
+    if (!cu.field) {                                                                                    \
+        snprintf(cu_reason, sizeof cu_reason,                                                           \
+                 "%s has no %s: the NVIDIA driver is too old for CUDA_PEER (Vulkan interop with "       \
+                 "timeline semaphores needs a CUDA 11.2 or newer driver)", path, #symbol);              \
+        return;                                                                                         \
+    }
+    VKM_CUDA_FUNCTIONS(VKM_CUDA_LOAD)
+#undef VKM_CUDA_LOAD
+    char t[256];
+    vkm_CUresult r = cu.cuInit(0);
+    if (r != VKM_CUDA_SUCCESS) {
+        snprintf(cu_reason, sizeof cu_reason, "cuInit failed: %s", cu_text(r, t, sizeof t));
+        return;
+    }
+    int n = 0;
+    r = cu.cuDeviceGetCount(&n);
+    if (r != VKM_CUDA_SUCCESS) {
+        snprintf(cu_reason, sizeof cu_reason, "cuDeviceGetCount failed: %s", cu_text(r, t, sizeof t));
+        return;
+    }
+    if (n > MAX_CUDA_DEVICES) n = MAX_CUDA_DEVICES;
+    for (int i = 0; i < n; i++) {
+        vkm_CUuuid u;
+        r = cu.cuDeviceGet(&cu_devs[i].dev, i);
+        if (r == VKM_CUDA_SUCCESS) r = cu.cuDeviceGetUuid(&u, cu_devs[i].dev);
+        if (r != VKM_CUDA_SUCCESS) {
+            snprintf(cu_reason, sizeof cu_reason, "cuDeviceGet/cuDeviceGetUuid(%d) failed: %s", i,
+                     cu_text(r, t, sizeof t));
+            return;
+        }
+        memcpy(cu_devs[i].uuid, u.bytes, 16);
+        if (cu.cuDeviceGetName(cu_devs[i].name, (int)sizeof cu_devs[i].name, cu_devs[i].dev) != VKM_CUDA_SUCCESS)
+            snprintf(cu_devs[i].name, sizeof cu_devs[i].name, "CUDA device %d", i);
+        cu_devs[i].name[sizeof cu_devs[i].name - 1] = 0;
+    }
+    cu_count = n;
+    cu_ok = 1;
+}
+
+int vkm_cuda_available(char *reason, size_t reason_len)
+{
+    pthread_once(&cu_once, cu_load);
+    if (!cu_ok && reason && reason_len) snprintf(reason, reason_len, "%s", cu_reason);
+    return cu_ok;
+}
+
+int vkm_cuda_device_count(void)
+{
+    return vkm_cuda_available(NULL, 0) ? cu_count : 0;
+}
+
+int vkm_cuda_device_info(int ordinal, uint8_t uuid[16], char *name, size_t name_len)
+{
+    if (!vkm_cuda_available(NULL, 0) || ordinal < 0 || ordinal >= cu_count) return 0;
+    if (uuid) memcpy(uuid, cu_devs[ordinal].uuid, 16);
+    if (name && name_len) snprintf(name, name_len, "%s", cu_devs[ordinal].name);
+    return 1;
+}
+
+static void uuid_text(const uint8_t u[16], char out[37])
+{
+    snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
+             u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+static int cu_find(const uint8_t uuid[16])
+{
+    for (int i = 0; i < cu_count; i++)
+        if (memcmp(cu_devs[i].uuid, uuid, 16) == 0) return i;
+    return -1;
+}
+
+/* Distinct CUDA devices ia, ib with peer access both ways? */
+static int peer_ok(int ia, int ib, const char *name_a, const char *name_b, char *reason, size_t reason_len)
+{
+    if (ia == ib) {
+        snprintf(reason, reason_len, "'%s' and '%s' are the same CUDA device (%d); CUDA_PEER needs two GPUs",
+                 name_a, name_b, ia);
+        return 0;
+    }
+    int ab = 0, ba = 0;
+    char t[256];
+    vkm_CUresult r = cu.cuDeviceCanAccessPeer(&ab, cu_devs[ia].dev, cu_devs[ib].dev);
+    if (r == VKM_CUDA_SUCCESS) r = cu.cuDeviceCanAccessPeer(&ba, cu_devs[ib].dev, cu_devs[ia].dev);
+    if (r != VKM_CUDA_SUCCESS) {
+        snprintf(reason, reason_len, "cuDeviceCanAccessPeer failed: %s", cu_text(r, t, sizeof t));
+        return 0;
+    }
+    if (!ab || !ba) {
+        snprintf(reason, reason_len,
+                 "CUDA reports no peer access between '%s' (CUDA device %d) and '%s' (CUDA device %d): no NVLink "
+                 "or PCIe peer-to-peer path",
+                 name_a, ia, name_b, ib);
+        return 0;
+    }
+    return 1;
+}
+
+int vkm_cuda_peer_check(const uint8_t uuid_a[16], const char *name_a, const uint8_t uuid_b[16],
+                        const char *name_b, char *reason, size_t reason_len)
+{
+    char tmp[8];
+    if (!reason || !reason_len) {
+        reason = tmp;
+        reason_len = sizeof tmp;
+    }
+    reason[0] = 0;
+    if (!vkm_cuda_available(reason, reason_len)) return 0;
+    const uint8_t *uuids[2] = {uuid_a, uuid_b};
+    const char *names[2] = {name_a ? name_a : "the source device", name_b ? name_b : "the destination device"};
+    int idx[2];
+    for (int k = 0; k < 2; k++) {
+        idx[k] = cu_find(uuids[k]);
+        if (idx[k] < 0) {
+            char u[37], seen[256] = "";
+            uuid_text(uuids[k], u);
+            for (int i = 0; i < cu_count && strlen(seen) < sizeof seen - 40; i++) {
+                size_t len = strlen(seen);
+                snprintf(seen + len, sizeof seen - len, "%s'%s'", i ? ", " : "", cu_devs[i].name);
+            }
+            const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+            snprintf(reason, reason_len,
+                     "'%s' (deviceUUID %s) is not a CUDA device (CUDA sees %d: %s)%s%s", names[k], u, cu_count,
+                     cu_count ? seen : "none", vis ? "; CUDA_VISIBLE_DEVICES=" : "", vis ? vis : "");
+            return 0;
+        }
+    }
+    return peer_ok(idx[0], idx[1], names[0], names[1], reason, reason_len);
+}
+
+/* ---- the link -------------------------------------------------------------- */
+
+typedef struct cu_job {
+    vkm_endpoint src, dst;
+    VkDeviceSize size, chunk_bytes;
+    uint32_t chunks;
+    uint64_t ticket;
+    uint64_t src_base, dst_base; /* first timeline value the job signals, minus one */
+    struct cu_job *next;
+} cu_job;
+
+/* One device's end: its Vulkan objects and their CUDA imports. */
+typedef struct cu_side {
+    vkm_device *dev;
+    vkm_queue *queue;
+    VkCommandPool pool;
+    VkCommandBuffer *cmds;      /* ncmd */
+    uint64_t *cmd_free_at;      /* `timeline` value after which cmds[i] may be re-recorded */
+    VkSemaphore timeline;       /* signalled by this side's Vulkan copies: src_done / dst_ready */
+    VkSemaphore from_cuda;      /* signalled by CUDA: slot released (source) / chunk arrived (destination) */
+    uint64_t from_cuda_waited;  /* highest from_cuda value a Vulkan submit waits for */
+    uint64_t submitted;         /* highest `timeline` value submitted to the queue */
+    VkBuffer ring;
+    VkDeviceMemory memory;
+    int cu_index;
+    vkm_CUcontext ctx;
+    int ctx_retained;
+    vkm_CUstream stream;
+    vkm_CUexternalMemory ext_mem;
+    vkm_CUdeviceptr ring_ptr;
+    vkm_CUexternalSemaphore ext_timeline, ext_from_cuda;
+    vkm_CUevent *events;        /* K; source: copied[s], destination: landed[s] */
+} cu_side;
+
+typedef struct cu_submit {
+    VkSemaphore waits[2];
+    uint64_t wait_values[2];
+    VkPipelineStageFlags stages[2];
+    uint32_t nwait;
+    VkCommandBuffer cmd;
+    uint64_t signal;
+    VkTimelineSemaphoreSubmitInfo tl;
+} cu_submit;
+
+struct vkm_cuda_link {
+    vkm_cuda_link_config cfg;
+    uint32_t K, ncmd;
+    VkDeviceSize ring_bytes;
+    cu_side src, dst;
+    vkm_CUdeviceptr bounce;
+    int gpu_sync;
+    char sync_note[320];
+    uint64_t *slot_free_at;  /* dst_ready value after which dst ring slot s may be rewritten */
+    uint64_t chunk_counter;
+    cu_submit *batch;        /* K */
+    VkSubmitInfo *infos;     /* K */
+    /* the idle worker's watch over in-flight work */
+    uint64_t seen_dst, watched_to;
+    struct timespec progress_at;
+
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;     /* a job was queued / stop requested */
+    pthread_cond_t progress; /* a job was fully submitted, or the link failed */
+    cu_job *head, *tail;
+    int stopping;
+    uint64_t next_ticket, submitted_ticket;
+    uint64_t src_value, dst_value; /* last values handed out */
+    VkResult error;          /* sticky */
+    const char *error_call;
+    uint64_t failed_ticket;  /* tickets from this one on failed ... */
+    uint64_t fail_dst_value; /* ... and so did every job whose dst_ready was above this */
+    char message[512];
+};
+
+#define TRY(expr, name)                                                        \
+    do {                                                                       \
+        VkResult r_ = (expr);                                                  \
+        if (r_ != VK_SUCCESS) {                                                \
+            if (call) *call = name;                                            \
+            return r_;                                                         \
+        }                                                                      \
+    } while (0)
+
+/* A failed CUDA call inside a push/pop pair: note it and leave through `out`. */
+#define CU_GO(expr, name)                                                      \
+    do {                                                                       \
+        vkm_CUresult cr_ = (expr);                                             \
+        if (cr_ != VKM_CUDA_SUCCESS) {                                         \
+            r = cu_fail(msg, msgn, name, cr_);                                 \
+            if (call) *call = name;                                            \
+            goto out;                                                          \
+        }                                                                      \
+    } while (0)
+
+static VkResult cu_fail(char *msg, size_t msgn, const char *what, vkm_CUresult cr)
+{
+    char t[256];
+    if (msg && msgn) snprintf(msg, msgn, "%s failed: %s", what, cu_text(cr, t, sizeof t));
+    return VKM_ERROR_CUDA;
+}
+
+static VkResult cu_push(vkm_CUcontext ctx, const char **call, char *msg, size_t msgn)
+{
+    vkm_CUresult cr = cu.cuCtxPushCurrent(ctx);
+    if (cr == VKM_CUDA_SUCCESS) return VK_SUCCESS;
+    if (call) *call = "cuCtxPushCurrent";
+    return cu_fail(msg, msgn, "cuCtxPushCurrent", cr);
+}
+
+static void cu_pop(void)
+{
+    vkm_CUcontext popped;
+    cu.cuCtxPopCurrent(&popped);
+}
+
+static uint64_t elapsed_ns(const struct timespec *a, const struct timespec *b)
+{
+    int64_t ns = (int64_t)(b->tv_sec - a->tv_sec) * 1000000000ll + (b->tv_nsec - a->tv_nsec);
+    return ns > 0 ? (uint64_t)ns : 0;
+}
+
+static void now(struct timespec *t)
+{
+    clock_gettime(CLOCK_MONOTONIC, t);
+}
+
+/* Poll the counter for up to `spin_ns` before a blocking wait: a GPU's
+ * semaphore wake-up costs tens of microseconds. VK_TIMEOUT: not reached yet. */
+static VkResult spin_wait(vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns)
+{
+    struct timespec t0, t;
+    now(&t0);
+    for (;;) {
+        uint64_t have = 0;
+        VkResult r = vkm_timeline_value(d, sem, &have);
+        if (r != VK_SUCCESS) return r;
+        if (have >= value) return VK_SUCCESS;
+        now(&t);
+        if (elapsed_ns(&t0, &t) >= spin_ns) return VK_TIMEOUT;
+        sched_yield();
+    }
+}
+
+/* Wait on the worker until `sem` reaches `value`: slices, bounded by the stall timeout. */
+static VkResult wait_value(vkm_cuda_link *l, vkm_device *d, VkSemaphore sem, uint64_t value, const char **call,
+                           const char *name)
+{
+    VkResult sr = spin_wait(d, sem, value, l->cfg.spin_ns);
+    if (sr == VK_SUCCESS) return sr;
+    if (sr != VK_TIMEOUT) {
+        if (call) *call = name;
+        return sr;
+    }
+    uint64_t waited = 0;
+    for (;;) {
+        VkResult r = vkm_wait_timeline(d, sem, value, SLICE_NS);
+        if (r == VK_SUCCESS) return r;
+        waited += SLICE_NS;
+        if (r != VK_TIMEOUT || waited >= l->cfg.stall_timeout_ns) {
+            if (call) *call = name;
+            return r;
+        }
+    }
+}
+
+/* VK_SUCCESS while neither CUDA stream has failed; else the stream's error. */
+static VkResult stream_errors(vkm_cuda_link *l, const char **call, char *msg, size_t msgn)
+{
+    cu_side *sides[2] = {&l->src, &l->dst};
+    for (int i = 0; i < 2; i++) {
+        VkResult r = cu_push(sides[i]->ctx, call, msg, msgn);
+        if (r != VK_SUCCESS) return r;
+        vkm_CUresult cr = cu.cuStreamQuery(sides[i]->stream);
+        cu_pop();
+        if (cr != VKM_CUDA_SUCCESS && cr != VKM_CUDA_ERROR_NOT_READY) {
+            char t[256];
+            if (msg && msgn)
+                snprintf(msg, msgn, "the CUDA stream on the %s GPU failed: %s", i ? "destination" : "source",
+                         cu_text(cr, t, sizeof t));
+            if (call) *call = "cuStreamQuery";
+            return VKM_ERROR_CUDA;
+        }
+    }
+    return VK_SUCCESS;
+}
+
+/* Host-sync mode: wait on the worker for a CUDA event, bounded by the stall timeout. */
+static VkResult wait_event(vkm_cuda_link *l, cu_side *s, vkm_CUevent ev, const char **call, char *msg,
+                           size_t msgn)
+{
+    VkResult r = cu_push(s->ctx, call, msg, msgn);
+    if (r != VK_SUCCESS) return r;
+    struct timespec t0, t;
+    now(&t0);
+    for (unsigned spins = 0;; spins++) {
+        vkm_CUresult cr = cu.cuEventQuery(ev);
+        if (cr == VKM_CUDA_SUCCESS) break;
+        if (cr != VKM_CUDA_ERROR_NOT_READY) {
+            r = cu_fail(msg, msgn, "cuEventQuery", cr);
+            if (call) *call = "cuEventQuery";
+            break;
+        }
+        now(&t);
+        if (spins % 4096 == 4095) { /* a failed stream never completes its events, nor the other stream's */
+            r = stream_errors(l, call, msg, msgn);
+            if (r != VK_SUCCESS) break;
+        }
+        if (elapsed_ns(&t0, &t) >= l->cfg.stall_timeout_ns) {
+            if (msg && msgn)
+                snprintf(msg, msgn, "a CUDA copy did not finish within %.1f s", l->cfg.stall_timeout_ns / 1e9);
+            if (call) *call = "cuEventQuery";
+            r = VKM_ERROR_CUDA;
+            break;
+        }
+        if (spins < 64) {
+            sched_yield();
+        } else {
+            struct timespec nap = {0, 20000};
+            nanosleep(&nap, NULL);
+        }
+    }
+    cu_pop();
+    return r;
+}
+
+/* ---- Vulkan objects -------------------------------------------------------- */
+
+static void device_identity(VkPhysicalDevice pd, uint8_t uuid[16], char *name, size_t name_len)
+{
+    VkPhysicalDeviceIDProperties id = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES};
+    VkPhysicalDeviceProperties2 p = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &id};
+    vkGetPhysicalDeviceProperties2(pd, &p);
+    memcpy(uuid, id.deviceUUID, 16);
+    snprintf(name, name_len, "%s", p.properties.deviceName);
+}
+
+static int buffer_exportable(VkPhysicalDevice pd)
+{
+    VkPhysicalDeviceExternalBufferInfo info = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_BUFFER_INFO,
+        .usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+        .handleType = VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT,
+    };
+    VkExternalBufferProperties props = {.sType = VK_STRUCTURE_TYPE_EXTERNAL_BUFFER_PROPERTIES};
+    vkGetPhysicalDeviceExternalBufferProperties(pd, &info, &props);
+    return (props.externalMemoryProperties.externalMemoryFeatures & VK_EXTERNAL_MEMORY_FEATURE_EXPORTABLE_BIT) != 0;
+}
+
+static int timeline_exportable(VkPhysicalDevice pd)
+{
+    VkSemaphoreTypeCreateInfo type = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO,
+                                      .semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE};
+    VkPhysicalDeviceExternalSemaphoreInfo info = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_SEMAPHORE_INFO,
+                                                  .pNext = &type,
+                                                  .handleType = VK_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD_BIT};
+    VkExternalSemaphoreProperties props = {.sType = VK_STRUCTURE_TYPE_EXTERNAL_SEMAPHORE_PROPERTIES};
+    vkGetPhysicalDeviceExternalSemaphoreProperties(pd, &info, &props);
+    return (props.externalSemaphoreFeatures & VK_EXTERNAL_SEMAPHORE_FEATURE_EXPORTABLE_BIT) != 0;
+}
+
+static VkResult make_timeline(vkm_device *d, int exportable, VkSemaphore *out)
+{
+    VkExportSemaphoreCreateInfo exp = {.sType = VK_STRUCTURE_TYPE_EXPORT_SEMAPHORE_CREATE_INFO,
+                                       .handleTypes = VK_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD_BIT};
+    VkSemaphoreTypeCreateInfo type = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO,
+                                      .pNext = exportable ? &exp : NULL,
+                                      .semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE,
+                                      .initialValue = 0};
+    VkSemaphoreCreateInfo info = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO, .pNext = &type};
+    return d->fn.vkCreateSemaphore(d->device, &info, NULL, out);
+}
+
+/* Export `sem` as an opaque fd and import it into CUDA on the side's device.
+ * The fd belongs to CUDA once imported; it is closed here if the import fails. */
+static VkResult import_timeline(cu_side *s, VkSemaphore sem, vkm_CUexternalSemaphore *out, const char **call,
+                                char *msg, size_t msgn)
+{
+    vkm_device *d = s->dev;
+    VkSemaphoreGetFdInfoKHR gi = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_GET_FD_INFO_KHR,
+                                  .semaphore = sem,
+                                  .handleType = VK_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD_BIT};
+    int fd = -1;
+    VkResult r = d->fn.vkGetSemaphoreFdKHR(d->device, &gi, &fd);
+    if (r != VK_SUCCESS) {
+        if (call) *call = "vkGetSemaphoreFdKHR";
+        if (msg && msgn) snprintf(msg, msgn, "vkGetSemaphoreFdKHR(timeline) failed: VkResult %d", (int)r);
+        return r;
+    }
+    vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC desc;
+    memset(&desc, 0, sizeof desc);
+    desc.type = VKM_CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD;
+    desc.handle.fd = fd;
+    r = cu_push(s->ctx, call, msg, msgn);
+    if (r != VK_SUCCESS) {
+        close(fd);
+        return r;
+    }
+    vkm_CUresult cr = cu.cuImportExternalSemaphore(out, &desc);
+    cu_pop();
+    if (cr != VKM_CUDA_SUCCESS) {
+        close(fd);
+        *out = NULL;
+        if (call) *call = "cuImportExternalSemaphore";
+        return cu_fail(msg, msgn, "cuImportExternalSemaphore(timeline semaphore fd)", cr);
+    }
+    return VK_SUCCESS;
+}
+
+/* The side's ring: one dedicated, exportable, device-local buffer, imported into
+ * CUDA on the same GPU and mapped once. */
+static VkResult make_ring(vkm_cuda_link *l, cu_side *s, const char **call, char *msg, size_t msgn)
+{
+    vkm_device *d = s->dev;
+    const VkExternalMemoryHandleTypeFlagBits type = VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT;
+    VkExternalMemoryBufferCreateInfo ext = {.sType = VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO,
+                                            .handleTypes = type};
+    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                             .pNext = &ext,
+                             .size = l->ring_bytes,
+                             .usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                             .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+    TRY(d->fn.vkCreateBuffer(d->device, &bi, NULL, &s->ring), "vkCreateBuffer(CUDA ring)");
+    VkMemoryRequirements req;
+    d->fn.vkGetBufferMemoryRequirements(d->device, s->ring, &req);
+    int mt = vkm_find_memory_type(d, req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
+    if (mt < 0) {
+        if (call) *call = "vkm_find_memory_type(device-local, exportable)";
+        return VK_ERROR_FEATURE_NOT_PRESENT;
+    }
+    VkMemoryDedicatedAllocateInfo ded = {.sType = VK_STRUCTURE_TYPE_MEMORY_DEDICATED_ALLOCATE_INFO,
+                                         .buffer = s->ring};
+    VkExportMemoryAllocateInfo exp = {.sType = VK_STRUCTURE_TYPE_EXPORT_MEMORY_ALLOCATE_INFO,
+                                      .pNext = &ded,
+                                      .handleTypes = type};
+    VkMemoryAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                                  .pNext = &exp,
+                                  .allocationSize = req.size,
+                                  .memoryTypeIndex = (uint32_t)mt};
+    TRY(d->fn.vkAllocateMemory(d->device, &alloc, NULL, &s->memory), "vkAllocateMemory(CUDA ring)");
+    TRY(d->fn.vkBindBufferMemory(d->device, s->ring, s->memory, 0), "vkBindBufferMemory(CUDA ring)");
+    VkMemoryGetFdInfoKHR gfd = {.sType = VK_STRUCTURE_TYPE_MEMORY_GET_FD_INFO_KHR,
+                                .memory = s->memory,
+                                .handleType = type};
+    int fd = -1;
+    TRY(d->fn.vkGetMemoryFdKHR(d->device, &gfd, &fd), "vkGetMemoryFdKHR(CUDA ring)");
+
+    vkm_CUDA_EXTERNAL_MEMORY_HANDLE_DESC desc;
+    memset(&desc, 0, sizeof desc);
+    desc.type = VKM_CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD;
+    desc.handle.fd = fd;
+    desc.size = req.size; /* the whole allocation, as Vulkan made it */
+    desc.flags = VKM_CUDA_EXTERNAL_MEMORY_DEDICATED;
+    VkResult r = cu_push(s->ctx, call, msg, msgn);
+    if (r != VK_SUCCESS) {
+        close(fd);
+        return r;
+    }
+    vkm_CUresult cr = cu.cuImportExternalMemory(&s->ext_mem, &desc);
+    if (cr != VKM_CUDA_SUCCESS) {
+        close(fd); /* ownership passes to CUDA only on success */
+        s->ext_mem = NULL;
+        r = cu_fail(msg, msgn, "cuImportExternalMemory(opaque fd)", cr);
+        if (call) *call = "cuImportExternalMemory";
+        goto out;
+    }
+    vkm_CUDA_EXTERNAL_MEMORY_BUFFER_DESC bd;
+    memset(&bd, 0, sizeof bd);
+    bd.offset = 0;
+    bd.size = l->ring_bytes;
+    CU_GO(cu.cuExternalMemoryGetMappedBuffer(&s->ring_ptr, s->ext_mem, &bd), "cuExternalMemoryGetMappedBuffer");
+out:
+    cu_pop();
+    return r;
+}
+
+static VkResult make_cmds(cu_side *s, uint32_t n, const char **call)
+{
+    vkm_device *d = s->dev;
+    VkCommandPoolCreateInfo pi = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                                  .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                                  .queueFamilyIndex = s->queue->family};
+    TRY(d->fn.vkCreateCommandPool(d->device, &pi, NULL, &s->pool), "vkCreateCommandPool");
+    s->cmds = calloc(n, sizeof(VkCommandBuffer));
+    s->cmd_free_at = calloc(n, sizeof(uint64_t));
+    if (!s->cmds || !s->cmd_free_at) {
+        if (call) *call = "calloc(command buffers)";
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                      .commandPool = s->pool,
+                                      .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                      .commandBufferCount = n};
+    TRY(d->fn.vkAllocateCommandBuffers(d->device, &ai, s->cmds), "vkAllocateCommandBuffers");
+    return VK_SUCCESS;
+}
+
+/* Streams and events of a side, in its context. */
+static VkResult make_stream(cu_side *s, uint32_t K, const char **call, char *msg, size_t msgn)
+{
+    s->events = calloc(K, sizeof(vkm_CUevent));
+    if (!s->events) {
+        if (call) *call = "calloc(events)";
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    VkResult r = cu_push(s->ctx, call, msg, msgn);
+    if (r != VK_SUCCESS) return r;
+    CU_GO(cu.cuStreamCreate(&s->stream, VKM_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    for (uint32_t i = 0; i < K; i++)
+        CU_GO(cu.cuEventCreate(&s->events[i], VKM_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+out:
+    cu_pop();
+    return r;
+}
+
+static VkResult enable_peer(vkm_CUcontext from, vkm_CUcontext to, const char **call, char *msg, size_t msgn)
+{
+    VkResult r = cu_push(from, call, msg, msgn);
+    if (r != VK_SUCCESS) return r;
+    vkm_CUresult cr = cu.cuCtxEnablePeerAccess(to, 0);
+    cu_pop();
+    if (cr == VKM_CUDA_SUCCESS || cr == VKM_CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) return VK_SUCCESS;
+    if (call) *call = "cuCtxEnablePeerAccess";
+    return cu_fail(msg, msgn, "cuCtxEnablePeerAccess", cr);
+}
+
+/* The four timelines, exported and imported into CUDA. Any failure leaves the
+ * link to host-sync mode (with the reason in sync_note). */
+static VkResult make_gpu_sync(vkm_cuda_link *l, const char **call, char *msg, size_t msgn)
+{
+    cu_side *sides[2] = {&l->src, &l->dst};
+    for (int i = 0; i < 2; i++) {
+        cu_side *s = sides[i];
+        TRY(make_timeline(s->dev, 1, &s->timeline), "vkCreateSemaphore(exportable timeline)");
+        TRY(make_timeline(s->dev, 1, &s->from_cuda), "vkCreateSemaphore(exportable timeline)");
+        VkResult r = import_timeline(s, s->timeline, &s->ext_timeline, call, msg, msgn);
+        if (r == VK_SUCCESS) r = import_timeline(s, s->from_cuda, &s->ext_from_cuda, call, msg, msgn);
+        if (r != VK_SUCCESS) return r;
+    }
+    return VK_SUCCESS;
+}
+
+static void drop_gpu_sync(vkm_cuda_link *l)
+{
+    cu_side *sides[2] = {&l->src, &l->dst};
+    for (int i = 0; i < 2; i++) {
+        cu_side *s = sides[i];
+        if ((s->ext_timeline || s->ext_from_cuda) && cu_push(s->ctx, NULL, NULL, 0) == VK_SUCCESS) {
+            if (s->ext_timeline) cu.cuDestroyExternalSemaphore(s->ext_timeline);
+            if (s->ext_from_cuda) cu.cuDestroyExternalSemaphore(s->ext_from_cuda);
+            cu_pop();
+        }
+        s->ext_timeline = s->ext_from_cuda = NULL;
+        if (s->timeline) s->dev->fn.vkDestroySemaphore(s->dev->device, s->timeline, NULL);
+        if (s->from_cuda) s->dev->fn.vkDestroySemaphore(s->dev->device, s->from_cuda, NULL);
+        s->timeline = s->from_cuda = VK_NULL_HANDLE;
+    }
+}
+
+static VkResult make_sync(vkm_cuda_link *l, const char **call, char *msg, size_t msgn)
+{
+    const char *why = NULL;
+    char detail[256] = "";
+    if (l->cfg.host_sync)
+        why = "asked for";
+    else if (!l->src.dev->fn.vkGetSemaphoreFdKHR || !l->dst.dev->fn.vkGetSemaphoreFdKHR)
+        why = "vkGetSemaphoreFdKHR is missing (VK_KHR_external_semaphore_fd is not enabled on both devices)";
+    else if (!timeline_exportable(l->src.dev->physical) || !timeline_exportable(l->dst.dev->physical))
+        why = "the Vulkan driver cannot export timeline semaphores as opaque fds";
+    if (!why) {
+        const char *c = NULL;
+        VkResult r = make_gpu_sync(l, &c, detail, sizeof detail);
+        if (r == VK_SUCCESS) {
+            l->gpu_sync = 1;
+            snprintf(l->sync_note, sizeof l->sync_note,
+                     "GPU-side: Vulkan timeline semaphores imported into CUDA, no host waits");
+            return VK_SUCCESS;
+        }
+        if (r == VK_ERROR_OUT_OF_HOST_MEMORY || r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_DEVICE_LOST) {
+            if (call) *call = c;
+            if (msg && msgn) snprintf(msg, msgn, "%s", detail);
+            return r;
+        }
+        drop_gpu_sync(l);
+        if (!detail[0]) snprintf(detail, sizeof detail, "%s failed (VkResult %d)", c ? c : "?", (int)r);
+        why = detail;
+    }
+    l->gpu_sync = 0;
+    snprintf(l->sync_note, sizeof l->sync_note, "host waits on the worker thread (timeline import: %s)", why);
+    TRY(make_timeline(l->src.dev, 0, &l->src.timeline), "vkCreateSemaphore(timeline)");
+    TRY(make_timeline(l->dst.dev, 0, &l->dst.timeline), "vkCreateSemaphore(timeline)");
+    return VK_SUCCESS;
+}
+
+static VkResult link_setup(vkm_cuda_link *l, const char **call, char *msg, size_t msgn)
+{
+    cu_side *sides[2] = {&l->src, &l->dst};
+    for (int i = 0; i < 2; i++) {
+        cu_side *s = sides[i];
+        vkm_CUresult cr = cu.cuDevicePrimaryCtxRetain(&s->ctx, cu_devs[s->cu_index].dev);
+        if (cr != VKM_CUDA_SUCCESS) {
+            if (call) *call = "cuDevicePrimaryCtxRetain";
+            return cu_fail(msg, msgn, "cuDevicePrimaryCtxRetain", cr);
+        }
+        s->ctx_retained = 1;
+    }
+    VkResult r = enable_peer(l->src.ctx, l->dst.ctx, call, msg, msgn);
+    if (r == VK_SUCCESS) r = enable_peer(l->dst.ctx, l->src.ctx, call, msg, msgn);
+    for (int i = 0; i < 2 && r == VK_SUCCESS; i++) {
+        r = make_cmds(sides[i], l->ncmd, call);
+        if (r == VK_SUCCESS) r = make_ring(l, sides[i], call, msg, msgn);
+        if (r == VK_SUCCESS) r = make_stream(sides[i], l->K, call, msg, msgn);
+    }
+    if (r != VK_SUCCESS) return r;
+    r = cu_push(l->dst.ctx, call, msg, msgn);
+    if (r != VK_SUCCESS) return r;
+    CU_GO(cu.cuMemAlloc(&l->bounce, (size_t)l->ring_bytes), "cuMemAlloc(bounce ring)");
+out:
+    cu_pop();
+    if (r != VK_SUCCESS) return r;
+    return make_sync(l, call, msg, msgn);
+}
+
+static void *cu_worker(void *arg);
+
+VkResult vkm_cuda_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
+                              const vkm_cuda_link_config *config, vkm_cuda_link **out, const char **call,
+                              char *msg, size_t msgn)
+{
+    char scratch[8];
+    if (!msg || !msgn) {
+        msg = scratch;
+        msgn = sizeof scratch;
+    }
+    msg[0] = 0;
+    if (out) *out = NULL;
+    if (!out || !src || !dst || !src_queue || !dst_queue || !config || config->slot_count < 1 ||
+        config->slot_size < 1 || config->slot_count > 4096 || config->slot_size > ((VkDeviceSize)1 << 40)) {
+        if (call) *call = "vkm_cuda_link_create(arguments)";
+        return VK_ERROR_INITIALIZATION_FAILED;
+    }
+    if (src->device == dst->device) {
+        snprintf(msg, msgn, "source and destination are the same VkDevice; CUDA_PEER moves data between two GPUs");
+        return VKM_ERROR_CUDA_UNSUPPORTED;
+    }
+    if (!vkm_cuda_available(msg, msgn)) return VKM_ERROR_CUDA_UNSUPPORTED;
+    vkm_device *devs[2] = {src, dst};
+    uint8_t uuid[2][16];
+    char name[2][VK_MAX_PHYSICAL_DEVICE_NAME_SIZE];
+    for (int i = 0; i < 2; i++) {
+        device_identity(devs[i]->physical, uuid[i], name[i], sizeof name[i]);
+        if (!devs[i]->has_external_memory_fd || !devs[i]->fn.vkGetMemoryFdKHR) {
+            snprintf(msg, msgn, "VK_KHR_external_memory_fd is not enabled on '%s'", name[i]);
+            return VKM_ERROR_CUDA_UNSUPPORTED;
+        }
+        if (!buffer_exportable(devs[i]->physical)) {
+            snprintf(msg, msgn, "'%s' cannot export buffer memory as an opaque fd", name[i]);
+            return VKM_ERROR_CUDA_UNSUPPORTED;
+        }
+    }
+    int ordinal[2] = {config->cuda_ordinals[0], config->cuda_ordinals[1]};
+    if (ordinal[0] < 0 || ordinal[1] < 0) { /* the usual way: by deviceUUID */
+        if (!vkm_cuda_peer_check(uuid[0], name[0], uuid[1], name[1], msg, msgn)) return VKM_ERROR_CUDA_UNSUPPORTED;
+        ordinal[0] = cu_find(uuid[0]);
+        ordinal[1] = cu_find(uuid[1]);
+    } else {
+        if (ordinal[0] >= cu_count || ordinal[1] >= cu_count) {
+            snprintf(msg, msgn, "CUDA devices %d and %d were asked for; CUDA sees %d", ordinal[0], ordinal[1],
+                     cu_count);
+            return VKM_ERROR_CUDA_UNSUPPORTED;
+        }
+        if (!peer_ok(ordinal[0], ordinal[1], name[0], name[1], msg, msgn)) return VKM_ERROR_CUDA_UNSUPPORTED;
+    }
+
+    vkm_cuda_link *l = calloc(1, sizeof(*l));
+    if (!l) return VK_ERROR_OUT_OF_HOST_MEMORY;
+    l->cfg = *config;
+    if (!l->cfg.stall_timeout_ns) l->cfg.stall_timeout_ns = 30ull * 1000000000ull;
+    l->cfg.slot_size = (l->cfg.slot_size + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
+    l->K = l->cfg.slot_count;
+    l->ncmd = 2 * l->K; /* the worker may record a whole ring ahead of the GPU */
+    l->ring_bytes = l->cfg.slot_size * l->K;
+    l->src.dev = src;
+    l->src.queue = src_queue;
+    l->src.cu_index = ordinal[0];
+    l->dst.dev = dst;
+    l->dst.queue = dst_queue;
+    l->dst.cu_index = ordinal[1];
+    pthread_mutex_init(&l->lock, NULL);
+    pthread_cond_init(&l->wake, NULL);
+    pthread_cond_init(&l->progress, NULL);
+    l->slot_free_at = calloc(l->K, sizeof(uint64_t));
+    l->batch = calloc(l->K, sizeof(cu_submit));
+    l->infos = calloc(l->K, sizeof(VkSubmitInfo));
+    VkResult r = VK_SUCCESS;
+    if (!l->slot_free_at || !l->batch || !l->infos) {
+        r = VK_ERROR_OUT_OF_HOST_MEMORY;
+        if (call) *call = "calloc(CUDA link)";
+    }
+    if (r == VK_SUCCESS) r = link_setup(l, call, msg, msgn);
+    if (r == VK_SUCCESS) {
+        if (pthread_create(&l->thread, NULL, cu_worker, l) != 0) {
+            r = VK_ERROR_INITIALIZATION_FAILED;
+            if (call) *call = "pthread_create";
+        } else {
+            l->thread_started = 1;
+        }
+    }
+    if (r != VK_SUCCESS) {
+        vkm_cuda_link_destroy(l);
+        return r;
+    }
+    *out = l;
+    return VK_SUCCESS;
+}
+
+/* After a failure: let Vulkan submits that wait for CUDA's signals run, so no
+ * queue stays blocked on a CUDA stream that will never signal. */
+static void unblock(vkm_cuda_link *l)
+{
+    cu_side *sides[2] = {&l->src, &l->dst};
+    for (int i = 0; i < 2; i++) {
+        cu_side *s = sides[i];
+        uint64_t have = 0;
+        if (!s->from_cuda || !s->from_cuda_waited) continue;
+        if (vkm_timeline_value(s->dev, s->from_cuda, &have) != VK_SUCCESS || have >= s->from_cuda_waited) continue;
+        VkSemaphoreSignalInfo si = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO,
+                                    .semaphore = s->from_cuda,
+                                    .value = s->from_cuda_waited};
+        s->dev->fn.vkSignalSemaphore(s->dev->device, &si);
+    }
+}
+
+/* Wait (bounded) until both GPUs and both streams are done with everything
+ * submitted: 1 when they are, 0 when something is still running. */
+static int drain(vkm_cuda_link *l)
+{
+    int ok = 1;
+    if (l->error != VK_SUCCESS) unblock(l);
+    cu_side *sides[2] = {&l->src, &l->dst};
+    for (int i = 0; i < 2; i++) {
+        cu_side *s = sides[i];
+        if (s->timeline && s->submitted &&
+            vkm_wait_timeline(s->dev, s->timeline, s->submitted, l->cfg.stall_timeout_ns) == VK_TIMEOUT)
+            ok = 0;
+    }
+    for (int i = 0; i < 2; i++) {
+        cu_side *s = sides[i];
+        if (!s->stream || cu_push(s->ctx, NULL, NULL, 0) != VK_SUCCESS) continue;
+        struct timespec t0, t;
+        now(&t0);
+        for (;;) {
+            vkm_CUresult cr = cu.cuStreamQuery(s->stream);
+            if (cr != VKM_CUDA_ERROR_NOT_READY) break; /* done, or the context is dead */
+            now(&t);
+            if (elapsed_ns(&t0, &t) >= l->cfg.stall_timeout_ns) {
+                ok = 0;
+                break;
+            }
+            struct timespec nap = {0, 100000};
+            nanosleep(&nap, NULL);
+        }
+        cu_pop();
+    }
+    return ok;
+}
+
+static void free_cuda(cu_side *s, uint32_t K, vkm_CUdeviceptr *bounce)
+{
+    if (!s->ctx_retained) return;
+    if (cu_push(s->ctx, NULL, NULL, 0) == VK_SUCCESS) {
+        for (uint32_t i = 0; s->events && i < K; i++)
+            if (s->events[i]) {
+                cu.cuEventDestroy(s->events[i]);
+                s->events[i] = NULL;
+            }
+        if (s->stream) cu.cuStreamDestroy(s->stream);
+        if (bounce && *bounce) cu.cuMemFree(*bounce);
+        if (s->ring_ptr) cu.cuMemFree(s->ring_ptr);
+        if (s->ext_mem) cu.cuDestroyExternalMemory(s->ext_mem);
+        if (s->ext_timeline) cu.cuDestroyExternalSemaphore(s->ext_timeline);
+        if (s->ext_from_cuda) cu.cuDestroyExternalSemaphore(s->ext_from_cuda);
+        cu_pop();
+    }
+    s->stream = NULL;
+    s->ring_ptr = 0;
+    s->ext_mem = NULL;
+    s->ext_timeline = s->ext_from_cuda = NULL;
+    if (bounce) *bounce = 0;
+    cu.cuDevicePrimaryCtxRelease(cu_devs[s->cu_index].dev);
+    s->ctx_retained = 0;
+}
+
+static void free_vulkan(cu_side *s, uint32_t ncmd)
+{
+    vkm_device *d = s->dev;
+    if (!d) return;
+    if (s->cmds && s->pool && s->cmds[0]) d->fn.vkFreeCommandBuffers(d->device, s->pool, ncmd, s->cmds);
+    if (s->pool) d->fn.vkDestroyCommandPool(d->device, s->pool, NULL);
+    if (s->ring) d->fn.vkDestroyBuffer(d->device, s->ring, NULL);
+    if (s->memory) d->fn.vkFreeMemory(d->device, s->memory, NULL);
+    if (s->timeline) d->fn.vkDestroySemaphore(d->device, s->timeline, NULL);
+    if (s->from_cuda) d->fn.vkDestroySemaphore(d->device, s->from_cuda, NULL);
+}
+
+void vkm_cuda_link_destroy(vkm_cuda_link *l)
+{
+    if (!l) return;
+    if (l->thread_started) {
+        pthread_mutex_lock(&l->lock);
+        l->stopping = 1;
+        pthread_cond_broadcast(&l->wake);
+        pthread_mutex_unlock(&l->lock);
+        pthread_join(l->thread, NULL);
+    }
+    if (drain(l)) {
+        /* CUDA's imports go before the Vulkan memory and semaphores they map */
+        free_cuda(&l->src, l->K, NULL);
+        free_cuda(&l->dst, l->K, &l->bounce);
+        free_vulkan(&l->src, l->ncmd);
+        free_vulkan(&l->dst, l->ncmd);
+    }
+    /* else a GPU is stuck on this link's work: its memory, semaphores and CUDA
+     * objects are left alive (leaked) rather than freed under a running copy */
+    free(l->src.cmds);
+    free(l->src.cmd_free_at);
+    free(l->src.events);
+    free(l->dst.cmds);
+    free(l->dst.cmd_free_at);
+    free(l->dst.events);
+    free(l->slot_free_at);
+    free(l->batch);
+    free(l->infos);
+    cu_job *j = l->head;
+    while (j) {
+        cu_job *next = j->next;
+        free(j);
+        j = next;
+    }
+    pthread_cond_destroy(&l->progress);
+    pthread_cond_destroy(&l->wake);
+    pthread_mutex_destroy(&l->lock);
+    free(l);
+}
+
+VkSemaphore vkm_cuda_link_src_timeline(const vkm_cuda_link *l) { return l->src.timeline; }
+VkSemaphore vkm_cuda_link_dst_timeline(const vkm_cuda_link *l) { return l->dst.timeline; }
+VkDeviceSize vkm_cuda_link_slot_size(const vkm_cuda_link *l) { return l->cfg.slot_size; }
+int vkm_cuda_link_gpu_sync(const vkm_cuda_link *l) { return l->gpu_sync; }
+const char *vkm_cuda_link_sync_note(const vkm_cuda_link *l) { return l->sync_note; }
+const char *vkm_cuda_link_message(const vkm_cuda_link *l) { return l->message; }
+
+/* ---- jobs ------------------------------------------------------------------ */
+
+VkResult vkm_cuda_link_submit(vkm_cuda_link *l, const vkm_endpoint *src, const vkm_endpoint *dst,
+                              VkDeviceSize size, uint64_t *ticket, uint64_t *src_done, uint64_t *dst_ready,
+                              const char **call)
+{
+    if (size == 0) {
+        if (call) *call = "vkm_cuda_link_submit(size 0)";
+        return VK_ERROR_INITIALIZATION_FAILED;
+    }
+    if ((src->owner && src->owner->family != l->src.queue->family) ||
+        (dst->owner && dst->owner->family != l->dst.queue->family)) {
+        if (call) *call = "vkm_cuda_link_submit(endpoint owned by another queue family than the link's queue)";
+        return VK_ERROR_FEATURE_NOT_PRESENT;
+    }
+    /* about TARGET_CHUNKS chunks per job, none under MIN_CHUNK, none over a slot */
+    VkDeviceSize chunk = (size + TARGET_CHUNKS - 1) / TARGET_CHUNKS;
+    if (chunk < MIN_CHUNK) chunk = MIN_CHUNK;
+    chunk = (chunk + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
+    if (chunk > l->cfg.slot_size) chunk = l->cfg.slot_size;
+    const vkm_endpoint *imgs[2] = {src, dst};
+    VkDeviceSize row = 0;
+    for (int i = 0; i < 2; i++) {
+        const vkm_endpoint *e = imgs[i];
+        if (!e->image) continue;
+        VkDeviceSize r = (VkDeviceSize)e->width * e->bytes_per_pixel;
+        if (r == 0 || r > l->cfg.slot_size || size % r != 0 || size / r > e->height || (row && r != row)) {
+            if (call) *call = "vkm_cuda_link_submit(image rows do not fit the size or a ring slot)";
+            return VK_ERROR_FORMAT_NOT_SUPPORTED;
+        }
+        row = r;
+    }
+    if (row) { /* chunks are whole rows */
+        chunk = chunk / row * row;
+        if (chunk < row) chunk = row;
+    }
+    if ((size + chunk - 1) / chunk >= (VkDeviceSize)UINT32_MAX) {
+        if (call) *call = "vkm_cuda_link_submit(too many chunks)";
+        return VK_ERROR_INITIALIZATION_FAILED;
+    }
+    cu_job *j = calloc(1, sizeof(*j));
+    if (!j) return VK_ERROR_OUT_OF_HOST_MEMORY;
+    j->src = *src;
+    j->dst = *dst;
+    j->size = size;
+    j->chunk_bytes = chunk;
+    j->chunks = (uint32_t)((size + chunk - 1) / chunk);
+
+    pthread_mutex_lock(&l->lock);
+    if (l->error != VK_SUCCESS) {
+        VkResult e = l->error;
+        if (call) *call = l->error_call;
+        pthread_mutex_unlock(&l->lock);
+        free(j);
+        return e;
+    }
+    j->ticket = ++l->next_ticket;
+    j->src_base = l->src_value;
+    j->dst_base = l->dst_value;
+    l->src_value += j->chunks;
+    l->dst_value += j->chunks;
+    if (l->tail) l->tail->next = j; else l->head = j;
+    l->tail = j;
+    pthread_cond_signal(&l->wake);
+    pthread_mutex_unlock(&l->lock);
+    *ticket = j->ticket;
+    *src_done = j->src_base + j->chunks;
+    *dst_ready = j->dst_base + j->chunks;
+    return VK_SUCCESS;
+}
+
+/* Call with the lock held. */
+static VkResult link_failure(vkm_cuda_link *l, uint64_t ticket, uint64_t dst_ready, const char **call)
+{
+    if (l->error != VK_SUCCESS && (ticket >= l->failed_ticket || dst_ready > l->fail_dst_value)) {
+        if (call) *call = l->error_call;
+        return l->error;
+    }
+    return VK_SUCCESS;
+}
+
+VkResult vkm_cuda_link_wait_submitted(vkm_cuda_link *l, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
+                                      const char **call)
+{
+    pthread_mutex_lock(&l->lock);
+    VkResult r = link_failure(l, ticket, dst_ready, call);
+    if (r == VK_SUCCESS && l->submitted_ticket < ticket) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + timeout_ns;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        while (l->submitted_ticket < ticket && l->error == VK_SUCCESS)
+            if (pthread_cond_timedwait(&l->progress, &l->lock, &ts) == ETIMEDOUT) break;
+        r = link_failure(l, ticket, dst_ready, call);
+        if (r == VK_SUCCESS && l->submitted_ticket < ticket) r = VK_TIMEOUT;
+    }
+    pthread_mutex_unlock(&l->lock);
+    return r;
+}
+
+VkResult vkm_cuda_link_poll(vkm_cuda_link *l, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
+                            const char **call)
+{
+    struct timespec t0, t1;
+    now(&t0);
+    VkResult r = vkm_cuda_link_wait_submitted(l, ticket, dst_ready, timeout_ns, call);
+    if (r != VK_SUCCESS) return r;
+    now(&t1);
+    uint64_t spent = elapsed_ns(&t0, &t1);
+    uint64_t left = spent < timeout_ns ? timeout_ns - spent : 0;
+    r = spin_wait(l->dst.dev, l->dst.timeline, dst_ready, left < l->cfg.spin_ns ? left : l->cfg.spin_ns);
+    if (r == VK_TIMEOUT) {
+        now(&t1);
+        spent = elapsed_ns(&t0, &t1);
+        r = vkm_wait_timeline(l->dst.dev, l->dst.timeline, dst_ready, spent < timeout_ns ? timeout_ns - spent : 0);
+    }
+    if (r != VK_SUCCESS) {
+        if (r != VK_TIMEOUT && call) *call = "vkWaitSemaphores(dst_ready)";
+        return r;
+    }
+    /* a failure unblocks the destination queue: reaching dst_ready then proves nothing */
+    pthread_mutex_lock(&l->lock);
+    r = link_failure(l, ticket, dst_ready, call);
+    pthread_mutex_unlock(&l->lock);
+    return r;
+}
+
+/* ---- the worker ------------------------------------------------------------ */
+
+static void fail(vkm_cuda_link *l, VkResult r, const char *call, const char *msg, uint64_t ticket)
+{
+    uint64_t v = 0;
+    if (vkm_timeline_value(l->dst.dev, l->dst.timeline, &v) != VK_SUCCESS) v = 0;
+    pthread_mutex_lock(&l->lock);
+    if (l->error == VK_SUCCESS) {
+        l->error = r;
+        l->error_call = call ? call : "CUDA_PEER link";
+        l->failed_ticket = ticket;
+        l->fail_dst_value = v;
+        snprintf(l->message, sizeof l->message, "%s", msg ? msg : "");
+    }
+    pthread_cond_broadcast(&l->progress);
+    pthread_mutex_unlock(&l->lock);
+    unblock(l);
+}
+
+static VkResult begin(vkm_device *d, VkCommandBuffer cmd)
+{
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    d->fn.vkResetCommandBuffer(cmd, 0);
+    return d->fn.vkBeginCommandBuffer(cmd, &bi);
+}
+
+/* The endpoint goes into (entering) or out of the copy: layouts, and ordering
+ * against whatever else touches it. The destination is overwritten whole, so
+ * its old contents are discarded (UNDEFINED). */
+static void endpoint_barrier(vkm_device *d, VkCommandBuffer cmd, const vkm_endpoint *e, VkDeviceSize size,
+                             int is_src, int entering)
+{
+    VkAccessFlags any = VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT;
+    VkAccessFlags xacc = is_src ? VK_ACCESS_TRANSFER_READ_BIT : VK_ACCESS_TRANSFER_WRITE_BIT;
+    VkImageLayout xfer = is_src ? VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL : VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL;
+    VkPipelineStageFlags ss = entering ? VK_PIPELINE_STAGE_ALL_COMMANDS_BIT : VK_PIPELINE_STAGE_TRANSFER_BIT;
+    VkPipelineStageFlags ds = entering ? VK_PIPELINE_STAGE_TRANSFER_BIT : VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
+    if (e->image) {
+        VkImageMemoryBarrier b = {
+            .sType = VK_STRUCTURE_TYPE_IMAGE_MEMORY_BARRIER,
+            .srcAccessMask = entering ? any : xacc,
+            .dstAccessMask = entering ? xacc : any,
+            .oldLayout = entering ? (is_src ? e->layout_before : VK_IMAGE_LAYOUT_UNDEFINED) : xfer,
+            .newLayout = entering ? xfer : e->layout_after,
+            .srcQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED,
+            .dstQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED,
+            .image = e->image,
+            .subresourceRange = {VK_IMAGE_ASPECT_COLOR_BIT, e->mip_level, 1, e->array_layer, 1},
+        };
+        d->fn.vkCmdPipelineBarrier(cmd, ss, ds, 0, 0, NULL, 0, NULL, 1, &b);
+    } else {
+        VkBufferMemoryBarrier b = {
+            .sType = VK_STRUCTURE_TYPE_BUFFER_MEMORY_BARRIER,
+            .srcAccessMask = entering ? any : xacc,
+            .dstAccessMask = entering ? xacc : any,
+            .srcQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED,
+            .dstQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED,
+            .buffer = e->buffer,
+            .offset = e->offset,
+            .size = size,
+        };
+        d->fn.vkCmdPipelineBarrier(cmd, ss, ds, 0, 0, NULL, 1, &b, 0, NULL);
+    }
+}
+
+/* The ring slot goes to CUDA (release to the external queue family, after the
+ * copy wrote it) or comes from CUDA (acquire, before the copy reads it). */
+static void ring_barrier(cu_side *s, VkCommandBuffer cmd, VkDeviceSize offset, VkDeviceSize size, int release)
+{
+    uint32_t family = s->queue->family;
+    VkBufferMemoryBarrier b = {
+        .sType = VK_STRUCTURE_TYPE_BUFFER_MEMORY_BARRIER,
+        .srcAccessMask = release ? VK_ACCESS_TRANSFER_WRITE_BIT : 0,
+        .dstAccessMask = release ? 0 : VK_ACCESS_TRANSFER_READ_BIT,
+        .srcQueueFamilyIndex = release ? family : VK_QUEUE_FAMILY_EXTERNAL,
+        .dstQueueFamilyIndex = release ? VK_QUEUE_FAMILY_EXTERNAL : family,
+        .buffer = s->ring,
+        .offset = offset,
+        .size = size,
+    };
+    s->dev->fn.vkCmdPipelineBarrier(cmd, release ? VK_PIPELINE_STAGE_TRANSFER_BIT : VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
+                                    release ? VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT : VK_PIPELINE_STAGE_TRANSFER_BIT,
+                                    0, 0, NULL, 1, &b, 0, NULL);
+}
+
+static VkDeviceSize chunk_len(const cu_job *j, uint32_t c)
+{
+    VkDeviceSize start = (VkDeviceSize)c * j->chunk_bytes;
+    return j->size - start < j->chunk_bytes ? j->size - start : j->chunk_bytes;
+}
+
+/* Copy chunk `c` of the job between endpoint `e` and the side's ring at `slot_offset`. */
+static void record_copy(cu_side *s, VkCommandBuffer cmd, const cu_job *j, const vkm_endpoint *e, uint32_t c,
+                        VkDeviceSize slot_offset, int to_ring)
+{
+    vkm_device *d = s->dev;
+    VkDeviceSize start = (VkDeviceSize)c * j->chunk_bytes;
+    VkDeviceSize len = chunk_len(j, c);
+    if (e->image) {
+        VkDeviceSize row = (VkDeviceSize)e->width * e->bytes_per_pixel;
+        VkBufferImageCopy region = {
+            .bufferOffset = slot_offset,
+            .imageSubresource = {VK_IMAGE_ASPECT_COLOR_BIT, e->mip_level, e->array_layer, 1},
+            .imageOffset = {0, (int32_t)(start / row), 0},
+            .imageExtent = {e->width, (uint32_t)(len / row), 1},
+        };
+        if (to_ring)
+            d->fn.vkCmdCopyImageToBuffer(cmd, e->image, VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL, s->ring, 1, &region);
+        else
+            d->fn.vkCmdCopyBufferToImage(cmd, s->ring, e->image, VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, 1, &region);
+    } else {
+        VkBufferCopy region = {.size = len};
+        if (to_ring) {
+            region.srcOffset = e->offset + start;
+            region.dstOffset = slot_offset;
+            d->fn.vkCmdCopyBuffer(cmd, e->buffer, s->ring, 1, &region);
+        } else {
+            region.srcOffset = slot_offset;
+            region.dstOffset = e->offset + start;
+            d->fn.vkCmdCopyBuffer(cmd, s->ring, e->buffer, 1, &region);
+        }
+    }
+}
+
+static void add_wait(cu_submit *b, VkSemaphore sem, uint64_t value)
+{
+    b->waits[b->nwait] = sem;
+    b->wait_values[b->nwait] = value;
+    b->stages[b->nwait] = VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
+    b->nwait++;
+}
+
+static void submit_info(cu_submit *b, cu_side *s, VkSubmitInfo *si)
+{
+    b->tl = (VkTimelineSemaphoreSubmitInfo){.sType = VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
+                                            .waitSemaphoreValueCount = b->nwait,
+                                            .pWaitSemaphoreValues = b->wait_values,
+                                            .signalSemaphoreValueCount = 1,
+                                            .pSignalSemaphoreValues = &b->signal};
+    *si = (VkSubmitInfo){.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                         .pNext = &b->tl,
+                         .waitSemaphoreCount = b->nwait,
+                         .pWaitSemaphores = b->waits,
+                         .pWaitDstStageMask = b->stages,
+                         .commandBufferCount = 1,
+                         .pCommandBuffers = &b->cmd,
+                         .signalSemaphoreCount = 1,
+                         .pSignalSemaphores = &s->timeline};
+}
+
+/* Command buffer `i` of side `s`, free to record once the GPU is done with its last use. */
+static VkResult take_cmd(vkm_cuda_link *l, cu_side *s, uint32_t i, VkCommandBuffer *cmd, const char **call)
+{
+    if (s->cmd_free_at[i]) {
+        VkResult r = wait_value(l, s->dev, s->timeline, s->cmd_free_at[i], call,
+                                "vkWaitSemaphores(command buffer reuse)");
+        if (r != VK_SUCCESS) return r;
+    }
+    *cmd = s->cmds[i];
+    TRY(begin(s->dev, *cmd), "vkBeginCommandBuffer");
+    return VK_SUCCESS;
+}
+
+/* CUDA on the source GPU, chunk `c` (global chunk `g`, slot `s`): after the
+ * Vulkan copy into src ring[s] and after chunk g-K left bounce[s], peer-copy
+ * src ring[s] -> bounce[s] (NVLink); then release src ring[s]. */
+static VkResult cuda_peer_copy(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t g, uint32_t s,
+                               const char **call, char *msg, size_t msgn)
+{
+    cu_side *S = &l->src, *D = &l->dst;
+    VkDeviceSize off = (VkDeviceSize)s * l->cfg.slot_size;
+    uint64_t src_value = j->src_base + c + 1;
+    VkResult r;
+    if (!l->gpu_sync) {
+        r = wait_value(l, S->dev, S->timeline, src_value, call, "vkWaitSemaphores(source chunk)");
+        if (r != VK_SUCCESS) return r;
+    }
+    r = cu_push(S->ctx, call, msg, msgn);
+    if (r != VK_SUCCESS) return r;
+    uint64_t have = 0;
+    if (l->gpu_sync && (vkm_timeline_value(S->dev, S->timeline, &have) != VK_SUCCESS || have < src_value)) {
+        vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS wp;
+        memset(&wp, 0, sizeof wp);
+        wp.params.fence.value = src_value;
+        CU_GO(cu.cuWaitExternalSemaphoresAsync(&S->ext_timeline, &wp, 1, S->stream),
+              "cuWaitExternalSemaphoresAsync(source chunk)");
+    }
+    if (g >= l->K)
+        CU_GO(cu.cuStreamWaitEvent(S->stream, D->events[s], 0), "cuStreamWaitEvent(bounce slot)");
+    CU_GO(cu.cuMemcpyPeerAsync(l->bounce + off, D->ctx, S->ring_ptr + off, S->ctx, (size_t)chunk_len(j, c),
+                               S->stream),
+          "cuMemcpyPeerAsync");
+    CU_GO(cu.cuEventRecord(S->events[s], S->stream), "cuEventRecord(peer copy)");
+    if (l->gpu_sync) {
+        vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS sp;
+        memset(&sp, 0, sizeof sp);
+        sp.params.fence.value = g + 1;
+        CU_GO(cu.cuSignalExternalSemaphoresAsync(&S->ext_from_cuda, &sp, 1, S->stream),
+              "cuSignalExternalSemaphoresAsync(source slot released)");
+    }
+out:
+    cu_pop();
+    return r;
+}
+
+/* CUDA on the destination GPU: after the peer copy and after the Vulkan copy
+ * that last read dst ring[s], copy bounce[s] -> dst ring[s]; then tell Vulkan
+ * (host-sync mode: wait for it here). */
+static VkResult cuda_local_copy(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t g, uint32_t s,
+                                const char **call, char *msg, size_t msgn)
+{
+    cu_side *S = &l->src, *D = &l->dst;
+    VkDeviceSize off = (VkDeviceSize)s * l->cfg.slot_size;
+    uint64_t read_at = l->slot_free_at[s];
+    VkResult r;
+    if (!l->gpu_sync && read_at) {
+        r = wait_value(l, D->dev, D->timeline, read_at, call, "vkWaitSemaphores(destination slot)");
+        if (r != VK_SUCCESS) return r;
+    }
+    r = cu_push(D->ctx, call, msg, msgn);
+    if (r != VK_SUCCESS) return r;
+    CU_GO(cu.cuStreamWaitEvent(D->stream, S->events[s], 0), "cuStreamWaitEvent(peer copy)");
+    if (l->gpu_sync && read_at) {
+        uint64_t have = 0;
+        if (vkm_timeline_value(D->dev, D->timeline, &have) != VK_SUCCESS || have < read_at) {
+            vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS wp;
+            memset(&wp, 0, sizeof wp);
+            wp.params.fence.value = read_at;
+            CU_GO(cu.cuWaitExternalSemaphoresAsync(&D->ext_timeline, &wp, 1, D->stream),
+                  "cuWaitExternalSemaphoresAsync(destination slot)");
+        }
+    }
+    CU_GO(cu.cuMemcpyDtoDAsync(D->ring_ptr + off, l->bounce + off, (size_t)chunk_len(j, c), D->stream),
+          "cuMemcpyDtoDAsync");
+    CU_GO(cu.cuEventRecord(D->events[s], D->stream), "cuEventRecord(local copy)");
+    if (l->gpu_sync) {
+        vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS sp;
+        memset(&sp, 0, sizeof sp);
+        sp.params.fence.value = g + 1;
+        CU_GO(cu.cuSignalExternalSemaphoresAsync(&D->ext_from_cuda, &sp, 1, D->stream),
+              "cuSignalExternalSemaphoresAsync(destination chunk arrived)");
+    }
+out:
+    cu_pop();
+    if (r == VK_SUCCESS && !l->gpu_sync) r = wait_event(l, D, D->events[s], call, msg, msgn);
+    return r;
+}
+
+static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *msg, size_t msgn)
+{
+    cu_side *S = &l->src, *D = &l->dst;
+    vkm_device *sd = S->dev, *dd = D->dev;
+    uint32_t K = l->K;
+    VkDeviceSize slot = l->cfg.slot_size;
+    VkDeviceSize src_span = j->src.image ? 0 : j->size, dst_span = j->dst.image ? 0 : j->size;
+    uint64_t g0 = l->chunk_counter;
+    uint64_t dv = j->dst_base;
+    uint32_t last = j->chunks - 1;
+    for (uint32_t k = 0; k < j->chunks;) {
+        uint32_t n = j->chunks - k < K ? j->chunks - k : K;
+        /* the window's source copies, one vkQueueSubmit */
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t c = k + i;
+            uint64_t g = g0 + c;
+            uint32_t s = (uint32_t)(g % K), ci = (uint32_t)(g % l->ncmd);
+            VkCommandBuffer cmd;
+            VkResult r = take_cmd(l, S, ci, &cmd, call);
+            if (r != VK_SUCCESS) return r;
+            if (c == 0) endpoint_barrier(sd, cmd, &j->src, src_span, 1, 1);
+            record_copy(S, cmd, j, &j->src, c, s * slot, 1);
+            ring_barrier(S, cmd, s * slot, chunk_len(j, c), 1);
+            if (c == last) endpoint_barrier(sd, cmd, &j->src, src_span, 1, 0);
+            TRY(sd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(source)");
+            cu_submit *b = &l->batch[i];
+            b->nwait = 0;
+            if (l->gpu_sync && g >= K) { /* CUDA's peer copy of chunk g-K has left src ring slot s */
+                add_wait(b, S->from_cuda, g - K + 1);
+                if (g - K + 1 > S->from_cuda_waited) S->from_cuda_waited = g - K + 1;
+            }
+            if (c == 0 && j->src.wait_semaphore) add_wait(b, j->src.wait_semaphore, j->src.wait_value);
+            b->cmd = cmd;
+            b->signal = j->src_base + c + 1;
+            submit_info(b, S, &l->infos[i]);
+            S->cmd_free_at[ci] = b->signal;
+        }
+        TRY(vkm_queue_submit(sd, S->queue, n, l->infos, VK_NULL_HANDLE), "vkQueueSubmit(source)");
+        S->submitted = j->src_base + k + n;
+
+        /* CUDA's copies and the destination copies, chunk by chunk */
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t c = k + i;
+            uint64_t g = g0 + c;
+            uint32_t s = (uint32_t)(g % K), ci = (uint32_t)(g % l->ncmd);
+            VkResult r = cuda_peer_copy(l, j, c, g, s, call, msg, msgn);
+            if (r == VK_SUCCESS) r = cuda_local_copy(l, j, c, g, s, call, msg, msgn);
+            if (r != VK_SUCCESS) return r;
+            VkCommandBuffer cmd;
+            r = take_cmd(l, D, ci, &cmd, call);
+            if (r != VK_SUCCESS) return r;
+            ring_barrier(D, cmd, s * slot, chunk_len(j, c), 0);
+            if (c == 0) endpoint_barrier(dd, cmd, &j->dst, dst_span, 0, 1);
+            record_copy(D, cmd, j, &j->dst, c, s * slot, 0);
+            if (c == last) endpoint_barrier(dd, cmd, &j->dst, dst_span, 0, 0);
+            TRY(dd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(destination)");
+            cu_submit *b = &l->batch[0];
+            b->nwait = 0;
+            if (l->gpu_sync) { /* CUDA's local copy of chunk g has landed in dst ring slot s */
+                add_wait(b, D->from_cuda, g + 1);
+                if (g + 1 > D->from_cuda_waited) D->from_cuda_waited = g + 1;
+            }
+            if (c == 0 && j->dst.wait_semaphore) add_wait(b, j->dst.wait_semaphore, j->dst.wait_value);
+            b->cmd = cmd;
+            b->signal = ++dv;
+            VkSubmitInfo si;
+            submit_info(b, D, &si);
+            TRY(vkm_queue_submit(dd, D->queue, 1, &si, VK_NULL_HANDLE), "vkQueueSubmit(destination)");
+            D->submitted = dv;
+            D->cmd_free_at[ci] = dv;
+            l->slot_free_at[s] = dv;
+        }
+        k += n;
+    }
+    l->chunk_counter += j->chunks;
+    return VK_SUCCESS;
+}
+
+/* The idle worker's look at in-flight work: CUDA stream errors and stalls fail the link. */
+static void watch(vkm_cuda_link *l)
+{
+    struct timespec t;
+    now(&t);
+    uint64_t v = 0;
+    VkResult r = vkm_timeline_value(l->dst.dev, l->dst.timeline, &v);
+    if (r != VK_SUCCESS) {
+        fail(l, r, "vkGetSemaphoreCounterValue(dst_ready)", "", UINT64_MAX);
+        return;
+    }
+    if (v != l->seen_dst) {
+        l->seen_dst = v;
+        l->progress_at = t;
+    }
+    if (v >= l->dst.submitted) {
+        l->watched_to = l->dst.submitted;
+        return;
+    }
+    char msg[512];
+    const char *call = NULL;
+    r = stream_errors(l, &call, msg, sizeof msg);
+    if (r != VK_SUCCESS) {
+        fail(l, r, call, msg, UINT64_MAX);
+        return;
+    }
+    if (elapsed_ns(&l->progress_at, &t) >= l->cfg.stall_timeout_ns) {
+        snprintf(msg, sizeof msg, "stalled: dst_ready stayed at %llu (work submitted up to %llu) for %.1f s",
+                 (unsigned long long)v, (unsigned long long)l->dst.submitted, l->cfg.stall_timeout_ns / 1e9);
+        fail(l, VKM_ERROR_CUDA, "CUDA_PEER watchdog", msg, UINT64_MAX);
+    }
+}
+
+static void *cu_worker(void *arg)
+{
+    vkm_cuda_link *l = arg;
+    char msg[512];
+    pthread_mutex_lock(&l->lock);
+    for (;;) {
+        while (!l->head && !l->stopping) {
+            if (l->error == VK_SUCCESS && l->watched_to < l->dst.submitted) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                uint64_t ns = (uint64_t)ts.tv_nsec + WATCH_NS;
+                ts.tv_sec += (time_t)(ns / 1000000000ull);
+                ts.tv_nsec = (long)(ns % 1000000000ull);
+                pthread_cond_timedwait(&l->wake, &l->lock, &ts);
+                if (l->head || l->stopping) break;
+                pthread_mutex_unlock(&l->lock);
+                watch(l);
+                pthread_mutex_lock(&l->lock);
+            } else {
+                pthread_cond_wait(&l->wake, &l->lock);
+            }
+        }
+        if (!l->head) break; /* stopping and drained */
+        cu_job *j = l->head;
+        int failed = l->error != VK_SUCCESS;
+        pthread_mutex_unlock(&l->lock);
+        const char *call = "?";
+        msg[0] = 0;
+        VkResult r = failed ? VK_SUCCESS : run_job(l, j, &call, msg, sizeof msg);
+        if (r == VK_TIMEOUT) { /* a bounded wait ran out: the link is stuck, not merely slow to answer */
+            snprintf(msg, sizeof msg, "stalled: %s did not complete within %.1f s", call,
+                     l->cfg.stall_timeout_ns / 1e9);
+            r = VKM_ERROR_CUDA;
+        }
+        if (r != VK_SUCCESS) fail(l, r, call, msg, j->ticket);
+        now(&l->progress_at); /* fresh work: the stall clock starts now */
+        pthread_mutex_lock(&l->lock);
+        l->submitted_ticket = j->ticket;
+        l->head = j->next;
+        if (!l->head) l->tail = NULL;
+        free(j);
+        pthread_cond_broadcast(&l->progress);
+    }
+    pthread_mutex_unlock(&l->lock);
+    return NULL;
+}

@@ -7,6 +7,7 @@ __version__ = "0.1.0"
 
 from .buffers import Gathered, InterGpuTransfer
 from .capabilities import DeviceCapabilities, QueueFamilies, RenderCapabilities, probe_device
+from .cuda import CudaDevice, cuda_devices, cuda_peer_reason, cuda_status
 from .devices import LogicalDevice, Queue, create_logical_device
 from .errors import (DestroyedError, DeviceLostError, OutOfDeviceMemoryError, OutOfHostMemoryError,
                      TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError)
@@ -24,6 +25,7 @@ __all__ = [
     "DeviceSlot", "MultiDeviceManager", "TransferMethod", "supported_methods",
     "SRUAssignment", "assign_srus", "CrossDeviceTransfer", "TimelinePoint", "TransferTicket",
     "select_transfer_method", "InterGpuTransfer", "Gathered",
+    "CudaDevice", "cuda_devices", "cuda_peer_reason", "cuda_status",
     "OffloadRoute", "SRUOffloadCoordinator", "ReferenceSRU", "ReferenceRenderer", "Compositor",
     "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError", "OutOfHostMemoryError",
     "UnsupportedError", "TransferError", "TimeoutError", "DestroyedError",

@@ -1,0 +1,272 @@
+/* vkm_cuda.h - the CUDA_PEER transfer link: Vulkan memory moved over NVLink by CUDA.
+ *
+ * No build-time CUDA dependency: libcuda.so.1 (or the file the environment
+ * variable VKMULTI_LIBCUDA names) is opened at run time and the
+ * few driver-API types this needs are declared below (layouts as in cuda.h of
+ * CUDA 11.2 to 13; tests/test_cuda_peer.py checks them against a cuda.h when
+ * one is installed). With VKM_CUDA_API_ONLY defined only that part is seen.
+ *
+ * A link from device S to device D:
+ *
+ *   S: Vulkan copy  endpoint chunk -> src ring slot   (exportable memory, imported into CUDA on S)
+ *   S: CUDA stream  src ring slot  -> bounce slot     (peer copy over NVLink; bounce = cuMemAlloc on D)
+ *   D: CUDA stream  bounce slot    -> dst ring slot   (local copy; dst ring exportable, imported on D)
+ *   D: Vulkan copy  dst ring slot  -> endpoint chunk
+ *
+ * Ordering is on the GPUs: the Vulkan timelines of both sides (src_done on S,
+ * dst_ready on D) and two timelines signalled by CUDA (slot released on S,
+ * chunk landed on D) are exported as opaque fds and imported into CUDA; the
+ * CUDA streams order each other with events. Where the driver refuses the
+ * timeline import the worker thread waits on the host instead (`gpu_sync` 0).
+ */
+#ifndef VKM_CUDA_H
+#define VKM_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- the CUDA driver API subset (prefixed; values and layouts of cuda.h) -- */
+
+enum {
+    VKM_CUDA_SUCCESS = 0,
+    VKM_CUDA_ERROR_NOT_READY = 600,
+    VKM_CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
+    VKM_CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD = 1,
+    VKM_CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD = 9,
+    VKM_CUDA_EXTERNAL_MEMORY_DEDICATED = 0x1,
+    VKM_CU_STREAM_NON_BLOCKING = 0x1,
+    VKM_CU_EVENT_DISABLE_TIMING = 0x2,
+};
+
+#ifdef VKM_CUDA_TYPES_FROM_CUDA_H
+/* signature check only (tests): the same names bound to cuda.h's types */
+typedef CUresult vkm_CUresult;
+typedef CUdevice vkm_CUdevice;
+typedef CUdeviceptr vkm_CUdeviceptr;
+typedef CUcontext vkm_CUcontext;
+typedef CUstream vkm_CUstream;
+typedef CUevent vkm_CUevent;
+typedef CUexternalMemory vkm_CUexternalMemory;
+typedef CUexternalSemaphore vkm_CUexternalSemaphore;
+typedef CUuuid vkm_CUuuid;
+typedef CUDA_EXTERNAL_MEMORY_HANDLE_DESC vkm_CUDA_EXTERNAL_MEMORY_HANDLE_DESC;
+typedef CUDA_EXTERNAL_MEMORY_BUFFER_DESC vkm_CUDA_EXTERNAL_MEMORY_BUFFER_DESC;
+typedef CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC;
+typedef CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS;
+typedef CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS;
+#else
+typedef int vkm_CUresult;
+typedef int vkm_CUdevice;
+typedef unsigned long long vkm_CUdeviceptr;
+typedef struct vkm_CUctx_st *vkm_CUcontext;
+typedef struct vkm_CUstream_st *vkm_CUstream;
+typedef struct vkm_CUevent_st *vkm_CUevent;
+typedef struct vkm_CUextMemory_st *vkm_CUexternalMemory;
+typedef struct vkm_CUextSemaphore_st *vkm_CUexternalSemaphore;
+typedef struct vkm_CUuuid {
+    char bytes[16];
+} vkm_CUuuid;
+
+typedef struct vkm_CUDA_EXTERNAL_MEMORY_HANDLE_DESC {
+    int type; /* CUexternalMemoryHandleType */
+    union {
+        int fd;
+        struct {
+            void *handle;
+            const void *name;
+        } win32;
+        const void *nvSciBufObject;
+    } handle;
+    unsigned long long size;
+    unsigned int flags;
+    unsigned int reserved[16];
+} vkm_CUDA_EXTERNAL_MEMORY_HANDLE_DESC;
+
+typedef struct vkm_CUDA_EXTERNAL_MEMORY_BUFFER_DESC {
+    unsigned long long offset;
+    unsigned long long size;
+    unsigned int flags;
+    unsigned int reserved[16];
+} vkm_CUDA_EXTERNAL_MEMORY_BUFFER_DESC;
+
+typedef struct vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC {
+    int type; /* CUexternalSemaphoreHandleType */
+    union {
+        int fd;
+        struct {
+            void *handle;
+            const void *name;
+        } win32;
+        const void *nvSciSyncObj;
+    } handle;
+    unsigned int flags;
+    unsigned int reserved[16];
+} vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC;
+
+typedef struct vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS {
+    struct {
+        struct {
+            unsigned long long value;
+        } fence;
+        union {
+            void *fence;
+            unsigned long long reserved;
+        } nvSciSync;
+        struct {
+            unsigned long long key;
+        } keyedMutex;
+        unsigned int reserved[12];
+    } params;
+    unsigned int flags;
+    unsigned int reserved[16];
+} vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS;
+
+typedef struct vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS {
+    struct {
+        struct {
+            unsigned long long value;
+        } fence;
+        union {
+            void *fence;
+            unsigned long long reserved;
+        } nvSciSync;
+        struct {
+            unsigned long long key;
+            unsigned int timeoutMs;
+        } keyedMutex;
+        unsigned int reserved[10];
+    } params;
+    unsigned int flags;
+    unsigned int reserved[16];
+} vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS;
+#endif
+
+/* The driver functions used, as X(field, symbol, fallback symbol or `none`, (parameters)).
+ * Every one returns CUresult. The symbols are the ones cuda.h binds the plain
+ * names to (cuMemAlloc -> cuMemAlloc_v2 ...), never the per-thread-stream ones. */
+#define VKM_CUDA_FUNCTIONS(X)                                                                              \
+    X(cuInit, cuInit, none, (unsigned int flags))                                                        \
+    X(cuDriverGetVersion, cuDriverGetVersion, none, (int *version))                                      \
+    X(cuGetErrorName, cuGetErrorName, none, (vkm_CUresult error, const char **text))                     \
+    X(cuGetErrorString, cuGetErrorString, none, (vkm_CUresult error, const char **text))                 \
+    X(cuDeviceGetCount, cuDeviceGetCount, none, (int *count))                                            \
+    X(cuDeviceGet, cuDeviceGet, none, (vkm_CUdevice * device, int ordinal))                              \
+    X(cuDeviceGetName, cuDeviceGetName, none, (char *name, int len, vkm_CUdevice dev))                   \
+    X(cuDeviceGetUuid, cuDeviceGetUuid_v2, cuDeviceGetUuid, (vkm_CUuuid * uuid, vkm_CUdevice dev))     \
+    X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, none,                                               \
+      (int *can, vkm_CUdevice dev, vkm_CUdevice peer))                                                     \
+    X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, none, (vkm_CUcontext * ctx, vkm_CUdevice dev)) \
+    X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease,             \
+      (vkm_CUdevice dev))                                                                                  \
+    X(cuCtxPushCurrent, cuCtxPushCurrent_v2, none, (vkm_CUcontext ctx))                                  \
+    X(cuCtxPopCurrent, cuCtxPopCurrent_v2, none, (vkm_CUcontext * ctx))                                  \
+    X(cuCtxEnablePeerAccess, cuCtxEnablePeerAccess, none, (vkm_CUcontext peer, unsigned int flags))      \
+    X(cuImportExternalMemory, cuImportExternalMemory, none,                                             \
+      (vkm_CUexternalMemory * out, const vkm_CUDA_EXTERNAL_MEMORY_HANDLE_DESC *desc))                      \
+    X(cuExternalMemoryGetMappedBuffer, cuExternalMemoryGetMappedBuffer, none,                           \
+      (vkm_CUdeviceptr * ptr, vkm_CUexternalMemory mem, const vkm_CUDA_EXTERNAL_MEMORY_BUFFER_DESC *desc)) \
+    X(cuDestroyExternalMemory, cuDestroyExternalMemory, none, (vkm_CUexternalMemory mem))               \
+    X(cuImportExternalSemaphore, cuImportExternalSemaphore, none,                                       \
+      (vkm_CUexternalSemaphore * out, const vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC *desc))                \
+    X(cuSignalExternalSemaphoresAsync, cuSignalExternalSemaphoresAsync, none,                           \
+      (const vkm_CUexternalSemaphore *sems, const vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS *params,       \
+       unsigned int count, vkm_CUstream stream))                                                           \
+    X(cuWaitExternalSemaphoresAsync, cuWaitExternalSemaphoresAsync, none,                               \
+      (const vkm_CUexternalSemaphore *sems, const vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS *params,         \
+       unsigned int count, vkm_CUstream stream))                                                           \
+    X(cuDestroyExternalSemaphore, cuDestroyExternalSemaphore, none, (vkm_CUexternalSemaphore sem))      \
+    X(cuMemAlloc, cuMemAlloc_v2, none, (vkm_CUdeviceptr * ptr, size_t size))                             \
+    X(cuMemFree, cuMemFree_v2, none, (vkm_CUdeviceptr ptr))                                              \
+    X(cuMemcpyPeerAsync, cuMemcpyPeerAsync, none,                                                       \
+      (vkm_CUdeviceptr dst, vkm_CUcontext dst_ctx, vkm_CUdeviceptr src, vkm_CUcontext src_ctx,             \
+       size_t size, vkm_CUstream stream))                                                                  \
+    X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2, none,                                                     \
+      (vkm_CUdeviceptr dst, vkm_CUdeviceptr src, size_t size, vkm_CUstream stream))                        \
+    X(cuStreamCreate, cuStreamCreate, none, (vkm_CUstream * stream, unsigned int flags))                 \
+    X(cuStreamDestroy, cuStreamDestroy_v2, none, (vkm_CUstream stream))                                  \
+    X(cuStreamQuery, cuStreamQuery, none, (vkm_CUstream stream))                                         \
+    X(cuStreamWaitEvent, cuStreamWaitEvent, none, (vkm_CUstream stream, vkm_CUevent event, unsigned int flags)) \
+    X(cuEventCreate, cuEventCreate, none, (vkm_CUevent * event, unsigned int flags))                     \
+    X(cuEventRecord, cuEventRecord, none, (vkm_CUevent event, vkm_CUstream stream))                      \
+    X(cuEventQuery, cuEventQuery, none, (vkm_CUevent event))                                             \
+    X(cuEventDestroy, cuEventDestroy_v2, none, (vkm_CUevent event))
+
+typedef struct vkm_cuda_api {
+#define VKM_CUDA_FIELD(field, symbol, fallback, params) vkm_CUresult(*field) params;
+    VKM_CUDA_FUNCTIONS(VKM_CUDA_FIELD)
+#undef VKM_CUDA_FIELD
+} vkm_cuda_api;
+
+#ifndef VKM_CUDA_API_ONLY
+
+#include "vkm_transfer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A CUDA failure: the text is in the link's message (or the caller's buffer). */
+#define VKM_ERROR_CUDA ((VkResult)-1000990001)
+/* CUDA cannot serve this pair at all (no driver, no device match, no peer access). */
+#define VKM_ERROR_CUDA_UNSUPPORTED ((VkResult)-1000990002)
+
+/* ---- availability ------------------------------------------------------- */
+
+/* 1 when libcuda.so.1 loads, has every symbol used here and cuInit succeeds;
+ * else 0 and the reason in `reason`. Loads and initialises once per process. */
+int vkm_cuda_available(char *reason, size_t reason_len);
+/* CUDA devices (0 when CUDA is unavailable) and what is known of device i. */
+int vkm_cuda_device_count(void);
+int vkm_cuda_device_info(int ordinal, uint8_t uuid[16], char *name, size_t name_len);
+/* 1 when the two devices (Vulkan deviceUUIDs; names for the text, may be
+ * NULL) are distinct CUDA devices with peer access both ways; else 0 and the
+ * reason. */
+int vkm_cuda_peer_check(const uint8_t uuid_a[16], const char *name_a, const uint8_t uuid_b[16],
+                        const char *name_b, char *reason, size_t reason_len);
+
+/* ---- the link ------------------------------------------------------------ */
+
+typedef struct vkm_cuda_link vkm_cuda_link;
+
+typedef struct vkm_cuda_link_config {
+    VkDeviceSize slot_size;    /* bytes per slot (rounded up to 256) */
+    uint32_t slot_count;       /* ring depth (src ring, bounce ring, dst ring) */
+    uint64_t stall_timeout_ns; /* no progress for this long fails the link */
+    uint64_t spin_ns;          /* poll semaphores this long before a blocking wait */
+    int host_sync;             /* 1: order CUDA and Vulkan with host waits (no semaphore import) */
+    int cuda_ordinals[2];      /* CUDA devices of source and destination; -1: match by deviceUUID */
+} vkm_cuda_link_config;
+
+/* Make a link from `src` to `dst`. The queues should be of a universal family
+ * (device-local copies are fast there). On failure `msg` holds the reason. */
+VkResult vkm_cuda_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
+                              const vkm_cuda_link_config *config, vkm_cuda_link **out, const char **call,
+                              char *msg, size_t msg_len);
+/* Finishes queued jobs, waits (bounded) for both GPUs and CUDA, frees CUDA
+ * imports before the Vulkan memory and semaphores they map. */
+void vkm_cuda_link_destroy(vkm_cuda_link *link);
+
+VkSemaphore vkm_cuda_link_src_timeline(const vkm_cuda_link *link);
+VkSemaphore vkm_cuda_link_dst_timeline(const vkm_cuda_link *link);
+VkDeviceSize vkm_cuda_link_slot_size(const vkm_cuda_link *link);
+int vkm_cuda_link_gpu_sync(const vkm_cuda_link *link);
+const char *vkm_cuda_link_sync_note(const vkm_cuda_link *link);
+/* The text of the link's failure (empty while it has none). */
+const char *vkm_cuda_link_message(const vkm_cuda_link *link);
+
+/* As vkm_link_submit/poll/wait_submitted (vkm_transfer.h). Endpoints owned by
+ * a queue family other than the link's are refused (no ownership transfer). */
+VkResult vkm_cuda_link_submit(vkm_cuda_link *link, const vkm_endpoint *src, const vkm_endpoint *dst,
+                              VkDeviceSize size, uint64_t *ticket, uint64_t *src_done, uint64_t *dst_ready,
+                              const char **call);
+VkResult vkm_cuda_link_poll(vkm_cuda_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
+                            const char **call);
+VkResult vkm_cuda_link_wait_submitted(vkm_cuda_link *link, uint64_t ticket, uint64_t dst_ready,
+                                      uint64_t timeout_ns, const char **call);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* VKM_CUDA_API_ONLY */
+#endif

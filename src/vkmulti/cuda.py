@@ -1,0 +1,64 @@
+"""The CUDA driver as vkmulti sees it: can CUDA_PEER run between two Vulkan devices?
+
+vkmulti has no build-time CUDA dependency: the native layer opens the NVIDIA
+driver library (libcuda.so.1, or the file named by the environment variable
+VKMULTI_LIBCUDA) on first use and runs cuInit once. Vulkan and CUDA devices
+are matched by UUID (Vulkan's deviceUUID is the CUDA device UUID). Answers are
+cached for the life of the process, per device pair for the peer check.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CudaDevice", "cuda_status", "cuda_devices", "cuda_peer_reason"]
+
+
+@dataclass(frozen=True)
+class CudaDevice:
+    """One device as the CUDA driver reports it."""
+    ordinal: int
+    uuid: str
+    name: str
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_status() -> str | None:
+    """None when the CUDA driver loads and initialises, else why it does not."""
+    from . import _native
+
+    return _native.cuda_status()
+
+
+def cuda_devices() -> list[CudaDevice]:
+    """The devices CUDA sees (empty without a usable driver)."""
+    from . import _native
+
+    return [CudaDevice(o, u, n) for o, u, n in _native.cuda_devices()]
+
+
+def _uuid_bytes(uuid: str) -> bytes:
+    raw = bytes.fromhex(uuid.replace("-", ""))
+    if len(raw) != 16:
+        raise ValueError(f"a device UUID has 16 bytes, got {uuid!r}")
+    return raw
+
+
+@functools.lru_cache(maxsize=256)
+def _peer_reason(uuid_a: str, name_a: str, uuid_b: str, name_b: str) -> str | None:
+    from . import _native
+
+    why = cuda_status()
+    if why is not None:
+        return why
+    return _native.cuda_peer_reason(_uuid_bytes(uuid_a), _uuid_bytes(uuid_b), name_a, name_b)
+
+
+def cuda_peer_reason(a: Any, b: Any) -> str | None:
+    """None when CUDA sees `a` and `b` (DeviceCapabilities, or anything with
+    `device_uuid` and `name`) as two GPUs with peer access both ways; else why not:
+    no CUDA driver, cuInit failing, a device CUDA does not see, one GPU twice,
+    or no peer path (NVLink or PCIe P2P). Vulkan extensions are not checked here.
+    """
+    return _peer_reason(a.device_uuid, a.name, b.device_uuid, b.name)
