@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import vulkan as vk
 
-from vkmulti import TransferError, UnsupportedError, _native
+from vkmulti import UnsupportedError, _native
 from vkmulti.capabilities import EXT_MEMORY_FD, EXT_SEMAPHORE_FD
 from vkmulti.images import Buffer, Image
 from vkmulti.methods import TransferMethod, method_support, supported_methods
