@@ -31,6 +31,8 @@ __all__ = ["TransferMethod", "select_transfer_method", "CrossDeviceTransfer", "T
 #: Ring shape per device pair and method: 8 slots of 4 MiB (32 MiB).
 DEFAULT_SLOT_SIZE = 4 << 20
 DEFAULT_SLOT_COUNT = 8
+#: CUDA_PEER's default slot: 16 MiB (its chunks move at NVLink speed).
+CUDA_PEER_SLOT_SIZE = 16 << 20
 #: On GPUs, semaphores are polled this long before a blocking wait (a wake-up
 #: costs tens of microseconds); never on CPU devices, where it steals their cores.
 SPIN_SECONDS = 200e-6
@@ -138,8 +140,15 @@ def _acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: i
             export = _export_type(src, dst) if method == TransferMethod.DMABUF else 0
             on_gpus = src.capabilities is not None and dst.capabilities is not None and \
                 "cpu" not in (src.capabilities.device_type, dst.capabilities.device_type)
-            link = _native.Link(src.native, src.copy_queue.lock, dst.native, dst.copy_queue.lock, _RING[method],
-                                slot_size, slot_count, export, spin=SPIN_SECONDS if on_gpus else 0.0)
+            spin = SPIN_SECONDS if on_gpus else 0.0
+            if method == TransferMethod.CUDA_PEER:
+                # device-local copies into the exported rings: the universal family is
+                # several times faster at those than the transfer-only family
+                link = _native.CudaPeerLink(src.native, src.graphics_queue.lock, dst.native, dst.graphics_queue.lock,
+                                            slot_size, slot_count, spin=spin)
+            else:
+                link = _native.Link(src.native, src.copy_queue.lock, dst.native, dst.copy_queue.lock, _RING[method],
+                                    slot_size, slot_count, export, spin=spin)
             ref = _LinkRef(link, key, {"links": links.by_key})
             links.by_key[key] = ref
         ref.refs += 1
@@ -357,7 +366,10 @@ class CrossDeviceTransfer:
                                    f"use {TransferMethod.HOST_SHARED!r} or {TransferMethod.STAGING_COPY!r}")
         if self.src.native is None or self.dst.native is None:
             raise ValueError("both slots need live devices with native tables (an active MultiDeviceManager)")
-        self._ref = _acquire_link(self.src, self.dst, self.method, self.slot_size, self.slot_count)
+        slot_size = self.slot_size
+        if self.method == TransferMethod.CUDA_PEER and slot_size == DEFAULT_SLOT_SIZE:
+            slot_size = CUDA_PEER_SLOT_SIZE   # per-chunk host work costs more than a 4 MiB NVLink copy
+        self._ref = _acquire_link(self.src, self.dst, self.method, slot_size, self.slot_count)
         return self._ref
 
     def _unsupported_reason(self) -> str | None:
