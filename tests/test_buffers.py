@@ -89,7 +89,7 @@ def test_raw_handles(xfer1, manager):
 @pytest.mark.parametrize("n", [4097, 40 << 20])
 def test_broadcast_host_data_reaches_every_device(xfer, manager, n):
     data = rand(n, 11)
-    assert xfer.transfer_method(0, 1) in ("dmabuf", "host_shared", "staging_copy")
+    assert xfer.transfer_method(0, 1) in ("cuda_peer", "dmabuf", "host_shared", "staging_copy")
     bufs = xfer.broadcast_blocking(data, timeout=60)
     assert [b.slot.index for b in bufs] == list(range(manager.device_count))
     for b in bufs:
@@ -107,8 +107,8 @@ def test_broadcast_routes(manager, prefer_dmabuf):
     """Fan-out device->device, or (pairs whose path goes through host memory) straight from the host."""
     data = rand(20 << 20, 14)
     with InterGpuTransfer(manager, prefer_dmabuf=prefer_dmabuf) as t:
-        if not prefer_dmabuf:
-            assert t.transfer_method(0, 1) in ("host_shared", "staging_copy")
+        if not prefer_dmabuf:   # (cuda_peer, where CUDA serves the pair, goes device to device)
+            assert t.transfer_method(0, 1) in ("cuda_peer", "host_shared", "staging_copy")
         for src in (0, 1):
             bufs = t.broadcast_blocking(data, src_device=src, timeout=60)
             for b in bufs:

@@ -69,6 +69,8 @@ class LogicalDevice:
     native: Any = field(repr=False, default=None)
     #: vkmulti's own queue for transfers (second transfer or universal queue), if any
     copy_queue: Queue | None = None
+    #: vkmulti's own universal-family queue (second queue of that family), if any
+    universal_copy_queue: Queue | None = None
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.device, self.graphics_queue, self.present_queue,
@@ -129,15 +131,15 @@ def create_logical_device(physical_device: Any, queue_families: QueueFamilies | 
     families = list(dict.fromkeys(f for f in (qf.graphics, qf.present, compute_qf, transfer_qf) if f is not None))
     # vkmulti's own copy queue: a second queue of the dedicated transfer family
     # (the copy engines: fastest for PCIe hops), else of the universal family.
-    copy_family = None
-    for fam in (transfer_qf, qf.graphics):
-        if fam is not None and caps.queue_families[fam].queue_count >= 2:
-            copy_family = fam
-            break
+    # A second universal queue (when the family has one) is vkmulti's for
+    # device-local copies, which the universal family does several times faster;
+    # vkmulti never queues work that waits on another device on your queues.
+    two = {f for f in (transfer_qf, qf.graphics) if f is not None and caps.queue_families[f].queue_count >= 2}
+    copy_family = next((f for f in (transfer_qf, qf.graphics) if f in two), None)
     prio = _ffi.new("float[]", [1.0, 1.0])
     qinfos = [vk.VkDeviceQueueCreateInfo(sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                          queueFamilyIndex=f, pQueuePriorities=prio,
-                                         queueCount=2 if f == copy_family else 1)
+                                         queueCount=2 if f in two else 1)
               for f in families]
     timeline = _ffi.new("VkPhysicalDeviceTimelineSemaphoreFeatures*")
     timeline.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES
@@ -177,10 +179,11 @@ def create_logical_device(physical_device: Any, queue_families: QueueFamilies | 
 
     g = queue(qf.graphics)
     assert g is not None
+    second: dict[int, Queue] = {f: Queue(vk.vkGetDeviceQueue(device, f, 1), f, 1) for f in sorted(two)}
     ld = LogicalDevice(device=device, graphics_queue=g, present_queue=queue(qf.present) or g,
                        compute_queue=queue(compute_qf), transfer_queue=queue(transfer_qf),
-                       copy_queue=(Queue(vk.vkGetDeviceQueue(device, copy_family, 1), copy_family, 1)
-                                   if copy_family is not None else None),
+                       copy_queue=second.get(copy_family) if copy_family is not None else None,
+                       universal_copy_queue=second.get(qf.graphics),
                        queue_families=QueueFamilies(qf.graphics, qf.present, compute_qf, transfer_qf),
                        enabled_extensions=enabled, capabilities=caps, native=nat)
     log.debug("created device %s: families %s, extensions %s", caps.name, families, sorted(enabled))

@@ -41,6 +41,8 @@ class DeviceSlot:
     children: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
     #: A queue reserved for vkmulti's transfers (made by vkmulti), if any.
     dedicated_copy_queue: Any = dataclasses.field(default=None, repr=False)
+    #: A universal-family queue reserved for vkmulti (made by vkmulti), if any.
+    dedicated_universal_queue: Any = dataclasses.field(default=None, repr=False)
 
     @property
     def is_primary(self) -> bool:
@@ -51,6 +53,12 @@ class DeviceSlot:
         """The queue vkmulti copies on: its own queue when vkmulti made the device,
         else the transfer queue, else compute, else graphics."""
         return self.dedicated_copy_queue or self.transfer_queue or self.compute_queue or self.graphics_queue
+
+    @property
+    def universal_copy_queue(self) -> Queue:
+        """The universal-family queue vkmulti does device-local copies on: its own
+        when it made the device, else the graphics queue."""
+        return self.dedicated_universal_queue or self.graphics_queue
 
     def release_children(self) -> None:
         """Destroy the cached helpers, newest first."""
@@ -172,7 +180,8 @@ class MultiDeviceManager:
                           compute_queue=ld.compute_queue, transfer_queue=ld.transfer_queue,
                           name=ld.capabilities.name, capabilities=ld.capabilities,
                           enabled_extensions=ld.enabled_extensions, native=ld.native, owned=owned,
-                          dedicated_copy_queue=ld.copy_queue)
+                          dedicated_copy_queue=ld.copy_queue,
+                          dedicated_universal_queue=ld.universal_copy_queue)
 
     def _refresh_capabilities(self) -> None:
         self.external_memory_fd_enabled = len(self._slots) > 1 and all(
@@ -233,6 +242,7 @@ class MultiDeviceManager:
         p.native = primary_ld.native
         p.owned = True
         p.dedicated_copy_queue = primary_ld.copy_queue
+        p.dedicated_universal_queue = primary_ld.universal_copy_queue
         mgr._owned_instance = inst if own_instance else None
         mgr.instance = inst
         return mgr

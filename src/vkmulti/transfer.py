@@ -144,8 +144,8 @@ def _acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: i
             if method == TransferMethod.CUDA_PEER:
                 # device-local copies into the exported rings: the universal family is
                 # several times faster at those than the transfer-only family
-                link = _native.CudaPeerLink(src.native, src.graphics_queue.lock, dst.native, dst.graphics_queue.lock,
-                                            slot_size, slot_count, spin=spin)
+                link = _native.CudaPeerLink(src.native, src.universal_copy_queue.lock, dst.native,
+                                            dst.universal_copy_queue.lock, slot_size, slot_count, spin=spin)
             else:
                 link = _native.Link(src.native, src.copy_queue.lock, dst.native, dst.copy_queue.lock, _RING[method],
                                     slot_size, slot_count, export, spin=spin)
