@@ -123,6 +123,9 @@ def test_policy_prefers_cuda_peer_when_the_probe_allows(manager, monkeypatch):
 
     caps = _with_cuda_extensions(manager.capabilities)
     monkeypatch.setattr(vkmulti.cuda, "cuda_peer_reason", lambda a, b: None)
+    monkeypatch.delenv("VKMULTI_CUDA_PEER", raising=False)
+    assert select_transfer_method(Assignment(1), caps) == TransferMethod.DMABUF   # opt-in only
+    monkeypatch.setenv("VKMULTI_CUDA_PEER", "1")
     assert select_transfer_method(Assignment(1), caps) == TransferMethod.CUDA_PEER
     assert select_transfer_method(Assignment(1), caps, prefer_dmabuf=False) == TransferMethod.CUDA_PEER
     a, b = caps.devices[1], caps.devices[0]
