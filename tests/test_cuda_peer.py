@@ -347,7 +347,8 @@ def _require_cuda_peer(manager, src=0, dst=1):
 
 
 @pytest.mark.gpu
-def test_gpu_available_and_selected(manager):
+def test_gpu_available_and_selected(manager, monkeypatch):
+    monkeypatch.setenv("VKMULTI_CUDA_PEER", "1")   # automatic selection is opt-in
     for src, dst in ((0, 1), (1, 0)):
         _require_cuda_peer(manager, src, dst)
         assert select_transfer_method(Assignment(src), manager.capabilities, dst_index=dst) == \
