@@ -332,28 +332,11 @@ static void now(struct timespec *t)
     clock_gettime(CLOCK_MONOTONIC, t);
 }
 
-/* Poll the counter for up to `spin_ns` before a blocking wait: a GPU's
- * semaphore wake-up costs tens of microseconds. VK_TIMEOUT: not reached yet. */
-static VkResult spin_wait(vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns)
-{
-    struct timespec t0, t;
-    now(&t0);
-    for (;;) {
-        uint64_t have = 0;
-        VkResult r = vkm_timeline_value(d, sem, &have);
-        if (r != VK_SUCCESS) return r;
-        if (have >= value) return VK_SUCCESS;
-        now(&t);
-        if (elapsed_ns(&t0, &t) >= spin_ns) return VK_TIMEOUT;
-        sched_yield();
-    }
-}
-
 /* Wait on the worker until `sem` reaches `value`: slices, bounded by the stall timeout. */
 static VkResult wait_value(vkm_cuda_link *l, vkm_device *d, VkSemaphore sem, uint64_t value, const char **call,
                            const char *name)
 {
-    VkResult sr = spin_wait(d, sem, value, l->cfg.spin_ns);
+    VkResult sr = vkm_spin_wait(d, sem, value, l->cfg.spin_ns);
     if (sr == VK_SUCCESS) return sr;
     if (sr != VK_TIMEOUT) {
         if (call) *call = name;
@@ -1068,7 +1051,7 @@ VkResult vkm_cuda_link_poll(vkm_cuda_link *l, uint64_t ticket, uint64_t dst_read
     now(&t1);
     uint64_t spent = elapsed_ns(&t0, &t1);
     uint64_t left = spent < timeout_ns ? timeout_ns - spent : 0;
-    r = spin_wait(l->dst.dev, l->dst.timeline, dst_ready, left < l->cfg.spin_ns ? left : l->cfg.spin_ns);
+    r = vkm_spin_wait(l->dst.dev, l->dst.timeline, dst_ready, left < l->cfg.spin_ns ? left : l->cfg.spin_ns);
     if (r == VK_TIMEOUT) {
         now(&t1);
         spent = elapsed_ns(&t0, &t1);
@@ -1102,14 +1085,6 @@ static void fail(vkm_cuda_link *l, VkResult r, const char *call, const char *msg
     pthread_cond_broadcast(&l->progress);
     pthread_mutex_unlock(&l->lock);
     unblock(l);
-}
-
-static VkResult begin(vkm_device *d, VkCommandBuffer cmd)
-{
-    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
-    d->fn.vkResetCommandBuffer(cmd, 0);
-    return d->fn.vkBeginCommandBuffer(cmd, &bi);
 }
 
 /* The endpoint goes into (entering) or out of the copy: layouts, and ordering
@@ -1181,33 +1156,8 @@ static VkDeviceSize chunk_len(const cu_job *j, uint32_t c)
 static void record_copy(cu_side *s, VkCommandBuffer cmd, const cu_job *j, const vkm_endpoint *e, uint32_t c,
                         VkDeviceSize slot_offset, int to_ring)
 {
-    vkm_device *d = s->dev;
-    VkDeviceSize start = (VkDeviceSize)c * j->chunk_bytes;
-    VkDeviceSize len = chunk_len(j, c);
-    if (e->image) {
-        VkDeviceSize row = (VkDeviceSize)e->width * e->bytes_per_pixel;
-        VkBufferImageCopy region = {
-            .bufferOffset = slot_offset,
-            .imageSubresource = {VK_IMAGE_ASPECT_COLOR_BIT, e->mip_level, e->array_layer, 1},
-            .imageOffset = {0, (int32_t)(start / row), 0},
-            .imageExtent = {e->width, (uint32_t)(len / row), 1},
-        };
-        if (to_ring)
-            d->fn.vkCmdCopyImageToBuffer(cmd, e->image, VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL, s->ring, 1, &region);
-        else
-            d->fn.vkCmdCopyBufferToImage(cmd, s->ring, e->image, VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, 1, &region);
-    } else {
-        VkBufferCopy region = {.size = len};
-        if (to_ring) {
-            region.srcOffset = e->offset + start;
-            region.dstOffset = slot_offset;
-            d->fn.vkCmdCopyBuffer(cmd, e->buffer, s->ring, 1, &region);
-        } else {
-            region.srcOffset = slot_offset;
-            region.dstOffset = e->offset + start;
-            d->fn.vkCmdCopyBuffer(cmd, s->ring, e->buffer, 1, &region);
-        }
-    }
+    vkm_record_chunk(s->dev, cmd, e, s->ring, slot_offset, (VkDeviceSize)c * j->chunk_bytes, chunk_len(j, c),
+                     to_ring);
 }
 
 static void add_wait(cu_submit *b, VkSemaphore sem, uint64_t value)
@@ -1245,7 +1195,7 @@ static VkResult take_cmd(vkm_cuda_link *l, cu_side *s, uint32_t i, VkCommandBuff
         if (r != VK_SUCCESS) return r;
     }
     *cmd = s->cmds[i];
-    TRY(begin(s->dev, *cmd), "vkBeginCommandBuffer");
+    TRY(vkm_begin_commands(s->dev, *cmd), "vkBeginCommandBuffer");
     return VK_SUCCESS;
 }
 

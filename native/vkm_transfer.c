@@ -227,7 +227,7 @@ static uint64_t now_ns(void)
 
 /* Poll the counter for up to `spin_ns` before a blocking wait: a GPU's
  * semaphore wake-up costs tens of microseconds, a chunk only a few more. */
-static VkResult spin_wait(vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns)
+VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns)
 {
     if (!spin_ns) return VK_TIMEOUT;
     uint64_t end = now_ns() + spin_ns;
@@ -668,7 +668,7 @@ VkResult vkm_link_poll(vkm_link *l, uint64_t ticket, uint64_t dst_ready, uint64_
     if (r != VK_SUCCESS) return r;
     uint64_t spent = now_ns() - t0;
     uint64_t left = spent < timeout_ns ? timeout_ns - spent : 0;
-    r = spin_wait(l->dst.dev, l->dst.timeline, dst_ready, left < l->cfg.spin_ns ? left : l->cfg.spin_ns);
+    r = vkm_spin_wait(l->dst.dev, l->dst.timeline, dst_ready, left < l->cfg.spin_ns ? left : l->cfg.spin_ns);
     if (r == VK_TIMEOUT) {
         spent = now_ns() - t0;
         r = vkm_wait_timeline(l->dst.dev, l->dst.timeline, dst_ready, spent < timeout_ns ? timeout_ns - spent : 0);
@@ -682,7 +682,7 @@ VkResult vkm_link_poll(vkm_link *l, uint64_t ticket, uint64_t dst_ready, uint64_
 /* Wait for a timeline value on the worker thread: slices, bounded by the stall timeout. */
 static VkResult worker_wait(vkm_link *l, vkm_side *s, uint64_t value, const char **call, const char *name)
 {
-    VkResult sr = spin_wait(s->dev, s->timeline, value, l->cfg.spin_ns);
+    VkResult sr = vkm_spin_wait(s->dev, s->timeline, value, l->cfg.spin_ns);
     if (sr == VK_SUCCESS) return sr;
     if (sr != VK_TIMEOUT) {
         *call = name;
@@ -778,7 +778,7 @@ static void ownership_barrier(vkm_device *d, VkCommandBuffer cmd, const vkm_endp
         buffer_barrier(d, cmd, e, size, sa, da, ss, ds, sf, df);
 }
 
-static VkResult begin(vkm_device *d, VkCommandBuffer cmd)
+VkResult vkm_begin_commands(const vkm_device *d, VkCommandBuffer cmd)
 {
     VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
                                    .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
@@ -877,7 +877,7 @@ static VkResult owner_submit(vkm_link *l, vkm_side *s, const vkm_endpoint *e, Vk
         if (r != VK_SUCCESS) return r;
     }
     VkCommandBuffer cmd = s->owner_cmds[i];
-    TRY(begin(d, cmd), "vkBeginCommandBuffer(owner)");
+    TRY(vkm_begin_commands(d, cmd), "vkBeginCommandBuffer(owner)");
     ownership_barrier(d, cmd, e, size, side_is_src, entering, 1, e->owner->family, s->queue->family);
     TRY(d->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(owner)");
     TRY(submit(s, e->owner, cmd, w, wv, VK_NULL_HANDLE, 0, signal), "vkQueueSubmit(owner)");
@@ -885,36 +885,40 @@ static VkResult owner_submit(vkm_link *l, vkm_side *s, const vkm_endpoint *e, Vk
     return VK_SUCCESS;
 }
 
-/* Record the copy of chunk `k` of job `j` between endpoint `e` and ring slot `slot`. */
-static void record_copy(vkm_side *s, VkCommandBuffer cmd, const vkm_job *j, const vkm_endpoint *e, uint32_t k,
-                        VkDeviceSize slot_offset, int to_ring)
+void vkm_record_chunk(const vkm_device *d, VkCommandBuffer cmd, const vkm_endpoint *e, VkBuffer ring,
+                      VkDeviceSize ring_offset, VkDeviceSize start, VkDeviceSize len, int to_ring)
 {
-    vkm_device *d = s->dev;
-    VkDeviceSize start = j->starts[k], len = j->starts[k + 1] - start;
     if (e->image) {
         VkDeviceSize row = (VkDeviceSize)e->width * e->bytes_per_pixel;
         VkBufferImageCopy region = {
-            .bufferOffset = slot_offset,
+            .bufferOffset = ring_offset,
             .imageSubresource = {VK_IMAGE_ASPECT_COLOR_BIT, e->mip_level, e->array_layer, 1},
             .imageOffset = {0, (int32_t)(start / row), 0},
             .imageExtent = {e->width, (uint32_t)(len / row), 1},
         };
         if (to_ring)
-            d->fn.vkCmdCopyImageToBuffer(cmd, e->image, VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL, s->ring, 1, &region);
+            d->fn.vkCmdCopyImageToBuffer(cmd, e->image, VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL, ring, 1, &region);
         else
-            d->fn.vkCmdCopyBufferToImage(cmd, s->ring, e->image, VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, 1, &region);
+            d->fn.vkCmdCopyBufferToImage(cmd, ring, e->image, VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, 1, &region);
     } else {
         VkBufferCopy region = {.size = len};
         if (to_ring) {
             region.srcOffset = e->offset + start;
-            region.dstOffset = slot_offset;
-            d->fn.vkCmdCopyBuffer(cmd, e->buffer, s->ring, 1, &region);
+            region.dstOffset = ring_offset;
+            d->fn.vkCmdCopyBuffer(cmd, e->buffer, ring, 1, &region);
         } else {
-            region.srcOffset = slot_offset;
+            region.srcOffset = ring_offset;
             region.dstOffset = e->offset + start;
-            d->fn.vkCmdCopyBuffer(cmd, s->ring, e->buffer, 1, &region);
+            d->fn.vkCmdCopyBuffer(cmd, ring, e->buffer, 1, &region);
         }
     }
+}
+
+/* Record the copy of chunk `k` of job `j` between endpoint `e` and ring slot `slot`. */
+static void record_copy(vkm_side *s, VkCommandBuffer cmd, const vkm_job *j, const vkm_endpoint *e, uint32_t k,
+                        VkDeviceSize slot_offset, int to_ring)
+{
+    vkm_record_chunk(s->dev, cmd, e, s->ring, slot_offset, j->starts[k], j->starts[k + 1] - j->starts[k], to_ring);
 }
 
 static VkDeviceSize chunk_len(const vkm_job *j, uint32_t k)
@@ -960,7 +964,7 @@ static VkResult run_job(vkm_link *l, vkm_job *j, const char **call)
                 }
             }
             VkCommandBuffer cmd = S->cmds[s];
-            TRY(begin(sd, cmd), "vkBeginCommandBuffer(src)");
+            TRY(vkm_begin_commands(sd, cmd), "vkBeginCommandBuffer(src)");
             if (next_src == 0)
                 ownership_barrier(sd, cmd, &j->src, src_span, 1, 1, 0, src_owner_family, S->queue->family);
             record_copy(S, cmd, j, &j->src, next_src, s * slot, 1);
@@ -1003,7 +1007,7 @@ static VkResult run_job(vkm_link *l, vkm_job *j, const char **call)
                 }
             }
             VkCommandBuffer cmd = D->cmds[s];
-            TRY(begin(dd, cmd), "vkBeginCommandBuffer(dst)");
+            TRY(vkm_begin_commands(dd, cmd), "vkBeginCommandBuffer(dst)");
             if (c == 0)
                 /* the destination is overwritten whole: it is taken over without an
                  * acquire (contents undefined), so only the layout changes */

@@ -67,6 +67,16 @@ VkResult vkm_link_submit(vkm_link *link, const vkm_endpoint *src, const vkm_endp
 VkResult vkm_link_poll(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
                        const char **call);
 
+/* Shared by the link kinds (vkm_transfer.c, vkm_cuda.c). */
+/* Poll `sem` for up to `spin_ns` before a blocking wait; VK_TIMEOUT: not reached yet. */
+VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns);
+/* Reset and begin a one-time-submit command buffer. */
+VkResult vkm_begin_commands(const vkm_device *d, VkCommandBuffer cmd);
+/* Record the copy of bytes [start, start+len) of endpoint `e` to (to_ring) or
+ * from `ring` at `ring_offset`; image endpoints move whole rows. */
+void vkm_record_chunk(const vkm_device *d, VkCommandBuffer cmd, const vkm_endpoint *e, VkBuffer ring,
+                      VkDeviceSize ring_offset, VkDeviceSize start, VkDeviceSize len, int to_ring);
+
 /* Wait up to `timeout_ns` until the worker has submitted all of job `ticket`'s
  * GPU work: VK_SUCCESS, VK_TIMEOUT, or the job's error. A submit of yours on a
  * queue the link also uses may wait on dst_ready only after this: an in-order
