@@ -23,6 +23,7 @@ import vulkan as vk
 from ._handles import handle_int
 from .capabilities import EXT_MEMORY_HOST
 from .errors import DestroyedError, UnsupportedError, from_vulkan_exception
+from .images import find_memory_type
 
 log = logging.getLogger(__name__)
 _ffi = vk.ffi
@@ -73,21 +74,6 @@ def as_host_bytes(data: Any, what: str = "data", *, writable: bool = False) -> n
     if mv.nbytes == 0:
         return np.empty(0, dtype=np.uint8)
     return np.frombuffer(mv, dtype=np.uint8)
-
-
-def _memory_type(slot: Any, bits: int, required: int, preferred: int) -> int:
-    props = vk.vkGetPhysicalDeviceMemoryProperties(slot.physical_device)
-    fallback = -1
-    for i in range(props.memoryTypeCount):
-        flags = props.memoryTypes[i].propertyFlags
-        if bits & (1 << i) and flags & required == required:
-            if flags & preferred == preferred:
-                return i
-            if fallback < 0:
-                fallback = i
-    if fallback < 0:
-        raise UnsupportedError(f"no host-visible memory type on {slot.name!r}", device=slot.name)
-    return fallback
 
 
 class _Submit:
@@ -430,7 +416,7 @@ class HostPort:
                 req = vk.vkGetBufferMemoryRequirements(dev, buf)
                 mem = _vk("vkAllocateMemory", vk.vkAllocateMemory, dev, vk.VkMemoryAllocateInfo(
                     sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, allocationSize=req.size,
-                    memoryTypeIndex=_memory_type(self.slot, req.memoryTypeBits, _HOST_VISIBLE,
+                    memoryTypeIndex=find_memory_type(self.slot, req.memoryTypeBits, _HOST_VISIBLE,
                                                  vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT)), None)
                 _vk("vkBindBufferMemory", vk.vkBindBufferMemory, dev, buf, mem, 0)
                 view = np.frombuffer(_vk("vkMapMemory", vk.vkMapMemory, dev, mem, 0, size, 0), dtype=np.uint8)

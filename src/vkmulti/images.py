@@ -35,7 +35,7 @@ def _vk(call: str, fn: Callable[..., Any], *args: Any) -> Any:
         raise
 
 
-def _memory_type(slot: Any, bits: int, required: int, preferred: int = 0) -> int:
+def find_memory_type(slot: Any, bits: int, required: int, preferred: int = 0) -> int:
     props = vk.vkGetPhysicalDeviceMemoryProperties(slot.physical_device)
     fallback = -1
     for i in range(props.memoryTypeCount):
@@ -52,7 +52,7 @@ def _memory_type(slot: Any, bits: int, required: int, preferred: int = 0) -> int
 
 def _allocate(slot: Any, req: Any, required: int, preferred: int) -> Any:
     info = vk.VkMemoryAllocateInfo(sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, allocationSize=req.size,
-                                   memoryTypeIndex=_memory_type(slot, req.memoryTypeBits, required, preferred))
+                                   memoryTypeIndex=find_memory_type(slot, req.memoryTypeBits, required, preferred))
     return _vk("vkAllocateMemory", vk.vkAllocateMemory, slot.device, info, None)
 
 
