@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from typing import Any, Callable
 
 import numpy as np
 import vulkan as vk
+
+from vkmulti.benchmarks import median_time
 
 
 def use_virtual_if_no_gpu(count: int) -> str | None:
@@ -46,14 +46,8 @@ def use_virtual_if_no_gpu(count: int) -> str | None:
 
 
 def timed(fn: Callable[[], Any], reps: int, warmup: int = 1) -> dict[str, float]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return {"median_s": statistics.median(times), "min_s": min(times)}
+    median, times = median_time(fn, reps, warmup)
+    return {"median_s": median, "min_s": min(times)}
 
 
 class SerialRoundTrip:
@@ -61,7 +55,7 @@ class SerialRoundTrip:
     download = GPU copy + fence wait + CPU copy out; upload = the reverse. Serial."""
 
     def __init__(self, manager: Any, nbytes: int):
-        from vkmulti.host_copy import _memory_type
+        from vkmulti.images import find_memory_type
         from vkmulti.images import CommandRunner
 
         self.n, self.staging = nbytes, {}
@@ -75,7 +69,7 @@ class SerialRoundTrip:
             host = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
             mem = vk.vkAllocateMemory(dev, vk.VkMemoryAllocateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, allocationSize=req.size,
-                memoryTypeIndex=_memory_type(slot, req.memoryTypeBits, host,
+                memoryTypeIndex=find_memory_type(slot, req.memoryTypeBits, host,
                                              vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT)), None)
             vk.vkBindBufferMemory(dev, buf, mem, 0)
             view = np.frombuffer(vk.vkMapMemory(dev, mem, 0, nbytes, 0), dtype=np.uint8)

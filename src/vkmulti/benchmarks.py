@@ -24,7 +24,7 @@ BUFFER_BYTES = 256 << 20
 RGBA16F = vk.VK_FORMAT_R16G16B16A16_SFLOAT
 
 
-def _median_time(fn: Callable[[], None], reps: int, warmup: int = 2) -> tuple[float, list[float]]:
+def median_time(fn: Callable[[], None], reps: int, warmup: int = 2) -> tuple[float, list[float]]:
     for _ in range(warmup):
         fn()
     times = []
@@ -121,7 +121,7 @@ def _torch_pinned(nbytes: int, src: int, dst: int, reps: int) -> dict[str, Any] 
         torch.cuda.synchronize(src)
         b.copy_(host, non_blocking=True)
         torch.cuda.synchronize(dst)
-    med, _ = _median_time(once, reps)
+    med, _ = median_time(once, reps)
     return {"median_s": med, "gbps": nbytes / med / 1e9}
 
 
@@ -158,13 +158,13 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
         try:
             for m in methods:
                 with CrossDeviceTransfer(s, d, m, slot_size=slot_size, slot_count=slot_count) as x:
-                    med, times = _median_time(lambda: x.run(src_image=a, dst_image=b, timeout=60), reps)
+                    med, times = median_time(lambda: x.run(src_image=a, dst_image=b, timeout=60), reps)
                 record(case, a.nbytes, m, med, times)
                 if not np.array_equal(b.download(), px):
                     raise AssertionError(f"{m} produced wrong pixels for {case}")
             seed = SeedStagingCopy(s, d, a.nbytes)
             try:
-                med, times = _median_time(lambda: seed.run_image(a, b), reps)
+                med, times = median_time(lambda: seed.run_image(a, b), reps)
             finally:
                 seed.destroy()
             record(case, a.nbytes, "seed_baseline", med, times)
@@ -184,13 +184,13 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
         try:
             for m in methods:
                 with CrossDeviceTransfer(s, d, m, slot_size=slot_size, slot_count=slot_count) as x:
-                    med, times = _median_time(lambda: x.submit(src_buffer=a, dst_buffer=b).wait(120), buffer_reps, 1)
+                    med, times = median_time(lambda: x.submit(src_buffer=a, dst_buffer=b).wait(120), buffer_reps, 1)
                 record(case, buffer_bytes, m, med, times)
                 if not np.array_equal(b.download(), data):
                     raise AssertionError(f"{m} produced wrong bytes for {case}")
             seed = SeedStagingCopy(s, d, buffer_bytes)
             try:
-                med, times = _median_time(lambda: seed.run_buffer(a, b), buffer_reps, 1)
+                med, times = median_time(lambda: seed.run_buffer(a, b), buffer_reps, 1)
             finally:
                 seed.destroy()
             record(case, buffer_bytes, "seed_baseline", med, times)

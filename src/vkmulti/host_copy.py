@@ -23,7 +23,7 @@ import vulkan as vk
 from ._handles import handle_int
 from .capabilities import EXT_MEMORY_HOST
 from .errors import DestroyedError, UnsupportedError, from_vulkan_exception
-from .images import find_memory_type
+from .images import _vk, find_memory_type
 
 log = logging.getLogger(__name__)
 _ffi = vk.ffi
@@ -36,14 +36,6 @@ _HOST_VISIBLE = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_H
 #: Ring shape of the fallback path: 3 slots of 8 MiB per device.
 RING_SLOT_SIZE = 8 << 20
 RING_SLOT_COUNT = 3
-
-
-def _vk(call: str, fn: Callable[..., Any], *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except vk.VkError as exc:
-        from_vulkan_exception(exc, call)
-        raise
 
 
 class Deadline:
