@@ -15,7 +15,7 @@ import numpy as np
 import vulkan as vk
 
 from vkmulti.devices import create_logical_device
-from vkmulti.images import Buffer, _allocate
+from vkmulti.images import Buffer
 from vkmulti.instance import Instance
 from vkmulti.multi_device import DeviceSlot
 

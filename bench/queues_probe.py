@@ -10,7 +10,7 @@ import time
 
 import vulkan as vk
 
-from vkmulti.devices import Queue, create_logical_device
+from vkmulti.devices import create_logical_device
 from vkmulti.images import Buffer
 from vkmulti.instance import Instance
 from vkmulti.multi_device import DeviceSlot
@@ -28,7 +28,7 @@ def main():
     src = Buffer(slot, N)
     dst = Buffer(slot, N, host_visible=True)
     queues = {"transfer0": ld.transfer_queue, "transfer1": ld.copy_queue, "universal": ld.graphics_queue}
-    pools, cmds = {}, {}
+    pools = {}
     for name, q in queues.items():
         pools[name] = vk.vkCreateCommandPool(ld.device, vk.VkCommandPoolCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, queueFamilyIndex=q.family), None)

@@ -14,7 +14,6 @@ from vkmulti.capabilities import EXT_MEMORY_HOST
 from vkmulti.images import Buffer, Image
 from vkmulti.transfer import CrossDeviceTransfer, TimelinePoint, select_transfer_method
 
-from conftest import REAL_GPUS
 
 METHODS = [TransferMethod.STAGING_COPY, TransferMethod.HOST_SHARED, TransferMethod.DMABUF]
 F = vk.VK_FORMAT_R16G16B16A16_SFLOAT

@@ -38,7 +38,8 @@ from .errors import TimeoutError as VkmTimeoutError
 from .host_copy import Deadline, HostPort, as_host_bytes
 from .images import Buffer, Image
 from .methods import TransferMethod
-from .transfer import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer, TimelinePoint, select_transfer_method
+from .transfer import (DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer,
+                       select_transfer_method, wait_point)
 
 __all__ = ["InterGpuTransfer", "Gathered"]
 
@@ -569,19 +570,7 @@ class InterGpuTransfer:
 
     @staticmethod
     def _wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
-        if value is None:
-            return None
-        if isinstance(value, TimelinePoint):
-            if value.device_index != slot.index:
-                raise ValueError(f"{label} is a semaphore of GPU {value.device_index}, not of GPU {slot.index}")
-            return value.semaphore, value.value
-        try:
-            sem, v = value
-        except (TypeError, ValueError):
-            raise TypeError(f"{label} must be a TimelinePoint or a (semaphore, value) pair, got {value!r}") from None
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"{label} value must be a non-negative int, got {v!r}")
-        return handle_int(sem, "VkSemaphore"), v
+        return wait_point(value, slot, label)
 
     def _source(self, device: int, data: Any, label: str) -> tuple[np.ndarray | None, _Registration | None]:
         """(host bytes, None) or (None, a registration-like view of the device source)."""

@@ -22,7 +22,7 @@ import vulkan as vk
 
 from ._handles import handle_int
 from .capabilities import EXT_MEMORY_HOST
-from .errors import DestroyedError, UnsupportedError, from_vulkan_exception
+from .errors import DestroyedError, UnsupportedError
 from .images import _vk, find_memory_type
 
 log = logging.getLogger(__name__)

@@ -70,6 +70,24 @@ def cuda_peer_auto() -> bool:
     return os.environ.get(CUDA_PEER_ENV, "") == "1"
 
 
+def wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
+    """(semaphore, value) from a TimelinePoint of `slot` or a (semaphore, value)
+    pair; None for None. `label` names the argument in errors."""
+    if value is None:
+        return None
+    if isinstance(value, TimelinePoint):
+        if value.device_index != slot.index:
+            raise ValueError(f"{label} is a semaphore of GPU {value.device_index}, not of GPU {slot.index}")
+        return value.semaphore, value.value
+    try:
+        sem, v = value
+    except (TypeError, ValueError):
+        raise TypeError(f"{label} must be a TimelinePoint or a (semaphore, value) pair, got {value!r}") from None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{label} value must be a non-negative int, got {v!r}")
+    return handle_int(sem, "VkSemaphore"), v
+
+
 def select_transfer_method(assignment: Any, capabilities: RenderCapabilities | None, *,
                            prefer_dmabuf: bool = True, dst_index: int = 0) -> str:
     """The best method both devices of the pair support (DMABUF only when preferred,
@@ -397,19 +415,8 @@ class CrossDeviceTransfer:
 
     @staticmethod
     def _wait_point(wait: Any, slot: Any, label: str) -> tuple[int | None, int]:
-        if wait is None:
-            return None, 0
-        if isinstance(wait, TimelinePoint):
-            if wait.device_index != slot.index:
-                raise ValueError(f"{label} is a semaphore of GPU {wait.device_index}, not of GPU {slot.index}")
-            return wait.semaphore, wait.value
-        try:
-            sem, value = wait
-        except (TypeError, ValueError):
-            raise TypeError(f"{label} must be a TimelinePoint or a (semaphore, value) pair, got {wait!r}") from None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{label} value must be a non-negative int, got {value!r}")
-        return handle_int(sem, "VkSemaphore"), value
+        point = wait_point(wait, slot, label)
+        return point if point is not None else (None, 0)
 
     def _image_endpoint(self, image: Any, slot: Any, label: str, layout: int | None, final: int | None,
                         wait: Any) -> tuple[_Endpoint, int]:
