@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 __all__ = ["TransferMethod", "select_transfer_method", "CrossDeviceTransfer", "TransferTicket", "TimelinePoint",
            "DEFAULT_SLOT_SIZE", "DEFAULT_SLOT_COUNT"]
 
-#: Ring shape per device pair and method: 8 slots of 4 MiB (32 MiB).
-DEFAULT_SLOT_SIZE = 4 << 20
+#: Ring shape per device pair and method: 8 slots of 8 MiB (64 MiB). Jobs
+#: under 64 MiB are cut into about eight chunks of at least 1 MiB instead.
+DEFAULT_SLOT_SIZE = 8 << 20
 DEFAULT_SLOT_COUNT = 8
 #: CUDA_PEER's default slot: 16 MiB (its chunks move at NVLink speed).
 CUDA_PEER_SLOT_SIZE = 16 << 20
