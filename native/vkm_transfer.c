@@ -594,10 +594,10 @@ VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoin
             return VK_ERROR_FORMAT_NOT_SUPPORTED;
         }
     }
-    /* Mid-sized jobs get smaller chunks (about eight) so both devices overlap;
-     * large ones use whole slots, which costs the fewest submits. */
-    VkDeviceSize eighth = size / 8 > ((VkDeviceSize)1 << 20) ? size / 8 : ((VkDeviceSize)1 << 20);
-    if (eighth < chunk) chunk = eighth;
+    /* Mid-sized jobs get smaller chunks (about sixteen, at least 2 MiB) so both
+     * devices overlap; large ones use whole slots, which costs the fewest submits. */
+    VkDeviceSize part = size / 16 > ((VkDeviceSize)2 << 20) ? size / 16 : ((VkDeviceSize)2 << 20);
+    if (part < chunk) chunk = part;
     chunk = chunk / unit * unit;
     if (chunk < unit) chunk = unit;
     vkm_job *j = calloc(1, sizeof(*j));

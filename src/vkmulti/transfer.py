@@ -30,7 +30,7 @@ __all__ = ["TransferMethod", "select_transfer_method", "CrossDeviceTransfer", "T
            "DEFAULT_SLOT_SIZE", "DEFAULT_SLOT_COUNT"]
 
 #: Ring shape per device pair and method: 8 slots of 8 MiB (64 MiB). Jobs
-#: under 64 MiB are cut into about eight chunks of at least 1 MiB instead.
+#: under 128 MiB are cut into about sixteen chunks of at least 2 MiB instead.
 DEFAULT_SLOT_SIZE = 8 << 20
 DEFAULT_SLOT_COUNT = 8
 #: CUDA_PEER's default slot: 16 MiB (its chunks move at NVLink speed).
