@@ -21,28 +21,7 @@ import numpy as np
 import vulkan as vk
 
 from vkmulti.benchmarks import median_time
-
-
-def use_virtual_if_no_gpu(count: int) -> str | None:
-    """Install `count` virtual lavapipe GPUs when asked, or when there is no real GPU."""
-    from vkmulti.capabilities import probe_device
-    from vkmulti.instance import Instance
-    from vkmulti.testing import find_lavapipe_icd, install_virtual_gpus, is_virtual_setup
-
-    if count:
-        install_virtual_gpus(count)
-        return f"{count} virtual lavapipe GPUs (--virtual)"
-    if is_virtual_setup():
-        return "virtual lavapipe GPUs from VK_DRIVER_FILES"
-    inst = Instance(validation=False)
-    try:
-        kinds = [probe_device(p).device_type for p in inst.physical_devices()]
-    finally:
-        inst.destroy()
-    if not any(k != "cpu" for k in kinds) and find_lavapipe_icd() is not None:
-        install_virtual_gpus(2)
-        return "no GPU found: the virtual lavapipe pair"
-    return None
+from vkmulti.testing import use_virtual_if_no_gpu
 
 
 def timed(fn: Callable[[], Any], reps: int, warmup: int = 1) -> dict[str, float]:

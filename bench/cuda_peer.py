@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from typing import Any, Callable
 
 import numpy as np
 import vulkan as vk
+
+from vkmulti.benchmarks import median_time
 
 BUFFER_BYTES = 256 << 20
 W4K, H4K = 3840, 2160
@@ -27,15 +27,9 @@ RGBA16F = vk.VK_FORMAT_R16G16B16A16_SFLOAT
 
 
 def timed(fn: Callable[[], None], reps: int, warmup: int = 3) -> dict[str, float]:
-    for _ in range(warmup):
-        fn()
-    t = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        t.append(time.perf_counter() - t0)
-    t.sort()
-    return {"median_s": statistics.median(t), "min_s": t[0], "p90_s": t[min(len(t) - 1, int(len(t) * 0.9))]}
+    median, t = median_time(fn, reps, warmup)
+    t = sorted(t)
+    return {"median_s": median, "min_s": t[0], "p90_s": t[min(len(t) - 1, int(len(t) * 0.9))]}
 
 
 class DirectLink:

@@ -14,29 +14,6 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def _use_virtual(args: argparse.Namespace) -> str | None:
-    """Install the virtual pair when asked, or when this machine has no real GPU."""
-    from .testing import find_lavapipe_icd, install_virtual_gpus, is_virtual_setup
-
-    if args.virtual:
-        install_virtual_gpus(args.virtual)
-        return f"using {args.virtual} virtual lavapipe GPUs (--virtual)"
-    if is_virtual_setup():
-        return "using the virtual lavapipe GPUs named in VK_DRIVER_FILES"
-    from .capabilities import probe_device
-    from .instance import Instance
-
-    inst = Instance(validation=False)
-    try:
-        types = [probe_device(p).device_type for p in inst.physical_devices()]
-    finally:
-        inst.destroy()
-    if not any(t != "cpu" for t in types) and find_lavapipe_icd() is not None:
-        install_virtual_gpus(2)
-        return "no GPU found: using the virtual lavapipe GPU pair (2 CPU devices)"
-    return None
-
-
 def gather_info() -> dict[str, Any]:
     from .capabilities import probe_device
     from .instance import Instance
@@ -121,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(args.rest)
     if args.command == "demo":
         from .demo import main as demo_main
-        return demo_main(args, p_demo, _use_virtual)
+        return demo_main(args, p_demo)
     if args.command == "info":
         if args.virtual < 0:
             parser.error("--virtual must be >= 0")
-        note = _use_virtual(args)
+        from .testing import use_virtual_if_no_gpu
+        note = use_virtual_if_no_gpu(args.virtual)
         info = gather_info()
         if note:
             info["note"] = note

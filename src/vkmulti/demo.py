@@ -225,7 +225,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="use N virtual lavapipe GPUs instead of the real ones")
 
 
-def main(args: argparse.Namespace, parser: argparse.ArgumentParser, use_virtual: Any) -> int:
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The `demo` subcommand (cli.py passes its parser and its virtual-GPU chooser)."""
     if args.srus <= 0:
         parser.error(f"--srus must be positive, got {args.srus}")
@@ -238,7 +238,8 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser, use_virtual:
             import PIL  # noqa: F401
         except ImportError:
             parser.error("writing the PNG needs Pillow: pip install 'vkmulti[demo]' (or pass --output '')")
-    note = use_virtual(args)
+    from .testing import use_virtual_if_no_gpu
+    note = use_virtual_if_no_gpu(args.virtual)
     try:
         r = run(args, note)
     except (ValueError, IndexError) as exc:

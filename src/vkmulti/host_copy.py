@@ -23,7 +23,7 @@ import vulkan as vk
 from ._handles import handle_int
 from .capabilities import EXT_MEMORY_HOST
 from .errors import DestroyedError, UnsupportedError
-from .images import _vk, find_memory_type
+from .images import _vk, as_host_bytes, find_memory_type
 
 log = logging.getLogger(__name__)
 _ffi = vk.ffi
@@ -49,23 +49,6 @@ class Deadline:
 
     def left(self) -> float | None:
         return None if self.end is None else max(0.0, self.end - time.monotonic())
-
-
-def as_host_bytes(data: Any, what: str = "data", *, writable: bool = False) -> np.ndarray:
-    """The bytes of a C-contiguous buffer-protocol object as a 1-D uint8 view (no copy)."""
-    try:
-        mv = memoryview(data)
-    except TypeError:
-        raise TypeError(f"{what} must be bytes, a numpy array or another buffer-protocol object, "
-                        f"got {type(data).__name__}") from None
-    if not mv.c_contiguous:
-        raise ValueError(f"{what} is not C-contiguous (shape {mv.shape}, strides {mv.strides}); "
-                         f"pass numpy.ascontiguousarray({what})")
-    if writable and mv.readonly:
-        raise ValueError(f"{what} is read-only; results need a writable array")
-    if mv.nbytes == 0:
-        return np.empty(0, dtype=np.uint8)
-    return np.frombuffer(mv, dtype=np.uint8)
 
 
 class _Submit:

@@ -170,7 +170,7 @@ class Buffer:
 
     def upload(self, data: Any, offset: int = 0) -> None:
         """Copy host bytes (any buffer-protocol object) into the buffer at `offset`."""
-        src = _as_bytes(data)
+        src = as_host_bytes(data)
         self._check_range(offset, src.nbytes)
         staging = Buffer(self.slot, max(1, src.nbytes), usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, host_visible=True)
         try:
@@ -224,15 +224,21 @@ class Buffer:
         self.destroy()
 
 
-def _as_bytes(data: Any) -> np.ndarray:
+def as_host_bytes(data: Any, what: str = "data", *, writable: bool = False) -> np.ndarray:
+    """The bytes of a C-contiguous buffer-protocol object as a 1-D uint8 view (no copy)."""
     try:
         mv = memoryview(data)
     except TypeError:
-        raise TypeError(f"expected bytes, a numpy array or another buffer-protocol object, "
+        raise TypeError(f"{what} must be bytes, a numpy array or another buffer-protocol object, "
                         f"got {type(data).__name__}") from None
     if not mv.c_contiguous:
-        raise ValueError("data must be C-contiguous (use numpy.ascontiguousarray)")
-    return np.frombuffer(mv.cast("B") if mv.nbytes else b"", dtype=np.uint8)
+        raise ValueError(f"{what} is not C-contiguous (shape {mv.shape}, strides {mv.strides}); "
+                         f"pass numpy.ascontiguousarray({what})")
+    if writable and mv.readonly:
+        raise ValueError(f"{what} is read-only; results need a writable array")
+    if mv.nbytes == 0:
+        return np.empty(0, dtype=np.uint8)
+    return np.frombuffer(mv, dtype=np.uint8)
 
 
 class Image:
@@ -319,7 +325,7 @@ class Image:
         """Fill the image from host pixels (rows tightly packed, nbytes must match)."""
         if self.handle is None:
             raise DestroyedError("Image used after destroy()")
-        src = _as_bytes(pixels)
+        src = as_host_bytes(pixels, "pixels")
         if src.nbytes != self.nbytes:
             raise ValueError(f"pixels hold {src.nbytes} bytes; a {self.width}x{self.height} "
                              f"{format_name(self.format)} image needs {self.nbytes}")

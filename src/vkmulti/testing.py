@@ -67,6 +67,29 @@ def virtual_gpus(count: int = 2) -> Iterator[list[str]]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def use_virtual_if_no_gpu(count: int = 0) -> str | None:
+    """Install `count` virtual GPUs when asked, or the pair when this machine has
+    no real GPU; returns a line saying which, or None when real GPUs are used.
+    Call before any Instance is created."""
+    if count:
+        install_virtual_gpus(count)
+        return f"using {count} virtual lavapipe GPUs (--virtual)"
+    if is_virtual_setup():
+        return "using the virtual lavapipe GPUs named in VK_DRIVER_FILES"
+    from .capabilities import probe_device
+    from .instance import Instance
+
+    inst = Instance(validation=False)
+    try:
+        types = [probe_device(p).device_type for p in inst.physical_devices()]
+    finally:
+        inst.destroy()
+    if not any(t != "cpu" for t in types) and find_lavapipe_icd() is not None:
+        install_virtual_gpus(2)
+        return "no GPU found: using the virtual lavapipe GPU pair (2 CPU devices)"
+    return None
+
+
 def is_virtual_setup() -> bool:
     """True when the loader is pointed at vkmulti's lavapipe copies."""
     return "vkmulti_lvp_" in os.environ.get("VK_DRIVER_FILES", "")

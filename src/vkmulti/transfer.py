@@ -134,14 +134,17 @@ class _Endpoint:
 class _LinkRef:
     """A shared native link with a reference count (destroyed at zero, or with its slot)."""
 
-    def __init__(self, link: Any, key: tuple, owner: dict):
-        self.link, self.key, self.owner, self.refs = link, key, owner, 0
+    def __init__(self, link: Any, key: tuple, links: "_Links"):
+        self.link, self.key, self.links, self.refs = link, key, links, 0
 
     def release(self) -> None:
-        self.refs -= 1
-        if self.refs <= 0:
-            self.owner.get("links", {}).pop(self.key, None)
-            self.link.destroy()
+        with self.links.lock:
+            self.refs -= 1
+            if self.refs > 0:
+                return
+            if self.links.by_key.get(self.key) is self:
+                del self.links.by_key[self.key]
+        self.link.destroy()
 
     def destroy(self) -> None:
         self.link.destroy()
@@ -185,7 +188,7 @@ def _acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: i
             else:
                 link = _native.Link(src.native, src.copy_queue.lock, dst.native, dst.copy_queue.lock, _RING[method],
                                     slot_size, slot_count, export, spin=spin)
-            ref = _LinkRef(link, key, {"links": links.by_key})
+            ref = _LinkRef(link, key, links)
             links.by_key[key] = ref
         ref.refs += 1
         return ref
