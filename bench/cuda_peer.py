@@ -36,7 +36,7 @@ class DirectLink:
     """CUDA_PEER through the native link, for a transfer.py that does not route it yet;
     endpoints are built exactly as CrossDeviceTransfer builds them."""
 
-    def __init__(self, s: Any, d: Any, slot_size: int, slot_count: int):
+    def __init__(self, s: Any, d: Any, slot_size: int, slot_count: int, host_sync: bool = False):
         from vkmulti import _native
         from vkmulti.transfer import CrossDeviceTransfer, TransferMethod
 
@@ -46,7 +46,7 @@ class DirectLink:
             q = slot.dedicated_copy_queue
             return (q if q is not None and q.family == slot.graphics_queue.family else slot.graphics_queue).lock
         self.link = _native.CudaPeerLink(s.native, universal(s), d.native, universal(d), slot_size, slot_count,
-                                         spin=200e-6)
+                                         spin=200e-6, host_sync=host_sync)
 
     def submit(self, *, src_image: Any = None, dst_image: Any = None, src_buffer: Any = None,
                dst_buffer: Any = None) -> Any:

@@ -19,6 +19,7 @@
  * semaphore hand-offs, which it waits for itself, always bounded.
  */
 #include "vkm_cuda.h"
+#include "vkm_trace.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -278,6 +279,7 @@ struct vkm_cuda_link {
     uint64_t failed_ticket;  /* tickets from this one on failed ... */
     uint64_t fail_dst_value; /* ... and so did every job whose dst_ready was above this */
     char message[512];
+    vkm_trace *trace;        /* NULL unless VKMULTI_TRACE is set */
 };
 
 #define TRY(expr, name)                                                        \
@@ -788,6 +790,13 @@ VkResult vkm_cuda_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device 
         if (call) *call = "calloc(CUDA link)";
     }
     if (r == VK_SUCCESS) r = link_setup(l, call, msg, msgn);
+    if (r == VK_SUCCESS && (l->trace = vkm_trace_open("cuda_peer")) != NULL) {
+        vkm_trace_watch(l->trace, l->src.dev, l->src.timeline, "src_done");
+        vkm_trace_watch(l->trace, l->src.dev, l->src.from_cuda, "cuda_peer_done");
+        vkm_trace_watch(l->trace, l->dst.dev, l->dst.from_cuda, "cuda_local_done");
+        vkm_trace_watch(l->trace, l->dst.dev, l->dst.timeline, "dst_ready");
+        vkm_trace_start(l->trace);
+    }
     if (r == VK_SUCCESS) {
         if (pthread_create(&l->thread, NULL, cu_worker, l) != 0) {
             r = VK_ERROR_INITIALIZATION_FAILED;
@@ -903,7 +912,10 @@ void vkm_cuda_link_destroy(vkm_cuda_link *l)
         pthread_mutex_unlock(&l->lock);
         pthread_join(l->thread, NULL);
     }
-    if (drain(l)) {
+    int drained = drain(l);
+    vkm_trace_close(l->trace); /* its poller reads the semaphores freed below */
+    l->trace = NULL;
+    if (drained) {
         /* CUDA's imports go before the Vulkan memory and semaphores they map */
         free_cuda(&l->src, l->K, NULL);
         free_cuda(&l->dst, l->K, &l->bounce);
@@ -1005,6 +1017,7 @@ VkResult vkm_cuda_link_submit(vkm_cuda_link *l, const vkm_endpoint *src, const v
     l->tail = j;
     pthread_cond_signal(&l->wake);
     pthread_mutex_unlock(&l->lock);
+    vkm_trace_mark(l->trace, "submit", j->ticket);
     *ticket = j->ticket;
     *src_done = j->src_base + j->chunks;
     *dst_ready = j->dst_base + j->chunks;
@@ -1065,6 +1078,7 @@ VkResult vkm_cuda_link_poll(vkm_cuda_link *l, uint64_t ticket, uint64_t dst_read
     pthread_mutex_lock(&l->lock);
     r = link_failure(l, ticket, dst_ready, call);
     pthread_mutex_unlock(&l->lock);
+    vkm_trace_mark(l->trace, "waited", ticket);
     return r;
 }
 
@@ -1323,6 +1337,7 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
         }
         TRY(vkm_queue_submit(sd, S->queue, n, l->infos, VK_NULL_HANDLE), "vkQueueSubmit(source)");
         S->submitted = j->src_base + k + n;
+        vkm_trace_mark(l->trace, "src_submitted", S->submitted);
 
         /* CUDA's copies and the destination copies, chunk by chunk */
         for (uint32_t i = 0; i < n; i++) {
@@ -1330,7 +1345,9 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
             uint64_t g = g0 + c;
             uint32_t s = (uint32_t)(g % K), ci = (uint32_t)(g % l->ncmd);
             VkResult r = cuda_peer_copy(l, j, c, g, s, call, msg, msgn);
+            vkm_trace_mark(l->trace, "peer_queued", g + 1);
             if (r == VK_SUCCESS) r = cuda_local_copy(l, j, c, g, s, call, msg, msgn);
+            vkm_trace_mark(l->trace, "local_queued", g + 1);
             if (r != VK_SUCCESS) return r;
             VkCommandBuffer cmd;
             r = take_cmd(l, D, ci, &cmd, call);
@@ -1353,6 +1370,7 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
             submit_info(b, D, &si);
             TRY(vkm_queue_submit(dd, D->queue, 1, &si, VK_NULL_HANDLE), "vkQueueSubmit(destination)");
             D->submitted = dv;
+            vkm_trace_mark(l->trace, "dst_submitted", dv);
             D->cmd_free_at[ci] = dv;
             l->slot_free_at[s] = dv;
         }
@@ -1421,6 +1439,7 @@ static void *cu_worker(void *arg)
         cu_job *j = l->head;
         int failed = l->error != VK_SUCCESS;
         pthread_mutex_unlock(&l->lock);
+        vkm_trace_mark(l->trace, "job_taken", j->ticket);
         const char *call = "?";
         msg[0] = 0;
         VkResult r = failed ? VK_SUCCESS : run_job(l, j, &call, msg, sizeof msg);

@@ -1,5 +1,6 @@
 /* vkm_transfer.c - the cross-device transfer engine (see vkm_transfer.h). */
 #include "vkm_transfer.h"
+#include "vkm_trace.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -169,6 +170,7 @@ struct vkm_link {
     VkResult error;             /* sticky: once a job fails, the link is failed */
     const char *error_call;
     uint64_t failed_ticket;
+    vkm_trace *trace; /* NULL unless VKMULTI_TRACE is set */
 };
 
 /* ---- small helpers ------------------------------------------------------- */
@@ -479,6 +481,12 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
         team_start(&l->team, helpers > 7 ? 7 : helpers);
         l->team_started = 1;
     }
+    static const char *const ring_names[] = {"staging", "host_shared", "exported"};
+    if (r == VK_SUCCESS && (l->trace = vkm_trace_open(ring_names[l->cfg.ring])) != NULL) {
+        vkm_trace_watch(l->trace, l->src.dev, l->src.timeline, "src_done");
+        vkm_trace_watch(l->trace, l->dst.dev, l->dst.timeline, "dst_ready");
+        vkm_trace_start(l->trace);
+    }
     if (r == VK_SUCCESS) {
         if (pthread_create(&l->thread, NULL, worker, l) != 0) {
             r = VK_ERROR_INITIALIZATION_FAILED;
@@ -515,6 +523,8 @@ void vkm_link_destroy(vkm_link *l)
         if (l->src.dev) vkm_device_wait_idle(l->src.dev);
         if (l->dst.dev) vkm_device_wait_idle(l->dst.dev);
     }
+    vkm_trace_close(l->trace); /* its poller reads the semaphores freed below */
+    l->trace = NULL;
     side_free(&l->src, l->cfg.slot_count);
     side_free(&l->dst, l->cfg.slot_count);
     free(l->host_block); /* after both imports are freed */
@@ -632,6 +642,7 @@ VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoin
     l->tail = j;
     pthread_cond_signal(&l->wake);
     pthread_mutex_unlock(&l->lock);
+    vkm_trace_mark(l->trace, "submit", j->ticket);
     *ticket = j->ticket;
     *src_done = j->src_done;
     *dst_ready = j->dst_ready;
@@ -679,6 +690,7 @@ VkResult vkm_link_poll(vkm_link *l, uint64_t ticket, uint64_t dst_ready, uint64_
         r = vkm_wait_timeline(l->dst.dev, l->dst.timeline, dst_ready, spent < timeout_ns ? timeout_ns - spent : 0);
     }
     if (r != VK_SUCCESS && r != VK_TIMEOUT && call) *call = "vkWaitSemaphores(dst_ready)";
+    if (r == VK_SUCCESS) vkm_trace_mark(l->trace, "waited", ticket);
     return r;
 }
 
@@ -984,6 +996,7 @@ static VkResult run_job(vkm_link *l, vkm_job *j, const char **call)
             VkSemaphore w = next_src == 0 ? first_wait : VK_NULL_HANDLE;
             TRY(submit(S, S->queue, cmd, w, first_wait_value, VK_NULL_HANDLE, 0, src_chunk_value0 + next_src + 1),
                 "vkQueueSubmit(src)");
+            vkm_trace_mark(l->trace, "src_submitted", src_chunk_value0 + next_src + 1);
             next_src++;
         }
         /* every chunk whose source copy is done goes out in one destination submit */
@@ -1025,6 +1038,7 @@ static VkResult run_job(vkm_link *l, vkm_job *j, const char **call)
         }
         VkSemaphore w = k == 0 ? j->dst.wait_semaphore : VK_NULL_HANDLE;
         TRY(submit_batch(D, D->queue, l->batch_cmds, batch, w, j->dst.wait_value, dv + 1), "vkQueueSubmit(dst)");
+        vkm_trace_mark(l->trace, "dst_submitted", dv + batch);
         for (uint32_t c = k; c <= last; c++)
             l->slot_free_at[(g0 + c) % K] = ++dv;
         next_dst = last + 1;
@@ -1053,6 +1067,7 @@ static void *worker(void *arg)
         vkm_job *j = l->head;
         int failed = l->error != VK_SUCCESS;
         pthread_mutex_unlock(&l->lock);
+        vkm_trace_mark(l->trace, "job_taken", j->ticket);
         const char *call = "?";
         VkResult r = failed ? VK_SUCCESS : run_job(l, j, &call);
         pthread_mutex_lock(&l->lock);

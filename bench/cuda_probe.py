@@ -1,0 +1,73 @@
+"""Where does a CUDA_PEER transfer spend its time? Runs the native link in a few
+shapes (GPU-side vs host-side sync, slot sizes) with VKMULTI_TRACE on, times
+256 MiB / 4K image / 256x256 jobs, and prints each trace's median job event by
+event (bench/trace_report.py).
+
+    python bench/cuda_probe.py OUTDIR [--reps 10]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+import vulkan as vk
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cuda_peer import DirectLink, timed  # noqa: E402
+from trace_report import main as report  # noqa: E402
+
+VARIANTS = {  # name: (host_sync, slot MiB, slots)
+    "gpu_16x8": (False, 16, 8),
+    "host_16x8": (True, 16, 8),
+    "gpu_64x4": (False, 64, 4),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--only", nargs="*", default=list(VARIANTS))
+    a = ap.parse_args(argv)
+    from vkmulti import MultiDeviceManager
+    from vkmulti.images import Buffer, Image
+
+    os.makedirs(a.out, exist_ok=True)
+    with MultiDeviceManager.create(enabled=True, validation=False) as mgr:
+        s, d = mgr.slot(0), mgr.slot(1)
+        bufs = Buffer(s, 256 << 20), Buffer(d, 256 << 20)
+        f = vk.VK_FORMAT_R16G16B16A16_SFLOAT
+        big = Image(s, 3840, 2160, f), Image(d, 3840, 2160, f)
+        small = Image(s, 256, 256, f), Image(d, 256, 256, f)
+        px = np.random.default_rng(1).integers(0, 256, (2160, 3840, 8), dtype=np.uint8)
+        big[0].upload(px)
+        cases = {"256MiB": dict(src_buffer=bufs[0], dst_buffer=bufs[1]),
+                 "4K": dict(src_image=big[0], dst_image=big[1]),
+                 "256x256": dict(src_image=small[0], dst_image=small[1])}
+        for name in a.only:
+            host_sync, mib, k = VARIANTS[name]
+            for case, kw in cases.items():
+                path = os.path.join(a.out, f"trace_{name}_{case}.csv")
+                if os.path.exists(path):
+                    os.remove(path)
+                os.environ["VKMULTI_TRACE"] = path
+                link = DirectLink(s, d, mib << 20, k, host_sync=host_sync)
+                os.environ.pop("VKMULTI_TRACE")
+                try:
+                    link.run(**kw, timeout=60)
+                    ok = case != "4K" or np.array_equal(big[1].download(), px)
+                    t = timed(lambda: link.run(**kw, timeout=60), a.reps)
+                finally:
+                    link.destroy()
+                print(f"== {name} {case}: gpu_sync={not host_sync} exact={ok} {t['median_s'] * 1e3:.3f} ms median "
+                      f"{t['min_s'] * 1e3:.3f} min", flush=True)
+                report([path, "--jobs", "1"])
+        for x in (*bufs, *big, *small):
+            x.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,27 @@
+/* vkm_trace.h - a timeline of a link's work, for finding where time goes.
+ *
+ * Off unless the environment variable VKMULTI_TRACE names a file when a link
+ * is made. Then a poller thread spins on the link's timeline semaphores and
+ * records every value change with CLOCK_MONOTONIC nanoseconds, the worker adds
+ * marks of its own (job taken, batch submitted ...), and when the link is
+ * destroyed the lines "label,t_ns,what,value" are appended to the file.
+ * Every function accepts a NULL trace and then does nothing.
+ */
+#ifndef VKM_TRACE_H
+#define VKM_TRACE_H
+
+#include "vkm.h"
+
+typedef struct vkm_trace vkm_trace;
+
+/* A trace for one link (`label` names it in the file), or NULL when tracing is off. */
+vkm_trace *vkm_trace_open(const char *label);
+/* Watch `sem` (a timeline of `d`) under `name` (a static string). Before vkm_trace_start. */
+void vkm_trace_watch(vkm_trace *t, const vkm_device *d, VkSemaphore sem, const char *name);
+void vkm_trace_start(vkm_trace *t);
+/* Record a host event now; `what` is a static string. Thread-safe, lock-free. */
+void vkm_trace_mark(vkm_trace *t, const char *what, uint64_t value);
+/* Stop the poller, write the records, free the trace. */
+void vkm_trace_close(vkm_trace *t);
+
+#endif
