@@ -21,7 +21,8 @@ from trace_report import main as report  # noqa: E402
 VARIANTS = {  # name: (host_sync, slot MiB, slots)
     "gpu_16x8": (False, 16, 8),
     "host_16x8": (True, 16, 8),
-    "gpu_64x4": (False, 64, 4),
+    "host_8x8": (True, 8, 8),
+    "host_32x8": (True, 32, 8),
 }
 
 
@@ -64,6 +65,24 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"== {name} {case}: gpu_sync={not host_sync} exact={ok} {t['median_s'] * 1e3:.3f} ms median "
                       f"{t['min_s'] * 1e3:.3f} min", flush=True)
                 report([path, "--jobs", "1"])
+        # HOST_SHARED 4K, GPU1 -> GPU0 as in bench/transfer.py (issue 3's target case)
+        from vkmulti.transfer import CrossDeviceTransfer, TransferMethod
+        back = Image(d, 3840, 2160, f), Image(s, 3840, 2160, f)
+        path = os.path.join(a.out, "trace_host_shared_4K.csv")
+        os.environ["VKMULTI_TRACE"] = path
+        x = CrossDeviceTransfer(d, s, TransferMethod.HOST_SHARED)
+        try:
+            x.run(src_image=back[0], dst_image=back[1])
+            os.environ.pop("VKMULTI_TRACE")
+            t = timed(lambda: x.run(src_image=back[0], dst_image=back[1]), 3 * a.reps)
+        finally:
+            x.destroy()
+            os.environ.pop("VKMULTI_TRACE", None)
+        print(f"== host_shared 4K GPU1->GPU0: {t['median_s'] * 1e3:.3f} ms median {t['min_s'] * 1e3:.3f} min",
+              flush=True)
+        report([path, "--jobs", "1"])
+        for x in (*back,):
+            x.destroy()
         for x in (*bufs, *big, *small):
             x.destroy()
     return 0

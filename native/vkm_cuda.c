@@ -24,6 +24,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -377,43 +378,18 @@ static VkResult stream_errors(vkm_cuda_link *l, const char **call, char *msg, si
     return VK_SUCCESS;
 }
 
-/* Host-sync mode: wait on the worker for a CUDA event, bounded by the stall timeout. */
-static VkResult wait_event(vkm_cuda_link *l, cu_side *s, vkm_CUevent ev, const char **call, char *msg,
-                           size_t msgn)
+/* VK_SUCCESS when `ev` (recorded in side `s`'s context) has completed, VK_NOT_READY
+ * while it has not, else the CUDA failure. */
+static VkResult event_state(cu_side *s, vkm_CUevent ev, const char **call, char *msg, size_t msgn)
 {
     VkResult r = cu_push(s->ctx, call, msg, msgn);
     if (r != VK_SUCCESS) return r;
-    struct timespec t0, t;
-    now(&t0);
-    for (unsigned spins = 0;; spins++) {
-        vkm_CUresult cr = cu.cuEventQuery(ev);
-        if (cr == VKM_CUDA_SUCCESS) break;
-        if (cr != VKM_CUDA_ERROR_NOT_READY) {
-            r = cu_fail(msg, msgn, "cuEventQuery", cr);
-            if (call) *call = "cuEventQuery";
-            break;
-        }
-        now(&t);
-        if (spins % 4096 == 4095) { /* a failed stream never completes its events, nor the other stream's */
-            r = stream_errors(l, call, msg, msgn);
-            if (r != VK_SUCCESS) break;
-        }
-        if (elapsed_ns(&t0, &t) >= l->cfg.stall_timeout_ns) {
-            if (msg && msgn)
-                snprintf(msg, msgn, "a CUDA copy did not finish within %.1f s", l->cfg.stall_timeout_ns / 1e9);
-            if (call) *call = "cuEventQuery";
-            r = VKM_ERROR_CUDA;
-            break;
-        }
-        if (spins < 64) {
-            sched_yield();
-        } else {
-            struct timespec nap = {0, 20000};
-            nanosleep(&nap, NULL);
-        }
-    }
+    vkm_CUresult cr = cu.cuEventQuery(ev);
     cu_pop();
-    return r;
+    if (cr == VKM_CUDA_SUCCESS) return VK_SUCCESS;
+    if (cr == VKM_CUDA_ERROR_NOT_READY) return VK_NOT_READY;
+    if (call) *call = "cuEventQuery";
+    return cu_fail(msg, msgn, "cuEventQuery", cr);
 }
 
 /* ---- Vulkan objects -------------------------------------------------------- */
@@ -1214,20 +1190,16 @@ static VkResult take_cmd(vkm_cuda_link *l, cu_side *s, uint32_t i, VkCommandBuff
 }
 
 /* CUDA on the source GPU, chunk `c` (global chunk `g`, slot `s`): after the
- * Vulkan copy into src ring[s] and after chunk g-K left bounce[s], peer-copy
- * src ring[s] -> bounce[s] (NVLink); then release src ring[s]. */
+ * Vulkan copy into src ring[s] (GPU-side wait, or already seen by the host)
+ * and after chunk g-K left bounce[s], peer-copy src ring[s] -> bounce[s]
+ * (NVLink); then release src ring[s]. */
 static VkResult cuda_peer_copy(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t g, uint32_t s,
                                const char **call, char *msg, size_t msgn)
 {
     cu_side *S = &l->src, *D = &l->dst;
     VkDeviceSize off = (VkDeviceSize)s * l->cfg.slot_size;
     uint64_t src_value = j->src_base + c + 1;
-    VkResult r;
-    if (!l->gpu_sync) {
-        r = wait_value(l, S->dev, S->timeline, src_value, call, "vkWaitSemaphores(source chunk)");
-        if (r != VK_SUCCESS) return r;
-    }
-    r = cu_push(S->ctx, call, msg, msgn);
+    VkResult r = cu_push(S->ctx, call, msg, msgn);
     if (r != VK_SUCCESS) return r;
     uint64_t have = 0;
     if (l->gpu_sync && (vkm_timeline_value(S->dev, S->timeline, &have) != VK_SUCCESS || have < src_value)) {
@@ -1256,20 +1228,16 @@ out:
 }
 
 /* CUDA on the destination GPU: after the peer copy and after the Vulkan copy
- * that last read dst ring[s], copy bounce[s] -> dst ring[s]; then tell Vulkan
- * (host-sync mode: wait for it here). */
+ * that last read dst ring[s] (GPU-side wait, or already seen by the host),
+ * copy bounce[s] -> dst ring[s]; then tell Vulkan (GPU-side sync) or let the
+ * host see event landed[s]. */
 static VkResult cuda_local_copy(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t g, uint32_t s,
                                 const char **call, char *msg, size_t msgn)
 {
     cu_side *S = &l->src, *D = &l->dst;
     VkDeviceSize off = (VkDeviceSize)s * l->cfg.slot_size;
     uint64_t read_at = l->slot_free_at[s];
-    VkResult r;
-    if (!l->gpu_sync && read_at) {
-        r = wait_value(l, D->dev, D->timeline, read_at, call, "vkWaitSemaphores(destination slot)");
-        if (r != VK_SUCCESS) return r;
-    }
-    r = cu_push(D->ctx, call, msg, msgn);
+    VkResult r = cu_push(D->ctx, call, msg, msgn);
     if (r != VK_SUCCESS) return r;
     CU_GO(cu.cuStreamWaitEvent(D->stream, S->events[s], 0), "cuStreamWaitEvent(peer copy)");
     if (l->gpu_sync && read_at) {
@@ -1294,90 +1262,224 @@ static VkResult cuda_local_copy(vkm_cuda_link *l, const cu_job *j, uint32_t c, u
     }
 out:
     cu_pop();
-    if (r == VK_SUCCESS && !l->gpu_sync) r = wait_event(l, D, D->events[s], call, msg, msgn);
     return r;
 }
 
-static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *msg, size_t msgn)
+/* Record the source copy of chunk `c` (global `g`) into its ring slot and
+ * describe its submit in batch entry `i`. */
+static VkResult prep_src(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t g, uint32_t i, const char **call)
+{
+    cu_side *S = &l->src;
+    vkm_device *sd = S->dev;
+    uint32_t K = l->K, s = (uint32_t)(g % K), ci = (uint32_t)(g % l->ncmd);
+    VkDeviceSize off = s * l->cfg.slot_size, span = j->src.image ? 0 : j->size;
+    VkCommandBuffer cmd;
+    VkResult r = take_cmd(l, S, ci, &cmd, call);
+    if (r != VK_SUCCESS) return r;
+    if (c == 0) endpoint_barrier(sd, cmd, &j->src, span, 1, 1);
+    record_copy(S, cmd, j, &j->src, c, off, 1);
+    ring_barrier(S, cmd, off, chunk_len(j, c), 1);
+    if (c == j->chunks - 1) endpoint_barrier(sd, cmd, &j->src, span, 1, 0);
+    TRY(sd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(source)");
+    cu_submit *b = &l->batch[i];
+    b->nwait = 0;
+    if (l->gpu_sync && g >= K) { /* CUDA's peer copy of chunk g-K has left src ring slot s */
+        add_wait(b, S->from_cuda, g - K + 1);
+        if (g - K + 1 > S->from_cuda_waited) S->from_cuda_waited = g - K + 1;
+    }
+    if (c == 0 && j->src.wait_semaphore) add_wait(b, j->src.wait_semaphore, j->src.wait_value);
+    b->cmd = cmd;
+    b->signal = j->src_base + c + 1;
+    submit_info(b, S, &l->infos[i]);
+    S->cmd_free_at[ci] = b->signal;
+    return VK_SUCCESS;
+}
+
+/* Record the destination copy of chunk `c` out of its ring slot, signalling
+ * dst_ready `value`, and describe its submit in batch entry `i`. */
+static VkResult prep_dst(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t g, uint32_t i, uint64_t value,
+                         const char **call)
+{
+    cu_side *D = &l->dst;
+    vkm_device *dd = D->dev;
+    uint32_t s = (uint32_t)(g % l->K), ci = (uint32_t)(g % l->ncmd);
+    VkDeviceSize off = s * l->cfg.slot_size, span = j->dst.image ? 0 : j->size;
+    VkCommandBuffer cmd;
+    VkResult r = take_cmd(l, D, ci, &cmd, call);
+    if (r != VK_SUCCESS) return r;
+    ring_barrier(D, cmd, off, chunk_len(j, c), 0);
+    if (c == 0) endpoint_barrier(dd, cmd, &j->dst, span, 0, 1);
+    record_copy(D, cmd, j, &j->dst, c, off, 0);
+    if (c == j->chunks - 1) endpoint_barrier(dd, cmd, &j->dst, span, 0, 0);
+    TRY(dd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(destination)");
+    cu_submit *b = &l->batch[i];
+    b->nwait = 0;
+    if (l->gpu_sync) { /* CUDA's local copy of chunk g has landed in dst ring slot s */
+        add_wait(b, D->from_cuda, g + 1);
+        if (g + 1 > D->from_cuda_waited) D->from_cuda_waited = g + 1;
+    }
+    if (c == 0 && j->dst.wait_semaphore) add_wait(b, j->dst.wait_semaphore, j->dst.wait_value);
+    b->cmd = cmd;
+    b->signal = value;
+    submit_info(b, D, &l->infos[i]);
+    D->cmd_free_at[ci] = value;
+    l->slot_free_at[s] = value;
+    return VK_SUCCESS;
+}
+
+/* GPU-side sync: every hand-off between Vulkan and CUDA is a semaphore the
+ * other API waits on, so the worker only records and submits. */
+static VkResult run_job_gpu(vkm_cuda_link *l, cu_job *j, const char **call, char *msg, size_t msgn)
 {
     cu_side *S = &l->src, *D = &l->dst;
-    vkm_device *sd = S->dev, *dd = D->dev;
     uint32_t K = l->K;
-    VkDeviceSize slot = l->cfg.slot_size;
-    VkDeviceSize src_span = j->src.image ? 0 : j->size, dst_span = j->dst.image ? 0 : j->size;
     uint64_t g0 = l->chunk_counter;
     uint64_t dv = j->dst_base;
-    uint32_t last = j->chunks - 1;
     for (uint32_t k = 0; k < j->chunks;) {
         uint32_t n = j->chunks - k < K ? j->chunks - k : K;
-        /* the window's source copies, one vkQueueSubmit */
-        for (uint32_t i = 0; i < n; i++) {
-            uint32_t c = k + i;
-            uint64_t g = g0 + c;
-            uint32_t s = (uint32_t)(g % K), ci = (uint32_t)(g % l->ncmd);
-            VkCommandBuffer cmd;
-            VkResult r = take_cmd(l, S, ci, &cmd, call);
+        for (uint32_t i = 0; i < n; i++) { /* the window's source copies, one vkQueueSubmit */
+            VkResult r = prep_src(l, j, k + i, g0 + k + i, i, call);
             if (r != VK_SUCCESS) return r;
-            if (c == 0) endpoint_barrier(sd, cmd, &j->src, src_span, 1, 1);
-            record_copy(S, cmd, j, &j->src, c, s * slot, 1);
-            ring_barrier(S, cmd, s * slot, chunk_len(j, c), 1);
-            if (c == last) endpoint_barrier(sd, cmd, &j->src, src_span, 1, 0);
-            TRY(sd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(source)");
-            cu_submit *b = &l->batch[i];
-            b->nwait = 0;
-            if (l->gpu_sync && g >= K) { /* CUDA's peer copy of chunk g-K has left src ring slot s */
-                add_wait(b, S->from_cuda, g - K + 1);
-                if (g - K + 1 > S->from_cuda_waited) S->from_cuda_waited = g - K + 1;
-            }
-            if (c == 0 && j->src.wait_semaphore) add_wait(b, j->src.wait_semaphore, j->src.wait_value);
-            b->cmd = cmd;
-            b->signal = j->src_base + c + 1;
-            submit_info(b, S, &l->infos[i]);
-            S->cmd_free_at[ci] = b->signal;
         }
-        TRY(vkm_queue_submit(sd, S->queue, n, l->infos, VK_NULL_HANDLE), "vkQueueSubmit(source)");
+        TRY(vkm_queue_submit(S->dev, S->queue, n, l->infos, VK_NULL_HANDLE), "vkQueueSubmit(source)");
         S->submitted = j->src_base + k + n;
         vkm_trace_mark(l->trace, "src_submitted", S->submitted);
-
-        /* CUDA's copies and the destination copies, chunk by chunk */
-        for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t i = 0; i < n; i++) { /* CUDA's copies and the destination copies, chunk by chunk */
             uint32_t c = k + i;
             uint64_t g = g0 + c;
-            uint32_t s = (uint32_t)(g % K), ci = (uint32_t)(g % l->ncmd);
+            uint32_t s = (uint32_t)(g % K);
             VkResult r = cuda_peer_copy(l, j, c, g, s, call, msg, msgn);
-            vkm_trace_mark(l->trace, "peer_queued", g + 1);
             if (r == VK_SUCCESS) r = cuda_local_copy(l, j, c, g, s, call, msg, msgn);
-            vkm_trace_mark(l->trace, "local_queued", g + 1);
+            vkm_trace_mark(l->trace, "cuda_queued", g + 1);
+            if (r == VK_SUCCESS) r = prep_dst(l, j, c, g, 0, ++dv, call);
             if (r != VK_SUCCESS) return r;
-            VkCommandBuffer cmd;
-            r = take_cmd(l, D, ci, &cmd, call);
-            if (r != VK_SUCCESS) return r;
-            ring_barrier(D, cmd, s * slot, chunk_len(j, c), 0);
-            if (c == 0) endpoint_barrier(dd, cmd, &j->dst, dst_span, 0, 1);
-            record_copy(D, cmd, j, &j->dst, c, s * slot, 0);
-            if (c == last) endpoint_barrier(dd, cmd, &j->dst, dst_span, 0, 0);
-            TRY(dd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(destination)");
-            cu_submit *b = &l->batch[0];
-            b->nwait = 0;
-            if (l->gpu_sync) { /* CUDA's local copy of chunk g has landed in dst ring slot s */
-                add_wait(b, D->from_cuda, g + 1);
-                if (g + 1 > D->from_cuda_waited) D->from_cuda_waited = g + 1;
-            }
-            if (c == 0 && j->dst.wait_semaphore) add_wait(b, j->dst.wait_semaphore, j->dst.wait_value);
-            b->cmd = cmd;
-            b->signal = ++dv;
-            VkSubmitInfo si;
-            submit_info(b, D, &si);
-            TRY(vkm_queue_submit(dd, D->queue, 1, &si, VK_NULL_HANDLE), "vkQueueSubmit(destination)");
+            TRY(vkm_queue_submit(D->dev, D->queue, 1, &l->infos[0], VK_NULL_HANDLE), "vkQueueSubmit(destination)");
             D->submitted = dv;
             vkm_trace_mark(l->trace, "dst_submitted", dv);
-            D->cmd_free_at[ci] = dv;
-            l->slot_free_at[s] = dv;
         }
         k += n;
     }
     l->chunk_counter += j->chunks;
     return VK_SUCCESS;
+}
+
+/* Host-ordered hand-offs: the worker polls the source timeline and CUDA's
+ * events and queues each next step the moment its inputs are ready. Source
+ * copies run up to a ring ahead; CUDA's two copies of a chunk go out once its
+ * source copy is seen done (and the destination ring slot is read); the
+ * destination copies of every chunk CUDA has landed go out in one submit.
+ * Measured on NVIDIA (bench/cuda_probe.py): a semaphore hand-off between the
+ * APIs takes 150-220 us on the GPU, a host poll and submit about 20. */
+static VkResult run_job_host(vkm_cuda_link *l, cu_job *j, const char **call, char *msg, size_t msgn)
+{
+    cu_side *S = &l->src, *D = &l->dst;
+    uint32_t K = l->K, N = j->chunks;
+    uint64_t g0 = l->chunk_counter, dv = j->dst_base;
+    uint32_t ns = 0, np = 0, nd = 0; /* chunks whose source copy / CUDA copies / destination copy are queued */
+    struct timespec idle_t0, t;
+    int idle = 0;
+    unsigned idle_rounds = 0;
+    while (nd < N) {
+        int moved = 0;
+        VkResult r;
+        /* 1: source copies into ring slots CUDA has finished reading */
+        uint32_t n = 0;
+        while (ns < N && ns < np + K) {
+            uint64_t g = g0 + ns;
+            if (g >= K) {
+                r = event_state(S, S->events[g % K], call, msg, msgn);
+                if (r == VK_NOT_READY) break;
+                if (r != VK_SUCCESS) return r;
+            }
+            r = prep_src(l, j, ns, g, n, call);
+            if (r != VK_SUCCESS) return r;
+            n++;
+            ns++;
+        }
+        if (n) {
+            TRY(vkm_queue_submit(S->dev, S->queue, n, l->infos, VK_NULL_HANDLE), "vkQueueSubmit(source)");
+            S->submitted = j->src_base + ns;
+            vkm_trace_mark(l->trace, "src_submitted", S->submitted);
+            moved = 1;
+        }
+        /* 2: CUDA's copies of chunks the source GPU has written, into free destination slots */
+        if (np < ns) {
+            uint64_t have_s = 0, have_d = 0;
+            TRY(vkm_timeline_value(S->dev, S->timeline, &have_s), "vkGetSemaphoreCounterValue(src_done)");
+            TRY(vkm_timeline_value(D->dev, D->timeline, &have_d), "vkGetSemaphoreCounterValue(dst_ready)");
+            while (np < ns && j->src_base + np + 1 <= have_s && np < nd + K) {
+                uint64_t g = g0 + np;
+                uint32_t s = (uint32_t)(g % K);
+                if (l->slot_free_at[s] > have_d) break; /* the destination copy of chunk g-K still reads it */
+                r = cuda_peer_copy(l, j, np, g, s, call, msg, msgn);
+                if (r == VK_SUCCESS) r = cuda_local_copy(l, j, np, g, s, call, msg, msgn);
+                if (r != VK_SUCCESS) return r;
+                vkm_trace_mark(l->trace, "cuda_queued", g + 1);
+                np++;
+                moved = 1;
+            }
+        }
+        /* 3: destination copies of every chunk CUDA has landed, one submit */
+        n = 0;
+        while (nd < np) {
+            uint64_t g = g0 + nd;
+            r = event_state(D, D->events[g % K], call, msg, msgn);
+            if (r == VK_NOT_READY) break;
+            if (r != VK_SUCCESS) return r;
+            r = prep_dst(l, j, nd, g, n, ++dv, call);
+            if (r != VK_SUCCESS) return r;
+            n++;
+            nd++;
+        }
+        if (n) {
+            TRY(vkm_queue_submit(D->dev, D->queue, n, l->infos, VK_NULL_HANDLE), "vkQueueSubmit(destination)");
+            D->submitted = dv;
+            vkm_trace_mark(l->trace, "dst_submitted", dv);
+            moved = 1;
+        }
+        if (moved) {
+            idle = 0;
+            continue;
+        }
+        /* nothing could move: poll for the spin time, then nap; bounded by the stall timeout */
+        now(&t);
+        if (!idle) {
+            idle = 1;
+            idle_t0 = t;
+            idle_rounds = 0;
+        }
+        uint64_t waited = elapsed_ns(&idle_t0, &t);
+        if (++idle_rounds % 1024 == 0) { /* a failed stream never completes its events */
+            r = stream_errors(l, call, msg, msgn);
+            if (r != VK_SUCCESS) return r;
+        }
+        if (waited >= l->cfg.stall_timeout_ns) {
+            if (msg && msgn)
+                snprintf(msg, msgn, "no progress for %.1f s (source copies queued %u, CUDA copies %u, destination "
+                         "copies %u of %u chunks)", l->cfg.stall_timeout_ns / 1e9, ns, np, nd, N);
+            if (call) *call = "CUDA_PEER worker";
+            return VKM_ERROR_CUDA;
+        }
+        if (waited < l->cfg.spin_ns) {
+            sched_yield();
+        } else if (np < ns && nd == np) { /* only the source copy can unblock: block on its semaphore */
+            r = vkm_wait_timeline(S->dev, S->timeline, j->src_base + np + 1, 1000000);
+            if (r != VK_SUCCESS && r != VK_TIMEOUT) {
+                if (call) *call = "vkWaitSemaphores(src_done)";
+                return r;
+            }
+        } else {
+            struct timespec nap = {0, 10000};
+            nanosleep(&nap, NULL);
+        }
+    }
+    l->chunk_counter += N;
+    return VK_SUCCESS;
+}
+
+static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *msg, size_t msgn)
+{
+    return l->gpu_sync ? run_job_gpu(l, j, call, msg, msgn) : run_job_host(l, j, call, msg, msgn);
 }
 
 /* The idle worker's look at in-flight work: CUDA stream errors and stalls fail the link. */
@@ -1417,6 +1519,7 @@ static void *cu_worker(void *arg)
 {
     vkm_cuda_link *l = arg;
     char msg[512];
+    prctl(PR_SET_TIMERSLACK, 1000UL); /* the worker's short naps between polls stay short */
     pthread_mutex_lock(&l->lock);
     for (;;) {
         while (!l->head && !l->stopping) {
