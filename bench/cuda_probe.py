@@ -20,8 +20,8 @@ from trace_report import main as report  # noqa: E402
 
 VARIANTS = {  # name: (host_sync, slot MiB, slots)
     "gpu_16x8": (False, 16, 8),
-    "host_16x8": (True, 16, 8),
     "host_8x8": (True, 8, 8),
+    "host_16x8": (True, 16, 8),
     "host_32x8": (True, 32, 8),
 }
 
@@ -55,14 +55,22 @@ def main(argv: list[str] | None = None) -> int:
                     os.remove(path)
                 os.environ["VKMULTI_TRACE"] = path
                 link = DirectLink(s, d, mib << 20, k, host_sync=host_sync)
+                landing = link.native_link.landing
+                if case == "256MiB":
+                    print(f"   ring: {link.native_link.ring_note}", flush=True)
                 os.environ.pop("VKMULTI_TRACE")
                 try:
                     link.run(**kw, timeout=60)
                     ok = case != "4K" or np.array_equal(big[1].download(), px)
+                    if case == "256MiB":
+                        data = np.random.default_rng(2).integers(0, 256, 256 << 20, dtype=np.uint8)
+                        bufs[0].upload(data)
+                        link.run(**kw, timeout=60)
+                        ok = np.array_equal(bufs[1].download(), data)
                     t = timed(lambda: link.run(**kw, timeout=60), a.reps)
                 finally:
                     link.destroy()
-                print(f"== {name} {case}: gpu_sync={not host_sync} exact={ok} {t['median_s'] * 1e3:.3f} ms median "
+                print(f"== {name} {case}: gpu_sync={not host_sync} landing={landing} exact={ok} {t['median_s'] * 1e3:.3f} ms median "
                       f"{t['min_s'] * 1e3:.3f} min", flush=True)
                 report([path, "--jobs", "1"])
         # HOST_SHARED 4K, GPU1 -> GPU0 as in bench/transfer.py (issue 3's target case)

@@ -32,6 +32,7 @@ cdef extern from "vkm_cuda.h" nogil:
     VkDeviceSize vkm_cuda_link_slot_size(const vkm_cuda_link *link)
     int vkm_cuda_link_gpu_sync(const vkm_cuda_link *link)
     const char *vkm_cuda_link_sync_note(const vkm_cuda_link *link)
+    const char *vkm_cuda_link_ring_note(const vkm_cuda_link *link)
     const char *vkm_cuda_link_message(const vkm_cuda_link *link)
     VkResult vkm_cuda_link_submit(vkm_cuda_link *link, const vkm_endpoint *src, const vkm_endpoint *dst,
                                   VkDeviceSize size, uint64_t *ticket, uint64_t *src_done, uint64_t *dst_ready,
@@ -107,17 +108,22 @@ def cuda_peer_reason(bytes uuid_a not None, bytes uuid_b not None, str name_a=""
 
 
 cdef class CudaPeerLink:
-    """A CUDA_PEER transfer link: Vulkan rings imported into CUDA, NVLink peer copies.
+    """A CUDA_PEER transfer link: rings shared by Vulkan and CUDA, NVLink peer copies.
 
     The same interface as `Link` (submit, poll, wait, destroy, alive,
     src_timeline, dst_timeline, slot_size). `src_queue`/`dst_queue` should be
     of the universal family: the device-local copies run there. Images must be
     shared with, or owned by, that family (no ownership transfer is made).
 
-    `spin` (seconds) polls semaphores that long before blocking (lower
-    latency on GPUs; leave 0 on CPU devices). `host_sync=True` orders CUDA
-    and Vulkan with host waits on the worker instead of imported semaphores
-    (also the automatic fallback; see `sync_note`). `cuda_ordinals=(i, j)`
+    `spin` (seconds) polls that long before blocking (lower latency on GPUs;
+    leave 0 on CPU devices). With `host_sync=True` (the default) the link's
+    worker thread orders CUDA and Vulkan: it polls each step's completion and
+    queues the next, and the destination ring is CUDA memory imported into
+    Vulkan, so one NVLink copy per chunk is all CUDA does (`ring_note`).
+    `host_sync=False` asks for GPU-side hand-offs through timeline semaphores
+    imported into CUDA, with a CUDA bounce ring; on NVIDIA's 580 driver each
+    such hand-off took 150-220 us, several times slower (bench/RESULTS.md).
+    `sync_note` says which mode runs and why. `cuda_ordinals=(i, j)`
     names the CUDA devices instead of matching deviceUUIDs (diagnostics, and
     tests with a stand-in driver).
     """
@@ -130,7 +136,7 @@ cdef class CudaPeerLink:
 
     def __cinit__(self, Device src not None, QueueLock src_queue not None, Device dst not None,
                   QueueLock dst_queue not None, uint64_t slot_size, uint32_t slot_count,
-                  double stall_timeout=30.0, double spin=0.0, bint host_sync=False, cuda_ordinals=None):
+                  double stall_timeout=30.0, double spin=0.0, bint host_sync=True, cuda_ordinals=None):
         cdef vkm_cuda_link_config cfg
         cdef const char *call = NULL
         cdef char msg[512]
@@ -197,6 +203,16 @@ cdef class CudaPeerLink:
     def sync_note(self):
         """How the link orders CUDA and Vulkan, and why."""
         return _text(vkm_cuda_link_sync_note(self.ptr()))
+
+    @property
+    def landing(self):
+        """True when NVLink copies land in the destination ring itself (CUDA memory imported into Vulkan)."""
+        return self.ring_note.startswith("landing")
+
+    @property
+    def ring_note(self):
+        """How the destination ring is made, and why."""
+        return _text(vkm_cuda_link_ring_note(self.ptr()))
 
     def submit(self, src, dst, uint64_t size):
         """Queue a job; returns (ticket, src_done value, dst_ready value)."""

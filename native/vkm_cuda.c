@@ -238,6 +238,10 @@ typedef struct cu_side {
     vkm_CUdeviceptr ring_ptr;
     vkm_CUexternalSemaphore ext_timeline, ext_from_cuda;
     vkm_CUevent *events;        /* K; source: copied[s], destination: landed[s] */
+    /* destination with a landing ring: the ring is CUDA memory imported into Vulkan */
+    vkm_CUmemGenericAllocationHandle vmm;
+    size_t vmm_size;
+    int vmm_reserved, vmm_mapped;
 } cu_side;
 
 typedef struct cu_submit {
@@ -281,6 +285,8 @@ struct vkm_cuda_link {
     uint64_t fail_dst_value; /* ... and so did every job whose dst_ready was above this */
     char message[512];
     vkm_trace *trace;        /* NULL unless VKMULTI_TRACE is set */
+    int landing;             /* 1: the peer copy lands in the destination ring itself (no bounce ring) */
+    char ring_note[320];
 };
 
 #define TRY(expr, name)                                                        \
@@ -630,7 +636,7 @@ static VkResult make_sync(vkm_cuda_link *l, const char **call, char *msg, size_t
     const char *why = NULL;
     char detail[256] = "";
     if (l->cfg.host_sync)
-        why = "asked for";
+        why = "not asked for";
     else if (!l->src.dev->fn.vkGetSemaphoreFdKHR || !l->dst.dev->fn.vkGetSemaphoreFdKHR)
         why = "vkGetSemaphoreFdKHR is missing (VK_KHR_external_semaphore_fd is not enabled on both devices)";
     else if (!timeline_exportable(l->src.dev->physical) || !timeline_exportable(l->dst.dev->physical))
@@ -654,10 +660,119 @@ static VkResult make_sync(vkm_cuda_link *l, const char **call, char *msg, size_t
         why = detail;
     }
     l->gpu_sync = 0;
-    snprintf(l->sync_note, sizeof l->sync_note, "host waits on the worker thread (timeline import: %s)", why);
+    snprintf(l->sync_note, sizeof l->sync_note,
+             "host-ordered: the worker polls each step's completion and queues the next (GPU-side semaphores: %s)",
+             why);
     TRY(make_timeline(l->src.dev, 0, &l->src.timeline), "vkCreateSemaphore(timeline)");
     TRY(make_timeline(l->dst.dev, 0, &l->dst.timeline), "vkCreateSemaphore(timeline)");
     return VK_SUCCESS;
+}
+
+/* Undo make_landing (Vulkan's import first, then CUDA's allocation). */
+static void free_landing(cu_side *s)
+{
+    vkm_device *d = s->dev;
+    if (s->ring) d->fn.vkDestroyBuffer(d->device, s->ring, NULL);
+    if (s->memory) d->fn.vkFreeMemory(d->device, s->memory, NULL);
+    s->ring = VK_NULL_HANDLE;
+    s->memory = VK_NULL_HANDLE;
+    if (s->vmm_reserved && cu_push(s->ctx, NULL, NULL, 0) == VK_SUCCESS) {
+        if (s->vmm_mapped) cu.cuMemUnmap(s->ring_ptr, s->vmm_size);
+        cu.cuMemAddressFree(s->ring_ptr, s->vmm_size);
+        cu_pop();
+    }
+    if (s->vmm) cu.cuMemRelease(s->vmm);
+    s->vmm = 0;
+    s->vmm_mapped = s->vmm_reserved = 0;
+    s->ring_ptr = 0;
+}
+
+/* The destination's landing ring: device memory CUDA allocates on the
+ * destination GPU (readable and writable by both GPUs), exported as a POSIX fd
+ * and imported into Vulkan there. The peer copy writes it directly, with no
+ * bounce ring and no CUDA work on the destination GPU: CUDA's local copy there
+ * would take turns on the GPU with the destination's Vulkan copies. On
+ * failure everything is undone and the reason is in `msg`. */
+static VkResult make_landing(vkm_cuda_link *l, cu_side *s, const char **call, char *msg, size_t msgn)
+{
+    vkm_device *d = s->dev;
+    vkm_CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = VKM_CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = VKM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location.type = VKM_CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = cu_devs[s->cu_index].dev;
+    vkm_CUmemAccessDesc access[2];
+    memset(access, 0, sizeof access);
+    access[0].location = prop.location;
+    access[1].location.type = VKM_CU_MEM_LOCATION_TYPE_DEVICE;
+    access[1].location.id = cu_devs[l->src.cu_index].dev;
+    access[0].flags = access[1].flags = VKM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    int fd = -1;
+    VkResult r = cu_push(s->ctx, call, msg, msgn);
+    if (r != VK_SUCCESS) return r;
+    size_t gran = 0;
+    CU_GO(cu.cuMemGetAllocationGranularity(&gran, &prop, VKM_CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          "cuMemGetAllocationGranularity");
+    if (!gran) gran = 2 << 20;
+    s->vmm_size = ((size_t)l->ring_bytes + gran - 1) / gran * gran;
+    CU_GO(cu.cuMemCreate(&s->vmm, s->vmm_size, &prop, 0), "cuMemCreate(landing ring)");
+    CU_GO(cu.cuMemAddressReserve(&s->ring_ptr, s->vmm_size, 0, 0, 0), "cuMemAddressReserve");
+    s->vmm_reserved = 1;
+    CU_GO(cu.cuMemMap(s->ring_ptr, s->vmm_size, 0, s->vmm, 0), "cuMemMap");
+    s->vmm_mapped = 1;
+    CU_GO(cu.cuMemSetAccess(s->ring_ptr, s->vmm_size, access, 2), "cuMemSetAccess(both GPUs)");
+    CU_GO(cu.cuMemExportToShareableHandle(&fd, s->vmm, VKM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+          "cuMemExportToShareableHandle(POSIX fd)");
+out:
+    cu_pop();
+    const VkExternalMemoryHandleTypeFlagBits type = VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT;
+    if (r == VK_SUCCESS) {
+        VkExternalMemoryBufferCreateInfo ext = {.sType = VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO,
+                                                .handleTypes = type};
+        VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                                 .pNext = &ext,
+                                 .size = l->ring_bytes,
+                                 .usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                                 .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+        r = d->fn.vkCreateBuffer(d->device, &bi, NULL, &s->ring);
+        if (r != VK_SUCCESS) {
+            s->ring = VK_NULL_HANDLE;
+            snprintf(msg, msgn, "vkCreateBuffer(landing ring) failed: VkResult %d", (int)r);
+        }
+    }
+    if (r == VK_SUCCESS) {
+        VkMemoryRequirements req;
+        d->fn.vkGetBufferMemoryRequirements(d->device, s->ring, &req);
+        int mt = vkm_find_memory_type(d, req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
+        if (mt < 0 || req.size > s->vmm_size) {
+            snprintf(msg, msgn, "the landing ring's buffer needs %llu B of memory types 0x%x; CUDA exported %zu B",
+                     (unsigned long long)req.size, req.memoryTypeBits, s->vmm_size);
+            r = VK_ERROR_FEATURE_NOT_PRESENT;
+        } else {
+            VkImportMemoryFdInfoKHR imp = {.sType = VK_STRUCTURE_TYPE_IMPORT_MEMORY_FD_INFO_KHR,
+                                           .handleType = type,
+                                           .fd = fd};
+            VkMemoryAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                                          .pNext = &imp,
+                                          .allocationSize = s->vmm_size,
+                                          .memoryTypeIndex = (uint32_t)mt};
+            r = d->fn.vkAllocateMemory(d->device, &alloc, NULL, &s->memory);
+            if (r == VK_SUCCESS) {
+                fd = -1; /* Vulkan owns it now */
+                r = d->fn.vkBindBufferMemory(d->device, s->ring, s->memory, 0);
+                if (r != VK_SUCCESS) snprintf(msg, msgn, "vkBindBufferMemory(landing ring) failed: VkResult %d", (int)r);
+            } else {
+                s->memory = VK_NULL_HANDLE;
+                snprintf(msg, msgn, "Vulkan cannot import CUDA's exported memory (vkAllocateMemory with "
+                         "VkImportMemoryFdInfoKHR: VkResult %d)", (int)r);
+            }
+        }
+        if (r != VK_SUCCESS && call) *call = "vkAllocateMemory(landing ring)";
+    }
+    if (fd >= 0) close(fd);
+    if (r != VK_SUCCESS) free_landing(s);
+    return r;
 }
 
 static VkResult link_setup(vkm_cuda_link *l, const char **call, char *msg, size_t msgn)
@@ -676,17 +791,43 @@ static VkResult link_setup(vkm_cuda_link *l, const char **call, char *msg, size_
     if (r == VK_SUCCESS) r = enable_peer(l->dst.ctx, l->src.ctx, call, msg, msgn);
     for (int i = 0; i < 2 && r == VK_SUCCESS; i++) {
         r = make_cmds(sides[i], l->ncmd, call);
-        if (r == VK_SUCCESS) r = make_ring(l, sides[i], call, msg, msgn);
         if (r == VK_SUCCESS) r = make_stream(sides[i], l->K, call, msg, msgn);
     }
+    if (r == VK_SUCCESS) r = make_ring(l, &l->src, call, msg, msgn);
+    if (r == VK_SUCCESS) r = make_sync(l, call, msg, msgn);
+    if (r != VK_SUCCESS) return r;
+    /* the destination ring: a landing ring where the hand-offs are the host's;
+     * else (GPU-side sync, or the drivers refuse) Vulkan memory imported into
+     * CUDA, fed by a CUDA bounce ring and a local copy */
+    char why[256] = "GPU-side sync signals Vulkan from the destination GPU's CUDA stream";
+    if (!l->gpu_sync) {
+        const char *c = NULL;
+        r = make_landing(l, &l->dst, &c, why, sizeof why);
+        if (r == VK_SUCCESS) {
+            l->landing = 1;
+            snprintf(l->ring_note, sizeof l->ring_note,
+                     "landing ring: CUDA memory on the destination GPU imported into Vulkan; one NVLink copy per "
+                     "chunk, no CUDA work on the destination GPU");
+            return VK_SUCCESS;
+        }
+        if (r == VK_ERROR_OUT_OF_HOST_MEMORY || r == VK_ERROR_DEVICE_LOST) {
+            if (call) *call = c;
+            snprintf(msg, msgn, "%s", why);
+            return r;
+        }
+        if (!why[0]) snprintf(why, sizeof why, "%s failed (VkResult %d)", c ? c : "?", (int)r);
+    }
+    snprintf(l->ring_note, sizeof l->ring_note,
+             "bounce ring: NVLink copy into CUDA memory, then a local copy into Vulkan memory (no landing ring: %s)",
+             why);
+    r = make_ring(l, &l->dst, call, msg, msgn);
     if (r != VK_SUCCESS) return r;
     r = cu_push(l->dst.ctx, call, msg, msgn);
     if (r != VK_SUCCESS) return r;
     CU_GO(cu.cuMemAlloc(&l->bounce, (size_t)l->ring_bytes), "cuMemAlloc(bounce ring)");
 out:
     cu_pop();
-    if (r != VK_SUCCESS) return r;
-    return make_sync(l, call, msg, msgn);
+    return r;
 }
 
 static void *cu_worker(void *arg);
@@ -894,6 +1035,7 @@ void vkm_cuda_link_destroy(vkm_cuda_link *l)
     if (drained) {
         /* CUDA's imports go before the Vulkan memory and semaphores they map */
         free_cuda(&l->src, l->K, NULL);
+        if (l->landing) free_landing(&l->dst); /* Vulkan's import, then CUDA's memory */
         free_cuda(&l->dst, l->K, &l->bounce);
         free_vulkan(&l->src, l->ncmd);
         free_vulkan(&l->dst, l->ncmd);
@@ -926,6 +1068,7 @@ VkSemaphore vkm_cuda_link_dst_timeline(const vkm_cuda_link *l) { return l->dst.t
 VkDeviceSize vkm_cuda_link_slot_size(const vkm_cuda_link *l) { return l->cfg.slot_size; }
 int vkm_cuda_link_gpu_sync(const vkm_cuda_link *l) { return l->gpu_sync; }
 const char *vkm_cuda_link_sync_note(const vkm_cuda_link *l) { return l->sync_note; }
+const char *vkm_cuda_link_ring_note(const vkm_cuda_link *l) { return l->ring_note; }
 const char *vkm_cuda_link_message(const vkm_cuda_link *l) { return l->message; }
 
 /* ---- jobs ------------------------------------------------------------------ */
@@ -1267,6 +1410,25 @@ out:
 
 /* Record the source copy of chunk `c` (global `g`) into its ring slot and
  * describe its submit in batch entry `i`. */
+/* Landing ring: after the Vulkan copy into src ring[s] (seen by the host) and
+ * after the Vulkan copy that last read dst ring[s], peer-copy src ring[s] ->
+ * dst ring[s] over NVLink; event copied[s] then says both that the source
+ * slot is free and that the chunk has landed. */
+static VkResult landing_copy(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint32_t s, const char **call,
+                             char *msg, size_t msgn)
+{
+    cu_side *S = &l->src, *D = &l->dst;
+    VkDeviceSize off = (VkDeviceSize)s * l->cfg.slot_size;
+    VkResult r = cu_push(S->ctx, call, msg, msgn);
+    if (r != VK_SUCCESS) return r;
+    CU_GO(cu.cuMemcpyPeerAsync(D->ring_ptr + off, D->ctx, S->ring_ptr + off, S->ctx, (size_t)chunk_len(j, c),
+                               S->stream), "cuMemcpyPeerAsync");
+    CU_GO(cu.cuEventRecord(S->events[s], S->stream), "cuEventRecord(peer copy)");
+out:
+    cu_pop();
+    return r;
+}
+
 static VkResult prep_src(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t g, uint32_t i, const char **call)
 {
     cu_side *S = &l->src;
@@ -1411,8 +1573,12 @@ static VkResult run_job_host(vkm_cuda_link *l, cu_job *j, const char **call, cha
                 uint64_t g = g0 + np;
                 uint32_t s = (uint32_t)(g % K);
                 if (l->slot_free_at[s] > have_d) break; /* the destination copy of chunk g-K still reads it */
-                r = cuda_peer_copy(l, j, np, g, s, call, msg, msgn);
-                if (r == VK_SUCCESS) r = cuda_local_copy(l, j, np, g, s, call, msg, msgn);
+                if (l->landing) {
+                    r = landing_copy(l, j, np, s, call, msg, msgn);
+                } else {
+                    r = cuda_peer_copy(l, j, np, g, s, call, msg, msgn);
+                    if (r == VK_SUCCESS) r = cuda_local_copy(l, j, np, g, s, call, msg, msgn);
+                }
                 if (r != VK_SUCCESS) return r;
                 vkm_trace_mark(l->trace, "cuda_queued", g + 1);
                 np++;
@@ -1423,7 +1589,8 @@ static VkResult run_job_host(vkm_cuda_link *l, cu_job *j, const char **call, cha
         n = 0;
         while (nd < np) {
             uint64_t g = g0 + nd;
-            r = event_state(D, D->events[g % K], call, msg, msgn);
+            cu_side *X = l->landing ? S : D; /* the side whose event says the chunk has landed */
+            r = event_state(X, X->events[g % K], call, msg, msgn);
             if (r == VK_NOT_READY) break;
             if (r != VK_SUCCESS) return r;
             r = prep_dst(l, j, nd, g, n, ++dv, call);

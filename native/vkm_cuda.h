@@ -36,6 +36,11 @@ enum {
     VKM_CUDA_EXTERNAL_MEMORY_DEDICATED = 0x1,
     VKM_CU_STREAM_NON_BLOCKING = 0x1,
     VKM_CU_EVENT_DISABLE_TIMING = 0x2,
+    VKM_CU_MEM_ALLOCATION_TYPE_PINNED = 0x1,
+    VKM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1,
+    VKM_CU_MEM_LOCATION_TYPE_DEVICE = 0x1,
+    VKM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3,
+    VKM_CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0,
 };
 
 #ifdef VKM_CUDA_TYPES_FROM_CUDA_H
@@ -54,6 +59,12 @@ typedef CUDA_EXTERNAL_MEMORY_BUFFER_DESC vkm_CUDA_EXTERNAL_MEMORY_BUFFER_DESC;
 typedef CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC;
 typedef CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS;
 typedef CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS;
+typedef CUmemGenericAllocationHandle vkm_CUmemGenericAllocationHandle;
+typedef CUmemLocation vkm_CUmemLocation;
+typedef CUmemAllocationProp vkm_CUmemAllocationProp;
+typedef CUmemAccessDesc vkm_CUmemAccessDesc;
+typedef CUmemAllocationHandleType vkm_CUmemAllocationHandleType;
+typedef CUmemAllocationGranularity_flags vkm_CUmemAllocationGranularity_flags;
 #else
 typedef int vkm_CUresult;
 typedef int vkm_CUdevice;
@@ -139,6 +150,31 @@ typedef struct vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS {
     unsigned int flags;
     unsigned int reserved[16];
 } vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS;
+
+/* virtual memory management (CUDA 10.2+): memory CUDA allocates and exports */
+typedef unsigned long long vkm_CUmemGenericAllocationHandle;
+typedef int vkm_CUmemAllocationHandleType;
+typedef int vkm_CUmemAllocationGranularity_flags;
+typedef struct vkm_CUmemLocation {
+    int type; /* CUmemLocationType */
+    int id;
+} vkm_CUmemLocation;
+typedef struct vkm_CUmemAllocationProp {
+    int type;                 /* CUmemAllocationType */
+    int requestedHandleTypes; /* CUmemAllocationHandleType */
+    vkm_CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} vkm_CUmemAllocationProp;
+typedef struct vkm_CUmemAccessDesc {
+    vkm_CUmemLocation location;
+    int flags; /* CUmemAccess_flags */
+} vkm_CUmemAccessDesc;
 #endif
 
 /* The driver functions used, as X(field, symbol, fallback symbol or `none`, (parameters)).
@@ -177,6 +213,24 @@ typedef struct vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS {
     X(cuDestroyExternalSemaphore, cuDestroyExternalSemaphore, none, (vkm_CUexternalSemaphore sem))      \
     X(cuMemAlloc, cuMemAlloc_v2, none, (vkm_CUdeviceptr * ptr, size_t size))                             \
     X(cuMemFree, cuMemFree_v2, none, (vkm_CUdeviceptr ptr))                                              \
+    X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, none,                               \
+      (size_t *granularity, const vkm_CUmemAllocationProp *prop, vkm_CUmemAllocationGranularity_flags option)) \
+    X(cuMemCreate, cuMemCreate, none,                                                                   \
+      (vkm_CUmemGenericAllocationHandle * handle, size_t size, const vkm_CUmemAllocationProp *prop,        \
+       unsigned long long flags))                                                                          \
+    X(cuMemRelease, cuMemRelease, none, (vkm_CUmemGenericAllocationHandle handle))                      \
+    X(cuMemAddressReserve, cuMemAddressReserve, none,                                                   \
+      (vkm_CUdeviceptr * ptr, size_t size, size_t alignment, vkm_CUdeviceptr addr, unsigned long long flags)) \
+    X(cuMemAddressFree, cuMemAddressFree, none, (vkm_CUdeviceptr ptr, size_t size))                     \
+    X(cuMemMap, cuMemMap, none,                                                                         \
+      (vkm_CUdeviceptr ptr, size_t size, size_t offset, vkm_CUmemGenericAllocationHandle handle,           \
+       unsigned long long flags))                                                                          \
+    X(cuMemUnmap, cuMemUnmap, none, (vkm_CUdeviceptr ptr, size_t size))                                 \
+    X(cuMemSetAccess, cuMemSetAccess, none,                                                             \
+      (vkm_CUdeviceptr ptr, size_t size, const vkm_CUmemAccessDesc *desc, size_t count))                  \
+    X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, none,                                 \
+      (void *shareable, vkm_CUmemGenericAllocationHandle handle, vkm_CUmemAllocationHandleType type,       \
+       unsigned long long flags))                                                                          \
     X(cuMemcpyPeerAsync, cuMemcpyPeerAsync, none,                                                       \
       (vkm_CUdeviceptr dst, vkm_CUcontext dst_ctx, vkm_CUdeviceptr src, vkm_CUcontext src_ctx,             \
        size_t size, vkm_CUstream stream))                                                                  \
@@ -233,7 +287,7 @@ typedef struct vkm_cuda_link_config {
     uint32_t slot_count;       /* ring depth (src ring, bounce ring, dst ring) */
     uint64_t stall_timeout_ns; /* no progress for this long fails the link */
     uint64_t spin_ns;          /* poll semaphores this long before a blocking wait */
-    int host_sync;             /* 1: order CUDA and Vulkan with host waits (no semaphore import) */
+    int host_sync;             /* 1: the worker orders CUDA and Vulkan (polls); 0: semaphores imported into CUDA */
     int cuda_ordinals[2];      /* CUDA devices of source and destination; -1: match by deviceUUID */
 } vkm_cuda_link_config;
 
@@ -251,6 +305,8 @@ VkSemaphore vkm_cuda_link_dst_timeline(const vkm_cuda_link *link);
 VkDeviceSize vkm_cuda_link_slot_size(const vkm_cuda_link *link);
 int vkm_cuda_link_gpu_sync(const vkm_cuda_link *link);
 const char *vkm_cuda_link_sync_note(const vkm_cuda_link *link);
+/* How the destination ring is made (landing ring, or bounce ring and why). */
+const char *vkm_cuda_link_ring_note(const vkm_cuda_link *link);
 /* The text of the link's failure (empty while it has none). */
 const char *vkm_cuda_link_message(const vkm_cuda_link *link);
 

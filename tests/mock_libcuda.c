@@ -355,6 +355,28 @@ CUresult cuSignalExternalSemaphoresAsync(const void *s, const void *p, unsigned 
 CUresult cuWaitExternalSemaphoresAsync(const void *s, const void *p, unsigned int n, void *st) { return E_NOT_SUPPORTED; }
 CUresult cuDestroyExternalSemaphore(void *s) { return E_INVALID_HANDLE; }
 
+/* Virtual memory management: no exportable device memory here, so the link
+ * must fall back to its bounce ring (and say so). */
+CUresult cuMemGetAllocationGranularity(size_t *g, const void *prop, int option) { *g = 2 << 20; return OK; }
+CUresult cuMemCreate(unsigned long long *h, size_t n, const void *prop, unsigned long long flags)
+{
+    return E_NOT_SUPPORTED;
+}
+CUresult cuMemRelease(unsigned long long h) { violation("cuMemRelease without cuMemCreate"); return E_INVALID_VALUE; }
+CUresult cuMemAddressReserve(CUdeviceptr *p, size_t n, size_t a, CUdeviceptr addr, unsigned long long f)
+{
+    violation("cuMemAddressReserve without cuMemCreate");
+    return E_INVALID_VALUE;
+}
+CUresult cuMemAddressFree(CUdeviceptr p, size_t n) { violation("cuMemAddressFree without reserve"); return E_INVALID_VALUE; }
+CUresult cuMemMap(CUdeviceptr p, size_t n, size_t o, unsigned long long h, unsigned long long f) { return E_INVALID_VALUE; }
+CUresult cuMemUnmap(CUdeviceptr p, size_t n) { violation("cuMemUnmap without cuMemMap"); return E_INVALID_VALUE; }
+CUresult cuMemSetAccess(CUdeviceptr p, size_t n, const void *d, size_t count) { return E_INVALID_VALUE; }
+CUresult cuMemExportToShareableHandle(void *out, unsigned long long h, int type, unsigned long long f)
+{
+    return E_INVALID_VALUE;
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n)
 {
     FAILPOINT("cuMemAlloc");

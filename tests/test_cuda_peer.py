@@ -189,6 +189,22 @@ _Static_assert((int)VKM_CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD 
 _Static_assert((int)VKM_CUDA_EXTERNAL_MEMORY_DEDICATED == (int)CUDA_EXTERNAL_MEMORY_DEDICATED, "dedicated");
 _Static_assert((int)VKM_CU_STREAM_NON_BLOCKING == (int)CU_STREAM_NON_BLOCKING, "non-blocking");
 _Static_assert((int)VKM_CU_EVENT_DISABLE_TIMING == (int)CU_EVENT_DISABLE_TIMING, "disable timing");
+SAME(vkm_CUmemLocation, CUmemLocation);
+OFF(vkm_CUmemLocation, CUmemLocation, id);
+SAME(vkm_CUmemAllocationProp, CUmemAllocationProp);
+OFF(vkm_CUmemAllocationProp, CUmemAllocationProp, requestedHandleTypes);
+OFF(vkm_CUmemAllocationProp, CUmemAllocationProp, location);
+OFF(vkm_CUmemAllocationProp, CUmemAllocationProp, win32HandleMetaData);
+OFF(vkm_CUmemAllocationProp, CUmemAllocationProp, allocFlags);
+SAME(vkm_CUmemAccessDesc, CUmemAccessDesc);
+OFF(vkm_CUmemAccessDesc, CUmemAccessDesc, flags);
+SAME(vkm_CUmemGenericAllocationHandle, CUmemGenericAllocationHandle);
+_Static_assert((int)VKM_CU_MEM_ALLOCATION_TYPE_PINNED == (int)CU_MEM_ALLOCATION_TYPE_PINNED, "pinned");
+_Static_assert((int)VKM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == (int)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+               "posix fd");
+_Static_assert((int)VKM_CU_MEM_LOCATION_TYPE_DEVICE == (int)CU_MEM_LOCATION_TYPE_DEVICE, "device");
+_Static_assert((int)VKM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE == (int)CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "rw");
+_Static_assert((int)VKM_CU_MEM_ALLOC_GRANULARITY_MINIMUM == (int)CU_MEM_ALLOC_GRANULARITY_MINIMUM, "granularity");
 int main(void) { return 0; }
 """
 
@@ -356,12 +372,26 @@ def test_gpu_available_and_selected(manager, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_sync_is_on_the_gpus(manager):
-    """Timeline semaphores import into CUDA on this driver (else the link falls back to host waits)."""
+def test_gpu_landing_ring_and_host_ordering(manager):
+    """By default the NVLink copy lands in the destination ring itself (CUDA memory imported
+    into Vulkan) and the worker orders the steps."""
     _require_cuda_peer(manager)
     m = _Direct(manager, 0, 1)
     try:
+        assert m.link.landing, m.link.ring_note
+        assert not m.link.gpu_sync and "host-ordered" in m.link.sync_note, m.link.sync_note
+    finally:
+        m.destroy()
+
+
+@pytest.mark.gpu
+def test_gpu_sync_is_on_the_gpus(manager):
+    """Asked for, timeline semaphores import into CUDA on this driver (with a bounce ring)."""
+    _require_cuda_peer(manager)
+    m = _Direct(manager, 0, 1, host_sync=False)
+    try:
         assert m.link.gpu_sync, m.link.sync_note
+        assert not m.link.landing and "bounce ring" in m.link.ring_note, m.link.ring_note
     finally:
         m.destroy()
 
@@ -410,7 +440,8 @@ def test_gpu_image_roundtrip(manager, via, src, dst, w, h, fmt):
 @pytest.mark.gpu
 @pytest.mark.parametrize("host_sync", [False, True])
 def test_gpu_small_ring_wraps(manager, host_sync):
-    """Slots far smaller than the data: every ring (source, bounce, destination) wraps many times."""
+    """Slots far smaller than the data: every ring (source, landing or bounce, destination) wraps many
+    times, in both sync modes."""
     _require_cuda_peer(manager)
     m = _Direct(manager, 0, 1, slot_size=64 << 10, slot_count=3, host_sync=host_sync)
     try:
