@@ -36,7 +36,7 @@ class DirectLink:
     """CUDA_PEER through the native link, for a transfer.py that does not route it yet;
     endpoints are built exactly as CrossDeviceTransfer builds them."""
 
-    def __init__(self, s: Any, d: Any, slot_size: int, slot_count: int, host_sync: bool = False):
+    def __init__(self, s: Any, d: Any, slot_size: int, slot_count: int, landing: bool = True):
         from vkmulti import _native
         from vkmulti.transfer import CrossDeviceTransfer, TransferMethod
 
@@ -46,7 +46,7 @@ class DirectLink:
             q = slot.dedicated_copy_queue
             return (q if q is not None and q.family == slot.graphics_queue.family else slot.graphics_queue).lock
         self.link = _native.CudaPeerLink(s.native, universal(s), d.native, universal(d), slot_size, slot_count,
-                                         spin=200e-6, host_sync=host_sync)
+                                         spin=200e-6, landing=landing)
 
     def submit(self, *, src_image: Any = None, dst_image: Any = None, src_buffer: Any = None,
                dst_buffer: Any = None) -> Any:
@@ -143,8 +143,7 @@ def bench_pair(mgr: Any, src: int, dst: int, reps: int, slot_size: int, slot_cou
             if not np.array_equal(b.download(), data):
                 raise AssertionError("CUDA_PEER delivered wrong bytes (256 MiB buffer)")
             link = native_link(mover)
-            res["gpu_sync"] = bool(link.gpu_sync) if link is not None else None
-            res["sync_note"] = link.sync_note if link is not None else None
+            res["ring_note"] = link.ring_note if link is not None else None
             t = timed(lambda: mover.submit(src_buffer=a, dst_buffer=b).wait(60), reps)
             t["gbps"] = gbps(BUFFER_BYTES, t["median_s"])
             res["cases"]["cuda_peer buffer 256 MiB"] = t

@@ -1,5 +1,5 @@
 """Where does a CUDA_PEER transfer spend its time? Runs the native link in a few
-shapes (GPU-side vs host-side sync, slot sizes) with VKMULTI_TRACE on, times
+shapes (landing ring vs bounce ring, slot sizes) with VKMULTI_TRACE on, times
 256 MiB / 4K image / 256x256 jobs, and prints each trace's median job event by
 event (bench/trace_report.py).
 
@@ -18,11 +18,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cuda_peer import DirectLink, timed  # noqa: E402
 from trace_report import main as report  # noqa: E402
 
-VARIANTS = {  # name: (host_sync, slot MiB, slots)
-    "gpu_16x8": (False, 16, 8),
-    "host_8x8": (True, 8, 8),
-    "host_16x8": (True, 16, 8),
-    "host_32x8": (True, 32, 8),
+VARIANTS = {  # name: (landing ring, slot MiB, slots)
+    "bounce_16x8": (False, 16, 8),
+    "landing_8x8": (True, 8, 8),
+    "landing_16x8": (True, 16, 8),
+    "landing_32x8": (True, 32, 8),
 }
 
 
@@ -48,14 +48,14 @@ def main(argv: list[str] | None = None) -> int:
                  "4K": dict(src_image=big[0], dst_image=big[1]),
                  "256x256": dict(src_image=small[0], dst_image=small[1])}
         for name in a.only:
-            host_sync, mib, k = VARIANTS[name]
+            landing, mib, k = VARIANTS[name]
             for case, kw in cases.items():
                 path = os.path.join(a.out, f"trace_{name}_{case}.csv")
                 if os.path.exists(path):
                     os.remove(path)
                 os.environ["VKMULTI_TRACE"] = path
-                link = DirectLink(s, d, mib << 20, k, host_sync=host_sync)
-                landing = link.native_link.landing
+                link = DirectLink(s, d, mib << 20, k, landing=landing)
+                landed = link.native_link.landing
                 if case == "256MiB":
                     print(f"   ring: {link.native_link.ring_note}", flush=True)
                 os.environ.pop("VKMULTI_TRACE")
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                     t = timed(lambda: link.run(**kw, timeout=60), a.reps)
                 finally:
                     link.destroy()
-                print(f"== {name} {case}: gpu_sync={not host_sync} landing={landing} exact={ok} {t['median_s'] * 1e3:.3f} ms median "
+                print(f"== {name} {case}: landing={landed} exact={ok} {t['median_s'] * 1e3:.3f} ms median "
                       f"{t['min_s'] * 1e3:.3f} min", flush=True)
                 report([path, "--jobs", "1"])
         # HOST_SHARED 4K, GPU1 -> GPU0 as in bench/transfer.py (issue 3's target case)

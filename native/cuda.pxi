@@ -10,7 +10,7 @@ cdef extern from "vkm_cuda.h" nogil:
         uint32_t slot_count
         uint64_t stall_timeout_ns
         uint64_t spin_ns
-        int host_sync
+        int no_landing
         int cuda_ordinals[2]
 
     enum:
@@ -30,8 +30,6 @@ cdef extern from "vkm_cuda.h" nogil:
     VkSemaphore vkm_cuda_link_src_timeline(const vkm_cuda_link *link)
     VkSemaphore vkm_cuda_link_dst_timeline(const vkm_cuda_link *link)
     VkDeviceSize vkm_cuda_link_slot_size(const vkm_cuda_link *link)
-    int vkm_cuda_link_gpu_sync(const vkm_cuda_link *link)
-    const char *vkm_cuda_link_sync_note(const vkm_cuda_link *link)
     const char *vkm_cuda_link_ring_note(const vkm_cuda_link *link)
     const char *vkm_cuda_link_message(const vkm_cuda_link *link)
     VkResult vkm_cuda_link_submit(vkm_cuda_link *link, const vkm_endpoint *src, const vkm_endpoint *dst,
@@ -116,14 +114,12 @@ cdef class CudaPeerLink:
     shared with, or owned by, that family (no ownership transfer is made).
 
     `spin` (seconds) polls that long before blocking (lower latency on GPUs;
-    leave 0 on CPU devices). With `host_sync=True` (the default) the link's
-    worker thread orders CUDA and Vulkan: it polls each step's completion and
-    queues the next, and the destination ring is CUDA memory imported into
-    Vulkan, so one NVLink copy per chunk is all CUDA does (`ring_note`).
-    `host_sync=False` asks for GPU-side hand-offs through timeline semaphores
-    imported into CUDA, with a CUDA bounce ring; on NVIDIA's 580 driver each
-    such hand-off took 150-220 us, several times slower (bench/RESULTS.md).
-    `sync_note` says which mode runs and why. `cuda_ordinals=(i, j)`
+    leave 0 on CPU devices). The link's worker thread orders CUDA and Vulkan:
+    it polls each step's completion and queues the next. The destination ring
+    is CUDA memory imported into Vulkan where the drivers allow, so one NVLink
+    copy per chunk is all CUDA does; else a CUDA bounce ring and a local copy
+    (`landing`, `ring_note`); `landing=False` asks for the latter.
+    `cuda_ordinals=(i, j)`
     names the CUDA devices instead of matching deviceUUIDs (diagnostics, and
     tests with a stand-in driver).
     """
@@ -136,7 +132,7 @@ cdef class CudaPeerLink:
 
     def __cinit__(self, Device src not None, QueueLock src_queue not None, Device dst not None,
                   QueueLock dst_queue not None, uint64_t slot_size, uint32_t slot_count,
-                  double stall_timeout=30.0, double spin=0.0, bint host_sync=True, cuda_ordinals=None):
+                  double stall_timeout=30.0, double spin=0.0, bint landing=True, cuda_ordinals=None):
         cdef vkm_cuda_link_config cfg
         cdef const char *call = NULL
         cdef char msg[512]
@@ -155,7 +151,7 @@ cdef class CudaPeerLink:
         cfg.slot_count = slot_count
         cfg.stall_timeout_ns = <uint64_t>(stall_timeout * 1e9)
         cfg.spin_ns = <uint64_t>(spin * 1e9) if spin > 0 else 0
-        cfg.host_sync = host_sync
+        cfg.no_landing = not landing
         cfg.cuda_ordinals[0] = cfg.cuda_ordinals[1] = -1
         if cuda_ordinals is not None:
             i, j = cuda_ordinals
@@ -167,10 +163,6 @@ cdef class CudaPeerLink:
         with nogil:
             r = vkm_cuda_link_create(sd, &src_queue.q, dd, &dst_queue.q, &cfg, &self.link, &call, msg, sizeof(msg))
         cuda_check(r, call if call != NULL else <const char*>"vkm_cuda_link_create", msg)
-        if not vkm_cuda_link_gpu_sync(self.link) and not host_sync:
-            import logging
-            logging.getLogger("vkmulti.transfer").warning(
-                "CUDA_PEER link without GPU-side sync: %s", _text(vkm_cuda_link_sync_note(self.link)))
 
     cdef vkm_cuda_link* ptr(self) except NULL:
         if self.link == NULL:
@@ -193,16 +185,6 @@ cdef class CudaPeerLink:
     @property
     def slot_size(self):
         return vkm_cuda_link_slot_size(self.ptr())
-
-    @property
-    def gpu_sync(self):
-        """True when CUDA and Vulkan order each other on the GPUs (imported timeline semaphores)."""
-        return bool(vkm_cuda_link_gpu_sync(self.ptr()))
-
-    @property
-    def sync_note(self):
-        """How the link orders CUDA and Vulkan, and why."""
-        return _text(vkm_cuda_link_sync_note(self.ptr()))
 
     @property
     def landing(self):

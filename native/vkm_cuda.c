@@ -1,22 +1,25 @@
 /* vkm_cuda.c - the CUDA_PEER link (see vkm_cuda.h).
  *
- * Per chunk g of the link (slot s = g % K, K slots in each of the three rings):
+ * Per chunk g of the link (slot s = g % K, K slots in each ring), with a
+ * landing ring on the destination:
  *
- *   Vulkan, source queue:  [wait released(S) >= g-K+1]  endpoint -> src ring[s],
- *                          release to VK_QUEUE_FAMILY_EXTERNAL, signal src_done(S)
- *   CUDA, source stream:   wait src_done(S); wait event landed[s] (chunk g-K left
- *                          the bounce slot); peer copy src ring[s] -> bounce[s];
- *                          record copied[s]; signal released(S) = g+1
- *   CUDA, dest stream:     wait event copied[s]; wait dst_ready(D) >= the value
- *                          after which dst ring[s] was read; local copy
- *                          bounce[s] -> dst ring[s]; record landed[s]; signal
- *                          arrived(D) = g+1
- *   Vulkan, dest queue:    wait arrived(D) >= g+1; acquire from EXTERNAL;
- *                          dst ring[s] -> endpoint; signal dst_ready(D)
+ *   Vulkan, source queue:  endpoint -> src ring[s] (Vulkan memory imported into
+ *                          CUDA), release to VK_QUEUE_FAMILY_EXTERNAL, signal src_done
+ *   CUDA, source stream:   peer copy src ring[s] -> dst ring[s] (CUDA memory on the
+ *                          destination, imported into Vulkan) over NVLink; record copied[s]
+ *   Vulkan, dest queue:    acquire from EXTERNAL; dst ring[s] -> endpoint; signal dst_ready
  *
- * The worker thread only records and submits; every wait is on a GPU, except
- * command-buffer reuse (ring back-pressure) and, in host-sync mode, the
- * semaphore hand-offs, which it waits for itself, always bounded.
+ * Without a landing ring (the drivers refuse CUDA memory in Vulkan) the peer
+ * copy goes to a CUDA bounce ring and a CUDA local copy on the destination
+ * (its own stream, event landed[s]) moves it into a Vulkan-made dst ring.
+ *
+ * The worker thread orders the APIs: it polls src_done and CUDA's events and
+ * queues each step the moment its inputs are ready (run_job). Ordering them on
+ * the GPUs instead, with timeline semaphores imported into CUDA, was built and
+ * measured on two H200s (NVIDIA 580): each cross-API hand-off took 150-220 us,
+ * CUDA saw Vulkan's signals only at the end of a vkQueueSubmit batch, and CUDA
+ * work on a GPU took turns with that GPU's Vulkan work, so 256 MiB moved at
+ * 54 GB/s against 258 GB/s this way (bench/RESULTS.md).
  */
 #include "vkm_cuda.h"
 #include "vkm_trace.h"
@@ -78,8 +81,8 @@ static void cu_load(void)
     if (!cu.field && strcmp(#fallback, "none") != 0) *(void **)&cu.field = dlsym(lib, #fallback);       \
     if (!cu.field) {                                                                                    \
         snprintf(cu_reason, sizeof cu_reason,                                                           \
-                 "%s has no %s: the NVIDIA driver is too old for CUDA_PEER (Vulkan interop with "       \
-                 "timeline semaphores needs a CUDA 11.2 or newer driver)", path, #symbol);              \
+                 "%s has no %s: the NVIDIA driver is too old for CUDA_PEER (Vulkan memory interop "    \
+                 "and exportable CUDA memory need a CUDA 11.2 or newer driver)", path, #symbol);              \
         return;                                                                                         \
     }
     VKM_CUDA_FUNCTIONS(VKM_CUDA_LOAD)
@@ -225,8 +228,6 @@ typedef struct cu_side {
     VkCommandBuffer *cmds;      /* ncmd */
     uint64_t *cmd_free_at;      /* `timeline` value after which cmds[i] may be re-recorded */
     VkSemaphore timeline;       /* signalled by this side's Vulkan copies: src_done / dst_ready */
-    VkSemaphore from_cuda;      /* signalled by CUDA: slot released (source) / chunk arrived (destination) */
-    uint64_t from_cuda_waited;  /* highest from_cuda value a Vulkan submit waits for */
     uint64_t submitted;         /* highest `timeline` value submitted to the queue */
     VkBuffer ring;
     VkDeviceMemory memory;
@@ -236,7 +237,6 @@ typedef struct cu_side {
     vkm_CUstream stream;
     vkm_CUexternalMemory ext_mem;
     vkm_CUdeviceptr ring_ptr;
-    vkm_CUexternalSemaphore ext_timeline, ext_from_cuda;
     vkm_CUevent *events;        /* K; source: copied[s], destination: landed[s] */
     /* destination with a landing ring: the ring is CUDA memory imported into Vulkan */
     vkm_CUmemGenericAllocationHandle vmm;
@@ -245,9 +245,9 @@ typedef struct cu_side {
 } cu_side;
 
 typedef struct cu_submit {
-    VkSemaphore waits[2];
-    uint64_t wait_values[2];
-    VkPipelineStageFlags stages[2];
+    VkSemaphore waits[1]; /* the endpoint's own wait (first chunk) */
+    uint64_t wait_values[1];
+    VkPipelineStageFlags stages[1];
     uint32_t nwait;
     VkCommandBuffer cmd;
     uint64_t signal;
@@ -260,8 +260,6 @@ struct vkm_cuda_link {
     VkDeviceSize ring_bytes;
     cu_side src, dst;
     vkm_CUdeviceptr bounce;
-    int gpu_sync;
-    char sync_note[320];
     uint64_t *slot_free_at;  /* dst_ready value after which dst ring slot s may be rewritten */
     uint64_t chunk_counter;
     cu_submit *batch;        /* K */
@@ -421,64 +419,13 @@ static int buffer_exportable(VkPhysicalDevice pd)
     return (props.externalMemoryProperties.externalMemoryFeatures & VK_EXTERNAL_MEMORY_FEATURE_EXPORTABLE_BIT) != 0;
 }
 
-static int timeline_exportable(VkPhysicalDevice pd)
+static VkResult make_timeline(vkm_device *d, VkSemaphore *out)
 {
     VkSemaphoreTypeCreateInfo type = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO,
-                                      .semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE};
-    VkPhysicalDeviceExternalSemaphoreInfo info = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_SEMAPHORE_INFO,
-                                                  .pNext = &type,
-                                                  .handleType = VK_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD_BIT};
-    VkExternalSemaphoreProperties props = {.sType = VK_STRUCTURE_TYPE_EXTERNAL_SEMAPHORE_PROPERTIES};
-    vkGetPhysicalDeviceExternalSemaphoreProperties(pd, &info, &props);
-    return (props.externalSemaphoreFeatures & VK_EXTERNAL_SEMAPHORE_FEATURE_EXPORTABLE_BIT) != 0;
-}
-
-static VkResult make_timeline(vkm_device *d, int exportable, VkSemaphore *out)
-{
-    VkExportSemaphoreCreateInfo exp = {.sType = VK_STRUCTURE_TYPE_EXPORT_SEMAPHORE_CREATE_INFO,
-                                       .handleTypes = VK_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD_BIT};
-    VkSemaphoreTypeCreateInfo type = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO,
-                                      .pNext = exportable ? &exp : NULL,
                                       .semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE,
                                       .initialValue = 0};
     VkSemaphoreCreateInfo info = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO, .pNext = &type};
     return d->fn.vkCreateSemaphore(d->device, &info, NULL, out);
-}
-
-/* Export `sem` as an opaque fd and import it into CUDA on the side's device.
- * The fd belongs to CUDA once imported; it is closed here if the import fails. */
-static VkResult import_timeline(cu_side *s, VkSemaphore sem, vkm_CUexternalSemaphore *out, const char **call,
-                                char *msg, size_t msgn)
-{
-    vkm_device *d = s->dev;
-    VkSemaphoreGetFdInfoKHR gi = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_GET_FD_INFO_KHR,
-                                  .semaphore = sem,
-                                  .handleType = VK_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD_BIT};
-    int fd = -1;
-    VkResult r = d->fn.vkGetSemaphoreFdKHR(d->device, &gi, &fd);
-    if (r != VK_SUCCESS) {
-        if (call) *call = "vkGetSemaphoreFdKHR";
-        if (msg && msgn) snprintf(msg, msgn, "vkGetSemaphoreFdKHR(timeline) failed: VkResult %d", (int)r);
-        return r;
-    }
-    vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC desc;
-    memset(&desc, 0, sizeof desc);
-    desc.type = VKM_CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD;
-    desc.handle.fd = fd;
-    r = cu_push(s->ctx, call, msg, msgn);
-    if (r != VK_SUCCESS) {
-        close(fd);
-        return r;
-    }
-    vkm_CUresult cr = cu.cuImportExternalSemaphore(out, &desc);
-    cu_pop();
-    if (cr != VKM_CUDA_SUCCESS) {
-        close(fd);
-        *out = NULL;
-        if (call) *call = "cuImportExternalSemaphore";
-        return cu_fail(msg, msgn, "cuImportExternalSemaphore(timeline semaphore fd)", cr);
-    }
-    return VK_SUCCESS;
 }
 
 /* The side's ring: one dedicated, exportable, device-local buffer, imported into
@@ -596,76 +543,6 @@ static VkResult enable_peer(vkm_CUcontext from, vkm_CUcontext to, const char **c
     if (cr == VKM_CUDA_SUCCESS || cr == VKM_CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) return VK_SUCCESS;
     if (call) *call = "cuCtxEnablePeerAccess";
     return cu_fail(msg, msgn, "cuCtxEnablePeerAccess", cr);
-}
-
-/* The four timelines, exported and imported into CUDA. Any failure leaves the
- * link to host-sync mode (with the reason in sync_note). */
-static VkResult make_gpu_sync(vkm_cuda_link *l, const char **call, char *msg, size_t msgn)
-{
-    cu_side *sides[2] = {&l->src, &l->dst};
-    for (int i = 0; i < 2; i++) {
-        cu_side *s = sides[i];
-        TRY(make_timeline(s->dev, 1, &s->timeline), "vkCreateSemaphore(exportable timeline)");
-        TRY(make_timeline(s->dev, 1, &s->from_cuda), "vkCreateSemaphore(exportable timeline)");
-        VkResult r = import_timeline(s, s->timeline, &s->ext_timeline, call, msg, msgn);
-        if (r == VK_SUCCESS) r = import_timeline(s, s->from_cuda, &s->ext_from_cuda, call, msg, msgn);
-        if (r != VK_SUCCESS) return r;
-    }
-    return VK_SUCCESS;
-}
-
-static void drop_gpu_sync(vkm_cuda_link *l)
-{
-    cu_side *sides[2] = {&l->src, &l->dst};
-    for (int i = 0; i < 2; i++) {
-        cu_side *s = sides[i];
-        if ((s->ext_timeline || s->ext_from_cuda) && cu_push(s->ctx, NULL, NULL, 0) == VK_SUCCESS) {
-            if (s->ext_timeline) cu.cuDestroyExternalSemaphore(s->ext_timeline);
-            if (s->ext_from_cuda) cu.cuDestroyExternalSemaphore(s->ext_from_cuda);
-            cu_pop();
-        }
-        s->ext_timeline = s->ext_from_cuda = NULL;
-        if (s->timeline) s->dev->fn.vkDestroySemaphore(s->dev->device, s->timeline, NULL);
-        if (s->from_cuda) s->dev->fn.vkDestroySemaphore(s->dev->device, s->from_cuda, NULL);
-        s->timeline = s->from_cuda = VK_NULL_HANDLE;
-    }
-}
-
-static VkResult make_sync(vkm_cuda_link *l, const char **call, char *msg, size_t msgn)
-{
-    const char *why = NULL;
-    char detail[256] = "";
-    if (l->cfg.host_sync)
-        why = "not asked for";
-    else if (!l->src.dev->fn.vkGetSemaphoreFdKHR || !l->dst.dev->fn.vkGetSemaphoreFdKHR)
-        why = "vkGetSemaphoreFdKHR is missing (VK_KHR_external_semaphore_fd is not enabled on both devices)";
-    else if (!timeline_exportable(l->src.dev->physical) || !timeline_exportable(l->dst.dev->physical))
-        why = "the Vulkan driver cannot export timeline semaphores as opaque fds";
-    if (!why) {
-        const char *c = NULL;
-        VkResult r = make_gpu_sync(l, &c, detail, sizeof detail);
-        if (r == VK_SUCCESS) {
-            l->gpu_sync = 1;
-            snprintf(l->sync_note, sizeof l->sync_note,
-                     "GPU-side: Vulkan timeline semaphores imported into CUDA, no host waits");
-            return VK_SUCCESS;
-        }
-        if (r == VK_ERROR_OUT_OF_HOST_MEMORY || r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_DEVICE_LOST) {
-            if (call) *call = c;
-            if (msg && msgn) snprintf(msg, msgn, "%s", detail);
-            return r;
-        }
-        drop_gpu_sync(l);
-        if (!detail[0]) snprintf(detail, sizeof detail, "%s failed (VkResult %d)", c ? c : "?", (int)r);
-        why = detail;
-    }
-    l->gpu_sync = 0;
-    snprintf(l->sync_note, sizeof l->sync_note,
-             "host-ordered: the worker polls each step's completion and queues the next (GPU-side semaphores: %s)",
-             why);
-    TRY(make_timeline(l->src.dev, 0, &l->src.timeline), "vkCreateSemaphore(timeline)");
-    TRY(make_timeline(l->dst.dev, 0, &l->dst.timeline), "vkCreateSemaphore(timeline)");
-    return VK_SUCCESS;
 }
 
 /* Undo make_landing (Vulkan's import first, then CUDA's allocation). */
@@ -794,29 +671,32 @@ static VkResult link_setup(vkm_cuda_link *l, const char **call, char *msg, size_
         if (r == VK_SUCCESS) r = make_stream(sides[i], l->K, call, msg, msgn);
     }
     if (r == VK_SUCCESS) r = make_ring(l, &l->src, call, msg, msgn);
-    if (r == VK_SUCCESS) r = make_sync(l, call, msg, msgn);
+    if (r == VK_SUCCESS) TRY(make_timeline(l->src.dev, &l->src.timeline), "vkCreateSemaphore(timeline)");
+    if (r == VK_SUCCESS) TRY(make_timeline(l->dst.dev, &l->dst.timeline), "vkCreateSemaphore(timeline)");
     if (r != VK_SUCCESS) return r;
-    /* the destination ring: a landing ring where the hand-offs are the host's;
-     * else (GPU-side sync, or the drivers refuse) Vulkan memory imported into
-     * CUDA, fed by a CUDA bounce ring and a local copy */
-    char why[256] = "GPU-side sync signals Vulkan from the destination GPU's CUDA stream";
-    if (!l->gpu_sync) {
-        const char *c = NULL;
+    /* the destination ring: a landing ring; else (the drivers refuse) Vulkan
+     * memory imported into CUDA, fed by a CUDA bounce ring and a local copy */
+    char why[256] = "";
+    const char *c = NULL;
+    if (l->cfg.no_landing) {
+        snprintf(why, sizeof why, "not asked for");
+        r = VK_ERROR_FEATURE_NOT_PRESENT;
+    } else {
         r = make_landing(l, &l->dst, &c, why, sizeof why);
-        if (r == VK_SUCCESS) {
-            l->landing = 1;
-            snprintf(l->ring_note, sizeof l->ring_note,
-                     "landing ring: CUDA memory on the destination GPU imported into Vulkan; one NVLink copy per "
-                     "chunk, no CUDA work on the destination GPU");
-            return VK_SUCCESS;
-        }
-        if (r == VK_ERROR_OUT_OF_HOST_MEMORY || r == VK_ERROR_DEVICE_LOST) {
-            if (call) *call = c;
-            snprintf(msg, msgn, "%s", why);
-            return r;
-        }
-        if (!why[0]) snprintf(why, sizeof why, "%s failed (VkResult %d)", c ? c : "?", (int)r);
     }
+    if (r == VK_SUCCESS) {
+        l->landing = 1;
+        snprintf(l->ring_note, sizeof l->ring_note,
+                 "landing ring: CUDA memory on the destination GPU imported into Vulkan; one NVLink copy per chunk, "
+                 "no CUDA work on the destination GPU");
+        return VK_SUCCESS;
+    }
+    if (r == VK_ERROR_OUT_OF_HOST_MEMORY || r == VK_ERROR_DEVICE_LOST) {
+        if (call) *call = c;
+        snprintf(msg, msgn, "%s", why);
+        return r;
+    }
+    if (!why[0]) snprintf(why, sizeof why, "%s failed (VkResult %d)", c ? c : "?", (int)r);
     snprintf(l->ring_note, sizeof l->ring_note,
              "bounce ring: NVLink copy into CUDA memory, then a local copy into Vulkan memory (no landing ring: %s)",
              why);
@@ -909,8 +789,6 @@ VkResult vkm_cuda_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device 
     if (r == VK_SUCCESS) r = link_setup(l, call, msg, msgn);
     if (r == VK_SUCCESS && (l->trace = vkm_trace_open("cuda_peer")) != NULL) {
         vkm_trace_watch(l->trace, l->src.dev, l->src.timeline, "src_done");
-        vkm_trace_watch(l->trace, l->src.dev, l->src.from_cuda, "cuda_peer_done");
-        vkm_trace_watch(l->trace, l->dst.dev, l->dst.from_cuda, "cuda_local_done");
         vkm_trace_watch(l->trace, l->dst.dev, l->dst.timeline, "dst_ready");
         vkm_trace_start(l->trace);
     }
@@ -930,29 +808,11 @@ VkResult vkm_cuda_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device 
     return VK_SUCCESS;
 }
 
-/* After a failure: let Vulkan submits that wait for CUDA's signals run, so no
- * queue stays blocked on a CUDA stream that will never signal. */
-static void unblock(vkm_cuda_link *l)
-{
-    cu_side *sides[2] = {&l->src, &l->dst};
-    for (int i = 0; i < 2; i++) {
-        cu_side *s = sides[i];
-        uint64_t have = 0;
-        if (!s->from_cuda || !s->from_cuda_waited) continue;
-        if (vkm_timeline_value(s->dev, s->from_cuda, &have) != VK_SUCCESS || have >= s->from_cuda_waited) continue;
-        VkSemaphoreSignalInfo si = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO,
-                                    .semaphore = s->from_cuda,
-                                    .value = s->from_cuda_waited};
-        s->dev->fn.vkSignalSemaphore(s->dev->device, &si);
-    }
-}
-
 /* Wait (bounded) until both GPUs and both streams are done with everything
  * submitted: 1 when they are, 0 when something is still running. */
 static int drain(vkm_cuda_link *l)
 {
     int ok = 1;
-    if (l->error != VK_SUCCESS) unblock(l);
     cu_side *sides[2] = {&l->src, &l->dst};
     for (int i = 0; i < 2; i++) {
         cu_side *s = sides[i];
@@ -994,14 +854,11 @@ static void free_cuda(cu_side *s, uint32_t K, vkm_CUdeviceptr *bounce)
         if (bounce && *bounce) cu.cuMemFree(*bounce);
         if (s->ring_ptr) cu.cuMemFree(s->ring_ptr);
         if (s->ext_mem) cu.cuDestroyExternalMemory(s->ext_mem);
-        if (s->ext_timeline) cu.cuDestroyExternalSemaphore(s->ext_timeline);
-        if (s->ext_from_cuda) cu.cuDestroyExternalSemaphore(s->ext_from_cuda);
         cu_pop();
     }
     s->stream = NULL;
     s->ring_ptr = 0;
     s->ext_mem = NULL;
-    s->ext_timeline = s->ext_from_cuda = NULL;
     if (bounce) *bounce = 0;
     cu.cuDevicePrimaryCtxRelease(cu_devs[s->cu_index].dev);
     s->ctx_retained = 0;
@@ -1016,7 +873,6 @@ static void free_vulkan(cu_side *s, uint32_t ncmd)
     if (s->ring) d->fn.vkDestroyBuffer(d->device, s->ring, NULL);
     if (s->memory) d->fn.vkFreeMemory(d->device, s->memory, NULL);
     if (s->timeline) d->fn.vkDestroySemaphore(d->device, s->timeline, NULL);
-    if (s->from_cuda) d->fn.vkDestroySemaphore(d->device, s->from_cuda, NULL);
 }
 
 void vkm_cuda_link_destroy(vkm_cuda_link *l)
@@ -1066,8 +922,6 @@ void vkm_cuda_link_destroy(vkm_cuda_link *l)
 VkSemaphore vkm_cuda_link_src_timeline(const vkm_cuda_link *l) { return l->src.timeline; }
 VkSemaphore vkm_cuda_link_dst_timeline(const vkm_cuda_link *l) { return l->dst.timeline; }
 VkDeviceSize vkm_cuda_link_slot_size(const vkm_cuda_link *l) { return l->cfg.slot_size; }
-int vkm_cuda_link_gpu_sync(const vkm_cuda_link *l) { return l->gpu_sync; }
-const char *vkm_cuda_link_sync_note(const vkm_cuda_link *l) { return l->sync_note; }
 const char *vkm_cuda_link_ring_note(const vkm_cuda_link *l) { return l->ring_note; }
 const char *vkm_cuda_link_message(const vkm_cuda_link *l) { return l->message; }
 
@@ -1193,7 +1047,7 @@ VkResult vkm_cuda_link_poll(vkm_cuda_link *l, uint64_t ticket, uint64_t dst_read
         if (r != VK_TIMEOUT && call) *call = "vkWaitSemaphores(dst_ready)";
         return r;
     }
-    /* a failure unblocks the destination queue: reaching dst_ready then proves nothing */
+    /* a job that failed after dst_ready was reached is still reported */
     pthread_mutex_lock(&l->lock);
     r = link_failure(l, ticket, dst_ready, call);
     pthread_mutex_unlock(&l->lock);
@@ -1217,7 +1071,6 @@ static void fail(vkm_cuda_link *l, VkResult r, const char *call, const char *msg
     }
     pthread_cond_broadcast(&l->progress);
     pthread_mutex_unlock(&l->lock);
-    unblock(l);
 }
 
 /* The endpoint goes into (entering) or out of the copy: layouts, and ordering
@@ -1332,77 +1185,41 @@ static VkResult take_cmd(vkm_cuda_link *l, cu_side *s, uint32_t i, VkCommandBuff
     return VK_SUCCESS;
 }
 
-/* CUDA on the source GPU, chunk `c` (global chunk `g`, slot `s`): after the
- * Vulkan copy into src ring[s] (GPU-side wait, or already seen by the host)
- * and after chunk g-K left bounce[s], peer-copy src ring[s] -> bounce[s]
- * (NVLink); then release src ring[s]. */
+/* Bounce ring, source stream: once the worker has seen the Vulkan copy into
+ * src ring[s] done, and after chunk g-K left bounce[s] (an event of the
+ * destination stream), peer-copy src ring[s] -> bounce[s] over NVLink. */
 static VkResult cuda_peer_copy(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t g, uint32_t s,
                                const char **call, char *msg, size_t msgn)
 {
     cu_side *S = &l->src, *D = &l->dst;
     VkDeviceSize off = (VkDeviceSize)s * l->cfg.slot_size;
-    uint64_t src_value = j->src_base + c + 1;
     VkResult r = cu_push(S->ctx, call, msg, msgn);
     if (r != VK_SUCCESS) return r;
-    uint64_t have = 0;
-    if (l->gpu_sync && (vkm_timeline_value(S->dev, S->timeline, &have) != VK_SUCCESS || have < src_value)) {
-        vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS wp;
-        memset(&wp, 0, sizeof wp);
-        wp.params.fence.value = src_value;
-        CU_GO(cu.cuWaitExternalSemaphoresAsync(&S->ext_timeline, &wp, 1, S->stream),
-              "cuWaitExternalSemaphoresAsync(source chunk)");
-    }
     if (g >= l->K)
         CU_GO(cu.cuStreamWaitEvent(S->stream, D->events[s], 0), "cuStreamWaitEvent(bounce slot)");
     CU_GO(cu.cuMemcpyPeerAsync(l->bounce + off, D->ctx, S->ring_ptr + off, S->ctx, (size_t)chunk_len(j, c),
                                S->stream),
           "cuMemcpyPeerAsync");
     CU_GO(cu.cuEventRecord(S->events[s], S->stream), "cuEventRecord(peer copy)");
-    if (l->gpu_sync) {
-        vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS sp;
-        memset(&sp, 0, sizeof sp);
-        sp.params.fence.value = g + 1;
-        CU_GO(cu.cuSignalExternalSemaphoresAsync(&S->ext_from_cuda, &sp, 1, S->stream),
-              "cuSignalExternalSemaphoresAsync(source slot released)");
-    }
 out:
     cu_pop();
     return r;
 }
 
-/* CUDA on the destination GPU: after the peer copy and after the Vulkan copy
- * that last read dst ring[s] (GPU-side wait, or already seen by the host),
- * copy bounce[s] -> dst ring[s]; then tell Vulkan (GPU-side sync) or let the
- * host see event landed[s]. */
-static VkResult cuda_local_copy(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t g, uint32_t s,
-                                const char **call, char *msg, size_t msgn)
+/* Bounce ring, destination stream: after the peer copy (event copied[s]),
+ * copy bounce[s] -> dst ring[s] (the worker has seen the Vulkan copy that last
+ * read it done); event landed[s] then tells the worker. */
+static VkResult cuda_local_copy(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint32_t s, const char **call,
+                                char *msg, size_t msgn)
 {
     cu_side *S = &l->src, *D = &l->dst;
     VkDeviceSize off = (VkDeviceSize)s * l->cfg.slot_size;
-    uint64_t read_at = l->slot_free_at[s];
     VkResult r = cu_push(D->ctx, call, msg, msgn);
     if (r != VK_SUCCESS) return r;
     CU_GO(cu.cuStreamWaitEvent(D->stream, S->events[s], 0), "cuStreamWaitEvent(peer copy)");
-    if (l->gpu_sync && read_at) {
-        uint64_t have = 0;
-        if (vkm_timeline_value(D->dev, D->timeline, &have) != VK_SUCCESS || have < read_at) {
-            vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS wp;
-            memset(&wp, 0, sizeof wp);
-            wp.params.fence.value = read_at;
-            CU_GO(cu.cuWaitExternalSemaphoresAsync(&D->ext_timeline, &wp, 1, D->stream),
-                  "cuWaitExternalSemaphoresAsync(destination slot)");
-        }
-    }
     CU_GO(cu.cuMemcpyDtoDAsync(D->ring_ptr + off, l->bounce + off, (size_t)chunk_len(j, c), D->stream),
           "cuMemcpyDtoDAsync");
     CU_GO(cu.cuEventRecord(D->events[s], D->stream), "cuEventRecord(local copy)");
-    if (l->gpu_sync) {
-        vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS sp;
-        memset(&sp, 0, sizeof sp);
-        sp.params.fence.value = g + 1;
-        CU_GO(cu.cuSignalExternalSemaphoresAsync(&D->ext_from_cuda, &sp, 1, D->stream),
-              "cuSignalExternalSemaphoresAsync(destination chunk arrived)");
-    }
 out:
     cu_pop();
     return r;
@@ -1445,10 +1262,6 @@ static VkResult prep_src(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t
     TRY(sd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(source)");
     cu_submit *b = &l->batch[i];
     b->nwait = 0;
-    if (l->gpu_sync && g >= K) { /* CUDA's peer copy of chunk g-K has left src ring slot s */
-        add_wait(b, S->from_cuda, g - K + 1);
-        if (g - K + 1 > S->from_cuda_waited) S->from_cuda_waited = g - K + 1;
-    }
     if (c == 0 && j->src.wait_semaphore) add_wait(b, j->src.wait_semaphore, j->src.wait_value);
     b->cmd = cmd;
     b->signal = j->src_base + c + 1;
@@ -1476,10 +1289,6 @@ static VkResult prep_dst(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t
     TRY(dd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(destination)");
     cu_submit *b = &l->batch[i];
     b->nwait = 0;
-    if (l->gpu_sync) { /* CUDA's local copy of chunk g has landed in dst ring slot s */
-        add_wait(b, D->from_cuda, g + 1);
-        if (g + 1 > D->from_cuda_waited) D->from_cuda_waited = g + 1;
-    }
     if (c == 0 && j->dst.wait_semaphore) add_wait(b, j->dst.wait_semaphore, j->dst.wait_value);
     b->cmd = cmd;
     b->signal = value;
@@ -1489,50 +1298,12 @@ static VkResult prep_dst(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t
     return VK_SUCCESS;
 }
 
-/* GPU-side sync: every hand-off between Vulkan and CUDA is a semaphore the
- * other API waits on, so the worker only records and submits. */
-static VkResult run_job_gpu(vkm_cuda_link *l, cu_job *j, const char **call, char *msg, size_t msgn)
-{
-    cu_side *S = &l->src, *D = &l->dst;
-    uint32_t K = l->K;
-    uint64_t g0 = l->chunk_counter;
-    uint64_t dv = j->dst_base;
-    for (uint32_t k = 0; k < j->chunks;) {
-        uint32_t n = j->chunks - k < K ? j->chunks - k : K;
-        for (uint32_t i = 0; i < n; i++) { /* the window's source copies, one vkQueueSubmit */
-            VkResult r = prep_src(l, j, k + i, g0 + k + i, i, call);
-            if (r != VK_SUCCESS) return r;
-        }
-        TRY(vkm_queue_submit(S->dev, S->queue, n, l->infos, VK_NULL_HANDLE), "vkQueueSubmit(source)");
-        S->submitted = j->src_base + k + n;
-        vkm_trace_mark(l->trace, "src_submitted", S->submitted);
-        for (uint32_t i = 0; i < n; i++) { /* CUDA's copies and the destination copies, chunk by chunk */
-            uint32_t c = k + i;
-            uint64_t g = g0 + c;
-            uint32_t s = (uint32_t)(g % K);
-            VkResult r = cuda_peer_copy(l, j, c, g, s, call, msg, msgn);
-            if (r == VK_SUCCESS) r = cuda_local_copy(l, j, c, g, s, call, msg, msgn);
-            vkm_trace_mark(l->trace, "cuda_queued", g + 1);
-            if (r == VK_SUCCESS) r = prep_dst(l, j, c, g, 0, ++dv, call);
-            if (r != VK_SUCCESS) return r;
-            TRY(vkm_queue_submit(D->dev, D->queue, 1, &l->infos[0], VK_NULL_HANDLE), "vkQueueSubmit(destination)");
-            D->submitted = dv;
-            vkm_trace_mark(l->trace, "dst_submitted", dv);
-        }
-        k += n;
-    }
-    l->chunk_counter += j->chunks;
-    return VK_SUCCESS;
-}
-
-/* Host-ordered hand-offs: the worker polls the source timeline and CUDA's
- * events and queues each next step the moment its inputs are ready. Source
- * copies run up to a ring ahead; CUDA's two copies of a chunk go out once its
- * source copy is seen done (and the destination ring slot is read); the
- * destination copies of every chunk CUDA has landed go out in one submit.
- * Measured on NVIDIA (bench/cuda_probe.py): a semaphore hand-off between the
- * APIs takes 150-220 us on the GPU, a host poll and submit about 20. */
-static VkResult run_job_host(vkm_cuda_link *l, cu_job *j, const char **call, char *msg, size_t msgn)
+/* The worker polls the source timeline and CUDA's events and queues each next
+ * step the moment its inputs are ready. Source copies run up to a ring ahead;
+ * CUDA's copy of a chunk goes out once its source copy is seen done and the
+ * destination ring slot has been read; the destination copies of every chunk
+ * that has landed go out in one submit. */
+static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *msg, size_t msgn)
 {
     cu_side *S = &l->src, *D = &l->dst;
     uint32_t K = l->K, N = j->chunks;
@@ -1577,7 +1348,7 @@ static VkResult run_job_host(vkm_cuda_link *l, cu_job *j, const char **call, cha
                     r = landing_copy(l, j, np, s, call, msg, msgn);
                 } else {
                     r = cuda_peer_copy(l, j, np, g, s, call, msg, msgn);
-                    if (r == VK_SUCCESS) r = cuda_local_copy(l, j, np, g, s, call, msg, msgn);
+                    if (r == VK_SUCCESS) r = cuda_local_copy(l, j, np, s, call, msg, msgn);
                 }
                 if (r != VK_SUCCESS) return r;
                 vkm_trace_mark(l->trace, "cuda_queued", g + 1);
@@ -1642,11 +1413,6 @@ static VkResult run_job_host(vkm_cuda_link *l, cu_job *j, const char **call, cha
     }
     l->chunk_counter += N;
     return VK_SUCCESS;
-}
-
-static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *msg, size_t msgn)
-{
-    return l->gpu_sync ? run_job_gpu(l, j, call, msg, msgn) : run_job_host(l, j, call, msg, msgn);
 }
 
 /* The idle worker's look at in-flight work: CUDA stream errors and stalls fail the link. */

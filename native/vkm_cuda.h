@@ -6,18 +6,16 @@
  * CUDA 11.2 to 13; tests/test_cuda_peer.py checks them against a cuda.h when
  * one is installed). With VKM_CUDA_API_ONLY defined only that part is seen.
  *
- * A link from device S to device D:
+ * A link from device S to device D (vkm_cuda.c has the details):
  *
  *   S: Vulkan copy  endpoint chunk -> src ring slot   (exportable memory, imported into CUDA on S)
- *   S: CUDA stream  src ring slot  -> bounce slot     (peer copy over NVLink; bounce = cuMemAlloc on D)
- *   D: CUDA stream  bounce slot    -> dst ring slot   (local copy; dst ring exportable, imported on D)
+ *   S: CUDA stream  src ring slot  -> dst ring slot   (peer copy over NVLink; the dst ring is CUDA
+ *                                                      memory on D, exported to Vulkan on D)
  *   D: Vulkan copy  dst ring slot  -> endpoint chunk
  *
- * Ordering is on the GPUs: the Vulkan timelines of both sides (src_done on S,
- * dst_ready on D) and two timelines signalled by CUDA (slot released on S,
- * chunk landed on D) are exported as opaque fds and imported into CUDA; the
- * CUDA streams order each other with events. Where the driver refuses the
- * timeline import the worker thread waits on the host instead (`gpu_sync` 0).
+ * Where Vulkan cannot import CUDA's memory the peer copy lands in a CUDA
+ * bounce ring on D and a CUDA local copy moves it into a Vulkan-made ring.
+ * The link's worker thread orders the steps (it polls; no caller waits).
  */
 #ifndef VKM_CUDA_H
 #define VKM_CUDA_H
@@ -32,7 +30,6 @@ enum {
     VKM_CUDA_ERROR_NOT_READY = 600,
     VKM_CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
     VKM_CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD = 1,
-    VKM_CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD = 9,
     VKM_CUDA_EXTERNAL_MEMORY_DEDICATED = 0x1,
     VKM_CU_STREAM_NON_BLOCKING = 0x1,
     VKM_CU_EVENT_DISABLE_TIMING = 0x2,
@@ -52,13 +49,9 @@ typedef CUcontext vkm_CUcontext;
 typedef CUstream vkm_CUstream;
 typedef CUevent vkm_CUevent;
 typedef CUexternalMemory vkm_CUexternalMemory;
-typedef CUexternalSemaphore vkm_CUexternalSemaphore;
 typedef CUuuid vkm_CUuuid;
 typedef CUDA_EXTERNAL_MEMORY_HANDLE_DESC vkm_CUDA_EXTERNAL_MEMORY_HANDLE_DESC;
 typedef CUDA_EXTERNAL_MEMORY_BUFFER_DESC vkm_CUDA_EXTERNAL_MEMORY_BUFFER_DESC;
-typedef CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC;
-typedef CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS;
-typedef CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS;
 typedef CUmemGenericAllocationHandle vkm_CUmemGenericAllocationHandle;
 typedef CUmemLocation vkm_CUmemLocation;
 typedef CUmemAllocationProp vkm_CUmemAllocationProp;
@@ -73,7 +66,6 @@ typedef struct vkm_CUctx_st *vkm_CUcontext;
 typedef struct vkm_CUstream_st *vkm_CUstream;
 typedef struct vkm_CUevent_st *vkm_CUevent;
 typedef struct vkm_CUextMemory_st *vkm_CUexternalMemory;
-typedef struct vkm_CUextSemaphore_st *vkm_CUexternalSemaphore;
 typedef struct vkm_CUuuid {
     char bytes[16];
 } vkm_CUuuid;
@@ -99,57 +91,6 @@ typedef struct vkm_CUDA_EXTERNAL_MEMORY_BUFFER_DESC {
     unsigned int flags;
     unsigned int reserved[16];
 } vkm_CUDA_EXTERNAL_MEMORY_BUFFER_DESC;
-
-typedef struct vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC {
-    int type; /* CUexternalSemaphoreHandleType */
-    union {
-        int fd;
-        struct {
-            void *handle;
-            const void *name;
-        } win32;
-        const void *nvSciSyncObj;
-    } handle;
-    unsigned int flags;
-    unsigned int reserved[16];
-} vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC;
-
-typedef struct vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS {
-    struct {
-        struct {
-            unsigned long long value;
-        } fence;
-        union {
-            void *fence;
-            unsigned long long reserved;
-        } nvSciSync;
-        struct {
-            unsigned long long key;
-        } keyedMutex;
-        unsigned int reserved[12];
-    } params;
-    unsigned int flags;
-    unsigned int reserved[16];
-} vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS;
-
-typedef struct vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS {
-    struct {
-        struct {
-            unsigned long long value;
-        } fence;
-        union {
-            void *fence;
-            unsigned long long reserved;
-        } nvSciSync;
-        struct {
-            unsigned long long key;
-            unsigned int timeoutMs;
-        } keyedMutex;
-        unsigned int reserved[10];
-    } params;
-    unsigned int flags;
-    unsigned int reserved[16];
-} vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS;
 
 /* virtual memory management (CUDA 10.2+): memory CUDA allocates and exports */
 typedef unsigned long long vkm_CUmemGenericAllocationHandle;
@@ -202,15 +143,6 @@ typedef struct vkm_CUmemAccessDesc {
     X(cuExternalMemoryGetMappedBuffer, cuExternalMemoryGetMappedBuffer, none,                           \
       (vkm_CUdeviceptr * ptr, vkm_CUexternalMemory mem, const vkm_CUDA_EXTERNAL_MEMORY_BUFFER_DESC *desc)) \
     X(cuDestroyExternalMemory, cuDestroyExternalMemory, none, (vkm_CUexternalMemory mem))               \
-    X(cuImportExternalSemaphore, cuImportExternalSemaphore, none,                                       \
-      (vkm_CUexternalSemaphore * out, const vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC *desc))                \
-    X(cuSignalExternalSemaphoresAsync, cuSignalExternalSemaphoresAsync, none,                           \
-      (const vkm_CUexternalSemaphore *sems, const vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS *params,       \
-       unsigned int count, vkm_CUstream stream))                                                           \
-    X(cuWaitExternalSemaphoresAsync, cuWaitExternalSemaphoresAsync, none,                               \
-      (const vkm_CUexternalSemaphore *sems, const vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS *params,         \
-       unsigned int count, vkm_CUstream stream))                                                           \
-    X(cuDestroyExternalSemaphore, cuDestroyExternalSemaphore, none, (vkm_CUexternalSemaphore sem))      \
     X(cuMemAlloc, cuMemAlloc_v2, none, (vkm_CUdeviceptr * ptr, size_t size))                             \
     X(cuMemFree, cuMemFree_v2, none, (vkm_CUdeviceptr ptr))                                              \
     X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, none,                               \
@@ -287,7 +219,7 @@ typedef struct vkm_cuda_link_config {
     uint32_t slot_count;       /* ring depth (src ring, bounce ring, dst ring) */
     uint64_t stall_timeout_ns; /* no progress for this long fails the link */
     uint64_t spin_ns;          /* poll semaphores this long before a blocking wait */
-    int host_sync;             /* 1: the worker orders CUDA and Vulkan (polls); 0: semaphores imported into CUDA */
+    int no_landing;            /* 1: always use the bounce ring (diagnostics, tests) */
     int cuda_ordinals[2];      /* CUDA devices of source and destination; -1: match by deviceUUID */
 } vkm_cuda_link_config;
 
@@ -296,15 +228,14 @@ typedef struct vkm_cuda_link_config {
 VkResult vkm_cuda_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
                               const vkm_cuda_link_config *config, vkm_cuda_link **out, const char **call,
                               char *msg, size_t msg_len);
-/* Finishes queued jobs, waits (bounded) for both GPUs and CUDA, frees CUDA
- * imports before the Vulkan memory and semaphores they map. */
+/* Finishes queued jobs, waits (bounded) for both GPUs and CUDA, frees each
+ * import before the memory it maps (CUDA's of the source ring, Vulkan's of
+ * the landing ring). */
 void vkm_cuda_link_destroy(vkm_cuda_link *link);
 
 VkSemaphore vkm_cuda_link_src_timeline(const vkm_cuda_link *link);
 VkSemaphore vkm_cuda_link_dst_timeline(const vkm_cuda_link *link);
 VkDeviceSize vkm_cuda_link_slot_size(const vkm_cuda_link *link);
-int vkm_cuda_link_gpu_sync(const vkm_cuda_link *link);
-const char *vkm_cuda_link_sync_note(const vkm_cuda_link *link);
 /* How the destination ring is made (landing ring, or bounce ring and why). */
 const char *vkm_cuda_link_ring_note(const vkm_cuda_link *link);
 /* The text of the link's failure (empty while it has none). */

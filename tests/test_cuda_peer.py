@@ -130,9 +130,11 @@ def test_policy_prefers_cuda_peer_when_the_probe_allows(manager, monkeypatch):
     assert select_transfer_method(Assignment(1), caps, prefer_dmabuf=False) == TransferMethod.CUDA_PEER
     a, b = caps.devices[1], caps.devices[0]
     assert supported_methods(a, b)[0] == TransferMethod.CUDA_PEER
-    no_sem = frozenset(caps.enabled_extensions[1] - {EXT_SEMAPHORE_FD})
-    assert method_support(TransferMethod.CUDA_PEER, a, b, no_sem, caps.enabled_extensions[0]) == \
-        f"{EXT_SEMAPHORE_FD} is not enabled on {a.name!r}"
+    no_fd = frozenset(caps.enabled_extensions[1] - {EXT_MEMORY_FD})
+    assert method_support(TransferMethod.CUDA_PEER, a, b, no_fd, caps.enabled_extensions[0]) == \
+        f"{EXT_MEMORY_FD} is not enabled on {a.name!r}"
+    no_sem = frozenset(caps.enabled_extensions[1] - {EXT_SEMAPHORE_FD})   # not needed: the link orders itself
+    assert method_support(TransferMethod.CUDA_PEER, a, b, no_sem, caps.enabled_extensions[0]) is None
     # an explicit probe overrides the driver's answer
     assert method_support(TransferMethod.CUDA_PEER, a, b, cuda_probe=lambda x, y: "no NVLink here") == \
         "no NVLink here"
@@ -167,16 +169,6 @@ SAME(vkm_CUDA_EXTERNAL_MEMORY_BUFFER_DESC, CUDA_EXTERNAL_MEMORY_BUFFER_DESC);
 OFF(vkm_CUDA_EXTERNAL_MEMORY_BUFFER_DESC, CUDA_EXTERNAL_MEMORY_BUFFER_DESC, offset);
 OFF(vkm_CUDA_EXTERNAL_MEMORY_BUFFER_DESC, CUDA_EXTERNAL_MEMORY_BUFFER_DESC, size);
 OFF(vkm_CUDA_EXTERNAL_MEMORY_BUFFER_DESC, CUDA_EXTERNAL_MEMORY_BUFFER_DESC, flags);
-SAME(vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC, CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC);
-OFF(vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC, CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC, type);
-OFF(vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC, CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC, handle.fd);
-OFF(vkm_CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC, CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC, flags);
-SAME(vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS, CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS);
-OFF(vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS, CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS, params.fence.value);
-OFF(vkm_CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS, CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS, flags);
-SAME(vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS, CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS);
-OFF(vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS, CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS, params.fence.value);
-OFF(vkm_CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS, CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS, flags);
 SAME(vkm_CUuuid, CUuuid);
 SAME(vkm_CUdeviceptr, CUdeviceptr);
 SAME(vkm_CUdevice, CUdevice);
@@ -184,8 +176,6 @@ SAME(vkm_CUresult, CUresult);
 _Static_assert((int)VKM_CUDA_ERROR_NOT_READY == (int)CUDA_ERROR_NOT_READY, "NOT_READY");
 _Static_assert((int)VKM_CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED == (int)CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "704");
 _Static_assert((int)VKM_CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD == (int)CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD, "fd");
-_Static_assert((int)VKM_CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD ==
-               (int)CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD, "timeline fd");
 _Static_assert((int)VKM_CUDA_EXTERNAL_MEMORY_DEDICATED == (int)CUDA_EXTERNAL_MEMORY_DEDICATED, "dedicated");
 _Static_assert((int)VKM_CU_STREAM_NON_BLOCKING == (int)CU_STREAM_NON_BLOCKING, "non-blocking");
 _Static_assert((int)VKM_CU_EVENT_DISABLE_TIMING == (int)CU_EVENT_DISABLE_TIMING, "disable timing");
@@ -372,26 +362,15 @@ def test_gpu_available_and_selected(manager, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_landing_ring_and_host_ordering(manager):
+@pytest.mark.parametrize("landing", [True, False])
+def test_gpu_landing_ring(manager, landing):
     """By default the NVLink copy lands in the destination ring itself (CUDA memory imported
-    into Vulkan) and the worker orders the steps."""
+    into Vulkan); asked, the link uses its bounce ring and says why."""
     _require_cuda_peer(manager)
-    m = _Direct(manager, 0, 1)
+    m = _Direct(manager, 0, 1, landing=landing)
     try:
-        assert m.link.landing, m.link.ring_note
-        assert not m.link.gpu_sync and "host-ordered" in m.link.sync_note, m.link.sync_note
-    finally:
-        m.destroy()
-
-
-@pytest.mark.gpu
-def test_gpu_sync_is_on_the_gpus(manager):
-    """Asked for, timeline semaphores import into CUDA on this driver (with a bounce ring)."""
-    _require_cuda_peer(manager)
-    m = _Direct(manager, 0, 1, host_sync=False)
-    try:
-        assert m.link.gpu_sync, m.link.sync_note
-        assert not m.link.landing and "bounce ring" in m.link.ring_note, m.link.ring_note
+        assert m.link.landing == landing, m.link.ring_note
+        assert m.link.ring_note.startswith("landing ring" if landing else "bounce ring"), m.link.ring_note
     finally:
         m.destroy()
 
@@ -438,14 +417,14 @@ def test_gpu_image_roundtrip(manager, via, src, dst, w, h, fmt):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("host_sync", [False, True])
-def test_gpu_small_ring_wraps(manager, host_sync):
+@pytest.mark.parametrize("landing", [True, False])
+def test_gpu_small_ring_wraps(manager, landing):
     """Slots far smaller than the data: every ring (source, landing or bounce, destination) wraps many
-    times, in both sync modes."""
+    times, with a landing ring and with a bounce ring."""
     _require_cuda_peer(manager)
-    m = _Direct(manager, 0, 1, slot_size=64 << 10, slot_count=3, host_sync=host_sync)
+    m = _Direct(manager, 0, 1, slot_size=64 << 10, slot_count=3, landing=landing)
     try:
-        assert m.link.gpu_sync != host_sync, m.link.sync_note
+        assert m.link.landing == landing, m.link.ring_note
         for n in (1, (1 << 20) + 1, (5 << 20) + 3):
             data = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
             with Buffer(manager.slot(0), n) as a, Buffer(manager.slot(1), n) as b:

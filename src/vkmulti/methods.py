@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .capabilities import (EXT_DMA_BUF, EXT_MEMORY_FD, EXT_MEMORY_HOST, EXT_SEMAPHORE_FD,
+from .capabilities import (EXT_DMA_BUF, EXT_MEMORY_FD, EXT_MEMORY_HOST,
                            DeviceCapabilities)
 
 __all__ = ["TransferMethod", "supported_methods", "method_support", "CudaProbe"]
@@ -61,7 +61,7 @@ def method_support(method: str, a: DeviceCapabilities, b: DeviceCapabilities,
         why = (cuda_probe or _cuda_probe)(a, b)
         if why is not None:
             return why
-        return lack(EXT_MEMORY_FD) or lack(EXT_SEMAPHORE_FD)
+        return lack(EXT_MEMORY_FD)   # the link orders CUDA and Vulkan itself: no semaphore export
     if method == TransferMethod.DMABUF:
         if lack(EXT_DMA_BUF) is None and lack(EXT_MEMORY_FD) is None:
             return None
