@@ -31,6 +31,7 @@ cdef extern from "vkm_cuda.h" nogil:
     VkSemaphore vkm_cuda_link_dst_timeline(const vkm_cuda_link *link)
     VkDeviceSize vkm_cuda_link_slot_size(const vkm_cuda_link *link)
     const char *vkm_cuda_link_ring_note(const vkm_cuda_link *link)
+    uint64_t vkm_cuda_link_kernel_bytes(const vkm_cuda_link *link)
     const char *vkm_cuda_link_message(const vkm_cuda_link *link)
     VkResult vkm_cuda_link_submit(vkm_cuda_link *link, const vkm_endpoint *src, const vkm_endpoint *dst,
                                   VkDeviceSize size, uint64_t *ticket, uint64_t *src_done, uint64_t *dst_ready,
@@ -190,6 +191,11 @@ cdef class CudaPeerLink:
     def landing(self):
         """True when NVLink copies land in the destination ring itself (CUDA memory imported into Vulkan)."""
         return self.ring_note.startswith("landing")
+
+    @property
+    def kernel_bytes(self):
+        """Bytes moved by compute kernels so far (the rest went by copy commands)."""
+        return vkm_cuda_link_kernel_bytes(self.ptr())
 
     @property
     def ring_note(self):

@@ -21,6 +21,7 @@ cdef extern from "vkm_transfer.h" nogil:
         vkm_queue *owner
         VkSemaphore wait_semaphore
         uint64_t wait_value
+        uint32_t kernel
 
     ctypedef struct vkm_link:
         pass
@@ -71,6 +72,7 @@ cdef int fill_endpoint(vkm_endpoint *e, object spec, list keep) except -1:
         e.owner = owner.ptr()
     e.wait_semaphore = <VkSemaphore><uintptr_t>(spec.wait_semaphore or 0)
     e.wait_value = spec.wait_value
+    e.kernel = spec.kernel
     return 0
 
 

@@ -23,6 +23,7 @@
  */
 #include "vkm_cuda.h"
 #include "vkm_trace.h"
+#include "vkm_kcopy.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -40,6 +41,7 @@
 #define MIN_CHUNK ((VkDeviceSize)2 << 20) /* smaller chunks cost more in submits than they gain */
 #define TARGET_CHUNKS 8                  /* a job is cut into about this many chunks (pipeline depth) */
 #define SLOT_ALIGN 256
+#define RING_USAGE (VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_STORAGE_BUFFER_BIT)
 
 /* ---- the driver, loaded once per process --------------------------------- */
 
@@ -217,8 +219,12 @@ typedef struct cu_job {
     uint32_t chunks;
     uint64_t ticket;
     uint64_t src_base, dst_base; /* first timeline value the job signals, minus one */
+    int src_k, dst_k;             /* endpoint copied by compute kernels (vkm_kcopy.h) */
+    VkImageView src_view, dst_view;
     struct cu_job *next;
 } cu_job;
+
+#define RETIRED_MAX 16 /* image views of finished jobs, freed once their GPU work is done */
 
 /* One device's end: its Vulkan objects and their CUDA imports. */
 typedef struct cu_side {
@@ -228,6 +234,7 @@ typedef struct cu_side {
     VkCommandBuffer *cmds;      /* ncmd */
     uint64_t *cmd_free_at;      /* `timeline` value after which cmds[i] may be re-recorded */
     VkSemaphore timeline;       /* signalled by this side's Vulkan copies: src_done / dst_ready */
+    vkm_kcopy *kc;              /* compute-kernel copies; NULL: copy commands only */
     uint64_t submitted;         /* highest `timeline` value submitted to the queue */
     VkBuffer ring;
     VkDeviceMemory memory;
@@ -285,6 +292,13 @@ struct vkm_cuda_link {
     vkm_trace *trace;        /* NULL unless VKMULTI_TRACE is set */
     int landing;             /* 1: the peer copy lands in the destination ring itself (no bounce ring) */
     char ring_note[320];
+    uint64_t kernel_bytes;   /* moved by compute kernels (both sides) */
+    struct {
+        cu_side *side;
+        VkImageView view;
+        uint64_t value; /* the side's timeline value after which the view is unused */
+    } retired[RETIRED_MAX];
+    uint32_t nretired;
 };
 
 #define TRY(expr, name)                                                        \
@@ -439,7 +453,7 @@ static VkResult make_ring(vkm_cuda_link *l, cu_side *s, const char **call, char 
     VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
                              .pNext = &ext,
                              .size = l->ring_bytes,
-                             .usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                             .usage = RING_USAGE,
                              .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
     TRY(d->fn.vkCreateBuffer(d->device, &bi, NULL, &s->ring), "vkCreateBuffer(CUDA ring)");
     VkMemoryRequirements req;
@@ -610,7 +624,7 @@ out:
         VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
                                  .pNext = &ext,
                                  .size = l->ring_bytes,
-                                 .usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                                 .usage = RING_USAGE,
                                  .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
         r = d->fn.vkCreateBuffer(d->device, &bi, NULL, &s->ring);
         if (r != VK_SUCCESS) {
@@ -669,6 +683,11 @@ static VkResult link_setup(vkm_cuda_link *l, const char **call, char *msg, size_
     for (int i = 0; i < 2 && r == VK_SUCCESS; i++) {
         r = make_cmds(sides[i], l->ncmd, call);
         if (r == VK_SUCCESS) r = make_stream(sides[i], l->K, call, msg, msgn);
+        if (r == VK_SUCCESS) {
+            /* without kernels (no compute on the family, pipelines refused) copy commands do it all */
+            VkResult kr = vkm_kcopy_create(sides[i]->dev, sides[i]->queue->family, l->ncmd, &sides[i]->kc, NULL);
+            if (kr == VK_ERROR_OUT_OF_HOST_MEMORY) r = kr;
+        }
     }
     if (r == VK_SUCCESS) r = make_ring(l, &l->src, call, msg, msgn);
     if (r == VK_SUCCESS) TRY(make_timeline(l->src.dev, &l->src.timeline), "vkCreateSemaphore(timeline)");
@@ -890,6 +909,10 @@ void vkm_cuda_link_destroy(vkm_cuda_link *l)
     l->trace = NULL;
     if (drained) {
         /* CUDA's imports go before the Vulkan memory and semaphores they map */
+        for (uint32_t i = 0; i < l->nretired; i++) vkm_kcopy_free_view(l->retired[i].side->kc, l->retired[i].view);
+        l->nretired = 0;
+        vkm_kcopy_destroy(l->src.kc);
+        vkm_kcopy_destroy(l->dst.kc);
         free_cuda(&l->src, l->K, NULL);
         if (l->landing) free_landing(&l->dst); /* Vulkan's import, then CUDA's memory */
         free_cuda(&l->dst, l->K, &l->bounce);
@@ -923,6 +946,7 @@ VkSemaphore vkm_cuda_link_src_timeline(const vkm_cuda_link *l) { return l->src.t
 VkSemaphore vkm_cuda_link_dst_timeline(const vkm_cuda_link *l) { return l->dst.timeline; }
 VkDeviceSize vkm_cuda_link_slot_size(const vkm_cuda_link *l) { return l->cfg.slot_size; }
 const char *vkm_cuda_link_ring_note(const vkm_cuda_link *l) { return l->ring_note; }
+uint64_t vkm_cuda_link_kernel_bytes(const vkm_cuda_link *l) { return __atomic_load_n(&l->kernel_bytes, __ATOMIC_RELAXED); }
 const char *vkm_cuda_link_message(const vkm_cuda_link *l) { return l->message; }
 
 /* ---- jobs ------------------------------------------------------------------ */
@@ -1077,13 +1101,15 @@ static void fail(vkm_cuda_link *l, VkResult r, const char *call, const char *msg
  * against whatever else touches it. The destination is overwritten whole, so
  * its old contents are discarded (UNDEFINED). */
 static void endpoint_barrier(vkm_device *d, VkCommandBuffer cmd, const vkm_endpoint *e, VkDeviceSize size,
-                             int is_src, int entering)
+                             int is_src, int entering, int kernel)
 {
     VkAccessFlags any = VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT;
-    VkAccessFlags xacc = is_src ? VK_ACCESS_TRANSFER_READ_BIT : VK_ACCESS_TRANSFER_WRITE_BIT;
-    VkImageLayout xfer = is_src ? VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL : VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL;
-    VkPipelineStageFlags ss = entering ? VK_PIPELINE_STAGE_ALL_COMMANDS_BIT : VK_PIPELINE_STAGE_TRANSFER_BIT;
-    VkPipelineStageFlags ds = entering ? VK_PIPELINE_STAGE_TRANSFER_BIT : VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
+    VkAccessFlags xacc = is_src ? VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_SHADER_READ_BIT
+                                : VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT;
+    VkImageLayout xfer = kernel ? VKM_KCOPY_IMAGE_LAYOUT
+                                : is_src ? VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL : VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL;
+    VkPipelineStageFlags ss = entering ? VK_PIPELINE_STAGE_ALL_COMMANDS_BIT : VKM_KCOPY_STAGES;
+    VkPipelineStageFlags ds = entering ? VKM_KCOPY_STAGES : VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
     if (e->image) {
         VkImageMemoryBarrier b = {
             .sType = VK_STRUCTURE_TYPE_IMAGE_MEMORY_BARRIER,
@@ -1113,22 +1139,22 @@ static void endpoint_barrier(vkm_device *d, VkCommandBuffer cmd, const vkm_endpo
 }
 
 /* The ring slot goes to CUDA (release to the external queue family, after the
- * copy wrote it) or comes from CUDA (acquire, before the copy reads it). */
+ * copy or kernel wrote it) or comes from CUDA (acquire, before it is read). */
 static void ring_barrier(cu_side *s, VkCommandBuffer cmd, VkDeviceSize offset, VkDeviceSize size, int release)
 {
     uint32_t family = s->queue->family;
     VkBufferMemoryBarrier b = {
         .sType = VK_STRUCTURE_TYPE_BUFFER_MEMORY_BARRIER,
-        .srcAccessMask = release ? VK_ACCESS_TRANSFER_WRITE_BIT : 0,
-        .dstAccessMask = release ? 0 : VK_ACCESS_TRANSFER_READ_BIT,
+        .srcAccessMask = release ? VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT : 0,
+        .dstAccessMask = release ? 0 : VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_SHADER_READ_BIT,
         .srcQueueFamilyIndex = release ? family : VK_QUEUE_FAMILY_EXTERNAL,
         .dstQueueFamilyIndex = release ? VK_QUEUE_FAMILY_EXTERNAL : family,
         .buffer = s->ring,
         .offset = offset,
         .size = size,
     };
-    s->dev->fn.vkCmdPipelineBarrier(cmd, release ? VK_PIPELINE_STAGE_TRANSFER_BIT : VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
-                                    release ? VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT : VK_PIPELINE_STAGE_TRANSFER_BIT,
+    s->dev->fn.vkCmdPipelineBarrier(cmd, release ? VKM_KCOPY_STAGES : VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
+                                    release ? VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT : VKM_KCOPY_STAGES,
                                     0, 0, NULL, 1, &b, 0, NULL);
 }
 
@@ -1139,11 +1165,52 @@ static VkDeviceSize chunk_len(const cu_job *j, uint32_t c)
 }
 
 /* Copy chunk `c` of the job between endpoint `e` and the side's ring at `slot_offset`. */
-static void record_copy(cu_side *s, VkCommandBuffer cmd, const cu_job *j, const vkm_endpoint *e, uint32_t c,
-                        VkDeviceSize slot_offset, int to_ring)
+static void record_copy(vkm_cuda_link *l, cu_side *s, VkCommandBuffer cmd, uint32_t set, const cu_job *j,
+                        uint32_t c, VkDeviceSize slot_offset, int to_ring)
 {
-    vkm_record_chunk(s->dev, cmd, e, s->ring, slot_offset, (VkDeviceSize)c * j->chunk_bytes, chunk_len(j, c),
-                     to_ring);
+    const vkm_endpoint *e = to_ring ? &j->src : &j->dst;
+    VkDeviceSize start = (VkDeviceSize)c * j->chunk_bytes;
+    if (to_ring ? j->src_k : j->dst_k) {
+        VkDeviceSize n = vkm_kcopy_record(s->kc, cmd, set, e, to_ring ? j->src_view : j->dst_view, s->ring,
+                                          slot_offset, start, chunk_len(j, c), to_ring);
+        __atomic_fetch_add(&l->kernel_bytes, n, __ATOMIC_RELAXED);
+    } else
+        vkm_record_chunk(s->dev, cmd, e, s->ring, slot_offset, start, chunk_len(j, c), to_ring);
+}
+
+/* Free the image views of finished jobs whose GPU work is done; with `block`
+ * and a full list, wait (bounded) for the oldest. */
+static void reap_views(vkm_cuda_link *l, int block)
+{
+    uint32_t keep = 0;
+    for (uint32_t i = 0; i < l->nretired; i++) {
+        cu_side *s = l->retired[i].side;
+        uint64_t have = 0;
+        int done = vkm_timeline_value(s->dev, s->timeline, &have) == VK_SUCCESS && have >= l->retired[i].value;
+        if (!done && block && i == 0 && l->nretired == RETIRED_MAX)
+            done = vkm_wait_timeline(s->dev, s->timeline, l->retired[i].value, l->cfg.stall_timeout_ns) ==
+                   VK_SUCCESS;
+        if (done)
+            vkm_kcopy_free_view(s->kc, l->retired[i].view);
+        else
+            l->retired[keep++] = l->retired[i];
+    }
+    l->nretired = keep;
+}
+
+static void retire_view(vkm_cuda_link *l, cu_side *s, VkImageView view, uint64_t value)
+{
+    if (!view) return;
+    if (l->nretired == RETIRED_MAX) reap_views(l, 1);
+    if (l->nretired == RETIRED_MAX) { /* a GPU is stuck: the view is kept until the link goes */
+        vkm_wait_timeline(s->dev, s->timeline, value, l->cfg.stall_timeout_ns);
+        vkm_kcopy_free_view(s->kc, view);
+        return;
+    }
+    l->retired[l->nretired].side = s;
+    l->retired[l->nretired].view = view;
+    l->retired[l->nretired].value = value;
+    l->nretired++;
 }
 
 static void add_wait(cu_submit *b, VkSemaphore sem, uint64_t value)
@@ -1255,10 +1322,10 @@ static VkResult prep_src(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t
     VkCommandBuffer cmd;
     VkResult r = take_cmd(l, S, ci, &cmd, call);
     if (r != VK_SUCCESS) return r;
-    if (c == 0) endpoint_barrier(sd, cmd, &j->src, span, 1, 1);
-    record_copy(S, cmd, j, &j->src, c, off, 1);
+    if (c == 0) endpoint_barrier(sd, cmd, &j->src, span, 1, 1, j->src_k);
+    record_copy(l, S, cmd, ci, j, c, off, 1);
     ring_barrier(S, cmd, off, chunk_len(j, c), 1);
-    if (c == j->chunks - 1) endpoint_barrier(sd, cmd, &j->src, span, 1, 0);
+    if (c == j->chunks - 1) endpoint_barrier(sd, cmd, &j->src, span, 1, 0, j->src_k);
     TRY(sd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(source)");
     cu_submit *b = &l->batch[i];
     b->nwait = 0;
@@ -1283,9 +1350,9 @@ static VkResult prep_dst(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t
     VkResult r = take_cmd(l, D, ci, &cmd, call);
     if (r != VK_SUCCESS) return r;
     ring_barrier(D, cmd, off, chunk_len(j, c), 0);
-    if (c == 0) endpoint_barrier(dd, cmd, &j->dst, span, 0, 1);
-    record_copy(D, cmd, j, &j->dst, c, off, 0);
-    if (c == j->chunks - 1) endpoint_barrier(dd, cmd, &j->dst, span, 0, 0);
+    if (c == 0) endpoint_barrier(dd, cmd, &j->dst, span, 0, 1, j->dst_k);
+    record_copy(l, D, cmd, ci, j, c, off, 0);
+    if (c == j->chunks - 1) endpoint_barrier(dd, cmd, &j->dst, span, 0, 0, j->dst_k);
     TRY(dd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(destination)");
     cu_submit *b = &l->batch[i];
     b->nwait = 0;
@@ -1303,6 +1370,23 @@ static VkResult prep_dst(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t
  * CUDA's copy of a chunk goes out once its source copy is seen done and the
  * destination ring slot has been read; the destination copies of every chunk
  * that has landed go out in one submit. */
+/* Kernels or copy commands for each endpoint of the job (and their views). */
+static void choose_copies(vkm_cuda_link *l, cu_job *j)
+{
+    cu_side *S = &l->src, *D = &l->dst;
+    reap_views(l, 0);
+    j->src_k = vkm_kcopy_serves(S->kc, &j->src, l->cfg.slot_size);
+    j->dst_k = vkm_kcopy_serves(D->kc, &j->dst, l->cfg.slot_size);
+    if (j->src_k && j->src.image && vkm_kcopy_make_view(S->kc, &j->src, &j->src_view) != VK_SUCCESS) {
+        j->src_view = VK_NULL_HANDLE;
+        j->src_k = 0;
+    }
+    if (j->dst_k && j->dst.image && vkm_kcopy_make_view(D->kc, &j->dst, &j->dst_view) != VK_SUCCESS) {
+        j->dst_view = VK_NULL_HANDLE;
+        j->dst_k = 0;
+    }
+}
+
 static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *msg, size_t msgn)
 {
     cu_side *S = &l->src, *D = &l->dst;
@@ -1478,7 +1562,10 @@ static void *cu_worker(void *arg)
         vkm_trace_mark(l->trace, "job_taken", j->ticket);
         const char *call = "?";
         msg[0] = 0;
+        if (!failed) choose_copies(l, j);
         VkResult r = failed ? VK_SUCCESS : run_job(l, j, &call, msg, sizeof msg);
+        retire_view(l, &l->src, j->src_view, j->src_base + j->chunks);
+        retire_view(l, &l->dst, j->dst_view, j->dst_base + j->chunks);
         if (r == VK_TIMEOUT) { /* a bounded wait ran out: the link is stuck, not merely slow to answer */
             snprintf(msg, sizeof msg, "stalled: %s did not complete within %.1f s", call,
                      l->cfg.stall_timeout_ns / 1e9);

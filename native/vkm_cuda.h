@@ -236,6 +236,8 @@ void vkm_cuda_link_destroy(vkm_cuda_link *link);
 VkSemaphore vkm_cuda_link_src_timeline(const vkm_cuda_link *link);
 VkSemaphore vkm_cuda_link_dst_timeline(const vkm_cuda_link *link);
 VkDeviceSize vkm_cuda_link_slot_size(const vkm_cuda_link *link);
+/* Bytes the link's compute kernels have copied (vkm_kcopy.h); the rest went by copy commands. */
+uint64_t vkm_cuda_link_kernel_bytes(const vkm_cuda_link *link);
 /* How the destination ring is made (landing ring, or bounce ring and why). */
 const char *vkm_cuda_link_ring_note(const vkm_cuda_link *link);
 /* The text of the link's failure (empty while it has none). */

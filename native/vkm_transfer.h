@@ -34,6 +34,10 @@ typedef struct vkm_endpoint {
     /* optional timeline wait before the resource is touched */
     VkSemaphore wait_semaphore;
     uint64_t wait_value;
+    /* compute-shader copies (vkm_kcopy.h): images, the VkFormat of a UINT view
+     * of their texel size they allow for storage; buffers, nonzero when made
+     * with STORAGE_BUFFER usage; 0: copy commands only */
+    uint32_t kernel;
 } vkm_endpoint;
 
 typedef struct vkm_link vkm_link;

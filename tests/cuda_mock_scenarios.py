@@ -16,7 +16,7 @@ import sys
 from vkmulti.testing import install_virtual_gpus
 
 install_virtual_gpus(2)
-os.environ["VKMULTI_VALIDATION"] = "1"
+os.environ.setdefault("VKMULTI_VALIDATION", "1")
 
 import numpy as np  # noqa: E402
 import vulkan as vk  # noqa: E402
@@ -83,8 +83,9 @@ def roundtrip_buffer(mgr, lk, n, src_off=0, dst_off=0, src=1, dst=0, rng=np.rand
         return sdone, dready
 
 
-def roundtrip_image(mgr, lk, w, h, fmt=vk.VK_FORMAT_R16G16B16A16_SFLOAT, src=1, dst=0):
-    a, b = Image(mgr.slot(src), w, h, fmt), Image(mgr.slot(dst), w, h, fmt)
+def roundtrip_image(mgr, lk, w, h, fmt=vk.VK_FORMAT_R16G16B16A16_SFLOAT, src=1, dst=0, kernel_copies=True):
+    a = Image(mgr.slot(src), w, h, fmt, kernel_copies=kernel_copies)
+    b = Image(mgr.slot(dst), w, h, fmt, kernel_copies=kernel_copies)
     try:
         px = np.random.default_rng(w * 31 + h).integers(0, 256, (h, w, a.bytes_per_pixel), dtype=np.uint8)
         a.upload(px)
@@ -115,7 +116,13 @@ def scenario_roundtrip() -> None:
                     sd, dr = roundtrip_buffer(mgr, lk, n, so, do, src, dst)
                     assert sd > last[0] and dr > last[1], (sd, dr, last)
                     last = (sd, dr)
+                assert lk.kernel_bytes > 0, "buffers made with STORAGE usage go by compute kernels"
+                before = lk.kernel_bytes
                 roundtrip_image(mgr, lk, 640, 480, src=src, dst=dst)
+                assert lk.kernel_bytes - before == 2 * 640 * 480 * 8, "both sides of the image go by kernels"
+                before = lk.kernel_bytes
+                roundtrip_image(mgr, lk, 64, 48, src=src, dst=dst, kernel_copies=False)
+                assert lk.kernel_bytes == before, "an image without a kernel view goes by copy commands"
             finally:
                 lk.destroy()
         # small slots: images span many chunks and wrap the ring many times

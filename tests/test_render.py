@@ -43,6 +43,14 @@ def test_committed_spirv_belongs_to_its_source():
         assert shader_path(spv.name).read_bytes() == spv.read_bytes()   # what the package loads
 
 
+def test_kernel_header_holds_the_committed_spirv():
+    """native/vkm_kcopy_spv.h embeds exactly the committed SPIR-V of the copy kernels."""
+    build, m = _build_module(), _manifest()
+    header = REPO / m["header"]["path"]
+    assert header.read_text() == build.c_header(), "stale header: run python native/shaders/build_spirv.py"
+    assert hashlib.sha256(header.read_bytes()).hexdigest() == m["header"]["sha256"]
+
+
 def test_spirv_recompiles_identically(tmp_path):
     glslc = shutil.which("glslc")
     if glslc is None:
@@ -188,7 +196,7 @@ def test_render_bad_input(manager):
     sru = ReferenceSRU(1, 32, 16)
     good = r.make_target(sru)
     wrong_size = Image(manager.slot(0), 16, 16, usage=SRU_IMAGE_USAGE)
-    no_storage = Image(manager.slot(0), 32, 16, usage=IMAGE_USAGE)
+    no_storage = Image(manager.slot(0), 32, 16, usage=IMAGE_USAGE, kernel_copies=False)
     other_dev = Image(manager.slot(1), 32, 16, usage=SRU_IMAGE_USAGE)
     try:
         with pytest.raises(ValueError, match="16x16"):

@@ -121,12 +121,12 @@ def select_transfer_method(assignment: Any, capabilities: RenderCapabilities | N
 class _Endpoint:
     """One side of a job, in the shape the native layer reads."""
     __slots__ = ("buffer", "offset", "image", "width", "height", "bytes_per_pixel", "mip_level", "array_layer",
-                 "layout_before", "layout_after", "owner", "wait_semaphore", "wait_value")
+                 "layout_before", "layout_after", "owner", "wait_semaphore", "wait_value", "kernel")
 
     def __init__(self, **kw: Any):
         self.buffer = self.image = self.owner = self.wait_semaphore = None
         self.offset = self.width = self.height = self.bytes_per_pixel = self.mip_level = self.array_layer = 0
-        self.layout_before = self.layout_after = self.wait_value = 0
+        self.layout_before = self.layout_after = self.wait_value = self.kernel = 0
         for k, v in kw.items():
             setattr(self, k, v)
 
@@ -434,6 +434,7 @@ class CrossDeviceTransfer:
             w, h, bpp, handle = image.width, image.height, image.bytes_per_pixel, image.handle_int
             before = image.layout if layout is None else layout
             owner_family = image.owner_family
+            kernel = image.kernel_view_format
         elif isinstance(image, Buffer):
             raise TypeError(f"{label} is a Buffer; pass it as {label.replace('image', 'buffer')}")
         else:
@@ -444,6 +445,7 @@ class CrossDeviceTransfer:
                                  f"(got {w}x{h}, {bpp} B per pixel)")
             before = SHADER_READ if layout is None else layout
             owner_family = slot.graphics_queue.family
+            kernel = 0   # its usage and flags are unknown: copy commands only
         after = before if final is None else final
         for name, lay in (("layout", before), ("final layout", after)):
             if isinstance(lay, bool) or not isinstance(lay, int) or lay < 0 or lay == vk.VK_IMAGE_LAYOUT_UNDEFINED \
@@ -460,7 +462,8 @@ class CrossDeviceTransfer:
                 raise ValueError(f"{label} is owned by queue family {owner_family}, which has no queue on "
                                  f"GPU {slot.index}")
         return _Endpoint(image=handle, width=w, height=h, bytes_per_pixel=bpp, layout_before=before,
-                         layout_after=after, owner=owner, wait_semaphore=sem, wait_value=value), w * h * bpp
+                         layout_after=after, owner=owner, wait_semaphore=sem, wait_value=value,
+                         kernel=kernel), w * h * bpp
 
     def _buffer_endpoint(self, buf: Any, slot: Any, label: str, offset: int, wait: Any) -> _Endpoint:
         sem, value = self._wait_point(wait, slot, label.replace("buffer", "wait"))
@@ -469,11 +472,13 @@ class CrossDeviceTransfer:
                 raise ValueError(f"{label} belongs to GPU {buf.slot.index} ({buf.slot.name!r}), "
                                  f"not GPU {slot.index} ({slot.name!r})")
             handle = buf.handle_int
+            kernel = int(bool(buf.usage & vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT))
         elif isinstance(buf, Image):
             raise TypeError(f"{label} is an Image; pass it as {label.replace('buffer', 'image')}")
         else:
             handle = handle_int(buf, "VkBuffer")
-        return _Endpoint(buffer=handle, offset=offset, wait_semaphore=sem, wait_value=value)
+            kernel = 0   # its usage is unknown: copy commands only
+        return _Endpoint(buffer=handle, offset=offset, wait_semaphore=sem, wait_value=value, kernel=kernel)
 
     @staticmethod
     def _buffer_size(src: Any, dst: Any, src_offset: int, dst_offset: int, size: int | None) -> int:
