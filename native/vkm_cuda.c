@@ -1412,6 +1412,7 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
             if (r != VK_SUCCESS) return r;
             n++;
             ns++;
+            if (ns == 1) break; /* the first chunk goes at once: the GPU starts while the rest is recorded */
         }
         if (n) {
             TRY(vkm_queue_submit(S->dev, S->queue, n, l->infos, VK_NULL_HANDLE), "vkQueueSubmit(source)");
