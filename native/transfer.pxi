@@ -3,6 +3,7 @@
 cdef extern from "vkm_transfer.h" nogil:
     ctypedef void* VkBuffer
     ctypedef void* VkImage
+    ctypedef void* VkImageView
     ctypedef int VkImageLayout
     ctypedef int VkExternalMemoryHandleTypeFlagBits
 
@@ -22,6 +23,7 @@ cdef extern from "vkm_transfer.h" nogil:
         VkSemaphore wait_semaphore
         uint64_t wait_value
         uint32_t kernel
+        VkImageView kernel_view
 
     ctypedef struct vkm_link:
         pass
@@ -73,6 +75,7 @@ cdef int fill_endpoint(vkm_endpoint *e, object spec, list keep) except -1:
     e.wait_semaphore = <VkSemaphore><uintptr_t>(spec.wait_semaphore or 0)
     e.wait_value = spec.wait_value
     e.kernel = spec.kernel
+    e.kernel_view = <VkImageView><uintptr_t>(spec.kernel_view or 0)
     return 0
 
 

@@ -215,16 +215,20 @@ int vkm_cuda_peer_check(const uint8_t uuid_a[16], const char *name_a, const uint
 
 typedef struct cu_job {
     vkm_endpoint src, dst;
-    VkDeviceSize size, chunk_bytes;
+    VkDeviceSize size;
+    VkDeviceSize *starts;         /* chunk c is [starts[c], starts[c + 1]) (vkm_plan_chunks) */
     uint32_t chunks;
     uint64_t ticket;
     uint64_t src_base, dst_base; /* first timeline value the job signals, minus one */
     int src_k, dst_k;             /* endpoint copied by compute kernels (vkm_kcopy.h) */
-    VkImageView src_view, dst_view;
     struct cu_job *next;
 } cu_job;
 
-#define RETIRED_MAX 16 /* image views of finished jobs, freed once their GPU work is done */
+static void free_job(cu_job *j)
+{
+    free(j->starts);
+    free(j);
+}
 
 /* One device's end: its Vulkan objects and their CUDA imports. */
 typedef struct cu_side {
@@ -293,12 +297,6 @@ struct vkm_cuda_link {
     int landing;             /* 1: the peer copy lands in the destination ring itself (no bounce ring) */
     char ring_note[320];
     uint64_t kernel_bytes;   /* moved by compute kernels (both sides) */
-    struct {
-        cu_side *side;
-        VkImageView view;
-        uint64_t value; /* the side's timeline value after which the view is unused */
-    } retired[RETIRED_MAX];
-    uint32_t nretired;
 };
 
 #define TRY(expr, name)                                                        \
@@ -909,8 +907,6 @@ void vkm_cuda_link_destroy(vkm_cuda_link *l)
     l->trace = NULL;
     if (drained) {
         /* CUDA's imports go before the Vulkan memory and semaphores they map */
-        for (uint32_t i = 0; i < l->nretired; i++) vkm_kcopy_free_view(l->retired[i].side->kc, l->retired[i].view);
-        l->nretired = 0;
         vkm_kcopy_destroy(l->src.kc);
         vkm_kcopy_destroy(l->dst.kc);
         free_cuda(&l->src, l->K, NULL);
@@ -933,7 +929,7 @@ void vkm_cuda_link_destroy(vkm_cuda_link *l)
     cu_job *j = l->head;
     while (j) {
         cu_job *next = j->next;
-        free(j);
+        free_job(j);
         j = next;
     }
     pthread_cond_destroy(&l->progress);
@@ -985,7 +981,7 @@ VkResult vkm_cuda_link_submit(vkm_cuda_link *l, const vkm_endpoint *src, const v
         chunk = chunk / row * row;
         if (chunk < row) chunk = row;
     }
-    if ((size + chunk - 1) / chunk >= (VkDeviceSize)UINT32_MAX) {
+    if ((size + chunk - 1) / chunk >= (VkDeviceSize)UINT32_MAX / 2) {
         if (call) *call = "vkm_cuda_link_submit(too many chunks)";
         return VK_ERROR_INITIALIZATION_FAILED;
     }
@@ -994,15 +990,18 @@ VkResult vkm_cuda_link_submit(vkm_cuda_link *l, const vkm_endpoint *src, const v
     j->src = *src;
     j->dst = *dst;
     j->size = size;
-    j->chunk_bytes = chunk;
-    j->chunks = (uint32_t)((size + chunk - 1) / chunk);
+    j->starts = vkm_plan_chunks(size, chunk, row ? row : SLOT_ALIGN, &j->chunks);
+    if (!j->starts) {
+        free(j);
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    }
 
     pthread_mutex_lock(&l->lock);
     if (l->error != VK_SUCCESS) {
         VkResult e = l->error;
         if (call) *call = l->error_call;
         pthread_mutex_unlock(&l->lock);
-        free(j);
+        free_job(j);
         return e;
     }
     j->ticket = ++l->next_ticket;
@@ -1160,8 +1159,7 @@ static void ring_barrier(cu_side *s, VkCommandBuffer cmd, VkDeviceSize offset, V
 
 static VkDeviceSize chunk_len(const cu_job *j, uint32_t c)
 {
-    VkDeviceSize start = (VkDeviceSize)c * j->chunk_bytes;
-    return j->size - start < j->chunk_bytes ? j->size - start : j->chunk_bytes;
+    return j->starts[c + 1] - j->starts[c];
 }
 
 /* Copy chunk `c` of the job between endpoint `e` and the side's ring at `slot_offset`. */
@@ -1169,48 +1167,13 @@ static void record_copy(vkm_cuda_link *l, cu_side *s, VkCommandBuffer cmd, uint3
                         uint32_t c, VkDeviceSize slot_offset, int to_ring)
 {
     const vkm_endpoint *e = to_ring ? &j->src : &j->dst;
-    VkDeviceSize start = (VkDeviceSize)c * j->chunk_bytes;
     if (to_ring ? j->src_k : j->dst_k) {
-        VkDeviceSize n = vkm_kcopy_record(s->kc, cmd, set, e, to_ring ? j->src_view : j->dst_view, s->ring,
-                                          slot_offset, start, chunk_len(j, c), to_ring);
+        VkDeviceSize n = vkm_kcopy_record(s->kc, cmd, set, e, s->ring, slot_offset, j->starts[c], chunk_len(j, c),
+                                          to_ring);
         __atomic_fetch_add(&l->kernel_bytes, n, __ATOMIC_RELAXED);
-    } else
-        vkm_record_chunk(s->dev, cmd, e, s->ring, slot_offset, start, chunk_len(j, c), to_ring);
-}
-
-/* Free the image views of finished jobs whose GPU work is done; with `block`
- * and a full list, wait (bounded) for the oldest. */
-static void reap_views(vkm_cuda_link *l, int block)
-{
-    uint32_t keep = 0;
-    for (uint32_t i = 0; i < l->nretired; i++) {
-        cu_side *s = l->retired[i].side;
-        uint64_t have = 0;
-        int done = vkm_timeline_value(s->dev, s->timeline, &have) == VK_SUCCESS && have >= l->retired[i].value;
-        if (!done && block && i == 0 && l->nretired == RETIRED_MAX)
-            done = vkm_wait_timeline(s->dev, s->timeline, l->retired[i].value, l->cfg.stall_timeout_ns) ==
-                   VK_SUCCESS;
-        if (done)
-            vkm_kcopy_free_view(s->kc, l->retired[i].view);
-        else
-            l->retired[keep++] = l->retired[i];
+    } else {
+        vkm_record_chunk(s->dev, cmd, e, s->ring, slot_offset, j->starts[c], chunk_len(j, c), to_ring);
     }
-    l->nretired = keep;
-}
-
-static void retire_view(vkm_cuda_link *l, cu_side *s, VkImageView view, uint64_t value)
-{
-    if (!view) return;
-    if (l->nretired == RETIRED_MAX) reap_views(l, 1);
-    if (l->nretired == RETIRED_MAX) { /* a GPU is stuck: the view is kept until the link goes */
-        vkm_wait_timeline(s->dev, s->timeline, value, l->cfg.stall_timeout_ns);
-        vkm_kcopy_free_view(s->kc, view);
-        return;
-    }
-    l->retired[l->nretired].side = s;
-    l->retired[l->nretired].view = view;
-    l->retired[l->nretired].value = value;
-    l->nretired++;
 }
 
 static void add_wait(cu_submit *b, VkSemaphore sem, uint64_t value)
@@ -1370,23 +1333,6 @@ static VkResult prep_dst(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t
  * CUDA's copy of a chunk goes out once its source copy is seen done and the
  * destination ring slot has been read; the destination copies of every chunk
  * that has landed go out in one submit. */
-/* Kernels or copy commands for each endpoint of the job (and their views). */
-static void choose_copies(vkm_cuda_link *l, cu_job *j)
-{
-    cu_side *S = &l->src, *D = &l->dst;
-    reap_views(l, 0);
-    j->src_k = vkm_kcopy_serves(S->kc, &j->src, l->cfg.slot_size);
-    j->dst_k = vkm_kcopy_serves(D->kc, &j->dst, l->cfg.slot_size);
-    if (j->src_k && j->src.image && vkm_kcopy_make_view(S->kc, &j->src, &j->src_view) != VK_SUCCESS) {
-        j->src_view = VK_NULL_HANDLE;
-        j->src_k = 0;
-    }
-    if (j->dst_k && j->dst.image && vkm_kcopy_make_view(D->kc, &j->dst, &j->dst_view) != VK_SUCCESS) {
-        j->dst_view = VK_NULL_HANDLE;
-        j->dst_k = 0;
-    }
-}
-
 static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *msg, size_t msgn)
 {
     cu_side *S = &l->src, *D = &l->dst;
@@ -1563,10 +1509,9 @@ static void *cu_worker(void *arg)
         vkm_trace_mark(l->trace, "job_taken", j->ticket);
         const char *call = "?";
         msg[0] = 0;
-        if (!failed) choose_copies(l, j);
+        j->src_k = vkm_kcopy_serves(l->src.kc, &j->src, l->cfg.slot_size);
+        j->dst_k = vkm_kcopy_serves(l->dst.kc, &j->dst, l->cfg.slot_size);
         VkResult r = failed ? VK_SUCCESS : run_job(l, j, &call, msg, sizeof msg);
-        retire_view(l, &l->src, j->src_view, j->src_base + j->chunks);
-        retire_view(l, &l->dst, j->dst_view, j->dst_base + j->chunks);
         if (r == VK_TIMEOUT) { /* a bounded wait ran out: the link is stuck, not merely slow to answer */
             snprintf(msg, sizeof msg, "stalled: %s did not complete within %.1f s", call,
                      l->cfg.stall_timeout_ns / 1e9);
@@ -1578,7 +1523,7 @@ static void *cu_worker(void *arg)
         l->submitted_ticket = j->ticket;
         l->head = j->next;
         if (!l->head) l->tail = NULL;
-        free(j);
+        free_job(j);
         pthread_cond_broadcast(&l->progress);
     }
     pthread_mutex_unlock(&l->lock);

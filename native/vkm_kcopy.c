@@ -185,25 +185,7 @@ int vkm_kcopy_serves(const vkm_kcopy *k, const vkm_endpoint *e, VkDeviceSize max
     if (!k || !e->kernel || max_chunk + 256 > k->dev->limits.maxStorageBufferRange) return 0;
     if (!e->image) return 1;
     VkFormat f = view_format(e->bytes_per_pixel);
-    return f != VK_FORMAT_UNDEFINED && e->kernel == (uint32_t)f;
-}
-
-VkResult vkm_kcopy_make_view(vkm_kcopy *k, const vkm_endpoint *e, VkImageView *out)
-{
-    const vkm_device *d = k->dev;
-    VkImageViewCreateInfo vi = {
-        .sType = VK_STRUCTURE_TYPE_IMAGE_VIEW_CREATE_INFO,
-        .image = e->image,
-        .viewType = VK_IMAGE_VIEW_TYPE_2D,
-        .format = view_format(e->bytes_per_pixel),
-        .subresourceRange = {VK_IMAGE_ASPECT_COLOR_BIT, e->mip_level, 1, e->array_layer, 1},
-    };
-    return d->fn.vkCreateImageView(d->device, &vi, NULL, out);
-}
-
-void vkm_kcopy_free_view(vkm_kcopy *k, VkImageView view)
-{
-    if (view) k->dev->fn.vkDestroyImageView(k->dev->device, view, NULL);
+    return f != VK_FORMAT_UNDEFINED && e->kernel == (uint32_t)f && e->kernel_view != VK_NULL_HANDLE;
 }
 
 static uint32_t groups(VkDeviceSize n, uint32_t per_group, uint32_t max)
@@ -213,13 +195,13 @@ static uint32_t groups(VkDeviceSize n, uint32_t per_group, uint32_t max)
 }
 
 VkDeviceSize vkm_kcopy_record(vkm_kcopy *k, VkCommandBuffer cmd, uint32_t set, const vkm_endpoint *e,
-                              VkImageView view, VkBuffer ring, VkDeviceSize ring_offset, VkDeviceSize start,
-                              VkDeviceSize len, int to_ring)
+                              VkBuffer ring, VkDeviceSize ring_offset, VkDeviceSize start, VkDeviceSize len,
+                              int to_ring)
 {
     const vkm_device *d = k->dev;
     const VkPhysicalDeviceLimits *lim = &d->limits;
     VkDescriptorBufferInfo bufs[2];
-    VkDescriptorImageInfo img = {VK_NULL_HANDLE, view, VKM_KCOPY_IMAGE_LAYOUT};
+    VkDescriptorImageInfo img = {VK_NULL_HANDLE, e->kernel_view, VKM_KCOPY_IMAGE_LAYOUT};
     VkWriteDescriptorSet w[2];
     memset(w, 0, sizeof w);
     for (int i = 0; i < 2; i++) {

@@ -24,28 +24,24 @@ VkResult vkm_kcopy_create(const vkm_device *d, uint32_t family, uint32_t sets, v
 void vkm_kcopy_destroy(vkm_kcopy *k);
 
 /* Whether kernels can copy endpoint `e` in chunks of up to `max_chunk` bytes:
- * a buffer made with STORAGE_BUFFER usage (e->kernel != 0), or an image whose
- * e->kernel names the UINT view format of its texel size (made with STORAGE
- * usage and, unless that is its own format, MUTABLE_FORMAT). */
+ * a buffer made with STORAGE_BUFFER usage (e->kernel != 0), or an image with
+ * e->kernel_view, a view of the UINT format e->kernel of its texel size (the
+ * image made with STORAGE usage and, unless that is its own format,
+ * MUTABLE_FORMAT). */
 int vkm_kcopy_serves(const vkm_kcopy *k, const vkm_endpoint *e, VkDeviceSize max_chunk);
-
-/* The view a job's image endpoint is copied through; free it with
- * vkm_kcopy_free_view once the GPU is done with the job. */
-VkResult vkm_kcopy_make_view(vkm_kcopy *k, const vkm_endpoint *e, VkImageView *out);
-void vkm_kcopy_free_view(vkm_kcopy *k, VkImageView view);
 
 /* The layout, stages and accesses a kernel-served endpoint is used with. */
 #define VKM_KCOPY_IMAGE_LAYOUT VK_IMAGE_LAYOUT_GENERAL
 #define VKM_KCOPY_STAGES (VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT)
 
-/* Record the copy of bytes [start, start+len) of endpoint `e` to (to_ring) or
- * from `ring` at `ring_offset` with descriptor set `set` (ring_offset a
- * multiple of 256). Images: whole rows, the image in VKM_KCOPY_IMAGE_LAYOUT,
- * `view` from vkm_kcopy_make_view. Buffers: the 16-byte-aligned body by
- * kernel, the rest (and chunks the kernel cannot address) by vkCmdCopyBuffer.
- * Returns the bytes the kernel moved. */
+/* Record the copy of bytes [start, start+len) of endpoint `e` (one it
+ * serves) to (to_ring) or from `ring` at `ring_offset` with descriptor set
+ * `set` (ring_offset a multiple of 256). Images: whole rows, the image in
+ * VKM_KCOPY_IMAGE_LAYOUT. Buffers: the 16-byte-aligned body by kernel, the
+ * rest (and chunks the kernel cannot address) by vkCmdCopyBuffer. Returns the
+ * bytes the kernel moved. */
 VkDeviceSize vkm_kcopy_record(vkm_kcopy *k, VkCommandBuffer cmd, uint32_t set, const vkm_endpoint *e,
-                              VkImageView view, VkBuffer ring, VkDeviceSize ring_offset, VkDeviceSize start,
-                              VkDeviceSize len, int to_ring);
+                              VkBuffer ring, VkDeviceSize ring_offset, VkDeviceSize start, VkDeviceSize len,
+                              int to_ring);
 
 #endif

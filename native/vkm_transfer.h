@@ -38,6 +38,7 @@ typedef struct vkm_endpoint {
      * of their texel size they allow for storage; buffers, nonzero when made
      * with STORAGE_BUFFER usage; 0: copy commands only */
     uint32_t kernel;
+    VkImageView kernel_view; /* images: a 2D view of that format (the image's owner keeps it) */
 } vkm_endpoint;
 
 typedef struct vkm_link vkm_link;
@@ -74,6 +75,11 @@ VkResult vkm_link_poll(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint
 /* Shared by the link kinds (vkm_transfer.c, vkm_cuda.c). */
 /* Poll `sem` for up to `spin_ns` before a blocking wait; VK_TIMEOUT: not reached yet. */
 VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns);
+/* Chunk boundaries for a job of `size` bytes in chunks of at most `chunk`,
+ * multiples of `unit`; a quarter- and a half-chunk open and close larger jobs,
+ * so the pipeline fills and drains sooner. malloc'd array of *count + 1
+ * offsets (0 ... size); NULL when out of memory. */
+VkDeviceSize *vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, uint32_t *count);
 /* Reset and begin a one-time-submit command buffer. */
 VkResult vkm_begin_commands(const vkm_device *d, VkCommandBuffer cmd);
 /* Record the copy of bytes [start, start+len) of endpoint `e` to (to_ring) or

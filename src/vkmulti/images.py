@@ -306,6 +306,19 @@ class Image:
             vk.vkDestroyImage(slot.device, self.handle, None)
             raise
         vk.vkBindImageMemory(slot.device, self.handle, self.memory, 0)
+        self.kernel_view = None   # the UINT view the transfer kernels copy through (lives with the image)
+        if self.kernel_view_format:
+            try:
+                self.kernel_view = _vk("vkCreateImageView", vk.vkCreateImageView, slot.device, vk.VkImageViewCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_IMAGE_VIEW_CREATE_INFO, image=self.handle,
+                    viewType=vk.VK_IMAGE_VIEW_TYPE_2D, format=self.kernel_view_format,
+                    subresourceRange=vk.VkImageSubresourceRange(aspectMask=vk.VK_IMAGE_ASPECT_COLOR_BIT,
+                                                                baseMipLevel=0, levelCount=1, baseArrayLayer=0,
+                                                                layerCount=1)), None)
+            except BaseException:
+                vk.vkDestroyImage(slot.device, self.handle, None)
+                vk.vkFreeMemory(slot.device, self.memory, None)
+                raise
         #: the family that owns the image (None: shared by every family vkmulti uses)
         self.owner_family = None if concurrent else slot.graphics_queue.family
         self.layout = layout
@@ -341,6 +354,13 @@ class Image:
         if self.handle is None:
             raise DestroyedError("Image used after destroy()")
         return handle_int(self.handle, "VkImage")
+
+    @property
+    def kernel_view_int(self) -> int | None:
+        """The kernel view's handle as an int (None without one)."""
+        if self.handle is None:
+            raise DestroyedError("Image used after destroy()")
+        return handle_int(self.kernel_view, "VkImageView") if self.kernel_view is not None else None
 
     def barrier(self, cmd: Any, old: int, new: int) -> None:
         """Record a full layout transition (conservative access masks)."""
@@ -406,6 +426,9 @@ class Image:
     def destroy(self) -> None:
         if self.handle is None:
             return
+        if self.kernel_view is not None:
+            vk.vkDestroyImageView(self.slot.device, self.kernel_view, None)
+            self.kernel_view = None
         vk.vkDestroyImage(self.slot.device, self.handle, None)
         vk.vkFreeMemory(self.slot.device, self.memory, None)
         self.handle = None

@@ -121,10 +121,11 @@ def select_transfer_method(assignment: Any, capabilities: RenderCapabilities | N
 class _Endpoint:
     """One side of a job, in the shape the native layer reads."""
     __slots__ = ("buffer", "offset", "image", "width", "height", "bytes_per_pixel", "mip_level", "array_layer",
-                 "layout_before", "layout_after", "owner", "wait_semaphore", "wait_value", "kernel")
+                 "layout_before", "layout_after", "owner", "wait_semaphore", "wait_value", "kernel",
+                 "kernel_view")
 
     def __init__(self, **kw: Any):
-        self.buffer = self.image = self.owner = self.wait_semaphore = None
+        self.buffer = self.image = self.owner = self.wait_semaphore = self.kernel_view = None
         self.offset = self.width = self.height = self.bytes_per_pixel = self.mip_level = self.array_layer = 0
         self.layout_before = self.layout_after = self.wait_value = self.kernel = 0
         for k, v in kw.items():
@@ -434,7 +435,7 @@ class CrossDeviceTransfer:
             w, h, bpp, handle = image.width, image.height, image.bytes_per_pixel, image.handle_int
             before = image.layout if layout is None else layout
             owner_family = image.owner_family
-            kernel = image.kernel_view_format
+            kernel, kernel_view = image.kernel_view_format, image.kernel_view_int
         elif isinstance(image, Buffer):
             raise TypeError(f"{label} is a Buffer; pass it as {label.replace('image', 'buffer')}")
         else:
@@ -445,7 +446,7 @@ class CrossDeviceTransfer:
                                  f"(got {w}x{h}, {bpp} B per pixel)")
             before = SHADER_READ if layout is None else layout
             owner_family = slot.graphics_queue.family
-            kernel = 0   # its usage and flags are unknown: copy commands only
+            kernel, kernel_view = 0, None   # its usage and flags are unknown: copy commands only
         after = before if final is None else final
         for name, lay in (("layout", before), ("final layout", after)):
             if isinstance(lay, bool) or not isinstance(lay, int) or lay < 0 or lay == vk.VK_IMAGE_LAYOUT_UNDEFINED \
@@ -463,7 +464,7 @@ class CrossDeviceTransfer:
                                  f"GPU {slot.index}")
         return _Endpoint(image=handle, width=w, height=h, bytes_per_pixel=bpp, layout_before=before,
                          layout_after=after, owner=owner, wait_semaphore=sem, wait_value=value,
-                         kernel=kernel), w * h * bpp
+                         kernel=kernel, kernel_view=kernel_view), w * h * bpp
 
     def _buffer_endpoint(self, buf: Any, slot: Any, label: str, offset: int, wait: Any) -> _Endpoint:
         sem, value = self._wait_point(wait, slot, label.replace("buffer", "wait"))
