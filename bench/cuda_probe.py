@@ -22,6 +22,7 @@ VARIANTS = {  # name: (landing ring, slot MiB, slots)
     "bounce_16x8": (False, 16, 8),
     "landing_8x8": (True, 8, 8),
     "landing_16x8": (True, 16, 8),
+    "landing_8x16": (True, 8, 16),
     "landing_32x8": (True, 32, 8),
 }
 

@@ -33,8 +33,10 @@ __all__ = ["TransferMethod", "select_transfer_method", "CrossDeviceTransfer", "T
 #: under 128 MiB are cut into about sixteen chunks of at least 2 MiB instead.
 DEFAULT_SLOT_SIZE = 8 << 20
 DEFAULT_SLOT_COUNT = 8
-#: CUDA_PEER's default slot: 16 MiB (its chunks move at NVLink speed).
-CUDA_PEER_SLOT_SIZE = 16 << 20
+#: CUDA_PEER's default ring: 16 slots of 8 MiB (128 MiB a side): a 4K frame's
+#: chunks never wait for a slot, 256 MiB moves in 8 MiB chunks at NVLink speed.
+CUDA_PEER_SLOT_SIZE = 8 << 20
+CUDA_PEER_SLOT_COUNT = 16
 #: On GPUs, semaphores are polled this long before a blocking wait (a wake-up
 #: costs tens of microseconds); never on CPU devices, where it steals their cores.
 SPIN_SECONDS = 200e-6
@@ -406,10 +408,11 @@ class CrossDeviceTransfer:
                                    f"use {TransferMethod.HOST_SHARED!r} or {TransferMethod.STAGING_COPY!r}")
         if self.src.native is None or self.dst.native is None:
             raise ValueError("both slots need live devices with native tables (an active MultiDeviceManager)")
-        slot_size = self.slot_size
-        if self.method == TransferMethod.CUDA_PEER and slot_size == DEFAULT_SLOT_SIZE:
-            slot_size = CUDA_PEER_SLOT_SIZE   # per-chunk host work costs more than a 4 MiB NVLink copy
-        self._ref = _acquire_link(self.src, self.dst, self.method, slot_size, self.slot_count)
+        slot_size, slot_count = self.slot_size, self.slot_count
+        if self.method == TransferMethod.CUDA_PEER and (slot_size, slot_count) == (DEFAULT_SLOT_SIZE,
+                                                                                  DEFAULT_SLOT_COUNT):
+            slot_size, slot_count = CUDA_PEER_SLOT_SIZE, CUDA_PEER_SLOT_COUNT
+        self._ref = _acquire_link(self.src, self.dst, self.method, slot_size, slot_count)
         return self._ref
 
     def _unsupported_reason(self) -> str | None:
