@@ -3,7 +3,7 @@ end to end (submit until dst_ready is reached, Vulkan sync included), torch's
 cuda:0 -> cuda:1 copy of the same bytes, and vkmulti's HOST_SHARED path.
 Prints the figures as JSON, then a final "ratio:" line.
 
-    python bench/cuda_peer.py [--src 0] [--dst 1] [--reps 30] [--slot-mib 8] [--slots 16]
+    python bench/cuda_peer.py [--src 0] [--dst 1] [--reps 30] [--slot-mib 16] [--slots 8]
                               [--sweep] [--no-torch] [--json FILE]
 
 Targets (issue 6): 256 MiB >= 300 GB/s; 4K image <= 0.3 ms median; >= 0.8x torch's
@@ -236,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--src", type=int, default=0)
     p.add_argument("--dst", type=int, default=1)
     p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--slot-mib", type=int, default=8, help="ring slot size in MiB (default 8, as CUDA_PEER's)")
-    p.add_argument("--slots", type=int, default=16, help="ring depth (default 16, as CUDA_PEER's)")
+    p.add_argument("--slot-mib", type=int, default=16, help="ring slot size in MiB (default 16, as CUDA_PEER's)")
+    p.add_argument("--slots", type=int, default=8, help="ring depth (default 8, as CUDA_PEER's)")
     p.add_argument("--sweep", action="store_true", help="also try 4, 8 and 32 MiB slots (figures per shape)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")

@@ -990,8 +990,8 @@ VkResult vkm_cuda_link_submit(vkm_cuda_link *l, const vkm_endpoint *src, const v
     j->src = *src;
     j->dst = *dst;
     j->size = size;
-    /* a short head fills the pipeline sooner; no short tail: each destination
-     * submit costs the GPU ~15 us whatever its size */
+    /* even chunks: each costs the worker ~25 us of recording and submits, which
+     * a ramp's extra chunks cost more than their shorter fill saves */
     j->starts = vkm_plan_chunks(size, chunk, row ? row : SLOT_ALIGN, 0, &j->chunks);
     if (!j->starts) {
         free(j);
@@ -1330,6 +1330,35 @@ static VkResult prep_dst(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t
     return VK_SUCCESS;
 }
 
+/* Queue CUDA's copies of the chunks below `submitted` whose source copy the
+ * source GPU has finished, while their destination ring slots are free. */
+static VkResult queue_cuda(vkm_cuda_link *l, const cu_job *j, uint64_t g0, uint32_t submitted, uint32_t *np,
+                           uint32_t nd, int *moved, const char **call, char *msg, size_t msgn)
+{
+    cu_side *S = &l->src, *D = &l->dst;
+    if (*np >= submitted) return VK_SUCCESS;
+    uint64_t have_s = 0, have_d = 0;
+    TRY(vkm_timeline_value(S->dev, S->timeline, &have_s), "vkGetSemaphoreCounterValue(src_done)");
+    TRY(vkm_timeline_value(D->dev, D->timeline, &have_d), "vkGetSemaphoreCounterValue(dst_ready)");
+    while (*np < submitted && j->src_base + *np + 1 <= have_s && *np < nd + l->K) {
+        uint64_t g = g0 + *np;
+        uint32_t s = (uint32_t)(g % l->K);
+        if (l->slot_free_at[s] > have_d) break; /* the destination copy of chunk g-K still reads it */
+        VkResult r;
+        if (l->landing) {
+            r = landing_copy(l, j, *np, s, call, msg, msgn);
+        } else {
+            r = cuda_peer_copy(l, j, *np, g, s, call, msg, msgn);
+            if (r == VK_SUCCESS) r = cuda_local_copy(l, j, *np, s, call, msg, msgn);
+        }
+        if (r != VK_SUCCESS) return r;
+        vkm_trace_mark(l->trace, "cuda_queued", g + 1);
+        (*np)++;
+        *moved = 1;
+    }
+    return VK_SUCCESS;
+}
+
 /* The worker polls the source timeline and CUDA's events and queues each next
  * step the moment its inputs are ready. Source copies run up to a ring ahead;
  * CUDA's copy of a chunk goes out once its source copy is seen done and the
@@ -1360,9 +1389,10 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
             if (r != VK_SUCCESS) return r;
             n++;
             ns++;
-            /* the first chunk goes at once, later ones two at a time: the GPU starts
-             * sooner and CUDA's and the destination's steps are polled in between */
-            if (ns == 1 || n == 2) break;
+            if (ns <= 2) break; /* the first two chunks go at once, alone: the GPUs start sooner */
+            /* recording costs microseconds a chunk: hand finished chunks to CUDA in between */
+            r = queue_cuda(l, j, g0, ns - n, &np, nd, &moved, call, msg, msgn);
+            if (r != VK_SUCCESS) return r;
         }
         if (n) {
             TRY(vkm_queue_submit(S->dev, S->queue, n, l->infos, VK_NULL_HANDLE), "vkQueueSubmit(source)");
@@ -1371,26 +1401,8 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
             moved = 1;
         }
         /* 2: CUDA's copies of chunks the source GPU has written, into free destination slots */
-        if (np < ns) {
-            uint64_t have_s = 0, have_d = 0;
-            TRY(vkm_timeline_value(S->dev, S->timeline, &have_s), "vkGetSemaphoreCounterValue(src_done)");
-            TRY(vkm_timeline_value(D->dev, D->timeline, &have_d), "vkGetSemaphoreCounterValue(dst_ready)");
-            while (np < ns && j->src_base + np + 1 <= have_s && np < nd + K) {
-                uint64_t g = g0 + np;
-                uint32_t s = (uint32_t)(g % K);
-                if (l->slot_free_at[s] > have_d) break; /* the destination copy of chunk g-K still reads it */
-                if (l->landing) {
-                    r = landing_copy(l, j, np, s, call, msg, msgn);
-                } else {
-                    r = cuda_peer_copy(l, j, np, g, s, call, msg, msgn);
-                    if (r == VK_SUCCESS) r = cuda_local_copy(l, j, np, s, call, msg, msgn);
-                }
-                if (r != VK_SUCCESS) return r;
-                vkm_trace_mark(l->trace, "cuda_queued", g + 1);
-                np++;
-                moved = 1;
-            }
-        }
+        r = queue_cuda(l, j, g0, ns, &np, nd, &moved, call, msg, msgn);
+        if (r != VK_SUCCESS) return r;
         /* 3: destination copies of every chunk CUDA has landed, one submit */
         n = 0;
         while (nd < np) {

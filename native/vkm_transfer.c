@@ -555,11 +555,12 @@ static int needs_ownership(const vkm_side *s, const vkm_endpoint *e)
 /* Chunk boundaries: ramped (1/4, 1/2 of a chunk) at both ends so the second
  * device starts early and finishes soon after the first, full chunks in
  * between; every boundary a multiple of `unit` (an image row). */
-VkDeviceSize *vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, int ramp_tail,
+VkDeviceSize *vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, int ramps,
                               uint32_t *count)
 {
     VkDeviceSize q = chunk / 4 / unit * unit, h = chunk / 2 / unit * unit;
-    int ramp = q >= unit && h >= unit && size > 2 * chunk + 2 * (q + h);
+    int ramp = ramps && q >= unit && h >= unit && size > 2 * chunk + 2 * (q + h);
+    int ramp_tail = ramps > 1;
     VkDeviceSize head = ramp ? q + h : 0;
     VkDeviceSize tail_start = ramp && ramp_tail ? (size - q - h) / unit * unit : size;
     VkDeviceSize span = tail_start - head;
@@ -616,7 +617,7 @@ VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoin
     j->src = *src;
     j->dst = *dst;
     j->size = size;
-    j->starts = vkm_plan_chunks(size, chunk, unit, 1, &j->chunks);
+    j->starts = vkm_plan_chunks(size, chunk, unit, 2, &j->chunks);
     if (!j->starts) {
         free(j);
         return VK_ERROR_OUT_OF_HOST_MEMORY;

@@ -76,10 +76,11 @@ VkResult vkm_link_poll(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint
 /* Poll `sem` for up to `spin_ns` before a blocking wait; VK_TIMEOUT: not reached yet. */
 VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns);
 /* Chunk boundaries for a job of `size` bytes in chunks of at most `chunk`,
- * multiples of `unit`; a quarter- and a half-chunk open larger jobs (and, with
- * `ramp_tail`, close them), so the pipeline fills (and drains) sooner.
- * malloc'd array of *count + 1 offsets (0 ... size); NULL when out of memory. */
-VkDeviceSize *vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, int ramp_tail,
+ * multiples of `unit`. `ramps` 1: a quarter- and a half-chunk open larger
+ * jobs, so the pipeline fills sooner; 2: they also close them, so it drains
+ * sooner; 0: even chunks. malloc'd array of *count + 1 offsets (0 ... size);
+ * NULL when out of memory. */
+VkDeviceSize *vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, int ramps,
                               uint32_t *count);
 /* Reset and begin a one-time-submit command buffer. */
 VkResult vkm_begin_commands(const vkm_device *d, VkCommandBuffer cmd);

@@ -33,10 +33,11 @@ __all__ = ["TransferMethod", "select_transfer_method", "CrossDeviceTransfer", "T
 #: under 128 MiB are cut into about sixteen chunks of at least 2 MiB instead.
 DEFAULT_SLOT_SIZE = 8 << 20
 DEFAULT_SLOT_COUNT = 8
-#: CUDA_PEER's default ring: 16 slots of 8 MiB (128 MiB a side): a 4K frame's
-#: chunks never wait for a slot, 256 MiB moves in 8 MiB chunks at NVLink speed.
-CUDA_PEER_SLOT_SIZE = 8 << 20
-CUDA_PEER_SLOT_COUNT = 16
+#: CUDA_PEER's default ring: 8 slots of 16 MiB (128 MiB a side). Each chunk
+#: costs its worker ~25 us of host work, so chunks are large: a 4K frame goes
+#: in eight, 256 MiB in sixteen (bench/RESULTS.md has the shapes measured).
+CUDA_PEER_SLOT_SIZE = 16 << 20
+CUDA_PEER_SLOT_COUNT = 8
 #: On GPUs, semaphores are polled this long before a blocking wait (a wake-up
 #: costs tens of microseconds); never on CPU devices, where it steals their cores.
 SPIN_SECONDS = 200e-6
