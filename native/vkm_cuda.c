@@ -1411,6 +1411,9 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
             r = event_state(X, X->events[g % K], call, msg, msgn);
             if (r == VK_NOT_READY) break;
             if (r != VK_SUCCESS) return r;
+            /* NVLink is the bottleneck: keep CUDA's stream fed before each recording */
+            r = queue_cuda(l, j, g0, ns, &np, nd, &moved, call, msg, msgn);
+            if (r != VK_SUCCESS) return r;
             r = prep_dst(l, j, nd, g, n, ++dv, call);
             if (r != VK_SUCCESS) return r;
             n++;
