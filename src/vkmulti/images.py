@@ -147,6 +147,7 @@ class Buffer:
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise ValueError(f"buffer size must be a positive int, got {size!r}")
         self.slot, self.size, self.usage = slot, size, usage
+        self._handle_int: int | None = None
         # Shared by the universal and copy families, so transfers need no ownership hand-over.
         families = sorted({slot.graphics_queue.family, slot.copy_queue.family})
         concurrent = len(families) > 1
@@ -170,7 +171,9 @@ class Buffer:
     def handle_int(self) -> int:
         if self.handle is None:
             raise DestroyedError("Buffer used after destroy()")
-        return handle_int(self.handle, "VkBuffer")
+        if self._handle_int is None:   # cached: transfers read it on every submit
+            self._handle_int = handle_int(self.handle, "VkBuffer")
+        return self._handle_int
 
     def upload(self, data: Any, offset: int = 0) -> None:
         """Copy host bytes (any buffer-protocol object) into the buffer at `offset`."""
@@ -285,6 +288,7 @@ class Image:
                     sType=vk.VK_STRUCTURE_TYPE_IMAGE_FORMAT_LIST_CREATE_INFO, viewFormatCount=2,
                     pViewFormats=[format, self.kernel_view_format])
         self.slot, self.width, self.height, self.format, self.usage = slot, width, height, format, usage
+        self._handle_ints: tuple[int, int | None] | None = None
         if width > props.maxExtent.width or height > props.maxExtent.height:
             raise ValueError(f"{width}x{height} exceeds the device's maximum image extent "
                              f"{props.maxExtent.width}x{props.maxExtent.height}")
@@ -353,14 +357,17 @@ class Image:
     def handle_int(self) -> int:
         if self.handle is None:
             raise DestroyedError("Image used after destroy()")
-        return handle_int(self.handle, "VkImage")
+        if self._handle_ints is None:   # cached: transfers read them on every submit
+            view = self.kernel_view
+            self._handle_ints = (handle_int(self.handle, "VkImage"),
+                                 handle_int(view, "VkImageView") if view is not None else None)
+        return self._handle_ints[0]
 
     @property
     def kernel_view_int(self) -> int | None:
         """The kernel view's handle as an int (None without one)."""
-        if self.handle is None:
-            raise DestroyedError("Image used after destroy()")
-        return handle_int(self.kernel_view, "VkImageView") if self.kernel_view is not None else None
+        self.handle_int
+        return self._handle_ints[1]
 
     def barrier(self, cmd: Any, old: int, new: int) -> None:
         """Record a full layout transition (conservative access masks)."""
