@@ -123,9 +123,9 @@ def test_policy_prefers_cuda_peer_when_the_probe_allows(manager, monkeypatch):
 
     caps = _with_cuda_extensions(manager.capabilities)
     monkeypatch.setattr(vkmulti.cuda, "cuda_peer_reason", lambda a, b: None)
+    monkeypatch.setenv("VKMULTI_CUDA_PEER", "0")
+    assert select_transfer_method(Assignment(1), caps) == TransferMethod.DMABUF   # opted out
     monkeypatch.delenv("VKMULTI_CUDA_PEER", raising=False)
-    assert select_transfer_method(Assignment(1), caps) == TransferMethod.DMABUF   # opt-in only
-    monkeypatch.setenv("VKMULTI_CUDA_PEER", "1")
     assert select_transfer_method(Assignment(1), caps) == TransferMethod.CUDA_PEER
     assert select_transfer_method(Assignment(1), caps, prefer_dmabuf=False) == TransferMethod.CUDA_PEER
     a, b = caps.devices[1], caps.devices[0]
@@ -354,7 +354,7 @@ def _require_cuda_peer(manager, src=0, dst=1):
 
 @pytest.mark.gpu
 def test_gpu_available_and_selected(manager, monkeypatch):
-    monkeypatch.setenv("VKMULTI_CUDA_PEER", "1")   # automatic selection is opt-in
+    monkeypatch.delenv("VKMULTI_CUDA_PEER", raising=False)   # chosen by default
     for src, dst in ((0, 1), (1, 0)):
         _require_cuda_peer(manager, src, dst)
         assert select_transfer_method(Assignment(src), manager.capabilities, dst_index=dst) == \

