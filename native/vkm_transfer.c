@@ -1000,12 +1000,6 @@ static VkResult run_job(vkm_link *l, vkm_job *j, const char **call)
                 "vkQueueSubmit(src)");
             vkm_trace_mark(l->trace, "src_submitted", src_chunk_value0 + next_src + 1);
             next_src++;
-            /* a finished source chunk's destination copy goes before more source copies:
-             * the destination's PCIe hop is the slower one, so it must start early */
-            uint64_t have = 0;
-            if (next_src > next_dst + 1 && vkm_timeline_value(sd, S->timeline, &have) == VK_SUCCESS &&
-                have >= src_chunk_value0 + next_dst + 1)
-                break;
         }
         /* every chunk whose source copy is done goes out in one destination submit */
         uint32_t k = next_dst;
