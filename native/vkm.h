@@ -16,6 +16,17 @@
 extern "C" {
 #endif
 
+/* Return the VkResult of `expr` when it fails, naming the call through the
+ * enclosing function's `const char **call` (the core's functions use it as TRY). */
+#define VKM_TRY(expr, name)                                                    \
+    do {                                                                       \
+        VkResult r_ = (expr);                                                  \
+        if (r_ != VK_SUCCESS) {                                                \
+            if (call) *call = name;                                            \
+            return r_;                                                         \
+        }                                                                      \
+    } while (0)
+
 /* ---- device-level function table: loaded once per VkDevice ---------------- */
 
 typedef struct vkm_device_fns {

@@ -299,14 +299,7 @@ struct vkm_cuda_link {
     uint64_t kernel_bytes;   /* moved by compute kernels (both sides) */
 };
 
-#define TRY(expr, name)                                                        \
-    do {                                                                       \
-        VkResult r_ = (expr);                                                  \
-        if (r_ != VK_SUCCESS) {                                                \
-            if (call) *call = name;                                            \
-            return r_;                                                         \
-        }                                                                      \
-    } while (0)
+#define TRY VKM_TRY
 
 /* A failed CUDA call inside a push/pop pair: note it and leave through `out`. */
 #define CU_GO(expr, name)                                                      \
@@ -440,20 +433,28 @@ static VkResult make_timeline(vkm_device *d, VkSemaphore *out)
     return d->fn.vkCreateSemaphore(d->device, &info, NULL, out);
 }
 
+/* The side's ring buffer, of memory shared with CUDA through an opaque fd. */
+static VkResult make_ring_buffer(vkm_cuda_link *l, cu_side *s)
+{
+    VkExternalMemoryBufferCreateInfo ext = {.sType = VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO,
+                                            .handleTypes = VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT};
+    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                             .pNext = &ext,
+                             .size = l->ring_bytes,
+                             .usage = RING_USAGE,
+                             .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+    VkResult r = s->dev->fn.vkCreateBuffer(s->dev->device, &bi, NULL, &s->ring);
+    if (r != VK_SUCCESS) s->ring = VK_NULL_HANDLE;
+    return r;
+}
+
 /* The side's ring: one dedicated, exportable, device-local buffer, imported into
  * CUDA on the same GPU and mapped once. */
 static VkResult make_ring(vkm_cuda_link *l, cu_side *s, const char **call, char *msg, size_t msgn)
 {
     vkm_device *d = s->dev;
     const VkExternalMemoryHandleTypeFlagBits type = VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT;
-    VkExternalMemoryBufferCreateInfo ext = {.sType = VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO,
-                                            .handleTypes = type};
-    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
-                             .pNext = &ext,
-                             .size = l->ring_bytes,
-                             .usage = RING_USAGE,
-                             .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
-    TRY(d->fn.vkCreateBuffer(d->device, &bi, NULL, &s->ring), "vkCreateBuffer(CUDA ring)");
+    TRY(make_ring_buffer(l, s), "vkCreateBuffer(CUDA ring)");
     VkMemoryRequirements req;
     d->fn.vkGetBufferMemoryRequirements(d->device, s->ring, &req);
     int mt = vkm_find_memory_type(d, req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
@@ -617,18 +618,8 @@ out:
     cu_pop();
     const VkExternalMemoryHandleTypeFlagBits type = VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT;
     if (r == VK_SUCCESS) {
-        VkExternalMemoryBufferCreateInfo ext = {.sType = VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO,
-                                                .handleTypes = type};
-        VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
-                                 .pNext = &ext,
-                                 .size = l->ring_bytes,
-                                 .usage = RING_USAGE,
-                                 .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
-        r = d->fn.vkCreateBuffer(d->device, &bi, NULL, &s->ring);
-        if (r != VK_SUCCESS) {
-            s->ring = VK_NULL_HANDLE;
-            snprintf(msg, msgn, "vkCreateBuffer(landing ring) failed: VkResult %d", (int)r);
-        }
+        r = make_ring_buffer(l, s);
+        if (r != VK_SUCCESS) snprintf(msg, msgn, "vkCreateBuffer(landing ring) failed: VkResult %d", (int)r);
     }
     if (r == VK_SUCCESS) {
         VkMemoryRequirements req;
@@ -1257,8 +1248,6 @@ out:
     return r;
 }
 
-/* Record the source copy of chunk `c` (global `g`) into its ring slot and
- * describe its submit in batch entry `i`. */
 /* Landing ring: after the Vulkan copy into src ring[s] (seen by the host) and
  * after the Vulkan copy that last read dst ring[s], peer-copy src ring[s] ->
  * dst ring[s] over NVLink; event copied[s] then says both that the source
@@ -1278,6 +1267,8 @@ out:
     return r;
 }
 
+/* Record the source copy of chunk `c` (global `g`) into its ring slot and
+ * describe its submit in batch entry `i`. */
 static VkResult prep_src(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t g, uint32_t i, const char **call)
 {
     cu_side *S = &l->src;

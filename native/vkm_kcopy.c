@@ -44,14 +44,7 @@ typedef struct push {
     uint32_t a, b, c, d;
 } push;
 
-#define TRY(expr, name)                                                        \
-    do {                                                                       \
-        VkResult r_ = (expr);                                                  \
-        if (r_ != VK_SUCCESS) {                                                \
-            if (call) *call = name;                                            \
-            return r_;                                                         \
-        }                                                                      \
-    } while (0)
+#define TRY VKM_TRY
 
 static VkResult build(vkm_kcopy *k, uint32_t sets, const char **call)
 {

@@ -175,14 +175,7 @@ struct vkm_link {
 
 /* ---- small helpers ------------------------------------------------------- */
 
-#define TRY(expr, name)                                                        \
-    do {                                                                       \
-        VkResult r_ = (expr);                                                  \
-        if (r_ != VK_SUCCESS) {                                                \
-            if (call) *call = name;                                            \
-            return r_;                                                         \
-        }                                                                      \
-    } while (0)
+#define TRY VKM_TRY
 
 static VkResult make_pool(vkm_device *d, uint32_t family, VkCommandPool *pool)
 {
