@@ -1535,6 +1535,11 @@ static void *cu_worker(void *arg)
         if (!l->head) l->tail = NULL;
         free_job(j);
         pthread_cond_broadcast(&l->progress);
+        if (!l->head && l->cfg.spin_ns) {
+            pthread_mutex_unlock(&l->lock);
+            VKM_SPIN_FOR_WORK(&l->head, &l->stopping, l->cfg.spin_ns);
+            pthread_mutex_lock(&l->lock);
+        }
     }
     pthread_mutex_unlock(&l->lock);
     return NULL;

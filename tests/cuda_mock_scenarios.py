@@ -144,7 +144,7 @@ def scenario_roundtrip() -> None:
 def scenario_many_in_flight() -> None:
     fds = open_fds()
     with MultiDeviceManager.create(enabled=True) as mgr:
-        lk = link(mgr, slot_size=64 << 10, slot_count=4)
+        lk = link(mgr, slot_size=64 << 10, slot_count=4, spin=50e-6)   # the GPU-host polling paths too
         rng = np.random.default_rng(7)
         jobs = []
         try:
