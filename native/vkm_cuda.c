@@ -1441,10 +1441,15 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
         }
         if (waited < l->cfg.spin_ns) {
             sched_yield();
-        } else if (np < ns && nd == np) { /* only the source copy can unblock: block on its semaphore */
-            r = vkm_wait_timeline(S->dev, S->timeline, j->src_base + np + 1, 1000000);
+        } else if (np < ns && nd == np) { /* only a Vulkan copy can unblock: block on its semaphore */
+            uint64_t have_s = 0;
+            TRY(vkm_timeline_value(S->dev, S->timeline, &have_s), "vkGetSemaphoreCounterValue(src_done)");
+            if (have_s >= j->src_base + np + 1) /* source done: the destination still reads chunk np's slot */
+                r = vkm_wait_timeline(D->dev, D->timeline, l->slot_free_at[(g0 + np) % K], 1000000);
+            else
+                r = vkm_wait_timeline(S->dev, S->timeline, j->src_base + np + 1, 1000000);
             if (r != VK_SUCCESS && r != VK_TIMEOUT) {
-                if (call) *call = "vkWaitSemaphores(src_done)";
+                if (call) *call = "vkWaitSemaphores(src_done/dst_ready)";
                 return r;
             }
         } else {
@@ -1454,6 +1459,32 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
     }
     l->chunk_counter += N;
     return VK_SUCCESS;
+}
+
+/* After a failed job: once each GPU has finished what was submitted to it,
+ * bring both timelines to the last values handed out, so that no GPU work
+ * waiting on a src_done/dst_ready of a failed or skipped job waits forever
+ * (callers' waits still report the failure). */
+static void release_waiters(vkm_cuda_link *l)
+{
+    cu_side *sides[2] = {&l->src, &l->dst};
+    uint64_t target[2];
+    pthread_mutex_lock(&l->lock);
+    target[0] = l->src_value;
+    target[1] = l->dst_value;
+    pthread_mutex_unlock(&l->lock);
+    for (int i = 0; i < 2; i++) {
+        cu_side *s = sides[i];
+        uint64_t have = 0;
+        if (!s->timeline || (s->submitted && vkm_wait_timeline(s->dev, s->timeline, s->submitted,
+                                                               l->cfg.stall_timeout_ns) != VK_SUCCESS))
+            continue; /* still running: a signal from the host could undercut its own */
+        if (vkm_timeline_value(s->dev, s->timeline, &have) != VK_SUCCESS || have >= target[i]) continue;
+        VkSemaphoreSignalInfo si = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO,
+                                    .semaphore = s->timeline,
+                                    .value = target[i]};
+        if (s->dev->fn.vkSignalSemaphore(s->dev->device, &si) == VK_SUCCESS) s->submitted = target[i];
+    }
 }
 
 /* The idle worker's look at in-flight work: CUDA stream errors and stalls fail the link. */
@@ -1527,7 +1558,10 @@ static void *cu_worker(void *arg)
                      l->cfg.stall_timeout_ns / 1e9);
             r = VKM_ERROR_CUDA;
         }
-        if (r != VK_SUCCESS) fail(l, r, call, msg, j->ticket);
+        if (r != VK_SUCCESS) {
+            fail(l, r, call, msg, j->ticket);
+            release_waiters(l);
+        }
         now(&l->progress_at); /* fresh work: the stall clock starts now */
         pthread_mutex_lock(&l->lock);
         l->submitted_ticket = j->ticket;

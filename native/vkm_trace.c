@@ -19,7 +19,7 @@ struct vkm_trace {
     char label[64];
     char path[512];
     trace_record *records;
-    uint32_t next; /* atomic: the next free record */
+    uint64_t next; /* atomic: the next free record */
     int nwatch;
     struct {
         const vkm_device *dev;
@@ -68,7 +68,7 @@ void vkm_trace_watch(vkm_trace *t, const vkm_device *d, VkSemaphore sem, const c
 void vkm_trace_mark(vkm_trace *t, const char *what, uint64_t value)
 {
     if (!t) return;
-    uint32_t i = __atomic_fetch_add(&t->next, 1, __ATOMIC_RELAXED);
+    uint64_t i = __atomic_fetch_add(&t->next, 1, __ATOMIC_RELAXED);
     if (i >= TRACE_RECORDS) return;
     t->records[i] = (trace_record){trace_now(), what, value};
 }
@@ -101,10 +101,10 @@ void vkm_trace_close(vkm_trace *t)
         __atomic_store_n(&t->stop, 1, __ATOMIC_RELEASE);
         pthread_join(t->poller, NULL);
     }
-    uint32_t n = t->next < TRACE_RECORDS ? t->next : TRACE_RECORDS;
+    uint64_t n = t->next < TRACE_RECORDS ? t->next : TRACE_RECORDS;
     FILE *f = fopen(t->path, "a");
     if (f) {
-        for (uint32_t i = 0; i < n; i++)
+        for (uint64_t i = 0; i < n; i++)
             fprintf(f, "%s,%llu,%s,%llu\n", t->label, (unsigned long long)t->records[i].t_ns, t->records[i].what,
                     (unsigned long long)t->records[i].value);
         if (t->next > TRACE_RECORDS)

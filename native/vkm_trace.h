@@ -1,7 +1,8 @@
 /* vkm_trace.h - a timeline of a link's work, for finding where time goes.
  *
  * Off unless the environment variable VKMULTI_TRACE names a file when a link
- * is made. Then a poller thread spins on the link's timeline semaphores and
+ * is made. Then a poller thread (a whole CPU core while the link lives: a
+ * diagnostic, not for production) spins on the link's timeline semaphores and
  * records every value change with CLOCK_MONOTONIC nanoseconds, the worker adds
  * marks of its own (job taken, batch submitted ...), and when the link is
  * destroyed the lines "label,t_ns,what,value" are appended to the file.

@@ -179,12 +179,15 @@ def scenario_copy_fails() -> None:
         n = 1 << 20
         with Buffer(mgr.slot(1), n) as a, Buffer(mgr.slot(0), n) as b:
             es, ed = buffer_endpoints(mgr, a, b, 0, 0)
-            t, _, dready = lk.submit(es, ed, n)
+            t, sdone, dready = lk.submit(es, ed, n)
             try:
                 lk.wait(t, dready, 60)
                 raise AssertionError("the failed copy was reported complete")
             except TransferError as exc:
                 assert "cuMemcpyPeerAsync" in str(exc), exc
+            # GPU work waiting on the failed job's points is released, not left hanging
+            for sem, value, dev in ((lk.src_timeline, sdone, mgr.slot(1)), (lk.dst_timeline, dready, mgr.slot(0))):
+                dev.native.wait_timeline(sem, value, 10)   # raises TimeoutError if never reached
             try:
                 lk.submit(es, ed, n)
                 raise AssertionError("a failed link took a new job")

@@ -176,6 +176,25 @@ def test_destroy_waits_for_in_flight(manager):
     cleanup()
 
 
+def test_resource_destroy_waits_for_its_transfers(manager):
+    """Destroying a buffer a queued transfer still uses waits for the transfer (bounded)
+    instead of freeing memory under the worker and the GPU."""
+    sem, data, s, d, release, cleanup = _blocked_source(manager)
+    x = CrossDeviceTransfer(manager.slot(1), manager.slot(0), TransferMethod.HOST_SHARED)
+    try:
+        t = x.submit(src_buffer=s, dst_buffer=d, src_wait=(sem, 1))
+        timer = threading.Timer(0.3, release)
+        timer.start()
+        t0 = time.monotonic()
+        d.destroy()   # the transfer still has to write it
+        assert time.monotonic() - t0 >= 0.25
+        assert t.done()
+        timer.join()
+    finally:
+        x.destroy()
+        cleanup()
+
+
 def test_dst_ready_orders_gpu_work_without_host_wait(manager):
     """An engine's submit on the destination waits on dst_ready on the GPU."""
     sem, data, s, d, release, cleanup = _blocked_source(manager)

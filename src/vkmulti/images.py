@@ -139,7 +139,27 @@ def _check_slot(slot: Any) -> None:
                          "use a slot of an active MultiDeviceManager")
 
 
-class Buffer:
+class _InFlight:
+    """Transfers that still use a resource: destroy() waits for them (bounded),
+    so neither a transfer's worker nor a GPU touches freed objects."""
+
+    _pending: list[Any]
+
+    def _track(self, ticket: Any) -> None:
+        pending = self.__dict__.setdefault("_pending", [])
+        if len(pending) >= 16:   # keep it short without a native call per submit
+            pending[:] = [t for t in pending if not t.done()]
+        pending.append(ticket)
+
+    def _settle(self, timeout: float = 30.0) -> None:
+        for t in self.__dict__.pop("_pending", ()):
+            try:
+                t.wait(timeout)
+            except Exception:   # noqa: BLE001 - failed or stuck: its error went to its own waiter
+                pass
+
+
+class Buffer(_InFlight):
     """A VkBuffer with its own memory on one slot (device-local unless `host_visible`)."""
 
     def __init__(self, slot: Any, size: int, *, usage: int = BUFFER_USAGE, host_visible: bool = False):
@@ -220,6 +240,7 @@ class Buffer:
     def destroy(self) -> None:
         if self.handle is None:
             return
+        self._settle()
         vk.vkDestroyBuffer(self.slot.device, self.handle, None)
         vk.vkFreeMemory(self.slot.device, self.memory, None)
         self.handle = None
@@ -248,7 +269,7 @@ def as_host_bytes(data: Any, what: str = "data", *, writable: bool = False) -> n
     return np.frombuffer(mv, dtype=np.uint8)
 
 
-class Image:
+class Image(_InFlight):
     """A 2D optimal-tiling colour image with its own memory on one slot.
 
     `layout` is the layout the image is in between operations (vkmulti keeps it
@@ -313,8 +334,10 @@ class Image:
         self.kernel_view = None   # the UINT view the transfer kernels copy through (lives with the image)
         if self.kernel_view_format:
             try:
+                only_storage = vk.VkImageViewUsageCreateInfo(   # the UINT format needs no other feature
+                    sType=vk.VK_STRUCTURE_TYPE_IMAGE_VIEW_USAGE_CREATE_INFO, usage=vk.VK_IMAGE_USAGE_STORAGE_BIT)
                 self.kernel_view = _vk("vkCreateImageView", vk.vkCreateImageView, slot.device, vk.VkImageViewCreateInfo(
-                    sType=vk.VK_STRUCTURE_TYPE_IMAGE_VIEW_CREATE_INFO, image=self.handle,
+                    sType=vk.VK_STRUCTURE_TYPE_IMAGE_VIEW_CREATE_INFO, pNext=only_storage, image=self.handle,
                     viewType=vk.VK_IMAGE_VIEW_TYPE_2D, format=self.kernel_view_format,
                     subresourceRange=vk.VkImageSubresourceRange(aspectMask=vk.VK_IMAGE_ASPECT_COLOR_BIT,
                                                                 baseMipLevel=0, levelCount=1, baseArrayLayer=0,
@@ -433,6 +456,7 @@ class Image:
     def destroy(self) -> None:
         if self.handle is None:
             return
+        self._settle()
         if self.kernel_view is not None:
             vk.vkDestroyImageView(self.slot.device, self.kernel_view, None)
             self.kernel_view = None

@@ -377,6 +377,9 @@ class CrossDeviceTransfer:
             self.dst_ready = TimelinePoint(ref.link.dst_timeline, dready, self.dst.index)
             t = TransferTicket(ref.link, ticket, self.src_done, self.dst_ready)
             self._last = t
+        for obj in (src_image, dst_image, src_buffer, dst_buffer):
+            if isinstance(obj, (Image, Buffer)):
+                obj._track(t)   # its destroy() waits for this transfer
         for obj, ep in ((src_image, es), (dst_image, ed)):
             if isinstance(obj, Image):
                 obj.layout = ep.layout_after
