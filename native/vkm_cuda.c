@@ -273,7 +273,8 @@ struct vkm_cuda_link {
     vkm_CUdeviceptr bounce;
     uint64_t *slot_free_at;  /* dst_ready value after which dst ring slot s may be rewritten */
     uint64_t chunk_counter;
-    cu_submit *batch;        /* K */
+    cu_submit *batch;        /* K: source submits being gathered */
+    cu_submit *dst_recorded; /* ncmd: destination submits recorded ahead, by command buffer */
     VkSubmitInfo *infos;     /* K */
     /* the idle worker's watch over in-flight work */
     uint64_t seen_dst, watched_to;
@@ -788,9 +789,10 @@ VkResult vkm_cuda_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device 
     pthread_cond_init(&l->progress, NULL);
     l->slot_free_at = calloc(l->K, sizeof(uint64_t));
     l->batch = calloc(l->K, sizeof(cu_submit));
+    l->dst_recorded = calloc(2 * l->K, sizeof(cu_submit));
     l->infos = calloc(l->K, sizeof(VkSubmitInfo));
     VkResult r = VK_SUCCESS;
-    if (!l->slot_free_at || !l->batch || !l->infos) {
+    if (!l->slot_free_at || !l->batch || !l->dst_recorded || !l->infos) {
         r = VK_ERROR_OUT_OF_HOST_MEMORY;
         if (call) *call = "calloc(CUDA link)";
     }
@@ -916,6 +918,7 @@ void vkm_cuda_link_destroy(vkm_cuda_link *l)
     free(l->dst.events);
     free(l->slot_free_at);
     free(l->batch);
+    free(l->dst_recorded);
     free(l->infos);
     cu_job *j = l->head;
     while (j) {
@@ -1294,8 +1297,8 @@ static VkResult prep_src(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t
 }
 
 /* Record the destination copy of chunk `c` out of its ring slot, signalling
- * dst_ready `value`, and describe its submit in batch entry `i`. */
-static VkResult prep_dst(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t g, uint32_t i, uint64_t value,
+ * dst_ready `value`, into dst_recorded[g % ncmd] (submitted once it lands). */
+static VkResult prep_dst(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t g, uint64_t value,
                          const char **call)
 {
     cu_side *D = &l->dst;
@@ -1310,13 +1313,13 @@ static VkResult prep_dst(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t
     record_copy(l, D, cmd, ci, j, c, off, 0);
     if (c == j->chunks - 1) endpoint_barrier(dd, cmd, &j->dst, span, 0, 0, j->dst_k);
     TRY(dd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(destination)");
-    cu_submit *b = &l->batch[i];
+    cu_submit *b = &l->dst_recorded[ci];
     b->nwait = 0;
     if (c == 0 && j->dst.wait_semaphore) add_wait(b, j->dst.wait_semaphore, j->dst.wait_value);
     b->cmd = cmd;
     b->signal = value;
-    submit_info(b, D, &l->infos[i]);
     D->cmd_free_at[ci] = value;
+    vkm_trace_mark(l->trace, "dst_recorded", value);
     l->slot_free_at[s] = value;
     return VK_SUCCESS;
 }
@@ -1361,6 +1364,7 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
     uint32_t K = l->K, N = j->chunks;
     uint64_t g0 = l->chunk_counter, dv = j->dst_base;
     uint32_t ns = 0, np = 0, nd = 0; /* chunks whose source copy / CUDA copies / destination copy are queued */
+    uint32_t nr = 0;                 /* destination copies recorded (nd <= nr <= np) */
     struct timespec idle_t0, t;
     int idle = 0;
     unsigned idle_rounds = 0;
@@ -1402,11 +1406,15 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
             r = event_state(X, X->events[g % K], call, msg, msgn);
             if (r == VK_NOT_READY) break;
             if (r != VK_SUCCESS) return r;
-            /* NVLink is the bottleneck: keep CUDA's stream fed before each recording */
-            r = queue_cuda(l, j, g0, ns, &np, nd, &moved, call, msg, msgn);
-            if (r != VK_SUCCESS) return r;
-            r = prep_dst(l, j, nd, g, n, ++dv, call);
-            if (r != VK_SUCCESS) return r;
+            if (nr == nd) { /* not recorded ahead: record now */
+                /* NVLink is the bottleneck: keep CUDA's stream fed before each recording */
+                r = queue_cuda(l, j, g0, ns, &np, nd, &moved, call, msg, msgn);
+                if (r == VK_SUCCESS) r = prep_dst(l, j, nd, g, j->dst_base + nd + 1, call);
+                if (r != VK_SUCCESS) return r;
+                nr++;
+            }
+            submit_info(&l->dst_recorded[g % l->ncmd], D, &l->infos[n]);
+            dv = j->dst_base + nd + 1;
             n++;
             nd++;
         }
@@ -1420,7 +1428,21 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
             idle = 0;
             continue;
         }
-        /* nothing could move: poll for the spin time, then nap; bounded by the stall timeout */
+        /* nothing could move. Record the next destination copy ahead while CUDA
+         * copies (if its command buffer is free), so that it goes out the moment
+         * its chunk lands; else poll for the spin time, then nap; bounded by the
+         * stall timeout */
+        if (nr < np) {
+            uint64_t g = g0 + nr, have_d = 0;
+            uint64_t free_at = D->cmd_free_at[g % l->ncmd];
+            TRY(vkm_timeline_value(D->dev, D->timeline, &have_d), "vkGetSemaphoreCounterValue(dst_ready)");
+            if (have_d >= free_at) {
+                r = prep_dst(l, j, nr, g, j->dst_base + nr + 1, call);
+                if (r != VK_SUCCESS) return r;
+                nr++;
+                continue;
+            }
+        }
         now(&t);
         if (!idle) {
             idle = 1;
