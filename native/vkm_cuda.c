@@ -1211,20 +1211,23 @@ static VkResult take_cmd(vkm_cuda_link *l, cu_side *s, uint32_t i, VkCommandBuff
     return VK_SUCCESS;
 }
 
-/* Bounce ring, source stream: once the worker has seen the Vulkan copy into
- * src ring[s] done, and after chunk g-K left bounce[s] (an event of the
- * destination stream), peer-copy src ring[s] -> bounce[s] over NVLink. */
-static VkResult cuda_peer_copy(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t g, uint32_t s,
-                               const char **call, char *msg, size_t msgn)
+/* CUDA's NVLink copy of chunk `c` (global `g`, slot `s`), on the source
+ * stream, once the worker has seen the Vulkan copy into src ring[s] done:
+ * into dst ring[s] itself (landing ring; the worker has seen the Vulkan copy
+ * that last read it done), or into bounce[s] after chunk g-K left it (an event
+ * of the destination stream). Event copied[s] then frees src ring[s] and, with
+ * a landing ring, says the chunk has landed. */
+static VkResult peer_copy(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t g, uint32_t s,
+                          const char **call, char *msg, size_t msgn)
 {
     cu_side *S = &l->src, *D = &l->dst;
     VkDeviceSize off = (VkDeviceSize)s * l->cfg.slot_size;
     VkResult r = cu_push(S->ctx, call, msg, msgn);
     if (r != VK_SUCCESS) return r;
-    if (g >= l->K)
+    if (!l->landing && g >= l->K)
         CU_GO(cu.cuStreamWaitEvent(S->stream, D->events[s], 0), "cuStreamWaitEvent(bounce slot)");
-    CU_GO(cu.cuMemcpyPeerAsync(l->bounce + off, D->ctx, S->ring_ptr + off, S->ctx, (size_t)chunk_len(j, c),
-                               S->stream),
+    CU_GO(cu.cuMemcpyPeerAsync((l->landing ? D->ring_ptr : l->bounce) + off, D->ctx, S->ring_ptr + off, S->ctx,
+                               (size_t)chunk_len(j, c), S->stream),
           "cuMemcpyPeerAsync");
     CU_GO(cu.cuEventRecord(S->events[s], S->stream), "cuEventRecord(peer copy)");
 out:
@@ -1246,25 +1249,6 @@ static VkResult cuda_local_copy(vkm_cuda_link *l, const cu_job *j, uint32_t c, u
     CU_GO(cu.cuMemcpyDtoDAsync(D->ring_ptr + off, l->bounce + off, (size_t)chunk_len(j, c), D->stream),
           "cuMemcpyDtoDAsync");
     CU_GO(cu.cuEventRecord(D->events[s], D->stream), "cuEventRecord(local copy)");
-out:
-    cu_pop();
-    return r;
-}
-
-/* Landing ring: after the Vulkan copy into src ring[s] (seen by the host) and
- * after the Vulkan copy that last read dst ring[s], peer-copy src ring[s] ->
- * dst ring[s] over NVLink; event copied[s] then says both that the source
- * slot is free and that the chunk has landed. */
-static VkResult landing_copy(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint32_t s, const char **call,
-                             char *msg, size_t msgn)
-{
-    cu_side *S = &l->src, *D = &l->dst;
-    VkDeviceSize off = (VkDeviceSize)s * l->cfg.slot_size;
-    VkResult r = cu_push(S->ctx, call, msg, msgn);
-    if (r != VK_SUCCESS) return r;
-    CU_GO(cu.cuMemcpyPeerAsync(D->ring_ptr + off, D->ctx, S->ring_ptr + off, S->ctx, (size_t)chunk_len(j, c),
-                               S->stream), "cuMemcpyPeerAsync");
-    CU_GO(cu.cuEventRecord(S->events[s], S->stream), "cuEventRecord(peer copy)");
 out:
     cu_pop();
     return r;
@@ -1338,13 +1322,8 @@ static VkResult queue_cuda(vkm_cuda_link *l, const cu_job *j, uint64_t g0, uint3
         uint64_t g = g0 + *np;
         uint32_t s = (uint32_t)(g % l->K);
         if (l->slot_free_at[s] > have_d) break; /* the destination copy of chunk g-K still reads it */
-        VkResult r;
-        if (l->landing) {
-            r = landing_copy(l, j, *np, s, call, msg, msgn);
-        } else {
-            r = cuda_peer_copy(l, j, *np, g, s, call, msg, msgn);
-            if (r == VK_SUCCESS) r = cuda_local_copy(l, j, *np, s, call, msg, msgn);
-        }
+        VkResult r = peer_copy(l, j, *np, g, s, call, msg, msgn);
+        if (r == VK_SUCCESS && !l->landing) r = cuda_local_copy(l, j, *np, s, call, msg, msgn);
         if (r != VK_SUCCESS) return r;
         vkm_trace_mark(l->trace, "cuda_queued", g + 1);
         (*np)++;
