@@ -1468,24 +1468,11 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
  * (callers' waits still report the failure). */
 static void release_waiters(vkm_cuda_link *l)
 {
-    cu_side *sides[2] = {&l->src, &l->dst};
-    uint64_t target[2];
     pthread_mutex_lock(&l->lock);
-    target[0] = l->src_value;
-    target[1] = l->dst_value;
+    uint64_t src_target = l->src_value, dst_target = l->dst_value;
     pthread_mutex_unlock(&l->lock);
-    for (int i = 0; i < 2; i++) {
-        cu_side *s = sides[i];
-        uint64_t have = 0;
-        if (!s->timeline || (s->submitted && vkm_wait_timeline(s->dev, s->timeline, s->submitted,
-                                                               l->cfg.stall_timeout_ns) != VK_SUCCESS))
-            continue; /* still running: a signal from the host could undercut its own */
-        if (vkm_timeline_value(s->dev, s->timeline, &have) != VK_SUCCESS || have >= target[i]) continue;
-        VkSemaphoreSignalInfo si = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO,
-                                    .semaphore = s->timeline,
-                                    .value = target[i]};
-        if (s->dev->fn.vkSignalSemaphore(s->dev->device, &si) == VK_SUCCESS) s->submitted = target[i];
-    }
+    vkm_release_timeline(l->src.dev, l->src.timeline, l->src.submitted, src_target, l->cfg.stall_timeout_ns);
+    vkm_release_timeline(l->dst.dev, l->dst.timeline, l->dst.submitted, dst_target, l->cfg.stall_timeout_ns);
 }
 
 /* The idle worker's look at in-flight work: CUDA stream errors and stalls fail the link. */

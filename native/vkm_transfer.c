@@ -135,6 +135,7 @@ typedef struct vkm_side {
     VkCommandPool pool;
     VkCommandBuffer *cmds; /* one per slot */
     VkSemaphore timeline;
+    uint64_t submitted;     /* the highest timeline value submitted */
     VkBuffer ring;
     VkDeviceMemory memory;
     uint8_t *mapped;        /* staging rings only */
@@ -790,6 +791,17 @@ static void ownership_barrier(vkm_device *d, VkCommandBuffer cmd, const vkm_endp
         buffer_barrier(d, cmd, e, size, sa, da, ss, ds, sf, df);
 }
 
+void vkm_release_timeline(const vkm_device *d, VkSemaphore sem, uint64_t submitted, uint64_t target,
+                          uint64_t timeout_ns)
+{
+    uint64_t have = 0;
+    if (!sem || (submitted && vkm_wait_timeline(d, sem, submitted, timeout_ns) != VK_SUCCESS))
+        return; /* still running: a signal from the host could undercut its own */
+    if (vkm_timeline_value(d, sem, &have) != VK_SUCCESS || have >= target) return;
+    VkSemaphoreSignalInfo si = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, .semaphore = sem, .value = target};
+    d->fn.vkSignalSemaphore(d->device, &si);
+}
+
 VkResult vkm_begin_commands(const vkm_device *d, VkCommandBuffer cmd)
 {
     VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
@@ -822,7 +834,9 @@ static VkResult submit(vkm_side *s, vkm_queue *q, VkCommandBuffer cmd, VkSemapho
                        .pCommandBuffers = &cmd,
                        .signalSemaphoreCount = 1,
                        .pSignalSemaphores = &s->timeline};
-    return vkm_queue_submit(s->dev, q, 1, &si, VK_NULL_HANDLE);
+    VkResult r = vkm_queue_submit(s->dev, q, 1, &si, VK_NULL_HANDLE);
+    if (r == VK_SUCCESS && signal > s->submitted) s->submitted = signal;
+    return r;
 }
 
 /* Submit `n` command buffers as n batches on `q`, batch i signalling `first + i`
@@ -856,6 +870,7 @@ static VkResult submit_batch(vkm_side *s, vkm_queue *q, VkCommandBuffer *cmds, u
         }
         VkResult r = vkm_queue_submit(s->dev, q, m, si, VK_NULL_HANDLE);
         if (r != VK_SUCCESS) return r;
+        if (values[m - 1] > s->submitted) s->submitted = values[m - 1];
         done += m;
     }
     return VK_SUCCESS;
@@ -1077,6 +1092,13 @@ static void *worker(void *arg)
         free(j->starts);
         free(j);
         pthread_cond_broadcast(&l->progress);
+        if (r != VK_SUCCESS) { /* GPU work waiting on this or a skipped job's points must not hang */
+            uint64_t src_target = l->src_value, dst_target = l->dst_value;
+            pthread_mutex_unlock(&l->lock);
+            vkm_release_timeline(l->src.dev, l->src.timeline, l->src.submitted, src_target, l->cfg.stall_timeout_ns);
+            vkm_release_timeline(l->dst.dev, l->dst.timeline, l->dst.submitted, dst_target, l->cfg.stall_timeout_ns);
+            pthread_mutex_lock(&l->lock);
+        }
         if (!l->head && l->cfg.spin_ns) {
             pthread_mutex_unlock(&l->lock);
             VKM_SPIN_FOR_WORK(&l->head, &l->stopping, l->cfg.spin_ns);

@@ -101,6 +101,11 @@ VkDeviceSize *vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSiz
         }                                                                                                 \
     } while (0)
 
+/* After a failed job: once the GPU reached `submitted` (bounded wait), bring
+ * timeline `sem` up to `target` (the last value handed out), so GPU work that
+ * waits on a point of a failed or skipped job is not left waiting forever. */
+void vkm_release_timeline(const vkm_device *d, VkSemaphore sem, uint64_t submitted, uint64_t target,
+                          uint64_t timeout_ns);
 /* Reset and begin a one-time-submit command buffer. */
 VkResult vkm_begin_commands(const vkm_device *d, VkCommandBuffer cmd);
 /* Record the copy of bytes [start, start+len) of endpoint `e` to (to_ring) or
