@@ -1007,7 +1007,7 @@ VkResult vkm_cuda_link_submit(vkm_cuda_link *l, const vkm_endpoint *src, const v
     j->dst_base = l->dst_value;
     l->src_value += j->chunks;
     l->dst_value += j->chunks;
-    if (l->tail) l->tail->next = j; else l->head = j;
+    if (l->tail) l->tail->next = j; else __atomic_store_n(&l->head, j, __ATOMIC_RELEASE);
     l->tail = j;
     pthread_cond_signal(&l->wake);
     pthread_mutex_unlock(&l->lock);
@@ -1486,6 +1486,7 @@ static void watch(vkm_cuda_link *l)
     VkResult r = vkm_timeline_value(l->dst.dev, l->dst.timeline, &v);
     if (r != VK_SUCCESS) {
         fail(l, r, "vkGetSemaphoreCounterValue(dst_ready)", "", UINT64_MAX);
+        release_waiters(l);
         return;
     }
     if (v != l->seen_dst) {
@@ -1501,12 +1502,14 @@ static void watch(vkm_cuda_link *l)
     r = stream_errors(l, &call, msg, sizeof msg);
     if (r != VK_SUCCESS) {
         fail(l, r, call, msg, UINT64_MAX);
+        release_waiters(l);
         return;
     }
     if (elapsed_ns(&l->progress_at, &t) >= l->cfg.stall_timeout_ns) {
         snprintf(msg, sizeof msg, "stalled: dst_ready stayed at %llu (work submitted up to %llu) for %.1f s",
                  (unsigned long long)v, (unsigned long long)l->dst.submitted, l->cfg.stall_timeout_ns / 1e9);
         fail(l, VKM_ERROR_CUDA, "CUDA_PEER watchdog", msg, UINT64_MAX);
+        release_waiters(l); /* bounded: waits for the stuck GPU work at most the stall timeout */
     }
 }
 
@@ -1555,7 +1558,7 @@ static void *cu_worker(void *arg)
         now(&l->progress_at); /* fresh work: the stall clock starts now */
         pthread_mutex_lock(&l->lock);
         l->submitted_ticket = j->ticket;
-        l->head = j->next;
+        __atomic_store_n(&l->head, j->next, __ATOMIC_RELEASE);
         if (!l->head) l->tail = NULL;
         free_job(j);
         pthread_cond_broadcast(&l->progress);

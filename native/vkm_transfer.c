@@ -634,7 +634,7 @@ VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoin
     l->dst_value += j->chunks + (dst_own ? 1 : 0);
     j->src_done = l->src_value;
     j->dst_ready = l->dst_value;
-    if (l->tail) l->tail->next = j; else l->head = j;
+    if (l->tail) l->tail->next = j; else __atomic_store_n(&l->head, j, __ATOMIC_RELEASE);
     l->tail = j;
     pthread_cond_signal(&l->wake);
     pthread_mutex_unlock(&l->lock);
@@ -1087,7 +1087,7 @@ static void *worker(void *arg)
             l->failed_ticket = j->ticket;
         }
         l->submitted_ticket = j->ticket;
-        l->head = j->next;
+        __atomic_store_n(&l->head, j->next, __ATOMIC_RELEASE);
         if (!l->head) l->tail = NULL;
         free(j->starts);
         free(j);

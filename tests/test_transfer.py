@@ -362,3 +362,44 @@ def test_gpu_queue_family_ownership_transfer(method, src, dst):
         mgr.destroy()
         destroy_logical_device(ld.device, ld.native)
         inst.destroy()
+
+
+def test_resource_destroy_timeout_keeps_it(manager):
+    """A transfer that cannot finish in time: destroy() raises TimeoutError and frees nothing;
+    once the transfer completes, destroy() works."""
+    sem, data, s, d, release, cleanup = _blocked_source(manager)
+    x = CrossDeviceTransfer(manager.slot(1), manager.slot(0), TransferMethod.HOST_SHARED)
+    try:
+        t = x.submit(src_buffer=s, dst_buffer=d, src_wait=(sem, 1))
+        with pytest.raises(vkmulti.TimeoutError):
+            d.destroy(timeout=0.05)
+        assert d.handle is not None
+        release()
+        t.wait(30)
+        np.testing.assert_array_equal(d.download(), data)
+        d.destroy()
+        assert d.handle is None
+    finally:
+        x.destroy()
+        cleanup()
+
+
+def test_many_submits_after_a_link_is_gone(manager):
+    """Tracking transfers on a resource never makes a later submit fail, even when earlier
+    tickets belong to a destroyed transfer."""
+    n = 4096
+    data = np.arange(n, dtype=np.uint8)
+    with Buffer(manager.slot(1), n) as a, Buffer(manager.slot(0), n) as b:
+        a.upload(data)
+        x1 = CrossDeviceTransfer(manager.slot(1), manager.slot(0), TransferMethod.STAGING_COPY)
+        for _ in range(20):
+            x1.submit(src_buffer=a, dst_buffer=b)
+        x1.destroy()
+        x2 = CrossDeviceTransfer(manager.slot(1), manager.slot(0), TransferMethod.HOST_SHARED)
+        try:
+            for _ in range(20):
+                x2.submit(src_buffer=a, dst_buffer=b)
+            x2.submit(src_buffer=a, dst_buffer=b).wait(30)
+            np.testing.assert_array_equal(b.download(), data)
+        finally:
+            x2.destroy()

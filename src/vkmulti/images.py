@@ -8,6 +8,7 @@ device resources to move between GPUs.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -148,15 +149,37 @@ class _InFlight:
     def _track(self, ticket: Any) -> None:
         pending = self.__dict__.setdefault("_pending", [])
         if len(pending) >= 16:   # keep it short without a native call per submit
-            pending[:] = [t for t in pending if not t.done()]
+            pending[:] = [t for t in pending if not _finished(t)]
         pending.append(ticket)
 
-    def _settle(self, timeout: float = 30.0) -> None:
-        for t in self.__dict__.pop("_pending", ()):
+    def _settle(self, timeout: float) -> None:
+        """Wait until every tracked transfer is done with this resource: its
+        destination is written and, where this is the source, the source side's
+        work (an ownership hand-back included) has finished. Raises
+        vkmulti.TimeoutError, keeping the resource alive, when `timeout` s pass."""
+        from .errors import TimeoutError as VkmTimeout
+
+        pending = self.__dict__.pop("_pending", [])
+        deadline = time.monotonic() + timeout
+        for i, t in enumerate(pending):
             try:
-                t.wait(timeout)
-            except Exception:   # noqa: BLE001 - failed or stuck: its error went to its own waiter
+                t.wait(max(0.0, deadline - time.monotonic()))
+                if t.src_done.device_index == self.slot.index:
+                    t.wait_source(max(0.0, deadline - time.monotonic()))
+            except VkmTimeout:
+                self._pending = pending[i:]
+                raise VkmTimeout(f"a transfer still uses this {type(self).__name__} after {timeout:.1f} s; "
+                                 f"it was not destroyed") from None
+            except Exception:   # noqa: BLE001 - a failed transfer: its error went to its own waiter
                 pass
+
+
+def _finished(ticket: Any) -> bool:
+    """done(), counting a failed transfer or one whose link is gone as finished."""
+    try:
+        return ticket.done()
+    except Exception:   # noqa: BLE001 - its error is its waiter's
+        return True
 
 
 class Buffer(_InFlight):
@@ -237,10 +260,11 @@ class Buffer(_InFlight):
         vk.vkUnmapMemory(self.slot.device, self.memory)
         return out
 
-    def destroy(self) -> None:
+    def destroy(self, timeout: float = 30.0) -> None:
+        """Free the buffer once transfers using it are done (vkmulti.TimeoutError after `timeout` s)."""
         if self.handle is None:
             return
-        self._settle()
+        self._settle(timeout)
         vk.vkDestroyBuffer(self.slot.device, self.handle, None)
         vk.vkFreeMemory(self.slot.device, self.memory, None)
         self.handle = None
@@ -453,10 +477,11 @@ class Image(_InFlight):
         finally:
             staging.destroy()
 
-    def destroy(self) -> None:
+    def destroy(self, timeout: float = 30.0) -> None:
+        """Free the image once transfers using it are done (vkmulti.TimeoutError after `timeout` s)."""
         if self.handle is None:
             return
-        self._settle()
+        self._settle(timeout)
         if self.kernel_view is not None:
             vk.vkDestroyImageView(self.slot.device, self.kernel_view, None)
             self.kernel_view = None

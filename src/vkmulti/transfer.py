@@ -222,6 +222,13 @@ class TransferTicket:
         if not self._complete:
             self._link.wait(self.ticket, self.dst_ready.value, timeout, True)
 
+    def wait_source(self, timeout: float | None = None) -> None:
+        """Block until the source side's work is done too (`src_done`: the source
+        read, and an exclusive image handed back to its owner). Returns at once
+        when the link is gone: its destroy() waited for everything."""
+        if self._link.alive:
+            self._link.src.wait_timeline(self.src_done.semaphore, self.src_done.value, timeout)
+
     def done(self) -> bool:
         if not self._complete:
             self._complete = self._link.poll(self.ticket, self.dst_ready.value, 0.0)
@@ -377,6 +384,7 @@ class CrossDeviceTransfer:
             self.dst_ready = TimelinePoint(ref.link.dst_timeline, dready, self.dst.index)
             t = TransferTicket(ref.link, ticket, self.src_done, self.dst_ready)
             self._last = t
+        # the job is queued: nothing below may raise
         for obj in (src_image, dst_image, src_buffer, dst_buffer):
             if isinstance(obj, (Image, Buffer)):
                 obj._track(t)   # its destroy() waits for this transfer
