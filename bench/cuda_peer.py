@@ -112,7 +112,7 @@ def torch_peer(nbytes: int, src: int, dst: int, reps: int) -> dict[str, float] |
     out = timed(once, reps)
     assert torch.equal(a.cpu(), b.cpu())
     out["peer_access"] = bool(torch.cuda.can_device_access_peer(src, dst))
-    del a, b
+    a = b = None  # free them before empty_cache (once() is not called again)
     torch.cuda.empty_cache()
     return out
 
