@@ -26,9 +26,9 @@
 #include "vkm_cuda.h"
 #include "vkm_trace.h"
 #include "vkm_kcopy.h"
+#include "vkm_jobq.h"
 
 #include <dlfcn.h>
-#include <errno.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <stdio.h>
@@ -37,7 +37,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SLICE_NS 100000000ull            /* host waits are cut into 100 ms slices */
 #define WATCH_NS 50000000ull             /* the idle worker looks at in-flight work this often */
 #define MAX_CUDA_DEVICES 64
 #define MIN_CHUNK ((VkDeviceSize)2 << 20) /* smaller chunks cost more in submits than they gain */
@@ -216,14 +215,12 @@ int vkm_cuda_peer_check(const uint8_t uuid_a[16], const char *name_a, const uint
 /* ---- the link -------------------------------------------------------------- */
 
 typedef struct cu_job {
+    vkm_jobq_item q; /* ticket; src_base, dst_base: the first timeline value the job signals, minus one */
     vkm_endpoint src, dst;
     VkDeviceSize size;
     VkDeviceSize *starts;         /* chunk c is [starts[c], starts[c + 1]) (vkm_plan_chunks) */
     uint32_t chunks;
-    uint64_t ticket;
-    uint64_t src_base, dst_base; /* first timeline value the job signals, minus one */
     int src_k, dst_k;             /* endpoint copied by compute kernels (vkm_kcopy.h) */
-    struct cu_job *next;
 } cu_job;
 
 static void free_job(cu_job *j)
@@ -279,23 +276,12 @@ struct vkm_cuda_link {
     cu_submit *dst_recorded; /* ncmd: destination submits recorded ahead, by command buffer */
     VkSubmitInfo *infos;     /* K */
     /* the idle worker's watch over in-flight work */
-    uint64_t seen_dst, watched_to;
+    uint64_t seen_dst;
     struct timespec progress_at;
 
     pthread_t thread;
     int thread_started;
-    pthread_mutex_t lock;
-    pthread_cond_t wake;     /* a job was queued / stop requested */
-    pthread_cond_t progress; /* a job was fully submitted, or the link failed */
-    cu_job *head, *tail;
-    int stopping;
-    uint64_t next_ticket, submitted_ticket;
-    uint64_t src_value, dst_value; /* last values handed out */
-    VkResult error;          /* sticky */
-    const char *error_call;
-    uint64_t failed_ticket;  /* tickets from this one on failed ... */
-    uint64_t fail_dst_value; /* ... and so did every job whose dst_ready was above this */
-    char message[512];
+    vkm_jobq q;
     vkm_trace *trace;        /* NULL unless VKMULTI_TRACE is set */
     int landing;             /* 1: the peer copy lands in the destination ring itself (no bounce ring) */
     char ring_note[320];
@@ -345,28 +331,6 @@ static uint64_t elapsed_ns(const struct timespec *a, const struct timespec *b)
 static void now(struct timespec *t)
 {
     clock_gettime(CLOCK_MONOTONIC, t);
-}
-
-/* Wait on the worker until `sem` reaches `value`: slices, bounded by the stall timeout. */
-static VkResult wait_value(vkm_cuda_link *l, vkm_device *d, VkSemaphore sem, uint64_t value, const char **call,
-                           const char *name)
-{
-    VkResult sr = vkm_spin_wait(d, sem, value, l->cfg.spin_ns);
-    if (sr == VK_SUCCESS) return sr;
-    if (sr != VK_TIMEOUT) {
-        if (call) *call = name;
-        return sr;
-    }
-    uint64_t waited = 0;
-    for (;;) {
-        VkResult r = vkm_wait_timeline(d, sem, value, SLICE_NS);
-        if (r == VK_SUCCESS) return r;
-        waited += SLICE_NS;
-        if (r != VK_TIMEOUT || waited >= l->cfg.stall_timeout_ns) {
-            if (call) *call = name;
-            return r;
-        }
-    }
 }
 
 /* VK_SUCCESS while neither CUDA stream has failed; else the stream's error. */
@@ -786,9 +750,7 @@ VkResult vkm_cuda_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device 
     l->dst.dev = dst;
     l->dst.queue = dst_queue;
     l->dst.cu_index = ordinal[1];
-    pthread_mutex_init(&l->lock, NULL);
-    pthread_cond_init(&l->wake, NULL);
-    pthread_cond_init(&l->progress, NULL);
+    vkm_jobq_init(&l->q);
     l->slot_free_at = calloc(l->K, sizeof(uint64_t));
     l->batch = calloc(l->K, sizeof(cu_submit));
     l->dst_recorded = calloc(2 * l->K, sizeof(cu_submit));
@@ -891,10 +853,7 @@ void vkm_cuda_link_destroy(vkm_cuda_link *l)
 {
     if (!l) return;
     if (l->thread_started) {
-        pthread_mutex_lock(&l->lock);
-        l->stopping = 1;
-        pthread_cond_broadcast(&l->wake);
-        pthread_mutex_unlock(&l->lock);
+        vkm_jobq_stop(&l->q);
         pthread_join(l->thread, NULL);
     }
     int drained = drain(l);
@@ -922,15 +881,10 @@ void vkm_cuda_link_destroy(vkm_cuda_link *l)
     free(l->batch);
     free(l->dst_recorded);
     free(l->infos);
-    cu_job *j = l->head;
-    while (j) {
-        cu_job *next = j->next;
-        free_job(j);
-        j = next;
+    for (vkm_jobq_item *it = vkm_jobq_destroy(&l->q), *next; it; it = next) {
+        next = it->next;
+        free_job((cu_job *)it);
     }
-    pthread_cond_destroy(&l->progress);
-    pthread_cond_destroy(&l->wake);
-    pthread_mutex_destroy(&l->lock);
     free(l);
 }
 
@@ -939,7 +893,7 @@ VkSemaphore vkm_cuda_link_dst_timeline(const vkm_cuda_link *l) { return l->dst.t
 VkDeviceSize vkm_cuda_link_slot_size(const vkm_cuda_link *l) { return l->cfg.slot_size; }
 const char *vkm_cuda_link_ring_note(const vkm_cuda_link *l) { return l->ring_note; }
 uint64_t vkm_cuda_link_kernel_bytes(const vkm_cuda_link *l) { return __atomic_load_n(&l->kernel_bytes, __ATOMIC_RELAXED); }
-const char *vkm_cuda_link_message(const vkm_cuda_link *l) { return l->message; }
+const char *vkm_cuda_link_message(const vkm_cuda_link *l) { return l->q.message; }
 
 /* ---- jobs ------------------------------------------------------------------ */
 
@@ -994,104 +948,45 @@ VkResult vkm_cuda_link_submit(vkm_cuda_link *l, const vkm_endpoint *src, const v
         return VK_ERROR_OUT_OF_HOST_MEMORY;
     }
 
-    pthread_mutex_lock(&l->lock);
-    if (l->error != VK_SUCCESS) {
-        VkResult e = l->error;
-        if (call) *call = l->error_call;
-        pthread_mutex_unlock(&l->lock);
+    VkResult r = vkm_jobq_push(&l->q, &j->q, j->chunks, j->chunks, call);
+    if (r != VK_SUCCESS) {
         free_job(j);
-        return e;
+        return r;
     }
-    j->ticket = ++l->next_ticket;
-    j->src_base = l->src_value;
-    j->dst_base = l->dst_value;
-    l->src_value += j->chunks;
-    l->dst_value += j->chunks;
-    if (l->tail) l->tail->next = j; else __atomic_store_n(&l->head, j, __ATOMIC_RELEASE);
-    l->tail = j;
-    pthread_cond_signal(&l->wake);
-    pthread_mutex_unlock(&l->lock);
-    vkm_trace_mark(l->trace, "submit", j->ticket);
-    *ticket = j->ticket;
-    *src_done = j->src_base + j->chunks;
-    *dst_ready = j->dst_base + j->chunks;
-    return VK_SUCCESS;
-}
-
-/* Call with the lock held. */
-static VkResult link_failure(vkm_cuda_link *l, uint64_t ticket, uint64_t dst_ready, const char **call)
-{
-    if (l->error != VK_SUCCESS && (ticket >= l->failed_ticket || dst_ready > l->fail_dst_value)) {
-        if (call) *call = l->error_call;
-        return l->error;
-    }
+    vkm_trace_mark(l->trace, "submit", j->q.ticket);
+    *ticket = j->q.ticket;
+    *src_done = j->q.src_base + j->chunks;
+    *dst_ready = j->q.dst_base + j->chunks;
     return VK_SUCCESS;
 }
 
 VkResult vkm_cuda_link_wait_submitted(vkm_cuda_link *l, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
                                       const char **call)
 {
-    pthread_mutex_lock(&l->lock);
-    VkResult r = link_failure(l, ticket, dst_ready, call);
-    if (r == VK_SUCCESS && l->submitted_ticket < ticket) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + timeout_ns;
-        ts.tv_sec += (time_t)(ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
-        while (l->submitted_ticket < ticket && l->error == VK_SUCCESS)
-            if (pthread_cond_timedwait(&l->progress, &l->lock, &ts) == ETIMEDOUT) break;
-        r = link_failure(l, ticket, dst_ready, call);
-        if (r == VK_SUCCESS && l->submitted_ticket < ticket) r = VK_TIMEOUT;
-    }
-    pthread_mutex_unlock(&l->lock);
-    return r;
+    return vkm_jobq_wait_submitted(&l->q, ticket, dst_ready, timeout_ns, call);
 }
 
 VkResult vkm_cuda_link_poll(vkm_cuda_link *l, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
                             const char **call)
 {
-    struct timespec t0, t1;
-    now(&t0);
-    VkResult r = vkm_cuda_link_wait_submitted(l, ticket, dst_ready, timeout_ns, call);
-    if (r != VK_SUCCESS) return r;
-    now(&t1);
-    uint64_t spent = elapsed_ns(&t0, &t1);
-    uint64_t left = spent < timeout_ns ? timeout_ns - spent : 0;
-    r = vkm_spin_wait(l->dst.dev, l->dst.timeline, dst_ready, left < l->cfg.spin_ns ? left : l->cfg.spin_ns);
-    if (r == VK_TIMEOUT) {
-        now(&t1);
-        spent = elapsed_ns(&t0, &t1);
-        r = vkm_wait_timeline(l->dst.dev, l->dst.timeline, dst_ready, spent < timeout_ns ? timeout_ns - spent : 0);
-    }
-    if (r != VK_SUCCESS) {
-        if (r != VK_TIMEOUT && call) *call = "vkWaitSemaphores(dst_ready)";
-        return r;
-    }
-    /* a job that failed after dst_ready was reached is still reported */
-    pthread_mutex_lock(&l->lock);
-    r = link_failure(l, ticket, dst_ready, call);
-    pthread_mutex_unlock(&l->lock);
-    vkm_trace_mark(l->trace, "waited", ticket);
+    VkResult r = vkm_jobq_poll(&l->q, l->dst.dev, l->dst.timeline, ticket, dst_ready, timeout_ns, l->cfg.spin_ns,
+                               call);
+    if (r == VK_SUCCESS) vkm_trace_mark(l->trace, "waited", ticket);
     return r;
 }
 
 /* ---- the worker ------------------------------------------------------------ */
 
+/* The link failed at `ticket` (UINT64_MAX: in flight, no job of its own); so
+ * did every job whose dst_ready lies above the value reached now. Once the
+ * GPUs finished what they were given, GPU waiters on those points are released. */
 static void fail(vkm_cuda_link *l, VkResult r, const char *call, const char *msg, uint64_t ticket)
 {
     uint64_t v = 0;
     if (vkm_timeline_value(l->dst.dev, l->dst.timeline, &v) != VK_SUCCESS) v = 0;
-    pthread_mutex_lock(&l->lock);
-    if (l->error == VK_SUCCESS) {
-        l->error = r;
-        l->error_call = call ? call : "CUDA_PEER link";
-        l->failed_ticket = ticket;
-        l->fail_dst_value = v;
-        snprintf(l->message, sizeof l->message, "%s", msg ? msg : "");
-    }
-    pthread_cond_broadcast(&l->progress);
-    pthread_mutex_unlock(&l->lock);
+    vkm_jobq_fail(&l->q, r, call ? call : "CUDA_PEER link", msg, ticket, v);
+    vkm_jobq_release(&l->q, l->src.dev, l->src.timeline, l->src.submitted, l->dst.dev, l->dst.timeline,
+                     l->dst.submitted, l->cfg.stall_timeout_ns);
 }
 
 /* The endpoint goes into (entering) or out of the copy: layouts, and ordering
@@ -1204,8 +1099,8 @@ static void submit_info(cu_submit *b, cu_side *s, VkSubmitInfo *si)
 static VkResult take_cmd(vkm_cuda_link *l, cu_side *s, uint32_t i, VkCommandBuffer *cmd, const char **call)
 {
     if (s->cmd_free_at[i]) {
-        VkResult r = wait_value(l, s->dev, s->timeline, s->cmd_free_at[i], call,
-                                "vkWaitSemaphores(command buffer reuse)");
+        VkResult r = vkm_worker_wait(s->dev, s->timeline, s->cmd_free_at[i], l->cfg.spin_ns,
+                                     l->cfg.stall_timeout_ns, call, "vkWaitSemaphores(command buffer reuse)");
         if (r != VK_SUCCESS) return r;
     }
     *cmd = s->cmds[i];
@@ -1276,7 +1171,7 @@ static VkResult prep_src(vkm_cuda_link *l, const cu_job *j, uint32_t c, uint64_t
     b->nwait = 0;
     if (c == 0 && j->src.wait_semaphore) add_wait(b, j->src.wait_semaphore, j->src.wait_value);
     b->cmd = cmd;
-    b->signal = j->src_base + c + 1;
+    b->signal = j->q.src_base + c + 1;
     submit_info(b, S, &l->infos[i]);
     S->cmd_free_at[ci] = b->signal;
     return VK_SUCCESS;
@@ -1320,7 +1215,7 @@ static VkResult queue_cuda(vkm_cuda_link *l, const cu_job *j, uint64_t g0, uint3
     uint64_t have_s = 0, have_d = 0;
     TRY(vkm_timeline_value(S->dev, S->timeline, &have_s), "vkGetSemaphoreCounterValue(src_done)");
     TRY(vkm_timeline_value(D->dev, D->timeline, &have_d), "vkGetSemaphoreCounterValue(dst_ready)");
-    while (*np < submitted && j->src_base + *np + 1 <= have_s && *np < nd + l->K) {
+    while (*np < submitted && j->q.src_base + *np + 1 <= have_s && *np < nd + l->K) {
         uint64_t g = g0 + *np;
         uint32_t s = (uint32_t)(g % l->K);
         if (l->slot_free_at[s] > have_d) break; /* the destination copy of chunk g-K still reads it */
@@ -1343,7 +1238,7 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
 {
     cu_side *S = &l->src, *D = &l->dst;
     uint32_t K = l->K, N = j->chunks;
-    uint64_t g0 = l->chunk_counter, dv = j->dst_base;
+    uint64_t g0 = l->chunk_counter, dv = j->q.dst_base;
     uint32_t ns = 0, np = 0, nd = 0; /* chunks whose source copy / CUDA copies / destination copy are queued */
     uint32_t nr = 0;                 /* destination copies recorded (nd <= nr <= np) */
     struct timespec idle_t0, t;
@@ -1372,7 +1267,7 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
         }
         if (n) {
             TRY(vkm_queue_submit(S->dev, S->queue, n, l->infos, VK_NULL_HANDLE), "vkQueueSubmit(source)");
-            S->submitted = j->src_base + ns;
+            S->submitted = j->q.src_base + ns;
             vkm_trace_mark(l->trace, "src_submitted", S->submitted);
             moved = 1;
         }
@@ -1390,12 +1285,12 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
             if (nr == nd) { /* not recorded ahead: record now */
                 /* NVLink is the bottleneck: keep CUDA's stream fed before each recording */
                 r = queue_cuda(l, j, g0, ns, &np, nd, &moved, call, msg, msgn);
-                if (r == VK_SUCCESS) r = prep_dst(l, j, nd, g, j->dst_base + nd + 1, call);
+                if (r == VK_SUCCESS) r = prep_dst(l, j, nd, g, j->q.dst_base + nd + 1, call);
                 if (r != VK_SUCCESS) return r;
                 nr++;
             }
             submit_info(&l->dst_recorded[g % l->ncmd], D, &l->infos[n]);
-            dv = j->dst_base + nd + 1;
+            dv = j->q.dst_base + nd + 1;
             n++;
             nd++;
         }
@@ -1418,7 +1313,7 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
             uint64_t free_at = D->cmd_free_at[g % l->ncmd];
             TRY(vkm_timeline_value(D->dev, D->timeline, &have_d), "vkGetSemaphoreCounterValue(dst_ready)");
             if (have_d >= free_at) {
-                r = prep_dst(l, j, nr, g, j->dst_base + nr + 1, call);
+                r = prep_dst(l, j, nr, g, j->q.dst_base + nr + 1, call);
                 if (r != VK_SUCCESS) return r;
                 nr++;
                 continue;
@@ -1447,10 +1342,10 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
         } else if (np < ns && nd == np) { /* only a Vulkan copy can unblock: block on its semaphore */
             uint64_t have_s = 0;
             TRY(vkm_timeline_value(S->dev, S->timeline, &have_s), "vkGetSemaphoreCounterValue(src_done)");
-            if (have_s >= j->src_base + np + 1) /* source done: the destination still reads chunk np's slot */
+            if (have_s >= j->q.src_base + np + 1) /* source done: the destination still reads chunk np's slot */
                 r = vkm_wait_timeline(D->dev, D->timeline, l->slot_free_at[(g0 + np) % K], 1000000);
             else
-                r = vkm_wait_timeline(S->dev, S->timeline, j->src_base + np + 1, 1000000);
+                r = vkm_wait_timeline(S->dev, S->timeline, j->q.src_base + np + 1, 1000000);
             if (r != VK_SUCCESS && r != VK_TIMEOUT) {
                 if (call) *call = "vkWaitSemaphores(src_done/dst_ready)";
                 return r;
@@ -1464,83 +1359,50 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
     return VK_SUCCESS;
 }
 
-/* After a failed job: once each GPU has finished what was submitted to it,
- * bring both timelines to the last values handed out, so that no GPU work
- * waiting on a src_done/dst_ready of a failed or skipped job waits forever
- * (callers' waits still report the failure). */
-static void release_waiters(vkm_cuda_link *l)
+/* The idle worker's look at in-flight work (vkm_jobq_take's watch): CUDA
+ * stream errors and stalls fail the link. Nonzero while work is in flight. */
+static int watch(void *arg)
 {
-    pthread_mutex_lock(&l->lock);
-    uint64_t src_target = l->src_value, dst_target = l->dst_value;
-    pthread_mutex_unlock(&l->lock);
-    vkm_release_timeline(l->src.dev, l->src.timeline, l->src.submitted, src_target, l->cfg.stall_timeout_ns);
-    vkm_release_timeline(l->dst.dev, l->dst.timeline, l->dst.submitted, dst_target, l->cfg.stall_timeout_ns);
-}
-
-/* The idle worker's look at in-flight work: CUDA stream errors and stalls fail the link. */
-static void watch(vkm_cuda_link *l)
-{
+    vkm_cuda_link *l = arg;
     struct timespec t;
     now(&t);
     uint64_t v = 0;
     VkResult r = vkm_timeline_value(l->dst.dev, l->dst.timeline, &v);
     if (r != VK_SUCCESS) {
         fail(l, r, "vkGetSemaphoreCounterValue(dst_ready)", "", UINT64_MAX);
-        release_waiters(l);
-        return;
+        return 0;
     }
     if (v != l->seen_dst) {
         l->seen_dst = v;
         l->progress_at = t;
     }
-    if (v >= l->dst.submitted) {
-        l->watched_to = l->dst.submitted;
-        return;
-    }
+    if (v >= l->dst.submitted) return 0;
     char msg[512];
     const char *call = NULL;
     r = stream_errors(l, &call, msg, sizeof msg);
     if (r != VK_SUCCESS) {
         fail(l, r, call, msg, UINT64_MAX);
-        release_waiters(l);
-        return;
+        return 0;
     }
     if (elapsed_ns(&l->progress_at, &t) >= l->cfg.stall_timeout_ns) {
         snprintf(msg, sizeof msg, "stalled: dst_ready stayed at %llu (work submitted up to %llu) for %.1f s",
                  (unsigned long long)v, (unsigned long long)l->dst.submitted, l->cfg.stall_timeout_ns / 1e9);
-        fail(l, VKM_ERROR_CUDA, "CUDA_PEER watchdog", msg, UINT64_MAX);
-        release_waiters(l); /* bounded: waits for the stuck GPU work at most the stall timeout */
+        fail(l, VKM_ERROR_CUDA, "CUDA_PEER watchdog", msg, UINT64_MAX); /* bounded by the stall timeout */
+        return 0;
     }
+    return 1;
 }
 
 static void *cu_worker(void *arg)
 {
     vkm_cuda_link *l = arg;
     char msg[512];
+    int failed;
+    vkm_jobq_item *it;
     prctl(PR_SET_TIMERSLACK, 1000UL); /* the worker's short naps between polls stay short */
-    pthread_mutex_lock(&l->lock);
-    for (;;) {
-        while (!l->head && !l->stopping) {
-            if (l->error == VK_SUCCESS && l->watched_to < l->dst.submitted) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                uint64_t ns = (uint64_t)ts.tv_nsec + WATCH_NS;
-                ts.tv_sec += (time_t)(ns / 1000000000ull);
-                ts.tv_nsec = (long)(ns % 1000000000ull);
-                pthread_cond_timedwait(&l->wake, &l->lock, &ts);
-                if (l->head || l->stopping) break;
-                pthread_mutex_unlock(&l->lock);
-                watch(l);
-                pthread_mutex_lock(&l->lock);
-            } else {
-                pthread_cond_wait(&l->wake, &l->lock);
-            }
-        }
-        if (!l->head) break; /* stopping and drained */
-        cu_job *j = l->head;
-        int failed = l->error != VK_SUCCESS;
-        pthread_mutex_unlock(&l->lock);
-        vkm_trace_mark(l->trace, "job_taken", j->ticket);
+    while ((it = vkm_jobq_take(&l->q, &failed, WATCH_NS, watch, l)) != NULL) {
+        cu_job *j = (cu_job *)it;
+        vkm_trace_mark(l->trace, "job_taken", it->ticket);
         const char *call = "?";
         msg[0] = 0;
         j->src_k = vkm_kcopy_serves(l->src.kc, &j->src, l->cfg.slot_size);
@@ -1551,23 +1413,10 @@ static void *cu_worker(void *arg)
                      l->cfg.stall_timeout_ns / 1e9);
             r = VKM_ERROR_CUDA;
         }
-        if (r != VK_SUCCESS) {
-            fail(l, r, call, msg, j->ticket);
-            release_waiters(l);
-        }
+        if (r != VK_SUCCESS) fail(l, r, call, msg, it->ticket);
         now(&l->progress_at); /* fresh work: the stall clock starts now */
-        pthread_mutex_lock(&l->lock);
-        l->submitted_ticket = j->ticket;
-        __atomic_store_n(&l->head, j->next, __ATOMIC_RELEASE);
-        if (!l->head) l->tail = NULL;
+        vkm_jobq_finish(&l->q, it, l->cfg.spin_ns);
         free_job(j);
-        pthread_cond_broadcast(&l->progress);
-        if (!l->head && l->cfg.spin_ns) {
-            pthread_mutex_unlock(&l->lock);
-            VKM_SPIN_FOR_WORK(&l->head, &l->stopping, l->cfg.spin_ns);
-            pthread_mutex_lock(&l->lock);
-        }
     }
-    pthread_mutex_unlock(&l->lock);
     return NULL;
 }

@@ -1,8 +1,8 @@
 /* vkm_transfer.c - the cross-device transfer engine (see vkm_transfer.h). */
 #include "vkm_transfer.h"
 #include "vkm_trace.h"
+#include "vkm_jobq.h"
 
-#include <errno.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,15 +12,18 @@
 #define SLICE_NS 100000000ull /* worker waits are cut into 100 ms slices */
 
 typedef struct vkm_job {
+    vkm_jobq_item q; /* ticket; src_base, dst_base: the first timeline value this job signals, minus one */
     vkm_endpoint src, dst;
     VkDeviceSize size;
     uint32_t chunks;
     VkDeviceSize *starts; /* chunk k is [starts[k], starts[k+1]) */
-    uint64_t ticket;
-    uint64_t src_base, dst_base; /* first timeline value this job signals, minus one */
-    uint64_t src_done, dst_ready;
-    struct vkm_job *next;
 } vkm_job;
+
+static void free_job(vkm_job *j)
+{
+    free(j->starts);
+    free(j);
+}
 
 /* A team of helper threads that splits the staging ring's CPU copies: one
  * core copies out of mapped memory at a fraction of what PCIe carries. */
@@ -160,17 +163,7 @@ struct vkm_link {
 
     pthread_t thread;
     int thread_started;
-    pthread_mutex_t lock;
-    pthread_cond_t wake;   /* a job was queued / stop requested */
-    pthread_cond_t progress; /* a job was fully submitted */
-    vkm_job *head, *tail;
-    int stopping;
-    uint64_t next_ticket;       /* last ticket handed out */
-    uint64_t submitted_ticket;  /* last ticket fully submitted */
-    uint64_t src_value, dst_value; /* last values handed out */
-    VkResult error;             /* sticky: once a job fails, the link is failed */
-    const char *error_call;
-    uint64_t failed_ticket;
+    vkm_jobq q;
     vkm_trace *trace; /* NULL unless VKMULTI_TRACE is set */
 };
 
@@ -415,9 +408,7 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
     l->src.queue = src_queue;
     l->dst.dev = dst;
     l->dst.queue = dst_queue;
-    pthread_mutex_init(&l->lock, NULL);
-    pthread_cond_init(&l->wake, NULL);
-    pthread_cond_init(&l->progress, NULL);
+    vkm_jobq_init(&l->q);
 
     /* Slots are aligned for host import and for buffer-copy offsets. */
     VkDeviceSize align = 256;
@@ -501,19 +492,16 @@ void vkm_link_destroy(vkm_link *l)
 {
     if (!l) return;
     if (l->thread_started) {
-        pthread_mutex_lock(&l->lock);
-        l->stopping = 1;
-        pthread_cond_broadcast(&l->wake);
-        pthread_mutex_unlock(&l->lock);
+        vkm_jobq_stop(&l->q);
         pthread_join(l->thread, NULL);
     }
     if (l->team_started) team_stop(&l->team);
     /* Wait until the GPUs are done with everything this link submitted. */
-    if (l->src.timeline && l->error == VK_SUCCESS)
-        vkm_wait_timeline(l->src.dev, l->src.timeline, l->src_value, l->cfg.stall_timeout_ns);
-    if (l->dst.timeline && l->error == VK_SUCCESS)
-        vkm_wait_timeline(l->dst.dev, l->dst.timeline, l->dst_value, l->cfg.stall_timeout_ns);
-    if (l->error != VK_SUCCESS) { /* partially submitted work: fall back to idle waits */
+    if (l->src.timeline && l->q.error == VK_SUCCESS)
+        vkm_wait_timeline(l->src.dev, l->src.timeline, l->q.src_value, l->cfg.stall_timeout_ns);
+    if (l->dst.timeline && l->q.error == VK_SUCCESS)
+        vkm_wait_timeline(l->dst.dev, l->dst.timeline, l->q.dst_value, l->cfg.stall_timeout_ns);
+    if (l->q.error != VK_SUCCESS) { /* partially submitted work: fall back to idle waits */
         if (l->src.dev) vkm_device_wait_idle(l->src.dev);
         if (l->dst.dev) vkm_device_wait_idle(l->dst.dev);
     }
@@ -524,16 +512,10 @@ void vkm_link_destroy(vkm_link *l)
     free(l->host_block); /* after both imports are freed */
     free(l->slot_free_at);
     free(l->batch_cmds);
-    vkm_job *j = l->head;
-    while (j) {
-        vkm_job *next = j->next;
-        free(j->starts);
-        free(j);
-        j = next;
+    for (vkm_jobq_item *it = vkm_jobq_destroy(&l->q), *next; it; it = next) {
+        next = it->next;
+        free_job((vkm_job *)it);
     }
-    pthread_cond_destroy(&l->progress);
-    pthread_cond_destroy(&l->wake);
-    pthread_mutex_destroy(&l->lock);
     free(l);
 }
 
@@ -616,76 +598,30 @@ VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoin
         free(j);
         return VK_ERROR_OUT_OF_HOST_MEMORY;
     }
-    int src_own = needs_ownership(&l->src, src), dst_own = needs_ownership(&l->dst, dst);
-
-    pthread_mutex_lock(&l->lock);
-    if (l->error != VK_SUCCESS) {
-        VkResult e = l->error;
-        if (call) *call = l->error_call;
-        pthread_mutex_unlock(&l->lock);
-        free(j->starts);
-        free(j);
-        return e;
+    /* ownership transfers add a release and an acquire submit on the source, one on the destination */
+    uint64_t src_count = j->chunks + (needs_ownership(&l->src, src) ? 2 : 0);
+    uint64_t dst_count = j->chunks + (needs_ownership(&l->dst, dst) ? 1 : 0);
+    VkResult r = vkm_jobq_push(&l->q, &j->q, src_count, dst_count, call);
+    if (r != VK_SUCCESS) {
+        free_job(j);
+        return r;
     }
-    j->ticket = ++l->next_ticket;
-    j->src_base = l->src_value;
-    j->dst_base = l->dst_value;
-    l->src_value += j->chunks + (src_own ? 2 : 0);
-    l->dst_value += j->chunks + (dst_own ? 1 : 0);
-    j->src_done = l->src_value;
-    j->dst_ready = l->dst_value;
-    if (l->tail) l->tail->next = j; else __atomic_store_n(&l->head, j, __ATOMIC_RELEASE);
-    l->tail = j;
-    pthread_cond_signal(&l->wake);
-    pthread_mutex_unlock(&l->lock);
-    vkm_trace_mark(l->trace, "submit", j->ticket);
-    *ticket = j->ticket;
-    *src_done = j->src_done;
-    *dst_ready = j->dst_ready;
-    return VK_SUCCESS;
-}
-
-static VkResult link_failure(vkm_link *l, uint64_t ticket, const char **call)
-{
-    if (l->error != VK_SUCCESS && ticket >= l->failed_ticket) {
-        if (call) *call = l->error_call;
-        return l->error;
-    }
+    vkm_trace_mark(l->trace, "submit", j->q.ticket);
+    *ticket = j->q.ticket;
+    *src_done = j->q.src_base + src_count;
+    *dst_ready = j->q.dst_base + dst_count;
     return VK_SUCCESS;
 }
 
 VkResult vkm_link_wait_submitted(vkm_link *l, uint64_t ticket, uint64_t timeout_ns, const char **call)
 {
-    pthread_mutex_lock(&l->lock);
-    VkResult r = link_failure(l, ticket, call);
-    if (r == VK_SUCCESS && l->submitted_ticket < ticket) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + timeout_ns;
-        ts.tv_sec += (time_t)(ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
-        while (l->submitted_ticket < ticket && l->error == VK_SUCCESS)
-            if (pthread_cond_timedwait(&l->progress, &l->lock, &ts) == ETIMEDOUT) break;
-        r = link_failure(l, ticket, call);
-        if (r == VK_SUCCESS && l->submitted_ticket < ticket) r = VK_TIMEOUT;
-    }
-    pthread_mutex_unlock(&l->lock);
-    return r;
+    return vkm_jobq_wait_submitted(&l->q, ticket, 0, timeout_ns, call);
 }
 
 VkResult vkm_link_poll(vkm_link *l, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns, const char **call)
 {
-    uint64_t t0 = now_ns();
-    VkResult r = vkm_link_wait_submitted(l, ticket, timeout_ns, call);
-    if (r != VK_SUCCESS) return r;
-    uint64_t spent = now_ns() - t0;
-    uint64_t left = spent < timeout_ns ? timeout_ns - spent : 0;
-    r = vkm_spin_wait(l->dst.dev, l->dst.timeline, dst_ready, left < l->cfg.spin_ns ? left : l->cfg.spin_ns);
-    if (r == VK_TIMEOUT) {
-        spent = now_ns() - t0;
-        r = vkm_wait_timeline(l->dst.dev, l->dst.timeline, dst_ready, spent < timeout_ns ? timeout_ns - spent : 0);
-    }
-    if (r != VK_SUCCESS && r != VK_TIMEOUT && call) *call = "vkWaitSemaphores(dst_ready)";
+    VkResult r = vkm_jobq_poll(&l->q, l->dst.dev, l->dst.timeline, ticket, dst_ready, timeout_ns, l->cfg.spin_ns,
+                               call);
     if (r == VK_SUCCESS) vkm_trace_mark(l->trace, "waited", ticket);
     return r;
 }
@@ -693,28 +629,19 @@ VkResult vkm_link_poll(vkm_link *l, uint64_t ticket, uint64_t dst_ready, uint64_
 /* ---- the worker ---------------------------------------------------------- */
 
 /* Wait for a timeline value on the worker thread: slices, bounded by the stall timeout. */
+VkResult vkm_worker_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns, uint64_t stall_ns,
+                         const char **call, const char *name)
+{
+    VkResult r = vkm_spin_wait(d, sem, value, spin_ns);
+    for (uint64_t waited = 0; r == VK_TIMEOUT && waited < stall_ns; waited += SLICE_NS)
+        r = vkm_wait_timeline(d, sem, value, SLICE_NS);
+    if (r != VK_SUCCESS && call) *call = name;
+    return r;
+}
+
 static VkResult worker_wait(vkm_link *l, vkm_side *s, uint64_t value, const char **call, const char *name)
 {
-    VkResult sr = vkm_spin_wait(s->dev, s->timeline, value, l->cfg.spin_ns);
-    if (sr == VK_SUCCESS) return sr;
-    if (sr != VK_TIMEOUT) {
-        *call = name;
-        return sr;
-    }
-    uint64_t waited = 0;
-    for (;;) {
-        VkResult r = vkm_wait_timeline(s->dev, s->timeline, value, SLICE_NS);
-        if (r == VK_SUCCESS) return r;
-        if (r != VK_TIMEOUT) {
-            *call = name;
-            return r;
-        }
-        waited += SLICE_NS;
-        if (waited >= l->cfg.stall_timeout_ns) {
-            *call = name;
-            return VK_TIMEOUT;
-        }
-    }
+    return vkm_worker_wait(s->dev, s->timeline, value, l->cfg.spin_ns, l->cfg.stall_timeout_ns, call, name);
 }
 
 static void image_barrier(vkm_device *d, VkCommandBuffer cmd, const vkm_endpoint *e, VkImageLayout from,
@@ -789,17 +716,6 @@ static void ownership_barrier(vkm_device *d, VkCommandBuffer cmd, const vkm_endp
         image_barrier(d, cmd, e, from, to, sa, da, ss, ds, sf, df);
     else
         buffer_barrier(d, cmd, e, size, sa, da, ss, ds, sf, df);
-}
-
-void vkm_release_timeline(const vkm_device *d, VkSemaphore sem, uint64_t submitted, uint64_t target,
-                          uint64_t timeout_ns)
-{
-    uint64_t have = 0;
-    if (!sem || (submitted && vkm_wait_timeline(d, sem, submitted, timeout_ns) != VK_SUCCESS))
-        return; /* still running: a signal from the host could undercut its own */
-    if (vkm_timeline_value(d, sem, &have) != VK_SUCCESS || have >= target) return;
-    VkSemaphoreSignalInfo si = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, .semaphore = sem, .value = target};
-    d->fn.vkSignalSemaphore(d->device, &si);
 }
 
 VkResult vkm_begin_commands(const vkm_device *d, VkCommandBuffer cmd)
@@ -962,7 +878,7 @@ static VkResult run_job(vkm_link *l, vkm_job *j, const char **call)
     int src_own = needs_ownership(S, &j->src), dst_own = needs_ownership(D, &j->dst);
     uint32_t src_owner_family = src_own ? j->src.owner->family : VK_QUEUE_FAMILY_IGNORED;
     uint32_t dst_owner_family = dst_own ? j->dst.owner->family : VK_QUEUE_FAMILY_IGNORED;
-    uint64_t sv = j->src_base, dv = j->dst_base;
+    uint64_t sv = j->q.src_base, dv = j->q.dst_base;
     VkDeviceSize src_span = j->src.image ? 0 : j->size, dst_span = j->dst.image ? 0 : j->size;
     VkSemaphore first_wait = j->src.wait_semaphore;
     uint64_t first_wait_value = j->src.wait_value;
@@ -1069,42 +985,20 @@ static VkResult run_job(vkm_link *l, vkm_job *j, const char **call)
 static void *worker(void *arg)
 {
     vkm_link *l = arg;
-    pthread_mutex_lock(&l->lock);
-    for (;;) {
-        while (!l->head && !l->stopping)
-            pthread_cond_wait(&l->wake, &l->lock);
-        if (!l->head) break; /* stopping and drained */
-        vkm_job *j = l->head;
-        int failed = l->error != VK_SUCCESS;
-        pthread_mutex_unlock(&l->lock);
-        vkm_trace_mark(l->trace, "job_taken", j->ticket);
+    int failed;
+    vkm_jobq_item *it;
+    while ((it = vkm_jobq_take(&l->q, &failed, 0, NULL, NULL)) != NULL) {
+        vkm_job *j = (vkm_job *)it;
+        vkm_trace_mark(l->trace, "job_taken", it->ticket);
         const char *call = "?";
         VkResult r = failed ? VK_SUCCESS : run_job(l, j, &call);
-        pthread_mutex_lock(&l->lock);
-        if (r != VK_SUCCESS && l->error == VK_SUCCESS) {
-            l->error = r;
-            l->error_call = call;
-            l->failed_ticket = j->ticket;
+        if (r != VK_SUCCESS) { /* no dst_ready bound: only this ticket and later ones failed */
+            vkm_jobq_fail(&l->q, r, call, NULL, it->ticket, UINT64_MAX);
+            vkm_jobq_release(&l->q, l->src.dev, l->src.timeline, l->src.submitted, l->dst.dev, l->dst.timeline,
+                             l->dst.submitted, l->cfg.stall_timeout_ns);
         }
-        l->submitted_ticket = j->ticket;
-        __atomic_store_n(&l->head, j->next, __ATOMIC_RELEASE);
-        if (!l->head) l->tail = NULL;
-        free(j->starts);
-        free(j);
-        pthread_cond_broadcast(&l->progress);
-        if (r != VK_SUCCESS) { /* GPU work waiting on this or a skipped job's points must not hang */
-            uint64_t src_target = l->src_value, dst_target = l->dst_value;
-            pthread_mutex_unlock(&l->lock);
-            vkm_release_timeline(l->src.dev, l->src.timeline, l->src.submitted, src_target, l->cfg.stall_timeout_ns);
-            vkm_release_timeline(l->dst.dev, l->dst.timeline, l->dst.submitted, dst_target, l->cfg.stall_timeout_ns);
-            pthread_mutex_lock(&l->lock);
-        }
-        if (!l->head && l->cfg.spin_ns) {
-            pthread_mutex_unlock(&l->lock);
-            VKM_SPIN_FOR_WORK(&l->head, &l->stopping, l->cfg.spin_ns);
-            pthread_mutex_lock(&l->lock);
-        }
+        vkm_jobq_finish(&l->q, it, l->cfg.spin_ns);
+        free_job(j);
     }
-    pthread_mutex_unlock(&l->lock);
     return NULL;
 }

@@ -15,9 +15,6 @@
 #ifndef VKM_TRANSFER_H
 #define VKM_TRANSFER_H
 
-#include <sched.h>
-#include <time.h>
-
 #include "vkm.h"
 
 enum { VKM_RING_STAGING = 0, VKM_RING_SHARED_HOST = 1, VKM_RING_EXPORTED = 2 };
@@ -85,27 +82,11 @@ VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uin
  * NULL when out of memory. */
 VkDeviceSize *vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, int ramps,
                               uint32_t *count);
-/* In a link's worker, with its lock released: poll for `spin_ns` until the
- * job queue `*head_ptr` has work or `*stopping_ptr` is set. Callers that wait
- * for one transfer and submit the next find the worker awake (a condition
- * variable wake-up costs ~10 us). */
-#define VKM_SPIN_FOR_WORK(head_ptr, stopping_ptr, spin_ns)                                                 \
-    do {                                                                                                  \
-        struct timespec t0_, t_;                                                                          \
-        clock_gettime(CLOCK_MONOTONIC, &t0_);                                                             \
-        while (!__atomic_load_n((head_ptr), __ATOMIC_ACQUIRE) && !__atomic_load_n((stopping_ptr), __ATOMIC_ACQUIRE)) { \
-            clock_gettime(CLOCK_MONOTONIC, &t_);                                                          \
-            if ((uint64_t)(t_.tv_sec - t0_.tv_sec) * 1000000000ull + (uint64_t)(t_.tv_nsec - t0_.tv_nsec) >= (spin_ns)) \
-                break;                                                                                    \
-            sched_yield();                                                                                \
-        }                                                                                                 \
-    } while (0)
-
-/* After a failed job: once the GPU reached `submitted` (bounded wait), bring
- * timeline `sem` up to `target` (the last value handed out), so GPU work that
- * waits on a point of a failed or skipped job is not left waiting forever. */
-void vkm_release_timeline(const vkm_device *d, VkSemaphore sem, uint64_t submitted, uint64_t target,
-                          uint64_t timeout_ns);
+/* On a link's worker: wait until `sem` reaches `value`, polling `spin_ns`
+ * first, then in slices; VK_TIMEOUT after `stall_ns` (a stuck link). On any
+ * failure `*call` names the wait (`name`). */
+VkResult vkm_worker_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns, uint64_t stall_ns,
+                         const char **call, const char *name);
 /* Reset and begin a one-time-submit command buffer. */
 VkResult vkm_begin_commands(const vkm_device *d, VkCommandBuffer cmd);
 /* Record the copy of bytes [start, start+len) of endpoint `e` to (to_ring) or

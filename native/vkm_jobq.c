@@ -1,0 +1,198 @@
+/* vkm_jobq.c - see vkm_jobq.h. */
+#include "vkm_jobq.h"
+#include "vkm_transfer.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+static uint64_t mono_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* An absolute CLOCK_REALTIME deadline `ns` from now, for pthread_cond_timedwait. */
+static struct timespec deadline_in(uint64_t ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t n = (uint64_t)ts.tv_nsec + ns;
+    ts.tv_sec += (time_t)(n / 1000000000ull);
+    ts.tv_nsec = (long)(n % 1000000000ull);
+    return ts;
+}
+
+void vkm_jobq_init(vkm_jobq *q)
+{
+    memset(q, 0, sizeof *q);
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->wake, NULL);
+    pthread_cond_init(&q->progress, NULL);
+}
+
+vkm_jobq_item *vkm_jobq_destroy(vkm_jobq *q)
+{
+    vkm_jobq_item *rest = q->head;
+    q->head = q->tail = NULL;
+    pthread_cond_destroy(&q->progress);
+    pthread_cond_destroy(&q->wake);
+    pthread_mutex_destroy(&q->lock);
+    return rest;
+}
+
+VkResult vkm_jobq_push(vkm_jobq *q, vkm_jobq_item *it, uint64_t src_count, uint64_t dst_count, const char **call)
+{
+    pthread_mutex_lock(&q->lock);
+    if (q->error != VK_SUCCESS) {
+        VkResult e = q->error;
+        if (call) *call = q->error_call;
+        pthread_mutex_unlock(&q->lock);
+        return e;
+    }
+    it->next = NULL;
+    it->ticket = ++q->next_ticket;
+    it->src_base = q->src_value;
+    it->dst_base = q->dst_value;
+    q->src_value += src_count;
+    q->dst_value += dst_count;
+    if (q->tail) q->tail->next = it; else __atomic_store_n(&q->head, it, __ATOMIC_RELEASE);
+    q->tail = it;
+    pthread_cond_signal(&q->wake);
+    pthread_mutex_unlock(&q->lock);
+    return VK_SUCCESS;
+}
+
+void vkm_jobq_stop(vkm_jobq *q)
+{
+    pthread_mutex_lock(&q->lock);
+    __atomic_store_n(&q->stopping, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&q->wake);
+    pthread_mutex_unlock(&q->lock);
+}
+
+/* Call with the lock held. */
+static VkResult failure(const vkm_jobq *q, uint64_t ticket, uint64_t dst_ready, const char **call)
+{
+    if (q->error != VK_SUCCESS && (ticket >= q->failed_ticket || dst_ready > q->fail_dst_value)) {
+        if (call) *call = q->error_call;
+        return q->error;
+    }
+    return VK_SUCCESS;
+}
+
+VkResult vkm_jobq_wait_submitted(vkm_jobq *q, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
+                                 const char **call)
+{
+    pthread_mutex_lock(&q->lock);
+    VkResult r = failure(q, ticket, dst_ready, call);
+    if (r == VK_SUCCESS && q->submitted_ticket < ticket) {
+        struct timespec ts = deadline_in(timeout_ns);
+        while (q->submitted_ticket < ticket && q->error == VK_SUCCESS)
+            if (pthread_cond_timedwait(&q->progress, &q->lock, &ts) == ETIMEDOUT) break;
+        r = failure(q, ticket, dst_ready, call);
+        if (r == VK_SUCCESS && q->submitted_ticket < ticket) r = VK_TIMEOUT;
+    }
+    pthread_mutex_unlock(&q->lock);
+    return r;
+}
+
+VkResult vkm_jobq_poll(vkm_jobq *q, const vkm_device *d, VkSemaphore sem, uint64_t ticket, uint64_t dst_ready,
+                       uint64_t timeout_ns, uint64_t spin_ns, const char **call)
+{
+    uint64_t t0 = mono_ns();
+    VkResult r = vkm_jobq_wait_submitted(q, ticket, dst_ready, timeout_ns, call);
+    if (r != VK_SUCCESS) return r;
+    uint64_t spent = mono_ns() - t0;
+    uint64_t left = spent < timeout_ns ? timeout_ns - spent : 0;
+    r = vkm_spin_wait(d, sem, dst_ready, left < spin_ns ? left : spin_ns);
+    if (r == VK_TIMEOUT) {
+        spent = mono_ns() - t0;
+        r = vkm_wait_timeline(d, sem, dst_ready, spent < timeout_ns ? timeout_ns - spent : 0);
+    }
+    if (r != VK_SUCCESS) {
+        if (r != VK_TIMEOUT && call) *call = "vkWaitSemaphores(dst_ready)";
+        return r;
+    }
+    /* a job that failed after dst_ready was reached is still reported */
+    pthread_mutex_lock(&q->lock);
+    r = failure(q, ticket, dst_ready, call);
+    pthread_mutex_unlock(&q->lock);
+    return r;
+}
+
+vkm_jobq_item *vkm_jobq_take(vkm_jobq *q, int *failed, uint64_t watch_ns, int (*watch)(void *), void *arg)
+{
+    int busy = watch != NULL;
+    pthread_mutex_lock(&q->lock);
+    while (!q->head && !q->stopping) {
+        if (busy && q->error == VK_SUCCESS) {
+            struct timespec ts = deadline_in(watch_ns);
+            pthread_cond_timedwait(&q->wake, &q->lock, &ts);
+            if (q->head || q->stopping) break;
+            pthread_mutex_unlock(&q->lock);
+            busy = watch(arg);
+            pthread_mutex_lock(&q->lock);
+        } else {
+            pthread_cond_wait(&q->wake, &q->lock);
+        }
+    }
+    vkm_jobq_item *it = q->head; /* NULL: stopping and drained */
+    *failed = q->error != VK_SUCCESS;
+    pthread_mutex_unlock(&q->lock);
+    return it;
+}
+
+void vkm_jobq_fail(vkm_jobq *q, VkResult r, const char *call, const char *msg, uint64_t ticket,
+                   uint64_t fail_dst_value)
+{
+    pthread_mutex_lock(&q->lock);
+    if (q->error == VK_SUCCESS) {
+        q->error = r;
+        q->error_call = call ? call : "transfer link";
+        q->failed_ticket = ticket;
+        q->fail_dst_value = fail_dst_value;
+        snprintf(q->message, sizeof q->message, "%s", msg ? msg : "");
+    }
+    pthread_cond_broadcast(&q->progress);
+    pthread_mutex_unlock(&q->lock);
+}
+
+static void release_timeline(const vkm_device *d, VkSemaphore sem, uint64_t submitted, uint64_t target,
+                             uint64_t timeout_ns)
+{
+    uint64_t have = 0;
+    if (!sem || (submitted && vkm_wait_timeline(d, sem, submitted, timeout_ns) != VK_SUCCESS))
+        return; /* still running: a signal from the host could undercut its own */
+    if (vkm_timeline_value(d, sem, &have) != VK_SUCCESS || have >= target) return;
+    VkSemaphoreSignalInfo si = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, .semaphore = sem, .value = target};
+    d->fn.vkSignalSemaphore(d->device, &si);
+}
+
+void vkm_jobq_release(vkm_jobq *q, const vkm_device *src, VkSemaphore src_sem, uint64_t src_submitted,
+                      const vkm_device *dst, VkSemaphore dst_sem, uint64_t dst_submitted, uint64_t timeout_ns)
+{
+    pthread_mutex_lock(&q->lock);
+    uint64_t src_target = q->src_value, dst_target = q->dst_value;
+    pthread_mutex_unlock(&q->lock);
+    release_timeline(src, src_sem, src_submitted, src_target, timeout_ns);
+    release_timeline(dst, dst_sem, dst_submitted, dst_target, timeout_ns);
+}
+
+void vkm_jobq_finish(vkm_jobq *q, vkm_jobq_item *it, uint64_t spin_ns)
+{
+    pthread_mutex_lock(&q->lock);
+    q->submitted_ticket = it->ticket;
+    __atomic_store_n(&q->head, it->next, __ATOMIC_RELEASE);
+    if (!q->head) q->tail = NULL;
+    pthread_cond_broadcast(&q->progress);
+    pthread_mutex_unlock(&q->lock);
+    if (!spin_ns) return;
+    uint64_t t0 = mono_ns();
+    while (!__atomic_load_n(&q->head, __ATOMIC_ACQUIRE) && !__atomic_load_n(&q->stopping, __ATOMIC_ACQUIRE) &&
+           mono_ns() - t0 < spin_ns)
+        sched_yield();
+}

@@ -1,0 +1,77 @@
+/* vkm_jobq.h - the job queue every link kind (vkm_transfer.c, vkm_cuda.c) runs on.
+ *
+ * Callers queue jobs and get a ticket plus the timeline values the job will
+ * signal; one worker thread per link takes jobs in order, submits their GPU
+ * work and reports each job as fully submitted (or failed). Failures are
+ * sticky: the failing ticket and every later one report the error, and so
+ * does any job whose dst_ready value lies above the value reached when the
+ * link failed. Jobs embed a vkm_jobq_item as their first member.
+ */
+#ifndef VKM_JOBQ_H
+#define VKM_JOBQ_H
+
+#include "vkm.h"
+
+typedef struct vkm_jobq_item {
+    struct vkm_jobq_item *next;
+    uint64_t ticket;
+    uint64_t src_base, dst_base; /* the last timeline values handed out before this job */
+} vkm_jobq_item;
+
+typedef struct vkm_jobq {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;     /* a job was queued / stop requested */
+    pthread_cond_t progress; /* a job was fully submitted, or the link failed */
+    vkm_jobq_item *head, *tail;
+    int stopping;
+    uint64_t next_ticket;      /* last ticket handed out */
+    uint64_t submitted_ticket; /* last ticket fully submitted */
+    uint64_t src_value, dst_value; /* last timeline values handed out */
+    VkResult error;            /* sticky */
+    const char *error_call;
+    uint64_t failed_ticket;    /* tickets from this one on failed ... */
+    uint64_t fail_dst_value;   /* ... and so did every job whose dst_ready is above this */
+    char message[512];         /* the failure in words (may be empty) */
+} vkm_jobq;
+
+void vkm_jobq_init(vkm_jobq *q);
+/* The jobs still queued (caller frees them), after the worker stopped. */
+vkm_jobq_item *vkm_jobq_destroy(vkm_jobq *q);
+
+/* Queue `it`: assign its ticket and reserve `src_count`/`dst_count` timeline
+ * values (it->src_base/dst_base + 1 ... + count). The link's error if failed. */
+VkResult vkm_jobq_push(vkm_jobq *q, vkm_jobq_item *it, uint64_t src_count, uint64_t dst_count, const char **call);
+/* Ask the worker to stop once the queue is empty (vkm_jobq_take then returns NULL). */
+void vkm_jobq_stop(vkm_jobq *q);
+
+/* Wait up to `timeout_ns` until job `ticket` (dst_ready value `dst_ready`)
+ * is fully submitted: VK_SUCCESS, VK_TIMEOUT, or the job's error. */
+VkResult vkm_jobq_wait_submitted(vkm_jobq *q, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
+                                 const char **call);
+/* Wait up to `timeout_ns` until job `ticket` is complete: submitted, then
+ * `sem` (the destination timeline on `d`) at `dst_ready`, polled for `spin_ns`
+ * before blocking. VK_SUCCESS, VK_TIMEOUT or the job's error. */
+VkResult vkm_jobq_poll(vkm_jobq *q, const vkm_device *d, VkSemaphore sem, uint64_t ticket, uint64_t dst_ready,
+                       uint64_t timeout_ns, uint64_t spin_ns, const char **call);
+
+/* Worker: the next job (still queued), or NULL once stopping with the queue
+ * empty; *failed tells whether the link has already failed (skip the job).
+ * While idle it calls `watch(arg)` (lock released) every `watch_ns` as long
+ * as the previous call returned nonzero (work in flight); watch may be NULL. */
+vkm_jobq_item *vkm_jobq_take(vkm_jobq *q, int *failed, uint64_t watch_ns, int (*watch)(void *), void *arg);
+/* Record the link's failure (the first one only) and wake every waiter. */
+void vkm_jobq_fail(vkm_jobq *q, VkResult r, const char *call, const char *msg, uint64_t ticket,
+                   uint64_t fail_dst_value);
+/* After a failed job: once each GPU has reached what was submitted to it
+ * (bounded wait), bring both timelines up to the last values handed out, so
+ * GPU work waiting on a point of a failed or skipped job is not left waiting
+ * forever (callers' waits still report the failure). */
+void vkm_jobq_release(vkm_jobq *q, const vkm_device *src, VkSemaphore src_sem, uint64_t src_submitted,
+                      const vkm_device *dst, VkSemaphore dst_sem, uint64_t dst_submitted, uint64_t timeout_ns);
+/* Worker: job `it`, the head, is fully submitted (or failed): dequeue it (the
+ * caller frees it), wake waiters, then stay awake `spin_ns` for the next job
+ * (a caller that waits for one transfer and submits the next finds the worker
+ * awake; a condition-variable wake-up costs ~10 us). */
+void vkm_jobq_finish(vkm_jobq *q, vkm_jobq_item *it, uint64_t spin_ns);
+
+#endif
