@@ -74,6 +74,9 @@ VkResult vkm_queue_submit(const vkm_device *d, vkm_queue *q, uint32_t count,
 
 /* ---- waits (call without the GIL; bounded by timeout_ns) ----------------- */
 
+/* CLOCK_MONOTONIC in nanoseconds: the clock of every deadline and trace in the core. */
+uint64_t vkm_now_ns(void);
+
 VkResult vkm_wait_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t timeout_ns);
 VkResult vkm_timeline_value(const vkm_device *d, VkSemaphore sem, uint64_t *value);
 VkResult vkm_wait_fence(const vkm_device *d, VkFence fence, uint64_t timeout_ns);

@@ -2,6 +2,14 @@
 #include "vkm.h"
 
 #include <string.h>
+#include <time.h>
+
+uint64_t vkm_now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
 
 static int is_extension_fn(const char *name)
 {

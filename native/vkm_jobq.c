@@ -8,13 +8,6 @@
 #include <string.h>
 #include <time.h>
 
-static uint64_t mono_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 /* An absolute CLOCK_REALTIME deadline `ns` from now, for pthread_cond_timedwait. */
 static struct timespec deadline_in(uint64_t ns)
 {
@@ -103,14 +96,14 @@ VkResult vkm_jobq_wait_submitted(vkm_jobq *q, uint64_t ticket, uint64_t dst_read
 VkResult vkm_jobq_poll(vkm_jobq *q, const vkm_device *d, VkSemaphore sem, uint64_t ticket, uint64_t dst_ready,
                        uint64_t timeout_ns, uint64_t spin_ns, const char **call)
 {
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = vkm_now_ns();
     VkResult r = vkm_jobq_wait_submitted(q, ticket, dst_ready, timeout_ns, call);
     if (r != VK_SUCCESS) return r;
-    uint64_t spent = mono_ns() - t0;
+    uint64_t spent = vkm_now_ns() - t0;
     uint64_t left = spent < timeout_ns ? timeout_ns - spent : 0;
     r = vkm_spin_wait(d, sem, dst_ready, left < spin_ns ? left : spin_ns);
     if (r == VK_TIMEOUT) {
-        spent = mono_ns() - t0;
+        spent = vkm_now_ns() - t0;
         r = vkm_wait_timeline(d, sem, dst_ready, spent < timeout_ns ? timeout_ns - spent : 0);
     }
     if (r != VK_SUCCESS) {
@@ -191,8 +184,8 @@ void vkm_jobq_finish(vkm_jobq *q, vkm_jobq_item *it, uint64_t spin_ns)
     pthread_cond_broadcast(&q->progress);
     pthread_mutex_unlock(&q->lock);
     if (!spin_ns) return;
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = vkm_now_ns();
     while (!__atomic_load_n(&q->head, __ATOMIC_ACQUIRE) && !__atomic_load_n(&q->stopping, __ATOMIC_ACQUIRE) &&
-           mono_ns() - t0 < spin_ns)
+           vkm_now_ns() - t0 < spin_ns)
         sched_yield();
 }

@@ -32,13 +32,6 @@ struct vkm_trace {
     int stop; /* atomic */
 };
 
-static uint64_t trace_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 vkm_trace *vkm_trace_open(const char *label)
 {
     const char *path = getenv("VKMULTI_TRACE");
@@ -70,7 +63,7 @@ void vkm_trace_mark(vkm_trace *t, const char *what, uint64_t value)
     if (!t) return;
     uint64_t i = __atomic_fetch_add(&t->next, 1, __ATOMIC_RELAXED);
     if (i >= TRACE_RECORDS) return;
-    t->records[i] = (trace_record){trace_now(), what, value};
+    t->records[i] = (trace_record){vkm_now_ns(), what, value};
 }
 
 static void *poll_loop(void *arg)

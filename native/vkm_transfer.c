@@ -207,26 +207,19 @@ static VkDeviceSize round_up(VkDeviceSize v, VkDeviceSize a)
     return a ? (v + a - 1) / a * a : v;
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 /* Poll the counter for up to `spin_ns` before a blocking wait: a GPU's
  * semaphore wake-up costs tens of microseconds, a chunk only a few more. */
 VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns)
 {
     if (!spin_ns) return VK_TIMEOUT;
-    uint64_t end = now_ns() + spin_ns;
+    uint64_t end = vkm_now_ns() + spin_ns;
     do {
         uint64_t have = 0;
         VkResult r = vkm_timeline_value(d, sem, &have);
         if (r != VK_SUCCESS) return r;
         if (have >= value) return VK_SUCCESS;
         sched_yield();
-    } while (now_ns() < end);
+    } while (vkm_now_ns() < end);
     return VK_TIMEOUT;
 }
 
