@@ -8,6 +8,7 @@ severity error fails the test that produced it.
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -54,3 +55,24 @@ def manager():
         yield mgr
     finally:
         mgr.destroy()
+
+
+@pytest.fixture
+def run_threads():
+    """run_threads(worker, n=4): worker(k) for k in range(n), in n threads at once;
+    returns the exceptions they raised."""
+    def run(worker, n=4):
+        errors = []
+
+        def guarded(k):
+            try:
+                worker(k)
+            except Exception as exc:   # the caller asserts on them
+                errors.append(exc)
+        threads = [threading.Thread(target=guarded, args=(k,)) for k in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return errors
+    return run

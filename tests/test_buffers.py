@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import numpy as np
 import pytest
@@ -262,29 +261,22 @@ def test_asyncio_and_blocking_forms_agree(xfer1, manager):
     np.testing.assert_array_equal(xfer1.gather_blocking(0)[0], data)
 
 
-def test_concurrent_operations_from_threads(xfer1, manager):
+def test_concurrent_operations_from_threads(xfer1, manager, run_threads):
     shared = rand(500_000, 40)
     xfer1.set_device_buffer(0, xfer1.copy_buffer_blocking(0, 0, shared))
-    errors, results = [], {}
+    results = {}
 
     def worker(k):
-        try:
-            data = rand(200_000 + 4099 * k, 100 + k)
-            b1 = xfer1.copy_buffer_blocking(0, 1, data, timeout=60)
-            b0 = xfer1.copy_buffer_blocking(1, 0, b1, timeout=60)
-            bc = xfer1.broadcast_blocking(data, timeout=60)
-            for _ in range(3):
-                np.testing.assert_array_equal(xfer1.gather_blocking(1, timeout=60)[0], shared)
-                np.testing.assert_array_equal(xfer1.gather_blocking(1, reuse=True, timeout=60)[0], shared)
-            results[k] = (data, b0, bc)
-        except Exception as exc:   # reported below
-            errors.append(exc)
+        data = rand(200_000 + 4099 * k, 100 + k)
+        b1 = xfer1.copy_buffer_blocking(0, 1, data, timeout=60)
+        b0 = xfer1.copy_buffer_blocking(1, 0, b1, timeout=60)
+        bc = xfer1.broadcast_blocking(data, timeout=60)
+        for _ in range(3):
+            np.testing.assert_array_equal(xfer1.gather_blocking(1, timeout=60)[0], shared)
+            np.testing.assert_array_equal(xfer1.gather_blocking(1, reuse=True, timeout=60)[0], shared)
+        results[k] = (data, b0, bc)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_threads(worker)
     assert not errors, errors
     for data, b0, bc in results.values():
         np.testing.assert_array_equal(b0.download(), data)

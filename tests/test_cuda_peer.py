@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -442,7 +441,7 @@ def test_gpu_small_ring_wraps(manager, landing):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("via", ["link", "transfer"])
-def test_gpu_many_in_flight(manager, via):
+def test_gpu_many_in_flight(manager, via, run_threads):
     """Four threads, both directions, 48 jobs in flight on two shared links."""
     _require_cuda_peer(manager)
     rng = np.random.default_rng(11)
@@ -456,20 +455,11 @@ def test_gpu_many_in_flight(manager, via):
         a, b = Buffer(manager.slot(src), n), Buffer(manager.slot(dst), n)
         a.upload(data)
         jobs.append(((src, dst), a, b, data))
-    errors = []
-
     def worker(k):
-        try:
-            tickets = [movers[p].submit(src_buffer=a, dst_buffer=b) for p, a, b, _ in jobs[k::4]]
-            for t in tickets:
-                t.wait(120)
-        except Exception as exc:   # reported below
-            errors.append(exc)
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        tickets = [movers[p].submit(src_buffer=a, dst_buffer=b) for p, a, b, _ in jobs[k::4]]
+        for t in tickets:
+            t.wait(120)
+    errors = run_threads(worker)
     try:
         assert not errors, errors
         for _, a, b, data in jobs:

@@ -82,7 +82,7 @@ def test_buffer_roundtrip(manager, method, n, src_off, dst_off):
         np.testing.assert_array_equal(d.download(n, dst_off), data[src_off:])
 
 
-def test_many_in_flight_from_threads(manager):
+def test_many_in_flight_from_threads(manager, run_threads):
     """Four threads, three methods, shared links: every byte lands where it should."""
     rng = np.random.default_rng(5)
     jobs = []
@@ -96,20 +96,11 @@ def test_many_in_flight_from_threads(manager):
     jobs = [(methods[i % len(methods)], s, d, data) for i, (_, s, d, data) in enumerate(jobs)]
     transfers = {m: CrossDeviceTransfer(manager.slot(1), manager.slot(0), m, slot_size=64 << 10, slot_count=4)
                  for m in methods}
-    errors = []
-
     def worker(k):
-        try:
-            tickets = [transfers[m].submit(src_buffer=s, dst_buffer=d) for m, s, d, _ in jobs[k::4]]
-            for t in tickets:
-                t.wait(60)
-        except Exception as exc:   # reported below
-            errors.append(exc)
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        tickets = [transfers[m].submit(src_buffer=s, dst_buffer=d) for m, s, d, _ in jobs[k::4]]
+        for t in tickets:
+            t.wait(60)
+    errors = run_threads(worker)
     assert not errors
     for m, s, d, data in jobs:
         np.testing.assert_array_equal(d.download(), data)
