@@ -23,7 +23,7 @@ import vulkan as vk
 from ._handles import handle_int
 from .capabilities import EXT_MEMORY_HOST
 from .errors import DestroyedError, UnsupportedError
-from .images import _vk, as_host_bytes, find_memory_type
+from .images import _vk, as_host_bytes, find_memory_type, timeline_submit_info
 
 log = logging.getLogger(__name__)
 _ffi = vk.ffi
@@ -359,16 +359,7 @@ class HostPort:
             except BaseException:
                 self._free.append(s)
                 raise
-        sems = [_ffi.cast("VkSemaphore", sem) for sem, _ in waits]
-        chain = None
-        if waits:
-            chain = vk.VkTimelineSemaphoreSubmitInfo(
-                sType=vk.VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
-                waitSemaphoreValueCount=len(waits), pWaitSemaphoreValues=[v for _, v in waits])
-        info = vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, pNext=chain, waitSemaphoreCount=len(sems),
-                               pWaitSemaphores=sems or None,
-                               pWaitDstStageMask=[vk.VK_PIPELINE_STAGE_TRANSFER_BIT] * len(sems) or None,
-                               commandBufferCount=1, pCommandBuffers=[s.cmd])
+        info = timeline_submit_info(s.cmd, waits, stage=vk.VK_PIPELINE_STAGE_TRANSFER_BIT)
         try:
             with self.queue.lock:
                 _vk("vkQueueSubmit", vk.vkQueueSubmit, self.queue.handle, 1, [info], s.fence)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import vulkan as vk
@@ -61,6 +61,25 @@ def _allocate(slot: Any, req: Any, required: int, preferred: int) -> Any:
     return _vk("vkAllocateMemory", vk.vkAllocateMemory, slot.device, info, None)
 
 
+def timeline_submit_info(cmd: Any, waits: Sequence[tuple[int, int]] = (), *,
+                         stage: int = vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
+                         signal: tuple[int, int] | None = None) -> Any:
+    """A VkSubmitInfo for one command buffer that waits, at `stage`, for timeline
+    points `waits` ((semaphore, value) pairs) and optionally signals `signal`."""
+    sems = [_ffi.cast("VkSemaphore", s) for s, _ in waits]
+    chain = None
+    if waits or signal:
+        chain = vk.VkTimelineSemaphoreSubmitInfo(
+            sType=vk.VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
+            waitSemaphoreValueCount=len(waits), pWaitSemaphoreValues=[v for _, v in waits] or None,
+            signalSemaphoreValueCount=1 if signal else 0, pSignalSemaphoreValues=[signal[1]] if signal else None)
+    return vk.VkSubmitInfo(
+        sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, pNext=chain, waitSemaphoreCount=len(sems),
+        pWaitSemaphores=sems or None, pWaitDstStageMask=[stage] * len(sems) or None,
+        commandBufferCount=1, pCommandBuffers=[cmd], signalSemaphoreCount=1 if signal else 0,
+        pSignalSemaphores=[_ffi.cast("VkSemaphore", signal[0])] if signal else None)
+
+
 class CommandRunner:
     """One-shot command buffers on a queue of a slot, waited with a fence (no GIL, timeout)."""
 
@@ -101,17 +120,7 @@ class CommandRunner:
                 flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
             record(self.cmd)
             vk.vkEndCommandBuffer(self.cmd)
-            sems = [_ffi.cast("VkSemaphore", s) for s, _ in waits]
-            chain = None
-            if waits:
-                chain = vk.VkTimelineSemaphoreSubmitInfo(
-                    sType=vk.VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
-                    waitSemaphoreValueCount=len(waits), pWaitSemaphoreValues=[v for _, v in waits])
-            info = vk.VkSubmitInfo(
-                sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, pNext=chain, waitSemaphoreCount=len(sems),
-                pWaitSemaphores=sems or None,
-                pWaitDstStageMask=[vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT] * len(sems) or None,
-                commandBufferCount=1, pCommandBuffers=[self.cmd])
+            info = timeline_submit_info(self.cmd, waits)
             with self.queue.lock:
                 _vk("vkQueueSubmit", vk.vkQueueSubmit, self.queue.handle, 1, [info], self.fence)
             try:

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 import vulkan as vk
 
 from .errors import DestroyedError, DeviceLostError, UnsupportedError
-from .images import IMAGE_USAGE, Image, _check_slot, _vk
+from .images import IMAGE_USAGE, Image, _check_slot, _vk, timeline_submit_info
 from .transfer import TimelinePoint
 
 __all__ = ["ReferenceSRU", "ReferenceRenderer", "Compositor", "SRU_IMAGE_USAGE", "SRU_FORMAT",
@@ -184,17 +184,8 @@ class _Submitter:
 
     def _submit(self, job: _Job, waits: Sequence[TimelinePoint]) -> TimelinePoint:
         value = self._value + 1
-        wait_values = [p.value for p in waits]
-        chain = vk.VkTimelineSemaphoreSubmitInfo(
-            sType=vk.VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
-            waitSemaphoreValueCount=len(waits), pWaitSemaphoreValues=wait_values or None,
-            signalSemaphoreValueCount=1, pSignalSemaphoreValues=[value])
-        info = vk.VkSubmitInfo(
-            sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, pNext=chain, waitSemaphoreCount=len(waits),
-            pWaitSemaphores=[p.handle for p in waits] or None,
-            pWaitDstStageMask=[vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT] * len(waits) or None,
-            commandBufferCount=1, pCommandBuffers=[job.cmd], signalSemaphoreCount=1,
-            pSignalSemaphores=[_ffi.cast("VkSemaphore", self._timeline)])
+        info = timeline_submit_info(job.cmd, [(p.semaphore, p.value) for p in waits],
+                                    signal=(self._timeline, value))
         with self.queue.lock:
             _vk("vkQueueSubmit", vk.vkQueueSubmit, self.queue.handle, 1, [info], vk.VK_NULL_HANDLE)
         self._value = job.value = value
