@@ -761,11 +761,8 @@ VkResult vkm_cuda_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device 
         if (call) *call = "calloc(CUDA link)";
     }
     if (r == VK_SUCCESS) r = link_setup(l, call, msg, msgn);
-    if (r == VK_SUCCESS && (l->trace = vkm_trace_open("cuda_peer")) != NULL) {
-        vkm_trace_watch(l->trace, l->src.dev, l->src.timeline, "src_done");
-        vkm_trace_watch(l->trace, l->dst.dev, l->dst.timeline, "dst_ready");
-        vkm_trace_start(l->trace);
-    }
+    if (r == VK_SUCCESS)
+        l->trace = vkm_trace_link("cuda_peer", l->src.dev, l->src.timeline, l->dst.dev, l->dst.timeline);
     if (r == VK_SUCCESS) {
         if (pthread_create(&l->thread, NULL, cu_worker, l) != 0) {
             r = VK_ERROR_INITIALIZATION_FAILED;

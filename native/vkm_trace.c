@@ -87,6 +87,16 @@ void vkm_trace_start(vkm_trace *t)
     if (t->nwatch && pthread_create(&t->poller, NULL, poll_loop, t) == 0) t->started = 1;
 }
 
+vkm_trace *vkm_trace_link(const char *label, const vkm_device *src, VkSemaphore src_done, const vkm_device *dst,
+                          VkSemaphore dst_ready)
+{
+    vkm_trace *t = vkm_trace_open(label);
+    vkm_trace_watch(t, src, src_done, "src_done");
+    vkm_trace_watch(t, dst, dst_ready, "dst_ready");
+    vkm_trace_start(t);
+    return t;
+}
+
 void vkm_trace_close(vkm_trace *t)
 {
     if (!t) return;

@@ -20,6 +20,10 @@ vkm_trace *vkm_trace_open(const char *label);
 /* Watch `sem` (a timeline of `d`) under `name` (a static string). Before vkm_trace_start. */
 void vkm_trace_watch(vkm_trace *t, const vkm_device *d, VkSemaphore sem, const char *name);
 void vkm_trace_start(vkm_trace *t);
+/* A link's trace (or NULL): `label`, watching its two timelines as src_done and
+ * dst_ready, started. */
+vkm_trace *vkm_trace_link(const char *label, const vkm_device *src, VkSemaphore src_done, const vkm_device *dst,
+                          VkSemaphore dst_ready);
 /* Record a host event now; `what` is a static string. Thread-safe, lock-free. */
 void vkm_trace_mark(vkm_trace *t, const char *what, uint64_t value);
 /* Stop the poller, write the records, free the trace. */

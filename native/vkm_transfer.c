@@ -460,11 +460,8 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
         l->team_started = 1;
     }
     static const char *const ring_names[] = {"staging", "host_shared", "exported"};
-    if (r == VK_SUCCESS && (l->trace = vkm_trace_open(ring_names[l->cfg.ring])) != NULL) {
-        vkm_trace_watch(l->trace, l->src.dev, l->src.timeline, "src_done");
-        vkm_trace_watch(l->trace, l->dst.dev, l->dst.timeline, "dst_ready");
-        vkm_trace_start(l->trace);
-    }
+    if (r == VK_SUCCESS)
+        l->trace = vkm_trace_link(ring_names[l->cfg.ring], l->src.dev, l->src.timeline, l->dst.dev, l->dst.timeline);
     if (r == VK_SUCCESS) {
         if (pthread_create(&l->thread, NULL, worker, l) != 0) {
             r = VK_ERROR_INITIALIZATION_FAILED;
