@@ -33,20 +33,27 @@ def timed(fn: Callable[[], None], reps: int, warmup: int = 3) -> dict[str, float
 
 
 class DirectLink:
-    """CUDA_PEER through the native link, for a transfer.py that does not route it yet;
-    endpoints are built exactly as CrossDeviceTransfer builds them."""
+    """A native link driven directly, with knobs CrossDeviceTransfer keeps to
+    itself (ring shape, landing, chunk ramps); endpoints are built exactly as
+    CrossDeviceTransfer builds them."""
 
-    def __init__(self, s: Any, d: Any, slot_size: int, slot_count: int, landing: bool = True):
+    def __init__(self, s: Any, d: Any, slot_size: int, slot_count: int, landing: bool = True, ramps: int = -1,
+                 ring: int | None = None):
+        """ring None: a CUDA_PEER link; else a host link of that _native.RING_* kind."""
         from vkmulti import _native
-        from vkmulti.transfer import CrossDeviceTransfer, TransferMethod
+        from vkmulti.transfer import SPIN_SECONDS, CrossDeviceTransfer, TransferMethod
 
         self.s, self.d = s, d
         self.x = CrossDeviceTransfer(s, d, TransferMethod.STAGING_COPY)
+        if ring is not None:
+            self.link = _native.Link(s.native, s.copy_queue.lock, d.native, d.copy_queue.lock, ring, slot_size,
+                                     slot_count, 0, spin=SPIN_SECONDS, ramps=ramps)
+            return
         def universal(slot: Any) -> Any:   # fast device-local copies: a universal-family queue
             q = slot.dedicated_copy_queue
             return (q if q is not None and q.family == slot.graphics_queue.family else slot.graphics_queue).lock
         self.link = _native.CudaPeerLink(s.native, universal(s), d.native, universal(d), slot_size, slot_count,
-                                         spin=200e-6, landing=landing)
+                                         spin=SPIN_SECONDS, landing=landing, ramps=ramps)
 
     def submit(self, *, src_image: Any = None, dst_image: Any = None, src_buffer: Any = None,
                dst_buffer: Any = None) -> Any:

@@ -36,6 +36,7 @@ cdef extern from "vkm_transfer.h" nogil:
         uint64_t stall_timeout_ns
         uint64_t spin_ns
         int copy_threads
+        int ramps
 
     VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
                              const vkm_link_config *config, vkm_link **out, const char **call)
@@ -48,10 +49,36 @@ cdef extern from "vkm_transfer.h" nogil:
     VkResult vkm_link_poll(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
                            const char **call)
     VkResult vkm_link_wait_submitted(vkm_link *link, uint64_t ticket, uint64_t timeout_ns, const char **call)
+    VkDeviceSize *vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, int ramps,
+                                  uint32_t *count)
 
 RING_STAGING = VKM_RING_STAGING
 RING_SHARED_HOST = VKM_RING_SHARED_HOST
 RING_EXPORTED = VKM_RING_EXPORTED
+
+
+cdef int check_ramps(int ramps) except -2:
+    if ramps < -1 or ramps > 4:
+        raise ValueError(f"ramps must be -1 (the default) or 0..4, got {ramps}")
+    return ramps
+
+
+def plan_chunks(uint64_t size, uint64_t chunk, uint64_t unit, int ramps):
+    """The chunk boundaries a link cuts a job of `size` bytes into (0 ... size)."""
+    cdef uint32_t count = 0
+    cdef VkDeviceSize *b
+    if size == 0 or unit == 0 or chunk < unit or chunk % unit:
+        raise ValueError(f"need size > 0 and chunk a positive multiple of unit, got {size}, {chunk}, {unit}")
+    if size // chunk > (1 << 24):
+        raise ValueError(f"{size} B in chunks of {chunk} B is too many chunks")
+    check_ramps(ramps)
+    b = vkm_plan_chunks(size, chunk, unit, ramps, &count)
+    if b == NULL:
+        raise MemoryError()
+    try:
+        return [b[i] for i in range(count + 1)]
+    finally:
+        free(b)
 
 
 cdef int fill_endpoint(vkm_endpoint *e, object spec, list keep) except -1:
@@ -90,7 +117,7 @@ cdef class Link:
 
     def __cinit__(self, Device src, QueueLock src_queue, Device dst, QueueLock dst_queue, int ring,
                   uint64_t slot_size, uint32_t slot_count, int export_type=0, double stall_timeout=30.0, int copy_threads=-1,
-                  double spin=0.0):
+                  double spin=0.0, int ramps=-1):
         cdef vkm_link_config cfg
         cdef const char *call = NULL
         cdef vkm_device *sd = src.ptr()
@@ -108,6 +135,7 @@ cdef class Link:
         cfg.export_type = <VkExternalMemoryHandleTypeFlagBits>export_type
         cfg.stall_timeout_ns = <uint64_t>(stall_timeout * 1e9)
         cfg.copy_threads = copy_threads
+        cfg.ramps = check_ramps(ramps)
         cfg.spin_ns = <uint64_t>(spin * 1e9) if spin > 0 else 0
         self.src, self.dst, self.src_queue, self.dst_queue = src, dst, src_queue, dst_queue
         with nogil:

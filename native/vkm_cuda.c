@@ -41,6 +41,9 @@
 #define MAX_CUDA_DEVICES 64
 #define MIN_CHUNK ((VkDeviceSize)2 << 20) /* smaller chunks cost more in submits than they gain */
 #define TARGET_CHUNKS 8                  /* a job is cut into about this many chunks (pipeline depth) */
+/* small first and last chunks (vkm_plan_chunks): NVLink starts sooner and the
+ * last destination copy is short */
+#define DEFAULT_RAMPS 2
 #define SLOT_ALIGN 256
 #define RING_USAGE (VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_STORAGE_BUFFER_BIT)
 
@@ -740,6 +743,7 @@ VkResult vkm_cuda_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device 
     if (!l) return VK_ERROR_OUT_OF_HOST_MEMORY;
     l->cfg = *config;
     if (!l->cfg.stall_timeout_ns) l->cfg.stall_timeout_ns = 30ull * 1000000000ull;
+    if (l->cfg.ramps < 0) l->cfg.ramps = DEFAULT_RAMPS;
     l->cfg.slot_size = (l->cfg.slot_size + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
     l->K = l->cfg.slot_count;
     l->ncmd = 2 * l->K; /* the worker may record a whole ring ahead of the GPU */
@@ -937,9 +941,7 @@ VkResult vkm_cuda_link_submit(vkm_cuda_link *l, const vkm_endpoint *src, const v
     j->src = *src;
     j->dst = *dst;
     j->size = size;
-    /* even chunks: each costs the worker ~25 us of recording and submits, which
-     * a ramp's extra chunks cost more than their shorter fill saves */
-    j->starts = vkm_plan_chunks(size, chunk, row ? row : SLOT_ALIGN, 0, &j->chunks);
+    j->starts = vkm_plan_chunks(size, chunk, row ? row : SLOT_ALIGN, l->cfg.ramps, &j->chunks);
     if (!j->starts) {
         free(j);
         return VK_ERROR_OUT_OF_HOST_MEMORY;
@@ -1238,7 +1240,7 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
     uint64_t g0 = l->chunk_counter, dv = j->q.dst_base;
     uint32_t ns = 0, np = 0, nd = 0; /* chunks whose source copy / CUDA copies / destination copy are queued */
     uint32_t nr = 0;                 /* destination copies recorded (nd <= nr <= np) */
-    struct timespec idle_t0, t;
+    struct timespec idle_t0 = {0, 0}, t;
     int idle = 0;
     unsigned idle_rounds = 0;
     while (nd < N) {

@@ -397,6 +397,7 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
     if (!l) return VK_ERROR_OUT_OF_HOST_MEMORY;
     l->cfg = *config;
     if (!l->cfg.stall_timeout_ns) l->cfg.stall_timeout_ns = 30ull * 1000000000ull;
+    if (l->cfg.ramps < 0) l->cfg.ramps = 2;
     l->src.dev = src;
     l->src.queue = src_queue;
     l->dst.dev = dst;
@@ -524,33 +525,40 @@ static int needs_ownership(const vkm_side *s, const vkm_endpoint *e)
 VkDeviceSize *vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, int ramps,
                               uint32_t *count)
 {
-    VkDeviceSize q = chunk / 4 / unit * unit, h = chunk / 2 / unit * unit;
-    int ramp = ramps && q >= unit && h >= unit && size > 2 * chunk + 2 * (q + h);
-    int ramp_tail = ramps > 1;
-    VkDeviceSize head = ramp ? q + h : 0;
-    VkDeviceSize tail_start = ramp && ramp_tail ? (size - q - h) / unit * unit : size;
+    /* ramp chunk i is chunk >> (steps - i), rounded down to whole units; fewer
+     * steps when the job is too small for them (the middle needs two chunks) */
+    VkDeviceSize r[VKM_MAX_RAMPS], head = 0;
+    int steps = ramps < 0 ? 0 : (ramps > VKM_MAX_RAMPS ? VKM_MAX_RAMPS : ramps);
+    for (; steps > 0; steps--) {
+        head = 0;
+        int ok = 1;
+        for (int i = 0; i < steps; i++) {
+            r[i] = (chunk >> (steps - i)) / unit * unit;
+            ok &= r[i] >= unit;
+            head += r[i];
+        }
+        if (ok && size > 2 * chunk + 2 * head) break;
+    }
+    if (!steps) head = 0;
+    VkDeviceSize tail_start = steps ? (size - head) / unit * unit : size;
     VkDeviceSize span = tail_start - head;
     uint64_t mid = (uint64_t)((span + chunk - 1) / chunk);
     VkDeviceSize each = mid ? (span + mid - 1) / mid : 0;
     each = (each + unit - 1) / unit * unit;
     if (each > chunk) each = chunk;
-    size_t cap = (size_t)mid + 6;
+    size_t cap = (size_t)mid + 2 * (size_t)steps + 4;
     VkDeviceSize *b = malloc(cap * sizeof(VkDeviceSize));
     if (!b) return NULL;
     uint32_t n = 0;
+    VkDeviceSize at = 0;
     b[n++] = 0;
-    if (ramp) {
-        b[n++] = q;
-        b[n++] = q + h;
-    }
-    VkDeviceSize at = head;
-    while (at < tail_start && n + 3 < cap) {
+    for (int i = 0; i < steps; i++) b[n++] = at += r[i];
+    while (at < tail_start && n + (size_t)steps + 1 <= cap) {
         at = at + each < tail_start ? at + each : tail_start;
         b[n++] = at;
     }
-    if (ramp && ramp_tail) {
-        if (size - tail_start > h) b[n++] = tail_start + h;
-    }
+    /* the tail mirrors the head; the last chunk also takes the remainder */
+    for (int i = steps - 1; i > 0; i--) b[n++] = at += r[i];
     if (b[n - 1] != size) b[n++] = size;
     *count = n - 1;
     return b;
@@ -583,7 +591,7 @@ VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoin
     j->src = *src;
     j->dst = *dst;
     j->size = size;
-    j->starts = vkm_plan_chunks(size, chunk, unit, 2, &j->chunks);
+    j->starts = vkm_plan_chunks(size, chunk, unit, l->cfg.ramps, &j->chunks);
     if (!j->starts) {
         free(j);
         return VK_ERROR_OUT_OF_HOST_MEMORY;
@@ -859,114 +867,169 @@ static VkDeviceSize chunk_len(const vkm_job *j, uint32_t k)
     return j->starts[k + 1] - j->starts[k];
 }
 
+/* Per-job state of the host link's worker (run_job). */
+typedef struct {
+    vkm_job *j;
+    uint64_t g0;                 /* ring position of chunk 0 */
+    uint64_t sv0;                /* source chunk k signals sv0 + k + 1 */
+    uint64_t dv;                 /* last destination value handed out */
+    uint32_t ns, nr, nd;         /* chunks whose source copy is submitted / dst copy recorded / dst submitted */
+    uint32_t src_owner_family, dst_owner_family;
+    VkDeviceSize src_span, dst_span;
+    VkSemaphore first_wait;
+    uint64_t first_wait_value;
+} host_run;
+
+/* Record and submit the source copy of chunk h->ns into its ring slot (free). */
+static VkResult src_chunk(vkm_link *l, host_run *h, const char **call)
+{
+    vkm_side *S = &l->src;
+    vkm_device *sd = S->dev;
+    const vkm_job *j = h->j;
+    uint32_t c = h->ns, s = (uint32_t)((h->g0 + c) % l->cfg.slot_count);
+    VkCommandBuffer cmd = S->cmds[s];
+    TRY(vkm_begin_commands(sd, cmd), "vkBeginCommandBuffer(src)");
+    if (c == 0) ownership_barrier(sd, cmd, &j->src, h->src_span, 1, 1, 0, h->src_owner_family, S->queue->family);
+    record_copy(S, cmd, j, &j->src, c, s * l->cfg.slot_size, 1);
+    VkMemoryBarrier host = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                            .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                            .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+    sd->fn.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &host, 0, NULL,
+                                0, NULL);
+    if (c == j->chunks - 1)
+        ownership_barrier(sd, cmd, &j->src, h->src_span, 1, 0, 0, h->src_owner_family, S->queue->family);
+    TRY(sd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(src)");
+    VkSemaphore w = c == 0 ? h->first_wait : VK_NULL_HANDLE;
+    TRY(submit(S, S->queue, cmd, w, h->first_wait_value, VK_NULL_HANDLE, 0, h->sv0 + c + 1), "vkQueueSubmit(src)");
+    vkm_trace_mark(l->trace, "src_submitted", h->sv0 + c + 1);
+    h->ns++;
+    return VK_SUCCESS;
+}
+
+/* Record (not submit) the destination copy of chunk h->nr. Its slot's command
+ * buffer is free: the source copy into the slot waited for the slot's last
+ * destination copy. */
+static VkResult dst_chunk(vkm_link *l, host_run *h, const char **call)
+{
+    vkm_side *D = &l->dst;
+    vkm_device *dd = D->dev;
+    const vkm_job *j = h->j;
+    uint32_t c = h->nr, s = (uint32_t)((h->g0 + c) % l->cfg.slot_count);
+    VkCommandBuffer cmd = D->cmds[s];
+    TRY(vkm_begin_commands(dd, cmd), "vkBeginCommandBuffer(dst)");
+    if (c == 0)
+        /* the destination is overwritten whole: it is taken over without an
+         * acquire (contents undefined), so only the layout changes */
+        ownership_barrier(dd, cmd, &j->dst, h->dst_span, 0, 1, 0, VK_QUEUE_FAMILY_IGNORED, D->queue->family);
+    record_copy(D, cmd, j, &j->dst, c, s * l->cfg.slot_size, 0);
+    if (c == j->chunks - 1)
+        ownership_barrier(dd, cmd, &j->dst, h->dst_span, 0, 0, 0, h->dst_owner_family, D->queue->family);
+    TRY(dd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(dst)");
+    vkm_trace_mark(l->trace, "dst_recorded", h->j->q.dst_base + c + 1);
+    h->nr++;
+    return VK_SUCCESS;
+}
+
+/* Submit, in one call, the recorded destination copies of chunks nd..last-1
+ * (their source copies are done); the staging ring copies them across first. */
+static VkResult dst_submit(vkm_link *l, host_run *h, uint32_t last, const char **call)
+{
+    vkm_side *S = &l->src, *D = &l->dst;
+    vkm_device *sd = S->dev, *dd = D->dev;
+    const vkm_job *j = h->j;
+    uint32_t K = l->cfg.slot_count, k = h->nd;
+    VkDeviceSize slot = l->cfg.slot_size;
+    for (uint32_t c = k; c < last; c++) {
+        uint32_t s = (uint32_t)((h->g0 + c) % K);
+        if (l->cfg.ring == VKM_RING_STAGING) {
+            if (!S->coherent) {
+                VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = S->memory,
+                                          .offset = 0, .size = VK_WHOLE_SIZE};
+                sd->fn.vkInvalidateMappedMemoryRanges(sd->device, 1, &mr);
+            }
+            team_copy(&l->team, D->mapped + s * slot, S->mapped + s * slot, (size_t)chunk_len(j, c));
+            if (!D->coherent) {
+                VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = D->memory,
+                                          .offset = 0, .size = VK_WHOLE_SIZE};
+                dd->fn.vkFlushMappedMemoryRanges(dd->device, 1, &mr);
+            }
+        }
+        l->batch_cmds[c - k] = D->cmds[s];
+    }
+    VkSemaphore w = k == 0 ? j->dst.wait_semaphore : VK_NULL_HANDLE;
+    TRY(submit_batch(D, D->queue, l->batch_cmds, last - k, w, j->dst.wait_value, h->dv + 1), "vkQueueSubmit(dst)");
+    vkm_trace_mark(l->trace, "dst_submitted", h->dv + (last - k));
+    for (uint32_t c = k; c < last; c++) l->slot_free_at[(h->g0 + c) % K] = ++h->dv;
+    h->nd = last;
+    return VK_SUCCESS;
+}
+
+/* The worker's loop for one job. Each round takes the most urgent step that
+ * can go: destination copies whose source chunk is done (one submit); the
+ * recording of the next destination copy (ahead of its source chunk, so it
+ * goes out the moment that lands); the next source copy into a free slot;
+ * else a wait for the oldest source chunk (or for a slot to be read). */
 static VkResult run_job(vkm_link *l, vkm_job *j, const char **call)
 {
     vkm_side *S = &l->src, *D = &l->dst;
     vkm_device *sd = S->dev, *dd = D->dev;
-    uint32_t K = l->cfg.slot_count;
-    VkDeviceSize slot = l->cfg.slot_size;
+    uint32_t K = l->cfg.slot_count, N = j->chunks;
     int src_own = needs_ownership(S, &j->src), dst_own = needs_ownership(D, &j->dst);
-    uint32_t src_owner_family = src_own ? j->src.owner->family : VK_QUEUE_FAMILY_IGNORED;
-    uint32_t dst_owner_family = dst_own ? j->dst.owner->family : VK_QUEUE_FAMILY_IGNORED;
-    uint64_t sv = j->q.src_base, dv = j->q.dst_base;
-    VkDeviceSize src_span = j->src.image ? 0 : j->size, dst_span = j->dst.image ? 0 : j->size;
-    VkSemaphore first_wait = j->src.wait_semaphore;
-    uint64_t first_wait_value = j->src.wait_value;
-
+    host_run h = {.j = j,
+                  .g0 = l->chunk_counter,
+                  .dv = j->q.dst_base,
+                  .src_owner_family = src_own ? j->src.owner->family : VK_QUEUE_FAMILY_IGNORED,
+                  .dst_owner_family = dst_own ? j->dst.owner->family : VK_QUEUE_FAMILY_IGNORED,
+                  .src_span = j->src.image ? 0 : j->size,
+                  .dst_span = j->dst.image ? 0 : j->size,
+                  .first_wait = j->src.wait_semaphore,
+                  .first_wait_value = j->src.wait_value};
+    uint64_t sv = j->q.src_base;
     if (src_own) { /* release from the owner's family (and the wait on the producer) */
-        VkResult r = owner_submit(l, S, &j->src, src_span, 1, 1, first_wait, first_wait_value, ++sv, call);
+        VkResult r = owner_submit(l, S, &j->src, h.src_span, 1, 1, h.first_wait, h.first_wait_value, ++sv, call);
         if (r != VK_SUCCESS) return r;
-        first_wait = S->timeline;
-        first_wait_value = sv;
+        h.first_wait = S->timeline;
+        h.first_wait_value = sv;
     }
-    uint64_t g0 = l->chunk_counter;
-    uint32_t next_src = 0, next_dst = 0;
-    uint64_t src_chunk_value0 = sv; /* chunk k signals src_chunk_value0 + k + 1 */
-    while (next_dst < j->chunks) {
-        while (next_src < j->chunks && next_src < next_dst + K) {
-            uint32_t s = (uint32_t)((g0 + next_src) % K);
-            uint64_t need = l->slot_free_at[s];
-            if (need) {
-                uint64_t have = 0;
-                VkResult r = vkm_timeline_value(dd, D->timeline, &have);
-                if (r != VK_SUCCESS) { *call = "vkGetSemaphoreCounterValue"; return r; }
-                if (have < need) {
-                    if (next_src > next_dst) break; /* let the destination catch up first */
-                    r = worker_wait(l, D, need, call, "vkWaitSemaphores(ring slot)");
-                    if (r != VK_SUCCESS) return r;
-                }
+    h.sv0 = sv;
+    while (h.nd < N) {
+        VkResult r;
+        uint64_t have_s = 0;
+        TRY(vkm_timeline_value(sd, S->timeline, &have_s), "vkGetSemaphoreCounterValue(src)");
+        uint32_t last = h.nd;
+        while (last < h.nr && h.sv0 + last + 1 <= have_s) last++;
+        if (last > h.nd) { /* 1: every recorded chunk that has landed in the ring */
+            r = dst_submit(l, &h, last, call);
+        } else if (h.nr == h.nd && h.nr < h.ns) { /* 2: the next destination copy, recorded ahead */
+            r = dst_chunk(l, &h, call);
+        } else {
+            int slot_free = 0;
+            if (h.ns < N && h.ns < h.nd + K) {
+                uint64_t need = l->slot_free_at[(h.g0 + h.ns) % K], have_d = 0;
+                if (need) TRY(vkm_timeline_value(dd, D->timeline, &have_d), "vkGetSemaphoreCounterValue(dst)");
+                slot_free = have_d >= need;
             }
-            VkCommandBuffer cmd = S->cmds[s];
-            TRY(vkm_begin_commands(sd, cmd), "vkBeginCommandBuffer(src)");
-            if (next_src == 0)
-                ownership_barrier(sd, cmd, &j->src, src_span, 1, 1, 0, src_owner_family, S->queue->family);
-            record_copy(S, cmd, j, &j->src, next_src, s * slot, 1);
-            VkMemoryBarrier host = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-                                    .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
-                                    .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
-            sd->fn.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
-                                        &host, 0, NULL, 0, NULL);
-            if (next_src == j->chunks - 1)
-                ownership_barrier(sd, cmd, &j->src, src_span, 1, 0, 0, src_owner_family, S->queue->family);
-            TRY(sd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(src)");
-            VkSemaphore w = next_src == 0 ? first_wait : VK_NULL_HANDLE;
-            TRY(submit(S, S->queue, cmd, w, first_wait_value, VK_NULL_HANDLE, 0, src_chunk_value0 + next_src + 1),
-                "vkQueueSubmit(src)");
-            vkm_trace_mark(l->trace, "src_submitted", src_chunk_value0 + next_src + 1);
-            next_src++;
+            if (slot_free) { /* 3: the next source copy */
+                r = src_chunk(l, &h, call);
+            } else if (h.nr < h.ns) { /* 4: later destination copies, recorded ahead */
+                r = dst_chunk(l, &h, call);
+            } else if (h.nd < h.ns) { /* 5: wait for the oldest source chunk */
+                r = worker_wait(l, S, h.sv0 + h.nd + 1, call, "vkWaitSemaphores(src chunk)");
+            } else { /* 6: wait for the next slot to be read by the destination */
+                r = worker_wait(l, D, l->slot_free_at[(h.g0 + h.ns) % K], call, "vkWaitSemaphores(ring slot)");
+            }
         }
-        /* every chunk whose source copy is done goes out in one destination submit */
-        uint32_t k = next_dst;
-        VkResult r = worker_wait(l, S, src_chunk_value0 + k + 1, call, "vkWaitSemaphores(src chunk)");
         if (r != VK_SUCCESS) return r;
-        uint64_t have = 0;
-        r = vkm_timeline_value(sd, S->timeline, &have);
-        if (r != VK_SUCCESS) { *call = "vkGetSemaphoreCounterValue"; return r; }
-        uint32_t last = k;
-        while (last + 1 < next_src && src_chunk_value0 + last + 2 <= have) last++;
-        uint32_t batch = last - k + 1;
-        for (uint32_t c = k; c <= last; c++) {
-            uint32_t s = (uint32_t)((g0 + c) % K);
-            if (l->cfg.ring == VKM_RING_STAGING) {
-                if (!S->coherent) {
-                    VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = S->memory,
-                                              .offset = 0, .size = VK_WHOLE_SIZE};
-                    sd->fn.vkInvalidateMappedMemoryRanges(sd->device, 1, &mr);
-                }
-                team_copy(&l->team, D->mapped + s * slot, S->mapped + s * slot, (size_t)chunk_len(j, c));
-                if (!D->coherent) {
-                    VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = D->memory,
-                                              .offset = 0, .size = VK_WHOLE_SIZE};
-                    dd->fn.vkFlushMappedMemoryRanges(dd->device, 1, &mr);
-                }
-            }
-            VkCommandBuffer cmd = D->cmds[s];
-            TRY(vkm_begin_commands(dd, cmd), "vkBeginCommandBuffer(dst)");
-            if (c == 0)
-                /* the destination is overwritten whole: it is taken over without an
-                 * acquire (contents undefined), so only the layout changes */
-                ownership_barrier(dd, cmd, &j->dst, dst_span, 0, 1, 0, VK_QUEUE_FAMILY_IGNORED, D->queue->family);
-            record_copy(D, cmd, j, &j->dst, c, s * slot, 0);
-            if (c == j->chunks - 1)
-                ownership_barrier(dd, cmd, &j->dst, dst_span, 0, 0, 0, dst_owner_family, D->queue->family);
-            TRY(dd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(dst)");
-            l->batch_cmds[c - k] = cmd;
-        }
-        VkSemaphore w = k == 0 ? j->dst.wait_semaphore : VK_NULL_HANDLE;
-        TRY(submit_batch(D, D->queue, l->batch_cmds, batch, w, j->dst.wait_value, dv + 1), "vkQueueSubmit(dst)");
-        vkm_trace_mark(l->trace, "dst_submitted", dv + batch);
-        for (uint32_t c = k; c <= last; c++)
-            l->slot_free_at[(g0 + c) % K] = ++dv;
-        next_dst = last + 1;
     }
-    l->chunk_counter += j->chunks;
-    sv = src_chunk_value0 + j->chunks;
+    l->chunk_counter += N;
+    sv = h.sv0 + N;
+    uint64_t dv = h.dv;
     if (src_own) { /* back to the owner's family */
-        VkResult r = owner_submit(l, S, &j->src, src_span, 1, 0, S->timeline, sv, sv + 1, call);
+        VkResult r = owner_submit(l, S, &j->src, h.src_span, 1, 0, S->timeline, sv, sv + 1, call);
         if (r != VK_SUCCESS) return r;
     }
     if (dst_own) {
-        VkResult r = owner_submit(l, D, &j->dst, dst_span, 0, 0, D->timeline, dv, dv + 1, call);
+        VkResult r = owner_submit(l, D, &j->dst, h.dst_span, 0, 0, D->timeline, dv, dv + 1, call);
         if (r != VK_SUCCESS) return r;
     }
     return VK_SUCCESS;

@@ -51,6 +51,7 @@ typedef struct vkm_link_config {
     uint64_t stall_timeout_ns;      /* a single GPU wait longer than this fails the job */
     uint64_t spin_ns;               /* poll semaphores this long before blocking (0 on CPU devices) */
     int copy_threads;               /* staging: helper threads for the CPU copy; -1: a quarter of the CPUs (max 7) */
+    int ramps;                      /* vkm_plan_chunks' ramp steps at each end of a job; -1: the default (2) */
 } vkm_link_config;
 
 VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
@@ -76,10 +77,11 @@ VkResult vkm_link_poll(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint
 /* Poll `sem` for up to `spin_ns` before a blocking wait; VK_TIMEOUT: not reached yet. */
 VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns);
 /* Chunk boundaries for a job of `size` bytes in chunks of at most `chunk`,
- * multiples of `unit`. `ramps` 1: a quarter- and a half-chunk open larger
- * jobs, so the pipeline fills sooner; 2: they also close them, so it drains
- * sooner; 0: even chunks. malloc'd array of *count + 1 offsets (0 ... size);
- * NULL when out of memory. */
+ * multiples of `unit`. `ramps` n > 0: chunks of chunk/2^n, ..., chunk/2 open
+ * and (mirrored) close larger jobs, so the pipeline fills and drains sooner
+ * (fewer steps where the job is too small); 0: even chunks. malloc'd array of
+ * *count + 1 offsets (0 ... size); NULL when out of memory. */
+#define VKM_MAX_RAMPS 4
 VkDeviceSize *vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, int ramps,
                               uint32_t *count);
 /* On a link's worker: wait until `sem` reaches `value`, polling `spin_ns`
