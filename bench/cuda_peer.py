@@ -38,7 +38,7 @@ class DirectLink:
     CrossDeviceTransfer builds them."""
 
     def __init__(self, s: Any, d: Any, slot_size: int, slot_count: int, landing: bool = True, ramps: int = -1,
-                 ring: int | None = None):
+                 ring: int | None = None, src_batch: int = 0):
         """ring None: a CUDA_PEER link; else a host link of that _native.RING_* kind."""
         from vkmulti import _native
         from vkmulti.transfer import SPIN_SECONDS, CrossDeviceTransfer, TransferMethod
@@ -53,7 +53,7 @@ class DirectLink:
             q = slot.dedicated_copy_queue
             return (q if q is not None and q.family == slot.graphics_queue.family else slot.graphics_queue).lock
         self.link = _native.CudaPeerLink(s.native, universal(s), d.native, universal(d), slot_size, slot_count,
-                                         spin=SPIN_SECONDS, landing=landing, ramps=ramps)
+                                         spin=SPIN_SECONDS, landing=landing, ramps=ramps, src_batch=src_batch)
 
     def submit(self, *, src_image: Any = None, dst_image: Any = None, src_buffer: Any = None,
                dst_buffer: Any = None) -> Any:

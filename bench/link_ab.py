@@ -1,10 +1,10 @@
 """A/B of link shapes in one process, interleaved so that machine drift hits
 every variant alike: each round times one job of every (variant, case) in turn.
-Variants are CUDA_PEER links GPU0 -> GPU1 with each chunk ramp in --cuda-ramps
-and HOST_SHARED links GPU1 -> GPU0 with each in --host-ramps (the first of each
-list is the baseline of its ratio line).
+Variants are CUDA_PEER links GPU0 -> GPU1, one per chunk ramp in --cuda-ramps
+and source batch in --cuda-batch, and HOST_SHARED links GPU1 -> GPU0, one per
+ramp in --host-ramps; the first variant of each kind is its ratio's baseline.
 
-    python bench/link_ab.py [--rounds 40] [--cuda-ramps 0 2] [--host-ramps 0 2] [--virtual 2]
+    python bench/link_ab.py [--rounds 40] [--cuda-ramps 0 2] [--cuda-batch 0] [--host-ramps 0 2] [--virtual 2]
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--cuda-ramps", nargs="*", type=int, default=[0, 2])
+    ap.add_argument("--cuda-batch", nargs="*", type=int, default=[0], help="source chunks per submit; 0: default")
     ap.add_argument("--host-ramps", nargs="*", type=int, default=[0, 2])
     ap.add_argument("--virtual", type=int, default=0, help="use N virtual lavapipe GPUs (no CUDA there)")
     a = ap.parse_args(argv)
@@ -63,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if not a.virtual and note is None:
                 for r in a.cuda_ramps:
-                    links[f"cuda_peer ramps={r}"] = (DirectLink(s, d, 16 << 20, 8, ramps=r), 0)
+                    for b in a.cuda_batch:
+                        links[f"cuda_peer ramps={r} batch={b}"] = (DirectLink(s, d, 16 << 20, 8, ramps=r,
+                                                                              src_batch=b), 0)
             for r in a.host_ramps:
                 links[f"host_shared ramps={r}"] = (DirectLink(d, s, DEFAULT_SLOT_SIZE, DEFAULT_SLOT_COUNT, ramps=r,
                                                               ring=_native.RING_SHARED_HOST), 1)
@@ -86,14 +89,13 @@ def main(argv: list[str] | None = None) -> int:
            "min_ms": {k: round(min(v) * 1e3, 4) for k, v in results.items()}}
     print(json.dumps(out, indent=2))
     ratios = []
-    for kind, ramps in (("cuda_peer", a.cuda_ramps), ("host_shared", a.host_ramps)):
-        for r in ramps[1:]:
+    for kind in ("cuda_peer", "host_shared"):
+        names = [n for n in links if n.startswith(kind)]
+        for other in names[1:]:
             for case in cases:
-                base, other = f"{kind} ramps={ramps[0]} {case}", f"{kind} ramps={r} {case}"
-                if base in out["median_ms"] and other in out["median_ms"]:
-                    ratios.append(f"{kind} {case} ramps={r} vs ramps={ramps[0]}: "
-                                  f"{out['median_ms'][base] / out['median_ms'][other]:.3f}x")
-    print("ratio (speed-up over the first ramp): " + ", ".join(ratios))
+                base_t, t = out["median_ms"][f"{names[0]} {case}"], out["median_ms"][f"{other} {case}"]
+                ratios.append(f"{case} {other} vs {names[0][len(kind) + 1:]}: {base_t / t:.3f}x")
+    print("ratio (speed-up over each kind's first variant): " + ", ".join(ratios))
     return 0
 
 

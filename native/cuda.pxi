@@ -13,6 +13,7 @@ cdef extern from "vkm_cuda.h" nogil:
         int no_landing
         int cuda_ordinals[2]
         int ramps
+        uint32_t src_batch
 
     enum:
         VKM_ERROR_CUDA
@@ -135,7 +136,7 @@ cdef class CudaPeerLink:
     def __cinit__(self, Device src not None, QueueLock src_queue not None, Device dst not None,
                   QueueLock dst_queue not None, uint64_t slot_size, uint32_t slot_count,
                   double stall_timeout=30.0, double spin=0.0, bint landing=True, cuda_ordinals=None,
-                  int ramps=-1):
+                  int ramps=-1, uint32_t src_batch=0):
         cdef vkm_cuda_link_config cfg
         cdef const char *call = NULL
         cdef char msg[512]
@@ -156,6 +157,7 @@ cdef class CudaPeerLink:
         cfg.spin_ns = <uint64_t>(spin * 1e9) if spin > 0 else 0
         cfg.no_landing = not landing
         cfg.ramps = check_ramps(ramps)
+        cfg.src_batch = src_batch
         cfg.cuda_ordinals[0] = cfg.cuda_ordinals[1] = -1
         if cuda_ordinals is not None:
             i, j = cuda_ordinals

@@ -41,9 +41,13 @@
 #define MAX_CUDA_DEVICES 64
 #define MIN_CHUNK ((VkDeviceSize)2 << 20) /* smaller chunks cost more in submits than they gain */
 #define TARGET_CHUNKS 8                  /* a job is cut into about this many chunks (pipeline depth) */
-/* small first and last chunks (vkm_plan_chunks): NVLink starts sooner and the
- * last destination copy is short */
-#define DEFAULT_RAMPS 2
+/* even chunks: ramps' smaller first and last chunks start NVLink sooner, but
+ * each chunk costs the worker host work; on the H200 pair (bench/link_ab.py,
+ * 2026-11-30) ramps of 1/2/3 steps made the 4K frame 0.93-1.07x, 1080p
+ * 0.81-0.99x and 256 MiB 0.94-0.99x as fast as even chunks */
+#define DEFAULT_RAMPS 0
+/* source chunks recorded per submit once the first two are out */
+#define DEFAULT_SRC_BATCH 2
 #define SLOT_ALIGN 256
 #define RING_USAGE (VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_STORAGE_BUFFER_BIT)
 
@@ -744,6 +748,7 @@ VkResult vkm_cuda_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device 
     l->cfg = *config;
     if (!l->cfg.stall_timeout_ns) l->cfg.stall_timeout_ns = 30ull * 1000000000ull;
     if (l->cfg.ramps < 0) l->cfg.ramps = DEFAULT_RAMPS;
+    if (!l->cfg.src_batch) l->cfg.src_batch = DEFAULT_SRC_BATCH;
     l->cfg.slot_size = (l->cfg.slot_size + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
     l->K = l->cfg.slot_count;
     l->ncmd = 2 * l->K; /* the worker may record a whole ring ahead of the GPU */
@@ -1260,6 +1265,7 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
             n++;
             ns++;
             if (ns <= 2) break; /* the first two chunks go at once, alone: the GPUs start sooner */
+            if (n >= l->cfg.src_batch) break; /* short rounds: CUDA and the destination are served between */
             /* recording costs microseconds a chunk: hand finished chunks to CUDA in between */
             r = queue_cuda(l, j, g0, ns - n, &np, nd, &moved, call, msg, msgn);
             if (r != VK_SUCCESS) return r;
@@ -1273,6 +1279,16 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
         /* 2: CUDA's copies of chunks the source GPU has written, into free destination slots */
         r = queue_cuda(l, j, g0, ns, &np, nd, &moved, call, msg, msgn);
         if (r != VK_SUCCESS) return r;
+        /* the next destination copy, recorded ahead while its chunk crosses */
+        if (nr == nd && nr < np) {
+            uint64_t have_d = 0;
+            TRY(vkm_timeline_value(D->dev, D->timeline, &have_d), "vkGetSemaphoreCounterValue(dst_ready)");
+            if (have_d >= D->cmd_free_at[(g0 + nr) % l->ncmd]) {
+                r = prep_dst(l, j, nr, g0 + nr, j->q.dst_base + nr + 1, call);
+                if (r != VK_SUCCESS) return r;
+                nr++;
+            }
+        }
         /* 3: destination copies of every chunk CUDA has landed, one submit */
         n = 0;
         while (nd < np) {

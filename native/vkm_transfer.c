@@ -397,7 +397,11 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
     if (!l) return VK_ERROR_OUT_OF_HOST_MEMORY;
     l->cfg = *config;
     if (!l->cfg.stall_timeout_ns) l->cfg.stall_timeout_ns = 30ull * 1000000000ull;
-    if (l->cfg.ramps < 0) l->cfg.ramps = 2;
+    /* even chunks. Both PCIe hops run at about the same rate, so the destination
+     * trails the source by a chunk and ramps' short end chunks mostly add
+     * per-chunk costs: on the H200 pair (bench/link_ab.py, 2026-11-30) 1-3
+     * steps made the 4K frame 0.96-1.02x as fast */
+    if (l->cfg.ramps < 0) l->cfg.ramps = 0;
     l->src.dev = src;
     l->src.queue = src_queue;
     l->dst.dev = dst;
