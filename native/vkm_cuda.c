@@ -46,8 +46,11 @@
  * 2026-11-30) ramps of 1/2/3 steps made the 4K frame 0.93-1.07x, 1080p
  * 0.81-0.99x and 256 MiB 0.94-0.99x as fast as even chunks */
 #define DEFAULT_RAMPS 0
-/* source chunks recorded per submit once the first two are out */
-#define DEFAULT_SRC_BATCH 2
+/* most source chunks per submit once the first two are out: unbounded. Each
+ * vkQueueSubmit costs more than the rounds it would shorten; on the H200 pair
+ * (bench/link_ab.py, 2026-11-30) batches of 2 / 1 made the 4K frame 0.67x /
+ * 0.78x and 256 MiB 0.87x / 0.88x as fast */
+#define DEFAULT_SRC_BATCH UINT32_MAX
 #define SLOT_ALIGN 256
 #define RING_USAGE (VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_STORAGE_BUFFER_BIT)
 
@@ -1265,7 +1268,7 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
             n++;
             ns++;
             if (ns <= 2) break; /* the first two chunks go at once, alone: the GPUs start sooner */
-            if (n >= l->cfg.src_batch) break; /* short rounds: CUDA and the destination are served between */
+            if (n >= l->cfg.src_batch) break; /* shorter rounds (a knob for benches; see DEFAULT_SRC_BATCH) */
             /* recording costs microseconds a chunk: hand finished chunks to CUDA in between */
             r = queue_cuda(l, j, g0, ns - n, &np, nd, &moved, call, msg, msgn);
             if (r != VK_SUCCESS) return r;
@@ -1279,16 +1282,6 @@ static VkResult run_job(vkm_cuda_link *l, cu_job *j, const char **call, char *ms
         /* 2: CUDA's copies of chunks the source GPU has written, into free destination slots */
         r = queue_cuda(l, j, g0, ns, &np, nd, &moved, call, msg, msgn);
         if (r != VK_SUCCESS) return r;
-        /* the next destination copy, recorded ahead while its chunk crosses */
-        if (nr == nd && nr < np) {
-            uint64_t have_d = 0;
-            TRY(vkm_timeline_value(D->dev, D->timeline, &have_d), "vkGetSemaphoreCounterValue(dst_ready)");
-            if (have_d >= D->cmd_free_at[(g0 + nr) % l->ncmd]) {
-                r = prep_dst(l, j, nr, g0 + nr, j->q.dst_base + nr + 1, call);
-                if (r != VK_SUCCESS) return r;
-                nr++;
-            }
-        }
         /* 3: destination copies of every chunk CUDA has landed, one submit */
         n = 0;
         while (nd < np) {

@@ -222,7 +222,7 @@ typedef struct vkm_cuda_link_config {
     int no_landing;            /* 1: always use the bounce ring (diagnostics, tests) */
     int cuda_ordinals[2];      /* CUDA devices of source and destination; -1: match by deviceUUID */
     int ramps;                 /* vkm_plan_chunks' ramp steps at each end of a job; -1: the default (0) */
-    uint32_t src_batch;        /* most source chunks per submit after the first two; 0: the default (2) */
+    uint32_t src_batch;        /* most source chunks per submit after the first two; 0: the default (unbounded) */
 } vkm_cuda_link_config;
 
 /* Make a link from `src` to `dst`. The queues should be of a universal family
