@@ -38,7 +38,7 @@ class DirectLink:
     CrossDeviceTransfer builds them."""
 
     def __init__(self, s: Any, d: Any, slot_size: int, slot_count: int, landing: bool = True, ramps: int = -1,
-                 ring: int | None = None, src_batch: int = 0):
+                 ring: int | None = None, src_batch: int = 0, parts: int = 0):
         """ring None: a CUDA_PEER link; else a host link of that _native.RING_* kind."""
         from vkmulti import _native
         from vkmulti.transfer import SPIN_SECONDS, CrossDeviceTransfer, TransferMethod
@@ -47,7 +47,8 @@ class DirectLink:
         self.x = CrossDeviceTransfer(s, d, TransferMethod.STAGING_COPY)
         if ring is not None:
             self.link = _native.Link(s.native, s.copy_queue.lock, d.native, d.copy_queue.lock, ring, slot_size,
-                                     slot_count, 0, spin=SPIN_SECONDS, ramps=ramps)
+                                     slot_count, 0, spin=SPIN_SECONDS, ramps=ramps,
+                                     parts=parts)
             return
         def universal(slot: Any) -> Any:   # fast device-local copies: a universal-family queue
             q = slot.dedicated_copy_queue

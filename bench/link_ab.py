@@ -2,9 +2,11 @@
 every variant alike: each round times one job of every (variant, case) in turn.
 Variants are CUDA_PEER links GPU0 -> GPU1, one per chunk ramp in --cuda-ramps
 and source batch in --cuda-batch, and HOST_SHARED links GPU1 -> GPU0, one per
-ramp in --host-ramps; the first variant of each kind is its ratio's baseline.
+ramp in --host-ramps and chunk count in --host-parts; the first variant of
+each kind is its ratio's baseline.
 
-    python bench/link_ab.py [--rounds 40] [--cuda-ramps 0 2] [--cuda-batch 0] [--host-ramps 0 2] [--virtual 2]
+    python bench/link_ab.py [--rounds 40] [--cuda-ramps 0 2] [--cuda-batch 0]
+                            [--host-ramps 0 2] [--host-parts 0] [--virtual 2]
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-ramps", nargs="*", type=int, default=[0, 2])
     ap.add_argument("--cuda-batch", nargs="*", type=int, default=[0], help="source chunks per submit; 0: default")
     ap.add_argument("--host-ramps", nargs="*", type=int, default=[0, 2])
+    ap.add_argument("--host-parts", nargs="*", type=int, default=[0], help="chunks per mid-sized job; 0: default")
     ap.add_argument("--virtual", type=int, default=0, help="use N virtual lavapipe GPUs (no CUDA there)")
     a = ap.parse_args(argv)
     if a.rounds < 1:
@@ -68,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
                         links[f"cuda_peer ramps={r} batch={b}"] = (DirectLink(s, d, 16 << 20, 8, ramps=r,
                                                                               src_batch=b), 0)
             for r in a.host_ramps:
-                links[f"host_shared ramps={r}"] = (DirectLink(d, s, DEFAULT_SLOT_SIZE, DEFAULT_SLOT_COUNT, ramps=r,
-                                                              ring=_native.RING_SHARED_HOST), 1)
+                for n in a.host_parts:
+                    links[f"host_shared ramps={r} parts={n}"] = (
+                        DirectLink(d, s, DEFAULT_SLOT_SIZE, DEFAULT_SLOT_COUNT, ramps=r, parts=n,
+                                   ring=_native.RING_SHARED_HOST), 1)
             for name, (link, way) in links.items():  # warm-up
                 for kw in cases.values():
                     link.run(**kw[way], timeout=60)

@@ -37,6 +37,7 @@ cdef extern from "vkm_transfer.h" nogil:
         uint64_t spin_ns
         int copy_threads
         int ramps
+        uint32_t parts
 
     VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
                              const vkm_link_config *config, vkm_link **out, const char **call)
@@ -117,7 +118,7 @@ cdef class Link:
 
     def __cinit__(self, Device src, QueueLock src_queue, Device dst, QueueLock dst_queue, int ring,
                   uint64_t slot_size, uint32_t slot_count, int export_type=0, double stall_timeout=30.0, int copy_threads=-1,
-                  double spin=0.0, int ramps=-1):
+                  double spin=0.0, int ramps=-1, uint32_t parts=0):
         cdef vkm_link_config cfg
         cdef const char *call = NULL
         cdef vkm_device *sd = src.ptr()
@@ -136,6 +137,7 @@ cdef class Link:
         cfg.stall_timeout_ns = <uint64_t>(stall_timeout * 1e9)
         cfg.copy_threads = copy_threads
         cfg.ramps = check_ramps(ramps)
+        cfg.parts = parts
         cfg.spin_ns = <uint64_t>(spin * 1e9) if spin > 0 else 0
         self.src, self.dst, self.src_queue, self.dst_queue = src, dst, src_queue, dst_queue
         with nogil:

@@ -402,6 +402,7 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
      * per-chunk costs: on the H200 pair (bench/link_ab.py, 2026-11-30) 1-3
      * steps made the 4K frame 0.96-1.02x as fast */
     if (l->cfg.ramps < 0) l->cfg.ramps = 0;
+    if (!l->cfg.parts) l->cfg.parts = 16;
     l->src.dev = src;
     l->src.queue = src_queue;
     l->dst.dev = dst;
@@ -584,9 +585,9 @@ VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoin
             return VK_ERROR_FORMAT_NOT_SUPPORTED;
         }
     }
-    /* Mid-sized jobs get smaller chunks (about sixteen, at least 2 MiB) so both
+    /* Mid-sized jobs get smaller chunks (about `parts`, at least 2 MiB) so both
      * devices overlap; large ones use whole slots, which costs the fewest submits. */
-    VkDeviceSize part = size / 16 > ((VkDeviceSize)2 << 20) ? size / 16 : ((VkDeviceSize)2 << 20);
+    VkDeviceSize part = size / l->cfg.parts > ((VkDeviceSize)2 << 20) ? size / l->cfg.parts : ((VkDeviceSize)2 << 20);
     if (part < chunk) chunk = part;
     chunk = chunk / unit * unit;
     if (chunk < unit) chunk = unit;

@@ -52,6 +52,7 @@ typedef struct vkm_link_config {
     uint64_t spin_ns;               /* poll semaphores this long before blocking (0 on CPU devices) */
     int copy_threads;               /* staging: helper threads for the CPU copy; -1: a quarter of the CPUs (max 7) */
     int ramps;                      /* vkm_plan_chunks' ramp steps at each end of a job; -1: the default (0) */
+    uint32_t parts;                 /* jobs under parts x slot_size go in about this many chunks; 0: 16 */
 } vkm_link_config;
 
 VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
