@@ -885,27 +885,48 @@ typedef struct {
     uint64_t first_wait_value;
 } host_run;
 
+/* Record the copy of chunk `c` between the endpoint and its ring slot on the
+ * source (is_src) or destination side, with the ownership / layout barriers
+ * of a job's first and last chunk. The destination is overwritten whole: it is
+ * taken over without an acquire (contents undefined), only its layout changes. */
+static VkResult record_chunk_cmd(vkm_link *l, const host_run *h, int is_src, uint32_t c, VkCommandBuffer *out,
+                                 const char **call)
+{
+    vkm_side *X = is_src ? &l->src : &l->dst;
+    vkm_device *d = X->dev;
+    const vkm_job *j = h->j;
+    const vkm_endpoint *e = is_src ? &j->src : &j->dst;
+    VkDeviceSize span = is_src ? h->src_span : h->dst_span;
+    uint32_t enter_family = is_src ? h->src_owner_family : VK_QUEUE_FAMILY_IGNORED;
+    uint32_t leave_family = is_src ? h->src_owner_family : h->dst_owner_family;
+    uint32_t s = (uint32_t)((h->g0 + c) % l->cfg.slot_count);
+    VkCommandBuffer cmd = X->cmds[s];
+    TRY(vkm_begin_commands(d, cmd), is_src ? "vkBeginCommandBuffer(src)" : "vkBeginCommandBuffer(dst)");
+    if (c == 0) ownership_barrier(d, cmd, e, span, is_src, 1, 0, enter_family, X->queue->family);
+    record_copy(X, cmd, j, e, c, s * l->cfg.slot_size, is_src);
+    if (is_src) { /* writes made available to the host domain: the CPU copy or the other device reads them */
+        VkMemoryBarrier host = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                                .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                                .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+        d->fn.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &host, 0,
+                                   NULL, 0, NULL);
+    }
+    if (c == j->chunks - 1) ownership_barrier(d, cmd, e, span, is_src, 0, 0, leave_family, X->queue->family);
+    TRY(d->fn.vkEndCommandBuffer(cmd), is_src ? "vkEndCommandBuffer(src)" : "vkEndCommandBuffer(dst)");
+    *out = cmd;
+    return VK_SUCCESS;
+}
+
 /* Record and submit the source copy of chunk h->ns into its ring slot (free). */
 static VkResult src_chunk(vkm_link *l, host_run *h, const char **call)
 {
-    vkm_side *S = &l->src;
-    vkm_device *sd = S->dev;
-    const vkm_job *j = h->j;
-    uint32_t c = h->ns, s = (uint32_t)((h->g0 + c) % l->cfg.slot_count);
-    VkCommandBuffer cmd = S->cmds[s];
-    TRY(vkm_begin_commands(sd, cmd), "vkBeginCommandBuffer(src)");
-    if (c == 0) ownership_barrier(sd, cmd, &j->src, h->src_span, 1, 1, 0, h->src_owner_family, S->queue->family);
-    record_copy(S, cmd, j, &j->src, c, s * l->cfg.slot_size, 1);
-    VkMemoryBarrier host = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-                            .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
-                            .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
-    sd->fn.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &host, 0, NULL,
-                                0, NULL);
-    if (c == j->chunks - 1)
-        ownership_barrier(sd, cmd, &j->src, h->src_span, 1, 0, 0, h->src_owner_family, S->queue->family);
-    TRY(sd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(src)");
+    uint32_t c = h->ns;
+    VkCommandBuffer cmd;
+    VkResult r = record_chunk_cmd(l, h, 1, c, &cmd, call);
+    if (r != VK_SUCCESS) return r;
     VkSemaphore w = c == 0 ? h->first_wait : VK_NULL_HANDLE;
-    TRY(submit(S, S->queue, cmd, w, h->first_wait_value, VK_NULL_HANDLE, 0, h->sv0 + c + 1), "vkQueueSubmit(src)");
+    TRY(submit(&l->src, l->src.queue, cmd, w, h->first_wait_value, VK_NULL_HANDLE, 0, h->sv0 + c + 1),
+        "vkQueueSubmit(src)");
     vkm_trace_mark(l->trace, "src_submitted", h->sv0 + c + 1);
     h->ns++;
     return VK_SUCCESS;
@@ -916,21 +937,10 @@ static VkResult src_chunk(vkm_link *l, host_run *h, const char **call)
  * destination copy. */
 static VkResult dst_chunk(vkm_link *l, host_run *h, const char **call)
 {
-    vkm_side *D = &l->dst;
-    vkm_device *dd = D->dev;
-    const vkm_job *j = h->j;
-    uint32_t c = h->nr, s = (uint32_t)((h->g0 + c) % l->cfg.slot_count);
-    VkCommandBuffer cmd = D->cmds[s];
-    TRY(vkm_begin_commands(dd, cmd), "vkBeginCommandBuffer(dst)");
-    if (c == 0)
-        /* the destination is overwritten whole: it is taken over without an
-         * acquire (contents undefined), so only the layout changes */
-        ownership_barrier(dd, cmd, &j->dst, h->dst_span, 0, 1, 0, VK_QUEUE_FAMILY_IGNORED, D->queue->family);
-    record_copy(D, cmd, j, &j->dst, c, s * l->cfg.slot_size, 0);
-    if (c == j->chunks - 1)
-        ownership_barrier(dd, cmd, &j->dst, h->dst_span, 0, 0, 0, h->dst_owner_family, D->queue->family);
-    TRY(dd->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(dst)");
-    vkm_trace_mark(l->trace, "dst_recorded", h->j->q.dst_base + c + 1);
+    VkCommandBuffer cmd;
+    VkResult r = record_chunk_cmd(l, h, 0, h->nr, &cmd, call);
+    if (r != VK_SUCCESS) return r;
+    vkm_trace_mark(l->trace, "dst_recorded", h->j->q.dst_base + h->nr + 1);
     h->nr++;
     return VK_SUCCESS;
 }
