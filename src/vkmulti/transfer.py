@@ -62,7 +62,7 @@ class TimelinePoint:
 
 
 #: CUDA_PEER comes first wherever CUDA can serve the pair (on two H200s it moves
-#: 256 MiB at ~310 GB/s, HOST_SHARED at ~45); this environment variable set to
+#: 256 MiB at ~320 GB/s, HOST_SHARED at ~45); this environment variable set to
 #: "0" keeps select_transfer_method from choosing it. Forcing the method on a
 #: CrossDeviceTransfer works regardless.
 CUDA_PEER_ENV = "VKMULTI_CUDA_PEER"
