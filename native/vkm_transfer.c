@@ -524,9 +524,8 @@ static int needs_ownership(const vkm_side *s, const vkm_endpoint *e)
     return e->owner && e->owner->family != s->queue->family;
 }
 
-/* Chunk boundaries: ramped (1/4, 1/2 of a chunk) at both ends so the second
- * device starts early and finishes soon after the first, full chunks in
- * between; every boundary a multiple of `unit` (an image row). */
+/* Chunk boundaries (vkm_transfer.h): `ramps` halving steps at each end, even
+ * chunks in between; every inner boundary a multiple of `unit` (an image row). */
 VkDeviceSize *vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, int ramps,
                               uint32_t *count)
 {
@@ -591,6 +590,10 @@ VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoin
     if (part < chunk) chunk = part;
     chunk = chunk / unit * unit;
     if (chunk < unit) chunk = unit;
+    if (size / chunk >= (VkDeviceSize)UINT32_MAX / 2) {
+        if (call) *call = "vkm_link_submit(too many chunks)";
+        return VK_ERROR_INITIALIZATION_FAILED;
+    }
     vkm_job *j = calloc(1, sizeof(*j));
     if (!j) return VK_ERROR_OUT_OF_HOST_MEMORY;
     j->src = *src;
