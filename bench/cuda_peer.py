@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import vulkan as vk
 
-from vkmulti.benchmarks import median_time
+from vkmulti.benchmarks import median_time, torch_for
 
 BUFFER_BYTES = 256 << 20
 W4K, H4K = 3840, 2160
@@ -86,29 +86,9 @@ class DirectLink:
         self.x.destroy()
 
 
-def cuda_peer_mover(s: Any, d: Any, slot_size: int, slot_count: int) -> tuple[Any, str]:
-    import inspect
-
-    from vkmulti import transfer
-    from vkmulti.transfer import CrossDeviceTransfer, TransferMethod
-
-    if "CudaPeerLink" in inspect.getsource(transfer):
-        return CrossDeviceTransfer(s, d, TransferMethod.CUDA_PEER, slot_size=slot_size,
-                                   slot_count=slot_count), "CrossDeviceTransfer"
-    return DirectLink(s, d, slot_size, slot_count), "CudaPeerLink (transfer.py does not route CUDA_PEER yet)"
-
-
-def native_link(mover: Any) -> Any:
-    ref = getattr(mover, "_ref", None)
-    return ref.link if ref is not None else getattr(mover, "native_link", None)
-
-
 def torch_peer(nbytes: int, src: int, dst: int, reps: int) -> dict[str, float] | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available() or torch.cuda.device_count() <= max(src, dst):
+    torch = torch_for(src, dst)
+    if torch is None:
         return None
     a = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=f"cuda:{src}")
     b = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{dst}")
@@ -139,8 +119,8 @@ def bench_pair(mgr: Any, src: int, dst: int, reps: int, slot_size: int, slot_cou
     res: dict[str, Any] = {"src": f"GPU {src}: {s.name}", "dst": f"GPU {dst}: {d.name}",
                            "slot_size": slot_size, "slot_count": slot_count, "cases": {}}
     rng = np.random.default_rng(0)
-    mover, path = cuda_peer_mover(s, d, slot_size, slot_count)
-    res["path"] = path
+    mover = CrossDeviceTransfer(s, d, TransferMethod.CUDA_PEER, slot_size=slot_size, slot_count=slot_count)
+    res["path"] = "CrossDeviceTransfer"
     try:
         # 256 MiB buffer
         a, b = Buffer(s, BUFFER_BYTES), Buffer(d, BUFFER_BYTES)
@@ -150,8 +130,7 @@ def bench_pair(mgr: Any, src: int, dst: int, reps: int, slot_size: int, slot_cou
             mover.submit(src_buffer=a, dst_buffer=b).wait(60)
             if not np.array_equal(b.download(), data):
                 raise AssertionError("CUDA_PEER delivered wrong bytes (256 MiB buffer)")
-            link = native_link(mover)
-            res["ring_note"] = link.ring_note if link is not None else None
+            res["ring_note"] = mover._ref.link.ring_note
             t = timed(lambda: mover.submit(src_buffer=a, dst_buffer=b).wait(60), reps)
             t["gbps"] = gbps(BUFFER_BYTES, t["median_s"])
             res["cases"]["cuda_peer buffer 256 MiB"] = t

@@ -17,7 +17,7 @@ import vulkan as vk
 from vkmulti.devices import create_logical_device
 from vkmulti.images import Buffer
 from vkmulti.instance import Instance
-from vkmulti.multi_device import DeviceSlot
+from vkmulti.multi_device import MultiDeviceManager
 
 N = 256 << 20
 
@@ -26,9 +26,7 @@ def main():
     inst = Instance(validation=False)
     pd = inst.physical_devices()[0]
     ld = create_logical_device(pd)
-    slot = DeviceSlot(0, pd, ld.queue_families, ld.device, ld.graphics_queue, ld.present_queue, ld.compute_queue,
-                      ld.transfer_queue, "gpu0", None, ld.capabilities, ld.enabled_extensions, ld.native,
-                      dedicated_copy_queue=ld.copy_queue)
+    slot = MultiDeviceManager._slot_from(0, pd, ld)  # the slot the manager would make of this device
     src = Buffer(slot, N)
     dst = Buffer(slot, N, host_visible=True)
     queues = {"transfer0": ld.transfer_queue, "transfer1": ld.copy_queue, "universal": ld.graphics_queue}

@@ -289,8 +289,6 @@ struct vkm_cuda_link {
     uint64_t seen_dst;
     struct timespec progress_at;
 
-    pthread_t thread;
-    int thread_started;
     vkm_jobq q;
     vkm_trace *trace;        /* NULL unless VKMULTI_TRACE is set */
     int landing;             /* 1: the peer copy lands in the destination ring itself (no bounce ring) */
@@ -775,14 +773,7 @@ VkResult vkm_cuda_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device 
     if (r == VK_SUCCESS) r = link_setup(l, call, msg, msgn);
     if (r == VK_SUCCESS)
         l->trace = vkm_trace_link("cuda_peer", l->src.dev, l->src.timeline, l->dst.dev, l->dst.timeline);
-    if (r == VK_SUCCESS) {
-        if (pthread_create(&l->thread, NULL, cu_worker, l) != 0) {
-            r = VK_ERROR_INITIALIZATION_FAILED;
-            if (call) *call = "pthread_create";
-        } else {
-            l->thread_started = 1;
-        }
-    }
+    if (r == VK_SUCCESS) r = vkm_jobq_start(&l->q, cu_worker, l, call);
     if (r != VK_SUCCESS) {
         vkm_cuda_link_destroy(l);
         return r;
@@ -861,10 +852,7 @@ static void free_vulkan(cu_side *s, uint32_t ncmd)
 void vkm_cuda_link_destroy(vkm_cuda_link *l)
 {
     if (!l) return;
-    if (l->thread_started) {
-        vkm_jobq_stop(&l->q);
-        pthread_join(l->thread, NULL);
-    }
+    vkm_jobq_stop(&l->q);
     int drained = drain(l);
     vkm_trace_close(l->trace); /* its poller reads the semaphores freed below */
     l->trace = NULL;

@@ -59,12 +59,25 @@ VkResult vkm_jobq_push(vkm_jobq *q, vkm_jobq_item *it, uint64_t src_count, uint6
     return VK_SUCCESS;
 }
 
+VkResult vkm_jobq_start(vkm_jobq *q, void *(*worker)(void *), void *arg, const char **call)
+{
+    if (pthread_create(&q->worker, NULL, worker, arg) != 0) {
+        if (call) *call = "pthread_create";
+        return VK_ERROR_INITIALIZATION_FAILED;
+    }
+    q->worker_started = 1;
+    return VK_SUCCESS;
+}
+
 void vkm_jobq_stop(vkm_jobq *q)
 {
+    if (!q->worker_started) return;
     pthread_mutex_lock(&q->lock);
     __atomic_store_n(&q->stopping, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&q->wake);
     pthread_mutex_unlock(&q->lock);
+    pthread_join(q->worker, NULL);
+    q->worker_started = 0;
 }
 
 /* Call with the lock held. */

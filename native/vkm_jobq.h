@@ -32,6 +32,8 @@ typedef struct vkm_jobq {
     uint64_t failed_ticket;    /* tickets from this one on failed ... */
     uint64_t fail_dst_value;   /* ... and so did every job whose dst_ready is above this */
     char message[512];         /* the failure in words (may be empty) */
+    pthread_t worker;          /* the link's worker (vkm_jobq_start) */
+    int worker_started;
 } vkm_jobq;
 
 void vkm_jobq_init(vkm_jobq *q);
@@ -41,7 +43,10 @@ vkm_jobq_item *vkm_jobq_destroy(vkm_jobq *q);
 /* Queue `it`: assign its ticket and reserve `src_count`/`dst_count` timeline
  * values (it->src_base/dst_base + 1 ... + count). The link's error if failed. */
 VkResult vkm_jobq_push(vkm_jobq *q, vkm_jobq_item *it, uint64_t src_count, uint64_t dst_count, const char **call);
-/* Ask the worker to stop once the queue is empty (vkm_jobq_take then returns NULL). */
+/* Start the link's worker thread, `worker(arg)`. */
+VkResult vkm_jobq_start(vkm_jobq *q, void *(*worker)(void *), void *arg, const char **call);
+/* Ask the worker to stop once the queue is empty (vkm_jobq_take then returns
+ * NULL) and join it; nothing when it was never started. */
 void vkm_jobq_stop(vkm_jobq *q);
 
 /* Wait up to `timeout_ns` until job `ticket` (dst_ready value `dst_ready`)

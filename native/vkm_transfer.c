@@ -161,8 +161,6 @@ struct vkm_link {
     vkm_copy_team team;
     int team_started;
 
-    pthread_t thread;
-    int thread_started;
     vkm_jobq q;
     vkm_trace *trace; /* NULL unless VKMULTI_TRACE is set */
 };
@@ -468,14 +466,7 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
     static const char *const ring_names[] = {"staging", "host_shared", "exported"};
     if (r == VK_SUCCESS)
         l->trace = vkm_trace_link(ring_names[l->cfg.ring], l->src.dev, l->src.timeline, l->dst.dev, l->dst.timeline);
-    if (r == VK_SUCCESS) {
-        if (pthread_create(&l->thread, NULL, worker, l) != 0) {
-            r = VK_ERROR_INITIALIZATION_FAILED;
-            if (call) *call = "pthread_create";
-        } else {
-            l->thread_started = 1;
-        }
-    }
+    if (r == VK_SUCCESS) r = vkm_jobq_start(&l->q, worker, l, call);
     if (r != VK_SUCCESS) {
         vkm_link_destroy(l);
         return r;
@@ -487,10 +478,7 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
 void vkm_link_destroy(vkm_link *l)
 {
     if (!l) return;
-    if (l->thread_started) {
-        vkm_jobq_stop(&l->q);
-        pthread_join(l->thread, NULL);
-    }
+    vkm_jobq_stop(&l->q);
     if (l->team_started) team_stop(&l->team);
     /* Wait until the GPUs are done with everything this link submitted. */
     if (l->src.timeline && l->q.error == VK_SUCCESS)

@@ -104,13 +104,21 @@ class SeedStagingCopy:
         self.dst_buf.destroy()
 
 
-def _torch_pinned(nbytes: int, src: int, dst: int, reps: int) -> dict[str, Any] | None:
-    """torch's copy of the same bytes cuda:src -> pinned host -> cuda:dst (None without 2 CUDA GPUs)."""
+def torch_for(src: int, dst: int) -> Any:
+    """The torch module when it is installed and sees CUDA devices `src` and `dst`, else None."""
     try:
         import torch
     except ImportError:
         return None
     if not torch.cuda.is_available() or torch.cuda.device_count() <= max(src, dst):
+        return None
+    return torch
+
+
+def _torch_pinned(nbytes: int, src: int, dst: int, reps: int) -> dict[str, Any] | None:
+    """torch's copy of the same bytes cuda:src -> pinned host -> cuda:dst (None without 2 CUDA GPUs)."""
+    torch = torch_for(src, dst)
+    if torch is None:
         return None
     a = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{src}")
     b = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{dst}")

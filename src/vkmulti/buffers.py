@@ -298,7 +298,7 @@ class InterGpuTransfer:
                     out[i], handles[i] = self._create(i, size, made)
             others = [i for i in range(self.device_count) if i != src]
             jobs: list[Any] = []
-            try:
+            with self._settled(jobs, dl, made):
                 if host is None:
                     for d in others:
                         jobs.append(self._transfer(src, d).submit(src_buffer=reg.buffer, dst_buffer=out[d],
@@ -322,12 +322,6 @@ class InterGpuTransfer:
                         for d in fan:
                             jobs.append(self._transfer(src, d).submit(
                                 src_buffer=out[src], dst_buffer=out[d], src_offset=a, dst_offset=a, size=b - a))
-            except BaseException as exc:
-                _wait_all(jobs, dl, quiet=True)
-                if not jobs and isinstance(exc, _NOTHING_RAN):
-                    self._discard(made)
-                raise
-            _wait_all(jobs, dl)
             return out
 
     def gather_blocking(self, dst_device: int, *, out: Sequence[Any] | None = None, reuse: bool = False,
@@ -427,7 +421,7 @@ class InterGpuTransfer:
             if target is None:
                 target, handle = self._create(dst, cursor, made)
             waits: list[Any] = []
-            try:
+            with self._settled(waits, dl, made):
                 for i, reg in regs.items():     # the cross-device moves first: they take longest
                     if i != dst:
                         waits.append(self._transfer(i, dst).submit(src_buffer=reg.buffer, dst_buffer=target,
@@ -437,12 +431,6 @@ class InterGpuTransfer:
                 if own is not None:
                     waits.append(self._port(dst, local=True).start_copy(
                         own.handle(), 0, handle, offsets[dst], own.size, waits=own.waits))
-            except BaseException as exc:
-                _wait_all(waits, dl, quiet=True)
-                if not waits and isinstance(exc, _NOTHING_RAN):
-                    self._discard(made)
-                raise
-            _wait_all(waits, dl)
             return Gathered(target, offsets, sizes)
 
     # -- asyncio forms (the seed's names) ------------------------------------
@@ -625,6 +613,19 @@ class InterGpuTransfer:
                 self._owned = [b for b in self._owned if b.handle is not None]
             self._owned.append(buf)
         return buf, buf.handle_int
+
+    @contextmanager
+    def _settled(self, jobs: list[Any], dl: Deadline, made: list[Buffer]) -> Iterator[None]:
+        """Around the body that queues `jobs`: then wait for them all. If the body
+        fails, wait (quietly) for what it queued, free `made` when nothing ran, re-raise."""
+        try:
+            yield
+        except BaseException as exc:
+            _wait_all(jobs, dl, quiet=True)
+            if not jobs and isinstance(exc, _NOTHING_RAN):
+                self._discard(made)
+            raise
+        _wait_all(jobs, dl)
 
     def _discard(self, made: list[Buffer]) -> None:
         """Free buffers made for an operation that failed before any GPU work."""
