@@ -38,15 +38,20 @@ class DirectLink:
     CrossDeviceTransfer builds them."""
 
     def __init__(self, s: Any, d: Any, slot_size: int, slot_count: int, landing: bool = True, ramps: int = -1,
-                 ring: int | None = None, src_batch: int = 0, parts: int = 0):
-        """ring None: a CUDA_PEER link; else a host link of that _native.RING_* kind."""
+                 ring: int | None = None, src_batch: int = 0, parts: int = 0, queue: str = "copy"):
+        """ring None: a CUDA_PEER link; else a host link of that _native.RING_* kind,
+        on each slot's copy queue (queue "copy") or universal copy queue ("universal")."""
         from vkmulti import _native
         from vkmulti.transfer import SPIN_SECONDS, CrossDeviceTransfer, TransferMethod
 
         self.s, self.d = s, d
         self.x = CrossDeviceTransfer(s, d, TransferMethod.STAGING_COPY)
         if ring is not None:
-            self.link = _native.Link(s.native, s.copy_queue.lock, d.native, d.copy_queue.lock, ring, slot_size,
+            if queue not in ("copy", "universal"):
+                raise ValueError(f"queue must be 'copy' or 'universal', got {queue!r}")
+            sq, dq = ((s.copy_queue, d.copy_queue) if queue == "copy"
+                      else (s.universal_copy_queue, d.universal_copy_queue))
+            self.link = _native.Link(s.native, sq.lock, d.native, dq.lock, ring, slot_size,
                                      slot_count, 0, spin=SPIN_SECONDS, ramps=ramps,
                                      parts=parts)
             return

@@ -2,11 +2,12 @@
 every variant alike: each round times one job of every (variant, case) in turn.
 Variants are CUDA_PEER links GPU0 -> GPU1, one per chunk ramp in --cuda-ramps
 and source batch in --cuda-batch, and HOST_SHARED links GPU1 -> GPU0, one per
-ramp in --host-ramps and chunk count in --host-parts; the first variant of
+ramp in --host-ramps, chunk count in --host-parts and queue in --host-queues; the first variant of
 each kind is its ratio's baseline.
 
     python bench/link_ab.py [--rounds 40] [--cuda-ramps 0 2] [--cuda-batch 0]
-                            [--host-ramps 0 2] [--host-parts 0] [--virtual 2]
+                            [--host-ramps 0 2] [--host-parts 0]
+                            [--host-queues copy universal] [--virtual 2]
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-batch", nargs="*", type=int, default=[0], help="source chunks per submit; 0: default")
     ap.add_argument("--host-ramps", nargs="*", type=int, default=[0, 2])
     ap.add_argument("--host-parts", nargs="*", type=int, default=[0], help="chunks per mid-sized job; 0: default")
+    ap.add_argument("--host-queues", nargs="*", default=["copy"], choices=["copy", "universal"],
+                    help="the queue each host link copies on: the copy queue or the universal copy queue")
     ap.add_argument("--virtual", type=int, default=0, help="use N virtual lavapipe GPUs (no CUDA there)")
     a = ap.parse_args(argv)
     if a.rounds < 1:
@@ -72,9 +75,10 @@ def main(argv: list[str] | None = None) -> int:
                                                                               src_batch=b), 0)
             for r in a.host_ramps:
                 for n in a.host_parts:
-                    links[f"host_shared ramps={r} parts={n}"] = (
-                        DirectLink(d, s, DEFAULT_SLOT_SIZE, DEFAULT_SLOT_COUNT, ramps=r, parts=n,
-                                   ring=_native.RING_SHARED_HOST), 1)
+                    for qn in a.host_queues:
+                        links[f"host_shared ramps={r} parts={n} queue={qn}"] = (
+                            DirectLink(d, s, DEFAULT_SLOT_SIZE, DEFAULT_SLOT_COUNT, ramps=r, parts=n,
+                                       ring=_native.RING_SHARED_HOST, queue=qn), 1)
             for name, (link, way) in links.items():  # warm-up
                 for kw in cases.values():
                     link.run(**kw[way], timeout=60)

@@ -29,7 +29,8 @@ def main():
     slot = MultiDeviceManager._slot_from(0, pd, ld)  # the slot the manager would make of this device
     src = Buffer(slot, N)
     dst = Buffer(slot, N, host_visible=True)
-    queues = {"transfer0": ld.transfer_queue, "transfer1": ld.copy_queue, "universal": ld.graphics_queue}
+    queues = {"transfer0": ld.transfer_queue, "transfer1": ld.copy_queue, "universal": ld.graphics_queue,
+              "universal1": ld.universal_copy_queue}
     queues = {n: q or ld.graphics_queue for n, q in queues.items()}  # a device without them: its one queue
     pools = {}
     for name, q in queues.items():
@@ -88,6 +89,10 @@ def main():
                                                 for i in range(k)],
         "16 chunks, a submit each, two transfer queues": [
             (q, record(q, i * chunk, chunk)) for i, q in zip(range(k), ["transfer0", "transfer1"] * k)],
+        "16 chunks, a submit each, one universal queue": [("universal1", record("universal1", i * chunk, chunk))
+                                                          for i in range(k)],
+        "16 chunks, a submit each, two universal queues": [
+            (q, record(q, i * chunk, chunk)) for i, q in zip(range(k), ["universal", "universal1"] * k)],
     }
     us = {}
     for name, plan in chunked.items():
@@ -95,6 +100,9 @@ def main():
         us[name] = statistics.median(ts) * 1e6
     print(json.dumps({"64 MiB d2h, median us": {n: round(v, 1) for n, v in us.items()}}, indent=1))
     one = us["64 MiB as one copy"]
+    print("ratio: universal / transfer queue, 16 submits: one queue %.3fx, two queues %.3fx" % (
+        us["16 chunks, a submit each, one queue"] / us["16 chunks, a submit each, one universal queue"],
+        us["16 chunks, a submit each, two transfer queues"] / us["16 chunks, a submit each, two universal queues"]))
     print("ratio: vs one copy: 16 copies in one submit %.3fx, 16 submits one queue %.3fx, 16 submits two queues "
           "%.3fx; per-chunk cost of a submit on one queue %.1f us, on two %.1f us" % (
               one / us["16 copies in one submit"], one / us["16 chunks, a submit each, one queue"],
