@@ -115,7 +115,22 @@ def torch_for(src: int, dst: int) -> Any:
     return torch
 
 
-def _torch_pinned(nbytes: int, src: int, dst: int, reps: int) -> dict[str, Any] | None:
+def interleaved(fns: dict[str, Callable[[], None]], reps: int, warmup: int = 2) -> dict[str, list[float]]:
+    """Time every function `reps` times, one call of each per round, so that a
+    slow spell of a noisy machine hits every contender alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def _torch_pinned(nbytes: int, src: int, dst: int) -> Callable[[], None] | None:
     """torch's copy of the same bytes cuda:src -> pinned host -> cuda:dst (None without 2 CUDA GPUs)."""
     torch = torch_for(src, dst)
     if torch is None:
@@ -129,8 +144,7 @@ def _torch_pinned(nbytes: int, src: int, dst: int, reps: int) -> dict[str, Any] 
         torch.cuda.synchronize(src)
         b.copy_(host, non_blocking=True)
         torch.cuda.synchronize(dst)
-    med, _ = median_time(once, reps)
-    return {"median_s": med, "gbps": nbytes / med / 1e9}
+    return once
 
 
 def methods_for(src: Any, dst: Any) -> list[str]:
@@ -143,14 +157,14 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
                        methods: list[str] | None = None, sizes: tuple = IMAGE_SIZES, buffer_bytes: int = BUFFER_BYTES,
                        torch: bool = True, log: Callable[[str], None] | None = None,
                        slot_size: int = DEFAULT_SLOT_SIZE, slot_count: int = DEFAULT_SLOT_COUNT) -> dict[str, Any]:
-    """Time each method and size end to end (submit to dst_ready), plus the seed baseline."""
+    """Time each method and size end to end (submit to dst_ready), plus the seed
+    baseline and torch's pinned-host copy, interleaved round by round."""
     s, d = manager.slot(src), manager.slot(dst)
     methods = methods or methods_for(s, d)
     buffer_reps = buffer_reps or max(3, reps // 2)
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"machine": {"src": f"GPU {src}: {s.name}", "dst": f"GPU {dst}: {d.name}"},
-                               "reps": reps, "ring": {"slot_size": slot_size, "slot_count": slot_count},
-                               "cases": []}
+                               "reps": reps, "rings": {}, "cases": []}
     say = log or (lambda msg: None)
 
     def record(case: str, nbytes: int, method: str, med: float, times: list[float]) -> None:
@@ -158,28 +172,42 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
                                  "min_s": min(times), "gbps": nbytes / med / 1e9})
         say(f"{case:>16} {method:>13}: {med * 1e3:9.3f} ms  {nbytes / med / 1e9:7.2f} GB/s")
 
+    def run_case(case: str, nbytes: int, make: Callable[[Any], Callable[[], None]],
+                 seed_run: Callable[[Any], None], n: int, warmup: int, check: Callable[[str], None]) -> None:
+        """Every method, the seed and torch timed round by round; each method's output checked."""
+        xs = [CrossDeviceTransfer(s, d, m, slot_size=slot_size, slot_count=slot_count) for m in methods]
+        seed = SeedStagingCopy(s, d, nbytes)
+        try:
+            fns = {m: make(x) for m, x in zip(methods, xs)}
+            results["rings"].update({m: dict(zip(("slot_size", "slot_count"), x._ring())) for m, x in zip(methods, xs)})
+            fns["seed_baseline"] = lambda: seed_run(seed)
+            t = _torch_pinned(nbytes, src, dst) if torch else None
+            if t is not None:
+                fns["torch_pinned"] = t
+            for m, fn in fns.items():   # each method alone once: its output is checked
+                fn()
+                if m in methods:
+                    check(m)
+            for m, times in interleaved(fns, n, warmup).items():
+                record(case, nbytes, m, statistics.median(times), times)
+        finally:
+            seed.destroy()
+            for x in xs:
+                x.destroy()
+
     for w, h in sizes:
         a, b = Image(s, w, h, RGBA16F), Image(d, w, h, RGBA16F)
         px = rng.integers(0, 256, (h, w, 8), dtype=np.uint8)
         a.upload(px)
-        case = f"image {w}x{h}"
+
+        def check_image(m: str, b: Any = b, px: Any = px, w: int = w, h: int = h) -> None:
+            if not np.array_equal(b.download(), px):
+                raise AssertionError(f"{m} produced wrong pixels for image {w}x{h}")
+            b.upload(np.zeros_like(px))
         try:
-            for m in methods:
-                with CrossDeviceTransfer(s, d, m, slot_size=slot_size, slot_count=slot_count) as x:
-                    med, times = median_time(lambda: x.run(src_image=a, dst_image=b, timeout=60), reps)
-                record(case, a.nbytes, m, med, times)
-                if not np.array_equal(b.download(), px):
-                    raise AssertionError(f"{m} produced wrong pixels for {case}")
-            seed = SeedStagingCopy(s, d, a.nbytes)
-            try:
-                med, times = median_time(lambda: seed.run_image(a, b), reps)
-            finally:
-                seed.destroy()
-            record(case, a.nbytes, "seed_baseline", med, times)
-            if torch:
-                t = _torch_pinned(a.nbytes, src, dst, reps)
-                if t:
-                    record(case, a.nbytes, "torch_pinned", t["median_s"], [t["median_s"]])
+            run_case(f"image {w}x{h}", a.nbytes,
+                     lambda x, a=a, b=b: (lambda: x.run(src_image=a, dst_image=b, timeout=60)),
+                     lambda seed, a=a, b=b: seed.run_image(a, b), reps, 2, check_image)
         finally:
             a.destroy()
             b.destroy()
@@ -188,24 +216,15 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
         a, b = Buffer(s, buffer_bytes), Buffer(d, buffer_bytes)
         data = rng.integers(0, 256, buffer_bytes, dtype=np.uint8)
         a.upload(data)
-        case = f"buffer {buffer_bytes >> 20} MiB"
+
+        def check_buffer(m: str) -> None:
+            if not np.array_equal(b.download(), data):
+                raise AssertionError(f"{m} produced wrong bytes for buffer {buffer_bytes >> 20} MiB")
+            b.upload(np.zeros(buffer_bytes, dtype=np.uint8))
         try:
-            for m in methods:
-                with CrossDeviceTransfer(s, d, m, slot_size=slot_size, slot_count=slot_count) as x:
-                    med, times = median_time(lambda: x.submit(src_buffer=a, dst_buffer=b).wait(120), buffer_reps, 1)
-                record(case, buffer_bytes, m, med, times)
-                if not np.array_equal(b.download(), data):
-                    raise AssertionError(f"{m} produced wrong bytes for {case}")
-            seed = SeedStagingCopy(s, d, buffer_bytes)
-            try:
-                med, times = median_time(lambda: seed.run_buffer(a, b), buffer_reps, 1)
-            finally:
-                seed.destroy()
-            record(case, buffer_bytes, "seed_baseline", med, times)
-            if torch:
-                t = _torch_pinned(buffer_bytes, src, dst, buffer_reps)
-                if t:
-                    record(case, buffer_bytes, "torch_pinned", t["median_s"], [t["median_s"]])
+            run_case(f"buffer {buffer_bytes >> 20} MiB", buffer_bytes,
+                     lambda x: (lambda: x.submit(src_buffer=a, dst_buffer=b).wait(120)),
+                     lambda seed: seed.run_buffer(a, b), buffer_reps, 1, check_buffer)
         finally:
             a.destroy()
             b.destroy()
@@ -280,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vkmulti bench transfer", description=__doc__)
     p.add_argument("--src", type=int, default=1)
     p.add_argument("--dst", type=int, default=0)
-    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--reps", type=int, default=None, help="rounds per case (default 10; 5 with --quick)")
     p.add_argument("--quick", action="store_true", help="4K image and a 64 MiB buffer only, 5 reps")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--slot-size", type=int, default=DEFAULT_SLOT_SIZE >> 20, metavar="MiB",
@@ -291,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
     p.add_argument("--virtual", type=int, default=0, metavar="N", help="use N virtual lavapipe GPUs")
     args = p.parse_args(argv)
+    if args.reps is None:
+        args.reps = 5 if args.quick else 10
     if args.reps < 1:
         p.error("--reps must be >= 1")
     if args.slot_size < 1 or args.slot_count < 1:
@@ -315,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             for m in kw["methods"]:
                 if m not in TransferMethod.CROSS_DEVICE:
                     p.error(f"unknown method {m!r}; choose from {', '.join(TransferMethod.CROSS_DEVICE)}")
-        res = run_transfer_bench(mgr, src=args.src, dst=args.dst, reps=5 if args.quick else args.reps,
+        res = run_transfer_bench(mgr, src=args.src, dst=args.dst, reps=args.reps,
                                  torch=not args.no_torch, log=lambda m: print(m, file=sys.stderr),
                                  slot_size=args.slot_size << 20, slot_count=args.slot_count, **kw)
     text = json.dumps(res, indent=2)

@@ -38,6 +38,29 @@ DEFAULT_SLOT_COUNT = 8
 #: in eight, 256 MiB in sixteen (bench/RESULTS.md has the shapes measured).
 CUDA_PEER_SLOT_SIZE = 16 << 20
 CUDA_PEER_SLOT_COUNT = 8
+#: The default ring where a device of the pair is a CPU (lavapipe): 8 slots of
+#: 1 MiB. The copies there are CPU work, and chunks that stay in the caches run
+#: 1.2-1.7x faster than 8 MiB ones (bench/RESULTS.md, 2026-11-30 session 4).
+CPU_SLOT_SIZE = 1 << 20
+CPU_SLOT_COUNT = 8
+
+
+def _on_gpus(src: Any, dst: Any) -> bool:
+    """Whether both devices of a pair are known to be GPUs (not CPU devices)."""
+    return src.capabilities is not None and dst.capabilities is not None and \
+        "cpu" not in (src.capabilities.device_type, dst.capabilities.device_type)
+
+
+def _ring_shape(method: str, src: Any, dst: Any, slot_size: int, slot_count: int) -> tuple[int, int]:
+    """The ring a transfer's link uses: the one asked for, or where that is the
+    default, the default of the method (CUDA_PEER) or of CPU devices."""
+    if (slot_size, slot_count) != (DEFAULT_SLOT_SIZE, DEFAULT_SLOT_COUNT):
+        return slot_size, slot_count
+    if method == TransferMethod.CUDA_PEER:
+        return CUDA_PEER_SLOT_SIZE, CUDA_PEER_SLOT_COUNT
+    if not _on_gpus(src, dst):
+        return CPU_SLOT_SIZE, CPU_SLOT_COUNT
+    return slot_size, slot_count
 #: On GPUs, semaphores are polled this long before a blocking wait (a wake-up
 #: costs tens of microseconds); never on CPU devices, where it steals their cores.
 SPIN_SECONDS = 200e-6
@@ -182,9 +205,7 @@ def _acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: i
         ref = links.by_key.get(key)
         if ref is None or not ref.link.alive:
             export = _export_type(src, dst) if method == TransferMethod.DMABUF else 0
-            on_gpus = src.capabilities is not None and dst.capabilities is not None and \
-                "cpu" not in (src.capabilities.device_type, dst.capabilities.device_type)
-            spin = SPIN_SECONDS if on_gpus else 0.0
+            spin = SPIN_SECONDS if _on_gpus(src, dst) else 0.0
             if method == TransferMethod.CUDA_PEER:
                 # device-local copies into the exported rings: the universal family is
                 # several times faster at those than the transfer-only family
@@ -243,7 +264,9 @@ class CrossDeviceTransfer:
     """Moves an image (or a buffer range) from `src` to `dst` with `method`.
 
     The seed's fields and methods; `submit()` is the asynchronous form. The
-    ring shape (`slot_size` x `slot_count`) bounds the memory per device pair.
+    ring shape (`slot_size` x `slot_count`) bounds the memory per device pair;
+    left at the defaults it is 8 x 8 MiB between GPUs, 8 x 16 MiB for
+    CUDA_PEER and 8 x 1 MiB where a device is a CPU (lavapipe).
     """
     src: Any
     dst: Any
@@ -303,7 +326,7 @@ class CrossDeviceTransfer:
                 handle_int(pool, "VkCommandPool")
         ref = self._link_ref()
         info = {"size": max(1, self.width * self.height * self.bytes_per_pixel), "method": self.method,
-                "slot_size": ref.link.slot_size, "slot_count": self.slot_count,
+                "slot_size": ref.link.slot_size, "slot_count": self._ring()[1],
                 "src_pool": src_command_pool, "dst_pool": dst_command_pool}
         self.extra["staging"] = info
         return info
@@ -421,12 +444,12 @@ class CrossDeviceTransfer:
                                    f"use {TransferMethod.HOST_SHARED!r} or {TransferMethod.STAGING_COPY!r}")
         if self.src.native is None or self.dst.native is None:
             raise ValueError("both slots need live devices with native tables (an active MultiDeviceManager)")
-        slot_size, slot_count = self.slot_size, self.slot_count
-        if self.method == TransferMethod.CUDA_PEER and (slot_size, slot_count) == (DEFAULT_SLOT_SIZE,
-                                                                                  DEFAULT_SLOT_COUNT):
-            slot_size, slot_count = CUDA_PEER_SLOT_SIZE, CUDA_PEER_SLOT_COUNT
-        self._ref = _acquire_link(self.src, self.dst, self.method, slot_size, slot_count)
+        self._ref = _acquire_link(self.src, self.dst, self.method, *self._ring())
         return self._ref
+
+    def _ring(self) -> tuple[int, int]:
+        """(slot size, slot count) of the ring this transfer's link uses."""
+        return _ring_shape(self.method, self.src, self.dst, self.slot_size, self.slot_count)
 
     def _unsupported_reason(self) -> str | None:
         a, b = self.src.capabilities, self.dst.capabilities
@@ -468,9 +491,9 @@ class CrossDeviceTransfer:
             if isinstance(lay, bool) or not isinstance(lay, int) or lay < 0 or lay == vk.VK_IMAGE_LAYOUT_UNDEFINED \
                     and name == "final layout":
                 raise ValueError(f"{label} {name} {lay!r} is not a valid target layout")
-        row = w * bpp
-        if row > self.slot_size:
-            raise ValueError(f"{label} rows are {row} B, larger than a ring slot ({self.slot_size} B); "
+        row, slot_size = w * bpp, self._ring()[0]
+        if row > slot_size:
+            raise ValueError(f"{label} rows are {row} B, larger than a ring slot ({slot_size} B); "
                              f"raise slot_size")
         owner = None
         if owner_family is not None and owner_family != slot.copy_queue.family:
