@@ -37,8 +37,10 @@ def test_bench_transfer_bad_arguments(argv, capsys):
     assert "error:" in capsys.readouterr().err
 
 
-def test_interleaved_runs_every_contender_once_per_round():
+def test_interleaved_runs_contenders_in_warm_blocks():
     calls: list[str] = []
-    times = interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, reps=3, warmup=1)
-    assert calls == ["a", "b"] * 4
-    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    times = interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, reps=5, warmup=1,
+                        block=3)
+    # warm-up; round 1: one untimed + 3 timed each; round 2: one untimed + the 2 left
+    assert calls == ["a", "b"] + ["a"] * 4 + ["b"] * 4 + ["a"] * 3 + ["b"] * 3
+    assert {k: len(v) for k, v in times.items()} == {"a": 5, "b": 5}

@@ -115,18 +115,26 @@ def torch_for(src: int, dst: int) -> Any:
     return torch
 
 
-def interleaved(fns: dict[str, Callable[[], None]], reps: int, warmup: int = 2) -> dict[str, list[float]]:
-    """Time every function `reps` times, one call of each per round, so that a
-    slow spell of a noisy machine hits every contender alike."""
+def interleaved(fns: dict[str, Callable[[], None]], reps: int, warmup: int = 2,
+                block: int | None = None) -> dict[str, list[float]]:
+    """Time every function `reps` times in rounds: each round gives every
+    function one untimed call, then `block` timed ones (default: about six
+    rounds). A slow spell of a noisy
+    machine hits every contender alike, while each is timed warm, back to back
+    (right after another method's work a GPU link pays wake-up costs that the
+    steady state does not)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
+    block = block or max(1, reps // 6)
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(reps):
+    while any(len(t) < reps for t in times.values()):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
             fn()
-            times[name].append(time.perf_counter() - t0)
+            for _ in range(min(block, reps - len(times[name]))):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
     return times
 
 
