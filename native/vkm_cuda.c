@@ -943,15 +943,13 @@ VkResult vkm_cuda_link_submit(vkm_cuda_link *l, const vkm_endpoint *src, const v
         return VK_ERROR_OUT_OF_HOST_MEMORY;
     }
 
-    VkResult r = vkm_jobq_push(&l->q, &j->q, j->chunks, j->chunks, call);
+    /* from here on the worker owns `j` (it may already have freed it) */
+    VkResult r = vkm_jobq_push(&l->q, &j->q, j->chunks, j->chunks, ticket, src_done, dst_ready, call);
     if (r != VK_SUCCESS) {
         free_job(j);
         return r;
     }
-    vkm_trace_mark(l->trace, "submit", j->q.ticket);
-    *ticket = j->q.ticket;
-    *src_done = j->q.src_base + j->chunks;
-    *dst_ready = j->q.dst_base + j->chunks;
+    vkm_trace_mark(l->trace, "submit", *ticket);
     return VK_SUCCESS;
 }
 

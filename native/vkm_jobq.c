@@ -37,7 +37,8 @@ vkm_jobq_item *vkm_jobq_destroy(vkm_jobq *q)
     return rest;
 }
 
-VkResult vkm_jobq_push(vkm_jobq *q, vkm_jobq_item *it, uint64_t src_count, uint64_t dst_count, const char **call)
+VkResult vkm_jobq_push(vkm_jobq *q, vkm_jobq_item *it, uint64_t src_count, uint64_t dst_count, uint64_t *ticket,
+                       uint64_t *src_last, uint64_t *dst_last, const char **call)
 {
     pthread_mutex_lock(&q->lock);
     if (q->error != VK_SUCCESS) {
@@ -52,6 +53,9 @@ VkResult vkm_jobq_push(vkm_jobq *q, vkm_jobq_item *it, uint64_t src_count, uint6
     it->dst_base = q->dst_value;
     q->src_value += src_count;
     q->dst_value += dst_count;
+    *ticket = it->ticket;
+    *src_last = q->src_value;
+    *dst_last = q->dst_value;
     if (q->tail) q->tail->next = it; else __atomic_store_n(&q->head, it, __ATOMIC_RELEASE);
     q->tail = it;
     pthread_cond_signal(&q->wake);

@@ -41,8 +41,12 @@ void vkm_jobq_init(vkm_jobq *q);
 vkm_jobq_item *vkm_jobq_destroy(vkm_jobq *q);
 
 /* Queue `it`: assign its ticket and reserve `src_count`/`dst_count` timeline
- * values (it->src_base/dst_base + 1 ... + count). The link's error if failed. */
-VkResult vkm_jobq_push(vkm_jobq *q, vkm_jobq_item *it, uint64_t src_count, uint64_t dst_count, const char **call);
+ * values (it->src_base/dst_base + 1 ... + count). Once queued, the worker may
+ * run and free `it` at any moment, so the ticket and the last reserved values
+ * come back through *ticket, *src_last, *dst_last (read under the lock); the
+ * caller must not touch `it` after a successful push. The link's error if failed. */
+VkResult vkm_jobq_push(vkm_jobq *q, vkm_jobq_item *it, uint64_t src_count, uint64_t dst_count, uint64_t *ticket,
+                       uint64_t *src_last, uint64_t *dst_last, const char **call);
 /* Start the link's worker thread, `worker(arg)`. */
 VkResult vkm_jobq_start(vkm_jobq *q, void *(*worker)(void *), void *arg, const char **call);
 /* Ask the worker to stop once the queue is empty (vkm_jobq_take then returns

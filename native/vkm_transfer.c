@@ -595,15 +595,13 @@ VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoin
     /* ownership transfers add a release and an acquire submit on the source, one on the destination */
     uint64_t src_count = j->chunks + (needs_ownership(&l->src, src) ? 2 : 0);
     uint64_t dst_count = j->chunks + (needs_ownership(&l->dst, dst) ? 1 : 0);
-    VkResult r = vkm_jobq_push(&l->q, &j->q, src_count, dst_count, call);
+    /* from here on the worker owns `j` (it may already have freed it) */
+    VkResult r = vkm_jobq_push(&l->q, &j->q, src_count, dst_count, ticket, src_done, dst_ready, call);
     if (r != VK_SUCCESS) {
         free_job(j);
         return r;
     }
-    vkm_trace_mark(l->trace, "submit", j->q.ticket);
-    *ticket = j->q.ticket;
-    *src_done = j->q.src_base + src_count;
-    *dst_ready = j->q.dst_base + dst_count;
+    vkm_trace_mark(l->trace, "submit", *ticket);
     return VK_SUCCESS;
 }
 

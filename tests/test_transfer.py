@@ -110,6 +110,36 @@ def test_many_in_flight_from_threads(manager, run_threads):
         x.destroy()
 
 
+def test_tickets_and_points_are_the_jobs_own_under_contention(manager, run_threads):
+    """Tiny jobs from four threads, each waited at once: the worker may finish and
+    free a job before its submitter returns, and the ticket and timeline points
+    handed back must still be that job's (they once were read from freed memory)."""
+    for m in [m for m in METHODS if available(manager, m)]:
+        s, d = Buffer(manager.slot(1), 256), Buffer(manager.slot(0), 256)
+        x = CrossDeviceTransfer(manager.slot(1), manager.slot(0), m)
+        got: list[tuple[int, int, int]] = []
+        lock = threading.Lock()
+
+        def worker(k):
+            for _ in range(60):
+                t = x.submit(src_buffer=s, dst_buffer=d)
+                t.wait(30)
+                with lock:
+                    got.append((t.ticket, t.src_done.value, t.dst_ready.value))
+        try:
+            assert not run_threads(worker)
+            got.sort()
+            tickets = [g[0] for g in got]
+            assert tickets == list(range(tickets[0], tickets[0] + len(got))), m
+            for key in (1, 2):   # each job reserves its values above the previous job's
+                values = [g[key] for g in got]
+                assert values == sorted(values) and len(set(values)) == len(values), m
+        finally:
+            x.destroy()
+            s.destroy()
+            d.destroy()
+
+
 def _blocked_source(manager):
     """A source buffer gated by a host-signalled timeline semaphore on GPU 1."""
     slot = manager.slot(1)
