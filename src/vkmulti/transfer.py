@@ -61,6 +61,8 @@ def _ring_shape(method: str, src: Any, dst: Any, slot_size: int, slot_count: int
     if not _on_gpus(src, dst):
         return CPU_SLOT_SIZE, CPU_SLOT_COUNT
     return slot_size, slot_count
+
+
 #: On GPUs, semaphores are polled this long before a blocking wait (a wake-up
 #: costs tens of microseconds); never on CPU devices, where it steals their cores.
 SPIN_SECONDS = 200e-6
