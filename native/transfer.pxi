@@ -25,6 +25,7 @@ cdef extern from "vkm_transfer.h" nogil:
         uint32_t kernel
         VkImageView kernel_view
 
+    VkResult VKM_ERROR_LINK_STALLED
     ctypedef struct vkm_link:
         pass
 
@@ -52,6 +53,17 @@ cdef extern from "vkm_transfer.h" nogil:
     VkResult vkm_link_wait_submitted(vkm_link *link, uint64_t ticket, uint64_t timeout_ns, const char **call)
     VkDeviceSize *vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, int ramps,
                                   uint32_t *count)
+
+cdef int link_check(VkResult r, const char *call) except -1:
+    """`check`, plus the host links' own failure: a stalled link."""
+    if r == VKM_ERROR_LINK_STALLED:
+        from vkmulti.errors import TransferError
+        what = (<bytes>call).decode(errors="replace") if call != NULL else "a GPU wait"
+        raise TransferError(f"transfer link stalled: {what} did not complete within the link's stall timeout "
+                            f"(a GPU hung, or a wait semaphore that never came); the link has failed: destroy "
+                            f"the transfer and make a new one")
+    return check(r, call)
+
 
 RING_STAGING = VKM_RING_STAGING
 RING_SHARED_HOST = VKM_RING_SHARED_HOST
@@ -179,7 +191,7 @@ cdef class Link:
             self.keep = list({id(q): q for q in self.keep}.values())
         with nogil:
             r = vkm_link_submit(l, &es, &ed, size, &ticket, &sdone, &dready, &call)
-        check(r, call if call != NULL else <const char*>"vkm_link_submit")
+        link_check(r, call if call != NULL else <const char*>"vkm_link_submit")
         return ticket, sdone, dready
 
     def poll(self, uint64_t ticket, uint64_t dst_ready, double timeout=0.0, bint submitted_only=False):
@@ -196,7 +208,7 @@ cdef class Link:
                 r = vkm_link_poll(l, ticket, dst_ready, ns, &call)
         if r == VK_TIMEOUT:
             return False
-        check(r, call if call != NULL else <const char*>"vkm_link_poll")
+        link_check(r, call if call != NULL else <const char*>"vkm_link_poll")
         return True
 
     def wait(self, uint64_t ticket, uint64_t dst_ready, timeout=None, bint submitted_only=False):

@@ -480,20 +480,27 @@ void vkm_link_destroy(vkm_link *l)
     if (!l) return;
     vkm_jobq_stop(&l->q);
     if (l->team_started) team_stop(&l->team);
-    /* Wait until the GPUs are done with everything this link submitted. */
-    if (l->src.timeline && l->q.error == VK_SUCCESS)
-        vkm_wait_timeline(l->src.dev, l->src.timeline, l->q.src_value, l->cfg.stall_timeout_ns);
-    if (l->dst.timeline && l->q.error == VK_SUCCESS)
-        vkm_wait_timeline(l->dst.dev, l->dst.timeline, l->q.dst_value, l->cfg.stall_timeout_ns);
-    if (l->q.error != VK_SUCCESS) { /* partially submitted work: fall back to idle waits */
-        if (l->src.dev) vkm_device_wait_idle(l->src.dev);
-        if (l->dst.dev) vkm_device_wait_idle(l->dst.dev);
-    }
+    /* Wait (bounded) until the GPUs are done with everything this link
+     * submitted: every submit, owner-queue ones included, signals its side's
+     * timeline, and a failed link's timelines are raised from the host only
+     * once that work is done (vkm_jobq_release). */
+    int stuck = 0;
+    vkm_side *sides[2] = {&l->src, &l->dst};
+    for (int i = 0; i < 2; i++)
+        if (sides[i]->timeline && sides[i]->submitted &&
+            vkm_wait_timeline(sides[i]->dev, sides[i]->timeline, sides[i]->submitted, l->cfg.stall_timeout_ns) !=
+                VK_SUCCESS)
+            stuck = 1;
     vkm_trace_close(l->trace); /* its poller reads the semaphores freed below */
     l->trace = NULL;
-    side_free(&l->src, l->cfg.slot_count);
-    side_free(&l->dst, l->cfg.slot_count);
-    free(l->host_block); /* after both imports are freed */
+    if (!stuck) {
+        side_free(&l->src, l->cfg.slot_count);
+        side_free(&l->dst, l->cfg.slot_count);
+        free(l->host_block); /* after both imports are freed */
+    }
+    /* else a GPU still has (or waits to run) this link's copies, e.g. behind a
+     * wait semaphore that never came: its ring, memory, command buffers and
+     * semaphores are left alive (leaked) rather than freed under them */
     free(l->slot_free_at);
     free(l->batch_cmds);
     for (vkm_jobq_item *it = vkm_jobq_destroy(&l->q), *next; it; it = next) {
@@ -1049,6 +1056,7 @@ static void *worker(void *arg)
         vkm_trace_mark(l->trace, "job_taken", it->ticket);
         const char *call = "?";
         VkResult r = failed ? VK_SUCCESS : run_job(l, j, &call);
+        if (r == VK_TIMEOUT) r = VKM_ERROR_LINK_STALLED; /* a bounded wait ran out: stuck, not slow */
         if (r != VK_SUCCESS) { /* no dst_ready bound: only this ticket and later ones failed */
             vkm_jobq_fail(&l->q, r, call, NULL, it->ticket, UINT64_MAX);
             vkm_jobq_release(&l->q, l->src.dev, l->src.timeline, l->src.submitted, l->dst.dev, l->dst.timeline,

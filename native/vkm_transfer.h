@@ -19,6 +19,10 @@
 
 enum { VKM_RING_STAGING = 0, VKM_RING_SHARED_HOST = 1, VKM_RING_EXPORTED = 2 };
 
+/* A link whose worker waited longer than its stall timeout for a GPU (or for
+ * a caller's wait semaphore): the job and every later one fail with this. */
+#define VKM_ERROR_LINK_STALLED ((VkResult)-1000990001)
+
 typedef struct vkm_endpoint {
     /* a buffer (image == VK_NULL_HANDLE) ... */
     VkBuffer buffer;

@@ -180,6 +180,36 @@ def test_wait_timeout_leaves_transfer_usable(manager, method):
         cleanup()
 
 
+@pytest.mark.allow_validation_errors   # the stuck link's objects are leaked on purpose, so the device reports them
+def test_stalled_link_fails_its_jobs_and_destroys_in_bounded_time(manager):
+    """A job whose source wait never comes: once the stall timeout passes, its
+    waiters and later submits get TransferError (not an endless "not yet"), and
+    destroy() returns within about that timeout, leaving the GPU objects alive."""
+    from vkmulti import _native
+    from vkmulti.transfer import _Endpoint
+
+    sem, data, s, d, release, cleanup = _blocked_source(manager)
+    src, dst = manager.slot(1), manager.slot(0)
+    link = _native.Link(src.native, src.copy_queue.lock, dst.native, dst.copy_queue.lock, _native.RING_STAGING,
+                        1 << 20, 4, 0, stall_timeout=0.5)
+    es, ed = _Endpoint(buffer=s.handle_int, wait_semaphore=sem, wait_value=1), _Endpoint(buffer=d.handle_int)
+    try:
+        ticket, _, dready = link.submit(es, ed, data.nbytes)
+        with pytest.raises(vkmulti.TransferError, match="stalled"):
+            link.wait(ticket, dready, 20)
+        with pytest.raises(vkmulti.TransferError, match="stalled"):
+            link.submit(es, ed, data.nbytes)
+        t0 = time.monotonic()
+        link.destroy()
+        assert time.monotonic() - t0 < 5
+    finally:
+        link.destroy()
+        release()   # the leaked copies may run now; let them finish before the buffers go
+        src.native.wait_idle()
+        dst.native.wait_idle()
+        cleanup()
+
+
 def test_destroy_waits_for_in_flight(manager):
     sem, data, s, d, release, cleanup = _blocked_source(manager)
     x = CrossDeviceTransfer(manager.slot(1), manager.slot(0), TransferMethod.HOST_SHARED)
