@@ -6,6 +6,7 @@ short slices so that Ctrl-C (PyErr_CheckSignals) is honoured.
 """
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free
+from posix.unistd cimport usleep
 from cpython.exc cimport PyErr_CheckSignals
 import time as _time
 

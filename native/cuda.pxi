@@ -109,6 +109,7 @@ def cuda_peer_reason(bytes uuid_a not None, bytes uuid_b not None, str name_a=""
 
 
 cdef class CudaPeerLink:
+    cdef int users   # calls inside the native link right now (changed with the GIL held)
     """A CUDA_PEER transfer link: rings shared by Vulkan and CUDA, NVLink peer copies.
 
     The same interface as `Link` (submit, poll, wait, destroy, alive,
@@ -170,6 +171,13 @@ cdef class CudaPeerLink:
             r = vkm_cuda_link_create(sd, &src_queue.q, dd, &dst_queue.q, &cfg, &self.link, &call, msg, sizeof(msg))
         cuda_check(r, call if call != NULL else <const char*>"vkm_cuda_link_create", msg)
 
+    cdef vkm_cuda_link* enter(self) except NULL:
+        """The link for a call that releases the GIL; the caller decrements
+        `users` when done, so that destroy() never frees it under the call."""
+        cdef vkm_cuda_link *l = self.ptr()
+        self.users += 1
+        return l
+
     cdef vkm_cuda_link* ptr(self) except NULL:
         if self.link == NULL:
             from vkmulti.errors import DestroyedError
@@ -212,37 +220,44 @@ cdef class CudaPeerLink:
         cdef vkm_endpoint es, ed
         cdef uint64_t ticket = 0, sdone = 0, dready = 0
         cdef const char *call = NULL
-        cdef vkm_cuda_link *l = self.ptr()
+        cdef vkm_cuda_link *l
         cdef VkResult r
         for label, spec, q in (("source", src, self.src_queue), ("destination", dst, self.dst_queue)):
             owner = spec.owner
             if owner is not None and owner.family != q.family:
                 raise ValueError(f"the {label} is owned by queue family {owner.family}, but this CUDA_PEER link "
                                  f"copies on family {q.family}; pass a queue of the owner's (universal) family")
-        fill_endpoint(&es, src, self.keep)
-        fill_endpoint(&ed, dst, self.keep)
-        if len(self.keep) > 64:
-            self.keep = list({id(q): q for q in self.keep}.values())
-        with nogil:
-            r = vkm_cuda_link_submit(l, &es, &ed, size, &ticket, &sdone, &dready, &call)
-        cuda_check(r, call if call != NULL else <const char*>"vkm_cuda_link_submit", vkm_cuda_link_message(l))
+        l = self.enter()
+        try:
+            fill_endpoint(&es, src, self.keep)
+            fill_endpoint(&ed, dst, self.keep)
+            if len(self.keep) > 64:
+                self.keep = list({id(q): q for q in self.keep}.values())
+            with nogil:
+                r = vkm_cuda_link_submit(l, &es, &ed, size, &ticket, &sdone, &dready, &call)
+            cuda_check(r, call if call != NULL else <const char*>"vkm_cuda_link_submit", vkm_cuda_link_message(l))
+        finally:
+            self.users -= 1
         return ticket, sdone, dready
 
     def poll(self, uint64_t ticket, uint64_t dst_ready, double timeout=0.0, bint submitted_only=False):
         """True when the job is complete (or, with submitted_only, fully submitted);
         False if not within `timeout` s (one slice)."""
         cdef const char *call = NULL
-        cdef vkm_cuda_link *l = self.ptr()
         cdef uint64_t ns = <uint64_t>(timeout * 1e9) if timeout > 0 else 0
+        cdef vkm_cuda_link *l = self.enter()
         cdef VkResult r
-        with nogil:
-            if submitted_only:
-                r = vkm_cuda_link_wait_submitted(l, ticket, dst_ready, ns, &call)
-            else:
-                r = vkm_cuda_link_poll(l, ticket, dst_ready, ns, &call)
-        if r == VK_TIMEOUT:
-            return False
-        cuda_check(r, call if call != NULL else <const char*>"vkm_cuda_link_poll", vkm_cuda_link_message(l))
+        try:
+            with nogil:
+                if submitted_only:
+                    r = vkm_cuda_link_wait_submitted(l, ticket, dst_ready, ns, &call)
+                else:
+                    r = vkm_cuda_link_poll(l, ticket, dst_ready, ns, &call)
+            if r == VK_TIMEOUT:
+                return False
+            cuda_check(r, call if call != NULL else <const char*>"vkm_cuda_link_poll", vkm_cuda_link_message(l))
+        finally:
+            self.users -= 1
         return True
 
     def wait(self, uint64_t ticket, uint64_t dst_ready, timeout=None, bint submitted_only=False):
@@ -267,7 +282,10 @@ cdef class CudaPeerLink:
         cdef vkm_cuda_link *l = self.link
         if l == NULL:
             return
-        self.link = NULL
+        self.link = NULL   # calls from now on raise DestroyedError
+        while self.users:  # calls already inside the link return within a slice
+            with nogil:
+                usleep(1000)
         with nogil:
             vkm_cuda_link_destroy(l)
         self.keep = []

@@ -121,6 +121,7 @@ cdef int fill_endpoint(vkm_endpoint *e, object spec, list keep) except -1:
 
 cdef class Link:
     """A native transfer link from one device to another (worker thread + ring)."""
+    cdef int users   # calls inside the native link right now (changed with the GIL held)
     cdef vkm_link *link
     cdef readonly Device src
     cdef readonly Device dst
@@ -156,6 +157,13 @@ cdef class Link:
             r = vkm_link_create(sd, &src_queue.q, dd, &dst_queue.q, &cfg, &self.link, &call)
         check(r, call if call != NULL else <const char*>"vkm_link_create")
 
+    cdef vkm_link* enter(self) except NULL:
+        """The link for a call that releases the GIL; the caller decrements
+        `users` when done, so that destroy() never frees it under the call."""
+        cdef vkm_link *l = self.ptr()
+        self.users += 1
+        return l
+
     cdef vkm_link* ptr(self) except NULL:
         if self.link == NULL:
             from vkmulti.errors import DestroyedError
@@ -183,29 +191,35 @@ cdef class Link:
         cdef vkm_endpoint es, ed
         cdef uint64_t ticket = 0, sdone = 0, dready = 0
         cdef const char *call = NULL
-        cdef vkm_link *l = self.ptr()
+        cdef vkm_link *l = self.enter()
         cdef VkResult r
-        fill_endpoint(&es, src, self.keep)
-        fill_endpoint(&ed, dst, self.keep)
-        if len(self.keep) > 64:
-            self.keep = list({id(q): q for q in self.keep}.values())
-        with nogil:
-            r = vkm_link_submit(l, &es, &ed, size, &ticket, &sdone, &dready, &call)
-        link_check(r, call if call != NULL else <const char*>"vkm_link_submit")
+        try:
+            fill_endpoint(&es, src, self.keep)
+            fill_endpoint(&ed, dst, self.keep)
+            if len(self.keep) > 64:
+                self.keep = list({id(q): q for q in self.keep}.values())
+            with nogil:
+                r = vkm_link_submit(l, &es, &ed, size, &ticket, &sdone, &dready, &call)
+            link_check(r, call if call != NULL else <const char*>"vkm_link_submit")
+        finally:
+            self.users -= 1
         return ticket, sdone, dready
 
     def poll(self, uint64_t ticket, uint64_t dst_ready, double timeout=0.0, bint submitted_only=False):
         """True when the job is complete (or, with submitted_only, fully submitted);
         False if not within `timeout` s (one slice)."""
         cdef const char *call = NULL
-        cdef vkm_link *l = self.ptr()
         cdef uint64_t ns = <uint64_t>(timeout * 1e9) if timeout > 0 else 0
+        cdef vkm_link *l = self.enter()
         cdef VkResult r
-        with nogil:
-            if submitted_only:
-                r = vkm_link_wait_submitted(l, ticket, ns, &call)
-            else:
-                r = vkm_link_poll(l, ticket, dst_ready, ns, &call)
+        try:
+            with nogil:
+                if submitted_only:
+                    r = vkm_link_wait_submitted(l, ticket, ns, &call)
+                else:
+                    r = vkm_link_poll(l, ticket, dst_ready, ns, &call)
+        finally:
+            self.users -= 1
         if r == VK_TIMEOUT:
             return False
         link_check(r, call if call != NULL else <const char*>"vkm_link_poll")
@@ -232,7 +246,10 @@ cdef class Link:
         cdef vkm_link *l = self.link
         if l == NULL:
             return
-        self.link = NULL
+        self.link = NULL   # calls from now on raise DestroyedError
+        while self.users:  # calls already inside the link return within a slice
+            with nogil:
+                usleep(1000)
         with nogil:
             vkm_link_destroy(l)
         self.keep = []

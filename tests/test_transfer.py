@@ -210,6 +210,61 @@ def test_stalled_link_fails_its_jobs_and_destroys_in_bounded_time(manager):
         cleanup()
 
 
+def test_destroy_while_other_threads_submit_and_wait(manager):
+    """destroy() racing submits and waits on other threads: every call either
+    works or raises DestroyedError; none runs on a freed link."""
+    from vkmulti import _native
+    from vkmulti.transfer import _Endpoint
+
+    sem, data, s, d, release, cleanup = _blocked_source(manager)
+    src, dst = manager.slot(1), manager.slot(0)
+    link = _native.Link(src.native, src.copy_queue.lock, dst.native, dst.copy_queue.lock, _native.RING_STAGING,
+                        1 << 20, 4, 0)
+    es, ed = _Endpoint(buffer=s.handle_int, wait_semaphore=sem, wait_value=1), _Endpoint(buffer=d.handle_int)
+    ticket, _, dready = link.submit(es, ed, data.nbytes)   # held back until release()
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def waiter():
+        try:
+            while not stop.is_set():
+                if link.poll(ticket, dready, 0.02):
+                    outcomes.append("done")
+                    return
+        except vkmulti.DestroyedError:
+            outcomes.append("destroyed")
+
+    def submitter():
+        try:
+            for _ in range(2000):
+                if stop.is_set():
+                    break
+                link.submit(_Endpoint(buffer=s.handle_int), ed, 256)
+                time.sleep(0.001)
+            outcomes.append("done")
+        except vkmulti.DestroyedError:
+            outcomes.append("destroyed")
+    threads = [threading.Thread(target=f) for f in (waiter, waiter, submitter)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.1)
+        killer = threading.Thread(target=link.destroy)
+        killer.start()
+        time.sleep(0.1)
+        release()            # destroy() finishes the queued jobs, the first one included
+        killer.join(30)
+        assert not killer.is_alive()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        link.destroy()
+        src.native.wait_idle()
+        cleanup()
+    assert len(outcomes) == 3 and set(outcomes) <= {"done", "destroyed"}
+
+
 def test_destroy_waits_for_in_flight(manager):
     sem, data, s, d, release, cleanup = _blocked_source(manager)
     x = CrossDeviceTransfer(manager.slot(1), manager.slot(0), TransferMethod.HOST_SHARED)
