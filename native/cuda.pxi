@@ -244,7 +244,11 @@ cdef class CudaPeerLink:
         """True when the job is complete (or, with submitted_only, fully submitted);
         False if not within `timeout` s (one slice)."""
         cdef const char *call = NULL
-        cdef uint64_t ns = <uint64_t>(timeout * 1e9) if timeout > 0 else 0
+        cdef uint64_t ns = 0
+        if timeout > 1e9 or timeout != timeout:   # forever (or NaN): cast only what fits
+            ns = _FOREVER if timeout == timeout else 0
+        elif timeout > 0:
+            ns = <uint64_t>(timeout * 1e9)
         cdef vkm_cuda_link *l = self.enter()
         cdef VkResult r
         try:

@@ -8,11 +8,14 @@
 #include <string.h>
 #include <time.h>
 
-/* An absolute CLOCK_REALTIME deadline `ns` from now, for pthread_cond_timedwait. */
+/* An absolute CLOCK_MONOTONIC deadline `ns` from now, for pthread_cond_timedwait
+ * on the queue's condition variables (made on that clock: a step of the wall
+ * clock neither stretches nor cuts a wait). */
 static struct timespec deadline_in(uint64_t ns)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    if (ns > 100000000000000000ull) ns = 100000000000000000ull; /* "forever": ~3 years, no overflow below */
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t n = (uint64_t)ts.tv_nsec + ns;
     ts.tv_sec += (time_t)(n / 1000000000ull);
     ts.tv_nsec = (long)(n % 1000000000ull);
@@ -23,8 +26,12 @@ void vkm_jobq_init(vkm_jobq *q)
 {
     memset(q, 0, sizeof *q);
     pthread_mutex_init(&q->lock, NULL);
-    pthread_cond_init(&q->wake, NULL);
-    pthread_cond_init(&q->progress, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&q->wake, &attr);
+    pthread_cond_init(&q->progress, &attr);
+    pthread_condattr_destroy(&attr);
 }
 
 vkm_jobq_item *vkm_jobq_destroy(vkm_jobq *q)
