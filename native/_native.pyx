@@ -23,6 +23,15 @@ cdef int check(VkResult result, const char *call) except -1:
     return -1
 
 
+cdef uint64_t _poll_ns(double timeout):
+    """A poll's timeout in ns: 0 for none, negative or NaN; forever past 1e9 s."""
+    if timeout != timeout or timeout <= 0:
+        return 0
+    if timeout > 1e9:
+        return _FOREVER
+    return <uint64_t>(timeout * 1e9)
+
+
 def result_check(int result, str call):
     """Python access to `check` (for results obtained elsewhere)."""
     cdef bytes c = call.encode()

@@ -108,8 +108,7 @@ def cuda_peer_reason(bytes uuid_a not None, bytes uuid_b not None, str name_a=""
     return None if ok else _text(reason)
 
 
-cdef class CudaPeerLink:
-    cdef int users   # calls inside the native link right now (changed with the GIL held)
+cdef class CudaPeerLink(_LinkBase):
     """A CUDA_PEER transfer link: rings shared by Vulkan and CUDA, NVLink peer copies.
 
     The same interface as `Link` (submit, poll, wait, destroy, alive,
@@ -244,11 +243,7 @@ cdef class CudaPeerLink:
         """True when the job is complete (or, with submitted_only, fully submitted);
         False if not within `timeout` s (one slice)."""
         cdef const char *call = NULL
-        cdef uint64_t ns = 0
-        if timeout > 1e9 or timeout != timeout:   # forever (or NaN): cast only what fits
-            ns = _FOREVER if timeout == timeout else 0
-        elif timeout > 0:
-            ns = <uint64_t>(timeout * 1e9)
+        cdef uint64_t ns = _poll_ns(timeout)
         cdef vkm_cuda_link *l = self.enter()
         cdef VkResult r
         try:
@@ -264,21 +259,6 @@ cdef class CudaPeerLink:
             self.users -= 1
         return True
 
-    def wait(self, uint64_t ticket, uint64_t dst_ready, timeout=None, bint submitted_only=False):
-        """Block (no GIL, Ctrl-C honoured) until the job is complete (or submitted)
-        or `timeout` s pass."""
-        cdef uint64_t total = _timeout_ns(timeout)
-        cdef double deadline = _time.monotonic() + (total / 1e9 if total != _FOREVER else 1e18)
-        cdef double left
-        while True:
-            left = deadline - _time.monotonic()
-            if self.poll(ticket, dst_ready, min(max(left, 0.0), _SLICE_NS / 1e9), submitted_only):
-                return None
-            PyErr_CheckSignals()
-            if _time.monotonic() >= deadline:
-                from vkmulti.errors import TimeoutError as VkmTimeout
-                what = "was not submitted" if submitted_only else "did not complete"
-                raise VkmTimeout(f"transfer {ticket} {what} within {total / 1e9:.3f} s")
 
     def destroy(self):
         """Finish queued jobs, wait (bounded) for both GPUs and CUDA, free CUDA's
@@ -287,9 +267,7 @@ cdef class CudaPeerLink:
         if l == NULL:
             return
         self.link = NULL   # calls from now on raise DestroyedError
-        while self.users:  # calls already inside the link return within a slice
-            with nogil:
-                usleep(1000)
+        self._quiesce()   # calls already inside the link return within a slice
         with nogil:
             vkm_cuda_link_destroy(l)
         self.keep = []

@@ -25,7 +25,6 @@ cdef extern from "vkm_transfer.h" nogil:
         uint32_t kernel
         VkImageView kernel_view
 
-    VkResult VKM_ERROR_LINK_STALLED
     ctypedef struct vkm_link:
         pass
 
@@ -53,17 +52,6 @@ cdef extern from "vkm_transfer.h" nogil:
     VkResult vkm_link_wait_submitted(vkm_link *link, uint64_t ticket, uint64_t timeout_ns, const char **call)
     VkDeviceSize *vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, int ramps,
                                   uint32_t *count)
-
-cdef int link_check(VkResult r, const char *call) except -1:
-    """`check`, plus the host links' own failure: a stalled link."""
-    if r == VKM_ERROR_LINK_STALLED:
-        from vkmulti.errors import TransferError
-        what = (<bytes>call).decode(errors="replace") if call != NULL else "a GPU wait"
-        raise TransferError(f"transfer link stalled: {what} did not complete within the link's stall timeout "
-                            f"(a GPU hung, or a wait semaphore that never came); the link has failed: destroy "
-                            f"the transfer and make a new one")
-    return check(r, call)
-
 
 RING_STAGING = VKM_RING_STAGING
 RING_SHARED_HOST = VKM_RING_SHARED_HOST
@@ -119,9 +107,37 @@ cdef int fill_endpoint(vkm_endpoint *e, object spec, list keep) except -1:
     return 0
 
 
-cdef class Link:
-    """A native transfer link from one device to another (worker thread + ring)."""
+cdef class _LinkBase:
+    """What both link kinds share: a count of the calls inside the native link
+    (destroy() waits for them, never freeing the link under one) and the
+    sliced, interruptible wait built on each kind's `poll`."""
     cdef int users   # calls inside the native link right now (changed with the GIL held)
+
+    cdef void _quiesce(self):
+        """Wait until the calls already inside the native link have returned."""
+        while self.users:
+            with nogil:
+                usleep(1000)
+
+    def wait(self, uint64_t ticket, uint64_t dst_ready, timeout=None, bint submitted_only=False):
+        """Block (no GIL, Ctrl-C honoured) until the job is complete (or submitted)
+        or `timeout` s pass."""
+        cdef uint64_t total = _timeout_ns(timeout)
+        cdef double deadline = _time.monotonic() + (total / 1e9 if total != _FOREVER else 1e18)
+        cdef double left
+        while True:
+            left = deadline - _time.monotonic()
+            if self.poll(ticket, dst_ready, min(max(left, 0.0), _SLICE_NS / 1e9), submitted_only):
+                return None
+            PyErr_CheckSignals()
+            if _time.monotonic() >= deadline:
+                from vkmulti.errors import TimeoutError as VkmTimeout
+                what = "was not submitted" if submitted_only else "did not complete"
+                raise VkmTimeout(f"transfer {ticket} {what} within {total / 1e9:.3f} s")
+
+
+cdef class Link(_LinkBase):
+    """A native transfer link from one device to another (worker thread + ring)."""
     cdef vkm_link *link
     cdef readonly Device src
     cdef readonly Device dst
@@ -200,7 +216,7 @@ cdef class Link:
                 self.keep = list({id(q): q for q in self.keep}.values())
             with nogil:
                 r = vkm_link_submit(l, &es, &ed, size, &ticket, &sdone, &dready, &call)
-            link_check(r, call if call != NULL else <const char*>"vkm_link_submit")
+            check(r, call if call != NULL else <const char*>"vkm_link_submit")
         finally:
             self.users -= 1
         return ticket, sdone, dready
@@ -209,11 +225,7 @@ cdef class Link:
         """True when the job is complete (or, with submitted_only, fully submitted);
         False if not within `timeout` s (one slice)."""
         cdef const char *call = NULL
-        cdef uint64_t ns = 0
-        if timeout > 1e9 or timeout != timeout:   # forever (or NaN): cast only what fits
-            ns = _FOREVER if timeout == timeout else 0
-        elif timeout > 0:
-            ns = <uint64_t>(timeout * 1e9)
+        cdef uint64_t ns = _poll_ns(timeout)
         cdef vkm_link *l = self.enter()
         cdef VkResult r
         try:
@@ -226,24 +238,9 @@ cdef class Link:
             self.users -= 1
         if r == VK_TIMEOUT:
             return False
-        link_check(r, call if call != NULL else <const char*>"vkm_link_poll")
+        check(r, call if call != NULL else <const char*>"vkm_link_poll")
         return True
 
-    def wait(self, uint64_t ticket, uint64_t dst_ready, timeout=None, bint submitted_only=False):
-        """Block (no GIL, Ctrl-C honoured) until the job is complete (or submitted)
-        or `timeout` s pass."""
-        cdef uint64_t total = _timeout_ns(timeout)
-        cdef double deadline = _time.monotonic() + (total / 1e9 if total != _FOREVER else 1e18)
-        cdef double left
-        while True:
-            left = deadline - _time.monotonic()
-            if self.poll(ticket, dst_ready, min(max(left, 0.0), _SLICE_NS / 1e9), submitted_only):
-                return None
-            PyErr_CheckSignals()
-            if _time.monotonic() >= deadline:
-                from vkmulti.errors import TimeoutError as VkmTimeout
-                what = "was not submitted" if submitted_only else "did not complete"
-                raise VkmTimeout(f"transfer {ticket} {what} within {total / 1e9:.3f} s")
 
     def destroy(self):
         """Finish queued jobs, wait for the GPUs and free the ring (idempotent)."""
@@ -251,9 +248,7 @@ cdef class Link:
         if l == NULL:
             return
         self.link = NULL   # calls from now on raise DestroyedError
-        while self.users:  # calls already inside the link return within a slice
-            with nogil:
-                usleep(1000)
+        self._quiesce()   # calls already inside the link return within a slice
         with nogil:
             vkm_link_destroy(l)
         self.keep = []

@@ -180,22 +180,29 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
                                  "min_s": min(times), "gbps": nbytes / med / 1e9})
         say(f"{case:>16} {method:>13}: {med * 1e3:9.3f} ms  {nbytes / med / 1e9:7.2f} GB/s")
 
-    def run_case(case: str, nbytes: int, make: Callable[[Any], Callable[[], None]],
-                 seed_run: Callable[[Any], None], n: int, warmup: int, check: Callable[[str], None]) -> None:
-        """Every method, the seed and torch timed round by round; each method's output checked."""
+    def run_case(case: str, a: Any, b: Any, expected: Any, kind: str, n: int, warmup: int) -> None:
+        """Every method, the seed and torch timed round by round, moving `a` to `b`
+        (images or buffers, `kind`); each method's output is checked against `expected`."""
+        nbytes = expected.nbytes
         xs = [CrossDeviceTransfer(s, d, m, slot_size=slot_size, slot_count=slot_count) for m in methods]
         seed = SeedStagingCopy(s, d, nbytes)
         try:
-            fns = {m: make(x) for m, x in zip(methods, xs)}
-            results["rings"].update({m: dict(zip(("slot_size", "slot_count"), x._ring())) for m, x in zip(methods, xs)})
-            fns["seed_baseline"] = lambda: seed_run(seed)
+            kw = {f"src_{kind}": a, f"dst_{kind}": b}
+            fns: dict[str, Callable[[], None]] = {
+                m: (lambda x=x: x.submit(**kw).wait(120)) for m, x in zip(methods, xs)}
+            results["rings"].update({m: dict(zip(("slot_size", "slot_count"), x._ring()))
+                                     for m, x in zip(methods, xs)})
+            seed_run = getattr(seed, f"run_{kind}")
+            fns["seed_baseline"] = lambda: seed_run(a, b)
             t = _torch_pinned(nbytes, src, dst) if torch else None
             if t is not None:
                 fns["torch_pinned"] = t
             for m, fn in fns.items():   # each method alone once: its output is checked
                 fn()
                 if m in methods:
-                    check(m)
+                    if not np.array_equal(b.download(), expected):
+                        raise AssertionError(f"{m} produced wrong bytes for {case}")
+                    b.upload(np.zeros_like(expected))
             for m, times in interleaved(fns, n, warmup).items():
                 record(case, nbytes, m, statistics.median(times), times)
         finally:
@@ -205,34 +212,20 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
 
     for w, h in sizes:
         a, b = Image(s, w, h, RGBA16F), Image(d, w, h, RGBA16F)
-        px = rng.integers(0, 256, (h, w, 8), dtype=np.uint8)
-        a.upload(px)
-
-        def check_image(m: str, b: Any = b, px: Any = px, w: int = w, h: int = h) -> None:
-            if not np.array_equal(b.download(), px):
-                raise AssertionError(f"{m} produced wrong pixels for image {w}x{h}")
-            b.upload(np.zeros_like(px))
         try:
-            run_case(f"image {w}x{h}", a.nbytes,
-                     lambda x, a=a, b=b: (lambda: x.run(src_image=a, dst_image=b, timeout=60)),
-                     lambda seed, a=a, b=b: seed.run_image(a, b), reps, 2, check_image)
+            px = rng.integers(0, 256, (h, w, 8), dtype=np.uint8)
+            a.upload(px)
+            run_case(f"image {w}x{h}", a, b, px, "image", reps, 2)
         finally:
             a.destroy()
             b.destroy()
 
     if buffer_bytes:
         a, b = Buffer(s, buffer_bytes), Buffer(d, buffer_bytes)
-        data = rng.integers(0, 256, buffer_bytes, dtype=np.uint8)
-        a.upload(data)
-
-        def check_buffer(m: str) -> None:
-            if not np.array_equal(b.download(), data):
-                raise AssertionError(f"{m} produced wrong bytes for buffer {buffer_bytes >> 20} MiB")
-            b.upload(np.zeros(buffer_bytes, dtype=np.uint8))
         try:
-            run_case(f"buffer {buffer_bytes >> 20} MiB", buffer_bytes,
-                     lambda x: (lambda: x.submit(src_buffer=a, dst_buffer=b).wait(120)),
-                     lambda seed: seed.run_buffer(a, b), buffer_reps, 1, check_buffer)
+            data = rng.integers(0, 256, buffer_bytes, dtype=np.uint8)
+            a.upload(data)
+            run_case(f"buffer {buffer_bytes >> 20} MiB", a, b, data, "buffer", buffer_reps, 1)
         finally:
             a.destroy()
             b.destroy()

@@ -69,6 +69,11 @@ _RESULT_NAMES = {
     -1000161000: "VK_ERROR_FRAGMENTATION", -1000257000: "VK_ERROR_INVALID_OPAQUE_CAPTURE_ADDRESS",
 }
 
+#: vkmulti's own code (vkm_transfer.h VKM_ERROR_LINK_STALLED): a link's worker
+#: waited past its stall timeout; that job and every later one fail with it.
+LINK_STALLED = -1000990001
+_RESULT_NAMES[LINK_STALLED] = "VKM_ERROR_LINK_STALLED"
+
 _RESULT_CLASSES: dict[int, type[VulkanError]] = {
     -1: OutOfHostMemoryError,
     -2: OutOfDeviceMemoryError,
@@ -90,6 +95,10 @@ def raise_for_result(result: int, call: str) -> None:
         return
     if result == 2:
         raise TimeoutError(f"{call} timed out (VK_TIMEOUT)")
+    if result == LINK_STALLED:
+        raise TransferError(f"transfer link stalled: {call} did not complete within the link's stall timeout "
+                            f"(a GPU hung, or a wait semaphore that never came); the link has failed: destroy "
+                            f"the transfer and make a new one")
     if result in (-6, -7, -8):
         raise UnsupportedError(f"{call} failed: {result_name(result)}; the driver lacks what was asked for")
     raise _RESULT_CLASSES.get(result, VulkanError)(result, call)
