@@ -1,0 +1,317 @@
+"""The node agent: one long-lived Ray actor per node that owns that node's GPUs.
+
+It holds the node's MultiDeviceManager, a ReferenceRenderer per GPU and the
+SRU render targets between frames, measures each GPU's render throughput,
+reports its devices (and the measured topology of vkmulti.kernels where that
+layer is installed), renders the SRUs the driver sends (partitioned over its
+GPUs with assign_srus) and returns their images as numpy arrays, which Ray
+keeps in the node's shared-memory object store. A GPU that fails is left out
+and its SRUs rendered on the node's other GPUs, as SRUOffloadCoordinator does.
+
+The class is plain Python (the cluster manager wraps it with ray.remote), so
+it also runs in-process without Ray.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError
+from ..partition import assign_srus
+from .errors import ClusterError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NodeAgent"]
+
+#: Errors of a GPU that make the agent leave it out and render its SRUs on the others.
+_DEVICE_ERRORS = (VulkanError, TransferError, UnsupportedError, TimeoutError)
+#: Render targets unused for this many render calls are freed.
+_KEEP_CALLS = 8
+
+
+def _calibration_sru() -> Any:
+    from ..render import ReferenceSRU
+
+    return ReferenceSRU("calibration", 256, 256, seed=7, iterations=64)
+
+
+def _whereami() -> tuple[str, str]:
+    """(node id, node IP) from Ray when this runs in a Ray worker, else ('local', hostname's IP)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "local", "127.0.0.1"
+
+
+class NodeAgent:
+    """One node's vkmulti: its MultiDeviceManager, renderers and render targets.
+
+    `virtual_gpus` > 0 exposes that many lavapipe CPU devices first (tests,
+    machines without GPUs). A node whose Vulkan devices cannot be opened keeps
+    running with `error` set (describe() reports it; the driver skips the node).
+    """
+
+    def __init__(self, *, virtual_gpus: int = 0, validation: bool | None = None,
+                 device_indices: Sequence[int] | None = None, timeout: float = 60.0):
+        if isinstance(virtual_gpus, bool) or not isinstance(virtual_gpus, int) or virtual_gpus < 0:
+            raise ValueError(f"virtual_gpus must be an int >= 0, got {virtual_gpus!r}")
+        self.node_id, self.address = _whereami()
+        self.hostname = socket.gethostname()
+        self.pid = os.getpid()
+        self.timeout = float(timeout)
+        self.error: str | None = None
+        self.manager: Any = None
+        self._renderers: dict[int, Any] = {}
+        self._targets: dict[tuple, list] = {}      # (gpu, sru_id, w, h) -> [Image, last call]
+        self._lost: dict[int, str] = {}
+        self._throughput: list[float] | None = None
+        self._calls = 0
+        try:
+            if virtual_gpus:
+                from ..testing import install_virtual_gpus
+
+                install_virtual_gpus(virtual_gpus)
+            from ..multi_device import MultiDeviceManager
+
+            self.manager = MultiDeviceManager.create(
+                enabled=True, validation=validation,
+                device_indices=list(device_indices) if device_indices is not None else None)
+        except Exception as exc:   # reported, not raised: the driver skips this node with the reason
+            self.error = f"no Vulkan device: {exc}"
+            log.warning("vkmulti agent on %s (%s): %s", self.node_id[:8], self.address, self.error)
+
+    # -- what the driver asks first -------------------------------------------------
+
+    @property
+    def label(self) -> str:
+        return f"node {self.node_id[:8]} ({self.address})"
+
+    def ping(self) -> float:
+        """A no-op call (the driver times round trips with it)."""
+        return time.perf_counter()
+
+    def describe(self, topology: bool = False) -> dict[str, Any]:
+        """Node id, address, pid, devices and (with `topology`) the measured GPU topology, or the error."""
+        out: dict[str, Any] = {"node_id": self.node_id, "address": self.address, "hostname": self.hostname,
+                               "pid": self.pid, "error": self.error, "devices": [], "topology": None,
+                               "topology_note": None}
+        if self.manager is None:
+            return out
+        out["devices"] = [{"index": s.index, "name": s.name,
+                           "type": getattr(s.capabilities, "device_type", None)} for s in self.manager.slots]
+        if topology:
+            out["topology"], out["topology_note"] = self._topology()
+        return out
+
+    def _topology(self) -> tuple[dict | None, str | None]:
+        """vkmulti.kernels' measured topology of this node's GPUs, or (None, why not)."""
+        try:
+            from ..kernels import MultiGpuCoordinator
+        except ImportError:
+            return None, "vkmulti.kernels is not part of this install: planning uses measured render throughput"
+        try:
+            topo = MultiGpuCoordinator.from_manager(self.manager).probe_topology()
+            return topo.to_dict(), None
+        except Exception as exc:   # a probe that fails leaves the throughput model in charge
+            log.warning("%s: topology probe failed: %r", self.label, exc)
+            return None, f"topology probe failed: {exc!r}"
+
+    def measure_throughput(self, repeats: int = 2) -> list[float]:
+        """Each GPU's render throughput in cost units per second (ReferenceSRU.render_cost per
+        second of render + read-back of a calibration SRU; best of `repeats` after a warm-up)."""
+        self._check()
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+        sru = _calibration_sru()
+        out = []
+        for g in range(self.manager.device_count):
+            if g in self._lost:
+                out.append(0.0)
+                continue
+            best = float("inf")
+            try:
+                for _ in range(repeats + 1):
+                    t0 = time.perf_counter()
+                    self._render_on(g, [sru])
+                    best = min(best, time.perf_counter() - t0)
+            except _DEVICE_ERRORS as exc:
+                self._lose(g, "its calibration render failed", exc)
+                out.append(0.0)
+                continue
+            out.append(sru.render_cost / best)
+        self._drop_targets(keep_call=self._calls + 1)       # the calibration targets
+        self._throughput = out
+        return list(out)
+
+    # -- frames ----------------------------------------------------------------------
+
+    def render(self, srus: Sequence[Any]) -> dict[str, Any]:
+        """Render `srus` (ReferenceSRUs) over this node's GPUs; returns their images and where/how long.
+
+        {'node_id', 'images': {sru_id: (h, w, 8) uint8}, 'gpu': {sru_id: slot index},
+        'render_s', 'readback_s', 'total_s', 'lost_gpus': {slot: reason}}.
+        ClusterError when every GPU of the node has failed.
+        """
+        self._check()
+        t0 = time.perf_counter()
+        self._calls += 1
+        images: dict[Any, np.ndarray] = {}
+        where: dict[Any, int] = {}
+        render_s = readback_s = 0.0
+        todo = list(srus)
+        while todo:
+            usable = [g for g in range(self.manager.device_count) if g not in self._lost]
+            if not usable:
+                raise ClusterError(f"{self.label}: every GPU has failed: {self._lost}")
+            weights = None
+            if self._throughput is not None:
+                weights = [self._throughput[g] if self._throughput[g] > 0 else 1e-9 for g in usable]
+            assigned = assign_srus(todo, len(usable), cost=lambda s: s.render_cost, weights=weights)
+            by_gpu: dict[int, list[Any]] = {}
+            for s, a in zip(todo, assigned):
+                by_gpu.setdefault(usable[a.device_index], []).append(s)
+            todo = []
+            done, r_s, d_s = self._render_groups(by_gpu, todo)
+            render_s += r_s
+            readback_s += d_s
+            for g, sid, img in done:
+                images[sid], where[sid] = img, g
+        self._drop_targets(keep_call=self._calls - _KEEP_CALLS)
+        return {"node_id": self.node_id, "images": images, "gpu": where, "render_s": render_s,
+                "readback_s": readback_s, "total_s": time.perf_counter() - t0, "lost_gpus": dict(self._lost)}
+
+    def _render_groups(self, by_gpu: dict[int, list[Any]], retry: list[Any]) -> tuple[list, float, float]:
+        """Submit every GPU's renders, wait for them all, then read each image back. SRUs of a GPU
+        that fails go to `retry` and the GPU is left out of later plans."""
+        t0 = time.perf_counter()
+        submitted: list[tuple[int, Any, Any, Any]] = []
+        for g, group in by_gpu.items():
+            try:
+                renderer = self._renderer(g)
+                for s in group:
+                    target = self._target(g, s)
+                    submitted.append((g, s, target, renderer.render(s, target)))
+            except _DEVICE_ERRORS as exc:
+                self._lose(g, "a render could not be submitted", exc)
+        failed = set(self._lost)
+        for g, s, target, point in submitted:
+            if g in failed:
+                continue
+            try:
+                self._renderers[g].wait(point, self.timeout)
+            except _DEVICE_ERRORS as exc:
+                self._lose(g, "a render failed", exc)
+                failed.add(g)
+        t1 = time.perf_counter()
+        out = []
+        for g, s, target, point in submitted:
+            if g in failed:
+                continue
+            try:
+                out.append((g, s.sru_id, target.download()))
+            except _DEVICE_ERRORS as exc:
+                self._lose(g, "a read-back failed", exc)
+                failed.add(g)
+        out = [o for o in out if o[0] not in failed]
+        got = {sid for _, sid, _ in out}
+        for group in by_gpu.values():
+            retry.extend(s for s in group if s.sru_id not in got)
+        return out, t1 - t0, time.perf_counter() - t1
+
+    def _render_on(self, g: int, srus: Sequence[Any]) -> list[np.ndarray]:
+        renderer = self._renderer(g)
+        self._calls += 1
+        pairs = [(self._target(g, s), s) for s in srus]
+        points = [renderer.render(s, t) for t, s in pairs]
+        for p in points:
+            renderer.wait(p, self.timeout)
+        return [t.download() for t, _ in pairs]
+
+    # -- GPUs, renderers, targets ----------------------------------------------------------
+
+    def _check(self) -> None:
+        if self.manager is None:
+            raise ClusterError(f"{self.label} has no usable Vulkan device: {self.error}")
+
+    def _renderer(self, g: int) -> Any:
+        r = self._renderers.get(g)
+        if r is None:
+            from ..render import ReferenceRenderer
+
+            r = self._renderers[g] = ReferenceRenderer(self.manager.slot(g))
+        return r
+
+    def _target(self, g: int, sru: Any) -> Any:
+        key = (g, sru.sru_id, sru.width, sru.height)
+        entry = self._targets.get(key)
+        if entry is None:
+            entry = self._targets[key] = [self._renderer(g).make_target(sru), self._calls]
+        entry[1] = self._calls
+        return entry[0]
+
+    def _drop_targets(self, keep_call: int) -> None:
+        """Free targets last used before call number `keep_call`."""
+        for key in [k for k, (_, used) in self._targets.items() if used < keep_call]:
+            img, _ = self._targets.pop(key)
+            try:
+                img.destroy(self.timeout)
+            except VkmError as exc:
+                log.warning("%s: freeing a render target failed: %r", self.label, exc)
+
+    def _lose(self, g: int, why: str, exc: BaseException) -> None:
+        self._lost[g] = f"{why}: {exc!r}"
+        log.error("%s: GPU %d left out of later renders, %s", self.label, g, why, exc_info=exc)
+        for key in [k for k in self._targets if k[0] == g]:
+            img, _ = self._targets.pop(key)
+            try:
+                img.destroy(1.0)
+            except VkmError:
+                pass   # a lost device's image: its memory goes with the device
+
+    # -- links -------------------------------------------------------------------------
+
+    def payload(self, nbytes: int) -> np.ndarray:
+        """`nbytes` of data, stored in this node's object store (for link measurements)."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+            raise ValueError(f"nbytes must be an int >= 1, got {nbytes!r}")
+        return np.full(nbytes, 0x5A, dtype=np.uint8)
+
+    def fetch(self, refs: list) -> float:
+        """Seconds this node takes to get the objects behind `refs` (a list, so Ray passes them unresolved)."""
+        import ray
+
+        t0 = time.perf_counter()
+        ray.get(list(refs), timeout=self.timeout)
+        return time.perf_counter() - t0
+
+    # -- health and teardown ------------------------------------------------------------
+
+    def validation_errors(self) -> list[str]:
+        """Validation-layer errors this agent's Vulkan instances reported since the last call."""
+        from ..instance import drain_all_validation_messages
+
+        return [text for sev, text in drain_all_validation_messages() if sev == "error"]
+
+    def shutdown(self) -> None:
+        """Free targets, renderers and the manager (idempotent)."""
+        self._drop_targets(keep_call=1 << 62)
+        for r in self._renderers.values():
+            try:
+                r.destroy(self.timeout)
+            except VkmError as exc:
+                log.warning("%s: renderer teardown failed: %r", self.label, exc)
+        self._renderers.clear()
+        if self.manager is not None:
+            self.manager.destroy()
+            self.manager = None
+            self.error = "shut down"
