@@ -187,8 +187,10 @@ def connect(address: Any, *, timeout: float = 10.0, object_store_memory: int | N
         if count < 1:
             raise ClusterError("this machine has no Vulkan device, so a local Ray would have no vk_gpu to offer; "
                                "install a Vulkan driver (or Mesa's lavapipe and pass --virtual 2)")
-        ray.init(resources={VK_GPU: float(count)}, num_cpus=num_cpus, object_store_memory=object_store_memory,
-                 include_dashboard=False, log_to_driver=log_to_driver, _node_ip_address="127.0.0.1")
+        # address="local": a new Ray even when RAY_ADDRESS or a recent cluster on this machine is around
+        ray.init(address="local", resources={VK_GPU: float(count)}, num_cpus=num_cpus,
+                 object_store_memory=object_store_memory, include_dashboard=False, log_to_driver=log_to_driver,
+                 _node_ip_address="127.0.0.1")
         return Connection("auto", started_local=True)
     _check_reachable(addr, min(timeout, 10.0))
     try:
