@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError
 from ..partition import assign_srus
 from .errors import ClusterError
+from .readback import BatchReadback
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class NodeAgent:
         self.error: str | None = None
         self.manager: Any = None
         self._renderers: dict[int, Any] = {}
+        self._readbacks: dict[int, BatchReadback] = {}
         self._targets: dict[tuple, list] = {}      # (gpu, sru_id, w, h) -> [Image, last call]
         self._lost: dict[int, str] = {}
         self._throughput: list[float] | None = None
@@ -214,15 +216,18 @@ class NodeAgent:
                 failed.add(g)
         t1 = time.perf_counter()
         out = []
-        for g, s, target, point in submitted:
+        for g in by_gpu:
             if g in failed:
                 continue
+            mine = [(s, target, point) for h, s, target, point in submitted if h == g]
             try:
-                out.append((g, s.sru_id, target.download()))
+                pixels = self._readback(g).read([t for _, t, _ in mine], timeout=self.timeout,
+                                                waits=[(mine[-1][2].semaphore, mine[-1][2].value)] if mine else ())
             except _DEVICE_ERRORS as exc:
                 self._lose(g, "a read-back failed", exc)
                 failed.add(g)
-        out = [o for o in out if o[0] not in failed]
+                continue
+            out += [(g, s.sru_id, img) for (s, _, _), img in zip(mine, pixels)]
         got = {sid for _, sid, _ in out}
         for group in by_gpu.values():
             retry.extend(s for s in group if s.sru_id not in got)
@@ -231,11 +236,11 @@ class NodeAgent:
     def _render_on(self, g: int, srus: Sequence[Any]) -> list[np.ndarray]:
         renderer = self._renderer(g)
         self._calls += 1
-        pairs = [(self._target(g, s), s) for s in srus]
-        points = [renderer.render(s, t) for t, s in pairs]
+        targets = [self._target(g, s) for s in srus]
+        points = [renderer.render(s, t) for s, t in zip(srus, targets)]
         for p in points:
             renderer.wait(p, self.timeout)
-        return [t.download() for t, _ in pairs]
+        return self._readback(g).read(targets, timeout=self.timeout)
 
     # -- GPUs, renderers, targets ----------------------------------------------------------
 
@@ -249,6 +254,12 @@ class NodeAgent:
             from ..render import ReferenceRenderer
 
             r = self._renderers[g] = ReferenceRenderer(self.manager.slot(g))
+        return r
+
+    def _readback(self, g: int) -> BatchReadback:
+        r = self._readbacks.get(g)
+        if r is None:
+            r = self._readbacks[g] = BatchReadback(self.manager.slot(g))
         return r
 
     def _target(self, g: int, sru: Any) -> Any:
@@ -311,6 +322,12 @@ class NodeAgent:
             except VkmError as exc:
                 log.warning("%s: renderer teardown failed: %r", self.label, exc)
         self._renderers.clear()
+        for rb in self._readbacks.values():
+            try:
+                rb.destroy()
+            except VkmError as exc:
+                log.warning("%s: read-back buffer teardown failed: %r", self.label, exc)
+        self._readbacks.clear()
         if self.manager is not None:
             self.manager.destroy()
             self.manager = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -188,7 +189,7 @@ class ClusterManager:
         for h in handles:
             d = described.get(h)
             if isinstance(d, BaseException):
-                self._skip(f"agent {handles.index(h)}", f"its agent failed to start: {d}")
+                self._skip(f"agent {handles.index(h)}", f"its agent failed to start: {_short(d)}")
                 ray.kill(h, no_restart=True)
                 continue
             label = f"node {d['node_id'][:8]} ({d['address']})"
@@ -244,7 +245,8 @@ class ClusterManager:
                            self.start_timeout, "measure its GPUs")
         for node_id, r in got.items():
             if isinstance(r, BaseException) or not any(x > 0 for x in r):
-                self._lose(node_id, f"measuring its GPUs failed: {r}")
+                why = _short(r) if isinstance(r, BaseException) else "no GPU rendered the calibration SRU"
+                self._lose(node_id, f"measuring its GPUs failed: {why}")
                 continue
             info = self.nodes[node_id]
             self.nodes[node_id] = NodeInfo(info.node_id, info.address, info.hostname, info.devices,
@@ -260,7 +262,7 @@ class ClusterManager:
             try:
                 self.links[node_id] = self._measure_link(node_id, link_bytes)
             except ray.exceptions.RayError as exc:
-                self._lose(node_id, f"its link could not be measured: {exc}")
+                self._lose(node_id, f"its link could not be measured: {_short(exc)}")
         if not self._live_agents():
             raise NoAgentError(f"every node was lost while measuring: {self.lost}")
 
@@ -488,6 +490,10 @@ def _fit_link(src: str, dst: str, small: int, t_small: float, big: int, t_big: f
 
 
 def _short(exc: BaseException) -> str:
-    """The first line of a Ray error (they carry whole remote tracebacks)."""
-    text = str(exc).strip().splitlines()
+    """One line for an error: a remote exception's own type and message (Ray wraps it with the
+    whole remote traceback), else the first line of Ray's error."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        exc = cause
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
