@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError
 from ..partition import assign_srus
+from ..render import MAX_ITERATIONS
 from .errors import ClusterError
 from .readback import BatchReadback
 
@@ -36,10 +37,10 @@ _DEVICE_ERRORS = (VulkanError, TransferError, UnsupportedError, TimeoutError)
 _KEEP_CALLS = 8
 
 
-def _calibration_sru() -> Any:
+def _calibration_sru(iterations: int) -> Any:
     from ..render import ReferenceSRU
 
-    return ReferenceSRU("calibration", 256, 256, seed=7, iterations=64)
+    return ReferenceSRU("calibration", 256, 256, seed=7, iterations=iterations)
 
 
 def _whereami() -> tuple[str, str]:
@@ -128,32 +129,62 @@ class NodeAgent:
             log.warning("%s: topology probe failed: %r", self.label, exc)
             return None, f"topology probe failed: {exc!r}"
 
-    def measure_throughput(self, repeats: int = 2) -> list[float]:
-        """Each GPU's render throughput in cost units per second (ReferenceSRU.render_cost per
-        second of render + read-back of a calibration SRU; best of `repeats` after a warm-up)."""
+    def measure_throughput(self, repeats: int = 3, min_seconds: float = 0.02) -> list[float]:
+        """Each GPU's throughput in cost units (ReferenceSRU.render_cost) per second of render and
+        read-back, measured with every GPU of the node busy at once, as in a frame.
+
+        The calibration SRU's steps per pixel grow until a render takes `min_seconds`
+        (so fast GPUs are timed on real work, not on submit overhead); then the best
+        of `repeats`. A GPU whose calibration fails is left out (throughput 0).
+        """
         self._check()
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
             raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
-        sru = _calibration_sru()
-        out = []
-        for g in range(self.manager.device_count):
-            if g in self._lost:
-                out.append(0.0)
-                continue
-            best = float("inf")
-            try:
-                for _ in range(repeats + 1):
-                    t0 = time.perf_counter()
-                    self._render_on(g, [sru])
-                    best = min(best, time.perf_counter() - t0)
-            except _DEVICE_ERRORS as exc:
-                self._lose(g, "its calibration render failed", exc)
-                out.append(0.0)
-                continue
-            out.append(sru.render_cost / best)
+        min_seconds = float(min_seconds)
+        if not 0.0 <= min_seconds <= 10.0:
+            raise ValueError(f"min_seconds must be in [0, 10], got {min_seconds!r}")
+        sru = _calibration_sru(64)
+        while True:
+            took = self._calibrate(sru, 1)
+            if not took or min(took.values()) >= min_seconds or sru.iterations * 4 > MAX_ITERATIONS:
+                break
+            sru = _calibration_sru(sru.iterations * 4)
+        best = self._calibrate(sru, repeats) if took else {}
+        out = [sru.render_cost / best[g] if g in best else 0.0 for g in range(self.manager.device_count)]
         self._drop_targets(keep_call=self._calls + 1)       # the calibration targets
         self._throughput = out
         return list(out)
+
+    def _calibrate(self, sru: Any, repeats: int) -> dict[int, float]:
+        """Best seconds per GPU to render `sru` and read it back, all GPUs at once (after one warm-up)."""
+        gpus = [g for g in range(self.manager.device_count) if g not in self._lost]
+        best = {g: float("inf") for g in gpus}
+        self._calls += 1
+        for rep in range(repeats + 1):
+            order = gpus[rep % len(gpus):] + gpus[:rep % len(gpus)] if gpus else []   # no GPU always waited first
+            t0 = time.perf_counter()
+            points, took = {}, {}
+            for g in order:
+                try:
+                    points[g] = self._renderer(g).render(sru, self._target(g, sru))
+                except _DEVICE_ERRORS as exc:
+                    self._lose(g, "its calibration render failed", exc)
+            for g in list(points):
+                try:
+                    self._renderers[g].wait(points[g], self.timeout)
+                    took[g] = time.perf_counter() - t0
+                except _DEVICE_ERRORS as exc:
+                    self._lose(g, "its calibration render failed", exc)
+            for g in list(took):
+                t1 = time.perf_counter()
+                try:
+                    self._readback(g).read([self._target(g, sru)], timeout=self.timeout)
+                except _DEVICE_ERRORS as exc:
+                    self._lose(g, "its calibration read-back failed", exc)
+                    continue
+                if rep:
+                    best[g] = min(best[g], took[g] + time.perf_counter() - t1)
+        return {g: t for g, t in best.items() if g not in self._lost and t < float("inf")}
 
     # -- frames ----------------------------------------------------------------------
 
@@ -161,7 +192,8 @@ class NodeAgent:
         """Render `srus` (ReferenceSRUs) over this node's GPUs; returns their images and where/how long.
 
         {'node_id', 'images': {sru_id: (h, w, 8) uint8}, 'gpu': {sru_id: slot index},
-        'render_s', 'readback_s', 'total_s', 'lost_gpus': {slot: reason}}.
+        'render_s', 'readback_s', 'total_s', 'lost_gpus': {slot: reason}, 'predicted_s': what the
+        measured throughputs predicted for render + read-back (None before measure_throughput)}.
         ClusterError when every GPU of the node has failed.
         """
         self._check()
@@ -171,6 +203,7 @@ class NodeAgent:
         where: dict[Any, int] = {}
         render_s = readback_s = 0.0
         todo = list(srus)
+        predicted = None
         while todo:
             usable = [g for g in range(self.manager.device_count) if g not in self._lost]
             if not usable:
@@ -182,6 +215,9 @@ class NodeAgent:
             by_gpu: dict[int, list[Any]] = {}
             for s, a in zip(todo, assigned):
                 by_gpu.setdefault(usable[a.device_index], []).append(s)
+            if predicted is None and self._throughput is not None:
+                predicted = max(sum(s.render_cost for s in group) / self._throughput[g]
+                                for g, group in by_gpu.items())
             todo = []
             done, r_s, d_s = self._render_groups(by_gpu, todo)
             render_s += r_s
@@ -190,7 +226,8 @@ class NodeAgent:
                 images[sid], where[sid] = img, g
         self._drop_targets(keep_call=self._calls - _KEEP_CALLS)
         return {"node_id": self.node_id, "images": images, "gpu": where, "render_s": render_s,
-                "readback_s": readback_s, "total_s": time.perf_counter() - t0, "lost_gpus": dict(self._lost)}
+                "readback_s": readback_s, "total_s": time.perf_counter() - t0, "lost_gpus": dict(self._lost),
+                "predicted_s": predicted}
 
     def _render_groups(self, by_gpu: dict[int, list[Any]], retry: list[Any]) -> tuple[list, float, float]:
         """Submit every GPU's renders, wait for them all, then read each image back. SRUs of a GPU
@@ -232,15 +269,6 @@ class NodeAgent:
         for group in by_gpu.values():
             retry.extend(s for s in group if s.sru_id not in got)
         return out, t1 - t0, time.perf_counter() - t1
-
-    def _render_on(self, g: int, srus: Sequence[Any]) -> list[np.ndarray]:
-        renderer = self._renderer(g)
-        self._calls += 1
-        targets = [self._target(g, s) for s in srus]
-        points = [renderer.render(s, t) for s, t in zip(srus, targets)]
-        for p in points:
-            renderer.wait(p, self.timeout)
-        return self._readback(g).read(targets, timeout=self.timeout)
 
     # -- GPUs, renderers, targets ----------------------------------------------------------
 

@@ -13,6 +13,7 @@ same frame, so the frame still completes and is the same.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -32,6 +33,8 @@ __all__ = ["ClusterManager", "ClusterFrame", "NodeFrameReport"]
 
 #: Payload of the small link probe: above Ray's 100 KiB inline limit, so it goes through the object store.
 _SMALL_PROBE = 256 * 1024
+#: Frames where a node was busy less than this do not adjust its throughput (overhead, not work).
+_MIN_OBSERVED_S = 0.005
 
 
 @dataclass
@@ -94,16 +97,21 @@ class ClusterManager:
     render throughput and each node's link to the driver (else every GPU
     weighs 1 and links are taken as 1 GB/s). `topology`: ask each agent for
     vkmulti.kernels' measured GPU topology, where that layer is installed.
+    `adapt`: after each frame a node's throughput moves this fraction of the way
+    toward what the frame showed (0: keep the start-up measurement).
     Nodes that offer no `vk_gpu`, or whose agent finds no Vulkan device, are
     skipped and listed in `skipped` with the reason.
     """
 
     def __init__(self, *, virtual_gpus: int = 0, timeout: float = 120.0, start_timeout: float = 120.0,
-                 measure: bool = True, topology: bool = True, link_bytes: int = 8 * 2**20):
+                 measure: bool = True, topology: bool = True, link_bytes: int = 8 * 2**20, adapt: float = 0.3):
         if isinstance(virtual_gpus, bool) or not isinstance(virtual_gpus, int) or virtual_gpus < 0:
             raise ValueError(f"virtual_gpus must be an int >= 0, got {virtual_gpus!r}")
         if isinstance(link_bytes, bool) or not isinstance(link_bytes, int) or link_bytes < 2 * _SMALL_PROBE:
             raise ValueError(f"link_bytes must be an int >= {2 * _SMALL_PROBE}, got {link_bytes!r}")
+        if isinstance(adapt, bool) or not isinstance(adapt, (int, float)) or not 0.0 <= adapt <= 1.0:
+            raise ValueError(f"adapt must be a number in [0, 1], got {adapt!r}")
+        self.adapt = float(adapt)
         self.timeout = _positive(timeout, "timeout")
         self.start_timeout = _positive(start_timeout, "start_timeout")
         ray = require_ray()
@@ -116,6 +124,7 @@ class ClusterManager:
         self._agents: dict[str, Any] = {}
         self._pids: dict[str, int] = {}
         self.nodes: dict[str, NodeInfo] = {}
+        self._calibrated: dict[str, tuple[float, ...]] = {}
         self.links: dict[str, LinkInfo] = {}
         self.node_links: dict[tuple[str, str], LinkInfo] = {}
         self.call_latency: float = 0.0
@@ -248,9 +257,8 @@ class ClusterManager:
                 why = _short(r) if isinstance(r, BaseException) else "no GPU rendered the calibration SRU"
                 self._lose(node_id, f"measuring its GPUs failed: {why}")
                 continue
-            info = self.nodes[node_id]
-            self.nodes[node_id] = NodeInfo(info.node_id, info.address, info.hostname, info.devices,
-                                           tuple(float(x) for x in r), info.local, info.topology)
+            self._calibrated[node_id] = tuple(float(x) for x in r)
+            self.nodes[node_id] = dataclasses.replace(self.nodes[node_id], gpu_throughput=self._calibrated[node_id])
         t = []
         for a in self._live_agents().values():
             for _ in range(3):
@@ -381,6 +389,7 @@ class ClusterManager:
                     self._lose(node_id, _short(exc), frame)
                     retry += group
                     continue
+                self._observe(node_id, r)
                 rep = frame.nodes.setdefault(node_id, NodeFrameReport(node_id, local=self.nodes[node_id].local))
                 rep.round_trip_s += time.perf_counter() - sent
                 rep.render_s += r["render_s"]
@@ -393,6 +402,20 @@ class ClusterManager:
                     rep.gpu[s.sru_id] = r["gpu"][s.sru_id]
                     rep.nbytes += img.nbytes
         return retry
+
+    def _observe(self, node_id: str, r: dict) -> None:
+        """Move the node's throughput toward what this frame showed (exponential average with
+        weight `adapt`), so a calibration off by contention or clocks corrects itself."""
+        busy, predicted = r["render_s"] + r["readback_s"], r.get("predicted_s")
+        if not self.adapt or not predicted or busy < _MIN_OBSERVED_S:
+            return
+        info, calibrated = self.nodes[node_id], self._calibrated.get(node_id)
+        if calibrated is None:
+            return
+        shown = sum(calibrated) * predicted / busy          # the agent predicted with the calibration
+        total = (1.0 - self.adapt) * info.throughput + self.adapt * shown
+        self.nodes[node_id] = dataclasses.replace(
+            info, gpu_throughput=tuple(x * total / sum(calibrated) for x in calibrated))
 
     # -- nodes -------------------------------------------------------------------------
 
