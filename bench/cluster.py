@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             "overhead_ms_one_node_vs_local": round(_ms(runs["one_node"]) - _ms(runs["local"]), 3),
             "overhead_ms_cluster_vs_one_node": round(_ms(runs["cluster"]) - _ms(runs["one_node"]), 3),
             "tiny_frame_ms_one_node": _ms(runs["tiny_one_node"]), "tiny_frame_ms_cluster": _ms(runs["tiny_cluster"]),
+            "composite_ms_cluster": _ms([f.composite_s for f in frames["cluster"]]),
             "call_latency_ms": round(cm.call_latency * 1e3, 3),
             "bytes_network_per_frame": last.bytes_moved, "bytes_shared_memory_per_frame": last.bytes_zero_copy,
             "per_node_cluster": node_split(frames["cluster"], cm.nodes),

@@ -3,8 +3,9 @@
 Level 1 (driver): SRUs go to nodes with `assign_srus`, each node weighted by
 its measured render throughput (cost units per second: an SRU of cost c
 takes c / throughput seconds there) and the network link to the driver as
-the transfer cost (seconds to move the SRU's image: latency + bytes /
-bandwidth). Node 0 of that problem is the driver's own node when it runs an
+the transfer cost (seconds to move the SRU's image: bytes / bandwidth; the
+per-object latency is paid once per node, as all its images travel as one
+object). Node 0 of that problem is the driver's own node when it runs an
 agent (its images reach the compositor through shared memory, no transfer);
 otherwise the best-connected node, and the transfer cost is what the slower
 links add. Level 2 (each agent): its share goes to its GPUs with
@@ -136,21 +137,21 @@ def plan_nodes(srus: Sequence[Any], nodes: Sequence[NodeInfo], links: dict[str, 
         if ln is None:
             raise ValueError(f"{n.label}: no measured link to the driver")
         return ln
-    base = link(order[0])
-    # assign_srus has one transfer cost per SRU for every node but node 0: take the slowest link
-    remote = [link(n) for n in order[1:]]
-
-    def transfer(s: Any) -> float:
-        b = sru_image_bytes(s)
-        return max((ln.seconds(b) for ln in remote), default=0.0) - base.seconds(b) if remote else 0.0
-
+    # assign_srus charges one transfer cost per SRU to every node but node 0: the slowest link's
+    # seconds per byte, less node 0's. A node's images travel as one object, so the per-object
+    # latency is paid once per node and round, not per SRU: it is in `predicted`, not in the balance.
+    per_byte = [0.0 if math.isinf(link(n).bandwidth) else 1.0 / link(n).bandwidth for n in order]
+    extra = max(max(per_byte[1:], default=0.0) - per_byte[0], 0.0)
     assigned = assign_srus(srus, len(order), cost=lambda s: s.render_cost, weights=weights,
-                           transfer_cost=lambda s: max(transfer(s), 0.0))
+                           transfer_cost=lambda s: sru_image_bytes(s) * extra)
     plan = NodePlan({n.node_id: [] for n in order}, {n.node_id: 0.0 for n in order})
     for s, a in zip(srus, assigned):
-        n = order[a.device_index]
+        k = a.device_index
+        n = order[k]
+        if not plan.srus[n.node_id]:
+            plan.predicted[n.node_id] += link(n).latency
         plan.srus[n.node_id].append(s)
-        plan.predicted[n.node_id] += s.render_cost / weights[a.device_index] + link(n).seconds(sru_image_bytes(s))
+        plan.predicted[n.node_id] += s.render_cost / weights[k] + sru_image_bytes(s) * per_byte[k]
     return plan
 
 
