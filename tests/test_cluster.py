@@ -8,6 +8,7 @@ holding libasan: Ray's own binaries would load it too).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -29,8 +30,11 @@ from vkmulti.errors import DeviceLostError  # noqa: E402
 from vkmulti.images import Image  # noqa: E402
 from vkmulti.render import Compositor  # noqa: E402
 
+HAVE_RAY = importlib.util.find_spec("ray") is not None
 SKIP_CLUSTER = os.environ.get("VKMULTI_SKIP_CLUSTER") == "1" or "asan" in os.environ.get("LD_PRELOAD", "")
-cluster = pytest.mark.skipif(SKIP_CLUSTER, reason="cluster tests off (VKMULTI_SKIP_CLUSTER=1 or ASan run)")
+cluster = pytest.mark.skipif(SKIP_CLUSTER or not HAVE_RAY,
+                             reason="Ray is not installed (pip install 'vkmulti[cluster]')" if not HAVE_RAY else
+                             "cluster tests off (VKMULTI_SKIP_CLUSTER=1 or ASan run)")
 
 W, H = 384, 256
 
@@ -197,9 +201,9 @@ NODE = dict(node_ip_address="127.0.0.1", num_cpus=1, resources={"vk_gpu": 2}, ob
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A head and two worker nodes on 127.0.0.1, each offering the virtual pair as vk_gpu=2."""
-    if SKIP_CLUSTER:
-        pytest.skip("cluster tests off (VKMULTI_SKIP_CLUSTER=1 or ASan run)")
-    ray = pytest.importorskip("ray")
+    if SKIP_CLUSTER or not HAVE_RAY:
+        pytest.skip("no Ray, or cluster tests off")
+    import ray
     from ray.cluster_utils import Cluster
 
     c = Cluster(initialize_head=True, head_node_args=dict(NODE, include_dashboard=False))
@@ -355,7 +359,6 @@ def test_demo_cli_on_the_cluster(ray_cluster, capsys):
 
 @cluster
 def test_demo_cli_auto_starts_a_local_ray(tmp_path):
-    pytest.importorskip("ray")
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     p = subprocess.run([sys.executable, "-m", "vkmulti", "demo", "--ray", "auto", "--srus", "4", "--size",
                         "128x96", "--frames", "1", "--output", str(tmp_path / "f.png")],

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError
+from ..errors import DeviceLostError, TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError
 from ..partition import assign_srus
 from ..render import MAX_ITERATIONS
 from .errors import ClusterError
@@ -77,6 +77,7 @@ class NodeAgent:
         self._readbacks: dict[int, BatchReadback] = {}
         self._targets: dict[tuple, list] = {}      # (gpu, sru_id, w, h) -> [Image, last call]
         self._lost: dict[int, str] = {}
+        self._abandoned: list[Any] = []             # targets of GPUs that failed other than by loss
         self._throughput: list[float] | None = None
         self._calls = 0
         try:
@@ -312,10 +313,10 @@ class NodeAgent:
         log.error("%s: GPU %d left out of later renders, %s", self.label, g, why, exc_info=exc)
         for key in [k for k in self._targets if k[0] == g]:
             img, _ = self._targets.pop(key)
-            try:
-                img.destroy(1.0)
-            except VkmError:
-                pass   # a lost device's image: its memory goes with the device
+            if isinstance(exc, DeviceLostError):
+                img.destroy(1.0)           # nothing runs on a lost device: its objects can be freed now
+            else:
+                self._abandoned.append(img)   # the GPU may still be using it: freed at shutdown
 
     # -- links -------------------------------------------------------------------------
 
@@ -344,6 +345,12 @@ class NodeAgent:
     def shutdown(self) -> None:
         """Free targets, renderers and the manager (idempotent)."""
         self._drop_targets(keep_call=1 << 62)
+        for img in self._abandoned:
+            try:
+                img.destroy(self.timeout)
+            except VkmError as exc:
+                log.warning("%s: freeing a failed GPU's render target failed: %r", self.label, exc)
+        self._abandoned.clear()
         for r in self._renderers.values():
             try:
                 r.destroy(self.timeout)

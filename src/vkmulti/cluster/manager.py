@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import math
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -133,6 +134,7 @@ class ClusterManager:
         self.topology_notes: dict[str, str] = {}
         self.driver_node_id: str = ray.get_runtime_context().get_node_id()
         self._destroyed = False
+        self._lock = threading.RLock()     # one frame or measurement at a time
         try:
             self._start(virtual_gpus, topology)
             if measure:
@@ -248,6 +250,10 @@ class ClusterManager:
 
     def measure(self, link_bytes: int = 8 * 2**20) -> None:
         """Measure every node's GPU throughput and its link to the driver (the planner's inputs)."""
+        with self._lock:
+            self._measure(link_bytes)
+
+    def _measure(self, link_bytes: int) -> None:
         self._check()
         ray = self._ray
         got = self._gather({a.measure_throughput.remote(): n for n, a in self._agents.items()},
@@ -293,7 +299,13 @@ class ClusterManager:
     def measure_node_links(self, nbytes: int = 8 * 2**20) -> dict[tuple[str, str], LinkInfo]:
         """Measure the link between every ordered pair of live nodes (one agent fetching the other's
         object); stored in `node_links` and returned."""
-        self._check()
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 2 * _SMALL_PROBE:
+            raise ValueError(f"nbytes must be an int >= {2 * _SMALL_PROBE}, got {nbytes!r}")
+        with self._lock:
+            self._check()
+            return self._measure_node_links(nbytes)
+
+    def _measure_node_links(self, nbytes: int) -> dict[tuple[str, str], LinkInfo]:
         ray = self._ray
         live = self._live_agents()
         for src, a in live.items():
@@ -337,7 +349,12 @@ class ClusterManager:
                 raise ValueError(f"{label} must be a positive int, got {v!r}")
         if on_dispatch is not None and not callable(on_dispatch):
             raise TypeError("on_dispatch must be callable or None")
-        candidates = self._usable(nodes)
+        with self._lock:
+            self._check()
+            return self._render_frame(srus, width, height, clear, self._usable(nodes), on_dispatch)
+
+    def _render_frame(self, srus: list, width: int, height: int, clear: Any, candidates: list[NodeInfo],
+                      on_dispatch: Callable[[int, NodePlan], Any] | None) -> ClusterFrame:
         t0 = time.perf_counter()
         images: dict[Any, np.ndarray] = {}
         frame = ClusterFrame(np.empty(0, np.uint8), {}, [])
@@ -432,6 +449,8 @@ class ClusterManager:
             if isinstance(nodes, str):
                 raise TypeError("nodes must be a list of node ids, not one str")
             wanted = list(nodes)
+            if not wanted:
+                raise ValueError("nodes must name at least one node (or be None for all)")
             for n in wanted:
                 if n not in self.nodes:
                     raise ValueError(f"unknown node id {n!r} (known: {[k[:8] for k in self.nodes]})")
@@ -464,9 +483,13 @@ class ClusterManager:
 
     def destroy(self) -> None:
         """Shut the agents down, free the placement group, close a connection connect() opened (idempotent)."""
-        if self._destroyed:
-            return
-        self._destroyed = True
+        with self._lock:
+            if self._destroyed:
+                return
+            self._destroyed = True
+            self._teardown()
+
+    def _teardown(self) -> None:
         ray = self._ray
         live = self._live_agents()
         if live:
