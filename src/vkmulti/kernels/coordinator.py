@@ -713,25 +713,24 @@ class MultiGpuCoordinator:
             view = self._estimate_locked()
         else:
             n = len(self._infos)
-            m = max(n, base.device_count)
-            view = GpuTopology(m)
-            view.details = dict(base.details)
-            for s in range(m):
-                for d in range(m):
-                    if s == d:
-                        continue
-                    if (s < n and not self._is_live(s)) or (d < n and not self._is_live(d)):
-                        continue   # offline devices and placeholders have no links
-                    if s < base.device_count and d < base.device_count:
-                        c = base.get_connection(s, d)
-                    else:
-                        c = self._estimated_link(s, d)
-                    if c is not None:
-                        view.set_connection(dataclasses.replace(c, bidirectional=False))
-            for i, node in enumerate(base.numa_nodes):
-                view.numa_nodes[i] = node
+            view = base.copy()
+            if base.device_count < n:   # devices registered after it was made: estimated links
+                grown = GpuTopology(n)
+                for s in range(n):
+                    for d in range(n):
+                        if s < base.device_count and d < base.device_count:
+                            grown._connections[s][d] = view._connections[s][d]
+                        elif s != d:
+                            grown._connections[s][d] = self._estimated_link(s, d)
+                grown.numa_nodes[:base.device_count] = view.numa_nodes
+                grown.details, grown.last_updated = view.details, view.last_updated
+                view = grown
+            for s in range(n):
+                if not self._is_live(s):   # offline devices and placeholders have no links
+                    for d in range(view.device_count):
+                        if d != s:
+                            view._connections[s][d] = view._connections[d][s] = None
             view.probed = base.probed and base.device_count >= n
-            view.last_updated = base.last_updated
         self._topology_view = view
         return view
 
