@@ -245,8 +245,8 @@ def format_topology(topo: GpuTopology, names: list[str] | None = None) -> str:
     src = topo.details.get("source", "estimated" if not topo.probed else "measured")
     lines.append(f"Topology ({'measured' if topo.probed else 'estimated'}; source: {src}"
                  + (f", {topo.details['cache_file']}" if topo.details.get("cache_file") else "") + ")")
-    width = 26
-    header = " " * 8 + "".join(f"{'-> GPU ' + str(j):<{width}}" for j in range(n))
+    width = 28
+    header = (" " * 8 + "".join(f"{'-> GPU ' + str(j):<{width}}" for j in range(n))).rstrip()
 
     def table(title: str, cell: Any) -> None:
         lines.append("")
