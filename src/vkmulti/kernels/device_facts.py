@@ -48,8 +48,9 @@ def memory_figures(slot: Any) -> tuple[int, int, str]:
     """(total, available, source) of a slot's largest device-local heap.
 
     With VK_EXT_memory_budget enabled on the slot's device, available is the
-    heap's budget minus this process's... (the driver's) usage; without it,
-    available is the heap size (the driver reports no usage) and `source` says so.
+    heap's budget minus its usage as the driver reports them (refreshed on
+    every call); without it, available is the heap size (no usage is known)
+    and `source` says so.
     """
     caps: DeviceCapabilities = slot.capabilities
     heaps = [h for h in caps.memory_heaps if h.device_local] or list(caps.memory_heaps)
