@@ -1,5 +1,6 @@
-"""MultiGpuCoordinator: the registry of devices and kernels, and the six
-load-balancing strategies (ringkernel's `multi_gpu` coordinator, defects fixed).
+"""MultiGpuCoordinator: the registry of devices and kernels (ringkernel's
+`multi_gpu` coordinator, defects fixed). Its strategies live in strategies.py,
+its topology side in topology_view.py.
 
 Every method is thread-safe: the state sits behind one lock, held only for
 bookkeeping (never while user code runs: custom selectors and listeners are
@@ -8,21 +9,20 @@ called outside it).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import enum
 import logging
-import operator
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import (BackendUnavailableError, DeviceNotAvailableError, InvalidConfigError, KernelNotFoundError,
-                      MigrationError)
+from ..errors import DeviceNotAvailableError, InvalidConfigError, KernelNotFoundError, MigrationError
 from .config import Backend, LaunchOptions, LoadBalancingStrategy, MultiGpuConfig
 from .devices import DeviceInfo, DeviceStatus, MultiGpuStats
 from .ids import KernelId, as_kernel_id, check_count, check_index, check_number
 from .plans import DeviceUnregisterResult, KernelMigrationPlan, MigrationPriority, MigrationRequest
-from .topology import GpuConnection, GpuTopology, InterconnectType
+from .strategies import StrategyMixin
+from .topology import GpuTopology, InterconnectType
+from .topology_view import TopologyMixin
 
 if TYPE_CHECKING:
     from ..multi_device import MultiDeviceManager
@@ -63,7 +63,7 @@ class CoordinatorEvent:
     result: DeviceUnregisterResult | None = None
 
 
-class MultiGpuCoordinator:
+class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
     """Places kernels on devices and keeps the kernel -> device map.
 
     Devices are slots by index. `register_device` pads gaps with placeholder
@@ -395,159 +395,6 @@ class MultiGpuCoordinator:
         self._notify([ev])
         return idx
 
-    def select_device_for_k2k(self, source_kernel: KernelId | str) -> int:
-        """The device for a kernel that will talk to `source_kernel`: among the
-        source device's P2P neighbours that can take a kernel, the highest
-        bandwidth / (load + 0.1) (ties to the lowest index); select_device()
-        when the source is unplaced or no neighbour qualifies."""
-        kid = as_kernel_id(source_kernel, "source_kernel")
-        with self._lock:
-            src = self._map.get(kid)
-            if src is not None:
-                topo = self._view_locked()
-                best, best_score = -1, -1.0
-                for n in topo.neighbors(src):
-                    if n < len(self._infos) and self._registered[n] and self._online[n] \
-                            and self._counts[n] < self._max:
-                        conn = topo.get_connection(src, n)
-                        bw = conn.bandwidth_gbps if conn is not None else 1.0
-                        score = bw / (self._counts[n] / self._max + 0.1)
-                        if score > best_score:
-                            best, best_score = n, score
-                if best >= 0:
-                    return best
-        return self.select_device()
-
-    def _select_locked(self) -> int:
-        if not self._infos:
-            raise BackendUnavailableError("No GPU devices available: no device is registered")
-        if not self._candidates:
-            raise BackendUnavailableError(f"No suitable GPU device available: none of the preferred devices "
-                                          f"{sorted(self._preferred)} is registered ({len(self._infos)} slot(s))")
-        i = self._pick()   # type: ignore[misc]
-        return i if i >= 0 else self._nothing_fits_locked()
-
-    def _pick_first_available(self) -> int:
-        counts, mx = self._counts, self._max
-        for i in self._live:
-            if counts[i] < mx:
-                return i
-        return -1
-
-    def _pick_least_loaded(self) -> int:
-        counts, mx = self._counts, self._max
-        best, best_load = -1, float("inf")
-        if self._uniform_speed:
-            for i in self._live:
-                c = counts[i]
-                if c < mx and c < best_load:
-                    best, best_load = i, c
-        else:
-            speed = self._speed
-            for i in self._live:
-                c = counts[i]
-                if c < mx and c / speed[i] < best_load:
-                    best, best_load = i, c / speed[i]
-        return best
-
-    def _pick_round_robin(self) -> int:
-        counts, mx = self._counts, self._max
-        ready = [i for i in self._live if counts[i] < mx]
-        if not ready:
-            return -1
-        i = ready[self._rr % len(ready)]
-        self._rr += 1
-        return i
-
-    def _pick_memory(self) -> int:
-        counts, mx, infos = self._counts, self._max, self._infos
-        best, most = -1, -1
-        for i in self._live:
-            if counts[i] < mx and infos[i].available_memory > most:
-                best, most = i, infos[i].available_memory
-        return best
-
-    def _pick_compute(self) -> int:
-        counts, mx, infos = self._counts, self._max, self._infos
-        best, top = -1, (-1, -1)
-        for i in self._live:
-            if counts[i] < mx:
-                cc = infos[i].compute_capability or (0, 0)
-                if cc > top:
-                    best, top = i, cc
-        return best
-
-    def _nothing_fits_locked(self) -> int:
-        """No candidate can take a kernel: the error, or (strict=False) the seed's answer."""
-        if not self._strict:
-            s = self._strategy
-            seed = self._candidates[0] if s in (LoadBalancingStrategy.FIRST_AVAILABLE,
-                                                LoadBalancingStrategy.ROUND_ROBIN) else 0
-            if seed < len(self._infos) and self._registered[seed] and self._online[seed]:
-                return seed
-        raise DeviceNotAvailableError(f"no device can take a kernel ({self._strategy.name}): "
-                                      f"{self._describe_candidates_locked()}")
-
-    def _describe_candidates_locked(self) -> str:
-        parts = []
-        for i in self._candidates[:8]:
-            if not self._registered[i]:
-                parts.append(f"device {i} is a placeholder")
-            elif not self._online[i]:
-                parts.append(f"device {i} is offline")
-            else:
-                parts.append(f"device {i} is full ({self._counts[i]}/{self._max} kernels)")
-        more = len(self._candidates) - 8
-        return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
-
-    def _select_custom(self, options: LaunchOptions | None) -> int:
-        with self._lock:
-            if not self._infos:
-                raise BackendUnavailableError("No GPU devices available: no device is registered")
-            selector = self._selector
-            if selector is None:
-                if self._strict:
-                    raise InvalidConfigError("load_balancing is CUSTOM but no selector is set; call "
-                                             "set_custom_selector(fn) first")
-                return self._nothing_fits_locked()
-            statuses = self._statuses_locked()
-        name = getattr(selector, "__qualname__", type(selector).__name__)
-        try:
-            answer = selector(statuses, options if options is not None else LaunchOptions())
-        except Exception as exc:
-            raise DeviceNotAvailableError(f"the custom selector {name} raised {type(exc).__name__}: {exc}") from exc
-        if isinstance(answer, bool):
-            raise DeviceNotAvailableError(f"the custom selector {name} returned {answer!r}, not a device index")
-        try:
-            idx = operator.index(answer)
-        except TypeError:
-            raise DeviceNotAvailableError(f"the custom selector {name} returned {type(answer).__name__} "
-                                          f"{answer!r:.60}, not a device index") from None
-        with self._lock:
-            self._check_takes_kernel_locked(idx, f"the custom selector {name}'s answer")
-        return idx
-
-    def _check_takes_kernel_locked(self, idx: int, what: str) -> None:
-        if not 0 <= idx < len(self._infos):
-            raise DeviceNotAvailableError(f"{what} is device {idx}, which does not exist "
-                                          f"({len(self._infos)} slot(s))")
-        if not (self._registered[idx] and self._online[idx]):
-            raise DeviceNotAvailableError(f"{what} is device {idx}, which is "
-                                          f"{'a placeholder' if not self._registered[idx] else 'offline'}")
-        if self._strict and self._counts[idx] >= self._max:
-            raise DeviceNotAvailableError(f"{what} is device {idx}, which is full "
-                                          f"({self._counts[idx]}/{self._max} kernels)")
-
-    def _least_loaded_of(self, targets: list[int]) -> int:
-        best, best_load = -1, float("inf")
-        for i in targets:
-            c = self._counts[i]
-            if c < self._max and c / self._speed[i] < best_load:
-                best, best_load = i, c / self._speed[i]
-        return best
-
-    # -- kernels -------------------------------------------------------------------
-
     def assign_kernel(self, kernel_id: KernelId | str, device_index: int) -> None:
         """Map `kernel_id` to `device_index` (an online device). Re-assigning moves
         the kernel (and its count). An explicit assignment may exceed
@@ -639,35 +486,7 @@ class MultiGpuCoordinator:
             return (a < n and b < n and self._registered[a] and self._online[a] and self._registered[b]
                     and self._online[b] and self._infos[a].p2p_capable and self._infos[b].p2p_capable)
 
-    # -- topology ------------------------------------------------------------------
-
-    def discover_topology(self) -> GpuTopology:
-        """Estimate the topology from the device records (no measurement): for two
-        online P2P-capable devices of one backend, SAME_DEVICE when they share a
-        UUID, NVLINK when both report compute capability >= 8 (CUDA or Vulkan on
-        NVIDIA), else PCIE; NONE for the other online pairs; no link to
-        placeholders or offline devices. It becomes the coordinator's topology,
-        replacing one given to set_topology."""
-        with self._lock:
-            topo = self._estimate_locked()
-            self._topology_base = None
-            self._topology_view = topo
-            return topo.copy()
-
-    def topology(self) -> GpuTopology:
-        """A copy of the current topology: the one set (or probed) with offline
-        devices' links removed and new devices estimated, else the estimate.
-        Register and unregister invalidate it."""
-        with self._lock:
-            return self._view_locked().copy()
-
-    def set_topology(self, topology: GpuTopology) -> None:
-        """Use `topology` (manual or probed) from now on; a copy is kept."""
-        if not isinstance(topology, GpuTopology):
-            raise TypeError(f"set_topology takes a GpuTopology, got {type(topology).__name__}")
-        with self._lock:
-            self._topology_base = topology.copy()
-            self._topology_view = None
+    # -- bookkeeping ---------------------------------------------------------------
 
     def _changed_devices_locked(self) -> None:
         n = len(self._infos)
@@ -678,61 +497,6 @@ class MultiGpuCoordinator:
 
     def _is_live(self, i: int) -> bool:
         return i < len(self._infos) and self._registered[i] and self._online[i]
-
-    def _estimated_link(self, i: int, j: int) -> GpuConnection | None:
-        if not (self._is_live(i) and self._is_live(j)):
-            return None
-        a, b = self._infos[i], self._infos[j]
-        kind = InterconnectType.NONE
-        if a.p2p_capable and b.p2p_capable and a.backend == b.backend:
-            if a.device_uuid is not None and a.device_uuid == b.device_uuid:
-                kind = InterconnectType.SAME_DEVICE
-            elif a.backend in (Backend.CUDA, Backend.VULKAN) and (a.compute_capability or (0, 0))[0] >= 8 \
-                    and (b.compute_capability or (0, 0))[0] >= 8:
-                kind = InterconnectType.NVLINK
-            else:
-                kind = InterconnectType.PCIE
-        return GpuConnection(i, j, kind, bidirectional=False)
-
-    def _estimate_locked(self) -> GpuTopology:
-        n = len(self._infos)
-        topo = GpuTopology(n)
-        for i in range(n):
-            for j in range(n):
-                if i != j:
-                    c = self._estimated_link(i, j)
-                    if c is not None:
-                        topo.set_connection(c)
-        return topo
-
-    def _view_locked(self) -> GpuTopology:
-        if self._topology_view is not None:
-            return self._topology_view
-        base = self._topology_base
-        if base is None:
-            view = self._estimate_locked()
-        else:
-            n = len(self._infos)
-            view = base.copy()
-            if base.device_count < n:   # devices registered after it was made: estimated links
-                grown = GpuTopology(n)
-                for s in range(n):
-                    for d in range(n):
-                        if s < base.device_count and d < base.device_count:
-                            grown._connections[s][d] = view._connections[s][d]
-                        elif s != d:
-                            grown._connections[s][d] = self._estimated_link(s, d)
-                grown.numa_nodes[:base.device_count] = view.numa_nodes
-                grown.details, grown.last_updated = view.details, view.last_updated
-                view = grown
-            for s in range(n):
-                if not self._is_live(s):   # offline devices and placeholders have no links
-                    for d in range(view.device_count):
-                        if d != s:
-                            view._connections[s][d] = view._connections[d][s] = None
-            view.probed = base.probed and base.device_count >= n
-        self._topology_view = view
-        return view
 
     # -- migration -----------------------------------------------------------------
 
