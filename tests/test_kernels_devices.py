@@ -326,3 +326,22 @@ def test_kernels_cross_device_transfer_runs_through_the_engine(manager):
         CrossDeviceTransfer(0, 7, 4).method(manager)
     with pytest.raises(ValueError):
         CrossDeviceTransfer(0, 1, -4)
+
+
+def test_probe_falls_back_to_staging_when_the_best_method_fails(manager, monkeypatch):
+    from vkmulti import TransferError
+
+    real = probe._measure_pair
+    failed = []
+
+    def flaky(src, dst, method, nbytes, reps):
+        if method != "staging_copy":
+            failed.append(method)
+            raise TransferError("link broke")
+        return real(src, dst, method, nbytes, reps)
+    monkeypatch.setattr(probe, "_measure_pair", flaky)
+    topo = probe.measure_topology(manager, nbytes=4096, reps=1)
+    for a, b in ((0, 1), (1, 0)):
+        assert topo.get_connection(a, b).method == "staging_copy" and topo.get_connection(a, b).bandwidth_gbps > 0
+    if failed:
+        assert any("link broke" in n and "staging_copy instead" in n for n in topo.details["notes"])

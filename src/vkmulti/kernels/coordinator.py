@@ -37,6 +37,8 @@ _UNREGISTERED = " (unregistered)"
 #: the seed's fallbacks when a migration has no direct connection to read figures from
 _FALLBACK_BANDWIDTH_GBPS = InterconnectType.NONE.estimated_bandwidth_gbps()
 _FALLBACK_LATENCY_US = InterconnectType.NONE.estimated_latency_us()
+#: transfer methods that move data device to device (no host memory in between)
+_PEER_METHODS = ("cuda_peer", "dmabuf")
 
 
 class CoordinatorEventKind(enum.Enum):
@@ -571,5 +573,3 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
         return (f"MultiGpuCoordinator({self._strategy.name}, devices={len(self._infos)}, "
                 f"kernels={len(self._map)})")
 
-
-_PEER_METHODS = ("cuda_peer", "dmabuf")

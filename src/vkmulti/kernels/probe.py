@@ -19,6 +19,8 @@ from typing import Any
 
 from .. import __version__
 from ..capabilities import DeviceCapabilities
+from ..errors import VkmError
+from ..methods import TransferMethod
 from .device_facts import nvlink_links, numa_node, pair_transfer_methods
 from .ids import check_count
 from .topology import GpuConnection, GpuTopology, InterconnectType
@@ -174,7 +176,15 @@ def measure_topology(manager: Any, *, nbytes: int | None = None, reps: int = DEF
                 continue
             method = methods[(a, b)]
             size = nbytes or (CPU_BYTES if "cpu" in (caps[a].device_type, caps[b].device_type) else GPU_BYTES)
-            bw, lat = _measure_pair(slots[a], slots[b], method, size, reps)
+            try:
+                bw, lat = _measure_pair(slots[a], slots[b], method, size, reps)
+            except VkmError as exc:
+                if method == TransferMethod.STAGING_COPY:
+                    raise
+                notes.append(f"GPU {a} -> GPU {b}: {method} failed ({type(exc).__name__}: {exc}); "
+                             f"measured with {TransferMethod.STAGING_COPY} instead")
+                method = TransferMethod.STAGING_COPY
+                bw, lat = _measure_pair(slots[a], slots[b], method, size, reps)
             kind = _interconnect(caps[a], caps[b], method, links.get((a, b)))
             topo.set_connection(GpuConnection(a, b, kind, bandwidth_gbps=bw, latency_us=lat, bidirectional=False,
                                               method=method))
