@@ -234,6 +234,9 @@ class TestOneManager:
         assert len(cm.nodes) == 3 and not cm.skipped
         assert sum(n.local for n in cm.nodes.values()) == 1
         assert all(len(n.devices) == 2 and n.throughput > 0 for n in cm.nodes.values())
+        # each agent measured its GPUs' topology (vkmulti.kernels)
+        assert all({(g["source"], g["destination"]) for g in n.gpu_links()} == {(0, 1), (1, 0)}
+                   for n in cm.nodes.values())
         remote = [n for n, i in cm.nodes.items() if not i.local]
         assert all(0 < cm.links[n].bandwidth < math.inf for n in remote)
         f = cm.render_frame(srus, W, H, nodes=None)

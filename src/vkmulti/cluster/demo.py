@@ -92,6 +92,12 @@ def print_report(r: dict[str, Any]) -> None:
         print(f"  node {n['node_id'][:8]} {n['address']:<15} {tag:<13} {len(n['devices'])} GPU(s) "
               f"{n['throughput'] / 1e9:7.2f} Gcost/s  {_link_text(n['link'])}")
         print(f"      {', '.join(n['devices'])}")
+        if n["gpu_links"]:
+            print("      GPU links (measured): " + ", ".join(
+                f"{g['source']}->{g['destination']} {g['method']} {g['bandwidth_gbps']:.1f} GB/s"
+                for g in n["gpu_links"]))
+        elif n.get("topology_note"):
+            print(f"      ({n['topology_note']})")
         if n["lost"]:
             print(f"      LOST: {n['lost']}")
     for label, why in c["skipped"].items():

@@ -68,11 +68,18 @@ class NodeInfo:
     def label(self) -> str:
         return f"node {self.node_id[:8]} ({self.address})"
 
+    def gpu_links(self) -> list[dict[str, Any]]:
+        """The measured links between this node's GPUs (from its topology; [] without one)."""
+        if not self.topology:
+            return []
+        return [{k: c.get(k) for k in ("source", "destination", "method", "bandwidth_gbps", "latency_us")}
+                for c in self.topology.get("connections", ()) if c.get("source") != c.get("destination")]
+
     def to_dict(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "address": self.address, "hostname": self.hostname,
                 "devices": list(self.devices), "gpu_throughput": list(self.gpu_throughput),
                 "throughput": self.throughput, "local": self.local,
-                "topology": self.topology is not None}
+                "topology": self.topology is not None, "gpu_links": self.gpu_links()}
 
 
 @dataclass
