@@ -18,6 +18,9 @@ from .offload import OffloadRoute, SRUOffloadCoordinator
 from .partition import SRUAssignment, assign_srus
 from .render import Compositor, ReferenceRenderer, ReferenceSRU
 from .transfer import CrossDeviceTransfer, TimelinePoint, TransferTicket, select_transfer_method
+from .errors import KernelMessageError, KernelNotFoundError, QueueFullError
+# compute kernels with resident state and message rings (vkmulti.kernels)
+from .kernels import HlcTimestamp, K2KMessage, Kernel, KernelRuntime, KernelSpec, MessageEnvelope
 
 __all__ = [
     "DeviceCapabilities", "QueueFamilies", "RenderCapabilities", "probe_device",
@@ -29,4 +32,6 @@ __all__ = [
     "OffloadRoute", "SRUOffloadCoordinator", "ReferenceSRU", "ReferenceRenderer", "Compositor",
     "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError", "OutOfHostMemoryError",
     "UnsupportedError", "TransferError", "TimeoutError", "DestroyedError",
+    "KernelMessageError", "KernelNotFoundError", "QueueFullError",
+    "KernelRuntime", "KernelSpec", "Kernel", "K2KMessage", "MessageEnvelope", "HlcTimestamp",
 ]

@@ -137,11 +137,13 @@ class _Batch:
         self.cleared: set = set()      # kernels that took all of theirs
         self.delivered = 0
         self.rejected = 0
+        self.unknown = 0               # messages to addresses no kernel has
         self.count = 0
         self.remote = 0
         self.remote_devices = 0
         self.done = False
         self.event = threading.Event()
+        self.last_value = 0            # the latest step that read it (a survey or a delivery)
 
     def takes(self, kernel: "Kernel") -> bool:
         """Whether `kernel` needs a delivery pass over this batch."""
@@ -149,8 +151,10 @@ class _Batch:
             return False
         return self.pending is None or kernel in self.pending
 
-    def finish_if_done(self) -> bool:
-        if not self.done and self.pending is not None and not self.pending:
+    def finish_if_done(self, completed: int) -> bool:
+        """Mark it done once no kernel here waits for its messages and no
+        submitted step still reads it (`completed`: the device's completed value)."""
+        if not self.done and self.pending is not None and not self.pending and self.last_value <= completed:
             self.done = True
             self.event.set()
         return self.done
@@ -194,7 +198,6 @@ class InboundBatch(_Batch):
     def __init__(self, ctx: DeviceContext, buffer: Any, offset: int, size: int, waits: list[TimelinePoint]):
         super().__init__(ctx, buffer, offset, size, source=None, waits=waits)
         self.sets: list[Any] = []      # descriptor sets made for it (freed when done)
-        self.last_value = 0
 
     @property
     def device_index(self) -> int:

@@ -111,7 +111,8 @@ class KernelRuntime:
         self._free_index = list(range(self.max_kernels - 1, 0, -1))
         self._generation = [0] * self.max_kernels
         self._listeners: list[Callable[[list[OutboxBatch]], Any]] = []
-        self._inbound_failures: list[str] = []
+        #: messages that could not be delivered and whose sender is gone or unknown (dead letters)
+        self.dead_letters = 0
         self._destroyed = False
         self._counter = 0
 
@@ -171,10 +172,11 @@ class KernelRuntime:
         """Whether something moves messages to kernels on other devices (a step listener)."""
         return bool(self._listeners)
 
-    def record_inbound_failure(self, text: str, n: int) -> None:
+    def record_dead_letters(self, text: str, n: int) -> None:
+        """Count undeliverable messages whose sender cannot be told (destroyed, or an inbound batch's)."""
         with self._lock:
-            self._inbound_failures.append(text)
-        log.warning("inbound batch: %s", text)
+            self.dead_letters += n
+        log.info("dead letters: %s", text)
 
     # -- launch ---------------------------------------------------------------------------
 
@@ -369,10 +371,6 @@ class KernelRuntime:
             if k.errors:
                 problems, k.errors = k.errors, []
                 raise KernelMessageError(k.id, problems)
-        with self._lock:
-            if self._inbound_failures:
-                problems, self._inbound_failures = self._inbound_failures, []
-                raise KernelMessageError("<inbound batch>", problems)
 
     def _wait_points(self, points: Iterable[TimelinePoint], timeout: float | None) -> None:
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
@@ -413,12 +411,15 @@ class KernelRuntime:
                 self._listeners.remove(listener)
 
     def accept_batch(self, device: int, buffer: Any, offset: int = 0, size: int | None = None, *,
-                     wait: Any = None) -> InboundBatch:
+                     wait: Any = None, source: Kernel | None = None) -> InboundBatch:
         """Hand the kernels of `device` a batch in `buffer` (a vkmulti Buffer on that
         device, laid out as an outbox region: 16-word header with the count, then
         slots of this runtime's size) from `offset`. The next steps there deliver
         its messages (waiting on the GPU for `wait` first); the buffer must stay
-        untouched until the returned batch is done."""
+        untouched until the returned batch is done (then the GPU no longer reads
+        it). `source`: the kernel that sent the batch, told of messages that
+        cannot be delivered (otherwise they count as dead letters; the batch's
+        `unknown` and `rejected` counts say how many)."""
         self._check()
         if isinstance(device, bool) or not isinstance(device, int):
             raise TypeError(f"device must be an int, got {type(device).__name__}")
@@ -436,7 +437,10 @@ class KernelRuntime:
                              f"{ctx.min_offset_alignment}")
         _count(size, "size", RING_HEADER_BYTES + self.slot_size, buffer.size - offset)
         points = as_wait_points(wait, device)
+        if source is not None and not isinstance(source, Kernel):
+            raise TypeError(f"source must be a Kernel or None, got {type(source).__name__}")
         b = InboundBatch(ctx, buffer, offset, size, points)
+        b.source = source
         with ctx.lock:
             ctx.check()
             stepper.batches.append(b)
@@ -602,16 +606,13 @@ class KernelRuntime:
                     key = next((key for key in other.deliver_sets if key[0] == k.outbox.handle_int), None)
                     if key is not None:
                         stepper.retired.append((k.last_value, other.deliver_sets.pop(key)))
-            holds = [p for b in k.outbox_batches if b is not None for p in b.holds]
             ctx.cond.notify_all()
             try:
                 while ctx.completed() < k.last_value:
                     ctx.wait_unlocked(k.last_value, timeout)
-                for p in holds:
-                    ctx.slot.native.wait_timeline(p.semaphore, p.value, timeout)
             finally:
                 stepper.harvest()
-            k.free()
+            k.free()   # a transfer still reading the outbox (a router's copy) is waited for by Buffer.destroy
         self.coordinator.remove_kernel(k.id)
         with self._lock:
             index = k.address % self.max_kernels

@@ -68,6 +68,7 @@ class DeviceStepper:
         self.inflight: deque[InFlight] = deque()
         self.batches: list[_Batch] = []     # batches on this device not yet fully delivered
         self.nsteps = 0
+        self.harvested = 0                  # the last timeline value harvested
         self.retired: list[tuple[int, Any]] = []   # (value, descriptor set) to free once completed
 
     # -- waiting for room ------------------------------------------------------------
@@ -81,6 +82,9 @@ class DeviceStepper:
             j = k.steps % d
             if not k.region_harvested[j]:
                 return k.region_users[j]
+            old = k.outbox_batches[j]
+            if old is not None and not old.done and old.last_value > self.harvested:
+                return old.last_value   # its delivery results are not known yet
         return 0
 
     def make_room(self, kernels: list[Kernel], deadline: float) -> None:
@@ -159,14 +163,12 @@ class DeviceStepper:
             k.last_value = value
             if b is not None:
                 b.waits = []
+                b.last_value = value
                 if b.source is not None:
                     b.source.last_value = value
-                if isinstance(b, InboundBatch):
-                    b.last_value = value
         for b, _ in rec.surveys:
             b.waits = []
-            if isinstance(b, InboundBatch):
-                b.last_value = value
+            b.last_value = value
         self.batches.extend(new)
         self.inflight.append(rec)
         self.ctx.cond.notify_all()
@@ -324,13 +326,15 @@ class DeviceStepper:
         done = self.ctx.completed()
         changed = False
         while self.inflight and self.inflight[0].value <= done:
-            self._harvest_one(self.inflight.popleft())
+            rec = self.inflight.popleft()
+            self._harvest_one(rec)
+            self.harvested = rec.value
             changed = True
         if changed:
             for b in list(self.batches):
                 if b.pending is not None:
                     b.pending = {k for k in b.pending if not k.destroyed}
-                if b.finish_if_done():
+                if b.finish_if_done(done):
                     self.batches.remove(b)
                     if isinstance(b, InboundBatch):
                         self.retired += [(b.last_value, s) for s in b.sets]
@@ -380,7 +384,7 @@ class DeviceStepper:
                                  f"(local slots {gone} of GPU {self.ctx.index})", "undeliverable", len(gone))
         b.count, b.remote_devices, b.remote = w[13], w[8], w[10]
         b.pending = local - b.cleared
-        unknown = w[12]
+        unknown = b.unknown = w[12]
         if unknown:
             self._fail(b.source, f"{unknown} message(s) addressed to kernels that do not exist (destroyed, or "
                                  f"never launched)", "undeliverable", unknown)
@@ -390,12 +394,12 @@ class DeviceStepper:
                                  f"is attached to the runtime to move them", "undeliverable", b.remote)
 
     def _fail(self, kernel: Kernel | None, text: str, counter: str, n: int) -> None:
-        if kernel is None:
-            self.rt.record_inbound_failure(text, n)
+        """Tell the sending kernel (its next step() raises), or count dead letters."""
+        if kernel is None or kernel.destroyed:
+            self.rt.record_dead_letters(text, n)
             return
         setattr(kernel.stats, counter, getattr(kernel.stats, counter) + n)
-        if not kernel.destroyed:
-            kernel.errors.append(text)
+        kernel.errors.append(text)
         log.warning("kernel %r: %s", kernel.id, text)
 
     def _harvest_report(self, k: Kernel, j: int, step: int) -> None:
