@@ -19,6 +19,7 @@ from ..errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout
 from ..images import Buffer, CommandRunner, _vk
 from ..render import shader_path
 from ..transfer import TimelinePoint
+from .commands import barrier
 
 _ffi = vk.ffi
 
@@ -328,15 +329,3 @@ class DeviceContext:
         if self.timeline is not None:
             vk.vkDestroySemaphore(dev, _ffi.cast("VkSemaphore", self.timeline), None)
             self.timeline = None
-
-
-_ALL_MEMORY = vk.VK_ACCESS_MEMORY_READ_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT
-
-
-def barrier(cmd: Any, src: int = vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
-            dst: int = vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, host: bool = False) -> None:
-    """A global memory barrier (everything before, for everything after; `host`: and for host reads)."""
-    access = _ALL_MEMORY | (vk.VK_ACCESS_HOST_READ_BIT if host else 0)
-    vk.vkCmdPipelineBarrier(cmd, src, dst | (vk.VK_PIPELINE_STAGE_HOST_BIT if host else 0), 0, 1,
-                            [vk.VkMemoryBarrier(sType=vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER, srcAccessMask=_ALL_MEMORY,
-                                                dstAccessMask=access)], 0, None, 0, None)

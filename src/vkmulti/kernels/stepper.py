@@ -27,17 +27,15 @@ import numpy as np
 import vulkan as vk
 
 from ..errors import TimeoutError as VkmTimeout
-from ..images import _vk, timeline_submit_info
 from ..transfer import TimelinePoint
+from . import commands as cmds
 from .device_context import (DELIVER_RECORD, MAX_LOCAL_KERNELS, STATUS_WORDS, SURVEY_RECORD, WHOLE_SIZE,
-                             DeviceContext, barrier)
+                             DeviceContext)
 from .kernel import InboundBatch, Kernel, OutboxBatch, _Batch
 from .messages import ENVELOPE_BYTES, HOST_KERNEL_ID, RING_HEADER_BYTES, HlcTimestamp, K2KMessage, MessageEnvelope
 
 log = logging.getLogger(__name__)
 
-_BIND = vk.VK_PIPELINE_BIND_POINT_COMPUTE
-_STAGE = vk.VK_SHADER_STAGE_COMPUTE_BIT
 _KERNEL_PUSH = struct.Struct("<8I4I")
 _FINISH_PUSH = struct.Struct("<4I")
 _DELIVER_PUSH = struct.Struct("<4I")
@@ -57,7 +55,7 @@ class InFlight:
 
 
 def _push(cmd: Any, layout: Any, data: bytes) -> None:
-    vk.vkCmdPushConstants(cmd, layout, _STAGE, 0, len(data), vk.ffi.new("char[]", data))
+    cmds.push(cmd, layout, data)
 
 
 class DeviceStepper:
@@ -130,9 +128,8 @@ class DeviceStepper:
         try:
             gpu_waits, survey_offsets = self._record(rec, launched, taken_h2k)
             gpu_waits += [(p.semaphore, p.value) for p in waits]
-            info = timeline_submit_info(self.ctx.cmds[rec.region], gpu_waits, signal=(self.ctx.timeline, value))
             with self.ctx.queue.lock:
-                _vk("vkQueueSubmit", vk.vkQueueSubmit, self.ctx.queue.handle, 1, [info], vk.VK_NULL_HANDLE)
+                cmds.submit(self.ctx.queue.handle, self.ctx.cmds[rec.region], gpu_waits, (self.ctx.timeline, value))
         except BaseException:
             for k, slots in reversed(taken_h2k):   # nothing ran: the host messages are still to send
                 k.h2k.extendleft(reversed(slots))
@@ -200,23 +197,23 @@ class DeviceStepper:
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
             flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
-        barrier(cmd)
+        cmds.barrier(cmd)
         # 1. directory, outbox counts
         with ctx.dir_lock:
             rec.directory = sorted(ctx.dir_dirty)
             ctx.dir_dirty.clear()
         for idx in rec.directory:
             entry = self.rt.directory_entry(idx)
-            vk.vkCmdUpdateBuffer(cmd, ctx.directory.handle, idx * 16, 16, vk.ffi.new("char[]", entry))
+            cmds.update(cmd, ctx.directory.handle, idx * 16, entry)
         for k in launched:
             j = k.steps % d
-            vk.vkCmdFillBuffer(cmd, k.outbox.handle, j * k.outbox_region, 4, 0)
+            cmds.fill(cmd, k.outbox.handle, j * k.outbox_region, 4)
             old = k.outbox_batches[j]
             if old is not None:
                 gpu_waits += [(p.semaphore, p.value) for p in old.holds]
-        barrier(cmd)
+        cmds.barrier(cmd)
         # 2. deliveries and surveys of new inbound batches
-        vk.vkCmdBindPipeline(cmd, _BIND, ctx.deliver.pipeline)
+        cmds.bind_pipeline(cmd, ctx.deliver.pipeline)
         for k in launched:
             j = k.steps % d
             n = min(len(k.h2k), k.spec.inbox_capacity)
@@ -248,7 +245,7 @@ class DeviceStepper:
                 wait_for(b)
         new_inbound = [b for b in self.batches if isinstance(b, InboundBatch) and not b.surveyed and not b.done]
         if new_inbound:
-            vk.vkCmdBindPipeline(cmd, _BIND, ctx.survey.pipeline)
+            cmds.bind_pipeline(cmd, ctx.survey.pipeline)
             for b in new_inbound:
                 off = take(SURVEY_RECORD)
                 if off is None:
@@ -261,36 +258,34 @@ class DeviceStepper:
                 rec.surveys.append((b, off))
                 b.surveyed = True
                 wait_for(b)
-        barrier(cmd)
+        cmds.barrier(cmd)
         # 3. the kernels
         now = time.time_ns() // 1000
         bound = None
         for k in launched:
             j = k.steps % d
             if bound is not k.kernel_pass:
-                vk.vkCmdBindPipeline(cmd, _BIND, k.kernel_pass.pipeline)
+                cmds.bind_pipeline(cmd, k.kernel_pass.pipeline)
                 bound = k.kernel_pass
-            vk.vkCmdBindDescriptorSets(cmd, _BIND, k.kernel_pass.layout, 0, 1, [k.kernel_set], 1,
-                                       [j * k.outbox_region])
+            cmds.bind_set(cmd, k.kernel_pass.layout, k.kernel_set, (j * k.outbox_region,))
             _push(cmd, k.kernel_pass.layout, _KERNEL_PUSH.pack(
                 k.steps & _U32, k.steps >> 32, k.address, k.tenant, k.spec.inbox_capacity,
                 k.spec.outbox_capacity, k.payload_size // 4, 0, *k.params))
-            vk.vkCmdDispatch(cmd, *k.spec.groups)
-        barrier(cmd)
+            cmds.dispatch(cmd, *k.spec.groups)
+        cmds.barrier(cmd)
         # 4. finish
-        vk.vkCmdBindPipeline(cmd, _BIND, ctx.finish.pipeline)
+        cmds.bind_pipeline(cmd, ctx.finish.pipeline)
         for k in launched:
             j = k.steps % d
-            vk.vkCmdBindDescriptorSets(cmd, _BIND, ctx.finish.layout, 0, 1, [k.finish_set], 2,
-                                       [j * k.outbox_region, j * k.k2h_region])
+            cmds.bind_set(cmd, ctx.finish.layout, k.finish_set, (j * k.outbox_region, j * k.k2h_region))
             _push(cmd, ctx.finish.layout, _FINISH_PUSH.pack(now & _U32, now >> 32, k.steps & _U32, k.steps >> 32))
-            vk.vkCmdDispatch(cmd, 1, 1, 1)
-        barrier(cmd)
+            cmds.dispatch(cmd, 1, 1, 1)
+        cmds.barrier(cmd)
         # 5. surveys of the new outboxes
-        vk.vkCmdBindPipeline(cmd, _BIND, ctx.survey.pipeline)
+        cmds.bind_pipeline(cmd, ctx.survey.pipeline)
         for k, off in zip(launched, outbox_surveys):
             self._survey(cmd, k.survey_set, (k.steps % d) * k.outbox_region, off)
-        barrier(cmd, host=True)
+        cmds.barrier(cmd, host=True)
         vk.vkEndCommandBuffer(cmd)
         return gpu_waits, outbox_surveys
 
@@ -307,15 +302,15 @@ class DeviceStepper:
                 pool_set = k.deliver_sets[key] = ctx.descriptor_set(
                     ctx.deliver, [(buffer.handle, 0, size), (k.inbox.handle, 0, WHOLE_SIZE),
                                   (ctx.status.handle, 0, WHOLE_SIZE)])
-        vk.vkCmdBindDescriptorSets(cmd, _BIND, ctx.deliver.layout, 0, 1, [pool_set[1]], 1, [offset])
+        cmds.bind_set(cmd, ctx.deliver.layout, pool_set[1], (offset,))
         _push(cmd, ctx.deliver.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, 0))
-        vk.vkCmdDispatch(cmd, 1, 1, 1)
+        cmds.dispatch(cmd, 1, 1, 1)
 
     def _survey(self, cmd: Any, dset: Any, offset: int, status: int) -> None:
         ctx = self.ctx
-        vk.vkCmdBindDescriptorSets(cmd, _BIND, ctx.survey.layout, 0, 1, [dset], 1, [offset])
+        cmds.bind_set(cmd, ctx.survey.layout, dset, (offset,))
         _push(cmd, ctx.survey.layout, _SURVEY_PUSH.pack(status, ctx.index, ctx.table_size, 0))
-        vk.vkCmdDispatch(cmd, 1, 1, 1)
+        cmds.dispatch(cmd, 1, 1, 1)
 
     # -- harvest --------------------------------------------------------------------------
 
@@ -372,13 +367,14 @@ class DeviceStepper:
     def _apply_survey(self, b: _Batch, words: Any) -> None:
         w = [int(x) for x in words[:14]]
         local, gone = set(), []
-        for i in range(MAX_LOCAL_KERNELS):
-            if w[i // 32] >> (i % 32) & 1:
-                k = self.ctx.local[i]
-                if k is not None and not k.destroyed:
-                    local.add(k)
-                else:
-                    gone.append(i)
+        bits = np.unpackbits(np.ascontiguousarray(words[:MAX_LOCAL_KERNELS // 32], "<u4").view(np.uint8),
+                             bitorder="little")
+        for i in np.flatnonzero(bits).tolist():
+            k = self.ctx.local[i]
+            if k is not None and not k.destroyed:
+                local.add(k)
+            else:
+                gone.append(i)
         if gone:
             self._fail(b.source, f"message(s) addressed to kernel(s) destroyed before delivery "
                                  f"(local slots {gone} of GPU {self.ctx.index})", "undeliverable", len(gone))
