@@ -406,3 +406,41 @@ def test_a_custom_kernel_spec_runs(runtime):
     runtime.send(k, words(11), tag=COUNTER_TAG_ADD)
     runtime.step(k)
     assert read_counter(runtime.read_state(k)).sum == 11
+
+
+def test_eight_host_threads_and_three_kernel_senders_exactly_once(runtime, run_threads):
+    """Concurrent host senders and several kernels forwarding into one small inbox:
+    every message arrives once, each pair in order (checked on the GPU by sequence number)."""
+    sink = counter(runtime, "sink", inbox=3)
+    fwd = [counter(runtime, f"fwd{i}", params=[sink.address], inbox=8, outbox=8) for i in range(3)]
+    stop = threading.Event()
+
+    def step_loop() -> None:
+        while not stop.is_set():
+            runtime.step([sink] + fwd)
+
+    stepping = threading.Thread(target=step_loop)
+    stepping.start()
+    try:
+        def sender(t: int) -> None:
+            for i in range(25):
+                value = t * 1000 + i
+                if t < 3:   # through a forwarding kernel
+                    runtime.send(fwd[t], words(value), tag=COUNTER_TAG_FORWARD, timeout=30)
+                else:
+                    runtime.send(sink, words(value), tag=COUNTER_TAG_ADD, timeout=30)
+        assert run_threads(sender, 8) == []
+        deadline = time.monotonic() + 60
+        expected = sum(t * 1000 + i for t in range(8) for i in range(25))
+        while time.monotonic() < deadline:
+            state = read_counter(runtime.read_state(sink))
+            if state.count >= 200:
+                break
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        stepping.join(60)
+    runtime.synchronize()
+    state = read_counter(runtime.read_state(sink))
+    assert (state.count, state.sum, state.fifo_errors) == (200, expected, 0)
+    assert all(read_counter(runtime.read_state(f)).fifo_errors == 0 for f in fwd)
