@@ -22,30 +22,6 @@ from vkmulti.benchmarks import median_time
 from vkmulti.testing import use_virtual_if_no_gpu
 
 
-class _PinnedCoordinator:
-    """Placement for the bench when vkmulti.kernels has no MultiGpuCoordinator: every kernel is pinned."""
-
-    def __init__(self, manager: Any):
-        self.manager = manager
-
-    def select_device(self, options: Any = None) -> int:
-        return 0
-
-    def assign_kernel(self, kernel_id: str, device_index: int) -> None:
-        pass
-
-    def remove_kernel(self, kernel_id: str) -> None:
-        pass
-
-
-def coordinator_for(manager: Any) -> Any:
-    try:
-        from vkmulti.kernels import MultiGpuCoordinator
-    except ImportError:
-        return _PinnedCoordinator(manager)
-    return MultiGpuCoordinator.from_manager(manager)
-
-
 def stats(times: list[float]) -> dict[str, float]:
     a = np.array(times)
     return {"median_us": float(np.median(a) * 1e6), "min_us": float(a.min() * 1e6),
@@ -53,11 +29,11 @@ def stats(times: list[float]) -> dict[str, float]:
 
 
 def run(manager: Any, device: int, reps: int) -> dict[str, Any]:
-    from vkmulti.kernels import KernelRuntime, counter_kernel, pingpong_kernel
+    from vkmulti.kernels import KernelRuntime, MultiGpuCoordinator, counter_kernel, pingpong_kernel
     from vkmulti.kernels.reference import COUNTER_TAG_QUERY, counter_initial_state
 
     res: dict[str, Any] = {"device": manager.slot(device).name, "reps": reps}
-    rt = KernelRuntime(coordinator_for(manager), manager, max_kernels=64)
+    rt = KernelRuntime(MultiGpuCoordinator.from_manager(manager), max_kernels=64)
     try:
         spec = counter_kernel(max_sources=64)
         t0 = time.perf_counter()

@@ -1,10 +1,8 @@
-"""Test doubles for the kernel runtime's tests: a coordinator with the seed's
-placement API (used until vkmulti's MultiGpuCoordinator is importable), and a
-minimal router that moves every outbox batch to the other devices with the
-transfer engine, as the K2K router will (GPU-side ordering, no host copy)."""
+"""Helpers for the kernel runtime's tests: the coordinator of a manager, and a
+minimal router double that moves every outbox batch to the other devices with
+the transfer engine, as the K2K router will (GPU-side ordering, no host copy)."""
 from __future__ import annotations
 
-import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,40 +10,10 @@ from vkmulti import CrossDeviceTransfer, select_transfer_method
 from vkmulti.images import Buffer
 
 
-class SimpleCoordinator:
-    """select_device / assign_kernel / remove_kernel / get_kernel_device over a manager's slots."""
-
-    def __init__(self, manager: Any):
-        self.manager = manager
-        self.map: dict[str, int] = {}
-        self.lock = threading.Lock()
-
-    def select_device(self, options: Any = None) -> int:
-        with self.lock:
-            counts = [sum(1 for d in self.map.values() if d == i) for i in range(self.manager.device_count)]
-            return counts.index(min(counts))
-
-    def assign_kernel(self, kernel_id: str, device_index: int) -> None:
-        with self.lock:
-            self.map[kernel_id] = device_index
-
-    def remove_kernel(self, kernel_id: str) -> int | None:
-        with self.lock:
-            return self.map.pop(kernel_id, None)
-
-    def get_kernel_device(self, kernel_id: str) -> int | None:
-        return self.map.get(kernel_id)
-
-    def kernels_on_device(self, index: int) -> list[str]:
-        return [k for k, d in self.map.items() if d == index]
-
-
 def make_coordinator(manager: Any) -> Any:
-    """vkmulti's MultiGpuCoordinator built from `manager` when it exists, else the double."""
-    try:
-        from vkmulti.kernels import MultiGpuCoordinator
-    except ImportError:
-        return SimpleCoordinator(manager)
+    """A MultiGpuCoordinator with one registered device per slot of `manager`."""
+    from vkmulti.kernels import MultiGpuCoordinator
+
     return MultiGpuCoordinator.from_manager(manager)
 
 
