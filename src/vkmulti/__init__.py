@@ -26,6 +26,9 @@ from .kernels import (Backend, CoordinatorEvent, CoordinatorEventKind, DeviceInf
                       KernelMigrationPlan, KernelMode, LaunchOptions, LoadBalancingStrategy, MigrationPriority,
                       MigrationRequest, MigrationState, MultiGpuBuilder, MultiGpuConfig, MultiGpuCoordinator,
                       MultiGpuStats, probe_topology)
+from .errors import KernelMessageError, QueueFullError
+# compute kernels with resident state and message rings (vkmulti.kernels)
+from .kernels import HlcTimestamp, K2KMessage, Kernel, KernelRuntime, KernelSpec, MessageEnvelope
 
 __all__ = [
     "DeviceCapabilities", "QueueFamilies", "RenderCapabilities", "probe_device",
@@ -43,4 +46,6 @@ __all__ = [
     "MultiGpuCoordinator", "CoordinatorEvent", "CoordinatorEventKind", "DeviceInfo", "DeviceStatus",
     "MultiGpuStats", "KernelId", "DeviceUnregisterResult", "KernelMigrationPlan", "MigrationPriority",
     "MigrationRequest", "MigrationState", "GpuConnection", "GpuTopology", "InterconnectType", "probe_topology",
+    "KernelMessageError", "QueueFullError",
+    "KernelRuntime", "KernelSpec", "Kernel", "K2KMessage", "MessageEnvelope", "HlcTimestamp",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import builtins
 
 __all__ = [
+    "QueueFullError", "KernelMessageError",
     "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError",
     "OutOfHostMemoryError", "UnsupportedError", "TransferError", "TimeoutError",
     "DestroyedError", "raise_for_result", "result_name", "from_vulkan_exception",
@@ -53,6 +54,20 @@ class TransferError(VkmError):
 
 class TimeoutError(VkmError, builtins.TimeoutError):
     """A wait did not complete within its timeout; the object stays usable."""
+
+
+class QueueFullError(VkmError):
+    """A bounded host<->kernel queue is full (back-pressure): receive, step, or wait and retry."""
+
+
+class KernelMessageError(VkmError):
+    """Messages a kernel sent could not be delivered (outbox overflow, unknown or
+    cross-tenant destination, no route); `kernel_id` names the sender, `problems` lists what happened."""
+
+    def __init__(self, kernel_id: str, problems: list[str]):
+        self.kernel_id = kernel_id
+        self.problems = list(problems)
+        super().__init__(f"kernel {kernel_id!r}: " + "; ".join(self.problems))
 
 
 class DestroyedError(VkmError, RuntimeError):
