@@ -52,6 +52,12 @@ def single_machine_frame(srus, width=W, height=H):
             frame.destroy()
 
 
+def stencil_problem(h, w, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, 1 << 24, size=(h, w), dtype=np.int32), rng.integers(0, 1 << 24, size=w, dtype=np.int32),
+            np.zeros(w, np.int32))
+
+
 @pytest.fixture(scope="module")
 def srus():
     return make_srus(12, W, H)
@@ -147,6 +153,46 @@ def test_composite_matches_the_gpu_compositor(manager):
     finally:
         for obj in targets + [frame, comp, renderer]:
             obj.destroy()
+
+
+@pytest.mark.parametrize("height,weights,rows", [
+    (10, [1, 3], [3, 7]), (2, [1, 1, 1], [1, 1, 0]), (7, [1, 1, 1], [3, 2, 2]), (5, [100, 1], [4, 1]),
+    (1, [1, 5], [0, 1]),
+])
+def test_split_rows_weighted(height, weights, rows):
+    from vkmulti.cluster import split_rows_weighted
+
+    parts = split_rows_weighted(height, weights)
+    assert [n for _, n in parts] == rows
+    assert [r0 for r0, _ in parts] == [sum(rows[:i]) for i in range(len(rows))]
+
+
+def test_split_rows_weighted_rejects_bad_input():
+    from vkmulti.cluster import split_rows_weighted
+
+    for h, w in ((0, [1]), (3, []), (3, [1, 0]), (3, [float("nan")])):
+        with pytest.raises(ValueError):
+            split_rows_weighted(h, w)
+
+
+def test_stencil_slabs_in_one_process_match_numpy(manager):
+    """Two StencilSlabs (two 'nodes', each over both GPUs) exchanging edge rows by hand."""
+    from vkmulti.cluster import StencilSlab
+    from vkmulti.kernels.reference import jacobi_reference
+
+    field, top, bottom = stencil_problem(24, 70, 2)
+    a = StencilSlab(manager, field[:10], top, field[10], [1, 1], payload_size=128)
+    b = StencilSlab(manager, field[10:], field[9], bottom, [1, 2], payload_size=128)
+    try:
+        ra = rb = (None, None)
+        for _ in range(9):
+            ra, rb = a.step(None, rb[0]), b.step(ra[1], None)
+        assert np.array_equal(np.vstack([a.field(), b.field()]), jacobi_reference(field, top, bottom, 9))
+        assert a.gpu_rows == {0: 5, 1: 5} and b.gpu_rows == {0: 5, 1: 9}
+        assert a.router.batches > 0            # halo rows between the node's two GPUs took the GPU path
+    finally:
+        a.destroy()
+        b.destroy()
 
 
 # -- the node agent in-process -------------------------------------------------------------------
@@ -252,6 +298,24 @@ class TestOneManager:
         assert list(g.nodes) == remote[:1] and np.array_equal(g.pixels, reference)
         assert cm.validation_errors() == {n: [] for n in cm.nodes}
 
+    def test_stencil_across_nodes_is_identical(self, cluster_manager):
+        """Row slabs on three nodes (and on one): halo rows agent to agent, bit-identical result."""
+        from vkmulti.kernels.reference import jacobi_reference
+
+        field, top, bottom = stencil_problem(40, 150, 5)
+        want = jacobi_reference(field, top, bottom, 21)
+        run = cluster_manager.run_stencil(field, top, bottom, 21, checkpoint_every=8)
+        assert np.array_equal(run.field, want)
+        assert len(run.nodes) == 3 and not run.restarts
+        assert sum(v["rows"][1] for v in run.nodes.values()) == 40
+        assert all(sum(v["gpu_rows"].values()) == v["rows"][1] for v in run.nodes.values())
+        assert all(len(v["gpu_rows"]) == 2 for v in run.nodes.values())   # two GPUs per node: the router's path
+        assert run.halo_bytes_per_step == 2 * 2 * 150 * 4
+        local = [n for n, i in cluster_manager.nodes.items() if i.local]
+        one = cluster_manager.run_stencil(field, top, bottom, 21, nodes=local)
+        assert list(one.nodes) == local and np.array_equal(one.field, want) and one.halo_bytes_per_step == 0
+        assert np.array_equal(cluster_manager.run_stencil(field, top, bottom, 0).field, field)
+
     def test_node_links_are_measured(self, cluster_manager):
         links = cluster_manager.measure_node_links(2 * 2**20)
         assert len(links) == 6
@@ -287,6 +351,30 @@ def test_agents_lost_mid_run_frames_complete_identically(ray_cluster, srus, refe
     finally:
         if stopped:
             os.kill(cm.agent_pid(hung), signal.SIGCONT)
+        cm.destroy()
+
+
+@cluster
+def test_stencil_survives_a_killed_agent(ray_cluster):
+    """An agent dies in the second run of steps: the run goes back to the checkpoint, re-splits
+    the rows over the two nodes left and ends with the same field."""
+    from vkmulti.cluster import ClusterManager
+    from vkmulti.kernels.reference import jacobi_reference
+
+    field, top, bottom = stencil_problem(30, 96, 8)
+    cm = ClusterManager(timeout=30.0, measure=False)
+    try:
+        victim = next(n for n, i in cm.nodes.items() if not i.local)
+
+        def kill(first_step, split):
+            if first_step == 6 and victim not in cm.lost:
+                assert split[victim][1] > 0
+                os.kill(cm.agent_pid(victim), signal.SIGKILL)
+        run = cm.run_stencil(field, top, bottom, 15, checkpoint_every=6, on_dispatch=kill)
+        assert np.array_equal(run.field, jacobi_reference(field, top, bottom, 15))
+        assert [r["from_step"] for r in run.restarts] == [6] and victim in run.restarts[0]["lost"]
+        assert victim in cm.lost and victim not in run.nodes and len(run.nodes) == 2
+    finally:
         cm.destroy()
 
 

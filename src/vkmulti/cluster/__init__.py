@@ -16,10 +16,13 @@ from .connection import VK_GPU, Connection, RayAddress, connect, node_resources,
 from .errors import (ClusterAddressError, ClusterConnectionError, ClusterError, NoAgentError, RayMissingError)
 from .manager import ClusterFrame, ClusterManager, NodeFrameReport
 from .planner import LinkInfo, NodeInfo, NodePlan, composite_frame, plan_nodes, sru_image_bytes
+from .stencil import StencilSlab, split_rows_weighted
+from .stencil_run import StencilRun
 
 __all__ = [
     "ClusterManager", "ClusterFrame", "NodeFrameReport", "NodeAgent",
     "connect", "Connection", "RayAddress", "parse_address", "require_ray", "vk_gpu_count", "node_resources",
     "VK_GPU", "LinkInfo", "NodeInfo", "NodePlan", "plan_nodes", "composite_frame", "sru_image_bytes",
+    "StencilRun", "StencilSlab", "split_rows_weighted",
     "ClusterError", "RayMissingError", "ClusterAddressError", "ClusterConnectionError", "NoAgentError",
 ]

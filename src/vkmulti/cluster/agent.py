@@ -26,6 +26,7 @@ from ..partition import assign_srus
 from ..render import MAX_ITERATIONS
 from .errors import ClusterError
 from .readback import BatchReadback
+from .stencil import StencilSlab
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class NodeAgent:
         self._targets: dict[tuple, list] = {}      # (gpu, sru_id, w, h) -> [Image, last call]
         self._lost: dict[int, str] = {}
         self._abandoned: list[Any] = []             # targets of GPUs that failed other than by loss
+        self._stencil: StencilSlab | None = None
         self._throughput: list[float] | None = None
         self._calls = 0
         try:
@@ -334,6 +336,42 @@ class NodeAgent:
         ray.get(list(refs), timeout=self.timeout)
         return time.perf_counter() - t0
 
+    # -- the stencil -------------------------------------------------------------------
+
+    def stencil_setup(self, slab: np.ndarray, above: np.ndarray, below: np.ndarray,
+                      payload_size: int = 256) -> dict[int, int]:
+        """Take rows of a Jacobi grid (a StencilSlab over this node's GPUs, rows in proportion to
+        their throughput); returns rows per GPU. Replaces the slab of an earlier run."""
+        self._check()
+        self.stencil_teardown()
+        n = self.manager.device_count
+        t = self._throughput or [1.0] * n
+        weights = [0.0 if g in self._lost else (t[g] if t[g] > 0 else 0.0) for g in range(n)]
+        if not any(weights):
+            raise ClusterError(f"{self.label}: every GPU has failed: {self._lost}")
+        self._stencil = StencilSlab(self.manager, slab, above, below, weights, payload_size=payload_size,
+                                    timeout=self.timeout)
+        return dict(self._stencil.gpu_rows)
+
+    def stencil_step(self, above: np.ndarray | None, below: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """One step of the slab with the neighbours' edge rows; returns its new first and last row."""
+        return self._slab().step(above, below)
+
+    def stencil_field(self) -> np.ndarray:
+        """The slab's rows as of its latest step."""
+        return self._slab().field()
+
+    def stencil_teardown(self) -> None:
+        """Free the slab's kernels (idempotent)."""
+        slab, self._stencil = self._stencil, None
+        if slab is not None:
+            slab.destroy()
+
+    def _slab(self) -> StencilSlab:
+        if self._stencil is None:
+            raise ClusterError(f"{self.label} holds no stencil slab: call stencil_setup first")
+        return self._stencil
+
     # -- health and teardown ------------------------------------------------------------
 
     def validation_errors(self) -> list[str]:
@@ -343,7 +381,11 @@ class NodeAgent:
         return [text for sev, text in drain_all_validation_messages() if sev == "error"]
 
     def shutdown(self) -> None:
-        """Free targets, renderers and the manager (idempotent)."""
+        """Free the stencil slab, targets, renderers and the manager (idempotent)."""
+        try:
+            self.stencil_teardown()
+        except VkmError as exc:
+            log.warning("%s: stencil teardown failed: %r", self.label, exc)
         self._drop_targets(keep_call=1 << 62)
         for img in self._abandoned:
             try:

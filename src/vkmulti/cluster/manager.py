@@ -383,6 +383,20 @@ class ClusterManager:
         frame.total_s = time.perf_counter() - t0
         return frame
 
+    def run_stencil(self, field: Any, top: Any, bottom: Any, steps: int, *, nodes: Sequence[str] | None = None,
+                    checkpoint_every: int = 32, payload_size: int = 256,
+                    on_dispatch: Callable[[int, dict], Any] | None = None) -> Any:
+        """`steps` steps of the reference Jacobi stencil (int32 `field`, fixed `top`/`bottom` rows)
+        in row slabs across the nodes, halo rows passed agent to agent; a lost node's rows are
+        re-split over the others from the last checkpoint. Returns a StencilRun
+        (cluster/stencil_run.py); its field is bit-identical to kernels.reference.jacobi_reference."""
+        from .stencil_run import run_stencil
+
+        with self._lock:
+            self._check()
+            return run_stencil(self, field, top, bottom, steps, nodes=nodes, checkpoint_every=checkpoint_every,
+                               payload_size=payload_size, on_dispatch=on_dispatch)
+
     def _collect(self, refs: dict, images: dict, frame: ClusterFrame) -> list[Any]:
         """Wait for one round's results; returns the SRUs of nodes that failed (to re-plan)."""
         ray = self._ray
