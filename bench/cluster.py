@@ -10,9 +10,11 @@ SRU frame three ways, round by round so drift hits all alike:
 - `cluster`: through Ray on every node (images of other nodes over the object store's network path)
 
 and a frame of tiny SRUs (8x8 pixels, 1 step) whose time is almost all
-fixed overhead. Prints one JSON object (per-frame times, overhead per frame
-and per node, bytes moved, the measured node-to-driver and node-to-node links,
-the planner's predicted finish times) and a ratio line: cluster / local per
+fixed overhead; then the reference Jacobi stencil (256x1024 int32 cells, 48
+steps) without Ray, on one node and on every node. Prints one JSON object
+(per-frame and per-step times, overhead per frame, per step and per node,
+bytes moved, the measured node-to-driver and node-to-node links, the
+planner's predicted finish times) and a ratio line: cluster / local per
 frame. The nodes share this machine's cores, so the ratio shows the cost of
 going through the cluster, not the speed-up real hosts would give (see
 docs/cluster.md for predicting that).
@@ -65,6 +67,26 @@ def tiny_srus(count: int) -> list:
     return [ReferenceSRU(i, 8, 8, x=8 * i, y=0, seed=i, iterations=1) for i in range(count)]
 
 
+def local_stencil_step_s(field: np.ndarray, top: np.ndarray, bottom: np.ndarray,
+                         steps: int) -> tuple[float, np.ndarray]:
+    """Seconds per step of `steps` stencil steps on this machine's GPUs without Ray (one StencilSlab;
+    the first step, which builds the pipelines, untimed) and the field after them."""
+    from vkmulti import MultiDeviceManager
+    from vkmulti.cluster import StencilSlab
+
+    with MultiDeviceManager.create(enabled=True) as mgr:
+        slab = StencilSlab(mgr, field, top, bottom, [1.0] * mgr.device_count)
+        try:
+            slab.step(None, None)                     # warm: pipelines
+            t0 = time.perf_counter()
+            for _ in range(steps - 1):
+                slab.step(None, None)
+            out = slab.field()
+            return (time.perf_counter() - t0) / (steps - 1), out
+        finally:
+            slab.destroy()
+
+
 def node_split(frames: list, nodes: dict) -> dict:
     """Median per-node figures over frames: agent time, Ray's share of the round trip, bytes."""
     out = {}
@@ -89,11 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--virtual", type=int, default=2, help="virtual lavapipe GPUs per node (0: the real GPUs)")
     p.add_argument("--object-store-mb", type=int, default=128)
     p.add_argument("--link-mb", type=int, default=16, help="payload of the link measurements")
+    p.add_argument("--stencil", default="256x1024", help="stencil grid ROWSxCOLS (default 256x1024)")
+    p.add_argument("--stencil-steps", type=int, default=48, help="stencil steps per run (default 48)")
     args = p.parse_args(argv)
     if args.nodes < 1 or args.srus < 1 or args.frames < 1 or args.virtual < 0:
         p.error("--nodes, --srus, --frames must be >= 1 and --virtual >= 0")
     from vkmulti.demo import make_srus, parse_size
     width, height = parse_size(args.size)
+    try:
+        args.stencil = tuple(int(v) for v in args.stencil.lower().split("x"))
+        assert len(args.stencil) == 2 and args.stencil[0] >= 4 and args.stencil[1] >= 3
+    except (ValueError, AssertionError):
+        p.error(f"--stencil must look like 256x1024 (>= 4 rows, >= 3 columns), got {args.stencil!r}")
+    if args.stencil_steps < 2:
+        p.error("--stencil-steps must be >= 2")
     if args.virtual:
         from vkmulti.testing import install_virtual_gpus
         install_virtual_gpus(args.virtual)           # the node processes inherit it
@@ -140,6 +171,19 @@ def main(argv: list[str] | None = None) -> int:
                 frames["one_node"].append(f1)
                 frames["cluster"].append(fa)
         local_pixels = close_local()
+        # the stencil: per-step time without Ray, on one node through Ray, on every node
+        from vkmulti.kernels.reference import jacobi_reference
+        rng = np.random.default_rng(5)
+        sh, sw = args.stencil
+        sfield = rng.integers(0, 1 << 24, size=(sh, sw), dtype=np.int32)
+        stop, sbottom = rng.integers(0, 1 << 24, size=sw, dtype=np.int32), np.zeros(sw, np.int32)
+        want = jacobi_reference(sfield, stop, sbottom, args.stencil_steps)
+        s_local, s_local_field = local_stencil_step_s(sfield, stop, sbottom, args.stencil_steps)
+        cm.run_stencil(sfield, stop, sbottom, 2, nodes=one)          # warm every agent's pipelines
+        cm.run_stencil(sfield, stop, sbottom, 2)
+        s_one = cm.run_stencil(sfield, stop, sbottom, args.stencil_steps, nodes=one,
+                               checkpoint_every=args.stencil_steps)
+        s_all = cm.run_stencil(sfield, stop, sbottom, args.stencil_steps, checkpoint_every=args.stencil_steps)
         links = cm.measure_node_links(args.link_mb * 2**20)
         plan = cm.plan(srus)
         last = frames["cluster"][-1]
@@ -163,6 +207,17 @@ def main(argv: list[str] | None = None) -> int:
                              for v in links.values()],
             "throughput_gcost_s": {n[:8]: round(i.throughput / 1e9, 3) for n, i in cm.nodes.items()},
             "predicted_ms": {n[:8]: round(v * 1e3, 3) for n, v in plan.predicted.items()},
+            "stencil": {
+                "shape": [sh, sw], "steps": args.stencil_steps,
+                "step_ms_local": round(s_local * 1e3, 3), "step_ms_one_node": round(s_one.step_s * 1e3, 3),
+                "step_ms_cluster": round(s_all.step_s * 1e3, 3),
+                "overhead_ms_per_step_one_node_vs_local": round((s_one.step_s - s_local) * 1e3, 3),
+                "overhead_ms_per_step_cluster_vs_one_node": round((s_all.step_s - s_one.step_s) * 1e3, 3),
+                "setup_ms_cluster": round(s_all.setup_s * 1e3, 1),
+                "halo_bytes_per_step": s_all.halo_bytes_per_step,
+                "rows": {n[:8]: v["rows"] for n, v in s_all.nodes.items()},
+                "identical": bool(np.array_equal(s_all.field, want) and np.array_equal(s_one.field, want)
+                                  and np.array_equal(s_local_field, want))},
             "identical_one_node": bool(np.array_equal(frames["one_node"][-1].pixels, local_pixels)),
             "identical_cluster": bool(np.array_equal(last.pixels, local_pixels)),
         }
@@ -175,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{fig['frame_ms_local']:.1f} ms; one node through Ray {fig['frame_ms_one_node']:.1f} ms; fixed "
               f"overhead {fig['tiny_frame_ms_cluster']:.1f} ms per frame; "
               f"{fig['bytes_network_per_frame'] / 1e6:.2f} MB over the network at "
-              f"{fig['node_to_node_gbps_median']} GB/s node to node; identical: "
-              f"{fig['identical_one_node'] and fig['identical_cluster']})")
+              f"{fig['node_to_node_gbps_median']} GB/s node to node; stencil step "
+              f"{fig['stencil']['step_ms_cluster']:.2f} ms on the cluster vs {fig['stencil']['step_ms_local']:.2f} ms "
+              f"without Ray, {fig['stencil']['halo_bytes_per_step']} halo bytes per step; identical: "
+              f"{fig['identical_one_node'] and fig['identical_cluster'] and fig['stencil']['identical']})")
         return 0
     finally:
         if cm is not None:
