@@ -100,7 +100,7 @@ def _device_count(device_count: Any) -> int:
 
 
 def _hysteresis(hysteresis: Any) -> float:
-    if isinstance(hysteresis, bool):
+    if isinstance(hysteresis, (bool, str, bytes)):
         raise TypeError(f"hysteresis must be a number, got {hysteresis!r}")
     try:
         h = float(hysteresis)
@@ -146,7 +146,7 @@ def _per_device(values: Any, device_count: int, what: str, *, positive: bool) ->
     if not ok.all():
         d = int(np.flatnonzero(~ok)[0])
         raise ValueError(f"{word} of device {d} must be a finite number {'>' if positive else '>='} 0, "
-                         f"got {arr[d]!r}")
+                         f"got {float(arr[d])!r}")
     return arr + 0.0
 
 
@@ -500,7 +500,7 @@ def _check_values(p: _Problem) -> None:
     for name, arr in (("costs", p.cost), ("transfer", p.transfer)):
         if arr is not None and not (np.isfinite(arr) & (arr >= 0)).all():
             k = int(np.flatnonzero(~(np.isfinite(arr) & (arr >= 0)))[0])
-            raise ValueError(f"{name}[{k}] must be finite and >= 0, got {arr[k]!r}")
+            raise ValueError(f"{name}[{k}] must be finite and >= 0, got {float(arr[k])!r}")
     for name, arr in (("pinned", p.pin), ("previous", p.previous)):
         if arr is not None and ((arr < -1) | (arr >= p.device_count)).any():
             k = int(np.flatnonzero((arr < -1) | (arr >= p.device_count))[0])
