@@ -13,6 +13,7 @@ to balance a frame over unequal devices).
 """
 from __future__ import annotations
 
+import builtins
 import logging
 import math
 import queue
@@ -39,6 +40,8 @@ class _FrameTiming:
     queues: dict[int, queue.SimpleQueue] = field(default_factory=dict)
     futures: dict[int, Future] = field(default_factory=dict)
     ended: bool = False
+    done: TimelinePoint | None = None   # the frame's last point: every share is in by then
+    cancelled: bool = False             # waiters stop at their next slice
 
 
 class SpeedMeter:
@@ -53,6 +56,8 @@ class SpeedMeter:
     """
 
     MAX_STEP = 4.0
+    #: waiters wait in slices this long, so a point that will never come (a failed transfer) is given up
+    SLICE = 0.02
 
     def __init__(self, device_count: int, wait_point: Callable[[TimelinePoint, float], None], *,
                  damping: float = 0.5, timeout: float = 60.0):
@@ -122,15 +127,18 @@ class SpeedMeter:
                 self._timer = ThreadPoolExecutor(max_workers=max(1, min(32, self.device_count)),
                                                  thread_name_prefix="vkmulti-frame-timer")
             q = timing.queues[device] = queue.SimpleQueue()
-            timing.futures[device] = self._timer.submit(self._arrivals, q)
+            timing.futures[device] = self._timer.submit(self._arrivals, q, timing)
         for p in points:
             q.put(p)
 
-    def end(self, costs: Mapping[int, float]) -> None:
-        """Every point of the frame is given: `costs` is the SRU cost each device rendered."""
+    def end(self, costs: Mapping[int, float], done: TimelinePoint | None = None) -> None:
+        """Every point of the frame is given: `costs` is the SRU cost each device rendered, `done`
+        a point reached only after every share (the composite): a waiter still waiting then waits
+        for a point that will not come, and is stopped."""
         timing = self._pending
         if timing is not None and not timing.ended:
             timing.costs = dict(costs)
+            timing.done = done
             self._close_queues(timing)
 
     @staticmethod
@@ -139,11 +147,19 @@ class SpeedMeter:
         for q in timing.queues.values():
             q.put(None)
 
-    def _arrivals(self, q: queue.SimpleQueue) -> float | None:
-        """A device's waiter: wait for each point as it comes; the time the last one was reached."""
+    def _arrivals(self, q: queue.SimpleQueue, timing: _FrameTiming) -> float | None:
+        """A device's waiter: wait for each point as it comes; the time the last one was reached
+        (None when one was not reached before the frame was settled or within the timeout)."""
         last = None
         while (p := q.get()) is not None:
-            self._wait_point(p, self.timeout)
+            deadline = time.monotonic() + self.timeout
+            while True:
+                try:
+                    self._wait_point(p, self.SLICE)
+                    break
+                except builtins.TimeoutError:
+                    if timing.cancelled or time.monotonic() > deadline:
+                        return None
             last = time.perf_counter()
         return last
 
@@ -154,14 +170,22 @@ class SpeedMeter:
             return {}
         if not timing.ended:   # the frame failed before end(): stop its waiters, fold nothing
             self._close_queues(timing)
+        elif timing.done is not None:
+            try:
+                self._wait_point(timing.done, self.timeout)
+            except Exception as exc:
+                log.warning("frame timing: the frame's last point was not reached (%r)", exc)
+        timing.cancelled = True
         seconds: dict[int, float] = {}
         for d, fut in timing.futures.items():
             try:
-                done = fut.result()   # each wait inside is bounded by self.timeout
-            except Exception as exc:   # a lost device or a timeout: no figure for it this frame
+                done = fut.result()   # within one SLICE once cancelled
+            except Exception as exc:   # a lost device: no figure for it this frame
                 log.warning("GPU %d: frame timing failed (%r); its speed is not updated", d, exc)
                 continue
-            if done is not None:
+            if done is None:
+                log.warning("GPU %d: its share of the frame was not seen done; its speed is not updated", d)
+            else:
                 seconds[d] = done - timing.started[d]
         for d, secs in seconds.items():
             units = timing.costs.get(d, 0.0)

@@ -450,7 +450,7 @@ class SRUOffloadCoordinator(AdaptivePlanning):
             done = compositor.composite(frame, placements, wait=waits, clear=clear)
             self._last_frame = done
             if self._adaptive:
-                self._speeds.end(self._frame_costs(rendered_on, by_id, cost or _default_cost))
+                self._speeds.end(self._frame_costs(rendered_on, by_id, cost or _default_cost), done)
         seconds: dict[int, float] = {}
         if wait:
             compositor.wait(done, self.timeout)
