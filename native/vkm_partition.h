@@ -26,7 +26,7 @@ enum {
 };
 
 /* Largest number of SRUs one call takes. */
-#define VKM_PARTITION_MAX_COUNT ((size_t)1 << 30)
+#define VKM_PARTITION_MAX_COUNT ((size_t)1 << 28)
 
 typedef struct vkm_partition_input {
     size_t count;              /* number of SRUs, <= VKM_PARTITION_MAX_COUNT */
