@@ -110,7 +110,8 @@ def main() -> None:
     print(f"ratio: native {native:.2f} ms (target <= 5), array form {array:.2f} ms (target <= 15) = "
           f"{obj / array:.1f}x faster than the object form ({obj:.1f} ms), native/reference {speedup:.1f}x "
           f"(target >= 30), makespan/bound {span:.4f} (target <= 1.02), seed top-(N-1)/greedy makespan "
-          f"{figures['uniform_seed_over_greedy']:.2f}x uniform, {figures['lognormal_seed_over_greedy']:.2f}x log-normal")
+          f"{figures['uniform_seed_over_greedy']:.2f}x uniform, "
+          f"{figures['lognormal_seed_over_greedy']:.2f}x log-normal")
 
 
 if __name__ == "__main__":
