@@ -1,21 +1,33 @@
-"""Bench of placement. Section `adaptive_section`: the adaptive SRU mode on an unequal pair.
+"""Placement bench: figures as one JSON object, then one `ratio:` line.
 
-Adaptive section: one frame of ReferenceSRUs rendered three ways, a frame of
-each in turn per round (so load on the machine hits all three alike):
-GPU 0 alone, the equal-cost split over GPUs 0 and 1 (SRUOffloadCoordinator
-default), and the adaptive mode (measured, damped speed weights). The pair is
-made unequal with ReferenceRenderer(slowdown=k) on --slow-device (k x the GPU
-work per SRU, same pixels), or is unequal by nature (a GPU beside lavapipe:
-pass --slowdown 1). Prints one JSON object, then the ratio line: the adaptive
-frame time over the better of the equal split and GPU 0 alone (goal <= 0.8).
+Section "strategies": `MultiGpuCoordinator.select_device` calls per second
+for each load-balancing strategy, 8 devices, 10k kernels placed (goal: at
+least 200k/s for the built-in strategies), plus atomic place+remove pairs.
+Baseline, measured in the same run on the same registry: the seed's
+select_device algorithm (ringkernel's multi_gpu.rs) written out in Python. It
+builds every device's status first, scanning the whole kernel map once per
+device, so its cost grows with the kernels placed: the baseline shows what
+keeping per-device kernel sets and counts buys, not a language difference.
 
-On the virtual lavapipe pair both "GPUs" share this machine's CPU cores, so
-work moved to the slow device still slows the fast one: adaptive beats the
-equal split there but GPU 0 alone stays the fastest; the goal is for real GPUs.
+Section "adaptive": the adaptive SRU mode on an unequal pair. One frame of
+ReferenceSRUs rendered three ways, a frame of each in turn per round (so load
+on the machine hits all three alike): GPU 0 alone, the equal-cost split over
+GPUs 0 and 1 (SRUOffloadCoordinator's default) and the adaptive mode
+(measured, damped speed weights). The pair is made unequal with
+ReferenceRenderer(slowdown=k) on --slow-device (k x the GPU work per SRU,
+same pixels), or is unequal by nature (a GPU beside lavapipe: --slowdown 1).
+Ratio: the adaptive frame time over the better of the equal split and GPU 0
+alone (goal <= 0.8). On the virtual lavapipe pair both "GPUs" share this
+machine's CPU cores, so work moved to the slow device still slows the fast
+one: adaptive beats the equal split there, GPU 0 alone stays fastest; the
+goal is for real GPUs. Without a GPU it runs on the virtual pair.
 
-  python bench/placement.py --virtual 2                       # CPU VM
-  python bench/placement.py --heavy --slowdown 2              # two real GPUs made unequal
-  python bench/placement.py --slowdown 1 --size 1920x1080 --iterations 2000,6000   # GPU + lavapipe
+Sections are functions returning (figures, ratio text); add one to SECTIONS.
+
+    python bench/placement.py [--section strategies] [--seconds 0.5]
+    python bench/placement.py --section adaptive [--virtual 2]                 # CPU VM
+    python bench/placement.py --section adaptive --heavy --iterations 10000,30000 --slowdown 2   # two GPUs
+    python bench/placement.py --section adaptive --slowdown 1 --size 1920x1080 --iterations 500,1500  # GPU + lavapipe
 """
 from __future__ import annotations
 
@@ -24,26 +36,130 @@ import json
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from vkmulti import (Backend, DeviceInfo, LaunchOptions, LoadBalancingStrategy, MultiGpuConfig,
+                     MultiGpuCoordinator)
 
-def add_adaptive_arguments(p: argparse.ArgumentParser) -> None:
-    """The adaptive section's options."""
-    p.add_argument("--virtual", type=int, default=0, metavar="N", help="use N virtual lavapipe GPUs")
-    p.add_argument("--devices", type=_indices, default=None, metavar="I,J",
-                   help="physical devices by enumeration index, the first is GPU 0 (default: all)")
-    p.add_argument("--slowdown", type=int, default=4, help="dispatches per SRU on the slow device (default 4)")
-    p.add_argument("--slow-device", type=int, default=1, help="which slot is slowed (default 1)")
-    p.add_argument("--srus", type=int, default=64, help="SRUs in the frame (default 64)")
-    p.add_argument("--size", type=_size, default=None, metavar="WxH",
-                   help="frame size (default 640x360, --heavy 3840x2160)")
-    p.add_argument("--heavy", action="store_true", help="render-heavy SRUs for real GPUs")
-    p.add_argument("--iterations", type=_pair, default=None, metavar="LO,HI",
-                   help="steps per pixel range of the SRUs (overrides the light/heavy preset)")
-    p.add_argument("--warmup", type=int, default=12, help="rounds before timing, adaptive converges (default 12)")
-    p.add_argument("--rounds", type=int, default=8, help="timed rounds, medians reported (default 8)")
+S = LoadBalancingStrategy
+BUILT_IN = (S.FIRST_AVAILABLE, S.LEAST_LOADED, S.ROUND_ROBIN, S.MEMORY_BASED, S.COMPUTE_CAPABILITY)
+GOAL_PER_SECOND = 200_000
+
+
+def rate(fn: Callable[[], object], seconds: float, batch: int = 1000) -> float:
+    """Calls per second of fn, over about `seconds` (after one warm-up batch)."""
+    for _ in range(batch):
+        fn()
+    calls, t0 = 0, time.perf_counter()
+    while True:
+        for _ in range(batch):
+            fn()
+        calls += batch
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return calls / elapsed
+
+
+def populated(strategy: LoadBalancingStrategy, devices: int, kernels: int) -> MultiGpuCoordinator:
+    """A coordinator with `devices` devices of distinct memory and compute
+    capability and `kernels` kernels spread over them (room left on each)."""
+    coord = MultiGpuCoordinator(MultiGpuConfig(load_balancing=strategy, max_kernels_per_device=4 * kernels))
+    for i in range(devices):
+        coord.register_device(DeviceInfo(i, f"GPU {i}", Backend.VULKAN, total_memory=80 << 30,
+                                         available_memory=(40 + 3 * i) << 30,
+                                         compute_capability=(8 + i % 2, i % 3), p2p_capable=True))
+    for k in range(kernels):
+        coord.assign_kernel(f"kernel-{k}", (k * 7) % devices)
+    if strategy is S.CUSTOM:
+        coord.set_custom_selector(lambda statuses, options: min(
+            (s for s in statuses if s.available), key=lambda s: s.kernel_count).info.index)
+    return coord
+
+
+class SeedSelect:
+    """ringkernel's select_device as the seed runs it, over a snapshot of the
+    coordinator: statuses for every device (kernel lists by scanning the map),
+    the preferred filter, then the strategy's rule (min_by: first of equal
+    minima; max_by: last of equal maxima; 0 when nothing qualifies)."""
+
+    def __init__(self, coord: MultiGpuCoordinator, strategy: LoadBalancingStrategy):
+        self.infos = coord.devices()
+        self.kmap = coord.kernel_map()
+        self.counts = [s.kernel_count for s in coord.get_all_status()]
+        self.max = coord.config.max_kernels_per_device
+        self.strategy = strategy
+        self.rr = 0
+
+    def statuses(self) -> list[dict]:
+        out = []
+        for idx, info in enumerate(self.infos):
+            c = self.counts[idx]
+            out.append({"info": info, "kernel_count": c,
+                        "kernels": [k for k, d in self.kmap.items() if d == idx],
+                        "available": c < self.max, "load": c / self.max})
+        return out
+
+    def select(self, options: LaunchOptions | None = None) -> int:
+        cands = self.statuses()
+        avail = [s for s in cands if s["available"]]
+        if self.strategy is S.FIRST_AVAILABLE:
+            return cands[0]["info"].index
+        if self.strategy is S.LEAST_LOADED:
+            return min(avail, key=lambda s: s["kernel_count"])["info"].index if avail else 0
+        if self.strategy is S.ROUND_ROBIN:
+            if not avail:
+                return cands[0]["info"].index
+            i = avail[self.rr % len(avail)]["info"].index
+            self.rr += 1
+            return i
+        if self.strategy is S.MEMORY_BASED:
+            best = None
+            for s in avail:
+                if best is None or s["info"].available_memory >= best["info"].available_memory:
+                    best = s
+            return best["info"].index if best else 0
+        best = None
+        for s in avail:
+            cc = s["info"].compute_capability or (0, 0)
+            if best is None or cc >= (best["info"].compute_capability or (0, 0)):
+                best = s
+        return best["info"].index if best else 0
+
+
+def strategies_section(args: argparse.Namespace) -> tuple[dict, str]:
+    devices, kernels, seconds = args.devices, args.kernels, args.seconds
+    figures: dict = {"devices": devices, "kernels_placed": kernels}
+    opts = LaunchOptions()
+    for strategy in BUILT_IN + (S.CUSTOM,):
+        coord = populated(strategy, devices, kernels)
+        name = strategy.name.lower()
+        figures[f"select_{name}_per_s"] = round(rate(coord.select_device, seconds))
+        figures[f"select_{name}_with_options_per_s"] = round(rate(lambda: coord.select_device(opts), seconds / 2))
+        if strategy is not S.CUSTOM:
+            seed = SeedSelect(coord, strategy)
+            figures[f"seed_select_{name}_per_s"] = round(rate(seed.select, seconds / 2, batch=5))
+            figures[f"select_{name}_over_seed"] = round(figures[f"select_{name}_per_s"]
+                                                        / figures[f"seed_select_{name}_per_s"], 1)
+    coord = populated(S.LEAST_LOADED, devices, kernels)
+    n = [0]
+
+    def place_remove() -> None:
+        kid = f"extra-{n[0] % 64}"
+        n[0] += 1
+        coord.place_kernel(kid)
+        coord.remove_kernel(kid)
+    figures["place_and_remove_pairs_per_s"] = round(rate(place_remove, seconds))
+    slowest = min(BUILT_IN, key=lambda s: figures[f"select_{s.name.lower()}_per_s"])
+    worst = figures[f"select_{slowest.name.lower()}_per_s"]
+    gain = min(figures[f"select_{s.name.lower()}_over_seed"] for s in BUILT_IN)
+    figures["slowest_built_in_per_s"] = worst
+    text = (f"select_device slowest built-in strategy ({slowest.name}) {worst:,} calls/s "
+            f"(goal >= {GOAL_PER_SECOND:,}: {'met' if worst >= GOAL_PER_SECOND else 'NOT met'}), "
+            f">= {gain:.0f}x the seed's algorithm in Python on the same {kernels:,} kernels; "
+            f"CUSTOM {figures['select_custom_per_s']:,}/s")
+    return figures, text
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -85,12 +201,14 @@ def adaptive_section(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     Returns (figures, ratio text)."""
     from vkmulti import MultiDeviceManager, ReferenceRenderer, SRUOffloadCoordinator
     from vkmulti.images import Image
+    from vkmulti.testing import use_virtual_if_no_gpu
 
+    note = use_virtual_if_no_gpu(args.virtual)
     if args.slowdown < 1:
         raise SystemExit(f"--slowdown must be >= 1, got {args.slowdown}")
     width, height = args.size or ((3840, 2160) if args.heavy else (640, 360))
     srus = _srus(args, width, height)
-    mgr = MultiDeviceManager.create(enabled=True, device_indices=args.devices)
+    mgr = MultiDeviceManager.create(enabled=True, device_indices=args.gpus)
     owned: list[Any] = []
     try:
         if mgr.device_count < 2:
@@ -130,7 +248,7 @@ def adaptive_section(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             return [round(sum(cost[i] for i in ids) / total, 4) for ids in rep.device_loads(2)]
 
         fig: dict[str, Any] = {
-            "devices": [mgr.slot(d).name for d in pair], "slowdown": args.slowdown,
+            "note": note, "devices": [mgr.slot(d).name for d in pair], "slowdown": args.slowdown,
             "slow_device": args.slow_device, "srus": len(srus), "size": [width, height],
             "warmup_rounds": args.warmup, "timed_rounds": args.rounds,
             "frame_ms_gpu0_alone": round(ms["alone"], 3), "frame_ms_equal_split": round(ms["equal"], 3),
@@ -149,31 +267,60 @@ def adaptive_section(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         }
         w = fig["measured_weights"]
         if w[0] is not None and w[1] is not None and w[1] > w[0]:
-            fig["note"] = ("GPU 1 measured faster than GPU 0: 'alone' is GPU 0 (the coordinator composites "
-                           "there); pass --devices with the faster GPU first to compare against it alone")
+            fig["faster_gpu_note"] = ("GPU 1 measured faster than GPU 0: 'alone' is GPU 0 (the coordinator "
+                                      "composites there); pass --gpus with the faster GPU first to compare "
+                                      "against it alone")
         best = min(ms["equal"], ms["alone"])
-        ratio = (f"adaptive {ms['adaptive']:.2f} ms = {ms['adaptive'] / best:.2f}x the better of the equal split "
-                 f"({ms['equal']:.2f} ms) and GPU 0 alone ({ms['alone']:.2f} ms) (target <= 0.8); "
+        ratio = (f"adaptive SRU mode {ms['adaptive']:.2f} ms = {ms['adaptive'] / best:.2f}x the better of the "
+                 f"equal split ({ms['equal']:.2f} ms) and GPU 0 alone ({ms['alone']:.2f} ms) (target <= 0.8); "
                  f"adaptive/equal {ms['adaptive'] / ms['equal']:.2f}x; measured speed GPU1/GPU0 "
                  f"{(w[1] / w[0]) if w[0] and w[1] else float('nan'):.3f} (slowdown {args.slowdown} on GPU "
                  f"{args.slow_device}); frames identical: {'yes' if identical else 'NO'}")
-        return fig, ratio
+        return {f"adaptive_{k}": v for k, v in fig.items()}, ratio
     finally:
         for obj in reversed(owned):
             obj.destroy()
         mgr.destroy()
 
 
+SECTIONS: dict[str, Callable[[argparse.Namespace], tuple[dict, str]]] = {"strategies": strategies_section,
+                                                                      "adaptive": adaptive_section}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_adaptive_arguments(parser)
+    parser.add_argument("--section", action="append", choices=sorted(SECTIONS),
+                        help="run only this section (repeatable); default: all")
+    parser.add_argument("--seconds", type=float, default=0.5, help="time per figure")
+    parser.add_argument("--devices", type=int, default=8)
+    parser.add_argument("--kernels", type=int, default=10_000)
+    adaptive = parser.add_argument_group("adaptive section")
+    adaptive.add_argument("--virtual", type=int, default=0, metavar="N", help="use N virtual lavapipe GPUs")
+    adaptive.add_argument("--gpus", type=_indices, default=None, metavar="I,J",
+                          help="physical devices by enumeration index, the first is GPU 0 (default: all)")
+    adaptive.add_argument("--slowdown", type=int, default=4, help="dispatches per SRU on the slow device (4)")
+    adaptive.add_argument("--slow-device", type=int, default=1, help="which slot is slowed (default 1)")
+    adaptive.add_argument("--srus", type=int, default=64, help="SRUs in the frame (default 64)")
+    adaptive.add_argument("--size", type=_size, default=None, metavar="WxH",
+                          help="frame size (default 640x360, --heavy 3840x2160)")
+    adaptive.add_argument("--heavy", action="store_true", help="render-heavy SRUs for real GPUs")
+    adaptive.add_argument("--iterations", type=_pair, default=None, metavar="LO,HI",
+                          help="steps per pixel of the SRUs (overrides the light/heavy preset)")
+    adaptive.add_argument("--warmup", type=int, default=12, help="rounds before timing (default 12)")
+    adaptive.add_argument("--rounds", type=int, default=8, help="timed rounds, medians reported (default 8)")
     args = parser.parse_args(argv)
-    if args.virtual:
-        from vkmulti.testing import install_virtual_gpus
-        install_virtual_gpus(args.virtual)
-    figures, ratio = adaptive_section(args)
-    print(json.dumps({"adaptive": figures}, indent=2))
-    print(f"ratio: {ratio}")
+    if args.seconds <= 0 or args.devices < 1 or args.kernels < 0:
+        parser.error("--seconds must be > 0, --devices >= 1, --kernels >= 0")
+    if args.warmup < 0 or args.rounds < 1 or args.srus < 1:
+        parser.error("--warmup must be >= 0, --rounds >= 1, --srus >= 1")
+    figures: dict = {}
+    ratios = []
+    for name in args.section or list(SECTIONS):
+        f, text = SECTIONS[name](args)
+        figures |= f
+        ratios.append(text)
+    print(json.dumps(figures, indent=2))
+    print("ratio: " + "; ".join(ratios))
     return 0
 
 

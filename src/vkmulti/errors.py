@@ -7,6 +7,8 @@ __all__ = [
     "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError",
     "OutOfHostMemoryError", "UnsupportedError", "TransferError", "TimeoutError",
     "DestroyedError", "raise_for_result", "result_name", "from_vulkan_exception",
+    "BackendUnavailableError", "KernelNotFoundError", "InvalidConfigError", "DeviceNotAvailableError",
+    "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError",
 ]
 
 
@@ -55,6 +57,39 @@ class TimeoutError(VkmError, builtins.TimeoutError):
 
 class DestroyedError(VkmError, RuntimeError):
     """The object was used after destroy()."""
+
+
+# ---- the kernels layer (ringkernel's RingKernelError variants) ----------------
+
+class BackendUnavailableError(VkmError):
+    """No device at all can take the work (ringkernel's BackendUnavailable)."""
+
+
+class KernelNotFoundError(VkmError, KeyError):
+    """A kernel id the coordinator (or a runtime) does not know (ringkernel's KernelNotFound)."""
+
+    def __str__(self) -> str:   # KeyError would print the repr of its argument
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidConfigError(VkmError, ValueError):
+    """A configuration value or a request that cannot be honoured (ringkernel's InvalidConfig)."""
+
+
+class DeviceNotAvailableError(VkmError):
+    """The device asked for (or every candidate) is unknown, offline or full (ringkernel's DeviceNotAvailable)."""
+
+
+class K2KDestinationNotFoundError(VkmError):
+    """A kernel-to-kernel message names a kernel with no device (ringkernel's K2KDestinationNotFound)."""
+
+
+class MigrationError(VkmError):
+    """A kernel migration could not be carried out (ringkernel's MigrationFailed)."""
+
+
+class KernelValidationError(VkmError, ValueError):
+    """Kernel code or a kernel request failed validation (ringkernel's ValidationError)."""
 
 
 # VkResult values (vulkan_core.h). Kept here so errors read by name without a GPU.
