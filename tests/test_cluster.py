@@ -125,6 +125,13 @@ def test_plan_weights_nodes_by_throughput_and_link(srus):
     plan = plan_nodes(srus, [_node("n1", 3e9), local], links_slow)
     assert len(plan.srus["n0"]) == len(srus) and not plan.srus["n1"]
     assert plan.predicted["n0"] == pytest.approx(sum(s.render_cost for s in srus) / 1e9)
+    # two remote nodes alike but for their links: the better-connected one takes more
+    a, b = _node("n1", 1e9), _node("n2", 1e9)
+    links = {"n1": LinkInfo("n1", "driver", 1e9, 0.0), "n2": LinkInfo("n2", "driver", 2e6, 0.0)}
+    plan = plan_nodes(srus, [a, b], links)
+    assert len(plan.srus["n1"]) > len(plan.srus["n2"])
+    assert plan.predicted["n2"] == pytest.approx(sum(s.render_cost / 1e9 + s.width * s.height * 8 / 2e6
+                                                     for s in plan.srus["n2"]))
 
 
 def test_plan_rejects_bad_input(srus):

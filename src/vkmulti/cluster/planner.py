@@ -3,12 +3,12 @@
 Level 1 (driver): SRUs go to nodes with `assign_srus`, each node weighted by
 its measured render throughput (cost units per second: an SRU of cost c
 takes c / throughput seconds there) and the network link to the driver as
-the transfer cost (seconds to move the SRU's image: bytes / bandwidth; the
-per-object latency is paid once per node, as all its images travel as one
-object). Node 0 of that problem is the driver's own node when it runs an
-agent (its images reach the compositor through shared memory, no transfer);
-otherwise the best-connected node, and the transfer cost is what the slower
-links add. Level 2 (each agent): its share goes to its GPUs with
+the transfer cost (seconds to move the SRU's image: bytes / that node's
+bandwidth, assign_srus' `link_costs`; the per-object latency is paid once per
+node, as all its images travel as one object). Node 0 of that problem is the
+driver's own node when it runs an agent (its images reach the compositor
+through shared memory, no transfer); otherwise the best-connected node, and
+the transfer cost is what the slower links add. Level 2 (each agent): its share goes to its GPUs with
 `assign_srus` again, weighted by each GPU's throughput.
 """
 from __future__ import annotations
@@ -144,13 +144,13 @@ def plan_nodes(srus: Sequence[Any], nodes: Sequence[NodeInfo], links: dict[str, 
         if ln is None:
             raise ValueError(f"{n.label}: no measured link to the driver")
         return ln
-    # assign_srus charges one transfer cost per SRU to every node but node 0: the slowest link's
-    # seconds per byte, less node 0's. A node's images travel as one object, so the per-object
+    # transfer cost of SRU i on node d = its image bytes x node d's seconds per byte (less node 0's,
+    # which every plan pays alike). A node's images travel as one object, so the per-object
     # latency is paid once per node and round, not per SRU: it is in `predicted`, not in the balance.
     per_byte = [0.0 if math.isinf(link(n).bandwidth) else 1.0 / link(n).bandwidth for n in order]
-    extra = max(max(per_byte[1:], default=0.0) - per_byte[0], 0.0)
+    link_costs = [max(p - per_byte[0], 0.0) for p in per_byte]
     assigned = assign_srus(srus, len(order), cost=lambda s: s.render_cost, weights=weights,
-                           transfer_cost=lambda s: sru_image_bytes(s) * extra)
+                           transfer_cost=lambda s: float(sru_image_bytes(s)), link_costs=link_costs)
     plan = NodePlan({n.node_id: [] for n in order}, {n.node_id: 0.0 for n in order})
     for s, a in zip(srus, assigned):
         k = a.device_index
