@@ -324,6 +324,23 @@ class TestOneManager:
         assert np.array_equal(cluster_manager.run_stencil(field, top, bottom, 0).field, field)
         assert cluster_manager.validation_errors() == {n: [] for n in cluster_manager.nodes}
 
+    def test_bad_input_is_the_callers_error_not_a_lost_node(self, cluster_manager, srus, reference):
+        cm = cluster_manager
+        huge = ReferenceSRU(99, 20000, 8, iterations=1)          # past lavapipe's 16384 image extent
+        with pytest.raises(ValueError, match="maximum image extent"):
+            cm.render_frame([huge], 64, 64)
+        with pytest.raises(TypeError, match="ReferenceSRU"):
+            cm.render_frame(["not an sru"], 64, 64)
+        with pytest.raises(ValueError, match="unknown node id"):
+            cm.render_frame(srus, W, H, nodes=["nope"])
+        field, top, bottom = stencil_problem(8, 40, 1)
+        with pytest.raises(ValueError, match="payload_size"):
+            cm.run_stencil(field, top, bottom, 3, payload_size=20)
+        with pytest.raises(TypeError, match="int32"):
+            cm.run_stencil(field.astype(np.float32), top, bottom, 3)
+        assert not cm.lost
+        assert np.array_equal(cm.render_frame(srus, W, H).pixels, reference)
+
     def test_node_links_are_measured(self, cluster_manager):
         links = cluster_manager.measure_node_links(2 * 2**20)
         assert len(links) == 6

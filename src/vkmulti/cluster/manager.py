@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from .connection import VK_GPU, Connection, connect, require_ray
+from ..errors import VkmError
 from .errors import ClusterError, NoAgentError
 from .planner import LinkInfo, NodeInfo, NodePlan, check_srus, composite_frame, plan_nodes
 
@@ -402,6 +403,7 @@ class ClusterManager:
         ray = self._ray
         pending = list(refs)
         retry: list[Any] = []
+        bad: BaseException | None = None
         deadline = time.monotonic() + self.timeout
         while pending:
             left = deadline - time.monotonic()
@@ -417,6 +419,9 @@ class ClusterManager:
                 try:
                     r = ray.get(ref)
                 except ray.exceptions.RayError as exc:
+                    if caller_error(exc) is not None:     # the input's fault, not the node's
+                        bad = bad or caller_error(exc)
+                        continue
                     self._lose(node_id, _short(exc), frame)
                     retry += group
                     continue
@@ -432,6 +437,8 @@ class ClusterManager:
                     rep.srus.append(s.sru_id)
                     rep.gpu[s.sru_id] = r["gpu"][s.sru_id]
                     rep.nbytes += img.nbytes
+        if bad is not None:
+            raise bad
         return retry
 
     def _observe(self, node_id: str, r: dict) -> None:
@@ -547,6 +554,15 @@ def _fit_link(src: str, dst: str, small: int, t_small: float, big: int, t_big: f
     """Latency and bandwidth from the times of a small and a big object: t = latency + n / bandwidth."""
     bw = (big - small) / (t_big - t_small) if t_big > t_small else math.inf
     return LinkInfo(src, dst, bw, max(t_small - (0.0 if math.isinf(bw) else small / bw), 0.0))
+
+
+def caller_error(exc: BaseException) -> BaseException | None:
+    """The ValueError/TypeError an agent raised about its input (a Ray task error's cause), or None.
+    Such an error is the caller's to see; it says nothing about the node's health."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, (ValueError, TypeError)) and not isinstance(cause, VkmError):
+        return cause
+    return None
 
 
 def _short(exc: BaseException) -> str:

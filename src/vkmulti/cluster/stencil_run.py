@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .errors import NoAgentError
+from .manager import _short, caller_error
 from .planner import NodeInfo
 from .stencil import split_rows_weighted
 
@@ -69,6 +70,15 @@ def _check_problem(field_: Any, top: Any, bottom: Any, steps: Any) -> tuple[np.n
     return np.ascontiguousarray(f), rows[0], rows[1]
 
 
+def _check_payload(payload_size: Any, width: int) -> None:
+    if isinstance(payload_size, bool) or not isinstance(payload_size, int) or not 16 <= payload_size <= 65536 \
+            or payload_size % 16:
+        raise ValueError(f"payload_size must be a multiple of 16 in [16, 65536], got {payload_size!r}")
+    if -(-width * 4 // payload_size) > 255:
+        raise ValueError(f"a {width}-cell row needs more than 255 messages of {payload_size} bytes; "
+                         f"raise payload_size to at least {-(-width * 4 // 255 // 16) * 16}")
+
+
 def run_stencil(cm: Any, field_: Any, top: Any, bottom: Any, steps: int, *, nodes: Sequence[str] | None = None,
                 checkpoint_every: int = 32, payload_size: int = 256,
                 on_dispatch: Callable[[int, dict], Any] | None = None) -> StencilRun:
@@ -81,6 +91,7 @@ def run_stencil(cm: Any, field_: Any, top: Any, bottom: Any, steps: int, *, node
     if on_dispatch is not None and not callable(on_dispatch):
         raise TypeError("on_dispatch must be callable or None")
     h, w = state.shape
+    _check_payload(payload_size, w)
     run = StencilRun(state.copy(), steps)
     if steps == 0:
         return run
@@ -132,6 +143,8 @@ def _setup(cm: Any, parts: list[tuple[NodeInfo, int, int]], state: np.ndarray, t
     failed = {}
     for n, r0, k in parts:
         r = got[n.node_id]
+        if isinstance(r, BaseException) and caller_error(r) is not None:
+            raise caller_error(r)
         if isinstance(r, BaseException):
             failed[n.node_id] = _why(r)
         else:
@@ -237,6 +250,4 @@ def _restart(cm: Any, run: StencilRun, failed: dict[str, str], done: int, parts:
 
 
 def _why(exc: BaseException) -> str:
-    from .manager import _short
-
     return _short(exc)
