@@ -65,9 +65,14 @@ class NodeAgent:
     """
 
     def __init__(self, *, virtual_gpus: int = 0, validation: bool | None = None,
-                 device_indices: Sequence[int] | None = None, timeout: float = 60.0):
+                 device_indices: Sequence[int] | None = None, timeout: float = 60.0, nice: int | None = None):
         if isinstance(virtual_gpus, bool) or not isinstance(virtual_gpus, int) or virtual_gpus < 0:
             raise ValueError(f"virtual_gpus must be an int >= 0, got {virtual_gpus!r}")
+        if nice is not None and (isinstance(nice, bool) or not isinstance(nice, int) or not -20 <= nice <= 19):
+            raise ValueError(f"nice must be None or an int in [-20, 19], got {nice!r}")
+        self.nice_note: str | None = None
+        if nice is not None:
+            self._set_nice(nice)
         self.node_id, self.address = _whereami()
         self.hostname = socket.gethostname()
         self.pid = os.getpid()
@@ -96,6 +101,15 @@ class NodeAgent:
             self.error = f"no Vulkan device: {exc}"
             log.warning("vkmulti agent on %s (%s): %s", self.node_id[:8], self.address, self.error)
 
+    def _set_nice(self, nice: int) -> None:
+        """Run at `nice` (Ray starts workers at 15, which starves the CPU side of GPU work on a busy
+        node); without the right to lower it, keep Ray's and say so."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        except OSError as exc:
+            self.nice_note = f"kept Ray's niceness {os.getpriority(os.PRIO_PROCESS, 0)} ({exc.strerror})"
+            log.warning("vkmulti agent: could not set niceness %d: %s", nice, exc)
+
     # -- what the driver asks first -------------------------------------------------
 
     @property
@@ -110,7 +124,8 @@ class NodeAgent:
         """Node id, address, pid, devices and (with `topology`) the measured GPU topology, or the error."""
         out: dict[str, Any] = {"node_id": self.node_id, "address": self.address, "hostname": self.hostname,
                                "pid": self.pid, "error": self.error, "devices": [], "topology": None,
-                               "topology_note": None}
+                               "topology_note": None, "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                               "nice_note": self.nice_note}
         if self.manager is None:
             return out
         out["devices"] = [{"index": s.index, "name": s.name,

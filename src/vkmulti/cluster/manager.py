@@ -101,12 +101,16 @@ class ClusterManager:
     vkmulti.kernels' measured GPU topology, where that layer is installed.
     `adapt`: after each frame a node's throughput moves this fraction of the way
     toward what the frame showed (0: keep the start-up measurement).
+    `agent_nice`: the agents' niceness (Ray starts workers at 15, so on a busy
+    node the CPU side of GPU work would wait behind everything else; None
+    keeps Ray's).
     Nodes that offer no `vk_gpu`, or whose agent finds no Vulkan device, are
     skipped and listed in `skipped` with the reason.
     """
 
     def __init__(self, *, virtual_gpus: int = 0, timeout: float = 120.0, start_timeout: float = 120.0,
-                 measure: bool = True, topology: bool = True, link_bytes: int = 8 * 2**20, adapt: float = 0.3):
+                 measure: bool = True, topology: bool = True, link_bytes: int = 8 * 2**20, adapt: float = 0.3,
+                 agent_nice: int | None = 0):
         if isinstance(virtual_gpus, bool) or not isinstance(virtual_gpus, int) or virtual_gpus < 0:
             raise ValueError(f"virtual_gpus must be an int >= 0, got {virtual_gpus!r}")
         if isinstance(link_bytes, bool) or not isinstance(link_bytes, int) or link_bytes < 2 * _SMALL_PROBE:
@@ -114,6 +118,9 @@ class ClusterManager:
         if isinstance(adapt, bool) or not isinstance(adapt, (int, float)) or not 0.0 <= adapt <= 1.0:
             raise ValueError(f"adapt must be a number in [0, 1], got {adapt!r}")
         self.adapt = float(adapt)
+        if agent_nice is not None and (isinstance(agent_nice, bool) or not isinstance(agent_nice, int)
+                                       or not -20 <= agent_nice <= 19):
+            raise ValueError(f"agent_nice must be None or an int in [-20, 19], got {agent_nice!r}")
         self.timeout = _positive(timeout, "timeout")
         self.start_timeout = _positive(start_timeout, "start_timeout")
         ray = require_ray()
@@ -136,6 +143,7 @@ class ClusterManager:
         self.driver_node_id: str = ray.get_runtime_context().get_node_id()
         self._destroyed = False
         self._lock = threading.RLock()     # one frame or measurement at a time
+        self._agent_nice = agent_nice
         try:
             self._start(virtual_gpus, topology)
             if measure:
@@ -195,7 +203,8 @@ class ClusterManager:
         handles = [actor.options(
             num_cpus=0, resources={VK_GPU: float(c)}, max_restarts=0, max_task_retries=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i),
-        ).remote(virtual_gpus=virtual_gpus, timeout=self.timeout) for i, c in enumerate(offer)]
+        ).remote(virtual_gpus=virtual_gpus, timeout=self.timeout, nice=self._agent_nice)
+            for i, c in enumerate(offer)]
         described = self._gather({h.describe.remote(topology): h for h in handles}, self.start_timeout,
                                  "describe its devices")
         for h in handles:
@@ -213,6 +222,8 @@ class ClusterManager:
             self._pids[d["node_id"]] = d["pid"]
             if d.get("topology_note"):
                 self.topology_notes[d["node_id"]] = d["topology_note"]
+            if d.get("nice_note"):
+                log.warning("vkmulti cluster: %s: %s", label, d["nice_note"])
             self.nodes[d["node_id"]] = NodeInfo(
                 d["node_id"], d["address"], d["hostname"], tuple(x["name"] for x in d["devices"]),
                 tuple(1.0 for _ in d["devices"]), local=d["node_id"] == self.driver_node_id,
