@@ -14,7 +14,8 @@ from .agent import NodeAgent
 from .connection import VK_GPU, Connection, RayAddress, connect, node_resources, parse_address, require_ray, \
     vk_gpu_count
 from .errors import (ClusterAddressError, ClusterConnectionError, ClusterError, NoAgentError, RayMissingError)
-from .manager import ClusterFrame, ClusterManager, NodeFrameReport
+from .frames import ClusterFrame, NodeFrameReport
+from .manager import ClusterManager
 from .planner import LinkInfo, NodeInfo, NodePlan, composite_frame, plan_nodes, sru_image_bytes
 from .stencil import StencilSlab, split_rows_weighted
 from .stencil_run import StencilRun

@@ -4,83 +4,33 @@
 node in a STRICT_SPREAD placement group and starts a NodeAgent in each (so
 exactly one agent per node), asks each for its devices, measures each node's
 render throughput and its link to the driver through Ray's object store, and
-renders SRU frames: SRUs are planned over the nodes (planner.plan_nodes),
+runs the two workloads: SRU frames (frames.py: SRUs planned over the nodes,
 each agent splits its share over its GPUs, the images come back as numpy
-arrays through the object store (shared memory, no copy, from the driver's
-own node) and are composited on the driver. A node whose agent dies or stops
-answering is left out and its SRUs are re-planned on the others within the
-same frame, so the frame still completes and is the same.
+arrays through the object store, shared memory from the driver's own node,
+and are composited on the driver) and the Jacobi stencil (stencil_run.py).
+A node whose agent dies or stops answering is left out and its work is
+re-planned on the others, so the run still completes and is the same.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import math
-import re
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-import numpy as np
-
 from .connection import VK_GPU, Connection, connect, require_ray
-from ..errors import VkmError
-from .errors import ClusterError, NoAgentError
-from .planner import LinkInfo, NodeInfo, NodePlan, check_srus, composite_frame, plan_nodes
+from .errors import ClusterError, NoAgentError, short_error
+from .frames import ClusterFrame, render_frame
+from .planner import LinkInfo, NodeInfo, NodePlan, check_srus, plan_nodes
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ClusterManager", "ClusterFrame", "NodeFrameReport"]
+__all__ = ["ClusterManager"]
 
 #: Payload of the small link probe: above Ray's 100 KiB inline limit, so it goes through the object store.
 _SMALL_PROBE = 256 * 1024
-#: Frames where a node was busy less than this do not adjust its throughput (overhead, not work).
-_MIN_OBSERVED_S = 0.005
-
-
-@dataclass
-class NodeFrameReport:
-    """One node's part of a frame."""
-
-    node_id: str
-    srus: list = field(default_factory=list)            # SRU ids it rendered (all rounds)
-    gpu: dict = field(default_factory=dict)             # sru_id -> the node's GPU index
-    render_s: float = 0.0                                # agent: submit to all renders done
-    readback_s: float = 0.0                              # agent: images GPU -> host
-    agent_s: float = 0.0                                 # agent: whole call
-    round_trip_s: float = 0.0                            # driver: dispatch to images here
-    nbytes: int = 0                                      # image bytes returned
-    local: bool = False                                  # on the driver's node (shared memory)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"node_id": self.node_id, "srus": list(self.srus), "gpu": {str(k): v for k, v in self.gpu.items()},
-                "render_ms": self.render_s * 1e3, "readback_ms": self.readback_s * 1e3,
-                "agent_ms": self.agent_s * 1e3, "round_trip_ms": self.round_trip_s * 1e3,
-                "bytes": self.nbytes, "local": self.local}
-
-
-@dataclass
-class ClusterFrame:
-    """A frame rendered on the cluster: the pixels and what each node did."""
-
-    pixels: np.ndarray                                   # (height, width, 8) uint8 (RGBA16F)
-    nodes: dict[str, NodeFrameReport]
-    plans: list[NodePlan]                                # one per round (more than one after a loss)
-    replanned: dict = field(default_factory=dict)        # sru_id -> node id it was first sent to
-    lost: dict[str, str] = field(default_factory=dict)   # node id -> why, lost during this frame
-    total_s: float = 0.0
-    composite_s: float = 0.0
-
-    @property
-    def bytes_moved(self) -> int:
-        """Image bytes that crossed the network (from nodes other than the driver's)."""
-        return sum(r.nbytes for r in self.nodes.values() if not r.local)
-
-    @property
-    def bytes_zero_copy(self) -> int:
-        """Image bytes read from the driver's own node through shared memory."""
-        return sum(r.nbytes for r in self.nodes.values() if r.local)
 
 
 def _positive(v: Any, what: str) -> float:
@@ -210,7 +160,7 @@ class ClusterManager:
         for h in handles:
             d = described.get(h)
             if isinstance(d, BaseException):
-                self._skip(f"agent {handles.index(h)}", f"its agent failed to start: {_short(d)}")
+                self._skip(f"agent {handles.index(h)}", f"its agent failed to start: {short_error(d)}")
                 ray.kill(h, no_restart=True)
                 continue
             label = f"node {d['node_id'][:8]} ({d['address']})"
@@ -272,7 +222,7 @@ class ClusterManager:
                            self.start_timeout, "measure its GPUs")
         for node_id, r in got.items():
             if isinstance(r, BaseException) or not any(x > 0 for x in r):
-                why = _short(r) if isinstance(r, BaseException) else "no GPU rendered the calibration SRU"
+                why = short_error(r) if isinstance(r, BaseException) else "no GPU rendered the calibration SRU"
                 self._lose(node_id, f"measuring its GPUs failed: {why}")
                 continue
             self._calibrated[node_id] = tuple(float(x) for x in r)
@@ -288,7 +238,7 @@ class ClusterManager:
             try:
                 self.links[node_id] = self._measure_link(node_id, link_bytes)
             except ray.exceptions.RayError as exc:
-                self._lose(node_id, f"its link could not be measured: {_short(exc)}")
+                self._lose(node_id, f"its link could not be measured: {short_error(exc)}")
         if not self._live_agents():
             raise NoAgentError(f"every node was lost while measuring: {self.lost}")
 
@@ -363,37 +313,7 @@ class ClusterManager:
             raise TypeError("on_dispatch must be callable or None")
         with self._lock:
             self._check()
-            return self._render_frame(srus, width, height, clear, self._usable(nodes), on_dispatch)
-
-    def _render_frame(self, srus: list, width: int, height: int, clear: Any, candidates: list[NodeInfo],
-                      on_dispatch: Callable[[int, NodePlan], Any] | None) -> ClusterFrame:
-        t0 = time.perf_counter()
-        images: dict[Any, np.ndarray] = {}
-        frame = ClusterFrame(np.empty(0, np.uint8), {}, [])
-        todo, first_node, rnd = srus, {}, 0
-        while todo:
-            live = [n for n in candidates if n.node_id not in self.lost]
-            if not live:
-                raise NoAgentError(f"every node was lost during the frame: {self.lost}")
-            plan = plan_nodes(todo, live, self.links)
-            frame.plans.append(plan)
-            refs = {}
-            for node_id, group in plan.srus.items():
-                if group:
-                    refs[self._agents[node_id].render.remote(group)] = (node_id, group, time.perf_counter())
-                    for s in group:
-                        first_node.setdefault(s.sru_id, node_id)
-            if on_dispatch is not None:
-                on_dispatch(rnd, plan)
-            todo = self._collect(refs, images, frame)
-            rnd += 1
-        final = {sid: node_id for node_id, rep in frame.nodes.items() for sid in rep.srus}
-        frame.replanned = {sid: n for sid, n in first_node.items() if final[sid] != n}
-        t1 = time.perf_counter()
-        frame.pixels = composite_frame(width, height, [(images[s.sru_id], s.x, s.y) for s in srus], clear)
-        frame.composite_s = time.perf_counter() - t1
-        frame.total_s = time.perf_counter() - t0
-        return frame
+            return render_frame(self, srus, width, height, clear, self._usable(nodes), on_dispatch)
 
     def run_stencil(self, field: Any, top: Any, bottom: Any, steps: int, *, nodes: Sequence[str] | None = None,
                     checkpoint_every: int = 32, payload_size: int = 256,
@@ -408,63 +328,6 @@ class ClusterManager:
             self._check()
             return run_stencil(self, field, top, bottom, steps, nodes=nodes, checkpoint_every=checkpoint_every,
                                payload_size=payload_size, on_dispatch=on_dispatch)
-
-    def _collect(self, refs: dict, images: dict, frame: ClusterFrame) -> list[Any]:
-        """Wait for one round's results; returns the SRUs of nodes that failed (to re-plan)."""
-        ray = self._ray
-        pending = list(refs)
-        retry: list[Any] = []
-        bad: BaseException | None = None
-        deadline = time.monotonic() + self.timeout
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                for ref in pending:
-                    node_id, group, _ = refs[ref]
-                    self._lose(node_id, f"did not answer within {self.timeout:g} s", frame)
-                    retry += group
-                break
-            ready, pending = ray.wait(pending, num_returns=1, timeout=min(0.5, left))
-            for ref in ready:
-                node_id, group, sent = refs[ref]
-                try:
-                    r = ray.get(ref)
-                except ray.exceptions.RayError as exc:
-                    if caller_error(exc) is not None:     # the input's fault, not the node's
-                        bad = bad or caller_error(exc)
-                        continue
-                    self._lose(node_id, _short(exc), frame)
-                    retry += group
-                    continue
-                self._observe(node_id, r)
-                rep = frame.nodes.setdefault(node_id, NodeFrameReport(node_id, local=self.nodes[node_id].local))
-                rep.round_trip_s += time.perf_counter() - sent
-                rep.render_s += r["render_s"]
-                rep.readback_s += r["readback_s"]
-                rep.agent_s += r["total_s"]
-                for s in group:
-                    img = r["images"][s.sru_id]
-                    images[s.sru_id] = img
-                    rep.srus.append(s.sru_id)
-                    rep.gpu[s.sru_id] = r["gpu"][s.sru_id]
-                    rep.nbytes += img.nbytes
-        if bad is not None:
-            raise bad
-        return retry
-
-    def _observe(self, node_id: str, r: dict) -> None:
-        """Move the node's throughput toward what this frame showed (exponential average with
-        weight `adapt`), so a calibration off by contention or clocks corrects itself."""
-        busy, predicted = r["render_s"] + r["readback_s"], r.get("predicted_s")
-        if not self.adapt or not predicted or busy < _MIN_OBSERVED_S:
-            return
-        info, calibrated = self.nodes[node_id], self._calibrated.get(node_id)
-        if calibrated is None:
-            return
-        shown = sum(calibrated) * predicted / busy          # the agent predicted with the calibration
-        total = (1.0 - self.adapt) * info.throughput + self.adapt * shown
-        self.nodes[node_id] = dataclasses.replace(
-            info, gpu_throughput=tuple(x * total / sum(calibrated) for x in calibrated))
 
     # -- nodes -------------------------------------------------------------------------
 
@@ -565,22 +428,3 @@ def _fit_link(src: str, dst: str, small: int, t_small: float, big: int, t_big: f
     """Latency and bandwidth from the times of a small and a big object: t = latency + n / bandwidth."""
     bw = (big - small) / (t_big - t_small) if t_big > t_small else math.inf
     return LinkInfo(src, dst, bw, max(t_small - (0.0 if math.isinf(bw) else small / bw), 0.0))
-
-
-def caller_error(exc: BaseException) -> BaseException | None:
-    """The ValueError/TypeError an agent raised about its input (a Ray task error's cause), or None.
-    Such an error is the caller's to see; it says nothing about the node's health."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, (ValueError, TypeError)) and not isinstance(cause, VkmError):
-        return cause
-    return None
-
-
-def _short(exc: BaseException) -> str:
-    """One line for an error: a remote exception's own type and message (Ray wraps it with the
-    whole remote traceback), else the first line of Ray's error."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, BaseException):
-        exc = cause
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"

@@ -23,8 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .errors import NoAgentError
-from .manager import _short, caller_error
+from .errors import NoAgentError, caller_error, short_error
 from .planner import NodeInfo
 from .stencil import split_rows_weighted
 
@@ -250,4 +249,4 @@ def _restart(cm: Any, run: StencilRun, failed: dict[str, str], done: int, parts:
 
 
 def _why(exc: BaseException) -> str:
-    return _short(exc)
+    return short_error(exc)
