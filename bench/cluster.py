@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", default="640x360", help="frame WxH (default 640x360)")
     p.add_argument("--frames", type=int, default=7, help="timed frames per configuration (median)")
     p.add_argument("--virtual", type=int, default=2, help="virtual lavapipe GPUs per node (0: the real GPUs)")
+    p.add_argument("--split-gpus", action="store_true",
+                   help="node i drives only GPU i of this machine (VKMULTI_AGENT_DEVICES), as hosts of one GPU "
+                        "each would; the no-Ray baseline still uses every GPU")
     p.add_argument("--object-store-mb", type=int, default=128)
     p.add_argument("--link-mb", type=int, default=16, help="payload of the link measurements")
     p.add_argument("--stencil", default="256x1024", help="stencil grid ROWSxCOLS (default 256x1024)")
@@ -137,12 +140,19 @@ def main(argv: list[str] | None = None) -> int:
     from vkmulti.cluster import ClusterManager, vk_gpu_count
 
     gpus = vk_gpu_count()
-    node = dict(node_ip_address="127.0.0.1", num_cpus=1, resources={"vk_gpu": gpus},
-                object_store_memory=args.object_store_mb * 2**20)
+    if args.split_gpus and args.nodes > gpus:
+        p.error(f"--split-gpus gives each node its own GPU: at most {gpus} nodes here")
+
+    def node(i: int) -> dict:
+        out = dict(node_ip_address="127.0.0.1", num_cpus=1, resources={"vk_gpu": 1 if args.split_gpus else gpus},
+                   object_store_memory=args.object_store_mb * 2**20)
+        if args.split_gpus:
+            out["env_vars"] = {"VKMULTI_AGENT_DEVICES": str(i)}
+        return out
     t0 = time.perf_counter()
-    c = Cluster(initialize_head=True, head_node_args=dict(node, include_dashboard=False))
-    for _ in range(args.nodes - 1):
-        c.add_node(**node)
+    c = Cluster(initialize_head=True, head_node_args=dict(node(0), include_dashboard=False))
+    for i in range(1, args.nodes):
+        c.add_node(**node(i))
     ray.init(address=c.address, log_to_driver=False)
     c.wait_for_nodes(timeout=120)
     cm = None
@@ -189,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         last = frames["cluster"][-1]
         fig = {
             "machine_note": "nodes share this machine's CPU cores and GPUs",
-            "nodes": len(cm.nodes), "gpus_per_node": gpus, "virtual": args.virtual, "srus": len(srus),
+            "nodes": len(cm.nodes), "gpus_per_node": 1 if args.split_gpus else gpus, "gpus_local": gpus,
+            "virtual": args.virtual, "srus": len(srus),
             "size": [width, height], "frames": args.frames,
             "cluster_start_s": round(t1 - t0, 2), "manager_start_s": round(t2 - t1, 2),
             "frame_ms_local": _ms(runs["local"]), "frame_ms_one_node": _ms(runs["one_node"]),

@@ -236,6 +236,19 @@ def test_agent_renders_a_failed_gpus_srus_on_the_others(srus, reference):
         agent.shutdown()
 
 
+def test_agent_devices_from_the_node_environment(monkeypatch):
+    monkeypatch.setenv("VKMULTI_AGENT_DEVICES", "1")
+    agent = NodeAgent()
+    try:
+        assert [d["index"] for d in agent.describe()["devices"]] == [0]     # one slot: physical device 1
+    finally:
+        agent.shutdown()
+    monkeypatch.setenv("VKMULTI_AGENT_DEVICES", "0,x")
+    agent = NodeAgent()
+    assert "VKMULTI_AGENT_DEVICES='0,x'" in agent.describe()["error"]
+    agent.shutdown()
+
+
 def test_agent_without_vulkan_reports_why(monkeypatch):
     monkeypatch.setenv("VK_DRIVER_FILES", "/nonexistent/vkmulti-none.json")
     monkeypatch.setenv("VK_ICD_FILENAMES", "/nonexistent/vkmulti-none.json")

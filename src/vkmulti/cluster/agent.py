@@ -44,6 +44,24 @@ def _calibration_sru(iterations: int) -> Any:
     return ReferenceSRU("calibration", 256, 256, seed=7, iterations=iterations)
 
 
+#: A node's environment can restrict its agent to some of its Vulkan devices ("0,2").
+DEVICES_ENV = "VKMULTI_AGENT_DEVICES"
+
+
+def _env_devices() -> list[int] | None:
+    """The device indices VKMULTI_AGENT_DEVICES names, or None (all); ValueError names a bad value."""
+    text = os.environ.get(DEVICES_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        out = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        out = []
+    if not out or any(v < 0 for v in out) or len(set(out)) != len(out):
+        raise ValueError(f"{DEVICES_ENV}={text!r}: expected distinct device indices like '0,1'")
+    return out
+
+
 def _whereami() -> tuple[str, str]:
     """(node id, node IP) from Ray when this runs in a Ray worker, else ('local', hostname's IP)."""
     try:
@@ -62,6 +80,8 @@ class NodeAgent:
     `virtual_gpus` > 0 exposes that many lavapipe CPU devices first (tests,
     machines without GPUs). A node whose Vulkan devices cannot be opened keeps
     running with `error` set (describe() reports it; the driver skips the node).
+    `device_indices` (default: VKMULTI_AGENT_DEVICES of the node's environment,
+    else all) picks the node's devices by enumeration index.
     """
 
     def __init__(self, *, virtual_gpus: int = 0, validation: bool | None = None,
@@ -94,6 +114,8 @@ class NodeAgent:
                 install_virtual_gpus(virtual_gpus)
             from ..multi_device import MultiDeviceManager
 
+            if device_indices is None:
+                device_indices = _env_devices()
             self.manager = MultiDeviceManager.create(
                 enabled=True, validation=validation,
                 device_indices=list(device_indices) if device_indices is not None else None)
