@@ -107,6 +107,13 @@ class NodeAgent:
         self._stencil: StencilSlab | None = None
         self._throughput: list[float] | None = None
         self._calls = 0
+        if device_indices is None:
+            try:
+                device_indices = _env_devices()
+            except ValueError as exc:
+                self.error = f"bad node set-up: {exc}"
+                log.warning("vkmulti agent on %s (%s): %s", self.node_id[:8], self.address, self.error)
+                return
         try:
             if virtual_gpus:
                 from ..testing import install_virtual_gpus
@@ -114,8 +121,6 @@ class NodeAgent:
                 install_virtual_gpus(virtual_gpus)
             from ..multi_device import MultiDeviceManager
 
-            if device_indices is None:
-                device_indices = _env_devices()
             self.manager = MultiDeviceManager.create(
                 enabled=True, validation=validation,
                 device_indices=list(device_indices) if device_indices is not None else None)
