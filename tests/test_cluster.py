@@ -339,7 +339,7 @@ class TestOneManager:
 
     def test_bad_input_is_the_callers_error_not_a_lost_node(self, cluster_manager, srus, reference):
         cm = cluster_manager
-        huge = ReferenceSRU(99, 20000, 8, iterations=1)          # past lavapipe's 16384 image extent
+        huge = ReferenceSRU(99, 70000, 8, iterations=1)          # past any GPU's image extent (16384-32768)
         with pytest.raises(ValueError, match="maximum image extent"):
             cm.render_frame([huge], 64, 64)
         with pytest.raises(TypeError, match="ReferenceSRU"):
