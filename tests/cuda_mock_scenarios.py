@@ -251,6 +251,8 @@ def scenario_unsupported() -> None:
             raise AssertionError("a link was made for devices CUDA does not see")
         except UnsupportedError as exc:
             assert "is not a CUDA device" in str(exc) and "llvmpipe" in str(exc), exc
+            # the environment is read in Python and passed down to the message
+            assert "CUDA_VISIBLE_DEVICES=0" in str(exc), exc
         check_validation()
     assert report() == CLEAN, report()
 

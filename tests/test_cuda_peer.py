@@ -242,7 +242,7 @@ def test_declarations_match_cuda_h(tmp_path, source):
 # process; stream_fault leaves a stuck stream behind, so it runs last
 MOCK_RUNS = {
     "two_gpus": (["roundtrip", "many_in_flight", "copy_fails", "import_fails", "stream_fault"], {}),
-    "one_gpu": (["unsupported"], {"MOCK_CUDA_DEVICES": "1"}),
+    "one_gpu": (["unsupported"], {"MOCK_CUDA_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0"}),
 }
 
 
