@@ -230,9 +230,10 @@ cdef class Link:
         return l
 
     cdef vkm_link* ptr(self) except NULL:
-        if self.link == NULL:
+        if self.link == NULL or not (self.src.alive and self.dst.alive):
             from vkmulti.errors import DestroyedError
-            raise DestroyedError("transfer link used after destroy()")
+            raise DestroyedError("transfer link used after destroy()" if self.link == NULL else
+                                 "transfer link used after its device was released")
         return self.link
 
     @property

@@ -194,7 +194,7 @@ def test_trace_environment_is_read_in_python_and_passed_down(manager, tmp_path, 
             x.submit(src_buffer=a, dst_buffer=b).wait(30)
     lines = path.read_text().splitlines()   # written when the link went, with its transfer
     assert any(line.startswith("staging,") and ",submit," in line for line in lines), lines[:5]
-    assert any(",dst_ready," in line for line in lines), lines[:5]
+    assert any(line.startswith("staging,") and ",waited," in line for line in lines), lines[:5]
 
 
 def test_no_environment_variable_is_read_in_c():
@@ -203,3 +203,21 @@ def test_no_environment_variable_is_read_in_c():
         if name.endswith((".c", ".h")):
             with open(os.path.join(native, name)) as f:
                 assert "getenv" not in f.read(), f"{name} reads the environment"
+
+
+def test_a_link_whose_device_was_released_refuses_work(manager):
+    """A link outliving its device's release raises DestroyedError instead of
+    submitting to a destroyed VkDevice; destroy() still frees it."""
+    s, d = manager.slot(1), manager.slot(0)
+    view = _device_without(s, external_memory_host=True)
+    link = _native.Link(view, s.copy_queue.lock, d.native, d.copy_queue.lock, _native.RING_STAGING, 1 << 20, 4)
+    view.release()
+    try:
+        with pytest.raises(vkmulti.DestroyedError, match="device was released"):
+            link.submit(_Endpoint(buffer=1), _Endpoint(buffer=1), 16)
+        with pytest.raises(vkmulti.DestroyedError):
+            link.poll(1, 1)
+        assert link.alive
+    finally:
+        link.destroy()
+    assert not link.alive

@@ -46,7 +46,7 @@ def test_sizes_near_2_to_the_64(size, chunk, unit):
     _check_plan(_native.plan_chunks(size, chunk, unit), size, chunk, unit)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(size=st.integers(U64 - (1 << 40), U64), shift=st.integers(50, 63), unit_shift=st.integers(0, 20))
 def test_any_size_near_2_to_the_64(size, shift, unit_shift):
     chunk, unit = 1 << shift, 1 << unit_shift
