@@ -20,7 +20,13 @@ static struct {
     vkm_CUdevice dev;
     uint8_t uuid[16];
     char name[128];
+    int cc_major, cc_minor, sm_count; /* 0 when the driver does not say */
 } devs[MAX_CUDA_DEVICES];
+/* cuDeviceGetAttribute: looked up on its own so a driver without it still serves CUDA_PEER */
+static vkm_CUresult (*get_attribute)(int *value, int attribute, vkm_CUdevice dev);
+#define CU_ATTR_MULTIPROCESSOR_COUNT 16
+#define CU_ATTR_COMPUTE_CAPABILITY_MAJOR 75
+#define CU_ATTR_COMPUTE_CAPABILITY_MINOR 76
 
 const char *vkm_cuda_text(vkm_CUresult r, char *buf, size_t n)
 {
@@ -61,6 +67,7 @@ static int load(const char *path)
     }
     VKM_CUDA_FUNCTIONS(VKM_CUDA_LOAD)
 #undef VKM_CUDA_LOAD
+    *(void **)&get_attribute = dlsym(lib, "cuDeviceGetAttribute");
     char t[256];
     vkm_CUresult r = vkm_cu.cuInit(0);
     if (r != VKM_CUDA_SUCCESS) {
@@ -87,6 +94,16 @@ static int load(const char *path)
         if (vkm_cu.cuDeviceGetName(devs[i].name, (int)sizeof devs[i].name, devs[i].dev) != VKM_CUDA_SUCCESS)
             snprintf(devs[i].name, sizeof devs[i].name, "CUDA device %d", i);
         devs[i].name[sizeof devs[i].name - 1] = 0;
+        if (get_attribute) {
+            int v[3] = {0, 0, 0};
+            if (get_attribute(&v[0], CU_ATTR_COMPUTE_CAPABILITY_MAJOR, devs[i].dev) == VKM_CUDA_SUCCESS &&
+                get_attribute(&v[1], CU_ATTR_COMPUTE_CAPABILITY_MINOR, devs[i].dev) == VKM_CUDA_SUCCESS) {
+                devs[i].cc_major = v[0];
+                devs[i].cc_minor = v[1];
+            }
+            if (get_attribute(&v[2], CU_ATTR_MULTIPROCESSOR_COUNT, devs[i].dev) == VKM_CUDA_SUCCESS)
+                devs[i].sm_count = v[2];
+        }
     }
     count = n;
     return 1;
@@ -124,6 +141,15 @@ int vkm_cuda_device_info(int ordinal, uint8_t uuid[16], char *name, size_t name_
     if (!vkm_cuda_available(NULL, 0) || ordinal < 0 || ordinal >= count) return 0;
     if (uuid) memcpy(uuid, devs[ordinal].uuid, 16);
     if (name && name_len) snprintf(name, name_len, "%s", devs[ordinal].name);
+    return 1;
+}
+
+int vkm_cuda_device_attributes(int ordinal, int *cc_major, int *cc_minor, int *sm_count)
+{
+    if (!vkm_cuda_available(NULL, 0) || ordinal < 0 || ordinal >= count) return 0;
+    *cc_major = devs[ordinal].cc_major;
+    *cc_minor = devs[ordinal].cc_minor;
+    *sm_count = devs[ordinal].sm_count;
     return 1;
 }
 
