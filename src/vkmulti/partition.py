@@ -40,7 +40,10 @@ def _sru_cost(sru: Any) -> int:
 
 
 def _default_sru_id(sru: Any) -> Any:
-    return sru.sru_id
+    try:
+        return sru.sru_id
+    except AttributeError:
+        raise TypeError(f"an SRU needs an sru_id attribute (or pass sru_id=), got a {type(sru).__name__}") from None
 
 
 def _default_offloadable(sru: Any) -> bool:
@@ -51,7 +54,7 @@ def _default_offloadable(sru: Any) -> bool:
 class _Problem:
     ids: list
     cost: np.ndarray
-    device_count: int
+    device_count: int         # the devices that can matter (see _devices_used)
     weights: list[float] | None
     transfer: np.ndarray | None
     pinned: list[bool] | None
@@ -121,7 +124,7 @@ def _prepare(srus, device_count, sru_id, cost, weights, transfer_cost, offloadab
     if weights is not None:
         w = list(weights)
         if len(w) != device_count:
-            raise ValueError(f"weights has {len(w)} entries for {device_count} devices: {weights!r}")
+            raise ValueError(f"weights has {len(w)} entries for {device_count} devices")
         for d, x in enumerate(w):
             try:
                 ok = math.isfinite(float(x)) and float(x) > 0
@@ -158,7 +161,22 @@ def _prepare(srus, device_count, sru_id, cost, weights, transfer_cost, offloadab
             except TypeError:
                 raise TypeError(f"previous device of SRU {i!r} must be an int, got {d!r}") from None
             prev.append(d if 0 <= d < device_count else -1)
-    return _Problem(ids, costs, device_count, w, transfer, pinned, prev, h)
+    return _Problem(ids, costs, _devices_used(device_count, len(ids), w, prev), w, transfer, pinned, prev, h)
+
+
+def _devices_used(device_count: int, n: int, weights: list[float] | None, previous: list[int] | None) -> int:
+    """How many devices the plan can use, so the work is linear in SRUs, not in devices.
+
+    Without weights every secondary is alike: an SRU goes to the lowest-index
+    device among those that finish it earliest, and a device nobody uses yet
+    is only ever chosen as the lowest unused index. With n SRUs at most n
+    devices are used, so devices past n + 1 (and past the highest previous
+    device) never receive one: the result is the same with them left out.
+    """
+    if weights is not None:
+        return device_count
+    top = max(previous, default=-1) if previous is not None else -1
+    return min(device_count, max(n + 2, top + 1))
 
 
 def assign_srus(srus: Iterable[Any], device_count: int, *, sru_id: Callable[[Any], Any] | None = None,
@@ -265,8 +283,16 @@ def makespan(assignments: Iterable[SRUAssignment | int], costs: Sequence[float],
 
     assignments (SRUAssignments or device indices), costs and transfer are in the same order.
     """
-    w = list(weights) if weights is not None else [1.0] * device_count
-    load = [0.0] * device_count
+    try:
+        device_count = operator.index(device_count)
+    except TypeError:
+        raise TypeError(f"device_count must be an int, got {type(device_count).__name__}") from None
+    if device_count < 1:
+        raise ValueError(f"device_count must be >= 1, got {device_count}")
+    w = list(weights) if weights is not None else None
+    if w is not None and len(w) != device_count:
+        raise ValueError(f"weights has {len(w)} entries for {device_count} devices")
+    load: dict[int, float] = {}
     devices = [a.device_index if isinstance(a, SRUAssignment) else operator.index(a) for a in assignments]
     if len(devices) != len(costs) or (transfer is not None and len(transfer) != len(costs)):
         raise ValueError(f"{len(devices)} assignments for {len(costs)} costs"
@@ -274,8 +300,9 @@ def makespan(assignments: Iterable[SRUAssignment | int], costs: Sequence[float],
     for k, (d, c) in enumerate(zip(devices, costs)):
         if not 0 <= d < device_count:
             raise ValueError(f"assignment {k} is on device {d}, outside [0, {device_count})")
-        load[d] += c / w[d] + (transfer[k] if transfer is not None and d != 0 else 0.0)
-    return max(load, default=0.0)
+        load[d] = load.get(d, 0.0) + c / (w[d] if w is not None else 1.0) \
+            + (transfer[k] if transfer is not None and d != 0 else 0.0)
+    return max(load.values(), default=0.0)
 
 
 def seed_top_n_minus_1(srus: Iterable[Any], device_count: int, *, sru_id=None, cost=None) -> list[SRUAssignment]:
