@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -42,6 +43,8 @@ from .resources import MAX_BYTES, as_host_bytes
 from .timeline import wait_point
 from .transfer import (DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer, check_ring_shape,
                        select_transfer_method)
+
+log = logging.getLogger(__name__)
 
 __all__ = ["InterGpuTransfer", "Gathered"]
 
@@ -130,7 +133,9 @@ def _wait_all(jobs: list[Any], dl: Deadline, *, quiet: bool = False) -> None:
     for job in jobs:
         try:
             job.wait(dl.left())
-        except BaseException as exc:
+        except Exception as exc:   # Ctrl-C ends the waiting at once
+            if quiet:
+                log.warning("InterGpuTransfer: a copy of the failed operation also failed (%r)", exc)
             first = first or exc
     if first is not None and not quiet:
         raise first
@@ -451,6 +456,10 @@ class InterGpuTransfer:
                 sizes[i] = reg.size
                 cursor = offsets[i] + reg.size
             target, handle = self._target(dst, dst_buffer, cursor, 0, "dst_buffer", holds)
+            for i, reg in regs.items():
+                if handle and reg.handle() == handle:
+                    raise ValueError(f"dst_buffer is the buffer registered for GPU {i}: the gather would "
+                                     f"overwrite what it reads")
             made: list[Buffer] = []
             if target is None:
                 target, handle = self._create(dst, cursor, made, holds)

@@ -155,7 +155,8 @@ class _SubmitDone:
                 return self.sub.slot.native.timeline_value(self.sub._timeline) >= self.value
         except DestroyedError:
             return life.dead   # its destroy() waited for every submit
-        except DeviceLostError:
+        except DeviceLostError as exc:
+            log.warning("%r: device lost (%s); its submits count as done", self.sub, exc)
             return True
 
     def gpu_wait(self, device_index: int | None, timeout: float | None) -> bool:
@@ -168,7 +169,8 @@ class _SubmitDone:
             return False
         except DestroyedError:
             return life.dead
-        except DeviceLostError:
+        except DeviceLostError as exc:
+            log.warning("%r: device lost (%s); its submits count as done", self.sub, exc)
             return True
 
 

@@ -387,7 +387,8 @@ class TransferTicket:
                 return dev.timeline_value(point.semaphore) >= point.value
         except DestroyedError:
             return ref.life.dead
-        except DeviceLostError:
+        except DeviceLostError as exc:
+            log.warning("transfer %d: device lost (%s); its GPU work counts as done", self.ticket, exc)
             return True
 
     def gpu_wait(self, device_index: int | None, timeout: float | None) -> bool:
@@ -600,6 +601,8 @@ class CrossDeviceTransfer:
                                               src_wait)
             ed, nbytes_d = self._image_endpoint(dst_image, self.dst, "dst_image", dst_layout, dst_final_layout,
                                                 dst_wait)
+            if es.image == ed.image:
+                raise ValueError("src_image and dst_image are the same image")
             if (es.width, es.height) != (ed.width, ed.height) or nbytes != nbytes_d:
                 raise ValueError(f"size mismatch: source {es.width}x{es.height}x{es.bytes_per_pixel} B, "
                                  f"destination {ed.width}x{ed.height}x{ed.bytes_per_pixel} B")
@@ -609,6 +612,9 @@ class CrossDeviceTransfer:
             nbytes = self._buffer_size(src_buffer, dst_buffer, src_offset, dst_offset, size)
             es = self._buffer_endpoint(src_buffer, self.src, "src_buffer", src_offset, src_wait)
             ed = self._buffer_endpoint(dst_buffer, self.dst, "dst_buffer", dst_offset, dst_wait)
+            if es.buffer == ed.buffer and src_offset < dst_offset + nbytes and dst_offset < src_offset + nbytes:
+                raise ValueError(f"source and destination ranges overlap in the same buffer ([{src_offset}, "
+                                 f"{src_offset + nbytes}) and [{dst_offset}, {dst_offset + nbytes}))")
         with self._lock:
             ref = self._link_ref_locked()
             ticket, sdone, dready = ref.link.submit(es, ed, nbytes)
@@ -677,6 +683,10 @@ class CrossDeviceTransfer:
                                  f"not GPU {slot.index} ({slot.name!r})")
             w, h, bpp, handle = image.width, image.height, image.bytes_per_pixel, image.handle_int
             before = image.layout if layout is None else layout
+            if before != image.layout and not (label == "dst_image" and before == vk.VK_IMAGE_LAYOUT_UNDEFINED):
+                raise ValueError(f"{label} is in layout {image.layout} as vkmulti tracks it, not {before!r}; "
+                                 f"after a transition of your own set image.layout, or pass UNDEFINED as "
+                                 f"dst_layout to discard the destination's contents"[:300])
             owner_family = image.owner_family
             kernel, kernel_view = image.kernel_view_format, image.kernel_view_int
         elif isinstance(image, Buffer):
