@@ -371,6 +371,108 @@ def test_k_manager_destroy_is_bounded_and_interruptible():
     body_k_manager_destroy_bounded()
 
 
+# -- unclear errors made clear (issue 12) --------------------------------------------------
+
+
+def test_ensure_staging_of_method_none_says_there_is_no_ring(manager):
+    x = CrossDeviceTransfer(manager.slot(0), manager.slot(0), TransferMethod.NONE)   # KeyError: 'none' before
+    info = x.ensure_staging()
+    assert info["method"] == "none" and info["slot_size"] == 0 and info["slot_count"] == 0
+    x.destroy()
+
+
+def test_wrongly_typed_srus_get_a_type_error(manager):
+    from vkmulti import SRUOffloadCoordinator, assign_srus
+
+    for srus in ([object()], [3], ["a"]):   # AttributeError before
+        with pytest.raises(TypeError, match="sru_id"):
+            assign_srus(srus, 2)
+    with SRUOffloadCoordinator(manager) as c:
+        with pytest.raises(TypeError, match="sru_id"):
+            c.plan([object()])
+        frame = Image(manager.primary, 8, 8)
+        try:
+            with pytest.raises(TypeError, match="width and height"):
+                c.render_frame([object()], frame)
+        finally:
+            frame.destroy()
+
+
+def test_select_transfer_method_and_cuda_peer_reason_check_their_arguments(manager):
+    from types import SimpleNamespace
+
+    from vkmulti import cuda_peer_reason, select_transfer_method
+
+    with pytest.raises(TypeError, match="capabilities must be RenderCapabilities"):   # AttributeError before
+        select_transfer_method(SimpleNamespace(device_index=1), 3)
+    with pytest.raises(TypeError, match="dst_index"):
+        select_transfer_method(SimpleNamespace(device_index=1), None, dst_index="0")
+    assert isinstance(cuda_peer_reason(manager.slot(0), manager.slot(1)), str)      # a DeviceSlot works
+    with pytest.raises(TypeError, match="DeviceCapabilities or a DeviceSlot"):
+        cuda_peer_reason(3, manager.slot(1))
+
+
+def test_coordinator_timeout_and_image_layout_are_checked_at_construction(manager):
+    from vkmulti import SRUOffloadCoordinator
+
+    for bad in (-1, 0, float("nan"), "1", True):   # accepted until destroy before
+        with pytest.raises(ValueError, match="timeout"):
+            SRUOffloadCoordinator(manager, timeout=bad)
+    for layout in (99, -1, vk.VK_IMAGE_LAYOUT_UNDEFINED, vk.VK_IMAGE_LAYOUT_DEPTH_STENCIL_ATTACHMENT_OPTIMAL):
+        with pytest.raises(ValueError, match="layout"):   # reached the driver before
+            Image(manager.slot(0), 8, 8, layout=layout)
+    with pytest.raises(ValueError, match="COLOR_ATTACHMENT_OPTIMAL needs image usage"):
+        Image(manager.slot(0), 8, 8, layout=vk.VK_IMAGE_LAYOUT_COLOR_ATTACHMENT_OPTIMAL)
+
+
+def test_assign_srus_is_linear_in_srus_not_devices():
+    from types import SimpleNamespace
+
+    from vkmulti import assign_srus
+    from vkmulti.partition import assign_srus_reference
+
+    srus = [SimpleNamespace(sru_id=i, instances=[0] * (i % 5)) for i in range(40)]
+    t0 = time.monotonic()
+    plan = assign_srus(srus, 10**9)   # 19 s before
+    assert time.monotonic() - t0 < 1.0
+    assert plan == assign_srus(srus, 42) == assign_srus_reference(srus, 10**9)
+    previous = {0: 10**8, 1: 5}
+    assert assign_srus(srus, 10**9, previous=previous, hysteresis=0.5) == \
+        assign_srus_reference(srus, 10**9, previous=previous, hysteresis=0.5)
+
+
+def test_solving_over_the_devices_that_matter_gives_the_same_plan(monkeypatch):
+    import random
+    from types import SimpleNamespace
+
+    from vkmulti import assign_srus, partition
+
+    rng = random.Random(7)
+    for _ in range(300):
+        n, extra = rng.randint(0, 8), rng.randint(3, 12)
+        srus = [SimpleNamespace(sru_id=i, instances=[0] * rng.randint(0, 6), offloadable=rng.random() > 0.2)
+                for i in range(n)]
+        kw = dict(previous={i: rng.randint(-1, n + extra) for i in range(n) if rng.random() < 0.5},
+                  transfer_cost=lambda s: 0.5, hysteresis=rng.choice([0.0, 0.3]))
+        mapped = assign_srus(srus, n + extra, **kw)
+        with monkeypatch.context() as m:
+            m.setattr(partition, "_device_map", lambda *a: None)
+            assert mapped == partition.assign_srus_reference(srus, n + extra, **kw)
+
+
+def test_a_finished_ticket_stays_answerable_after_its_transfer_is_destroyed(manager):
+    s1, s0 = manager.slot(1), manager.slot(0)
+    with Buffer(s1, 4096) as a, Buffer(s0, 4096) as b:
+        a.upload(np.arange(4096, dtype=np.uint16).view(np.uint8)[:4096])
+        x = CrossDeviceTransfer(s1, s0, TransferMethod.STAGING_COPY)
+        tickets = [x.submit(src_buffer=a, dst_buffer=b) for _ in range(3)]
+        x.destroy()
+        for t in tickets:   # DestroyedError before, for the ones never waited
+            t.wait(1)
+            assert t.done()
+        t.wait_source(1)
+
+
 # -- in a child process: a crash fails one test instead of ending the run --------------
 
 

@@ -38,6 +38,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 SLICE_SECONDS = 0.05
 
 _OPEN, _CLOSING, _DEAD = 0, 1, 2
+_get_ident = threading.get_ident
 
 
 class Deadline:
@@ -72,13 +73,14 @@ class Lifetime:
     `parents` are the lifetimes an operation also counts in (the manager's).
     """
 
-    __slots__ = ("owner", "what", "parents", "_cond", "_active", "_state", "_children", "_end_lock")
+    __slots__ = ("owner", "what", "parents", "_lock", "_cond", "_active", "_state", "_children", "_end_lock")
 
     def __init__(self, owner: Any, what: str, parents: Iterable["Lifetime | None"] = ()):
         self.owner = owner
         self.what = what
         self.parents = tuple(dict.fromkeys(p for p in parents if p is not None))
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)   # drain() waits on it
         self._active: dict[int, int] = {}      # thread id -> operations of that thread inside
         self._state = _OPEN
         self._children: dict[int, Any] = {}    # id -> adopted owner (destroyed with this one)
@@ -105,52 +107,81 @@ class Lifetime:
     # -- operations ------------------------------------------------------------
 
     def _enter(self, who: str | None) -> None:
-        me = threading.get_ident()
-        with self._cond:
+        self._enter_own(who)
+        parents = self.parents
+        if parents:
+            k = 0
+            try:
+                for p in parents:
+                    p._enter(who or self.what)
+                    k += 1
+            except BaseException:
+                for p in parents[:k]:
+                    p._exit()
+                self._exit_own()
+                raise
+
+    def _enter_own(self, who: str | None = None) -> None:
+        me = _get_ident()
+        with self._lock:
             if self._state != _OPEN:
                 raise DestroyedError(f"{self.what} used after destroy()" if who is None else
                                      f"{who} cannot be used: its {self.what} was destroyed")
-            self._active[me] = self._active.get(me, 0) + 1
-        done: list[Lifetime] = []
-        try:
-            for p in self.parents:
-                p._enter(who or self.what)
-                done.append(p)
-        except BaseException:
-            for p in done:
-                p._exit()
-            self._exit()
-            raise
-
-    def _enter_own(self) -> None:
-        me = threading.get_ident()
-        with self._cond:
-            if self._state != _OPEN:
-                raise DestroyedError(f"{self.what} used after destroy()")
-            self._active[me] = self._active.get(me, 0) + 1
+            active = self._active
+            active[me] = active.get(me, 0) + 1
 
     def _exit_own(self) -> None:
-        me = threading.get_ident()
-        with self._cond:
-            n = self._active.get(me, 0) - 1
-            if n > 0:
-                self._active[me] = n
+        me = _get_ident()
+        with self._lock:
+            active = self._active
+            n = active[me] - 1
+            if n:
+                active[me] = n
             else:
-                self._active.pop(me, None)
-                if not self._active:
-                    self._cond.notify_all()
+                del active[me]
+                if not active and self._state != _OPEN:
+                    self._cond.notify_all()   # a destroy() waits in drain()
 
     def _exit(self) -> None:
         for p in self.parents:
             p._exit()
         self._exit_own()
 
+    # the hot path (every public call): the calls above, inlined once
     def __enter__(self) -> "Lifetime":
-        self._enter(None)
+        me = _get_ident()
+        with self._lock:
+            if self._state != _OPEN:
+                raise DestroyedError(f"{self.what} used after destroy()")
+            active = self._active
+            active[me] = active.get(me, 0) + 1
+        parents = self.parents
+        if parents:
+            k = 0
+            try:
+                for p in parents:
+                    p._enter(self.what)
+                    k += 1
+            except BaseException:
+                for p in parents[:k]:
+                    p._exit()
+                self._exit_own()
+                raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._exit()
+        for p in self.parents:
+            p._exit()
+        me = _get_ident()
+        with self._lock:
+            active = self._active
+            n = active[me] - 1
+            if n:
+                active[me] = n
+            else:
+                del active[me]
+                if not active and self._state != _OPEN:
+                    self._cond.notify_all()
 
     @property
     def active(self) -> int:

@@ -54,12 +54,17 @@ def _default_offloadable(sru: Any) -> bool:
 class _Problem:
     ids: list
     cost: np.ndarray
-    device_count: int         # the devices that can matter (see _devices_used)
+    device_count: int         # devices the solver sees (see _device_map)
     weights: list[float] | None
     transfer: np.ndarray | None
     pinned: list[bool] | None
     previous: list[int] | None
     hysteresis: float
+    device_map: list[int] | None = None   # solver device k is device_map[k] (None: the same)
+
+    def devices(self, solved: list[int]) -> list[int]:
+        m = self.device_map
+        return solved if m is None else [m[k] for k in solved]
 
 
 def _per_sru_floats(values: list, ids: list, what: str) -> np.ndarray:
@@ -161,22 +166,34 @@ def _prepare(srus, device_count, sru_id, cost, weights, transfer_cost, offloadab
             except TypeError:
                 raise TypeError(f"previous device of SRU {i!r} must be an int, got {d!r}") from None
             prev.append(d if 0 <= d < device_count else -1)
-    return _Problem(ids, costs, _devices_used(device_count, len(ids), w, prev), w, transfer, pinned, prev, h)
+    dmap = _device_map(device_count, len(ids), w, prev)
+    if dmap is not None:
+        index = {d: k for k, d in enumerate(dmap)}
+        prev = None if prev is None else [index[d] if d >= 0 else -1 for d in prev]
+        device_count = len(dmap)
+    return _Problem(ids, costs, device_count, w, transfer, pinned, prev, h, dmap)
 
 
-def _devices_used(device_count: int, n: int, weights: list[float] | None, previous: list[int] | None) -> int:
-    """How many devices the plan can use, so the work is linear in SRUs, not in devices.
+def _device_map(device_count: int, n: int, weights: list[float] | None,
+                previous: list[int] | None) -> list[int] | None:
+    """The devices a plan can use, in order, when there are far more devices than
+    SRUs (None: all of them), so the work is linear in SRUs, not in devices.
 
     Without weights every secondary is alike: an SRU goes to the lowest-index
-    device among those that finish it earliest, and a device nobody uses yet
-    is only ever chosen as the lowest unused index. With n SRUs at most n
-    devices are used, so devices past n + 1 (and past the highest previous
-    device) never receive one: the result is the same with them left out.
+    device among those that finish it earliest, so a device no SRU is on yet
+    is only ever chosen as the lowest such index. GPU 0, the previous devices
+    and the n + 1 lowest other indices are therefore every device that can
+    receive an SRU; solving over them alone (order kept) gives the same plan.
     """
-    if weights is not None:
-        return device_count
-    top = max(previous, default=-1) if previous is not None else -1
-    return min(device_count, max(n + 2, top + 1))
+    if weights is not None or device_count <= n + 2:
+        return None
+    used = sorted({d for d in previous or () if d > 0})
+    taken, free, k = set(used), [], 1
+    while len(free) < n + 1 and k < device_count:
+        if k not in taken:
+            free.append(k)
+        k += 1
+    return sorted({0, *used, *free})
 
 
 def assign_srus(srus: Iterable[Any], device_count: int, *, sru_id: Callable[[Any], Any] | None = None,
@@ -218,7 +235,7 @@ def assign_srus(srus: Iterable[Any], device_count: int, *, sru_id: Callable[[Any
         keys = np.fromiter((rank[i] for i in p.ids), dtype=np.int64, count=len(p.ids))
     devices = _native.partition(p.cost, keys, p.device_count, weights=p.weights, transfer=p.transfer,
                                 pinned=p.pinned, previous=p.previous, hysteresis=p.hysteresis)
-    return [SRUAssignment(i, d) for i, d in zip(p.ids, devices.tolist())]
+    return [SRUAssignment(i, d) for i, d in zip(p.ids, p.devices(devices.tolist()))]
 
 
 def _reference_devices(p: _Problem) -> list[int]:
@@ -274,7 +291,7 @@ def assign_srus_reference(srus: Iterable[Any], device_count: int, *, sru_id=None
                           hysteresis: float = 0.0) -> list[SRUAssignment]:
     """assign_srus in pure Python: the same rules and the same result, for tests."""
     p = _prepare(srus, device_count, sru_id, cost, weights, transfer_cost, offloadable, previous, hysteresis)
-    return [SRUAssignment(i, d) for i, d in zip(p.ids, _reference_devices(p))]
+    return [SRUAssignment(i, d) for i, d in zip(p.ids, p.devices(_reference_devices(p)))]
 
 
 def makespan(assignments: Iterable[SRUAssignment | int], costs: Sequence[float], device_count: int,

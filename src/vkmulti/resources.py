@@ -119,6 +119,7 @@ class GpuResource:
         self._life = Lifetime(self, type(self).__name__, (slot_lifetime(slot),))
         self._jobs: list[Any] = []
         self._jobs_lock = threading.Lock()
+        self._prune_at = 16
 
     @property
     def destroyed(self) -> bool:
@@ -129,9 +130,11 @@ class GpuResource:
 
         `job` has gpu_done(device_index) and gpu_wait(device_index, timeout)."""
         with self._jobs_lock:
-            if len(self._jobs) >= 16:   # keep it short without a native call per submit
-                self._jobs = [j for j in self._jobs if not j.gpu_done(self.slot.index)]
-            self._jobs.append(job)
+            jobs = self._jobs
+            if len(jobs) >= self._prune_at:   # keep it short, at a few native calls per job (amortised)
+                jobs[:] = [j for j in jobs if not j.gpu_done(self.slot.index)]
+                self._prune_at = max(16, 2 * len(jobs))
+            jobs.append(job)
 
     def _settle(self, deadline: Deadline) -> None:
         """Wait until no tracked job uses this resource on the GPU any more.

@@ -13,7 +13,6 @@ import logging
 import os
 import threading
 import weakref
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -309,6 +308,7 @@ class TransferTicket:
         self._ref = ref
         self._complete = False
         self._error: BaseException | None = None
+        self._gpu_done: set[int] = set()   # ids of the points (src_done, dst_ready) seen reached
 
     def _answered(self) -> bool:
         """True when the job completed; raises its error when it failed; False when not known."""
@@ -378,13 +378,18 @@ class TransferTicket:
 
     def gpu_done(self, device_index: int | None) -> bool:
         point = self._point(device_index)
+        if id(point) in self._gpu_done or (self._complete and point is self.dst_ready):
+            return True
         ref = self._ref
         if ref is None or ref.life.dead:
             return ref is not None or not self._link.alive
         try:
             with ref.life.keep():
                 dev = self._link.src if point is self.src_done else self._link.dst
-                return dev.timeline_value(point.semaphore) >= point.value
+                if dev.timeline_value(point.semaphore) < point.value:
+                    return False
+            self._gpu_done.add(id(point))
+            return True
         except DestroyedError:
             return ref.life.dead
         except DeviceLostError as exc:
@@ -574,13 +579,21 @@ class CrossDeviceTransfer:
         value) on the source/destination device that must be reached before
         the resource is read/overwritten.
         """
-        with self._life, ExitStack() as using:
+        with self._life:
             self._check_alive()
-            for obj in (src_image, dst_image, src_buffer, dst_buffer):
-                if isinstance(obj, (Image, Buffer)):
-                    using.enter_context(obj._life)   # its destroy() waits until the job is tracked
-            return self._submit(src_image, dst_image, src_buffer, dst_buffer, src_offset, dst_offset, size,
-                                src_layout, dst_layout, src_final_layout, dst_final_layout, src_wait, dst_wait)
+            held: list[Lifetime] = []
+            try:
+                for obj in (src_image, dst_image, src_buffer, dst_buffer):
+                    if isinstance(obj, (Image, Buffer)):
+                        # its destroy() waits until the job is tracked (the manager counts this
+                        # call already, through the transfer's lifetime)
+                        obj._life._enter_own()
+                        held.append(obj._life)
+                return self._submit(src_image, dst_image, src_buffer, dst_buffer, src_offset, dst_offset, size,
+                                    src_layout, dst_layout, src_final_layout, dst_final_layout, src_wait, dst_wait)
+            finally:
+                for life in held:
+                    life._exit_own()
 
     def _submit(self, src_image: Any, dst_image: Any, src_buffer: Any, dst_buffer: Any, src_offset: Any,
                 dst_offset: Any, size: Any, src_layout: Any, dst_layout: Any, src_final_layout: Any,
