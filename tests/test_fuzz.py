@@ -204,7 +204,7 @@ def test_fuzz_select_transfer_method(world, index, dst, caps, real_caps, prefer)
 @fuzz(400)
 @given(data=st.data(), size=mostly(st.integers(1024, 9000), st.one_of(st.integers(-2, 1024), any_int, junk)),
        usage=mostly(st.sampled_from([0x1 | 0x2, 0x3 | 0x20, 0x1ff, 0x2]),
-                    st.one_of(st.sampled_from([0, -1, 1 << 40, 0x20000]), junk)),
+                    st.one_of(st.sampled_from([0, -1, 1 << 40, 0x20000, 1 << 29, 0x400]), junk)),
        host_visible=mostly(st.booleans(), junk),
        offset=mostly(st.integers(0, 64), st.one_of(st.integers(-5, 9000), any_int, junk)),
        nbytes=mostly(st.integers(1, 1024), st.integers(0, 9000)),

@@ -100,8 +100,10 @@ def test_race_cross_device_transfer(manager):
             Image(s0, 32, 32) as i0:
         a.upload(DATA)
         i1.upload(PIXELS)
+        methods = (TransferMethod.STAGING_COPY, TransferMethod.HOST_SHARED)
+        sharing = {m: CrossDeviceTransfer(s1, s0, m) for m in methods}   # same links as the ones destroyed
         for k in range(ROUNDS):
-            method = (TransferMethod.STAGING_COPY, TransferMethod.HOST_SHARED)[k % 2]
+            method = methods[k % 2]
             x = CrossDeviceTransfer(s1, s0, method)
             tickets = []
 
@@ -112,9 +114,17 @@ def test_race_cross_device_transfer(manager):
 
             def images():
                 x.run(src_image=i1, dst_image=i0, timeout=30)
-            race(lambda: x.destroy(timeout=30), [buffers, images], rng=rng)
+
+            def shared():
+                sharing[method].submit(src_buffer=a, dst_buffer=b).wait(30)
+            if k % 3 == 2:
+                sharing[method].destroy(timeout=30)   # now x holds the last reference to the link
+                sharing[method] = CrossDeviceTransfer(s1, s0, method)
+            race(lambda: x.destroy(timeout=30), [buffers, images, shared], rng=rng, threads=4)
             for t in tickets:
                 t.wait(1)   # a ticket of a destroyed transfer stays answerable
+        for x in sharing.values():
+            x.destroy(timeout=30)
         np.testing.assert_array_equal(b.download(), DATA)
         np.testing.assert_array_equal(i0.download(), PIXELS)
 

@@ -460,6 +460,20 @@ def test_solving_over_the_devices_that_matter_gives_the_same_plan(monkeypatch):
             assert mapped == partition.assign_srus_reference(srus, n + extra, **kw)
 
 
+def test_queues_given_to_ports_runners_and_renderers_are_checked(manager):
+    from vkmulti import ReferenceRenderer
+
+    s0, s1 = manager.slot(0), manager.slot(1)
+    for make in (lambda q: HostPort(s0, queue=q), lambda q: CommandRunner(s0, q),
+                 lambda q: ReferenceRenderer(s0, queue=q)):
+        with pytest.raises(TypeError, match="Queue"):
+            make("graphics")   # AttributeError before
+        with pytest.raises(ValueError, match="not a queue of GPU 0"):
+            make(s1.graphics_queue)   # another device's queue
+    with pytest.raises(ValueError, match="usage"):
+        Buffer(s0, 64, usage=1 << 29)   # an undefined bit reached the driver before
+
+
 def test_a_finished_ticket_stays_answerable_after_its_transfer_is_destroyed(manager):
     s1, s0 = manager.slot(1), manager.slot(0)
     with Buffer(s1, 4096) as a, Buffer(s0, 4096) as b:

@@ -120,8 +120,11 @@ class CommandRunner:
     _teardown_rank = 90   # a slot child: after every resource that uses it
 
     def __init__(self, slot: Any, queue: Any = None):
+        from .resources import check_slot, slot_queue
+
+        check_slot(slot)
         self.slot = slot
-        self.queue = queue or slot.graphics_queue
+        self.queue = slot_queue(slot, queue, slot.graphics_queue)
         self._life = Lifetime(self, "CommandRunner", (getattr(slot, "lifetime", None),))
         self._lock = threading.Lock()            # the command pool (external synchronisation), lists
         self._free: list[_Pair] = []

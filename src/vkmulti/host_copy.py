@@ -31,7 +31,7 @@ from .commands import timeline_submit_info
 from .errors import DestroyedError, DeviceLostError, UnsupportedError, VulkanError
 from .errors import TimeoutError as VkmTimeoutError
 from .lifetime import Deadline, Lifetime
-from .resources import as_host_bytes, check_slot, find_memory_type, slot_lifetime
+from .resources import as_host_bytes, check_slot, find_memory_type, slot_lifetime, slot_queue
 from .timeline import wait_points
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ class HostPort:
         for label, v, hi in (("ring_slot_size", ring_slot_size, 1 << 32), ("ring_slot_count", ring_slot_count, 64)):
             if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= hi:
                 raise ValueError(f"{label} must be an int in [1, {hi}], got {v!r}"[:160])
-        self.slot, self.queue = slot, queue or slot.copy_queue
+        self.slot, self.queue = slot, slot_queue(slot, queue, slot.copy_queue)
         self.alignment = slot.native.host_pointer_alignment if EXT_MEMORY_HOST in slot.enabled_extensions else 0
         self.host_import = bool(self.alignment) and host_import is not False
         self.ring_slot_size, self.ring_slot_count = ring_slot_size, ring_slot_count

@@ -105,6 +105,11 @@ def run_one_shot(slot: Any, record: Any, staging: "Buffer", users: list[Any], ti
     runner.run(record, waits=waits, timeout=timeout, keep=[staging], users=[*users, staging])
 
 
+#: Usage bits a Buffer may be made with: the core ones (transfer, uniform, storage,
+#: texel, index, vertex, indirect, device address); extension bits need their extension.
+BUFFER_USAGE_ALLOWED = 0x1FF | 0x20000
+
+
 class Buffer(GpuResource):
     """A VkBuffer with its own memory on one slot (device-local unless `host_visible`)."""
 
@@ -113,6 +118,9 @@ class Buffer(GpuResource):
         if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_BYTES:
             raise ValueError(f"buffer size must be an int in [1, 2**62], got {size!r}"[:160])
         usage = _check_usage(usage, "usage")
+        if usage & ~BUFFER_USAGE_ALLOWED:
+            raise ValueError(f"usage 0x{usage:x} has bits vkmulti does not enable (allowed: "
+                             f"0x{BUFFER_USAGE_ALLOWED:x})")
         self.slot, self.size, self.usage = slot, size, usage
         self.host_visible = bool(host_visible)
         self.handle: Any = None

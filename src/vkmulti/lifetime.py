@@ -73,7 +73,8 @@ class Lifetime:
     `parents` are the lifetimes an operation also counts in (the manager's).
     """
 
-    __slots__ = ("owner", "what", "parents", "_lock", "_cond", "_active", "_state", "_children", "_end_lock")
+    __slots__ = ("owner", "what", "parents", "_lock", "_cond", "_active", "_state", "_children", "_end_lock",
+                 "_ender")
 
     def __init__(self, owner: Any, what: str, parents: Iterable["Lifetime | None"] = ()):
         self.owner = owner
@@ -85,6 +86,7 @@ class Lifetime:
         self._state = _OPEN
         self._children: dict[int, Any] = {}    # id -> adopted owner (destroyed with this one)
         self._end_lock = threading.Lock()
+        self._ender: int | None = None   # the thread inside ending(), if any
 
     # -- state -----------------------------------------------------------------
 
@@ -236,9 +238,13 @@ class Lifetime:
         """For destroy(): yields the Deadline the body frees within, or None when
         the owner is already dead (nothing to do). See the module docstring."""
         deadline = Deadline(timeout)
+        if self._ender == _get_ident():   # destroy() from inside this owner's own destroy() (a hook)
+            yield None
+            return
         while not self._end_lock.acquire(timeout=deadline.slice() or 0.001):
             if deadline.expired():   # another thread's destroy() is still running
                 raise VkmTimeoutError(f"{self.what}: another destroy() still running after {timeout} s")
+        self._ender = _get_ident()
         try:
             if self._state == _DEAD:
                 yield None
@@ -258,6 +264,7 @@ class Lifetime:
             for p in self.parents:
                 p.forget(self.owner)
         finally:
+            self._ender = None
             self._end_lock.release()
 
     def keep(self) -> "_Keep":

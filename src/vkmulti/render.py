@@ -26,7 +26,7 @@ from .errors import DestroyedError, DeviceLostError, UnsupportedError
 from .errors import TimeoutError as VkmTimeoutError
 from .images import IMAGE_USAGE, Image, timeline_submit_info
 from .lifetime import Lifetime
-from .resources import check_slot, slot_lifetime
+from .resources import check_slot, slot_lifetime, slot_queue
 from .timeline import TimelinePoint
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ class _Submitter:
     def __init__(self, slot: Any, queue: Any = None):
         check_slot(slot)
         self.slot = slot
-        self.queue = queue or slot.graphics_queue
+        self.queue = slot_queue(slot, queue, slot.graphics_queue)
         self._lock = threading.Lock()
         self._free: list[_Job] = []
         self._inflight: deque[_Job] = deque()

@@ -22,7 +22,8 @@ from .lifetime import Deadline, Lifetime
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GpuResource", "as_host_bytes", "find_memory_type", "allocate_memory", "check_slot", "slot_lifetime"]
+__all__ = ["GpuResource", "as_host_bytes", "find_memory_type", "allocate_memory", "check_slot", "slot_lifetime",
+           "slot_queue"]
 
 #: Sizes vkmulti accepts for one buffer or allocation (VkDeviceSize is 64 bits;
 #: no device has more memory than this).
@@ -34,6 +35,21 @@ def check_slot(slot: Any) -> None:
     if getattr(slot, "device", None) is None or getattr(slot, "native", None) is None:
         raise ValueError("slot has no live device (destroyed, or a passthrough primary without a native table); "
                          "use a slot of an active MultiDeviceManager")
+
+
+def slot_queue(slot: Any, queue: Any, default: Any) -> Any:
+    """`queue` if it is one of the slot's queues, `default` for None; else TypeError/ValueError."""
+    from .devices import Queue
+
+    if queue is None:
+        return default
+    if not isinstance(queue, Queue):
+        raise TypeError(f"queue must be a vkmulti Queue of the slot (e.g. slot.graphics_queue), "
+                        f"got {type(queue).__name__}")
+    queues = getattr(slot, "queues", None)
+    if callable(queues) and all(int(queue) != int(q) for q in queues()):
+        raise ValueError(f"queue {queue!r} is not a queue of GPU {slot.index}")
+    return queue
 
 
 def slot_lifetime(slot: Any) -> Lifetime:

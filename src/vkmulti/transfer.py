@@ -180,6 +180,7 @@ class _LinkRef:
 
     def __init__(self, link: Any, key: tuple, links: "_Links"):
         self.link, self.key, self.links, self.refs = link, key, links, 0
+        links.alive[id(self)] = self   # made under links.lock (_acquire_link)
         # no parent: tickets stay answerable while the manager's destroy() runs, which
         # destroys the links last
         self.life = Lifetime(self, "transfer link")
@@ -195,11 +196,15 @@ class _LinkRef:
             self._tickets.add(ticket)
 
     def release(self, timeout: float | None = None) -> None:
-        """Give back one reference; the last one destroys the link (waiting for its jobs)."""
+        """Give back one reference; the last one destroys the link (waiting for its jobs).
+
+        A transfer made meanwhile gets a new link: this one leaves the table first."""
         with self.links.lock:
             self.refs -= 1
             if self.refs > 0:
                 return
+            if self.links.by_key.get(self.key) is self:
+                del self.links.by_key[self.key]
         try:
             self.destroy(timeout)
         except BaseException:
@@ -226,6 +231,7 @@ class _LinkRef:
             with self.links.lock:
                 if self.links.by_key.get(self.key) is self:
                     del self.links.by_key[self.key]
+                self.links.alive.pop(id(self), None)
 
 
 def _wait_gpu(device: Any, semaphore: int, value: int, dl: Deadline, what: str) -> None:
@@ -245,14 +251,15 @@ class _Links:
 
     def __init__(self, slot: Any = None) -> None:
         self.slot = slot
-        self.by_key: dict[tuple, _LinkRef] = {}
+        self.by_key: dict[tuple, _LinkRef] = {}     # the link new transfers of a key share
+        self.alive: dict[int, _LinkRef] = {}        # every link not yet destroyed (some left by_key)
         self.lock = threading.Lock()
 
     def destroy(self, timeout: float | None = None) -> None:
         """Destroy every link (each waits for its jobs); vkmulti.TimeoutError keeps the rest."""
         dl = Deadline(timeout)
         with self.lock:
-            refs = list(self.by_key.values())
+            refs = list(self.alive.values()) + [r for r in self.by_key.values() if id(r) not in self.alive]
         for ref in refs:
             ref.destroy(dl.left())
 
