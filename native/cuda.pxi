@@ -22,6 +22,7 @@ cdef extern from "vkm_cuda.h" nogil:
     int vkm_cuda_available(char *reason, size_t reason_len)
     int vkm_cuda_device_count()
     int vkm_cuda_device_info(int ordinal, uint8_t *uuid, char *name, size_t name_len)
+    int vkm_cuda_device_attributes(int ordinal, int *cc_major, int *cc_minor, int *sm_count)
     int vkm_cuda_peer_check(const uint8_t *uuid_a, const char *name_a, const uint8_t *uuid_b, const char *name_b,
                             char *reason, size_t reason_len)
 
@@ -88,6 +89,16 @@ def cuda_devices():
             h = (<char *>uuid)[:16].hex()
             out.append((i, f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}", _text(name)))
     return out
+
+
+def cuda_device_attributes(int ordinal):
+    """(compute capability major, minor, multiprocessor count) of CUDA device
+    `ordinal`, zeros where the driver does not say; None for an unknown ordinal."""
+    cdef int major = 0, minor = 0, sms = 0
+    cdef int ok
+    with nogil:
+        ok = vkm_cuda_device_attributes(ordinal, &major, &minor, &sms)
+    return (major, minor, sms) if ok else None
 
 
 def cuda_peer_reason(bytes uuid_a not None, bytes uuid_b not None, str name_a="", str name_b=""):

@@ -65,7 +65,13 @@ static struct {
     vkm_CUdevice dev;
     uint8_t uuid[16];
     char name[128];
+    int cc_major, cc_minor, sm_count; /* 0 when the driver does not say */
 } cu_devs[MAX_CUDA_DEVICES];
+/* cuDeviceGetAttribute: looked up on its own so a driver without it still serves CUDA_PEER */
+static vkm_CUresult (*cu_get_attribute)(int *value, int attribute, vkm_CUdevice dev);
+#define CU_ATTR_MULTIPROCESSOR_COUNT 16
+#define CU_ATTR_COMPUTE_CAPABILITY_MAJOR 75
+#define CU_ATTR_COMPUTE_CAPABILITY_MINOR 76
 
 static const char *cu_text(vkm_CUresult r, char *buf, size_t n)
 {
@@ -100,6 +106,7 @@ static void cu_load(void)
     }
     VKM_CUDA_FUNCTIONS(VKM_CUDA_LOAD)
 #undef VKM_CUDA_LOAD
+    *(void **)&cu_get_attribute = dlsym(lib, "cuDeviceGetAttribute");
     char t[256];
     vkm_CUresult r = cu.cuInit(0);
     if (r != VKM_CUDA_SUCCESS) {
@@ -126,6 +133,16 @@ static void cu_load(void)
         if (cu.cuDeviceGetName(cu_devs[i].name, (int)sizeof cu_devs[i].name, cu_devs[i].dev) != VKM_CUDA_SUCCESS)
             snprintf(cu_devs[i].name, sizeof cu_devs[i].name, "CUDA device %d", i);
         cu_devs[i].name[sizeof cu_devs[i].name - 1] = 0;
+        if (cu_get_attribute) {
+            int v[3] = {0, 0, 0};
+            if (cu_get_attribute(&v[0], CU_ATTR_COMPUTE_CAPABILITY_MAJOR, cu_devs[i].dev) == VKM_CUDA_SUCCESS &&
+                cu_get_attribute(&v[1], CU_ATTR_COMPUTE_CAPABILITY_MINOR, cu_devs[i].dev) == VKM_CUDA_SUCCESS) {
+                cu_devs[i].cc_major = v[0];
+                cu_devs[i].cc_minor = v[1];
+            }
+            if (cu_get_attribute(&v[2], CU_ATTR_MULTIPROCESSOR_COUNT, cu_devs[i].dev) == VKM_CUDA_SUCCESS)
+                cu_devs[i].sm_count = v[2];
+        }
     }
     cu_count = n;
     cu_ok = 1;
@@ -148,6 +165,15 @@ int vkm_cuda_device_info(int ordinal, uint8_t uuid[16], char *name, size_t name_
     if (!vkm_cuda_available(NULL, 0) || ordinal < 0 || ordinal >= cu_count) return 0;
     if (uuid) memcpy(uuid, cu_devs[ordinal].uuid, 16);
     if (name && name_len) snprintf(name, name_len, "%s", cu_devs[ordinal].name);
+    return 1;
+}
+
+int vkm_cuda_device_attributes(int ordinal, int *cc_major, int *cc_minor, int *sm_count)
+{
+    if (!vkm_cuda_available(NULL, 0) || ordinal < 0 || ordinal >= cu_count) return 0;
+    *cc_major = cu_devs[ordinal].cc_major;
+    *cc_minor = cu_devs[ordinal].cc_minor;
+    *sm_count = cu_devs[ordinal].sm_count;
     return 1;
 }
 

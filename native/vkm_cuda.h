@@ -204,6 +204,9 @@ int vkm_cuda_available(char *reason, size_t reason_len);
 /* CUDA devices (0 when CUDA is unavailable) and what is known of device i. */
 int vkm_cuda_device_count(void);
 int vkm_cuda_device_info(int ordinal, uint8_t uuid[16], char *name, size_t name_len);
+/* Compute capability and multiprocessor count of CUDA device `ordinal` (zeros where the
+ * driver did not say); 0 for an unknown ordinal or without CUDA. */
+int vkm_cuda_device_attributes(int ordinal, int *cc_major, int *cc_minor, int *sm_count);
 /* 1 when the two devices (Vulkan deviceUUIDs; names for the text, may be
  * NULL) are distinct CUDA devices with peer access both ways; else 0 and the
  * reason. */

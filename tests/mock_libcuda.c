@@ -206,6 +206,18 @@ CUresult cuDeviceGetUuid_v2(char uuid[16], CUdevice d)
     return OK;
 }
 
+/* an H100/H200-like device: compute capability 9.0, 132 multiprocessors */
+CUresult cuDeviceGetAttribute(int *v, int attribute, CUdevice d)
+{
+    if (d < 0 || d >= ndev) return E_INVALID_DEVICE;
+    switch (attribute) {
+    case 75: *v = 9; return OK;   /* COMPUTE_CAPABILITY_MAJOR */
+    case 76: *v = 0; return OK;   /* COMPUTE_CAPABILITY_MINOR */
+    case 16: *v = 132; return OK; /* MULTIPROCESSOR_COUNT */
+    default: return E_INVALID_VALUE;
+    }
+}
+
 CUresult cuDeviceCanAccessPeer(int *can, CUdevice a, CUdevice b)
 {
     if (a < 0 || a >= ndev || b < 0 || b >= ndev) return E_INVALID_DEVICE;

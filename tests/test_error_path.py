@@ -42,15 +42,17 @@ VOID_CALLS = {
     "vkGetPhysicalDeviceMemoryProperties": "a pure getter; returns void",
     "vkGetPhysicalDeviceQueueFamilyProperties": "a pure getter; returns void",
     "vkGetPhysicalDeviceFormatProperties": "a pure getter; returns void",
+    "vkGetPhysicalDeviceMemoryProperties2": "a pure getter; returns void",
 }
 #: Modules that talk to the package below the wrapper, and why.
 EXEMPT_MODULES = {
     "vkapi.py": "the wrapper itself",
 }
-#: (module, function) pairs that call the package's cffi `lib` directly, and why.
+#: (module, function) pairs that call the package's cffi `lib` directly for calls that can
+#: fail other than straight inside errors.raise_for_result(...), and why.
 LIB_CALLS = {
-    ("capabilities.py", "_device_group_sizes"): "the package's wrapper leaves output sTypes unset; the results "
-                                                "are checked through errors.raise_for_result",
+    ("capabilities.py", "_device_group_sizes"): "the package's wrapper leaves output sTypes unset; each "
+                                                "result goes to errors.raise_for_result (VK_INCOMPLETE aside)",
 }
 
 
@@ -66,9 +68,31 @@ def _vulkan_aliases(tree: ast.Module) -> set[str]:
     return names
 
 
+def _lib_aliases(tree: ast.Module, aliases: set[str]) -> set[str]:
+    """Names bound to the package's cffi lib: `from vulkan._vulkan import lib`, `x = vk.lib`, `x, y = vk.lib, ...`."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vulkan"):
+            names |= {a.asname or a.name for a in node.names if a.name == "lib"}
+        if isinstance(node, ast.Assign):
+            pairs = []
+            for t in node.targets:
+                if isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    pairs += list(zip(t.elts, node.value.elts))
+                else:
+                    pairs.append((t, node.value))
+            for target, value in pairs:
+                if (isinstance(target, ast.Name) and isinstance(value, ast.Attribute) and value.attr == "lib"
+                        and isinstance(value.value, ast.Name) and value.value.id in aliases):
+                    names.add(target.id)
+    return names
+
+
 def _scan(path: pathlib.Path) -> list[str]:
     tree = ast.parse(path.read_text(), str(path))
     aliases = _vulkan_aliases(tree)
+    libs = _lib_aliases(tree, aliases)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     bad = []
     funcs: list[tuple[int, int, str]] = [(n.lineno, n.end_lineno or n.lineno, n.name) for n in ast.walk(tree)
                                          if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
@@ -85,8 +109,15 @@ def _scan(path: pathlib.Path) -> list[str]:
             for a in node.names:
                 if a.name.startswith("vk") and a.name[2:3].isupper():
                     bad.append(f"{path.name}:{node.lineno}: imports vulkan.{a.name}; use vkapi.{a.name}")
-                if a.name == "lib" and (path.name, where(node.lineno)) not in LIB_CALLS:
-                    bad.append(f"{path.name}:{node.lineno}: uses the vulkan package's cffi lib directly")
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in libs
+                and node.attr.startswith("vk") and node.attr[2:3].isupper() and not _allowed(node.attr)):
+            call = parents.get(node)
+            outer = parents.get(call) if isinstance(call, ast.Call) else None
+            checked = (isinstance(outer, ast.Call) and isinstance(outer.func, ast.Name)
+                       and outer.func.id == "raise_for_result" and outer.args and outer.args[0] is call)
+            if not checked and (path.name, where(node.lineno)) not in LIB_CALLS:
+                bad.append(f"{path.name}:{node.lineno}: lib.{node.attr} can fail and its result does not go "
+                           f"straight to errors.raise_for_result")
         if isinstance(node, ast.ExceptHandler):
             broad = node.type is None or (isinstance(node.type, ast.Name)
                                           and node.type.id in ("Exception", "BaseException"))
@@ -104,10 +135,14 @@ def test_every_failing_vulkan_call_goes_through_vkapi():
 
 def test_the_scan_catches_a_bypass(tmp_path):
     p = tmp_path / "bad.py"
-    p.write_text("import vulkan as v\n\ndef f(d, i):\n    try:\n        return v.vkCreateBuffer(d, i, None)\n"
-                 "    except Exception:\n        pass\n")
+    p.write_text("import vulkan as v\n_lib = v.lib\n\ndef f(d, i):\n    try:\n        return v.vkCreateBuffer(d, i, None)\n"
+                 "    except Exception:\n        pass\n    _lib.vkQueueWaitIdle(d)\n"
+                 "    raise_for_result(_lib.vkDeviceWaitIdle(d), 'x')\n    _lib.vkCmdDispatch(d, 1, 1, 1)\n")
     found = " | ".join(sorted(_scan(p)))
-    assert "bad.py:5: vulkan.vkCreateBuffer called directly" in found and "bad.py:6: an exception is swallowed" in found
+    assert "bad.py:6: vulkan.vkCreateBuffer called directly" in found
+    assert "bad.py:7: an exception is swallowed" in found
+    assert "bad.py:9: lib.vkQueueWaitIdle can fail" in found
+    assert "vkDeviceWaitIdle" not in found and "vkCmdDispatch" not in found
 
 
 @pytest.mark.parametrize("name", sorted(n for n in dir(vk) if n.startswith("vk") and _allowed(n)

@@ -23,7 +23,13 @@ OUT_DIR = REPO / "src" / "vkmulti" / "shaders"
 MANIFEST = HERE / "spirv-manifest.json"
 KERNELS = ("copy_buffer.comp",) + tuple(f"{d}_{n}.comp" for d in ("image_to_buffer", "buffer_to_image")
                                         for n in (4, 8, 16))
-SOURCES = ("sru.comp",) + KERNELS
+#: The compute kernels of vkmulti.kernels: the runtime's own passes, then the reference kernels.
+COMPUTE_KERNELS = ("kernel_finish.comp", "kernel_deliver.comp", "kernel_survey.comp", "kernel_counter.comp",
+                   "kernel_pingpong.comp", "kernel_stencil.comp")
+#: GLSL files the sources #include: their hashes are in the manifest too, so a
+#: change to one shows up as a stale SPIR-V like a change to a source.
+INCLUDES = ("vkm_kernel_abi.glsl",)
+SOURCES = ("sru.comp",) + KERNELS + COMPUTE_KERNELS
 HEADER = REPO / "native" / "vkm_kcopy_spv.h"
 FLAGS = ("-O", "--target-env=vulkan1.1")
 
@@ -56,6 +62,7 @@ def build(glslc: str | None = None) -> dict:
                          "spirv_sha256": sha256(out)}
     HEADER.write_text(c_header())
     manifest = {"glslc": glslc_version(glslc), "flags": list(FLAGS), "shaders": shaders,
+                "includes": {name: sha256(HERE / name) for name in INCLUDES},
                 "header": {"path": str(HEADER.relative_to(REPO)), "sha256": sha256(HEADER)}}
     MANIFEST.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -9,24 +9,43 @@ from .buffers import Gathered, InterGpuTransfer
 from .capabilities import DeviceCapabilities, QueueFamilies, RenderCapabilities, probe_device
 from .cuda import CudaDevice, cuda_devices, cuda_peer_reason, cuda_status
 from .devices import LogicalDevice, Queue, create_logical_device
-from .errors import (DestroyedError, DeviceLostError, OutOfDeviceMemoryError, OutOfHostMemoryError,
-                     TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError)
+from .errors import (BackendUnavailableError, DestroyedError, DeviceLostError, DeviceNotAvailableError,
+                     InvalidConfigError, K2KDestinationNotFoundError, KernelNotFoundError, KernelValidationError,
+                     MigrationError, OutOfDeviceMemoryError, OutOfHostMemoryError, TimeoutError, TransferError,
+                     UnsupportedError, VkmError, VulkanError)
 from .instance import Instance
 from .methods import TransferMethod, supported_methods
 from .multi_device import DeviceSlot, MultiDeviceManager
 from .offload import OffloadRoute, SRUOffloadCoordinator
-from .partition import SRUAssignment, assign_srus
+from .partition import SRUAssignment, assign_srus, assign_srus_array
 from .render import Compositor, ReferenceRenderer, ReferenceSRU
 from .transfer import CrossDeviceTransfer, TimelinePoint, TransferTicket, select_transfer_method
+# ringkernel's multi_gpu port (its CrossDeviceTransfer stays vkmulti.kernels.CrossDeviceTransfer)
+from .kernels import (Backend, CoordinatorEvent, CoordinatorEventKind, DeviceInfo, DeviceStatus,
+                      DeviceUnregisterResult, GpuConnection, GpuTopology, InterconnectType, KernelId,
+                      KernelMigrationPlan, KernelMode, LaunchOptions, LoadBalancingStrategy, MigrationPriority,
+                      MigrationRequest, MigrationState, MultiGpuBuilder, MultiGpuConfig, MultiGpuCoordinator,
+                      MultiGpuStats, probe_topology)
+from .errors import KernelMessageError, QueueFullError
+# compute kernels with resident state and message rings (vkmulti.kernels)
+from .kernels import HlcTimestamp, K2KMessage, Kernel, KernelRuntime, KernelSpec, MessageEnvelope
 
 __all__ = [
     "DeviceCapabilities", "QueueFamilies", "RenderCapabilities", "probe_device",
     "LogicalDevice", "Queue", "create_logical_device", "Instance",
     "DeviceSlot", "MultiDeviceManager", "TransferMethod", "supported_methods",
-    "SRUAssignment", "assign_srus", "CrossDeviceTransfer", "TimelinePoint", "TransferTicket",
+    "SRUAssignment", "assign_srus", "assign_srus_array", "CrossDeviceTransfer", "TimelinePoint", "TransferTicket",
     "select_transfer_method", "InterGpuTransfer", "Gathered",
     "CudaDevice", "cuda_devices", "cuda_peer_reason", "cuda_status",
     "OffloadRoute", "SRUOffloadCoordinator", "ReferenceSRU", "ReferenceRenderer", "Compositor",
     "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError", "OutOfHostMemoryError",
     "UnsupportedError", "TransferError", "TimeoutError", "DestroyedError",
+    "BackendUnavailableError", "KernelNotFoundError", "InvalidConfigError", "DeviceNotAvailableError",
+    "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError",
+    "Backend", "KernelMode", "LaunchOptions", "LoadBalancingStrategy", "MultiGpuConfig", "MultiGpuBuilder",
+    "MultiGpuCoordinator", "CoordinatorEvent", "CoordinatorEventKind", "DeviceInfo", "DeviceStatus",
+    "MultiGpuStats", "KernelId", "DeviceUnregisterResult", "KernelMigrationPlan", "MigrationPriority",
+    "MigrationRequest", "MigrationState", "GpuConnection", "GpuTopology", "InterconnectType", "probe_topology",
+    "KernelMessageError", "QueueFullError",
+    "KernelRuntime", "KernelSpec", "Kernel", "K2KMessage", "MessageEnvelope", "HlcTimestamp",
 ]

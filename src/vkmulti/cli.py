@@ -1,5 +1,5 @@
 """Command line: `python -m vkmulti info [--json] [--virtual N]`, `python -m vkmulti demo ...`,
-`python -m vkmulti bench transfer ...`."""
+`python -m vkmulti topology [--json] [--measure] [--virtual N]`, `python -m vkmulti bench transfer ...`."""
 from __future__ import annotations
 
 import argparse
@@ -89,6 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     p_demo = sub.add_parser("demo", help="render a frame of many SRUs across every GPU and on one GPU")
     from .demo import add_arguments as demo_arguments
     demo_arguments(p_demo)
+    p_topo = sub.add_parser("topology", help="measure (or read the cached) bandwidth and latency between every "
+                                             "pair of GPUs and print the matrix")
+    p_topo.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p_topo.add_argument("--measure", action="store_true", help="measure again even if this machine's "
+                                                               "measurement is cached")
+    p_topo.add_argument("--virtual", type=int, default=0, metavar="N",
+                        help="use N virtual lavapipe GPUs instead of the real ones")
+    p_topo.add_argument("--bytes", type=int, default=None, metavar="N",
+                        help="bytes per bandwidth transfer (default 64 MiB between GPUs, 8 MiB with a CPU device)")
+    p_topo.add_argument("--reps", type=int, default=5, metavar="N", help="transfers per figure (median)")
     p_bench = sub.add_parser("bench", help="run a bench (transfer)", add_help=False)
     p_bench.add_argument("which", choices=["transfer"])
     p_bench.add_argument("rest", nargs=argparse.REMAINDER)
@@ -99,6 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from .demo import main as demo_main
         return demo_main(args, p_demo)
+    if args.command == "topology":
+        if args.virtual < 0:
+            parser.error("--virtual must be >= 0")
+        if args.reps < 1:
+            parser.error("--reps must be >= 1")
+        if args.bytes is not None and (args.bytes < 4 or args.bytes % 4):
+            parser.error("--bytes must be a multiple of 4, at least 4")
+        from .kernels.probe import run_topology_command
+        return run_topology_command(args)
     if args.command == "info":
         if args.virtual < 0:
             parser.error("--virtual must be >= 0")

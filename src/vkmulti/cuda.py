@@ -12,15 +12,18 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CudaDevice", "cuda_status", "cuda_devices", "cuda_peer_reason"]
+__all__ = ["CudaDevice", "cuda_status", "cuda_devices", "cuda_device_for", "cuda_peer_reason"]
 
 
 @dataclass(frozen=True)
 class CudaDevice:
-    """One device as the CUDA driver reports it."""
+    """One device as the CUDA driver reports it; `compute_capability` and
+    `multiprocessor_count` are None where the driver does not say."""
     ordinal: int
     uuid: str
     name: str
+    compute_capability: tuple[int, int] | None = None
+    multiprocessor_count: int | None = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,7 +38,20 @@ def cuda_devices() -> list[CudaDevice]:
     """The devices CUDA sees (empty without a usable driver)."""
     from . import _native
 
-    return [CudaDevice(o, u, n) for o, u, n in _native.cuda_devices()]
+    out = []
+    for o, u, n in _native.cuda_devices():
+        major, minor, sms = _native.cuda_device_attributes(o) or (0, 0, 0)
+        out.append(CudaDevice(o, u, n, (major, minor) if major > 0 else None, sms if sms > 0 else None))
+    return out
+
+
+def cuda_device_for(uuid: str) -> CudaDevice | None:
+    """The CUDA device whose UUID is `uuid` (a Vulkan deviceUUID), or None
+    (no CUDA driver, or not a CUDA device)."""
+    if cuda_status() is not None:
+        return None
+    want = uuid.replace("-", "").lower()
+    return next((d for d in cuda_devices() if d.uuid.replace("-", "").lower() == want), None)
 
 
 def _uuid_bytes(uuid: str) -> bytes:

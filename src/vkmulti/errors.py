@@ -4,9 +4,12 @@ from __future__ import annotations
 import builtins
 
 __all__ = [
+    "QueueFullError", "KernelMessageError",
     "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError",
     "OutOfHostMemoryError", "UnsupportedError", "TransferError", "TimeoutError",
     "DestroyedError", "raise_for_result", "result_name", "from_vulkan_exception",
+    "BackendUnavailableError", "KernelNotFoundError", "InvalidConfigError", "DeviceNotAvailableError",
+    "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError",
 ]
 
 
@@ -53,8 +56,55 @@ class TimeoutError(VkmError, builtins.TimeoutError):
     """A wait did not complete within its timeout; the object stays usable."""
 
 
+class QueueFullError(VkmError):
+    """A bounded host<->kernel queue is full (back-pressure): receive, step, or wait and retry."""
+
+
+class KernelMessageError(VkmError):
+    """Messages a kernel sent could not be delivered (outbox overflow, unknown or
+    cross-tenant destination, no route); `kernel_id` names the sender, `problems` lists what happened."""
+
+    def __init__(self, kernel_id: str, problems: list[str]):
+        self.kernel_id = kernel_id
+        self.problems = list(problems)
+        super().__init__(f"kernel {kernel_id!r}: " + "; ".join(self.problems))
+
+
 class DestroyedError(VkmError, RuntimeError):
     """The object was used after destroy()."""
+
+
+# ---- the kernels layer (ringkernel's RingKernelError variants) ----------------
+
+class BackendUnavailableError(VkmError):
+    """No device at all can take the work (ringkernel's BackendUnavailable)."""
+
+
+class KernelNotFoundError(VkmError, KeyError):
+    """A kernel id the coordinator (or a runtime) does not know (ringkernel's KernelNotFound)."""
+
+    def __str__(self) -> str:   # KeyError would print the repr of its argument
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidConfigError(VkmError, ValueError):
+    """A configuration value or a request that cannot be honoured (ringkernel's InvalidConfig)."""
+
+
+class DeviceNotAvailableError(VkmError):
+    """The device asked for (or every candidate) is unknown, offline or full (ringkernel's DeviceNotAvailable)."""
+
+
+class K2KDestinationNotFoundError(VkmError):
+    """A kernel-to-kernel message names a kernel with no device (ringkernel's K2KDestinationNotFound)."""
+
+
+class MigrationError(VkmError):
+    """A kernel migration could not be carried out (ringkernel's MigrationFailed)."""
+
+
+class KernelValidationError(VkmError, ValueError):
+    """Kernel code or a kernel request failed validation (ringkernel's ValidationError)."""
 
 
 # VkResult values (vulkan_core.h). Kept here so errors read by name without a GPU.

@@ -1,0 +1,36 @@
+"""The kernels layer: ringkernel-core's `multi_gpu` port (coordinator, strategies,
+device registry, topology), and compute kernels with resident state and
+message rings, the runtime that launches and steps them on the coordinator's
+devices and the messages they exchange, on vkmulti's devices and transfer engine.
+
+Rust spelling maps to Python as: struct -> class of the same name, enum ->
+enum.Enum with UPPER_SNAKE members, `Option` -> None, `Result` errors ->
+exceptions under VkmError, `Duration` -> float seconds, `KernelId` -> a str
+subclass (plain str accepted).
+"""
+from .config import Backend, KernelMode, LaunchOptions, LoadBalancingStrategy, MultiGpuBuilder, MultiGpuConfig
+from .coordinator import CoordinatorEvent, CoordinatorEventKind, CustomSelector, MultiGpuCoordinator
+from .devices import DeviceInfo, DeviceStatus, MultiGpuStats
+from .ids import KernelId
+from .kernel import InboundBatch, Kernel, KernelSpec, KernelStats, OutboxBatch
+from .messages import (DEFAULT_PAYLOAD_SIZE, HOST_KERNEL_ID, HlcTimestamp, HybridLogicalClock, K2KMessage,
+                       MessageEnvelope)
+from .plans import (DeviceUnregisterResult, KernelMigrationPlan, MigrationPriority, MigrationRequest,
+                    MigrationState)
+from .probe import format_topology, probe_topology
+from .reference import counter_kernel, pingpong_kernel, stencil_kernel
+from .runtime import KernelRuntime, StepTicket
+from .topology import GpuConnection, GpuTopology, InterconnectType
+from .transfer import CrossDeviceTransfer
+
+__all__ = [
+    "Backend", "KernelMode", "LaunchOptions", "LoadBalancingStrategy", "MultiGpuBuilder", "MultiGpuConfig",
+    "MultiGpuCoordinator", "CoordinatorEvent", "CoordinatorEventKind", "CustomSelector",
+    "DeviceInfo", "DeviceStatus", "MultiGpuStats", "KernelId",
+    "DeviceUnregisterResult", "KernelMigrationPlan", "MigrationPriority", "MigrationRequest", "MigrationState",
+    "GpuConnection", "GpuTopology", "InterconnectType", "CrossDeviceTransfer",
+    "probe_topology", "format_topology",
+    "KernelRuntime", "StepTicket", "KernelSpec", "Kernel", "KernelStats", "OutboxBatch", "InboundBatch",
+    "K2KMessage", "MessageEnvelope", "HlcTimestamp", "HybridLogicalClock", "HOST_KERNEL_ID",
+    "DEFAULT_PAYLOAD_SIZE", "counter_kernel", "pingpong_kernel", "stencil_kernel",
+]

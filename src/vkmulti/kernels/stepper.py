@@ -1,0 +1,431 @@
+"""Recording, submitting and harvesting the steps of one device (KernelRuntime's engine).
+
+One step of a set of kernels on a device is one command buffer on the
+device's queue that signals the next value of the device's timeline:
+
+  1. directory updates; each stepping kernel's outbox region count reset
+  2. delivery passes: each kernel's host messages (h2k), then every pending
+     batch on the device (outboxes of earlier steps, router batches) into the
+     inboxes of the kernels that are addressed in it; surveys of new batches
+  3. the kernels' own dispatches
+  4. the finish pass of each kernel (HLC, stamps, host messages, consume)
+  5. a survey of each new outbox (who it addresses), for the host
+A barrier separates the phases; the last makes everything visible to the
+host and to the router's transfers. The host learns what happened when it
+harvests a completed step (counts in the status ring and the K2H regions).
+"""
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import vulkan as vk
+
+from .. import vkapi
+from ..errors import TimeoutError as VkmTimeout
+from ..transfer import TimelinePoint
+from . import commands as cmds
+from .device_context import (DELIVER_RECORD, MAX_LOCAL_KERNELS, STATUS_WORDS, SURVEY_RECORD, WHOLE_SIZE,
+                             DeviceContext)
+from .kernel import InboundBatch, Kernel, OutboxBatch, _Batch
+from .messages import ENVELOPE_BYTES, HOST_KERNEL_ID, RING_HEADER_BYTES, HlcTimestamp, K2KMessage, MessageEnvelope
+
+log = logging.getLogger(__name__)
+
+_KERNEL_PUSH = struct.Struct("<8I4I")
+_FINISH_PUSH = struct.Struct("<4I")
+_DELIVER_PUSH = struct.Struct("<4I")
+_SURVEY_PUSH = struct.Struct("<4I")
+_U32 = 0xFFFFFFFF
+
+
+@dataclass
+class InFlight:
+    """What the host must read back once the step with `value` completes."""
+    value: int
+    region: int
+    kernels: list[tuple[Kernel, int, int]] = field(default_factory=list)      # kernel, region, step
+    delivers: list[tuple[_Batch | None, Kernel, int]] = field(default_factory=list)   # batch (None: h2k), offset
+    surveys: list[tuple[_Batch, int]] = field(default_factory=list)
+    directory: list[int] = field(default_factory=list)    # directory entries this step rewrote
+
+
+def _push(cmd: Any, layout: Any, data: bytes) -> None:
+    cmds.push(cmd, layout, data)
+
+
+class DeviceStepper:
+    """The step engine of one DeviceContext (all methods run with ctx.lock held)."""
+
+    def __init__(self, runtime: Any, ctx: DeviceContext):
+        self.rt, self.ctx = runtime, ctx
+        self.inflight: deque[InFlight] = deque()
+        self.batches: list[_Batch] = []     # batches on this device not yet fully delivered
+        self.nsteps = 0
+        self.harvested = 0                  # the last timeline value harvested
+        self.retired: list[tuple[int, Any]] = []   # (value, descriptor set) to free once completed
+
+    # -- waiting for room ------------------------------------------------------------
+
+    def _blocking_value(self, kernels: list[Kernel]) -> int:
+        """A timeline value the host must see complete before this step can be recorded (0: none)."""
+        d = self.ctx.in_flight
+        if len(self.inflight) >= d:
+            return self.inflight[0].value
+        for k in kernels:
+            j = k.steps % d
+            if not k.region_harvested[j]:
+                return k.region_users[j]
+            old = k.outbox_batches[j]
+            if old is not None and not old.done and old.last_value > self.harvested:
+                return old.last_value   # its delivery results are not known yet
+        return 0
+
+    def make_room(self, kernels: list[Kernel], deadline: float) -> None:
+        while True:
+            self.harvest()
+            self.ctx.check()
+            for k in kernels:
+                k.check()
+            need = self._blocking_value(kernels)
+            if not need:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise VkmTimeout(f"GPU {self.ctx.index}: earlier kernel steps did not finish in time "
+                                 f"(waiting for timeline value {need}); nothing was submitted")
+            try:
+                self.ctx.wait_unlocked(need, min(left, 0.25))
+            except VkmTimeout:
+                pass
+
+    # -- one step ---------------------------------------------------------------------
+
+    def step(self, kernels: list[Kernel], waits: list[TimelinePoint], deadline: float) \
+            -> tuple[TimelinePoint | None, list[Kernel], list[tuple[Kernel, str]], list[OutboxBatch]]:
+        self.make_room(kernels, deadline)
+        d = self.ctx.in_flight
+        launched, deferred = [], []
+        for k in kernels:
+            old = k.outbox_batches[k.steps % d]
+            if old is not None and not old.done:
+                deferred.append((k, "outbox: messages of an earlier step still wait for room in local inboxes"))
+            elif len(k.received) >= k.k2h_capacity:
+                deferred.append((k, f"host receive queue full ({k.k2h_capacity} messages): receive() them"))
+            else:
+                launched.append(k)
+        for k, _ in deferred:
+            k.stats.deferred_steps += 1
+        if not launched:
+            return None, [], deferred, []
+        value = self.ctx.value + 1
+        rec = InFlight(value, self.nsteps % d)
+        taken_h2k: list[tuple[Kernel, list[bytes]]] = []
+        try:
+            gpu_waits, survey_offsets = self._record(rec, launched, taken_h2k)
+            gpu_waits += [(p.semaphore, p.value) for p in waits]
+            with self.ctx.queue.lock:
+                cmds.submit(self.ctx.queue.handle, self.ctx.cmds[rec.region], gpu_waits, (self.ctx.timeline, value))
+        except BaseException:
+            for k, slots in reversed(taken_h2k):   # nothing ran: the host messages are still to send
+                k.h2k.extendleft(reversed(slots))
+            for b, _ in rec.surveys:
+                b.surveyed = False
+            with self.ctx.dir_lock:
+                self.ctx.dir_dirty.update(rec.directory)
+            raise
+        # submitted: nothing below may raise
+        self.ctx.value = value
+        self.nsteps += 1
+        point = self.ctx.point(value)
+        new = []
+        for k, off in zip(launched, survey_offsets):
+            j = k.steps % d
+            b = OutboxBatch(k, k.steps, j, point)
+            b.surveyed = True
+            new.append(b)
+            rec.surveys.append((b, off))
+            k.outbox_batches[j] = b
+            k.region_users[j] = value
+            k.region_harvested[j] = False
+            rec.kernels.append((k, j, k.steps))
+            k.steps += 1
+            k.stats.steps_submitted += 1
+            k.last_value = value
+        for b, k, _ in rec.delivers:
+            k.last_value = value
+            if b is not None:
+                b.waits = []
+                b.last_value = value
+                if b.source is not None:
+                    b.source.last_value = value
+        for b, _ in rec.surveys:
+            b.waits = []
+            b.last_value = value
+        self.batches.extend(new)
+        self.inflight.append(rec)
+        self.ctx.cond.notify_all()
+        return point, launched, deferred, new
+
+    def _record(self, rec: InFlight, launched: list[Kernel], taken_h2k: list) -> tuple[list, list]:
+        ctx, d = self.ctx, self.ctx.in_flight
+        cmd = ctx.cmds[rec.region]
+        status_free = STATUS_WORDS
+        offset = rec.region * STATUS_WORDS
+
+        def take(words: int) -> int | None:
+            nonlocal status_free
+            if status_free < words:
+                return None
+            status_free -= words
+            return offset + (STATUS_WORDS - status_free - words)
+
+        # status records for the new outboxes' surveys come first: they are never skipped
+        outbox_surveys = [take(SURVEY_RECORD) for _ in launched]
+        gpu_waits: list[tuple[int, int]] = []
+        waited: set[int] = set()
+
+        def wait_for(b: _Batch) -> None:
+            if id(b) not in waited:
+                waited.add(id(b))
+                gpu_waits.extend((p.semaphore, p.value) for p in b.waits)
+        vkapi.vkResetCommandBuffer(cmd, 0)
+        vkapi.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+            flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+        cmds.barrier(cmd)
+        # 1. directory, outbox counts
+        with ctx.dir_lock:
+            rec.directory = sorted(ctx.dir_dirty)
+            ctx.dir_dirty.clear()
+        for idx in rec.directory:
+            entry = self.rt.directory_entry(idx)
+            cmds.update(cmd, ctx.directory.handle, idx * 16, entry)
+        for k in launched:
+            j = k.steps % d
+            cmds.fill(cmd, k.outbox.handle, j * k.outbox_region, 4)
+            old = k.outbox_batches[j]
+            if old is not None:
+                gpu_waits += [(p.semaphore, p.value) for p in old.holds]
+        cmds.barrier(cmd)
+        # 2. deliveries and surveys of new inbound batches
+        cmds.bind_pipeline(cmd, ctx.deliver.pipeline)
+        for k in launched:
+            j = k.steps % d
+            n = min(len(k.h2k), k.spec.inbox_capacity)
+            if not n:
+                continue
+            off = take(DELIVER_RECORD)
+            if off is None:
+                break
+            slots = [k.h2k.popleft() for _ in range(n)]
+            taken_h2k.append((k, slots))
+            base = j * k.h2k_region
+            region = k.h2k_buffer.bytes[base:base + k.h2k_bytes]
+            region[RING_HEADER_BYTES:RING_HEADER_BYTES + n * k.slot_size] = np.frombuffer(b"".join(slots), np.uint8)
+            k.h2k_buffer.words[base // 4] = n
+            self._deliver(cmd, k, (k.h2k_buffer.handle_int, k.h2k_bytes), k.h2k_buffer, k.h2k_bytes, base, off)
+            rec.delivers.append((None, k, off))
+        for b in self.batches:
+            if b.done:
+                continue
+            for k in launched:
+                if not b.takes(k):
+                    continue
+                off = take(DELIVER_RECORD)
+                if off is None:
+                    break
+                self._deliver(cmd, k, None if isinstance(b, InboundBatch) else (b.buffer.handle_int, b.size),
+                              b.buffer, b.size, b.offset, off, batch=b)
+                rec.delivers.append((b, k, off))
+                wait_for(b)
+        new_inbound = [b for b in self.batches if isinstance(b, InboundBatch) and not b.surveyed and not b.done]
+        if new_inbound:
+            cmds.bind_pipeline(cmd, ctx.survey.pipeline)
+            for b in new_inbound:
+                off = take(SURVEY_RECORD)
+                if off is None:
+                    break
+                pool_set = ctx.descriptor_set(ctx.survey, [(b.buffer.handle, 0, b.size),
+                                                          (ctx.directory.handle, 0, WHOLE_SIZE),
+                                                          (ctx.status.handle, 0, WHOLE_SIZE)])
+                b.sets.append(pool_set)
+                self._survey(cmd, pool_set[1], b.offset, off)
+                rec.surveys.append((b, off))
+                b.surveyed = True
+                wait_for(b)
+        cmds.barrier(cmd)
+        # 3. the kernels
+        now = time.time_ns() // 1000
+        bound = None
+        for k in launched:
+            j = k.steps % d
+            if bound is not k.kernel_pass:
+                cmds.bind_pipeline(cmd, k.kernel_pass.pipeline)
+                bound = k.kernel_pass
+            cmds.bind_set(cmd, k.kernel_pass.layout, k.kernel_set, (j * k.outbox_region,))
+            _push(cmd, k.kernel_pass.layout, _KERNEL_PUSH.pack(
+                k.steps & _U32, k.steps >> 32, k.address, k.tenant, k.spec.inbox_capacity,
+                k.spec.outbox_capacity, k.payload_size // 4, 0, *k.params))
+            cmds.dispatch(cmd, *k.spec.groups)
+        cmds.barrier(cmd)
+        # 4. finish
+        cmds.bind_pipeline(cmd, ctx.finish.pipeline)
+        for k in launched:
+            j = k.steps % d
+            cmds.bind_set(cmd, ctx.finish.layout, k.finish_set, (j * k.outbox_region, j * k.k2h_region))
+            _push(cmd, ctx.finish.layout, _FINISH_PUSH.pack(now & _U32, now >> 32, k.steps & _U32, k.steps >> 32))
+            cmds.dispatch(cmd, 1, 1, 1)
+        cmds.barrier(cmd)
+        # 5. surveys of the new outboxes
+        cmds.bind_pipeline(cmd, ctx.survey.pipeline)
+        for k, off in zip(launched, outbox_surveys):
+            self._survey(cmd, k.survey_set, (k.steps % d) * k.outbox_region, off)
+        cmds.barrier(cmd, host=True)
+        vkapi.vkEndCommandBuffer(cmd)
+        return gpu_waits, outbox_surveys
+
+    def _deliver(self, cmd: Any, k: Kernel, key: tuple | None, buffer: Any, size: int, offset: int, status: int,
+                 batch: _Batch | None = None) -> None:
+        ctx = self.ctx
+        if key is None:   # an inbound batch: its sets live (and die) with it
+            pool_set = ctx.descriptor_set(ctx.deliver, [(buffer.handle, 0, size), (k.inbox.handle, 0, WHOLE_SIZE),
+                                                        (ctx.status.handle, 0, WHOLE_SIZE)])
+            batch.sets.append(pool_set)   # type: ignore[union-attr]
+        else:
+            pool_set = k.deliver_sets.get(key)
+            if pool_set is None:
+                pool_set = k.deliver_sets[key] = ctx.descriptor_set(
+                    ctx.deliver, [(buffer.handle, 0, size), (k.inbox.handle, 0, WHOLE_SIZE),
+                                  (ctx.status.handle, 0, WHOLE_SIZE)])
+        cmds.bind_set(cmd, ctx.deliver.layout, pool_set[1], (offset,))
+        _push(cmd, ctx.deliver.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, 0))
+        cmds.dispatch(cmd, 1, 1, 1)
+
+    def _survey(self, cmd: Any, dset: Any, offset: int, status: int) -> None:
+        ctx = self.ctx
+        cmds.bind_set(cmd, ctx.survey.layout, dset, (offset,))
+        _push(cmd, ctx.survey.layout, _SURVEY_PUSH.pack(status, ctx.index, ctx.table_size, 0))
+        cmds.dispatch(cmd, 1, 1, 1)
+
+    # -- harvest --------------------------------------------------------------------------
+
+    def harvest(self) -> None:
+        """Read back every completed step: host messages, counts, delivery results."""
+        if not self.inflight and not self.retired:
+            return
+        done = self.ctx.completed()
+        changed = False
+        while self.inflight and self.inflight[0].value <= done:
+            rec = self.inflight.popleft()
+            self._harvest_one(rec)
+            self.harvested = rec.value
+            changed = True
+        if changed:
+            for b in list(self.batches):
+                if b.pending is not None:
+                    b.pending = {k for k in b.pending if not k.destroyed}
+                if b.finish_if_done(done):
+                    self.batches.remove(b)
+                    if isinstance(b, InboundBatch):
+                        self.retired += [(b.last_value, s) for s in b.sets]
+                        b.sets = []
+            self.ctx.cond.notify_all()
+        if self.retired:
+            keep = []
+            for value, pool_set in self.retired:
+                if value <= done:
+                    self.ctx.free_set(pool_set)
+                else:
+                    keep.append((value, pool_set))
+            self.retired = keep
+
+    def _harvest_one(self, rec: InFlight) -> None:
+        status = self.ctx.status.words
+        for b, off in rec.surveys:
+            self._apply_survey(b, status[off:off + SURVEY_RECORD])
+        for b, k, off in rec.delivers:
+            taken, left, rejected = (int(x) for x in status[off:off + 3])
+            if b is None:
+                continue
+            b.delivered += taken
+            if rejected:
+                b.rejected += rejected
+                self._fail(b.source, f"{rejected} message(s) rejected by kernel {k.id!r} of tenant {k.tenant}: "
+                                     f"a message may not cross tenants", "rejected", rejected)
+            if left == 0:
+                b.cleared.add(k)
+                if b.pending is not None:
+                    b.pending.discard(k)
+        for k, j, step in rec.kernels:
+            self._harvest_report(k, j, step)
+
+    def _apply_survey(self, b: _Batch, words: Any) -> None:
+        w = [int(x) for x in words[:14]]
+        local, gone = set(), []
+        bits = np.unpackbits(np.ascontiguousarray(words[:MAX_LOCAL_KERNELS // 32], "<u4").view(np.uint8),
+                             bitorder="little")
+        for i in np.flatnonzero(bits).tolist():
+            k = self.ctx.local[i]
+            if k is not None and not k.destroyed:
+                local.add(k)
+            else:
+                gone.append(i)
+        if gone:
+            self._fail(b.source, f"message(s) addressed to kernel(s) destroyed before delivery "
+                                 f"(local slots {gone} of GPU {self.ctx.index})", "undeliverable", len(gone))
+        b.count, b.remote_devices, b.remote = w[13], w[8], w[10]
+        b.pending = local - b.cleared
+        unknown = b.unknown = w[12]
+        if unknown:
+            self._fail(b.source, f"{unknown} message(s) addressed to kernels that do not exist (destroyed, or "
+                                 f"never launched)", "undeliverable", unknown)
+        if b.remote and not self.rt.has_router():
+            devices = [i for i in range(32) if b.remote_devices >> i & 1]
+            self._fail(b.source, f"{b.remote} message(s) addressed to kernels on GPU(s) {devices} and no router "
+                                 f"is attached to the runtime to move them", "undeliverable", b.remote)
+
+    def _fail(self, kernel: Kernel | None, text: str, counter: str, n: int) -> None:
+        """Tell the sending kernel (its next step() raises), or count dead letters."""
+        if kernel is None or kernel.destroyed:
+            self.rt.record_dead_letters(text, n)
+            return
+        setattr(kernel.stats, counter, getattr(kernel.stats, counter) + n)
+        kernel.errors.append(text)
+        log.warning("kernel %r: %s", kernel.id, text)
+
+    def _harvest_report(self, k: Kernel, j: int, step: int) -> None:
+        k.region_harvested[j] = True
+        if k.destroyed:
+            return
+        base = j * k.k2h_region
+        words = k.k2h.words[base // 4:base // 4 + 9]
+        host, out, overflow, consumed = (int(x) for x in words[:4])
+        st = k.stats
+        st.steps_completed = step + 1
+        st.messages_consumed += consumed
+        st.messages_sent += out
+        st.messages_to_host += host
+        if overflow:
+            st.outbox_overflow += overflow
+            k.errors.append(f"step {step}: {overflow} message(s) did not fit the outbox of "
+                            f"{k.spec.outbox_capacity} slots (check vkm_emit's result, keep them for the next step)")
+        if host:
+            raw = k.k2h.bytes[base + RING_HEADER_BYTES:base + RING_HEADER_BYTES + host * k.slot_size].tobytes()
+            latest = None
+            for i in range(host):
+                env = MessageEnvelope.unpack(raw[i * k.slot_size:i * k.slot_size + ENVELOPE_BYTES])
+                length = min(env.payload_len, k.payload_size)
+                start = i * k.slot_size + ENVELOPE_BYTES
+                k.received.append(K2KMessage(k.id, HOST_KERNEL_ID, raw[start:start + length], env.tag,
+                                             env.sequence, env.timestamp, env.tenant, env.hops, env.priority))
+                latest = env.timestamp
+            if latest is not None:
+                self.rt.hlc.update(latest)
+        clock_words = [int(x) for x in k.k2h.words[base // 4 + 6:base // 4 + 9]]
+        st.clock = HlcTimestamp(clock_words[0] | clock_words[1] << 32, clock_words[2])

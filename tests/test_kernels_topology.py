@@ -1,0 +1,98 @@
+"""GpuTopology and GpuConnection beyond the seed's tests: figures, validation,
+the seed's quiet handling of out-of-range indices, costs for placement, JSON."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from vkmulti import GpuConnection, GpuTopology, InterconnectType
+
+I = InterconnectType
+
+
+def test_interconnect_table():
+    assert [(t.estimated_bandwidth_gbps(), t.estimated_latency_us(), t.supports_p2p()) for t in I] == [
+        (16.0, 10.0, False), (32.0, 5.0, True), (300.0, 1.0, True), (600.0, 2.0, True), (200.0, 1.5, True),
+        (100.0, 2.0, True), (2000.0, 0.0, True)]
+    assert [t.name for t in I] == ["NONE", "PCIE", "NVLINK", "NVSWITCH", "INFINITY_FABRIC", "XE_LINK",
+                                   "SAME_DEVICE"]
+
+
+def test_connection_defaults_and_measured_values():
+    c = GpuConnection(0, 1, I.PCIE)
+    assert (c.bandwidth_gbps, c.latency_us, c.bidirectional, c.hops, c.method) == (32.0, 5.0, True, 1, None)
+    assert GpuConnection(2, 2, I.SAME_DEVICE).hops == 0
+    m = c.with_bandwidth(25.5).with_latency(3.0).with_hops(2)
+    assert (m.bandwidth_gbps, m.latency_us, m.hops) == (25.5, 3.0, 2) and c.bandwidth_gbps == 32.0
+    by_name = GpuConnection(source=1, destination=0, interconnect=I.NVLINK, bandwidth_gbps=400.0, latency_us=1.5,
+                            bidirectional=False, hops=1)
+    assert by_name.bandwidth_gbps == 400.0 and not by_name.bidirectional
+    for bad in (dict(bandwidth_gbps=-1.0), dict(latency_us=math.nan), dict(hops=-1), dict(bandwidth_gbps="x")):
+        with pytest.raises((ValueError, TypeError)):
+            GpuConnection(0, 1, I.PCIE, **bad)
+    with pytest.raises(TypeError):
+        GpuConnection(0, 1, "nvlink")
+    with pytest.raises(ValueError):
+        GpuConnection(-1, 1, I.PCIE)
+
+
+def test_out_of_range_is_ignored_as_in_the_seed_but_types_are_checked():
+    topo = GpuTopology(2)
+    topo.set_connection(GpuConnection(0, 5, I.NVLINK))
+    assert topo.get_connection(0, 5) is None and topo.get_connection(5, 0) is None
+    assert topo.neighbors(7) == [] and topo.numa_neighbors(7) == []
+    topo.set_numa_node(7, 0)
+    assert topo.numa_nodes == [None, None] and topo.numa_neighbors(0) == []
+    for call in (lambda: topo.get_connection("0", 1), lambda: topo.neighbors(None),
+                 lambda: topo.set_connection((0, 1)), lambda: topo.set_numa_node(0, -1),
+                 lambda: GpuTopology(-1), lambda: topo.best_path(0.5, 1)):
+        with pytest.raises((TypeError, ValueError)):
+            call()
+
+
+def test_one_way_connections_and_bisection():
+    topo = GpuTopology(4)
+    topo.set_connection(GpuConnection(0, 2, I.NVLINK, bidirectional=False))
+    assert topo.get_connection(2, 0) is None
+    topo.set_connection(GpuConnection(1, 3, I.NONE))
+    assert topo.bisection_bandwidth_gbps() == 316.0   # first half -> second half, NONE counts
+    assert GpuTopology(1).bisection_bandwidth_gbps() == 0.0
+    assert not topo.is_fully_connected() and GpuTopology(1).is_fully_connected()
+
+
+def test_costs_for_placement():
+    topo = GpuTopology(3)
+    topo.set_connection(GpuConnection(0, 1, I.NVLINK).with_bandwidth(400.0))
+    topo.set_connection(GpuConnection(1, 2, I.PCIE).with_bandwidth(25.0).with_latency(4.0))
+    assert topo.transfer_seconds(0, 0, 1 << 30) == 0.0
+    assert topo.transfer_seconds(0, 1, 4 * 10**9) == pytest.approx(0.01 + 1e-6)
+    assert topo.transfer_seconds(0, 2, 10**9) == pytest.approx(0.04 + 5e-6)   # via 1: narrowest 25 GB/s
+    cost = topo.transfer_cost_matrix()
+    assert cost[0][0] == 0.0 and cost[0][1] == pytest.approx(1 / 400e9) and cost[2][0] == pytest.approx(1 / 25e9)
+    lone = GpuTopology(2)   # no link at all: host-mediated estimate
+    assert lone.transfer_cost_matrix()[0][1] == pytest.approx(1 / 16e9)
+    with pytest.raises(ValueError):
+        topo.transfer_seconds(0, 1, -1)
+
+
+def test_json_round_trip_and_copies():
+    topo = GpuTopology(3)
+    topo.set_connection(GpuConnection(0, 1, I.NVLINK, bandwidth_gbps=380.5, latency_us=9.5, bidirectional=False,
+                                      method="cuda_peer"))
+    topo.set_connection(GpuConnection(1, 2, I.NONE))
+    topo.set_numa_node(2, 1)
+    topo.details = {"notes": ["x"]}
+    topo.mark_probed()
+    back = GpuTopology.from_dict(topo.to_dict())
+    assert back == topo and back.details == {"notes": ["x"]} and back.last_updated == topo.last_updated
+    assert back.get_connection(0, 1).method == "cuda_peer" and back.get_connection(1, 0) is None
+    dup = topo.copy()
+    dup.set_connection(GpuConnection(0, 2, I.PCIE))
+    dup.details["notes"].append("y")
+    assert topo.get_connection(0, 2) is None and topo.details == {"notes": ["x"]}
+    assert len(topo.connections()) == 3 + 3 and "probed=True" in repr(topo)
+    bad = topo.to_dict()
+    bad["numa_nodes"] = [None]
+    with pytest.raises(ValueError):
+        GpuTopology.from_dict(bad)
