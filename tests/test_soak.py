@@ -29,6 +29,10 @@ from vkmulti.instance import drain_all_validation_messages
 from vkmulti.transfer import CrossDeviceTransfer
 
 CYCLES = int(os.environ.get("VKMULTI_SOAK_CYCLES", "300"))
+#: Under AddressSanitizer (the second CI run preloads it) freed memory sits in
+#: its quarantine, so the resident set says nothing about leaks there: the RSS
+#: bound is checked on the normal build only.
+UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "") or "ASAN_OPTIONS" in os.environ
 DATA = np.arange(1 << 16, dtype=np.uint8)
 PIXELS = np.random.default_rng(3).integers(0, 256, (16, 16, 8), dtype=np.uint8)
 
@@ -85,7 +89,9 @@ def test_soak_create_transfer_destroy():
         messages = drain_all_validation_messages()
         assert not messages, f"{len(messages)} validation message(s), first: {messages[0][1][:300]}"
         assert _no_growth(counts0, _counts()), f"threads, native threads, fds: {counts0} before, {_counts()} after"
-        assert grown < (1 << 20) * max(1, CYCLES // 300), f"RSS grew by {grown / 1024:.0f} kB over {CYCLES} cycles"
+        if not UNDER_ASAN:
+            assert grown < (1 << 20) * max(1, CYCLES // 300), \
+                f"RSS grew by {grown / 1024:.0f} kB over {CYCLES} cycles"
     finally:
         mgr.destroy()
 
