@@ -246,8 +246,7 @@ class _Submitter:
         value = self._value + 1
         info = timeline_submit_info(job.cmd, [(p.semaphore, p.value) for p in waits],
                                     signal=(self._timeline, value))
-        with self.queue.lock:
-            vkapi.vkQueueSubmit(self.queue.handle, 1, [info], vk.VK_NULL_HANDLE)
+        vkapi.queue_submit(self.slot.native, self.queue, [info])
         self._value = job.value = value
         self._inflight.append(job)
         done = _SubmitDone(self, value)
