@@ -238,7 +238,7 @@ class CommandRunner:
         try:
             return self.slot.native.fence_signalled(pair.fence_int)
         except DeviceLostError as exc:
-            log.warning("CommandRunner on %s: device lost (%s); its submits count as finished",
+            log.info("CommandRunner on %s: device lost (%s); its submits count as finished",
                         self.slot.name, exc)
             return True
 
@@ -249,7 +249,7 @@ class CommandRunner:
         except VkmTimeout:
             return False
         except DeviceLostError as exc:
-            log.warning("CommandRunner on %s: device lost (%s); its submits count as finished",
+            log.info("CommandRunner on %s: device lost (%s); its submits count as finished",
                         self.slot.name, exc)
         return True
 

@@ -223,7 +223,7 @@ def drain_queues(slot: Any, fences: list[tuple[Any, Any]], deadline: Any) -> Non
                 vkapi.queue_submit(native, q, [], fence, call="vkQueueSubmit(drain)")
             except DeviceLostError as exc:
                 vk.vkDestroyFence(dev, fence, None)
-                log.warning("GPU %d (%s) is lost (%s): nothing to drain; destroying it", slot.index, slot.name, exc)
+                log.info("GPU %d (%s) is lost (%s): nothing to drain; destroying it", slot.index, slot.name, exc)
                 break
             except BaseException:
                 vk.vkDestroyFence(dev, fence, None)

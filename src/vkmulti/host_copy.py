@@ -354,7 +354,7 @@ class HostPort:
         except VkmTimeoutError:
             return False
         except DeviceLostError as exc:
-            log.warning("HostPort of %s: device lost while waiting for a copy (%s); counting it as done",
+            log.info("HostPort of %s: device lost while waiting for a copy (%s); counting it as done",
                         self.slot.name, exc)
         return True
 

@@ -157,7 +157,7 @@ class _SubmitDone:
         except DestroyedError:
             return life.dead   # its destroy() waited for every submit
         except DeviceLostError as exc:
-            log.warning("%r: device lost (%s); its submits count as done", self.sub, exc)
+            log.info("%r: device lost (%s); its submits count as done", self.sub, exc)
             return True
 
     def gpu_wait(self, device_index: int | None, timeout: float | None) -> bool:
@@ -171,7 +171,7 @@ class _SubmitDone:
         except DestroyedError:
             return life.dead
         except DeviceLostError as exc:
-            log.warning("%r: device lost (%s); its submits count as done", self.sub, exc)
+            log.info("%r: device lost (%s); its submits count as done", self.sub, exc)
             return True
 
 
@@ -289,7 +289,7 @@ class _Submitter:
                     try:
                         self.slot.native.wait_timeline(self._timeline, self._value, dl.left())
                     except DeviceLostError as exc:   # nothing runs on a lost device any more
-                        log.warning("%s on GPU %d: device lost (%s); freeing its objects",
+                        log.info("%s on GPU %d: device lost (%s); freeing its objects",
                                     type(self).__name__, self.slot.index, exc)
                 for job in list(self._inflight) + self._free:
                     self._retire(job)

@@ -103,7 +103,7 @@ def queue_submit(native: Any, queue: Any, submits: list[Any], fence: Any = None,
             if isinstance(submits, list):
                 vk.vkQueueSubmit(queue.handle, len(submits), submits or None, fence)
             else:   # a cffi VkSubmitInfo* the caller built: the package's lib, result by value
-                code = vk.lib.vkQueueSubmit(queue.handle, 1, submits, fence)
+                code = vk.lib.vkQueueSubmit(queue.handle, 1, submits, vk.ffi.NULL if isinstance(fence, int) and fence == 0 else fence)
         except _FAILURES as exc:
             failure = exc
     if code:
