@@ -198,3 +198,21 @@ def test_soak_sru_demo_gpu1_lost_at_frame_50():
     assert r["loss_seen_in_frames"] == [50] and r["devices_after"] == [0]
     assert r["failover"]["devices_lost"] == [1] and r["failover"]["recoveries"]
     assert r["destroy_ms_after_loss"] < 10_000
+
+
+def test_drill_arguments(capsys):
+    import argparse
+    from vkmulti import cli
+    from vkmulti.demo import parse_loss
+
+    assert parse_loss("1@50") == (1, 50)
+    for bad in ("1", "0@5", "a@b", "1@-2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_loss(bad)
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--lose-gpu", "1@5", "--ray", "auto", "--output", ""])
+    assert "--ray" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="past the 4 frames"):
+        sru_drill(make_srus(4, 64, 32), 64, 32, 4, (1, 9))
+    with pytest.raises(ValueError, match="not a secondary"):
+        sru_drill(make_srus(4, 64, 32), 64, 32, 4, (3, 1))

@@ -49,3 +49,9 @@ __all__ = [
     "KernelMessageError", "QueueFullError",
     "KernelRuntime", "KernelSpec", "Kernel", "K2KMessage", "MessageEnvelope", "HlcTimestamp",
 ]
+
+# failure handling: a lost GPU (docs/failover.md)
+from .errors import PrimaryDeviceLostError  # noqa: E402
+from .failover import FailoverStats, Recovery  # noqa: E402
+
+__all__ += ["PrimaryDeviceLostError", "FailoverStats", "Recovery"]

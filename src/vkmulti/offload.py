@@ -539,8 +539,9 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         if index in self._unavailable:   # the first failure says why
             return
         self._unavailable[index] = f"{why}: {exc!r}"
-        log.error("GPU %d (%s) left out of later plans, %s; its SRUs render on the primary this frame",
-                  index, name, why, exc_info=exc)
+        lost = self.manager.device_lost(index)   # the manager logged the loss: no traceback needed
+        log.error("GPU %d (%s) left out of later plans, %s%s; its SRUs render on the primary this frame",
+                  index, name, why, f" (device lost: {exc})" if lost else "", exc_info=None if lost else exc)
 
     def _settle(self, e: SruEntry, dl: Deadline) -> None:
         """Wait until nothing in flight uses the entry's resources. vkmulti.TimeoutError
