@@ -5,7 +5,8 @@
 // is flagged in the batch (it is never delivered twice); the rest stay for a
 // later step (back-pressure, never a drop). A message from another tenant is
 // flagged too and counted as rejected. The counts go to the host-visible
-// status record at `status_offset`.
+// status record at `status_offset`. `hops` is added to each delivered
+// message's hop count (the K2K router's device crossings for this batch).
 #extension GL_GOOGLE_include_directive : require
 #define VKM_RUNTIME_PASS
 #include "vkm_kernel_abi.glsl"
@@ -19,7 +20,7 @@ layout(std430, set = 0, binding = 1) buffer Inbox {
     uint head; uint tail; uint capacity; uint slot_words; uint pad[12]; uint words[];
 } inbox;
 layout(std430, set = 0, binding = 2) buffer Status { uint words[]; } status;
-layout(push_constant) uniform Params { uint self_address; uint tenant; uint status_offset; uint pad; } pc;
+layout(push_constant) uniform Params { uint self_address; uint tenant; uint status_offset; uint hops; } pc;
 
 shared uint s_ok[64];
 shared uint s_n;
@@ -66,6 +67,7 @@ void main()
                 for (uint w = 0u; w < words; w++)
                     inbox.words[d + w] = batch.words[m + w];
                 inbox.words[d + VKM_FLAGS] &= ~VKM_FLAG_DELIVERED;
+                inbox.words[d + VKM_HOPS] += pc.hops;
                 batch.words[m + VKM_FLAGS] |= VKM_FLAG_DELIVERED;
             } else {
                 atomicAdd(s_left, 1u);

@@ -52,12 +52,15 @@ class CounterState:
     queries: int
     forwards: int
     failed_emits: int
+    hops_sum: int = 0     # hop counts (device crossings) of every message consumed, summed
+    max_hops: int = 0
 
 
 def read_counter(raw: Any) -> CounterState:
     """Decode the counter's state buffer (KernelRuntime.read_state)."""
-    w = np.frombuffer(bytes(raw)[:4 * 8], np.uint32)
-    return CounterState(int(w[0]), int(w[1]) | int(w[2]) << 32, int(w[3]), int(w[4]), int(w[5]), int(w[6]))
+    w = np.frombuffer(bytes(raw)[:4 * 10], np.uint32)
+    return CounterState(int(w[0]), int(w[1]) | int(w[2]) << 32, int(w[3]), int(w[4]), int(w[5]), int(w[6]),
+                        int(w[8]), int(w[9]))
 
 
 def pingpong_kernel(*, inbox_capacity: int = 16, outbox_capacity: int = 16) -> KernelSpec:

@@ -96,6 +96,8 @@ class KernelRuntime(HostIO):
         self._free_index = list(range(self.max_kernels - 1, 0, -1))
         self._generation = [0] * self.max_kernels
         self._listeners: list[Callable[[list[OutboxBatch]], Any]] = []
+        #: the source of messages the host routes on kernels' behalf (the K2K router), or None
+        self.outbox_feed: Any = None
         #: messages that could not be delivered and whose sender is gone or unknown (dead letters)
         self.dead_letters = 0
         self._destroyed = False
@@ -346,9 +348,8 @@ class KernelRuntime(HostIO):
             launched += ran
             deferred += held
             batches += new
-        if batches:
-            for listener in list(self._listeners):
-                listener(batches)
+        for listener in list(self._listeners):   # also without new batches: a router may have moves waiting
+            listener(batches)
         return StepTicket(self, points, launched, deferred, batches)
 
     def _raise_errors(self, kernels: list[Kernel]) -> None:
@@ -395,8 +396,31 @@ class KernelRuntime(HostIO):
             if listener in self._listeners:
                 self._listeners.remove(listener)
 
+    def set_outbox_feed(self, feed: Any) -> None:
+        """Install (or remove, with None) the source of messages the host routes on a
+        kernel's behalf: `feed.take(kernel, limit)` -> list of (packed slot, token)
+        is asked at each step of a kernel with no such messages in flight; they
+        join that step's outbox after the kernel's own (same sequence numbers and
+        clock) as far as it has room; `feed.settle(kernel, batch, taken, returned)`
+        hands back the tokens once the step is harvested (`returned`: did not fit,
+        or nothing ran; they go first next time). Only one feed: the K2K router."""
+        if feed is not None and not (callable(getattr(feed, "take", None)) and
+                                     callable(getattr(feed, "settle", None))):
+            raise TypeError(f"feed must have take() and settle(), got {type(feed).__name__}")
+        with self._lock:
+            if feed is not None and self.outbox_feed is not None and self.outbox_feed is not feed:
+                raise ValueError("this runtime already has an outbox feed (a K2K router is attached)")
+            self.outbox_feed = feed
+
+    def settle_injected(self, kernel: Kernel, batch: OutboxBatch | None, taken: list, returned: list) -> None:
+        """The stepper's report on host-routed messages of one step (see set_outbox_feed)."""
+        feed = self.outbox_feed
+        if feed is not None:
+            feed.settle(kernel, batch, [t for _, t in taken], [(slot, t) for slot, t in returned])
+
     def accept_batch(self, device: int, buffer: Any, offset: int = 0, size: int | None = None, *,
-                     wait: Any = None, source: Kernel | None = None) -> InboundBatch:
+                     wait: Any = None, source: Kernel | None = None, hops: int = 0, report_unknown: bool = True,
+                     submitted: Callable[[float], Any] | None = None) -> InboundBatch:
         """Hand the kernels of `device` a batch in `buffer` (a vkmulti Buffer on that
         device, laid out as an outbox region: 16-word header with the count, then
         slots of this runtime's size) from `offset`. The next steps there deliver
@@ -404,7 +428,11 @@ class KernelRuntime(HostIO):
         untouched until the returned batch is done (then the GPU no longer reads
         it). `source`: the kernel that sent the batch, told of messages that
         cannot be delivered (otherwise they count as dead letters; the batch's
-        `unknown` and `rejected` counts say how many)."""
+        `unknown` and `rejected` counts say how many). `hops` is added to the hop
+        count of each message delivered from it; `report_unknown=False` leaves
+        unknown addresses to the sender's own survey; `submitted(timeout)` runs
+        before a step first queues a wait on `wait` (a transfer's
+        TransferTicket.wait_submitted when it shares that step's queue)."""
         self._check()
         if isinstance(device, bool) or not isinstance(device, int):
             raise TypeError(f"device must be an int, got {type(device).__name__}")
@@ -424,12 +452,52 @@ class KernelRuntime(HostIO):
         points = as_wait_points(wait, device)
         if source is not None and not isinstance(source, Kernel):
             raise TypeError(f"source must be a Kernel or None, got {type(source).__name__}")
-        b = InboundBatch(ctx, buffer, offset, size, points)
+        _count(hops, "hops", 0, 255)
+        if not isinstance(report_unknown, bool):
+            raise TypeError(f"report_unknown must be a bool, got {report_unknown!r}")
+        if submitted is not None and not callable(submitted):
+            raise TypeError(f"submitted must be callable or None, got {type(submitted).__name__}")
+        b = InboundBatch(ctx, buffer, offset, size, points, hops=hops, report_unknown=report_unknown,
+                         submitted=submitted)
         b.source = source
         with ctx.lock:
             ctx.check()
             stepper.batches.append(b)
         return b
+
+    def withdraw_batch(self, batch: InboundBatch, *, timeout: float | None = 30.0) -> int:
+        """Take an accepted batch back before it is fully delivered (a router that
+        detaches): no later step reads it, and once the steps already submitted
+        are done its buffer may be reused. Returns how many of its messages for
+        kernels of that device were not delivered (dropped; the caller reports them)."""
+        if not isinstance(batch, InboundBatch):
+            raise TypeError(f"batch must be an InboundBatch, got {type(batch).__name__}")
+        timeout = _timeout(timeout)
+        ctx, stepper = self._device(batch.device_index)
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        with ctx.lock:
+            if batch.done:
+                return 0
+            if batch in stepper.batches:
+                stepper.batches.remove(batch)
+            while ctx.completed() < batch.last_value:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    stepper.batches.append(batch)
+                    raise VkmTimeout(f"GPU {batch.device_index}: steps reading the batch did not finish within "
+                                     f"{timeout} s; it was not withdrawn")
+                try:
+                    ctx.wait_unlocked(batch.last_value, min(left, 0.25))
+                except VkmTimeout:
+                    pass
+            stepper.harvest()
+            stepper.retired += [(batch.last_value, s) for s in batch.sets]
+            batch.sets = []
+            left = max(0, batch.local - batch.delivered - batch.rejected)
+            batch.done = True
+            batch.event.set()
+            ctx.cond.notify_all()
+            return left
 
     # -- teardown ------------------------------------------------------------------------------
 

@@ -103,11 +103,28 @@ class DeviceStepper:
             except VkmTimeout:
                 pass
 
+    def _await_submitted(self, deadline: float) -> None:
+        """Inbound batches whose points a transfer on this step's queue signals: that
+        transfer's submits must be queued before a wait on them (an in-order queue
+        cannot run a wait placed before its signal). The transfer's worker never
+        needs this device's lock, so waiting with it held cannot deadlock."""
+        for b in self.batches:
+            hook = getattr(b, "submitted", None)
+            if hook is None or b.done or not b.waits:
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise VkmTimeout(f"GPU {self.ctx.index}: a transfer this step waits for was not submitted "
+                                 f"in time; nothing was submitted")
+            hook(left)
+            b.submitted = None
+
     # -- one step ---------------------------------------------------------------------
 
     def step(self, kernels: list[Kernel], waits: list[TimelinePoint], deadline: float) \
             -> tuple[TimelinePoint | None, list[Kernel], list[tuple[Kernel, str]], list[OutboxBatch]]:
         self.make_room(kernels, deadline)
+        self._await_submitted(deadline)
         d = self.ctx.in_flight
         launched, deferred = [], []
         for k in kernels:
@@ -133,6 +150,10 @@ class DeviceStepper:
         except BaseException:
             for k, slots in reversed(taken_h2k):   # nothing ran: the host messages are still to send
                 k.h2k.extendleft(reversed(slots))
+            for k in launched:
+                if k.injecting is not None and k.injecting[0] == k.steps:
+                    items, k.injecting = k.injecting[1], None
+                    self.rt.settle_injected(k, None, [], items)
             for b, _ in rec.surveys:
                 b.surveyed = False
             with self.ctx.dir_lock:
@@ -205,9 +226,11 @@ class DeviceStepper:
         for idx in rec.directory:
             entry = self.rt.directory_entry(idx)
             cmds.update(cmd, ctx.directory.handle, idx * 16, entry)
+        feed = self.rt.outbox_feed
         for k in launched:
             j = k.steps % d
             cmds.fill(cmd, k.outbox.handle, j * k.outbox_region, 4)
+            self._place_injected(k, j, feed)
             old = k.outbox_batches[j]
             if old is not None:
                 gpu_waits += [(p.semaphore, p.value) for p in old.holds]
@@ -289,6 +312,25 @@ class DeviceStepper:
         vk.vkEndCommandBuffer(cmd)
         return gpu_waits, outbox_surveys
 
+    def _place_injected(self, k: Kernel, j: int, feed: Any) -> None:
+        """Messages the host routes as `k` (outbox feed) go into the last slots of the
+        step's K2H region; the finish pass appends what fits after k's own. One
+        such step per kernel is in flight at a time, so what did not fit goes
+        back to the front of the feed before anything newer is placed."""
+        base = j * k.k2h_region
+        words = k.k2h.words
+        words[base // 4 + 9] = 0
+        if feed is None or k.injecting is not None:
+            return
+        items = feed.take(k, k.spec.outbox_capacity)
+        if not items:
+            return
+        n = len(items)
+        start = base + RING_HEADER_BYTES + (k.spec.outbox_capacity - n) * k.slot_size
+        k.k2h.bytes[start:start + n * k.slot_size] = np.frombuffer(b"".join(slot for slot, _ in items), np.uint8)
+        words[base // 4 + 9] = n
+        k.injecting = (k.steps, items)
+
     def _deliver(self, cmd: Any, k: Kernel, key: tuple | None, buffer: Any, size: int, offset: int, status: int,
                  batch: _Batch | None = None) -> None:
         ctx = self.ctx
@@ -303,7 +345,7 @@ class DeviceStepper:
                     ctx.deliver, [(buffer.handle, 0, size), (k.inbox.handle, 0, WHOLE_SIZE),
                                   (ctx.status.handle, 0, WHOLE_SIZE)])
         cmds.bind_set(cmd, ctx.deliver.layout, pool_set[1], (offset,))
-        _push(cmd, ctx.deliver.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, 0))
+        _push(cmd, ctx.deliver.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, getattr(batch, "hops", 0)))
         cmds.dispatch(cmd, 1, 1, 1)
 
     def _survey(self, cmd: Any, dset: Any, offset: int, status: int) -> None:
@@ -378,10 +420,10 @@ class DeviceStepper:
         if gone:
             self._fail(b.source, f"message(s) addressed to kernel(s) destroyed before delivery "
                                  f"(local slots {gone} of GPU {self.ctx.index})", "undeliverable", len(gone))
-        b.count, b.remote_devices, b.remote = w[13], w[8], w[10]
+        b.count, b.remote_devices, b.remote, b.local = w[13], w[8], w[10], w[9]
         b.pending = local - b.cleared
         unknown = b.unknown = w[12]
-        if unknown:
+        if unknown and getattr(b, "report_unknown", True):
             self._fail(b.source, f"{unknown} message(s) addressed to kernels that do not exist (destroyed, or "
                                  f"never launched)", "undeliverable", unknown)
         if b.remote and not self.rt.has_router():
@@ -400,9 +442,13 @@ class DeviceStepper:
 
     def _harvest_report(self, k: Kernel, j: int, step: int) -> None:
         k.region_harvested[j] = True
+        base = j * k.k2h_region
+        if k.injecting is not None and k.injecting[0] == step:
+            items, k.injecting = k.injecting[1], None
+            taken = 0 if k.destroyed else int(k.k2h.words[base // 4 + 10])
+            self.rt.settle_injected(k, k.outbox_batches[j], items[:taken], items[taken:])
         if k.destroyed:
             return
-        base = j * k.k2h_region
         words = k.k2h.words[base // 4:base // 4 + 9]
         host, out, overflow, consumed = (int(x) for x in words[:4])
         st = k.stats
