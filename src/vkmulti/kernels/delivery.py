@@ -195,6 +195,8 @@ class DeliveryEngine:
         self._trees: RouteTrees | None = None
         self._trees_key: Any = None
         self.moves_submitted = 0
+        self.edge_bytes: dict[tuple[int, int], int] = defaultdict(int)   # bytes moved per (from, to) device
+        self.edge_moves: dict[tuple[int, int], int] = defaultdict(int)
 
     # -- routes and links ----------------------------------------------------------
 
@@ -338,6 +340,8 @@ class DeliveryEngine:
             self._read_done(src, None)
             return True
         self.moves_submitted += 1
+        self.edge_bytes[m.edge] += src.size
+        self.edge_moves[m.edge] += 1
         self.router._stats.add_bytes(src.size)
         self._read_done(src, ticket.src_done)
         landing = Region("landing", b, buf, 0, src.size, src.parts, src.origin, hops=m.hops, ready=ticket.dst_ready,

@@ -209,6 +209,15 @@ class CrossGpuK2KRouter:
         return None if eng is None else eng.method(check_index(source_device, "source_device"),
                                                     check_index(dest_device, "dest_device"))
 
+    def edge_traffic(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """{(from device, to device): (moves, bytes)} the router made since it was attached
+        (hops of multi-hop routes count on each edge; bytes are whole batch regions)."""
+        with self._delivery_lock:
+            eng = self._engine
+            if eng is None:
+                return {}
+            return {e: (eng.edge_moves[e], eng.edge_bytes[e]) for e in eng.edge_bytes}
+
     def _device_of(self, kernel_id: KernelId) -> int:
         dev = self.coordinator.get_kernel_device(kernel_id)
         if dev is None:
