@@ -197,6 +197,8 @@ class DeliveryEngine:
         self.moves_submitted = 0
         self.edge_bytes: dict[tuple[int, int], int] = defaultdict(int)   # bytes moved per (from, to) device
         self.edge_moves: dict[tuple[int, int], int] = defaultdict(int)
+        #: outbox batches holding points of this engine's semaphores (cleared at destroy, when they go)
+        self.held: list[tuple[OutboxBatch, TimelinePoint]] = []
 
     # -- routes and links ----------------------------------------------------------
 
@@ -252,7 +254,9 @@ class DeliveryEngine:
             for b in bs:
                 b.k2k_moves = 0
                 b.k2k_landings = []
-            if not children:
+            if not children:   # nowhere to go: the runtime retained them for us until now
+                for b in bs:
+                    b.release()
                 continue
             region = self._source_region(s, bs)
             if region is None:
@@ -266,10 +270,9 @@ class DeliveryEngine:
 
     def _source_region(self, s: int, bs: list[OutboxBatch]) -> Region | None:
         """The region the moves of S's new batches read: the one outbox batch, or an
-        egress region they were gathered into. The batches stay retained until
-        every move that reads them is submitted."""
-        for b in bs:
-            b.retain()
+        egress region they were gathered into. The batches come retained (the
+        runtime's `retain=True` listener) and stay so until every move that reads
+        them is submitted."""
         if len(bs) == 1:
             b = bs[0]
             return Region("outbox", s, b.buffer, b.offset, b.size, [Part(b.kernel, b, 0, b.size)], s,
@@ -291,6 +294,7 @@ class DeliveryEngine:
             return None
         for b in bs:
             b.hold(point)
+            self.held.append((b, point))
         region = Region("egress", s, buf, 0, at, parts, s, ready=point, batches=list(bs))
         self.egress.append(region)
         return region
@@ -323,6 +327,11 @@ class DeliveryEngine:
                 return False
         src = m.region
         trees = self.trees()
+        if self._needless(src, trees.subtree(src.origin, b)):   # harvested: nothing in it goes there
+            for p in src.parts:
+                p.batch.k2k_moves -= 1
+            self._read_done(src, None)
+            return True
         buf = None
         try:
             if src.kind == "landing":   # its own transfer must be queued before a wait on it
@@ -343,7 +352,7 @@ class DeliveryEngine:
         self.edge_bytes[m.edge] += src.size
         self.edge_moves[m.edge] += 1
         self.router._stats.add_bytes(src.size)
-        self._read_done(src, ticket.src_done)
+        self._read_done(src, ticket.src_done, ticket.wait_submitted if self._source_shared(a, eng) else None)
         landing = Region("landing", b, buf, 0, src.size, src.parts, src.origin, hops=m.hops, ready=ticket.dst_ready,
                          ticket=ticket, edge=m.edge)
         self.landings[m.edge].append(landing)
@@ -357,14 +366,32 @@ class DeliveryEngine:
             p.batch.k2k_moves -= 1
         return True
 
-    def _read_done(self, region: Region, point: TimelinePoint | None) -> None:
+    @staticmethod
+    def _needless(region: Region, devices: set[int]) -> bool:
+        """Whether every batch in the region was surveyed on its own device and none
+        of them holds a message for `devices` (a move there can be dropped)."""
+        mask = sum(1 << d for d in devices if d < 32)
+        for p in region.parts:
+            b = p.batch
+            if b.pending is None or b.remote_devices & mask or any(d >= 32 for d in devices):
+                return False
+        return True
+
+    def _source_shared(self, a: int, eng: Engine) -> bool:
+        """Whether the transfer's source-side submits share a queue with a's kernel steps."""
+        slot = self.mgr.slot(a)
+        q = slot.universal_copy_queue if eng.method == "cuda_peer" else slot.copy_queue
+        return int(q) == int(slot.universal_copy_queue)
+
+    def _read_done(self, region: Region, point: TimelinePoint | None, submitted: Any = None) -> None:
         """One move that reads `region` was submitted (reading it until `point`) or dropped."""
         region.readers -= 1
         if point is not None:
             region.reads.append(point)
             if region.kind == "outbox":
                 for b in region.batches:
-                    b.hold(point)
+                    b.hold(point, submitted)
+                    self.held.append((b, point))
         if region.readers <= 0:
             for b in region.batches:
                 b.release()
@@ -409,12 +436,22 @@ class DeliveryEngine:
 
     def reap(self) -> None:
         """Return landing and egress regions nobody reads any more to their pools,
-        and count what they delivered."""
+        and count what they delivered. A landed batch whose sending device's survey
+        says it holds nothing for the landing's device is taken back at once (no
+        step there has to survey it first)."""
+        self.rt.poll()
         now = time.monotonic()
+        if len(self.held) > 64:   # a hold matters until its region is reused
+            self.held = [(b, p) for b, p in self.held
+                         if not b.kernel.destroyed and b.kernel.outbox_batches[b.region] is b]
         for edge, regions in list(self.landings.items()):
             keep = []
             slot = self.mgr.slot(edge[1])
             for r in regions:
+                for i in r.inbounds:
+                    origin = i.k2k_origin
+                    if not i.done and origin.pending is not None and not origin.remote_devices >> r.device & 1:
+                        self.rt.withdraw_batch(i, timeout=self.submit_timeout)
                 if not r.counted and r.inbounds and all(i.done for i in r.inbounds):
                     self._count(r, now)
                 if self._free(r, slot):
@@ -489,6 +526,12 @@ class DeliveryEngine:
         for g in self.gathers.values():
             g.destroy(max(0.0, deadline - time.monotonic()))
         self.gathers.clear()
+        for b, point in self.held:   # every transfer is done: no later step may wait on their semaphores
+            with b.ctx.lock:
+                if point in b.holds:
+                    b.holds.remove(point)
+                b.hold_hooks.clear()
+        self.held = []
         for r in self.egress:
             for b in r.batches:
                 b.release()

@@ -174,19 +174,29 @@ class OutboxBatch(_Batch):
                          source=kernel)
         self.kernel, self.step, self.region, self.ready = kernel, step, region, ready
         self.holds: list[TimelinePoint] = []
+        self.hold_hooks: list[Any] = []   # run before a step queues a wait on the holds (see hold())
 
     @property
     def device_index(self) -> int:
         return self.ctx.index
 
-    def hold(self, point: TimelinePoint) -> None:
-        """Keep the region from being overwritten until `point` (on this kernel's device) is reached."""
+    def hold(self, point: TimelinePoint, submitted: Any = None) -> None:
+        """Keep the region from being overwritten until `point` (on this kernel's device) is reached.
+
+        `submitted(timeout)` runs before the step that reuses the region queues its
+        wait on `point` (a transfer's TransferTicket.wait_submitted where that
+        transfer's source side shares the step's queue: an in-order queue cannot
+        run a wait placed before its signal)."""
         if not isinstance(point, TimelinePoint):
             raise TypeError(f"hold() takes a TimelinePoint, got {type(point).__name__}")
         if point.device_index != self.ctx.index:
             raise ValueError(f"{point} is on GPU {point.device_index}; the outbox is on GPU {self.ctx.index}")
+        if submitted is not None and not callable(submitted):
+            raise TypeError(f"submitted must be callable or None, got {type(submitted).__name__}")
         with self.ctx.lock:
             self.holds.append(point)
+            if submitted is not None:
+                self.hold_hooks.append(submitted)
 
     def retain(self) -> None:
         """Keep the batch from counting as done (so its kernel is deferred before the

@@ -278,7 +278,7 @@ class CrossGpuK2KRouter:
             self._engine = DeliveryEngine(self, runtime, max_landings=landings,
                                           submit_timeout=self.submit_timeout or 30.0)
             self.runtime = runtime
-            runtime.add_step_listener(self._on_step)
+            runtime.add_step_listener(self._on_step, retain=True)
         return self
 
     def detach(self, timeout: float = 30.0) -> None:
@@ -323,6 +323,9 @@ class CrossGpuK2KRouter:
         with self._delivery_lock:
             if self._engine is not None:
                 self._engine.on_step(batches)
+            else:   # detached while the step ran: let its batches go
+                for b in batches:
+                    b.release()
             self._check_sent()
 
     def _refresh(self) -> None:

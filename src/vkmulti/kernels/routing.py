@@ -268,6 +268,15 @@ class RouteTrees:
     def is_host_mediated(self, a: int, b: int) -> bool:
         return (a, b) in self._host
 
+    def subtree(self, source: int, at: int) -> set[int]:
+        """`at` and every device it passes batches from `source` on to, directly or not."""
+        out, todo = {at}, [at]
+        while todo:
+            for c in self.children(source, todo.pop()):
+                out.add(c)
+                todo.append(c)
+        return out
+
     def reached(self, source: int) -> list[int]:
         """Every device a batch from `source` reaches (source excluded)."""
         out, todo = [], [source]

@@ -96,6 +96,7 @@ class KernelRuntime(HostIO):
         self._free_index = list(range(self.max_kernels - 1, 0, -1))
         self._generation = [0] * self.max_kernels
         self._listeners: list[Callable[[list[OutboxBatch]], Any]] = []
+        self._retaining: set[int] = set()   # ids of listeners each new batch starts retained for
         #: the source of messages the host routes on kernels' behalf (the K2K router), or None
         self.outbox_feed: Any = None
         #: messages that could not be delivered and whose sender is gone or unknown (dead letters)
@@ -338,17 +339,20 @@ class KernelRuntime(HostIO):
                 waits[p.device_index].append(p)
         self._raise_errors(targets)
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        with self._lock:   # these listeners see this step's batches; retaining ones release each once
+            listeners = list(self._listeners)
+            retain = sum(1 for fn in listeners if id(fn) in self._retaining)
         points, launched, deferred, batches = {}, [], [], []
         for dev, ks in sorted(by_device.items()):
             ctx, stepper = self._device(dev)
             with ctx.lock:
-                point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline)
+                point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain)
             if point is not None:
                 points[dev] = point
             launched += ran
             deferred += held
             batches += new
-        for listener in list(self._listeners):   # also without new batches: a router may have moves waiting
+        for listener in listeners:   # also without new batches: a router may have moves waiting
             listener(batches)
         return StepTicket(self, points, launched, deferred, batches)
 
@@ -383,18 +387,38 @@ class KernelRuntime(HostIO):
             pairs = list(self._contexts.values())
         self._wait_points([c.point(c.value) for c, _ in pairs if c.value], _timeout(timeout))
 
-    def add_step_listener(self, listener: Callable[[list[OutboxBatch]], Any]) -> None:
+    def poll(self) -> None:
+        """Harvest every step that has completed, on every device, without waiting
+        (delivery results, host messages, batch surveys become visible)."""
+        with self._lock:
+            pairs = list(self._contexts.values())
+        for ctx, stepper in pairs:
+            with ctx.lock:
+                if ctx.alive:
+                    stepper.harvest()
+
+    def add_step_listener(self, listener: Callable[[list[OutboxBatch]], Any], *, retain: bool = False) -> None:
         """Call `listener(batches)` after each step with the new outbox batches (the
-        router's hook: it copies them to other devices and hold()s them)."""
+        router's hook: it copies them to other devices and hold()s them). With
+        `retain=True` every batch handed to it starts retained once for it (it
+        cannot count as done, so its region is not reused) until the listener
+        calls `batch.release()`; it must do so exactly once per batch."""
         if not callable(listener):
             raise TypeError(f"listener must be callable, got {type(listener).__name__}")
+        if not isinstance(retain, bool):
+            raise TypeError(f"retain must be a bool, got {retain!r}")
         with self._lock:
             self._listeners.append(listener)
+            if retain:
+                self._retaining.add(id(listener))
 
     def remove_step_listener(self, listener: Callable[[list[OutboxBatch]], Any]) -> None:
+        """Stop calling `listener` (a step already running still hands it its batches)."""
         with self._lock:
             if listener in self._listeners:
                 self._listeners.remove(listener)
+                if listener not in self._listeners:
+                    self._retaining.discard(id(listener))
 
     def set_outbox_feed(self, feed: Any) -> None:
         """Install (or remove, with None) the source of messages the host routes on a

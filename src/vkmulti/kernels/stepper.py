@@ -103,28 +103,36 @@ class DeviceStepper:
             except VkmTimeout:
                 pass
 
-    def _await_submitted(self, deadline: float) -> None:
-        """Inbound batches whose points a transfer on this step's queue signals: that
-        transfer's submits must be queued before a wait on them (an in-order queue
-        cannot run a wait placed before its signal). The transfer's worker never
-        needs this device's lock, so waiting with it held cannot deadlock."""
-        for b in self.batches:
-            hook = getattr(b, "submitted", None)
-            if hook is None or b.done or not b.waits:
-                continue
+    def _await_submitted(self, kernels: list[Kernel], deadline: float) -> None:
+        """Points this step may wait on that a transfer on this step's queue signals
+        (inbound batches' arrival, holds on outbox regions about to be reused):
+        that transfer's submits must be queued first (an in-order queue cannot run
+        a wait placed before its signal). The transfer's worker never needs this
+        device's lock, so waiting with it held cannot deadlock."""
+        def run(hook: Any) -> None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise VkmTimeout(f"GPU {self.ctx.index}: a transfer this step waits for was not submitted "
                                  f"in time; nothing was submitted")
             hook(left)
-            b.submitted = None
+        for b in self.batches:
+            hook = getattr(b, "submitted", None)
+            if hook is not None and not b.done and b.waits:
+                run(hook)
+                b.submitted = None
+        d = self.ctx.in_flight
+        for k in kernels:
+            old = k.outbox_batches[k.steps % d]
+            while old is not None and old.hold_hooks:
+                run(old.hold_hooks[0])
+                old.hold_hooks.pop(0)
 
     # -- one step ---------------------------------------------------------------------
 
-    def step(self, kernels: list[Kernel], waits: list[TimelinePoint], deadline: float) \
+    def step(self, kernels: list[Kernel], waits: list[TimelinePoint], deadline: float, retain: int = 0) \
             -> tuple[TimelinePoint | None, list[Kernel], list[tuple[Kernel, str]], list[OutboxBatch]]:
         self.make_room(kernels, deadline)
-        self._await_submitted(deadline)
+        self._await_submitted(kernels, deadline)
         d = self.ctx.in_flight
         launched, deferred = [], []
         for k in kernels:
@@ -167,6 +175,7 @@ class DeviceStepper:
         for k, off in zip(launched, survey_offsets):
             j = k.steps % d
             b = OutboxBatch(k, k.steps, j, point)
+            b.retained = retain
             b.surveyed = True
             new.append(b)
             rec.surveys.append((b, off))
@@ -182,7 +191,7 @@ class DeviceStepper:
             if b is not None:
                 b.waits = []
                 b.last_value = value
-                if b.source is not None:
+                if b.source is not None and b.source.ctx is self.ctx:   # (an inbound batch's source is elsewhere)
                     b.source.last_value = value
         for b, _ in rec.surveys:
             b.waits = []
