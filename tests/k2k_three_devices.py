@@ -155,7 +155,7 @@ def main() -> int:
     finally:
         mgr.destroy()
     out["validation_errors"] = [text for sev, text in drain_all_validation_messages() if sev == "error"][:5]
-    json.dump(out, sys.stdout)
+    print("\n" + json.dumps(out))
     return 0
 
 
