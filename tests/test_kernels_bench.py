@@ -22,7 +22,7 @@ def placement():
 
 
 def test_bench_prints_figures_and_a_ratio_line(placement, capsys):
-    assert placement.main(["--seconds", "0.02", "--kernels", "200", "--devices", "4"]) == 0
+    assert placement.main(["--section", "strategies", "--seconds", "0.02", "--kernels", "200", "--devices", "4"]) == 0
     out = capsys.readouterr().out.rstrip().splitlines()
     assert out[-1].startswith("ratio: select_device slowest built-in strategy")
     figures = json.loads("\n".join(out[:-1]))

@@ -269,18 +269,23 @@ def test_bad_arguments(fn):
 
 
 def test_native_layer_rejects_bad_arrays():
-    with pytest.raises(ValueError, match="tie_key has 1 entries for 2 costs"):
-        _native.partition([1.0, 2.0], [0], 2)
+    with pytest.raises(ValueError, match="ids has 1 entries for 2 costs"):
+        _native.partition([1.0, 2.0], 2, ids=[0])
     with pytest.raises(ValueError, match="weights has 1 entries for 2 devices"):
-        _native.partition([1.0, 2.0], [0, 1], 2, weights=[1.0])
-    with pytest.raises(ValueError, match="not finite"):
-        _native.partition([1.0, -2.0], [0, 1], 2)
+        _native.partition([1.0, 2.0], 2, weights=[1.0])
+    with pytest.raises(ValueError, match=r"costs\[1\] must be finite and >= 0, got -2.0"):
+        _native.partition([1.0, -2.0], 2)
     with pytest.raises(ValueError, match="hysteresis"):
-        _native.partition([1.0, 2.0], [0, 1], 2, previous=[0, 1], hysteresis=1.0)
+        _native.partition([1.0, 2.0], 2, previous=[0, 1], hysteresis=1.0)
     with pytest.raises(ValueError, match="device_count"):
-        _native.partition([1.0], [0], 0)
-    out = _native.partition(np.array([3.0, 1.0, 1.0]), np.array([0, 1, 2]), 2)
+        _native.partition([1.0], 0)
+    with pytest.raises(IndexError, match=r"pinned\[0\] is 2"):
+        _native.partition([1.0], 2, pinned=[2])
+    with pytest.raises(ValueError, match=r"ids\[2\] is 5, the id of an earlier SRU"):
+        _native.partition([1.0, 1.0, 1.0], 2, ids=[5, 1, 5])
+    out = _native.partition(np.array([3.0, 1.0, 1.0]), 2, ids=np.array([0, 1, 2]))
     assert out.dtype == np.int32 and out.tolist() == [0, 1, 1]
+    assert _native.partition(np.zeros(0), 3).tolist() == []
 
 
 def test_native_large_input_matches_reference():

@@ -17,7 +17,7 @@ from .instance import Instance
 from .methods import TransferMethod, supported_methods
 from .multi_device import DeviceSlot, MultiDeviceManager
 from .offload import OffloadRoute, SRUOffloadCoordinator
-from .partition import SRUAssignment, assign_srus
+from .partition import SRUAssignment, assign_srus, assign_srus_array
 from .render import Compositor, ReferenceRenderer, ReferenceSRU
 from .transfer import CrossDeviceTransfer, TimelinePoint, TransferTicket, select_transfer_method
 # ringkernel's multi_gpu port (its CrossDeviceTransfer stays vkmulti.kernels.CrossDeviceTransfer)
@@ -37,7 +37,7 @@ __all__ = [
     "DeviceCapabilities", "QueueFamilies", "RenderCapabilities", "probe_device",
     "LogicalDevice", "Queue", "create_logical_device", "Instance",
     "DeviceSlot", "MultiDeviceManager", "TransferMethod", "supported_methods",
-    "SRUAssignment", "assign_srus", "CrossDeviceTransfer", "TimelinePoint", "TransferTicket",
+    "SRUAssignment", "assign_srus", "assign_srus_array", "CrossDeviceTransfer", "TimelinePoint", "TransferTicket",
     "select_transfer_method", "InterGpuTransfer", "Gathered",
     "CudaDevice", "cuda_devices", "cuda_peer_reason", "cuda_status",
     "OffloadRoute", "SRUOffloadCoordinator", "ReferenceSRU", "ReferenceRenderer", "Compositor",

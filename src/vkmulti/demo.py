@@ -223,6 +223,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--virtual", type=int, default=0, metavar="N",
                    help="use N virtual lavapipe GPUs instead of the real ones")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="render across a Ray cluster (HEAD:PORT, ray://HEAD:PORT, or 'auto' to start a local Ray); "
+                        "needs pip install 'vkmulti[cluster]'")
 
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -238,6 +241,9 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             import PIL  # noqa: F401
         except ImportError:
             parser.error("writing the PNG needs Pillow: pip install 'vkmulti[demo]' (or pass --output '')")
+    if args.ray is not None:
+        from .cluster.demo import main as cluster_main
+        return cluster_main(args, parser)
     from .testing import use_virtual_if_no_gpu
     note = use_virtual_if_no_gpu(args.virtual)
     try:

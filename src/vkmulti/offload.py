@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import vulkan as vk
 
+from .adaptive import AdaptivePlanning, SpeedMeter
 from .errors import (DestroyedError, TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError)
 from .images import Image
 from .multi_device import DeviceSlot, MultiDeviceManager
@@ -104,6 +105,9 @@ class FrameReport:
     fallbacks: list[Any]
     done: TimelinePoint
     transferred_bytes: int
+    #: adaptive mode with wait=True: seconds from each device's first submit of the frame until its share
+    #: was on GPU 0
+    device_seconds: dict[int, float] = field(default_factory=dict)
 
     def device_loads(self, device_count: int) -> list[list[Any]]:
         """SRU ids per device, as rendered."""
@@ -146,7 +150,7 @@ def _sru_size(sru: Any) -> tuple[int, int]:
     return w, h
 
 
-class SRUOffloadCoordinator:
+class SRUOffloadCoordinator(AdaptivePlanning):
     """Plans SRUs over the GPUs, renders offloaded ones on secondaries and brings their images to GPU 0.
 
     The seed's constructor and members, plus: `devices` (slot indices it may
@@ -154,6 +158,16 @@ class SRUOffloadCoordinator:
     `hysteresis` (None: plan every frame afresh, as the seed; a number in
     [0, 1): keep the previous plan unless a new one shortens the frame by more
     than that fraction, so temporal history stays on one device).
+
+    `adaptive=True` measures, every frame, how long each device takes per
+    unit of SRU cost (from the frame's start until its SRUs are on GPU 0,
+    transfer included) and plans with damped speed weights from it, so that
+    devices of unequal speed finish a frame together (`weights`, if given,
+    are the starting guess; `adaptive_damping` is the share of the newest
+    measurement; hysteresis defaults to ADAPTIVE_HYSTERESIS). It is off by
+    default: plans then stay a pure function of the SRUs, as in the seed, and
+    equal devices see no plan churn from timing noise. `measured_weights`
+    exposes what it measured.
 
     `secondary_renderer_factory(context)` gets a SecondaryRenderContext and
     returns a renderer; a renderer attached to a slot
@@ -167,7 +181,8 @@ class SRUOffloadCoordinator:
                  content_scale: tuple[float, float] = (1.0, 1.0),
                  secondary_renderer_factory: Callable[[SecondaryRenderContext], Any] | None = None,
                  devices: Sequence[int] | None = None, weights: Sequence[float] | None = None,
-                 hysteresis: float | None = None, timeout: float = 60.0):
+                 hysteresis: float | None = None, timeout: float = 60.0, adaptive: bool = False,
+                 adaptive_damping: float = 0.5):
         if not isinstance(manager, MultiDeviceManager):
             raise TypeError(f"manager must be a MultiDeviceManager, got {type(manager).__name__}")
         if secondary_renderer_factory is not None and not callable(secondary_renderer_factory):
@@ -204,6 +219,8 @@ class SRUOffloadCoordinator:
         self._last_frame: TimelinePoint | None = None
         self._lock = threading.RLock()
         self._destroyed = False
+        self.adaptive = adaptive
+        self._speeds = SpeedMeter(count, self._wait_point, damping=adaptive_damping, timeout=timeout)
         manager.register_teardown(self.destroy)
 
     # -- the seed's API ----------------------------------------------------
@@ -240,13 +257,14 @@ class SRUOffloadCoordinator:
         srus = list(srus)
         usable = self.usable_devices()
         previous = None
-        if self.hysteresis is not None and self._routes:
+        hysteresis = self._plan_hysteresis()
+        if hysteresis is not None and self._routes:
             previous = {r.sru_id: usable.index(r.device_index) for r in self._routes.values()
                         if r.device_index in usable}
-        weights = [self.weights[d] for d in usable] if self.weights is not None else None
+        weights = self._plan_weights(usable)
         assigned = assign_srus(srus, len(usable), sru_id=sru_id, cost=cost or _default_cost, weights=weights,
                                transfer_cost=transfer_cost, offloadable=offloadable, previous=previous,
-                               hysteresis=self.hysteresis or 0.0)
+                               hysteresis=hysteresis or 0.0)
         caps = self._caps()
         methods: dict[int, str] = {}
         routes = []
@@ -306,6 +324,7 @@ class SRUOffloadCoordinator:
         with self._lock:
             if self._destroyed:
                 return
+            self._speeds.close()   # no timer thread may still wait on a semaphore freed below
             self._destroyed = True
             steps: list[Callable[[], Any]] = [lambda e=e: self._release(e) for e in list(self._entries.values())]
             if self._compositor is not None:
@@ -357,8 +376,11 @@ class SRUOffloadCoordinator:
                 if isinstance(v, bool) or not isinstance(v, int):
                     raise TypeError(f"SRU {key(s)!r}: {label} (its place in the frame) must be an int, got {v!r}")
         with self._lock:
+            self._speeds.settle()   # the previous frame's measurement, before any resource is freed
             self._prune({key(s) for s in srus})
             routes = self.plan(srus, sru_id=sru_id, cost=cost, transfer_cost=transfer_cost, offloadable=offloadable)
+            if self._adaptive:
+                self._speeds.begin()
             prev = [self._last_frame] if self._last_frame is not None else []
             images: dict[Any, Image] = {}
             rendered_on: dict[Any, int] = {}
@@ -393,7 +415,9 @@ class SRUOffloadCoordinator:
                 if not r.offloaded:
                     sru = by_id[r.sru_id]
                     e = self._ensure_entry(sru, r, landing=False)
-                    waits += self._render(self._renderer_for(0), sru, e.target, prev, 0)
+                    points = self._render(self._renderer_for(0), sru, e.target, prev, 0)
+                    self._watch(0, points)
+                    waits += points
                     images[r.sru_id], rendered_on[r.sru_id] = e.target, 0
             # 3. transfers: the composite waits for dst_ready on the GPU; waiting here until each
             #    transfer is submitted orders it after them on a one-queue primary and reveals a
@@ -417,15 +441,22 @@ class SRUOffloadCoordinator:
                     e = self._entries[sid] = _Entry(sid, self._routes[sid].device_index, w, h)
                 if e.fallback is None:
                     e.fallback = Image(self.manager.primary, e.width, e.height, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
-                waits += self._render(self._renderer_for(0), sru, e.fallback, prev, 0)
+                points = self._render(self._renderer_for(0), sru, e.fallback, prev, 0)
+                self._watch(0, points)
+                waits += points
                 images[sid], rendered_on[sid] = e.fallback, 0
             # 5. composite after every render and every dst_ready, in input order
             placements = [(images[key(s)], s.x, s.y) for s in srus]
             done = compositor.composite(frame, placements, wait=waits, clear=clear)
             self._last_frame = done
+            if self._adaptive:
+                self._speeds.end(self._frame_costs(rendered_on, by_id, cost or _default_cost), done)
+        seconds: dict[int, float] = {}
         if wait:
             compositor.wait(done, self.timeout)
-        return FrameReport(routes, rendered_on, [key(s) for s in fallbacks], done, sent)
+            with self._lock:
+                seconds = self._speeds.settle()
+        return FrameReport(routes, rendered_on, [key(s) for s in fallbacks], done, sent, seconds)
 
     def wait_frame(self, timeout: float | None = None) -> None:
         """Block until the latest frame is composited."""
@@ -533,6 +564,7 @@ class SRUOffloadCoordinator:
         except _DEVICE_ERRORS as exc:
             self._mark_unavailable(d, "its transfer could not start", exc)
             return False
+        self._watch(d, [e.ticket.dst_ready])
         return True
 
     def _mark_unavailable(self, index: int, why: str, exc: BaseException) -> None:

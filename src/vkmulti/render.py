@@ -33,6 +33,7 @@ SRU_FORMAT = vk.VK_FORMAT_R16G16B16A16_SFLOAT
 #: Usage of SRU render targets: storage (the shader), copies (transfers, blits), sampling (engines).
 SRU_IMAGE_USAGE = IMAGE_USAGE | vk.VK_IMAGE_USAGE_STORAGE_BIT
 MAX_ITERATIONS = 1 << 24       # a sane bound on steps per pixel
+MAX_SLOWDOWN = 1024            # bound of ReferenceRenderer.slowdown (dispatches per SRU)
 _GROUP = 8                     # local_size_x/y of sru.comp
 _PUSH = struct.Struct("<4f4fIIfI")
 _MAX_IN_FLIGHT = 64
@@ -250,15 +251,32 @@ class ReferenceRenderer(_Submitter):
     `render()` records and submits at once and returns the TimelinePoint that
     marks the image ready, so renderers on several devices run concurrently.
     Implements the seed's recorder protocol (`render_sru_offscreen`).
+
+    `slowdown` (an int >= 1, settable) is a test and bench hook that makes
+    this device look slower than it is: every SRU is dispatched `slowdown`
+    times in a row into the same image (real GPU work, same pixels), so one
+    device of an equal pair takes `slowdown` x as long per SRU.
     """
 
-    def __init__(self, slot: Any, *, queue: Any = None):
+    def __init__(self, slot: Any, *, queue: Any = None, slowdown: int = 1):
+        self.slowdown = slowdown
         super().__init__(slot, queue)
         try:
             self._create_pipeline()
         except BaseException:
             self.destroy()
             raise
+
+    @property
+    def slowdown(self) -> int:
+        """How many times each SRU is dispatched (1: normal speed)."""
+        return self._slowdown
+
+    @slowdown.setter
+    def slowdown(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SLOWDOWN:
+            raise ValueError(f"slowdown must be an int in [1, {MAX_SLOWDOWN}], got {value!r}")
+        self._slowdown = value
 
     def _create_pipeline(self) -> None:
         slot, dev = self.slot, self.slot.device
@@ -384,7 +402,10 @@ class ReferenceRenderer(_Submitter):
         data = sru.push_constants()
         vk.vkCmdPushConstants(cmd, self.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(data),
                               _ffi.new("char[]", data))
-        vk.vkCmdDispatch(cmd, (sru.width + _GROUP - 1) // _GROUP, (sru.height + _GROUP - 1) // _GROUP, 1)
+        for k in range(self._slowdown):
+            if k:   # the repeat overwrites the same pixels: order it after the previous write
+                target.barrier(cmd, vk.VK_IMAGE_LAYOUT_GENERAL, vk.VK_IMAGE_LAYOUT_GENERAL)
+            vk.vkCmdDispatch(cmd, (sru.width + _GROUP - 1) // _GROUP, (sru.height + _GROUP - 1) // _GROUP, 1)
         if final != vk.VK_IMAGE_LAYOUT_GENERAL:
             target.barrier(cmd, vk.VK_IMAGE_LAYOUT_GENERAL, final)
         else:

@@ -124,11 +124,16 @@ class HostIO:
 
     # -- state --------------------------------------------------------------------------------
 
-    def read_state(self, kernel: Any, index: int = 0, *, timeout: float | None = 60.0) -> np.ndarray:
-        """State buffer `index` of `kernel` (uint8) as of its latest submitted step."""
+    def read_state(self, kernel: Any, index: int = 0, *, offset: int = 0, size: int | None = None,
+                   timeout: float | None = 60.0) -> np.ndarray:
+        """State buffer `index` of `kernel` (uint8) as of its latest submitted step; `offset` and
+        `size` (default: to the end) read a byte range of it."""
         k = self._resolve(kernel)
         _count(index, "index", 0, len(k.states) - 1)
-        return self._copy_out(k, k.states[index], 0, k.states[index].size, _timeout(timeout))
+        total = k.states[index].size
+        _count(offset, "offset", 0, total - 1)
+        size = total - offset if size is None else _count(size, "size", 1, total - offset)
+        return self._copy_out(k, k.states[index], offset, size, _timeout(timeout))
 
     def write_state(self, kernel: Any, index: int, data: Any, *, offset: int = 0,
                     timeout: float | None = 60.0) -> None:

@@ -1,0 +1,195 @@
+"""One node's slab of a cluster stencil run: the reference Jacobi stencil tile kernels on its GPUs.
+
+A node holds a contiguous band of rows of the grid, split over its GPUs
+(rows in proportion to each GPU's throughput), one `stencil_kernel` tile per
+GPU in the node's KernelRuntime. Halo rows between tiles of the node travel
+as K2K messages on the GPU path (same device: the runtime; another GPU of the
+node: `NodeRouter`, the transfer engine). Halo rows at the node's edges come
+from the neighbouring nodes: the agent hands them in as host messages with
+the kernel's halo tags before a step, and reads its own new edge rows back
+after it (the driver passes them on through Ray's object store).
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["StencilSlab", "NodeRouter", "split_rows_weighted"]
+
+#: The stencil kernel's halo tags (kernels/reference.py: STENCIL_FROM_ABOVE / _BELOW).
+_FROM_ABOVE, _FROM_BELOW = 1, 2
+
+
+def split_rows_weighted(height: int, weights: Sequence[float]) -> list[tuple[int, int]]:
+    """(first row, rows) per part, contiguous, rows in proportion to `weights` (largest
+    remainder), every part at least one row; parts beyond `height` rows get none (0 rows)."""
+    if isinstance(height, bool) or not isinstance(height, int) or height < 1:
+        raise ValueError(f"height must be a positive int, got {height!r}")
+    w = [float(x) for x in weights]
+    if not w or any(not (math.isfinite(x) and x > 0) for x in w):
+        raise ValueError(f"weights must be finite numbers > 0, got {list(weights)!r}")
+    n = min(len(w), height)
+    order = sorted(range(len(w)), key=lambda i: (-w[i], i))[:n]       # the heaviest parts get rows
+    share = [w[i] if i in order else 0.0 for i in range(len(w))]
+    total = sum(share)
+    exact = [height * x / total for x in share]
+    rows = [max(1, math.floor(e)) if i in order else 0 for i, e in enumerate(exact)]
+    while sum(rows) > height:                                          # the max(1, ...) overshot
+        i = max((i for i in order if rows[i] > 1), key=lambda i: (rows[i] - exact[i], i))
+        rows[i] -= 1
+    for i in sorted(order, key=lambda i: (-(exact[i] - rows[i]), i))[:height - sum(rows)]:
+        rows[i] += 1
+    out, r0 = [], 0
+    for n_rows in rows:
+        out.append((r0, n_rows))
+        r0 += n_rows
+    return out
+
+
+class NodeRouter:
+    """Moves kernel outbox batches between the GPUs of one node with the transfer engine:
+    each new batch is copied to every other device that runs kernels and handed to the
+    runtime there; the destination's next step waits for the copy on the GPU."""
+
+    def __init__(self, runtime: Any, manager: Any):
+        self.rt, self.mgr = runtime, manager
+        self._inbound: list[tuple[Any, Any]] = []
+        self._transfers: dict[tuple[int, int], Any] = {}
+        self.batches = 0
+        runtime.add_step_listener(self._on_step)
+
+    def _transfer(self, src: int, dst: int) -> Any:
+        from ..transfer import CrossDeviceTransfer, select_transfer_method
+
+        t = self._transfers.get((src, dst))
+        if t is None:
+            method = select_transfer_method(SimpleNamespace(device_index=src), self.mgr.capabilities, dst_index=dst)
+            t = self._transfers[(src, dst)] = CrossDeviceTransfer(self.mgr.slot(src), self.mgr.slot(dst), method)
+        return t
+
+    def _on_step(self, batches: list[Any]) -> None:
+        from ..images import Buffer
+
+        self._collect()
+        devices = {k.device_index for k in self.rt.kernels}
+        for b in batches:
+            for dst in sorted(devices - {b.device_index}):
+                landing = Buffer(self.mgr.slot(dst), b.size)
+                ticket = self._transfer(b.device_index, dst).submit(
+                    src_buffer=b.buffer, dst_buffer=landing, src_offset=b.offset, size=b.size, src_wait=b.ready)
+                ticket.wait_submitted(60)   # a one-queue device must not get a wait before its signal
+                b.hold(ticket.src_done)
+                self._inbound.append((self.rt.accept_batch(dst, landing, wait=ticket.dst_ready), landing))
+                self.batches += 1
+
+    def _collect(self) -> None:
+        keep = []
+        for inbound, landing in self._inbound:
+            if inbound.done:
+                landing.destroy()
+            else:
+                keep.append((inbound, landing))
+        self._inbound = keep
+
+    def destroy(self) -> None:
+        self.rt.remove_step_listener(self._on_step)
+        for t in self._transfers.values():
+            t.destroy(30)
+        self._transfers.clear()
+        for _, landing in self._inbound:
+            landing.destroy()
+        self._inbound = []
+
+
+class StencilSlab:
+    """Rows [row0, row0 + rows) of a width-wide Jacobi grid on one node's GPUs.
+
+    `above` / `below`: the halo rows just outside the slab (the neighbour
+    node's edge rows or the grid's fixed boundary). `gpu_weights`: one weight
+    per GPU of the node (0: leave that GPU out).
+    """
+
+    def __init__(self, manager: Any, slab: np.ndarray, above: np.ndarray, below: np.ndarray,
+                 gpu_weights: Sequence[float], *, payload_size: int = 256, timeout: float = 60.0):
+        from ..kernels import KernelRuntime, MultiGpuCoordinator, stencil_kernel
+        from ..kernels.reference import stencil_tile_state
+
+        slab = np.ascontiguousarray(slab, dtype=np.int32)
+        if slab.ndim != 2 or slab.shape[1] < 3 or slab.shape[0] < 1:
+            raise ValueError(f"slab must be a (rows >= 1, width >= 3) int32 array, got shape {slab.shape}")
+        self.rows, self.width = slab.shape
+        self.timeout = float(timeout)
+        gpus = [g for g, w in enumerate(gpu_weights) if w > 0]
+        if not gpus:
+            raise ValueError(f"no GPU with a weight > 0: {list(gpu_weights)!r}")
+        parts = [(g, r0, n) for g, (r0, n) in zip(gpus, split_rows_weighted(self.rows, [gpu_weights[g] for g in gpus]))
+                 if n > 0]
+        self.runtime = KernelRuntime(MultiGpuCoordinator.from_manager(manager), manager, max_kernels=64,
+                                     payload_size=payload_size)
+        self.router: NodeRouter | None = None
+        self.tiles: list[tuple[Any, int]] = []
+        try:
+            if len({g for g, _, _ in parts}) > 1:
+                self.router = NodeRouter(self.runtime, manager)
+            a = np.asarray(above, dtype=np.int32).reshape(self.width)
+            b = np.asarray(below, dtype=np.int32).reshape(self.width)
+            for i, (g, r0, n) in enumerate(parts):
+                k = self.runtime.launch(stencil_kernel(self.width, n, payload_size), f"tile{i}", device=g,
+                                        state=stencil_tile_state(slab, r0, n, a, b))
+                self.tiles.append((k, n))
+            for i, (k, n) in enumerate(self.tiles):
+                up = self.tiles[i - 1][0].address if i > 0 else 0
+                down = self.tiles[i + 1][0].address if i + 1 < len(self.tiles) else 0
+                k.set_params(up, down, self.width, n)
+        except BaseException:
+            self.destroy()
+            raise
+        self.gpu_rows = {g: n for g, _, n in parts}
+        self.steps = 0
+        self._pw = payload_size // 4
+
+    def _send_halo(self, kernel: Any, row: np.ndarray, side: int) -> None:
+        row = np.ascontiguousarray(row, dtype=np.int32).reshape(self.width)
+        for c in range(-(-self.width // self._pw)):
+            self.runtime.send(kernel, row[c * self._pw:(c + 1) * self._pw].tobytes(), tag=side | (c << 8),
+                              timeout=self.timeout)
+
+    def step(self, above: np.ndarray | None, below: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """One Jacobi step with this step's halo rows from the neighbour nodes (None: keep the
+        stored one, e.g. the fixed boundary or the initial field); returns the new first and last row."""
+        if above is not None:
+            self._send_halo(self.tiles[0][0], above, _FROM_ABOVE)
+        if below is not None:
+            self._send_halo(self.tiles[-1][0], below, _FROM_BELOW)
+        ticket = self.runtime.step([k for k, _ in self.tiles], timeout=self.timeout)
+        if ticket.deferred:
+            from .errors import ClusterError
+            raise ClusterError(f"stencil tiles were deferred: {ticket.deferred}")
+        self.steps += 1
+        gen = self.steps % 2                        # the generation the step just wrote
+        row = self.width * 4
+        first = self.runtime.read_state(self.tiles[0][0], gen, offset=row, size=row, timeout=self.timeout)
+        k_last, n_last = self.tiles[-1]
+        last = self.runtime.read_state(k_last, gen, offset=n_last * row, size=row, timeout=self.timeout)
+        return first.view(np.int32).copy(), last.view(np.int32).copy()
+
+    def field(self) -> np.ndarray:
+        """The slab's rows as of the latest step (rows x width int32)."""
+        from ..kernels.reference import stencil_field
+
+        gen = self.steps % 2
+        return np.vstack([stencil_field(self.runtime.read_state(k, gen, timeout=self.timeout), self.width, n)
+                          for k, n in self.tiles])
+
+    def destroy(self) -> None:
+        """Free the tiles, the router and the runtime (idempotent)."""
+        if self.router is not None:
+            self.router.destroy()
+            self.router = None
+        if self.runtime is not None:
+            self.runtime.destroy(self.timeout)
+            self.runtime = None
+        self.tiles = []
