@@ -172,7 +172,7 @@ void main()
             outbox.words[m + VKM_LEN] = min(outbox.words[m + VKM_LEN], max_len);
             outbox.words[m + VKM_TENANT] = ctl.tenant;
             outbox.words[m + VKM_HOPS] = 0u;
-            outbox.words[m + VKM_FLAGS] &= ~VKM_FLAG_DELIVERED;
+            outbox.words[m + VKM_FLAGS] &= VKM_FLAG_PRIORITY_MASK;
             if (dest == VKM_HOST) {
                 uint k = (s_host + host_before) * words;
                 for (uint w = 0u; w < words; w++)

@@ -32,6 +32,7 @@ from ..errors import DestroyedError, TimeoutError as VkmTimeout, VkmError
 from ..images import Buffer
 from ..transfer import CrossDeviceTransfer as Engine, TimelinePoint, select_transfer_method
 from . import commands as cmds
+from .device_context import step_queue
 from .kernel import InboundBatch, Kernel, OutboxBatch
 from .routing import RouteTrees
 from .transfer import CrossDeviceTransfer as TransferSpec
@@ -132,7 +133,7 @@ class _Gather:
 
     def __init__(self, slot: Any):
         self.slot = slot
-        self.queue = slot.universal_copy_queue
+        self.queue = step_queue(slot)   # after the steps that wrote the batches, in order
         self.value = 0
         self.timeline = slot.native.create_timeline(0)
         self.pool = vk.vkCreateCommandPool(slot.device, vk.VkCommandPoolCreateInfo(
@@ -199,6 +200,7 @@ class DeliveryEngine:
         self.edge_moves: dict[tuple[int, int], int] = defaultdict(int)
         #: outbox batches holding points of this engine's semaphores (cleared at destroy, when they go)
         self.held: list[tuple[OutboxBatch, TimelinePoint]] = []
+        self._shared_cache: dict[tuple[int, str | None], bool] = {}
 
     # -- routes and links ----------------------------------------------------------
 
@@ -212,8 +214,10 @@ class DeliveryEngine:
         return self._trees
 
     def _engine(self, a: int, b: int, host: bool) -> Engine:
-        method = None
-        if host:
+        method = self.router.transfer_methods.get((a, b))
+        if method is not None:
+            pass
+        elif host:
             method = TransferSpec(a, b, 1).without_p2p().method(self.mgr)
         else:
             method = self.router.coordinator.transfer_method(a, b) if hasattr(
@@ -378,10 +382,18 @@ class DeliveryEngine:
         return True
 
     def _source_shared(self, a: int, eng: Engine) -> bool:
-        """Whether the transfer's source-side submits share a queue with a's kernel steps."""
-        slot = self.mgr.slot(a)
-        q = slot.universal_copy_queue if eng.method == "cuda_peer" else slot.copy_queue
-        return int(q) == int(slot.universal_copy_queue)
+        return self._shared(a, eng.method)
+
+    def _shared(self, device: int, method: str | None) -> bool:
+        """Whether a transfer's submits on `device` share a queue with its kernel steps
+        (the transfer engine uses the copy queue, CUDA_PEER the universal one)."""
+        key = (device, method)
+        hit = self._shared_cache.get(key)
+        if hit is None:
+            slot = self.mgr.slot(device)
+            q = slot.universal_copy_queue if method == "cuda_peer" else slot.copy_queue
+            hit = self._shared_cache[key] = int(q) == int(step_queue(slot))
+        return hit
 
     def _read_done(self, region: Region, point: TimelinePoint | None, submitted: Any = None) -> None:
         """One move that reads `region` was submitted (reading it until `point`) or dropped."""
@@ -402,15 +414,13 @@ class DeliveryEngine:
         dev = landing.device
         if not any(k.device_index == dev for k in self.rt.kernels):
             return
-        slot = self.mgr.slot(dev)
-        shared = int(slot.copy_queue) == int(slot.universal_copy_queue) or \
-            self.method(*landing.edge) == "cuda_peer"
+        shared = self._shared(dev, self.method(*landing.edge))
         for p in landing.parts:
             source = p.kernel if not p.kernel.destroyed else None
             try:
                 inbound = self.rt.accept_batch(dev, landing.buffer, offset=p.offset, size=p.size,
                                                wait=ticket.dst_ready, source=source, hops=min(landing.hops, 255),
-                                               report_unknown=False,
+                                               report_unknown=False, reuse_sets=True,
                                                submitted=ticket.wait_submitted if shared else None)
             except (VkmError, ValueError) as exc:
                 self._fail_parts([p], f"GPU {dev} could not take its messages: {exc}")
@@ -542,8 +552,16 @@ class DeliveryEngine:
         self.landings.clear()
         self.egress = []
         for p in self.pools.values():
+            self._forget(p.all)
             try:
                 p.destroy(max(0.0, deadline - time.monotonic()))
             except (VkmTimeout, DestroyedError):
                 log.warning("K2K router: a landing buffer was still in use at destroy")
         self.pools.clear()
+
+    def _forget(self, buffers: list[Buffer]) -> None:
+        for b in buffers:
+            try:
+                self.rt.forget_buffer(b)
+            except DestroyedError:   # the runtime went first: its sets went with it
+                return

@@ -231,9 +231,10 @@ class InboundBatch(_Batch):
     TransferTicket.wait_submitted, where that transfer shares the step's queue)."""
 
     def __init__(self, ctx: DeviceContext, buffer: Any, offset: int, size: int, waits: list[TimelinePoint], *,
-                 hops: int = 0, report_unknown: bool = True, submitted: Any = None):
+                 hops: int = 0, report_unknown: bool = True, submitted: Any = None, reuse_sets: bool = False):
         super().__init__(ctx, buffer, offset, size, source=None, waits=waits)
         self.sets: list[Any] = []      # descriptor sets made for it (freed when done)
+        self.reuse_sets = reuse_sets   # its sets are cached per buffer (KernelRuntime.forget_buffer frees them)
         self.hops = hops
         self.report_unknown = report_unknown
         self.submitted = submitted

@@ -67,11 +67,14 @@ class CrossGpuK2KRouter:
     in_flight) before moves wait and senders are deferred. `max_pending`:
     host-routed messages one source kernel may have waiting for its steps
     (QueueFullError beyond). `submit_timeout`: bound on waits for a transfer's
-    submission (single-queue devices) and on teardown.
+    submission (single-queue devices) and on teardown. `transfer_methods`:
+    {(from device, to device): TransferMethod} to use instead of the pair's
+    best (e.g. to compare methods); the method must be one the pair supports.
     """
 
     def __init__(self, coordinator: Any, runtime: Any = None, *, max_landings: int | None = None,
-                 max_pending: int = 65536, submit_timeout: float = 30.0):
+                 max_pending: int = 65536, submit_timeout: float = 30.0,
+                 transfer_methods: dict[tuple[int, int], str] | None = None):
         for name in ("get_kernel_device", "topology"):
             if not callable(getattr(coordinator, name, None)):
                 raise TypeError(f"coordinator must be a MultiGpuCoordinator (it has no {name}()), "
@@ -80,6 +83,7 @@ class CrossGpuK2KRouter:
         self.max_landings = None if max_landings is None else _count(max_landings, "max_landings", 1, 1 << 16)
         self.max_pending = _count(max_pending, "max_pending", 1, 1 << 30)
         self.submit_timeout = _timeout(submit_timeout, "submit_timeout")
+        self.transfer_methods = self._check_methods(transfer_methods)
         self._stats = CrossGpuRouterStats()
         self._queue_lock = threading.Lock()        # pending queues (taken inside a runtime's device lock)
         self._delivery_lock = threading.RLock()    # the engine (taken before any device lock)
@@ -217,6 +221,25 @@ class CrossGpuK2KRouter:
             if eng is None:
                 return {}
             return {e: (eng.edge_moves[e], eng.edge_bytes[e]) for e in eng.edge_bytes}
+
+    @staticmethod
+    def _check_methods(methods: Any) -> dict[tuple[int, int], str]:
+        from ..methods import TransferMethod
+
+        if methods is None:
+            return {}
+        if not isinstance(methods, dict):
+            raise TypeError(f"transfer_methods must be a dict {{(from, to): method}}, got {type(methods).__name__}")
+        out = {}
+        for key, m in methods.items():
+            if not isinstance(key, tuple) or len(key) != 2:
+                raise TypeError(f"transfer_methods keys are (from device, to device) pairs, got {key!r}")
+            a, b = check_index(key[0], "from device"), check_index(key[1], "to device")
+            if a == b or m not in TransferMethod.CROSS_DEVICE:
+                raise ValueError(f"transfer_methods[{key!r}] must be one of {TransferMethod.CROSS_DEVICE} between "
+                                 f"two devices, got {m!r}")
+            out[(a, b)] = m
+        return out
 
     def _device_of(self, kernel_id: KernelId) -> int:
         dev = self.coordinator.get_kernel_device(kernel_id)

@@ -442,9 +442,30 @@ class KernelRuntime(HostIO):
         if feed is not None:
             feed.settle(kernel, batch, [t for _, t in taken], [(slot, t) for slot, t in returned])
 
+    def forget_buffer(self, buffer: Any) -> None:
+        """Drop the descriptor sets cached for `buffer` (batches accepted with
+        reuse_sets=True) before it is destroyed; they are freed once the steps
+        already submitted on its device are done."""
+        if not isinstance(buffer, Buffer):
+            raise TypeError(f"buffer must be a vkmulti Buffer, got {type(buffer).__name__}")
+        with self._lock:
+            pair = self._contexts.get(buffer.slot.index)
+            kernels = [k for k in self._kernels.values() if k is not None]
+        if pair is None or buffer.handle is None:
+            return
+        ctx, stepper = pair
+        handle = buffer.handle_int
+        with ctx.lock:
+            for key in [key for key in ctx.buffer_sets if key[0] == handle]:
+                stepper.retired.append((ctx.value, ctx.buffer_sets.pop(key)))
+            for k in kernels:
+                if k.ctx is ctx and not k.destroyed:
+                    for key in [key for key in k.deliver_sets if key[0] == "in" and key[1] == handle]:
+                        stepper.retired.append((ctx.value, k.deliver_sets.pop(key)))
+
     def accept_batch(self, device: int, buffer: Any, offset: int = 0, size: int | None = None, *,
                      wait: Any = None, source: Kernel | None = None, hops: int = 0, report_unknown: bool = True,
-                     submitted: Callable[[float], Any] | None = None) -> InboundBatch:
+                     submitted: Callable[[float], Any] | None = None, reuse_sets: bool = False) -> InboundBatch:
         """Hand the kernels of `device` a batch in `buffer` (a vkmulti Buffer on that
         device, laid out as an outbox region: 16-word header with the count, then
         slots of this runtime's size) from `offset`. The next steps there deliver
@@ -456,7 +477,10 @@ class KernelRuntime(HostIO):
         count of each message delivered from it; `report_unknown=False` leaves
         unknown addresses to the sender's own survey; `submitted(timeout)` runs
         before a step first queues a wait on `wait` (a transfer's
-        TransferTicket.wait_submitted when it shares that step's queue)."""
+        TransferTicket.wait_submitted when it shares that step's queue).
+        `reuse_sets=True`: the buffer is reused for later batches (a router's
+        pool), so the descriptor sets made for it are kept for them; call
+        forget_buffer() before destroying it."""
         self._check()
         if isinstance(device, bool) or not isinstance(device, int):
             raise TypeError(f"device must be an int, got {type(device).__name__}")
@@ -481,8 +505,10 @@ class KernelRuntime(HostIO):
             raise TypeError(f"report_unknown must be a bool, got {report_unknown!r}")
         if submitted is not None and not callable(submitted):
             raise TypeError(f"submitted must be callable or None, got {type(submitted).__name__}")
+        if not isinstance(reuse_sets, bool):
+            raise TypeError(f"reuse_sets must be a bool, got {reuse_sets!r}")
         b = InboundBatch(ctx, buffer, offset, size, points, hops=hops, report_unknown=report_unknown,
-                         submitted=submitted)
+                         submitted=submitted, reuse_sets=reuse_sets)
         b.source = source
         with ctx.lock:
             ctx.check()

@@ -38,7 +38,10 @@ log = logging.getLogger(__name__)
 
 _KERNEL_PUSH = struct.Struct("<8I4I")
 _FINISH_PUSH = struct.Struct("<4I")
-_DELIVER_PUSH = struct.Struct("<4I")
+_DELIVER_PUSH = struct.Struct("<8I")
+#: Payloads from this size on are delivered in two passes: a plan, then a copy with one
+#: workgroup per message (all invocations on its words) instead of one invocation per message.
+PLANNED_DELIVERY_PAYLOAD = 1024
 _SURVEY_PUSH = struct.Struct("<4I")
 _U32 = 0xFFFFFFFF
 
@@ -245,7 +248,7 @@ class DeviceStepper:
                 gpu_waits += [(p.semaphore, p.value) for p in old.holds]
         cmds.barrier(cmd)
         # 2. deliveries and surveys of new inbound batches
-        cmds.bind_pipeline(cmd, ctx.deliver.pipeline)
+        passes: list[tuple[Kernel, Any, int, int, int, int]] = []   # kernel, set, offset, status, hops, slots
         for k in launched:
             j = k.steps % d
             n = min(len(k.h2k), k.spec.inbox_capacity)
@@ -260,7 +263,8 @@ class DeviceStepper:
             region = k.h2k_buffer.bytes[base:base + k.h2k_bytes]
             region[RING_HEADER_BYTES:RING_HEADER_BYTES + n * k.slot_size] = np.frombuffer(b"".join(slots), np.uint8)
             k.h2k_buffer.words[base // 4] = n
-            self._deliver(cmd, k, (k.h2k_buffer.handle_int, k.h2k_bytes), k.h2k_buffer, k.h2k_bytes, base, off)
+            dset = self._deliver_set(k, (k.h2k_buffer.handle_int, k.h2k_bytes), k.h2k_buffer, k.h2k_bytes)
+            passes.append((k, dset, base, off, 0, n))
             rec.delivers.append((None, k, off))
         for b in self.batches:
             if b.done:
@@ -271,10 +275,17 @@ class DeviceStepper:
                 off = take(DELIVER_RECORD)
                 if off is None:
                     break
-                self._deliver(cmd, k, None if isinstance(b, InboundBatch) else (b.buffer.handle_int, b.size),
-                              b.buffer, b.size, b.offset, off, batch=b)
+                inbound = isinstance(b, InboundBatch)
+                if not inbound:
+                    key = (b.buffer.handle_int, b.size)
+                else:
+                    key = ("in", b.buffer.handle_int, b.size) if b.reuse_sets else None
+                dset = self._deliver_set(k, key, b.buffer, b.size, b)
+                slots = (b.size - RING_HEADER_BYTES) // k.slot_size if inbound else b.kernel.spec.outbox_capacity
+                passes.append((k, dset, b.offset, off, getattr(b, "hops", 0), slots))
                 rec.delivers.append((b, k, off))
                 wait_for(b)
+        self._record_deliveries(cmd, passes)
         new_inbound = [b for b in self.batches if isinstance(b, InboundBatch) and not b.surveyed and not b.done]
         if new_inbound:
             cmds.bind_pipeline(cmd, ctx.survey.pipeline)
@@ -282,10 +293,16 @@ class DeviceStepper:
                 off = take(SURVEY_RECORD)
                 if off is None:
                     break
-                pool_set = ctx.descriptor_set(ctx.survey, [(b.buffer.handle, 0, b.size),
-                                                          (ctx.directory.handle, 0, WHOLE_SIZE),
-                                                          (ctx.status.handle, 0, WHOLE_SIZE)])
-                b.sets.append(pool_set)
+                key = (b.buffer.handle_int, b.size)
+                pool_set = ctx.buffer_sets.get(key) if b.reuse_sets else None
+                if pool_set is None:
+                    pool_set = ctx.descriptor_set(ctx.survey, [(b.buffer.handle, 0, b.size),
+                                                              (ctx.directory.handle, 0, WHOLE_SIZE),
+                                                              (ctx.status.handle, 0, WHOLE_SIZE)])
+                    if b.reuse_sets:
+                        ctx.buffer_sets[key] = pool_set
+                    else:
+                        b.sets.append(pool_set)
                 self._survey(cmd, pool_set[1], b.offset, off)
                 rec.surveys.append((b, off))
                 b.surveyed = True
@@ -340,10 +357,11 @@ class DeviceStepper:
         words[base // 4 + 9] = n
         k.injecting = (k.steps, items)
 
-    def _deliver(self, cmd: Any, k: Kernel, key: tuple | None, buffer: Any, size: int, offset: int, status: int,
-                 batch: _Batch | None = None) -> None:
+    def _deliver_set(self, k: Kernel, key: tuple | None, buffer: Any, size: int, batch: _Batch | None = None) -> Any:
+        """The descriptor set of a delivery pass from `buffer` into k's inbox (kept per
+        kernel and buffer; an inbound batch's own sets live and die with it)."""
         ctx = self.ctx
-        if key is None:   # an inbound batch: its sets live (and die) with it
+        if key is None:
             pool_set = ctx.descriptor_set(ctx.deliver, [(buffer.handle, 0, size), (k.inbox.handle, 0, WHOLE_SIZE),
                                                         (ctx.status.handle, 0, WHOLE_SIZE)])
             batch.sets.append(pool_set)   # type: ignore[union-attr]
@@ -353,9 +371,39 @@ class DeviceStepper:
                 pool_set = k.deliver_sets[key] = ctx.descriptor_set(
                     ctx.deliver, [(buffer.handle, 0, size), (k.inbox.handle, 0, WHOLE_SIZE),
                                   (ctx.status.handle, 0, WHOLE_SIZE)])
-        cmds.bind_set(cmd, ctx.deliver.layout, pool_set[1], (offset,))
-        _push(cmd, ctx.deliver.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, getattr(batch, "hops", 0)))
-        cmds.dispatch(cmd, 1, 1, 1)
+        return pool_set[1]
+
+    def _record_deliveries(self, cmd: Any, passes: list[tuple[Kernel, Any, int, int, int, int]]) -> None:
+        """The delivery passes, in rounds: passes into one inbox are ordered by a
+        barrier (each reads and moves its tail), passes into different inboxes
+        run side by side. Large messages go plan first, then a copy pass."""
+        ctx = self.ctx
+        planned = self.rt.payload_size >= PLANNED_DELIVERY_PAYLOAD
+        rounds: list[list[tuple]] = []
+        seen: dict[int, int] = {}
+        for p in passes:
+            r = seen.get(id(p[0]), 0)
+            seen[id(p[0])] = r + 1
+            if r == len(rounds):
+                rounds.append([])
+            rounds[r].append(p)
+        for i, group in enumerate(rounds):
+            if i:
+                cmds.barrier(cmd)
+            cmds.bind_pipeline(cmd, ctx.deliver.pipeline)
+            for k, dset, offset, status, hops, _ in group:
+                cmds.bind_set(cmd, ctx.deliver.layout, dset, (offset,))
+                _push(cmd, ctx.deliver.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, int(planned),
+                                                                  0, 0, 0))
+                cmds.dispatch(cmd, 1, 1, 1)
+            if planned:
+                cmds.barrier(cmd)
+                cmds.bind_pipeline(cmd, ctx.deliver_copy.pipeline)
+                for k, dset, offset, status, hops, slots in group:
+                    cmds.bind_set(cmd, ctx.deliver_copy.layout, dset, (offset,))
+                    _push(cmd, ctx.deliver_copy.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, 1,
+                                                                           0, 0, 0))
+                    cmds.dispatch(cmd, max(1, min(slots, self.ctx.max_group_count[0])), 1, 1)
 
     def _survey(self, cmd: Any, dset: Any, offset: int, status: int) -> None:
         ctx = self.ctx
