@@ -18,6 +18,9 @@ layout(std430, set = 0, binding = 2) buffer State {
     uint received; uint bad; uint bytes_lo; uint bytes_hi; uint sent_steps; uint pad[11];
 } st;
 
+// the outbox again as 16-byte vectors (the 16-word header is 4 of them)
+layout(std430, set = 0, binding = 1) buffer Outbox4 { uvec4 v[]; } out4;
+
 #define TAG_BURST 7u
 
 uint pattern(uint s, uint i, uint w) { return s * 65599u + i * 131u + w; }
@@ -35,8 +38,15 @@ void main()
         uint m = i * vkm_outbox.slot_words;
         if (t == 0u)
             vkm_emit_at(i, dest, TAG_BURST, pw * 4u);
-        for (uint w = t; w < pw; w += 64u)
-            vkm_set_payload(m, w, w == 0u ? s : (w == 1u ? i : pattern(s, i, w)));
+        // 16 bytes per store (payloads are multiples of 16 bytes, slots start 16-byte aligned)
+        uint base = (16u + m + VKM_ENV_WORDS) / 4u;
+        for (uint v = t; v < pw / 4u; v += 64u) {
+            uint w = v * 4u;
+            uvec4 x = uvec4(pattern(s, i, w), pattern(s, i, w + 1u), pattern(s, i, w + 2u), pattern(s, i, w + 3u));
+            if (v == 0u)
+                x.xy = uvec2(s, i);
+            out4.v[base + v] = x;
+        }
         if (i == 0u && t == 0u) {
             vkm_outbox_set_count(n);
             st.sent_steps += 1u;
