@@ -126,6 +126,27 @@ class _BufferPool:
         self.all, self.free = [], defaultdict(list)
 
 
+class _GatherTicket:
+    """A gather copy as the transfer tickets a Buffer tracks (its destroy() waits
+    for it): done once the gather's timeline value is reached. A gather whose
+    timeline is gone (destroyed: it waited for every copy first) is done."""
+
+    def __init__(self, gather: "_Gather", point: TimelinePoint):
+        self.gather, self.src_done = gather, point
+        self.dst_ready = point
+
+    def done(self) -> bool:
+        g = self.gather
+        return g.timeline is None or g.slot.native.timeline_value(g.timeline) >= self.src_done.value
+
+    def wait(self, timeout: float | None = None) -> None:
+        g = self.gather
+        if g.timeline is not None:
+            g.slot.native.wait_timeline(g.timeline, self.src_done.value, timeout)
+
+    wait_source = wait
+
+
 class _Gather:
     """Device copies that gather several outbox batches of one step into one
     egress region on their device (own command buffers and timeline, submitted
@@ -171,11 +192,18 @@ class _Gather:
         self.buffers.append((cmd, value))
         return TimelinePoint(self.timeline, value, self.slot.index)
 
+    def track(self, buffers: list[Buffer], point: TimelinePoint) -> None:
+        """Make each buffer's destroy() wait for this gather (a kernel destroyed meanwhile)."""
+        t = _GatherTicket(self, point)
+        for b in buffers:
+            b._track(t)
+
     def destroy(self, timeout: float) -> None:
         if self.value:
             self.slot.native.wait_timeline(self.timeline, self.value, timeout)
         vk.vkDestroyCommandPool(self.slot.device, self.pool, None)
-        vk.vkDestroySemaphore(self.slot.device, vk.ffi.cast("VkSemaphore", self.timeline), None)
+        timeline, self.timeline = self.timeline, None
+        vk.vkDestroySemaphore(self.slot.device, vk.ffi.cast("VkSemaphore", timeline), None)
 
 
 class DeliveryEngine:
@@ -251,6 +279,10 @@ class DeliveryEngine:
         self.reap()
         by_device: dict[int, list[OutboxBatch]] = defaultdict(list)
         for b in batches:
+            if b.kernel.destroyed:   # destroyed since its step: its outbox is gone
+                b.k2k_moves, b.k2k_landings = 0, []
+                b.release()
+                continue
             by_device[b.device_index].append(b)
         trees = self.trees() if by_device else None
         for s, bs in sorted(by_device.items()):
@@ -291,6 +323,7 @@ class DeliveryEngine:
             if gather is None:
                 gather = self.gathers[s] = _Gather(self.mgr.slot(s))
             point = gather.copy([(b.buffer.handle, b.offset, b.size) for b in bs], buf, [bs[-1].ready])
+            gather.track([b.buffer for b in bs], point)
         except (VkmError, vk.VkError, MemoryError) as exc:
             self._fail_parts(parts, f"could not gather its outbox on GPU {s} for another device: {exc}")
             for b in bs:

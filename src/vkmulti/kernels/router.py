@@ -399,7 +399,13 @@ class CrossGpuK2KRouter:
 
     def _check_sent(self, final: bool = False) -> None:
         """Resolve host-routed messages whose step was harvested: delivered once the
-        batch that carries them is done on the destination's device."""
+        batch that carries them is done on the destination's device. Messages
+        queued for a kernel destroyed since fail."""
+        with self._queue_lock:
+            for kernel in [k for k in self._by_kernel if k.destroyed]:
+                for r in self._by_kernel.pop(kernel):
+                    if r.state == "queued":
+                        self._fail(r, f"its source {kernel.id!r} was destroyed")
         if not self._sent:
             return
         keep = []

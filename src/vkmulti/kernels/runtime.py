@@ -590,7 +590,7 @@ class KernelRuntime(HostIO):
                     ctx.wait_unlocked(k.last_value, timeout)
             finally:
                 stepper.harvest()
-            k.free()   # a transfer still reading the outbox (a router's copy) is waited for by Buffer.destroy
+            k.free()   # copies still reading the outbox (a router's transfer or gather) are waited for by Buffer.destroy
         self.coordinator.remove_kernel(k.id)
         with self._lock:
             index = k.address % self.max_kernels
