@@ -45,6 +45,9 @@ __all__ = ["DeliveryEngine"]
 #: minStorageBufferOffsetAlignment Vulkan allows), so a part lands aligned on any device.
 PART_ALIGN = 256
 _MIN_CLASS = 4096
+#: After a step, landings are recycled (and what they delivered counted) at most this often,
+#: unless moves wait or an edge has half its landings in use.
+REAP_SECONDS = 0.002
 
 
 def _align(n: int, a: int = PART_ALIGN) -> int:
@@ -223,6 +226,8 @@ class DeliveryEngine:
         self.engines: dict[tuple[int, int], tuple[str, Engine]] = {}
         self._trees: RouteTrees | None = None
         self._trees_key: Any = None
+        self._trees_now: RouteTrees | None = None
+        self._reaped = 0.0
         self.moves_submitted = 0
         self.edge_bytes: dict[tuple[int, int], int] = defaultdict(int)   # bytes moved per (from, to) device
         self.edge_moves: dict[tuple[int, int], int] = defaultdict(int)
@@ -233,12 +238,15 @@ class DeliveryEngine:
     # -- routes and links ----------------------------------------------------------
 
     def trees(self) -> RouteTrees:
+        if self._trees_now is not None:   # fixed for the rest of one step's moves
+            return self._trees_now
         devices = frozenset(k.device_index for k in self.rt.kernels)
         coord = self.router.coordinator
         key = (devices, getattr(coord, "topology_generation", None))
         if self._trees is None or key != self._trees_key:
             self._trees = RouteTrees(self.router.topology(), devices)
             self._trees_key = key
+        self._trees_now = self._trees
         return self._trees
 
     def _engine(self, a: int, b: int, host: bool) -> Engine:
@@ -276,7 +284,11 @@ class DeliveryEngine:
     # -- a step's batches -----------------------------------------------------------
 
     def on_step(self, batches: list[OutboxBatch]) -> None:
-        self.reap()
+        now = time.monotonic()
+        if self.queues or now - self._reaped > REAP_SECONDS or \
+                any(len(v) * 2 >= self.max_landings for v in self.landings.values()):
+            self.reap()
+        self._trees_now = None
         by_device: dict[int, list[OutboxBatch]] = defaultdict(list)
         for b in batches:
             if b.kernel.destroyed:   # destroyed since its step: its outbox is gone
@@ -303,6 +315,7 @@ class DeliveryEngine:
                     b.k2k_moves += 1
                 self.queues[(s, c)].append(Move((s, c), region, trees.edge_hops(s, c)))
         self.pump()
+        self._trees_now = None
 
     def _source_region(self, s: int, bs: list[OutboxBatch]) -> Region | None:
         """The region the moves of S's new batches read: the one outbox batch, or an
@@ -483,7 +496,7 @@ class DeliveryEngine:
         says it holds nothing for the landing's device is taken back at once (no
         step there has to survey it first)."""
         self.rt.poll()
-        now = time.monotonic()
+        now = self._reaped = time.monotonic()
         if len(self.held) > 64:   # a hold matters until its region is reused
             self.held = [(b, p) for b, p in self.held
                          if not b.kernel.destroyed and b.kernel.outbox_batches[b.region] is b]
