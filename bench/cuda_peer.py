@@ -33,14 +33,15 @@ def timed(fn: Callable[[], None], reps: int, warmup: int = 3) -> dict[str, float
 
 
 class DirectLink:
-    """A native link driven directly, with knobs CrossDeviceTransfer keeps to
-    itself (ring shape, landing, chunk ramps); endpoints are built exactly as
-    CrossDeviceTransfer builds them."""
+    """A native link driven directly, with what CrossDeviceTransfer keeps to
+    itself (ring shape, the CUDA bounce ring, a trace file); endpoints are
+    built exactly as CrossDeviceTransfer builds them."""
 
-    def __init__(self, s: Any, d: Any, slot_size: int, slot_count: int, landing: bool = True, ramps: int = -1,
-                 ring: int | None = None, src_batch: int = 0, parts: int = 0, queue: str = "copy"):
-        """ring None: a CUDA_PEER link; else a host link of that _native.RING_* kind,
-        on each slot's copy queue (queue "copy") or universal copy queue ("universal")."""
+    def __init__(self, s: Any, d: Any, slot_size: int, slot_count: int, bounce: bool = False,
+                 ring: int | None = None, queue: str = "copy", trace: str | None = None):
+        """ring None: a CUDA_PEER link on universal-family queues (`bounce`: its
+        bounce ring); else a link of that _native.RING_* kind, on each slot's copy
+        queue (queue "copy") or universal copy queue ("universal")."""
         from vkmulti import _native
         from vkmulti.transfer import SPIN_SECONDS, CrossDeviceTransfer, TransferMethod
 
@@ -51,15 +52,16 @@ class DirectLink:
                 raise ValueError(f"queue must be 'copy' or 'universal', got {queue!r}")
             sq, dq = ((s.copy_queue, d.copy_queue) if queue == "copy"
                       else (s.universal_copy_queue, d.universal_copy_queue))
-            self.link = _native.Link(s.native, sq.lock, d.native, dq.lock, ring, slot_size,
-                                     slot_count, 0, spin=SPIN_SECONDS, ramps=ramps,
-                                     parts=parts)
+            self.link = _native.Link(s.native, sq.lock, d.native, dq.lock, ring, slot_size, slot_count,
+                                     spin=SPIN_SECONDS, trace=trace)
             return
+
         def universal(slot: Any) -> Any:   # fast device-local copies: a universal-family queue
             q = slot.dedicated_copy_queue
             return (q if q is not None and q.family == slot.graphics_queue.family else slot.graphics_queue).lock
-        self.link = _native.CudaPeerLink(s.native, universal(s), d.native, universal(d), slot_size, slot_count,
-                                         spin=SPIN_SECONDS, landing=landing, ramps=ramps, src_batch=src_batch)
+        self.link = _native.Link(s.native, universal(s), d.native, universal(d), _native.RING_CUDA_PEER, slot_size,
+                                 slot_count, spin=SPIN_SECONDS, trace=trace,
+                                 tuning=_native._LinkTuning(cuda_bounce_ring=bounce))
 
     def submit(self, *, src_image: Any = None, dst_image: Any = None, src_buffer: Any = None,
                dst_buffer: Any = None) -> Any:

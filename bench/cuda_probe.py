@@ -1,10 +1,10 @@
 """Where does a CUDA_PEER transfer spend its time? Runs the native link in a few
-shapes (landing ring vs bounce ring, slot sizes, chunk ramps) with
-VKMULTI_TRACE on, times 256 MiB / 4K image / 256x256 jobs, and prints each
-trace's median job event by event (bench/trace_report.py). Then the same for
-HOST_SHARED's 4K frame GPU1 -> GPU0 with each chunk ramp in --host-ramps.
+shapes (landing ring vs bounce ring, slot sizes) with a trace file each, times
+256 MiB / 4K image / 256x256 jobs, and prints each trace's median job event by
+event (bench/trace_report.py). Then the same for HOST_SHARED's 4K frame
+GPU1 -> GPU0.
 
-    python bench/cuda_probe.py OUTDIR [--reps 10] [--only landing_16x8 ...] [--host-ramps 2 3]
+    python bench/cuda_probe.py OUTDIR [--reps 10] [--only landing_16x8 ...]
 """
 from __future__ import annotations
 
@@ -19,15 +19,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cuda_peer import DirectLink, timed  # noqa: E402
 from trace_report import main as report  # noqa: E402
 
-VARIANTS = {  # name: (landing ring, slot MiB, slots, ramp steps; -1: the link's default)
-    "bounce_16x8": (False, 16, 8, -1),
-    "landing_8x8": (True, 8, 8, -1),
-    "landing_16x8": (True, 16, 8, -1),
-    "landing_16x8_even": (True, 16, 8, 0),
-    "landing_16x8_ramp1": (True, 16, 8, 1),
-    "landing_16x8_ramp3": (True, 16, 8, 3),
-    "landing_8x16": (True, 8, 16, -1),
-    "landing_32x8": (True, 32, 8, -1),
+VARIANTS = {  # name: (bounce ring, slot MiB, slots)
+    "bounce_16x8": (True, 16, 8),
+    "landing_8x8": (False, 8, 8),
+    "landing_16x8": (False, 16, 8),
+    "landing_8x16": (False, 8, 16),
+    "landing_32x8": (False, 32, 8),
 }
 
 
@@ -36,7 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--only", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
-    ap.add_argument("--host-ramps", nargs="*", type=int, default=[-1], help="HOST_SHARED chunk ramps to trace")
     a = ap.parse_args(argv)
     from vkmulti import MultiDeviceManager
     from vkmulti.images import Buffer, Image
@@ -54,17 +50,15 @@ def main(argv: list[str] | None = None) -> int:
                  "4K": dict(src_image=big[0], dst_image=big[1]),
                  "256x256": dict(src_image=small[0], dst_image=small[1])}
         for name in a.only:
-            landing, mib, k, ramps = VARIANTS[name]
+            bounce, mib, k = VARIANTS[name]
             for case, kw in cases.items():
                 path = os.path.join(a.out, f"trace_{name}_{case}.csv")
                 if os.path.exists(path):
                     os.remove(path)
-                os.environ["VKMULTI_TRACE"] = path
-                link = DirectLink(s, d, mib << 20, k, landing=landing, ramps=ramps)
-                landed = link.native_link.landing
+                link = DirectLink(s, d, mib << 20, k, bounce=bounce, trace=path)
+                landed = link.native_link.ring_note.startswith("landing")
                 if case == "256MiB":
                     print(f"   ring: {link.native_link.ring_note}", flush=True)
-                os.environ.pop("VKMULTI_TRACE")
                 try:
                     link.run(**kw, timeout=60)
                     ok = case != "4K" or np.array_equal(big[1].download(), px)
@@ -83,19 +77,18 @@ def main(argv: list[str] | None = None) -> int:
         from vkmulti import _native
         from vkmulti.transfer import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
         back = Image(d, 3840, 2160, f), Image(s, 3840, 2160, f)
-        for ramps in a.host_ramps:
-            path = os.path.join(a.out, f"trace_host_shared_4K_ramps{ramps}.csv")
-            os.environ["VKMULTI_TRACE"] = path
-            x = DirectLink(d, s, DEFAULT_SLOT_SIZE, DEFAULT_SLOT_COUNT, ramps=ramps, ring=_native.RING_SHARED_HOST)
-            os.environ.pop("VKMULTI_TRACE")
-            try:
-                x.run(src_image=back[0], dst_image=back[1], timeout=60)
-                t = timed(lambda: x.run(src_image=back[0], dst_image=back[1], timeout=60), 3 * a.reps)
-            finally:
-                x.destroy()
-            print(f"== host_shared 4K GPU1->GPU0 ramps={ramps}: {t['median_s'] * 1e3:.3f} ms median "
-                  f"{t['min_s'] * 1e3:.3f} min", flush=True)
-            report([path, "--jobs", "1"])
+        path = os.path.join(a.out, "trace_host_shared_4K.csv")
+        if os.path.exists(path):
+            os.remove(path)
+        x = DirectLink(d, s, DEFAULT_SLOT_SIZE, DEFAULT_SLOT_COUNT, ring=_native.RING_SHARED_HOST, trace=path)
+        try:
+            x.run(src_image=back[0], dst_image=back[1], timeout=60)
+            t = timed(lambda: x.run(src_image=back[0], dst_image=back[1], timeout=60), 3 * a.reps)
+        finally:
+            x.destroy()
+        print(f"== host_shared 4K GPU1->GPU0: {t['median_s'] * 1e3:.3f} ms median {t['min_s'] * 1e3:.3f} min",
+              flush=True)
+        report([path, "--jobs", "1"])
         for x in (*back,):
             x.destroy()
         for x in (*bufs, *big, *small):

@@ -1,13 +1,14 @@
 """A/B of link shapes in one process, interleaved so that machine drift hits
 every variant alike: each round times one job of every (variant, case) in turn.
-Variants are CUDA_PEER links GPU0 -> GPU1, one per chunk ramp in --cuda-ramps
-and source batch in --cuda-batch, and HOST_SHARED links GPU1 -> GPU0, one per
-ramp in --host-ramps, chunk count in --host-parts and queue in --host-queues; the first variant of
-each kind is its ratio's baseline.
+Variants are CUDA_PEER links GPU0 -> GPU1, one per ring shape in --cuda-shapes
+(with --cuda-bounce also on the bounce ring), and HOST_SHARED links GPU1 -> GPU0,
+one per ring shape in --host-shapes and queue in --host-queues; the first variant
+of each kind is its ratio's baseline.
 
-    python bench/link_ab.py [--rounds 40] [--cuda-ramps 0 2] [--cuda-batch 0]
-                            [--host-ramps 0 2] [--host-parts 0]
-                            [--host-queues copy universal] [--virtual 2]
+    python bench/link_ab.py [--rounds 40] [--cuda-shapes 16x8 8x16] [--cuda-bounce]
+                            [--host-shapes 8x8 4x16] [--host-queues copy universal] [--virtual 2]
+
+A shape is SLOT_MIBxSLOTS (a ring of SLOTS slots of SLOT_MIB MiB).
 """
 from __future__ import annotations
 
@@ -25,13 +26,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cuda_peer import DirectLink  # noqa: E402
 
 
+def shape(text: str) -> tuple[int, int]:
+    try:
+        mib, slots = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a ring shape is SLOT_MIBxSLOTS, e.g. 16x8; got {text!r}") from None
+    if mib < 1 or slots < 1:
+        raise argparse.ArgumentTypeError(f"a ring shape needs positive numbers, got {text!r}")
+    return mib, slots
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=40)
-    ap.add_argument("--cuda-ramps", nargs="*", type=int, default=[0, 2])
-    ap.add_argument("--cuda-batch", nargs="*", type=int, default=[0], help="source chunks per submit; 0: default")
-    ap.add_argument("--host-ramps", nargs="*", type=int, default=[0, 2])
-    ap.add_argument("--host-parts", nargs="*", type=int, default=[0], help="chunks per mid-sized job; 0: default")
+    ap.add_argument("--cuda-shapes", nargs="*", type=shape, default=[(16, 8)], help="CUDA_PEER ring shapes")
+    ap.add_argument("--cuda-bounce", action="store_true", help="also each CUDA_PEER shape on the bounce ring")
+    ap.add_argument("--host-shapes", nargs="*", type=shape, default=[(8, 8)], help="HOST_SHARED ring shapes")
     ap.add_argument("--host-queues", nargs="*", default=["copy"], choices=["copy", "universal"],
                     help="the queue each host link copies on: the copy queue or the universal copy queue")
     ap.add_argument("--virtual", type=int, default=0, help="use N virtual lavapipe GPUs (no CUDA there)")
@@ -41,7 +51,6 @@ def main(argv: list[str] | None = None) -> int:
     from vkmulti import MultiDeviceManager, _native
     from vkmulti.images import Buffer, Image
     from vkmulti.testing import use_virtual_if_no_gpu
-    from vkmulti.transfer import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
 
     note = use_virtual_if_no_gpu(a.virtual)
     f = vk.VK_FORMAT_R16G16B16A16_SFLOAT
@@ -69,16 +78,14 @@ def main(argv: list[str] | None = None) -> int:
         links: dict[str, tuple[DirectLink, int]] = {}
         try:
             if not a.virtual and note is None:
-                for r in a.cuda_ramps:
-                    for b in a.cuda_batch:
-                        links[f"cuda_peer ramps={r} batch={b}"] = (DirectLink(s, d, 16 << 20, 8, ramps=r,
-                                                                              src_batch=b), 0)
-            for r in a.host_ramps:
-                for n in a.host_parts:
-                    for qn in a.host_queues:
-                        links[f"host_shared ramps={r} parts={n} queue={qn}"] = (
-                            DirectLink(d, s, DEFAULT_SLOT_SIZE, DEFAULT_SLOT_COUNT, ramps=r, parts=n,
-                                       ring=_native.RING_SHARED_HOST, queue=qn), 1)
+                for mib, k in a.cuda_shapes:
+                    for bounce in (False, True) if a.cuda_bounce else (False,):
+                        ring = "bounce" if bounce else "landing"
+                        links[f"cuda_peer {mib}x{k} {ring}"] = (DirectLink(s, d, mib << 20, k, bounce=bounce), 0)
+            for mib, k in a.host_shapes:
+                for qn in a.host_queues:
+                    links[f"host_shared {mib}x{k} queue={qn}"] = (
+                        DirectLink(d, s, mib << 20, k, ring=_native.RING_SHARED_HOST, queue=qn), 1)
             for name, (link, way) in links.items():  # warm-up
                 for kw in cases.values():
                     link.run(**kw[way], timeout=60)
@@ -104,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             for case in cases:
                 base_t, t = out["median_ms"][f"{names[0]} {case}"], out["median_ms"][f"{other} {case}"]
                 ratios.append(f"{case} {other} vs {names[0][len(kind) + 1:]}: {base_t / t:.3f}x")
-    print("ratio (speed-up over each kind's first variant): " + ", ".join(ratios))
+    print("ratio (speed-up over each kind's first variant): " + (", ".join(ratios) or "one variant per kind"))
     return 0
 
 

@@ -9,6 +9,18 @@ cdef extern from "<pthread.h>" nogil:
 
 cdef extern from "vkm.h" nogil:
     ctypedef int32_t VkResult
+
+    ctypedef struct vkm_error:
+        const char *where
+        char message[512]
+    void vkm_error_clear(vkm_error *e)
+
+    ctypedef struct vkm_result_info:
+        const char *name
+        int value
+        const char *what
+    const vkm_result_info *vkm_result_table(size_t *count)
+
     ctypedef void* VkInstance
     ctypedef void* VkPhysicalDevice
     ctypedef void* VkDevice
@@ -29,10 +41,11 @@ cdef extern from "vkm.h" nogil:
         int has_external_memory_host
         int has_external_memory_fd
         int has_external_memory_dma_buf
+        char name[256]
 
     VkResult vkm_device_init(vkm_device *d, VkPhysicalDevice physical, VkDevice device,
                              int has_external_memory_host, int has_external_memory_fd,
-                             int has_external_memory_dma_buf, const char **call)
+                             int has_external_memory_dma_buf, vkm_error *err)
 
     ctypedef struct vkm_queue:
         VkQueue queue
@@ -51,13 +64,14 @@ cdef extern from "vkm.h" nogil:
 
     ctypedef struct vkm_messenger:
         pass
-    VkResult vkm_messenger_create(VkInstance instance, vkm_messenger **out, const char **call)
+    VkResult vkm_messenger_create(VkInstance instance, vkm_messenger **out, vkm_error *err)
     void vkm_messenger_destroy(vkm_messenger *m)
     size_t vkm_messenger_drain(vkm_messenger *m, size_t max, int *severity, char **text)
     uint64_t vkm_messenger_count(vkm_messenger *m, int severity)
 
 
 cdef int check(VkResult result, const char *call) except -1
+cdef int check_error(VkResult result, const vkm_error *err) except -1
 cdef class Device:
     cdef vkm_device dev
     cdef bint alive

@@ -8,10 +8,15 @@ from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free
 from posix.unistd cimport usleep
 from cpython.exc cimport PyErr_CheckSignals
+import os as _os
 import time as _time
 
 cdef uint64_t _SLICE_NS = 50_000_000          # 50 ms between signal checks
 cdef uint64_t _FOREVER = 0xFFFFFFFFFFFFFFFFULL
+
+
+cdef str _text(const char *s):
+    return (<bytes>s).decode("utf-8", "replace") if s != NULL else ""
 
 
 cdef int check(VkResult result, const char *call) except -1:
@@ -19,8 +24,26 @@ cdef int check(VkResult result, const char *call) except -1:
     if result == VK_SUCCESS:
         return 0
     from vkmulti.errors import raise_for_result
-    raise_for_result(int(result), (<bytes>call).decode() if call != NULL else "?")
+    raise_for_result(int(result), _text(call) or "?")
     return -1
+
+
+cdef int check_error(VkResult result, const vkm_error *err) except -1:
+    """`check` for a failure the core described: where (the call or step) and,
+    separately, what happened."""
+    if result == VK_SUCCESS:
+        return 0
+    from vkmulti.errors import raise_for_result
+    raise_for_result(int(result), _text(err.where) or "?", _text(err.message) or None)
+    return -1
+
+
+def native_results():
+    """vkmulti's own result codes as the core defines them (vkm_errors.h):
+    {name: (value, meaning)}; vkmulti.errors maps each to a typed error."""
+    cdef size_t n = 0, i
+    cdef const vkm_result_info *t = vkm_result_table(&n)
+    return {_text(t[i].name): (t[i].value, _text(t[i].what)) for i in range(n)}
 
 
 cdef uint64_t _poll_ns(double timeout):
@@ -32,7 +55,7 @@ cdef uint64_t _poll_ns(double timeout):
     return <uint64_t>(timeout * 1e9)
 
 
-def result_check(int result, str call):
+def result_check(int result, str call not None):
     """Python access to `check` (for results obtained elsewhere)."""
     cdef bytes c = call.encode()
     check(<VkResult>result, c)
@@ -54,12 +77,13 @@ cdef class Device:
 
     def __cinit__(self, uintptr_t physical, uintptr_t device, bint external_memory_host=False,
                   bint external_memory_fd=False, bint external_memory_dma_buf=False):
-        cdef const char *call = NULL
+        cdef vkm_error err
         if physical == 0 or device == 0:
             raise ValueError("Device needs non-null VkPhysicalDevice and VkDevice handles")
         self.alive = False
-        check(vkm_device_init(&self.dev, <VkPhysicalDevice>physical, <VkDevice>device,
-                              external_memory_host, external_memory_fd, external_memory_dma_buf, &call), call)
+        vkm_error_clear(&err)
+        check_error(vkm_device_init(&self.dev, <VkPhysicalDevice>physical, <VkDevice>device,
+                                    external_memory_host, external_memory_fd, external_memory_dma_buf, &err), &err)
         self.alive = True
 
     cdef vkm_device* ptr(self) except NULL:
@@ -80,6 +104,11 @@ cdef class Device:
     def host_pointer_alignment(self):
         return self.dev.host_pointer_alignment
 
+    @property
+    def name(self):
+        """The device's name (VkPhysicalDeviceProperties::deviceName)."""
+        return _text(self.dev.name)
+
     def wait_idle(self):
         """vkDeviceWaitIdle without the GIL."""
         cdef vkm_device *d = self.ptr()
@@ -97,18 +126,27 @@ cdef class Device:
     def timeline_value(self, uintptr_t semaphore):
         cdef uint64_t v = 0
         cdef vkm_device *d = self.ptr()
+        _nonzero(semaphore, "semaphore")
         check(vkm_timeline_value(d, <VkSemaphore>semaphore, &v), "vkGetSemaphoreCounterValue")
         return v
 
     def wait_timeline(self, uintptr_t semaphore, uint64_t value, timeout=None):
         """Wait until `semaphore` reaches `value`; TimeoutError after `timeout` s."""
         cdef vkm_device *d = self.ptr()
+        _nonzero(semaphore, "semaphore")
         return wait_slices(d, <VkSemaphore>semaphore, NULL, value, _timeout_ns(timeout),
                            "vkWaitSemaphores")
 
     def wait_fence(self, uintptr_t fence, timeout=None):
         cdef vkm_device *d = self.ptr()
+        _nonzero(fence, "fence")
         return wait_slices(d, NULL, <VkFence>fence, 0, _timeout_ns(timeout), "vkWaitForFences")
+
+
+cdef int _nonzero(uintptr_t handle, str label) except -1:
+    if handle == 0:
+        raise ValueError(f"{label} must be a non-null handle, got 0")
+    return 0
 
 
 cdef object wait_slices(vkm_device *d, VkSemaphore sem, VkFence fence, uint64_t value,
@@ -190,11 +228,12 @@ cdef class Messenger:
     cdef vkm_messenger *m
 
     def __cinit__(self, uintptr_t instance):
-        cdef const char *call = NULL
+        cdef vkm_error err
         self.m = NULL
         if instance == 0:
             raise ValueError("Messenger needs a non-null VkInstance handle")
-        check(vkm_messenger_create(<VkInstance>instance, &self.m, &call), call)
+        vkm_error_clear(&err)
+        check_error(vkm_messenger_create(<VkInstance>instance, &self.m, &err), &err)
 
     def destroy(self):
         if self.m != NULL:
@@ -218,7 +257,7 @@ cdef class Messenger:
             if n < 256:
                 return out
 
-    def count(self, str severity="error"):
+    def count(self, str severity not None="error"):
         names = ("verbose", "info", "warning", "error")
         if severity not in names:
             raise ValueError(f"severity must be one of {names}, got {severity!r}")
@@ -227,5 +266,5 @@ cdef class Messenger:
         return vkm_messenger_count(self.m, names.index(severity))
 
 include "partition.pxi"
-include "transfer.pxi"
 include "cuda.pxi"
+include "link.pxi"

@@ -1,8 +1,8 @@
 /* vkm.h - the C core of vkmulti. Knows nothing of Python.
  *
  * Every function that can fail returns a VkResult (VK_SUCCESS on success) and,
- * where useful, fills a short static description of the failing call through
- * `const char **call`. The Cython layer turns (result, call) into exceptions.
+ * where useful, says where and what through a `vkm_error *err` (vkm_errors.h).
+ * The Cython layer turns (result, where, message) into exceptions.
  */
 #ifndef VKM_H
 #define VKM_H
@@ -12,20 +12,11 @@
 #include <pthread.h>
 #include <vulkan/vulkan.h>
 
+#include "vkm_errors.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Return the VkResult of `expr` when it fails, naming the call through the
- * enclosing function's `const char **call` (the core's functions use it as TRY). */
-#define VKM_TRY(expr, name)                                                    \
-    do {                                                                       \
-        VkResult r_ = (expr);                                                  \
-        if (r_ != VK_SUCCESS) {                                                \
-            if (call) *call = name;                                            \
-            return r_;                                                         \
-        }                                                                      \
-    } while (0)
 
 /* ---- device-level function table: loaded once per VkDevice ---------------- */
 
@@ -42,16 +33,18 @@ typedef struct vkm_device {
     VkPhysicalDeviceMemoryProperties memory;
     VkPhysicalDeviceLimits limits;
     VkDeviceSize host_pointer_alignment;   /* 0 when VK_EXT_external_memory_host is off */
+    VkDeviceSize max_allocation_size;      /* maxMemoryAllocationSize (Vulkan 1.1) */
     int has_external_memory_host;
     int has_external_memory_fd;
     int has_external_memory_dma_buf;
+    char name[VK_MAX_PHYSICAL_DEVICE_NAME_SIZE]; /* deviceName, for messages */
 } vkm_device;
 
 /* Load the function table of `device`. The extension flags say which
  * extensions the caller enabled on it (their functions are then required). */
 VkResult vkm_device_init(vkm_device *d, VkPhysicalDevice physical, VkDevice device,
                          int has_external_memory_host, int has_external_memory_fd,
-                         int has_external_memory_dma_buf, const char **call);
+                         int has_external_memory_dma_buf, vkm_error *err);
 
 /* Index of a memory type allowed by `type_bits` that has all of `required`
  * (and, if possible, all of `preferred`); -1 when none. */
@@ -78,6 +71,9 @@ VkResult vkm_queue_submit(const vkm_device *d, vkm_queue *q, uint32_t count,
 uint64_t vkm_now_ns(void);
 
 VkResult vkm_wait_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t timeout_ns);
+/* Poll `sem` for up to `spin_ns` before a blocking wait (a GPU's semaphore
+ * wake-up costs tens of microseconds); VK_TIMEOUT: not reached yet. */
+VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns);
 VkResult vkm_timeline_value(const vkm_device *d, VkSemaphore sem, uint64_t *value);
 VkResult vkm_wait_fence(const vkm_device *d, VkFence fence, uint64_t timeout_ns);
 VkResult vkm_device_wait_idle(const vkm_device *d);
@@ -87,7 +83,7 @@ VkResult vkm_create_timeline(const vkm_device *d, uint64_t initial, VkSemaphore 
 
 typedef struct vkm_messenger vkm_messenger;
 
-VkResult vkm_messenger_create(VkInstance instance, vkm_messenger **out, const char **call);
+VkResult vkm_messenger_create(VkInstance instance, vkm_messenger **out, vkm_error *err);
 void vkm_messenger_destroy(vkm_messenger *m);
 /* Copies out and removes up to `max` pending messages; returns how many. */
 size_t vkm_messenger_drain(vkm_messenger *m, size_t max, int *severity, char **text);

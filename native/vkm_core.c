@@ -1,8 +1,57 @@
-/* vkm_core.c - device function tables, queues with their locks, waits. */
+/* vkm_core.c - device function tables, queues with their locks, waits, errors. */
 #include "vkm.h"
 
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
+
+static const vkm_result_info results[] = {
+#define VKM_RESULT_ROW_(name, what) {#name, (int)(name), what},
+    VKM_RESULTS(VKM_RESULT_ROW_)
+#undef VKM_RESULT_ROW_
+};
+
+const vkm_result_info *vkm_result_table(size_t *count)
+{
+    *count = sizeof results / sizeof results[0];
+    return results;
+}
+
+const char *vkm_result_name(VkResult r)
+{
+    switch ((int)r) { /* a duplicate value is a duplicate case: it does not compile */
+#define VKM_RESULT_CASE_(name, what) \
+    case (int)(name):                 \
+        return #name;
+        VKM_RESULTS(VKM_RESULT_CASE_)
+#undef VKM_RESULT_CASE_
+    default:
+        return NULL;
+    }
+}
+
+void vkm_error_clear(vkm_error *e)
+{
+    if (!e) return;
+    e->where = NULL;
+    e->message[0] = 0;
+}
+
+VkResult vkm_fail(vkm_error *e, VkResult r, const char *where, const char *fmt, ...)
+{
+    if (!e) return r;
+    e->where = where;
+    e->message[0] = 0;
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->message, sizeof e->message, fmt, ap);
+        va_end(ap);
+    }
+    return r;
+}
 
 uint64_t vkm_now_ns(void)
 {
@@ -19,7 +68,7 @@ static int is_extension_fn(const char *name)
 
 VkResult vkm_device_init(vkm_device *d, VkPhysicalDevice physical, VkDevice device,
                          int has_external_memory_host, int has_external_memory_fd,
-                         int has_external_memory_dma_buf, const char **call)
+                         int has_external_memory_dma_buf, vkm_error *err)
 {
     memset(d, 0, sizeof(*d));
     d->physical = physical;
@@ -30,29 +79,30 @@ VkResult vkm_device_init(vkm_device *d, VkPhysicalDevice physical, VkDevice devi
 
 #define VKM_DEVICE_FN(name)                                                         \
     d->fn.name = (PFN_##name)vkGetDeviceProcAddr(device, #name);                   \
-    if (!d->fn.name && !is_extension_fn(#name)) {                                   \
-        if (call) *call = "vkGetDeviceProcAddr(" #name ")";                         \
-        return VK_ERROR_INITIALIZATION_FAILED;                                      \
-    }
+    if (!d->fn.name && !is_extension_fn(#name))                                     \
+        return vkm_fail(err, VK_ERROR_INITIALIZATION_FAILED, "vkGetDeviceProcAddr",  \
+                        "the driver does not provide " #name " on this device");
 #include "vkm_device_fns.h"
 #undef VKM_DEVICE_FN
-
-    if (has_external_memory_host && !d->fn.vkGetMemoryHostPointerPropertiesEXT) {
-        if (call) *call = "vkGetDeviceProcAddr(vkGetMemoryHostPointerPropertiesEXT)";
-        return VK_ERROR_EXTENSION_NOT_PRESENT;
-    }
-    if (has_external_memory_fd && !(d->fn.vkGetMemoryFdKHR && d->fn.vkGetMemoryFdPropertiesKHR)) {
-        if (call) *call = "vkGetDeviceProcAddr(vkGetMemoryFdKHR)";
-        return VK_ERROR_EXTENSION_NOT_PRESENT;
-    }
 
     vkGetPhysicalDeviceMemoryProperties(physical, &d->memory);
     VkPhysicalDeviceExternalMemoryHostPropertiesEXT host = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT};
-    VkPhysicalDeviceProperties2 props = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2,
-                                         .pNext = has_external_memory_host ? &host : NULL};
+    VkPhysicalDeviceMaintenance3Properties m3 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES,
+                                                 .pNext = has_external_memory_host ? &host : NULL};
+    VkPhysicalDeviceProperties2 props = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &m3};
     vkGetPhysicalDeviceProperties2(physical, &props);
     d->limits = props.properties.limits;
+    d->max_allocation_size = m3.maxMemoryAllocationSize;
+    snprintf(d->name, sizeof d->name, "%s", props.properties.deviceName);
+    if (has_external_memory_host && !d->fn.vkGetMemoryHostPointerPropertiesEXT)
+        return vkm_fail(err, VKM_ERROR_UNSUPPORTED, "vkGetDeviceProcAddr",
+                        "VK_EXT_external_memory_host was said to be enabled on '%s', but the driver does not provide "
+                        "vkGetMemoryHostPointerPropertiesEXT", d->name);
+    if (has_external_memory_fd && !(d->fn.vkGetMemoryFdKHR && d->fn.vkGetMemoryFdPropertiesKHR))
+        return vkm_fail(err, VKM_ERROR_UNSUPPORTED, "vkGetDeviceProcAddr",
+                        "VK_KHR_external_memory_fd was said to be enabled on '%s', but the driver does not provide "
+                        "vkGetMemoryFdKHR", d->name);
     d->host_pointer_alignment = has_external_memory_host ? host.minImportedHostPointerAlignment : 0;
     return VK_SUCCESS;
 }
@@ -111,6 +161,20 @@ VkResult vkm_wait_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value,
 VkResult vkm_timeline_value(const vkm_device *d, VkSemaphore sem, uint64_t *value)
 {
     return d->fn.vkGetSemaphoreCounterValue(d->device, sem, value);
+}
+
+VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns)
+{
+    if (!spin_ns) return VK_TIMEOUT;
+    uint64_t end = vkm_now_ns() + spin_ns;
+    do {
+        uint64_t have = 0;
+        VkResult r = vkm_timeline_value(d, sem, &have);
+        if (r != VK_SUCCESS) return r;
+        if (have >= value) return VK_SUCCESS;
+        sched_yield();
+    } while (vkm_now_ns() < end);
+    return VK_TIMEOUT;
 }
 
 VkResult vkm_wait_fence(const vkm_device *d, VkFence fence, uint64_t timeout_ns)

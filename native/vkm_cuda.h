@@ -1,21 +1,11 @@
-/* vkm_cuda.h - the CUDA_PEER transfer link: Vulkan memory moved over NVLink by CUDA.
+/* vkm_cuda.h - the CUDA driver as the CUDA_PEER ring uses it (vkm_cuda_driver.c).
  *
- * No build-time CUDA dependency: libcuda.so.1 (or the file the environment
- * variable VKMULTI_LIBCUDA names) is opened at run time and the
- * few driver-API types this needs are declared below (layouts as in cuda.h of
- * CUDA 11.2 to 13; tests/test_cuda_peer.py checks them against a cuda.h when
- * one is installed). With VKM_CUDA_API_ONLY defined only that part is seen.
- *
- * A link from device S to device D (vkm_cuda.c has the details):
- *
- *   S: Vulkan copy  endpoint chunk -> src ring slot   (exportable memory, imported into CUDA on S)
- *   S: CUDA stream  src ring slot  -> dst ring slot   (peer copy over NVLink; the dst ring is CUDA
- *                                                      memory on D, exported to Vulkan on D)
- *   D: Vulkan copy  dst ring slot  -> endpoint chunk
- *
- * Where Vulkan cannot import CUDA's memory the peer copy lands in a CUDA
- * bounce ring on D and a CUDA local copy moves it into a Vulkan-made ring.
- * The link's worker thread orders the steps (it polls; no caller waits).
+ * No build-time CUDA dependency: the driver library (libcuda.so.1, or the file
+ * Python passes down from the environment variable VKMULTI_LIBCUDA) is opened
+ * at run time and the few driver-API types this needs are declared below
+ * (layouts as in cuda.h of CUDA 11.2 to 13; tests/test_cuda_peer.py checks
+ * them against a cuda.h when one is installed). With VKM_CUDA_API_ONLY defined
+ * only that part is seen. The ring itself: vkm_cuda_ring.h.
  */
 #ifndef VKM_CUDA_H
 #define VKM_CUDA_H
@@ -185,21 +175,18 @@ typedef struct vkm_cuda_api {
 
 #ifndef VKM_CUDA_API_ONLY
 
-#include "vkm_transfer.h"
+#include "vkm.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* A CUDA failure: the text is in the link's message (or the caller's buffer). */
-#define VKM_ERROR_CUDA ((VkResult)-1000990001)
-/* CUDA cannot serve this pair at all (no driver, no device match, no peer access). */
-#define VKM_ERROR_CUDA_UNSUPPORTED ((VkResult)-1000990002)
-
-/* ---- availability ------------------------------------------------------- */
-
-/* 1 when libcuda.so.1 loads, has every symbol used here and cuInit succeeds;
- * else 0 and the reason in `reason`. Loads and initialises once per process. */
+/* Load the driver from `path` (NULL or "": libcuda.so.1) and run cuInit, once
+ * per process (the first call's path counts: the driver cannot be unloaded).
+ * `visible` is CUDA_VISIBLE_DEVICES as CUDA sees it (NULL: unset), quoted when
+ * a device is missing. 1 when CUDA is usable, else 0 and why in `reason`. */
+int vkm_cuda_load(const char *path, const char *visible, char *reason, size_t reason_len);
+/* As vkm_cuda_load's answer, without loading: 0 and why until it was loaded. */
 int vkm_cuda_available(char *reason, size_t reason_len);
 /* CUDA devices (0 when CUDA is unavailable) and what is known of device i. */
 int vkm_cuda_device_count(void);
@@ -213,50 +200,19 @@ int vkm_cuda_device_attributes(int ordinal, int *cc_major, int *cc_minor, int *s
 int vkm_cuda_peer_check(const uint8_t uuid_a[16], const char *name_a, const uint8_t uuid_b[16],
                         const char *name_b, char *reason, size_t reason_len);
 
-/* ---- the link ------------------------------------------------------------ */
+/* ---- for the CUDA_PEER ring ------------------------------------------------ */
 
-typedef struct vkm_cuda_link vkm_cuda_link;
-
-typedef struct vkm_cuda_link_config {
-    VkDeviceSize slot_size;    /* bytes per slot (rounded up to 256) */
-    uint32_t slot_count;       /* ring depth (src ring, bounce ring, dst ring) */
-    uint64_t stall_timeout_ns; /* no progress for this long fails the link */
-    uint64_t spin_ns;          /* poll semaphores this long before a blocking wait */
-    int no_landing;            /* 1: always use the bounce ring (diagnostics, tests) */
-    int cuda_ordinals[2];      /* CUDA devices of source and destination; -1: match by deviceUUID */
-    int ramps;                 /* vkm_plan_chunks' ramp steps at each end of a job; -1: the default (0) */
-    uint32_t src_batch;        /* most source chunks per submit after the first two; 0: the default (unbounded) */
-} vkm_cuda_link_config;
-
-/* Make a link from `src` to `dst`. The queues should be of a universal family
- * (device-local copies are fast there). On failure `msg` holds the reason. */
-VkResult vkm_cuda_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
-                              const vkm_cuda_link_config *config, vkm_cuda_link **out, const char **call,
-                              char *msg, size_t msg_len);
-/* Finishes queued jobs, waits (bounded) for both GPUs and CUDA, frees each
- * import before the memory it maps (CUDA's of the source ring, Vulkan's of
- * the landing ring). */
-void vkm_cuda_link_destroy(vkm_cuda_link *link);
-
-VkSemaphore vkm_cuda_link_src_timeline(const vkm_cuda_link *link);
-VkSemaphore vkm_cuda_link_dst_timeline(const vkm_cuda_link *link);
-VkDeviceSize vkm_cuda_link_slot_size(const vkm_cuda_link *link);
-/* Bytes the link's compute kernels have copied (vkm_kcopy.h); the rest went by copy commands. */
-uint64_t vkm_cuda_link_kernel_bytes(const vkm_cuda_link *link);
-/* How the destination ring is made (landing ring, or bounce ring and why). */
-const char *vkm_cuda_link_ring_note(const vkm_cuda_link *link);
-/* The text of the link's failure (empty while it has none). */
-const char *vkm_cuda_link_message(const vkm_cuda_link *link);
-
-/* As vkm_link_submit/poll/wait_submitted (vkm_transfer.h). Endpoints owned by
- * a queue family other than the link's are refused (no ownership transfer). */
-VkResult vkm_cuda_link_submit(vkm_cuda_link *link, const vkm_endpoint *src, const vkm_endpoint *dst,
-                              VkDeviceSize size, uint64_t *ticket, uint64_t *src_done, uint64_t *dst_ready,
-                              const char **call);
-VkResult vkm_cuda_link_poll(vkm_cuda_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
-                            const char **call);
-VkResult vkm_cuda_link_wait_submitted(vkm_cuda_link *link, uint64_t ticket, uint64_t dst_ready,
-                                      uint64_t timeout_ns, const char **call);
+extern vkm_cuda_api vkm_cu;            /* the driver's functions, once loaded */
+/* The CUDA device of ordinal i (0 <= i < vkm_cuda_device_count()). */
+vkm_CUdevice vkm_cuda_device(int ordinal);
+/* The ordinal of the CUDA device with this UUID, or -1. */
+int vkm_cuda_find(const uint8_t uuid[16]);
+/* 1 when CUDA devices ia and ib are distinct with peer access both ways, else 0 and why. */
+int vkm_cuda_peer_ok(int ia, int ib, const char *name_a, const char *name_b, char *reason, size_t reason_len);
+/* "CUDA_ERROR_X (n): description" of a CUresult, into buf. */
+const char *vkm_cuda_text(vkm_CUresult r, char *buf, size_t n);
+/* The failure of CUDA call `where` with `cr` into `err`: VKM_ERROR_CUDA. */
+VkResult vkm_cuda_fail(vkm_error *err, const char *where, vkm_CUresult cr);
 
 #ifdef __cplusplus
 }

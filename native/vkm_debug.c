@@ -51,17 +51,16 @@ static VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlag
     return VK_FALSE;
 }
 
-VkResult vkm_messenger_create(VkInstance instance, vkm_messenger **out, const char **call)
+VkResult vkm_messenger_create(VkInstance instance, vkm_messenger **out, vkm_error *err)
 {
     *out = NULL;
     PFN_vkCreateDebugUtilsMessengerEXT create =
         (PFN_vkCreateDebugUtilsMessengerEXT)vkGetInstanceProcAddr(instance, "vkCreateDebugUtilsMessengerEXT");
     PFN_vkDestroyDebugUtilsMessengerEXT destroy =
         (PFN_vkDestroyDebugUtilsMessengerEXT)vkGetInstanceProcAddr(instance, "vkDestroyDebugUtilsMessengerEXT");
-    if (!create || !destroy) {
-        if (call) *call = "vkGetInstanceProcAddr(vkCreateDebugUtilsMessengerEXT)";
-        return VK_ERROR_EXTENSION_NOT_PRESENT;
-    }
+    if (!create || !destroy)
+        return vkm_fail(err, VKM_ERROR_UNSUPPORTED, "vkGetInstanceProcAddr(vkCreateDebugUtilsMessengerEXT)",
+                        "VK_EXT_debug_utils is not enabled on this instance");
     vkm_messenger *m = calloc(1, sizeof(*m));
     if (!m) return VK_ERROR_OUT_OF_HOST_MEMORY;
     pthread_mutex_init(&m->lock, NULL);
@@ -79,7 +78,7 @@ VkResult vkm_messenger_create(VkInstance instance, vkm_messenger **out, const ch
     };
     VkResult r = create(instance, &info, NULL, &m->handle);
     if (r != VK_SUCCESS) {
-        if (call) *call = "vkCreateDebugUtilsMessengerEXT";
+        vkm_fail(err, r, "vkCreateDebugUtilsMessengerEXT", NULL);
         pthread_mutex_destroy(&m->lock);
         free(m);
         return r;

@@ -1,6 +1,5 @@
 /* vkm_jobq.c - see vkm_jobq.h. */
 #include "vkm_jobq.h"
-#include "vkm_transfer.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -20,6 +19,16 @@ static struct timespec deadline_in(uint64_t ns)
     ts.tv_sec += (time_t)(n / 1000000000ull);
     ts.tv_nsec = (long)(n % 1000000000ull);
     return ts;
+}
+
+/* The link's failure into `err`; call with the lock held. */
+static VkResult told(const vkm_jobq *q, vkm_error *err)
+{
+    if (err) {
+        err->where = q->error_where;
+        memcpy(err->message, q->message, sizeof err->message);
+    }
+    return q->error;
 }
 
 void vkm_jobq_init(vkm_jobq *q)
@@ -45,12 +54,11 @@ vkm_jobq_item *vkm_jobq_destroy(vkm_jobq *q)
 }
 
 VkResult vkm_jobq_push(vkm_jobq *q, vkm_jobq_item *it, uint64_t src_count, uint64_t dst_count, uint64_t *ticket,
-                       uint64_t *src_last, uint64_t *dst_last, const char **call)
+                       uint64_t *src_last, uint64_t *dst_last, vkm_error *err)
 {
     pthread_mutex_lock(&q->lock);
     if (q->error != VK_SUCCESS) {
-        VkResult e = q->error;
-        if (call) *call = q->error_call;
+        VkResult e = told(q, err);
         pthread_mutex_unlock(&q->lock);
         return e;
     }
@@ -70,12 +78,11 @@ VkResult vkm_jobq_push(vkm_jobq *q, vkm_jobq_item *it, uint64_t src_count, uint6
     return VK_SUCCESS;
 }
 
-VkResult vkm_jobq_start(vkm_jobq *q, void *(*worker)(void *), void *arg, const char **call)
+VkResult vkm_jobq_start(vkm_jobq *q, void *(*worker)(void *), void *arg, vkm_error *err)
 {
-    if (pthread_create(&q->worker, NULL, worker, arg) != 0) {
-        if (call) *call = "pthread_create";
-        return VK_ERROR_INITIALIZATION_FAILED;
-    }
+    if (pthread_create(&q->worker, NULL, worker, arg) != 0)
+        return vkm_fail(err, VK_ERROR_INITIALIZATION_FAILED, "pthread_create", "the link's worker thread could not "
+                        "be started");
     q->worker_started = 1;
     return VK_SUCCESS;
 }
@@ -92,25 +99,23 @@ void vkm_jobq_stop(vkm_jobq *q)
 }
 
 /* Call with the lock held. */
-static VkResult failure(const vkm_jobq *q, uint64_t ticket, uint64_t dst_ready, const char **call)
+static VkResult failure(const vkm_jobq *q, uint64_t ticket, uint64_t dst_ready, vkm_error *err)
 {
-    if (q->error != VK_SUCCESS && (ticket >= q->failed_ticket || dst_ready > q->fail_dst_value)) {
-        if (call) *call = q->error_call;
-        return q->error;
-    }
+    if (q->error != VK_SUCCESS && (ticket >= q->failed_ticket || dst_ready > q->fail_dst_value))
+        return told(q, err);
     return VK_SUCCESS;
 }
 
 VkResult vkm_jobq_wait_submitted(vkm_jobq *q, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
-                                 const char **call)
+                                 vkm_error *err)
 {
     pthread_mutex_lock(&q->lock);
-    VkResult r = failure(q, ticket, dst_ready, call);
+    VkResult r = failure(q, ticket, dst_ready, err);
     if (r == VK_SUCCESS && q->submitted_ticket < ticket) {
         struct timespec ts = deadline_in(timeout_ns);
         while (q->submitted_ticket < ticket && q->error == VK_SUCCESS)
             if (pthread_cond_timedwait(&q->progress, &q->lock, &ts) == ETIMEDOUT) break;
-        r = failure(q, ticket, dst_ready, call);
+        r = failure(q, ticket, dst_ready, err);
         if (r == VK_SUCCESS && q->submitted_ticket < ticket) r = VK_TIMEOUT;
     }
     pthread_mutex_unlock(&q->lock);
@@ -118,10 +123,10 @@ VkResult vkm_jobq_wait_submitted(vkm_jobq *q, uint64_t ticket, uint64_t dst_read
 }
 
 VkResult vkm_jobq_poll(vkm_jobq *q, const vkm_device *d, VkSemaphore sem, uint64_t ticket, uint64_t dst_ready,
-                       uint64_t timeout_ns, uint64_t spin_ns, const char **call)
+                       uint64_t timeout_ns, uint64_t spin_ns, vkm_error *err)
 {
     uint64_t t0 = vkm_now_ns();
-    VkResult r = vkm_jobq_wait_submitted(q, ticket, dst_ready, timeout_ns, call);
+    VkResult r = vkm_jobq_wait_submitted(q, ticket, dst_ready, timeout_ns, err);
     if (r != VK_SUCCESS) return r;
     uint64_t spent = vkm_now_ns() - t0;
     uint64_t left = spent < timeout_ns ? timeout_ns - spent : 0;
@@ -130,13 +135,10 @@ VkResult vkm_jobq_poll(vkm_jobq *q, const vkm_device *d, VkSemaphore sem, uint64
         spent = vkm_now_ns() - t0;
         r = vkm_wait_timeline(d, sem, dst_ready, spent < timeout_ns ? timeout_ns - spent : 0);
     }
-    if (r != VK_SUCCESS) {
-        if (r != VK_TIMEOUT && call) *call = "vkWaitSemaphores(dst_ready)";
-        return r;
-    }
+    if (r != VK_SUCCESS) return r == VK_TIMEOUT ? r : vkm_fail(err, r, "vkWaitSemaphores(dst_ready)", NULL);
     /* a job that failed after dst_ready was reached is still reported */
     pthread_mutex_lock(&q->lock);
-    r = failure(q, ticket, dst_ready, call);
+    r = failure(q, ticket, dst_ready, err);
     pthread_mutex_unlock(&q->lock);
     return r;
 }
@@ -163,16 +165,15 @@ vkm_jobq_item *vkm_jobq_take(vkm_jobq *q, int *failed, uint64_t watch_ns, int (*
     return it;
 }
 
-void vkm_jobq_fail(vkm_jobq *q, VkResult r, const char *call, const char *msg, uint64_t ticket,
-                   uint64_t fail_dst_value)
+void vkm_jobq_fail(vkm_jobq *q, VkResult r, const vkm_error *why, uint64_t ticket, uint64_t fail_dst_value)
 {
     pthread_mutex_lock(&q->lock);
     if (q->error == VK_SUCCESS) {
         q->error = r;
-        q->error_call = call ? call : "transfer link";
+        q->error_where = why && why->where ? why->where : "transfer link";
         q->failed_ticket = ticket;
         q->fail_dst_value = fail_dst_value;
-        snprintf(q->message, sizeof q->message, "%s", msg ? msg : "");
+        snprintf(q->message, sizeof q->message, "%s", why ? why->message : "");
     }
     pthread_cond_broadcast(&q->progress);
     pthread_mutex_unlock(&q->lock);

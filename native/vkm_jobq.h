@@ -1,4 +1,4 @@
-/* vkm_jobq.h - the job queue every link kind (vkm_transfer.c, vkm_cuda.c) runs on.
+/* vkm_jobq.h - the job queue every link runs on (vkm_link.c).
  *
  * Callers queue jobs and get a ticket plus the timeline values the job will
  * signal; one worker thread per link takes jobs in order, submits their GPU
@@ -28,10 +28,10 @@ typedef struct vkm_jobq {
     uint64_t submitted_ticket; /* last ticket fully submitted */
     uint64_t src_value, dst_value; /* last timeline values handed out */
     VkResult error;            /* sticky */
-    const char *error_call;
+    const char *error_where;
     uint64_t failed_ticket;    /* tickets from this one on failed ... */
     uint64_t fail_dst_value;   /* ... and so did every job whose dst_ready is above this */
-    char message[512];         /* the failure in words (may be empty) */
+    char message[VKM_MESSAGE_SIZE]; /* the failure in words (may be empty) */
     pthread_t worker;          /* the link's worker (vkm_jobq_start) */
     int worker_started;
 } vkm_jobq;
@@ -46,9 +46,9 @@ vkm_jobq_item *vkm_jobq_destroy(vkm_jobq *q);
  * come back through *ticket, *src_last, *dst_last (read under the lock); the
  * caller must not touch `it` after a successful push. The link's error if failed. */
 VkResult vkm_jobq_push(vkm_jobq *q, vkm_jobq_item *it, uint64_t src_count, uint64_t dst_count, uint64_t *ticket,
-                       uint64_t *src_last, uint64_t *dst_last, const char **call);
+                       uint64_t *src_last, uint64_t *dst_last, vkm_error *err);
 /* Start the link's worker thread, `worker(arg)`. */
-VkResult vkm_jobq_start(vkm_jobq *q, void *(*worker)(void *), void *arg, const char **call);
+VkResult vkm_jobq_start(vkm_jobq *q, void *(*worker)(void *), void *arg, vkm_error *err);
 /* Ask the worker to stop once the queue is empty (vkm_jobq_take then returns
  * NULL) and join it; nothing when it was never started. */
 void vkm_jobq_stop(vkm_jobq *q);
@@ -56,21 +56,21 @@ void vkm_jobq_stop(vkm_jobq *q);
 /* Wait up to `timeout_ns` until job `ticket` (dst_ready value `dst_ready`)
  * is fully submitted: VK_SUCCESS, VK_TIMEOUT, or the job's error. */
 VkResult vkm_jobq_wait_submitted(vkm_jobq *q, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
-                                 const char **call);
+                                 vkm_error *err);
 /* Wait up to `timeout_ns` until job `ticket` is complete: submitted, then
  * `sem` (the destination timeline on `d`) at `dst_ready`, polled for `spin_ns`
  * before blocking. VK_SUCCESS, VK_TIMEOUT or the job's error. */
 VkResult vkm_jobq_poll(vkm_jobq *q, const vkm_device *d, VkSemaphore sem, uint64_t ticket, uint64_t dst_ready,
-                       uint64_t timeout_ns, uint64_t spin_ns, const char **call);
+                       uint64_t timeout_ns, uint64_t spin_ns, vkm_error *err);
 
 /* Worker: the next job (still queued), or NULL once stopping with the queue
  * empty; *failed tells whether the link has already failed (skip the job).
  * While idle it calls `watch(arg)` (lock released) every `watch_ns` as long
  * as the previous call returned nonzero (work in flight); watch may be NULL. */
 vkm_jobq_item *vkm_jobq_take(vkm_jobq *q, int *failed, uint64_t watch_ns, int (*watch)(void *), void *arg);
-/* Record the link's failure (the first one only) and wake every waiter. */
-void vkm_jobq_fail(vkm_jobq *q, VkResult r, const char *call, const char *msg, uint64_t ticket,
-                   uint64_t fail_dst_value);
+/* Record the link's failure `r` (the first one only; `why` says where and
+ * what, may be NULL) and wake every waiter. */
+void vkm_jobq_fail(vkm_jobq *q, VkResult r, const vkm_error *why, uint64_t ticket, uint64_t fail_dst_value);
 /* After a failed job: once each GPU has reached what was submitted to it
  * (bounded wait), bring both timelines up to the last values handed out, so
  * GPU work waiting on a point of a failed or skipped job is not left waiting

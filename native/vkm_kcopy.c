@@ -1,5 +1,6 @@
 /* vkm_kcopy.c - see vkm_kcopy.h. */
 #include "vkm_kcopy.h"
+#include "vkm_ring.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +47,7 @@ typedef struct push {
 
 #define TRY VKM_TRY
 
-static VkResult build(vkm_kcopy *k, uint32_t sets, const char **call)
+static VkResult build(vkm_kcopy *k, uint32_t sets, vkm_error *err)
 {
     const vkm_device *d = k->dev;
     const VkDescriptorType SB = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, SI = VK_DESCRIPTOR_TYPE_STORAGE_IMAGE;
@@ -87,8 +88,7 @@ static VkResult build(vkm_kcopy *k, uint32_t sets, const char **call)
         d->fn.vkDestroyShaderModule(d->device, m, NULL);
         if (r != VK_SUCCESS) {
             k->pipes[i] = VK_NULL_HANDLE;
-            if (call) *call = "vkCreateComputePipelines(copy kernel)";
-            return r;
+            return vkm_fail(err, r, "vkCreateComputePipelines(copy kernel)", NULL);
         }
     }
     VkDescriptorPoolSize sizes[2] = {{SB, 4 * sets}, {SI, 2 * sets}};
@@ -98,10 +98,7 @@ static VkResult build(vkm_kcopy *k, uint32_t sets, const char **call)
                                       .pPoolSizes = sizes};
     TRY(d->fn.vkCreateDescriptorPool(d->device, &dpi, NULL, &k->pool), "vkCreateDescriptorPool");
     VkDescriptorSetLayout *layouts = malloc(sizeof(VkDescriptorSetLayout) * sets);
-    if (!layouts) {
-        if (call) *call = "malloc(descriptor sets)";
-        return VK_ERROR_OUT_OF_HOST_MEMORY;
-    }
+    if (!layouts) return vkm_fail(err, VK_ERROR_OUT_OF_HOST_MEMORY, "malloc(descriptor sets)", NULL);
     VkResult r = VK_SUCCESS;
     for (int t = 0; t < KIND_COUNT && r == VK_SUCCESS; t++) {
         k->sets[t] = calloc(sets, sizeof(VkDescriptorSet));
@@ -117,15 +114,12 @@ static VkResult build(vkm_kcopy *k, uint32_t sets, const char **call)
         r = d->fn.vkAllocateDescriptorSets(d->device, &ai, k->sets[t]);
     }
     free(layouts);
-    if (r != VK_SUCCESS) {
-        if (call) *call = "vkAllocateDescriptorSets";
-        return r;
-    }
+    if (r != VK_SUCCESS) return vkm_fail(err, r, "vkAllocateDescriptorSets", NULL);
     k->nsets = sets;
     return VK_SUCCESS;
 }
 
-VkResult vkm_kcopy_create(const vkm_device *d, uint32_t family, uint32_t sets, vkm_kcopy **out, const char **call)
+VkResult vkm_kcopy_create(const vkm_device *d, uint32_t family, uint32_t sets, vkm_kcopy **out, vkm_error *err)
 {
     *out = NULL;
     uint32_t n = 0;
@@ -135,11 +129,13 @@ VkResult vkm_kcopy_create(const vkm_device *d, uint32_t family, uint32_t sets, v
     vkGetPhysicalDeviceQueueFamilyProperties(d->physical, &n, fp);
     int compute = family < n && (fp[family].queueFlags & VK_QUEUE_COMPUTE_BIT);
     free(fp);
-    if (!compute || !sets) return VK_ERROR_FEATURE_NOT_PRESENT;
+    if (!compute || !sets)
+        return vkm_fail(err, VKM_ERROR_UNSUPPORTED, "vkm_kcopy_create", "queue family %u of '%s' has no compute",
+                        family, d->name);
     vkm_kcopy *k = calloc(1, sizeof *k);
     if (!k) return VK_ERROR_OUT_OF_HOST_MEMORY;
     k->dev = d;
-    VkResult r = build(k, sets, call);
+    VkResult r = build(k, sets, err);
     if (r != VK_SUCCESS) {
         vkm_kcopy_destroy(k);
         return r;

@@ -12,15 +12,14 @@
 #ifndef VKM_KCOPY_H
 #define VKM_KCOPY_H
 
-#include "vkm_transfer.h"
+#include "vkm_link.h"
 
 typedef struct vkm_kcopy vkm_kcopy;
 
 /* Pipelines for `d` on queue family `family` and `sets` descriptor sets (one
- * per command buffer the caller records with). VK_ERROR_FEATURE_NOT_PRESENT
- * when the family has no compute. */
-VkResult vkm_kcopy_create(const vkm_device *d, uint32_t family, uint32_t sets, vkm_kcopy **out,
-                          const char **call);
+ * per command buffer the caller records with). VKM_ERROR_UNSUPPORTED when the
+ * family has no compute. */
+VkResult vkm_kcopy_create(const vkm_device *d, uint32_t family, uint32_t sets, vkm_kcopy **out, vkm_error *err);
 void vkm_kcopy_destroy(vkm_kcopy *k);
 
 /* Whether kernels can copy endpoint `e` in chunks of up to `max_chunk` bytes:

@@ -32,9 +32,8 @@ struct vkm_trace {
     int stop; /* atomic */
 };
 
-vkm_trace *vkm_trace_open(const char *label)
+vkm_trace *vkm_trace_open(const char *path, const char *label)
 {
-    const char *path = getenv("VKMULTI_TRACE");
     if (!path || !*path) return NULL;
     vkm_trace *t = calloc(1, sizeof(*t));
     if (!t) return NULL;
@@ -87,10 +86,10 @@ void vkm_trace_start(vkm_trace *t)
     if (t->nwatch && pthread_create(&t->poller, NULL, poll_loop, t) == 0) t->started = 1;
 }
 
-vkm_trace *vkm_trace_link(const char *label, const vkm_device *src, VkSemaphore src_done, const vkm_device *dst,
-                          VkSemaphore dst_ready)
+vkm_trace *vkm_trace_link(const char *path, const char *label, const vkm_device *src, VkSemaphore src_done,
+                          const vkm_device *dst, VkSemaphore dst_ready)
 {
-    vkm_trace *t = vkm_trace_open(label);
+    vkm_trace *t = vkm_trace_open(path, label);
     vkm_trace_watch(t, src, src_done, "src_done");
     vkm_trace_watch(t, dst, dst_ready, "dst_ready");
     vkm_trace_start(t);

@@ -1,7 +1,7 @@
 /* vkm_trace.h - a timeline of a link's work, for finding where time goes.
  *
- * Off unless the environment variable VKMULTI_TRACE names a file when a link
- * is made. Then a poller thread (a whole CPU core while the link lives: a
+ * Off unless the link is given a file to trace into (Python passes the
+ * environment variable VKMULTI_TRACE down). Then a poller thread (a whole CPU core while the link lives: a
  * diagnostic, not for production) spins on the link's timeline semaphores and
  * records every value change with CLOCK_MONOTONIC nanoseconds, the worker adds
  * marks of its own (job taken, batch submitted ...), and when the link is
@@ -15,15 +15,16 @@
 
 typedef struct vkm_trace vkm_trace;
 
-/* A trace for one link (`label` names it in the file), or NULL when tracing is off. */
-vkm_trace *vkm_trace_open(const char *label);
+/* A trace for one link (`label` names it in the file) appended to `path`, or
+ * NULL when `path` is NULL or empty (tracing off). */
+vkm_trace *vkm_trace_open(const char *path, const char *label);
 /* Watch `sem` (a timeline of `d`) under `name` (a static string). Before vkm_trace_start. */
 void vkm_trace_watch(vkm_trace *t, const vkm_device *d, VkSemaphore sem, const char *name);
 void vkm_trace_start(vkm_trace *t);
 /* A link's trace (or NULL): `label`, watching its two timelines as src_done and
  * dst_ready, started. */
-vkm_trace *vkm_trace_link(const char *label, const vkm_device *src, VkSemaphore src_done, const vkm_device *dst,
-                          VkSemaphore dst_ready);
+vkm_trace *vkm_trace_link(const char *path, const char *label, const vkm_device *src, VkSemaphore src_done,
+                          const vkm_device *dst, VkSemaphore dst_ready);
 /* Record a host event now; `what` is a static string. Thread-safe, lock-free. */
 void vkm_trace_mark(vkm_trace *t, const char *what, uint64_t value);
 /* Stop the poller, write the records, free the trace. */

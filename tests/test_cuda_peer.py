@@ -87,12 +87,13 @@ def test_forcing_raises_unsupported(manager):
 @pytest.mark.virtual
 def test_native_link_refuses_with_reason(manager):
     s, d = manager.slot(1), manager.slot(0)
-    with pytest.raises(UnsupportedError, match="CUDA_PEER is not possible here: .+"):
-        _native.CudaPeerLink(s.native, s.copy_queue.lock, d.native, d.copy_queue.lock, 1 << 20, 4)
+    cuda = _native.RING_CUDA_PEER
+    with pytest.raises(UnsupportedError, match="CUDA_PEER is not possible from 'llvmpipe.*' to 'llvmpipe.*': .+"):
+        _native.Link(s.native, s.copy_queue.lock, d.native, d.copy_queue.lock, cuda, 1 << 20, 4)
     with pytest.raises(ValueError, match="slot_size"):
-        _native.CudaPeerLink(s.native, s.copy_queue.lock, d.native, d.copy_queue.lock, 0, 4)
+        _native.Link(s.native, s.copy_queue.lock, d.native, d.copy_queue.lock, cuda, 0, 4)
     with pytest.raises(TypeError):
-        _native.CudaPeerLink(None, s.copy_queue.lock, d.native, d.copy_queue.lock, 1 << 20, 4)
+        _native.Link(None, s.copy_queue.lock, d.native, d.copy_queue.lock, cuda, 1 << 20, 4)
 
 
 def test_probe_functions_without_cuda():
@@ -241,7 +242,7 @@ def test_declarations_match_cuda_h(tmp_path, source):
 # process; stream_fault leaves a stuck stream behind, so it runs last
 MOCK_RUNS = {
     "two_gpus": (["roundtrip", "many_in_flight", "copy_fails", "import_fails", "stream_fault"], {}),
-    "one_gpu": (["unsupported"], {"MOCK_CUDA_DEVICES": "1"}),
+    "one_gpu": (["unsupported"], {"MOCK_CUDA_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0"}),
 }
 
 
@@ -285,11 +286,9 @@ def test_link_with_stand_in_driver(mock_runs, scenario):
 # ---- two real GPUs joined by NVLink ----
 
 def _routed() -> bool:
-    """Does CrossDeviceTransfer hand CUDA_PEER to the CUDA link (transfer.py)?"""
-    import inspect
-
+    """Does CrossDeviceTransfer hand CUDA_PEER to the CUDA ring (transfer.py)?"""
     from vkmulti import transfer
-    return "CudaPeerLink" in inspect.getsource(transfer)
+    return transfer._RING.get(TransferMethod.CUDA_PEER) == _native.RING_CUDA_PEER
 
 
 def _universal(slot):
@@ -307,8 +306,10 @@ class _Direct:
         self.s, self.d = s, d
         self.x = CrossDeviceTransfer(s, d, TransferMethod.STAGING_COPY)
         kw.setdefault("spin", 200e-6)
-        self.link = _native.CudaPeerLink(s.native, _universal(s), d.native, _universal(d),
-                                         kw.pop("slot_size", 4 << 20), kw.pop("slot_count", 8), **kw)
+        if kw.pop("bounce", False):
+            kw["tuning"] = _native._LinkTuning(cuda_bounce_ring=True)
+        self.link = _native.Link(s.native, _universal(s), d.native, _universal(d), _native.RING_CUDA_PEER,
+                                 kw.pop("slot_size", 4 << 20), kw.pop("slot_count", 8), **kw)
 
     def submit(self, *, src_image=None, dst_image=None, src_buffer=None, dst_buffer=None, src_offset=0,
                dst_offset=0, size=None):
@@ -366,9 +367,8 @@ def test_gpu_landing_ring(manager, landing):
     """By default the NVLink copy lands in the destination ring itself (CUDA memory imported
     into Vulkan); asked, the link uses its bounce ring and says why."""
     _require_cuda_peer(manager)
-    m = _Direct(manager, 0, 1, landing=landing)
+    m = _Direct(manager, 0, 1, bounce=not landing)
     try:
-        assert m.link.landing == landing, m.link.ring_note
         assert m.link.ring_note.startswith("landing ring" if landing else "bounce ring"), m.link.ring_note
     finally:
         m.destroy()
@@ -421,9 +421,9 @@ def test_gpu_small_ring_wraps(manager, landing):
     """Slots far smaller than the data: every ring (source, landing or bounce, destination) wraps many
     times, with a landing ring and with a bounce ring."""
     _require_cuda_peer(manager)
-    m = _Direct(manager, 0, 1, slot_size=64 << 10, slot_count=3, landing=landing)
+    m = _Direct(manager, 0, 1, slot_size=64 << 10, slot_count=3, bounce=not landing)
     try:
-        assert m.link.landing == landing, m.link.ring_note
+        assert m.link.ring_note.startswith("landing ring" if landing else "bounce ring"), m.link.ring_note
         for n in (1, (1 << 20) + 1, (5 << 20) + 3):
             data = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
             with Buffer(manager.slot(0), n) as a, Buffer(manager.slot(1), n) as b:

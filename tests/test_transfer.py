@@ -195,8 +195,9 @@ def test_stalled_link_fails_its_jobs_and_destroys_in_bounded_time(manager):
     es, ed = _Endpoint(buffer=s.handle_int, wait_semaphore=sem, wait_value=1), _Endpoint(buffer=d.handle_int)
     try:
         ticket, _, dready = link.submit(es, ed, data.nbytes)
-        with pytest.raises(vkmulti.TransferError, match="stalled"):
+        with pytest.raises(vkmulti.errors.LinkStalledError, match="stalled: vkWaitSemaphores") as info:
             link.wait(ticket, dready, 20)
+        assert isinstance(info.value, vkmulti.TransferError) and "within 0.5 s" in str(info.value)
         with pytest.raises(vkmulti.TransferError, match="stalled"):
             link.submit(es, ed, data.nbytes)
         t0 = time.monotonic()

@@ -7,7 +7,8 @@ __all__ = [
     "QueueFullError", "KernelMessageError",
     "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError",
     "OutOfHostMemoryError", "UnsupportedError", "TransferError", "TimeoutError",
-    "DestroyedError", "raise_for_result", "result_name", "from_vulkan_exception",
+    "DestroyedError", "LinkStalledError", "CudaError", "raise_for_result", "result_name",
+    "from_vulkan_exception",
     "BackendUnavailableError", "KernelNotFoundError", "InvalidConfigError", "DeviceNotAvailableError",
     "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError",
 ]
@@ -123,10 +124,33 @@ _RESULT_NAMES = {
     -1000161000: "VK_ERROR_FRAGMENTATION", -1000257000: "VK_ERROR_INVALID_OPAQUE_CAPTURE_ADDRESS",
 }
 
-#: vkmulti's own code (vkm_transfer.h VKM_ERROR_LINK_STALLED): a link's worker
-#: waited past its stall timeout; that job and every later one fail with it.
+# ---- vkmulti's own result codes (native/vkm_errors.h; test_native_errors.py
+# checks that the two tables agree). The native message says what happened.
+
+class LinkStalledError(TransferError):
+    """A link's worker waited past its stall timeout (a GPU hung, or a wait
+    semaphore never came): that job and every later one fail; make a new transfer."""
+
+
+class CudaError(TransferError):
+    """A CUDA driver call or a CUDA stream failed under a CUDA_PEER link; the link has failed."""
+
+
+#: an argument is out of range or inconsistent (ValueError)
+INVALID_ARGUMENT = -1000990000
+#: a link's worker waited past its stall timeout
 LINK_STALLED = -1000990001
-_RESULT_NAMES[LINK_STALLED] = "VKM_ERROR_LINK_STALLED"
+#: a CUDA call or stream failed
+CUDA_FAILED = -1000990002
+#: the device, its enabled extensions or the CUDA driver lack what is needed
+UNSUPPORTED = -1000990003
+_NATIVE_RESULTS: dict[int, tuple[str, type[Exception]]] = {
+    INVALID_ARGUMENT: ("VKM_ERROR_INVALID_ARGUMENT", ValueError),
+    LINK_STALLED: ("VKM_ERROR_LINK_STALLED", LinkStalledError),
+    CUDA_FAILED: ("VKM_ERROR_CUDA", CudaError),
+    UNSUPPORTED: ("VKM_ERROR_UNSUPPORTED", UnsupportedError),
+}
+_RESULT_NAMES.update({code: name for code, (name, _) in _NATIVE_RESULTS.items()})
 
 _RESULT_CLASSES: dict[int, type[VulkanError]] = {
     -1: OutOfHostMemoryError,
@@ -139,23 +163,27 @@ def result_name(result: int) -> str:
     return _RESULT_NAMES.get(result, f"VkResult({result})")
 
 
-def raise_for_result(result: int, call: str) -> None:
+def raise_for_result(result: int, call: str, message: str | None = None) -> None:
     """Raise the exception for `result` from `call`; return for VK_SUCCESS.
 
     The single translation point: the native layer and the Python layer both
-    come here.
+    come here. `message`, where the native core gives one, says what happened
+    (`call` says where).
     """
     if result == 0:
         return
+    native = _NATIVE_RESULTS.get(result)
+    if native is not None:
+        name, cls = native
+        exc = cls(message or f"{call}: {name}")
+        exc.call = call
+        raise exc
+    detail = f"{message} ({call} returned {result_name(result)})" if message else None
     if result == 2:
-        raise TimeoutError(f"{call} timed out (VK_TIMEOUT)")
-    if result == LINK_STALLED:
-        raise TransferError(f"transfer link stalled: {call} did not complete within the link's stall timeout "
-                            f"(a GPU hung, or a wait semaphore that never came); the link has failed: destroy "
-                            f"the transfer and make a new one")
+        raise TimeoutError(detail or f"{call} timed out (VK_TIMEOUT)")
     if result in (-6, -7, -8):
-        raise UnsupportedError(f"{call} failed: {result_name(result)}; the driver lacks what was asked for")
-    raise _RESULT_CLASSES.get(result, VulkanError)(result, call)
+        raise UnsupportedError(detail or f"{call} failed: {result_name(result)}; the driver lacks what was asked for")
+    raise _RESULT_CLASSES.get(result, VulkanError)(result, call, detail)
 
 
 def from_vulkan_exception(exc: BaseException, call: str) -> None:

@@ -70,7 +70,10 @@ SHADER_READ = vk.VK_IMAGE_LAYOUT_SHADER_READ_ONLY_OPTIMAL
 _OPAQUE_FD = vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT
 _DMA_BUF = 0x200  # VK_EXTERNAL_MEMORY_HANDLE_TYPE_DMA_BUF_BIT_EXT
 _RING = {TransferMethod.STAGING_COPY: _native.RING_STAGING, TransferMethod.HOST_SHARED: _native.RING_SHARED_HOST,
-         TransferMethod.DMABUF: _native.RING_EXPORTED}
+         TransferMethod.DMABUF: _native.RING_EXPORTED, TransferMethod.CUDA_PEER: _native.RING_CUDA_PEER}
+#: Set to a file name, links made from then on append a timeline of their work
+#: to it (a diagnostic: a poller thread spins a core per link; bench/trace_report.py).
+TRACE_ENV = _native.TRACE_ENV
 
 
 @dataclass(frozen=True)
@@ -208,14 +211,12 @@ def _acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: i
         if ref is None or not ref.link.alive:
             export = _export_type(src, dst) if method == TransferMethod.DMABUF else 0
             spin = SPIN_SECONDS if _on_gpus(src, dst) else 0.0
-            if method == TransferMethod.CUDA_PEER:
-                # device-local copies into the exported rings: the universal family is
-                # several times faster at those than the transfer-only family
-                link = _native.CudaPeerLink(src.native, src.universal_copy_queue.lock, dst.native,
-                                            dst.universal_copy_queue.lock, slot_size, slot_count, spin=spin)
-            else:
-                link = _native.Link(src.native, src.copy_queue.lock, dst.native, dst.copy_queue.lock, _RING[method],
-                                    slot_size, slot_count, export, spin=spin)
+            # CUDA_PEER's device-local copies into its exported rings: the universal
+            # family is several times faster at those than the transfer-only family
+            cuda = method == TransferMethod.CUDA_PEER
+            sq, dq = (src.universal_copy_queue, dst.universal_copy_queue) if cuda else (src.copy_queue, dst.copy_queue)
+            link = _native.Link(src.native, sq.lock, dst.native, dq.lock, _RING[method], slot_size, slot_count, export,
+                                spin=spin, trace=os.environ.get(TRACE_ENV) or None)
             ref = _LinkRef(link, key, links)
             links.by_key[key] = ref
         ref.refs += 1

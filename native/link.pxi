@@ -1,0 +1,334 @@
+# Bindings of the transfer engine: one Link class over vkm_link.h, whatever
+# the ring; included into _native.pyx after cuda.pxi.
+
+cdef extern from "vkm_link.h" nogil:
+    ctypedef void* VkBuffer
+    ctypedef void* VkImage
+    ctypedef void* VkImageView
+    ctypedef int VkImageLayout
+    ctypedef int VkExternalMemoryHandleTypeFlagBits
+
+    enum:
+        VKM_RING_STAGING
+        VKM_RING_SHARED_HOST
+        VKM_RING_EXPORTED
+        VKM_RING_CUDA_PEER
+        VKM_RING_KINDS
+        VKM_MAX_SLOTS
+        VKM_MAX_CHUNKS
+
+    ctypedef struct vkm_endpoint:
+        VkBuffer buffer
+        VkDeviceSize offset
+        VkImage image
+        uint32_t width, height, bytes_per_pixel
+        uint32_t mip_level, array_layer
+        VkImageLayout layout_before, layout_after
+        vkm_queue *owner
+        VkSemaphore wait_semaphore
+        uint64_t wait_value
+        uint32_t kernel
+        VkImageView kernel_view
+
+    ctypedef struct vkm_link:
+        pass
+
+    ctypedef struct vkm_link_config:
+        int ring
+        VkDeviceSize slot_size
+        uint32_t slot_count
+        uint64_t stall_timeout_ns
+        uint64_t spin_ns
+        const char *trace_path
+        VkExternalMemoryHandleTypeFlagBits export_type
+        int cuda_ordinals[2]
+        int cuda_bounce_ring
+
+    VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
+                             const vkm_link_config *config, vkm_link **out, vkm_error *err)
+    void vkm_link_destroy(vkm_link *link)
+    VkSemaphore vkm_link_src_timeline(const vkm_link *link)
+    VkSemaphore vkm_link_dst_timeline(const vkm_link *link)
+    VkDeviceSize vkm_link_slot_size(const vkm_link *link)
+    const char *vkm_link_ring_note(const vkm_link *link)
+    uint64_t vkm_link_kernel_bytes(const vkm_link *link)
+    VkResult vkm_link_submit(vkm_link *link, const vkm_endpoint *src, const vkm_endpoint *dst, VkDeviceSize size,
+                             uint64_t *ticket, uint64_t *src_done, uint64_t *dst_ready, vkm_error *err)
+    VkResult vkm_link_poll(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns, vkm_error *err)
+    VkResult vkm_link_wait_submitted(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
+                                     vkm_error *err)
+    VkResult vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, VkDeviceSize **out,
+                             uint32_t *count, vkm_error *err)
+
+RING_STAGING = VKM_RING_STAGING
+RING_SHARED_HOST = VKM_RING_SHARED_HOST
+RING_EXPORTED = VKM_RING_EXPORTED
+RING_CUDA_PEER = VKM_RING_CUDA_PEER
+#: The deepest ring a link accepts, and the most chunks one job is cut into.
+MAX_SLOTS = VKM_MAX_SLOTS
+MAX_CHUNKS = VKM_MAX_CHUNKS
+#: The environment variable that makes links trace their work into a file (bench/trace_report.py).
+TRACE_ENV = "VKMULTI_TRACE"
+
+cdef uint64_t _U64_MAX = 0xFFFFFFFFFFFFFFFFULL
+
+
+cdef uint64_t _u64(object value, str label, uint64_t low=0, uint64_t high=_U64_MAX) except? 0:
+    """`value` as a uint64 in [low, high], or a TypeError / ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{label} must be an int, got {type(value).__name__}")
+    if value < low or value > high:
+        raise ValueError(f"{label} must be in [{low}, {high}], got {value}")
+    return <uint64_t>value
+
+
+cdef uint64_t _seconds_ns(double seconds, str label, double most) except? 0:
+    """Positive seconds (at most `most`) in ns, or a ValueError naming them."""
+    if not (seconds > 0) or seconds > most:
+        raise ValueError(f"{label} must be a positive number of seconds up to {most:g}, got {seconds!r}")
+    return <uint64_t>(seconds * 1e9)
+
+
+def plan_chunks(size, chunk, unit):
+    """The chunk boundaries a link cuts a job of `size` bytes into (0 ... size):
+    even chunks of at most `chunk` bytes (a positive multiple of `unit`), every
+    inner boundary a multiple of `unit`."""
+    cdef uint64_t s = _u64(size, "size"), c = _u64(chunk, "chunk"), u = _u64(unit, "unit")
+    cdef uint32_t count = 0
+    cdef VkDeviceSize *b = NULL
+    cdef vkm_error err
+    cdef VkResult r
+    vkm_error_clear(&err)
+    with nogil:
+        r = vkm_plan_chunks(s, c, u, &b, &count, &err)
+    check_error(r, &err)
+    try:
+        return [b[i] for i in range(count + 1)]
+    finally:
+        free(b)
+
+
+class _LinkTuning:
+    """Private: knobs of a link for tests and diagnostics, not for use.
+
+    `cuda_bounce_ring`: a CUDA_PEER link uses its bounce ring even where a
+    landing ring would work (the fallback path, on GPUs that have both).
+    `cuda_ordinals`: (source, destination) CUDA devices instead of matching
+    Vulkan deviceUUIDs (tests with a stand-in CUDA driver).
+    """
+    __slots__ = ("cuda_bounce_ring", "cuda_ordinals")
+
+    def __init__(self, *, cuda_bounce_ring=False, cuda_ordinals=None):
+        if not isinstance(cuda_bounce_ring, bool):
+            raise TypeError(f"cuda_bounce_ring must be a bool, got {cuda_bounce_ring!r}")
+        if cuda_ordinals is not None:
+            if not (isinstance(cuda_ordinals, tuple) and len(cuda_ordinals) == 2 and
+                    all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1 << 16
+                        for i in cuda_ordinals)):
+                raise ValueError(f"cuda_ordinals must be two CUDA device ordinals, got {cuda_ordinals!r}")
+        self.cuda_bounce_ring = cuda_bounce_ring
+        self.cuda_ordinals = cuda_ordinals
+
+
+cdef int fill_endpoint(vkm_endpoint *e, object spec, list keep) except -1:
+    """Fill `e` from an Endpoint-like object (see vkmulti.transfer._Endpoint)."""
+    cdef QueueLock owner
+    e.buffer = <VkBuffer><uintptr_t>(spec.buffer or 0)
+    e.offset = spec.offset
+    e.image = <VkImage><uintptr_t>(spec.image or 0)
+    e.width = spec.width
+    e.height = spec.height
+    e.bytes_per_pixel = spec.bytes_per_pixel
+    e.mip_level = spec.mip_level
+    e.array_layer = spec.array_layer
+    e.layout_before = spec.layout_before
+    e.layout_after = spec.layout_after
+    e.owner = NULL
+    if spec.owner is not None:
+        owner = spec.owner
+        keep.append(owner)
+        e.owner = &owner.q
+    e.wait_semaphore = <VkSemaphore><uintptr_t>(spec.wait_semaphore or 0)
+    e.wait_value = spec.wait_value
+    e.kernel = spec.kernel
+    e.kernel_view = <VkImageView><uintptr_t>(spec.kernel_view or 0)
+    return 0
+
+
+cdef class Link:
+    """A native transfer link from one device to another: a worker thread and a
+    ring of slots of one kind (RING_STAGING, RING_SHARED_HOST, RING_EXPORTED or
+    RING_CUDA_PEER).
+
+    `export_type` (RING_EXPORTED): the handle type memory is exported as (0: an
+    opaque fd). `stall_timeout` (s): a single wait of the worker longer than
+    this fails the link. `spin` (s): polls that long before blocking (lower
+    latency on GPUs; leave 0 on CPU devices). `trace`: a file the link appends
+    a timeline of its work to (bench/trace_report.py reads it). RING_CUDA_PEER
+    wants queues of the universal family (its device-local copies run there)
+    and endpoints shared with, or owned by, that family.
+    """
+    cdef vkm_link *link
+    cdef int users   # calls inside the native link right now (changed with the GIL held)
+    cdef readonly Device src
+    cdef readonly Device dst
+    cdef readonly QueueLock src_queue
+    cdef readonly QueueLock dst_queue
+    cdef readonly int ring
+    cdef readonly uint32_t slot_count
+    cdef list keep
+
+    def __cinit__(self, Device src not None, QueueLock src_queue not None, Device dst not None,
+                  QueueLock dst_queue not None, int ring, slot_size, slot_count, int export_type=0, *,
+                  double stall_timeout=30.0, double spin=0.0, str trace=None, tuning=None):
+        cdef vkm_link_config cfg
+        cdef vkm_error err
+        cdef char reason[8]
+        cdef vkm_device *sd = src.ptr()
+        cdef vkm_device *dd = dst.ptr()
+        cdef bytes trace_path = None
+        cdef VkResult r
+        self.link = NULL
+        self.keep = []
+        if not 0 <= ring < VKM_RING_KINDS:
+            raise ValueError(f"ring must be one of RING_STAGING, RING_SHARED_HOST, RING_EXPORTED, RING_CUDA_PEER "
+                             f"(0 ... {VKM_RING_KINDS - 1}), got {ring}")
+        cfg.ring = ring
+        cfg.slot_size = _u64(slot_size, "slot_size", 1)
+        cfg.slot_count = <uint32_t>_u64(slot_count, "slot_count", 1, VKM_MAX_SLOTS)
+        cfg.stall_timeout_ns = _seconds_ns(stall_timeout, "stall_timeout", 1e9)
+        cfg.spin_ns = _seconds_ns(spin, "spin", 1.0) if spin != 0 else 0
+        cfg.export_type = <VkExternalMemoryHandleTypeFlagBits>export_type
+        cfg.trace_path = NULL
+        if trace is not None and trace:
+            trace_path = _os.fsencode(trace)
+            if len(trace_path) >= 512 or b"\0" in trace_path:
+                raise ValueError(f"trace must be a path of under 512 bytes without NUL, got {trace!r}")
+            cfg.trace_path = trace_path
+        cfg.cuda_ordinals[0] = cfg.cuda_ordinals[1] = -1
+        cfg.cuda_bounce_ring = 0
+        if tuning is not None:
+            if not isinstance(tuning, _LinkTuning):
+                raise TypeError(f"tuning must be a _LinkTuning, got {type(tuning).__name__}")
+            cfg.cuda_bounce_ring = tuning.cuda_bounce_ring
+            if tuning.cuda_ordinals is not None:
+                cfg.cuda_ordinals[0], cfg.cuda_ordinals[1] = tuning.cuda_ordinals
+        if ring == VKM_RING_CUDA_PEER:
+            _cuda_load(reason, sizeof(reason))   # the link says why when CUDA is not usable
+        self.src, self.dst, self.src_queue, self.dst_queue = src, dst, src_queue, dst_queue
+        self.ring, self.slot_count = ring, cfg.slot_count
+        vkm_error_clear(&err)
+        with nogil:
+            r = vkm_link_create(sd, &src_queue.q, dd, &dst_queue.q, &cfg, &self.link, &err)
+        check_error(r, &err)
+
+    cdef vkm_link* enter(self) except NULL:
+        """The link for a call that releases the GIL; the caller decrements
+        `users` when done, so that destroy() never frees it under the call."""
+        cdef vkm_link *l = self.ptr()
+        self.users += 1
+        return l
+
+    cdef vkm_link* ptr(self) except NULL:
+        if self.link == NULL or not (self.src.alive and self.dst.alive):
+            from vkmulti.errors import DestroyedError
+            raise DestroyedError("transfer link used after destroy()" if self.link == NULL else
+                                 "transfer link used after its device was released")
+        return self.link
+
+    @property
+    def alive(self):
+        return self.link != NULL
+
+    @property
+    def src_timeline(self):
+        return <uintptr_t>vkm_link_src_timeline(self.ptr())
+
+    @property
+    def dst_timeline(self):
+        return <uintptr_t>vkm_link_dst_timeline(self.ptr())
+
+    @property
+    def slot_size(self):
+        """Bytes per slot, rounded up to the ring's alignment."""
+        return vkm_link_slot_size(self.ptr())
+
+    @property
+    def ring_note(self):
+        """How the ring is made (and, where a fallback was taken, why)."""
+        return _text(vkm_link_ring_note(self.ptr()))
+
+    @property
+    def kernel_bytes(self):
+        """Bytes moved by compute kernels so far (the rest went by copy commands)."""
+        return vkm_link_kernel_bytes(self.ptr())
+
+    def submit(self, src not None, dst not None, size):
+        """Queue a job; returns (ticket, src_done value, dst_ready value)."""
+        cdef vkm_endpoint es, ed
+        cdef uint64_t ticket = 0, sdone = 0, dready = 0, n = _u64(size, "size", 1)
+        cdef vkm_error err
+        cdef vkm_link *l = self.enter()
+        cdef VkResult r
+        try:
+            fill_endpoint(&es, src, self.keep)
+            fill_endpoint(&ed, dst, self.keep)
+            if len(self.keep) > 64:
+                self.keep = list({id(q): q for q in self.keep}.values())
+            vkm_error_clear(&err)
+            with nogil:
+                r = vkm_link_submit(l, &es, &ed, n, &ticket, &sdone, &dready, &err)
+            check_error(r, &err)
+        finally:
+            self.users -= 1
+        return ticket, sdone, dready
+
+    def poll(self, uint64_t ticket, uint64_t dst_ready, double timeout=0.0, bint submitted_only=False):
+        """True when the job is complete (or, with submitted_only, fully submitted);
+        False if not within `timeout` s (one slice)."""
+        cdef vkm_error err
+        cdef uint64_t ns = _poll_ns(timeout)
+        cdef vkm_link *l = self.enter()
+        cdef VkResult r
+        try:
+            vkm_error_clear(&err)
+            with nogil:
+                if submitted_only:
+                    r = vkm_link_wait_submitted(l, ticket, dst_ready, ns, &err)
+                else:
+                    r = vkm_link_poll(l, ticket, dst_ready, ns, &err)
+            if r == VK_TIMEOUT:
+                return False
+            check_error(r, &err)
+        finally:
+            self.users -= 1
+        return True
+
+    def wait(self, uint64_t ticket, uint64_t dst_ready, timeout=None, bint submitted_only=False):
+        """Block (no GIL, Ctrl-C honoured) until the job is complete (or submitted)
+        or `timeout` s pass."""
+        cdef uint64_t total = _timeout_ns(timeout)
+        cdef double deadline = _time.monotonic() + (total / 1e9 if total != _FOREVER else 1e18)
+        cdef double left
+        while True:
+            left = deadline - _time.monotonic()
+            if self.poll(ticket, dst_ready, min(max(left, 0.0), _SLICE_NS / 1e9), submitted_only):
+                return None
+            PyErr_CheckSignals()
+            if _time.monotonic() >= deadline:
+                from vkmulti.errors import TimeoutError as VkmTimeout
+                what = "was not submitted" if submitted_only else "did not complete"
+                raise VkmTimeout(f"transfer {ticket} {what} within {total / 1e9:.3f} s")
+
+    def destroy(self):
+        """Finish queued jobs, wait (bounded) for the GPUs, free the ring (idempotent)."""
+        cdef vkm_link *l = self.link
+        if l == NULL:
+            return
+        self.link = NULL   # calls from now on raise DestroyedError
+        while self.users:  # calls already inside the link return within a slice
+            with nogil:
+                usleep(1000)
+        with nogil:
+            vkm_link_destroy(l)
+        self.keep = []
