@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max", type=parse_bytes, default=16 * MIB, help="largest batch (default 16M)")
     p.add_argument("--method", default=None, help="force the transfer method (e.g. host_shared, cuda_peer)")
     p.add_argument("--stencil", type=parse_size, default=None, metavar="WxH",
-                   help="stencil grid (default 512x512 on CPU devices, 16384x16384 on GPUs)")
+                   help="stencil grid (default 512x512 on CPU devices, 23000x23000 on GPUs)")
     p.add_argument("--stencil-steps", type=int, default=None)
     p.add_argument("--virtual", type=int, default=0, metavar="N")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the figures here")
@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.section in ("all", "bandwidth"):
             res["bandwidth"] = bandwidth(mgr, args.max, args.method)
         if args.section in ("all", "stencil"):
-            w, h = args.stencil or ((512, 512) if cpu else (16384, 16384))
-            res["stencil"] = stencil(mgr, w, h, args.stencil_steps or (20 if cpu else 200))
+            w, h = args.stencil or ((512, 512) if cpu else (23000, 23000))
+            res["stencil"] = stencil(mgr, w, h, args.stencil_steps or (20 if cpu else 100))
     finally:
         mgr.destroy()
     print(json.dumps(res, indent=2))

@@ -154,3 +154,19 @@ def test_bench_prints_figures_and_a_ratio_line(capsys):
         bench.main(["--hops", "1"])
     with pytest.raises(SystemExit):
         bench.main(["--max", "1K"])
+
+
+def test_state_larger_than_a_storage_binding_is_refused(manager):
+    """A stencil slab (or any state) past maxStorageBufferRange is a clear error, not a bad binding."""
+    from vkmulti.kernels import KernelSpec
+    from vkmulti.render import shader_path
+
+    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
+    try:
+        limit = rt._context(0).max_storage_range
+        spec = KernelSpec("huge", shader_path("kernel_counter.comp.spv").read_bytes(), state_sizes=(limit + 4,))
+        with pytest.raises(ValueError, match="maxStorageBufferRange"):
+            rt.launch(spec, device=0)
+        assert rt.kernels == [] and counter(rt, "ok", 0).id == "ok"
+    finally:
+        rt.destroy()

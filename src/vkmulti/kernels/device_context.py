@@ -175,6 +175,7 @@ class DeviceContext:
         self.min_offset_alignment = max(16, int(limits.minStorageBufferOffsetAlignment))
         self.max_group_count = tuple(int(limits.maxComputeWorkGroupCount[i]) for i in range(3))
         self.max_storage_buffers = int(limits.maxPerStageDescriptorStorageBuffers)
+        self.max_storage_range = int(limits.maxStorageBufferRange)
         del props
         self.timeline = slot.native.create_timeline(0)
         self.pipeline_cache = _vk("vkCreatePipelineCache", vk.vkCreatePipelineCache, dev, vk.VkPipelineCacheCreateInfo(

@@ -256,6 +256,11 @@ class KernelRuntime(HostIO):
     def _create(self, spec: KernelSpec, kernel_id: str, index: int, device: int, states: list,
                 params: tuple, tenant: int, options: Any) -> Kernel:
         ctx, stepper = self._device(device)
+        for i, n in enumerate(spec.state_sizes):
+            if n > ctx.max_storage_range:
+                raise ValueError(f"state buffer {i} of {spec.kernel_type!r} is {n} bytes; {ctx.slot.name!r} binds at "
+                                 f"most {ctx.max_storage_range} bytes per storage buffer (maxStorageBufferRange): "
+                                 f"split the state (e.g. more, smaller stencil slabs)")
         for axis, g in enumerate(spec.groups):
             top = ctx.max_group_count[axis]
             if g > top:
