@@ -146,6 +146,7 @@ def test_bench_prints_figures_and_a_ratio_line(capsys):
     figures = json.loads("\n".join(out[:-1]))
     lat = figures["latency"]
     assert lat["k2k_one_way_us"] > 0 and lat["host_relay_one_way_us"] > 0 and lat["message_bytes"] == 256
+    assert lat["batch_relay_one_way_us"] > 0 and lat["ratio_k2k_to_batch_relay"] > 0
     assert [r["batch_bytes"] for r in figures["bandwidth"]][0] > 15000
     for r in figures["bandwidth"]:
         assert r["bad_messages"] == 0 and r["k2k_gbps"] > 0 and r["raw_gbps"] > 0
