@@ -31,7 +31,7 @@ import vulkan as vk
 from ..errors import DestroyedError, TimeoutError as VkmTimeout, VkmError
 from ..images import Buffer
 from ..transfer import CrossDeviceTransfer as Engine, TimelinePoint, select_transfer_method
-from . import commands as cmds
+from .delivery_buffers import BufferPool, Gather, align, reached
 from .device_context import step_queue
 from .kernel import InboundBatch, Kernel, OutboxBatch
 from .routing import RouteTrees
@@ -41,29 +41,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["DeliveryEngine"]
 
-#: Landing and egress regions start at multiples of this (the largest
-#: minStorageBufferOffsetAlignment Vulkan allows), so a part lands aligned on any device.
-PART_ALIGN = 256
-_MIN_CLASS = 4096
 #: After a step, landings are recycled (and what they delivered counted) at most this often,
 #: unless moves wait or an edge has half its landings in use.
 REAP_SECONDS = 0.002
-
-
-def _align(n: int, a: int = PART_ALIGN) -> int:
-    return (n + a - 1) // a * a
-
-
-def _size_class(n: int) -> int:
-    c = _MIN_CLASS
-    while c < n:
-        c <<= 1
-    return c
-
-
-def _reached(slot: Any, point: TimelinePoint) -> bool:
-    return slot.native.timeline_value(point.semaphore) >= point.value
-
 
 @dataclass
 class Part:
@@ -104,111 +84,6 @@ class Move:
     hops: int                        # the landing's hop count
 
 
-class _BufferPool:
-    """Device-local buffers of one device by power-of-two size class, reused."""
-
-    def __init__(self, slot: Any):
-        self.slot = slot
-        self.free: dict[int, list[Buffer]] = defaultdict(list)
-        self.all: list[Buffer] = []
-
-    def get(self, size: int) -> Buffer:
-        c = _size_class(size)
-        if self.free[c]:
-            return self.free[c].pop()
-        b = Buffer(self.slot, c)
-        self.all.append(b)
-        return b
-
-    def put(self, buf: Buffer) -> None:
-        self.free[buf.size].append(buf)
-
-    def destroy(self, timeout: float) -> None:
-        for b in self.all:
-            b.destroy(timeout)
-        self.all, self.free = [], defaultdict(list)
-
-
-class _GatherTicket:
-    """A gather copy as the transfer tickets a Buffer tracks (its destroy() waits
-    for it): done once the gather's timeline value is reached. A gather whose
-    timeline is gone (destroyed: it waited for every copy first) is done."""
-
-    def __init__(self, gather: "_Gather", point: TimelinePoint):
-        self.gather, self.src_done = gather, point
-        self.dst_ready = point
-
-    def done(self) -> bool:
-        g = self.gather
-        return g.timeline is None or g.slot.native.timeline_value(g.timeline) >= self.src_done.value
-
-    def wait(self, timeout: float | None = None) -> None:
-        g = self.gather
-        if g.timeline is not None:
-            g.slot.native.wait_timeline(g.timeline, self.src_done.value, timeout)
-
-    wait_source = wait
-
-
-class _Gather:
-    """Device copies that gather several outbox batches of one step into one
-    egress region on their device (own command buffers and timeline, submitted
-    on the runtime's queue after the step that wrote them)."""
-
-    def __init__(self, slot: Any):
-        self.slot = slot
-        self.queue = step_queue(slot)   # after the steps that wrote the batches, in order
-        self.value = 0
-        self.timeline = slot.native.create_timeline(0)
-        self.pool = vk.vkCreateCommandPool(slot.device, vk.VkCommandPoolCreateInfo(
-            sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
-            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue.family), None)
-        self.buffers: list[tuple[Any, int]] = []   # (command buffer, value it signals)
-
-    def _command_buffer(self) -> Any:
-        done = self.slot.native.timeline_value(self.timeline)
-        for i, (cmd, value) in enumerate(self.buffers):
-            if value <= done:
-                del self.buffers[i]
-                return cmd
-        return vk.vkAllocateCommandBuffers(self.slot.device, vk.VkCommandBufferAllocateInfo(
-            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
-            level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
-
-    def copy(self, copies: list[tuple[Any, int, int]], dst: Buffer, waits: list[TimelinePoint]) -> TimelinePoint:
-        """(src VkBuffer, src offset, size) at consecutive aligned offsets of `dst`, after `waits`."""
-        cmd = self._command_buffer()
-        vk.vkResetCommandBuffer(cmd, 0)
-        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
-            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
-        cmds.barrier(cmd)
-        at = 0
-        for src, off, size in copies:
-            vk.vkCmdCopyBuffer(cmd, src, dst.handle, 1, [vk.VkBufferCopy(srcOffset=off, dstOffset=at, size=size)])
-            at += _align(size)
-        cmds.barrier(cmd)
-        vk.vkEndCommandBuffer(cmd)
-        value = self.value + 1
-        with self.queue.lock:
-            cmds.submit(self.queue.handle, cmd, [(p.semaphore, p.value) for p in waits], (self.timeline, value))
-        self.value = value
-        self.buffers.append((cmd, value))
-        return TimelinePoint(self.timeline, value, self.slot.index)
-
-    def track(self, buffers: list[Buffer], point: TimelinePoint) -> None:
-        """Make each buffer's destroy() wait for this gather (a kernel destroyed meanwhile)."""
-        t = _GatherTicket(self, point)
-        for b in buffers:
-            b._track(t)
-
-    def destroy(self, timeout: float) -> None:
-        if self.value:
-            self.slot.native.wait_timeline(self.timeline, self.value, timeout)
-        vk.vkDestroyCommandPool(self.slot.device, self.pool, None)
-        timeline, self.timeline = self.timeline, None
-        vk.vkDestroySemaphore(self.slot.device, vk.ffi.cast("VkSemaphore", timeline), None)
-
-
 class DeliveryEngine:
     """Moves a runtime's cross-device K2K traffic (see the module docstring). All
     methods run with the router's delivery lock held."""
@@ -221,8 +96,8 @@ class DeliveryEngine:
         self.queues: dict[tuple[int, int], deque[Move]] = defaultdict(deque)
         self.landings: dict[tuple[int, int], list[Region]] = defaultdict(list)
         self.egress: list[Region] = []
-        self.pools: dict[int, _BufferPool] = {}
-        self.gathers: dict[int, _Gather] = {}
+        self.pools: dict[int, BufferPool] = {}
+        self.gathers: dict[int, Gather] = {}
         self.engines: dict[tuple[int, int], tuple[str, Engine]] = {}
         self._trees: RouteTrees | None = None
         self._trees_key: Any = None
@@ -275,10 +150,10 @@ class DeliveryEngine:
         cached = self.engines.get((a, b))
         return cached[0] if cached else None
 
-    def _pool(self, device: int) -> _BufferPool:
+    def _pool(self, device: int) -> BufferPool:
         p = self.pools.get(device)
         if p is None:
-            p = self.pools[device] = _BufferPool(self.mgr.slot(device))
+            p = self.pools[device] = BufferPool(self.mgr.slot(device))
         return p
 
     # -- a step's batches -----------------------------------------------------------
@@ -329,12 +204,12 @@ class DeliveryEngine:
         parts, at = [], 0
         for b in bs:
             parts.append(Part(b.kernel, b, at, b.size))
-            at += _align(b.size)
+            at += align(b.size)
         try:
             buf = self._pool(s).get(at)
             gather = self.gathers.get(s)
             if gather is None:
-                gather = self.gathers[s] = _Gather(self.mgr.slot(s))
+                gather = self.gathers[s] = Gather(self.mgr.slot(s))
             point = gather.copy([(b.buffer.handle, b.offset, b.size) for b in bs], buf, [bs[-1].ready])
             gather.track([b.buffer for b in bs], point)
         except (VkmError, vk.VkError, MemoryError) as exc:
@@ -521,7 +396,7 @@ class DeliveryEngine:
                 del self.landings[edge]
         keep = []
         for r in self.egress:
-            if r.readers <= 0 and all(_reached(self.mgr.slot(r.device), p) for p in r.reads):
+            if r.readers <= 0 and all(reached(self.mgr.slot(r.device), p) for p in r.reads):
                 self._pool(r.device).put(r.buffer)
             else:
                 keep.append(r)
@@ -530,7 +405,7 @@ class DeliveryEngine:
     def _free(self, r: Region, slot: Any) -> bool:
         if r.readers > 0 or not all(i.done for i in r.inbounds):
             return False
-        if not all(_reached(slot, p) for p in r.reads):
+        if not all(reached(slot, p) for p in r.reads):
             return False
         return r.ticket.done()
 

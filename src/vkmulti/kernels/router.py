@@ -27,7 +27,7 @@ import time
 from collections import deque
 from typing import Any
 
-from ..errors import (DestroyedError, K2KDestinationNotFoundError, KernelNotFoundError, QueueFullError,
+from ..errors import (K2KDestinationNotFoundError, KernelNotFoundError, QueueFullError,
                       TenantMismatchError)
 from ..images import as_host_bytes
 from .delivery import DeliveryEngine
