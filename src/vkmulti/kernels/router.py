@@ -332,8 +332,11 @@ class CrossGpuK2KRouter:
         self.detach()
 
     def idle(self) -> bool:
-        """Whether nothing is on its way: no queued or in-flight moves, no landed
-        batch waiting for delivery, no host-routed message undelivered."""
+        """Whether nothing is on its way right now: no queued or in-flight moves, no
+        landed batch waiting for delivery, no host-routed message undelivered.
+        Right after a step its batches are still travelling: synchronize the
+        runtime and poll this (a landed batch with nothing for its device is
+        taken back once the sending step is harvested)."""
         self._refresh()
         with self._delivery_lock:
             eng = self._engine
