@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import vulkan as vk
 
+from . import vkapi
 from .images import Buffer, Image
 from .methods import TransferMethod, method_support
 from .transfer import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer
@@ -45,29 +46,29 @@ class SeedStagingCopy:
         self.dst_buf = Buffer(dst_slot, nbytes, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, host_visible=True)
         self.pools = {}
         for slot in (src_slot, dst_slot):
-            self.pools[slot.index] = vk.vkCreateCommandPool(slot.device, vk.VkCommandPoolCreateInfo(
+            self.pools[slot.index] = vkapi.vkCreateCommandPool(slot.device, vk.VkCommandPoolCreateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, queueFamilyIndex=slot.graphics_queue.family),
                 None)
 
     def _one_shot(self, slot: Any, record: Callable[[Any], None]) -> None:
         pool = self.pools[slot.index]
-        cmd = vk.vkAllocateCommandBuffers(slot.device, vk.VkCommandBufferAllocateInfo(
+        cmd = vkapi.vkAllocateCommandBuffers(slot.device, vk.VkCommandBufferAllocateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=pool,
             level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
-        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+        vkapi.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
         record(cmd)
-        vk.vkEndCommandBuffer(cmd)
+        vkapi.vkEndCommandBuffer(cmd)
         q = slot.graphics_queue
         with q.lock:
-            vk.vkQueueSubmit(q.handle, 1, [vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+            vkapi.vkQueueSubmit(q.handle, 1, [vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
                                                            commandBufferCount=1, pCommandBuffers=[cmd])], None)
-            vk.vkQueueWaitIdle(q.handle)
+            vkapi.vkQueueWaitIdle(q.handle)
         vk.vkFreeCommandBuffers(slot.device, pool, 1, [cmd])
 
     def _memmove(self) -> None:
-        s = vk.vkMapMemory(self.src.device, self.src_buf.memory, 0, self.nbytes, 0)
-        d = vk.vkMapMemory(self.dst.device, self.dst_buf.memory, 0, self.nbytes, 0)
+        s = vkapi.vkMapMemory(self.src.device, self.src_buf.memory, 0, self.nbytes, 0)
+        d = vkapi.vkMapMemory(self.dst.device, self.dst_buf.memory, 0, self.nbytes, 0)
         _ffi.memmove(d, s, self.nbytes)
         vk.vkUnmapMemory(self.src.device, self.src_buf.memory)
         vk.vkUnmapMemory(self.dst.device, self.dst_buf.memory)

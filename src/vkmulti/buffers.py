@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -34,12 +35,16 @@ import vulkan as vk
 
 from ._handles import handle_int
 from .errors import DestroyedError, UnsupportedError
-from .errors import TimeoutError as VkmTimeoutError
-from .host_copy import Deadline, HostPort, as_host_bytes
+from .host_copy import HostPort
 from .images import Buffer, Image
+from .lifetime import Deadline, Lifetime
 from .methods import TransferMethod
-from .transfer import (DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer,
-                       select_transfer_method, wait_point)
+from .resources import MAX_BYTES, as_host_bytes
+from .timeline import wait_point
+from .transfer import (DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer, check_ring_shape,
+                       select_transfer_method)
+
+log = logging.getLogger(__name__)
 
 __all__ = ["InterGpuTransfer", "Gathered"]
 
@@ -73,6 +78,37 @@ class _Registration:
     def waits(self) -> list[tuple[int, int]]:
         return [self.ready] if self.ready else []
 
+    def hold(self, holds: "_Holds") -> int:
+        """Hold the registered Buffer for the operation (its destroy() waits); its handle."""
+        try:
+            holds(self.buffer)
+        except DestroyedError:
+            raise DestroyedError(f"the buffer registered for GPU {self.device} was destroyed") from None
+        return self.handle()
+
+
+class _Holds:
+    """The Buffers one operation holds: `holds(a, b, ...)` enters each Buffer's
+    lifetime once (DestroyedError if it is gone) and returns the Buffers among them."""
+
+    def __init__(self, stack: ExitStack):
+        self._stack, self._held = stack, set()
+
+    def own(self, buf: Buffer) -> None:
+        """A Buffer the operation made itself: nobody else has it yet (and the
+        operation may free it on failure), so it is not held."""
+        self._held.add(id(buf))
+
+    def __call__(self, *objs: Any) -> list[Buffer]:
+        out = []
+        for obj in objs:
+            if isinstance(obj, Buffer):
+                if id(obj) not in self._held:
+                    self._stack.enter_context(obj._life)
+                    self._held.add(id(obj))
+                out.append(obj)
+        return out
+
 
 class _Assignment:
     __slots__ = ("device_index",)
@@ -97,7 +133,9 @@ def _wait_all(jobs: list[Any], dl: Deadline, *, quiet: bool = False) -> None:
     for job in jobs:
         try:
             job.wait(dl.left())
-        except BaseException as exc:
+        except Exception as exc:   # Ctrl-C ends the waiting at once
+            if quiet:
+                log.warning("InterGpuTransfer: a copy of the failed operation also failed (%r)", exc)
             first = first or exc
     if first is not None and not quiet:
         raise first
@@ -128,12 +166,12 @@ class InterGpuTransfer:
 
         if not isinstance(manager, MultiDeviceManager):
             raise TypeError(f"manager must be a MultiDeviceManager, got {type(manager).__name__}")
-        for label, v in (("slot_size", slot_size), ("slot_count", slot_count)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{label} must be a positive int, got {v!r}")
+        check_ring_shape(slot_size, slot_count)
         if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
-                                        or max_workers <= 0):
-            raise ValueError(f"max_workers must be a positive int or None, got {max_workers!r}")
+                                        or not 0 < max_workers <= 256):
+            raise ValueError(f"max_workers must be an int in [1, 256] or None, got {max_workers!r}"[:160])
+        if host_import not in (None, True, False):
+            raise TypeError(f"host_import must be None, True or False, got {type(host_import).__name__}")
         self.manager = manager
         self._slots = manager.slots      # raises DestroyedError for a destroyed manager
         self.device_count = len(self._slots)
@@ -146,10 +184,8 @@ class InterGpuTransfer:
         self._owned: list[Buffer] = []
         self._executor: ThreadPoolExecutor | None = None
         self._cond = threading.Condition()
-        self._active = 0
-        self._closing = False
-        self._destroyed = False
-        manager.register_teardown(self.destroy)   # a strong reference: dropped objects are freed there too
+        self._life = Lifetime(self, "InterGpuTransfer", (manager._life,))
+        manager._life.adopt(self)   # destroyed with the manager unless destroyed first
 
     # -- registration --------------------------------------------------------
 
@@ -220,24 +256,25 @@ class InterGpuTransfer:
         `dst_device` (or a raw VkBuffer handle, trusted to be large enough),
         written at `dst_offset`; default a new Buffer.
         """
-        with self._op():
+        with self._op() as holds:
             dl = Deadline(timeout)
             src, dst = self._index(src_device, "src_device"), self._index(dst_device, "dst_device")
-            host, reg = self._source(src, data, "data")
+            host, reg = self._source(src, data, "data", holds)
             size = host.nbytes if host is not None else reg.size
-            target, handle = self._target(dst, dst_buffer, size, dst_offset, "dst_buffer")
+            target, handle = self._target(dst, dst_buffer, size, dst_offset, "dst_buffer", holds)
             if host is None and src == dst and handle == reg.handle() and dst_offset < size:
                 raise ValueError(f"source and destination ranges overlap in the same buffer "
                                  f"([0, {size}) and [{dst_offset}, {dst_offset + size}))")
             made: list[Buffer] = []
             if target is None:
-                target, handle = self._create(dst, size, made)
+                target, handle = self._create(dst, size, made, holds)
+            users = holds(target, None if reg is None else reg.buffer)
             try:
                 if host is not None:
-                    job: Any = self._port(dst).start_upload(handle, dst_offset, host, deadline=dl)
+                    job: Any = self._port(dst).start_upload(handle, dst_offset, host, deadline=dl, users=users)
                 elif src == dst:
                     job = self._port(dst, local=True).start_copy(reg.handle(), 0, handle, dst_offset, size,
-                                                                 waits=reg.waits)
+                                                                 waits=reg.waits, users=users)
                 else:
                     job = self._transfer(src, dst).submit(src_buffer=reg.buffer, dst_buffer=target,
                                                           dst_offset=dst_offset, size=size, src_wait=reg.ready)
@@ -262,7 +299,7 @@ class InterGpuTransfer:
         device; that entry of the result is the source buffer itself.
         `dst_buffers`: optional per-device destinations (None entries: new).
         """
-        with self._op():
+        with self._op() as holds:
             dl = Deadline(timeout)
             if isinstance(data_or_buffer, Buffer):
                 own = next((s.index for s in self._slots if s is data_or_buffer.slot), None)
@@ -273,7 +310,7 @@ class InterGpuTransfer:
                     raise ValueError(f"data_or_buffer belongs to GPU {own}, not src_device {src_device}")
                 src_device = own
             src = 0 if src_device is None else self._index(src_device, "src_device")
-            host, reg = self._source(src, data_or_buffer, "data_or_buffer")
+            host, reg = self._source(src, data_or_buffer, "data_or_buffer", holds)
             size = host.nbytes if host is not None else reg.size
             if dst_buffers is not None:
                 if isinstance(dst_buffers, (str, bytes)) or not isinstance(dst_buffers, Sequence):
@@ -291,11 +328,11 @@ class InterGpuTransfer:
                         raise ValueError(f"dst_buffers[{i}] must be None: GPU {i} holds the source")
                     out[i], handles[i] = reg.buffer, reg.handle()
                 else:
-                    out[i], handles[i] = self._target(i, given, size, 0, f"dst_buffers[{i}]")
+                    out[i], handles[i] = self._target(i, given, size, 0, f"dst_buffers[{i}]", holds)
             made: list[Buffer] = []
             for i in range(self.device_count):
                 if out[i] is None:
-                    out[i], handles[i] = self._create(i, size, made)
+                    out[i], handles[i] = self._create(i, size, made, holds)
             others = [i for i in range(self.device_count) if i != src]
             jobs: list[Any] = []
             with self._settled(jobs, dl, made):
@@ -310,12 +347,13 @@ class InterGpuTransfer:
                               if self.transfer_method(src, d) in _VIA_HOST and self._port(d).host_import]
                     fan = [d for d in others if d not in direct]
                     for d in direct:
-                        jobs.append(self._port(d).start_upload(handles[d], 0, host, deadline=dl))
+                        jobs.append(self._port(d).start_upload(handles[d], 0, host, deadline=dl,
+                                                               users=holds(out[d])))
                     seg = _segment_size(size) if fan else size
                     port = self._port(src)
                     for a in range(0, size, seg):
                         b = min(size, a + seg)
-                        up = port.start_upload(handles[src], a, host[a:b], deadline=dl)
+                        up = port.start_upload(handles[src], a, host[a:b], deadline=dl, users=holds(out[src]))
                         jobs.append(up)
                         if fan:
                             up.wait(dl.left())
@@ -340,7 +378,7 @@ class InterGpuTransfer:
         until the next `reuse=True` gather on this object; the memory itself
         stays valid for as long as you hold a view, even after destroy().
         """
-        with self._op():
+        with self._op() as holds:
             dl = Deadline(timeout)
             dst = self._index(dst_device, "dst_device")
             sources = [i for i in range(self.device_count) if i != dst]
@@ -361,7 +399,7 @@ class InterGpuTransfer:
                 if reg is None:
                     results.append(np.empty(0, dtype=np.uint8))
                     continue
-                reg.handle()
+                reg.hold(holds)
                 if given is not None:
                     u8 = as_host_bytes(given, f"out[{k}]", writable=True)
                     if u8.nbytes != reg.size:
@@ -387,7 +425,8 @@ class InterGpuTransfer:
                             u8 = np.empty(reg.size, dtype=np.uint8)
                             results[pos] = u8
                         pending.append(self._port(i).start_download(reg.handle(), 0, u8, waits=reg.waits,
-                                                                    deadline=dl, arena=arena))
+                                                                    deadline=dl, arena=arena,
+                                                                    users=holds(reg.buffer)))
                 except BaseException:
                     _wait_all(pending, dl, quiet=True)
                     raise
@@ -403,7 +442,7 @@ class InterGpuTransfer:
         Gathered(buffer, offsets, sizes). `dst_buffer`: a Buffer of that device
         large enough (or a raw handle, trusted); default a new one.
         """
-        with self._op():
+        with self._op() as holds:
             dl = Deadline(timeout)
             dst = self._index(dst_device, "dst_device")
             with self._cond:
@@ -412,14 +451,18 @@ class InterGpuTransfer:
                 raise ValueError("no device has a registered buffer; call set_device_buffer first")
             offsets, sizes, cursor = {}, {}, 0
             for i, reg in regs.items():
-                reg.handle()
+                reg.hold(holds)
                 offsets[i] = -(-cursor // GATHER_ALIGNMENT) * GATHER_ALIGNMENT
                 sizes[i] = reg.size
                 cursor = offsets[i] + reg.size
-            target, handle = self._target(dst, dst_buffer, cursor, 0, "dst_buffer")
+            target, handle = self._target(dst, dst_buffer, cursor, 0, "dst_buffer", holds)
+            for i, reg in regs.items():
+                if handle and reg.handle() == handle:
+                    raise ValueError(f"dst_buffer is the buffer registered for GPU {i}: the gather would "
+                                     f"overwrite what it reads")
             made: list[Buffer] = []
             if target is None:
-                target, handle = self._create(dst, cursor, made)
+                target, handle = self._create(dst, cursor, made, holds)
             waits: list[Any] = []
             with self._settled(waits, dl, made):
                 for i, reg in regs.items():     # the cross-device moves first: they take longest
@@ -430,7 +473,8 @@ class InterGpuTransfer:
                 own = regs.get(dst)
                 if own is not None:
                     waits.append(self._port(dst, local=True).start_copy(
-                        own.handle(), 0, handle, offsets[dst], own.size, waits=own.waits))
+                        own.handle(), 0, handle, offsets[dst], own.size, waits=own.waits,
+                        users=holds(own.buffer, target)))
             return Gathered(target, offsets, sizes)
 
     # -- asyncio forms (the seed's names) ------------------------------------
@@ -462,37 +506,37 @@ class InterGpuTransfer:
                     return buffer
         raise ValueError("buffer was not created by this InterGpuTransfer (or was detached already)")
 
+    _teardown_rank = 10   # before the transfers, ports and buffers it made
+
     @property
     def destroyed(self) -> bool:
-        return self._destroyed
+        return not self._life.open
 
     def destroy(self, timeout: float | None = None) -> None:
         """Wait for running operations, then free the rings, copies and buffers this object made.
 
-        Idempotent; also run by the manager's destroy(). On timeout
-        (vkmulti.TimeoutError) nothing is freed and destroy() may be retried.
+        Idempotent; also run by the manager's destroy(). Operations that start
+        once it was called raise DestroyedError. On timeout
+        (vkmulti.TimeoutError) or Ctrl-C nothing the GPU may still touch is
+        freed, and destroy() may be called again.
         """
-        dl = Deadline(timeout)
-        with self._cond:
-            if self._destroyed:
+        with self._life.ending(timeout) as dl:
+            if dl is None:
                 return
-            self._closing = True
-            if not self._cond.wait_for(lambda: self._active == 0, dl.left()):
-                raise VkmTimeoutError(f"{self._active} InterGpuTransfer operation(s) still running after "
-                                      f"{timeout} s")
-            transfers, ports, owned = list(self._transfers.values()), list(self._ports.values()), self._owned
-            self._transfers, self._ports, self._owned, self._regs = {}, {}, [], {}
-            executor, self._executor = self._executor, None
-            self._destroyed = True
-        if not self.manager.destroyed:
+            with self._cond:
+                transfers, ports = list(self._transfers.values()), list(self._ports.values())
+                owned = list(self._owned)
             for x in transfers:
                 x.destroy(dl.left())
             for p in ports:
-                p.destroy()
+                p.destroy(dl.left())
             for b in owned:
-                b.destroy()
-        if executor is not None:
-            executor.shutdown(wait=False)
+                b.destroy(dl.left())
+            with self._cond:
+                self._transfers, self._ports, self._owned, self._regs = {}, {}, [], {}
+                executor, self._executor = self._executor, None
+            if executor is not None:
+                executor.shutdown(wait=False)
 
     def __enter__(self) -> "InterGpuTransfer":
         return self
@@ -501,34 +545,24 @@ class InterGpuTransfer:
         self.destroy()
 
     def __repr__(self) -> str:
-        if self._destroyed:
+        if not self._life.open:
             return "InterGpuTransfer(destroyed)"
-        return f"InterGpuTransfer(devices={self.device_count}, registered={sorted(self._regs)})"
+        return f"InterGpuTransfer(devices={self.device_count}, registered={len(self._regs)})"
 
     # -- helpers ---------------------------------------------------------------
 
     def _check(self) -> None:
-        if self._destroyed or self._closing:
-            raise DestroyedError("InterGpuTransfer used after destroy()")
-        if self.manager.destroyed:
-            raise DestroyedError("the MultiDeviceManager of this InterGpuTransfer was destroyed")
+        self._life.check()
 
     @contextmanager
-    def _op(self) -> Iterator[None]:
-        with self._cond:
-            self._check()
-            self._active += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._active -= 1
-                if self._active == 0:
-                    self._cond.notify_all()
+    def _op(self) -> Iterator["_Holds"]:
+        """An operation: counted in this object's (and the manager's) lifetime, and
+        holding the Buffers it uses (their destroy() waits until it returns)."""
+        with self._life, ExitStack() as stack:
+            yield _Holds(stack)
 
     async def _run(self, fn: Any, *args: Any, **kw: Any) -> Any:
-        with self._cond:
-            self._check()
+        with self._life, self._cond:   # destroy() takes the executor only after this
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self._max_workers, thread_name_prefix="vkmulti-buffers")
             executor = self._executor
@@ -560,18 +594,21 @@ class InterGpuTransfer:
     def _wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
         return wait_point(value, slot, label)
 
-    def _source(self, device: int, data: Any, label: str) -> tuple[np.ndarray | None, _Registration | None]:
+    def _source(self, device: int, data: Any, label: str,
+                holds: _Holds) -> tuple[np.ndarray | None, _Registration | None]:
         """(host bytes, None) or (None, a registration-like view of the device source)."""
         if data is None:
-            reg = self._regs.get(device)
+            with self._cond:
+                reg = self._regs.get(device)
             if reg is None:
                 raise ValueError(f"GPU {device} has no registered buffer; call set_device_buffer({device}, ...) "
                                  f"or pass {label}")
-            reg.handle()
+            reg.hold(holds)
             return None, reg
         if isinstance(data, Image):
             raise TypeError(f"{label} is an Image; InterGpuTransfer moves buffers")
         if isinstance(data, Buffer):
+            holds(data)
             self._check_buffer(data, device, label)
             if not data.usage & vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT:
                 raise ValueError(f"{label} lacks VK_BUFFER_USAGE_TRANSFER_SRC_BIT (usage 0x{data.usage:x})")
@@ -581,10 +618,14 @@ class InterGpuTransfer:
             raise ValueError(f"{label} is empty: nothing to copy")
         return host, None
 
-    def _target(self, device: int, given: Any, size: int, offset: int, label: str) -> tuple[Any, int]:
+    def _target(self, device: int, given: Any, size: int, offset: int, label: str,
+                holds: _Holds) -> tuple[Any, int]:
         """The given destination checked, as (object to return, handle); (None, 0) for none."""
         if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
-            raise ValueError(f"dst_offset must be a non-negative int, got {offset!r}")
+            raise ValueError(f"dst_offset must be a non-negative int, got {offset!r}"[:160])
+        if offset > MAX_BYTES:
+            raise ValueError(f"dst_offset must be at most 2**62, got {offset}")
+        offset = int(offset)
         if given is None:
             if offset:
                 raise ValueError(f"dst_offset {offset} needs a dst_buffer (a new buffer is written at 0)")
@@ -592,6 +633,7 @@ class InterGpuTransfer:
         if isinstance(given, Image):
             raise TypeError(f"{label} is an Image; InterGpuTransfer moves buffers")
         if isinstance(given, Buffer):
+            holds(given)
             self._check_buffer(given, device, label)
             if not given.usage & vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT:
                 raise ValueError(f"{label} lacks VK_BUFFER_USAGE_TRANSFER_DST_BIT (usage 0x{given.usage:x})")
@@ -600,7 +642,7 @@ class InterGpuTransfer:
             return given, given.handle_int
         return given, handle_int(given, "VkBuffer")
 
-    def _create(self, device: int, size: int, made: list[Buffer]) -> tuple[Buffer, int]:
+    def _create(self, device: int, size: int, made: list[Buffer], holds: _Holds) -> tuple[Buffer, int]:
         """A new Buffer this object owns (on failure, the others in `made` are freed)."""
         try:
             buf = Buffer(self._slots[device], size)
@@ -608,6 +650,7 @@ class InterGpuTransfer:
             self._discard(made)
             raise
         made.append(buf)
+        holds.own(buf)
         with self._cond:
             if len(self._owned) > 64:   # forget the ones the caller destroyed already
                 self._owned = [b for b in self._owned if b.handle is not None]

@@ -9,8 +9,9 @@ from typing import Any
 
 import vulkan as vk
 
+from . import vkapi
 from ._handles import cstr, to_cffi
-from .errors import from_vulkan_exception
+from .errors import raise_for_result
 
 _ffi = vk.ffi
 
@@ -148,11 +149,7 @@ class DeviceCapabilities:
 
 def device_extensions(physical_device: Any) -> frozenset[str]:
     pd = to_cffi(physical_device, "VkPhysicalDevice")
-    try:
-        return frozenset(cstr(p.extensionName) for p in vk.vkEnumerateDeviceExtensionProperties(pd, None))
-    except vk.VkError as exc:
-        from_vulkan_exception(exc, "vkEnumerateDeviceExtensionProperties")
-        raise
+    return frozenset(cstr(p.extensionName) for p in vkapi.vkEnumerateDeviceExtensionProperties(pd, None))
 
 
 def _new(ctype: str, stype: int, pnext: Any = None) -> Any:
@@ -243,13 +240,16 @@ def _device_group_sizes(instance: Any) -> list[int]:
     from vulkan._vulkan import lib
 
     count = _ffi.new("uint32_t*")
-    if lib.vkEnumeratePhysicalDeviceGroups(instance, count, _ffi.NULL) != 0 or count[0] == 0:
+    raise_for_result(lib.vkEnumeratePhysicalDeviceGroups(instance, count, _ffi.NULL),
+                     "vkEnumeratePhysicalDeviceGroups")
+    if count[0] == 0:
         return []
     groups = _ffi.new("VkPhysicalDeviceGroupProperties[]", count[0])
     for i in range(count[0]):
         groups[i].sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_GROUP_PROPERTIES
-    if lib.vkEnumeratePhysicalDeviceGroups(instance, count, groups) not in (0, 5):
-        return []
+    r = lib.vkEnumeratePhysicalDeviceGroups(instance, count, groups)
+    if r != 5:   # VK_INCOMPLETE: a group appeared meanwhile; the ones read are enough
+        raise_for_result(r, "vkEnumeratePhysicalDeviceGroups")
     return [int(groups[i].physicalDeviceCount) for i in range(count[0])]
 
 
@@ -300,10 +300,7 @@ class RenderCapabilities:
         inst = instance.handle if isinstance(instance, Instance) else to_cffi(instance, "VkInstance")
         pd = to_cffi(physical_device, "VkPhysicalDevice")
         dev = probe_device(pd)
-        try:
-            count = len(vk.vkEnumeratePhysicalDevices(inst))
-        except vk.VkError:
-            count = 0
+        count = len(vkapi.vkEnumeratePhysicalDevices(inst))
         group = any(n > 1 for n in _device_group_sizes(inst))
         f = vk.vkGetPhysicalDeviceFeatures(pd)
         lim = vk.vkGetPhysicalDeviceProperties(pd).limits

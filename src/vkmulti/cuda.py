@@ -71,10 +71,24 @@ def _peer_reason(uuid_a: str, name_a: str, uuid_b: str, name_b: str) -> str | No
     return _native.cuda_peer_reason(_uuid_bytes(uuid_a), _uuid_bytes(uuid_b), name_a, name_b)
 
 
+def _identity(dev: Any, label: str) -> tuple[str, str]:
+    """(device UUID, name) of DeviceCapabilities, a DeviceSlot (its capabilities) or
+    anything with `device_uuid` and `name`."""
+    caps = getattr(dev, "capabilities", None)
+    if caps is not None and not hasattr(dev, "device_uuid"):
+        dev = caps
+    uuid, name = getattr(dev, "device_uuid", None), getattr(dev, "name", None)
+    if not isinstance(uuid, str) or not isinstance(name, str):
+        raise TypeError(f"{label} must be DeviceCapabilities or a DeviceSlot (anything with str device_uuid and "
+                        f"name), got {type(dev).__name__}")
+    return uuid, name
+
+
 def cuda_peer_reason(a: Any, b: Any) -> str | None:
-    """None when CUDA sees `a` and `b` (DeviceCapabilities, or anything with
-    `device_uuid` and `name`) as two GPUs with peer access both ways; else why not:
-    no CUDA driver, cuInit failing, a device CUDA does not see, one GPU twice,
+    """None when CUDA sees `a` and `b` (DeviceCapabilities, DeviceSlots, or anything
+    with `device_uuid` and `name`) as two GPUs with peer access both ways; else why
+    not: no CUDA driver, cuInit failing, a device CUDA does not see, one GPU twice,
     or no peer path (NVLink or PCIe P2P). Vulkan extensions are not checked here.
     """
-    return _peer_reason(a.device_uuid, a.name, b.device_uuid, b.name)
+    (ua, na), (ub, nb) = _identity(a, "a"), _identity(b, "b")
+    return _peer_reason(ua, na, ub, nb)

@@ -7,12 +7,13 @@ from typing import Any, Iterator
 
 import vulkan as vk
 
-from . import _native
+from . import _native, vkapi
 from ._handles import handle_int, to_cffi
 from .capabilities import (EXT_DMA_BUF, EXT_FENCE_FD, EXT_MEMORY_BUDGET, EXT_MEMORY_FD,
                            EXT_MEMORY_HOST, EXT_SEMAPHORE_FD, EXT_SYNC2, EXT_TIMELINE,
                            DeviceCapabilities, QueueFamilies, probe_device)
-from .errors import UnsupportedError, from_vulkan_exception
+from .errors import DeviceLostError, UnsupportedError
+from .errors import TimeoutError as VkmTimeoutError
 
 log = logging.getLogger(__name__)
 _ffi = vk.ffi
@@ -156,11 +157,7 @@ def create_logical_device(physical_device: Any, queue_families: QueueFamilies | 
         sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, pNext=chain,
         queueCreateInfoCount=len(qinfos), pQueueCreateInfos=qinfos,
         enabledExtensionCount=len(wanted), ppEnabledExtensionNames=wanted or None)
-    try:
-        device = vk.vkCreateDevice(pd, info, None)
-    except vk.VkError as exc:
-        from_vulkan_exception(exc, f"vkCreateDevice({caps.name})")
-        raise
+    device = vkapi.vkCreateDevice(pd, info, None)
     enabled = frozenset(wanted) | ({EXT_SYNC2} if api13 and caps.synchronization2 else set())
     try:
         nat = native_device(pd, device, enabled)
@@ -191,10 +188,51 @@ def create_logical_device(physical_device: Any, queue_families: QueueFamilies | 
 
 
 def destroy_logical_device(device: Any, native: Any = None) -> None:
-    """Wait for the device (no GIL), forget its native table, destroy it."""
+    """Wait for the device (no GIL), forget its native table, destroy it.
+
+    The wait is unbounded: drain_queues() first bounds it."""
     if native is not None:
         native.wait_idle()
         native.release()
     else:
-        vk.vkDeviceWaitIdle(device)
+        vkapi.vkDeviceWaitIdle(device)
     vk.vkDestroyDevice(device, None)
+
+
+def drain_queues(slot: Any, fences: list[tuple[Any, Any]], deadline: Any) -> None:
+    """Wait until every queue of `slot` has finished the work submitted to it so far.
+
+    An empty submit with a fence on each queue signals once all earlier work
+    there is done; the fences are waited in slices (Ctrl-C lands), bounded by
+    `deadline` (vkmulti.TimeoutError, keeping the device). Fences still
+    pending then are kept in `fences` ((device, fence) pairs) and waited
+    first on the next call; a lost device counts as drained.
+    """
+    dev, native = slot.device, slot.native
+    if native is None:
+        return
+    mine = [f for d, f in fences if d is dev]
+    if not mine:
+        for q in slot.queues():
+            fence = vkapi.vkCreateFence(dev, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
+            try:
+                with q.lock:
+                    vkapi.vkQueueSubmit(q.handle, 0, None, fence)
+            except BaseException:
+                vk.vkDestroyFence(dev, fence, None)
+                raise
+            fences.append((dev, fence))
+            mine.append(fence)
+    for fence in mine:
+        try:
+            native.wait_fence(handle_int(fence, "VkFence"), deadline.left())
+        except VkmTimeoutError:
+            raise VkmTimeoutError(f"GPU {slot.index} ({slot.name!r}) still runs work after {deadline.timeout} s; "
+                                  f"its device was not destroyed (call destroy() again once the work can finish)"
+                                  ) from None
+        except DeviceLostError as exc:
+            log.warning("GPU %d (%s) lost while draining its queues (%s); destroying it anyway",
+                        slot.index, slot.name, exc)
+    for fence in mine:
+        vk.vkDestroyFence(dev, fence, None)
+    fences[:] = [(d, f) for d, f in fences if d is not dev]

@@ -9,9 +9,9 @@ from typing import Any
 
 import vulkan as vk
 
-from . import _native
+from . import _native, vkapi
 from ._handles import cstr
-from .errors import DestroyedError, UnsupportedError, from_vulkan_exception
+from .errors import DestroyedError, UnsupportedError
 
 log = logging.getLogger(__name__)
 
@@ -27,19 +27,11 @@ _orphan_lock = threading.Lock()
 
 
 def available_layers() -> set[str]:
-    try:
-        return {cstr(p.layerName) for p in vk.vkEnumerateInstanceLayerProperties()}
-    except vk.VkError as exc:  # pragma: no cover - loader failure
-        from_vulkan_exception(exc, "vkEnumerateInstanceLayerProperties")
-        raise
+    return {cstr(p.layerName) for p in vkapi.vkEnumerateInstanceLayerProperties()}
 
 
 def available_instance_extensions() -> set[str]:
-    try:
-        return {cstr(p.extensionName) for p in vk.vkEnumerateInstanceExtensionProperties(None)}
-    except vk.VkError as exc:  # pragma: no cover
-        from_vulkan_exception(exc, "vkEnumerateInstanceExtensionProperties")
-        raise
+    return {cstr(p.extensionName) for p in vkapi.vkEnumerateInstanceExtensionProperties(None)}
 
 
 class Instance:
@@ -82,10 +74,7 @@ class Instance:
             sType=vk.VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, pApplicationInfo=app,
             enabledLayerCount=len(layers), ppEnabledLayerNames=layers or None,
             enabledExtensionCount=len(exts), ppEnabledExtensionNames=exts or None)
-        try:
-            self._handle = vk.vkCreateInstance(info, None)
-        except vk.VkError as exc:
-            from_vulkan_exception(exc, "vkCreateInstance")
+        self._handle = vkapi.vkCreateInstance(info, None)
         self.extensions = frozenset(exts)
         if self.validation:
             self._messenger = _native.Messenger(self.handle_int)
@@ -107,11 +96,7 @@ class Instance:
 
     def physical_devices(self) -> list[Any]:
         """Every physical device, in the loader's order."""
-        try:
-            return list(vk.vkEnumeratePhysicalDevices(self.handle))
-        except vk.VkError as exc:
-            from_vulkan_exception(exc, "vkEnumeratePhysicalDevices")
-            raise
+        return list(vkapi.vkEnumeratePhysicalDevices(self.handle))
 
     def validation_messages(self) -> list[tuple[str, str]]:
         """Drain the collected (severity, text) messages (warnings and errors)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -11,8 +12,10 @@ import vulkan as vk
 from ._handles import cstr, handle_int, to_cffi
 from .capabilities import EXT_MEMORY_FD, DeviceCapabilities, QueueFamilies, RenderCapabilities, probe_device
 from .devices import (LogicalDevice, Queue, create_logical_device, default_queue_families,
-                      destroy_logical_device, native_device)
-from .errors import DestroyedError
+                      destroy_logical_device, drain_queues, native_device)
+from .errors import DestroyedError, VkmError
+from .errors import TimeoutError as VkmTimeoutError
+from .lifetime import Deadline, Lifetime
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,12 @@ class DeviceSlot:
     dedicated_copy_queue: Any = dataclasses.field(default=None, repr=False)
     #: A universal-family queue reserved for vkmulti (made by vkmulti), if any.
     dedicated_universal_queue: Any = dataclasses.field(default=None, repr=False)
+    #: The life of the manager that owns this slot: every object made on the slot
+    #: counts its operations there and is destroyed with the manager.
+    lifetime: Lifetime = dataclasses.field(default_factory=lambda: Lifetime(None, "device slot"), repr=False,
+                                           compare=False)
+    #: Guards `children` (one link table, one command runner per slot, whoever asks first).
+    children_lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False, compare=False)
 
     @property
     def is_primary(self) -> bool:
@@ -60,18 +69,32 @@ class DeviceSlot:
         when it made the device, else the graphics queue."""
         return self.dedicated_universal_queue or self.graphics_queue
 
-    def release_children(self) -> None:
-        """Destroy the cached helpers, newest first."""
-        while self.children:
-            _, child = self.children.popitem()
-            child.destroy()
+    def queues(self) -> list[Queue]:
+        """Every distinct queue of this slot (vkmulti's own included)."""
+        out: dict[int, Queue] = {}
+        for q in (self.graphics_queue, self.present_queue, self.compute_queue, self.transfer_queue,
+                  self.dedicated_copy_queue, self.dedicated_universal_queue):
+            if isinstance(q, Queue):
+                out.setdefault(int(q), q)
+        return list(out.values())
+
+    def release_children(self, timeout: float | None = None) -> None:
+        """Destroy the cached helpers (transfer links, command runner), newest first.
+
+        Each waits for its queued GPU work; vkmulti.TimeoutError after `timeout`
+        s keeps the ones not yet destroyed."""
+        dl = Deadline(timeout)
+        with self.children_lock:
+            items = list(self.children.items())
+        for key, child in reversed(items):
+            child.destroy(timeout=dl.left())
+            with self.children_lock:
+                if self.children.get(key) is child:
+                    del self.children[key]
 
 
 def _device_name(pd: Any) -> str:
-    try:
-        return cstr(vk.vkGetPhysicalDeviceProperties(pd).deviceName)
-    except Exception:  # the seed's behaviour: never fail on a name
-        return "<unknown>"
+    return cstr(vk.vkGetPhysicalDeviceProperties(pd).deviceName)   # void in Vulkan: cannot fail
 
 
 def _as_queue(q: Any, family: int | None, what: str) -> Queue | None:
@@ -119,7 +142,9 @@ class MultiDeviceManager:
         pext = frozenset(primary_extensions or ())
 
         self._teardown: list[Callable[[], Any]] = []
+        self._life = Lifetime(self, "MultiDeviceManager")
         self._destroyed = False
+        self._drain_fences: list[tuple[Any, Any]] = []
         self._owned_instance: Any = None
         self._physical_devices = list(pds)
         self.external_memory_fd_enabled = False
@@ -135,7 +160,7 @@ class MultiDeviceManager:
             transfer_queue=_as_queue(primary_transfer_queue,
                                      qf.transfer if qf.transfer is not None else pcaps.dedicated_transfer_family,
                                      "primary_transfer_queue"),
-            name=_device_name(primary_pd), capabilities=pcaps, enabled_extensions=pext,
+            name=_device_name(primary_pd), capabilities=pcaps, enabled_extensions=pext, lifetime=self._life,
         )]
         if self._slots[0].graphics_queue is None:
             raise ValueError("primary_graphics_queue is required")
@@ -146,7 +171,7 @@ class MultiDeviceManager:
             try:
                 self._create_secondaries(primary_key, find_queue_families)
             except BaseException:
-                self._destroy_secondaries()
+                self._destroy_secondaries(Deadline(None))
                 raise
         elif enabled:
             log.info("multi-GPU requested but only %d physical device(s); using the single-device path", len(pds))
@@ -170,7 +195,9 @@ class MultiDeviceManager:
                                    qf.compute if qf.compute is not None else caps.dedicated_compute_family,
                                    qf.transfer if qf.transfer is not None else caps.dedicated_transfer_family)
             ld = create_logical_device(pd, qf)
-            self._slots.append(self._slot_from(len(self._slots), pd, ld))
+            slot = self._slot_from(len(self._slots), pd, ld)
+            slot.lifetime = self._life
+            self._slots.append(slot)
             log.info("created secondary logical device %d (%s)", len(self._slots) - 1, caps.name)
 
     @staticmethod
@@ -250,16 +277,17 @@ class MultiDeviceManager:
     # -- the seed's API ----------------------------------------------------
 
     def _check(self) -> None:
-        if self._destroyed:
+        if not self._life.open:
             raise DestroyedError("MultiDeviceManager used after destroy()")
 
     @property
     def destroyed(self) -> bool:
-        return self._destroyed
+        """True once destroy() was called (every object of this manager raises DestroyedError)."""
+        return not self._life.open
 
     @property
     def multi_gpu(self) -> bool:
-        return not self._destroyed and self._multi_gpu and len(self._slots) > 1
+        return self._life.open and self._multi_gpu and len(self._slots) > 1
 
     @property
     def device_count(self) -> int:
@@ -298,45 +326,80 @@ class MultiDeviceManager:
             raise TypeError(f"teardown hook must be callable, got {type(hook).__name__}")
         self._teardown.append(hook)
 
-    def _destroy_secondaries(self) -> None:
+    def _destroy_children(self, dl: Deadline) -> None:
+        """Destroy every object made on this manager's devices: owners of other
+        objects first (coordinators, InterGpuTransfers, renderers, transfers),
+        then ports, images and buffers; newest first within a kind."""
+        kids = self._life.children()
+        order = sorted(range(len(kids)), key=lambda k: (getattr(kids[k], "_teardown_rank", 50), -k))
+        for k in order:
+            child = kids[k]
+            try:
+                child.destroy(timeout=dl.left())
+            except VkmTimeoutError:
+                raise
+            except VkmError as exc:   # e.g. a lost device: go on freeing the rest
+                log.warning("MultiDeviceManager.destroy: destroying %s failed (%s); going on with the rest",
+                            _short(child), exc)
+
+    def _destroy_secondaries(self, dl: Deadline) -> None:
         for s in self._slots:   # children (links between any two slots) before any device
-            s.release_children()
+            s.release_children(dl.left())
         for s in self._slots[1:]:
             if s.device is not None:
+                self._drain(s, dl)
                 destroy_logical_device(s.device, s.native)
                 s.device = None
                 s.native = None
         del self._slots[1:]
 
-    def destroy(self) -> None:
-        """Run teardown hooks, wait for and destroy the devices vkmulti made.
+    def _drain(self, slot: DeviceSlot, dl: Deadline) -> None:
+        """Wait (bounded, interruptible) until every queue of `slot` has finished
+        what was submitted to it, so that vkDestroyDevice never waits unbounded."""
+        drain_queues(slot, self._drain_fences, dl)
 
-        Idempotent. The primary is destroyed only when create() made it.
+    def destroy(self, timeout: float | None = 30.0) -> None:
+        """Run teardown hooks, destroy every object made on these devices, then the
+        devices vkmulti made (idempotent).
+
+        From the moment it is called, every object of this manager (images,
+        buffers, transfers and their links, ports, renderers, coordinators)
+        raises DestroyedError for new operations. It then waits for the
+        operations already running on other threads, destroys the objects
+        (each waits for its queued GPU work) and the devices. The whole wait is
+        bounded by `timeout` seconds (None: no bound) and Ctrl-C ends it; on
+        vkmulti.TimeoutError (a transfer stuck behind a wait semaphore that
+        never comes, say) or KeyboardInterrupt nothing the GPU may still touch
+        is freed, and destroy() may be called again once the work can finish.
+        The primary is destroyed only when create() made it.
         """
-        if self._destroyed:
-            return
-        hooks, self._teardown = self._teardown, []
-        errors: list[BaseException] = []
-        for hook in hooks:
-            try:
-                hook()
-            except Exception as exc:  # keep tearing down; report the first
-                log.exception("teardown hook %r failed", hook)
-                errors.append(exc)
-        self._destroy_secondaries()
-        p = self._slots[0]
-        p.release_children()
-        if p.owned and p.device is not None:
-            destroy_logical_device(p.device, p.native)
-            p.device = None
-        elif p.native is not None:
-            p.native.release()
-        p.native = None
-        self._multi_gpu = False
-        self._destroyed = True
-        if self._owned_instance is not None:
-            self._owned_instance.destroy()
-            self._owned_instance = None
+        with self._life.ending(timeout) as dl:
+            if dl is None:
+                return
+            hooks, self._teardown = self._teardown, []
+            errors: list[BaseException] = []
+            for hook in hooks:
+                try:
+                    hook()
+                except Exception as exc:  # keep tearing down; report the first
+                    log.exception("teardown hook %s failed", _short(hook))
+                    errors.append(exc)
+            self._destroy_children(dl)
+            self._destroy_secondaries(dl)
+            p = self._slots[0]
+            p.release_children(dl.left())
+            if p.owned and p.device is not None:
+                self._drain(p, dl)
+                destroy_logical_device(p.device, p.native)
+                p.device = None
+            elif p.native is not None:   # the engine's device: its queues are the engine's business
+                p.native.release()
+            p.native = None
+            self._multi_gpu = False
+            self._destroyed = True
+            if self._owned_instance is not None:
+                self._owned_instance.destroy()
+                self._owned_instance = None
         if errors:
             raise errors[0]
 
@@ -347,6 +410,12 @@ class MultiDeviceManager:
         self.destroy()
 
     def __repr__(self) -> str:
-        if self._destroyed:
-            return "MultiDeviceManager(destroyed)"
-        return f"MultiDeviceManager(multi_gpu={self.multi_gpu}, slots={[s.name for s in self._slots]})"
+        if not self._life.open:
+            return "MultiDeviceManager(destroyed)" if self._destroyed else "MultiDeviceManager(destroying)"
+        return f"MultiDeviceManager(multi_gpu={self.multi_gpu}, devices={len(self._slots)})"
+
+
+def _short(obj: Any) -> str:
+    """A short description of an object for logs (never a whole repr)."""
+    text = repr(obj)
+    return text if len(text) <= 80 else f"<{type(obj).__name__}>"

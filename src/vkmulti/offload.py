@@ -10,15 +10,18 @@ primary for this frame and the device is left out of later plans.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import vulkan as vk
 
+from . import vkapi
 from .adaptive import AdaptivePlanning, SpeedMeter
 from .errors import (DestroyedError, TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError)
 from .images import Image
+from .lifetime import Deadline, Lifetime, operation
 from .multi_device import DeviceSlot, MultiDeviceManager
 from .partition import SRUAssignment, _sru_cost, assign_srus
 from .render import SRU_FORMAT, SRU_IMAGE_USAGE, Compositor, _scale_pair, as_wait_points
@@ -77,7 +80,7 @@ class SecondaryRenderContext:
         if self.command_pool is None:
             if self.slot.device is None:
                 raise DestroyedError(f"GPU {self.slot.index} is destroyed")
-            self.command_pool = vk.vkCreateCommandPool(self.slot.device, vk.VkCommandPoolCreateInfo(
+            self.command_pool = vkapi.vkCreateCommandPool(self.slot.device, vk.VkCommandPoolCreateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
                 flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
                 queueFamilyIndex=self.slot.graphics_queue.family), None)
@@ -139,11 +142,39 @@ def _default_cost(sru: Any) -> float:
     return _sru_cost(sru) if c is None else c
 
 
+def _int_list(values: Any, label: str) -> list[int]:
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{label} must be a sequence of ints, got {type(values).__name__}")
+    try:
+        out = list(values)
+    except TypeError:
+        raise TypeError(f"{label} must be a sequence of ints, got {type(values).__name__}") from None
+    for v in out:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{label} must hold ints, got {type(v).__name__} {v!r}"[:160])
+    return out
+
+
+def _weights(values: Any, count: int) -> list[float]:
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"weights must be a sequence of numbers, got {type(values).__name__}")
+    try:
+        out = [float(w) for w in values]
+    except (TypeError, ValueError):
+        raise TypeError("weights must be a sequence of numbers (one per device)") from None
+    if len(out) != count:
+        raise ValueError(f"weights has {len(out)} entries for {count} devices")
+    for d, w in enumerate(out):
+        if not (math.isfinite(w) and w > 0):
+            raise ValueError(f"weight of device {d} must be a finite number > 0, got {w!r}")
+    return out
+
+
 def _sru_size(sru: Any) -> tuple[int, int]:
     try:
         w, h = sru.width, sru.height
     except AttributeError:
-        raise TypeError(f"SRU {sru!r} needs width and height attributes") from None
+        raise TypeError(f"an SRU needs width and height attributes, got a {type(sru).__name__}") from None
     for label, v in (("width", w), ("height", h)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise ValueError(f"SRU {getattr(sru, 'sru_id', sru)!r}: {label} must be a positive int, got {v!r}")
@@ -187,21 +218,24 @@ class SRUOffloadCoordinator(AdaptivePlanning):
             raise TypeError(f"manager must be a MultiDeviceManager, got {type(manager).__name__}")
         if secondary_renderer_factory is not None and not callable(secondary_renderer_factory):
             raise TypeError("secondary_renderer_factory must be callable or None")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}"[:160])
         count = manager.device_count
         if devices is None:
             devices = list(range(count))
-        devices = list(devices)
+        devices = _int_list(devices, "devices")
         for d in devices:
-            if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < count:
+            if not 0 <= d < count:
                 raise IndexError(f"device {d!r} out of range: the manager has {count} slot(s)")
         if not devices or devices[0] != 0 or len(set(devices)) != len(devices):
-            raise ValueError(f"devices must list distinct slot indices starting with 0 (the primary), got {devices!r}")
+            raise ValueError(f"devices must list distinct slot indices starting with 0 (the primary), "
+                             f"got {devices!r}"[:200])
         if weights is not None:
-            weights = [float(w) for w in weights]
-            if len(weights) != count:
-                raise ValueError(f"weights has {len(weights)} entries for {count} devices: {weights!r}")
-        if hysteresis is not None and not 0.0 <= float(hysteresis) < 1.0:
-            raise ValueError(f"hysteresis must be None or in [0, 1), got {hysteresis!r}")
+            weights = _weights(weights, count)
+        if hysteresis is not None:
+            if isinstance(hysteresis, bool) or not isinstance(hysteresis, (int, float)) \
+                    or not 0.0 <= hysteresis < 1.0:
+                raise ValueError(f"hysteresis must be None or a number in [0, 1), got {hysteresis!r}"[:160])
         self.manager = manager
         self.capabilities = capabilities
         self.prefer_dmabuf = bool(prefer_dmabuf)
@@ -218,17 +252,17 @@ class SRUOffloadCoordinator(AdaptivePlanning):
         self._compositor: Compositor | None = None
         self._last_frame: TimelinePoint | None = None
         self._lock = threading.RLock()
-        self._destroyed = False
+        self._life = Lifetime(self, "SRUOffloadCoordinator", (manager._life,))
         self.adaptive = adaptive
         self._speeds = SpeedMeter(count, self._wait_point, damping=adaptive_damping, timeout=timeout)
-        manager.register_teardown(self.destroy)
+        manager._life.adopt(self)   # destroyed with the manager unless destroyed first
 
     # -- the seed's API ----------------------------------------------------
 
     @property
     def active(self) -> bool:
         """True when the manager drives more than one GPU."""
-        return not self._destroyed and self.manager.multi_gpu
+        return self._life.open and self.manager.multi_gpu
 
     @property
     def unavailable(self) -> dict[int, str]:
@@ -245,6 +279,7 @@ class SRUOffloadCoordinator(AdaptivePlanning):
         """Let a device marked unavailable take part in plans again."""
         self._unavailable.pop(index, None)
 
+    @operation
     def plan(self, srus: Iterable[Any], *, sru_id: Callable[[Any], Any] | None = None,
              cost: Callable[[Any], float] | None = None, transfer_cost: Callable[[Any], float] | None = None,
              offloadable: Callable[[Any], bool] | None = None) -> list[OffloadRoute]:
@@ -294,6 +329,7 @@ class SRUOffloadCoordinator(AdaptivePlanning):
             raise TypeError(f"route must be an OffloadRoute, got {type(route).__name__}")
         return self._renderer_for(route.device_index)
 
+    @operation
     def render_sru_offloaded(self, sru: Any, primary_dst_image: Any, *, dst_wait: Any = None) -> bool:
         """Render `sru` on its secondary and start moving the image into `primary_dst_image`.
 
@@ -319,30 +355,51 @@ class SRUOffloadCoordinator(AdaptivePlanning):
         e = self._entries.get(sru_id)
         return e.ticket if e is not None else None
 
-    def destroy(self) -> None:
-        """Wait for in-flight work, then free targets, transfers, compositor and contexts (idempotent)."""
-        with self._lock:
-            if self._destroyed:
+    _teardown_rank = 5   # first: it owns transfers, images, a compositor and renderer contexts
+
+    @property
+    def destroyed(self) -> bool:
+        return not self._life.open
+
+    _destroyed = destroyed
+
+    def destroy(self, timeout: float | None = None) -> None:
+        """Wait for in-flight work, then free targets, transfers, compositor and contexts (idempotent).
+
+        Calls running on other threads are waited for first, and every wait
+        is bounded by `timeout` (None: this coordinator's `timeout` per wait);
+        on vkmulti.TimeoutError or Ctrl-C what the GPU may still use is kept,
+        and destroy() may be called again.
+        """
+        with self._life.ending(timeout) as dl:
+            if dl is None:
                 return
             self._speeds.close()   # no timer thread may still wait on a semaphore freed below
-            self._destroyed = True
-            steps: list[Callable[[], Any]] = [lambda e=e: self._release(e) for e in list(self._entries.values())]
-            if self._compositor is not None:
-                steps.append(self._compositor.destroy)
-            steps += [ctx.destroy for ctx in self._contexts.values()]
-            errors = []
-            for step in steps:     # free as much as possible; report the first failure
-                try:
-                    step()
-                except Exception as exc:
-                    log.exception("SRUOffloadCoordinator teardown step failed")
-                    errors.append(exc)
-            self._entries.clear()
-            self._compositor = None
-            self._contexts.clear()
-            self._routes.clear()
-            if errors:
-                raise errors[0]
+            with self._lock:
+                errors: list[BaseException] = []
+                steps: list[Callable[[], Any]] = [lambda e=e: self._release(e, dl)
+                                                  for e in list(self._entries.values())]
+                if self._compositor is not None:
+                    steps.append(lambda: self._compositor.destroy(self._left(dl)))
+                steps += [lambda ctx=ctx: ctx.destroy() for ctx in self._contexts.values()]
+                for step in steps:     # free as much as possible; report the first failure
+                    try:
+                        step()
+                    except TimeoutError:
+                        raise
+                    except Exception as exc:
+                        log.warning("SRUOffloadCoordinator teardown step failed: %r", exc)
+                        errors.append(exc)
+                self._entries.clear()
+                self._compositor = None
+                self._contexts.clear()
+                self._routes.clear()
+        if errors:
+            raise errors[0]
+
+    def _left(self, dl: Deadline) -> float:
+        left = dl.left()
+        return self.timeout if left is None else left
 
     def __enter__(self) -> "SRUOffloadCoordinator":
         return self
@@ -352,6 +409,7 @@ class SRUOffloadCoordinator(AdaptivePlanning):
 
     # -- a whole frame -----------------------------------------------------
 
+    @operation
     def render_frame(self, srus: Iterable[Any], frame: Image, *, sru_id: Callable[[Any], Any] | None = None,
                      cost: Callable[[Any], float] | None = None,
                      transfer_cost: Callable[[Any], float] | None = None,
@@ -458,6 +516,7 @@ class SRUOffloadCoordinator(AdaptivePlanning):
                 seconds = self._speeds.settle()
         return FrameReport(routes, rendered_on, [key(s) for s in fallbacks], done, sent, seconds)
 
+    @operation
     def wait_frame(self, timeout: float | None = None) -> None:
         """Block until the latest frame is composited."""
         if self._compositor is not None and self._last_frame is not None:
@@ -466,10 +525,11 @@ class SRUOffloadCoordinator(AdaptivePlanning):
     # -- helpers -------------------------------------------------------------
 
     def _check(self) -> None:
-        if self._destroyed:
-            raise DestroyedError("SRUOffloadCoordinator used after destroy()")
-        if self.manager.destroyed:
-            raise DestroyedError("the coordinator's MultiDeviceManager is destroyed")
+        self._life.check()
+
+    def _slot(self, index: int) -> DeviceSlot:
+        """A slot of the manager, also while the manager's destroy() runs (teardown)."""
+        return self.manager._slots[index]
 
     def _caps(self) -> Any:
         caps = self.capabilities
@@ -568,39 +628,45 @@ class SRUOffloadCoordinator(AdaptivePlanning):
         return True
 
     def _mark_unavailable(self, index: int, why: str, exc: BaseException) -> None:
-        name = self.manager.slot(index).name
+        name = self._slot(index).name
         self._unavailable[index] = f"{why}: {exc!r}"
         log.error("GPU %d (%s) left out of later plans, %s; its SRUs render on the primary this frame",
                   index, name, why, exc_info=exc)
 
-    def _settle(self, e: _Entry) -> None:
-        """Wait until nothing in flight uses the entry's resources (errors are logged)."""
+    def _settle(self, e: _Entry, dl: Deadline) -> None:
+        """Wait until nothing in flight uses the entry's resources. vkmulti.TimeoutError
+        keeps them; other failures (a lost device) are logged and do not."""
         waits: list[Callable[[], Any]] = []
         if e.ticket is not None:
-            waits.append(lambda: e.ticket.wait(self.timeout))
+            ticket = e.ticket
+            waits.append(lambda: ticket.wait(self._left(dl)))
         for p in e.points:
-            slot = self.manager.slot(p.device_index)
-            waits.append(lambda p=p, slot=slot: slot.native.wait_timeline(p.semaphore, p.value, self.timeout))
+            slot = self._slot(p.device_index)
+            waits.append(lambda p=p, slot=slot: slot.native.wait_timeline(p.semaphore, p.value, self._left(dl)))
         if self._last_frame is not None and self._compositor is not None:
-            waits.append(lambda: self._compositor.wait(self._last_frame, self.timeout))
+            frame, compositor = self._last_frame, self._compositor
+            waits.append(lambda: compositor.slot.native.wait_timeline(frame.semaphore, frame.value,
+                                                                      self._left(dl)))
         for w in waits:
             try:
                 w()
+            except TimeoutError:
+                raise
             except VkmError as exc:
-                log.warning("SRU %r: waiting for in-flight work failed (%r); freeing its resources anyway",
+                log.warning("SRU %r: waiting for in-flight work failed (%r); freeing its resources",
                             e.sru_id, exc)
 
-    def _release(self, e: _Entry) -> None:
-        self._settle(e)
+    def _release(self, e: _Entry, dl: Deadline | None = None) -> None:
+        dl = dl or Deadline(None)
+        self._settle(e, dl)
         if e.transfer is not None:
-            try:
-                e.transfer.destroy(self.timeout)
-            except VkmError as exc:
-                log.warning("SRU %r: transfer teardown failed: %r", e.sru_id, exc)
-        for img in (e.target, e.landing, e.fallback):
-            if img is not None and img.slot.device is not None:
-                img.destroy()
-        e.target = e.landing = e.fallback = e.transfer = e.ticket = None
+            e.transfer.destroy(self._left(dl))
+            e.transfer = e.ticket = None
+        for name in ("target", "landing", "fallback"):
+            img = getattr(e, name)
+            if img is not None:
+                img.destroy(self._left(dl))
+                setattr(e, name, None)
         e.points = []
         if self._entries.get(e.sru_id) is e:
             del self._entries[e.sru_id]

@@ -304,7 +304,13 @@ def _prepare(srus, device_count, sru_id, cost, weights, transfer_cost, offloadab
     dc = _device_count(device_count)
     h = _hysteresis(hysteresis)
     srus = list(srus)
-    ids = list(map(sru_id or _default_sru_id, srus))
+    try:
+        ids = list(map(sru_id or _default_sru_id, srus))
+    except AttributeError:
+        if sru_id is not None:
+            raise
+        bad = next(s for s in srus if not hasattr(s, "sru_id"))
+        raise TypeError(f"an SRU needs an sru_id attribute (or pass sru_id=), got a {type(bad).__name__}") from None
     keys = _tie_keys(ids)
     p = _Problem(_per_sru_floats(list(map(cost or _sru_cost, srus)), ids, "cost"), dc, keys=keys, hysteresis=h)
     if weights is not None:

@@ -9,19 +9,27 @@ them as the pattern for their own per-device SRU renderers.
 """
 from __future__ import annotations
 
+import logging
 import math
 import struct
 import threading
 from collections import deque
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import vulkan as vk
 
+from . import vkapi
 from .errors import DestroyedError, DeviceLostError, UnsupportedError
-from .images import IMAGE_USAGE, Image, _check_slot, _vk, timeline_submit_info
-from .transfer import TimelinePoint
+from .errors import TimeoutError as VkmTimeoutError
+from .images import IMAGE_USAGE, Image, timeline_submit_info
+from .lifetime import Lifetime
+from .resources import check_slot, slot_lifetime, slot_queue
+from .timeline import TimelinePoint
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ReferenceSRU", "ReferenceRenderer", "Compositor", "SRU_IMAGE_USAGE", "SRU_FORMAT",
            "shader_path", "as_wait_points"]
@@ -133,26 +141,77 @@ class _Job:
         self.cmd, self.dset, self.view, self.value = cmd, dset, None, 0
 
 
+class _SubmitDone:
+    """One submit of a renderer or compositor, for the images it touches (their
+    destroy() waits for it): done once the submitter's timeline reaches `value`."""
+    __slots__ = ("sub", "value")
+
+    def __init__(self, sub: "_Submitter", value: int):
+        self.sub, self.value = sub, value
+
+    def gpu_done(self, device_index: int | None = None) -> bool:
+        life = self.sub._life
+        try:
+            with life.keep():   # the timeline semaphore stays while this reads it
+                return self.sub.slot.native.timeline_value(self.sub._timeline) >= self.value
+        except DestroyedError:
+            return life.dead   # its destroy() waited for every submit
+        except DeviceLostError as exc:
+            log.warning("%r: device lost (%s); its submits count as done", self.sub, exc)
+            return True
+
+    def gpu_wait(self, device_index: int | None, timeout: float | None) -> bool:
+        life = self.sub._life
+        try:
+            with life.keep():
+                self.sub.slot.native.wait_timeline(self.sub._timeline, self.value, timeout)
+                return True
+        except VkmTimeoutError:
+            return False
+        except DestroyedError:
+            return life.dead
+        except DeviceLostError as exc:
+            log.warning("%r: device lost (%s); its submits count as done", self.sub, exc)
+            return True
+
+
 class _Submitter:
-    """A command pool, a timeline semaphore and recycled command buffers on one queue."""
+    """A command pool, a timeline semaphore and recycled command buffers on one queue.
+
+    Adopted by the slot's manager; render/composite/wait run inside its
+    lifetime, and destroy() waits (bounded) for every submit before freeing.
+    """
+
+    _teardown_rank = 30   # after the coordinators that use it, before the images it draws into
 
     def __init__(self, slot: Any, queue: Any = None):
-        _check_slot(slot)
+        check_slot(slot)
         self.slot = slot
-        self.queue = queue or slot.graphics_queue
+        self.queue = slot_queue(slot, queue, slot.graphics_queue)
         self._lock = threading.Lock()
         self._free: list[_Job] = []
         self._inflight: deque[_Job] = deque()
         self._value = 0
-        self.pool = _vk("vkCreateCommandPool", vk.vkCreateCommandPool, slot.device, vk.VkCommandPoolCreateInfo(
-            sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
-            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue.family), None)
-        try:
-            self._timeline = slot.native.create_timeline(0)
-        except BaseException:
-            vk.vkDestroyCommandPool(slot.device, self.pool, None)
-            self.pool = None
-            raise
+        self.pool: Any = None
+        self._life = Lifetime(self, type(self).__name__, (slot_lifetime(slot),))
+        life = slot_lifetime(slot)
+        with life:
+            self.pool = vkapi.vkCreateCommandPool(slot.device, vk.VkCommandPoolCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue.family), None)
+            try:
+                self._timeline = slot.native.create_timeline(0)
+            except BaseException:
+                vk.vkDestroyCommandPool(slot.device, self.pool, None)
+                self.pool = None
+                raise
+            try:
+                life.adopt(self)
+            except BaseException:
+                vk.vkDestroyCommandPool(slot.device, self.pool, None)
+                vk.vkDestroySemaphore(slot.device, _ffi.cast("VkSemaphore", self._timeline), None)
+                self.pool = None
+                raise
 
     # -- jobs ------------------------------------------------------------
 
@@ -161,7 +220,7 @@ class _Submitter:
             raise DestroyedError(f"{type(self).__name__} used after destroy()")
 
     def _new_job(self) -> _Job:
-        cmd = vk.vkAllocateCommandBuffers(self.slot.device, vk.VkCommandBufferAllocateInfo(
+        cmd = vkapi.vkAllocateCommandBuffers(self.slot.device, vk.VkCommandBufferAllocateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
             level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
         return _Job(cmd)
@@ -183,14 +242,17 @@ class _Submitter:
             self._free.append(job)
         return self._free.pop() if self._free else self._new_job()
 
-    def _submit(self, job: _Job, waits: Sequence[TimelinePoint]) -> TimelinePoint:
+    def _submit(self, job: _Job, waits: Sequence[TimelinePoint], images: Sequence[Image] = ()) -> TimelinePoint:
         value = self._value + 1
         info = timeline_submit_info(job.cmd, [(p.semaphore, p.value) for p in waits],
                                     signal=(self._timeline, value))
         with self.queue.lock:
-            _vk("vkQueueSubmit", vk.vkQueueSubmit, self.queue.handle, 1, [info], vk.VK_NULL_HANDLE)
+            vkapi.vkQueueSubmit(self.queue.handle, 1, [info], vk.VK_NULL_HANDLE)
         self._value = job.value = value
         self._inflight.append(job)
+        done = _SubmitDone(self, value)
+        for img in images:
+            img._track(done)   # its destroy() waits for this submit
         return TimelinePoint(self._timeline, value, self.slot.index)
 
     # -- public ------------------------------------------------------------
@@ -202,29 +264,34 @@ class _Submitter:
 
     def wait(self, point: TimelinePoint | None = None, timeout: float | None = 60.0) -> None:
         """Block (no GIL) until `point` (default: the latest submit) is reached."""
-        self._check()
-        point = point or self.last
-        if point is None:
-            return
-        if point.semaphore != self._timeline:
-            raise ValueError(f"{point} was not signalled by this {type(self).__name__}")
-        self.slot.native.wait_timeline(self._timeline, point.value, timeout)
+        with self._life:
+            point = point or self.last
+            if point is None:
+                return
+            if not isinstance(point, TimelinePoint) or point.semaphore != self._timeline:
+                raise ValueError(f"that point was not signalled by this {type(self).__name__}")
+            self.slot.native.wait_timeline(self._timeline, point.value, timeout)
 
     def _destroy_extra(self) -> None:
         """Subclasses free their own objects here (the GPU is idle for them)."""
 
+    @property
+    def destroyed(self) -> bool:
+        return self._life.dead
+
     def destroy(self, timeout: float | None = 60.0) -> None:
         """Wait for every submit, then free everything (idempotent; vkmulti.TimeoutError keeps it all)."""
-        with self._lock:
-            if self.pool is None:
+        with self._life.ending(timeout) as dl:
+            if dl is None or self.pool is None:
                 return
-            dev = self.slot.device
-            if dev is not None:
+            with self._lock:
+                dev = self.slot.device
                 if self._value:
                     try:
-                        self.slot.native.wait_timeline(self._timeline, self._value, timeout)
-                    except DeviceLostError:
-                        pass   # nothing runs on a lost device any more: its objects can be freed
+                        self.slot.native.wait_timeline(self._timeline, self._value, dl.left())
+                    except DeviceLostError as exc:   # nothing runs on a lost device any more
+                        log.warning("%s on GPU %d: device lost (%s); freeing its objects",
+                                    type(self).__name__, self.slot.index, exc)
                 for job in list(self._inflight) + self._free:
                     self._retire(job)
                 self._inflight.clear()
@@ -232,13 +299,16 @@ class _Submitter:
                 self._destroy_extra()
                 vk.vkDestroyCommandPool(dev, self.pool, None)
                 vk.vkDestroySemaphore(dev, _ffi.cast("VkSemaphore", self._timeline), None)
-            self.pool = None
+                self.pool = None
 
     def __enter__(self) -> Any:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.destroy()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(GPU {getattr(self.slot, 'index', '?')}, submits={self._value})"
 
 
 def _format_features(slot: Any, fmt: int) -> int:
@@ -285,16 +355,16 @@ class ReferenceRenderer(_Submitter):
             raise UnsupportedError(f"R16G16B16A16_SFLOAT storage images are not supported on {slot.name!r}",
                                    device=slot.name)
         code = shader_path("sru.comp.spv").read_bytes()
-        module = _vk("vkCreateShaderModule", vk.vkCreateShaderModule, dev, vk.VkShaderModuleCreateInfo(
+        module = vkapi.vkCreateShaderModule(dev, vk.VkShaderModuleCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, codeSize=len(code), pCode=code), None)
         try:
-            self.dsl = _vk("vkCreateDescriptorSetLayout", vk.vkCreateDescriptorSetLayout, dev,
+            self.dsl = vkapi.vkCreateDescriptorSetLayout(dev,
                            vk.VkDescriptorSetLayoutCreateInfo(
                                sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
                                pBindings=[vk.VkDescriptorSetLayoutBinding(
                                    binding=0, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE,
                                    descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)]), None)
-            self.layout = _vk("vkCreatePipelineLayout", vk.vkCreatePipelineLayout, dev, vk.VkPipelineLayoutCreateInfo(
+            self.layout = vkapi.vkCreatePipelineLayout(dev, vk.VkPipelineLayoutCreateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, setLayoutCount=1, pSetLayouts=[self.dsl],
                 pushConstantRangeCount=1, pPushConstantRanges=[vk.VkPushConstantRange(
                     stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=_PUSH.size)]), None)
@@ -302,21 +372,21 @@ class ReferenceRenderer(_Submitter):
             stage = vk.VkPipelineShaderStageCreateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
                 stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module, pName="main")
-            self.pipeline = _vk("vkCreateComputePipelines", vk.vkCreateComputePipelines, dev, vk.VK_NULL_HANDLE, 1,
+            self.pipeline = vkapi.vkCreateComputePipelines(dev, vk.VK_NULL_HANDLE, 1,
                                 [vk.VkComputePipelineCreateInfo(
                                     sType=vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO, stage=stage,
                                     layout=self.layout)], None)[0]
             del stage
         finally:
             vk.vkDestroyShaderModule(dev, module, None)
-        self.dpool = _vk("vkCreateDescriptorPool", vk.vkCreateDescriptorPool, dev, vk.VkDescriptorPoolCreateInfo(
+        self.dpool = vkapi.vkCreateDescriptorPool(dev, vk.VkDescriptorPoolCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, maxSets=_MAX_IN_FLIGHT,
             pPoolSizes=[vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE,
                                                 descriptorCount=_MAX_IN_FLIGHT)]), None)
 
     def _new_job(self) -> _Job:
         job = super()._new_job()
-        job.dset = vk.vkAllocateDescriptorSets(self.slot.device, vk.VkDescriptorSetAllocateInfo(
+        job.dset = vkapi.vkAllocateDescriptorSets(self.slot.device, vk.VkDescriptorSetAllocateInfo(
             sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, descriptorPool=self.dpool,
             descriptorSetCount=1, pSetLayouts=[self.dsl]))[0]
         return job
@@ -358,14 +428,16 @@ class ReferenceRenderer(_Submitter):
         """
         if not isinstance(sru, ReferenceSRU):
             raise TypeError(f"sru must be a ReferenceSRU, got {type(sru).__name__}")
-        self._check_target(sru, target)
+        if not isinstance(target, Image):
+            raise TypeError(f"target must be a vkmulti Image, got {type(target).__name__}")
         waits = as_wait_points(wait, self.slot.index)
-        with self._lock:
+        with self._life, target._life, self._lock:   # neither is destroyed under the submit
+            self._check_target(sru, target)
             self._check()
             job = self._take_job()
             dev = self.slot.device
             try:
-                job.view = _vk("vkCreateImageView", vk.vkCreateImageView, dev, vk.VkImageViewCreateInfo(
+                job.view = vkapi.vkCreateImageView(dev, vk.VkImageViewCreateInfo(
                     sType=vk.VK_STRUCTURE_TYPE_IMAGE_VIEW_CREATE_INFO, image=target.handle,
                     viewType=vk.VK_IMAGE_VIEW_TYPE_2D, format=SRU_FORMAT,
                     subresourceRange=vk.VkImageSubresourceRange(
@@ -377,7 +449,7 @@ class ReferenceRenderer(_Submitter):
                     pImageInfo=[vk.VkDescriptorImageInfo(imageView=job.view,
                                                          imageLayout=vk.VK_IMAGE_LAYOUT_GENERAL)])], 0, None)
                 self._record(job.cmd, sru, target, job.dset)
-                return self._submit(job, waits)
+                return self._submit(job, waits, [target])
             except BaseException:
                 self._retire(job)
                 self._free.append(job)
@@ -388,8 +460,8 @@ class ReferenceRenderer(_Submitter):
         return self.render(sru, target)
 
     def _record(self, cmd: Any, sru: ReferenceSRU, target: Image, dset: Any) -> None:
-        vk.vkResetCommandBuffer(cmd, 0)
-        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+        vkapi.vkResetCommandBuffer(cmd, 0)
+        vkapi.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
             flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
         final = target.layout
@@ -410,7 +482,7 @@ class ReferenceRenderer(_Submitter):
             target.barrier(cmd, vk.VK_IMAGE_LAYOUT_GENERAL, final)
         else:
             target.barrier(cmd, final, final)
-        vk.vkEndCommandBuffer(cmd)
+        vkapi.vkEndCommandBuffer(cmd)
 
 
 def _scale_pair(content_scale: Any) -> tuple[float, float]:
@@ -493,30 +565,42 @@ class Compositor(_Submitter):
         render, each transfer's dst_ready). `clear`: RGBA the frame is
         cleared to first, or None to draw over its contents.
         """
-        self._check_image(frame, "frame", vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT)
-        regions = self.regions(frame, placements)
         waits = as_wait_points(wait, self.slot.index)
         if clear is not None:
             try:
                 clear = [float(v) for v in clear]
             except (TypeError, ValueError):
-                raise TypeError(f"clear must be 4 numbers (RGBA) or None, got {clear!r}") from None
-            if len(clear) != 4:
-                raise ValueError(f"clear must be 4 numbers (RGBA) or None, got {clear!r}")
+                raise TypeError(f"clear must be 4 numbers (RGBA) or None, got {type(clear).__name__}") from None
+            if len(clear) != 4 or not all(math.isfinite(v) for v in clear):
+                raise ValueError(f"clear must be 4 finite numbers (RGBA) or None, got {len(clear)} values")
+        with self._life, ExitStack() as using:
+            if not isinstance(frame, Image):
+                raise TypeError(f"frame must be a vkmulti Image, got {type(frame).__name__}")
+            using.enter_context(frame._life)   # no image is destroyed under the submit
+            self._check_image(frame, "frame", vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT)
+            regions = self.regions(frame, placements)
+            sources = list({id(img): img for img, _, _ in regions}.values())
+            for img in sources:
+                using.enter_context(img._life)
+                self._check_image(img, "placement image", vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT)
+            return self._composite(frame, regions, sources, waits, clear)
+
+    def _composite(self, frame: Image, regions: list, sources: list[Image], waits: list[TimelinePoint],
+                   clear: list[float] | None) -> TimelinePoint:
         with self._lock:
             self._check()
             job = self._take_job()
             try:
                 self._record(job.cmd, frame, regions, clear)
-                return self._submit(job, waits)
+                return self._submit(job, waits, [frame, *sources])
             except BaseException:
                 self._free.append(job)
                 raise
 
     def _record(self, cmd: Any, frame: Image, regions: list, clear: list[float] | None) -> None:
         src_l, dst_l = vk.VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL, vk.VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL
-        vk.vkResetCommandBuffer(cmd, 0)
-        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+        vkapi.vkResetCommandBuffer(cmd, 0)
+        vkapi.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
             flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
         sources = {img.handle_int: img for img, _, _ in regions}
@@ -539,5 +623,5 @@ class Compositor(_Submitter):
         for img in sources.values():
             img.barrier(cmd, src_l, img.layout)
         frame.barrier(cmd, dst_l, frame.layout)
-        vk.vkEndCommandBuffer(cmd)
+        vkapi.vkEndCommandBuffer(cmd)
 

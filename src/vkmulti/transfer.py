@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +21,13 @@ import vulkan as vk
 from . import _native
 from ._handles import handle_int
 from .capabilities import EXT_DMA_BUF, RenderCapabilities
-from .errors import DestroyedError, UnsupportedError
-from .images import Buffer, Image
+from .errors import DestroyedError, DeviceLostError, UnsupportedError, VkmError
+from .errors import TimeoutError as VkmTimeoutError
+from .images import Buffer, Image, check_layout
+from .lifetime import Deadline, Lifetime
 from .methods import TransferMethod, method_support
+from .resources import MAX_BYTES, slot_lifetime
+from .timeline import TimelinePoint, wait_point
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +48,27 @@ CUDA_PEER_SLOT_COUNT = 8
 #: 1.2-1.7x faster than 8 MiB ones (bench/RESULTS.md, 2026-11-30 session 4).
 CPU_SLOT_SIZE = 1 << 20
 CPU_SLOT_COUNT = 8
+#: Ring shapes vkmulti accepts: a slot of at most 4 GiB, at most 1024 slots, at
+#: most 64 GiB a ring (each side). Anything larger is refused at construction:
+#: slot_size x slot_count, and its rounding up to the devices' alignment, must
+#: never wrap 64 bits or overflow the native ring's 32-bit slot count.
+MAX_SLOT_SIZE = 1 << 32
+MAX_SLOT_COUNT = 1024
+MAX_RING_BYTES = 1 << 36
+
+
+def check_ring_shape(slot_size: Any, slot_count: Any) -> tuple[int, int]:
+    """(slot_size, slot_count) if within MAX_SLOT_SIZE, MAX_SLOT_COUNT and
+    MAX_RING_BYTES, else ValueError naming the value."""
+    for label, v, hi in (("slot_size", slot_size, MAX_SLOT_SIZE), ("slot_count", slot_count, MAX_SLOT_COUNT)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{label} must be a positive int, got {type(v).__name__} {v!r}"[:160])
+        if not 0 < v <= hi:
+            raise ValueError(f"{label} must be in [1, {hi}], got {v}"[:160])
+    if slot_size * slot_count > MAX_RING_BYTES:
+        raise ValueError(f"a ring of {slot_count} x {slot_size} B exceeds {MAX_RING_BYTES} B; "
+                         f"lower slot_size or slot_count")
+    return slot_size, slot_count
 
 
 def _on_gpus(src: Any, dst: Any) -> bool:
@@ -76,19 +102,6 @@ _RING = {TransferMethod.STAGING_COPY: _native.RING_STAGING, TransferMethod.HOST_
 TRACE_ENV = _native.TRACE_ENV
 
 
-@dataclass(frozen=True)
-class TimelinePoint:
-    """A value of a timeline semaphore on one device: "done when it reaches `value`"."""
-    semaphore: int
-    value: int
-    device_index: int
-
-    @property
-    def handle(self) -> Any:
-        """The semaphore as a `vulkan` package handle (for VkSubmitInfo)."""
-        return vk.ffi.cast("VkSemaphore", self.semaphore)
-
-
 #: CUDA_PEER comes first wherever CUDA can serve the pair (on two H200s it moves
 #: 256 MiB at ~320 GB/s, HOST_SHARED at ~45); this environment variable set to
 #: "0" keeps select_transfer_method from choosing it. Forcing the method on a
@@ -101,24 +114,6 @@ def cuda_peer_auto() -> bool:
     return os.environ.get(CUDA_PEER_ENV, "") != "0"
 
 
-def wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
-    """(semaphore, value) from a TimelinePoint of `slot` or a (semaphore, value)
-    pair; None for None. `label` names the argument in errors."""
-    if value is None:
-        return None
-    if isinstance(value, TimelinePoint):
-        if value.device_index != slot.index:
-            raise ValueError(f"{label} is a semaphore of GPU {value.device_index}, not of GPU {slot.index}")
-        return value.semaphore, value.value
-    try:
-        sem, v = value
-    except (TypeError, ValueError):
-        raise TypeError(f"{label} must be a TimelinePoint or a (semaphore, value) pair, got {value!r}") from None
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"{label} value must be a non-negative int, got {v!r}")
-    return handle_int(sem, "VkSemaphore"), v
-
-
 def select_transfer_method(assignment: Any, capabilities: RenderCapabilities | None, *,
                            prefer_dmabuf: bool = True, dst_index: int = 0) -> str:
     """The best method both devices of the pair support (DMABUF only when preferred,
@@ -129,7 +124,12 @@ def select_transfer_method(assignment: Any, capabilities: RenderCapabilities | N
     """
     src_index = getattr(assignment, "device_index", None)
     if isinstance(src_index, bool) or not isinstance(src_index, int) or src_index < 0:
-        raise TypeError(f"assignment must have a non-negative int device_index, got {assignment!r}")
+        raise TypeError(f"assignment must have a non-negative int device_index, got "
+                        f"{type(assignment).__name__} with device_index {src_index!r}"[:200])
+    if isinstance(dst_index, bool) or not isinstance(dst_index, int) or dst_index < 0:
+        raise TypeError(f"dst_index must be a non-negative int, got {dst_index!r}"[:160])
+    if capabilities is not None and not isinstance(capabilities, RenderCapabilities):
+        raise TypeError(f"capabilities must be RenderCapabilities or None, got {type(capabilities).__name__}")
     if src_index == dst_index:
         return TransferMethod.NONE
     if capabilities is None or max(src_index, dst_index) >= len(capabilities.devices):
@@ -146,6 +146,14 @@ def select_transfer_method(assignment: Any, capabilities: RenderCapabilities | N
         if method_support(method, a, b, ea, eb) is None:
             return method
     return TransferMethod.STAGING_COPY
+
+
+def _image_size(w: Any, h: Any, bpp: Any, *, allow_zero: bool = False) -> None:
+    """ValueError unless width, height (< 2**20) and bytes per pixel (1..32) are ints in range."""
+    lo = 0 if allow_zero else 1
+    for label, v, hi in (("width", w, 1 << 20), ("height", h, 1 << 20), ("bytes_per_pixel", bpp, 32)):
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"{label} must be an int in [{lo}, {hi}], got {v!r}"[:160])
 
 
 class _Endpoint:
@@ -165,35 +173,108 @@ class _Endpoint:
 
 
 class _LinkRef:
-    """A shared native link with a reference count (destroyed at zero, or with its slot)."""
+    """A shared native link with a reference count (destroyed at zero, or with its slot).
+
+    It remembers the last timeline values handed out on each side, so that
+    destroy() can wait (bounded, interruptible) until the GPUs are done with
+    every job before the native link frees its ring; and it answers for the
+    tickets of jobs that completed (or failed) once the link is gone.
+    """
 
     def __init__(self, link: Any, key: tuple, links: "_Links"):
         self.link, self.key, self.links, self.refs = link, key, links, 0
+        links.alive[id(self)] = self   # made under links.lock (_acquire_link)
+        # no parent: tickets stay answerable while the manager's destroy() runs, which
+        # destroys the links last
+        self.life = Lifetime(self, "transfer link")
+        self.last_src = self.last_dst = 0
+        self._lock = threading.Lock()
+        self._tickets: "weakref.WeakSet[TransferTicket]" = weakref.WeakSet()
 
-    def release(self) -> None:
+    def submitted(self, ticket: "TransferTicket") -> None:
+        """Note a job just queued (its values, and its ticket to answer for later)."""
+        with self._lock:
+            self.last_src = max(self.last_src, ticket.src_done.value)
+            self.last_dst = max(self.last_dst, ticket.dst_ready.value)
+            self._tickets.add(ticket)
+
+    def release(self, timeout: float | None = None) -> None:
+        """Give back one reference; the last one destroys the link (waiting for its jobs).
+
+        A transfer made meanwhile gets a new link: this one leaves the table first."""
         with self.links.lock:
             self.refs -= 1
             if self.refs > 0:
                 return
             if self.links.by_key.get(self.key) is self:
                 del self.links.by_key[self.key]
-        self.link.destroy()
+        try:
+            self.destroy(timeout)
+        except BaseException:
+            with self.links.lock:
+                self.refs += 1   # still held: a later release() or the slot's destroy retries
+            raise
 
-    def destroy(self) -> None:
-        self.link.destroy()
+    def destroy(self, timeout: float | None = None) -> None:
+        """Wait until both GPUs reached the last values handed out (every job done or
+        failed, a failed link's timelines raised), settle the tickets still
+        unanswered, then free the native link. vkmulti.TimeoutError keeps it."""
+        with self.life.ending(timeout) as dl:
+            if dl is None:
+                return
+            link = self.link
+            if link.alive:
+                for side, sem, value in ((link.src, link.src_timeline, self.last_src),
+                                         (link.dst, link.dst_timeline, self.last_dst)):
+                    if value:
+                        _wait_gpu(side, sem, value, dl, "a transfer link's jobs")
+                for t in list(self._tickets):
+                    t._settle_outcome()
+                link.destroy()
+            with self.links.lock:
+                if self.links.by_key.get(self.key) is self:
+                    del self.links.by_key[self.key]
+                self.links.alive.pop(id(self), None)
+
+
+def _wait_gpu(device: Any, semaphore: int, value: int, dl: Deadline, what: str) -> None:
+    """Wait (sliced, Ctrl-C honoured) for a timeline value; vkmulti.TimeoutError
+    naming `what` after the deadline; a lost device counts as done."""
+    try:
+        device.wait_timeline(semaphore, value, dl.left())
+    except VkmTimeoutError:
+        raise VkmTimeoutError(f"{what} still queued on the GPU after {dl.timeout} s; nothing was freed "
+                              f"(call destroy() again once the work can finish)") from None
+    except DeviceLostError as exc:
+        log.warning("device lost while waiting for %s (%s); freeing them", what, exc)
 
 
 class _Links:
     """The links whose source is one slot (kept in slot.children["links"])."""
 
-    def __init__(self) -> None:
-        self.by_key: dict[tuple, _LinkRef] = {}
+    def __init__(self, slot: Any = None) -> None:
+        self.slot = slot
+        self.by_key: dict[tuple, _LinkRef] = {}     # the link new transfers of a key share
+        self.alive: dict[int, _LinkRef] = {}        # every link not yet destroyed (some left by_key)
         self.lock = threading.Lock()
 
-    def destroy(self) -> None:
-        for ref in list(self.by_key.values()):
-            ref.destroy()
-        self.by_key.clear()
+    def destroy(self, timeout: float | None = None) -> None:
+        """Destroy every link (each waits for its jobs); vkmulti.TimeoutError keeps the rest."""
+        dl = Deadline(timeout)
+        with self.lock:
+            refs = list(self.alive.values()) + [r for r in self.by_key.values() if id(r) not in self.alive]
+        for ref in refs:
+            ref.destroy(dl.left())
+
+
+def _links_of(src: Any) -> _Links:
+    """The slot's link table, made once even when first transfers race."""
+    with src.children_lock:
+        slot_lifetime(src).check()   # no new link on a destroyed manager's device
+        links = src.children.get("links")
+        if links is None:
+            links = src.children["links"] = _Links(src)
+        return links
 
 
 def _export_type(src: Any, dst: Any) -> int:
@@ -202,9 +283,7 @@ def _export_type(src: Any, dst: Any) -> int:
 
 
 def _acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: int) -> _LinkRef:
-    links = src.children.get("links")
-    if links is None:
-        links = src.children["links"] = _Links()
+    links = _links_of(src)
     key = (dst.index, id(dst.native), method, slot_size, slot_count)
     with links.lock:
         ref = links.by_key.get(key)
@@ -224,16 +303,49 @@ def _acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: i
 
 
 class TransferTicket:
-    """An in-flight transfer: wait(timeout) blocks without the GIL; done() polls."""
+    """An in-flight transfer: wait(timeout) blocks without the GIL; done() polls.
 
-    def __init__(self, link: Any, ticket: int, src_done: TimelinePoint, dst_ready: TimelinePoint):
+    A ticket stays answerable after its transfer (and link) are destroyed:
+    the link settles every ticket still alive before it is freed, so wait()
+    then returns (or raises the job's error) instead of DestroyedError.
+    """
+
+    def __init__(self, link: Any, ticket: int, src_done: TimelinePoint, dst_ready: TimelinePoint,
+                 ref: _LinkRef | None = None):
         self._link, self.ticket, self.src_done, self.dst_ready = link, ticket, src_done, dst_ready
+        self._ref = ref
         self._complete = False
+        self._error: BaseException | None = None
+        self._gpu_done: set[int] = set()   # ids of the points (src_done, dst_ready) seen reached
+
+    def _answered(self) -> bool:
+        """True when the job completed; raises its error when it failed; False when not known."""
+        if self._complete:
+            return True
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        return False
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        """A call into the link, recording the job's outcome; DestroyedError only
+        when the link went without settling this ticket."""
+        try:
+            return fn(*args)
+        except (VkmTimeoutError, KeyboardInterrupt):
+            raise
+        except DestroyedError:
+            if self._answered():
+                return True
+            raise DestroyedError(f"transfer {self.ticket}: its link was destroyed before the outcome was "
+                                 f"known") from None
+        except VkmError as exc:   # the job failed (a stalled link, a lost device): answer that from now on
+            self._error = exc
+            raise
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the destination holds the data; vkmulti.TimeoutError after `timeout` s."""
-        if not self._complete:
-            self._link.wait(self.ticket, self.dst_ready.value, timeout)
+        if not self._answered():
+            self._call(self._link.wait, self.ticket, self.dst_ready.value, timeout)
             self._complete = True
 
     def wait_submitted(self, timeout: float | None = None) -> None:
@@ -243,23 +355,85 @@ class TransferTicket:
         also uses (a device with a single queue) must come after this: an
         in-order queue cannot run a wait placed before its signal.
         """
-        if not self._complete:
-            self._link.wait(self.ticket, self.dst_ready.value, timeout, True)
+        if not self._answered():
+            self._call(self._link.wait, self.ticket, self.dst_ready.value, timeout, True)
 
     def wait_source(self, timeout: float | None = None) -> None:
         """Block until the source side's work is done too (`src_done`: the source
         read, and an exclusive image handed back to its owner). Returns at once
         when the link is gone: its destroy() waited for everything."""
-        if self._link.alive:
-            self._link.src.wait_timeline(self.src_done.semaphore, self.src_done.value, timeout)
+        if not self._gpu_wait(self.src_done, timeout):
+            raise VkmTimeoutError(f"transfer {self.ticket}: the source side was not done within {timeout} s")
 
     def done(self) -> bool:
-        if not self._complete:
-            self._complete = self._link.poll(self.ticket, self.dst_ready.value, 0.0)
+        if not self._answered():
+            self._complete = bool(self._call(self._link.poll, self.ticket, self.dst_ready.value, 0.0))
         return self._complete
 
+    def _settle_outcome(self) -> None:
+        """Record the outcome now (the link is drained and about to be freed)."""
+        if self._complete or self._error is not None:
+            return
+        try:
+            self._complete = bool(self._link.poll(self.ticket, self.dst_ready.value, 0.0))
+        except VkmError as exc:   # recorded: the ticket's waiter gets it
+            self._error = exc
+
+    # -- for resources: is the GPU done with this job on one device? ----------
+
+    def _point(self, device_index: int | None) -> TimelinePoint:
+        return self.src_done if device_index == self.src_done.device_index else self.dst_ready
+
+    def gpu_done(self, device_index: int | None) -> bool:
+        point = self._point(device_index)
+        if id(point) in self._gpu_done or (self._complete and point is self.dst_ready):
+            return True
+        ref = self._ref
+        if ref is None or ref.life.dead:
+            return ref is not None or not self._link.alive
+        try:
+            with ref.life.keep():
+                dev = self._link.src if point is self.src_done else self._link.dst
+                if dev.timeline_value(point.semaphore) < point.value:
+                    return False
+            self._gpu_done.add(id(point))
+            return True
+        except DestroyedError:
+            return ref.life.dead
+        except DeviceLostError as exc:
+            log.warning("transfer %d: device lost (%s); its GPU work counts as done", self.ticket, exc)
+            return True
+
+    def gpu_wait(self, device_index: int | None, timeout: float | None) -> bool:
+        return self._gpu_wait(self._point(device_index), timeout)
+
+    def _gpu_wait(self, point: TimelinePoint, timeout: float | None) -> bool:
+        ref = self._ref
+        if ref is None:
+            if not self._link.alive:
+                return True
+            dev = self._link.src if point is self.src_done else self._link.dst
+            try:
+                dev.wait_timeline(point.semaphore, point.value, timeout)
+            except VkmTimeoutError:
+                return False
+            return True
+        try:
+            with ref.life.keep():   # the link (and its semaphores) stay while this waits
+                dev = self._link.src if point is self.src_done else self._link.dst
+                try:
+                    dev.wait_timeline(point.semaphore, point.value, timeout)
+                except VkmTimeoutError:
+                    return False
+                except DeviceLostError as exc:
+                    log.warning("transfer %d: device lost (%s); its GPU work counts as done", self.ticket, exc)
+                return True
+        except DestroyedError:
+            return ref.life.dead   # destroyed: it waited for everything; being destroyed: not known yet
+
     def __repr__(self) -> str:
-        return f"TransferTicket({self.ticket}, done={self.done()})"
+        state = "done" if self._complete else "failed" if self._error is not None else "pending"
+        return f"TransferTicket({self.ticket}, {state})"
 
 
 @dataclass
@@ -283,17 +457,40 @@ class CrossDeviceTransfer:
     slot_size: int = DEFAULT_SLOT_SIZE
     slot_count: int = DEFAULT_SLOT_COUNT
 
+    _teardown_rank = 20   # after the owners that use transfers, before images and buffers
+
     def __post_init__(self) -> None:
-        if self.method not in TransferMethod.ALL:
+        from .multi_device import DeviceSlot
+
+        for label, slot in (("src", self.src), ("dst", self.dst)):
+            if not isinstance(slot, DeviceSlot):
+                raise TypeError(f"{label} must be a DeviceSlot (MultiDeviceManager.slot(i)), "
+                                f"got {type(slot).__name__}")
+        if not isinstance(self.method, str) or self.method not in TransferMethod.ALL:
             raise ValueError(f"unknown cross-device transfer method {self.method!r}; "
-                             f"expected one of {TransferMethod.ALL}")
-        for label, v in (("slot_size", self.slot_size), ("slot_count", self.slot_count)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{label} must be a positive int, got {v!r}")
+                             f"expected one of {TransferMethod.ALL}"[:200])
+        check_ring_shape(self.slot_size, self.slot_count)
+        _image_size(self.width, self.height, self.bytes_per_pixel, allow_zero=True)
+        if not isinstance(self.extra, dict):
+            raise TypeError(f"extra must be a dict, got {type(self.extra).__name__}")
         self._ref: _LinkRef | None = None
         self._last: TransferTicket | None = None
-        self._destroyed = False
         self._lock = threading.Lock()
+        lives = [slot_lifetime(self.src), slot_lifetime(self.dst)]
+        self._life = Lifetime(self, "CrossDeviceTransfer", lives)
+        adopted: list[Lifetime] = []
+        try:
+            for life in self._life.parents:
+                life.adopt(self)   # freed by the manager's destroy() unless destroyed first
+                adopted.append(life)
+        except BaseException:
+            for life in adopted:
+                life.forget(self)
+            raise
+
+    @property
+    def _destroyed(self) -> bool:
+        return not self._life.open
 
     # -- the seed's API ----------------------------------------------------
 
@@ -303,6 +500,7 @@ class CrossDeviceTransfer:
         if self.method == TransferMethod.NONE:
             self._check_alive()
             return
+        Deadline(timeout)   # checks the value before anything is queued
         self.submit(src_image=src_image, dst_image=dst_image, **options).wait(timeout)
 
     def run_staging_copy(self, *, src_image: Any = None, dst_image: Any = None, **options: Any) -> None:
@@ -322,35 +520,49 @@ class CrossDeviceTransfer:
 
         vkmulti records on command pools of its own (never an engine's frame
         pool); pools passed here are kept in the returned dict for the seed's
-        callers and not recorded into.
+        callers and not recorded into. Method NONE has no ring: its dict says
+        slot_size 0 and slot_count 0.
         """
         for label, pool in (("src_command_pool", src_command_pool), ("dst_command_pool", dst_command_pool)):
             if pool is not None:
                 handle_int(pool, "VkCommandPool")
-        ref = self._link_ref()
-        info = {"size": max(1, self.width * self.height * self.bytes_per_pixel), "method": self.method,
-                "slot_size": ref.link.slot_size, "slot_count": self._ring()[1],
-                "src_pool": src_command_pool, "dst_pool": dst_command_pool}
-        self.extra["staging"] = info
-        return info
+        with self._life:
+            self._check_alive()
+            if self.method == TransferMethod.NONE:
+                slot_size, slot_count = 0, 0
+            else:
+                with self._lock:
+                    ref = self._link_ref_locked()
+                slot_size, slot_count = ref.link.slot_size, self._ring()[1]
+            info = {"size": max(1, self.width * self.height * self.bytes_per_pixel), "method": self.method,
+                    "slot_size": slot_size, "slot_count": slot_count,
+                    "src_pool": src_command_pool, "dst_pool": dst_command_pool}
+            self.extra["staging"] = info
+            return info
 
     def destroy(self, timeout: float | None = None) -> None:
         """Wait for this transfer's jobs, then release its share of the ring (idempotent).
 
-        On timeout (vkmulti.TimeoutError) the ring stays held, so nothing the
-        GPU may still touch is freed; the manager's destroy() frees it later.
+        Operations running on other threads are waited for first. On timeout
+        (vkmulti.TimeoutError) or Ctrl-C the ring stays held, so nothing the
+        GPU may still touch is freed; call destroy() again (the manager's
+        destroy() does) once the work can finish.
         """
-        with self._lock:
-            if self._destroyed:
+        with self._life.ending(timeout) as dl:
+            if dl is None:
                 return
-            self._destroyed = True
-            last, ref = self._last, self._ref
-            self._last = self._ref = None
-        if last is not None and ref is not None and ref.link.alive:
-            last.wait(timeout)
-        if ref is not None and ref.link.alive:
-            ref.release()
-        self.extra.pop("staging", None)
+            with self._lock:
+                last, ref = self._last, self._ref
+            if last is not None:
+                for point in (last.dst_ready, last.src_done):
+                    if not last._gpu_wait(point, dl.left()):
+                        raise VkmTimeoutError(f"CrossDeviceTransfer: transfer {last.ticket} still queued after "
+                                              f"{timeout} s; its ring stays held (call destroy() again)")
+            if ref is not None:
+                ref.release(dl.left())
+            with self._lock:
+                self._last = self._ref = None
+            self.extra.pop("staging", None)
 
     def __enter__(self) -> "CrossDeviceTransfer":
         return self
@@ -375,7 +587,25 @@ class CrossDeviceTransfer:
         value) on the source/destination device that must be reached before
         the resource is read/overwritten.
         """
-        self._check_alive()
+        with self._life:
+            self._check_alive()
+            held: list[Lifetime] = []
+            try:
+                for obj in (src_image, dst_image, src_buffer, dst_buffer):
+                    if isinstance(obj, (Image, Buffer)):
+                        # its destroy() waits until the job is tracked (the manager counts this
+                        # call already, through the transfer's lifetime)
+                        obj._life._enter_own()
+                        held.append(obj._life)
+                return self._submit(src_image, dst_image, src_buffer, dst_buffer, src_offset, dst_offset, size,
+                                    src_layout, dst_layout, src_final_layout, dst_final_layout, src_wait, dst_wait)
+            finally:
+                for life in held:
+                    life._exit_own()
+
+    def _submit(self, src_image: Any, dst_image: Any, src_buffer: Any, dst_buffer: Any, src_offset: Any,
+                dst_offset: Any, size: Any, src_layout: Any, dst_layout: Any, src_final_layout: Any,
+                dst_final_layout: Any, src_wait: Any, dst_wait: Any) -> TransferTicket:
         if self.method == TransferMethod.NONE:
             raise ValueError("method NONE moves nothing: source and destination are the same device")
         images = src_image is not None or dst_image is not None
@@ -392,6 +622,8 @@ class CrossDeviceTransfer:
                                               src_wait)
             ed, nbytes_d = self._image_endpoint(dst_image, self.dst, "dst_image", dst_layout, dst_final_layout,
                                                 dst_wait)
+            if es.image == ed.image:
+                raise ValueError("src_image and dst_image are the same image")
             if (es.width, es.height) != (ed.width, ed.height) or nbytes != nbytes_d:
                 raise ValueError(f"size mismatch: source {es.width}x{es.height}x{es.bytes_per_pixel} B, "
                                  f"destination {ed.width}x{ed.height}x{ed.bytes_per_pixel} B")
@@ -401,14 +633,16 @@ class CrossDeviceTransfer:
             nbytes = self._buffer_size(src_buffer, dst_buffer, src_offset, dst_offset, size)
             es = self._buffer_endpoint(src_buffer, self.src, "src_buffer", src_offset, src_wait)
             ed = self._buffer_endpoint(dst_buffer, self.dst, "dst_buffer", dst_offset, dst_wait)
+            if es.buffer == ed.buffer and src_offset < dst_offset + nbytes and dst_offset < src_offset + nbytes:
+                raise ValueError(f"source and destination ranges overlap in the same buffer ([{src_offset}, "
+                                 f"{src_offset + nbytes}) and [{dst_offset}, {dst_offset + nbytes}))")
         with self._lock:
-            if self._destroyed:
-                raise DestroyedError("CrossDeviceTransfer used after destroy()")
             ref = self._link_ref_locked()
             ticket, sdone, dready = ref.link.submit(es, ed, nbytes)
             self.src_done = TimelinePoint(ref.link.src_timeline, sdone, self.src.index)
             self.dst_ready = TimelinePoint(ref.link.dst_timeline, dready, self.dst.index)
-            t = TransferTicket(ref.link, ticket, self.src_done, self.dst_ready)
+            t = TransferTicket(ref.link, ticket, self.src_done, self.dst_ready, ref)
+            ref.submitted(t)
             self._last = t
         # the job is queued: nothing below may raise
         for obj in (src_image, dst_image, src_buffer, dst_buffer):
@@ -422,8 +656,7 @@ class CrossDeviceTransfer:
     # -- helpers -------------------------------------------------------------
 
     def _check_alive(self) -> None:
-        if self._destroyed:
-            raise DestroyedError("CrossDeviceTransfer used after destroy()")
+        self._life.check()
         for label, slot in (("src", self.src), ("dst", self.dst)):
             if getattr(slot, "device", None) is None:
                 raise DestroyedError(f"the {label} device of this transfer is destroyed")
@@ -431,11 +664,6 @@ class CrossDeviceTransfer:
     def _require(self, method: str, name: str) -> None:
         if self.method != method:
             raise ValueError(f"{name} called for method {self.method!r}")
-
-    def _link_ref(self) -> _LinkRef:
-        self._check_alive()
-        with self._lock:
-            return self._link_ref_locked()
 
     def _link_ref_locked(self) -> _LinkRef:
         if self._ref is not None and self._ref.link.alive:
@@ -476,6 +704,10 @@ class CrossDeviceTransfer:
                                  f"not GPU {slot.index} ({slot.name!r})")
             w, h, bpp, handle = image.width, image.height, image.bytes_per_pixel, image.handle_int
             before = image.layout if layout is None else layout
+            if before != image.layout and not (label == "dst_image" and before == vk.VK_IMAGE_LAYOUT_UNDEFINED):
+                raise ValueError(f"{label} is in layout {image.layout} as vkmulti tracks it, not {before!r}; "
+                                 f"after a transition of your own set image.layout, or pass UNDEFINED as "
+                                 f"dst_layout to discard the destination's contents"[:300])
             owner_family = image.owner_family
             kernel, kernel_view = image.kernel_view_format, image.kernel_view_int
         elif isinstance(image, Buffer):
@@ -483,6 +715,7 @@ class CrossDeviceTransfer:
         else:
             handle = handle_int(image, "VkImage")
             w, h, bpp = self.width, self.height, self.bytes_per_pixel
+            _image_size(w, h, bpp, allow_zero=True)
             if w <= 0 or h <= 0 or bpp <= 0:
                 raise ValueError(f"raw image handles need this transfer's width, height and bytes_per_pixel "
                                  f"(got {w}x{h}, {bpp} B per pixel)")
@@ -490,10 +723,9 @@ class CrossDeviceTransfer:
             owner_family = slot.graphics_queue.family
             kernel, kernel_view = 0, None   # its usage and flags are unknown: copy commands only
         after = before if final is None else final
-        for name, lay in (("layout", before), ("final layout", after)):
-            if isinstance(lay, bool) or not isinstance(lay, int) or lay < 0 or lay == vk.VK_IMAGE_LAYOUT_UNDEFINED \
-                    and name == "final layout":
-                raise ValueError(f"{label} {name} {lay!r} is not a valid target layout")
+        usage = image.usage if isinstance(image, Image) else None
+        check_layout(before, usage, f"{label} layout", undefined_ok=True)
+        check_layout(after, usage, f"{label} final layout")
         row, slot_size = w * bpp, self._ring()[0]
         if row > slot_size:
             raise ValueError(f"{label} rows are {row} B, larger than a ring slot ({slot_size} B); "
@@ -527,13 +759,15 @@ class CrossDeviceTransfer:
     def _buffer_size(src: Any, dst: Any, src_offset: int, dst_offset: int, size: int | None) -> int:
         for label, v in (("src_offset", src_offset), ("dst_offset", dst_offset)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{label} must be a non-negative int, got {v!r}")
+                raise ValueError(f"{label} must be a non-negative int, got {v!r}"[:160])
+            if v > MAX_BYTES:
+                raise ValueError(f"{label} must be at most 2**62, got {v}")
         if size is None:
             if not isinstance(src, Buffer):
                 raise ValueError("size is required for raw VkBuffer handles")
             size = src.size - src_offset
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise ValueError(f"size must be a positive int, got {size!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_BYTES:
+            raise ValueError(f"size must be a positive int (at most 2**62), got {size!r}"[:160])
         for label, b, off in (("src_buffer", src, src_offset), ("dst_buffer", dst, dst_offset)):
             if isinstance(b, Buffer) and off + size > b.size:
                 raise ValueError(f"{label} is too small: [{off}, {off + size}) exceeds its {b.size} bytes")

@@ -362,8 +362,8 @@ class ClusterManager:
         log.error("vkmulti cluster: %s lost (%s); its work is re-planned on the other nodes", label, why)
         try:
             self._ray.kill(self._agents[node_id], no_restart=True)
-        except Exception:   # already gone
-            pass
+        except Exception as exc:   # already gone, most likely
+            log.warning("vkmulti cluster: killing the agent of %s failed (%r)", label, exc)
 
     def agent_pid(self, node_id: str) -> int:
         """The process id of a node's agent (on that node)."""
@@ -389,11 +389,11 @@ class ClusterManager:
         live = self._live_agents()
         if live:
             self._gather({a.shutdown.remote(): n for n, a in live.items()}, 30.0, "shut down")
-        for a in self._agents.values():
+        for node_id, a in self._agents.items():
             try:
                 ray.kill(a, no_restart=True)
-            except Exception:   # already gone
-                pass
+            except Exception as exc:   # already gone, most likely
+                log.warning("vkmulti cluster: killing the agent of node %s failed (%r)", node_id, exc)
         self._agents.clear()
         if self._pg is not None:
             from ray.util.placement_group import remove_placement_group

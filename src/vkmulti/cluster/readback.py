@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import vulkan as vk
 
+from .. import vkapi
 from ..images import Buffer, CommandRunner, Image
 
 __all__ = ["BatchReadback"]
@@ -65,7 +66,7 @@ class BatchReadback:
                     imageOffset=vk.VkOffset3D(0, 0, 0), imageExtent=vk.VkExtent3D(img.width, img.height, 1))])
                 img.barrier(cmd, _SRC, img.layout)
         CommandRunner.for_slot(self.slot).run(record, waits=list(waits), timeout=timeout)
-        mapped = vk.vkMapMemory(self.slot.device, buf.memory, 0, total, 0)
+        mapped = vkapi.vkMapMemory(self.slot.device, buf.memory, 0, total, 0)
         try:
             host = np.frombuffer(mapped, dtype=np.uint8, count=total)   # vkMapMemory gives a cffi buffer
             return [host[off:off + img.nbytes].reshape(img.height, img.width, img.bytes_per_pixel).copy()

@@ -16,7 +16,8 @@ import numpy as np
 import vulkan as vk
 
 from ..errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout, UnsupportedError
-from ..images import Buffer, CommandRunner, _vk
+from .. import vkapi
+from ..images import Buffer, CommandRunner
 from ..render import shader_path
 from ..transfer import TimelinePoint
 from .commands import barrier
@@ -51,7 +52,7 @@ class MappedBuffer(Buffer):
     def __init__(self, slot: Any, size: int):
         super().__init__(slot, size, host_visible=True)
         try:
-            self._mapped = vk.vkMapMemory(slot.device, self.memory, 0, size, 0)
+            self._mapped = vkapi.vkMapMemory(slot.device, self.memory, 0, size, 0)
         except BaseException:
             super().destroy()
             raise
@@ -81,21 +82,21 @@ class _Pass:
         self.push_bytes = push_bytes
         self.dsl = self.layout = self.pipeline = None
         try:
-            self.dsl = _vk("vkCreateDescriptorSetLayout", vk.vkCreateDescriptorSetLayout, dev,
+            self.dsl = vkapi.vkCreateDescriptorSetLayout(dev,
                            vk.VkDescriptorSetLayoutCreateInfo(
                                sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
                                bindingCount=len(types), pBindings=_layout_bindings(types)), None)
-            self.layout = _vk("vkCreatePipelineLayout", vk.vkCreatePipelineLayout, dev, vk.VkPipelineLayoutCreateInfo(
+            self.layout = vkapi.vkCreatePipelineLayout(dev, vk.VkPipelineLayoutCreateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, setLayoutCount=1, pSetLayouts=[self.dsl],
                 pushConstantRangeCount=1, pPushConstantRanges=[vk.VkPushConstantRange(
                     stageFlags=COMPUTE, offset=0, size=push_bytes)]), None)
-            module = _vk("vkCreateShaderModule", vk.vkCreateShaderModule, dev, vk.VkShaderModuleCreateInfo(
+            module = vkapi.vkCreateShaderModule(dev, vk.VkShaderModuleCreateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, codeSize=len(code), pCode=code), None)
             try:
                 stage = vk.VkPipelineShaderStageCreateInfo(
                     sType=vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, stage=COMPUTE, module=module,
                     pName=entry)
-                self.pipeline = _vk("vkCreateComputePipelines", vk.vkCreateComputePipelines, dev, ctx.pipeline_cache,
+                self.pipeline = vkapi.vkCreateComputePipelines(dev, ctx.pipeline_cache,
                                     1, [vk.VkComputePipelineCreateInfo(
                                         sType=vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO, stage=stage,
                                         layout=self.layout)], None)[0]
@@ -178,12 +179,12 @@ class DeviceContext:
         self.max_storage_range = int(limits.maxStorageBufferRange)
         del props
         self.timeline = slot.native.create_timeline(0)
-        self.pipeline_cache = _vk("vkCreatePipelineCache", vk.vkCreatePipelineCache, dev, vk.VkPipelineCacheCreateInfo(
+        self.pipeline_cache = vkapi.vkCreatePipelineCache(dev, vk.VkPipelineCacheCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO), None)
-        self.cmd_pool = _vk("vkCreateCommandPool", vk.vkCreateCommandPool, dev, vk.VkCommandPoolCreateInfo(
+        self.cmd_pool = vkapi.vkCreateCommandPool(dev, vk.VkCommandPoolCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue.family), None)
-        self.cmds = vk.vkAllocateCommandBuffers(dev, vk.VkCommandBufferAllocateInfo(
+        self.cmds = vkapi.vkAllocateCommandBuffers(dev, vk.VkCommandBufferAllocateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.cmd_pool,
             level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=self.in_flight))
         self.runner = CommandRunner(slot, self.queue)
@@ -220,7 +221,7 @@ class DeviceContext:
     # -- descriptor sets -------------------------------------------------------
 
     def _new_pool(self) -> Any:
-        pool = _vk("vkCreateDescriptorPool", vk.vkCreateDescriptorPool, self.slot.device, vk.VkDescriptorPoolCreateInfo(
+        pool = vkapi.vkCreateDescriptorPool(self.slot.device, vk.VkDescriptorPoolCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
             flags=vk.VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT, maxSets=_POOL_SETS,
             poolSizeCount=2, pPoolSizes=[vk.VkDescriptorPoolSize(type=SB, descriptorCount=_POOL_SETS * 8),
@@ -233,7 +234,7 @@ class DeviceContext:
         dev = self.slot.device
         for pool in reversed(self._pools or [self._new_pool()]):
             try:
-                dset = vk.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
+                dset = vkapi.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
                     sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, descriptorPool=pool,
                     descriptorSetCount=1, pSetLayouts=[p.dsl]))[0]
                 break
@@ -241,7 +242,7 @@ class DeviceContext:
                 continue
         else:
             pool = self._new_pool()
-            dset = vk.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
+            dset = vkapi.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, descriptorPool=pool,
                 descriptorSetCount=1, pSetLayouts=[p.dsl]))[0]
         writes = [vk.VkWriteDescriptorSet(
@@ -253,7 +254,7 @@ class DeviceContext:
 
     def free_set(self, pool_set: tuple[Any, Any]) -> None:
         pool, dset = pool_set
-        vk.vkFreeDescriptorSets(self.slot.device, pool, 1, [dset])
+        vkapi.vkFreeDescriptorSets(self.slot.device, pool, 1, [dset])
 
     # -- local slots and the directory ----------------------------------------------
 

@@ -173,8 +173,8 @@ def nvlink_links(uuids: list[str | None], pci_buses: list[str | None]) -> \
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:   # noqa: BLE001
-            pass
+        except Exception as exc:   # noqa: BLE001 - the answer above stands
+            log.warning("NVML shutdown failed after the NVLink probe (%r)", exc)
 
 
 def _nvlink_links(nvml: Any, uuids: list[str | None], pci_buses: list[str | None]) -> \

@@ -103,6 +103,9 @@ class KernelRuntime(HostIO, RouterHooks):
         self.dead_letters = 0
         self._destroyed = False
         self._counter = 0
+        life = getattr(manager, "_life", None)
+        if life is not None:
+            life.adopt(self)   # the manager's destroy() destroys the runtime before its buffers and devices
 
     # -- registry -----------------------------------------------------------------------
 
@@ -450,8 +453,14 @@ class KernelRuntime(HostIO, RouterHooks):
             self._generation[index] += 1
             self._free_index.append(index)
 
-    def destroy(self, timeout: float = 30.0) -> None:
-        """Destroy every kernel, then the per-device objects (idempotent)."""
+    #: The manager's destroy() destroys the runtime first: its kernels and
+    #: device contexts own buffers, pipelines and pools on the manager's devices.
+    _teardown_rank = 3
+
+    def destroy(self, timeout: float | None = 30.0) -> None:
+        """Destroy every kernel, then the per-device objects (idempotent; also run by the
+        manager's destroy(), before it frees buffers or devices). None: no time limit."""
+        timeout = float("inf") if timeout is None else timeout
         with self._lock:
             if self._destroyed:
                 return
@@ -470,6 +479,9 @@ class KernelRuntime(HostIO, RouterHooks):
                     ctx.free_set(s)
                 stepper.retired = []
             ctx.destroy(timeout)
+        life = getattr(self.manager, "_life", None)
+        if life is not None:
+            life.forget(self)
 
     def __enter__(self) -> "KernelRuntime":
         return self

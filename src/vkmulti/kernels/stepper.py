@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import vulkan as vk
 
+from .. import vkapi
 from ..errors import TimeoutError as VkmTimeout
 from ..transfer import TimelinePoint
 from . import commands as cmds
@@ -226,8 +227,8 @@ class DeviceStepper:
             if id(b) not in waited:
                 waited.add(id(b))
                 gpu_waits.extend((p.semaphore, p.value) for p in b.waits)
-        vk.vkResetCommandBuffer(cmd, 0)
-        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+        vkapi.vkResetCommandBuffer(cmd, 0)
+        vkapi.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
             flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
         cmds.barrier(cmd)
@@ -335,7 +336,7 @@ class DeviceStepper:
         for k, off in zip(launched, outbox_surveys):
             self._survey(cmd, k.survey_set, (k.steps % d) * k.outbox_region, off)
         cmds.barrier(cmd, host=True)
-        vk.vkEndCommandBuffer(cmd)
+        vkapi.vkEndCommandBuffer(cmd)
         return gpu_waits, outbox_surveys
 
     def _place_injected(self, k: Kernel, j: int, feed: Any) -> None:

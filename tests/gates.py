@@ -1,0 +1,55 @@
+"""Test helpers: a host-opened gate for GPU work, and a signal that interrupts a wait like Ctrl-C."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from typing import Iterator
+
+import vulkan as vk
+
+
+class Gate:
+    """A timeline semaphore on one slot that the host opens: GPU work waiting on
+    `gate.point` ((semaphore, 1)) stays queued until open()."""
+
+    def __init__(self, slot):
+        self.slot = slot
+        self.sem = slot.native.create_timeline(0)
+        self.point = (self.sem, 1)
+
+    def open(self) -> None:
+        vk.vkSignalSemaphore(self.slot.device, vk.VkSemaphoreSignalInfo(
+            sType=vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, semaphore=vk.ffi.cast("VkSemaphore", self.sem),
+            value=1))
+
+    def destroy(self) -> None:
+        """Open (if not yet), wait for the device, and free the semaphore."""
+        if self.slot.device is None:
+            return
+        if self.slot.native.timeline_value(self.sem) < 1:
+            self.open()
+        self.slot.native.wait_idle()
+        vk.vkDestroySemaphore(self.slot.device, vk.ffi.cast("VkSemaphore", self.sem), None)
+
+
+class Interrupted(Exception):
+    """What `interrupt_after` makes a wait raise (as Ctrl-C would raise KeyboardInterrupt)."""
+
+
+@contextlib.contextmanager
+def interrupt_after(seconds: float) -> Iterator[None]:
+    """SIGINT to this process after `seconds`, raised in the main thread as Interrupted
+    (a KeyboardInterrupt would end pytest itself); the handler is restored after."""
+    def handler(signum, frame):
+        raise Interrupted(f"SIGINT after {seconds} s")
+    old = signal.signal(signal.SIGINT, handler)
+    timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()
+        signal.signal(signal.SIGINT, old)
