@@ -171,3 +171,24 @@ def test_state_larger_than_a_storage_binding_is_refused(manager):
         assert rt.kernels == [] and counter(rt, "ok", 0).id == "ok"
     finally:
         rt.destroy()
+
+
+def test_the_manager_tears_down_an_attached_router_first():
+    """Destroying the manager while a router, its runtime and batches in flight are alive:
+    the router detaches before the runtime goes, nothing leaks (validation checks the devices)."""
+    from vkmulti import MultiDeviceManager
+
+    mgr = MultiDeviceManager.create(enabled=True)
+    rt = KernelRuntime(make_coordinator(mgr), mgr, max_kernels=MAX)
+    router = CrossGpuK2KRouter(rt.coordinator, rt)
+    far = counter(rt, "far", 1)
+    senders = [counter(rt, f"s{i}", 0, params=[far.address]) for i in range(2)]   # gathered moves
+    for v in range(20):
+        for s in senders:
+            rt.send(s, np.array([v], np.uint32), tag=COUNTER_TAG_FORWARD)
+    for _ in range(3):
+        rt.step()
+    mgr.destroy()
+    assert router.runtime is None and rt.outbox_feed is None
+    router.detach()   # idempotent after the manager's teardown
+    rt.destroy()

@@ -9,6 +9,8 @@ from typing import Any
 
 import vulkan as vk
 
+from .. import vkapi
+from ..errors import TimeoutError as VkmTimeout
 from ..images import Buffer
 from ..transfer import TimelinePoint
 from . import commands as cmds
@@ -63,24 +65,27 @@ class BufferPool:
 
 
 class GatherTicket:
-    """A gather copy as the transfer tickets a Buffer tracks (its destroy() waits
-    for it): done once the gather's timeline value is reached. A gather whose
-    timeline is gone (destroyed: it waited for every copy first) is done."""
+    """A gather copy as the GPU jobs a Buffer tracks (its destroy() waits for it):
+    done once the gather's timeline value is reached. A gather whose timeline is
+    gone (destroyed: it waited for every copy first) is done."""
 
     def __init__(self, gather: "Gather", point: TimelinePoint):
-        self.gather, self.src_done = gather, point
-        self.dst_ready = point
+        self.gather, self.point = gather, point
 
-    def done(self) -> bool:
+    def gpu_done(self, device_index: int | None = None) -> bool:
         g = self.gather
-        return g.timeline is None or g.slot.native.timeline_value(g.timeline) >= self.src_done.value
+        return g.timeline is None or g.slot.native.timeline_value(g.timeline) >= self.point.value
 
-    def wait(self, timeout: float | None = None) -> None:
+    def gpu_wait(self, device_index: int | None, timeout: float | None) -> bool:
+        """Wait (no GIL) until the copy is done; False when `timeout` s passed first."""
         g = self.gather
-        if g.timeline is not None:
-            g.slot.native.wait_timeline(g.timeline, self.src_done.value, timeout)
-
-    wait_source = wait
+        if g.timeline is None:
+            return True
+        try:
+            g.slot.native.wait_timeline(g.timeline, self.point.value, timeout)
+        except VkmTimeout:
+            return False
+        return True
 
 
 class Gather:
@@ -93,7 +98,7 @@ class Gather:
         self.queue = step_queue(slot)   # after the steps that wrote the batches, in order
         self.value = 0
         self.timeline = slot.native.create_timeline(0)
-        self.pool = vk.vkCreateCommandPool(slot.device, vk.VkCommandPoolCreateInfo(
+        self.pool = vkapi.vkCreateCommandPool(slot.device, vk.VkCommandPoolCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue.family), None)
         self.buffers: list[tuple[Any, int]] = []   # (command buffer, value it signals)
@@ -104,15 +109,15 @@ class Gather:
             if value <= done:
                 del self.buffers[i]
                 return cmd
-        return vk.vkAllocateCommandBuffers(self.slot.device, vk.VkCommandBufferAllocateInfo(
+        return vkapi.vkAllocateCommandBuffers(self.slot.device, vk.VkCommandBufferAllocateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
             level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
 
     def copy(self, copies: list[tuple[Any, int, int]], dst: Buffer, waits: list[TimelinePoint]) -> TimelinePoint:
         """(src VkBuffer, src offset, size) at consecutive aligned offsets of `dst`, after `waits`."""
         cmd = self._command_buffer()
-        vk.vkResetCommandBuffer(cmd, 0)
-        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+        vkapi.vkResetCommandBuffer(cmd, 0)
+        vkapi.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
         cmds.barrier(cmd)
         at = 0
@@ -120,7 +125,7 @@ class Gather:
             vk.vkCmdCopyBuffer(cmd, src, dst.handle, 1, [vk.VkBufferCopy(srcOffset=off, dstOffset=at, size=size)])
             at += align(size)
         cmds.barrier(cmd)
-        vk.vkEndCommandBuffer(cmd)
+        vkapi.vkEndCommandBuffer(cmd)
         value = self.value + 1
         with self.queue.lock:
             cmds.submit(self.queue.handle, cmd, [(p.semaphore, p.value) for p in waits], (self.timeline, value))

@@ -302,9 +302,16 @@ class CrossGpuK2KRouter:
                                           submit_timeout=self.submit_timeout or 30.0)
             self.runtime = runtime
             runtime.add_step_listener(self._on_step, retain=True)
+            life = getattr(runtime.manager, "_life", None)
+            if life is not None:
+                life.adopt(self)   # the manager's destroy() detaches it first (before the runtime)
         return self
 
-    def detach(self, timeout: float = 30.0) -> None:
+    #: The manager's destroy() detaches the router before it destroys the runtime (3):
+    #: its landings are batches the runtime holds, its pools and gathers live on the devices.
+    _teardown_rank = 2
+
+    def detach(self, timeout: float | None = 30.0) -> None:
         """Stop delivering (idempotent): moves not yet made are dropped and their
         senders told; host-routed messages no step has taken stay in the pending
         queues (drain_pending); batches landed but not yet delivered are taken back."""
@@ -312,6 +319,7 @@ class CrossGpuK2KRouter:
             rt, eng = self.runtime, self._engine
             if rt is None:
                 return
+            timeout = float("inf") if timeout is None else _timeout(timeout)
             rt.remove_step_listener(self._on_step)
             if rt.outbox_feed is self:
                 rt.set_outbox_feed(None)
@@ -320,9 +328,12 @@ class CrossGpuK2KRouter:
             finally:
                 self.runtime, self._engine = None, None
                 self._check_sent(final=True)
+                life = getattr(rt.manager, "_life", None)
+                if life is not None:
+                    life.forget(self)
 
-    def destroy(self, timeout: float = 30.0) -> None:
-        """Same as detach()."""
+    def destroy(self, timeout: float | None = 30.0) -> None:
+        """Same as detach() (the manager's destroy() calls it)."""
         self.detach(timeout)
 
     def __enter__(self) -> "CrossGpuK2KRouter":
