@@ -47,6 +47,7 @@ cdef extern from "vkm_link.h" nogil:
     VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
                              const vkm_link_config *config, vkm_link **out, vkm_error *err)
     void vkm_link_destroy(vkm_link *link)
+    void vkm_link_last_values(vkm_link *link, uint64_t *src_done, uint64_t *dst_ready)
     VkSemaphore vkm_link_src_timeline(const vkm_link *link)
     VkSemaphore vkm_link_dst_timeline(const vkm_link *link)
     VkDeviceSize vkm_link_slot_size(const vkm_link *link)
@@ -258,6 +259,14 @@ cdef class Link:
     def ring_note(self):
         """How the ring is made (and, where a fallback was taken, why)."""
         return _text(vkm_link_ring_note(self.ptr()))
+
+    @property
+    def last_values(self):
+        """(src_done, dst_ready) of the latest job queued: once the GPUs reach both,
+        they are done with every job of this link."""
+        cdef uint64_t s = 0, d = 0
+        vkm_link_last_values(self.ptr(), &s, &d)
+        return s, d
 
     @property
     def kernel_bytes(self):

@@ -101,6 +101,14 @@ void vkm_jobq_stop(vkm_jobq *q)
     q->worker_started = 0;
 }
 
+void vkm_jobq_last_values(vkm_jobq *q, uint64_t *src_last, uint64_t *dst_last)
+{
+    pthread_mutex_lock(&q->lock);
+    *src_last = q->src_value;
+    *dst_last = q->dst_value;
+    pthread_mutex_unlock(&q->lock);
+}
+
 /* Call with the lock held. */
 static VkResult failure(const vkm_jobq *q, uint64_t ticket, uint64_t dst_ready, vkm_error *err)
 {

@@ -53,6 +53,9 @@ VkResult vkm_jobq_start(vkm_jobq *q, void *(*worker)(void *), void *arg, vkm_err
  * NULL) and join it; nothing when it was never started. */
 void vkm_jobq_stop(vkm_jobq *q);
 
+/* The last timeline values handed out (under the lock). */
+void vkm_jobq_last_values(vkm_jobq *q, uint64_t *src_last, uint64_t *dst_last);
+
 /* Wait up to `timeout_ns` until job `ticket` (dst_ready value `dst_ready`)
  * is fully submitted: VK_SUCCESS, VK_TIMEOUT, or the job's error. */
 VkResult vkm_jobq_wait_submitted(vkm_jobq *q, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,

@@ -332,6 +332,11 @@ void vkm_link_destroy(vkm_link *l)
     free(l);
 }
 
+void vkm_link_last_values(vkm_link *l, uint64_t *src_done, uint64_t *dst_ready)
+{
+    vkm_jobq_last_values(&l->q, src_done, dst_ready);
+}
+
 VkSemaphore vkm_link_src_timeline(const vkm_link *l) { return l->src.timeline; }
 VkSemaphore vkm_link_dst_timeline(const vkm_link *l) { return l->dst.timeline; }
 VkDeviceSize vkm_link_slot_size(const vkm_link *l) { return l->cfg.slot_size; }

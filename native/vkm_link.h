@@ -84,6 +84,10 @@ const char *vkm_link_ring_note(const vkm_link *link);
 /* Bytes the link's compute kernels have copied (vkm_kcopy.h); the rest went by copy commands. */
 uint64_t vkm_link_kernel_bytes(const vkm_link *link);
 
+/* The last timeline values handed out so far (the src_done and dst_ready of
+ * the latest job): once both are reached, the GPUs are done with every job. */
+void vkm_link_last_values(vkm_link *link, uint64_t *src_done, uint64_t *dst_ready);
+
 /* Queue a job of `size` bytes. Fills the ticket and the timeline values that
  * mean "source released" and "destination ready". Thread-safe. */
 VkResult vkm_link_submit(vkm_link *link, const vkm_endpoint *src, const vkm_endpoint *dst, VkDeviceSize size,

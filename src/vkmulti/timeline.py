@@ -35,6 +35,17 @@ class TimelinePoint:
         """The semaphore as a `vulkan` package handle (for VkSubmitInfo)."""
         return vk.ffi.cast("VkSemaphore", self.semaphore)
 
+    @classmethod
+    def _trusted(cls, semaphore: int, value: int, device_index: int) -> "TimelinePoint":
+        """A point from vkmulti's own ints (a transfer's submit, once per job), made
+        without the frozen dataclass's guarded setattr per field: half the cost."""
+        p = _new(cls)
+        p.__dict__.update(semaphore=semaphore, value=value, device_index=device_index)
+        return p
+
+
+_new = object.__new__
+
 
 def wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
     """(semaphore, value) from a TimelinePoint of `slot` or a (semaphore, value)

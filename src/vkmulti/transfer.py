@@ -163,17 +163,6 @@ _ENDPOINTS_KEPT = 16
 _LAYOUTS_OK: set[tuple] = set()
 
 
-def _point(semaphore: int, value: int, device_index: int) -> TimelinePoint:
-    """TimelinePoint(semaphore, value, device_index) for the native layer's own
-    ints, without the frozen dataclass's checked setattr per field (submit's hot path)."""
-    p = _new(TimelinePoint)
-    p.__dict__.update(semaphore=semaphore, value=value, device_index=device_index)
-    return p
-
-
-_new = object.__new__
-
-
 class _Endpoint:
     """One side of a job, in the shape the native layer reads."""
     __slots__ = ("buffer", "offset", "image", "width", "height", "bytes_per_pixel", "mip_level", "array_layer",
@@ -193,10 +182,10 @@ class _Endpoint:
 class _LinkRef:
     """A shared native link with a reference count (destroyed at zero, or with its slot).
 
-    It remembers the last timeline values handed out on each side, so that
-    destroy() can wait (bounded, interruptible) until the GPUs are done with
-    every job before the native link frees its ring; and it answers for the
-    tickets of jobs that completed (or failed) once the link is gone.
+    destroy() waits (bounded, interruptible) until the GPUs reached the last
+    timeline values the link handed out, so they are done with every job
+    before the native link frees its ring; and it answers for the tickets of
+    jobs that completed (or failed) once the link is gone.
     """
 
     def __init__(self, link: Any, key: tuple, links: "_Links"):
@@ -206,19 +195,24 @@ class _LinkRef:
         # no parent: tickets stay answerable while the manager's destroy() runs, which
         # destroys the links last
         self.life = Lifetime(self, "transfer link")
-        self.last_src = self.last_dst = 0
         # the highest value read from each timeline so far: a lower bound of it from
         # then on (it only grows), so most gpu_done() answers need no native call
         self.seen_src = self.seen_dst = 0
         self._lock = threading.Lock()
-        self._tickets: "weakref.WeakSet[TransferTicket]" = weakref.WeakSet()
+        # the tickets handed out, to settle at destroy() (weak: the caller's to keep;
+        # plain references without callbacks, pruned now and then: cheaper per job
+        # than a WeakSet)
+        self._tickets: list[weakref.ref[TransferTicket]] = []
+        self._prune_at = 64
 
     def submitted(self, ticket: "TransferTicket") -> None:
-        """Note a job just queued (its values, and its ticket to answer for later)."""
+        """Note a job just queued: its ticket is answered for if the link goes first."""
         with self._lock:
-            self.last_src = max(self.last_src, ticket.src_done.value)
-            self.last_dst = max(self.last_dst, ticket.dst_ready.value)
-            self._tickets.add(ticket)
+            tickets = self._tickets
+            if len(tickets) >= self._prune_at:
+                tickets[:] = [r for r in tickets if (t := r()) is not None and not t._complete and t._error is None]
+                self._prune_at = max(64, 2 * len(tickets))
+            tickets.append(weakref.ref(ticket))
 
     def release(self, timeout: float | None = None) -> None:
         """Give back one reference; the last one destroys the link (waiting for its jobs).
@@ -246,11 +240,13 @@ class _LinkRef:
                 return
             link = self.link
             if link.alive:
-                for side, sem, value in ((link.src, link.src_timeline, self.last_src),
-                                         (link.dst, link.dst_timeline, self.last_dst)):
+                last_src, last_dst = link.last_values
+                for side, sem, value in ((link.src, self.src_sem, last_src), (link.dst, self.dst_sem, last_dst)):
                     if value:
                         _wait_gpu(side, sem, value, dl, "a transfer link's jobs")
-                for t in list(self._tickets):
+                with self._lock:
+                    tickets = [t for r in self._tickets if (t := r()) is not None]
+                for t in tickets:
                     t._settle_outcome()
                 link.destroy()
             with self.links.lock:
@@ -596,6 +592,7 @@ class CrossDeviceTransfer:
                 ref.release(dl.left())
             with self._lock:
                 self._last = self._ref = None
+            self._endpoints.clear()
             self.extra.pop("staging", None)
 
     def __enter__(self) -> "CrossDeviceTransfer":
@@ -676,8 +673,8 @@ class CrossDeviceTransfer:
         with self._lock:
             ref = self._link_ref_locked()
             ticket, sdone, dready = ref.link.submit(es, ed, nbytes)
-            self.src_done = _point(ref.src_sem, sdone, self.src.index)
-            self.dst_ready = _point(ref.dst_sem, dready, self.dst.index)
+            self.src_done = TimelinePoint._trusted(ref.src_sem, sdone, self.src.index)
+            self.dst_ready = TimelinePoint._trusted(ref.dst_sem, dready, self.dst.index)
             t = TransferTicket(ref.link, ticket, self.src_done, self.dst_ready, ref)
             ref.submitted(t)
             self._last = t
@@ -830,18 +827,24 @@ class CrossDeviceTransfer:
 
     @staticmethod
     def _buffer_size(src: Any, dst: Any, src_offset: int, dst_offset: int, size: int | None) -> int:
-        for label, v in (("src_offset", src_offset), ("dst_offset", dst_offset)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{label} must be a non-negative int, got {v!r}"[:160])
-            if v > MAX_BYTES:
-                raise ValueError(f"{label} must be at most 2**62, got {v}")
+        if not (type(src_offset) is int and type(dst_offset) is int and 0 <= src_offset <= MAX_BYTES and
+                0 <= dst_offset <= MAX_BYTES):   # else the checks below say which and why
+            for label, v in (("src_offset", src_offset), ("dst_offset", dst_offset)):
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ValueError(f"{label} must be a non-negative int, got {v!r}"[:160])
+                if v > MAX_BYTES:
+                    raise ValueError(f"{label} must be at most 2**62, got {v}")
+        src_vk, dst_vk = isinstance(src, Buffer), isinstance(dst, Buffer)
         if size is None:
-            if not isinstance(src, Buffer):
+            if not src_vk:
                 raise ValueError("size is required for raw VkBuffer handles")
             size = src.size - src_offset
         if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_BYTES:
             raise ValueError(f"size must be a positive int (at most 2**62), got {size!r}"[:160])
-        for label, b, off in (("src_buffer", src, src_offset), ("dst_buffer", dst, dst_offset)):
-            if isinstance(b, Buffer) and off + size > b.size:
-                raise ValueError(f"{label} is too small: [{off}, {off + size}) exceeds its {b.size} bytes")
+        if src_vk and src_offset + size > src.size:
+            raise ValueError(f"src_buffer is too small: [{src_offset}, {src_offset + size}) exceeds its "
+                             f"{src.size} bytes")
+        if dst_vk and dst_offset + size > dst.size:
+            raise ValueError(f"dst_buffer is too small: [{dst_offset}, {dst_offset + size}) exceeds its "
+                             f"{dst.size} bytes")
         return size
