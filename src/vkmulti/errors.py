@@ -11,6 +11,7 @@ __all__ = [
     "from_vulkan_exception",
     "BackendUnavailableError", "KernelNotFoundError", "InvalidConfigError", "DeviceNotAvailableError",
     "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError",
+    "InvalidCheckpointError", "CheckpointStorageError", "CheckpointNotFoundError",
 ]
 
 
@@ -106,6 +107,19 @@ class MigrationError(VkmError):
 
 class KernelValidationError(VkmError, ValueError):
     """Kernel code or a kernel request failed validation (ringkernel's ValidationError)."""
+
+
+class InvalidCheckpointError(VkmError, ValueError):
+    """Checkpoint bytes that cannot be loaded: bad magic or version, too large,
+    truncated, or a checksum that does not match (ringkernel's InvalidCheckpoint)."""
+
+
+class CheckpointStorageError(VkmError, OSError):
+    """A checkpoint storage backend could not save, load, list or delete (ringkernel's IoError)."""
+
+
+class CheckpointNotFoundError(CheckpointStorageError, FileNotFoundError):
+    """No checkpoint is stored under that name."""
 
 
 # VkResult values (vulkan_core.h). Kept here so errors read by name without a GPU.
