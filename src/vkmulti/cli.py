@@ -1,4 +1,5 @@
 """Command line: `python -m vkmulti info [--json] [--virtual N]`, `python -m vkmulti demo ...`,
+`python -m vkmulti demo stencil ...` (the K2K stencil across GPUs),
 `python -m vkmulti topology [--json] [--measure] [--virtual N]`, `python -m vkmulti bench transfer ...`."""
 from __future__ import annotations
 
@@ -80,13 +81,20 @@ def _print_info(info: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["demo", "stencil"]:   # its own options; plain `demo` stays the SRU demo
+        from .stencil_demo import main as stencil_main
+        return stencil_main(argv[2:])
     parser = argparse.ArgumentParser(prog="vkmulti", description="vkmulti: several GPUs through Vulkan")
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="list devices, capabilities and transfer methods per pair")
     p_info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p_info.add_argument("--virtual", type=int, default=0, metavar="N",
                         help="use N virtual lavapipe GPUs instead of the real ones")
-    p_demo = sub.add_parser("demo", help="render a frame of many SRUs across every GPU and on one GPU")
+    p_demo = sub.add_parser("demo", help="render a frame of many SRUs across every GPU and on one GPU "
+                                         "('demo stencil --help': heat diffusion with K2K halos across GPUs)",
+                            epilog="`vkmulti demo stencil [options]` runs the compute demo instead: a 2D heat "
+                                   "grid split over every GPU, halo rows as kernel-to-kernel messages.")
     from .demo import add_arguments as demo_arguments
     demo_arguments(p_demo)
     p_topo = sub.add_parser("topology", help="measure (or read the cached) bandwidth and latency between every "
