@@ -48,3 +48,479 @@ API (the contract the failover code builds on):
 The Kernel methods of the seed's traits (CheckpointableKernel,
 MigratableKernel, HotReloadableKernel) call these.
 """
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+import vulkan as vk
+
+from ..errors import (DestroyedError, DeviceLostError, InvalidCheckpointError, MigrationError,
+                      TimeoutError as VkmTimeout, VkmError)
+from .checkpoint import Checkpoint
+from .checkpoint_storage import CheckpointStorage
+from .device_context import MappedBuffer
+from .gate import gate_of, gated
+from .gpu_jobs import GpuJobs
+from .host_io import _count, _timeout
+from .ids import KernelId, as_kernel_id
+from .kernel import Kernel
+from .kernel_checkpoint import (SPIRV_CHUNK, INBOX_CHUNK, KernelImage, from_checkpoint, patch_control,
+                                readdress_slots, to_checkpoint)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["KernelLifecycle", "CheckpointPolicy", "gated_step", "SPIRV_CHUNK", "INBOX_CHUNK"]
+
+_CREATE = threading.Lock()
+
+
+def gated_step(fn: Callable) -> Callable:
+    """KernelRuntime.step under the gate: kernels being migrated or reloaded are held
+    back (deferred, with the reason), and the checkpoint policy captures after."""
+    @functools.wraps(fn)
+    def wrapper(self: Any, kernels: Any = None, *, wait: Any = None, timeout: float | None = 60.0) -> Any:
+        with gate_of(self).shared():
+            self._reap_retired()
+            policy: _PolicyState | None = self.__dict__.get("_policy")
+            if policy is not None:
+                policy.materialize()
+            held: dict = self.__dict__.get("_held") or {}
+            extra: list = []
+            if held:
+                targets = _targets(self, kernels)
+                extra = [(k, held[k][-1] if held.get(k) else "held") for k in targets if k in held]
+                if extra:
+                    kernels = [k for k in targets if k not in held]
+                    if wait is not None:
+                        devices = {k.device_index for k in kernels}
+                        points = [wait] if not isinstance(wait, (list, tuple)) else list(wait)
+                        wait = [p for p in points if getattr(p, "device_index", None) in devices] or None
+            ticket = fn(self, kernels, wait=wait, timeout=timeout)
+            for k, why in extra:
+                k.stats.deferred_steps += 1
+                ticket.deferred.append((k, why))
+            if policy is not None and ticket.launched:
+                policy.after_step(ticket.launched)
+            return ticket
+    return wrapper
+
+
+def _targets(rt: Any, kernels: Any) -> list[Kernel]:
+    if kernels is None:
+        return rt.kernels
+    if isinstance(kernels, (Kernel, str)):
+        return [rt._resolve(kernels)]
+    try:
+        return [rt._resolve(k, "kernels item") for k in kernels]
+    except TypeError as exc:
+        if "not iterable" in str(exc):
+            raise TypeError(f"kernels must be a Kernel, an id, a list of them or None, "
+                            f"got {type(kernels).__name__}") from None
+        raise
+
+
+@dataclass
+class CheckpointPolicy:
+    """When the runtime checkpoints its kernels by itself: after every
+    `every_steps`-th step of each kernel (0: never) and after every step of the
+    kernels named in `critical`; `keep` checkpoints per kernel are kept in memory;
+    `storage` (optional) also gets each, saved as f"{kernel_id}@{step}"."""
+    every_steps: int = 0
+    critical: Iterable[str] = ()
+    keep: int = 1
+    storage: CheckpointStorage | None = None
+
+    def __post_init__(self) -> None:
+        _count(self.every_steps, "every_steps", 0, 1 << 40)
+        _count(self.keep, "keep", 1, 1 << 16)
+        if isinstance(self.critical, str):
+            raise TypeError("critical must be a collection of kernel ids, not one str")
+        self.critical = frozenset(as_kernel_id(k, "critical kernel id") for k in self.critical)
+        if self.storage is not None and not isinstance(self.storage, CheckpointStorage):
+            raise TypeError(f"storage must be a CheckpointStorage, got {type(self.storage).__name__}")
+
+    def due(self, kernel_id: str, steps: int) -> bool:
+        """Whether a kernel that has made `steps` steps gets a checkpoint now."""
+        if kernel_id in self.critical:
+            return True
+        return self.every_steps > 0 and steps % self.every_steps == 0
+
+
+@dataclass
+class _Capture:
+    """A checkpoint being copied to host-visible memory on the GPU."""
+    kernel: Kernel
+    image: KernelImage           # everything but the device bytes
+    buffer: MappedBuffer
+    sizes: list[int]
+    jobs: GpuJobs
+    point: Any
+
+
+class _PolicyState:
+    """The policy's captures of one runtime."""
+
+    def __init__(self, rt: Any, policy: CheckpointPolicy):
+        self.rt, self.policy = rt, policy
+        self.lock = threading.Lock()
+        self.pending: list[_Capture] = []
+        self.done: dict[KernelId, deque[Checkpoint]] = {}
+        self.spare: dict[tuple[int, int], list[MappedBuffer]] = {}
+
+    def after_step(self, launched: list[Kernel]) -> None:
+        for k in launched:
+            if k.destroyed or not self.policy.due(k.id, k.steps):
+                continue
+            try:
+                self._capture(k)
+            except (VkmError, vk.VkError, MemoryError) as exc:
+                log.warning("checkpoint policy: could not capture kernel %r at step %d: %s", k.id, k.steps, exc)
+
+    def _capture(self, k: Kernel) -> None:
+        rt = self.rt
+        ctx = k.ctx
+        sizes = [k.control.size, k.inbox.size] + [s.size for s in k.states]
+        total = sum(sizes)
+        jobs = rt._extras(ctx.index).jobs
+        with self.lock:
+            pool = self.spare.get((ctx.index, total))
+            buf = pool.pop() if pool else None
+        if buf is None:
+            buf = MappedBuffer(ctx.slot, total)
+        try:
+            with ctx.lock:
+                k.check()
+                img = rt._image_meta(k)
+                srcs = [k.control, k.inbox] + list(k.states)
+
+                def record(cmd: Any) -> None:
+                    from . import commands as cmds
+                    cmds.barrier(cmd)
+                    at = 0
+                    for src, n in zip(srcs, sizes):
+                        vk.vkCmdCopyBuffer(cmd, src.handle, buf.handle, 1, [
+                            vk.VkBufferCopy(srcOffset=0, dstOffset=at, size=n)])
+                        at += n
+                    cmds.barrier(cmd, host=True)
+                point = jobs.submit(record)
+        except BaseException:
+            buf.destroy()
+            raise
+        with self.lock:
+            self.pending.append(_Capture(k, img, buf, sizes, jobs, point))
+
+    def materialize(self, wait: bool = False, timeout: float | None = None) -> None:
+        """Turn completed captures into Checkpoints (all of them, waiting, with `wait`)."""
+        with self.lock:
+            pending, self.pending = self.pending, []
+        keep = []
+        for c in pending:
+            try:
+                if wait:
+                    c.jobs.wait(c.point, timeout)
+                elif c.jobs.completed() < c.point.value:
+                    keep.append(c)
+                    continue
+            except DeviceLostError:
+                log.warning("checkpoint policy: the capture of %r at step %d was lost with its device",
+                            c.image.kernel_id, c.image.steps)
+                c.buffer.destroy()
+                continue
+            except VkmTimeout:
+                keep.append(c)
+                continue
+            raw = c.buffer.bytes
+            at = 0
+            parts = []
+            for n in c.sizes:
+                parts.append(raw[at:at + n].tobytes())
+                at += n
+            img = c.image
+            img.control, img.inbox, img.states = parts[0], parts[1], parts[2:]
+            cp = to_checkpoint(img)
+            with self.lock:
+                q = self.done.setdefault(img.kernel_id, deque(maxlen=self.policy.keep))
+                q.append(cp)
+                key = (c.buffer.slot.index, c.buffer.size)
+                pool = self.spare.setdefault(key, [])
+                if len(pool) < 2:
+                    pool.append(c.buffer)
+                    c.buffer = None
+            if c.buffer is not None:
+                c.buffer.destroy()
+            if self.policy.storage is not None:
+                try:
+                    self.policy.storage.save(cp, f"{img.kernel_id}@{img.steps}")
+                except (VkmError, OSError, ValueError) as exc:
+                    log.warning("checkpoint policy: could not store the checkpoint of %r: %s", img.kernel_id, exc)
+        with self.lock:
+            self.pending = keep + self.pending
+
+    def latest(self, kernel_id: KernelId) -> Checkpoint | None:
+        self.materialize()
+        with self.lock:
+            q = self.done.get(kernel_id)
+            return q[-1] if q else None
+
+    def destroy(self) -> None:
+        try:
+            self.materialize(wait=True, timeout=30.0)
+        except VkmError:
+            pass
+        with self.lock:
+            pending, self.pending = self.pending, []
+            spare, self.spare = self.spare, {}
+        for c in pending:
+            c.buffer.destroy()
+        for pool in spare.values():
+            for b in pool:
+                b.destroy()
+
+
+@dataclass
+class _Extras:
+    """Per device: asynchronous jobs on the step queue, the CRC32 pass."""
+    jobs: GpuJobs
+    crc: Any = None
+
+
+@dataclass
+class _Retired:
+    """Device resources a moved kernel left behind, freed once nothing uses them."""
+    ctx: Any
+    buffers: list[Any]
+    batches: list[Any] = field(default_factory=list)   # batches that must be done first
+    handle: int | None = None                          # an outbox whose receivers' sets go too
+
+
+class KernelLifecycle:
+    """checkpoint / restore / migrate / checkpoint policy of KernelRuntime (see the module docstring)."""
+
+    _lock: Any
+    _contexts: dict
+    coordinator: Any
+    manager: Any
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _extras(self, device: int) -> _Extras:
+        ext = self.__dict__.setdefault("_extras_by_device", {})
+        e = ext.get(device)
+        if e is None:
+            ctx = self._context(device)
+            with _CREATE:
+                e = ext.get(device)
+                if e is None:
+                    e = ext[device] = _Extras(GpuJobs(ctx.slot, ctx.queue))
+        return e
+
+    def _crc(self, device: int) -> Any:
+        e = self._extras(device)
+        if e.crc is None:
+            from .gpu_crc import GpuCrc
+            with _CREATE:
+                if e.crc is None:
+                    e.crc = GpuCrc(self._context(device), e.jobs)
+        return e.crc
+
+    def _hold_cond(self) -> threading.Condition:
+        c = self.__dict__.get("_held_cond")
+        if c is None:
+            with _CREATE:
+                c = self.__dict__.setdefault("_held_cond", threading.Condition(threading.Lock()))
+        return c
+
+    def _hold(self, kernel: Kernel, why: str) -> None:
+        """Hold `kernel` back from stepping (holds nest; each _release undoes one)."""
+        with self._hold_cond():
+            self.__dict__.setdefault("_held", {}).setdefault(kernel, []).append(why)
+
+    def _release(self, kernel: Kernel, why: str | None = None) -> None:
+        cond = self._hold_cond()
+        with cond:
+            held = self.__dict__.setdefault("_held", {})
+            reasons = held.get(kernel)
+            if reasons:
+                if why is not None and why in reasons:
+                    reasons.remove(why)
+                else:
+                    reasons.pop()
+                if not reasons:
+                    del held[kernel]
+            cond.notify_all()
+
+    def _is_held_now(self, kernel: Kernel) -> bool:
+        return kernel in (self.__dict__.get("_held") or {})
+
+    def _wait_unheld(self, kernel: Kernel, deadline: float) -> None:
+        cond = self._hold_cond()
+        with cond:
+            while self._is_held_now(kernel):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise VkmTimeout(f"kernel {kernel.id!r} is still being {self.__dict__['_held'][kernel][-1]}"
+                                     f" (held back from use)")
+                cond.wait(min(left, 0.25))
+
+    def is_held(self, kernel: Any) -> bool:
+        """Whether `kernel` is held back from stepping (being migrated or reloaded)."""
+        return self._is_held_now(self._resolve(kernel))
+
+    def _retire(self, item: _Retired) -> None:
+        with self._lock:
+            self.__dict__.setdefault("_retired", []).append(item)
+        self._reap_retired()
+
+    def _reap_retired(self, force: bool = False) -> None:
+        items = self.__dict__.get("_retired")
+        if not items:
+            return
+        with self._lock:
+            ready = [r for r in items if force or all(b.done for b in r.batches)]
+            for r in ready:
+                items.remove(r)
+        for r in ready:
+            _free_retired(self, r)
+
+    def _lifecycle_destroy(self, timeout: float | None) -> None:
+        """Free what this mixin holds (called by destroy() before the device contexts go)."""
+        policy = self.__dict__.pop("_policy", None)
+        if policy is not None:
+            policy.destroy()
+        self._reap_retired(force=True)
+        from .live_migration import destroy_engines
+        destroy_engines(self, timeout if timeout is not None and timeout != float("inf") else 30.0)
+        for e in list(self.__dict__.pop("_extras_by_device", {}).values()):
+            if e.crc is not None:
+                e.crc.destroy()
+            e.jobs.destroy(timeout if timeout is not None and timeout != float("inf") else 30.0)
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def _image_meta(self, k: Kernel) -> KernelImage:
+        """The host-side part of a kernel's image (called with its device lock held)."""
+        return KernelImage(k.spec, k.id, k.address, k.tenant, tuple(k.params), k.steps, k.host_seq,
+                           k.payload_size, b"", b"", [], list(k.h2k), list(k.received), k.device_index)
+
+    @gated
+    def checkpoint(self, kernel: Any, *, timeout: float | None = 60.0) -> Checkpoint:
+        """A Checkpoint of `kernel` after its submitted steps (see the module docstring)."""
+        k = self._resolve(kernel)
+        timeout = _timeout(timeout)
+        ctx = k.ctx
+        sizes = [k.control.size, k.inbox.size] + [s.size for s in k.states]
+        staging = MappedBuffer(ctx.slot, sum(sizes))
+        try:
+            with ctx.lock:
+                k.check()
+                img = self._image_meta(k)
+                srcs = [k.control, k.inbox] + list(k.states)
+
+                def record(cmd: Any) -> None:
+                    at = 0
+                    for src, n in zip(srcs, sizes):
+                        vk.vkCmdCopyBuffer(cmd, src.handle, staging.handle, 1, [
+                            vk.VkBufferCopy(srcOffset=0, dstOffset=at, size=n)])
+                        at += n
+                ctx.run_once(record, timeout=timeout)
+            raw = staging.bytes
+            parts, at = [], 0
+            for n in sizes:
+                parts.append(raw[at:at + n].tobytes())
+                at += n
+        finally:
+            staging.destroy()
+        img.control, img.inbox, img.states = parts[0], parts[1], parts[2:]
+        return to_checkpoint(img)
+
+    def set_checkpoint_policy(self, policy: CheckpointPolicy | None) -> None:
+        """Install (None: remove) the policy by which the runtime checkpoints its kernels."""
+        if policy is not None and not isinstance(policy, CheckpointPolicy):
+            raise TypeError(f"policy must be a CheckpointPolicy or None, got {type(policy).__name__}")
+        old = self.__dict__.get("_policy")
+        if old is not None and old.policy is policy:
+            return
+        new = _PolicyState(self, policy) if policy is not None else None
+        if old is not None:
+            new_done = old.done if new is not None else None
+            old.destroy()
+            if new is not None and new_done:
+                new.done = {kid: deque(q, maxlen=policy.keep) for kid, q in new_done.items()}
+        self.__dict__["_policy"] = new
+
+    @property
+    def checkpoint_policy(self) -> CheckpointPolicy | None:
+        st = self.__dict__.get("_policy")
+        return None if st is None else st.policy
+
+    def latest_checkpoint(self, kernel: Any) -> Checkpoint | None:
+        """The newest completed policy checkpoint of a kernel (a Kernel or its id;
+        also one destroyed or lost since), None if there is none."""
+        kid = kernel.id if isinstance(kernel, Kernel) else as_kernel_id(kernel, "kernel")
+        st = self.__dict__.get("_policy")
+        return None if st is None else st.latest(KernelId(kid))
+
+    # -- restore and migrate -------------------------------------------------------------------
+
+    def restore(self, checkpoint: Checkpoint, *, device: int | None = None, kernel_id: str | None = None,
+                into: Kernel | None = None, timeout: float | None = 60.0) -> Kernel:
+        """Bring a checkpoint back as a new kernel, or into an existing one (see the
+        module docstring)."""
+        if not isinstance(checkpoint, Checkpoint):
+            raise TypeError(f"checkpoint must be a Checkpoint, got {type(checkpoint).__name__}")
+        img = from_checkpoint(checkpoint)
+        if img.payload_size != self.payload_size:
+            raise InvalidCheckpointError(f"the checkpoint's messages have {img.payload_size}-byte payloads; this "
+                                         f"runtime's have {self.payload_size}")
+        timeout = _timeout(timeout)
+        if into is not None:
+            if not isinstance(into, Kernel):
+                raise TypeError(f"into must be a Kernel of this runtime, got {type(into).__name__}")
+            if into.runtime is not self:
+                raise ValueError(f"kernel {into.id!r} belongs to another KernelRuntime")
+            into.check()
+            from .live_migration import restore_into
+            return restore_into(self, into, img, device, timeout)
+        from .live_migration import restore_new
+        return restore_new(self, img, device, kernel_id, timeout)
+
+    def migrate(self, kernel: Any, device: int, *, timeout: float | None = 60.0, verify: bool = True) -> Any:
+        """Live-migrate `kernel` to `device` (a MigrationResult; see KernelMigrator)."""
+        k = self._resolve(kernel)
+        request = self.coordinator.request_migration(k.id, device)
+        from .migration import KernelMigrator
+        return KernelMigrator(self.coordinator).migrate_with_checkpoint(k, request, timeout=timeout, verify=verify)
+
+    def _migrate_live(self, kernel: Kernel, request: Any, *, timeout: float | None, verify: bool) -> Any:
+        from .live_migration import migrate_live
+        return migrate_live(self, kernel, request, _timeout(timeout), verify)
+
+
+def _free_retired(rt: Any, r: _Retired) -> None:
+    ctx = r.ctx
+    if r.handle is not None and ctx.alive:
+        with rt._lock:
+            kernels = [k for k in rt._kernels.values() if k is not None]
+        pair = rt._contexts.get(ctx.index)
+        with ctx.lock:
+            for other in kernels:
+                if other.ctx is ctx and not other.destroyed:
+                    for key in [key for key in other.deliver_sets if key[0] == r.handle]:
+                        s = other.deliver_sets.pop(key)
+                        if pair is not None:
+                            pair[1].retired.append((ctx.value, s))
+                        else:
+                            ctx.free_set(s)
+    for b in r.buffers:
+        try:
+            b.destroy()
+        except VkmError as exc:   # a lost device: its memory goes with it
+            log.warning("could not free a moved kernel's buffer on GPU %d: %s", ctx.index, exc)
