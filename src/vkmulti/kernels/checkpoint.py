@@ -7,7 +7,8 @@ Layout (little-endian; the seed's, so files it writes load here and back):
                    header size u32 (64), total size u64, chunk count u32,
                    compression u32 (0: none), checksum u32 (CRC32 of every
                    byte after the header), flags u32, created_at u64 (us since
-                   the epoch), 16 reserved bytes
+                   the epoch), 16 reserved bytes (vkmulti: the first 4 hold
+                   the CRC32 of header bytes 0-47, flags bit 1; the rest 0)
   metadata         u32 length, then: kernel_id and kernel_type (u32-length UTF-8),
                    current_step u64, grid size 3 x u32, tile size 3 x u32, HLC
                    (physical, logical, node id: 3 x u64), custom count u32 and
@@ -17,7 +18,7 @@ Layout (little-endian; the seed's, so files it writes load here and back):
   chunk CRCs       vkmulti's addition, present when flags bit 0 is set: one
                    CRC32 per chunk (of its header and data), in chunk order
 
-The whole-file checksum says that something is wrong; the per-chunk CRCs say
+The header CRC and the whole-file checksum say that something is wrong; the per-chunk CRCs say
 which chunk, and let a reader that takes chunks one by one (a restore that
 streams state to a GPU) check each before using it. Truncated, corrupted,
 oversized (> 1 GiB) or unknown-version input raises InvalidCheckpointError,
@@ -48,10 +49,13 @@ HEADER_SIZE = 64
 CHUNK_HEADER_SIZE = 32
 #: Header flag: a table of per-chunk CRC32s follows the last chunk.
 FLAG_CHUNK_CRC32 = 1
+#: Header flag: bytes 48-51 (reserved in the seed) hold the CRC32 of header bytes 0-47.
+FLAG_HEADER_CRC32 = 2
+_KNOWN_FLAGS = FLAG_CHUNK_CRC32 | FLAG_HEADER_CRC32
 #: Metadata key of a delta checkpoint that names its base's content digest.
 DELTA_PARENT_DIGEST_KEY = "ringkernel.delta.parent_digest"
 
-_HEADER = struct.Struct("<QIIQIIIIQ16x")
+_HEADER = struct.Struct("<QIIQIIIIQ")
 _CHUNK = struct.Struct("<IIQQQ")
 #: step, grid size, tile size, HLC (physical, logical, node id), custom count
 _META_FIXED = struct.Struct("<Q3I3I3QI")
@@ -159,6 +163,7 @@ class CheckpointHeader:
     checksum: int = 0
     flags: int = 0
     created_at: int = 0
+    header_crc: int = 0
 
     @classmethod
     def new(cls, chunk_count: int, total_size: int) -> "CheckpointHeader":
@@ -177,16 +182,36 @@ class CheckpointHeader:
             raise InvalidCheckpointError(f"Checkpoint too large: {self.total_size} bytes (max: {MAX_CHECKPOINT_SIZE})")
         if self.compression != 0:
             raise InvalidCheckpointError(f"compression {self.compression} is not supported (only 0: none)")
+        if self.flags & ~_KNOWN_FLAGS:
+            raise InvalidCheckpointError(f"unknown header flags 0x{self.flags & ~_KNOWN_FLAGS:x}")
 
-    def to_bytes(self) -> bytes:
+    def _fixed(self) -> bytes:
         return _HEADER.pack(self.magic, self.version, self.header_size, self.total_size, self.chunk_count,
                             self.compression, self.checksum, self.flags, self.created_at)
 
+    def to_bytes(self) -> bytes:
+        """The 64 bytes; with FLAG_HEADER_CRC32 the CRC of the first 48 follows them."""
+        fixed = self._fixed()
+        if self.flags & FLAG_HEADER_CRC32:
+            self.header_crc = crc32(fixed)
+        return fixed + struct.pack("<I12x", self.header_crc if self.flags & FLAG_HEADER_CRC32 else 0)
+
     @classmethod
     def from_bytes(cls, data: Any) -> "CheckpointHeader":
+        """Parse (not check: see validate) a header; with FLAG_HEADER_CRC32 its CRC is
+        checked, and the reserved bytes after it must be zero."""
         if len(data) < HEADER_SIZE:
             raise InvalidCheckpointError(f"Checkpoint too small: {len(data)} bytes, the header alone is {HEADER_SIZE}")
-        return cls(*_HEADER.unpack_from(data))
+        h = cls(*_HEADER.unpack_from(data))
+        if h.flags & FLAG_HEADER_CRC32:
+            (h.header_crc,) = struct.unpack_from("<I", data, _HEADER.size)
+            got = crc32(bytes(data[:_HEADER.size]))
+            if got != h.header_crc:
+                raise InvalidCheckpointError(f"header CRC32 mismatch: stored 0x{h.header_crc:08x}, the header hashes "
+                                             f"to 0x{got:08x} (corrupted)")
+            if any(bytes(data[_HEADER.size + 4:HEADER_SIZE])):
+                raise InvalidCheckpointError("reserved header bytes are not zero (corrupted)")
+        return h
 
 
 @dataclass
@@ -432,7 +457,7 @@ class Checkpoint:
         for p in parts:
             checksum = crc32(p, checksum)
         header = CheckpointHeader.new(len(self.chunks), total)
-        header.checksum, header.flags = checksum, FLAG_CHUNK_CRC32
+        header.checksum, header.flags = checksum, FLAG_CHUNK_CRC32 | FLAG_HEADER_CRC32
         return header, parts
 
     def to_bytes(self) -> bytes:
