@@ -237,10 +237,12 @@ def reflect(code: Any, label: str = "SPIR-V") -> SpirvModule:
 def check_kernel_abi(mod: SpirvModule, entry_point: str, n_state: int, push_bytes: int,
                      label: str = "SPIR-V") -> None:
     """KernelValidationError unless the module is a compute kernel of the ABI with
-    `n_state` state buffers: a GLCompute entry point `entry_point`, the inbox
-    (set 0, binding 0) and outbox (binding 1) as storage buffers, state
-    buffers only at bindings 2 .. 2 + n_state - 1, nothing in other sets, and a
-    push-constant block of at most `push_bytes`."""
+    `n_state` state buffers: a GLCompute entry point `entry_point`; every
+    descriptor it declares is one the ABI's layout provides (set 0: inbox 0,
+    outbox 1, state buffers 2 .. 2 + n_state - 1), as a storage buffer; a
+    push-constant block of at most `push_bytes`. A binding the module does
+    not use may be absent (glslc -O drops unused ones), never one the layout
+    lacks: the pipeline could not be made, or would read the wrong buffer."""
     model = mod.entry_points.get(entry_point)
     if model is None:
         have = ", ".join(f"{n!r} ({m})" for n, m in mod.entry_points.items()) or "none"
@@ -248,14 +250,7 @@ def check_kernel_abi(mod: SpirvModule, entry_point: str, n_state: int, push_byte
     if model != "GLCompute":
         raise KernelValidationError(f"{label}'s entry point {entry_point!r} is a {model} shader, not a compute "
                                     f"(GLCompute) kernel")
-    for need, what in ((0, "inbox"), (1, "outbox")):
-        b = mod.binding(0, need)
-        if b is None:
-            raise KernelValidationError(f"{label} does not declare the {what} (set 0, binding {need}) of the kernel "
-                                        f"ABI (include vkm_kernel_abi.glsl)")
-        if b.kind != "storage_buffer":
-            raise KernelValidationError(f"{label} declares set 0, binding {need} ({what}) as a {b.kind}; the ABI "
-                                        f"binds a storage buffer there")
+    names = {0: "inbox", 1: "outbox"}
     for b in mod.bindings:
         if b.set != 0:
             raise KernelValidationError(f"{label} uses descriptor set {b.set} (binding {b.binding}); kernels have "
@@ -264,8 +259,9 @@ def check_kernel_abi(mod: SpirvModule, entry_point: str, n_state: int, push_byte
             raise KernelValidationError(f"{label} uses binding {b.binding}; this kernel has {n_state} state "
                                         f"buffer(s), bound at 2..{1 + n_state}")
         if b.kind != "storage_buffer":
-            raise KernelValidationError(f"{label} declares binding {b.binding} as a {b.kind}; the ABI binds storage "
-                                        f"buffers only")
+            what = names.get(b.binding, f"state buffer {b.binding - 2}")
+            raise KernelValidationError(f"{label} declares binding {b.binding} ({what}) as a {b.kind}; the ABI binds "
+                                        f"a storage buffer there")
     if mod.push_constant_bytes is not None and mod.push_constant_bytes > push_bytes:
         raise KernelValidationError(f"{label}'s push constants take {mod.push_constant_bytes} bytes; the kernel ABI "
                                     f"(VkmStep) has {push_bytes}")
