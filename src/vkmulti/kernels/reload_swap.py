@@ -130,8 +130,9 @@ def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Call
     for t in threads:
         t.join(max(0.0, left()))
         if t.is_alive():
-            raise VkmTimeout(f"building the new pipeline did not finish within the reload timeout (still running "
-                             f"on {t.name.rsplit('-', 1)[-1]})")
+            raise VkmTimeout(f"building the new pipeline on GPU {t.name.rsplit('-', 1)[-1]} did not finish within "
+                             f"the reload's time (reload_timeout); it completes in the background into that "
+                             f"device's pipeline cache")
     if errors:
         index, exc = sorted(errors.items())[0]
         raise exc
