@@ -285,11 +285,54 @@ class _PolicyState:
                 b.destroy()
 
 
+class BufferPool:
+    """Device buffers a moved kernel left behind, kept for the next kernel that
+    moves onto that device with buffers of the same sizes (a migration back
+    and forth allocates nothing, and on CPU devices touches no new pages), up
+    to `limit` bytes per device; the rest are freed."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._free: dict[tuple[int, int], list[Any]] = {}
+        self._bytes: dict[int, int] = {}
+
+    def take(self, device: int, size: int) -> Any | None:
+        with self._lock:
+            free = self._free.get((device, size))
+            if not free:
+                return None
+            self._bytes[device] -= size
+            return free.pop()
+
+    def put(self, buffer: Any) -> None:
+        device, size = buffer.slot.index, buffer.size
+        with self._lock:
+            if buffer.handle is not None and self._bytes.get(device, 0) + size <= self.limit:
+                self._free.setdefault((device, size), []).append(buffer)
+                self._bytes[device] = self._bytes.get(device, 0) + size
+                return
+        buffer.destroy()
+
+    def clear(self) -> None:
+        with self._lock:
+            free, self._free, self._bytes = self._free, {}, {}
+        for bufs in free.values():
+            for b in bufs:
+                try:
+                    b.destroy()
+                except VkmError as exc:   # a lost device: its memory goes with it
+                    log.warning("could not free a pooled migration buffer: %s", exc)
+
+
 @dataclass
 class _Extras:
-    """Per device: asynchronous jobs on the step queue, the CRC32 pass."""
+    """Per device: asynchronous jobs on the step queue (policy captures, staging
+    passes), and the CRC32 pass with jobs of its own (so waiting for the
+    captures does not wait for a hash)."""
     jobs: GpuJobs
     crc: Any = None
+    crc_jobs: GpuJobs | None = None
 
 
 @dataclass
@@ -326,9 +369,11 @@ class KernelLifecycle:
         e = self._extras(device)
         if e.crc is None:
             from .gpu_crc import GpuCrc
+            ctx = self._context(device)
             with _CREATE:
                 if e.crc is None:
-                    e.crc = GpuCrc(self._context(device), e.jobs)
+                    e.crc_jobs = GpuJobs(ctx.slot, ctx.queue)
+                    e.crc = GpuCrc(ctx, e.crc_jobs)
         return e.crc
 
     def _hold_cond(self) -> threading.Condition:
@@ -390,17 +435,38 @@ class KernelLifecycle:
         for r in ready:
             _free_retired(self, r)
 
+    #: Bytes of buffers per device that migrations keep for kernels moving onto
+    #: that device later (see BufferPool); 0 frees them at once.
+    migration_pool_bytes = 512 << 20
+
+    def _buffer_pool(self) -> BufferPool:
+        pool = self.__dict__.get("_pool")
+        if pool is None:
+            with _CREATE:
+                pool = self.__dict__.setdefault("_pool", BufferPool(self.migration_pool_bytes))
+        pool.limit = self.migration_pool_bytes
+        return pool
+
+    def release_migration_buffers(self) -> None:
+        """Free the buffers migrations kept for later moves (see migration_pool_bytes)."""
+        pool = self.__dict__.get("_pool")
+        if pool is not None:
+            pool.clear()
+
     def _lifecycle_destroy(self, timeout: float | None) -> None:
         """Free what this mixin holds (called by destroy() before the device contexts go)."""
         policy = self.__dict__.pop("_policy", None)
         if policy is not None:
             policy.destroy()
         self._reap_retired(force=True)
+        self.release_migration_buffers()
         from .live_migration import destroy_engines
         destroy_engines(self, timeout if timeout is not None and timeout != float("inf") else 30.0)
         for e in list(self.__dict__.pop("_extras_by_device", {}).values()):
             if e.crc is not None:
                 e.crc.destroy()
+            if e.crc_jobs is not None:
+                e.crc_jobs.destroy(timeout if timeout is not None and timeout != float("inf") else 30.0)
             e.jobs.destroy(timeout if timeout is not None and timeout != float("inf") else 30.0)
 
     # -- checkpoints ---------------------------------------------------------------------

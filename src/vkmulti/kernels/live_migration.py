@@ -69,9 +69,23 @@ _STATUS_WORDS = 4
 
 # -- twins ------------------------------------------------------------------------------------
 
+class _Twin(Kernel):
+    """A kernel being built on a target device: its device-local buffers come from
+    the runtime's migration pool where one of the size is free."""
+
+    def _buffer(self, size: int, mapped: bool = False) -> Any:
+        if not mapped:
+            b = self.runtime._buffer_pool().take(self.ctx.index, size)
+            if b is not None:
+                self.buffers.append(b)
+                return b
+        return super()._buffer(size, mapped)
+
+
 def build_twin(rt: Any, k: Kernel, device: int, spec: KernelSpec | None = None) -> Kernel:
     """A Kernel with k's id, address, tenant and params, its resources on `device`,
-    initialised (headers written, memory zeroed); not registered anywhere."""
+    initialised (rings zeroed, headers written) except its state buffers, which
+    the caller fills whole; not registered anywhere."""
     spec = spec or k.spec
     ctx, _ = rt._device(device)
     for i, n in enumerate(spec.state_sizes):
@@ -80,9 +94,9 @@ def build_twin(rt: Any, k: Kernel, device: int, spec: KernelSpec | None = None) 
                                  f"{ctx.max_storage_range} (maxStorageBufferRange)")
     with ctx.lock:
         ctx.check()
-        twin = Kernel(rt, ctx, spec, k.id, k.address, k.tenant, tuple(k.params))
+        twin = _Twin(rt, ctx, spec, k.id, k.address, k.tenant, tuple(k.params))
     try:
-        ctx.run_once(twin.init_commands([None] * len(spec.state_sizes)))
+        ctx.run_once(twin.init_commands([np.zeros(0, np.uint8)] * len(spec.state_sizes)))   # empty: left as is
     except BaseException:
         with ctx.lock:
             twin.free()
@@ -122,6 +136,7 @@ def _retire_half(rt: Any, half: Kernel, lost: bool) -> None:
     pending = [] if lost or stepper is None else \
         [b for b in stepper.batches if isinstance(b, OutboxBatch) and b.buffer is outbox and not b.done]
     keep = [] if lost else [outbox]
+    pool = rt._buffer_pool()
     try:
         with ctx.lock:
             for s in half.sets + list(half.deliver_sets.values()):
@@ -133,8 +148,12 @@ def _retire_half(rt: Any, half: Kernel, lost: bool) -> None:
                     ctx.release_local_slot(half.local_slot)
                 half.local_slot = -1
         for b in half.buffers:
-            if b not in keep:
+            if b in keep:
+                continue
+            if lost or isinstance(b, MappedBuffer):
                 b.destroy()
+            else:
+                pool.put(b)   # no GPU work uses it any more: the runtime's steps and the copies are done
     except VkmError as exc:
         log.warning("could not free a moved kernel's resources on GPU %d: %s", ctx.index, exc)
     half.buffers = []
@@ -158,6 +177,13 @@ def _left(deadline: float, what: str) -> float:
 def _wait_kernel(rt: Any, k: Kernel, deadline: float) -> None:
     if k.last_value:
         rt._wait_points([k.ctx.point(k.last_value)], _left(deadline, f"the steps of {k.id!r}"))
+
+
+def _wait_jobs(rt: Any, device: int, deadline: float) -> None:
+    """Wait for the runtime's own GPU jobs on `device` (policy captures reading state)."""
+    ext = rt.__dict__.get("_extras_by_device", {}).get(device)
+    if ext is not None and ext.jobs.value:
+        ext.jobs.wait(ext.jobs.point(ext.jobs.value), _left(deadline, f"GPU {device}'s checkpoint captures"))
 
 
 def _drain_router(rt: Any, deadline: float) -> None:
@@ -399,6 +425,7 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
             t1 = time.monotonic()
             k.check()
             rt.synchronize(_left(deadline, "the runtime's submitted steps"))
+            _wait_jobs(rt, src, deadline)
             _drain_router(rt, deadline)
             quiesce_d += time.monotonic() - t1
             t1 = time.monotonic()
@@ -519,8 +546,10 @@ def restore_into(rt: Any, k: Kernel, img: KernelImage, device: int | None, timeo
         with gate_of(rt).exclusive(_left(deadline, "waiting for the runtime's steps"), f"restoring {k.id!r}"):
             k.check()
             moving = old_ctx is not twin.ctx
-            if alive and moving:
+            if alive:
                 rt.synchronize(_left(deadline, "the runtime's submitted steps"))
+                _wait_jobs(rt, old_ctx.index, deadline)
+            if alive and moving:
                 _drain_router(rt, deadline)
                 ring, _ = _stage(rt, k, deadline)
             landing = None
