@@ -14,7 +14,6 @@ import json
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 

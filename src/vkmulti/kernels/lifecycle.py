@@ -55,15 +55,12 @@ import logging
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
-import numpy as np
 import vulkan as vk
 
-from ..errors import (DestroyedError, DeviceLostError, InvalidCheckpointError, MigrationError,
-                      TimeoutError as VkmTimeout, VkmError)
+from ..errors import DeviceLostError, InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
 from .checkpoint import Checkpoint
 from .checkpoint_storage import CheckpointStorage
 from .device_context import MappedBuffer
@@ -72,8 +69,7 @@ from .gpu_jobs import GpuJobs
 from .host_io import _count, _timeout
 from .ids import KernelId, as_kernel_id
 from .kernel import Kernel
-from .kernel_checkpoint import (SPIRV_CHUNK, INBOX_CHUNK, KernelImage, from_checkpoint, patch_control,
-                                readdress_slots, to_checkpoint)
+from .kernel_checkpoint import SPIRV_CHUNK, INBOX_CHUNK, KernelImage, from_checkpoint, to_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -553,9 +549,9 @@ class KernelLifecycle:
             if into.runtime is not self:
                 raise ValueError(f"kernel {into.id!r} belongs to another KernelRuntime")
             into.check()
-            from .live_migration import restore_into
+            from .kernel_restore import restore_into
             return restore_into(self, into, img, device, timeout)
-        from .live_migration import restore_new
+        from .kernel_restore import restore_new
         return restore_new(self, img, device, kernel_id, timeout)
 
     def migrate(self, kernel: Any, device: int, *, timeout: float | None = 60.0, verify: bool = True) -> Any:
