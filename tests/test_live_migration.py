@@ -383,3 +383,33 @@ def test_checkpoint_policy_captures_behind_steps(runtime):
         CheckpointPolicy(critical="b")
     with pytest.raises(ValueError):
         CheckpointPolicy(every_steps=-1)
+
+
+def test_restore_into_a_kernel_whose_device_is_lost(runtime, router, monkeypatch):
+    """The failover path: GPU 1 stops answering (DeviceLostError from its timeline);
+    a kernel there is rebuilt on GPU 0 from the policy's latest checkpoint without
+    any wait on GPU 1, keeps its address (its sender's messages reach it), and the
+    runtime steps on."""
+    from vkmulti.errors import DeviceLostError
+
+    runtime.set_checkpoint_policy(CheckpointPolicy(critical=["victim"]))
+    victim = counter(runtime, "victim", device=1)
+    sender = counter(runtime, "sender", device=0, params=[victim.address])
+    for i in range(3):
+        runtime.send(victim, w(i + 1), tag=COUNTER_TAG_ADD)
+        runtime.step()
+    runtime.synchronize()
+    cp = runtime.latest_checkpoint(victim)
+    assert cp.metadata.current_step == 3
+    lost_ctx = victim.ctx
+
+    def lost():
+        raise DeviceLostError(-4, "vkGetSemaphoreCounterValue")
+    monkeypatch.setattr(lost_ctx, "completed", lost)
+    runtime.restore(cp, into=victim, device=0)
+    monkeypatch.undo()
+    assert victim.device_index == 0 and victim.steps == 3
+    runtime.send(sender, w(10), tag=COUNTER_TAG_FORWARD)
+    settle(runtime, router, [sender, victim], lambda: read_counter(runtime.read_state(victim)).count == 4)
+    st = read_counter(runtime.read_state(victim))
+    assert (st.count, st.sum, st.fifo_errors) == (4, 16, 0)
