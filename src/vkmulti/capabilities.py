@@ -10,7 +10,7 @@ from typing import Any
 import vulkan as vk
 
 from . import vkapi
-from ._handles import cstr, to_cffi
+from ._handles import cstr, short_text, to_cffi
 from .errors import raise_for_result
 
 _ffi = vk.ffi
@@ -130,7 +130,13 @@ class DeviceCapabilities:
     timestamp_period: float
 
     def has(self, extension: str) -> bool:
+        """Whether the driver offers device extension `extension` (not whether a device enabled it)."""
         return extension in self.extensions
+
+    def __repr__(self) -> str:
+        return (f"DeviceCapabilities({short_text(self.name)}, {self.device_type}, {self.vendor}, "
+                f"Vulkan {self.api_version}, {sum(self.tracked_extensions.values())} of "
+                f"{len(TRACKED_EXTENSIONS)} tracked extensions)")
 
     @property
     def tracked_extensions(self) -> dict[str, bool]:
@@ -279,6 +285,11 @@ class RenderCapabilities:
     limits: dict[str, Any] = field(default_factory=dict)
     devices: tuple[DeviceCapabilities, ...] = ()
     enabled_extensions: tuple[frozenset[str], ...] = ()
+
+    def __repr__(self) -> str:
+        names = ", ".join(short_text(d.name, 24) for d in self.devices[:4]) + (", ..." if len(self.devices) > 4 else "")
+        return (f"RenderCapabilities(physical_device_count={self.physical_device_count}, "
+                f"external_memory_fd_enabled={self.external_memory_fd_enabled}, devices=[{names}])")
 
     def meets(self, *, features: list[str] | tuple[str, ...] | None = None,
               limits: dict[str, float] | None = None) -> bool:

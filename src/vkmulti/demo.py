@@ -114,6 +114,7 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
     from .images import Image
     from .multi_device import MultiDeviceManager
     from .offload import SRUOffloadCoordinator
+    from .progress import progress
     from .render import ReferenceRenderer
 
     width, height = args.size or (HEAVY_SIZE if args.heavy else LIGHT_SIZE)
@@ -134,14 +135,16 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
         report = multi.render_frame(srus, frame_multi)      # warm-up: pipelines, targets, rings
         single.render_frame(srus, frame_single)
         t_multi, t_single = [], []
-        for _ in range(args.frames):
-            t0 = time.perf_counter()
-            report = multi.render_frame(srus, frame_multi)
-            t1 = time.perf_counter()
-            single.render_frame(srus, frame_single)
-            t2 = time.perf_counter()
-            t_multi.append(t1 - t0)
-            t_single.append(t2 - t1)
+        with progress(args.frames, "demo frames", quiet=bool(args.json)) as advance:
+            for _ in range(args.frames):
+                t0 = time.perf_counter()
+                report = multi.render_frame(srus, frame_multi)
+                t1 = time.perf_counter()
+                single.render_frame(srus, frame_single)
+                t2 = time.perf_counter()
+                t_multi.append(t1 - t0)
+                t_single.append(t2 - t1)
+                advance(1)
         pixels = frame_multi.download()
         identical = bool(np.array_equal(pixels, frame_single.download()))
 
@@ -175,9 +178,14 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
     return out
 
 
+def _gpus(n: int) -> str:
+    return f"{n} GPU{'s' if n != 1 else ''}"
+
+
 def print_report(r: dict[str, Any]) -> None:
+    """Print the demo's figures as a report (the JSON form has the same keys)."""
     w, h = r["size"]
-    print(f"vkmulti demo: {r['srus']} SRUs in a {w}x{h} RGBA16F frame, {len(r['devices'])} GPU(s), "
+    print(f"vkmulti demo: {r['srus']} SRUs in a {w}x{h} RGBA16F frame, {_gpus(len(r['devices']))}, "
           f"median of {r['frames']} frame(s){', render-heavy' if r['heavy'] else ''}")
     if r["note"]:
         print(f"note: {r['note']}")
@@ -189,7 +197,9 @@ def print_report(r: dict[str, Any]) -> None:
     if r["fallbacks"]:
         print(f"  rendered on GPU 0 after a secondary failed: {r['fallbacks']}")
     print("\nper-frame time:")
-    print(f"  with offload ({len(r['devices'])} GPUs)  {r['frame_ms_offload']:9.2f} ms")
+    n = len(r["devices"])
+    label = f"with offload ({n} GPU{'s' if n != 1 else ''})"
+    print(f"  {label:<23} {r['frame_ms_offload']:9.2f} ms")
     print(f"  one GPU                 {r['frame_ms_single']:9.2f} ms")
     print(f"  speed-up                {r['speedup']:9.2f}x")
     if r["virtual"]:
@@ -208,11 +218,13 @@ def print_report(r: dict[str, Any]) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--srus", type=int, default=16, help="number of SRUs in the frame (default 16)")
+    from .cli_args import add_virtual_argument, positive_int
+
+    p.add_argument("--srus", type=positive_int, default=16, help="number of SRUs in the frame (default 16)")
     p.add_argument("--size", type=parse_size, default=None, metavar="WxH",
                    help=f"frame size (default {LIGHT_SIZE[0]}x{LIGHT_SIZE[1]}, "
                         f"{HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} with --heavy)")
-    p.add_argument("--frames", type=int, default=3, help="timed frames per configuration (default 3)")
+    p.add_argument("--frames", type=positive_int, default=3, help="timed frames per configuration (default 3)")
     p.add_argument("--devices", type=parse_devices, default=None, metavar="I,J,...",
                    help="physical devices to use, primary first (default: all)")
     p.add_argument("--output", default="vkmulti-demo.png", metavar="PATH",
@@ -220,9 +232,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heavy", action="store_true",
                    help=f"render-heavy SRUs ({HEAVY_ITERATIONS[0]}-{HEAVY_ITERATIONS[1]} steps per pixel) "
                         f"for real GPUs")
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.add_argument("--virtual", type=int, default=0, metavar="N",
-                   help="use N virtual lavapipe GPUs instead of the real ones")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON (no progress bar)")
+    add_virtual_argument(p)
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="render across a Ray cluster (HEAD:PORT, ray://HEAD:PORT, or 'auto' to start a local Ray); "
                         "needs pip install 'vkmulti[cluster]'")
@@ -230,17 +241,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The `demo` subcommand (cli.py passes its parser and its virtual-GPU chooser)."""
-    if args.srus <= 0:
-        parser.error(f"--srus must be positive, got {args.srus}")
-    if args.frames <= 0:
-        parser.error(f"--frames must be positive, got {args.frames}")
-    if args.virtual < 0:
-        parser.error("--virtual must be >= 0")
-    if args.output:
+    from .cli_args import check_output_path
+
+    check_output_path(parser, args.output, "--output")   # before any rendering
+    if args.size is not None:
         try:
-            import PIL  # noqa: F401
-        except ImportError:
-            parser.error("writing the PNG needs Pillow: pip install 'vkmulti[demo]' (or pass --output '')")
+            make_srus(args.srus, *args.size)
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.ray is not None:
         from .cluster.demo import main as cluster_main
         return cluster_main(args, parser)
@@ -249,8 +257,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         r = run(args, note)
     except (ValueError, IndexError) as exc:
-        print(f"vkmulti demo: {exc}", file=sys.stderr)
-        return 2
+        parser.error(str(exc))
     if args.json:
         json.dump(r, sys.stdout, indent=2)
         print()

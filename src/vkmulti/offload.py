@@ -19,7 +19,8 @@ import vulkan as vk
 
 from . import vkapi
 from .adaptive import AdaptivePlanning, SpeedMeter
-from .errors import (DestroyedError, TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError)
+from .errors import (DestroyedError, RendererMissingError, TimeoutError, TransferError, UnsupportedError, VkmError,
+                     VulkanError)
 from .images import Image
 from .lifetime import Deadline, Lifetime, operation
 from .multi_device import DeviceSlot, MultiDeviceManager
@@ -48,10 +49,6 @@ class OffloadRoute:
     def offloaded(self) -> bool:
         """True when the SRU renders on a secondary (its image is transferred to GPU 0)."""
         return self.device_index != 0
-
-
-class RendererMissingError(VkmError, NotImplementedError):
-    """An SRU is routed to a device that has no renderer (attach one, or pass a factory)."""
 
 
 class SecondaryRenderContext:
