@@ -21,8 +21,11 @@ from .methods import TransferMethod, method_problem
 __all__ = ["DeviceRequirements", "device_requirements", "FEATURE_STRUCTS", "REQUIRED_FEATURES"]
 
 #: The device features vkmulti needs, with the Vulkan struct each is a member of
-#: (chain it into VkDeviceCreateInfo.pNext with the member set to VK_TRUE).
+#: (chain it into VkDeviceCreateInfo.pNext with the member set to VK_TRUE;
+#: DeviceRequirements.feature_chain() builds that chain).
 FEATURE_STRUCTS = {"timelineSemaphore": "VkPhysicalDeviceTimelineSemaphoreFeatures"}
+_STYPES = {"VkPhysicalDeviceTimelineSemaphoreFeatures":
+           "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES"}
 REQUIRED_FEATURES = ("timelineSemaphore",)
 
 #: What each extension vkmulti asks for gives it.
@@ -59,6 +62,21 @@ class DeviceRequirements:
         """The distinct queue families to create one queue each in, graphics first."""
         qf = self.queue_families
         return tuple(dict.fromkeys(f for f in (qf.graphics, qf.present, qf.compute, qf.transfer) if f is not None))
+
+    def feature_chain(self, pnext: Any = None) -> Any:
+        """The feature structs (`vulkan` package objects) with every feature in
+        `features` set to VK_TRUE, chained in front of `pnext`: pass the result as
+        VkDeviceCreateInfo.pNext (or `pnext` your own chain to append it)."""
+        import vulkan as vk
+
+        by_struct: dict[str, list[str]] = {}
+        for name in self.features:
+            by_struct.setdefault(self.feature_structs.get(name, FEATURE_STRUCTS[name]), []).append(name)
+        head = pnext
+        for struct, names in by_struct.items():
+            head = getattr(vk, struct)(sType=getattr(vk, _STYPES[struct]), pNext=head,
+                                       **{n: vk.VK_TRUE for n in names})
+        return head
 
     def __repr__(self) -> str:
         return (f"DeviceRequirements({self.device!r}, extensions={list(self.extensions)}, "

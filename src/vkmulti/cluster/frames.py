@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._repr import compact_repr
 from .errors import NoAgentError, caller_error, short_error
 from .planner import NodeInfo, NodePlan, composite_frame, plan_nodes
 
@@ -26,6 +27,8 @@ _MIN_OBSERVED_S = 0.005
 @dataclass
 class NodeFrameReport:
     """One node's part of a frame."""
+
+    __repr__ = compact_repr
 
     node_id: str
     srus: list = field(default_factory=list)            # SRU ids it rendered (all rounds)
@@ -47,6 +50,8 @@ class NodeFrameReport:
 @dataclass
 class ClusterFrame:
     """A frame rendered on the cluster: the pixels and what each node did."""
+
+    __repr__ = compact_repr
 
     pixels: np.ndarray                                   # (height, width, 8) uint8 (RGBA16F)
     nodes: dict[str, NodeFrameReport]

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .._repr import compact_repr
 from ..partition import assign_srus
 
 __all__ = ["NodeInfo", "LinkInfo", "NodePlan", "plan_nodes", "sru_image_bytes", "composite_frame",
@@ -50,6 +51,8 @@ class LinkInfo:
 @dataclass(frozen=True)
 class NodeInfo:
     """What the driver knows of one node's agent."""
+
+    __repr__ = compact_repr
 
     node_id: str
     address: str
@@ -85,6 +88,8 @@ class NodeInfo:
 @dataclass
 class NodePlan:
     """Which SRUs each node renders this round, and the model's predicted finish time per node."""
+
+    __repr__ = compact_repr
 
     srus: dict[str, list[Any]] = field(default_factory=dict)      # node id -> SRUs, input order
     predicted: dict[str, float] = field(default_factory=dict)     # node id -> seconds

@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .._repr import compact_repr
 from .errors import NoAgentError, caller_error, short_error
 from .planner import NodeInfo
 from .stencil import split_rows_weighted
@@ -33,6 +34,8 @@ __all__ = ["StencilRun", "run_stencil"]
 @dataclass
 class StencilRun:
     """The result of a cluster stencil run and what it took."""
+
+    __repr__ = compact_repr
 
     field: np.ndarray                                    # (height, width) int32 after `steps` steps
     steps: int

@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._repr import compact_repr
 from ..errors import InvalidConfigError
 from .ids import check_count, check_index
 
@@ -54,6 +55,9 @@ class LaunchOptions:
     """Options for launching a kernel, with ringkernel's defaults. The
     coordinator only hands them to a custom selector; the runtime uses them.
     The `with_*` methods return a changed copy."""
+
+    __repr__ = compact_repr
+
     mode: KernelMode = KernelMode.PERSISTENT
     grid_size: int = 1
     block_size: int = 256
@@ -144,6 +148,9 @@ class MultiGpuConfig:
     device fits; False gives the seed's answer instead (device 0 or the first
     candidate), still never an offline device or a placeholder.
     """
+
+    __repr__ = compact_repr
+
     load_balancing: LoadBalancingStrategy = LoadBalancingStrategy.LEAST_LOADED
     auto_select_device: bool = True
     max_kernels_per_device: int = 64

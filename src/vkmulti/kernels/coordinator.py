@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from .._repr import compact_repr
 from ..errors import DeviceNotAvailableError, InvalidConfigError, KernelNotFoundError, MigrationError
 from .config import Backend, LaunchOptions, LoadBalancingStrategy, MultiGpuConfig
 from .devices import DeviceInfo, DeviceStatus, MultiGpuStats
@@ -58,6 +59,9 @@ class CoordinatorEvent:
     DeviceUnregisterResult of DEVICE_UNREGISTERED (its plans are what a
     failover must carry out).
     """
+
+    __repr__ = compact_repr
+
     kind: CoordinatorEventKind
     device_index: int | None
     kernel_id: KernelId | None = None

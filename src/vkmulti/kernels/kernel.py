@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from .._repr import compact_repr
 from ..errors import DestroyedError
 from ..images import Buffer
 from ..transfer import TimelinePoint
@@ -49,6 +50,9 @@ class KernelSpec:
     """A kernel's code and shape: SPIR-V (the ABI of native/shaders/vkm_kernel_abi.glsl),
     the byte size of each state buffer, ring capacities in messages, and the
     workgroup count of its one dispatch per step."""
+
+    __repr__ = compact_repr
+
     kernel_type: str
     spirv: bytes
     state_sizes: tuple[int, ...] = (256,)
@@ -111,6 +115,9 @@ class KernelSpec:
 @dataclass
 class KernelStats:
     """Counters of one kernel (host view, up to the last harvested step)."""
+
+    __repr__ = compact_repr
+
     steps_submitted: int = 0
     steps_completed: int = 0
     messages_consumed: int = 0

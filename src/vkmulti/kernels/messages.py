@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .._repr import compact_repr
+
 __all__ = ["HOST_ADDRESS", "HOST_KERNEL_ID", "DEFAULT_PAYLOAD_SIZE", "ENVELOPE", "ENVELOPE_BYTES",
            "RING_HEADER_BYTES", "HlcTimestamp", "HybridLogicalClock", "MessageEnvelope", "K2KMessage",
            "check_payload_size", "slot_bytes"]
@@ -120,6 +122,9 @@ class HybridLogicalClock:
 @dataclass(frozen=True)
 class MessageEnvelope:
     """The 48-byte header of a message slot, by kernel address (0 = host)."""
+
+    __repr__ = compact_repr
+
     source_address: int
     dest_address: int
     sequence: int
@@ -152,6 +157,9 @@ class K2KMessage:
     Built by hand it is a message to send (`KernelRuntime.send` fills the
     sequence and timestamp); received ones carry all fields.
     """
+
+    __repr__ = compact_repr
+
     source_kernel: str
     dest_kernel: str
     payload: bytes = b""

@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from .._repr import compact_repr
 from .ids import check_count, check_index, check_number
 
 __all__ = ["InterconnectType", "GpuConnection", "GpuTopology"]
@@ -55,6 +56,9 @@ class GpuConnection:
     hops 0 (src == dst) or 1; `with_bandwidth/with_latency/with_hops` return a
     copy carrying measured values. `method` (vkmulti's) names the transfer
     method a measurement used, None for estimates."""
+
+    __repr__ = compact_repr
+
     source: int
     destination: int
     interconnect: InterconnectType
