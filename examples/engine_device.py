@@ -72,7 +72,7 @@ def main() -> int:
     instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO,
                                                            pApplicationInfo=app), None)
     try:
-        gpus = vk.vkEnumeratePhysicalDevices(instance)
+        gpus = list(vk.vkEnumeratePhysicalDevices(instance))
         device, keywords, req = create_engine_device(gpus[0], gpus[1:])
         print(req)
         try:

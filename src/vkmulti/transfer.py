@@ -41,12 +41,12 @@ DEFAULT_SLOT_SIZE = 8 << 20
 DEFAULT_SLOT_COUNT = 8
 #: CUDA_PEER's default ring: 8 slots of 16 MiB (128 MiB a side). Each chunk
 #: costs its worker ~25 us of host work, so chunks are large: a 4K frame goes
-#: in eight, 256 MiB in sixteen (bench/RESULTS.md has the shapes measured).
+#: in eight, 256 MiB in sixteen (bench/HISTORY.md has the shapes measured).
 CUDA_PEER_SLOT_SIZE = 16 << 20
 CUDA_PEER_SLOT_COUNT = 8
 #: The default ring where a device of the pair is a CPU (lavapipe): 8 slots of
 #: 1 MiB. The copies there are CPU work, and chunks that stay in the caches run
-#: 1.2-1.7x faster than 8 MiB ones (bench/RESULTS.md, 2026-11-30 session 4).
+#: 1.2-1.7x faster than 8 MiB ones (bench/HISTORY.md, 2026-11-30 session 4).
 CPU_SLOT_SIZE = 1 << 20
 CPU_SLOT_COUNT = 8
 #: Ring shapes vkmulti accepts: a slot of at most 4 GiB, at most 1024 slots, at
