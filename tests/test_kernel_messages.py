@@ -140,7 +140,7 @@ def test_kernel_shaders_and_their_include_are_in_the_manifest():
     """The kernel GLSL sources and the ABI header they #include are tied to the committed SPIR-V."""
     m = json.loads((SHADERS / "spirv-manifest.json").read_text())
     for name in ("kernel_finish.comp", "kernel_deliver.comp", "kernel_survey.comp", "kernel_counter.comp",
-                 "kernel_pingpong.comp", "kernel_stencil.comp"):
+                 "kernel_pingpong.comp", "kernel_stencil.comp", "kernel_burst.comp"):
         assert name in m["shaders"]
     assert m["includes"], "no includes recorded"
     for name, digest in m["includes"].items():

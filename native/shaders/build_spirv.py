@@ -24,8 +24,9 @@ MANIFEST = HERE / "spirv-manifest.json"
 KERNELS = ("copy_buffer.comp",) + tuple(f"{d}_{n}.comp" for d in ("image_to_buffer", "buffer_to_image")
                                         for n in (4, 8, 16))
 #: The compute kernels of vkmulti.kernels: the runtime's own passes, then the reference kernels.
-COMPUTE_KERNELS = ("kernel_finish.comp", "kernel_deliver.comp", "kernel_survey.comp", "kernel_counter.comp",
-                   "kernel_pingpong.comp", "kernel_stencil.comp")
+COMPUTE_KERNELS = ("kernel_finish.comp", "kernel_deliver.comp", "kernel_deliver_copy.comp", "kernel_survey.comp",
+                   "kernel_counter.comp",
+                   "kernel_pingpong.comp", "kernel_stencil.comp", "kernel_burst.comp")
 #: GLSL files the sources #include: their hashes are in the manifest too, so a
 #: change to one shows up as a stale SPIR-V like a change to a source.
 INCLUDES = ("vkm_kernel_abi.glsl",)

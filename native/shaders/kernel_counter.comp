@@ -4,7 +4,9 @@
 // (1) adds payload word 0 to a 64-bit sum; QUERY (2) replies to its sender
 // with REPLY (3): count, sum, FIFO errors, step, query word 0; FORWARD (4)
 // adds and sends word 0 on to params.x as ADD. For each sender it checks that
-// sequence numbers arrive 0, 1, 2, ... and counts every gap or repeat.
+// sequence numbers arrive 0, 1, 2, ... and counts every gap or repeat. It also
+// sums the hop counts of what it consumed (device crossings, set by the K2K
+// router) and keeps the largest.
 #extension GL_GOOGLE_include_directive : require
 #include "vkm_kernel_abi.glsl"
 
@@ -13,7 +15,7 @@ layout(local_size_x = 1) in;
 layout(std430, set = 0, binding = 2) buffer State {
     uint count; uint sum_lo; uint sum_hi; uint fifo_errors;
     uint queries; uint forwards; uint failed_emits; uint table_size;
-    uint pad[8];
+    uint hops_sum; uint max_hops; uint pad[6];
     uvec4 expected[];   // at source % table_size: (source address, next sequence lo, hi, 0)
 } st;
 
@@ -41,6 +43,9 @@ void main()
         st.expected[idx] = uvec4(src, next_lo, seq.y + carry, 0u);
 
         st.count += 1u;
+        uint hops = vkm_in_field(m, VKM_HOPS);
+        st.hops_sum += hops;
+        st.max_hops = max(st.max_hops, hops);
         if (tag == TAG_QUERY) {
             st.queries += 1u;
             uint r = vkm_emit(src, TAG_REPLY, 24u);

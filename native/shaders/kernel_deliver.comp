@@ -5,7 +5,12 @@
 // is flagged in the batch (it is never delivered twice); the rest stay for a
 // later step (back-pressure, never a drop). A message from another tenant is
 // flagged too and counted as rejected. The counts go to the host-visible
-// status record at `status_offset`.
+// status record at `status_offset`. `hops` is added to each delivered
+// message's hop count (the K2K router's device crossings for this batch).
+// With `plan` set the pass copies nothing: it marks each message it takes
+// with VKM_FLAG_COPY and its inbox slot, and kernel_deliver_copy.comp (one
+// workgroup per message, all invocations on its words) copies them; the
+// runtime does that for large messages.
 #extension GL_GOOGLE_include_directive : require
 #define VKM_RUNTIME_PASS
 #include "vkm_kernel_abi.glsl"
@@ -19,7 +24,9 @@ layout(std430, set = 0, binding = 1) buffer Inbox {
     uint head; uint tail; uint capacity; uint slot_words; uint pad[12]; uint words[];
 } inbox;
 layout(std430, set = 0, binding = 2) buffer Status { uint words[]; } status;
-layout(push_constant) uniform Params { uint self_address; uint tenant; uint status_offset; uint pad; } pc;
+layout(push_constant) uniform Params {
+    uint self_address; uint tenant; uint status_offset; uint hops; uint plan; uint pad0; uint pad1; uint pad2;
+} pc;
 
 shared uint s_ok[64];
 shared uint s_n;
@@ -62,11 +69,19 @@ void main()
         }
         if (ok) {
             if (pos < s_room) {
-                uint d = ((s_tail + pos) % inbox.capacity) * inbox.slot_words;
-                for (uint w = 0u; w < words; w++)
-                    inbox.words[d + w] = batch.words[m + w];
-                inbox.words[d + VKM_FLAGS] &= ~VKM_FLAG_DELIVERED;
-                batch.words[m + VKM_FLAGS] |= VKM_FLAG_DELIVERED;
+                uint slot = (s_tail + pos) % inbox.capacity;
+                uint flags = batch.words[m + VKM_FLAGS];
+                if (pc.plan != 0u) {
+                    batch.words[m + VKM_FLAGS] = (flags & VKM_FLAG_PRIORITY_MASK) | VKM_FLAG_DELIVERED
+                                                 | VKM_FLAG_COPY | (slot << 16u);
+                } else {
+                    uint d = slot * inbox.slot_words;
+                    for (uint w = 0u; w < words; w++)
+                        inbox.words[d + w] = batch.words[m + w];
+                    inbox.words[d + VKM_FLAGS] = flags & VKM_FLAG_PRIORITY_MASK;
+                    inbox.words[d + VKM_HOPS] += pc.hops;
+                    batch.words[m + VKM_FLAGS] = flags | VKM_FLAG_DELIVERED;
+                }
             } else {
                 atomicAdd(s_left, 1u);
             }

@@ -4,6 +4,11 @@
 // stamps each outbox message (source, per-pair sequence number, HLC, tenant),
 // copies the messages addressed to the host into the kernel's host-visible
 // K2H report, marks the inbox consumed and records what happened.
+// Messages the host routes on the kernel's behalf (the K2K router's
+// route_message) wait in the last `inject_count` slots of the report region;
+// they are appended after the kernel's own messages as far as the outbox has
+// room (`inject_taken` says how many) and stamped with them, so they share the
+// kernel's sequence numbers and clock.
 #extension GL_GOOGLE_include_directive : require
 #define VKM_RUNTIME_PASS
 #include "vkm_kernel_abi.glsl"
@@ -25,7 +30,7 @@ layout(std430, set = 0, binding = 2) buffer Outbox {
 layout(std430, set = 0, binding = 3) buffer Report {
     uint host_count; uint out_count; uint overflow; uint in_count;
     uint step_lo; uint step_hi; uint clock_lo; uint clock_hi;
-    uint clock_logical; uint pad[7];
+    uint clock_logical; uint inject_count; uint inject_taken; uint pad[5];
     uint words[];        // the messages for the host, in outbox order
 } report;
 layout(push_constant) uniform Params { uint now_lo; uint now_hi; uint step_lo; uint step_hi; } pc;
@@ -40,6 +45,8 @@ shared uint s_p_lo;
 shared uint s_p_hi;
 shared uint s_l;
 shared uint s_host;
+shared uint s_inject_src;
+shared uint s_inject_dst;
 
 bool hlc_greater(uint ahi, uint alo, uint al, uint bhi, uint blo, uint bl)
 {
@@ -61,9 +68,25 @@ void main()
     if (t == 0u) {
         s_n_in = min(inbox.tail - inbox.head, inbox.capacity);
         uint c = outbox.count;
-        s_n_out = min(c, outbox.capacity);
+        uint n = min(c, outbox.capacity);
         report.overflow = c > outbox.capacity ? c - outbox.capacity : 0u;
+        uint k = min(report.inject_count, outbox.capacity);
+        uint take = min(k, outbox.capacity - n);
+        s_inject_src = outbox.capacity - k;
+        s_inject_dst = n;
+        s_n_out = n + take;
+        report.inject_taken = take;
         s_host = 0u;
+    }
+    VKM_SYNC();
+
+    // 0. host-routed messages go after the kernel's own (before any host message overwrites their slots)
+    {
+        uint sw = outbox.slot_words;
+        uint total = (s_n_out - s_inject_dst) * sw;
+        uint from = s_inject_src * sw, to = s_inject_dst * sw;
+        for (uint w = t; w < total; w += 64u)
+            outbox.words[to + w] = report.words[from + w];
     }
     VKM_SYNC();
 
@@ -149,7 +172,7 @@ void main()
             outbox.words[m + VKM_LEN] = min(outbox.words[m + VKM_LEN], max_len);
             outbox.words[m + VKM_TENANT] = ctl.tenant;
             outbox.words[m + VKM_HOPS] = 0u;
-            outbox.words[m + VKM_FLAGS] &= ~VKM_FLAG_DELIVERED;
+            outbox.words[m + VKM_FLAGS] &= VKM_FLAG_PRIORITY_MASK;
             if (dest == VKM_HOST) {
                 uint k = (s_host + host_before) * words;
                 for (uint w = 0u; w < words; w++)

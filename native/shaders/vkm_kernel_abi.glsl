@@ -26,6 +26,10 @@
 #define VKM_FLAGS 11u
 
 #define VKM_FLAG_DELIVERED 1u
+// Runtime-internal: set with the target inbox slot in bits 16-31 by a planning
+// delivery pass, cleared by the copy pass that follows it. Bits 8-15: priority.
+#define VKM_FLAG_COPY 2u
+#define VKM_FLAG_PRIORITY_MASK 0xff00u
 #define VKM_HOST 0u
 #define VKM_FULL 0xffffffffu
 

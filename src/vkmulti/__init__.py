@@ -30,9 +30,12 @@ from .kernels import (Backend, CoordinatorEvent, CoordinatorEventKind, DeviceInf
                       KernelMigrationPlan, KernelMode, LaunchOptions, LoadBalancingStrategy, MigrationPriority,
                       MigrationRequest, MigrationState, MultiGpuBuilder, MultiGpuConfig, MultiGpuCoordinator,
                       MultiGpuStats, probe_topology)
-from .errors import KernelMessageError, QueueFullError
+from .errors import KernelMessageError, QueueFullError, TenantMismatchError
 # compute kernels with resident state and message rings (vkmulti.kernels)
 from .kernels import HlcTimestamp, K2KMessage, Kernel, KernelRuntime, KernelSpec, MessageEnvelope
+# the cross-GPU K2K router (ringkernel's CrossGpuK2KRouter, delivering for real)
+from .kernels import (CrossGpuK2KRouter, CrossGpuRouterStats, CrossGpuRouterStatsSnapshot, PendingK2KMessage,
+                      RoutingDecision, RoutingKind)
 
 __all__ = [
     "DeviceCapabilities", "QueueFamilies", "RenderCapabilities", "probe_device",
@@ -54,4 +57,6 @@ __all__ = [
     "MigrationRequest", "MigrationState", "GpuConnection", "GpuTopology", "InterconnectType", "probe_topology",
     "KernelMessageError", "QueueFullError",
     "KernelRuntime", "KernelSpec", "Kernel", "K2KMessage", "MessageEnvelope", "HlcTimestamp",
+    "CrossGpuK2KRouter", "CrossGpuRouterStats", "CrossGpuRouterStatsSnapshot", "PendingK2KMessage",
+    "RoutingDecision", "RoutingKind", "TenantMismatchError",
 ]

@@ -1,4 +1,5 @@
 """Command line: `python -m vkmulti info [--json] [--virtual N]`, `python -m vkmulti demo ...`,
+`python -m vkmulti demo stencil ...` (the K2K stencil across GPUs),
 `python -m vkmulti topology [--json] [--measure] [--virtual N]`, `python -m vkmulti bench transfer ...`.
 
 Every command and subcommand answers --help (exit 0); bad input ends with one line on
@@ -97,7 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_info = sub.add_parser("info", help="list devices, capabilities and transfer methods per pair")
     p_info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_virtual_argument(p_info)
-    p_demo = sub.add_parser("demo", help="render a frame of many SRUs across every GPU and on one GPU")
+    p_demo = sub.add_parser("demo", help="render a frame of many SRUs across every GPU and on one GPU "
+                                         "('demo stencil --help': heat diffusion with K2K halos across GPUs)",
+                            epilog="`vkmulti demo stencil [options]` runs the compute demo instead: a 2D heat "
+                                   "grid split over every GPU, halo rows as kernel-to-kernel messages.")
     from .demo import add_arguments as demo_arguments
     demo_arguments(p_demo)
     p_topo = sub.add_parser("topology", help="measure (or read the cached) bandwidth and latency between every "
@@ -120,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """`python -m vkmulti COMMAND ...`: returns the exit status (2 for bad input, one line on stderr)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["demo", "stencil"]:   # its own options; plain `demo` stays the SRU demo
+        from .stencil_demo import main as stencil_main
+        return _guarded("demo stencil", stencil_main, argv[2:])
     if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHES:   # the bench parses its own options
         from .benchmarks import main as bench_main
         return _guarded("bench " + argv[1], bench_main, argv[2:])

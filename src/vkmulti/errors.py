@@ -113,6 +113,10 @@ class K2KDestinationNotFoundError(VkmError):
     """A kernel-to-kernel message names a kernel with no device (ringkernel's K2KDestinationNotFound)."""
 
 
+class TenantMismatchError(VkmError, PermissionError):
+    """A kernel-to-kernel message would cross tenants (ringkernel's K2K broker's TenantMismatch)."""
+
+
 class MigrationError(VkmError):
     """A kernel migration could not be carried out (ringkernel's MigrationFailed)."""
 

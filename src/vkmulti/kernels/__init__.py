@@ -19,6 +19,9 @@ from .plans import (DeviceUnregisterResult, KernelMigrationPlan, MigrationPriori
                     MigrationState)
 from .probe import format_topology, probe_topology
 from .reference import counter_kernel, pingpong_kernel, stencil_kernel
+from .router import CrossGpuK2KRouter
+from .routing import (CrossGpuRouterStats, CrossGpuRouterStatsSnapshot, DevicePath, PendingK2KMessage,
+                      RoutingDecision, RoutingKind)
 from .runtime import KernelRuntime, StepTicket
 from .topology import GpuConnection, GpuTopology, InterconnectType
 from .transfer import CrossDeviceTransfer
@@ -33,4 +36,6 @@ __all__ = [
     "KernelRuntime", "StepTicket", "KernelSpec", "Kernel", "KernelStats", "OutboxBatch", "InboundBatch",
     "K2KMessage", "MessageEnvelope", "HlcTimestamp", "HybridLogicalClock", "HOST_KERNEL_ID",
     "DEFAULT_PAYLOAD_SIZE", "counter_kernel", "pingpong_kernel", "stencil_kernel",
+    "CrossGpuK2KRouter", "CrossGpuRouterStats", "CrossGpuRouterStatsSnapshot", "PendingK2KMessage",
+    "RoutingDecision", "RoutingKind", "DevicePath",
 ]

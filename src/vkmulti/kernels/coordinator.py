@@ -124,6 +124,7 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
         self._selector: CustomSelector | None = None
         self._topology_base: GpuTopology | None = None
         self._topology_view: GpuTopology | None = None
+        self._topology_generation = 0   # bumped whenever the topology may have changed
         self._listeners: list[Callable[[CoordinatorEvent], Any]] = []
         self._manager: Any = None
         self._transfer_methods: dict[tuple[int, int], str] = {}
@@ -500,6 +501,7 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
         self._candidates = tuple(i for i in range(n) if not pref or i in pref)
         self._live = tuple(i for i in self._candidates if self._registered[i] and self._online[i])
         self._topology_view = None
+        self._topology_generation += 1
 
     def _is_live(self, i: int) -> bool:
         return i < len(self._infos) and self._registered[i] and self._online[i]

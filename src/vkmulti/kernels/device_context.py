@@ -120,8 +120,20 @@ class _Pass:
 # push-constant sizes of the runtime's passes and of the kernel ABI (VkmStep)
 KERNEL_PUSH = 48
 FINISH_PUSH = 16
-DELIVER_PUSH = 16
+DELIVER_PUSH = 32
 SURVEY_PUSH = 16
+
+
+def step_queue(slot: Any) -> Any:
+    """The queue kernel steps go to: the universal queue that vkmulti's transfers do
+    not use (the graphics queue, where the device has a second universal queue for
+    them), else the universal copy queue. On its own queue a step may wait for a
+    transfer submitted after it (the K2K router's landings) without the host
+    having to wait for that submit first."""
+    g, u = slot.graphics_queue, slot.universal_copy_queue
+    if int(g) not in (int(u), int(slot.copy_queue)):
+        return g
+    return u
 
 
 class DeviceContext:
@@ -133,7 +145,7 @@ class DeviceContext:
                              f"(a destroyed slot, or a passthrough primary); use an active MultiDeviceManager")
         self.slot = slot
         self.index = slot.index
-        self.queue = slot.universal_copy_queue
+        self.queue = step_queue(slot)
         self.in_flight = in_flight
         self.table_size = table_size
         self.lock = threading.Lock()
@@ -146,6 +158,7 @@ class DeviceContext:
         self.local: list[Any] = [None] * MAX_LOCAL_KERNELS   # local slot -> kernel
         self.dir_dirty: set[int] = set()   # directory entries to rewrite (guarded by dir_lock)
         self.dir_lock = threading.Lock()
+        self.buffer_sets: dict[tuple, Any] = {}   # survey sets of reused inbound buffers, by (handle, size)
         self.timeline = None
         self.pipeline_cache = None
         self.cmd_pool = None
@@ -163,6 +176,7 @@ class DeviceContext:
         self.min_offset_alignment = max(16, int(limits.minStorageBufferOffsetAlignment))
         self.max_group_count = tuple(int(limits.maxComputeWorkGroupCount[i]) for i in range(3))
         self.max_storage_buffers = int(limits.maxPerStageDescriptorStorageBuffers)
+        self.max_storage_range = int(limits.maxStorageBufferRange)
         del props
         self.timeline = slot.native.create_timeline(0)
         self.pipeline_cache = vkapi.vkCreatePipelineCache(dev, vk.VkPipelineCacheCreateInfo(
@@ -179,6 +193,7 @@ class DeviceContext:
         self.run_once(lambda cmd: vk.vkCmdFillBuffer(cmd, self.directory.handle, 0, WHOLE_SIZE, 0))
         self.finish = self.builtin("kernel_finish.comp.spv", [SB, SB, SB_DYN, SB_DYN], FINISH_PUSH)
         self.deliver = self.builtin("kernel_deliver.comp.spv", [SB_DYN, SB, SB], DELIVER_PUSH)
+        self.deliver_copy = self.builtin("kernel_deliver_copy.comp.spv", [SB_DYN, SB, SB], DELIVER_PUSH)
         self.survey = self.builtin("kernel_survey.comp.spv", [SB_DYN, SB, SB], SURVEY_PUSH)
 
     # -- pipelines -------------------------------------------------------------

@@ -146,11 +146,13 @@ class _Batch:
         self.rejected = 0
         self.unknown = 0               # messages to addresses no kernel has
         self.count = 0
+        self.local = 0                 # messages for kernels of this device (after the survey)
         self.remote = 0
         self.remote_devices = 0
         self.done = False
         self.event = threading.Event()
         self.last_value = 0            # the latest step that read it (a survey or a delivery)
+        self.retained = 0              # holders (the K2K router) that still need its region as it is
 
     def takes(self, kernel: "Kernel") -> bool:
         """Whether `kernel` needs a delivery pass over this batch."""
@@ -161,7 +163,8 @@ class _Batch:
     def finish_if_done(self, completed: int) -> bool:
         """Mark it done once no kernel here waits for its messages and no
         submitted step still reads it (`completed`: the device's completed value)."""
-        if not self.done and self.pending is not None and not self.pending and self.last_value <= completed:
+        if not self.done and self.pending is not None and not self.pending and self.last_value <= completed \
+                and not self.retained:
             self.done = True
             self.event.set()
         return self.done
@@ -178,19 +181,45 @@ class OutboxBatch(_Batch):
                          source=kernel)
         self.kernel, self.step, self.region, self.ready = kernel, step, region, ready
         self.holds: list[TimelinePoint] = []
+        self.hold_hooks: list[Any] = []   # run before a step queues a wait on the holds (see hold())
 
     @property
     def device_index(self) -> int:
         return self.ctx.index
 
-    def hold(self, point: TimelinePoint) -> None:
-        """Keep the region from being overwritten until `point` (on this kernel's device) is reached."""
+    def hold(self, point: TimelinePoint, submitted: Any = None) -> None:
+        """Keep the region from being overwritten until `point` (on this kernel's device) is reached.
+
+        `submitted(timeout)` runs before the step that reuses the region queues its
+        wait on `point` (a transfer's TransferTicket.wait_submitted where that
+        transfer's source side shares the step's queue: an in-order queue cannot
+        run a wait placed before its signal)."""
         if not isinstance(point, TimelinePoint):
             raise TypeError(f"hold() takes a TimelinePoint, got {type(point).__name__}")
         if point.device_index != self.ctx.index:
             raise ValueError(f"{point} is on GPU {point.device_index}; the outbox is on GPU {self.ctx.index}")
+        if submitted is not None and not callable(submitted):
+            raise TypeError(f"submitted must be callable or None, got {type(submitted).__name__}")
         with self.ctx.lock:
             self.holds.append(point)
+            if submitted is not None:
+                self.hold_hooks.append(submitted)
+
+    def retain(self) -> None:
+        """Keep the batch from counting as done (so its kernel is deferred before the
+        region is reused) until release(): the router could not move it yet."""
+        with self.ctx.lock:
+            self.retained += 1
+
+    def release(self) -> None:
+        """Undo one retain() (after hold()ing the point that the move reads it by)."""
+        with self.ctx.lock:
+            if self.retained <= 0:
+                raise ValueError(f"{self!r} is not retained")
+            self.retained -= 1
+            if not self.retained and self.ctx.alive:
+                self.finish_if_done(self.ctx.completed())
+            self.ctx.cond.notify_all()
 
     def __repr__(self) -> str:
         return (f"OutboxBatch(kernel={self.kernel.id!r}, step={self.step}, device={self.ctx.index}, "
@@ -200,11 +229,22 @@ class OutboxBatch(_Batch):
 class InboundBatch(_Batch):
     """A batch another party (the router) put on this device; kernels here take
     their messages at their next steps. `wait(timeout)` blocks until every
-    message addressed to a kernel here was delivered (or rejected)."""
+    message addressed to a kernel here was delivered (or rejected).
 
-    def __init__(self, ctx: DeviceContext, buffer: Any, offset: int, size: int, waits: list[TimelinePoint]):
+    `hops` is added to the hop count of every message delivered from it;
+    `report_unknown=False` leaves messages to unknown addresses unreported (the
+    sending device's own survey reported them); `submitted(timeout)` is called
+    before a step first queues a wait on the batch's points (a transfer's
+    TransferTicket.wait_submitted, where that transfer shares the step's queue)."""
+
+    def __init__(self, ctx: DeviceContext, buffer: Any, offset: int, size: int, waits: list[TimelinePoint], *,
+                 hops: int = 0, report_unknown: bool = True, submitted: Any = None, reuse_sets: bool = False):
         super().__init__(ctx, buffer, offset, size, source=None, waits=waits)
         self.sets: list[Any] = []      # descriptor sets made for it (freed when done)
+        self.reuse_sets = reuse_sets   # its sets are cached per buffer (KernelRuntime.forget_buffer frees them)
+        self.hops = hops
+        self.report_unknown = report_unknown
+        self.submitted = submitted
 
     @property
     def device_index(self) -> int:
@@ -243,6 +283,7 @@ class Kernel:
         self.k2h_capacity = runtime.k2h_capacity
         self.received: deque[Any] = deque()  # K2KMessages for the host
         self.host_seq = 0
+        self.injecting: tuple[int, list] | None = None   # (step, items) of host-routed messages in flight
         d = ctx.in_flight
         self.region_users = [0] * d           # timeline value of the last step per region
         self.region_harvested = [True] * d

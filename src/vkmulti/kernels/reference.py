@@ -16,7 +16,8 @@ from .kernel import KernelSpec
 __all__ = ["COUNTER_TAG_ADD", "COUNTER_TAG_QUERY", "COUNTER_TAG_REPLY", "COUNTER_TAG_FORWARD", "PING_TAG",
            "PING_DONE_TAG", "counter_kernel", "counter_initial_state", "CounterState", "read_counter",
            "pingpong_kernel", "PingPongState", "read_pingpong", "stencil_kernel", "stencil_tile_state",
-           "stencil_field", "jacobi_reference", "split_rows", "STENCIL_FROM_ABOVE", "STENCIL_FROM_BELOW"]
+           "stencil_field", "jacobi_reference", "split_rows", "STENCIL_FROM_ABOVE", "STENCIL_FROM_BELOW",
+           "burst_kernel", "BurstState", "read_burst", "BURST_TAG"]
 
 COUNTER_TAG_ADD = 1
 COUNTER_TAG_QUERY = 2
@@ -26,6 +27,7 @@ PING_TAG = 1
 PING_DONE_TAG = 2
 STENCIL_FROM_ABOVE = 1
 STENCIL_FROM_BELOW = 2
+BURST_TAG = 7
 _COUNTER_HEADER = 16   # words before the per-source table
 
 
@@ -52,12 +54,15 @@ class CounterState:
     queries: int
     forwards: int
     failed_emits: int
+    hops_sum: int = 0     # hop counts (device crossings) of every message consumed, summed
+    max_hops: int = 0
 
 
 def read_counter(raw: Any) -> CounterState:
     """Decode the counter's state buffer (KernelRuntime.read_state)."""
-    w = np.frombuffer(bytes(raw)[:4 * 8], np.uint32)
-    return CounterState(int(w[0]), int(w[1]) | int(w[2]) << 32, int(w[3]), int(w[4]), int(w[5]), int(w[6]))
+    w = np.frombuffer(bytes(raw)[:4 * 10], np.uint32)
+    return CounterState(int(w[0]), int(w[1]) | int(w[2]) << 32, int(w[3]), int(w[4]), int(w[5]), int(w[6]),
+                        int(w[8]), int(w[9]))
 
 
 def pingpong_kernel(*, inbox_capacity: int = 16, outbox_capacity: int = 16) -> KernelSpec:
@@ -147,3 +152,27 @@ def split_rows(height: int, parts: int) -> list[tuple[int, int]]:
         out.append((row, n))
         row += n
     return out
+
+
+def burst_kernel(messages: int) -> KernelSpec:
+    """The burst sender / checking sink (bandwidth): as a sender (params=(dest
+    address, messages per step)) it fills `messages` outbox slots with full
+    payloads every step; as a receiver it checks and counts up to `messages`
+    messages a step. Both rings hold `messages` slots; one workgroup per slot."""
+    if isinstance(messages, bool) or not isinstance(messages, int) or not 1 <= messages <= 65536:
+        raise ValueError(f"messages must be an int in [1, 65536], got {messages!r}")
+    return KernelSpec("burst", shader_path("kernel_burst.comp.spv").read_bytes(), state_sizes=(64,),
+                      inbox_capacity=messages, outbox_capacity=messages, groups=(messages, 1, 1))
+
+
+@dataclass(frozen=True)
+class BurstState:
+    received: int
+    bad: int           # messages whose payload did not match the sender's pattern
+    bytes: int         # payload bytes received
+    sent_steps: int
+
+
+def read_burst(raw: Any) -> BurstState:
+    w = np.frombuffer(bytes(raw)[:20], np.uint32)
+    return BurstState(int(w[0]), int(w[1]), int(w[2]) | int(w[3]) << 32, int(w[4]))

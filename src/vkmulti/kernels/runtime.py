@@ -18,15 +18,15 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ..errors import DestroyedError, KernelMessageError, KernelNotFoundError, TimeoutError as VkmTimeout
-from ..images import Buffer, as_host_bytes
+from ..images import as_host_bytes
 from ..render import as_wait_points
 from ..transfer import TimelinePoint
 from .device_context import DeviceContext
 from .ids import KernelId, as_kernel_id
-from .kernel import INLINE_STATE_BYTES, InboundBatch, Kernel, KernelSpec, OutboxBatch, check_params
+from .kernel import INLINE_STATE_BYTES, Kernel, KernelSpec, OutboxBatch, check_params
 from .host_io import HostIO, _count, _timeout
-from .messages import (DEFAULT_PAYLOAD_SIZE, ENVELOPE_BYTES, HOST_KERNEL_ID, RING_HEADER_BYTES, HybridLogicalClock,
-                       check_payload_size)
+from .router_hooks import RouterHooks
+from .messages import DEFAULT_PAYLOAD_SIZE, ENVELOPE_BYTES, HOST_KERNEL_ID, HybridLogicalClock, check_payload_size
 from .stepper import DeviceStepper
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class StepTicket:
                 f"deferred={[k.id for k, _ in self.deferred]})")
 
 
-class KernelRuntime(HostIO):
+class KernelRuntime(HostIO, RouterHooks):
     """Compute kernels on the devices of `coordinator` (a MultiGpuCoordinator
     whose devices are the slots of `manager`; by default the manager the
     coordinator was built from).
@@ -96,6 +96,9 @@ class KernelRuntime(HostIO):
         self._free_index = list(range(self.max_kernels - 1, 0, -1))
         self._generation = [0] * self.max_kernels
         self._listeners: list[Callable[[list[OutboxBatch]], Any]] = []
+        self._retaining: set[int] = set()   # ids of listeners each new batch starts retained for
+        #: the source of messages the host routes on kernels' behalf (the K2K router), or None
+        self.outbox_feed: Any = None
         #: messages that could not be delivered and whose sender is gone or unknown (dead letters)
         self.dead_letters = 0
         self._destroyed = False
@@ -256,6 +259,11 @@ class KernelRuntime(HostIO):
     def _create(self, spec: KernelSpec, kernel_id: str, index: int, device: int, states: list,
                 params: tuple, tenant: int, options: Any) -> Kernel:
         ctx, stepper = self._device(device)
+        for i, n in enumerate(spec.state_sizes):
+            if n > ctx.max_storage_range:
+                raise ValueError(f"state buffer {i} of {spec.kernel_type!r} is {n} bytes; {ctx.slot.name!r} binds at "
+                                 f"most {ctx.max_storage_range} bytes per storage buffer (maxStorageBufferRange): "
+                                 f"split the state (e.g. more, smaller stencil slabs)")
         for axis, g in enumerate(spec.groups):
             top = ctx.max_group_count[axis]
             if g > top:
@@ -339,19 +347,21 @@ class KernelRuntime(HostIO):
                 waits[p.device_index].append(p)
         self._raise_errors(targets)
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        with self._lock:   # these listeners see this step's batches; retaining ones release each once
+            listeners = list(self._listeners)
+            retain = sum(1 for fn in listeners if id(fn) in self._retaining)
         points, launched, deferred, batches = {}, [], [], []
         for dev, ks in sorted(by_device.items()):
             ctx, stepper = self._device(dev)
             with ctx.lock:
-                point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline)
+                point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain)
             if point is not None:
                 points[dev] = point
             launched += ran
             deferred += held
             batches += new
-        if batches:
-            for listener in list(self._listeners):
-                listener(batches)
+        for listener in listeners:   # also without new batches: a router may have moves waiting
+            listener(batches)
         return StepTicket(self, points, launched, deferred, batches)
 
     def _raise_errors(self, kernels: list[Kernel]) -> None:
@@ -385,54 +395,15 @@ class KernelRuntime(HostIO):
             pairs = list(self._contexts.values())
         self._wait_points([c.point(c.value) for c, _ in pairs if c.value], _timeout(timeout))
 
-    def add_step_listener(self, listener: Callable[[list[OutboxBatch]], Any]) -> None:
-        """Call `listener(batches)` after each step with the new outbox batches (the
-        router's hook: it copies them to other devices and hold()s them)."""
-        if not callable(listener):
-            raise TypeError(f"listener must be callable, got {type(listener).__name__}")
+    def poll(self) -> None:
+        """Harvest every step that has completed, on every device, without waiting
+        (delivery results, host messages, batch surveys become visible)."""
         with self._lock:
-            self._listeners.append(listener)
-
-    def remove_step_listener(self, listener: Callable[[list[OutboxBatch]], Any]) -> None:
-        with self._lock:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-    def accept_batch(self, device: int, buffer: Any, offset: int = 0, size: int | None = None, *,
-                     wait: Any = None, source: Kernel | None = None) -> InboundBatch:
-        """Hand the kernels of `device` a batch in `buffer` (a vkmulti Buffer on that
-        device, laid out as an outbox region: 16-word header with the count, then
-        slots of this runtime's size) from `offset`. The next steps there deliver
-        its messages (waiting on the GPU for `wait` first); the buffer must stay
-        untouched until the returned batch is done (then the GPU no longer reads
-        it). `source`: the kernel that sent the batch, told of messages that
-        cannot be delivered (otherwise they count as dead letters; the batch's
-        `unknown` and `rejected` counts say how many)."""
-        self._check()
-        if isinstance(device, bool) or not isinstance(device, int):
-            raise TypeError(f"device must be an int, got {type(device).__name__}")
-        if not isinstance(buffer, Buffer):
-            raise TypeError(f"buffer must be a vkmulti Buffer, got {type(buffer).__name__}")
-        if buffer.handle is None:
-            raise DestroyedError("buffer was destroyed")
-        if buffer.slot.index != device:
-            raise ValueError(f"buffer is on GPU {buffer.slot.index}, not GPU {device}")
-        size = buffer.size - offset if size is None else size
-        _count(offset, "offset", 0, buffer.size)
-        ctx, stepper = self._device(device)
-        if offset % ctx.min_offset_alignment:
-            raise ValueError(f"offset {offset} is not a multiple of the device's storage offset alignment "
-                             f"{ctx.min_offset_alignment}")
-        _count(size, "size", RING_HEADER_BYTES + self.slot_size, buffer.size - offset)
-        points = as_wait_points(wait, device)
-        if source is not None and not isinstance(source, Kernel):
-            raise TypeError(f"source must be a Kernel or None, got {type(source).__name__}")
-        b = InboundBatch(ctx, buffer, offset, size, points)
-        b.source = source
-        with ctx.lock:
-            ctx.check()
-            stepper.batches.append(b)
-        return b
+            pairs = list(self._contexts.values())
+        for ctx, stepper in pairs:
+            with ctx.lock:
+                if ctx.alive:
+                    stepper.harvest()
 
     # -- teardown ------------------------------------------------------------------------------
 
@@ -475,7 +446,7 @@ class KernelRuntime(HostIO):
                     ctx.wait_unlocked(k.last_value, timeout)
             finally:
                 stepper.harvest()
-            k.free()   # a transfer still reading the outbox (a router's copy) is waited for by Buffer.destroy
+            k.free()   # copies still reading the outbox (a router's transfer or gather) are waited for by Buffer.destroy
         self.coordinator.remove_kernel(k.id)
         with self._lock:
             index = k.address % self.max_kernels

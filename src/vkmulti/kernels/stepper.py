@@ -39,7 +39,10 @@ log = logging.getLogger(__name__)
 
 _KERNEL_PUSH = struct.Struct("<8I4I")
 _FINISH_PUSH = struct.Struct("<4I")
-_DELIVER_PUSH = struct.Struct("<4I")
+_DELIVER_PUSH = struct.Struct("<8I")
+#: Payloads from this size on are delivered in two passes: a plan, then a copy with one
+#: workgroup per message (all invocations on its words) instead of one invocation per message.
+PLANNED_DELIVERY_PAYLOAD = 1024
 _SURVEY_PUSH = struct.Struct("<4I")
 _U32 = 0xFFFFFFFF
 
@@ -104,11 +107,36 @@ class DeviceStepper:
             except VkmTimeout:
                 pass
 
+    def _await_submitted(self, kernels: list[Kernel], deadline: float) -> None:
+        """Points this step may wait on that a transfer on this step's queue signals
+        (inbound batches' arrival, holds on outbox regions about to be reused):
+        that transfer's submits must be queued first (an in-order queue cannot run
+        a wait placed before its signal). The transfer's worker never needs this
+        device's lock, so waiting with it held cannot deadlock."""
+        def run(hook: Any) -> None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise VkmTimeout(f"GPU {self.ctx.index}: a transfer this step waits for was not submitted "
+                                 f"in time; nothing was submitted")
+            hook(left)
+        for b in self.batches:
+            hook = getattr(b, "submitted", None)
+            if hook is not None and not b.done and b.waits:
+                run(hook)
+                b.submitted = None
+        d = self.ctx.in_flight
+        for k in kernels:
+            old = k.outbox_batches[k.steps % d]
+            while old is not None and old.hold_hooks:
+                run(old.hold_hooks[0])
+                old.hold_hooks.pop(0)
+
     # -- one step ---------------------------------------------------------------------
 
-    def step(self, kernels: list[Kernel], waits: list[TimelinePoint], deadline: float) \
+    def step(self, kernels: list[Kernel], waits: list[TimelinePoint], deadline: float, retain: int = 0) \
             -> tuple[TimelinePoint | None, list[Kernel], list[tuple[Kernel, str]], list[OutboxBatch]]:
         self.make_room(kernels, deadline)
+        self._await_submitted(kernels, deadline)
         d = self.ctx.in_flight
         launched, deferred = [], []
         for k in kernels:
@@ -134,6 +162,10 @@ class DeviceStepper:
         except BaseException:
             for k, slots in reversed(taken_h2k):   # nothing ran: the host messages are still to send
                 k.h2k.extendleft(reversed(slots))
+            for k in launched:
+                if k.injecting is not None and k.injecting[0] == k.steps:
+                    items, k.injecting = k.injecting[1], None
+                    self.rt.settle_injected(k, None, [], items)
             for b, _ in rec.surveys:
                 b.surveyed = False
             with self.ctx.dir_lock:
@@ -147,6 +179,7 @@ class DeviceStepper:
         for k, off in zip(launched, survey_offsets):
             j = k.steps % d
             b = OutboxBatch(k, k.steps, j, point)
+            b.retained = retain
             b.surveyed = True
             new.append(b)
             rec.surveys.append((b, off))
@@ -162,7 +195,7 @@ class DeviceStepper:
             if b is not None:
                 b.waits = []
                 b.last_value = value
-                if b.source is not None:
+                if b.source is not None and b.source.ctx is self.ctx:   # (an inbound batch's source is elsewhere)
                     b.source.last_value = value
         for b, _ in rec.surveys:
             b.waits = []
@@ -206,15 +239,17 @@ class DeviceStepper:
         for idx in rec.directory:
             entry = self.rt.directory_entry(idx)
             cmds.update(cmd, ctx.directory.handle, idx * 16, entry)
+        feed = self.rt.outbox_feed
         for k in launched:
             j = k.steps % d
             cmds.fill(cmd, k.outbox.handle, j * k.outbox_region, 4)
+            self._place_injected(k, j, feed)
             old = k.outbox_batches[j]
             if old is not None:
                 gpu_waits += [(p.semaphore, p.value) for p in old.holds]
         cmds.barrier(cmd)
         # 2. deliveries and surveys of new inbound batches
-        cmds.bind_pipeline(cmd, ctx.deliver.pipeline)
+        passes: list[tuple[Kernel, Any, int, int, int, int]] = []   # kernel, set, offset, status, hops, slots
         for k in launched:
             j = k.steps % d
             n = min(len(k.h2k), k.spec.inbox_capacity)
@@ -229,7 +264,8 @@ class DeviceStepper:
             region = k.h2k_buffer.bytes[base:base + k.h2k_bytes]
             region[RING_HEADER_BYTES:RING_HEADER_BYTES + n * k.slot_size] = np.frombuffer(b"".join(slots), np.uint8)
             k.h2k_buffer.words[base // 4] = n
-            self._deliver(cmd, k, (k.h2k_buffer.handle_int, k.h2k_bytes), k.h2k_buffer, k.h2k_bytes, base, off)
+            dset = self._deliver_set(k, (k.h2k_buffer.handle_int, k.h2k_bytes), k.h2k_buffer, k.h2k_bytes)
+            passes.append((k, dset, base, off, 0, n))
             rec.delivers.append((None, k, off))
         for b in self.batches:
             if b.done:
@@ -240,10 +276,17 @@ class DeviceStepper:
                 off = take(DELIVER_RECORD)
                 if off is None:
                     break
-                self._deliver(cmd, k, None if isinstance(b, InboundBatch) else (b.buffer.handle_int, b.size),
-                              b.buffer, b.size, b.offset, off, batch=b)
+                inbound = isinstance(b, InboundBatch)
+                if not inbound:
+                    key = (b.buffer.handle_int, b.size)
+                else:
+                    key = ("in", b.buffer.handle_int, b.size) if b.reuse_sets else None
+                dset = self._deliver_set(k, key, b.buffer, b.size, b)
+                slots = (b.size - RING_HEADER_BYTES) // k.slot_size if inbound else b.kernel.spec.outbox_capacity
+                passes.append((k, dset, b.offset, off, getattr(b, "hops", 0), slots))
                 rec.delivers.append((b, k, off))
                 wait_for(b)
+        self._record_deliveries(cmd, passes)
         new_inbound = [b for b in self.batches if isinstance(b, InboundBatch) and not b.surveyed and not b.done]
         if new_inbound:
             cmds.bind_pipeline(cmd, ctx.survey.pipeline)
@@ -251,10 +294,16 @@ class DeviceStepper:
                 off = take(SURVEY_RECORD)
                 if off is None:
                     break
-                pool_set = ctx.descriptor_set(ctx.survey, [(b.buffer.handle, 0, b.size),
-                                                          (ctx.directory.handle, 0, WHOLE_SIZE),
-                                                          (ctx.status.handle, 0, WHOLE_SIZE)])
-                b.sets.append(pool_set)
+                key = (b.buffer.handle_int, b.size)
+                pool_set = ctx.buffer_sets.get(key) if b.reuse_sets else None
+                if pool_set is None:
+                    pool_set = ctx.descriptor_set(ctx.survey, [(b.buffer.handle, 0, b.size),
+                                                              (ctx.directory.handle, 0, WHOLE_SIZE),
+                                                              (ctx.status.handle, 0, WHOLE_SIZE)])
+                    if b.reuse_sets:
+                        ctx.buffer_sets[key] = pool_set
+                    else:
+                        b.sets.append(pool_set)
                 self._survey(cmd, pool_set[1], b.offset, off)
                 rec.surveys.append((b, off))
                 b.surveyed = True
@@ -290,10 +339,30 @@ class DeviceStepper:
         vkapi.vkEndCommandBuffer(cmd)
         return gpu_waits, outbox_surveys
 
-    def _deliver(self, cmd: Any, k: Kernel, key: tuple | None, buffer: Any, size: int, offset: int, status: int,
-                 batch: _Batch | None = None) -> None:
+    def _place_injected(self, k: Kernel, j: int, feed: Any) -> None:
+        """Messages the host routes as `k` (outbox feed) go into the last slots of the
+        step's K2H region; the finish pass appends what fits after k's own. One
+        such step per kernel is in flight at a time, so what did not fit goes
+        back to the front of the feed before anything newer is placed."""
+        base = j * k.k2h_region
+        words = k.k2h.words
+        words[base // 4 + 9] = 0
+        if feed is None or k.injecting is not None:
+            return
+        items = feed.take(k, k.spec.outbox_capacity)
+        if not items:
+            return
+        n = len(items)
+        start = base + RING_HEADER_BYTES + (k.spec.outbox_capacity - n) * k.slot_size
+        k.k2h.bytes[start:start + n * k.slot_size] = np.frombuffer(b"".join(slot for slot, _ in items), np.uint8)
+        words[base // 4 + 9] = n
+        k.injecting = (k.steps, items)
+
+    def _deliver_set(self, k: Kernel, key: tuple | None, buffer: Any, size: int, batch: _Batch | None = None) -> Any:
+        """The descriptor set of a delivery pass from `buffer` into k's inbox (kept per
+        kernel and buffer; an inbound batch's own sets live and die with it)."""
         ctx = self.ctx
-        if key is None:   # an inbound batch: its sets live (and die) with it
+        if key is None:
             pool_set = ctx.descriptor_set(ctx.deliver, [(buffer.handle, 0, size), (k.inbox.handle, 0, WHOLE_SIZE),
                                                         (ctx.status.handle, 0, WHOLE_SIZE)])
             batch.sets.append(pool_set)   # type: ignore[union-attr]
@@ -303,9 +372,39 @@ class DeviceStepper:
                 pool_set = k.deliver_sets[key] = ctx.descriptor_set(
                     ctx.deliver, [(buffer.handle, 0, size), (k.inbox.handle, 0, WHOLE_SIZE),
                                   (ctx.status.handle, 0, WHOLE_SIZE)])
-        cmds.bind_set(cmd, ctx.deliver.layout, pool_set[1], (offset,))
-        _push(cmd, ctx.deliver.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, 0))
-        cmds.dispatch(cmd, 1, 1, 1)
+        return pool_set[1]
+
+    def _record_deliveries(self, cmd: Any, passes: list[tuple[Kernel, Any, int, int, int, int]]) -> None:
+        """The delivery passes, in rounds: passes into one inbox are ordered by a
+        barrier (each reads and moves its tail), passes into different inboxes
+        run side by side. Large messages go plan first, then a copy pass."""
+        ctx = self.ctx
+        planned = self.rt.payload_size >= PLANNED_DELIVERY_PAYLOAD
+        rounds: list[list[tuple]] = []
+        seen: dict[int, int] = {}
+        for p in passes:
+            r = seen.get(id(p[0]), 0)
+            seen[id(p[0])] = r + 1
+            if r == len(rounds):
+                rounds.append([])
+            rounds[r].append(p)
+        for i, group in enumerate(rounds):
+            if i:
+                cmds.barrier(cmd)
+            cmds.bind_pipeline(cmd, ctx.deliver.pipeline)
+            for k, dset, offset, status, hops, _ in group:
+                cmds.bind_set(cmd, ctx.deliver.layout, dset, (offset,))
+                _push(cmd, ctx.deliver.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, int(planned),
+                                                                  0, 0, 0))
+                cmds.dispatch(cmd, 1, 1, 1)
+            if planned:
+                cmds.barrier(cmd)
+                cmds.bind_pipeline(cmd, ctx.deliver_copy.pipeline)
+                for k, dset, offset, status, hops, slots in group:
+                    cmds.bind_set(cmd, ctx.deliver_copy.layout, dset, (offset,))
+                    _push(cmd, ctx.deliver_copy.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, 1,
+                                                                           0, 0, 0))
+                    cmds.dispatch(cmd, max(1, min(slots, self.ctx.max_group_count[0])), 1, 1)
 
     def _survey(self, cmd: Any, dset: Any, offset: int, status: int) -> None:
         ctx = self.ctx
@@ -379,10 +478,10 @@ class DeviceStepper:
         if gone:
             self._fail(b.source, f"message(s) addressed to kernel(s) destroyed before delivery "
                                  f"(local slots {gone} of GPU {self.ctx.index})", "undeliverable", len(gone))
-        b.count, b.remote_devices, b.remote = w[13], w[8], w[10]
+        b.count, b.remote_devices, b.remote, b.local = w[13], w[8], w[10], w[9]
         b.pending = local - b.cleared
         unknown = b.unknown = w[12]
-        if unknown:
+        if unknown and getattr(b, "report_unknown", True):
             self._fail(b.source, f"{unknown} message(s) addressed to kernels that do not exist (destroyed, or "
                                  f"never launched)", "undeliverable", unknown)
         if b.remote and not self.rt.has_router():
@@ -401,9 +500,13 @@ class DeviceStepper:
 
     def _harvest_report(self, k: Kernel, j: int, step: int) -> None:
         k.region_harvested[j] = True
+        base = j * k.k2h_region
+        if k.injecting is not None and k.injecting[0] == step:
+            items, k.injecting = k.injecting[1], None
+            taken = 0 if k.destroyed else int(k.k2h.words[base // 4 + 10])
+            self.rt.settle_injected(k, k.outbox_batches[j], items[:taken], items[taken:])
         if k.destroyed:
             return
-        base = j * k.k2h_region
         words = k.k2h.words[base // 4:base // 4 + 9]
         host, out, overflow, consumed = (int(x) for x in words[:4])
         st = k.stats

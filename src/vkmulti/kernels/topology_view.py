@@ -57,7 +57,15 @@ class TopologyMixin(_Base):
             topo = self._estimate_locked()
             self._topology_base = None
             self._topology_view = topo
+            self._topology_generation += 1
             return topo.copy()
+
+    @property
+    def topology_generation(self) -> int:
+        """A counter that changes whenever topology() may answer differently (set,
+        probed, estimated anew, devices registered or unregistered): a cheap check
+        for callers that cache routes."""
+        return self._topology_generation
 
     def topology(self) -> GpuTopology:
         """A copy of the current topology: the one set (or probed) with offline
@@ -73,6 +81,7 @@ class TopologyMixin(_Base):
         with self._lock:
             self._topology_base = topology.copy()
             self._topology_view = None
+            self._topology_generation += 1
 
     def _estimated_link(self, i: int, j: int) -> GpuConnection | None:
         if not (self._is_live(i) and self._is_live(j)):

@@ -1,0 +1,326 @@
+"""Cross-GPU K2K bench: kernel-to-kernel messages between two devices through the
+CrossGpuK2KRouter, against baselines measured in the same run.
+
+(a) latency: one-way latency of a 256-byte message between ping-pong kernels on
+    GPU 0 and GPU 1 (hops / time), against two relays done by hand through the
+    host: the same transfers (each hop the host reads the sender's outbox batch
+    back, writes it into a buffer on the other device and hands it to the
+    runtime there), and the cheapest host path (the message read from one
+    kernel's host queue, K2H, and written to the other's, H2K).
+(b) bandwidth: batches of 16 KiB ... (--max) of messages from a burst kernel on
+    GPU 0 to a checking sink on GPU 1, one batch per step, against the pair's
+    raw transfer bandwidth (CrossDeviceTransfer buffer copies of the same size,
+    back to back, same method).
+(c) stencil: Jacobi step time of one grid on one device and split over two.
+
+Prints figures as JSON, then a line starting with "ratio:". Uses the virtual
+lavapipe pair when no GPU is present.
+
+    python bench/k2k.py [--section all|latency|bandwidth|stencil] [--hops 200]
+                        [--max 16M] [--method METHOD] [--stencil 2048x2048] [--virtual N] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from vkmulti.testing import use_virtual_if_no_gpu
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def parse_bytes(text: str) -> int:
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": KIB, "M": MIB, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        n = int(t[:-1] if mult > 1 else t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a size like 16K, 16M or 256M, got {text!r}") from None
+    if n < 16 * KIB:
+        raise argparse.ArgumentTypeError(f"sizes start at 16K, got {text!r}")
+    return n
+
+
+def sizes_up_to(top: int) -> list[int]:
+    out, n = [], 16 * KIB
+    while n <= top:
+        out.append(n)
+        n *= 4 if n < MIB else 2
+    return out
+
+
+def _runtime(mgr: Any, payload: int, method: str | None) -> tuple[Any, Any]:
+    from vkmulti.kernels import CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator
+
+    coord = MultiGpuCoordinator.from_manager(mgr)
+    rt = KernelRuntime(coord, mgr, payload_size=payload, max_kernels=16)
+    methods = {(0, 1): method, (1, 0): method} if method else None
+    return rt, CrossGpuK2KRouter(coord, rt, transfer_methods=methods)
+
+
+# -- (a) latency ----------------------------------------------------------------------
+
+def latency(mgr: Any, hops: int, method: str | None) -> dict[str, Any]:
+    from vkmulti.kernels import pingpong_kernel
+
+    payload = np.zeros(64, np.uint32)       # 256 bytes: word 0 counts the hops left
+    rt, router = _runtime(mgr, 256, method)
+    try:
+        a = rt.launch(pingpong_kernel(), "ping", device=0)
+        b = rt.launch(pingpong_kernel(), "pong", device=1, params=[a.address])
+        a.set_params(b.address)
+
+        def k2k(n: int) -> float:
+            payload[0] = n
+            rt.synchronize()
+            t0 = time.perf_counter()
+            rt.send(a, payload)
+            steps = 0
+            while rt.pending_receives(a) + rt.pending_receives(b) == 0:
+                rt.step([a, b])
+                steps += 1
+                if steps > 4 * n + 50:
+                    raise RuntimeError("the ping-pong message was lost")
+            dt = time.perf_counter() - t0
+            (rt.receive(a, timeout=1) if rt.pending_receives(a) else rt.receive(b, timeout=1))
+            return dt
+        k2k(4)                                   # warm: rings, landings, pipelines
+        t_k2k = min(k2k(hops) for _ in range(3))
+
+        # the same message relayed by the host: read back from one kernel, written to the other
+        a.set_params(0)
+        b.set_params(0)                          # reply to the sender: the host
+
+        def by_hand(n: int) -> float:
+            payload[0] = 2 * n + 1               # never reaches 0: every hop goes back to the host
+            rt.synchronize()
+            t0 = time.perf_counter()
+            k, other = a, b
+            rt.send(k, payload)
+            for _ in range(n):
+                rt.step(k)
+                m = rt.receive(k, timeout=30)    # read back (K2H)
+                rt.send(other, m.payload)        # write to the other device (H2K)
+                k, other = other, k
+            rt.step(k)
+            rt.receive(k, timeout=30)
+            return time.perf_counter() - t0
+        by_hand(4)
+        t_hand = min(by_hand(hops) for _ in range(3))
+        method = router.transfer_method(0, 1)
+    finally:
+        router.detach()
+        rt.destroy()
+    t_batches = batch_relay(mgr, hops)
+    return {"message_bytes": 256, "hops": hops, "method": method,
+            "k2k_one_way_us": t_k2k / hops * 1e6,
+            "host_relay_one_way_us": t_hand / (hops + 1) * 1e6,
+            "batch_relay_one_way_us": t_batches / hops * 1e6,
+            "ratio_k2k_to_host_relay": (t_k2k / hops) / (t_hand / (hops + 1)),
+            "ratio_k2k_to_batch_relay": (t_k2k / hops) / (t_batches / hops)}
+
+
+def batch_relay(mgr: Any, hops: int) -> float:
+    """The K2K hop done by hand through the host: after each step the host reads the
+    sender's outbox batch back (device -> host copy), writes it into a buffer on the
+    other device (host -> device copy) and hands it to that device's kernels."""
+    from vkmulti.images import Buffer
+    from vkmulti.kernels import KernelRuntime, MultiGpuCoordinator, pingpong_kernel
+
+    rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr), mgr, payload_size=256, max_kernels=16)
+    rt.add_step_listener(lambda batches: None, retain=False)   # the host is the router here
+    landings: list[list[Any]] = [[Buffer(mgr.slot(d), 64 * KIB) for _ in range(4)] for d in range(2)]
+    pending: list[Any] = []
+    try:
+        a = rt.launch(pingpong_kernel(), "ping", device=0)
+        b = rt.launch(pingpong_kernel(), "pong", device=1, params=[a.address])
+        a.set_params(b.address)
+        payload = np.zeros(64, np.uint32)
+
+        def run(n: int) -> float:
+            payload[0] = n
+            rt.synchronize()
+            t0 = time.perf_counter()
+            rt.send(a, payload)
+            k, other = a, b
+            for i in range(n):
+                ticket = rt.step(k)
+                ticket.wait(30)
+                batch = next(x for x in ticket.batches if x.kernel is k)
+                data = batch.buffer.download(batch.size, batch.offset)      # read back
+                landing = landings[other.device_index][i % 4]
+                while pending and len(pending) >= 6:                        # reuse a landing once taken
+                    pending.pop(0).wait(30)
+                landing.upload(data)                                        # write to the other device
+                pending.append(rt.accept_batch(other.device_index, landing, size=batch.size))
+                k, other = other, k
+            rt.step(k)
+            rt.receive(k, timeout=30)
+            return time.perf_counter() - t0
+        run(4)
+        return min(run(hops) for _ in range(3))
+    finally:
+        rt.destroy()
+        for per_device in landings:
+            for buf in per_device:
+                buf.destroy()
+
+
+# -- (b) bandwidth -------------------------------------------------------------------------
+
+def batch_shape(size: int) -> tuple[int, int]:
+    """(payload bytes, messages) of a batch of about `size` bytes: payloads up to 64 KiB, >= 16 messages."""
+    payload = max(256, min(64 * KIB, (size // 16) // 16 * 16 - 48))
+    messages = max(1, (size - 64) // (48 + payload))
+    return payload, messages
+
+
+def raw_bandwidth(mgr: Any, method: str, size: int, reps: int) -> float:
+    from vkmulti import CrossDeviceTransfer
+    from vkmulti.images import Buffer
+
+    a, b = Buffer(mgr.slot(0), size), Buffer(mgr.slot(1), size)
+    x = CrossDeviceTransfer(mgr.slot(0), mgr.slot(1), method)
+    try:
+        x.submit(src_buffer=a, dst_buffer=b).wait(120)
+        best = float("inf")
+        for _ in range(2):
+            t0 = time.perf_counter()
+            tickets = [x.submit(src_buffer=a, dst_buffer=b) for _ in range(reps)]
+            tickets[-1].wait(300)
+            best = min(best, time.perf_counter() - t0)
+        return size * reps / best / 1e9
+    finally:
+        x.destroy(120)
+        a.destroy()
+        b.destroy()
+
+
+def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None) -> dict[str, Any]:
+    from vkmulti.kernels.reference import burst_kernel, read_burst
+
+    payload, n = batch_shape(size)
+    rt, router = _runtime(mgr, payload, method)
+    try:
+        spec = burst_kernel(n)
+        sink = rt.launch(spec, "sink", device=1)
+        src = rt.launch(spec, "burst", device=0, params=[sink.address, n])
+        batch = src.outbox_region
+
+        def run(steps: int) -> float:
+            rt.synchronize()
+            before = read_burst(rt.read_state(sink)).received
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                rt.step([src, sink])
+            src.set_params(sink.address, 0)      # one more step delivers the last batch
+            rt.step([src, sink])
+            rt.synchronize()
+            dt = time.perf_counter() - t0
+            src.set_params(sink.address, n)
+            got = read_burst(rt.read_state(sink)).received - before
+            if got != steps * n:
+                raise RuntimeError(f"{got} of {steps * n} messages arrived")
+            return dt
+        run(2)
+        dt = min(run(reps) for _ in range(2))
+        st = read_burst(rt.read_state(sink))
+        m = router.transfer_method(0, 1)
+        return {"batch_bytes": batch, "payload": payload, "messages": n, "steps": reps, "method": m,
+                "k2k_gbps": batch * reps / dt / 1e9, "bad_messages": st.bad, "_method": m}
+    finally:
+        router.detach()
+        rt.destroy()
+
+
+def bandwidth(mgr: Any, top: int, method: str | None) -> list[dict[str, Any]]:
+    out = []
+    for size in sizes_up_to(top):
+        reps = max(4, min(64, (256 * MIB) // size // 4))
+        r = k2k_bandwidth(mgr, size, reps, method)
+        m = r.pop("_method")
+        r["raw_gbps"] = raw_bandwidth(mgr, m, r["batch_bytes"], reps)
+        r["ratio_k2k_to_raw"] = r["k2k_gbps"] / r["raw_gbps"]
+        out.append(r)
+    return out
+
+
+# -- (c) stencil ------------------------------------------------------------------------------
+
+def stencil(mgr: Any, width: int, height: int, steps: int) -> dict[str, Any]:
+    from vkmulti.kernels.stencil import run_stencil
+    from vkmulti.stencil_demo import initial_field
+
+    field, top, bottom = initial_field(width, height)
+    one = run_stencil(mgr, field, steps, [0], top=top, bottom=bottom)
+    two = run_stencil(mgr, field, steps, [0, 1], top=top, bottom=bottom)
+    return {"size": [width, height], "steps": steps, "step_ms_1": one.step_ms, "step_ms_2": two.step_ms,
+            "speedup": one.step_ms / two.step_ms, "identical": bool(np.array_equal(one.field, two.field)),
+            "halo_bytes_per_step": {f"{a}->{b}": e["bytes"] / steps for (a, b), e in two.edges.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vkmulti import MultiDeviceManager
+    from vkmulti.demo import parse_size
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--section", choices=["all", "latency", "bandwidth", "stencil"], default="all")
+    p.add_argument("--hops", type=int, default=100, help="one-way hops per latency run (default 100)")
+    p.add_argument("--max", type=parse_bytes, default=16 * MIB, help="largest batch (default 16M)")
+    p.add_argument("--method", default=None, help="force the transfer method (e.g. host_shared, cuda_peer)")
+    p.add_argument("--stencil", type=parse_size, default=None, metavar="WxH",
+                   help="stencil grid (default 512x512 on CPU devices, 23000x23000 on GPUs)")
+    p.add_argument("--stencil-steps", type=int, default=None)
+    p.add_argument("--virtual", type=int, default=0, metavar="N")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the figures here")
+    args = p.parse_args(argv)
+    if args.hops < 2:
+        p.error("--hops must be >= 2")
+    if args.virtual < 0:
+        p.error("--virtual must be >= 0")
+    from vkmulti.methods import TransferMethod
+    if args.method is not None and args.method not in TransferMethod.CROSS_DEVICE:
+        p.error(f"--method must be one of {', '.join(TransferMethod.CROSS_DEVICE)}")
+    note = use_virtual_if_no_gpu(args.virtual)
+    mgr = MultiDeviceManager.create(enabled=True)
+    res: dict[str, Any] = {"note": note, "devices": [s.name for s in mgr.slots]}
+    try:
+        if mgr.device_count < 2:
+            print("bench/k2k.py needs two devices", file=sys.stderr)
+            return 2
+        cpu = any(s.capabilities is not None and s.capabilities.device_type == "cpu" for s in mgr.slots)
+        if args.section in ("all", "latency"):
+            res["latency"] = latency(mgr, args.hops, args.method)
+        if args.section in ("all", "bandwidth"):
+            res["bandwidth"] = bandwidth(mgr, args.max, args.method)
+        if args.section in ("all", "stencil"):
+            w, h = args.stencil or ((512, 512) if cpu else (23000, 23000))
+            res["stencil"] = stencil(mgr, w, h, args.stencil_steps or (20 if cpu else 100))
+    finally:
+        mgr.destroy()
+    print(json.dumps(res, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    parts = []
+    if "latency" in res:
+        lat = res["latency"]
+        parts.append(f"K2K one-way latency = {lat['ratio_k2k_to_batch_relay']:.2f}x the batch relayed by hand "
+                     f"through the host (goal <= 0.5), {lat['ratio_k2k_to_host_relay']:.2f}x the host queues relay")
+    if res.get("bandwidth"):
+        top = res["bandwidth"][-1]
+        parts.append(f"{top['batch_bytes'] / MIB:.0f} MiB batches = {top['ratio_k2k_to_raw']:.2f}x raw "
+                     f"{top['method']} ({top['k2k_gbps']:.2f} vs {top['raw_gbps']:.2f} GB/s; goal >= 0.9)")
+    if "stencil" in res:
+        parts.append(f"stencil 2-device speed-up = {res['stencil']['speedup']:.2f}x")
+    print("ratio: " + "; ".join(parts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

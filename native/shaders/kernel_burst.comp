@@ -1,0 +1,70 @@
+#version 450
+// Reference kernel: a burst sender and a checking sink, for K2K bandwidth
+// (src/vkmulti/kernels/reference.py, bench/k2k.py). Workgroup i of the step's
+// dispatch handles message slot i (64 invocations share its words):
+//  - as a sender (params.x = destination address, params.y = messages per
+//    step), it fills outbox slot i with a full payload: word w of message i
+//    of step s is s * 65599 + i * 131 + w;
+//  - as a receiver, it checks inbox message i (if this step has one): its
+//    first and last payload words must follow the pattern of its own step and
+//    slot (carried in payload words 0 and 1), and counts it and its bytes.
+// A kernel can do both in one step.
+#extension GL_GOOGLE_include_directive : require
+#include "vkm_kernel_abi.glsl"
+
+layout(local_size_x = 64) in;
+
+layout(std430, set = 0, binding = 2) buffer State {
+    uint received; uint bad; uint bytes_lo; uint bytes_hi; uint sent_steps; uint pad[11];
+} st;
+
+// the outbox again as 16-byte vectors (the 16-word header is 4 of them)
+layout(std430, set = 0, binding = 1) buffer Outbox4 { uvec4 v[]; } out4;
+
+#define TAG_BURST 7u
+
+uint pattern(uint s, uint i, uint w) { return s * 65599u + i * 131u + w; }
+
+void main()
+{
+    uint i = gl_WorkGroupID.x;
+    uint t = gl_LocalInvocationID.x;
+    uint pw = vkm_step.payload_words;
+    uint dest = vkm_step.params.x;
+    uint n = min(vkm_step.params.y, vkm_step.outbox_capacity);
+    uint s = vkm_step.step_lo;
+
+    if (dest != 0u && i < n) {
+        uint m = i * vkm_outbox.slot_words;
+        if (t == 0u)
+            vkm_emit_at(i, dest, TAG_BURST, pw * 4u);
+        // 16 bytes per store (payloads are multiples of 16 bytes, slots start 16-byte aligned)
+        uint base = (16u + m + VKM_ENV_WORDS) / 4u;
+        for (uint v = t; v < pw / 4u; v += 64u) {
+            uint w = v * 4u;
+            uvec4 x = uvec4(pattern(s, i, w), pattern(s, i, w + 1u), pattern(s, i, w + 2u), pattern(s, i, w + 3u));
+            if (v == 0u)
+                x.xy = uvec2(s, i);
+            out4.v[base + v] = x;
+        }
+        if (i == 0u && t == 0u) {
+            vkm_outbox_set_count(n);
+            st.sent_steps += 1u;
+        }
+    }
+
+    if (i < vkm_inbox_count() && t == 0u) {
+        uint m = vkm_in(i);
+        uint len = vkm_in_field(m, VKM_LEN);
+        uint words = len / 4u;
+        uint ms = vkm_in_payload(m, 0u), mi = vkm_in_payload(m, 1u);
+        bool ok = words >= 3u && vkm_in_payload(m, words - 1u) == pattern(ms, mi, words - 1u)
+                  && vkm_in_payload(m, words / 2u) == pattern(ms, mi, words / 2u);
+        atomicAdd(st.received, 1u);
+        if (!ok)
+            atomicAdd(st.bad, 1u);
+        uint lo = atomicAdd(st.bytes_lo, len);
+        if (lo + len < lo)
+            atomicAdd(st.bytes_hi, 1u);
+    }
+}
