@@ -334,11 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.src == args.dst:
             p.error(f"--src and --dst are both {args.src}: a transfer needs two devices")
         cases = len(kw.get("sizes", IMAGE_SIZES)) + 1
-        with progress(cases, "bench transfer", quiet=args.quiet) as advance:
+        with progress(cases, "bench transfer", quiet=args.quiet) as bar:
             res = run_transfer_bench(mgr, src=args.src, dst=args.dst, reps=args.reps,
-                                     torch=not args.no_torch, log=lambda m: print(m, file=sys.stderr),
+                                     torch=not args.no_torch, log=bar.say,
                                      slot_size=args.slot_size << 20, slot_count=args.slot_count,
-                                     advance=advance, **kw)
+                                     advance=bar, **kw)
         if note:
             res["note"] = note
     text = json.dumps(res, indent=2)

@@ -117,6 +117,7 @@ class Buffer(GpuResource):
 
     @property
     def handle_int(self) -> int:
+        """The VkBuffer handle as an int; DestroyedError after destroy()."""
         if self.handle is None:
             raise DestroyedError("Buffer used after destroy()")
         if self._handle_int is None:   # cached: transfers read it on every submit

@@ -140,14 +140,17 @@ class DeviceCapabilities:
 
     @property
     def tracked_extensions(self) -> dict[str, bool]:
+        """Each extension vkmulti looks for, and whether the driver offers it."""
         return {e: e in self.extensions for e in TRACKED_EXTENSIONS}
 
     @property
     def api_version_tuple(self) -> tuple[int, int, int]:
+        """The device's Vulkan version as (major, minor, patch)."""
         a, b, c = (int(x) for x in self.api_version.split("."))
         return a, b, c
 
     def to_dict(self) -> dict[str, Any]:
+        """The capabilities as plain JSON-ready data (what `python -m vkmulti info --json` prints)."""
         d = dataclasses.asdict(self)
         d["extensions"] = self.tracked_extensions
         return d
@@ -293,6 +296,7 @@ class RenderCapabilities:
 
     def meets(self, *, features: list[str] | tuple[str, ...] | None = None,
               limits: dict[str, float] | None = None) -> bool:
+        """True when every named feature is true and every limit is at least the value given."""
         names = {f.name for f in dataclasses.fields(self)}
         for feat in features or ():
             if feat not in names or not getattr(self, feat):

@@ -41,7 +41,7 @@ def bar_chart(groups: Sequence[str], series: Sequence[str], values: dict[tuple[s
     `machine` is added to the title; returns which library drew it ("matplotlib" or "pillow").
     """
     _check(groups, series, values, path)
-    full_title = f"{title} — {machine}"
+    full_title = f"{title}\n{machine}"
     if have_matplotlib():
         _matplotlib(groups, series, values, full_title, ylabel, xlabel, path)
         return "matplotlib"
@@ -67,8 +67,9 @@ def _matplotlib(groups: Sequence[str], series: Sequence[str], values: dict[tuple
         ax.set_xticks(range(len(groups)), list(groups))
         ax.set_ylabel(ylabel)
         ax.set_xlabel(xlabel)
-        ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.set_ylim(0, max(values.values(), default=1.0) * 1.25 or 1.0)   # room for the legend and labels
+        ax.legend(fontsize=8, loc="upper left", ncols=min(4, len(series)))
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
         fig.tight_layout()
@@ -85,7 +86,8 @@ def _pillow(groups: Sequence[str], series: Sequence[str], values: dict[tuple[str
     W, H, left, bottom, topm = max(700, 140 * len(groups) * max(1, len(series)) // 2), 560, 80, 90, 60
     img = Image.new("RGB", (W, H), "white")
     g = ImageDraw.Draw(img)
-    g.text((left, 15), title, fill="black")
+    for k, line in enumerate(title.split("\n")):
+        g.text((left, 10 + 14 * k), line, fill="black")
     g.text((10, topm - 20), ylabel, fill="black")
     plot_h = H - bottom - topm
     for k in range(6):

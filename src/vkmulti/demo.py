@@ -153,6 +153,7 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
         loads = report.device_loads(mgr.device_count)
         out["devices"] = [{"index": s.index, "name": s.name, "srus": loads[s.index],
                            "cost_share": sum(cost[i] for i in loads[s.index]) / total} for s in mgr.slots]
+        out["frames_ms"] = {"offload": [t * 1e3 for t in t_multi], "single": [t * 1e3 for t in t_single]}
         out["frame_ms_offload"] = statistics.median(t_multi) * 1e3
         out["frame_ms_single"] = statistics.median(t_single) * 1e3
         out["speedup"] = out["frame_ms_single"] / out["frame_ms_offload"]
@@ -215,6 +216,8 @@ def print_report(r: dict[str, Any]) -> None:
     print(f"\nframe with offload identical to the one-GPU frame: {'yes' if r['identical'] else 'NO'}")
     if r.get("png"):
         print(f"wrote {r['png']}")
+    if r.get("plot"):
+        print(f"wrote {r['plot']}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -232,6 +235,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heavy", action="store_true",
                    help=f"render-heavy SRUs ({HEAVY_ITERATIONS[0]}-{HEAVY_ITERATIONS[1]} steps per pixel) "
                         f"for real GPUs")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="also write a chart of every timed frame's time, with offload and on one GPU")
     p.add_argument("--json", action="store_true", help="print the figures as JSON (no progress bar)")
     add_virtual_argument(p)
     p.add_argument("--ray", default=None, metavar="ADDRESS",
@@ -244,6 +249,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .cli_args import check_output_path
 
     check_output_path(parser, args.output, "--output")   # before any rendering
+    check_output_path(parser, args.plot, "--plot")
     if args.size is not None:
         try:
             make_srus(args.srus, *args.size)
@@ -258,9 +264,31 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         r = run(args, note)
     except (ValueError, IndexError) as exc:
         parser.error(str(exc))
+    if args.plot:
+        plot_frames(r, args.plot)
+        r["plot"] = args.plot
     if args.json:
         json.dump(r, sys.stdout, indent=2)
         print()
     else:
         print_report(r)
     return 0
+
+
+def plot_frames(r: dict[str, Any], path: str) -> str:
+    """A bar chart of each timed frame, with offload and on one GPU (vkmulti.charts);
+    the title names the devices. Returns the library that drew it."""
+    from .charts import bar_chart
+
+    n = len(r["devices"])
+    series = [f"with offload ({_gpus(n)})", "one GPU"]
+    frames = [f"frame {i + 1}" for i in range(len(r["frames_ms"]["offload"]))]
+    values = {}
+    for i, f in enumerate(frames):
+        values[(f, series[0])] = r["frames_ms"]["offload"][i]
+        values[(f, series[1])] = r["frames_ms"]["single"][i]
+    names = ", ".join(dict.fromkeys(d["name"] for d in r["devices"]))
+    w, h = r["size"]
+    return bar_chart(frames, series, values, title=f"vkmulti demo: {r['srus']} SRUs, {w}x{h} frame",
+                     ylabel="ms per frame", xlabel="timed frame", path=path,
+                     machine=f"{_gpus(n)}: {names}" + (" (virtual)" if r["virtual"] else ""))

@@ -216,10 +216,12 @@ class Image(GpuResource):
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the image's pixels (width x height x bytes per pixel)."""
         return self.width * self.height * self.bytes_per_pixel
 
     @property
     def handle_int(self) -> int:
+        """The VkImage handle as an int; DestroyedError after destroy()."""
         if self.handle is None:
             raise DestroyedError("Image used after destroy()")
         if self._handle_ints is None:   # cached: transfers read them on every submit

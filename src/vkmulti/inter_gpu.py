@@ -511,6 +511,7 @@ class InterGpuTransfer:
 
     @property
     def destroyed(self) -> bool:
+        """True once destroy() was called."""
         return not self._life.open
 
     def destroy(self, timeout: float | None = None) -> None:

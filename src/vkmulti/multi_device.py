@@ -340,29 +340,35 @@ class MultiDeviceManager:
 
     @property
     def multi_gpu(self) -> bool:
+        """True while more than one device is in use (False when disabled, single-device or destroyed)."""
         return self._life.open and self._multi_gpu and len(self._slots) > 1
 
     @property
     def device_count(self) -> int:
+        """The number of slots (devices in use), the primary included."""
         self._check()
         return len(self._slots)
 
     @property
     def primary(self) -> DeviceSlot:
+        """Slot 0: the primary device (the engine's, or the one create() made)."""
         self._check()
         return self._slots[0]
 
     @property
     def secondaries(self) -> list[DeviceSlot]:
+        """Every slot but the primary, in index order."""
         self._check()
         return self._slots[1:]
 
     @property
     def slots(self) -> list[DeviceSlot]:
+        """Every slot, primary first (a new list each call)."""
         self._check()
         return list(self._slots)
 
     def slot(self, index: int) -> DeviceSlot:
+        """The slot of device `index`; TypeError/IndexError naming a bad index."""
         self._check()
         if not isinstance(index, int) or isinstance(index, bool):
             raise TypeError(f"slot index must be an int, got {type(index).__name__}")
@@ -371,9 +377,12 @@ class MultiDeviceManager:
         return self._slots[index]
 
     def attach_renderer(self, index: int, renderer: Any) -> None:
+        """Use `renderer` for the SRUs of device `index` (None detaches); the offload coordinator prefers it to
+        its factory."""
         self.slot(index).renderer = renderer
 
     def register_teardown(self, hook: Callable[[], Any]) -> None:
+        """Call `hook()` first thing in destroy() (engines free their per-device objects there)."""
         self._check()
         if not callable(hook):
             raise TypeError(f"teardown hook must be callable, got {type(hook).__name__}")

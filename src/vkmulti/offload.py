@@ -356,6 +356,7 @@ class SRUOffloadCoordinator(AdaptivePlanning):
 
     @property
     def destroyed(self) -> bool:
+        """True once destroy() was called."""
         return not self._life.open
 
     _destroyed = destroyed

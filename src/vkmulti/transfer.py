@@ -467,6 +467,7 @@ class TransferTicket:
         return self.src_done if device_index == self.src_done.device_index else self.dst_ready
 
     def gpu_done(self, device_index: int | None) -> bool:
+        """Whether the GPU work of this job on device `device_index` is finished (never blocks)."""
         point = self._point(device_index)
         if id(point) in self._gpu_done or (self._complete and point is self.dst_ready):
             return True
@@ -487,6 +488,7 @@ class TransferTicket:
             return True
 
     def gpu_wait(self, device_index: int | None, timeout: float | None) -> bool:
+        """Wait up to `timeout` s for this job's GPU work on device `device_index`; False on timeout."""
         return self._gpu_wait(self._point(device_index), timeout)
 
     def _gpu_wait(self, point: TimelinePoint, timeout: float | None) -> bool:
@@ -607,14 +609,17 @@ class CrossDeviceTransfer:
         self.submit(src_image=src_image, dst_image=dst_image, **options).wait(timeout)
 
     def run_staging_copy(self, *, src_image: Any = None, dst_image: Any = None, **options: Any) -> None:
+        """The seed's per-method entry point: run() for a STAGING_COPY transfer (ValueError for another method)."""
         self._require(TransferMethod.STAGING_COPY, "run_staging_copy")
         self.run(src_image=src_image, dst_image=dst_image, **options)
 
     def run_host_shared(self, *, src_image: Any = None, dst_image: Any = None, **options: Any) -> None:
+        """The seed's per-method entry point: run() for a HOST_SHARED transfer (ValueError for another method)."""
         self._require(TransferMethod.HOST_SHARED, "run_host_shared")
         self.run(src_image=src_image, dst_image=dst_image, **options)
 
     def run_dmabuf(self, *, src_image: Any = None, dst_image: Any = None, **options: Any) -> None:
+        """The seed's per-method entry point: run() for a DMABUF transfer (ValueError for another method)."""
         self._require(TransferMethod.DMABUF, "run_dmabuf")
         self.run(src_image=src_image, dst_image=dst_image, **options)
 

@@ -41,6 +41,7 @@ class NodeFrameReport:
     local: bool = False                                  # on the driver's node (shared memory)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data (times in ms)."""
         return {"node_id": self.node_id, "srus": list(self.srus), "gpu": {str(k): v for k, v in self.gpu.items()},
                 "render_ms": self.render_s * 1e3, "readback_ms": self.readback_s * 1e3,
                 "agent_ms": self.agent_s * 1e3, "round_trip_ms": self.round_trip_s * 1e3,

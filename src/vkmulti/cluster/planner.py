@@ -43,6 +43,7 @@ class LinkInfo:
         return self.latency + (0.0 if math.isinf(self.bandwidth) else nbytes / self.bandwidth)
 
     def to_dict(self) -> dict[str, Any]:
+        """The link as plain JSON-ready data (GB/s and ms)."""
         return {"source": self.source, "destination": self.destination,
                 "bandwidth_gbps": None if math.isinf(self.bandwidth) else self.bandwidth / 1e9,
                 "latency_ms": self.latency * 1e3}
@@ -69,6 +70,7 @@ class NodeInfo:
 
     @property
     def label(self) -> str:
+        """'node ID8 (address)', for messages."""
         return f"node {self.node_id[:8]} ({self.address})"
 
     def gpu_links(self) -> list[dict[str, Any]]:
@@ -79,6 +81,7 @@ class NodeInfo:
                 for c in self.topology.get("connections", ()) if c.get("source") != c.get("destination")]
 
     def to_dict(self) -> dict[str, Any]:
+        """The node as plain JSON-ready data."""
         return {"node_id": self.node_id, "address": self.address, "hostname": self.hostname,
                 "devices": list(self.devices), "gpu_throughput": list(self.gpu_throughput),
                 "throughput": self.throughput, "local": self.local,
@@ -95,6 +98,7 @@ class NodePlan:
     predicted: dict[str, float] = field(default_factory=dict)     # node id -> seconds
 
     def sru_ids(self) -> dict[str, list[Any]]:
+        """The SRU ids planned on each node."""
         return {n: [s.sru_id for s in v] for n, v in self.srus.items()}
 
 

@@ -47,6 +47,7 @@ class StencilRun:
     restarts: list[dict] = field(default_factory=list)   # {'lost': {node: why}, 'from_step': k}
 
     def to_dict(self) -> dict[str, Any]:
+        """The run's figures as plain JSON-ready data (the field by its shape)."""
         return {"steps": self.steps, "shape": list(self.field.shape),
                 "nodes": {n: {"rows": list(v["rows"]), "gpu_rows": {str(g): r for g, r in v["gpu_rows"].items()}}
                           for n, v in self.nodes.items()},

@@ -70,6 +70,7 @@ class DeviceInfo:
         return min(1.0, max(0.0, 1.0 - self.available_memory / self.total_memory))
 
     def to_dict(self) -> dict[str, Any]:
+        """The record as plain JSON-ready data (backend by name)."""
         d = dataclasses.asdict(self)
         d["backend"] = self.backend.name
         return d

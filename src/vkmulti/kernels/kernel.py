@@ -109,6 +109,7 @@ class KernelSpec:
 
     @property
     def sha256(self) -> str:
+        """SHA-256 of the SPIR-V (hex): identifies the code, e.g. for pipeline caches and hot reload."""
         return hashlib.sha256(self.spirv).hexdigest()
 
 
@@ -185,6 +186,7 @@ class OutboxBatch(_Batch):
 
     @property
     def device_index(self) -> int:
+        """The device the batch's memory is on."""
         return self.ctx.index
 
     def hold(self, point: TimelinePoint, submitted: Any = None) -> None:
@@ -248,6 +250,7 @@ class InboundBatch(_Batch):
 
     @property
     def device_index(self) -> int:
+        """The device the batch landed on."""
         return self.ctx.index
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -375,6 +378,7 @@ class Kernel:
         return record
 
     def check(self) -> None:
+        """DestroyedError if this kernel was destroyed."""
         if self.destroyed:
             raise DestroyedError(f"kernel {self.id!r} was destroyed")
 
@@ -394,6 +398,7 @@ class Kernel:
 
     @property
     def device_index(self) -> int:
+        """The device the kernel lives on."""
         return self.ctx.index
 
     @property
