@@ -60,3 +60,9 @@ __all__ = [
     "CrossGpuK2KRouter", "CrossGpuRouterStats", "CrossGpuRouterStatsSnapshot", "PendingK2KMessage",
     "RoutingDecision", "RoutingKind", "TenantMismatchError",
 ]
+
+# failure handling: a lost GPU (docs/failover.md)
+from .errors import PrimaryDeviceLostError  # noqa: E402
+from .failover import FailoverStats, Recovery  # noqa: E402
+
+__all__ += ["PrimaryDeviceLostError", "FailoverStats", "Recovery"]

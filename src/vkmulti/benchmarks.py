@@ -64,9 +64,9 @@ class SeedStagingCopy:
         record(cmd)
         vkapi.vkEndCommandBuffer(cmd)
         q = slot.graphics_queue
+        vkapi.queue_submit(slot.native, q, [vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                                             commandBufferCount=1, pCommandBuffers=[cmd])])
         with q.lock:
-            vkapi.vkQueueSubmit(q.handle, 1, [vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
-                                                           commandBufferCount=1, pCommandBuffers=[cmd])], None)
             vkapi.vkQueueWaitIdle(q.handle)
         vk.vkFreeCommandBuffers(slot.device, pool, 1, [cmd])
 

@@ -50,6 +50,18 @@ def parse_devices(text: str) -> list[int]:
     return out
 
 
+def parse_loss(text: str) -> tuple[int, int]:
+    """'1@50' -> (1, 50): lose GPU 1 during frame 50 (or kernel step 50)."""
+    try:
+        gpu, at = (int(v) for v in text.split("@"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--lose-gpu must look like 1@50 (GPU index @ frame), got {text!r}") from None
+    if gpu < 1 or at < 0:
+        raise argparse.ArgumentTypeError(f"--lose-gpu: the GPU must be a secondary (>= 1) and the frame >= 0, "
+                                         f"got {text!r}")
+    return gpu, at
+
+
 def make_srus(count: int, width: int, height: int, *, heavy: bool = False, seed: int = 1) -> list[Any]:
     """`count` ReferenceSRUs tiling a width x height frame, with varied steps per pixel (varied costs)."""
     from .render import ReferenceSRU
@@ -119,6 +131,9 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
 
     width, height = args.size or (HEAVY_SIZE if args.heavy else LIGHT_SIZE)
     srus = make_srus(args.srus, width, height, heavy=args.heavy)
+    if getattr(args, "lose_gpu", None) is not None:
+        from .failover_drill import sru_drill
+        return sru_drill(srus, width, height, args.frames, args.lose_gpu, devices=args.devices, note=note)
     out: dict[str, Any] = {"note": note, "virtual": note is not None, "srus": len(srus), "size": [width, height],
                            "frames": args.frames, "heavy": bool(args.heavy)}
     mgr = MultiDeviceManager.create(enabled=True, device_indices=args.devices)
@@ -239,6 +254,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write a chart of every timed frame's time, with offload and on one GPU")
     p.add_argument("--json", action="store_true", help="print the figures as JSON (no progress bar)")
     add_virtual_argument(p)
+    p.add_argument("--lose-gpu", type=parse_loss, default=None, metavar="GPU@FRAME",
+                   help="failover drill: render --frames frames and lose that GPU during that frame (through "
+                        "vkmulti.testing.lose_device); every frame is checked against the one-GPU frame")
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="render across a Ray cluster (HEAD:PORT, ray://HEAD:PORT, or 'auto' to start a local Ray); "
                         "needs pip install 'vkmulti[cluster]'")
@@ -255,6 +273,10 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             make_srus(args.srus, *args.size)
         except ValueError as exc:
             parser.error(str(exc))
+    if args.ray is not None and args.lose_gpu is not None:
+        parser.error("--lose-gpu drills one machine's GPUs; it cannot be combined with --ray")
+    if args.plot and args.lose_gpu is not None:
+        parser.error("--plot charts the timed frames of the demo; the --lose-gpu drill has none")
     if args.ray is not None:
         from .cluster.demo import main as cluster_main
         return cluster_main(args, parser)
@@ -270,9 +292,12 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.json:
         json.dump(r, sys.stdout, indent=2)
         print()
+    elif args.lose_gpu is not None:
+        from .failover_drill import print_sru_drill
+        print_sru_drill(r)
     else:
         print_report(r)
-    return 0
+    return 0 if args.lose_gpu is None or r["identical"] else 1
 
 
 def plot_frames(r: dict[str, Any], path: str) -> str:

@@ -197,7 +197,11 @@ def destroy_logical_device(device: Any, native: Any = None) -> None:
 
     The wait is unbounded: drain_queues() first bounds it."""
     if native is not None:
-        native.wait_idle()
+        if not native.lost:   # a lost device runs nothing more: its objects are destroyed as they are
+            try:
+                native.wait_idle()
+            except DeviceLostError as exc:
+                log.warning("device lost while waiting for it to go idle (%s); destroying it", exc)
         native.release()
     else:
         vkapi.vkDeviceWaitIdle(device)
@@ -221,8 +225,11 @@ def drain_queues(slot: Any, fences: list[tuple[Any, Any]], deadline: Any) -> Non
         for q in slot.queues():
             fence = vkapi.vkCreateFence(dev, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
             try:
-                with q.lock:
-                    vkapi.vkQueueSubmit(q.handle, 0, None, fence)
+                vkapi.queue_submit(native, q, [], fence, call="vkQueueSubmit(drain)")
+            except DeviceLostError as exc:
+                vk.vkDestroyFence(dev, fence, None)
+                log.info("GPU %d (%s) is lost (%s): nothing to drain; destroying it", slot.index, slot.name, exc)
+                break
             except BaseException:
                 vk.vkDestroyFence(dev, fence, None)
                 raise

@@ -6,7 +6,7 @@ import re
 
 __all__ = [
     "QueueFullError", "KernelMessageError",
-    "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError",
+    "VkmError", "VulkanError", "DeviceLostError", "PrimaryDeviceLostError", "OutOfDeviceMemoryError",
     "OutOfHostMemoryError", "UnsupportedError", "TransferError", "TimeoutError",
     "DestroyedError", "LinkStalledError", "CudaError", "raise_for_result", "result_name",
     "from_vulkan_exception",
@@ -33,6 +33,11 @@ class VulkanError(VkmError):
 
 class DeviceLostError(VulkanError):
     """The device was lost (VK_ERROR_DEVICE_LOST): its objects can only be destroyed."""
+
+
+class PrimaryDeviceLostError(DeviceLostError):
+    """The primary GPU (slot 0, which composites frames and hosts the caller's own
+    work) was lost: nothing can fail over from it, so the caller gets this."""
 
 
 class OutOfDeviceMemoryError(VulkanError, MemoryError):

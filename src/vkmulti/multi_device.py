@@ -167,6 +167,9 @@ class MultiDeviceManager:
         pfeat = _names(primary_features, "primary_features")
 
         self._teardown: list[Callable[[], Any]] = []
+        self._lost: dict[int, str] = {}
+        self._loss_listeners: list[Callable[[int, str], Any]] = []
+        self._loss_lock = threading.Lock()
         self._life = Lifetime(self, "MultiDeviceManager")
         self._destroyed = False
         self._drain_fences: list[tuple[Any, Any]] = []
@@ -380,6 +383,68 @@ class MultiDeviceManager:
         """Use `renderer` for the SRUs of device `index` (None detaches); the offload coordinator prefers it to
         its factory."""
         self.slot(index).renderer = renderer
+
+    # -- lost devices -----------------------------------------------------
+
+    @property
+    def lost_devices(self) -> dict[int, str]:
+        """Devices known to be lost (VK_ERROR_DEVICE_LOST, or a test's
+        vkmulti.testing.lose_device): index -> what revealed it."""
+        with self._loss_lock:
+            return dict(self._lost)
+
+    def device_lost(self, index: int) -> bool:
+        """Whether GPU `index` is lost (reported, or its native lost flag is set)."""
+        slot = self.slot(index)
+        return index in self._lost or (slot.native is not None and slot.native.lost)
+
+    def add_loss_listener(self, listener: Callable[[int, str], Any]) -> None:
+        """Call `listener(index, reason)` once for each device found lost (on the
+        thread that found it, outside any lock of the manager)."""
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, got {type(listener).__name__}")
+        with self._loss_lock:
+            self._loss_listeners.append(listener)
+
+    def remove_loss_listener(self, listener: Callable[[int, str], Any]) -> None:
+        """Stop calling `listener` on a device loss (one added with add_loss_listener; unknown ones are ignored)."""
+        with self._loss_lock:
+            if listener in self._loss_listeners:
+                self._loss_listeners.remove(listener)
+
+    def report_device_lost(self, index: int, reason: str) -> bool:
+        """Record that GPU `index` is lost (idempotent): marks its native flag so
+        that every later submit and wait on it fails at once, logs it and tells
+        the loss listeners (coordinators fail over). True the first time."""
+        slot = self.slot(index)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+        with self._loss_lock:
+            if index in self._lost:
+                return False
+            self._lost[index] = reason
+            listeners = list(self._loss_listeners)
+        if slot.native is not None:
+            slot.native.mark_lost()
+        log.error("GPU %d (%s) lost: %s%s", index, slot.name, reason,
+                  " (the primary: frames and kernels on it cannot go on)" if index == 0 else
+                  "; its work fails over to the other GPUs")
+        for fn in listeners:
+            try:
+                fn(index, reason)
+            except Exception:   # a listener's failure must not hide the loss from the others
+                log.exception("device-loss listener %s failed for GPU %d", _short(fn), index)
+        return True
+
+    def check_devices(self) -> dict[int, str]:
+        """Look at every device's native lost flag (set by the driver's
+        VK_ERROR_DEVICE_LOST anywhere in vkmulti, native link workers included,
+        or by a test), report the newly lost ones, and return every lost device.
+        One atomic read per device: cheap enough for every frame and step."""
+        for s in list(self._slots):
+            if s.native is not None and s.native.lost and s.index not in self._lost:
+                self.report_device_lost(s.index, "the device returned VK_ERROR_DEVICE_LOST")
+        return self.lost_devices
 
     def register_teardown(self, hook: Callable[[], Any]) -> None:
         """Call `hook()` first thing in destroy() (engines free their per-device objects there)."""

@@ -1,8 +1,11 @@
-"""A virtual GPU pair (or N) from Mesa's lavapipe, for tests and machines without GPUs.
+"""Test helpers: a virtual GPU pair (or N) from Mesa's lavapipe, and a lost-device fault hook.
 
 The Vulkan loader lists one physical device per ICD manifest file; N copies of
 the lavapipe manifest under different names give N CPU "GPUs". Call this
 before any Instance is created (the loader reads VK_DRIVER_FILES then).
+
+`lose_device(manager, index)` makes a device behave as one that returned
+VK_ERROR_DEVICE_LOST (docs/failover.md).
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 _ICD_DIRS = ("/usr/share/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/etc/vulkan/icd.d")
 _ENV_KEYS = ("VK_DRIVER_FILES", "VK_ICD_FILENAMES")
@@ -119,3 +122,39 @@ def use_virtual_if_no_gpu(count: int | None = 0) -> str | None:
 def is_virtual_setup() -> bool:
     """True when the loader is pointed at vkmulti's lavapipe copies."""
     return "vkmulti_lvp_" in os.environ.get("VK_DRIVER_FILES", "")
+
+
+def lose_device(manager: Any, index: int, *, timeout: float = 10.0) -> None:
+    """Make GPU `index` of `manager` fail from now on exactly as a lost device does.
+
+    The device's native lost flag is set: every submit and wait through
+    vkmulti (the Python layer's `vkapi.queue_submit`, the native link workers,
+    command runners, renderers, the kernel runtime) returns
+    VK_ERROR_DEVICE_LOST and raises `DeviceLostError` through the one error
+    path, without calling the driver. Components that watch the manager
+    (`MultiDeviceManager.check_devices`) then fail over as for a real loss.
+
+    The driver itself keeps working (nothing is lost for real), so the work
+    submitted before the call is waited for here through the driver, bounded by
+    `timeout` s: afterwards the lost device's objects can be freed without
+    the driver still running work that uses them, as on a real lost device,
+    whose work never runs again. vkmulti.TimeoutError when that work is still
+    running then (something waits for a semaphore that never comes); the
+    device stays marked lost. The mark is never undone: make a new manager.
+    """
+    from .errors import TimeoutError as VkmTimeoutError
+    from .multi_device import MultiDeviceManager
+
+    if not isinstance(manager, MultiDeviceManager):
+        raise TypeError(f"manager must be a MultiDeviceManager, got {type(manager).__name__}")
+    slot = manager.slot(index)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise ValueError(f"timeout must be a non-negative number of seconds, got {timeout!r}"[:160])
+    native = slot.native
+    if native is None:
+        raise ValueError(f"GPU {index} ({slot.name!r}) has no native device table (a single-device manager "
+                         f"drives its engine's device directly); lose_device needs a multi-GPU manager")
+    native.mark_lost()
+    if not native.drain_queues_raw([q.lock for q in slot.queues()], float(timeout)):
+        raise VkmTimeoutError(f"GPU {index} ({slot.name!r}) is marked lost, but work submitted to it before "
+                              f"still runs after {timeout} s (it waits for something that never comes)")

@@ -313,7 +313,7 @@ def _wait_gpu(device: Any, semaphore: int, value: int, dl: Deadline, what: str) 
         raise VkmTimeoutError(f"{what} still queued on the GPU after {dl.timeout} s; nothing was freed "
                               f"(call destroy() again once the work can finish)") from None
     except DeviceLostError as exc:
-        log.warning("device lost while waiting for %s (%s); freeing them", what, exc)
+        log.info("device lost while waiting for %s (%s); freeing them", what, exc)
 
 
 class _Links:
@@ -484,7 +484,7 @@ class TransferTicket:
         except DestroyedError:
             return ref.life.dead
         except DeviceLostError as exc:
-            log.warning("transfer %d: device lost (%s); its GPU work counts as done", self.ticket, exc)
+            log.info("transfer %d: device lost (%s); its GPU work counts as done", self.ticket, exc)
             return True
 
     def gpu_wait(self, device_index: int | None, timeout: float | None) -> bool:
@@ -510,7 +510,7 @@ class TransferTicket:
                 except VkmTimeoutError:
                     return False
                 except DeviceLostError as exc:
-                    log.warning("transfer %d: device lost (%s); its GPU work counts as done", self.ticket, exc)
+                    log.info("transfer %d: device lost (%s); its GPU work counts as done", self.ticket, exc)
                 return True
         except DestroyedError:
             return ref.life.dead   # destroyed: it waited for everything; being destroyed: not known yet

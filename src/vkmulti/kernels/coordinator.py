@@ -12,6 +12,7 @@ import copy
 import enum
 import logging
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -40,6 +41,18 @@ _FALLBACK_BANDWIDTH_GBPS = InterconnectType.NONE.estimated_bandwidth_gbps()
 _FALLBACK_LATENCY_US = InterconnectType.NONE.estimated_latency_us()
 #: transfer methods that move data device to device (no host memory in between)
 _PEER_METHODS = ("cuda_peer", "dmabuf")
+
+
+def _unregister_when_lost(coord: "MultiGpuCoordinator") -> Callable[[int, str], None]:
+    """A manager loss listener that unregisters the lost device from `coord` (held weakly:
+    the manager does not keep the coordinator alive)."""
+    ref = weakref.ref(coord)
+
+    def lost(index: int, reason: str) -> None:
+        c = ref()
+        if c is not None:
+            c._device_lost(index, reason)
+    return lost
 
 
 class CoordinatorEventKind(enum.Enum):
@@ -166,7 +179,16 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
             coord.register_device(info)
         coord._manager = manager
         coord._transfer_methods = methods
+        manager.add_loss_listener(_unregister_when_lost(coord))
         return coord
+
+    def _device_lost(self, index: int, reason: str) -> None:
+        """The manager found device `index` lost: unregister it (greedy plans for its
+        kernels, DEVICE_UNREGISTERED with them for listeners: the runtime fails over)."""
+        if self.is_device_online(index):
+            result = self.unregister_device(index)
+            log.warning("device %d lost (%s): unregistered; %d kernel(s) planned onto the survivors, %d orphaned",
+                        index, reason, len(result.kernels_to_migrate), len(result.orphaned_kernels))
 
     @property
     def manager(self) -> Any:
