@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.src == args.dst:
             p.error(f"--src and --dst are both {args.src}: a transfer needs two devices")
         cases = len(kw.get("sizes", IMAGE_SIZES)) + 1
-        with progress(cases, "bench transfer", quiet=args.quiet) as bar:
+        with progress(cases, "bench transfer", quiet=args.quiet or bool(args.json)) as bar:
             res = run_transfer_bench(mgr, src=args.src, dst=args.dst, reps=args.reps,
                                      torch=not args.no_torch, log=bar.say,
                                      slot_size=args.slot_size << 20, slot_count=args.slot_count,
