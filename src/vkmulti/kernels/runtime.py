@@ -52,6 +52,7 @@ class StepTicket:
         self._rt._wait_points(self.points.values(), _timeout(timeout))
 
     def done(self) -> bool:
+        """True when every device's part of the step is finished (never blocks)."""
         return all(self._rt._context(p.device_index).completed() >= p.value for p in self.points.values())
 
     def __repr__(self) -> str:
