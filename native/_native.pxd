@@ -33,6 +33,7 @@ cdef extern from "vkm.h" nogil:
         VK_SUCCESS
         VK_NOT_READY
         VK_TIMEOUT
+        VK_ERROR_DEVICE_LOST
 
     ctypedef struct vkm_device:
         VkPhysicalDevice physical
@@ -42,7 +43,10 @@ cdef extern from "vkm.h" nogil:
         int has_external_memory_fd
         int has_external_memory_dma_buf
         char name[256]
+        int lost
 
+    void vkm_device_mark_lost(const vkm_device *d)
+    int vkm_device_is_lost(const vkm_device *d)
     VkResult vkm_device_init(vkm_device *d, VkPhysicalDevice physical, VkDevice device,
                              int has_external_memory_host, int has_external_memory_fd,
                              int has_external_memory_dma_buf, vkm_error *err)
@@ -59,6 +63,8 @@ cdef extern from "vkm.h" nogil:
     VkResult vkm_wait_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t timeout_ns)
     VkResult vkm_timeline_value(const vkm_device *d, VkSemaphore sem, uint64_t *value)
     VkResult vkm_wait_fence(const vkm_device *d, VkFence fence, uint64_t timeout_ns)
+    VkResult vkm_fence_status(const vkm_device *d, VkFence fence)
+    VkResult vkm_queues_drain_raw(const vkm_device *d, vkm_queue **queues, uint32_t count, uint64_t timeout_ns)
     VkResult vkm_device_wait_idle(const vkm_device *d)
     VkResult vkm_create_timeline(const vkm_device *d, uint64_t initial, VkSemaphore *out)
 

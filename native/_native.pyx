@@ -5,7 +5,7 @@ Everything that waits or copies runs without the GIL; long waits are cut into
 short slices so that Ctrl-C (PyErr_CheckSignals) is honoured.
 """
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
-from libc.stdlib cimport free
+from libc.stdlib cimport free, malloc
 from posix.unistd cimport usleep
 from cpython.exc cimport PyErr_CheckSignals
 import os as _os
@@ -108,6 +108,66 @@ cdef class Device:
     def name(self):
         """The device's name (VkPhysicalDeviceProperties::deviceName)."""
         return _text(self.dev.name)
+
+    @property
+    def lost(self):
+        """Whether the device returned VK_ERROR_DEVICE_LOST (or a test marked it
+        lost): its submits and waits then fail with DeviceLostError at once."""
+        return bool(vkm_device_is_lost(&self.dev))
+
+    def mark_lost(self):
+        """Mark the device lost (idempotent; never undone): from now on every
+        submit and wait through vkmulti, native link workers included, returns
+        VK_ERROR_DEVICE_LOST without reaching the driver."""
+        vkm_device_mark_lost(&self.dev)
+
+    def check_alive(self, str call not None="vkQueueSubmit"):
+        """DeviceLostError (as `call` returning VK_ERROR_DEVICE_LOST) when the device is lost."""
+        cdef bytes c
+        if vkm_device_is_lost(&self.dev):
+            c = call.encode()
+            check(VK_ERROR_DEVICE_LOST, c)
+
+    def fence_signalled(self, uintptr_t fence):
+        """vkGetFenceStatus: True when signalled, False when not yet."""
+        cdef vkm_device *d = self.ptr()
+        cdef VkResult r
+        _nonzero(fence, "fence")
+        r = vkm_fence_status(d, <VkFence>fence)
+        if r == VK_NOT_READY:
+            return False
+        check(r, "vkGetFenceStatus")
+        return True
+
+    def drain_queues_raw(self, queues, timeout):
+        """Wait until each QueueLock in `queues` finished its submitted work, through
+        the driver even when the device is marked lost (an injected loss: the
+        driver still runs what it was given). True when drained, False when work
+        was still running after `timeout` s."""
+        cdef vkm_device *d = self.ptr()
+        cdef list qs = list(queues)
+        cdef uint32_t n = len(qs), i
+        cdef vkm_queue **arr
+        cdef QueueLock q
+        cdef uint64_t t = _timeout_ns(timeout)
+        cdef VkResult r
+        if n == 0:
+            return True
+        arr = <vkm_queue **>malloc(n * sizeof(vkm_queue *))
+        if arr == NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                q = qs[i]
+                arr[i] = q.ptr()
+            with nogil:
+                r = vkm_queues_drain_raw(d, arr, n, t)
+        finally:
+            free(arr)
+        if r == VK_TIMEOUT:
+            return False
+        check(r, "vkWaitForFences(drain)")
+        return True
 
     def wait_idle(self):
         """vkDeviceWaitIdle without the GIL."""

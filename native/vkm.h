@@ -38,6 +38,10 @@ typedef struct vkm_device {
     int has_external_memory_fd;
     int has_external_memory_dma_buf;
     char name[VK_MAX_PHYSICAL_DEVICE_NAME_SIZE]; /* deviceName, for messages */
+    /* Set (atomically, never cleared) once the device returned VK_ERROR_DEVICE_LOST
+     * or a test marked it lost (vkmulti.testing.lose_device): every submit and
+     * wait below then returns VK_ERROR_DEVICE_LOST without calling the driver. */
+    int lost;
 } vkm_device;
 
 /* Load the function table of `device`. The extension flags say which
@@ -45,6 +49,11 @@ typedef struct vkm_device {
 VkResult vkm_device_init(vkm_device *d, VkPhysicalDevice physical, VkDevice device,
                          int has_external_memory_host, int has_external_memory_fd,
                          int has_external_memory_dma_buf, vkm_error *err);
+
+/* Mark `d` lost (idempotent, any thread) / whether it is. The submit and wait
+ * wrappers below check the flag first and set it when the driver reports the loss. */
+void vkm_device_mark_lost(const vkm_device *d);
+int vkm_device_is_lost(const vkm_device *d);
 
 /* Index of a memory type allowed by `type_bits` that has all of `required`
  * (and, if possible, all of `preferred`); -1 when none. */
@@ -76,6 +85,13 @@ VkResult vkm_wait_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value,
 VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns);
 VkResult vkm_timeline_value(const vkm_device *d, VkSemaphore sem, uint64_t *value);
 VkResult vkm_wait_fence(const vkm_device *d, VkFence fence, uint64_t timeout_ns);
+/* vkGetFenceStatus: VK_SUCCESS signalled, VK_NOT_READY not yet. */
+VkResult vkm_fence_status(const vkm_device *d, VkFence fence);
+/* Wait (bounded) until every queue in `queues` finished what was submitted to
+ * it, calling the driver even on a device marked lost: a test's injected loss
+ * leaves the driver working, and the work it was given must be done before the
+ * lost device's objects are freed. VK_TIMEOUT: work still running. */
+VkResult vkm_queues_drain_raw(const vkm_device *d, vkm_queue *const *queues, uint32_t count, uint64_t timeout_ns);
 VkResult vkm_device_wait_idle(const vkm_device *d);
 VkResult vkm_create_timeline(const vkm_device *d, uint64_t initial, VkSemaphore *out);
 

@@ -138,13 +138,55 @@ void vkm_queue_destroy(vkm_queue *q)
     pthread_mutex_destroy(&q->lock);
 }
 
+void vkm_device_mark_lost(const vkm_device *d)
+{
+    /* the flag is the one field of a device that changes after vkm_device_init */
+    __atomic_store_n(&((vkm_device *)d)->lost, 1, __ATOMIC_RELEASE);
+}
+
+int vkm_device_is_lost(const vkm_device *d)
+{
+    return __atomic_load_n(&d->lost, __ATOMIC_ACQUIRE);
+}
+
+/* The driver's result, with VK_ERROR_DEVICE_LOST remembered on the device. */
+static VkResult seen(const vkm_device *d, VkResult r)
+{
+    if (r == VK_ERROR_DEVICE_LOST) vkm_device_mark_lost(d);
+    return r;
+}
+
 VkResult vkm_queue_submit(const vkm_device *d, vkm_queue *q, uint32_t count,
                           const VkSubmitInfo *submits, VkFence fence)
 {
     pthread_mutex_lock(&q->lock);
-    VkResult r = d->fn.vkQueueSubmit(q->queue, count, submits, fence);
+    /* checked under the queue's lock: once a loss is marked and each queue's lock
+     * taken once (vkm_queues_drain_raw), nothing new reaches the driver */
+    VkResult r = vkm_device_is_lost(d) ? VK_ERROR_DEVICE_LOST : seen(d, d->fn.vkQueueSubmit(q->queue, count, submits, fence));
     pthread_mutex_unlock(&q->lock);
     return r;
+}
+
+VkResult vkm_queues_drain_raw(const vkm_device *d, vkm_queue *const *queues, uint32_t count, uint64_t timeout_ns)
+{
+    VkResult worst = VK_SUCCESS;
+    for (uint32_t i = 0; i < count; i++) {
+        VkFence fence = VK_NULL_HANDLE;
+        VkFenceCreateInfo fi = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+        VkResult r = d->fn.vkCreateFence(d->device, &fi, NULL, &fence);
+        if (r != VK_SUCCESS) return r;
+        pthread_mutex_lock(&queues[i]->lock);
+        r = d->fn.vkQueueSubmit(queues[i]->queue, 0, NULL, fence);
+        pthread_mutex_unlock(&queues[i]->lock);
+        if (r == VK_SUCCESS) r = d->fn.vkWaitForFences(d->device, 1, &fence, VK_TRUE, timeout_ns);
+        if (r == VK_TIMEOUT) {
+            worst = VK_TIMEOUT; /* the fence may still be signalled later: it is left alive */
+            continue;
+        }
+        d->fn.vkDestroyFence(d->device, fence, NULL);
+        if (r != VK_SUCCESS && worst == VK_SUCCESS) worst = r;
+    }
+    return worst;
 }
 
 VkResult vkm_wait_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t timeout_ns)
@@ -155,12 +197,14 @@ VkResult vkm_wait_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value,
         .pSemaphores = &sem,
         .pValues = &value,
     };
-    return d->fn.vkWaitSemaphores(d->device, &info, timeout_ns);
+    if (vkm_device_is_lost(d)) return VK_ERROR_DEVICE_LOST;
+    return seen(d, d->fn.vkWaitSemaphores(d->device, &info, timeout_ns));
 }
 
 VkResult vkm_timeline_value(const vkm_device *d, VkSemaphore sem, uint64_t *value)
 {
-    return d->fn.vkGetSemaphoreCounterValue(d->device, sem, value);
+    if (vkm_device_is_lost(d)) return VK_ERROR_DEVICE_LOST;
+    return seen(d, d->fn.vkGetSemaphoreCounterValue(d->device, sem, value));
 }
 
 VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns)
@@ -179,12 +223,20 @@ VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uin
 
 VkResult vkm_wait_fence(const vkm_device *d, VkFence fence, uint64_t timeout_ns)
 {
-    return d->fn.vkWaitForFences(d->device, 1, &fence, VK_TRUE, timeout_ns);
+    if (vkm_device_is_lost(d)) return VK_ERROR_DEVICE_LOST;
+    return seen(d, d->fn.vkWaitForFences(d->device, 1, &fence, VK_TRUE, timeout_ns));
+}
+
+VkResult vkm_fence_status(const vkm_device *d, VkFence fence)
+{
+    if (vkm_device_is_lost(d)) return VK_ERROR_DEVICE_LOST;
+    return seen(d, d->fn.vkGetFenceStatus(d->device, fence));
 }
 
 VkResult vkm_device_wait_idle(const vkm_device *d)
 {
-    return d->fn.vkDeviceWaitIdle(d->device);
+    if (vkm_device_is_lost(d)) return VK_ERROR_DEVICE_LOST;
+    return seen(d, d->fn.vkDeviceWaitIdle(d->device));
 }
 
 VkResult vkm_create_timeline(const vkm_device *d, uint64_t initial, VkSemaphore *out)

@@ -44,6 +44,10 @@ VOID_CALLS = {
     "vkGetPhysicalDeviceFormatProperties": "a pure getter; returns void",
     "vkGetPhysicalDeviceMemoryProperties2": "a pure getter; returns void",
 }
+#: Queue submits: every one goes through vkapi.queue_submit, which checks the
+#: device's lost flag (vkmulti.testing.lose_device, or a real VK_ERROR_DEVICE_LOST)
+#: under the queue's lock, as the native core's submits do.
+SUBMITS = ("vkQueueSubmit", "vkQueueSubmit2", "vkQueueSubmit2KHR")
 #: Modules that talk to the package below the wrapper, and why.
 EXEMPT_MODULES = {
     "vkapi.py": "the wrapper itself",
@@ -102,6 +106,9 @@ def _scan(path: pathlib.Path) -> list[str]:
         return min(inner, key=lambda f: f[1] - f[0])[2] if inner else "<module>"
 
     for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in SUBMITS:
+            bad.append(f"{path.name}:{node.lineno}: {node.attr} outside vkapi.queue_submit (the device's lost "
+                       f"flag would not be checked)")
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
             if node.attr.startswith("vk") and node.attr[2:3].isupper() and not _allowed(node.attr):
                 bad.append(f"{path.name}:{node.lineno}: vulkan.{node.attr} called directly; use vkapi.{node.attr}")
@@ -137,11 +144,13 @@ def test_the_scan_catches_a_bypass(tmp_path):
     p = tmp_path / "bad.py"
     p.write_text("import vulkan as v\n_lib = v.lib\n\ndef f(d, i):\n    try:\n        return v.vkCreateBuffer(d, i, None)\n"
                  "    except Exception:\n        pass\n    _lib.vkQueueWaitIdle(d)\n"
-                 "    raise_for_result(_lib.vkDeviceWaitIdle(d), 'x')\n    _lib.vkCmdDispatch(d, 1, 1, 1)\n")
+                 "    raise_for_result(_lib.vkDeviceWaitIdle(d), 'x')\n    _lib.vkCmdDispatch(d, 1, 1, 1)\n"
+                 "    vkapi.vkQueueSubmit(q, 1, [i], None)\n")
     found = " | ".join(sorted(_scan(p)))
     assert "bad.py:6: vulkan.vkCreateBuffer called directly" in found
     assert "bad.py:7: an exception is swallowed" in found
     assert "bad.py:9: lib.vkQueueWaitIdle can fail" in found
+    assert "bad.py:12: vkQueueSubmit outside vkapi.queue_submit" in found
     assert "vkDeviceWaitIdle" not in found and "vkCmdDispatch" not in found
 
 

@@ -185,8 +185,7 @@ class CommandRunner:
             raise
         try:
             info = timeline_submit_info(pair.cmd, waits)
-            with self.queue.lock:
-                vkapi.vkQueueSubmit(self.queue.handle, 1, [info], pair.fence)
+            vkapi.queue_submit(self.slot.native, self.queue, [info], pair.fence)
         except BaseException:
             with self._lock:
                 self._free.append(pair)   # never submitted: reusable
@@ -237,9 +236,9 @@ class CommandRunner:
 
     def _signalled(self, pair: _Pair) -> bool:
         try:
-            return vkapi.fence_signalled(self.slot.device, pair.fence)
+            return self.slot.native.fence_signalled(pair.fence_int)
         except DeviceLostError as exc:
-            log.warning("CommandRunner on %s: device lost (%s); its submits count as finished",
+            log.info("CommandRunner on %s: device lost (%s); its submits count as finished",
                         self.slot.name, exc)
             return True
 
@@ -250,7 +249,7 @@ class CommandRunner:
         except VkmTimeout:
             return False
         except DeviceLostError as exc:
-            log.warning("CommandRunner on %s: device lost (%s); its submits count as finished",
+            log.info("CommandRunner on %s: device lost (%s); its submits count as finished",
                         self.slot.name, exc)
         return True
 

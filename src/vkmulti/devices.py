@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import vulkan as vk
 
 from . import _native, vkapi
-from ._handles import handle_int, to_cffi
+from ._handles import handle_hex, handle_int, short_text, to_cffi
 from .capabilities import (EXT_DMA_BUF, EXT_FENCE_FD, EXT_MEMORY_BUDGET, EXT_MEMORY_FD,
                            EXT_MEMORY_HOST, EXT_SEMAPHORE_FD, EXT_SYNC2, EXT_TIMELINE,
                            DeviceCapabilities, QueueFamilies, probe_device)
@@ -76,6 +76,11 @@ class LogicalDevice:
     def __iter__(self) -> Iterator[Any]:
         return iter((self.device, self.graphics_queue, self.present_queue,
                      self.compute_queue, self.transfer_queue))
+
+    def __repr__(self) -> str:
+        return (f"LogicalDevice({short_text(self.capabilities.name)}, device={handle_hex(self.device)}, "
+                f"families={self.queue_families.graphics}/{self.queue_families.transfer}, "
+                f"{len(self.enabled_extensions)} extensions)")
 
 
 def native_device(physical_device: Any, device: Any, enabled: frozenset[str]) -> Any:
@@ -192,7 +197,11 @@ def destroy_logical_device(device: Any, native: Any = None) -> None:
 
     The wait is unbounded: drain_queues() first bounds it."""
     if native is not None:
-        native.wait_idle()
+        if not native.lost:   # a lost device runs nothing more: its objects are destroyed as they are
+            try:
+                native.wait_idle()
+            except DeviceLostError as exc:
+                log.warning("device lost while waiting for it to go idle (%s); destroying it", exc)
         native.release()
     else:
         vkapi.vkDeviceWaitIdle(device)
@@ -216,8 +225,11 @@ def drain_queues(slot: Any, fences: list[tuple[Any, Any]], deadline: Any) -> Non
         for q in slot.queues():
             fence = vkapi.vkCreateFence(dev, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
             try:
-                with q.lock:
-                    vkapi.vkQueueSubmit(q.handle, 0, None, fence)
+                vkapi.queue_submit(native, q, [], fence, call="vkQueueSubmit(drain)")
+            except DeviceLostError as exc:
+                vk.vkDestroyFence(dev, fence, None)
+                log.info("GPU %d (%s) is lost (%s): nothing to drain; destroying it", slot.index, slot.name, exc)
+                break
             except BaseException:
                 vk.vkDestroyFence(dev, fence, None)
                 raise

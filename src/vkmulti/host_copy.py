@@ -354,7 +354,7 @@ class HostPort:
         except VkmTimeoutError:
             return False
         except DeviceLostError as exc:
-            log.warning("HostPort of %s: device lost while waiting for a copy (%s); counting it as done",
+            log.info("HostPort of %s: device lost while waiting for a copy (%s); counting it as done",
                         self.slot.name, exc)
         return True
 
@@ -448,8 +448,7 @@ class HostPort:
                 raise
         info = timeline_submit_info(s.cmd, waits, stage=vk.VK_PIPELINE_STAGE_TRANSFER_BIT)
         try:
-            with self.queue.lock:
-                vkapi.vkQueueSubmit(self.queue.handle, 1, [info], s.fence)
+            vkapi.queue_submit(self.slot.native, self.queue, [info], s.fence)
         except BaseException:
             with self._lock:
                 self._free.append(s)

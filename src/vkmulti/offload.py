@@ -5,25 +5,28 @@ the offloaded ones on their secondaries concurrently, moves each image to the
 primary with the asynchronous transfer engine, and composites on the primary
 once each transfer's `dst_ready` is reached (a GPU-side wait). When a
 secondary's renderer raises or its device is lost, the SRU is rendered on the
-primary for this frame and the device is left out of later plans.
+primary for this frame and the device is left out of later plans; a device lost
+after its image was composited makes the frame composite again
+(offload_failover.py), so the frame still comes out.
 """
 from __future__ import annotations
 
 import logging
-import math
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import vulkan as vk
 
-from . import vkapi
 from .adaptive import AdaptivePlanning, SpeedMeter
-from .errors import (DestroyedError, TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError)
+from .errors import DestroyedError, DeviceLostError, PrimaryDeviceLostError, TimeoutError, VkmError
 from .images import Image
 from .lifetime import Deadline, Lifetime, operation
 from .multi_device import DeviceSlot, MultiDeviceManager
-from .partition import SRUAssignment, _sru_cost, assign_srus
+from .offload_failover import DEVICE_ERRORS as _DEVICE_ERRORS
+from .offload_failover import FrameFailover, FrameInFlight
+from .offload_types import (FrameReport, OffloadRoute, RendererMissingError, SecondaryRenderContext, SruEntry,
+                            _default_cost, _int_list, _sru_size, _weights)
+from .partition import SRUAssignment, assign_srus
 from .render import SRU_FORMAT, SRU_IMAGE_USAGE, Compositor, _scale_pair, as_wait_points
 from .transfer import CrossDeviceTransfer, TimelinePoint, TransferTicket, select_transfer_method
 
@@ -32,156 +35,8 @@ log = logging.getLogger(__name__)
 __all__ = ["OffloadRoute", "SRUOffloadCoordinator", "SecondaryRenderContext", "FrameReport",
            "RendererMissingError"]
 
-#: Errors of a device or its renderer that make an SRU fall back to the primary.
-_DEVICE_ERRORS = (VulkanError, TransferError, UnsupportedError, TimeoutError)
 
-
-@dataclass(frozen=True, slots=True)
-class OffloadRoute:
-    """Where one SRU renders this frame and how its image reaches the primary."""
-
-    sru_id: int | str
-    device_index: int
-    transfer: str
-
-    @property
-    def offloaded(self) -> bool:
-        """True when the SRU renders on a secondary (its image is transferred to GPU 0)."""
-        return self.device_index != 0
-
-
-class RendererMissingError(VkmError, NotImplementedError):
-    """An SRU is routed to a device that has no renderer (attach one, or pass a factory)."""
-
-
-class SecondaryRenderContext:
-    """What a renderer factory gets for one device: the slot and a command pool of its own.
-
-    vkmulti has no engine facade; renderers build their pipelines from `slot`
-    (device, queues, capabilities). The context owns the renderer the factory
-    returns (destroyed with it when it has destroy()), never the device.
-    """
-
-    def __init__(self, slot: DeviceSlot, *, capabilities: Any = None, content_scale: Any = (1.0, 1.0)):
-        if not isinstance(slot, DeviceSlot):
-            raise TypeError(f"slot must be a DeviceSlot, got {type(slot).__name__}")
-        self.slot = slot
-        self.capabilities = capabilities
-        self.content_scale = _scale_pair(content_scale)
-        self.command_pool: Any = None
-        self.renderer: Any = None
-
-    @property
-    def device(self) -> Any:
-        return self.slot.device
-
-    def ensure_command_pool(self) -> Any:
-        """This context's command pool on the slot's universal family (made once)."""
-        if self.command_pool is None:
-            if self.slot.device is None:
-                raise DestroyedError(f"GPU {self.slot.index} is destroyed")
-            self.command_pool = vkapi.vkCreateCommandPool(self.slot.device, vk.VkCommandPoolCreateInfo(
-                sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
-                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
-                queueFamilyIndex=self.slot.graphics_queue.family), None)
-        return self.command_pool
-
-    def attach_renderer(self, renderer: Any) -> None:
-        self.renderer = renderer
-
-    def destroy(self) -> None:
-        """Destroy the renderer (if it has destroy()) and the command pool; idempotent."""
-        renderer, self.renderer = self.renderer, None
-        if renderer is not None and callable(getattr(renderer, "destroy", None)):
-            renderer.destroy()
-        if self.command_pool is not None and self.slot.device is not None:
-            vk.vkDestroyCommandPool(self.slot.device, self.command_pool, None)
-        self.command_pool = None
-
-
-@dataclass(frozen=True)
-class FrameReport:
-    """What render_frame did: the plan, where each SRU really rendered, and the frame's done point."""
-
-    routes: list[OffloadRoute]
-    rendered_on: dict[Any, int]
-    fallbacks: list[Any]
-    done: TimelinePoint
-    transferred_bytes: int
-    #: adaptive mode with wait=True: seconds from each device's first submit of the frame until its share
-    #: was on GPU 0
-    device_seconds: dict[int, float] = field(default_factory=dict)
-
-    def device_loads(self, device_count: int) -> list[list[Any]]:
-        """SRU ids per device, as rendered."""
-        out: list[list[Any]] = [[] for _ in range(device_count)]
-        for sid, d in self.rendered_on.items():
-            out[d].append(sid)
-        return out
-
-
-@dataclass
-class _Entry:
-    """Cached per-SRU resources: target on its device, landing image on the primary, transfer."""
-
-    sru_id: Any
-    device_index: int
-    width: int
-    height: int
-    target: Image | None = None
-    landing: Image | None = None
-    fallback: Image | None = None
-    transfer: CrossDeviceTransfer | None = None
-    ticket: TransferTicket | None = None
-    points: list[TimelinePoint] = field(default_factory=list)
-
-
-def _default_cost(sru: Any) -> float:
-    """`sru.render_cost` when the SRU has one (ReferenceSRU), else the seed's instance count."""
-    c = getattr(sru, "render_cost", None)
-    return _sru_cost(sru) if c is None else c
-
-
-def _int_list(values: Any, label: str) -> list[int]:
-    if isinstance(values, (str, bytes)):
-        raise TypeError(f"{label} must be a sequence of ints, got {type(values).__name__}")
-    try:
-        out = list(values)
-    except TypeError:
-        raise TypeError(f"{label} must be a sequence of ints, got {type(values).__name__}") from None
-    for v in out:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{label} must hold ints, got {type(v).__name__} {v!r}"[:160])
-    return out
-
-
-def _weights(values: Any, count: int) -> list[float]:
-    if isinstance(values, (str, bytes)):
-        raise TypeError(f"weights must be a sequence of numbers, got {type(values).__name__}")
-    try:
-        out = [float(w) for w in values]
-    except (TypeError, ValueError):
-        raise TypeError("weights must be a sequence of numbers (one per device)") from None
-    if len(out) != count:
-        raise ValueError(f"weights has {len(out)} entries for {count} devices")
-    for d, w in enumerate(out):
-        if not (math.isfinite(w) and w > 0):
-            raise ValueError(f"weight of device {d} must be a finite number > 0, got {w!r}")
-    return out
-
-
-def _sru_size(sru: Any) -> tuple[int, int]:
-    try:
-        w, h = sru.width, sru.height
-    except AttributeError:
-        raise TypeError(f"an SRU needs width and height attributes, got a {type(sru).__name__}") from None
-    for label, v in (("width", w), ("height", h)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"SRU {getattr(sru, 'sru_id', sru)!r}: {label} must be a positive int, got {v!r}")
-    return w, h
-
-
-class SRUOffloadCoordinator(AdaptivePlanning):
+class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
     """Plans SRUs over the GPUs, renders offloaded ones on secondaries and brings their images to GPU 0.
 
     The seed's constructor and members, plus: `devices` (slot indices it may
@@ -247,7 +102,7 @@ class SRUOffloadCoordinator(AdaptivePlanning):
         self.timeout = timeout
         self._routes: dict[Any, OffloadRoute] = {}
         self._contexts: dict[int, SecondaryRenderContext] = {}
-        self._entries: dict[Any, _Entry] = {}
+        self._entries: dict[Any, SruEntry] = {}
         self._unavailable: dict[int, str] = {}
         self._compositor: Compositor | None = None
         self._last_frame: TimelinePoint | None = None
@@ -255,6 +110,7 @@ class SRUOffloadCoordinator(AdaptivePlanning):
         self._life = Lifetime(self, "SRUOffloadCoordinator", (manager._life,))
         self.adaptive = adaptive
         self._speeds = SpeedMeter(count, self._wait_point, damping=adaptive_damping, timeout=timeout)
+        self._init_failover()
         manager._life.adopt(self)   # destroyed with the manager unless destroyed first
 
     # -- the seed's API ----------------------------------------------------
@@ -276,7 +132,11 @@ class SRUOffloadCoordinator(AdaptivePlanning):
         return [d for d in self.devices if d == 0 or d not in self._unavailable]
 
     def restore_device(self, index: int) -> None:
-        """Let a device marked unavailable take part in plans again."""
+        """Let a device marked unavailable take part in plans again (not a lost one:
+        DeviceLostError; its objects are never used again)."""
+        if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(self.manager._slots) \
+                and self.manager.device_lost(index):
+            raise DeviceLostError(-4, "restore_device", f"GPU {index} is lost: it cannot take part in plans again")
         self._unavailable.pop(index, None)
 
     @operation
@@ -359,6 +219,7 @@ class SRUOffloadCoordinator(AdaptivePlanning):
 
     @property
     def destroyed(self) -> bool:
+        """True once destroy() was called."""
         return not self._life.open
 
     _destroyed = destroyed
@@ -421,7 +282,21 @@ class SRUOffloadCoordinator(AdaptivePlanning):
         Each SRU needs `x`, `y` (its place in the frame, logical units) besides
         `width` and `height`. With `wait` the call returns when the frame is
         complete; otherwise wait for `report.done` (GPU or `wait_frame`).
+
+        A secondary lost before or during the frame costs nothing: its SRUs are
+        rendered on the primary (`report.lost`, `failover_stats`). The primary
+        lost: PrimaryDeviceLostError.
         """
+        try:
+            return self._render_frame(srus, frame, sru_id, cost, transfer_cost, offloadable, clear, wait)
+        except DeviceLostError as exc:
+            if isinstance(exc, PrimaryDeviceLostError) or not self.manager.device_lost(0):
+                raise
+            self.manager.check_devices()
+            raise self._primary_lost(f"{type(exc).__name__}: {exc}") from None
+
+    def _render_frame(self, srus: Iterable[Any], frame: Image, sru_id: Any, cost: Any, transfer_cost: Any,
+                      offloadable: Any, clear: Any, wait: bool) -> FrameReport:
         self._check()
         srus = list(srus)
         compositor = self._ensure_compositor()
@@ -434,7 +309,10 @@ class SRUOffloadCoordinator(AdaptivePlanning):
                 if isinstance(v, bool) or not isinstance(v, int):
                     raise TypeError(f"SRU {key(s)!r}: {label} (its place in the frame) must be an int, got {v!r}")
         with self._lock:
+            self._check_previous_frame()   # wait=False frames never waited for
             self._speeds.settle()   # the previous frame's measurement, before any resource is freed
+            lost_before = len(self.failover_stats.devices_lost)
+            self._sync_lost_devices()   # PrimaryDeviceLostError when GPU 0 is gone
             self._prune({key(s) for s in srus})
             routes = self.plan(srus, sru_id=sru_id, cost=cost, transfer_cost=transfer_cost, offloadable=offloadable)
             if self._adaptive:
@@ -443,7 +321,7 @@ class SRUOffloadCoordinator(AdaptivePlanning):
             images: dict[Any, Image] = {}
             rendered_on: dict[Any, int] = {}
             waits: list[TimelinePoint] = []
-            pending: list[tuple[Any, _Entry]] = []
+            pending: list[tuple[Any, SruEntry]] = []
             fallbacks: list[Any] = []
             sent = 0
             by_id = {key(s): s for s in srus}
@@ -480,6 +358,7 @@ class SRUOffloadCoordinator(AdaptivePlanning):
             # 3. transfers: the composite waits for dst_ready on the GPU; waiting here until each
             #    transfer is submitted orders it after them on a one-queue primary and reveals a
             #    source device that failed (the primary keeps rendering meanwhile)
+            landing: list[tuple[Any, SruEntry]] = []
             for sru, e in pending:
                 try:
                     e.ticket.wait_submitted(self.timeout)
@@ -487,40 +366,68 @@ class SRUOffloadCoordinator(AdaptivePlanning):
                     self._mark_unavailable(e.device_index, "its transfer failed", exc)
                     fallbacks.append(sru)
                     continue
+                landing.append((sru, e))
                 waits.append(e.ticket.dst_ready)
                 images[e.sru_id], rendered_on[e.sru_id] = e.landing, e.device_index
                 sent += e.width * e.height * 8
             # 4. fallbacks render on the primary, into an image no transfer writes
             for sru in fallbacks:
                 sid = key(sru)
-                e = self._entries.get(sid)
-                if e is None:
-                    w, h = _sru_size(sru)
-                    e = self._entries[sid] = _Entry(sid, self._routes[sid].device_index, w, h)
-                if e.fallback is None:
-                    e.fallback = Image(self.manager.primary, e.width, e.height, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
-                points = self._render(self._renderer_for(0), sru, e.fallback, prev, 0)
-                self._watch(0, points)
+                images[sid], points = self._render_fallback(sru, sid, prev)
                 waits += points
-                images[sid], rendered_on[sid] = e.fallback, 0
+                rendered_on[sid] = 0
             # 5. composite after every render and every dst_ready, in input order
             placements = [(images[key(s)], s.x, s.y) for s in srus]
             done = compositor.composite(frame, placements, wait=waits, clear=clear)
             self._last_frame = done
+            self._in_flight_frame = FrameInFlight(frame, [(key(s), images[key(s)], s.x, s.y) for s in srus],
+                                                  landing, rendered_on, fallbacks, clear, done)
             if self._adaptive:
                 self._speeds.end(self._frame_costs(rendered_on, by_id, cost or _default_cost), done)
         seconds: dict[int, float] = {}
+        repaired = None
         if wait:
-            compositor.wait(done, self.timeout)
+            self._wait_composite(compositor, done, self.timeout)
             with self._lock:
+                repaired = self._verify_frame(compositor)
                 seconds = self._speeds.settle()
-        return FrameReport(routes, rendered_on, [key(s) for s in fallbacks], done, sent, seconds)
+                self._losses_recovered()
+        if repaired is not None:
+            done = repaired.done
+        lost = self.failover_stats.devices_lost[lost_before:]
+        return FrameReport(routes, rendered_on, [key(s) for s in fallbacks], done, sent, seconds, lost,
+                           repaired is not None)
+
+    def _wait_composite(self, compositor: Compositor, done: TimelinePoint, timeout: float) -> None:
+        try:
+            compositor.wait(done, timeout)
+        except DeviceLostError as exc:
+            self.manager.report_device_lost(0, f"{type(exc).__name__}: {exc}"[:300])
+            raise self._primary_lost(str(exc)) from None
+
+    def _render_fallback(self, sru: Any, sid: Any, prev: list[TimelinePoint]) -> tuple[Image, list[TimelinePoint]]:
+        """Render `sru` on the primary into its fallback image (no transfer writes it)."""
+        e = self._entries.get(sid)
+        if e is None:
+            w, h = _sru_size(sru)
+            e = self._entries[sid] = SruEntry(sid, self._routes[sid].device_index, w, h)
+        if e.fallback is None:
+            e.fallback = Image(self.manager.primary, e.width, e.height, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
+        points = self._render(self._renderer_for(0), sru, e.fallback, prev, 0)
+        self._watch(0, points)
+        return e.fallback, points
 
     @operation
     def wait_frame(self, timeout: float | None = None) -> None:
-        """Block until the latest frame is composited."""
+        """Block until the latest frame is composited. A frame made with wait=False
+        whose transferred images did not all arrive (a device lost mid-frame) is
+        repaired here: those SRUs are rendered on the primary and the frame is
+        composited again before this returns."""
         if self._compositor is not None and self._last_frame is not None:
-            self._compositor.wait(self._last_frame, self.timeout if timeout is None else timeout)
+            self._wait_composite(self._compositor, self._last_frame, self.timeout if timeout is None else timeout)
+            with self._lock:
+                self._verify_frame(self._compositor)
+                self._losses_recovered()
 
     # -- helpers -------------------------------------------------------------
 
@@ -568,7 +475,7 @@ class SRUOffloadCoordinator(AdaptivePlanning):
             self._compositor = Compositor(self.manager.primary, content_scale=self.content_scale)
         return self._compositor
 
-    def _ensure_entry(self, sru: Any, route: OffloadRoute, *, landing: bool) -> _Entry:
+    def _ensure_entry(self, sru: Any, route: OffloadRoute, *, landing: bool) -> SruEntry:
         w, h = _sru_size(sru)
         e = self._entries.get(route.sru_id)
         if e is not None and (e.device_index != route.device_index or (e.width, e.height) != (w, h)
@@ -576,7 +483,7 @@ class SRUOffloadCoordinator(AdaptivePlanning):
             self._release(e)   # moved or resized: free the old resources
             e = None
         if e is None:
-            e = self._entries[route.sru_id] = _Entry(route.sru_id, route.device_index, w, h)
+            e = self._entries[route.sru_id] = SruEntry(route.sru_id, route.device_index, w, h)
         if e.target is None:
             e.target = Image(self.manager.slot(route.device_index), w, h, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
         if route.offloaded and e.transfer is None:
@@ -600,7 +507,7 @@ class SRUOffloadCoordinator(AdaptivePlanning):
             return []
         return as_wait_points(point, index, "the renderer's result")
 
-    def _offload(self, e: _Entry, sru: Any, renderer: Any, dst_image: Any, dst_wait: Any) -> bool:
+    def _offload(self, e: SruEntry, sru: Any, renderer: Any, dst_image: Any, dst_wait: Any) -> bool:
         """Render on the secondary and submit the transfer; False (device marked) on failure."""
         d = e.device_index
         if dst_wait is not None and not isinstance(dst_wait, TimelinePoint):
@@ -629,11 +536,15 @@ class SRUOffloadCoordinator(AdaptivePlanning):
 
     def _mark_unavailable(self, index: int, why: str, exc: BaseException) -> None:
         name = self._slot(index).name
+        self._note_failure(index, exc)
+        if index in self._unavailable:   # the first failure says why
+            return
         self._unavailable[index] = f"{why}: {exc!r}"
-        log.error("GPU %d (%s) left out of later plans, %s; its SRUs render on the primary this frame",
-                  index, name, why, exc_info=exc)
+        lost = self.manager.device_lost(index)   # the manager logged the loss: no traceback needed
+        log.error("GPU %d (%s) left out of later plans, %s%s; its SRUs render on the primary this frame",
+                  index, name, why, f" (device lost: {exc})" if lost else "", exc_info=None if lost else exc)
 
-    def _settle(self, e: _Entry, dl: Deadline) -> None:
+    def _settle(self, e: SruEntry, dl: Deadline) -> None:
         """Wait until nothing in flight uses the entry's resources. vkmulti.TimeoutError
         keeps them; other failures (a lost device) are logged and do not."""
         waits: list[Callable[[], Any]] = []
@@ -641,6 +552,8 @@ class SRUOffloadCoordinator(AdaptivePlanning):
             ticket = e.ticket
             waits.append(lambda: ticket.wait(self._left(dl)))
         for p in e.points:
+            if self.manager.device_lost(p.device_index):
+                continue   # a lost device runs nothing more: nothing to wait for
             slot = self._slot(p.device_index)
             waits.append(lambda p=p, slot=slot: slot.native.wait_timeline(p.semaphore, p.value, self._left(dl)))
         if self._last_frame is not None and self._compositor is not None:
@@ -653,10 +566,11 @@ class SRUOffloadCoordinator(AdaptivePlanning):
             except TimeoutError:
                 raise
             except VkmError as exc:
-                log.warning("SRU %r: waiting for in-flight work failed (%r); freeing its resources",
-                            e.sru_id, exc)
+                known = self.manager.device_lost(e.device_index)   # a loss already told: no news
+                log.log(logging.DEBUG if known else logging.WARNING,
+                        "SRU %r: waiting for in-flight work failed (%r); freeing its resources", e.sru_id, exc)
 
-    def _release(self, e: _Entry, dl: Deadline | None = None) -> None:
+    def _release(self, e: SruEntry, dl: Deadline | None = None) -> None:
         dl = dl or Deadline(None)
         self._settle(e, dl)
         if e.transfer is not None:

@@ -21,6 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import vulkan as vk
 
+from ._repr import compact_repr
 from . import vkapi
 from .errors import DestroyedError, DeviceLostError, UnsupportedError
 from .errors import TimeoutError as VkmTimeoutError
@@ -79,6 +80,8 @@ class ReferenceSRU:
     the compositor multiplies by its content_scale). `seed` and the colours
     change the picture; `iterations` (steps per pixel) sets the cost.
     """
+
+    __repr__ = compact_repr
 
     sru_id: int | str
     width: int
@@ -157,7 +160,7 @@ class _SubmitDone:
         except DestroyedError:
             return life.dead   # its destroy() waited for every submit
         except DeviceLostError as exc:
-            log.warning("%r: device lost (%s); its submits count as done", self.sub, exc)
+            log.info("%r: device lost (%s); its submits count as done", self.sub, exc)
             return True
 
     def gpu_wait(self, device_index: int | None, timeout: float | None) -> bool:
@@ -171,7 +174,7 @@ class _SubmitDone:
         except DestroyedError:
             return life.dead
         except DeviceLostError as exc:
-            log.warning("%r: device lost (%s); its submits count as done", self.sub, exc)
+            log.info("%r: device lost (%s); its submits count as done", self.sub, exc)
             return True
 
 
@@ -246,8 +249,7 @@ class _Submitter:
         value = self._value + 1
         info = timeline_submit_info(job.cmd, [(p.semaphore, p.value) for p in waits],
                                     signal=(self._timeline, value))
-        with self.queue.lock:
-            vkapi.vkQueueSubmit(self.queue.handle, 1, [info], vk.VK_NULL_HANDLE)
+        vkapi.queue_submit(self.slot.native, self.queue, [info])
         self._value = job.value = value
         self._inflight.append(job)
         done = _SubmitDone(self, value)
@@ -290,7 +292,7 @@ class _Submitter:
                     try:
                         self.slot.native.wait_timeline(self._timeline, self._value, dl.left())
                     except DeviceLostError as exc:   # nothing runs on a lost device any more
-                        log.warning("%s on GPU %d: device lost (%s); freeing its objects",
+                        log.info("%s on GPU %d: device lost (%s); freeing its objects",
                                     type(self).__name__, self.slot.index, exc)
                 for job in list(self._inflight) + self._free:
                     self._retire(job)

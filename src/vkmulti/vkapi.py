@@ -16,7 +16,7 @@ import vulkan as vk
 
 from .errors import UnsupportedError, VulkanError, raise_for_result
 
-__all__ = ["raise_from_vulkan", "device_function", "fence_signalled"]
+__all__ = ["raise_from_vulkan", "device_function", "queue_submit"]
 
 _CODES: dict[type, int] = {cls: code for code, cls in vk.exception_codes.items()}
 _FAILURES = (vk.VkError, vk.VkException)
@@ -84,15 +84,36 @@ def device_function(device: Any, name: str) -> Callable[..., Any]:
     return _wrap(name, fn)
 
 
-def fence_signalled(device: Any, fence: Any) -> bool:
-    """Whether `fence` is signalled (vkGetFenceStatus; VK_NOT_READY is False)."""
-    try:
-        vk.vkGetFenceStatus(device, fence)
-    except vk.VkNotReady:
-        return False
-    except _FAILURES as exc:
-        failure: BaseException = exc
-    else:
-        return True
-    raise_from_vulkan(failure, "vkGetFenceStatus")
-    return False
+def queue_submit(native: Any, queue: Any, submits: list[Any], fence: Any = None, *,
+                 call: str = "vkQueueSubmit") -> None:
+    """vkQueueSubmit of `submits` (VkSubmitInfo structs, or one cffi pointer to
+    them) to `queue` (a devices.Queue) under the queue's lock, through the lost
+    flag of `native` (the device's _native.Device): on a device marked lost it
+    raises DeviceLostError without calling the driver, exactly as the native
+    core's submits do, and a VK_ERROR_DEVICE_LOST from the driver marks the
+    device lost for every later submit and wait. The one door for Python's
+    submits (tests/test_error_path.py keeps it so)."""
+    fence = vk.VK_NULL_HANDLE if fence is None else fence
+    failure: BaseException | None = None
+    code: int | None = None
+    with queue.lock:
+        if native is not None:
+            native.check_alive(call)
+        try:
+            if isinstance(submits, list):
+                vk.vkQueueSubmit(queue.handle, len(submits), submits or None, fence)
+            else:   # a cffi VkSubmitInfo* the caller built: the package's lib, result by value
+                code = vk.lib.vkQueueSubmit(queue.handle, 1, submits, vk.ffi.NULL if isinstance(fence, int) and fence == 0 else fence)
+        except _FAILURES as exc:
+            failure = exc
+    if code:
+        if code == _DEVICE_LOST and native is not None:
+            native.mark_lost()
+        raise_for_result(code, call)
+    if failure is not None:
+        if _CODES.get(type(failure)) == _DEVICE_LOST and native is not None:
+            native.mark_lost()
+        raise_from_vulkan(failure, call)
+
+
+_DEVICE_LOST = -4

@@ -67,10 +67,11 @@ def update(cmd: Any, buffer: Any, offset: int, data: bytes) -> None:
     _lib.vkCmdUpdateBuffer(cmd, buffer, offset, len(data), _ffi.from_buffer(data))
 
 
-def submit(queue: Any, cmd: Any, waits: list[tuple[int, int]], signal: tuple[int, int]) -> None:
-    """vkQueueSubmit of one command buffer that waits (all commands) for timeline
-    points `waits` and signals the timeline point `signal`. The caller holds the queue's lock."""
-    from ..errors import raise_for_result
+def submit(native: Any, queue: Any, cmd: Any, waits: list[tuple[int, int]], signal: tuple[int, int]) -> None:
+    """vkQueueSubmit of one command buffer to `queue` (a devices.Queue) that waits
+    (all commands) for timeline points `waits` and signals the timeline point
+    `signal`, through the lost flag of `native` (vkapi.queue_submit)."""
+    from .. import vkapi
 
     n = len(waits)
     timeline = _ffi.new("VkTimelineSemaphoreSubmitInfo*")
@@ -98,5 +99,5 @@ def submit(queue: Any, cmd: Any, waits: list[tuple[int, int]], signal: tuple[int
     info.pSignalSemaphores = sig
     timeline.signalSemaphoreValueCount = 1
     timeline.pSignalSemaphoreValues = sig_value
-    raise_for_result(_lib.vkQueueSubmit(queue, 1, info, _ffi.NULL), "vkQueueSubmit(kernel step)")
+    vkapi.queue_submit(native, queue, info, call="vkQueueSubmit(kernel step)")
     del keep

@@ -127,8 +127,7 @@ class Gather:
         cmds.barrier(cmd)
         vkapi.vkEndCommandBuffer(cmd)
         value = self.value + 1
-        with self.queue.lock:
-            cmds.submit(self.queue.handle, cmd, [(p.semaphore, p.value) for p in waits], (self.timeline, value))
+        cmds.submit(self.slot.native, self.queue, cmd, [(p.semaphore, p.value) for p in waits], (self.timeline, value))
         self.value = value
         self.buffers.append((cmd, value))
         return TimelinePoint(self.timeline, value, self.slot.index)

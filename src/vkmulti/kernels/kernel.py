@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from .._repr import compact_repr
 from ..errors import DestroyedError
 from ..images import Buffer
 from ..transfer import TimelinePoint
@@ -50,6 +51,9 @@ class KernelSpec:
     """A kernel's code and shape: SPIR-V (the ABI of native/shaders/vkm_kernel_abi.glsl),
     the byte size of each state buffer, ring capacities in messages, and the
     workgroup count of its one dispatch per step."""
+
+    __repr__ = compact_repr
+
     kernel_type: str
     spirv: bytes
     state_sizes: tuple[int, ...] = (256,)
@@ -106,12 +110,16 @@ class KernelSpec:
 
     @property
     def sha256(self) -> str:
+        """SHA-256 of the SPIR-V (hex): identifies the code, e.g. for pipeline caches and hot reload."""
         return hashlib.sha256(self.spirv).hexdigest()
 
 
 @dataclass
 class KernelStats:
     """Counters of one kernel (host view, up to the last harvested step)."""
+
+    __repr__ = compact_repr
+
     steps_submitted: int = 0
     steps_completed: int = 0
     messages_consumed: int = 0
@@ -179,6 +187,7 @@ class OutboxBatch(_Batch):
 
     @property
     def device_index(self) -> int:
+        """The device the batch's memory is on."""
         return self.ctx.index
 
     def hold(self, point: TimelinePoint, submitted: Any = None) -> None:
@@ -242,6 +251,7 @@ class InboundBatch(_Batch):
 
     @property
     def device_index(self) -> int:
+        """The device the batch landed on."""
         return self.ctx.index
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -369,6 +379,7 @@ class Kernel(KernelTraits):
         return record
 
     def check(self) -> None:
+        """DestroyedError if this kernel was destroyed."""
         if self.destroyed:
             raise DestroyedError(f"kernel {self.id!r} was destroyed")
 
@@ -388,6 +399,7 @@ class Kernel(KernelTraits):
 
     @property
     def device_index(self) -> int:
+        """The device the kernel lives on."""
         return self.ctx.index
 
     @property

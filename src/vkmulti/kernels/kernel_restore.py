@@ -2,9 +2,10 @@
 an existing one (same object, id and address) on any device, on the twin
 mechanism of live_migration.py (its messages waiting on a live old device
 are carried over as a migration does; a lost device's resources are freed
-without waiting)."""
+without waiting, and the restore may then run inside a step: the failover)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 from typing import Any
@@ -56,7 +57,7 @@ def restore_into(rt: Any, k: Kernel, img: KernelImage, device: int | None, timeo
     """Rebuild `k` (same object, id and address) from `img` on `device`."""
     deadline = _deadline(timeout)
     old_ctx = k.ctx
-    alive = _source_usable(old_ctx)
+    alive = _source_usable(old_ctx, rt)
     if device is None:
         device = k.device_index if alive else rt.coordinator.select_device()
     if not 0 <= device < rt.manager.device_count:
@@ -69,7 +70,12 @@ def restore_into(rt: Any, k: Kernel, img: KernelImage, device: int | None, timeo
             _wait_kernel(rt, k, deadline)
         twin = build_twin(rt, k, device, img.spec)
         _upload(rt, twin, img, keep_sequences=img.address == k.address)
-        with gate_of(rt).exclusive(_left(deadline, "waiting for the runtime's steps"), f"restoring {k.id!r}"):
+        # From a live device the swap waits for a step boundary of the runtime (the gate);
+        # from a lost one (a failover, maybe inside a step) the device locks suffice: nothing
+        # runs there, and no message waits there that could still be taken over.
+        gate = gate_of(rt).exclusive(_left(deadline, "waiting for the runtime's steps"), f"restoring {k.id!r}") \
+            if alive else contextlib.nullcontext()
+        with gate:
             k.check()
             moving = old_ctx is not twin.ctx
             if alive:

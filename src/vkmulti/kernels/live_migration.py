@@ -370,8 +370,12 @@ def _assign(rt: Any, k: Kernel, device: int, request: MigrationRequest | None) -
         coord.assign_kernel(k.id, device)
 
 
-def _source_usable(ctx: Any) -> bool:
+def _source_usable(ctx: Any, rt: Any = None) -> bool:
+    """Whether the device of `ctx` still runs (not destroyed, not lost)."""
     if not ctx.alive:
+        return False
+    lost = getattr(rt, "device_lost", None)
+    if callable(lost) and lost(ctx.index):
         return False
     try:
         ctx.completed()

@@ -17,11 +17,13 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ..errors import DestroyedError, KernelMessageError, KernelNotFoundError, TimeoutError as VkmTimeout
+from ..errors import DestroyedError, DeviceLostError, KernelMessageError, KernelNotFoundError
+from ..errors import TimeoutError as VkmTimeout
 from ..images import as_host_bytes
 from ..render import as_wait_points
 from ..transfer import TimelinePoint
 from .device_context import DeviceContext
+from .failover import RuntimeFailover
 from .ids import KernelId, as_kernel_id
 from .kernel import INLINE_STATE_BYTES, Kernel, KernelSpec, OutboxBatch, check_params
 from .host_io import HostIO, _count, _timeout
@@ -52,6 +54,7 @@ class StepTicket:
         self._rt._wait_points(self.points.values(), _timeout(timeout))
 
     def done(self) -> bool:
+        """True when every device's part of the step is finished (never blocks)."""
         return all(self._rt._context(p.device_index).completed() >= p.value for p in self.points.values())
 
     def __repr__(self) -> str:
@@ -59,7 +62,7 @@ class StepTicket:
                 f"deferred={[k.id for k, _ in self.deferred]})")
 
 
-class KernelRuntime(HostIO, RouterHooks, KernelLifecycle):
+class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
     """Compute kernels on the devices of `coordinator` (a MultiGpuCoordinator
     whose devices are the slots of `manager`; by default the manager the
     coordinator was built from).
@@ -105,6 +108,7 @@ class KernelRuntime(HostIO, RouterHooks, KernelLifecycle):
         self.dead_letters = 0
         self._destroyed = False
         self._counter = 0
+        self._init_failover()
         life = getattr(manager, "_life", None)
         if life is not None:
             life.adopt(self)   # the manager's destroy() destroys the runtime before its buffers and devices
@@ -123,6 +127,8 @@ class KernelRuntime(HostIO, RouterHooks, KernelLifecycle):
             self._check()
             pair = self._contexts.get(index)
             if pair is None:
+                if self.device_lost(index):
+                    raise DeviceLostError(-4, "KernelRuntime", f"GPU {index} is lost: no kernel runs there any more")
                 ctx = DeviceContext(self.manager.slot(index), in_flight=self.in_flight, table_size=self.max_kernels)
                 ctx.dir_dirty.update(self._by_index)
                 pair = self._contexts[index] = (ctx, DeviceStepper(self, ctx))
@@ -322,13 +328,14 @@ class KernelRuntime(HostIO, RouterHooks, KernelLifecycle):
         """
         self._check()
         timeout = _timeout(timeout)
+        self._sync_lost_devices()   # PrimaryDeviceLostError when GPU 0 is gone
         if kernels is None:
             targets = self.kernels
         elif isinstance(kernels, (Kernel, str)):
-            targets = [self._resolve(kernels)]
+            targets = [] if self._was_lost(kernels) else [self._resolve(kernels)]
         else:
             try:
-                targets = [self._resolve(k, "kernels item") for k in kernels]
+                targets = [self._resolve(k, "kernels item") for k in kernels if not self._was_lost(k)]
             except TypeError as exc:
                 if "not iterable" in str(exc):
                     raise TypeError(f"kernels must be a Kernel, an id, a list of them or None, "
@@ -356,8 +363,13 @@ class KernelRuntime(HostIO, RouterHooks, KernelLifecycle):
         points, launched, deferred, batches = {}, [], [], []
         for dev, ks in sorted(by_device.items()):
             ctx, stepper = self._device(dev)
-            with ctx.lock:
-                point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain)
+            try:
+                with ctx.lock:
+                    point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain)
+            except DeviceLostError as exc:
+                if self._step_failed(dev, exc):   # a lost secondary: failed over, the others go on
+                    continue
+                raise
             if point is not None:
                 points[dev] = point
             launched += ran
@@ -373,24 +385,39 @@ class KernelRuntime(HostIO, RouterHooks, KernelLifecycle):
                 problems, k.errors = k.errors, []
                 raise KernelMessageError(k.id, problems)
 
+    def _was_lost(self, kernel: Any) -> bool:
+        """Whether `kernel` (a Kernel or an id) was on a device that was lost."""
+        kid = kernel.id if isinstance(kernel, Kernel) else kernel
+        return isinstance(kid, str) and kid in self.lost_kernels and kid not in self._kernels
+
     def _wait_points(self, points: Iterable[TimelinePoint], timeout: float | None) -> None:
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        lost = self._sync_lost_devices()
         for p in points:
-            ctx, stepper = self._device(p.device_index)
-            with ctx.lock:
-                while True:
+            if p.device_index in lost:
+                continue   # the work of a lost device never completes; its kernels were failed over
+            try:
+                self._wait_point(p, deadline, timeout)
+            except DeviceLostError as exc:
+                if not self._step_failed(p.device_index, exc):
+                    raise
+
+    def _wait_point(self, p: TimelinePoint, deadline: float, timeout: float | None) -> None:
+        ctx, stepper = self._device(p.device_index)
+        with ctx.lock:
+            while True:
+                stepper.harvest()
+                ctx.check()
+                if ctx.completed() >= p.value:
                     stepper.harvest()
-                    ctx.check()
-                    if ctx.completed() >= p.value:
-                        stepper.harvest()
-                        break
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise VkmTimeout(f"GPU {p.device_index}: kernel step {p.value} not done within {timeout} s")
-                    try:
-                        ctx.wait_unlocked(p.value, min(left, 0.25))
-                    except VkmTimeout:
-                        pass
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise VkmTimeout(f"GPU {p.device_index}: kernel step {p.value} not done within {timeout} s")
+                try:
+                    ctx.wait_unlocked(p.value, min(left, 0.25))
+                except VkmTimeout:
+                    pass
 
     def synchronize(self, timeout: float | None = 60.0) -> None:
         """Wait until every submitted step on every device is done and harvested."""
@@ -468,6 +495,8 @@ class KernelRuntime(HostIO, RouterHooks, KernelLifecycle):
         with self._lock:
             if self._destroyed:
                 return
+        self._sync_lost_devices(teardown=True)   # kernels of lost devices go without waits
+        with self._lock:
             kernels = list(self._kernels.values())
         for k in kernels:
             if k is not None:

@@ -157,8 +157,8 @@ class DeviceStepper:
         try:
             gpu_waits, survey_offsets = self._record(rec, launched, taken_h2k)
             gpu_waits += [(p.semaphore, p.value) for p in waits]
-            with self.ctx.queue.lock:
-                cmds.submit(self.ctx.queue.handle, self.ctx.cmds[rec.region], gpu_waits, (self.ctx.timeline, value))
+            cmds.submit(self.ctx.slot.native, self.ctx.queue, self.ctx.cmds[rec.region], gpu_waits,
+                        (self.ctx.timeline, value))
         except BaseException:
             for k, slots in reversed(taken_h2k):   # nothing ran: the host messages are still to send
                 k.h2k.extendleft(reversed(slots))

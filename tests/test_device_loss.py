@@ -1,0 +1,171 @@
+"""The lost-device fault hook (vkmulti.testing.lose_device): every layer fails as on
+VK_ERROR_DEVICE_LOST, through the one error path, and teardown after a loss is bounded and clean."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import vkmulti
+from vkmulti import DeviceLostError, MultiDeviceManager, ReferenceRenderer, ReferenceSRU
+from vkmulti.commands import CommandRunner
+from vkmulti.images import Buffer, Image
+from vkmulti.testing import lose_device
+from vkmulti.transfer import CrossDeviceTransfer, TransferMethod
+
+
+def _bounded_destroy(mgr, seconds=10.0):
+    t0 = time.monotonic()
+    mgr.destroy(timeout=seconds)
+    took = time.monotonic() - t0
+    assert mgr.destroyed and took < seconds
+    return took
+
+
+def test_native_flag_makes_submits_and_waits_fail_as_the_driver_would():
+    mgr = MultiDeviceManager.create()
+    try:
+        s1 = mgr.slot(1)
+        sem = s1.native.create_timeline(0)
+        assert not s1.native.lost and not mgr.device_lost(1)
+        lose_device(mgr, 1)
+        assert s1.native.lost and mgr.device_lost(1) and not mgr.device_lost(0)
+        for call in (lambda: s1.native.wait_timeline(sem, 1, 1.0), lambda: s1.native.timeline_value(sem),
+                     lambda: s1.native.wait_idle()):
+            with pytest.raises(DeviceLostError) as err:
+                call()
+            assert err.value.result == -4 and err.value.result_name == "VK_ERROR_DEVICE_LOST"
+        with pytest.raises(DeviceLostError) as err:
+            s1.native.check_alive("vkQueueSubmit(x)")
+        assert err.value.call == "vkQueueSubmit(x)"
+        # the survivor is untouched
+        sem0 = mgr.slot(0).native.create_timeline(3)
+        assert mgr.slot(0).native.timeline_value(sem0) == 3
+        import vulkan as vk
+        vk.vkDestroySemaphore(mgr.slot(0).device, vk.ffi.cast("VkSemaphore", sem0), None)
+        vk.vkDestroySemaphore(s1.device, vk.ffi.cast("VkSemaphore", sem), None)   # destroy is allowed when lost
+        assert mgr.check_devices() == {1: "the device returned VK_ERROR_DEVICE_LOST"}
+    finally:
+        _bounded_destroy(mgr)
+
+
+def test_python_submitters_fail_through_the_flag():
+    """Command runner, renderer and host port of a lost device raise DeviceLostError at submit."""
+    mgr = MultiDeviceManager.create()
+    try:
+        s1 = mgr.slot(1)
+        buf = Buffer(s1, 4096)
+        buf.upload(np.arange(1024, dtype=np.uint32))          # works before
+        r = ReferenceRenderer(s1)
+        sru = ReferenceSRU(0, 32, 32, iterations=4)
+        img = r.make_target(sru)
+        r.render(sru, img)
+        lose_device(mgr, 1)
+        with pytest.raises(DeviceLostError):
+            buf.upload(np.zeros(1024, np.uint32))
+        with pytest.raises(DeviceLostError):
+            buf.download()
+        with pytest.raises(DeviceLostError):
+            r.render(sru, img)
+        with pytest.raises(DeviceLostError):
+            CommandRunner.for_slot(s1).run(lambda cmd: None)
+        # GPU 0 still works
+        b0 = Buffer(mgr.slot(0), 4096)
+        b0.upload(np.arange(1024, dtype=np.uint32))
+        assert (b0.download().view(np.uint32) == np.arange(1024)).all()
+    finally:
+        _bounded_destroy(mgr)
+
+
+@pytest.mark.parametrize("method", [TransferMethod.HOST_SHARED, TransferMethod.STAGING_COPY])
+def test_native_link_worker_sees_the_loss(method):
+    """A transfer whose source is lost fails with DeviceLostError (the native worker's
+    waits and submits see the flag); the primary's timeline is released, nothing hangs."""
+    mgr = MultiDeviceManager.create()
+    try:
+        src, dst = mgr.slot(1), mgr.slot(0)
+        a, b = Buffer(src, 1 << 20), Buffer(dst, 1 << 20)
+        a.upload(np.full(1 << 18, 7, np.uint32))
+        x = CrossDeviceTransfer(src, dst, method)
+        x.submit(src_buffer=a, dst_buffer=b, size=1 << 20).wait(10.0)
+        assert (b.download().view(np.uint32) == 7).all()
+        lose_device(mgr, 1)
+        t0 = time.monotonic()
+        with pytest.raises(DeviceLostError):
+            x.submit(src_buffer=a, dst_buffer=b, size=1 << 20).wait(10.0)
+        assert time.monotonic() - t0 < 5.0
+        # the reverse direction fails too (the lost device is the destination)
+        y = CrossDeviceTransfer(dst, src, method)
+        with pytest.raises(DeviceLostError):
+            y.submit(src_buffer=b, dst_buffer=a, size=1 << 20).wait(10.0)
+    finally:
+        _bounded_destroy(mgr)
+
+
+def test_loss_listeners_are_told_once():
+    mgr = MultiDeviceManager.create()
+    heard = []
+    try:
+        mgr.add_loss_listener(lambda i, why: heard.append((i, why)))
+        mgr.add_loss_listener(lambda i, why: 1 / 0)   # a failing listener does not hide the loss
+        lose_device(mgr, 1)
+        assert heard == []                  # the hook is the driver: it tells nobody
+        assert mgr.check_devices() == mgr.lost_devices and 1 in mgr.lost_devices
+        mgr.check_devices()
+        assert mgr.report_device_lost(1, "again") is False
+        assert heard == [(1, "the device returned VK_ERROR_DEVICE_LOST")]
+        with pytest.raises(TypeError):
+            mgr.add_loss_listener(3)
+    finally:
+        _bounded_destroy(mgr)
+
+
+def test_hook_arguments_are_checked():
+    mgr = MultiDeviceManager.create()
+    try:
+        with pytest.raises(IndexError):
+            lose_device(mgr, 5)
+        with pytest.raises(TypeError):
+            lose_device("mgr", 1)
+        with pytest.raises(ValueError):
+            lose_device(mgr, 1, timeout=-1)
+        assert not mgr.device_lost(1)
+    finally:
+        mgr.destroy()
+
+
+def test_destroy_after_loss_is_bounded_with_work_in_flight():
+    """Images, buffers, links, renderers and a runner on the lost device, some with work
+    in flight on other threads: the manager's destroy() frees them all quickly."""
+    mgr = MultiDeviceManager.create()
+    s0, s1 = mgr.slot(0), mgr.slot(1)
+    r1 = ReferenceRenderer(s1)
+    srus = [ReferenceSRU(i, 64, 64, iterations=40) for i in range(4)]
+    targets = [r1.make_target(s) for s in srus]
+    landing = [Image(s0, 64, 64) for _ in srus]
+    x = CrossDeviceTransfer(s1, s0, TransferMethod.HOST_SHARED, width=64, height=64, bytes_per_pixel=8)
+    errors = []
+    stop = threading.Event()
+
+    def busy():
+        while not stop.is_set():
+            try:
+                for s, t, d in zip(srus, targets, landing):
+                    p = r1.render(s, t)
+                    x.submit(src_image=t, dst_image=d, src_wait=p)
+            except DeviceLostError:
+                return
+            except Exception as exc:   # anything else is a failure of the test
+                errors.append(exc)
+                return
+
+    th = threading.Thread(target=busy)
+    th.start()
+    time.sleep(0.2)
+    lose_device(mgr, 1)
+    th.join(10.0)
+    stop.set()
+    assert not th.is_alive() and not errors
+    _bounded_destroy(mgr)
