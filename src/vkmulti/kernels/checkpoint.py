@@ -57,15 +57,18 @@ class DataChunk:
 
     @classmethod
     def new(cls, chunk_type: ChunkType, data: Any) -> "DataChunk":
+        """A chunk of this type holding `data`."""
         raw = as_bytes(data, "chunk data")
         return cls(ChunkHeader.new(chunk_type, len(raw)), raw)
 
     @classmethod
     def with_id(cls, chunk_type: ChunkType, data: Any, chunk_id: int) -> "DataChunk":
+        """A chunk of this type and id holding `data`."""
         raw = as_bytes(data, "chunk data")
         return cls(ChunkHeader.new(chunk_type, len(raw)).with_id(chunk_id), raw)
 
     def chunk_type(self) -> ChunkType | None:
+        """The chunk's ChunkType, or None for a value the seed does not define."""
         return ChunkType.from_u32(self.header.chunk_type)
 
     def chunk_identity(self) -> tuple[ChunkType, int | None] | None:
@@ -107,26 +110,33 @@ class Checkpoint:
 
     @classmethod
     def new(cls, metadata: CheckpointMetadata) -> "Checkpoint":
+        """A checkpoint with this metadata and no chunks (the seed's Checkpoint::new)."""
         return cls(metadata)
 
     def add_chunk(self, chunk: DataChunk) -> None:
+        """Append a chunk."""
         if not isinstance(chunk, DataChunk):
             raise TypeError(f"add_chunk takes a DataChunk, got {type(chunk).__name__}")
         self.chunks.append(chunk)
 
     def add_control_block(self, data: Any) -> None:
+        """Append a CONTROL_BLOCK chunk."""
         self.add_chunk(DataChunk.new(ChunkType.CONTROL_BLOCK, data))
 
     def add_h2k_queue(self, data: Any) -> None:
+        """Append an H2K_QUEUE chunk."""
         self.add_chunk(DataChunk.new(ChunkType.H2K_QUEUE, data))
 
     def add_k2h_queue(self, data: Any) -> None:
+        """Append a K2H_QUEUE chunk."""
         self.add_chunk(DataChunk.new(ChunkType.K2H_QUEUE, data))
 
     def add_hlc_state(self, data: Any) -> None:
+        """Append an HLC_STATE chunk."""
         self.add_chunk(DataChunk.new(ChunkType.HLC_STATE, data))
 
     def add_device_memory(self, name: str, data: Any) -> None:
+        """Append a DEVICE_MEMORY chunk named `name` (its id: chunk_name_id(name))."""
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         self.add_chunk(DataChunk.with_id(ChunkType.DEVICE_MEMORY, data, chunk_name_id(name)))
@@ -136,6 +146,7 @@ class Checkpoint:
         return next((c for c in self.chunks if c.chunk_type() is chunk_type), None)
 
     def get_chunks(self, chunk_type: ChunkType) -> list[DataChunk]:
+        """Every chunk of this type, in order."""
         return [c for c in self.chunks if c.chunk_type() is chunk_type]
 
     def get_device_memory(self, name: str) -> DataChunk | None:
@@ -180,6 +191,7 @@ class Checkpoint:
         return header, parts
 
     def to_bytes(self) -> bytes:
+        """The serialised checkpoint (the module docstring's layout); InvalidCheckpointError past 1 GiB."""
         header, parts = self._parts()
         self.header = header
         return b"".join([header.to_bytes(), *parts])
@@ -297,8 +309,8 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         m = self.metadata
-        return (f"Checkpoint(kernel_id={m.kernel_id!r}, kernel_type={m.kernel_type!r}, step={m.current_step}, "
-                f"chunks={self.chunks!r})")
+        return (f"Checkpoint({m.kernel_id[:40]!r}, {m.kernel_type[:30]!r}, step={m.current_step}, "
+                f"{len(self.chunks)} chunks, {sum(len(c.data) for c in self.chunks)} data bytes)")
 
 
 class CheckpointBuilder:
@@ -309,54 +321,66 @@ class CheckpointBuilder:
         self._chunks: list[DataChunk] = []
 
     def step(self, step: int) -> "CheckpointBuilder":
+        """Set the current step."""
         self._metadata.with_step(step)
         return self
 
     def grid_size(self, width: int, height: int, depth: int) -> "CheckpointBuilder":
+        """Set the grid size."""
         self._metadata.with_grid_size(width, height, depth)
         return self
 
     def tile_size(self, x: int, y: int, z: int) -> "CheckpointBuilder":
+        """Set the tile size."""
         self._metadata.with_tile_size(x, y, z)
         return self
 
     def hlc(self, hlc: HlcTimestamp) -> "CheckpointBuilder":
+        """Set the HLC timestamp."""
         self._metadata.with_hlc(hlc)
         return self
 
     def custom(self, key: str, value: str) -> "CheckpointBuilder":
+        """Add a custom key/value."""
         self._metadata.with_custom(key, value)
         return self
 
     def control_block(self, data: Any) -> "CheckpointBuilder":
+        """Add a CONTROL_BLOCK chunk."""
         self._chunks.append(DataChunk.new(ChunkType.CONTROL_BLOCK, data))
         return self
 
     def h2k_queue(self, data: Any) -> "CheckpointBuilder":
+        """Add an H2K_QUEUE chunk."""
         self._chunks.append(DataChunk.new(ChunkType.H2K_QUEUE, data))
         return self
 
     def k2h_queue(self, data: Any) -> "CheckpointBuilder":
+        """Add a K2H_QUEUE chunk."""
         self._chunks.append(DataChunk.new(ChunkType.K2H_QUEUE, data))
         return self
 
     def hlc_state(self, data: Any) -> "CheckpointBuilder":
+        """Add an HLC_STATE chunk."""
         self._chunks.append(DataChunk.new(ChunkType.HLC_STATE, data))
         return self
 
     def device_memory(self, name: str, data: Any) -> "CheckpointBuilder":
+        """Add a DEVICE_MEMORY chunk named `name`."""
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         self._chunks.append(DataChunk.with_id(ChunkType.DEVICE_MEMORY, data, chunk_name_id(name)))
         return self
 
     def chunk(self, chunk: DataChunk) -> "CheckpointBuilder":
+        """Add a chunk as it is."""
         if not isinstance(chunk, DataChunk):
             raise TypeError(f"chunk() takes a DataChunk, got {type(chunk).__name__}")
         self._chunks.append(chunk)
         return self
 
     def build(self) -> Checkpoint:
+        """The Checkpoint (the builder may go on and build more)."""
         meta = self._metadata
         return Checkpoint(CheckpointMetadata(**{**meta.__dict__, "custom": dict(meta.custom)}), list(self._chunks))
 

@@ -111,18 +111,22 @@ class ChunkHeader:
 
     @classmethod
     def new(cls, chunk_type: ChunkType | int, data_size: int) -> "ChunkHeader":
+        """The header of a chunk of `data_size` uncompressed bytes."""
         kind = chunk_type.value if isinstance(chunk_type, ChunkType) else _u(chunk_type, "chunk_type", _U32)
         return cls(kind, 0, data_size, data_size, 0)
 
     def with_id(self, chunk_id: int) -> "ChunkHeader":
+        """Set the chunk id (returns self)."""
         self.chunk_id = _u(chunk_id, "chunk_id", _U64)
         return self
 
     def to_bytes(self) -> bytes:
+        """The 32 bytes."""
         return _CHUNK.pack(self.chunk_type, self.flags, self.uncompressed_size, self.compressed_size, self.chunk_id)
 
     @classmethod
     def from_bytes(cls, data: Any) -> "ChunkHeader":
+        """Parse 32 bytes (InvalidCheckpointError if fewer)."""
         if len(data) < CHUNK_HEADER_SIZE:
             raise InvalidCheckpointError(f"a chunk header is {CHUNK_HEADER_SIZE} bytes, got {len(data)}")
         return cls(*_CHUNK.unpack_from(data))
@@ -144,7 +148,12 @@ class CheckpointHeader:
 
     @classmethod
     def new(cls, chunk_count: int, total_size: int) -> "CheckpointHeader":
+        """A header for `chunk_count` chunks and `total_size` bytes, stamped now."""
         return cls(total_size=total_size, chunk_count=chunk_count, created_at=time.time_ns() // 1000)
+
+    def __repr__(self) -> str:
+        return (f"CheckpointHeader(version={self.version}, total_size={self.total_size}, chunks={self.chunk_count}, "
+                f"checksum=0x{self.checksum:08x}, flags={self.flags})")
 
     def validate(self) -> None:
         """InvalidCheckpointError for a wrong magic, a newer version or a size past 1 GiB."""
@@ -205,6 +214,10 @@ class CheckpointMetadata:
     #: the seed's HLC node id (vkmulti's clocks have none; kept for files the seed wrote)
     hlc_node_id: int = 0
 
+    def __repr__(self) -> str:
+        return (f"CheckpointMetadata({self.kernel_id[:40]!r}, {self.kernel_type[:30]!r}, step={self.current_step}, "
+                f"grid={self.grid_size}, tile={self.tile_size}, {len(self.custom)} custom)")
+
     def __post_init__(self) -> None:
         for label in ("kernel_id", "kernel_type"):
             v = getattr(self, label)
@@ -225,33 +238,40 @@ class CheckpointMetadata:
 
     @classmethod
     def new(cls, kernel_id: str, kernel_type: str) -> "CheckpointMetadata":
+        """Metadata of a kernel id and type, everything else zero or empty."""
         return cls(kernel_id, kernel_type)
 
     def with_step(self, step: int) -> "CheckpointMetadata":
+        """Set the current step (returns self)."""
         self.current_step = _u(step, "step", _U64)
         return self
 
     def with_grid_size(self, width: int, height: int, depth: int) -> "CheckpointMetadata":
+        """Set the grid size (returns self)."""
         self.grid_size = _triple((width, height, depth), "grid_size")
         return self
 
     def with_tile_size(self, x: int, y: int, z: int) -> "CheckpointMetadata":
+        """Set the tile size (returns self)."""
         self.tile_size = _triple((x, y, z), "tile_size")
         return self
 
     def with_hlc(self, hlc: HlcTimestamp) -> "CheckpointMetadata":
+        """Set the HLC timestamp (returns self)."""
         if not isinstance(hlc, HlcTimestamp):
             raise TypeError(f"hlc must be an HlcTimestamp, got {type(hlc).__name__}")
         self.hlc_timestamp = hlc
         return self
 
     def with_custom(self, key: str, value: str) -> "CheckpointMetadata":
+        """Add a custom key/value (returns self)."""
         if not isinstance(key, str) or not isinstance(value, str):
             raise TypeError(f"custom metadata keys and values must be str, got {key!r}: {value!r}")
         self.custom[key] = value
         return self
 
     def to_bytes(self) -> bytes:
+        """The serialised metadata (the seed's layout)."""
         out = bytearray()
 
         def string(s: str) -> None:
@@ -270,6 +290,7 @@ class CheckpointMetadata:
 
     @classmethod
     def from_bytes(cls, data: Any) -> "CheckpointMetadata":
+        """Parse serialised metadata (InvalidCheckpointError when truncated or malformed)."""
         view = memoryview(data).cast("B")
         at = 0
 

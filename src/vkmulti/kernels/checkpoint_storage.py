@@ -51,15 +51,20 @@ def _check_checkpoint(checkpoint: Any) -> Checkpoint:
 class CheckpointStorage(Protocol):
     """Where checkpoints are kept, by name."""
 
-    def save(self, checkpoint: Checkpoint, name: str) -> None: ...
+    def save(self, checkpoint: Checkpoint, name: str) -> None:
+        """Store `checkpoint` under `name` (replacing what was there)."""
 
-    def load(self, name: str) -> Checkpoint: ...
+    def load(self, name: str) -> Checkpoint:
+        """The checkpoint stored under `name` (CheckpointNotFoundError if none)."""
 
-    def list(self) -> list[str]: ...
+    def list(self) -> list[str]:
+        """The stored names, sorted."""
 
-    def delete(self, name: str) -> None: ...
+    def delete(self, name: str) -> None:
+        """Remove `name` (CheckpointNotFoundError if none)."""
 
-    def exists(self, name: str) -> bool: ...
+    def exists(self, name: str) -> bool:
+        """Whether something is stored under `name`."""
 
 
 class MemoryStorage:
@@ -70,12 +75,14 @@ class MemoryStorage:
         self._data: dict[str, bytes] = {}
 
     def save(self, checkpoint: Checkpoint, name: str) -> None:
+        """Store `checkpoint` under `name` in memory (replacing what was there)."""
         name = check_checkpoint_name(name)
         raw = _check_checkpoint(checkpoint).to_bytes()
         with self._lock:
             self._data[name] = raw
 
     def load(self, name: str) -> Checkpoint:
+        """The checkpoint stored under `name`, checked (CheckpointNotFoundError if none)."""
         name = check_checkpoint_name(name)
         with self._lock:
             raw = self._data.get(name)
@@ -84,16 +91,19 @@ class MemoryStorage:
         return Checkpoint.from_bytes(raw)
 
     def list(self) -> list[str]:
+        """The stored names, sorted."""
         with self._lock:
             return sorted(self._data)
 
     def delete(self, name: str) -> None:
+        """Remove `name` (CheckpointNotFoundError if none)."""
         name = check_checkpoint_name(name)
         with self._lock:
             if self._data.pop(name, None) is None:
                 raise CheckpointNotFoundError(f"Checkpoint not found: {name!r}")
 
     def exists(self, name: str) -> bool:
+        """Whether something is stored under `name` (False for an invalid name)."""
         try:
             name = check_checkpoint_name(name)
         except (TypeError, ValueError):
@@ -125,9 +135,11 @@ class FileStorage:
             raise ValueError(f"checkpoint folder {str(self.base_path)!r} exists and is not a folder")
 
     def checkpoint_path(self, name: str) -> Path:
+        """The file a name is stored in (the name checked)."""
         return self.base_path / (check_checkpoint_name(name) + SUFFIX)
 
     def save(self, checkpoint: Checkpoint, name: str) -> None:
+        """Store `checkpoint` under `name` in the folder (replacing what was there)."""
         path = self.checkpoint_path(name)
         _check_checkpoint(checkpoint)
         try:
@@ -165,6 +177,7 @@ class FileStorage:
             os.close(fd)
 
     def load(self, name: str) -> Checkpoint:
+        """The checkpoint stored under `name`, checked (CheckpointNotFoundError if none)."""
         path = self.checkpoint_path(name)
         try:
             raw = path.read_bytes()
@@ -175,6 +188,7 @@ class FileStorage:
         return Checkpoint.from_bytes(raw)
 
     def list(self) -> list[str]:
+        """The stored names, sorted."""
         try:
             entries = list(self.base_path.iterdir())
         except FileNotFoundError:
@@ -186,6 +200,7 @@ class FileStorage:
                       if p.name.endswith(SUFFIX) and not p.name.startswith(".") and p.is_file())
 
     def delete(self, name: str) -> None:
+        """Remove `name` (CheckpointNotFoundError if none)."""
         path = self.checkpoint_path(name)
         try:
             path.unlink()
@@ -195,10 +210,12 @@ class FileStorage:
             raise CheckpointStorageError(f"Failed to delete checkpoint {name!r}: {exc}") from exc
 
     def exists(self, name: str) -> bool:
+        """Whether something is stored under `name` (False for an invalid name)."""
         try:
             return self.checkpoint_path(name).is_file()
         except (TypeError, ValueError):
             return False
 
     def __repr__(self) -> str:
-        return f"FileStorage({str(self.base_path)!r})"
+        path = str(self.base_path)
+        return f"FileStorage({(path if len(path) <= 150 else '...' + path[-147:])!r})"

@@ -90,18 +90,22 @@ class KernelCodeSource:
 
     @classmethod
     def new(cls, format: KernelCodeFormat, code: Any, entry_point: str) -> "KernelCodeSource":
+        """Code of any format (the seed's KernelCodeSource::new)."""
         return cls(format, code, entry_point)
 
     @classmethod
     def from_ptx(cls, ptx: str, entry_point: str) -> "KernelCodeSource":
+        """PTX text (the seed's; a Vulkan kernel cannot run it)."""
         return cls(KernelCodeFormat.PTX, _text(ptx, "ptx"), entry_point)
 
     @classmethod
     def from_wgsl(cls, wgsl: str, entry_point: str) -> "KernelCodeSource":
+        """WGSL text (the seed's; a Vulkan kernel cannot run it)."""
         return cls(KernelCodeFormat.WGSL, _text(wgsl, "wgsl"), entry_point)
 
     @classmethod
     def from_msl(cls, msl: str, entry_point: str) -> "KernelCodeSource":
+        """Metal Shading Language text (the seed's; a Vulkan kernel cannot run it)."""
         return cls(KernelCodeFormat.MSL, _text(msl, "msl"), entry_point)
 
     # -- vkmulti's ---------------------------------------------------------------------
@@ -113,6 +117,7 @@ class KernelCodeSource:
 
     @classmethod
     def from_spirv_file(cls, path: str | os.PathLike, entry_point: str = "main") -> "KernelCodeSource":
+        """SPIR-V read from a .spv file."""
         return cls(KernelCodeFormat.SPIRV, Path(path).read_bytes(), entry_point)
 
     @classmethod
@@ -172,10 +177,12 @@ class KernelCodeSource:
             return None
 
     def size(self) -> int:
+        """Bytes of code."""
         return len(self.code)
 
     @property
     def hash_hex(self) -> str:
+        """The SHA-256 as 64 hex digits."""
         return self.hash.hex()
 
     def __repr__(self) -> str:

@@ -85,6 +85,7 @@ class HotReloadManager:
 
     @classmethod
     def with_defaults(cls) -> "HotReloadManager":
+        """A manager with HotReloadConfig() defaults."""
         return cls(HotReloadConfig())
 
     @classmethod
@@ -141,11 +142,13 @@ class HotReloadManager:
         return e
 
     def get_current_version(self, kernel_id: KernelId | str) -> int | None:
+        """The current code version of a kernel, None if it is not registered."""
         with self._lock:
             e = self._entries.get(as_kernel_id(kernel_id))
         return None if e is None else e.code.version_id
 
     def get_current_code(self, kernel_id: KernelId | str) -> KernelCodeSource | None:
+        """The current code of a kernel, None if it is not registered."""
         with self._lock:
             e = self._entries.get(as_kernel_id(kernel_id))
         return None if e is None else e.code
@@ -163,25 +166,31 @@ class HotReloadManager:
         return {kid: [*e.history, e.code] for kid, e in entries.items()}
 
     def list_kernels(self) -> list[KernelId]:
+        """The registered kernel ids."""
         with self._lock:
             return list(self._entries)
 
     def is_registered(self, kernel_id: KernelId | str) -> bool:
+        """Whether a kernel id is registered."""
         with self._lock:
             return as_kernel_id(kernel_id) in self._entries
 
     def is_reload_in_progress(self, kernel_id: KernelId | str) -> bool:
+        """Whether a reload or rollback of the kernel is running now."""
         with self._lock:
             e = self._entries.get(as_kernel_id(kernel_id))
         return e is not None and e.active is not None and e.active.is_in_progress()
 
     def is_enabled(self) -> bool:
+        """Whether hot reload is enabled (config.enabled)."""
         return self._config.enabled
 
     def config(self) -> HotReloadConfig:
+        """A copy of the configuration."""
         return dataclasses.replace(self._config)
 
     def stats(self) -> HotReloadStatsSnapshot:
+        """A snapshot of the counters."""
         return self._stats.snapshot()
 
     # -- reload ------------------------------------------------------------------------

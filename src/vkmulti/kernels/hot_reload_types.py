@@ -66,30 +66,39 @@ class HotReloadConfig:
 
     @classmethod
     def new(cls) -> "HotReloadConfig":
+        """The defaults (the seed's HotReloadConfig::new)."""
         return cls()
 
     def with_enabled(self, enabled: bool) -> "HotReloadConfig":
+        """A copy with `enabled` set."""
         return dataclasses.replace(self, enabled=enabled)
 
     def with_timeout(self, timeout: float | datetime.timedelta) -> "HotReloadConfig":
+        """A copy with `reload_timeout` set (seconds or timedelta)."""
         return dataclasses.replace(self, reload_timeout=timeout)
 
     def with_preserve_state(self, preserve: bool) -> "HotReloadConfig":
+        """A copy with `preserve_state` set."""
         return dataclasses.replace(self, preserve_state=preserve)
 
     def with_max_retries(self, retries: int) -> "HotReloadConfig":
+        """A copy with `max_retries` set."""
         return dataclasses.replace(self, max_retries=retries)
 
     def with_retry_backoff(self, backoff: float | datetime.timedelta) -> "HotReloadConfig":
+        """A copy with `retry_backoff` set (seconds or timedelta)."""
         return dataclasses.replace(self, retry_backoff=backoff)
 
     def with_validate_before_swap(self, validate: bool) -> "HotReloadConfig":
+        """A copy with `validate_before_swap` set."""
         return dataclasses.replace(self, validate_before_swap=validate)
 
     def with_keep_fallback(self, keep: bool) -> "HotReloadConfig":
+        """A copy with `keep_fallback` set."""
         return dataclasses.replace(self, keep_fallback=keep)
 
     def with_max_rule_history(self, versions: int) -> "HotReloadConfig":
+        """A copy with `max_rule_history` set."""
         return dataclasses.replace(self, max_rule_history=versions)
 
 
@@ -128,8 +137,13 @@ class HotReloadRequest:
         if not isinstance(self.state, HotReloadState):
             raise TypeError(f"state must be a HotReloadState, got {self.state!r}")
 
+    def __repr__(self) -> str:
+        return (f"HotReloadRequest({self.kernel_id.as_str()[:40]!r}, version {self.new_code.version_id}, "
+                f"{self.state.name}, retries={self.retry_count})")
+
     @classmethod
     def new(cls, kernel_id: KernelId | str, new_code: KernelCodeSource) -> "HotReloadRequest":
+        """A request in state IDLE (the seed's HotReloadRequest::new)."""
         return cls(kernel_id, new_code)
 
     @property
@@ -143,12 +157,15 @@ class HotReloadRequest:
         return cp.to_bytes()
 
     def is_in_progress(self) -> bool:
+        """Whether it is running (not IDLE, COMPLETED or FAILED; ROLLING_BACK counts)."""
         return self.state not in (HotReloadState.IDLE, HotReloadState.COMPLETED, HotReloadState.FAILED)
 
     def is_completed(self) -> bool:
+        """Whether it completed."""
         return self.state is HotReloadState.COMPLETED
 
     def is_failed(self) -> bool:
+        """Whether it failed."""
         return self.state is HotReloadState.FAILED
 
     def elapsed(self) -> float:
@@ -178,6 +195,11 @@ class HotReloadResult:
     devices: list[int] = field(default_factory=list)
     attempts: int = 1
 
+    def __repr__(self) -> str:
+        return (f"HotReloadResult({self.kernel_id.as_str()[:40]!r}, v{self.old_version} -> v{self.new_version}, "
+                f"swap {self.swap_duration * 1e6:.0f} us, total {self.total_duration * 1e3:.2f} ms, "
+                f"state_preserved={self.state_preserved})")
+
 
 @dataclass
 class HotReloadStatsSnapshot:
@@ -189,6 +211,10 @@ class HotReloadStatsSnapshot:
     avg_compile_time: float = 0.0
     avg_swap_time: float = 0.0
     state_preserved_count: int = 0
+
+    def __repr__(self) -> str:
+        return (f"HotReloadStatsSnapshot(successful={self.successful_reloads}, failed={self.failed_reloads}, "
+                f"rollbacks={self.rollbacks}, avg_swap={self.avg_swap_time * 1e6:.0f} us)")
 
 
 class HotReloadStats:
@@ -205,11 +231,16 @@ class HotReloadStats:
         self.state_preserved_count = 0
 
     def add(self, **amounts: float) -> None:
+        """Add to counters by name."""
         with self._lock:
             for k, v in amounts.items():
                 setattr(self, k, getattr(self, k) + v)
 
+    def __repr__(self) -> str:
+        return f"HotReloadStats(successful={self.successful_reloads}, failed={self.failed_reloads})"
+
     def snapshot(self) -> HotReloadStatsSnapshot:
+        """The snapshot (averages over successful reloads, at least 1)."""
         with self._lock:
             n = max(self.successful_reloads, 1)
             return HotReloadStatsSnapshot(self.successful_reloads, self.failed_reloads, self.rollbacks,

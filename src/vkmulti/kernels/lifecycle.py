@@ -143,6 +143,10 @@ class CheckpointPolicy:
         if self.storage is not None and not isinstance(self.storage, CheckpointStorage):
             raise TypeError(f"storage must be a CheckpointStorage, got {type(self.storage).__name__}")
 
+    def __repr__(self) -> str:
+        return (f"CheckpointPolicy(every_steps={self.every_steps}, {len(self.critical)} critical, keep={self.keep}, "
+                f"storage={type(self.storage).__name__ if self.storage is not None else None})")
+
     def due(self, kernel_id: str, steps: int) -> bool:
         """Whether a kernel that has made `steps` steps gets a checkpoint now."""
         if kernel_id in self.critical:

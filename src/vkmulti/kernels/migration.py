@@ -58,6 +58,11 @@ class MigrationResult:
     checksum_match: bool | None = None
     live: bool = False
 
+    def __repr__(self) -> str:
+        return (f"MigrationResult({self.kernel_id.as_str()[:40]!r}, GPU {self.source_device} -> {self.target_device}, "
+                f"{self.bytes_moved or self.checkpoint_size} bytes, {self.total_duration * 1e3:.2f} ms, "
+                f"{'live' if self.live else 'checkpoint'}, crc_match={self.checksum_match})")
+
 
 @dataclass
 class MigrationStatsSnapshot:
@@ -67,6 +72,11 @@ class MigrationStatsSnapshot:
     bytes_transferred: int = 0
     avg_checkpoint_time: float = 0.0
     avg_restore_time: float = 0.0
+
+    def __repr__(self) -> str:
+        return (f"MigrationStatsSnapshot(successful={self.successful_migrations}, failed={self.failed_migrations}, "
+                f"bytes={self.bytes_transferred}, avg_checkpoint={self.avg_checkpoint_time * 1e3:.3f} ms, "
+                f"avg_restore={self.avg_restore_time * 1e3:.3f} ms)")
 
 
 class MigrationStats:
@@ -81,11 +91,16 @@ class MigrationStats:
         self.restore_time = 0.0
 
     def add(self, **amounts: float) -> None:
+        """Add to counters by name."""
         with self._lock:
             for k, v in amounts.items():
                 setattr(self, k, getattr(self, k) + v)
 
+    def __repr__(self) -> str:
+        return f"MigrationStats(successful={self.successful_migrations}, failed={self.failed_migrations})"
+
     def snapshot(self) -> MigrationStatsSnapshot:
+        """The snapshot (averages over successful + failed migrations)."""
         with self._lock:
             n = self.successful_migrations + self.failed_migrations
             return MigrationStatsSnapshot(self.successful_migrations, self.failed_migrations, self.bytes_transferred,
@@ -99,8 +114,14 @@ class PlanOutcome:
     result: MigrationResult | None = None
     error: BaseException | None = None
 
+    def __repr__(self) -> str:
+        what = "ok" if self.result is not None else f"failed: {type(self.error).__name__}"
+        return (f"PlanOutcome({self.plan.kernel_id.as_str()[:40]!r}, GPU {self.plan.source_device} -> "
+                f"{self.plan.target_device}, {what})")
+
     @property
     def ok(self) -> bool:
+        """Whether the planned migration succeeded."""
         return self.result is not None
 
 
@@ -123,12 +144,15 @@ class KernelMigrator:
 
     @classmethod
     def with_storage(cls, coordinator: Any, storage: CheckpointStorage) -> "KernelMigrator":
+        """A migrator that keeps its checkpoints in `storage` (the seed's with_storage)."""
         return cls(coordinator, storage)
 
     def coordinator(self) -> Any:
+        """The coordinator it completes migrations in."""
         return self._coordinator
 
     def stats(self) -> MigrationStatsSnapshot:
+        """A snapshot of the counters."""
         return self._stats.snapshot()
 
     @property

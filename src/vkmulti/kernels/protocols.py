@@ -22,39 +22,51 @@ class CheckpointableKernel(Protocol):
     defaults): `supports_incremental() -> bool` (False) and
     `create_incremental_checkpoint(base)` (a full checkpoint)."""
 
-    def create_checkpoint(self) -> "Checkpoint": ...
+    def create_checkpoint(self) -> "Checkpoint":
+        """A checkpoint of the kernel's current state."""
 
-    def restore_from_checkpoint(self, checkpoint: "Checkpoint") -> None: ...
+    def restore_from_checkpoint(self, checkpoint: "Checkpoint") -> None:
+        """Take the state of a checkpoint."""
 
-    def checkpoint_kernel_id(self) -> str: ...
+    def checkpoint_kernel_id(self) -> str:
+        """The kernel's id, for its checkpoints."""
 
-    def checkpoint_kernel_type(self) -> str: ...
+    def checkpoint_kernel_type(self) -> str:
+        """The kernel's type, for its checkpoints."""
 
 
 @runtime_checkable
 class MigratableKernel(CheckpointableKernel, Protocol):
     """A kernel that can be quiesced for a move to another device."""
 
-    def prepare_for_migration(self) -> None: ...
+    def prepare_for_migration(self) -> None:
+        """Quiesce: stop taking work, let what is in flight land."""
 
-    def cancel_migration(self) -> None: ...
+    def cancel_migration(self) -> None:
+        """Resume after a migration that did not happen."""
 
-    def is_quiescent(self) -> bool: ...
+    def is_quiescent(self) -> bool:
+        """Whether it is quiesced."""
 
-    def estimated_state_size(self) -> int: ...
+    def estimated_state_size(self) -> int:
+        """Bytes a migration would move."""
 
 
 @runtime_checkable
 class HotReloadableKernel(CheckpointableKernel, Protocol):
     """A kernel whose code can be swapped while it keeps its state."""
 
-    def prepare_for_reload(self) -> None: ...
+    def prepare_for_reload(self) -> None:
+        """Pause for a code swap."""
 
-    def apply_code(self, code: "KernelCodeSource") -> None: ...
+    def apply_code(self, code: "KernelCodeSource") -> None:
+        """Run `code` from now on."""
 
-    def resume_after_reload(self) -> None: ...
+    def resume_after_reload(self) -> None:
+        """Go on after the swap."""
 
-    def is_ready_for_reload(self) -> bool: ...
+    def is_ready_for_reload(self) -> bool:
+        """Whether the code can be swapped now."""
 
 
 def supports_incremental(kernel: Any) -> bool:
