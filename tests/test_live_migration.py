@@ -59,12 +59,15 @@ def settle(rt, router, kernels, done, limit=300):
     raise AssertionError("not delivered within the step limit")
 
 
-def test_exactly_once_in_order_while_kernels_move_under_load(runtime, router, run_threads):
+@pytest.mark.parametrize("landings", [None, 1], ids=["router-default", "router-one-landing"])
+def test_exactly_once_in_order_while_kernels_move_under_load(runtime, run_threads, landings):
     """Forwarders on both GPUs send to a sink while a stepping thread runs and host
     threads keep sending; the sink and a forwarder move back and forth. Every
     message arrives exactly once (count and sum), every sender's sequence numbers
-    arrive 0, 1, 2, ... (checked on the GPU), and messages moved with a kernel
-    are counted."""
+    arrive 0, 1, 2, ... (checked on the GPU). With one landing per edge the
+    router's moves wait for room: the migration lets the others step between
+    rounds until they are submitted."""
+    router = CrossGpuK2KRouter(runtime.coordinator, runtime, max_landings=landings)
     sink = counter(runtime, "sink", device=0, inbox=4)
     fwd = [counter(runtime, f"fwd{i}", device=i % 2, params=[sink.address]) for i in range(4)]
     stop = threading.Event()
@@ -111,6 +114,7 @@ def test_exactly_once_in_order_while_kernels_move_under_load(runtime, router, ru
     assert len(moved) == 6 and all(r.live and r.checksum_match for r in moved)
     assert all(r.total_duration >= r.transfer_duration for r in moved)
     assert runtime.coordinator.get_kernel_device("sink") == sink.device_index
+    router.detach()
 
 
 def test_messages_waiting_for_the_kernel_move_with_it(runtime, router):

@@ -82,8 +82,7 @@ class GpuJobs:
                 record(cmd)
                 vkapi.vkEndCommandBuffer(cmd)
                 value = self.value + 1
-                with self.queue.lock:
-                    cmds.submit(self.queue.handle, cmd, list(waits), (self.timeline, value))
+                cmds.submit(self.slot.native, self.queue, cmd, list(waits), (self.timeline, value))
             except BaseException:
                 self._free.append(cmd)
                 raise

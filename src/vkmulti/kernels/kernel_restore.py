@@ -5,7 +5,6 @@ are carried over as a migration does; a lost device's resources are freed
 without waiting, and the restore may then run inside a step: the failover)."""
 from __future__ import annotations
 
-import contextlib
 import logging
 import struct
 from typing import Any
@@ -17,8 +16,8 @@ from ..images import Buffer
 from .kernel import Kernel
 from .kernel_checkpoint import KernelImage, patch_control, readdress_slots
 from .lifecycle import gate_of
-from .live_migration import (_assign, _deadline, _drain_router, _engine, _finish_move, _free_twin, _hand_back,
-                             _left, _retire_half, _source_usable, _stage, _wait_jobs, _wait_kernel, build_twin)
+from .live_migration import (_assign, _deadline, _engine, _finish_move, _free_twin, _hand_back, _left, _retire_half,
+                             _source_usable, _wait_jobs, _wait_kernel, build_twin, switch_at_step_boundary)
 
 log = logging.getLogger(__name__)
 
@@ -64,51 +63,65 @@ def restore_into(rt: Any, k: Kernel, img: KernelImage, device: int | None, timeo
         raise ValueError(f"device {device} out of range: {rt.manager.device_count} device(s)")
     why = f"restored from a checkpoint onto GPU {device}"
     rt._hold(k, why)
-    twin = ring = None
+    twin = None
+    rings: list[Buffer] = []
+    done = False
     try:
         if alive:
             _wait_kernel(rt, k, deadline)
         twin = build_twin(rt, k, device, img.spec)
         _upload(rt, twin, img, keep_sequences=img.address == k.address)
-        # From a live device the swap waits for a step boundary of the runtime (the gate);
-        # from a lost one (a failover, maybe inside a step) the device locks suffice: nothing
-        # runs there, and no message waits there that could still be taken over.
-        gate = gate_of(rt).exclusive(_left(deadline, "waiting for the runtime's steps"), f"restoring {k.id!r}") \
-            if alive else contextlib.nullcontext()
-        with gate:
-            k.check()
-            moving = old_ctx is not twin.ctx
-            if alive:
+
+        def switch(rings: list[Buffer]) -> None:
+            nonlocal done
+            landings = []
+            try:
+                if rings:
+                    _, eng = _engine(rt, old_ctx.index, device)
+                    landings = [Buffer(twin.ctx.slot, r.size) for r in rings]
+                    tickets = [eng.submit(src_buffer=r, dst_buffer=b, size=r.size) for r, b in zip(rings, landings)]
+                    for t in tickets:
+                        t.wait(_left(deadline, "the copy of the staged messages"))
+                k.check()
+            except BaseException:
+                for b in landings:
+                    b.destroy()
+                raise
+            _finish_move(rt, k, twin, alive)
+            done = True
+            _apply_host_side(k, img, fresh=False)
+            if landings:
+                _hand_back(rt, device, landings)
+            _assign(rt, k, device, None)
+
+        if alive and old_ctx is not twin.ctx:
+            switch_at_step_boundary(rt, k, deadline, rings, switch)
+        elif alive:
+            with gate_of(rt).exclusive(_left(deadline, "waiting for the runtime's steps"), f"restoring {k.id!r}"):
+                k.check()
                 rt.synchronize(_left(deadline, "the runtime's submitted steps"))
                 _wait_jobs(rt, old_ctx.index, deadline)
-            if alive and moving:
-                _drain_router(rt, deadline)
-                ring, _ = _stage(rt, k, deadline)
-            landing = None
-            if ring is not None:
-                method, eng = _engine(rt, old_ctx.index, device)
-                landing = Buffer(twin.ctx.slot, ring.size)
-                eng.submit(src_buffer=ring, dst_buffer=landing, size=ring.size).wait(_left(deadline, "the copy"))
-            _finish_move(rt, k, twin, alive)
-            twin_done, twin = twin, None
-            _apply_host_side(k, img, fresh=False)
-            if landing is not None:
-                _hand_back(rt, device, landing)
-            _assign(rt, k, device, None)
-        _retire_half(rt, twin_done, lost=not alive)
+                switch([])
+        else:
+            # From a lost device (a failover, maybe inside a step) the device locks suffice: nothing
+            # runs there, and no message waits there that could still be taken over.
+            switch([])
+        half, twin = twin, None
+        _retire_half(rt, half, lost=not alive)
     except BaseException:
-        if ring is not None:
-            try:
-                _hand_back(rt, old_ctx.index, ring)
-                ring = None
-            except VkmError:
-                log.exception("could not hand staged messages back to %r", k.id)
-        if twin is not None:
-            _free_twin(twin)
+        if not done:
+            if rings:
+                try:
+                    _hand_back(rt, old_ctx.index, rings, front=True)
+                    rings = []
+                except VkmError:
+                    log.exception("could not hand staged messages back to %r", k.id)
+            if twin is not None:
+                _free_twin(twin)
         raise
     finally:
-        if ring is not None:
-            ring.destroy()
+        for r in rings:
+            r.destroy()
         rt._release(k, why)
     return k
 

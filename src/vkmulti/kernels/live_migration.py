@@ -185,25 +185,18 @@ def _wait_jobs(rt: Any, device: int, deadline: float) -> None:
         ext.jobs.wait(ext.jobs.point(ext.jobs.value), _left(deadline, f"GPU {device}'s checkpoint captures"))
 
 
-def _drain_router(rt: Any, deadline: float) -> None:
-    """Let the router submit its queued moves (their batches land as inbound
-    batches); called with the runtime's gate held (no step runs)."""
+def _pump_router(rt: Any) -> int:
+    """Let the router submit what it can of its queued moves (their batches land as
+    inbound batches); returns how many still wait (their edges' landings full).
+    Called with the runtime's gate held (no step runs)."""
+    for listener in list(rt._listeners):
+        listener([])   # a step without batches: the router submits waiting moves
     feed = rt.outbox_feed
     eng = getattr(feed, "_engine", None)
-    while True:
-        for listener in list(rt._listeners):
-            listener([])
-        if eng is None:
-            return
-        with feed._delivery_lock:
-            queued = eng.queued_moves()
-        if not queued:
-            return
-        if time.monotonic() >= deadline:
-            raise VkmTimeout(f"the K2K router still has {queued} move(s) waiting for room on their edges (their "
-                             f"destinations' landings are full: step the other kernels, then migrate again)")
-        rt.poll()
-        time.sleep(0.001)
+    if eng is None:
+        return 0
+    with feed._delivery_lock:
+        return eng.queued_moves()
 
 
 # -- the staging batch --------------------------------------------------------------------------
@@ -291,11 +284,18 @@ def _stage(rt: Any, k: Kernel, deadline: float) -> tuple[Buffer | None, int]:
     return ring, total
 
 
-def _hand_back(rt: Any, device: int, ring: Buffer) -> None:
-    """Give a staging batch to the kernels of `device` (freed once delivered)."""
-    b = rt.accept_batch(device, ring, 0, ring.size)
-    ctx = rt._context(device)
-    rt._retire(_Retired(ctx, [ring], [b]))
+def _hand_back(rt: Any, device: int, rings: list[Buffer], front: bool = False) -> None:
+    """Give staging batches to the kernels of `device`, in order (freed once
+    delivered); `front`: before every batch already there (their messages are
+    older than any still waiting there)."""
+    ctx, stepper = rt._device(device)
+    for i, ring in enumerate(rings):
+        b = rt.accept_batch(device, ring, 0, ring.size)
+        if front:
+            with ctx.lock:
+                stepper.batches.remove(b)
+                stepper.batches.insert(i, b)
+        rt._retire(_Retired(ctx, [ring], [b]))
 
 
 # -- transfers --------------------------------------------------------------------------------
@@ -384,7 +384,86 @@ def _source_usable(ctx: Any, rt: Any = None) -> bool:
     return True
 
 
+# -- the switch ---------------------------------------------------------------------------------
+
+def switch_at_step_boundary(rt: Any, k: Kernel, deadline: float, rings: list[Buffer],
+                            switch: Any) -> tuple[Any, float, int]:
+    """Run `switch(rings)` with the runtime's gate held, once every submitted step
+    is done, the router has submitted its queued moves and every message waiting
+    for k on its device is in `rings` (staging batches, oldest first). While the
+    router's moves wait for room, the gate is let go between rounds so the
+    other kernels step and free it (what they sent k meanwhile is staged in the
+    next round). Returns (switch's result, seconds spent quiescing, messages staged)."""
+    gate = gate_of(rt)
+    src = k.device_index
+    quiesce = 0.0
+    staged = 0
+    while True:
+        with gate.exclusive(_left(deadline, "waiting for the runtime's steps"), f"moving {k.id!r}"):
+            t0 = time.monotonic()
+            k.check()
+            rt.synchronize(_left(deadline, "the runtime's submitted steps"))
+            _wait_jobs(rt, src, deadline)
+            waiting = _pump_router(rt)
+            ring, n = _stage(rt, k, deadline)   # also frees landings that wait only for k
+            if ring is not None:
+                rings.append(ring)
+                staged += n
+            quiesce += time.monotonic() - t0
+            if not waiting:
+                return switch(rings), quiesce, staged
+        if time.monotonic() >= deadline:
+            raise VkmTimeout(f"the K2K router still has {waiting} move(s) waiting for room on their edges (their "
+                             f"destinations' landings are full: step the other kernels, then migrate again)")
+        time.sleep(0.002)   # the others step meanwhile
+
+
 # -- live migration -----------------------------------------------------------------------------
+
+def _switch(rt: Any, k: Kernel, twin: Kernel, request: MigrationRequest, eng: Engine, tickets: list,
+            rings: list[Buffer], src_crc: Any, verify: bool, deadline: float) -> tuple:
+    """The end of a migration, with the gate held and nothing left to stage: control
+    block, inbox and staging batches follow the state, the CRC32s are compared,
+    the kernel swaps to the twin. Returns (transfer s, verify s, match, restore s, bytes)."""
+    src, dst = k.device_index, twin.device_index
+    t0 = time.monotonic()
+    small = [(k.control, twin.control), (k.inbox, twin.inbox)]
+    landings = [Buffer(twin.ctx.slot, ring.size) for ring in rings]
+    try:
+        small += list(zip(rings, landings))
+        tickets = tickets + [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in small]
+        for t in tickets:
+            t.wait(_left(deadline, "the GPU-to-GPU copies"))
+        transfer_d = time.monotonic() - t0
+        request.state = MigrationState.RESTORING
+        t0 = time.monotonic()
+        match = None
+        verify_d = 0.0
+        if verify:
+            src_small = rt._crc(src).submit([(a, 0, a.size) for a, _ in small])
+            dst_all = rt._crc(dst).submit([(b, 0, b.size) for b in twin.states] + [(b, 0, b.size) for _, b in small])
+            want = src_crc.result(_left(deadline, "the source's CRC32")) + \
+                src_small.result(_left(deadline, "the source's CRC32"))
+            got = dst_all.result(_left(deadline, "the destination's CRC32"))
+            names = [f"state{i}" for i in range(len(k.states))] + ["control", "inbox"] + \
+                [f"staging{i}" for i in range(len(rings))]
+            bad = [n for n, a, b in zip(names, want, got) if a != b]
+            verify_d = time.monotonic() - t0
+            if bad:
+                raise MigrationError(f"CRC32 mismatch after the copy to GPU {dst}: {', '.join(bad)} "
+                                     f"(source {[hex(w) for w in want]}, destination {[hex(g) for g in got]})"[:900])
+            match = True
+        k.check()
+    except BaseException:
+        for b in landings:
+            b.destroy()
+        raise
+    _finish_move(rt, k, twin, True)   # nothing below raises: the kernel has moved
+    if landings:
+        _hand_back(rt, dst, landings)
+    _assign(rt, k, dst, request)
+    return transfer_d, verify_d, match, time.monotonic() - t0, sum(a.size for a, _ in small)
+
 
 def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float | None, verify: bool) -> Any:
     from .migration import MigrationResult
@@ -402,7 +481,9 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
     request.state = MigrationState.QUIESCING
     why = f"migrating to GPU {dst}"
     rt._hold(k, why)
-    twin = ring = None
+    twin = None
+    rings: list[Buffer] = []
+    staged = 0
     swapped = False
     try:
         t0 = time.monotonic()
@@ -424,73 +505,37 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
         moved = sum(s.size for s in k.states)
         transfer_d = time.monotonic() - t0
 
-        with gate_of(rt).exclusive(_left(deadline, "waiting for the runtime's steps"), f"migrating {k.id!r}"):
-            t1 = time.monotonic()
-            k.check()
-            rt.synchronize(_left(deadline, "the runtime's submitted steps"))
-            _wait_jobs(rt, src, deadline)
-            _drain_router(rt, deadline)
-            quiesce_d += time.monotonic() - t1
-            t1 = time.monotonic()
-            ring, staged = _stage(rt, k, deadline)
-            small = [(k.control, twin.control), (k.inbox, twin.inbox)]
-            landing = None
-            if ring is not None:
-                landing = Buffer(twin.ctx.slot, ring.size)
-                small.append((ring, landing))
-            tickets += [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in small]
-            moved += sum(a.size for a, _ in small)
-            for t in tickets:
-                t.wait(_left(deadline, "the GPU-to-GPU copies"))
-            transfer_d += time.monotonic() - t1
-
-            request.state = MigrationState.RESTORING
-            t1 = time.monotonic()
-            match = None
-            verify_d = 0.0
-            if verify:
-                extra = [(a, 0, a.size) for a, _ in small]
-                src_small = rt._crc(src).submit(extra)
-                dst_all = rt._crc(dst).submit([(b, 0, b.size) for b in twin.states] +
-                                              [(b, 0, b.size) for _, b in small])
-                want = src_crc.result(_left(deadline, "the source's CRC32")) + \
-                    src_small.result(_left(deadline, "the source's CRC32"))
-                got = dst_all.result(_left(deadline, "the destination's CRC32"))
-                names = [f"state{i}" for i in range(len(k.states))] + ["control", "inbox", "staging"][:len(small)]
-                bad = [n for n, a, b in zip(names, want, got) if a != b]
-                verify_d = time.monotonic() - t1
-                if bad:
-                    raise MigrationError(f"CRC32 mismatch after the copy to GPU {dst}: {', '.join(bad)} "
-                                         f"(source {[hex(w) for w in want]}, destination {[hex(g) for g in got]})")
-                match = True
-            k.check()
-            _finish_move(rt, k, twin, True)
+        def switch(rings: list[Buffer]) -> tuple:
+            nonlocal swapped
+            out = _switch(rt, k, twin, request, eng, tickets, rings, src_crc, verify, deadline)
             swapped = True
-            if landing is not None:
-                _hand_back(rt, dst, landing)
-            _assign(rt, k, dst, request)
-            restore_d = time.monotonic() - t1
+            return out
+        result, quiesce_add, staged = switch_at_step_boundary(rt, k, deadline, rings, switch)
+        quiesce_d += quiesce_add
+        transfer_add, verify_d, match, restore_d, small_bytes = result
+        transfer_d += transfer_add
+        moved += small_bytes
         old, twin = twin, None
         _retire_half(rt, old, lost=False)
-        if ring is not None:
+        for ring in rings:
             ring.destroy()
-            ring = None
+        rings = []
     except BaseException as exc:
         if not swapped:
-            if ring is not None:
+            if rings:
                 try:
-                    _hand_back(rt, src, ring)   # the messages taken go back to the kernel where it is
-                    ring = None
+                    _hand_back(rt, src, rings, front=True)   # the messages taken go back to the kernel where it is
+                    rings = []
                 except VkmError as back:
                     log.error("migration of %r failed and %d staged message(s) could not be handed back: %s",
-                              k.id, 0, back)
+                              k.id, staged, back)
             if twin is not None:
                 _free_twin(twin)
         if isinstance(exc, MigrationError):
             raise
         raise MigrationError(f"live migration of {k.id!r} from GPU {src} to GPU {dst} failed: {exc}") from exc
     finally:
-        if ring is not None:
+        for ring in rings:
             ring.destroy()
         rt._release(k, why)
     request.state = MigrationState.COMPLETED
