@@ -58,7 +58,7 @@ def _runtime(mgr: Any) -> tuple[Any, Any]:
     return rt, CrossGpuK2KRouter(rt.coordinator, rt)
 
 
-def migrate(mgr: Any, sizes: list[int], repeats: int) -> list[dict]:
+def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[dict]:
     """(a): per state size, live migrations back and forth and the host-bytes baseline."""
     from vkmulti.kernels import Checkpoint, KernelSpec, counter_kernel
     from vkmulti.kernels.reference import COUNTER_TAG_ADD, counter_initial_state, read_counter
@@ -125,6 +125,8 @@ def migrate(mgr: Any, sizes: list[int], repeats: int) -> list[dict]:
             row["ratio_host_to_live_no_crc"] = row["host_bytes_us"] / row["live_no_crc_us"]
             row["raw_copy_gbps"] = size / row["raw_copy_us"] / 1e3
             out.append(row)
+            if bar is not None:
+                bar()
     finally:
         router.detach()
         rt.destroy()
@@ -171,6 +173,7 @@ def reload(mgr: Any, repeats: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from vkmulti import MultiDeviceManager
+    from vkmulti.progress import progress
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--section", choices=("all", "migrate", "reload"), default="all")
@@ -188,10 +191,14 @@ def main(argv: list[str] | None = None) -> int:
         if mgr.device_count < 2:
             print("bench/migration.py needs two devices", file=sys.stderr)
             return 2
-        if args.section in ("all", "migrate"):
-            res["migrate"] = migrate(mgr, args.sizes or [MIB, 16 * MIB, 256 * MIB], args.repeats)
-        if args.section in ("all", "reload"):
-            res["reload"] = reload(mgr, args.repeats)
+        sizes = args.sizes or [MIB, 16 * MIB, 256 * MIB]
+        steps = (len(sizes) if args.section in ("all", "migrate") else 0) + (args.section in ("all", "reload"))
+        with progress(steps, "bench migration", quiet=args.json is not None) as bar:
+            if args.section in ("all", "migrate"):
+                res["migrate"] = migrate(mgr, sizes, args.repeats, bar)
+            if args.section in ("all", "reload"):
+                res["reload"] = reload(mgr, args.repeats)
+                bar()
     finally:
         mgr.destroy()
     print(json.dumps(res, indent=2))

@@ -417,3 +417,12 @@ def test_restore_into_a_kernel_whose_device_is_lost(runtime, router, monkeypatch
     settle(runtime, router, [sender, victim], lambda: read_counter(runtime.read_state(victim)).count == 4)
     st = read_counter(runtime.read_state(victim))
     assert (st.count, st.sum, st.fifo_errors) == (4, 16, 0)
+
+
+def test_a_kernel_prepared_by_its_user_can_still_be_written_and_destroyed(runtime):
+    k = counter(runtime, "k", device=0)
+    k.prepare_for_migration()
+    runtime.write_state(k, 0, counter_initial_state(MAX), timeout=5)
+    assert runtime.read_state(k)[28:32].view(np.uint32)[0] == MAX
+    runtime.destroy_kernel(k, timeout=5)
+    assert k.destroyed

@@ -110,8 +110,9 @@ def _kernel_arg(rt: Any, args: tuple, kwargs: dict) -> Any:
 
 def gated_unheld(fn: Callable) -> Callable:
     """Like `gated`, for a method whose first argument is a kernel: it first waits
-    (bounded by the call's `timeout`, default 60 s) until that kernel is not
-    held back by a migration or reload, so it never acts on a half-moved kernel."""
+    (bounded by the call's `timeout`, default 60 s) until no migration or restore
+    is replacing that kernel's device resources, so it never acts on a half-moved
+    kernel."""
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         timeout = kwargs.get("timeout", 60.0)
@@ -122,6 +123,6 @@ def gated_unheld(fn: Callable) -> Callable:
             if k is not None:
                 self._wait_unheld(k, deadline)
             with gate.shared():
-                if k is None or not self._is_held_now(k):
+                if k is None or not self._is_moving(k):
                     return fn(self, *args, **kwargs)
     return wrapper

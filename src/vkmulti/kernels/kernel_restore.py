@@ -62,7 +62,7 @@ def restore_into(rt: Any, k: Kernel, img: KernelImage, device: int | None, timeo
     if not 0 <= device < rt.manager.device_count:
         raise ValueError(f"device {device} out of range: {rt.manager.device_count} device(s)")
     why = f"restored from a checkpoint onto GPU {device}"
-    rt._hold(k, why)
+    rt._hold(k, why, moving=True)
     twin = None
     rings: list[Buffer] = []
     done = False
@@ -122,7 +122,7 @@ def restore_into(rt: Any, k: Kernel, img: KernelImage, device: int | None, timeo
     finally:
         for r in rings:
             r.destroy()
-        rt._release(k, why)
+        rt._release(k, why, moving=True)
     return k
 
 

@@ -383,14 +383,27 @@ class KernelLifecycle:
                 c = self.__dict__.setdefault("_held_cond", threading.Condition(threading.Lock()))
         return c
 
-    def _hold(self, kernel: Kernel, why: str) -> None:
-        """Hold `kernel` back from stepping (holds nest; each _release undoes one)."""
+    def _hold(self, kernel: Kernel, why: str, moving: bool = False) -> None:
+        """Hold `kernel` back from stepping (holds nest; each _release undoes one).
+        `moving`: its device resources are about to be replaced (a migration or a
+        restore): calls that use them (write_state, destroy_kernel) wait for it."""
         with self._hold_cond():
             self.__dict__.setdefault("_held", {}).setdefault(kernel, []).append(why)
+            if moving:
+                moves = self.__dict__.setdefault("_moving", {})
+                moves[kernel] = moves.get(kernel, 0) + 1
 
-    def _release(self, kernel: Kernel, why: str | None = None) -> None:
+    def _release(self, kernel: Kernel, why: str | None = None, moving: bool = False) -> None:
+        """Undo one _hold (the one with reason `why` when given)."""
         cond = self._hold_cond()
         with cond:
+            if moving:
+                moves = self.__dict__.setdefault("_moving", {})
+                left = moves.get(kernel, 0) - 1
+                if left > 0:
+                    moves[kernel] = left
+                else:
+                    moves.pop(kernel, None)
             held = self.__dict__.setdefault("_held", {})
             reasons = held.get(kernel)
             if reasons:
@@ -405,14 +418,19 @@ class KernelLifecycle:
     def _is_held_now(self, kernel: Kernel) -> bool:
         return kernel in (self.__dict__.get("_held") or {})
 
+    def _is_moving(self, kernel: Kernel) -> bool:
+        return kernel in (self.__dict__.get("_moving") or {})
+
     def _wait_unheld(self, kernel: Kernel, deadline: float) -> None:
+        """Wait until no migration or restore is replacing `kernel`'s device resources."""
         cond = self._hold_cond()
         with cond:
-            while self._is_held_now(kernel):
+            while self._is_moving(kernel):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise VkmTimeout(f"kernel {kernel.id!r} is still being {self.__dict__['_held'][kernel][-1]}"
-                                     f" (held back from use)")
+                    why = (self.__dict__.get("_held") or {}).get(kernel, ["moved"])[-1]
+                    raise VkmTimeout(f"kernel {kernel.id!r} is still being {why} (its device resources are "
+                                     f"being replaced)")
                 cond.wait(min(left, 0.25))
 
     def is_held(self, kernel: Any) -> bool:

@@ -480,7 +480,7 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
         raise MigrationError(f"GPU {dst} is not a device of this runtime's manager ({rt.manager.device_count})")
     request.state = MigrationState.QUIESCING
     why = f"migrating to GPU {dst}"
-    rt._hold(k, why)
+    rt._hold(k, why, moving=True)
     twin = None
     rings: list[Buffer] = []
     staged = 0
@@ -537,7 +537,7 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
     finally:
         for ring in rings:
             ring.destroy()
-        rt._release(k, why)
+        rt._release(k, why, moving=True)
     request.state = MigrationState.COMPLETED
     total = time.monotonic() - start
     return MigrationResult(k.id, src, dst, moved, checkpoint_d, transfer_d, restore_d, total, quiesce_d, verify_d,
