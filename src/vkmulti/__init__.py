@@ -36,6 +36,15 @@ from .kernels import HlcTimestamp, K2KMessage, Kernel, KernelRuntime, KernelSpec
 # the cross-GPU K2K router (ringkernel's CrossGpuK2KRouter, delivering for real)
 from .kernels import (CrossGpuK2KRouter, CrossGpuRouterStats, CrossGpuRouterStatsSnapshot, PendingK2KMessage,
                       RoutingDecision, RoutingKind)
+# checkpoints, migration and hot reload of kernels (vkmulti.kernels)
+from .kernels import (CHECKPOINT_MAGIC, CHECKPOINT_VERSION, MAX_CHECKPOINT_SIZE, Checkpoint, CheckpointBuilder,
+                      CheckpointHeader, CheckpointMetadata, CheckpointPolicy, CheckpointStorage,
+                      CheckpointableKernel, ChunkHeader, ChunkType, DataChunk, FileStorage, HotReloadConfig,
+                      HotReloadManager, HotReloadRequest, HotReloadResult, HotReloadState, HotReloadStats,
+                      HotReloadStatsSnapshot, HotReloadableKernel, KernelCodeFormat, KernelCodeSource,
+                      KernelMigrator, MemoryStorage, MigratableKernel, MigrationResult, MigrationStats,
+                      MigrationStatsSnapshot, PlanOutcome)
+from .errors import CheckpointNotFoundError, CheckpointStorageError, InvalidCheckpointError
 
 __all__ = [
     "DeviceCapabilities", "QueueFamilies", "RenderCapabilities", "probe_device",
@@ -59,6 +68,14 @@ __all__ = [
     "KernelRuntime", "KernelSpec", "Kernel", "K2KMessage", "MessageEnvelope", "HlcTimestamp",
     "CrossGpuK2KRouter", "CrossGpuRouterStats", "CrossGpuRouterStatsSnapshot", "PendingK2KMessage",
     "RoutingDecision", "RoutingKind", "TenantMismatchError",
+    "Checkpoint", "CheckpointBuilder", "CheckpointHeader", "CheckpointMetadata", "ChunkHeader", "ChunkType",
+    "DataChunk", "CHECKPOINT_MAGIC", "CHECKPOINT_VERSION", "MAX_CHECKPOINT_SIZE",
+    "CheckpointStorage", "FileStorage", "MemoryStorage", "CheckpointPolicy",
+    "KernelCodeFormat", "KernelCodeSource", "HotReloadConfig", "HotReloadManager", "HotReloadRequest",
+    "HotReloadResult", "HotReloadState", "HotReloadStats", "HotReloadStatsSnapshot",
+    "KernelMigrator", "MigrationResult", "MigrationStats", "MigrationStatsSnapshot", "PlanOutcome",
+    "CheckpointableKernel", "HotReloadableKernel", "MigratableKernel",
+    "InvalidCheckpointError", "CheckpointStorageError", "CheckpointNotFoundError",
 ]
 
 # failure handling: a lost GPU (docs/failover.md)

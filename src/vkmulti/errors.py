@@ -14,6 +14,7 @@ __all__ = [
     "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError",
     "ClusterError", "RayMissingError", "ClusterAddressError", "ClusterConnectionError", "NoAgentError",
     "RendererMissingError",
+    "InvalidCheckpointError", "CheckpointStorageError", "CheckpointNotFoundError",
 ]
 
 
@@ -128,6 +129,19 @@ class MigrationError(VkmError):
 
 class KernelValidationError(VkmError, ValueError):
     """Kernel code or a kernel request failed validation (ringkernel's ValidationError)."""
+
+
+class InvalidCheckpointError(VkmError, ValueError):
+    """Checkpoint bytes that cannot be loaded: bad magic or version, too large,
+    truncated, or a checksum that does not match (ringkernel's InvalidCheckpoint)."""
+
+
+class CheckpointStorageError(VkmError, OSError):
+    """A checkpoint storage backend could not save, load, list or delete (ringkernel's IoError)."""
+
+
+class CheckpointNotFoundError(CheckpointStorageError, FileNotFoundError):
+    """No checkpoint is stored under that name."""
 
 
 # ---- the cluster layer (vkmulti.cluster) ---------------------------------------

@@ -27,6 +27,7 @@ from ..errors import DestroyedError
 from ..images import Buffer
 from ..transfer import TimelinePoint
 from .device_context import DeviceContext, MappedBuffer, align, WHOLE_SIZE, barrier
+from .kernel_traits import KernelTraits
 from .messages import ENVELOPE_BYTES, RING_HEADER_BYTES, HlcTimestamp
 
 __all__ = ["KernelSpec", "Kernel", "KernelStats", "OutboxBatch", "InboundBatch", "SPIRV_MAGIC"]
@@ -261,7 +262,7 @@ class InboundBatch(_Batch):
         return f"InboundBatch(device={self.ctx.index}, offset={self.offset}, size={self.size}, done={self.done})"
 
 
-class Kernel:
+class Kernel(KernelTraits):
     """A kernel launched by a KernelRuntime on one device (see the module docstring).
 
     Made by `KernelRuntime.launch`; use the runtime to step it, send to it and
