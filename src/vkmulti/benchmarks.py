@@ -14,10 +14,14 @@ from typing import Any, Callable
 import numpy as np
 import vulkan as vk
 
+from .cli_args import add_virtual_argument, check_output_path
+
 from . import vkapi
-from .images import Buffer, Image
-from .methods import TransferMethod, method_support
-from .transfer import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer
+from .buffers import Buffer
+from .images import Image
+from .methods import TransferMethod
+from .progress import progress
+from .transfer import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer, pair_methods
 
 _ffi = vk.ffi
 IMAGE_SIZES = ((256, 256), (1920, 1080), (3840, 2160))
@@ -163,9 +167,8 @@ def _torch_pinned(nbytes: int, src: int, dst: int) -> Callable[[], None] | None:
 
 
 def methods_for(src: Any, dst: Any) -> list[str]:
-    return [m for m in TransferMethod.CROSS_DEVICE
-            if method_support(m, src.capabilities, dst.capabilities, src.enabled_extensions,
-                              dst.enabled_extensions) is None]
+    """The methods the pair of slots supports, best first (vkmulti.pair_methods)."""
+    return pair_methods(src, dst)
 
 
 def bytes_label(n: int) -> str:
@@ -194,10 +197,11 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
                        methods: list[str] | None = None, sizes: tuple = IMAGE_SIZES, buffer_bytes: int = BUFFER_BYTES,
                        torch: bool = True, log: Callable[[str], None] | None = None,
                        slot_size: int = DEFAULT_SLOT_SIZE, slot_count: int = DEFAULT_SLOT_COUNT,
-                       split: bool = False) -> dict[str, Any]:
+                       advance: Callable[[int], None] | None = None, split: bool = False) -> dict[str, Any]:
     """Time each method and size end to end (submit to dst_ready), plus the seed
-    baseline and torch's pinned-host copy, interleaved round by round. `split`:
-    also the medians of submit() alone and wait() alone per method (results["split"])."""
+    baseline and torch's pinned-host copy, interleaved round by round.
+    `advance(1)` is called after each case (progress). `split`: also the medians
+    of submit() alone and wait() alone per method (results["split"])."""
     s, d = manager.slot(src), manager.slot(dst)
     methods = methods or methods_for(s, d)
     buffer_reps = buffer_reps or max(3, reps // 2)
@@ -243,6 +247,8 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
                     sp = results["split"].setdefault(case, {})[m] = split_times(lambda x=x: x.submit(**kw),
                                                                                max(1, n // 4))
                     say(f"{case:>16} {m:>13}: submit {sp['submit_s'] * 1e6:7.1f} us, wait {sp['wait_s'] * 1e6:7.1f} us")
+            if advance is not None:
+                advance(1)
         finally:
             seed.destroy()
             for x in xs:
@@ -297,51 +303,30 @@ def ratio_line(results: dict[str, Any]) -> str:
     return "ratio: " + ", ".join(f"{k} = {r[k]:.2f}x" for k in keys)
 
 
-def plot(results: dict[str, Any], path: str) -> None:
-    """A grouped bar chart of GB/s by case and method, drawn with Pillow."""
-    from PIL import Image as PILImage, ImageDraw
+def plot(results: dict[str, Any], path: str) -> str:
+    """A grouped bar chart of GB/s by case and method (vkmulti.charts: matplotlib,
+    else Pillow); the title names the two devices. Returns the library used."""
+    from .charts import bar_chart
 
     cases = list(dict.fromkeys(c["case"] for c in results["cases"]))
     methods = list(dict.fromkeys(c["method"] for c in results["cases"]))
-    colors = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75)]
     gb = {(c["case"], c["method"]): c["gbps"] for c in results["cases"]}
-    top = max(gb.values()) * 1.15 or 1.0
-    W, H, left, bottom, topm = 1000, 560, 70, 70, 60
-    img = PILImage.new("RGB", (W, H), "white")
-    g = ImageDraw.Draw(img)
-    g.text((left, 15), f"vkmulti transfer bandwidth (GB/s): {results['machine']['src']} -> "
-                       f"{results['machine']['dst']}", fill="black")
-    plot_h = H - bottom - topm
-    for k in range(6):
-        y = H - bottom - plot_h * k / 5
-        g.line([(left, y), (W - 20, y)], fill=(220, 220, 220))
-        g.text((10, y - 6), f"{top * k / 5:.1f}", fill="black")
-    group_w = (W - left - 20) / max(1, len(cases))
-    bar_w = group_w * 0.8 / max(1, len(methods))
-    for i, case in enumerate(cases):
-        x0 = left + i * group_w + group_w * 0.1
-        for j, m in enumerate(methods):
-            v = gb.get((case, m))
-            if v is None:
-                continue
-            h = plot_h * v / top
-            x = x0 + j * bar_w
-            g.rectangle([x, H - bottom - h, x + bar_w - 2, H - bottom], fill=colors[j % len(colors)])
-            g.text((x, H - bottom - h - 12), f"{v:.1f}", fill="black")
-        g.text((x0, H - bottom + 8), case, fill="black")
-    for j, m in enumerate(methods):
-        g.rectangle([left + j * 150, H - 30, left + j * 150 + 12, H - 18], fill=colors[j % len(colors)])
-        g.text((left + j * 150 + 16, H - 30), m, fill="black")
-    img.save(path)
+    machine = f"{results['machine']['src']} -> {results['machine']['dst']}"
+    return bar_chart(cases, methods, gb, title="vkmulti transfer bandwidth by method", ylabel="GB/s (median)",
+                     xlabel="what moves (image: RGBA16F)", path=path, machine=machine)
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="vkmulti bench transfer", description=__doc__)
+    from .cli_args import Parser
+
+    p = Parser(prog="vkmulti bench transfer", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--src", type=int, default=1)
     p.add_argument("--dst", type=int, default=0)
-    p.add_argument("--reps", type=int, default=None, help="rounds per case (default 10; 5 with --quick)")
+    p.add_argument("--reps", type=int, default=None,
+                   help=f"rounds per case (default 10; 5 with --quick; {SMALL_REPS} with --small)")
     p.add_argument("--quick", action="store_true", help="4K image and a 64 MiB buffer only, 5 reps")
     p.add_argument("--small", action="store_true",
                    help=f"small transfers only: a 256x256 image and a {bytes_label(SMALL_BUFFER_BYTES)} buffer, "
@@ -354,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", help="comma-separated methods to time (default: all the pair supports)")
     p.add_argument("--plot", metavar="PNG", help="write a bar chart of GB/s by method and size")
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
-    p.add_argument("--virtual", type=int, default=0, metavar="N", help="use N virtual lavapipe GPUs")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (also off when stderr is no terminal)")
+    add_virtual_argument(p)
     args = p.parse_args(argv)
     if args.quick and args.small:
         p.error("--quick and --small are different case sets: pick one")
@@ -364,11 +350,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--reps must be >= 1")
     if args.slot_size < 1 or args.slot_count < 1:
         p.error("--slot-size and --slot-count must be >= 1")
+    if args.plot:
+        check_output_path(p, args.plot, "--plot")
     from .multi_device import MultiDeviceManager
-    from .testing import install_virtual_gpus
+    from .testing import use_virtual_if_no_gpu
 
-    if args.virtual:
-        install_virtual_gpus(args.virtual)
+    note = use_virtual_if_no_gpu(args.virtual)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     with MultiDeviceManager.create(enabled=True, validation=False) as mgr:
         if mgr.device_count < 2:
             print("bench transfer needs two devices (try --virtual 2)", file=sys.stderr)
@@ -383,12 +372,23 @@ def main(argv: list[str] | None = None) -> int:
             kw = {"sizes": SMALL_SIZES, "buffer_bytes": SMALL_BUFFER_BYTES, "buffer_reps": args.reps, "split": True}
         if args.methods:
             kw["methods"] = [m.strip() for m in args.methods.split(",")]
+            supported = pair_methods(mgr.slot(args.src), mgr.slot(args.dst))
             for m in kw["methods"]:
                 if m not in TransferMethod.CROSS_DEVICE:
                     p.error(f"unknown method {m!r}; choose from {', '.join(TransferMethod.CROSS_DEVICE)}")
-        res = run_transfer_bench(mgr, src=args.src, dst=args.dst, reps=args.reps,
-                                 torch=not args.no_torch, log=lambda m: print(m, file=sys.stderr),
-                                 slot_size=args.slot_size << 20, slot_count=args.slot_count, **kw)
+                if m not in supported:
+                    p.error(f"method {m!r} does not work from GPU {args.src} to GPU {args.dst}; that pair "
+                            f"supports {', '.join(supported)}")
+        if args.src == args.dst:
+            p.error(f"--src and --dst are both {args.src}: a transfer needs two devices")
+        cases = len(kw.get("sizes", IMAGE_SIZES)) + 1
+        with progress(cases, "bench transfer", quiet=args.quiet or bool(args.json)) as bar:
+            res = run_transfer_bench(mgr, src=args.src, dst=args.dst, reps=args.reps,
+                                     torch=not args.no_torch, log=bar.say,
+                                     slot_size=args.slot_size << 20, slot_count=args.slot_count,
+                                     advance=bar, **kw)
+        if note:
+            res["note"] = note
     text = json.dumps(res, indent=2)
     print(text)
     if args.json:

@@ -19,19 +19,20 @@ from typing import Any
 import vulkan as vk
 
 from . import _native
-from ._handles import handle_int
+from ._handles import handle_int, short_text
 from .capabilities import EXT_DMA_BUF, RenderCapabilities
 from .errors import DestroyedError, DeviceLostError, UnsupportedError, VkmError
 from .errors import TimeoutError as VkmTimeoutError
-from .images import Buffer, Image, check_layout
+from .buffers import Buffer
+from .images import Image, check_layout
 from .lifetime import Deadline, Lifetime
-from .methods import TransferMethod, method_support
+from .methods import MethodProblem, TransferMethod, method_problem
 from .resources import MAX_BYTES, slot_lifetime
 from .timeline import TimelinePoint, wait_point
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TransferMethod", "select_transfer_method", "CrossDeviceTransfer", "TransferTicket", "TimelinePoint",
+__all__ = ["TransferMethod", "select_transfer_method", "pair_methods", "pair_problem", "CrossDeviceTransfer", "TransferTicket", "TimelinePoint",
            "DEFAULT_SLOT_SIZE", "DEFAULT_SLOT_COUNT"]
 
 #: Ring shape per device pair and method: 8 slots of 8 MiB (64 MiB). Jobs
@@ -40,12 +41,12 @@ DEFAULT_SLOT_SIZE = 8 << 20
 DEFAULT_SLOT_COUNT = 8
 #: CUDA_PEER's default ring: 8 slots of 16 MiB (128 MiB a side). Each chunk
 #: costs its worker ~25 us of host work, so chunks are large: a 4K frame goes
-#: in eight, 256 MiB in sixteen (bench/RESULTS.md has the shapes measured).
+#: in eight, 256 MiB in sixteen (bench/HISTORY.md has the shapes measured).
 CUDA_PEER_SLOT_SIZE = 16 << 20
 CUDA_PEER_SLOT_COUNT = 8
 #: The default ring where a device of the pair is a CPU (lavapipe): 8 slots of
 #: 1 MiB. The copies there are CPU work, and chunks that stay in the caches run
-#: 1.2-1.7x faster than 8 MiB ones (bench/RESULTS.md, 2026-11-30 session 4).
+#: 1.2-1.7x faster than 8 MiB ones (bench/HISTORY.md, 2026-11-30 session 4).
 CPU_SLOT_SIZE = 1 << 20
 CPU_SLOT_COUNT = 8
 #: Ring shapes vkmulti accepts: a slot of at most 4 GiB, at most 1024 slots, at
@@ -114,18 +115,69 @@ def cuda_peer_auto() -> bool:
     return os.environ.get(CUDA_PEER_ENV, "") != "0"
 
 
-def select_transfer_method(assignment: Any, capabilities: RenderCapabilities | None, *,
+def slot_label(slot: Any) -> str:
+    """"GPU i ('name')" for messages."""
+    return f"GPU {slot.index} ({short_text(slot.name)})"
+
+
+def pair_problem(method: str, src: Any, dst: Any) -> MethodProblem | None:
+    """Why `method` cannot move data from slot `src` to slot `dst` (with the
+    extensions their VkDevices enabled), or None when it can."""
+    a, b = src.capabilities, dst.capabilities
+    if a is None or b is None:
+        return None if method in (TransferMethod.STAGING_COPY, TransferMethod.NONE) else \
+            MethodProblem("the devices' capabilities are unknown")
+    return method_problem(method, a, b, src.enabled_extensions, dst.enabled_extensions,
+                          labels=(slot_label(src), slot_label(dst)))
+
+
+def pair_methods(src: Any, dst: Any) -> list[str]:
+    """The cross-device methods that work from slot `src` to slot `dst`, best first
+    (what their VkDevices enabled counts; CUDA_PEER as the driver answers)."""
+    return [m for m in TransferMethod.CROSS_DEVICE if pair_problem(m, src, dst) is None]
+
+
+_reported: set[tuple] = set()
+_reported_lock = threading.Lock()
+
+
+def _report_skipped(key: tuple, problem: MethodProblem) -> None:
+    """Log once per pair and method why a better method was passed over because a
+    VkDevice lacks an extension its driver offers (an engine's own device)."""
+    with _reported_lock:
+        if key in _reported:
+            return
+        _reported.add(key)
+    log.warning("vkmulti: %s not used: %s", key[-1], problem.reason)
+
+
+def select_transfer_method(assignment: Any, capabilities: Any, *,
                            prefer_dmabuf: bool = True, dst_index: int = 0) -> str:
     """The best method both devices of the pair support (DMABUF only when preferred,
     CUDA_PEER unless VKMULTI_CUDA_PEER=0).
 
-    NONE for work already on the destination (the primary by default); the
-    floor, STAGING_COPY, when the capabilities do not describe both devices.
+    The seed's form: `assignment` has a `device_index` (an SRUAssignment) and
+    `capabilities` is the manager's RenderCapabilities (`mgr.capabilities`);
+    the destination is `dst_index`, the primary by default. NONE for work
+    already on the destination; the floor, STAGING_COPY, when the
+    capabilities do not describe both devices. The pair form:
+    `select_transfer_method(src_slot, dst_slot)` with two DeviceSlots.
+
+    A method passed over because a VkDevice was created without an extension
+    its driver offers (an engine's own device) is logged once, in one line
+    that names the extension and vkmulti.device_requirements().
     """
+    from .multi_device import DeviceSlot
+
+    if isinstance(assignment, DeviceSlot) or isinstance(capabilities, DeviceSlot):
+        if not (isinstance(assignment, DeviceSlot) and isinstance(capabilities, DeviceSlot)):
+            raise TypeError(f"select_transfer_method(src_slot, dst_slot) needs two DeviceSlots, got "
+                            f"{type(assignment).__name__} and {type(capabilities).__name__}")
+        return _select_for_slots(assignment, capabilities, prefer_dmabuf)
     src_index = getattr(assignment, "device_index", None)
     if isinstance(src_index, bool) or not isinstance(src_index, int) or src_index < 0:
-        raise TypeError(f"assignment must have a non-negative int device_index, got "
-                        f"{type(assignment).__name__} with device_index {src_index!r}"[:200])
+        raise TypeError(f"assignment must have a non-negative int device_index (an SRUAssignment), or pass two "
+                        f"DeviceSlots; got {type(assignment).__name__} with device_index {src_index!r}"[:200])
     if isinstance(dst_index, bool) or not isinstance(dst_index, int) or dst_index < 0:
         raise TypeError(f"dst_index must be a non-negative int, got {dst_index!r}"[:160])
     if capabilities is not None and not isinstance(capabilities, RenderCapabilities):
@@ -138,13 +190,28 @@ def select_transfer_method(assignment: Any, capabilities: RenderCapabilities | N
     en = capabilities.enabled_extensions
     ea = en[src_index] if src_index < len(en) else None
     eb = en[dst_index] if dst_index < len(en) else None
+    labels = (f"GPU {src_index} ({short_text(a.name)})", f"GPU {dst_index} ({short_text(b.name)})")
+    return _first_working(lambda m: method_problem(m, a, b, ea, eb, labels=labels), prefer_dmabuf,
+                          (src_index, dst_index))
+
+
+def _select_for_slots(src: Any, dst: Any, prefer_dmabuf: bool) -> str:
+    if src is dst or src.index == dst.index and src.device is dst.device:
+        return TransferMethod.NONE
+    return _first_working(lambda m: pair_problem(m, src, dst), prefer_dmabuf, (src.index, dst.index))
+
+
+def _first_working(problem_of: Any, prefer_dmabuf: bool, pair: tuple[int, int]) -> str:
     for method in TransferMethod.CROSS_DEVICE:
         if method == TransferMethod.DMABUF and not prefer_dmabuf:
             continue
         if method == TransferMethod.CUDA_PEER and not cuda_peer_auto():
             continue
-        if method_support(method, a, b, ea, eb) is None:
+        problem = problem_of(method)
+        if problem is None:
             return method
+        if problem.not_enabled:
+            _report_skipped((*pair, problem.device, method), problem)
     return TransferMethod.STAGING_COPY
 
 
@@ -320,6 +387,10 @@ def _acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: i
         return ref
 
 
+async def _done() -> None:
+    return None
+
+
 class TransferTicket:
     """An in-flight transfer: wait(timeout) blocks without the GIL; done() polls.
 
@@ -369,6 +440,16 @@ class TransferTicket:
         self._call(self._link.wait, self.ticket, self.dst_ready.value, timeout)
         self._complete = True
 
+    def __await__(self) -> Any:
+        """`await ticket`: wait() on the event loop's default executor (a native wait
+        without the GIL; the loop never blocks). Cancelling the awaiting task does
+        not stop the transfer. Use `asyncio.wait_for(...)` for a timeout."""
+        import asyncio
+
+        if self.done():
+            return _done().__await__()
+        return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
+
     def wait_submitted(self, timeout: float | None = None) -> None:
         """Block until all of this transfer's GPU work is submitted (not finished).
 
@@ -387,6 +468,7 @@ class TransferTicket:
             raise VkmTimeoutError(f"transfer {self.ticket}: the source side was not done within {timeout} s")
 
     def done(self) -> bool:
+        """True once the destination holds the data (never blocks); raises the job's error if it failed."""
         if not self._answered():
             self._complete = bool(self._call(self._link.poll, self.ticket, self.dst_ready.value, 0.0))
         return self._complete
@@ -406,6 +488,7 @@ class TransferTicket:
         return self.src_done if device_index == self.src_done.device_index else self.dst_ready
 
     def gpu_done(self, device_index: int | None) -> bool:
+        """Whether the GPU work of this job on device `device_index` is finished (never blocks)."""
         point = self._point(device_index)
         if id(point) in self._gpu_done or (self._complete and point is self.dst_ready):
             return True
@@ -434,6 +517,7 @@ class TransferTicket:
             return True
 
     def gpu_wait(self, device_index: int | None, timeout: float | None) -> bool:
+        """Wait up to `timeout` s for this job's GPU work on device `device_index`; False on timeout."""
         return self._gpu_wait(self._point(device_index), timeout)
 
     def _gpu_wait(self, point: TimelinePoint, timeout: float | None) -> bool:
@@ -502,6 +586,7 @@ class CrossDeviceTransfer:
         _image_size(self.width, self.height, self.bytes_per_pixel, allow_zero=True)
         if not isinstance(self.extra, dict):
             raise TypeError(f"extra must be a dict, got {type(self.extra).__name__}")
+        self._refuse_unsupported()
         self._ref: _LinkRef | None = None
         self._last: TransferTicket | None = None
         self._lock = threading.Lock()
@@ -522,6 +607,26 @@ class CrossDeviceTransfer:
     def _destroyed(self) -> bool:
         return not self._life.open
 
+    def __repr__(self) -> str:
+        size = f", {self.width}x{self.height}x{self.bytes_per_pixel} B" if self.width and self.height else ""
+        state = ", destroyed" if self._destroyed else ""
+        return (f"CrossDeviceTransfer(GPU {getattr(self.src, 'index', '?')} -> GPU {getattr(self.dst, 'index', '?')}, "
+                f"{self.method}{size}{state})")
+
+    def _refuse_unsupported(self) -> None:
+        """UnsupportedError (with `extension` and `device`) when this pair cannot use
+        `method`, naming exactly the methods it supports."""
+        if self.method == TransferMethod.NONE:
+            return
+        problem = pair_problem(self.method, self.src, self.dst)
+        if problem is None:
+            return
+        raise UnsupportedError(
+            f"transfer method {self.method!r} is not possible from {slot_label(self.src)} to "
+            f"{slot_label(self.dst)}: {problem.reason}; this pair supports {pair_methods(self.src, self.dst)}",
+            extension=problem.extension, device=problem.device,
+            device_index=None if problem.side is None else (self.src, self.dst)[problem.side].index)
+
     # -- the seed's API ----------------------------------------------------
 
     def run(self, *, src_image: Any = None, dst_image: Any = None, timeout: float | None = None,
@@ -534,14 +639,17 @@ class CrossDeviceTransfer:
         self.submit(src_image=src_image, dst_image=dst_image, **options).wait(timeout)
 
     def run_staging_copy(self, *, src_image: Any = None, dst_image: Any = None, **options: Any) -> None:
+        """The seed's per-method entry point: run() for a STAGING_COPY transfer (ValueError for another method)."""
         self._require(TransferMethod.STAGING_COPY, "run_staging_copy")
         self.run(src_image=src_image, dst_image=dst_image, **options)
 
     def run_host_shared(self, *, src_image: Any = None, dst_image: Any = None, **options: Any) -> None:
+        """The seed's per-method entry point: run() for a HOST_SHARED transfer (ValueError for another method)."""
         self._require(TransferMethod.HOST_SHARED, "run_host_shared")
         self.run(src_image=src_image, dst_image=dst_image, **options)
 
     def run_dmabuf(self, *, src_image: Any = None, dst_image: Any = None, **options: Any) -> None:
+        """The seed's per-method entry point: run() for a DMABUF transfer (ValueError for another method)."""
         self._require(TransferMethod.DMABUF, "run_dmabuf")
         self.run(src_image=src_image, dst_image=dst_image, **options)
 
@@ -703,11 +811,7 @@ class CrossDeviceTransfer:
     def _link_ref_locked(self) -> _LinkRef:
         if self._ref is not None and self._ref.link.alive:
             return self._ref
-        why = self._unsupported_reason()
-        if why is not None:
-            raise UnsupportedError(f"transfer method {self.method!r} is not possible from {self.src.name!r} "
-                                   f"(GPU {self.src.index}) to {self.dst.name!r} (GPU {self.dst.index}): {why}; "
-                                   f"use {TransferMethod.HOST_SHARED!r} or {TransferMethod.STAGING_COPY!r}")
+        self._refuse_unsupported()
         if self.src.native is None or self.dst.native is None:
             raise ValueError("both slots need live devices with native tables (an active MultiDeviceManager)")
         self._ref = _acquire_link(self.src, self.dst, self.method, *self._ring())
@@ -716,12 +820,6 @@ class CrossDeviceTransfer:
     def _ring(self) -> tuple[int, int]:
         """(slot size, slot count) of the ring this transfer's link uses."""
         return _ring_shape(self.method, self.src, self.dst, self.slot_size, self.slot_count)
-
-    def _unsupported_reason(self) -> str | None:
-        a, b = self.src.capabilities, self.dst.capabilities
-        if a is None or b is None:
-            return None if self.method == TransferMethod.STAGING_COPY else "device capabilities unknown"
-        return method_support(self.method, a, b, self.src.enabled_extensions, self.dst.enabled_extensions)
 
     @staticmethod
     def _wait_point(wait: Any, slot: Any, label: str) -> tuple[int | None, int]:
