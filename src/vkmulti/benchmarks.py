@@ -26,6 +26,12 @@ from .transfer import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer
 _ffi = vk.ffi
 IMAGE_SIZES = ((256, 256), (1920, 1080), (3840, 2160))
 BUFFER_BYTES = 256 << 20
+#: --small: the latency of small transfers (a 256x256 RGBA16F image, 512 KiB,
+#: and a 64 KiB buffer), many transfers timed one at a time, where the per-
+#: transfer host work (Python, the link's worker, wake-ups) is most of the time.
+SMALL_SIZES = ((256, 256),)
+SMALL_BUFFER_BYTES = 64 << 10
+SMALL_REPS = 1000
 RGBA16F = vk.VK_FORMAT_R16G16B16A16_SFLOAT
 
 
@@ -165,20 +171,45 @@ def methods_for(src: Any, dst: Any) -> list[str]:
     return pair_methods(src, dst)
 
 
+def bytes_label(n: int) -> str:
+    """'256 MiB', '64 KiB' or '100 B': a size as the case names say it."""
+    for shift, unit in ((20, "MiB"), (10, "KiB")):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def split_times(fn_submit: Callable[[], Any], reps: int) -> dict[str, float]:
+    """Median seconds of submit() alone and of the ticket's wait() alone, over
+    `reps` transfers made one after another (`fn_submit` queues one, returns its ticket)."""
+    submit, wait = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        ticket = fn_submit()
+        t1 = time.perf_counter()
+        ticket.wait(120)
+        submit.append(t1 - t0)
+        wait.append(time.perf_counter() - t1)
+    return {"submit_s": statistics.median(submit), "wait_s": statistics.median(wait)}
+
+
 def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 10, buffer_reps: int | None = None,
                        methods: list[str] | None = None, sizes: tuple = IMAGE_SIZES, buffer_bytes: int = BUFFER_BYTES,
                        torch: bool = True, log: Callable[[str], None] | None = None,
                        slot_size: int = DEFAULT_SLOT_SIZE, slot_count: int = DEFAULT_SLOT_COUNT,
-                       advance: Callable[[int], None] | None = None) -> dict[str, Any]:
+                       advance: Callable[[int], None] | None = None, split: bool = False) -> dict[str, Any]:
     """Time each method and size end to end (submit to dst_ready), plus the seed
     baseline and torch's pinned-host copy, interleaved round by round.
-    `advance(1)` is called after each case (progress)."""
+    `advance(1)` is called after each case (progress). `split`: also the medians
+    of submit() alone and wait() alone per method (results["split"])."""
     s, d = manager.slot(src), manager.slot(dst)
     methods = methods or methods_for(s, d)
     buffer_reps = buffer_reps or max(3, reps // 2)
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"machine": {"src": f"GPU {src}: {s.name}", "dst": f"GPU {dst}: {d.name}"},
                                "reps": reps, "rings": {}, "cases": []}
+    if split:
+        results["split"] = {}
     say = log or (lambda msg: None)
 
     def record(case: str, nbytes: int, method: str, med: float, times: list[float]) -> None:
@@ -211,6 +242,11 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
                     b.upload(np.zeros_like(expected))
             for m, times in interleaved(fns, n, warmup).items():
                 record(case, nbytes, m, statistics.median(times), times)
+            if split:
+                for m, x in zip(methods, xs):
+                    sp = results["split"].setdefault(case, {})[m] = split_times(lambda x=x: x.submit(**kw),
+                                                                               max(1, n // 4))
+                    say(f"{case:>16} {m:>13}: submit {sp['submit_s'] * 1e6:7.1f} us, wait {sp['wait_s'] * 1e6:7.1f} us")
             if advance is not None:
                 advance(1)
         finally:
@@ -233,7 +269,7 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
         try:
             data = rng.integers(0, 256, buffer_bytes, dtype=np.uint8)
             a.upload(data)
-            run_case(f"buffer {buffer_bytes >> 20} MiB", a, b, data, "buffer", buffer_reps, 1)
+            run_case(f"buffer {bytes_label(buffer_bytes)}", a, b, data, "buffer", buffer_reps, 1)
         finally:
             a.destroy()
             b.destroy()
@@ -259,8 +295,11 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
 
 
 def ratio_line(results: dict[str, Any]) -> str:
+    """The ratios of the largest image case and of the buffer case."""
     r = results["ratios"]
-    keys = [k for k in r if k.startswith("image 3840x2160") or k.startswith("buffer")]
+    images = [c for c in results["cases"] if c["case"].startswith("image ")]
+    top = max(images, key=lambda c: c["bytes"])["case"] + ":" if images else "buffer"
+    keys = [k for k in r if k.startswith((top, "buffer"))]
     return "ratio: " + ", ".join(f"{k} = {r[k]:.2f}x" for k in keys)
 
 
@@ -288,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dst", type=int, default=0)
     p.add_argument("--reps", type=int, default=None, help="rounds per case (default 10; 5 with --quick)")
     p.add_argument("--quick", action="store_true", help="4K image and a 64 MiB buffer only, 5 reps")
+    p.add_argument("--small", action="store_true",
+                   help=f"small transfers only: a 256x256 image and a {bytes_label(SMALL_BUFFER_BYTES)} buffer, "
+                        f"{SMALL_REPS} reps, each timed alone, plus submit() and wait() timed apart "
+                        f"(the per-transfer host cost)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--slot-size", type=int, default=DEFAULT_SLOT_SIZE >> 20, metavar="MiB",
                    help="ring slot size in MiB (default %(default)s)")
@@ -298,8 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bar (also off when stderr is no terminal)")
     add_virtual_argument(p)
     args = p.parse_args(argv)
+    if args.quick and args.small:
+        p.error("--quick and --small are different case sets: pick one")
     if args.reps is None:
-        args.reps = 5 if args.quick else 10
+        args.reps = SMALL_REPS if args.small else 5 if args.quick else 10
     if args.reps < 1:
         p.error("--reps must be >= 1")
     if args.slot_size < 1 or args.slot_count < 1:
@@ -322,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         kw: dict[str, Any] = {}
         if args.quick:
             kw = {"sizes": ((3840, 2160),), "buffer_bytes": 64 << 20}
+        if args.small:
+            kw = {"sizes": SMALL_SIZES, "buffer_bytes": SMALL_BUFFER_BYTES, "buffer_reps": args.reps, "split": True}
         if args.methods:
             kw["methods"] = [m.strip() for m in args.methods.split(",")]
             supported = pair_methods(mgr.slot(args.src), mgr.slot(args.dst))

@@ -223,6 +223,24 @@ def _image_size(w: Any, h: Any, bpp: Any, *, allow_zero: bool = False) -> None:
             raise ValueError(f"{label} must be an int in [{lo}, {hi}], got {v!r}"[:160])
 
 
+#: Endpoints a transfer keeps for repeated submits (_remember_endpoint).
+_ENDPOINTS_KEPT = 16
+#: (layout, final layout, usage) triples check_layout accepted, so that a
+#: submit checks each combination once (check_layout is pure; ints only).
+_LAYOUTS_OK: set[tuple] = set()
+
+
+def _point(semaphore: int, value: int, device_index: int) -> TimelinePoint:
+    """TimelinePoint(semaphore, value, device_index) for the native layer's own
+    ints, without the frozen dataclass's checked setattr per field (submit's hot path)."""
+    p = _new(TimelinePoint)
+    p.__dict__.update(semaphore=semaphore, value=value, device_index=device_index)
+    return p
+
+
+_new = object.__new__
+
+
 class _Endpoint:
     """One side of a job, in the shape the native layer reads."""
     __slots__ = ("buffer", "offset", "image", "width", "height", "bytes_per_pixel", "mip_level", "array_layer",
@@ -250,11 +268,15 @@ class _LinkRef:
 
     def __init__(self, link: Any, key: tuple, links: "_Links"):
         self.link, self.key, self.links, self.refs = link, key, links, 0
+        self.src_sem, self.dst_sem = link.src_timeline, link.dst_timeline   # fixed for the link's life
         links.alive[id(self)] = self   # made under links.lock (_acquire_link)
         # no parent: tickets stay answerable while the manager's destroy() runs, which
         # destroys the links last
         self.life = Lifetime(self, "transfer link")
         self.last_src = self.last_dst = 0
+        # the highest value read from each timeline so far: a lower bound of it from
+        # then on (it only grows), so most gpu_done() answers need no native call
+        self.seen_src = self.seen_dst = 0
         self._lock = threading.Lock()
         self._tickets: "weakref.WeakSet[TransferTicket]" = weakref.WeakSet()
 
@@ -415,9 +437,12 @@ class TransferTicket:
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the destination holds the data; vkmulti.TimeoutError after `timeout` s."""
-        if not self._answered():
-            self._call(self._link.wait, self.ticket, self.dst_ready.value, timeout)
-            self._complete = True
+        if self._complete:
+            return
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        self._call(self._link.wait, self.ticket, self.dst_ready.value, timeout)
+        self._complete = True
 
     def __await__(self) -> Any:
         """`await ticket`: wait() on the event loop's default executor (a native wait
@@ -474,11 +499,19 @@ class TransferTicket:
         ref = self._ref
         if ref is None or ref.life.dead:
             return ref is not None or not self._link.alive
+        src = point is self.src_done
+        if point.value <= (ref.seen_src if src else ref.seen_dst):
+            self._gpu_done.add(id(point))
+            return True
         try:
             with ref.life.keep():
-                dev = self._link.src if point is self.src_done else self._link.dst
-                if dev.timeline_value(point.semaphore) < point.value:
-                    return False
+                value = (self._link.src if src else self._link.dst).timeline_value(point.semaphore)
+            if src:   # unlocked: a racing reader may store a lower value, still one that was read
+                ref.seen_src = max(ref.seen_src, value)
+            else:
+                ref.seen_dst = max(ref.seen_dst, value)
+            if value < point.value:
+                return False
             self._gpu_done.add(id(point))
             return True
         except DestroyedError:
@@ -561,6 +594,7 @@ class CrossDeviceTransfer:
         self._ref: _LinkRef | None = None
         self._last: TransferTicket | None = None
         self._lock = threading.Lock()
+        self._endpoints: dict[tuple, Any] = {}   # _remember_endpoint
         lives = [slot_lifetime(self.src), slot_lifetime(self.dst)]
         self._life = Lifetime(self, "CrossDeviceTransfer", lives)
         adopted: list[Lifetime] = []
@@ -695,25 +729,27 @@ class CrossDeviceTransfer:
         value) on the source/destination device that must be reached before
         the resource is read/overwritten.
         """
-        with self._life:
-            self._check_alive()
-            held: list[Lifetime] = []
+        with self._life:   # checks this transfer and its manager
+            if self.src.device is None or self.dst.device is None:
+                self._check_alive()   # raises, naming the side
+            held: list[Any] = []   # the Images and Buffers given, each inside its lifetime
             try:
                 for obj in (src_image, dst_image, src_buffer, dst_buffer):
                     if isinstance(obj, (Image, Buffer)):
                         # its destroy() waits until the job is tracked (the manager counts this
                         # call already, through the transfer's lifetime)
                         obj._life._enter_own()
-                        held.append(obj._life)
+                        held.append(obj)
                 return self._submit(src_image, dst_image, src_buffer, dst_buffer, src_offset, dst_offset, size,
-                                    src_layout, dst_layout, src_final_layout, dst_final_layout, src_wait, dst_wait)
+                                    src_layout, dst_layout, src_final_layout, dst_final_layout, src_wait, dst_wait,
+                                    held)
             finally:
-                for life in held:
-                    life._exit_own()
+                for obj in held:
+                    obj._life._exit_own()
 
     def _submit(self, src_image: Any, dst_image: Any, src_buffer: Any, dst_buffer: Any, src_offset: Any,
                 dst_offset: Any, size: Any, src_layout: Any, dst_layout: Any, src_final_layout: Any,
-                dst_final_layout: Any, src_wait: Any, dst_wait: Any) -> TransferTicket:
+                dst_final_layout: Any, src_wait: Any, dst_wait: Any, held: list[Any]) -> TransferTicket:
         if self.method == TransferMethod.NONE:
             raise ValueError("method NONE moves nothing: source and destination are the same device")
         images = src_image is not None or dst_image is not None
@@ -726,10 +762,11 @@ class CrossDeviceTransfer:
             if src_image is None or dst_image is None:
                 raise ValueError("both src_image (on the source device) and dst_image (on the destination) "
                                  "are needed")
+            slot_size = self._ring()[0]
             es, nbytes = self._image_endpoint(src_image, self.src, "src_image", src_layout, src_final_layout,
-                                              src_wait)
+                                              src_wait, slot_size)
             ed, nbytes_d = self._image_endpoint(dst_image, self.dst, "dst_image", dst_layout, dst_final_layout,
-                                                dst_wait)
+                                                dst_wait, slot_size)
             if es.image == ed.image:
                 raise ValueError("src_image and dst_image are the same image")
             if (es.width, es.height) != (ed.width, ed.height) or nbytes != nbytes_d:
@@ -747,18 +784,19 @@ class CrossDeviceTransfer:
         with self._lock:
             ref = self._link_ref_locked()
             ticket, sdone, dready = ref.link.submit(es, ed, nbytes)
-            self.src_done = TimelinePoint(ref.link.src_timeline, sdone, self.src.index)
-            self.dst_ready = TimelinePoint(ref.link.dst_timeline, dready, self.dst.index)
+            self.src_done = _point(ref.src_sem, sdone, self.src.index)
+            self.dst_ready = _point(ref.dst_sem, dready, self.dst.index)
             t = TransferTicket(ref.link, ticket, self.src_done, self.dst_ready, ref)
             ref.submitted(t)
             self._last = t
         # the job is queued: nothing below may raise
-        for obj in (src_image, dst_image, src_buffer, dst_buffer):
-            if isinstance(obj, (Image, Buffer)):
-                obj._track(t)   # its destroy() waits for this transfer
-        for obj, ep in ((src_image, es), (dst_image, ed)):
-            if isinstance(obj, Image):
-                obj.layout = ep.layout_after
+        for obj in held:
+            obj._track(t)   # its destroy() waits for this transfer
+        if images:
+            if isinstance(src_image, Image):
+                src_image.layout = es.layout_after
+            if isinstance(dst_image, Image):
+                dst_image.layout = ed.layout_after
         return t
 
     # -- helpers -------------------------------------------------------------
@@ -792,20 +830,27 @@ class CrossDeviceTransfer:
         return point if point is not None else (None, 0)
 
     def _image_endpoint(self, image: Any, slot: Any, label: str, layout: int | None, final: int | None,
-                        wait: Any) -> tuple[_Endpoint, int]:
-        sem, value = self._wait_point(wait, slot, label.replace("image", "wait"))
+                        wait: Any, slot_size: int | None = None) -> tuple[_Endpoint, int]:
+        sem, value = (None, 0) if wait is None else self._wait_point(wait, slot, label.replace("image", "wait"))
+        key = None
         if isinstance(image, Image):
             if image.handle is None:
                 raise DestroyedError(f"{label} was destroyed")
             if image.slot is not slot:
                 raise ValueError(f"{label} belongs to GPU {image.slot.index} ({image.slot.name!r}), "
                                  f"not GPU {slot.index} ({slot.name!r})")
-            w, h, bpp, handle = image.width, image.height, image.bytes_per_pixel, image.handle_int
             before = image.layout if layout is None else layout
             if before != image.layout and not (label == "dst_image" and before == vk.VK_IMAGE_LAYOUT_UNDEFINED):
                 raise ValueError(f"{label} is in layout {image.layout} as vkmulti tracks it, not {before!r}; "
                                  f"after a transition of your own set image.layout, or pass UNDEFINED as "
                                  f"dst_layout to discard the destination's contents"[:300])
+            after = before if final is None else final
+            if wait is None and slot_size is not None and type(before) is int and type(after) is int:
+                key = (image, label, before, after, slot_size)
+                hit = self._endpoints.get(key)
+                if hit is not None:
+                    return hit
+            w, h, bpp, handle = image.width, image.height, image.bytes_per_pixel, image.handle_int
             owner_family = image.owner_family
             kernel, kernel_view = image.kernel_view_format, image.kernel_view_int
         elif isinstance(image, Buffer):
@@ -822,9 +867,14 @@ class CrossDeviceTransfer:
             kernel, kernel_view = 0, None   # its usage and flags are unknown: copy commands only
         after = before if final is None else final
         usage = image.usage if isinstance(image, Image) else None
-        check_layout(before, usage, f"{label} layout", undefined_ok=True)
-        check_layout(after, usage, f"{label} final layout")
-        row, slot_size = w * bpp, self._ring()[0]
+        if type(before) is not int or type(after) is not int or (before, after, usage) not in _LAYOUTS_OK:
+            check_layout(before, usage, f"{label} layout", undefined_ok=True)
+            check_layout(after, usage, f"{label} final layout")
+            if len(_LAYOUTS_OK) < 256:
+                _LAYOUTS_OK.add((before, after, usage))
+        row = w * bpp
+        if slot_size is None:
+            slot_size = self._ring()[0]
         if row > slot_size:
             raise ValueError(f"{label} rows are {row} B, larger than a ring slot ({slot_size} B); "
                              f"raise slot_size")
@@ -834,24 +884,47 @@ class CrossDeviceTransfer:
             if owner is None:
                 raise ValueError(f"{label} is owned by queue family {owner_family}, which has no queue on "
                                  f"GPU {slot.index}")
-        return _Endpoint(image=handle, width=w, height=h, bytes_per_pixel=bpp, layout_before=before,
-                         layout_after=after, owner=owner, wait_semaphore=sem, wait_value=value,
-                         kernel=kernel, kernel_view=kernel_view), w * h * bpp
+        made = (_Endpoint(image=handle, width=w, height=h, bytes_per_pixel=bpp, layout_before=before,
+                          layout_after=after, owner=owner, wait_semaphore=sem, wait_value=value,
+                          kernel=kernel, kernel_view=kernel_view), w * h * bpp)
+        if key is not None:
+            self._remember_endpoint(key, made)
+        return made
 
     def _buffer_endpoint(self, buf: Any, slot: Any, label: str, offset: int, wait: Any) -> _Endpoint:
-        sem, value = self._wait_point(wait, slot, label.replace("buffer", "wait"))
+        sem, value = (None, 0) if wait is None else self._wait_point(wait, slot, label.replace("buffer", "wait"))
+        key = None
         if isinstance(buf, Buffer):
             if buf.slot is not slot:
                 raise ValueError(f"{label} belongs to GPU {buf.slot.index} ({buf.slot.name!r}), "
                                  f"not GPU {slot.index} ({slot.name!r})")
-            handle = buf.handle_int
+            handle = buf.handle_int   # DestroyedError once destroyed
+            if wait is None:
+                key = (buf, label, offset)
+                hit = self._endpoints.get(key)
+                if hit is not None:
+                    return hit
             kernel = int(bool(buf.usage & vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT))
         elif isinstance(buf, Image):
             raise TypeError(f"{label} is an Image; pass it as {label.replace('buffer', 'image')}")
         else:
             handle = handle_int(buf, "VkBuffer")
             kernel = 0   # its usage is unknown: copy commands only
-        return _Endpoint(buffer=handle, offset=offset, wait_semaphore=sem, wait_value=value, kernel=kernel)
+        made = _Endpoint(buffer=handle, offset=offset, wait_semaphore=sem, wait_value=value, kernel=kernel)
+        if key is not None:
+            self._remember_endpoint(key, made)
+        return made
+
+    def _remember_endpoint(self, key: tuple, endpoint: Any) -> None:
+        """Keep an endpoint made and checked for a vkmulti Image or Buffer (`key`:
+        the resource itself, its side and every argument it was made from), so
+        that a transfer repeated with the same arguments skips the work. The
+        resource's destroyed state and slot are checked on every use; the rest
+        of an endpoint depends only on the key. At most _ENDPOINTS_KEPT."""
+        eps = self._endpoints
+        if len(eps) >= _ENDPOINTS_KEPT:
+            eps.clear()
+        eps[key] = endpoint
 
     @staticmethod
     def _buffer_size(src: Any, dst: Any, src_offset: int, dst_offset: int, size: int | None) -> int:
