@@ -132,8 +132,105 @@ class _LinkTuning:
         self.cuda_ordinals = cuda_ordinals
 
 
+cdef class Endpoint:
+    """One side of a job, converted once into the struct the native layer reads
+    (transfers keep theirs and submit them again): a buffer range (`buffer`,
+    `offset`) or a whole 2D colour image (`image`, `width`, `height`,
+    `bytes_per_pixel`, the layouts it is in before and is left in after);
+    `owner`: the QueueLock of the queue that owns it when that is not the
+    link's copy family; `wait_semaphore`/`wait_value`: a timeline point to wait
+    for first; `kernel`/`kernel_view`: what compute-kernel copies may use
+    (vkm_link.h). Handles are ints; None or 0 for none. Read-only."""
+    cdef vkm_endpoint e
+    cdef readonly object owner
+
+    def __cinit__(self, buffer=None, offset=0, image=None, width=0, height=0, bytes_per_pixel=0,
+                  layout_before=0, layout_after=0, owner=None, wait_semaphore=None, wait_value=0, kernel=0,
+                  kernel_view=None):
+        cdef QueueLock q
+        self.e.buffer = <VkBuffer><uintptr_t>(buffer or 0)
+        self.e.offset = offset
+        self.e.image = <VkImage><uintptr_t>(image or 0)
+        self.e.width = width
+        self.e.height = height
+        self.e.bytes_per_pixel = bytes_per_pixel
+        self.e.mip_level = 0
+        self.e.array_layer = 0
+        self.e.layout_before = layout_before
+        self.e.layout_after = layout_after
+        self.e.owner = NULL
+        if owner is not None:
+            q = owner
+            self.e.owner = &q.q
+        self.owner = owner
+        self.e.wait_semaphore = <VkSemaphore><uintptr_t>(wait_semaphore or 0)
+        self.e.wait_value = wait_value
+        self.e.kernel = kernel
+        self.e.kernel_view = <VkImageView><uintptr_t>(kernel_view or 0)
+
+    @property
+    def buffer(self):
+        return <uintptr_t>self.e.buffer or None
+
+    @property
+    def offset(self):
+        return self.e.offset
+
+    @property
+    def image(self):
+        return <uintptr_t>self.e.image or None
+
+    @property
+    def width(self):
+        return self.e.width
+
+    @property
+    def height(self):
+        return self.e.height
+
+    @property
+    def bytes_per_pixel(self):
+        return self.e.bytes_per_pixel
+
+    @property
+    def layout_before(self):
+        return self.e.layout_before
+
+    @property
+    def layout_after(self):
+        return self.e.layout_after
+
+    @property
+    def wait_semaphore(self):
+        return <uintptr_t>self.e.wait_semaphore or None
+
+    @property
+    def wait_value(self):
+        return self.e.wait_value
+
+    @property
+    def kernel(self):
+        return self.e.kernel
+
+    @property
+    def kernel_view(self):
+        return <uintptr_t>self.e.kernel_view or None
+
+
+cdef int take_endpoint(vkm_endpoint *e, object spec, list keep) except -1:
+    """`e` from an Endpoint (a copy of its struct) or another object with its fields."""
+    cdef Endpoint ep
+    if type(spec) is Endpoint:
+        ep = <Endpoint>spec
+        e[0] = ep.e
+        if ep.owner is not None:
+            keep.append(ep.owner)   # the queue's lock outlives the job
+        return 0
+    return fill_endpoint(e, spec, keep)
+
+
 cdef int fill_endpoint(vkm_endpoint *e, object spec, list keep) except -1:
-    """Fill `e` from an Endpoint-like object (see vkmulti.transfer._Endpoint)."""
+    """Fill `e` from an object with Endpoint's fields."""
     cdef QueueLock owner
     e.buffer = <VkBuffer><uintptr_t>(spec.buffer or 0)
     e.offset = spec.offset
@@ -281,8 +378,8 @@ cdef class Link:
         cdef vkm_link *l = self.enter()
         cdef VkResult r
         try:
-            fill_endpoint(&es, src, self.keep)
-            fill_endpoint(&ed, dst, self.keep)
+            take_endpoint(&es, src, self.keep)
+            take_endpoint(&ed, dst, self.keep)
             if len(self.keep) > 64:
                 self.keep = list({id(q): q for q in self.keep}.values())
             vkm_error_clear(&err)

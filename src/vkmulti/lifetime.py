@@ -84,7 +84,7 @@ class Lifetime:
         self._chain: tuple[Lifetime, ...] = tuple(dict.fromkeys((self, *(a for p in self.parents for a in p._chain))))
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)   # drain() waits on it
-        self._active: dict[int, int] = {}      # thread id -> operations of that thread inside
+        self._active: list[int] = []   # one entry per operation running now: its thread's id
         self._state = _OPEN
         self._children: dict[int, Any] = {}    # id -> adopted owner (destroyed with this one)
         self._end_lock = threading.Lock()
@@ -110,29 +110,27 @@ class Lifetime:
 
     # -- operations ------------------------------------------------------------
 
+    # The hot path (every public call). Each lock is taken by a with-statement, not
+    # acquire()/try: a Ctrl-C between acquire() returning and the try would leave
+    # the lock held for good.
+
     def _enter_own(self, who: str | None = None) -> None:
-        me = _get_ident()
         with self._lock:
             if self._state != _OPEN:
                 raise DestroyedError(f"{self.what} used after destroy()" if who is None else
                                      f"{who} cannot be used: its {self.what} was destroyed")
-            active = self._active
-            active[me] = active.get(me, 0) + 1
+            self._active.append(_get_ident())
 
     def _exit_own(self) -> None:
-        me = _get_ident()
         with self._lock:
             active = self._active
-            n = active[me] - 1
-            if n:
-                active[me] = n
-            else:
-                del active[me]
-                if not active and self._state != _OPEN:
-                    self._cond.notify_all()   # a destroy() waits in drain()
+            active.remove(_get_ident())
+            if not active and self._state != _OPEN:
+                self._cond.notify_all()   # a destroy() waits in drain()
 
-    # the hot path (every public call): one loop over the chain each way
     def __enter__(self) -> "Lifetime":
+        """Count an operation in this lifetime and every ancestor (_chain); DestroyedError,
+        counting nothing, when one of them is no longer open."""
         me = _get_ident()
         chain = self._chain
         k = 0
@@ -142,8 +140,7 @@ class Lifetime:
                     if life._state != _OPEN:
                         raise DestroyedError(f"{self.what} used after destroy()" if life is self else
                                              f"{self.what} cannot be used: its {life.what} was destroyed")
-                    active = life._active
-                    active[me] = active.get(me, 0) + 1
+                    life._active.append(me)
                 k += 1
         except BaseException:
             for life in chain[:k]:
@@ -156,19 +153,15 @@ class Lifetime:
         for life in self._chain:
             with life._lock:
                 active = life._active
-                n = active[me] - 1
-                if n:
-                    active[me] = n
-                else:
-                    del active[me]
-                    if not active and life._state != _OPEN:
-                        life._cond.notify_all()   # a destroy() waits in drain()
+                active.remove(me)
+                if not active and life._state != _OPEN:
+                    life._cond.notify_all()   # a destroy() waits in drain()
 
     @property
     def active(self) -> int:
         """Operations running now, on every thread."""
         with self._cond:
-            return sum(self._active.values())
+            return len(self._active)
 
     # -- children --------------------------------------------------------------
 
@@ -202,12 +195,12 @@ class Lifetime:
         Ctrl-C lands); vkmulti.TimeoutError when `deadline` passes first."""
         me = threading.get_ident()
         with self._cond:
-            if self._active.get(me):
+            if me in self._active:
                 raise VkmError(f"{self.what}.destroy() called from inside one of its own operations on the "
                                f"same thread; call it after the operation returns")
             while self._active:
                 if deadline.expired():
-                    n = sum(self._active.values())
+                    n = len(self._active)
                     raise VkmTimeoutError(f"{self.what}: {n} operation(s) on other threads still running after "
                                           f"{deadline.timeout} s; nothing was freed (call destroy() again)")
                 self._cond.wait(deadline.slice())

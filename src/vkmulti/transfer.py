@@ -230,20 +230,8 @@ _ENDPOINTS_KEPT = 16
 _LAYOUTS_OK: set[tuple] = set()
 
 
-class _Endpoint:
-    """One side of a job, in the shape the native layer reads."""
-    __slots__ = ("buffer", "offset", "image", "width", "height", "bytes_per_pixel", "mip_level", "array_layer",
-                 "layout_before", "layout_after", "owner", "wait_semaphore", "wait_value", "kernel",
-                 "kernel_view")
-
-    def __init__(self, buffer: Any = None, offset: int = 0, image: Any = None, width: int = 0, height: int = 0,
-                 bytes_per_pixel: int = 0, layout_before: int = 0, layout_after: int = 0, owner: Any = None,
-                 wait_semaphore: Any = None, wait_value: int = 0, kernel: int = 0, kernel_view: Any = None):
-        self.buffer, self.offset, self.image, self.width, self.height = buffer, offset, image, width, height
-        self.bytes_per_pixel, self.mip_level, self.array_layer = bytes_per_pixel, 0, 0
-        self.layout_before, self.layout_after, self.owner = layout_before, layout_after, owner
-        self.wait_semaphore, self.wait_value, self.kernel, self.kernel_view = wait_semaphore, wait_value, kernel, \
-            kernel_view
+#: One side of a job, in the shape the native layer reads (converted once).
+_Endpoint = _native.Endpoint
 
 
 class _LinkRef:
