@@ -13,6 +13,7 @@ cdef extern from "vkm_link.h" nogil:
         VKM_RING_SHARED_HOST
         VKM_RING_EXPORTED
         VKM_RING_CUDA_PEER
+        VKM_RING_RELAY
         VKM_RING_KINDS
         VKM_MAX_SLOTS
         VKM_MAX_CHUNKS
@@ -54,6 +55,8 @@ cdef extern from "vkm_link.h" nogil:
     uint64_t vkm_link_kernel_bytes(const vkm_link *link)
     VkResult vkm_link_submit(vkm_link *link, const vkm_endpoint *src, const vkm_endpoint *dst, VkDeviceSize size,
                              uint64_t *ticket, uint64_t *src_done, uint64_t *dst_ready, vkm_error *err)
+    VkResult vkm_link_relay(vkm_link *link, VkSemaphore wait, uint64_t wait_value, uint64_t *ticket,
+                            uint64_t *dst_ready, vkm_error *err)
     VkResult vkm_link_poll(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns, vkm_error *err)
     VkResult vkm_link_wait_submitted(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
                                      vkm_error *err)
@@ -64,6 +67,7 @@ RING_STAGING = VKM_RING_STAGING
 RING_SHARED_HOST = VKM_RING_SHARED_HOST
 RING_EXPORTED = VKM_RING_EXPORTED
 RING_CUDA_PEER = VKM_RING_CUDA_PEER
+RING_RELAY = VKM_RING_RELAY
 #: The deepest ring a link accepts, and the most chunks one job is cut into.
 MAX_SLOTS = VKM_MAX_SLOTS
 MAX_CHUNKS = VKM_MAX_CHUNKS
@@ -158,7 +162,7 @@ cdef int fill_endpoint(vkm_endpoint *e, object spec, list keep) except -1:
 cdef class Link:
     """A native transfer link from one device to another: a worker thread and a
     ring of slots of one kind (RING_STAGING, RING_SHARED_HOST, RING_EXPORTED or
-    RING_CUDA_PEER).
+    RING_CUDA_PEER), or no ring (RING_RELAY: relays only).
 
     `export_type` (RING_EXPORTED): the handle type memory is exported as (0: an
     opaque fd). `stall_timeout` (s): a single wait of the worker longer than
@@ -191,8 +195,8 @@ cdef class Link:
         self.link = NULL
         self.keep = []
         if not 0 <= ring < VKM_RING_KINDS:
-            raise ValueError(f"ring must be one of RING_STAGING, RING_SHARED_HOST, RING_EXPORTED, RING_CUDA_PEER "
-                             f"(0 ... {VKM_RING_KINDS - 1}), got {ring}")
+            raise ValueError(f"ring must be one of RING_STAGING, RING_SHARED_HOST, RING_EXPORTED, RING_CUDA_PEER, "
+                             f"RING_RELAY (0 ... {VKM_RING_KINDS - 1}), got {ring}")
         cfg.ring = ring
         cfg.slot_size = _u64(slot_size, "slot_size", 1)
         cfg.slot_count = <uint32_t>_u64(slot_count, "slot_count", 1, VKM_MAX_SLOTS)
@@ -282,6 +286,26 @@ cdef class Link:
         finally:
             self.users -= 1
         return ticket, sdone, dready
+
+    def relay(self, wait_semaphore, wait_value):
+        """Queue a relay: once timeline semaphore `wait_semaphore` of the source
+        device reaches `wait_value`, the worker signals the next destination
+        timeline value from the host (nothing is copied); returns (ticket,
+        dst_ready value)."""
+        cdef uint64_t sem = _u64(wait_semaphore, "wait_semaphore", 1)
+        cdef uint64_t value = _u64(wait_value, "wait_value")
+        cdef uint64_t ticket = 0, dready = 0
+        cdef vkm_error err
+        cdef vkm_link *l = self.enter()
+        cdef VkResult r
+        try:
+            vkm_error_clear(&err)
+            with nogil:
+                r = vkm_link_relay(l, <VkSemaphore><uintptr_t>sem, value, &ticket, &dready, &err)
+            check_error(r, &err)
+        finally:
+            self.users -= 1
+        return ticket, dready
 
     def poll(self, uint64_t ticket, uint64_t dst_ready, double timeout=0.0, bint submitted_only=False):
         """True when the job is complete (or, with submitted_only, fully submitted);

@@ -58,8 +58,20 @@ def dispatch(cmd: Any, x: int, y: int = 1, z: int = 1) -> None:
     _lib.vkCmdDispatch(cmd, x, y, z)
 
 
+def dispatch_indirect(cmd: Any, buffer: Any, offset: int) -> None:
+    """vkCmdDispatchIndirect: the workgroup counts are 3 uint32 at `offset` of `buffer`."""
+    _lib.vkCmdDispatchIndirect(cmd, buffer, offset)
+
+
 def fill(cmd: Any, buffer: Any, offset: int, size: int, value: int = 0) -> None:
     _lib.vkCmdFillBuffer(cmd, buffer, offset, size, value)
+
+
+def copy(cmd: Any, src: Any, dst: Any, src_offset: int, dst_offset: int, size: int) -> None:
+    """vkCmdCopyBuffer of one region."""
+    region = _ffi.new("VkBufferCopy*")
+    region.srcOffset, region.dstOffset, region.size = src_offset, dst_offset, size
+    _lib.vkCmdCopyBuffer(cmd, src, dst, 1, region)
 
 
 def update(cmd: Any, buffer: Any, offset: int, data: bytes) -> None:

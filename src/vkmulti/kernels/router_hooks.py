@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from ..errors import DestroyedError, TimeoutError as VkmTimeout
 from ..images import Buffer
+from ..peer_memory import ImportedBuffer
 from ..render import as_wait_points
 from .host_io import _count, _timeout
 from .kernel import InboundBatch, Kernel, OutboxBatch
@@ -25,33 +26,44 @@ class RouterHooks:
     _lock: Any
     _listeners: list
     _retaining: set
+    _preparers: dict
     _contexts: dict
     _kernels: dict
     outbox_feed: Any
     slot_size: int
 
-    def add_step_listener(self, listener: Callable[[list[OutboxBatch]], Any], *, retain: bool = False) -> None:
+    def add_step_listener(self, listener: Callable[[list[OutboxBatch]], Any], *, retain: bool = False,
+                          prepare: Callable[[list[Kernel]], Any] | None = None) -> None:
         """Call `listener(batches)` after each step with the new outbox batches (the
         router's hook: it copies them to other devices and hold()s them). With
         `retain=True` every batch handed to it starts retained once for it (it
         cannot count as done, so its region is not reused) until the listener
-        calls `batch.release()`; it must do so exactly once per batch."""
+        calls `batch.release()`; it must do so exactly once per batch.
+        `prepare(kernels)`, if given, runs at the start of each step call (no
+        device lock held) with the kernels it is asked to step: a router
+        releases there the batches other devices have finished reading, so
+        their kernels need not be deferred."""
         if not callable(listener):
             raise TypeError(f"listener must be callable, got {type(listener).__name__}")
         if not isinstance(retain, bool):
             raise TypeError(f"retain must be a bool, got {retain!r}")
+        if prepare is not None and not callable(prepare):
+            raise TypeError(f"prepare must be callable or None, got {type(prepare).__name__}")
         with self._lock:
             self._listeners.append(listener)
             if retain:
                 self._retaining.add(id(listener))
+            if prepare is not None:
+                self._preparers[id(listener)] = prepare
 
     def remove_step_listener(self, listener: Callable[[list[OutboxBatch]], Any]) -> None:
         """Stop calling `listener` (a step already running still hands it its batches)."""
         with self._lock:
             if listener in self._listeners:
-                self._listeners.remove(listener)
+                stored = self._listeners.pop(self._listeners.index(listener))   # (a bound method: an equal object)
                 if listener not in self._listeners:
-                    self._retaining.discard(id(listener))
+                    self._retaining.discard(id(stored))
+                    self._preparers.pop(id(stored), None)
 
     def set_outbox_feed(self, feed: Any) -> None:
         """Install (or remove, with None) the source of messages the host routes on a
@@ -98,7 +110,8 @@ class RouterHooks:
 
     def accept_batch(self, device: int, buffer: Any, offset: int = 0, size: int | None = None, *,
                      wait: Any = None, source: Kernel | None = None, hops: int = 0, report_unknown: bool = True,
-                     submitted: Callable[[float], Any] | None = None, reuse_sets: bool = False) -> InboundBatch:
+                     submitted: Callable[[float], Any] | None = None, reuse_sets: bool = False,
+                     direct: Kernel | None = None, direct_slots: int | None = None) -> InboundBatch:
         """Hand the kernels of `device` a batch in `buffer` (a vkmulti Buffer on that
         device, laid out as an outbox region: 16-word header with the count, then
         slots of this runtime's size) from `offset`. The next steps there deliver
@@ -113,7 +126,13 @@ class RouterHooks:
         TransferTicket.wait_submitted when it shares that step's queue).
         `reuse_sets=True`: the buffer is reused for later batches (a router's
         pool), so the descriptor sets made for it are kept for them; call
-        forget_buffer() before destroying it."""
+        forget_buffer() before destroying it. `direct`: a kernel of `device` the
+        batch is expected to be all for (its sender's recent batches were):
+        that kernel's next step copies the batch's first `direct_slots` slots
+        (default all) into its inbox with a copy command and takes them in
+        place, checking on the GPU that they are all its own; any that are not
+        (or past `direct_slots`) are delivered as usual, so a wrong guess costs
+        speed, never a message."""
         self._check()
         if isinstance(device, bool) or not isinstance(device, int):
             raise TypeError(f"device must be an int, got {type(device).__name__}")
@@ -140,11 +159,20 @@ class RouterHooks:
             raise TypeError(f"submitted must be callable or None, got {type(submitted).__name__}")
         if not isinstance(reuse_sets, bool):
             raise TypeError(f"reuse_sets must be a bool, got {reuse_sets!r}")
+        slots = (size - RING_HEADER_BYTES) // self.slot_size
+        if direct is not None:
+            if not isinstance(direct, Kernel):
+                raise TypeError(f"direct must be a Kernel or None, got {type(direct).__name__}")
+            if direct.runtime is not self or direct.device_index != device:
+                raise ValueError(f"direct kernel {direct.id!r} is not a kernel of this runtime on GPU {device}")
+        direct_slots = slots if direct_slots is None else _count(direct_slots, "direct_slots", 0, slots)
         b = InboundBatch(ctx, buffer, offset, size, points, hops=hops, report_unknown=report_unknown,
-                         submitted=submitted, reuse_sets=reuse_sets)
+                         submitted=submitted, reuse_sets=reuse_sets, direct=direct, direct_slots=direct_slots)
         b.source = source
         with ctx.lock:
             ctx.check()
+            if source is not None and source.destroyed and isinstance(buffer, ImportedBuffer):
+                raise DestroyedError(f"kernel {source.id!r} was destroyed: its outbox is no longer read in place")
             stepper.batches.append(b)
         return b
 

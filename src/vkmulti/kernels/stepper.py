@@ -43,6 +43,9 @@ _DELIVER_PUSH = struct.Struct("<8I")
 #: Payloads from this size on are delivered in two passes: a plan, then a copy with one
 #: workgroup per message (all invocations on its words) instead of one invocation per message.
 PLANNED_DELIVERY_PAYLOAD = 1024
+#: Delivery pass modes (kernel_deliver.comp's `plan` word): copy, plan (a copy pass follows),
+#: direct (the step copied the batch into the inbox with a copy command: take it in place).
+MODE_COPY, MODE_PLAN, MODE_DIRECT = 0, 1, 2
 _SURVEY_PUSH = struct.Struct("<4I")
 _U32 = 0xFFFFFFFF
 
@@ -56,6 +59,7 @@ class InFlight:
     delivers: list[tuple[_Batch | None, Kernel, int]] = field(default_factory=list)   # batch (None: h2k), offset
     surveys: list[tuple[_Batch, int]] = field(default_factory=list)
     directory: list[int] = field(default_factory=list)    # directory entries this step rewrote
+    directs: list[tuple[InboundBatch, Kernel]] = field(default_factory=list)   # batches taken in place
 
 
 def _push(cmd: Any, layout: Any, data: bytes) -> None:
@@ -168,6 +172,9 @@ class DeviceStepper:
                     self.rt.settle_injected(k, None, [], items)
             for b, _ in rec.surveys:
                 b.surveyed = False
+            for b, x in rec.directs:
+                b.cleared.discard(x)
+                b.surveyed = False
             with self.ctx.dir_lock:
                 self.ctx.dir_dirty.update(rec.directory)
             raise
@@ -247,9 +254,23 @@ class DeviceStepper:
             old = k.outbox_batches[j]
             if old is not None:
                 gpu_waits += [(p.semaphore, p.value) for p in old.holds]
+        # direct landings: the batch's slots into the (empty) inbox at ring slot 0, by a copy command
+        directs = self._directs(launched, rec, take)
+        for x, b, _, copied in directs:
+            if copied:
+                cmds.copy(cmd, b.buffer.handle, x.inbox.handle, b.offset + RING_HEADER_BYTES, RING_HEADER_BYTES,
+                          copied * x.slot_size)
         cmds.barrier(cmd)
         # 2. deliveries and surveys of new inbound batches
-        passes: list[tuple[Kernel, Any, int, int, int, int]] = []   # kernel, set, offset, status, hops, slots
+        mode = MODE_PLAN if self.rt.payload_size >= PLANNED_DELIVERY_PAYLOAD else MODE_COPY
+        # kernel, set, offset, status, hops, slots, mode, slots copied in place
+        passes: list[tuple[Kernel, Any, int, int, int, int, int, int]] = []
+        for x, b, off, copied in directs:   # first: they start the inbox where the copy put the window
+            dset = self._deliver_set(x, ("in", b.buffer.handle_int, b.size) if b.reuse_sets else None, b.buffer,
+                                     b.size, b)
+            passes.append((x, dset, b.offset, off, b.hops, 0, MODE_DIRECT, copied))
+            rec.delivers.append((b, x, off))
+            wait_for(b)
         for k in launched:
             j = k.steps % d
             n = min(len(k.h2k), k.spec.inbox_capacity)
@@ -265,7 +286,7 @@ class DeviceStepper:
             region[RING_HEADER_BYTES:RING_HEADER_BYTES + n * k.slot_size] = np.frombuffer(b"".join(slots), np.uint8)
             k.h2k_buffer.words[base // 4] = n
             dset = self._deliver_set(k, (k.h2k_buffer.handle_int, k.h2k_bytes), k.h2k_buffer, k.h2k_bytes)
-            passes.append((k, dset, base, off, 0, n))
+            passes.append((k, dset, base, off, 0, n, mode, 0))
             rec.delivers.append((None, k, off))
         for b in self.batches:
             if b.done:
@@ -283,10 +304,12 @@ class DeviceStepper:
                     key = ("in", b.buffer.handle_int, b.size) if b.reuse_sets else None
                 dset = self._deliver_set(k, key, b.buffer, b.size, b)
                 slots = (b.size - RING_HEADER_BYTES) // k.slot_size if inbound else b.kernel.spec.outbox_capacity
-                passes.append((k, dset, b.offset, off, getattr(b, "hops", 0), slots))
+                passes.append((k, dset, b.offset, off, getattr(b, "hops", 0), slots, mode, 0))
                 rec.delivers.append((b, k, off))
                 wait_for(b)
         self._record_deliveries(cmd, passes)
+        for b, _ in rec.directs:   # a direct pass that takes the whole batch tells as much as a survey
+            b.surveyed = True
         new_inbound = [b for b in self.batches if isinstance(b, InboundBatch) and not b.surveyed and not b.done]
         if new_inbound:
             cmds.bind_pipeline(cmd, ctx.survey.pipeline)
@@ -339,6 +362,40 @@ class DeviceStepper:
         vkapi.vkEndCommandBuffer(cmd)
         return gpu_waits, outbox_surveys
 
+    def _directs(self, launched: list[Kernel], rec: InFlight, take: Any) -> list[tuple[Kernel, InboundBatch, int, int]]:
+        """The inbound batches launched kernels take in place this step (direct
+        landings): for each kernel, the first batch guessed to be all its own,
+        unless an older batch of the same sender may still hold messages for it
+        (FIFO per pair). Each is cleared for its kernel now (the pass takes all of
+        them, on the fast path or not). Returns (kernel, batch, status offset,
+        slots to copy)."""
+        out: list[tuple[Kernel, InboundBatch, int, int]] = []
+        if not any(getattr(b, "direct", None) is not None for b in self.batches):
+            return out
+        stepping = {id(k) for k in launched}
+        taken: set[int] = set()
+        waiting: set[tuple[int, int]] = set()   # (sender, kernel): an older batch may hold messages for it
+        for b in self.batches:
+            if b.done:
+                continue
+            x, src = getattr(b, "direct", None), b.source
+            slots = (b.size - RING_HEADER_BYTES) // self.rt.slot_size
+            if x is not None and src is not None and id(x) in stepping and id(x) not in taken and \
+                    not x.destroyed and slots <= x.spec.inbox_capacity and b.takes(x) and \
+                    (id(src), id(x)) not in waiting:   # (the inbox is empty: all of the batch fits)
+                off = take(DELIVER_RECORD)
+                if off is None:
+                    break
+                taken.add(id(x))
+                b.cleared.add(x)
+                rec.directs.append((b, x))
+                out.append((x, b, off, min(b.direct_slots, slots)))
+            if src is not None:
+                for k in launched:
+                    if b.takes(k):
+                        waiting.add((id(src), id(k)))
+        return out
+
     def _place_injected(self, k: Kernel, j: int, feed: Any) -> None:
         """Messages the host routes as `k` (outbox feed) go into the last slots of the
         step's K2H region; the finish pass appends what fits after k's own. One
@@ -374,12 +431,11 @@ class DeviceStepper:
                                   (ctx.status.handle, 0, WHOLE_SIZE)])
         return pool_set[1]
 
-    def _record_deliveries(self, cmd: Any, passes: list[tuple[Kernel, Any, int, int, int, int]]) -> None:
+    def _record_deliveries(self, cmd: Any, passes: list[tuple[Kernel, Any, int, int, int, int, int, int]]) -> None:
         """The delivery passes, in rounds: passes into one inbox are ordered by a
         barrier (each reads and moves its tail), passes into different inboxes
         run side by side. Large messages go plan first, then a copy pass."""
         ctx = self.ctx
-        planned = self.rt.payload_size >= PLANNED_DELIVERY_PAYLOAD
         rounds: list[list[tuple]] = []
         seen: dict[int, int] = {}
         for p in passes:
@@ -392,19 +448,21 @@ class DeviceStepper:
             if i:
                 cmds.barrier(cmd)
             cmds.bind_pipeline(cmd, ctx.deliver.pipeline)
-            for k, dset, offset, status, hops, _ in group:
+            for k, dset, offset, status, hops, _, mode, copied in group:
                 cmds.bind_set(cmd, ctx.deliver.layout, dset, (offset,))
-                _push(cmd, ctx.deliver.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, int(planned),
-                                                                  0, 0, 0))
+                _push(cmd, ctx.deliver.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, mode,
+                                                                  copied, 0, 0))
                 cmds.dispatch(cmd, 1, 1, 1)
+            planned = [p for p in group if p[6] == MODE_PLAN]
             if planned:
                 cmds.barrier(cmd)
                 cmds.bind_pipeline(cmd, ctx.deliver_copy.pipeline)
-                for k, dset, offset, status, hops, slots in group:
+                for k, dset, offset, status, hops, slots, _, _ in planned:
                     cmds.bind_set(cmd, ctx.deliver_copy.layout, dset, (offset,))
                     _push(cmd, ctx.deliver_copy.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, 1,
                                                                            0, 0, 0))
-                    cmds.dispatch(cmd, max(1, min(slots, self.ctx.max_group_count[0])), 1, 1)
+                    # as many workgroups as the plan found messages for (none: nothing runs)
+                    cmds.dispatch_indirect(cmd, ctx.status.handle, 4 * (status + 4))
 
     def _survey(self, cmd: Any, dset: Any, offset: int, status: int) -> None:
         ctx = self.ctx
@@ -448,10 +506,17 @@ class DeviceStepper:
         status = self.ctx.status.words
         for b, off in rec.surveys:
             self._apply_survey(b, status[off:off + SURVEY_RECORD])
+        directs = {(id(b), id(x)) for b, x in rec.directs}
         for b, k, off in rec.delivers:
-            taken, left, rejected = (int(x) for x in status[off:off + 3])
+            taken, left, rejected, count = (int(x) for x in status[off:off + 4])
             if b is None:
                 continue
+            if (id(b), id(k)) in directs:   # no survey was made: the pass's outcome stands for one
+                if taken == count and not rejected:
+                    b.pending = set()
+                    b.count = b.local = count
+                elif b.pending is None:
+                    b.surveyed = False   # others' messages in it: the next step surveys it
             b.delivered += taken
             if rejected:
                 b.rejected += rejected
@@ -465,7 +530,9 @@ class DeviceStepper:
             self._harvest_report(k, j, step)
 
     def _apply_survey(self, b: _Batch, words: Any) -> None:
-        w = [int(x) for x in words[:14]]
+        w = [int(x) for x in words[:16]]
+        if w[13] and isinstance(b, OutboxBatch):   # what the sender's batches hold: the router's guess
+            b.kernel.dest_hint = (w[14] if w[14] == w[15] else None, w[13])
         local, gone = set(), []
         bits = np.unpackbits(np.ascontiguousarray(words[:MAX_LOCAL_KERNELS // 32], "<u4").view(np.uint8),
                              bitorder="little")

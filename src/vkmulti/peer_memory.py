@@ -1,0 +1,315 @@
+"""Bytes that cross between devices through memory both of them read: the
+DMABUF method in its copy-in-place form.
+
+* `ExportedBuffer`: a device-local buffer whose memory other devices import
+  (`import_on(slot)` -> `ImportedBuffer`, a buffer of that device over the
+  same bytes) where the pair supports DMABUF (VK_EXT_external_memory_dma_buf
+  on both, or an opaque fd between devices with equal deviceUUID/driverUUID).
+  The importing device's own commands then read (or write) the exporter's
+  memory in place: no copy through a transfer ring.
+* `TimelineRelay`: orders such reads. A timeline semaphore cannot be shared
+  between two devices here, so a native link worker (a relay link, no ring)
+  waits for a point on the source device and signals a timeline of the
+  destination from the host. A GPU wait on that value may be submitted before
+  the relay runs, on any queue, even one the source's signal shares nothing
+  with: no host waits for submits on devices with a single queue.
+
+The K2K router moves kernel batches this way between devices that share
+memory (docs/kernels.md, "How a step's messages cross GPUs").
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import vulkan as vk
+
+from . import _native, vkapi
+from .capabilities import EXT_DMA_BUF
+from .errors import DestroyedError, UnsupportedError, VkmError
+from .errors import TimeoutError as VkmTimeoutError
+from .images import BUFFER_USAGE, Buffer
+from .lifetime import Lifetime
+from .methods import TransferMethod, method_support
+from .resources import check_slot, find_memory_type, slot_lifetime
+from .timeline import TimelinePoint
+
+__all__ = ["ExportedBuffer", "ImportedBuffer", "TimelineRelay", "RelayTicket", "shares_memory"]
+
+_OPAQUE_FD = vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT
+_DMA_BUF = 0x200   # VK_EXTERNAL_MEMORY_HANDLE_TYPE_DMA_BUF_BIT_EXT
+_DEVICE_LOCAL = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
+#: On GPUs a relay polls the source semaphore this long before blocking (as links do).
+RELAY_SPIN_SECONDS = 200e-6
+
+
+def shares_memory(a: Any, b: Any) -> bool:
+    """Whether device slots `a` and `b` (distinct) can import each other's memory (DMABUF)."""
+    if a is b or a.index == b.index or a.capabilities is None or b.capabilities is None:
+        return False
+    return method_support(TransferMethod.DMABUF, a.capabilities, b.capabilities, a.enabled_extensions,
+                          b.enabled_extensions) is None
+
+
+def _handle_type(slot: Any) -> int:
+    return _DMA_BUF if EXT_DMA_BUF in slot.enabled_extensions else _OPAQUE_FD
+
+
+def _external_buffer(slot: Any, size: int, usage: int, handle_type: int) -> Any:
+    ext = vk.VkExternalMemoryBufferCreateInfo(sType=vk.VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO,
+                                              handleTypes=handle_type)
+    families = sorted({slot.graphics_queue.family, slot.copy_queue.family})
+    concurrent = len(families) > 1
+    return vkapi.vkCreateBuffer(slot.device, vk.VkBufferCreateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, pNext=ext, size=size, usage=usage,
+        sharingMode=vk.VK_SHARING_MODE_CONCURRENT if concurrent else vk.VK_SHARING_MODE_EXCLUSIVE,
+        queueFamilyIndexCount=len(families) if concurrent else 0,
+        pQueueFamilyIndices=families if concurrent else None), None)
+
+
+class ExportedBuffer(Buffer):
+    """A device-local buffer of `slot` whose memory devices that share memory
+    with it (`shares_memory`) import with `import_on(slot)`. Its destroy()
+    destroys the imports first (each waits for the GPU work tracked on it)."""
+
+    def __init__(self, slot: Any, size: int, *, usage: int = BUFFER_USAGE):
+        check_slot(slot)
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= 1 << 62:
+            raise ValueError(f"buffer size must be an int in [1, 2**62], got {size!r}"[:160])
+        self.slot, self.size, self.usage = slot, size, usage
+        self.host_visible = False
+        self.handle: Any = None
+        self.memory: Any = None
+        self._handle_int: int | None = None
+        self.handle_type = _handle_type(slot)
+        self.allocation_size = 0
+        self.memory_type = -1
+        self._imports: dict[int, ImportedBuffer] = {}
+        self._imports_lock = threading.Lock()
+        self._init_resource(slot)
+        life = slot_lifetime(slot)
+        with life:
+            self.handle = _external_buffer(slot, size, usage, self.handle_type)
+            try:
+                req = vk.vkGetBufferMemoryRequirements(slot.device, self.handle)
+                self.memory_type = find_memory_type(slot, req.memoryTypeBits, 0, _DEVICE_LOCAL)
+                self.allocation_size = int(req.size)
+                dedicated = vk.VkMemoryDedicatedAllocateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_MEMORY_DEDICATED_ALLOCATE_INFO, buffer=self.handle)
+                export = vk.VkExportMemoryAllocateInfo(sType=vk.VK_STRUCTURE_TYPE_EXPORT_MEMORY_ALLOCATE_INFO,
+                                                       pNext=dedicated, handleTypes=self.handle_type)
+                self.memory = vkapi.vkAllocateMemory(slot.device, vk.VkMemoryAllocateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, pNext=export, allocationSize=req.size,
+                    memoryTypeIndex=self.memory_type), None)
+                vkapi.vkBindBufferMemory(slot.device, self.handle, self.memory, 0)
+                life.adopt(self)
+            except BaseException:
+                self._free()
+                raise
+
+    def import_on(self, slot: Any) -> "ImportedBuffer":
+        """This buffer's memory as a buffer of `slot` (made once per device, kept
+        until this buffer is destroyed). UnsupportedError when the pair does not
+        share memory."""
+        check_slot(slot)
+        with self._life:
+            with self._imports_lock:
+                imp = self._imports.get(slot.index)
+                if imp is not None and not imp.destroyed:
+                    return imp
+                if not shares_memory(self.slot, slot):
+                    why = method_support(TransferMethod.DMABUF, self.slot.capabilities, slot.capabilities,
+                                         self.slot.enabled_extensions, slot.enabled_extensions) \
+                        if self.slot.capabilities is not None and slot.capabilities is not None else \
+                        "device capabilities unknown"
+                    raise UnsupportedError(f"GPU {slot.index} ({slot.name!r}) cannot import memory of GPU "
+                                           f"{self.slot.index} ({self.slot.name!r}): {why or 'the same device'}; "
+                                           f"move the bytes with a CrossDeviceTransfer instead",
+                                           extension=EXT_DMA_BUF, device=slot.name)
+                imp = self._imports[slot.index] = ImportedBuffer(slot, self)
+                return imp
+
+    def imports(self) -> list["ImportedBuffer"]:
+        """The live imports of this buffer."""
+        with self._imports_lock:
+            return [imp for imp in self._imports.values() if not imp.destroyed]
+
+    def _export_fd(self) -> int:
+        get_fd = vkapi.device_function(self.slot.device, "vkGetMemoryFdKHR")
+        return int(get_fd(self.slot.device, vk.VkMemoryGetFdInfoKHR(
+            sType=vk.VK_STRUCTURE_TYPE_MEMORY_GET_FD_INFO_KHR, memory=self.memory, handleType=self.handle_type)))
+
+    def destroy(self, timeout: float | None = 30.0) -> None:
+        """Destroy the imports (each once the GPU work tracked on it is done), then the buffer."""
+        with self._imports_lock:
+            imports = list(self._imports.values())
+        for imp in imports:
+            imp.destroy(timeout)
+        with self._imports_lock:
+            self._imports = {k: v for k, v in self._imports.items() if not v.destroyed}
+        super().destroy(timeout)
+
+    def __repr__(self) -> str:
+        state = "destroyed" if self.handle is None else f"{self.size} B, imported on {sorted(self._imports)}"
+        return f"ExportedBuffer(GPU {getattr(self.slot, 'index', '?')}, {state})"
+
+
+class ImportedBuffer(Buffer):
+    """A buffer of `slot` over the memory of `source` (an ExportedBuffer of another
+    device): the same bytes. Made by ExportedBuffer.import_on()."""
+
+    def __init__(self, slot: Any, source: ExportedBuffer):
+        self.slot, self.size, self.usage = slot, source.size, source.usage
+        self.host_visible = False
+        self.handle: Any = None
+        self.memory: Any = None
+        self._handle_int: int | None = None
+        self.source = source
+        self._init_resource(slot)
+        life = slot_lifetime(slot)
+        with life:
+            fd = source._export_fd()
+            try:
+                self.handle = _external_buffer(slot, source.size, source.usage, source.handle_type)
+                req = vk.vkGetBufferMemoryRequirements(slot.device, self.handle)
+                bits = int(req.memoryTypeBits)
+                if source.handle_type == _OPAQUE_FD:
+                    bits &= 1 << source.memory_type   # same driver and device: the same memory type
+                else:
+                    props = vkapi.device_function(slot.device, "vkGetMemoryFdPropertiesKHR")(
+                        slot.device, source.handle_type, fd)
+                    bits &= int(props.memoryTypeBits)
+                if not bits:
+                    raise UnsupportedError(f"GPU {slot.index} ({slot.name!r}) can import the memory of GPU "
+                                           f"{source.slot.index} into no memory type its buffers may use",
+                                           extension=EXT_DMA_BUF, device=slot.name)
+                dedicated = vk.VkMemoryDedicatedAllocateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_MEMORY_DEDICATED_ALLOCATE_INFO, buffer=self.handle)
+                imp = vk.VkImportMemoryFdInfoKHR(sType=vk.VK_STRUCTURE_TYPE_IMPORT_MEMORY_FD_INFO_KHR,
+                                                 pNext=dedicated, handleType=source.handle_type, fd=fd)
+                self.memory = vkapi.vkAllocateMemory(slot.device, vk.VkMemoryAllocateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, pNext=imp,
+                    allocationSize=source.allocation_size,
+                    memoryTypeIndex=(bits & -bits).bit_length() - 1), None)
+                fd = -1   # the driver owns it now
+                vkapi.vkBindBufferMemory(slot.device, self.handle, self.memory, 0)
+                life.adopt(self)
+            except BaseException:
+                if fd >= 0:
+                    os.close(fd)
+                self._free()
+                raise
+
+    def __repr__(self) -> str:
+        state = "destroyed" if self.handle is None else f"{self.size} B of GPU {self.source.slot.index}'s memory"
+        return f"ImportedBuffer(GPU {getattr(self.slot, 'index', '?')}, {state})"
+
+
+class RelayTicket:
+    """One relay: `dst_ready` (a point on the destination device) is signalled once
+    the source point it waited for was reached."""
+
+    __slots__ = ("relay", "ticket", "source", "dst_ready")
+
+    def __init__(self, relay: "TimelineRelay", ticket: int, source: TimelinePoint, dst_ready: TimelinePoint):
+        self.relay, self.ticket, self.source, self.dst_ready = relay, ticket, source, dst_ready
+
+    def done(self) -> bool:
+        """Whether dst_ready is signalled (a failed relay raises its error)."""
+        return self.relay._poll(self, 0.0)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block (no GIL, Ctrl-C honoured) until dst_ready; vkmulti.TimeoutError after `timeout` s."""
+        self.relay._wait(self, timeout)
+
+    def wait_submitted(self, timeout: float | None = None) -> None:
+        """Nothing to wait for: a GPU wait on dst_ready may be queued at once (the
+        signal comes from the host, never from a later submit on a queue)."""
+
+    def __repr__(self) -> str:
+        return f"RelayTicket({self.ticket}, {self.source} -> {self.dst_ready})"
+
+
+class TimelineRelay:
+    """Hands timeline points of device `src` to device `dst` (see the module
+    docstring): `relay(point)` returns a RelayTicket whose `dst_ready` the
+    destination's GPU work waits for. Relays run in order. Owned by whoever
+    made it; destroy() (idempotent) waits for the relays queued."""
+
+    _teardown_rank = 20   # with the transfers: before the devices
+
+    def __init__(self, src: Any, dst: Any, *, stall_timeout: float = 30.0):
+        check_slot(src)
+        check_slot(dst)
+        if src.index == dst.index:
+            raise ValueError(f"a relay joins two devices, got GPU {src.index} twice")
+        if src.native is None or dst.native is None:
+            raise ValueError("both slots need live devices with native tables (an active MultiDeviceManager)")
+        self.src, self.dst = src, dst
+        on_gpus = all(s.capabilities is not None and s.capabilities.device_type != "cpu" for s in (src, dst))
+        self._link = _native.Link(src.native, src.copy_queue.lock, dst.native, dst.copy_queue.lock,
+                                  _native.RING_RELAY, 256, 1, stall_timeout=stall_timeout,
+                                  spin=RELAY_SPIN_SECONDS if on_gpus else 0.0)
+        self._semaphore = self._link.dst_timeline
+        self._life = Lifetime(self, "TimelineRelay", [slot_lifetime(src), slot_lifetime(dst)])
+        for life in self._life.parents:
+            life.adopt(self)
+        self._last: RelayTicket | None = None
+
+    @property
+    def timeline(self) -> int:
+        """The destination timeline semaphore the relays signal."""
+        return self._semaphore
+
+    def relay(self, point: TimelinePoint) -> RelayTicket:
+        """Signal the next value of the destination timeline once `point` (on the
+        source device) is reached."""
+        if not isinstance(point, TimelinePoint):
+            raise TypeError(f"point must be a TimelinePoint, got {type(point).__name__}")
+        if point.device_index != self.src.index:
+            raise ValueError(f"{point} is on GPU {point.device_index}; this relay starts on GPU {self.src.index}")
+        with self._life:
+            ticket, value = self._link.relay(point.semaphore, point.value)
+            t = RelayTicket(self, ticket, point, TimelinePoint(self._semaphore, value, self.dst.index))
+            self._last = t
+            return t
+
+    def _poll(self, t: RelayTicket, timeout: float) -> bool:
+        try:
+            return bool(self._link.poll(t.ticket, t.dst_ready.value, timeout))
+        except DestroyedError:
+            return True   # destroyed: every relay was finished first
+
+    def _wait(self, t: RelayTicket, timeout: float | None) -> None:
+        try:
+            self._link.wait(t.ticket, t.dst_ready.value, timeout)
+        except DestroyedError:
+            return
+
+    def destroy(self, timeout: float | None = 30.0) -> None:
+        """Wait for the relays queued (bounded), then stop the relay's worker (idempotent)."""
+        with self._life.ending(timeout) as dl:
+            if dl is None:
+                return
+            last = self._last
+            if last is not None:
+                try:
+                    self._link.wait(last.ticket, last.dst_ready.value, dl.left())
+                except VkmTimeoutError:
+                    raise VkmTimeoutError(f"TimelineRelay GPU {self.src.index} -> {self.dst.index}: relay "
+                                          f"{last.ticket} still waits for its source after {timeout} s "
+                                          f"(call destroy() again)") from None
+                except VkmError:
+                    pass   # a failed relay: the link released its waiters already
+            self._link.destroy()
+            self._last = None
+
+    def __enter__(self) -> "TimelineRelay":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def __repr__(self) -> str:
+        return f"TimelineRelay(GPU {self.src.index} -> GPU {self.dst.index})"
