@@ -13,7 +13,6 @@ cdef extern from "vkm_link.h" nogil:
         VKM_RING_SHARED_HOST
         VKM_RING_EXPORTED
         VKM_RING_CUDA_PEER
-        VKM_RING_RELAY
         VKM_RING_KINDS
         VKM_MAX_SLOTS
         VKM_MAX_CHUNKS
@@ -55,19 +54,25 @@ cdef extern from "vkm_link.h" nogil:
     uint64_t vkm_link_kernel_bytes(const vkm_link *link)
     VkResult vkm_link_submit(vkm_link *link, const vkm_endpoint *src, const vkm_endpoint *dst, VkDeviceSize size,
                              uint64_t *ticket, uint64_t *src_done, uint64_t *dst_ready, vkm_error *err)
-    VkResult vkm_link_relay(vkm_link *link, VkSemaphore wait, uint64_t wait_value, uint64_t *ticket,
-                            uint64_t *dst_ready, vkm_error *err)
     VkResult vkm_link_poll(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns, vkm_error *err)
     VkResult vkm_link_wait_submitted(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
                                      vkm_error *err)
     VkResult vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, VkDeviceSize **out,
                              uint32_t *count, vkm_error *err)
 
+cdef extern from "vkm_mirror.h" nogil:
+    ctypedef struct vkm_mirror:
+        pass
+    VkResult vkm_mirror_create(vkm_device *src, VkSemaphore src_sem, vkm_device *dst, uint64_t spin_ns,
+                               vkm_mirror **out, vkm_error *err)
+    VkSemaphore vkm_mirror_semaphore(const vkm_mirror *m)
+    VkResult vkm_mirror_status(vkm_mirror *m, vkm_error *err)
+    void vkm_mirror_destroy(vkm_mirror *m)
+
 RING_STAGING = VKM_RING_STAGING
 RING_SHARED_HOST = VKM_RING_SHARED_HOST
 RING_EXPORTED = VKM_RING_EXPORTED
 RING_CUDA_PEER = VKM_RING_CUDA_PEER
-RING_RELAY = VKM_RING_RELAY
 #: The deepest ring a link accepts, and the most chunks one job is cut into.
 MAX_SLOTS = VKM_MAX_SLOTS
 MAX_CHUNKS = VKM_MAX_CHUNKS
@@ -162,7 +167,7 @@ cdef int fill_endpoint(vkm_endpoint *e, object spec, list keep) except -1:
 cdef class Link:
     """A native transfer link from one device to another: a worker thread and a
     ring of slots of one kind (RING_STAGING, RING_SHARED_HOST, RING_EXPORTED or
-    RING_CUDA_PEER), or no ring (RING_RELAY: relays only).
+    RING_CUDA_PEER).
 
     `export_type` (RING_EXPORTED): the handle type memory is exported as (0: an
     opaque fd). `stall_timeout` (s): a single wait of the worker longer than
@@ -195,8 +200,8 @@ cdef class Link:
         self.link = NULL
         self.keep = []
         if not 0 <= ring < VKM_RING_KINDS:
-            raise ValueError(f"ring must be one of RING_STAGING, RING_SHARED_HOST, RING_EXPORTED, RING_CUDA_PEER, "
-                             f"RING_RELAY (0 ... {VKM_RING_KINDS - 1}), got {ring}")
+            raise ValueError(f"ring must be one of RING_STAGING, RING_SHARED_HOST, RING_EXPORTED, RING_CUDA_PEER "
+                             f"(0 ... {VKM_RING_KINDS - 1}), got {ring}")
         cfg.ring = ring
         cfg.slot_size = _u64(slot_size, "slot_size", 1)
         cfg.slot_count = <uint32_t>_u64(slot_count, "slot_count", 1, VKM_MAX_SLOTS)
@@ -287,26 +292,6 @@ cdef class Link:
             self.users -= 1
         return ticket, sdone, dready
 
-    def relay(self, wait_semaphore, wait_value):
-        """Queue a relay: once timeline semaphore `wait_semaphore` of the source
-        device reaches `wait_value`, the worker signals the next destination
-        timeline value from the host (nothing is copied); returns (ticket,
-        dst_ready value)."""
-        cdef uint64_t sem = _u64(wait_semaphore, "wait_semaphore", 1)
-        cdef uint64_t value = _u64(wait_value, "wait_value")
-        cdef uint64_t ticket = 0, dready = 0
-        cdef vkm_error err
-        cdef vkm_link *l = self.enter()
-        cdef VkResult r
-        try:
-            vkm_error_clear(&err)
-            with nogil:
-                r = vkm_link_relay(l, <VkSemaphore><uintptr_t>sem, value, &ticket, &dready, &err)
-            check_error(r, &err)
-        finally:
-            self.users -= 1
-        return ticket, dready
-
     def poll(self, uint64_t ticket, uint64_t dst_ready, double timeout=0.0, bint submitted_only=False):
         """True when the job is complete (or, with submitted_only, fully submitted);
         False if not within `timeout` s (one slice)."""
@@ -356,3 +341,66 @@ cdef class Link:
         with nogil:
             vkm_link_destroy(l)
         self.keep = []
+
+
+cdef class TimelineMirror:
+    """A timeline semaphore of device `src` mirrored on a new timeline semaphore of
+    device `dst` (`semaphore`): a native thread waits (no GIL) for each new value
+    of the source and signals it from the host there, so `dst`'s GPU work can
+    wait on the GPU for `src`'s; such a wait may be queued before the value
+    exists, on any queue. `spin` (s): poll the source that long before blocking
+    (0 on CPU devices). The source semaphore must outlive the mirror; destroy()
+    it (idempotent) once no GPU work waits on `semaphore`."""
+    cdef vkm_mirror *m
+    cdef readonly Device src
+    cdef readonly Device dst
+
+    def __cinit__(self, Device src not None, src_semaphore, Device dst not None, *, double spin=0.0):
+        cdef vkm_error err
+        cdef uint64_t sem = _u64(src_semaphore, "src_semaphore", 1)
+        cdef uint64_t spin_ns = _seconds_ns(spin, "spin", 1.0) if spin != 0 else 0
+        cdef vkm_device *sd = src.ptr()
+        cdef vkm_device *dd = dst.ptr()
+        cdef VkResult r
+        self.m = NULL
+        if src is dst:
+            raise ValueError("a mirror joins two devices, got the same one twice")
+        self.src, self.dst = src, dst
+        vkm_error_clear(&err)
+        with nogil:
+            r = vkm_mirror_create(sd, <VkSemaphore><uintptr_t>sem, dd, spin_ns, &self.m, &err)
+        check_error(r, &err)
+
+    @property
+    def semaphore(self):
+        """The destination timeline semaphore (a VkSemaphore handle as an int)."""
+        if self.m == NULL:
+            from vkmulti.errors import DestroyedError
+            raise DestroyedError("TimelineMirror used after destroy()")
+        return <uintptr_t>vkm_mirror_semaphore(self.m)
+
+    @property
+    def alive(self):
+        return self.m != NULL
+
+    def check(self):
+        """Raise the failure that stopped the mirror (a lost device), if any."""
+        cdef vkm_error err
+        if self.m == NULL:
+            return
+        vkm_error_clear(&err)
+        check_error(vkm_mirror_status(self.m, &err), &err)
+
+    def destroy(self):
+        """Stop the thread (within 20 ms) and free the semaphore (idempotent)."""
+        cdef vkm_mirror *m = self.m
+        if m == NULL:
+            return
+        self.m = NULL
+        with nogil:
+            vkm_mirror_destroy(m)
+
+    def __dealloc__(self):
+        if self.m != NULL and self.src.alive and self.dst.alive:   # (never destroyed: its devices still live)
+            vkm_mirror_destroy(self.m)
+        self.m = NULL

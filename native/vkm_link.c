@@ -2,7 +2,6 @@
  * poll / destroy, failures and stalls. The ring is the backend's (vkm_ring.h). */
 #include "vkm_ring.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -18,7 +17,6 @@ static const vkm_ring_ops *const ring_kinds[VKM_RING_KINDS] = {
     [VKM_RING_SHARED_HOST] = &vkm_ring_shared_host,
     [VKM_RING_EXPORTED] = &vkm_ring_exported,
     [VKM_RING_CUDA_PEER] = &vkm_ring_cuda_peer,
-    [VKM_RING_RELAY] = &vkm_ring_relay,
 };
 
 static void free_job(vkm_job *j)
@@ -186,62 +184,6 @@ static VkResult stalled(vkm_link *l, vkm_error *e)
                     l->ops->name, l->src.dev->name, l->dst.dev->name, where, (double)l->cfg.stall_timeout_ns / 1e9);
 }
 
-/* ---- relays ----------------------------------------------------------------- */
-
-/* A relay job: wait for the caller's point on the source device, then signal
- * the job's destination value from the host once every earlier one is. */
-static VkResult relay_run(vkm_link *l, vkm_job *j, vkm_error *err)
-{
-    vkm_side *S = &l->src, *D = &l->dst;
-    VkSemaphore sem = j->src.wait_semaphore;
-    uint64_t value = j->src.wait_value;
-    VkResult r = vkm_spin_wait(S->dev, sem, value, l->cfg.spin_ns);
-    for (uint64_t waited = 0; r == VK_TIMEOUT && waited < l->cfg.stall_timeout_ns; waited += SLICE_NS)
-        r = vkm_wait_timeline(S->dev, sem, value, SLICE_NS);
-    if (r != VK_SUCCESS) return vkm_fail(err, r, "vkWaitSemaphores(relay source)", NULL);
-    uint64_t signal = j->q.dst_base + 1;
-    if (j->q.dst_base) { /* a host signal must not undercut a queued one */
-        r = vkm_worker_wait(l, D, j->q.dst_base, "vkWaitSemaphores(relay order)", err);
-        if (r != VK_SUCCESS) return r;
-    }
-    r = vkm_signal_timeline(D->dev, D->timeline, signal);
-    if (r != VK_SUCCESS) return vkm_fail(err, r, "vkSignalSemaphore(relay)", NULL);
-    D->submitted = signal;
-    vkm_trace_mark(l->trace, "relayed", signal);
-    return VK_SUCCESS;
-}
-
-static VkResult relay_check(vkm_link *l, VkDeviceSize *align, vkm_error *err) { return VK_SUCCESS; }
-static VkResult relay_create(vkm_link *l, vkm_error *err)
-{
-    snprintf(l->ring_note, sizeof l->ring_note, "relay: no ring; the link signals the destination once a source "
-             "point is reached, the bytes cross through memory both devices read");
-    return VK_SUCCESS;
-}
-static VkResult relay_shape(vkm_link *l, const vkm_endpoint *src, const vkm_endpoint *dst, VkDeviceSize size,
-                            vkm_job_shape *out, vkm_error *err)
-{
-    return vkm_fail(err, VKM_ERROR_INVALID_ARGUMENT, "vkm_link_submit",
-                    "a relay link has no ring to move bytes through; use vkm_link_relay, or a link of another kind");
-}
-static VkResult relay_job(vkm_link *l, vkm_job *j, vkm_error *err)
-{
-    return vkm_fail(err, VKM_ERROR_INVALID_ARGUMENT, "vkm_link_submit", "a relay link runs relays only");
-}
-static void relay_destroy(vkm_link *l, int drained) {}
-
-const vkm_ring_ops vkm_ring_relay = {.name = "relay",
-                                     .cmds_per_slot = 1,
-                                     .fails_in_flight = 0,
-                                     .polls = 0,
-                                     .check = relay_check,
-                                     .create = relay_create,
-                                     .shape = relay_shape,
-                                     .run = relay_job,
-                                     .watch = NULL,
-                                     .drain = NULL,
-                                     .destroy = relay_destroy};
-
 static int watch(void *arg)
 {
     vkm_link *l = arg;
@@ -259,7 +201,7 @@ static void *worker(void *arg)
         vkm_trace_mark(l->trace, "job_taken", it->ticket);
         vkm_error e;
         vkm_error_clear(&e);
-        VkResult r = failed ? VK_SUCCESS : j->relay ? relay_run(l, j, &e) : l->ops->run(l, j, &e);
+        VkResult r = failed ? VK_SUCCESS : l->ops->run(l, j, &e);
         if (r == VK_TIMEOUT) r = stalled(l, &e);
         if (r != VK_SUCCESS) vkm_link_fail(l, r, &e, it->ticket);
         l->progress_at_ns = vkm_now_ns(); /* fresh work: the watch's stall clock starts now */
@@ -279,7 +221,7 @@ static VkResult check_config(const vkm_device *src, const vkm_queue *src_queue, 
                         "a link needs both devices, both queues and a configuration");
     if (c->ring < 0 || c->ring >= VKM_RING_KINDS)
         return vkm_fail(err, VKM_ERROR_INVALID_ARGUMENT, "vkm_link_create",
-                        "ring kind %d is not one of 0 (staging), 1 (host shared), 2 (exported), 3 (CUDA peer), 4 (relay)",
+                        "ring kind %d is not one of 0 (staging), 1 (host shared), 2 (exported), 3 (CUDA peer)",
                         c->ring);
     if (c->slot_count < 1 || c->slot_count > VKM_MAX_SLOTS)
         return vkm_fail(err, VKM_ERROR_INVALID_ARGUMENT, "vkm_link_create",
@@ -423,26 +365,6 @@ VkResult vkm_link_submit(vkm_link *l, const vkm_endpoint *src, const vkm_endpoin
         return r;
     }
     vkm_trace_mark(l->trace, "submit", *ticket);
-    return VK_SUCCESS;
-}
-
-VkResult vkm_link_relay(vkm_link *l, VkSemaphore wait, uint64_t wait_value, uint64_t *ticket, uint64_t *dst_ready,
-                        vkm_error *err)
-{
-    if (!wait || !ticket || !dst_ready)
-        return vkm_fail(err, VKM_ERROR_INVALID_ARGUMENT, "vkm_link_relay", "a relay needs a source point and outputs");
-    vkm_job *j = calloc(1, sizeof(*j));
-    if (!j) return vkm_fail(err, VK_ERROR_OUT_OF_HOST_MEMORY, "calloc(relay)", NULL);
-    j->relay = 1;
-    j->src.wait_semaphore = wait;
-    j->src.wait_value = wait_value;
-    uint64_t src_last = 0;
-    VkResult r = vkm_jobq_push(&l->q, &j->q, 0, 1, ticket, &src_last, dst_ready, err);
-    if (r != VK_SUCCESS) {
-        free_job(j);
-        return r;
-    }
-    vkm_trace_mark(l->trace, "relay", *ticket);
     return VK_SUCCESS;
 }
 

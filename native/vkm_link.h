@@ -10,8 +10,6 @@
  *                           (opaque fd or dma-buf) and imported on the destination
  *   - VKM_RING_CUDA_PEER:   Vulkan memory shared with CUDA on each GPU, moved
  *                           between them by CUDA peer copies (NVLink)
- *   - VKM_RING_RELAY:       no ring: the link only relays (vkm_link_relay), for
- *                           bytes that cross through memory both devices read
  * Everything else is the link's, whatever the ring: a native worker thread
  * takes jobs in order, cuts each into chunks, keeps the source copies up to
  * `slot_count` chunks ahead and submits each destination copy once its chunk
@@ -28,14 +26,7 @@
 extern "C" {
 #endif
 
-enum {
-    VKM_RING_STAGING = 0,
-    VKM_RING_SHARED_HOST = 1,
-    VKM_RING_EXPORTED = 2,
-    VKM_RING_CUDA_PEER = 3,
-    VKM_RING_RELAY = 4,
-    VKM_RING_KINDS
-};
+enum { VKM_RING_STAGING = 0, VKM_RING_SHARED_HOST = 1, VKM_RING_EXPORTED = 2, VKM_RING_CUDA_PEER = 3, VKM_RING_KINDS };
 
 #define VKM_MAX_SLOTS 4096                       /* the deepest ring a link accepts */
 #define VKM_MAX_CHUNKS ((uint32_t)1 << 24)       /* the most chunks one job is cut into */
@@ -97,17 +88,6 @@ uint64_t vkm_link_kernel_bytes(const vkm_link *link);
  * mean "source released" and "destination ready". Thread-safe. */
 VkResult vkm_link_submit(vkm_link *link, const vkm_endpoint *src, const vkm_endpoint *dst, VkDeviceSize size,
                          uint64_t *ticket, uint64_t *src_done, uint64_t *dst_ready, vkm_error *err);
-/* Queue a relay: once the timeline point (`wait`, `wait_value`) of the source
- * device is reached, the worker signals the next value of the destination
- * timeline from the host (after every earlier value of it); nothing is
- * copied. For bytes that cross through memory both devices read (memory the
- * destination imported from the source): the destination's own GPU work
- * waits for *dst_ready and reads them. A GPU wait on *dst_ready may be
- * submitted before the relay runs, on any queue (a host signal never stands
- * behind it in a queue). Any link relays; a VKM_RING_RELAY link only relays.
- * Jobs of a link run in order. Thread-safe. */
-VkResult vkm_link_relay(vkm_link *link, VkSemaphore wait, uint64_t wait_value, uint64_t *ticket, uint64_t *dst_ready,
-                        vkm_error *err);
 /* Wait up to `timeout_ns` for job `ticket` (whose dst_ready value is given):
  * VK_SUCCESS when complete, VK_TIMEOUT when not yet, else the job's error. */
 VkResult vkm_link_poll(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns, vkm_error *err);

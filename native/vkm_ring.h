@@ -25,7 +25,6 @@ typedef struct vkm_job {
     uint32_t chunks;
     VkDeviceSize *starts;
     int src_kernel, dst_kernel; /* the backend copies that endpoint by compute kernels (vkm_kcopy.h) */
-    int relay;                  /* a relay (vkm_link_relay): src.wait_* is the point, nothing is copied */
 } vkm_job;
 
 static inline VkDeviceSize vkm_chunk_len(const vkm_job *j, uint32_t c)
@@ -80,8 +79,7 @@ typedef struct vkm_ring_ops {
     void (*destroy)(vkm_link *l, int drained);
 } vkm_ring_ops;
 
-extern const vkm_ring_ops vkm_ring_staging, vkm_ring_shared_host, vkm_ring_exported, vkm_ring_cuda_peer,
-    vkm_ring_relay;
+extern const vkm_ring_ops vkm_ring_staging, vkm_ring_shared_host, vkm_ring_exported, vkm_ring_cuda_peer;
 
 struct vkm_link {
     vkm_link_config cfg;     /* slot_size rounded up, stall_timeout_ns filled in */

@@ -108,7 +108,7 @@ def test_rings_that_wrap_or_cannot_be_allocated_are_refused(manager, ring, slot_
 
 def test_link_refuses_bad_kinds_timeouts_and_tuning(manager):
     args = _args(manager)
-    for ring in (-1, _native.RING_RELAY + 1, 99):
+    for ring in (-1, 4, 99):
         with pytest.raises(ValueError, match="ring must be one of"):
             _native.Link(*args[:4], ring, *args[5:])
     for bad in (0.0, -1.0, float("nan"), float("inf")):

@@ -8,11 +8,12 @@ DMABUF method in its copy-in-place form.
   The importing device's own commands then read (or write) the exporter's
   memory in place: no copy through a transfer ring.
 * `TimelineRelay`: orders such reads. A timeline semaphore cannot be shared
-  between two devices here, so a native link worker (a relay link, no ring)
-  waits for a point on the source device and signals a timeline of the
-  destination from the host. A GPU wait on that value may be submitted before
-  the relay runs, on any queue, even one the source's signal shares nothing
-  with: no host waits for submits on devices with a single queue.
+  between two devices here, so a native thread (_native.TimelineMirror)
+  follows a timeline of the source device and signals each new value from the
+  host on a timeline of the destination. A GPU wait there may be submitted
+  before the value exists, on any queue (a host signal never stands behind it
+  in a queue): no host waits for submits on devices with a single queue, and
+  nothing to push per point.
 
 The K2K router moves kernel batches this way between devices that share
 memory (docs/kernels.md, "How a step's messages cross GPUs").
@@ -27,8 +28,7 @@ import vulkan as vk
 
 from . import _native, vkapi
 from .capabilities import EXT_DMA_BUF
-from .errors import DestroyedError, UnsupportedError, VkmError
-from .errors import TimeoutError as VkmTimeoutError
+from .errors import UnsupportedError
 from .images import BUFFER_USAGE, Buffer
 from .lifetime import Lifetime
 from .methods import TransferMethod, method_support
@@ -207,103 +207,84 @@ class ImportedBuffer(Buffer):
 
 
 class RelayTicket:
-    """One relay: `dst_ready` (a point on the destination device) is signalled once
-    the source point it waited for was reached."""
+    """A point of the source device as seen on the destination device: `dst_ready`
+    (on the destination) is reached once `source` is."""
 
-    __slots__ = ("relay", "ticket", "source", "dst_ready")
+    __slots__ = ("relay", "source", "dst_ready")
 
-    def __init__(self, relay: "TimelineRelay", ticket: int, source: TimelinePoint, dst_ready: TimelinePoint):
-        self.relay, self.ticket, self.source, self.dst_ready = relay, ticket, source, dst_ready
+    def __init__(self, relay: "TimelineRelay", source: TimelinePoint, dst_ready: TimelinePoint):
+        self.relay, self.source, self.dst_ready = relay, source, dst_ready
 
     def done(self) -> bool:
-        """Whether dst_ready is signalled (a failed relay raises its error)."""
-        return self.relay._poll(self, 0.0)
+        """Whether dst_ready is reached (a stopped relay raises its failure)."""
+        return self.relay._reached(self.dst_ready.value)
 
     def wait(self, timeout: float | None = None) -> None:
         """Block (no GIL, Ctrl-C honoured) until dst_ready; vkmulti.TimeoutError after `timeout` s."""
-        self.relay._wait(self, timeout)
+        self.relay._wait(self.dst_ready.value, timeout)
 
     def wait_submitted(self, timeout: float | None = None) -> None:
         """Nothing to wait for: a GPU wait on dst_ready may be queued at once (the
         signal comes from the host, never from a later submit on a queue)."""
 
     def __repr__(self) -> str:
-        return f"RelayTicket({self.ticket}, {self.source} -> {self.dst_ready})"
+        return f"RelayTicket({self.source} -> {self.dst_ready})"
 
 
 class TimelineRelay:
-    """Hands timeline points of device `src` to device `dst` (see the module
-    docstring): `relay(point)` returns a RelayTicket whose `dst_ready` the
-    destination's GPU work waits for. Relays run in order. Owned by whoever
-    made it; destroy() (idempotent) waits for the relays queued."""
+    """Hands the points of one timeline semaphore of device `src` (`semaphore`) to
+    device `dst`: `relay(point)` returns the point of `dst` its GPU work waits
+    for (see the module docstring). A native thread mirrors the source
+    timeline by itself; nothing is pushed per point. destroy() (idempotent)
+    once no GPU work of `dst` waits on it."""
 
     _teardown_rank = 20   # with the transfers: before the devices
 
-    def __init__(self, src: Any, dst: Any, *, stall_timeout: float = 30.0):
+    def __init__(self, src: Any, semaphore: int, dst: Any):
         check_slot(src)
         check_slot(dst)
         if src.index == dst.index:
             raise ValueError(f"a relay joins two devices, got GPU {src.index} twice")
         if src.native is None or dst.native is None:
             raise ValueError("both slots need live devices with native tables (an active MultiDeviceManager)")
-        self.src, self.dst = src, dst
+        if isinstance(semaphore, bool) or not isinstance(semaphore, int) or semaphore <= 0:
+            raise TypeError(f"semaphore must be a VkSemaphore handle (a positive int), got {semaphore!r}")
+        self.src, self.dst, self.source_semaphore = src, dst, semaphore
         on_gpus = all(s.capabilities is not None and s.capabilities.device_type != "cpu" for s in (src, dst))
-        self._link = _native.Link(src.native, src.copy_queue.lock, dst.native, dst.copy_queue.lock,
-                                  _native.RING_RELAY, 256, 1, stall_timeout=stall_timeout,
-                                  spin=RELAY_SPIN_SECONDS if on_gpus else 0.0)
-        self._semaphore = self._link.dst_timeline
+        self._mirror = _native.TimelineMirror(src.native, semaphore, dst.native,
+                                              spin=RELAY_SPIN_SECONDS if on_gpus else 0.0)
+        self.timeline = self._mirror.semaphore
         self._life = Lifetime(self, "TimelineRelay", [slot_lifetime(src), slot_lifetime(dst)])
         for life in self._life.parents:
             life.adopt(self)
-        self._last: RelayTicket | None = None
-
-    @property
-    def timeline(self) -> int:
-        """The destination timeline semaphore the relays signal."""
-        return self._semaphore
 
     def relay(self, point: TimelinePoint) -> RelayTicket:
-        """Signal the next value of the destination timeline once `point` (on the
-        source device) is reached."""
+        """The point of the destination reached once `point` (of the source semaphore) is."""
         if not isinstance(point, TimelinePoint):
             raise TypeError(f"point must be a TimelinePoint, got {type(point).__name__}")
-        if point.device_index != self.src.index:
-            raise ValueError(f"{point} is on GPU {point.device_index}; this relay starts on GPU {self.src.index}")
+        if point.device_index != self.src.index or point.semaphore != self.source_semaphore:
+            raise ValueError(f"{point} is not a point of the timeline this relay follows (GPU {self.src.index})")
+        self._life.check()
+        return RelayTicket(self, point, TimelinePoint(self.timeline, point.value, self.dst.index))
+
+    def _reached(self, value: int) -> bool:
         with self._life:
-            ticket, value = self._link.relay(point.semaphore, point.value)
-            t = RelayTicket(self, ticket, point, TimelinePoint(self._semaphore, value, self.dst.index))
-            self._last = t
-            return t
+            self._mirror.check()
+            return self.dst.native.timeline_value(self.timeline) >= value
 
-    def _poll(self, t: RelayTicket, timeout: float) -> bool:
-        try:
-            return bool(self._link.poll(t.ticket, t.dst_ready.value, timeout))
-        except DestroyedError:
-            return True   # destroyed: every relay was finished first
-
-    def _wait(self, t: RelayTicket, timeout: float | None) -> None:
-        try:
-            self._link.wait(t.ticket, t.dst_ready.value, timeout)
-        except DestroyedError:
-            return
+    def _wait(self, value: int, timeout: float | None) -> None:
+        with self._life:
+            self._mirror.check()
+            self.dst.native.wait_timeline(self.timeline, value, timeout)
+            self._mirror.check()
 
     def destroy(self, timeout: float | None = 30.0) -> None:
-        """Wait for the relays queued (bounded), then stop the relay's worker (idempotent)."""
+        """Stop following the source (the caller made sure no GPU work waits on the
+        destination timeline any more) and free it (idempotent)."""
         with self._life.ending(timeout) as dl:
             if dl is None:
                 return
-            last = self._last
-            if last is not None:
-                try:
-                    self._link.wait(last.ticket, last.dst_ready.value, dl.left())
-                except VkmTimeoutError:
-                    raise VkmTimeoutError(f"TimelineRelay GPU {self.src.index} -> {self.dst.index}: relay "
-                                          f"{last.ticket} still waits for its source after {timeout} s "
-                                          f"(call destroy() again)") from None
-                except VkmError:
-                    pass   # a failed relay: the link released its waiters already
-            self._link.destroy()
-            self._last = None
+            self._mirror.destroy()
 
     def __enter__(self) -> "TimelineRelay":
         return self

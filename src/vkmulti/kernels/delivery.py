@@ -161,7 +161,7 @@ class DeliveryEngine:
         cached = self.engines.get((a, b))
         if cached:
             return cached[0]
-        if (a, b) in self.peers.relays:
+        if any(key[:2] == (a, b) for key in self.peers.relays):
             from ..methods import TransferMethod
             return TransferMethod.DMABUF
         return None

@@ -4,12 +4,12 @@ A kernel's outbox is exported where another device of the manager can import
 its memory (KernelRuntime.exports_outboxes). A batch such a kernel's step
 wrote is then handed to the next hop's kernels *in place*: that device
 imports the outbox (once per kernel), and its next step reads the batch
-through the import, after a GPU wait on a relay (`TimelineRelay`: a native
-worker signals the device's timeline from the host once the sending step is
-done; no host wait, on any queue). Nothing crosses through a transfer ring,
-and the one copy left is the receiving step's: into the inbox, by a copy
-command where the batch is all for one kernel (a direct landing), else by
-the delivery passes.
+through the import, after a GPU wait on a relay (`TimelineRelay`: the
+sending device's timeline mirrored on the receiving device by a native
+thread that signals it from the host; no host wait, on any queue). Nothing
+crosses through a transfer ring, and the one copy left is the receiving
+step's: into the inbox, by a copy command where the batch is all for one
+kernel (a direct landing), else by the delivery passes.
 
 The batch is retained (its kernel is deferred before the region is reused)
 until every device that reads it in place is done: its kernels took their
@@ -73,9 +73,11 @@ class PeerEdges:
     def __init__(self, engine: Any):
         self.engine = engine
         self.rt, self.mgr = engine.rt, engine.mgr
-        self.relays: dict[tuple[int, int], TimelineRelay] = {}
+        self.relays: dict[tuple[int, int, int], TimelineRelay] = {}   # (from, to, timeline followed)
         self.landings: list[PeerLanding] = []
         self._usable: dict[tuple[int, int], bool] = {}
+        self._views: dict[tuple[int, int], Any] = {}   # (id of an outbox, device) -> its import there
+        self._devices: dict[int, tuple[Any, Any]] = {}
 
     def usable(self, a: int, b: int, trees: Any, batches: list[OutboxBatch]) -> bool:
         """Whether batches of device a go to b in place: a P2P edge whose method is
@@ -97,33 +99,36 @@ class PeerEdges:
         moves that forward them on). False when the pair turned out unable to
         (nothing was handed over; the caller moves them through a link)."""
         eng = self.engine
+        point = batches[-1].ready   # one step of s: one point for all its batches
         try:
-            relay = self.relays.get((s, c))
+            relay = self.relays.get((s, c, point.semaphore))
             if relay is None:
-                relay = self.relays[(s, c)] = TimelineRelay(self.mgr.slot(s), self.mgr.slot(c),
-                                                            stall_timeout=max(eng.submit_timeout, 1.0))
-            views = [b.kernel.outbox.import_on(self.mgr.slot(c)) for b in batches]
-            ticket = relay.relay(batches[-1].ready)   # one step of s: one point for all its batches
+                relay = self.relays[(s, c, point.semaphore)] = TimelineRelay(self.mgr.slot(s), point.semaphore,
+                                                                             self.mgr.slot(c))
+            views = [self._view(b.kernel.outbox, c) for b in batches]
+            ticket = relay.relay(point)
         except (VkmError, MemoryError) as exc:
             log.warning("K2K router: GPU %d cannot read GPU %d's batches in place (%s); moving them instead",
                         c, s, exc)
             self._usable[(s, c)] = False
             return False
-        hops = trees.edge_hops(s, c)
+        hops = min(trees.edge_hops(s, c), 255)
         serves = any(k.device_index == c for k in self.rt.kernels)
         onward = trees.children(s, c)
+        total = sum(b.size for b in batches)
         eng.edge_moves[(s, c)] += 1
+        eng.edge_bytes[(s, c)] += total
+        eng.router._stats.add_bytes(total)
+        ctx, stepper = self._device(c) if serves else (None, None)
+        waits = [ticket.dst_ready]
         for b, view in zip(batches, views):
-            eng.edge_bytes[(s, c)] += b.size
-            self.engine.router._stats.add_bytes(b.size)
             inbound = None
             if serves:
                 x, slots = direct_guess(self.rt, b.kernel, c)
                 try:
-                    inbound = self.rt.accept_batch(c, view, offset=b.offset, size=b.size, wait=ticket.dst_ready,
-                                                   source=b.kernel,
-                                                   hops=min(hops, 255), report_unknown=False, reuse_sets=True,
-                                                   direct=x, direct_slots=slots)
+                    inbound = self.rt._accept(ctx, stepper, view, b.offset, b.size, waits, b.kernel, hops, False,
+                                              None, True, x, b.kernel.spec.outbox_capacity if slots is None
+                                              else slots)
                 except (VkmError, ValueError) as exc:
                     eng.fail_batch(b, f"GPU {c} could not take its messages: {exc}")
                     continue
@@ -135,6 +140,22 @@ class PeerEdges:
                 landing.forward = eng.forward_region(c, view, b, s, hops, ticket, onward, trees)
             self.landings.append(landing)
         return True
+
+    def _view(self, outbox: ExportedBuffer, device: int) -> Any:
+        """The import of `outbox` on `device` (made once; a destroyed one is made again)."""
+        key = (id(outbox), device)
+        v = self._views.get(key)
+        if v is None or v.source is not outbox or v.destroyed:
+            if len(self._views) > 256:   # forget imports of outboxes freed since
+                self._views = {k: w for k, w in self._views.items() if not w.destroyed}
+            v = self._views[key] = outbox.import_on(self.mgr.slot(device))
+        return v
+
+    def _device(self, index: int) -> tuple[Any, Any]:
+        pair = self._devices.get(index)
+        if pair is None or not pair[0].alive:
+            pair = self._devices[index] = self.rt._device(index)
+        return pair
 
     def settle(self, kernels: list[Kernel], timeout: float) -> None:
         """Before a step of `kernels`: where a kernel's next outbox region is still
@@ -215,11 +236,11 @@ class PeerEdges:
                 if left:
                     stats.add_failures(left)
                     log.warning("K2K router detached: %d message(s) for GPU %d were not delivered", left, p.edge[1])
-        for relay in self.relays.values():
+        for relay in self.relays.values():   # no step waits on them any more: their landings are taken back
             try:
                 relay.destroy(max(0.0, deadline - time.monotonic()))
             except VkmTimeout:
-                log.warning("K2K router: a relay still waited for its sending step at destroy")
+                log.warning("K2K router: a relay was still in use at destroy")
         self.relays.clear()
         for p in self.landings:
             try:

@@ -166,6 +166,13 @@ class RouterHooks:
             if direct.runtime is not self or direct.device_index != device:
                 raise ValueError(f"direct kernel {direct.id!r} is not a kernel of this runtime on GPU {device}")
         direct_slots = slots if direct_slots is None else _count(direct_slots, "direct_slots", 0, slots)
+        return self._accept(ctx, stepper, buffer, offset, size, points, source, hops, report_unknown, submitted,
+                            reuse_sets, direct, direct_slots)
+
+    def _accept(self, ctx: Any, stepper: Any, buffer: Any, offset: int, size: int, points: list, source: Any,
+                hops: int, report_unknown: bool, submitted: Any, reuse_sets: bool, direct: Any,
+                direct_slots: int) -> InboundBatch:
+        """accept_batch once its arguments are checked (the router calls it directly)."""
         b = InboundBatch(ctx, buffer, offset, size, points, hops=hops, report_unknown=report_unknown,
                          submitted=submitted, reuse_sets=reuse_sets, direct=direct, direct_slots=direct_slots)
         b.source = source

@@ -24,9 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import vulkan as vk
 
-from .. import vkapi
 from ..errors import TimeoutError as VkmTimeout
 from ..transfer import TimelinePoint
 from . import commands as cmds
@@ -76,6 +74,7 @@ class DeviceStepper:
         self.nsteps = 0
         self.harvested = 0                  # the last timeline value harvested
         self.retired: list[tuple[int, Any]] = []   # (value, descriptor set) to free once completed
+        self.submitter = cmds.Submitter()
 
     # -- waiting for room ------------------------------------------------------------
 
@@ -161,8 +160,8 @@ class DeviceStepper:
         try:
             gpu_waits, survey_offsets = self._record(rec, launched, taken_h2k)
             gpu_waits += [(p.semaphore, p.value) for p in waits]
-            cmds.submit(self.ctx.slot.native, self.ctx.queue, self.ctx.cmds[rec.region], gpu_waits,
-                        (self.ctx.timeline, value))
+            self.submitter.submit(self.ctx.slot.native, self.ctx.queue, self.ctx.cmds[rec.region], gpu_waits,
+                                  (self.ctx.timeline, value))
         except BaseException:
             for k, slots in reversed(taken_h2k):   # nothing ran: the host messages are still to send
                 k.h2k.extendleft(reversed(slots))
@@ -234,10 +233,7 @@ class DeviceStepper:
             if id(b) not in waited:
                 waited.add(id(b))
                 gpu_waits.extend((p.semaphore, p.value) for p in b.waits)
-        vkapi.vkResetCommandBuffer(cmd, 0)
-        vkapi.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
-            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-            flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+        cmds.begin(cmd)
         cmds.barrier(cmd)
         # 1. directory, outbox counts
         with ctx.dir_lock:
@@ -359,7 +355,7 @@ class DeviceStepper:
         for k, off in zip(launched, outbox_surveys):
             self._survey(cmd, k.survey_set, (k.steps % d) * k.outbox_region, off)
         cmds.barrier(cmd, host=True)
-        vkapi.vkEndCommandBuffer(cmd)
+        cmds.end(cmd)
         return gpu_waits, outbox_surveys
 
     def _directs(self, launched: list[Kernel], rec: InFlight, take: Any) -> list[tuple[Kernel, InboundBatch, int, int]]:
@@ -530,18 +526,21 @@ class DeviceStepper:
             self._harvest_report(k, j, step)
 
     def _apply_survey(self, b: _Batch, words: Any) -> None:
-        w = [int(x) for x in words[:16]]
+        w = words[:SURVEY_RECORD].tolist()
         if w[13] and isinstance(b, OutboxBatch):   # what the sender's batches hold: the router's guess
             b.kernel.dest_hint = (w[14] if w[14] == w[15] else None, w[13])
         local, gone = set(), []
-        bits = np.unpackbits(np.ascontiguousarray(words[:MAX_LOCAL_KERNELS // 32], "<u4").view(np.uint8),
-                             bitorder="little")
-        for i in np.flatnonzero(bits).tolist():
-            k = self.ctx.local[i]
-            if k is not None and not k.destroyed:
-                local.add(k)
-            else:
-                gone.append(i)
+        for j in range(MAX_LOCAL_KERNELS // 32):   # the mask of local slots addressed
+            bits = w[j]
+            while bits:
+                low = bits & -bits
+                i = 32 * j + low.bit_length() - 1
+                bits ^= low
+                k = self.ctx.local[i]
+                if k is not None and not k.destroyed:
+                    local.add(k)
+                else:
+                    gone.append(i)
         if gone:
             self._fail(b.source, f"message(s) addressed to kernel(s) destroyed before delivery "
                                  f"(local slots {gone} of GPU {self.ctx.index})", "undeliverable", len(gone))
