@@ -11,6 +11,8 @@ from typing import Any
 
 import vulkan as vk
 
+from ..errors import raise_for_result
+
 _lib, _ffi = vk.lib, vk.ffi
 _NULL = _ffi.NULL
 BIND = vk.VK_PIPELINE_BIND_POINT_COMPUTE
@@ -86,22 +88,12 @@ _BEGIN.flags = vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
 
 def begin(cmd: Any) -> None:
     """Reset and begin a one-time-submit command buffer (of a pool made resettable)."""
-    from ..errors import raise_for_result
-
-    r = _lib.vkResetCommandBuffer(cmd, 0)
-    if r:
-        raise_for_result(r, "vkResetCommandBuffer")
-    r = _lib.vkBeginCommandBuffer(cmd, _BEGIN)
-    if r:
-        raise_for_result(r, "vkBeginCommandBuffer")
+    raise_for_result(_lib.vkResetCommandBuffer(cmd, 0), "vkResetCommandBuffer")
+    raise_for_result(_lib.vkBeginCommandBuffer(cmd, _BEGIN), "vkBeginCommandBuffer")
 
 
 def end(cmd: Any) -> None:
-    from ..errors import raise_for_result
-
-    r = _lib.vkEndCommandBuffer(cmd)
-    if r:
-        raise_for_result(r, "vkEndCommandBuffer")
+    raise_for_result(_lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
 
 
 class Submitter:

@@ -39,6 +39,7 @@ from .delivery_buffers import BufferPool, Gather, align, reached
 from .device_context import step_queue
 from .kernel import InboundBatch, Kernel, OutboxBatch
 from .peer_delivery import PeerEdges, direct_guess
+from .stepper import QUIET_BATCHES
 from .routing import RouteTrees
 from .transfer import CrossDeviceTransfer as TransferSpec
 
@@ -363,7 +364,8 @@ class DeliveryEngine:
                                                wait=ticket.dst_ready, source=source, hops=min(landing.hops, 255),
                                                report_unknown=False, reuse_sets=True,
                                                submitted=ticket.wait_submitted if shared else None,
-                                               direct=x, direct_slots=slots)
+                                               direct=x, direct_slots=slots,
+                                               lazy=p.kernel.quiet_batches >= QUIET_BATCHES)
             except (VkmError, ValueError) as exc:
                 self._fail_parts([p], f"GPU {dev} could not take its messages: {exc}")
                 continue

@@ -149,6 +149,7 @@ class _Batch:
         self.event = threading.Event()
         self.last_value = 0            # the latest step that read it (a survey or a delivery)
         self.retained = 0              # holders (the K2K router) that still need its region as it is
+        self.lazy = False              # read only once written, by a step that need not wait for it
 
     def takes(self, kernel: "Kernel") -> bool:
         """Whether `kernel` needs a delivery pass over this batch."""
@@ -235,7 +236,7 @@ class InboundBatch(_Batch):
 
     def __init__(self, ctx: DeviceContext, buffer: Any, offset: int, size: int, waits: list[TimelinePoint], *,
                  hops: int = 0, report_unknown: bool = True, submitted: Any = None, reuse_sets: bool = False,
-                 direct: "Kernel | None" = None, direct_slots: int = 0):
+                 direct: "Kernel | None" = None, direct_slots: int = 0, lazy: bool = False):
         super().__init__(ctx, buffer, offset, size, source=None, waits=waits)
         self.sets: list[Any] = []      # descriptor sets made for it (freed when done)
         self.reuse_sets = reuse_sets   # its sets are cached per buffer (KernelRuntime.forget_buffer frees them)
@@ -246,6 +247,7 @@ class InboundBatch(_Batch):
         #: slots worth copying into its inbox by a copy command (the rest, if any, a shader copies)
         self.direct = direct
         self.direct_slots = direct_slots
+        self.lazy = lazy   # (a batch of a sender that has been sending nothing)
 
     @property
     def device_index(self) -> int:
@@ -288,6 +290,7 @@ class Kernel:
         #: what its latest non-empty outbox batch held, from the step's survey: (the one destination
         #: address of all its messages or None for several, message count); the K2K router's hint
         self.dest_hint: tuple[int | None, int] = (None, 0)
+        self.quiet_batches = 0   # its latest outbox batches in a row that held nothing
         d = ctx.in_flight
         self.region_users = [0] * d           # timeline value of the last step per region
         self.region_harvested = [True] * d

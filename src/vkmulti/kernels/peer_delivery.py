@@ -27,6 +27,7 @@ from ..errors import TimeoutError as VkmTimeout
 from ..peer_memory import ExportedBuffer, TimelineRelay, shares_memory
 from .delivery_buffers import reached
 from .kernel import InboundBatch, Kernel, OutboxBatch
+from .stepper import QUIET_BATCHES
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class PeerEdges:
                 try:
                     inbound = self.rt._accept(ctx, stepper, view, b.offset, b.size, waits, b.kernel, hops, False,
                                               None, True, x, b.kernel.spec.outbox_capacity if slots is None
-                                              else slots)
+                                              else slots, b.kernel.quiet_batches >= QUIET_BATCHES)
                 except (VkmError, ValueError) as exc:
                     eng.fail_batch(b, f"GPU {c} could not take its messages: {exc}")
                     continue

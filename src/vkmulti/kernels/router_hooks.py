@@ -111,7 +111,8 @@ class RouterHooks:
     def accept_batch(self, device: int, buffer: Any, offset: int = 0, size: int | None = None, *,
                      wait: Any = None, source: Kernel | None = None, hops: int = 0, report_unknown: bool = True,
                      submitted: Callable[[float], Any] | None = None, reuse_sets: bool = False,
-                     direct: Kernel | None = None, direct_slots: int | None = None) -> InboundBatch:
+                     direct: Kernel | None = None, direct_slots: int | None = None,
+                     lazy: bool = False) -> InboundBatch:
         """Hand the kernels of `device` a batch in `buffer` (a vkmulti Buffer on that
         device, laid out as an outbox region: 16-word header with the count, then
         slots of this runtime's size) from `offset`. The next steps there deliver
@@ -132,7 +133,10 @@ class RouterHooks:
         (default all) into its inbox with a copy command and takes them in
         place, checking on the GPU that they are all its own; any that are not
         (or past `direct_slots`) are delivered as usual, so a wrong guess costs
-        speed, never a message."""
+        speed, never a message. `lazy=True`: no step waits on the GPU for `wait`;
+        the first step recorded once it is reached reads the batch (with the
+        batches after it from the same source), so a batch that is probably
+        empty does not tie this device's steps to the other device's."""
         self._check()
         if isinstance(device, bool) or not isinstance(device, int):
             raise TypeError(f"device must be an int, got {type(device).__name__}")
@@ -159,6 +163,8 @@ class RouterHooks:
             raise TypeError(f"submitted must be callable or None, got {type(submitted).__name__}")
         if not isinstance(reuse_sets, bool):
             raise TypeError(f"reuse_sets must be a bool, got {reuse_sets!r}")
+        if not isinstance(lazy, bool):
+            raise TypeError(f"lazy must be a bool, got {lazy!r}")
         slots = (size - RING_HEADER_BYTES) // self.slot_size
         if direct is not None:
             if not isinstance(direct, Kernel):
@@ -167,14 +173,15 @@ class RouterHooks:
                 raise ValueError(f"direct kernel {direct.id!r} is not a kernel of this runtime on GPU {device}")
         direct_slots = slots if direct_slots is None else _count(direct_slots, "direct_slots", 0, slots)
         return self._accept(ctx, stepper, buffer, offset, size, points, source, hops, report_unknown, submitted,
-                            reuse_sets, direct, direct_slots)
+                            reuse_sets, direct, direct_slots, lazy)
 
     def _accept(self, ctx: Any, stepper: Any, buffer: Any, offset: int, size: int, points: list, source: Any,
                 hops: int, report_unknown: bool, submitted: Any, reuse_sets: bool, direct: Any,
-                direct_slots: int) -> InboundBatch:
+                direct_slots: int, lazy: bool = False) -> InboundBatch:
         """accept_batch once its arguments are checked (the router calls it directly)."""
         b = InboundBatch(ctx, buffer, offset, size, points, hops=hops, report_unknown=report_unknown,
-                         submitted=submitted, reuse_sets=reuse_sets, direct=direct, direct_slots=direct_slots)
+                         submitted=submitted, reuse_sets=reuse_sets, direct=direct, direct_slots=direct_slots,
+                         lazy=lazy)
         b.source = source
         with ctx.lock:
             ctx.check()

@@ -44,6 +44,10 @@ PLANNED_DELIVERY_PAYLOAD = 1024
 #: Delivery pass modes (kernel_deliver.comp's `plan` word): copy, plan (a copy pass follows),
 #: direct (the step copied the batch into the inbox with a copy command: take it in place).
 MODE_COPY, MODE_PLAN, MODE_DIRECT = 0, 1, 2
+#: A kernel whose latest this many outbox batches held nothing has its next ones read lazily: by
+#: the first step recorded once they are written (here: once their step is done; from another
+#: device: once the relay reached them), not by one that waits for them.
+QUIET_BATCHES = 2
 _SURVEY_PUSH = struct.Struct("<4I")
 _U32 = 0xFFFFFFFF
 
@@ -187,6 +191,7 @@ class DeviceStepper:
             b = OutboxBatch(k, k.steps, j, point)
             b.retained = retain
             b.surveyed = True
+            b.lazy = k.quiet_batches >= QUIET_BATCHES   # probably empty: read once its step is done
             new.append(b)
             rec.surveys.append((b, off))
             k.outbox_batches[j] = b
@@ -251,7 +256,8 @@ class DeviceStepper:
             if old is not None:
                 gpu_waits += [(p.semaphore, p.value) for p in old.holds]
         # direct landings: the batch's slots into the (empty) inbox at ring slot 0, by a copy command
-        directs = self._directs(launched, rec, take)
+        readable = self._readable()
+        directs = self._directs(launched, rec, take, readable)
         for x, b, _, copied in directs:
             if copied:
                 cmds.copy(cmd, b.buffer.handle, x.inbox.handle, b.offset + RING_HEADER_BYTES, RING_HEADER_BYTES,
@@ -284,9 +290,7 @@ class DeviceStepper:
             dset = self._deliver_set(k, (k.h2k_buffer.handle_int, k.h2k_bytes), k.h2k_buffer, k.h2k_bytes)
             passes.append((k, dset, base, off, 0, n, mode, 0))
             rec.delivers.append((None, k, off))
-        for b in self.batches:
-            if b.done:
-                continue
+        for b in readable:
             for k in launched:
                 if not b.takes(k):
                     continue
@@ -306,7 +310,7 @@ class DeviceStepper:
         self._record_deliveries(cmd, passes)
         for b, _ in rec.directs:   # a direct pass that takes the whole batch tells as much as a survey
             b.surveyed = True
-        new_inbound = [b for b in self.batches if isinstance(b, InboundBatch) and not b.surveyed and not b.done]
+        new_inbound = [b for b in readable if isinstance(b, InboundBatch) and not b.surveyed]
         if new_inbound:
             cmds.bind_pipeline(cmd, ctx.survey.pipeline)
             for b in new_inbound:
@@ -358,7 +362,37 @@ class DeviceStepper:
         cmds.end(cmd)
         return gpu_waits, outbox_surveys
 
-    def _directs(self, launched: list[Kernel], rec: InFlight, take: Any) -> list[tuple[Kernel, InboundBatch, int, int]]:
+    def _readable(self) -> list[_Batch]:
+        """The batches this step reads: every one not done, except a lazy one (from a
+        sender whose recent batches were empty) whose wait points are not reached
+        yet, which a later step reads instead of this one waiting on the GPU for
+        the other device, and the batches after it from the same sender (FIFO)."""
+        out: list[_Batch] = []
+        held: set[int] = set()
+        native = self.ctx.slot.native
+        completed = None
+        for b in self.batches:
+            if b.done:
+                continue
+            src = b.source
+            if src is not None and id(src) in held:
+                continue
+            if b.lazy:
+                if isinstance(b, OutboxBatch):   # a local one: written by a step of this device
+                    if completed is None:
+                        completed = self.ctx.completed()
+                    ready = b.ready.value <= completed
+                else:
+                    ready = all(native.timeline_value(p.semaphore) >= p.value for p in b.waits)
+                if not ready:
+                    if src is not None:
+                        held.add(id(src))
+                    continue
+            out.append(b)
+        return out
+
+    def _directs(self, launched: list[Kernel], rec: InFlight, take: Any,
+                 readable: list[_Batch]) -> list[tuple[Kernel, InboundBatch, int, int]]:
         """The inbound batches launched kernels take in place this step (direct
         landings): for each kernel, the first batch guessed to be all its own,
         unless an older batch of the same sender may still hold messages for it
@@ -366,14 +400,12 @@ class DeviceStepper:
         them, on the fast path or not). Returns (kernel, batch, status offset,
         slots to copy)."""
         out: list[tuple[Kernel, InboundBatch, int, int]] = []
-        if not any(getattr(b, "direct", None) is not None for b in self.batches):
+        if not any(getattr(b, "direct", None) is not None for b in readable):
             return out
         stepping = {id(k) for k in launched}
         taken: set[int] = set()
         waiting: set[tuple[int, int]] = set()   # (sender, kernel): an older batch may hold messages for it
-        for b in self.batches:
-            if b.done:
-                continue
+        for b in readable:
             x, src = getattr(b, "direct", None), b.source
             slots = (b.size - RING_HEADER_BYTES) // self.rt.slot_size
             if x is not None and src is not None and id(x) in stepping and id(x) not in taken and \
@@ -527,8 +559,13 @@ class DeviceStepper:
 
     def _apply_survey(self, b: _Batch, words: Any) -> None:
         w = words[:SURVEY_RECORD].tolist()
-        if w[13] and isinstance(b, OutboxBatch):   # what the sender's batches hold: the router's guess
-            b.kernel.dest_hint = (w[14] if w[14] == w[15] else None, w[13])
+        if isinstance(b, OutboxBatch):   # what the sender's batches hold: the router's guesses
+            k = b.kernel
+            if w[13]:
+                k.dest_hint = (w[14] if w[14] == w[15] else None, w[13])
+                k.quiet_batches = 0
+            else:
+                k.quiet_batches += 1
         local, gone = set(), []
         for j in range(MAX_LOCAL_KERNELS // 32):   # the mask of local slots addressed
             bits = w[j]
