@@ -21,6 +21,8 @@ import numpy as np
 import vulkan as vk
 
 from vkmulti.benchmarks import median_time
+from vkmulti.cli_args import add_virtual_argument
+from vkmulti.progress import progress
 from vkmulti.testing import use_virtual_if_no_gpu
 
 
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mib", type=int, default=256, help="bytes per device, in MiB (default 256)")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--virtual", type=int, default=0, metavar="N", help="use N virtual lavapipe GPUs")
+    add_virtual_argument(p)
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
     p.add_argument("--slot-size", type=int, metavar="MiB", help="device->device ring slot size")
     p.add_argument("--slot-count", type=int, metavar="N", help="device->device ring depth")
@@ -213,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                                                   ("slot_count", args.slot_count)) if v}
         if args.no_dmabuf:
             ring["prefer_dmabuf"] = False
-        res = run(mgr, args.mib << 20, args.reps, lambda m: print(m, file=sys.stderr), **ring)
+        with progress(None, "bench buffers", quiet=args.json is not None) as bar:
+            res = run(mgr, args.mib << 20, args.reps, lambda m: (bar.say(m), bar()), **ring)
         res["ring"] = ring
     if note:
         res["note"] = note

@@ -168,18 +168,22 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list] = {"local": [], "one_node": [], "cluster": [], "tiny_one_node": [],
                                  "tiny_cluster": []}
         frames: dict[str, list] = {"one_node": [], "cluster": []}
-        for rnd in range(args.frames + 1):           # round 0 warms every path up
-            tl = render_local()
-            f1 = cm.render_frame(srus, width, height, nodes=one)
-            fa = cm.render_frame(srus, width, height)
-            g1 = cm.render_frame(tiny, tiny_w, 8, nodes=one)
-            ga = cm.render_frame(tiny, tiny_w, 8)
-            if rnd:
-                runs["local"].append(tl)
-                for k, f in (("one_node", f1), ("cluster", fa), ("tiny_one_node", g1), ("tiny_cluster", ga)):
-                    runs[k].append(f.total_s)
-                frames["one_node"].append(f1)
-                frames["cluster"].append(fa)
+        from vkmulti.progress import progress
+
+        with progress(args.frames + 1, "cluster frames") as bar:
+            for rnd in range(args.frames + 1):           # round 0 warms every path up
+                tl = render_local()
+                f1 = cm.render_frame(srus, width, height, nodes=one)
+                fa = cm.render_frame(srus, width, height)
+                g1 = cm.render_frame(tiny, tiny_w, 8, nodes=one)
+                ga = cm.render_frame(tiny, tiny_w, 8)
+                if rnd:
+                    runs["local"].append(tl)
+                    for k, f in (("one_node", f1), ("cluster", fa), ("tiny_one_node", g1), ("tiny_cluster", ga)):
+                        runs[k].append(f.total_s)
+                    frames["one_node"].append(f1)
+                    frames["cluster"].append(fa)
+                bar()
         local_pixels = close_local()
         # the stencil: per-step time without Ray, on one node through Ray, on every node
         from vkmulti.kernels.reference import jacobi_reference

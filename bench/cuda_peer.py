@@ -20,6 +20,7 @@ import numpy as np
 import vulkan as vk
 
 from vkmulti.benchmarks import median_time, torch_for
+from vkmulti.progress import progress
 
 BUFFER_BYTES = 256 << 20
 W4K, H4K = 3840, 2160
@@ -242,8 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     from vkmulti import MultiDeviceManager
     from vkmulti.methods import TransferMethod, method_support
 
-    say = lambda m: print(m, file=sys.stderr)  # noqa: E731
-    with MultiDeviceManager.create(enabled=True, validation=False) as mgr:
+    with progress(None, "bench cuda_peer", quiet=args.json is not None) as bar, \
+            MultiDeviceManager.create(enabled=True, validation=False) as mgr:
+        say = lambda m: (bar.say(m), bar())  # noqa: E731
         if mgr.device_count < 2:
             print("bench cuda_peer needs two GPUs", file=sys.stderr)
             return 2

@@ -297,7 +297,9 @@ def stencil(mgr: Any, width: int, height: int, steps: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from vkmulti import MultiDeviceManager
+    from vkmulti.cli_args import add_virtual_argument
     from vkmulti.demo import parse_size
+    from vkmulti.progress import progress
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--section", choices=["all", "latency", "bandwidth", "stencil"], default="all")
@@ -310,15 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stencil", type=parse_size, default=None, metavar="WxH",
                    help="stencil grid (default 512x512 on CPU devices, 23000x23000 on GPUs)")
     p.add_argument("--stencil-steps", type=int, default=None)
-    p.add_argument("--virtual", type=int, default=0, metavar="N")
+    add_virtual_argument(p)
     p.add_argument("--json", default=None, metavar="FILE", help="also write the figures here")
     args = p.parse_args(argv)
     if args.hops < 2:
         p.error("--hops must be >= 2")
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
-    if args.virtual < 0:
-        p.error("--virtual must be >= 0")
     from vkmulti.methods import TransferMethod
     if args.method is not None and args.method not in TransferMethod.CROSS_DEVICE:
         p.error(f"--method must be one of {', '.join(TransferMethod.CROSS_DEVICE)}")
@@ -330,13 +330,18 @@ def main(argv: list[str] | None = None) -> int:
             print("bench/k2k.py needs two devices", file=sys.stderr)
             return 2
         cpu = any(s.capabilities is not None and s.capabilities.device_type == "cpu" for s in mgr.slots)
-        if args.section in ("all", "latency"):
-            res["latency"] = latency(mgr, args.hops, args.method, args.rounds)
-        if args.section in ("all", "bandwidth"):
-            res["bandwidth"] = bandwidth(mgr, args.max, args.method, args.rounds, args.fresh_payloads)
-        if args.section in ("all", "stencil"):
-            w, h = args.stencil or ((512, 512) if cpu else (23000, 23000))
-            res["stencil"] = stencil(mgr, w, h, args.stencil_steps or (20 if cpu else 100))
+        sections = [s for s in ("latency", "bandwidth", "stencil") if args.section in ("all", s)]
+        with progress(len(sections), "bench k2k", quiet=args.json is not None) as bar:
+            if "latency" in sections:
+                res["latency"] = latency(mgr, args.hops, args.method, args.rounds)
+                bar()
+            if "bandwidth" in sections:
+                res["bandwidth"] = bandwidth(mgr, args.max, args.method, args.rounds, args.fresh_payloads)
+                bar()
+            if "stencil" in sections:
+                w, h = args.stencil or ((512, 512) if cpu else (23000, 23000))
+                res["stencil"] = stencil(mgr, w, h, args.stencil_steps or (20 if cpu else 100))
+                bar()
     finally:
         mgr.destroy()
     print(json.dumps(res, indent=2))

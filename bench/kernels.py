@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from vkmulti.benchmarks import median_time
+from vkmulti.cli_args import add_virtual_argument
 from vkmulti.testing import use_virtual_if_no_gpu
 
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--device", type=int, default=0)
-    p.add_argument("--virtual", type=int, default=0, metavar="N", help="use N virtual lavapipe GPUs")
+    add_virtual_argument(p)
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
     note = use_virtual_if_no_gpu(args.virtual)

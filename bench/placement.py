@@ -231,13 +231,17 @@ def adaptive_section(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         times: dict[str, list[float]] = {name: [] for name in coords}
         reports: dict[str, Any] = {}
         converge: list[list[float | None]] = []
-        for k in range(args.warmup + args.rounds):
-            for name, c in coords.items():
-                t0 = time.perf_counter()
-                reports[name] = c.render_frame(srus, frames[name])
-                if k >= args.warmup:
-                    times[name].append((time.perf_counter() - t0) * 1e3)
-            converge.append(coords["adaptive"].measured_weights)
+        from vkmulti.progress import progress
+
+        with progress(args.warmup + args.rounds, "adaptive rounds", quiet=False) as bar:
+            for k in range(args.warmup + args.rounds):
+                for name, c in coords.items():
+                    t0 = time.perf_counter()
+                    reports[name] = c.render_frame(srus, frames[name])
+                    if k >= args.warmup:
+                        times[name].append((time.perf_counter() - t0) * 1e3)
+                converge.append(coords["adaptive"].measured_weights)
+                bar()
         pixels = {name: f.download() for name, f in frames.items()}
         identical = all(np.array_equal(pixels["alone"], pixels[n]) for n in ("equal", "adaptive"))
         cost = {s.sru_id: s.render_cost for s in srus}
@@ -295,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--kernels", type=int, default=10_000)
     adaptive = parser.add_argument_group("adaptive section")
-    adaptive.add_argument("--virtual", type=int, default=0, metavar="N", help="use N virtual lavapipe GPUs")
+    from vkmulti.cli_args import add_virtual_argument
+    add_virtual_argument(adaptive)
     adaptive.add_argument("--gpus", type=_indices, default=None, metavar="I,J",
                           help="physical devices by enumeration index, the first is GPU 0 (default: all)")
     adaptive.add_argument("--slowdown", type=int, default=4, help="dispatches per SRU on the slow device (4)")

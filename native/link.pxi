@@ -59,6 +59,7 @@ cdef extern from "vkm_link.h" nogil:
                                      vkm_error *err)
     VkResult vkm_plan_chunks(VkDeviceSize size, VkDeviceSize chunk, VkDeviceSize unit, VkDeviceSize **out,
                              uint32_t *count, vkm_error *err)
+    uint64_t vkm_now_ns()
 
 cdef extern from "vkm_mirror.h" nogil:
     ctypedef struct vkm_mirror:
@@ -292,11 +293,9 @@ cdef class Link:
             self.users -= 1
         return ticket, sdone, dready
 
-    def poll(self, uint64_t ticket, uint64_t dst_ready, double timeout=0.0, bint submitted_only=False):
-        """True when the job is complete (or, with submitted_only, fully submitted);
-        False if not within `timeout` s (one slice)."""
+    cdef int _poll(self, uint64_t ticket, uint64_t dst_ready, uint64_t ns, bint submitted_only) except -1:
+        """1 when the job is complete (or submitted), 0 if not within `ns`; its error raised."""
         cdef vkm_error err
-        cdef uint64_t ns = _poll_ns(timeout)
         cdef vkm_link *l = self.enter()
         cdef VkResult r
         try:
@@ -307,24 +306,29 @@ cdef class Link:
                 else:
                     r = vkm_link_poll(l, ticket, dst_ready, ns, &err)
             if r == VK_TIMEOUT:
-                return False
+                return 0
             check_error(r, &err)
         finally:
             self.users -= 1
-        return True
+        return 1
+
+    def poll(self, uint64_t ticket, uint64_t dst_ready, double timeout=0.0, bint submitted_only=False):
+        """True when the job is complete (or, with submitted_only, fully submitted);
+        False if not within `timeout` s (one slice)."""
+        return self._poll(ticket, dst_ready, _poll_ns(timeout), submitted_only) == 1
 
     def wait(self, uint64_t ticket, uint64_t dst_ready, timeout=None, bint submitted_only=False):
         """Block (no GIL, Ctrl-C honoured) until the job is complete (or submitted)
         or `timeout` s pass."""
         cdef uint64_t total = _timeout_ns(timeout)
-        cdef double deadline = _time.monotonic() + (total / 1e9 if total != _FOREVER else 1e18)
-        cdef double left
-        while True:
-            left = deadline - _time.monotonic()
-            if self.poll(ticket, dst_ready, min(max(left, 0.0), _SLICE_NS / 1e9), submitted_only):
+        cdef uint64_t start = vkm_now_ns(), spent, left
+        while True:   # slices of at most _SLICE_NS, signals checked between them
+            spent = vkm_now_ns() - start
+            left = total - spent if spent < total else 0
+            if self._poll(ticket, dst_ready, left if left < _SLICE_NS else _SLICE_NS, submitted_only):
                 return None
             PyErr_CheckSignals()
-            if _time.monotonic() >= deadline:
+            if vkm_now_ns() - start >= total:
                 from vkmulti.errors import TimeoutError as VkmTimeout
                 what = "was not submitted" if submitted_only else "did not complete"
                 raise VkmTimeout(f"transfer {ticket} {what} within {total / 1e9:.3f} s")

@@ -22,7 +22,7 @@
  * 54 GB/s against 258 GB/s this way. The device-local copies at either end are
  * compute kernels (vkm_kcopy.h) where the endpoint allows: with them 256 MiB
  * moves at 306-328 GB/s, a 4K RGBA16F frame in ~0.31 ms (bench/RESULTS.md).
- * Chunks are even (bench/link_ab.py on the H200 pair, 2026-11-30: smaller
+ * Chunks are even (bench/probes/link_ab.py on the H200 pair, 2026-11-30: smaller
  * first and last chunks made the 4K frame 0.93-1.07x as fast) and every
  * source chunk ready goes in one submit (batches of 1-2 made it 0.67-0.78x).
  */

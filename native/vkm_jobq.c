@@ -73,8 +73,11 @@ VkResult vkm_jobq_push(vkm_jobq *q, vkm_jobq_item *it, uint64_t src_count, uint6
     *dst_last = q->dst_value;
     if (q->tail) q->tail->next = it; else __atomic_store_n(&q->head, it, __ATOMIC_RELEASE);
     q->tail = it;
-    pthread_cond_signal(&q->wake);
     pthread_mutex_unlock(&q->lock);
+    /* after the unlock: a sleeping worker wakes to a free lock instead of
+     * blocking on ours (a second futex round trip on the caller's path); it
+     * re-checks q->head under the lock, so no wake-up is lost */
+    pthread_cond_signal(&q->wake);
     return VK_SUCCESS;
 }
 
@@ -122,13 +125,28 @@ VkResult vkm_jobq_wait_submitted(vkm_jobq *q, uint64_t ticket, uint64_t dst_read
     return r;
 }
 
+/* Poll (no lock) for up to `spin_ns` until job `ticket` is submitted or the
+ * link failed; the caller then takes the locked path, which decides. A
+ * condition-variable wake-up costs tens of microseconds on a GPU host: this
+ * keeps a waiter that came early off it, as the timeline spin below does. */
+static void spin_submitted(const vkm_jobq *q, uint64_t ticket, uint64_t spin_ns)
+{
+    if (!spin_ns) return;
+    uint64_t end = vkm_now_ns() + spin_ns;
+    while (__atomic_load_n(&q->submitted_ticket, __ATOMIC_ACQUIRE) < ticket &&
+           __atomic_load_n(&q->error, __ATOMIC_ACQUIRE) == VK_SUCCESS && vkm_now_ns() < end)
+        sched_yield();
+}
+
 VkResult vkm_jobq_poll(vkm_jobq *q, const vkm_device *d, VkSemaphore sem, uint64_t ticket, uint64_t dst_ready,
                        uint64_t timeout_ns, uint64_t spin_ns, vkm_error *err)
 {
     uint64_t t0 = vkm_now_ns();
-    VkResult r = vkm_jobq_wait_submitted(q, ticket, dst_ready, timeout_ns, err);
-    if (r != VK_SUCCESS) return r;
+    spin_submitted(q, ticket, timeout_ns < spin_ns ? timeout_ns : spin_ns);
     uint64_t spent = vkm_now_ns() - t0;
+    VkResult r = vkm_jobq_wait_submitted(q, ticket, dst_ready, spent < timeout_ns ? timeout_ns - spent : 0, err);
+    if (r != VK_SUCCESS) return r;
+    spent = vkm_now_ns() - t0;
     uint64_t left = spent < timeout_ns ? timeout_ns - spent : 0;
     r = vkm_spin_wait(d, sem, dst_ready, left < spin_ns ? left : spin_ns);
     if (r == VK_TIMEOUT) {
@@ -169,14 +187,14 @@ void vkm_jobq_fail(vkm_jobq *q, VkResult r, const vkm_error *why, uint64_t ticke
 {
     pthread_mutex_lock(&q->lock);
     if (q->error == VK_SUCCESS) {
-        q->error = r;
+        __atomic_store_n(&q->error, r, __ATOMIC_RELEASE);
         q->error_where = why && why->where ? why->where : "transfer link";
         q->failed_ticket = ticket;
         q->fail_dst_value = fail_dst_value;
         snprintf(q->message, sizeof q->message, "%s", why ? why->message : "");
     }
-    pthread_cond_broadcast(&q->progress);
     pthread_mutex_unlock(&q->lock);
+    pthread_cond_broadcast(&q->progress);
 }
 
 static void release_timeline(const vkm_device *d, VkSemaphore sem, uint64_t submitted, uint64_t target,
@@ -203,11 +221,11 @@ void vkm_jobq_release(vkm_jobq *q, const vkm_device *src, VkSemaphore src_sem, u
 void vkm_jobq_finish(vkm_jobq *q, vkm_jobq_item *it, uint64_t spin_ns)
 {
     pthread_mutex_lock(&q->lock);
-    q->submitted_ticket = it->ticket;
+    __atomic_store_n(&q->submitted_ticket, it->ticket, __ATOMIC_RELEASE);
     __atomic_store_n(&q->head, it->next, __ATOMIC_RELEASE);
     if (!q->head) q->tail = NULL;
-    pthread_cond_broadcast(&q->progress);
     pthread_mutex_unlock(&q->lock);
+    pthread_cond_broadcast(&q->progress); /* after the unlock, as in vkm_jobq_push */
     if (!spin_ns) return;
     uint64_t t0 = vkm_now_ns();
     while (!__atomic_load_n(&q->head, __ATOMIC_ACQUIRE) && !__atomic_load_n(&q->stopping, __ATOMIC_ACQUIRE) &&

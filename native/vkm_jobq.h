@@ -25,9 +25,9 @@ typedef struct vkm_jobq {
     vkm_jobq_item *head, *tail;
     int stopping;
     uint64_t next_ticket;      /* last ticket handed out */
-    uint64_t submitted_ticket; /* last ticket fully submitted */
+    uint64_t submitted_ticket; /* last ticket fully submitted (stored atomically: spinning waiters read it) */
     uint64_t src_value, dst_value; /* last timeline values handed out */
-    VkResult error;            /* sticky */
+    VkResult error;            /* sticky (stored atomically, as submitted_ticket) */
     const char *error_where;
     uint64_t failed_ticket;    /* tickets from this one on failed ... */
     uint64_t fail_dst_value;   /* ... and so did every job whose dst_ready is above this */
@@ -58,8 +58,9 @@ void vkm_jobq_stop(vkm_jobq *q);
 VkResult vkm_jobq_wait_submitted(vkm_jobq *q, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
                                  vkm_error *err);
 /* Wait up to `timeout_ns` until job `ticket` is complete: submitted, then
- * `sem` (the destination timeline on `d`) at `dst_ready`, polled for `spin_ns`
- * before blocking. VK_SUCCESS, VK_TIMEOUT or the job's error. */
+ * `sem` (the destination timeline on `d`) at `dst_ready`; each of the two is
+ * polled for up to `spin_ns` before blocking. VK_SUCCESS, VK_TIMEOUT or the
+ * job's error. */
 VkResult vkm_jobq_poll(vkm_jobq *q, const vkm_device *d, VkSemaphore sem, uint64_t ticket, uint64_t dst_ready,
                        uint64_t timeout_ns, uint64_t spin_ns, vkm_error *err);
 

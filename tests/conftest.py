@@ -33,6 +33,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+from repr_watch import install as _install_repr_watch, take_problems as _repr_problems  # noqa: E402
+
+_install_repr_watch()
+
+
+@pytest.fixture(autouse=True)
+def repr_guard():
+    """Fail the test if a public object it built has a repr of 200+ characters (or
+    several lines), or a VkmError it raised embeds an object dump (repr_watch.py)."""
+    _repr_problems()
+    yield
+    found = _repr_problems()
+    if found:
+        pytest.fail("long reprs or object dumps:\n" + "\n".join(dict.fromkeys(found)))
+
+
 @pytest.fixture(autouse=True)
 def validation_guard(request):
     """Fail the test if the validation layer reported an error during it."""

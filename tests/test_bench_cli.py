@@ -25,7 +25,7 @@ def test_bench_transfer_quick_writes_json_ratios_and_plot(tmp_path, capsys):
     assert res["ratios"]["image 3840x2160: host_shared/seed"] > 0
     assert printed.rstrip().splitlines()[-1].startswith("ratio: image 3840x2160: host_shared/seed = ")
     with PILImage.open(png) as img:
-        assert img.size == (1000, 560)
+        assert img.size[0] >= 600 and img.size[1] >= 400
 
 
 @pytest.mark.parametrize("argv", [["--reps", "0"], ["--slot-size", "0"], ["--methods", "teleport"],

@@ -165,7 +165,7 @@ def test_state_larger_than_a_storage_binding_is_refused(manager):
     rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
     try:
         limit = rt._context(0).max_storage_range
-        spec = KernelSpec("huge", shader_path("kernel_counter.comp.spv").read_bytes(), state_sizes=(limit + 4,))
+        spec = KernelSpec("huge", shader_path("kernel_counter.comp.spv").read_bytes(), state_sizes=((limit // 4 + 1) * 4,))   # the first multiple of 4 past the limit
         with pytest.raises(ValueError, match="maxStorageBufferRange"):
             rt.launch(spec, device=0)
         assert rt.kernels == [] and counter(rt, "ok", 0).id == "ok"

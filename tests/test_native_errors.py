@@ -133,10 +133,15 @@ def _device_without(slot, **flags):
 def test_missing_extensions_are_unsupported_naming_extension_and_device(manager):
     s, d = manager.slot(1), manager.slot(0)
     bare = _device_without(s)
-    with pytest.raises(vkmulti.UnsupportedError, match="VK_EXT_external_memory_host is not enabled on 'llvmpipe"):
+    with pytest.raises(vkmulti.UnsupportedError, match="VK_EXT_external_memory_host is not enabled on 'llvmpipe") \
+            as info:
         _native.Link(bare, s.copy_queue.lock, d.native, d.copy_queue.lock, _native.RING_SHARED_HOST, 1 << 20, 4)
-    with pytest.raises(vkmulti.UnsupportedError, match="VK_KHR_external_memory_fd is not enabled on 'llvmpipe"):
+    assert (info.value.extension, info.value.device) == ("VK_EXT_external_memory_host", s.name)   # carried too
+    assert not str(info.value).startswith("vkm_link_create")   # the message is what happened, not where
+    with pytest.raises(vkmulti.UnsupportedError, match="VK_KHR_external_memory_fd is not enabled on 'llvmpipe") \
+            as info:
         _native.Link(bare, s.copy_queue.lock, d.native, d.copy_queue.lock, _native.RING_EXPORTED, 1 << 20, 4)
+    assert (info.value.extension, info.value.device) == ("VK_KHR_external_memory_fd", s.name)
     with pytest.raises(vkmulti.UnsupportedError, match="VK_EXT_external_memory_dma_buf is not enabled on"):
         _native.Link(s.native, s.copy_queue.lock, d.native, d.copy_queue.lock, _native.RING_EXPORTED, 1 << 20, 4,
                      0x200)

@@ -1,6 +1,8 @@
 """Cross-device transfers on the virtual pair (and, marked gpu, on two real GPUs)."""
 from __future__ import annotations
 
+import dataclasses
+import os
 import threading
 import time
 
@@ -341,17 +343,55 @@ def test_select_transfer_method(manager):
 
 
 def test_forced_method_missing_extension(manager):
+    """Forcing a method the pair lacks is refused when the transfer is made: the message
+    names the extension, the device, that the driver has it but the VkDevice did not
+    enable it, and exactly the methods the pair supports; the error carries them."""
     slot = manager.slot(1)
     saved = slot.enabled_extensions
     slot.enabled_extensions = saved - {EXT_MEMORY_HOST}
     try:
-        x = CrossDeviceTransfer(slot, manager.slot(0), TransferMethod.HOST_SHARED)
-        with Buffer(slot, 16) as s, Buffer(manager.slot(0), 16) as d:
-            with pytest.raises(UnsupportedError, match="VK_EXT_external_memory_host.*GPU 1|GPU 1.*external_memory_host"):
-                x.submit(src_buffer=s, dst_buffer=d)
-        x.destroy()
+        with pytest.raises(UnsupportedError) as info:
+            CrossDeviceTransfer(slot, manager.slot(0), TransferMethod.HOST_SHARED)
+        text = str(info.value)
+        assert "GPU 1" in text and EXT_MEMORY_HOST in text and "created without it" in text
+        assert "device_requirements()" in text
+        supported = vkmulti.pair_methods(slot, manager.slot(0))
+        assert TransferMethod.HOST_SHARED not in supported and TransferMethod.STAGING_COPY in supported
+        assert text.endswith(f"this pair supports {supported}")
+        assert info.value.extension == EXT_MEMORY_HOST
+        assert info.value.device == slot.name and info.value.device_index == 1
+        assert "\n" not in text and len(text) < 600
+        # select_transfer_method picks what works
+        assert vkmulti.select_transfer_method(slot, manager.slot(0)) == supported[0]
     finally:
         slot.enabled_extensions = saved
+
+
+def test_forced_method_the_driver_lacks(manager):
+    """An extension the driver itself lacks reads as such (no hint to enable it)."""
+    s, d = manager.slot(1), manager.slot(0)
+    caps = s.capabilities
+    s.capabilities = dataclasses.replace(caps, extensions=caps.extensions - {EXT_MEMORY_HOST})
+    try:
+        with pytest.raises(UnsupportedError, match=f"the driver of GPU 1 .* lacks {EXT_MEMORY_HOST}") as info:
+            CrossDeviceTransfer(s, d, TransferMethod.HOST_SHARED)
+        assert "created without it" not in str(info.value)
+        assert info.value.extension == EXT_MEMORY_HOST and info.value.device_index == 1
+    finally:
+        s.capabilities = caps
+
+
+def test_every_supported_method_is_accepted_and_suggested(manager):
+    s, d = manager.slot(1), manager.slot(0)
+    supported = vkmulti.pair_methods(s, d)
+    assert supported == [TransferMethod.DMABUF, TransferMethod.HOST_SHARED, TransferMethod.STAGING_COPY] or \
+        os.environ.get("VKMULTI_REAL_GPUS") == "1"
+    for m in supported:
+        CrossDeviceTransfer(s, d, m).destroy()
+    assert vkmulti.select_transfer_method(s, d) == supported[0]
+    assert vkmulti.select_transfer_method(s, s) == TransferMethod.NONE
+    with pytest.raises(TypeError, match="two DeviceSlots"):
+        vkmulti.select_transfer_method(s, manager.capabilities)
 
 
 def test_bad_input(manager):

@@ -30,7 +30,9 @@ COMPUTE_KERNELS = ("kernel_finish.comp", "kernel_deliver.comp", "kernel_deliver_
 #: GLSL files the sources #include: their hashes are in the manifest too, so a
 #: change to one shows up as a stale SPIR-V like a change to a source.
 INCLUDES = ("vkm_kernel_abi.glsl",)
-SOURCES = ("sru.comp",) + KERNELS + COMPUTE_KERNELS
+#: Utility passes of vkmulti.kernels: CRC32 of a buffer range (live migration's check).
+UTILITY_KERNELS = ("crc32.comp",)
+SOURCES = ("sru.comp",) + KERNELS + COMPUTE_KERNELS + UTILITY_KERNELS
 HEADER = REPO / "native" / "vkm_kcopy_spv.h"
 FLAGS = ("-O", "--target-env=vulkan1.1")
 

@@ -5,21 +5,25 @@ hardware allows, and keeps working when a GPU is slow or gone.
 """
 __version__ = "0.1.0"
 
-from .buffers import Gathered, InterGpuTransfer
+from .buffers import Buffer
+from .images import Image
+from .inter_gpu import Gathered, InterGpuTransfer
 from .capabilities import DeviceCapabilities, QueueFamilies, RenderCapabilities, probe_device
 from .cuda import CudaDevice, cuda_devices, cuda_peer_reason, cuda_status
 from .devices import LogicalDevice, Queue, create_logical_device
-from .errors import (BackendUnavailableError, DestroyedError, DeviceLostError, DeviceNotAvailableError,
+from .errors import (BackendUnavailableError, CudaError, DestroyedError, DeviceLostError, DeviceNotAvailableError,
                      InvalidConfigError, K2KDestinationNotFoundError, KernelNotFoundError, KernelValidationError,
-                     MigrationError, OutOfDeviceMemoryError, OutOfHostMemoryError, TimeoutError, TransferError,
-                     UnsupportedError, VkmError, VulkanError)
+                     LinkStalledError, MigrationError, OutOfDeviceMemoryError, OutOfHostMemoryError,
+                     RendererMissingError, TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError)
 from .instance import Instance
 from .methods import TransferMethod, supported_methods
 from .multi_device import DeviceSlot, MultiDeviceManager
 from .offload import OffloadRoute, SRUOffloadCoordinator
 from .partition import SRUAssignment, assign_srus, assign_srus_array
 from .render import Compositor, ReferenceRenderer, ReferenceSRU
-from .transfer import CrossDeviceTransfer, TimelinePoint, TransferTicket, select_transfer_method
+from .transfer import CrossDeviceTransfer, TimelinePoint, TransferTicket, pair_methods, select_transfer_method
+from .requirements import DeviceRequirements, device_requirements
+from . import testing   # vkmulti.testing.install_virtual_gpus(2) works after a plain `import vkmulti`
 # ringkernel's multi_gpu port (its CrossDeviceTransfer stays vkmulti.kernels.CrossDeviceTransfer)
 from .kernels import (Backend, CoordinatorEvent, CoordinatorEventKind, DeviceInfo, DeviceStatus,
                       DeviceUnregisterResult, GpuConnection, GpuTopology, InterconnectType, KernelId,
@@ -32,17 +36,28 @@ from .kernels import HlcTimestamp, K2KMessage, Kernel, KernelRuntime, KernelSpec
 # the cross-GPU K2K router (ringkernel's CrossGpuK2KRouter, delivering for real)
 from .kernels import (CrossGpuK2KRouter, CrossGpuRouterStats, CrossGpuRouterStatsSnapshot, PendingK2KMessage,
                       RoutingDecision, RoutingKind)
+# checkpoints, migration and hot reload of kernels (vkmulti.kernels)
+from .kernels import (CHECKPOINT_MAGIC, CHECKPOINT_VERSION, MAX_CHECKPOINT_SIZE, Checkpoint, CheckpointBuilder,
+                      CheckpointHeader, CheckpointMetadata, CheckpointPolicy, CheckpointStorage,
+                      CheckpointableKernel, ChunkHeader, ChunkType, DataChunk, FileStorage, HotReloadConfig,
+                      HotReloadManager, HotReloadRequest, HotReloadResult, HotReloadState, HotReloadStats,
+                      HotReloadStatsSnapshot, HotReloadableKernel, KernelCodeFormat, KernelCodeSource,
+                      KernelMigrator, MemoryStorage, MigratableKernel, MigrationResult, MigrationStats,
+                      MigrationStatsSnapshot, PlanOutcome)
+from .errors import CheckpointNotFoundError, CheckpointStorageError, InvalidCheckpointError
 
 __all__ = [
     "DeviceCapabilities", "QueueFamilies", "RenderCapabilities", "probe_device",
     "LogicalDevice", "Queue", "create_logical_device", "Instance",
     "DeviceSlot", "MultiDeviceManager", "TransferMethod", "supported_methods",
     "SRUAssignment", "assign_srus", "assign_srus_array", "CrossDeviceTransfer", "TimelinePoint", "TransferTicket",
-    "select_transfer_method", "InterGpuTransfer", "Gathered",
+    "select_transfer_method", "pair_methods", "InterGpuTransfer", "Gathered", "Image", "Buffer",
+    "DeviceRequirements", "device_requirements",
     "CudaDevice", "cuda_devices", "cuda_peer_reason", "cuda_status",
     "OffloadRoute", "SRUOffloadCoordinator", "ReferenceSRU", "ReferenceRenderer", "Compositor",
     "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError", "OutOfHostMemoryError",
-    "UnsupportedError", "TransferError", "TimeoutError", "DestroyedError",
+    "UnsupportedError", "TransferError", "TimeoutError", "DestroyedError", "RendererMissingError",
+    "LinkStalledError", "CudaError",
     "BackendUnavailableError", "KernelNotFoundError", "InvalidConfigError", "DeviceNotAvailableError",
     "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError",
     "Backend", "KernelMode", "LaunchOptions", "LoadBalancingStrategy", "MultiGpuConfig", "MultiGpuBuilder",
@@ -53,6 +68,14 @@ __all__ = [
     "KernelRuntime", "KernelSpec", "Kernel", "K2KMessage", "MessageEnvelope", "HlcTimestamp",
     "CrossGpuK2KRouter", "CrossGpuRouterStats", "CrossGpuRouterStatsSnapshot", "PendingK2KMessage",
     "RoutingDecision", "RoutingKind", "TenantMismatchError",
+    "Checkpoint", "CheckpointBuilder", "CheckpointHeader", "CheckpointMetadata", "ChunkHeader", "ChunkType",
+    "DataChunk", "CHECKPOINT_MAGIC", "CHECKPOINT_VERSION", "MAX_CHECKPOINT_SIZE",
+    "CheckpointStorage", "FileStorage", "MemoryStorage", "CheckpointPolicy",
+    "KernelCodeFormat", "KernelCodeSource", "HotReloadConfig", "HotReloadManager", "HotReloadRequest",
+    "HotReloadResult", "HotReloadState", "HotReloadStats", "HotReloadStatsSnapshot",
+    "KernelMigrator", "MigrationResult", "MigrationStats", "MigrationStatsSnapshot", "PlanOutcome",
+    "CheckpointableKernel", "HotReloadableKernel", "MigratableKernel",
+    "InvalidCheckpointError", "CheckpointStorageError", "CheckpointNotFoundError",
 ]
 
 # failure handling: a lost GPU (docs/failover.md)

@@ -47,3 +47,19 @@ def cstr(raw: Any) -> str:
     if isinstance(raw, str):
         return raw
     return _ffi.string(raw).decode("utf-8", "replace")
+
+
+def short_text(text: Any, limit: int = 40) -> str:
+    """`text` as a quoted str of at most `limit` characters (for reprs and messages)."""
+    s = str(text)
+    return repr(s if len(s) <= limit else s[:limit - 3] + "...")
+
+
+def handle_hex(value: Any) -> str:
+    """A Vulkan handle (cffi or int) as 0x..., or None/'?' where it has none."""
+    if value is None:
+        return "None"
+    try:
+        return f"0x{int(_ffi.cast('uintptr_t', value)) if isinstance(value, _ffi.CData) else int(value):x}"
+    except (TypeError, ValueError):
+        return "?"

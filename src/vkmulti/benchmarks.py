@@ -14,14 +14,24 @@ from typing import Any, Callable
 import numpy as np
 import vulkan as vk
 
+from .cli_args import add_virtual_argument, check_output_path
+
 from . import vkapi
-from .images import Buffer, Image
-from .methods import TransferMethod, method_support
-from .transfer import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer
+from .buffers import Buffer
+from .images import Image
+from .methods import TransferMethod
+from .progress import progress
+from .transfer import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer, pair_methods
 
 _ffi = vk.ffi
 IMAGE_SIZES = ((256, 256), (1920, 1080), (3840, 2160))
 BUFFER_BYTES = 256 << 20
+#: --small: the latency of small transfers (a 256x256 RGBA16F image, 512 KiB,
+#: and a 64 KiB buffer), many transfers timed one at a time, where the per-
+#: transfer host work (Python, the link's worker, wake-ups) is most of the time.
+SMALL_SIZES = ((256, 256),)
+SMALL_BUFFER_BYTES = 64 << 10
+SMALL_REPS = 1000
 RGBA16F = vk.VK_FORMAT_R16G16B16A16_SFLOAT
 
 
@@ -157,23 +167,49 @@ def _torch_pinned(nbytes: int, src: int, dst: int) -> Callable[[], None] | None:
 
 
 def methods_for(src: Any, dst: Any) -> list[str]:
-    return [m for m in TransferMethod.CROSS_DEVICE
-            if method_support(m, src.capabilities, dst.capabilities, src.enabled_extensions,
-                              dst.enabled_extensions) is None]
+    """The methods the pair of slots supports, best first (vkmulti.pair_methods)."""
+    return pair_methods(src, dst)
+
+
+def bytes_label(n: int) -> str:
+    """'256 MiB', '64 KiB' or '100 B': a size as the case names say it."""
+    for shift, unit in ((20, "MiB"), (10, "KiB")):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def split_times(fn_submit: Callable[[], Any], reps: int) -> dict[str, float]:
+    """Median seconds of submit() alone and of the ticket's wait() alone, over
+    `reps` transfers made one after another (`fn_submit` queues one, returns its ticket)."""
+    submit, wait = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        ticket = fn_submit()
+        t1 = time.perf_counter()
+        ticket.wait(120)
+        submit.append(t1 - t0)
+        wait.append(time.perf_counter() - t1)
+    return {"submit_s": statistics.median(submit), "wait_s": statistics.median(wait)}
 
 
 def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 10, buffer_reps: int | None = None,
                        methods: list[str] | None = None, sizes: tuple = IMAGE_SIZES, buffer_bytes: int = BUFFER_BYTES,
                        torch: bool = True, log: Callable[[str], None] | None = None,
-                       slot_size: int = DEFAULT_SLOT_SIZE, slot_count: int = DEFAULT_SLOT_COUNT) -> dict[str, Any]:
+                       slot_size: int = DEFAULT_SLOT_SIZE, slot_count: int = DEFAULT_SLOT_COUNT,
+                       advance: Callable[[int], None] | None = None, split: bool = False) -> dict[str, Any]:
     """Time each method and size end to end (submit to dst_ready), plus the seed
-    baseline and torch's pinned-host copy, interleaved round by round."""
+    baseline and torch's pinned-host copy, interleaved round by round.
+    `advance(1)` is called after each case (progress). `split`: also the medians
+    of submit() alone and wait() alone per method (results["split"])."""
     s, d = manager.slot(src), manager.slot(dst)
     methods = methods or methods_for(s, d)
     buffer_reps = buffer_reps or max(3, reps // 2)
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"machine": {"src": f"GPU {src}: {s.name}", "dst": f"GPU {dst}: {d.name}"},
                                "reps": reps, "rings": {}, "cases": []}
+    if split:
+        results["split"] = {}
     say = log or (lambda msg: None)
 
     def record(case: str, nbytes: int, method: str, med: float, times: list[float]) -> None:
@@ -206,6 +242,13 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
                     b.upload(np.zeros_like(expected))
             for m, times in interleaved(fns, n, warmup).items():
                 record(case, nbytes, m, statistics.median(times), times)
+            if split:
+                for m, x in zip(methods, xs):
+                    sp = results["split"].setdefault(case, {})[m] = split_times(lambda x=x: x.submit(**kw),
+                                                                               max(1, n // 4))
+                    say(f"{case:>16} {m:>13}: submit {sp['submit_s'] * 1e6:7.1f} us, wait {sp['wait_s'] * 1e6:7.1f} us")
+            if advance is not None:
+                advance(1)
         finally:
             seed.destroy()
             for x in xs:
@@ -226,7 +269,7 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
         try:
             data = rng.integers(0, 256, buffer_bytes, dtype=np.uint8)
             a.upload(data)
-            run_case(f"buffer {buffer_bytes >> 20} MiB", a, b, data, "buffer", buffer_reps, 1)
+            run_case(f"buffer {bytes_label(buffer_bytes)}", a, b, data, "buffer", buffer_reps, 1)
         finally:
             a.destroy()
             b.destroy()
@@ -252,57 +295,42 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
 
 
 def ratio_line(results: dict[str, Any]) -> str:
+    """The ratios of the largest image case and of the buffer case."""
     r = results["ratios"]
-    keys = [k for k in r if k.startswith("image 3840x2160") or k.startswith("buffer")]
+    images = [c for c in results["cases"] if c["case"].startswith("image ")]
+    top = max(images, key=lambda c: c["bytes"])["case"] + ":" if images else "buffer"
+    keys = [k for k in r if k.startswith((top, "buffer"))]
     return "ratio: " + ", ".join(f"{k} = {r[k]:.2f}x" for k in keys)
 
 
-def plot(results: dict[str, Any], path: str) -> None:
-    """A grouped bar chart of GB/s by case and method, drawn with Pillow."""
-    from PIL import Image as PILImage, ImageDraw
+def plot(results: dict[str, Any], path: str) -> str:
+    """A grouped bar chart of GB/s by case and method (vkmulti.charts: matplotlib,
+    else Pillow); the title names the two devices. Returns the library used."""
+    from .charts import bar_chart
 
     cases = list(dict.fromkeys(c["case"] for c in results["cases"]))
     methods = list(dict.fromkeys(c["method"] for c in results["cases"]))
-    colors = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75)]
     gb = {(c["case"], c["method"]): c["gbps"] for c in results["cases"]}
-    top = max(gb.values()) * 1.15 or 1.0
-    W, H, left, bottom, topm = 1000, 560, 70, 70, 60
-    img = PILImage.new("RGB", (W, H), "white")
-    g = ImageDraw.Draw(img)
-    g.text((left, 15), f"vkmulti transfer bandwidth (GB/s): {results['machine']['src']} -> "
-                       f"{results['machine']['dst']}", fill="black")
-    plot_h = H - bottom - topm
-    for k in range(6):
-        y = H - bottom - plot_h * k / 5
-        g.line([(left, y), (W - 20, y)], fill=(220, 220, 220))
-        g.text((10, y - 6), f"{top * k / 5:.1f}", fill="black")
-    group_w = (W - left - 20) / max(1, len(cases))
-    bar_w = group_w * 0.8 / max(1, len(methods))
-    for i, case in enumerate(cases):
-        x0 = left + i * group_w + group_w * 0.1
-        for j, m in enumerate(methods):
-            v = gb.get((case, m))
-            if v is None:
-                continue
-            h = plot_h * v / top
-            x = x0 + j * bar_w
-            g.rectangle([x, H - bottom - h, x + bar_w - 2, H - bottom], fill=colors[j % len(colors)])
-            g.text((x, H - bottom - h - 12), f"{v:.1f}", fill="black")
-        g.text((x0, H - bottom + 8), case, fill="black")
-    for j, m in enumerate(methods):
-        g.rectangle([left + j * 150, H - 30, left + j * 150 + 12, H - 18], fill=colors[j % len(colors)])
-        g.text((left + j * 150 + 16, H - 30), m, fill="black")
-    img.save(path)
+    machine = f"{results['machine']['src']} -> {results['machine']['dst']}"
+    return bar_chart(cases, methods, gb, title="vkmulti transfer bandwidth by method", ylabel="GB/s (median)",
+                     xlabel="what moves (image: RGBA16F)", path=path, machine=machine)
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="vkmulti bench transfer", description=__doc__)
+    from .cli_args import Parser
+
+    p = Parser(prog="vkmulti bench transfer", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--src", type=int, default=1)
     p.add_argument("--dst", type=int, default=0)
     p.add_argument("--reps", type=int, default=None, help="rounds per case (default 10; 5 with --quick)")
     p.add_argument("--quick", action="store_true", help="4K image and a 64 MiB buffer only, 5 reps")
+    p.add_argument("--small", action="store_true",
+                   help=f"small transfers only: a 256x256 image and a {bytes_label(SMALL_BUFFER_BYTES)} buffer, "
+                        f"{SMALL_REPS} reps, each timed alone, plus submit() and wait() timed apart "
+                        f"(the per-transfer host cost)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--slot-size", type=int, default=DEFAULT_SLOT_SIZE >> 20, metavar="MiB",
                    help="ring slot size in MiB (default %(default)s)")
@@ -310,19 +338,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", help="comma-separated methods to time (default: all the pair supports)")
     p.add_argument("--plot", metavar="PNG", help="write a bar chart of GB/s by method and size")
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
-    p.add_argument("--virtual", type=int, default=0, metavar="N", help="use N virtual lavapipe GPUs")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (also off when stderr is no terminal)")
+    add_virtual_argument(p)
     args = p.parse_args(argv)
+    if args.quick and args.small:
+        p.error("--quick and --small are different case sets: pick one")
     if args.reps is None:
-        args.reps = 5 if args.quick else 10
+        args.reps = SMALL_REPS if args.small else 5 if args.quick else 10
     if args.reps < 1:
         p.error("--reps must be >= 1")
     if args.slot_size < 1 or args.slot_count < 1:
         p.error("--slot-size and --slot-count must be >= 1")
+    if args.plot:
+        check_output_path(p, args.plot, "--plot")
     from .multi_device import MultiDeviceManager
-    from .testing import install_virtual_gpus
+    from .testing import use_virtual_if_no_gpu
 
-    if args.virtual:
-        install_virtual_gpus(args.virtual)
+    note = use_virtual_if_no_gpu(args.virtual)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     with MultiDeviceManager.create(enabled=True, validation=False) as mgr:
         if mgr.device_count < 2:
             print("bench transfer needs two devices (try --virtual 2)", file=sys.stderr)
@@ -333,14 +367,27 @@ def main(argv: list[str] | None = None) -> int:
         kw: dict[str, Any] = {}
         if args.quick:
             kw = {"sizes": ((3840, 2160),), "buffer_bytes": 64 << 20}
+        if args.small:
+            kw = {"sizes": SMALL_SIZES, "buffer_bytes": SMALL_BUFFER_BYTES, "buffer_reps": args.reps, "split": True}
         if args.methods:
             kw["methods"] = [m.strip() for m in args.methods.split(",")]
+            supported = pair_methods(mgr.slot(args.src), mgr.slot(args.dst))
             for m in kw["methods"]:
                 if m not in TransferMethod.CROSS_DEVICE:
                     p.error(f"unknown method {m!r}; choose from {', '.join(TransferMethod.CROSS_DEVICE)}")
-        res = run_transfer_bench(mgr, src=args.src, dst=args.dst, reps=args.reps,
-                                 torch=not args.no_torch, log=lambda m: print(m, file=sys.stderr),
-                                 slot_size=args.slot_size << 20, slot_count=args.slot_count, **kw)
+                if m not in supported:
+                    p.error(f"method {m!r} does not work from GPU {args.src} to GPU {args.dst}; that pair "
+                            f"supports {', '.join(supported)}")
+        if args.src == args.dst:
+            p.error(f"--src and --dst are both {args.src}: a transfer needs two devices")
+        cases = len(kw.get("sizes", IMAGE_SIZES)) + 1
+        with progress(cases, "bench transfer", quiet=args.quiet or bool(args.json)) as bar:
+            res = run_transfer_bench(mgr, src=args.src, dst=args.dst, reps=args.reps,
+                                     torch=not args.no_torch, log=bar.say,
+                                     slot_size=args.slot_size << 20, slot_count=args.slot_count,
+                                     advance=bar, **kw)
+        if note:
+            res["note"] = note
     text = json.dumps(res, indent=2)
     print(text)
     if args.json:

@@ -10,7 +10,7 @@ from typing import Any
 import vulkan as vk
 
 from . import vkapi
-from ._handles import cstr, to_cffi
+from ._handles import cstr, short_text, to_cffi
 from .errors import raise_for_result
 
 _ffi = vk.ffi
@@ -130,18 +130,27 @@ class DeviceCapabilities:
     timestamp_period: float
 
     def has(self, extension: str) -> bool:
+        """Whether the driver offers device extension `extension` (not whether a device enabled it)."""
         return extension in self.extensions
+
+    def __repr__(self) -> str:
+        return (f"DeviceCapabilities({short_text(self.name)}, {self.device_type}, {self.vendor}, "
+                f"Vulkan {self.api_version}, {sum(self.tracked_extensions.values())} of "
+                f"{len(TRACKED_EXTENSIONS)} tracked extensions)")
 
     @property
     def tracked_extensions(self) -> dict[str, bool]:
+        """Each extension vkmulti looks for, and whether the driver offers it."""
         return {e: e in self.extensions for e in TRACKED_EXTENSIONS}
 
     @property
     def api_version_tuple(self) -> tuple[int, int, int]:
+        """The device's Vulkan version as (major, minor, patch)."""
         a, b, c = (int(x) for x in self.api_version.split("."))
         return a, b, c
 
     def to_dict(self) -> dict[str, Any]:
+        """The capabilities as plain JSON-ready data (what `python -m vkmulti info --json` prints)."""
         d = dataclasses.asdict(self)
         d["extensions"] = self.tracked_extensions
         return d
@@ -280,8 +289,14 @@ class RenderCapabilities:
     devices: tuple[DeviceCapabilities, ...] = ()
     enabled_extensions: tuple[frozenset[str], ...] = ()
 
+    def __repr__(self) -> str:
+        names = ", ".join(short_text(d.name, 24) for d in self.devices[:4]) + (", ..." if len(self.devices) > 4 else "")
+        return (f"RenderCapabilities(physical_device_count={self.physical_device_count}, "
+                f"external_memory_fd_enabled={self.external_memory_fd_enabled}, devices=[{names}])")
+
     def meets(self, *, features: list[str] | tuple[str, ...] | None = None,
               limits: dict[str, float] | None = None) -> bool:
+        """True when every named feature is true and every limit is at least the value given."""
         names = {f.name for f in dataclasses.fields(self)}
         for feat in features or ():
             if feat not in names or not getattr(self, feat):

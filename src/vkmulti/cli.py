@@ -1,6 +1,9 @@
 """Command line: `python -m vkmulti info [--json] [--virtual N]`, `python -m vkmulti demo ...`,
 `python -m vkmulti demo stencil ...` (the K2K stencil across GPUs),
-`python -m vkmulti topology [--json] [--measure] [--virtual N]`, `python -m vkmulti bench transfer ...`."""
+`python -m vkmulti topology [--json] [--measure] [--virtual N]`, `python -m vkmulti bench transfer ...`.
+
+Every command and subcommand answers --help (exit 0); bad input ends with one line on
+stderr and exit status 2; without a GPU the virtual lavapipe pair is used (one line says so)."""
 from __future__ import annotations
 
 import argparse
@@ -80,17 +83,21 @@ def _print_info(info: dict[str, Any]) -> None:
         print("One device: no cross-device transfers.")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:2] == ["demo", "stencil"]:   # its own options; plain `demo` stays the SRU demo
-        from .stencil_demo import main as stencil_main
-        return stencil_main(argv[2:])
-    parser = argparse.ArgumentParser(prog="vkmulti", description="vkmulti: several GPUs through Vulkan")
-    sub = parser.add_subparsers(dest="command", required=True)
+#: Benches `vkmulti bench NAME` runs (each parses its own options).
+BENCHES = {"transfer": "every transfer method against the seed's serial staging copy, same run"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `vkmulti` command's parser (every subcommand's --help comes from here)."""
+    from .cli_args import Parser, add_virtual_argument, positive_int
+
+    parser = Parser(prog="vkmulti", description="vkmulti: several GPUs through Vulkan. Without a GPU every "
+                                                "command uses the virtual lavapipe GPU pair and says so.")
+    parser.add_argument("--version", action="version", version=f"vkmulti {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_info = sub.add_parser("info", help="list devices, capabilities and transfer methods per pair")
     p_info.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p_info.add_argument("--virtual", type=int, default=0, metavar="N",
-                        help="use N virtual lavapipe GPUs instead of the real ones")
+    add_virtual_argument(p_info)
     p_demo = sub.add_parser("demo", help="render a frame of many SRUs across every GPU and on one GPU "
                                          "('demo stencil --help': heat diffusion with K2K halos across GPUs)",
                             epilog="`vkmulti demo stencil [options]` runs the compute demo instead: a 2D heat "
@@ -102,44 +109,68 @@ def main(argv: list[str] | None = None) -> int:
     p_topo.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p_topo.add_argument("--measure", action="store_true", help="measure again even if this machine's "
                                                                "measurement is cached")
-    p_topo.add_argument("--virtual", type=int, default=0, metavar="N",
-                        help="use N virtual lavapipe GPUs instead of the real ones")
-    p_topo.add_argument("--bytes", type=int, default=None, metavar="N",
+    add_virtual_argument(p_topo)
+    p_topo.add_argument("--bytes", type=positive_int, default=None, metavar="N",
                         help="bytes per bandwidth transfer (default 64 MiB between GPUs, 8 MiB with a CPU device)")
-    p_topo.add_argument("--reps", type=int, default=5, metavar="N", help="transfers per figure (median)")
-    p_bench = sub.add_parser("bench", help="run a bench (transfer)", add_help=False)
-    p_bench.add_argument("which", choices=["transfer"])
-    p_bench.add_argument("rest", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    if args.command == "bench":
+    p_topo.add_argument("--reps", type=positive_int, default=5, metavar="N", help="transfers per figure (median)")
+    p_bench = sub.add_parser("bench", help="run a bench: " + ", ".join(BENCHES),
+                             description="Run a bench; `vkmulti bench NAME --help` lists its options.")
+    p_bench.add_argument("which", choices=list(BENCHES), metavar="NAME",
+                         help="; ".join(f"{k}: {v}" for k, v in BENCHES.items()))
+    parser.set_defaults(demo_parser=p_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m vkmulti COMMAND ...`: returns the exit status (2 for bad input, one line on stderr)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["demo", "stencil"]:   # its own options; plain `demo` stays the SRU demo
+        from .stencil_demo import main as stencil_main
+        return _guarded("demo stencil", stencil_main, argv[2:])
+    if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHES:   # the bench parses its own options
         from .benchmarks import main as bench_main
-        return bench_main(args.rest)
+        return _guarded("bench " + argv[1], bench_main, argv[2:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "bench":   # pragma: no cover - `bench NAME` is dispatched above
+        return 2
     if args.command == "demo":
         from .demo import main as demo_main
-        return demo_main(args, p_demo)
+        return _guarded("demo", demo_main, args, args.demo_parser)
     if args.command == "topology":
-        if args.virtual < 0:
-            parser.error("--virtual must be >= 0")
-        if args.reps < 1:
-            parser.error("--reps must be >= 1")
-        if args.bytes is not None and (args.bytes < 4 or args.bytes % 4):
-            parser.error("--bytes must be a multiple of 4, at least 4")
+        if args.bytes is not None and args.bytes % 4:
+            parser.error(f"--bytes must be a multiple of 4, got {args.bytes}")
         from .kernels.probe import run_topology_command
-        return run_topology_command(args)
-    if args.command == "info":
-        if args.virtual < 0:
-            parser.error("--virtual must be >= 0")
-        from .testing import use_virtual_if_no_gpu
-        note = use_virtual_if_no_gpu(args.virtual)
-        info = gather_info()
+        return _guarded("topology", run_topology_command, args)
+    return _guarded("info", _info, args)
+
+
+def _info(args: argparse.Namespace) -> int:
+    from .testing import use_virtual_if_no_gpu
+    note = use_virtual_if_no_gpu(args.virtual)
+    info = gather_info()
+    if note:
+        info["note"] = note
+    if args.json:
+        json.dump(info, sys.stdout, indent=2)
+        print()
+    else:
         if note:
-            info["note"] = note
-        if args.json:
-            json.dump(info, sys.stdout, indent=2)
-            print()
-        else:
-            if note:
-                print(f"note: {note}\n")
-            _print_info(info)
-        return 0
-    return 2  # pragma: no cover - argparse enforces the choices
+            print(f"note: {note}\n")
+        _print_info(info)
+    return 0
+
+
+def _guarded(what: str, fn: Any, *args: Any) -> int:
+    """Run a command; a vkmulti error (no device, a device lost, ...) ends it with one
+    line on stderr and exit status 1, Ctrl-C with status 130, never a traceback."""
+    from .errors import VkmError
+
+    try:
+        return int(fn(*args) or 0)
+    except VkmError as exc:
+        print(f"vkmulti {what}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"vkmulti {what}: interrupted", file=sys.stderr)
+        return 130

@@ -12,6 +12,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from ._repr import compact_repr
+
 __all__ = ["CudaDevice", "cuda_status", "cuda_devices", "cuda_device_for", "cuda_peer_reason"]
 
 
@@ -19,6 +21,9 @@ __all__ = ["CudaDevice", "cuda_status", "cuda_devices", "cuda_device_for", "cuda
 class CudaDevice:
     """One device as the CUDA driver reports it; `compute_capability` and
     `multiprocessor_count` are None where the driver does not say."""
+
+    __repr__ = compact_repr
+
     ordinal: int
     uuid: str
     name: str

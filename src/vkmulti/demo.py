@@ -126,6 +126,7 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
     from .images import Image
     from .multi_device import MultiDeviceManager
     from .offload import SRUOffloadCoordinator
+    from .progress import progress
     from .render import ReferenceRenderer
 
     width, height = args.size or (HEAVY_SIZE if args.heavy else LIGHT_SIZE)
@@ -149,14 +150,16 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
         report = multi.render_frame(srus, frame_multi)      # warm-up: pipelines, targets, rings
         single.render_frame(srus, frame_single)
         t_multi, t_single = [], []
-        for _ in range(args.frames):
-            t0 = time.perf_counter()
-            report = multi.render_frame(srus, frame_multi)
-            t1 = time.perf_counter()
-            single.render_frame(srus, frame_single)
-            t2 = time.perf_counter()
-            t_multi.append(t1 - t0)
-            t_single.append(t2 - t1)
+        with progress(args.frames, "demo frames", quiet=bool(args.json)) as advance:
+            for _ in range(args.frames):
+                t0 = time.perf_counter()
+                report = multi.render_frame(srus, frame_multi)
+                t1 = time.perf_counter()
+                single.render_frame(srus, frame_single)
+                t2 = time.perf_counter()
+                t_multi.append(t1 - t0)
+                t_single.append(t2 - t1)
+                advance(1)
         pixels = frame_multi.download()
         identical = bool(np.array_equal(pixels, frame_single.download()))
 
@@ -165,6 +168,7 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
         loads = report.device_loads(mgr.device_count)
         out["devices"] = [{"index": s.index, "name": s.name, "srus": loads[s.index],
                            "cost_share": sum(cost[i] for i in loads[s.index]) / total} for s in mgr.slots]
+        out["frames_ms"] = {"offload": [t * 1e3 for t in t_multi], "single": [t * 1e3 for t in t_single]}
         out["frame_ms_offload"] = statistics.median(t_multi) * 1e3
         out["frame_ms_single"] = statistics.median(t_single) * 1e3
         out["speedup"] = out["frame_ms_single"] / out["frame_ms_offload"]
@@ -190,9 +194,14 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
     return out
 
 
+def _gpus(n: int) -> str:
+    return f"{n} GPU{'s' if n != 1 else ''}"
+
+
 def print_report(r: dict[str, Any]) -> None:
+    """Print the demo's figures as a report (the JSON form has the same keys)."""
     w, h = r["size"]
-    print(f"vkmulti demo: {r['srus']} SRUs in a {w}x{h} RGBA16F frame, {len(r['devices'])} GPU(s), "
+    print(f"vkmulti demo: {r['srus']} SRUs in a {w}x{h} RGBA16F frame, {_gpus(len(r['devices']))}, "
           f"median of {r['frames']} frame(s){', render-heavy' if r['heavy'] else ''}")
     if r["note"]:
         print(f"note: {r['note']}")
@@ -204,7 +213,9 @@ def print_report(r: dict[str, Any]) -> None:
     if r["fallbacks"]:
         print(f"  rendered on GPU 0 after a secondary failed: {r['fallbacks']}")
     print("\nper-frame time:")
-    print(f"  with offload ({len(r['devices'])} GPUs)  {r['frame_ms_offload']:9.2f} ms")
+    n = len(r["devices"])
+    label = f"with offload ({n} GPU{'s' if n != 1 else ''})"
+    print(f"  {label:<23} {r['frame_ms_offload']:9.2f} ms")
     print(f"  one GPU                 {r['frame_ms_single']:9.2f} ms")
     print(f"  speed-up                {r['speedup']:9.2f}x")
     if r["virtual"]:
@@ -220,14 +231,18 @@ def print_report(r: dict[str, Any]) -> None:
     print(f"\nframe with offload identical to the one-GPU frame: {'yes' if r['identical'] else 'NO'}")
     if r.get("png"):
         print(f"wrote {r['png']}")
+    if r.get("plot"):
+        print(f"wrote {r['plot']}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--srus", type=int, default=16, help="number of SRUs in the frame (default 16)")
+    from .cli_args import add_virtual_argument, positive_int
+
+    p.add_argument("--srus", type=positive_int, default=16, help="number of SRUs in the frame (default 16)")
     p.add_argument("--size", type=parse_size, default=None, metavar="WxH",
                    help=f"frame size (default {LIGHT_SIZE[0]}x{LIGHT_SIZE[1]}, "
                         f"{HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} with --heavy)")
-    p.add_argument("--frames", type=int, default=3, help="timed frames per configuration (default 3)")
+    p.add_argument("--frames", type=positive_int, default=3, help="timed frames per configuration (default 3)")
     p.add_argument("--devices", type=parse_devices, default=None, metavar="I,J,...",
                    help="physical devices to use, primary first (default: all)")
     p.add_argument("--output", default="vkmulti-demo.png", metavar="PATH",
@@ -235,9 +250,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heavy", action="store_true",
                    help=f"render-heavy SRUs ({HEAVY_ITERATIONS[0]}-{HEAVY_ITERATIONS[1]} steps per pixel) "
                         f"for real GPUs")
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.add_argument("--virtual", type=int, default=0, metavar="N",
-                   help="use N virtual lavapipe GPUs instead of the real ones")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="also write a chart of every timed frame's time, with offload and on one GPU")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON (no progress bar)")
+    add_virtual_argument(p)
     p.add_argument("--lose-gpu", type=parse_loss, default=None, metavar="GPU@FRAME",
                    help="failover drill: render --frames frames and lose that GPU during that frame (through "
                         "vkmulti.testing.lose_device); every frame is checked against the one-GPU frame")
@@ -248,19 +264,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The `demo` subcommand (cli.py passes its parser and its virtual-GPU chooser)."""
-    if args.srus <= 0:
-        parser.error(f"--srus must be positive, got {args.srus}")
-    if args.frames <= 0:
-        parser.error(f"--frames must be positive, got {args.frames}")
-    if args.virtual < 0:
-        parser.error("--virtual must be >= 0")
-    if args.output:
+    from .cli_args import check_output_path
+
+    check_output_path(parser, args.output, "--output")   # before any rendering
+    check_output_path(parser, args.plot, "--plot")
+    if args.size is not None:
         try:
-            import PIL  # noqa: F401
-        except ImportError:
-            parser.error("writing the PNG needs Pillow: pip install 'vkmulti[demo]' (or pass --output '')")
+            make_srus(args.srus, *args.size)
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.ray is not None and args.lose_gpu is not None:
         parser.error("--lose-gpu drills one machine's GPUs; it cannot be combined with --ray")
+    if args.plot and args.lose_gpu is not None:
+        parser.error("--plot charts the timed frames of the demo; the --lose-gpu drill has none")
     if args.ray is not None:
         from .cluster.demo import main as cluster_main
         return cluster_main(args, parser)
@@ -269,8 +285,10 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         r = run(args, note)
     except (ValueError, IndexError) as exc:
-        print(f"vkmulti demo: {exc}", file=sys.stderr)
-        return 2
+        parser.error(str(exc))
+    if args.plot:
+        plot_frames(r, args.plot)
+        r["plot"] = args.plot
     if args.json:
         json.dump(r, sys.stdout, indent=2)
         print()
@@ -280,3 +298,22 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     else:
         print_report(r)
     return 0 if args.lose_gpu is None or r["identical"] else 1
+
+
+def plot_frames(r: dict[str, Any], path: str) -> str:
+    """A bar chart of each timed frame, with offload and on one GPU (vkmulti.charts);
+    the title names the devices. Returns the library that drew it."""
+    from .charts import bar_chart
+
+    n = len(r["devices"])
+    series = [f"with offload ({_gpus(n)})", "one GPU"]
+    frames = [f"frame {i + 1}" for i in range(len(r["frames_ms"]["offload"]))]
+    values = {}
+    for i, f in enumerate(frames):
+        values[(f, series[0])] = r["frames_ms"]["offload"][i]
+        values[(f, series[1])] = r["frames_ms"]["single"][i]
+    names = ", ".join(dict.fromkeys(d["name"] for d in r["devices"]))
+    w, h = r["size"]
+    return bar_chart(frames, series, values, title=f"vkmulti demo: {r['srus']} SRUs, {w}x{h} frame",
+                     ylabel="ms per frame", xlabel="timed frame", path=path,
+                     machine=f"{_gpus(n)}: {names}" + (" (virtual)" if r["virtual"] else ""))

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import vulkan as vk
 
 from . import _native, vkapi
-from ._handles import handle_int, to_cffi
+from ._handles import handle_hex, handle_int, short_text, to_cffi
 from .capabilities import (EXT_DMA_BUF, EXT_FENCE_FD, EXT_MEMORY_BUDGET, EXT_MEMORY_FD,
                            EXT_MEMORY_HOST, EXT_SEMAPHORE_FD, EXT_SYNC2, EXT_TIMELINE,
                            DeviceCapabilities, QueueFamilies, probe_device)
@@ -76,6 +76,11 @@ class LogicalDevice:
     def __iter__(self) -> Iterator[Any]:
         return iter((self.device, self.graphics_queue, self.present_queue,
                      self.compute_queue, self.transfer_queue))
+
+    def __repr__(self) -> str:
+        return (f"LogicalDevice({short_text(self.capabilities.name)}, device={handle_hex(self.device)}, "
+                f"families={self.queue_families.graphics}/{self.queue_families.transfer}, "
+                f"{len(self.enabled_extensions)} extensions)")
 
 
 def native_device(physical_device: Any, device: Any, enabled: frozenset[str]) -> Any:

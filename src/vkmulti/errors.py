@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import builtins
+import re
 
 __all__ = [
     "QueueFullError", "KernelMessageError",
@@ -11,6 +12,9 @@ __all__ = [
     "from_vulkan_exception",
     "BackendUnavailableError", "KernelNotFoundError", "InvalidConfigError", "DeviceNotAvailableError",
     "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError",
+    "ClusterError", "RayMissingError", "ClusterAddressError", "ClusterConnectionError", "NoAgentError",
+    "RendererMissingError",
+    "InvalidCheckpointError", "CheckpointStorageError", "CheckpointNotFoundError",
 ]
 
 
@@ -46,11 +50,17 @@ class OutOfHostMemoryError(VulkanError, MemoryError):
 
 
 class UnsupportedError(VkmError):
-    """A capability is missing: names the extension, the device and what to use instead."""
+    """A capability is missing: names the extension, the device and what to use instead.
 
-    def __init__(self, message: str, *, extension: str | None = None, device: str | None = None):
+    `extension` (e.g. "VK_EXT_external_memory_host") and `device` (the device's
+    name) say what is missing where, when the cause is an extension;
+    `device_index` is the device's slot index where known."""
+
+    def __init__(self, message: str, *, extension: str | None = None, device: str | None = None,
+                 device_index: int | None = None):
         self.extension = extension
         self.device = device
+        self.device_index = device_index
         super().__init__(message)
 
 
@@ -78,6 +88,10 @@ class KernelMessageError(VkmError):
 
 class DestroyedError(VkmError, RuntimeError):
     """The object was used after destroy()."""
+
+
+class RendererMissingError(VkmError, NotImplementedError):
+    """An SRU is routed to a device that has no renderer (attach one, or pass a factory)."""
 
 
 # ---- the kernels layer (ringkernel's RingKernelError variants) ----------------
@@ -115,6 +129,48 @@ class MigrationError(VkmError):
 
 class KernelValidationError(VkmError, ValueError):
     """Kernel code or a kernel request failed validation (ringkernel's ValidationError)."""
+
+
+class InvalidCheckpointError(VkmError, ValueError):
+    """Checkpoint bytes that cannot be loaded: bad magic or version, too large,
+    truncated, or a checksum that does not match (ringkernel's InvalidCheckpoint)."""
+
+
+class CheckpointStorageError(VkmError, OSError):
+    """A checkpoint storage backend could not save, load, list or delete (ringkernel's IoError)."""
+
+
+class CheckpointNotFoundError(CheckpointStorageError, FileNotFoundError):
+    """No checkpoint is stored under that name."""
+
+
+# ---- the cluster layer (vkmulti.cluster) ---------------------------------------
+
+#: What to install for the cluster layer.
+INSTALL_HINT_CLUSTER = "pip install 'vkmulti[cluster]'"
+
+
+class ClusterError(VkmError):
+    """The cluster layer could not do what was asked (names the node and why)."""
+
+
+class RayMissingError(ClusterError, ImportError):
+    """Ray is not installed: the cluster layer is an optional extra."""
+
+    def __init__(self, what: str = "vkmulti.cluster"):
+        super().__init__(f"{what} needs Ray, which is not installed in this Python ({INSTALL_HINT_CLUSTER})")
+
+
+class ClusterAddressError(ClusterError, ValueError):
+    """A Ray address that is not 'auto', HOST:PORT or ray://HOST:PORT."""
+
+
+class ClusterConnectionError(ClusterError, ConnectionError):
+    """Nothing answered at a Ray address, or Ray refused the connection."""
+
+
+class NoAgentError(ClusterError):
+    """No node of the cluster can run vkmulti work (every node was skipped or lost)."""
 
 
 # VkResult values (vulkan_core.h). Kept here so errors read by name without a GPU.
@@ -164,7 +220,13 @@ _RESULT_CLASSES: dict[int, type[VulkanError]] = {
 }
 
 
+#: The native core's UNSUPPORTED messages name the extension and, quoted, the device.
+_EXTENSION_IN = re.compile(r"\bVK_[A-Z]+_\w+")
+_DEVICE_IN = re.compile(r"'([^']+)'")
+
+
 def result_name(result: int) -> str:
+    """The name of a VkResult (or of one of vkmulti's own result codes)."""
     return _RESULT_NAMES.get(result, f"VkResult({result})")
 
 
@@ -182,6 +244,10 @@ def raise_for_result(result: int, call: str, message: str | None = None) -> None
         name, cls = native
         exc = cls(message or f"{call}: {name}")
         exc.call = call
+        if isinstance(exc, UnsupportedError) and message:
+            ext, dev = _EXTENSION_IN.search(message), _DEVICE_IN.search(message)
+            exc.extension = ext.group(0) if ext else None
+            exc.device = dev.group(1) if dev else None
         raise exc
     detail = f"{message} ({call} returned {result_name(result)})" if message else None
     if result == 2:

@@ -60,12 +60,14 @@ class FailoverStats:
         return r
 
     def snapshot(self) -> "FailoverStats":
+        """A copy of the counters now (a plain FailoverStats that no longer changes)."""
         with self._lock:
             return FailoverStats(list(self.devices_lost), self.srus_rerendered, self.frames_repaired,
                                  self.kernels_restored, self.steps_replayed, self.messages_replayed,
                                  self.checkpoints_taken, list(self.recoveries))
 
     def as_dict(self) -> dict:
+        """The counters as plain JSON-ready data."""
         s = self.snapshot()
         return {"devices_lost": s.devices_lost, "srus_rerendered": s.srus_rerendered,
                 "frames_repaired": s.frames_repaired, "kernels_restored": s.kernels_restored,

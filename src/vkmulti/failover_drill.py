@@ -65,7 +65,7 @@ def sru_drill(srus: list[Any], width: int, height: int, frames: int, loss: tuple
     try:
         if not 1 <= gpu < mgr.device_count:
             raise ValueError(f"--lose-gpu {gpu}@{at}: GPU {gpu} is not a secondary of this machine "
-                             f"({mgr.device_count} GPU(s))")
+                             f"({mgr.device_count} GPU{'s' if mgr.device_count != 1 else ''})")
         if at >= frames:
             raise ValueError(f"--lose-gpu {gpu}@{at}: frame {at} is past the {frames} frames rendered")
         frame = Image(mgr.primary, width, height)

@@ -82,16 +82,19 @@ class Instance:
 
     @property
     def handle(self) -> Any:
+        """The VkInstance (a `vulkan` package handle); DestroyedError after destroy()."""
         if self._handle is None:
             raise DestroyedError("Instance used after destroy()")
         return self._handle
 
     @property
     def handle_int(self) -> int:
+        """The VkInstance handle as an int."""
         return int(vk.ffi.cast("uintptr_t", self.handle))
 
     @property
     def destroyed(self) -> bool:
+        """True once destroy() was called."""
         return self._handle is None
 
     def physical_devices(self) -> list[Any]:

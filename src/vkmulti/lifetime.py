@@ -73,13 +73,15 @@ class Lifetime:
     `parents` are the lifetimes an operation also counts in (the manager's).
     """
 
-    __slots__ = ("owner", "what", "parents", "_lock", "_cond", "_active", "_state", "_children", "_end_lock",
-                 "_ender")
+    __slots__ = ("owner", "what", "parents", "_chain", "_lock", "_cond", "_active", "_state", "_children",
+                 "_end_lock", "_ender")
 
     def __init__(self, owner: Any, what: str, parents: Iterable["Lifetime | None"] = ()):
         self.owner = owner
         self.what = what
         self.parents = tuple(dict.fromkeys(p for p in parents if p is not None))
+        # this lifetime, then every ancestor once: what an operation counts in
+        self._chain: tuple[Lifetime, ...] = tuple(dict.fromkeys((self, *(a for p in self.parents for a in p._chain))))
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)   # drain() waits on it
         self._active: dict[int, int] = {}      # thread id -> operations of that thread inside
@@ -108,21 +110,6 @@ class Lifetime:
 
     # -- operations ------------------------------------------------------------
 
-    def _enter(self, who: str | None) -> None:
-        self._enter_own(who)
-        parents = self.parents
-        if parents:
-            k = 0
-            try:
-                for p in parents:
-                    p._enter(who or self.what)
-                    k += 1
-            except BaseException:
-                for p in parents[:k]:
-                    p._exit()
-                self._exit_own()
-                raise
-
     def _enter_own(self, who: str | None = None) -> None:
         me = _get_ident()
         with self._lock:
@@ -144,46 +131,38 @@ class Lifetime:
                 if not active and self._state != _OPEN:
                     self._cond.notify_all()   # a destroy() waits in drain()
 
-    def _exit(self) -> None:
-        for p in self.parents:
-            p._exit()
-        self._exit_own()
-
-    # the hot path (every public call): the calls above, inlined once
+    # the hot path (every public call): one loop over the chain each way
     def __enter__(self) -> "Lifetime":
         me = _get_ident()
-        with self._lock:
-            if self._state != _OPEN:
-                raise DestroyedError(f"{self.what} used after destroy()")
-            active = self._active
-            active[me] = active.get(me, 0) + 1
-        parents = self.parents
-        if parents:
-            k = 0
-            try:
-                for p in parents:
-                    p._enter(self.what)
-                    k += 1
-            except BaseException:
-                for p in parents[:k]:
-                    p._exit()
-                self._exit_own()
-                raise
+        chain = self._chain
+        k = 0
+        try:
+            for life in chain:
+                with life._lock:
+                    if life._state != _OPEN:
+                        raise DestroyedError(f"{self.what} used after destroy()" if life is self else
+                                             f"{self.what} cannot be used: its {life.what} was destroyed")
+                    active = life._active
+                    active[me] = active.get(me, 0) + 1
+                k += 1
+        except BaseException:
+            for life in chain[:k]:
+                life._exit_own()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for p in self.parents:
-            p._exit()
         me = _get_ident()
-        with self._lock:
-            active = self._active
-            n = active[me] - 1
-            if n:
-                active[me] = n
-            else:
-                del active[me]
-                if not active and self._state != _OPEN:
-                    self._cond.notify_all()
+        for life in self._chain:
+            with life._lock:
+                active = life._active
+                n = active[me] - 1
+                if n:
+                    active[me] = n
+                else:
+                    del active[me]
+                    if not active and life._state != _OPEN:
+                        life._cond.notify_all()   # a destroy() waits in drain()
 
     @property
     def active(self) -> int:

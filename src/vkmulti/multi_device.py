@@ -9,11 +9,11 @@ from typing import Any, Callable, Iterable
 
 import vulkan as vk
 
-from ._handles import cstr, handle_int, to_cffi
+from ._handles import cstr, handle_hex, handle_int, short_text, to_cffi
 from .capabilities import EXT_MEMORY_FD, DeviceCapabilities, QueueFamilies, RenderCapabilities, probe_device
 from .devices import (LogicalDevice, Queue, create_logical_device, default_queue_families,
                       destroy_logical_device, drain_queues, native_device)
-from .errors import DestroyedError, VkmError
+from .errors import DestroyedError, UnsupportedError, VkmError
 from .errors import TimeoutError as VkmTimeoutError
 from .lifetime import Deadline, Lifetime
 
@@ -53,8 +53,13 @@ class DeviceSlot:
     #: Guards `children` (one link table, one command runner per slot, whoever asks first).
     children_lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False, compare=False)
 
+    def __repr__(self) -> str:
+        state = "destroyed" if self.device is None else f"device={handle_hex(self.device)}"
+        return f"DeviceSlot({self.index}, {short_text(self.name)}, {state}{', owned' if self.owned else ''})"
+
     @property
     def is_primary(self) -> bool:
+        """True for slot 0, the primary GPU (the engine's device; SRUs are composited there)."""
         return self.index == 0
 
     @property
@@ -93,6 +98,19 @@ class DeviceSlot:
                     del self.children[key]
 
 
+def _names(value: Any, label: str) -> frozenset[str]:
+    """A set of extension or feature names from an iterable of str (None: none)."""
+    if value is None:
+        return frozenset()
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{label} must be an iterable of names (e.g. a list), got {type(value).__name__}")
+    out = frozenset(value)
+    bad = [v for v in out if not isinstance(v, str)]
+    if bad:
+        raise TypeError(f"{label} must hold str names, got {type(bad[0]).__name__} {bad[0]!r}"[:160])
+    return out
+
+
 def _device_name(pd: Any) -> str:
     return cstr(vk.vkGetPhysicalDeviceProperties(pd).deviceName)   # void in Vulkan: cannot fail
 
@@ -114,6 +132,12 @@ class MultiDeviceManager:
     Disabled, or with one physical device, it is a one-slot passthrough that
     creates nothing. `MultiDeviceManager.create()` builds everything itself
     (instance included) for users without an engine, and destroys it all.
+
+    An engine that made its own device passes it with the seed's keywords,
+    plus `primary_extensions` and `primary_features`: the device extensions
+    and features it enabled on it (Vulkan cannot be asked; vkmulti trusts the
+    answer). `vkmulti.device_requirements(physical_device)` says what to
+    enable; without `primary_extensions` the primary gets only staging_copy.
     """
 
     def __init__(self, *, primary_physical_device: Any, primary_queue_families: QueueFamilies,
@@ -121,7 +145,7 @@ class MultiDeviceManager:
                  physical_devices: list[Any], enabled: bool,
                  capabilities: RenderCapabilities | None = None, primary_compute_queue: Any = None,
                  primary_transfer_queue: Any = None, find_queue_families: Callable[[Any], Any] | None = None,
-                 primary_extensions: Iterable[str] | None = None):
+                 primary_extensions: Iterable[str] | None = None, primary_features: Iterable[str] | None = None):
         if not isinstance(primary_queue_families, QueueFamilies):
             raise TypeError(f"primary_queue_families must be QueueFamilies, "
                             f"got {type(primary_queue_families).__name__}")
@@ -139,7 +163,8 @@ class MultiDeviceManager:
         if primary_key not in [handle_int(p, "VkPhysicalDevice") for p in pds]:
             raise ValueError("primary_physical_device is not among physical_devices")
         device = to_cffi(primary_device, "VkDevice")
-        pext = frozenset(primary_extensions or ())
+        pext = _names(primary_extensions, "primary_extensions")
+        pfeat = _names(primary_features, "primary_features")
 
         self._teardown: list[Callable[[], Any]] = []
         self._lost: dict[int, str] = {}
@@ -169,6 +194,11 @@ class MultiDeviceManager:
             raise ValueError("primary_graphics_queue is required")
         self._multi_gpu = bool(enabled) and len(pds) > 1
         self.capabilities = capabilities
+        if self._multi_gpu and primary_features is not None and "timelineSemaphore" not in pfeat:
+            raise UnsupportedError(
+                f"the primary device ({self._slots[0].name!r}) was created without the timelineSemaphore feature "
+                f"(primary_features={sorted(pfeat)}); vkmulti orders every transfer with timeline semaphores: "
+                f"enable what vkmulti.device_requirements() returns", device=self._slots[0].name)
         if self._multi_gpu:
             self._slots[0].native = native_device(primary_pd, device, pext)
             try:
@@ -229,14 +259,17 @@ class MultiDeviceManager:
         """Make an instance (unless given) and one device per GPU; destroy() frees all.
 
         `device_indices` picks physical devices by enumeration index (the first
-        is the primary); default: all of them.
+        is the primary); default: all of them. On a machine without a GPU
+        (Vulkan lists only CPU devices) and without `instance`, it uses the
+        virtual lavapipe pair instead and logs one warning line saying so
+        (VKMULTI_VIRTUAL_FALLBACK=0 turns that off; see vkmulti.testing).
         """
         from .instance import Instance
 
         own_instance = instance is None
-        inst = Instance(validation=validation) if own_instance else instance
-        if not isinstance(inst, Instance):
-            raise TypeError(f"instance must be a vkmulti Instance, got {type(inst).__name__}")
+        if not own_instance and not isinstance(instance, Instance):
+            raise TypeError(f"instance must be a vkmulti Instance, got {type(instance).__name__}")
+        inst = cls._own_instance(validation) if own_instance else instance
         primary_ld: LogicalDevice | None = None
         try:
             pds = inst.physical_devices()
@@ -277,6 +310,26 @@ class MultiDeviceManager:
         mgr.instance = inst
         return mgr
 
+    @staticmethod
+    def _own_instance(validation: bool | None) -> Any:
+        """create()'s instance; on a machine without a GPU (testing.no_gpu_fallback) the
+        loader is pointed at the virtual lavapipe pair first, and one warning line says so."""
+        from . import testing
+        from .instance import Instance
+
+        inst = Instance(validation=validation)
+        try:
+            fallback = testing.no_gpu_fallback(testing.physical_device_types(inst))
+        except BaseException:
+            inst.destroy()
+            raise
+        if not fallback:
+            return inst
+        inst.destroy()
+        testing.install_virtual_gpus(2)
+        log.warning("vkmulti: %s", testing.NO_GPU_NOTE)
+        return Instance(validation=validation)
+
     # -- the seed's API ----------------------------------------------------
 
     def _check(self) -> None:
@@ -290,29 +343,35 @@ class MultiDeviceManager:
 
     @property
     def multi_gpu(self) -> bool:
+        """True while more than one device is in use (False when disabled, single-device or destroyed)."""
         return self._life.open and self._multi_gpu and len(self._slots) > 1
 
     @property
     def device_count(self) -> int:
+        """The number of slots (devices in use), the primary included."""
         self._check()
         return len(self._slots)
 
     @property
     def primary(self) -> DeviceSlot:
+        """Slot 0: the primary device (the engine's, or the one create() made)."""
         self._check()
         return self._slots[0]
 
     @property
     def secondaries(self) -> list[DeviceSlot]:
+        """Every slot but the primary, in index order."""
         self._check()
         return self._slots[1:]
 
     @property
     def slots(self) -> list[DeviceSlot]:
+        """Every slot, primary first (a new list each call)."""
         self._check()
         return list(self._slots)
 
     def slot(self, index: int) -> DeviceSlot:
+        """The slot of device `index`; TypeError/IndexError naming a bad index."""
         self._check()
         if not isinstance(index, int) or isinstance(index, bool):
             raise TypeError(f"slot index must be an int, got {type(index).__name__}")
@@ -321,6 +380,8 @@ class MultiDeviceManager:
         return self._slots[index]
 
     def attach_renderer(self, index: int, renderer: Any) -> None:
+        """Use `renderer` for the SRUs of device `index` (None detaches); the offload coordinator prefers it to
+        its factory."""
         self.slot(index).renderer = renderer
 
     # -- lost devices -----------------------------------------------------
@@ -346,6 +407,7 @@ class MultiDeviceManager:
             self._loss_listeners.append(listener)
 
     def remove_loss_listener(self, listener: Callable[[int, str], Any]) -> None:
+        """Stop calling `listener` on a device loss (one added with add_loss_listener; unknown ones are ignored)."""
         with self._loss_lock:
             if listener in self._loss_listeners:
                 self._loss_listeners.remove(listener)
@@ -385,6 +447,7 @@ class MultiDeviceManager:
         return self.lost_devices
 
     def register_teardown(self, hook: Callable[[], Any]) -> None:
+        """Call `hook()` first thing in destroy() (engines free their per-device objects there)."""
         self._check()
         if not callable(hook):
             raise TypeError(f"teardown hook must be callable, got {type(hook).__name__}")

@@ -219,6 +219,7 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
 
     @property
     def destroyed(self) -> bool:
+        """True once destroy() was called."""
         return not self._life.open
 
     _destroyed = destroyed

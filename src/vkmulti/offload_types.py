@@ -9,7 +9,7 @@ from typing import Any
 import vulkan as vk
 
 from . import vkapi
-from .errors import DestroyedError, VkmError
+from .errors import DestroyedError, RendererMissingError, VkmError
 from .images import Image
 from .multi_device import DeviceSlot
 from .partition import _sru_cost
@@ -31,10 +31,6 @@ class OffloadRoute:
     def offloaded(self) -> bool:
         """True when the SRU renders on a secondary (its image is transferred to GPU 0)."""
         return self.device_index != 0
-
-
-class RendererMissingError(VkmError, NotImplementedError):
-    """An SRU is routed to a device that has no renderer (attach one, or pass a factory)."""
 
 
 class SecondaryRenderContext:

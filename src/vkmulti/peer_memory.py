@@ -166,6 +166,7 @@ class ImportedBuffer(Buffer):
         self.memory: Any = None
         self._handle_int: int | None = None
         self.source = source
+        self._finalizers: list[Any] = []
         self._init_resource(slot)
         life = slot_lifetime(slot)
         with life:
@@ -200,6 +201,18 @@ class ImportedBuffer(Buffer):
                     os.close(fd)
                 self._free()
                 raise
+
+    def on_destroy(self, fn: Any) -> None:
+        """Call `fn()` once when destroy() starts (before anything is freed): its
+        users stop reading it there (a runtime drops the batches it reads in place)."""
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        self._finalizers.append(fn)
+
+    def destroy(self, timeout: float | None = 30.0) -> None:
+        while self._finalizers:
+            self._finalizers.pop(0)()
+        super().destroy(timeout)
 
     def __repr__(self) -> str:
         state = "destroyed" if self.handle is None else f"{self.size} B of GPU {self.source.slot.index}'s memory"

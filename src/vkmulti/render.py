@@ -21,6 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import vulkan as vk
 
+from ._repr import compact_repr
 from . import vkapi
 from .errors import DestroyedError, DeviceLostError, UnsupportedError
 from .errors import TimeoutError as VkmTimeoutError
@@ -79,6 +80,8 @@ class ReferenceSRU:
     the compositor multiplies by its content_scale). `seed` and the colours
     change the picture; `iterations` (steps per pixel) sets the cost.
     """
+
+    __repr__ = compact_repr
 
     sru_id: int | str
     width: int

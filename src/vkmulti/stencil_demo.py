@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -103,8 +102,10 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
 
 
 def print_report(r: dict[str, Any]) -> None:
+    """Print the stencil demo's figures (the JSON form has the same keys)."""
     w, h = r["size"]
-    print(f"vkmulti demo stencil: {w}x{h} int32 heat grid, {r['steps']} Jacobi steps, {len(r['devices'])} GPU(s)")
+    print(f"vkmulti demo stencil: {w}x{h} int32 heat grid, {r['steps']} Jacobi steps, "
+          f"{len(r['devices'])} GPU{'s' if len(r['devices']) != 1 else ''}")
     if r["note"]:
         print(f"note: {r['note']}")
     print("\nslabs:")
@@ -131,6 +132,9 @@ def print_report(r: dict[str, Any]) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The stencil demo's options (one-line errors and --virtual as every command has them)."""
+    from .cli_args import add_virtual_argument
+
     p.add_argument("--size", type=parse_size, default=None, metavar="WxH",
                    help=f"grid size in cells (default {LIGHT_SIZE[0]}x{LIGHT_SIZE[1]}, "
                         f"{HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} with --heavy)")
@@ -143,14 +147,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="PNG of the final field (default vkmulti-stencil.png; '' to skip)")
     p.add_argument("--heavy", action="store_true", help="a grid and step count sized for real GPUs")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.add_argument("--virtual", type=int, default=0, metavar="N",
-                   help="use N virtual lavapipe GPUs instead of the real ones")
+    add_virtual_argument(p)
 
 
 def main(argv: list[str]) -> int:
     """`vkmulti demo stencil [options]`; exit 2 with a one-line message on bad input."""
-    parser = argparse.ArgumentParser(prog="vkmulti demo stencil",
-                                     description="2D heat diffusion split over every GPU, halos as K2K messages")
+    from .cli_args import Parser, check_output_path
+
+    parser = Parser(prog="vkmulti demo stencil",
+                    description="2D heat diffusion split over every GPU, halos as K2K messages")
     add_arguments(parser)
     args = parser.parse_args(argv)
     if args.size is not None and args.size[0] < 3:
@@ -159,24 +164,14 @@ def main(argv: list[str]) -> int:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.warmup < 0:
         parser.error(f"--warmup must be >= 0, got {args.warmup}")
-    if args.virtual < 0:
-        parser.error(f"--virtual must be >= 0, got {args.virtual}")
-    if args.output:
-        folder = os.path.dirname(os.path.abspath(args.output))
-        if not os.path.isdir(folder):
-            parser.error(f"--output: folder {folder!r} does not exist")
-        try:
-            import PIL  # noqa: F401
-        except ImportError:
-            parser.error("writing the PNG needs Pillow: pip install 'vkmulti[demo]' (or pass --output '')")
+    check_output_path(parser, args.output, "--output")   # before any GPU work
     from .testing import use_virtual_if_no_gpu
     note = use_virtual_if_no_gpu(args.virtual)
     from .errors import VkmError
     try:
         r = run(args, note)
     except (ValueError, IndexError) as exc:
-        print(f"vkmulti demo stencil: {exc}", file=sys.stderr)
-        return 2
+        parser.error(str(exc))
     except (VkmError, MemoryError) as exc:   # e.g. a grid larger than a GPU's memory
         print(f"vkmulti demo stencil: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -70,26 +70,52 @@ def virtual_gpus(count: int = 2) -> Iterator[list[str]]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def use_virtual_if_no_gpu(count: int = 0) -> str | None:
-    """Install `count` virtual GPUs when asked, or the pair when this machine has
-    no real GPU; returns a line saying which, or None when real GPUs are used.
-    Call before any Instance is created."""
+#: Set to "0", vkmulti never switches to the virtual pair on its own (see no_gpu_fallback).
+VIRTUAL_FALLBACK_ENV = "VKMULTI_VIRTUAL_FALLBACK"
+#: The one line said when vkmulti switches to the virtual pair.
+NO_GPU_NOTE = (f"no GPU found: using the virtual lavapipe GPU pair (2 CPU devices; "
+               f"{VIRTUAL_FALLBACK_ENV}=0 keeps what Vulkan lists)")
+
+
+def no_gpu_fallback(device_types: list[str]) -> bool:
+    """The one rule for machines without a GPU: True when vkmulti should switch to
+    the virtual lavapipe pair, i.e. Vulkan lists no device other than CPU
+    devices (`device_types`, as DeviceCapabilities.device_type names them),
+    lavapipe is installed, the loader is not already pointed at virtual GPUs,
+    and VKMULTI_VIRTUAL_FALLBACK is not "0"."""
+    return (os.environ.get(VIRTUAL_FALLBACK_ENV, "") != "0" and not is_virtual_setup()
+            and all(t == "cpu" for t in device_types) and find_lavapipe_icd() is not None)
+
+
+def physical_device_types(instance: object) -> list[str]:
+    """The device type of every physical device of a vkmulti Instance ("cpu", "discrete-gpu", ...)."""
+    import vulkan as vk
+
+    from .capabilities import _DEVICE_TYPES
+
+    return [_DEVICE_TYPES.get(vk.vkGetPhysicalDeviceProperties(p).deviceType, "other")
+            for p in instance.physical_devices()]   # type: ignore[attr-defined]
+
+
+def use_virtual_if_no_gpu(count: int | None = 0) -> str | None:
+    """Install `count` virtual GPUs when asked (count >= 1), or the pair when this
+    machine has no GPU (no_gpu_fallback); returns the line saying which, or None
+    when the real devices are used. Call before any Instance is created."""
     if count:
         install_virtual_gpus(count)
-        return f"using {count} virtual lavapipe GPUs (--virtual)"
+        return f"using {count} virtual lavapipe GPU{'s' if count != 1 else ''} (--virtual)"
     if is_virtual_setup():
         return "using the virtual lavapipe GPUs named in VK_DRIVER_FILES"
-    from .capabilities import probe_device
     from .instance import Instance
 
     inst = Instance(validation=False)
     try:
-        types = [probe_device(p).device_type for p in inst.physical_devices()]
+        types = physical_device_types(inst)
     finally:
         inst.destroy()
-    if not any(t != "cpu" for t in types) and find_lavapipe_icd() is not None:
+    if no_gpu_fallback(types):
         install_virtual_gpus(2)
-        return "no GPU found: using the virtual lavapipe GPU pair (2 CPU devices)"
+        return NO_GPU_NOTE
     return None
 
 

@@ -19,19 +19,20 @@ from typing import Any
 import vulkan as vk
 
 from . import _native
-from ._handles import handle_int
+from ._handles import handle_int, short_text
 from .capabilities import EXT_DMA_BUF, RenderCapabilities
 from .errors import DestroyedError, DeviceLostError, UnsupportedError, VkmError
 from .errors import TimeoutError as VkmTimeoutError
-from .images import Buffer, Image, check_layout
+from .buffers import Buffer
+from .images import Image, check_layout
 from .lifetime import Deadline, Lifetime
-from .methods import TransferMethod, method_support
+from .methods import MethodProblem, TransferMethod, method_problem
 from .resources import MAX_BYTES, slot_lifetime
 from .timeline import TimelinePoint, wait_point
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TransferMethod", "select_transfer_method", "CrossDeviceTransfer", "TransferTicket", "TimelinePoint",
+__all__ = ["TransferMethod", "select_transfer_method", "pair_methods", "pair_problem", "CrossDeviceTransfer", "TransferTicket", "TimelinePoint",
            "DEFAULT_SLOT_SIZE", "DEFAULT_SLOT_COUNT"]
 
 #: Ring shape per device pair and method: 8 slots of 8 MiB (64 MiB). Jobs
@@ -40,12 +41,12 @@ DEFAULT_SLOT_SIZE = 8 << 20
 DEFAULT_SLOT_COUNT = 8
 #: CUDA_PEER's default ring: 8 slots of 16 MiB (128 MiB a side). Each chunk
 #: costs its worker ~25 us of host work, so chunks are large: a 4K frame goes
-#: in eight, 256 MiB in sixteen (bench/RESULTS.md has the shapes measured).
+#: in eight, 256 MiB in sixteen (bench/HISTORY.md has the shapes measured).
 CUDA_PEER_SLOT_SIZE = 16 << 20
 CUDA_PEER_SLOT_COUNT = 8
 #: The default ring where a device of the pair is a CPU (lavapipe): 8 slots of
 #: 1 MiB. The copies there are CPU work, and chunks that stay in the caches run
-#: 1.2-1.7x faster than 8 MiB ones (bench/RESULTS.md, 2026-11-30 session 4).
+#: 1.2-1.7x faster than 8 MiB ones (bench/HISTORY.md, 2026-11-30 session 4).
 CPU_SLOT_SIZE = 1 << 20
 CPU_SLOT_COUNT = 8
 #: Ring shapes vkmulti accepts: a slot of at most 4 GiB, at most 1024 slots, at
@@ -114,18 +115,69 @@ def cuda_peer_auto() -> bool:
     return os.environ.get(CUDA_PEER_ENV, "") != "0"
 
 
-def select_transfer_method(assignment: Any, capabilities: RenderCapabilities | None, *,
+def slot_label(slot: Any) -> str:
+    """"GPU i ('name')" for messages."""
+    return f"GPU {slot.index} ({short_text(slot.name)})"
+
+
+def pair_problem(method: str, src: Any, dst: Any) -> MethodProblem | None:
+    """Why `method` cannot move data from slot `src` to slot `dst` (with the
+    extensions their VkDevices enabled), or None when it can."""
+    a, b = src.capabilities, dst.capabilities
+    if a is None or b is None:
+        return None if method in (TransferMethod.STAGING_COPY, TransferMethod.NONE) else \
+            MethodProblem("the devices' capabilities are unknown")
+    return method_problem(method, a, b, src.enabled_extensions, dst.enabled_extensions,
+                          labels=(slot_label(src), slot_label(dst)))
+
+
+def pair_methods(src: Any, dst: Any) -> list[str]:
+    """The cross-device methods that work from slot `src` to slot `dst`, best first
+    (what their VkDevices enabled counts; CUDA_PEER as the driver answers)."""
+    return [m for m in TransferMethod.CROSS_DEVICE if pair_problem(m, src, dst) is None]
+
+
+_reported: set[tuple] = set()
+_reported_lock = threading.Lock()
+
+
+def _report_skipped(key: tuple, problem: MethodProblem) -> None:
+    """Log once per pair and method why a better method was passed over because a
+    VkDevice lacks an extension its driver offers (an engine's own device)."""
+    with _reported_lock:
+        if key in _reported:
+            return
+        _reported.add(key)
+    log.warning("vkmulti: %s not used: %s", key[-1], problem.reason)
+
+
+def select_transfer_method(assignment: Any, capabilities: Any, *,
                            prefer_dmabuf: bool = True, dst_index: int = 0) -> str:
     """The best method both devices of the pair support (DMABUF only when preferred,
     CUDA_PEER unless VKMULTI_CUDA_PEER=0).
 
-    NONE for work already on the destination (the primary by default); the
-    floor, STAGING_COPY, when the capabilities do not describe both devices.
+    The seed's form: `assignment` has a `device_index` (an SRUAssignment) and
+    `capabilities` is the manager's RenderCapabilities (`mgr.capabilities`);
+    the destination is `dst_index`, the primary by default. NONE for work
+    already on the destination; the floor, STAGING_COPY, when the
+    capabilities do not describe both devices. The pair form:
+    `select_transfer_method(src_slot, dst_slot)` with two DeviceSlots.
+
+    A method passed over because a VkDevice was created without an extension
+    its driver offers (an engine's own device) is logged once, in one line
+    that names the extension and vkmulti.device_requirements().
     """
+    from .multi_device import DeviceSlot
+
+    if isinstance(assignment, DeviceSlot) or isinstance(capabilities, DeviceSlot):
+        if not (isinstance(assignment, DeviceSlot) and isinstance(capabilities, DeviceSlot)):
+            raise TypeError(f"select_transfer_method(src_slot, dst_slot) needs two DeviceSlots, got "
+                            f"{type(assignment).__name__} and {type(capabilities).__name__}")
+        return _select_for_slots(assignment, capabilities, prefer_dmabuf)
     src_index = getattr(assignment, "device_index", None)
     if isinstance(src_index, bool) or not isinstance(src_index, int) or src_index < 0:
-        raise TypeError(f"assignment must have a non-negative int device_index, got "
-                        f"{type(assignment).__name__} with device_index {src_index!r}"[:200])
+        raise TypeError(f"assignment must have a non-negative int device_index (an SRUAssignment), or pass two "
+                        f"DeviceSlots; got {type(assignment).__name__} with device_index {src_index!r}"[:200])
     if isinstance(dst_index, bool) or not isinstance(dst_index, int) or dst_index < 0:
         raise TypeError(f"dst_index must be a non-negative int, got {dst_index!r}"[:160])
     if capabilities is not None and not isinstance(capabilities, RenderCapabilities):
@@ -138,13 +190,28 @@ def select_transfer_method(assignment: Any, capabilities: RenderCapabilities | N
     en = capabilities.enabled_extensions
     ea = en[src_index] if src_index < len(en) else None
     eb = en[dst_index] if dst_index < len(en) else None
+    labels = (f"GPU {src_index} ({short_text(a.name)})", f"GPU {dst_index} ({short_text(b.name)})")
+    return _first_working(lambda m: method_problem(m, a, b, ea, eb, labels=labels), prefer_dmabuf,
+                          (src_index, dst_index))
+
+
+def _select_for_slots(src: Any, dst: Any, prefer_dmabuf: bool) -> str:
+    if src is dst or src.index == dst.index and src.device is dst.device:
+        return TransferMethod.NONE
+    return _first_working(lambda m: pair_problem(m, src, dst), prefer_dmabuf, (src.index, dst.index))
+
+
+def _first_working(problem_of: Any, prefer_dmabuf: bool, pair: tuple[int, int]) -> str:
     for method in TransferMethod.CROSS_DEVICE:
         if method == TransferMethod.DMABUF and not prefer_dmabuf:
             continue
         if method == TransferMethod.CUDA_PEER and not cuda_peer_auto():
             continue
-        if method_support(method, a, b, ea, eb) is None:
+        problem = problem_of(method)
+        if problem is None:
             return method
+        if problem.not_enabled:
+            _report_skipped((*pair, problem.device, method), problem)
     return TransferMethod.STAGING_COPY
 
 
@@ -154,6 +221,24 @@ def _image_size(w: Any, h: Any, bpp: Any, *, allow_zero: bool = False) -> None:
     for label, v, hi in (("width", w, 1 << 20), ("height", h, 1 << 20), ("bytes_per_pixel", bpp, 32)):
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise ValueError(f"{label} must be an int in [{lo}, {hi}], got {v!r}"[:160])
+
+
+#: Endpoints a transfer keeps for repeated submits (_remember_endpoint).
+_ENDPOINTS_KEPT = 16
+#: (layout, final layout, usage) triples check_layout accepted, so that a
+#: submit checks each combination once (check_layout is pure; ints only).
+_LAYOUTS_OK: set[tuple] = set()
+
+
+def _point(semaphore: int, value: int, device_index: int) -> TimelinePoint:
+    """TimelinePoint(semaphore, value, device_index) for the native layer's own
+    ints, without the frozen dataclass's checked setattr per field (submit's hot path)."""
+    p = _new(TimelinePoint)
+    p.__dict__.update(semaphore=semaphore, value=value, device_index=device_index)
+    return p
+
+
+_new = object.__new__
 
 
 class _Endpoint:
@@ -183,11 +268,15 @@ class _LinkRef:
 
     def __init__(self, link: Any, key: tuple, links: "_Links"):
         self.link, self.key, self.links, self.refs = link, key, links, 0
+        self.src_sem, self.dst_sem = link.src_timeline, link.dst_timeline   # fixed for the link's life
         links.alive[id(self)] = self   # made under links.lock (_acquire_link)
         # no parent: tickets stay answerable while the manager's destroy() runs, which
         # destroys the links last
         self.life = Lifetime(self, "transfer link")
         self.last_src = self.last_dst = 0
+        # the highest value read from each timeline so far: a lower bound of it from
+        # then on (it only grows), so most gpu_done() answers need no native call
+        self.seen_src = self.seen_dst = 0
         self._lock = threading.Lock()
         self._tickets: "weakref.WeakSet[TransferTicket]" = weakref.WeakSet()
 
@@ -302,6 +391,10 @@ def _acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: i
         return ref
 
 
+async def _done() -> None:
+    return None
+
+
 class TransferTicket:
     """An in-flight transfer: wait(timeout) blocks without the GIL; done() polls.
 
@@ -344,9 +437,22 @@ class TransferTicket:
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the destination holds the data; vkmulti.TimeoutError after `timeout` s."""
-        if not self._answered():
-            self._call(self._link.wait, self.ticket, self.dst_ready.value, timeout)
-            self._complete = True
+        if self._complete:
+            return
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        self._call(self._link.wait, self.ticket, self.dst_ready.value, timeout)
+        self._complete = True
+
+    def __await__(self) -> Any:
+        """`await ticket`: wait() on the event loop's default executor (a native wait
+        without the GIL; the loop never blocks). Cancelling the awaiting task does
+        not stop the transfer. Use `asyncio.wait_for(...)` for a timeout."""
+        import asyncio
+
+        if self.done():
+            return _done().__await__()
+        return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
 
     def wait_submitted(self, timeout: float | None = None) -> None:
         """Block until all of this transfer's GPU work is submitted (not finished).
@@ -366,6 +472,7 @@ class TransferTicket:
             raise VkmTimeoutError(f"transfer {self.ticket}: the source side was not done within {timeout} s")
 
     def done(self) -> bool:
+        """True once the destination holds the data (never blocks); raises the job's error if it failed."""
         if not self._answered():
             self._complete = bool(self._call(self._link.poll, self.ticket, self.dst_ready.value, 0.0))
         return self._complete
@@ -385,17 +492,26 @@ class TransferTicket:
         return self.src_done if device_index == self.src_done.device_index else self.dst_ready
 
     def gpu_done(self, device_index: int | None) -> bool:
+        """Whether the GPU work of this job on device `device_index` is finished (never blocks)."""
         point = self._point(device_index)
         if id(point) in self._gpu_done or (self._complete and point is self.dst_ready):
             return True
         ref = self._ref
         if ref is None or ref.life.dead:
             return ref is not None or not self._link.alive
+        src = point is self.src_done
+        if point.value <= (ref.seen_src if src else ref.seen_dst):
+            self._gpu_done.add(id(point))
+            return True
         try:
             with ref.life.keep():
-                dev = self._link.src if point is self.src_done else self._link.dst
-                if dev.timeline_value(point.semaphore) < point.value:
-                    return False
+                value = (self._link.src if src else self._link.dst).timeline_value(point.semaphore)
+            if src:   # unlocked: a racing reader may store a lower value, still one that was read
+                ref.seen_src = max(ref.seen_src, value)
+            else:
+                ref.seen_dst = max(ref.seen_dst, value)
+            if value < point.value:
+                return False
             self._gpu_done.add(id(point))
             return True
         except DestroyedError:
@@ -405,6 +521,7 @@ class TransferTicket:
             return True
 
     def gpu_wait(self, device_index: int | None, timeout: float | None) -> bool:
+        """Wait up to `timeout` s for this job's GPU work on device `device_index`; False on timeout."""
         return self._gpu_wait(self._point(device_index), timeout)
 
     def _gpu_wait(self, point: TimelinePoint, timeout: float | None) -> bool:
@@ -473,9 +590,11 @@ class CrossDeviceTransfer:
         _image_size(self.width, self.height, self.bytes_per_pixel, allow_zero=True)
         if not isinstance(self.extra, dict):
             raise TypeError(f"extra must be a dict, got {type(self.extra).__name__}")
+        self._refuse_unsupported()
         self._ref: _LinkRef | None = None
         self._last: TransferTicket | None = None
         self._lock = threading.Lock()
+        self._endpoints: dict[tuple, Any] = {}   # _remember_endpoint
         lives = [slot_lifetime(self.src), slot_lifetime(self.dst)]
         self._life = Lifetime(self, "CrossDeviceTransfer", lives)
         adopted: list[Lifetime] = []
@@ -492,6 +611,26 @@ class CrossDeviceTransfer:
     def _destroyed(self) -> bool:
         return not self._life.open
 
+    def __repr__(self) -> str:
+        size = f", {self.width}x{self.height}x{self.bytes_per_pixel} B" if self.width and self.height else ""
+        state = ", destroyed" if self._destroyed else ""
+        return (f"CrossDeviceTransfer(GPU {getattr(self.src, 'index', '?')} -> GPU {getattr(self.dst, 'index', '?')}, "
+                f"{self.method}{size}{state})")
+
+    def _refuse_unsupported(self) -> None:
+        """UnsupportedError (with `extension` and `device`) when this pair cannot use
+        `method`, naming exactly the methods it supports."""
+        if self.method == TransferMethod.NONE:
+            return
+        problem = pair_problem(self.method, self.src, self.dst)
+        if problem is None:
+            return
+        raise UnsupportedError(
+            f"transfer method {self.method!r} is not possible from {slot_label(self.src)} to "
+            f"{slot_label(self.dst)}: {problem.reason}; this pair supports {pair_methods(self.src, self.dst)}",
+            extension=problem.extension, device=problem.device,
+            device_index=None if problem.side is None else (self.src, self.dst)[problem.side].index)
+
     # -- the seed's API ----------------------------------------------------
 
     def run(self, *, src_image: Any = None, dst_image: Any = None, timeout: float | None = None,
@@ -504,14 +643,17 @@ class CrossDeviceTransfer:
         self.submit(src_image=src_image, dst_image=dst_image, **options).wait(timeout)
 
     def run_staging_copy(self, *, src_image: Any = None, dst_image: Any = None, **options: Any) -> None:
+        """The seed's per-method entry point: run() for a STAGING_COPY transfer (ValueError for another method)."""
         self._require(TransferMethod.STAGING_COPY, "run_staging_copy")
         self.run(src_image=src_image, dst_image=dst_image, **options)
 
     def run_host_shared(self, *, src_image: Any = None, dst_image: Any = None, **options: Any) -> None:
+        """The seed's per-method entry point: run() for a HOST_SHARED transfer (ValueError for another method)."""
         self._require(TransferMethod.HOST_SHARED, "run_host_shared")
         self.run(src_image=src_image, dst_image=dst_image, **options)
 
     def run_dmabuf(self, *, src_image: Any = None, dst_image: Any = None, **options: Any) -> None:
+        """The seed's per-method entry point: run() for a DMABUF transfer (ValueError for another method)."""
         self._require(TransferMethod.DMABUF, "run_dmabuf")
         self.run(src_image=src_image, dst_image=dst_image, **options)
 
@@ -587,25 +729,27 @@ class CrossDeviceTransfer:
         value) on the source/destination device that must be reached before
         the resource is read/overwritten.
         """
-        with self._life:
-            self._check_alive()
-            held: list[Lifetime] = []
+        with self._life:   # checks this transfer and its manager
+            if self.src.device is None or self.dst.device is None:
+                self._check_alive()   # raises, naming the side
+            held: list[Any] = []   # the Images and Buffers given, each inside its lifetime
             try:
                 for obj in (src_image, dst_image, src_buffer, dst_buffer):
                     if isinstance(obj, (Image, Buffer)):
                         # its destroy() waits until the job is tracked (the manager counts this
                         # call already, through the transfer's lifetime)
                         obj._life._enter_own()
-                        held.append(obj._life)
+                        held.append(obj)
                 return self._submit(src_image, dst_image, src_buffer, dst_buffer, src_offset, dst_offset, size,
-                                    src_layout, dst_layout, src_final_layout, dst_final_layout, src_wait, dst_wait)
+                                    src_layout, dst_layout, src_final_layout, dst_final_layout, src_wait, dst_wait,
+                                    held)
             finally:
-                for life in held:
-                    life._exit_own()
+                for obj in held:
+                    obj._life._exit_own()
 
     def _submit(self, src_image: Any, dst_image: Any, src_buffer: Any, dst_buffer: Any, src_offset: Any,
                 dst_offset: Any, size: Any, src_layout: Any, dst_layout: Any, src_final_layout: Any,
-                dst_final_layout: Any, src_wait: Any, dst_wait: Any) -> TransferTicket:
+                dst_final_layout: Any, src_wait: Any, dst_wait: Any, held: list[Any]) -> TransferTicket:
         if self.method == TransferMethod.NONE:
             raise ValueError("method NONE moves nothing: source and destination are the same device")
         images = src_image is not None or dst_image is not None
@@ -618,10 +762,11 @@ class CrossDeviceTransfer:
             if src_image is None or dst_image is None:
                 raise ValueError("both src_image (on the source device) and dst_image (on the destination) "
                                  "are needed")
+            slot_size = self._ring()[0]
             es, nbytes = self._image_endpoint(src_image, self.src, "src_image", src_layout, src_final_layout,
-                                              src_wait)
+                                              src_wait, slot_size)
             ed, nbytes_d = self._image_endpoint(dst_image, self.dst, "dst_image", dst_layout, dst_final_layout,
-                                                dst_wait)
+                                                dst_wait, slot_size)
             if es.image == ed.image:
                 raise ValueError("src_image and dst_image are the same image")
             if (es.width, es.height) != (ed.width, ed.height) or nbytes != nbytes_d:
@@ -639,18 +784,19 @@ class CrossDeviceTransfer:
         with self._lock:
             ref = self._link_ref_locked()
             ticket, sdone, dready = ref.link.submit(es, ed, nbytes)
-            self.src_done = TimelinePoint(ref.link.src_timeline, sdone, self.src.index)
-            self.dst_ready = TimelinePoint(ref.link.dst_timeline, dready, self.dst.index)
+            self.src_done = _point(ref.src_sem, sdone, self.src.index)
+            self.dst_ready = _point(ref.dst_sem, dready, self.dst.index)
             t = TransferTicket(ref.link, ticket, self.src_done, self.dst_ready, ref)
             ref.submitted(t)
             self._last = t
         # the job is queued: nothing below may raise
-        for obj in (src_image, dst_image, src_buffer, dst_buffer):
-            if isinstance(obj, (Image, Buffer)):
-                obj._track(t)   # its destroy() waits for this transfer
-        for obj, ep in ((src_image, es), (dst_image, ed)):
-            if isinstance(obj, Image):
-                obj.layout = ep.layout_after
+        for obj in held:
+            obj._track(t)   # its destroy() waits for this transfer
+        if images:
+            if isinstance(src_image, Image):
+                src_image.layout = es.layout_after
+            if isinstance(dst_image, Image):
+                dst_image.layout = ed.layout_after
         return t
 
     # -- helpers -------------------------------------------------------------
@@ -668,11 +814,7 @@ class CrossDeviceTransfer:
     def _link_ref_locked(self) -> _LinkRef:
         if self._ref is not None and self._ref.link.alive:
             return self._ref
-        why = self._unsupported_reason()
-        if why is not None:
-            raise UnsupportedError(f"transfer method {self.method!r} is not possible from {self.src.name!r} "
-                                   f"(GPU {self.src.index}) to {self.dst.name!r} (GPU {self.dst.index}): {why}; "
-                                   f"use {TransferMethod.HOST_SHARED!r} or {TransferMethod.STAGING_COPY!r}")
+        self._refuse_unsupported()
         if self.src.native is None or self.dst.native is None:
             raise ValueError("both slots need live devices with native tables (an active MultiDeviceManager)")
         self._ref = _acquire_link(self.src, self.dst, self.method, *self._ring())
@@ -682,32 +824,33 @@ class CrossDeviceTransfer:
         """(slot size, slot count) of the ring this transfer's link uses."""
         return _ring_shape(self.method, self.src, self.dst, self.slot_size, self.slot_count)
 
-    def _unsupported_reason(self) -> str | None:
-        a, b = self.src.capabilities, self.dst.capabilities
-        if a is None or b is None:
-            return None if self.method == TransferMethod.STAGING_COPY else "device capabilities unknown"
-        return method_support(self.method, a, b, self.src.enabled_extensions, self.dst.enabled_extensions)
-
     @staticmethod
     def _wait_point(wait: Any, slot: Any, label: str) -> tuple[int | None, int]:
         point = wait_point(wait, slot, label)
         return point if point is not None else (None, 0)
 
     def _image_endpoint(self, image: Any, slot: Any, label: str, layout: int | None, final: int | None,
-                        wait: Any) -> tuple[_Endpoint, int]:
-        sem, value = self._wait_point(wait, slot, label.replace("image", "wait"))
+                        wait: Any, slot_size: int | None = None) -> tuple[_Endpoint, int]:
+        sem, value = (None, 0) if wait is None else self._wait_point(wait, slot, label.replace("image", "wait"))
+        key = None
         if isinstance(image, Image):
             if image.handle is None:
                 raise DestroyedError(f"{label} was destroyed")
             if image.slot is not slot:
                 raise ValueError(f"{label} belongs to GPU {image.slot.index} ({image.slot.name!r}), "
                                  f"not GPU {slot.index} ({slot.name!r})")
-            w, h, bpp, handle = image.width, image.height, image.bytes_per_pixel, image.handle_int
             before = image.layout if layout is None else layout
             if before != image.layout and not (label == "dst_image" and before == vk.VK_IMAGE_LAYOUT_UNDEFINED):
                 raise ValueError(f"{label} is in layout {image.layout} as vkmulti tracks it, not {before!r}; "
                                  f"after a transition of your own set image.layout, or pass UNDEFINED as "
                                  f"dst_layout to discard the destination's contents"[:300])
+            after = before if final is None else final
+            if wait is None and slot_size is not None and type(before) is int and type(after) is int:
+                key = (image, label, before, after, slot_size)
+                hit = self._endpoints.get(key)
+                if hit is not None:
+                    return hit
+            w, h, bpp, handle = image.width, image.height, image.bytes_per_pixel, image.handle_int
             owner_family = image.owner_family
             kernel, kernel_view = image.kernel_view_format, image.kernel_view_int
         elif isinstance(image, Buffer):
@@ -724,9 +867,14 @@ class CrossDeviceTransfer:
             kernel, kernel_view = 0, None   # its usage and flags are unknown: copy commands only
         after = before if final is None else final
         usage = image.usage if isinstance(image, Image) else None
-        check_layout(before, usage, f"{label} layout", undefined_ok=True)
-        check_layout(after, usage, f"{label} final layout")
-        row, slot_size = w * bpp, self._ring()[0]
+        if type(before) is not int or type(after) is not int or (before, after, usage) not in _LAYOUTS_OK:
+            check_layout(before, usage, f"{label} layout", undefined_ok=True)
+            check_layout(after, usage, f"{label} final layout")
+            if len(_LAYOUTS_OK) < 256:
+                _LAYOUTS_OK.add((before, after, usage))
+        row = w * bpp
+        if slot_size is None:
+            slot_size = self._ring()[0]
         if row > slot_size:
             raise ValueError(f"{label} rows are {row} B, larger than a ring slot ({slot_size} B); "
                              f"raise slot_size")
@@ -736,24 +884,47 @@ class CrossDeviceTransfer:
             if owner is None:
                 raise ValueError(f"{label} is owned by queue family {owner_family}, which has no queue on "
                                  f"GPU {slot.index}")
-        return _Endpoint(image=handle, width=w, height=h, bytes_per_pixel=bpp, layout_before=before,
-                         layout_after=after, owner=owner, wait_semaphore=sem, wait_value=value,
-                         kernel=kernel, kernel_view=kernel_view), w * h * bpp
+        made = (_Endpoint(image=handle, width=w, height=h, bytes_per_pixel=bpp, layout_before=before,
+                          layout_after=after, owner=owner, wait_semaphore=sem, wait_value=value,
+                          kernel=kernel, kernel_view=kernel_view), w * h * bpp)
+        if key is not None:
+            self._remember_endpoint(key, made)
+        return made
 
     def _buffer_endpoint(self, buf: Any, slot: Any, label: str, offset: int, wait: Any) -> _Endpoint:
-        sem, value = self._wait_point(wait, slot, label.replace("buffer", "wait"))
+        sem, value = (None, 0) if wait is None else self._wait_point(wait, slot, label.replace("buffer", "wait"))
+        key = None
         if isinstance(buf, Buffer):
             if buf.slot is not slot:
                 raise ValueError(f"{label} belongs to GPU {buf.slot.index} ({buf.slot.name!r}), "
                                  f"not GPU {slot.index} ({slot.name!r})")
-            handle = buf.handle_int
+            handle = buf.handle_int   # DestroyedError once destroyed
+            if wait is None:
+                key = (buf, label, offset)
+                hit = self._endpoints.get(key)
+                if hit is not None:
+                    return hit
             kernel = int(bool(buf.usage & vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT))
         elif isinstance(buf, Image):
             raise TypeError(f"{label} is an Image; pass it as {label.replace('buffer', 'image')}")
         else:
             handle = handle_int(buf, "VkBuffer")
             kernel = 0   # its usage is unknown: copy commands only
-        return _Endpoint(buffer=handle, offset=offset, wait_semaphore=sem, wait_value=value, kernel=kernel)
+        made = _Endpoint(buffer=handle, offset=offset, wait_semaphore=sem, wait_value=value, kernel=kernel)
+        if key is not None:
+            self._remember_endpoint(key, made)
+        return made
+
+    def _remember_endpoint(self, key: tuple, endpoint: Any) -> None:
+        """Keep an endpoint made and checked for a vkmulti Image or Buffer (`key`:
+        the resource itself, its side and every argument it was made from), so
+        that a transfer repeated with the same arguments skips the work. The
+        resource's destroyed state and slot are checked on every use; the rest
+        of an endpoint depends only on the key. At most _ENDPOINTS_KEPT."""
+        eps = self._endpoints
+        if len(eps) >= _ENDPOINTS_KEPT:
+            eps.clear()
+        eps[key] = endpoint
 
     @staticmethod
     def _buffer_size(src: Any, dst: Any, src_offset: int, dst_offset: int, size: int | None) -> int:

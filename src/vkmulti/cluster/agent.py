@@ -141,6 +141,7 @@ class NodeAgent:
 
     @property
     def label(self) -> str:
+        """'node ID8 (address)', for messages."""
         return f"node {self.node_id[:8]} ({self.address})"
 
     def ping(self) -> float:

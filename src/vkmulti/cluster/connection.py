@@ -125,6 +125,7 @@ class Connection:
     joined: bool = False
 
     def close(self) -> None:
+        """Shut down Ray in this process if this connection started or joined it (idempotent)."""
         if self.started_local or self.joined:
             import ray
 

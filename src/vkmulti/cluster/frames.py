@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._repr import compact_repr
 from .errors import NoAgentError, caller_error, short_error
 from .planner import NodeInfo, NodePlan, composite_frame, plan_nodes
 
@@ -27,6 +28,8 @@ _MIN_OBSERVED_S = 0.005
 class NodeFrameReport:
     """One node's part of a frame."""
 
+    __repr__ = compact_repr
+
     node_id: str
     srus: list = field(default_factory=list)            # SRU ids it rendered (all rounds)
     gpu: dict = field(default_factory=dict)             # sru_id -> the node's GPU index
@@ -38,6 +41,7 @@ class NodeFrameReport:
     local: bool = False                                  # on the driver's node (shared memory)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data (times in ms)."""
         return {"node_id": self.node_id, "srus": list(self.srus), "gpu": {str(k): v for k, v in self.gpu.items()},
                 "render_ms": self.render_s * 1e3, "readback_ms": self.readback_s * 1e3,
                 "agent_ms": self.agent_s * 1e3, "round_trip_ms": self.round_trip_s * 1e3,
@@ -47,6 +51,8 @@ class NodeFrameReport:
 @dataclass
 class ClusterFrame:
     """A frame rendered on the cluster: the pixels and what each node did."""
+
+    __repr__ = compact_repr
 
     pixels: np.ndarray                                   # (height, width, 8) uint8 (RGBA16F)
     nodes: dict[str, NodeFrameReport]

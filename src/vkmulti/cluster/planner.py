@@ -19,6 +19,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .._repr import compact_repr
 from ..partition import assign_srus
 
 __all__ = ["NodeInfo", "LinkInfo", "NodePlan", "plan_nodes", "sru_image_bytes", "composite_frame",
@@ -42,6 +43,7 @@ class LinkInfo:
         return self.latency + (0.0 if math.isinf(self.bandwidth) else nbytes / self.bandwidth)
 
     def to_dict(self) -> dict[str, Any]:
+        """The link as plain JSON-ready data (GB/s and ms)."""
         return {"source": self.source, "destination": self.destination,
                 "bandwidth_gbps": None if math.isinf(self.bandwidth) else self.bandwidth / 1e9,
                 "latency_ms": self.latency * 1e3}
@@ -50,6 +52,8 @@ class LinkInfo:
 @dataclass(frozen=True)
 class NodeInfo:
     """What the driver knows of one node's agent."""
+
+    __repr__ = compact_repr
 
     node_id: str
     address: str
@@ -66,6 +70,7 @@ class NodeInfo:
 
     @property
     def label(self) -> str:
+        """'node ID8 (address)', for messages."""
         return f"node {self.node_id[:8]} ({self.address})"
 
     def gpu_links(self) -> list[dict[str, Any]]:
@@ -76,6 +81,7 @@ class NodeInfo:
                 for c in self.topology.get("connections", ()) if c.get("source") != c.get("destination")]
 
     def to_dict(self) -> dict[str, Any]:
+        """The node as plain JSON-ready data."""
         return {"node_id": self.node_id, "address": self.address, "hostname": self.hostname,
                 "devices": list(self.devices), "gpu_throughput": list(self.gpu_throughput),
                 "throughput": self.throughput, "local": self.local,
@@ -86,10 +92,13 @@ class NodeInfo:
 class NodePlan:
     """Which SRUs each node renders this round, and the model's predicted finish time per node."""
 
+    __repr__ = compact_repr
+
     srus: dict[str, list[Any]] = field(default_factory=dict)      # node id -> SRUs, input order
     predicted: dict[str, float] = field(default_factory=dict)     # node id -> seconds
 
     def sru_ids(self) -> dict[str, list[Any]]:
+        """The SRU ids planned on each node."""
         return {n: [s.sru_id for s in v] for n, v in self.srus.items()}
 
 

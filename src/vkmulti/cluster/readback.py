@@ -15,7 +15,9 @@ import numpy as np
 import vulkan as vk
 
 from .. import vkapi
-from ..images import Buffer, CommandRunner, Image
+from ..buffers import Buffer
+from ..commands import CommandRunner
+from ..images import Image
 
 __all__ = ["BatchReadback"]
 

@@ -71,7 +71,7 @@ class NodeRouter:
         return t
 
     def _on_step(self, batches: list[Any]) -> None:
-        from ..images import Buffer
+        from ..buffers import Buffer
 
         self._collect()
         devices = {k.device_index for k in self.rt.kernels}

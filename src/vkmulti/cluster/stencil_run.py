@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .._repr import compact_repr
 from .errors import NoAgentError, caller_error, short_error
 from .planner import NodeInfo
 from .stencil import split_rows_weighted
@@ -34,6 +35,8 @@ __all__ = ["StencilRun", "run_stencil"]
 class StencilRun:
     """The result of a cluster stencil run and what it took."""
 
+    __repr__ = compact_repr
+
     field: np.ndarray                                    # (height, width) int32 after `steps` steps
     steps: int
     nodes: dict[str, dict] = field(default_factory=dict)  # node id -> {'rows': (row0, n), 'gpu_rows': {gpu: n}}
@@ -44,6 +47,7 @@ class StencilRun:
     restarts: list[dict] = field(default_factory=list)   # {'lost': {node: why}, 'from_step': k}
 
     def to_dict(self) -> dict[str, Any]:
+        """The run's figures as plain JSON-ready data (the field by its shape)."""
         return {"steps": self.steps, "shape": list(self.field.shape),
                 "nodes": {n: {"rows": list(v["rows"]), "gpu_rows": {str(g): r for g, r in v["gpu_rows"].items()}}
                           for n, v in self.nodes.items()},

@@ -25,6 +25,16 @@ from .routing import (CrossGpuRouterStats, CrossGpuRouterStatsSnapshot, DevicePa
 from .runtime import KernelRuntime, StepTicket
 from .topology import GpuConnection, GpuTopology, InterconnectType
 from .transfer import CrossDeviceTransfer
+# checkpoints, migration, hot reload (issue 16)
+from .checkpoint import (CHECKPOINT_MAGIC, CHECKPOINT_VERSION, MAX_CHECKPOINT_SIZE, Checkpoint, CheckpointBuilder,
+                         CheckpointHeader, CheckpointMetadata, ChunkHeader, ChunkType, DataChunk)
+from .checkpoint_storage import CheckpointStorage, FileStorage, MemoryStorage
+from .code_source import KernelCodeFormat, KernelCodeSource
+from .hot_reload import (HotReloadConfig, HotReloadManager, HotReloadRequest, HotReloadResult, HotReloadState,
+                         HotReloadStats, HotReloadStatsSnapshot)
+from .lifecycle import CheckpointPolicy
+from .migration import KernelMigrator, MigrationResult, MigrationStats, MigrationStatsSnapshot, PlanOutcome
+from .protocols import CheckpointableKernel, HotReloadableKernel, MigratableKernel
 
 __all__ = [
     "Backend", "KernelMode", "LaunchOptions", "LoadBalancingStrategy", "MultiGpuBuilder", "MultiGpuConfig",
@@ -38,4 +48,11 @@ __all__ = [
     "DEFAULT_PAYLOAD_SIZE", "counter_kernel", "pingpong_kernel", "stencil_kernel",
     "CrossGpuK2KRouter", "CrossGpuRouterStats", "CrossGpuRouterStatsSnapshot", "PendingK2KMessage",
     "RoutingDecision", "RoutingKind", "DevicePath",
+    "Checkpoint", "CheckpointBuilder", "CheckpointHeader", "CheckpointMetadata", "ChunkHeader", "ChunkType",
+    "DataChunk", "CHECKPOINT_MAGIC", "CHECKPOINT_VERSION", "MAX_CHECKPOINT_SIZE",
+    "CheckpointStorage", "FileStorage", "MemoryStorage", "CheckpointPolicy",
+    "KernelCodeFormat", "KernelCodeSource", "HotReloadConfig", "HotReloadManager", "HotReloadRequest",
+    "HotReloadResult", "HotReloadState", "HotReloadStats", "HotReloadStatsSnapshot",
+    "KernelMigrator", "MigrationResult", "MigrationStats", "MigrationStatsSnapshot", "PlanOutcome",
+    "CheckpointableKernel", "HotReloadableKernel", "MigratableKernel",
 ]

@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._repr import compact_repr
 from ..errors import InvalidConfigError
 from .ids import check_count, check_index
 
@@ -54,6 +55,9 @@ class LaunchOptions:
     """Options for launching a kernel, with ringkernel's defaults. The
     coordinator only hands them to a custom selector; the runtime uses them.
     The `with_*` methods return a changed copy."""
+
+    __repr__ = compact_repr
+
     mode: KernelMode = KernelMode.PERSISTENT
     grid_size: int = 1
     block_size: int = 256
@@ -77,46 +81,59 @@ class LaunchOptions:
 
     @classmethod
     def single_block(cls, block_size: int) -> "LaunchOptions":
+        """Options for one block of `block_size` threads (the seed's constructor)."""
         return cls(block_size=block_size)
 
     @classmethod
     def multi_block(cls, grid_size: int, block_size: int) -> "LaunchOptions":
+        """Options for `grid_size` blocks of `block_size` threads (the seed's constructor)."""
         return cls(grid_size=grid_size, block_size=block_size)
 
     def _with(self, **changes: Any) -> "LaunchOptions":
         return dataclasses.replace(self, **changes)
 
     def with_mode(self, mode: KernelMode) -> "LaunchOptions":
+        """A copy with `mode` set."""
         return self._with(mode=mode)
 
     def with_queue_capacity(self, capacity: int) -> "LaunchOptions":
+        """A copy with both queue capacities set to `capacity`."""
         return self._with(input_queue_capacity=capacity, output_queue_capacity=capacity)
 
     def with_input_queue_capacity(self, capacity: int) -> "LaunchOptions":
+        """A copy with the input (host -> kernel) queue capacity set."""
         return self._with(input_queue_capacity=capacity)
 
     def with_output_queue_capacity(self, capacity: int) -> "LaunchOptions":
+        """A copy with the output (kernel -> host) queue capacity set."""
         return self._with(output_queue_capacity=capacity)
 
     def with_shared_memory(self, size: int) -> "LaunchOptions":
+        """A copy with `shared_memory_size` set (bytes)."""
         return self._with(shared_memory_size=size)
 
     def without_auto_activate(self) -> "LaunchOptions":
+        """A copy that does not activate the kernel at launch."""
         return self._with(auto_activate=False)
 
     def with_grid_size(self, grid_size: int) -> "LaunchOptions":
+        """A copy with `grid_size` set."""
         return self._with(grid_size=grid_size)
 
     def with_block_size(self, block_size: int) -> "LaunchOptions":
+        """A copy with `block_size` set."""
         return self._with(block_size=block_size)
 
     def with_cooperative(self, cooperative: bool) -> "LaunchOptions":
+        """A copy with `cooperative` set."""
         return self._with(cooperative=cooperative)
 
     def with_k2k(self, enable: bool) -> "LaunchOptions":
+        """A copy with kernel-to-kernel messaging enabled or not."""
         return self._with(enable_k2k=enable)
 
     def with_scheduler(self, config: Any) -> "LaunchOptions":
+        """A copy with `scheduler_config` set (kept for the seed; vkmulti does not read it)."""
         return self._with(scheduler_config=config)
 
     def with_priority(self, priority: int) -> "LaunchOptions":
@@ -144,6 +161,9 @@ class MultiGpuConfig:
     device fits; False gives the seed's answer instead (device 0 or the first
     candidate), still never an offline device or a placeholder.
     """
+
+    __repr__ = compact_repr
+
     load_balancing: LoadBalancingStrategy = LoadBalancingStrategy.LEAST_LOADED
     auto_select_device: bool = True
     max_kernels_per_device: int = 64
@@ -175,6 +195,7 @@ class MultiGpuConfig:
             seen.add(i)
 
     def copy(self) -> "MultiGpuConfig":
+        """An independent copy (its preferred_devices list is copied too)."""
         return dataclasses.replace(self, preferred_devices=list(self.preferred_devices))
 
 
@@ -191,18 +212,23 @@ class MultiGpuBuilder:
         return self
 
     def load_balancing(self, strategy: LoadBalancingStrategy) -> "MultiGpuBuilder":
+        """Set the load-balancing strategy; returns the builder."""
         return self._set(load_balancing=strategy)
 
     def auto_select_device(self, enable: bool) -> "MultiGpuBuilder":
+        """Set whether launches pick a device themselves; returns the builder."""
         return self._set(auto_select_device=enable)
 
     def max_kernels_per_device(self, max: int) -> "MultiGpuBuilder":   # noqa: A002 - the seed's name
+        """Set the kernels a device may hold (>= 1, else InvalidConfigError); returns the builder."""
         return self._set(max_kernels_per_device=max)
 
     def enable_p2p(self, enable: bool) -> "MultiGpuBuilder":
+        """Set whether peer-to-peer links are used; returns the builder."""
         return self._set(enable_p2p=enable)
 
     def preferred_devices(self, devices: list[int]) -> "MultiGpuBuilder":
+        """Set the devices strategies prefer, in order; returns the builder."""
         return self._set(preferred_devices=list(devices) if isinstance(devices, (list, tuple)) else devices)
 
     def strict(self, strict: bool) -> "MultiGpuBuilder":
@@ -214,6 +240,7 @@ class MultiGpuBuilder:
         return self._config.copy()
 
     def build(self) -> "MultiGpuCoordinator":
+        """A MultiGpuCoordinator with this configuration (records only, as in the seed)."""
         from .coordinator import MultiGpuCoordinator
 
         return MultiGpuCoordinator(self._config.copy())

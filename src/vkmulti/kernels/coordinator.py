@@ -16,6 +16,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from .._repr import compact_repr
 from ..errors import DeviceNotAvailableError, InvalidConfigError, KernelNotFoundError, MigrationError
 from .config import Backend, LaunchOptions, LoadBalancingStrategy, MultiGpuConfig
 from .devices import DeviceInfo, DeviceStatus, MultiGpuStats
@@ -55,6 +56,8 @@ def _unregister_when_lost(coord: "MultiGpuCoordinator") -> Callable[[int, str], 
 
 
 class CoordinatorEventKind(enum.Enum):
+    """What a CoordinatorEvent reports (listeners get one per change of the registry)."""
+
     DEVICE_REGISTERED = "device_registered"
     DEVICE_UNREGISTERED = "device_unregistered"
     KERNEL_ASSIGNED = "kernel_assigned"
@@ -71,6 +74,9 @@ class CoordinatorEvent:
     DeviceUnregisterResult of DEVICE_UNREGISTERED (its plans are what a
     failover must carry out).
     """
+
+    __repr__ = compact_repr
+
     kind: CoordinatorEventKind
     device_index: int | None
     kernel_id: KernelId | None = None
@@ -245,6 +251,7 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
             self._listeners.append(listener)
 
     def remove_listener(self, listener: Callable[[CoordinatorEvent], Any]) -> None:
+        """Stop calling `listener` (one added with add_listener); unknown listeners are ignored."""
         with self._lock:
             try:
                 self._listeners.remove(listener)
@@ -335,6 +342,7 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
             return [copy.copy(i) for i in self._infos]
 
     def device(self, index: int) -> DeviceInfo | None:
+        """A copy of device `index`'s record, or None when there is none."""
         idx = check_index(index, "index")
         with self._lock:
             return copy.copy(self._infos[idx]) if idx < len(self._infos) else None
@@ -376,6 +384,7 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
             self._uniform_speed = all(x == 1.0 for x in self._speed)
 
     def device_speed(self, device_index: int) -> float:
+        """The speed weight of a registered device (1.0 unless set)."""
         idx = check_index(device_index, "device_index")
         with self._lock:
             self._require_registered_locked(idx, "read the speed of")
@@ -457,6 +466,7 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
         return idx
 
     def get_kernel_device(self, kernel_id: KernelId | str) -> int | None:
+        """The device a kernel is assigned to, or None."""
         return self._map.get(as_kernel_id(kernel_id))
 
     def kernels_on_device(self, device_index: int) -> list[KernelId]:
@@ -488,6 +498,7 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
             return self._statuses_locked()
 
     def get_device_status(self, device_index: int) -> DeviceStatus | None:
+        """DeviceStatus of one device (kernels, load, availability), or None when there is none."""
         idx = check_index(device_index, "device_index")
         with self._lock:
             if idx >= len(self._infos):
@@ -495,6 +506,7 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
             return self._statuses_locked()[idx]
 
     def stats(self) -> MultiGpuStats:
+        """Totals now: devices, kernels placed, memory, kernels launched so far."""
         with self._lock:
             return MultiGpuStats(device_count=len(self._infos), total_kernels=sum(self._counts),
                                  total_memory=sum(i.total_memory for i in self._infos),

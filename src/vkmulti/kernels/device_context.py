@@ -160,7 +160,7 @@ class DeviceContext:
         self.local: list[Any] = [None] * MAX_LOCAL_KERNELS   # local slot -> kernel
         self.dir_dirty: set[int] = set()   # directory entries to rewrite (guarded by dir_lock)
         self.dir_lock = threading.Lock()
-        self.buffer_sets: dict[tuple, Any] = {}   # survey sets of reused inbound buffers, by (handle, size)
+        self.buffer_sets: dict[tuple, Any] = {}   # survey sets of reused inbound buffers, by (buffer, size)
         self.timeline = None
         self.pipeline_cache = None
         self.cmd_pool = None

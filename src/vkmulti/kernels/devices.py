@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._repr import compact_repr
 from .config import Backend
 from .ids import KernelId, check_count, check_index
 
@@ -19,6 +20,9 @@ class DeviceInfo:
     vkmulti adds `device_uuid` and `pci_bus` (filled by
     `MultiGpuCoordinator.from_manager`, None for records without a device).
     """
+
+    __repr__ = compact_repr
+
     index: int
     name: str
     backend: Backend
@@ -66,6 +70,7 @@ class DeviceInfo:
         return min(1.0, max(0.0, 1.0 - self.available_memory / self.total_memory))
 
     def to_dict(self) -> dict[str, Any]:
+        """The record as plain JSON-ready data (backend by name)."""
         d = dataclasses.asdict(self)
         d["backend"] = self.backend.name
         return d
@@ -77,6 +82,9 @@ class DeviceStatus:
     whether it takes new kernels, and load = kernel_count / max_kernels_per_device.
     `online` (vkmulti's) is False for unregistered devices and placeholders;
     those are never `available`."""
+
+    __repr__ = compact_repr
+
     info: DeviceInfo
     kernel_count: int
     kernels: list[KernelId] = field(default_factory=list)
@@ -89,6 +97,9 @@ class DeviceStatus:
 class MultiGpuStats:
     """Coordinator totals: slots, kernels placed now, memory sums, and
     kernels_launched (every assign_kernel call since creation)."""
+
+    __repr__ = compact_repr
+
     device_count: int = 0
     total_kernels: int = 0
     total_memory: int = 0

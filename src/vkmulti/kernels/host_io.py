@@ -17,6 +17,7 @@ import vulkan as vk
 from ..errors import QueueFullError, TimeoutError as VkmTimeout
 from ..images import Buffer, as_host_bytes
 from .device_context import DeviceContext
+from .gate import gated, gated_unheld
 from .kernel import Kernel
 from .messages import HOST_ADDRESS, HOST_KERNEL_ID, K2KMessage
 
@@ -124,6 +125,7 @@ class HostIO:
 
     # -- state --------------------------------------------------------------------------------
 
+    @gated
     def read_state(self, kernel: Any, index: int = 0, *, offset: int = 0, size: int | None = None,
                    timeout: float | None = 60.0) -> np.ndarray:
         """State buffer `index` of `kernel` (uint8) as of its latest submitted step; `offset` and
@@ -135,6 +137,7 @@ class HostIO:
         size = total - offset if size is None else _count(size, "size", 1, total - offset)
         return self._copy_out(k, k.states[index], offset, size, _timeout(timeout))
 
+    @gated_unheld
     def write_state(self, kernel: Any, index: int, data: Any, *, offset: int = 0,
                     timeout: float | None = 60.0) -> None:
         """Overwrite bytes of state buffer `index` (after every submitted step, before later ones)."""

@@ -24,11 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from .._repr import compact_repr
 from ..errors import DestroyedError
 from ..images import Buffer
 from ..peer_memory import ExportedBuffer
 from ..transfer import TimelinePoint
 from .device_context import DeviceContext, MappedBuffer, align, WHOLE_SIZE, barrier
+from .kernel_traits import KernelTraits
 from .messages import ENVELOPE_BYTES, RING_HEADER_BYTES, HlcTimestamp
 
 __all__ = ["KernelSpec", "Kernel", "KernelStats", "OutboxBatch", "InboundBatch", "SPIRV_MAGIC"]
@@ -52,6 +54,9 @@ class KernelSpec:
     """A kernel's code and shape: SPIR-V (the ABI of native/shaders/vkm_kernel_abi.glsl),
     the byte size of each state buffer, ring capacities in messages, and the
     workgroup count of its one dispatch per step."""
+
+    __repr__ = compact_repr
+
     kernel_type: str
     spirv: bytes
     state_sizes: tuple[int, ...] = (256,)
@@ -108,12 +113,16 @@ class KernelSpec:
 
     @property
     def sha256(self) -> str:
+        """SHA-256 of the SPIR-V (hex): identifies the code, e.g. for pipeline caches and hot reload."""
         return hashlib.sha256(self.spirv).hexdigest()
 
 
 @dataclass
 class KernelStats:
     """Counters of one kernel (host view, up to the last harvested step)."""
+
+    __repr__ = compact_repr
+
     steps_submitted: int = 0
     steps_completed: int = 0
     messages_consumed: int = 0
@@ -182,6 +191,7 @@ class OutboxBatch(_Batch):
 
     @property
     def device_index(self) -> int:
+        """The device the batch's memory is on."""
         return self.ctx.index
 
     def hold(self, point: TimelinePoint, submitted: Any = None) -> None:
@@ -251,6 +261,7 @@ class InboundBatch(_Batch):
 
     @property
     def device_index(self) -> int:
+        """The device the batch landed on."""
         return self.ctx.index
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -261,7 +272,7 @@ class InboundBatch(_Batch):
         return f"InboundBatch(device={self.ctx.index}, offset={self.offset}, size={self.size}, done={self.done})"
 
 
-class Kernel:
+class Kernel(KernelTraits):
     """A kernel launched by a KernelRuntime on one device (see the module docstring).
 
     Made by `KernelRuntime.launch`; use the runtime to step it, send to it and
@@ -387,6 +398,7 @@ class Kernel:
         return record
 
     def check(self) -> None:
+        """DestroyedError if this kernel was destroyed."""
         if self.destroyed:
             raise DestroyedError(f"kernel {self.id!r} was destroyed")
 
@@ -406,6 +418,7 @@ class Kernel:
 
     @property
     def device_index(self) -> int:
+        """The device the kernel lives on."""
         return self.ctx.index
 
     @property

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .._repr import compact_repr
+
 __all__ = ["HOST_ADDRESS", "HOST_KERNEL_ID", "DEFAULT_PAYLOAD_SIZE", "ENVELOPE", "ENVELOPE_BYTES",
            "RING_HEADER_BYTES", "HlcTimestamp", "HybridLogicalClock", "MessageEnvelope", "K2KMessage",
            "check_payload_size", "slot_bytes"]
@@ -66,6 +68,7 @@ class HlcTimestamp:
 
     @classmethod
     def zero(cls) -> "HlcTimestamp":
+        """The timestamp before every other (0, 0)."""
         return cls(0, 0)
 
 
@@ -91,6 +94,7 @@ class HybridLogicalClock:
         return self._last
 
     def tick(self) -> HlcTimestamp:
+        """A new timestamp for a local event or a send, after every one given before."""
         with self._lock:
             now = int(self._clock())
             last = self._last
@@ -99,6 +103,7 @@ class HybridLogicalClock:
             return self._last
 
     def update(self, seen: HlcTimestamp) -> HlcTimestamp:
+        """Merge a timestamp seen on a received message; returns one after both."""
         if not isinstance(seen, HlcTimestamp):
             raise TypeError(f"update() takes an HlcTimestamp, got {type(seen).__name__}")
         with self._lock:
@@ -120,6 +125,9 @@ class HybridLogicalClock:
 @dataclass(frozen=True)
 class MessageEnvelope:
     """The 48-byte header of a message slot, by kernel address (0 = host)."""
+
+    __repr__ = compact_repr
+
     source_address: int
     dest_address: int
     sequence: int
@@ -131,16 +139,19 @@ class MessageEnvelope:
     flags: int = 0
 
     def pack(self) -> bytes:
+        """The envelope as the bytes of a slot header (native/shaders/vkm_kernel_abi.glsl)."""
         return ENVELOPE.pack(self.source_address, self.dest_address, self.sequence, self.timestamp.physical_us,
                              self.timestamp.logical, self.payload_len, self.tag, self.tenant, self.hops, self.flags)
 
     @classmethod
     def unpack(cls, data: Any) -> "MessageEnvelope":
+        """The envelope packed at the start of `data`."""
         src, dst, seq, phys, logical, length, tag, tenant, hops, flags = ENVELOPE.unpack_from(data)
         return cls(src, dst, seq, HlcTimestamp(phys, logical), length, tag, tenant, hops, flags)
 
     @property
     def priority(self) -> int:
+        """The message's priority (flags bits 8-15)."""
         return (self.flags >> _PRIORITY_SHIFT) & 0xFF
 
 
@@ -152,6 +163,9 @@ class K2KMessage:
     Built by hand it is a message to send (`KernelRuntime.send` fills the
     sequence and timestamp); received ones carry all fields.
     """
+
+    __repr__ = compact_repr
+
     source_kernel: str
     dest_kernel: str
     payload: bytes = b""
@@ -187,6 +201,7 @@ class K2KMessage:
 
     @property
     def payload_len(self) -> int:
+        """Payload bytes."""
         return len(self.payload)
 
     def payload_words(self) -> np.ndarray:
@@ -195,6 +210,7 @@ class K2KMessage:
         return np.frombuffer(self.payload + b"\0" * pad, dtype="<u4")
 
     def envelope(self, source_address: int, dest_address: int) -> MessageEnvelope:
+        """The message's envelope between the given kernel addresses (what a slot's header holds)."""
         return MessageEnvelope(source_address, dest_address, self.sequence, self.timestamp, len(self.payload),
                                self.tag, self.tenant, self.hops, self.priority << _PRIORITY_SHIFT)
 

@@ -83,7 +83,7 @@ class PeerEdges:
     def usable(self, a: int, b: int, trees: Any, batches: list[OutboxBatch]) -> bool:
         """Whether batches of device a go to b in place: a P2P edge whose method is
         DMABUF, between devices that share memory, from exported outboxes."""
-        if not all(isinstance(x.kernel.outbox, ExportedBuffer) for x in batches):
+        if not all(isinstance(x.buffer, ExportedBuffer) for x in batches):
             return False
         hit = self._usable.get((a, b))
         if hit is None:
@@ -106,7 +106,7 @@ class PeerEdges:
             if relay is None:
                 relay = self.relays[(s, c, point.semaphore)] = TimelineRelay(self.mgr.slot(s), point.semaphore,
                                                                              self.mgr.slot(c))
-            views = [self._view(b.kernel.outbox, c) for b in batches]
+            views = [self._view(b.buffer, c) for b in batches]   # (the outbox the batch was written in)
             ticket = relay.relay(point)
         except (VkmError, MemoryError) as exc:
             log.warning("K2K router: GPU %d cannot read GPU %d's batches in place (%s); moving them instead",
@@ -147,10 +147,18 @@ class PeerEdges:
         key = (id(outbox), device)
         v = self._views.get(key)
         if v is None or v.source is not outbox or v.destroyed:
-            if len(self._views) > 256:   # forget imports of outboxes freed since
-                self._views = {k: w for k, w in self._views.items() if not w.destroyed}
             v = self._views[key] = outbox.import_on(self.mgr.slot(device))
         return v
+
+    def forget_freed(self) -> None:
+        """Let go of imports whose outbox was freed (a kernel destroyed or moved): the
+        runtime's descriptor sets made for them too."""
+        gone = [k for k, v in self._views.items() if v.destroyed]
+        for k in gone:
+            try:
+                self.rt.forget_buffer(self._views.pop(k))
+            except DestroyedError:
+                return
 
     def _device(self, index: int) -> tuple[Any, Any]:
         pair = self._devices.get(index)
@@ -194,6 +202,7 @@ class PeerEdges:
     def reap(self, now: float) -> None:
         """Let go of batches every device finished reading in place; a landed batch
         whose sender's survey says it holds nothing for its device is taken back."""
+        self.forget_freed()
         keep = []
         for p in self.landings:
             i, origin = p.inbound, p.batch

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from .._repr import compact_repr
 from .ids import KernelId, as_kernel_id, check_count, check_index, check_number
 
 __all__ = ["MigrationPriority", "MigrationState", "MigrationRequest", "KernelMigrationPlan",
@@ -37,6 +38,9 @@ class MigrationRequest:
     """A request to move `kernel_id` from `source_device` to `target_device`
     along `path`, with the path's estimated bandwidth (GB/s) and latency (us).
     `started_at` is a time.monotonic() value once the migration starts."""
+
+    __repr__ = compact_repr
+
     kernel_id: KernelId
     source_device: int
     target_device: int
@@ -70,6 +74,9 @@ class MigrationRequest:
 @dataclass
 class KernelMigrationPlan:
     """One kernel to move off an unregistered device, and where to."""
+
+    __repr__ = compact_repr
+
     kernel_id: KernelId
     source_device: int
     target_device: int
@@ -88,6 +95,9 @@ class DeviceUnregisterResult:
     """What `unregister_device` did: the migrations it planned (the kernels are
     already mapped to their targets), the kernels it could place nowhere (now
     unmapped), and success (False for an index that was never a device)."""
+
+    __repr__ = compact_repr
+
     device_index: int
     kernels_to_migrate: list[KernelMigrationPlan] = field(default_factory=list)
     orphaned_kernels: list[KernelId] = field(default_factory=list)

@@ -379,6 +379,8 @@ class CrossGpuK2KRouter:
     # -- the runtime's outbox feed (called by its stepper under a device lock) --------------
 
     def take(self, kernel: Kernel, limit: int) -> list[tuple[bytes, _Routed]]:
+        """The runtime's hook: up to `limit` host-routed messages of `kernel` to send with its next step, as
+        (slot bytes, route) pairs."""
         with self._queue_lock:
             q = self._by_kernel.get(kernel)
             out: list[tuple[bytes, _Routed]] = []
@@ -395,6 +397,8 @@ class CrossGpuK2KRouter:
 
     def settle(self, kernel: Kernel, batch: OutboxBatch | None, taken: list[_Routed],
                returned: list[tuple[bytes, _Routed]]) -> None:
+        """The runtime's hook: what became of the messages take() gave for a step (sent in `batch`, or
+        `returned` to the queue)."""
         with self._queue_lock:
             q = self._by_kernel.setdefault(kernel, deque())
             for _, r in reversed(returned):

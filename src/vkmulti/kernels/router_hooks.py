@@ -89,23 +89,22 @@ class RouterHooks:
 
     def forget_buffer(self, buffer: Any) -> None:
         """Drop the descriptor sets cached for `buffer` (batches accepted with
-        reuse_sets=True) before it is destroyed; they are freed once the steps
-        already submitted on its device are done."""
+        reuse_sets=True), before or after it is destroyed; they are freed once
+        the steps already submitted on its device are done."""
         if not isinstance(buffer, Buffer):
             raise TypeError(f"buffer must be a vkmulti Buffer, got {type(buffer).__name__}")
         with self._lock:
             pair = self._contexts.get(buffer.slot.index)
             kernels = [k for k in self._kernels.values() if k is not None]
-        if pair is None or buffer.handle is None:
+        if pair is None:
             return
         ctx, stepper = pair
-        handle = buffer.handle_int
-        with ctx.lock:
-            for key in [key for key in ctx.buffer_sets if key[0] == handle]:
+        with ctx.lock:   # (the sets are kept by the buffer object: this works after its destroy() too)
+            for key in [key for key in ctx.buffer_sets if key[0] is buffer]:
                 stepper.retired.append((ctx.value, ctx.buffer_sets.pop(key)))
             for k in kernels:
                 if k.ctx is ctx and not k.destroyed:
-                    for key in [key for key in k.deliver_sets if key[0] == "in" and key[1] == handle]:
+                    for key in [key for key in k.deliver_sets if key[0] == "in" and key[1] is buffer]:
                         stepper.retired.append((ctx.value, k.deliver_sets.pop(key)))
 
     def accept_batch(self, device: int, buffer: Any, offset: int = 0, size: int | None = None, *,
@@ -183,12 +182,47 @@ class RouterHooks:
                          submitted=submitted, reuse_sets=reuse_sets, direct=direct, direct_slots=direct_slots,
                          lazy=lazy)
         b.source = source
+        imported = isinstance(buffer, ImportedBuffer)
         with ctx.lock:
             ctx.check()
-            if source is not None and source.destroyed and isinstance(buffer, ImportedBuffer):
-                raise DestroyedError(f"kernel {source.id!r} was destroyed: its outbox is no longer read in place")
+            if imported:
+                if (source is not None and source.destroyed) or buffer.destroyed:
+                    raise DestroyedError("the outbox it lies in was freed: it is no longer read in place")
+                if not getattr(buffer, "_watched", False):   # its memory may go: stop reading it first
+                    buffer._watched = True
+                    buffer.on_destroy(lambda view=buffer: self._drop_readers(view))
             stepper.batches.append(b)
         return b
+
+    def _drop_readers(self, view: ImportedBuffer, timeout: float | None = 30.0) -> None:
+        """Batches read in place through `view` (an import of another device's outbox)
+        are dropped, undelivered, before its memory goes: the steps already
+        submitted that read them are waited for, and the descriptor sets made
+        for it are let go. Takes only the lock of the view's device, and only
+        when there is something to drop."""
+        pair = self._contexts.get(view.slot.index)
+        if pair is None:
+            return
+        ctx, stepper = pair
+        held = any(key[0] is view for key in list(ctx.buffer_sets)) or \
+            any(b.buffer is view for b in list(stepper.batches))
+        if held:
+            with ctx.lock:
+                if not ctx.alive:
+                    return
+                last = 0
+                for b in list(stepper.batches):
+                    if b.buffer is view:
+                        stepper.batches.remove(b)
+                        last = max(last, b.last_value)
+                        stepper.retired += [(b.last_value, s) for s in b.sets]
+                        b.sets = []
+                        b.done = True
+                        b.event.set()
+                ctx.cond.notify_all()
+                while ctx.completed() < last:
+                    ctx.wait_unlocked(last, timeout)
+        self.forget_buffer(view)
 
     def withdraw_batch(self, batch: InboundBatch, *, timeout: float | None = 30.0) -> int:
         """Take an accepted batch back before it is fully delivered (a router that

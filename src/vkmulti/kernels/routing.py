@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .._repr import compact_repr
 from .ids import KernelId, as_kernel_id, check_count, check_index, check_number
 from .messages import K2KMessage
 
@@ -60,6 +61,9 @@ class RoutingDecision:
     - MULTI_HOP: path, total_hops
     - HOST_MEDIATED: source_device, dest_device
     """
+
+    __repr__ = compact_repr
+
     kind: RoutingKind
     source_device: int | None = None
     dest_device: int | None = None
@@ -92,19 +96,23 @@ class RoutingDecision:
     # the seed's variant constructors
     @classmethod
     def same_device(cls) -> "RoutingDecision":
+        """Both kernels on one device: delivered there."""
         return cls(RoutingKind.SAME_DEVICE)
 
     @classmethod
     def direct_p2p(cls, source_device: int, dest_device: int, bandwidth_gbps: float) -> "RoutingDecision":
+        """One peer-to-peer hop from `source_device` to `dest_device`."""
         return cls(RoutingKind.DIRECT_P2P, source_device=source_device, dest_device=dest_device,
                    bandwidth_gbps=bandwidth_gbps)
 
     @classmethod
     def multi_hop(cls, path: Iterable[int], total_hops: int) -> "RoutingDecision":
+        """Forwarded along `path` over `total_hops` peer-to-peer hops."""
         return cls(RoutingKind.MULTI_HOP, path=DevicePath(path), total_hops=total_hops)
 
     @classmethod
     def host_mediated(cls, source_device: int, dest_device: int) -> "RoutingDecision":
+        """Through host memory (no peer-to-peer path between the devices)."""
         return cls(RoutingKind.HOST_MEDIATED, source_device=source_device, dest_device=dest_device)
 
     @property
@@ -152,6 +160,9 @@ def decide_route(topology: Any, source_device: int, dest_device: int) -> Routing
 class PendingK2KMessage:
     """A message routed across devices and not yet delivered (the seed's struct):
     `queued_at` is time.monotonic() seconds, `hops` the device crossings of its route."""
+
+    __repr__ = compact_repr
+
     source_kernel: KernelId
     dest_kernel: KernelId
     message: K2KMessage
@@ -168,6 +179,7 @@ class PendingK2KMessage:
 
     @property
     def payload_size(self) -> int:
+        """Payload bytes of the pending message."""
         return len(self.message.payload)
 
 
@@ -195,12 +207,14 @@ class CrossGpuRouterStats:
         self.routing_failures = 0
 
     def add_routed(self, messages: int, payload_bytes: int, latency_us_total: int) -> None:
+        """Count `messages` routed, their payload bytes and summed latency."""
         with self._lock:
             self.messages_routed += messages
             self.bytes_transferred += payload_bytes
             self.total_latency_us += latency_us_total
 
     def add_bytes(self, nbytes: int) -> None:
+        """Count bytes moved between devices."""
         with self._lock:
             self.bytes_transferred += nbytes
 
@@ -210,10 +224,12 @@ class CrossGpuRouterStats:
             self.messages_pending = max(0, self.messages_pending + n)
 
     def add_failures(self, n: int = 1) -> None:
+        """Count routing failures."""
         with self._lock:
             self.routing_failures += n
 
     def snapshot(self) -> CrossGpuRouterStatsSnapshot:
+        """The counters now, with the average latency (a CrossGpuRouterStatsSnapshot)."""
         with self._lock:
             routed = self.messages_routed
             avg = self.total_latency_us / routed if routed else 0.0

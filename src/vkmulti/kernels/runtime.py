@@ -28,6 +28,8 @@ from .ids import KernelId, as_kernel_id
 from .kernel import INLINE_STATE_BYTES, Kernel, KernelSpec, OutboxBatch, check_params
 from .host_io import HostIO, _count, _timeout
 from .router_hooks import RouterHooks
+from .gate import gated_unheld
+from .lifecycle import KernelLifecycle, gated_step
 from .messages import DEFAULT_PAYLOAD_SIZE, ENVELOPE_BYTES, HOST_KERNEL_ID, HybridLogicalClock, check_payload_size
 from .stepper import DeviceStepper
 
@@ -52,6 +54,7 @@ class StepTicket:
         self._rt._wait_points(self.points.values(), _timeout(timeout))
 
     def done(self) -> bool:
+        """True when every device's part of the step is finished (never blocks)."""
         return all(self._rt._context(p.device_index).completed() >= p.value for p in self.points.values())
 
     def __repr__(self) -> str:
@@ -59,7 +62,7 @@ class StepTicket:
                 f"deferred={[k.id for k, _ in self.deferred]})")
 
 
-class KernelRuntime(HostIO, RouterHooks, RuntimeFailover):
+class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
     """Compute kernels on the devices of `coordinator` (a MultiGpuCoordinator
     whose devices are the slots of `manager`; by default the manager the
     coordinator was built from).
@@ -326,6 +329,7 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover):
 
     # -- stepping ---------------------------------------------------------------------------
 
+    @gated_step
     def step(self, kernels: Any = None, *, wait: Any = None, timeout: float | None = 60.0) -> StepTicket:
         """Launch one step of `kernels` (a Kernel, an id, a list of them; None: all).
 
@@ -451,6 +455,7 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover):
 
     # -- teardown ------------------------------------------------------------------------------
 
+    @gated_unheld
     def destroy_kernel(self, kernel: Any, *, timeout: float = 30.0) -> None:
         """Stop and free `kernel` (idempotent for a Kernel). Steps already submitted
         finish first; its undelivered outgoing messages and unread host messages
@@ -502,33 +507,13 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover):
     def _drop_in_place(self, k: Kernel, timeout: float | None) -> None:
         """Other devices stop reading k's outbox in place (batches the K2K router
         handed them through an import of it): what they had not delivered yet is
-        dropped with k; their steps that read it are waited for, and the descriptor
-        sets made for the imports are let go, before the outbox is freed."""
-        from ..peer_memory import ExportedBuffer, ImportedBuffer
+        dropped with k, before the outbox is freed (RouterHooks._drop_readers)."""
+        from ..peer_memory import ExportedBuffer
 
         out = getattr(k, "outbox", None)
-        if not isinstance(out, ExportedBuffer):
-            return
-        with self._lock:
-            pairs = [pair for i, pair in self._contexts.items() if i != k.device_index]
-        for c, st in pairs:
-            with c.lock:
-                if not c.alive:
-                    continue
-                last = 0
-                for b in list(st.batches):
-                    if isinstance(b.buffer, ImportedBuffer) and b.buffer.source is out:
-                        st.batches.remove(b)
-                        last = max(last, b.last_value)
-                        st.retired += [(b.last_value, s) for s in b.sets]
-                        b.sets = []
-                        b.done = True
-                        b.event.set()
-                c.cond.notify_all()
-                while c.completed() < last:
-                    c.wait_unlocked(last, timeout)
-        for view in out.imports():
-            self.forget_buffer(view)
+        if isinstance(out, ExportedBuffer):
+            for view in out.imports():
+                self._drop_readers(view, timeout)
 
     #: The manager's destroy() destroys the runtime first: its kernels and
     #: device contexts own buffers, pipelines and pools on the manager's devices.
@@ -547,6 +532,7 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover):
         for k in kernels:
             if k is not None:
                 self.destroy_kernel(k, timeout=timeout)
+        self._lifecycle_destroy(timeout)
         with self._lock:
             self._destroyed = True
             pairs = list(self._contexts.values())

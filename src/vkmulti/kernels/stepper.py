@@ -268,7 +268,7 @@ class DeviceStepper:
         # kernel, set, offset, status, hops, slots, mode, slots copied in place
         passes: list[tuple[Kernel, Any, int, int, int, int, int, int]] = []
         for x, b, off, copied in directs:   # first: they start the inbox where the copy put the window
-            dset = self._deliver_set(x, ("in", b.buffer.handle_int, b.size) if b.reuse_sets else None, b.buffer,
+            dset = self._deliver_set(x, ("in", b.buffer, b.size) if b.reuse_sets else None, b.buffer,
                                      b.size, b)
             passes.append((x, dset, b.offset, off, b.hops, 0, MODE_DIRECT, copied))
             rec.delivers.append((b, x, off))
@@ -301,7 +301,7 @@ class DeviceStepper:
                 if not inbound:
                     key = (b.buffer.handle_int, b.size)
                 else:
-                    key = ("in", b.buffer.handle_int, b.size) if b.reuse_sets else None
+                    key = ("in", b.buffer, b.size) if b.reuse_sets else None   # (by the object: never a stale handle)
                 dset = self._deliver_set(k, key, b.buffer, b.size, b)
                 slots = (b.size - RING_HEADER_BYTES) // k.slot_size if inbound else b.kernel.spec.outbox_capacity
                 passes.append((k, dset, b.offset, off, getattr(b, "hops", 0), slots, mode, 0))
@@ -317,7 +317,7 @@ class DeviceStepper:
                 off = take(SURVEY_RECORD)
                 if off is None:
                     break
-                key = (b.buffer.handle_int, b.size)
+                key = (b.buffer, b.size)
                 pool_set = ctx.buffer_sets.get(key) if b.reuse_sets else None
                 if pool_set is None:
                     pool_set = ctx.descriptor_set(ctx.survey, [(b.buffer.handle, 0, b.size),

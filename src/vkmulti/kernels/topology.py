@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from .._repr import compact_repr
 from .ids import check_count, check_index, check_number
 
 __all__ = ["InterconnectType", "GpuConnection", "GpuTopology"]
@@ -55,6 +56,9 @@ class GpuConnection:
     hops 0 (src == dst) or 1; `with_bandwidth/with_latency/with_hops` return a
     copy carrying measured values. `method` (vkmulti's) names the transfer
     method a measurement used, None for estimates."""
+
+    __repr__ = compact_repr
+
     source: int
     destination: int
     interconnect: InterconnectType
@@ -81,21 +85,26 @@ class GpuConnection:
             raise TypeError(f"method must be a str or None, got {self.method!r}")
 
     def with_bandwidth(self, gbps: float) -> "GpuConnection":
+        """A copy with `bandwidth_gbps` set."""
         return dataclasses.replace(self, bandwidth_gbps=gbps)
 
     def with_latency(self, us: float) -> "GpuConnection":
+        """A copy with `latency_us` set."""
         return dataclasses.replace(self, latency_us=us)
 
     def with_hops(self, hops: int) -> "GpuConnection":
+        """A copy with `hops` set."""
         return dataclasses.replace(self, hops=hops)
 
     def to_dict(self) -> dict[str, Any]:
+        """The connection as plain JSON-ready data (interconnect by name)."""
         d = dataclasses.asdict(self)
         d["interconnect"] = self.interconnect.name
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GpuConnection":
+        """The connection to_dict() wrote."""
         return cls(source=d["source"], destination=d["destination"],
                    interconnect=InterconnectType[d["interconnect"]], bandwidth_gbps=d["bandwidth_gbps"],
                    latency_us=d["latency_us"], bidirectional=d["bidirectional"], hops=d["hops"],
@@ -137,6 +146,7 @@ class GpuTopology:
             self._connections[d][s] = dataclasses.replace(connection, source=d, destination=s)
 
     def get_connection(self, source: int, destination: int) -> GpuConnection | None:
+        """The connection from `source` to `destination`, or None (unknown pair, or out of range)."""
         s, d = check_index(source, "source"), check_index(destination, "destination")
         if s >= self.device_count or d >= self.device_count:
             return None
@@ -196,6 +206,7 @@ class GpuTopology:
         return [i for i, n in enumerate(self.numa_nodes) if i != dev and n == node]
 
     def set_numa_node(self, device: int, numa_node: int) -> None:
+        """Record the NUMA node of a device."""
         dev = check_index(device, "device")
         node = check_count(numa_node, "numa_node")
         if dev < len(self.numa_nodes):
@@ -254,6 +265,7 @@ class GpuTopology:
         return out
 
     def copy(self) -> "GpuTopology":
+        """An independent copy (connections and facts copied)."""
         t = GpuTopology.__new__(GpuTopology)
         t.device_count = self.device_count
         t._connections = [[copy.copy(c) for c in row] for row in self._connections]
@@ -267,12 +279,14 @@ class GpuTopology:
         return [copy.copy(c) for row in self._connections for c in row if c is not None]
 
     def to_dict(self) -> dict[str, Any]:
+        """The topology as plain JSON-ready data (what the cache stores)."""
         return {"device_count": self.device_count, "probed": self.probed, "last_updated": self.last_updated,
                 "numa_nodes": list(self.numa_nodes), "details": copy.deepcopy(self.details),
                 "connections": [c.to_dict() for row in self._connections for c in row if c is not None]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GpuTopology":
+        """The topology to_dict() wrote."""
         t = cls(d["device_count"])
         t._connections = [[None] * t.device_count for _ in range(t.device_count)]
         for c in d["connections"]:

@@ -33,6 +33,7 @@ class CrossDeviceTransfer:
             raise TypeError(f"use_p2p must be a bool, got {self.use_p2p!r}")
 
     def without_p2p(self) -> "CrossDeviceTransfer":
+        """A copy that avoids peer-to-peer methods (host_shared or staging_copy)."""
         return dataclasses.replace(self, use_p2p=False)
 
     def method(self, manager: Any) -> str:

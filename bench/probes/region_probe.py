@@ -6,7 +6,7 @@ both ways, and a 3840x2160 RGBA16F image to/from host memory with its rows cut
 into 1 ... 256 regions. Each shape is one submit waited with a fence (median of
 --reps). Prints JSON and a ratio line (best shape vs one region).
 
-    python bench/region_probe.py [--reps 15]
+    python bench/probes/region_probe.py [--reps 15]
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Variants are CUDA_PEER links GPU0 -> GPU1, one per ring shape in --cuda-shapes
 one per ring shape in --host-shapes and queue in --host-queues; the first variant
 of each kind is its ratio's baseline.
 
-    python bench/link_ab.py [--rounds 40] [--cuda-shapes 16x8 8x16] [--cuda-bounce]
+    python bench/probes/link_ab.py [--rounds 40] [--cuda-shapes 16x8 8x16] [--cuda-bounce]
                             [--host-shapes 8x8 4x16] [--host-queues copy universal] [--virtual 2]
 
 A shape is SLOT_MIBxSLOTS (a ring of SLOTS slots of SLOT_MIB MiB).
@@ -22,7 +22,7 @@ from typing import Any
 
 import vulkan as vk
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # bench/
 from cuda_peer import DirectLink  # noqa: E402
 
 

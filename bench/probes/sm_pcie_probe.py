@@ -7,7 +7,7 @@ copy at once (GPU1 writes buffer A while GPU0 reads buffer B), both ways, the
 case HOST_SHARED's pipeline runs in. Prints JSON and a ratio line
 (kernel / copy engine).
 
-    python bench/sm_pcie_probe.py [--mib 64] [--reps 20]
+    python bench/probes/sm_pcie_probe.py [--mib 64] [--reps 20]
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ the main thread): Vulkan 256 MiB buffer copies on a universal and on a
 transfer-only queue, Vulkan 4K RGBA16F image->buffer copies, torch peer copies
 GPU0 -> GPU1, torch local copies on GPU1. Prints GB/s per case as JSON lines.
 
-    python bench/interop_probe.py [--n 10]
+    python bench/probes/interop_probe.py [--n 10]
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import json
 import threading
 import time
 
-import torch
 import vulkan as vk
 
 from vkmulti import MultiDeviceManager
@@ -27,6 +26,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=10)
     n = ap.parse_args().n
+    import torch   # after --help: the probe needs torch with two CUDA GPUs
     with MultiDeviceManager.create(enabled=True, validation=False) as mgr:
         s0, s1 = mgr.slot(0), mgr.slot(1)
         va, vb = Buffer(s0, N), Buffer(s0, N)

@@ -4,7 +4,7 @@ shapes (landing ring vs bounce ring, slot sizes) with a trace file each, times
 event (bench/trace_report.py). Then the same for HOST_SHARED's 4K frame
 GPU1 -> GPU0.
 
-    python bench/cuda_probe.py OUTDIR [--reps 10] [--only landing_16x8 ...]
+    python bench/probes/cuda_probe.py OUTDIR [--reps 10] [--only landing_16x8 ...]
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import vulkan as vk
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # bench/
 from cuda_peer import DirectLink, timed  # noqa: E402
 from trace_report import main as report  # noqa: E402
 

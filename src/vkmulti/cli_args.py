@@ -1,0 +1,76 @@
+"""Argument checks shared by every command line of vkmulti (the CLI, its demos, the benches).
+
+Bad input to a command ends it with exit status 2 and one line (argparse's
+`parser.error`), before any GPU work starts.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+__all__ = ["Parser", "virtual_count", "add_virtual_argument", "check_output_path", "positive_int"]
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage block): exit status 2."""
+
+    def error(self, message: str) -> Any:   # argparse's hook; never returns
+        """Print `prog: error: message (see --help)` on stderr and exit with status 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def virtual_count(text: str) -> int:
+    """argparse type of --virtual N: a count of virtual GPUs, at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of virtual GPUs, got {text!r}") from None
+    if not 1 <= n <= 16:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 16 (leave --virtual out to use the real GPUs, or "
+                                         f"the virtual pair when there are none), got {n}")
+    return n
+
+
+def add_virtual_argument(parser: Any) -> None:
+    """--virtual N, the same in every command and bench."""
+    parser.add_argument("--virtual", type=virtual_count, default=None, metavar="N",
+                        help="use N virtual lavapipe GPUs instead of the real ones (without it: the real GPUs, "
+                             "or the virtual pair when there is none)")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def check_output_path(parser: Any, path: str, flag: str, *, image: bool = True) -> None:
+    """parser.error (exit 2, one line) unless `path` can be written: its folder
+    exists and is writable, it is not a folder, and (for `image`) its extension
+    names a format Pillow can write."""
+    if not path:
+        return
+    if os.path.isdir(path):
+        parser.error(f"{flag} {path!r} is a folder; give a file name such as {os.path.join(path, 'out.png')!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        parser.error(f"{flag} {path!r}: folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        parser.error(f"{flag} {path!r}: folder {folder!r} is not writable")
+    if image:
+        ext = os.path.splitext(path)[1].lower()
+        try:
+            from PIL import Image
+        except ImportError:
+            parser.error(f"{flag} needs Pillow to write images: pip install 'vkmulti[demo]'")
+        Image.init()
+        fmt = Image.registered_extensions().get(ext)
+        if fmt is None or fmt not in Image.SAVE:
+            parser.error(f"{flag} {path!r}: {'no file extension' if not ext else repr(ext) + ' is no image format'}"
+                         f"; use .png")

@@ -1,0 +1,172 @@
+"""Every code block of README.md and docs/*.md, run so that examples cannot rot.
+
+- ```python blocks run as pasted, each on its own in a fresh namespace (in
+  this process, on the virtual GPU pair, in a temporary folder). A block that
+  cannot run here says why in a comment line just above its fence,
+  `<!-- doc-test: not run: REASON -->`; it is compiled only.
+- ```sh blocks are never run (they install packages or start clusters); every
+  `python -m vkmulti ...` and `python bench/NAME.py ...` command in them is
+  checked instead: its --help exits 0 and lists every --option the block uses.
+- ```text blocks are diagrams and formulas. A fence without a language fails.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import os
+import re
+import runpy
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(?P<lang>[^\n`]*)\n(?P<code>.*?)^```[ \t]*$", re.M | re.S)
+MARK = re.compile(r"<!--\s*doc-test:\s*(?P<mark>.*?)\s*-->\s*$")
+LANGS = {"python", "sh", "text"}
+
+
+def _blocks() -> list[tuple[str, str, str, str]]:
+    """(id, language, code, mark) for every fenced block of the docs."""
+    out = []
+    for path in DOCS:
+        text = path.read_text()
+        for m in FENCE.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            mark = MARK.search(before)
+            out.append((f"{path.relative_to(ROOT)}:{line}", m["lang"].strip(), m["code"],
+                        mark["mark"] if mark else ""))
+    return out
+
+
+BLOCKS = _blocks()
+
+
+def test_every_block_has_a_known_language():
+    bad = [bid for bid, lang, _, _ in BLOCKS if lang not in LANGS]
+    assert not bad, f"code blocks without a language out of {sorted(LANGS)}: {bad}"
+
+
+def test_readme_keeps_its_two_setup_commands():
+    """README's first two sh blocks are the set-up commands; .ci/run runs the second."""
+    sh = [code for bid, lang, code, _ in BLOCKS if bid.startswith("README.md") and lang == "sh"]
+    assert len(sh) == 2, "README.md has exactly two sh blocks: install + demo, install + tests"
+    assert sh[0].rstrip().endswith("/opt/vkmulti/bin/python -m vkmulti demo")
+    assert sh[1].rstrip().endswith("/opt/vkmulti/bin/python -m pytest -q tests")
+
+
+def test_readme_links_stay_in_the_repository():
+    for path in DOCS:
+        for target in re.findall(r"\]\(([^)#]+)", path.read_text()):
+            if "://" in target:
+                continue
+            assert (path.parent / target).resolve().is_relative_to(ROOT), f"{path.name} links outside: {target}"
+            assert (path.parent / target).exists(), f"{path.name} links to a missing file: {target}"
+
+
+@pytest.mark.parametrize("bid,code,mark", [(b, c, m) for b, lang, c, m in BLOCKS if lang == "python"],
+                         ids=[b for b, lang, _, _ in BLOCKS if lang == "python"])
+def test_python_block_runs_as_pasted(bid, code, mark, tmp_path, monkeypatch):
+    compiled = compile(code, bid, "exec")
+    if mark:
+        assert mark.startswith("not run: ") and len(mark) > len("not run: ") + 5, \
+            f"{bid}: a block that is not run says why (<!-- doc-test: not run: REASON -->), got {mark!r}"
+        return
+    monkeypatch.chdir(tmp_path)
+    saved_env = dict(os.environ)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            exec(compiled, {"__name__": "__docs__"})
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def _commands(code: str) -> list[list[str]]:
+    """The vkmulti and bench commands of a shell block, as argument lists."""
+    out = []
+    for line in code.replace("\\\n", " ").splitlines():
+        line = line.split(" #", 1)[0]
+        for part in re.split(r"&&|\|\||;|\|", line):
+            try:
+                words = shlex.split(part)
+            except ValueError:
+                continue
+            for i, w in enumerate(words):
+                if w.endswith("python") or w.endswith("python3") or re.search(r"python3?\.\d+$", w):
+                    rest = words[i + 1:]
+                    if rest[:2] == ["-m", "vkmulti"]:
+                        out.append(["vkmulti", *rest[2:]])
+                    elif rest and rest[0].startswith("bench/") and rest[0].endswith(".py"):
+                        out.append(rest)
+                    break
+                if w == "vkmulti" and i == 0:
+                    out.append(["vkmulti", *words[1:]])
+                    break
+    return out
+
+
+def _help(argv: list[str]) -> str:
+    """The --help text of a vkmulti command or bench script (run in this process)."""
+    out = io.StringIO()
+    if argv[0] == "vkmulti":
+        from vkmulti.cli import main
+        path = list(itertools.takewhile(lambda a: not a.startswith("-"), argv[1:]))   # the subcommand
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
+            main([*path, "--help"])
+    else:
+        saved = sys.argv
+        sys.argv = [str(ROOT / argv[0]), "--help"]
+        try:
+            with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
+                runpy.run_path(str(ROOT / argv[0]), run_name="__main__")
+        finally:
+            sys.argv = saved
+    assert e.value.code in (0, None), f"{' '.join(argv)} --help exited {e.value.code}"
+    return out.getvalue()
+
+
+SH_COMMANDS = [(bid, cmd) for bid, lang, code, _ in BLOCKS if lang == "sh" for cmd in _commands(code)]
+
+
+@pytest.mark.parametrize("bid,argv", SH_COMMANDS, ids=[f"{b}:{' '.join(c)[:40]}" for b, c in SH_COMMANDS])
+def test_shell_command_exists_with_its_options(bid, argv):
+    text = _help(argv)
+    for opt in (a.split("=", 1)[0] for a in argv if a.startswith("--")):
+        assert opt in text, f"{bid}: {' '.join(argv)} uses {opt}, which its --help does not list"
+
+
+def test_environment_doc_lists_every_variable():
+    """docs/environment.md names every VKMULTI_* variable the code, tests, benches and CI use."""
+    used: set[str] = set()
+    for folder in ("src", "native", "tests", "bench", ".ci"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file() and path.suffix in ("", ".py", ".pyx", ".pxi", ".c", ".h", ".sh"):
+                used |= set(re.findall(r"\bVKMULTI_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")))
+    documented = set(re.findall(r"`(VKMULTI_[A-Z0-9_]+)`", (ROOT / "docs" / "environment.md").read_text()))
+    assert used - documented == set(), f"not in docs/environment.md: {sorted(used - documented)}"
+
+
+def test_seed_defect_rows_name_tests_that_exist():
+    """Each test docs/seed-defects.md names (`file.py::test_x`, or `test_x` after it) is defined there."""
+    sources = {p.name: p.read_text() for p in (ROOT / "tests").glob("test_*.py")}
+    rows = [ln for ln in (ROOT / "docs" / "seed-defects.md").read_text().splitlines() if ln.startswith("| ")]
+    checked = 0
+    for row in rows[2:]:
+        test_cell = row.rstrip(" |").rsplit("|", 1)[-1]
+        current = None
+        for file, name_in_file, bare in re.findall(r"`(?:(test_\w+\.py)(?:::(\w+))?|(test_\w+))", test_cell):
+            file, name = file or None, name_in_file or bare
+            current = file or current
+            if not name:
+                continue
+            where = [current] if current else list(sources)
+            assert any(re.search(rf"def {name}\b", sources.get(f, "")) for f in where), \
+                f"docs/seed-defects.md names {name} ({current or 'any test file'}), which does not exist"
+            checked += 1
+    assert checked >= len(rows) - 2

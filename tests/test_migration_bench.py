@@ -1,0 +1,40 @@
+"""bench/migration.py: its figures and its ratio line (small sizes, one repeat)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "migration.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("migration_bench", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_prints_figures_and_a_ratio_line(bench, capsys):
+    assert bench.main(["--sizes", "64K,1M", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out.rstrip().splitlines()
+    assert out[-1].startswith("ratio: live migration 1 MiB = ")
+    assert "hot-reload swap" in out[-1]
+    figures = json.loads("\n".join(out[:-1]))
+    rows = figures["migrate"]
+    assert [r["state_bytes"] for r in rows] == [64 << 10, 1 << 20]
+    for r in rows:
+        assert r["checksums_matched"] and r["state_intact"] and r["kernel_counts_on"]
+        assert r["live_us"] > 0 and r["host_bytes_us"] > 0 and r["raw_copy_us"] > 0
+        assert r["live_us"] >= r["live_transfer_us"]
+    assert figures["reload"]["swap_us"] > 0 and figures["reload"]["relaunch_us"] > 0
+
+
+def test_bench_rejects_bad_sizes(bench):
+    with pytest.raises(SystemExit):
+        bench.main(["--sizes", "12"])
+    with pytest.raises(SystemExit):
+        bench.main(["--repeats", "0"])
