@@ -276,7 +276,7 @@ def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None, rounds: in
 def bandwidth(mgr: Any, top: int, method: str | None, rounds: int, fresh: bool) -> list[dict[str, Any]]:
     out = []
     for size in sizes_up_to(top):
-        reps = max(8, min(64, (256 * MIB) // size))
+        reps = 64   # batches per run, each side: the steady state, past the first and last batch
         out.append(k2k_bandwidth(mgr, size, reps, method, rounds, fresh))
     return out
 

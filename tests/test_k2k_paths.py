@@ -239,3 +239,28 @@ def test_accept_batch_checks_the_direct_and_lazy_options(manager):
     finally:
         rt.destroy()
         buf.destroy()
+
+
+def test_a_batch_a_kernel_already_had_a_pass_over_is_never_direct_for_it(manager):
+    """A direct pass that the host trusts (the sender's survey read back) takes
+    every message of the batch: it must never follow an ordinary pass over the
+    same batch for that kernel, which may have delivered some of them already."""
+    from vkmulti.images import Buffer
+    from vkmulti.kernels.stepper import InFlight
+
+    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
+    buf = Buffer(manager.slot(1), 64 + 8 * rt.slot_size)
+    try:
+        x = counter(rt, "x", 1)
+        sender = counter(rt, "sender", 0)
+        b = rt.accept_batch(1, buf, source=sender, direct=x)
+        stepper = rt._device(1)[1]
+        chosen = stepper._directs([x], InFlight(1, 0), lambda words: 0, [b])
+        assert [(k, batch) for k, batch, *_ in chosen] == [(x, b)] and x in b.cleared
+        b.cleared.discard(x)
+        b.passed.add(id(x))
+        assert stepper._directs([x], InFlight(1, 0), lambda words: 0, [b]) == []
+        assert rt.withdraw_batch(b, timeout=5) == 0
+    finally:
+        rt.destroy()
+        buf.destroy()

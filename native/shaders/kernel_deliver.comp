@@ -16,7 +16,9 @@
 // inbox at ring slot 0 with a copy command; the pass starts the (empty) inbox
 // at a multiple of its capacity, and if every message of the batch is this
 // kernel's it takes them in place (copying only those past `copied`), else it
-// delivers as in copy mode, overwriting the window as it goes.
+// delivers as in copy mode, overwriting the window as it goes. With `plan` = 3
+// the host read the sending step's survey back already (all the batch's
+// messages are this kernel's): the pass does not check them.
 #extension GL_GOOGLE_include_directive : require
 #define VKM_RUNTIME_PASS
 #include "vkm_kernel_abi.glsl"
@@ -36,6 +38,7 @@ layout(push_constant) uniform Params {
 
 #define MODE_PLAN 1u
 #define MODE_DIRECT 2u
+#define MODE_DIRECT_KNOWN 3u   // direct, and the host read back the sender's survey: all this kernel's
 
 shared uint s_ok[64];
 shared uint s_n;
@@ -52,7 +55,7 @@ void main()
     if (t == 0u) {
         s_n = min(batch.count, batch.capacity);
         uint tail = inbox.tail;
-        if (pc.plan == MODE_DIRECT) {   // empty between steps: start at ring slot 0, where the window is
+        if (pc.plan >= MODE_DIRECT) {   // empty between steps: start at ring slot 0, where the window is
             uint c = inbox.capacity;
             uint r = tail % c;
             uint w = r == 0u ? tail : tail + (c - r);
@@ -68,8 +71,8 @@ void main()
     VKM_SYNC();
     uint n = s_n;
     uint words = batch.slot_words;
-    if (pc.plan == MODE_DIRECT) {
-        for (uint i = t; i < n; i += 64u) {
+    if (pc.plan >= MODE_DIRECT) {
+        for (uint i = t; i < n && pc.plan == MODE_DIRECT; i += 64u) {
             uint m = i * words;
             if (batch.words[m + VKM_DST] != pc.self_address || batch.words[m + VKM_TENANT] != pc.tenant
                     || (batch.words[m + VKM_FLAGS] & VKM_FLAG_DELIVERED) != 0u)

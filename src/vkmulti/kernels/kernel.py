@@ -159,6 +159,7 @@ class _Batch:
         self.last_value = 0            # the latest step that read it (a survey or a delivery)
         self.retained = 0              # holders (the K2K router) that still need its region as it is
         self.lazy = False              # read only once written, by a step that need not wait for it
+        self.passed: set[int] = set()  # ids of the kernels a delivery pass over it was recorded for
 
     def takes(self, kernel: "Kernel") -> bool:
         """Whether `kernel` needs a delivery pass over this batch."""
@@ -188,6 +189,7 @@ class OutboxBatch(_Batch):
         self.kernel, self.step, self.region, self.ready = kernel, step, region, ready
         self.holds: list[TimelinePoint] = []
         self.hold_hooks: list[Any] = []   # run before a step queues a wait on the holds (see hold())
+        self.single_dest: int | None = None   # from its survey: the one address all its messages go to
 
     @property
     def device_index(self) -> int:

@@ -86,8 +86,9 @@ class StepHarvest:
         w = words[:SURVEY_RECORD].tolist()
         if isinstance(b, OutboxBatch):   # what the sender's batches hold: the router's guesses
             k = b.kernel
+            b.single_dest = w[14] if w[14] == w[15] and w[13] else None   # (all its messages: one kernel)
             if w[13]:
-                k.dest_hint = (w[14] if w[14] == w[15] else None, w[13])
+                k.dest_hint = (b.single_dest, w[13])
                 k.quiet_batches = 0
             else:
                 k.quiet_batches += 1

@@ -44,7 +44,7 @@ _DELIVER_PUSH = struct.Struct("<8I")
 PLANNED_DELIVERY_PAYLOAD = 1024
 #: Delivery pass modes (kernel_deliver.comp's `plan` word): copy, plan (a copy pass follows),
 #: direct (the step copied the batch into the inbox with a copy command: take it in place).
-MODE_COPY, MODE_PLAN, MODE_DIRECT = 0, 1, 2
+MODE_COPY, MODE_PLAN, MODE_DIRECT, MODE_DIRECT_KNOWN = 0, 1, 2, 3
 #: A kernel whose latest this many outbox batches held nothing has its next ones read lazily: by
 #: the first step recorded once they are written (here: once their step is done; from another
 #: device: once the relay reached them), not by one that waits for them.
@@ -272,7 +272,12 @@ class DeviceStepper(StepHarvest):
         for x, b, off, copied in directs:   # first: they start the inbox where the copy put the window
             dset = self._deliver_set(x, ("in", b.buffer, b.size) if b.reuse_sets else None, b.buffer,
                                      b.size, b)
-            passes.append((x, dset, b.offset, off, b.hops, 0, MODE_DIRECT, copied))
+            # the sending step's survey read back already: all the batch's messages are x's (and its tenant's,
+            # stamped by the sender's finish pass), so the pass need not check them
+            origin = getattr(b, "k2k_origin", None)
+            known = origin is not None and origin.single_dest == x.address and origin.count <= copied \
+                and origin.kernel.tenant == x.tenant
+            passes.append((x, dset, b.offset, off, b.hops, 0, MODE_DIRECT_KNOWN if known else MODE_DIRECT, copied))
             rec.delivers.append((b, x, off))
             wait_for(b)
         for k in launched:
@@ -308,6 +313,7 @@ class DeviceStepper(StepHarvest):
                 slots = (b.size - RING_HEADER_BYTES) // k.slot_size if inbound else b.kernel.spec.outbox_capacity
                 passes.append((k, dset, b.offset, off, getattr(b, "hops", 0), slots, mode, 0))
                 rec.delivers.append((b, k, off))
+                b.passed.add(id(k))   # (some of its messages may be delivered already: never direct for k now)
                 wait_for(b)
         self._record_deliveries(cmd, passes)
         for b, _ in rec.directs:   # a direct pass that takes the whole batch tells as much as a survey
@@ -366,13 +372,16 @@ class DeviceStepper(StepHarvest):
 
     def _readable(self) -> list[_Batch]:
         """The batches this step reads: every one not done, except a lazy one (from a
-        sender whose recent batches were empty) whose wait points are not reached
-        yet, which a later step reads instead of this one waiting on the GPU for
-        the other device, and the batches after it from the same sender (FIFO)."""
+        sender whose recent batches were empty) that is not known to hold messages
+        here yet, which a later step reads (if it has any) instead of this one
+        waiting on the GPU for the other device, and the batches after it from the
+        same sender (FIFO). Known: a local batch once its step's survey is read
+        back; a landing once its sending step's survey is and names this device
+        (else the router takes it back unread) and its relay point is reached,
+        or, without a sending step to ask, once its wait points are reached."""
         out: list[_Batch] = []
         held: set[int] = set()
-        native = self.ctx.slot.native
-        completed = None
+        native, here = self.ctx.slot.native, self.ctx.index
         for b in self.batches:
             if b.done:
                 continue
@@ -380,12 +389,12 @@ class DeviceStepper(StepHarvest):
             if src is not None and id(src) in held:
                 continue
             if b.lazy:
+                origin = getattr(b, "k2k_origin", None)
                 if isinstance(b, OutboxBatch):   # a local one: written by a step of this device
-                    if completed is None:
-                        completed = self.ctx.completed()
-                    ready = b.ready.value <= completed
+                    ready = b.pending is not None
                 else:
-                    ready = all(native.timeline_value(p.semaphore) >= p.value for p in b.waits)
+                    ready = (origin is None or (origin.pending is not None and origin.remote_devices >> here & 1)) \
+                        and all(native.timeline_value(p.semaphore) >= p.value for p in b.waits)
                 if not ready:
                     if src is not None:
                         held.add(id(src))
@@ -412,7 +421,7 @@ class DeviceStepper(StepHarvest):
             slots = (b.size - RING_HEADER_BYTES) // self.rt.slot_size
             if x is not None and src is not None and id(x) in stepping and id(x) not in taken and \
                     not x.destroyed and slots <= x.spec.inbox_capacity and b.takes(x) and \
-                    (id(src), id(x)) not in waiting:   # (the inbox is empty: all of the batch fits)
+                    id(x) not in b.passed and (id(src), id(x)) not in waiting:   # (the empty inbox holds it all)
                 off = take(DELIVER_RECORD)
                 if off is None:
                     break
