@@ -378,7 +378,8 @@ class DeviceStepper(StepHarvest):
         same sender (FIFO). Known: a local batch once its step's survey is read
         back; a landing once its sending step's survey is and names this device
         (else the router takes it back unread) and its relay point is reached,
-        or, without a sending step to ask, once its wait points are reached."""
+        or, without a sending step to ask (none, or destroyed), once its wait
+        points are reached."""
         out: list[_Batch] = []
         held: set[int] = set()
         native, here = self.ctx.slot.native, self.ctx.index
@@ -393,7 +394,8 @@ class DeviceStepper(StepHarvest):
                 if isinstance(b, OutboxBatch):   # a local one: written by a step of this device
                     ready = b.pending is not None
                 else:
-                    ready = (origin is None or (origin.pending is not None and origin.remote_devices >> here & 1)) \
+                    ready = (origin is None or origin.kernel.destroyed or
+                             (origin.pending is not None and origin.remote_devices >> here & 1)) \
                         and all(native.timeline_value(p.semaphore) >= p.value for p in b.waits)
                 if not ready:
                     if src is not None:
