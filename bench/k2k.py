@@ -2,27 +2,46 @@
 CrossGpuK2KRouter, against baselines measured in the same run.
 
 (a) latency: one-way latency of a 256-byte message between ping-pong kernels on
-    GPU 0 and GPU 1 (hops / time), against two relays done by hand through the
-    host: the same transfers (each hop the host reads the sender's outbox batch
-    back, writes it into a buffer on the other device and hands it to the
-    runtime there), and the cheapest host path (the message read from one
-    kernel's host queue, K2H, and written to the other's, H2K).
+    GPU 0 and GPU 1 (hops / time; one runtime step of both kernels per hop),
+    against the same hop relayed by hand through the host with the same
+    transfers: after each step the host reads the sender's outbox batch back
+    (device -> host), writes it into a buffer on the other device (host ->
+    device) and hands it to that device's kernels (accept_batch). Also shown:
+    the cheapest host path (the message read from one kernel's host queue, K2H,
+    and written to the other's, H2K), which moves a message, not a batch.
 (b) bandwidth: batches of 16 KiB ... (--max) of messages from a burst kernel on
     GPU 0 to a checking sink on GPU 1, one batch per step, against the pair's
-    raw transfer bandwidth (CrossDeviceTransfer buffer copies of the same size,
-    back to back, same method).
+    raw transfer bandwidth: CrossDeviceTransfer buffer copies of the same size
+    (the outbox region: 64-byte header + slots), back to back, with the method
+    the router used. K2K bandwidth = batches x batch bytes / the time from the
+    first step to the last batch delivered (one more step takes it, then the
+    runtime is synchronized); every message must arrive and pass the sink's
+    check. Making the payloads is the sender's work, not the router's: by
+    default the sender writes each outbox region's payloads in full once and
+    then only restamps the words the sink checks (its step number and slot in
+    words 0-1, the middle and the last word), as a kernel whose results are
+    ready; the router still moves and the sink still receives every byte of
+    every slot. --fresh-payloads makes the sender rewrite every payload word at
+    every step (on lavapipe its shader then bounds the figure at ~2-3 GB/s).
 (c) stencil: Jacobi step time of one grid on one device and split over two.
+
+Both comparisons are paired: --rounds times a K2K run, then a baseline run,
+alternately (the machines are shared; drift hits both sides of a pair
+alike). The ratio line gives the median of the per-round ratios; the JSON has
+every round, the best of each side and the ranges.
 
 Prints figures as JSON, then a line starting with "ratio:". Uses the virtual
 lavapipe pair when no GPU is present.
 
-    python bench/k2k.py [--section all|latency|bandwidth|stencil] [--hops 200]
-                        [--max 16M] [--method METHOD] [--stencil 2048x2048] [--virtual N] [--json FILE]
+    python bench/k2k.py [--section all|latency|bandwidth|stencil] [--hops 100] [--rounds 5]
+                        [--max 16M] [--method METHOD] [--fresh-payloads] [--stencil 2048x2048]
+                        [--virtual N] [--json FILE]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from typing import Any
@@ -65,11 +84,12 @@ def _runtime(mgr: Any, payload: int, method: str | None) -> tuple[Any, Any]:
 
 # -- (a) latency ----------------------------------------------------------------------
 
-def latency(mgr: Any, hops: int, method: str | None) -> dict[str, Any]:
+def latency(mgr: Any, hops: int, method: str | None, rounds: int) -> dict[str, Any]:
     from vkmulti.kernels import pingpong_kernel
 
     payload = np.zeros(64, np.uint32)       # 256 bytes: word 0 counts the hops left
     rt, router = _runtime(mgr, 256, method)
+    relay = BatchRelay(mgr)
     try:
         a = rt.launch(pingpong_kernel(), "ping", device=0)
         b = rt.launch(pingpong_kernel(), "pong", device=1, params=[a.address])
@@ -89,8 +109,12 @@ def latency(mgr: Any, hops: int, method: str | None) -> dict[str, Any]:
             dt = time.perf_counter() - t0
             (rt.receive(a, timeout=1) if rt.pending_receives(a) else rt.receive(b, timeout=1))
             return dt
-        k2k(4)                                   # warm: rings, landings, pipelines
-        t_k2k = min(k2k(hops) for _ in range(3))
+        k2k(4)                                   # warm: rings, imports, pipelines
+        relay.run(4)
+        t_k2k, t_batch = [], []
+        for _ in range(rounds):                  # paired: K2K, then the hand-made relay
+            t_k2k.append(k2k(hops) / hops)
+            t_batch.append(relay.run(hops) / hops)
 
         # the same message relayed by the host: read back from one kernel, written to the other
         a.set_params(0)
@@ -111,62 +135,68 @@ def latency(mgr: Any, hops: int, method: str | None) -> dict[str, Any]:
             rt.receive(k, timeout=30)
             return time.perf_counter() - t0
         by_hand(4)
-        t_hand = min(by_hand(hops) for _ in range(3))
+        t_hand = min(by_hand(hops) for _ in range(3)) / (hops + 1)
         method = router.transfer_method(0, 1)
     finally:
+        relay.destroy()
         router.detach()
         rt.destroy()
-    t_batches = batch_relay(mgr, hops)
-    return {"message_bytes": 256, "hops": hops, "method": method,
-            "k2k_one_way_us": t_k2k / hops * 1e6,
-            "host_relay_one_way_us": t_hand / (hops + 1) * 1e6,
-            "batch_relay_one_way_us": t_batches / hops * 1e6,
-            "ratio_k2k_to_host_relay": (t_k2k / hops) / (t_hand / (hops + 1)),
-            "ratio_k2k_to_batch_relay": (t_k2k / hops) / (t_batches / hops)}
+    ratios = [k / r for k, r in zip(t_k2k, t_batch)]
+    return {"message_bytes": 256, "hops": hops, "method": method, "rounds": rounds,
+            "k2k_one_way_us": min(t_k2k) * 1e6,
+            "host_relay_one_way_us": t_hand * 1e6,
+            "batch_relay_one_way_us": min(t_batch) * 1e6,
+            "k2k_one_way_us_rounds": [t * 1e6 for t in t_k2k],
+            "batch_relay_one_way_us_rounds": [t * 1e6 for t in t_batch],
+            "ratio_k2k_to_host_relay": min(t_k2k) / t_hand,
+            "ratio_k2k_to_batch_relay": statistics.median(ratios),
+            "ratio_k2k_to_batch_relay_range": [min(ratios), max(ratios)]}
 
 
-def batch_relay(mgr: Any, hops: int) -> float:
+class BatchRelay:
     """The K2K hop done by hand through the host: after each step the host reads the
     sender's outbox batch back (device -> host copy), writes it into a buffer on the
-    other device (host -> device copy) and hands it to that device's kernels."""
-    from vkmulti.images import Buffer
-    from vkmulti.kernels import KernelRuntime, MultiGpuCoordinator, pingpong_kernel
+    other device (host -> device copy) and hands it to that device's kernels. A
+    runtime of its own (a no-op step listener stands in for the router)."""
 
-    rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr), mgr, payload_size=256, max_kernels=16)
-    rt.add_step_listener(lambda batches: None, retain=False)   # the host is the router here
-    landings: list[list[Any]] = [[Buffer(mgr.slot(d), 64 * KIB) for _ in range(4)] for d in range(2)]
-    pending: list[Any] = []
-    try:
-        a = rt.launch(pingpong_kernel(), "ping", device=0)
-        b = rt.launch(pingpong_kernel(), "pong", device=1, params=[a.address])
-        a.set_params(b.address)
-        payload = np.zeros(64, np.uint32)
+    def __init__(self, mgr: Any):
+        from vkmulti.images import Buffer
+        from vkmulti.kernels import KernelRuntime, MultiGpuCoordinator, pingpong_kernel
 
-        def run(n: int) -> float:
-            payload[0] = n
-            rt.synchronize()
-            t0 = time.perf_counter()
-            rt.send(a, payload)
-            k, other = a, b
-            for i in range(n):
-                ticket = rt.step(k)
-                ticket.wait(30)
-                batch = next(x for x in ticket.batches if x.kernel is k)
-                data = batch.buffer.download(batch.size, batch.offset)      # read back
-                landing = landings[other.device_index][i % 4]
-                while pending and len(pending) >= 6:                        # reuse a landing once taken
-                    pending.pop(0).wait(30)
-                landing.upload(data)                                        # write to the other device
-                pending.append(rt.accept_batch(other.device_index, landing, size=batch.size))
-                k, other = other, k
-            rt.step(k)
-            rt.receive(k, timeout=30)
-            return time.perf_counter() - t0
-        run(4)
-        return min(run(hops) for _ in range(3))
-    finally:
-        rt.destroy()
-        for per_device in landings:
+        self.rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr), mgr, payload_size=256, max_kernels=16)
+        self.rt.add_step_listener(lambda batches: None, retain=False)   # the host is the router here
+        self.landings: list[list[Any]] = [[Buffer(mgr.slot(d), 64 * KIB) for _ in range(4)] for d in range(2)]
+        self.a = self.rt.launch(pingpong_kernel(), "ping", device=0)
+        self.b = self.rt.launch(pingpong_kernel(), "pong", device=1, params=[self.a.address])
+        self.a.set_params(self.b.address)
+        self.payload = np.zeros(64, np.uint32)
+
+    def run(self, n: int) -> float:
+        rt = self.rt
+        self.payload[0] = n
+        rt.synchronize()
+        pending: list[Any] = []
+        t0 = time.perf_counter()
+        rt.send(self.a, self.payload)
+        k, other = self.a, self.b
+        for i in range(n):
+            ticket = rt.step(k)
+            ticket.wait(30)
+            batch = next(x for x in ticket.batches if x.kernel is k)
+            data = batch.buffer.download(batch.size, batch.offset)      # read back
+            landing = self.landings[other.device_index][i % 4]
+            while pending and len(pending) >= 3:                        # reuse a landing once taken
+                pending.pop(0).wait(30)
+            landing.upload(data)                                        # write to the other device
+            pending.append(rt.accept_batch(other.device_index, landing, size=batch.size))
+            k, other = other, k
+        rt.step(k)
+        rt.receive(k, timeout=30)
+        return time.perf_counter() - t0
+
+    def destroy(self) -> None:
+        self.rt.destroy()
+        for per_device in self.landings:
             for buf in per_device:
                 buf.destroy()
 
@@ -180,36 +210,20 @@ def batch_shape(size: int) -> tuple[int, int]:
     return payload, messages
 
 
-def raw_bandwidth(mgr: Any, method: str, size: int, reps: int) -> float:
+def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None, rounds: int,
+                  fresh: bool) -> dict[str, Any]:
     from vkmulti import CrossDeviceTransfer
     from vkmulti.images import Buffer
-
-    a, b = Buffer(mgr.slot(0), size), Buffer(mgr.slot(1), size)
-    x = CrossDeviceTransfer(mgr.slot(0), mgr.slot(1), method)
-    try:
-        x.submit(src_buffer=a, dst_buffer=b).wait(120)
-        best = float("inf")
-        for _ in range(2):
-            t0 = time.perf_counter()
-            tickets = [x.submit(src_buffer=a, dst_buffer=b) for _ in range(reps)]
-            tickets[-1].wait(300)
-            best = min(best, time.perf_counter() - t0)
-        return size * reps / best / 1e9
-    finally:
-        x.destroy(120)
-        a.destroy()
-        b.destroy()
-
-
-def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None) -> dict[str, Any]:
     from vkmulti.kernels.reference import burst_kernel, read_burst
 
     payload, n = batch_shape(size)
     rt, router = _runtime(mgr, payload, method)
+    raw = None
     try:
-        spec = burst_kernel(n)
+        spec = burst_kernel(n, groups=min(n, 16))
         sink = rt.launch(spec, "sink", device=1)
-        src = rt.launch(spec, "burst", device=0, params=[sink.address, n])
+        mode = (0, 0) if fresh else (1, rt.in_flight)   # restamp from the step every region was written in
+        src = rt.launch(spec, "burst", device=0, params=[sink.address, n, *mode])
         batch = src.outbox_region
 
         def run(steps: int) -> float:
@@ -222,31 +236,48 @@ def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None) -> dict[st
             rt.step([src, sink])
             rt.synchronize()
             dt = time.perf_counter() - t0
-            src.set_params(sink.address, n)
+            src.set_params(sink.address, n, *mode)
             got = read_burst(rt.read_state(sink)).received - before
             if got != steps * n:
                 raise RuntimeError(f"{got} of {steps * n} messages arrived")
             return dt
-        run(2)
-        dt = min(run(reps) for _ in range(2))
-        st = read_burst(rt.read_state(sink))
+        run(rt.in_flight + 1)                    # warm: every outbox region written once, imports made
         m = router.transfer_method(0, 1)
-        return {"batch_bytes": batch, "payload": payload, "messages": n, "steps": reps, "method": m,
-                "k2k_gbps": batch * reps / dt / 1e9, "bad_messages": st.bad, "_method": m}
+        a, b = Buffer(mgr.slot(0), batch), Buffer(mgr.slot(1), batch)
+        x = CrossDeviceTransfer(mgr.slot(0), mgr.slot(1), m)
+        raw = (x, a, b)
+        x.submit(src_buffer=a, dst_buffer=b).wait(120)
+
+        def copies(count: int) -> float:
+            t0 = time.perf_counter()
+            tickets = [x.submit(src_buffer=a, dst_buffer=b) for _ in range(count)]
+            tickets[-1].wait(300)
+            return time.perf_counter() - t0
+        k2k, base = [], []
+        for _ in range(rounds):                  # paired: K2K, then the raw copies
+            k2k.append(batch * reps / run(reps) / 1e9)
+            base.append(batch * reps / copies(reps) / 1e9)
+        st = read_burst(rt.read_state(sink))
+        ratios = [k / r for k, r in zip(k2k, base)]
+        return {"batch_bytes": batch, "payload": payload, "messages": n, "steps": reps, "rounds": rounds,
+                "method": m, "sender": "fresh payloads" if fresh else "restamped payloads",
+                "k2k_gbps": max(k2k), "raw_gbps": max(base), "k2k_gbps_rounds": k2k, "raw_gbps_rounds": base,
+                "ratio_k2k_to_raw": statistics.median(ratios), "ratio_k2k_to_raw_range": [min(ratios), max(ratios)],
+                "bad_messages": st.bad}
     finally:
+        if raw is not None:
+            raw[0].destroy(120)
+            raw[1].destroy()
+            raw[2].destroy()
         router.detach()
         rt.destroy()
 
 
-def bandwidth(mgr: Any, top: int, method: str | None) -> list[dict[str, Any]]:
+def bandwidth(mgr: Any, top: int, method: str | None, rounds: int, fresh: bool) -> list[dict[str, Any]]:
     out = []
     for size in sizes_up_to(top):
-        reps = max(4, min(64, (256 * MIB) // size // 4))
-        r = k2k_bandwidth(mgr, size, reps, method)
-        m = r.pop("_method")
-        r["raw_gbps"] = raw_bandwidth(mgr, m, r["batch_bytes"], reps)
-        r["ratio_k2k_to_raw"] = r["k2k_gbps"] / r["raw_gbps"]
-        out.append(r)
+        reps = 64   # batches per run, each side: the steady state, past the first and last batch
+        out.append(k2k_bandwidth(mgr, size, reps, method, rounds, fresh))
     return out
 
 
@@ -273,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--section", choices=["all", "latency", "bandwidth", "stencil"], default="all")
     p.add_argument("--hops", type=int, default=100, help="one-way hops per latency run (default 100)")
+    p.add_argument("--rounds", type=int, default=5, help="paired runs of K2K and its baseline (default 5)")
+    p.add_argument("--fresh-payloads", action="store_true",
+                   help="the bandwidth sender rewrites every payload word at every step")
     p.add_argument("--max", type=parse_bytes, default=16 * MIB, help="largest batch (default 16M)")
     p.add_argument("--method", default=None, help="force the transfer method (e.g. host_shared, cuda_peer)")
     p.add_argument("--stencil", type=parse_size, default=None, metavar="WxH",
@@ -283,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.hops < 2:
         p.error("--hops must be >= 2")
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
     from vkmulti.methods import TransferMethod
     if args.method is not None and args.method not in TransferMethod.CROSS_DEVICE:
         p.error(f"--method must be one of {', '.join(TransferMethod.CROSS_DEVICE)}")
@@ -297,10 +333,10 @@ def main(argv: list[str] | None = None) -> int:
         sections = [s for s in ("latency", "bandwidth", "stencil") if args.section in ("all", s)]
         with progress(len(sections), "bench k2k", quiet=args.json is not None) as bar:
             if "latency" in sections:
-                res["latency"] = latency(mgr, args.hops, args.method)
+                res["latency"] = latency(mgr, args.hops, args.method, args.rounds)
                 bar()
             if "bandwidth" in sections:
-                res["bandwidth"] = bandwidth(mgr, args.max, args.method)
+                res["bandwidth"] = bandwidth(mgr, args.max, args.method, args.rounds, args.fresh_payloads)
                 bar()
             if "stencil" in sections:
                 w, h = args.stencil or ((512, 512) if cpu else (23000, 23000))
@@ -315,12 +351,16 @@ def main(argv: list[str] | None = None) -> int:
     parts = []
     if "latency" in res:
         lat = res["latency"]
+        lo, hi = lat["ratio_k2k_to_batch_relay_range"]
         parts.append(f"K2K one-way latency = {lat['ratio_k2k_to_batch_relay']:.2f}x the batch relayed by hand "
-                     f"through the host (goal <= 0.5), {lat['ratio_k2k_to_host_relay']:.2f}x the host queues relay")
+                     f"through the host (median of {lat['rounds']} paired runs, {lo:.2f}-{hi:.2f}; goal <= 0.5), "
+                     f"{lat['ratio_k2k_to_host_relay']:.2f}x the host queues relay")
     if res.get("bandwidth"):
         top = res["bandwidth"][-1]
+        lo, hi = top["ratio_k2k_to_raw_range"]
         parts.append(f"{top['batch_bytes'] / MIB:.0f} MiB batches = {top['ratio_k2k_to_raw']:.2f}x raw "
-                     f"{top['method']} ({top['k2k_gbps']:.2f} vs {top['raw_gbps']:.2f} GB/s; goal >= 0.9)")
+                     f"{top['method']} (median of {top['rounds']} paired runs, {lo:.2f}-{hi:.2f}; best "
+                     f"{top['k2k_gbps']:.2f} vs {top['raw_gbps']:.2f} GB/s; goal >= 0.9)")
     if "stencil" in res:
         parts.append(f"stencil 2-device speed-up = {res['stencil']['speedup']:.2f}x")
     print("ratio: " + "; ".join(parts))

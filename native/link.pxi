@@ -62,6 +62,15 @@ cdef extern from "vkm_link.h" nogil:
                              uint32_t *count, vkm_error *err)
     uint64_t vkm_now_ns()
 
+cdef extern from "vkm_mirror.h" nogil:
+    ctypedef struct vkm_mirror:
+        pass
+    VkResult vkm_mirror_create(vkm_device *src, VkSemaphore src_sem, vkm_device *dst, uint64_t spin_ns,
+                               vkm_mirror **out, vkm_error *err)
+    VkSemaphore vkm_mirror_semaphore(const vkm_mirror *m)
+    VkResult vkm_mirror_status(vkm_mirror *m, vkm_error *err)
+    void vkm_mirror_destroy(vkm_mirror *m)
+
 RING_STAGING = VKM_RING_STAGING
 RING_SHARED_HOST = VKM_RING_SHARED_HOST
 RING_EXPORTED = VKM_RING_EXPORTED
@@ -442,3 +451,66 @@ cdef class Link:
         with nogil:
             vkm_link_destroy(l)
         self.keep = []
+
+
+cdef class TimelineMirror:
+    """A timeline semaphore of device `src` mirrored on a new timeline semaphore of
+    device `dst` (`semaphore`): a native thread waits (no GIL) for each new value
+    of the source and signals it from the host there, so `dst`'s GPU work can
+    wait on the GPU for `src`'s; such a wait may be queued before the value
+    exists, on any queue. `spin` (s): poll the source that long before blocking
+    (0 on CPU devices). The source semaphore must outlive the mirror; destroy()
+    it (idempotent) once no GPU work waits on `semaphore`."""
+    cdef vkm_mirror *m
+    cdef readonly Device src
+    cdef readonly Device dst
+
+    def __cinit__(self, Device src not None, src_semaphore, Device dst not None, *, double spin=0.0):
+        cdef vkm_error err
+        cdef uint64_t sem = _u64(src_semaphore, "src_semaphore", 1)
+        cdef uint64_t spin_ns = _seconds_ns(spin, "spin", 1.0) if spin != 0 else 0
+        cdef vkm_device *sd = src.ptr()
+        cdef vkm_device *dd = dst.ptr()
+        cdef VkResult r
+        self.m = NULL
+        if src is dst:
+            raise ValueError("a mirror joins two devices, got the same one twice")
+        self.src, self.dst = src, dst
+        vkm_error_clear(&err)
+        with nogil:
+            r = vkm_mirror_create(sd, <VkSemaphore><uintptr_t>sem, dd, spin_ns, &self.m, &err)
+        check_error(r, &err)
+
+    @property
+    def semaphore(self):
+        """The destination timeline semaphore (a VkSemaphore handle as an int)."""
+        if self.m == NULL:
+            from vkmulti.errors import DestroyedError
+            raise DestroyedError("TimelineMirror used after destroy()")
+        return <uintptr_t>vkm_mirror_semaphore(self.m)
+
+    @property
+    def alive(self):
+        return self.m != NULL
+
+    def check(self):
+        """Raise the failure that stopped the mirror (a lost device), if any."""
+        cdef vkm_error err
+        if self.m == NULL:
+            return
+        vkm_error_clear(&err)
+        check_error(vkm_mirror_status(self.m, &err), &err)
+
+    def destroy(self):
+        """Stop the thread (within 20 ms) and free the semaphore (idempotent)."""
+        cdef vkm_mirror *m = self.m
+        if m == NULL:
+            return
+        self.m = NULL
+        with nogil:
+            vkm_mirror_destroy(m)
+
+    def __dealloc__(self):
+        if self.m != NULL and self.src.alive and self.dst.alive:   # (never destroyed: its devices still live)
+            vkm_mirror_destroy(self.m)
+        self.m = NULL

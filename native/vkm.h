@@ -84,6 +84,8 @@ VkResult vkm_wait_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value,
  * wake-up costs tens of microseconds); VK_TIMEOUT: not reached yet. */
 VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns);
 VkResult vkm_timeline_value(const vkm_device *d, VkSemaphore sem, uint64_t *value);
+/* vkSignalSemaphore of timeline `sem` to `value` from the host. */
+VkResult vkm_signal_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value);
 VkResult vkm_wait_fence(const vkm_device *d, VkFence fence, uint64_t timeout_ns);
 /* vkGetFenceStatus: VK_SUCCESS signalled, VK_NOT_READY not yet. */
 VkResult vkm_fence_status(const vkm_device *d, VkFence fence);

@@ -140,21 +140,26 @@ def test_bench_prints_figures_and_a_ratio_line(capsys):
     spec = importlib.util.spec_from_file_location("k2k_bench", Path(__file__).parent.parent / "bench" / "k2k.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    assert bench.main(["--hops", "4", "--max", "64K", "--stencil", "64x32", "--stencil-steps", "3"]) == 0
+    assert bench.main(["--hops", "4", "--rounds", "2", "--max", "64K", "--stencil", "64x32",
+                       "--stencil-steps", "3"]) == 0
     out = capsys.readouterr().out.rstrip().splitlines()
     assert out[-1].startswith("ratio: K2K one-way latency = ")
     figures = json.loads("\n".join(out[:-1]))
     lat = figures["latency"]
     assert lat["k2k_one_way_us"] > 0 and lat["host_relay_one_way_us"] > 0 and lat["message_bytes"] == 256
     assert lat["batch_relay_one_way_us"] > 0 and lat["ratio_k2k_to_batch_relay"] > 0
+    assert len(lat["k2k_one_way_us_rounds"]) == 2 and len(lat["ratio_k2k_to_batch_relay_range"]) == 2
     assert [r["batch_bytes"] for r in figures["bandwidth"]][0] > 15000
     for r in figures["bandwidth"]:
         assert r["bad_messages"] == 0 and r["k2k_gbps"] > 0 and r["raw_gbps"] > 0
+        assert len(r["k2k_gbps_rounds"]) == len(r["raw_gbps_rounds"]) == 2 and r["sender"] == "restamped payloads"
     assert figures["stencil"]["identical"] and figures["stencil"]["speedup"] > 0
     with pytest.raises(SystemExit):
         bench.main(["--hops", "1"])
     with pytest.raises(SystemExit):
         bench.main(["--max", "1K"])
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "0"])
 
 
 def test_state_larger_than_a_storage_binding_is_refused(manager):

@@ -11,6 +11,14 @@
 // with VKM_FLAG_COPY and its inbox slot, and kernel_deliver_copy.comp (one
 // workgroup per message, all invocations on its words) copies them; the
 // runtime does that for large messages.
+// With `plan` = 2 (direct: the K2K router expects the batch to be all this
+// kernel's) the step first copied the batch's first `copied` slots into this
+// inbox at ring slot 0 with a copy command; the pass starts the (empty) inbox
+// at a multiple of its capacity, and if every message of the batch is this
+// kernel's it takes them in place (copying only those past `copied`), else it
+// delivers as in copy mode, overwriting the window as it goes. With `plan` = 3
+// the host read the sending step's survey back already (all the batch's
+// messages are this kernel's): the pass does not check them.
 #extension GL_GOOGLE_include_directive : require
 #define VKM_RUNTIME_PASS
 #include "vkm_kernel_abi.glsl"
@@ -25,8 +33,12 @@ layout(std430, set = 0, binding = 1) buffer Inbox {
 } inbox;
 layout(std430, set = 0, binding = 2) buffer Status { uint words[]; } status;
 layout(push_constant) uniform Params {
-    uint self_address; uint tenant; uint status_offset; uint hops; uint plan; uint pad0; uint pad1; uint pad2;
+    uint self_address; uint tenant; uint status_offset; uint hops; uint plan; uint copied; uint pad1; uint pad2;
 } pc;
+
+#define MODE_PLAN 1u
+#define MODE_DIRECT 2u
+#define MODE_DIRECT_KNOWN 3u   // direct, and the host read back the sender's survey: all this kernel's
 
 shared uint s_ok[64];
 shared uint s_n;
@@ -35,19 +47,62 @@ shared uint s_tail;
 shared uint s_taken;
 shared uint s_left;
 shared uint s_rejected;
+shared uint s_bad;
 
 void main()
 {
     uint t = gl_LocalInvocationID.x;
     if (t == 0u) {
         s_n = min(batch.count, batch.capacity);
-        s_room = inbox.capacity - (inbox.tail - inbox.head);
-        s_tail = inbox.tail;
-        s_taken = 0u; s_left = 0u; s_rejected = 0u;
+        uint tail = inbox.tail;
+        if (pc.plan >= MODE_DIRECT) {   // empty between steps: start at ring slot 0, where the window is
+            uint c = inbox.capacity;
+            uint r = tail % c;
+            uint w = r == 0u ? tail : tail + (c - r);
+            if (w < tail || w > 0xffffffffu - c)
+                w = 0u;   // the counters would pass 2^32: start again at 0
+            inbox.head = w;
+            tail = w;
+        }
+        s_room = inbox.capacity - (tail - inbox.head);
+        s_tail = tail;
+        s_taken = 0u; s_left = 0u; s_rejected = 0u; s_bad = 0u;
     }
     VKM_SYNC();
     uint n = s_n;
     uint words = batch.slot_words;
+    if (pc.plan >= MODE_DIRECT) {
+        for (uint i = t; i < n && pc.plan == MODE_DIRECT; i += 64u) {
+            uint m = i * words;
+            if (batch.words[m + VKM_DST] != pc.self_address || batch.words[m + VKM_TENANT] != pc.tenant
+                    || (batch.words[m + VKM_FLAGS] & VKM_FLAG_DELIVERED) != 0u)
+                atomicAdd(s_bad, 1u);
+        }
+        VKM_SYNC();
+        if (s_bad == 0u && n <= s_room) {   // all this kernel's: take them where they are
+            // (a batch's flags hold only the priority until a pass delivers from it, and its hop
+            // count is 0: the sender's finish pass set both; the host lets no other pass take them)
+            for (uint i = t; i < n; i += 64u) {
+                uint m = i * words;
+                uint d = i * inbox.slot_words;
+                if (i >= pc.copied) {   // past what the copy command moved
+                    for (uint w = 0u; w < words; w++)
+                        inbox.words[d + w] = batch.words[m + w];
+                }
+                inbox.words[d + VKM_HOPS] = batch.words[m + VKM_HOPS] + pc.hops;
+            }
+            VKM_SYNC();
+            if (t == 0u) {
+                inbox.tail = s_tail + n;
+                status.words[pc.status_offset] = n;
+                status.words[pc.status_offset + 1u] = 0u;
+                status.words[pc.status_offset + 2u] = 0u;
+                status.words[pc.status_offset + 3u] = n;
+            }
+            return;
+        }
+    }
+    bool plan = pc.plan == MODE_PLAN;
     for (uint base = 0u; base < n; base += 64u) {
         uint i = base + t;
         uint m = i * words;
@@ -71,7 +126,7 @@ void main()
             if (pos < s_room) {
                 uint slot = (s_tail + pos) % inbox.capacity;
                 uint flags = batch.words[m + VKM_FLAGS];
-                if (pc.plan != 0u) {
+                if (plan) {
                     batch.words[m + VKM_FLAGS] = (flags & VKM_FLAG_PRIORITY_MASK) | VKM_FLAG_DELIVERED
                                                  | VKM_FLAG_COPY | (slot << 16u);
                 } else {
@@ -96,5 +151,11 @@ void main()
         status.words[pc.status_offset] = s_taken;
         status.words[pc.status_offset + 1u] = s_left;
         status.words[pc.status_offset + 2u] = s_rejected;
+        status.words[pc.status_offset + 3u] = n;   // the batch's count (a direct pass that took all: = taken)
+        if (plan) {   // the copy pass's workgroups (vkCmdDispatchIndirect): none when nothing was planned
+            status.words[pc.status_offset + 4u] = s_taken > 0u ? min(n, 65535u) : 0u;
+            status.words[pc.status_offset + 5u] = 1u;
+            status.words[pc.status_offset + 6u] = 1u;
+        }
     }
 }

@@ -2,7 +2,9 @@
 // The runtime's survey of a message batch (src/vkmulti/kernels/runtime.py):
 // which kernels of this device, which other devices and how many unknown
 // addresses and host messages it holds, looked up in the runtime's directory.
-// The host reads the record to know when the batch is fully delivered.
+// The host reads the record to know when the batch is fully delivered, and
+// the lowest and highest destination address in it (equal: one destination,
+// which the K2K router takes as a hint for the sender's next batches).
 #extension GL_GOOGLE_include_directive : require
 #define VKM_RUNTIME_PASS
 #include "vkm_kernel_abi.glsl"
@@ -26,6 +28,8 @@ shared uint s_remote;
 shared uint s_host;
 shared uint s_unknown;
 shared uint s_n;
+shared uint s_min;
+shared uint s_max;
 
 void main()
 {
@@ -35,11 +39,14 @@ void main()
     if (t == 0u) {
         s_devices = 0u; s_local = 0u; s_remote = 0u; s_host = 0u; s_unknown = 0u;
         s_n = min(batch.count, batch.capacity);
+        s_min = 0xffffffffu; s_max = 0u;
     }
     VKM_SYNC();
     uint words = batch.slot_words;
     for (uint i = t; i < s_n; i += 64u) {
         uint dest = batch.words[i * words + VKM_DST];
+        atomicMin(s_min, dest);
+        atomicMax(s_max, dest);
         if (dest == VKM_HOST) {
             atomicAdd(s_host, 1u);
             continue;
@@ -66,5 +73,7 @@ void main()
         status.words[o + 11u] = s_host;
         status.words[o + 12u] = s_unknown;
         status.words[o + 13u] = s_n;
+        status.words[o + 14u] = s_min;
+        status.words[o + 15u] = s_max;
     }
 }

@@ -11,6 +11,8 @@ from typing import Any
 
 import vulkan as vk
 
+from ..errors import raise_for_result
+
 _lib, _ffi = vk.lib, vk.ffi
 _NULL = _ffi.NULL
 BIND = vk.VK_PIPELINE_BIND_POINT_COMPUTE
@@ -58,13 +60,90 @@ def dispatch(cmd: Any, x: int, y: int = 1, z: int = 1) -> None:
     _lib.vkCmdDispatch(cmd, x, y, z)
 
 
+def dispatch_indirect(cmd: Any, buffer: Any, offset: int) -> None:
+    """vkCmdDispatchIndirect: the workgroup counts are 3 uint32 at `offset` of `buffer`."""
+    _lib.vkCmdDispatchIndirect(cmd, buffer, offset)
+
+
 def fill(cmd: Any, buffer: Any, offset: int, size: int, value: int = 0) -> None:
     _lib.vkCmdFillBuffer(cmd, buffer, offset, size, value)
+
+
+def copy(cmd: Any, src: Any, dst: Any, src_offset: int, dst_offset: int, size: int) -> None:
+    """vkCmdCopyBuffer of one region."""
+    region = _ffi.new("VkBufferCopy*")
+    region.srcOffset, region.dstOffset, region.size = src_offset, dst_offset, size
+    _lib.vkCmdCopyBuffer(cmd, src, dst, 1, region)
 
 
 def update(cmd: Any, buffer: Any, offset: int, data: bytes) -> None:
     """vkCmdUpdateBuffer of at most 65536 bytes (a multiple of 4)."""
     _lib.vkCmdUpdateBuffer(cmd, buffer, offset, len(data), _ffi.from_buffer(data))
+
+
+_BEGIN = _ffi.new("VkCommandBufferBeginInfo*")
+_BEGIN.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO
+_BEGIN.flags = vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
+
+
+def begin(cmd: Any) -> None:
+    """Reset and begin a one-time-submit command buffer (of a pool made resettable)."""
+    raise_for_result(_lib.vkResetCommandBuffer(cmd, 0), "vkResetCommandBuffer")
+    raise_for_result(_lib.vkBeginCommandBuffer(cmd, _BEGIN), "vkBeginCommandBuffer")
+
+
+def end(cmd: Any) -> None:
+    raise_for_result(_lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
+
+
+class Submitter:
+    """A step's vkQueueSubmit (one command buffer, timeline waits, one timeline
+    signal) through structs made once: the caller serialises its use (a device's
+    steps are recorded and submitted under that device's lock)."""
+
+    def __init__(self) -> None:
+        self.timeline = _ffi.new("VkTimelineSemaphoreSubmitInfo*")
+        self.timeline.sType = vk.VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO
+        self.info = _ffi.new("VkSubmitInfo*")
+        self.info.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
+        self.info.pNext = self.timeline
+        self.cmds = _ffi.new("VkCommandBuffer[1]")
+        self.sig = _ffi.new("VkSemaphore[1]")
+        self.sig_value = _ffi.new("uint64_t[1]")
+        self.info.commandBufferCount = 1
+        self.info.pCommandBuffers = self.cmds
+        self.info.signalSemaphoreCount = 1
+        self.info.pSignalSemaphores = self.sig
+        self.timeline.signalSemaphoreValueCount = 1
+        self.timeline.pSignalSemaphoreValues = self.sig_value
+        self._room = 0
+        self._grow(16)
+
+    def _grow(self, n: int) -> None:
+        self._room = n
+        self.sems = _ffi.new("VkSemaphore[]", n)
+        self.values = _ffi.new("uint64_t[]", n)
+        self.stages = _ffi.new("VkPipelineStageFlags[]", [ALL] * n)
+
+    def submit(self, native: Any, queue: Any, cmd: Any, waits: list[tuple[int, int]],
+               signal: tuple[int, int]) -> None:
+        from .. import vkapi
+
+        n = len(waits)
+        if n > self._room:
+            self._grow(max(n, 2 * self._room))
+        for i, (sem, value) in enumerate(waits):
+            self.sems[i] = _ffi.cast("VkSemaphore", sem)
+            self.values[i] = value
+        info, timeline = self.info, self.timeline
+        info.waitSemaphoreCount = timeline.waitSemaphoreValueCount = n
+        info.pWaitSemaphores = self.sems if n else _NULL
+        info.pWaitDstStageMask = self.stages if n else _NULL
+        timeline.pWaitSemaphoreValues = self.values if n else _NULL
+        self.cmds[0] = cmd
+        self.sig[0] = _ffi.cast("VkSemaphore", signal[0])
+        self.sig_value[0] = signal[1]
+        vkapi.queue_submit(native, queue, info, call="vkQueueSubmit(kernel step)")
 
 
 def submit(native: Any, queue: Any, cmd: Any, waits: list[tuple[int, int]], signal: tuple[int, int]) -> None:

@@ -12,6 +12,10 @@ transfer's `dst_ready`), and the landing is forwarded as is to the next hops
 of S's tree. Every device gets each batch once, so every message is delivered
 once; a batch's order is kept on every edge, so per-pair FIFO holds.
 
+Between devices that share memory (DMABUF) nothing is copied: the next hop
+reads the batch in place through an import of the sender's outbox, after a
+relay of the sending step's point (peer_delivery.py).
+
 Back-pressure: each edge has at most `max_landings` landing regions in use;
 a move that finds none waits in its edge's queue (in order), and the outbox
 batches it carries stay retained, so their kernels are deferred before their
@@ -34,6 +38,8 @@ from ..transfer import CrossDeviceTransfer as Engine, TimelinePoint, select_tran
 from .delivery_buffers import BufferPool, Gather, align, reached
 from .device_context import step_queue
 from .kernel import InboundBatch, Kernel, OutboxBatch
+from .peer_delivery import PeerEdges, direct_guess
+from .stepper import QUIET_BATCHES
 from .routing import RouteTrees
 from .transfer import CrossDeviceTransfer as TransferSpec
 
@@ -109,6 +115,7 @@ class DeliveryEngine:
         #: outbox batches holding points of this engine's semaphores (cleared at destroy, when they go)
         self.held: list[tuple[OutboxBatch, TimelinePoint]] = []
         self._shared_cache: dict[tuple[int, str | None], bool] = {}
+        self.peers = PeerEdges(self)   # in-place moves between devices that share memory
 
     # -- routes and links ----------------------------------------------------------
 
@@ -124,19 +131,24 @@ class DeliveryEngine:
         self._trees_now = self._trees
         return self._trees
 
-    def _engine(self, a: int, b: int, host: bool) -> Engine:
+    def method_for(self, a: int, b: int, host: bool) -> str:
+        """The transfer method of edge a -> b: the router's `transfer_methods`, a host
+        method for host-mediated edges, else the coordinator's (the pair's best)."""
         method = self.router.transfer_methods.get((a, b))
         if method is not None:
-            pass
-        elif host:
-            method = TransferSpec(a, b, 1).without_p2p().method(self.mgr)
-        else:
-            method = self.router.coordinator.transfer_method(a, b) if hasattr(
-                self.router.coordinator, "transfer_method") else None
-            if method is None:
-                class _Src:
-                    device_index = a
-                method = select_transfer_method(_Src(), self.mgr.capabilities, dst_index=b)
+            return method
+        if host:
+            return TransferSpec(a, b, 1).without_p2p().method(self.mgr)
+        method = self.router.coordinator.transfer_method(a, b) if hasattr(
+            self.router.coordinator, "transfer_method") else None
+        if method is None:
+            class _Src:
+                device_index = a
+            method = select_transfer_method(_Src(), self.mgr.capabilities, dst_index=b)
+        return method
+
+    def _engine(self, a: int, b: int, host: bool) -> Engine:
+        method = self.method_for(a, b, host)
         cached = self.engines.get((a, b))
         if cached is not None and cached[0] == method:
             return cached[1]
@@ -148,7 +160,12 @@ class DeliveryEngine:
 
     def method(self, a: int, b: int) -> str | None:
         cached = self.engines.get((a, b))
-        return cached[0] if cached else None
+        if cached:
+            return cached[0]
+        if any(key[:2] == (a, b) for key in self.peers.relays):
+            from ..methods import TransferMethod
+            return TransferMethod.DMABUF
+        return None
 
     def _pool(self, device: int) -> BufferPool:
         p = self.pools.get(device)
@@ -177,7 +194,10 @@ class DeliveryEngine:
             for b in bs:
                 b.k2k_moves = 0
                 b.k2k_landings = []
-            if not children:   # nowhere to go: the runtime retained them for us until now
+            # devices that share memory with s read the batches in place; the others get moves
+            children = [c for c in children if not (self.peers.usable(s, c, trees, bs)
+                                                    and self.peers.land(s, c, bs, trees))]
+            if not children:   # nowhere (else) to go: the runtime retained them for us until now
                 for b in bs:
                     b.release()
                 continue
@@ -338,11 +358,14 @@ class DeliveryEngine:
         shared = self._shared(dev, self.method(*landing.edge))
         for p in landing.parts:
             source = p.kernel if not p.kernel.destroyed else None
+            x, slots = direct_guess(self.rt, p.kernel, dev)
             try:
                 inbound = self.rt.accept_batch(dev, landing.buffer, offset=p.offset, size=p.size,
                                                wait=ticket.dst_ready, source=source, hops=min(landing.hops, 255),
                                                report_unknown=False, reuse_sets=True,
-                                               submitted=ticket.wait_submitted if shared else None)
+                                               submitted=ticket.wait_submitted if shared else None,
+                                               direct=x, direct_slots=slots,
+                                               lazy=p.kernel.quiet_batches >= QUIET_BATCHES)
             except (VkmError, ValueError) as exc:
                 self._fail_parts([p], f"GPU {dev} could not take its messages: {exc}")
                 continue
@@ -363,6 +386,22 @@ class DeliveryEngine:
                 k.errors.append(f"step {p.batch.step}: {text}")
             log.warning("kernel %r: %s", k.id, text)
 
+    def fail_batch(self, b: OutboxBatch, text: str) -> None:
+        self._fail_parts([Part(b.kernel, b, 0, b.size)], text)
+
+    def forward_region(self, c: int, view: Any, b: OutboxBatch, origin: int, hops: int, ticket: Any,
+                       onward: list[int], trees: Any) -> Region:
+        """A batch read in place on device c, as a region that moves take on to the
+        devices after c (its memory is the sender's outbox: the in-place landing
+        keeps the batch until those moves have read it)."""
+        region = Region("landing", c, view, b.offset, b.size, [Part(b.kernel, b, 0, b.size)], origin, hops=hops,
+                        ready=ticket.dst_ready, ticket=ticket, edge=(origin, c))
+        for gc in onward:
+            region.readers += 1
+            b.k2k_moves += 1
+            self.queues[(c, gc)].append(Move((c, gc), region, hops + trees.edge_hops(c, gc)))
+        return region
+
     # -- recycling -------------------------------------------------------------------
 
     def reap(self) -> None:
@@ -372,6 +411,7 @@ class DeliveryEngine:
         step there has to survey it first)."""
         self.rt.poll()
         now = self._reaped = time.monotonic()
+        self.peers.reap(now)
         if len(self.held) > 64:   # a hold matters until its region is reused
             self.held = [(b, p) for b, p in self.held
                          if not b.kernel.destroyed and b.kernel.outbox_batches[b.region] is b]
@@ -422,7 +462,12 @@ class DeliveryEngine:
 
     def busy(self) -> bool:
         """Whether moves wait or landings are still in use."""
-        return bool(self.queues) or any(self.landings.values()) or bool(self.egress)
+        return bool(self.queues) or any(self.landings.values()) or bool(self.egress) or self.peers.busy()
+
+    def prepare(self, kernels: list[Kernel]) -> None:
+        """Before a step: let go of batches other devices finished reading in place
+        when a kernel of the step would find its next outbox region still held."""
+        self.peers.settle(kernels, self.submit_timeout)
 
     # -- teardown --------------------------------------------------------------------
 
@@ -454,6 +499,7 @@ class DeliveryEngine:
             except VkmTimeout:
                 log.warning("K2K router: a transfer did not finish within %.1f s", timeout)
         self.engines.clear()
+        self.peers.destroy(deadline)
         for g in self.gathers.values():
             g.destroy(max(0.0, deadline - time.monotonic()))
         self.gathers.clear()

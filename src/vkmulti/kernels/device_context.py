@@ -17,7 +17,7 @@ import vulkan as vk
 
 from ..errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout, UnsupportedError
 from .. import vkapi
-from ..images import Buffer, CommandRunner
+from ..images import BUFFER_USAGE, Buffer, CommandRunner
 from ..render import shader_path
 from ..transfer import TimelinePoint
 from .commands import barrier
@@ -27,9 +27,11 @@ _ffi = vk.ffi
 SB = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
 SB_DYN = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC
 COMPUTE = vk.VK_SHADER_STAGE_COMPUTE_BIT
-#: Words of the status ring per in-flight step (deliver records are 4 words, surveys 16).
+#: Words of the status ring per in-flight step (deliver records are 8 words, surveys 16). A
+#: deliver record: taken, left, rejected, the batch's count, then (planning passes) the
+#: workgroup count of the copy pass that follows (x, y, z), read by vkCmdDispatchIndirect.
 STATUS_WORDS = 4096
-DELIVER_RECORD = 4
+DELIVER_RECORD = 8
 SURVEY_RECORD = 16
 #: Local slots a device can tell apart in a survey mask (8 words of bits).
 MAX_LOCAL_KERNELS = 256
@@ -49,8 +51,8 @@ class MappedBuffer(Buffer):
     `words` is a uint32 view of it (the host reads what the GPU wrote once the
     step that wrote it has signalled)."""
 
-    def __init__(self, slot: Any, size: int):
-        super().__init__(slot, size, host_visible=True)
+    def __init__(self, slot: Any, size: int, usage: int = BUFFER_USAGE):
+        super().__init__(slot, size, usage=usage, host_visible=True)
         try:
             self._mapped = vkapi.vkMapMemory(slot.device, self.memory, 0, size, 0)
         except BaseException:
@@ -158,7 +160,7 @@ class DeviceContext:
         self.local: list[Any] = [None] * MAX_LOCAL_KERNELS   # local slot -> kernel
         self.dir_dirty: set[int] = set()   # directory entries to rewrite (guarded by dir_lock)
         self.dir_lock = threading.Lock()
-        self.buffer_sets: dict[tuple, Any] = {}   # survey sets of reused inbound buffers, by (handle, size)
+        self.buffer_sets: dict[tuple, Any] = {}   # survey sets of reused inbound buffers, by (buffer, size)
         self.timeline = None
         self.pipeline_cache = None
         self.cmd_pool = None
@@ -188,7 +190,8 @@ class DeviceContext:
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.cmd_pool,
             level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=self.in_flight))
         self.runner = CommandRunner(slot, self.queue)
-        self.status = MappedBuffer(slot, self.in_flight * STATUS_WORDS * 4)
+        self.status = MappedBuffer(slot, self.in_flight * STATUS_WORDS * 4,
+                                   usage=BUFFER_USAGE | vk.VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT)
         self.directory = Buffer(slot, self.table_size * DIRECTORY_ENTRY)
         self.run_once(lambda cmd: vk.vkCmdFillBuffer(cmd, self.directory.handle, 0, WHOLE_SIZE, 0))
         self.finish = self.builtin("kernel_finish.comp.spv", [SB, SB, SB_DYN, SB_DYN], FINISH_PUSH)

@@ -5,7 +5,9 @@ message batches the runtime and the router move between them.
 Memory of a kernel (all on its device; sizes in docs/kernels.md):
   inbox    device-local ring: 16-word header (head, tail, capacity, slot words) + slots
   outbox   device-local, one region per in-flight step: 16-word header (count, step,
-           capacity, slot words) + slots; a region is a *batch* the router can copy as is
+           capacity, slot words) + slots; a region is a *batch* the router can copy as is.
+           Where another device of the manager shares memory with this one (DMABUF) it is
+           exported, and the router lets that device read its batches in place
   control  device-local, runtime-owned: address, tenant, step, HLC, per-destination sequence table
   state    device-local buffers the kernel owns, kept between steps
   h2k/k2h  host-visible regions per in-flight step: host messages in, host messages out
@@ -25,6 +27,7 @@ import numpy as np
 from .._repr import compact_repr
 from ..errors import DestroyedError
 from ..images import Buffer
+from ..peer_memory import ExportedBuffer
 from ..transfer import TimelinePoint
 from .device_context import DeviceContext, MappedBuffer, align, WHOLE_SIZE, barrier
 from .kernel_traits import KernelTraits
@@ -155,6 +158,8 @@ class _Batch:
         self.event = threading.Event()
         self.last_value = 0            # the latest step that read it (a survey or a delivery)
         self.retained = 0              # holders (the K2K router) that still need its region as it is
+        self.lazy = False              # read only once written, by a step that need not wait for it
+        self.passed: set[int] = set()  # ids of the kernels a delivery pass over it was recorded for
 
     def takes(self, kernel: "Kernel") -> bool:
         """Whether `kernel` needs a delivery pass over this batch."""
@@ -184,6 +189,7 @@ class OutboxBatch(_Batch):
         self.kernel, self.step, self.region, self.ready = kernel, step, region, ready
         self.holds: list[TimelinePoint] = []
         self.hold_hooks: list[Any] = []   # run before a step queues a wait on the holds (see hold())
+        self.single_dest: int | None = None   # from its survey: the one address all its messages go to
 
     @property
     def device_index(self) -> int:
@@ -241,13 +247,19 @@ class InboundBatch(_Batch):
     TransferTicket.wait_submitted, where that transfer shares the step's queue)."""
 
     def __init__(self, ctx: DeviceContext, buffer: Any, offset: int, size: int, waits: list[TimelinePoint], *,
-                 hops: int = 0, report_unknown: bool = True, submitted: Any = None, reuse_sets: bool = False):
+                 hops: int = 0, report_unknown: bool = True, submitted: Any = None, reuse_sets: bool = False,
+                 direct: "Kernel | None" = None, direct_slots: int = 0, lazy: bool = False):
         super().__init__(ctx, buffer, offset, size, source=None, waits=waits)
         self.sets: list[Any] = []      # descriptor sets made for it (freed when done)
         self.reuse_sets = reuse_sets   # its sets are cached per buffer (KernelRuntime.forget_buffer frees them)
         self.hops = hops
         self.report_unknown = report_unknown
         self.submitted = submitted
+        #: the kernel of this device the batch is expected to be all for (direct landing), and the
+        #: slots worth copying into its inbox by a copy command (the rest, if any, a shader copies)
+        self.direct = direct
+        self.direct_slots = direct_slots
+        self.lazy = lazy   # (a batch of a sender that has been sending nothing)
 
     @property
     def device_index(self) -> int:
@@ -288,6 +300,10 @@ class Kernel(KernelTraits):
         self.received: deque[Any] = deque()  # K2KMessages for the host
         self.host_seq = 0
         self.injecting: tuple[int, list] | None = None   # (step, items) of host-routed messages in flight
+        #: what its latest non-empty outbox batch held, from the step's survey: (the one destination
+        #: address of all its messages or None for several, message count); the K2K router's hint
+        self.dest_hint: tuple[int | None, int] = (None, 0)
+        self.quiet_batches = 0   # its latest outbox batches in a row that held nothing
         d = ctx.in_flight
         self.region_users = [0] * d           # timeline value of the last step per region
         self.region_harvested = [True] * d
@@ -311,15 +327,20 @@ class Kernel(KernelTraits):
 
     # -- resources ------------------------------------------------------------------
 
-    def _buffer(self, size: int, mapped: bool = False) -> Any:
-        b = MappedBuffer(self.ctx.slot, size) if mapped else Buffer(self.ctx.slot, size)
+    def _buffer(self, size: int, mapped: bool = False, exported: bool = False) -> Any:
+        if mapped:
+            b = MappedBuffer(self.ctx.slot, size)
+        elif exported:   # devices that share memory with this one read it in place (the K2K router)
+            b = ExportedBuffer(self.ctx.slot, size)
+        else:
+            b = Buffer(self.ctx.slot, size)
         self.buffers.append(b)
         return b
 
     def _create(self) -> None:
         ctx, spec, d = self.ctx, self.spec, self.ctx.in_flight
         self.inbox = self._buffer(RING_HEADER_BYTES + spec.inbox_capacity * self.slot_size)
-        self.outbox = self._buffer(d * self.outbox_region)
+        self.outbox = self._buffer(d * self.outbox_region, exported=self.runtime.exports_outboxes(ctx.index))
         self.control = self._buffer(RING_HEADER_BYTES + ctx.table_size * 16)
         self.states = [self._buffer(size) for size in spec.state_sizes]
         self.h2k_buffer = self._buffer(d * self.h2k_region, mapped=True)

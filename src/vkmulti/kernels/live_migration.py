@@ -72,13 +72,13 @@ class _Twin(Kernel):
     """A kernel being built on a target device: its device-local buffers come from
     the runtime's migration pool where one of the size is free."""
 
-    def _buffer(self, size: int, mapped: bool = False) -> Any:
-        if not mapped:
+    def _buffer(self, size: int, mapped: bool = False, exported: bool = False) -> Any:
+        if not mapped and not exported:   # (an exported outbox is made for the kernel: other devices import it)
             b = self.runtime._buffer_pool().take(self.ctx.index, size)
             if b is not None:
                 self.buffers.append(b)
                 return b
-        return super()._buffer(size, mapped)
+        return super()._buffer(size, mapped, exported)
 
 
 def build_twin(rt: Any, k: Kernel, device: int, spec: KernelSpec | None = None) -> Kernel:

@@ -154,15 +154,22 @@ def split_rows(height: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def burst_kernel(messages: int) -> KernelSpec:
+def burst_kernel(messages: int, *, groups: int | None = None) -> KernelSpec:
     """The burst sender / checking sink (bandwidth): as a sender (params=(dest
     address, messages per step)) it fills `messages` outbox slots with full
-    payloads every step; as a receiver it checks and counts up to `messages`
-    messages a step. Both rings hold `messages` slots; one workgroup per slot."""
+    payloads every step; with params=(dest, messages, 1, first) steps from
+    `first` on only restamp the payload words the sink checks (a sender whose
+    payloads are ready; pass the runtime's in_flight so that every outbox
+    region was written in full once). As a receiver it checks and counts up
+    to `messages` messages a step. Both rings hold `messages` slots; `groups`
+    workgroups (default: one per slot) share the slots."""
     if isinstance(messages, bool) or not isinstance(messages, int) or not 1 <= messages <= 65536:
         raise ValueError(f"messages must be an int in [1, 65536], got {messages!r}")
+    groups = messages if groups is None else groups
+    if isinstance(groups, bool) or not isinstance(groups, int) or not 1 <= groups <= 65535:
+        raise ValueError(f"groups must be an int in [1, 65535], got {groups!r}")
     return KernelSpec("burst", shader_path("kernel_burst.comp.spv").read_bytes(), state_sizes=(64,),
-                      inbox_capacity=messages, outbox_capacity=messages, groups=(messages, 1, 1))
+                      inbox_capacity=messages, outbox_capacity=messages, groups=(groups, 1, 1))
 
 
 @dataclass(frozen=True)

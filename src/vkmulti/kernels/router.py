@@ -301,7 +301,7 @@ class CrossGpuK2KRouter:
             self._engine = DeliveryEngine(self, runtime, max_landings=landings,
                                           submit_timeout=self.submit_timeout or 30.0)
             self.runtime = runtime
-            runtime.add_step_listener(self._on_step, retain=True)
+            runtime.add_step_listener(self._on_step, retain=True, prepare=self._prepare)
             life = getattr(runtime.manager, "_life", None)
             if life is not None:
                 life.adopt(self)   # the manager's destroy() detaches it first (before the runtime)
@@ -364,6 +364,11 @@ class CrossGpuK2KRouter:
                 for b in batches:
                     b.release()
             self._check_sent()
+
+    def _prepare(self, kernels: list[Kernel]) -> None:
+        with self._delivery_lock:
+            if self._engine is not None:
+                self._engine.prepare(kernels)
 
     def _refresh(self) -> None:
         with self._delivery_lock:

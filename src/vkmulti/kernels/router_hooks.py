@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from ..errors import DestroyedError, TimeoutError as VkmTimeout
 from ..images import Buffer
+from ..peer_memory import ImportedBuffer
 from ..render import as_wait_points
 from .host_io import _count, _timeout
 from .kernel import InboundBatch, Kernel, OutboxBatch
@@ -25,33 +26,44 @@ class RouterHooks:
     _lock: Any
     _listeners: list
     _retaining: set
+    _preparers: dict
     _contexts: dict
     _kernels: dict
     outbox_feed: Any
     slot_size: int
 
-    def add_step_listener(self, listener: Callable[[list[OutboxBatch]], Any], *, retain: bool = False) -> None:
+    def add_step_listener(self, listener: Callable[[list[OutboxBatch]], Any], *, retain: bool = False,
+                          prepare: Callable[[list[Kernel]], Any] | None = None) -> None:
         """Call `listener(batches)` after each step with the new outbox batches (the
         router's hook: it copies them to other devices and hold()s them). With
         `retain=True` every batch handed to it starts retained once for it (it
         cannot count as done, so its region is not reused) until the listener
-        calls `batch.release()`; it must do so exactly once per batch."""
+        calls `batch.release()`; it must do so exactly once per batch.
+        `prepare(kernels)`, if given, runs at the start of each step call (no
+        device lock held) with the kernels it is asked to step: a router
+        releases there the batches other devices have finished reading, so
+        their kernels need not be deferred."""
         if not callable(listener):
             raise TypeError(f"listener must be callable, got {type(listener).__name__}")
         if not isinstance(retain, bool):
             raise TypeError(f"retain must be a bool, got {retain!r}")
+        if prepare is not None and not callable(prepare):
+            raise TypeError(f"prepare must be callable or None, got {type(prepare).__name__}")
         with self._lock:
             self._listeners.append(listener)
             if retain:
                 self._retaining.add(id(listener))
+            if prepare is not None:
+                self._preparers[id(listener)] = prepare
 
     def remove_step_listener(self, listener: Callable[[list[OutboxBatch]], Any]) -> None:
         """Stop calling `listener` (a step already running still hands it its batches)."""
         with self._lock:
             if listener in self._listeners:
-                self._listeners.remove(listener)
+                stored = self._listeners.pop(self._listeners.index(listener))   # (a bound method: an equal object)
                 if listener not in self._listeners:
-                    self._retaining.discard(id(listener))
+                    self._retaining.discard(id(stored))
+                    self._preparers.pop(id(stored), None)
 
     def set_outbox_feed(self, feed: Any) -> None:
         """Install (or remove, with None) the source of messages the host routes on a
@@ -77,28 +89,29 @@ class RouterHooks:
 
     def forget_buffer(self, buffer: Any) -> None:
         """Drop the descriptor sets cached for `buffer` (batches accepted with
-        reuse_sets=True) before it is destroyed; they are freed once the steps
-        already submitted on its device are done."""
+        reuse_sets=True), before or after it is destroyed; they are freed once
+        the steps already submitted on its device are done."""
         if not isinstance(buffer, Buffer):
             raise TypeError(f"buffer must be a vkmulti Buffer, got {type(buffer).__name__}")
         with self._lock:
             pair = self._contexts.get(buffer.slot.index)
             kernels = [k for k in self._kernels.values() if k is not None]
-        if pair is None or buffer.handle is None:
+        if pair is None:
             return
         ctx, stepper = pair
-        handle = buffer.handle_int
-        with ctx.lock:
-            for key in [key for key in ctx.buffer_sets if key[0] == handle]:
+        with ctx.lock:   # (the sets are kept by the buffer object: this works after its destroy() too)
+            for key in [key for key in ctx.buffer_sets if key[0] is buffer]:
                 stepper.retired.append((ctx.value, ctx.buffer_sets.pop(key)))
             for k in kernels:
                 if k.ctx is ctx and not k.destroyed:
-                    for key in [key for key in k.deliver_sets if key[0] == "in" and key[1] == handle]:
+                    for key in [key for key in k.deliver_sets if key[0] == "in" and key[1] is buffer]:
                         stepper.retired.append((ctx.value, k.deliver_sets.pop(key)))
 
     def accept_batch(self, device: int, buffer: Any, offset: int = 0, size: int | None = None, *,
                      wait: Any = None, source: Kernel | None = None, hops: int = 0, report_unknown: bool = True,
-                     submitted: Callable[[float], Any] | None = None, reuse_sets: bool = False) -> InboundBatch:
+                     submitted: Callable[[float], Any] | None = None, reuse_sets: bool = False,
+                     direct: Kernel | None = None, direct_slots: int | None = None,
+                     lazy: bool = False) -> InboundBatch:
         """Hand the kernels of `device` a batch in `buffer` (a vkmulti Buffer on that
         device, laid out as an outbox region: 16-word header with the count, then
         slots of this runtime's size) from `offset`. The next steps there deliver
@@ -113,7 +126,16 @@ class RouterHooks:
         TransferTicket.wait_submitted when it shares that step's queue).
         `reuse_sets=True`: the buffer is reused for later batches (a router's
         pool), so the descriptor sets made for it are kept for them; call
-        forget_buffer() before destroying it."""
+        forget_buffer() before destroying it. `direct`: a kernel of `device` the
+        batch is expected to be all for (its sender's recent batches were):
+        that kernel's next step copies the batch's first `direct_slots` slots
+        (default all) into its inbox with a copy command and takes them in
+        place, checking on the GPU that they are all its own; any that are not
+        (or past `direct_slots`) are delivered as usual, so a wrong guess costs
+        speed, never a message. `lazy=True`: no step waits on the GPU for `wait`;
+        the first step recorded once it is reached reads the batch (with the
+        batches after it from the same source), so a batch that is probably
+        empty does not tie this device's steps to the other device's."""
         self._check()
         if isinstance(device, bool) or not isinstance(device, int):
             raise TypeError(f"device must be an int, got {type(device).__name__}")
@@ -140,13 +162,67 @@ class RouterHooks:
             raise TypeError(f"submitted must be callable or None, got {type(submitted).__name__}")
         if not isinstance(reuse_sets, bool):
             raise TypeError(f"reuse_sets must be a bool, got {reuse_sets!r}")
+        if not isinstance(lazy, bool):
+            raise TypeError(f"lazy must be a bool, got {lazy!r}")
+        slots = (size - RING_HEADER_BYTES) // self.slot_size
+        if direct is not None:
+            if not isinstance(direct, Kernel):
+                raise TypeError(f"direct must be a Kernel or None, got {type(direct).__name__}")
+            if direct.runtime is not self or direct.device_index != device:
+                raise ValueError(f"direct kernel {direct.id!r} is not a kernel of this runtime on GPU {device}")
+        direct_slots = slots if direct_slots is None else _count(direct_slots, "direct_slots", 0, slots)
+        return self._accept(ctx, stepper, buffer, offset, size, points, source, hops, report_unknown, submitted,
+                            reuse_sets, direct, direct_slots, lazy)
+
+    def _accept(self, ctx: Any, stepper: Any, buffer: Any, offset: int, size: int, points: list, source: Any,
+                hops: int, report_unknown: bool, submitted: Any, reuse_sets: bool, direct: Any,
+                direct_slots: int, lazy: bool = False) -> InboundBatch:
+        """accept_batch once its arguments are checked (the router calls it directly)."""
         b = InboundBatch(ctx, buffer, offset, size, points, hops=hops, report_unknown=report_unknown,
-                         submitted=submitted, reuse_sets=reuse_sets)
+                         submitted=submitted, reuse_sets=reuse_sets, direct=direct, direct_slots=direct_slots,
+                         lazy=lazy)
         b.source = source
+        imported = isinstance(buffer, ImportedBuffer)
         with ctx.lock:
             ctx.check()
+            if imported:
+                if (source is not None and source.destroyed) or buffer.destroyed:
+                    raise DestroyedError("the outbox it lies in was freed: it is no longer read in place")
+                if not getattr(buffer, "_watched", False):   # its memory may go: stop reading it first
+                    buffer._watched = True
+                    buffer.on_destroy(lambda view=buffer: self._drop_readers(view))
             stepper.batches.append(b)
         return b
+
+    def _drop_readers(self, view: ImportedBuffer, timeout: float | None = 30.0) -> None:
+        """Batches read in place through `view` (an import of another device's outbox)
+        are dropped, undelivered, before its memory goes: the steps already
+        submitted that read them are waited for, and the descriptor sets made
+        for it are let go. Takes only the lock of the view's device, and only
+        when there is something to drop."""
+        pair = self._contexts.get(view.slot.index)
+        if pair is None:
+            return
+        ctx, stepper = pair
+        held = any(key[0] is view for key in list(ctx.buffer_sets)) or \
+            any(b.buffer is view for b in list(stepper.batches))
+        if held:
+            with ctx.lock:
+                if not ctx.alive:
+                    return
+                last = 0
+                for b in list(stepper.batches):
+                    if b.buffer is view:
+                        stepper.batches.remove(b)
+                        last = max(last, b.last_value)
+                        stepper.retired += [(b.last_value, s) for s in b.sets]
+                        b.sets = []
+                        b.done = True
+                        b.event.set()
+                ctx.cond.notify_all()
+                while ctx.completed() < last:
+                    ctx.wait_unlocked(last, timeout)
+        self.forget_buffer(view)
 
     def withdraw_batch(self, batch: InboundBatch, *, timeout: float | None = 30.0) -> int:
         """Take an accepted batch back before it is fully delivered (a router that

@@ -102,6 +102,8 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         self._generation = [0] * self.max_kernels
         self._listeners: list[Callable[[list[OutboxBatch]], Any]] = []
         self._retaining: set[int] = set()   # ids of listeners each new batch starts retained for
+        self._preparers: dict[int, Callable[[list[Kernel]], Any]] = {}   # listener id -> before-step hook
+        self._exports: dict[int, bool] = {}   # device -> whether its kernels' outboxes are exported
         #: the source of messages the host routes on kernels' behalf (the K2K router), or None
         self.outbox_feed: Any = None
         #: messages that could not be delivered and whose sender is gone or unknown (dead letters)
@@ -165,6 +167,19 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         if k is None or k.destroyed:
             return bytes(16)
         return np.array([k.address, k.device_index + 1, k.local_slot, k.tenant], np.uint32).tobytes()
+
+    def exports_outboxes(self, index: int) -> bool:
+        """Whether kernels on GPU `index` get outboxes that other devices of the
+        manager can import (DMABUF with at least one of them): the K2K router then
+        lets those devices read the batches in place instead of copying them."""
+        hit = self._exports.get(index)
+        if hit is None:
+            from ..peer_memory import shares_memory
+
+            me = self.manager.slot(index)
+            hit = self._exports[index] = any(shares_memory(me, self.manager.slot(j))
+                                             for j in range(self.manager.device_count) if j != index)
+        return hit
 
     def has_router(self) -> bool:
         """Whether something moves messages to kernels on other devices (a step listener)."""
@@ -360,6 +375,9 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         with self._lock:   # these listeners see this step's batches; retaining ones release each once
             listeners = list(self._listeners)
             retain = sum(1 for fn in listeners if id(fn) in self._retaining)
+            preparers = list(self._preparers.values())
+        for prepare in preparers:   # e.g. the router lets go of batches other devices finished reading
+            prepare(targets)
         points, launched, deferred, batches = {}, [], [], []
         for dev, ks in sorted(by_device.items()):
             ctx, stepper = self._device(dev)
@@ -472,6 +490,8 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
                     if key is not None:
                         stepper.retired.append((k.last_value, other.deliver_sets.pop(key)))
             ctx.cond.notify_all()
+        self._drop_in_place(k, timeout)   # no device lock held: other devices' locks are taken one at a time
+        with ctx.lock:
             try:
                 while ctx.completed() < k.last_value:
                     ctx.wait_unlocked(k.last_value, timeout)
@@ -483,6 +503,17 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
             index = k.address % self.max_kernels
             self._generation[index] += 1
             self._free_index.append(index)
+
+    def _drop_in_place(self, k: Kernel, timeout: float | None) -> None:
+        """Other devices stop reading k's outbox in place (batches the K2K router
+        handed them through an import of it): what they had not delivered yet is
+        dropped with k, before the outbox is freed (RouterHooks._drop_readers)."""
+        from ..peer_memory import ExportedBuffer
+
+        out = getattr(k, "outbox", None)
+        if isinstance(out, ExportedBuffer):
+            for view in out.imports():
+                self._drop_readers(view, timeout)
 
     #: The manager's destroy() destroys the runtime first: its kernels and
     #: device contexts own buffers, pipelines and pools on the manager's devices.

@@ -24,16 +24,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import vulkan as vk
 
-from .. import vkapi
 from ..errors import TimeoutError as VkmTimeout
 from ..transfer import TimelinePoint
 from . import commands as cmds
-from .device_context import (DELIVER_RECORD, MAX_LOCAL_KERNELS, STATUS_WORDS, SURVEY_RECORD, WHOLE_SIZE,
+from .device_context import (DELIVER_RECORD, STATUS_WORDS, SURVEY_RECORD, WHOLE_SIZE,
                              DeviceContext)
 from .kernel import InboundBatch, Kernel, OutboxBatch, _Batch
-from .messages import ENVELOPE_BYTES, HOST_KERNEL_ID, RING_HEADER_BYTES, HlcTimestamp, K2KMessage, MessageEnvelope
+from .messages import RING_HEADER_BYTES
+from .step_harvest import StepHarvest
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +42,13 @@ _DELIVER_PUSH = struct.Struct("<8I")
 #: Payloads from this size on are delivered in two passes: a plan, then a copy with one
 #: workgroup per message (all invocations on its words) instead of one invocation per message.
 PLANNED_DELIVERY_PAYLOAD = 1024
+#: Delivery pass modes (kernel_deliver.comp's `plan` word): copy, plan (a copy pass follows),
+#: direct (the step copied the batch into the inbox with a copy command: take it in place).
+MODE_COPY, MODE_PLAN, MODE_DIRECT, MODE_DIRECT_KNOWN = 0, 1, 2, 3
+#: A kernel whose latest this many outbox batches held nothing has its next ones read lazily: by
+#: the first step recorded once they are written (here: once their step is done; from another
+#: device: once the relay reached them), not by one that waits for them.
+QUIET_BATCHES = 2
 _SURVEY_PUSH = struct.Struct("<4I")
 _U32 = 0xFFFFFFFF
 
@@ -56,14 +62,16 @@ class InFlight:
     delivers: list[tuple[_Batch | None, Kernel, int]] = field(default_factory=list)   # batch (None: h2k), offset
     surveys: list[tuple[_Batch, int]] = field(default_factory=list)
     directory: list[int] = field(default_factory=list)    # directory entries this step rewrote
+    directs: list[tuple[InboundBatch, Kernel]] = field(default_factory=list)   # batches taken in place
 
 
 def _push(cmd: Any, layout: Any, data: bytes) -> None:
     cmds.push(cmd, layout, data)
 
 
-class DeviceStepper:
-    """The step engine of one DeviceContext (all methods run with ctx.lock held)."""
+class DeviceStepper(StepHarvest):
+    """The step engine of one DeviceContext (all methods run with ctx.lock held);
+    reading completed steps back is StepHarvest's (step_harvest.py)."""
 
     def __init__(self, runtime: Any, ctx: DeviceContext):
         self.rt, self.ctx = runtime, ctx
@@ -72,6 +80,7 @@ class DeviceStepper:
         self.nsteps = 0
         self.harvested = 0                  # the last timeline value harvested
         self.retired: list[tuple[int, Any]] = []   # (value, descriptor set) to free once completed
+        self.submitter = cmds.Submitter()
 
     # -- waiting for room ------------------------------------------------------------
 
@@ -157,8 +166,8 @@ class DeviceStepper:
         try:
             gpu_waits, survey_offsets = self._record(rec, launched, taken_h2k)
             gpu_waits += [(p.semaphore, p.value) for p in waits]
-            cmds.submit(self.ctx.slot.native, self.ctx.queue, self.ctx.cmds[rec.region], gpu_waits,
-                        (self.ctx.timeline, value))
+            self.submitter.submit(self.ctx.slot.native, self.ctx.queue, self.ctx.cmds[rec.region], gpu_waits,
+                                  (self.ctx.timeline, value))
         except BaseException:
             for k, slots in reversed(taken_h2k):   # nothing ran: the host messages are still to send
                 k.h2k.extendleft(reversed(slots))
@@ -167,6 +176,9 @@ class DeviceStepper:
                     items, k.injecting = k.injecting[1], None
                     self.rt.settle_injected(k, None, [], items)
             for b, _ in rec.surveys:
+                b.surveyed = False
+            for b, x in rec.directs:
+                b.cleared.discard(x)
                 b.surveyed = False
             with self.ctx.dir_lock:
                 self.ctx.dir_dirty.update(rec.directory)
@@ -181,6 +193,7 @@ class DeviceStepper:
             b = OutboxBatch(k, k.steps, j, point)
             b.retained = retain
             b.surveyed = True
+            b.lazy = k.quiet_batches >= QUIET_BATCHES   # probably empty: read once its step is done
             new.append(b)
             rec.surveys.append((b, off))
             k.outbox_batches[j] = b
@@ -227,10 +240,7 @@ class DeviceStepper:
             if id(b) not in waited:
                 waited.add(id(b))
                 gpu_waits.extend((p.semaphore, p.value) for p in b.waits)
-        vkapi.vkResetCommandBuffer(cmd, 0)
-        vkapi.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
-            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-            flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+        cmds.begin(cmd)
         cmds.barrier(cmd)
         # 1. directory, outbox counts
         with ctx.dir_lock:
@@ -247,9 +257,29 @@ class DeviceStepper:
             old = k.outbox_batches[j]
             if old is not None:
                 gpu_waits += [(p.semaphore, p.value) for p in old.holds]
+        # direct landings: the batch's slots into the (empty) inbox at ring slot 0, by a copy command
+        readable = self._readable()
+        directs = self._directs(launched, rec, take, readable)
+        for x, b, _, copied in directs:
+            if copied:
+                cmds.copy(cmd, b.buffer.handle, x.inbox.handle, b.offset + RING_HEADER_BYTES, RING_HEADER_BYTES,
+                          copied * x.slot_size)
         cmds.barrier(cmd)
         # 2. deliveries and surveys of new inbound batches
-        passes: list[tuple[Kernel, Any, int, int, int, int]] = []   # kernel, set, offset, status, hops, slots
+        mode = MODE_PLAN if self.rt.payload_size >= PLANNED_DELIVERY_PAYLOAD else MODE_COPY
+        # kernel, set, offset, status, hops, slots, mode, slots copied in place
+        passes: list[tuple[Kernel, Any, int, int, int, int, int, int]] = []
+        for x, b, off, copied in directs:   # first: they start the inbox where the copy put the window
+            dset = self._deliver_set(x, ("in", b.buffer, b.size) if b.reuse_sets else None, b.buffer,
+                                     b.size, b)
+            # the sending step's survey read back already: all the batch's messages are x's (and its tenant's,
+            # stamped by the sender's finish pass), so the pass need not check them
+            origin = getattr(b, "k2k_origin", None)
+            known = origin is not None and origin.single_dest == x.address and origin.count <= copied \
+                and origin.kernel.tenant == x.tenant
+            passes.append((x, dset, b.offset, off, b.hops, 0, MODE_DIRECT_KNOWN if known else MODE_DIRECT, copied))
+            rec.delivers.append((b, x, off))
+            wait_for(b)
         for k in launched:
             j = k.steps % d
             n = min(len(k.h2k), k.spec.inbox_capacity)
@@ -265,11 +295,9 @@ class DeviceStepper:
             region[RING_HEADER_BYTES:RING_HEADER_BYTES + n * k.slot_size] = np.frombuffer(b"".join(slots), np.uint8)
             k.h2k_buffer.words[base // 4] = n
             dset = self._deliver_set(k, (k.h2k_buffer.handle_int, k.h2k_bytes), k.h2k_buffer, k.h2k_bytes)
-            passes.append((k, dset, base, off, 0, n))
+            passes.append((k, dset, base, off, 0, n, mode, 0))
             rec.delivers.append((None, k, off))
-        for b in self.batches:
-            if b.done:
-                continue
+        for b in readable:
             for k in launched:
                 if not b.takes(k):
                     continue
@@ -280,21 +308,24 @@ class DeviceStepper:
                 if not inbound:
                     key = (b.buffer.handle_int, b.size)
                 else:
-                    key = ("in", b.buffer.handle_int, b.size) if b.reuse_sets else None
+                    key = ("in", b.buffer, b.size) if b.reuse_sets else None   # (by the object: never a stale handle)
                 dset = self._deliver_set(k, key, b.buffer, b.size, b)
                 slots = (b.size - RING_HEADER_BYTES) // k.slot_size if inbound else b.kernel.spec.outbox_capacity
-                passes.append((k, dset, b.offset, off, getattr(b, "hops", 0), slots))
+                passes.append((k, dset, b.offset, off, getattr(b, "hops", 0), slots, mode, 0))
                 rec.delivers.append((b, k, off))
+                b.passed.add(id(k))   # (some of its messages may be delivered already: never direct for k now)
                 wait_for(b)
         self._record_deliveries(cmd, passes)
-        new_inbound = [b for b in self.batches if isinstance(b, InboundBatch) and not b.surveyed and not b.done]
+        for b, _ in rec.directs:   # a direct pass that takes the whole batch tells as much as a survey
+            b.surveyed = True
+        new_inbound = [b for b in readable if isinstance(b, InboundBatch) and not b.surveyed]
         if new_inbound:
             cmds.bind_pipeline(cmd, ctx.survey.pipeline)
             for b in new_inbound:
                 off = take(SURVEY_RECORD)
                 if off is None:
                     break
-                key = (b.buffer.handle_int, b.size)
+                key = (b.buffer, b.size)
                 pool_set = ctx.buffer_sets.get(key) if b.reuse_sets else None
                 if pool_set is None:
                     pool_set = ctx.descriptor_set(ctx.survey, [(b.buffer.handle, 0, b.size),
@@ -336,8 +367,75 @@ class DeviceStepper:
         for k, off in zip(launched, outbox_surveys):
             self._survey(cmd, k.survey_set, (k.steps % d) * k.outbox_region, off)
         cmds.barrier(cmd, host=True)
-        vkapi.vkEndCommandBuffer(cmd)
+        cmds.end(cmd)
         return gpu_waits, outbox_surveys
+
+    def _readable(self) -> list[_Batch]:
+        """The batches this step reads: every one not done, except a lazy one (from a
+        sender whose recent batches were empty) that is not known to hold messages
+        here yet, which a later step reads (if it has any) instead of this one
+        waiting on the GPU for the other device, and the batches after it from the
+        same sender (FIFO). Known: a local batch once its step's survey is read
+        back; a landing once its sending step's survey is and names this device
+        (else the router takes it back unread) and its relay point is reached,
+        or, without a sending step to ask (none, or destroyed), once its wait
+        points are reached."""
+        out: list[_Batch] = []
+        held: set[int] = set()
+        native, here = self.ctx.slot.native, self.ctx.index
+        for b in self.batches:
+            if b.done:
+                continue
+            src = b.source
+            if src is not None and id(src) in held:
+                continue
+            if b.lazy:
+                origin = getattr(b, "k2k_origin", None)
+                if isinstance(b, OutboxBatch):   # a local one: written by a step of this device
+                    ready = b.pending is not None
+                else:
+                    ready = (origin is None or origin.kernel.destroyed or
+                             (origin.pending is not None and origin.remote_devices >> here & 1)) \
+                        and all(native.timeline_value(p.semaphore) >= p.value for p in b.waits)
+                if not ready:
+                    if src is not None:
+                        held.add(id(src))
+                    continue
+            out.append(b)
+        return out
+
+    def _directs(self, launched: list[Kernel], rec: InFlight, take: Any,
+                 readable: list[_Batch]) -> list[tuple[Kernel, InboundBatch, int, int]]:
+        """The inbound batches launched kernels take in place this step (direct
+        landings): for each kernel, the first batch guessed to be all its own,
+        unless an older batch of the same sender may still hold messages for it
+        (FIFO per pair). Each is cleared for its kernel now (the pass takes all of
+        them, on the fast path or not). Returns (kernel, batch, status offset,
+        slots to copy)."""
+        out: list[tuple[Kernel, InboundBatch, int, int]] = []
+        if not any(getattr(b, "direct", None) is not None for b in readable):
+            return out
+        stepping = {id(k) for k in launched}
+        taken: set[int] = set()
+        waiting: set[tuple[int, int]] = set()   # (sender, kernel): an older batch may hold messages for it
+        for b in readable:
+            x, src = getattr(b, "direct", None), b.source
+            slots = (b.size - RING_HEADER_BYTES) // self.rt.slot_size
+            if x is not None and src is not None and id(x) in stepping and id(x) not in taken and \
+                    not x.destroyed and slots <= x.spec.inbox_capacity and b.takes(x) and \
+                    id(x) not in b.passed and (id(src), id(x)) not in waiting:   # (the empty inbox holds it all)
+                off = take(DELIVER_RECORD)
+                if off is None:
+                    break
+                taken.add(id(x))
+                b.cleared.add(x)
+                rec.directs.append((b, x))
+                out.append((x, b, off, min(b.direct_slots, slots)))
+            if src is not None:
+                for k in launched:
+                    if b.takes(k):
+                        waiting.add((id(src), id(k)))
+        return out
 
     def _place_injected(self, k: Kernel, j: int, feed: Any) -> None:
         """Messages the host routes as `k` (outbox feed) go into the last slots of the
@@ -374,12 +472,11 @@ class DeviceStepper:
                                   (ctx.status.handle, 0, WHOLE_SIZE)])
         return pool_set[1]
 
-    def _record_deliveries(self, cmd: Any, passes: list[tuple[Kernel, Any, int, int, int, int]]) -> None:
+    def _record_deliveries(self, cmd: Any, passes: list[tuple[Kernel, Any, int, int, int, int, int, int]]) -> None:
         """The delivery passes, in rounds: passes into one inbox are ordered by a
         barrier (each reads and moves its tail), passes into different inboxes
         run side by side. Large messages go plan first, then a copy pass."""
         ctx = self.ctx
-        planned = self.rt.payload_size >= PLANNED_DELIVERY_PAYLOAD
         rounds: list[list[tuple]] = []
         seen: dict[int, int] = {}
         for p in passes:
@@ -392,143 +489,24 @@ class DeviceStepper:
             if i:
                 cmds.barrier(cmd)
             cmds.bind_pipeline(cmd, ctx.deliver.pipeline)
-            for k, dset, offset, status, hops, _ in group:
+            for k, dset, offset, status, hops, _, mode, copied in group:
                 cmds.bind_set(cmd, ctx.deliver.layout, dset, (offset,))
-                _push(cmd, ctx.deliver.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, int(planned),
-                                                                  0, 0, 0))
+                _push(cmd, ctx.deliver.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, mode,
+                                                                  copied, 0, 0))
                 cmds.dispatch(cmd, 1, 1, 1)
+            planned = [p for p in group if p[6] == MODE_PLAN]
             if planned:
                 cmds.barrier(cmd)
                 cmds.bind_pipeline(cmd, ctx.deliver_copy.pipeline)
-                for k, dset, offset, status, hops, slots in group:
+                for k, dset, offset, status, hops, slots, _, _ in planned:
                     cmds.bind_set(cmd, ctx.deliver_copy.layout, dset, (offset,))
                     _push(cmd, ctx.deliver_copy.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, 1,
                                                                            0, 0, 0))
-                    cmds.dispatch(cmd, max(1, min(slots, self.ctx.max_group_count[0])), 1, 1)
+                    # as many workgroups as the plan found messages for (none: nothing runs)
+                    cmds.dispatch_indirect(cmd, ctx.status.handle, 4 * (status + 4))
 
     def _survey(self, cmd: Any, dset: Any, offset: int, status: int) -> None:
         ctx = self.ctx
         cmds.bind_set(cmd, ctx.survey.layout, dset, (offset,))
         _push(cmd, ctx.survey.layout, _SURVEY_PUSH.pack(status, ctx.index, ctx.table_size, 0))
         cmds.dispatch(cmd, 1, 1, 1)
-
-    # -- harvest --------------------------------------------------------------------------
-
-    def harvest(self) -> None:
-        """Read back every completed step: host messages, counts, delivery results."""
-        if not self.inflight and not self.retired:
-            return
-        done = self.ctx.completed()
-        changed = False
-        while self.inflight and self.inflight[0].value <= done:
-            rec = self.inflight.popleft()
-            self._harvest_one(rec)
-            self.harvested = rec.value
-            changed = True
-        if changed:
-            for b in list(self.batches):
-                if b.pending is not None:
-                    b.pending = {k for k in b.pending if not k.destroyed}
-                if b.finish_if_done(done):
-                    self.batches.remove(b)
-                    if isinstance(b, InboundBatch):
-                        self.retired += [(b.last_value, s) for s in b.sets]
-                        b.sets = []
-            self.ctx.cond.notify_all()
-        if self.retired:
-            keep = []
-            for value, pool_set in self.retired:
-                if value <= done:
-                    self.ctx.free_set(pool_set)
-                else:
-                    keep.append((value, pool_set))
-            self.retired = keep
-
-    def _harvest_one(self, rec: InFlight) -> None:
-        status = self.ctx.status.words
-        for b, off in rec.surveys:
-            self._apply_survey(b, status[off:off + SURVEY_RECORD])
-        for b, k, off in rec.delivers:
-            taken, left, rejected = (int(x) for x in status[off:off + 3])
-            if b is None:
-                continue
-            b.delivered += taken
-            if rejected:
-                b.rejected += rejected
-                self._fail(b.source, f"{rejected} message(s) rejected by kernel {k.id!r} of tenant {k.tenant}: "
-                                     f"a message may not cross tenants", "rejected", rejected)
-            if left == 0:
-                b.cleared.add(k)
-                if b.pending is not None:
-                    b.pending.discard(k)
-        for k, j, step in rec.kernels:
-            self._harvest_report(k, j, step)
-
-    def _apply_survey(self, b: _Batch, words: Any) -> None:
-        w = [int(x) for x in words[:14]]
-        local, gone = set(), []
-        bits = np.unpackbits(np.ascontiguousarray(words[:MAX_LOCAL_KERNELS // 32], "<u4").view(np.uint8),
-                             bitorder="little")
-        for i in np.flatnonzero(bits).tolist():
-            k = self.ctx.local[i]
-            if k is not None and not k.destroyed:
-                local.add(k)
-            else:
-                gone.append(i)
-        if gone:
-            self._fail(b.source, f"message(s) addressed to kernel(s) destroyed before delivery "
-                                 f"(local slots {gone} of GPU {self.ctx.index})", "undeliverable", len(gone))
-        b.count, b.remote_devices, b.remote, b.local = w[13], w[8], w[10], w[9]
-        b.pending = local - b.cleared
-        unknown = b.unknown = w[12]
-        if unknown and getattr(b, "report_unknown", True):
-            self._fail(b.source, f"{unknown} message(s) addressed to kernels that do not exist (destroyed, or "
-                                 f"never launched)", "undeliverable", unknown)
-        if b.remote and not self.rt.has_router():
-            devices = [i for i in range(32) if b.remote_devices >> i & 1]
-            self._fail(b.source, f"{b.remote} message(s) addressed to kernels on GPU(s) {devices} and no router "
-                                 f"is attached to the runtime to move them", "undeliverable", b.remote)
-
-    def _fail(self, kernel: Kernel | None, text: str, counter: str, n: int) -> None:
-        """Tell the sending kernel (its next step() raises), or count dead letters."""
-        if kernel is None or kernel.destroyed:
-            self.rt.record_dead_letters(text, n)
-            return
-        setattr(kernel.stats, counter, getattr(kernel.stats, counter) + n)
-        kernel.errors.append(text)
-        log.warning("kernel %r: %s", kernel.id, text)
-
-    def _harvest_report(self, k: Kernel, j: int, step: int) -> None:
-        k.region_harvested[j] = True
-        base = j * k.k2h_region
-        if k.injecting is not None and k.injecting[0] == step:
-            items, k.injecting = k.injecting[1], None
-            taken = 0 if k.destroyed else int(k.k2h.words[base // 4 + 10])
-            self.rt.settle_injected(k, k.outbox_batches[j], items[:taken], items[taken:])
-        if k.destroyed:
-            return
-        words = k.k2h.words[base // 4:base // 4 + 9]
-        host, out, overflow, consumed = (int(x) for x in words[:4])
-        st = k.stats
-        st.steps_completed = step + 1
-        st.messages_consumed += consumed
-        st.messages_sent += out
-        st.messages_to_host += host
-        if overflow:
-            st.outbox_overflow += overflow
-            k.errors.append(f"step {step}: {overflow} message(s) did not fit the outbox of "
-                            f"{k.spec.outbox_capacity} slots (check vkm_emit's result, keep them for the next step)")
-        if host:
-            raw = k.k2h.bytes[base + RING_HEADER_BYTES:base + RING_HEADER_BYTES + host * k.slot_size].tobytes()
-            latest = None
-            for i in range(host):
-                env = MessageEnvelope.unpack(raw[i * k.slot_size:i * k.slot_size + ENVELOPE_BYTES])
-                length = min(env.payload_len, k.payload_size)
-                start = i * k.slot_size + ENVELOPE_BYTES
-                k.received.append(K2KMessage(k.id, HOST_KERNEL_ID, raw[start:start + length], env.tag,
-                                             env.sequence, env.timestamp, env.tenant, env.hops, env.priority))
-                latest = env.timestamp
-            if latest is not None:
-                self.rt.hlc.update(latest)
-        clock_words = [int(x) for x in k.k2h.words[base // 4 + 6:base // 4 + 9]]
-        st.clock = HlcTimestamp(clock_words[0] | clock_words[1] << 32, clock_words[2])

@@ -1,0 +1,119 @@
+/* vkm_mirror.c - see vkm_mirror.h. */
+#include "vkm_mirror.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SLICE_NS 20000000ull /* the thread looks at its stop flag this often while the source is idle */
+#define RELEASE_VALUE (UINT64_MAX >> 1)
+
+struct vkm_mirror {
+    vkm_device *src, *dst;
+    VkSemaphore src_sem, dst_sem;
+    uint64_t start; /* the source's value when the mirror was made (the destination's first) */
+    uint64_t spin_ns;
+    pthread_t thread;
+    int started;
+    int stop;             /* atomic */
+    pthread_mutex_t lock; /* the failure below */
+    VkResult error;
+    vkm_error why;
+};
+
+static void failed(vkm_mirror *m, VkResult r, const char *where)
+{
+    pthread_mutex_lock(&m->lock);
+    if (m->error == VK_SUCCESS) {
+        m->error = r;
+        vkm_fail(&m->why, r, where, "the timeline mirror from '%s' to '%s' stopped", m->src->name, m->dst->name);
+    }
+    pthread_mutex_unlock(&m->lock);
+    /* let GPU work waiting on the mirror go (it cannot be told otherwise); fails on a lost destination */
+    vkm_signal_timeline(m->dst, m->dst_sem, RELEASE_VALUE);
+}
+
+static void *follow(void *arg)
+{
+    vkm_mirror *m = arg;
+    uint64_t have = m->start;
+    uint64_t next = m->start + 1; /* the destination starts at the value the source had at creation */
+    VkResult r;
+    while (!__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE)) {
+        r = vkm_spin_wait(m->src, m->src_sem, next, m->spin_ns);
+        if (r == VK_TIMEOUT) r = vkm_wait_timeline(m->src, m->src_sem, next, SLICE_NS);
+        if (r == VK_TIMEOUT) continue;
+        if (r == VK_SUCCESS) r = vkm_timeline_value(m->src, m->src_sem, &have);
+        if (r != VK_SUCCESS) {
+            failed(m, r, "vkWaitSemaphores(mirror source)");
+            return NULL;
+        }
+        /* every value in turn, not the latest alone: validation layers before 2024 (1.3.239 on
+         * Debian 12) keep a signal that passes waits on lower values pending, and call the next one
+         * an error (a signal at the value of each wait is what they track right) */
+        for (; next <= have && r == VK_SUCCESS; next++)
+            r = vkm_signal_timeline(m->dst, m->dst_sem, next);
+        if (r != VK_SUCCESS) {
+            failed(m, r, "vkSignalSemaphore(mirror)");
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
+VkResult vkm_mirror_create(vkm_device *src, VkSemaphore src_sem, vkm_device *dst, uint64_t spin_ns,
+                           vkm_mirror **out, vkm_error *err)
+{
+    if (!out) return vkm_fail(err, VKM_ERROR_INVALID_ARGUMENT, "vkm_mirror_create", "no place for the mirror");
+    *out = NULL;
+    if (!src || !dst || !src_sem || src == dst)
+        return vkm_fail(err, VKM_ERROR_INVALID_ARGUMENT, "vkm_mirror_create",
+                        "a mirror needs a source semaphore and two distinct devices");
+    uint64_t start = 0;
+    VkResult r = vkm_timeline_value(src, src_sem, &start);
+    if (r != VK_SUCCESS) return vkm_fail(err, r, "vkGetSemaphoreCounterValue(mirror source)", NULL);
+    vkm_mirror *m = calloc(1, sizeof *m);
+    if (!m) return vkm_fail(err, VK_ERROR_OUT_OF_HOST_MEMORY, "calloc(mirror)", NULL);
+    m->src = src;
+    m->dst = dst;
+    m->src_sem = src_sem;
+    m->start = start;
+    m->spin_ns = spin_ns;
+    vkm_error_clear(&m->why);
+    pthread_mutex_init(&m->lock, NULL);
+    r = vkm_create_timeline(dst, start, &m->dst_sem);
+    if (r != VK_SUCCESS) {
+        vkm_mirror_destroy(m);
+        return vkm_fail(err, r, "vkCreateSemaphore(mirror)", NULL);
+    }
+    if (pthread_create(&m->thread, NULL, follow, m) != 0) {
+        vkm_mirror_destroy(m);
+        return vkm_fail(err, VK_ERROR_INITIALIZATION_FAILED, "pthread_create",
+                        "the timeline mirror's thread could not be started");
+    }
+    m->started = 1;
+    *out = m;
+    return VK_SUCCESS;
+}
+
+VkSemaphore vkm_mirror_semaphore(const vkm_mirror *m) { return m->dst_sem; }
+
+VkResult vkm_mirror_status(vkm_mirror *m, vkm_error *err)
+{
+    pthread_mutex_lock(&m->lock);
+    VkResult r = m->error;
+    if (r != VK_SUCCESS && err) *err = m->why;
+    pthread_mutex_unlock(&m->lock);
+    return r;
+}
+
+void vkm_mirror_destroy(vkm_mirror *m)
+{
+    if (!m) return;
+    if (m->started) {
+        __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE);
+        pthread_join(m->thread, NULL);
+    }
+    if (m->dst_sem) m->dst->fn.vkDestroySemaphore(m->dst->device, m->dst_sem, NULL);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}

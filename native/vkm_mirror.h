@@ -1,0 +1,36 @@
+/* vkm_mirror.h - a timeline semaphore of one device mirrored on another.
+ *
+ * Two devices cannot share a semaphore where vkmulti runs (no external
+ * semaphore fds on lavapipe, different drivers, ...). A mirror's thread waits
+ * (no GIL) for each new value of a timeline semaphore of the source device and
+ * signals the same value from the host on a timeline semaphore of the
+ * destination device it owns: GPU work there waits on the GPU for work here.
+ * A wait on a mirrored value may be queued before the value exists, on any
+ * queue, even the only one of a device: a host signal never stands behind it
+ * in a queue, so the host never waits for it before submitting. Nothing is
+ * pushed per value: the thread follows the source timeline by itself.
+ */
+#ifndef VKM_MIRROR_H
+#define VKM_MIRROR_H
+
+#include "vkm.h"
+
+typedef struct vkm_mirror vkm_mirror;
+
+/* Start mirroring `src_sem` (a timeline semaphore of `src`) on a new timeline
+ * semaphore of `dst`, starting at the source's current value. `spin_ns`: poll
+ * the source that long before blocking (0 on CPU devices). The source
+ * semaphore must outlive the mirror. */
+VkResult vkm_mirror_create(vkm_device *src, VkSemaphore src_sem, vkm_device *dst, uint64_t spin_ns,
+                           vkm_mirror **out, vkm_error *err);
+/* The destination semaphore (its value follows the source's). */
+VkSemaphore vkm_mirror_semaphore(const vkm_mirror *m);
+/* VK_SUCCESS while it mirrors; else the failure that stopped it (a lost
+ * device), with where and what in *err. After a failure the destination
+ * semaphore was raised as far as it goes, so no GPU work waits on it forever. */
+VkResult vkm_mirror_status(vkm_mirror *m, vkm_error *err);
+/* Stop the thread (within a slice) and destroy the destination semaphore; the
+ * caller makes sure no GPU work still waits on it. */
+void vkm_mirror_destroy(vkm_mirror *m);
+
+#endif

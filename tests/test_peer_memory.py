@@ -1,0 +1,142 @@
+"""Bytes between devices that share memory: ExportedBuffer / ImportedBuffer on
+the virtual pair (opaque fds: equal UUIDs), and TimelineRelay, a native
+timeline mirror that lets one device's GPU work wait for another's without a
+host wait, even queued before the value exists."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import vulkan as vk
+
+import vkmulti
+from vkmulti import _native
+from vkmulti.errors import DestroyedError, DeviceLostError, UnsupportedError
+from vkmulti.kernels import commands as cmds
+from vkmulti.peer_memory import ExportedBuffer, TimelineRelay, shares_memory
+from vkmulti.testing import lose_device
+from vkmulti.timeline import TimelinePoint
+
+
+def test_the_pair_shares_memory_and_imports_see_the_same_bytes(manager):
+    s0, s1 = manager.slot(0), manager.slot(1)
+    assert shares_memory(s0, s1) and shares_memory(s1, s0) and not shares_memory(s0, s0)
+    e = ExportedBuffer(s0, 1 << 16)
+    try:
+        view = e.import_on(s1)
+        assert e.import_on(s1) is view and e.imports() == [view] and view.source is e
+        data = np.arange(1 << 14, dtype=np.uint32)
+        e.upload(data)
+        assert np.array_equal(np.frombuffer(view.download(1 << 16), np.uint32), data)
+        view.upload(data[::-1].copy())   # and the other way
+        assert np.array_equal(np.frombuffer(e.download(1 << 16), np.uint32), data[::-1])
+        with pytest.raises(UnsupportedError, match="GPU 0"):
+            e.import_on(s0)   # its own device: not another device's view
+    finally:
+        e.destroy()
+    assert view.destroyed and e.destroyed
+
+
+def test_an_import_runs_its_finalizers_before_its_memory_goes(manager):
+    e = ExportedBuffer(manager.slot(1), 4096)
+    view = e.import_on(manager.slot(0))
+    seen = []
+    view.on_destroy(lambda: seen.append(view.handle is not None))
+    with pytest.raises(TypeError):
+        view.on_destroy("not callable")
+    e.destroy()
+    assert seen == [True] and view.destroyed
+    with pytest.raises(DestroyedError):
+        e.import_on(manager.slot(0))
+
+
+def test_import_refused_where_memory_is_not_shared(manager, monkeypatch):
+    e = ExportedBuffer(manager.slot(0), 4096)
+    try:
+        monkeypatch.setattr(vkmulti.peer_memory, "shares_memory", lambda a, b: False)
+        with pytest.raises(UnsupportedError, match="cannot import memory of GPU 0"):
+            e.import_on(manager.slot(1))
+    finally:
+        e.destroy()
+
+
+def _submitter(slot, n):
+    q = slot.universal_copy_queue
+    pool = vk.vkCreateCommandPool(slot.device, vk.VkCommandPoolCreateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+        flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=q.family), None)
+    buffers = vk.vkAllocateCommandBuffers(slot.device, vk.VkCommandBufferAllocateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=pool,
+        level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=n))
+    for c in buffers:
+        cmds.begin(c)
+        cmds.barrier(c)
+        cmds.end(c)
+    return q, pool, buffers
+
+
+def _destroy_semaphore(slot, sem):
+    vk.vkDestroySemaphore(slot.device, vk.ffi.cast("VkSemaphore", sem), None)
+
+
+def test_a_relay_orders_two_devices_with_waits_queued_before_the_values_exist(manager):
+    """GPU 1 submits work waiting on relayed values of GPU 0's timeline before GPU 0
+    has submitted what signals them (no host wait); 40 values, validation clean."""
+    s0, s1 = manager.slot(0), manager.slot(1)
+    t0, t1 = s0.native.create_timeline(0), s1.native.create_timeline(0)
+    q0, p0, c0 = _submitter(s0, 40)
+    q1, p1, c1 = _submitter(s1, 40)
+    relay = TimelineRelay(s0, t0, s1)
+    try:
+        tickets = [relay.relay(TimelinePoint(t0, v, 0)) for v in range(1, 41)]
+        assert [t.dst_ready.value for t in tickets] == list(range(1, 41))
+        assert not tickets[0].done()
+        for v, c in enumerate(c1, 1):   # the waits first
+            cmds.submit(s1.native, q1, c, [(relay.timeline, v)], (t1, v))
+        for v, c in enumerate(c0, 1):   # then the signals
+            cmds.submit(s0.native, q0, c, [], (t0, v))
+        tickets[-1].wait(30)
+        s1.native.wait_timeline(t1, 40, 30)
+        assert all(t.done() for t in tickets)
+        with pytest.raises(ValueError, match="not a point of the timeline"):
+            relay.relay(TimelinePoint(t1, 1, 1))
+        with pytest.raises(TypeError):
+            relay.relay((t0, 1))
+    finally:
+        relay.destroy()
+        relay.destroy()
+        for s, p in ((s0, p0), (s1, p1)):
+            vk.vkDestroyCommandPool(s.device, p, None)
+        _destroy_semaphore(s0, t0)
+        _destroy_semaphore(s1, t1)
+    with pytest.raises(DestroyedError):
+        relay.relay(TimelinePoint(t0, 1, 0))
+
+
+def test_a_relay_starts_at_the_source_value_and_checks_its_arguments(manager):
+    s0, s1 = manager.slot(0), manager.slot(1)
+    t0 = s0.native.create_timeline(5)
+    try:
+        with pytest.raises(ValueError, match="twice"):
+            TimelineRelay(s0, t0, s0)
+        with pytest.raises(TypeError, match="semaphore"):
+            TimelineRelay(s0, 0, s1)
+        with pytest.raises(ValueError, match="two devices"):
+            _native.TimelineMirror(s0.native, t0, s0.native)
+        with TimelineRelay(s0, t0, s1) as relay:
+            assert s1.native.timeline_value(relay.timeline) == 5   # values already reached count at once
+            assert relay.relay(TimelinePoint(t0, 5, 0)).done()
+    finally:
+        _destroy_semaphore(s0, t0)
+
+
+def test_a_relay_from_a_lost_device_fails_and_lets_its_waiters_go(manager):
+    s0, s1 = manager.slot(0), manager.slot(1)
+    t0 = s0.native.create_timeline(0)
+    relay = TimelineRelay(s0, t0, s1)
+    ticket = relay.relay(TimelinePoint(t0, 3, 0))
+    lose_device(manager, 0)
+    with pytest.raises(DeviceLostError):
+        ticket.wait(10)
+    assert s1.native.timeline_value(relay.timeline) >= 3   # released: nothing waits on it for ever
+    relay.destroy()
+    _destroy_semaphore(s0, t0)
