@@ -331,7 +331,7 @@ class _Extras:
     passes), and the CRC32 pass with jobs of its own (so waiting for the
     captures does not wait for a hash)."""
     jobs: GpuJobs
-    crc: Any = None
+    crc: dict = field(default_factory=dict)   # engine kind ("shader", "host") -> engine
     crc_jobs: GpuJobs | None = None
 
 
@@ -365,16 +365,34 @@ class KernelLifecycle:
                     e = ext[device] = _Extras(GpuJobs(ctx.slot, ctx.queue))
         return e
 
+    #: Which engine checks a live migration's CRC32s on a device: "auto" (the
+    #: host's zlib on the device's own mapped memory for a CPU device whose
+    #: memory is all host-visible, e.g. lavapipe; the GPU shader elsewhere),
+    #: "shader" (always the GPU shader) or "host" (refused on a real GPU).
+    migration_crc = "auto"
+
     def _crc(self, device: int) -> Any:
+        """The CRC32 engine of `device` chosen by migration_crc (made once per kind)."""
+        choice = self.migration_crc
+        if choice not in ("auto", "shader", "host"):
+            raise ValueError(f"migration_crc must be 'auto', 'shader' or 'host', got {choice!r}"[:120])
         e = self._extras(device)
-        if e.crc is None:
-            from .gpu_crc import GpuCrc
-            ctx = self._context(device)
+        ctx = self._context(device)
+        from .host_crc import HostCrc
+        kind = "shader" if choice == "shader" or (choice == "auto" and not HostCrc.suits(ctx.slot)) else "host"
+        eng = e.crc.get(kind)
+        if eng is None:
             with _CREATE:
-                if e.crc is None:
-                    e.crc_jobs = GpuJobs(ctx.slot, ctx.queue)
-                    e.crc = GpuCrc(ctx, e.crc_jobs)
-        return e.crc
+                eng = e.crc.get(kind)
+                if eng is None:
+                    if kind == "host":
+                        eng = e.crc[kind] = HostCrc(ctx)
+                    else:
+                        from .gpu_crc import GpuCrc
+                        if e.crc_jobs is None:
+                            e.crc_jobs = GpuJobs(ctx.slot, ctx.queue)
+                        eng = e.crc[kind] = GpuCrc(ctx, e.crc_jobs)
+        return eng
 
     def _hold_cond(self) -> threading.Condition:
         c = self.__dict__.get("_held_cond")
@@ -481,8 +499,8 @@ class KernelLifecycle:
         from .live_migration import destroy_engines
         destroy_engines(self, timeout if timeout is not None and timeout != float("inf") else 30.0)
         for e in list(self.__dict__.pop("_extras_by_device", {}).values()):
-            if e.crc is not None:
-                e.crc.destroy()
+            for eng in e.crc.values():
+                eng.destroy()
             if e.crc_jobs is not None:
                 e.crc_jobs.destroy(timeout if timeout is not None and timeout != float("inf") else 30.0)
             e.jobs.destroy(timeout if timeout is not None and timeout != float("inf") else 30.0)
