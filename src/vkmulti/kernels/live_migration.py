@@ -420,11 +420,28 @@ def switch_at_step_boundary(rt: Any, k: Kernel, deadline: float, rings: list[Buf
 
 # -- live migration -----------------------------------------------------------------------------
 
+_CLOSE_TIMEOUT = 30.0
+
+
+def _hash_on_arrival(rt: Any, dst: int, twin: Kernel, tickets: list, deadline: float) -> Any:
+    """The destination's CRC32 job of the twin's state buffers, ordered after the
+    copies by their timeline points (the device waits, not the host). The
+    shader's submit waits on its own queue, which a single-queue device shares
+    with the copies: their GPU work is submitted first (wait_submitted)."""
+    crc = rt._crc(dst)
+    if getattr(crc, "kind", "shader") == "shader":
+        for t in tickets:
+            t.wait_submitted(_left(deadline, "the copies' submission"))
+    return crc.submit([(b, 0, b.size) for b in twin.states], [t.dst_ready for t in tickets])
+
+
 def _switch(rt: Any, k: Kernel, twin: Kernel, request: MigrationRequest, eng: Engine, tickets: list,
-            rings: list[Buffer], src_crc: Any, verify: bool, deadline: float) -> tuple:
+            rings: list[Buffer], crcs: list, verify: bool, deadline: float) -> tuple:
     """The end of a migration, with the gate held and nothing left to stage: control
-    block, inbox and staging batches follow the state, the CRC32s are compared,
-    the kernel swaps to the twin. Returns (transfer s, verify s, match, restore s, bytes)."""
+    block, inbox and staging batches follow the state, the CRC32s are compared
+    (`crcs`: the state buffers' jobs on the source and the destination, submitted
+    when the copy was), the kernel swaps to the twin. Returns (transfer s,
+    verify s, match, restore s, bytes)."""
     src, dst = k.device_index, twin.device_index
     t0 = time.monotonic()
     small = [(k.control, twin.control), (k.inbox, twin.inbox)]
@@ -441,10 +458,14 @@ def _switch(rt: Any, k: Kernel, twin: Kernel, request: MigrationRequest, eng: En
         verify_d = 0.0
         if verify:
             src_small = rt._crc(src).submit([(a, 0, a.size) for a, _ in small])
-            dst_all = rt._crc(dst).submit([(b, 0, b.size) for b in twin.states] + [(b, 0, b.size) for _, b in small])
-            want = src_crc.result(_left(deadline, "the source's CRC32")) + \
+            crcs.append(src_small)
+            dst_small = rt._crc(dst).submit([(b, 0, b.size) for _, b in small])
+            crcs.append(dst_small)
+            src_states, dst_states = crcs[:2]
+            want = src_states.result(_left(deadline, "the source's CRC32")) + \
                 src_small.result(_left(deadline, "the source's CRC32"))
-            got = dst_all.result(_left(deadline, "the destination's CRC32"))
+            got = dst_states.result(_left(deadline, "the destination's CRC32")) + \
+                dst_small.result(_left(deadline, "the destination's CRC32"))
             names = [f"state{i}" for i in range(len(k.states))] + ["control", "inbox"] + \
                 [f"staging{i}" for i in range(len(rings))]
             bad = [n for n, a, b in zip(names, want, got) if a != b]
@@ -483,19 +504,24 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
     rt._hold(k, why, moving=True)
     twin = None
     rings: list[Buffer] = []
+    crcs: list[Any] = []   # CRC32 jobs: source states, destination states, then the small buffers'
     staged = 0
     swapped = False
     try:
         t0 = time.monotonic()
+        # a step() that took k before the hold may still be recording: once the gate
+        # is granted it has submitted (and set k.last_value), and no later step takes k
+        with gate_of(rt).exclusive(_left(deadline, "waiting for the runtime's steps"), f"quiescing {k.id!r}"):
+            pass
         _wait_kernel(rt, k, deadline)
         k.check()
         quiesce_d = time.monotonic() - t0
 
         request.state = MigrationState.CHECKPOINTING
         t0 = time.monotonic()
+        if verify:   # the source's state no longer changes: hash it while the twin is built and the copy runs
+            crcs.append(rt._crc(src).submit([(s, 0, s.size) for s in k.states]))
         twin = build_twin(rt, k, dst)
-        state_ranges = [(s, 0, s.size) for s in k.states]
-        src_crc = rt._crc(src).submit(state_ranges) if verify else None
         checkpoint_d = time.monotonic() - t0
 
         request.state = MigrationState.TRANSFERRING
@@ -503,11 +529,13 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
         method, eng = _engine(rt, src, dst)
         tickets = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in zip(k.states, twin.states)]
         moved = sum(s.size for s in k.states)
+        if verify:   # the destination hashes what arrived as soon as it has landed, no host round trip
+            crcs.append(_hash_on_arrival(rt, dst, twin, tickets, deadline))
         transfer_d = time.monotonic() - t0
 
         def switch(rings: list[Buffer]) -> tuple:
             nonlocal swapped
-            out = _switch(rt, k, twin, request, eng, tickets, rings, src_crc, verify, deadline)
+            out = _switch(rt, k, twin, request, eng, tickets, rings, crcs, verify, deadline)
             swapped = True
             return out
         result, quiesce_add, staged = switch_at_step_boundary(rt, k, deadline, rings, switch)
@@ -521,6 +549,8 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
             ring.destroy()
         rings = []
     except BaseException as exc:
+        for job in crcs:   # nothing may still read the twin's buffers when they are freed
+            job.close(_CLOSE_TIMEOUT)
         if not swapped:
             if rings:
                 try:
