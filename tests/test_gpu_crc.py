@@ -17,14 +17,15 @@ from vkmulti.images import Buffer
 from vkmulti.kernels import KernelRuntime
 from vkmulti.kernels.crc_math import crc32_combine, crc32_finish, raw_crc, shift, zero_tables
 from vkmulti.kernels.gpu_crc import LANES, GpuCrc
-from vkmulti.kernels.host_crc import PIECE_BYTES, HostCrc
+from vkmulti.kernels import host_crc
+from vkmulti.kernels.host_crc import HostCrc
 
 # around word (4), lane (64 words) and block (64 * lane_words words) boundaries
 SIZES = sorted({0, 1, 2, 3, 4, 5, 7, 8, 63, 255, 256, 257, 1021, 1024, 1027,
                 4 * LANES * 16 - 4, 4 * LANES * 16, 4 * LANES * 16 + 3,
                 4 * LANES * 256 - 1, 4 * LANES * 256, 4 * LANES * 256 + 4, 3 * 4 * LANES * 256 + 6,
                 4 * LANES * 1024 - 2, 4 * LANES * 1024, 4 * LANES * 1024 + 1028,
-                100_003, (1 << 20) + 1, 2 * PIECE_BYTES + 5, 3 * PIECE_BYTES - 2})
+                100_003, (1 << 20) + 1, 3 * (1 << 20) - 2})
 
 
 @pytest.fixture
@@ -64,7 +65,8 @@ def test_tables_and_combine_match_zlib():
     assert t.shape == (32, 4, 256) and t[0, 0, 1] == 0x77073096   # zlib's byte table
     for n in (0, 1, 3, 4, 17, 1000, 65536, 1 << 20):
         data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
-        assert crc32_finish(raw_crc(data), n) == zlib.crc32(data) if n <= 1000 else True
+        if n <= 1000:   # (raw_crc is bytewise Python)
+            assert crc32_finish(raw_crc(data), n) == zlib.crc32(data)
         for cut in (0, n // 3, n):
             a, b = data[:cut], data[cut:]
             assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(data)
@@ -97,6 +99,26 @@ def test_both_engines_match_zlib_for_many_sizes(runtime, device):
             assert eng.run([(b, 0, len(d)) for b, d in zip(bufs, datas)]) == want, eng.kind
             for b, d, w in zip(bufs[::5], datas[::5], want[::5]):   # one range a job as well
                 assert eng.run([(b, 0, len(d))]) == [w], (eng.kind, len(d))
+    finally:
+        for b in bufs:
+            b.destroy()
+
+
+@pytest.mark.parametrize("impl", ["default", "zlib"])
+def test_host_engine_pieces_on_threads(runtime, monkeypatch, impl):
+    """The host engine splits a range into pieces hashed on threads and combined:
+    small pieces here, so every size below is several of them; with the
+    crc32 in use (zlib-ng when installed) and with plain zlib."""
+    monkeypatch.setattr(host_crc, "PIECE_BYTES", 4096)
+    if impl == "zlib":
+        monkeypatch.setattr(host_crc, "crc32", zlib.crc32)
+    monkeypatch.setattr(host_crc, "_threads", lambda: 3)
+    rng = np.random.default_rng(3)
+    datas = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (8191, 8192, 12289, 40_000, 1 << 20)]
+    bufs = [_buffer(runtime, 1, d) for d in datas]
+    try:
+        host = _engines(runtime, 1)[1]
+        assert host.run([(b, 0, len(d)) for b, d in zip(bufs, datas)]) == [zlib.crc32(d) for d in datas]
     finally:
         for b in bufs:
             b.destroy()
@@ -137,10 +159,10 @@ def test_bad_ranges_are_refused(runtime):
             _engines(runtime, 0)[0].run([(buf, 60, 5)])
     finally:
         buf.destroy()
-    with pytest.raises(ValueError, match="migration_crc"):
-        runtime.migration_crc = "fast"
-        runtime._crc(0)
-    runtime.migration_crc = "auto"
+    for bad in ("fast", None, 1):
+        with pytest.raises(ValueError, match="migration_crc"):
+            runtime.migration_crc = bad
+    assert runtime.migration_crc == "auto"
 
 
 def test_auto_picks_the_host_engine_on_a_cpu_device_only(runtime):

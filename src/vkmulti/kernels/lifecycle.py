@@ -365,34 +365,23 @@ class KernelLifecycle:
                     e = ext[device] = _Extras(GpuJobs(ctx.slot, ctx.queue))
         return e
 
-    #: Which engine checks a live migration's CRC32s on a device: "auto" (the
-    #: host's zlib on the device's own mapped memory for a CPU device whose
-    #: memory is all host-visible, e.g. lavapipe; the GPU shader elsewhere),
-    #: "shader" (always the GPU shader) or "host" (refused on a real GPU).
-    migration_crc = "auto"
+    @property
+    def migration_crc(self) -> str:
+        """Which engine checks a live migration's CRC32s on a device: "auto" (the
+        host's zlib on the device's own mapped memory for a CPU device whose
+        memory is all host-visible, e.g. lavapipe; the GPU shader elsewhere),
+        "shader" (always the GPU shader) or "host" (UnsupportedError on a GPU)."""
+        return self.__dict__.get("_migration_crc", "auto")
+
+    @migration_crc.setter
+    def migration_crc(self, choice: str) -> None:
+        from .crc_engines import check_choice
+        self.__dict__["_migration_crc"] = check_choice(choice)
 
     def _crc(self, device: int) -> Any:
         """The CRC32 engine of `device` chosen by migration_crc (made once per kind)."""
-        choice = self.migration_crc
-        if choice not in ("auto", "shader", "host"):
-            raise ValueError(f"migration_crc must be 'auto', 'shader' or 'host', got {choice!r}"[:120])
-        e = self._extras(device)
-        ctx = self._context(device)
-        from .host_crc import HostCrc
-        kind = "shader" if choice == "shader" or (choice == "auto" and not HostCrc.suits(ctx.slot)) else "host"
-        eng = e.crc.get(kind)
-        if eng is None:
-            with _CREATE:
-                eng = e.crc.get(kind)
-                if eng is None:
-                    if kind == "host":
-                        eng = e.crc[kind] = HostCrc(ctx)
-                    else:
-                        from .gpu_crc import GpuCrc
-                        if e.crc_jobs is None:
-                            e.crc_jobs = GpuJobs(ctx.slot, ctx.queue)
-                        eng = e.crc[kind] = GpuCrc(ctx, e.crc_jobs)
-        return eng
+        from .crc_engines import crc_engine
+        return crc_engine(self._extras(device), self._context(device), self.migration_crc, _CREATE)
 
     def _hold_cond(self) -> threading.Condition:
         c = self.__dict__.get("_held_cond")

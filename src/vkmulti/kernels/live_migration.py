@@ -11,24 +11,32 @@ nothing reads it (its outbox only after the batches it sent are delivered).
 
 Live migration (`migrate_live`):
 
-1. quiesce: the kernel is held back from stepping and its submitted steps
-   finish; its state can no longer change;
-2. the twin is built on the target; the source's state buffers are hashed
-   (CRC32 on the source GPU) and copied GPU to GPU with the pair's best
-   transfer method while the other kernels keep stepping;
+1. quiesce: the kernel is held back from stepping (a step() that took it
+   before the hold is let finish submitting: the gate, once) and its
+   submitted steps finish; its state can no longer change;
+2. the source's state buffers are hashed (CRC32 job on the source device)
+   while the twin is built on the target; the state is copied GPU to GPU
+   with the pair's best transfer method while the other kernels keep
+   stepping, and the target's hash of the twin's state is queued behind the
+   copies' timeline points (no host round trip between copy and hash);
 3. the switch, with the runtime's gate held: every submitted step finishes,
    the K2K router's queued moves are submitted (their batches land), then one
    GPU pass on the source takes every message still waiting for the kernel
    there (in local outboxes and landed batches, in delivery order) into a
    staging batch, marking them delivered where they were; control block,
-   inbox and staging batch follow the state to the target; the target GPU
-   hashes what arrived and the hashes are compared with the source's;
+   inbox and staging batch follow the state and are hashed on both sides;
+   the hashes are compared with the source's;
 4. the kernel's resources are swapped with the twin's, its directory entry is
    rewritten on every device (their next steps), batches still on the other
    devices are told not to deliver to it (their copies of its messages were
    taken on the source), the staging batch is handed to the target; the
    coordinator completes the migration. Steps resume: messages sent during
    the move reach the kernel after those taken over, none twice.
+
+The CRC32 engine of each device is `runtime._crc(device)` (see
+`KernelLifecycle.migration_crc`): the GPU shader (gpu_crc.py), or on a CPU
+device whose memory is host-visible (lavapipe) the host's zlib over the
+device's own mapped memory (host_crc.py), the same check on the same bytes.
 
 Any failure before the swap leaves the kernel where it was: messages taken
 into the staging batch are handed back to it on the source, the twin is freed.
