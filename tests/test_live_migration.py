@@ -145,10 +145,13 @@ def test_messages_waiting_for_the_kernel_move_with_it(runtime, router):
     assert read_counter(runtime.read_state(sink)).fifo_errors == 0
 
 
-def test_state_is_byte_identical_and_the_kernel_keeps_counting(runtime, router):
+@pytest.mark.parametrize("engine", ["auto", "shader"])
+def test_state_is_byte_identical_and_the_kernel_keeps_counting(runtime, router, engine):
+    """(with the default CRC32 engine and with the GPU shader forced)"""
+    runtime.migration_crc = engine
     rng = np.random.default_rng(3)
     spec = KernelSpec("big-counter", counter_kernel(max_sources=MAX).spirv,
-                      state_sizes=(counter_kernel(max_sources=MAX).state_sizes[0], 1 << 20, 4096))
+                      state_sizes=(counter_kernel(max_sources=MAX).state_sizes[0], 1 << 20, 4100))
     extra = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
     k = runtime.launch(spec, "k", device=0, state=[counter_initial_state(MAX), extra, None])
     peer = counter(runtime, "peer", device=1, params=[k.address])

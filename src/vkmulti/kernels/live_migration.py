@@ -431,16 +431,16 @@ def switch_at_step_boundary(rt: Any, k: Kernel, deadline: float, rings: list[Buf
 _CLOSE_TIMEOUT = 30.0
 
 
-def _hash_on_arrival(rt: Any, dst: int, twin: Kernel, tickets: list, deadline: float) -> Any:
-    """The destination's CRC32 job of the twin's state buffers, ordered after the
-    copies by their timeline points (the device waits, not the host). The
+def _hash_on_arrival(rt: Any, dst: int, buffers: list, tickets: list, deadline: float) -> Any:
+    """The destination's CRC32 job of `buffers` (whole), ordered after the copies
+    `tickets` by their timeline points (the device waits, not the host). The
     shader's submit waits on its own queue, which a single-queue device shares
     with the copies: their GPU work is submitted first (wait_submitted)."""
     crc = rt._crc(dst)
     if getattr(crc, "kind", "shader") == "shader":
         for t in tickets:
             t.wait_submitted(_left(deadline, "the copies' submission"))
-    return crc.submit([(b, 0, b.size) for b in twin.states], [t.dst_ready for t in tickets])
+    return crc.submit([(b, 0, b.size) for b in buffers], [t.dst_ready for t in tickets])
 
 
 def _switch(rt: Any, k: Kernel, twin: Kernel, request: MigrationRequest, eng: Engine, tickets: list,
@@ -456,8 +456,11 @@ def _switch(rt: Any, k: Kernel, twin: Kernel, request: MigrationRequest, eng: En
     landings = [Buffer(twin.ctx.slot, ring.size) for ring in rings]
     try:
         small += list(zip(rings, landings))
-        tickets = tickets + [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in small]
-        for t in tickets:
+        more = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in small]
+        if verify:   # final on the source (gate held, staged); on the target once they landed
+            crcs.append(rt._crc(src).submit([(a, 0, a.size) for a, _ in small]))
+            crcs.append(_hash_on_arrival(rt, dst, [b for _, b in small], more, deadline))
+        for t in tickets + more:
             t.wait(_left(deadline, "the GPU-to-GPU copies"))
         transfer_d = time.monotonic() - t0
         request.state = MigrationState.RESTORING
@@ -465,11 +468,7 @@ def _switch(rt: Any, k: Kernel, twin: Kernel, request: MigrationRequest, eng: En
         match = None
         verify_d = 0.0
         if verify:
-            src_small = rt._crc(src).submit([(a, 0, a.size) for a, _ in small])
-            crcs.append(src_small)
-            dst_small = rt._crc(dst).submit([(b, 0, b.size) for _, b in small])
-            crcs.append(dst_small)
-            src_states, dst_states = crcs[:2]
+            src_states, dst_states, src_small, dst_small = crcs
             want = src_states.result(_left(deadline, "the source's CRC32")) + \
                 src_small.result(_left(deadline, "the source's CRC32"))
             got = dst_states.result(_left(deadline, "the destination's CRC32")) + \
@@ -484,6 +483,8 @@ def _switch(rt: Any, k: Kernel, twin: Kernel, request: MigrationRequest, eng: En
             match = True
         k.check()
     except BaseException:
+        for job in crcs:   # nothing may still read the landings when they are freed
+            job.close(_CLOSE_TIMEOUT)
         for b in landings:
             b.destroy()
         raise
@@ -512,7 +513,7 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
     rt._hold(k, why, moving=True)
     twin = None
     rings: list[Buffer] = []
-    crcs: list[Any] = []   # CRC32 jobs: source states, destination states, then the small buffers'
+    crcs: list[Any] = []   # CRC32 jobs: source, destination states; source, destination small buffers
     staged = 0
     swapped = False
     try:
@@ -538,7 +539,7 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
         tickets = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in zip(k.states, twin.states)]
         moved = sum(s.size for s in k.states)
         if verify:   # the destination hashes what arrived as soon as it has landed, no host round trip
-            crcs.append(_hash_on_arrival(rt, dst, twin, tickets, deadline))
+            crcs.append(_hash_on_arrival(rt, dst, twin.states, tickets, deadline))
         transfer_d = time.monotonic() - t0
 
         def switch(rings: list[Buffer]) -> tuple:
