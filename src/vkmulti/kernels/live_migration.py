@@ -15,10 +15,10 @@ Live migration (`migrate_live`):
    before the hold is let finish submitting: the gate, once) and its
    submitted steps finish; its state can no longer change;
 2. the source's state buffers are hashed (CRC32 job on the source device)
-   while the twin is built on the target; the state is copied GPU to GPU
-   with the pair's best transfer method while the other kernels keep
-   stepping, and the target's hash of the twin's state is queued behind the
-   copies' timeline points (no host round trip between copy and hash);
+   and copied GPU to GPU with the pair's best transfer method into state
+   buffers on the target, while the twin is built around them and the other
+   kernels keep stepping; the target's hash of what arrived is queued behind
+   the copies' timeline points (no host round trip between copy and hash);
 3. the switch, with the runtime's gate held: every submitted step finishes,
    the K2K router's queued moves are submitted (their batches land), then one
    GPU pass on the source takes every message still waiting for the kernel
@@ -78,7 +78,20 @@ _STATUS_WORDS = 4
 
 class _Twin(Kernel):
     """A kernel being built on a target device: its device-local buffers come from
-    the runtime's migration pool where one of the size is free."""
+    the runtime's migration pool where one of the size is free; state buffers
+    given as `states` (already being filled by the copies) are adopted."""
+
+    def __init__(self, *args: Any, states: list | None = None):
+        self._presets = list(states) if states is not None else None
+        super().__init__(*args)
+
+    def _state_buffer(self, index: int, size: int) -> Any:
+        presets = self._presets
+        if presets is not None and presets[index] is not None:
+            b, presets[index] = presets[index], None
+            self.buffers.append(b)   # the twin owns it from here (freed or pooled with the rest)
+            return b
+        return super()._state_buffer(index, size)
 
     def _buffer(self, size: int, mapped: bool = False, exported: bool = False) -> Any:
         if not mapped and not exported:   # (an exported outbox is made for the kernel: other devices import it)
@@ -89,19 +102,45 @@ class _Twin(Kernel):
         return super()._buffer(size, mapped, exported)
 
 
-def build_twin(rt: Any, k: Kernel, device: int, spec: KernelSpec | None = None) -> Kernel:
-    """A Kernel with k's id, address, tenant and params, its resources on `device`,
-    initialised (rings zeroed, headers written) except its state buffers, which
-    the caller fills whole; not registered anywhere."""
-    spec = spec or k.spec
+def _check_state_sizes(rt: Any, k: Kernel, device: int, spec: KernelSpec) -> Any:
     ctx, _ = rt._device(device)
     for i, n in enumerate(spec.state_sizes):
         if n > ctx.max_storage_range:
             raise MigrationError(f"state buffer {i} of {k.id!r} is {n} bytes; GPU {device} binds at most "
                                  f"{ctx.max_storage_range} (maxStorageBufferRange)")
+    return ctx
+
+
+def state_buffers(rt: Any, k: Kernel, device: int) -> list[Buffer]:
+    """Device-local buffers on `device` for k's state (from the migration pool where
+    it has them), to copy into before the twin exists (build_twin(states=...))."""
+    ctx = _check_state_sizes(rt, k, device, k.spec)
+    out: list[Buffer] = []
+    try:
+        for n in k.spec.state_sizes:
+            b = rt._buffer_pool().take(ctx.index, n)
+            out.append(b if b is not None else Buffer(ctx.slot, n))
+    except BaseException:
+        for b in out:
+            b.destroy()
+        raise
+    return out
+
+
+def build_twin(rt: Any, k: Kernel, device: int, spec: KernelSpec | None = None,
+               states: list[Buffer] | None = None) -> Kernel:
+    """A Kernel with k's id, address, tenant and params, its resources on `device`,
+    initialised (rings zeroed, headers written) except its state buffers, which
+    the caller fills whole (or `states`, buffers of that device it adopts: the
+    caller keeps those it did not adopt, None in the list marking adopted ones);
+    not registered anywhere."""
+    spec = spec or k.spec
+    ctx = _check_state_sizes(rt, k, device, spec)
     with ctx.lock:
         ctx.check()
-        twin = _Twin(rt, ctx, spec, k.id, k.address, k.tenant, tuple(k.params))
+        twin = _Twin(rt, ctx, spec, k.id, k.address, k.tenant, tuple(k.params), states=states)
+    if states is not None:
+        states[:] = twin._presets   # adopted ones are None now
     try:
         ctx.run_once(twin.init_commands([np.zeros(0, np.uint8)] * len(spec.state_sizes)))   # empty: left as is
     except BaseException:
@@ -514,6 +553,7 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
     twin = None
     rings: list[Buffer] = []
     crcs: list[Any] = []   # CRC32 jobs: source, destination states; source, destination small buffers
+    presets: list[Any] = []   # the twin's state buffers until it adopts them
     staged = 0
     swapped = False
     try:
@@ -528,16 +568,17 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
 
         request.state = MigrationState.CHECKPOINTING
         t0 = time.monotonic()
-        if verify:   # the source's state no longer changes: hash it while the twin is built and the copy runs
+        if verify:   # the source's state no longer changes: hash it while the copy runs and the twin is built
             crcs.append(rt._crc(src).submit([(s, 0, s.size) for s in k.states]))
-        twin = build_twin(rt, k, dst)
+        presets = state_buffers(rt, k, dst)
         checkpoint_d = time.monotonic() - t0
 
         request.state = MigrationState.TRANSFERRING
         t0 = time.monotonic()
         method, eng = _engine(rt, src, dst)
-        tickets = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in zip(k.states, twin.states)]
+        tickets = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in zip(k.states, presets)]
         moved = sum(s.size for s in k.states)
+        twin = build_twin(rt, k, dst, states=presets)   # while the state copies run
         if verify:   # the destination hashes what arrived as soon as it has landed, no host round trip
             crcs.append(_hash_on_arrival(rt, dst, twin.states, tickets, deadline))
         transfer_d = time.monotonic() - t0
@@ -570,6 +611,9 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
                               k.id, staged, back)
             if twin is not None:
                 _free_twin(twin)
+            for b in presets:   # those no twin adopted (their destroy() waits for the copies into them)
+                if b is not None:
+                    b.destroy()
         if isinstance(exc, MigrationError):
             raise
         raise MigrationError(f"live migration of {k.id!r} from GPU {src} to GPU {dst} failed: {exc}") from exc
