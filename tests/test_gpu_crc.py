@@ -184,3 +184,38 @@ def test_auto_picks_the_host_engine_on_a_cpu_device_only(runtime):
         assert isinstance(eng, GpuCrc)
         with pytest.raises(UnsupportedError):
             HostCrc(runtime._context(0))
+
+
+def test_a_host_job_waits_for_its_points_and_can_be_closed(runtime):
+    """A host job hashes only once its timeline points are reached; one closed
+    while it still waits stops at once (result() says it was cancelled)."""
+    import time
+
+    import vulkan as vk
+
+    from vkmulti.kernels.host_crc import Cancelled
+    from vkmulti.timeline import TimelinePoint
+
+    host = _host_engine(runtime, 0)
+    slot = runtime.manager.slot(0)
+    data = bytes(range(256)) * 64
+    buf = _buffer(runtime, 0, data)
+    sem = slot.native.create_timeline(0)
+    try:
+        job = host.submit([(buf, 0, len(data))], [TimelinePoint(sem, 1, 0)])
+        time.sleep(0.1)
+        assert not job._future.done()           # still waiting for the point
+        vk.vkSignalSemaphore(slot.device, vk.VkSemaphoreSignalInfo(   # the host reaches the point
+            sType=vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, semaphore=vk.ffi.cast("VkSemaphore", sem), value=1))
+        assert job.result(10) == [zlib.crc32(data)]
+        never = host.submit([(buf, 0, len(data))], [TimelinePoint(sem, 5, 0)])
+        t0 = time.monotonic()
+        never.close(10)
+        assert time.monotonic() - t0 < 2
+        with pytest.raises(Cancelled):
+            never.result(1)
+        with pytest.raises(ValueError):
+            host.submit([(buf, 0, 4)], [TimelinePoint(sem, 1, 1)])   # a point of another device
+    finally:
+        vk.vkDestroySemaphore(slot.device, vk.ffi.cast("VkSemaphore", sem), None)
+        buf.destroy()

@@ -18,13 +18,14 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import threading
+import time
 from typing import Any, Iterable
 
 import numpy as np
 import vulkan as vk
 
 from .. import vkapi
-from ..errors import DestroyedError, TimeoutError as VkmTimeout, UnsupportedError
+from ..errors import DestroyedError, TimeoutError as VkmTimeout, UnsupportedError, VkmError
 from ..transfer import TimelinePoint
 from .crc_math import crc32_combine
 from .gpu_crc import check_ranges
@@ -41,6 +42,7 @@ except ImportError:   # pragma: no cover - depends on the environment
     PIECE_BYTES = 1 << 20
 
 _HOST_MEMORY = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+_SLICE = 0.05   # s: how often a job waiting for its timeline points looks whether it was closed
 _POOLS: dict[str, cf.ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 
@@ -57,11 +59,15 @@ def _threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
+class Cancelled(VkmError):
+    """A host CRC32 job closed before it ran (its result() raises this)."""
+
+
 class HostCrcJob:
     """CRC32s being computed by the host; result() waits and returns them in order."""
 
-    def __init__(self, future: cf.Future, count: int):
-        self._future, self._count = future, count
+    def __init__(self, future: cf.Future, count: int, cancel: threading.Event):
+        self._future, self._count, self._cancel = future, count, cancel
 
     def result(self, timeout: float | None = 60.0) -> list[int]:
         """The zlib CRC32 of each range; vkmulti.TimeoutError after `timeout` s."""
@@ -71,7 +77,9 @@ class HostCrcJob:
             raise VkmTimeout(f"the host CRC32 of {self._count} range(s) did not finish within {timeout} s") from None
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Wait (bounded) for the job so nothing reads the buffers afterwards; errors are the result's."""
+        """Cancel the job if it still waits for its timeline points, else wait (bounded)
+        for its hashing, so nothing reads the buffers afterwards; errors are the result's."""
+        self._cancel.set()
         try:
             self._future.exception(timeout)
         except cf.TimeoutError:
@@ -122,10 +130,11 @@ class HostCrc:
         with self._lock:
             if self._destroyed:
                 raise DestroyedError(f"the host CRC32 engine of GPU {slot.index} was destroyed")
-            fut = _pool("jobs", 8).submit(self._work, ranges, points, timeout)
+            cancel = threading.Event()
+            fut = _pool("jobs", 8).submit(self._work, ranges, points, timeout, cancel)
             self._jobs.add(fut)
         fut.add_done_callback(self._finished)
-        return HostCrcJob(fut, len(ranges))
+        return HostCrcJob(fut, len(ranges), cancel)
 
     def run(self, ranges: Iterable[tuple[Any, int, int]], waits: Iterable[TimelinePoint] = (),
             timeout: float | None = 60.0) -> list[int]:
@@ -135,10 +144,23 @@ class HostCrc:
         with self._lock:
             self._jobs.discard(fut)
 
-    def _work(self, ranges: list[tuple[Any, int, int]], points: list[TimelinePoint],
-              timeout: float | None) -> list[int]:
-        for p in points:
-            self.ctx.slot.native.wait_timeline(p.semaphore, p.value, timeout)
+    def _work(self, ranges: list[tuple[Any, int, int]], points: list[TimelinePoint], timeout: float | None,
+              cancel: threading.Event) -> list[int]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        native = self.ctx.slot.native
+        for p in points:   # in slices: a job closed while its points are not reached stops waiting
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if cancel.is_set():
+                    raise Cancelled("the CRC32 job was closed before its timeline points were reached")
+                if left is not None and left <= 0:
+                    raise VkmTimeout(f"GPU {self.ctx.slot.index}: timeline point {p.value} not reached within "
+                                     f"{timeout} s")
+                try:
+                    native.wait_timeline(p.semaphore, p.value, _SLICE if left is None else min(left, _SLICE))
+                    break
+                except VkmTimeout:
+                    continue
         return [self._hash(buf, off, size) if size else 0 for buf, off, size in ranges]
 
     def _hash(self, buf: Any, off: int, size: int) -> int:
