@@ -18,7 +18,9 @@ Live migration (`migrate_live`):
    and copied GPU to GPU with the pair's best transfer method into state
    buffers on the target, while the twin is built around them and the other
    kernels keep stepping; the target's hash of what arrived is queued behind
-   the copies' timeline points (no host round trip between copy and hash);
+   the copies' timeline points (no host round trip between copy and hash):
+   at once by the host engine, at the switch by a GPU's shader (its job
+   waits on the step queue, which must not hold back the others' steps);
 3. the switch, with the runtime's gate held: every submitted step finishes,
    the K2K router's queued moves are submitted (their batches land), then one
    GPU pass on the source takes every message still waiting for the kernel
@@ -495,6 +497,10 @@ def _switch(rt: Any, k: Kernel, twin: Kernel, request: MigrationRequest, eng: En
     landings = [Buffer(twin.ctx.slot, ring.size) for ring in rings]
     try:
         small += list(zip(rings, landings))
+        if verify and len(crcs) == 1:
+            # the shader's job would wait for the copies on the target's step queue and hold back
+            # the steps queued behind it: it is queued now, when no step runs (the gate is held)
+            crcs.append(_hash_on_arrival(rt, dst, twin.states, tickets, deadline))
         more = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in small]
         if verify:   # final on the source (gate held, staged); on the target once they landed
             crcs.append(rt._crc(src).submit([(a, 0, a.size) for a, _ in small]))
@@ -579,7 +585,7 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
         tickets = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in zip(k.states, presets)]
         moved = sum(s.size for s in k.states)
         twin = build_twin(rt, k, dst, states=presets)   # while the state copies run
-        if verify:   # the destination hashes what arrived as soon as it has landed, no host round trip
+        if verify and rt._crc(dst).kind == "host":   # hashes as soon as the copies land (a host wait)
             crcs.append(_hash_on_arrival(rt, dst, twin.states, tickets, deadline))
         transfer_d = time.monotonic() - t0
 
