@@ -135,6 +135,7 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[d
                    "host_bytes_us": _median(host) * 1e6, "raw_copy_us": _median(raw_copy[1:]) * 1e6,
                    "checksums_matched": all(r.checksum_match for r in live + live_other),
                    "state_intact": same, "kernel_counts_on": counting, "crc_engine": engine,
+                   "host_crc32": _host_crc32_name(),
                    "crc_us": crc_sides}
             row["ratio_host_to_live"] = row["host_bytes_us"] / row["live_us"]
             row["ratio_host_to_live_no_crc"] = row["host_bytes_us"] / row["live_no_crc_us"]
@@ -150,6 +151,12 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[d
         router.detach()
         rt.destroy()
     return out
+
+
+def _host_crc32_name() -> str:
+    """Which crc32 the host CRC32 engine uses here (zlib-ng's when installed)."""
+    from vkmulti.kernels import host_crc
+    return "zlib-ng" if "zlib_ng" in (getattr(host_crc.crc32, "__module__", None) or "") else "zlib"
 
 
 def crc_times(rt: Any, buffers: list, repeats: int) -> dict:
