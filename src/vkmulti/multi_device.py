@@ -394,8 +394,20 @@ class MultiDeviceManager:
             return dict(self._lost)
 
     def device_lost(self, index: int) -> bool:
-        """Whether GPU `index` is lost (reported, or its native lost flag is set)."""
-        slot = self.slot(index)
+        """Whether GPU `index` is lost (reported, or its native lost flag is set).
+
+        Also answers while destroy() runs: the owners it tears down ask it to
+        know which devices still have work to wait for. A device already
+        destroyed runs nothing, and counts as lost then."""
+        if self._life.open:
+            slot = self.slot(index)
+        else:
+            if not isinstance(index, int) or isinstance(index, bool):
+                raise TypeError(f"slot index must be an int, got {type(index).__name__}")
+            slots = self._slots
+            if not 0 <= index < len(slots) or slots[index].native is None:
+                return True
+            slot = slots[index]
         return index in self._lost or (slot.native is not None and slot.native.lost)
 
     def add_loss_listener(self, listener: Callable[[int, str], Any]) -> None:
