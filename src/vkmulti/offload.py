@@ -325,36 +325,41 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
             fallbacks: list[Any] = []
             sent = 0
             by_id = {key(s): s for s in srus}
-            # 1. secondaries first: their renders and transfers run while the primary renders its own
+            # 1. every SRU's resources before any render is queued: making an image runs a one-off
+            #    command on its device and waits for it, which on a busy queue means waiting for the
+            #    renders queued ahead of it (an SRU that moved device needs new ones)
+            jobs: list[tuple[Any, SruEntry, Any]] = []
             for r in routes:
-                if not r.offloaded:
-                    continue
                 sru = by_id[r.sru_id]
+                if not r.offloaded:
+                    jobs.append((sru, self._ensure_entry(sru, r, landing=False), None))
+                    continue
                 if r.device_index in self._unavailable:   # failed earlier in this frame
                     fallbacks.append(sru)
                     continue
                 try:
                     renderer = self._renderer_for(r.device_index)
-                    e = self._ensure_entry(sru, r, landing=True)
+                    jobs.append((sru, self._ensure_entry(sru, r, landing=True), renderer))
                 except RendererMissingError:
                     raise
                 except Exception as exc:   # the factory or the device failed: this device sits out
                     self._mark_unavailable(r.device_index, "its renderer or render target could not be made", exc)
                     fallbacks.append(sru)
-                    continue
-                if self._offload(e, sru, renderer, e.landing, self._last_frame):
-                    pending.append((sru, e))
-                else:
-                    fallbacks.append(sru)
-            # 2. the primary's own SRUs
-            for r in routes:
-                if not r.offloaded:
-                    sru = by_id[r.sru_id]
-                    e = self._ensure_entry(sru, r, landing=False)
+            # 2. submit every device's SRUs in turn, each device's k-th of n at k/n of the way, so
+            #    every device starts at once and its queue fills at the pace it drains (submitting
+            #    one device's whole share first leaves the others idle meanwhile)
+            for sru, e, renderer in _interleaved(jobs):
+                if renderer is None:   # the primary's own SRU
                     points = self._render(self._renderer_for(0), sru, e.target, prev, 0)
                     self._watch(0, points)
                     waits += points
-                    images[r.sru_id], rendered_on[r.sru_id] = e.target, 0
+                    images[e.sru_id], rendered_on[e.sru_id] = e.target, 0
+                elif e.device_index in self._unavailable:   # its device failed earlier in this frame
+                    fallbacks.append(sru)
+                elif self._offload(e, sru, renderer, e.landing, self._last_frame):
+                    pending.append((sru, e))
+                else:
+                    fallbacks.append(sru)
             # 3. transfers: the composite waits for dst_ready on the GPU; waiting here until each
             #    transfer is submitted orders it after them on a one-queue primary and reveals a
             #    source device that failed (the primary keeps rendering meanwhile)
@@ -531,7 +536,9 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         except _DEVICE_ERRORS as exc:
             self._mark_unavailable(d, "its transfer could not start", exc)
             return False
-        self._watch(d, [e.ticket.dst_ready])
+        # the device's own work for this SRU: its render and the transfer's source side (src_done,
+        # on this device); not dst_ready, which GPU 0 reaches only after its own renders queued ahead
+        self._watch(d, [e.ticket.src_done])
         return True
 
     def _mark_unavailable(self, index: int, why: str, exc: BaseException) -> None:
@@ -589,3 +596,19 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         """Free the resources of SRUs that are not in the coming frame."""
         for sid in [s for s in self._entries if s not in live]:
             self._release(self._entries[sid])
+
+
+def _interleaved(jobs: list[tuple[Any, SruEntry, Any]]) -> list[tuple[Any, SruEntry, Any]]:
+    """`jobs` in submission order: each device's k-th of n at (k + 0.5) / n, the plan's order kept
+    per device (a stable sort; the primary first at equal points)."""
+    counts: dict[int, int] = {}
+    for _, e, _ in jobs:
+        counts[e.device_index] = counts.get(e.device_index, 0) + 1
+    seen: dict[int, int] = {}
+    keyed = []
+    for job in jobs:
+        d = job[1].device_index
+        k = seen[d] = seen.get(d, -1) + 1
+        keyed.append(((k + 0.5) / counts[d], d, job))
+    keyed.sort(key=lambda t: (t[0], t[1]))
+    return [job for _, _, job in keyed]
