@@ -271,6 +271,41 @@ def test_resources_are_made_before_any_render_and_devices_start_together(manager
         frame.destroy()
 
 
+def test_a_replan_reuses_the_resources_of_moved_srus(manager, monkeypatch):
+    """SRUs that move device leave their images and transfer as spares: moving back and forth
+    makes no new image once both directions were seen, and the frame stays right."""
+    from vkmulti import offload
+
+    made = []
+    init = offload.Image.__init__
+
+    def counting(self, slot, *a, **kw):
+        made.append(slot.index)
+        init(self, slot, *a, **kw)
+
+    srus = heavy_tiles(8, 160, 60, iterations=(64, 256))
+    frame = Image(manager.primary, 160, 60)
+    c = SRUOffloadCoordinator(manager, secondary_renderer_factory=lambda ctx: ReferenceRenderer(ctx.slot))
+    try:
+        c.render_frame(srus, frame)
+        expected = frame.download()
+        monkeypatch.setattr(offload.Image, "__init__", counting)
+        counts = []
+        for weights in ([1.0, 8.0], [8.0, 1.0], [1.0, 8.0], [8.0, 1.0]):
+            c.weights = weights
+            made.clear()
+            rep = c.render_frame(srus, frame)
+            counts.append(len(made))
+            np.testing.assert_array_equal(frame.download(), expected)
+        assert sum(d == 1 for d in rep.rendered_on.values()) < 4 and counts[1:] == [0, 0, 0], counts
+        assert c._spares
+    finally:
+        monkeypatch.undo()
+        c.destroy()
+        frame.destroy()
+    assert c._spares == {}
+
+
 def test_interleaved_submission_order():
     from types import SimpleNamespace
 

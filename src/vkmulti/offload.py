@@ -103,6 +103,10 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         self._routes: dict[Any, OffloadRoute] = {}
         self._contexts: dict[int, SecondaryRenderContext] = {}
         self._entries: dict[Any, SruEntry] = {}
+        #: resources of SRUs that moved device, for the next SRU that moves there: ("image", device, w, h)
+        #: -> Images, ("transfer", device, w, h, method) -> CrossDeviceTransfers (a re-plan that moves
+        #: SRUs both ways then makes almost nothing)
+        self._spares: dict[tuple, list[Any]] = {}
         self._unavailable: dict[int, str] = {}
         self._compositor: Compositor | None = None
         self._last_frame: TimelinePoint | None = None
@@ -240,6 +244,8 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
                 errors: list[BaseException] = []
                 steps: list[Callable[[], Any]] = [lambda e=e: self._release(e, dl)
                                                   for e in list(self._entries.values())]
+                steps += [lambda obj=obj: obj.destroy(self._left(dl))
+                          for objs in self._spares.values() for obj in objs]
                 if self._compositor is not None:
                     steps.append(lambda: self._compositor.destroy(self._left(dl)))
                 steps += [lambda ctx=ctx: ctx.destroy() for ctx in self._contexts.values()]
@@ -252,6 +258,7 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
                         log.warning("SRUOffloadCoordinator teardown step failed: %r", exc)
                         errors.append(exc)
                 self._entries.clear()
+                self._spares.clear()
                 self._compositor = None
                 self._contexts.clear()
                 self._routes.clear()
@@ -329,6 +336,10 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
             #    command on its device and waits for it, which on a busy queue means waiting for the
             #    renders queued ahead of it (an SRU that moved device needs new ones)
             jobs: list[tuple[Any, SruEntry, Any]] = []
+            for r in routes:   # moved SRUs first give their resources up, so moves both ways swap them
+                e = self._entries.get(r.sru_id)
+                if e is not None and e.device_index != r.device_index:
+                    self._park(e)
             for r in routes:
                 sru = by_id[r.sru_id]
                 if not r.offloaded:
@@ -345,6 +356,8 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
                 except Exception as exc:   # the factory or the device failed: this device sits out
                     self._mark_unavailable(r.device_index, "its renderer or render target could not be made", exc)
                     fallbacks.append(sru)
+            if self._spares:
+                self._trim_spares({(e.width, e.height) for e in self._entries.values()}, len(srus))
             # 2. submit every device's SRUs in turn, each device's k-th of n at k/n of the way, so
             #    every device starts at once and its queue fills at the pace it drains (submitting
             #    one device's whole share first leaves the others idle meanwhile)
@@ -483,19 +496,72 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
     def _ensure_entry(self, sru: Any, route: OffloadRoute, *, landing: bool) -> SruEntry:
         w, h = _sru_size(sru)
         e = self._entries.get(route.sru_id)
-        if e is not None and (e.device_index != route.device_index or (e.width, e.height) != (w, h)
+        if e is not None and ((e.width, e.height) != (w, h)
                               or (e.transfer is not None and e.transfer.method != route.transfer)):
-            self._release(e)   # moved or resized: free the old resources
+            self._release(e)   # resized or another method: free the old resources
+            e = None
+        elif e is not None and e.device_index != route.device_index:
+            self._park(e)      # moved: its resources wait for the next SRU that moves their way
             e = None
         if e is None:
             e = self._entries[route.sru_id] = SruEntry(route.sru_id, route.device_index, w, h)
         if e.target is None:
-            e.target = Image(self.manager.slot(route.device_index), w, h, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
+            e.target = self._image(route.device_index, w, h)
         if route.offloaded and e.transfer is None:
-            e.transfer = self.transfer_for(route, width=w, height=h)
+            spare = self._spares.get(("transfer", route.device_index, w, h, route.transfer))
+            e.transfer = spare.pop() if spare else self.transfer_for(route, width=w, height=h)
         if landing and route.offloaded and e.landing is None:
-            e.landing = Image(self.manager.primary, w, h, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
+            e.landing = self._image(0, w, h)
         return e
+
+    def _image(self, device: int, w: int, h: int) -> Image:
+        """An SRU image on `device`: a spare one, else a new one."""
+        spare = self._spares.get(("image", device, w, h))
+        if spare:
+            return spare.pop()
+        return Image(self.manager.slot(device), w, h, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
+
+    def _park(self, e: SruEntry) -> None:
+        """Take a moved SRU's entry out once nothing in flight uses it; keep its images (the target on
+        its device, the landing and fallback on GPU 0) and its transfer as spares, as many as there
+        are SRUs (more are freed)."""
+        self._settle(e, Deadline(None))
+        d, size = e.device_index, (e.width, e.height)
+        parked = [(("image", d) + size, e.target), (("image", 0) + size, e.landing),
+                  (("image", 0) + size, e.fallback)]
+        if e.transfer is not None:
+            parked.append((("transfer", d) + size + (e.transfer.method,), e.transfer))
+        e.target = e.landing = e.fallback = e.transfer = e.ticket = None
+        e.points = []
+        if self._entries.get(e.sru_id) is e:
+            del self._entries[e.sru_id]
+        for k, obj in parked:
+            if obj is None:
+                continue
+            if not self.manager.device_lost(k[1]):
+                self._spares.setdefault(k, []).append(obj)
+            else:
+                obj.destroy(self.timeout)
+
+    def _trim_spares(self, sizes: set[tuple[int, int]], keep: int) -> None:
+        """Free the spares of sizes no SRU has now, and beyond `keep` of a kind per device and size."""
+        for k in list(self._spares):
+            objs = self._spares[k]
+            extra = objs if k[2:4] not in sizes else objs[keep:]
+            for obj in extra:
+                obj.destroy(self.timeout)
+            del objs[len(objs) - len(extra):]
+            if not objs:
+                del self._spares[k]
+
+    def _drop_spares(self, device: int) -> None:
+        """Free the spares on `device` (lost: nothing is waited for on it)."""
+        for k in [k for k in self._spares if k[1] == device]:
+            for obj in self._spares.pop(k):
+                try:
+                    obj.destroy(self.timeout)
+                except Exception as exc:   # a lost device's objects: logged, never used again
+                    log.warning("spare %s on GPU %d: destroy failed (%r)", k[0], device, exc)
 
     def _render(self, renderer: Any, sru: Any, target: Image, wait: list[TimelinePoint],
                 index: int) -> list[TimelinePoint]:
