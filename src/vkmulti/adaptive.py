@@ -1,15 +1,20 @@
 """Measured device speeds for SRU planning: seconds per unit of SRU cost, damped frame to frame.
 
 `SpeedMeter` times each frame per device, from the submit of the device's
-first work of the frame until the points that mark its share done on GPU 0
-are reached (waited for on timer threads, without the GIL), divides by the
-cost that device rendered, and keeps a damped figure per device. (Timing from
-each device's own start, not the frame's: the primary's renders are submitted
-after the secondaries', and charging it that host time would make it look
-slower the more is offloaded, a feedback that runs away.) Its speeds, fed to assign_srus as
+first work of the frame until the points that mark its own work for the frame
+done are reached (waited for on timer threads, without the GIL): on GPU 0 its
+renders, on a secondary its renders and the source side of each transfer
+(`src_done`, on that device). It divides by the cost that device rendered and
+keeps a damped figure per device. Two clocks were tried and run away: timing
+from the frame's start charged GPU 0 the host time spent submitting the
+secondaries' work, and timing a secondary until its images were on GPU 0
+(`dst_ready`) charged it GPU 0's own renders, queued ahead of the landing
+copies on GPU 0's queue; each made a device look slower the more work it
+lost, and an equal pair measured 0.22-0.5. Its speeds, fed to assign_srus as
 weights, make devices of unequal speed finish a frame together: at the fixed
 point every device's share takes the same time (the rule Blender Cycles uses
-to balance a frame over unequal devices).
+to balance a frame over unequal devices). The copies into GPU 0 and the
+composite come after; `transfer_cost` in the plan can charge them.
 """
 from __future__ import annotations
 
