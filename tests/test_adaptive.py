@@ -216,10 +216,10 @@ def test_adaptive_converges_below_the_equal_split_on_an_unequal_pair(manager):
 
 
 def test_an_equal_pair_measures_equal(manager):
-    """A secondary's share is timed on its own device (render and the transfer's source side): timed
-    until its images were on GPU 0 (dst_ready), it was charged GPU 0's renders queued ahead of
-    them, and an equal pair measured GPU 1 at 0.4-0.5 of GPU 0's speed here (0.22 without the
-    validation layer), the plan moving work off it."""
+    """A secondary's share is timed by its renders, on its own device: timed until its images were on
+    GPU 0 (dst_ready), it was charged GPU 0's renders queued ahead of them, and an equal pair
+    measured GPU 1 at 0.4-0.5 of GPU 0's speed here (0.22 without the validation layer), the plan
+    moving work off it."""
     srus = heavy_tiles(iterations=(512, 2048))
     c = SRUOffloadCoordinator(manager, secondary_renderer_factory=lambda ctx: ReferenceRenderer(ctx.slot),
                               adaptive=True)
@@ -231,6 +231,27 @@ def test_an_equal_pair_measures_equal(manager):
             w = c.measured_weights
             ratios.append(w[1] / w[0])
         assert 0.7 < sorted(ratios)[len(ratios) // 2] < 1 / 0.7, ratios   # dst_ready timing: 0.4-0.5
+    finally:
+        c.destroy()
+        frame.destroy()
+
+
+def test_a_device_started_slow_recovers(manager):
+    """An equal pair planned from a wrong guess (GPU 1 at a quarter of GPU 0's speed) learns it is equal.
+    Timed until the transfer's source side was done (src_done), GPU 1 stayed at 0.5-0.75: past the
+    link ring's depth a source slot is free only once an earlier landing copy is done on GPU 0, so
+    GPU 1's share looked done only when GPU 0's was, however little it had."""
+    srus = heavy_tiles(48, 320, 180, iterations=(256, 1024))
+    c = SRUOffloadCoordinator(manager, secondary_renderer_factory=lambda ctx: ReferenceRenderer(ctx.slot),
+                              adaptive=True, weights=[1.0, 0.25])
+    frame = Image(manager.primary, 320, 180)
+    try:
+        ratios = []
+        for _ in range(12):
+            c.render_frame(srus, frame)
+            w = c.measured_weights
+            ratios.append(w[1] / w[0])
+        assert sorted(ratios[-4:])[1] > 0.8, ratios   # src_done timing: 0.5-0.75
     finally:
         c.destroy()
         frame.destroy()
@@ -370,7 +391,6 @@ def test_a_transfer_that_never_lands_does_not_hold_up_the_frame(manager, monkeyp
         assert rep.fallbacks and set(rep.rendered_on.values()) == {0} and 1 in c.unavailable
         assert set(rep.device_seconds) == {0}
         assert c.seconds_per_cost_unit[1] is None and c.seconds_per_cost_unit[0] is not None
-        assert "GPU 1: its share of the frame was not seen done" in caplog.text
     finally:
         c.destroy()
         frame.destroy()

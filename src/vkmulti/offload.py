@@ -46,8 +46,8 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
     than that fraction, so temporal history stays on one device).
 
     `adaptive=True` measures, every frame, how long each device takes per
-    unit of SRU cost (from the frame's start until its SRUs are on GPU 0,
-    transfer included) and plans with damped speed weights from it, so that
+    unit of SRU cost (the time its renders kept it busy; adaptive.py) and
+    plans with damped speed weights from it, so that
     devices of unequal speed finish a frame together (`weights`, if given,
     are the starting guess; `adaptive_damping` is the share of the newest
     measurement; hysteresis defaults to ADAPTIVE_HYSTERESIS). It is off by
@@ -596,15 +596,14 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
             self._mark_unavailable(d, "its renderer raised", exc)
             return False
         e.points = points
+        # the device's speed is its renders' (adaptive.py says why not dst_ready or src_done)
+        self._watch(d, points)
         try:
             e.ticket = e.transfer.submit(src_image=e.target, dst_image=dst_image,
                                          src_wait=points[-1] if points else None, dst_wait=dst_wait)
         except _DEVICE_ERRORS as exc:
             self._mark_unavailable(d, "its transfer could not start", exc)
             return False
-        # the device's own work for this SRU: its render and the transfer's source side (src_done,
-        # on this device); not dst_ready, which GPU 0 reaches only after its own renders queued ahead
-        self._watch(d, [e.ticket.src_done])
         return True
 
     def _mark_unavailable(self, index: int, why: str, exc: BaseException) -> None:
