@@ -17,8 +17,11 @@ GPU 0 (`dst_ready`: GPU 0's own renders are queued ahead of the landing
 copies, so an equal pair measured 0.22-0.5); until the transfers' source side
 was done (`src_done`: past the link ring's depth a source slot frees only when
 an earlier landing copy is done on GPU 0, so GPU 1 stuck at ~0.55 on an equal
-pair). The landing copies run on GPU 0 between its renders and are charged to
-it; `transfer_cost` in the plan can charge the moves per SRU.
+pair). SRUOffloadCoordinator also queues the transfers only after every render
+of the frame: between renders they held the renders behind them up, so each
+device's renders waited for the other's progress (an equal pair then ran away
+either way, up to GPU 1 = 4.8x GPU 0). `transfer_cost` in the plan can charge
+the moves per SRU.
 """
 from __future__ import annotations
 

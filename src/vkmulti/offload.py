@@ -361,6 +361,7 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
             # 2. submit every device's SRUs in turn, each device's k-th of n at k/n of the way, so
             #    every device starts at once and its queue fills at the pace it drains (submitting
             #    one device's whole share first leaves the others idle meanwhile)
+            rendered: list[tuple[Any, SruEntry]] = []
             for sru, e, renderer in _interleaved(jobs):
                 if renderer is None:   # the primary's own SRU
                     points = self._render(self._renderer_for(0), sru, e.target, prev, 0)
@@ -369,7 +370,16 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
                     images[e.sru_id], rendered_on[e.sru_id] = e.target, 0
                 elif e.device_index in self._unavailable:   # its device failed earlier in this frame
                     fallbacks.append(sru)
-                elif self._offload(e, sru, renderer, e.landing, self._last_frame):
+                elif self._render_offloaded(e, sru, renderer):
+                    rendered.append((sru, e))
+                else:
+                    fallbacks.append(sru)
+            # 2b. the transfers once every render is queued: queued between renders, a transfer's copies
+            #     hold up the renders queued behind them (a landing copy waits on GPU 0's queue for its
+            #     source side; a full link ring holds the source side until GPU 0 lands an earlier one),
+            #     so each device would wait for the other's progress
+            for sru, e in rendered:   # rendered before a later render on its device failed: still sent
+                if self._send(e, e.landing, self._last_frame):
                     pending.append((sru, e))
                 else:
                     fallbacks.append(sru)
@@ -580,9 +590,13 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
 
     def _offload(self, e: SruEntry, sru: Any, renderer: Any, dst_image: Any, dst_wait: Any) -> bool:
         """Render on the secondary and submit the transfer; False (device marked) on failure."""
-        d = e.device_index
         if dst_wait is not None and not isinstance(dst_wait, TimelinePoint):
             raise TypeError(f"dst_wait must be a TimelinePoint on the primary or None, got {dst_wait!r}")
+        return self._render_offloaded(e, sru, renderer) and self._send(e, dst_image, dst_wait)
+
+    def _render_offloaded(self, e: SruEntry, sru: Any, renderer: Any) -> bool:
+        """Submit the render of an offloaded SRU on its device; False (device marked) on failure."""
+        d = e.device_index
         try:
             waits: list[TimelinePoint] = []
             if e.ticket is not None:
@@ -598,11 +612,15 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         e.points = points
         # the device's speed is its renders' (adaptive.py says why not dst_ready or src_done)
         self._watch(d, points)
+        return True
+
+    def _send(self, e: SruEntry, dst_image: Any, dst_wait: TimelinePoint | None) -> bool:
+        """Submit the transfer of a rendered SRU's image to GPU 0; False (device marked) on failure."""
         try:
             e.ticket = e.transfer.submit(src_image=e.target, dst_image=dst_image,
-                                         src_wait=points[-1] if points else None, dst_wait=dst_wait)
+                                         src_wait=e.points[-1] if e.points else None, dst_wait=dst_wait)
         except _DEVICE_ERRORS as exc:
-            self._mark_unavailable(d, "its transfer could not start", exc)
+            self._mark_unavailable(e.device_index, "its transfer could not start", exc)
             return False
         return True
 
