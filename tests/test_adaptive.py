@@ -215,6 +215,7 @@ def test_adaptive_converges_below_the_equal_split_on_an_unequal_pair(manager):
             f.destroy()
 
 
+@pytest.mark.virtual   # a pair of equal devices: the virtual one (a GPU host's pair may be unequal)
 def test_an_equal_pair_measures_equal(manager):
     """A secondary's share is timed by its renders, on its own device: timed until its images were on
     GPU 0 (dst_ready), it was charged GPU 0's renders queued ahead of them, and an equal pair
