@@ -1,15 +1,27 @@
 """Measured device speeds for SRU planning: seconds per unit of SRU cost, damped frame to frame.
 
-`SpeedMeter` times each frame per device, from the submit of the device's
-first work of the frame until the points that mark its share done on GPU 0
-are reached (waited for on timer threads, without the GIL), divides by the
-cost that device rendered, and keeps a damped figure per device. (Timing from
-each device's own start, not the frame's: the primary's renders are submitted
-after the secondaries', and charging it that host time would make it look
-slower the more is offloaded, a feedback that runs away.) Its speeds, fed to assign_srus as
-weights, make devices of unequal speed finish a frame together: at the fixed
-point every device's share takes the same time (the rule Blender Cycles uses
-to balance a frame over unequal devices).
+`SpeedMeter` times each device's renders every frame (their points are waited
+for on timer threads, without the GIL): the seconds the device was busy, each
+render counted from its submit (or the previous render's end, if later) to its
+end, so a device that waits for the host to submit its next render is not
+charged the wait. It divides by the cost that device rendered and keeps a
+damped figure per device. Its speeds, fed to assign_srus as weights, make
+devices of unequal speed finish a frame together: at the fixed point every
+device's share takes the same time (the rule Blender Cycles uses to balance a
+frame over unequal devices).
+
+Clocks that were tried and ran away, each making a device look slower the less
+work it had: timing from the frame's start (GPU 0 was charged the host's time
+submitting the secondaries' work); timing a secondary until its images were on
+GPU 0 (`dst_ready`: GPU 0's own renders are queued ahead of the landing
+copies, so an equal pair measured 0.22-0.5); until the transfers' source side
+was done (`src_done`: past the link ring's depth a source slot frees only when
+an earlier landing copy is done on GPU 0, so GPU 1 stuck at ~0.55 on an equal
+pair). SRUOffloadCoordinator also queues the transfers only after every render
+of the frame: between renders they held the renders behind them up, so each
+device's renders waited for the other's progress (an equal pair then ran away
+either way, up to GPU 1 = 4.8x GPU 0). `transfer_cost` in the plan can charge
+the moves per SRU.
 """
 from __future__ import annotations
 
@@ -32,11 +44,10 @@ __all__ = ["SpeedMeter", "AdaptivePlanning"]
 
 @dataclass
 class _FrameTiming:
-    """One frame being timed: cost rendered per device, when each device got its first work,
-    a waiter (and its queue) per device."""
+    """One frame being timed: cost rendered per device, a waiter (and its queue of points with
+    their submit times) per device."""
 
     costs: dict[int, float] = field(default_factory=dict)
-    started: dict[int, float] = field(default_factory=dict)
     queues: dict[int, queue.SimpleQueue] = field(default_factory=dict)
     futures: dict[int, Future] = field(default_factory=dict)
     ended: bool = False
@@ -122,14 +133,14 @@ class SpeedMeter:
             return
         q = timing.queues.get(device)
         if q is None:
-            timing.started[device] = time.perf_counter()
             if self._timer is None:
                 self._timer = ThreadPoolExecutor(max_workers=max(1, min(32, self.device_count)),
                                                  thread_name_prefix="vkmulti-frame-timer")
             q = timing.queues[device] = queue.SimpleQueue()
             timing.futures[device] = self._timer.submit(self._arrivals, q, timing)
+        now = time.perf_counter()
         for p in points:
-            q.put(p)
+            q.put((p, now))
 
     def end(self, costs: Mapping[int, float], done: TimelinePoint | None = None) -> None:
         """Every point of the frame is given: `costs` is the SRU cost each device rendered, `done`
@@ -148,10 +159,16 @@ class SpeedMeter:
             q.put(None)
 
     def _arrivals(self, q: queue.SimpleQueue, timing: _FrameTiming) -> float | None:
-        """A device's waiter: wait for each point as it comes; the time the last one was reached
-        (None when one was not reached before the frame was settled or within the timeout)."""
-        last = None
-        while (p := q.get()) is not None:
+        """A device's waiter: wait for each point as it comes; the seconds the device was busy (None
+        when a point was not reached before the frame was settled or within the timeout).
+
+        Busy: from each point's submit, or the previous point's arrival if later, to its arrival.
+        A gap in which the device had done everything submitted so far (the host still submitting
+        other devices' work) is not counted, so interleaved submission does not make a device that
+        renders faster than the host submits look slower."""
+        busy, last = 0.0, None
+        while (item := q.get()) is not None:
+            p, submitted = item
             deadline = time.monotonic() + self.timeout
             while True:
                 try:
@@ -160,11 +177,14 @@ class SpeedMeter:
                 except builtins.TimeoutError:
                     if timing.cancelled or time.monotonic() > deadline:
                         return None
-            last = time.perf_counter()
-        return last
+            now = time.perf_counter()
+            busy += now - (submitted if last is None else max(submitted, last))
+            last = now
+        return None if last is None else busy
 
     def settle(self) -> dict[int, float]:
-        """Wait for the pending frame and fold it in; returns its seconds per device ({} if none)."""
+        """Wait for the pending frame and fold it in; returns the busy seconds of each device that
+        rendered part of it ({} if none)."""
         timing, self._pending = self._pending, None
         if timing is None:
             return {}
@@ -186,11 +206,11 @@ class SpeedMeter:
             if done is None:
                 log.warning("GPU %d: its share of the frame was not seen done; its speed is not updated", d)
             else:
-                seconds[d] = done - timing.started[d]
-        for d, secs in seconds.items():
-            units = timing.costs.get(d, 0.0)
-            if units > 0.0 and secs > 0.0:
-                self._fold(d, secs / units)
+                seconds[d] = done
+        seconds = {d: secs for d, secs in seconds.items() if timing.costs.get(d, 0.0) > 0.0}
+        for d, secs in seconds.items():   # a device whose SRUs all fell back rendered none of the frame
+            if secs > 0.0:
+                self._fold(d, secs / timing.costs[d])
         return seconds
 
     def _fold(self, device: int, measured: float) -> None:

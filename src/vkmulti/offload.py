@@ -46,8 +46,8 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
     than that fraction, so temporal history stays on one device).
 
     `adaptive=True` measures, every frame, how long each device takes per
-    unit of SRU cost (from the frame's start until its SRUs are on GPU 0,
-    transfer included) and plans with damped speed weights from it, so that
+    unit of SRU cost (the time its renders kept it busy; adaptive.py) and
+    plans with damped speed weights from it, so that
     devices of unequal speed finish a frame together (`weights`, if given,
     are the starting guess; `adaptive_damping` is the share of the newest
     measurement; hysteresis defaults to ADAPTIVE_HYSTERESIS). It is off by
@@ -103,6 +103,10 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         self._routes: dict[Any, OffloadRoute] = {}
         self._contexts: dict[int, SecondaryRenderContext] = {}
         self._entries: dict[Any, SruEntry] = {}
+        #: resources of SRUs that moved device, for the next SRU that moves there: ("image", device, w, h)
+        #: -> Images, ("transfer", device, w, h, method) -> CrossDeviceTransfers (a re-plan that moves
+        #: SRUs both ways then makes almost nothing)
+        self._spares: dict[tuple, list[Any]] = {}
         self._unavailable: dict[int, str] = {}
         self._compositor: Compositor | None = None
         self._last_frame: TimelinePoint | None = None
@@ -240,6 +244,8 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
                 errors: list[BaseException] = []
                 steps: list[Callable[[], Any]] = [lambda e=e: self._release(e, dl)
                                                   for e in list(self._entries.values())]
+                steps += [lambda obj=obj: obj.destroy(self._left(dl))
+                          for objs in self._spares.values() for obj in objs]
                 if self._compositor is not None:
                     steps.append(lambda: self._compositor.destroy(self._left(dl)))
                 steps += [lambda ctx=ctx: ctx.destroy() for ctx in self._contexts.values()]
@@ -252,6 +258,7 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
                         log.warning("SRUOffloadCoordinator teardown step failed: %r", exc)
                         errors.append(exc)
                 self._entries.clear()
+                self._spares.clear()
                 self._compositor = None
                 self._contexts.clear()
                 self._routes.clear()
@@ -325,36 +332,57 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
             fallbacks: list[Any] = []
             sent = 0
             by_id = {key(s): s for s in srus}
-            # 1. secondaries first: their renders and transfers run while the primary renders its own
+            # 1. every SRU's resources before any render is queued: making an image runs a one-off
+            #    command on its device and waits for it, which on a busy queue means waiting for the
+            #    renders queued ahead of it (an SRU that moved device needs new ones)
+            jobs: list[tuple[Any, SruEntry, Any]] = []
+            for r in routes:   # moved SRUs first give their resources up, so moves both ways swap them
+                e = self._entries.get(r.sru_id)
+                if e is not None and e.device_index != r.device_index:
+                    self._park(e)
             for r in routes:
-                if not r.offloaded:
-                    continue
                 sru = by_id[r.sru_id]
+                if not r.offloaded:
+                    jobs.append((sru, self._ensure_entry(sru, r, landing=False), None))
+                    continue
                 if r.device_index in self._unavailable:   # failed earlier in this frame
                     fallbacks.append(sru)
                     continue
                 try:
                     renderer = self._renderer_for(r.device_index)
-                    e = self._ensure_entry(sru, r, landing=True)
+                    jobs.append((sru, self._ensure_entry(sru, r, landing=True), renderer))
                 except RendererMissingError:
                     raise
                 except Exception as exc:   # the factory or the device failed: this device sits out
                     self._mark_unavailable(r.device_index, "its renderer or render target could not be made", exc)
                     fallbacks.append(sru)
-                    continue
-                if self._offload(e, sru, renderer, e.landing, self._last_frame):
-                    pending.append((sru, e))
-                else:
-                    fallbacks.append(sru)
-            # 2. the primary's own SRUs
-            for r in routes:
-                if not r.offloaded:
-                    sru = by_id[r.sru_id]
-                    e = self._ensure_entry(sru, r, landing=False)
+            if self._spares:
+                self._trim_spares({(e.width, e.height) for e in self._entries.values()}, len(srus))
+            # 2. submit every device's SRUs in turn, each device's k-th of n at k/n of the way, so
+            #    every device starts at once and its queue fills at the pace it drains (submitting
+            #    one device's whole share first leaves the others idle meanwhile)
+            rendered: list[tuple[Any, SruEntry]] = []
+            for sru, e, renderer in _interleaved(jobs):
+                if renderer is None:   # the primary's own SRU
                     points = self._render(self._renderer_for(0), sru, e.target, prev, 0)
                     self._watch(0, points)
                     waits += points
-                    images[r.sru_id], rendered_on[r.sru_id] = e.target, 0
+                    images[e.sru_id], rendered_on[e.sru_id] = e.target, 0
+                elif e.device_index in self._unavailable:   # its device failed earlier in this frame
+                    fallbacks.append(sru)
+                elif self._render_offloaded(e, sru, renderer):
+                    rendered.append((sru, e))
+                else:
+                    fallbacks.append(sru)
+            # 2b. the transfers once every render is queued: queued between renders, a transfer's copies
+            #     hold up the renders queued behind them (a landing copy waits on GPU 0's queue for its
+            #     source side; a full link ring holds the source side until GPU 0 lands an earlier one),
+            #     so each device would wait for the other's progress
+            for sru, e in rendered:   # rendered before a later render on its device failed: still sent
+                if self._send(e, e.landing, self._last_frame):
+                    pending.append((sru, e))
+                else:
+                    fallbacks.append(sru)
             # 3. transfers: the composite waits for dst_ready on the GPU; waiting here until each
             #    transfer is submitted orders it after them on a one-queue primary and reveals a
             #    source device that failed (the primary keeps rendering meanwhile)
@@ -478,19 +506,72 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
     def _ensure_entry(self, sru: Any, route: OffloadRoute, *, landing: bool) -> SruEntry:
         w, h = _sru_size(sru)
         e = self._entries.get(route.sru_id)
-        if e is not None and (e.device_index != route.device_index or (e.width, e.height) != (w, h)
+        if e is not None and ((e.width, e.height) != (w, h)
                               or (e.transfer is not None and e.transfer.method != route.transfer)):
-            self._release(e)   # moved or resized: free the old resources
+            self._release(e)   # resized or another method: free the old resources
+            e = None
+        elif e is not None and e.device_index != route.device_index:
+            self._park(e)      # moved: its resources wait for the next SRU that moves their way
             e = None
         if e is None:
             e = self._entries[route.sru_id] = SruEntry(route.sru_id, route.device_index, w, h)
         if e.target is None:
-            e.target = Image(self.manager.slot(route.device_index), w, h, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
+            e.target = self._image(route.device_index, w, h)
         if route.offloaded and e.transfer is None:
-            e.transfer = self.transfer_for(route, width=w, height=h)
+            spare = self._spares.get(("transfer", route.device_index, w, h, route.transfer))
+            e.transfer = spare.pop() if spare else self.transfer_for(route, width=w, height=h)
         if landing and route.offloaded and e.landing is None:
-            e.landing = Image(self.manager.primary, w, h, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
+            e.landing = self._image(0, w, h)
         return e
+
+    def _image(self, device: int, w: int, h: int) -> Image:
+        """An SRU image on `device`: a spare one, else a new one."""
+        spare = self._spares.get(("image", device, w, h))
+        if spare:
+            return spare.pop()
+        return Image(self.manager.slot(device), w, h, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
+
+    def _park(self, e: SruEntry) -> None:
+        """Take a moved SRU's entry out once nothing in flight uses it; keep its images (the target on
+        its device, the landing and fallback on GPU 0) and its transfer as spares, as many as there
+        are SRUs (more are freed)."""
+        self._settle(e, Deadline(None))
+        d, size = e.device_index, (e.width, e.height)
+        parked = [(("image", d) + size, e.target), (("image", 0) + size, e.landing),
+                  (("image", 0) + size, e.fallback)]
+        if e.transfer is not None:
+            parked.append((("transfer", d) + size + (e.transfer.method,), e.transfer))
+        e.target = e.landing = e.fallback = e.transfer = e.ticket = None
+        e.points = []
+        if self._entries.get(e.sru_id) is e:
+            del self._entries[e.sru_id]
+        for k, obj in parked:
+            if obj is None:
+                continue
+            if not self.manager.device_lost(k[1]):
+                self._spares.setdefault(k, []).append(obj)
+            else:
+                obj.destroy(self.timeout)
+
+    def _trim_spares(self, sizes: set[tuple[int, int]], keep: int) -> None:
+        """Free the spares of sizes no SRU has now, and beyond `keep` of a kind per device and size."""
+        for k in list(self._spares):
+            objs = self._spares[k]
+            extra = objs if k[2:4] not in sizes else objs[keep:]
+            for obj in extra:
+                obj.destroy(self.timeout)
+            del objs[len(objs) - len(extra):]
+            if not objs:
+                del self._spares[k]
+
+    def _drop_spares(self, device: int) -> None:
+        """Free the spares on `device` (lost: nothing is waited for on it)."""
+        for k in [k for k in self._spares if k[1] == device]:
+            for obj in self._spares.pop(k):
+                try:
+                    obj.destroy(self.timeout)
+                except Exception as exc:   # a lost device's objects: logged, never used again
+                    log.warning("spare %s on GPU %d: destroy failed (%r)", k[0], device, exc)
 
     def _render(self, renderer: Any, sru: Any, target: Image, wait: list[TimelinePoint],
                 index: int) -> list[TimelinePoint]:
@@ -509,9 +590,13 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
 
     def _offload(self, e: SruEntry, sru: Any, renderer: Any, dst_image: Any, dst_wait: Any) -> bool:
         """Render on the secondary and submit the transfer; False (device marked) on failure."""
-        d = e.device_index
         if dst_wait is not None and not isinstance(dst_wait, TimelinePoint):
             raise TypeError(f"dst_wait must be a TimelinePoint on the primary or None, got {dst_wait!r}")
+        return self._render_offloaded(e, sru, renderer) and self._send(e, dst_image, dst_wait)
+
+    def _render_offloaded(self, e: SruEntry, sru: Any, renderer: Any) -> bool:
+        """Submit the render of an offloaded SRU on its device; False (device marked) on failure."""
+        d = e.device_index
         try:
             waits: list[TimelinePoint] = []
             if e.ticket is not None:
@@ -525,13 +610,18 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
             self._mark_unavailable(d, "its renderer raised", exc)
             return False
         e.points = points
+        # the device's speed is its renders' (adaptive.py says why not dst_ready or src_done)
+        self._watch(d, points)
+        return True
+
+    def _send(self, e: SruEntry, dst_image: Any, dst_wait: TimelinePoint | None) -> bool:
+        """Submit the transfer of a rendered SRU's image to GPU 0; False (device marked) on failure."""
         try:
             e.ticket = e.transfer.submit(src_image=e.target, dst_image=dst_image,
-                                         src_wait=points[-1] if points else None, dst_wait=dst_wait)
+                                         src_wait=e.points[-1] if e.points else None, dst_wait=dst_wait)
         except _DEVICE_ERRORS as exc:
-            self._mark_unavailable(d, "its transfer could not start", exc)
+            self._mark_unavailable(e.device_index, "its transfer could not start", exc)
             return False
-        self._watch(d, [e.ticket.dst_ready])
         return True
 
     def _mark_unavailable(self, index: int, why: str, exc: BaseException) -> None:
@@ -589,3 +679,19 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         """Free the resources of SRUs that are not in the coming frame."""
         for sid in [s for s in self._entries if s not in live]:
             self._release(self._entries[sid])
+
+
+def _interleaved(jobs: list[tuple[Any, SruEntry, Any]]) -> list[tuple[Any, SruEntry, Any]]:
+    """`jobs` in submission order: each device's k-th of n at (k + 0.5) / n, the plan's order kept
+    per device (a stable sort; the primary first at equal points)."""
+    counts: dict[int, int] = {}
+    for _, e, _ in jobs:
+        counts[e.device_index] = counts.get(e.device_index, 0) + 1
+    seen: dict[int, int] = {}
+    keyed = []
+    for job in jobs:
+        d = job[1].device_index
+        k = seen[d] = seen.get(d, -1) + 1
+        keyed.append(((k + 0.5) / counts[d], d, job))
+    keyed.sort(key=lambda t: (t[0], t[1]))
+    return [job for _, _, job in keyed]

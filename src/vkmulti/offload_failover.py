@@ -56,6 +56,7 @@ class FrameFailover:
     _unavailable: dict[int, str]
     _entries: dict
     _release: Callable[..., None]
+    _drop_spares: Callable[[int], None]
     _render_fallback: Callable[..., Any]
 
     def _init_failover(self) -> None:
@@ -97,6 +98,7 @@ class FrameFailover:
         gone = [e for e in self._entries.values() if e.device_index == d]
         for e in gone:
             self._release(e)
+        self._drop_spares(d)
         ctx = getattr(self, "_contexts", {}).pop(d, None)
         if ctx is not None:
             try:
