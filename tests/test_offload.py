@@ -502,3 +502,21 @@ def test_demo_speedup_on_two_gpus(tmp_path):
     assert out["identical"] and not out["fallbacks"]
     assert out["speedup"] >= 1.8, out
     assert png.stat().st_size > 0
+
+
+def test_manager_destroy_frees_a_live_coordinator_without_warnings(caplog):
+    """The manager's destroy() tears down a coordinator still in use: its teardown
+    asks the manager which devices are lost (while the manager is being destroyed)
+    and frees every SRU's resources itself, with nothing logged."""
+    srus = tiles()
+    with caplog.at_level(logging.WARNING):
+        with MultiDeviceManager.create() as mgr:
+            assert mgr.device_lost(1) is False
+            coord = SRUOffloadCoordinator(mgr, secondary_renderer_factory=factory)
+            frame = Image(mgr.primary, 240, 120)
+            coord.render_frame(srus, frame)
+        assert coord.destroyed and frame.destroyed
+        assert mgr.device_lost(1) is True      # a destroyed device runs nothing
+        with pytest.raises(TypeError):
+            mgr.device_lost("1")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
