@@ -301,7 +301,7 @@ class DeliveryEngine:
         landing = Region("landing", b, buf, 0, src.size, src.parts, src.origin, hops=m.hops, ready=ticket.dst_ready,
                          ticket=ticket, edge=m.edge)
         self.landings[m.edge].append(landing)
-        self._accept(landing, ticket)
+        self._accept(landing, ticket, not trees.children(src.origin, b))
         for c in trees.children(src.origin, b):
             landing.readers += 1
             for p in src.parts:
@@ -350,8 +350,10 @@ class DeliveryEngine:
                 b.release()
             region.batches = []
 
-    def _accept(self, landing: Region, ticket: Any) -> None:
-        """Hand each part of a landing to the kernels of its device (if it runs any)."""
+    def _accept(self, landing: Region, ticket: Any, exclusive: bool) -> None:
+        """Hand each part of a landing to the kernels of its device (if it runs any);
+        `exclusive`: no move forwards the landing (a kernel a part is all for may
+        read it in place)."""
         dev = landing.device
         if not any(k.device_index == dev for k in self.rt.kernels):
             return
@@ -370,6 +372,7 @@ class DeliveryEngine:
                 self._fail_parts([p], f"GPU {dev} could not take its messages: {exc}")
                 continue
             inbound.k2k_origin = p.batch
+            inbound.exclusive = exclusive
             landing.inbounds.append(inbound)
             p.batch.k2k_landings.append((dev, inbound))
 
