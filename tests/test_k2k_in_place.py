@@ -158,3 +158,128 @@ def test_pingpong_read_in_place_keeps_causality(routed, in_place):
         assert a1 >= a0 and b1 >= b0
     assert router.stats().messages_routed == 21
     assert in_place, "no hop was read in place"
+
+
+def test_a_wrong_guess_read_in_place_is_delivered_by_an_ordinary_pass(routed, in_place):
+    """The forwarder's batches go all to x, then all to y (the guess is still x),
+    then mixed: a batch read in place on a guess that the GPU finds not all x's
+    is taken by neither kernel then, and by ordinary passes after, in order."""
+    from vkmulti import K2KMessage
+
+    rt, router = routed
+    x = counter(rt, "x", 1)
+    y = counter(rt, "y", 1)
+    fwd = counter(rt, "fwd", 0, params=[x.address])
+    sent = {x: [], y: []}
+    v = 0
+    for phase, target in enumerate([x, y, x, y, x]):
+        fwd.set_params(target.address)
+        for _ in range(4):
+            for _ in range(3):
+                v += 1
+                rt.send(fwd, words(v), tag=COUNTER_TAG_FORWARD)
+                sent[target].append(v)
+                if phase == 4:
+                    v += 1
+                    router.route_message(fwd.id, y.id, K2KMessage(fwd.id, y.id, words(v).tobytes(),
+                                                                  tag=COUNTER_TAG_ADD))
+                    sent[y].append(v)
+            rt.step([fwd, x, y])
+        while fwd.h2k:
+            rt.step([fwd, x, y])
+    settle(rt, [fwd, x, y], lambda: state(rt, x).count + state(rt, y).count == v)
+    for k in (x, y):
+        st = state(rt, k)
+        assert (st.count, st.sum, st.fifo_errors) == (len(sent[k]), sum(sent[k]), 0), k.id
+    assert in_place, "no batch was read in place"
+    assert router.stats().routing_failures == 0 and rt.dead_letters == 0
+
+
+def test_a_guess_found_wrong_on_the_gpu_takes_nothing(manager, in_place):
+    """A batch accepted by hand as a direct landing for x holds a message for y:
+    x's step reads it in place on a guess, the GPU check fails, x sees no message,
+    then an ordinary pass delivers x's; each kernel gets its message once."""
+    from types import SimpleNamespace
+
+    from vkmulti.images import Buffer
+    from vkmulti.kernels.messages import RING_HEADER_BYTES
+
+    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
+    rt.add_step_listener(lambda batches: None)   # (a router stands by)
+    x = counter(rt, "x", 1)
+    y = counter(rt, "y", 1)
+    sender = counter(rt, "sender", 0, params=[x.address])
+    buf = Buffer(manager.slot(1), RING_HEADER_BYTES + 8 * rt.slot_size)
+    try:
+        rt.send(sender, words(5), tag=COUNTER_TAG_FORWARD)
+        rt.step(sender).wait(30)
+        batch = sender.outbox_batch()
+        slot = np.frombuffer(bytes(batch.buffer.download(batch.size, batch.offset)), np.uint32).copy()
+        w = rt.slot_size // 4
+        # a second message, a copy of the first for y, with the next sequence number of that pair
+        first = slot[16:16 + w].copy()
+        second = first.copy()
+        second[1] = y.address
+        slot[16 + w:16 + 2 * w] = second
+        slot[0] = 2
+        buf.upload(slot[:(RING_HEADER_BYTES + 8 * rt.slot_size) // 4].tobytes())
+        b = rt.accept_batch(1, buf, source=sender, direct=x)
+        # as the router would before the sending step's survey is read back: the guess only
+        b.k2k_origin = SimpleNamespace(pending=None, single_dest=None, count=0, kernel=sender)
+        b.exclusive = True
+        rt.step([x, y]).wait(30)
+        assert [kid for kid, _ in in_place] == [x.id]
+        rt.poll()
+        assert id(x) in b.passed and not b.checking and not b.done
+        assert state(rt, x).count == 0   # (y may have taken its message in that step already)
+        for _ in range(3):
+            rt.step([x, y])
+        rt.synchronize()
+        rt.poll()
+        assert b.done and not b.checking
+        assert (state(rt, x).count, state(rt, x).sum) == (1, 5)
+        assert (state(rt, y).count, state(rt, y).sum) == (1, 5)
+    finally:
+        rt.destroy()
+        buf.destroy()
+
+
+def test_a_pass_recorded_before_a_guess_is_read_back_takes_nothing_twice(manager, in_place, monkeypatch):
+    """x's step reads a batch in place on a guess (right); x's next step is recorded
+    before the first is read back, so it has an ordinary pass over the batch too:
+    that pass finds the batch taken (header word 4) and takes nothing."""
+    from types import SimpleNamespace
+
+    from vkmulti.images import Buffer
+    from vkmulti.kernels.messages import RING_HEADER_BYTES
+    from vkmulti.kernels.step_harvest import StepHarvest
+
+    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
+    rt.add_step_listener(lambda batches: None)
+    x = counter(rt, "x", 1)
+    sender = counter(rt, "sender", 0, params=[x.address])
+    buf = Buffer(manager.slot(1), RING_HEADER_BYTES + 8 * rt.slot_size)
+    try:
+        rt.send(sender, words(5), tag=COUNTER_TAG_FORWARD)
+        rt.send(sender, words(6), tag=COUNTER_TAG_FORWARD)
+        rt.step(sender).wait(30)
+        batch = sender.outbox_batch()
+        buf.upload(bytes(batch.buffer.download(batch.size, batch.offset))[:buf.size])
+        b = rt.accept_batch(1, buf, source=sender, direct=x)
+        b.k2k_origin = SimpleNamespace(pending=None, single_dest=None, count=0, kernel=sender)
+        b.exclusive = True
+        harvest = StepHarvest.harvest
+        monkeypatch.setattr(StepHarvest, "harvest", lambda self: None)
+        rt.step(x)
+        assert x in b.checking
+        rt.step(x)
+        assert id(x) in b.passed   # the ordinary pass was recorded
+        monkeypatch.setattr(StepHarvest, "harvest", harvest)
+        rt.synchronize()
+        rt.poll()
+        st = state(rt, x)
+        assert (st.count, st.sum, st.fifo_errors, st.hops_sum) == (2, 11, 0, 0)
+        assert b.done and not b.checking and [kid for kid, _ in in_place] == [x.id]
+    finally:
+        rt.destroy()
+        buf.destroy()

@@ -379,14 +379,8 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         for prepare in preparers:   # e.g. the router lets go of batches other devices finished reading
             prepare(targets)
         points, launched, deferred, batches = {}, [], [], []
-        stepped: list[tuple[Any, Any]] = []
         for dev, ks in sorted(by_device.items()):
             ctx, stepper = self._device(dev)
-            for octx, ostepper in stepped:   # their steps done since: surveys a step here may use (in place)
-                with octx.lock:
-                    if octx.alive:
-                        ostepper.harvest()
-            stepped.append((ctx, stepper))
             try:
                 with ctx.lock:
                     point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain)
