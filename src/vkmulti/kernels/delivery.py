@@ -296,6 +296,7 @@ class DeliveryEngine:
         self.moves_submitted += 1
         self.edge_bytes[m.edge] += src.size
         self.edge_moves[m.edge] += 1
+        self.router._batches += len(src.parts)
         self.router._stats.add_bytes(src.size)
         self._read_done(src, ticket.src_done, ticket.wait_submitted if self._source_shared(a, eng) else None)
         landing = Region("landing", b, buf, 0, src.size, src.parts, src.origin, hops=m.hops, ready=ticket.dst_ready,

@@ -122,6 +122,7 @@ class PeerEdges:
         total = sum(b.size for b in batches)
         eng.edge_moves[(s, c)] += 1
         eng.edge_bytes[(s, c)] += total
+        eng.router._batches += len(batches)
         eng.router._stats.add_bytes(total)
         ctx, stepper = self._device(c) if serves else (None, None)
         waits = [ticket.dst_ready]
