@@ -173,22 +173,6 @@ class Buffer(GpuResource):
         finally:
             vk.vkUnmapMemory(self.slot.device, self.memory)
 
-    def destroy(self, timeout: float | None = 30.0) -> None:
-        """Free the buffer once the GPU work using it is done (idempotent).
-
-        Waits for operations of other threads on it and for transfers and
-        copies still queued; vkmulti.TimeoutError after `timeout` s, keeping it."""
-        with self._life.ending(timeout) as dl:
-            if dl is not None:
-                self._settle(dl)
-                self._free()
-
-    def __enter__(self) -> "Buffer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.destroy()
-
     def __repr__(self) -> str:
         state = "destroyed" if self.handle is None else f"{self.size} B"
         return f"Buffer(GPU {getattr(self.slot, 'index', '?')}, {state})"

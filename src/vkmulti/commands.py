@@ -18,7 +18,7 @@ import vulkan as vk
 
 from . import vkapi
 from ._handles import handle_int
-from .errors import DestroyedError, DeviceLostError
+from .errors import DeviceLostError
 from .lifetime import Deadline, Lifetime
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,18 @@ def timeline_submit_info(cmd: Any, waits: Sequence[tuple[int, int]] = (), *,
         pWaitSemaphores=sems or None, pWaitDstStageMask=[stage] * len(sems) or None,
         commandBufferCount=1, pCommandBuffers=[cmd], signalSemaphoreCount=1 if signal else 0,
         pSignalSemaphores=[_ffi.cast("VkSemaphore", signal[0])] if signal else None)
+
+
+def wait_fence_or_lost(slot: Any, fence_int: int, timeout: float | None, owner: str) -> bool:
+    """Wait for one fence of `slot`; False on timeout. A lost device counts as done (logged for `owner`)."""
+    from .errors import TimeoutError as VkmTimeout
+    try:
+        slot.native.wait_fence(fence_int, timeout)
+    except VkmTimeout:
+        return False
+    except DeviceLostError as exc:
+        log.info("%s on %s: device lost (%s); its submits count as finished", owner, slot.name, exc)
+    return True
 
 
 def _destroy_all(objs: Iterable[Any]) -> None:
@@ -243,15 +255,7 @@ class CommandRunner:
             return True
 
     def _wait_pair(self, pair: _Pair, timeout: float | None) -> bool:
-        from .errors import TimeoutError as VkmTimeout
-        try:
-            self.slot.native.wait_fence(pair.fence_int, timeout)
-        except VkmTimeout:
-            return False
-        except DeviceLostError as exc:
-            log.info("CommandRunner on %s: device lost (%s); its submits count as finished",
-                        self.slot.name, exc)
-        return True
+        return wait_fence_or_lost(self.slot, pair.fence_int, timeout, "CommandRunner")
 
     def _reap(self) -> None:
         """Free the abandoned submits that have completed (lock held)."""

@@ -27,8 +27,8 @@ import vulkan as vk
 from . import vkapi
 from ._handles import handle_int
 from .capabilities import EXT_MEMORY_HOST
-from .commands import timeline_submit_info
-from .errors import DestroyedError, DeviceLostError, UnsupportedError, VulkanError
+from .commands import timeline_submit_info, wait_fence_or_lost
+from .errors import DestroyedError, UnsupportedError, VulkanError
 from .errors import TimeoutError as VkmTimeoutError
 from .lifetime import Deadline, Lifetime
 from .resources import as_host_bytes, check_slot, find_memory_type, slot_lifetime, slot_queue
@@ -349,14 +349,7 @@ class HostPort:
 
     def _wait_fence(self, s: _Submit, timeout: float | None) -> bool:
         """Wait for one submit; False on timeout. A lost device counts as done."""
-        try:
-            self.slot.native.wait_fence(s.fence_int, timeout)
-        except VkmTimeoutError:
-            return False
-        except DeviceLostError as exc:
-            log.info("HostPort of %s: device lost while waiting for a copy (%s); counting it as done",
-                        self.slot.name, exc)
-        return True
+        return wait_fence_or_lost(self.slot, s.fence_int, timeout, "HostPort")
 
     def _try_import(self, array: np.ndarray) -> _HostImport | None:
         if not self.host_import or array.nbytes == 0:

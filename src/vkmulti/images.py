@@ -19,12 +19,12 @@ import vulkan as vk
 
 from . import vkapi
 from ._handles import handle_int
-from .buffers import BUFFER_USAGE, Buffer, _check_offset_size, _check_usage, run_one_shot
+from .buffers import BUFFER_USAGE, Buffer, _check_usage, run_one_shot
 from .commands import CommandRunner, timeline_submit_info
 from .errors import DestroyedError, UnsupportedError, VulkanError
 from .formats import bytes_per_pixel, format_name
 from .lifetime import Deadline
-from .resources import (MAX_BYTES, GpuResource, allocate_memory, as_host_bytes, check_slot, find_memory_type,
+from .resources import (GpuResource, allocate_memory, as_host_bytes, check_slot, find_memory_type,
                         slot_lifetime)
 from .timeline import wait_points
 
@@ -306,22 +306,6 @@ class Image(GpuResource):
                 return staging._read(self.nbytes).reshape(self.height, self.width, self.bytes_per_pixel)
             finally:
                 staging.destroy()
-
-    def destroy(self, timeout: float | None = 30.0) -> None:
-        """Free the image once the GPU work using it is done (idempotent).
-
-        Waits for operations of other threads on it and for transfers and
-        copies still queued; vkmulti.TimeoutError after `timeout` s, keeping it."""
-        with self._life.ending(timeout) as dl:
-            if dl is not None:
-                self._settle(dl)
-                self._free()
-
-    def __enter__(self) -> "Image":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.destroy()
 
     def __repr__(self) -> str:
         state = "destroyed" if self.handle is None else f"{self.width}x{self.height} {format_name(self.format)}"

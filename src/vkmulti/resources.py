@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Callable, Self
 
 import numpy as np
 import vulkan as vk
@@ -130,6 +130,7 @@ class GpuResource:
     _teardown_rank = 50   # after transfers and the owners that use resources
     slot: Any
     _life: Lifetime
+    _free: Callable[[], None]   # each resource frees its own handles (Buffer._free, Image._free)
 
     def _init_resource(self, slot: Any) -> None:
         self._life = Lifetime(self, type(self).__name__, (slot_lifetime(slot),))
@@ -151,6 +152,22 @@ class GpuResource:
                 jobs[:] = [j for j in jobs if not j.gpu_done(self.slot.index)]
                 self._prune_at = max(16, 2 * len(jobs))
             jobs.append(job)
+
+    def destroy(self, timeout: float | None = 30.0) -> None:
+        """Free the resource once the GPU work using it is done (idempotent).
+
+        Waits for operations of other threads on it and for transfers and
+        copies still queued; vkmulti.TimeoutError after `timeout` s, keeping it."""
+        with self._life.ending(timeout) as dl:
+            if dl is not None:
+                self._settle(dl)
+                self._free()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
 
     def _settle(self, deadline: Deadline) -> None:
         """Wait until no tracked job uses this resource on the GPU any more.

@@ -438,10 +438,15 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
                     pass
 
     def synchronize(self, timeout: float | None = 60.0) -> None:
-        """Wait until every submitted step on every device is done and harvested."""
+        """Wait until every submitted step on every device is done and harvested, and
+        the checkpoint policy's captures of those steps are complete."""
         with self._lock:
             pairs = list(self._contexts.values())
-        self._wait_points([c.point(c.value) for c, _ in pairs if c.value], _timeout(timeout))
+        timeout = _timeout(timeout)
+        self._wait_points([c.point(c.value) for c, _ in pairs if c.value], timeout)
+        policy = self.__dict__.get("_policy")
+        if policy is not None:
+            policy.materialize(wait=True, timeout=timeout)
 
     def poll(self) -> None:
         """Harvest every step that has completed, on every device, without waiting
