@@ -1,7 +1,14 @@
-"""Helpers for the kernel runtime's tests: the coordinator of a manager."""
+"""Helpers for the kernel runtime's tests: the coordinator of a manager, and the
+counter kernels, runtimes and K2K routers the K2K path tests share."""
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import numpy as np
+
+#: max_kernels of the K2K path tests' runtimes (and the counters' FIFO tables)
+MAX = 32
 
 
 def make_coordinator(manager: Any) -> Any:
@@ -9,3 +16,51 @@ def make_coordinator(manager: Any) -> Any:
     from vkmulti.kernels import MultiGpuCoordinator
 
     return MultiGpuCoordinator.from_manager(manager)
+
+
+@contextmanager
+def routed_runtime(manager: Any, method: str | None) -> Iterator[tuple[Any, Any]]:
+    """A runtime with a K2K router across the pair, moving with `method` both ways
+    (None: the pair's best, dmabuf: in place); both are let go after."""
+    from vkmulti import CrossGpuK2KRouter
+    from vkmulti.kernels import KernelRuntime
+
+    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
+    methods = {(0, 1): method, (1, 0): method} if method else None
+    router = CrossGpuK2KRouter(rt.coordinator, rt, transfer_methods=methods)
+    try:
+        yield rt, router
+    finally:
+        router.detach()
+        rt.destroy()
+
+
+def counter(rt: Any, name: str, device: int, *, inbox: int = 8, outbox: int = 8, **kw: Any) -> Any:
+    """A counter kernel with small rings (they wrap often)."""
+    from vkmulti.kernels import counter_kernel
+    from vkmulti.kernels.reference import counter_initial_state
+
+    return rt.launch(counter_kernel(max_sources=MAX, inbox_capacity=inbox, outbox_capacity=outbox), name,
+                     device=device, state=[counter_initial_state(MAX)], **kw)
+
+
+def words(*values: int) -> np.ndarray:
+    return np.array(values, np.uint32)
+
+
+def settle(rt: Any, kernels: list, done: Any, limit: int = 300) -> None:
+    """Step until done() (at most `limit` steps), then three more, then synchronize."""
+    for _ in range(limit):
+        rt.step(kernels)
+        if done():
+            break
+    for _ in range(3):
+        rt.step(kernels)
+    rt.synchronize()
+
+
+def state(rt: Any, k: Any) -> Any:
+    """The counter's decoded state."""
+    from vkmulti.kernels.reference import read_counter
+
+    return read_counter(rt.read_state(k))

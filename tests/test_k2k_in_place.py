@@ -10,27 +10,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernel_support import make_coordinator
-from vkmulti import CrossGpuK2KRouter
-from vkmulti.kernels import KernelRuntime, counter_kernel, pingpong_kernel
+from kernel_support import MAX, counter, make_coordinator, routed_runtime, settle, state, words
+from vkmulti.kernels import KernelRuntime, pingpong_kernel
 from vkmulti.kernels import stepper as stepper_module
-from vkmulti.kernels.reference import COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, counter_initial_state, read_counter
+from vkmulti.kernels.reference import COUNTER_TAG_ADD, COUNTER_TAG_FORWARD
 
-MAX = 32
 PATHS = {"in place": None, "host_shared link": "host_shared"}
 
 
 @pytest.fixture(params=list(PATHS))
 def routed(manager, request):
-    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
-    method = PATHS[request.param]
-    methods = {(0, 1): method, (1, 0): method} if method else None
-    router = CrossGpuK2KRouter(rt.coordinator, rt, transfer_methods=methods)
-    try:
-        yield rt, router
-    finally:
-        router.detach()
-        rt.destroy()
+    with routed_runtime(manager, PATHS[request.param]) as pair:
+        yield pair
 
 
 @pytest.fixture
@@ -46,29 +37,6 @@ def in_place(monkeypatch):
         return ok
     monkeypatch.setattr(stepper_module.DeviceStepper, "_readable_in_place", recording)
     return seen
-
-
-def counter(rt, name, device, *, inbox=8, outbox=8, **kw):
-    return rt.launch(counter_kernel(max_sources=MAX, inbox_capacity=inbox, outbox_capacity=outbox), name,
-                     device=device, state=[counter_initial_state(MAX)], **kw)
-
-
-def words(*values):
-    return np.array(values, np.uint32)
-
-
-def settle(rt, kernels, done, limit=300):
-    for _ in range(limit):
-        rt.step(kernels)
-        if done():
-            break
-    for _ in range(3):
-        rt.step(kernels)
-    rt.synchronize()
-
-
-def state(rt, k):
-    return read_counter(rt.read_state(k))
 
 
 def test_batches_all_for_one_kernel_are_read_in_place(routed, in_place):
@@ -158,41 +126,6 @@ def test_pingpong_read_in_place_keeps_causality(routed, in_place):
         assert a1 >= a0 and b1 >= b0
     assert router.stats().messages_routed == 21
     assert in_place, "no hop was read in place"
-
-
-def test_a_wrong_guess_read_in_place_is_delivered_by_an_ordinary_pass(routed, in_place):
-    """The forwarder's batches go all to x, then all to y (the guess is still x),
-    then mixed: a batch read in place on a guess that the GPU finds not all x's
-    is taken by neither kernel then, and by ordinary passes after, in order."""
-    from vkmulti import K2KMessage
-
-    rt, router = routed
-    x = counter(rt, "x", 1)
-    y = counter(rt, "y", 1)
-    fwd = counter(rt, "fwd", 0, params=[x.address])
-    sent = {x: [], y: []}
-    v = 0
-    for phase, target in enumerate([x, y, x, y, x]):
-        fwd.set_params(target.address)
-        for _ in range(4):
-            for _ in range(3):
-                v += 1
-                rt.send(fwd, words(v), tag=COUNTER_TAG_FORWARD)
-                sent[target].append(v)
-                if phase == 4:
-                    v += 1
-                    router.route_message(fwd.id, y.id, K2KMessage(fwd.id, y.id, words(v).tobytes(),
-                                                                  tag=COUNTER_TAG_ADD))
-                    sent[y].append(v)
-            rt.step([fwd, x, y])
-        while fwd.h2k:
-            rt.step([fwd, x, y])
-    settle(rt, [fwd, x, y], lambda: state(rt, x).count + state(rt, y).count == v)
-    for k in (x, y):
-        st = state(rt, k)
-        assert (st.count, st.sum, st.fifo_errors) == (len(sent[k]), sum(sent[k]), 0), k.id
-    assert in_place, "no batch was read in place"
-    assert router.stats().routing_failures == 0 and rt.dead_letters == 0
 
 
 def test_a_guess_found_wrong_on_the_gpu_takes_nothing(manager, in_place):
