@@ -216,3 +216,47 @@ def test_a_pass_recorded_before_a_guess_is_read_back_takes_nothing_twice(manager
     finally:
         rt.destroy()
         buf.destroy()
+
+
+def test_a_kernel_reloaded_while_it_reads_in_place_keeps_counting(manager, in_place, tmp_path):
+    """A hot reload gives the sink another pipeline (the counter built with debug
+    info: other SPIR-V, same behaviour): its in-place descriptor sets are made
+    again for it, the old ones let go; every message arrives once, in order."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from vkmulti import HotReloadConfig, HotReloadManager, KernelCodeSource
+
+    glslc = shutil.which("glslc")
+    if glslc is None:
+        pytest.skip("needs glslc")
+    shaders = Path(__file__).resolve().parent.parent / "native" / "shaders"
+    out = tmp_path / "counter_g.spv"
+    subprocess.run([glslc, "-g", "--target-env=vulkan1.1", "-o", str(out), str(shaders / "kernel_counter.comp")],
+                   check=True)
+    with routed_runtime(manager, None) as (rt, router):
+        sink = counter(rt, "sink", 1)
+        fwd = counter(rt, "fwd", 0, params=[sink.address])
+        reloads = HotReloadManager(HotReloadConfig().with_validate_before_swap(False))
+        reloads.register_runtime_kernel(sink)
+        v = 0
+        for step in range(24):
+            for _ in range(4):
+                v += 1
+                rt.send(fwd, words(v), tag=COUNTER_TAG_FORWARD)
+            rt.step([fwd, sink])
+            if step in (8, 16):
+                chosen = len(in_place)
+                before = sink.kernel_pass
+                if step == 8:
+                    reloads.reload(sink, KernelCodeSource.from_spirv(out.read_bytes()))
+                else:
+                    reloads.rollback(sink.id)
+                assert sink.kernel_pass is not before
+        settle(rt, [fwd, sink], lambda: state(rt, sink).count == v)
+        st = state(rt, sink)
+        assert (st.count, st.sum, st.fifo_errors) == (v, v * (v + 1) // 2, 0)
+        assert len(in_place) > chosen, "nothing was read in place after the reload"
+        passes = {key[5] for key in sink.deliver_sets if len(key) > 5 and key[3] == "in place"}
+        assert passes == {id(sink.kernel_pass)}

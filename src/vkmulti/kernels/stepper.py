@@ -485,10 +485,14 @@ class DeviceStepper(StepHarvest):
         """The descriptor sets of k's step and finish pass with the batch region as the
         inbox (kept per kernel, buffer and offset like delivery sets, or with the batch)."""
         ctx, whole = self.ctx, WHOLE_SIZE
-        key = ("in", b.buffer, b.size, "in place", b.offset) if b.reuse_sets else None
+        # (by the kernel's pipeline too: a hot reload gives it another, its old sets are let go)
+        key = ("in", b.buffer, b.size, "in place", b.offset, id(k.kernel_pass)) if b.reuse_sets else None
         pair = k.deliver_sets.get(key + ("kernel",)) if key else None
         if pair is not None:
             return pair[1], k.deliver_sets[key + ("finish",)][1]
+        stale = [x for x in k.deliver_sets if len(x) > 5 and x[3] == "in place" and x[5] != id(k.kernel_pass)]
+        for x in stale:
+            self.retired.append((ctx.value, k.deliver_sets.pop(x)))
         inbox = (b.buffer.handle, b.offset, b.size)
         kset = ctx.descriptor_set(k.kernel_pass, [inbox, (k.outbox.handle, 0, k.outbox_bytes)]
                                   + [(s.handle, 0, whole) for s in k.states])
