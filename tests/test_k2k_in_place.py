@@ -64,6 +64,40 @@ def test_batches_all_for_one_kernel_are_read_in_place(routed, in_place):
     assert router.stats().messages_routed == len(sent) and router.stats().messages_pending == 0
 
 
+def test_a_backlog_of_one_sender_is_read_in_place_one_batch_a_step(routed, in_place):
+    """The sender steps alone (its batches wait on the sink's device), then both step:
+    the oldest waiting batch is read in place at each step, the later ones of the same
+    sender after it, in order."""
+    rt, router = routed
+    sink = counter(rt, "sink", 1)
+    fwd = counter(rt, "fwd", 0, params=[sink.address])
+    v = 0
+    for _ in range(6):   # the router learns the guess; the sink's own (empty) batches go quiet
+        for _ in range(5):
+            v += 1
+            rt.send(fwd, words(v), tag=COUNTER_TAG_FORWARD)
+        rt.step([fwd, sink])
+    settle(rt, [fwd, sink], lambda: state(rt, sink).count == v)
+    rt.poll()
+    in_place.clear()
+    for _ in range(2):   # (two batches: the runtime's in_flight regions hold at most three)
+        for _ in range(5):
+            v += 1
+            rt.send(fwd, words(v), tag=COUNTER_TAG_FORWARD)
+        rt.step(fwd)
+    rt.synchronize()
+    rt.poll()
+    for _ in range(5):
+        v += 1
+        rt.send(fwd, words(v), tag=COUNTER_TAG_FORWARD)
+    rt.step([fwd, sink])
+    settle(rt, [fwd, sink], lambda: state(rt, sink).count == v)
+    st = state(rt, sink)
+    assert (st.count, st.sum, st.fifo_errors) == (v, v * (v + 1) // 2, 0)
+    assert sum(1 for kid, _ in in_place if kid == sink.id) >= 2
+    assert rt.dead_letters == 0 and router.stats().routing_failures == 0
+
+
 def test_in_place_off_reads_the_same_messages(routed, monkeypatch, in_place):
     monkeypatch.setattr(stepper_module, "READ_IN_PLACE", False)
     rt, router = routed

@@ -471,15 +471,19 @@ class DeviceStepper(StepHarvest):
         x's inbox) where it lies instead of a copy in its inbox: no other device
         reads the region meanwhile (b.exclusive), the sending step's survey, if
         read back, says every message is x's (else the GPU checks), x takes
-        nothing else this step (no host message, no other batch: they would wait
-        a step), and the region is aligned for a storage buffer binding."""
+        nothing else this step (no host message, no batch of another sender:
+        they would wait a step; the same sender's later batches do wait, the
+        next steps read them in turn), and the region is aligned for a storage
+        buffer binding."""
         origin = getattr(b, "k2k_origin", None)
         if not (READ_IN_PLACE and b.exclusive and origin is not None and not x.h2k
                 and b.offset % self.ctx.min_offset_alignment == 0):
             return False
         if origin.pending is not None and not _known(b, x, (b.size - RING_HEADER_BYTES) // self.rt.slot_size):
             return False   # (the survey says otherwise)
-        return not any(o is not b and (o.takes(x) or x in o.checking) for o in readable)
+        src = b.source
+        return not any(o is not b and (o.takes(x) or x in o.checking) and (src is None or o.source is not src)
+                       for o in readable)
 
     def _in_place_sets(self, k: Kernel, b: InboundBatch) -> tuple[Any, Any]:
         """The descriptor sets of k's step and finish pass with the batch region as the
