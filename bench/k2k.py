@@ -24,9 +24,10 @@ CrossGpuK2KRouter, against baselines measured in the same run.
     ready; the router still moves and the sink still receives every byte of
     every slot. --fresh-payloads makes the sender rewrite every payload word at
     every step (on lavapipe its shader then bounds the figure at ~2-3 GB/s).
-    The JSON also gives the host's time in step() per batch (host_ms_per_step:
-    the bound on K2K bandwidth once the bytes cost nothing) and how many batches
-    the sink read in place. --no-in-place makes the receiving step copy every
+    The JSON also gives the time spent in step() per batch (host_ms_per_step:
+    the host's work plus its waits for in-flight room, the bound on K2K
+    bandwidth once the bytes cost nothing) and how many batches the sink read
+    in place. --no-in-place makes the receiving step copy every
     batch into the inbox (the path before in-place reading), for comparison.
 (c) stencil: Jacobi step time of one grid on one device and split over two.
 
