@@ -26,8 +26,10 @@ CrossGpuK2KRouter, against baselines measured in the same run.
     every step (on lavapipe its shader then bounds the figure at ~2-3 GB/s).
     The JSON also gives the time spent in step() per batch (host_ms_per_step:
     the host's work plus its waits for in-flight room, the bound on K2K
-    bandwidth once the bytes cost nothing) and how many batches the sink read
-    in place. --no-in-place makes the receiving step copy every
+    bandwidth once the bytes cost nothing), the median and longest step call
+    (a long one is a stall of a shared machine, which a K2K run with its few
+    steps in flight absorbs worse than 64 queued raw copies) and how many
+    batches the sink read in place. --no-in-place makes the receiving step copy every
     batch into the inbox (the path before in-place reading), for comparison.
 (c) stencil: Jacobi step time of one grid on one device and split over two.
 
@@ -245,6 +247,7 @@ def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None, rounds: in
         batch = src.outbox_region
 
         host = [0.0]
+        calls: list[float] = []   # each step call's time (a stall of the machine shows as a long one)
 
         def run(steps: int) -> float:
             rt.synchronize()
@@ -253,7 +256,8 @@ def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None, rounds: in
             for _ in range(steps):
                 h = time.perf_counter()
                 rt.step([src, sink])
-                host[0] += time.perf_counter() - h
+                calls.append(time.perf_counter() - h)
+                host[0] += calls[-1]
             src.set_params(sink.address, 0)      # one more step delivers the last batch
             rt.step([src, sink])
             rt.synchronize()
@@ -283,6 +287,7 @@ def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None, rounds: in
             return time.perf_counter() - t0
         k2k, base, best, per_method = [], [], [], {name: [] for name in links}
         host[0], in_place[0] = 0.0, 0
+        calls.clear()
         for _ in range(rounds):                  # paired: K2K, then the raw copies of every method
             k2k.append(batch * reps / run(reps) / 1e9)
             for name, x in links.items():
@@ -296,6 +301,7 @@ def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None, rounds: in
                 "method": m, "sender": "fresh payloads" if fresh else "restamped payloads",
                 "read_in_place": stepper.READ_IN_PLACE, "batches_read_in_place": in_place[0],
                 "batches": rounds * (reps + 1), "host_ms_per_step": host[0] / (rounds * reps) * 1e3,
+                "step_call_ms_median": statistics.median(calls) * 1e3, "step_call_ms_max": max(calls) * 1e3,
                 "k2k_gbps": max(k2k), "raw_gbps": max(base), "k2k_gbps_rounds": k2k, "raw_gbps_rounds": base,
                 "raw_method_rounds": best, "raw_gbps_by_method": per_method,
                 "ratio_k2k_to_raw": statistics.median(ratios), "ratio_k2k_to_raw_range": [min(ratios), max(ratios)],
