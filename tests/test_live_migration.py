@@ -17,6 +17,7 @@ from vkmulti import (Checkpoint, CheckpointPolicy, CrossGpuK2KRouter, FileStorag
 from vkmulti.errors import DestroyedError, InvalidCheckpointError, InvalidConfigError, KernelNotFoundError
 from vkmulti.kernels import KernelRuntime, KernelSpec, counter_kernel
 from vkmulti.kernels.gpu_crc import GpuCrc
+from vkmulti.kernels.host_crc import HostCrc
 from vkmulti.kernels.reference import (COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, COUNTER_TAG_QUERY,
                                        counter_initial_state, read_counter)
 
@@ -144,10 +145,13 @@ def test_messages_waiting_for_the_kernel_move_with_it(runtime, router):
     assert read_counter(runtime.read_state(sink)).fifo_errors == 0
 
 
-def test_state_is_byte_identical_and_the_kernel_keeps_counting(runtime, router):
+@pytest.mark.parametrize("engine", ["auto", "shader"])
+def test_state_is_byte_identical_and_the_kernel_keeps_counting(runtime, router, engine):
+    """(with the default CRC32 engine and with the GPU shader forced)"""
+    runtime.migration_crc = engine
     rng = np.random.default_rng(3)
     spec = KernelSpec("big-counter", counter_kernel(max_sources=MAX).spirv,
-                      state_sizes=(counter_kernel(max_sources=MAX).state_sizes[0], 1 << 20, 4096))
+                      state_sizes=(counter_kernel(max_sources=MAX).state_sizes[0], 1 << 20, 4100))
     extra = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
     k = runtime.launch(spec, "k", device=0, state=[counter_initial_state(MAX), extra, None])
     peer = counter(runtime, "peer", device=1, params=[k.address])
@@ -189,9 +193,16 @@ def test_host_messages_produced_before_the_move_are_received(runtime):
     assert runtime.receive(k, timeout=10).sequence == reply.sequence + 1   # the sequence numbers continue
 
 
-def test_a_corrupted_copy_fails_and_leaves_the_kernel_running(runtime, router, monkeypatch):
-    """The destination's CRC32 differs from the source's: FAILED, counted, the kernel
-    still on GPU 0 and its messages (taken into the staging batch) not lost."""
+@pytest.mark.parametrize("engine", ["shader", "host"])
+def test_a_corrupted_copy_fails_and_leaves_the_kernel_running(runtime, router, monkeypatch, engine):
+    """The destination's CRC32 differs from the source's (a word of what arrived is
+    damaged once the copy landed, before the destination hashes it): FAILED,
+    counted, the kernel still on GPU 0 and its messages (taken into the staging
+    batch) not lost. With the GPU shader and with the host engine of a CPU device."""
+    if engine == "host" and not HostCrc.suits(runtime.manager.slot(1)):
+        pytest.skip("the host CRC32 engine is for CPU devices")
+    runtime.migration_crc = engine
+    cls = GpuCrc if engine == "shader" else HostCrc
     sink = counter(runtime, "sink", device=0, inbox=2)
     fwd = counter(runtime, "fwd", device=1, params=[sink.address])
     for i in range(12):
@@ -199,21 +210,27 @@ def test_a_corrupted_copy_fails_and_leaves_the_kernel_running(runtime, router, m
     for _ in range(6):
         runtime.step([fwd])   # messages wait on GPU 0 for the sink
     runtime.synchronize()
-    real = GpuCrc.submit
+    real = cls.submit
+    damaged = []
 
-    def corrupting(self, ranges, waits=()):
+    def corrupting(self, ranges, waits=(), *args):
         ranges = list(ranges)
-        if self.ctx.index == 1 and len(ranges) > 1:   # the destination's check: damage what arrived
+        waits = list(waits)
+        if self.ctx.index == 1 and not damaged:   # the destination's first check: damage what arrived
             import vulkan as vk
+            for p in waits:
+                self.ctx.slot.native.wait_timeline(p.semaphore, p.value, 10.0)
             buf = ranges[0][0]
             self.ctx.run_once(lambda cmd: vk.vkCmdFillBuffer(cmd, buf.handle, 0, 4, 0xDEADBEEF))
-        return real(self, ranges, waits)
-    monkeypatch.setattr(GpuCrc, "submit", corrupting)
+            damaged.append(buf)
+        return real(self, ranges, waits, *args)
+    monkeypatch.setattr(cls, "submit", corrupting)
     migrator = KernelMigrator(runtime.coordinator)
     request = runtime.coordinator.request_migration("sink", 1)
     with pytest.raises(MigrationError, match="CRC32 mismatch"):
         migrator.migrate_with_checkpoint(sink, request)
     monkeypatch.undo()
+    assert damaged
     assert request.state is MigrationState.FAILED
     assert migrator.stats().failed_migrations == 1 and migrator.stats().successful_migrations == 0
     assert sink.device_index == 0 and runtime.coordinator.get_kernel_device("sink") == 0
@@ -221,6 +238,9 @@ def test_a_corrupted_copy_fails_and_leaves_the_kernel_running(runtime, router, m
     settle(runtime, router, None, lambda: read_counter(runtime.read_state(sink)).count == 12)
     st = read_counter(runtime.read_state(sink))
     assert (st.count, st.sum, st.fifo_errors) == (12, sum(range(12)), 0)
+    migrator.migrate_with_checkpoint(sink, runtime.coordinator.request_migration("sink", 1))   # undamaged: moves
+    assert sink.device_index == 1 and migrator.stats().successful_migrations == 1
+    assert read_counter(runtime.read_state(sink)).sum == sum(range(12))
 
 
 def test_destroy_racing_migrate(runtime, router):

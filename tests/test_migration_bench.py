@@ -30,6 +30,11 @@ def test_bench_prints_figures_and_a_ratio_line(bench, capsys):
         assert r["checksums_matched"] and r["state_intact"] and r["kernel_counts_on"]
         assert r["live_us"] > 0 and r["host_bytes_us"] > 0 and r["raw_copy_us"] > 0
         assert r["live_us"] >= r["live_transfer_us"]
+        assert r["crc_engine"] in ("host", "shader") and r["host_crc32"] in ("zlib-ng", "zlib")
+        for name in ("shader_interleaved", "shader_contiguous") + (("host",) if r["crc_engine"] == "host" else ()):
+            assert len(r["crc_us"][name]) == 2 and min(r["crc_us"][name]) > 0   # each device's side
+        if r["crc_engine"] == "host":   # a CPU pair: the shader's check is timed as well
+            assert r["live_shader_crc_us"] > 0 and r["ratio_host_to_live_shader_crc"] > 0
     assert figures["reload"]["swap_us"] > 0 and figures["reload"]["relaunch_us"] > 0
 
 

@@ -2,97 +2,121 @@
 // CRC32 (IEEE, zlib's) of a byte range of a buffer, computed on the GPU
 // (src/vkmulti/kernels/gpu_crc.py). Live migration checks the state that
 // arrived on the destination GPU against the source's without reading either
-// through the host.
+// through the host. One dispatch per range, no passes between workgroups:
 //
-// mode 0: invocation g computes the raw CRC (register starting at 0, no final
-//         xor) of chunk g: words [word_offset + g * chunk_words, ...) of at
-//         most chunk_words words, into crcs[out_offset + g]. Slice-by-4 tables
-//         are built in shared memory by each workgroup.
-// mode 1: one level of an in-order tree reduction over `count` chunk CRCs:
-//         crcs[a] = shift(crcs[a], bytes of block b) ^ crcs[b] for
-//         a = 2 * stride * i, b = a + stride. shift(x, n) appends n zero bytes,
-//         a linear map applied as the product of the matrices for the set bits
-//         of n (binding 2: 32 matrices, the k-th shifts by 2^k bytes, 32
-//         column words each).
-// The host finishes: crc = raw ^ shift(0xFFFFFFFF, total bytes) ^ 0xFFFFFFFF.
+// The raw CRC (register from 0, no final xor) is linear over GF(2): the raw
+// CRC of a message is the xor over its words w at word position p of
+// Z(nbytes - 4p)(w), where Z(n) appends n zero bytes to a CRC register (a
+// 32x32 bit matrix, applied here as 4 lookups in a 4x256 table).
+//
+// Workgroup b hashes the block of 64 * lane_words words starting at word
+// b * 64 * lane_words, in one of two layouts (push constant `contiguous`):
+// - interleaved (GPUs): lane l takes words l, l + 64, l + 128, ... of its
+//   block (neighbouring lanes read neighbouring words: coalesced) and runs
+//   Horner's rule s = Z(256)(s) ^ w over them, then shifts s to the end of the
+//   block (full blocks: by 4 * (64 - l) bytes);
+// - contiguous (CPU devices: llvmpipe runs it ~2x faster): lane l hashes words
+//   [l * lane_words, (l + 1) * lane_words) of its block with slice-by-4
+//   (s ^= w; s = Z(4)(s)), then shifts s by the 4 * lane_words * (63 - l)
+//   bytes after its piece in the block.
+// The table of the loop's Z(256) or Z(4) is in shared memory. A lane of the
+// last, partial block shifts its s to the end of the range instead. The
+// lanes' values are xored together in shared memory, lane 0 shifts the
+// block's value to the end of the range and xors it into results[out_index]
+// (zeroed by the host beforehand). Workgroup 0 also hashes the 1-3 tail bytes
+// of a range whose size is not a multiple of 4 (they end the range: no shift).
+// The host finishes: crc = raw ^ Z(nbytes)(0xFFFFFFFF) ^ 0xFFFFFFFF.
+//
+// binding 2: 32 tables of 4 x 256 words; table k is Z(2^k): entry
+// [k * 1024 + j * 256 + v] = Z(2^k)(v << 8j). Table 0 row 0 is zlib's
+// byte table (used for the tail bytes), table 8 is Z(256).
 layout(local_size_x = 64) in;
 
 layout(std430, set = 0, binding = 0) readonly buffer Data { uint words[]; } data;
-layout(std430, set = 0, binding = 1) buffer Crcs { uint crcs[]; } acc;
-layout(std430, set = 0, binding = 2) readonly buffer Shift { uint columns[]; } shift;
+layout(std430, set = 0, binding = 1) buffer Results { uint raw[]; } results;
+layout(std430, set = 0, binding = 2) readonly buffer Tables { uint entries[]; } tables;
 layout(push_constant) uniform Params {
-    uint mode; uint word_offset; uint nwords; uint chunk_words;
-    uint stride; uint count; uint out_offset; uint pad;
+    uint word_offset; uint nbytes; uint lane_words; uint out_index; uint contiguous;
 } pc;
 
-shared uint table[4 * 256];
+shared uint hot[1024];
+shared uint block_raw;
 
-uint apply(uint matrix, uint x)
+uint zeros(uint k, uint x)
 {
-    uint r = 0u;
-    for (uint j = 0u; j < 32u; j++)
-        if ((x & (1u << j)) != 0u)
-            r ^= shift.columns[matrix * 32u + j];
-    return r;
+    uint t = k * 1024u;
+    return tables.entries[t + (x & 0xFFu)] ^ tables.entries[t + 256u + ((x >> 8) & 0xFFu)]
+         ^ tables.entries[t + 512u + ((x >> 16) & 0xFFu)] ^ tables.entries[t + 768u + (x >> 24)];
 }
 
+// Z(n)(x): one table per set bit of n.
 uint shift_bytes(uint x, uint n)
 {
-    for (uint k = 0u; k < 32u; k++)
-        if ((n & (1u << k)) != 0u)
-            x = apply(k, x);
+    while (n != 0u) {
+        x = zeros(uint(findLSB(n)), x);
+        n &= n - 1u;
+    }
     return x;
-}
-
-void chunk_crc()
-{
-    uint t = gl_LocalInvocationID.x;
-    for (uint i = t; i < 256u; i += 64u) {
-        uint c = i;
-        for (uint k = 0u; k < 8u; k++)
-            c = (c & 1u) != 0u ? (c >> 1) ^ 0xEDB88320u : c >> 1;
-        table[i] = c;
-    }
-    barrier();
-    for (uint i = t; i < 256u; i += 64u) {
-        uint c = table[i];
-        for (uint s = 1u; s < 4u; s++) {
-            c = (c >> 8) ^ table[c & 0xFFu];
-            table[s * 256u + i] = c;
-        }
-    }
-    barrier();
-    uint g = gl_GlobalInvocationID.x;
-    uint chunks = (pc.nwords + pc.chunk_words - 1u) / pc.chunk_words;
-    if (g >= chunks)
-        return;
-    uint begin = g * pc.chunk_words;
-    uint end = min(begin + pc.chunk_words, pc.nwords);
-    uint crc = 0u;
-    for (uint w = begin; w < end; w++) {
-        crc ^= data.words[pc.word_offset + w];
-        crc = table[768u + (crc & 0xFFu)] ^ table[512u + ((crc >> 8) & 0xFFu)]
-            ^ table[256u + ((crc >> 16) & 0xFFu)] ^ table[crc >> 24];
-    }
-    acc.crcs[pc.out_offset + g] = crc;
-}
-
-void combine()
-{
-    uint i = gl_GlobalInvocationID.x;
-    uint a = 2u * pc.stride * i;
-    uint b = a + pc.stride;
-    if (b >= pc.count)
-        return;
-    uint last = min(b + pc.stride, pc.count);
-    uint words = min(last * pc.chunk_words, pc.nwords) - b * pc.chunk_words;
-    acc.crcs[pc.out_offset + a] = shift_bytes(acc.crcs[pc.out_offset + a], words * 4u) ^ acc.crcs[pc.out_offset + b];
 }
 
 void main()
 {
-    if (pc.mode == 0u)
-        chunk_crc();
-    else
-        combine();
+    uint lane = gl_LocalInvocationID.x;
+    uint hot_table = pc.contiguous != 0u ? 2u : 8u;
+    for (uint i = lane; i < 1024u; i += 64u)
+        hot[i] = tables.entries[hot_table * 1024u + i];
+    if (lane == 0u)
+        block_raw = 0u;
+    barrier();
+
+    uint nwords = pc.nbytes >> 2;
+    uint block_words = 64u * pc.lane_words;
+    uint base = gl_WorkGroupID.x * block_words;
+    uint end = min(base + block_words, nwords);
+    uint s = 0u;
+    uint last = 0u;
+    bool any = false;
+    bool full = base + block_words <= nwords;
+    uint mine = 0u;
+    if (pc.contiguous != 0u) {
+        uint first = base + lane * pc.lane_words;
+        uint stop = min(first + pc.lane_words, end);
+        for (uint p = first; p < stop; p++) {
+            s ^= data.words[pc.word_offset + p];
+            s = hot[s & 0xFFu] ^ hot[256u + ((s >> 8) & 0xFFu)] ^ hot[512u + ((s >> 16) & 0xFFu)] ^ hot[768u + (s >> 24)];
+        }
+        if (full)
+            mine = shift_bytes(s, 4u * pc.lane_words * (63u - lane));
+        else if (first < stop)
+            mine = shift_bytes(s, pc.nbytes - 4u * stop);
+    } else {
+        for (uint p = base + lane; p < end; p += 64u) {
+            s = hot[s & 0xFFu] ^ hot[256u + ((s >> 8) & 0xFFu)] ^ hot[512u + ((s >> 16) & 0xFFu)] ^ hot[768u + (s >> 24)];
+            s ^= data.words[pc.word_offset + p];
+            last = p;
+            any = true;
+        }
+        if (full)
+            mine = shift_bytes(s, 4u * (64u - lane));
+        else if (any)
+            mine = shift_bytes(s, pc.nbytes - 4u * last);
+    }
+    if (mine != 0u)
+        atomicXor(block_raw, mine);
+    barrier();
+    if (lane != 0u)
+        return;
+    uint v = block_raw;
+    if (full)
+        v = shift_bytes(v, pc.nbytes - 4u * (base + block_words));
+    uint tail = pc.nbytes & 3u;
+    if (gl_WorkGroupID.x == 0u && tail != 0u) {
+        uint w = data.words[pc.word_offset + nwords];
+        uint c = 0u;
+        for (uint i = 0u; i < tail; i++)
+            c = (c >> 8) ^ tables.entries[(c ^ (w >> (8u * i))) & 0xFFu];
+        v ^= c;
+    }
+    if (v != 0u)
+        atomicXor(results.raw[pc.out_index], v);
 }

@@ -343,12 +343,16 @@ class Kernel(KernelTraits):
         self.buffers.append(b)
         return b
 
+    def _state_buffer(self, index: int, size: int) -> Any:
+        """State buffer `index` (a migration's twin takes one already being filled)."""
+        return self._buffer(size)
+
     def _create(self) -> None:
         ctx, spec, d = self.ctx, self.spec, self.ctx.in_flight
         self.inbox = self._buffer(RING_HEADER_BYTES + spec.inbox_capacity * self.slot_size)
         self.outbox = self._buffer(d * self.outbox_region, exported=self.runtime.exports_outboxes(ctx.index))
         self.control = self._buffer(RING_HEADER_BYTES + ctx.table_size * 16)
-        self.states = [self._buffer(size) for size in spec.state_sizes]
+        self.states = [self._state_buffer(i, size) for i, size in enumerate(spec.state_sizes)]
         self.h2k_buffer = self._buffer(d * self.h2k_region, mapped=True)
         self.k2h = self._buffer(d * self.k2h_region, mapped=True)
         for r in range(d):

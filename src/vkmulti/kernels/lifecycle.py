@@ -331,7 +331,7 @@ class _Extras:
     passes), and the CRC32 pass with jobs of its own (so waiting for the
     captures does not wait for a hash)."""
     jobs: GpuJobs
-    crc: Any = None
+    crc: dict = field(default_factory=dict)   # engine kind ("shader", "host") -> engine
     crc_jobs: GpuJobs | None = None
 
 
@@ -365,16 +365,23 @@ class KernelLifecycle:
                     e = ext[device] = _Extras(GpuJobs(ctx.slot, ctx.queue))
         return e
 
+    @property
+    def migration_crc(self) -> str:
+        """Which engine checks a live migration's CRC32s on a device: "auto" (the
+        host's zlib on the device's own mapped memory for a CPU device whose
+        memory is all host-visible, e.g. lavapipe; the GPU shader elsewhere),
+        "shader" (always the GPU shader) or "host" (UnsupportedError on a GPU)."""
+        return self.__dict__.get("_migration_crc", "auto")
+
+    @migration_crc.setter
+    def migration_crc(self, choice: str) -> None:
+        from .crc_engines import check_choice
+        self.__dict__["_migration_crc"] = check_choice(choice)
+
     def _crc(self, device: int) -> Any:
-        e = self._extras(device)
-        if e.crc is None:
-            from .gpu_crc import GpuCrc
-            ctx = self._context(device)
-            with _CREATE:
-                if e.crc is None:
-                    e.crc_jobs = GpuJobs(ctx.slot, ctx.queue)
-                    e.crc = GpuCrc(ctx, e.crc_jobs)
-        return e.crc
+        """The CRC32 engine of `device` chosen by migration_crc (made once per kind)."""
+        from .crc_engines import crc_engine
+        return crc_engine(self._extras(device), self._context(device), self.migration_crc, _CREATE)
 
     def _hold_cond(self) -> threading.Condition:
         c = self.__dict__.get("_held_cond")
@@ -481,8 +488,8 @@ class KernelLifecycle:
         from .live_migration import destroy_engines
         destroy_engines(self, timeout if timeout is not None and timeout != float("inf") else 30.0)
         for e in list(self.__dict__.pop("_extras_by_device", {}).values()):
-            if e.crc is not None:
-                e.crc.destroy()
+            for eng in e.crc.values():
+                eng.destroy()
             if e.crc_jobs is not None:
                 e.crc_jobs.destroy(timeout if timeout is not None and timeout != float("inf") else 30.0)
             e.jobs.destroy(timeout if timeout is not None and timeout != float("inf") else 30.0)

@@ -11,24 +11,34 @@ nothing reads it (its outbox only after the batches it sent are delivered).
 
 Live migration (`migrate_live`):
 
-1. quiesce: the kernel is held back from stepping and its submitted steps
-   finish; its state can no longer change;
-2. the twin is built on the target; the source's state buffers are hashed
-   (CRC32 on the source GPU) and copied GPU to GPU with the pair's best
-   transfer method while the other kernels keep stepping;
+1. quiesce: the kernel is held back from stepping (a step() that took it
+   before the hold is let finish submitting: the gate, once) and its
+   submitted steps finish; its state can no longer change;
+2. the source's state buffers are hashed (CRC32 job on the source device)
+   and copied GPU to GPU with the pair's best transfer method into state
+   buffers on the target, while the twin is built around them and the other
+   kernels keep stepping; the target's hash of what arrived is queued behind
+   the copies' timeline points (no host round trip between copy and hash):
+   at once by the host engine, at the switch by a GPU's shader (its job
+   waits on the step queue, which must not hold back the others' steps);
 3. the switch, with the runtime's gate held: every submitted step finishes,
    the K2K router's queued moves are submitted (their batches land), then one
    GPU pass on the source takes every message still waiting for the kernel
    there (in local outboxes and landed batches, in delivery order) into a
    staging batch, marking them delivered where they were; control block,
-   inbox and staging batch follow the state to the target; the target GPU
-   hashes what arrived and the hashes are compared with the source's;
+   inbox and staging batch follow the state and are hashed on both sides;
+   the hashes are compared with the source's;
 4. the kernel's resources are swapped with the twin's, its directory entry is
    rewritten on every device (their next steps), batches still on the other
    devices are told not to deliver to it (their copies of its messages were
    taken on the source), the staging batch is handed to the target; the
    coordinator completes the migration. Steps resume: messages sent during
    the move reach the kernel after those taken over, none twice.
+
+The CRC32 engine of each device is `runtime._crc(device)` (see
+`KernelLifecycle.migration_crc`): the GPU shader (gpu_crc.py), or on a CPU
+device whose memory is host-visible (lavapipe) the host's zlib over the
+device's own mapped memory (host_crc.py), the same check on the same bytes.
 
 Any failure before the swap leaves the kernel where it was: messages taken
 into the staging batch are handed back to it on the source, the twin is freed.
@@ -70,7 +80,20 @@ _STATUS_WORDS = 4
 
 class _Twin(Kernel):
     """A kernel being built on a target device: its device-local buffers come from
-    the runtime's migration pool where one of the size is free."""
+    the runtime's migration pool where one of the size is free; state buffers
+    given as `states` (already being filled by the copies) are adopted."""
+
+    def __init__(self, *args: Any, states: list | None = None):
+        self._presets = list(states) if states is not None else None
+        super().__init__(*args)
+
+    def _state_buffer(self, index: int, size: int) -> Any:
+        presets = self._presets
+        if presets is not None and presets[index] is not None:
+            b, presets[index] = presets[index], None
+            self.buffers.append(b)   # the twin owns it from here (freed or pooled with the rest)
+            return b
+        return super()._state_buffer(index, size)
 
     def _buffer(self, size: int, mapped: bool = False, exported: bool = False) -> Any:
         if not mapped and not exported:   # (an exported outbox is made for the kernel: other devices import it)
@@ -81,19 +104,45 @@ class _Twin(Kernel):
         return super()._buffer(size, mapped, exported)
 
 
-def build_twin(rt: Any, k: Kernel, device: int, spec: KernelSpec | None = None) -> Kernel:
-    """A Kernel with k's id, address, tenant and params, its resources on `device`,
-    initialised (rings zeroed, headers written) except its state buffers, which
-    the caller fills whole; not registered anywhere."""
-    spec = spec or k.spec
+def _check_state_sizes(rt: Any, k: Kernel, device: int, spec: KernelSpec) -> Any:
     ctx, _ = rt._device(device)
     for i, n in enumerate(spec.state_sizes):
         if n > ctx.max_storage_range:
             raise MigrationError(f"state buffer {i} of {k.id!r} is {n} bytes; GPU {device} binds at most "
                                  f"{ctx.max_storage_range} (maxStorageBufferRange)")
+    return ctx
+
+
+def state_buffers(rt: Any, k: Kernel, device: int) -> list[Buffer]:
+    """Device-local buffers on `device` for k's state (from the migration pool where
+    it has them), to copy into before the twin exists (build_twin(states=...))."""
+    ctx = _check_state_sizes(rt, k, device, k.spec)
+    out: list[Buffer] = []
+    try:
+        for n in k.spec.state_sizes:
+            b = rt._buffer_pool().take(ctx.index, n)
+            out.append(b if b is not None else Buffer(ctx.slot, n))
+    except BaseException:
+        for b in out:
+            b.destroy()
+        raise
+    return out
+
+
+def build_twin(rt: Any, k: Kernel, device: int, spec: KernelSpec | None = None,
+               states: list[Buffer] | None = None) -> Kernel:
+    """A Kernel with k's id, address, tenant and params, its resources on `device`,
+    initialised (rings zeroed, headers written) except its state buffers, which
+    the caller fills whole (or `states`, buffers of that device it adopts: the
+    caller keeps those it did not adopt, None in the list marking adopted ones);
+    not registered anywhere."""
+    spec = spec or k.spec
+    ctx = _check_state_sizes(rt, k, device, spec)
     with ctx.lock:
         ctx.check()
-        twin = _Twin(rt, ctx, spec, k.id, k.address, k.tenant, tuple(k.params))
+        twin = _Twin(rt, ctx, spec, k.id, k.address, k.tenant, tuple(k.params), states=states)
+    if states is not None:
+        states[:] = twin._presets   # adopted ones are None now
     try:
         ctx.run_once(twin.init_commands([np.zeros(0, np.uint8)] * len(spec.state_sizes)))   # empty: left as is
     except BaseException:
@@ -420,19 +469,43 @@ def switch_at_step_boundary(rt: Any, k: Kernel, deadline: float, rings: list[Buf
 
 # -- live migration -----------------------------------------------------------------------------
 
+_CLOSE_TIMEOUT = 30.0
+
+
+def _hash_on_arrival(rt: Any, dst: int, buffers: list, tickets: list, deadline: float) -> Any:
+    """The destination's CRC32 job of `buffers` (whole), ordered after the copies
+    `tickets` by their timeline points (the device waits, not the host). The
+    shader's submit waits on its own queue, which a single-queue device shares
+    with the copies: their GPU work is submitted first (wait_submitted)."""
+    crc = rt._crc(dst)
+    if getattr(crc, "kind", "shader") == "shader":
+        for t in tickets:
+            t.wait_submitted(_left(deadline, "the copies' submission"))
+    return crc.submit([(b, 0, b.size) for b in buffers], [t.dst_ready for t in tickets])
+
+
 def _switch(rt: Any, k: Kernel, twin: Kernel, request: MigrationRequest, eng: Engine, tickets: list,
-            rings: list[Buffer], src_crc: Any, verify: bool, deadline: float) -> tuple:
+            rings: list[Buffer], crcs: list, verify: bool, deadline: float) -> tuple:
     """The end of a migration, with the gate held and nothing left to stage: control
-    block, inbox and staging batches follow the state, the CRC32s are compared,
-    the kernel swaps to the twin. Returns (transfer s, verify s, match, restore s, bytes)."""
+    block, inbox and staging batches follow the state, the CRC32s are compared
+    (`crcs`: the state buffers' jobs on the source and the destination, submitted
+    when the copy was), the kernel swaps to the twin. Returns (transfer s,
+    verify s, match, restore s, bytes)."""
     src, dst = k.device_index, twin.device_index
     t0 = time.monotonic()
     small = [(k.control, twin.control), (k.inbox, twin.inbox)]
     landings = [Buffer(twin.ctx.slot, ring.size) for ring in rings]
     try:
         small += list(zip(rings, landings))
-        tickets = tickets + [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in small]
-        for t in tickets:
+        if verify and len(crcs) == 1:
+            # the shader's job would wait for the copies on the target's step queue and hold back
+            # the steps queued behind it: it is queued now, when no step runs (the gate is held)
+            crcs.append(_hash_on_arrival(rt, dst, twin.states, tickets, deadline))
+        more = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in small]
+        if verify:   # final on the source (gate held, staged); on the target once they landed
+            crcs.append(rt._crc(src).submit([(a, 0, a.size) for a, _ in small]))
+            crcs.append(_hash_on_arrival(rt, dst, [b for _, b in small], more, deadline))
+        for t in tickets + more:
             t.wait(_left(deadline, "the GPU-to-GPU copies"))
         transfer_d = time.monotonic() - t0
         request.state = MigrationState.RESTORING
@@ -440,11 +513,11 @@ def _switch(rt: Any, k: Kernel, twin: Kernel, request: MigrationRequest, eng: En
         match = None
         verify_d = 0.0
         if verify:
-            src_small = rt._crc(src).submit([(a, 0, a.size) for a, _ in small])
-            dst_all = rt._crc(dst).submit([(b, 0, b.size) for b in twin.states] + [(b, 0, b.size) for _, b in small])
-            want = src_crc.result(_left(deadline, "the source's CRC32")) + \
+            src_states, dst_states, src_small, dst_small = crcs
+            want = src_states.result(_left(deadline, "the source's CRC32")) + \
                 src_small.result(_left(deadline, "the source's CRC32"))
-            got = dst_all.result(_left(deadline, "the destination's CRC32"))
+            got = dst_states.result(_left(deadline, "the destination's CRC32")) + \
+                dst_small.result(_left(deadline, "the destination's CRC32"))
             names = [f"state{i}" for i in range(len(k.states))] + ["control", "inbox"] + \
                 [f"staging{i}" for i in range(len(rings))]
             bad = [n for n, a, b in zip(names, want, got) if a != b]
@@ -455,6 +528,8 @@ def _switch(rt: Any, k: Kernel, twin: Kernel, request: MigrationRequest, eng: En
             match = True
         k.check()
     except BaseException:
+        for job in crcs:   # nothing may still read the landings when they are freed
+            job.close(_CLOSE_TIMEOUT)
         for b in landings:
             b.destroy()
         raise
@@ -483,31 +558,40 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
     rt._hold(k, why, moving=True)
     twin = None
     rings: list[Buffer] = []
+    crcs: list[Any] = []   # CRC32 jobs: source, destination states; source, destination small buffers
+    presets: list[Any] = []   # the twin's state buffers until it adopts them
     staged = 0
     swapped = False
     try:
         t0 = time.monotonic()
+        # a step() that took k before the hold may still be recording: once the gate
+        # is granted it has submitted (and set k.last_value), and no later step takes k
+        with gate_of(rt).exclusive(_left(deadline, "waiting for the runtime's steps"), f"quiescing {k.id!r}"):
+            pass
         _wait_kernel(rt, k, deadline)
         k.check()
         quiesce_d = time.monotonic() - t0
 
         request.state = MigrationState.CHECKPOINTING
         t0 = time.monotonic()
-        twin = build_twin(rt, k, dst)
-        state_ranges = [(s, 0, s.size) for s in k.states]
-        src_crc = rt._crc(src).submit(state_ranges) if verify else None
+        if verify:   # the source's state no longer changes: hash it while the copy runs and the twin is built
+            crcs.append(rt._crc(src).submit([(s, 0, s.size) for s in k.states]))
+        presets = state_buffers(rt, k, dst)
         checkpoint_d = time.monotonic() - t0
 
         request.state = MigrationState.TRANSFERRING
         t0 = time.monotonic()
         method, eng = _engine(rt, src, dst)
-        tickets = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in zip(k.states, twin.states)]
+        tickets = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in zip(k.states, presets)]
         moved = sum(s.size for s in k.states)
+        twin = build_twin(rt, k, dst, states=presets)   # while the state copies run
+        if verify and rt._crc(dst).kind == "host":   # hashes as soon as the copies land (a host wait)
+            crcs.append(_hash_on_arrival(rt, dst, twin.states, tickets, deadline))
         transfer_d = time.monotonic() - t0
 
         def switch(rings: list[Buffer]) -> tuple:
             nonlocal swapped
-            out = _switch(rt, k, twin, request, eng, tickets, rings, src_crc, verify, deadline)
+            out = _switch(rt, k, twin, request, eng, tickets, rings, crcs, verify, deadline)
             swapped = True
             return out
         result, quiesce_add, staged = switch_at_step_boundary(rt, k, deadline, rings, switch)
@@ -521,6 +605,8 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
             ring.destroy()
         rings = []
     except BaseException as exc:
+        for job in crcs:   # nothing may still read the twin's buffers when they are freed
+            job.close(_CLOSE_TIMEOUT)
         if not swapped:
             if rings:
                 try:
@@ -531,6 +617,9 @@ def migrate_live(rt: Any, k: Kernel, request: MigrationRequest, timeout: float |
                               k.id, staged, back)
             if twin is not None:
                 _free_twin(twin)
+            for b in presets:   # those no twin adopted (their destroy() waits for the copies into them)
+                if b is not None:
+                    b.destroy()
         if isinstance(exc, MigrationError):
             raise
         raise MigrationError(f"live migration of {k.id!r} from GPU {src} to GPU {dst} failed: {exc}") from exc

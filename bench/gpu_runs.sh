@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The GPU-host runs of issue 18, one section per run, for the device tool's
+# hosts. From the project root, after `. .gl/setup.sh` (see DEVELOPERS/README):
+#
+#   bash bench/gpu_runs.sh [--logical-pair] SECTION...
+#
+# SECTION: suite wave1 placement k2k migration scaling (or all). Every
+# command's output goes to $OUT/NAME.txt (JSON figures to $OUT/NAME.json where
+# the bench writes one); at the end everything is packed into $OUT/runs.tgz
+# (the device tool brings at most a few files back). `--logical-pair` first
+# makes two logical devices of one GPU (two copies of the driver manifest): a
+# functional pair on the real driver, not a two-GPU performance figure.
+# Per-command limits keep one hung command from eating the call.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu-runs}
+RUNS=$OUT/runs
+mkdir -p "$RUNS"
+
+if [ "${1:-}" = "--logical-pair" ]; then
+    shift
+    f=${VK_DRIVER_FILES%%:*}
+    cp "$f" /tmp/icd_copy2.json
+    export VK_DRIVER_FILES="$f:/tmp/icd_copy2.json"
+fi
+[ $# -gt 0 ] || set -- all
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+
+run() {   # run NAME LIMIT_S COMMAND...: time-limited, output kept, the rc noted
+    local name=$1 limit=$2
+    shift 2
+    echo "+ $*" > "$RUNS/$name.txt"
+    local t0=$SECONDS
+    timeout "$limit" "$@" >> "$RUNS/$name.txt" 2>&1
+    local rc=$?
+    { echo "$name: rc=$rc in $((SECONDS - t0)) s"; tail -n 2 "$RUNS/$name.txt" | cut -c1-400; } \
+        | tee -a "$RUNS/summary.txt"
+}
+
+suite() {
+    run suite 540 env VKMULTI_REAL_GPUS=1 VKMULTI_SKIP_CLUSTER=1 python3 -m pytest -q -p no:cacheprovider \
+        -o console_output_style=classic -rfEs tests
+}
+
+wave1() {
+    run transfer 240 python3 bench/transfer.py --reps 30 --no-torch --json "$RUNS/transfer.json"
+    [ "$gpus" -ge 2 ] && run cuda_peer 180 python3 bench/cuda_peer.py --reps 30 --no-torch --json "$RUNS/cuda_peer.json"
+    run buffers 180 python3 bench/buffers.py --reps 10 --json "$RUNS/buffers.json"
+    run demo_heavy 240 python3 -m vkmulti demo --heavy --json --output ''
+}
+
+placement() {
+    nvidia-smi topo -m > "$RUNS/nvidia_smi_topo.txt" 2>&1
+    run topology 180 env VKMULTI_CACHE_DIR=/tmp/vkm-topo python3 -m vkmulti topology --measure --json
+    run adaptive 300 python3 bench/placement.py --section adaptive --heavy
+    run strategies 120 python3 bench/placement.py --section strategies
+}
+
+k2k() {
+    run k2k 300 python3 bench/k2k.py --json "$RUNS/k2k.json"
+    run demo_stencil 240 python3 -m vkmulti demo stencil --heavy --json --output "$RUNS/stencil.png"
+}
+
+migration() {
+    run migration 300 python3 bench/migration.py --json "$RUNS/migration.json"
+    run drill_frames 300 python3 -m vkmulti demo --lose-gpu 1@50 --frames 100 --output ''
+    run drill_stencil 300 python3 -m vkmulti demo stencil --steps 200 --lose-gpu 1@100 --output ''
+}
+
+scaling() {   # run 5 (nvidia-h200-x4): the SRU demo and the stencil on 1..N GPUs
+    local n devs=0
+    for ((n = 1; n <= gpus; n++)); do
+        [ "$n" -gt 1 ] && devs="$devs,$((n - 1))"
+        run "demo_${n}gpu" 240 python3 -m vkmulti demo --heavy --json --devices "$devs" --output ''
+        run "stencil_${n}gpu" 240 python3 -m vkmulti demo stencil --heavy --json --devices "$devs" --output ''
+    done
+}
+
+for section in "$@"; do
+    case "$section" in
+        all) suite; wave1; placement; k2k; migration; [ "$gpus" -ge 3 ] && scaling ;;
+        suite|wave1|placement|k2k|migration|scaling) "$section" ;;
+        *) echo "gpu_runs.sh: unknown section $section (suite wave1 placement k2k migration scaling all)" >&2; exit 2 ;;
+    esac
+done
+tar -C "$OUT" -czf "$OUT/runs.tgz" runs && rm -rf "$RUNS"
+echo "gpu_runs.sh: $OUT/runs.tgz"
