@@ -27,14 +27,6 @@
 // count = n, tail = 2n, capacity = n: every reader's min(count, capacity)
 // stays n) and adds `hops` to each message's hop count; the runtime's next
 // step of the sender writes the capacity back before it reuses the region.
-// With `plan` = 5 (in place on a guess: the survey was not read back yet) the
-// pass first checks every message as plan 2 does; if one is not this
-// kernel's, the header shows the kernel no message (tail = head = count),
-// nothing is taken and the host has an ordinary pass deliver the batch later.
-// Either way the host may have recorded an ordinary pass over the batch for
-// this kernel in its next step already (before this one was read back): a
-// batch taken in place carries the kernel's address in header word 4, and an
-// ordinary pass of that kernel takes nothing from it.
 #extension GL_GOOGLE_include_directive : require
 #define VKM_RUNTIME_PASS
 #include "vkm_kernel_abi.glsl"
@@ -56,7 +48,6 @@ layout(push_constant) uniform Params {
 #define MODE_DIRECT 2u
 #define MODE_DIRECT_KNOWN 3u   // direct, and the host read back the sender's survey: all this kernel's
 #define MODE_IN_PLACE 4u       // all this kernel's, read by its step where it lies (no copy)
-#define MODE_IN_PLACE_CHECKED 5u   // the same if every message is this kernel's, else nothing taken
 
 shared uint s_ok[64];
 shared uint s_n;
@@ -70,36 +61,17 @@ shared uint s_bad;
 void main()
 {
     uint t = gl_LocalInvocationID.x;
-    if (pc.plan >= MODE_IN_PLACE) {
-        if (t == 0u) {
-            s_n = min(batch.count, batch.capacity);
-            s_bad = 0u;
-        }
-        VKM_SYNC();
-        uint n = s_n;
-        uint words = batch.slot_words;
-        for (uint i = t; i < n && pc.plan == MODE_IN_PLACE_CHECKED; i += 64u) {
-            uint m = i * words;
-            if (batch.words[m + VKM_DST] != pc.self_address || batch.words[m + VKM_TENANT] != pc.tenant
-                    || (batch.words[m + VKM_FLAGS] & VKM_FLAG_DELIVERED) != 0u)
-                atomicAdd(s_bad, 1u);
-        }
-        VKM_SYNC();
-        bool ok = s_bad == 0u;
-        for (uint i = t; i < n && ok; i += 64u)
-            batch.words[i * words + VKM_HOPS] += pc.hops;
+    if (pc.plan == MODE_IN_PLACE) {
+        uint n = min(batch.count, batch.capacity);
+        for (uint i = t; i < n; i += 64u)
+            batch.words[i * batch.slot_words + VKM_HOPS] += pc.hops;
         VKM_SYNC();
         if (t == 0u) {
-            batch.count = n;   // (already n: the sender's finish pass clamps it)
-            if (ok) {          // the inbox view: head n, tail 2n, slot (n + i) % n = i
-                batch.step_lo = 2u * n;
-                batch.capacity = max(n, 1u);
-                batch.pad[0] = pc.self_address;   // taken: no later pass of this kernel takes any
-            } else {           // no message for the kernel: tail = head
-                batch.step_lo = n;
-            }
-            status.words[pc.status_offset] = ok ? n : 0u;
-            status.words[pc.status_offset + 1u] = ok ? 0u : n;
+            batch.count = n;                // (already n: the sender's finish pass clamps it)
+            batch.step_lo = 2u * n;         // the inbox view: head n, tail 2n, slot (n + i) % n = i
+            batch.capacity = max(n, 1u);
+            status.words[pc.status_offset] = n;
+            status.words[pc.status_offset + 1u] = 0u;
             status.words[pc.status_offset + 2u] = 0u;
             status.words[pc.status_offset + 3u] = n;
         }
@@ -107,8 +79,6 @@ void main()
     }
     if (t == 0u) {
         s_n = min(batch.count, batch.capacity);
-        if (pc.plan < MODE_DIRECT && batch.pad[0] == pc.self_address)
-            s_n = 0u;   // a step of this kernel took all of it in place already
         uint tail = inbox.tail;
         if (pc.plan >= MODE_DIRECT) {   // empty between steps: start at ring slot 0, where the window is
             uint c = inbox.capacity;

@@ -160,9 +160,6 @@ class _Batch:
         self.retained = 0              # holders (the K2K router) that still need its region as it is
         self.lazy = False              # read only once written, by a step that need not wait for it
         self.passed: set[int] = set()  # ids of the kernels a delivery pass over it was recorded for
-        #: kernels whose step reads it in place on a guess, until that step is harvested (their next
-        #: steps have an ordinary pass take what it did not, if the GPU found the guess wrong)
-        self.checking: set = set()
 
     def takes(self, kernel: "Kernel") -> bool:
         """Whether `kernel` needs a delivery pass over this batch."""

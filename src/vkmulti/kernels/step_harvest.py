@@ -60,7 +60,6 @@ class StepHarvest:
         for b, off in rec.surveys:
             self._apply_survey(b, status[off:off + SURVEY_RECORD])
         directs = {(id(b), id(x)) for b, x in rec.directs}
-        checked = {(id(b), id(x)) for b, x in rec.checked}
         for b, k, off in rec.delivers:
             taken, left, rejected, count = (int(x) for x in status[off:off + 4])
             if b is None:
@@ -71,11 +70,6 @@ class StepHarvest:
                     b.count = b.local = count
                 elif b.pending is None:
                     b.surveyed = False   # others' messages in it: the next step surveys it
-            if (id(b), id(k)) in checked:   # read in place on a guess
-                b.checking.discard(k)
-                if count and not taken:   # the GPU found a message that is not k's: an ordinary pass takes them
-                    b.cleared.discard(k)
-                    b.passed.add(id(k))
             b.delivered += taken
             if rejected:
                 b.rejected += rejected

@@ -45,8 +45,7 @@ PLANNED_DELIVERY_PAYLOAD = 1024
 #: Delivery pass modes (kernel_deliver.comp's `plan` word): copy, plan (a copy pass follows),
 #: direct (the step copied the batch into the inbox with a copy command: take it in place),
 #: in place (no copy: the kernel's step reads the batch where it lies, as its inbox).
-#: in place on a guess (the GPU checks that every message is the kernel's first; else none is taken).
-MODE_COPY, MODE_PLAN, MODE_DIRECT, MODE_DIRECT_KNOWN, MODE_IN_PLACE, MODE_IN_PLACE_CHECKED = 0, 1, 2, 3, 4, 5
+MODE_COPY, MODE_PLAN, MODE_DIRECT, MODE_DIRECT_KNOWN, MODE_IN_PLACE = 0, 1, 2, 3, 4
 #: A kernel whose latest this many outbox batches held nothing has its next ones read lazily: by
 #: the first step recorded once they are written (here: once their step is done; from another
 #: device: once the relay reached them), not by one that waits for them.
@@ -56,9 +55,7 @@ QUIET_BATCHES = 2
 #: paths, bench/k2k.py --no-in-place to measure them).
 READ_IN_PLACE = True
 _SURVEY_PUSH = struct.Struct("<4I")
-#: count, step, capacity, slot words, the address of a kernel that took the batch in place (a batch
-#: read in place changed all but the slot words)
-_OUTBOX_RESET = struct.Struct("<5I")
+_OUTBOX_RESET = struct.Struct("<3I")   # count, step, capacity (a batch read in place changed the last two)
 _U32 = 0xFFFFFFFF
 
 
@@ -73,7 +70,6 @@ class InFlight:
     directory: list[int] = field(default_factory=list)    # directory entries this step rewrote
     directs: list[tuple[InboundBatch, Kernel]] = field(default_factory=list)   # batches taken in place
     in_place: int = 0   # of them, read by their kernel's step where they lie (no copy)
-    checked: list[tuple[InboundBatch, Kernel]] = field(default_factory=list)   # of those, on a guess
 
 
 def _push(cmd: Any, layout: Any, data: bytes) -> None:
@@ -190,7 +186,6 @@ class DeviceStepper(StepHarvest):
                 b.surveyed = False
             for b, x in rec.directs:
                 b.cleared.discard(x)
-                b.checking.discard(x)
                 b.surveyed = False
             with self.ctx.dir_lock:
                 self.ctx.dir_dirty.update(rec.directory)
@@ -264,8 +259,7 @@ class DeviceStepper(StepHarvest):
         feed = self.rt.outbox_feed
         for k in launched:
             j = k.steps % d
-            cmds.update(cmd, k.outbox.handle, j * k.outbox_region,
-                        _OUTBOX_RESET.pack(0, 0, k.spec.outbox_capacity, k.slot_words, 0))
+            cmds.update(cmd, k.outbox.handle, j * k.outbox_region, _OUTBOX_RESET.pack(0, 0, k.spec.outbox_capacity))
             self._place_injected(k, j, feed)
             old = k.outbox_batches[j]
             if old is not None:
@@ -289,10 +283,7 @@ class DeviceStepper(StepHarvest):
                                      b.size, b)
             # the sending step's survey read back already: all the batch's messages are x's (and its tenant's,
             # stamped by the sender's finish pass), so the pass need not check them
-            if copied < 0:
-                how = MODE_IN_PLACE if x not in b.checking else MODE_IN_PLACE_CHECKED
-            else:
-                how = MODE_DIRECT_KNOWN if _known(b, x, copied) else MODE_DIRECT
+            how = MODE_IN_PLACE if copied < 0 else MODE_DIRECT_KNOWN if _known(b, x, copied) else MODE_DIRECT
             passes.append((x, dset, b.offset, off, b.hops, 0, how, max(copied, 0)))
             rec.delivers.append((b, x, off))
             wait_for(b)
@@ -315,9 +306,7 @@ class DeviceStepper(StepHarvest):
             rec.delivers.append((None, k, off))
         for b in readable:
             for k in launched:
-                # (a batch k's step reads in place on a guess until it is read back: a pass over it
-                # for k takes what the step did not, nothing if it took them all; FIFO holds)
-                if not (b.takes(k) or k in b.checking) or id(k) in in_place:
+                if not b.takes(k) or id(k) in in_place:
                     continue
                 off = take(DELIVER_RECORD)
                 if off is None:
@@ -456,34 +445,40 @@ class DeviceStepper(StepHarvest):
                 if self._readable_in_place(b, x, readable):
                     copied = -1
                     rec.in_place += 1
-                    if not _known(b, x, slots):   # on a guess: checked on the GPU, taken back if wrong
-                        b.checking.add(x)
-                        rec.checked.append((b, x))
                 out.append((x, b, off, copied))
             if src is not None:
                 for k in launched:
-                    if b.takes(k) or k in b.checking:
+                    if b.takes(k):
                         waiting.add((id(src), id(k)))
+        return out
+
+    def surveys_awaited(self) -> set[int]:
+        """The devices whose sending steps' surveys, not read back yet, decide whether a
+        direct landing here is read in place (KernelRuntime.step reads back the
+        devices it stepped already, if their steps are done, before this one's).
+        Read without the lock: a hint."""
+        out = set()
+        for b in list(self.batches):
+            origin = getattr(b, "k2k_origin", None)
+            if origin is not None and origin.pending is None and getattr(b, "direct", None) is not None:
+                out.add(origin.device_index)
         return out
 
     def _readable_in_place(self, b: InboundBatch, x: Kernel, readable: list[_Batch]) -> bool:
         """Whether x's step can read b (a direct landing for x: its whole batch fits
         x's inbox) where it lies instead of a copy in its inbox: no other device
-        reads the region meanwhile (b.exclusive), the sending step's survey, if
-        read back, says every message is x's (else the GPU checks), x takes
-        nothing else this step (no host message, no batch of another sender:
-        they would wait a step; the same sender's later batches do wait, the
-        next steps read them in turn), and the region is aligned for a storage
-        buffer binding."""
+        reads the region meanwhile (b.exclusive), the sending step's survey was
+        read back and says every message is x's, x takes nothing else this step
+        (no host message, no batch of another sender: they would wait a step;
+        the same sender's later batches do wait, the next steps read them in
+        turn), and the region is aligned for a storage buffer binding."""
         origin = getattr(b, "k2k_origin", None)
-        if not (READ_IN_PLACE and b.exclusive and origin is not None and not x.h2k
-                and b.offset % self.ctx.min_offset_alignment == 0):
+        if not (READ_IN_PLACE and b.exclusive and origin is not None and origin.pending is not None
+                and not x.h2k and b.offset % self.ctx.min_offset_alignment == 0
+                and _known(b, x, (b.size - RING_HEADER_BYTES) // self.rt.slot_size)):
             return False
-        if origin.pending is not None and not _known(b, x, (b.size - RING_HEADER_BYTES) // self.rt.slot_size):
-            return False   # (the survey says otherwise)
         src = b.source
-        return not any(o is not b and (o.takes(x) or x in o.checking) and (src is None or o.source is not src)
-                       for o in readable)
+        return not any(o is not b and o.takes(x) and (src is None or o.source is not src) for o in readable)
 
     def _in_place_sets(self, k: Kernel, b: InboundBatch) -> tuple[Any, Any]:
         """The descriptor sets of k's step and finish pass with the batch region as the
