@@ -471,14 +471,19 @@ class DeviceStepper(StepHarvest):
         read back and says every message is x's, x takes nothing else this step
         (no host message, no batch of another sender: they would wait a step;
         the same sender's later batches do wait, the next steps read them in
-        turn), and the region is aligned for a storage buffer binding."""
+        turn, where the batch fills more than half of x's inbox: a backlog of
+        smaller ones goes faster through the copy paths, several a step), and
+        the region is aligned for a storage buffer binding."""
         origin = getattr(b, "k2k_origin", None)
         if not (READ_IN_PLACE and b.exclusive and origin is not None and origin.pending is not None
                 and not x.h2k and b.offset % self.ctx.min_offset_alignment == 0
                 and _known(b, x, (b.size - RING_HEADER_BYTES) // self.rt.slot_size)):
             return False
         src = b.source
-        return not any(o is not b and o.takes(x) and (src is None or o.source is not src) for o in readable)
+        later = [o for o in readable if o is not b and o.takes(x)]
+        if any(src is None or o.source is not src for o in later):
+            return False
+        return not later or 2 * origin.count > x.spec.inbox_capacity
 
     def _in_place_sets(self, k: Kernel, b: InboundBatch) -> tuple[Any, Any]:
         """The descriptor sets of k's step and finish pass with the batch region as the
