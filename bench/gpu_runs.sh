@@ -57,6 +57,8 @@ placement() {
 
 k2k() {
     run k2k 300 python3 bench/k2k.py --json "$RUNS/k2k.json"
+    # the same bandwidth rows with every batch copied into the inbox (no in-place reading), to compare
+    run k2k_copy 200 python3 bench/k2k.py --section bandwidth --no-in-place --json "$RUNS/k2k_copy.json"
     run demo_stencil 240 python3 -m vkmulti demo stencil --heavy --json --output "$RUNS/stencil.png"
 }
 

@@ -1,13 +1,14 @@
-"""Helpers for the kernel runtime's tests: the coordinator of a manager, and a
-minimal router double that moves every outbox batch to the other devices with
-the transfer engine, as the K2K router will (GPU-side ordering, no host copy)."""
+"""Helpers for the kernel runtime's tests: the coordinator of a manager, and the
+counter kernels, runtimes and K2K routers the K2K path tests share."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
-from vkmulti import CrossDeviceTransfer, select_transfer_method
-from vkmulti.images import Buffer
+import numpy as np
+
+#: max_kernels of the K2K path tests' runtimes (and the counters' FIFO tables)
+MAX = 32
 
 
 def make_coordinator(manager: Any) -> Any:
@@ -17,51 +18,49 @@ def make_coordinator(manager: Any) -> Any:
     return MultiGpuCoordinator.from_manager(manager)
 
 
-class CopyRouter:
-    """Copies each new outbox batch to every other device that runs kernels and
-    hands it to the runtime there; the destination's next step waits for the
-    copy on the GPU, the source's region is held until the copy has read it."""
+@contextmanager
+def routed_runtime(manager: Any, method: str | None) -> Iterator[tuple[Any, Any]]:
+    """A runtime with a K2K router across the pair, moving with `method` both ways
+    (None: the pair's best, dmabuf: in place); both are let go after."""
+    from vkmulti import CrossGpuK2KRouter
+    from vkmulti.kernels import KernelRuntime
 
-    def __init__(self, runtime: Any, manager: Any):
-        self.rt, self.mgr = runtime, manager
-        self.inbound: list[tuple[Any, Buffer]] = []
-        self.transfers: dict[tuple[int, int], CrossDeviceTransfer] = {}
-        self.copies = 0
-        runtime.add_step_listener(self.on_step)
+    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
+    methods = {(0, 1): method, (1, 0): method} if method else None
+    router = CrossGpuK2KRouter(rt.coordinator, rt, transfer_methods=methods)
+    try:
+        yield rt, router
+    finally:
+        router.detach()
+        rt.destroy()
 
-    def _transfer(self, src: int, dst: int) -> CrossDeviceTransfer:
-        t = self.transfers.get((src, dst))
-        if t is None:
-            method = select_transfer_method(SimpleNamespace(device_index=src), self.mgr.capabilities, dst_index=dst)
-            t = self.transfers[(src, dst)] = CrossDeviceTransfer(self.mgr.slot(src), self.mgr.slot(dst), method)
-        return t
 
-    def on_step(self, batches: list[Any]) -> None:
-        self.collect()
-        devices = {k.device_index for k in self.rt.kernels}
-        for b in batches:
-            for dst in sorted(devices - {b.device_index}):
-                landing = Buffer(self.mgr.slot(dst), b.size)
-                ticket = self._transfer(b.device_index, dst).submit(
-                    src_buffer=b.buffer, dst_buffer=landing, src_offset=b.offset, size=b.size, src_wait=b.ready)
-                ticket.wait_submitted(30)   # one queue per lavapipe device: no wait may precede its signal
-                b.hold(ticket.src_done)
-                self.inbound.append((self.rt.accept_batch(dst, landing, wait=ticket.dst_ready), landing))
-                self.copies += 1
+def counter(rt: Any, name: str, device: int, *, inbox: int = 8, outbox: int = 8, **kw: Any) -> Any:
+    """A counter kernel with small rings (they wrap often)."""
+    from vkmulti.kernels import counter_kernel
+    from vkmulti.kernels.reference import counter_initial_state
 
-    def collect(self) -> None:
-        keep = []
-        for inbound, landing in self.inbound:
-            if inbound.done:
-                landing.destroy()
-            else:
-                keep.append((inbound, landing))
-        self.inbound = keep
+    return rt.launch(counter_kernel(max_sources=MAX, inbox_capacity=inbox, outbox_capacity=outbox), name,
+                     device=device, state=[counter_initial_state(MAX)], **kw)
 
-    def destroy(self) -> None:
-        self.rt.remove_step_listener(self.on_step)
-        for t in self.transfers.values():
-            t.destroy(30)
-        for _, landing in self.inbound:
-            landing.destroy()
-        self.inbound = []
+
+def words(*values: int) -> np.ndarray:
+    return np.array(values, np.uint32)
+
+
+def settle(rt: Any, kernels: list, done: Any, limit: int = 300) -> None:
+    """Step until done() (at most `limit` steps), then three more, then synchronize."""
+    for _ in range(limit):
+        rt.step(kernels)
+        if done():
+            break
+    for _ in range(3):
+        rt.step(kernels)
+    rt.synchronize()
+
+
+def state(rt: Any, k: Any) -> Any:
+    """The counter's decoded state."""
+    from vkmulti.kernels.reference import read_counter
+
+    return read_counter(rt.read_state(k))

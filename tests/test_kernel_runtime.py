@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from kernel_support import CopyRouter, make_coordinator
+from kernel_support import make_coordinator
+from vkmulti import CrossGpuK2KRouter
 from vkmulti.errors import (DestroyedError, KernelMessageError, KernelNotFoundError, QueueFullError,
                             TimeoutError)
 from vkmulti.images import Buffer
@@ -225,8 +226,9 @@ def test_messages_never_cross_tenants(runtime):
 
 
 def test_outbox_batches_travel_to_the_other_device(manager, runtime):
-    """The router's path: outbox batch -> transfer engine -> accept_batch; exactly once, FIFO."""
-    router = CopyRouter(runtime, manager)
+    """The K2K router's path: outbox batch -> the other device (in place or a transfer) ->
+    that device's steps; exactly once, FIFO."""
+    router = CrossGpuK2KRouter(runtime.coordinator, runtime)
     try:
         b = counter(runtime, "far", device=1)
         a = counter(runtime, "near", device=0, params=[b.address])
@@ -239,10 +241,10 @@ def test_outbox_batches_travel_to_the_other_device(manager, runtime):
         runtime.synchronize()
         state = read_counter(runtime.read_state(b))
         assert (state.count, state.sum, state.fifo_errors) == (len(values), sum(values), 0)
-        assert router.copies >= 4
+        assert router.batches >= 4
     finally:
         runtime.synchronize()
-        router.destroy()
+        router.detach()
 
 
 def test_state_round_trip_and_pipeline_cache(runtime):

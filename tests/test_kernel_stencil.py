@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernel_support import CopyRouter, make_coordinator
+from kernel_support import make_coordinator
+from vkmulti import CrossGpuK2KRouter
 from vkmulti.kernels import KernelRuntime, stencil_kernel
 from vkmulti.kernels.reference import jacobi_reference, split_rows, stencil_field, stencil_tile_state
 
@@ -59,12 +60,13 @@ def test_tiles_on_two_devices_match_one_device(manager, runtime):
     """Halo rows cross GPUs as K2K messages (70-cell rows: 3 messages of 128 bytes per side)."""
     field, top, bottom = problem(20, 70, 3)
     one = run_tiles(runtime, field, top, bottom, [0], 10)
-    router = CopyRouter(runtime, manager)
+    router = CrossGpuK2KRouter(runtime.coordinator, runtime)
     try:
         two = run_tiles(runtime, field, top, bottom, [0, 1], 10)
         four = run_tiles(runtime, field, top, bottom, [0, 1, 1, 0], 10)
+        assert router.batches > 0
     finally:
-        router.destroy()
+        router.detach()
     np.testing.assert_array_equal(one, jacobi_reference(field, top, bottom, 10))
     np.testing.assert_array_equal(two, one)
     np.testing.assert_array_equal(four, one)

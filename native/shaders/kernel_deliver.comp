@@ -19,6 +19,14 @@
 // delivers as in copy mode, overwriting the window as it goes. With `plan` = 3
 // the host read the sending step's survey back already (all the batch's
 // messages are this kernel's): the pass does not check them.
+// With `plan` = 4 (in place: the host read the survey back, and no other
+// device reads the region while this step does) nothing is copied: the
+// kernel's step reads the batch where it lies (its inbox binding is the batch
+// this step). The pass makes the batch's header an inbox header of its n
+// messages without changing what other readers of the batch see (head =
+// count = n, tail = 2n, capacity = n: every reader's min(count, capacity)
+// stays n) and adds `hops` to each message's hop count; the runtime's next
+// step of the sender writes the capacity back before it reuses the region.
 #extension GL_GOOGLE_include_directive : require
 #define VKM_RUNTIME_PASS
 #include "vkm_kernel_abi.glsl"
@@ -39,6 +47,7 @@ layout(push_constant) uniform Params {
 #define MODE_PLAN 1u
 #define MODE_DIRECT 2u
 #define MODE_DIRECT_KNOWN 3u   // direct, and the host read back the sender's survey: all this kernel's
+#define MODE_IN_PLACE 4u       // all this kernel's, read by its step where it lies (no copy)
 
 shared uint s_ok[64];
 shared uint s_n;
@@ -52,6 +61,22 @@ shared uint s_bad;
 void main()
 {
     uint t = gl_LocalInvocationID.x;
+    if (pc.plan == MODE_IN_PLACE) {
+        uint n = min(batch.count, batch.capacity);
+        for (uint i = t; i < n; i += 64u)
+            batch.words[i * batch.slot_words + VKM_HOPS] += pc.hops;
+        VKM_SYNC();
+        if (t == 0u) {
+            batch.count = n;                // (already n: the sender's finish pass clamps it)
+            batch.step_lo = 2u * n;         // the inbox view: head n, tail 2n, slot (n + i) % n = i
+            batch.capacity = max(n, 1u);
+            status.words[pc.status_offset] = n;
+            status.words[pc.status_offset + 1u] = 0u;
+            status.words[pc.status_offset + 2u] = 0u;
+            status.words[pc.status_offset + 3u] = n;
+        }
+        return;
+    }
     if (t == 0u) {
         s_n = min(batch.count, batch.capacity);
         uint tail = inbox.tail;

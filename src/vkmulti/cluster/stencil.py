@@ -4,7 +4,7 @@ A node holds a contiguous band of rows of the grid, split over its GPUs
 (rows in proportion to each GPU's throughput), one `stencil_kernel` tile per
 GPU in the node's KernelRuntime. Halo rows between tiles of the node travel
 as K2K messages on the GPU path (same device: the runtime; another GPU of the
-node: `NodeRouter`, the transfer engine). Halo rows at the node's edges come
+node: the runtime's `CrossGpuK2KRouter`). Halo rows at the node's edges come
 from the neighbouring nodes: the agent hands them in as host messages with
 the kernel's halo tags before a step, and reads its own new edge rows back
 after it (the driver passes them on through Ray's object store).
@@ -12,12 +12,11 @@ after it (the driver passes them on through Ray's object store).
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["StencilSlab", "NodeRouter", "split_rows_weighted"]
+__all__ = ["StencilSlab", "split_rows_weighted"]
 
 #: The stencil kernel's halo tags (kernels/reference.py: STENCIL_FROM_ABOVE / _BELOW).
 _FROM_ABOVE, _FROM_BELOW = 1, 2
@@ -49,61 +48,6 @@ def split_rows_weighted(height: int, weights: Sequence[float]) -> list[tuple[int
     return out
 
 
-class NodeRouter:
-    """Moves kernel outbox batches between the GPUs of one node with the transfer engine:
-    each new batch is copied to every other device that runs kernels and handed to the
-    runtime there; the destination's next step waits for the copy on the GPU."""
-
-    def __init__(self, runtime: Any, manager: Any):
-        self.rt, self.mgr = runtime, manager
-        self._inbound: list[tuple[Any, Any]] = []
-        self._transfers: dict[tuple[int, int], Any] = {}
-        self.batches = 0
-        runtime.add_step_listener(self._on_step)
-
-    def _transfer(self, src: int, dst: int) -> Any:
-        from ..transfer import CrossDeviceTransfer, select_transfer_method
-
-        t = self._transfers.get((src, dst))
-        if t is None:
-            method = select_transfer_method(SimpleNamespace(device_index=src), self.mgr.capabilities, dst_index=dst)
-            t = self._transfers[(src, dst)] = CrossDeviceTransfer(self.mgr.slot(src), self.mgr.slot(dst), method)
-        return t
-
-    def _on_step(self, batches: list[Any]) -> None:
-        from ..buffers import Buffer
-
-        self._collect()
-        devices = {k.device_index for k in self.rt.kernels}
-        for b in batches:
-            for dst in sorted(devices - {b.device_index}):
-                landing = Buffer(self.mgr.slot(dst), b.size)
-                ticket = self._transfer(b.device_index, dst).submit(
-                    src_buffer=b.buffer, dst_buffer=landing, src_offset=b.offset, size=b.size, src_wait=b.ready)
-                ticket.wait_submitted(60)   # a one-queue device must not get a wait before its signal
-                b.hold(ticket.src_done)
-                self._inbound.append((self.rt.accept_batch(dst, landing, wait=ticket.dst_ready), landing))
-                self.batches += 1
-
-    def _collect(self) -> None:
-        keep = []
-        for inbound, landing in self._inbound:
-            if inbound.done:
-                landing.destroy()
-            else:
-                keep.append((inbound, landing))
-        self._inbound = keep
-
-    def destroy(self) -> None:
-        self.rt.remove_step_listener(self._on_step)
-        for t in self._transfers.values():
-            t.destroy(30)
-        self._transfers.clear()
-        for _, landing in self._inbound:
-            landing.destroy()
-        self._inbound = []
-
-
 class StencilSlab:
     """Rows [row0, row0 + rows) of a width-wide Jacobi grid on one node's GPUs.
 
@@ -114,7 +58,7 @@ class StencilSlab:
 
     def __init__(self, manager: Any, slab: np.ndarray, above: np.ndarray, below: np.ndarray,
                  gpu_weights: Sequence[float], *, payload_size: int = 256, timeout: float = 60.0):
-        from ..kernels import KernelRuntime, MultiGpuCoordinator, stencil_kernel
+        from ..kernels import CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator, stencil_kernel
         from ..kernels.reference import stencil_tile_state
 
         slab = np.ascontiguousarray(slab, dtype=np.int32)
@@ -129,11 +73,11 @@ class StencilSlab:
                  if n > 0]
         self.runtime = KernelRuntime(MultiGpuCoordinator.from_manager(manager), manager, max_kernels=64,
                                      payload_size=payload_size)
-        self.router: NodeRouter | None = None
+        self.router: CrossGpuK2KRouter | None = None   # halo rows between the node's GPUs
         self.tiles: list[tuple[Any, int]] = []
         try:
             if len({g for g, _, _ in parts}) > 1:
-                self.router = NodeRouter(self.runtime, manager)
+                self.router = CrossGpuK2KRouter(self.runtime.coordinator, self.runtime)
             a = np.asarray(above, dtype=np.int32).reshape(self.width)
             b = np.asarray(below, dtype=np.int32).reshape(self.width)
             for i, (g, r0, n) in enumerate(parts):
@@ -187,7 +131,7 @@ class StencilSlab:
     def destroy(self) -> None:
         """Free the tiles, the router and the runtime (idempotent)."""
         if self.router is not None:
-            self.router.destroy()
+            self.router.detach(self.timeout)
             self.router = None
         if self.runtime is not None:
             self.runtime.destroy(self.timeout)

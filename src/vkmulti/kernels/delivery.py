@@ -296,12 +296,13 @@ class DeliveryEngine:
         self.moves_submitted += 1
         self.edge_bytes[m.edge] += src.size
         self.edge_moves[m.edge] += 1
+        self.router._batches += len(src.parts)
         self.router._stats.add_bytes(src.size)
         self._read_done(src, ticket.src_done, ticket.wait_submitted if self._source_shared(a, eng) else None)
         landing = Region("landing", b, buf, 0, src.size, src.parts, src.origin, hops=m.hops, ready=ticket.dst_ready,
                          ticket=ticket, edge=m.edge)
         self.landings[m.edge].append(landing)
-        self._accept(landing, ticket)
+        self._accept(landing, ticket, not trees.children(src.origin, b))
         for c in trees.children(src.origin, b):
             landing.readers += 1
             for p in src.parts:
@@ -350,8 +351,10 @@ class DeliveryEngine:
                 b.release()
             region.batches = []
 
-    def _accept(self, landing: Region, ticket: Any) -> None:
-        """Hand each part of a landing to the kernels of its device (if it runs any)."""
+    def _accept(self, landing: Region, ticket: Any, exclusive: bool) -> None:
+        """Hand each part of a landing to the kernels of its device (if it runs any);
+        `exclusive`: no move forwards the landing (a kernel a part is all for may
+        read it in place)."""
         dev = landing.device
         if not any(k.device_index == dev for k in self.rt.kernels):
             return
@@ -370,6 +373,7 @@ class DeliveryEngine:
                 self._fail_parts([p], f"GPU {dev} could not take its messages: {exc}")
                 continue
             inbound.k2k_origin = p.batch
+            inbound.exclusive = exclusive
             landing.inbounds.append(inbound)
             p.batch.k2k_landings.append((dev, inbound))
 

@@ -260,6 +260,9 @@ class InboundBatch(_Batch):
         self.direct = direct
         self.direct_slots = direct_slots
         self.lazy = lazy   # (a batch of a sender that has been sending nothing)
+        #: no other device reads the region while this device's steps do (the router sets it where
+        #: it forwards the batch nowhere): a kernel the batch is all for may read it in place
+        self.exclusive = False
 
     @property
     def device_index(self) -> int:

@@ -9,7 +9,10 @@ sending device's timeline mirrored on the receiving device by a native
 thread that signals it from the host; no host wait, on any queue). Nothing
 crosses through a transfer ring, and the one copy left is the receiving
 step's: into the inbox, by a copy command where the batch is all for one
-kernel (a direct landing), else by the delivery passes.
+kernel (a direct landing), else by the delivery passes; none where the
+sending step's survey, read back, says the batch is all for one kernel of the
+one device that reads it: that kernel's step reads it where it lies, as its
+inbox (the stepper's in-place reading).
 
 The batch is retained (its kernel is deferred before the region is reused)
 until every device that reads it in place is done: its kernels took their
@@ -119,9 +122,12 @@ class PeerEdges:
         total = sum(b.size for b in batches)
         eng.edge_moves[(s, c)] += 1
         eng.edge_bytes[(s, c)] += total
+        eng.router._batches += len(batches)
         eng.router._stats.add_bytes(total)
         ctx, stepper = self._device(c) if serves else (None, None)
         waits = [ticket.dst_ready]
+        # c is the one device that reads these regions: a kernel a batch is all for may read it in place
+        exclusive = not onward and trees.children(s, s) == [c]
         for b, view in zip(batches, views):
             inbound = None
             if serves:
@@ -134,6 +140,7 @@ class PeerEdges:
                     eng.fail_batch(b, f"GPU {c} could not take its messages: {exc}")
                     continue
                 inbound.k2k_origin = b
+                inbound.exclusive = exclusive
                 b.k2k_landings.append((c, inbound))
             b.retain()   # until c and the hops after it are done reading it in place
             landing = PeerLanding((s, c), b, inbound, ticket)

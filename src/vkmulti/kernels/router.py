@@ -92,6 +92,7 @@ class CrossGpuK2KRouter:
         self._sent: list[_Routed] = []
         self._topology: tuple[Any, Any] | None = None
         self._engine: DeliveryEngine | None = None
+        self._batches = 0   # outbox batches handed to another device (per batch and edge)
         self.runtime: Any = None
         if runtime is not None:
             self.attach(runtime)
@@ -212,6 +213,13 @@ class CrossGpuK2KRouter:
         eng = self._engine
         return None if eng is None else eng.method(check_index(source_device, "source_device"),
                                                     check_index(dest_device, "dest_device"))
+
+    @property
+    def batches(self) -> int:
+        """Outbox batches the router handed on to another device since it was made, once
+        per batch and edge (read there in place, or moved by a transfer): 0 while no
+        kernel's messages crossed devices."""
+        return self._batches
 
     def edge_traffic(self) -> dict[tuple[int, int], tuple[int, int]]:
         """{(from device, to device): (moves, bytes)} the router made since it was attached

@@ -379,8 +379,15 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         for prepare in preparers:   # e.g. the router lets go of batches other devices finished reading
             prepare(targets)
         points, launched, deferred, batches = {}, [], [], []
+        stepped: dict[int, tuple[Any, Any]] = {}
         for dev, ks in sorted(by_device.items()):
             ctx, stepper = self._device(dev)
+            for src in stepper.surveys_awaited() & stepped.keys():   # done since: read them in place
+                octx, ostepper = stepped[src]
+                with octx.lock:
+                    if octx.alive:
+                        ostepper.harvest()
+            stepped[dev] = (ctx, stepper)
             try:
                 with ctx.lock:
                     point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain)

@@ -3,7 +3,7 @@
 One step of a set of kernels on a device is one command buffer on the
 device's queue that signals the next value of the device's timeline:
 
-  1. directory updates; each stepping kernel's outbox region count reset
+  1. directory updates; each stepping kernel's outbox region header reset
   2. delivery passes: each kernel's host messages (h2k), then every pending
      batch on the device (outboxes of earlier steps, router batches) into the
      inboxes of the kernels that are addressed in it; surveys of new batches
@@ -43,13 +43,19 @@ _DELIVER_PUSH = struct.Struct("<8I")
 #: workgroup per message (all invocations on its words) instead of one invocation per message.
 PLANNED_DELIVERY_PAYLOAD = 1024
 #: Delivery pass modes (kernel_deliver.comp's `plan` word): copy, plan (a copy pass follows),
-#: direct (the step copied the batch into the inbox with a copy command: take it in place).
-MODE_COPY, MODE_PLAN, MODE_DIRECT, MODE_DIRECT_KNOWN = 0, 1, 2, 3
+#: direct (the step copied the batch into the inbox with a copy command: take it in place),
+#: in place (no copy: the kernel's step reads the batch where it lies, as its inbox).
+MODE_COPY, MODE_PLAN, MODE_DIRECT, MODE_DIRECT_KNOWN, MODE_IN_PLACE = 0, 1, 2, 3, 4
 #: A kernel whose latest this many outbox batches held nothing has its next ones read lazily: by
 #: the first step recorded once they are written (here: once their step is done; from another
 #: device: once the relay reached them), not by one that waits for them.
 QUIET_BATCHES = 2
+#: Whether a kernel's step may read an inbound batch that is all its own where it lies (as its
+#: inbox) instead of a copy in its inbox (False: always the copy; tests use it to reach the copy
+#: paths, bench/k2k.py --no-in-place to measure them).
+READ_IN_PLACE = True
 _SURVEY_PUSH = struct.Struct("<4I")
+_OUTBOX_RESET = struct.Struct("<3I")   # count, step, capacity (a batch read in place changed the last two)
 _U32 = 0xFFFFFFFF
 
 
@@ -63,6 +69,7 @@ class InFlight:
     surveys: list[tuple[_Batch, int]] = field(default_factory=list)
     directory: list[int] = field(default_factory=list)    # directory entries this step rewrote
     directs: list[tuple[InboundBatch, Kernel]] = field(default_factory=list)   # batches taken in place
+    in_place: int = 0   # of them, read by their kernel's step where they lie (no copy)
 
 
 def _push(cmd: Any, layout: Any, data: bytes) -> None:
@@ -252,7 +259,7 @@ class DeviceStepper(StepHarvest):
         feed = self.rt.outbox_feed
         for k in launched:
             j = k.steps % d
-            cmds.fill(cmd, k.outbox.handle, j * k.outbox_region, 4)
+            cmds.update(cmd, k.outbox.handle, j * k.outbox_region, _OUTBOX_RESET.pack(0, 0, k.spec.outbox_capacity))
             self._place_injected(k, j, feed)
             old = k.outbox_batches[j]
             if old is not None:
@@ -260,8 +267,10 @@ class DeviceStepper(StepHarvest):
         # direct landings: the batch's slots into the (empty) inbox at ring slot 0, by a copy command
         readable = self._readable()
         directs = self._directs(launched, rec, take, readable)
+        # kernel -> the (step, finish) sets that bind the batch it reads in place as its inbox
+        in_place = {id(x): self._in_place_sets(x, b) for x, b, _, copied in directs if copied < 0}
         for x, b, _, copied in directs:
-            if copied:
+            if copied > 0:
                 cmds.copy(cmd, b.buffer.handle, x.inbox.handle, b.offset + RING_HEADER_BYTES, RING_HEADER_BYTES,
                           copied * x.slot_size)
         cmds.barrier(cmd)
@@ -274,16 +283,14 @@ class DeviceStepper(StepHarvest):
                                      b.size, b)
             # the sending step's survey read back already: all the batch's messages are x's (and its tenant's,
             # stamped by the sender's finish pass), so the pass need not check them
-            origin = getattr(b, "k2k_origin", None)
-            known = origin is not None and origin.single_dest == x.address and origin.count <= copied \
-                and origin.kernel.tenant == x.tenant
-            passes.append((x, dset, b.offset, off, b.hops, 0, MODE_DIRECT_KNOWN if known else MODE_DIRECT, copied))
+            how = MODE_IN_PLACE if copied < 0 else MODE_DIRECT_KNOWN if _known(b, x, copied) else MODE_DIRECT
+            passes.append((x, dset, b.offset, off, b.hops, 0, how, max(copied, 0)))
             rec.delivers.append((b, x, off))
             wait_for(b)
         for k in launched:
             j = k.steps % d
             n = min(len(k.h2k), k.spec.inbox_capacity)
-            if not n:
+            if not n or id(k) in in_place:   # (its step reads a batch in place: they go next step)
                 continue
             off = take(DELIVER_RECORD)
             if off is None:
@@ -299,7 +306,7 @@ class DeviceStepper(StepHarvest):
             rec.delivers.append((None, k, off))
         for b in readable:
             for k in launched:
-                if not b.takes(k):
+                if not b.takes(k) or id(k) in in_place:
                     continue
                 off = take(DELIVER_RECORD)
                 if off is None:
@@ -348,7 +355,9 @@ class DeviceStepper(StepHarvest):
             if bound is not k.kernel_pass:
                 cmds.bind_pipeline(cmd, k.kernel_pass.pipeline)
                 bound = k.kernel_pass
-            cmds.bind_set(cmd, k.kernel_pass.layout, k.kernel_set, (j * k.outbox_region,))
+            sets = in_place.get(id(k))
+            kset = k.kernel_set if sets is None else sets[0]
+            cmds.bind_set(cmd, k.kernel_pass.layout, kset, (j * k.outbox_region,))
             _push(cmd, k.kernel_pass.layout, _KERNEL_PUSH.pack(
                 k.steps & _U32, k.steps >> 32, k.address, k.tenant, k.spec.inbox_capacity,
                 k.spec.outbox_capacity, k.payload_size // 4, 0, *k.params))
@@ -358,7 +367,9 @@ class DeviceStepper(StepHarvest):
         cmds.bind_pipeline(cmd, ctx.finish.pipeline)
         for k in launched:
             j = k.steps % d
-            cmds.bind_set(cmd, ctx.finish.layout, k.finish_set, (j * k.outbox_region, j * k.k2h_region))
+            sets = in_place.get(id(k))
+            fset = k.finish_set if sets is None else sets[1]
+            cmds.bind_set(cmd, ctx.finish.layout, fset, (j * k.outbox_region, j * k.k2h_region))
             _push(cmd, ctx.finish.layout, _FINISH_PUSH.pack(now & _U32, now >> 32, k.steps & _U32, k.steps >> 32))
             cmds.dispatch(cmd, 1, 1, 1)
         cmds.barrier(cmd)
@@ -411,7 +422,7 @@ class DeviceStepper(StepHarvest):
         unless an older batch of the same sender may still hold messages for it
         (FIFO per pair). Each is cleared for its kernel now (the pass takes all of
         them, on the fast path or not). Returns (kernel, batch, status offset,
-        slots to copy)."""
+        slots to copy, or -1 where the kernel's step reads the batch in place)."""
         out: list[tuple[Kernel, InboundBatch, int, int]] = []
         if not any(getattr(b, "direct", None) is not None for b in readable):
             return out
@@ -430,12 +441,73 @@ class DeviceStepper(StepHarvest):
                 taken.add(id(x))
                 b.cleared.add(x)
                 rec.directs.append((b, x))
-                out.append((x, b, off, min(b.direct_slots, slots)))
+                copied = min(b.direct_slots, slots)
+                if self._readable_in_place(b, x, readable):
+                    copied = -1
+                    rec.in_place += 1
+                out.append((x, b, off, copied))
             if src is not None:
                 for k in launched:
                     if b.takes(k):
                         waiting.add((id(src), id(k)))
         return out
+
+    def surveys_awaited(self) -> set[int]:
+        """The devices whose sending steps' surveys, not read back yet, decide whether a
+        direct landing here is read in place (KernelRuntime.step reads back the
+        devices it stepped already, if their steps are done, before this one's).
+        Read without the lock: a hint."""
+        out = set()
+        for b in list(self.batches):
+            origin = getattr(b, "k2k_origin", None)
+            if origin is not None and origin.pending is None and getattr(b, "direct", None) is not None:
+                out.add(origin.device_index)
+        return out
+
+    def _readable_in_place(self, b: InboundBatch, x: Kernel, readable: list[_Batch]) -> bool:
+        """Whether x's step can read b (a direct landing for x: its whole batch fits
+        x's inbox) where it lies instead of a copy in its inbox: no other device
+        reads the region meanwhile (b.exclusive), the sending step's survey was
+        read back and says every message is x's, x takes nothing else this step
+        (no host message, no batch of another sender: they would wait a step;
+        the same sender's later batches do wait, the next steps read them in
+        turn, where the batch fills more than half of x's inbox: a backlog of
+        smaller ones goes faster through the copy paths, several a step), and
+        the region is aligned for a storage buffer binding."""
+        origin = getattr(b, "k2k_origin", None)
+        if not (READ_IN_PLACE and b.exclusive and origin is not None and origin.pending is not None
+                and not x.h2k and b.offset % self.ctx.min_offset_alignment == 0
+                and _known(b, x, (b.size - RING_HEADER_BYTES) // self.rt.slot_size)):
+            return False
+        src = b.source
+        later = [o for o in readable if o is not b and o.takes(x)]
+        if any(src is None or o.source is not src for o in later):
+            return False
+        return not later or 2 * origin.count > x.spec.inbox_capacity
+
+    def _in_place_sets(self, k: Kernel, b: InboundBatch) -> tuple[Any, Any]:
+        """The descriptor sets of k's step and finish pass with the batch region as the
+        inbox (kept per kernel, buffer and offset like delivery sets, or with the batch)."""
+        ctx, whole = self.ctx, WHOLE_SIZE
+        # (by the kernel's pipeline too: a hot reload gives it another, its old sets are let go)
+        key = ("in", b.buffer, b.size, "in place", b.offset, id(k.kernel_pass)) if b.reuse_sets else None
+        pair = k.deliver_sets.get(key + ("kernel",)) if key else None
+        if pair is not None:
+            return pair[1], k.deliver_sets[key + ("finish",)][1]
+        stale = [x for x in k.deliver_sets if len(x) > 5 and x[3] == "in place" and x[5] != id(k.kernel_pass)]
+        for x in stale:
+            self.retired.append((ctx.value, k.deliver_sets.pop(x)))
+        inbox = (b.buffer.handle, b.offset, b.size)
+        kset = ctx.descriptor_set(k.kernel_pass, [inbox, (k.outbox.handle, 0, k.outbox_bytes)]
+                                  + [(s.handle, 0, whole) for s in k.states])
+        fset = ctx.descriptor_set(ctx.finish, [(k.control.handle, 0, whole), inbox,
+                                               (k.outbox.handle, 0, k.outbox_bytes),
+                                               (k.k2h.handle, 0, k.outbox_bytes)])
+        if key:
+            k.deliver_sets[key + ("kernel",)], k.deliver_sets[key + ("finish",)] = kset, fset
+        else:
+            b.sets += [kset, fset]
+        return kset[1], fset[1]
 
     def _place_injected(self, k: Kernel, j: int, feed: Any) -> None:
         """Messages the host routes as `k` (outbox feed) go into the last slots of the
@@ -510,3 +582,11 @@ class DeviceStepper(StepHarvest):
         cmds.bind_set(cmd, ctx.survey.layout, dset, (offset,))
         _push(cmd, ctx.survey.layout, _SURVEY_PUSH.pack(status, ctx.index, ctx.table_size, 0))
         cmds.dispatch(cmd, 1, 1, 1)
+
+
+def _known(b: _Batch, x: Kernel, copied: int) -> bool:
+    """Whether the host read back the sending step's survey of b and it says that all of
+    b's messages (at most `copied`) are x's, from a sender of x's tenant."""
+    origin = getattr(b, "k2k_origin", None)
+    return origin is not None and origin.single_dest == x.address and origin.count <= copied \
+        and origin.kernel.tenant == x.tenant
