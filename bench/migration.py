@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from vkmulti.cli_args import add_virtual_argument
 from vkmulti.testing import use_virtual_if_no_gpu
 
 MIB = 1 << 20
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--section", choices=("all", "migrate", "reload"), default="all")
     p.add_argument("--sizes", type=parse_sizes, default=None, help="state sizes (default 1M,16M,256M)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--virtual", type=int, default=2, help="virtual devices when there is no GPU (default 2)")
+    add_virtual_argument(p)
     p.add_argument("--json", default=None, help="also write the figures to this file")
     args = p.parse_args(argv)
     if args.repeats < 1:
