@@ -3,9 +3,10 @@ counter kernels, runtimes and K2K routers the K2K path tests share."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
+import pytest
 
 #: max_kernels of the K2K path tests' runtimes (and the counters' FIFO tables)
 MAX = 32
@@ -33,6 +34,31 @@ def routed_runtime(manager: Any, method: str | None) -> Iterator[tuple[Any, Any]
     finally:
         router.detach()
         rt.destroy()
+
+
+def runtime_fixture(**options: Any) -> Callable:
+    """A `runtime` fixture: a KernelRuntime over the test's manager (KernelRuntime
+    `options`, e.g. max_kernels), destroyed after the test."""
+    @pytest.fixture
+    def runtime(manager: Any) -> Iterator[Any]:
+        from vkmulti.kernels import KernelRuntime
+
+        rt = KernelRuntime(make_coordinator(manager), manager, **options)
+        try:
+            yield rt
+        finally:
+            rt.destroy()
+    return runtime
+
+
+def routed_fixture(paths: dict[str, str | None]) -> Callable:
+    """A `routed` fixture over `paths` (test id -> transfer method, None: the pair's best):
+    (runtime, router) from routed_runtime, once per path."""
+    @pytest.fixture(params=list(paths))
+    def routed(manager: Any, request: Any) -> Iterator[tuple[Any, Any]]:
+        with routed_runtime(manager, paths[request.param]) as pair:
+            yield pair
+    return routed
 
 
 def counter(rt: Any, name: str, device: int, *, inbox: int = 8, outbox: int = 8, **kw: Any) -> Any:

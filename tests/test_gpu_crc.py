@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kernel_support import make_coordinator
+from kernel_support import runtime_fixture
 from vkmulti.errors import UnsupportedError
 from vkmulti.images import Buffer
-from vkmulti.kernels import KernelRuntime
 from vkmulti.kernels.crc_math import crc32_combine, crc32_finish, raw_crc, shift, zero_tables
 from vkmulti.kernels.gpu_crc import LANES, GpuCrc
 from vkmulti.kernels import host_crc
@@ -28,13 +27,7 @@ SIZES = sorted({0, 1, 2, 3, 4, 5, 7, 8, 63, 255, 256, 257, 1021, 1024, 1027,
                 100_003, (1 << 20) + 1, 3 * (1 << 20) - 2})
 
 
-@pytest.fixture
-def runtime(manager):
-    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=8)
-    try:
-        yield rt
-    finally:
-        rt.destroy()
+runtime = runtime_fixture(max_kernels=8)
 
 
 def _buffer(rt, device, data: bytes, pad: int = 0) -> Buffer:

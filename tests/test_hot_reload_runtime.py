@@ -13,11 +13,11 @@ import time
 import numpy as np
 import pytest
 
-from kernel_support import make_coordinator
+from kernel_support import runtime_fixture
 from vkmulti import (HotReloadConfig, HotReloadManager, HotReloadState, KernelCodeSource, UnsupportedError,
                      VulkanError)
 from vkmulti.errors import KernelValidationError, TimeoutError as VkmTimeout
-from vkmulti.kernels import KernelRuntime, KernelSpec, counter_kernel, pingpong_kernel
+from vkmulti.kernels import KernelSpec, counter_kernel, pingpong_kernel
 from vkmulti.kernels import reload_swap
 from vkmulti.kernels.reference import COUNTER_TAG_ADD, counter_initial_state, read_counter
 from vkmulti.kernels.spirv import reflect
@@ -38,13 +38,7 @@ def adder(n: int) -> KernelCodeSource:
     return KernelCodeSource.from_glsl(ADDER, defines={"STEP_ADD": str(n)})
 
 
-@pytest.fixture
-def runtime(manager):
-    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=64)
-    try:
-        yield rt
-    finally:
-        rt.destroy()
+runtime = runtime_fixture(max_kernels=64)
 
 
 def words(rt, k, n=2):

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from kernel_support import make_coordinator
+from kernel_support import make_coordinator, runtime_fixture
 from vkmulti import CrossGpuK2KRouter, K2KMessage, RoutingKind, TenantMismatchError
 from vkmulti.errors import K2KDestinationNotFoundError, KernelMessageError, QueueFullError
 from vkmulti.kernels import KernelRuntime, counter_kernel, pingpong_kernel
@@ -21,13 +21,7 @@ from vkmulti.kernels.stencil import StencilSlabs
 MAX = 64
 
 
-@pytest.fixture
-def runtime(manager):
-    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
-    try:
-        yield rt
-    finally:
-        rt.destroy()
+runtime = runtime_fixture(max_kernels=MAX)
 
 
 @pytest.fixture

@@ -10,18 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernel_support import MAX, counter, make_coordinator, routed_runtime, settle, state, words
-from vkmulti.kernels import KernelRuntime, pingpong_kernel
+from kernel_support import counter, routed_fixture, routed_runtime, settle, state, words
+from vkmulti.kernels import pingpong_kernel
 from vkmulti.kernels import stepper as stepper_module
 from vkmulti.kernels.reference import COUNTER_TAG_ADD, COUNTER_TAG_FORWARD
 
 PATHS = {"in place": None, "host_shared link": "host_shared"}
 
 
-@pytest.fixture(params=list(PATHS))
-def routed(manager, request):
-    with routed_runtime(manager, PATHS[request.param]) as pair:
-        yield pair
+routed = routed_fixture(PATHS)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_support import MAX, counter, make_coordinator, routed_runtime, settle, state, words
+from kernel_support import MAX, counter, make_coordinator, routed_fixture, settle, state, words
 from vkmulti import CrossGpuK2KRouter, K2KMessage
 from vkmulti.kernels import KernelRuntime
 from vkmulti.kernels import stepper as stepper_module
@@ -20,10 +20,7 @@ from vkmulti.peer_memory import ExportedBuffer
 PATHS = {"in place": None, "host_shared link": "host_shared", "staging link": "staging_copy"}
 
 
-@pytest.fixture(params=list(PATHS))
-def routed(manager, request):
-    with routed_runtime(manager, PATHS[request.param]) as pair:
-        yield pair
+routed = routed_fixture(PATHS)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from kernel_support import make_coordinator
+from kernel_support import make_coordinator, runtime_fixture
 from vkmulti import CrossGpuK2KRouter
 from vkmulti.errors import (DestroyedError, KernelMessageError, KernelNotFoundError, QueueFullError,
                             TimeoutError)
@@ -20,13 +20,7 @@ from vkmulti.kernels.reference import (COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, COU
 MAX = 64
 
 
-@pytest.fixture
-def runtime(manager):
-    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
-    try:
-        yield rt
-    finally:
-        rt.destroy()
+runtime = runtime_fixture(max_kernels=MAX)
 
 
 def counter(rt, name=None, *, device=0, inbox=64, outbox=64, **kw):

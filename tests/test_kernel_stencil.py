@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernel_support import make_coordinator
+from kernel_support import runtime_fixture
 from vkmulti import CrossGpuK2KRouter
-from vkmulti.kernels import KernelRuntime, stencil_kernel
+from vkmulti.kernels import stencil_kernel
 from vkmulti.kernels.reference import jacobi_reference, split_rows, stencil_field, stencil_tile_state
 
 
@@ -40,13 +40,7 @@ def problem(h, w, seed):
     return field, top, bottom
 
 
-@pytest.fixture
-def runtime(manager):
-    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=64, payload_size=128)
-    try:
-        yield rt
-    finally:
-        rt.destroy()
+runtime = runtime_fixture(max_kernels=64, payload_size=128)
 
 
 @pytest.mark.parametrize("h,w,tiles,steps", [(9, 13, 1, 7), (24, 40, 3, 12), (17, 70, 4, 9), (5, 3, 5, 4)])

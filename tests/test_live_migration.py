@@ -11,11 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from kernel_support import make_coordinator
+from kernel_support import runtime_fixture
 from vkmulti import (Checkpoint, CheckpointPolicy, CrossGpuK2KRouter, FileStorage, KernelMigrator, MemoryStorage,
                      MigrationError, MigrationState)
 from vkmulti.errors import DestroyedError, InvalidCheckpointError, InvalidConfigError, KernelNotFoundError
-from vkmulti.kernels import KernelRuntime, KernelSpec, counter_kernel
+from vkmulti.kernels import KernelSpec, counter_kernel
 from vkmulti.kernels.gpu_crc import GpuCrc
 from vkmulti.kernels.host_crc import HostCrc
 from vkmulti.kernels.reference import (COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, COUNTER_TAG_QUERY,
@@ -24,13 +24,7 @@ from vkmulti.kernels.reference import (COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, COU
 MAX = 64
 
 
-@pytest.fixture
-def runtime(manager):
-    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
-    try:
-        yield rt
-    finally:
-        rt.destroy()
+runtime = runtime_fixture(max_kernels=MAX)
 
 
 @pytest.fixture
