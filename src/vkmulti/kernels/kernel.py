@@ -287,6 +287,8 @@ class Kernel(KernelTraits):
         self.address, self.tenant, self.params = address, tenant, params
         self.kernel_type = spec.kernel_type
         self.destroyed = False
+        #: running a step again from the replay log (failover): it takes only the logged inputs
+        self.replaying = False
         self.payload_size = runtime.payload_size
         self.slot_size = ENVELOPE_BYTES + self.payload_size
         self.slot_words = self.slot_size // 4

@@ -88,6 +88,7 @@ def gated_step(fn: Callable) -> Callable:
             policy: _PolicyState | None = self.__dict__.get("_policy")
             if policy is not None:
                 policy.materialize()
+                policy.replay.materialize()
             held: dict = self.__dict__.get("_held") or {}
             extra: list = []
             if held:
@@ -105,6 +106,7 @@ def gated_step(fn: Callable) -> Callable:
                 ticket.deferred.append((k, why))
             if policy is not None and ticket.launched:
                 policy.after_step(ticket.launched)
+                policy.replay.after_step(ticket.launched)
             return ticket
     return wrapper
 
@@ -174,6 +176,9 @@ class _PolicyState:
         self.pending: list[_Capture] = []
         self.done: dict[KernelId, deque[Checkpoint]] = {}
         self.spare: dict[tuple[int, int], list[MappedBuffer]] = {}
+        from .replay_log import ReplayLog
+        #: what the kernels consumed and sent since their checkpoints (the failover's replay input)
+        self.replay = ReplayLog(rt)
 
     def after_step(self, launched: list[Kernel]) -> None:
         for k in launched:
@@ -249,6 +254,9 @@ class _PolicyState:
             with self.lock:
                 q = self.done.setdefault(img.kernel_id, deque(maxlen=self.policy.keep))
                 q.append(cp)
+                stats = getattr(self.rt, "failover_stats", None)
+                if stats is not None:
+                    stats.checkpoints_taken += 1
                 key = (c.buffer.slot.index, c.buffer.size)
                 pool = self.spare.setdefault(key, [])
                 if len(pool) < 2:
@@ -275,6 +283,7 @@ class _PolicyState:
             self.materialize(wait=True, timeout=30.0)
         except VkmError:
             pass
+        self.replay.destroy()
         with self.lock:
             pending, self.pending = self.pending, []
             spare, self.spare = self.spare, {}
@@ -534,6 +543,8 @@ class KernelLifecycle:
             return
         new = _PolicyState(self, policy) if policy is not None else None
         if old is not None:
+            if new is not None:   # the replay log goes on under the new policy
+                new.replay, old.replay = old.replay, new.replay
             new_done = old.done if new is not None else None
             old.destroy()
             if new is not None and new_done:

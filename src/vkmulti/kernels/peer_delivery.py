@@ -232,6 +232,32 @@ class PeerEdges:
     def busy(self) -> bool:
         return bool(self.landings)
 
+    def drop_device(self, d: int) -> None:
+        """GPU d was lost: forget the in-place reads to and from it (see DeliveryEngine.drop_device)."""
+        keep = []
+        for p in self.landings:
+            if d not in p.edge:
+                keep.append(p)
+                continue
+            i = p.inbound
+            if i is not None and not i.done:
+                i.done = True
+                i.event.set()
+            try:
+                p.batch.release()
+            except (VkmError, ValueError):   # a lost device's batch, or one let go with its kernel
+                pass
+        self.landings = keep
+        for key in [k for k in self.relays if d in k[:2]]:
+            relay = self.relays.pop(key)
+            try:
+                relay.destroy(0.0)
+            except VkmError as exc:
+                log.info("K2K router: a relay of a lost device: %s", exc)
+        for key in [k for k in self._views if k[1] == d]:
+            self._views.pop(key)
+        self._devices.pop(d, None)
+
     def destroy(self, deadline: float) -> None:
         """Take back what was not delivered (counted as failures), wait for the
         relays, let every batch go."""

@@ -365,6 +365,13 @@ class CrossGpuK2KRouter:
                     b.release()
             self._check_sent()
 
+    def device_lost(self, index: int) -> None:
+        """The runtime's failover hook: GPU `index` was lost; moves, landings and
+        in-place reads involving it are forgotten without touching it."""
+        with self._delivery_lock:
+            if self._engine is not None:
+                self._engine.drop_device(index)
+
     def _prepare(self, kernels: list[Kernel]) -> None:
         with self._delivery_lock:
             if self._engine is not None:
