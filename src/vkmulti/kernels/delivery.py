@@ -543,9 +543,9 @@ class DeliveryEngine:
             except VkmTimeout:
                 log.warning("K2K router: a transfer did not finish within %.1f s", timeout)
         self.engines.clear()
-        for _, eng in self.dead_engines:   # links of a lost device: no wait on it
+        for _, eng in self.dead_engines:   # links of a lost device (its waits fail at once)
             try:
-                eng.destroy(0.0)
+                eng.destroy(max(0.0, deadline - time.monotonic()))
             except VkmError as exc:
                 log.info("K2K router: a link of a lost device: %s", exc)
         self.dead_engines = []

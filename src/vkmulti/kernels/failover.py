@@ -134,8 +134,7 @@ class RuntimeFailover:
             stepper.retired = []
             stepper.batches.clear()
             ctx.destroy(0.0)
-        what = (f"restored {len(restored)} kernel(s) from their checkpoints on the survivors; released the "
-                f"runtime's context and {len(kernels)} kernel(s) on the lost device")
+        what = f"{len(restored)} kernel(s) restored from checkpoints, {len(kernels)} lost with the device"
         rec = self.failover_stats.recovered(d, what, t0, why)
         log.error("KernelRuntime: GPU %d lost (%s); kernels restored: %s; kernels lost with it: %s; the others go "
                   "on (%.2f ms)", d, why, {k.id: k.device_index for k in restored}, [k.id for k in kernels],

@@ -143,14 +143,13 @@ def restore_lost_kernels(rt: Any, device: int, kernels: list[Any], pair: Any, dr
         k.h2k.extend(pending)
         replayed += end - start
         restored.append(k)
-    handed = _hand_again(rt, device, restored, gone)
+    handed = _hand_again(rt, replay, device, restored, gone)
     return restored, gone, replayed, handed
 
 
-def _hand_again(rt: Any, device: int, restored: list[Any], gone: list[Any]) -> int:
+def _hand_again(rt: Any, replay: Any, device: int, restored: list[Any], gone: list[Any]) -> int:
     """Hand the messages nobody consumed yet to their receivers again (see the module
     docstring, 4); the number handed."""
-    replay = rt.__dict__["_policy"].replay
     moved = {id(k) for k in restored}
     lost_addresses = {k.address for k in restored} | {k.address for k in gone}
     for ctx, stepper in _survivors(rt, device):

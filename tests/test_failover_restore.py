@@ -1,0 +1,186 @@
+"""A lost GPU's kernels restored on the survivor from their policy checkpoints and
+replayed (virtual pair, fault hook): the stencil soak gives the field of a run
+without loss bit for bit; counters under K2K load across the loss see every
+message exactly once and in order; a checkpoint N steps back, critical kernels,
+no policy (kernels lost and listed), the primary lost, destroy racing the recovery."""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+
+import numpy as np
+import pytest
+
+from vkmulti import MultiDeviceManager
+from vkmulti.errors import KernelMessageError, PrimaryDeviceLostError, VkmError
+from vkmulti.kernels import CheckpointPolicy, CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator, counter_kernel
+from vkmulti.kernels.reference import (COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, counter_initial_state, jacobi_reference,
+                                       read_counter)
+from vkmulti.kernels.stencil import StencilSlabs, stencil_payload_size
+from vkmulti.stencil_demo import initial_field
+from vkmulti.testing import lose_device
+
+FULL = os.environ.get("VKMULTI_SOAK_FULL") == "1"
+
+
+def _stencil(width, height, steps, lose_at, policy):
+    f, top, bottom = initial_field(width, height)
+    mgr = MultiDeviceManager.create()
+    try:
+        coord = MultiGpuCoordinator.from_manager(mgr)
+        rt = KernelRuntime(coord, mgr, payload_size=stencil_payload_size(width), max_kernels=8)
+        if policy is not None:
+            rt.set_checkpoint_policy(policy)
+        router = CrossGpuK2KRouter(coord, rt)
+        slabs = StencilSlabs(rt, f, [0, 1], top=top, bottom=bottom)
+        for i in range(steps):
+            if i == lose_at:
+                lose_device(mgr, 1)
+            slabs.step(1)              # never raises for the lost secondary
+        out = slabs.field() if not rt.lost_kernels else rt.read_state(slabs.kernels[0], steps % 2)
+        stats = rt.failover_stats.snapshot()
+        restored, lost = dict(rt.restored_kernels), dict(rt.lost_kernels)
+        slabs.destroy()
+        router.detach()
+        rt.destroy(timeout=10)
+        return out, jacobi_reference(f, top, bottom, steps), stats, restored, lost
+    finally:
+        mgr.destroy(timeout=10)
+
+
+def test_stencil_soak_secondary_lost_mid_run_gives_the_same_field():
+    """The issue's proof: 200 steps, the secondary lost at step 100 (the CI grid is small;
+    VKMULTI_SOAK_FULL=1: the demo's 512x384)."""
+    size = (512, 384) if FULL else (96, 64)
+    out, ref, stats, restored, lost = _stencil(*size, 200, 100, CheckpointPolicy(every_steps=16))
+    assert np.array_equal(out, ref)
+    assert restored == {"stencil-1": (1, 0)} and not lost
+    assert stats.devices_lost == [1] and stats.kernels_restored == 1
+    assert 0 < stats.steps_replayed <= 16 and stats.messages_replayed >= 1
+    assert stats.recoveries and stats.recoveries[0].seconds < 10
+
+
+@pytest.mark.parametrize("every, critical", [(1, ()), (5, ()), (0, ("stencil-1",))])
+def test_stencil_restored_from_a_checkpoint_n_steps_back_or_critical(every, critical):
+    out, ref, stats, restored, _ = _stencil(48, 24, 23, 17, CheckpointPolicy(every_steps=every, critical=critical))
+    assert np.array_equal(out, ref)
+    assert restored == {"stencil-1": (1, 0)}
+    if every == 5:   # checkpoint at step 15: steps 15 and 16 run again
+        assert stats.steps_replayed == 2
+    else:            # a checkpoint after every step: at most the last one or two run again
+        assert stats.steps_replayed <= 2
+
+
+def test_no_policy_loses_the_kernels_and_lists_them():
+    """Without a checkpoint policy nothing is logged: the lost kernel is released and
+    listed; a survivor that later addresses it gets KernelMessageError (as for a
+    destroyed kernel)."""
+    with pytest.raises(KernelMessageError, match="do not exist"):
+        _stencil(48, 24, 12, 6, None)
+    mgr = MultiDeviceManager.create()
+    try:
+        rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr))
+        a = rt.launch(counter_kernel(), "a", device=0, state=[counter_initial_state()])
+        rt.launch(counter_kernel(), "b", device=1, state=[counter_initial_state()])
+        rt.step().wait(10)
+        lose_device(mgr, 1)
+        rt.send(a, struct.pack("<I", 5), tag=COUNTER_TAG_ADD)
+        rt.step().wait(10)
+        assert rt.lost_kernels == {"b": 1} and not rt.restored_kernels
+        assert rt.failover_stats.kernels_restored == 0 and read_counter(rt.read_state(a, 0)).sum == 5
+        rt.destroy(timeout=10)
+    finally:
+        mgr.destroy(timeout=10)
+
+
+def _counters(lose_at, steps=24, every=5):
+    """Counters a (GPU 0) and b (GPU 1) forward every host message to each other (K2K in
+    both directions each step); GPU 1 lost before step `lose_at`. Returns both states."""
+    mgr = MultiDeviceManager.create()
+    try:
+        coord = MultiGpuCoordinator.from_manager(mgr)
+        rt = KernelRuntime(coord, mgr)
+        rt.set_checkpoint_policy(CheckpointPolicy(every_steps=every))
+        router = CrossGpuK2KRouter(coord, rt)
+        a = rt.launch(counter_kernel(), "a", device=0, state=[counter_initial_state()])
+        b = rt.launch(counter_kernel(), "b", device=1, state=[counter_initial_state()])
+        a.set_params(b.address, 0, 0, 0)
+        b.set_params(a.address, 0, 0, 0)
+        for i in range(steps):
+            if i == lose_at:
+                lose_device(mgr, 1)
+            for j in range(3):   # load: three forwards to each per step
+                rt.send(a, struct.pack("<I", 1000 * i + j + 1), tag=COUNTER_TAG_FORWARD)
+                rt.send(b, struct.pack("<I", 1000 * i + j + 7), tag=COUNTER_TAG_FORWARD)
+            rt.step().wait(10)
+        for _ in range(4):   # let the last forwards land
+            rt.step().wait(10)
+        rt.synchronize(10)
+        sa, sb = read_counter(rt.read_state(a, 0)), read_counter(rt.read_state(b, 0))
+        stats = rt.failover_stats.snapshot()
+        router.detach()
+        rt.destroy(timeout=10)
+        return sa, sb, stats
+    finally:
+        mgr.destroy(timeout=10)
+
+
+def test_counters_under_k2k_load_see_every_message_once_in_order_across_the_loss():
+    ra, rb, _ = _counters(None)
+    a, b, stats = _counters(13)
+    for got, ref in ((a, ra), (b, rb)):
+        assert got.fifo_errors == 0 and got.failed_emits == 0
+        assert (got.count, got.sum, got.forwards) == (ref.count, ref.sum, ref.forwards)
+    assert stats.kernels_restored == 1 and stats.steps_replayed == 3   # checkpoint at 10: steps 10-12 again
+
+
+def test_losing_the_primary_is_an_error_with_a_policy_too():
+    mgr = MultiDeviceManager.create()
+    try:
+        rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr))
+        rt.set_checkpoint_policy(CheckpointPolicy(every_steps=1))
+        rt.launch(counter_kernel(), "a", device=0, state=[counter_initial_state()])
+        rt.launch(counter_kernel(), "b", device=1, state=[counter_initial_state()])
+        rt.step().wait(10)
+        lose_device(mgr, 0)
+        with pytest.raises(PrimaryDeviceLostError):
+            rt.step()
+        assert rt.failover_stats.kernels_restored == 0
+        rt.destroy(timeout=10)
+    finally:
+        mgr.destroy(timeout=10)
+
+
+def test_destroy_racing_the_recovery_from_another_thread():
+    """One thread steps into the recovery while another destroys the runtime: both end
+    (no hang, no crash); whatever the stepping thread gets is a VkmError."""
+    for delay in (0.0, 0.002):
+        mgr = MultiDeviceManager.create()
+        try:
+            coord = MultiGpuCoordinator.from_manager(mgr)
+            rt = KernelRuntime(coord, mgr, payload_size=stencil_payload_size(48), max_kernels=8)
+            rt.set_checkpoint_policy(CheckpointPolicy(every_steps=4))
+            router = CrossGpuK2KRouter(coord, rt)
+            f, top, bottom = initial_field(48, 24)
+            slabs = StencilSlabs(rt, f, [0, 1], top=top, bottom=bottom)
+            slabs.step(7)
+            lose_device(mgr, 1)
+            errors = []
+
+            def stepper():
+                try:
+                    for _ in range(5):
+                        rt.step()
+                except VkmError as exc:
+                    errors.append(exc)
+            t = threading.Thread(target=stepper)
+            t.start()
+            threading.Event().wait(delay)
+            router.detach(timeout=10)
+            rt.destroy(timeout=10)
+            t.join(20)
+            assert not t.is_alive()
+            assert all(isinstance(e, VkmError) for e in errors)
+        finally:
+            mgr.destroy(timeout=10)
