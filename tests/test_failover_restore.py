@@ -184,3 +184,16 @@ def test_destroy_racing_the_recovery_from_another_thread():
             assert all(isinstance(e, VkmError) for e in errors)
         finally:
             mgr.destroy(timeout=10)
+
+
+def test_stencil_demo_drill_exits_0_with_an_identical_field(capsys):
+    from vkmulti.stencil_demo import main
+
+    assert main(["--lose-gpu", "1@20", "--size", "64x32", "--steps", "40", "--checkpoint-every", "8",
+                 "--output", "", "--json"]) == 0
+    import json
+    r = json.loads(capsys.readouterr().out)
+    assert r["identical"] and r["kernels_restored"] == 1 and r["restored"] == {"stencil-1": [1, 0]}
+    assert r["steps_replayed"] == 4 and r["recovery_ms"] > 0
+    with pytest.raises(SystemExit):
+        main(["--lose-gpu", "1@50", "--steps", "40", "--output", ""])   # past the steps run
