@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from vkmulti import MultiDeviceManager
-from vkmulti.errors import KernelMessageError, PrimaryDeviceLostError, VkmError
+from vkmulti.errors import PrimaryDeviceLostError, VkmError
 from vkmulti.kernels import CheckpointPolicy, CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator, counter_kernel
 from vkmulti.kernels.reference import (COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, counter_initial_state, jacobi_reference,
                                        read_counter)
@@ -74,10 +74,10 @@ def test_stencil_restored_from_a_checkpoint_n_steps_back_or_critical(every, crit
 
 def test_no_policy_loses_the_kernels_and_lists_them():
     """Without a checkpoint policy nothing is logged: the lost kernel is released and
-    listed; a survivor that later addresses it gets KernelMessageError (as for a
-    destroyed kernel)."""
-    with pytest.raises(KernelMessageError, match="do not exist"):
-        _stencil(48, 24, 12, 6, None)
+    listed; what survivors send it later is counted as dead letters (no exception)."""
+    out, ref, stats, restored, lost = _stencil(48, 24, 12, 6, None)
+    assert lost == {"stencil-1": 1} and not restored and stats.kernels_restored == 0
+    assert stats.devices_lost == [1] and stats.steps_replayed == 0
     mgr = MultiDeviceManager.create()
     try:
         rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr))
@@ -197,3 +197,40 @@ def test_stencil_demo_drill_exits_0_with_an_identical_field(capsys):
     assert r["steps_replayed"] == 4 and r["recovery_ms"] > 0
     with pytest.raises(SystemExit):
         main(["--lose-gpu", "1@50", "--steps", "40", "--output", ""])   # past the steps run
+
+
+def test_loss_met_inside_a_step_restores_and_steps_the_kernel_in_that_step():
+    """No check before the step sees the loss: the submit on the lost GPU fails, the
+    runtime fails over inside step() and the restored slab makes that step on GPU 0."""
+    f, top, bottom = initial_field(48, 24)
+    mgr = MultiDeviceManager.create()
+    try:
+        coord = MultiGpuCoordinator.from_manager(mgr)
+        rt = KernelRuntime(coord, mgr, payload_size=stencil_payload_size(48), max_kernels=8)
+        rt.set_checkpoint_policy(CheckpointPolicy(every_steps=4))
+        router = CrossGpuK2KRouter(coord, rt)
+        slabs = StencilSlabs(rt, f, [0, 1], top=top, bottom=bottom)
+        slabs.step(10)
+        rt.synchronize(10)
+        lose_device(mgr, 1)
+        real = mgr.check_devices
+        calls = []
+
+        def blind():   # the step's own check does not see it
+            calls.append(1)
+            if len(calls) == 1:
+                return {}
+            mgr.check_devices = real
+            return real()
+        mgr.check_devices = blind
+        ticket = rt.step(slabs.kernels)
+        assert sorted(k.id for k in ticket.launched) == ["stencil-0", "stencil-1"] and not ticket.deferred
+        slabs.steps += 1
+        slabs.step(9)
+        assert np.array_equal(slabs.field(), jacobi_reference(f, top, bottom, 20))
+        assert rt.restored_kernels == {"stencil-1": (1, 0)} and rt.failover_stats.steps_replayed == 2
+        slabs.destroy()
+        router.detach()
+        rt.destroy(timeout=10)
+    finally:
+        mgr.destroy(timeout=10)

@@ -89,6 +89,7 @@ def gated_step(fn: Callable) -> Callable:
             if policy is not None:
                 policy.materialize()
                 policy.replay.materialize()
+                policy.replay.begin_call()
             held: dict = self.__dict__.get("_held") or {}
             extra: list = []
             if held:
@@ -222,25 +223,24 @@ class _PolicyState:
         with self.lock:
             self.pending.append(_Capture(k, img, buf, sizes, jobs, point))
 
-    def materialize(self, wait: bool = False, timeout: float | None = None) -> None:
-        """Turn completed captures into Checkpoints (all of them, waiting, with `wait`)."""
+    def materialize(self, wait: bool = False, timeout: float | None = None,
+                    drained: frozenset[int] = frozenset()) -> None:
+        """Turn completed captures into Checkpoints (all of them, waiting, with `wait`;
+        on the lost devices in `drained`, known to have run all their work, all of them)."""
         with self.lock:
             pending, self.pending = self.pending, []
         keep = []
         for c in pending:
             try:
-                if wait:
+                if c.jobs.slot.index in drained:
+                    pass
+                elif wait:
                     c.jobs.wait(c.point, timeout)
                 elif c.jobs.completed() < c.point.value:
                     keep.append(c)
                     continue
-            except DeviceLostError:
-                log.warning("checkpoint policy: the capture of %r at step %d was lost with its device",
-                            c.image.kernel_id, c.image.steps)
-                c.buffer.destroy()
-                continue
-            except VkmTimeout:
-                keep.append(c)
+            except (DeviceLostError, VkmTimeout):
+                keep.append(c)   # (a lost device's: the failover reads it or drops it, drop_device)
                 continue
             raw = c.buffer.bytes
             at = 0
@@ -271,6 +271,19 @@ class _PolicyState:
                     log.warning("checkpoint policy: could not store the checkpoint of %r: %s", img.kernel_id, exc)
         with self.lock:
             self.pending = keep + self.pending
+
+    def drop_device(self, device: int) -> None:
+        """Forget the captures still pending on lost GPU `device` (their copies are not trusted)."""
+        with self.lock:
+            lost = [c for c in self.pending if c.jobs.slot.index == device]
+            self.pending = [c for c in self.pending if c.jobs.slot.index != device]
+        for c in lost:
+            log.warning("checkpoint policy: the capture of %r at step %d was lost with its device",
+                        c.image.kernel_id, c.image.steps)
+            try:
+                c.buffer.destroy()
+            except VkmError:
+                pass
 
     def latest(self, kernel_id: KernelId) -> Checkpoint | None:
         self.materialize()

@@ -105,9 +105,10 @@ def restore_lost_kernels(rt: Any, device: int, kernels: list[Any], pair: Any, dr
                 unharvested.setdefault(id(k), set()).add(step)
     _quiesce_survivors(rt, device, deadline)
     try:
-        state.materialize(wait=True, timeout=_left(deadline))
+        state.materialize(wait=True, timeout=_left(deadline), drained=frozenset({device}) if drained else frozenset())
     except VkmError as exc:
         log.warning("failover: not every checkpoint capture could be read: %s", exc)
+    state.drop_device(device)
     replay.materialize(wait=True, timeout=_left(deadline), drained=frozenset({device}) if drained else frozenset())
     replay.drop_device(device)   # copies not trusted (a real loss): those steps are not logged
     restored, gone = [], []
@@ -161,10 +162,10 @@ def _hand_again(rt: Any, replay: Any, device: int, restored: list[Any], gone: li
                     b.done = True   # its messages are handed again from the log
                     b.event.set()
             ctx.cond.notify_all()
-    per_dest: dict[int, list[tuple[int, int, bytes]]] = {}
+    per_dest: dict[int, list[tuple[int, int, int, bytes]]] = {}
     for src, dst in replay.pairs_with(lost_addresses):
-        for seq, step, slot in replay.unconsumed(src, dst):
-            per_dest.setdefault(dst, []).append((step, seq, slot))
+        for seq, call, slot in replay.unconsumed(src, dst):
+            per_dest.setdefault(dst, []).append((call, src, seq, slot))
     handed = 0
     for dst, items in per_dest.items():
         k = rt._by_index.get(dst % rt.max_kernels)
@@ -174,9 +175,7 @@ def _hand_again(rt: Any, replay: Any, device: int, restored: list[Any], gone: li
             log.error("failover: %d message(s) for the lost kernel at address %d are dropped with it", len(items),
                       dst)
             continue
-        items.sort(key=lambda e: (e[0], e[1]))
-        ctx = k.ctx
-        with ctx.lock:
-            k.h2k.extendleft(reversed([slot for _, _, slot in items]))
+        items.sort(key=lambda e: (e[0], e[1], e[2]))
+        replay.hand(k, [(call, slot) for call, _, _, slot in items])
         handed += len(items)
     return handed

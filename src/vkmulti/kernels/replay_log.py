@@ -80,6 +80,7 @@ class _Capture:
     jobs: Any
     point: Any
     entries: list[_Entry]
+    call: int = 0                   # the step() call that launched the steps
 
 
 class ReplayLog:
@@ -92,8 +93,13 @@ class ReplayLog:
         self.pending: list[_Capture] = []
         #: (source address, destination address) -> next sequence number the destination expects
         self.consumed: dict[tuple[int, int], int] = {}
-        #: (source address, destination address) -> [(sequence, step, slot bytes)] not consumed yet
+        #: (source address, destination address) -> [(sequence, step() call, slot bytes)] not consumed yet
         self.sent: dict[tuple[int, int], deque[tuple[int, int, bytes]]] = {}
+        #: the runtime's step() calls so far (a message is consumed no earlier than the call after its own)
+        self.call = 0
+        #: kernel id -> [(step() call that sent it, slot)]: messages handed again, released to the
+        #: kernel's host queue from the step() call after the one that sent each
+        self.handed: dict[str, deque[tuple[int, bytes]]] = {}
         self._spare: dict[tuple[int, int], list[MappedBuffer]] = {}
         #: bytes copied to the host per step, for the figures (docs/failover.md)
         self.bytes_logged = 0
@@ -134,6 +140,8 @@ class ReplayLog:
                 step = k.steps - 1
                 with self.lock:
                     kl = self._log_of(k)
+                    if kl.address == k.address and step <= kl.last:
+                        continue   # logged already (the failover logs a step's survivors first)
                     if kl.last >= 0 and step != kl.last + 1 and kl.gap is None:
                         kl.gap = kl.last + 1   # another thread stepped it in between: not logged
                     kl.last = step
@@ -172,7 +180,7 @@ class ReplayLog:
                 buf.destroy()
                 raise
         with self.lock:
-            self.pending.append(_Capture(dev, buf, jobs, point, entries))
+            self.pending.append(_Capture(dev, buf, jobs, point, entries, self.call))
             self.bytes_logged += total
 
     # -- reading back --------------------------------------------------------------------
@@ -253,7 +261,7 @@ class ReplayLog:
                     s = ob[at:at + e.slot].tobytes()
                     src, dst, seq = _ENV.unpack_from(s)
                     if dst:   # (0: a message for the host, received by the harvest)
-                        self.sent.setdefault((src, dst), deque()).append((seq, e.step, s))
+                        self.sent.setdefault((src, dst), deque()).append((seq, c.call, s))
             key = (c.device, c.buffer.size)
             pool = self._spare.setdefault(key, [])
             if len(pool) < 2:
@@ -293,6 +301,40 @@ class ReplayLog:
     def pairs_with(self, addresses: set[int]) -> list[tuple[int, int]]:
         with self.lock:
             return [key for key in self.sent if key[0] in addresses or key[1] in addresses]
+
+    def begin_call(self) -> None:
+        """A step() call begins: messages handed again that are due go to their kernels."""
+        with self.lock:
+            self.call += 1
+        self.release_due()
+
+    def hand(self, k: Any, items: list[tuple[int, bytes]]) -> None:
+        """Queue messages handed again to kernel k ((sending call, slot), in order)."""
+        with self.lock:
+            self.handed.setdefault(k.id, deque()).extend(items)
+        self.release_due()
+
+    def release_due(self) -> None:
+        """Put the handed-again messages sent before the current step() call at the front
+        of their kernels' host queues (ahead of host messages, as the original run's K2K
+        deliveries came with the same step's)."""
+        rt = self.rt
+        with self.lock:
+            if not self.handed:
+                return
+            due: dict[str, list[bytes]] = {}
+            for kid, q in list(self.handed.items()):
+                while q and q[0][0] < self.call:
+                    due.setdefault(kid, []).append(q.popleft()[1])
+                if not q:
+                    del self.handed[kid]
+        for kid, slots in due.items():
+            k = rt._kernels.get(kid)
+            if k is None or k.destroyed:
+                rt.record_dead_letters(f"{len(slots)} message(s) handed again to {kid!r}, which is gone", len(slots))
+                continue
+            with k.ctx.lock:
+                k.h2k.extendleft(reversed(slots))
 
     def forget(self, kernel_id: str) -> None:
         with self.lock:

@@ -324,10 +324,10 @@ class CrossGpuK2KRouter:
             if rt.outbox_feed is self:
                 rt.set_outbox_feed(None)
             try:
-                for d in range(rt.manager.device_count):   # a lost device is forgotten, never waited on
-                    native = getattr(rt.manager.slot(d), "native", None)
+                for s in getattr(rt.manager, "_slots", ()):   # a lost device is forgotten, never waited on
+                    native = getattr(s, "native", None)
                     if native is not None and native.lost:
-                        eng.drop_device(d)
+                        eng.drop_device(s.index)
                 eng.destroy(timeout)
             finally:
                 self.runtime, self._engine = None, None

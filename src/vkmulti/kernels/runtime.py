@@ -379,17 +379,27 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         for prepare in preparers:   # e.g. the router lets go of batches other devices finished reading
             prepare(targets)
         points, launched, deferred, batches = {}, [], [], []
-        for dev, ks in sorted(by_device.items()):
+        queue = sorted(by_device.items())
+        while queue:
+            dev, ks = queue.pop(0)
             ctx, stepper = self._device(dev)
             try:
                 with ctx.lock:
                     point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain)
             except DeviceLostError as exc:
+                policy = self.__dict__.get("_policy")
+                if policy is not None and launched:   # what survivors sent in this call is logged first
+                    policy.replay.after_step(launched)
                 if self._step_failed(dev, exc):   # a lost secondary: failed over, the others go on
+                    moved: dict[int, list[Kernel]] = defaultdict(list)
+                    for k in ks:   # restored on a survivor: they make this step there
+                        if not k.destroyed and k.device_index != dev and not self.device_lost(k.device_index):
+                            moved[k.device_index].append(k)
+                    queue += sorted(moved.items())
                     continue
                 raise
             if point is not None:
-                points[dev] = point
+                points[dev] = point if dev not in points or point.value > points[dev].value else points[dev]
             launched += ran
             deferred += held
             batches += new
