@@ -382,8 +382,17 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         queue = sorted(by_device.items())
         while queue:
             dev, ks = queue.pop(0)
-            ctx, stepper = self._device(dev)
+            here = [k for k in ks if not k.destroyed and k.device_index == dev]
+            elsewhere: dict[int, list[Kernel]] = defaultdict(list)
+            for k in ks:   # restored elsewhere by a failover since the step began
+                if not k.destroyed and k.device_index != dev:
+                    elsewhere[k.device_index].append(k)
+            queue += sorted(elsewhere.items())
+            if not here:
+                continue
+            ks = here
             try:
+                ctx, stepper = self._device(dev)
                 with ctx.lock:
                     point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain)
             except DeviceLostError as exc:
