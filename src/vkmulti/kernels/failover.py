@@ -9,10 +9,15 @@ harvest raises DeviceLostError) does the same. For a lost secondary:
 * the coordinator unregisters the device (its greedy plans say where each
   kernel goes; a coordinator made by `from_manager` does this itself when the
   manager reports the loss);
-* the runtime's context on the device and the kernels there are released
-  without touching the device (no wait, no submit: only vkDestroy*/vkFree*,
-  which a lost device allows), and those kernels are listed in
+* the K2K router forgets its moves to and from the device;
+* with a checkpoint policy, the kernels there are restored on the survivors
+  from their latest checkpoints and replayed from the replay log
+  (kernels/replay.py), listed in `restored_kernels`; the others (no policy,
+  no checkpoint, inputs not all logged) are released and listed in
   `lost_kernels` (id -> device);
+* the runtime's context on the device is released without touching the
+  device (no wait, no submit: only vkDestroy*/vkFree*, which a lost device
+  allows);
 * the step goes on with the kernels of the other devices; no exception reaches
   the caller, the loss is logged and counted in `failover_stats`.
 

@@ -40,6 +40,9 @@ API (the contract the failover code builds on):
     into a Checkpoint in host memory once it completed (at the next step,
     poll() or latest_checkpoint()). `keep` captures per kernel are kept;
     `storage` also saves each under ``f"{kernel_id}@{step}"``. None: off.
+    While a policy is set the runtime also keeps the replay log (what each
+    kernel consumed and sent since its checkpoint; kernels/replay_log.py), so
+    the kernels of a lost GPU are restored and replayed (docs/failover.md).
 
 ``runtime.latest_checkpoint(kernel) -> Checkpoint | None``
     The newest completed capture of the policy for a kernel (Kernel or id,
