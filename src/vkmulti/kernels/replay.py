@@ -151,7 +151,7 @@ def restore_lost_kernels(rt: Any, device: int, kernels: list[Any], pair: Any, dr
 def _hand_again(rt: Any, replay: Any, device: int, restored: list[Any], gone: list[Any]) -> int:
     """Hand the messages nobody consumed yet to their receivers again (see the module
     docstring, 4); the number handed."""
-    moved = {id(k) for k in restored}
+    moved = {id(k) for k in restored} | {id(k) for k in gone}   # (what a lost kernel had sent is still due)
     lost_addresses = {k.address for k in restored} | {k.address for k in gone}
     for ctx, stepper in _survivors(rt, device):
         with ctx.lock:

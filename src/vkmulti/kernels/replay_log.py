@@ -280,8 +280,13 @@ class ReplayLog:
                 while q and q[0][0] < done:
                     q.popleft()
             items = list(self.kernels.items())
+        state = rt.__dict__.get("_policy")
+        if state is None:
+            return
         for kid, kl in items:
-            cp = rt.latest_checkpoint(kid)
+            with state.lock:   # (the completed checkpoints as they are: no read-back from here)
+                q = state.done.get(kid)
+                cp = q[-1] if q else None
             if cp is None:
                 continue
             start = cp.metadata.current_step
