@@ -235,3 +235,31 @@ def test_loss_met_inside_a_step_restores_and_steps_the_kernel_in_that_step():
         rt.destroy(timeout=10)
     finally:
         mgr.destroy(timeout=10)
+
+
+def test_a_real_loss_whose_last_copies_are_not_trusted_releases_the_kernel_cleanly():
+    """As on a real VK_ERROR_DEVICE_LOST (the lost device's memory is undefined): the
+    copies not read before the loss are dropped, the kernel's inputs since its
+    checkpoint are then not all logged, so it is released and listed, nothing raised,
+    and what the survivor sends it later are dead letters."""
+    f, top, bottom = initial_field(48, 24)
+    mgr = MultiDeviceManager.create()
+    try:
+        coord = MultiGpuCoordinator.from_manager(mgr)
+        rt = KernelRuntime(coord, mgr, payload_size=stencil_payload_size(48), max_kernels=8)
+        rt.set_checkpoint_policy(CheckpointPolicy(every_steps=4))
+        router = CrossGpuK2KRouter(coord, rt)
+        slabs = StencilSlabs(rt, f, [0, 1], top=top, bottom=bottom)
+        slabs.step(10)
+        rt.synchronize(10)
+        lose_device(mgr, 1)
+        mgr.slot(1).lost_drained = False      # as a real loss: the copies not read yet are not trusted
+        for _ in range(3):
+            rt.step(slabs.kernels).wait(10)   # nothing raised
+        assert rt.lost_kernels == {"stencil-1": 1} and not rt.restored_kernels
+        assert rt.failover_stats.kernels_restored == 0 and rt.dead_letters >= 1
+        slabs.destroy()
+        router.detach()
+        rt.destroy(timeout=10)
+    finally:
+        mgr.destroy(timeout=10)
