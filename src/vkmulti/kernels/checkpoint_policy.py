@@ -81,10 +81,19 @@ class _PolicyState:
         #: what the kernels consumed and sent since their checkpoints (the failover's replay input)
         self.replay = ReplayLog(rt)
 
+    def covers(self, kernel_id: str) -> bool:
+        """Whether the policy checkpoints this kernel at all (so it can be restored)."""
+        return self.policy.every_steps > 0 or kernel_id in self.policy.critical
+
     def after_step(self, launched: list[Kernel]) -> None:
         for k in launched:
-            if k.destroyed or not self.policy.due(k.id, k.steps):
+            if k.destroyed or not self.covers(k.id):
                 continue
+            if not self.policy.due(k.id, k.steps):
+                with self.lock:   # a first checkpoint at once: a loss before the first due one is covered
+                    first = k.id not in self.done and not any(c.kernel is k for c in self.pending)
+                if not first:
+                    continue
             try:
                 self._capture(k)
             except (VkmError, vk.VkError, MemoryError) as exc:

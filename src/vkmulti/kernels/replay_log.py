@@ -233,6 +233,8 @@ class ReplayLog:
         return out
 
     def _read(self, c: _Capture) -> None:
+        state = self.rt.__dict__.get("_policy")
+        covered = state.covers if state is not None else (lambda kid: False)
         raw = c.buffer.bytes
         with self.lock:
             for e in c.entries:
@@ -253,7 +255,8 @@ class ReplayLog:
                         key = (src, dst)
                         if seq + 1 > self.consumed.get(key, 0):
                             self.consumed[key] = seq + 1
-                kl.inputs[e.step] = slots
+                if covered(e.kid):   # (the others' inboxes count for what they consumed only)
+                    kl.inputs[e.step] = slots
                 ob = raw[e.outbox_at:e.outbox_at + RING_HEADER_BYTES + out_count * e.slot]
                 cap_out = _HEAD.unpack(ob[:16].tobytes())[2]
                 for i in range(min(out_count, cap_out)):

@@ -9,6 +9,7 @@ state buffers stay on the device between steps (docs/kernels.md).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ..errors import DestroyedError, DeviceLostError, KernelMessageError, KernelNotFoundError
+from ..errors import DestroyedError, DeviceLostError, KernelMessageError, KernelNotFoundError, MigrationError
 from ..errors import TimeoutError as VkmTimeout
 from ..images import as_host_bytes
 from ..render import as_wait_points
@@ -545,6 +546,17 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         with self._lock:
             if self._destroyed:
                 return
+        from .gate import gate_of
+
+        with contextlib.ExitStack() as stack:
+            try:   # steps of other threads (a failover among them) end first; later ones find it destroyed
+                stack.enter_context(gate_of(self).exclusive(None if timeout == float("inf") else timeout,
+                                                            "KernelRuntime.destroy()"))
+            except (VkmTimeout, MigrationError) as exc:   # (a step that does not end, or one on this thread)
+                log.warning("KernelRuntime.destroy(): going on without the steps' gate: %s", exc)
+            self._destroy_now(timeout)
+
+    def _destroy_now(self, timeout: float) -> None:
         self._sync_lost_devices(teardown=True)   # kernels of lost devices go without waits
         with self._lock:
             kernels = list(self._kernels.values())
