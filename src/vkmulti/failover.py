@@ -22,6 +22,10 @@ class Recovery:
     seconds: float
     reason: str = ""
 
+    def __repr__(self) -> str:
+        what = self.what if len(self.what) <= 80 else self.what[:77] + "..."
+        return f"Recovery(GPU {self.device}, {self.seconds * 1e3:.2f} ms, {what!r})"
+
 
 @dataclass
 class FailoverStats:
@@ -58,6 +62,12 @@ class FailoverStats:
         with self._lock:
             self.recoveries.append(r)
         return r
+
+    def __repr__(self) -> str:
+        return (f"FailoverStats(lost={self.devices_lost}, kernels_restored={self.kernels_restored}, "
+                f"steps_replayed={self.steps_replayed}, messages_replayed={self.messages_replayed}, "
+                f"srus_rerendered={self.srus_rerendered}, frames_repaired={self.frames_repaired}, "
+                f"recoveries={len(self.recoveries)})")
 
     def snapshot(self) -> "FailoverStats":
         """A copy of the counters now (a plain FailoverStats that no longer changes)."""

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from .demo import parse_devices, parse_size
+from .demo import parse_devices, parse_loss, parse_size
 
 LIGHT_SIZE, LIGHT_STEPS = (512, 384), 40
+DRILL_STEPS = 200
 HEAVY_SIZE, HEAVY_STEPS = (23000, 23000), 100
 HOT = 1 << 20
 #: inferno at 9 stops (matplotlib's values), used when matplotlib is not installed
@@ -147,6 +148,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="PNG of the final field (default vkmulti-stencil.png; '' to skip)")
     p.add_argument("--heavy", action="store_true", help="a grid and step count sized for real GPUs")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--lose-gpu", type=parse_loss, default=None, metavar="GPU@STEP",
+                   help="the drill: lose this secondary GPU right before this step (fault hook), restore its slab "
+                        "from its checkpoint on the survivors, and check the final field against a run without "
+                        f"loss (default {DRILL_STEPS} steps); exit 1 if it differs")
+    p.add_argument("--checkpoint-every", type=int, default=16, metavar="N",
+                   help="the drill's checkpoint policy: every N steps (default 16)")
     add_virtual_argument(p)
 
 
@@ -164,10 +171,29 @@ def main(argv: list[str]) -> int:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.warmup < 0:
         parser.error(f"--warmup must be >= 0, got {args.warmup}")
+    if args.checkpoint_every < 1:
+        parser.error(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
     check_output_path(parser, args.output, "--output")   # before any GPU work
     from .testing import use_virtual_if_no_gpu
     note = use_virtual_if_no_gpu(args.virtual)
     from .errors import VkmError
+    if args.lose_gpu is not None:
+        from .stencil_drill import print_drill, stencil_drill
+        width, height = args.size or LIGHT_SIZE
+        try:
+            r = stencil_drill(width, height, args.steps or DRILL_STEPS, args.lose_gpu, every=args.checkpoint_every,
+                              devices=args.devices, note=note)
+        except (ValueError, IndexError) as exc:
+            parser.error(str(exc))
+        except (VkmError, MemoryError) as exc:
+            print(f"vkmulti demo stencil: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        if args.json:
+            json.dump(r, sys.stdout, indent=2)
+            print()
+        else:
+            print_drill(r)
+        return 0 if r["identical"] else 1
     try:
         r = run(args, note)
     except (ValueError, IndexError) as exc:

@@ -158,3 +158,6 @@ def lose_device(manager: Any, index: int, *, timeout: float = 10.0) -> None:
     if not native.drain_queues_raw([q.lock for q in slot.queues()], float(timeout)):
         raise VkmTimeoutError(f"GPU {index} ({slot.name!r}) is marked lost, but work submitted to it before "
                               f"still runs after {timeout} s (it waits for something that never comes)")
+    # Everything submitted before ran to its end: what it wrote to host-visible memory can be
+    # trusted (the kernel runtime's failover then replays up to the last submitted step).
+    slot.lost_drained = True

@@ -51,6 +51,15 @@ __all__ = ["DeliveryEngine"]
 #: unless moves wait or an edge has half its landings in use.
 REAP_SECONDS = 0.002
 
+def let_go(b: Any) -> None:
+    """Release a batch the router held, whatever its device's state (a lost one's
+    batches are simply forgotten: the count drops before the device is asked)."""
+    try:
+        b.release()
+    except (VkmError, ValueError) as exc:
+        log.info("K2K router: %s", exc)
+
+
 @dataclass
 class Part:
     """One outbox batch's bytes inside a region: its sender, where it sits, how big."""
@@ -105,6 +114,8 @@ class DeliveryEngine:
         self.pools: dict[int, BufferPool] = {}
         self.gathers: dict[int, Gather] = {}
         self.engines: dict[tuple[int, int], tuple[str, Engine]] = {}
+        self.dead: list[Region] = []           # landings of a lost device's moves, freed at destroy
+        self.dead_engines: list[tuple[str, Engine]] = []   # links of a lost device, destroyed at destroy
         self._trees: RouteTrees | None = None
         self._trees_key: Any = None
         self._trees_now: RouteTrees | None = None
@@ -473,6 +484,39 @@ class DeliveryEngine:
         when a kernel of the step would find its next outbox region still held."""
         self.peers.settle(kernels, self.submit_timeout)
 
+    # -- a lost device ---------------------------------------------------------------
+
+    def drop_device(self, d: int) -> None:
+        """GPU d was lost (the runtime's failover restored or released its kernels and
+        hands again what was not consumed): forget every move, landing and in-place
+        read that involves it without touching it, letting the batches they held go."""
+        for edge in [e for e in self.queues if d in e]:
+            for m in self.queues.pop(edge):
+                for p in m.region.parts:
+                    p.batch.k2k_moves -= 1
+                m.region.readers -= 1
+                if m.region.readers <= 0:
+                    for b in m.region.batches:
+                        let_go(b)
+                    m.region.batches = []
+        for edge in [e for e in self.landings if d in e]:
+            for r in self.landings.pop(edge):
+                for i in r.inbounds:
+                    if not i.done:   # (on a survivor: what it held is handed again by the failover)
+                        i.done = True
+                        i.event.set()
+                r.readers = 0
+                for b in r.batches:
+                    let_go(b)
+                r.batches = []
+                if r.device != d:
+                    self.dead.append(r)
+        self.egress = [r for r in self.egress if r.device != d]
+        for key in [k for k in self.engines if d in k]:
+            self.dead_engines.append(self.engines.pop(key))
+        self.peers.drop_device(d)
+        self._trees, self._trees_now = None, None
+
     # -- teardown --------------------------------------------------------------------
 
     def destroy(self, timeout: float) -> None:
@@ -503,6 +547,15 @@ class DeliveryEngine:
             except VkmTimeout:
                 log.warning("K2K router: a transfer did not finish within %.1f s", timeout)
         self.engines.clear()
+        for _, eng in self.dead_engines:   # links of a lost device (its waits fail at once)
+            try:
+                eng.destroy(max(0.0, deadline - time.monotonic()))
+            except VkmError as exc:
+                log.info("K2K router: a link of a lost device: %s", exc)
+        self.dead_engines = []
+        for r in self.dead:
+            self._pool(r.device).put(r.buffer)
+        self.dead = []
         self.peers.destroy(deadline)
         for g in self.gathers.values():
             g.destroy(max(0.0, deadline - time.monotonic()))

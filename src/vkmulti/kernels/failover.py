@@ -9,10 +9,15 @@ harvest raises DeviceLostError) does the same. For a lost secondary:
 * the coordinator unregisters the device (its greedy plans say where each
   kernel goes; a coordinator made by `from_manager` does this itself when the
   manager reports the loss);
-* the runtime's context on the device and the kernels there are released
-  without touching the device (no wait, no submit: only vkDestroy*/vkFree*,
-  which a lost device allows), and those kernels are listed in
+* the K2K router forgets its moves to and from the device;
+* with a checkpoint policy, the kernels there are restored on the survivors
+  from their latest checkpoints and replayed from the replay log
+  (kernels/replay.py), listed in `restored_kernels`; the others (no policy,
+  no checkpoint, inputs not all logged) are released and listed in
   `lost_kernels` (id -> device);
+* the runtime's context on the device is released without touching the
+  device (no wait, no submit: only vkDestroy*/vkFree*, which a lost device
+  allows);
 * the step goes on with the kernels of the other devices; no exception reaches
   the caller, the loss is logged and counted in `failover_stats`.
 
@@ -24,7 +29,7 @@ import logging
 import time
 from typing import Any
 
-from ..errors import DeviceLostError, PrimaryDeviceLostError
+from ..errors import DeviceLostError, PrimaryDeviceLostError, VkmError
 from ..failover import FailoverStats
 
 log = logging.getLogger(__name__)
@@ -44,8 +49,10 @@ class RuntimeFailover:
     def _init_failover(self) -> None:
         #: what lost devices cost this runtime (devices, kernels lost, times)
         self.failover_stats = FailoverStats()
-        #: kernels that were on a lost device: id -> that device
+        #: kernels that were on a lost device and could not be restored: id -> that device
         self.lost_kernels: dict[str, int] = {}
+        #: kernels of a lost device restored from their checkpoints: id -> (lost device, new device)
+        self.restored_kernels: dict[str, tuple[int, int]] = {}
         self._lost_handled: set[int] = set()
 
     def device_lost(self, index: int) -> bool:
@@ -74,7 +81,7 @@ class RuntimeFailover:
             raise self._primary_lost(lost[0])
         for d in sorted(lost):
             if d not in self._lost_handled:
-                self._fail_over(d, lost[d])
+                self._fail_over(d, lost[d], teardown)
         return set(lost)
 
     def _step_failed(self, device: int, exc: DeviceLostError) -> bool:
@@ -85,7 +92,7 @@ class RuntimeFailover:
         self._sync_lost_devices()
         return True
 
-    def _fail_over(self, d: int, why: str) -> None:
+    def _fail_over(self, d: int, why: str, teardown: bool = False) -> None:
         t0 = time.perf_counter()
         self._lost_handled.add(d)
         self.failover_stats.lost(d)
@@ -95,6 +102,33 @@ class RuntimeFailover:
         with self._lock:
             kernels = [k for k in self._kernels.values() if k is not None and k.device_index == d]
             pair = self._contexts.pop(d, None)
+        with self._lock:
+            owners = [getattr(fn, "__self__", None) for fn in self._listeners]
+        for owner in owners:   # the K2K router forgets its moves to and from the device
+            hook = getattr(owner, "device_lost", None)
+            if callable(hook):
+                try:
+                    hook(d)
+                except VkmError as exc:
+                    log.warning("KernelRuntime: a step listener failed to forget GPU %d: %s", d, exc)
+        restored: list[Any] = []
+        if kernels and not teardown:
+            from .replay import restore_lost_kernels
+            slot = self.manager.slot(d) if hasattr(self.manager, "slot") else None
+            drained = bool(getattr(slot, "lost_drained", False))
+            lost_now = {i for i in self._lost_handled}
+            try:
+                restored, kernels, steps, handed = restore_lost_kernels(self, d, kernels, pair, drained, lost_now)
+            except VkmError as exc:   # (e.g. the survivors did not finish in time): they are lost
+                log.error("KernelRuntime: the kernels of lost GPU %d could not be restored: %s", d, exc)
+                restored, steps, handed = [], 0, 0
+                kernels = [k for k in kernels if k.device_index == d]
+            with self.failover_stats._lock:
+                self.failover_stats.kernels_restored += len(restored)
+                self.failover_stats.steps_replayed += steps
+                self.failover_stats.messages_replayed += handed
+            for k in restored:
+                self.restored_kernels[k.id] = (d, k.device_index)
         for k in kernels:
             self._drop_lost_kernel(k, d)
         if pair is not None:
@@ -105,10 +139,11 @@ class RuntimeFailover:
             stepper.retired = []
             stepper.batches.clear()
             ctx.destroy(0.0)
-        rec = self.failover_stats.recovered(d, f"released the runtime's context and {len(kernels)} kernel(s) "
-                                               f"on the lost device", t0, why)
-        log.error("KernelRuntime: GPU %d lost (%s); kernels lost with it: %s; the others go on (%.2f ms)",
-                  d, why, [k.id for k in kernels], rec.seconds * 1e3)
+        what = f"{len(restored)} kernel(s) restored from checkpoints, {len(kernels)} lost with the device"
+        rec = self.failover_stats.recovered(d, what, t0, why)
+        log.error("KernelRuntime: GPU %d lost (%s); kernels restored: %s; kernels lost with it: %s; the others go "
+                  "on (%.2f ms)", d, why, {k.id: k.device_index for k in restored}, [k.id for k in kernels],
+                  rec.seconds * 1e3)
 
     def _drop_lost_kernel(self, k: Any, d: int) -> None:
         """Forget a kernel of a lost device and free its objects without waiting on the device."""

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .._repr import compact_repr
-from ..errors import DestroyedError
+from ..errors import DestroyedError, DeviceLostError
 from ..images import Buffer
 from ..peer_memory import ExportedBuffer
 from ..transfer import TimelinePoint
@@ -227,7 +227,10 @@ class OutboxBatch(_Batch):
                 raise ValueError(f"{self!r} is not retained")
             self.retained -= 1
             if not self.retained and self.ctx.alive:
-                self.finish_if_done(self.ctx.completed())
+                try:
+                    self.finish_if_done(self.ctx.completed())
+                except DeviceLostError:   # a lost device's batch: its failover lets it go
+                    pass
             self.ctx.cond.notify_all()
 
     def __repr__(self) -> str:
@@ -290,6 +293,8 @@ class Kernel(KernelTraits):
         self.address, self.tenant, self.params = address, tenant, params
         self.kernel_type = spec.kernel_type
         self.destroyed = False
+        #: running a step again from the replay log (failover): it takes only the logged inputs
+        self.replaying = False
         self.payload_size = runtime.payload_size
         self.slot_size = ENVELOPE_BYTES + self.payload_size
         self.slot_words = self.slot_size // 4

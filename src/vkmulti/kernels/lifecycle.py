@@ -40,6 +40,9 @@ API (the contract the failover code builds on):
     into a Checkpoint in host memory once it completed (at the next step,
     poll() or latest_checkpoint()). `keep` captures per kernel are kept;
     `storage` also saves each under ``f"{kernel_id}@{step}"``. None: off.
+    While a policy is set the runtime also keeps the replay log (what each
+    kernel consumed and sent since its checkpoint; kernels/replay_log.py), so
+    the kernels of a lost GPU are restored and replayed (docs/failover.md).
 
 ``runtime.latest_checkpoint(kernel) -> Checkpoint | None``
     The newest completed capture of the policy for a kernel (Kernel or id,
@@ -56,19 +59,19 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import vulkan as vk
 
-from ..errors import DeviceLostError, InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
+from ..errors import InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
 from .checkpoint import Checkpoint
-from .checkpoint_storage import CheckpointStorage
 from .device_context import MappedBuffer
 from .gate import gate_of, gated
 from .gpu_jobs import GpuJobs
-from .host_io import _count, _timeout
+from .host_io import _timeout
 from .ids import KernelId, as_kernel_id
 from .kernel import Kernel
+from .checkpoint_policy import CheckpointPolicy, _PolicyState
 from .kernel_checkpoint import SPIRV_CHUNK, INBOX_CHUNK, KernelImage, from_checkpoint, to_checkpoint
 
 log = logging.getLogger(__name__)
@@ -88,6 +91,8 @@ def gated_step(fn: Callable) -> Callable:
             policy: _PolicyState | None = self.__dict__.get("_policy")
             if policy is not None:
                 policy.materialize()
+                policy.replay.materialize()
+                policy.replay.begin_call()
             held: dict = self.__dict__.get("_held") or {}
             extra: list = []
             if held:
@@ -105,6 +110,7 @@ def gated_step(fn: Callable) -> Callable:
                 ticket.deferred.append((k, why))
             if policy is not None and ticket.launched:
                 policy.after_step(ticket.launched)
+                policy.replay.after_step(ticket.launched)
             return ticket
     return wrapper
 
@@ -121,168 +127,6 @@ def _targets(rt: Any, kernels: Any) -> list[Kernel]:
             raise TypeError(f"kernels must be a Kernel, an id, a list of them or None, "
                             f"got {type(kernels).__name__}") from None
         raise
-
-
-@dataclass
-class CheckpointPolicy:
-    """When the runtime checkpoints its kernels by itself: after every
-    `every_steps`-th step of each kernel (0: never) and after every step of the
-    kernels named in `critical`; `keep` checkpoints per kernel are kept in memory;
-    `storage` (optional) also gets each, saved as f"{kernel_id}@{step}"."""
-    every_steps: int = 0
-    critical: Iterable[str] = ()
-    keep: int = 1
-    storage: CheckpointStorage | None = None
-
-    def __post_init__(self) -> None:
-        _count(self.every_steps, "every_steps", 0, 1 << 40)
-        _count(self.keep, "keep", 1, 1 << 16)
-        if isinstance(self.critical, str):
-            raise TypeError("critical must be a collection of kernel ids, not one str")
-        self.critical = frozenset(as_kernel_id(k, "critical kernel id") for k in self.critical)
-        if self.storage is not None and not isinstance(self.storage, CheckpointStorage):
-            raise TypeError(f"storage must be a CheckpointStorage, got {type(self.storage).__name__}")
-
-    def __repr__(self) -> str:
-        return (f"CheckpointPolicy(every_steps={self.every_steps}, {len(self.critical)} critical, keep={self.keep}, "
-                f"storage={type(self.storage).__name__ if self.storage is not None else None})")
-
-    def due(self, kernel_id: str, steps: int) -> bool:
-        """Whether a kernel that has made `steps` steps gets a checkpoint now."""
-        if kernel_id in self.critical:
-            return True
-        return self.every_steps > 0 and steps % self.every_steps == 0
-
-
-@dataclass
-class _Capture:
-    """A checkpoint being copied to host-visible memory on the GPU."""
-    kernel: Kernel
-    image: KernelImage           # everything but the device bytes
-    buffer: MappedBuffer
-    sizes: list[int]
-    jobs: GpuJobs
-    point: Any
-
-
-class _PolicyState:
-    """The policy's captures of one runtime."""
-
-    def __init__(self, rt: Any, policy: CheckpointPolicy):
-        self.rt, self.policy = rt, policy
-        self.lock = threading.Lock()
-        self.pending: list[_Capture] = []
-        self.done: dict[KernelId, deque[Checkpoint]] = {}
-        self.spare: dict[tuple[int, int], list[MappedBuffer]] = {}
-
-    def after_step(self, launched: list[Kernel]) -> None:
-        for k in launched:
-            if k.destroyed or not self.policy.due(k.id, k.steps):
-                continue
-            try:
-                self._capture(k)
-            except (VkmError, vk.VkError, MemoryError) as exc:
-                log.warning("checkpoint policy: could not capture kernel %r at step %d: %s", k.id, k.steps, exc)
-
-    def _capture(self, k: Kernel) -> None:
-        rt = self.rt
-        ctx = k.ctx
-        sizes = [k.control.size, k.inbox.size] + [s.size for s in k.states]
-        total = sum(sizes)
-        jobs = rt._extras(ctx.index).jobs
-        with self.lock:
-            pool = self.spare.get((ctx.index, total))
-            buf = pool.pop() if pool else None
-        if buf is None:
-            buf = MappedBuffer(ctx.slot, total)
-        try:
-            with ctx.lock:
-                k.check()
-                img = rt._image_meta(k)
-                srcs = [k.control, k.inbox] + list(k.states)
-
-                def record(cmd: Any) -> None:
-                    from . import commands as cmds
-                    cmds.barrier(cmd)
-                    at = 0
-                    for src, n in zip(srcs, sizes):
-                        vk.vkCmdCopyBuffer(cmd, src.handle, buf.handle, 1, [
-                            vk.VkBufferCopy(srcOffset=0, dstOffset=at, size=n)])
-                        at += n
-                    cmds.barrier(cmd, host=True)
-                point = jobs.submit(record)
-        except BaseException:
-            buf.destroy()
-            raise
-        with self.lock:
-            self.pending.append(_Capture(k, img, buf, sizes, jobs, point))
-
-    def materialize(self, wait: bool = False, timeout: float | None = None) -> None:
-        """Turn completed captures into Checkpoints (all of them, waiting, with `wait`)."""
-        with self.lock:
-            pending, self.pending = self.pending, []
-        keep = []
-        for c in pending:
-            try:
-                if wait:
-                    c.jobs.wait(c.point, timeout)
-                elif c.jobs.completed() < c.point.value:
-                    keep.append(c)
-                    continue
-            except DeviceLostError:
-                log.warning("checkpoint policy: the capture of %r at step %d was lost with its device",
-                            c.image.kernel_id, c.image.steps)
-                c.buffer.destroy()
-                continue
-            except VkmTimeout:
-                keep.append(c)
-                continue
-            raw = c.buffer.bytes
-            at = 0
-            parts = []
-            for n in c.sizes:
-                parts.append(raw[at:at + n].tobytes())
-                at += n
-            img = c.image
-            img.control, img.inbox, img.states = parts[0], parts[1], parts[2:]
-            cp = to_checkpoint(img)
-            with self.lock:
-                q = self.done.setdefault(img.kernel_id, deque(maxlen=self.policy.keep))
-                q.append(cp)
-                key = (c.buffer.slot.index, c.buffer.size)
-                pool = self.spare.setdefault(key, [])
-                if len(pool) < 2:
-                    pool.append(c.buffer)
-                    c.buffer = None
-            if c.buffer is not None:
-                c.buffer.destroy()
-            if self.policy.storage is not None:
-                try:
-                    self.policy.storage.save(cp, f"{img.kernel_id}@{img.steps}")
-                except (VkmError, OSError, ValueError) as exc:
-                    log.warning("checkpoint policy: could not store the checkpoint of %r: %s", img.kernel_id, exc)
-        with self.lock:
-            self.pending = keep + self.pending
-
-    def latest(self, kernel_id: KernelId) -> Checkpoint | None:
-        self.materialize()
-        with self.lock:
-            q = self.done.get(kernel_id)
-            return q[-1] if q else None
-
-    def destroy(self) -> None:
-        try:
-            self.materialize(wait=True, timeout=30.0)
-        except VkmError:
-            pass
-        with self.lock:
-            pending, self.pending = self.pending, []
-            spare, self.spare = self.spare, {}
-        for c in pending:
-            c.buffer.destroy()
-        for pool in spare.values():
-            for b in pool:
-                b.destroy()
 
 
 class BufferPool:
@@ -541,6 +385,8 @@ class KernelLifecycle:
             return
         new = _PolicyState(self, policy) if policy is not None else None
         if old is not None:
+            if new is not None:   # the replay log goes on under the new policy
+                new.replay, old.replay = old.replay, new.replay
             new_done = old.done if new is not None else None
             old.destroy()
             if new is not None and new_done:

@@ -82,6 +82,7 @@ class PeerEdges:
         self._usable: dict[tuple[int, int], bool] = {}
         self._views: dict[tuple[int, int], Any] = {}   # (id of an outbox, device) -> its import there
         self._devices: dict[int, tuple[Any, Any]] = {}
+        self.dead_relays: list[TimelineRelay] = []   # relays of a lost device (no landing uses them)
 
     def usable(self, a: int, b: int, trees: Any, batches: list[OutboxBatch]) -> bool:
         """Whether batches of device a go to b in place: a P2P edge whose method is
@@ -239,6 +240,28 @@ class PeerEdges:
     def busy(self) -> bool:
         return bool(self.landings)
 
+    def drop_device(self, d: int) -> None:
+        """GPU d was lost: forget the in-place reads to and from it (see DeliveryEngine.drop_device)."""
+        keep = []
+        for p in self.landings:
+            if d not in p.edge:
+                keep.append(p)
+                continue
+            i = p.inbound
+            if i is not None and not i.done:
+                i.done = True
+                i.event.set()
+            try:
+                p.batch.release()
+            except (VkmError, ValueError):   # a lost device's batch, or one let go with its kernel
+                pass
+        self.landings = keep
+        for key in [k for k in self.relays if d in k[:2]]:
+            self.dead_relays.append(self.relays.pop(key))   # destroyed with the others
+        for key in [k for k in self._views if k[1] == d]:
+            self._views.pop(key)
+        self._devices.pop(d, None)
+
     def destroy(self, deadline: float) -> None:
         """Take back what was not delivered (counted as failures), wait for the
         relays, let every batch go."""
@@ -253,12 +276,15 @@ class PeerEdges:
                 if left:
                     stats.add_failures(left)
                     log.warning("K2K router detached: %d message(s) for GPU %d were not delivered", left, p.edge[1])
-        for relay in self.relays.values():   # no step waits on them any more: their landings are taken back
+        for relay in list(self.relays.values()) + self.dead_relays:   # no step waits on them any more
             try:
                 relay.destroy(max(0.0, deadline - time.monotonic()))
             except VkmTimeout:
                 log.warning("K2K router: a relay was still in use at destroy")
+            except VkmError as exc:   # a lost device's
+                log.info("K2K router: a relay of a lost device: %s", exc)
         self.relays.clear()
+        self.dead_relays = []
         for p in self.landings:
             try:
                 p.batch.release()

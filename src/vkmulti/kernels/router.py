@@ -332,6 +332,10 @@ class CrossGpuK2KRouter:
             if rt.outbox_feed is self:
                 rt.set_outbox_feed(None)
             try:
+                for s in getattr(rt.manager, "_slots", ()):   # a lost device is forgotten, never waited on
+                    native = getattr(s, "native", None)
+                    if native is not None and native.lost:
+                        eng.drop_device(s.index)
                 eng.destroy(timeout)
             finally:
                 self.runtime, self._engine = None, None
@@ -372,6 +376,13 @@ class CrossGpuK2KRouter:
                 for b in batches:
                     b.release()
             self._check_sent()
+
+    def device_lost(self, index: int) -> None:
+        """The runtime's failover hook: GPU `index` was lost; moves, landings and
+        in-place reads involving it are forgotten without touching it."""
+        with self._delivery_lock:
+            if self._engine is not None:
+                self._engine.drop_device(index)
 
     def _prepare(self, kernels: list[Kernel]) -> None:
         with self._delivery_lock:

@@ -9,6 +9,7 @@ state buffers stay on the device between steps (docs/kernels.md).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ..errors import DestroyedError, DeviceLostError, KernelMessageError, KernelNotFoundError
+from ..errors import DestroyedError, DeviceLostError, KernelMessageError, KernelNotFoundError, MigrationError
 from ..errors import TimeoutError as VkmTimeout
 from ..images import as_host_bytes
 from ..render import as_wait_points
@@ -380,23 +381,42 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
             prepare(targets)
         points, launched, deferred, batches = {}, [], [], []
         stepped: dict[int, tuple[Any, Any]] = {}
-        for dev, ks in sorted(by_device.items()):
-            ctx, stepper = self._device(dev)
-            for src in stepper.surveys_awaited() & stepped.keys():   # done since: read them in place
-                octx, ostepper = stepped[src]
-                with octx.lock:
-                    if octx.alive:
-                        ostepper.harvest()
-            stepped[dev] = (ctx, stepper)
+        queue = sorted(by_device.items())
+        while queue:
+            dev, ks = queue.pop(0)
+            here = [k for k in ks if not k.destroyed and k.device_index == dev]
+            elsewhere: dict[int, list[Kernel]] = defaultdict(list)
+            for k in ks:   # restored elsewhere by a failover since the step began
+                if not k.destroyed and k.device_index != dev:
+                    elsewhere[k.device_index].append(k)
+            queue += sorted(elsewhere.items())
+            if not here:
+                continue
+            ks = here
             try:
+                ctx, stepper = self._device(dev)
+                for src in stepper.surveys_awaited() & stepped.keys():   # done since: read them in place
+                    octx, ostepper = stepped[src]
+                    with octx.lock:
+                        if octx.alive:
+                            ostepper.harvest()
+                stepped[dev] = (ctx, stepper)
                 with ctx.lock:
                     point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain)
             except DeviceLostError as exc:
+                policy = self.__dict__.get("_policy")
+                if policy is not None and launched:   # what survivors sent in this call is logged first
+                    policy.replay.after_step(launched)
                 if self._step_failed(dev, exc):   # a lost secondary: failed over, the others go on
+                    moved: dict[int, list[Kernel]] = defaultdict(list)
+                    for k in ks:   # restored on a survivor: they make this step there
+                        if not k.destroyed and k.device_index != dev and not self.device_lost(k.device_index):
+                            moved[k.device_index].append(k)
+                    queue += sorted(moved.items())
                     continue
                 raise
             if point is not None:
-                points[dev] = point
+                points[dev] = point if dev not in points or point.value > points[dev].value else points[dev]
             launched += ran
             deferred += held
             batches += new
@@ -538,6 +558,17 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         with self._lock:
             if self._destroyed:
                 return
+        from .gate import gate_of
+
+        with contextlib.ExitStack() as stack:
+            try:   # steps of other threads (a failover among them) end first; later ones find it destroyed
+                stack.enter_context(gate_of(self).exclusive(None if timeout == float("inf") else timeout,
+                                                            "KernelRuntime.destroy()"))
+            except (VkmTimeout, MigrationError) as exc:   # (a step that does not end, or one on this thread)
+                log.warning("KernelRuntime.destroy(): going on without the steps' gate: %s", exc)
+            self._destroy_now(timeout)
+
+    def _destroy_now(self, timeout: float) -> None:
         self._sync_lost_devices(teardown=True)   # kernels of lost devices go without waits
         with self._lock:
             kernels = list(self._kernels.values())

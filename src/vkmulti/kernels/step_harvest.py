@@ -111,8 +111,12 @@ class StepHarvest:
         b.pending = local - b.cleared
         unknown = b.unknown = w[12]
         if unknown and getattr(b, "report_unknown", True):
-            self._fail(b.source, f"{unknown} message(s) addressed to kernels that do not exist (destroyed, or "
-                                 f"never launched)", "undeliverable", unknown)
+            if self.rt.lost_kernels:   # (probably) to kernels lost with their GPU: not the sender's error
+                self.rt.record_dead_letters(f"{unknown} message(s) addressed to kernels that do not exist (lost "
+                                            f"with their GPU: {sorted(self.rt.lost_kernels)})", unknown)
+            else:
+                self._fail(b.source, f"{unknown} message(s) addressed to kernels that do not exist (destroyed, or "
+                                     f"never launched)", "undeliverable", unknown)
         if b.remote and not self.rt.has_router():
             devices = [i for i in range(32) if b.remote_devices >> i & 1]
             self._fail(b.source, f"{b.remote} message(s) addressed to kernels on GPU(s) {devices} and no router "

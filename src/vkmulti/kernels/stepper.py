@@ -306,7 +306,7 @@ class DeviceStepper(StepHarvest):
             rec.delivers.append((None, k, off))
         for b in readable:
             for k in launched:
-                if not b.takes(k) or id(k) in in_place:
+                if not b.takes(k) or id(k) in in_place or k.replaying:   # (a replayed step takes only its logged inputs)
                     continue
                 off = take(DELIVER_RECORD)
                 if off is None:
@@ -433,7 +433,7 @@ class DeviceStepper(StepHarvest):
             x, src = getattr(b, "direct", None), b.source
             slots = (b.size - RING_HEADER_BYTES) // self.rt.slot_size
             if x is not None and src is not None and id(x) in stepping and id(x) not in taken and \
-                    not x.destroyed and slots <= x.spec.inbox_capacity and b.takes(x) and \
+                    not x.destroyed and not x.replaying and slots <= x.spec.inbox_capacity and b.takes(x) and \
                     id(x) not in b.passed and (id(src), id(x)) not in waiting:   # (the empty inbox holds it all)
                 off = take(DELIVER_RECORD)
                 if off is None:
@@ -517,7 +517,7 @@ class DeviceStepper(StepHarvest):
         base = j * k.k2h_region
         words = k.k2h.words
         words[base // 4 + 9] = 0
-        if feed is None or k.injecting is not None:
+        if feed is None or k.injecting is not None or k.replaying:
             return
         items = feed.take(k, k.spec.outbox_capacity)
         if not items:
