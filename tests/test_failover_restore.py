@@ -17,6 +17,7 @@ from vkmulti.errors import PrimaryDeviceLostError, VkmError
 from vkmulti.kernels import CheckpointPolicy, CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator, counter_kernel
 from vkmulti.kernels.reference import (COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, counter_initial_state, jacobi_reference,
                                        read_counter)
+from vkmulti.kernels.replay_log import envelope_of
 from vkmulti.kernels.stencil import StencilSlabs, stencil_payload_size
 from vkmulti.stencil_demo import initial_field
 from vkmulti.testing import lose_device
@@ -258,6 +259,38 @@ def test_a_real_loss_whose_last_copies_are_not_trusted_releases_the_kernel_clean
             rt.step(slabs.kernels).wait(10)   # nothing raised
         assert rt.lost_kernels == {"stencil-1": 1} and not rt.restored_kernels
         assert rt.failover_stats.kernels_restored == 0 and rt.dead_letters >= 1
+        slabs.destroy()
+        router.detach()
+        rt.destroy(timeout=10)
+    finally:
+        mgr.destroy(timeout=10)
+
+
+def test_the_replay_log_holds_what_each_step_consumed_across_the_k2k_fast_paths():
+    """Under a policy the log reads each step's input from the kernel's inbox ring, so no step
+    reads a landing in place (its inbox would keep older slots: the merge of in-place K2K
+    reading logged those as the input and replayed the lost slab on them). Each stencil step
+    consumes its neighbour's halo of the step before, and only that."""
+    width, height = 96, 64
+    f, top, bottom = initial_field(width, height)
+    mgr = MultiDeviceManager.create()
+    try:
+        coord = MultiGpuCoordinator.from_manager(mgr)
+        rt = KernelRuntime(coord, mgr, payload_size=stencil_payload_size(width), max_kernels=8)
+        rt.set_checkpoint_policy(CheckpointPolicy(every_steps=1000))   # (one checkpoint: inputs kept since)
+        router = CrossGpuK2KRouter(coord, rt)
+        slabs = StencilSlabs(rt, f, [0, 1], top=top, bottom=bottom)
+        slabs.step(40)
+        rt.synchronize(10)
+        replay = rt.__dict__["_policy"].replay
+        replay.materialize(wait=True, timeout=10)
+        for k in slabs.kernels:
+            kl = replay.kernels[k.id]
+            steps = sorted(s for s in kl.inputs if s >= 1)
+            assert steps == list(range(1, 40)), (k.id, steps)
+            for s in steps:
+                seqs = [envelope_of(slot)[2] for slot in kl.inputs[s]]
+                assert seqs == [s - 1], (k.id, s, seqs)
         slabs.destroy()
         router.detach()
         rt.destroy(timeout=10)

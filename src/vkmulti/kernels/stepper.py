@@ -476,6 +476,7 @@ class DeviceStepper(StepHarvest):
         the region is aligned for a storage buffer binding."""
         origin = getattr(b, "k2k_origin", None)
         if not (READ_IN_PLACE and b.exclusive and origin is not None and origin.pending is not None
+                and not _inboxes_logged(self.rt)
                 and not x.h2k and b.offset % self.ctx.min_offset_alignment == 0
                 and _known(b, x, (b.size - RING_HEADER_BYTES) // self.rt.slot_size)):
             return False
@@ -582,6 +583,16 @@ class DeviceStepper(StepHarvest):
         cmds.bind_set(cmd, ctx.survey.layout, dset, (offset,))
         _push(cmd, ctx.survey.layout, _SURVEY_PUSH.pack(status, ctx.index, ctx.table_size, 0))
         cmds.dispatch(cmd, 1, 1, 1)
+
+
+def _inboxes_logged(rt: Any) -> bool:
+    """Whether the runtime's replay log (a checkpoint policy's) reads what each step consumed
+    from its kernel's inbox ring (replay_log.py): then no step reads a batch in place, which
+    would leave the inbox as it was (the log would keep stale slots as the step's input and
+    miss what it consumed: a restored kernel replayed on stale inputs, messages it consumed
+    handed again). The direct landing's copy command puts the batch in the inbox instead; the
+    log would need that copy anyway."""
+    return rt.__dict__.get("_policy") is not None
 
 
 def _known(b: _Batch, x: Kernel, copied: int) -> bool:
