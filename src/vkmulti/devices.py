@@ -208,6 +208,66 @@ def destroy_logical_device(device: Any, native: Any = None) -> None:
     vk.vkDestroyDevice(device, None)
 
 
+def retire_submits(slot: Any, deadline: Any) -> None:
+    """Wait until every queue of `slot` has retired what was submitted to it so far;
+    call it before destroying a semaphore that submits waited on.
+
+    Seeing a submit's signal does not mean the driver is done with the
+    semaphores it waited on: Mesa's emulated timelines (lavapipe) let go of a
+    submit's waits on the queue's submit thread only after its signals are
+    visible, so a semaphore destroyed in that window is written to after it
+    was freed (a SIGSEGV in that thread, or a corrupted heap). An empty submit
+    with a fence on each queue signals only once the queue has let go of
+    everything before it. vkmulti.TimeoutError past `deadline` (a Deadline):
+    the fences still pending stay in `slot.pending_fences`, waited (and
+    freed) first by the next call and by the manager's teardown; a lost
+    device holds nothing.
+    """
+    if getattr(slot, "device", None) is None:
+        return   # destroyed: its queues are gone, and everything they held
+    shared = getattr(slot, "pending_fences", None)
+    mine: list[tuple[Any, Any]] = []
+    if shared is not None:
+        with slot.children_lock:   # each fence is in one list at a time: no two threads free one
+            mine[:], shared[:] = shared, []
+    try:
+        if slot.native is not None:
+            if mine:
+                drain_queues(slot, mine, deadline)   # an earlier call's fences first
+            drain_queues(slot, mine, deadline)
+        else:
+            _retire_engine_device(slot, mine, deadline)
+    finally:
+        if mine and shared is not None:
+            with slot.children_lock:
+                shared.extend(mine)
+
+
+def _retire_engine_device(slot: Any, pending: list[tuple[Any, Any]], deadline: Any) -> None:
+    """retire_submits for an engine's device without a native table (a single-device manager)."""
+    dev = slot.device
+    if not pending:
+        for q in slot.queues():
+            fence = vkapi.vkCreateFence(dev, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO),
+                                        None)
+            try:
+                vkapi.queue_submit(None, q, [], fence, call="vkQueueSubmit(retire)")
+            except BaseException:
+                vk.vkDestroyFence(dev, fence, None)
+                raise
+            pending.append((dev, fence))
+    while pending:
+        fence = pending[0][1]
+        while vk.lib.vkWaitForFences(dev, 1, _ffi.new("VkFence[1]", [fence]), vk.VK_TRUE,
+                                     50_000_000) == vk.VK_TIMEOUT:
+            left = deadline.left()   # 50 ms slices: Ctrl-C lands between them
+            if left is not None and left <= 0:
+                raise VkmTimeoutError(f"GPU {slot.index} ({slot.name!r}) still runs work after {deadline.timeout} "
+                                      f"s; nothing was freed (call destroy() again once the work can finish)")
+        vk.vkDestroyFence(dev, fence, None)
+        pending.pop(0)
+
+
 def drain_queues(slot: Any, fences: list[tuple[Any, Any]], deadline: Any) -> None:
     """Wait until every queue of `slot` has finished the work submitted to it so far.
 

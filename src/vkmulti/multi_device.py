@@ -52,6 +52,9 @@ class DeviceSlot:
                                            compare=False)
     #: Guards `children` (one link table, one command runner per slot, whoever asks first).
     children_lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False, compare=False)
+    #: (device, fence) of queue drains that timed out (devices.retire_submits): waited and
+    #: freed first by the next one, and before the device is destroyed.
+    pending_fences: list[tuple[Any, Any]] = dataclasses.field(default_factory=list, repr=False, compare=False)
 
     def __repr__(self) -> str:
         state = "destroyed" if self.device is None else f"device={handle_hex(self.device)}"
@@ -495,6 +498,8 @@ class MultiDeviceManager:
     def _drain(self, slot: DeviceSlot, dl: Deadline) -> None:
         """Wait (bounded, interruptible) until every queue of `slot` has finished
         what was submitted to it, so that vkDestroyDevice never waits unbounded."""
+        if slot.pending_fences:   # a semaphore's retire that timed out: its fences first
+            drain_queues(slot, slot.pending_fences, dl)
         drain_queues(slot, self._drain_fences, dl)
 
     def destroy(self, timeout: float | None = 30.0) -> None:

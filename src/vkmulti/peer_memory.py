@@ -28,6 +28,7 @@ import vulkan as vk
 
 from . import _native, vkapi
 from .capabilities import EXT_DMA_BUF
+from .devices import retire_submits
 from .errors import UnsupportedError
 from .images import BUFFER_USAGE, Buffer
 from .lifetime import Lifetime
@@ -297,6 +298,7 @@ class TimelineRelay:
         with self._life.ending(timeout) as dl:
             if dl is None:
                 return
+            retire_submits(self.dst, dl)   # the driver may still hold the timeline for submits that waited on it
             self._mirror.destroy()
 
     def __enter__(self) -> "TimelineRelay":

@@ -25,6 +25,7 @@ from ._repr import compact_repr
 from . import vkapi
 from .errors import DestroyedError, DeviceLostError, UnsupportedError
 from .errors import TimeoutError as VkmTimeoutError
+from .devices import retire_submits
 from .images import IMAGE_USAGE, Image, timeline_submit_info
 from .lifetime import Lifetime
 from .resources import check_slot, slot_lifetime, slot_queue
@@ -294,6 +295,9 @@ class _Submitter:
                     except DeviceLostError as exc:   # nothing runs on a lost device any more
                         log.info("%s on GPU %d: device lost (%s); freeing its objects",
                                     type(self).__name__, self.slot.index, exc)
+                    # later submits waited on this timeline (a compositor on a renderer's, a
+                    # transfer on its source's): the driver may hold it until they retire
+                    retire_submits(self.slot, dl)
                 for job in list(self._inflight) + self._free:
                     self._retire(job)
                 self._inflight.clear()

@@ -24,6 +24,7 @@ from .capabilities import EXT_DMA_BUF, RenderCapabilities
 from .errors import DestroyedError, DeviceLostError, UnsupportedError, VkmError
 from .errors import TimeoutError as VkmTimeoutError
 from .buffers import Buffer
+from .devices import retire_submits
 from .images import Image, check_layout
 from .lifetime import Deadline, Lifetime
 from .methods import MethodProblem, TransferMethod, method_problem
@@ -243,8 +244,9 @@ class _LinkRef:
     jobs that completed (or failed) once the link is gone.
     """
 
-    def __init__(self, link: Any, key: tuple, links: "_Links"):
+    def __init__(self, link: Any, key: tuple, links: "_Links", slots: tuple[Any, Any]):
         self.link, self.key, self.links, self.refs = link, key, links, 0
+        self.slots = slots   # (source, destination): their queues are retired before the link's timelines go
         self.src_sem, self.dst_sem = link.src_timeline, link.dst_timeline   # fixed for the link's life
         links.alive[id(self)] = self   # made under links.lock (_acquire_link)
         # no parent: tickets stay answerable while the manager's destroy() runs, which
@@ -303,6 +305,10 @@ class _LinkRef:
                     tickets = [t for r in self._tickets if (t := r()) is not None]
                 for t in tickets:
                     t._settle_outcome()
+                # submits that waited on the link's timelines (a compositor on dst_ready, a
+                # render on src_done, the link's own) may still hold them in the driver
+                for slot in self.slots:
+                    retire_submits(slot, dl)
                 link.destroy()
             with self.links.lock:
                 if self.links.by_key.get(self.key) is self:
@@ -369,7 +375,7 @@ def _acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: i
             sq, dq = (src.universal_copy_queue, dst.universal_copy_queue) if cuda else (src.copy_queue, dst.copy_queue)
             link = _native.Link(src.native, sq.lock, dst.native, dq.lock, _RING[method], slot_size, slot_count, export,
                                 spin=spin, trace=os.environ.get(TRACE_ENV) or None)
-            ref = _LinkRef(link, key, links)
+            ref = _LinkRef(link, key, links, (src, dst))
             links.by_key[key] = ref
         ref.refs += 1
         return ref
