@@ -10,6 +10,8 @@ from typing import Any
 import vulkan as vk
 
 from .. import vkapi
+from ..devices import retire_submits
+from ..lifetime import Deadline
 from ..errors import TimeoutError as VkmTimeout
 from ..images import Buffer
 from ..transfer import TimelinePoint
@@ -141,6 +143,7 @@ class Gather:
     def destroy(self, timeout: float) -> None:
         if self.value:
             self.slot.native.wait_timeline(self.timeline, self.value, timeout)
+        retire_submits(self.slot, Deadline(timeout))   # (see devices.retire_submits)
         vk.vkDestroyCommandPool(self.slot.device, self.pool, None)
         timeline, self.timeline = self.timeline, None
         vk.vkDestroySemaphore(self.slot.device, vk.ffi.cast("VkSemaphore", timeline), None)

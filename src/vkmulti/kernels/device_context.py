@@ -17,6 +17,8 @@ import vulkan as vk
 
 from ..errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout, UnsupportedError
 from .. import vkapi
+from ..devices import retire_submits
+from ..lifetime import Deadline
 from ..images import BUFFER_USAGE, Buffer, CommandRunner
 from ..render import shader_path
 from ..transfer import TimelinePoint
@@ -346,5 +348,6 @@ class DeviceContext:
             vk.vkDestroyPipelineCache(dev, self.pipeline_cache, None)
             self.pipeline_cache = None
         if self.timeline is not None:
+            retire_submits(self.slot, Deadline(max(0.0, deadline - time.monotonic())))   # (see devices.retire_submits)
             vk.vkDestroySemaphore(dev, _ffi.cast("VkSemaphore", self.timeline), None)
             self.timeline = None

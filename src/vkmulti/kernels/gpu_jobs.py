@@ -16,7 +16,9 @@ from typing import Any, Callable, Iterable
 import vulkan as vk
 
 from .. import vkapi
+from ..devices import retire_submits
 from ..errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout
+from ..lifetime import Deadline
 from ..transfer import TimelinePoint
 from . import commands as cmds
 
@@ -110,6 +112,12 @@ class GpuJobs:
                                 "device's destruction", self.slot.index, timeout)
                     return
             if dev is not None:
+                try:   # the driver lets go of the submits that waited on the timeline first
+                    retire_submits(self.slot, Deadline(timeout))
+                except VkmTimeout:
+                    log.warning("GPU %d: queued work still holds the jobs' timeline after %s s; it is left to "
+                                "the device's destruction", self.slot.index, timeout)
+                    return
                 vk.vkDestroyCommandPool(dev, self.pool, None)
                 vk.vkDestroySemaphore(dev, vk.ffi.cast("VkSemaphore", self.timeline), None)
             self.pool = None
