@@ -348,7 +348,7 @@ def _require_cuda_peer(manager, src=0, dst=1):
         pytest.fail(f"CUDA_PEER is not available between GPU {src} and GPU {dst}: {why}")
 
 
-@pytest.mark.gpu
+@pytest.mark.two_gpus
 def test_gpu_available_and_selected(manager, monkeypatch):
     monkeypatch.delenv("VKMULTI_CUDA_PEER", raising=False)   # chosen by default
     for src, dst in ((0, 1), (1, 0)):
@@ -357,7 +357,7 @@ def test_gpu_available_and_selected(manager, monkeypatch):
             TransferMethod.CUDA_PEER
 
 
-@pytest.mark.gpu
+@pytest.mark.two_gpus
 @pytest.mark.parametrize("landing", [True, False])
 def test_gpu_landing_ring(manager, landing):
     """By default the NVLink copy lands in the destination ring itself (CUDA memory imported
@@ -370,7 +370,7 @@ def test_gpu_landing_ring(manager, landing):
         m.destroy()
 
 
-@pytest.mark.gpu
+@pytest.mark.two_gpus
 @pytest.mark.parametrize("via", ["link", "transfer"])
 @pytest.mark.parametrize("src, dst", [(0, 1), (1, 0)])
 @pytest.mark.parametrize("n, src_off, dst_off", [(1, 0, 0), (4097, 3, 5), ((3 << 20) + 7, 0, 0),
@@ -389,7 +389,7 @@ def test_gpu_buffer_roundtrip(manager, via, src, dst, n, src_off, dst_off):
         m.destroy()
 
 
-@pytest.mark.gpu
+@pytest.mark.two_gpus
 @pytest.mark.parametrize("via", ["link", "transfer"])
 @pytest.mark.parametrize("src, dst", [(0, 1), (1, 0)])
 @pytest.mark.parametrize("w, h, fmt", [(1, 1, F), (1023, 7, F), (97, 131, F), (3840, 2160, F),
@@ -411,7 +411,7 @@ def test_gpu_image_roundtrip(manager, via, src, dst, w, h, fmt):
         b.destroy()
 
 
-@pytest.mark.gpu
+@pytest.mark.two_gpus
 @pytest.mark.parametrize("landing", [True, False])
 def test_gpu_small_ring_wraps(manager, landing):
     """Slots far smaller than the data: every ring (source, landing or bounce, destination) wraps many
@@ -435,7 +435,7 @@ def test_gpu_small_ring_wraps(manager, landing):
         m.destroy()
 
 
-@pytest.mark.gpu
+@pytest.mark.two_gpus
 @pytest.mark.parametrize("via", ["link", "transfer"])
 def test_gpu_many_in_flight(manager, via, run_threads):
     """Four threads, both directions, 48 jobs in flight on two shared links."""
@@ -468,7 +468,7 @@ def test_gpu_many_in_flight(manager, via, run_threads):
             m.destroy()
 
 
-@pytest.mark.gpu
+@pytest.mark.two_gpus
 def test_gpu_dst_ready_orders_gpu_work(manager):
     """A readback on GPU 1 waits for dst_ready on the GPU; no host wait on the transfer."""
     _require_cuda_peer(manager)
@@ -488,7 +488,7 @@ def test_gpu_dst_ready_orders_gpu_work(manager):
         b.destroy()
 
 
-@pytest.mark.gpu
+@pytest.mark.two_gpus
 def test_gpu_destroy_with_jobs_in_flight(manager):
     _require_cuda_peer(manager)
     m = _Direct(manager, 1, 0)

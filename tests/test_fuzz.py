@@ -334,6 +334,11 @@ host_data = mostly(
               st.builds(lambda n: np.zeros((n, 4), np.uint8)[:, ::2], st.integers(1, 20)), junk))
 
 
+def _index(value: object) -> bool:
+    """Whether a drawn device index is a real one (0 or 1; 0.0, True and np.int64 junk are not)."""
+    return type(value) is int and value in (0, 1)
+
+
 @fuzz(400)
 @given(data=st.data(), op=st.sampled_from(["copy", "broadcast", "gather", "gather_to", "register"]),
        src=mostly(st.integers(0, 1), st.one_of(st.integers(-1, 2), junk)),
@@ -351,10 +356,10 @@ def test_fuzz_inter_gpu_transfer(world, data, op, src, dst, payload, use_buffer,
         target = data.draw(mostly(st.one_of(st.none(), st.sampled_from(world.buffers)), not_handle))
         if op == "register":
             buf = data.draw(st.one_of(st.sampled_from(world.buffers), not_handle, st.none()))
-            slot = world.slots[src] if src in (0, 1) and not isinstance(src, bool) else None
+            slot = world.slots[src] if _index(src) else None
             typed(lambda: xfer.set_device_buffer(src, buf, size_bytes, ready=data.draw(world.point(slot))))
         elif op == "copy":
-            own = st.just(world.buffers[src]) if src in (0, 1) and not isinstance(src, bool) \
+            own = st.just(world.buffers[src]) if _index(src) \
                 else st.sampled_from(world.buffers)
             source = data.draw(mostly(own, st.sampled_from(world.buffers))) if use_buffer else payload
             ok, out = typed(lambda: xfer.copy_buffer_blocking(src, dst, source, dst_buffer=target,

@@ -156,6 +156,7 @@ def test_cache_location(monkeypatch, tmp_path):
     assert probe.cache_dir() == str(tmp_path / "home" / ".cache" / "vkmulti")
 
 
+@pytest.mark.virtual
 def test_topology_cli(tmp_path):
     env = {**os.environ, probe.CACHE_ENV: str(tmp_path)}
     cmd = [sys.executable, "-m", "vkmulti", "topology", "--virtual", "2", "--bytes", "65536", "--reps", "2"]

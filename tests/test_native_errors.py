@@ -130,6 +130,7 @@ def _device_without(slot, **flags):
     return _native.Device(handle_int(slot.physical_device, "VkPhysicalDevice"), slot.native.handle, **flags)
 
 
+@pytest.mark.virtual
 def test_missing_extensions_are_unsupported_naming_extension_and_device(manager):
     s, d = manager.slot(1), manager.slot(0)
     bare = _device_without(s)

@@ -494,7 +494,7 @@ def test_demo_cli_bad_arguments(args, what, capsys):
     assert code == 2 and what in capsys.readouterr().err
 
 
-@pytest.mark.gpu
+@pytest.mark.two_gpus
 def test_demo_speedup_on_two_gpus(tmp_path):
     """The issue's proof: render-heavy SRUs run >= 1.8x faster per frame on 2 GPUs than on 1."""
     out, png = run_demo(tmp_path, "--heavy", "--devices", "0,1", "--frames", "5", validation=False)

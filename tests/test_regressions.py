@@ -495,6 +495,7 @@ def test_a_finished_ticket_stays_answerable_after_its_transfer_is_destroyed(mana
 # -- in a child process: a crash fails one test instead of ending the run --------------
 
 
+@pytest.mark.virtual
 def test_bodies_in_a_child_process():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, capture_output=True, text=True,

@@ -102,7 +102,7 @@ def test_demo_stencil_bad_arguments(args, what, capsys):
     assert len([line for line in err.splitlines() if line.startswith(("vkmulti", "usage", "  "))]) >= 1
 
 
-@pytest.mark.gpu
+@pytest.mark.two_gpus
 def test_demo_stencil_speedup_on_two_gpus():
     """The issue's proof: the 2-GPU stencil runs >= 1.9x faster per step than one GPU."""
     env = {k: v for k, v in os.environ.items() if k != "VKMULTI_VALIDATION"}
