@@ -108,6 +108,7 @@ for i in range(int(sys.argv[1])):
 """
 
 
+@pytest.mark.virtual   # (the lavapipe submit thread is what lagged)
 def test_offload_frames_torn_down_in_a_loop_do_not_crash():
     """The README's offload example, made and torn down 32 times in a child process
     while CPU hogs make the driver's submit threads lag (the crash needed that)."""
