@@ -8,7 +8,7 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import vulkan as vk
 
@@ -19,7 +19,10 @@ from .device_context import MappedBuffer
 from .host_io import _count
 from .ids import KernelId, as_kernel_id
 from .kernel import Kernel
-from .kernel_checkpoint import KernelImage, to_checkpoint
+from .kernel_checkpoint import KernelImage, fill_image, image_sources, record_image_copy, to_checkpoint
+
+if TYPE_CHECKING:
+    from .gpu_jobs import GpuJobs
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +105,7 @@ class _PolicyState:
     def _capture(self, k: Kernel) -> None:
         rt = self.rt
         ctx = k.ctx
-        sizes = [k.control.size, k.inbox.size] + [s.size for s in k.states]
+        srcs, sizes = image_sources(k)
         total = sum(sizes)
         jobs = rt._extras(ctx.index).jobs
         with self.lock:
@@ -114,16 +117,11 @@ class _PolicyState:
             with ctx.lock:
                 k.check()
                 img = rt._image_meta(k)
-                srcs = [k.control, k.inbox] + list(k.states)
 
                 def record(cmd: Any) -> None:
                     from . import commands as cmds
                     cmds.barrier(cmd)
-                    at = 0
-                    for src, n in zip(srcs, sizes):
-                        vk.vkCmdCopyBuffer(cmd, src.handle, buf.handle, 1, [
-                            vk.VkBufferCopy(srcOffset=0, dstOffset=at, size=n)])
-                        at += n
+                    record_image_copy(cmd, srcs, sizes, buf)
                     cmds.barrier(cmd, host=True)
                 point = jobs.submit(record)
         except BaseException:
@@ -151,14 +149,7 @@ class _PolicyState:
             except (DeviceLostError, VkmTimeout):
                 keep.append(c)   # (a lost device's: the failover reads it or drops it, drop_device)
                 continue
-            raw = c.buffer.bytes
-            at = 0
-            parts = []
-            for n in c.sizes:
-                parts.append(raw[at:at + n].tobytes())
-                at += n
-            img = c.image
-            img.control, img.inbox, img.states = parts[0], parts[1], parts[2:]
+            img = fill_image(c.image, c.buffer.bytes, c.sizes)
             cp = to_checkpoint(img)
             with self.lock:
                 q = self.done.setdefault(img.kernel_id, deque(maxlen=self.policy.keep))

@@ -14,6 +14,7 @@ import json
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -79,6 +80,32 @@ def _pack_received(messages: list[K2KMessage], address: int, payload_size: int) 
         env = m.envelope(address, 0)
         out += env.pack() + m.payload + bytes(payload_size - len(m.payload))
     return bytes(out)
+
+
+def image_sources(k: Any) -> tuple[list[Any], list[int]]:
+    """The buffers a checkpoint of kernel `k` copies (control block, inbox, states) and their sizes."""
+    srcs = [k.control, k.inbox] + list(k.states)
+    return srcs, [b.size for b in srcs]
+
+
+def record_image_copy(cmd: Any, srcs: list[Any], sizes: list[int], dst: Any) -> None:
+    """Record the copies of `srcs` packed one after another into buffer `dst`."""
+    import vulkan as vk
+
+    at = 0
+    for src, n in zip(srcs, sizes):
+        vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, [vk.VkBufferCopy(srcOffset=0, dstOffset=at, size=n)])
+        at += n
+
+
+def fill_image(img: KernelImage, raw: Any, sizes: list[int]) -> KernelImage:
+    """Set img's control block, inbox and states from the packed copy `raw` (a bytes-like)."""
+    parts, at = [], 0
+    for n in sizes:
+        parts.append(bytes(raw[at:at + n]))
+        at += n
+    img.control, img.inbox, img.states = parts[0], parts[1], parts[2:]
+    return img
 
 
 def to_checkpoint(img: KernelImage) -> Checkpoint:

@@ -61,8 +61,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import vulkan as vk
-
 from ..errors import InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
 from .checkpoint import Checkpoint
 from .device_context import MappedBuffer
@@ -72,7 +70,8 @@ from .host_io import _timeout
 from .ids import KernelId, as_kernel_id
 from .kernel import Kernel
 from .checkpoint_policy import CheckpointPolicy, _PolicyState
-from .kernel_checkpoint import SPIRV_CHUNK, INBOX_CHUNK, KernelImage, from_checkpoint, to_checkpoint
+from .kernel_checkpoint import (SPIRV_CHUNK, INBOX_CHUNK, KernelImage, fill_image, from_checkpoint, image_sources,
+                                record_image_copy, to_checkpoint)
 
 log = logging.getLogger(__name__)
 
@@ -351,29 +350,16 @@ class KernelLifecycle:
         k = self._resolve(kernel)
         timeout = _timeout(timeout)
         ctx = k.ctx
-        sizes = [k.control.size, k.inbox.size] + [s.size for s in k.states]
+        srcs, sizes = image_sources(k)
         staging = MappedBuffer(ctx.slot, sum(sizes))
         try:
             with ctx.lock:
                 k.check()
                 img = self._image_meta(k)
-                srcs = [k.control, k.inbox] + list(k.states)
-
-                def record(cmd: Any) -> None:
-                    at = 0
-                    for src, n in zip(srcs, sizes):
-                        vk.vkCmdCopyBuffer(cmd, src.handle, staging.handle, 1, [
-                            vk.VkBufferCopy(srcOffset=0, dstOffset=at, size=n)])
-                        at += n
-                ctx.run_once(record, timeout=timeout)
-            raw = staging.bytes
-            parts, at = [], 0
-            for n in sizes:
-                parts.append(raw[at:at + n].tobytes())
-                at += n
+                ctx.run_once(lambda cmd: record_image_copy(cmd, srcs, sizes, staging), timeout=timeout)
+            fill_image(img, staging.bytes, sizes)
         finally:
             staging.destroy()
-        img.control, img.inbox, img.states = parts[0], parts[1], parts[2:]
         return to_checkpoint(img)
 
     def set_checkpoint_policy(self, policy: CheckpointPolicy | None) -> None:

@@ -32,7 +32,6 @@ from typing import Any
 
 from ..errors import VkmError
 from ..errors import TimeoutError as VkmTimeout
-from .kernel_checkpoint import from_checkpoint
 
 log = logging.getLogger(__name__)
 
