@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .demo import parse_devices, parse_loss, parse_size
+from .errors import VkmError
 
 LIGHT_SIZE, LIGHT_STEPS = (512, 384), 40
 DRILL_STEPS = 200
@@ -176,26 +177,20 @@ def main(argv: list[str]) -> int:
     check_output_path(parser, args.output, "--output")   # before any GPU work
     from .testing import use_virtual_if_no_gpu
     note = use_virtual_if_no_gpu(args.virtual)
-    from .errors import VkmError
     if args.lose_gpu is not None:
         from .stencil_drill import print_drill, stencil_drill
         width, height = args.size or LIGHT_SIZE
-        try:
-            r = stencil_drill(width, height, args.steps or DRILL_STEPS, args.lose_gpu, every=args.checkpoint_every,
-                              devices=args.devices, note=note)
-        except (ValueError, IndexError) as exc:
-            parser.error(str(exc))
-        except (VkmError, MemoryError) as exc:
-            print(f"vkmulti demo stencil: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 1
-        if args.json:
-            json.dump(r, sys.stdout, indent=2)
-            print()
-        else:
-            print_drill(r)
-        return 0 if r["identical"] else 1
+        return _report(parser, args, print_drill, lambda: stencil_drill(
+            width, height, args.steps or DRILL_STEPS, args.lose_gpu, every=args.checkpoint_every,
+            devices=args.devices, note=note))
+    return _report(parser, args, print_report, lambda: run(args, note))
+
+
+def _report(parser: Any, args: Any, show: Any, work: Any) -> int:
+    """Run the demo or the drill (`work`), print its figures (JSON or `show`), exit 1 if
+    the field differs from one GPU's; bad arguments -> usage error, vkmulti errors -> 1."""
     try:
-        r = run(args, note)
+        r = work()
     except (ValueError, IndexError) as exc:
         parser.error(str(exc))
     except (VkmError, MemoryError) as exc:   # e.g. a grid larger than a GPU's memory
@@ -205,5 +200,5 @@ def main(argv: list[str]) -> int:
         json.dump(r, sys.stdout, indent=2)
         print()
     else:
-        print_report(r)
+        show(r)
     return 0 if r["identical"] else 1
