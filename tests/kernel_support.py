@@ -61,13 +61,26 @@ def routed_fixture(paths: dict[str, str | None]) -> Callable:
     return routed
 
 
-def counter(rt: Any, name: str, device: int, *, inbox: int = 8, outbox: int = 8, **kw: Any) -> Any:
-    """A counter kernel with small rings (they wrap often)."""
+def counter(rt: Any, name: str, device: int, *, inbox: int = 8, outbox: int = 8, max_sources: int = MAX,
+            **kw: Any) -> Any:
+    """A counter kernel with small rings (they wrap often) and a FIFO table of `max_sources`."""
     from vkmulti.kernels import counter_kernel
     from vkmulti.kernels.reference import counter_initial_state
 
-    return rt.launch(counter_kernel(max_sources=MAX, inbox_capacity=inbox, outbox_capacity=outbox), name,
-                     device=device, state=[counter_initial_state(MAX)], **kw)
+    return rt.launch(counter_kernel(max_sources=max_sources, inbox_capacity=inbox, outbox_capacity=outbox), name,
+                     device=device, state=[counter_initial_state(max_sources)], **kw)
+
+
+@pytest.fixture
+def router(runtime: Any) -> Iterator[Any]:
+    """A CrossGpuK2KRouter over the test module's `runtime` fixture, detached after."""
+    from vkmulti import CrossGpuK2KRouter
+
+    r = CrossGpuK2KRouter(runtime.coordinator, runtime)
+    try:
+        yield r
+    finally:
+        r.detach()
 
 
 def words(*values: int) -> np.ndarray:

@@ -4,18 +4,21 @@ messages sharing their source's sequence; back-pressure with nothing lost;
 tenant errors; detach; the stencil across devices."""
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
 import numpy as np
 import pytest
 
+import kernel_support
+from kernel_support import router  # noqa: F401 (the shared router fixture)
 from kernel_support import make_coordinator, runtime_fixture
 from vkmulti import CrossGpuK2KRouter, K2KMessage, RoutingKind, TenantMismatchError
 from vkmulti.errors import K2KDestinationNotFoundError, KernelMessageError, QueueFullError
-from vkmulti.kernels import KernelRuntime, counter_kernel, pingpong_kernel
-from vkmulti.kernels.reference import (COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, PING_DONE_TAG, counter_initial_state,
-                                       jacobi_reference, read_counter)
+from vkmulti.kernels import KernelRuntime, pingpong_kernel
+from vkmulti.kernels.reference import (COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, PING_DONE_TAG, jacobi_reference,
+                                       read_counter)
 from vkmulti.kernels.stencil import StencilSlabs
 
 MAX = 64
@@ -24,18 +27,7 @@ MAX = 64
 runtime = runtime_fixture(max_kernels=MAX)
 
 
-@pytest.fixture
-def router(runtime):
-    r = CrossGpuK2KRouter(runtime.coordinator, runtime)
-    try:
-        yield r
-    finally:
-        r.detach()
-
-
-def counter(rt, name, *, device, inbox=64, outbox=64, **kw):
-    return rt.launch(counter_kernel(max_sources=MAX, inbox_capacity=inbox, outbox_capacity=outbox), name,
-                     device=device, state=[counter_initial_state(MAX)], **kw)
+counter = functools.partial(kernel_support.counter, max_sources=MAX, inbox=64, outbox=64)
 
 
 def words(*values):

@@ -5,12 +5,15 @@ corrupted copy caught by the CRC32s (FAILED, kernel left where it was, no
 message lost), destroy racing migrate, unregister_device plans carried out."""
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
 import numpy as np
 import pytest
 
+import kernel_support
+from kernel_support import router  # noqa: F401 (the shared router fixture)
 from kernel_support import runtime_fixture
 from vkmulti import (Checkpoint, CheckpointPolicy, CrossGpuK2KRouter, FileStorage, KernelMigrator, MemoryStorage,
                      MigrationError, MigrationState)
@@ -27,18 +30,7 @@ MAX = 64
 runtime = runtime_fixture(max_kernels=MAX)
 
 
-@pytest.fixture
-def router(runtime):
-    r = CrossGpuK2KRouter(runtime.coordinator, runtime)
-    try:
-        yield r
-    finally:
-        r.detach()
-
-
-def counter(rt, name, *, device, inbox=8, outbox=8, **kw):
-    return rt.launch(counter_kernel(max_sources=MAX, inbox_capacity=inbox, outbox_capacity=outbox), name,
-                     device=device, state=[counter_initial_state(MAX)], **kw)
+counter = functools.partial(kernel_support.counter, max_sources=MAX)
 
 
 def w(*values):
