@@ -46,6 +46,19 @@ def timeline_submit_info(cmd: Any, waits: Sequence[tuple[int, int]] = (), *,
         pSignalSemaphores=[_ffi.cast("VkSemaphore", signal[0])] if signal else None)
 
 
+def command_with_fence(dev: Any, pool: Any) -> tuple[Any, Any]:
+    """A primary command buffer of `pool` and a new fence for its submits (neither leaks on failure)."""
+    fence = vkapi.vkCreateFence(dev, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
+    try:
+        cmd = vkapi.vkAllocateCommandBuffers(dev, vk.VkCommandBufferAllocateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=pool,
+            level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+    except BaseException:
+        vk.vkDestroyFence(dev, fence, None)
+        raise
+    return cmd, fence
+
+
 def wait_fence_or_lost(slot: Any, fence_int: int, timeout: float | None, owner: str) -> bool:
     """Wait for one fence of `slot`; False on timeout. A lost device counts as done (logged for `owner`)."""
     from .errors import TimeoutError as VkmTimeout
@@ -233,16 +246,7 @@ class CommandRunner:
             return pair
 
     def _new_pair(self) -> _Pair:
-        dev = self.slot.device
-        fence = vkapi.vkCreateFence(dev, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
-        try:
-            cmd = vkapi.vkAllocateCommandBuffers(dev, vk.VkCommandBufferAllocateInfo(
-                sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
-                level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
-        except BaseException:
-            vk.vkDestroyFence(dev, fence, None)
-            raise
-        pair = _Pair(cmd, fence)
+        pair = _Pair(*command_with_fence(self.slot.device, self.pool))
         self._made.append(pair)
         return pair
 

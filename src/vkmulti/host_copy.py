@@ -27,7 +27,7 @@ import vulkan as vk
 from . import vkapi
 from ._handles import handle_int
 from .capabilities import EXT_MEMORY_HOST
-from .commands import timeline_submit_info, wait_fence_or_lost
+from .commands import command_with_fence, timeline_submit_info, wait_fence_or_lost
 from .errors import DestroyedError, UnsupportedError, VulkanError
 from .errors import TimeoutError as VkmTimeoutError
 from .lifetime import Deadline, Lifetime
@@ -407,16 +407,7 @@ class HostPort:
             if self._free:
                 s = self._free.pop()
             else:
-                fence = vkapi.vkCreateFence(dev, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO),
-                                            None)
-                try:
-                    cmd = vkapi.vkAllocateCommandBuffers(dev, vk.VkCommandBufferAllocateInfo(
-                        sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
-                        level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
-                except BaseException:
-                    vk.vkDestroyFence(dev, fence, None)
-                    raise
-                s = _Submit(cmd, fence)
+                s = _Submit(*command_with_fence(dev, self.pool))
                 self._made.append(s)
             try:
                 vkapi.vkBeginCommandBuffer(s.cmd, vk.VkCommandBufferBeginInfo(
