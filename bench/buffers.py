@@ -13,7 +13,6 @@ starting with "ratio:". Uses the virtual lavapipe pair when no GPU is present.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, Callable
 
@@ -21,7 +20,7 @@ import numpy as np
 import vulkan as vk
 
 from vkmulti.benchmarks import median_time
-from vkmulti.cli_args import add_virtual_argument
+from vkmulti.cli_args import add_virtual_argument, print_figures
 from vkmulti.progress import progress
 from vkmulti.testing import use_virtual_if_no_gpu
 
@@ -220,11 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         res["ring"] = ring
     if note:
         res["note"] = note
-    text = json.dumps(res, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text)
+    print_figures(res, args.json)
     print(f"ratio: broadcast = {res['ratio_broadcast']:.2f}x, gather = {res['ratio_gather']:.2f}x "
           f"(zero-copy views {res['ratio_gather_zero_copy']:.2f}x), "
           f"broadcast host data = {res['ratio_broadcast_host']:.2f}x, "

@@ -12,7 +12,6 @@ peer copy; >= 6x HOST_SHARED.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, Callable
 
@@ -20,6 +19,7 @@ import numpy as np
 import vulkan as vk
 
 from vkmulti.benchmarks import median_time, torch_for
+from vkmulti.cli_args import print_figures
 from vkmulti.progress import progress
 
 BUFFER_BYTES = 256 << 20
@@ -268,11 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 r = bench_pair(mgr, args.src, args.dst, args.reps, mib << 20, args.slots, False, say)
                 res["sweep"].append({"slot_mib": mib, "cases": r["cases"]})
-    text = json.dumps(res, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text)
+    print_figures(res, args.json)
     print(ratio_line(res))
     return 0
 

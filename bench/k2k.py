@@ -49,7 +49,6 @@ lavapipe pair when no GPU is present.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -340,7 +339,7 @@ def stencil(mgr: Any, width: int, height: int, steps: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from vkmulti import MultiDeviceManager
-    from vkmulti.cli_args import add_virtual_argument
+    from vkmulti.cli_args import add_virtual_argument, print_figures
     from vkmulti.demo import parse_size
     from vkmulti.progress import progress
 
@@ -392,10 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                 bar()
     finally:
         mgr.destroy()
-    print(json.dumps(res, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    print_figures(res, args.json)
     parts = []
     if "latency" in res:
         lat = res["latency"]

@@ -11,7 +11,6 @@ the empty-submit floor). Uses the virtual lavapipe pair when no GPU is present.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from vkmulti.benchmarks import median_time
-from vkmulti.cli_args import add_virtual_argument
+from vkmulti.cli_args import add_virtual_argument, print_figures
 from vkmulti.testing import use_virtual_if_no_gpu
 
 
@@ -101,11 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         res = run(mgr, args.device, args.reps)
     finally:
         mgr.destroy()
-    text = json.dumps(res, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    print_figures(res, args.json)
     print(f"ratio: kernel step latency = {res['ratio_step_to_empty_submit']:.2f}x an empty submit+wait "
           f"({res['step_latency']['median_us']:.0f} us vs {res['empty_submit']['median_us']:.0f} us); "
           f"pipelined step {res['pipelined_step_us']:.0f} us, launch {res['launch_destroy']['median_us']:.0f} us")

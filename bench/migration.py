@@ -22,7 +22,6 @@ lavapipe pair when no GPU is present.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -30,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from vkmulti.cli_args import add_virtual_argument
+from vkmulti.cli_args import add_virtual_argument, print_figures
 from vkmulti.testing import use_virtual_if_no_gpu
 
 MIB = 1 << 20
@@ -264,10 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                 bar()
     finally:
         mgr.destroy()
-    print(json.dumps(res, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    print_figures(res, args.json)
     parts = []
     rows = res.get("migrate") or []
     pick = next((r for r in rows if r["state_bytes"] == 16 * MIB), rows[-1] if rows else None)

@@ -5,7 +5,6 @@ figures as JSON and ends with a ratio line; optionally draws a PNG bar chart.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -14,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import vulkan as vk
 
-from .cli_args import add_virtual_argument, check_output_path
+from .cli_args import add_virtual_argument, check_output_path, print_figures
 
 from . import vkapi
 from .buffers import Buffer
@@ -389,11 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                                      advance=bar, **kw)
         if note:
             res["note"] = note
-    text = json.dumps(res, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text)
+    print_figures(res, args.json)
     if args.plot:
         plot(res, args.plot)
     print(ratio_line(res))

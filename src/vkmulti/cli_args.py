@@ -74,3 +74,14 @@ def check_output_path(parser: Any, path: str, flag: str, *, image: bool = True) 
         if fmt is None or fmt not in Image.SAVE:
             parser.error(f"{flag} {path!r}: {'no file extension' if not ext else repr(ext) + ' is no image format'}"
                          f"; use .png")
+
+
+def print_figures(res: Any, path: str | None) -> None:
+    """A bench's figures: JSON on stdout, and the same text in `path` when given (--json)."""
+    import json
+
+    text = json.dumps(res, indent=2)
+    print(text)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
