@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+import vulkan as vk
 
 from vkmulti import (DestroyedError, InterGpuTransfer, MultiDeviceManager, ReferenceRenderer, SRUOffloadCoordinator,
                      TransferMethod)
@@ -212,3 +213,35 @@ def test_race_sru_offload_coordinator(manager):
             assert c.destroyed
     finally:
         frame.destroy()
+
+
+def test_race_timeline_relay(manager):
+    """The K2K relay (a native thread mirroring GPU 0's timeline onto GPU 1) destroyed
+    while other threads relay points, poll and wait on them."""
+    from vkmulti.peer_memory import TimelineRelay
+    from vkmulti.timeline import TimelinePoint
+
+    rng = random.Random(7)
+    s0, s1 = manager.slot(0), manager.slot(1)
+    for _ in range(ROUNDS):
+        t0 = s0.native.create_timeline(0)
+        relay = TimelineRelay(s0, t0, s1)
+        value = [0]
+        lock = threading.Lock()
+
+        def signal_and_wait():
+            ticket = relay.relay(TimelinePoint(t0, value[0] + 1, 0))   # (maybe before its value exists)
+            with lock:   # host signals of one timeline only go up
+                value[0] += 1
+                vk.vkSignalSemaphore(s0.device, vk.VkSemaphoreSignalInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, semaphore=vk.ffi.cast("VkSemaphore", t0),
+                    value=value[0]))
+            ticket.wait(30)
+            assert ticket.done()
+
+        try:
+            ends = race(lambda: relay.destroy(timeout=30), [signal_and_wait], rng=rng, threads=3)
+            assert "error" not in ends and "destroyed" in ends
+        finally:
+            relay.destroy()
+            vk.vkDestroySemaphore(s0.device, vk.ffi.cast("VkSemaphore", t0), None)
