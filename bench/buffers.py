@@ -19,9 +19,9 @@ from typing import Any, Callable
 import numpy as np
 import vulkan as vk
 
-from vkmulti.benchmarks import median_time
-from vkmulti.cli_args import add_virtual_argument, print_figures
-from vkmulti.progress import progress
+from vkmulti.apps.benchmarks import median_time
+from vkmulti.apps.cli_args import add_virtual_argument, print_figures
+from vkmulti.apps.progress import progress
 from vkmulti.testing import use_virtual_if_no_gpu
 
 
@@ -35,8 +35,8 @@ class SerialRoundTrip:
     download = GPU copy + fence wait + CPU copy out; upload = the reverse. Serial."""
 
     def __init__(self, manager: Any, nbytes: int):
-        from vkmulti.images import find_memory_type
-        from vkmulti.images import CommandRunner
+        from vkmulti.memory.image import find_memory_type
+        from vkmulti.memory.image import CommandRunner
 
         self.n, self.staging = nbytes, {}
         for slot in manager.slots:
@@ -83,7 +83,7 @@ class SerialRoundTrip:
 
 def run(manager: Any, nbytes: int, reps: int, say: Callable[[str], None], **ring: int) -> dict[str, Any]:
     from vkmulti import InterGpuTransfer
-    from vkmulti.images import Buffer
+    from vkmulti.memory.image import Buffer
 
     n_dev = manager.device_count
     data = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)

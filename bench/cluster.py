@@ -41,7 +41,7 @@ def _ms(values: list[float]) -> float:
 def local_renderer(srus: list, width: int, height: int):
     """A closure rendering the frame with vkmulti alone on this machine's GPUs; returns (render, close)."""
     from vkmulti import MultiDeviceManager, ReferenceRenderer, SRUOffloadCoordinator
-    from vkmulti.images import Image
+    from vkmulti.memory.image import Image
 
     mgr = MultiDeviceManager.create(enabled=True)
     frame = Image(mgr.primary, width, height)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.nodes < 1 or args.srus < 1 or args.frames < 1 or args.virtual < 0:
         p.error("--nodes, --srus, --frames must be >= 1 and --virtual >= 0")
-    from vkmulti.demo import make_srus, parse_size
+    from vkmulti.apps.demo import make_srus, parse_size
     width, height = parse_size(args.size)
     try:
         args.stencil = tuple(int(v) for v in args.stencil.lower().split("x"))
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list] = {"local": [], "one_node": [], "cluster": [], "tiny_one_node": [],
                                  "tiny_cluster": []}
         frames: dict[str, list] = {"one_node": [], "cluster": []}
-        from vkmulti.progress import progress
+        from vkmulti.apps.progress import progress
 
         with progress(args.frames + 1, "cluster frames") as bar:
             for rnd in range(args.frames + 1):           # round 0 warms every path up

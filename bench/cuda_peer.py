@@ -18,9 +18,9 @@ from typing import Any, Callable
 import numpy as np
 import vulkan as vk
 
-from vkmulti.benchmarks import median_time, torch_for
-from vkmulti.cli_args import print_figures
-from vkmulti.progress import progress
+from vkmulti.apps.benchmarks import median_time, torch_for
+from vkmulti.apps.cli_args import print_figures
+from vkmulti.apps.progress import progress
 
 BUFFER_BYTES = 256 << 20
 W4K, H4K = 3840, 2160
@@ -43,8 +43,8 @@ class DirectLink:
         """ring None: a CUDA_PEER link on universal-family queues (`bounce`: its
         bounce ring); else a link of that _native.RING_* kind, on each slot's copy
         queue (queue "copy") or universal copy queue ("universal")."""
-        from vkmulti import _native
-        from vkmulti.transfer import SPIN_SECONDS, CrossDeviceTransfer, TransferMethod
+        from vkmulti._core import _native
+        from vkmulti.transfer.cross_device import SPIN_SECONDS, CrossDeviceTransfer, TransferMethod
 
         self.s, self.d = s, d
         self.x = CrossDeviceTransfer(s, d, TransferMethod.STAGING_COPY)
@@ -119,9 +119,9 @@ def gbps(nbytes: int, seconds: float) -> float:
 
 def bench_pair(mgr: Any, src: int, dst: int, reps: int, slot_size: int, slot_count: int,
                with_torch: bool, say: Callable[[str], None]) -> dict[str, Any]:
-    from vkmulti.images import Buffer, Image
-    from vkmulti.methods import TransferMethod, method_support
-    from vkmulti.transfer import CrossDeviceTransfer
+    from vkmulti.memory.image import Buffer, Image
+    from vkmulti.transfer.methods import TransferMethod, method_support
+    from vkmulti.transfer.cross_device import CrossDeviceTransfer
 
     s, d = mgr.slot(src), mgr.slot(dst)
     res: dict[str, Any] = {"src": f"GPU {src}: {s.name}", "dst": f"GPU {dst}: {d.name}",
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--reps, --slot-mib and --slots must be >= 1")
 
     from vkmulti import MultiDeviceManager
-    from vkmulti.methods import TransferMethod, method_support
+    from vkmulti.transfer.methods import TransferMethod, method_support
 
     with progress(None, "bench cuda_peer", quiet=args.json is not None) as bar, \
             MultiDeviceManager.create(enabled=True, validation=False) as mgr:

@@ -168,7 +168,7 @@ class BatchRelay:
     runtime of its own (a no-op step listener stands in for the router)."""
 
     def __init__(self, mgr: Any):
-        from vkmulti.images import Buffer
+        from vkmulti.memory.image import Buffer
         from vkmulti.kernels import KernelRuntime, MultiGpuCoordinator, pingpong_kernel
 
         self.rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr), mgr, payload_size=256, max_kernels=16)
@@ -222,8 +222,8 @@ def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None, rounds: in
                   fresh: bool) -> dict[str, Any]:
     from vkmulti import CrossDeviceTransfer, pair_methods
     from vkmulti.errors import VkmError
-    from vkmulti.images import Buffer
-    from vkmulti.kernels import stepper
+    from vkmulti.memory.image import Buffer
+    from vkmulti.kernels.engine import stepper
     from vkmulti.kernels.reference import burst_kernel, read_burst
 
     payload, n = batch_shape(size)
@@ -327,7 +327,7 @@ def bandwidth(mgr: Any, top: int, method: str | None, rounds: int, fresh: bool) 
 
 def stencil(mgr: Any, width: int, height: int, steps: int) -> dict[str, Any]:
     from vkmulti.kernels.stencil import run_stencil
-    from vkmulti.stencil_demo import initial_field
+    from vkmulti.apps.stencil_demo import initial_field
 
     field, top, bottom = initial_field(width, height)
     one = run_stencil(mgr, field, steps, [0], top=top, bottom=bottom)
@@ -339,9 +339,9 @@ def stencil(mgr: Any, width: int, height: int, steps: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from vkmulti import MultiDeviceManager
-    from vkmulti.cli_args import add_virtual_argument, print_figures
-    from vkmulti.demo import parse_size
-    from vkmulti.progress import progress
+    from vkmulti.apps.cli_args import add_virtual_argument, print_figures
+    from vkmulti.apps.demo import parse_size
+    from vkmulti.apps.progress import progress
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--section", choices=["all", "latency", "bandwidth", "stencil"], default="all")
@@ -363,12 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--hops must be >= 2")
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
-    from vkmulti.methods import TransferMethod
+    from vkmulti.transfer.methods import TransferMethod
     if args.method is not None and args.method not in TransferMethod.CROSS_DEVICE:
         p.error(f"--method must be one of {', '.join(TransferMethod.CROSS_DEVICE)}")
     note = use_virtual_if_no_gpu(args.virtual)
     if args.no_in_place:
-        from vkmulti.kernels import stepper
+        from vkmulti.kernels.engine import stepper
         stepper.READ_IN_PLACE = False
     mgr = MultiDeviceManager.create(enabled=True)
     res: dict[str, Any] = {"note": note, "devices": [s.name for s in mgr.slots]}

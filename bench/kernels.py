@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from vkmulti.benchmarks import median_time
-from vkmulti.cli_args import add_virtual_argument, print_figures
+from vkmulti.apps.benchmarks import median_time
+from vkmulti.apps.cli_args import add_virtual_argument, print_figures
 from vkmulti.testing import use_virtual_if_no_gpu
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from vkmulti.cli_args import add_virtual_argument, print_figures
+from vkmulti.apps.cli_args import add_virtual_argument, print_figures
 from vkmulti.testing import use_virtual_if_no_gpu
 
 MIB = 1 << 20
@@ -65,8 +65,8 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[d
     """(a): per state size, live migrations back and forth and the host-bytes baseline."""
     from vkmulti.kernels import Checkpoint, KernelSpec, counter_kernel
     from vkmulti.kernels.reference import COUNTER_TAG_ADD, counter_initial_state, read_counter
-    from vkmulti.kernels.live_migration import _engine
-    from vkmulti.images import Buffer
+    from vkmulti.kernels.lifecycle.live_migration import _engine
+    from vkmulti.memory.image import Buffer
 
     rt, router = _runtime(mgr)
     out = []
@@ -155,14 +155,14 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[d
 
 def _host_crc32_name() -> str:
     """Which crc32 the host CRC32 engine uses here (zlib-ng's when installed)."""
-    from vkmulti.kernels import host_crc
+    from vkmulti.kernels.lifecycle import host_crc
     return "zlib-ng" if "zlib_ng" in (getattr(host_crc.crc32, "__module__", None) or "") else "zlib"
 
 
 def crc_times(rt: Any, buffers: list, repeats: int) -> dict:
     """Each CRC32 engine alone on each device (buffer i on device i: the source's
     side, then the destination's), median us: where the check's time goes."""
-    from vkmulti.kernels.host_crc import HostCrc
+    from vkmulti.kernels.lifecycle.host_crc import HostCrc
 
     out: dict[str, list[float]] = {}
     kinds = ["shader"] + (["host"] if all(HostCrc.suits(b.slot) for b in buffers) else [])
@@ -235,7 +235,7 @@ def reload(mgr: Any, repeats: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from vkmulti import MultiDeviceManager
-    from vkmulti.progress import progress
+    from vkmulti.apps.progress import progress
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--section", choices=("all", "migrate", "reload"), default="all")

@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from vkmulti import _native
-from vkmulti.partition import (SRUAssignment, _prepare, _reference_devices, assign_srus, assign_srus_array,
+from vkmulti._core import _native
+from vkmulti.offload.partition import (SRUAssignment, _prepare, _reference_devices, assign_srus, assign_srus_array,
                                assign_srus_reference, makespan, seed_top_n_minus_1)
 
 N, DEVICES = 100_000, 8

@@ -180,12 +180,12 @@ def strategies_section(args: argparse.Namespace) -> tuple[dict, str]:
 
 
 def _size(text: str) -> tuple[int, int]:
-    from vkmulti.demo import parse_size
+    from vkmulti.apps.demo import parse_size
     return parse_size(text)
 
 
 def _indices(text: str) -> list[int]:
-    from vkmulti.demo import parse_devices
+    from vkmulti.apps.demo import parse_devices
     return parse_devices(text)
 
 
@@ -202,7 +202,7 @@ def _pair(text: str) -> tuple[int, int]:
 def _srus(args: argparse.Namespace, width: int, height: int) -> list[Any]:
     from dataclasses import replace
 
-    from vkmulti.demo import make_srus
+    from vkmulti.apps.demo import make_srus
 
     srus = make_srus(args.srus, width, height, heavy=args.heavy)
     steps = args.iterations or (None if args.heavy else CPU_ITERATIONS)
@@ -347,7 +347,7 @@ def adaptive_section(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 def _adaptive(args: argparse.Namespace, layout: dict[str, Any]) -> tuple[dict[str, Any], str]:
     from vkmulti import MultiDeviceManager, ReferenceRenderer, SRUOffloadCoordinator
-    from vkmulti.images import Image
+    from vkmulti.memory.image import Image
     from vkmulti.testing import use_virtual_if_no_gpu
 
     note = use_virtual_if_no_gpu(args.virtual)
@@ -394,7 +394,7 @@ def _adaptive(args: argparse.Namespace, layout: dict[str, Any]) -> tuple[dict[st
         reports: dict[str, Any] = {}
         converge: list[list[float | None]] = []
         last_plan: dict[Any, int] = {}
-        from vkmulti.progress import progress
+        from vkmulti.apps.progress import progress
 
         with progress(args.warmup + args.rounds, "adaptive rounds", quiet=False) as bar:
             for k in range(args.warmup + args.rounds):
@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--kernels", type=int, default=10_000)
     adaptive = parser.add_argument_group("adaptive section")
-    from vkmulti.cli_args import add_virtual_argument, positive_int
+    from vkmulti.apps.cli_args import add_virtual_argument, positive_int
     add_virtual_argument(adaptive)
     adaptive.add_argument("--gpus", type=_indices, default=None, metavar="I,J",
                           help="physical devices by enumeration index, the first is GPU 0 (default: all)")

@@ -10,7 +10,7 @@ image and a 64 KiB buffer, 1000 transfers per method each timed alone
 """
 import sys
 
-from vkmulti.benchmarks import main
+from vkmulti.apps.benchmarks import main
 
 if __name__ == "__main__":
     sys.exit(main())

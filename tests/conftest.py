@@ -24,8 +24,8 @@ if not REAL_GPUS:
 def _one_gpu_seen_twice() -> bool:
     """Whether the real devices are fewer physical GPUs than logical ones (one GPU
     listed by two copies of its driver manifest: a functional pair, no second GPU)."""
-    from vkmulti.capabilities import probe_device
-    from vkmulti.instance import Instance
+    from vkmulti.device.capabilities import probe_device
+    from vkmulti.device.instance import Instance
 
     inst = Instance(validation=False)
     try:
@@ -71,7 +71,7 @@ def repr_guard():
 @pytest.fixture(autouse=True)
 def validation_guard(request):
     """Fail the test if the validation layer reported an error during it."""
-    from vkmulti.instance import drain_all_validation_messages
+    from vkmulti.device.instance import drain_all_validation_messages
 
     drain_all_validation_messages()
     yield

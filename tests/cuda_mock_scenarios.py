@@ -21,11 +21,12 @@ os.environ.setdefault("VKMULTI_VALIDATION", "1")
 import numpy as np  # noqa: E402
 import vulkan as vk  # noqa: E402
 
-from vkmulti import MultiDeviceManager, TransferError, UnsupportedError, _native  # noqa: E402
-from vkmulti.images import Buffer, Image  # noqa: E402
-from vkmulti.instance import drain_all_validation_messages  # noqa: E402
-from vkmulti.methods import TransferMethod, method_support  # noqa: E402
-from vkmulti.transfer import CrossDeviceTransfer  # noqa: E402
+from vkmulti import MultiDeviceManager, TransferError, UnsupportedError
+from vkmulti._core import _native  # noqa: E402
+from vkmulti.memory.image import Buffer, Image  # noqa: E402
+from vkmulti.device.instance import drain_all_validation_messages  # noqa: E402
+from vkmulti.transfer.methods import TransferMethod, method_support  # noqa: E402
+from vkmulti.transfer.cross_device import CrossDeviceTransfer  # noqa: E402
 
 MOCK = ctypes.CDLL(os.environ["VKMULTI_LIBCUDA"])
 MOCK.mock_cuda_report.restype = ctypes.c_char_p

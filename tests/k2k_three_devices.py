@@ -15,7 +15,7 @@ install_virtual_gpus(3)
 import numpy as np  # noqa: E402
 
 from vkmulti import MultiDeviceManager  # noqa: E402
-from vkmulti.instance import drain_all_validation_messages  # noqa: E402
+from vkmulti.device.instance import drain_all_validation_messages  # noqa: E402
 from vkmulti.kernels import (CrossGpuK2KRouter, GpuConnection, GpuTopology, InterconnectType as I,  # noqa: E402
                              KernelRuntime, MultiGpuCoordinator, counter_kernel)
 from vkmulti.kernels.reference import (COUNTER_TAG_FORWARD, counter_initial_state, jacobi_reference,  # noqa: E402

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from vkmulti import ReferenceRenderer, ReferenceSRU, SRUOffloadCoordinator
-from vkmulti.adaptive import SpeedMeter
+from vkmulti.offload.adaptive import SpeedMeter
 from vkmulti.errors import TimeoutError, TransferError
-from vkmulti.images import Image
-from vkmulti.transfer import TimelinePoint
+from vkmulti.memory.image import Image
+from vkmulti.transfer.cross_device import TimelinePoint
 
 # ---- SpeedMeter without a GPU ----------------------------------------------------------------------
 
@@ -240,7 +240,8 @@ def test_an_equal_pair_measures_equal(manager):
 def test_resources_are_made_before_any_render_and_devices_start_together(manager, monkeypatch):
     """Making an image waits on its device's queue: every SRU's images are made before the frame's
     first render is queued, and the devices' renders are submitted interleaved."""
-    from vkmulti import images, offload
+    from vkmulti.memory import image as images
+    from vkmulti.offload import coordinator as offload
 
     events = []
     made = images.Image.__init__
@@ -275,7 +276,7 @@ def test_resources_are_made_before_any_render_and_devices_start_together(manager
 def test_a_replan_reuses_the_resources_of_moved_srus(manager, monkeypatch):
     """SRUs that move device leave their images and transfer as spares: moving back and forth
     makes no new image once both directions were seen, and the frame stays right."""
-    from vkmulti import offload
+    from vkmulti.offload import coordinator as offload
 
     made = []
     init = offload.Image.__init__
@@ -310,7 +311,7 @@ def test_a_replan_reuses_the_resources_of_moved_srus(manager, monkeypatch):
 def test_interleaved_submission_order():
     from types import SimpleNamespace
 
-    from vkmulti.offload import _interleaved
+    from vkmulti.offload.coordinator import _interleaved
 
     jobs = [(i, SimpleNamespace(device_index=d), None) for i, d in enumerate([1, 1, 0, 0, 0, 0, 1, 2])]
     order = [j[0] for j in _interleaved(jobs)]
@@ -357,7 +358,7 @@ class NeverTicket:
 def test_a_transfer_that_never_lands_does_not_hold_up_the_frame(manager, monkeypatch, caplog):
     import vulkan as vk
 
-    from vkmulti.transfer import CrossDeviceTransfer
+    from vkmulti.transfer.cross_device import CrossDeviceTransfer
 
     sems = [(manager.slot(d), manager.slot(d).native.create_timeline(0)) for d in (0, 1)]
     monkeypatch.setattr(CrossDeviceTransfer, "submit", lambda self, **kw: NeverTicket(sems[0][1], sems[1][1]))

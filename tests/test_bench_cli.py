@@ -6,8 +6,8 @@ import json
 import pytest
 from PIL import Image as PILImage
 
-from vkmulti.benchmarks import interleaved, main
-from vkmulti.methods import TransferMethod
+from vkmulti.apps.benchmarks import interleaved, main
+from vkmulti.transfer.methods import TransferMethod
 
 
 def test_bench_transfer_quick_writes_json_ratios_and_plot(tmp_path, capsys):

@@ -7,8 +7,8 @@ import sys
 import pytest
 from PIL import Image as PILImage
 
-import vkmulti.charts as charts
-from vkmulti.progress import progress
+import vkmulti.apps.charts as charts
+from vkmulti.apps.progress import progress
 
 VALUES = {("4K image", "host_shared"): 41.0, ("4K image", "seed"): 5.4, ("256 MiB", "host_shared"): 45.7}
 

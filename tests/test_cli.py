@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import vkmulti
-from vkmulti import cli
-from vkmulti.demo import print_report
+from vkmulti.apps import cli
+from vkmulti.apps.demo import print_report
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((ROOT / "bench").glob("*.py")) + sorted((ROOT / "bench" / "probes").glob("*.py"))

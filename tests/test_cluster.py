@@ -25,10 +25,10 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 from vkmulti import MultiDeviceManager, ReferenceRenderer, ReferenceSRU, SRUOffloadCoordinator  # noqa: E402
 from vkmulti.cluster import (ClusterAddressError, ClusterConnectionError, ClusterError, LinkInfo,  # noqa: E402
                              NodeAgent, NodeInfo, RayMissingError, composite_frame, parse_address, plan_nodes)
-from vkmulti.demo import make_srus  # noqa: E402
+from vkmulti.apps.demo import make_srus  # noqa: E402
 from vkmulti.errors import DeviceLostError  # noqa: E402
-from vkmulti.images import Image  # noqa: E402
-from vkmulti.render import Compositor  # noqa: E402
+from vkmulti.memory.image import Image  # noqa: E402
+from vkmulti.offload.render import Compositor  # noqa: E402
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 SKIP_CLUSTER = os.environ.get("VKMULTI_SKIP_CLUSTER") == "1" or "asan" in os.environ.get("LD_PRELOAD", "")
@@ -94,7 +94,7 @@ def test_address_must_be_a_str():
 
 
 def test_missing_ray_says_how_to_install(monkeypatch, capsys):
-    from vkmulti import cli
+    from vkmulti.apps import cli
     from vkmulti.cluster import ClusterManager, connect
 
     monkeypatch.setitem(sys.modules, "ray", None)        # `import ray` now fails as if not installed
@@ -466,8 +466,8 @@ def test_unreachable_address_fails_fast(ray_cluster):
 
 @cluster
 def test_demo_cli_on_the_cluster(ray_cluster, capsys):
-    from vkmulti import cli
-    from vkmulti.cluster.demo import print_report
+    from vkmulti.apps import cli
+    from vkmulti.apps.cluster_demo import print_report
 
     address = ray_cluster[0].address
     assert cli.main(["demo", "--ray", address, "--srus", "6", "--size", "192x128", "--frames", "1",

@@ -21,11 +21,12 @@ import pytest
 import vulkan as vk
 
 import vkmulti
-from vkmulti import UnsupportedError, _native
-from vkmulti.capabilities import EXT_MEMORY_FD, EXT_SEMAPHORE_FD
-from vkmulti.images import Buffer, Image
-from vkmulti.methods import TransferMethod, method_support, supported_methods
-from vkmulti.transfer import CrossDeviceTransfer, select_transfer_method
+from vkmulti import UnsupportedError
+from vkmulti._core import _native
+from vkmulti.device.capabilities import EXT_MEMORY_FD, EXT_SEMAPHORE_FD
+from vkmulti.memory.image import Buffer, Image
+from vkmulti.transfer.methods import TransferMethod, method_support, supported_methods
+from vkmulti.transfer.cross_device import CrossDeviceTransfer, select_transfer_method
 
 HERE = Path(__file__).resolve().parent
 NATIVE = HERE.parent / "native"
@@ -115,10 +116,10 @@ def _with_cuda_extensions(caps):
 @pytest.mark.virtual
 def test_policy_prefers_cuda_peer_when_the_probe_allows(manager, monkeypatch):
     """Selection is policy: with CUDA saying yes, CUDA_PEER comes first; the extensions still count."""
-    import vkmulti.cuda
+    import vkmulti.device.cuda
 
     caps = _with_cuda_extensions(manager.capabilities)
-    monkeypatch.setattr(vkmulti.cuda, "cuda_peer_reason", lambda a, b: None)
+    monkeypatch.setattr(vkmulti.device.cuda, "cuda_peer_reason", lambda a, b: None)
     monkeypatch.setenv("VKMULTI_CUDA_PEER", "0")
     assert select_transfer_method(Assignment(1), caps) == TransferMethod.DMABUF   # opted out
     monkeypatch.delenv("VKMULTI_CUDA_PEER", raising=False)
@@ -134,7 +135,7 @@ def test_policy_prefers_cuda_peer_when_the_probe_allows(manager, monkeypatch):
     # an explicit probe overrides the driver's answer
     assert method_support(TransferMethod.CUDA_PEER, a, b, cuda_probe=lambda x, y: "no NVLink here") == \
         "no NVLink here"
-    monkeypatch.setattr(vkmulti.cuda, "cuda_peer_reason", lambda a, b: "CUDA reports no peer access")
+    monkeypatch.setattr(vkmulti.device.cuda, "cuda_peer_reason", lambda a, b: "CUDA reports no peer access")
     assert select_transfer_method(Assignment(1), caps) == TransferMethod.DMABUF
 
 
@@ -283,7 +284,7 @@ def test_link_with_stand_in_driver(mock_runs, scenario):
 
 def _routed() -> bool:
     """Does CrossDeviceTransfer hand CUDA_PEER to the CUDA ring (transfer.py)?"""
-    from vkmulti import transfer
+    from vkmulti.transfer import cross_device as transfer
     return transfer._RING.get(TransferMethod.CUDA_PEER) == _native.RING_CUDA_PEER
 
 

@@ -10,10 +10,10 @@ import pytest
 
 import vkmulti
 from vkmulti import DeviceLostError, MultiDeviceManager, ReferenceRenderer, ReferenceSRU
-from vkmulti.commands import CommandRunner
-from vkmulti.images import Buffer, Image
+from vkmulti.device.commands import CommandRunner
+from vkmulti.memory.image import Buffer, Image
 from vkmulti.testing import lose_device
-from vkmulti.transfer import CrossDeviceTransfer, TransferMethod
+from vkmulti.transfer.cross_device import CrossDeviceTransfer, TransferMethod
 
 
 def _bounded_destroy(mgr, seconds=10.0):

@@ -115,7 +115,7 @@ def _help(argv: list[str]) -> str:
     """The --help text of a vkmulti command or bench script (run in this process)."""
     out = io.StringIO()
     if argv[0] == "vkmulti":
-        from vkmulti.cli import main
+        from vkmulti.apps.cli import main
         path = list(itertools.takewhile(lambda a: not a.startswith("-"), argv[1:]))   # the subcommand
         with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
             main([*path, "--help"])

@@ -1,4 +1,4 @@
-"""One error path: every call into the `vulkan` package that can fail goes through vkmulti.vkapi.
+"""One error path: every call into the `vulkan` package that can fail goes through vkmulti._core.vkapi.
 
 The scan reads src/vkmulti with `ast`: a reference to ``vulkan.vkXxx`` (under
 any alias) is allowed only for the functions listed in VOID_CALLS, which
@@ -19,7 +19,7 @@ import pytest
 import vulkan as vk
 
 import vkmulti
-from vkmulti import vkapi
+from vkmulti._core import vkapi
 from vkmulti.errors import OutOfDeviceMemoryError, TimeoutError, UnsupportedError, VulkanError
 
 SRC = pathlib.Path(vkmulti.__file__).resolve().parent

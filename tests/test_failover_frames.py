@@ -11,12 +11,12 @@ import pytest
 
 import vkmulti
 from vkmulti import MultiDeviceManager, ReferenceRenderer, SRUOffloadCoordinator
-from vkmulti.demo import make_srus
+from vkmulti.apps.demo import make_srus
 from vkmulti.errors import DeviceLostError, PrimaryDeviceLostError
-from vkmulti.failover_drill import LossInjector, sru_drill
-from vkmulti.images import Image
+from vkmulti.apps.failover_drill import LossInjector, sru_drill
+from vkmulti.memory.image import Image
 from vkmulti.testing import lose_device
-from vkmulti.transfer import TransferTicket
+from vkmulti.transfer.cross_device import TransferTicket
 
 W, H = 192, 96
 
@@ -202,8 +202,8 @@ def test_soak_sru_demo_gpu1_lost_at_frame_50():
 
 def test_drill_arguments(capsys):
     import argparse
-    from vkmulti import cli
-    from vkmulti.demo import parse_loss
+    from vkmulti.apps import cli
+    from vkmulti.apps.demo import parse_loss
 
     assert parse_loss("1@50") == (1, 50)
     for bad in ("1", "0@5", "a@b", "1@-2"):

@@ -17,9 +17,9 @@ from vkmulti.errors import PrimaryDeviceLostError, VkmError
 from vkmulti.kernels import CheckpointPolicy, CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator, counter_kernel
 from vkmulti.kernels.reference import (COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, counter_initial_state, jacobi_reference,
                                        read_counter)
-from vkmulti.kernels.replay_log import envelope_of
+from vkmulti.kernels.lifecycle.replay_log import envelope_of
 from vkmulti.kernels.stencil import StencilSlabs, stencil_payload_size
-from vkmulti.stencil_demo import initial_field
+from vkmulti.apps.stencil_demo import initial_field
 from vkmulti.testing import lose_device
 
 FULL = os.environ.get("VKMULTI_SOAK_FULL") == "1"
@@ -191,7 +191,7 @@ def test_destroy_racing_the_recovery_from_another_thread():
 
 
 def test_stencil_demo_drill_exits_0_with_an_identical_field(capsys):
-    from vkmulti.stencil_demo import main
+    from vkmulti.apps.stencil_demo import main
 
     assert main(["--lose-gpu", "1@20", "--size", "64x32", "--steps", "40", "--checkpoint-every", "8",
                  "--output", "", "--json"]) == 0

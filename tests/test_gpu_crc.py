@@ -1,4 +1,4 @@
-"""The CRC32 engines of live migration (vkmulti.kernels.crc_math, gpu_crc,
+"""The CRC32 engines of live migration (vkmulti.kernels.lifecycle.crc_math, gpu_crc,
 host_crc) against zlib.crc32: the GPU shader and the host engine on the
 virtual lavapipe pair, for sizes around the shader's lane, block and word
 boundaries (0 bytes and non-multiples of 4 included), offsets, several
@@ -13,11 +13,11 @@ from hypothesis import given, settings, strategies as st
 
 from kernel_support import runtime_fixture
 from vkmulti.errors import UnsupportedError
-from vkmulti.images import Buffer
-from vkmulti.kernels.crc_math import crc32_combine, crc32_finish, raw_crc, shift, zero_tables
-from vkmulti.kernels.gpu_crc import LANES, GpuCrc
-from vkmulti.kernels import host_crc
-from vkmulti.kernels.host_crc import HostCrc
+from vkmulti.memory.image import Buffer
+from vkmulti.kernels.lifecycle.crc_math import crc32_combine, crc32_finish, raw_crc, shift, zero_tables
+from vkmulti.kernels.lifecycle.gpu_crc import LANES, GpuCrc
+from vkmulti.kernels.lifecycle import host_crc
+from vkmulti.kernels.lifecycle.host_crc import HostCrc
 
 # around word (4), lane (64 words) and block (64 * lane_words words) boundaries
 SIZES = sorted({0, 1, 2, 3, 4, 5, 7, 8, 63, 255, 256, 257, 1021, 1024, 1027,
@@ -186,8 +186,8 @@ def test_a_host_job_waits_for_its_points_and_can_be_closed(runtime):
 
     import vulkan as vk
 
-    from vkmulti.kernels.host_crc import Cancelled
-    from vkmulti.timeline import TimelinePoint
+    from vkmulti.kernels.lifecycle.host_crc import Cancelled
+    from vkmulti._core.timeline import TimelinePoint
 
     host = _host_engine(runtime, 0)
     slot = runtime.manager.slot(0)

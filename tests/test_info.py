@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from vkmulti import Instance, TransferMethod, probe_device, supported_methods
-from vkmulti.capabilities import EXT_MEMORY_HOST
-from vkmulti.methods import method_support
+from vkmulti.device.capabilities import EXT_MEMORY_HOST
+from vkmulti.transfer.methods import method_support
 
 
 @pytest.mark.virtual

@@ -12,7 +12,7 @@ import pytest
 
 from kernel_support import counter, routed_fixture, routed_runtime, settle, state, words
 from vkmulti.kernels import pingpong_kernel
-from vkmulti.kernels import stepper as stepper_module
+from vkmulti.kernels.engine import stepper as stepper_module
 from vkmulti.kernels.reference import COUNTER_TAG_ADD, COUNTER_TAG_FORWARD
 
 PATHS = {"in place": None, "host_shared link": "host_shared"}

@@ -13,11 +13,11 @@ import pytest
 
 from kernel_support import make_coordinator
 from vkmulti import CrossGpuK2KRouter
-from vkmulti.images import Buffer
+from vkmulti.memory.image import Buffer
 from vkmulti.kernels import KernelRuntime, counter_kernel
 from vkmulti.kernels.reference import (COUNTER_TAG_FORWARD, burst_kernel, counter_initial_state, read_burst,
                                        read_counter)
-from vkmulti.kernels.stepper import PLANNED_DELIVERY_PAYLOAD
+from vkmulti.kernels.engine.stepper import PLANNED_DELIVERY_PAYLOAD
 
 MAX = 32
 
@@ -165,7 +165,7 @@ def test_bench_prints_figures_and_a_ratio_line(capsys):
 def test_state_larger_than_a_storage_binding_is_refused(manager):
     """A stencil slab (or any state) past maxStorageBufferRange is a clear error, not a bad binding."""
     from vkmulti.kernels import KernelSpec
-    from vkmulti.render import shader_path
+    from vkmulti._core.shaders import shader_path
 
     rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
     try:

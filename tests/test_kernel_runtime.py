@@ -12,7 +12,7 @@ from kernel_support import make_coordinator, runtime_fixture
 from vkmulti import CrossGpuK2KRouter
 from vkmulti.errors import (DestroyedError, KernelMessageError, KernelNotFoundError, QueueFullError,
                             TimeoutError)
-from vkmulti.images import Buffer
+from vkmulti.memory.image import Buffer
 from vkmulti.kernels import HOST_KERNEL_ID, K2KMessage, KernelRuntime, KernelSpec, counter_kernel, pingpong_kernel
 from vkmulti.kernels.reference import (COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, COUNTER_TAG_QUERY, COUNTER_TAG_REPLY,
                                        PING_DONE_TAG, counter_initial_state, read_counter, read_pingpong)
@@ -396,7 +396,7 @@ def test_runtime_destroy_then_use(manager):
 
 
 def test_a_custom_kernel_spec_runs(runtime):
-    from vkmulti.render import shader_path
+    from vkmulti._core.shaders import shader_path
     spec = KernelSpec("my-counter", shader_path("kernel_counter.comp.spv").read_bytes(), state_sizes=(64 + 16 * 8,))
     k = runtime.launch(spec, state=[counter_initial_state(8)])
     runtime.send(k, words(11), tag=COUNTER_TAG_ADD)

@@ -17,11 +17,11 @@ import pytest
 
 from vkmulti import (Backend, InterconnectType, LoadBalancingStrategy, MultiGpuConfig, MultiGpuCoordinator,
                      InvalidConfigError, probe_topology)
-from vkmulti.images import Buffer
+from vkmulti.memory.image import Buffer
 from vkmulti.kernels import CrossDeviceTransfer, format_topology
-from vkmulti.kernels import device_facts, probe
-from vkmulti.kernels.device_facts import NvLinkFacts, numa_node, nvlink_links
-from vkmulti.transfer import select_transfer_method
+from vkmulti.kernels.coordinator import device_facts, probe
+from vkmulti.kernels.coordinator.device_facts import NvLinkFacts, numa_node, nvlink_links
+from vkmulti.transfer.cross_device import select_transfer_method
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -294,7 +294,7 @@ def test_compute_capability_through_the_cuda_driver(tmp_path):
     r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(HERE / "mock_libcuda.c"), "-lpthread"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    code = ("from vkmulti.cuda import cuda_devices, cuda_device_for\n"
+    code = ("from vkmulti.device.cuda import cuda_devices, cuda_device_for\n"
             "d = cuda_devices()\n"
             "print([(x.compute_capability, x.multiprocessor_count) for x in d])\n"
             "print(cuda_device_for('c1c1c1c1-c1c1-c1c1-c1c1-c1c1c1c1c1c1').ordinal)\n"

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from vkmulti import Backend, InterconnectType, MultiGpuCoordinator, cuda_status
-from vkmulti.kernels import device_facts, format_topology, probe
+from vkmulti.kernels.coordinator import device_facts, probe
+from vkmulti.kernels import format_topology
 
 pytestmark = pytest.mark.gpu
 

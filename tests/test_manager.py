@@ -6,8 +6,8 @@ import pytest
 
 import vkmulti
 from vkmulti import DestroyedError, MultiDeviceManager, QueueFamilies
-from vkmulti.devices import create_logical_device, destroy_logical_device
-from vkmulti.instance import Instance, drain_all_validation_messages
+from vkmulti.device.logical import create_logical_device, destroy_logical_device
+from vkmulti.device.instance import Instance, drain_all_validation_messages
 
 
 @pytest.fixture

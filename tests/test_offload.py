@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 import vkmulti
-from vkmulti import cli
+from vkmulti.apps import cli
 from vkmulti import (DestroyedError, MultiDeviceManager, OffloadRoute, ReferenceRenderer, ReferenceSRU,
                      SRUOffloadCoordinator, TransferMethod, select_transfer_method)
-from vkmulti.demo import make_srus
-from vkmulti.images import Image
-from vkmulti.offload import RendererMissingError, SecondaryRenderContext
-from vkmulti.partition import SRUAssignment
-from vkmulti.render import SRU_IMAGE_USAGE
-from vkmulti.transfer import CrossDeviceTransfer
+from vkmulti.apps.demo import make_srus
+from vkmulti.memory.image import Image
+from vkmulti.offload.coordinator import RendererMissingError, SecondaryRenderContext
+from vkmulti.offload.partition import SRUAssignment
+from vkmulti.offload.render import SRU_IMAGE_USAGE
+from vkmulti.transfer.cross_device import CrossDeviceTransfer
 
 
 def factory(ctx: SecondaryRenderContext) -> ReferenceRenderer:
@@ -206,7 +206,7 @@ def test_fallback_when_secondary_renderer_raises(manager, caplog, ok, exc):
     frame = Image(manager.primary, 200, 100)
     try:
         planned = [r.sru_id for r in c.plan(srus) if r.offloaded]
-        with caplog.at_level(logging.ERROR, logger="vkmulti.offload"):
+        with caplog.at_level(logging.ERROR, logger="vkmulti.offload.coordinator"):
             rep = c.render_frame(srus, frame)
         assert broken.calls == ok + 1                      # the attached renderer, not the factory's
         assert sorted(rep.fallbacks) == sorted(planned[ok:])
@@ -297,7 +297,7 @@ def test_fallback_when_secondary_factory_raises(manager, caplog):
     c = SRUOffloadCoordinator(manager, secondary_renderer_factory=picky)
     frame = Image(manager.primary, 120, 60)
     try:
-        with caplog.at_level(logging.ERROR, logger="vkmulti.offload"):
+        with caplog.at_level(logging.ERROR, logger="vkmulti.offload.coordinator"):
             rep = c.render_frame(srus, frame)
         assert rep.fallbacks and set(rep.rendered_on.values()) == {0} and 1 in c.unavailable
         np.testing.assert_array_equal(frame.download(), render_single(manager, srus, 120, 60))

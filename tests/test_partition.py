@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vkmulti import _native
-from vkmulti.partition import (SRUAssignment, assign_srus, assign_srus_reference, makespan,
+from vkmulti._core import _native
+from vkmulti.offload.partition import (SRUAssignment, assign_srus, assign_srus_reference, makespan,
                                seed_top_n_minus_1)
 
 

@@ -9,12 +9,12 @@ import pytest
 import vulkan as vk
 
 import vkmulti
-from vkmulti import _native
+from vkmulti._core import _native
 from vkmulti.errors import DestroyedError, DeviceLostError, UnsupportedError
-from vkmulti.kernels import commands as cmds
-from vkmulti.peer_memory import ExportedBuffer, TimelineRelay, shares_memory
+from vkmulti.kernels.engine import recording as cmds
+from vkmulti.transfer.peer import ExportedBuffer, TimelineRelay, shares_memory
 from vkmulti.testing import lose_device
-from vkmulti.timeline import TimelinePoint
+from vkmulti._core.timeline import TimelinePoint
 
 
 def test_the_pair_shares_memory_and_imports_see_the_same_bytes(manager):
@@ -52,7 +52,7 @@ def test_an_import_runs_its_finalizers_before_its_memory_goes(manager):
 def test_import_refused_where_memory_is_not_shared(manager, monkeypatch):
     e = ExportedBuffer(manager.slot(0), 4096)
     try:
-        monkeypatch.setattr(vkmulti.peer_memory, "shares_memory", lambda a, b: False)
+        monkeypatch.setattr(vkmulti.transfer.peer, "shares_memory", lambda a, b: False)
         with pytest.raises(UnsupportedError, match="cannot import memory of GPU 0"):
             e.import_on(manager.slot(1))
     finally:

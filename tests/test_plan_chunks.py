@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vkmulti import _native
+from vkmulti._core import _native
 
 U64 = (1 << 64) - 1
 

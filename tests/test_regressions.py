@@ -19,10 +19,10 @@ import vulkan as vk
 
 import vkmulti
 from vkmulti import DestroyedError, InterGpuTransfer, MultiDeviceManager, TransferMethod
-from vkmulti.commands import CommandRunner
-from vkmulti.host_copy import HostPort
-from vkmulti.images import Buffer, Image
-from vkmulti.transfer import CrossDeviceTransfer
+from vkmulti.device.commands import CommandRunner
+from vkmulti.memory.host_port import HostPort
+from vkmulti.memory.image import Buffer, Image
+from vkmulti.transfer.cross_device import CrossDeviceTransfer
 
 from gates import Gate, Interrupted, interrupt_after
 
@@ -453,7 +453,7 @@ def test_assign_srus_is_linear_in_srus_not_devices():
     from types import SimpleNamespace
 
     from vkmulti import assign_srus
-    from vkmulti.partition import assign_srus_reference
+    from vkmulti.offload.partition import assign_srus_reference
 
     srus = [SimpleNamespace(sru_id=i, instances=[0] * (i % 5)) for i in range(40)]
     t0 = time.monotonic()
@@ -510,7 +510,7 @@ def test_bodies_in_a_child_process():
 
 def _main() -> int:
     os.environ["VKMULTI_VALIDATION"] = "1"
-    from vkmulti.instance import drain_all_validation_messages
+    from vkmulti.device.instance import drain_all_validation_messages
     from vkmulti.testing import install_virtual_gpus
 
     install_virtual_gpus(2)

@@ -14,9 +14,9 @@ import vulkan as vk
 
 import vkmulti
 from vkmulti import DestroyedError, TransferMethod
-from vkmulti.images import Buffer, Image
-from vkmulti.lifetime import Lifetime
-from vkmulti.transfer import _ENDPOINTS_KEPT, CrossDeviceTransfer, _Endpoint
+from vkmulti.memory.image import Buffer, Image
+from vkmulti._core.lifetime import Lifetime
+from vkmulti.transfer.cross_device import _ENDPOINTS_KEPT, CrossDeviceTransfer, _Endpoint
 
 F = vk.VK_FORMAT_R16G16B16A16_SFLOAT
 GENERAL = vk.VK_IMAGE_LAYOUT_GENERAL
@@ -172,7 +172,7 @@ def test_lifetime_drain_waits_for_an_operation_on_another_thread():
 
 
 def _spinning_link(manager, spin=200e-6):
-    from vkmulti import _native
+    from vkmulti._core import _native
 
     src, dst = manager.slot(1), manager.slot(0)
     return _native.Link(src.native, src.copy_queue.lock, dst.native, dst.copy_queue.lock, _native.RING_STAGING,
@@ -208,7 +208,7 @@ def test_spinning_poll_moves_exact_bytes_from_threads(manager, run_threads):
 def test_spinning_poll_still_times_out_and_reports_stalls(manager):
     """The spin before blocking never outlasts a wait's timeout, a poll of 0 s answers
     at once, and a stalled job's error reaches a spinning waiter."""
-    from vkmulti import _native
+    from vkmulti._core import _native
 
     src, dst = manager.slot(1), manager.slot(0)
     sem, release, destroy = _gate(src)
@@ -236,7 +236,7 @@ def test_spinning_poll_still_times_out_and_reports_stalls(manager):
 
 
 def test_bench_small_times_latency_and_splits_submit_from_wait(tmp_path, capsys):
-    from vkmulti.benchmarks import main
+    from vkmulti.apps.benchmarks import main
 
     out = tmp_path / "small.json"
     assert main(["--small", "--reps", "6", "--no-torch", "--methods", "host_shared", "--json", str(out)]) == 0
@@ -252,7 +252,7 @@ def test_bench_small_times_latency_and_splits_submit_from_wait(tmp_path, capsys)
 
 
 def test_bench_small_and_quick_exclude_each_other(capsys):
-    from vkmulti.benchmarks import main
+    from vkmulti.apps.benchmarks import main
 
     with pytest.raises(SystemExit) as e:
         main(["--small", "--quick", "--no-torch"])

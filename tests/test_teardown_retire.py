@@ -27,11 +27,12 @@ import pytest
 import vulkan as vk
 
 import vkmulti
-from vkmulti import TransferMethod, vkapi
+from vkmulti import TransferMethod
+from vkmulti._core import vkapi
 from vkmulti.errors import TimeoutError as VkmTimeoutError
-from vkmulti.images import Buffer, Image
-from vkmulti.render import SRU_IMAGE_USAGE, Compositor, ReferenceRenderer, ReferenceSRU
-from vkmulti.transfer import CrossDeviceTransfer
+from vkmulti.memory.image import Buffer, Image
+from vkmulti.offload.render import SRU_IMAGE_USAGE, Compositor, ReferenceRenderer, ReferenceSRU
+from vkmulti.transfer.cross_device import CrossDeviceTransfer
 
 
 @contextlib.contextmanager
@@ -96,8 +97,8 @@ import os, sys
 from vkmulti.testing import install_virtual_gpus
 install_virtual_gpus(2)
 import vkmulti
-from vkmulti.demo import make_srus
-from vkmulti.images import Image
+from vkmulti.apps.demo import make_srus
+from vkmulti.memory.image import Image
 for i in range(int(sys.argv[1])):
     with vkmulti.MultiDeviceManager.create(validation=False) as mgr:
         coord = vkmulti.SRUOffloadCoordinator(

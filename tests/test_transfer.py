@@ -12,9 +12,9 @@ import vulkan as vk
 
 import vkmulti
 from vkmulti import DestroyedError, TransferMethod, UnsupportedError
-from vkmulti.capabilities import EXT_MEMORY_HOST
-from vkmulti.images import Buffer, Image
-from vkmulti.transfer import CrossDeviceTransfer, TimelinePoint, select_transfer_method
+from vkmulti.device.capabilities import EXT_MEMORY_HOST
+from vkmulti.memory.image import Buffer, Image
+from vkmulti.transfer.cross_device import CrossDeviceTransfer, TimelinePoint, select_transfer_method
 
 
 METHODS = [TransferMethod.STAGING_COPY, TransferMethod.HOST_SHARED, TransferMethod.DMABUF]
@@ -27,7 +27,7 @@ class Assignment:
 
 
 def available(manager, method, src=1, dst=0):
-    from vkmulti.methods import method_support
+    from vkmulti.transfer.methods import method_support
     a, b = manager.slot(src), manager.slot(dst)
     return method_support(method, a.capabilities, b.capabilities, a.enabled_extensions, b.enabled_extensions) is None
 
@@ -187,8 +187,8 @@ def test_stalled_link_fails_its_jobs_and_destroys_in_bounded_time(manager):
     """A job whose source wait never comes: once the stall timeout passes, its
     waiters and later submits get TransferError (not an endless "not yet"), and
     destroy() returns within about that timeout, leaving the GPU objects alive."""
-    from vkmulti import _native
-    from vkmulti.transfer import _Endpoint
+    from vkmulti._core import _native
+    from vkmulti.transfer.cross_device import _Endpoint
 
     sem, data, s, d, release, cleanup = _blocked_source(manager)
     src, dst = manager.slot(1), manager.slot(0)
@@ -216,8 +216,8 @@ def test_stalled_link_fails_its_jobs_and_destroys_in_bounded_time(manager):
 def test_destroy_while_other_threads_submit_and_wait(manager):
     """destroy() racing submits and waits on other threads: every call either
     works or raises DestroyedError; none runs on a freed link."""
-    from vkmulti import _native
-    from vkmulti.transfer import _Endpoint
+    from vkmulti._core import _native
+    from vkmulti.transfer.cross_device import _Endpoint
 
     sem, data, s, d, release, cleanup = _blocked_source(manager)
     src, dst = manager.slot(1), manager.slot(0)
@@ -316,7 +316,7 @@ def test_dst_ready_orders_gpu_work_without_host_wait(manager):
         t.wait_submitted(30)
         # record a readback on GPU 0 that waits for dst_ready on the GPU; no ticket.wait()
         out = Buffer(manager.slot(0), data.nbytes, host_visible=True)
-        from vkmulti.images import CommandRunner
+        from vkmulti.memory.image import CommandRunner
         CommandRunner.for_slot(manager.slot(0)).run(
             lambda cmd: vk.vkCmdCopyBuffer(cmd, d.handle, out.handle, 1, [vk.VkBufferCopy(0, 0, data.nbytes)]),
             waits=[(t.dst_ready.semaphore, t.dst_ready.value)])
@@ -487,8 +487,8 @@ def test_gpu_queue_family_ownership_transfer(method, src, dst):
     """An engine's primary whose copy queue is the dedicated transfer family: images
     owned by the universal family go through release/acquire barriers."""
     from vkmulti import MultiDeviceManager
-    from vkmulti.devices import create_logical_device, destroy_logical_device
-    from vkmulti.instance import Instance
+    from vkmulti.device.logical import create_logical_device, destroy_logical_device
+    from vkmulti.device.instance import Instance
 
     inst = Instance()
     pds = inst.physical_devices()

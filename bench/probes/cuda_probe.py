@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     a = ap.parse_args(argv)
     from vkmulti import MultiDeviceManager
-    from vkmulti.images import Buffer, Image
+    from vkmulti.memory.image import Buffer, Image
 
     os.makedirs(a.out, exist_ok=True)
     with MultiDeviceManager.create(enabled=True, validation=False) as mgr:
@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{t['min_s'] * 1e3:.3f} min", flush=True)
                 report([path, "--jobs", "1"])
         # HOST_SHARED 4K, GPU1 -> GPU0 as in bench/transfer.py (issue 3's target case)
-        from vkmulti import _native
-        from vkmulti.transfer import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
+        from vkmulti._core import _native
+        from vkmulti.transfer.cross_device import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
         back = Image(d, 3840, 2160, f), Image(s, 3840, 2160, f)
         path = os.path.join(a.out, "trace_host_shared_4K.csv")
         if os.path.exists(path):

@@ -14,10 +14,10 @@ import time
 import numpy as np
 import vulkan as vk
 
-from vkmulti.devices import create_logical_device
-from vkmulti.images import Buffer
-from vkmulti.instance import Instance
-from vkmulti.multi_device import MultiDeviceManager
+from vkmulti.device.logical import create_logical_device
+from vkmulti.memory.image import Buffer
+from vkmulti.device.instance import Instance
+from vkmulti.device.manager import MultiDeviceManager
 
 N = 256 << 20
 _ffi = vk.ffi

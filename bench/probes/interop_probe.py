@@ -17,7 +17,7 @@ import time
 import vulkan as vk
 
 from vkmulti import MultiDeviceManager
-from vkmulti.images import Buffer, CommandRunner, Image
+from vkmulti.memory.image import Buffer, CommandRunner, Image
 
 N = 256 << 20
 

@@ -48,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.rounds < 1:
         ap.error("--rounds must be >= 1")
-    from vkmulti import MultiDeviceManager, _native
-    from vkmulti.images import Buffer, Image
+    from vkmulti import MultiDeviceManager
+    from vkmulti._core import _native
+    from vkmulti.memory.image import Buffer, Image
     from vkmulti.testing import use_virtual_if_no_gpu
 
     note = use_virtual_if_no_gpu(a.virtual)

@@ -17,10 +17,10 @@ import time
 
 import vulkan as vk
 
-from vkmulti.devices import create_logical_device
-from vkmulti.images import Buffer, Image
-from vkmulti.instance import Instance
-from vkmulti.multi_device import MultiDeviceManager
+from vkmulti.device.logical import create_logical_device
+from vkmulti.memory.image import Buffer, Image
+from vkmulti.device.instance import Instance
+from vkmulti.device.manager import MultiDeviceManager
 
 N = 64 << 20
 

@@ -1,7 +1,7 @@
 """A/B of two vkmulti builds on small transfers: are build A's as fast as build B's?
 
 Runs the small cases of the transfer bench (a 256x256 RGBA16F image and a 64 KiB
-buffer, every method, each transfer timed alone; `vkmulti.benchmarks.run_transfer_bench`,
+buffer, every method, each transfer timed alone; `vkmulti.apps.benchmarks.run_transfer_bench`,
 which older builds have too) in child processes, A and B in turn, `--pairs` times,
 so that machine drift hits both alike. Prints each case's median (us) per build and
 the median of the pairwise ratios A/B as JSON, then a ratio line.
@@ -28,8 +28,8 @@ def child(reps: int, virtual: int) -> None:
         from vkmulti.testing import install_virtual_gpus
 
         install_virtual_gpus(virtual)
-    from vkmulti.benchmarks import run_transfer_bench
-    from vkmulti.multi_device import MultiDeviceManager
+    from vkmulti.apps.benchmarks import run_transfer_bench
+    from vkmulti.device.manager import MultiDeviceManager
 
     with MultiDeviceManager.create(enabled=True, validation=False) as mgr:
         res = run_transfer_bench(mgr, reps=reps, buffer_reps=reps, sizes=((256, 256),), buffer_bytes=64 << 10,

@@ -3,26 +3,28 @@
 Places work on GPUs by cost, moves results between them as fast as the
 hardware allows, and keeps working when a GPU is slow or gone.
 """
-__version__ = "0.1.0"
+from ._version import __version__
 
-from .buffers import Buffer
-from .images import Image
-from .inter_gpu import Gathered, InterGpuTransfer
-from .capabilities import DeviceCapabilities, QueueFamilies, RenderCapabilities, probe_device
-from .cuda import CudaDevice, cuda_devices, cuda_peer_reason, cuda_status
-from .devices import LogicalDevice, Queue, create_logical_device
+from .memory.buffer import Buffer
+from .memory.image import Image
+from .transfer.inter_gpu import Gathered, InterGpuTransfer
+from .device.capabilities import DeviceCapabilities, QueueFamilies, RenderCapabilities, probe_device
+from .device.cuda import CudaDevice, cuda_devices, cuda_peer_reason, cuda_status
+from .device.logical import LogicalDevice, Queue, create_logical_device
 from .errors import (BackendUnavailableError, CudaError, DestroyedError, DeviceLostError, DeviceNotAvailableError,
                      InvalidConfigError, K2KDestinationNotFoundError, KernelNotFoundError, KernelValidationError,
                      LinkStalledError, MigrationError, OutOfDeviceMemoryError, OutOfHostMemoryError,
                      RendererMissingError, TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError)
-from .instance import Instance
-from .methods import TransferMethod, supported_methods
-from .multi_device import DeviceSlot, MultiDeviceManager
-from .offload import OffloadRoute, SRUOffloadCoordinator
-from .partition import SRUAssignment, assign_srus, assign_srus_array
-from .render import Compositor, ReferenceRenderer, ReferenceSRU
-from .transfer import CrossDeviceTransfer, TimelinePoint, TransferTicket, pair_methods, select_transfer_method
-from .requirements import DeviceRequirements, device_requirements
+from .device.instance import Instance
+from .transfer.methods import TransferMethod, supported_methods
+from .device.manager import DeviceSlot, MultiDeviceManager
+from .offload.coordinator import OffloadRoute, SRUOffloadCoordinator
+from .offload.partition import SRUAssignment, assign_srus, assign_srus_array
+from .offload.render import Compositor, ReferenceRenderer, ReferenceSRU
+from .transfer.cross_device import (CrossDeviceTransfer, TimelinePoint, TransferTicket, pair_methods,
+                                    select_transfer_method)
+from .transfer.requirements import DeviceRequirements, device_requirements
+from . import buffers, images  # the old paths of Buffer and Image, aliases for one release
 from . import testing   # vkmulti.testing.install_virtual_gpus(2) works after a plain `import vkmulti`
 # ringkernel's multi_gpu port (its CrossDeviceTransfer stays vkmulti.kernels.CrossDeviceTransfer)
 from .kernels import (Backend, CoordinatorEvent, CoordinatorEventKind, DeviceInfo, DeviceStatus,
@@ -80,6 +82,6 @@ __all__ = [
 
 # failure handling: a lost GPU (docs/failover.md)
 from .errors import PrimaryDeviceLostError  # noqa: E402
-from .failover import FailoverStats, Recovery  # noqa: E402
+from .device.failover import FailoverStats, Recovery  # noqa: E402
 
 __all__ += ["PrimaryDeviceLostError", "FailoverStats", "Recovery"]

@@ -22,8 +22,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import DeviceLostError, TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError
-from ..partition import assign_srus
-from ..render import MAX_ITERATIONS
+from ..offload.partition import assign_srus
+from ..offload.render import MAX_ITERATIONS
 from .errors import ClusterError
 from .readback import BatchReadback
 from .stencil import StencilSlab
@@ -39,7 +39,7 @@ _KEEP_CALLS = 8
 
 
 def _calibration_sru(iterations: int) -> Any:
-    from ..render import ReferenceSRU
+    from ..offload.render import ReferenceSRU
 
     return ReferenceSRU("calibration", 256, 256, seed=7, iterations=iterations)
 
@@ -116,10 +116,10 @@ class NodeAgent:
                 return
         try:
             if virtual_gpus:
-                from ..testing import install_virtual_gpus
+                from ..device.virtual import install_virtual_gpus
 
                 install_virtual_gpus(virtual_gpus)
-            from ..multi_device import MultiDeviceManager
+            from ..device.manager import MultiDeviceManager
 
             self.manager = MultiDeviceManager.create(
                 enabled=True, validation=validation,
@@ -325,7 +325,7 @@ class NodeAgent:
     def _renderer(self, g: int) -> Any:
         r = self._renderers.get(g)
         if r is None:
-            from ..render import ReferenceRenderer
+            from ..offload.render import ReferenceRenderer
 
             r = self._renderers[g] = ReferenceRenderer(self.manager.slot(g))
         return r
@@ -419,7 +419,7 @@ class NodeAgent:
 
     def validation_errors(self) -> list[str]:
         """Validation-layer errors this agent's Vulkan instances reported since the last call."""
-        from ..instance import drain_all_validation_messages
+        from ..device.instance import drain_all_validation_messages
 
         return [text for sev, text in drain_all_validation_messages() if sev == "error"]
 

@@ -102,7 +102,7 @@ def parse_address(address: Any) -> RayAddress:
 
 def vk_gpu_count() -> int:
     """Vulkan physical devices this machine's agent would drive (what to offer as `vk_gpu`)."""
-    from ..instance import Instance
+    from ..device.instance import Instance
 
     inst = Instance(validation=False)
     try:

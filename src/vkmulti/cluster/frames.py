@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._repr import compact_repr
+from .._core.reprs import compact_repr
 from .errors import NoAgentError, caller_error, short_error
 from .planner import NodeInfo, NodePlan, composite_frame, plan_nodes
 

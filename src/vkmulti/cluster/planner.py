@@ -19,8 +19,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .._repr import compact_repr
-from ..partition import assign_srus
+from .._core.reprs import compact_repr
+from ..offload.partition import assign_srus
 
 __all__ = ["NodeInfo", "LinkInfo", "NodePlan", "plan_nodes", "sru_image_bytes", "composite_frame",
            "check_srus", "IMAGE_BYTES_PER_PIXEL"]
@@ -109,7 +109,7 @@ def sru_image_bytes(sru: Any) -> int:
 
 def check_srus(srus: Iterable[Any]) -> list[Any]:
     """A list of ReferenceSRUs with distinct ids, or TypeError/ValueError naming the offender."""
-    from ..render import ReferenceSRU
+    from ..offload.render import ReferenceSRU
 
     out = list(srus)
     seen: set = set()

@@ -14,10 +14,10 @@ from typing import Any, Sequence
 import numpy as np
 import vulkan as vk
 
-from .. import vkapi
-from ..buffers import Buffer
-from ..commands import CommandRunner
-from ..images import Image
+from .._core import vkapi
+from ..memory.buffer import Buffer
+from ..device.commands import CommandRunner
+from ..memory.image import Image
 
 __all__ = ["BatchReadback"]
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._repr import compact_repr
+from .._core.reprs import compact_repr
 from .errors import NoAgentError, caller_error, short_error
 from .planner import NodeInfo
 from .stencil import split_rows_weighted

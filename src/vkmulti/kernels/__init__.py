@@ -8,33 +8,35 @@ enum.Enum with UPPER_SNAKE members, `Option` -> None, `Result` errors ->
 exceptions under VkmError, `Duration` -> float seconds, `KernelId` -> a str
 subclass (plain str accepted).
 """
-from .config import Backend, KernelMode, LaunchOptions, LoadBalancingStrategy, MultiGpuBuilder, MultiGpuConfig
-from .coordinator import CoordinatorEvent, CoordinatorEventKind, CustomSelector, MultiGpuCoordinator
-from .devices import DeviceInfo, DeviceStatus, MultiGpuStats
+from .coordinator.config import (Backend, KernelMode, LaunchOptions, LoadBalancingStrategy, MultiGpuBuilder,
+                                 MultiGpuConfig)
+from .coordinator.coordinator import CoordinatorEvent, CoordinatorEventKind, CustomSelector, MultiGpuCoordinator
+from .coordinator.records import DeviceInfo, DeviceStatus, MultiGpuStats
 from .ids import KernelId
-from .kernel import InboundBatch, Kernel, KernelSpec, KernelStats, OutboxBatch
+from .engine.kernel import InboundBatch, Kernel, KernelSpec, KernelStats, OutboxBatch
 from .messages import (DEFAULT_PAYLOAD_SIZE, HOST_KERNEL_ID, HlcTimestamp, HybridLogicalClock, K2KMessage,
                        MessageEnvelope)
-from .plans import (DeviceUnregisterResult, KernelMigrationPlan, MigrationPriority, MigrationRequest,
-                    MigrationState)
-from .probe import format_topology, probe_topology
+from .coordinator.plans import (DeviceUnregisterResult, KernelMigrationPlan, MigrationPriority, MigrationRequest,
+                                MigrationState)
+from .coordinator.probe import format_topology, probe_topology
 from .reference import counter_kernel, pingpong_kernel, stencil_kernel
-from .router import CrossGpuK2KRouter
-from .routing import (CrossGpuRouterStats, CrossGpuRouterStatsSnapshot, DevicePath, PendingK2KMessage,
-                      RoutingDecision, RoutingKind)
-from .runtime import KernelRuntime, StepTicket
-from .topology import GpuConnection, GpuTopology, InterconnectType
-from .transfer import CrossDeviceTransfer
+from .k2k.router import CrossGpuK2KRouter
+from .k2k.routing import (CrossGpuRouterStats, CrossGpuRouterStatsSnapshot, DevicePath, PendingK2KMessage,
+                          RoutingDecision, RoutingKind)
+from .runtime.runtime import KernelRuntime, StepTicket
+from .coordinator.topology import GpuConnection, GpuTopology, InterconnectType
+from .coordinator.transfer_spec import CrossDeviceTransfer
 # checkpoints, migration, hot reload (issue 16)
-from .checkpoint import (CHECKPOINT_MAGIC, CHECKPOINT_VERSION, MAX_CHECKPOINT_SIZE, Checkpoint, CheckpointBuilder,
-                         CheckpointHeader, CheckpointMetadata, ChunkHeader, ChunkType, DataChunk)
-from .checkpoint_storage import CheckpointStorage, FileStorage, MemoryStorage
-from .code_source import KernelCodeFormat, KernelCodeSource
-from .hot_reload import (HotReloadConfig, HotReloadManager, HotReloadRequest, HotReloadResult, HotReloadState,
-                         HotReloadStats, HotReloadStatsSnapshot)
-from .lifecycle import CheckpointPolicy
-from .migration import KernelMigrator, MigrationResult, MigrationStats, MigrationStatsSnapshot, PlanOutcome
-from .protocols import CheckpointableKernel, HotReloadableKernel, MigratableKernel
+from .checkpoint.format import (CHECKPOINT_MAGIC, CHECKPOINT_VERSION, MAX_CHECKPOINT_SIZE, Checkpoint,
+                                CheckpointBuilder, CheckpointHeader, CheckpointMetadata, ChunkHeader, ChunkType,
+                                DataChunk)
+from .checkpoint.storage import CheckpointStorage, FileStorage, MemoryStorage
+from .reload.code_source import KernelCodeFormat, KernelCodeSource
+from .reload.manager import (HotReloadConfig, HotReloadManager, HotReloadRequest, HotReloadResult, HotReloadState,
+                             HotReloadStats, HotReloadStatsSnapshot)
+from .lifecycle.lifecycle import CheckpointPolicy
+from .lifecycle.migrator import KernelMigrator, MigrationResult, MigrationStats, MigrationStatsSnapshot, PlanOutcome
+from .lifecycle.protocols import CheckpointableKernel, HotReloadableKernel, MigratableKernel
 
 __all__ = [
     "Backend", "KernelMode", "LaunchOptions", "LoadBalancingStrategy", "MultiGpuBuilder", "MultiGpuConfig",

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .._repr import compact_repr
+from .._core.reprs import compact_repr
 
 __all__ = ["HOST_ADDRESS", "HOST_KERNEL_ID", "DEFAULT_PAYLOAD_SIZE", "ENVELOPE", "ENVELOPE_BYTES",
            "RING_HEADER_BYTES", "HlcTimestamp", "HybridLogicalClock", "MessageEnvelope", "K2KMessage",

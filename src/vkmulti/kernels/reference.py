@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from ..render import shader_path
-from .kernel import KernelSpec
+from .._core.shaders import shader_path
+from .engine.kernel import KernelSpec
 
 __all__ = ["COUNTER_TAG_ADD", "COUNTER_TAG_QUERY", "COUNTER_TAG_REPLY", "COUNTER_TAG_FORWARD", "PING_TAG",
            "PING_DONE_TAG", "counter_kernel", "counter_initial_state", "CounterState", "read_counter",

@@ -156,9 +156,9 @@ def run_stencil(manager: Any, field: Any, steps: int, devices: Iterable[int] | N
     `warmup` steps of a throwaway copy run first on the same devices (pipelines,
     transfer rings and landing buffers made) and are not timed.
     """
-    from .coordinator import MultiGpuCoordinator
-    from .router import CrossGpuK2KRouter
-    from .runtime import KernelRuntime
+    from .coordinator.coordinator import MultiGpuCoordinator
+    from .k2k.router import CrossGpuK2KRouter
+    from .runtime.runtime import KernelRuntime
 
     f = _as_field(field)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:

@@ -1,0 +1,111 @@
+"""Timeline points: "this semaphore of this device reaches this value", as given by callers.
+
+`TimelinePoint` is what vkmulti hands out (a transfer's `dst_ready`, a render's
+done point); callers may also pass raw ``(semaphore, value)`` pairs. Both are
+checked here before any of them reaches a submit: a null, negative or
+mistyped handle, or a point of another device, is a clear error, never a
+null semaphore in a VkSubmitInfo. (A raw non-null handle cannot be checked:
+Vulkan trusts it, and so does vkmulti.)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import vulkan as vk
+
+from .handles import handle_int
+
+__all__ = ["TimelinePoint", "wait_point", "wait_points", "as_wait_points"]
+
+_U64 = 1 << 64
+#: Caller-given wait lists longer than this are refused (a submit carries them all).
+MAX_WAITS = 64
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    """A value of a timeline semaphore on one device: "done when it reaches `value`"."""
+    semaphore: int
+    value: int
+    device_index: int
+
+    @property
+    def handle(self) -> Any:
+        """The semaphore as a `vulkan` package handle (for VkSubmitInfo)."""
+        return vk.ffi.cast("VkSemaphore", self.semaphore)
+
+    @classmethod
+    def _trusted(cls, semaphore: int, value: int, device_index: int) -> "TimelinePoint":
+        """A point from vkmulti's own ints (a transfer's submit, once per job), made
+        without the frozen dataclass's guarded setattr per field: half the cost."""
+        p = _new(cls)
+        p.__dict__.update(semaphore=semaphore, value=value, device_index=device_index)
+        return p
+
+
+_new = object.__new__
+
+
+def wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
+    """(semaphore, value) from a TimelinePoint of `slot` or a (semaphore, value)
+    pair; None for None. `label` names the argument in errors."""
+    if value is None:
+        return None
+    if isinstance(value, TimelinePoint):
+        if value.device_index != slot.index:
+            raise ValueError(f"{label} is a semaphore of GPU {value.device_index}, not of GPU {slot.index}")
+        return handle_int(value.semaphore, "VkSemaphore"), _point_value(value.value, label)
+    if isinstance(value, (str, bytes, dict)):
+        raise TypeError(f"{label} must be a TimelinePoint or a (semaphore, value) pair, "
+                        f"got {type(value).__name__}")
+    try:
+        sem, v = value
+    except (TypeError, ValueError):
+        raise TypeError(f"{label} must be a TimelinePoint or a (semaphore, value) pair, "
+                        f"got {type(value).__name__}") from None
+    return handle_int(sem, "VkSemaphore"), _point_value(v, label)
+
+
+def _point_value(v: Any, label: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < _U64:
+        raise ValueError(f"{label} value must be an int in [0, 2**64), got {v!r}"[:160])
+    return v
+
+
+def wait_points(waits: Any, slot: Any, label: str = "waits") -> list[tuple[int, int]]:
+    """A checked list of (semaphore, value) from None, one point, or an iterable of
+    TimelinePoints / (semaphore, value) pairs, all on `slot`'s device."""
+    if waits is None:
+        return []
+    if isinstance(waits, TimelinePoint):
+        return [wait_point(waits, slot, label)]   # type: ignore[list-item]
+    if isinstance(waits, (str, bytes, dict)):
+        raise TypeError(f"{label} must be a list of TimelinePoints or (semaphore, value) pairs, "
+                        f"got {type(waits).__name__}")
+    try:
+        items = list(waits)
+    except TypeError:
+        raise TypeError(f"{label} must be a list of TimelinePoints or (semaphore, value) pairs, "
+                        f"got {type(waits).__name__}") from None
+    if len(items) > MAX_WAITS:
+        raise ValueError(f"{label} has {len(items)} points; at most {MAX_WAITS}")
+    out = []
+    for k, w in enumerate(items):
+        if w is None:
+            raise TypeError(f"{label}[{k}] is None; pass a TimelinePoint or a (semaphore, value) pair")
+        out.append(wait_point(w, slot, f"{label}[{k}]"))
+    return out  # type: ignore[return-value]
+
+
+def as_wait_points(wait: Any, device_index: int, what: str = "wait") -> list[TimelinePoint]:
+    """None, one TimelinePoint or an iterable of them -> a list, all on `device_index`."""
+    if wait is None:
+        return []
+    points = [wait] if isinstance(wait, TimelinePoint) else list(wait)
+    for p in points:
+        if not isinstance(p, TimelinePoint):
+            raise TypeError(f"{what} must be TimelinePoints, got {p!r}")
+        if p.device_index != device_index:
+            raise ValueError(f"{what} {p} is a semaphore of GPU {p.device_index}, not of GPU {device_index}")
+    return points

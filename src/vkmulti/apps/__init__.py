@@ -1,0 +1,1 @@
+"""Programs, not library: the CLI, the demos, the drills and the benchmarks. Exports nothing."""

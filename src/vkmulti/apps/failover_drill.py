@@ -1,0 +1,131 @@
+"""Lost-GPU drills (`python -m vkmulti demo --lose-gpu 1@50`): run frames across the
+GPUs, lose one GPU in the middle of a given frame through the fault hook
+(vkmulti.testing.lose_device), and check every frame against the one-GPU frame.
+The same drill runs on real GPUs: the hook marks the device lost exactly as
+the driver's VK_ERROR_DEVICE_LOST would."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+__all__ = ["LossInjector", "sru_drill", "print_sru_drill"]
+
+
+class LossInjector:
+    """A renderer that, once armed, loses its device right after its next render
+    is submitted (so the loss lands in the middle of a frame, with that SRU's
+    render and transfer in flight)."""
+
+    def __init__(self, inner: Any, manager: Any, index: int):
+        self.inner, self.manager, self.index = inner, manager, index
+        self.armed = False
+        self.fired_at: float | None = None
+
+    def render(self, sru: Any, target: Any, *, wait: Any = None) -> Any:
+        point = self.inner.render(sru, target, wait=wait)
+        if self.armed:
+            self.fire()
+        return point
+
+    def fire(self) -> None:
+        from ..testing import lose_device
+
+        self.armed = False
+        if self.fired_at is None:
+            self.fired_at = time.perf_counter()
+            lose_device(self.manager, self.index)
+
+    def destroy(self) -> None:
+        self.inner.destroy()
+
+
+def sru_drill(srus: list[Any], width: int, height: int, frames: int, loss: tuple[int, int], *,
+              devices: list[int] | None = None, note: str | None = None) -> dict[str, Any]:
+    """Render `frames` frames of `srus` across the GPUs, losing GPU loss[0] during
+    frame loss[1]; every frame is compared with the one-GPU frame. Returns the figures."""
+    from ..memory.image import Image
+    from ..device.manager import MultiDeviceManager
+    from ..offload.coordinator import SRUOffloadCoordinator
+    from ..offload.render import ReferenceRenderer
+
+    gpu, at = loss
+    mgr = MultiDeviceManager.create(enabled=True, device_indices=devices)
+    owned: list[Any] = []
+    injectors: dict[int, LossInjector] = {}
+    out: dict[str, Any] = {"drill": "sru", "note": note, "virtual": note is not None, "srus": len(srus),
+                           "size": [width, height], "frames": frames, "lose_gpu": gpu, "at_frame": at}
+
+    def factory(ctx: Any) -> LossInjector:
+        inj = injectors[ctx.slot.index] = LossInjector(ReferenceRenderer(ctx.slot), mgr, ctx.slot.index)
+        return inj
+    t_destroy = None
+    try:
+        if not 1 <= gpu < mgr.device_count:
+            raise ValueError(f"--lose-gpu {gpu}@{at}: GPU {gpu} is not a secondary of this machine "
+                             f"({mgr.device_count} GPU{'s' if mgr.device_count != 1 else ''})")
+        if at >= frames:
+            raise ValueError(f"--lose-gpu {gpu}@{at}: frame {at} is past the {frames} frames rendered")
+        frame = Image(mgr.primary, width, height)
+        ref_frame = Image(mgr.primary, width, height)
+        owned += [frame, ref_frame]
+        single = SRUOffloadCoordinator(mgr, secondary_renderer_factory=factory, devices=[0])
+        owned.append(single)
+        single.render_frame(srus, ref_frame)
+        reference = ref_frame.download()
+        multi = SRUOffloadCoordinator(mgr, secondary_renderer_factory=factory)
+        owned.append(multi)
+        times, bad, lost_in = [], [], []
+        for f in range(frames):
+            if f == at:
+                injectors[gpu].armed = True if gpu in injectors else False
+            t0 = time.perf_counter()
+            rep = multi.render_frame(srus, frame)
+            times.append(time.perf_counter() - t0)
+            if f == at and (gpu not in injectors or injectors[gpu].fired_at is None):
+                LossInjector(None, mgr, gpu).fire()   # nothing ran there this frame: lose it after the frame
+            if rep.lost:
+                lost_in.append(f)
+            if not np.array_equal(frame.download(), reference):
+                bad.append(f)
+        stats = multi.failover_stats.as_dict()
+        before = times[:at] or [float("nan")]
+        after = times[at + 1:] or [float("nan")]
+        out.update({
+            "identical": not bad, "frames_not_identical": bad, "loss_seen_in_frames": lost_in,
+            "frame_ms_before_loss": statistics.median(before) * 1e3,
+            "frame_ms_loss_frame": times[at] * 1e3,
+            "frame_ms_after_loss": statistics.median(after) * 1e3,
+            "failover": stats, "unavailable": {str(k): v for k, v in multi.unavailable.items()},
+            "devices_after": multi.usable_devices(),
+        })
+    finally:
+        t0 = time.perf_counter()
+        for obj in reversed(owned):
+            obj.destroy()
+        mgr.destroy()
+        t_destroy = time.perf_counter() - t0
+    out["destroy_ms_after_loss"] = t_destroy * 1e3
+    return out
+
+
+def print_sru_drill(r: dict[str, Any]) -> None:
+    w, h = r["size"]
+    print(f"vkmulti lost-GPU drill: {r['srus']} SRUs, {w}x{h}, {r['frames']} frames, GPU {r['lose_gpu']} lost "
+          f"during frame {r['at_frame']}")
+    if r["note"]:
+        print(f"note: {r['note']}")
+    print(f"  loss seen in frame(s)          {r['loss_seen_in_frames']}")
+    print(f"  frame time before the loss     {r['frame_ms_before_loss']:9.2f} ms (median)")
+    print(f"  the frame of the loss          {r['frame_ms_loss_frame']:9.2f} ms")
+    print(f"  frame time after the loss      {r['frame_ms_after_loss']:9.2f} ms (median, GPUs {r['devices_after']})")
+    fo = r["failover"]
+    print(f"  SRUs rendered again on GPU 0   {fo['srus_rerendered']}; frames composited again "
+          f"{fo['frames_repaired']}")
+    for rec in fo["recoveries"]:
+        print(f"  recovery on GPU {rec['device']}: {rec['what']} in {rec['seconds'] * 1e3:.2f} ms")
+    print(f"  destroy after the loss         {r['destroy_ms_after_loss']:9.2f} ms")
+    print(f"  all {r['frames']} frames identical to the one-GPU frame: {'yes' if r['identical'] else 'NO'}"
+          + ("" if r["identical"] else f" (frames {r['frames_not_identical']})"))

@@ -1,0 +1,298 @@
+"""The measured topology: facts (PCI bus, NUMA node, NVLink) plus bandwidth and
+latency per ordered device pair, measured with vkmulti's own best transfer
+method; cached per machine so a second run does not measure again.
+
+Cache: one JSON file per set of devices, keyed by their UUIDs, driver UUIDs,
+driver versions and PCI buses, in $VKMULTI_CACHE_DIR, else
+$XDG_CACHE_HOME/vkmulti, else ~/.cache/vkmulti.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from ..._version import __version__
+from ...device.capabilities import DeviceCapabilities
+from ...errors import VkmError
+from ...transfer.methods import TransferMethod
+from .device_facts import nvlink_links, numa_node, pair_transfer_methods
+from ..ids import check_count
+from .topology import GpuConnection, GpuTopology, InterconnectType
+
+log = logging.getLogger(__name__)
+
+__all__ = ["probe_topology", "cache_dir", "cache_path", "cache_key", "format_topology", "CACHE_ENV",
+           "CACHE_FORMAT"]
+
+CACHE_ENV = "VKMULTI_CACHE_DIR"
+CACHE_FORMAT = 1
+#: bytes per bandwidth measurement: 64 MiB between GPUs, 8 MiB where a CPU device takes part
+GPU_BYTES = 64 << 20
+CPU_BYTES = 8 << 20
+#: bytes of the latency measurement (one small transfer, submit to landed)
+LATENCY_BYTES = 4096
+DEFAULT_REPS = 5
+WAIT_SECONDS = 60.0
+_PEER = ("cuda_peer", "dmabuf")
+
+
+def cache_dir() -> str:
+    """Where topology measurements are cached ($VKMULTI_CACHE_DIR, else
+    $XDG_CACHE_HOME/vkmulti, else ~/.cache/vkmulti)."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return explicit
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(xdg, "vkmulti")
+
+
+def _key_material(manager: Any) -> list[dict[str, Any]]:
+    from ...transfer.cross_device import cuda_peer_auto
+
+    out = []
+    for slot in manager.slots:
+        c: DeviceCapabilities = slot.capabilities
+        out.append({"index": slot.index, "name": c.name, "device_uuid": c.device_uuid, "driver_uuid": c.driver_uuid,
+                    "driver_version": c.driver_version, "driver_info": c.driver_info, "pci_bus": c.pci_bus,
+                    "enabled_extensions": sorted(slot.enabled_extensions)})
+    return [{"vkmulti": __version__, "cuda_peer_auto": cuda_peer_auto()}] + out
+
+
+def cache_key(manager: Any) -> str:
+    """16 hex digits naming this machine's device set (UUIDs, drivers, order)."""
+    blob = json.dumps(_key_material(manager), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def cache_path(manager: Any, directory: str | None = None) -> str:
+    return os.path.join(directory or cache_dir(), f"topology-{cache_key(manager)}.json")
+
+
+def _load(path: str, material: list[dict[str, Any]]) -> GpuTopology | None:
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring the unreadable topology cache %s: %s", path, exc)
+        return None
+    try:
+        if doc.get("format") != CACHE_FORMAT or doc.get("key") != material:
+            return None
+        return GpuTopology.from_dict(doc["topology"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        log.warning("ignoring the malformed topology cache %s: %s", path, exc)
+        return None
+
+
+def _save(path: str, material: list[dict[str, Any]], topo: GpuTopology) -> bool:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".topology-", dir=os.path.dirname(path))
+        with os.fdopen(fd, "w") as f:
+            json.dump({"format": CACHE_FORMAT, "key": material, "topology": topo.to_dict()}, f, indent=1)
+        os.replace(tmp, path)
+        return True
+    except OSError as exc:
+        log.warning("could not write the topology cache %s: %s", path, exc)
+        return False
+
+
+def probe_topology(manager: Any, *, force: bool = False, cache: bool = True, cache_directory: str | None = None,
+                   nbytes: int | None = None, reps: int = DEFAULT_REPS, sysfs_root: str = "/sys") -> GpuTopology:
+    """The measured topology of `manager`'s devices, marked probed.
+
+    From the cache when an entry for these devices exists (unless `force`),
+    else measured and cached (`cache=False`: neither read nor written). Per
+    ordered pair: the interconnect (SAME_DEVICE for one device listed twice,
+    NVLINK/NVSWITCH where NVML reports links, PCIE for a peer method
+    (CUDA_PEER, DMABUF), NONE when data goes through host memory), bandwidth
+    (`nbytes` per transfer, median of `reps`) and latency (a 4 KiB transfer,
+    submit to landed) measured with the method select_transfer_method picks.
+    `details` records PCI buses, NUMA nodes, NVLink counts, where the figures
+    came from, and notes on what could not be read.
+    """
+    from ...device.manager import MultiDeviceManager
+
+    if not isinstance(manager, MultiDeviceManager):
+        raise TypeError(f"manager must be a MultiDeviceManager, got {type(manager).__name__}")
+    if nbytes is not None:
+        check_count(nbytes, "nbytes", 4)
+        if nbytes % 4:
+            raise ValueError(f"nbytes must be a multiple of 4, got {nbytes}")
+    check_count(reps, "reps", 1)
+    material = _key_material(manager)
+    path = os.path.join(cache_directory or cache_dir(), f"topology-{cache_key(manager)}.json")
+    if cache and not force:
+        cached = _load(path, material)
+        if cached is not None:
+            cached.details["source"] = "cache"
+            cached.details["cache_file"] = path
+            return cached
+    topo = measure_topology(manager, nbytes=nbytes, reps=reps, sysfs_root=sysfs_root)
+    if cache:
+        topo.details["cache_file"] = path if _save(path, material, topo) else None
+    return topo
+
+
+def measure_topology(manager: Any, *, nbytes: int | None = None, reps: int = DEFAULT_REPS,
+                     sysfs_root: str = "/sys") -> GpuTopology:
+    """Read the facts and measure every ordered pair now (no cache)."""
+    slots = manager.slots
+    n = len(slots)
+    caps = [s.capabilities for s in slots]
+    topo = GpuTopology(n)
+    notes: list[str] = []
+    devices = []
+    for slot, c in zip(slots, caps):
+        node = numa_node(c.pci_bus, sysfs_root)
+        if node is not None:
+            topo.set_numa_node(slot.index, node)
+        if c.pci_bus is None:
+            notes.append(f"GPU {slot.index} ({c.name}): no VK_EXT_pci_bus_info, PCI bus and NUMA node unknown")
+        devices.append({"index": slot.index, "name": c.name, "device_type": c.device_type,
+                        "device_uuid": c.device_uuid, "pci_bus": c.pci_bus, "numa_node": node,
+                        "driver": f"{c.driver_name} {c.driver_info}".strip()})
+    if any(c.vendor_id == 0x10DE for c in caps):
+        links, why = nvlink_links([c.device_uuid for c in caps], [c.pci_bus for c in caps])
+        if why:
+            notes.append(why)
+    else:
+        links, why = {}, None
+        if n > 1:
+            notes.append("no NVIDIA device: NVLink (NVML) not probed")
+    methods = pair_transfer_methods(manager)
+    measured: dict[str, Any] = {}
+    for a in range(n):
+        for b in range(n):
+            if a == b:
+                continue
+            method = methods[(a, b)]
+            size = nbytes or (CPU_BYTES if "cpu" in (caps[a].device_type, caps[b].device_type) else GPU_BYTES)
+            try:
+                bw, lat = _measure_pair(slots[a], slots[b], method, size, reps)
+            except VkmError as exc:
+                if method == TransferMethod.STAGING_COPY:
+                    raise
+                notes.append(f"GPU {a} -> GPU {b}: {method} failed ({type(exc).__name__}: {exc}); "
+                             f"measured with {TransferMethod.STAGING_COPY} instead")
+                method = TransferMethod.STAGING_COPY
+                bw, lat = _measure_pair(slots[a], slots[b], method, size, reps)
+            kind = _interconnect(caps[a], caps[b], method, links.get((a, b)))
+            topo.set_connection(GpuConnection(a, b, kind, bandwidth_gbps=bw, latency_us=lat, bidirectional=False,
+                                              method=method))
+            measured[f"{a}->{b}"] = {"method": method, "bytes": size, "gbps": round(bw, 3),
+                                     "latency_us": round(lat, 2)}
+    topo.details = {"source": "measured", "measured_at": time.time(), "reps": reps, "devices": devices,
+                    "pairs": measured, "notes": notes,
+                    "nvlink": {f"{a}->{b}": {"links": f.links, "nominal_gbps": f.gbps, "switch": f.switch}
+                               for (a, b), f in links.items()}}
+    topo.mark_probed()
+    return topo
+
+
+def _interconnect(a: DeviceCapabilities, b: DeviceCapabilities, method: str, nvlink: Any) -> InterconnectType:
+    if a.device_uuid == b.device_uuid and a.driver_uuid == b.driver_uuid:
+        return InterconnectType.SAME_DEVICE
+    if nvlink is not None:
+        return InterconnectType.NVSWITCH if nvlink.switch else InterconnectType.NVLINK
+    return InterconnectType.PCIE if method in _PEER else InterconnectType.NONE
+
+
+def _measure_pair(src: Any, dst: Any, method: str, nbytes: int, reps: int) -> tuple[float, float]:
+    """(GB/s for `nbytes`, latency in us of a 4 KiB transfer) from src to dst with `method`."""
+    from ...memory.image import Buffer
+    from ...transfer.cross_device import CrossDeviceTransfer
+
+    a = Buffer(src, nbytes)
+    b = None
+    x = None
+    try:
+        b = Buffer(dst, nbytes)
+        x = CrossDeviceTransfer(src, dst, method)
+
+        def once(size: int) -> float:
+            t0 = time.perf_counter()
+            x.submit(src_buffer=a, dst_buffer=b, size=size).wait(WAIT_SECONDS)
+            return time.perf_counter() - t0
+
+        once(nbytes)   # warm-up: makes the link and its ring
+        big = statistics.median(once(nbytes) for _ in range(reps))
+        small = statistics.median(once(LATENCY_BYTES) for _ in range(max(2 * reps, 5)))
+        return nbytes / big / 1e9, small * 1e6
+    finally:
+        if x is not None:
+            x.destroy(WAIT_SECONDS)
+        if b is not None:
+            b.destroy()
+        a.destroy()
+
+
+# ---- printing ---------------------------------------------------------------------
+
+def format_topology(topo: GpuTopology, names: list[str] | None = None) -> str:
+    """The matrix as text: one table of bandwidth and one of latency (row = source)."""
+    n = topo.device_count
+    devs = {d["index"]: d for d in topo.details.get("devices", [])}
+    lines = []
+    for i in range(n):
+        d = devs.get(i, {})
+        name = (names[i] if names and i < len(names) else None) or d.get("name") or f"device {i}"
+        where = []
+        if d.get("pci_bus"):
+            where.append(f"PCI {d['pci_bus']}")
+        node = topo.numa_nodes[i]
+        where.append(f"NUMA {node}" if node is not None else "NUMA n/a")
+        lines.append(f"GPU {i}: {name}  [{', '.join(where)}]")
+    lines.append("")
+    src = topo.details.get("source", "estimated" if not topo.probed else "measured")
+    lines.append(f"Topology ({'measured' if topo.probed else 'estimated'}; source: {src}"
+                 + (f", {topo.details['cache_file']}" if topo.details.get("cache_file") else "") + ")")
+    width = 28
+    header = (" " * 8 + "".join(f"{'-> GPU ' + str(j):<{width}}" for j in range(n))).rstrip()
+
+    def table(title: str, cell: Any) -> None:
+        lines.append("")
+        lines.append(title)
+        lines.append(header)
+        for i in range(n):
+            row = f"GPU {i:<4}"
+            for j in range(n):
+                c = topo.get_connection(i, j)
+                text = "-" if i == j else ("no link" if c is None else cell(c))
+                row += f"{text:<{width}}"
+            lines.append(row.rstrip())
+
+    table("bandwidth GB/s, link, method", lambda c: f"{c.bandwidth_gbps:.1f} {c.interconnect.name.lower()}"
+          + (f" ({c.method})" if c.method else ""))
+    table("latency us", lambda c: f"{c.latency_us:.1f}")
+    for note in topo.details.get("notes", []):
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def run_topology_command(args: Any) -> int:
+    """`python -m vkmulti topology [--json] [--measure] [--virtual N] [--bytes N] [--reps N]`."""
+    from ...device.manager import MultiDeviceManager
+    from ...device.virtual import use_virtual_if_no_gpu
+
+    note = use_virtual_if_no_gpu(args.virtual)
+    with MultiDeviceManager.create(enabled=True) as mgr:
+        topo = probe_topology(mgr, force=args.measure, nbytes=args.bytes, reps=args.reps)
+    if args.json:
+        doc = topo.to_dict()
+        if note:
+            doc["note"] = note
+        print(json.dumps(doc, indent=2))
+    else:
+        if note:
+            print(f"note: {note}\n")
+        print(format_topology(topo))
+    return 0

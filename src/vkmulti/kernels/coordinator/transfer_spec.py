@@ -1,0 +1,83 @@
+"""ringkernel's CrossDeviceTransfer: a descriptor of a device-to-device copy
+(`source_device`, `dest_device`, `size`, `use_p2p`) that runs through
+vkmulti's transfer engine. (vkmulti.CrossDeviceTransfer is SimVX's class, the
+engine itself; this one is vkmulti.kernels.CrossDeviceTransfer.)"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ...transfer.methods import TransferMethod, method_support
+from ..ids import check_count, check_index
+
+__all__ = ["CrossDeviceTransfer"]
+
+_PEER = (TransferMethod.CUDA_PEER, TransferMethod.DMABUF)
+
+
+@dataclass
+class CrossDeviceTransfer:
+    """`size` bytes from device `source_device` to `dest_device`; `use_p2p=False`
+    (`without_p2p()`) keeps it off peer paths (CUDA_PEER, DMABUF)."""
+    source_device: int
+    dest_device: int
+    size: int
+    use_p2p: bool = True
+
+    def __post_init__(self) -> None:
+        self.source_device = check_index(self.source_device, "source_device")
+        self.dest_device = check_index(self.dest_device, "dest_device")
+        self.size = check_count(self.size, "size")
+        if not isinstance(self.use_p2p, bool):
+            raise TypeError(f"use_p2p must be a bool, got {self.use_p2p!r}")
+
+    def without_p2p(self) -> "CrossDeviceTransfer":
+        """A copy that avoids peer-to-peer methods (host_shared or staging_copy)."""
+        return dataclasses.replace(self, use_p2p=False)
+
+    def method(self, manager: Any) -> str:
+        """The transfer method this copy takes between the manager's devices."""
+        from ...transfer.cross_device import select_transfer_method
+
+        src, dst = self._slots(manager)
+        if src.index == dst.index:
+            return TransferMethod.NONE
+
+        class _Src:
+            device_index = src.index
+        best = select_transfer_method(_Src(), manager.capabilities, dst_index=dst.index)
+        if self.use_p2p or best not in _PEER:
+            return best
+        for m in (TransferMethod.HOST_SHARED, TransferMethod.STAGING_COPY):
+            if src.capabilities is None or dst.capabilities is None or \
+                    method_support(m, src.capabilities, dst.capabilities, src.enabled_extensions,
+                                   dst.enabled_extensions) is None:
+                return m
+        return TransferMethod.STAGING_COPY
+
+    def run(self, manager: Any, src_buffer: Any, dst_buffer: Any, *, src_offset: int = 0, dst_offset: int = 0,
+            timeout: float | None = None) -> str:
+        """Copy `size` bytes from `src_buffer` (on source_device) to `dst_buffer`
+        (on dest_device), blocking until they landed; returns the method used.
+        Buffers are vkmulti Buffers of those devices."""
+        from ...transfer.cross_device import CrossDeviceTransfer as Engine
+
+        if self.size == 0:
+            return TransferMethod.NONE
+        src, dst = self._slots(manager)
+        method = self.method(manager)
+        if method == TransferMethod.NONE:
+            raise ValueError(f"source and destination are both device {src.index}; copy within a device "
+                             f"with the device's own commands")
+        with Engine(src, dst, method) as engine:
+            engine.submit(src_buffer=src_buffer, dst_buffer=dst_buffer, src_offset=src_offset,
+                          dst_offset=dst_offset, size=self.size).wait(timeout)
+        return method
+
+    def _slots(self, manager: Any) -> tuple[Any, Any]:
+        n = manager.device_count
+        for label, i in (("source_device", self.source_device), ("dest_device", self.dest_device)):
+            if i >= n:
+                raise IndexError(f"{label} {i} out of range: the manager has {n} device(s)")
+        return manager.slot(self.source_device), manager.slot(self.dest_device)

@@ -1,0 +1,12 @@
+"""One device's share of the kernel runtime: kernels, the device context, command recording,
+the stepper and its harvest, the step gate."""
+from .gate import RuntimeGate, gate_of, gated, gated_unheld
+from .gpu_jobs import GpuJobs
+from .harvest import StepHarvest
+from .kernel import KernelSpec, Kernel, KernelStats, OutboxBatch, InboundBatch, SPIRV_MAGIC
+from .kernel_traits import KernelTraits
+from .spirv import SPIRV_MAGIC, SpirvModule, SpirvBinding, reflect, check_kernel_abi, run_spirv_val, spirv_env_for_api
+
+__all__ = ["RuntimeGate", "gate_of", "gated", "gated_unheld", "GpuJobs", "StepHarvest", "KernelSpec", "Kernel",
+           "KernelStats", "OutboxBatch", "InboundBatch", "SPIRV_MAGIC", "KernelTraits", "SpirvModule",
+           "SpirvBinding", "reflect", "check_kernel_abi", "run_spirv_val", "spirv_env_for_api"]

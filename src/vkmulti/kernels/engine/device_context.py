@@ -1,0 +1,353 @@
+"""One device's share of a KernelRuntime: its queue and timeline, its pipeline
+cache, the descriptor layouts of the kernel ABI, the runtime's own passes
+(finish, deliver, survey), the host-visible status ring and the directory.
+
+Steps on one device are serialised on one queue and signal one timeline
+semaphore, one value per step; nothing here waits for a queue to go idle.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+import vulkan as vk
+
+from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout, UnsupportedError
+from ..._core import vkapi
+from ...device.logical import retire_submits
+from ..._core.lifetime import Deadline
+from ...memory.image import BUFFER_USAGE, Buffer, CommandRunner
+from ..._core.shaders import shader_path
+from ...transfer.cross_device import TimelinePoint
+from .recording import barrier
+
+_ffi = vk.ffi
+
+SB = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+SB_DYN = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC
+COMPUTE = vk.VK_SHADER_STAGE_COMPUTE_BIT
+#: Words of the status ring per in-flight step (deliver records are 8 words, surveys 16). A
+#: deliver record: taken, left, rejected, the batch's count, then (planning passes) the
+#: workgroup count of the copy pass that follows (x, y, z), read by vkCmdDispatchIndirect.
+STATUS_WORDS = 4096
+DELIVER_RECORD = 8
+SURVEY_RECORD = 16
+#: Local slots a device can tell apart in a survey mask (8 words of bits).
+MAX_LOCAL_KERNELS = 256
+#: The directory entry of an address (address, device + 1, local slot, tenant).
+DIRECTORY_ENTRY = 16
+_POOL_SETS = 128
+#: VK_WHOLE_SIZE (the `vulkan` package's constant is negative, which cffi refuses for a VkDeviceSize)
+WHOLE_SIZE = 0xFFFFFFFFFFFFFFFF
+
+
+def align(value: int, alignment: int) -> int:
+    return (value + alignment - 1) // alignment * alignment
+
+
+class MappedBuffer(Buffer):
+    """A host-visible, host-coherent storage buffer mapped for its whole life;
+    `words` is a uint32 view of it (the host reads what the GPU wrote once the
+    step that wrote it has signalled)."""
+
+    def __init__(self, slot: Any, size: int, usage: int = BUFFER_USAGE):
+        super().__init__(slot, size, usage=usage, host_visible=True)
+        try:
+            self._mapped = vkapi.vkMapMemory(slot.device, self.memory, 0, size, 0)
+        except BaseException:
+            super().destroy()
+            raise
+        self.bytes = np.frombuffer(self._mapped, dtype=np.uint8, count=size)
+        self.words = self.bytes.view(np.uint32)
+        self.bytes[:] = 0
+
+    def destroy(self, timeout: float = 30.0) -> None:
+        if self.handle is None:
+            return
+        self.bytes = self.words = None   # type: ignore[assignment]
+        vk.vkUnmapMemory(self.slot.device, self.memory)
+        super().destroy(timeout)
+
+
+def _layout_bindings(types: list[int]) -> Any:
+    return [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=t, descriptorCount=1, stageFlags=COMPUTE)
+            for i, t in enumerate(types)]
+
+
+class _Pass:
+    """A compute pipeline with its set layout and pipeline layout."""
+
+    def __init__(self, ctx: "DeviceContext", code: bytes, entry: str, types: list[int], push_bytes: int):
+        dev = ctx.slot.device
+        self.types = types
+        self.push_bytes = push_bytes
+        self.dsl = self.layout = self.pipeline = None
+        try:
+            self.dsl = vkapi.vkCreateDescriptorSetLayout(dev,
+                           vk.VkDescriptorSetLayoutCreateInfo(
+                               sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+                               bindingCount=len(types), pBindings=_layout_bindings(types)), None)
+            self.layout = vkapi.vkCreatePipelineLayout(dev, vk.VkPipelineLayoutCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, setLayoutCount=1, pSetLayouts=[self.dsl],
+                pushConstantRangeCount=1, pPushConstantRanges=[vk.VkPushConstantRange(
+                    stageFlags=COMPUTE, offset=0, size=push_bytes)]), None)
+            module = vkapi.vkCreateShaderModule(dev, vk.VkShaderModuleCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, codeSize=len(code), pCode=code), None)
+            try:
+                stage = vk.VkPipelineShaderStageCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, stage=COMPUTE, module=module,
+                    pName=entry)
+                self.pipeline = vkapi.vkCreateComputePipelines(dev, ctx.pipeline_cache,
+                                    1, [vk.VkComputePipelineCreateInfo(
+                                        sType=vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO, stage=stage,
+                                        layout=self.layout)], None)[0]
+                del stage
+            finally:
+                vk.vkDestroyShaderModule(dev, module, None)
+        except BaseException:
+            self.destroy(dev)
+            raise
+
+    def destroy(self, dev: Any) -> None:
+        if self.pipeline is not None:
+            vk.vkDestroyPipeline(dev, self.pipeline, None)
+        if self.layout is not None:
+            vk.vkDestroyPipelineLayout(dev, self.layout, None)
+        if self.dsl is not None:
+            vk.vkDestroyDescriptorSetLayout(dev, self.dsl, None)
+        self.pipeline = self.layout = self.dsl = None
+
+
+# push-constant sizes of the runtime's passes and of the kernel ABI (VkmStep)
+KERNEL_PUSH = 48
+FINISH_PUSH = 16
+DELIVER_PUSH = 32
+SURVEY_PUSH = 16
+
+
+def step_queue(slot: Any) -> Any:
+    """The queue kernel steps go to: the universal queue that vkmulti's transfers do
+    not use (the graphics queue, where the device has a second universal queue for
+    them), else the universal copy queue. On its own queue a step may wait for a
+    transfer submitted after it (the K2K router's landings) without the host
+    having to wait for that submit first."""
+    g, u = slot.graphics_queue, slot.universal_copy_queue
+    if int(g) not in (int(u), int(slot.copy_queue)):
+        return g
+    return u
+
+
+class DeviceContext:
+    """The runtime's objects on one device (see the module docstring)."""
+
+    def __init__(self, slot: Any, *, in_flight: int, table_size: int):
+        if getattr(slot, "device", None) is None or getattr(slot, "native", None) is None:
+            raise ValueError(f"device {getattr(slot, 'index', '?')} has no live device with a native table "
+                             f"(a destroyed slot, or a passthrough primary); use an active MultiDeviceManager")
+        self.slot = slot
+        self.index = slot.index
+        self.queue = step_queue(slot)
+        self.in_flight = in_flight
+        self.table_size = table_size
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.alive = True
+        self.waiters = 0
+        self.value = 0                  # the last value submitted
+        self.passes: dict[tuple, _Pass] = {}
+        self._pools: list[Any] = []
+        self.local: list[Any] = [None] * MAX_LOCAL_KERNELS   # local slot -> kernel
+        self.dir_dirty: set[int] = set()   # directory entries to rewrite (guarded by dir_lock)
+        self.dir_lock = threading.Lock()
+        self.buffer_sets: dict[tuple, Any] = {}   # survey sets of reused inbound buffers, by (buffer, size)
+        self.timeline = None
+        self.pipeline_cache = None
+        self.cmd_pool = None
+        self.status = self.directory = self.runner = None
+        try:
+            self._create()
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _create(self) -> None:
+        slot, dev = self.slot, self.slot.device
+        props = vk.vkGetPhysicalDeviceProperties(slot.physical_device)
+        limits = props.limits
+        self.min_offset_alignment = max(16, int(limits.minStorageBufferOffsetAlignment))
+        self.max_group_count = tuple(int(limits.maxComputeWorkGroupCount[i]) for i in range(3))
+        self.max_storage_buffers = int(limits.maxPerStageDescriptorStorageBuffers)
+        self.max_storage_range = int(limits.maxStorageBufferRange)
+        del props
+        self.timeline = slot.native.create_timeline(0)
+        self.pipeline_cache = vkapi.vkCreatePipelineCache(dev, vk.VkPipelineCacheCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO), None)
+        self.cmd_pool = vkapi.vkCreateCommandPool(dev, vk.VkCommandPoolCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue.family), None)
+        self.cmds = vkapi.vkAllocateCommandBuffers(dev, vk.VkCommandBufferAllocateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.cmd_pool,
+            level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=self.in_flight))
+        self.runner = CommandRunner(slot, self.queue)
+        self.status = MappedBuffer(slot, self.in_flight * STATUS_WORDS * 4,
+                                   usage=BUFFER_USAGE | vk.VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT)
+        self.directory = Buffer(slot, self.table_size * DIRECTORY_ENTRY)
+        self.run_once(lambda cmd: vk.vkCmdFillBuffer(cmd, self.directory.handle, 0, WHOLE_SIZE, 0))
+        self.finish = self.builtin("kernel_finish.comp.spv", [SB, SB, SB_DYN, SB_DYN], FINISH_PUSH)
+        self.deliver = self.builtin("kernel_deliver.comp.spv", [SB_DYN, SB, SB], DELIVER_PUSH)
+        self.deliver_copy = self.builtin("kernel_deliver_copy.comp.spv", [SB_DYN, SB, SB], DELIVER_PUSH)
+        self.survey = self.builtin("kernel_survey.comp.spv", [SB_DYN, SB, SB], SURVEY_PUSH)
+
+    # -- pipelines -------------------------------------------------------------
+
+    def builtin(self, name: str, types: list[int], push: int) -> _Pass:
+        return self.pipeline(shader_path(name).read_bytes(), "main", types, push)
+
+    def pipeline(self, code: bytes, entry: str, types: list[int], push: int) -> _Pass:
+        """The pipeline for `code` with these bindings, made once per device (the pipeline cache)."""
+        key = (hashlib.sha256(code).digest(), entry, tuple(types), push)
+        p = self.passes.get(key)
+        if p is None:
+            p = self.passes[key] = _Pass(self, code, entry, types, push)
+        return p
+
+    def kernel_pass(self, code: bytes, entry: str, n_state: int) -> _Pass:
+        """The pipeline of a kernel with `n_state` state buffers (ABI: inbox, outbox, state...)."""
+        per_stage = self.max_storage_buffers
+        if 2 + n_state > per_stage:
+            raise UnsupportedError(f"a kernel with {n_state} state buffers needs {2 + n_state} storage buffers per "
+                                   f"stage; {self.slot.name!r} (GPU {self.index}) allows {per_stage}: merge state "
+                                   f"buffers", device=self.slot.name)
+        return self.pipeline(code, entry, [SB, SB_DYN] + [SB] * n_state, KERNEL_PUSH)
+
+    # -- descriptor sets -------------------------------------------------------
+
+    def _new_pool(self) -> Any:
+        pool = vkapi.vkCreateDescriptorPool(self.slot.device, vk.VkDescriptorPoolCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+            flags=vk.VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT, maxSets=_POOL_SETS,
+            poolSizeCount=2, pPoolSizes=[vk.VkDescriptorPoolSize(type=SB, descriptorCount=_POOL_SETS * 8),
+                                         vk.VkDescriptorPoolSize(type=SB_DYN, descriptorCount=_POOL_SETS * 2)]), None)
+        self._pools.append(pool)
+        return pool
+
+    def descriptor_set(self, p: _Pass, buffers: list[tuple[Any, int, int]]) -> tuple[Any, Any]:
+        """A set of `p`'s layout bound to (VkBuffer, offset, range) per binding; returns (pool, set)."""
+        dev = self.slot.device
+        for pool in reversed(self._pools or [self._new_pool()]):
+            try:
+                dset = vkapi.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, descriptorPool=pool,
+                    descriptorSetCount=1, pSetLayouts=[p.dsl]))[0]
+                break
+            except (vk.VkErrorOutOfPoolMemory, vk.VkErrorFragmentedPool):
+                continue
+        else:
+            pool = self._new_pool()
+            dset = vkapi.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, descriptorPool=pool,
+                descriptorSetCount=1, pSetLayouts=[p.dsl]))[0]
+        writes = [vk.VkWriteDescriptorSet(
+            sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, dstSet=dset, dstBinding=i, descriptorCount=1,
+            descriptorType=t, pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=b, offset=o, range=r)])
+            for i, (t, (b, o, r)) in enumerate(zip(p.types, buffers))]
+        vk.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
+        return pool, dset
+
+    def free_set(self, pool_set: tuple[Any, Any]) -> None:
+        pool, dset = pool_set
+        vkapi.vkFreeDescriptorSets(self.slot.device, pool, 1, [dset])
+
+    # -- local slots and the directory ----------------------------------------------
+
+    def take_local_slot(self, kernel: Any) -> int:
+        for i, k in enumerate(self.local):
+            if k is None:
+                self.local[i] = kernel
+                return i
+        raise UnsupportedError(f"GPU {self.index} already runs {MAX_LOCAL_KERNELS} kernels of this runtime "
+                               f"(the most its message survey tells apart); place kernels on another device",
+                               device=self.slot.name)
+
+    def release_local_slot(self, i: int) -> None:
+        self.local[i] = None
+
+    # -- submission and waits -------------------------------------------------
+
+    def check(self) -> None:
+        if not self.alive:
+            raise DestroyedError(f"the kernel runtime's context on GPU {self.index} was destroyed")
+
+    def point(self, value: int) -> TimelinePoint:
+        return TimelinePoint(self.timeline, value, self.index)
+
+    def completed(self) -> int:
+        return self.slot.native.timeline_value(self.timeline)
+
+    def wait_unlocked(self, value: int, timeout: float | None) -> None:
+        """Wait (lock held by the caller, released while waiting) until the timeline reaches `value`."""
+        self.waiters += 1
+        self.lock.release()
+        try:
+            self.slot.native.wait_timeline(self.timeline, value, timeout)
+        finally:
+            self.lock.acquire()
+            self.waiters -= 1
+            self.cond.notify_all()
+
+    def run_once(self, record: Callable[[Any], None], waits: list[tuple[int, int]] = (),
+                 timeout: float | None = 60.0) -> None:
+        """A one-shot command buffer on this context's queue, after a full barrier, waited with a fence."""
+        def full(cmd: Any) -> None:
+            barrier(cmd)
+            record(cmd)
+            barrier(cmd)
+        self.runner.run(full, waits=list(waits), timeout=timeout)
+
+    def status_words(self, region: int) -> np.ndarray:
+        return self.status.words[region * STATUS_WORDS:(region + 1) * STATUS_WORDS]
+
+    # -- teardown -----------------------------------------------------------------
+
+    def destroy(self, timeout: float = 30.0) -> None:
+        """Wait for every submitted step (bounded), then free everything."""
+        with self.lock:
+            self.alive = False
+            self.cond.notify_all()
+        dev = self.slot.device
+        if dev is None:
+            return
+        if self.timeline is not None and self.value:
+            try:
+                self.slot.native.wait_timeline(self.timeline, self.value, timeout)
+            except DeviceLostError:
+                pass
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while self.waiters and time.monotonic() < deadline:
+                self.cond.wait(0.05)
+            if self.waiters:
+                raise VkmTimeout(f"threads still wait on GPU {self.index}'s kernel timeline after {timeout:.1f} s")
+        for p in self.passes.values():
+            p.destroy(dev)
+        self.passes.clear()
+        for pool in self._pools:
+            vk.vkDestroyDescriptorPool(dev, pool, None)
+        self._pools.clear()
+        for obj in (self.status, self.directory, self.runner):
+            if obj is not None:
+                obj.destroy()
+        self.status = self.directory = self.runner = None
+        if self.cmd_pool is not None:
+            vk.vkDestroyCommandPool(dev, self.cmd_pool, None)
+            self.cmd_pool = None
+        if self.pipeline_cache is not None:
+            vk.vkDestroyPipelineCache(dev, self.pipeline_cache, None)
+            self.pipeline_cache = None
+        if self.timeline is not None:
+            retire_submits(self.slot, Deadline(max(0.0, deadline - time.monotonic())))   # (see devices.retire_submits)
+            vk.vkDestroySemaphore(dev, _ffi.cast("VkSemaphore", self.timeline), None)
+            self.timeline = None

@@ -1,0 +1,128 @@
+"""The runtime's gate: steps (and other calls that use kernels' device
+resources) pass it shared; a migration's switch or a hot reload's swap takes
+it exclusively, so that it happens between steps of the whole runtime. Also
+the wait for a kernel that is held back (being migrated or reloaded)."""
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from ...errors import MigrationError, TimeoutError as VkmTimeout
+
+__all__ = ["RuntimeGate", "gate_of", "gated", "gated_unheld"]
+
+_CREATE = threading.Lock()
+
+
+class RuntimeGate:
+    """A readers-writer gate: steps (and other calls that use kernels' device
+    resources) pass shared; a migration's switch or a hot reload's swap takes it
+    exclusively, so it happens between steps of the whole runtime. Writers go
+    first (new readers wait while one waits); a thread that holds it shared may
+    enter again."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer: int | None = None
+        self._waiting = 0
+        self._local = threading.local()
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        me = threading.get_ident()
+        depth = getattr(self._local, "depth", 0)
+        counted = False
+        if depth == 0 and self._writer != me:
+            with self._cond:
+                while self._writer is not None or self._waiting:
+                    self._cond.wait(0.25)
+                self._readers += 1
+            counted = True
+        self._local.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._local.depth = depth
+            if counted:
+                with self._cond:
+                    self._readers -= 1
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self, timeout: float | None, what: str) -> Iterator[None]:
+        me = threading.get_ident()
+        if getattr(self._local, "depth", 0):
+            raise MigrationError(f"{what} cannot run inside a step of the same runtime (from a step listener): "
+                                 f"call it after the step returned")
+        if self._writer == me:
+            raise MigrationError(f"{what} is already switching this runtime on this thread")
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e18)
+        with self._cond:
+            self._waiting += 1
+            try:
+                while self._writer is not None or self._readers:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise VkmTimeout(f"{what}: steps of the runtime did not make way within {timeout} s")
+                    self._cond.wait(min(left, 0.25))
+                self._writer = me
+            finally:
+                self._waiting -= 1
+                self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = None
+                self._cond.notify_all()
+
+
+def gate_of(rt: Any) -> RuntimeGate:
+    """The gate of a runtime (made on first use)."""
+    g = rt.__dict__.get("_gate")
+    if g is None:
+        with _CREATE:
+            g = rt.__dict__.setdefault("_gate", RuntimeGate())
+    return g
+
+
+def gated(fn: Callable) -> Callable:
+    """Run a KernelRuntime method with the runtime's gate held shared (it touches
+    kernels' device resources, which a migration's switch replaces)."""
+    @functools.wraps(fn)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with gate_of(self).shared():
+            return fn(self, *args, **kwargs)
+    return wrapper
+
+
+def _kernel_arg(rt: Any, args: tuple, kwargs: dict) -> Any:
+    kernel = args[0] if args else kwargs.get("kernel")
+    try:
+        return rt._resolve(kernel)
+    except Exception:   # the method itself reports a bad argument
+        return None
+
+
+def gated_unheld(fn: Callable) -> Callable:
+    """Like `gated`, for a method whose first argument is a kernel: it first waits
+    (bounded by the call's `timeout`, default 60 s) until no migration or restore
+    is replacing that kernel's device resources, so it never acts on a half-moved
+    kernel."""
+    @functools.wraps(fn)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        timeout = kwargs.get("timeout", 60.0)
+        deadline = time.monotonic() + (timeout if isinstance(timeout, (int, float)) and timeout >= 0 else 60.0)
+        gate = gate_of(self)
+        while True:
+            k = _kernel_arg(self, args, kwargs)
+            if k is not None:
+                self._wait_unheld(k, deadline)
+            with gate.shared():
+                if k is None or not self._is_moving(k):
+                    return fn(self, *args, **kwargs)
+    return wrapper

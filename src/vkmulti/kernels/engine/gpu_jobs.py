@@ -1,0 +1,124 @@
+"""Asynchronous one-shot GPU jobs on one queue: record a command buffer,
+submit it waiting on timeline points, get a TimelinePoint of this object's
+own timeline back (no host wait). Command buffers are recycled once their
+job completed.
+
+Used where the host must not stall: the CRC32 checks of a live migration on
+both GPUs at once, and the checkpoint captures a policy queues right behind a
+kernel step (on the step's own queue, so a barrier orders them after it).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Iterable
+
+import vulkan as vk
+
+from ..._core import vkapi
+from ...device.logical import retire_submits
+from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout
+from ..._core.lifetime import Deadline
+from ...transfer.cross_device import TimelinePoint
+from . import recording as cmds
+
+__all__ = ["GpuJobs"]
+
+log = logging.getLogger(__name__)
+
+
+class GpuJobs:
+    """Jobs on `queue` (a slot queue with .handle, .family, .lock) of `slot`."""
+
+    def __init__(self, slot: Any, queue: Any):
+        self.slot, self.queue = slot, queue
+        self._lock = threading.Lock()
+        self._free: list[Any] = []
+        self._busy: list[tuple[int, Any]] = []
+        self.value = 0
+        self.pool = None
+        self.timeline = slot.native.create_timeline(0)
+        try:
+            self.pool = vkapi.vkCreateCommandPool(slot.device, vk.VkCommandPoolCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT | vk.VK_COMMAND_POOL_CREATE_TRANSIENT_BIT,
+                queueFamilyIndex=queue.family), None)
+        except BaseException:
+            vk.vkDestroySemaphore(slot.device, vk.ffi.cast("VkSemaphore", self.timeline), None)
+            raise
+
+    def point(self, value: int) -> TimelinePoint:
+        return TimelinePoint(self.timeline, value, self.slot.index)
+
+    def completed(self) -> int:
+        return self.slot.native.timeline_value(self.timeline)
+
+    def _reap_locked(self) -> None:
+        if not self._busy:
+            return
+        done = self.completed()
+        keep = []
+        for value, cmd in self._busy:
+            if value <= done:
+                self._free.append(cmd)
+            else:
+                keep.append((value, cmd))
+        self._busy = keep
+
+    def submit(self, record: Callable[[Any], None], waits: Iterable[tuple[int, int]] = ()) -> TimelinePoint:
+        """Record with `record(cmd)` and submit after the timeline points `waits`
+        ((semaphore, value) on this device); returns the point that marks it done."""
+        with self._lock:
+            if self.pool is None:
+                raise DestroyedError(f"GPU jobs of GPU {self.slot.index} were destroyed")
+            self._reap_locked()
+            cmd = self._free.pop() if self._free else vkapi.vkAllocateCommandBuffers(
+                self.slot.device, vk.VkCommandBufferAllocateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
+                    level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+            try:
+                vkapi.vkResetCommandBuffer(cmd, 0)
+                vkapi.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                    flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+                record(cmd)
+                vkapi.vkEndCommandBuffer(cmd)
+                value = self.value + 1
+                cmds.submit(self.slot.native, self.queue, cmd, list(waits), (self.timeline, value))
+            except BaseException:
+                self._free.append(cmd)
+                raise
+            self.value = value
+            self._busy.append((value, cmd))
+            return self.point(value)
+
+    def wait(self, point: TimelinePoint, timeout: float | None) -> None:
+        """Block (no GIL, interruptible) until `point` of this object's timeline is reached."""
+        self.slot.native.wait_timeline(self.timeline, point.value, timeout)
+
+    def destroy(self, timeout: float | None = 30.0) -> None:
+        """Wait for the submitted jobs (skipped on a lost device), then free everything."""
+        with self._lock:
+            if self.pool is None:
+                return
+            dev = self.slot.device
+            if self.value and dev is not None:
+                try:
+                    self.slot.native.wait_timeline(self.timeline, self.value, timeout)
+                except DeviceLostError:
+                    pass   # a lost device's objects may be destroyed at once
+                except VkmTimeout:
+                    log.warning("GPU %d: jobs still running after %s s; their command pool is left to the "
+                                "device's destruction", self.slot.index, timeout)
+                    return
+            if dev is not None:
+                try:   # the driver lets go of the submits that waited on the timeline first
+                    retire_submits(self.slot, Deadline(timeout))
+                except VkmTimeout:
+                    log.warning("GPU %d: queued work still holds the jobs' timeline after %s s; it is left to "
+                                "the device's destruction", self.slot.index, timeout)
+                    return
+                vk.vkDestroyCommandPool(dev, self.pool, None)
+                vk.vkDestroySemaphore(dev, vk.ffi.cast("VkSemaphore", self.timeline), None)
+            self.pool = None
+            self._free, self._busy = [], []

@@ -1,0 +1,167 @@
+"""Reading back the completed steps of one device (DeviceStepper's harvest):
+delivery results, batch surveys (and the router's guesses from them), the
+kernels' reports, host messages for `receive`, errors for the senders."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .device_context import MAX_LOCAL_KERNELS, SURVEY_RECORD
+from .kernel import InboundBatch, Kernel, OutboxBatch, _Batch
+from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, RING_HEADER_BYTES, HlcTimestamp, K2KMessage, MessageEnvelope
+
+log = logging.getLogger(__name__)
+
+__all__ = ["StepHarvest"]
+
+
+class StepHarvest:
+    """harvest() and what it reads, for DeviceStepper (its ctx lock held)."""
+
+    rt: Any
+    ctx: Any
+    inflight: Any
+    batches: list
+    harvested: int
+    retired: list
+
+    def harvest(self) -> None:
+        """Read back every completed step: host messages, counts, delivery results."""
+        if not self.inflight and not self.retired:
+            return
+        done = self.ctx.completed()
+        changed = False
+        while self.inflight and self.inflight[0].value <= done:
+            rec = self.inflight.popleft()
+            self._harvest_one(rec)
+            self.harvested = rec.value
+            changed = True
+        if changed:
+            for b in list(self.batches):
+                if b.pending is not None:
+                    b.pending = {k for k in b.pending if not k.destroyed}
+                if b.finish_if_done(done):
+                    self.batches.remove(b)
+                    if isinstance(b, InboundBatch):
+                        self.retired += [(b.last_value, s) for s in b.sets]
+                        b.sets = []
+            self.ctx.cond.notify_all()
+        if self.retired:
+            keep = []
+            for value, pool_set in self.retired:
+                if value <= done:
+                    self.ctx.free_set(pool_set)
+                else:
+                    keep.append((value, pool_set))
+            self.retired = keep
+
+    def _harvest_one(self, rec: Any) -> None:   # (an InFlight)
+        status = self.ctx.status.words
+        for b, off in rec.surveys:
+            self._apply_survey(b, status[off:off + SURVEY_RECORD])
+        directs = {(id(b), id(x)) for b, x in rec.directs}
+        for b, k, off in rec.delivers:
+            taken, left, rejected, count = (int(x) for x in status[off:off + 4])
+            if b is None:
+                continue
+            if (id(b), id(k)) in directs:   # no survey was made: the pass's outcome stands for one
+                if taken == count and not rejected:
+                    b.pending = set()
+                    b.count = b.local = count
+                elif b.pending is None:
+                    b.surveyed = False   # others' messages in it: the next step surveys it
+            b.delivered += taken
+            if rejected:
+                b.rejected += rejected
+                self._fail(b.source, f"{rejected} message(s) rejected by kernel {k.id!r} of tenant {k.tenant}: "
+                                     f"a message may not cross tenants", "rejected", rejected)
+            if left == 0:
+                b.cleared.add(k)
+                if b.pending is not None:
+                    b.pending.discard(k)
+        for k, j, step in rec.kernels:
+            self._harvest_report(k, j, step)
+
+    def _apply_survey(self, b: _Batch, words: Any) -> None:
+        w = words[:SURVEY_RECORD].tolist()
+        if isinstance(b, OutboxBatch):   # what the sender's batches hold: the router's guesses
+            k = b.kernel
+            b.single_dest = w[14] if w[14] == w[15] and w[13] else None   # (all its messages: one kernel)
+            if w[13]:
+                k.dest_hint = (b.single_dest, w[13])
+                k.quiet_batches = 0
+            else:
+                k.quiet_batches += 1
+        local, gone = set(), []
+        for j in range(MAX_LOCAL_KERNELS // 32):   # the mask of local slots addressed
+            bits = w[j]
+            while bits:
+                low = bits & -bits
+                i = 32 * j + low.bit_length() - 1
+                bits ^= low
+                k = self.ctx.local[i]
+                if k is not None and not k.destroyed:
+                    local.add(k)
+                else:
+                    gone.append(i)
+        if gone:
+            self._fail(b.source, f"message(s) addressed to kernel(s) destroyed before delivery "
+                                 f"(local slots {gone} of GPU {self.ctx.index})", "undeliverable", len(gone))
+        b.count, b.remote_devices, b.remote, b.local = w[13], w[8], w[10], w[9]
+        b.pending = local - b.cleared
+        unknown = b.unknown = w[12]
+        if unknown and getattr(b, "report_unknown", True):
+            if self.rt.lost_kernels:   # (probably) to kernels lost with their GPU: not the sender's error
+                self.rt.record_dead_letters(f"{unknown} message(s) addressed to kernels that do not exist (lost "
+                                            f"with their GPU: {sorted(self.rt.lost_kernels)})", unknown)
+            else:
+                self._fail(b.source, f"{unknown} message(s) addressed to kernels that do not exist (destroyed, or "
+                                     f"never launched)", "undeliverable", unknown)
+        if b.remote and not self.rt.has_router():
+            devices = [i for i in range(32) if b.remote_devices >> i & 1]
+            self._fail(b.source, f"{b.remote} message(s) addressed to kernels on GPU(s) {devices} and no router "
+                                 f"is attached to the runtime to move them", "undeliverable", b.remote)
+
+    def _fail(self, kernel: Kernel | None, text: str, counter: str, n: int) -> None:
+        """Tell the sending kernel (its next step() raises), or count dead letters."""
+        if kernel is None or kernel.destroyed:
+            self.rt.record_dead_letters(text, n)
+            return
+        setattr(kernel.stats, counter, getattr(kernel.stats, counter) + n)
+        kernel.errors.append(text)
+        log.warning("kernel %r: %s", kernel.id, text)
+
+    def _harvest_report(self, k: Kernel, j: int, step: int) -> None:
+        k.region_harvested[j] = True
+        base = j * k.k2h_region
+        if k.injecting is not None and k.injecting[0] == step:
+            items, k.injecting = k.injecting[1], None
+            taken = 0 if k.destroyed else int(k.k2h.words[base // 4 + 10])
+            self.rt.settle_injected(k, k.outbox_batches[j], items[:taken], items[taken:])
+        if k.destroyed:
+            return
+        words = k.k2h.words[base // 4:base // 4 + 9]
+        host, out, overflow, consumed = (int(x) for x in words[:4])
+        st = k.stats
+        st.steps_completed = step + 1
+        st.messages_consumed += consumed
+        st.messages_sent += out
+        st.messages_to_host += host
+        if overflow:
+            st.outbox_overflow += overflow
+            k.errors.append(f"step {step}: {overflow} message(s) did not fit the outbox of "
+                            f"{k.spec.outbox_capacity} slots (check vkm_emit's result, keep them for the next step)")
+        if host:
+            raw = k.k2h.bytes[base + RING_HEADER_BYTES:base + RING_HEADER_BYTES + host * k.slot_size].tobytes()
+            latest = None
+            for i in range(host):
+                env = MessageEnvelope.unpack(raw[i * k.slot_size:i * k.slot_size + ENVELOPE_BYTES])
+                length = min(env.payload_len, k.payload_size)
+                start = i * k.slot_size + ENVELOPE_BYTES
+                k.received.append(K2KMessage(k.id, HOST_KERNEL_ID, raw[start:start + length], env.tag,
+                                             env.sequence, env.timestamp, env.tenant, env.hops, env.priority))
+                latest = env.timestamp
+            if latest is not None:
+                self.rt.hlc.update(latest)
+        clock_words = [int(x) for x in k.k2h.words[base // 4 + 6:base // 4 + 9]]
+        st.clock = HlcTimestamp(clock_words[0] | clock_words[1] << 32, clock_words[2])

@@ -1,0 +1,481 @@
+"""Compute kernels: `KernelSpec` (what a kernel is), `Kernel` (one launched on a
+device, with its resident state, inbox, outbox and host queues) and the
+message batches the runtime and the router move between them.
+
+Memory of a kernel (all on its device; sizes in docs/kernels.md):
+  inbox    device-local ring: 16-word header (head, tail, capacity, slot words) + slots
+  outbox   device-local, one region per in-flight step: 16-word header (count, step,
+           capacity, slot words) + slots; a region is a *batch* the router can copy as is.
+           Where another device of the manager shares memory with this one (DMABUF) it is
+           exported, and the router lets that device read its batches in place
+  control  device-local, runtime-owned: address, tenant, step, HLC, per-destination sequence table
+  state    device-local buffers the kernel owns, kept between steps
+  h2k/k2h  host-visible regions per in-flight step: host messages in, host messages out
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..._core.reprs import compact_repr
+from ...errors import DestroyedError, DeviceLostError
+from ...memory.image import Buffer
+from ...transfer.peer import ExportedBuffer
+from ...transfer.cross_device import TimelinePoint
+from .device_context import DeviceContext, MappedBuffer, align, WHOLE_SIZE, barrier
+from .kernel_traits import KernelTraits
+from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES, HlcTimestamp
+
+__all__ = ["KernelSpec", "Kernel", "KernelStats", "OutboxBatch", "InboundBatch", "SPIRV_MAGIC"]
+
+SPIRV_MAGIC = 0x07230203
+MAX_CAPACITY = 1 << 16
+MAX_STATE_BUFFERS = 16
+_U32 = (1 << 32) - 1
+#: Initial state up to this size is written inside the launch's command buffer; larger goes through staging.
+INLINE_STATE_BYTES = 1 << 20
+
+
+def _positive(value: Any, label: str, top: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or (top is not None and value > top):
+        raise ValueError(f"{label} must be an int in [1, {top if top is not None else 'inf'}], got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A kernel's code and shape: SPIR-V (the ABI of native/shaders/vkm_kernel_abi.glsl),
+    the byte size of each state buffer, ring capacities in messages, and the
+    workgroup count of its one dispatch per step."""
+
+    __repr__ = compact_repr
+
+    kernel_type: str
+    spirv: bytes
+    state_sizes: tuple[int, ...] = (256,)
+    inbox_capacity: int = 64
+    outbox_capacity: int = 64
+    groups: tuple[int, int, int] = (1, 1, 1)
+    entry_point: str = "main"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kernel_type, str) or not self.kernel_type:
+            raise TypeError(f"kernel_type must be a non-empty str, got {self.kernel_type!r}")
+        code = self.spirv
+        if not isinstance(code, bytes):
+            try:
+                code = memoryview(code).tobytes()
+            except TypeError:
+                raise TypeError(f"spirv must be bytes, got {type(self.spirv).__name__}") from None
+            object.__setattr__(self, "spirv", code)
+        if len(code) < 20 or len(code) % 4:
+            raise ValueError(f"spirv of {self.kernel_type!r} is {len(code)} bytes: not a SPIR-V module "
+                             f"(whole 32-bit words, a 5-word header at least)")
+        magic = struct.unpack_from("<I", code)[0]
+        if magic != SPIRV_MAGIC:
+            raise ValueError(f"spirv of {self.kernel_type!r} starts with 0x{magic:08x}, not the SPIR-V magic "
+                             f"0x{SPIRV_MAGIC:08x} (little-endian)")
+        try:
+            sizes = tuple(self.state_sizes)
+        except TypeError:
+            raise TypeError(f"state_sizes must be a sequence of ints, got {self.state_sizes!r}") from None
+        if not 1 <= len(sizes) <= MAX_STATE_BUFFERS:
+            raise ValueError(f"a kernel has 1 to {MAX_STATE_BUFFERS} state buffers, got {len(sizes)}")
+        for i, s in enumerate(sizes):
+            if _positive(s, f"state_sizes[{i}]") % 4:
+                raise ValueError(f"state_sizes[{i}] must be a multiple of 4 bytes, got {s}")
+        object.__setattr__(self, "state_sizes", sizes)
+        _positive(self.inbox_capacity, "inbox_capacity", MAX_CAPACITY)
+        _positive(self.outbox_capacity, "outbox_capacity", MAX_CAPACITY)
+        try:
+            groups = tuple(self.groups)
+        except TypeError:
+            raise TypeError(f"groups must be 3 ints, got {self.groups!r}") from None
+        if len(groups) != 3:
+            raise ValueError(f"groups must be 3 ints (x, y, z), got {self.groups!r}")
+        for i, g in enumerate(groups):
+            _positive(g, f"groups[{i}]")
+        object.__setattr__(self, "groups", groups)
+        if not isinstance(self.entry_point, str) or not self.entry_point:
+            raise TypeError(f"entry_point must be a non-empty str, got {self.entry_point!r}")
+
+    @classmethod
+    def from_file(cls, kernel_type: str, path: str | Path, **fields: Any) -> "KernelSpec":
+        """A spec whose SPIR-V is read from `path` (a compiled .spv)."""
+        return cls(kernel_type, Path(path).read_bytes(), **fields)
+
+    @property
+    def sha256(self) -> str:
+        """SHA-256 of the SPIR-V (hex): identifies the code, e.g. for pipeline caches and hot reload."""
+        return hashlib.sha256(self.spirv).hexdigest()
+
+
+@dataclass
+class KernelStats:
+    """Counters of one kernel (host view, up to the last harvested step)."""
+
+    __repr__ = compact_repr
+
+    steps_submitted: int = 0
+    steps_completed: int = 0
+    messages_consumed: int = 0
+    messages_sent: int = 0
+    messages_to_host: int = 0
+    host_messages_sent: int = 0
+    outbox_overflow: int = 0
+    rejected: int = 0
+    undeliverable: int = 0
+    deferred_steps: int = 0
+    clock: HlcTimestamp = field(default_factory=HlcTimestamp.zero)
+
+
+class _Batch:
+    """A batch of message slots on one device that kernels there may take from
+    (an outbox region, a host region or a landing buffer of the router)."""
+
+    def __init__(self, ctx: DeviceContext, buffer: Any, offset: int, size: int, *, source: "Kernel | None",
+                 waits: list[TimelinePoint] = ()):
+        self.ctx, self.buffer, self.offset, self.size, self.source = ctx, buffer, offset, size, source
+        self.waits = list(waits)       # GPU waits before the first step that reads it
+        self.surveyed = False          # a survey pass was recorded
+        self.pending: set | None = None   # local kernels that may still have messages in it (None: unknown)
+        self.cleared: set = set()      # kernels that took all of theirs
+        self.delivered = 0
+        self.rejected = 0
+        self.unknown = 0               # messages to addresses no kernel has
+        self.count = 0
+        self.local = 0                 # messages for kernels of this device (after the survey)
+        self.remote = 0
+        self.remote_devices = 0
+        self.done = False
+        self.event = threading.Event()
+        self.last_value = 0            # the latest step that read it (a survey or a delivery)
+        self.retained = 0              # holders (the K2K router) that still need its region as it is
+        self.lazy = False              # read only once written, by a step that need not wait for it
+        self.passed: set[int] = set()  # ids of the kernels a delivery pass over it was recorded for
+
+    def takes(self, kernel: "Kernel") -> bool:
+        """Whether `kernel` needs a delivery pass over this batch."""
+        if kernel in self.cleared:
+            return False
+        return self.pending is None or kernel in self.pending
+
+    def finish_if_done(self, completed: int) -> bool:
+        """Mark it done once no kernel here waits for its messages and no
+        submitted step still reads it (`completed`: the device's completed value)."""
+        if not self.done and self.pending is not None and not self.pending and self.last_value <= completed \
+                and not self.retained:
+            self.done = True
+            self.event.set()
+        return self.done
+
+
+class OutboxBatch(_Batch):
+    """The outbox region one step of a kernel wrote: `buffer` [offset, offset+size)
+    is a batch (16-word header with the message count, then the slots) that the
+    router can copy to another device as is. `ready` marks it written. The region
+    is reused `in_flight` steps later; hold(point) keeps it until `point`."""
+
+    def __init__(self, kernel: "Kernel", step: int, region: int, ready: TimelinePoint):
+        super().__init__(kernel.ctx, kernel.outbox, region * kernel.outbox_region, kernel.outbox_region,
+                         source=kernel)
+        self.kernel, self.step, self.region, self.ready = kernel, step, region, ready
+        self.holds: list[TimelinePoint] = []
+        self.hold_hooks: list[Any] = []   # run before a step queues a wait on the holds (see hold())
+        self.single_dest: int | None = None   # from its survey: the one address all its messages go to
+
+    @property
+    def device_index(self) -> int:
+        """The device the batch's memory is on."""
+        return self.ctx.index
+
+    def hold(self, point: TimelinePoint, submitted: Any = None) -> None:
+        """Keep the region from being overwritten until `point` (on this kernel's device) is reached.
+
+        `submitted(timeout)` runs before the step that reuses the region queues its
+        wait on `point` (a transfer's TransferTicket.wait_submitted where that
+        transfer's source side shares the step's queue: an in-order queue cannot
+        run a wait placed before its signal)."""
+        if not isinstance(point, TimelinePoint):
+            raise TypeError(f"hold() takes a TimelinePoint, got {type(point).__name__}")
+        if point.device_index != self.ctx.index:
+            raise ValueError(f"{point} is on GPU {point.device_index}; the outbox is on GPU {self.ctx.index}")
+        if submitted is not None and not callable(submitted):
+            raise TypeError(f"submitted must be callable or None, got {type(submitted).__name__}")
+        with self.ctx.lock:
+            self.holds.append(point)
+            if submitted is not None:
+                self.hold_hooks.append(submitted)
+
+    def retain(self) -> None:
+        """Keep the batch from counting as done (so its kernel is deferred before the
+        region is reused) until release(): the router could not move it yet."""
+        with self.ctx.lock:
+            self.retained += 1
+
+    def release(self) -> None:
+        """Undo one retain() (after hold()ing the point that the move reads it by)."""
+        with self.ctx.lock:
+            if self.retained <= 0:
+                raise ValueError(f"{self!r} is not retained")
+            self.retained -= 1
+            if not self.retained and self.ctx.alive:
+                try:
+                    self.finish_if_done(self.ctx.completed())
+                except DeviceLostError:   # a lost device's batch: its failover lets it go
+                    pass
+            self.ctx.cond.notify_all()
+
+    def __repr__(self) -> str:
+        return (f"OutboxBatch(kernel={self.kernel.id!r}, step={self.step}, device={self.ctx.index}, "
+                f"offset={self.offset}, size={self.size}, done={self.done})")
+
+
+class InboundBatch(_Batch):
+    """A batch another party (the router) put on this device; kernels here take
+    their messages at their next steps. `wait(timeout)` blocks until every
+    message addressed to a kernel here was delivered (or rejected).
+
+    `hops` is added to the hop count of every message delivered from it;
+    `report_unknown=False` leaves messages to unknown addresses unreported (the
+    sending device's own survey reported them); `submitted(timeout)` is called
+    before a step first queues a wait on the batch's points (a transfer's
+    TransferTicket.wait_submitted, where that transfer shares the step's queue)."""
+
+    def __init__(self, ctx: DeviceContext, buffer: Any, offset: int, size: int, waits: list[TimelinePoint], *,
+                 hops: int = 0, report_unknown: bool = True, submitted: Any = None, reuse_sets: bool = False,
+                 direct: "Kernel | None" = None, direct_slots: int = 0, lazy: bool = False):
+        super().__init__(ctx, buffer, offset, size, source=None, waits=waits)
+        self.sets: list[Any] = []      # descriptor sets made for it (freed when done)
+        self.reuse_sets = reuse_sets   # its sets are cached per buffer (KernelRuntime.forget_buffer frees them)
+        self.hops = hops
+        self.report_unknown = report_unknown
+        self.submitted = submitted
+        #: the kernel of this device the batch is expected to be all for (direct landing), and the
+        #: slots worth copying into its inbox by a copy command (the rest, if any, a shader copies)
+        self.direct = direct
+        self.direct_slots = direct_slots
+        self.lazy = lazy   # (a batch of a sender that has been sending nothing)
+        #: no other device reads the region while this device's steps do (the router sets it where
+        #: it forwards the batch nowhere): a kernel the batch is all for may read it in place
+        self.exclusive = False
+
+    @property
+    def device_index(self) -> int:
+        """The device the batch landed on."""
+        return self.ctx.index
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once fully delivered; False if `timeout` s passed first (steps must run meanwhile)."""
+        return self.event.wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"InboundBatch(device={self.ctx.index}, offset={self.offset}, size={self.size}, done={self.done})"
+
+
+class Kernel(KernelTraits):
+    """A kernel launched by a KernelRuntime on one device (see the module docstring).
+
+    Made by `KernelRuntime.launch`; use the runtime to step it, send to it and
+    receive from it. `destroy()` frees it (also through the runtime).
+    """
+
+    def __init__(self, runtime: Any, ctx: DeviceContext, spec: KernelSpec, kernel_id: str, address: int,
+                 tenant: int, params: tuple[int, int, int, int]):
+        self.runtime, self.ctx, self.spec, self.id = runtime, ctx, spec, kernel_id
+        self.address, self.tenant, self.params = address, tenant, params
+        self.kernel_type = spec.kernel_type
+        self.destroyed = False
+        #: running a step again from the replay log (failover): it takes only the logged inputs
+        self.replaying = False
+        self.payload_size = runtime.payload_size
+        self.slot_size = ENVELOPE_BYTES + self.payload_size
+        self.slot_words = self.slot_size // 4
+        self.steps = 0                      # steps submitted
+        self.last_value = 0                 # the device timeline value of the last step that used it
+        self.stats = KernelStats()
+        self.errors: list[str] = []
+        self.h2k: deque[bytes] = deque()    # packed slots the host sent, not yet on the device
+        self.h2k_capacity = runtime.h2k_capacity
+        self.k2h_capacity = runtime.k2h_capacity
+        self.received: deque[Any] = deque()  # K2KMessages for the host
+        self.host_seq = 0
+        self.injecting: tuple[int, list] | None = None   # (step, items) of host-routed messages in flight
+        #: what its latest non-empty outbox batch held, from the step's survey: (the one destination
+        #: address of all its messages or None for several, message count); the K2K router's hint
+        self.dest_hint: tuple[int | None, int] = (None, 0)
+        self.quiet_batches = 0   # its latest outbox batches in a row that held nothing
+        d = ctx.in_flight
+        self.region_users = [0] * d           # timeline value of the last step per region
+        self.region_harvested = [True] * d
+        self.outbox_batches: list[OutboxBatch | None] = [None] * d
+        self.local_slot = -1
+        self.buffers: list[Any] = []
+        self.sets: list[Any] = []
+        self.deliver_sets: dict[tuple[int, int], Any] = {}
+        self.survey_set: Any = None
+        align_to = ctx.min_offset_alignment
+        self.outbox_bytes = RING_HEADER_BYTES + spec.outbox_capacity * self.slot_size
+        self.outbox_region = align(self.outbox_bytes, align_to)
+        self.h2k_bytes = RING_HEADER_BYTES + spec.inbox_capacity * self.slot_size
+        self.h2k_region = align(self.h2k_bytes, align_to)
+        self.k2h_region = self.outbox_region
+        try:
+            self._create()
+        except BaseException:
+            self.free()
+            raise
+
+    # -- resources ------------------------------------------------------------------
+
+    def _buffer(self, size: int, mapped: bool = False, exported: bool = False) -> Any:
+        if mapped:
+            b = MappedBuffer(self.ctx.slot, size)
+        elif exported:   # devices that share memory with this one read it in place (the K2K router)
+            b = ExportedBuffer(self.ctx.slot, size)
+        else:
+            b = Buffer(self.ctx.slot, size)
+        self.buffers.append(b)
+        return b
+
+    def _state_buffer(self, index: int, size: int) -> Any:
+        """State buffer `index` (a migration's twin takes one already being filled)."""
+        return self._buffer(size)
+
+    def _create(self) -> None:
+        ctx, spec, d = self.ctx, self.spec, self.ctx.in_flight
+        self.inbox = self._buffer(RING_HEADER_BYTES + spec.inbox_capacity * self.slot_size)
+        self.outbox = self._buffer(d * self.outbox_region, exported=self.runtime.exports_outboxes(ctx.index))
+        self.control = self._buffer(RING_HEADER_BYTES + ctx.table_size * 16)
+        self.states = [self._state_buffer(i, size) for i, size in enumerate(spec.state_sizes)]
+        self.h2k_buffer = self._buffer(d * self.h2k_region, mapped=True)
+        self.k2h = self._buffer(d * self.k2h_region, mapped=True)
+        for r in range(d):
+            h = self.h2k_buffer.words[r * self.h2k_region // 4:]
+            h[2], h[3] = spec.inbox_capacity, self.slot_words
+        self.local_slot = ctx.take_local_slot(self)
+        self.kernel_pass = ctx.kernel_pass(spec.spirv, spec.entry_point, len(spec.state_sizes))
+        whole = WHOLE_SIZE
+        kset = ctx.descriptor_set(self.kernel_pass, [(self.inbox.handle, 0, whole),
+                                                     (self.outbox.handle, 0, self.outbox_bytes)]
+                                  + [(s.handle, 0, whole) for s in self.states])
+        self.sets.append(kset)
+        self.kernel_set = kset[1]
+        fset = ctx.descriptor_set(ctx.finish, [(self.control.handle, 0, whole), (self.inbox.handle, 0, whole),
+                                               (self.outbox.handle, 0, self.outbox_bytes),
+                                               (self.k2h.handle, 0, self.outbox_bytes)])
+        self.sets.append(fset)
+        self.finish_set = fset[1]
+        sset = ctx.descriptor_set(ctx.survey, [(self.outbox.handle, 0, self.outbox_bytes),
+                                               (ctx.directory.handle, 0, whole), (ctx.status.handle, 0, whole)])
+        self.sets.append(sset)
+        self.survey_set = sset[1]
+
+    def init_commands(self, state: list[np.ndarray | None]) -> Any:
+        """The recorder that zeroes the kernel's memory, writes the headers and the initial state."""
+        import vulkan as vk
+
+        spec, d = self.spec, self.ctx.in_flight
+        header = np.zeros(4, np.uint32)
+        control = np.zeros(16, np.uint32)
+        control[0], control[1], control[7] = self.address, self.tenant, self.ctx.table_size
+
+        def update(cmd: Any, buf: Any, offset: int, data: np.ndarray) -> None:
+            raw = data.tobytes()
+            for start in range(0, len(raw), 65536):
+                part = raw[start:start + 65536]
+                vk.vkCmdUpdateBuffer(cmd, buf.handle, offset + start, len(part), vk.ffi.new("char[]", part))
+
+        def record(cmd: Any) -> None:
+            for b in (self.inbox, self.outbox, self.control):
+                vk.vkCmdFillBuffer(cmd, b.handle, 0, WHOLE_SIZE, 0)
+            for b, data in zip(self.states, state):
+                if data is None:
+                    vk.vkCmdFillBuffer(cmd, b.handle, 0, WHOLE_SIZE, 0)
+            barrier(cmd)
+            header[2], header[3] = spec.inbox_capacity, self.slot_words
+            update(cmd, self.inbox, 0, header)
+            header[2] = spec.outbox_capacity
+            for r in range(d):
+                update(cmd, self.outbox, r * self.outbox_region, header)
+            update(cmd, self.control, 0, control)
+            for b, data in zip(self.states, state):
+                if data is not None and data.nbytes <= INLINE_STATE_BYTES:
+                    update(cmd, b, 0, data)
+        return record
+
+    def check(self) -> None:
+        """DestroyedError if this kernel was destroyed."""
+        if self.destroyed:
+            raise DestroyedError(f"kernel {self.id!r} was destroyed")
+
+    def free(self) -> None:
+        """Free the Vulkan objects (the GPU no longer uses them)."""
+        for s in self.sets + list(self.deliver_sets.values()):
+            self.ctx.free_set(s)
+        self.sets, self.deliver_sets = [], {}
+        for b in reversed(self.buffers):
+            b.destroy()
+        self.buffers = []
+        if self.local_slot >= 0:
+            self.ctx.release_local_slot(self.local_slot)
+            self.local_slot = -1
+
+    # -- public ---------------------------------------------------------------------
+
+    @property
+    def device_index(self) -> int:
+        """The device the kernel lives on."""
+        return self.ctx.index
+
+    @property
+    def last_point(self) -> TimelinePoint | None:
+        """The point that marks this kernel's last submitted step done (None before the first)."""
+        return self.ctx.point(self.last_value) if self.last_value else None
+
+    def outbox_batch(self, step: int | None = None) -> OutboxBatch:
+        """The outbox batch of `step` (default: the latest), while its region is not yet reused."""
+        with self.ctx.lock:
+            self.check()
+            if self.steps == 0:
+                raise ValueError(f"kernel {self.id!r} has not stepped yet: no outbox batch")
+            step = self.steps - 1 if step is None else step
+            if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < self.steps:
+                raise ValueError(f"step must be an int in [0, {self.steps}), got {step!r}")
+            b = self.outbox_batches[step % self.ctx.in_flight]
+            if b is None or b.step != step:
+                raise ValueError(f"the outbox region of step {step} of kernel {self.id!r} was reused; the "
+                                 f"runtime keeps the last {self.ctx.in_flight} (hold() a batch to keep it longer)")
+            return b
+
+    def set_params(self, *params: int) -> None:
+        """The four user words of the push constants (vkm_step.params) for later steps."""
+        self.params = check_params(params)
+
+    def destroy(self, timeout: float = 30.0) -> None:
+        """Same as runtime.destroy_kernel(self)."""
+        self.runtime.destroy_kernel(self, timeout=timeout)
+
+    def __repr__(self) -> str:
+        state = "destroyed" if self.destroyed else f"GPU {self.ctx.index}"
+        return f"Kernel({self.id!r}, {self.kernel_type}, address={self.address}, {state}, steps={self.steps})"
+
+
+def check_params(params: Any) -> tuple[int, int, int, int]:
+    if len(params) == 1 and not isinstance(params[0], int):
+        params = tuple(params[0])
+    if len(params) > 4:
+        raise ValueError(f"at most 4 user parameters, got {len(params)}")
+    out = []
+    for i, p in enumerate(params):
+        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= int(p) <= _U32:
+            raise ValueError(f"params[{i}] must be an int in [0, 2**32), got {p!r}")
+        out.append(int(p))
+    return tuple(out + [0] * (4 - len(out)))   # type: ignore[return-value]

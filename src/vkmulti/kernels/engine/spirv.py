@@ -1,0 +1,298 @@
+"""SPIR-V modules as data: header checks, reflection of what a kernel declares
+(entry points, local size, descriptor bindings, push-constant size) and
+validation against the compute-kernel ABI, with `spirv-val` when it is on PATH.
+
+Hot reload uses it to refuse code before it reaches a driver: a module whose
+bindings are not the kernel ABI's (set 0: inbox 0, outbox 1, state 2..)
+would read the wrong buffers, and a driver may not notice.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import KernelValidationError
+from ...errors import TimeoutError as VkmTimeout
+
+__all__ = ["SPIRV_MAGIC", "SpirvModule", "SpirvBinding", "reflect", "check_kernel_abi", "run_spirv_val",
+           "spirv_env_for_api"]
+
+SPIRV_MAGIC = 0x07230203
+#: The newest SPIR-V version (1.6) a module may claim.
+MAX_SPIRV_VERSION = (1, 6)
+
+_OP_ENTRY_POINT = 15
+_OP_EXECUTION_MODE = 16
+_OP_TYPE_INT = 21
+_OP_TYPE_FLOAT = 22
+_OP_TYPE_VECTOR = 23
+_OP_TYPE_MATRIX = 24
+_OP_TYPE_ARRAY = 28
+_OP_TYPE_RUNTIME_ARRAY = 29
+_OP_TYPE_STRUCT = 30
+_OP_TYPE_POINTER = 32
+_OP_CONSTANT = 43
+_OP_VARIABLE = 59
+_OP_DECORATE = 71
+_OP_MEMBER_DECORATE = 72
+_OP_EXECUTION_MODE_ID = 331
+
+_DEC_BLOCK = 2
+_DEC_BUFFER_BLOCK = 3
+_DEC_ARRAY_STRIDE = 6
+_DEC_BINDING = 33
+_DEC_DESCRIPTOR_SET = 34
+_DEC_OFFSET = 35
+
+_MODE_LOCAL_SIZE = 17
+_MODE_LOCAL_SIZE_ID = 38
+_MODEL_GLCOMPUTE = 5
+
+_SC_UNIFORM_CONSTANT = 0
+_SC_UNIFORM = 2
+_SC_PUSH_CONSTANT = 9
+_SC_STORAGE_BUFFER = 12
+
+_EXECUTION_MODELS = {0: "Vertex", 1: "TessellationControl", 2: "TessellationEvaluation", 3: "Geometry",
+                     4: "Fragment", 5: "GLCompute", 6: "Kernel"}
+
+
+@dataclass(frozen=True)
+class SpirvBinding:
+    """A descriptor the module declares: (set, binding), what kind, the variable's name id."""
+    set: int
+    binding: int
+    kind: str          # "storage_buffer", "uniform_buffer", "other"
+    variable: int
+
+
+@dataclass
+class SpirvModule:
+    """What `reflect` found in a module."""
+    version: tuple[int, int]
+    bound: int
+    generator: int
+    entry_points: dict[str, str] = field(default_factory=dict)          # name -> execution model
+    local_size: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    bindings: list[SpirvBinding] = field(default_factory=list)
+    push_constant_bytes: int | None = 0   # None: a type it could not size
+
+    def binding(self, set_: int, binding: int) -> SpirvBinding | None:
+        return next((b for b in self.bindings if b.set == set_ and b.binding == binding), None)
+
+
+def _words(code: Any, label: str) -> tuple[int, ...]:
+    try:
+        raw = memoryview(code).cast("B")
+    except TypeError:
+        raise TypeError(f"{label} must be bytes, got {type(code).__name__}") from None
+    n = len(raw)
+    if n == 0:
+        raise KernelValidationError(f"{label} is empty")
+    if n % 4:
+        raise KernelValidationError(f"{label} is {n} bytes, not a whole number of 32-bit words: not SPIR-V")
+    if n < 20:
+        raise KernelValidationError(f"{label} is {n} bytes; a SPIR-V module has a 5-word (20-byte) header")
+    words = struct.unpack(f"<{n // 4}I", raw)
+    if words[0] != SPIRV_MAGIC:
+        if words[0] == 0x03022307:
+            raise KernelValidationError(f"{label} is big-endian SPIR-V; Vulkan takes little-endian words")
+        raise KernelValidationError(f"{label} starts with 0x{words[0]:08x}, not the SPIR-V magic 0x{SPIRV_MAGIC:08x}")
+    return words
+
+
+def _string(words: tuple[int, ...], start: int, end: int) -> tuple[str, int]:
+    """A nul-terminated literal string from words[start:end]; returns it and the word after it."""
+    raw = bytearray()
+    i = start
+    while i < end:
+        chunk = struct.pack("<I", words[i])
+        i += 1
+        cut = chunk.find(b"\0")
+        if cut >= 0:
+            raw += chunk[:cut]
+            return raw.decode("utf-8", "replace"), i
+        raw += chunk
+    raise KernelValidationError("a SPIR-V literal string is not nul-terminated within its instruction")
+
+
+def reflect(code: Any, label: str = "SPIR-V") -> SpirvModule:
+    """Parse the header and instruction stream of a module and reflect what a
+    kernel declares. KernelValidationError for anything malformed."""
+    words = _words(code, label)
+    version_word, generator, bound, schema = words[1], words[2], words[3], words[4]
+    major, minor = (version_word >> 16) & 0xFF, (version_word >> 8) & 0xFF
+    if version_word & 0xFF0000FF or major != 1 or (major, minor) > MAX_SPIRV_VERSION:
+        raise KernelValidationError(f"{label} claims SPIR-V version word 0x{version_word:08x} ({major}.{minor}); "
+                                    f"versions 1.0 to {MAX_SPIRV_VERSION[0]}.{MAX_SPIRV_VERSION[1]} are known")
+    if bound == 0 or bound > 0x3FFFFF:
+        raise KernelValidationError(f"{label} has an id bound of {bound}")
+    if schema != 0:
+        raise KernelValidationError(f"{label} has schema word {schema}, which must be 0")
+    mod = SpirvModule((major, minor), bound, generator)
+    entry_ids: dict[int, str] = {}
+    modes: dict[int, tuple[int, int, int]] = {}
+    mode_ids: dict[int, tuple[int, int, int]] = {}
+    decorations: dict[int, dict[int, int]] = {}
+    member_offsets: dict[int, dict[int, int]] = {}
+    types: dict[int, tuple] = {}
+    constants: dict[int, int] = {}
+    pointers: dict[int, tuple[int, int]] = {}
+    variables: list[tuple[int, int, int]] = []   # (pointer type, id, storage class)
+    i, n = 5, len(words)
+    while i < n:
+        count, op = words[i] >> 16, words[i] & 0xFFFF
+        if count == 0 or i + count > n:
+            raise KernelValidationError(f"{label}: instruction at word {i} (opcode {op}) claims {count} words; "
+                                        f"{n - i} remain (truncated or corrupted)")
+        ops = words[i + 1:i + count]
+        if op == _OP_ENTRY_POINT and len(ops) >= 3:
+            name, _ = _string(words, i + 3, i + count)
+            mod.entry_points[name] = _EXECUTION_MODELS.get(ops[0], str(ops[0]))
+            entry_ids[ops[1]] = name
+        elif op == _OP_EXECUTION_MODE and len(ops) >= 5 and ops[1] == _MODE_LOCAL_SIZE:
+            modes[ops[0]] = (ops[2], ops[3], ops[4])
+        elif op == _OP_EXECUTION_MODE_ID and len(ops) >= 5 and ops[1] == _MODE_LOCAL_SIZE_ID:
+            mode_ids[ops[0]] = (ops[2], ops[3], ops[4])
+        elif op == _OP_DECORATE and len(ops) >= 2:
+            decorations.setdefault(ops[0], {})[ops[1]] = ops[2] if len(ops) > 2 else 1
+        elif op == _OP_MEMBER_DECORATE and len(ops) >= 4 and ops[2] == _DEC_OFFSET:
+            member_offsets.setdefault(ops[0], {})[ops[1]] = ops[3]
+        elif op in (_OP_TYPE_INT, _OP_TYPE_FLOAT) and len(ops) >= 2:
+            types[ops[0]] = ("scalar", ops[1] // 8)
+        elif op in (_OP_TYPE_VECTOR, _OP_TYPE_MATRIX) and len(ops) >= 3:
+            types[ops[0]] = ("vector", ops[1], ops[2])
+        elif op == _OP_TYPE_ARRAY and len(ops) >= 3:
+            types[ops[0]] = ("array", ops[1], ops[2])
+        elif op == _OP_TYPE_RUNTIME_ARRAY and len(ops) >= 2:
+            types[ops[0]] = ("runtime_array", ops[1])
+        elif op == _OP_TYPE_STRUCT and len(ops) >= 1:
+            types[ops[0]] = ("struct", tuple(ops[1:]))
+        elif op == _OP_TYPE_POINTER and len(ops) >= 3:
+            pointers[ops[0]] = (ops[1], ops[2])
+        elif op == _OP_CONSTANT and len(ops) >= 3:
+            constants[ops[1]] = ops[2]
+        elif op == _OP_VARIABLE and len(ops) >= 3:
+            variables.append((ops[0], ops[1], ops[2]))
+        i += count
+    for eid, name in entry_ids.items():
+        if eid in modes:
+            mod.local_size[name] = modes[eid]
+        elif eid in mode_ids:
+            mod.local_size[name] = tuple(constants.get(c, 0) for c in mode_ids[eid])   # type: ignore[assignment]
+
+    def size_of(tid: int, depth: int = 0) -> int | None:
+        t = types.get(tid)
+        if t is None or depth > 16:
+            return None
+        if t[0] == "scalar":
+            return t[1]
+        if t[0] == "vector":
+            inner = size_of(t[1], depth + 1)
+            return None if inner is None else inner * t[2]
+        if t[0] == "array":
+            stride = decorations.get(tid, {}).get(_DEC_ARRAY_STRIDE)
+            length = constants.get(t[2])
+            if stride is None or length is None:
+                return None
+            return stride * length
+        if t[0] == "struct":
+            offsets = member_offsets.get(tid, {})
+            end = 0
+            for m, member in enumerate(t[1]):
+                s = size_of(member, depth + 1)
+                if s is None or m not in offsets:
+                    return None
+                end = max(end, offsets[m] + s)
+            return end
+        return None
+
+    for ptype, vid, storage in variables:
+        pointee = pointers.get(ptype, (storage, 0))[1]
+        dec = decorations.get(vid, {})
+        if storage == _SC_PUSH_CONSTANT:
+            size = size_of(pointee)
+            mod.push_constant_bytes = None if size is None or mod.push_constant_bytes is None else \
+                max(mod.push_constant_bytes, size)
+            continue
+        if _DEC_BINDING not in dec and _DEC_DESCRIPTOR_SET not in dec:
+            continue
+        struct_dec = decorations.get(pointee, {})
+        if storage == _SC_STORAGE_BUFFER or (storage == _SC_UNIFORM and _DEC_BUFFER_BLOCK in struct_dec):
+            kind = "storage_buffer"
+        elif storage == _SC_UNIFORM and _DEC_BLOCK in struct_dec:
+            kind = "uniform_buffer"
+        else:
+            kind = "other"
+        mod.bindings.append(SpirvBinding(dec.get(_DEC_DESCRIPTOR_SET, 0), dec.get(_DEC_BINDING, 0), kind, vid))
+    mod.bindings.sort(key=lambda b: (b.set, b.binding))
+    return mod
+
+
+def check_kernel_abi(mod: SpirvModule, entry_point: str, n_state: int, push_bytes: int,
+                     label: str = "SPIR-V") -> None:
+    """KernelValidationError unless the module is a compute kernel of the ABI with
+    `n_state` state buffers: a GLCompute entry point `entry_point`; every
+    descriptor it declares is one the ABI's layout provides (set 0: inbox 0,
+    outbox 1, state buffers 2 .. 2 + n_state - 1), as a storage buffer; a
+    push-constant block of at most `push_bytes`. A binding the module does
+    not use may be absent (glslc -O drops unused ones), never one the layout
+    lacks: the pipeline could not be made, or would read the wrong buffer."""
+    model = mod.entry_points.get(entry_point)
+    if model is None:
+        have = ", ".join(f"{n!r} ({m})" for n, m in mod.entry_points.items()) or "none"
+        raise KernelValidationError(f"{label} has no entry point {entry_point!r} (it has: {have})")
+    if model != "GLCompute":
+        raise KernelValidationError(f"{label}'s entry point {entry_point!r} is a {model} shader, not a compute "
+                                    f"(GLCompute) kernel")
+    names = {0: "inbox", 1: "outbox"}
+    for b in mod.bindings:
+        if b.set != 0:
+            raise KernelValidationError(f"{label} uses descriptor set {b.set} (binding {b.binding}); kernels have "
+                                        f"only set 0")
+        if b.binding >= 2 + n_state:
+            raise KernelValidationError(f"{label} uses binding {b.binding}; this kernel has {n_state} state "
+                                        f"buffer(s), bound at 2..{1 + n_state}")
+        if b.kind != "storage_buffer":
+            what = names.get(b.binding, f"state buffer {b.binding - 2}")
+            raise KernelValidationError(f"{label} declares binding {b.binding} ({what}) as a {b.kind}; the ABI binds "
+                                        f"a storage buffer there")
+    if mod.push_constant_bytes is not None and mod.push_constant_bytes > push_bytes:
+        raise KernelValidationError(f"{label}'s push constants take {mod.push_constant_bytes} bytes; the kernel ABI "
+                                    f"(VkmStep) has {push_bytes}")
+
+
+def spirv_env_for_api(api_version: int) -> str:
+    """spirv-val's --target-env for a Vulkan API version (VK_MAKE_API_VERSION)."""
+    minor = (api_version >> 12) & 0x3FF
+    return f"vulkan1.{min(max(minor, 0), 3)}"
+
+
+def run_spirv_val(code: bytes, target_env: str = "vulkan1.1", timeout: float | None = 30.0,
+                  label: str = "SPIR-V") -> bool:
+    """Run `spirv-val` on the module when it is on PATH: False if it is not,
+    True if it passed; KernelValidationError with its message if it failed,
+    vkmulti.TimeoutError past `timeout` s."""
+    exe = shutil.which("spirv-val")
+    if exe is None:
+        return False
+    fd, path = tempfile.mkstemp(suffix=".spv")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(code)
+        try:
+            out = subprocess.run([exe, "--target-env", target_env, path], capture_output=True, text=True,
+                                 timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise VkmTimeout(f"spirv-val did not finish within {timeout} s") from None
+    finally:
+        os.unlink(path)
+    if out.returncode != 0:
+        text = (out.stderr or out.stdout).strip().replace(path, label)
+        raise KernelValidationError(f"{label} fails spirv-val ({target_env}): {text[:600]}")
+    return True

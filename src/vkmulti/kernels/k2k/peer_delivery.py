@@ -1,0 +1,293 @@
+"""The K2K router's moves between devices that share memory (DMABUF): no copy.
+
+A kernel's outbox is exported where another device of the manager can import
+its memory (KernelRuntime.exports_outboxes). A batch such a kernel's step
+wrote is then handed to the next hop's kernels *in place*: that device
+imports the outbox (once per kernel), and its next step reads the batch
+through the import, after a GPU wait on a relay (`TimelineRelay`: the
+sending device's timeline mirrored on the receiving device by a native
+thread that signals it from the host; no host wait, on any queue). Nothing
+crosses through a transfer ring, and the one copy left is the receiving
+step's: into the inbox, by a copy command where the batch is all for one
+kernel (a direct landing), else by the delivery passes; none where the
+sending step's survey, read back, says the batch is all for one kernel of the
+one device that reads it: that kernel's step reads it where it lies, as its
+inbox (the stepper's in-place reading).
+
+The batch is retained (its kernel is deferred before the region is reused)
+until every device that reads it in place is done: its kernels took their
+messages, and the moves forwarding it to further hops read it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import DestroyedError, VkmError
+from ...errors import TimeoutError as VkmTimeout
+from ...transfer.peer import ExportedBuffer, TimelineRelay, shares_memory
+from .landing import reached
+from ..engine.kernel import InboundBatch, Kernel, OutboxBatch
+from ..engine.stepper import QUIET_BATCHES
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PeerLanding", "PeerEdges", "direct_guess"]
+
+
+def direct_guess(rt: Any, k: Kernel, device: int) -> tuple[Kernel | None, int | None]:
+    """The kernel of `device` a batch of `k` is likely all for (its latest non-empty
+    batch was), and the slots worth copying for it; (None, None) for no guess."""
+    addr, count = k.dest_hint
+    if not addr or not count:
+        return None, None
+    x = rt._by_index.get(addr % rt.max_kernels)
+    if x is None or x.address != addr or x.destroyed or x.device_index != device or x.tenant != k.tenant:
+        return None, None
+    return x, min(k.spec.outbox_capacity, x.spec.inbox_capacity, 1 << (count - 1).bit_length())
+
+
+@dataclass
+class PeerLanding:
+    """One batch read in place on one device: the batch, the device's inbound
+    batch over its import (None where no kernel runs there), the relay, and
+    the region that forwards it to further hops (None: none)."""
+    edge: tuple[int, int]
+    batch: OutboxBatch
+    inbound: InboundBatch | None
+    relay: Any
+    forward: Any = None
+    created: float = field(default_factory=time.monotonic)
+
+    def finished(self, mgr: Any) -> bool:
+        if self.inbound is not None and not self.inbound.done:
+            return False
+        f = self.forward
+        if f is not None and (f.readers > 0 or not all(reached(mgr.slot(f.device), p) for p in f.reads)):
+            return False
+        return True
+
+
+class PeerEdges:
+    """The in-place moves of a DeliveryEngine (all methods run with the router's
+    delivery lock held)."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self.rt, self.mgr = engine.rt, engine.mgr
+        self.relays: dict[tuple[int, int, int], TimelineRelay] = {}   # (from, to, timeline followed)
+        self.landings: list[PeerLanding] = []
+        self._usable: dict[tuple[int, int], bool] = {}
+        self._views: dict[tuple[int, int], Any] = {}   # (id of an outbox, device) -> its import there
+        self._devices: dict[int, tuple[Any, Any]] = {}
+        self.dead_relays: list[TimelineRelay] = []   # relays of a lost device (no landing uses them)
+
+    def usable(self, a: int, b: int, trees: Any, batches: list[OutboxBatch]) -> bool:
+        """Whether batches of device a go to b in place: a P2P edge whose method is
+        DMABUF, between devices that share memory, from exported outboxes."""
+        if not all(isinstance(x.buffer, ExportedBuffer) for x in batches):
+            return False
+        hit = self._usable.get((a, b))
+        if hit is None:
+            from ...transfer.methods import TransferMethod
+
+            hit = not trees.is_host_mediated(a, b) and \
+                self.engine.method_for(a, b, False) == TransferMethod.DMABUF and \
+                shares_memory(self.mgr.slot(a), self.mgr.slot(b))
+            self._usable[(a, b)] = hit
+        return hit
+
+    def land(self, s: int, c: int, batches: list[OutboxBatch], trees: Any) -> bool:
+        """Hand one step's batches of device s to device c in place (and queue the
+        moves that forward them on). False when the pair turned out unable to
+        (nothing was handed over; the caller moves them through a link)."""
+        eng = self.engine
+        point = batches[-1].ready   # one step of s: one point for all its batches
+        try:
+            relay = self.relays.get((s, c, point.semaphore))
+            if relay is None:
+                relay = self.relays[(s, c, point.semaphore)] = TimelineRelay(self.mgr.slot(s), point.semaphore,
+                                                                             self.mgr.slot(c))
+            views = [self._view(b.buffer, c) for b in batches]   # (the outbox the batch was written in)
+            ticket = relay.relay(point)
+        except (VkmError, MemoryError) as exc:
+            log.warning("K2K router: GPU %d cannot read GPU %d's batches in place (%s); moving them instead",
+                        c, s, exc)
+            self._usable[(s, c)] = False
+            return False
+        hops = min(trees.edge_hops(s, c), 255)
+        serves = any(k.device_index == c for k in self.rt.kernels)
+        onward = trees.children(s, c)
+        total = sum(b.size for b in batches)
+        eng.edge_moves[(s, c)] += 1
+        eng.edge_bytes[(s, c)] += total
+        eng.router._batches += len(batches)
+        eng.router._stats.add_bytes(total)
+        ctx, stepper = self._device(c) if serves else (None, None)
+        waits = [ticket.dst_ready]
+        # c is the one device that reads these regions: a kernel a batch is all for may read it in place
+        exclusive = not onward and trees.children(s, s) == [c]
+        for b, view in zip(batches, views):
+            inbound = None
+            if serves:
+                x, slots = direct_guess(self.rt, b.kernel, c)
+                try:
+                    inbound = self.rt._accept(ctx, stepper, view, b.offset, b.size, waits, b.kernel, hops, False,
+                                              None, True, x, b.kernel.spec.outbox_capacity if slots is None
+                                              else slots, b.kernel.quiet_batches >= QUIET_BATCHES)
+                except (VkmError, ValueError) as exc:
+                    eng.fail_batch(b, f"GPU {c} could not take its messages: {exc}")
+                    continue
+                inbound.k2k_origin = b
+                inbound.exclusive = exclusive
+                b.k2k_landings.append((c, inbound))
+            b.retain()   # until c and the hops after it are done reading it in place
+            landing = PeerLanding((s, c), b, inbound, ticket)
+            if onward:
+                landing.forward = eng.forward_region(c, view, b, s, hops, ticket, onward, trees)
+            self.landings.append(landing)
+        return True
+
+    def _view(self, outbox: ExportedBuffer, device: int) -> Any:
+        """The import of `outbox` on `device` (made once; a destroyed one is made again)."""
+        key = (id(outbox), device)
+        v = self._views.get(key)
+        if v is None or v.source is not outbox or v.destroyed:
+            v = self._views[key] = outbox.import_on(self.mgr.slot(device))
+        return v
+
+    def forget_freed(self) -> None:
+        """Let go of imports whose outbox was freed (a kernel destroyed or moved): the
+        runtime's descriptor sets made for them too."""
+        gone = [k for k, v in self._views.items() if v.destroyed]
+        for k in gone:
+            try:
+                self.rt.forget_buffer(self._views.pop(k))
+            except DestroyedError:
+                return
+
+    def _device(self, index: int) -> tuple[Any, Any]:
+        pair = self._devices.get(index)
+        if pair is None or not pair[0].alive:
+            pair = self._devices[index] = self.rt._device(index)
+        return pair
+
+    def settle(self, kernels: list[Kernel], timeout: float) -> None:
+        """Before a step of `kernels`: where a kernel's next outbox region is still
+        read in place by steps already submitted on other devices (or by moves
+        forwarding it), wait for those (bounded by `timeout`) and let it go, as a
+        device waits for its own oldest step before reusing a region. A batch no
+        submitted step has read yet stays held: its kernel is deferred."""
+        if not self.landings:
+            return
+        held = set()
+        for k in kernels:
+            b = k.outbox_batches[k.steps % k.ctx.in_flight] if not k.destroyed else None
+            if b is not None and b.retained and not b.done:
+                held.add(id(b))
+        if not held:
+            return
+        runtime_points, link_points = [], []
+        for p in self.landings:
+            if id(p.batch) not in held or p.finished(self.mgr):
+                continue
+            i = p.inbound
+            if i is not None and not i.done and i.last_value:
+                runtime_points.append(i.ctx.point(i.last_value))
+            if p.forward is not None and p.forward.readers <= 0:
+                link_points += [(p.forward.device, q) for q in p.forward.reads]
+        try:
+            if runtime_points:
+                self.rt._wait_points(runtime_points, timeout)
+            for dev, q in link_points:
+                self.mgr.slot(dev).native.wait_timeline(q.semaphore, q.value, timeout)
+        except VkmTimeout:
+            pass   # still read: the kernel is deferred this time
+        self.engine.reap()
+
+    def reap(self, now: float) -> None:
+        """Let go of batches every device finished reading in place; a landed batch
+        whose sender's survey says it holds nothing for its device is taken back."""
+        self.forget_freed()
+        keep = []
+        for p in self.landings:
+            i, origin = p.inbound, p.batch
+            if i is not None and not i.done and origin.pending is not None and \
+                    not origin.remote_devices >> p.edge[1] & 1:
+                try:
+                    self.rt.withdraw_batch(i, timeout=self.engine.submit_timeout)
+                except DestroyedError:
+                    pass
+            if p.finished(self.mgr):
+                self._count(p, now)
+                origin.release()
+            else:
+                keep.append(p)
+        self.landings = keep
+
+    def _count(self, p: PeerLanding, now: float) -> None:
+        i = p.inbound
+        if i is None:
+            return
+        stats = self.engine.router._stats
+        if i.delivered:
+            stats.add_routed(i.delivered, 0, int((now - p.created) * 1e6) * i.delivered)
+        if i.rejected:
+            stats.add_failures(i.rejected)
+
+    def busy(self) -> bool:
+        return bool(self.landings)
+
+    def drop_device(self, d: int) -> None:
+        """GPU d was lost: forget the in-place reads to and from it (see DeliveryEngine.drop_device)."""
+        keep = []
+        for p in self.landings:
+            if d not in p.edge:
+                keep.append(p)
+                continue
+            i = p.inbound
+            if i is not None and not i.done:
+                i.done = True
+                i.event.set()
+            try:
+                p.batch.release()
+            except (VkmError, ValueError):   # a lost device's batch, or one let go with its kernel
+                pass
+        self.landings = keep
+        for key in [k for k in self.relays if d in k[:2]]:
+            self.dead_relays.append(self.relays.pop(key))   # destroyed with the others
+        for key in [k for k in self._views if k[1] == d]:
+            self._views.pop(key)
+        self._devices.pop(d, None)
+
+    def destroy(self, deadline: float) -> None:
+        """Take back what was not delivered (counted as failures), wait for the
+        relays, let every batch go."""
+        stats = self.engine.router._stats
+        for p in self.landings:
+            i = p.inbound
+            if i is not None and not i.done:
+                try:
+                    left = self.rt.withdraw_batch(i, timeout=max(0.0, deadline - time.monotonic()))
+                except DestroyedError:   # the runtime went first: its steps are over
+                    left = 0
+                if left:
+                    stats.add_failures(left)
+                    log.warning("K2K router detached: %d message(s) for GPU %d were not delivered", left, p.edge[1])
+        for relay in list(self.relays.values()) + self.dead_relays:   # no step waits on them any more
+            try:
+                relay.destroy(max(0.0, deadline - time.monotonic()))
+            except VkmTimeout:
+                log.warning("K2K router: a relay was still in use at destroy")
+            except VkmError as exc:   # a lost device's
+                log.info("K2K router: a relay of a lost device: %s", exc)
+        self.relays.clear()
+        self.dead_relays = []
+        for p in self.landings:
+            try:
+                p.batch.release()
+            except ValueError:   # its kernel was destroyed and the batch let go with it
+                pass
+        self.landings = []

@@ -1,0 +1,168 @@
+"""A lost GPU under the kernel runtime (the mixin KernelRuntime inherits).
+
+`step()` and `synchronize()`/`StepTicket.wait()` first ask the manager which
+devices are lost (`MultiDeviceManager.check_devices`: one atomic read of each
+device's native lost flag, set by any VK_ERROR_DEVICE_LOST in vkmulti or by
+vkmulti.testing.lose_device); a step that meets the loss itself (its submit or
+harvest raises DeviceLostError) does the same. For a lost secondary:
+
+* the coordinator unregisters the device (its greedy plans say where each
+  kernel goes; a coordinator made by `from_manager` does this itself when the
+  manager reports the loss);
+* the K2K router forgets its moves to and from the device;
+* with a checkpoint policy, the kernels there are restored on the survivors
+  from their latest checkpoints and replayed from the replay log
+  (kernels/replay.py), listed in `restored_kernels`; the others (no policy,
+  no checkpoint, inputs not all logged) are released and listed in
+  `lost_kernels` (id -> device);
+* the runtime's context on the device is released without touching the
+  device (no wait, no submit: only vkDestroy*/vkFree*, which a lost device
+  allows);
+* the step goes on with the kernels of the other devices; no exception reaches
+  the caller, the loss is logged and counted in `failover_stats`.
+
+Losing the primary (GPU 0) is the caller's PrimaryDeviceLostError.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ...errors import DeviceLostError, PrimaryDeviceLostError, VkmError
+from ...device.failover import FailoverStats
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RuntimeFailover"]
+
+
+class RuntimeFailover:
+    """Failover of KernelRuntime: see the module docstring. Uses the runtime's
+    `manager`, `coordinator`, `_lock`, `_contexts`, `_kernels`, `_by_index`,
+    `max_kernels`, `_mark_dirty`, `_free_index` and `_generation`."""
+
+    manager: Any
+    coordinator: Any
+    max_kernels: int
+
+    def _init_failover(self) -> None:
+        #: what lost devices cost this runtime (devices, kernels lost, times)
+        self.failover_stats = FailoverStats()
+        #: kernels that were on a lost device and could not be restored: id -> that device
+        self.lost_kernels: dict[str, int] = {}
+        #: kernels of a lost device restored from their checkpoints: id -> (lost device, new device)
+        self.restored_kernels: dict[str, tuple[int, int]] = {}
+        self._lost_handled: set[int] = set()
+
+    def device_lost(self, index: int) -> bool:
+        """Whether device `index` is lost (the manager's view)."""
+        check = getattr(self.manager, "device_lost", None)
+        return bool(check is not None and check(index))
+
+    def _primary_lost(self, reason: str) -> PrimaryDeviceLostError:
+        return PrimaryDeviceLostError(-4, "KernelRuntime.step", (
+            f"the primary GPU 0 was lost ({reason}): the kernels there and the host's view of the runtime "
+            f"cannot go on; destroy the runtime and the manager (their objects are released without touching "
+            f"the lost device) and make new ones"))
+
+    def _sync_lost_devices(self, *, teardown: bool = False) -> set[int]:
+        """Fail over from every device found lost; the lost devices. PrimaryDeviceLostError
+        for GPU 0 (unless `teardown`: then its kernels are released like the others')."""
+        check = getattr(self.manager, "check_devices", None)
+        if check is None:
+            return set()
+        if getattr(self.manager, "destroyed", False):   # the manager's destroy() runs: read the flags
+            lost = {s.index: "the device returned VK_ERROR_DEVICE_LOST" for s in self.manager._slots
+                    if s.native is not None and s.native.lost}
+        else:
+            lost = check()
+        if 0 in lost and not teardown:
+            raise self._primary_lost(lost[0])
+        for d in sorted(lost):
+            if d not in self._lost_handled:
+                self._fail_over(d, lost[d], teardown)
+        return set(lost)
+
+    def _step_failed(self, device: int, exc: DeviceLostError) -> bool:
+        """A step on `device` raised DeviceLostError: True when the device is now known
+        lost and failed over (the step goes on without it), False otherwise."""
+        if not self.device_lost(device):
+            return False
+        self._sync_lost_devices()
+        return True
+
+    def _fail_over(self, d: int, why: str, teardown: bool = False) -> None:
+        t0 = time.perf_counter()
+        self._lost_handled.add(d)
+        self.failover_stats.lost(d)
+        online = getattr(self.coordinator, "is_device_online", None)
+        if online is not None and online(d):
+            self.coordinator.unregister_device(d)
+        with self._lock:
+            kernels = [k for k in self._kernels.values() if k is not None and k.device_index == d]
+            pair = self._contexts.pop(d, None)
+        with self._lock:
+            owners = [getattr(fn, "__self__", None) for fn in self._listeners]
+        for owner in owners:   # the K2K router forgets its moves to and from the device
+            hook = getattr(owner, "device_lost", None)
+            if callable(hook):
+                try:
+                    hook(d)
+                except VkmError as exc:
+                    log.warning("KernelRuntime: a step listener failed to forget GPU %d: %s", d, exc)
+        restored: list[Any] = []
+        if kernels and not teardown:
+            from .replay import restore_lost_kernels
+            slot = self.manager.slot(d) if hasattr(self.manager, "slot") else None
+            drained = bool(getattr(slot, "lost_drained", False))
+            lost_now = {i for i in self._lost_handled}
+            try:
+                restored, kernels, steps, handed = restore_lost_kernels(self, d, kernels, pair, drained, lost_now)
+            except VkmError as exc:   # (e.g. the survivors did not finish in time): they are lost
+                log.error("KernelRuntime: the kernels of lost GPU %d could not be restored: %s", d, exc)
+                restored, steps, handed = [], 0, 0
+                kernels = [k for k in kernels if k.device_index == d]
+            with self.failover_stats._lock:
+                self.failover_stats.kernels_restored += len(restored)
+                self.failover_stats.steps_replayed += steps
+                self.failover_stats.messages_replayed += handed
+            for k in restored:
+                self.restored_kernels[k.id] = (d, k.device_index)
+        for k in kernels:
+            self._drop_lost_kernel(k, d)
+        if pair is not None:
+            ctx, stepper = pair
+            stepper.inflight.clear()   # never harvested: the device runs nothing more
+            for _, s in stepper.retired:
+                ctx.free_set(s)
+            stepper.retired = []
+            stepper.batches.clear()
+            ctx.destroy(0.0)
+        what = f"{len(restored)} kernel(s) restored from checkpoints, {len(kernels)} lost with the device"
+        rec = self.failover_stats.recovered(d, what, t0, why)
+        log.error("KernelRuntime: GPU %d lost (%s); kernels restored: %s; kernels lost with it: %s; the others go "
+                  "on (%.2f ms)", d, why, {k.id: k.device_index for k in restored}, [k.id for k in kernels],
+                  rec.seconds * 1e3)
+
+    def _drop_lost_kernel(self, k: Any, d: int) -> None:
+        """Forget a kernel of a lost device and free its objects without waiting on the device."""
+        ctx = k.ctx
+        with ctx.lock:
+            if k.destroyed:
+                return
+            k.destroyed = True
+            index = k.address % self.max_kernels
+            with self._lock:
+                self._kernels.pop(k.id, None)
+                self._by_index.pop(index, None)
+                self.lost_kernels[k.id] = d
+            ctx.cond.notify_all()
+            k.free()
+        self._mark_dirty(index)
+        remove = getattr(self.coordinator, "remove_kernel", None)
+        if remove is not None:
+            remove(k.id)
+        with self._lock:
+            self._generation[index] += 1
+            self._free_index.append(index)

@@ -1,0 +1,224 @@
+"""CRC32 (zlib's IEEE CRC) of buffer ranges, computed on the GPU that holds them.
+
+Live migration checks that the state that arrived on the destination GPU is
+the state that left the source without reading either through the host: each
+GPU hashes its own copy (native/shaders/crc32.comp) and only one 32-bit raw
+CRC per range comes back. One dispatch per range: each workgroup hashes its
+own block (lanes on interleaved words on a GPU, coalesced; on contiguous
+pieces on a CPU device), shifts its CRC to the end
+of the range with the zero-byte tables of crc_math and xors it into the
+range's result; no pass between workgroups, no tree. The host applies the
+initial value and final xor. The result equals `zlib.crc32` of the same bytes.
+"""
+from __future__ import annotations
+
+import struct
+import threading
+from typing import Any, Iterable
+
+import numpy as np
+import vulkan as vk
+
+from ...errors import TimeoutError as VkmTimeout
+from ...memory.image import Buffer
+from ..._core.shaders import shader_path
+from ...transfer.cross_device import TimelinePoint
+from ..engine import recording as cmds
+from .crc_math import crc32_finish, zero_tables
+from ..engine.device_context import SB, WHOLE_SIZE, MappedBuffer
+from ..engine.gpu_jobs import GpuJobs
+
+__all__ = ["GpuCrc", "CrcJob", "crc32_finish", "check_ranges", "LANES"]
+
+#: Invocations per workgroup (the shader's local_size_x).
+LANES = 64
+_PUSH = struct.Struct("<5I")
+_MAX_GROUPS = 65535          # maxComputeWorkGroupCount[0] every Vulkan device has
+#: Words each lane hashes per block: on a GPU short blocks give many workgroups
+#: (16 MiB: 4096 of them); on a CPU device (llvmpipe) long blocks amortise each
+#: workgroup's table load (measured: 1024 words ~25% faster than 256).
+LANE_WORDS_GPU = 16
+LANE_WORDS_CPU = 1024
+
+
+def check_ranges(ranges: Iterable[tuple[Any, int, int]], *, word_tail: bool) -> list[tuple[Any, int, int]]:
+    """The (buffer, offset, size) ranges as a list, each checked: ints, offset a
+    multiple of 4, within the buffer (`word_tail`: also the word holding a size's
+    last 1-3 bytes), size below 4 GiB."""
+    out = []
+    for item in ranges:
+        try:
+            buf, off, size = item
+        except (TypeError, ValueError):
+            raise TypeError(f"a CRC range is (buffer, offset, size), got {item!r}"[:160]) from None
+        for label, v in (("offset", off), ("size", size)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"CRC range {label} must be an int, got {type(v).__name__}")
+        total = getattr(buf, "size", None)
+        if not isinstance(total, int) or getattr(buf, "handle", None) is None:
+            raise TypeError(f"a CRC range's buffer must be a live vkmulti Buffer, got {type(buf).__name__}")
+        end = off + ((size + 3) & ~3 if word_tail else size)
+        if off % 4 or off < 0 or size < 0 or size >= 1 << 32 or end > total:
+            raise ValueError(f"CRC range [{off}, {off + size}) of a {total}-byte buffer: the offset must be a "
+                             f"multiple of 4 and the range within the buffer"
+                             + (" up to a whole last word" if word_tail else "") + " (size < 4 GiB)")
+        out.append((buf, off, size))
+    return out
+
+
+class CrcJob:
+    """CRC32s being computed on one GPU; result() waits and returns them in order."""
+
+    def __init__(self, owner: "GpuCrc", point: TimelinePoint | None, sizes: list[int], results: Any,
+                 release: Any):
+        self._owner, self.point, self._sizes = owner, point, sizes
+        self._results, self._release = results, release
+        self._values: list[int] | None = None
+
+    def result(self, timeout: float | None = 60.0) -> list[int]:
+        """The zlib CRC32 of each range; vkmulti.TimeoutError after `timeout` s."""
+        if self._values is None:
+            if self.point is not None:
+                self._owner.jobs.wait(self.point, timeout)
+            raw = self._results.words[:len(self._sizes)].tolist() if self._results is not None else []
+            self._values = [crc32_finish(int(r), n) if n else 0 for r, n in zip(raw, self._sizes)] \
+                if self._results is not None else [0] * len(self._sizes)
+            self.close()
+        return list(self._values)
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Give the job's buffers back once the GPU is done with them (result() does;
+        a caller that drops a job unread calls this)."""
+        if self._release is None:
+            return
+        if self.point is not None and self._values is None:
+            try:
+                self._owner.jobs.wait(self.point, timeout)
+            except VkmTimeout:
+                return   # still running: its buffers stay (freed with the device)
+        release, self._release = self._release, None
+        release()
+
+
+class GpuCrc:
+    """The CRC32 shader on one runtime device context (pipeline, zero-byte tables,
+    a reusable results buffer). `submit(ranges, waits)` returns a CrcJob."""
+
+    kind = "shader"
+
+    def __init__(self, ctx: Any, jobs: GpuJobs, lane_words: int | None = None, contiguous: bool | None = None):
+        """`lane_words` and `contiguous` (the shader's layout, see crc32.comp):
+        by default interleaved with 16 words a lane on a GPU, contiguous with
+        1024 on a CPU device (llvmpipe runs interleaved gathers ~2x slower)."""
+        self.ctx, self.jobs = ctx, jobs
+        slot = ctx.slot
+        caps = getattr(slot, "capabilities", None)
+        cpu = caps is not None and getattr(caps, "device_type", "") == "cpu"
+        if lane_words is None:
+            lane_words = LANE_WORDS_CPU if cpu else LANE_WORDS_GPU
+        if isinstance(lane_words, bool) or not isinstance(lane_words, int) or not 1 <= lane_words <= 1 << 16:
+            raise ValueError(f"lane_words must be an int in [1, 65536], got {lane_words!r}"[:120])
+        if contiguous is None:
+            contiguous = cpu
+        if not isinstance(contiguous, bool):
+            raise TypeError(f"contiguous must be a bool, got {type(contiguous).__name__}")
+        self.lane_words, self.contiguous = lane_words, contiguous
+        with ctx.lock:
+            self.pass_ = ctx.pipeline(shader_path("crc32.comp.spv").read_bytes(), "main", [SB, SB, SB], _PUSH.size)
+        data = np.ascontiguousarray(zero_tables()).reshape(-1)
+        self.tables = Buffer(slot, data.nbytes)
+        self._lock = threading.Lock()
+        self._spare: MappedBuffer | None = None
+        try:
+            staging = MappedBuffer(slot, data.nbytes)
+            try:
+                staging.words[:] = data
+                ctx.runner.run(lambda cmd: vk.vkCmdCopyBuffer(cmd, staging.handle, self.tables.handle, 1, [
+                    vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=data.nbytes)]))
+            finally:
+                staging.destroy()
+        except BaseException:
+            self.tables.destroy()
+            raise
+
+    def _results(self, count: int) -> tuple[MappedBuffer, Any]:
+        """A zeroed host-visible buffer of `count` words and the function that gives it back."""
+        with self._lock:
+            spare = self._spare
+            if spare is not None and spare.size >= 4 * count:
+                self._spare = None
+            else:
+                spare = None
+        buf = spare if spare is not None else MappedBuffer(self.ctx.slot, 4 * max(count, 16))
+        buf.words[:count] = 0
+
+        def give_back() -> None:
+            with self._lock:
+                if self._spare is None or self._spare.size < buf.size:
+                    old, self._spare = self._spare, buf
+                else:
+                    old = buf
+            if old is not None:
+                old.destroy()
+        return buf, give_back
+
+    def submit(self, ranges: Iterable[tuple[Any, int, int]], waits: Iterable[TimelinePoint] = ()) -> CrcJob:
+        """CRC32 of each (buffer, offset, size) (offset a multiple of 4, any size;
+        buffers on this device), after the timeline points `waits` (on this device)."""
+        ranges = check_ranges(ranges, word_tail=True)
+        sizes = [size for _, _, size in ranges]
+        if not any(sizes):
+            return CrcJob(self, None, sizes, None, None)
+        results, release = self._results(len(ranges))
+        ctx = self.ctx
+        sets: list[Any] = []
+        try:
+            with ctx.lock:
+                for buf, _, _ in ranges:
+                    sets.append(ctx.descriptor_set(self.pass_, [(buf.handle, 0, WHOLE_SIZE),
+                                                                (results.handle, 0, WHOLE_SIZE),
+                                                                (self.tables.handle, 0, WHOLE_SIZE)]))
+            layout, pipe = self.pass_.layout, self.pass_.pipeline
+            plan = []
+            for i, ((_, off, size), (_, dset)) in enumerate(zip(ranges, sets)):
+                if not size:
+                    continue
+                words = size // 4
+                lane_words = max(self.lane_words, -(-words // (LANES * _MAX_GROUPS)))
+                groups = max(1, -(-words // (LANES * lane_words)))
+                plan.append((dset, _PUSH.pack(off // 4, size, lane_words, i, int(self.contiguous)), groups))
+
+            def record(cmd: Any) -> None:
+                cmds.barrier(cmd)
+                cmds.bind_pipeline(cmd, pipe)
+                for dset, push, groups in plan:   # independent: no barrier between ranges
+                    cmds.bind_set(cmd, layout, dset, ())
+                    cmds.push(cmd, layout, push)
+                    cmds.dispatch(cmd, groups)
+                cmds.barrier(cmd, host=True)
+            point = self.jobs.submit(record, [(p.semaphore, p.value) for p in waits])
+        except BaseException:
+            with ctx.lock:
+                for s in sets:
+                    ctx.free_set(s)
+            release()
+            raise
+
+        def done() -> None:
+            with ctx.lock:
+                for s in sets:
+                    if ctx.alive:
+                        ctx.free_set(s)
+            release()
+        return CrcJob(self, point, sizes, results, done)
+
+    def run(self, ranges: Iterable[tuple[Any, int, int]], waits: Iterable[TimelinePoint] = (),
+            timeout: float | None = 60.0) -> list[int]:
+        return self.submit(ranges, waits).result(timeout)
+
+    def destroy(self) -> None:
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.destroy()
+        self.tables.destroy()

@@ -1,0 +1,212 @@
+"""CRC32 of a CPU device's buffers, computed by the host on the device's own memory.
+
+On a CPU Vulkan device (lavapipe) "device memory" is host memory, every
+memory type is host-visible and coherent, and the device's "GPU" is the same
+CPU cores running llvmpipe's JIT code. There the CRC32 shader costs table
+gathers at ~1 GB/s, while zlib's crc32 runs at ~7 GB/s per core and
+zlib-ng's (the `zlib-ng` package, when installed: carry-less multiply
+instructions) at ~60 GB/s; both release the GIL. So for such a device the check runs here: the buffer's
+memory is mapped (the very bytes the device reads and the copy wrote, not a
+copy of them), split into pieces hashed with zlib-ng or zlib on a thread pool after the
+timeline points the job waits for (host waits, no GIL), and the pieces'
+CRCs are combined (crc_math.crc32_combine). Same values, same API
+(`submit(ranges, waits) -> job.result(timeout)`) as GpuCrc; a GPU never uses
+this (`suits()` is False for it): the state never goes through the host there.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import threading
+import time
+from typing import Any, Iterable
+
+import numpy as np
+import vulkan as vk
+
+from ..._core import vkapi
+from ...errors import DestroyedError, TimeoutError as VkmTimeout, UnsupportedError, VkmError
+from ...transfer.cross_device import TimelinePoint
+from .crc_math import crc32_combine
+from .gpu_crc import check_ranges
+
+__all__ = ["HostCrc", "HostCrcJob", "PIECE_BYTES", "crc32"]
+
+#: PIECE_BYTES: pieces of at least this many bytes go to separate threads (zlib-ng
+#: hashes 16 MiB in ~0.3 ms: below 32 MiB a thread hand-off costs more than it saves).
+try:   # the optional `zlib-ng` package (extra "fast-crc"): same values, several times faster
+    from zlib_ng.zlib_ng import crc32
+    PIECE_BYTES = 32 << 20
+except ImportError:   # pragma: no cover - depends on the environment
+    from zlib import crc32
+    PIECE_BYTES = 1 << 20
+
+_HOST_MEMORY = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+_SLICE = 0.05   # s: how often a job waiting for its timeline points looks whether it was closed
+_POOLS: dict[str, cf.ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(name: str, workers: int) -> cf.ThreadPoolExecutor:
+    with _POOLS_LOCK:
+        p = _POOLS.get(name)
+        if p is None:
+            p = _POOLS[name] = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"vkm-crc-{name}")
+        return p
+
+
+def _threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+class Cancelled(VkmError):
+    """A host CRC32 job closed before it ran (its result() raises this)."""
+
+
+class HostCrcJob:
+    """CRC32s being computed by the host; result() waits and returns them in order."""
+
+    def __init__(self, future: cf.Future, count: int, cancel: threading.Event):
+        self._future, self._count, self._cancel = future, count, cancel
+
+    def result(self, timeout: float | None = 60.0) -> list[int]:
+        """The zlib CRC32 of each range; vkmulti.TimeoutError after `timeout` s."""
+        try:
+            return list(self._future.result(timeout))
+        except cf.TimeoutError:
+            raise VkmTimeout(f"the host CRC32 of {self._count} range(s) did not finish within {timeout} s") from None
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Cancel the job if it still waits for its timeline points, else wait (bounded)
+        for its hashing, so nothing reads the buffers afterwards; errors are the result's."""
+        self._cancel.set()
+        try:
+            self._future.exception(timeout)
+        except cf.TimeoutError:
+            pass
+
+
+class HostCrc:
+    """The host CRC32 engine of one CPU device context (see the module docstring)."""
+
+    kind = "host"
+
+    def __init__(self, ctx: Any):
+        if not self.suits(ctx.slot):
+            raise UnsupportedError(f"GPU {ctx.slot.index} ({ctx.slot.name!r}) is not a CPU device whose memory is "
+                                   f"all host-visible and coherent, so the host cannot hash its buffers in place: "
+                                   f"use the GPU shader (migration_crc 'auto' or 'shader')",
+                                   device=ctx.slot.name, device_index=ctx.slot.index)
+        self.ctx = ctx
+        self._maps: dict[int, list[Any]] = {}   # id(buffer) -> [buffer, mapped view, users]
+        self._lock = threading.Lock()
+        self._jobs: set[cf.Future] = set()
+        self._destroyed = False
+
+    @staticmethod
+    def suits(slot: Any) -> bool:
+        """Whether `slot` is a CPU device all of whose memory types are host-visible and coherent."""
+        caps = getattr(slot, "capabilities", None)
+        if caps is None or getattr(caps, "device_type", "") != "cpu" or getattr(slot, "physical_device", None) is None:
+            return False
+        props = vk.vkGetPhysicalDeviceMemoryProperties(slot.physical_device)
+        return props.memoryTypeCount > 0 and all(
+            props.memoryTypes[i].propertyFlags & _HOST_MEMORY == _HOST_MEMORY for i in range(props.memoryTypeCount))
+
+    def submit(self, ranges: Iterable[tuple[Any, int, int]], waits: Iterable[TimelinePoint] = (),
+               timeout: float | None = 60.0) -> HostCrcJob:
+        """CRC32 of each (buffer, offset, size) of this device, hashed once the
+        timeline points `waits` (on this device) are reached (within `timeout` s)."""
+        ranges = check_ranges(ranges, word_tail=False)
+        slot = self.ctx.slot
+        points = []
+        for p in waits:
+            if not isinstance(p, TimelinePoint) or p.device_index != slot.index:
+                raise ValueError(f"a CRC job of GPU {slot.index} waits on timeline points of that GPU, got {p!r}"[:160])
+            points.append(p)
+        for buf, _, _ in ranges:
+            if getattr(buf, "slot", slot) is not slot:
+                raise ValueError(f"a buffer of GPU {getattr(buf.slot, 'index', '?')} given to GPU {slot.index}'s CRC32")
+        with self._lock:
+            if self._destroyed:
+                raise DestroyedError(f"the host CRC32 engine of GPU {slot.index} was destroyed")
+            cancel = threading.Event()
+            fut = _pool("jobs", 8).submit(self._work, ranges, points, timeout, cancel)
+            self._jobs.add(fut)
+        fut.add_done_callback(self._finished)
+        return HostCrcJob(fut, len(ranges), cancel)
+
+    def run(self, ranges: Iterable[tuple[Any, int, int]], waits: Iterable[TimelinePoint] = (),
+            timeout: float | None = 60.0) -> list[int]:
+        return self.submit(ranges, waits, timeout).result(timeout)
+
+    def _finished(self, fut: cf.Future) -> None:
+        with self._lock:
+            self._jobs.discard(fut)
+
+    def _work(self, ranges: list[tuple[Any, int, int]], points: list[TimelinePoint], timeout: float | None,
+              cancel: threading.Event) -> list[int]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        native = self.ctx.slot.native
+        for p in points:   # in slices: a job closed while its points are not reached stops waiting
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if cancel.is_set():
+                    raise Cancelled("the CRC32 job was closed before its timeline points were reached")
+                if left is not None and left <= 0:
+                    raise VkmTimeout(f"GPU {self.ctx.slot.index}: timeline point {p.value} not reached within "
+                                     f"{timeout} s")
+                try:
+                    native.wait_timeline(p.semaphore, p.value, _SLICE if left is None else min(left, _SLICE))
+                    break
+                except VkmTimeout:
+                    continue
+        return [self._hash(buf, off, size) if size else 0 for buf, off, size in ranges]
+
+    def _hash(self, buf: Any, off: int, size: int) -> int:
+        with buf._life:   # its destroy() waits for this read
+            view = self._map(buf)
+            try:
+                data = view[off:off + size]
+                n = max(1, min(_threads(), size // PIECE_BYTES))
+                if n == 1:
+                    return crc32(data)
+                bounds = [size * i // n for i in range(n + 1)]
+                futs = [_pool("pieces", _threads()).submit(crc32, data[a:b])
+                        for a, b in zip(bounds[1:-1], bounds[2:])]
+                crc = crc32(data[:bounds[1]])   # this thread hashes the first piece
+                for (a, b), f in zip(zip(bounds[1:-1], bounds[2:]), futs):
+                    crc = crc32_combine(crc, f.result(), b - a)
+                return crc
+            finally:
+                self._unmap(buf)
+
+    def _map(self, buf: Any) -> memoryview:
+        """A byte view of the buffer's memory (mapped once while hashes read it)."""
+        if getattr(buf, "bytes", None) is not None:   # a MappedBuffer: mapped for its whole life
+            return memoryview(buf.bytes)
+        with self._lock:
+            entry = self._maps.get(id(buf))
+            if entry is None:
+                mapped = vkapi.vkMapMemory(self.ctx.slot.device, buf.memory, 0, buf.size, 0)
+                entry = self._maps[id(buf)] = [buf, memoryview(np.frombuffer(mapped, np.uint8, count=buf.size)), 0]
+            entry[2] += 1
+            return entry[1]
+
+    def _unmap(self, buf: Any) -> None:
+        if getattr(buf, "bytes", None) is not None:
+            return
+        with self._lock:
+            entry = self._maps[id(buf)]
+            entry[2] -= 1
+            if entry[2]:
+                return
+            del self._maps[id(buf)]
+            vk.vkUnmapMemory(self.ctx.slot.device, buf.memory)
+
+    def destroy(self, timeout: float | None = 30.0) -> None:
+        """Refuse new jobs and wait (bounded) for those running: they read the device's memory."""
+        with self._lock:
+            self._destroyed = True
+            jobs = list(self._jobs)
+        cf.wait(jobs, timeout)

@@ -1,0 +1,221 @@
+"""A runtime kernel as a Checkpoint and back: what goes in which chunk, and the
+metadata that lets a checkpoint be restored in another runtime or process.
+
+Chunks: CONTROL_BLOCK (the kernel's control buffer: address, tenant, step,
+HLC, per-destination sequence table), CUSTOM `INBOX_CHUNK` (the inbox ring),
+DEVICE_MEMORY "state<i>" per state buffer, H2K_QUEUE (host messages not yet on
+the GPU, packed slots), K2H_QUEUE (messages for the host not yet received,
+packed slots), CUSTOM `SPIRV_CHUNK` (the kernel's code).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ...errors import InvalidCheckpointError
+from ..checkpoint.format import Checkpoint, CheckpointMetadata, ChunkType, DataChunk, chunk_name_id
+from ..engine.kernel import KernelSpec
+from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, HlcTimestamp, K2KMessage, MessageEnvelope
+
+__all__ = ["SPIRV_CHUNK", "INBOX_CHUNK", "KernelImage", "to_checkpoint", "from_checkpoint", "local_size"]
+
+SPIRV_CHUNK = chunk_name_id("vkm.spirv")
+INBOX_CHUNK = chunk_name_id("vkm.inbox")
+_PREFIX = "vkm."
+#: control block words: address, tenant, step lo/hi, clock lo/hi, clock logical, table size
+_CONTROL_HEAD = struct.Struct("<8I")
+CONTROL_HEADER_BYTES = 64
+
+
+@lru_cache(maxsize=64)
+def _local_size(spirv_sha: str, spirv: bytes, entry: str) -> tuple[int, int, int]:
+    from ..engine.spirv import reflect
+
+    try:
+        return tuple(reflect(spirv).local_size.get(entry, (0, 0, 0)))   # type: ignore[return-value]
+    except Exception:   # a module the driver took but the reflection does not understand: no tile size
+        return (0, 0, 0)
+
+
+def local_size(spec: KernelSpec) -> tuple[int, int, int]:
+    """The workgroup size the kernel's SPIR-V declares (LocalSize), (0, 0, 0) if none."""
+    return _local_size(spec.sha256, spec.spirv, spec.entry_point)
+
+
+@dataclass
+class KernelImage:
+    """A runtime kernel's contents in host memory (what a checkpoint holds)."""
+    spec: KernelSpec
+    kernel_id: str
+    address: int
+    tenant: int
+    params: tuple[int, int, int, int]
+    steps: int
+    host_seq: int
+    payload_size: int
+    control: bytes
+    inbox: bytes
+    states: list[bytes]
+    h2k: list[bytes]                  # packed slots (envelope + payload_size bytes)
+    received: list[K2KMessage]
+    device: int = -1
+
+    @property
+    def clock(self) -> HlcTimestamp:
+        if len(self.control) < CONTROL_HEADER_BYTES:
+            return HlcTimestamp.zero()
+        w = _CONTROL_HEAD.unpack_from(self.control)
+        return HlcTimestamp(w[4] | w[5] << 32, w[6])
+
+
+def _pack_received(messages: list[K2KMessage], address: int, payload_size: int) -> bytes:
+    out = bytearray()
+    for m in messages:
+        env = m.envelope(address, 0)
+        out += env.pack() + m.payload + bytes(payload_size - len(m.payload))
+    return bytes(out)
+
+
+def image_sources(k: Any) -> tuple[list[Any], list[int]]:
+    """The buffers a checkpoint of kernel `k` copies (control block, inbox, states) and their sizes."""
+    srcs = [k.control, k.inbox] + list(k.states)
+    return srcs, [b.size for b in srcs]
+
+
+def record_image_copy(cmd: Any, srcs: list[Any], sizes: list[int], dst: Any) -> None:
+    """Record the copies of `srcs` packed one after another into buffer `dst`."""
+    import vulkan as vk
+
+    at = 0
+    for src, n in zip(srcs, sizes):
+        vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, [vk.VkBufferCopy(srcOffset=0, dstOffset=at, size=n)])
+        at += n
+
+
+def fill_image(img: KernelImage, raw: Any, sizes: list[int]) -> KernelImage:
+    """Set img's control block, inbox and states from the packed copy `raw` (a bytes-like)."""
+    parts, at = [], 0
+    for n in sizes:
+        parts.append(bytes(raw[at:at + n]))
+        at += n
+    img.control, img.inbox, img.states = parts[0], parts[1], parts[2:]
+    return img
+
+
+def to_checkpoint(img: KernelImage) -> Checkpoint:
+    """The Checkpoint of a KernelImage."""
+    spec = img.spec
+    meta = CheckpointMetadata(img.kernel_id, spec.kernel_type, img.steps, tuple(spec.groups), local_size(spec),
+                              img.clock)
+    meta.custom.update({
+        _PREFIX + "spec": json.dumps({"state_sizes": list(spec.state_sizes), "inbox_capacity": spec.inbox_capacity,
+                                      "outbox_capacity": spec.outbox_capacity, "groups": list(spec.groups),
+                                      "entry_point": spec.entry_point}),
+        _PREFIX + "address": str(img.address), _PREFIX + "tenant": str(img.tenant),
+        _PREFIX + "params": json.dumps(list(img.params)), _PREFIX + "payload_size": str(img.payload_size),
+        _PREFIX + "host_seq": str(img.host_seq), _PREFIX + "device": str(img.device),
+        _PREFIX + "spirv_sha256": spec.sha256,
+    })
+    cp = Checkpoint(meta)
+    cp.add_control_block(img.control)
+    cp.add_chunk(DataChunk.with_id(ChunkType.CUSTOM, img.inbox, INBOX_CHUNK))
+    for i, s in enumerate(img.states):
+        cp.add_device_memory(f"state{i}", s)
+    cp.add_h2k_queue(b"".join(img.h2k))
+    cp.add_k2h_queue(_pack_received(img.received, img.address, img.payload_size))
+    cp.add_chunk(DataChunk.with_id(ChunkType.CUSTOM, spec.spirv, SPIRV_CHUNK))
+    return cp
+
+
+def _custom(meta: CheckpointMetadata, key: str) -> str:
+    v = meta.custom.get(_PREFIX + key)
+    if v is None:
+        raise InvalidCheckpointError(f"checkpoint of {meta.kernel_id!r} has no {_PREFIX + key!r} metadata: it is not "
+                                     f"a checkpoint of a vkmulti runtime kernel")
+    return v
+
+
+def _chunk(cp: Checkpoint, found: DataChunk | None, what: str) -> bytes:
+    if found is None:
+        raise InvalidCheckpointError(f"checkpoint of {cp.metadata.kernel_id!r} has no {what} chunk")
+    return found.data
+
+
+def from_checkpoint(cp: Checkpoint) -> KernelImage:
+    """The KernelImage in a checkpoint made by `to_checkpoint` (InvalidCheckpointError otherwise)."""
+    if not isinstance(cp, Checkpoint):
+        raise TypeError(f"expected a Checkpoint, got {type(cp).__name__}")
+    meta = cp.metadata
+    try:
+        shape = json.loads(_custom(meta, "spec"))
+        params = tuple(int(p) for p in json.loads(_custom(meta, "params")))
+        address, tenant = int(_custom(meta, "address")), int(_custom(meta, "tenant"))
+        payload_size, host_seq = int(_custom(meta, "payload_size")), int(_custom(meta, "host_seq"))
+        device = int(meta.custom.get(_PREFIX + "device", "-1"))
+        spirv = _chunk(cp, cp.get_custom(SPIRV_CHUNK), "SPIR-V")
+        spec = KernelSpec(meta.kernel_type, spirv, tuple(shape["state_sizes"]), shape["inbox_capacity"],
+                          shape["outbox_capacity"], tuple(shape["groups"]), shape["entry_point"])
+    except (ValueError, TypeError, KeyError) as exc:
+        if isinstance(exc, InvalidCheckpointError):
+            raise
+        raise InvalidCheckpointError(f"checkpoint of {meta.kernel_id!r} has bad kernel metadata: {exc}") from None
+    want = meta.custom.get(_PREFIX + "spirv_sha256")
+    if want is not None and hashlib.sha256(spirv).hexdigest() != want:
+        raise InvalidCheckpointError(f"checkpoint of {meta.kernel_id!r}: its SPIR-V does not match the recorded SHA-256")
+    states = []
+    for i, size in enumerate(spec.state_sizes):
+        data = _chunk(cp, cp.get_device_memory(f"state{i}"), f"state{i}")
+        if len(data) != size:
+            raise InvalidCheckpointError(f"checkpoint of {meta.kernel_id!r}: state{i} holds {len(data)} bytes, the "
+                                         f"spec says {size}")
+        states.append(data)
+    slot = ENVELOPE_BYTES + payload_size
+    h2k_raw = cp.get_chunk(ChunkType.H2K_QUEUE)
+    k2h_raw = cp.get_chunk(ChunkType.K2H_QUEUE)
+    h2k = [] if h2k_raw is None else [h2k_raw.data[i:i + slot] for i in range(0, len(h2k_raw.data), slot)]
+    received = []
+    if k2h_raw is not None:
+        raw = k2h_raw.data
+        for i in range(0, len(raw), slot):
+            env = MessageEnvelope.unpack(raw[i:i + ENVELOPE_BYTES])
+            n = min(env.payload_len, payload_size)
+            received.append(K2KMessage(meta.kernel_id, HOST_KERNEL_ID, raw[i + ENVELOPE_BYTES:i + ENVELOPE_BYTES + n],
+                                       env.tag, env.sequence, env.timestamp, env.tenant, env.hops, env.priority))
+    if any(len(s) != slot for s in h2k) or (k2h_raw is not None and len(k2h_raw.data) % slot):
+        raise InvalidCheckpointError(f"checkpoint of {meta.kernel_id!r}: host queues are not whole {slot}-byte slots")
+    control = _chunk(cp, cp.get_chunk(ChunkType.CONTROL_BLOCK), "control block")
+    inbox = _chunk(cp, cp.get_custom(INBOX_CHUNK), "inbox")
+    return KernelImage(spec, meta.kernel_id, address, tenant, params, meta.current_step, host_seq, payload_size,
+                       control, inbox, states, h2k, received, device)
+
+
+def patch_control(control: bytes, address: int, tenant: int, table_size: int, keep_sequences: bool) -> np.ndarray:
+    """The control block for a kernel at `address`: the header's address and tenant set,
+    the sequence table kept (same address) or cleared (a new sender starts at 0)."""
+    need = CONTROL_HEADER_BYTES + 16 * table_size
+    out = np.zeros(need, np.uint8)
+    raw = np.frombuffer(control, np.uint8)
+    if keep_sequences:
+        n = min(len(raw), need)
+        out[:n] = raw[:n]
+    else:
+        out[:CONTROL_HEADER_BYTES] = raw[:CONTROL_HEADER_BYTES]
+    words = out.view(np.uint32)
+    words[0], words[1], words[7] = address, tenant, table_size
+    return out
+
+
+def readdress_slots(slots: list[bytes], address: int) -> list[bytes]:
+    """Host-message slots with their destination address (envelope word 1) set to `address`."""
+    out = []
+    for s in slots:
+        b = bytearray(s)
+        struct.pack_into("<I", b, 4, address)
+        out.append(bytes(b))
+    return out

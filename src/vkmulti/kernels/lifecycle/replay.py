@@ -1,0 +1,180 @@
+"""Bringing the kernels of a lost GPU back on the survivors (the failover's
+restore; RuntimeFailover calls `restore_lost_kernels`).
+
+For each kernel of the lost device that has a policy checkpoint:
+
+1. the survivors' submitted steps are waited for and harvested, and the
+   replay log (replay_log.py) reads every completed copy: the consumption of
+   every kernel is then known up to its newest step;
+2. the kernel is rebuilt from its latest checkpoint (step C) on the device the
+   coordinator's unregister plan names (`restore(..., into=k)`: same object,
+   id and address; the per-destination sequence numbers come back with it);
+3. its steps C..L-1 (L: the steps it had made) run again, one at a time and
+   waited for, each taking exactly the message slots the original step
+   consumed (host and K2K messages, from the log) and nothing else; what the
+   replayed steps send is not delivered, and what they send the host is
+   dropped for the steps whose messages the host had already received;
+4. the messages nobody consumed yet are handed again, in order, through the
+   host queue of their receiver: those the lost kernels sent (their batches
+   still on the survivors are withdrawn) and those sent to the lost kernels
+   (their copies waiting on the survivors are cleared for them). Per pair the
+   receiver consumed a prefix (FIFO), so each message arrives exactly once.
+
+A kernel without a checkpoint, or whose inputs since it are not all logged
+(a real loss: the copies of the steps in flight are not trusted), is
+released and listed in `lost_kernels` as before.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ...errors import VkmError
+from ...errors import TimeoutError as VkmTimeout
+
+log = logging.getLogger(__name__)
+
+__all__ = ["restore_lost_kernels", "RECOVERY_TIMEOUT"]
+
+#: seconds the restore of one lost device may take in all (waits for the survivors, replays)
+RECOVERY_TIMEOUT = 60.0
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise VkmTimeout("the restore of a lost device's kernels ran out of time")
+    return left
+
+
+def _survivors(rt: Any, lost: int) -> list[tuple[Any, Any]]:
+    with rt._lock:
+        return [(c, s) for i, (c, s) in rt._contexts.items() if i != lost and c.alive]
+
+
+def _quiesce_survivors(rt: Any, lost: int, deadline: float) -> None:
+    """Wait for every submitted step of the surviving devices and harvest it."""
+    for ctx, _ in _survivors(rt, lost):
+        if ctx.value:
+            rt._wait_point(ctx.point(ctx.value), deadline, _left(deadline))
+
+
+def _target(rt: Any, k: Any, lost: set[int]) -> int:
+    get = getattr(rt.coordinator, "get_kernel_device", None)
+    dev = get(k.id) if callable(get) else None
+    if isinstance(dev, int) and dev not in lost and 0 <= dev < rt.manager.device_count:
+        return dev
+    return rt.coordinator.select_device()
+
+
+def _replay_step(rt: Any, k: Any, slots: list[bytes], keep_k2h: bool, deadline: float) -> None:
+    ctx, stepper = rt._device(k.device_index)
+    k.h2k.clear()
+    k.h2k.extend(slots)
+    n0 = len(k.received)
+    with ctx.lock:
+        point, ran, held, new = stepper.step([k], [], deadline, 0)
+    if not ran:
+        raise VkmError(f"kernel {k.id!r}: its replayed step {k.steps} was held back: {held}")
+    rt._wait_point(point, deadline, _left(deadline))
+    with ctx.lock:
+        for b in new:   # what it sends again is handed from the log to those who have not consumed it
+            b.done = True
+            b.event.set()
+        if not keep_k2h:   # the host received this step's messages from the original run
+            while len(k.received) > n0:
+                k.received.pop()
+        ctx.cond.notify_all()
+
+
+def restore_lost_kernels(rt: Any, device: int, kernels: list[Any], pair: Any, drained: bool,
+                         lost_devices: set[int]) -> tuple[list[Any], list[Any], int, int]:
+    """Restore `kernels` (of lost `device`, whose (context, stepper) is `pair`) on the
+    survivors; returns (restored, not restored, steps replayed, messages handed again)."""
+    state = rt.__dict__.get("_policy")
+    if state is None or not kernels:
+        return [], list(kernels), 0, 0
+    replay = state.replay
+    deadline = time.monotonic() + RECOVERY_TIMEOUT
+    unharvested: dict[int, set[int]] = {}
+    if pair is not None:
+        for rec in pair[1].inflight:
+            for k, _, step in rec.kernels:
+                unharvested.setdefault(id(k), set()).add(step)
+    _quiesce_survivors(rt, device, deadline)
+    try:
+        state.materialize(wait=True, timeout=_left(deadline), drained=frozenset({device}) if drained else frozenset())
+    except VkmError as exc:
+        log.warning("failover: not every checkpoint capture could be read: %s", exc)
+    state.drop_device(device)
+    replay.materialize(wait=True, timeout=_left(deadline), drained=frozenset({device}) if drained else frozenset())
+    replay.drop_device(device)   # copies not trusted (a real loss): those steps are not logged
+    restored, gone = [], []
+    replayed = 0
+    for k in kernels:
+        cp = rt.latest_checkpoint(k.id)
+        kl = replay.kernels.get(k.id)
+        if cp is None:
+            gone.append(k)
+            continue
+        start, end = cp.metadata.current_step, k.steps
+        if start > end or (start < end and (kl is None or kl.address != k.address or not kl.covers(start, end))):
+            log.error("failover: kernel %r cannot be restored exactly: its checkpoint is at step %d, its inputs "
+                      "of steps %d..%d are not all logged", k.id, start, start, end - 1)
+            gone.append(k)
+            continue
+        pending = list(k.h2k)   # host messages it had not taken yet
+        target = _target(rt, k, lost_devices)
+        try:
+            rt.restore(cp, into=k, device=target, timeout=_left(deadline))
+            k.replaying = True
+            try:
+                for step in range(start, end):
+                    _replay_step(rt, k, kl.inputs[step], step in unharvested.get(id(k), ()), deadline)
+            finally:
+                k.replaying = False
+        except VkmError as exc:
+            log.error("failover: kernel %r could not be restored on GPU %d: %s", k.id, target, exc)
+            k.h2k.clear()
+            gone.append(k)
+            continue
+        k.h2k.clear()
+        k.h2k.extend(pending)
+        replayed += end - start
+        restored.append(k)
+    handed = _hand_again(rt, replay, device, restored, gone)
+    return restored, gone, replayed, handed
+
+
+def _hand_again(rt: Any, replay: Any, device: int, restored: list[Any], gone: list[Any]) -> int:
+    """Hand the messages nobody consumed yet to their receivers again (see the module
+    docstring, 4); the number handed."""
+    moved = {id(k) for k in restored} | {id(k) for k in gone}   # (what a lost kernel had sent is still due)
+    lost_addresses = {k.address for k in restored} | {k.address for k in gone}
+    for ctx, stepper in _survivors(rt, device):
+        with ctx.lock:
+            for b in list(stepper.batches):
+                origin = getattr(b, "k2k_origin", None)
+                src = b.source if b.source is not None else getattr(origin, "kernel", None)
+                if src is not None and id(src) in moved and not b.done:
+                    b.done = True   # its messages are handed again from the log
+                    b.event.set()
+            ctx.cond.notify_all()
+    per_dest: dict[int, list[tuple[int, int, int, bytes]]] = {}
+    for src, dst in replay.pairs_with(lost_addresses):
+        for seq, call, slot in replay.unconsumed(src, dst):
+            per_dest.setdefault(dst, []).append((call, src, seq, slot))
+    handed = 0
+    for dst, items in per_dest.items():
+        k = rt._by_index.get(dst % rt.max_kernels)
+        if k is None or k.address != dst or k.destroyed:
+            if dst not in {g.address for g in gone}:
+                continue
+            log.error("failover: %d message(s) for the lost kernel at address %d are dropped with it", len(items),
+                      dst)
+            continue
+        items.sort(key=lambda e: (e[0], e[1], e[2]))
+        replay.hand(k, [(call, slot) for call, _, _, slot in items])
+        handed += len(items)
+    return handed

@@ -1,0 +1,371 @@
+"""The replay log: what each kernel consumed and sent per step since its latest
+policy checkpoint, kept on the host so a kernel of a lost GPU can be rebuilt
+from that checkpoint and run its steps again with the same inputs
+(kernels/replay.py), and the messages nobody consumed yet can be handed again.
+
+While a checkpoint policy is set, after every step the runtime queues, per
+device and behind the step on its queue, one copy of each stepped kernel's
+inbox ring, the outbox region the step wrote and the header of its K2H report
+into host-visible memory (no host wait). Once the copy completed (at the next
+step, poll() or the failover) the host keeps:
+
+* per kernel and step, the message slots the step consumed (host messages and
+  K2K messages alike, with their envelopes, in inbox order): the replay input;
+* per (sender address, receiver address), the messages the sender's steps
+  wrote that the receiver has not consumed yet (the consumption is read from
+  the receiver's logged inboxes: `consumed[(src, dst)]` is the next sequence
+  number the receiver expects, per-pair FIFO makes it a prefix);
+* per kernel, the steps whose K2H messages the host has received.
+
+Per-step inputs older than the kernel's latest completed checkpoint are
+dropped; sent messages once their receiver consumed them.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import vulkan as vk
+
+from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
+from ..engine.device_context import MappedBuffer
+from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ReplayLog", "KernelLog"]
+
+_HEAD = struct.Struct("<4I")
+_ENV = struct.Struct("<IIQ")          # source, destination, sequence (the envelope's first words)
+_REPORT_BYTES = 64
+
+
+@dataclass
+class KernelLog:
+    """The logged steps of one kernel (by id)."""
+    address: int
+    inputs: dict[int, list[bytes]] = field(default_factory=dict)   # step -> consumed slots, in order
+    last: int = -1                 # the newest step logged (-1: none)
+    first: int = 0                 # steps before this are not logged (policy set later, pruned)
+    gap: int | None = None         # a step that could not be logged (inputs from there on are unknown)
+
+    def covers(self, start: int, end: int) -> bool:
+        """Whether the inputs of steps start..end-1 are all logged."""
+        if self.gap is not None and start <= self.gap < end:
+            return False
+        return all(s in self.inputs for s in range(start, end))
+
+
+@dataclass
+class _Entry:
+    kernel: Any
+    kid: str
+    address: int
+    step: int
+    slot: int                       # slot bytes
+    inbox_at: int
+    inbox_size: int
+    outbox_at: int
+    report_at: int
+
+
+@dataclass
+class _Capture:
+    device: int
+    buffer: MappedBuffer
+    jobs: Any
+    point: Any
+    entries: list[_Entry]
+    call: int = 0                   # the step() call that launched the steps
+
+
+class ReplayLog:
+    """The replay log of one KernelRuntime (see the module docstring)."""
+
+    def __init__(self, rt: Any):
+        self.rt = rt
+        self.lock = threading.Lock()
+        self.kernels: dict[str, KernelLog] = {}
+        self.pending: list[_Capture] = []
+        #: (source address, destination address) -> next sequence number the destination expects
+        self.consumed: dict[tuple[int, int], int] = {}
+        #: (source address, destination address) -> [(sequence, step() call, slot bytes)] not consumed yet
+        self.sent: dict[tuple[int, int], deque[tuple[int, int, bytes]]] = {}
+        #: the runtime's step() calls so far (a message is consumed no earlier than the call after its own)
+        self.call = 0
+        #: kernel id -> [(step() call that sent it, slot)]: messages handed again, released to the
+        #: kernel's host queue from the step() call after the one that sent each
+        self.handed: dict[str, deque[tuple[int, bytes]]] = {}
+        self._spare: dict[tuple[int, int], list[MappedBuffer]] = {}
+        #: bytes copied to the host per step, for the figures (docs/failover.md)
+        self.bytes_logged = 0
+
+    # -- capture -------------------------------------------------------------------------
+
+    def after_step(self, launched: list[Any]) -> None:
+        """Queue the copies of the kernels a step just launched (called right after the submit)."""
+        by_device: dict[int, list[Any]] = {}
+        for k in launched:
+            if not k.destroyed:
+                by_device.setdefault(k.device_index, []).append(k)
+        for dev, ks in by_device.items():
+            try:
+                self._capture(dev, ks)
+            except (VkmError, vk.VkError, MemoryError) as exc:
+                log.warning("replay log: could not log the step of %s on GPU %d: %s", [k.id for k in ks], dev, exc)
+                with self.lock:
+                    for k in ks:
+                        self._log_of(k).gap = k.steps - 1
+
+    def _log_of(self, k: Any) -> KernelLog:
+        kl = self.kernels.get(k.id)
+        if kl is None or kl.address != k.address:
+            kl = self.kernels[k.id] = KernelLog(k.address, first=k.steps - 1)
+        return kl
+
+    def _capture(self, dev: int, ks: list[Any]) -> None:
+        rt = self.rt
+        ctx = rt._context(dev)
+        jobs = rt._extras(dev).jobs
+        entries: list[_Entry] = []
+        at = 0
+        with ctx.lock:
+            for k in ks:
+                if k.destroyed or k.ctx is not ctx:
+                    continue
+                step = k.steps - 1
+                with self.lock:
+                    kl = self._log_of(k)
+                    if kl.address == k.address and step <= kl.last:
+                        continue   # logged already (the failover logs a step's survivors first)
+                    if kl.last >= 0 and step != kl.last + 1 and kl.gap is None:
+                        kl.gap = kl.last + 1   # another thread stepped it in between: not logged
+                    kl.last = step
+                e = _Entry(k, k.id, k.address, step, k.slot_size, at, k.inbox.size, 0, 0)
+                at += k.inbox.size
+                e.outbox_at = at
+                at += k.outbox_bytes
+                e.report_at = at
+                at += _REPORT_BYTES
+                entries.append(e)
+            if not entries:
+                return
+            total = at
+            with self.lock:
+                pool = self._spare.get((dev, total))
+                buf = pool.pop() if pool else None
+            if buf is None:
+                buf = MappedBuffer(ctx.slot, total)
+            d = ctx.in_flight
+
+            def record(cmd: Any) -> None:
+                from ..engine import recording as cmds
+                cmds.barrier(cmd)
+                for e in entries:
+                    k, j = e.kernel, e.step % d
+                    vk.vkCmdCopyBuffer(cmd, k.inbox.handle, buf.handle, 1, [
+                        vk.VkBufferCopy(srcOffset=0, dstOffset=e.inbox_at, size=e.inbox_size)])
+                    vk.vkCmdCopyBuffer(cmd, k.outbox.handle, buf.handle, 1, [
+                        vk.VkBufferCopy(srcOffset=j * k.outbox_region, dstOffset=e.outbox_at, size=k.outbox_bytes)])
+                    vk.vkCmdCopyBuffer(cmd, k.k2h.handle, buf.handle, 1, [
+                        vk.VkBufferCopy(srcOffset=j * k.k2h_region, dstOffset=e.report_at, size=_REPORT_BYTES)])
+                cmds.barrier(cmd, host=True)
+            try:
+                point = jobs.submit(record)
+            except BaseException:
+                buf.destroy()
+                raise
+        with self.lock:
+            self.pending.append(_Capture(dev, buf, jobs, point, entries, self.call))
+            self.bytes_logged += total
+
+    # -- reading back --------------------------------------------------------------------
+
+    def materialize(self, *, wait: bool = False, timeout: float | None = 30.0,
+                    drained: frozenset[int] = frozenset()) -> None:
+        """Read the completed copies into the host log (all of them with `wait`; on the
+        devices in `drained`, lost but known to have run all their submitted work, all
+        of them without asking the device)."""
+        with self.lock:
+            pending, self.pending = self.pending, []
+        keep: list[_Capture] = []
+        for c in pending:
+            if c.device not in drained:
+                try:
+                    if wait:
+                        c.jobs.wait(c.point, timeout)
+                    elif c.jobs.completed() < c.point.value:
+                        keep.append(c)
+                        continue
+                except DeviceLostError:
+                    keep.append(c)   # the failover decides (drained or not)
+                    continue
+                except VkmTimeout:
+                    keep.append(c)
+                    continue
+            self._read(c)
+        with self.lock:
+            self.pending = keep + self.pending
+        self._prune()
+
+    def drop_device(self, device: int) -> list[_Entry]:
+        """Forget the copies still pending on a lost device whose work is unknown; the
+        entries they held (those steps' inputs are not logged)."""
+        with self.lock:
+            lost = [c for c in self.pending if c.device == device]
+            self.pending = [c for c in self.pending if c.device != device]
+        out = []
+        for c in lost:
+            out += c.entries
+            try:
+                c.buffer.destroy()
+            except VkmError:
+                pass
+        with self.lock:
+            for e in out:
+                kl = self.kernels.get(e.kid)
+                if kl is not None and (kl.gap is None or e.step < kl.gap):
+                    kl.gap = e.step
+        return out
+
+    def _read(self, c: _Capture) -> None:
+        state = self.rt.__dict__.get("_policy")
+        covered = state.covers if state is not None else (lambda kid: False)
+        raw = c.buffer.bytes
+        with self.lock:
+            for e in c.entries:
+                kl = self.kernels.get(e.kid)
+                if kl is None or kl.address != e.address:
+                    continue
+                head = raw[e.report_at:e.report_at + 16].tobytes()
+                _, out_count, _, in_count = _HEAD.unpack(head)
+                ib = raw[e.inbox_at:e.inbox_at + e.inbox_size]
+                _, tail, cap, _ = _HEAD.unpack(ib[:16].tobytes())
+                slots = []
+                for i in range(min(in_count, cap)):
+                    at = RING_HEADER_BYTES + ((tail - in_count + i) % cap) * e.slot
+                    s = ib[at:at + e.slot].tobytes()
+                    slots.append(s)
+                    src, dst, seq = _ENV.unpack_from(s)
+                    if src:
+                        key = (src, dst)
+                        if seq + 1 > self.consumed.get(key, 0):
+                            self.consumed[key] = seq + 1
+                if covered(e.kid):   # (the others' inboxes count for what they consumed only)
+                    kl.inputs[e.step] = slots
+                ob = raw[e.outbox_at:e.outbox_at + RING_HEADER_BYTES + out_count * e.slot]
+                cap_out = _HEAD.unpack(ob[:16].tobytes())[2]
+                for i in range(min(out_count, cap_out)):
+                    at = RING_HEADER_BYTES + i * e.slot
+                    s = ob[at:at + e.slot].tobytes()
+                    src, dst, seq = _ENV.unpack_from(s)
+                    if dst:   # (0: a message for the host, received by the harvest)
+                        self.sent.setdefault((src, dst), deque()).append((seq, c.call, s))
+            key = (c.device, c.buffer.size)
+            pool = self._spare.setdefault(key, [])
+            if len(pool) < 2:
+                pool.append(c.buffer)
+                c.buffer = None   # type: ignore[assignment]
+        if c.buffer is not None:
+            c.buffer.destroy()
+
+    def _prune(self) -> None:
+        """Drop inputs older than each kernel's latest completed checkpoint and sent
+        messages their receivers consumed."""
+        rt = self.rt
+        with self.lock:
+            for key, q in self.sent.items():
+                done = self.consumed.get(key, 0)
+                while q and q[0][0] < done:
+                    q.popleft()
+            items = list(self.kernels.items())
+        state = rt.__dict__.get("_policy")
+        if state is None:
+            return
+        for kid, kl in items:
+            with state.lock:   # (the completed checkpoints as they are: no read-back from here)
+                q = state.done.get(kid)
+                cp = q[-1] if q else None
+            if cp is None:
+                continue
+            start = cp.metadata.current_step
+            with self.lock:
+                for s in [s for s in kl.inputs if s < start]:
+                    del kl.inputs[s]
+                kl.first = max(kl.first, start)
+                if kl.gap is not None and kl.gap < start:
+                    kl.gap = None
+
+    def unconsumed(self, src: int, dst: int) -> list[tuple[int, int, bytes]]:
+        """The logged messages from address `src` to `dst` that `dst` has not consumed, in order."""
+        with self.lock:
+            done = self.consumed.get((src, dst), 0)
+            return [e for e in self.sent.get((src, dst), ()) if e[0] >= done]
+
+    def pairs_with(self, addresses: set[int]) -> list[tuple[int, int]]:
+        with self.lock:
+            return [key for key in self.sent if key[0] in addresses or key[1] in addresses]
+
+    def begin_call(self) -> None:
+        """A step() call begins: messages handed again that are due go to their kernels."""
+        with self.lock:
+            self.call += 1
+        self.release_due()
+
+    def hand(self, k: Any, items: list[tuple[int, bytes]]) -> None:
+        """Queue messages handed again to kernel k ((sending call, slot), in order)."""
+        with self.lock:
+            self.handed.setdefault(k.id, deque()).extend(items)
+        self.release_due()
+
+    def release_due(self) -> None:
+        """Put the handed-again messages sent before the current step() call at the front
+        of their kernels' host queues (ahead of host messages, as the original run's K2K
+        deliveries came with the same step's)."""
+        rt = self.rt
+        with self.lock:
+            if not self.handed:
+                return
+            due: dict[str, list[bytes]] = {}
+            for kid, q in list(self.handed.items()):
+                while q and q[0][0] < self.call:
+                    due.setdefault(kid, []).append(q.popleft()[1])
+                if not q:
+                    del self.handed[kid]
+        for kid, slots in due.items():
+            k = rt._kernels.get(kid)
+            if k is None or k.destroyed:
+                rt.record_dead_letters(f"{len(slots)} message(s) handed again to {kid!r}, which is gone", len(slots))
+                continue
+            with k.ctx.lock:
+                k.h2k.extendleft(reversed(slots))
+
+    def forget(self, kernel_id: str) -> None:
+        with self.lock:
+            self.kernels.pop(kernel_id, None)
+
+    def destroy(self) -> None:
+        try:
+            self.materialize(wait=True, timeout=30.0)
+        except VkmError:
+            pass
+        with self.lock:
+            pending, self.pending = self.pending, []
+            spare, self._spare = self._spare, {}
+        for c in pending:
+            c.buffer.destroy()
+        for pool in spare.values():
+            for b in pool:
+                b.destroy()
+
+
+def envelope_of(slot: bytes) -> tuple[int, int, int]:
+    """(source, destination, sequence) of a packed message slot."""
+    return _ENV.unpack_from(slot)
+
+
+assert ENVELOPE_BYTES >= _ENV.size

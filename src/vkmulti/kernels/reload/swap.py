@@ -1,0 +1,182 @@
+"""Hot reload of runtime kernels: check new SPIR-V against the kernels it is for,
+build its pipeline on each of their devices (bounded by the reload's
+timeout), swap pipeline and descriptor set at a step boundary of the runtime.
+HotReloadManager (hot_reload.py) drives these phases.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any, Callable
+
+import vulkan as vk
+
+from ...errors import KernelValidationError, UnsupportedError, TimeoutError as VkmTimeout
+from .code_source import KernelCodeFormat, KernelCodeSource
+from ..engine.device_context import KERNEL_PUSH, SB, SB_DYN, WHOLE_SIZE, _Pass
+from ..engine.gate import gate_of
+from ..engine.kernel import Kernel
+
+log = logging.getLogger(__name__)
+
+__all__ = ["drain", "check_for_kernels", "compile_on_devices", "swap", "clear_state", "MAX_SPIRV_FOR_API"]
+
+#: The newest SPIR-V version a Vulkan 1.x core takes, by minor API version.
+MAX_SPIRV_FOR_API = {0: (1, 0), 1: (1, 3), 2: (1, 5), 3: (1, 6)}
+
+
+def _by_runtime(targets: list[Kernel]) -> dict[int, tuple[Any, list[Kernel]]]:
+    out: dict[int, tuple[Any, list[Kernel]]] = {}
+    for k in targets:
+        out.setdefault(id(k.runtime), (k.runtime, []))[1].append(k)
+    return out
+
+
+def drain(targets: list[Kernel], left: Callable[[], float]) -> None:
+    """Wait until the kernels' submitted steps are done."""
+    for rt, ks in _by_runtime(targets).values():
+        points = [k.ctx.point(k.last_value) for k in ks if k.last_value]
+        if points:
+            rt._wait_points(points, left())
+
+
+def check_for_kernels(code: KernelCodeSource, targets: list[Kernel], *, spirv_val: bool,
+                      timeout: Callable[[], float]) -> None:
+    """KernelValidationError / UnsupportedError unless `code` can replace the targets' code."""
+    from .manager import validate_code
+    from ..engine.spirv import check_kernel_abi, reflect, run_spirv_val, spirv_env_for_api
+
+    if code.format is not KernelCodeFormat.SPIRV:
+        k = targets[0]
+        raise UnsupportedError(f"{code.format.name} code cannot run on a Vulkan kernel ({k.id!r} on GPU "
+                               f"{k.device_index}, {k.ctx.slot.name!r}); give SPIR-V: KernelCodeSource.from_spirv "
+                               f"or from_glsl", device=k.ctx.slot.name)
+    validate_code(code)
+    mod = reflect(code.code, "the new SPIR-V")
+    for n_state in sorted({len(k.states) for k in targets}):
+        check_kernel_abi(mod, code.entry_point, n_state, KERNEL_PUSH, "the new SPIR-V")
+    apis = {}
+    for k in targets:
+        props = vk.vkGetPhysicalDeviceProperties(k.ctx.slot.physical_device)
+        apis[k.device_index] = (int(props.apiVersion), k.ctx.slot.name)
+    for index, (api, name) in sorted(apis.items()):
+        top = MAX_SPIRV_FOR_API.get(min((api >> 12) & 0x3FF, 3), (1, 6))
+        if mod.version > top:
+            raise UnsupportedError(f"the new SPIR-V is version {mod.version[0]}.{mod.version[1]}; GPU {index} "
+                                   f"({name!r}, Vulkan 1.{(api >> 12) & 0x3FF}) takes up to {top[0]}.{top[1]}: "
+                                   f"compile for an older target (glslc --target-env)", device=name)
+    if spirv_val:
+        env = spirv_env_for_api(min(api for api, _ in apis.values()))
+        run_spirv_val(code.code, env, timeout(), "the new SPIR-V")
+
+
+def _build(ctx: Any, code: bytes, entry: str, n_state: int) -> _Pass:
+    """The kernel pipeline for `code` on `ctx`, built outside the device lock and
+    then put into the device's cache (or the cached one when another made it first)."""
+    per_stage = ctx.max_storage_buffers
+    if 2 + n_state > per_stage:
+        raise UnsupportedError(f"a kernel with {n_state} state buffers needs {2 + n_state} storage buffers per stage; "
+                               f"{ctx.slot.name!r} allows {per_stage}", device=ctx.slot.name)
+    types = [SB, SB_DYN] + [SB] * n_state
+    import hashlib
+    key = (hashlib.sha256(code).digest(), entry, tuple(types), KERNEL_PUSH)
+    with ctx.lock:
+        ctx.check()
+        p = ctx.passes.get(key)
+        if p is not None:
+            return p
+        ctx.waiters += 1   # ctx.destroy() waits for this build
+    made = None
+    try:
+        made = _Pass(ctx, code, entry, types, KERNEL_PUSH)
+    finally:
+        with ctx.lock:
+            ctx.waiters -= 1
+            ctx.cond.notify_all()
+            if made is not None:
+                if ctx.alive and key not in ctx.passes:
+                    ctx.passes[key] = made
+                else:
+                    keep = ctx.passes.get(key)
+                    made.destroy(ctx.slot.device)
+                    made = keep
+    if made is None:
+        raise UnsupportedError(f"GPU {ctx.index}'s kernel context was destroyed while the pipeline was built")
+    return made
+
+
+def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Callable[[], float]) -> dict[int, Any]:
+    """Build the new pipeline on every device the targets live on, each in a
+    thread, waiting at most left() s (vkmulti.TimeoutError after; a build still
+    running then finishes into the device's pipeline cache). {device: pass}."""
+    jobs: dict[int, tuple[Any, int]] = {}
+    for k in targets:
+        jobs.setdefault(k.device_index, (k.ctx, len(k.states)))
+    if len({n for _, n in jobs.values()}) > 1 or len({len(k.states) for k in targets}) > 1:
+        raise KernelValidationError("the kernels of one reload must have the same number of state buffers")
+    results: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+
+    def build(index: int, ctx: Any, n_state: int) -> None:
+        try:
+            results[index] = _build(ctx, code.code, code.entry_point, n_state)
+        except BaseException as exc:   # reported by the caller
+            errors[index] = exc
+    threads = [threading.Thread(target=build, args=(i, c, n), name=f"vkmulti-reload-compile-{i}", daemon=True)
+               for i, (c, n) in sorted(jobs.items())]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, left()))
+        if t.is_alive():
+            raise VkmTimeout(f"building the new pipeline on GPU {t.name.rsplit('-', 1)[-1]} did not finish within "
+                             f"the reload's time (reload_timeout); it completes in the background into that "
+                             f"device's pipeline cache")
+    if errors:
+        index, exc = sorted(errors.items())[0]
+        raise exc
+    return results
+
+
+def swap(targets: list[Kernel], passes: dict[int, Any], code: KernelCodeSource, left: Callable[[], float]) -> None:
+    """Give each target the new pipeline at a step boundary of its runtime (its gate
+    held exclusively); the old descriptor sets are freed once the steps that used
+    them are done. State buffers are not touched."""
+    for rt, ks in sorted(_by_runtime(targets).values(), key=lambda p: id(p[0])):
+        with gate_of(rt).exclusive(left(), "a hot reload's swap"):
+            made: list[tuple[Kernel, Any, Any]] = []
+            try:
+                for k in ks:
+                    ctx = k.ctx
+                    p = passes[k.device_index]
+                    with ctx.lock:
+                        k.check()
+                        new_set = ctx.descriptor_set(p, [(k.inbox.handle, 0, WHOLE_SIZE),
+                                                         (k.outbox.handle, 0, k.outbox_bytes)]
+                                                     + [(s.handle, 0, WHOLE_SIZE) for s in k.states])
+                    made.append((k, p, new_set))
+            except BaseException:
+                for k, _, s in made:
+                    with k.ctx.lock:
+                        k.ctx.free_set(s)
+                raise
+            for k, p, new_set in made:   # nothing below raises: all kernels swap together
+                ctx = k.ctx
+                with ctx.lock:
+                    old = next(s for s in k.sets if s[1] is k.kernel_set)
+                    k.sets[k.sets.index(old)] = new_set
+                    k.kernel_pass, k.kernel_set = p, new_set[1]
+                    k.spec = dataclasses.replace(k.spec, spirv=code.code, entry_point=code.entry_point)
+                    rt._device(k.device_index)[1].retired.append((k.last_value, old))
+
+
+def clear_state(targets: list[Kernel]) -> None:
+    """Zero the targets' state buffers (a reload that does not preserve state),
+    ordered after their submitted steps and before later ones."""
+    for k in targets:
+        ctx = k.ctx
+        with ctx.lock:
+            k.check()
+            ctx.run_once(lambda cmd, ss=list(k.states): [vk.vkCmdFillBuffer(cmd, s.handle, 0, WHOLE_SIZE, 0)
+                                                        for s in ss])

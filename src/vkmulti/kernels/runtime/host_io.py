@@ -1,0 +1,177 @@
+"""The host side of KernelRuntime: host <-> kernel message queues (the seed's
+H2K / K2H: `send`, `receive`) and reading or writing a kernel's state.
+
+Host messages are packed into slots on the host and written into the
+kernel's host-visible H2K region at its next step; messages a kernel sends to
+the host come back through its K2H region when the step is harvested.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import vulkan as vk
+
+from ...errors import QueueFullError, TimeoutError as VkmTimeout
+from ...memory.image import Buffer, as_host_bytes
+from ..engine.device_context import DeviceContext
+from ..engine.gate import gated, gated_unheld
+from ..engine.kernel import Kernel
+from ..messages import HOST_ADDRESS, HOST_KERNEL_ID, K2KMessage
+
+_U32 = (1 << 32) - 1
+
+
+def _count(value: Any, label: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{label} must be an int in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def _timeout(value: Any, label: str = "timeout") -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+        raise ValueError(f"{label} must be a number of seconds >= 0 or None, got {value!r}")
+    return float(value)
+
+
+class HostIO:
+    """send / receive / pending_receives / read_state / write_state of KernelRuntime."""
+
+    payload_size: int
+    hlc: Any
+
+    # -- host <-> kernel ---------------------------------------------------------------------
+
+    def send(self, kernel: Any, payload: Any, *, tag: int = 0, priority: int = 0,
+             timeout: float | None = 0.0) -> K2KMessage:
+        """Queue a message from the host to `kernel` (delivered at its next step).
+
+        `payload`: bytes, a buffer-protocol object or a K2KMessage (its payload,
+        tag and priority are used) of at most payload_size bytes. A full queue
+        (h2k_capacity) raises QueueFullError, after waiting up to `timeout` s
+        for a step to make room. Returns the message as sent.
+        """
+        k = self._resolve(kernel)
+        if isinstance(payload, K2KMessage):
+            if payload.dest_kernel != k.id:
+                raise ValueError(f"the message is addressed to {payload.dest_kernel!r}, not to {k.id!r}")
+            tag, priority, payload = payload.tag, payload.priority, payload.payload
+        data = as_host_bytes(payload, "payload").tobytes()
+        if len(data) > self.payload_size:
+            raise ValueError(f"payload is {len(data)} bytes; this runtime's slots hold {self.payload_size} "
+                             f"(KernelRuntime(payload_size=...))")
+        _count(tag, "tag", 0, _U32)
+        _count(priority, "priority", 0, 255)
+        timeout = _timeout(timeout)
+        ctx = k.ctx
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        with ctx.lock:
+            while True:
+                k.check()
+                if len(k.h2k) < k.h2k_capacity:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise QueueFullError(f"kernel {k.id!r}: {len(k.h2k)} host messages wait for its next step "
+                                         f"(h2k_capacity {k.h2k_capacity}); step it, then send again")
+                ctx.cond.wait(min(left, 0.25))
+            ts = self.hlc.tick()
+            msg = K2KMessage(HOST_KERNEL_ID, k.id, data, tag, k.host_seq, ts, k.tenant, 0, priority)
+            env = msg.envelope(HOST_ADDRESS, k.address)
+            k.h2k.append(env.pack() + data + bytes(self.payload_size - len(data)))
+            k.host_seq += 1
+            k.stats.host_messages_sent += 1
+        return msg
+
+    def receive(self, kernel: Any, timeout: float | None = None) -> K2KMessage:
+        """The next message `kernel` sent to the host (FIFO). Blocks until one
+        arrives from a submitted step; vkmulti.TimeoutError after `timeout` s
+        (None: no limit; the wait is interruptible)."""
+        k = self._resolve(kernel)
+        timeout = _timeout(timeout)
+        ctx, stepper = self._device(k.device_index)
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e18)
+        with ctx.lock:
+            while True:
+                stepper.harvest()
+                if k.received:
+                    msg = k.received.popleft()
+                    ctx.cond.notify_all()
+                    return msg
+                k.check()
+                ctx.check()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise VkmTimeout(f"no message from kernel {k.id!r} within {timeout} s")
+                pending = next((r.value for r in stepper.inflight if any(x is k for x, _, _ in r.kernels)), 0)
+                if pending:
+                    try:
+                        ctx.wait_unlocked(pending, min(left, 0.25))
+                    except VkmTimeout:
+                        pass
+                else:
+                    ctx.cond.wait(min(left, 0.25))
+
+    def pending_receives(self, kernel: Any) -> int:
+        """Messages from `kernel` waiting in the host receive queue (harvested so far)."""
+        k = self._resolve(kernel)
+        with k.ctx.lock:
+            self._device(k.device_index)[1].harvest()
+            return len(k.received)
+
+    # -- state --------------------------------------------------------------------------------
+
+    @gated
+    def read_state(self, kernel: Any, index: int = 0, *, offset: int = 0, size: int | None = None,
+                   timeout: float | None = 60.0) -> np.ndarray:
+        """State buffer `index` of `kernel` (uint8) as of its latest submitted step; `offset` and
+        `size` (default: to the end) read a byte range of it."""
+        k = self._resolve(kernel)
+        _count(index, "index", 0, len(k.states) - 1)
+        total = k.states[index].size
+        _count(offset, "offset", 0, total - 1)
+        size = total - offset if size is None else _count(size, "size", 1, total - offset)
+        return self._copy_out(k, k.states[index], offset, size, _timeout(timeout))
+
+    @gated_unheld
+    def write_state(self, kernel: Any, index: int, data: Any, *, offset: int = 0,
+                    timeout: float | None = 60.0) -> None:
+        """Overwrite bytes of state buffer `index` (after every submitted step, before later ones)."""
+        k = self._resolve(kernel)
+        _count(index, "index", 0, len(k.states) - 1)
+        raw = as_host_bytes(data, "data")
+        buf = k.states[index]
+        _count(offset, "offset", 0, buf.size)
+        if raw.nbytes == 0 or offset + raw.nbytes > buf.size:
+            raise ValueError(f"[{offset}, {offset + raw.nbytes}) is outside state buffer {index} of "
+                             f"{buf.size} bytes (or empty)")
+        with k.ctx.lock:
+            k.check()
+            self._copy_in(k.ctx, buf, offset, raw, _timeout(timeout))
+
+    def _copy_out(self, k: Kernel, buf: Buffer, offset: int, size: int, timeout: float | None) -> np.ndarray:
+        ctx = k.ctx
+        staging = Buffer(ctx.slot, size, usage=vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=True)
+        try:
+            with ctx.lock:
+                k.check()
+                ctx.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, buf.handle, staging.handle, 1, [
+                    vk.VkBufferCopy(srcOffset=offset, dstOffset=0, size=size)]), timeout=timeout)
+            return staging._read(size)
+        finally:
+            staging.destroy()
+
+    @staticmethod
+    def _copy_in(ctx: DeviceContext, buf: Buffer, offset: int, data: np.ndarray, timeout: float | None = 60.0) \
+            -> None:
+        staging = Buffer(ctx.slot, data.nbytes, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, host_visible=True)
+        try:
+            staging._write(data)
+            ctx.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, staging.handle, buf.handle, 1, [
+                vk.VkBufferCopy(srcOffset=0, dstOffset=offset, size=data.nbytes)]), timeout=timeout)
+        finally:
+            staging.destroy()

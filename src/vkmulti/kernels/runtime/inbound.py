@@ -1,0 +1,260 @@
+"""The router's side of KernelRuntime (mixed into it): step listeners, batches
+handed in from other devices (accept, withdraw, the descriptor sets kept for
+reused buffers), and messages the host sends as a kernel (the outbox feed).
+docs/kernels.md, "The hooks a router uses", describes the contract.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from ...errors import DestroyedError, TimeoutError as VkmTimeout
+from ...memory.image import Buffer
+from ...transfer.peer import ImportedBuffer
+from ..._core.timeline import as_wait_points
+from .host_io import _count, _timeout
+from ..engine.kernel import InboundBatch, Kernel, OutboxBatch
+from ..messages import RING_HEADER_BYTES
+
+__all__ = ["RouterHooks"]
+
+
+class RouterHooks:
+    """add/remove_step_listener, set_outbox_feed, accept_batch, withdraw_batch,
+    forget_buffer of KernelRuntime."""
+
+    _lock: Any
+    _listeners: list
+    _retaining: set
+    _preparers: dict
+    _contexts: dict
+    _kernels: dict
+    outbox_feed: Any
+    slot_size: int
+
+    def add_step_listener(self, listener: Callable[[list[OutboxBatch]], Any], *, retain: bool = False,
+                          prepare: Callable[[list[Kernel]], Any] | None = None) -> None:
+        """Call `listener(batches)` after each step with the new outbox batches (the
+        router's hook: it copies them to other devices and hold()s them). With
+        `retain=True` every batch handed to it starts retained once for it (it
+        cannot count as done, so its region is not reused) until the listener
+        calls `batch.release()`; it must do so exactly once per batch.
+        `prepare(kernels)`, if given, runs at the start of each step call (no
+        device lock held) with the kernels it is asked to step: a router
+        releases there the batches other devices have finished reading, so
+        their kernels need not be deferred."""
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, got {type(listener).__name__}")
+        if not isinstance(retain, bool):
+            raise TypeError(f"retain must be a bool, got {retain!r}")
+        if prepare is not None and not callable(prepare):
+            raise TypeError(f"prepare must be callable or None, got {type(prepare).__name__}")
+        with self._lock:
+            self._listeners.append(listener)
+            if retain:
+                self._retaining.add(id(listener))
+            if prepare is not None:
+                self._preparers[id(listener)] = prepare
+
+    def remove_step_listener(self, listener: Callable[[list[OutboxBatch]], Any]) -> None:
+        """Stop calling `listener` (a step already running still hands it its batches)."""
+        with self._lock:
+            if listener in self._listeners:
+                stored = self._listeners.pop(self._listeners.index(listener))   # (a bound method: an equal object)
+                if listener not in self._listeners:
+                    self._retaining.discard(id(stored))
+                    self._preparers.pop(id(stored), None)
+
+    def set_outbox_feed(self, feed: Any) -> None:
+        """Install (or remove, with None) the source of messages the host routes on a
+        kernel's behalf: `feed.take(kernel, limit)` -> list of (packed slot, token)
+        is asked at each step of a kernel with no such messages in flight; they
+        join that step's outbox after the kernel's own (same sequence numbers and
+        clock) as far as it has room; `feed.settle(kernel, batch, taken, returned)`
+        hands back the tokens once the step is harvested (`returned`: did not fit,
+        or nothing ran; they go first next time). Only one feed: the K2K router."""
+        if feed is not None and not (callable(getattr(feed, "take", None)) and
+                                     callable(getattr(feed, "settle", None))):
+            raise TypeError(f"feed must have take() and settle(), got {type(feed).__name__}")
+        with self._lock:
+            if feed is not None and self.outbox_feed is not None and self.outbox_feed is not feed:
+                raise ValueError("this runtime already has an outbox feed (a K2K router is attached)")
+            self.outbox_feed = feed
+
+    def settle_injected(self, kernel: Kernel, batch: OutboxBatch | None, taken: list, returned: list) -> None:
+        """The stepper's report on host-routed messages of one step (see set_outbox_feed)."""
+        feed = self.outbox_feed
+        if feed is not None:
+            feed.settle(kernel, batch, [t for _, t in taken], [(slot, t) for slot, t in returned])
+
+    def forget_buffer(self, buffer: Any) -> None:
+        """Drop the descriptor sets cached for `buffer` (batches accepted with
+        reuse_sets=True), before or after it is destroyed; they are freed once
+        the steps already submitted on its device are done."""
+        if not isinstance(buffer, Buffer):
+            raise TypeError(f"buffer must be a vkmulti Buffer, got {type(buffer).__name__}")
+        with self._lock:
+            pair = self._contexts.get(buffer.slot.index)
+            kernels = [k for k in self._kernels.values() if k is not None]
+        if pair is None:
+            return
+        ctx, stepper = pair
+        with ctx.lock:   # (the sets are kept by the buffer object: this works after its destroy() too)
+            for key in [key for key in ctx.buffer_sets if key[0] is buffer]:
+                stepper.retired.append((ctx.value, ctx.buffer_sets.pop(key)))
+            for k in kernels:
+                if k.ctx is ctx and not k.destroyed:
+                    for key in [key for key in k.deliver_sets if key[0] == "in" and key[1] is buffer]:
+                        stepper.retired.append((ctx.value, k.deliver_sets.pop(key)))
+
+    def accept_batch(self, device: int, buffer: Any, offset: int = 0, size: int | None = None, *,
+                     wait: Any = None, source: Kernel | None = None, hops: int = 0, report_unknown: bool = True,
+                     submitted: Callable[[float], Any] | None = None, reuse_sets: bool = False,
+                     direct: Kernel | None = None, direct_slots: int | None = None,
+                     lazy: bool = False) -> InboundBatch:
+        """Hand the kernels of `device` a batch in `buffer` (a vkmulti Buffer on that
+        device, laid out as an outbox region: 16-word header with the count, then
+        slots of this runtime's size) from `offset`. The next steps there deliver
+        its messages (waiting on the GPU for `wait` first); the buffer must stay
+        untouched until the returned batch is done (then the GPU no longer reads
+        it). `source`: the kernel that sent the batch, told of messages that
+        cannot be delivered (otherwise they count as dead letters; the batch's
+        `unknown` and `rejected` counts say how many). `hops` is added to the hop
+        count of each message delivered from it; `report_unknown=False` leaves
+        unknown addresses to the sender's own survey; `submitted(timeout)` runs
+        before a step first queues a wait on `wait` (a transfer's
+        TransferTicket.wait_submitted when it shares that step's queue).
+        `reuse_sets=True`: the buffer is reused for later batches (a router's
+        pool), so the descriptor sets made for it are kept for them; call
+        forget_buffer() before destroying it. `direct`: a kernel of `device` the
+        batch is expected to be all for (its sender's recent batches were):
+        that kernel's next step copies the batch's first `direct_slots` slots
+        (default all) into its inbox with a copy command and takes them in
+        place, checking on the GPU that they are all its own; any that are not
+        (or past `direct_slots`) are delivered as usual, so a wrong guess costs
+        speed, never a message. `lazy=True`: no step waits on the GPU for `wait`;
+        the first step recorded once it is reached reads the batch (with the
+        batches after it from the same source), so a batch that is probably
+        empty does not tie this device's steps to the other device's."""
+        self._check()
+        if isinstance(device, bool) or not isinstance(device, int):
+            raise TypeError(f"device must be an int, got {type(device).__name__}")
+        if not isinstance(buffer, Buffer):
+            raise TypeError(f"buffer must be a vkmulti Buffer, got {type(buffer).__name__}")
+        if buffer.handle is None:
+            raise DestroyedError("buffer was destroyed")
+        if buffer.slot.index != device:
+            raise ValueError(f"buffer is on GPU {buffer.slot.index}, not GPU {device}")
+        size = buffer.size - offset if size is None else size
+        _count(offset, "offset", 0, buffer.size)
+        ctx, stepper = self._device(device)
+        if offset % ctx.min_offset_alignment:
+            raise ValueError(f"offset {offset} is not a multiple of the device's storage offset alignment "
+                             f"{ctx.min_offset_alignment}")
+        _count(size, "size", RING_HEADER_BYTES + self.slot_size, buffer.size - offset)
+        points = as_wait_points(wait, device)
+        if source is not None and not isinstance(source, Kernel):
+            raise TypeError(f"source must be a Kernel or None, got {type(source).__name__}")
+        _count(hops, "hops", 0, 255)
+        if not isinstance(report_unknown, bool):
+            raise TypeError(f"report_unknown must be a bool, got {report_unknown!r}")
+        if submitted is not None and not callable(submitted):
+            raise TypeError(f"submitted must be callable or None, got {type(submitted).__name__}")
+        if not isinstance(reuse_sets, bool):
+            raise TypeError(f"reuse_sets must be a bool, got {reuse_sets!r}")
+        if not isinstance(lazy, bool):
+            raise TypeError(f"lazy must be a bool, got {lazy!r}")
+        slots = (size - RING_HEADER_BYTES) // self.slot_size
+        if direct is not None:
+            if not isinstance(direct, Kernel):
+                raise TypeError(f"direct must be a Kernel or None, got {type(direct).__name__}")
+            if direct.runtime is not self or direct.device_index != device:
+                raise ValueError(f"direct kernel {direct.id!r} is not a kernel of this runtime on GPU {device}")
+        direct_slots = slots if direct_slots is None else _count(direct_slots, "direct_slots", 0, slots)
+        return self._accept(ctx, stepper, buffer, offset, size, points, source, hops, report_unknown, submitted,
+                            reuse_sets, direct, direct_slots, lazy)
+
+    def _accept(self, ctx: Any, stepper: Any, buffer: Any, offset: int, size: int, points: list, source: Any,
+                hops: int, report_unknown: bool, submitted: Any, reuse_sets: bool, direct: Any,
+                direct_slots: int, lazy: bool = False) -> InboundBatch:
+        """accept_batch once its arguments are checked (the router calls it directly)."""
+        b = InboundBatch(ctx, buffer, offset, size, points, hops=hops, report_unknown=report_unknown,
+                         submitted=submitted, reuse_sets=reuse_sets, direct=direct, direct_slots=direct_slots,
+                         lazy=lazy)
+        b.source = source
+        imported = isinstance(buffer, ImportedBuffer)
+        with ctx.lock:
+            ctx.check()
+            if imported:
+                if (source is not None and source.destroyed) or buffer.destroyed:
+                    raise DestroyedError("the outbox it lies in was freed: it is no longer read in place")
+                if not getattr(buffer, "_watched", False):   # its memory may go: stop reading it first
+                    buffer._watched = True
+                    buffer.on_destroy(lambda view=buffer: self._drop_readers(view))
+            stepper.batches.append(b)
+        return b
+
+    def _drop_readers(self, view: ImportedBuffer, timeout: float | None = 30.0) -> None:
+        """Batches read in place through `view` (an import of another device's outbox)
+        are dropped, undelivered, before its memory goes: the steps already
+        submitted that read them are waited for, and the descriptor sets made
+        for it are let go. Takes only the lock of the view's device, and only
+        when there is something to drop."""
+        pair = self._contexts.get(view.slot.index)
+        if pair is None:
+            return
+        ctx, stepper = pair
+        held = any(key[0] is view for key in list(ctx.buffer_sets)) or \
+            any(b.buffer is view for b in list(stepper.batches))
+        if held:
+            with ctx.lock:
+                if not ctx.alive:
+                    return
+                last = 0
+                for b in list(stepper.batches):
+                    if b.buffer is view:
+                        stepper.batches.remove(b)
+                        last = max(last, b.last_value)
+                        stepper.retired += [(b.last_value, s) for s in b.sets]
+                        b.sets = []
+                        b.done = True
+                        b.event.set()
+                ctx.cond.notify_all()
+                while ctx.completed() < last:
+                    ctx.wait_unlocked(last, timeout)
+        self.forget_buffer(view)
+
+    def withdraw_batch(self, batch: InboundBatch, *, timeout: float | None = 30.0) -> int:
+        """Take an accepted batch back before it is fully delivered (a router that
+        detaches): no later step reads it, and once the steps already submitted
+        are done its buffer may be reused. Returns how many of its messages for
+        kernels of that device were not delivered (dropped; the caller reports them)."""
+        if not isinstance(batch, InboundBatch):
+            raise TypeError(f"batch must be an InboundBatch, got {type(batch).__name__}")
+        timeout = _timeout(timeout)
+        ctx, stepper = self._device(batch.device_index)
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        with ctx.lock:
+            if batch.done:
+                return 0
+            if batch in stepper.batches:
+                stepper.batches.remove(batch)
+            while ctx.completed() < batch.last_value:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    stepper.batches.append(batch)
+                    raise VkmTimeout(f"GPU {batch.device_index}: steps reading the batch did not finish within "
+                                     f"{timeout} s; it was not withdrawn")
+                try:
+                    ctx.wait_unlocked(batch.last_value, min(left, 0.25))
+                except VkmTimeout:
+                    pass
+            stepper.harvest()
+            stepper.retired += [(batch.last_value, s) for s in batch.sets]
+            batch.sets = []
+            left = max(0, batch.local - batch.delivered - batch.rejected)
+            batch.done = True
+            batch.event.set()
+            ctx.cond.notify_all()
+            return left
+

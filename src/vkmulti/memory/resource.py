@@ -1,0 +1,185 @@
+"""What Buffer and Image share: device memory, a lifetime, and the GPU work that still uses them.
+
+A resource is adopted by its manager (destroyed with it, before any device),
+runs every operation inside its lifetime (so destroy() on another thread
+waits for the operation instead of freeing memory under it), and tracks the
+jobs that still use it on the GPU (transfers, host-port copies, abandoned
+one-shot submits): destroy() waits for them, and keeps everything, raising
+vkmulti.TimeoutError, when they are not done in time.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Self
+
+import numpy as np
+import vulkan as vk
+
+from ..errors import OutOfDeviceMemoryError, UnsupportedError
+from ..errors import TimeoutError as VkmTimeoutError
+from .._core.lifetime import Deadline, Lifetime
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GpuResource", "as_host_bytes", "find_memory_type", "allocate_memory", "check_slot", "slot_lifetime",
+           "slot_queue"]
+
+#: Sizes vkmulti accepts for one buffer or allocation (VkDeviceSize is 64 bits;
+#: no device has more memory than this).
+MAX_BYTES = 1 << 62
+
+
+def check_slot(slot: Any) -> None:
+    """ValueError unless `slot` has a live device with a native table."""
+    if getattr(slot, "device", None) is None or getattr(slot, "native", None) is None:
+        raise ValueError("slot has no live device (destroyed, or a passthrough primary without a native table); "
+                         "use a slot of an active MultiDeviceManager")
+
+
+def slot_queue(slot: Any, queue: Any, default: Any) -> Any:
+    """`queue` if it is one of the slot's queues, `default` for None; else TypeError/ValueError."""
+    from ..device.logical import Queue
+
+    if queue is None:
+        return default
+    if not isinstance(queue, Queue):
+        raise TypeError(f"queue must be a vkmulti Queue of the slot (e.g. slot.graphics_queue), "
+                        f"got {type(queue).__name__}")
+    queues = getattr(slot, "queues", None)
+    if callable(queues) and all(int(queue) != int(q) for q in queues()):
+        raise ValueError(f"queue {queue!r} is not a queue of GPU {slot.index}")
+    return queue
+
+
+def slot_lifetime(slot: Any) -> Lifetime:
+    """The lifetime of the manager that owns `slot` (a fresh, untracked one for a
+    slot made by hand)."""
+    life = getattr(slot, "lifetime", None)
+    return life if isinstance(life, Lifetime) else Lifetime(slot, "device slot")
+
+
+def find_memory_type(slot: Any, bits: int, required: int, preferred: int = 0) -> int:
+    props = vk.vkGetPhysicalDeviceMemoryProperties(slot.physical_device)
+    fallback = -1
+    for i in range(props.memoryTypeCount):
+        flags = props.memoryTypes[i].propertyFlags
+        if bits & (1 << i) and flags & required == required:
+            if flags & preferred == preferred:
+                return i
+            if fallback < 0:
+                fallback = i
+    if fallback < 0:
+        raise UnsupportedError(f"no memory type with flags 0x{required:x} on {slot.name!r}", device=slot.name)
+    return fallback
+
+
+def allocate_memory(slot: Any, req: Any, required: int, preferred: int) -> Any:
+    """vkAllocateMemory for requirements `req`; OutOfDeviceMemoryError (no driver
+    call) when the size exceeds the memory heap of the type chosen."""
+    from .._core import vkapi
+
+    index = find_memory_type(slot, req.memoryTypeBits, required, preferred)
+    props = vk.vkGetPhysicalDeviceMemoryProperties(slot.physical_device)
+    heap = int(props.memoryHeaps[props.memoryTypes[index].heapIndex].size)
+    if req.size > heap:
+        raise OutOfDeviceMemoryError(-2, "vkAllocateMemory", f"{req.size} bytes do not fit the {heap}-byte memory "
+                                                             f"heap of {slot.name!r}")
+    info = vk.VkMemoryAllocateInfo(sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, allocationSize=req.size,
+                                   memoryTypeIndex=index)
+    return vkapi.vkAllocateMemory(slot.device, info, None)
+
+
+def as_host_bytes(data: Any, what: str = "data", *, writable: bool = False) -> np.ndarray:
+    """The bytes of a C-contiguous buffer of plain data as a 1-D uint8 view (no copy).
+
+    Only plain-old-data is accepted: an array of Python objects (numpy dtype
+    object, or any buffer whose format holds 'O') is a TypeError, since its
+    bytes are pointers that the GPU would copy or overwrite.
+    """
+    if isinstance(data, np.ndarray) and data.dtype.hasobject:
+        raise TypeError(f"{what} holds Python objects (dtype {data.dtype}); pass plain data (numbers, bytes)")
+    try:
+        mv = memoryview(data)
+    except TypeError:
+        raise TypeError(f"{what} must be bytes, a numpy array or another buffer-protocol object, "
+                        f"got {type(data).__name__}") from None
+    if "O" in mv.format and _has_objects(mv):
+        raise TypeError(f"{what} holds Python objects (buffer format {mv.format[:40]!r}); pass plain data")
+    if not mv.c_contiguous:
+        raise ValueError(f"{what} is not C-contiguous (shape {mv.shape}, strides {mv.strides}); "
+                         f"pass numpy.ascontiguousarray({what})"[:300])
+    if writable and mv.readonly:
+        raise ValueError(f"{what} is read-only; results need a writable array")
+    if mv.nbytes == 0:
+        return np.empty(0, dtype=np.uint8)
+    return np.frombuffer(mv, dtype=np.uint8)
+
+
+def _has_objects(mv: memoryview) -> bool:
+    """Whether a buffer's PEP 3118 format has object fields ('O' may also be part of a field name)."""
+    try:
+        return np.asarray(mv).dtype.hasobject
+    except (TypeError, ValueError, NotImplementedError):
+        return True   # a format numpy cannot read that mentions 'O': refuse rather than guess
+
+
+class GpuResource:
+    """Base of Buffer and Image (see the module docstring)."""
+
+    _teardown_rank = 50   # after transfers and the owners that use resources
+    slot: Any
+    _life: Lifetime
+    _free: Callable[[], None]   # each resource frees its own handles (Buffer._free, Image._free)
+
+    def _init_resource(self, slot: Any) -> None:
+        self._life = Lifetime(self, type(self).__name__, (slot_lifetime(slot),))
+        self._jobs: list[Any] = []
+        self._jobs_lock = threading.Lock()
+        self._prune_at = 16
+
+    @property
+    def destroyed(self) -> bool:
+        return self._life.dead
+
+    def _track(self, job: Any) -> None:
+        """Remember a GPU job that uses this resource (its destroy() waits for it).
+
+        `job` has gpu_done(device_index) and gpu_wait(device_index, timeout)."""
+        with self._jobs_lock:
+            jobs = self._jobs
+            if len(jobs) >= self._prune_at:   # keep it short, at a few native calls per job (amortised)
+                jobs[:] = [j for j in jobs if not j.gpu_done(self.slot.index)]
+                self._prune_at = max(16, 2 * len(jobs))
+            jobs.append(job)
+
+    def destroy(self, timeout: float | None = 30.0) -> None:
+        """Free the resource once the GPU work using it is done (idempotent).
+
+        Waits for operations of other threads on it and for transfers and
+        copies still queued; vkmulti.TimeoutError after `timeout` s, keeping it."""
+        with self._life.ending(timeout) as dl:
+            if dl is not None:
+                self._settle(dl)
+                self._free()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def _settle(self, deadline: Deadline) -> None:
+        """Wait until no tracked job uses this resource on the GPU any more.
+        vkmulti.TimeoutError (the jobs not done stay tracked) when `deadline` passes."""
+        while True:
+            with self._jobs_lock:
+                if not self._jobs:
+                    return
+                job = self._jobs[0]
+            if not job.gpu_wait(self.slot.index, deadline.left()):
+                raise VkmTimeoutError(f"GPU work still uses this {type(self).__name__} after {deadline.timeout} s; "
+                                      f"it was not destroyed (call destroy() again later)")
+            with self._jobs_lock:
+                if self._jobs and self._jobs[0] is job:
+                    self._jobs.pop(0)

@@ -1,0 +1,17 @@
+"""SRUs on one machine: the partitioner, adaptive weights, the reference renderer and compositor,
+SRUOffloadCoordinator and its frame failover."""
+from .adaptive import SpeedMeter, AdaptivePlanning
+from .coordinator import (OffloadRoute, SRUOffloadCoordinator, SecondaryRenderContext, FrameReport,
+                          RendererMissingError)
+from .failover import FrameFailover
+from .partition import (SRUAssignment, assign_srus, assign_srus_array, assign_srus_reference, reference_devices,
+                        makespan, seed_top_n_minus_1)
+from .render import (ReferenceSRU, ReferenceRenderer, Compositor, SRU_IMAGE_USAGE, SRU_FORMAT, shader_path,
+                     as_wait_points)
+from .types import OffloadRoute, RendererMissingError, SecondaryRenderContext, FrameReport, SruEntry
+
+__all__ = ["SpeedMeter", "AdaptivePlanning", "OffloadRoute", "SRUOffloadCoordinator", "SecondaryRenderContext",
+           "FrameReport", "RendererMissingError", "FrameFailover", "SRUAssignment", "assign_srus",
+           "assign_srus_array", "assign_srus_reference", "reference_devices", "makespan", "seed_top_n_minus_1",
+           "ReferenceSRU", "ReferenceRenderer", "Compositor", "SRU_IMAGE_USAGE", "SRU_FORMAT", "shader_path",
+           "as_wait_points", "SruEntry"]

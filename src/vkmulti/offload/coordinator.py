@@ -1,0 +1,697 @@
+"""SRU offload: OffloadRoute and SRUOffloadCoordinator, from plan to composited frame.
+
+The coordinator plans which GPU renders each scene-render-unit (SRU), renders
+the offloaded ones on their secondaries concurrently, moves each image to the
+primary with the asynchronous transfer engine, and composites on the primary
+once each transfer's `dst_ready` is reached (a GPU-side wait). When a
+secondary's renderer raises or its device is lost, the SRU is rendered on the
+primary for this frame and the device is left out of later plans; a device lost
+after its image was composited makes the frame composite again
+(offload_failover.py), so the frame still comes out.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Iterable, Sequence
+
+import vulkan as vk
+
+from .adaptive import AdaptivePlanning, SpeedMeter
+from ..errors import DestroyedError, DeviceLostError, PrimaryDeviceLostError, TimeoutError, VkmError
+from ..memory.image import Image
+from .._core.lifetime import Deadline, Lifetime, operation
+from ..device.manager import DeviceSlot, MultiDeviceManager
+from .failover import DEVICE_ERRORS as _DEVICE_ERRORS
+from .failover import FrameFailover, FrameInFlight
+from .types import (FrameReport, OffloadRoute, RendererMissingError, SecondaryRenderContext, SruEntry, _default_cost,
+                    _int_list, _sru_size, _weights)
+from .partition import SRUAssignment, assign_srus
+from .render import SRU_FORMAT, SRU_IMAGE_USAGE, Compositor, _scale_pair, as_wait_points
+from ..transfer.cross_device import CrossDeviceTransfer, TimelinePoint, TransferTicket, select_transfer_method
+
+log = logging.getLogger(__name__)
+
+__all__ = ["OffloadRoute", "SRUOffloadCoordinator", "SecondaryRenderContext", "FrameReport",
+           "RendererMissingError"]
+
+
+class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
+    """Plans SRUs over the GPUs, renders offloaded ones on secondaries and brings their images to GPU 0.
+
+    The seed's constructor and members, plus: `devices` (slot indices it may
+    use, GPU 0 first; default all), per-device speed `weights`, and
+    `hysteresis` (None: plan every frame afresh, as the seed; a number in
+    [0, 1): keep the previous plan unless a new one shortens the frame by more
+    than that fraction, so temporal history stays on one device).
+
+    `adaptive=True` measures, every frame, how long each device takes per
+    unit of SRU cost (the time its renders kept it busy; adaptive.py) and
+    plans with damped speed weights from it, so that
+    devices of unequal speed finish a frame together (`weights`, if given,
+    are the starting guess; `adaptive_damping` is the share of the newest
+    measurement; hysteresis defaults to ADAPTIVE_HYSTERESIS). It is off by
+    default: plans then stay a pure function of the SRUs, as in the seed, and
+    equal devices see no plan churn from timing noise. `measured_weights`
+    exposes what it measured.
+
+    `secondary_renderer_factory(context)` gets a SecondaryRenderContext and
+    returns a renderer; a renderer attached to a slot
+    (`MultiDeviceManager.attach_renderer`) is used in preference. A renderer
+    with `render(sru, target, *, wait=None) -> TimelinePoint` (ReferenceRenderer)
+    runs asynchronously; otherwise the seed's `render_sru_offscreen(sru, target)`
+    is called and is complete when it returns (or returns a TimelinePoint).
+    """
+
+    def __init__(self, manager: MultiDeviceManager, capabilities: Any = None, *, prefer_dmabuf: bool = True,
+                 content_scale: tuple[float, float] = (1.0, 1.0),
+                 secondary_renderer_factory: Callable[[SecondaryRenderContext], Any] | None = None,
+                 devices: Sequence[int] | None = None, weights: Sequence[float] | None = None,
+                 hysteresis: float | None = None, timeout: float = 60.0, adaptive: bool = False,
+                 adaptive_damping: float = 0.5):
+        if not isinstance(manager, MultiDeviceManager):
+            raise TypeError(f"manager must be a MultiDeviceManager, got {type(manager).__name__}")
+        if secondary_renderer_factory is not None and not callable(secondary_renderer_factory):
+            raise TypeError("secondary_renderer_factory must be callable or None")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}"[:160])
+        count = manager.device_count
+        if devices is None:
+            devices = list(range(count))
+        devices = _int_list(devices, "devices")
+        for d in devices:
+            if not 0 <= d < count:
+                raise IndexError(f"device {d!r} out of range: the manager has {count} slot(s)")
+        if not devices or devices[0] != 0 or len(set(devices)) != len(devices):
+            raise ValueError(f"devices must list distinct slot indices starting with 0 (the primary), "
+                             f"got {devices!r}"[:200])
+        if weights is not None:
+            weights = _weights(weights, count)
+        if hysteresis is not None:
+            if isinstance(hysteresis, bool) or not isinstance(hysteresis, (int, float)) \
+                    or not 0.0 <= hysteresis < 1.0:
+                raise ValueError(f"hysteresis must be None or a number in [0, 1), got {hysteresis!r}"[:160])
+        self.manager = manager
+        self.capabilities = capabilities
+        self.prefer_dmabuf = bool(prefer_dmabuf)
+        self.content_scale = _scale_pair(content_scale)
+        self.secondary_renderer_factory = secondary_renderer_factory
+        self.devices = devices
+        self.weights = weights
+        self.hysteresis = None if hysteresis is None else float(hysteresis)
+        self.timeout = timeout
+        self._routes: dict[Any, OffloadRoute] = {}
+        self._contexts: dict[int, SecondaryRenderContext] = {}
+        self._entries: dict[Any, SruEntry] = {}
+        #: resources of SRUs that moved device, for the next SRU that moves there: ("image", device, w, h)
+        #: -> Images, ("transfer", device, w, h, method) -> CrossDeviceTransfers (a re-plan that moves
+        #: SRUs both ways then makes almost nothing)
+        self._spares: dict[tuple, list[Any]] = {}
+        self._unavailable: dict[int, str] = {}
+        self._compositor: Compositor | None = None
+        self._last_frame: TimelinePoint | None = None
+        self._lock = threading.RLock()
+        self._life = Lifetime(self, "SRUOffloadCoordinator", (manager._life,))
+        self.adaptive = adaptive
+        self._speeds = SpeedMeter(count, self._wait_point, damping=adaptive_damping, timeout=timeout)
+        self._init_failover()
+        manager._life.adopt(self)   # destroyed with the manager unless destroyed first
+
+    # -- the seed's API ----------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """True when the manager drives more than one GPU."""
+        return self._life.open and self.manager.multi_gpu
+
+    @property
+    def unavailable(self) -> dict[int, str]:
+        """Devices left out of plans after a failure: index -> reason."""
+        return dict(self._unavailable)
+
+    def usable_devices(self) -> list[int]:
+        """The devices the next plan may use (GPU 0 first)."""
+        if not self.active:
+            return [0]
+        return [d for d in self.devices if d == 0 or d not in self._unavailable]
+
+    def restore_device(self, index: int) -> None:
+        """Let a device marked unavailable take part in plans again (not a lost one:
+        DeviceLostError; its objects are never used again)."""
+        if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(self.manager._slots) \
+                and self.manager.device_lost(index):
+            raise DeviceLostError(-4, "restore_device", f"GPU {index} is lost: it cannot take part in plans again")
+        self._unavailable.pop(index, None)
+
+    @operation
+    def plan(self, srus: Iterable[Any], *, sru_id: Callable[[Any], Any] | None = None,
+             cost: Callable[[Any], float] | None = None, transfer_cost: Callable[[Any], float] | None = None,
+             offloadable: Callable[[Any], bool] | None = None) -> list[OffloadRoute]:
+        """Assign every SRU a device (assign_srus) and a transfer method per pair; routes in input order.
+
+        cost defaults to `sru.render_cost` when SRUs have it, else the seed's
+        instance count. The route cache is replaced.
+        """
+        self._check()
+        srus = list(srus)
+        usable = self.usable_devices()
+        previous = None
+        hysteresis = self._plan_hysteresis()
+        if hysteresis is not None and self._routes:
+            previous = {r.sru_id: usable.index(r.device_index) for r in self._routes.values()
+                        if r.device_index in usable}
+        weights = self._plan_weights(usable)
+        assigned = assign_srus(srus, len(usable), sru_id=sru_id, cost=cost or _default_cost, weights=weights,
+                               transfer_cost=transfer_cost, offloadable=offloadable, previous=previous,
+                               hysteresis=hysteresis or 0.0)
+        caps = self._caps()
+        methods: dict[int, str] = {}
+        routes = []
+        for a in assigned:
+            d = usable[a.device_index]
+            if d not in methods:
+                methods[d] = select_transfer_method(SRUAssignment(a.sru_id, d), caps,
+                                                    prefer_dmabuf=self.prefer_dmabuf)
+            routes.append(OffloadRoute(a.sru_id, d, methods[d]))
+        self._routes = {r.sru_id: r for r in routes}
+        return routes
+
+    def route_for(self, sru_id: Any) -> OffloadRoute | None:
+        """The route of the latest plan, or None (render on the primary)."""
+        return self._routes.get(sru_id)
+
+    def transfer_for(self, route: OffloadRoute, *, width: int = 0, height: int = 0) -> CrossDeviceTransfer:
+        """A new transfer from the route's device to the primary (the caller destroys it)."""
+        if not isinstance(route, OffloadRoute):
+            raise TypeError(f"route must be an OffloadRoute, got {type(route).__name__}")
+        return CrossDeviceTransfer(self.manager.slot(route.device_index), self.manager.primary, route.transfer,
+                                   width=width, height=height, bytes_per_pixel=8)
+
+    def render_offloaded(self, route: OffloadRoute) -> Any:
+        """The renderer for the route's device: the slot's attached one, else the factory's."""
+        if not isinstance(route, OffloadRoute):
+            raise TypeError(f"route must be an OffloadRoute, got {type(route).__name__}")
+        return self._renderer_for(route.device_index)
+
+    @operation
+    def render_sru_offloaded(self, sru: Any, primary_dst_image: Any, *, dst_wait: Any = None) -> bool:
+        """Render `sru` on its secondary and start moving the image into `primary_dst_image`.
+
+        Returns False when the SRU is not offloaded (no route, routed to GPU 0,
+        or its device failed now or before): the caller renders it on the
+        primary. True when the transfer is under way: wait for
+        `ticket_for(sru.sru_id).dst_ready` on the primary (GPU side) or call
+        its wait(). `dst_wait`: a TimelinePoint on the primary to reach before
+        the destination image is overwritten.
+        """
+        self._check()
+        sid = getattr(sru, "sru_id", None)
+        route = self._routes.get(sid) if sid is not None else None
+        if route is None or not route.offloaded or route.device_index in self._unavailable:
+            return False
+        renderer = self.render_offloaded(route)
+        with self._lock:
+            entry = self._ensure_entry(sru, route, landing=False)
+            return self._offload(entry, sru, renderer, primary_dst_image, dst_wait)
+
+    def ticket_for(self, sru_id: Any) -> TransferTicket | None:
+        """The latest transfer of that SRU's image to the primary, or None."""
+        e = self._entries.get(sru_id)
+        return e.ticket if e is not None else None
+
+    _teardown_rank = 5   # first: it owns transfers, images, a compositor and renderer contexts
+
+    @property
+    def destroyed(self) -> bool:
+        """True once destroy() was called."""
+        return not self._life.open
+
+    _destroyed = destroyed
+
+    def destroy(self, timeout: float | None = None) -> None:
+        """Wait for in-flight work, then free targets, transfers, compositor and contexts (idempotent).
+
+        Calls running on other threads are waited for first, and every wait
+        is bounded by `timeout` (None: this coordinator's `timeout` per wait);
+        on vkmulti.TimeoutError or Ctrl-C what the GPU may still use is kept,
+        and destroy() may be called again.
+        """
+        with self._life.ending(timeout) as dl:
+            if dl is None:
+                return
+            self._speeds.close()   # no timer thread may still wait on a semaphore freed below
+            with self._lock:
+                errors: list[BaseException] = []
+                steps: list[Callable[[], Any]] = [lambda e=e: self._release(e, dl)
+                                                  for e in list(self._entries.values())]
+                steps += [lambda obj=obj: obj.destroy(self._left(dl))
+                          for objs in self._spares.values() for obj in objs]
+                if self._compositor is not None:
+                    steps.append(lambda: self._compositor.destroy(self._left(dl)))
+                steps += [lambda ctx=ctx: ctx.destroy() for ctx in self._contexts.values()]
+                for step in steps:     # free as much as possible; report the first failure
+                    try:
+                        step()
+                    except TimeoutError:
+                        raise
+                    except Exception as exc:
+                        log.warning("SRUOffloadCoordinator teardown step failed: %r", exc)
+                        errors.append(exc)
+                self._entries.clear()
+                self._spares.clear()
+                self._compositor = None
+                self._contexts.clear()
+                self._routes.clear()
+        if errors:
+            raise errors[0]
+
+    def _left(self, dl: Deadline) -> float:
+        left = dl.left()
+        return self.timeout if left is None else left
+
+    def __enter__(self) -> "SRUOffloadCoordinator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    # -- a whole frame -----------------------------------------------------
+
+    @operation
+    def render_frame(self, srus: Iterable[Any], frame: Image, *, sru_id: Callable[[Any], Any] | None = None,
+                     cost: Callable[[Any], float] | None = None,
+                     transfer_cost: Callable[[Any], float] | None = None,
+                     offloadable: Callable[[Any], bool] | None = None,
+                     clear: Sequence[float] | None = (0.0, 0.0, 0.0, 1.0), wait: bool = True) -> FrameReport:
+        """Plan, render offloaded SRUs on their secondaries (concurrently), transfer them
+        asynchronously, render the rest on the primary, and composite into `frame`.
+
+        Each SRU needs `x`, `y` (its place in the frame, logical units) besides
+        `width` and `height`. With `wait` the call returns when the frame is
+        complete; otherwise wait for `report.done` (GPU or `wait_frame`).
+
+        A secondary lost before or during the frame costs nothing: its SRUs are
+        rendered on the primary (`report.lost`, `failover_stats`). The primary
+        lost: PrimaryDeviceLostError.
+        """
+        try:
+            return self._render_frame(srus, frame, sru_id, cost, transfer_cost, offloadable, clear, wait)
+        except DeviceLostError as exc:
+            if isinstance(exc, PrimaryDeviceLostError) or not self.manager.device_lost(0):
+                raise
+            self.manager.check_devices()
+            raise self._primary_lost(f"{type(exc).__name__}: {exc}") from None
+
+    def _render_frame(self, srus: Iterable[Any], frame: Image, sru_id: Any, cost: Any, transfer_cost: Any,
+                      offloadable: Any, clear: Any, wait: bool) -> FrameReport:
+        self._check()
+        srus = list(srus)
+        compositor = self._ensure_compositor()
+        compositor._check_image(frame, "frame", vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT)
+        key = sru_id or (lambda s: s.sru_id)
+        for s in srus:
+            _sru_size(s)
+            for label in ("x", "y"):
+                v = getattr(s, label, None)
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise TypeError(f"SRU {key(s)!r}: {label} (its place in the frame) must be an int, got {v!r}")
+        with self._lock:
+            self._check_previous_frame()   # wait=False frames never waited for
+            self._speeds.settle()   # the previous frame's measurement, before any resource is freed
+            lost_before = len(self.failover_stats.devices_lost)
+            self._sync_lost_devices()   # PrimaryDeviceLostError when GPU 0 is gone
+            self._prune({key(s) for s in srus})
+            routes = self.plan(srus, sru_id=sru_id, cost=cost, transfer_cost=transfer_cost, offloadable=offloadable)
+            if self._adaptive:
+                self._speeds.begin()
+            prev = [self._last_frame] if self._last_frame is not None else []
+            images: dict[Any, Image] = {}
+            rendered_on: dict[Any, int] = {}
+            waits: list[TimelinePoint] = []
+            pending: list[tuple[Any, SruEntry]] = []
+            fallbacks: list[Any] = []
+            sent = 0
+            by_id = {key(s): s for s in srus}
+            # 1. every SRU's resources before any render is queued: making an image runs a one-off
+            #    command on its device and waits for it, which on a busy queue means waiting for the
+            #    renders queued ahead of it (an SRU that moved device needs new ones)
+            jobs: list[tuple[Any, SruEntry, Any]] = []
+            for r in routes:   # moved SRUs first give their resources up, so moves both ways swap them
+                e = self._entries.get(r.sru_id)
+                if e is not None and e.device_index != r.device_index:
+                    self._park(e)
+            for r in routes:
+                sru = by_id[r.sru_id]
+                if not r.offloaded:
+                    jobs.append((sru, self._ensure_entry(sru, r, landing=False), None))
+                    continue
+                if r.device_index in self._unavailable:   # failed earlier in this frame
+                    fallbacks.append(sru)
+                    continue
+                try:
+                    renderer = self._renderer_for(r.device_index)
+                    jobs.append((sru, self._ensure_entry(sru, r, landing=True), renderer))
+                except RendererMissingError:
+                    raise
+                except Exception as exc:   # the factory or the device failed: this device sits out
+                    self._mark_unavailable(r.device_index, "its renderer or render target could not be made", exc)
+                    fallbacks.append(sru)
+            if self._spares:
+                self._trim_spares({(e.width, e.height) for e in self._entries.values()}, len(srus))
+            # 2. submit every device's SRUs in turn, each device's k-th of n at k/n of the way, so
+            #    every device starts at once and its queue fills at the pace it drains (submitting
+            #    one device's whole share first leaves the others idle meanwhile)
+            rendered: list[tuple[Any, SruEntry]] = []
+            for sru, e, renderer in _interleaved(jobs):
+                if renderer is None:   # the primary's own SRU
+                    points = self._render(self._renderer_for(0), sru, e.target, prev, 0)
+                    self._watch(0, points)
+                    waits += points
+                    images[e.sru_id], rendered_on[e.sru_id] = e.target, 0
+                elif e.device_index in self._unavailable:   # its device failed earlier in this frame
+                    fallbacks.append(sru)
+                elif self._render_offloaded(e, sru, renderer):
+                    rendered.append((sru, e))
+                else:
+                    fallbacks.append(sru)
+            # 2b. the transfers once every render is queued: queued between renders, a transfer's copies
+            #     hold up the renders queued behind them (a landing copy waits on GPU 0's queue for its
+            #     source side; a full link ring holds the source side until GPU 0 lands an earlier one),
+            #     so each device would wait for the other's progress
+            for sru, e in rendered:   # rendered before a later render on its device failed: still sent
+                if self._send(e, e.landing, self._last_frame):
+                    pending.append((sru, e))
+                else:
+                    fallbacks.append(sru)
+            # 3. transfers: the composite waits for dst_ready on the GPU; waiting here until each
+            #    transfer is submitted orders it after them on a one-queue primary and reveals a
+            #    source device that failed (the primary keeps rendering meanwhile)
+            landing: list[tuple[Any, SruEntry]] = []
+            for sru, e in pending:
+                try:
+                    e.ticket.wait_submitted(self.timeout)
+                except _DEVICE_ERRORS as exc:
+                    self._mark_unavailable(e.device_index, "its transfer failed", exc)
+                    fallbacks.append(sru)
+                    continue
+                landing.append((sru, e))
+                waits.append(e.ticket.dst_ready)
+                images[e.sru_id], rendered_on[e.sru_id] = e.landing, e.device_index
+                sent += e.width * e.height * 8
+            # 4. fallbacks render on the primary, into an image no transfer writes
+            for sru in fallbacks:
+                sid = key(sru)
+                images[sid], points = self._render_fallback(sru, sid, prev)
+                waits += points
+                rendered_on[sid] = 0
+            # 5. composite after every render and every dst_ready, in input order
+            placements = [(images[key(s)], s.x, s.y) for s in srus]
+            done = compositor.composite(frame, placements, wait=waits, clear=clear)
+            self._last_frame = done
+            self._in_flight_frame = FrameInFlight(frame, [(key(s), images[key(s)], s.x, s.y) for s in srus],
+                                                  landing, rendered_on, fallbacks, clear, done)
+            if self._adaptive:
+                self._speeds.end(self._frame_costs(rendered_on, by_id, cost or _default_cost), done)
+        seconds: dict[int, float] = {}
+        repaired = None
+        if wait:
+            self._wait_composite(compositor, done, self.timeout)
+            with self._lock:
+                repaired = self._verify_frame(compositor)
+                seconds = self._speeds.settle()
+                self._losses_recovered()
+        if repaired is not None:
+            done = repaired.done
+        lost = self.failover_stats.devices_lost[lost_before:]
+        return FrameReport(routes, rendered_on, [key(s) for s in fallbacks], done, sent, seconds, lost,
+                           repaired is not None)
+
+    def _wait_composite(self, compositor: Compositor, done: TimelinePoint, timeout: float) -> None:
+        try:
+            compositor.wait(done, timeout)
+        except DeviceLostError as exc:
+            self.manager.report_device_lost(0, f"{type(exc).__name__}: {exc}"[:300])
+            raise self._primary_lost(str(exc)) from None
+
+    def _render_fallback(self, sru: Any, sid: Any, prev: list[TimelinePoint]) -> tuple[Image, list[TimelinePoint]]:
+        """Render `sru` on the primary into its fallback image (no transfer writes it)."""
+        e = self._entries.get(sid)
+        if e is None:
+            w, h = _sru_size(sru)
+            e = self._entries[sid] = SruEntry(sid, self._routes[sid].device_index, w, h)
+        if e.fallback is None:
+            e.fallback = Image(self.manager.primary, e.width, e.height, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
+        points = self._render(self._renderer_for(0), sru, e.fallback, prev, 0)
+        self._watch(0, points)
+        return e.fallback, points
+
+    @operation
+    def wait_frame(self, timeout: float | None = None) -> None:
+        """Block until the latest frame is composited. A frame made with wait=False
+        whose transferred images did not all arrive (a device lost mid-frame) is
+        repaired here: those SRUs are rendered on the primary and the frame is
+        composited again before this returns."""
+        if self._compositor is not None and self._last_frame is not None:
+            self._wait_composite(self._compositor, self._last_frame, self.timeout if timeout is None else timeout)
+            with self._lock:
+                self._verify_frame(self._compositor)
+                self._losses_recovered()
+
+    # -- helpers -------------------------------------------------------------
+
+    def _check(self) -> None:
+        self._life.check()
+
+    def _slot(self, index: int) -> DeviceSlot:
+        """A slot of the manager, also while the manager's destroy() runs (teardown)."""
+        return self.manager._slots[index]
+
+    def _caps(self) -> Any:
+        caps = self.capabilities
+        if caps is not None and len(getattr(caps, "devices", ())) >= self.manager.device_count:
+            return caps
+        return self.manager.capabilities
+
+    def _context(self, index: int) -> SecondaryRenderContext | None:
+        ctx = self._contexts.get(index)
+        if ctx is None and self.secondary_renderer_factory is not None:
+            ctx = SecondaryRenderContext(self.manager.slot(index), capabilities=self._caps(),
+                                         content_scale=self.content_scale)
+            ctx.ensure_command_pool()
+            try:
+                ctx.attach_renderer(self.secondary_renderer_factory(ctx))
+            except BaseException:
+                ctx.destroy()
+                raise
+            self._contexts[index] = ctx
+        return ctx
+
+    def _renderer_for(self, index: int) -> Any:
+        slot = self.manager.slot(index)
+        if slot.renderer is not None:
+            return slot.renderer
+        ctx = self._context(index)
+        if ctx is None or ctx.renderer is None:
+            raise RendererMissingError(
+                f"rendering on device {index} ({slot.name!r}) needs that device's own renderer (pipelines, "
+                f"descriptor pools, resources on that device); pass secondary_renderer_factory to "
+                f"SRUOffloadCoordinator or bind one with MultiDeviceManager.attach_renderer({index}, renderer)")
+        return ctx.renderer
+
+    def _ensure_compositor(self) -> Compositor:
+        if self._compositor is None:
+            self._compositor = Compositor(self.manager.primary, content_scale=self.content_scale)
+        return self._compositor
+
+    def _ensure_entry(self, sru: Any, route: OffloadRoute, *, landing: bool) -> SruEntry:
+        w, h = _sru_size(sru)
+        e = self._entries.get(route.sru_id)
+        if e is not None and ((e.width, e.height) != (w, h)
+                              or (e.transfer is not None and e.transfer.method != route.transfer)):
+            self._release(e)   # resized or another method: free the old resources
+            e = None
+        elif e is not None and e.device_index != route.device_index:
+            self._park(e)      # moved: its resources wait for the next SRU that moves their way
+            e = None
+        if e is None:
+            e = self._entries[route.sru_id] = SruEntry(route.sru_id, route.device_index, w, h)
+        if e.target is None:
+            e.target = self._image(route.device_index, w, h)
+        if route.offloaded and e.transfer is None:
+            spare = self._spares.get(("transfer", route.device_index, w, h, route.transfer))
+            e.transfer = spare.pop() if spare else self.transfer_for(route, width=w, height=h)
+        if landing and route.offloaded and e.landing is None:
+            e.landing = self._image(0, w, h)
+        return e
+
+    def _image(self, device: int, w: int, h: int) -> Image:
+        """An SRU image on `device`: a spare one, else a new one."""
+        spare = self._spares.get(("image", device, w, h))
+        if spare:
+            return spare.pop()
+        return Image(self.manager.slot(device), w, h, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
+
+    def _park(self, e: SruEntry) -> None:
+        """Take a moved SRU's entry out once nothing in flight uses it; keep its images (the target on
+        its device, the landing and fallback on GPU 0) and its transfer as spares, as many as there
+        are SRUs (more are freed)."""
+        self._settle(e, Deadline(None))
+        d, size = e.device_index, (e.width, e.height)
+        parked = [(("image", d) + size, e.target), (("image", 0) + size, e.landing),
+                  (("image", 0) + size, e.fallback)]
+        if e.transfer is not None:
+            parked.append((("transfer", d) + size + (e.transfer.method,), e.transfer))
+        e.target = e.landing = e.fallback = e.transfer = e.ticket = None
+        e.points = []
+        if self._entries.get(e.sru_id) is e:
+            del self._entries[e.sru_id]
+        for k, obj in parked:
+            if obj is None:
+                continue
+            if not self.manager.device_lost(k[1]):
+                self._spares.setdefault(k, []).append(obj)
+            else:
+                obj.destroy(self.timeout)
+
+    def _trim_spares(self, sizes: set[tuple[int, int]], keep: int) -> None:
+        """Free the spares of sizes no SRU has now, and beyond `keep` of a kind per device and size."""
+        for k in list(self._spares):
+            objs = self._spares[k]
+            extra = objs if k[2:4] not in sizes else objs[keep:]
+            for obj in extra:
+                obj.destroy(self.timeout)
+            del objs[len(objs) - len(extra):]
+            if not objs:
+                del self._spares[k]
+
+    def _drop_spares(self, device: int) -> None:
+        """Free the spares on `device` (lost: nothing is waited for on it)."""
+        for k in [k for k in self._spares if k[1] == device]:
+            for obj in self._spares.pop(k):
+                try:
+                    obj.destroy(self.timeout)
+                except Exception as exc:   # a lost device's objects: logged, never used again
+                    log.warning("spare %s on GPU %d: destroy failed (%r)", k[0], device, exc)
+
+    def _render(self, renderer: Any, sru: Any, target: Image, wait: list[TimelinePoint],
+                index: int) -> list[TimelinePoint]:
+        """Run a renderer: asynchronously when it can (returns its point), else synchronously."""
+        render = getattr(renderer, "render", None)
+        if callable(render):
+            point = render(sru, target, wait=wait)
+        else:
+            slot = self.manager.slot(index)
+            for p in wait:
+                slot.native.wait_timeline(p.semaphore, p.value, self.timeout)
+            point = renderer.render_sru_offscreen(sru, target)
+        if point is None:
+            return []
+        return as_wait_points(point, index, "the renderer's result")
+
+    def _offload(self, e: SruEntry, sru: Any, renderer: Any, dst_image: Any, dst_wait: Any) -> bool:
+        """Render on the secondary and submit the transfer; False (device marked) on failure."""
+        if dst_wait is not None and not isinstance(dst_wait, TimelinePoint):
+            raise TypeError(f"dst_wait must be a TimelinePoint on the primary or None, got {dst_wait!r}")
+        return self._render_offloaded(e, sru, renderer) and self._send(e, dst_image, dst_wait)
+
+    def _render_offloaded(self, e: SruEntry, sru: Any, renderer: Any) -> bool:
+        """Submit the render of an offloaded SRU on its device; False (device marked) on failure."""
+        d = e.device_index
+        try:
+            waits: list[TimelinePoint] = []
+            if e.ticket is not None:
+                # the previous transfer must have read the target; its signal must be submitted first
+                e.ticket.wait_submitted(self.timeout)
+                waits.append(e.ticket.src_done)
+            points = self._render(renderer, sru, e.target, waits, d)
+        except (DestroyedError, RendererMissingError):
+            raise
+        except Exception as exc:   # whatever a renderer raises: the frame goes on without this device
+            self._mark_unavailable(d, "its renderer raised", exc)
+            return False
+        e.points = points
+        # the device's speed is its renders' (adaptive.py says why not dst_ready or src_done)
+        self._watch(d, points)
+        return True
+
+    def _send(self, e: SruEntry, dst_image: Any, dst_wait: TimelinePoint | None) -> bool:
+        """Submit the transfer of a rendered SRU's image to GPU 0; False (device marked) on failure."""
+        try:
+            e.ticket = e.transfer.submit(src_image=e.target, dst_image=dst_image,
+                                         src_wait=e.points[-1] if e.points else None, dst_wait=dst_wait)
+        except _DEVICE_ERRORS as exc:
+            self._mark_unavailable(e.device_index, "its transfer could not start", exc)
+            return False
+        return True
+
+    def _mark_unavailable(self, index: int, why: str, exc: BaseException) -> None:
+        name = self._slot(index).name
+        self._note_failure(index, exc)
+        if index in self._unavailable:   # the first failure says why
+            return
+        self._unavailable[index] = f"{why}: {exc!r}"
+        lost = self.manager.device_lost(index)   # the manager logged the loss: no traceback needed
+        log.error("GPU %d (%s) left out of later plans, %s%s; its SRUs render on the primary this frame",
+                  index, name, why, f" (device lost: {exc})" if lost else "", exc_info=None if lost else exc)
+
+    def _settle(self, e: SruEntry, dl: Deadline) -> None:
+        """Wait until nothing in flight uses the entry's resources. vkmulti.TimeoutError
+        keeps them; other failures (a lost device) are logged and do not."""
+        waits: list[Callable[[], Any]] = []
+        if e.ticket is not None:
+            ticket = e.ticket
+            waits.append(lambda: ticket.wait(self._left(dl)))
+        for p in e.points:
+            if self.manager.device_lost(p.device_index):
+                continue   # a lost device runs nothing more: nothing to wait for
+            slot = self._slot(p.device_index)
+            waits.append(lambda p=p, slot=slot: slot.native.wait_timeline(p.semaphore, p.value, self._left(dl)))
+        if self._last_frame is not None and self._compositor is not None:
+            frame, compositor = self._last_frame, self._compositor
+            waits.append(lambda: compositor.slot.native.wait_timeline(frame.semaphore, frame.value,
+                                                                      self._left(dl)))
+        for w in waits:
+            try:
+                w()
+            except TimeoutError:
+                raise
+            except VkmError as exc:
+                known = self.manager.device_lost(e.device_index)   # a loss already told: no news
+                log.log(logging.DEBUG if known else logging.WARNING,
+                        "SRU %r: waiting for in-flight work failed (%r); freeing its resources", e.sru_id, exc)
+
+    def _release(self, e: SruEntry, dl: Deadline | None = None) -> None:
+        dl = dl or Deadline(None)
+        self._settle(e, dl)
+        if e.transfer is not None:
+            e.transfer.destroy(self._left(dl))
+            e.transfer = e.ticket = None
+        for name in ("target", "landing", "fallback"):
+            img = getattr(e, name)
+            if img is not None:
+                img.destroy(self._left(dl))
+                setattr(e, name, None)
+        e.points = []
+        if self._entries.get(e.sru_id) is e:
+            del self._entries[e.sru_id]
+
+    def _prune(self, live: set) -> None:
+        """Free the resources of SRUs that are not in the coming frame."""
+        for sid in [s for s in self._entries if s not in live]:
+            self._release(self._entries[sid])
+
+
+def _interleaved(jobs: list[tuple[Any, SruEntry, Any]]) -> list[tuple[Any, SruEntry, Any]]:
+    """`jobs` in submission order: each device's k-th of n at (k + 0.5) / n, the plan's order kept
+    per device (a stable sort; the primary first at equal points)."""
+    counts: dict[int, int] = {}
+    for _, e, _ in jobs:
+        counts[e.device_index] = counts.get(e.device_index, 0) + 1
+    seen: dict[int, int] = {}
+    keyed = []
+    for job in jobs:
+        d = job[1].device_index
+        k = seen[d] = seen.get(d, -1) + 1
+        keyed.append(((k + 0.5) / counts[d], d, job))
+    keyed.sort(key=lambda t: (t[0], t[1]))
+    return [job for _, _, job in keyed]

@@ -1,0 +1,189 @@
+"""A lost GPU costs no frame: the failover side of SRUOffloadCoordinator (a mixin).
+
+At a frame's start the coordinator asks the manager which devices are lost
+(`MultiDeviceManager.check_devices`: one atomic read of each device's native
+lost flag) and plans over the survivors; the resources it cached on a lost
+device are released without waiting on it. A device lost *during* a frame
+shows as its renders or transfers failing with DeviceLostError: its SRUs are
+rendered on the primary and, when the composite already ran with images that
+never arrived, the frame is composited again, so the frame still comes out
+and no exception reaches the caller. Losing the primary is the caller's
+PrimaryDeviceLostError.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import PrimaryDeviceLostError, TimeoutError, TransferError, UnsupportedError, VulkanError
+from ..device.failover import FailoverStats
+from ..transfer.cross_device import TimelinePoint
+
+log = logging.getLogger(__name__)
+
+__all__ = ["FrameFailover"]
+
+#: Errors of a device or its renderer that make an SRU fall back to the primary.
+DEVICE_ERRORS = (VulkanError, TransferError, UnsupportedError, TimeoutError)
+
+
+@dataclass
+class FrameInFlight:
+    """What a composited frame was made of, kept until its transfers are known to have
+    landed (render_frame(wait=True) at once; wait=False: wait_frame())."""
+
+    frame: Any
+    placements: list[tuple[Any, Any, int, int]]   # (sru id, image, x, y) in input order
+    pending: list[tuple[Any, Any]]                  # (sru, _Entry) whose images came by transfer
+    rendered_on: dict[Any, int]
+    fallbacks: list[Any]
+    clear: Any
+    done: TimelinePoint
+    started: float = field(default_factory=time.perf_counter)
+
+
+class FrameFailover:
+    """Failover of SRUOffloadCoordinator: see the module docstring. Uses the
+    coordinator's `manager`, `devices`, `timeout`, `_unavailable`, `_entries`,
+    `_release`, `_render_fallback` and compositor."""
+
+    manager: Any
+    devices: list[int]
+    timeout: float
+    _unavailable: dict[int, str]
+    _entries: dict
+    _release: Callable[..., None]
+    _drop_spares: Callable[[int], None]
+    _render_fallback: Callable[..., Any]
+
+    def _init_failover(self) -> None:
+        #: what lost devices cost this coordinator (devices, SRUs rendered again, frames repaired, times)
+        self.failover_stats = FailoverStats()
+        self._in_flight_frame: FrameInFlight | None = None
+        self._loss_noticed: dict[int, float] = {}   # device -> when a frame's work on it failed
+
+    # -- at a frame's start -------------------------------------------------------
+
+    def _primary_lost(self, reason: str) -> PrimaryDeviceLostError:
+        slot = self.manager._slots[0]
+        return PrimaryDeviceLostError(-4, "render_frame", (
+            f"the primary GPU 0 ({slot.name!r}) was lost ({reason}): it composites every frame, so no frame "
+            f"can come out; destroy this manager (its objects are released without touching the lost device) "
+            f"and make a new one"))
+
+    def _sync_lost_devices(self) -> list[int]:
+        """Leave devices found lost out of plans (and release what was cached on
+        them); the newly lost ones. PrimaryDeviceLostError when GPU 0 is lost."""
+        lost = self.manager.check_devices()
+        if 0 in lost:
+            raise self._primary_lost(lost[0])
+        new = []
+        for d, why in lost.items():
+            if d in self.devices and self.failover_stats.lost(d):
+                self._unavailable[d] = f"lost: {why}"
+                new.append(d)
+                t0 = time.perf_counter()
+                n = self._drop_device(d)
+                self.failover_stats.recovered(d, f"released the resources of {n} SRU(s) on the lost device",
+                                              t0, why)
+                log.warning("SRUOffloadCoordinator: GPU %d is lost (%s); frames are planned on the other GPUs",
+                            d, why)
+        return new
+
+    def _drop_device(self, d: int) -> int:
+        """Free what this coordinator keeps on device `d` (lost): never waits on it."""
+        gone = [e for e in self._entries.values() if e.device_index == d]
+        for e in gone:
+            self._release(e)
+        self._drop_spares(d)
+        ctx = getattr(self, "_contexts", {}).pop(d, None)
+        if ctx is not None:
+            try:
+                ctx.destroy()
+            except Exception as exc:   # logged: the lost device's renderer is never used again
+                log.warning("renderer context of lost GPU %d: destroy failed (%r)", d, exc)
+        return len(gone)
+
+    def _note_failure(self, index: int, exc: BaseException) -> None:
+        """A device's work failed: when the device is lost (its native lost flag is
+        set: the driver said VK_ERROR_DEVICE_LOST, or a test's lose_device), tell the
+        manager (once). A DeviceLostError that no driver returned (a renderer's own)
+        leaves the device merely unavailable."""
+        if self.manager.device_lost(index):
+            self.manager.check_devices()
+            if self.failover_stats.lost(index):
+                self._loss_noticed.setdefault(index, time.perf_counter())
+                log.warning("SRUOffloadCoordinator: GPU %d lost during a frame; its SRUs render on the primary",
+                            index)
+
+    def _losses_recovered(self) -> None:
+        """The frame in which devices were found lost is complete: record how long it took."""
+        for d, t0 in sorted(self._loss_noticed.items()):
+            self.failover_stats.recovered(d, "its SRUs rendered on the primary; the frame complete", t0,
+                                          self.manager.lost_devices.get(d, ""))
+        self._loss_noticed.clear()
+
+    # -- after the composite ---------------------------------------------------------
+
+    def _check_previous_frame(self) -> None:
+        """A frame made with wait=False and never waited for: look (without blocking)
+        at its transfers; a failed one leaves its device out from now on (that frame
+        was not repaired: wait_frame() repairs)."""
+        st, self._in_flight_frame = self._in_flight_frame, None
+        if st is None:
+            return
+        for sru, e in st.pending:
+            try:
+                if e.ticket is not None:
+                    e.ticket.done()
+            except DEVICE_ERRORS as exc:
+                self._note_failure(e.device_index, exc)
+                self._mark_unavailable(e.device_index, "its transfer of the previous frame failed", exc)
+
+    def _verify_frame(self, compositor: Any) -> FrameInFlight | None:
+        """After the composite: every transferred image must have landed. For those
+        that did not (their device failed or was lost mid-frame), render the SRUs on
+        the primary and composite the frame again. Returns the repaired frame's
+        record, None when nothing was missing."""
+        st, self._in_flight_frame = self._in_flight_frame, None
+        if st is None:
+            return None
+        failed = []
+        for sru, e in st.pending:
+            try:
+                e.ticket.wait(self.timeout)   # the composite waited for dst_ready: answered at once
+            except DEVICE_ERRORS as exc:
+                failed.append((sru, e, exc))
+        if not failed:
+            return None
+        t0 = time.perf_counter()
+        lost = sorted({e.device_index for _, e, _ in failed})
+        for sru, e, exc in failed:
+            self._note_failure(e.device_index, exc)
+            self._mark_unavailable(e.device_index, "its transfer failed during the frame", exc)
+        if 0 in self.manager.check_devices():
+            raise self._primary_lost(self.manager.lost_devices[0])
+        images = {sid: img for sid, img, _, _ in st.placements}
+        waits = [st.done]
+        for sru, e, _ in failed:
+            sid = e.sru_id
+            img, points = self._render_fallback(sru, sid, [st.done])
+            images[sid] = img
+            st.rendered_on[sid] = 0
+            st.fallbacks.append(sru)
+            waits += points
+        placements = [(images[sid], x, y) for sid, _, x, y in st.placements]
+        done = compositor.composite(st.frame, placements, wait=waits, clear=st.clear)
+        self._last_frame = done
+        compositor.wait(done, self.timeout)
+        self.failover_stats.srus_rerendered += len(failed)
+        self.failover_stats.frames_repaired += 1
+        for d in lost:
+            self.failover_stats.recovered(d, f"re-rendered {sum(e.device_index == d for _, e, _ in failed)} "
+                                             f"SRU(s) on the primary and composited the frame again", t0)
+        st.placements = [(sid, images[sid], x, y) for sid, _, x, y in st.placements]
+        st.done = done
+        st.pending = [(s, e) for s, e in st.pending if all(e is not f for _, f, _ in failed)]
+        return st

@@ -1,0 +1,165 @@
+"""The plain parts of SRU offload: routes, frame reports, the per-SRU cache entry,
+renderer contexts and the argument checks of SRUOffloadCoordinator."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import vulkan as vk
+
+from .._core import vkapi
+from ..errors import DestroyedError, RendererMissingError, VkmError
+from ..memory.image import Image
+from ..device.manager import DeviceSlot
+from .partition import _sru_cost
+from .render import _scale_pair
+from ..transfer.cross_device import CrossDeviceTransfer, TimelinePoint, TransferTicket
+
+__all__ = ["OffloadRoute", "RendererMissingError", "SecondaryRenderContext", "FrameReport", "SruEntry"]
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadRoute:
+    """Where one SRU renders this frame and how its image reaches the primary."""
+
+    sru_id: int | str
+    device_index: int
+    transfer: str
+
+    @property
+    def offloaded(self) -> bool:
+        """True when the SRU renders on a secondary (its image is transferred to GPU 0)."""
+        return self.device_index != 0
+
+
+class SecondaryRenderContext:
+    """What a renderer factory gets for one device: the slot and a command pool of its own.
+
+    vkmulti has no engine facade; renderers build their pipelines from `slot`
+    (device, queues, capabilities). The context owns the renderer the factory
+    returns (destroyed with it when it has destroy()), never the device.
+    """
+
+    def __init__(self, slot: DeviceSlot, *, capabilities: Any = None, content_scale: Any = (1.0, 1.0)):
+        if not isinstance(slot, DeviceSlot):
+            raise TypeError(f"slot must be a DeviceSlot, got {type(slot).__name__}")
+        self.slot = slot
+        self.capabilities = capabilities
+        self.content_scale = _scale_pair(content_scale)
+        self.command_pool: Any = None
+        self.renderer: Any = None
+
+    @property
+    def device(self) -> Any:
+        return self.slot.device
+
+    def ensure_command_pool(self) -> Any:
+        """This context's command pool on the slot's universal family (made once)."""
+        if self.command_pool is None:
+            if self.slot.device is None:
+                raise DestroyedError(f"GPU {self.slot.index} is destroyed")
+            self.command_pool = vkapi.vkCreateCommandPool(self.slot.device, vk.VkCommandPoolCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                queueFamilyIndex=self.slot.graphics_queue.family), None)
+        return self.command_pool
+
+    def attach_renderer(self, renderer: Any) -> None:
+        self.renderer = renderer
+
+    def destroy(self) -> None:
+        """Destroy the renderer (if it has destroy()) and the command pool; idempotent."""
+        renderer, self.renderer = self.renderer, None
+        if renderer is not None and callable(getattr(renderer, "destroy", None)):
+            renderer.destroy()
+        if self.command_pool is not None and self.slot.device is not None:
+            vk.vkDestroyCommandPool(self.slot.device, self.command_pool, None)
+        self.command_pool = None
+
+
+@dataclass(frozen=True)
+class FrameReport:
+    """What render_frame did: the plan, where each SRU really rendered, and the frame's done point."""
+
+    routes: list[OffloadRoute]
+    rendered_on: dict[Any, int]
+    fallbacks: list[Any]
+    done: TimelinePoint
+    transferred_bytes: int
+    #: adaptive mode with wait=True: seconds from each device's first submit of the frame until its share
+    #: was on GPU 0
+    device_seconds: dict[int, float] = field(default_factory=dict)
+    #: devices found lost while making this frame (left out of this and later plans)
+    lost: list[int] = field(default_factory=list)
+    #: True when images that never arrived (a device lost mid-frame) were rendered on the primary
+    #: and the frame composited again
+    repaired: bool = False
+
+    def device_loads(self, device_count: int) -> list[list[Any]]:
+        """SRU ids per device, as rendered."""
+        out: list[list[Any]] = [[] for _ in range(device_count)]
+        for sid, d in self.rendered_on.items():
+            out[d].append(sid)
+        return out
+
+
+@dataclass
+class SruEntry:
+    """Cached per-SRU resources: target on its device, landing image on the primary, transfer."""
+
+    sru_id: Any
+    device_index: int
+    width: int
+    height: int
+    target: Image | None = None
+    landing: Image | None = None
+    fallback: Image | None = None
+    transfer: CrossDeviceTransfer | None = None
+    ticket: TransferTicket | None = None
+    points: list[TimelinePoint] = field(default_factory=list)
+
+
+def _default_cost(sru: Any) -> float:
+    """`sru.render_cost` when the SRU has one (ReferenceSRU), else the seed's instance count."""
+    c = getattr(sru, "render_cost", None)
+    return _sru_cost(sru) if c is None else c
+
+
+def _int_list(values: Any, label: str) -> list[int]:
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{label} must be a sequence of ints, got {type(values).__name__}")
+    try:
+        out = list(values)
+    except TypeError:
+        raise TypeError(f"{label} must be a sequence of ints, got {type(values).__name__}") from None
+    for v in out:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{label} must hold ints, got {type(v).__name__} {v!r}"[:160])
+    return out
+
+
+def _weights(values: Any, count: int) -> list[float]:
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"weights must be a sequence of numbers, got {type(values).__name__}")
+    try:
+        out = [float(w) for w in values]
+    except (TypeError, ValueError):
+        raise TypeError("weights must be a sequence of numbers (one per device)") from None
+    if len(out) != count:
+        raise ValueError(f"weights has {len(out)} entries for {count} devices")
+    for d, w in enumerate(out):
+        if not (math.isfinite(w) and w > 0):
+            raise ValueError(f"weight of device {d} must be a finite number > 0, got {w!r}")
+    return out
+
+
+def _sru_size(sru: Any) -> tuple[int, int]:
+    try:
+        w, h = sru.width, sru.height
+    except AttributeError:
+        raise TypeError(f"an SRU needs width and height attributes, got a {type(sru).__name__}") from None
+    for label, v in (("width", w), ("height", h)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"SRU {getattr(sru, 'sru_id', sru)!r}: {label} must be a positive int, got {v!r}")
+    return w, h
