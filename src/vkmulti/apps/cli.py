@@ -12,6 +12,9 @@ import sys
 from typing import Any
 
 from .._version import __version__
+from ..device.manager import MultiDeviceManager
+from ..device.virtual import use_virtual_if_no_gpu
+from ..kernels.coordinator.probe import format_topology, probe_topology
 
 
 def _gib(n: int) -> str:
@@ -140,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "topology":
         if args.bytes is not None and args.bytes % 4:
             parser.error(f"--bytes must be a multiple of 4, got {args.bytes}")
-        from ..kernels.coordinator.probe import run_topology_command
         return _guarded("topology", run_topology_command, args)
     return _guarded("info", _info, args)
 
@@ -158,6 +160,23 @@ def _info(args: argparse.Namespace) -> int:
         if note:
             print(f"note: {note}\n")
         _print_info(info)
+    return 0
+
+
+def run_topology_command(args: argparse.Namespace) -> int:
+    """`python -m vkmulti topology [--json] [--measure] [--virtual N] [--bytes N] [--reps N]`."""
+    note = use_virtual_if_no_gpu(args.virtual)
+    with MultiDeviceManager.create(enabled=True) as mgr:
+        topo = probe_topology(mgr, force=args.measure, nbytes=args.bytes, reps=args.reps)
+    if args.json:
+        doc = topo.to_dict()
+        if note:
+            doc["note"] = note
+        print(json.dumps(doc, indent=2))
+    else:
+        if note:
+            print(f"note: {note}\n")
+        print(format_topology(topo))
     return 0
 
 

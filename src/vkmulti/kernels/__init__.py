@@ -8,16 +8,17 @@ enum.Enum with UPPER_SNAKE members, `Option` -> None, `Result` errors ->
 exceptions under VkmError, `Duration` -> float seconds, `KernelId` -> a str
 subclass (plain str accepted).
 """
-from .coordinator.config import (Backend, KernelMode, LaunchOptions, LoadBalancingStrategy, MultiGpuBuilder,
-                                 MultiGpuConfig)
-from .coordinator.coordinator import CoordinatorEvent, CoordinatorEventKind, CustomSelector, MultiGpuCoordinator
-from .coordinator.records import DeviceInfo, DeviceStatus, MultiGpuStats
+from .coordinator.builder import MultiGpuBuilder
+from .coordinator.config import Backend, KernelMode, LaunchOptions, LoadBalancingStrategy, MultiGpuConfig
+from .coordinator.coordinator import MultiGpuCoordinator
+from .coordinator.events import CoordinatorEvent, CoordinatorEventKind
+from .coordinator.records import CustomSelector, DeviceInfo, DeviceStatus, MultiGpuStats
 from .ids import KernelId
 from .engine.kernel import InboundBatch, Kernel, KernelSpec, KernelStats, OutboxBatch
 from .messages import (DEFAULT_PAYLOAD_SIZE, HOST_KERNEL_ID, HlcTimestamp, HybridLogicalClock, K2KMessage,
                        MessageEnvelope)
-from .coordinator.plans import (DeviceUnregisterResult, KernelMigrationPlan, MigrationPriority, MigrationRequest,
-                                MigrationState)
+from .coordinator.records import (DeviceUnregisterResult, KernelMigrationPlan, MigrationPriority, MigrationRequest,
+                                  MigrationState)
 from .coordinator.probe import format_topology, probe_topology
 from .reference import counter_kernel, pingpong_kernel, stencil_kernel
 from .k2k.router import CrossGpuK2KRouter

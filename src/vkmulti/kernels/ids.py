@@ -1,11 +1,11 @@
-"""KernelId (ringkernel's kernel identifier) and the argument checks the kernels layer shares."""
+"""KernelId, ringkernel's kernel identifier, and its conversion from a str."""
 from __future__ import annotations
 
-import math
-import operator
 from typing import Any
 
-__all__ = ["KernelId", "as_kernel_id", "check_index", "check_count", "check_number"]
+from .._core.checks import short_repr
+
+__all__ = ["KernelId", "as_kernel_id"]
 
 
 class KernelId(str):
@@ -18,7 +18,7 @@ class KernelId(str):
         if type(value) is cls:
             return value
         if not isinstance(value, str):
-            raise TypeError(f"a kernel id must be a str, got {type(value).__name__} {_short(value)}")
+            raise TypeError(f"a kernel id must be a str, got {type(value).__name__} {short_repr(value)}")
         return super().__new__(cls, value)
 
     def as_str(self) -> str:
@@ -34,46 +34,5 @@ def as_kernel_id(value: Any, label: str = "kernel_id") -> KernelId:
     if type(value) is KernelId:
         return value
     if not isinstance(value, str):
-        raise TypeError(f"{label} must be a str or KernelId, got {type(value).__name__} {_short(value)}")
+        raise TypeError(f"{label} must be a str or KernelId, got {type(value).__name__} {short_repr(value)}")
     return KernelId(value)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def check_index(value: Any, label: str) -> int:
-    """A device index: a non-negative int (numpy integers too, never bool)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{label} must be an int, got bool {value!r}")
-    try:
-        i = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{label} must be an int, got {type(value).__name__} {_short(value)}") from None
-    if i < 0:
-        raise ValueError(f"{label} must be >= 0, got {i}")
-    return i
-
-
-def check_count(value: Any, label: str, minimum: int = 0) -> int:
-    """An int >= `minimum` (bytes, counts, sizes)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{label} must be an int, got bool {value!r}")
-    try:
-        i = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{label} must be an int, got {type(value).__name__} {_short(value)}") from None
-    if i < minimum:
-        raise ValueError(f"{label} must be >= {minimum}, got {i}")
-    return i
-
-
-def check_number(value: Any, label: str, *, positive: bool = False) -> float:
-    """A finite float >= 0 (> 0 when `positive`)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
-        raise TypeError(f"{label} must be a number, got {type(value).__name__} {_short(value)}")
-    f = float(value)
-    if not math.isfinite(f) or f < 0 or (positive and f == 0):
-        raise ValueError(f"{label} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
-    return f

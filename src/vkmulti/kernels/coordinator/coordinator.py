@@ -1,6 +1,7 @@
 """MultiGpuCoordinator: the registry of devices and kernels (ringkernel's
-`multi_gpu` coordinator, defects fixed). Its strategies live in strategies.py,
-its topology side in topology_view.py.
+`multi_gpu` coordinator, defects fixed).
+It picks devices with the pure functions of strategies.py over a snapshot of
+its registry and keeps its topology in a TopologyView (topology.py).
 
 Every method is thread-safe: the state sits behind one lock, held only for
 bookkeeping (never while user code runs: custom selectors and listeners are
@@ -9,36 +10,32 @@ called outside it).
 from __future__ import annotations
 
 import copy
-import enum
 import logging
 import threading
 import weakref
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+from ..._core.checks import check_count, check_index, check_number
 from ..._core.reprs import compact_repr
-from ...errors import DeviceNotAvailableError, InvalidConfigError, KernelNotFoundError, MigrationError
+from ...device.manager import MultiDeviceManager
+from ...errors import BackendUnavailableError, DeviceNotAvailableError, InvalidConfigError, KernelNotFoundError, \
+    MigrationError
+from ..ids import KernelId, as_kernel_id
+from . import probe
 from .config import Backend, LaunchOptions, LoadBalancingStrategy, MultiGpuConfig
-from .records import DeviceInfo, DeviceStatus, MultiGpuStats
-from ..ids import KernelId, as_kernel_id, check_count, check_index, check_number
-from .plans import DeviceUnregisterResult, KernelMigrationPlan, MigrationPriority, MigrationRequest
-from .strategies import StrategyMixin
-from .topology import GpuTopology, InterconnectType
-from .topology_view import TopologyMixin
-
-if TYPE_CHECKING:
-    from ...device.manager import MultiDeviceManager
+from .device_facts import device_info_for_slot, memory_figures, pair_transfer_methods
+from .events import CoordinatorEvent, CoordinatorEventKind, Listeners
+from .records import (CustomSelector, DeviceInfo, DeviceStatus, DeviceUnregisterResult, KernelMigrationPlan,
+                      MigrationPriority, MigrationRequest, MultiGpuStats, RegistrySnapshot)
+from .strategies import (PICKERS, ask_selector, check_takes_kernel, least_loaded_of, nothing_fits, pick_neighbour,
+                         require_candidates)
+from .topology import GpuTopology, TopologyView, route
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MultiGpuCoordinator", "CoordinatorEvent", "CoordinatorEventKind", "CustomSelector"]
+__all__ = ["MultiGpuCoordinator"]
 
-#: fn(statuses of every slot, options) -> device index
-CustomSelector = Callable[[list[DeviceStatus], LaunchOptions], int]
 _UNREGISTERED = " (unregistered)"
-#: the seed's fallbacks when a migration has no direct connection to read figures from
-_FALLBACK_BANDWIDTH_GBPS = InterconnectType.NONE.estimated_bandwidth_gbps()
-_FALLBACK_LATENCY_US = InterconnectType.NONE.estimated_latency_us()
 #: transfer methods that move data device to device (no host memory in between)
 _PEER_METHODS = ("cuda_peer", "dmabuf")
 
@@ -55,36 +52,7 @@ def _unregister_when_lost(coord: "MultiGpuCoordinator") -> Callable[[int, str], 
     return lost
 
 
-class CoordinatorEventKind(enum.Enum):
-    """What a CoordinatorEvent reports (listeners get one per change of the registry)."""
-
-    DEVICE_REGISTERED = "device_registered"
-    DEVICE_UNREGISTERED = "device_unregistered"
-    KERNEL_ASSIGNED = "kernel_assigned"
-    KERNEL_REMOVED = "kernel_removed"
-    KERNEL_MIGRATED = "kernel_migrated"
-
-
-@dataclass(frozen=True)
-class CoordinatorEvent:
-    """A change to the registry, handed to listeners after it happened.
-
-    `device_index` is the device concerned (the new one for assignments and
-    migrations), `previous_device` where a kernel came from, `result` the
-    DeviceUnregisterResult of DEVICE_UNREGISTERED (its plans are what a
-    failover must carry out).
-    """
-
-    __repr__ = compact_repr
-
-    kind: CoordinatorEventKind
-    device_index: int | None
-    kernel_id: KernelId | None = None
-    previous_device: int | None = None
-    result: DeviceUnregisterResult | None = None
-
-
-class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
+class MultiGpuCoordinator:
     """Places kernels on devices and keeps the kernel -> device map.
 
     Devices are slots by index. `register_device` pads gaps with placeholder
@@ -137,24 +105,17 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
         self._rr = 0
         self._launched = 0
         self._selector: CustomSelector | None = None
-        self._topology_base: GpuTopology | None = None
-        self._topology_view: GpuTopology | None = None
-        self._topology_generation = 0   # bumped whenever the topology may have changed
-        self._listeners: list[Callable[[CoordinatorEvent], Any]] = []
+        self._topology = TopologyView()
+        self._listeners = Listeners()
         self._manager: Any = None
         self._transfer_methods: dict[tuple[int, int], str] = {}
-        self._pick = {
-            LoadBalancingStrategy.FIRST_AVAILABLE: self._pick_first_available,
-            LoadBalancingStrategy.LEAST_LOADED: self._pick_least_loaded,
-            LoadBalancingStrategy.ROUND_ROBIN: self._pick_round_robin,
-            LoadBalancingStrategy.MEMORY_BASED: self._pick_memory,
-            LoadBalancingStrategy.COMPUTE_CAPABILITY: self._pick_compute,
-        }.get(self._strategy)
+        self._pick = PICKERS.get(self._strategy)   # None: CUSTOM
+        self._round_robin = self._strategy is LoadBalancingStrategy.ROUND_ROBIN
 
     # -- construction from real devices -------------------------------------------
 
     @classmethod
-    def from_manager(cls, manager: "MultiDeviceManager", config: MultiGpuConfig | None = None) -> \
+    def from_manager(cls, manager: MultiDeviceManager, config: MultiGpuConfig | None = None) -> \
             "MultiGpuCoordinator":
         """A coordinator with one registered device per slot of `manager`, with
         real figures: name, backend (VULKAN; CPU for a CPU Vulkan device),
@@ -164,10 +125,6 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
         transfer methods of its pairs. `refresh_device_memory()` re-reads the
         budget; `probe_topology()` measures the links.
         """
-        from .device_facts import device_info_for_slot, pair_transfer_methods
-
-        from ...device.manager import MultiDeviceManager
-
         if not isinstance(manager, MultiDeviceManager):
             raise TypeError(f"manager must be a MultiDeviceManager, got {type(manager).__name__}")
         coord = cls(config)
@@ -211,8 +168,6 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
     def refresh_device_memory(self) -> dict[int, int]:
         """Re-read every online device's available memory (VK_EXT_memory_budget
         where enabled, else the heap size) and return {index: bytes}."""
-        from .device_facts import memory_figures
-
         if self._manager is None:
             raise InvalidConfigError("this coordinator has no Vulkan devices to read memory from; build it with "
                                      "MultiGpuCoordinator.from_manager(manager), or call update_device_memory()")
@@ -231,12 +186,10 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
         per-machine cache; `force=True` re-measures), make it this
         coordinator's topology and return a copy. Options go to
         `vkmulti.kernels.probe.probe_topology`."""
-        from .probe import probe_topology
-
         if self._manager is None:
             raise InvalidConfigError("this coordinator has no Vulkan devices to measure; build it with "
                                      "MultiGpuCoordinator.from_manager(manager), or call set_topology()")
-        topo = probe_topology(self._manager, force=force, cache=cache, **options)
+        topo = probe.probe_topology(self._manager, force=force, cache=cache, **options)
         self.set_topology(topo)
         return self.topology()
 
@@ -245,29 +198,11 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
     def add_listener(self, listener: Callable[[CoordinatorEvent], Any]) -> None:
         """Call `listener(event)` after every registry change (outside the lock, in
         the thread that made the change; its exceptions are logged, not raised)."""
-        if not callable(listener):
-            raise TypeError(f"listener must be callable, got {type(listener).__name__}")
-        with self._lock:
-            self._listeners.append(listener)
+        self._listeners.add(listener)
 
     def remove_listener(self, listener: Callable[[CoordinatorEvent], Any]) -> None:
         """Stop calling `listener` (one added with add_listener); unknown listeners are ignored."""
-        with self._lock:
-            try:
-                self._listeners.remove(listener)
-            except ValueError:
-                raise ValueError(f"listener {listener!r} is not registered") from None
-
-    def _notify(self, events: list[CoordinatorEvent]) -> None:
-        listeners = self._listeners
-        if not listeners or not events:
-            return
-        for fn in list(listeners):
-            for ev in events:
-                try:
-                    fn(ev)
-                except Exception:   # a listener's failure must not undo the change
-                    log.exception("coordinator listener %r failed on %s", fn, ev.kind.name)
+        self._listeners.remove(listener)
 
     # -- devices -----------------------------------------------------------------
 
@@ -293,7 +228,7 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
             self._registered[i] = True
             self._online[i] = True
             self._changed_devices_locked()
-        self._notify([CoordinatorEvent(CoordinatorEventKind.DEVICE_REGISTERED, i)])
+        self._listeners.notify([CoordinatorEvent(CoordinatorEventKind.DEVICE_REGISTERED, i)])
 
     def unregister_device(self, index: int) -> DeviceUnregisterResult:
         """Take device `index` offline and move its kernels away.
@@ -314,17 +249,12 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
             events: list[CoordinatorEvent] = []
             targets = [i for i in range(len(self._infos)) if i != idx and self._registered[i] and self._online[i]]
             for kid in list(self._kernels[idx]):
-                target = self._least_loaded_of(targets)
-                del self._kernels[idx][kid]
-                self._counts[idx] -= 1
+                target = least_loaded_of(self._snapshot_locked(), targets)
+                self._move_locked(kid, idx, target if target >= 0 else None)
                 if target < 0:
-                    del self._map[kid]
                     orphans.append(kid)
                     events.append(CoordinatorEvent(CoordinatorEventKind.KERNEL_REMOVED, idx, kid))
                 else:
-                    self._map[kid] = target
-                    self._kernels[target][kid] = None
-                    self._counts[target] += 1
                     plans.append(KernelMigrationPlan(kid, idx, target, MigrationPriority.NORMAL))
             info = self._infos[idx]
             self._online[idx] = False
@@ -333,7 +263,7 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
                 info.name += _UNREGISTERED
             self._changed_devices_locked()
             result = DeviceUnregisterResult(idx, plans, orphans, True)
-        self._notify(events + [CoordinatorEvent(CoordinatorEventKind.DEVICE_UNREGISTERED, idx, result=result)])
+        self._listeners.notify(events + [CoordinatorEvent(CoordinatorEventKind.DEVICE_UNREGISTERED, idx, result=result)])
         return result
 
     def devices(self) -> list[DeviceInfo]:
@@ -367,7 +297,7 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
         idx = check_index(device_index, "device_index")
         avail = check_count(available_memory, "available_memory")
         with self._lock:
-            self._require_registered_locked(idx, "update memory of")
+            self._snapshot_locked().require_registered(idx, "update memory of")
             info = self._infos[idx]
             if info.total_memory and avail > info.total_memory:
                 raise ValueError(f"available_memory {avail} exceeds device {idx}'s total memory {info.total_memory}")
@@ -379,7 +309,7 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
         idx = check_index(device_index, "device_index")
         s = check_number(speed, "speed", positive=True)
         with self._lock:
-            self._require_registered_locked(idx, "set the speed of")
+            self._snapshot_locked().require_registered(idx, "set the speed of")
             self._speed[idx] = s
             self._uniform_speed = all(x == 1.0 for x in self._speed)
 
@@ -387,7 +317,7 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
         """The speed weight of a registered device (1.0 unless set)."""
         idx = check_index(device_index, "device_index")
         with self._lock:
-            self._require_registered_locked(idx, "read the speed of")
+            self._snapshot_locked().require_registered(idx, "read the speed of")
             return self._speed[idx]
 
     # -- selection -----------------------------------------------------------------
@@ -426,7 +356,7 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
             with self._lock:
                 idx = self._select_locked()
                 ev = self._assign_locked(kid, idx)
-        self._notify([ev])
+        self._listeners.notify([ev])
         return idx
 
     def assign_kernel(self, kernel_id: KernelId | str, device_index: int) -> None:
@@ -437,19 +367,14 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
         kid = as_kernel_id(kernel_id)
         idx = check_index(device_index, "device_index")
         with self._lock:
-            self._require_online_locked(idx, "assign a kernel to")
+            self._snapshot_locked().require_online(idx, "assign a kernel to")
             ev = self._assign_locked(kid, idx)
-        self._notify([ev])
+        self._listeners.notify([ev])
 
     def _assign_locked(self, kid: KernelId, idx: int) -> CoordinatorEvent:
         prev = self._map.get(kid)
         if prev != idx:
-            if prev is not None:
-                del self._kernels[prev][kid]
-                self._counts[prev] -= 1
-            self._map[kid] = idx
-            self._kernels[idx][kid] = None
-            self._counts[idx] += 1
+            self._move_locked(kid, prev, idx)
         self._launched += 1
         return CoordinatorEvent(CoordinatorEventKind.KERNEL_ASSIGNED, idx, kid, prev)
 
@@ -457,12 +382,11 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
         """Forget `kernel_id`; returns the device it was on (None if unknown: nothing happens)."""
         kid = as_kernel_id(kernel_id)
         with self._lock:
-            idx = self._map.pop(kid, None)
+            idx = self._map.get(kid)
             if idx is None:
                 return None
-            del self._kernels[idx][kid]
-            self._counts[idx] -= 1
-        self._notify([CoordinatorEvent(CoordinatorEventKind.KERNEL_REMOVED, idx, kid)])
+            self._move_locked(kid, idx, None)
+        self._listeners.notify([CoordinatorEvent(CoordinatorEventKind.KERNEL_REMOVED, idx, kid)])
         return idx
 
     def get_kernel_device(self, kernel_id: KernelId | str) -> int | None:
@@ -530,11 +454,101 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
         pref = self._preferred
         self._candidates = tuple(i for i in range(n) if not pref or i in pref)
         self._live = tuple(i for i in self._candidates if self._registered[i] and self._online[i])
-        self._topology_view = None
-        self._topology_generation += 1
+        self._topology.devices_changed()
 
-    def _is_live(self, i: int) -> bool:
-        return i < len(self._infos) and self._registered[i] and self._online[i]
+    def _move_locked(self, kid: KernelId, src: int | None, dst: int | None) -> None:
+        """Take `kid` off device `src` (None: it was on none) and map it to `dst` (None: unmapped)."""
+        if src is not None:
+            del self._kernels[src][kid]
+            self._counts[src] -= 1
+        if dst is None:
+            self._map.pop(kid, None)
+        else:
+            self._map[kid] = dst
+            self._kernels[dst][kid] = None
+            self._counts[dst] += 1
+
+    def _snapshot_locked(self) -> RegistrySnapshot:
+        return RegistrySnapshot(self._infos, self._registered, self._online, self._counts, self._speed,
+                                self._uniform_speed, self._max, self._candidates, self._live, self._preferred,
+                                self._rr)
+
+    def _select_locked(self) -> int:
+        snap = self._snapshot_locked()
+        require_candidates(snap)
+        i = self._pick(snap)   # type: ignore[misc]
+        if i < 0:
+            return nothing_fits(self._strategy, snap, self._strict)
+        if self._round_robin:
+            self._rr += 1
+        return i
+
+    def _select_custom(self, options: LaunchOptions | None) -> int:
+        with self._lock:
+            if not self._infos:
+                raise BackendUnavailableError("No GPU devices available: no device is registered")
+            selector = self._selector
+            if selector is None:
+                if self._strict:
+                    raise InvalidConfigError("load_balancing is CUSTOM but no selector is set; call "
+                                             "set_custom_selector(fn) first")
+                return nothing_fits(self._strategy, self._snapshot_locked(), self._strict)
+            statuses = self._statuses_locked()
+        idx, name = ask_selector(selector, statuses, options)
+        with self._lock:
+            self._check_takes_kernel_locked(idx, f"the custom selector {name}'s answer")
+        return idx
+
+    def _check_takes_kernel_locked(self, idx: int, what: str) -> None:
+        check_takes_kernel(self._snapshot_locked(), idx, what, self._strict)
+
+    # -- topology ------------------------------------------------------------------
+
+    def select_device_for_k2k(self, source_kernel: KernelId | str) -> int:
+        """The device for a kernel that will talk to `source_kernel`: among the
+        source device's P2P neighbours that can take a kernel, the highest
+        bandwidth / (load + 0.1) (ties to the lowest index); select_device()
+        when the source is unplaced or no neighbour qualifies."""
+        kid = as_kernel_id(source_kernel, "source_kernel")
+        with self._lock:
+            src = self._map.get(kid)
+            if src is not None:
+                snap = self._snapshot_locked()
+                best = pick_neighbour(snap, self._topology.view(snap), src)
+                if best >= 0:
+                    return best
+        return self.select_device()
+
+    def discover_topology(self) -> GpuTopology:
+        """Estimate the topology from the device records (no measurement): for two
+        online P2P-capable devices of one backend, SAME_DEVICE when they share a
+        UUID, NVLINK when both report compute capability >= 8 (CUDA or Vulkan on
+        NVIDIA), else PCIE; NONE for the other online pairs; no link to
+        placeholders or offline devices. It becomes the coordinator's topology,
+        replacing one given to set_topology."""
+        with self._lock:
+            return self._topology.discover(self._snapshot_locked()).copy()
+
+    @property
+    def topology_generation(self) -> int:
+        """A counter that changes whenever topology() may answer differently (set,
+        probed, estimated anew, devices registered or unregistered): a cheap check
+        for callers that cache routes."""
+        return self._topology.generation
+
+    def topology(self) -> GpuTopology:
+        """A copy of the current topology: the one set (or probed) with offline
+        devices' links removed and new devices estimated, else the estimate.
+        Register and unregister invalidate it."""
+        with self._lock:
+            return self._topology.view(self._snapshot_locked()).copy()
+
+    def set_topology(self, topology: GpuTopology) -> None:
+        """Use `topology` (manual or probed) from now on; a copy is kept."""
+        if not isinstance(topology, GpuTopology):
+            raise TypeError(f"set_topology takes a GpuTopology, got {type(topology).__name__}")
+        with self._lock:
+            self._topology.set(topology)
 
     # -- migration -----------------------------------------------------------------
 
@@ -553,17 +567,8 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
                                          f"on device {target}")
             if target >= len(self._infos):
                 raise DeviceNotAvailableError(f"Device {target} not available: {len(self._infos)} device slot(s)")
-            self._require_online_locked(target, "migrate a kernel to")
-            topo = self._view_locked()
-            path = topo.best_path(src, target)
-            if len(path) == 2:
-                conn = topo.get_connection(src, target)
-                bw, lat = (conn.bandwidth_gbps, conn.latency_us) if conn is not None else \
-                    (_FALLBACK_BANDWIDTH_GBPS, _FALLBACK_LATENCY_US)
-            else:
-                bw, lat = topo.path_figures(path)
-            if not bw > 0:
-                bw = _FALLBACK_BANDWIDTH_GBPS
+            self._snapshot_locked().require_online(target, "migrate a kernel to")
+            path, bw, lat = route(self._topology.view(self._snapshot_locked()), src, target)
         return MigrationRequest(kid, src, target, path, bw, lat)
 
     def complete_migration(self, request: MigrationRequest) -> None:
@@ -582,30 +587,10 @@ class MultiGpuCoordinator(StrategyMixin, TopologyMixin):
             if cur != src:
                 raise MigrationError(f"kernel {kid.as_str()!r} is on device {cur}, not on the request's source "
                                      f"device {src}: the request is stale")
-            self._require_online_locked(target, "complete a migration to")
-            del self._kernels[src][kid]
-            self._counts[src] -= 1
-            self._map[kid] = target
-            self._kernels[target][kid] = None
-            self._counts[target] += 1
-        self._notify([CoordinatorEvent(CoordinatorEventKind.KERNEL_MIGRATED, target, kid, src)])
-
-    # -- helpers -------------------------------------------------------------------
-
-    def _require_registered_locked(self, idx: int, action: str) -> None:
-        if idx >= len(self._infos) or not self._registered[idx]:
-            raise DeviceNotAvailableError(f"cannot {action} device {idx}: it is not a registered device "
-                                          f"({len(self._infos)} slot(s), registered: {self._registered_list()})")
-
-    def _require_online_locked(self, idx: int, action: str) -> None:
-        self._require_registered_locked(idx, action)
-        if not self._online[idx]:
-            raise DeviceNotAvailableError(f"cannot {action} device {idx}: it was unregistered (offline)")
-
-    def _registered_list(self) -> list[int]:
-        return [i for i, r in enumerate(self._registered) if r]
+            self._snapshot_locked().require_online(target, "complete a migration to")
+            self._move_locked(kid, src, target)
+        self._listeners.notify([CoordinatorEvent(CoordinatorEventKind.KERNEL_MIGRATED, target, kid, src)])
 
     def __repr__(self) -> str:
         return (f"MultiGpuCoordinator({self._strategy.name}, devices={len(self._infos)}, "
                 f"kernels={len(self._map)})")
-

@@ -13,6 +13,8 @@ from typing import Any
 import vulkan as vk
 
 from ...device.capabilities import EXT_MEMORY_BUDGET, DeviceCapabilities
+from ...device.cuda import cuda_device_for
+from ...transfer.cross_device import select_transfer_method
 from .config import Backend
 from .records import DeviceInfo
 
@@ -85,8 +87,6 @@ def device_info_for_slot(slot: Any) -> DeviceInfo:
                       max_threads_per_block=_max_threads_per_block(slot), device_uuid=caps.device_uuid,
                       pci_bus=caps.pci_bus)
     if caps.vendor_id == NVIDIA_VENDOR_ID:
-        from ...device.cuda import cuda_device_for
-
         cu = cuda_device_for(caps.device_uuid)
         if cu is not None:
             info.compute_capability = cu.compute_capability
@@ -104,8 +104,6 @@ class _Source:
 
 def pair_transfer_methods(manager: Any) -> dict[tuple[int, int], str]:
     """{(src, dst): the method select_transfer_method picks} for every ordered pair."""
-    from ...transfer.cross_device import select_transfer_method
-
     caps = manager.capabilities
     n = manager.device_count
     return {(a, b): select_transfer_method(_Source(a), caps, dst_index=b)

@@ -17,12 +17,15 @@ import tempfile
 import time
 from typing import Any
 
+from ..._core.checks import check_count
 from ..._version import __version__
 from ...device.capabilities import DeviceCapabilities
+from ...device.manager import MultiDeviceManager
 from ...errors import VkmError
+from ...memory.image import Buffer
+from ...transfer.cross_device import CrossDeviceTransfer, cuda_peer_auto
 from ...transfer.methods import TransferMethod
 from .device_facts import nvlink_links, numa_node, pair_transfer_methods
-from ..ids import check_count
 from .topology import GpuConnection, GpuTopology, InterconnectType
 
 log = logging.getLogger(__name__)
@@ -53,8 +56,6 @@ def cache_dir() -> str:
 
 
 def _key_material(manager: Any) -> list[dict[str, Any]]:
-    from ...transfer.cross_device import cuda_peer_auto
-
     out = []
     for slot in manager.slots:
         c: DeviceCapabilities = slot.capabilities
@@ -119,8 +120,6 @@ def probe_topology(manager: Any, *, force: bool = False, cache: bool = True, cac
     `details` records PCI buses, NUMA nodes, NVLink counts, where the figures
     came from, and notes on what could not be read.
     """
-    from ...device.manager import MultiDeviceManager
-
     if not isinstance(manager, MultiDeviceManager):
         raise TypeError(f"manager must be a MultiDeviceManager, got {type(manager).__name__}")
     if nbytes is not None:
@@ -208,9 +207,6 @@ def _interconnect(a: DeviceCapabilities, b: DeviceCapabilities, method: str, nvl
 
 def _measure_pair(src: Any, dst: Any, method: str, nbytes: int, reps: int) -> tuple[float, float]:
     """(GB/s for `nbytes`, latency in us of a 4 KiB transfer) from src to dst with `method`."""
-    from ...memory.image import Buffer
-    from ...transfer.cross_device import CrossDeviceTransfer
-
     a = Buffer(src, nbytes)
     b = None
     x = None
@@ -276,23 +272,3 @@ def format_topology(topo: GpuTopology, names: list[str] | None = None) -> str:
     for note in topo.details.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)
-
-
-def run_topology_command(args: Any) -> int:
-    """`python -m vkmulti topology [--json] [--measure] [--virtual N] [--bytes N] [--reps N]`."""
-    from ...device.manager import MultiDeviceManager
-    from ...device.virtual import use_virtual_if_no_gpu
-
-    note = use_virtual_if_no_gpu(args.virtual)
-    with MultiDeviceManager.create(enabled=True) as mgr:
-        topo = probe_topology(mgr, force=args.measure, nbytes=args.bytes, reps=args.reps)
-    if args.json:
-        doc = topo.to_dict()
-        if note:
-            doc["note"] = note
-        print(json.dumps(doc, indent=2))
-    else:
-        if note:
-            print(f"note: {note}\n")
-        print(format_topology(topo))
-    return 0

@@ -1,15 +1,24 @@
-"""DeviceInfo, DeviceStatus and MultiGpuStats: the coordinator's records of devices."""
+"""The coordinator's records: DeviceInfo, DeviceStatus and MultiGpuStats of
+devices; MigrationPriority, MigrationState, MigrationRequest,
+KernelMigrationPlan and DeviceUnregisterResult of migrations; the
+CustomSelector type; and the
+RegistrySnapshot that the placement strategies and the topology view read."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, NamedTuple, Sequence
 
+from ..._core.checks import check_count, check_index, check_number
 from ..._core.reprs import compact_repr
-from .config import Backend
-from ..ids import KernelId, check_count, check_index
+from ...errors import DeviceNotAvailableError
+from ..ids import KernelId, as_kernel_id
+from .config import Backend, LaunchOptions
 
-__all__ = ["DeviceInfo", "DeviceStatus", "MultiGpuStats"]
+__all__ = ["DeviceInfo", "DeviceStatus", "MultiGpuStats", "RegistrySnapshot", "MigrationPriority",
+           "MigrationState", "MigrationRequest", "KernelMigrationPlan", "DeviceUnregisterResult",
+           "CustomSelector"]
 
 
 @dataclass
@@ -105,3 +114,134 @@ class MultiGpuStats:
     total_memory: int = 0
     available_memory: int = 0
     kernels_launched: int = 0
+
+
+class RegistrySnapshot(NamedTuple):
+    """What the placement strategies and the topology view read of the
+    coordinator's registry, slot by slot. Taken and read under the
+    coordinator's lock (its sequences are the registry's own, not copies)."""
+
+    infos: Sequence[DeviceInfo]
+    registered: Sequence[bool]
+    online: Sequence[bool]
+    counts: Sequence[int]
+    speed: Sequence[float]
+    uniform_speed: bool
+    max_kernels: int
+    candidates: tuple[int, ...]   # preferred slots that exist
+    live: tuple[int, ...]         # candidates that are registered and online
+    preferred: frozenset[int]
+    turn: int                     # the round-robin counter
+
+    def is_live(self, i: int) -> bool:
+        """Whether slot `i` exists and is a registered, online device."""
+        return i < len(self.infos) and self.registered[i] and self.online[i]
+
+    def require_registered(self, idx: int, action: str) -> None:
+        """DeviceNotAvailableError ("cannot {action} device {idx}") unless slot `idx` is a registered device."""
+        if idx >= len(self.infos) or not self.registered[idx]:
+            listed = [i for i, r in enumerate(self.registered) if r]
+            raise DeviceNotAvailableError(f"cannot {action} device {idx}: it is not a registered device "
+                                          f"({len(self.infos)} slot(s), registered: {listed})")
+
+    def require_online(self, idx: int, action: str) -> None:
+        """As require_registered, and DeviceNotAvailableError for an unregistered (offline) device."""
+        self.require_registered(idx, action)
+        if not self.online[idx]:
+            raise DeviceNotAvailableError(f"cannot {action} device {idx}: it was unregistered (offline)")
+
+
+class MigrationPriority(enum.Enum):
+    """How urgently a planned migration should run (a label; nothing schedules by it yet)."""
+    LOW = "low"
+    NORMAL = "normal"
+    HIGH = "high"
+    CRITICAL = "critical"
+
+
+class MigrationState(enum.Enum):
+    """Where a migration is: PENDING -> QUIESCING -> CHECKPOINTING -> TRANSFERRING
+    -> RESTORING -> COMPLETED, or FAILED / CANCELLED."""
+    PENDING = "pending"
+    QUIESCING = "quiescing"
+    CHECKPOINTING = "checkpointing"
+    TRANSFERRING = "transferring"
+    RESTORING = "restoring"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class MigrationRequest:
+    """A request to move `kernel_id` from `source_device` to `target_device`
+    along `path`, with the path's estimated bandwidth (GB/s) and latency (us).
+    `started_at` is a time.monotonic() value once the migration starts."""
+
+    __repr__ = compact_repr
+
+    kernel_id: KernelId
+    source_device: int
+    target_device: int
+    path: list[int]
+    estimated_bandwidth_gbps: float
+    estimated_latency_us: float
+    state: MigrationState = MigrationState.PENDING
+    started_at: float | None = None
+
+    def __post_init__(self) -> None:
+        self.kernel_id = as_kernel_id(self.kernel_id)
+        self.source_device = check_index(self.source_device, "source_device")
+        self.target_device = check_index(self.target_device, "target_device")
+        if not isinstance(self.path, (list, tuple)):
+            raise TypeError(f"path must be a list of device indices, got {self.path!r}")
+        self.path = [check_index(p, "path entry") for p in self.path]
+        self.estimated_bandwidth_gbps = check_number(self.estimated_bandwidth_gbps, "estimated_bandwidth_gbps",
+                                                     positive=True)
+        self.estimated_latency_us = check_number(self.estimated_latency_us, "estimated_latency_us")
+        if not isinstance(self.state, MigrationState):
+            raise TypeError(f"state must be a MigrationState, got {self.state!r}")
+
+    def estimate_transfer_time(self, state_size_bytes: int) -> float:
+        """Seconds to move `state_size_bytes`: size / bandwidth + latency, truncated
+        to whole microseconds (1 GB at 300 GB/s plus 1 us: 0.003334 s)."""
+        n = check_count(state_size_bytes, "state_size_bytes")
+        total_us = (n / 1e9) / self.estimated_bandwidth_gbps * 1e6 + self.estimated_latency_us
+        return int(total_us) / 1e6
+
+
+@dataclass
+class KernelMigrationPlan:
+    """One kernel to move off an unregistered device, and where to."""
+
+    __repr__ = compact_repr
+
+    kernel_id: KernelId
+    source_device: int
+    target_device: int
+    priority: MigrationPriority = MigrationPriority.NORMAL
+
+    def __post_init__(self) -> None:
+        self.kernel_id = as_kernel_id(self.kernel_id)
+        self.source_device = check_index(self.source_device, "source_device")
+        self.target_device = check_index(self.target_device, "target_device")
+        if not isinstance(self.priority, MigrationPriority):
+            raise TypeError(f"priority must be a MigrationPriority, got {self.priority!r}")
+
+
+@dataclass
+class DeviceUnregisterResult:
+    """What `unregister_device` did: the migrations it planned (the kernels are
+    already mapped to their targets), the kernels it could place nowhere (now
+    unmapped), and success (False for an index that was never a device)."""
+
+    __repr__ = compact_repr
+
+    device_index: int
+    kernels_to_migrate: list[KernelMigrationPlan] = field(default_factory=list)
+    orphaned_kernels: list[KernelId] = field(default_factory=list)
+    success: bool = True
+
+
+#: fn(statuses of every slot, options) -> device index
+CustomSelector = Callable[[list[DeviceStatus], LaunchOptions], int]

@@ -1,5 +1,6 @@
 """InterconnectType, GpuConnection and GpuTopology: how devices are linked,
-estimated from the interconnect table or measured by `vkmulti.kernels.probe`."""
+estimated from the interconnect table or measured by `vkmulti.kernels.probe`;
+and TopologyView, the coordinator's topology that follows its registry."""
 from __future__ import annotations
 
 import copy
@@ -10,10 +11,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from ..._core.checks import check_count, check_index, check_number
 from ..._core.reprs import compact_repr
-from ..ids import check_count, check_index, check_number
+from .config import Backend
+from .records import RegistrySnapshot
 
-__all__ = ["InterconnectType", "GpuConnection", "GpuTopology"]
+__all__ = ["InterconnectType", "GpuConnection", "GpuTopology", "TopologyView", "estimated_link", "estimate", "route"]
 
 
 class InterconnectType(enum.Enum):
@@ -359,3 +362,117 @@ class GpuTopology:
         while path[-1] != s:
             path.append(parent[path[-1]])   # type: ignore[arg-type]
         return path[::-1]
+
+
+class TopologyView:
+    """The coordinator's topology: one set (or probed) or, without one, the estimate
+    from the device records; the view of it that follows register and unregister
+    (offline devices lose their links, devices added later get estimated ones) is
+    made on demand and kept until the devices or the topology change. Owned by
+    MultiGpuCoordinator and used under its lock."""
+
+    def __init__(self) -> None:
+        self._base: GpuTopology | None = None
+        self._view: GpuTopology | None = None
+        self.generation = 0   # bumped whenever the topology may have changed
+
+    def devices_changed(self) -> None:
+        """A device was registered or unregistered: the view is made anew."""
+        self._view = None
+        self.generation += 1
+
+    def set(self, topology: GpuTopology) -> None:
+        """Use `topology` (a copy is kept) from now on."""
+        self._base = topology.copy()
+        self._view = None
+        self.generation += 1
+
+    def discover(self, snap: RegistrySnapshot) -> GpuTopology:
+        """The estimate from the records becomes the topology (replacing one set); returns it."""
+        topo = estimate(snap)
+        self._base = None
+        self._view = topo
+        self.generation += 1
+        return topo
+
+    def view(self, snap: RegistrySnapshot) -> GpuTopology:
+        """The current view (the coordinator's own: copy it before handing it out)."""
+        if self._view is not None:
+            return self._view
+        base = self._base
+        if base is None:
+            view = estimate(snap)
+        else:
+            n = len(snap.infos)
+            view = base.copy()
+            if base.device_count < n:   # devices registered after it was made: estimated links
+                grown = GpuTopology(n)
+                for s in range(n):
+                    for d in range(n):
+                        if s < base.device_count and d < base.device_count:
+                            grown._connections[s][d] = view._connections[s][d]
+                        elif s != d:
+                            grown._connections[s][d] = estimated_link(snap, s, d)
+                grown.numa_nodes[:base.device_count] = view.numa_nodes
+                grown.details, grown.last_updated = view.details, view.last_updated
+                view = grown
+            for s in range(n):
+                if not snap.is_live(s):   # offline devices and placeholders have no links
+                    for d in range(view.device_count):
+                        if d != s:
+                            view._connections[s][d] = view._connections[d][s] = None
+            view.probed = base.probed and base.device_count >= n
+        self._view = view
+        return view
+
+
+def estimated_link(snap: RegistrySnapshot, i: int, j: int) -> GpuConnection | None:
+    """The link from device i to device j as their records suggest (see
+    MultiGpuCoordinator.discover_topology); None unless both are online."""
+    if not (snap.is_live(i) and snap.is_live(j)):
+        return None
+    a, b = snap.infos[i], snap.infos[j]
+    kind = InterconnectType.NONE
+    if a.p2p_capable and b.p2p_capable and a.backend == b.backend:
+        if a.device_uuid is not None and a.device_uuid == b.device_uuid:
+            kind = InterconnectType.SAME_DEVICE
+        elif a.backend in (Backend.CUDA, Backend.VULKAN) and (a.compute_capability or (0, 0))[0] >= 8 \
+                and (b.compute_capability or (0, 0))[0] >= 8:
+            kind = InterconnectType.NVLINK
+        else:
+            kind = InterconnectType.PCIE
+    return GpuConnection(i, j, kind, bidirectional=False)
+
+
+def estimate(snap: RegistrySnapshot) -> GpuTopology:
+    """The topology of every slot estimated from the device records (no measurement)."""
+    n = len(snap.infos)
+    topo = GpuTopology(n)
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                c = estimated_link(snap, i, j)
+                if c is not None:
+                    topo.set_connection(c)
+    return topo
+
+
+#: the seed's fallbacks when a route has no direct connection to read figures from
+_FALLBACK_BANDWIDTH_GBPS = InterconnectType.NONE.estimated_bandwidth_gbps()
+_FALLBACK_LATENCY_US = InterconnectType.NONE.estimated_latency_us()
+
+
+def route(topo: GpuTopology, source: int, destination: int) -> tuple[list[int], float, float]:
+    """(best path, its bandwidth in GB/s, its latency in us) from source to
+    destination: a direct link's figures, else the path's (its narrowest link);
+    16 GB/s and 10 us where no link is known."""
+    path = topo.best_path(source, destination)
+    if len(path) == 2:
+        conn = topo.get_connection(source, destination)
+        bw, lat = (conn.bandwidth_gbps, conn.latency_us) if conn is not None else \
+            (_FALLBACK_BANDWIDTH_GBPS, _FALLBACK_LATENCY_US)
+    else:
+        bw, lat = topo.path_figures(path)
+    if not bw > 0:
+        bw = _FALLBACK_BANDWIDTH_GBPS
+    return path, bw, lat

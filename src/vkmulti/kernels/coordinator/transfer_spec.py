@@ -8,8 +8,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..._core.checks import check_count, check_index
+from ...transfer.cross_device import CrossDeviceTransfer as TransferEngine
+from ...transfer.cross_device import select_transfer_method
 from ...transfer.methods import TransferMethod, method_support
-from ..ids import check_count, check_index
 
 __all__ = ["CrossDeviceTransfer"]
 
@@ -38,8 +40,6 @@ class CrossDeviceTransfer:
 
     def method(self, manager: Any) -> str:
         """The transfer method this copy takes between the manager's devices."""
-        from ...transfer.cross_device import select_transfer_method
-
         src, dst = self._slots(manager)
         if src.index == dst.index:
             return TransferMethod.NONE
@@ -61,8 +61,6 @@ class CrossDeviceTransfer:
         """Copy `size` bytes from `src_buffer` (on source_device) to `dst_buffer`
         (on dest_device), blocking until they landed; returns the method used.
         Buffers are vkmulti Buffers of those devices."""
-        from ...transfer.cross_device import CrossDeviceTransfer as Engine
-
         if self.size == 0:
             return TransferMethod.NONE
         src, dst = self._slots(manager)
@@ -70,7 +68,7 @@ class CrossDeviceTransfer:
         if method == TransferMethod.NONE:
             raise ValueError(f"source and destination are both device {src.index}; copy within a device "
                              f"with the device's own commands")
-        with Engine(src, dst, method) as engine:
+        with TransferEngine(src, dst, method) as engine:
             engine.submit(src_buffer=src_buffer, dst_buffer=dst_buffer, src_offset=src_offset,
                           dst_offset=dst_offset, size=self.size).wait(timeout)
         return method

@@ -31,7 +31,8 @@ from ...errors import K2KDestinationNotFoundError, KernelNotFoundError, QueueFul
 from ...memory.image import as_host_bytes
 from .delivery import DeliveryEngine
 from ..runtime.host_io import _count, _timeout
-from ..ids import KernelId, as_kernel_id, check_count, check_index
+from ..ids import KernelId, as_kernel_id
+from ..._core.checks import check_count, check_index
 from ..engine.kernel import Kernel, OutboxBatch
 from ..messages import HlcTimestamp, K2KMessage, MessageEnvelope
 from .routing import (CrossGpuRouterStats, CrossGpuRouterStatsSnapshot, PendingK2KMessage, RoutingDecision,

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..._core.reprs import compact_repr
-from ..ids import KernelId, as_kernel_id, check_count, check_index, check_number
+from ..ids import KernelId, as_kernel_id
+from ..._core.checks import check_count, check_index, check_number
 from ..messages import K2KMessage
 
 __all__ = ["RoutingKind", "RoutingDecision", "DevicePath", "PendingK2KMessage", "CrossGpuRouterStats",

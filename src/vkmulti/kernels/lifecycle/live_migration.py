@@ -61,7 +61,7 @@ from ..engine.device_context import WHOLE_SIZE, MappedBuffer
 from ..engine.kernel import InboundBatch, Kernel, KernelSpec, OutboxBatch
 from .lifecycle import _Retired, gate_of
 from ..messages import RING_HEADER_BYTES
-from ..coordinator.plans import MigrationRequest, MigrationState
+from ..coordinator.records import MigrationRequest, MigrationState
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from ...errors import KernelNotFoundError, MigrationError
 from ..checkpoint.format import Checkpoint
 from ..checkpoint.storage import CheckpointStorage, MemoryStorage
 from ..ids import KernelId, as_kernel_id
-from ..coordinator.plans import DeviceUnregisterResult, KernelMigrationPlan, MigrationRequest, MigrationState
+from ..coordinator.records import DeviceUnregisterResult, KernelMigrationPlan, MigrationRequest, MigrationState
 
 log = logging.getLogger(__name__)
 
