@@ -16,7 +16,6 @@ import weakref
 from typing import Any, Callable
 
 from ..._core.checks import check_count, check_index, check_number
-from ..._core.reprs import compact_repr
 from ...device.manager import MultiDeviceManager
 from ...errors import BackendUnavailableError, DeviceNotAvailableError, InvalidConfigError, KernelNotFoundError, \
     MigrationError

@@ -77,7 +77,7 @@ def _layout_bindings(types: list[int]) -> Any:
             for i, t in enumerate(types)]
 
 
-class _Pass:
+class ComputePass:
     """A compute pipeline with its set layout and pipeline layout."""
 
     def __init__(self, ctx: "DeviceContext", code: bytes, entry: str, types: list[int], push_bytes: int):
@@ -157,7 +157,7 @@ class DeviceContext:
         self.alive = True
         self.waiters = 0
         self.value = 0                  # the last value submitted
-        self.passes: dict[tuple, _Pass] = {}
+        self.passes: dict[tuple, ComputePass] = {}
         self._pools: list[Any] = []
         self.local: list[Any] = [None] * MAX_LOCAL_KERNELS   # local slot -> kernel
         self.dir_dirty: set[int] = set()   # directory entries to rewrite (guarded by dir_lock)
@@ -203,18 +203,18 @@ class DeviceContext:
 
     # -- pipelines -------------------------------------------------------------
 
-    def builtin(self, name: str, types: list[int], push: int) -> _Pass:
+    def builtin(self, name: str, types: list[int], push: int) -> ComputePass:
         return self.pipeline(shader_path(name).read_bytes(), "main", types, push)
 
-    def pipeline(self, code: bytes, entry: str, types: list[int], push: int) -> _Pass:
+    def pipeline(self, code: bytes, entry: str, types: list[int], push: int) -> ComputePass:
         """The pipeline for `code` with these bindings, made once per device (the pipeline cache)."""
         key = (hashlib.sha256(code).digest(), entry, tuple(types), push)
         p = self.passes.get(key)
         if p is None:
-            p = self.passes[key] = _Pass(self, code, entry, types, push)
+            p = self.passes[key] = ComputePass(self, code, entry, types, push)
         return p
 
-    def kernel_pass(self, code: bytes, entry: str, n_state: int) -> _Pass:
+    def kernel_pass(self, code: bytes, entry: str, n_state: int) -> ComputePass:
         """The pipeline of a kernel with `n_state` state buffers (ABI: inbox, outbox, state...)."""
         per_stage = self.max_storage_buffers
         if 2 + n_state > per_stage:
@@ -234,7 +234,7 @@ class DeviceContext:
         self._pools.append(pool)
         return pool
 
-    def descriptor_set(self, p: _Pass, buffers: list[tuple[Any, int, int]]) -> tuple[Any, Any]:
+    def descriptor_set(self, p: ComputePass, buffers: list[tuple[Any, int, int]]) -> tuple[Any, Any]:
         """A set of `p`'s layout bound to (VkBuffer, offset, range) per binding; returns (pool, set)."""
         dev = self.slot.device
         for pool in reversed(self._pools or [self._new_pool()]):

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from .device_context import MAX_LOCAL_KERNELS, SURVEY_RECORD
-from .kernel import InboundBatch, Kernel, OutboxBatch, _Batch
+from .kernel import InboundBatch, Kernel, OutboxBatch, Batch
 from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, RING_HEADER_BYTES, HlcTimestamp, K2KMessage, MessageEnvelope
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class StepHarvest:
         for k, j, step in rec.kernels:
             self._harvest_report(k, j, step)
 
-    def _apply_survey(self, b: _Batch, words: Any) -> None:
+    def _apply_survey(self, b: Batch, words: Any) -> None:
         w = words[:SURVEY_RECORD].tolist()
         if isinstance(b, OutboxBatch):   # what the sender's batches hold: the router's guesses
             k = b.kernel

@@ -1,6 +1,8 @@
 """Compute kernels: `KernelSpec` (what a kernel is), `Kernel` (one launched on a
-device, with its resident state, inbox, outbox and host queues) and the
-message batches the runtime and the router move between them.
+device, with its resident state, inbox, outbox and host queues, and the seed's
+kernel traits: CheckpointableKernel, MigratableKernel and HotReloadableKernel
+through its runtime) and the message batches the runtime and the router move
+between them.
 
 Memory of a kernel (all on its device; sizes in docs/kernels.md):
   inbox    device-local ring: 16-word header (head, tail, capacity, slot words) + slots
@@ -20,33 +22,38 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from ..._core.checks import U32_MAX, int_in, positive_int
 from ..._core.reprs import compact_repr
 from ...errors import DestroyedError, DeviceLostError
 from ...memory.image import Buffer
-from ...transfer.peer import ExportedBuffer
 from ...transfer.cross_device import TimelinePoint
-from .device_context import DeviceContext, MappedBuffer, align, WHOLE_SIZE, barrier
-from .kernel_traits import KernelTraits
+from ...transfer.peer import ExportedBuffer
+from ..checkpoint.format import Checkpoint
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES, HlcTimestamp
+from .device_context import DeviceContext, MappedBuffer, align, WHOLE_SIZE, barrier
+from .spirv import SPIRV_MAGIC
 
-__all__ = ["KernelSpec", "Kernel", "KernelStats", "OutboxBatch", "InboundBatch", "SPIRV_MAGIC"]
+__all__ = ["KernelSpec", "Kernel", "KernelStats", "Batch", "OutboxBatch", "InboundBatch", "CodeSwapper",
+           "SPIRV_MAGIC"]
 
-SPIRV_MAGIC = 0x07230203
 MAX_CAPACITY = 1 << 16
 MAX_STATE_BUFFERS = 16
-_U32 = (1 << 32) - 1
 #: Initial state up to this size is written inside the launch's command buffer; larger goes through staging.
 INLINE_STATE_BYTES = 1 << 20
+_MIGRATION = "prepared for migration"
+_RELOAD = "prepared for reload"
 
 
-def _positive(value: Any, label: str, top: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or (top is not None and value > top):
-        raise ValueError(f"{label} must be an int in [1, {top if top is not None else 'inf'}], got {value!r}")
-    return value
+class CodeSwapper(Protocol):
+    """What Kernel.apply_code asks of the kernel's runtime: check new code, build it
+    on the kernel's device and swap it in at a step boundary, state kept."""
+
+    def apply_code(self, kernel: "Kernel", code: Any, timeout: float) -> None:
+        """Run `code` (a SPIR-V KernelCodeSource) on `kernel` from its next step on."""
 
 
 @dataclass(frozen=True)
@@ -89,11 +96,11 @@ class KernelSpec:
         if not 1 <= len(sizes) <= MAX_STATE_BUFFERS:
             raise ValueError(f"a kernel has 1 to {MAX_STATE_BUFFERS} state buffers, got {len(sizes)}")
         for i, s in enumerate(sizes):
-            if _positive(s, f"state_sizes[{i}]") % 4:
+            if positive_int(s, f"state_sizes[{i}]") % 4:
                 raise ValueError(f"state_sizes[{i}] must be a multiple of 4 bytes, got {s}")
         object.__setattr__(self, "state_sizes", sizes)
-        _positive(self.inbox_capacity, "inbox_capacity", MAX_CAPACITY)
-        _positive(self.outbox_capacity, "outbox_capacity", MAX_CAPACITY)
+        positive_int(self.inbox_capacity, "inbox_capacity", MAX_CAPACITY)
+        positive_int(self.outbox_capacity, "outbox_capacity", MAX_CAPACITY)
         try:
             groups = tuple(self.groups)
         except TypeError:
@@ -101,7 +108,7 @@ class KernelSpec:
         if len(groups) != 3:
             raise ValueError(f"groups must be 3 ints (x, y, z), got {self.groups!r}")
         for i, g in enumerate(groups):
-            _positive(g, f"groups[{i}]")
+            positive_int(g, f"groups[{i}]")
         object.__setattr__(self, "groups", groups)
         if not isinstance(self.entry_point, str) or not self.entry_point:
             raise TypeError(f"entry_point must be a non-empty str, got {self.entry_point!r}")
@@ -136,7 +143,7 @@ class KernelStats:
     clock: HlcTimestamp = field(default_factory=HlcTimestamp.zero)
 
 
-class _Batch:
+class Batch:
     """A batch of message slots on one device that kernels there may take from
     (an outbox region, a host region or a landing buffer of the router)."""
 
@@ -177,7 +184,7 @@ class _Batch:
         return self.done
 
 
-class OutboxBatch(_Batch):
+class OutboxBatch(Batch):
     """The outbox region one step of a kernel wrote: `buffer` [offset, offset+size)
     is a batch (16-word header with the message count, then the slots) that the
     router can copy to another device as is. `ready` marks it written. The region
@@ -238,7 +245,7 @@ class OutboxBatch(_Batch):
                 f"offset={self.offset}, size={self.size}, done={self.done})")
 
 
-class InboundBatch(_Batch):
+class InboundBatch(Batch):
     """A batch another party (the router) put on this device; kernels here take
     their messages at their next steps. `wait(timeout)` blocks until every
     message addressed to a kernel here was delivered (or rejected).
@@ -280,7 +287,7 @@ class InboundBatch(_Batch):
         return f"InboundBatch(device={self.ctx.index}, offset={self.offset}, size={self.size}, done={self.done})"
 
 
-class Kernel(KernelTraits):
+class Kernel:
     """A kernel launched by a KernelRuntime on one device (see the module docstring).
 
     Made by `KernelRuntime.launch`; use the runtime to step it, send to it and
@@ -447,8 +454,7 @@ class Kernel(KernelTraits):
             if self.steps == 0:
                 raise ValueError(f"kernel {self.id!r} has not stepped yet: no outbox batch")
             step = self.steps - 1 if step is None else step
-            if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < self.steps:
-                raise ValueError(f"step must be an int in [0, {self.steps}), got {step!r}")
+            int_in(step, "step", 0, self.steps - 1)
             b = self.outbox_batches[step % self.ctx.in_flight]
             if b is None or b.step != step:
                 raise ValueError(f"the outbox region of step {step} of kernel {self.id!r} was reused; the "
@@ -463,6 +469,78 @@ class Kernel(KernelTraits):
         """Same as runtime.destroy_kernel(self)."""
         self.runtime.destroy_kernel(self, timeout=timeout)
 
+    # -- CheckpointableKernel ------------------------------------------------------------
+
+    def create_checkpoint(self) -> Any:
+        """runtime.checkpoint(self)."""
+        return self.runtime.checkpoint(self)
+
+    def restore_from_checkpoint(self, checkpoint: Any) -> None:
+        """runtime.restore(checkpoint, into=self): this kernel takes the checkpoint's state."""
+        self.runtime.restore(checkpoint, into=self)
+
+    def checkpoint_kernel_id(self) -> str:
+        return self.id
+
+    def checkpoint_kernel_type(self) -> str:
+        return self.kernel_type
+
+    def supports_incremental(self) -> bool:
+        return True
+
+    def create_incremental_checkpoint(self, base: Any) -> Any:
+        """The chunks that changed since `base` (Checkpoint.delta_from)."""
+        if not isinstance(base, Checkpoint):
+            raise TypeError(f"base must be a Checkpoint, got {type(base).__name__}")
+        return Checkpoint.delta_from(base, self.create_checkpoint())
+
+    # -- MigratableKernel ----------------------------------------------------------------
+
+    def _quiesce(self, why: str, timeout: float = 60.0) -> None:
+        self.runtime._hold(self, why)
+        try:
+            if self.last_value:
+                self.runtime._wait_points([self.ctx.point(self.last_value)], timeout)
+        except BaseException:
+            self.runtime._release(self, why)
+            raise
+
+    def _done(self) -> bool:
+        return not self.last_value or self.ctx.completed() >= self.last_value
+
+    def prepare_for_migration(self) -> None:
+        """Hold the kernel back from stepping and wait for its submitted steps."""
+        self._quiesce(_MIGRATION)
+
+    def cancel_migration(self) -> None:
+        """Let it step again."""
+        self.runtime._release(self, _MIGRATION)
+
+    def is_quiescent(self) -> bool:
+        """Held back and with no step in flight."""
+        return self.runtime._is_held_now(self) and self._done()
+
+    def estimated_state_size(self) -> int:
+        """Bytes a migration moves: state buffers, control block and inbox."""
+        return sum(s.size for s in self.states) + self.control.size + self.inbox.size
+
+    # -- HotReloadableKernel -------------------------------------------------------------
+
+    def prepare_for_reload(self) -> None:
+        self._quiesce(_RELOAD)
+
+    def apply_code(self, code: Any, timeout: float = 30.0) -> None:
+        """Run `code` (a SPIR-V KernelCodeSource) from the next step on, state kept
+        (checked, built and swapped as a hot reload does, by the runtime: a CodeSwapper)."""
+        swapper: CodeSwapper = self.runtime
+        swapper.apply_code(self, code, timeout)
+
+    def resume_after_reload(self) -> None:
+        self.runtime._release(self, _RELOAD)
+
+    def is_ready_for_reload(self) -> bool:
+        return self._done()
+
     def __repr__(self) -> str:
         state = "destroyed" if self.destroyed else f"GPU {self.ctx.index}"
         return f"Kernel({self.id!r}, {self.kernel_type}, address={self.address}, {state}, steps={self.steps})"
@@ -475,7 +553,7 @@ def check_params(params: Any) -> tuple[int, int, int, int]:
         raise ValueError(f"at most 4 user parameters, got {len(params)}")
     out = []
     for i, p in enumerate(params):
-        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= int(p) <= _U32:
+        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= int(p) <= U32_MAX:
             raise ValueError(f"params[{i}] must be an int in [0, 2**32), got {p!r}")
         out.append(int(p))
     return tuple(out + [0] * (4 - len(out)))   # type: ignore[return-value]

@@ -30,7 +30,7 @@ from ...transfer.cross_device import TimelinePoint
 from . import recording as cmds
 from .device_context import (DELIVER_RECORD, STATUS_WORDS, SURVEY_RECORD, WHOLE_SIZE,
                              DeviceContext)
-from .kernel import InboundBatch, Kernel, OutboxBatch, _Batch
+from .kernel import InboundBatch, Kernel, OutboxBatch, Batch
 from ..messages import RING_HEADER_BYTES
 from .harvest import StepHarvest
 
@@ -65,8 +65,8 @@ class InFlight:
     value: int
     region: int
     kernels: list[tuple[Kernel, int, int]] = field(default_factory=list)      # kernel, region, step
-    delivers: list[tuple[_Batch | None, Kernel, int]] = field(default_factory=list)   # batch (None: h2k), offset
-    surveys: list[tuple[_Batch, int]] = field(default_factory=list)
+    delivers: list[tuple[Batch | None, Kernel, int]] = field(default_factory=list)   # batch (None: h2k), offset
+    surveys: list[tuple[Batch, int]] = field(default_factory=list)
     directory: list[int] = field(default_factory=list)    # directory entries this step rewrote
     directs: list[tuple[InboundBatch, Kernel]] = field(default_factory=list)   # batches taken in place
     in_place: int = 0   # of them, read by their kernel's step where they lie (no copy)
@@ -83,7 +83,7 @@ class DeviceStepper(StepHarvest):
     def __init__(self, runtime: Any, ctx: DeviceContext):
         self.rt, self.ctx = runtime, ctx
         self.inflight: deque[InFlight] = deque()
-        self.batches: list[_Batch] = []     # batches on this device not yet fully delivered
+        self.batches: list[Batch] = []     # batches on this device not yet fully delivered
         self.nsteps = 0
         self.harvested = 0                  # the last timeline value harvested
         self.retired: list[tuple[int, Any]] = []   # (value, descriptor set) to free once completed
@@ -243,7 +243,7 @@ class DeviceStepper(StepHarvest):
         gpu_waits: list[tuple[int, int]] = []
         waited: set[int] = set()
 
-        def wait_for(b: _Batch) -> None:
+        def wait_for(b: Batch) -> None:
             if id(b) not in waited:
                 waited.add(id(b))
                 gpu_waits.extend((p.semaphore, p.value) for p in b.waits)
@@ -381,7 +381,7 @@ class DeviceStepper(StepHarvest):
         cmds.end(cmd)
         return gpu_waits, outbox_surveys
 
-    def _readable(self) -> list[_Batch]:
+    def _readable(self) -> list[Batch]:
         """The batches this step reads: every one not done, except a lazy one (from a
         sender whose recent batches were empty) that is not known to hold messages
         here yet, which a later step reads (if it has any) instead of this one
@@ -391,7 +391,7 @@ class DeviceStepper(StepHarvest):
         (else the router takes it back unread) and its relay point is reached,
         or, without a sending step to ask (none, or destroyed), once its wait
         points are reached."""
-        out: list[_Batch] = []
+        out: list[Batch] = []
         held: set[int] = set()
         native, here = self.ctx.slot.native, self.ctx.index
         for b in self.batches:
@@ -416,7 +416,7 @@ class DeviceStepper(StepHarvest):
         return out
 
     def _directs(self, launched: list[Kernel], rec: InFlight, take: Any,
-                 readable: list[_Batch]) -> list[tuple[Kernel, InboundBatch, int, int]]:
+                 readable: list[Batch]) -> list[tuple[Kernel, InboundBatch, int, int]]:
         """The inbound batches launched kernels take in place this step (direct
         landings): for each kernel, the first batch guessed to be all its own,
         unless an older batch of the same sender may still hold messages for it
@@ -464,7 +464,7 @@ class DeviceStepper(StepHarvest):
                 out.add(origin.device_index)
         return out
 
-    def _readable_in_place(self, b: InboundBatch, x: Kernel, readable: list[_Batch]) -> bool:
+    def _readable_in_place(self, b: InboundBatch, x: Kernel, readable: list[Batch]) -> bool:
         """Whether x's step can read b (a direct landing for x: its whole batch fits
         x's inbox) where it lies instead of a copy in its inbox: no other device
         reads the region meanwhile (b.exclusive), the sending step's survey was
@@ -529,7 +529,7 @@ class DeviceStepper(StepHarvest):
         words[base // 4 + 9] = n
         k.injecting = (k.steps, items)
 
-    def _deliver_set(self, k: Kernel, key: tuple | None, buffer: Any, size: int, batch: _Batch | None = None) -> Any:
+    def _deliver_set(self, k: Kernel, key: tuple | None, buffer: Any, size: int, batch: Batch | None = None) -> Any:
         """The descriptor set of a delivery pass from `buffer` into k's inbox (kept per
         kernel and buffer; an inbound batch's own sets live and die with it)."""
         ctx = self.ctx
@@ -595,7 +595,7 @@ def _inboxes_logged(rt: Any) -> bool:
     return rt.__dict__.get("_policy") is not None
 
 
-def _known(b: _Batch, x: Kernel, copied: int) -> bool:
+def _known(b: Batch, x: Kernel, copied: int) -> bool:
     """Whether the host read back the sending step's survey of b and it says that all of
     b's messages (at most `copied`) are x's, from a sender of x's tenant."""
     origin = getattr(b, "k2k_origin", None)

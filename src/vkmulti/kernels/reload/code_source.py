@@ -1,4 +1,5 @@
-"""Kernel code for hot reload: ringkernel's KernelCodeFormat and KernelCodeSource.
+"""Kernel code for hot reload: ringkernel's KernelCodeFormat and KernelCodeSource,
+and the seed's rules that code must meet (validate_code).
 
 `from_ptx`, `from_wgsl` and `from_msl` keep the seed's constructors (their
 code is checked by the seed's rules; a Vulkan kernel cannot run it);
@@ -20,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..._core.checks import U64_MAX, int_in
+from ..._core.shaders import SHADER_DIR
 from ...errors import KernelValidationError, UnsupportedError
 from ...errors import TimeoutError as VkmTimeout
-from ..._core.shaders import SHADER_DIR
+from ..engine.spirv import reflect
 
-__all__ = ["KernelCodeFormat", "KernelCodeSource"]
-
-_U64 = (1 << 64) - 1
+__all__ = ["KernelCodeFormat", "KernelCodeSource", "validate_code"]
 
 
 class KernelCodeFormat(enum.Enum):
@@ -76,9 +77,7 @@ class KernelCodeSource:
         self.code = _code_bytes(self.code)
         if not isinstance(self.entry_point, str):
             raise TypeError(f"entry_point must be a str, got {type(self.entry_point).__name__}")
-        if isinstance(self.version_id, bool) or not isinstance(self.version_id, int) or \
-                not 0 <= self.version_id <= _U64:
-            raise ValueError(f"version_id must be an int in [0, 2**64), got {self.version_id!r}")
+        int_in(self.version_id, "version_id", 0, U64_MAX)
         if not isinstance(self.metadata, dict) or any(not isinstance(k, str) or not isinstance(v, str)
                                                       for k, v in self.metadata.items()):
             raise TypeError("metadata must be a dict of str -> str")
@@ -204,3 +203,28 @@ def _abi_dirs() -> list[Path]:
         if (cand / "vkm_kernel_abi.glsl").is_file():
             out.append(cand)
     return out
+
+
+def validate_code(code: KernelCodeSource) -> None:
+    """The seed's checks (KernelValidationError): code and entry point not empty;
+    PTX has .version or .target, WGSL @compute or 'fn ', MSL 'kernel '; and
+    SPIR-V parses (magic, version, word count, instruction stream)."""
+    if not isinstance(code, KernelCodeSource):
+        raise TypeError(f"code must be a KernelCodeSource, got {type(code).__name__}")
+    if not code.code:
+        raise KernelValidationError("Kernel code is empty")
+    if not code.entry_point:
+        raise KernelValidationError("Entry point is empty")
+    text = code.as_str()
+    fmt = code.format
+    if fmt is KernelCodeFormat.PTX and text is not None and ".version" not in text and ".target" not in text:
+        raise KernelValidationError("PTX code missing version/target directive")
+    if fmt is KernelCodeFormat.WGSL and text is not None and "@compute" not in text and "fn " not in text:
+        raise KernelValidationError("WGSL code missing compute shader or function")
+    if fmt is KernelCodeFormat.MSL and text is not None and "kernel " not in text:
+        raise KernelValidationError("MSL code missing kernel function")
+    if fmt is KernelCodeFormat.SPIRV:
+        mod = reflect(code.code, "the new SPIR-V")
+        if code.entry_point not in mod.entry_points:
+            raise KernelValidationError(f"the new SPIR-V has no entry point {code.entry_point!r} (it has "
+                                        f"{sorted(mod.entry_points)})")

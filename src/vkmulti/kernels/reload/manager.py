@@ -35,15 +35,18 @@ from typing import Any, Callable
 from ...errors import (DestroyedError, KernelNotFoundError, KernelValidationError, TimeoutError as VkmTimeout,
                        VulkanError)
 from ..checkpoint.format import Checkpoint
-from .code_source import KernelCodeSource
-from .types import (HotReloadConfig, HotReloadRequest, HotReloadResult, HotReloadState, HotReloadStats,
-                    HotReloadStatsSnapshot, _count, validate_code)
+from ..._core.checks import int_in
+from ..engine.kernel import Kernel
 from ..ids import KernelId, as_kernel_id
+from .code_source import KernelCodeSource, validate_code
+from .swap import check_for_kernels, clear_state, compile_on_devices, drain, swap
+from .types import (HotReloadConfig, HotReloadRequest, HotReloadResult, HotReloadState, HotReloadStats,
+                    HotReloadStatsSnapshot)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["HotReloadConfig", "HotReloadState", "HotReloadRequest", "HotReloadResult", "HotReloadStats",
-           "HotReloadStatsSnapshot", "HotReloadManager", "validate_code"]
+           "HotReloadStatsSnapshot", "HotReloadManager"]
 
 _RETRYABLE = (VulkanError, MemoryError)
 
@@ -260,7 +263,6 @@ class HotReloadManager:
             request.state = HotReloadState.DRAINING
             t0 = time.monotonic()
             if targets:
-                from .swap import drain
                 drain(targets, lambda: left("draining"))
             elif reloadable:
                 kernel.prepare_for_reload()
@@ -290,7 +292,6 @@ class HotReloadManager:
 
             request.state = HotReloadState.VALIDATING
             if targets:
-                from .swap import check_for_kernels
                 check_for_kernels(code, targets, spirv_val=cfg.validate_before_swap,
                                   timeout=lambda: left("validating"))
             elif cfg.validate_before_swap:
@@ -306,7 +307,6 @@ class HotReloadManager:
                     t0 = time.monotonic()
                     passes = None
                     if targets:
-                        from .swap import compile_on_devices
                         passes = compile_on_devices(code, targets, lambda: left("compiling"))
                         devices = sorted(passes)
                     compile_d = time.monotonic() - t0
@@ -314,7 +314,6 @@ class HotReloadManager:
                     request.state = HotReloadState.SWAPPING
                     t0 = time.monotonic()
                     if targets:
-                        from .swap import swap
                         swap(targets, passes, code, lambda: left("swapping"))
                     elif reloadable:
                         kernel.apply_code(code)
@@ -340,7 +339,6 @@ class HotReloadManager:
             request.state = HotReloadState.RESTORING
             t0 = time.monotonic()
             if targets and not cfg.preserve_state:
-                from .swap import clear_state
                 clear_state(targets)
             elif reloadable and cfg.preserve_state and isinstance(request.checkpoint, Checkpoint):
                 kernel.restore_from_checkpoint(request.checkpoint)
@@ -380,7 +378,7 @@ class HotReloadManager:
         was reloaded on (or `kernel`) get that code at a step boundary. Returns
         the code now current. KernelValidationError("No fallback available") when
         fewer versions are kept; the registry is unchanged if applying fails."""
-        _count(steps, "steps", 1, 1 << 16)
+        int_in(steps, "steps", 1, 1 << 16)
         entry = self._entry(kernel_id)
         if not entry.lock.acquire(blocking=False):
             raise KernelValidationError("Hot reload already in progress for this kernel")
@@ -395,7 +393,6 @@ class HotReloadManager:
                 entry.live_kernels()
             live = [k for k in live if _is_runtime(k)]
             if live:
-                from .swap import compile_on_devices, swap
                 deadline = time.monotonic() + self._config.reload_timeout
 
                 def left() -> float:
@@ -428,16 +425,12 @@ class HotReloadManager:
 
 
 def _is_runtime(kernel: Any) -> bool:
-    from ..engine.kernel import Kernel
-
     if isinstance(kernel, Kernel):
         return True
     return isinstance(kernel, (list, tuple)) and bool(kernel) and all(isinstance(k, Kernel) for k in kernel)
 
 
 def _check_runtime_kernels(kernel: Any) -> list[Any]:
-    from ..engine.kernel import Kernel
-
     items = [kernel] if isinstance(kernel, Kernel) else list(kernel)
     if not items or not all(isinstance(k, Kernel) for k in items):
         raise TypeError("expected a vkmulti Kernel or a non-empty list of them")

@@ -1,26 +1,31 @@
 """Hot reload of runtime kernels: check new SPIR-V against the kernels it is for,
 build its pipeline on each of their devices (bounded by the reload's
 timeout), swap pipeline and descriptor set at a step boundary of the runtime.
-HotReloadManager (hot_reload.py) drives these phases.
+HotReloadManager (manager.py) drives these phases; apply_code runs them all
+for one kernel (the runtime's side of Kernel.apply_code).
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 import vulkan as vk
 
 from ...errors import KernelValidationError, UnsupportedError, TimeoutError as VkmTimeout
-from .code_source import KernelCodeFormat, KernelCodeSource
-from ..engine.device_context import KERNEL_PUSH, SB, SB_DYN, WHOLE_SIZE, _Pass
+from ..engine.device_context import KERNEL_PUSH, SB, SB_DYN, WHOLE_SIZE, ComputePass
 from ..engine.gate import gate_of
 from ..engine.kernel import Kernel
+from ..engine.spirv import check_kernel_abi, reflect, run_spirv_val, spirv_env_for_api
+from .code_source import KernelCodeFormat, KernelCodeSource, validate_code
 
 log = logging.getLogger(__name__)
 
-__all__ = ["drain", "check_for_kernels", "compile_on_devices", "swap", "clear_state", "MAX_SPIRV_FOR_API"]
+__all__ = ["drain", "check_for_kernels", "compile_on_devices", "swap", "clear_state", "apply_code",
+           "MAX_SPIRV_FOR_API"]
 
 #: The newest SPIR-V version a Vulkan 1.x core takes, by minor API version.
 MAX_SPIRV_FOR_API = {0: (1, 0), 1: (1, 3), 2: (1, 5), 3: (1, 6)}
@@ -44,9 +49,6 @@ def drain(targets: list[Kernel], left: Callable[[], float]) -> None:
 def check_for_kernels(code: KernelCodeSource, targets: list[Kernel], *, spirv_val: bool,
                       timeout: Callable[[], float]) -> None:
     """KernelValidationError / UnsupportedError unless `code` can replace the targets' code."""
-    from .manager import validate_code
-    from ..engine.spirv import check_kernel_abi, reflect, run_spirv_val, spirv_env_for_api
-
     if code.format is not KernelCodeFormat.SPIRV:
         k = targets[0]
         raise UnsupportedError(f"{code.format.name} code cannot run on a Vulkan kernel ({k.id!r} on GPU "
@@ -71,7 +73,7 @@ def check_for_kernels(code: KernelCodeSource, targets: list[Kernel], *, spirv_va
         run_spirv_val(code.code, env, timeout(), "the new SPIR-V")
 
 
-def _build(ctx: Any, code: bytes, entry: str, n_state: int) -> _Pass:
+def _build(ctx: Any, code: bytes, entry: str, n_state: int) -> ComputePass:
     """The kernel pipeline for `code` on `ctx`, built outside the device lock and
     then put into the device's cache (or the cached one when another made it first)."""
     per_stage = ctx.max_storage_buffers
@@ -79,7 +81,6 @@ def _build(ctx: Any, code: bytes, entry: str, n_state: int) -> _Pass:
         raise UnsupportedError(f"a kernel with {n_state} state buffers needs {2 + n_state} storage buffers per stage; "
                                f"{ctx.slot.name!r} allows {per_stage}", device=ctx.slot.name)
     types = [SB, SB_DYN] + [SB] * n_state
-    import hashlib
     key = (hashlib.sha256(code).digest(), entry, tuple(types), KERNEL_PUSH)
     with ctx.lock:
         ctx.check()
@@ -89,7 +90,7 @@ def _build(ctx: Any, code: bytes, entry: str, n_state: int) -> _Pass:
         ctx.waiters += 1   # ctx.destroy() waits for this build
     made = None
     try:
-        made = _Pass(ctx, code, entry, types, KERNEL_PUSH)
+        made = ComputePass(ctx, code, entry, types, KERNEL_PUSH)
     finally:
         with ctx.lock:
             ctx.waiters -= 1
@@ -180,3 +181,17 @@ def clear_state(targets: list[Kernel]) -> None:
             k.check()
             ctx.run_once(lambda cmd, ss=list(k.states): [vk.vkCmdFillBuffer(cmd, s.handle, 0, WHOLE_SIZE, 0)
                                                         for s in ss])
+
+
+def apply_code(kernel: Kernel, code: KernelCodeSource, timeout: float = 30.0) -> None:
+    """Run `code` on `kernel` from its next step on, state kept: checked, built and
+    swapped as a hot reload does, all within `timeout` s (vkmulti.TimeoutError after)."""
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        rest = deadline - time.monotonic()
+        if rest <= 0:
+            raise VkmTimeout(f"apply_code on {kernel.id!r} did not finish within {timeout} s")
+        return rest
+    check_for_kernels(code, [kernel], spirv_val=True, timeout=left)
+    swap([kernel], compile_on_devices(code, [kernel], left), code, left)

@@ -1,7 +1,7 @@
 """ringkernel's hot-reload records: HotReloadConfig (the seed's defaults, with_*
 setters, durations in seconds), HotReloadState, HotReloadRequest,
-HotReloadResult, HotReloadStats / HotReloadStatsSnapshot, and the seed's code
-validation rules (validate_code). HotReloadManager (hot_reload.py) uses them."""
+HotReloadResult and HotReloadStats / HotReloadStatsSnapshot. HotReloadManager
+(manager.py) uses them."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,15 +12,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import KernelValidationError
+from ..._core.checks import int_in
 from ..checkpoint.format import Checkpoint
-from .code_source import KernelCodeFormat, KernelCodeSource
 from ..ids import KernelId, as_kernel_id
+from .code_source import KernelCodeSource
 
 __all__ = ["HotReloadConfig", "HotReloadState", "HotReloadRequest", "HotReloadResult", "HotReloadStats",
-           "HotReloadStatsSnapshot", "validate_code"]
-
-_U32 = (1 << 32) - 1
+           "HotReloadStatsSnapshot"]
 
 
 def _seconds(value: Any, label: str) -> float:
@@ -34,12 +32,6 @@ def _seconds(value: Any, label: str) -> float:
 def _flag(value: Any, label: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{label} must be a bool, got {type(value).__name__}")
-    return value
-
-
-def _count(value: Any, label: str, lo: int = 0, hi: int = _U32) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{label} must be an int in [{lo}, {hi}], got {value!r}")
     return value
 
 
@@ -61,8 +53,8 @@ class HotReloadConfig:
             _flag(getattr(self, name), name)
         self.reload_timeout = _seconds(self.reload_timeout, "reload_timeout")
         self.retry_backoff = _seconds(self.retry_backoff, "retry_backoff")
-        _count(self.max_retries, "max_retries", 0, 1000)
-        _count(self.max_rule_history, "max_rule_history", 0, 1 << 16)
+        int_in(self.max_retries, "max_retries", 0, 1000)
+        int_in(self.max_rule_history, "max_rule_history", 0, 1 << 16)
 
     @classmethod
     def new(cls) -> "HotReloadConfig":
@@ -246,30 +238,3 @@ class HotReloadStats:
             return HotReloadStatsSnapshot(self.successful_reloads, self.failed_reloads, self.rollbacks,
                                           self.total_drain_time / n, self.total_compile_time / n,
                                           self.total_swap_time / n, self.state_preserved_count)
-
-
-def validate_code(code: KernelCodeSource) -> None:
-    """The seed's checks (KernelValidationError): code and entry point not empty;
-    PTX has .version or .target, WGSL @compute or 'fn ', MSL 'kernel '; and
-    SPIR-V parses (magic, version, word count, instruction stream)."""
-    if not isinstance(code, KernelCodeSource):
-        raise TypeError(f"code must be a KernelCodeSource, got {type(code).__name__}")
-    if not code.code:
-        raise KernelValidationError("Kernel code is empty")
-    if not code.entry_point:
-        raise KernelValidationError("Entry point is empty")
-    text = code.as_str()
-    fmt = code.format
-    if fmt is KernelCodeFormat.PTX and text is not None and ".version" not in text and ".target" not in text:
-        raise KernelValidationError("PTX code missing version/target directive")
-    if fmt is KernelCodeFormat.WGSL and text is not None and "@compute" not in text and "fn " not in text:
-        raise KernelValidationError("WGSL code missing compute shader or function")
-    if fmt is KernelCodeFormat.MSL and text is not None and "kernel " not in text:
-        raise KernelValidationError("MSL code missing kernel function")
-    if fmt is KernelCodeFormat.SPIRV:
-        from ..engine.spirv import reflect
-
-        mod = reflect(code.code, "the new SPIR-V")
-        if code.entry_point not in mod.entry_points:
-            raise KernelValidationError(f"the new SPIR-V has no entry point {code.entry_point!r} (it has "
-                                        f"{sorted(mod.entry_points)})")

@@ -33,6 +33,7 @@ from ..engine.gate import gated_unheld
 from ..lifecycle.lifecycle import KernelLifecycle, gated_step
 from ..messages import DEFAULT_PAYLOAD_SIZE, ENVELOPE_BYTES, HOST_KERNEL_ID, HybridLogicalClock, check_payload_size
 from ..engine.stepper import DeviceStepper
+from ..reload.swap import apply_code
 
 log = logging.getLogger(__name__)
 
@@ -484,6 +485,10 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
             with ctx.lock:
                 if ctx.alive:
                     stepper.harvest()
+
+    def apply_code(self, kernel: Kernel, code: Any, timeout: float) -> None:
+        """Swap `code` into `kernel` as a hot reload does (Kernel.apply_code's CodeSwapper)."""
+        apply_code(kernel, code, timeout)
 
     # -- teardown ------------------------------------------------------------------------------
 
