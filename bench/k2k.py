@@ -223,7 +223,7 @@ def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None, rounds: in
     from vkmulti import CrossDeviceTransfer, pair_methods
     from vkmulti.errors import VkmError
     from vkmulti.memory.image import Buffer
-    from vkmulti.kernels.engine import stepper
+    from vkmulti.kernels.engine import step_recorder
     from vkmulti.kernels.reference import burst_kernel, read_burst
 
     payload, n = batch_shape(size)
@@ -231,13 +231,13 @@ def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None, rounds: in
     links: dict[str, Any] = {}
     bufs: list[Any] = []
     in_place = [0]
-    choose = stepper.DeviceStepper._readable_in_place
+    choose = step_recorder.StepRecorder._readable_in_place
 
     def counting(self: Any, *args: Any) -> bool:
         ok = choose(self, *args)
         in_place[0] += ok
         return ok
-    stepper.DeviceStepper._readable_in_place = counting   # (put back below)
+    step_recorder.StepRecorder._readable_in_place = counting   # (put back below)
     try:
         spec = burst_kernel(n, groups=min(n, 16))
         sink = rt.launch(spec, "sink", device=1)
@@ -298,7 +298,7 @@ def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None, rounds: in
         ratios = [k / r for k, r in zip(k2k, base)]
         return {"batch_bytes": batch, "payload": payload, "messages": n, "steps": reps, "rounds": rounds,
                 "method": m, "sender": "fresh payloads" if fresh else "restamped payloads",
-                "read_in_place": stepper.READ_IN_PLACE, "batches_read_in_place": in_place[0],
+                "read_in_place": step_recorder.READ_IN_PLACE, "batches_read_in_place": in_place[0],
                 "batches": rounds * (reps + 1), "host_ms_per_step": host[0] / (rounds * reps) * 1e3,
                 "step_call_ms_median": statistics.median(calls) * 1e3, "step_call_ms_max": max(calls) * 1e3,
                 "k2k_gbps": max(k2k), "raw_gbps": max(base), "k2k_gbps_rounds": k2k, "raw_gbps_rounds": base,
@@ -306,7 +306,7 @@ def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None, rounds: in
                 "ratio_k2k_to_raw": statistics.median(ratios), "ratio_k2k_to_raw_range": [min(ratios), max(ratios)],
                 "bad_messages": st.bad}
     finally:
-        stepper.DeviceStepper._readable_in_place = choose
+        step_recorder.StepRecorder._readable_in_place = choose
         for x in links.values():
             x.destroy(120)
         for buf in bufs:
@@ -368,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--method must be one of {', '.join(TransferMethod.CROSS_DEVICE)}")
     note = use_virtual_if_no_gpu(args.virtual)
     if args.no_in_place:
-        from vkmulti.kernels.engine import stepper
-        stepper.READ_IN_PLACE = False
+        from vkmulti.kernels.engine import step_recorder
+        step_recorder.READ_IN_PLACE = False
     mgr = MultiDeviceManager.create(enabled=True)
     res: dict[str, Any] = {"note": note, "devices": [s.name for s in mgr.slots]}
     try:

@@ -12,7 +12,7 @@ import pytest
 
 from kernel_support import counter, routed_fixture, routed_runtime, settle, state, words
 from vkmulti.kernels import pingpong_kernel
-from vkmulti.kernels.engine import stepper as stepper_module
+from vkmulti.kernels.engine import step_recorder
 from vkmulti.kernels.reference import COUNTER_TAG_ADD, COUNTER_TAG_FORWARD
 
 PATHS = {"in place": None, "host_shared link": "host_shared"}
@@ -25,14 +25,14 @@ routed = routed_fixture(PATHS)
 def in_place(monkeypatch):
     """The (kernel id, batch) pairs the steppers chose to read in place."""
     seen = []
-    original = stepper_module.DeviceStepper._readable_in_place
+    original = step_recorder.StepRecorder._readable_in_place
 
     def recording(self, b, x, readable):
         ok = original(self, b, x, readable)
         if ok:
             seen.append((x.id, b))
         return ok
-    monkeypatch.setattr(stepper_module.DeviceStepper, "_readable_in_place", recording)
+    monkeypatch.setattr(step_recorder.StepRecorder, "_readable_in_place", recording)
     return seen
 
 
@@ -96,7 +96,7 @@ def test_a_backlog_of_one_sender_is_read_in_place_one_batch_a_step(routed, in_pl
 
 
 def test_in_place_off_reads_the_same_messages(routed, monkeypatch, in_place):
-    monkeypatch.setattr(stepper_module, "READ_IN_PLACE", False)
+    monkeypatch.setattr(step_recorder, "READ_IN_PLACE", False)
     rt, router = routed
     sink = counter(rt, "sink", 1)
     fwd = counter(rt, "fwd", 0, params=[sink.address])

@@ -12,7 +12,8 @@ import pytest
 from kernel_support import MAX, counter, make_coordinator, routed_fixture, settle, state, words
 from vkmulti import CrossGpuK2KRouter, K2KMessage
 from vkmulti.kernels import KernelRuntime
-from vkmulti.kernels.engine import stepper as stepper_module
+from vkmulti.kernels.engine import step_recorder
+from vkmulti.kernels.engine.stepper import QUIET_BATCHES
 from vkmulti.kernels.reference import COUNTER_TAG_ADD, COUNTER_TAG_FORWARD
 from vkmulti.transfer.peer import ExportedBuffer
 
@@ -27,13 +28,13 @@ routed = routed_fixture(PATHS)
 def directs(monkeypatch):
     """Counts the direct landings the steppers record."""
     seen = []
-    original = stepper_module.DeviceStepper._directs
+    original = step_recorder.StepRecorder._directs
 
     def counting(self, *args):
         out = original(self, *args)
         seen.extend(out)
         return out
-    monkeypatch.setattr(stepper_module.DeviceStepper, "_directs", counting)
+    monkeypatch.setattr(step_recorder.StepRecorder, "_directs", counting)
     return seen
 
 
@@ -93,7 +94,7 @@ def test_a_guess_short_of_the_count_copies_the_rest(routed, directs, monkeypatch
     """One message a step makes the guess copy one slot; then eight a step: the
     direct pass copies the seven past the copy command itself (batches the
     survey says are all the sink's would be read in place: not here)."""
-    monkeypatch.setattr(stepper_module, "READ_IN_PLACE", False)
+    monkeypatch.setattr(step_recorder, "READ_IN_PLACE", False)
     rt, router = routed
     sink = counter(rt, "sink", 1)
     fwd = counter(rt, "fwd", 0, params=[sink.address])
@@ -127,7 +128,7 @@ def test_batches_of_a_quiet_sender_are_lazy_and_still_arrive_in_order(routed, mo
         rt.step([fwd, sink])
     rt.synchronize()
     rt.poll()
-    assert fwd.quiet_batches >= stepper_module.QUIET_BATCHES
+    assert fwd.quiet_batches >= QUIET_BATCHES
     assert any(b.lazy and b.source is fwd for b in accepted)
     for v in range(1, 6):
         rt.send(fwd, words(v), tag=COUNTER_TAG_FORWARD)
@@ -213,7 +214,7 @@ def test_a_batch_a_kernel_already_had_a_pass_over_is_never_direct_for_it(manager
     every message of the batch: it must never follow an ordinary pass over the
     same batch for that kernel, which may have delivered some of them already."""
     from vkmulti.memory.image import Buffer
-    from vkmulti.kernels.engine.stepper import InFlight
+    from vkmulti.kernels.engine.step_recorder import InFlight
 
     rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
     buf = Buffer(manager.slot(1), 64 + 8 * rt.slot_size)
@@ -222,11 +223,11 @@ def test_a_batch_a_kernel_already_had_a_pass_over_is_never_direct_for_it(manager
         sender = counter(rt, "sender", 0)
         b = rt.accept_batch(1, buf, source=sender, direct=x)
         stepper = rt._device(1)[1]
-        chosen = stepper._directs([x], InFlight(1, 0), lambda words: 0, [b])
+        chosen = stepper.recorder._directs([x], InFlight(1, 0), lambda words: 0, [b])
         assert [(k, batch) for k, batch, *_ in chosen] == [(x, b)] and x in b.cleared
         b.cleared.discard(x)
         b.passed.add(id(x))
-        assert stepper._directs([x], InFlight(1, 0), lambda words: 0, [b]) == []
+        assert stepper.recorder._directs([x], InFlight(1, 0), lambda words: 0, [b]) == []
         assert rt.withdraw_batch(b, timeout=5) == 0
     finally:
         rt.destroy()

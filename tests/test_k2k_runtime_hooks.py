@@ -17,7 +17,7 @@ from vkmulti.memory.image import Buffer
 from vkmulti.kernels import KernelRuntime, counter_kernel
 from vkmulti.kernels.reference import (COUNTER_TAG_FORWARD, burst_kernel, counter_initial_state, read_burst,
                                        read_counter)
-from vkmulti.kernels.engine.stepper import PLANNED_DELIVERY_PAYLOAD
+from vkmulti.kernels.engine.step_recorder import PLANNED_DELIVERY_PAYLOAD
 
 MAX = 32
 

@@ -1,4 +1,6 @@
-"""Recording, submitting and harvesting the steps of one device (KernelRuntime's engine).
+"""Submitting the steps of one device (KernelRuntime's engine): room in the
+in-flight window, the submit and its bookkeeping. StepRecorder
+(step_recorder.py) records each step, StepHarvest (harvest.py) reads it back.
 
 One step of a set of kernels on a device is one command buffer on the
 device's queue that signals the next value of the device's timeline:
@@ -17,68 +19,31 @@ harvests a completed step (counts in the status ring and the K2H regions).
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from ...errors import TimeoutError as VkmTimeout
 from ...transfer.cross_device import TimelinePoint
 from . import recording as cmds
-from .device_context import (DELIVER_RECORD, STATUS_WORDS, SURVEY_RECORD, WHOLE_SIZE,
-                             DeviceContext)
-from .kernel import InboundBatch, Kernel, OutboxBatch, Batch
-from ..messages import RING_HEADER_BYTES
+from .device_context import DeviceContext
 from .harvest import StepHarvest
+from .kernel import Batch, Kernel, OutboxBatch
+from .step_recorder import InFlight, StepRecorder
 
 log = logging.getLogger(__name__)
 
-_KERNEL_PUSH = struct.Struct("<8I4I")
-_FINISH_PUSH = struct.Struct("<4I")
-_DELIVER_PUSH = struct.Struct("<8I")
-#: Payloads from this size on are delivered in two passes: a plan, then a copy with one
-#: workgroup per message (all invocations on its words) instead of one invocation per message.
-PLANNED_DELIVERY_PAYLOAD = 1024
-#: Delivery pass modes (kernel_deliver.comp's `plan` word): copy, plan (a copy pass follows),
-#: direct (the step copied the batch into the inbox with a copy command: take it in place),
-#: in place (no copy: the kernel's step reads the batch where it lies, as its inbox).
-MODE_COPY, MODE_PLAN, MODE_DIRECT, MODE_DIRECT_KNOWN, MODE_IN_PLACE = 0, 1, 2, 3, 4
+__all__ = ["DeviceStepper", "QUIET_BATCHES"]
+
 #: A kernel whose latest this many outbox batches held nothing has its next ones read lazily: by
 #: the first step recorded once they are written (here: once their step is done; from another
 #: device: once the relay reached them), not by one that waits for them.
 QUIET_BATCHES = 2
-#: Whether a kernel's step may read an inbound batch that is all its own where it lies (as its
-#: inbox) instead of a copy in its inbox (False: always the copy; tests use it to reach the copy
-#: paths, bench/k2k.py --no-in-place to measure them).
-READ_IN_PLACE = True
-_SURVEY_PUSH = struct.Struct("<4I")
-_OUTBOX_RESET = struct.Struct("<3I")   # count, step, capacity (a batch read in place changed the last two)
-_U32 = 0xFFFFFFFF
-
-
-@dataclass
-class InFlight:
-    """What the host must read back once the step with `value` completes."""
-    value: int
-    region: int
-    kernels: list[tuple[Kernel, int, int]] = field(default_factory=list)      # kernel, region, step
-    delivers: list[tuple[Batch | None, Kernel, int]] = field(default_factory=list)   # batch (None: h2k), offset
-    surveys: list[tuple[Batch, int]] = field(default_factory=list)
-    directory: list[int] = field(default_factory=list)    # directory entries this step rewrote
-    directs: list[tuple[InboundBatch, Kernel]] = field(default_factory=list)   # batches taken in place
-    in_place: int = 0   # of them, read by their kernel's step where they lie (no copy)
-
-
-def _push(cmd: Any, layout: Any, data: bytes) -> None:
-    cmds.push(cmd, layout, data)
 
 
 class DeviceStepper(StepHarvest):
     """The step engine of one DeviceContext (all methods run with ctx.lock held);
-    reading completed steps back is StepHarvest's (step_harvest.py)."""
+    its recorder records each step, reading completed steps back is StepHarvest's."""
 
     def __init__(self, runtime: Any, ctx: DeviceContext):
         self.rt, self.ctx = runtime, ctx
@@ -88,6 +53,7 @@ class DeviceStepper(StepHarvest):
         self.harvested = 0                  # the last timeline value harvested
         self.retired: list[tuple[int, Any]] = []   # (value, descriptor set) to free once completed
         self.submitter = cmds.Submitter()
+        self.recorder = StepRecorder(runtime, ctx)
 
     # -- waiting for room ------------------------------------------------------------
 
@@ -171,7 +137,7 @@ class DeviceStepper(StepHarvest):
         rec = InFlight(value, self.nsteps % d)
         taken_h2k: list[tuple[Kernel, list[bytes]]] = []
         try:
-            gpu_waits, survey_offsets = self._record(rec, launched, taken_h2k)
+            gpu_waits, survey_offsets = self.recorder.record(rec, launched, taken_h2k, self.batches, self.retired)
             gpu_waits += [(p.semaphore, p.value) for p in waits]
             self.submitter.submit(self.ctx.slot.native, self.ctx.queue, self.ctx.cmds[rec.region], gpu_waits,
                                   (self.ctx.timeline, value))
@@ -225,233 +191,6 @@ class DeviceStepper(StepHarvest):
         self.ctx.cond.notify_all()
         return point, launched, deferred, new
 
-    def _record(self, rec: InFlight, launched: list[Kernel], taken_h2k: list) -> tuple[list, list]:
-        ctx, d = self.ctx, self.ctx.in_flight
-        cmd = ctx.cmds[rec.region]
-        status_free = STATUS_WORDS
-        offset = rec.region * STATUS_WORDS
-
-        def take(words: int) -> int | None:
-            nonlocal status_free
-            if status_free < words:
-                return None
-            status_free -= words
-            return offset + (STATUS_WORDS - status_free - words)
-
-        # status records for the new outboxes' surveys come first: they are never skipped
-        outbox_surveys = [take(SURVEY_RECORD) for _ in launched]
-        gpu_waits: list[tuple[int, int]] = []
-        waited: set[int] = set()
-
-        def wait_for(b: Batch) -> None:
-            if id(b) not in waited:
-                waited.add(id(b))
-                gpu_waits.extend((p.semaphore, p.value) for p in b.waits)
-        cmds.begin(cmd)
-        cmds.barrier(cmd)
-        # 1. directory, outbox counts
-        with ctx.dir_lock:
-            rec.directory = sorted(ctx.dir_dirty)
-            ctx.dir_dirty.clear()
-        for idx in rec.directory:
-            entry = self.rt.directory_entry(idx)
-            cmds.update(cmd, ctx.directory.handle, idx * 16, entry)
-        feed = self.rt.outbox_feed
-        for k in launched:
-            j = k.steps % d
-            cmds.update(cmd, k.outbox.handle, j * k.outbox_region, _OUTBOX_RESET.pack(0, 0, k.spec.outbox_capacity))
-            self._place_injected(k, j, feed)
-            old = k.outbox_batches[j]
-            if old is not None:
-                gpu_waits += [(p.semaphore, p.value) for p in old.holds]
-        # direct landings: the batch's slots into the (empty) inbox at ring slot 0, by a copy command
-        readable = self._readable()
-        directs = self._directs(launched, rec, take, readable)
-        # kernel -> the (step, finish) sets that bind the batch it reads in place as its inbox
-        in_place = {id(x): self._in_place_sets(x, b) for x, b, _, copied in directs if copied < 0}
-        for x, b, _, copied in directs:
-            if copied > 0:
-                cmds.copy(cmd, b.buffer.handle, x.inbox.handle, b.offset + RING_HEADER_BYTES, RING_HEADER_BYTES,
-                          copied * x.slot_size)
-        cmds.barrier(cmd)
-        # 2. deliveries and surveys of new inbound batches
-        mode = MODE_PLAN if self.rt.payload_size >= PLANNED_DELIVERY_PAYLOAD else MODE_COPY
-        # kernel, set, offset, status, hops, slots, mode, slots copied in place
-        passes: list[tuple[Kernel, Any, int, int, int, int, int, int]] = []
-        for x, b, off, copied in directs:   # first: they start the inbox where the copy put the window
-            dset = self._deliver_set(x, ("in", b.buffer, b.size) if b.reuse_sets else None, b.buffer,
-                                     b.size, b)
-            # the sending step's survey read back already: all the batch's messages are x's (and its tenant's,
-            # stamped by the sender's finish pass), so the pass need not check them
-            how = MODE_IN_PLACE if copied < 0 else MODE_DIRECT_KNOWN if _known(b, x, copied) else MODE_DIRECT
-            passes.append((x, dset, b.offset, off, b.hops, 0, how, max(copied, 0)))
-            rec.delivers.append((b, x, off))
-            wait_for(b)
-        for k in launched:
-            j = k.steps % d
-            n = min(len(k.h2k), k.spec.inbox_capacity)
-            if not n or id(k) in in_place:   # (its step reads a batch in place: they go next step)
-                continue
-            off = take(DELIVER_RECORD)
-            if off is None:
-                break
-            slots = [k.h2k.popleft() for _ in range(n)]
-            taken_h2k.append((k, slots))
-            base = j * k.h2k_region
-            region = k.h2k_buffer.bytes[base:base + k.h2k_bytes]
-            region[RING_HEADER_BYTES:RING_HEADER_BYTES + n * k.slot_size] = np.frombuffer(b"".join(slots), np.uint8)
-            k.h2k_buffer.words[base // 4] = n
-            dset = self._deliver_set(k, (k.h2k_buffer.handle_int, k.h2k_bytes), k.h2k_buffer, k.h2k_bytes)
-            passes.append((k, dset, base, off, 0, n, mode, 0))
-            rec.delivers.append((None, k, off))
-        for b in readable:
-            for k in launched:
-                if not b.takes(k) or id(k) in in_place or k.replaying:   # (a replayed step takes only its logged inputs)
-                    continue
-                off = take(DELIVER_RECORD)
-                if off is None:
-                    break
-                inbound = isinstance(b, InboundBatch)
-                if not inbound:
-                    key = (b.buffer.handle_int, b.size)
-                else:
-                    key = ("in", b.buffer, b.size) if b.reuse_sets else None   # (by the object: never a stale handle)
-                dset = self._deliver_set(k, key, b.buffer, b.size, b)
-                slots = (b.size - RING_HEADER_BYTES) // k.slot_size if inbound else b.kernel.spec.outbox_capacity
-                passes.append((k, dset, b.offset, off, getattr(b, "hops", 0), slots, mode, 0))
-                rec.delivers.append((b, k, off))
-                b.passed.add(id(k))   # (some of its messages may be delivered already: never direct for k now)
-                wait_for(b)
-        self._record_deliveries(cmd, passes)
-        for b, _ in rec.directs:   # a direct pass that takes the whole batch tells as much as a survey
-            b.surveyed = True
-        new_inbound = [b for b in readable if isinstance(b, InboundBatch) and not b.surveyed]
-        if new_inbound:
-            cmds.bind_pipeline(cmd, ctx.survey.pipeline)
-            for b in new_inbound:
-                off = take(SURVEY_RECORD)
-                if off is None:
-                    break
-                key = (b.buffer, b.size)
-                pool_set = ctx.buffer_sets.get(key) if b.reuse_sets else None
-                if pool_set is None:
-                    pool_set = ctx.descriptor_set(ctx.survey, [(b.buffer.handle, 0, b.size),
-                                                              (ctx.directory.handle, 0, WHOLE_SIZE),
-                                                              (ctx.status.handle, 0, WHOLE_SIZE)])
-                    if b.reuse_sets:
-                        ctx.buffer_sets[key] = pool_set
-                    else:
-                        b.sets.append(pool_set)
-                self._survey(cmd, pool_set[1], b.offset, off)
-                rec.surveys.append((b, off))
-                b.surveyed = True
-                wait_for(b)
-        cmds.barrier(cmd)
-        # 3. the kernels
-        now = time.time_ns() // 1000
-        bound = None
-        for k in launched:
-            j = k.steps % d
-            if bound is not k.kernel_pass:
-                cmds.bind_pipeline(cmd, k.kernel_pass.pipeline)
-                bound = k.kernel_pass
-            sets = in_place.get(id(k))
-            kset = k.kernel_set if sets is None else sets[0]
-            cmds.bind_set(cmd, k.kernel_pass.layout, kset, (j * k.outbox_region,))
-            _push(cmd, k.kernel_pass.layout, _KERNEL_PUSH.pack(
-                k.steps & _U32, k.steps >> 32, k.address, k.tenant, k.spec.inbox_capacity,
-                k.spec.outbox_capacity, k.payload_size // 4, 0, *k.params))
-            cmds.dispatch(cmd, *k.spec.groups)
-        cmds.barrier(cmd)
-        # 4. finish
-        cmds.bind_pipeline(cmd, ctx.finish.pipeline)
-        for k in launched:
-            j = k.steps % d
-            sets = in_place.get(id(k))
-            fset = k.finish_set if sets is None else sets[1]
-            cmds.bind_set(cmd, ctx.finish.layout, fset, (j * k.outbox_region, j * k.k2h_region))
-            _push(cmd, ctx.finish.layout, _FINISH_PUSH.pack(now & _U32, now >> 32, k.steps & _U32, k.steps >> 32))
-            cmds.dispatch(cmd, 1, 1, 1)
-        cmds.barrier(cmd)
-        # 5. surveys of the new outboxes
-        cmds.bind_pipeline(cmd, ctx.survey.pipeline)
-        for k, off in zip(launched, outbox_surveys):
-            self._survey(cmd, k.survey_set, (k.steps % d) * k.outbox_region, off)
-        cmds.barrier(cmd, host=True)
-        cmds.end(cmd)
-        return gpu_waits, outbox_surveys
-
-    def _readable(self) -> list[Batch]:
-        """The batches this step reads: every one not done, except a lazy one (from a
-        sender whose recent batches were empty) that is not known to hold messages
-        here yet, which a later step reads (if it has any) instead of this one
-        waiting on the GPU for the other device, and the batches after it from the
-        same sender (FIFO). Known: a local batch once its step's survey is read
-        back; a landing once its sending step's survey is and names this device
-        (else the router takes it back unread) and its relay point is reached,
-        or, without a sending step to ask (none, or destroyed), once its wait
-        points are reached."""
-        out: list[Batch] = []
-        held: set[int] = set()
-        native, here = self.ctx.slot.native, self.ctx.index
-        for b in self.batches:
-            if b.done:
-                continue
-            src = b.source
-            if src is not None and id(src) in held:
-                continue
-            if b.lazy:
-                origin = getattr(b, "k2k_origin", None)
-                if isinstance(b, OutboxBatch):   # a local one: written by a step of this device
-                    ready = b.pending is not None
-                else:
-                    ready = (origin is None or origin.kernel.destroyed or
-                             (origin.pending is not None and origin.remote_devices >> here & 1)) \
-                        and all(native.timeline_value(p.semaphore) >= p.value for p in b.waits)
-                if not ready:
-                    if src is not None:
-                        held.add(id(src))
-                    continue
-            out.append(b)
-        return out
-
-    def _directs(self, launched: list[Kernel], rec: InFlight, take: Any,
-                 readable: list[Batch]) -> list[tuple[Kernel, InboundBatch, int, int]]:
-        """The inbound batches launched kernels take in place this step (direct
-        landings): for each kernel, the first batch guessed to be all its own,
-        unless an older batch of the same sender may still hold messages for it
-        (FIFO per pair). Each is cleared for its kernel now (the pass takes all of
-        them, on the fast path or not). Returns (kernel, batch, status offset,
-        slots to copy, or -1 where the kernel's step reads the batch in place)."""
-        out: list[tuple[Kernel, InboundBatch, int, int]] = []
-        if not any(getattr(b, "direct", None) is not None for b in readable):
-            return out
-        stepping = {id(k) for k in launched}
-        taken: set[int] = set()
-        waiting: set[tuple[int, int]] = set()   # (sender, kernel): an older batch may hold messages for it
-        for b in readable:
-            x, src = getattr(b, "direct", None), b.source
-            slots = (b.size - RING_HEADER_BYTES) // self.rt.slot_size
-            if x is not None and src is not None and id(x) in stepping and id(x) not in taken and \
-                    not x.destroyed and not x.replaying and slots <= x.spec.inbox_capacity and b.takes(x) and \
-                    id(x) not in b.passed and (id(src), id(x)) not in waiting:   # (the empty inbox holds it all)
-                off = take(DELIVER_RECORD)
-                if off is None:
-                    break
-                taken.add(id(x))
-                b.cleared.add(x)
-                rec.directs.append((b, x))
-                copied = min(b.direct_slots, slots)
-                if self._readable_in_place(b, x, readable):
-                    copied = -1
-                    rec.in_place += 1
-                out.append((x, b, off, copied))
-            if src is not None:
-                for k in launched:
-                    if b.takes(k):
-                        waiting.add((id(src), id(k)))
-        return out
-
     def surveys_awaited(self) -> set[int]:
         """The devices whose sending steps' surveys, not read back yet, decide whether a
         direct landing here is read in place (KernelRuntime.step reads back the
@@ -463,141 +202,3 @@ class DeviceStepper(StepHarvest):
             if origin is not None and origin.pending is None and getattr(b, "direct", None) is not None:
                 out.add(origin.device_index)
         return out
-
-    def _readable_in_place(self, b: InboundBatch, x: Kernel, readable: list[Batch]) -> bool:
-        """Whether x's step can read b (a direct landing for x: its whole batch fits
-        x's inbox) where it lies instead of a copy in its inbox: no other device
-        reads the region meanwhile (b.exclusive), the sending step's survey was
-        read back and says every message is x's, x takes nothing else this step
-        (no host message, no batch of another sender: they would wait a step;
-        the same sender's later batches do wait, the next steps read them in
-        turn, where the batch fills more than half of x's inbox: a backlog of
-        smaller ones goes faster through the copy paths, several a step), and
-        the region is aligned for a storage buffer binding."""
-        origin = getattr(b, "k2k_origin", None)
-        if not (READ_IN_PLACE and b.exclusive and origin is not None and origin.pending is not None
-                and not _inboxes_logged(self.rt)
-                and not x.h2k and b.offset % self.ctx.min_offset_alignment == 0
-                and _known(b, x, (b.size - RING_HEADER_BYTES) // self.rt.slot_size)):
-            return False
-        src = b.source
-        later = [o for o in readable if o is not b and o.takes(x)]
-        if any(src is None or o.source is not src for o in later):
-            return False
-        return not later or 2 * origin.count > x.spec.inbox_capacity
-
-    def _in_place_sets(self, k: Kernel, b: InboundBatch) -> tuple[Any, Any]:
-        """The descriptor sets of k's step and finish pass with the batch region as the
-        inbox (kept per kernel, buffer and offset like delivery sets, or with the batch)."""
-        ctx, whole = self.ctx, WHOLE_SIZE
-        # (by the kernel's pipeline too: a hot reload gives it another, its old sets are let go)
-        key = ("in", b.buffer, b.size, "in place", b.offset, id(k.kernel_pass)) if b.reuse_sets else None
-        pair = k.deliver_sets.get(key + ("kernel",)) if key else None
-        if pair is not None:
-            return pair[1], k.deliver_sets[key + ("finish",)][1]
-        stale = [x for x in k.deliver_sets if len(x) > 5 and x[3] == "in place" and x[5] != id(k.kernel_pass)]
-        for x in stale:
-            self.retired.append((ctx.value, k.deliver_sets.pop(x)))
-        inbox = (b.buffer.handle, b.offset, b.size)
-        kset = ctx.descriptor_set(k.kernel_pass, [inbox, (k.outbox.handle, 0, k.outbox_bytes)]
-                                  + [(s.handle, 0, whole) for s in k.states])
-        fset = ctx.descriptor_set(ctx.finish, [(k.control.handle, 0, whole), inbox,
-                                               (k.outbox.handle, 0, k.outbox_bytes),
-                                               (k.k2h.handle, 0, k.outbox_bytes)])
-        if key:
-            k.deliver_sets[key + ("kernel",)], k.deliver_sets[key + ("finish",)] = kset, fset
-        else:
-            b.sets += [kset, fset]
-        return kset[1], fset[1]
-
-    def _place_injected(self, k: Kernel, j: int, feed: Any) -> None:
-        """Messages the host routes as `k` (outbox feed) go into the last slots of the
-        step's K2H region; the finish pass appends what fits after k's own. One
-        such step per kernel is in flight at a time, so what did not fit goes
-        back to the front of the feed before anything newer is placed."""
-        base = j * k.k2h_region
-        words = k.k2h.words
-        words[base // 4 + 9] = 0
-        if feed is None or k.injecting is not None or k.replaying:
-            return
-        items = feed.take(k, k.spec.outbox_capacity)
-        if not items:
-            return
-        n = len(items)
-        start = base + RING_HEADER_BYTES + (k.spec.outbox_capacity - n) * k.slot_size
-        k.k2h.bytes[start:start + n * k.slot_size] = np.frombuffer(b"".join(slot for slot, _ in items), np.uint8)
-        words[base // 4 + 9] = n
-        k.injecting = (k.steps, items)
-
-    def _deliver_set(self, k: Kernel, key: tuple | None, buffer: Any, size: int, batch: Batch | None = None) -> Any:
-        """The descriptor set of a delivery pass from `buffer` into k's inbox (kept per
-        kernel and buffer; an inbound batch's own sets live and die with it)."""
-        ctx = self.ctx
-        if key is None:
-            pool_set = ctx.descriptor_set(ctx.deliver, [(buffer.handle, 0, size), (k.inbox.handle, 0, WHOLE_SIZE),
-                                                        (ctx.status.handle, 0, WHOLE_SIZE)])
-            batch.sets.append(pool_set)   # type: ignore[union-attr]
-        else:
-            pool_set = k.deliver_sets.get(key)
-            if pool_set is None:
-                pool_set = k.deliver_sets[key] = ctx.descriptor_set(
-                    ctx.deliver, [(buffer.handle, 0, size), (k.inbox.handle, 0, WHOLE_SIZE),
-                                  (ctx.status.handle, 0, WHOLE_SIZE)])
-        return pool_set[1]
-
-    def _record_deliveries(self, cmd: Any, passes: list[tuple[Kernel, Any, int, int, int, int, int, int]]) -> None:
-        """The delivery passes, in rounds: passes into one inbox are ordered by a
-        barrier (each reads and moves its tail), passes into different inboxes
-        run side by side. Large messages go plan first, then a copy pass."""
-        ctx = self.ctx
-        rounds: list[list[tuple]] = []
-        seen: dict[int, int] = {}
-        for p in passes:
-            r = seen.get(id(p[0]), 0)
-            seen[id(p[0])] = r + 1
-            if r == len(rounds):
-                rounds.append([])
-            rounds[r].append(p)
-        for i, group in enumerate(rounds):
-            if i:
-                cmds.barrier(cmd)
-            cmds.bind_pipeline(cmd, ctx.deliver.pipeline)
-            for k, dset, offset, status, hops, _, mode, copied in group:
-                cmds.bind_set(cmd, ctx.deliver.layout, dset, (offset,))
-                _push(cmd, ctx.deliver.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, mode,
-                                                                  copied, 0, 0))
-                cmds.dispatch(cmd, 1, 1, 1)
-            planned = [p for p in group if p[6] == MODE_PLAN]
-            if planned:
-                cmds.barrier(cmd)
-                cmds.bind_pipeline(cmd, ctx.deliver_copy.pipeline)
-                for k, dset, offset, status, hops, slots, _, _ in planned:
-                    cmds.bind_set(cmd, ctx.deliver_copy.layout, dset, (offset,))
-                    _push(cmd, ctx.deliver_copy.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, 1,
-                                                                           0, 0, 0))
-                    # as many workgroups as the plan found messages for (none: nothing runs)
-                    cmds.dispatch_indirect(cmd, ctx.status.handle, 4 * (status + 4))
-
-    def _survey(self, cmd: Any, dset: Any, offset: int, status: int) -> None:
-        ctx = self.ctx
-        cmds.bind_set(cmd, ctx.survey.layout, dset, (offset,))
-        _push(cmd, ctx.survey.layout, _SURVEY_PUSH.pack(status, ctx.index, ctx.table_size, 0))
-        cmds.dispatch(cmd, 1, 1, 1)
-
-
-def _inboxes_logged(rt: Any) -> bool:
-    """Whether the runtime's replay log (a checkpoint policy's) reads what each step consumed
-    from its kernel's inbox ring (replay_log.py): then no step reads a batch in place, which
-    would leave the inbox as it was (the log would keep stale slots as the step's input and
-    miss what it consumed: a restored kernel replayed on stale inputs, messages it consumed
-    handed again). The direct landing's copy command puts the batch in the inbox instead; the
-    log would need that copy anyway."""
-    return rt.__dict__.get("_policy") is not None
-
-
-def _known(b: Batch, x: Kernel, copied: int) -> bool:
-    """Whether the host read back the sending step's survey of b and it says that all of
-    b's messages (at most `copied`) are x's, from a sender of x's tenant."""
-    origin = getattr(b, "k2k_origin", None)
-    return origin is not None and origin.single_dest == x.address and origin.count <= copied \
-        and origin.kernel.tenant == x.tenant
