@@ -1,4 +1,4 @@
-"""Reading back the completed steps of one device (DeviceStepper's harvest):
+"""Reading back a completed step of one device (DeviceStepper's harvest):
 delivery results, batch surveys (and the router's guesses from them), the
 kernels' reports, host messages for `receive`, errors for the senders."""
 from __future__ import annotations
@@ -7,7 +7,8 @@ import logging
 from typing import Any
 
 from .device_context import MAX_LOCAL_KERNELS, SURVEY_RECORD
-from .kernel import InboundBatch, Kernel, OutboxBatch, Batch
+from .kernel import Batch, Kernel, OutboxBatch
+from .step_recorder import InFlight
 from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, RING_HEADER_BYTES, HlcTimestamp, K2KMessage, MessageEnvelope
 
 log = logging.getLogger(__name__)
@@ -16,46 +17,13 @@ __all__ = ["StepHarvest"]
 
 
 class StepHarvest:
-    """harvest() and what it reads, for DeviceStepper (its ctx lock held)."""
+    """Reads back what one completed step of a DeviceContext did (its ctx lock held)."""
 
-    rt: Any
-    ctx: Any
-    inflight: Any
-    batches: list
-    harvested: int
-    retired: list
+    def __init__(self, runtime: Any, ctx: Any):
+        self.rt, self.ctx = runtime, ctx
 
-    def harvest(self) -> None:
-        """Read back every completed step: host messages, counts, delivery results."""
-        if not self.inflight and not self.retired:
-            return
-        done = self.ctx.completed()
-        changed = False
-        while self.inflight and self.inflight[0].value <= done:
-            rec = self.inflight.popleft()
-            self._harvest_one(rec)
-            self.harvested = rec.value
-            changed = True
-        if changed:
-            for b in list(self.batches):
-                if b.pending is not None:
-                    b.pending = {k for k in b.pending if not k.destroyed}
-                if b.finish_if_done(done):
-                    self.batches.remove(b)
-                    if isinstance(b, InboundBatch):
-                        self.retired += [(b.last_value, s) for s in b.sets]
-                        b.sets = []
-            self.ctx.cond.notify_all()
-        if self.retired:
-            keep = []
-            for value, pool_set in self.retired:
-                if value <= done:
-                    self.ctx.free_set(pool_set)
-                else:
-                    keep.append((value, pool_set))
-            self.retired = keep
-
-    def _harvest_one(self, rec: Any) -> None:   # (an InFlight)
+    def read(self, rec: InFlight) -> None:
+        """Apply the step `rec`: its surveys, delivery results and the kernels' reports."""
         status = self.ctx.status.words
         for b, off in rec.surveys:
             self._apply_survey(b, status[off:off + SURVEY_RECORD])

@@ -28,7 +28,7 @@ from ...transfer.cross_device import TimelinePoint
 from . import recording as cmds
 from .device_context import DeviceContext
 from .harvest import StepHarvest
-from .kernel import Batch, Kernel, OutboxBatch
+from .kernel import Batch, InboundBatch, Kernel, OutboxBatch
 from .step_recorder import InFlight, StepRecorder
 
 log = logging.getLogger(__name__)
@@ -41,9 +41,9 @@ __all__ = ["DeviceStepper", "QUIET_BATCHES"]
 QUIET_BATCHES = 2
 
 
-class DeviceStepper(StepHarvest):
+class DeviceStepper:
     """The step engine of one DeviceContext (all methods run with ctx.lock held);
-    its recorder records each step, reading completed steps back is StepHarvest's."""
+    its recorder records each step, its readback (StepHarvest) reads each completed one back."""
 
     def __init__(self, runtime: Any, ctx: DeviceContext):
         self.rt, self.ctx = runtime, ctx
@@ -54,6 +54,39 @@ class DeviceStepper(StepHarvest):
         self.retired: list[tuple[int, Any]] = []   # (value, descriptor set) to free once completed
         self.submitter = cmds.Submitter()
         self.recorder = StepRecorder(runtime, ctx)
+        self.readback = StepHarvest(runtime, ctx)
+
+    # -- harvest ---------------------------------------------------------------------
+
+    def harvest(self) -> None:
+        """Read back every completed step: host messages, counts, delivery results."""
+        if not self.inflight and not self.retired:
+            return
+        done = self.ctx.completed()
+        changed = False
+        while self.inflight and self.inflight[0].value <= done:
+            rec = self.inflight.popleft()
+            self.readback.read(rec)
+            self.harvested = rec.value
+            changed = True
+        if changed:
+            for b in list(self.batches):
+                if b.pending is not None:
+                    b.pending = {k for k in b.pending if not k.destroyed}
+                if b.finish_if_done(done):
+                    self.batches.remove(b)
+                    if isinstance(b, InboundBatch):
+                        self.retired += [(b.last_value, s) for s in b.sets]
+                        b.sets = []
+            self.ctx.cond.notify_all()
+        if self.retired:
+            keep = []
+            for value, pool_set in self.retired:
+                if value <= done:
+                    self.ctx.free_set(pool_set)
+                else:
+                    keep.append((value, pool_set))
+            self.retired = keep
 
     # -- waiting for room ------------------------------------------------------------
 
