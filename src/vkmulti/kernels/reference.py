@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .._core.checks import int_in, positive_int
 from .._core.shaders import shader_path
 from .engine.kernel import KernelSpec
 
@@ -93,9 +94,8 @@ def stencil_kernel(width: int, height: int, payload_size: int) -> KernelSpec:
     params=(up address or 0, down address or 0, width, height) and
     state=stencil_tile_state(...). Its halo rows travel in
     ceil(width*4 / payload_size) messages per side per step."""
-    for label, v in (("width", width), ("height", height)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{label} must be a positive int, got {v!r}")
+    positive_int(width, "width")
+    positive_int(height, "height")
     if width < 3:
         raise ValueError(f"width must be >= 3 (the outer columns are fixed), got {width}")
     chunks = _chunks(width, payload_size)
@@ -163,11 +163,8 @@ def burst_kernel(messages: int, *, groups: int | None = None) -> KernelSpec:
     region was written in full once). As a receiver it checks and counts up
     to `messages` messages a step. Both rings hold `messages` slots; `groups`
     workgroups (default: one per slot) share the slots."""
-    if isinstance(messages, bool) or not isinstance(messages, int) or not 1 <= messages <= 65536:
-        raise ValueError(f"messages must be an int in [1, 65536], got {messages!r}")
-    groups = messages if groups is None else groups
-    if isinstance(groups, bool) or not isinstance(groups, int) or not 1 <= groups <= 65535:
-        raise ValueError(f"groups must be an int in [1, 65535], got {groups!r}")
+    int_in(messages, "messages", 1, 65536)
+    groups = int_in(messages if groups is None else groups, "groups", 1, 65535)
     return KernelSpec("burst", shader_path("kernel_burst.comp.spv").read_bytes(), state_sizes=(64,),
                       inbox_capacity=messages, outbox_capacity=messages, groups=(groups, 1, 1))
 

@@ -547,13 +547,11 @@ class Kernel:
 
 
 def check_params(params: Any) -> tuple[int, int, int, int]:
+    """Up to four u32 user parameters (numpy integers too), as a 4-tuple padded with zeros."""
     if len(params) == 1 and not isinstance(params[0], int):
         params = tuple(params[0])
     if len(params) > 4:
         raise ValueError(f"at most 4 user parameters, got {len(params)}")
-    out = []
-    for i, p in enumerate(params):
-        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= int(p) <= U32_MAX:
-            raise ValueError(f"params[{i}] must be an int in [0, 2**32), got {p!r}")
-        out.append(int(p))
+    out = [int(int_in(int(p) if isinstance(p, np.integer) else p, f"params[{i}]", 0, U32_MAX))
+           for i, p in enumerate(params)]
     return tuple(out + [0] * (4 - len(out)))   # type: ignore[return-value]
