@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import vulkan as vk
 
 from ..._core.checks import U32_MAX, int_in, positive_int
 from ..._core.reprs import compact_repr
@@ -387,8 +388,6 @@ class Kernel:
 
     def init_commands(self, state: list[np.ndarray | None]) -> Any:
         """The recorder that zeroes the kernel's memory, writes the headers and the initial state."""
-        import vulkan as vk
-
         spec, d = self.spec, self.ctx.in_flight
         header = np.zeros(4, np.uint32)
         control = np.zeros(16, np.uint32)

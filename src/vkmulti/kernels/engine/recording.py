@@ -11,6 +11,7 @@ from typing import Any
 
 import vulkan as vk
 
+from ..._core import vkapi
 from ...errors import raise_for_result
 
 _lib, _ffi = vk.lib, vk.ffi
@@ -127,8 +128,6 @@ class Submitter:
 
     def submit(self, native: Any, queue: Any, cmd: Any, waits: list[tuple[int, int]],
                signal: tuple[int, int]) -> None:
-        from ..._core import vkapi
-
         n = len(waits)
         if n > self._room:
             self._grow(max(n, 2 * self._room))
@@ -150,8 +149,6 @@ def submit(native: Any, queue: Any, cmd: Any, waits: list[tuple[int, int]], sign
     """vkQueueSubmit of one command buffer to `queue` (a devices.Queue) that waits
     (all commands) for timeline points `waits` and signals the timeline point
     `signal`, through the lost flag of `native` (vkapi.queue_submit)."""
-    from ..._core import vkapi
-
     n = len(waits)
     timeline = _ffi.new("VkTimelineSemaphoreSubmitInfo*")
     timeline.sType = vk.VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO
