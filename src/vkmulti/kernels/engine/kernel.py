@@ -479,12 +479,15 @@ class Kernel:
         self.runtime.restore(checkpoint, into=self)
 
     def checkpoint_kernel_id(self) -> str:
+        """The id a checkpoint of this kernel records."""
         return self.id
 
     def checkpoint_kernel_type(self) -> str:
+        """The kernel type a checkpoint of this kernel records."""
         return self.kernel_type
 
     def supports_incremental(self) -> bool:
+        """True: create_incremental_checkpoint gives the chunks changed since a base."""
         return True
 
     def create_incremental_checkpoint(self, base: Any) -> Any:
@@ -526,6 +529,7 @@ class Kernel:
     # -- HotReloadableKernel -------------------------------------------------------------
 
     def prepare_for_reload(self) -> None:
+        """Hold the kernel back from stepping and wait for its submitted steps."""
         self._quiesce(_RELOAD)
 
     def apply_code(self, code: Any, timeout: float = 30.0) -> None:
@@ -535,9 +539,11 @@ class Kernel:
         swapper.apply_code(self, code, timeout)
 
     def resume_after_reload(self) -> None:
+        """Let it step again."""
         self.runtime._release(self, _RELOAD)
 
     def is_ready_for_reload(self) -> bool:
+        """No step of it in flight: its code can be swapped."""
         return self._done()
 
     def __repr__(self) -> str:
