@@ -28,7 +28,7 @@ from vkmulti.cluster import (ClusterAddressError, ClusterConnectionError, Cluste
 from vkmulti.apps.demo import make_srus  # noqa: E402
 from vkmulti.errors import DeviceLostError  # noqa: E402
 from vkmulti.memory.image import Image  # noqa: E402
-from vkmulti.offload.render import Compositor  # noqa: E402
+from vkmulti.offload import Compositor  # noqa: E402
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 SKIP_CLUSTER = os.environ.get("VKMULTI_SKIP_CLUSTER") == "1" or "asan" in os.environ.get("LD_PRELOAD", "")

@@ -31,7 +31,7 @@ from vkmulti import TransferMethod
 from vkmulti._core import vkapi
 from vkmulti.errors import TimeoutError as VkmTimeoutError
 from vkmulti.memory.image import Buffer, Image
-from vkmulti.offload.render import SRU_IMAGE_USAGE, Compositor, ReferenceRenderer, ReferenceSRU
+from vkmulti.offload import SRU_IMAGE_USAGE, Compositor, ReferenceRenderer, ReferenceSRU
 from vkmulti.transfer.cross_device import CrossDeviceTransfer
 
 
