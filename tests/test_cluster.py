@@ -25,7 +25,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 from vkmulti import MultiDeviceManager, ReferenceRenderer, ReferenceSRU, SRUOffloadCoordinator  # noqa: E402
 from vkmulti.cluster import (ClusterAddressError, ClusterConnectionError, ClusterError, LinkInfo,  # noqa: E402
                              NodeAgent, NodeInfo, RayMissingError, composite_frame, parse_address, plan_nodes)
-from vkmulti.apps.demo import make_srus  # noqa: E402
+from vkmulti.offload import make_srus  # noqa: E402
 from vkmulti.errors import DeviceLostError  # noqa: E402
 from vkmulti.memory.image import Image  # noqa: E402
 from vkmulti.offload import Compositor  # noqa: E402

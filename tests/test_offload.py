@@ -17,7 +17,7 @@ import vkmulti
 from vkmulti.apps import cli
 from vkmulti import (DestroyedError, MultiDeviceManager, OffloadRoute, ReferenceRenderer, ReferenceSRU,
                      SRUOffloadCoordinator, TransferMethod, select_transfer_method)
-from vkmulti.apps.demo import make_srus
+from vkmulti.offload import make_srus
 from vkmulti.memory.image import Image
 from vkmulti.offload.coordinator import RendererMissingError, SecondaryRenderContext
 from vkmulti.offload.partition import SRUAssignment

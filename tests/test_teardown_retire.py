@@ -97,7 +97,7 @@ import os, sys
 from vkmulti.testing import install_virtual_gpus
 install_virtual_gpus(2)
 import vkmulti
-from vkmulti.apps.demo import make_srus
+from vkmulti.offload import make_srus
 from vkmulti.memory.image import Image
 for i in range(int(sys.argv[1])):
     with vkmulti.MultiDeviceManager.create(validation=False) as mgr:
