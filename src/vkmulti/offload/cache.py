@@ -29,13 +29,13 @@ class SruCache:
     `make_transfer(route, width=, height=)` makes an SRU's transfer to the
     primary; `last_composite()` gives (compositor, point) of the latest
     composite, or None: nothing an SRU used is freed before it is reached.
-    Every wait is bounded by `timeout`.
+    Every wait is bounded by `timeout()` seconds (the coordinator's timeout).
     """
 
-    def __init__(self, manager: Any, timeout: float, *, make_transfer: Callable[..., CrossDeviceTransfer],
+    def __init__(self, manager: Any, timeout: Callable[[], float], *, make_transfer: Callable[..., CrossDeviceTransfer],
                  last_composite: Callable[[], tuple[Any, TimelinePoint] | None]):
         self.manager = manager
-        self.timeout = timeout
+        self._timeout = timeout
         #: SRU id -> its cached resources
         self.entries: dict[Any, SruEntry] = {}
         #: resources of SRUs that moved device, for the next SRU that moves there: ("image", device, w, h)
@@ -45,9 +45,9 @@ class SruCache:
         self._last_composite = last_composite
 
     def left(self, dl: Deadline) -> float:
-        """Seconds left of `dl`, this cache's timeout when it has no end."""
+        """Seconds left of `dl`, the timeout when it has no end."""
         left = dl.left()
-        return self.timeout if left is None else left
+        return self._timeout() if left is None else left
 
     def entry(self, sru: Any, route: OffloadRoute, *, landing: bool) -> SruEntry:
         """The SRU's entry for `route`, with a target (and, offloaded, a transfer, and a landing
@@ -110,7 +110,7 @@ class SruCache:
             if not self.manager.device_lost(k[1]):
                 self.spares.setdefault(k, []).append(obj)
             else:
-                obj.destroy(self.timeout)
+                obj.destroy(self._timeout())
 
     def trim_spares(self, sizes: set[tuple[int, int]], keep: int) -> None:
         """Free the spares of sizes no SRU has now, and beyond `keep` of a kind per device and size."""
@@ -118,7 +118,7 @@ class SruCache:
             objs = self.spares[k]
             extra = objs if k[2:4] not in sizes else objs[keep:]
             for obj in extra:
-                obj.destroy(self.timeout)
+                obj.destroy(self._timeout())
             del objs[len(objs) - len(extra):]
             if not objs:
                 del self.spares[k]
@@ -128,7 +128,7 @@ class SruCache:
         for k in [k for k in self.spares if k[1] == device]:
             for obj in self.spares.pop(k):
                 try:
-                    obj.destroy(self.timeout)
+                    obj.destroy(self._timeout())
                 except Exception as exc:   # a lost device's objects: logged, never used again
                     log.warning("spare %s on GPU %d: destroy failed (%r)", k[0], device, exc)
 

@@ -111,7 +111,8 @@ class SRUOffloadCoordinator:
         self._lock = threading.RLock()
         self._life = Lifetime(self, "SRUOffloadCoordinator", (manager._life,))
         self._planner = AdaptivePlanner(manager, adaptive=adaptive, damping=adaptive_damping, timeout=timeout)
-        self._cache = SruCache(manager, timeout, make_transfer=self.transfer_for, last_composite=self._last_composite)
+        self._cache = SruCache(manager, lambda: self.timeout, make_transfer=self.transfer_for,
+                               last_composite=self._last_composite)
         self._failover = FrameFailover(manager, self._unavailable, mark_unavailable=self._mark_unavailable,
                                        drop_device=self._drop_device, render_fallback=self._render_fallback,
                                        composited=self._composited)
@@ -176,8 +177,7 @@ class SRUOffloadCoordinator:
     def restore_device(self, index: int) -> None:
         """Let a device marked unavailable take part in plans again (not a lost one:
         DeviceLostError; its objects are never used again)."""
-        if is_int(index) and 0 <= index < len(self.manager._slots) \
-                and self.manager.device_lost(index):
+        if is_int(index) and 0 <= index < len(self.manager._slots) and self.manager.device_lost(index):
             raise DeviceLostError(-4, "restore_device", f"GPU {index} is lost: it cannot take part in plans again")
         self._unavailable.pop(index, None)
 
@@ -190,7 +190,7 @@ class SRUOffloadCoordinator:
         cost defaults to `sru.render_cost` when SRUs have it, else the seed's
         instance count. The route cache is replaced.
         """
-        self._check()
+        self._life.check()
         srus = list(srus)
         usable = self.usable_devices()
         previous = None
@@ -244,7 +244,7 @@ class SRUOffloadCoordinator:
         its wait(). `dst_wait`: a TimelinePoint on the primary to reach before
         the destination image is overwritten.
         """
-        self._check()
+        self._life.check()
         sid = getattr(sru, "sru_id", None)
         route = self._routes.get(sid) if sid is not None else None
         if route is None or not route.offloaded or route.device_index in self._unavailable:
@@ -336,7 +336,7 @@ class SRUOffloadCoordinator:
 
     def _render_frame(self, srus: Iterable[Any], frame: Image, sru_id: Any, cost: Any, transfer_cost: Any,
                       offloadable: Any, clear: Any, wait: bool) -> FrameReport:
-        self._check()
+        self._life.check()
         srus = list(srus)
         compositor = self._ensure_compositor()
         compositor._check_image(frame, "frame", vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT)
@@ -440,7 +440,7 @@ class SRUOffloadCoordinator:
             done = compositor.composite(frame, placements, wait=waits, clear=clear)
             self._last_frame = done
             self._failover.in_flight = FrameInFlight(frame, [(key(s), images[key(s)], s.x, s.y) for s in srus],
-                                                  landing, rendered_on, fallbacks, clear, done)
+                                                     landing, rendered_on, fallbacks, clear, done)
             self._planner.end(rendered_on, by_id, cost or default_cost, done)
         seconds: dict[int, float] = {}
         repaired = None
@@ -470,15 +470,13 @@ class SRUOffloadCoordinator:
         repaired here: those SRUs are rendered on the primary and the frame is
         composited again before this returns."""
         if self._compositor is not None and self._last_frame is not None:
-            self._failover.wait_composite(self._compositor, self._last_frame, self.timeout if timeout is None else timeout)
+            self._failover.wait_composite(self._compositor, self._last_frame,
+                                          self.timeout if timeout is None else timeout)
             with self._lock:
                 self._failover.verify_frame(self._compositor, self.timeout)
                 self._failover.losses_recovered()
 
     # -- helpers -------------------------------------------------------------
-
-    def _check(self) -> None:
-        self._life.check()
 
     def _caps(self) -> Any:
         caps = self.capabilities
