@@ -231,7 +231,9 @@ def test_an_equal_pair_measures_equal(manager):
             c.render_frame(srus, frame)
             w = c.measured_weights
             ratios.append(w[1] / w[0])
-        assert 0.7 < sorted(ratios)[len(ratios) // 2] < 1 / 0.7, ratios   # dst_ready timing: 0.4-0.5
+        # The bug measured 0.4-0.5; the bounds leave room for two CPU devices sharing a loaded
+        # machine (1.54 seen beside a full test run), not for the bias.
+        assert 0.55 < sorted(ratios)[len(ratios) // 2] < 1 / 0.55, ratios
     finally:
         c.destroy()
         frame.destroy()
