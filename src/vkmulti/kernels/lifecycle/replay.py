@@ -1,5 +1,5 @@
 """Bringing the kernels of a lost GPU back on the survivors (the failover's
-restore; RuntimeFailover calls `restore_lost_kernels`).
+restore; Failover calls `restore_lost_kernels`).
 
 For each kernel of the lost device that has a policy checkpoint:
 
@@ -88,11 +88,13 @@ def _replay_step(rt: Any, k: Any, slots: list[bytes], keep_k2h: bool, deadline: 
         ctx.cond.notify_all()
 
 
-def restore_lost_kernels(rt: Any, device: int, kernels: list[Any], pair: Any, drained: bool,
+def restore_lost_kernels(life: Any, device: int, kernels: list[Any], pair: Any, drained: bool,
                          lost_devices: set[int]) -> tuple[list[Any], list[Any], int, int]:
     """Restore `kernels` (of lost `device`, whose (context, stepper) is `pair`) on the
-    survivors; returns (restored, not restored, steps replayed, messages handed again)."""
-    state = rt.__dict__.get("_policy")
+    survivors; returns (restored, not restored, steps replayed, messages handed again).
+    `life`: the runtime's Lifecycle (its policy holds the checkpoints and the replay log)."""
+    rt = life.rt
+    state = life.policy_state
     if state is None or not kernels:
         return [], list(kernels), 0, 0
     replay = state.replay
