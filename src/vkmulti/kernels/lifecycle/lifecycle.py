@@ -84,7 +84,7 @@ from .live_migration import migrate_live
 from .migrator import KernelMigrator, MigrationResult
 from .policy import CheckpointPolicy, PolicyState
 from .restore import restore_into, restore_new
-from .twin import MigrationPool, MoveEngines, Retired, free_retired
+from .twin import MigrationPool, MoveEngines, Retired, RuntimeView, free_retired
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class Lifecycle:
     left behind (retired until unused, pooled up to `pool_limit()` bytes per
     device), the transfer engines of the moves, the policy's state."""
 
-    def __init__(self, rt: Any, pool_limit: Callable[[], int]):
+    def __init__(self, rt: RuntimeView, pool_limit: Callable[[], int]):
         self.rt = rt
         self._create = threading.Lock()
         self._held_cond = threading.Condition(threading.Lock())

@@ -61,8 +61,8 @@ from ..engine.kernel import InboundBatch, Kernel
 from ..messages import RING_HEADER_BYTES
 from ..coordinator.plans import MigrationRequest, MigrationState
 from .migrator import MigrationResult
-from .twin import (assign, build_twin, deadline_of, finish_move, free_twin, hand_back, retire_half, state_buffers,
-                   time_left, wait_jobs, wait_kernel)
+from .twin import (LifecycleView, assign, build_twin, deadline_of, finish_move, free_twin, hand_back, retire_half,
+                   state_buffers, time_left, wait_jobs, wait_kernel)
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def _pump_router(rt: Any) -> int:
 
 # -- the staging batch --------------------------------------------------------------------------
 
-def _stage(life: Any, k: Kernel, deadline: float) -> tuple[Buffer | None, int]:
+def _stage(life: LifecycleView, k: Kernel, deadline: float) -> tuple[Buffer | None, int]:
     """Take every message waiting for k in batches on its device into a staging
     batch on that device (one GPU pass per batch, in the stepper's order);
     returns the buffer (None when there were none) and the message count."""
@@ -173,7 +173,7 @@ def _stage(life: Any, k: Kernel, deadline: float) -> tuple[Buffer | None, int]:
 
 # -- the switch ---------------------------------------------------------------------------------
 
-def switch_at_step_boundary(life: Any, k: Kernel, deadline: float, rings: list[Buffer],
+def switch_at_step_boundary(life: LifecycleView, k: Kernel, deadline: float, rings: list[Buffer],
                             switch: Any) -> tuple[Any, float, int]:
     """Run `switch(rings)` with the runtime's gate held, once every submitted step
     is done, the router has submitted its queued moves and every message waiting
@@ -217,7 +217,7 @@ _CLOSE_TIMEOUT = 30.0
 _ROUND_WAIT = 0.05
 
 
-def _hash_on_arrival(life: Any, dst: int, buffers: list, tickets: list, deadline: float) -> Any:
+def _hash_on_arrival(life: LifecycleView, dst: int, buffers: list, tickets: list, deadline: float) -> Any:
     """The destination's CRC32 job of `buffers` (whole), ordered after the copies
     `tickets` by their timeline points (the device waits, not the host). The
     shader's submit waits on its own queue, which a single-queue device shares
@@ -229,7 +229,7 @@ def _hash_on_arrival(life: Any, dst: int, buffers: list, tickets: list, deadline
     return crc.submit([(b, 0, b.size) for b in buffers], [t.dst_ready for t in tickets])
 
 
-def _switch(life: Any, k: Kernel, twin: Kernel, request: MigrationRequest, eng: Engine, tickets: list,
+def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequest, eng: Engine, tickets: list,
             rings: list[Buffer], crcs: list, verify: bool, deadline: float) -> tuple:
     """The end of a migration, with the gate held and nothing left to stage: control
     block, inbox and staging batches follow the state, the CRC32s are compared
@@ -285,7 +285,7 @@ def _switch(life: Any, k: Kernel, twin: Kernel, request: MigrationRequest, eng: 
     return transfer_d, verify_d, match, time.monotonic() - t0, sum(a.size for a, _ in small)
 
 
-def migrate_live(life: Any, k: Kernel, request: MigrationRequest, timeout: float | None,
+def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, timeout: float | None,
                  verify: bool) -> MigrationResult:
     """Live-migrate k as `request` says (see the module docstring); `life`: the
     runtime's Lifecycle."""

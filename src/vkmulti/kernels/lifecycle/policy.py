@@ -24,6 +24,7 @@ from ..ids import KernelId, as_kernel_id
 from ..engine.kernel import Kernel
 from .image import KernelImage, fill_image, image_meta, image_sources, record_image_copy, to_checkpoint
 from .replay_log import ReplayLog
+from .twin import LifecycleView
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class _Capture:
 class PolicyState:
     """The policy's captures of one runtime (`life`: its Lifecycle, whose GPU jobs copy them)."""
 
-    def __init__(self, life: Any, policy: CheckpointPolicy):
+    def __init__(self, life: LifecycleView, policy: CheckpointPolicy):
         self.life, self.policy = life, policy
         self.lock = threading.Lock()
         self.pending: list[_Capture] = []

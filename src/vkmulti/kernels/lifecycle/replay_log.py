@@ -34,6 +34,7 @@ import vulkan as vk
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from ..engine.device_context import MappedBuffer
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES
+from .twin import LifecycleView
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class _Capture:
 class ReplayLog:
     """The replay log of one KernelRuntime (see the module docstring)."""
 
-    def __init__(self, life: Any):
+    def __init__(self, life: LifecycleView):
         self.life, self.rt = life, life.rt
         self.lock = threading.Lock()
         self.kernels: dict[str, KernelLog] = {}

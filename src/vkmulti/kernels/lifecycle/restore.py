@@ -17,8 +17,8 @@ from ..engine.gate import gate_of
 from ..engine.kernel import Kernel
 from .image import KernelImage, patch_control, readdress_slots, upload
 from .live_migration import switch_at_step_boundary
-from .twin import (assign, build_twin, deadline_of, finish_move, free_twin, hand_back, retire_half, source_usable,
-                   time_left, wait_jobs, wait_kernel)
+from .twin import (LifecycleView, RuntimeView, assign, build_twin, deadline_of, finish_move, free_twin, hand_back,
+                   retire_half, source_usable, time_left, wait_jobs, wait_kernel)
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def _apply_host_side(k: Kernel, img: KernelImage, fresh: bool) -> None:
     k.h2k.extend(readdress_slots(img.h2k, k.address) + newer)
 
 
-def restore_into(life: Any, k: Kernel, img: KernelImage, device: int | None, timeout: float | None) -> Kernel:
+def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int | None, timeout: float | None) -> Kernel:
     """Rebuild `k` (same object, id and address) from `img` on `device` (`life`: the runtime's Lifecycle)."""
     rt = life.rt
     deadline = deadline_of(timeout)
@@ -128,7 +128,7 @@ def restore_into(life: Any, k: Kernel, img: KernelImage, device: int | None, tim
     return k
 
 
-def restore_new(rt: Any, img: KernelImage, device: int | None, kernel_id: str | None,
+def restore_new(rt: RuntimeView, img: KernelImage, device: int | None, kernel_id: str | None,
                 timeout: float | None) -> Kernel:
     """A new kernel (new address) from `img`."""
     k = rt.launch(img.spec, kernel_id if kernel_id is not None else img.kernel_id, device=device,

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
@@ -27,9 +27,62 @@ from ..engine.kernel import Kernel, KernelSpec, OutboxBatch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MigrationPool", "Retired", "MoveEngines", "Twin", "state_buffers", "build_twin", "free_twin",
-           "retire_half", "free_retired", "hand_back", "finish_move", "assign", "source_usable", "deadline_of",
-           "time_left", "wait_kernel", "wait_jobs"]
+__all__ = ["RuntimeView", "LifecycleView", "MigrationPool", "Retired", "MoveEngines", "Twin", "state_buffers",
+           "build_twin", "free_twin", "retire_half", "free_retired", "hand_back", "finish_move", "assign",
+           "source_usable", "deadline_of", "time_left", "wait_kernel", "wait_jobs"]
+
+
+class RuntimeView(Protocol):
+    """What the lifecycle (checkpoint, restore, migration, replay) uses of its
+    KernelRuntime: its registries under `_lock`, its devices and the waits and
+    directory updates of its step loop."""
+    coordinator: Any
+    manager: Any
+    payload_size: int
+    max_kernels: int
+    outbox_feed: Any
+    _lock: threading.RLock
+    _kernels: dict[str, Kernel]
+    _by_index: dict[int, Kernel]
+    _contexts: dict[int, tuple[Any, Any]]
+    _listeners: list[Callable[[list], Any]]
+
+    @property
+    def kernels(self) -> list[Kernel]: ...
+    def _resolve(self, kernel: Any, label: str = "kernel") -> Kernel: ...
+    def _context(self, index: int) -> Any: ...
+    def _device(self, index: int) -> tuple[Any, Any]: ...
+    def _mark_dirty(self, index: int) -> None: ...
+    def _wait_points(self, points: Iterable[Any], timeout: float | None) -> None: ...
+    def _wait_point(self, p: Any, deadline: float, timeout: float | None) -> None: ...
+    def synchronize(self, timeout: float | None = 60.0) -> None: ...
+    def accept_batch(self, device: int, buffer: Any, offset: int, size: int) -> Any: ...
+    def launch(self, spec: KernelSpec, kernel_id: str | None = None, **kw: Any) -> Kernel: ...
+    def destroy_kernel(self, kernel: Any, *, timeout: float = 30.0) -> None: ...
+    def device_lost(self, index: int) -> bool: ...
+    def record_dead_letters(self, text: str, n: int) -> None: ...
+    def restore(self, checkpoint: Any, **kw: Any) -> Kernel: ...
+    def latest_checkpoint(self, kernel: Any) -> Any: ...
+
+
+class LifecycleView(Protocol):
+    """What moves, the policy and the replay use of the runtime's Lifecycle: its
+    runtime, holds, GPU jobs and CRC32 engines, the migration pool, the transfer
+    engines, the retired resources, the count of steps made, the policy's state."""
+    rt: RuntimeView
+    engines: "MoveEngines"
+    steps_done: int
+    policy_state: Any
+
+    @property
+    def pool(self) -> "MigrationPool": ...
+    def hold(self, kernel: Kernel, why: str, moving: bool = False) -> None: ...
+    def release(self, kernel: Kernel, why: str | None = None, moving: bool = False) -> None: ...
+    def extras(self, device: int) -> Any: ...
+    def extras_if_made(self, device: int) -> Any: ...
+    def crc(self, device: int) -> Any: ...
+    def retire(self, item: "Retired") -> None: ...
+    def wait_for_step(self, seen: int, timeout: float) -> None: ...
 
 
 class MigrationPool:
@@ -144,7 +197,7 @@ class Twin(Kernel):
         return super()._buffer(size, mapped, exported)
 
 
-def _check_state_sizes(rt: Any, k: Kernel, device: int, spec: KernelSpec) -> Any:
+def _check_state_sizes(rt: RuntimeView, k: Kernel, device: int, spec: KernelSpec) -> Any:
     ctx, _ = rt._device(device)
     for i, n in enumerate(spec.state_sizes):
         if n > ctx.max_storage_range:
@@ -153,7 +206,7 @@ def _check_state_sizes(rt: Any, k: Kernel, device: int, spec: KernelSpec) -> Any
     return ctx
 
 
-def state_buffers(rt: Any, pool: MigrationPool, k: Kernel, device: int) -> list[Buffer]:
+def state_buffers(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int) -> list[Buffer]:
     """Device-local buffers on `device` for k's state (from `pool` where it has
     them), to copy into before the twin exists (build_twin(states=...))."""
     ctx = _check_state_sizes(rt, k, device, k.spec)
@@ -169,7 +222,7 @@ def state_buffers(rt: Any, pool: MigrationPool, k: Kernel, device: int) -> list[
     return out
 
 
-def build_twin(rt: Any, pool: MigrationPool, k: Kernel, device: int, spec: KernelSpec | None = None,
+def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spec: KernelSpec | None = None,
                states: list[Buffer] | None = None) -> Kernel:
     """A Kernel with k's id, address, tenant and params, its resources on `device`,
     initialised (rings zeroed, headers written) except its state buffers, which
@@ -203,10 +256,9 @@ def free_twin(twin: Kernel) -> None:
         log.warning("could not free the migration target's resources on GPU %d: %s", ctx.index, exc)
 
 
-def retire_half(life: Any, half: Kernel, lost: bool) -> None:
+def retire_half(life: LifecycleView, half: Kernel, lost: bool) -> None:
     """Free what a moved kernel left on its old device: at once, except its outbox
-    while batches it sent there are not yet delivered (`life`: the Lifecycle
-    that retires it and pools the buffers)."""
+    while batches it sent there are not yet delivered."""
     ctx = half.ctx
     half.destroyed = True
     outbox = half.outbox
@@ -238,7 +290,7 @@ def retire_half(life: Any, half: Kernel, lost: bool) -> None:
         life.retire(Retired(ctx, keep, pending, outbox.handle_int))
 
 
-def free_retired(rt: Any, r: Retired) -> None:
+def free_retired(rt: RuntimeView, r: Retired) -> None:
     """Free retired resources; an outbox's receivers drop their descriptor sets for it."""
     ctx = r.ctx
     if r.handle is not None and ctx.alive:
@@ -261,7 +313,7 @@ def free_retired(rt: Any, r: Retired) -> None:
             log.warning("could not free a moved kernel's buffer on GPU %d: %s", ctx.index, exc)
 
 
-def hand_back(life: Any, device: int, rings: list[Buffer], front: bool = False) -> None:
+def hand_back(life: LifecycleView, device: int, rings: list[Buffer], front: bool = False) -> None:
     """Give staging batches to the kernels of `device`, in order (freed once
     delivered); `front`: before every batch already there (their messages are
     older than any still waiting there)."""
@@ -291,13 +343,13 @@ def time_left(deadline: float, what: str) -> float:
     return left
 
 
-def wait_kernel(rt: Any, k: Kernel, deadline: float) -> None:
+def wait_kernel(rt: RuntimeView, k: Kernel, deadline: float) -> None:
     """Wait until k's submitted steps are done."""
     if k.last_value:
         rt._wait_points([k.ctx.point(k.last_value)], time_left(deadline, f"the steps of {k.id!r}"))
 
 
-def wait_jobs(life: Any, device: int, deadline: float) -> None:
+def wait_jobs(life: LifecycleView, device: int, deadline: float) -> None:
     """Wait for the runtime's own GPU jobs on `device` (policy captures reading state)."""
     ext = life.extras_if_made(device)
     if ext is not None and ext.jobs.value:
@@ -314,7 +366,7 @@ def _swap_residency(k: Kernel, twin: Kernel) -> None:
         twin.ctx.local[twin.local_slot] = twin
 
 
-def finish_move(rt: Any, k: Kernel, twin: Kernel) -> None:
+def finish_move(rt: RuntimeView, k: Kernel, twin: Kernel) -> None:
     """The swap (runtime gate held): k takes the twin's Residency, the directory
     is rewritten everywhere, batches on other devices stop delivering to k."""
     old_ctx, new_ctx = k.ctx, twin.ctx
