@@ -408,7 +408,7 @@ def assign(coordinator: Any, k: Kernel, device: int, request: MigrationRequest |
         coordinator.assign_kernel(k.id, device)
 
 
-def source_usable(ctx: Any, rt: Any = None) -> bool:
+def source_usable(ctx: Any, rt: RuntimeView | None = None) -> bool:
     """Whether the device of `ctx` still runs (not destroyed, not lost)."""
     if not ctx.alive:
         return False

@@ -1,4 +1,4 @@
-"""The host side of KernelRuntime: host <-> kernel message queues (the seed's
+"""The host side of KernelRuntime (HostQueues): host <-> kernel message queues (the seed's
 H2K / K2H: `send`, `receive`) and reading or writing a kernel's state.
 
 Host messages are packed into slots on the host and written into the
