@@ -26,7 +26,7 @@ Live migration (`migrate_live`):
    staging batch, marking them delivered where they were; control block,
    inbox and staging batch follow the state and are hashed on both sides;
    the hashes are compared with the source's;
-4. the kernel's resources are swapped with the twin's, its directory entry is
+4. the kernel's Residency is swapped with the twin's, its directory entry is
    rewritten on every device (their next steps), batches still on the other
    devices are told not to deliver to it (their copies of its messages were
    taken on the source), the staging batch is handed to the target; the
