@@ -282,7 +282,7 @@ def test_the_replay_log_holds_what_each_step_consumed_across_the_k2k_fast_paths(
         slabs = StencilSlabs(rt, f, [0, 1], top=top, bottom=bottom)
         slabs.step(40)
         rt.synchronize(10)
-        replay = rt.__dict__["_policy"].replay
+        replay = rt._lifecycle.policy_state.replay
         replay.materialize(wait=True, timeout=10)
         for k in slabs.kernels:
             kl = replay.kernels[k.id]
