@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.nodes < 1 or args.srus < 1 or args.frames < 1 or args.virtual < 0:
         p.error("--nodes, --srus, --frames must be >= 1 and --virtual >= 0")
-    from vkmulti.apps.demo import make_srus, parse_size
+    from vkmulti.apps.cli_args import parse_size
+    from vkmulti.offload import make_srus
     width, height = parse_size(args.size)
     try:
         args.stencil = tuple(int(v) for v in args.stencil.lower().split("x"))

@@ -65,7 +65,6 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[d
     """(a): per state size, live migrations back and forth and the host-bytes baseline."""
     from vkmulti.kernels import Checkpoint, KernelSpec, counter_kernel
     from vkmulti.kernels.reference import COUNTER_TAG_ADD, counter_initial_state, read_counter
-    from vkmulti.kernels.lifecycle.live_migration import _engine
     from vkmulti.memory.image import Buffer
 
     rt, router = _runtime(mgr)
@@ -84,7 +83,7 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[d
             rt.step(k)
             rt.migrate(k, 1)          # warm: pipelines and transfer links on both devices
             rt.migrate(k, 0, verify=False)
-            engine = rt._crc(k.device_index).kind
+            engine = rt._lifecycle.crc(k.device_index).kind
             other = "shader" if engine == "host" else None   # on a CPU device: the GPU shader's check too
             if other:
                 rt.migration_crc = other
@@ -109,7 +108,7 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[d
             rt.step(k)
             counting = read_counter(rt.read_state(k)).sum == 3
             # the raw copy of the same bytes, same engine
-            method, eng = _engine(rt, 0, 1)
+            method, eng = rt._lifecycle.engines.get(0, 1)
             a, b = Buffer(mgr.slot(0), size), Buffer(mgr.slot(1), size)
             raw_copy = []
             try:
@@ -174,7 +173,7 @@ def crc_times(rt: Any, buffers: list, repeats: int) -> dict:
                 name = kind if contiguous is None else f"shader_{'contiguous' if contiguous else 'interleaved'}"
                 times = []
                 for dev, buf in enumerate(buffers):
-                    eng = rt._crc(dev)
+                    eng = rt._lifecycle.crc(dev)
                     saved = getattr(eng, "contiguous", None)
                     if contiguous is not None:
                         eng.contiguous = contiguous

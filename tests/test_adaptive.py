@@ -231,7 +231,9 @@ def test_an_equal_pair_measures_equal(manager):
             c.render_frame(srus, frame)
             w = c.measured_weights
             ratios.append(w[1] / w[0])
-        assert 0.7 < sorted(ratios)[len(ratios) // 2] < 1 / 0.7, ratios   # dst_ready timing: 0.4-0.5
+        # The bug measured 0.4-0.5; the bounds leave room for two CPU devices sharing a loaded
+        # machine (1.54 seen beside a full test run), not for the bias.
+        assert 0.55 < sorted(ratios)[len(ratios) // 2] < 1 / 0.55, ratios
     finally:
         c.destroy()
         frame.destroy()
@@ -300,24 +302,24 @@ def test_a_replan_reuses_the_resources_of_moved_srus(manager, monkeypatch):
             counts.append(len(made))
             np.testing.assert_array_equal(frame.download(), expected)
         assert sum(d == 1 for d in rep.rendered_on.values()) < 4 and counts[1:] == [0, 0, 0], counts
-        assert c._spares
+        assert c._cache.spares
     finally:
         monkeypatch.undo()
         c.destroy()
         frame.destroy()
-    assert c._spares == {}
+    assert c._cache.spares == {}
 
 
 def test_interleaved_submission_order():
     from types import SimpleNamespace
 
-    from vkmulti.offload.coordinator import _interleaved
+    from vkmulti.offload.partition import interleaved
 
     jobs = [(i, SimpleNamespace(device_index=d), None) for i, d in enumerate([1, 1, 0, 0, 0, 0, 1, 2])]
-    order = [j[0] for j in _interleaved(jobs)]
+    order = [j[0] for j in interleaved(jobs)]
     # device 0 has 4 (at 1/8, 3/8, ...), device 1 has 3 (1/6, 1/2, 5/6), device 2 one (1/2)
     assert order == [2, 0, 3, 1, 7, 4, 6, 5]
-    assert _interleaved([]) == []
+    assert interleaved([]) == []
 
 
 def test_adaptive_frames_without_waiting_and_teardown(manager):

@@ -25,10 +25,10 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 from vkmulti import MultiDeviceManager, ReferenceRenderer, ReferenceSRU, SRUOffloadCoordinator  # noqa: E402
 from vkmulti.cluster import (ClusterAddressError, ClusterConnectionError, ClusterError, LinkInfo,  # noqa: E402
                              NodeAgent, NodeInfo, RayMissingError, composite_frame, parse_address, plan_nodes)
-from vkmulti.apps.demo import make_srus  # noqa: E402
+from vkmulti.offload import make_srus  # noqa: E402
 from vkmulti.errors import DeviceLostError  # noqa: E402
 from vkmulti.memory.image import Image  # noqa: E402
-from vkmulti.offload.render import Compositor  # noqa: E402
+from vkmulti.offload import Compositor  # noqa: E402
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 SKIP_CLUSTER = os.environ.get("VKMULTI_SKIP_CLUSTER") == "1" or "asan" in os.environ.get("LD_PRELOAD", "")

@@ -11,7 +11,7 @@ import pytest
 
 import vkmulti
 from vkmulti import MultiDeviceManager, ReferenceRenderer, SRUOffloadCoordinator
-from vkmulti.apps.demo import make_srus
+from vkmulti.offload import make_srus
 from vkmulti.errors import DeviceLostError, PrimaryDeviceLostError
 from vkmulti.apps.failover_drill import LossInjector, sru_drill
 from vkmulti.memory.image import Image
@@ -203,7 +203,7 @@ def test_soak_sru_demo_gpu1_lost_at_frame_50():
 def test_drill_arguments(capsys):
     import argparse
     from vkmulti.apps import cli
-    from vkmulti.apps.demo import parse_loss
+    from vkmulti.apps.cli_args import parse_loss
 
     assert parse_loss("1@50") == (1, 50)
     for bad in ("1", "0@5", "a@b", "1@-2"):

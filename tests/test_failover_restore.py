@@ -19,7 +19,7 @@ from vkmulti.kernels.reference import (COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, cou
                                        read_counter)
 from vkmulti.kernels.lifecycle.replay_log import envelope_of
 from vkmulti.kernels.stencil import StencilSlabs, stencil_payload_size
-from vkmulti.apps.stencil_demo import initial_field
+from vkmulti.apps.stencil import initial_field
 from vkmulti.testing import lose_device
 
 FULL = os.environ.get("VKMULTI_SOAK_FULL") == "1"
@@ -191,16 +191,16 @@ def test_destroy_racing_the_recovery_from_another_thread():
 
 
 def test_stencil_demo_drill_exits_0_with_an_identical_field(capsys):
-    from vkmulti.apps.stencil_demo import main
+    from vkmulti.apps.cli import main
 
-    assert main(["--lose-gpu", "1@20", "--size", "64x32", "--steps", "40", "--checkpoint-every", "8",
-                 "--output", "", "--json"]) == 0
+    assert main(["demo", "stencil", "--lose-gpu", "1@20", "--size", "64x32", "--steps", "40",
+                 "--checkpoint-every", "8", "--output", "", "--json"]) == 0
     import json
     r = json.loads(capsys.readouterr().out)
     assert r["identical"] and r["kernels_restored"] == 1 and r["restored"] == {"stencil-1": [1, 0]}
     assert r["steps_replayed"] == 4 and r["recovery_ms"] > 0
     with pytest.raises(SystemExit):
-        main(["--lose-gpu", "1@50", "--steps", "40", "--output", ""])   # past the steps run
+        main(["demo", "stencil", "--lose-gpu", "1@50", "--steps", "40", "--output", ""])   # past the steps run
 
 
 def test_loss_met_inside_a_step_restores_and_steps_the_kernel_in_that_step():
@@ -282,7 +282,7 @@ def test_the_replay_log_holds_what_each_step_consumed_across_the_k2k_fast_paths(
         slabs = StencilSlabs(rt, f, [0, 1], top=top, bottom=bottom)
         slabs.step(40)
         rt.synchronize(10)
-        replay = rt.__dict__["_policy"].replay
+        replay = rt._lifecycle.policy_state.replay
         replay.materialize(wait=True, timeout=10)
         for k in slabs.kernels:
             kl = replay.kernels[k.id]

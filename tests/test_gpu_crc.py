@@ -45,10 +45,10 @@ def _engines(rt, device):
     old = rt.migration_crc
     try:
         rt.migration_crc = "shader"
-        out = [rt._crc(device)]
+        out = [rt._lifecycle.crc(device)]
         if HostCrc.suits(rt.manager.slot(device)):
             rt.migration_crc = "host"
-            out.append(rt._crc(device))
+            out.append(rt._lifecycle.crc(device))
     finally:
         rt.migration_crc = old
     assert isinstance(out[0], GpuCrc) and all(isinstance(e, HostCrc) for e in out[1:])
@@ -169,7 +169,7 @@ def test_bad_ranges_are_refused(runtime):
 
 
 def test_auto_picks_the_host_engine_on_a_cpu_device_only(runtime):
-    eng = runtime._crc(0)
+    eng = runtime._lifecycle.crc(0)
     slot = runtime.manager.slot(0)
     if slot.capabilities.device_type == "cpu":
         assert isinstance(eng, HostCrc) and HostCrc.suits(slot)

@@ -17,7 +17,7 @@ import vkmulti
 from vkmulti.apps import cli
 from vkmulti import (DestroyedError, MultiDeviceManager, OffloadRoute, ReferenceRenderer, ReferenceSRU,
                      SRUOffloadCoordinator, TransferMethod, select_transfer_method)
-from vkmulti.apps.demo import make_srus
+from vkmulti.offload import make_srus
 from vkmulti.memory.image import Image
 from vkmulti.offload.coordinator import RendererMissingError, SecondaryRenderContext
 from vkmulti.offload.partition import SRUAssignment
@@ -315,14 +315,14 @@ def test_resizing_frees_old_targets(manager):
     try:
         cost = lambda s: float(s.iterations)     # a resize leaves the plan alone
         c.render_frame(srus, frame, cost=cost)
-        before = {i: (e.target, e.landing, e.transfer) for i, e in c._entries.items()}
+        before = {i: (e.target, e.landing, e.transfer) for i, e in c._cache.entries.items()}
         c.render_frame(srus, frame, cost=cost)
-        assert {i: (e.target, e.landing, e.transfer) for i, e in c._entries.items()} == before  # reused
+        assert {i: (e.target, e.landing, e.transfer) for i, e in c._cache.entries.items()} == before  # reused
         grown = [dataclasses.replace(s, width=s.width - 7, height=s.height + 3) if s.sru_id % 2 else s
                  for s in srus]
         c.render_frame(grown, frame, cost=cost)
         for s in grown:
-            e = c._entries[s.sru_id]
+            e = c._cache.entries[s.sru_id]
             old_target, old_landing, old_transfer = before[s.sru_id]
             if s.sru_id % 2:
                 assert old_target.handle is None and (e.target.width, e.target.height) == (s.width, s.height)
@@ -334,7 +334,7 @@ def test_resizing_frees_old_targets(manager):
                 assert e.target is old_target and old_target.handle is not None
         np.testing.assert_array_equal(frame.download(), render_single(manager, grown, 180, 90))
         c.render_frame(grown[:2], frame, cost=cost)                 # SRUs that left the frame are freed
-        assert set(c._entries) == {0, 1}
+        assert set(c._cache.entries) == {0, 1}
     finally:
         c.destroy()
         frame.destroy()

@@ -14,7 +14,7 @@ import vulkan as vk
 
 from vkmulti import DestroyedError, TimelinePoint
 from vkmulti.memory.image import IMAGE_USAGE, Image
-from vkmulti.offload.render import (SRU_IMAGE_USAGE, Compositor, ReferenceRenderer, ReferenceSRU, shader_path)
+from vkmulti.offload import SRU_IMAGE_USAGE, Compositor, ReferenceRenderer, ReferenceSRU, shader_path
 
 REPO = Path(__file__).resolve().parent.parent
 SHADERS = REPO / "native" / "shaders"

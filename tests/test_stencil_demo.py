@@ -14,7 +14,7 @@ import pytest
 from vkmulti.apps import cli
 from vkmulti.kernels.reference import jacobi_reference
 from vkmulti.kernels.stencil import StencilRun, run_stencil, stencil_payload_size
-from vkmulti.apps.stencil_demo import colorize, initial_field
+from vkmulti.apps.stencil import colorize, initial_field
 
 
 def test_run_stencil_over_the_pair_matches_numpy(manager):

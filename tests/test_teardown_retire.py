@@ -31,7 +31,7 @@ from vkmulti import TransferMethod
 from vkmulti._core import vkapi
 from vkmulti.errors import TimeoutError as VkmTimeoutError
 from vkmulti.memory.image import Buffer, Image
-from vkmulti.offload.render import SRU_IMAGE_USAGE, Compositor, ReferenceRenderer, ReferenceSRU
+from vkmulti.offload import SRU_IMAGE_USAGE, Compositor, ReferenceRenderer, ReferenceSRU
 from vkmulti.transfer.cross_device import CrossDeviceTransfer
 
 
@@ -97,7 +97,7 @@ import os, sys
 from vkmulti.testing import install_virtual_gpus
 install_virtual_gpus(2)
 import vkmulti
-from vkmulti.apps.demo import make_srus
+from vkmulti.offload import make_srus
 from vkmulti.memory.image import Image
 for i in range(int(sys.argv[1])):
     with vkmulti.MultiDeviceManager.create(validation=False) as mgr:

@@ -20,7 +20,8 @@ from .transfer.methods import TransferMethod, supported_methods
 from .device.manager import DeviceSlot, MultiDeviceManager
 from .offload.coordinator import OffloadRoute, SRUOffloadCoordinator
 from .offload.partition import SRUAssignment, assign_srus, assign_srus_array
-from .offload.render import Compositor, ReferenceRenderer, ReferenceSRU
+from .offload.compositor import Compositor
+from .offload.render import ReferenceRenderer, ReferenceSRU
 from .transfer.cross_device import (CrossDeviceTransfer, TimelinePoint, TransferTicket, pair_methods,
                                     select_transfer_method)
 from .transfer.requirements import DeviceRequirements, device_requirements

@@ -5,6 +5,7 @@ figures as JSON and ends with a ratio line; optionally draws a PNG bar chart.
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -13,14 +14,16 @@ from typing import Any, Callable
 import numpy as np
 import vulkan as vk
 
-from .cli_args import add_virtual_argument, check_output_path, print_figures
-
 from .._core import vkapi
+from ..device.manager import MultiDeviceManager
+from ..device.virtual import use_virtual_if_no_gpu
 from ..memory.buffer import Buffer
 from ..memory.image import Image
-from ..transfer.methods import TransferMethod
-from .progress import progress
 from ..transfer.cross_device import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer, pair_methods
+from ..transfer.methods import TransferMethod
+from .charts import bar_chart
+from .cli_args import Parser, add_virtual_argument, check_output_path, print_figures
+from .progress import progress
 
 _ffi = vk.ffi
 IMAGE_SIZES = ((256, 256), (1920, 1080), (3840, 2160))
@@ -305,8 +308,6 @@ def ratio_line(results: dict[str, Any]) -> str:
 def plot(results: dict[str, Any], path: str) -> str:
     """A grouped bar chart of GB/s by case and method (vkmulti.charts: matplotlib,
     else Pillow); the title names the two devices. Returns the library used."""
-    from .charts import bar_chart
-
     cases = list(dict.fromkeys(c["case"] for c in results["cases"]))
     methods = list(dict.fromkeys(c["method"] for c in results["cases"]))
     gb = {(c["case"], c["method"]): c["gbps"] for c in results["cases"]}
@@ -316,10 +317,7 @@ def plot(results: dict[str, Any], path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from .cli_args import Parser
-
+    """`vkmulti bench transfer [options]`: run the bench and print its figures; the exit status."""
     p = Parser(prog="vkmulti bench transfer", description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--src", type=int, default=1)
@@ -351,8 +349,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--slot-size and --slot-count must be >= 1")
     if args.plot:
         check_output_path(p, args.plot, "--plot")
-    from ..device.manager import MultiDeviceManager
-    from ..device.virtual import use_virtual_if_no_gpu
 
     note = use_virtual_if_no_gpu(args.virtual)
     if note:

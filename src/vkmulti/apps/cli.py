@@ -12,9 +12,16 @@ import sys
 from typing import Any
 
 from .._version import __version__
+from ..device.capabilities import probe_device
+from ..device.instance import Instance
 from ..device.manager import MultiDeviceManager
 from ..device.virtual import use_virtual_if_no_gpu
+from ..errors import VkmError
 from ..kernels.coordinator.probe import format_topology, probe_topology
+from ..transfer.methods import TransferMethod, method_support, supported_methods
+from . import cluster_demo, demo, failover_drill, stencil, stencil_demo, stencil_drill
+from .benchmarks import main as bench_main
+from .cli_args import Parser, add_virtual_argument, positive_int
 
 
 def _gib(n: int) -> str:
@@ -22,10 +29,7 @@ def _gib(n: int) -> str:
 
 
 def gather_info() -> dict[str, Any]:
-    from ..device.capabilities import probe_device
-    from ..device.instance import Instance
-    from ..transfer.methods import method_support, supported_methods, TransferMethod
-
+    """What `vkmulti info` prints: every device's capabilities and the transfer methods per pair."""
     inst = Instance(validation=False)
     try:
         caps = [probe_device(p) for p in inst.physical_devices()]
@@ -92,8 +96,6 @@ BENCHES = {"transfer": "every transfer method against the seed's serial staging 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `vkmulti` command's parser (every subcommand's --help comes from here)."""
-    from .cli_args import Parser, add_virtual_argument, positive_int
-
     parser = Parser(prog="vkmulti", description="vkmulti: several GPUs through Vulkan. Without a GPU every "
                                                 "command uses the virtual lavapipe GPU pair and says so.")
     parser.add_argument("--version", action="version", version=f"vkmulti {__version__}")
@@ -105,8 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "('demo stencil --help': heat diffusion with K2K halos across GPUs)",
                             epilog="`vkmulti demo stencil [options]` runs the compute demo instead: a 2D heat "
                                    "grid split over every GPU, halo rows as kernel-to-kernel messages.")
-    from .demo import add_arguments as demo_arguments
-    demo_arguments(p_demo)
+    demo.add_arguments(p_demo)
     p_topo = sub.add_parser("topology", help="measure (or read the cached) bandwidth and latency between every "
                                              "pair of GPUs and print the matrix")
     p_topo.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -128,18 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m vkmulti COMMAND ...`: returns the exit status (2 for bad input, one line on stderr)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:2] == ["demo", "stencil"]:   # its own options; plain `demo` stays the SRU demo
-        from .stencil_demo import main as stencil_main
-        return _guarded("demo stencil", stencil_main, argv[2:])
+        return _guarded("demo stencil", _stencil, argv[2:])
     if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHES:   # the bench parses its own options
-        from .benchmarks import main as bench_main
         return _guarded("bench " + argv[1], bench_main, argv[2:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "bench":   # pragma: no cover - `bench NAME` is dispatched above
         return 2
     if args.command == "demo":
-        from .demo import main as demo_main
-        return _guarded("demo", demo_main, args, args.demo_parser)
+        return _guarded("demo", _demo, args, args.demo_parser)
     if args.command == "topology":
         if args.bytes is not None and args.bytes % 4:
             parser.error(f"--bytes must be a multiple of 4, got {args.bytes}")
@@ -147,8 +145,24 @@ def main(argv: list[str] | None = None) -> int:
     return _guarded("info", _info, args)
 
 
+def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`demo`: the SRU demo, its lost-GPU drill (--lose-gpu) or its cluster form (--ray)."""
+    demo.check_arguments(args, parser)   # before any rendering
+    if args.ray is not None:
+        return cluster_demo.main(args, parser)
+    if args.lose_gpu is not None:
+        return failover_drill.main(args, parser)
+    return demo.main(args, parser)
+
+
+def _stencil(argv: list[str]) -> int:
+    """`demo stencil`: the heat-grid demo, or its lost-GPU drill (--lose-gpu)."""
+    parser, args = stencil.parse_arguments(argv)
+    app = stencil_drill if args.lose_gpu is not None else stencil_demo
+    return app.main(args, parser)
+
+
 def _info(args: argparse.Namespace) -> int:
-    from ..device.virtual import use_virtual_if_no_gpu
     note = use_virtual_if_no_gpu(args.virtual)
     info = gather_info()
     if note:
@@ -183,8 +197,6 @@ def run_topology_command(args: argparse.Namespace) -> int:
 def _guarded(what: str, fn: Any, *args: Any) -> int:
     """Run a command; a vkmulti error (no device, a device lost, ...) ends it with one
     line on stderr and exit status 1, Ctrl-C with status 130, never a traceback."""
-    from ..errors import VkmError
-
     try:
         return int(fn(*args) or 0)
     except VkmError as exc:

@@ -1,4 +1,4 @@
-"""Argument checks shared by every command line of vkmulti (the CLI, its demos, the benches).
+"""Argument checks and output shared by every command line of vkmulti (the CLI, its demos, the benches).
 
 Bad input to a command ends it with exit status 2 and one line (argparse's
 `parser.error`), before any GPU work starts.
@@ -6,10 +6,13 @@ Bad input to a command ends it with exit status 2 and one line (argparse's
 from __future__ import annotations
 
 import argparse
+import json
 import os
-from typing import Any
+import sys
+from typing import Any, Callable
 
-__all__ = ["Parser", "virtual_count", "add_virtual_argument", "check_output_path", "positive_int"]
+__all__ = ["Parser", "virtual_count", "add_virtual_argument", "check_output_path", "positive_int", "parse_size",
+           "parse_devices", "parse_loss", "print_result", "print_figures"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -50,6 +53,40 @@ def positive_int(text: str) -> int:
     return n
 
 
+def parse_size(text: str) -> tuple[int, int]:
+    """argparse type: 'WxH' -> (W, H), both positive."""
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size must look like 1280x720, got {text!r}") from None
+    if w <= 0 or h <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return w, h
+
+
+def parse_devices(text: str) -> list[int]:
+    """argparse type: '0,1' -> [0, 1] (enumeration indices; the first is the primary)."""
+    try:
+        out = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"devices must be a comma-separated list of indices, got {text!r}") from None
+    if not out or any(v < 0 for v in out) or len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"devices must be distinct indices >= 0, got {text!r}")
+    return out
+
+
+def parse_loss(text: str) -> tuple[int, int]:
+    """argparse type of --lose-gpu: '1@50' -> (1, 50), lose GPU 1 during frame 50 (or kernel step 50)."""
+    try:
+        gpu, at = (int(v) for v in text.split("@"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--lose-gpu must look like 1@50 (GPU index @ frame), got {text!r}") from None
+    if gpu < 1 or at < 0:
+        raise argparse.ArgumentTypeError(f"--lose-gpu: the GPU must be a secondary (>= 1) and the frame >= 0, "
+                                         f"got {text!r}")
+    return gpu, at
+
+
 def check_output_path(parser: Any, path: str, flag: str, *, image: bool = True) -> None:
     """parser.error (exit 2, one line) unless `path` can be written: its folder
     exists and is writable, it is not a folder, and (for `image`) its extension
@@ -76,10 +113,17 @@ def check_output_path(parser: Any, path: str, flag: str, *, image: bool = True) 
                          f"; use .png")
 
 
+def print_result(r: dict[str, Any], as_json: bool, show: Callable[[dict[str, Any]], None]) -> None:
+    """A demo's or drill's figures: JSON on stdout (--json, the same keys), else `show(r)`, its text report."""
+    if as_json:
+        json.dump(r, sys.stdout, indent=2)
+        print()
+    else:
+        show(r)
+
+
 def print_figures(res: Any, path: str | None) -> None:
     """A bench's figures: JSON on stdout, and the same text in `path` when given (--json)."""
-    import json
-
     text = json.dumps(res, indent=2)
     print(text)
     if path:

@@ -8,28 +8,32 @@ that crossed the network, and checks that both frames are identical.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from typing import Any
 
 import numpy as np
 
+from ..cluster.connection import parse_address
+from ..cluster.errors import ClusterError
+from ..cluster.manager import ClusterManager
+from ..cluster.planner import node_order
+from ..device.virtual import use_virtual_if_no_gpu
+from ..offload import make_srus
+from .cli_args import print_result
+from .scenes import frame_size, frame_to_rgb8, write_png
+
 __all__ = ["run", "print_report", "main"]
 
 
 def _one_node(cm: Any) -> str:
     """The node the one-node frame uses: the driver's own, else the best-connected."""
-    from ..cluster.planner import _order
-
-    return _order(list(cm.nodes[n] for n in cm.nodes if n not in cm.lost), cm.links)[0].node_id
+    return node_order(list(cm.nodes[n] for n in cm.nodes if n not in cm.lost), cm.links)[0].node_id
 
 
 def run(cm: Any, args: argparse.Namespace, note: str | None) -> dict[str, Any]:
     """Render the demo frame on the whole cluster and on one node; returns the figures."""
-    from .demo import HEAVY_SIZE, LIGHT_SIZE, make_srus
-
-    width, height = args.size or (HEAVY_SIZE if args.heavy else LIGHT_SIZE)
+    width, height = frame_size(args)
     srus = make_srus(args.srus, width, height, heavy=args.heavy)
     cost = {s.sru_id: s.render_cost for s in srus}
     total_cost = sum(cost.values())
@@ -59,11 +63,7 @@ def run(cm: Any, args: argparse.Namespace, note: str | None) -> dict[str, Any]:
     out["replanned"] = {str(k): v for f in frames for k, v in f.replanned.items()}
     out["identical"] = bool(np.array_equal(last.pixels, g.pixels))
     if args.output:
-        from PIL import Image as PILImage
-
-        from .demo import frame_to_rgb8
-
-        PILImage.fromarray(frame_to_rgb8(last.pixels), "RGB").save(args.output)
+        write_png(frame_to_rgb8(last.pixels), args.output)
         out["png"] = args.output
     return out
 
@@ -77,6 +77,7 @@ def _link_text(link: dict | None) -> str:
 
 
 def print_report(r: dict[str, Any]) -> None:
+    """Print the cluster demo's figures (the JSON form has the same keys)."""
     c = r["cluster"]
     nodes = c["nodes"]
     w, h = r["size"]
@@ -126,10 +127,7 @@ def print_report(r: dict[str, Any]) -> None:
 
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """`demo --ray ADDRESS` (demo.main has checked the shared options)."""
-    from ..cluster.connection import parse_address
-    from ..cluster.errors import ClusterError
-
+    """`demo --ray ADDRESS` (the CLI has checked the demo's shared options: demo.check_arguments)."""
     if args.devices is not None:
         parser.error("--devices picks GPUs of this machine; with --ray every node's agent uses all of its GPUs")
     try:
@@ -138,14 +136,10 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(exc))
     note, virtual = None, 0
     if addr.kind == "auto":
-        from ..device.virtual import use_virtual_if_no_gpu
-
         note = use_virtual_if_no_gpu(args.virtual)      # the local Ray's node inherits the driver set-up
     elif args.virtual:
         virtual = args.virtual
         note = f"every node's agent uses {virtual} virtual lavapipe GPUs (--virtual)"
-    from ..cluster.manager import ClusterManager
-
     try:
         cm = ClusterManager.connect(args.ray, virtual_gpus=virtual)
     except ClusterError as exc:
@@ -158,9 +152,5 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 2
     finally:
         cm.destroy()
-    if args.json:
-        json.dump(r, sys.stdout, indent=2)
-        print()
-    else:
-        print_report(r)
+    print_result(r, args.json, print_report)
     return 0

@@ -9,101 +9,30 @@ speed-up is expected there).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
-#: Steps per pixel: light (lavapipe, a few seconds) and render-heavy (real GPUs).
-LIGHT_ITERATIONS = (24, 160)
-HEAVY_ITERATIONS = (40_000, 120_000)
-LIGHT_SIZE = (1280, 720)
-HEAVY_SIZE = (3840, 2160)
-_PALETTE = [((1.0, 0.55, 0.15), (0.08, 0.16, 0.45)), ((0.95, 0.9, 0.3), (0.35, 0.05, 0.25)),
-            ((0.3, 0.95, 0.7), (0.05, 0.12, 0.2)), ((1.0, 0.35, 0.45), (0.1, 0.05, 0.3)),
-            ((0.55, 0.75, 1.0), (0.02, 0.08, 0.12)), ((0.9, 0.9, 0.95), (0.25, 0.1, 0.05))]
+from ..device.manager import MultiDeviceManager
+from ..device.virtual import use_virtual_if_no_gpu
+from ..memory.image import Image
+from ..offload import ReferenceRenderer, SRUOffloadCoordinator, make_srus
+from ..transfer.cross_device import CrossDeviceTransfer
+from .charts import bar_chart
+from .cli_args import (add_virtual_argument, check_output_path, parse_devices, parse_loss, parse_size, positive_int,
+                       print_result)
+from .progress import progress
+from .scenes import HEAVY_ITERATIONS, HEAVY_SIZE, LIGHT_SIZE, frame_size, frame_to_rgb8, write_png
 
-
-def parse_size(text: str) -> tuple[int, int]:
-    """'WxH' -> (W, H), both positive."""
-    try:
-        w, h = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"size must look like 1280x720, got {text!r}") from None
-    if w <= 0 or h <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
-    return w, h
-
-
-def parse_devices(text: str) -> list[int]:
-    """'0,1' -> [0, 1] (enumeration indices; the first is the primary)."""
-    try:
-        out = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"devices must be a comma-separated list of indices, got {text!r}") from None
-    if not out or any(v < 0 for v in out) or len(set(out)) != len(out):
-        raise argparse.ArgumentTypeError(f"devices must be distinct indices >= 0, got {text!r}")
-    return out
-
-
-def parse_loss(text: str) -> tuple[int, int]:
-    """'1@50' -> (1, 50): lose GPU 1 during frame 50 (or kernel step 50)."""
-    try:
-        gpu, at = (int(v) for v in text.split("@"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--lose-gpu must look like 1@50 (GPU index @ frame), got {text!r}") from None
-    if gpu < 1 or at < 0:
-        raise argparse.ArgumentTypeError(f"--lose-gpu: the GPU must be a secondary (>= 1) and the frame >= 0, "
-                                         f"got {text!r}")
-    return gpu, at
-
-
-def make_srus(count: int, width: int, height: int, *, heavy: bool = False, seed: int = 1) -> list[Any]:
-    """`count` ReferenceSRUs tiling a width x height frame, with varied steps per pixel (varied costs)."""
-    from ..offload.render import ReferenceSRU
-
-    if count <= 0:
-        raise ValueError(f"SRU count must be positive, got {count}")
-    cols = math.ceil(math.sqrt(count))
-    rows = math.ceil(count / cols)
-    if width < cols or height < rows:
-        raise ValueError(f"a {width}x{height} frame is too small for {count} SRUs ({cols}x{rows} tiles)")
-    lo, hi = HEAVY_ITERATIONS if heavy else LIGHT_ITERATIONS
-    rng = np.random.default_rng(seed)
-    srus = []
-    th = height // rows
-    for r in range(rows):
-        n = cols if r < rows - 1 else count - cols * (rows - 1)
-        tw = width // n
-        y = r * th
-        h = th if r < rows - 1 else height - y
-        for c in range(n):
-            x = c * tw
-            w = tw if c < n - 1 else width - x
-            a, b = _PALETTE[int(rng.integers(len(_PALETTE)))]
-            srus.append(ReferenceSRU(len(srus), w, h, x=x, y=y, seed=int(rng.integers(2**32)),
-                                     iterations=int(rng.integers(lo, hi + 1)), color_a=a, color_b=b,
-                                     border=max(1, min(w, h) // 128)))
-    return srus
-
-
-def frame_to_rgb8(pixels: np.ndarray) -> np.ndarray:
-    """An RGBA16F frame as downloaded ((h, w, 8) uint8) -> (h, w, 3) uint8, sRGB-ish gamma 2.2."""
-    h, w = pixels.shape[:2]
-    f = np.ascontiguousarray(pixels).view(np.float16).reshape(h, w, 4)[..., :3].astype(np.float32)
-    return (np.clip(f, 0.0, 1.0) ** (1 / 2.2) * 255.0 + 0.5).astype(np.uint8)
+__all__ = ["run", "print_report", "add_arguments", "check_arguments", "main", "plot_frames"]
 
 
 def _measure_transfer(mgr: Any, src: int, method: str, width: int, height: int,
                       repeats: int = 3) -> tuple[float, int]:
     """Best time of moving a width x height RGBA16F image from GPU `src` to GPU 0 with `method`."""
-    from ..memory.image import Image
-    from ..transfer.cross_device import CrossDeviceTransfer
-
     a = Image(mgr.slot(src), width, height)
     b = Image(mgr.primary, width, height)
     x = CrossDeviceTransfer(mgr.slot(src), mgr.primary, method)
@@ -123,17 +52,8 @@ def _measure_transfer(mgr: Any, src: int, method: str, width: int, height: int,
 
 def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
     """Render the demo frame with and without offload; returns the figures (also printed)."""
-    from ..memory.image import Image
-    from ..device.manager import MultiDeviceManager
-    from ..offload.coordinator import SRUOffloadCoordinator
-    from .progress import progress
-    from ..offload.render import ReferenceRenderer
-
-    width, height = args.size or (HEAVY_SIZE if args.heavy else LIGHT_SIZE)
+    width, height = frame_size(args)
     srus = make_srus(args.srus, width, height, heavy=args.heavy)
-    if getattr(args, "lose_gpu", None) is not None:
-        from .failover_drill import sru_drill
-        return sru_drill(srus, width, height, args.frames, args.lose_gpu, devices=args.devices, note=note)
     out: dict[str, Any] = {"note": note, "virtual": note is not None, "srus": len(srus), "size": [width, height],
                            "frames": args.frames, "heavy": bool(args.heavy)}
     mgr = MultiDeviceManager.create(enabled=True, device_indices=args.devices)
@@ -187,9 +107,7 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
             obj.destroy()
         mgr.destroy()
     if args.output:
-        from PIL import Image as PILImage
-
-        PILImage.fromarray(frame_to_rgb8(pixels), "RGB").save(args.output)
+        write_png(frame_to_rgb8(pixels), args.output)
         out["png"] = args.output
     return out
 
@@ -236,8 +154,7 @@ def print_report(r: dict[str, Any]) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli_args import add_virtual_argument, positive_int
-
+    """The demo's options, --lose-gpu (failover_drill.py) and --ray (cluster_demo.py) included."""
     p.add_argument("--srus", type=positive_int, default=16, help="number of SRUs in the frame (default 16)")
     p.add_argument("--size", type=parse_size, default=None, metavar="WxH",
                    help=f"frame size (default {LIGHT_SIZE[0]}x{LIGHT_SIZE[1]}, "
@@ -262,11 +179,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "needs pip install 'vkmulti[cluster]'")
 
 
-def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """The `demo` subcommand (cli.py passes its parser and its virtual-GPU chooser)."""
-    from .cli_args import check_output_path
-
-    check_output_path(parser, args.output, "--output")   # before any rendering
+def check_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """The checks of the demo's options that every form of it (plain, --lose-gpu, --ray) shares:
+    parser.error (exit 2, one line) before any rendering."""
+    check_output_path(parser, args.output, "--output")
     check_output_path(parser, args.plot, "--plot")
     if args.size is not None:
         try:
@@ -277,10 +193,10 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--lose-gpu drills one machine's GPUs; it cannot be combined with --ray")
     if args.plot and args.lose_gpu is not None:
         parser.error("--plot charts the timed frames of the demo; the --lose-gpu drill has none")
-    if args.ray is not None:
-        from .cluster_demo import main as cluster_main
-        return cluster_main(args, parser)
-    from ..device.virtual import use_virtual_if_no_gpu
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The `demo` subcommand on this machine's GPUs (the CLI has run check_arguments)."""
     note = use_virtual_if_no_gpu(args.virtual)
     try:
         r = run(args, note)
@@ -289,22 +205,13 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.plot:
         plot_frames(r, args.plot)
         r["plot"] = args.plot
-    if args.json:
-        json.dump(r, sys.stdout, indent=2)
-        print()
-    elif args.lose_gpu is not None:
-        from .failover_drill import print_sru_drill
-        print_sru_drill(r)
-    else:
-        print_report(r)
-    return 0 if args.lose_gpu is None or r["identical"] else 1
+    print_result(r, args.json, print_report)
+    return 0
 
 
 def plot_frames(r: dict[str, Any], path: str) -> str:
     """A bar chart of each timed frame, with offload and on one GPU (vkmulti.charts);
     the title names the devices. Returns the library that drew it."""
-    from .charts import bar_chart
-
     n = len(r["devices"])
     series = [f"with offload ({_gpus(n)})", "one GPU"]
     frames = [f"frame {i + 1}" for i in range(len(r["frames_ms"]["offload"]))]

@@ -5,13 +5,22 @@ The same drill runs on real GPUs: the hook marks the device lost exactly as
 the driver's VK_ERROR_DEVICE_LOST would."""
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from typing import Any
 
 import numpy as np
 
-__all__ = ["LossInjector", "sru_drill", "print_sru_drill"]
+from ..device.manager import MultiDeviceManager
+from ..device.virtual import use_virtual_if_no_gpu
+from ..memory.image import Image
+from ..offload import ReferenceRenderer, SRUOffloadCoordinator, make_srus
+from ..testing import lose_device
+from .cli_args import print_result
+from .scenes import frame_size
+
+__all__ = ["LossInjector", "sru_drill", "print_sru_drill", "main"]
 
 
 class LossInjector:
@@ -31,8 +40,7 @@ class LossInjector:
         return point
 
     def fire(self) -> None:
-        from ..testing import lose_device
-
+        """Lose the device now (once); disarms."""
         self.armed = False
         if self.fired_at is None:
             self.fired_at = time.perf_counter()
@@ -46,11 +54,6 @@ def sru_drill(srus: list[Any], width: int, height: int, frames: int, loss: tuple
               devices: list[int] | None = None, note: str | None = None) -> dict[str, Any]:
     """Render `frames` frames of `srus` across the GPUs, losing GPU loss[0] during
     frame loss[1]; every frame is compared with the one-GPU frame. Returns the figures."""
-    from ..memory.image import Image
-    from ..device.manager import MultiDeviceManager
-    from ..offload.coordinator import SRUOffloadCoordinator
-    from ..offload.render import ReferenceRenderer
-
     gpu, at = loss
     mgr = MultiDeviceManager.create(enabled=True, device_indices=devices)
     owned: list[Any] = []
@@ -112,6 +115,7 @@ def sru_drill(srus: list[Any], width: int, height: int, frames: int, loss: tuple
 
 
 def print_sru_drill(r: dict[str, Any]) -> None:
+    """Print the drill's figures (the JSON form has the same keys)."""
     w, h = r["size"]
     print(f"vkmulti lost-GPU drill: {r['srus']} SRUs, {w}x{h}, {r['frames']} frames, GPU {r['lose_gpu']} lost "
           f"during frame {r['at_frame']}")
@@ -129,3 +133,17 @@ def print_sru_drill(r: dict[str, Any]) -> None:
     print(f"  destroy after the loss         {r['destroy_ms_after_loss']:9.2f} ms")
     print(f"  all {r['frames']} frames identical to the one-GPU frame: {'yes' if r['identical'] else 'NO'}"
           + ("" if r["identical"] else f" (frames {r['frames_not_identical']})"))
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`demo --lose-gpu GPU@FRAME` (the CLI has checked the demo's shared options: demo.check_arguments);
+    exit status 1 unless every frame is identical to the one-GPU frame."""
+    note = use_virtual_if_no_gpu(args.virtual)
+    width, height = frame_size(args)
+    try:
+        srus = make_srus(args.srus, width, height, heavy=args.heavy)
+        r = sru_drill(srus, width, height, args.frames, args.lose_gpu, devices=args.devices, note=note)
+    except (ValueError, IndexError) as exc:
+        parser.error(str(exc))
+    print_result(r, args.json, print_sru_drill)
+    return 0 if r["identical"] else 1

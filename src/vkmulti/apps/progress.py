@@ -12,6 +12,8 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from .._core.checks import is_int
+
 __all__ = ["progress", "Progress"]
 
 
@@ -50,7 +52,7 @@ def _enabled(quiet: bool) -> bool:
 def progress(total: int | None, description: str, *, quiet: bool = False) -> Iterator[Progress]:
     """A Progress for `total` steps (None: unknown), drawn on stderr when that is a
     terminal and `quiet` is false; otherwise it only prints what `say` gets."""
-    if total is not None and (not isinstance(total, int) or isinstance(total, bool) or total < 0):
+    if total is not None and (not is_int(total) or total < 0):
         raise ValueError(f"total must be an int >= 0 or None, got {total!r}"[:120])
     if not _enabled(quiet):
         yield Progress()

@@ -7,20 +7,25 @@ the step times before and after the loss, the recovery, the steps replayed and
 what the policy costs per step (the run with it against the run without)."""
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
 
 import numpy as np
 
-__all__ = ["stencil_drill", "print_drill"]
+from ..device.manager import MultiDeviceManager
+from ..device.virtual import use_virtual_if_no_gpu
+from ..kernels import CheckpointPolicy, CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator
+from ..kernels.stencil import StencilSlabs, stencil_payload_size
+from ..testing import lose_device
+from .stencil import DRILL_STEPS, LIGHT_SIZE, initial_field, report
+
+__all__ = ["stencil_drill", "print_drill", "main"]
 
 
 def _run(mgr: Any, field: np.ndarray, top: np.ndarray, bottom: np.ndarray, steps: int, policy: Any,
          lose: tuple[int, int] | None) -> dict[str, Any]:
-    from ..kernels import CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator
-    from ..kernels.stencil import StencilSlabs, stencil_payload_size
-    from ..testing import lose_device
-
+    """One run of the grid under `policy`, losing GPU lose[0] right before step lose[1] (None: no loss)."""
     n = mgr.device_count
     coord = MultiGpuCoordinator.from_manager(mgr)
     rt = KernelRuntime(coord, mgr, payload_size=stencil_payload_size(field.shape[1]), max_kernels=max(8, 2 * n + 2))
@@ -56,10 +61,6 @@ def _run(mgr: Any, field: np.ndarray, top: np.ndarray, bottom: np.ndarray, steps
 def stencil_drill(width: int, height: int, steps: int, loss: tuple[int, int], *, every: int = 16,
                   devices: list[int] | None = None, note: str | None = None) -> dict[str, Any]:
     """Run the drill (see the module docstring); a JSON-ready report with `identical`."""
-    from ..kernels import CheckpointPolicy
-    from ..device.manager import MultiDeviceManager
-    from .stencil_demo import initial_field
-
     gpu, at = loss
     if at >= steps:
         raise ValueError(f"--lose-gpu {gpu}@{at}: step {at} is past the {steps} steps run")
@@ -128,3 +129,13 @@ def print_drill(r: dict[str, Any]) -> None:
         return
     print(f"final field bit-identical to the run without loss: {'yes' if r['identical'] else 'NO'}"
           f"  (checksum {r['checksum']})")
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`vkmulti demo stencil --lose-gpu GPU@STEP [options]` (options from stencil.parse_arguments);
+    exit 1 if the final field differs from the run without loss."""
+    note = use_virtual_if_no_gpu(args.virtual)
+    width, height = args.size or LIGHT_SIZE
+    return report(parser, args, print_drill, lambda: stencil_drill(
+        width, height, args.steps or DRILL_STEPS, args.lose_gpu, every=args.checkpoint_every,
+        devices=args.devices, note=note))

@@ -126,7 +126,7 @@ def check_srus(srus: Iterable[Any]) -> list[Any]:
     return out
 
 
-def _order(nodes: Sequence[NodeInfo], links: dict[str, LinkInfo]) -> list[NodeInfo]:
+def node_order(nodes: Sequence[NodeInfo], links: dict[str, LinkInfo]) -> list[NodeInfo]:
     """Node 0 first: the driver's node if it has an agent, else the best-connected one."""
     def link_time(n: NodeInfo) -> float:
         ln = links.get(n.node_id)
@@ -139,7 +139,7 @@ def plan_nodes(srus: Sequence[Any], nodes: Sequence[NodeInfo], links: dict[str, 
     if not nodes:
         raise ValueError("no node to plan on")
     srus = list(srus)
-    order = _order(nodes, links)
+    order = node_order(nodes, links)
     weights = []
     for n in order:
         if not (math.isfinite(n.throughput) and n.throughput > 0):

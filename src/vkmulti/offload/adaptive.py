@@ -39,7 +39,7 @@ from ..transfer.cross_device import TimelinePoint
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SpeedMeter", "AdaptivePlanning"]
+__all__ = ["SpeedMeter", "AdaptivePlanner"]
 
 
 @dataclass
@@ -234,79 +234,53 @@ class SpeedMeter:
             self._timer = None
 
 
-class AdaptivePlanning:
-    """The adaptive mode of SRUOffloadCoordinator (a mixin): the members it exposes and the
-    hooks its plan() and render_frame() call. Uses the coordinator's `manager`, `weights`,
-    `hysteresis`, `_entries`, `_lock` and the SpeedMeter in `_speeds`."""
+class AdaptivePlanner:
+    """The adaptive mode of SRUOffloadCoordinator: whether it is on, and the SpeedMeter that times
+    each device's renders (waiting on the manager's slots) and turns the timings into plan weights."""
 
-    manager: Any
-    weights: list[float] | None
-    hysteresis: float | None
-    _entries: dict
-    _lock: Any
-    _speeds: SpeedMeter
-    _adaptive: bool
-
-    #: hysteresis of plans in adaptive mode when none was given: timing noise alone moves no SRU
-    ADAPTIVE_HYSTERESIS = 0.05
+    def __init__(self, manager: Any, *, adaptive: bool = False, damping: float = 0.5, timeout: float = 60.0):
+        self.manager = manager
+        self._enabled = False
+        self.enabled = adaptive
+        self.meter = SpeedMeter(manager.device_count, self._wait_point, damping=damping, timeout=timeout)
 
     @property
-    def adaptive(self) -> bool:
-        """Whether plans use speed weights measured every frame (see the class docstring)."""
-        return self._adaptive
+    def enabled(self) -> bool:
+        """Whether plans use speed weights measured every frame."""
+        return self._enabled
 
-    @adaptive.setter
-    def adaptive(self, value: bool) -> None:
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
         if not isinstance(value, bool):
             raise TypeError(f"adaptive must be a bool, got {value!r}")
-        self._adaptive = value
+        self._enabled = value
 
-    @property
-    def adaptive_damping(self) -> float:
-        """Share of the newest frame in the damped speeds, in (0, 1]."""
-        return self._speeds.damping
+    def weights(self, usable: list[int], given: list[float] | None) -> list[float] | None:
+        """The plan's weights for the `usable` devices: measured ones (with `given` as the prior) in
+        adaptive mode, else `given` (per manager slot) or None."""
+        if self._enabled:
+            return self.meter.weights_for(usable, given)
+        return [given[d] for d in usable] if given is not None else None
 
-    @adaptive_damping.setter
-    def adaptive_damping(self, value: float) -> None:
-        self._speeds.damping = value
+    def begin(self) -> None:
+        """A frame starts: time it when adaptive."""
+        if self._enabled:
+            self.meter.begin()
 
-    @property
-    def seconds_per_cost_unit(self) -> list[float | None]:
-        """Per manager slot: damped measured seconds per unit of SRU cost (None: not measured yet)."""
-        return self._speeds.seconds_per_cost_unit
+    def watch(self, device: int, points: Sequence[TimelinePoint]) -> None:
+        """Device's share of this frame is done when `points` are reached."""
+        if self._enabled:
+            self.meter.watch(device, points)
 
-    @property
-    def measured_weights(self) -> list[float | None]:
-        """Per manager slot: measured speed relative to the fastest measured device (1.0); None: not measured."""
-        return self._speeds.relative_speeds
-
-    def reset_measurements(self) -> None:
-        """Forget every measured speed (plans start again from `weights`)."""
-        with self._lock:
-            self._speeds.reset()
-
-    def _plan_hysteresis(self) -> float | None:
-        if self.hysteresis is None and self._adaptive:
-            return self.ADAPTIVE_HYSTERESIS
-        return self.hysteresis
-
-    def _plan_weights(self, usable: list[int]) -> list[float] | None:
-        if self._adaptive:
-            return self._speeds.weights_for(usable, self.weights)
-        return [self.weights[d] for d in usable] if self.weights is not None else None
-
-    def _watch(self, device: int, points: Sequence[TimelinePoint]) -> None:
-        """Hook of render_frame: device's share of this frame is done when `points` are reached."""
-        if self._adaptive:
-            self._speeds.watch(device, points)
-
-    def _frame_costs(self, rendered_on: dict[Any, int], by_id: dict[Any, Any],
-                     cost: Callable[[Any], float]) -> dict[int, float]:
-        costs: dict[int, float] = {}
-        for sid, d in rendered_on.items():
-            costs[d] = costs.get(d, 0.0) + float(cost(by_id[sid]))
-        return costs
+    def end(self, rendered_on: dict[Any, int], by_id: dict[Any, Any], cost: Callable[[Any], float],
+            done: TimelinePoint) -> None:
+        """Every point of the frame is given: the cost each device rendered (SRU id -> device in
+        `rendered_on`, id -> SRU in `by_id`) and the frame's last point."""
+        if self._enabled:
+            costs: dict[int, float] = {}
+            for sid, d in rendered_on.items():
+                costs[d] = costs.get(d, 0.0) + float(cost(by_id[sid]))
+            self.meter.end(costs, done)
 
     def _wait_point(self, point: TimelinePoint, timeout: float) -> None:
         self.manager.slot(point.device_index).native.wait_timeline(point.semaphore, point.value, timeout)
-

@@ -7,7 +7,8 @@ once each transfer's `dst_ready` is reached (a GPU-side wait). When a
 secondary's renderer raises or its device is lost, the SRU is rendered on the
 primary for this frame and the device is left out of later plans; a device lost
 after its image was composited makes the frame composite again
-(offload_failover.py), so the frame still comes out.
+(failover.py), so the frame still comes out. The per-SRU images and transfers
+are kept from frame to frame (cache.py).
 """
 from __future__ import annotations
 
@@ -17,18 +18,20 @@ from typing import Any, Callable, Iterable, Sequence
 
 import vulkan as vk
 
-from .adaptive import AdaptivePlanning, SpeedMeter
-from ..errors import DestroyedError, DeviceLostError, PrimaryDeviceLostError, TimeoutError, VkmError
+from .._core.checks import is_int
+from .._core.lifetime import Lifetime, operation
+from ..device.manager import MultiDeviceManager
+from ..errors import DestroyedError, DeviceLostError, PrimaryDeviceLostError
 from ..memory.image import Image
-from .._core.lifetime import Deadline, Lifetime, operation
-from ..device.manager import DeviceSlot, MultiDeviceManager
-from .failover import DEVICE_ERRORS as _DEVICE_ERRORS
-from .failover import FrameFailover, FrameInFlight
-from .types import (FrameReport, OffloadRoute, RendererMissingError, SecondaryRenderContext, SruEntry, _default_cost,
-                    _int_list, _sru_size, _weights)
-from .partition import SRUAssignment, assign_srus
-from .render import SRU_FORMAT, SRU_IMAGE_USAGE, Compositor, _scale_pair, as_wait_points
 from ..transfer.cross_device import CrossDeviceTransfer, TimelinePoint, TransferTicket, select_transfer_method
+from .adaptive import AdaptivePlanner
+from .cache import SruCache
+from .compositor import Compositor, scale_pair
+from .failover import DEVICE_ERRORS, FrameFailover, FrameInFlight
+from .partition import SRUAssignment, assign_srus, interleaved
+from .render import as_wait_points
+from .types import (FrameReport, OffloadRoute, RendererMissingError, SecondaryRenderContext, SruEntry, check_weights,
+                    default_cost, int_list, sru_size)
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ __all__ = ["OffloadRoute", "SRUOffloadCoordinator", "SecondaryRenderContext", "F
            "RendererMissingError"]
 
 
-class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
+class SRUOffloadCoordinator:
     """Plans SRUs over the GPUs, renders offloaded ones on secondaries and brings their images to GPU 0.
 
     The seed's constructor and members, plus: `devices` (slot indices it may
@@ -53,7 +56,7 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
     measurement; hysteresis defaults to ADAPTIVE_HYSTERESIS). It is off by
     default: plans then stay a pure function of the SRUs, as in the seed, and
     equal devices see no plan churn from timing noise. `measured_weights`
-    exposes what it measured.
+    exposes what it measured (AdaptivePlanner and SpeedMeter, adaptive.py).
 
     `secondary_renderer_factory(context)` gets a SecondaryRenderContext and
     returns a renderer; a renderer attached to a slot
@@ -78,7 +81,7 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         count = manager.device_count
         if devices is None:
             devices = list(range(count))
-        devices = _int_list(devices, "devices")
+        devices = int_list(devices, "devices")
         for d in devices:
             if not 0 <= d < count:
                 raise IndexError(f"device {d!r} out of range: the manager has {count} slot(s)")
@@ -86,7 +89,7 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
             raise ValueError(f"devices must list distinct slot indices starting with 0 (the primary), "
                              f"got {devices!r}"[:200])
         if weights is not None:
-            weights = _weights(weights, count)
+            weights = check_weights(weights, count)
         if hysteresis is not None:
             if isinstance(hysteresis, bool) or not isinstance(hysteresis, (int, float)) \
                     or not 0.0 <= hysteresis < 1.0:
@@ -94,7 +97,7 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         self.manager = manager
         self.capabilities = capabilities
         self.prefer_dmabuf = bool(prefer_dmabuf)
-        self.content_scale = _scale_pair(content_scale)
+        self.content_scale = scale_pair(content_scale)
         self.secondary_renderer_factory = secondary_renderer_factory
         self.devices = devices
         self.weights = weights
@@ -102,19 +105,19 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         self.timeout = timeout
         self._routes: dict[Any, OffloadRoute] = {}
         self._contexts: dict[int, SecondaryRenderContext] = {}
-        self._entries: dict[Any, SruEntry] = {}
-        #: resources of SRUs that moved device, for the next SRU that moves there: ("image", device, w, h)
-        #: -> Images, ("transfer", device, w, h, method) -> CrossDeviceTransfers (a re-plan that moves
-        #: SRUs both ways then makes almost nothing)
-        self._spares: dict[tuple, list[Any]] = {}
         self._unavailable: dict[int, str] = {}
         self._compositor: Compositor | None = None
         self._last_frame: TimelinePoint | None = None
         self._lock = threading.RLock()
         self._life = Lifetime(self, "SRUOffloadCoordinator", (manager._life,))
-        self.adaptive = adaptive
-        self._speeds = SpeedMeter(count, self._wait_point, damping=adaptive_damping, timeout=timeout)
-        self._init_failover()
+        self._planner = AdaptivePlanner(manager, adaptive=adaptive, damping=adaptive_damping, timeout=timeout)
+        self._cache = SruCache(manager, lambda: self.timeout, make_transfer=self.transfer_for,
+                               last_composite=self._last_composite)
+        self._failover = FrameFailover(manager, self._unavailable, mark_unavailable=self._mark_unavailable,
+                                       drop_device=self._drop_device, render_fallback=self._render_fallback,
+                                       composited=self._composited)
+        #: what lost devices cost this coordinator (devices, SRUs rendered again, frames repaired, times)
+        self.failover_stats = self._failover.stats
         manager._life.adopt(self)   # destroyed with the manager unless destroyed first
 
     # -- the seed's API ----------------------------------------------------
@@ -135,11 +138,46 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
             return [0]
         return [d for d in self.devices if d == 0 or d not in self._unavailable]
 
+    #: hysteresis of plans in adaptive mode when none was given: timing noise alone moves no SRU
+    ADAPTIVE_HYSTERESIS = 0.05
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether plans use speed weights measured every frame (see the class docstring)."""
+        return self._planner.enabled
+
+    @adaptive.setter
+    def adaptive(self, value: bool) -> None:
+        self._planner.enabled = value
+
+    @property
+    def adaptive_damping(self) -> float:
+        """Share of the newest frame in the damped speeds, in (0, 1]."""
+        return self._planner.meter.damping
+
+    @adaptive_damping.setter
+    def adaptive_damping(self, value: float) -> None:
+        self._planner.meter.damping = value
+
+    @property
+    def seconds_per_cost_unit(self) -> list[float | None]:
+        """Per manager slot: damped measured seconds per unit of SRU cost (None: not measured yet)."""
+        return self._planner.meter.seconds_per_cost_unit
+
+    @property
+    def measured_weights(self) -> list[float | None]:
+        """Per manager slot: measured speed relative to the fastest measured device (1.0); None: not measured."""
+        return self._planner.meter.relative_speeds
+
+    def reset_measurements(self) -> None:
+        """Forget every measured speed (plans start again from `weights`)."""
+        with self._lock:
+            self._planner.meter.reset()
+
     def restore_device(self, index: int) -> None:
         """Let a device marked unavailable take part in plans again (not a lost one:
         DeviceLostError; its objects are never used again)."""
-        if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(self.manager._slots) \
-                and self.manager.device_lost(index):
+        if is_int(index) and 0 <= index < len(self.manager._slots) and self.manager.device_lost(index):
             raise DeviceLostError(-4, "restore_device", f"GPU {index} is lost: it cannot take part in plans again")
         self._unavailable.pop(index, None)
 
@@ -152,16 +190,18 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         cost defaults to `sru.render_cost` when SRUs have it, else the seed's
         instance count. The route cache is replaced.
         """
-        self._check()
+        self._life.check()
         srus = list(srus)
         usable = self.usable_devices()
         previous = None
-        hysteresis = self._plan_hysteresis()
+        hysteresis = self.hysteresis
+        if hysteresis is None and self.adaptive:
+            hysteresis = self.ADAPTIVE_HYSTERESIS
         if hysteresis is not None and self._routes:
             previous = {r.sru_id: usable.index(r.device_index) for r in self._routes.values()
                         if r.device_index in usable}
-        weights = self._plan_weights(usable)
-        assigned = assign_srus(srus, len(usable), sru_id=sru_id, cost=cost or _default_cost, weights=weights,
+        weights = self._planner.weights(usable, self.weights)
+        assigned = assign_srus(srus, len(usable), sru_id=sru_id, cost=cost or default_cost, weights=weights,
                                transfer_cost=transfer_cost, offloadable=offloadable, previous=previous,
                                hysteresis=hysteresis or 0.0)
         caps = self._caps()
@@ -204,19 +244,19 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         its wait(). `dst_wait`: a TimelinePoint on the primary to reach before
         the destination image is overwritten.
         """
-        self._check()
+        self._life.check()
         sid = getattr(sru, "sru_id", None)
         route = self._routes.get(sid) if sid is not None else None
         if route is None or not route.offloaded or route.device_index in self._unavailable:
             return False
         renderer = self.render_offloaded(route)
         with self._lock:
-            entry = self._ensure_entry(sru, route, landing=False)
+            entry = self._cache.entry(sru, route, landing=False)
             return self._offload(entry, sru, renderer, primary_dst_image, dst_wait)
 
     def ticket_for(self, sru_id: Any) -> TransferTicket | None:
         """The latest transfer of that SRU's image to the primary, or None."""
-        e = self._entries.get(sru_id)
+        e = self._cache.entries.get(sru_id)
         return e.ticket if e is not None else None
 
     _teardown_rank = 5   # first: it owns transfers, images, a compositor and renderer contexts
@@ -239,15 +279,12 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         with self._life.ending(timeout) as dl:
             if dl is None:
                 return
-            self._speeds.close()   # no timer thread may still wait on a semaphore freed below
+            self._planner.meter.close()   # no timer thread may still wait on a semaphore freed below
             with self._lock:
                 errors: list[BaseException] = []
-                steps: list[Callable[[], Any]] = [lambda e=e: self._release(e, dl)
-                                                  for e in list(self._entries.values())]
-                steps += [lambda obj=obj: obj.destroy(self._left(dl))
-                          for objs in self._spares.values() for obj in objs]
+                steps = self._cache.teardown_steps(dl)
                 if self._compositor is not None:
-                    steps.append(lambda: self._compositor.destroy(self._left(dl)))
+                    steps.append(lambda: self._compositor.destroy(self._cache.left(dl)))
                 steps += [lambda ctx=ctx: ctx.destroy() for ctx in self._contexts.values()]
                 for step in steps:     # free as much as possible; report the first failure
                     try:
@@ -257,17 +294,12 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
                     except Exception as exc:
                         log.warning("SRUOffloadCoordinator teardown step failed: %r", exc)
                         errors.append(exc)
-                self._entries.clear()
-                self._spares.clear()
+                self._cache.clear()
                 self._compositor = None
                 self._contexts.clear()
                 self._routes.clear()
         if errors:
             raise errors[0]
-
-    def _left(self, dl: Deadline) -> float:
-        left = dl.left()
-        return self.timeout if left is None else left
 
     def __enter__(self) -> "SRUOffloadCoordinator":
         return self
@@ -300,30 +332,29 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
             if isinstance(exc, PrimaryDeviceLostError) or not self.manager.device_lost(0):
                 raise
             self.manager.check_devices()
-            raise self._primary_lost(f"{type(exc).__name__}: {exc}") from None
+            raise self._failover.primary_lost(f"{type(exc).__name__}: {exc}") from None
 
     def _render_frame(self, srus: Iterable[Any], frame: Image, sru_id: Any, cost: Any, transfer_cost: Any,
                       offloadable: Any, clear: Any, wait: bool) -> FrameReport:
-        self._check()
+        self._life.check()
         srus = list(srus)
         compositor = self._ensure_compositor()
         compositor._check_image(frame, "frame", vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT)
         key = sru_id or (lambda s: s.sru_id)
         for s in srus:
-            _sru_size(s)
+            sru_size(s)
             for label in ("x", "y"):
                 v = getattr(s, label, None)
-                if isinstance(v, bool) or not isinstance(v, int):
+                if not is_int(v):
                     raise TypeError(f"SRU {key(s)!r}: {label} (its place in the frame) must be an int, got {v!r}")
         with self._lock:
-            self._check_previous_frame()   # wait=False frames never waited for
-            self._speeds.settle()   # the previous frame's measurement, before any resource is freed
+            self._failover.check_previous_frame()   # wait=False frames never waited for
+            self._planner.meter.settle()   # the previous frame's measurement, before any resource is freed
             lost_before = len(self.failover_stats.devices_lost)
-            self._sync_lost_devices()   # PrimaryDeviceLostError when GPU 0 is gone
-            self._prune({key(s) for s in srus})
+            self._failover.sync_lost_devices(self.devices)   # PrimaryDeviceLostError when GPU 0 is gone
+            self._cache.prune({key(s) for s in srus})
             routes = self.plan(srus, sru_id=sru_id, cost=cost, transfer_cost=transfer_cost, offloadable=offloadable)
-            if self._adaptive:
-                self._speeds.begin()
+            self._planner.begin()
             prev = [self._last_frame] if self._last_frame is not None else []
             images: dict[Any, Image] = {}
             rendered_on: dict[Any, int] = {}
@@ -337,35 +368,35 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
             #    renders queued ahead of it (an SRU that moved device needs new ones)
             jobs: list[tuple[Any, SruEntry, Any]] = []
             for r in routes:   # moved SRUs first give their resources up, so moves both ways swap them
-                e = self._entries.get(r.sru_id)
+                e = self._cache.entries.get(r.sru_id)
                 if e is not None and e.device_index != r.device_index:
-                    self._park(e)
+                    self._cache.park(e)
             for r in routes:
                 sru = by_id[r.sru_id]
                 if not r.offloaded:
-                    jobs.append((sru, self._ensure_entry(sru, r, landing=False), None))
+                    jobs.append((sru, self._cache.entry(sru, r, landing=False), None))
                     continue
                 if r.device_index in self._unavailable:   # failed earlier in this frame
                     fallbacks.append(sru)
                     continue
                 try:
                     renderer = self._renderer_for(r.device_index)
-                    jobs.append((sru, self._ensure_entry(sru, r, landing=True), renderer))
+                    jobs.append((sru, self._cache.entry(sru, r, landing=True), renderer))
                 except RendererMissingError:
                     raise
                 except Exception as exc:   # the factory or the device failed: this device sits out
                     self._mark_unavailable(r.device_index, "its renderer or render target could not be made", exc)
                     fallbacks.append(sru)
-            if self._spares:
-                self._trim_spares({(e.width, e.height) for e in self._entries.values()}, len(srus))
+            if self._cache.spares:
+                self._cache.trim_spares({(e.width, e.height) for e in self._cache.entries.values()}, len(srus))
             # 2. submit every device's SRUs in turn, each device's k-th of n at k/n of the way, so
             #    every device starts at once and its queue fills at the pace it drains (submitting
             #    one device's whole share first leaves the others idle meanwhile)
             rendered: list[tuple[Any, SruEntry]] = []
-            for sru, e, renderer in _interleaved(jobs):
+            for sru, e, renderer in interleaved(jobs):
                 if renderer is None:   # the primary's own SRU
                     points = self._render(self._renderer_for(0), sru, e.target, prev, 0)
-                    self._watch(0, points)
+                    self._planner.watch(0, points)
                     waits += points
                     images[e.sru_id], rendered_on[e.sru_id] = e.target, 0
                 elif e.device_index in self._unavailable:   # its device failed earlier in this frame
@@ -390,7 +421,7 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
             for sru, e in pending:
                 try:
                     e.ticket.wait_submitted(self.timeout)
-                except _DEVICE_ERRORS as exc:
+                except DEVICE_ERRORS as exc:
                     self._mark_unavailable(e.device_index, "its transfer failed", exc)
                     fallbacks.append(sru)
                     continue
@@ -408,42 +439,29 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
             placements = [(images[key(s)], s.x, s.y) for s in srus]
             done = compositor.composite(frame, placements, wait=waits, clear=clear)
             self._last_frame = done
-            self._in_flight_frame = FrameInFlight(frame, [(key(s), images[key(s)], s.x, s.y) for s in srus],
-                                                  landing, rendered_on, fallbacks, clear, done)
-            if self._adaptive:
-                self._speeds.end(self._frame_costs(rendered_on, by_id, cost or _default_cost), done)
+            self._failover.in_flight = FrameInFlight(frame, [(key(s), images[key(s)], s.x, s.y) for s in srus],
+                                                     landing, rendered_on, fallbacks, clear, done)
+            self._planner.end(rendered_on, by_id, cost or default_cost, done)
         seconds: dict[int, float] = {}
         repaired = None
         if wait:
-            self._wait_composite(compositor, done, self.timeout)
+            self._failover.wait_composite(compositor, done, self.timeout)
             with self._lock:
-                repaired = self._verify_frame(compositor)
-                seconds = self._speeds.settle()
-                self._losses_recovered()
+                repaired = self._failover.verify_frame(compositor, self.timeout)
+                seconds = self._planner.meter.settle()
+                self._failover.losses_recovered()
         if repaired is not None:
             done = repaired.done
         lost = self.failover_stats.devices_lost[lost_before:]
         return FrameReport(routes, rendered_on, [key(s) for s in fallbacks], done, sent, seconds, lost,
                            repaired is not None)
 
-    def _wait_composite(self, compositor: Compositor, done: TimelinePoint, timeout: float) -> None:
-        try:
-            compositor.wait(done, timeout)
-        except DeviceLostError as exc:
-            self.manager.report_device_lost(0, f"{type(exc).__name__}: {exc}"[:300])
-            raise self._primary_lost(str(exc)) from None
-
     def _render_fallback(self, sru: Any, sid: Any, prev: list[TimelinePoint]) -> tuple[Image, list[TimelinePoint]]:
         """Render `sru` on the primary into its fallback image (no transfer writes it)."""
-        e = self._entries.get(sid)
-        if e is None:
-            w, h = _sru_size(sru)
-            e = self._entries[sid] = SruEntry(sid, self._routes[sid].device_index, w, h)
-        if e.fallback is None:
-            e.fallback = Image(self.manager.primary, e.width, e.height, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
-        points = self._render(self._renderer_for(0), sru, e.fallback, prev, 0)
-        self._watch(0, points)
-        return e.fallback, points
+        image = self._cache.fallback(sru, sid, self._routes)
+        points = self._render(self._renderer_for(0), sru, image, prev, 0)
+        self._planner.watch(0, points)
+        return image, points
 
     @operation
     def wait_frame(self, timeout: float | None = None) -> None:
@@ -452,19 +470,13 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         repaired here: those SRUs are rendered on the primary and the frame is
         composited again before this returns."""
         if self._compositor is not None and self._last_frame is not None:
-            self._wait_composite(self._compositor, self._last_frame, self.timeout if timeout is None else timeout)
+            self._failover.wait_composite(self._compositor, self._last_frame,
+                                          self.timeout if timeout is None else timeout)
             with self._lock:
-                self._verify_frame(self._compositor)
-                self._losses_recovered()
+                self._failover.verify_frame(self._compositor, self.timeout)
+                self._failover.losses_recovered()
 
     # -- helpers -------------------------------------------------------------
-
-    def _check(self) -> None:
-        self._life.check()
-
-    def _slot(self, index: int) -> DeviceSlot:
-        """A slot of the manager, also while the manager's destroy() runs (teardown)."""
-        return self.manager._slots[index]
 
     def _caps(self) -> Any:
         caps = self.capabilities
@@ -502,76 +514,6 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         if self._compositor is None:
             self._compositor = Compositor(self.manager.primary, content_scale=self.content_scale)
         return self._compositor
-
-    def _ensure_entry(self, sru: Any, route: OffloadRoute, *, landing: bool) -> SruEntry:
-        w, h = _sru_size(sru)
-        e = self._entries.get(route.sru_id)
-        if e is not None and ((e.width, e.height) != (w, h)
-                              or (e.transfer is not None and e.transfer.method != route.transfer)):
-            self._release(e)   # resized or another method: free the old resources
-            e = None
-        elif e is not None and e.device_index != route.device_index:
-            self._park(e)      # moved: its resources wait for the next SRU that moves their way
-            e = None
-        if e is None:
-            e = self._entries[route.sru_id] = SruEntry(route.sru_id, route.device_index, w, h)
-        if e.target is None:
-            e.target = self._image(route.device_index, w, h)
-        if route.offloaded and e.transfer is None:
-            spare = self._spares.get(("transfer", route.device_index, w, h, route.transfer))
-            e.transfer = spare.pop() if spare else self.transfer_for(route, width=w, height=h)
-        if landing and route.offloaded and e.landing is None:
-            e.landing = self._image(0, w, h)
-        return e
-
-    def _image(self, device: int, w: int, h: int) -> Image:
-        """An SRU image on `device`: a spare one, else a new one."""
-        spare = self._spares.get(("image", device, w, h))
-        if spare:
-            return spare.pop()
-        return Image(self.manager.slot(device), w, h, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
-
-    def _park(self, e: SruEntry) -> None:
-        """Take a moved SRU's entry out once nothing in flight uses it; keep its images (the target on
-        its device, the landing and fallback on GPU 0) and its transfer as spares, as many as there
-        are SRUs (more are freed)."""
-        self._settle(e, Deadline(None))
-        d, size = e.device_index, (e.width, e.height)
-        parked = [(("image", d) + size, e.target), (("image", 0) + size, e.landing),
-                  (("image", 0) + size, e.fallback)]
-        if e.transfer is not None:
-            parked.append((("transfer", d) + size + (e.transfer.method,), e.transfer))
-        e.target = e.landing = e.fallback = e.transfer = e.ticket = None
-        e.points = []
-        if self._entries.get(e.sru_id) is e:
-            del self._entries[e.sru_id]
-        for k, obj in parked:
-            if obj is None:
-                continue
-            if not self.manager.device_lost(k[1]):
-                self._spares.setdefault(k, []).append(obj)
-            else:
-                obj.destroy(self.timeout)
-
-    def _trim_spares(self, sizes: set[tuple[int, int]], keep: int) -> None:
-        """Free the spares of sizes no SRU has now, and beyond `keep` of a kind per device and size."""
-        for k in list(self._spares):
-            objs = self._spares[k]
-            extra = objs if k[2:4] not in sizes else objs[keep:]
-            for obj in extra:
-                obj.destroy(self.timeout)
-            del objs[len(objs) - len(extra):]
-            if not objs:
-                del self._spares[k]
-
-    def _drop_spares(self, device: int) -> None:
-        """Free the spares on `device` (lost: nothing is waited for on it)."""
-        for k in [k for k in self._spares if k[1] == device]:
-            for obj in self._spares.pop(k):
-                try:
-                    obj.destroy(self.timeout)
-                except Exception as exc:   # a lost device's objects: logged, never used again
-                    log.warning("spare %s on GPU %d: destroy failed (%r)", k[0], device, exc)
 
     def _render(self, renderer: Any, sru: Any, target: Image, wait: list[TimelinePoint],
                 index: int) -> list[TimelinePoint]:
@@ -611,7 +553,7 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
             return False
         e.points = points
         # the device's speed is its renders' (adaptive.py says why not dst_ready or src_done)
-        self._watch(d, points)
+        self._planner.watch(d, points)
         return True
 
     def _send(self, e: SruEntry, dst_image: Any, dst_wait: TimelinePoint | None) -> bool:
@@ -619,14 +561,14 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         try:
             e.ticket = e.transfer.submit(src_image=e.target, dst_image=dst_image,
                                          src_wait=e.points[-1] if e.points else None, dst_wait=dst_wait)
-        except _DEVICE_ERRORS as exc:
+        except DEVICE_ERRORS as exc:
             self._mark_unavailable(e.device_index, "its transfer could not start", exc)
             return False
         return True
 
     def _mark_unavailable(self, index: int, why: str, exc: BaseException) -> None:
-        name = self._slot(index).name
-        self._note_failure(index, exc)
+        name = self.manager._slots[index].name   # also while the manager's destroy() runs
+        self._failover.note_failure(index, exc)
         if index in self._unavailable:   # the first failure says why
             return
         self._unavailable[index] = f"{why}: {exc!r}"
@@ -634,64 +576,23 @@ class SRUOffloadCoordinator(AdaptivePlanning, FrameFailover):
         log.error("GPU %d (%s) left out of later plans, %s%s; its SRUs render on the primary this frame",
                   index, name, why, f" (device lost: {exc})" if lost else "", exc_info=None if lost else exc)
 
-    def _settle(self, e: SruEntry, dl: Deadline) -> None:
-        """Wait until nothing in flight uses the entry's resources. vkmulti.TimeoutError
-        keeps them; other failures (a lost device) are logged and do not."""
-        waits: list[Callable[[], Any]] = []
-        if e.ticket is not None:
-            ticket = e.ticket
-            waits.append(lambda: ticket.wait(self._left(dl)))
-        for p in e.points:
-            if self.manager.device_lost(p.device_index):
-                continue   # a lost device runs nothing more: nothing to wait for
-            slot = self._slot(p.device_index)
-            waits.append(lambda p=p, slot=slot: slot.native.wait_timeline(p.semaphore, p.value, self._left(dl)))
-        if self._last_frame is not None and self._compositor is not None:
-            frame, compositor = self._last_frame, self._compositor
-            waits.append(lambda: compositor.slot.native.wait_timeline(frame.semaphore, frame.value,
-                                                                      self._left(dl)))
-        for w in waits:
+    def _last_composite(self) -> tuple[Compositor, TimelinePoint] | None:
+        """The compositor and the latest composite, for the cache's waits (None before any frame)."""
+        if self._last_frame is None or self._compositor is None:
+            return None
+        return self._compositor, self._last_frame
+
+    def _composited(self, done: TimelinePoint) -> None:
+        """The frame was composited again (failover): `done` is its latest point."""
+        self._last_frame = done
+
+    def _drop_device(self, d: int) -> int:
+        """Free what this coordinator keeps on device `d` (lost): never waits on it."""
+        n = self._cache.drop_device(d)
+        ctx = self._contexts.pop(d, None)
+        if ctx is not None:
             try:
-                w()
-            except TimeoutError:
-                raise
-            except VkmError as exc:
-                known = self.manager.device_lost(e.device_index)   # a loss already told: no news
-                log.log(logging.DEBUG if known else logging.WARNING,
-                        "SRU %r: waiting for in-flight work failed (%r); freeing its resources", e.sru_id, exc)
-
-    def _release(self, e: SruEntry, dl: Deadline | None = None) -> None:
-        dl = dl or Deadline(None)
-        self._settle(e, dl)
-        if e.transfer is not None:
-            e.transfer.destroy(self._left(dl))
-            e.transfer = e.ticket = None
-        for name in ("target", "landing", "fallback"):
-            img = getattr(e, name)
-            if img is not None:
-                img.destroy(self._left(dl))
-                setattr(e, name, None)
-        e.points = []
-        if self._entries.get(e.sru_id) is e:
-            del self._entries[e.sru_id]
-
-    def _prune(self, live: set) -> None:
-        """Free the resources of SRUs that are not in the coming frame."""
-        for sid in [s for s in self._entries if s not in live]:
-            self._release(self._entries[sid])
-
-
-def _interleaved(jobs: list[tuple[Any, SruEntry, Any]]) -> list[tuple[Any, SruEntry, Any]]:
-    """`jobs` in submission order: each device's k-th of n at (k + 0.5) / n, the plan's order kept
-    per device (a stable sort; the primary first at equal points)."""
-    counts: dict[int, int] = {}
-    for _, e, _ in jobs:
-        counts[e.device_index] = counts.get(e.device_index, 0) + 1
-    seen: dict[int, int] = {}
-    keyed = []
-    for job in jobs:
-        d = job[1].device_index
-        k = seen[d] = seen.get(d, -1) + 1
-        keyed.append(((k + 0.5) / counts[d], d, job))
-    keyed.sort(key=lambda t: (t[0], t[1]))
-    return [job for _, _, job in keyed]
+                ctx.destroy()
+            except Exception as exc:   # logged: the lost device's renderer is never used again
+                log.warning("renderer context of lost GPU %d: destroy failed (%r)", d, exc)
+        return n

@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from .._core import _native
+from .._core.checks import check_count
 
 __all__ = ["SRUAssignment", "assign_srus", "assign_srus_array", "assign_srus_reference", "reference_devices",
-           "makespan", "seed_top_n_minus_1"]
+           "makespan", "seed_top_n_minus_1", "sru_cost", "interleaved"]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _INT32_MAX = 2**31 - 1
@@ -52,7 +53,7 @@ _set_sru_id = SRUAssignment.sru_id.__set__            # type: ignore[attr-define
 _set_device_index = SRUAssignment.device_index.__set__  # type: ignore[attr-defined]
 
 
-def _sru_cost(sru: Any) -> int:
+def sru_cost(sru: Any) -> int:
     """The seed's cost: instances + skinned instances, at least 1."""
     n = len(getattr(sru, "instances", ()) or ()) + len(getattr(sru, "skinned_instances", ()) or ())
     return n if n > 0 else 1
@@ -86,18 +87,6 @@ class _Problem:
 
 
 # ---- argument checks shared by both forms ------------------------------------------------------
-
-def _device_count(device_count: Any) -> int:
-    if isinstance(device_count, bool):
-        raise TypeError(f"device_count must be an int, got {device_count!r}")
-    try:
-        device_count = operator.index(device_count)
-    except TypeError:
-        raise TypeError(f"device_count must be an int, got {device_count!r}") from None
-    if device_count < 1:
-        raise ValueError(f"device_count must be >= 1, got {device_count}")
-    return device_count
-
 
 def _hysteresis(hysteresis: Any) -> float:
     if isinstance(hysteresis, (bool, str, bytes)):
@@ -181,7 +170,7 @@ def _device_array(values: Any, name: str, n: int, device_count: int, none: str) 
 
 def _array_problem(costs, device_count, ids, transfer, pinned, previous, weights, link_costs,
                    hysteresis) -> _Problem:
-    dc = _device_count(device_count)
+    dc = check_count(device_count, "device_count", 1)
     h = _hysteresis(hysteresis)
     cost = _array(costs, "costs", None, "iuf", "real numbers")
     n = cost.shape[0]
@@ -301,7 +290,7 @@ def _raise_duplicate(ids: list) -> None:
 
 def _prepare(srus, device_count, sru_id, cost, weights, transfer_cost, offloadable, previous, hysteresis,
              link_costs=None) -> tuple[list, _Problem]:
-    dc = _device_count(device_count)
+    dc = check_count(device_count, "device_count", 1)
     h = _hysteresis(hysteresis)
     srus = list(srus)
     try:
@@ -312,7 +301,7 @@ def _prepare(srus, device_count, sru_id, cost, weights, transfer_cost, offloadab
         bad = next(s for s in srus if not hasattr(s, "sru_id"))
         raise TypeError(f"an SRU needs an sru_id attribute (or pass sru_id=), got a {type(bad).__name__}") from None
     keys = _tie_keys(ids)
-    p = _Problem(_per_sru_floats(list(map(cost or _sru_cost, srus)), ids, "cost"), dc, keys=keys, hysteresis=h)
+    p = _Problem(_per_sru_floats(list(map(cost or sru_cost, srus)), ids, "cost"), dc, keys=keys, hysteresis=h)
     if weights is not None:
         p.weights = _per_device(weights, dc, "weights", positive=True)
     if link_costs is not None:
@@ -552,10 +541,27 @@ def makespan(assignments: Iterable[SRUAssignment | int] | np.ndarray, costs: Seq
 def seed_top_n_minus_1(srus: Iterable[Any], device_count: int, *, sru_id=None, cost=None) -> list[SRUAssignment]:
     """The seed's rule, for comparison: the N-1 heaviest SRUs one per secondary, the rest on GPU 0."""
     key = sru_id or _default_sru_id
-    cost_fn = cost or _sru_cost
+    cost_fn = cost or sru_cost
     srus = list(srus)
     if device_count <= 1 or not srus:
         return [SRUAssignment(key(s), 0) for s in srus]
     ranked = sorted(srus, key=lambda s: (-cost_fn(s), id(s)))
     offloaded = {id(s): d for d, s in enumerate(ranked[: device_count - 1], start=1)}
     return [SRUAssignment(key(s), offloaded.get(id(s), 0)) for s in srus]
+
+
+def interleaved(jobs: list[tuple[Any, Any, Any]]) -> list[tuple[Any, Any, Any]]:
+    """`jobs` (sru, entry with a device_index, renderer) in submission order: each device's k-th of n
+    at (k + 0.5) / n, the plan's order kept
+    per device (a stable sort; the primary first at equal points)."""
+    counts: dict[int, int] = {}
+    for _, e, _ in jobs:
+        counts[e.device_index] = counts.get(e.device_index, 0) + 1
+    seen: dict[int, int] = {}
+    keyed = []
+    for job in jobs:
+        d = job[1].device_index
+        k = seen[d] = seen.get(d, -1) + 1
+        keyed.append(((k + 0.5) / counts[d], d, job))
+    keyed.sort(key=lambda t: (t[0], t[1]))
+    return [job for _, _, job in keyed]

@@ -9,14 +9,16 @@ from typing import Any
 import vulkan as vk
 
 from .._core import vkapi
-from ..errors import DestroyedError, RendererMissingError, VkmError
+from .._core.checks import is_int
+from ..errors import DestroyedError, RendererMissingError
 from ..memory.image import Image
 from ..device.manager import DeviceSlot
-from .partition import _sru_cost
-from .render import _scale_pair
+from .compositor import scale_pair
+from .partition import sru_cost
 from ..transfer.cross_device import CrossDeviceTransfer, TimelinePoint, TransferTicket
 
-__all__ = ["OffloadRoute", "RendererMissingError", "SecondaryRenderContext", "FrameReport", "SruEntry"]
+__all__ = ["OffloadRoute", "RendererMissingError", "SecondaryRenderContext", "FrameReport", "SruEntry",
+           "default_cost", "int_list", "check_weights", "sru_size"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +48,7 @@ class SecondaryRenderContext:
             raise TypeError(f"slot must be a DeviceSlot, got {type(slot).__name__}")
         self.slot = slot
         self.capabilities = capabilities
-        self.content_scale = _scale_pair(content_scale)
+        self.content_scale = scale_pair(content_scale)
         self.command_pool: Any = None
         self.renderer: Any = None
 
@@ -120,13 +122,14 @@ class SruEntry:
     points: list[TimelinePoint] = field(default_factory=list)
 
 
-def _default_cost(sru: Any) -> float:
+def default_cost(sru: Any) -> float:
     """`sru.render_cost` when the SRU has one (ReferenceSRU), else the seed's instance count."""
     c = getattr(sru, "render_cost", None)
-    return _sru_cost(sru) if c is None else c
+    return sru_cost(sru) if c is None else c
 
 
-def _int_list(values: Any, label: str) -> list[int]:
+def int_list(values: Any, label: str) -> list[int]:
+    """`values` as a list of ints (never bools); TypeError otherwise."""
     if isinstance(values, (str, bytes)):
         raise TypeError(f"{label} must be a sequence of ints, got {type(values).__name__}")
     try:
@@ -134,12 +137,13 @@ def _int_list(values: Any, label: str) -> list[int]:
     except TypeError:
         raise TypeError(f"{label} must be a sequence of ints, got {type(values).__name__}") from None
     for v in out:
-        if isinstance(v, bool) or not isinstance(v, int):
+        if not is_int(v):
             raise TypeError(f"{label} must hold ints, got {type(v).__name__} {v!r}"[:160])
     return out
 
 
-def _weights(values: Any, count: int) -> list[float]:
+def check_weights(values: Any, count: int) -> list[float]:
+    """`values` as one finite speed weight > 0 per device (`count`); TypeError / ValueError otherwise."""
     if isinstance(values, (str, bytes)):
         raise TypeError(f"weights must be a sequence of numbers, got {type(values).__name__}")
     try:
@@ -154,12 +158,13 @@ def _weights(values: Any, count: int) -> list[float]:
     return out
 
 
-def _sru_size(sru: Any) -> tuple[int, int]:
+def sru_size(sru: Any) -> tuple[int, int]:
+    """The SRU's (width, height): positive ints; TypeError without them, ValueError when not positive."""
     try:
         w, h = sru.width, sru.height
     except AttributeError:
         raise TypeError(f"an SRU needs width and height attributes, got a {type(sru).__name__}") from None
     for label, v in (("width", w), ("height", h)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        if not is_int(v) or v <= 0:
             raise ValueError(f"SRU {getattr(sru, 'sru_id', sru)!r}: {label} must be a positive int, got {v!r}")
     return w, h

@@ -17,6 +17,7 @@ Memory of a kernel (all on its device; sizes in docs/kernels.md):
 from __future__ import annotations
 
 import hashlib
+import operator
 import struct
 import threading
 from collections import deque
@@ -38,8 +39,8 @@ from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES, HlcTimestamp
 from .device_context import DeviceContext, MappedBuffer, align, WHOLE_SIZE, barrier
 from .spirv import SPIRV_MAGIC
 
-__all__ = ["KernelSpec", "Kernel", "KernelStats", "Batch", "OutboxBatch", "InboundBatch", "CodeSwapper",
-           "SPIRV_MAGIC"]
+__all__ = ["KernelSpec", "Kernel", "Residency", "KernelStats", "Batch", "OutboxBatch", "InboundBatch",
+           "CodeSwapper", "SPIRV_MAGIC"]
 
 MAX_CAPACITY = 1 << 16
 MAX_STATE_BUFFERS = 16
@@ -288,6 +289,52 @@ class InboundBatch(Batch):
         return f"InboundBatch(device={self.ctx.index}, offset={self.offset}, size={self.size}, done={self.done})"
 
 
+class Residency:
+    """A kernel's device half: the device (`ctx`), the spec it was built from, its
+    buffers, descriptor sets, pipeline and per-region bookkeeping. A migration or
+    a restore builds a twin's Residency on the target and swaps the two whole, so
+    no device field can be left behind; Kernel reads these through properties."""
+
+    __slots__ = ("ctx", "spec", "kernel_type", "last_value", "region_users", "region_harvested",
+                 "outbox_batches", "local_slot", "buffers", "sets", "deliver_sets", "survey_set", "outbox_bytes",
+                 "outbox_region", "h2k_bytes", "h2k_region", "k2h_region", "inbox", "outbox", "control", "states",
+                 "h2k_buffer", "k2h", "kernel_pass", "kernel_set", "finish_set")
+
+    def __init__(self, ctx: DeviceContext, spec: KernelSpec, slot_size: int):
+        self.ctx, self.spec, self.kernel_type = ctx, spec, spec.kernel_type
+        self.last_value = 0                   # the device timeline value of the last step that used it
+        d = ctx.in_flight
+        self.region_users = [0] * d           # timeline value of the last step per region
+        self.region_harvested = [True] * d
+        self.outbox_batches: list[OutboxBatch | None] = [None] * d
+        self.local_slot = -1
+        self.buffers: list[Any] = []
+        self.sets: list[Any] = []
+        self.deliver_sets: dict[tuple[int, int], Any] = {}
+        self.survey_set: Any = None
+        align_to = ctx.min_offset_alignment
+        self.outbox_bytes = RING_HEADER_BYTES + spec.outbox_capacity * slot_size
+        self.outbox_region = align(self.outbox_bytes, align_to)
+        self.h2k_bytes = RING_HEADER_BYTES + spec.inbox_capacity * slot_size
+        self.h2k_region = align(self.h2k_bytes, align_to)
+        self.k2h_region = self.outbox_region
+        self.inbox: Any = None                # the buffers and the pipeline: made by Kernel._create
+        self.outbox: Any = None
+        self.control: Any = None
+        self.states: list[Any] = []
+        self.h2k_buffer: Any = None
+        self.k2h: Any = None
+        self.kernel_pass: Any = None
+        self.kernel_set: Any = None
+        self.finish_set: Any = None
+
+
+def _on_residency(name: str) -> property:
+    def put(kernel: Any, value: Any) -> None:
+        setattr(kernel.residency, name, value)
+    return property(operator.attrgetter(f"residency.{name}"), put, doc=f"The Residency's {name}.")
+
+
 class Kernel:
     """A kernel launched by a KernelRuntime on one device (see the module docstring).
 
@@ -297,17 +344,17 @@ class Kernel:
 
     def __init__(self, runtime: Any, ctx: DeviceContext, spec: KernelSpec, kernel_id: str, address: int,
                  tenant: int, params: tuple[int, int, int, int]):
-        self.runtime, self.ctx, self.spec, self.id = runtime, ctx, spec, kernel_id
+        self.payload_size = runtime.payload_size
+        self.slot_size = ENVELOPE_BYTES + self.payload_size
+        #: its device half (buffers, descriptor sets, pipeline, bookkeeping): a move swaps it whole
+        self.residency = Residency(ctx, spec, self.slot_size)
+        self.runtime, self.id = runtime, kernel_id
         self.address, self.tenant, self.params = address, tenant, params
-        self.kernel_type = spec.kernel_type
         self.destroyed = False
         #: running a step again from the replay log (failover): it takes only the logged inputs
         self.replaying = False
-        self.payload_size = runtime.payload_size
-        self.slot_size = ENVELOPE_BYTES + self.payload_size
         self.slot_words = self.slot_size // 4
         self.steps = 0                      # steps submitted
-        self.last_value = 0                 # the device timeline value of the last step that used it
         self.stats = KernelStats()
         self.errors: list[str] = []
         self.h2k: deque[bytes] = deque()    # packed slots the host sent, not yet on the device
@@ -320,21 +367,6 @@ class Kernel:
         #: address of all its messages or None for several, message count); the K2K router's hint
         self.dest_hint: tuple[int | None, int] = (None, 0)
         self.quiet_batches = 0   # its latest outbox batches in a row that held nothing
-        d = ctx.in_flight
-        self.region_users = [0] * d           # timeline value of the last step per region
-        self.region_harvested = [True] * d
-        self.outbox_batches: list[OutboxBatch | None] = [None] * d
-        self.local_slot = -1
-        self.buffers: list[Any] = []
-        self.sets: list[Any] = []
-        self.deliver_sets: dict[tuple[int, int], Any] = {}
-        self.survey_set: Any = None
-        align_to = ctx.min_offset_alignment
-        self.outbox_bytes = RING_HEADER_BYTES + spec.outbox_capacity * self.slot_size
-        self.outbox_region = align(self.outbox_bytes, align_to)
-        self.h2k_bytes = RING_HEADER_BYTES + spec.inbox_capacity * self.slot_size
-        self.h2k_region = align(self.h2k_bytes, align_to)
-        self.k2h_region = self.outbox_region
         try:
             self._create()
         except BaseException:
@@ -549,6 +581,11 @@ class Kernel:
     def __repr__(self) -> str:
         state = "destroyed" if self.destroyed else f"GPU {self.ctx.index}"
         return f"Kernel({self.id!r}, {self.kernel_type}, address={self.address}, {state}, steps={self.steps})"
+
+
+for _name in Residency.__slots__:
+    setattr(Kernel, _name, _on_residency(_name))
+del _name
 
 
 def check_params(params: Any) -> tuple[int, int, int, int]:

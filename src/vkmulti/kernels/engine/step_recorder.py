@@ -421,7 +421,7 @@ def _inboxes_logged(rt: Any) -> bool:
     miss what it consumed: a restored kernel replayed on stale inputs, messages it consumed
     handed again). The direct landing's copy command puts the batch in the inbox instead; the
     log would need that copy anyway."""
-    return rt.__dict__.get("_policy") is not None
+    return rt.checkpoint_policy is not None
 
 
 def _known(b: Batch, x: Kernel, copied: int) -> bool:

@@ -30,9 +30,8 @@ from typing import Any
 from ...errors import K2KDestinationNotFoundError, KernelNotFoundError, QueueFullError, TenantMismatchError
 from ...memory.image import as_host_bytes
 from .delivery import DeliveryEngine
-from ..runtime.host_io import _count, _timeout
+from ..._core.checks import check_count, check_index, int_in as _count, timeout_seconds as _timeout
 from ..ids import KernelId, as_kernel_id
-from ..._core.checks import check_count, check_index
 from ..engine.kernel import Kernel, OutboxBatch
 from ..messages import HlcTimestamp, K2KMessage, MessageEnvelope
 from .routing import (CrossGpuRouterStats, CrossGpuRouterStatsSnapshot, PendingK2KMessage, RoutingDecision,

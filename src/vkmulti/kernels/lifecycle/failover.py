@@ -1,4 +1,4 @@
-"""A lost GPU under the kernel runtime (the mixin KernelRuntime inherits).
+"""A lost GPU under the kernel runtime (Failover, which KernelRuntime builds and owns).
 
 `step()` and `synchronize()`/`StepTicket.wait()` first ask the manager which
 devices are lost (`MultiDeviceManager.check_devices`: one atomic read of each
@@ -26,29 +26,39 @@ Losing the primary (GPU 0) is the caller's PrimaryDeviceLostError.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ...errors import DeviceLostError, PrimaryDeviceLostError, VkmError
 from ...device.failover import FailoverStats
+from ..engine.kernel import Kernel
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RuntimeFailover"]
+__all__ = ["Failover"]
+
+#: restore_lost_kernels bound to the runtime: (device, kernels, (context, stepper) or None, drained, lost devices)
+#: -> (restored, not restored, steps replayed, messages handed again)
+Restorer = Callable[[int, list, Any, bool, set], tuple[list, list, int, int]]
 
 
-class RuntimeFailover:
-    """Failover of KernelRuntime: see the module docstring. Uses the runtime's
-    `manager`, `coordinator`, `_lock`, `_contexts`, `_kernels`, `_by_index`,
-    `max_kernels`, `_mark_dirty`, `_free_index` and `_generation`."""
+class Failover:
+    """The failover of one KernelRuntime (see the module docstring). It reads the
+    runtime's registries under the runtime's `lock`: `kernels` (id -> kernel),
+    `contexts` (device -> (context, stepper)) and the step `listeners`;
+    `forget(kernel)` takes a kernel out of the registries (called with the lock
+    held), `release(kernel)` then makes its address reusable and tells the
+    coordinator; `restore` brings lost kernels back."""
 
-    manager: Any
-    coordinator: Any
-    max_kernels: int
-
-    def _init_failover(self) -> None:
+    def __init__(self, manager: Any, coordinator: Any, lock: threading.RLock, kernels: dict, contexts: dict,
+                 listeners: list, forget: Callable[[Kernel], None], release: Callable[[Kernel], None],
+                 restore: Restorer):
+        self.manager, self.coordinator, self._lock = manager, coordinator, lock
+        self._kernels, self._contexts, self._listeners = kernels, contexts, listeners
+        self._forget, self._release, self._restore = forget, release, restore
         #: what lost devices cost this runtime (devices, kernels lost, times)
-        self.failover_stats = FailoverStats()
+        self.stats = FailoverStats()
         #: kernels that were on a lost device and could not be restored: id -> that device
         self.lost_kernels: dict[str, int] = {}
         #: kernels of a lost device restored from their checkpoints: id -> (lost device, new device)
@@ -60,13 +70,13 @@ class RuntimeFailover:
         check = getattr(self.manager, "device_lost", None)
         return bool(check is not None and check(index))
 
-    def _primary_lost(self, reason: str) -> PrimaryDeviceLostError:
+    def primary_lost(self, reason: str) -> PrimaryDeviceLostError:
         return PrimaryDeviceLostError(-4, "KernelRuntime.step", (
             f"the primary GPU 0 was lost ({reason}): the kernels there and the host's view of the runtime "
             f"cannot go on; destroy the runtime and the manager (their objects are released without touching "
             f"the lost device) and make new ones"))
 
-    def _sync_lost_devices(self, *, teardown: bool = False) -> set[int]:
+    def sync_lost_devices(self, *, teardown: bool = False) -> set[int]:
         """Fail over from every device found lost; the lost devices. PrimaryDeviceLostError
         for GPU 0 (unless `teardown`: then its kernels are released like the others')."""
         check = getattr(self.manager, "check_devices", None)
@@ -78,24 +88,24 @@ class RuntimeFailover:
         else:
             lost = check()
         if 0 in lost and not teardown:
-            raise self._primary_lost(lost[0])
+            raise self.primary_lost(lost[0])
         for d in sorted(lost):
             if d not in self._lost_handled:
                 self._fail_over(d, lost[d], teardown)
         return set(lost)
 
-    def _step_failed(self, device: int, exc: DeviceLostError) -> bool:
+    def step_failed(self, device: int, exc: DeviceLostError) -> bool:
         """A step on `device` raised DeviceLostError: True when the device is now known
         lost and failed over (the step goes on without it), False otherwise."""
         if not self.device_lost(device):
             return False
-        self._sync_lost_devices()
+        self.sync_lost_devices()
         return True
 
     def _fail_over(self, d: int, why: str, teardown: bool = False) -> None:
         t0 = time.perf_counter()
         self._lost_handled.add(d)
-        self.failover_stats.lost(d)
+        self.stats.lost(d)
         online = getattr(self.coordinator, "is_device_online", None)
         if online is not None and online(d):
             self.coordinator.unregister_device(d)
@@ -113,20 +123,19 @@ class RuntimeFailover:
                     log.warning("KernelRuntime: a step listener failed to forget GPU %d: %s", d, exc)
         restored: list[Any] = []
         if kernels and not teardown:
-            from .replay import restore_lost_kernels
             slot = self.manager.slot(d) if hasattr(self.manager, "slot") else None
             drained = bool(getattr(slot, "lost_drained", False))
             lost_now = {i for i in self._lost_handled}
             try:
-                restored, kernels, steps, handed = restore_lost_kernels(self, d, kernels, pair, drained, lost_now)
+                restored, kernels, steps, handed = self._restore(d, kernels, pair, drained, lost_now)
             except VkmError as exc:   # (e.g. the survivors did not finish in time): they are lost
                 log.error("KernelRuntime: the kernels of lost GPU %d could not be restored: %s", d, exc)
                 restored, steps, handed = [], 0, 0
                 kernels = [k for k in kernels if k.device_index == d]
-            with self.failover_stats._lock:
-                self.failover_stats.kernels_restored += len(restored)
-                self.failover_stats.steps_replayed += steps
-                self.failover_stats.messages_replayed += handed
+            with self.stats._lock:
+                self.stats.kernels_restored += len(restored)
+                self.stats.steps_replayed += steps
+                self.stats.messages_replayed += handed
             for k in restored:
                 self.restored_kernels[k.id] = (d, k.device_index)
         for k in kernels:
@@ -140,29 +149,21 @@ class RuntimeFailover:
             stepper.batches.clear()
             ctx.destroy(0.0)
         what = f"{len(restored)} kernel(s) restored from checkpoints, {len(kernels)} lost with the device"
-        rec = self.failover_stats.recovered(d, what, t0, why)
+        rec = self.stats.recovered(d, what, t0, why)
         log.error("KernelRuntime: GPU %d lost (%s); kernels restored: %s; kernels lost with it: %s; the others go "
                   "on (%.2f ms)", d, why, {k.id: k.device_index for k in restored}, [k.id for k in kernels],
                   rec.seconds * 1e3)
 
-    def _drop_lost_kernel(self, k: Any, d: int) -> None:
+    def _drop_lost_kernel(self, k: Kernel, d: int) -> None:
         """Forget a kernel of a lost device and free its objects without waiting on the device."""
         ctx = k.ctx
         with ctx.lock:
             if k.destroyed:
                 return
             k.destroyed = True
-            index = k.address % self.max_kernels
             with self._lock:
-                self._kernels.pop(k.id, None)
-                self._by_index.pop(index, None)
                 self.lost_kernels[k.id] = d
+                self._forget(k)
             ctx.cond.notify_all()
             k.free()
-        self._mark_dirty(index)
-        remove = getattr(self.coordinator, "remove_kernel", None)
-        if remove is not None:
-            remove(k.id)
-        with self._lock:
-            self._generation[index] += 1
-            self._free_index.append(index)
+        self._release(k)

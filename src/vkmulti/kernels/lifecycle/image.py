@@ -17,13 +17,16 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+import vulkan as vk
 
 from ...errors import InvalidCheckpointError
+from ...memory.image import Buffer
 from ..checkpoint.format import Checkpoint, CheckpointMetadata, ChunkType, DataChunk, chunk_name_id
 from ..engine.kernel import KernelSpec
 from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, HlcTimestamp, K2KMessage, MessageEnvelope
 
-__all__ = ["SPIRV_CHUNK", "INBOX_CHUNK", "KernelImage", "to_checkpoint", "from_checkpoint", "local_size"]
+__all__ = ["SPIRV_CHUNK", "INBOX_CHUNK", "KernelImage", "to_checkpoint", "from_checkpoint", "local_size", "upload",
+           "image_meta"]
 
 SPIRV_CHUNK = chunk_name_id("vkm.spirv")
 INBOX_CHUNK = chunk_name_id("vkm.inbox")
@@ -88,10 +91,27 @@ def image_sources(k: Any) -> tuple[list[Any], list[int]]:
     return srcs, [b.size for b in srcs]
 
 
+def image_meta(k: Any) -> KernelImage:
+    """The host-side part of a kernel's image: everything but the device bytes
+    (called with its device lock held)."""
+    return KernelImage(k.spec, k.id, k.address, k.tenant, tuple(k.params), k.steps, k.host_seq,
+                       k.payload_size, b"", b"", [], list(k.h2k), list(k.received), k.device_index)
+
+
+def upload(ctx: Any, buf: Any, offset: int, data: np.ndarray, timeout: float | None = 60.0) -> None:
+    """Write host bytes `data` into device buffer `buf` at `offset` of the device of
+    `ctx` (a DeviceContext), through a staging buffer; returns once the copy is done."""
+    staging = Buffer(ctx.slot, data.nbytes, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, host_visible=True)
+    try:
+        staging._write(data)
+        ctx.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, staging.handle, buf.handle, 1, [
+            vk.VkBufferCopy(srcOffset=0, dstOffset=offset, size=data.nbytes)]), timeout=timeout)
+    finally:
+        staging.destroy()
+
+
 def record_image_copy(cmd: Any, srcs: list[Any], sizes: list[int], dst: Any) -> None:
     """Record the copies of `srcs` packed one after another into buffer `dst`."""
-    import vulkan as vk
-
     at = 0
     for src, n in zip(srcs, sizes):
         vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, [vk.VkBufferCopy(srcOffset=0, dstOffset=at, size=n)])

@@ -1,5 +1,6 @@
-"""Checkpoint, restore, live migration and checkpoint policy of runtime kernels
-(KernelRuntime's methods for issue 16; the mixin KernelRuntime inherits).
+"""Checkpoint, restore, live migration and checkpoint policy of runtime kernels:
+the Lifecycle that KernelRuntime builds and owns, and which CRC32 engine
+checks a live migration on a device (`KernelRuntime.migration_crc`).
 
 API (the contract the failover code builds on):
 
@@ -48,12 +49,18 @@ API (the contract the failover code builds on):
     The newest completed capture of the policy for a kernel (Kernel or id,
     also of a destroyed or lost one), None if there is none.
 
-The Kernel methods of the seed's traits (CheckpointableKernel,
-MigratableKernel, HotReloadableKernel) call these.
+The Kernel methods of the traits (CheckpointableKernel, MigratableKernel,
+HotReloadableKernel) call these.
+
+CRC32 engines: "shader" is the GPU shader (gpu_crc.GpuCrc) on the device's own
+queue, always available. "host" is zlib over the device's own mapped memory
+(host_crc.HostCrc), only for a CPU device whose memory is all host-visible
+(lavapipe), where the "GPU" is the host's cores anyway and zlib is several
+times faster than the shader there. "auto" (the default) takes "host" where it
+suits, else "shader".
 """
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -61,115 +68,41 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
+from ..._core.checks import timeout_seconds
+from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout
 from ..checkpoint.format import Checkpoint
 from ..engine.device_context import MappedBuffer
-from ..engine.gate import gate_of, gated
+from ..engine.gate import gate_of
 from ..engine.gpu_jobs import GpuJobs
-from ..runtime.host_io import _timeout
-from ..ids import KernelId, as_kernel_id
 from ..engine.kernel import Kernel
-from .policy import CheckpointPolicy, _PolicyState
-from .image import (SPIRV_CHUNK, INBOX_CHUNK, KernelImage, fill_image, from_checkpoint, image_sources,
+from ..ids import KernelId, as_kernel_id
+from .gpu_crc import GpuCrc
+from .host_crc import HostCrc
+from .image import (SPIRV_CHUNK, INBOX_CHUNK, fill_image, from_checkpoint, image_meta, image_sources,
                     record_image_copy, to_checkpoint)
+from .live_migration import migrate_live
+from .migrator import KernelMigrator, MigrationResult
+from .policy import CheckpointPolicy, PolicyState
+from .restore import restore_into, restore_new
+from .twin import MigrationPool, MoveEngines, Retired, RuntimeView, free_retired
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KernelLifecycle", "CheckpointPolicy", "gated_step", "SPIRV_CHUNK", "INBOX_CHUNK"]
+__all__ = ["Lifecycle", "CheckpointPolicy", "CHOICES", "check_choice", "SPIRV_CHUNK", "INBOX_CHUNK"]
 
-_CREATE = threading.Lock()
-
-
-def gated_step(fn: Callable) -> Callable:
-    """KernelRuntime.step under the gate: kernels being migrated or reloaded are held
-    back (deferred, with the reason), and the checkpoint policy captures after."""
-    @functools.wraps(fn)
-    def wrapper(self: Any, kernels: Any = None, *, wait: Any = None, timeout: float | None = 60.0) -> Any:
-        with gate_of(self).shared():
-            self._reap_retired()
-            policy: _PolicyState | None = self.__dict__.get("_policy")
-            if policy is not None:
-                policy.materialize()
-                policy.replay.materialize()
-                policy.replay.begin_call()
-            held: dict = self.__dict__.get("_held") or {}
-            extra: list = []
-            if held:
-                targets = _targets(self, kernels)
-                extra = [(k, held[k][-1] if held.get(k) else "held") for k in targets if k in held]
-                if extra:
-                    kernels = [k for k in targets if k not in held]
-                    if wait is not None:
-                        devices = {k.device_index for k in kernels}
-                        points = [wait] if not isinstance(wait, (list, tuple)) else list(wait)
-                        wait = [p for p in points if getattr(p, "device_index", None) in devices] or None
-            ticket = fn(self, kernels, wait=wait, timeout=timeout)
-            for k, why in extra:
-                k.stats.deferred_steps += 1
-                ticket.deferred.append((k, why))
-            if policy is not None and ticket.launched:
-                policy.after_step(ticket.launched)
-                policy.replay.after_step(ticket.launched)
-            return ticket
-    return wrapper
+#: The CRC32 engines a live migration can check with (see the module docstring).
+CHOICES = ("auto", "shader", "host")
 
 
-def _targets(rt: Any, kernels: Any) -> list[Kernel]:
-    if kernels is None:
-        return rt.kernels
-    if isinstance(kernels, (Kernel, str)):
-        return [rt._resolve(kernels)]
-    try:
-        return [rt._resolve(k, "kernels item") for k in kernels]
-    except TypeError as exc:
-        if "not iterable" in str(exc):
-            raise TypeError(f"kernels must be a Kernel, an id, a list of them or None, "
-                            f"got {type(kernels).__name__}") from None
-        raise
-
-
-class BufferPool:
-    """Device buffers a moved kernel left behind, kept for the next kernel that
-    moves onto that device with buffers of the same sizes (a migration back
-    and forth allocates nothing, and on CPU devices touches no new pages), up
-    to `limit` bytes per device; the rest are freed."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self._lock = threading.Lock()
-        self._free: dict[tuple[int, int], list[Any]] = {}
-        self._bytes: dict[int, int] = {}
-
-    def take(self, device: int, size: int) -> Any | None:
-        with self._lock:
-            free = self._free.get((device, size))
-            if not free:
-                return None
-            self._bytes[device] -= size
-            return free.pop()
-
-    def put(self, buffer: Any) -> None:
-        device, size = buffer.slot.index, buffer.size
-        with self._lock:
-            if buffer.handle is not None and self._bytes.get(device, 0) + size <= self.limit:
-                self._free.setdefault((device, size), []).append(buffer)
-                self._bytes[device] = self._bytes.get(device, 0) + size
-                return
-        buffer.destroy()
-
-    def clear(self) -> None:
-        with self._lock:
-            free, self._free, self._bytes = self._free, {}, {}
-        for bufs in free.values():
-            for b in bufs:
-                try:
-                    b.destroy()
-                except VkmError as exc:   # a lost device: its memory goes with it
-                    log.warning("could not free a pooled migration buffer: %s", exc)
+def check_choice(choice: Any) -> str:
+    """`choice` if it is one of CHOICES; ValueError otherwise."""
+    if not isinstance(choice, str) or choice not in CHOICES:
+        raise ValueError(f"migration_crc must be 'auto', 'shader' or 'host', got {choice!r}"[:120])
+    return choice
 
 
 @dataclass
-class _Extras:
+class Extras:
     """Per device: asynchronous jobs on the step queue (policy captures, staging
     passes), and the CRC32 pass with jobs of its own (so waiting for the
     captures does not wait for a hash)."""
@@ -178,198 +111,246 @@ class _Extras:
     crc_jobs: GpuJobs | None = None
 
 
-@dataclass
-class _Retired:
-    """Device resources a moved kernel left behind, freed once nothing uses them."""
-    ctx: Any
-    buffers: list[Any]
-    batches: list[Any] = field(default_factory=list)   # batches that must be done first
-    handle: int | None = None                          # an outbox whose receivers' sets go too
+class Lifecycle:
+    """checkpoint / restore / migrate / checkpoint policy of one KernelRuntime `rt`
+    (see the module docstring), and what they keep: the holds on kernels being
+    moved, the GPU jobs and CRC32 engines per device, the buffers moved kernels
+    left behind (retired until unused, pooled up to `pool_limit()` bytes per
+    device), the transfer engines of the moves, the policy's state."""
 
+    def __init__(self, rt: RuntimeView, pool_limit: Callable[[], int]):
+        self.rt = rt
+        self._create = threading.Lock()
+        self._held_cond = threading.Condition(threading.Lock())
+        self._held: dict[Kernel, list[str]] = {}     # kernel -> reasons it is held back from stepping
+        self._moving: dict[Kernel, int] = {}         # kernel -> holds whose move replaces its Residency
+        self._extras: dict[int, Extras] = {}
+        self._retired: list[Retired] = []
+        self._pool_limit = pool_limit
+        self._pool = MigrationPool(pool_limit())
+        #: the transfer engines of moves between two devices
+        self.engines = MoveEngines(rt.coordinator, rt.manager)
+        #: the engine kind of `KernelRuntime.migration_crc`
+        self.crc_choice = "auto"
+        #: the installed checkpoint policy's captures and replay log, or None
+        self.policy_state: PolicyState | None = None
+        self._stepped = threading.Condition(threading.Lock())
+        #: steps made through gated_step so far (the switch of a move waits for the next one)
+        self.steps_done = 0
 
-class KernelLifecycle:
-    """checkpoint / restore / migrate / checkpoint policy of KernelRuntime (see the module docstring)."""
+    # -- per device ----------------------------------------------------------------------
 
-    _lock: Any
-    _contexts: dict
-    coordinator: Any
-    manager: Any
-
-    # -- plumbing ----------------------------------------------------------------------
-
-    def _extras(self, device: int) -> _Extras:
-        ext = self.__dict__.setdefault("_extras_by_device", {})
-        e = ext.get(device)
+    def extras(self, device: int) -> Extras:
+        """The GPU jobs and CRC32 engines of `device` (made on first use)."""
+        e = self._extras.get(device)
         if e is None:
-            ctx = self._context(device)
-            with _CREATE:
-                e = ext.get(device)
+            ctx = self.rt._context(device)
+            with self._create:
+                e = self._extras.get(device)
                 if e is None:
-                    e = ext[device] = _Extras(GpuJobs(ctx.slot, ctx.queue))
+                    e = self._extras[device] = Extras(GpuJobs(ctx.slot, ctx.queue))
         return e
 
+    def extras_if_made(self, device: int) -> Extras | None:
+        """The Extras of `device` if any were made, else None."""
+        return self._extras.get(device)
+
+    def crc(self, device: int) -> Any:
+        """The CRC32 engine of `device` chosen by crc_choice, made once per kind and
+        kept; the shader's jobs get their own timeline."""
+        extras, ctx, choice = self.extras(device), self.rt._context(device), self.crc_choice
+        kind = "shader" if choice == "shader" or (choice == "auto" and not HostCrc.suits(ctx.slot)) else "host"
+        eng = extras.crc.get(kind)
+        if eng is None:
+            with self._create:
+                eng = extras.crc.get(kind)
+                if eng is None:
+                    if kind == "host":
+                        eng = extras.crc[kind] = HostCrc(ctx)
+                    else:
+                        if extras.crc_jobs is None:
+                            extras.crc_jobs = GpuJobs(ctx.slot, ctx.queue)
+                        eng = extras.crc[kind] = GpuCrc(ctx, extras.crc_jobs)
+        return eng
+
     @property
-    def migration_crc(self) -> str:
-        """Which engine checks a live migration's CRC32s on a device: "auto" (the
-        host's zlib on the device's own mapped memory for a CPU device whose
-        memory is all host-visible, e.g. lavapipe; the GPU shader elsewhere),
-        "shader" (always the GPU shader) or "host" (UnsupportedError on a GPU)."""
-        return self.__dict__.get("_migration_crc", "auto")
+    def pool(self) -> MigrationPool:
+        """The buffers migrations keep for later moves (its limit: `pool_limit()`)."""
+        self._pool.limit = self._pool_limit()
+        return self._pool
 
-    @migration_crc.setter
-    def migration_crc(self, choice: str) -> None:
-        from .crc import check_choice
-        self.__dict__["_migration_crc"] = check_choice(choice)
+    # -- holds ---------------------------------------------------------------------------
 
-    def _crc(self, device: int) -> Any:
-        """The CRC32 engine of `device` chosen by migration_crc (made once per kind)."""
-        from .crc import crc_engine
-        return crc_engine(self._extras(device), self._context(device), self.migration_crc, _CREATE)
-
-    def _hold_cond(self) -> threading.Condition:
-        c = self.__dict__.get("_held_cond")
-        if c is None:
-            with _CREATE:
-                c = self.__dict__.setdefault("_held_cond", threading.Condition(threading.Lock()))
-        return c
-
-    def _hold(self, kernel: Kernel, why: str, moving: bool = False) -> None:
-        """Hold `kernel` back from stepping (holds nest; each _release undoes one).
-        `moving`: its device resources are about to be replaced (a migration or a
-        restore): calls that use them (write_state, destroy_kernel) wait for it."""
-        with self._hold_cond():
-            self.__dict__.setdefault("_held", {}).setdefault(kernel, []).append(why)
+    def hold(self, kernel: Kernel, why: str, moving: bool = False) -> None:
+        """Hold `kernel` back from stepping (holds nest; each release undoes one).
+        `moving`: its Residency is about to be replaced (a migration or a
+        restore): calls that use it (write_state, destroy_kernel) wait for it."""
+        with self._held_cond:
+            self._held.setdefault(kernel, []).append(why)
             if moving:
-                moves = self.__dict__.setdefault("_moving", {})
-                moves[kernel] = moves.get(kernel, 0) + 1
+                self._moving[kernel] = self._moving.get(kernel, 0) + 1
 
-    def _release(self, kernel: Kernel, why: str | None = None, moving: bool = False) -> None:
-        """Undo one _hold (the one with reason `why` when given)."""
-        cond = self._hold_cond()
-        with cond:
+    def release(self, kernel: Kernel, why: str | None = None, moving: bool = False) -> None:
+        """Undo one hold (the one with reason `why` when given)."""
+        with self._held_cond:
             if moving:
-                moves = self.__dict__.setdefault("_moving", {})
-                left = moves.get(kernel, 0) - 1
+                left = self._moving.get(kernel, 0) - 1
                 if left > 0:
-                    moves[kernel] = left
+                    self._moving[kernel] = left
                 else:
-                    moves.pop(kernel, None)
-            held = self.__dict__.setdefault("_held", {})
-            reasons = held.get(kernel)
+                    self._moving.pop(kernel, None)
+            reasons = self._held.get(kernel)
             if reasons:
                 if why is not None and why in reasons:
                     reasons.remove(why)
                 else:
                     reasons.pop()
                 if not reasons:
-                    del held[kernel]
-            cond.notify_all()
+                    del self._held[kernel]
+            self._held_cond.notify_all()
 
-    def _is_held_now(self, kernel: Kernel) -> bool:
-        return kernel in (self.__dict__.get("_held") or {})
+    def is_held(self, kernel: Kernel) -> bool:
+        """Whether `kernel` is held back from stepping."""
+        return kernel in self._held
 
-    def _is_moving(self, kernel: Kernel) -> bool:
-        return kernel in (self.__dict__.get("_moving") or {})
+    def is_moving(self, kernel: Kernel) -> bool:
+        """Whether a migration or restore is replacing `kernel`'s Residency."""
+        return kernel in self._moving
 
-    def _wait_unheld(self, kernel: Kernel, deadline: float) -> None:
-        """Wait until no migration or restore is replacing `kernel`'s device resources."""
-        cond = self._hold_cond()
-        with cond:
-            while self._is_moving(kernel):
+    def wait_unheld(self, kernel: Kernel, deadline: float) -> None:
+        """Wait until no migration or restore is replacing `kernel`'s Residency."""
+        with self._held_cond:
+            while kernel in self._moving:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    why = (self.__dict__.get("_held") or {}).get(kernel, ["moved"])[-1]
+                    why = self._held.get(kernel, ["moved"])[-1]
                     raise VkmTimeout(f"kernel {kernel.id!r} is still being {why} (its device resources are "
                                      f"being replaced)")
-                cond.wait(min(left, 0.25))
+                self._held_cond.wait(min(left, 0.25))
 
-    def is_held(self, kernel: Any) -> bool:
-        """Whether `kernel` is held back from stepping (being migrated or reloaded)."""
-        return self._is_held_now(self._resolve(kernel))
+    # -- stepping ------------------------------------------------------------------------
 
-    def _retire(self, item: _Retired) -> None:
-        with self._lock:
-            self.__dict__.setdefault("_retired", []).append(item)
-        self._reap_retired()
+    def gated_step(self, step: Callable[..., Any], kernels: Any, wait: Any, timeout: float | None) -> Any:
+        """Run the runtime's `step` under the gate: kernels being migrated or reloaded
+        are held back (deferred, with the reason), and the checkpoint policy captures
+        after."""
+        try:
+            with gate_of(self.rt).shared():
+                return self._step(step, kernels, wait, timeout)
+        finally:
+            with self._stepped:
+                self.steps_done += 1
+                self._stepped.notify_all()
 
-    def _reap_retired(self, force: bool = False) -> None:
-        items = self.__dict__.get("_retired")
-        if not items:
+    def _step(self, step: Callable[..., Any], kernels: Any, wait: Any, timeout: float | None) -> Any:
+        self.reap_retired()
+        policy = self.policy_state
+        if policy is not None:
+            policy.materialize()
+            policy.replay.materialize()
+            policy.replay.begin_call()
+        held = self._held
+        extra: list = []
+        if held:
+            targets = self._targets(kernels)
+            extra = [(k, held[k][-1] if held.get(k) else "held") for k in targets if k in held]
+            if extra:
+                kernels = [k for k in targets if k not in held]
+                if wait is not None:
+                    devices = {k.device_index for k in kernels}
+                    points = [wait] if not isinstance(wait, (list, tuple)) else list(wait)
+                    wait = [p for p in points if getattr(p, "device_index", None) in devices] or None
+        ticket = step(kernels, wait=wait, timeout=timeout)
+        for k, why in extra:
+            k.stats.deferred_steps += 1
+            ticket.deferred.append((k, why))
+        if policy is not None and ticket.launched:
+            policy.after_step(ticket.launched)
+            policy.replay.after_step(ticket.launched)
+        return ticket
+
+    def _targets(self, kernels: Any) -> list[Kernel]:
+        rt = self.rt
+        if kernels is None:
+            return rt.kernels
+        if isinstance(kernels, (Kernel, str)):
+            return [rt._resolve(kernels)]
+        try:
+            return [rt._resolve(k, "kernels item") for k in kernels]
+        except TypeError as exc:
+            if "not iterable" in str(exc):
+                raise TypeError(f"kernels must be a Kernel, an id, a list of them or None, "
+                                f"got {type(kernels).__name__}") from None
+            raise
+
+    def wait_for_step(self, seen: int, timeout: float) -> None:
+        """Wait (at most `timeout` s) until a step ends after the first `seen` ones."""
+        with self._stepped:
+            self._stepped.wait_for(lambda: self.steps_done > seen, timeout)
+
+    # -- what moved kernels left behind --------------------------------------------------
+
+    def retire(self, item: Retired) -> None:
+        """Free `item` once the batches it waits for are done."""
+        with self.rt._lock:
+            self._retired.append(item)
+        self.reap_retired()
+
+    def reap_retired(self, force: bool = False) -> None:
+        """Free the retired resources nothing uses any more (`force`: all of them)."""
+        if not self._retired:
             return
-        with self._lock:
-            ready = [r for r in items if force or all(b.done for b in r.batches)]
+        with self.rt._lock:
+            ready = [r for r in self._retired if force or all(b.done for b in r.batches)]
             for r in ready:
-                items.remove(r)
+                self._retired.remove(r)
         for r in ready:
-            _free_retired(self, r)
+            free_retired(self.rt, r)
 
-    #: Bytes of buffers per device that migrations keep for kernels moving onto
-    #: that device later (see BufferPool); 0 frees them at once.
-    migration_pool_bytes = 512 << 20
-
-    def _buffer_pool(self) -> BufferPool:
-        pool = self.__dict__.get("_pool")
-        if pool is None:
-            with _CREATE:
-                pool = self.__dict__.setdefault("_pool", BufferPool(self.migration_pool_bytes))
-        pool.limit = self.migration_pool_bytes
-        return pool
-
-    def release_migration_buffers(self) -> None:
-        """Free the buffers migrations kept for later moves (see migration_pool_bytes)."""
-        pool = self.__dict__.get("_pool")
-        if pool is not None:
-            pool.clear()
-
-    def _lifecycle_destroy(self, timeout: float | None) -> None:
-        """Free what this mixin holds (called by destroy() before the device contexts go)."""
-        policy = self.__dict__.pop("_policy", None)
+    def destroy(self, timeout: float | None) -> None:
+        """Free what the lifecycle holds (the runtime's destroy(), before the device contexts go)."""
+        policy, self.policy_state = self.policy_state, None
         if policy is not None:
             policy.destroy()
-        self._reap_retired(force=True)
-        self.release_migration_buffers()
-        from .live_migration import destroy_engines
-        destroy_engines(self, timeout if timeout is not None and timeout != float("inf") else 30.0)
-        for e in list(self.__dict__.pop("_extras_by_device", {}).values()):
+        self.reap_retired(force=True)
+        self._pool.clear()
+        timeout = timeout if timeout is not None and timeout != float("inf") else 30.0
+        self.engines.destroy(timeout)
+        extras, self._extras = self._extras, {}
+        for e in extras.values():
             for eng in e.crc.values():
                 eng.destroy()
             if e.crc_jobs is not None:
-                e.crc_jobs.destroy(timeout if timeout is not None and timeout != float("inf") else 30.0)
-            e.jobs.destroy(timeout if timeout is not None and timeout != float("inf") else 30.0)
+                e.crc_jobs.destroy(timeout)
+            e.jobs.destroy(timeout)
 
     # -- checkpoints ---------------------------------------------------------------------
 
-    def _image_meta(self, k: Kernel) -> KernelImage:
-        """The host-side part of a kernel's image (called with its device lock held)."""
-        return KernelImage(k.spec, k.id, k.address, k.tenant, tuple(k.params), k.steps, k.host_seq,
-                           k.payload_size, b"", b"", [], list(k.h2k), list(k.received), k.device_index)
-
-    @gated
-    def checkpoint(self, kernel: Any, *, timeout: float | None = 60.0) -> Checkpoint:
+    def checkpoint(self, kernel: Any, timeout: float | None) -> Checkpoint:
         """A Checkpoint of `kernel` after its submitted steps (see the module docstring)."""
-        k = self._resolve(kernel)
-        timeout = _timeout(timeout)
+        k = self.rt._resolve(kernel)
+        timeout = timeout_seconds(timeout)
         ctx = k.ctx
         srcs, sizes = image_sources(k)
         staging = MappedBuffer(ctx.slot, sum(sizes))
         try:
             with ctx.lock:
                 k.check()
-                img = self._image_meta(k)
+                img = image_meta(k)
                 ctx.run_once(lambda cmd: record_image_copy(cmd, srcs, sizes, staging), timeout=timeout)
             fill_image(img, staging.bytes, sizes)
         finally:
             staging.destroy()
         return to_checkpoint(img)
 
-    def set_checkpoint_policy(self, policy: CheckpointPolicy | None) -> None:
-        """Install (None: remove) the policy by which the runtime checkpoints its kernels."""
+    def set_policy(self, policy: CheckpointPolicy | None) -> None:
+        """Install (None: remove) the checkpoint policy; the replay log goes on under a new one."""
         if policy is not None and not isinstance(policy, CheckpointPolicy):
             raise TypeError(f"policy must be a CheckpointPolicy or None, got {type(policy).__name__}")
-        old = self.__dict__.get("_policy")
+        old = self.policy_state
         if old is not None and old.policy is policy:
             return
-        new = _PolicyState(self, policy) if policy is not None else None
+        new = PolicyState(self, policy) if policy is not None else None
         if old is not None:
             if new is not None:   # the replay log goes on under the new policy
                 new.replay, old.replay = old.replay, new.replay
@@ -377,73 +358,44 @@ class KernelLifecycle:
             old.destroy()
             if new is not None and new_done:
                 new.done = {kid: deque(q, maxlen=policy.keep) for kid, q in new_done.items()}
-        self.__dict__["_policy"] = new
-
-    @property
-    def checkpoint_policy(self) -> CheckpointPolicy | None:
-        st = self.__dict__.get("_policy")
-        return None if st is None else st.policy
+        self.policy_state = new
 
     def latest_checkpoint(self, kernel: Any) -> Checkpoint | None:
-        """The newest completed policy checkpoint of a kernel (a Kernel or its id;
-        also one destroyed or lost since), None if there is none."""
+        """The newest completed policy checkpoint of a kernel (a Kernel or its id), or None."""
         kid = kernel.id if isinstance(kernel, Kernel) else as_kernel_id(kernel, "kernel")
-        st = self.__dict__.get("_policy")
+        st = self.policy_state
         return None if st is None else st.latest(KernelId(kid))
 
     # -- restore and migrate -------------------------------------------------------------------
 
-    def restore(self, checkpoint: Checkpoint, *, device: int | None = None, kernel_id: str | None = None,
-                into: Kernel | None = None, timeout: float | None = 60.0) -> Kernel:
+    def restore(self, checkpoint: Checkpoint, device: int | None, kernel_id: str | None, into: Kernel | None,
+                timeout: float | None) -> Kernel:
         """Bring a checkpoint back as a new kernel, or into an existing one (see the
         module docstring)."""
+        rt = self.rt
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(f"checkpoint must be a Checkpoint, got {type(checkpoint).__name__}")
         img = from_checkpoint(checkpoint)
-        if img.payload_size != self.payload_size:
+        if img.payload_size != rt.payload_size:
             raise InvalidCheckpointError(f"the checkpoint's messages have {img.payload_size}-byte payloads; this "
-                                         f"runtime's have {self.payload_size}")
-        timeout = _timeout(timeout)
+                                         f"runtime's have {rt.payload_size}")
+        timeout = timeout_seconds(timeout)
         if into is not None:
             if not isinstance(into, Kernel):
                 raise TypeError(f"into must be a Kernel of this runtime, got {type(into).__name__}")
-            if into.runtime is not self:
+            if into.runtime is not rt:
                 raise ValueError(f"kernel {into.id!r} belongs to another KernelRuntime")
             into.check()
-            from .restore import restore_into
             return restore_into(self, into, img, device, timeout)
-        from .restore import restore_new
-        return restore_new(self, img, device, kernel_id, timeout)
+        return restore_new(rt, img, device, kernel_id, timeout)
 
-    def migrate(self, kernel: Any, device: int, *, timeout: float | None = 60.0, verify: bool = True) -> Any:
+    def migrate(self, kernel: Any, device: int, timeout: float | None, verify: bool) -> MigrationResult:
         """Live-migrate `kernel` to `device` (a MigrationResult; see KernelMigrator)."""
-        k = self._resolve(kernel)
-        request = self.coordinator.request_migration(k.id, device)
-        from .migrator import KernelMigrator
-        return KernelMigrator(self.coordinator).migrate_with_checkpoint(k, request, timeout=timeout, verify=verify)
+        k = self.rt._resolve(kernel)
+        request = self.rt.coordinator.request_migration(k.id, device)
+        return KernelMigrator(self.rt.coordinator).migrate_with_checkpoint(k, request, timeout=timeout,
+                                                                           verify=verify)
 
-    def _migrate_live(self, kernel: Kernel, request: Any, *, timeout: float | None, verify: bool) -> Any:
-        from .live_migration import migrate_live
-        return migrate_live(self, kernel, request, _timeout(timeout), verify)
-
-
-def _free_retired(rt: Any, r: _Retired) -> None:
-    ctx = r.ctx
-    if r.handle is not None and ctx.alive:
-        with rt._lock:
-            kernels = [k for k in rt._kernels.values() if k is not None]
-        pair = rt._contexts.get(ctx.index)
-        with ctx.lock:
-            for other in kernels:
-                if other.ctx is ctx and not other.destroyed:
-                    for key in [key for key in other.deliver_sets if key[0] == r.handle]:
-                        s = other.deliver_sets.pop(key)
-                        if pair is not None:
-                            pair[1].retired.append((ctx.value, s))
-                        else:
-                            ctx.free_set(s)
-    for b in r.buffers:
-        try:
-            b.destroy()
-        except VkmError as exc:   # a lost device: its memory goes with it
-            log.warning("could not free a moved kernel's buffer on GPU %d: %s", ctx.index, exc)
+    def migrate_live(self, kernel: Kernel, request: Any, timeout: float | None, verify: bool) -> MigrationResult:
+        """The live migration itself (live_migration.migrate_live)."""
+        return migrate_live(self, kernel, request, timeout_seconds(timeout), verify)

@@ -23,12 +23,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from ...errors import KernelNotFoundError, MigrationError
 from ..checkpoint.format import Checkpoint
 from ..checkpoint.storage import CheckpointStorage, MemoryStorage
 from ..ids import KernelId, as_kernel_id
+from ..engine.kernel import Kernel
 from ..coordinator.records import DeviceUnregisterResult, KernelMigrationPlan, MigrationRequest, MigrationState
 
 log = logging.getLogger(__name__)
@@ -166,8 +167,6 @@ class KernelMigrator:
                                 verify: bool = True) -> MigrationResult:
         """Move `kernel` as `request` says (see the module docstring). `timeout` bounds
         the live path's waits; `verify=False` skips its CRC32 comparison."""
-        from ..engine.kernel import Kernel
-
         if not isinstance(request, MigrationRequest):
             raise TypeError(f"request must be a MigrationRequest, got {type(request).__name__}")
         if request.state is not MigrationState.PENDING:
@@ -326,7 +325,3 @@ def _find(kernels: Any, kernel_id: KernelId) -> Any:
         raise KernelNotFoundError(f"no kernel {kid.as_str()!r} among those given")
     raise TypeError(f"kernels must be a KernelRuntime or a dict of kernel id -> kernel, got {type(kernels).__name__}")
 
-
-def migrations_of(outcomes: Iterable[PlanOutcome]) -> list[MigrationResult]:
-    """The results of the outcomes that succeeded."""
-    return [o.result for o in outcomes if o.result is not None]

@@ -1,32 +1,34 @@
 """The checkpoint policy of a KernelRuntime: when kernels are captured by
 themselves (CheckpointPolicy), and the captures in flight and completed
-(_PolicyState, which also owns the replay log the failover restores lost
-kernels with). KernelLifecycle (lifecycle.py) installs it."""
+(PolicyState, which also owns the replay log the failover restores lost
+kernels with). The runtime's Lifecycle (lifecycle.py) installs it."""
 from __future__ import annotations
 
 import logging
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import vulkan as vk
+
+from ..._core.checks import int_in
 
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from ..checkpoint.format import Checkpoint
 from ..checkpoint.storage import CheckpointStorage
+from ..engine import recording as cmds
 from ..engine.device_context import MappedBuffer
-from ..runtime.host_io import _count
+from ..engine.gpu_jobs import GpuJobs
 from ..ids import KernelId, as_kernel_id
 from ..engine.kernel import Kernel
-from .image import KernelImage, fill_image, image_sources, record_image_copy, to_checkpoint
-
-if TYPE_CHECKING:
-    from ..engine.gpu_jobs import GpuJobs
+from .image import KernelImage, fill_image, image_meta, image_sources, record_image_copy, to_checkpoint
+from .replay_log import ReplayLog
+from .twin import LifecycleView
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckpointPolicy"]
+__all__ = ["CheckpointPolicy", "PolicyState"]
 
 
 @dataclass
@@ -41,8 +43,8 @@ class CheckpointPolicy:
     storage: CheckpointStorage | None = None
 
     def __post_init__(self) -> None:
-        _count(self.every_steps, "every_steps", 0, 1 << 40)
-        _count(self.keep, "keep", 1, 1 << 16)
+        int_in(self.every_steps, "every_steps", 0, 1 << 40)
+        int_in(self.keep, "keep", 1, 1 << 16)
         if isinstance(self.critical, str):
             raise TypeError("critical must be a collection of kernel ids, not one str")
         self.critical = frozenset(as_kernel_id(k, "critical kernel id") for k in self.critical)
@@ -71,18 +73,17 @@ class _Capture:
     point: Any
 
 
-class _PolicyState:
-    """The policy's captures of one runtime."""
+class PolicyState:
+    """The policy's captures of one runtime (`life`: its Lifecycle, whose GPU jobs copy them)."""
 
-    def __init__(self, rt: Any, policy: CheckpointPolicy):
-        self.rt, self.policy = rt, policy
+    def __init__(self, life: LifecycleView, policy: CheckpointPolicy):
+        self.life, self.policy = life, policy
         self.lock = threading.Lock()
         self.pending: list[_Capture] = []
         self.done: dict[KernelId, deque[Checkpoint]] = {}
         self.spare: dict[tuple[int, int], list[MappedBuffer]] = {}
-        from .replay_log import ReplayLog
         #: what the kernels consumed and sent since their checkpoints (the failover's replay input)
-        self.replay = ReplayLog(rt)
+        self.replay = ReplayLog(life)
 
     def covers(self, kernel_id: str) -> bool:
         """Whether the policy checkpoints this kernel at all (so it can be restored)."""
@@ -103,11 +104,10 @@ class _PolicyState:
                 log.warning("checkpoint policy: could not capture kernel %r at step %d: %s", k.id, k.steps, exc)
 
     def _capture(self, k: Kernel) -> None:
-        rt = self.rt
         ctx = k.ctx
         srcs, sizes = image_sources(k)
         total = sum(sizes)
-        jobs = rt._extras(ctx.index).jobs
+        jobs = self.life.extras(ctx.index).jobs
         with self.lock:
             pool = self.spare.get((ctx.index, total))
             buf = pool.pop() if pool else None
@@ -116,10 +116,9 @@ class _PolicyState:
         try:
             with ctx.lock:
                 k.check()
-                img = rt._image_meta(k)
+                img = image_meta(k)
 
                 def record(cmd: Any) -> None:
-                    from ..engine import recording as cmds
                     cmds.barrier(cmd)
                     record_image_copy(cmd, srcs, sizes, buf)
                     cmds.barrier(cmd, host=True)
@@ -154,7 +153,7 @@ class _PolicyState:
             with self.lock:
                 q = self.done.setdefault(img.kernel_id, deque(maxlen=self.policy.keep))
                 q.append(cp)
-                stats = getattr(self.rt, "failover_stats", None)
+                stats = getattr(self.life.rt, "failover_stats", None)
                 if stats is not None:
                     stats.checkpoints_taken += 1
                 key = (c.buffer.slot.index, c.buffer.size)

@@ -1,5 +1,5 @@
 """Bringing the kernels of a lost GPU back on the survivors (the failover's
-restore; RuntimeFailover calls `restore_lost_kernels`).
+restore; Failover calls `restore_lost_kernels`).
 
 For each kernel of the lost device that has a policy checkpoint:
 
@@ -32,6 +32,7 @@ from typing import Any
 
 from ...errors import VkmError
 from ...errors import TimeoutError as VkmTimeout
+from .twin import LifecycleView, RuntimeView
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +49,19 @@ def _left(deadline: float) -> float:
     return left
 
 
-def _survivors(rt: Any, lost: int) -> list[tuple[Any, Any]]:
+def _survivors(rt: RuntimeView, lost: int) -> list[tuple[Any, Any]]:
     with rt._lock:
         return [(c, s) for i, (c, s) in rt._contexts.items() if i != lost and c.alive]
 
 
-def _quiesce_survivors(rt: Any, lost: int, deadline: float) -> None:
+def _quiesce_survivors(rt: RuntimeView, lost: int, deadline: float) -> None:
     """Wait for every submitted step of the surviving devices and harvest it."""
     for ctx, _ in _survivors(rt, lost):
         if ctx.value:
             rt._wait_point(ctx.point(ctx.value), deadline, _left(deadline))
 
 
-def _target(rt: Any, k: Any, lost: set[int]) -> int:
+def _target(rt: RuntimeView, k: Any, lost: set[int]) -> int:
     get = getattr(rt.coordinator, "get_kernel_device", None)
     dev = get(k.id) if callable(get) else None
     if isinstance(dev, int) and dev not in lost and 0 <= dev < rt.manager.device_count:
@@ -68,7 +69,7 @@ def _target(rt: Any, k: Any, lost: set[int]) -> int:
     return rt.coordinator.select_device()
 
 
-def _replay_step(rt: Any, k: Any, slots: list[bytes], keep_k2h: bool, deadline: float) -> None:
+def _replay_step(rt: RuntimeView, k: Any, slots: list[bytes], keep_k2h: bool, deadline: float) -> None:
     ctx, stepper = rt._device(k.device_index)
     k.h2k.clear()
     k.h2k.extend(slots)
@@ -88,11 +89,13 @@ def _replay_step(rt: Any, k: Any, slots: list[bytes], keep_k2h: bool, deadline: 
         ctx.cond.notify_all()
 
 
-def restore_lost_kernels(rt: Any, device: int, kernels: list[Any], pair: Any, drained: bool,
+def restore_lost_kernels(life: LifecycleView, device: int, kernels: list[Any], pair: Any, drained: bool,
                          lost_devices: set[int]) -> tuple[list[Any], list[Any], int, int]:
     """Restore `kernels` (of lost `device`, whose (context, stepper) is `pair`) on the
-    survivors; returns (restored, not restored, steps replayed, messages handed again)."""
-    state = rt.__dict__.get("_policy")
+    survivors; returns (restored, not restored, steps replayed, messages handed again).
+    `life`: the runtime's Lifecycle (its policy holds the checkpoints and the replay log)."""
+    rt = life.rt
+    state = life.policy_state
     if state is None or not kernels:
         return [], list(kernels), 0, 0
     replay = state.replay
@@ -147,7 +150,7 @@ def restore_lost_kernels(rt: Any, device: int, kernels: list[Any], pair: Any, dr
     return restored, gone, replayed, handed
 
 
-def _hand_again(rt: Any, replay: Any, device: int, restored: list[Any], gone: list[Any]) -> int:
+def _hand_again(rt: RuntimeView, replay: Any, device: int, restored: list[Any], gone: list[Any]) -> int:
     """Hand the messages nobody consumed yet to their receivers again (see the module
     docstring, 4); the number handed."""
     moved = {id(k) for k in restored} | {id(k) for k in gone}   # (what a lost kernel had sent is still due)

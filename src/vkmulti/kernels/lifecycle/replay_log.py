@@ -34,6 +34,7 @@ import vulkan as vk
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from ..engine.device_context import MappedBuffer
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES
+from .twin import LifecycleView
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +87,8 @@ class _Capture:
 class ReplayLog:
     """The replay log of one KernelRuntime (see the module docstring)."""
 
-    def __init__(self, rt: Any):
-        self.rt = rt
+    def __init__(self, life: LifecycleView):
+        self.life, self.rt = life, life.rt
         self.lock = threading.Lock()
         self.kernels: dict[str, KernelLog] = {}
         self.pending: list[_Capture] = []
@@ -130,7 +131,7 @@ class ReplayLog:
     def _capture(self, dev: int, ks: list[Any]) -> None:
         rt = self.rt
         ctx = rt._context(dev)
-        jobs = rt._extras(dev).jobs
+        jobs = self.life.extras(dev).jobs
         entries: list[_Entry] = []
         at = 0
         with ctx.lock:
@@ -233,7 +234,7 @@ class ReplayLog:
         return out
 
     def _read(self, c: _Capture) -> None:
-        state = self.rt.__dict__.get("_policy")
+        state = self.life.policy_state
         covered = state.covers if state is not None else (lambda kid: False)
         raw = c.buffer.bytes
         with self.lock:
@@ -283,7 +284,7 @@ class ReplayLog:
                 while q and q[0][0] < done:
                     q.popleft()
             items = list(self.kernels.items())
-        state = rt.__dict__.get("_policy")
+        state = self.life.policy_state
         if state is None:
             return
         for kid, kl in items:

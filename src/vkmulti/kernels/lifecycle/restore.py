@@ -1,6 +1,6 @@
 """Restoring a runtime kernel from a checkpoint's image: as a new kernel, or into
 an existing one (same object, id and address) on any device, on the twin
-mechanism of live_migration.py (its messages waiting on a live old device
+mechanism of twin.py (its messages waiting on a live old device
 are carried over as a migration does; a lost device's resources are freed
 without waiting, and the restore may then run inside a step: the failover)."""
 from __future__ import annotations
@@ -13,28 +13,29 @@ import numpy as np
 
 from ...errors import MigrationError, VkmError
 from ...memory.image import Buffer
+from ..engine.gate import gate_of
 from ..engine.kernel import Kernel
-from .image import KernelImage, patch_control, readdress_slots
-from .lifecycle import gate_of
-from .live_migration import (_assign, _deadline, _engine, _finish_move, _free_twin, _hand_back, _left, _retire_half,
-                             _source_usable, _wait_jobs, _wait_kernel, build_twin, switch_at_step_boundary)
+from .image import KernelImage, patch_control, readdress_slots, upload
+from .live_migration import switch_at_step_boundary
+from .twin import (LifecycleView, RuntimeView, assign, build_twin, deadline_of, finish_move, free_twin, hand_back,
+                   retire_half, source_usable, time_left, wait_jobs, wait_kernel)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["restore_into", "restore_new"]
 
 
-def _upload(rt: Any, twin: Kernel, img: KernelImage, keep_sequences: bool) -> None:
+def _upload(twin: Kernel, img: KernelImage, keep_sequences: bool) -> None:
     ctx = twin.ctx
     control = patch_control(img.control, twin.address, twin.tenant, ctx.table_size, keep_sequences)
     inbox = np.frombuffer(img.inbox, np.uint8)
     if inbox.nbytes != twin.inbox.size:
         raise MigrationError(f"the checkpoint's inbox is {inbox.nbytes} bytes, the kernel's {twin.inbox.size}")
     with ctx.lock:
-        rt._copy_in(ctx, twin.control, 0, control)
-        rt._copy_in(ctx, twin.inbox, 0, inbox)
+        upload(ctx, twin.control, 0, control)
+        upload(ctx, twin.inbox, 0, inbox)
         for buf, data in zip(twin.states, img.states):
-            rt._copy_in(ctx, buf, 0, np.frombuffer(data, np.uint8))
+            upload(ctx, buf, 0, np.frombuffer(data, np.uint8))
 
 
 def _apply_host_side(k: Kernel, img: KernelImage, fresh: bool) -> None:
@@ -52,81 +53,82 @@ def _apply_host_side(k: Kernel, img: KernelImage, fresh: bool) -> None:
     k.h2k.extend(readdress_slots(img.h2k, k.address) + newer)
 
 
-def restore_into(rt: Any, k: Kernel, img: KernelImage, device: int | None, timeout: float | None) -> Kernel:
-    """Rebuild `k` (same object, id and address) from `img` on `device`."""
-    deadline = _deadline(timeout)
+def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int | None, timeout: float | None) -> Kernel:
+    """Rebuild `k` (same object, id and address) from `img` on `device` (`life`: the runtime's Lifecycle)."""
+    rt = life.rt
+    deadline = deadline_of(timeout)
     old_ctx = k.ctx
-    alive = _source_usable(old_ctx, rt)
+    alive = source_usable(old_ctx, rt)
     if device is None:
         device = k.device_index if alive else rt.coordinator.select_device()
     if not 0 <= device < rt.manager.device_count:
         raise ValueError(f"device {device} out of range: {rt.manager.device_count} device(s)")
     why = f"restored from a checkpoint onto GPU {device}"
-    rt._hold(k, why, moving=True)
+    life.hold(k, why, moving=True)
     twin = None
     rings: list[Buffer] = []
     done = False
     try:
         if alive:
-            _wait_kernel(rt, k, deadline)
-        twin = build_twin(rt, k, device, img.spec)
-        _upload(rt, twin, img, keep_sequences=img.address == k.address)
+            wait_kernel(rt, k, deadline)
+        twin = build_twin(rt, life.pool, k, device, img.spec)
+        _upload(twin, img, keep_sequences=img.address == k.address)
 
         def switch(rings: list[Buffer]) -> None:
             nonlocal done
             landings = []
             try:
                 if rings:
-                    _, eng = _engine(rt, old_ctx.index, device)
+                    _, eng = life.engines.get(old_ctx.index, device)
                     landings = [Buffer(twin.ctx.slot, r.size) for r in rings]
                     tickets = [eng.submit(src_buffer=r, dst_buffer=b, size=r.size) for r, b in zip(rings, landings)]
                     for t in tickets:
-                        t.wait(_left(deadline, "the copy of the staged messages"))
+                        t.wait(time_left(deadline, "the copy of the staged messages"))
                 k.check()
             except BaseException:
                 for b in landings:
                     b.destroy()
                 raise
-            _finish_move(rt, k, twin, alive)
+            finish_move(rt, k, twin)
             done = True
             _apply_host_side(k, img, fresh=False)
             if landings:
-                _hand_back(rt, device, landings)
-            _assign(rt, k, device, None)
+                hand_back(life, device, landings)
+            assign(rt.coordinator, k, device, None)
 
         if alive and old_ctx is not twin.ctx:
-            switch_at_step_boundary(rt, k, deadline, rings, switch)
+            switch_at_step_boundary(life, k, deadline, rings, switch)
         elif alive:
-            with gate_of(rt).exclusive(_left(deadline, "waiting for the runtime's steps"), f"restoring {k.id!r}"):
+            with gate_of(rt).exclusive(time_left(deadline, "waiting for the runtime's steps"), f"restoring {k.id!r}"):
                 k.check()
-                rt.synchronize(_left(deadline, "the runtime's submitted steps"))
-                _wait_jobs(rt, old_ctx.index, deadline)
+                rt.synchronize(time_left(deadline, "the runtime's submitted steps"))
+                wait_jobs(life, old_ctx.index, deadline)
                 switch([])
         else:
             # From a lost device (a failover, maybe inside a step) the device locks suffice: nothing
             # runs there, and no message waits there that could still be taken over.
             switch([])
         half, twin = twin, None
-        _retire_half(rt, half, lost=not alive)
+        retire_half(life, half, lost=not alive)
     except BaseException:
         if not done:
             if rings:
                 try:
-                    _hand_back(rt, old_ctx.index, rings, front=True)
+                    hand_back(life, old_ctx.index, rings, front=True)
                     rings = []
                 except VkmError:
                     log.exception("could not hand staged messages back to %r", k.id)
             if twin is not None:
-                _free_twin(twin)
+                free_twin(twin)
         raise
     finally:
         for r in rings:
             r.destroy()
-        rt._release(k, why, moving=True)
+        life.release(k, why, moving=True)
     return k
 
 
-def restore_new(rt: Any, img: KernelImage, device: int | None, kernel_id: str | None,
+def restore_new(rt: RuntimeView, img: KernelImage, device: int | None, kernel_id: str | None,
                 timeout: float | None) -> Kernel:
     """A new kernel (new address) from `img`."""
     k = rt.launch(img.spec, kernel_id if kernel_id is not None else img.kernel_id, device=device,
@@ -137,10 +139,10 @@ def restore_new(rt: Any, img: KernelImage, device: int | None, kernel_id: str | 
             keep = False   # a new address: receivers count its messages from 0
             ctx = k.ctx
             control = patch_control(img.control, k.address, k.tenant, ctx.table_size, keep)
-            rt._copy_in(ctx, k.control, 0, control)
-            rt._copy_in(ctx, k.inbox, 0, np.frombuffer(img.inbox, np.uint8))
+            upload(ctx, k.control, 0, control)
+            upload(ctx, k.inbox, 0, np.frombuffer(img.inbox, np.uint8))
             for buf, data in zip(k.states, img.states):
-                rt._copy_in(ctx, buf, 0, np.frombuffer(data, np.uint8))
+                upload(ctx, buf, 0, np.frombuffer(data, np.uint8))
             _apply_host_side(k, img, fresh=True)
     except BaseException:
         rt.destroy_kernel(k)

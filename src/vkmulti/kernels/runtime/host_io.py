@@ -1,4 +1,4 @@
-"""The host side of KernelRuntime: host <-> kernel message queues (the seed's
+"""The host side of KernelRuntime (HostQueues): host <-> kernel message queues (the seed's
 H2K / K2H: `send`, `receive`) and reading or writing a kernel's state.
 
 Host messages are packed into slots on the host and written into the
@@ -7,42 +7,34 @@ the host come back through its K2H region when the step is harvested.
 """
 from __future__ import annotations
 
-import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import vulkan as vk
 
+from ..._core.checks import U32_MAX, int_in, timeout_seconds
 from ...errors import QueueFullError, TimeoutError as VkmTimeout
 from ...memory.image import Buffer, as_host_bytes
 from ..engine.device_context import DeviceContext
-from ..engine.gate import gated, gated_unheld
 from ..engine.kernel import Kernel
-from ..messages import HOST_ADDRESS, HOST_KERNEL_ID, K2KMessage
+from ..engine.stepper import DeviceStepper
+from ..lifecycle.image import upload
+from ..messages import HOST_ADDRESS, HOST_KERNEL_ID, HybridLogicalClock, K2KMessage
 
-_U32 = (1 << 32) - 1
-
-
-def _count(value: Any, label: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{label} must be an int in [{lo}, {hi}], got {value!r}")
-    return value
+__all__ = ["HostQueues"]
 
 
-def _timeout(value: Any, label: str = "timeout") -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-        raise ValueError(f"{label} must be a number of seconds >= 0 or None, got {value!r}")
-    return float(value)
+class HostQueues:
+    """The host's end of the kernels' queues and state buffers, for KernelRuntime:
+    send / receive / pending_receives / read_state / write_state. `resolve`
+    turns a Kernel or an id into a live kernel of the runtime, `device` gives a
+    device's (DeviceContext, DeviceStepper); host messages are stamped by `hlc`."""
 
-
-class HostIO:
-    """send / receive / pending_receives / read_state / write_state of KernelRuntime."""
-
-    payload_size: int
-    hlc: Any
+    def __init__(self, resolve: Callable[..., Kernel], device: Callable[[int], tuple[DeviceContext, DeviceStepper]],
+                 payload_size: int, hlc: HybridLogicalClock):
+        self._resolve, self._device = resolve, device
+        self.payload_size, self.hlc = payload_size, hlc
 
     # -- host <-> kernel ---------------------------------------------------------------------
 
@@ -64,9 +56,9 @@ class HostIO:
         if len(data) > self.payload_size:
             raise ValueError(f"payload is {len(data)} bytes; this runtime's slots hold {self.payload_size} "
                              f"(KernelRuntime(payload_size=...))")
-        _count(tag, "tag", 0, _U32)
-        _count(priority, "priority", 0, 255)
-        timeout = _timeout(timeout)
+        int_in(tag, "tag", 0, U32_MAX)
+        int_in(priority, "priority", 0, 255)
+        timeout = timeout_seconds(timeout)
         ctx = k.ctx
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
         with ctx.lock:
@@ -92,7 +84,7 @@ class HostIO:
         arrives from a submitted step; vkmulti.TimeoutError after `timeout` s
         (None: no limit; the wait is interruptible)."""
         k = self._resolve(kernel)
-        timeout = _timeout(timeout)
+        timeout = timeout_seconds(timeout)
         ctx, stepper = self._device(k.device_index)
         deadline = time.monotonic() + (timeout if timeout is not None else 1e18)
         with ctx.lock:
@@ -125,35 +117,34 @@ class HostIO:
 
     # -- state --------------------------------------------------------------------------------
 
-    @gated
     def read_state(self, kernel: Any, index: int = 0, *, offset: int = 0, size: int | None = None,
                    timeout: float | None = 60.0) -> np.ndarray:
         """State buffer `index` of `kernel` (uint8) as of its latest submitted step; `offset` and
         `size` (default: to the end) read a byte range of it."""
         k = self._resolve(kernel)
-        _count(index, "index", 0, len(k.states) - 1)
+        int_in(index, "index", 0, len(k.states) - 1)
         total = k.states[index].size
-        _count(offset, "offset", 0, total - 1)
-        size = total - offset if size is None else _count(size, "size", 1, total - offset)
-        return self._copy_out(k, k.states[index], offset, size, _timeout(timeout))
+        int_in(offset, "offset", 0, total - 1)
+        size = total - offset if size is None else int_in(size, "size", 1, total - offset)
+        return self.copy_out(k, k.states[index], offset, size, timeout_seconds(timeout))
 
-    @gated_unheld
     def write_state(self, kernel: Any, index: int, data: Any, *, offset: int = 0,
                     timeout: float | None = 60.0) -> None:
         """Overwrite bytes of state buffer `index` (after every submitted step, before later ones)."""
         k = self._resolve(kernel)
-        _count(index, "index", 0, len(k.states) - 1)
+        int_in(index, "index", 0, len(k.states) - 1)
         raw = as_host_bytes(data, "data")
         buf = k.states[index]
-        _count(offset, "offset", 0, buf.size)
+        int_in(offset, "offset", 0, buf.size)
         if raw.nbytes == 0 or offset + raw.nbytes > buf.size:
             raise ValueError(f"[{offset}, {offset + raw.nbytes}) is outside state buffer {index} of "
                              f"{buf.size} bytes (or empty)")
         with k.ctx.lock:
             k.check()
-            self._copy_in(k.ctx, buf, offset, raw, _timeout(timeout))
+            upload(k.ctx, buf, offset, raw, timeout_seconds(timeout))
 
-    def _copy_out(self, k: Kernel, buf: Buffer, offset: int, size: int, timeout: float | None) -> np.ndarray:
+    def copy_out(self, k: Kernel, buf: Buffer, offset: int, size: int, timeout: float | None) -> np.ndarray:
+        """`size` bytes of k's device buffer `buf` from `offset`, after k's submitted steps."""
         ctx = k.ctx
         staging = Buffer(ctx.slot, size, usage=vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=True)
         try:
@@ -162,16 +153,5 @@ class HostIO:
                 ctx.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, buf.handle, staging.handle, 1, [
                     vk.VkBufferCopy(srcOffset=offset, dstOffset=0, size=size)]), timeout=timeout)
             return staging._read(size)
-        finally:
-            staging.destroy()
-
-    @staticmethod
-    def _copy_in(ctx: DeviceContext, buf: Buffer, offset: int, data: np.ndarray, timeout: float | None = 60.0) \
-            -> None:
-        staging = Buffer(ctx.slot, data.nbytes, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, host_visible=True)
-        try:
-            staging._write(data)
-            ctx.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, staging.handle, buf.handle, 1, [
-                vk.VkBufferCopy(srcOffset=0, dstOffset=offset, size=data.nbytes)]), timeout=timeout)
         finally:
             staging.destroy()

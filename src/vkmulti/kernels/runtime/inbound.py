@@ -12,7 +12,7 @@ from ...errors import DestroyedError, TimeoutError as VkmTimeout
 from ...memory.image import Buffer
 from ...transfer.peer import ImportedBuffer
 from ..._core.timeline import as_wait_points
-from .host_io import _count, _timeout
+from ..._core.checks import int_in as _count, timeout_seconds as _timeout
 from ..engine.kernel import InboundBatch, Kernel, OutboxBatch
 from ..messages import RING_HEADER_BYTES
 

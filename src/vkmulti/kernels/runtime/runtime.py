@@ -10,61 +10,44 @@ state buffers stay on the device between steps (docs/kernels.md).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
-import time
-from collections import defaultdict
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ...errors import DestroyedError, DeviceLostError, KernelMessageError, KernelNotFoundError, MigrationError
+from ..._core.checks import U32_MAX, int_in, timeout_seconds
+from ...device.failover import FailoverStats
+from ...errors import DestroyedError, DeviceLostError, KernelNotFoundError, MigrationError
 from ...errors import TimeoutError as VkmTimeout
-from ...memory.image import as_host_bytes
-from ..._core.timeline import as_wait_points
 from ...transfer.cross_device import TimelinePoint
+from ..checkpoint.format import Checkpoint
+from ..coordinator.records import MigrationRequest
 from ..engine.device_context import DeviceContext
-from ..lifecycle.failover import RuntimeFailover
-from ..ids import KernelId, as_kernel_id
+from ..engine.gate import gate_of, gated, gated_unheld
 from ..engine.kernel import INLINE_STATE_BYTES, Kernel, KernelSpec, OutboxBatch, check_params
-from .host_io import HostIO, _count, _timeout
-from .inbound import RouterHooks
-from ..engine.gate import gated_unheld
-from ..lifecycle.lifecycle import KernelLifecycle, gated_step
-from ..messages import DEFAULT_PAYLOAD_SIZE, ENVELOPE_BYTES, HOST_KERNEL_ID, HybridLogicalClock, check_payload_size
 from ..engine.stepper import DeviceStepper
+from ..ids import KernelId, as_kernel_id
+from ..lifecycle.failover import Failover
+from ..lifecycle.image import upload
+from ..lifecycle.lifecycle import CheckpointPolicy, Lifecycle, check_choice
+from ..lifecycle.migrator import MigrationResult
+from ..lifecycle.replay import restore_lost_kernels
+from ..messages import DEFAULT_PAYLOAD_SIZE, ENVELOPE_BYTES, HOST_KERNEL_ID, HybridLogicalClock, K2KMessage
+from ..messages import check_payload_size
 from ..reload.swap import apply_code
+from .host_io import HostQueues
+from .inbound import RouterHooks
+from .placement import check_fits, initial_state, place
+from .stepping import StepTicket, Stepping
 
 log = logging.getLogger(__name__)
 
 __all__ = ["KernelRuntime", "StepTicket"]
 
-_U32 = (1 << 32) - 1
 
-
-class StepTicket:
-    """What one `step()` submitted: a timeline point per device, the kernels
-    that ran, those held back (with the reason) and their new outbox batches."""
-
-    def __init__(self, runtime: "KernelRuntime", points: dict[int, TimelinePoint], launched: list[Kernel],
-                 deferred: list[tuple[Kernel, str]], batches: list[OutboxBatch]):
-        self._rt, self.points, self.launched, self.deferred, self.batches = runtime, points, launched, deferred, \
-            batches
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Block (no GIL) until every device of the step is done; vkmulti.TimeoutError after `timeout` s."""
-        self._rt._wait_points(self.points.values(), _timeout(timeout))
-
-    def done(self) -> bool:
-        """True when every device's part of the step is finished (never blocks)."""
-        return all(self._rt._context(p.device_index).completed() >= p.value for p in self.points.values())
-
-    def __repr__(self) -> str:
-        return (f"StepTicket(devices={sorted(self.points)}, launched={[k.id for k in self.launched]}, "
-                f"deferred={[k.id for k, _ in self.deferred]})")
-
-
-class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
+class KernelRuntime(RouterHooks):
     """Compute kernels on the devices of `coordinator` (a MultiGpuCoordinator
     whose devices are the slots of `manager`; by default the manager the
     coordinator was built from).
@@ -91,10 +74,10 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         self.coordinator, self.manager = coordinator, manager
         self.payload_size = check_payload_size(payload_size)
         self.slot_size = ENVELOPE_BYTES + self.payload_size
-        self.in_flight = _count(in_flight, "in_flight", 2, 16)
-        self.max_kernels = _count(max_kernels, "max_kernels", 2, 1 << 20)
-        self.h2k_capacity = _count(h2k_capacity, "h2k_capacity", 1, 1 << 24)
-        self.k2h_capacity = _count(k2h_capacity, "k2h_capacity", 1, 1 << 24)
+        self.in_flight = int_in(in_flight, "in_flight", 2, 16)
+        self.max_kernels = int_in(max_kernels, "max_kernels", 2, 1 << 20)
+        self.h2k_capacity = int_in(h2k_capacity, "h2k_capacity", 1, 1 << 24)
+        self.k2h_capacity = int_in(k2h_capacity, "k2h_capacity", 1, 1 << 24)
         self.hlc = HybridLogicalClock()
         self._lock = threading.RLock()
         self._contexts: dict[int, tuple[DeviceContext, DeviceStepper]] = {}
@@ -112,7 +95,14 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         self.dead_letters = 0
         self._destroyed = False
         self._counter = 0
-        self._init_failover()
+        self._host = HostQueues(self._resolve, self._device, self.payload_size, self.hlc)
+        self._lifecycle = Lifecycle(self, lambda: self.migration_pool_bytes)
+        self._failover = Failover(manager, coordinator, self._lock, self._kernels, self._contexts, self._listeners,
+                                  self._unregister, self._release_address,
+                                  functools.partial(restore_lost_kernels, self._lifecycle))
+        self._steps = Stepping(self._check, self._resolve, lambda: self.kernels, self._kernels, self._device,
+                               self._lock, self._listeners, self._retaining, self._preparers, self._failover,
+                               lambda: self._lifecycle.policy_state)
         life = getattr(manager, "_life", None)
         if life is not None:
             life.adopt(self)   # the manager's destroy() destroys the runtime before its buffers and devices
@@ -210,8 +200,8 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         if not isinstance(spec, KernelSpec):
             raise TypeError(f"spec must be a KernelSpec, got {type(spec).__name__}")
         params = check_params(tuple(params))
-        _count(tenant, "tenant", 0, _U32)
-        states = self._initial_state(spec, state)
+        int_in(tenant, "tenant", 0, U32_MAX)
+        states = initial_state(spec, state)
         with self._lock:
             self._counter += 1
             if kernel_id is None:
@@ -228,7 +218,7 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
             index = self._free_index.pop()
             self._kernels[kernel_id] = None   # type: ignore[assignment]  (reserved)
         try:
-            placed = self._place(kernel_id, device, options)
+            placed = place(self.coordinator, self.manager.device_count, kernel_id, device, options)
             try:
                 k = self._create(spec, kernel_id, index, placed, states, params, tenant, options)
             except BaseException:
@@ -241,60 +231,12 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
             raise
         return k
 
-    def _initial_state(self, spec: KernelSpec, state: Any) -> list[np.ndarray | None]:
-        out: list[np.ndarray | None] = [None] * len(spec.state_sizes)
-        if state is None:
-            return out
-        if isinstance(state, (bytes, bytearray, memoryview, np.ndarray)):
-            state = [state]
-        items = list(state)
-        if len(items) > len(spec.state_sizes):
-            raise ValueError(f"{len(items)} initial states for {len(spec.state_sizes)} state buffers")
-        for i, data in enumerate(items):
-            if data is None:
-                continue
-            raw = as_host_bytes(data, f"state[{i}]")
-            if raw.nbytes > spec.state_sizes[i]:
-                raise ValueError(f"state[{i}] holds {raw.nbytes} bytes; the state buffer has {spec.state_sizes[i]}")
-            padded = np.zeros(spec.state_sizes[i], np.uint8)
-            padded[:raw.nbytes] = raw
-            out[i] = padded
-        return out
-
-    def _place(self, kernel_id: str, device: int | None, options: Any) -> int:
-        if device is not None:
-            if isinstance(device, bool) or not isinstance(device, int):
-                raise TypeError(f"device must be an int or None, got {type(device).__name__}")
-            if not 0 <= device < self.manager.device_count:
-                raise IndexError(f"device {device} out of range: {self.manager.device_count} device(s)")
-            self.coordinator.assign_kernel(kernel_id, device)
-            return device
-        place = getattr(self.coordinator, "place_kernel", None)
-        if callable(place):
-            idx = place(kernel_id, options)
-        else:
-            idx = self.coordinator.select_device(options)
-            self.coordinator.assign_kernel(kernel_id, idx)
-        if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < self.manager.device_count:
-            self.coordinator.remove_kernel(kernel_id)
-            raise ValueError(f"the coordinator chose device {idx!r}, which the manager does not have "
-                             f"({self.manager.device_count} device(s))")
-        return idx
-
     def _create(self, spec: KernelSpec, kernel_id: str, index: int, device: int, states: list,
                 params: tuple, tenant: int, options: Any) -> Kernel:
-        ctx, stepper = self._device(device)
-        for i, n in enumerate(spec.state_sizes):
-            if n > ctx.max_storage_range:
-                raise ValueError(f"state buffer {i} of {spec.kernel_type!r} is {n} bytes; {ctx.slot.name!r} binds at "
-                                 f"most {ctx.max_storage_range} bytes per storage buffer (maxStorageBufferRange): "
-                                 f"split the state (e.g. more, smaller stencil slabs)")
-        for axis, g in enumerate(spec.groups):
-            top = ctx.max_group_count[axis]
-            if g > top:
-                raise ValueError(f"groups[{axis}] = {g} exceeds {ctx.slot.name!r}'s limit {top}")
+        ctx, _ = self._device(device)
+        check_fits(ctx, spec)
         address = self._generation[index] * self.max_kernels + index
-        if address > _U32:
+        if address > U32_MAX:
             self._generation[index] = 0
             address = index
         with ctx.lock:
@@ -310,7 +252,7 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
             ctx.run_once(k.init_commands(states))
             for i, data in enumerate(states):
                 if data is not None and data.nbytes > INLINE_STATE_BYTES:
-                    self._copy_in(ctx, k.states[i], 0, data)
+                    upload(ctx, k.states[i], 0, data)
         except BaseException:
             with ctx.lock:
                 k.free()
@@ -331,7 +273,6 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
 
     # -- stepping ---------------------------------------------------------------------------
 
-    @gated_step
     def step(self, kernels: Any = None, *, wait: Any = None, timeout: float | None = 60.0) -> StepTicket:
         """Launch one step of `kernels` (a Kernel, an id, a list of them; None: all).
 
@@ -343,136 +284,22 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         messages failed; the errors are then cleared. `timeout` bounds the
         wait for earlier steps when all in-flight slots are taken.
         """
-        self._check()
-        timeout = _timeout(timeout)
-        self._sync_lost_devices()   # PrimaryDeviceLostError when GPU 0 is gone
-        if kernels is None:
-            targets = self.kernels
-        elif isinstance(kernels, (Kernel, str)):
-            targets = [] if self._was_lost(kernels) else [self._resolve(kernels)]
-        else:
-            try:
-                targets = [self._resolve(k, "kernels item") for k in kernels if not self._was_lost(k)]
-            except TypeError as exc:
-                if "not iterable" in str(exc):
-                    raise TypeError(f"kernels must be a Kernel, an id, a list of them or None, "
-                                    f"got {type(kernels).__name__}") from None
-                raise
-        seen: set[int] = set()
-        targets = [k for k in targets if not (id(k) in seen or seen.add(id(k)))]
-        by_device: dict[int, list[Kernel]] = defaultdict(list)
-        for k in targets:
-            by_device[k.device_index].append(k)
-        waits: dict[int, list[TimelinePoint]] = defaultdict(list)
-        if wait is not None:
-            points = [wait] if isinstance(wait, TimelinePoint) else list(wait)
-            for p in points:
-                if not isinstance(p, TimelinePoint):
-                    raise TypeError(f"wait must be TimelinePoints, got {p!r}")
-                if p.device_index not in by_device:
-                    raise ValueError(f"wait point {p} is on GPU {p.device_index}, where no kernel of this step runs")
-                waits[p.device_index].append(p)
-        self._raise_errors(targets)
-        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
-        with self._lock:   # these listeners see this step's batches; retaining ones release each once
-            listeners = list(self._listeners)
-            retain = sum(1 for fn in listeners if id(fn) in self._retaining)
-            preparers = list(self._preparers.values())
-        for prepare in preparers:   # e.g. the router lets go of batches other devices finished reading
-            prepare(targets)
-        points, launched, deferred, batches = {}, [], [], []
-        stepped: dict[int, tuple[Any, Any]] = {}
-        queue = sorted(by_device.items())
-        while queue:
-            dev, ks = queue.pop(0)
-            here = [k for k in ks if not k.destroyed and k.device_index == dev]
-            elsewhere: dict[int, list[Kernel]] = defaultdict(list)
-            for k in ks:   # restored elsewhere by a failover since the step began
-                if not k.destroyed and k.device_index != dev:
-                    elsewhere[k.device_index].append(k)
-            queue += sorted(elsewhere.items())
-            if not here:
-                continue
-            ks = here
-            try:
-                ctx, stepper = self._device(dev)
-                for src in stepper.surveys_awaited() & stepped.keys():   # done since: read them in place
-                    octx, ostepper = stepped[src]
-                    with octx.lock:
-                        if octx.alive:
-                            ostepper.harvest()
-                stepped[dev] = (ctx, stepper)
-                with ctx.lock:
-                    point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain)
-            except DeviceLostError as exc:
-                policy = self.__dict__.get("_policy")
-                if policy is not None and launched:   # what survivors sent in this call is logged first
-                    policy.replay.after_step(launched)
-                if self._step_failed(dev, exc):   # a lost secondary: failed over, the others go on
-                    moved: dict[int, list[Kernel]] = defaultdict(list)
-                    for k in ks:   # restored on a survivor: they make this step there
-                        if not k.destroyed and k.device_index != dev and not self.device_lost(k.device_index):
-                            moved[k.device_index].append(k)
-                    queue += sorted(moved.items())
-                    continue
-                raise
-            if point is not None:
-                points[dev] = point if dev not in points or point.value > points[dev].value else points[dev]
-            launched += ran
-            deferred += held
-            batches += new
-        for listener in listeners:   # also without new batches: a router may have moves waiting
-            listener(batches)
-        return StepTicket(self, points, launched, deferred, batches)
-
-    def _raise_errors(self, kernels: list[Kernel]) -> None:
-        for k in kernels:
-            if k.errors:
-                problems, k.errors = k.errors, []
-                raise KernelMessageError(k.id, problems)
-
-    def _was_lost(self, kernel: Any) -> bool:
-        """Whether `kernel` (a Kernel or an id) was on a device that was lost."""
-        kid = kernel.id if isinstance(kernel, Kernel) else kernel
-        return isinstance(kid, str) and kid in self.lost_kernels and kid not in self._kernels
+        return self._lifecycle.gated_step(self._steps.step, kernels, wait, timeout)
 
     def _wait_points(self, points: Iterable[TimelinePoint], timeout: float | None) -> None:
-        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
-        lost = self._sync_lost_devices()
-        for p in points:
-            if p.device_index in lost:
-                continue   # the work of a lost device never completes; its kernels were failed over
-            try:
-                self._wait_point(p, deadline, timeout)
-            except DeviceLostError as exc:
-                if not self._step_failed(p.device_index, exc):
-                    raise
+        self._steps.wait_points(points, timeout)
 
     def _wait_point(self, p: TimelinePoint, deadline: float, timeout: float | None) -> None:
-        ctx, stepper = self._device(p.device_index)
-        with ctx.lock:
-            while True:
-                stepper.harvest()
-                ctx.check()
-                if ctx.completed() >= p.value:
-                    stepper.harvest()
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise VkmTimeout(f"GPU {p.device_index}: kernel step {p.value} not done within {timeout} s")
-                try:
-                    ctx.wait_unlocked(p.value, min(left, 0.25))
-                except VkmTimeout:
-                    pass
+        self._steps.wait_point(p, deadline, timeout)
 
     def synchronize(self, timeout: float | None = 60.0) -> None:
         """Wait until every submitted step on every device is done and harvested, and
         the checkpoint policy's captures of those steps are complete."""
         with self._lock:
             pairs = list(self._contexts.values())
-        timeout = _timeout(timeout)
+        timeout = timeout_seconds(timeout)
         self._wait_points([c.point(c.value) for c, _ in pairs if c.value], timeout)
-        policy = self.__dict__.get("_policy")
+        policy = self._lifecycle.policy_state
         if policy is not None:
             policy.materialize(wait=True, timeout=timeout)
 
@@ -485,6 +312,138 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
             with ctx.lock:
                 if ctx.alive:
                     stepper.harvest()
+
+    # -- host <-> kernel (HostQueues) ------------------------------------------------------
+
+    def send(self, kernel: Any, payload: Any, *, tag: int = 0, priority: int = 0,
+             timeout: float | None = 0.0) -> K2KMessage:
+        """Queue a message from the host to `kernel` (delivered at its next step).
+
+        `payload`: bytes, a buffer-protocol object or a K2KMessage (its payload,
+        tag and priority are used) of at most payload_size bytes. A full queue
+        (h2k_capacity) raises QueueFullError, after waiting up to `timeout` s
+        for a step to make room. Returns the message as sent.
+        """
+        return self._host.send(kernel, payload, tag=tag, priority=priority, timeout=timeout)
+
+    def receive(self, kernel: Any, timeout: float | None = None) -> K2KMessage:
+        """The next message `kernel` sent to the host (FIFO). Blocks until one
+        arrives from a submitted step; vkmulti.TimeoutError after `timeout` s
+        (None: no limit; the wait is interruptible)."""
+        return self._host.receive(kernel, timeout)
+
+    def pending_receives(self, kernel: Any) -> int:
+        """Messages from `kernel` waiting in the host receive queue (harvested so far)."""
+        return self._host.pending_receives(kernel)
+
+    @gated
+    def read_state(self, kernel: Any, index: int = 0, *, offset: int = 0, size: int | None = None,
+                   timeout: float | None = 60.0) -> np.ndarray:
+        """State buffer `index` of `kernel` (uint8) as of its latest submitted step; `offset` and
+        `size` (default: to the end) read a byte range of it."""
+        return self._host.read_state(kernel, index, offset=offset, size=size, timeout=timeout)
+
+    @gated_unheld
+    def write_state(self, kernel: Any, index: int, data: Any, *, offset: int = 0,
+                    timeout: float | None = 60.0) -> None:
+        """Overwrite bytes of state buffer `index` (after every submitted step, before later ones)."""
+        self._host.write_state(kernel, index, data, offset=offset, timeout=timeout)
+
+    # -- lost devices (Failover) -------------------------------------------------------------
+
+    def device_lost(self, index: int) -> bool:
+        """Whether device `index` is lost (the manager's view)."""
+        return self._failover.device_lost(index)
+
+    @property
+    def failover_stats(self) -> FailoverStats:
+        """What lost devices cost this runtime (devices, kernels lost, times)."""
+        return self._failover.stats
+
+    @property
+    def lost_kernels(self) -> dict[str, int]:
+        """Kernels that were on a lost device and could not be restored: id -> that device."""
+        return self._failover.lost_kernels
+
+    @property
+    def restored_kernels(self) -> dict[str, tuple[int, int]]:
+        """Kernels of a lost device restored from their checkpoints: id -> (lost device, new device)."""
+        return self._failover.restored_kernels
+
+    # -- checkpoints, restore, migration (Lifecycle) -------------------------------------------
+
+    #: Bytes of buffers per device that migrations keep for kernels moving onto
+    #: that device later (see MigrationPool); 0 frees them at once.
+    migration_pool_bytes = 512 << 20
+
+    @property
+    def migration_crc(self) -> str:
+        """Which engine checks a live migration's CRC32s on a device: "auto" (the
+        host's zlib on the device's own mapped memory for a CPU device whose
+        memory is all host-visible, e.g. lavapipe; the GPU shader elsewhere),
+        "shader" (always the GPU shader) or "host" (UnsupportedError on a GPU)."""
+        return self._lifecycle.crc_choice
+
+    @migration_crc.setter
+    def migration_crc(self, choice: str) -> None:
+        self._lifecycle.crc_choice = check_choice(choice)
+
+    def is_held(self, kernel: Any) -> bool:
+        """Whether `kernel` is held back from stepping (being migrated or reloaded)."""
+        return self._lifecycle.is_held(self._resolve(kernel))
+
+    def _hold(self, kernel: Kernel, why: str, moving: bool = False) -> None:
+        self._lifecycle.hold(kernel, why, moving)
+
+    def _release(self, kernel: Kernel, why: str | None = None, moving: bool = False) -> None:
+        self._lifecycle.release(kernel, why, moving)
+
+    def _is_held_now(self, kernel: Kernel) -> bool:
+        return self._lifecycle.is_held(kernel)
+
+    def _is_moving(self, kernel: Kernel) -> bool:
+        return self._lifecycle.is_moving(kernel)
+
+    def _wait_unheld(self, kernel: Kernel, deadline: float) -> None:
+        self._lifecycle.wait_unheld(kernel, deadline)
+
+    def release_migration_buffers(self) -> None:
+        """Free the buffers migrations kept for later moves (see migration_pool_bytes)."""
+        self._lifecycle.pool.clear()
+
+    @gated
+    def checkpoint(self, kernel: Any, *, timeout: float | None = 60.0) -> Checkpoint:
+        """A Checkpoint of `kernel` after its submitted steps (see lifecycle/lifecycle.py)."""
+        return self._lifecycle.checkpoint(kernel, timeout)
+
+    def set_checkpoint_policy(self, policy: CheckpointPolicy | None) -> None:
+        """Install (None: remove) the policy by which the runtime checkpoints its kernels."""
+        self._lifecycle.set_policy(policy)
+
+    @property
+    def checkpoint_policy(self) -> CheckpointPolicy | None:
+        """The installed CheckpointPolicy, or None."""
+        st = self._lifecycle.policy_state
+        return None if st is None else st.policy
+
+    def latest_checkpoint(self, kernel: Any) -> Checkpoint | None:
+        """The newest completed policy checkpoint of a kernel (a Kernel or its id;
+        also one destroyed or lost since), None if there is none."""
+        return self._lifecycle.latest_checkpoint(kernel)
+
+    def restore(self, checkpoint: Checkpoint, *, device: int | None = None, kernel_id: str | None = None,
+                into: Kernel | None = None, timeout: float | None = 60.0) -> Kernel:
+        """Bring a checkpoint back as a new kernel, or into an existing one (see
+        lifecycle/lifecycle.py)."""
+        return self._lifecycle.restore(checkpoint, device, kernel_id, into, timeout)
+
+    def migrate(self, kernel: Any, device: int, *, timeout: float | None = 60.0, verify: bool = True) -> Any:
+        """Live-migrate `kernel` to `device` (a MigrationResult; see KernelMigrator)."""
+        return self._lifecycle.migrate(kernel, device, timeout, verify)
+
+    def _migrate_live(self, kernel: Kernel, request: MigrationRequest, *, timeout: float | None,
+                      verify: bool) -> MigrationResult:
+        return self._lifecycle.migrate_live(kernel, request, timeout, verify)
 
     def apply_code(self, kernel: Kernel, code: Any, timeout: float) -> None:
         """Swap `code` into `kernel` as a hot reload does (Kernel.apply_code's CodeSwapper)."""
@@ -503,16 +462,14 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
             k = kernel
         else:
             k = self._resolve(kernel)
-        timeout = _timeout(timeout)
+        timeout = timeout_seconds(timeout)
         ctx = k.ctx
         with ctx.lock:
             if k.destroyed:
                 return
             k.destroyed = True
             stepper = self._device(k.device_index)[1]
-            with self._lock:
-                self._kernels.pop(k.id, None)
-                self._by_index.pop(k.address % self.max_kernels, None)
+            self._unregister(k)
             self._mark_dirty(k.address % self.max_kernels)
             for b in list(stepper.batches):
                 if b.source is k:
@@ -535,9 +492,21 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
             finally:
                 stepper.harvest()
             k.free()   # copies still reading the outbox (a router's transfer or gather) are waited for by Buffer.destroy
+        self._release_address(k)
+
+    def _unregister(self, k: Kernel) -> None:
+        """Take `k` out of the registries (no step finds it from here)."""
+        with self._lock:
+            self._kernels.pop(k.id, None)
+            self._by_index.pop(k.address % self.max_kernels, None)
+
+    def _release_address(self, k: Kernel) -> None:
+        """After _unregister and k.free(): the coordinator forgets k, its address
+        index is rewritten on every device and can be given to a new kernel."""
+        index = k.address % self.max_kernels
+        self._mark_dirty(index)
         self.coordinator.remove_kernel(k.id)
         with self._lock:
-            index = k.address % self.max_kernels
             self._generation[index] += 1
             self._free_index.append(index)
 
@@ -563,8 +532,6 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         with self._lock:
             if self._destroyed:
                 return
-        from ..engine.gate import gate_of
-
         with contextlib.ExitStack() as stack:
             try:   # steps of other threads (a failover among them) end first; later ones find it destroyed
                 stack.enter_context(gate_of(self).exclusive(None if timeout == float("inf") else timeout,
@@ -574,13 +541,13 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
             self._destroy_now(timeout)
 
     def _destroy_now(self, timeout: float) -> None:
-        self._sync_lost_devices(teardown=True)   # kernels of lost devices go without waits
+        self._failover.sync_lost_devices(teardown=True)   # kernels of lost devices go without waits
         with self._lock:
             kernels = list(self._kernels.values())
         for k in kernels:
             if k is not None:
                 self.destroy_kernel(k, timeout=timeout)
-        self._lifecycle_destroy(timeout)
+        self._lifecycle.destroy(timeout)
         with self._lock:
             self._destroyed = True
             pairs = list(self._contexts.values())

@@ -1,0 +1,422 @@
+"""The twin mechanism that moves a runtime kernel to another device, shared by
+live migration (live_migration.py) and restore (restore.py).
+
+A *twin* is a Kernel with the same id and address whose Residency (its
+buffers, descriptor sets and pipelines) is on the target device. It is built
+and filled while the kernel stays where it is; at a step boundary the
+kernel's Residency is swapped with the twin's, so the Kernel object users
+hold stays the same and moves. What the twin is left with (the old device's
+half) is freed once nothing reads it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol
+
+import numpy as np
+
+from ...errors import DeviceLostError, MigrationError, TimeoutError as VkmTimeout, VkmError
+from ...memory.image import Buffer
+from ...transfer.cross_device import CrossDeviceTransfer, select_transfer_method
+from ..coordinator.records import MigrationRequest
+from ..engine.device_context import MappedBuffer
+from ..engine.kernel import Kernel, KernelSpec, OutboxBatch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RuntimeView", "LifecycleView", "MigrationPool", "Retired", "MoveEngines", "Twin", "state_buffers",
+           "build_twin", "free_twin", "retire_half", "free_retired", "hand_back", "finish_move", "assign",
+           "source_usable", "deadline_of", "time_left", "wait_kernel", "wait_jobs"]
+
+
+class RuntimeView(Protocol):
+    """What the lifecycle (checkpoint, restore, migration, replay) uses of its
+    KernelRuntime: its registries under `_lock`, its devices and the waits and
+    directory updates of its step loop."""
+    coordinator: Any
+    manager: Any
+    payload_size: int
+    max_kernels: int
+    outbox_feed: Any
+    _lock: threading.RLock
+    _kernels: dict[str, Kernel]
+    _by_index: dict[int, Kernel]
+    _contexts: dict[int, tuple[Any, Any]]
+    _listeners: list[Callable[[list], Any]]
+
+    @property
+    def kernels(self) -> list[Kernel]: ...
+    def _resolve(self, kernel: Any, label: str = "kernel") -> Kernel: ...
+    def _context(self, index: int) -> Any: ...
+    def _device(self, index: int) -> tuple[Any, Any]: ...
+    def _mark_dirty(self, index: int) -> None: ...
+    def _wait_points(self, points: Iterable[Any], timeout: float | None) -> None: ...
+    def _wait_point(self, p: Any, deadline: float, timeout: float | None) -> None: ...
+    def synchronize(self, timeout: float | None = 60.0) -> None: ...
+    def accept_batch(self, device: int, buffer: Any, offset: int, size: int) -> Any: ...
+    def launch(self, spec: KernelSpec, kernel_id: str | None = None, **kw: Any) -> Kernel: ...
+    def destroy_kernel(self, kernel: Any, *, timeout: float = 30.0) -> None: ...
+    def device_lost(self, index: int) -> bool: ...
+    def record_dead_letters(self, text: str, n: int) -> None: ...
+    def restore(self, checkpoint: Any, **kw: Any) -> Kernel: ...
+    def latest_checkpoint(self, kernel: Any) -> Any: ...
+
+
+class LifecycleView(Protocol):
+    """What moves, the policy and the replay use of the runtime's Lifecycle: its
+    runtime, holds, GPU jobs and CRC32 engines, the migration pool, the transfer
+    engines, the retired resources, the count of steps made, the policy's state."""
+    rt: RuntimeView
+    engines: "MoveEngines"
+    steps_done: int
+    policy_state: Any
+
+    @property
+    def pool(self) -> "MigrationPool": ...
+    def hold(self, kernel: Kernel, why: str, moving: bool = False) -> None: ...
+    def release(self, kernel: Kernel, why: str | None = None, moving: bool = False) -> None: ...
+    def extras(self, device: int) -> Any: ...
+    def extras_if_made(self, device: int) -> Any: ...
+    def crc(self, device: int) -> Any: ...
+    def retire(self, item: "Retired") -> None: ...
+    def wait_for_step(self, seen: int, timeout: float) -> None: ...
+
+
+class MigrationPool:
+    """Device buffers a moved kernel left behind, kept for the next kernel that
+    moves onto that device with buffers of the same sizes (a migration back
+    and forth allocates nothing, and on CPU devices touches no new pages), up
+    to `limit` bytes per device; the rest are freed."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._free: dict[tuple[int, int], list[Any]] = {}
+        self._bytes: dict[int, int] = {}
+
+    def take(self, device: int, size: int) -> Any | None:
+        """A pooled buffer of `size` bytes on `device`, or None."""
+        with self._lock:
+            free = self._free.get((device, size))
+            if not free:
+                return None
+            self._bytes[device] -= size
+            return free.pop()
+
+    def put(self, buffer: Any) -> None:
+        """Keep `buffer` for a later move (or free it when the pool of its device is full)."""
+        device, size = buffer.slot.index, buffer.size
+        with self._lock:
+            if buffer.handle is not None and self._bytes.get(device, 0) + size <= self.limit:
+                self._free.setdefault((device, size), []).append(buffer)
+                self._bytes[device] = self._bytes.get(device, 0) + size
+                return
+        buffer.destroy()
+
+    def clear(self) -> None:
+        """Free every pooled buffer."""
+        with self._lock:
+            free, self._free, self._bytes = self._free, {}, {}
+        for bufs in free.values():
+            for b in bufs:
+                try:
+                    b.destroy()
+                except VkmError as exc:   # a lost device: its memory goes with it
+                    log.warning("could not free a pooled migration buffer: %s", exc)
+
+
+@dataclass
+class Retired:
+    """Device resources a moved kernel left behind, freed once nothing uses them."""
+    ctx: Any
+    buffers: list[Any]
+    batches: list[Any] = field(default_factory=list)   # batches that must be done first
+    handle: int | None = None                          # an outbox whose receivers' sets go too
+
+
+class MoveEngines:
+    """The transfer engines that move kernels between two devices, one per
+    ordered pair with the pair's best method, kept until destroy()."""
+
+    def __init__(self, coordinator: Any, manager: Any):
+        self._coordinator, self._manager = coordinator, manager
+        self._engines: dict[tuple[int, int], tuple[str, CrossDeviceTransfer]] = {}
+
+    def get(self, a: int, b: int) -> tuple[str, CrossDeviceTransfer]:
+        """(method, engine) for copies from device `a` to device `b`."""
+        coord = self._coordinator
+        method = coord.transfer_method(a, b) if callable(getattr(coord, "transfer_method", None)) else None
+        if method is None or method == "none":
+            class _Src:
+                device_index = a
+            method = select_transfer_method(_Src(), self._manager.capabilities, dst_index=b)
+        cached = self._engines.get((a, b))
+        if cached is not None and cached[0] == method and not cached[1]._destroyed:
+            return cached
+        eng = CrossDeviceTransfer(self._manager.slot(a), self._manager.slot(b), method)
+        self._engines[(a, b)] = (method, eng)
+        return method, eng
+
+    def destroy(self, timeout: float) -> None:
+        """Destroy the engines (the runtime's destroy())."""
+        engines, self._engines = self._engines, {}
+        for _, eng in engines.values():
+            try:
+                eng.destroy(timeout)
+            except VkmError as exc:
+                log.warning("a migration transfer did not finish at teardown: %s", exc)
+
+
+class Twin(Kernel):
+    """A kernel being built on a target device: its device-local buffers come from
+    `pool` where one of the size is free; state buffers given as `states`
+    (already being filled by the copies) are adopted."""
+
+    def __init__(self, *args: Any, pool: MigrationPool, states: list | None = None):
+        self.pool = pool
+        self.presets = list(states) if states is not None else None
+        super().__init__(*args)
+
+    def _state_buffer(self, index: int, size: int) -> Any:
+        presets = self.presets
+        if presets is not None and presets[index] is not None:
+            b, presets[index] = presets[index], None
+            self.buffers.append(b)   # the twin owns it from here (freed or pooled with the rest)
+            return b
+        return super()._state_buffer(index, size)
+
+    def _buffer(self, size: int, mapped: bool = False, exported: bool = False) -> Any:
+        if not mapped and not exported:   # (an exported outbox is made for the kernel: other devices import it)
+            b = self.pool.take(self.ctx.index, size)
+            if b is not None:
+                self.buffers.append(b)
+                return b
+        return super()._buffer(size, mapped, exported)
+
+
+def _check_state_sizes(rt: RuntimeView, k: Kernel, device: int, spec: KernelSpec) -> Any:
+    ctx, _ = rt._device(device)
+    for i, n in enumerate(spec.state_sizes):
+        if n > ctx.max_storage_range:
+            raise MigrationError(f"state buffer {i} of {k.id!r} is {n} bytes; GPU {device} binds at most "
+                                 f"{ctx.max_storage_range} (maxStorageBufferRange)")
+    return ctx
+
+
+def state_buffers(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int) -> list[Buffer]:
+    """Device-local buffers on `device` for k's state (from `pool` where it has
+    them), to copy into before the twin exists (build_twin(states=...))."""
+    ctx = _check_state_sizes(rt, k, device, k.spec)
+    out: list[Buffer] = []
+    try:
+        for n in k.spec.state_sizes:
+            b = pool.take(ctx.index, n)
+            out.append(b if b is not None else Buffer(ctx.slot, n))
+    except BaseException:
+        for b in out:
+            b.destroy()
+        raise
+    return out
+
+
+def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spec: KernelSpec | None = None,
+               states: list[Buffer] | None = None) -> Kernel:
+    """A Kernel with k's id, address, tenant and params, its resources on `device`,
+    initialised (rings zeroed, headers written) except its state buffers, which
+    the caller fills whole (or `states`, buffers of that device it adopts: the
+    caller keeps those it did not adopt, None in the list marking adopted ones);
+    not registered anywhere."""
+    spec = spec or k.spec
+    ctx = _check_state_sizes(rt, k, device, spec)
+    with ctx.lock:
+        ctx.check()
+        twin = Twin(rt, ctx, spec, k.id, k.address, k.tenant, tuple(k.params), pool=pool, states=states)
+    if states is not None:
+        states[:] = twin.presets   # adopted ones are None now
+    try:
+        ctx.run_once(twin.init_commands([np.zeros(0, np.uint8)] * len(spec.state_sizes)))   # empty: left as is
+    except BaseException:
+        with ctx.lock:
+            twin.free()
+        raise
+    return twin
+
+
+def free_twin(twin: Kernel) -> None:
+    """Free a twin that never became the kernel (the GPU no longer uses it)."""
+    ctx = twin.ctx
+    twin.destroyed = True
+    try:
+        with ctx.lock:
+            twin.free()
+    except VkmError as exc:
+        log.warning("could not free the migration target's resources on GPU %d: %s", ctx.index, exc)
+
+
+def retire_half(life: LifecycleView, half: Kernel, lost: bool) -> None:
+    """Free what a moved kernel left on its old device: at once, except its outbox
+    while batches it sent there are not yet delivered."""
+    ctx = half.ctx
+    half.destroyed = True
+    outbox = half.outbox
+    stepper = life.rt._contexts.get(ctx.index, (None, None))[1]
+    pending = [] if lost or stepper is None else \
+        [b for b in stepper.batches if isinstance(b, OutboxBatch) and b.buffer is outbox and not b.done]
+    keep = [] if lost else [outbox]
+    try:
+        with ctx.lock:
+            for s in half.sets + list(half.deliver_sets.values()):
+                if ctx.alive:
+                    ctx.free_set(s)
+            half.sets, half.deliver_sets = [], {}
+            if half.local_slot >= 0:
+                if ctx.local[half.local_slot] is half:
+                    ctx.release_local_slot(half.local_slot)
+                half.local_slot = -1
+        for b in half.buffers:
+            if b in keep:
+                continue
+            if lost or isinstance(b, MappedBuffer):
+                b.destroy()
+            else:
+                life.pool.put(b)   # no GPU work uses it any more: the runtime's steps and the copies are done
+    except VkmError as exc:
+        log.warning("could not free a moved kernel's resources on GPU %d: %s", ctx.index, exc)
+    half.buffers = []
+    if keep:
+        life.retire(Retired(ctx, keep, pending, outbox.handle_int))
+
+
+def free_retired(rt: RuntimeView, r: Retired) -> None:
+    """Free retired resources; an outbox's receivers drop their descriptor sets for it."""
+    ctx = r.ctx
+    if r.handle is not None and ctx.alive:
+        with rt._lock:
+            kernels = [k for k in rt._kernels.values() if k is not None]
+        pair = rt._contexts.get(ctx.index)
+        with ctx.lock:
+            for other in kernels:
+                if other.ctx is ctx and not other.destroyed:
+                    for key in [key for key in other.deliver_sets if key[0] == r.handle]:
+                        s = other.deliver_sets.pop(key)
+                        if pair is not None:
+                            pair[1].retired.append((ctx.value, s))
+                        else:
+                            ctx.free_set(s)
+    for b in r.buffers:
+        try:
+            b.destroy()
+        except VkmError as exc:   # a lost device: its memory goes with it
+            log.warning("could not free a moved kernel's buffer on GPU %d: %s", ctx.index, exc)
+
+
+def hand_back(life: LifecycleView, device: int, rings: list[Buffer], front: bool = False) -> None:
+    """Give staging batches to the kernels of `device`, in order (freed once
+    delivered); `front`: before every batch already there (their messages are
+    older than any still waiting there)."""
+    rt = life.rt
+    ctx, stepper = rt._device(device)
+    for i, ring in enumerate(rings):
+        b = rt.accept_batch(device, ring, 0, ring.size)
+        if front:
+            with ctx.lock:
+                stepper.batches.remove(b)
+                stepper.batches.insert(i, b)
+        life.retire(Retired(ctx, [ring], [b]))
+
+
+# -- waits ------------------------------------------------------------------------------------
+
+def deadline_of(timeout: float | None) -> float:
+    """The monotonic time by which `timeout` seconds are up (None: practically never)."""
+    return time.monotonic() + (timeout if timeout is not None else 1e18)
+
+
+def time_left(deadline: float, what: str) -> float:
+    """Seconds left until `deadline`; vkmulti.TimeoutError naming `what` when none are."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise VkmTimeout(f"{what} did not finish in time")
+    return left
+
+
+def wait_kernel(rt: RuntimeView, k: Kernel, deadline: float) -> None:
+    """Wait until k's submitted steps are done."""
+    if k.last_value:
+        rt._wait_points([k.ctx.point(k.last_value)], time_left(deadline, f"the steps of {k.id!r}"))
+
+
+def wait_jobs(life: LifecycleView, device: int, deadline: float) -> None:
+    """Wait for the runtime's own GPU jobs on `device` (policy captures reading state)."""
+    ext = life.extras_if_made(device)
+    if ext is not None and ext.jobs.value:
+        ext.jobs.wait(ext.jobs.point(ext.jobs.value), time_left(deadline, f"GPU {device}'s checkpoint captures"))
+
+
+# -- finishing a move -----------------------------------------------------------------------------
+
+def _swap_residency(k: Kernel, twin: Kernel) -> None:
+    k.residency, twin.residency = twin.residency, k.residency
+    if k.local_slot >= 0:
+        k.ctx.local[k.local_slot] = k
+    if twin.local_slot >= 0:
+        twin.ctx.local[twin.local_slot] = twin
+
+
+def finish_move(rt: RuntimeView, k: Kernel, twin: Kernel) -> None:
+    """The swap (runtime gate held): k takes the twin's Residency, the directory
+    is rewritten everywhere, batches on other devices stop delivering to k."""
+    old_ctx, new_ctx = k.ctx, twin.ctx
+    locks = sorted({old_ctx.index: old_ctx, new_ctx.index: new_ctx}.items())
+    for _, c in locks:
+        c.lock.acquire()
+    try:
+        _swap_residency(k, twin)
+        if old_ctx is not new_ctx:
+            with rt._lock:
+                pairs = list(rt._contexts.values())
+            for c, stepper in pairs:
+                if c is new_ctx:
+                    for b in stepper.batches:   # their copies of k's messages were taken on the source
+                        b.cleared.add(k)
+                        if b.pending is not None:
+                            b.pending.discard(k)
+                elif c is old_ctx:
+                    for b in stepper.batches:
+                        if b.pending is not None:
+                            b.pending.discard(k)
+                        b.cleared.add(k)
+                else:
+                    for b in stepper.batches:
+                        b.cleared.add(k)
+        for _, c in locks:
+            c.cond.notify_all()
+    finally:
+        for _, c in reversed(locks):
+            c.lock.release()
+    rt._mark_dirty(k.address % rt.max_kernels)
+
+
+def assign(coordinator: Any, k: Kernel, device: int, request: MigrationRequest | None) -> None:
+    """Tell the coordinator where k runs now (completing `request` when there is one)."""
+    if request is not None:
+        coordinator.complete_migration(request)
+    elif coordinator.get_kernel_device(k.id) != device:
+        coordinator.assign_kernel(k.id, device)
+
+
+def source_usable(ctx: Any, rt: RuntimeView | None = None) -> bool:
+    """Whether the device of `ctx` still runs (not destroyed, not lost)."""
+    if not ctx.alive:
+        return False
+    lost = getattr(rt, "device_lost", None)
+    if callable(lost) and lost(ctx.index):
+        return False
+    try:
+        ctx.completed()
+    except DeviceLostError:
+        return False
+    return True

@@ -1,0 +1,192 @@
+"""The step loop of a KernelRuntime (Stepping) and what one step submitted
+(StepTicket): per device, the kernels there run in one submit that signals the
+device's timeline; the K2K router's listeners see the step's batches; a lost
+device is failed over and its kernels' step made on the survivors."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from typing import Any, Callable, Iterable
+
+from ..._core.checks import timeout_seconds
+from ..._core.timeline import as_wait_points
+from ...errors import DeviceLostError, KernelMessageError
+from ...errors import TimeoutError as VkmTimeout
+from ...transfer.cross_device import TimelinePoint
+from ..engine.device_context import DeviceContext
+from ..engine.kernel import Kernel, OutboxBatch
+from ..engine.stepper import DeviceStepper
+from ..lifecycle.failover import Failover
+from ..lifecycle.policy import PolicyState
+
+__all__ = ["StepTicket", "Stepping"]
+
+
+class StepTicket:
+    """What one `step()` submitted: a timeline point per device, the kernels
+    that ran, those held back (with the reason) and their new outbox batches."""
+
+    def __init__(self, steps: "Stepping", points: dict[int, TimelinePoint], launched: list[Kernel],
+                 deferred: list[tuple[Kernel, str]], batches: list[OutboxBatch]):
+        self._steps, self.points, self.launched, self.deferred, self.batches = steps, points, launched, deferred, \
+            batches
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block (no GIL) until every device of the step is done; vkmulti.TimeoutError after `timeout` s."""
+        self._steps.wait_points(self.points.values(), timeout_seconds(timeout))
+
+    def done(self) -> bool:
+        """True when every device's part of the step is finished (never blocks)."""
+        return all(self._steps.context(p.device_index).completed() >= p.value for p in self.points.values())
+
+    def __repr__(self) -> str:
+        return (f"StepTicket(devices={sorted(self.points)}, launched={[k.id for k in self.launched]}, "
+                f"deferred={[k.id for k, _ in self.deferred]})")
+
+
+class Stepping:
+    """The step loop of one KernelRuntime. `check` raises once the runtime is
+    destroyed, `resolve` turns a Kernel or id into a live kernel, `live()` lists
+    the live kernels, `registry` is the runtime's id -> kernel map, `device`
+    gives a device's (DeviceContext, DeviceStepper); under `lock`, `listeners`
+    see each step's batches (those in `retaining` retain them) and `preparers`
+    run before it; `policy()` is the checkpoint policy's state or None."""
+
+    def __init__(self, check: Callable[[], None], resolve: Callable[..., Kernel], live: Callable[[], list[Kernel]],
+                 registry: dict, device: Callable[[int], tuple[DeviceContext, DeviceStepper]],
+                 lock: threading.RLock, listeners: list, retaining: set, preparers: dict, failover: Failover,
+                 policy: Callable[[], PolicyState | None]):
+        self._check, self._resolve, self._live, self._kernels = check, resolve, live, registry
+        self._device, self._lock, self._failover, self._policy = device, lock, failover, policy
+        self._listeners, self._retaining, self._preparers = listeners, retaining, preparers
+
+    def context(self, index: int) -> DeviceContext:
+        """The DeviceContext of device `index`."""
+        return self._device(index)[0]
+
+    def step(self, kernels: Any, *, wait: Any, timeout: float | None) -> StepTicket:
+        """One step of `kernels` (see KernelRuntime.step)."""
+        self._check()
+        timeout = timeout_seconds(timeout)
+        self._failover.sync_lost_devices()   # PrimaryDeviceLostError when GPU 0 is gone
+        if kernels is None:
+            targets = self._live()
+        elif isinstance(kernels, (Kernel, str)):
+            targets = [] if self._was_lost(kernels) else [self._resolve(kernels)]
+        else:
+            try:
+                targets = [self._resolve(k, "kernels item") for k in kernels if not self._was_lost(k)]
+            except TypeError as exc:
+                if "not iterable" in str(exc):
+                    raise TypeError(f"kernels must be a Kernel, an id, a list of them or None, "
+                                    f"got {type(kernels).__name__}") from None
+                raise
+        seen: set[int] = set()
+        targets = [k for k in targets if not (id(k) in seen or seen.add(id(k)))]
+        by_device: dict[int, list[Kernel]] = defaultdict(list)
+        for k in targets:
+            by_device[k.device_index].append(k)
+        waits: dict[int, list[TimelinePoint]] = defaultdict(list)
+        if wait is not None:
+            points = [wait] if isinstance(wait, TimelinePoint) else list(wait)
+            for p in points:
+                if not isinstance(p, TimelinePoint):
+                    raise TypeError(f"wait must be TimelinePoints, got {p!r}")
+                if p.device_index not in by_device:
+                    raise ValueError(f"wait point {p} is on GPU {p.device_index}, where no kernel of this step runs")
+                waits[p.device_index].append(p)
+        self._raise_errors(targets)
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        with self._lock:   # these listeners see this step's batches; retaining ones release each once
+            listeners = list(self._listeners)
+            retain = sum(1 for fn in listeners if id(fn) in self._retaining)
+            preparers = list(self._preparers.values())
+        for prepare in preparers:   # e.g. the router lets go of batches other devices finished reading
+            prepare(targets)
+        points, launched, deferred, batches = {}, [], [], []
+        stepped: dict[int, tuple[Any, Any]] = {}
+        queue = sorted(by_device.items())
+        while queue:
+            dev, ks = queue.pop(0)
+            here = [k for k in ks if not k.destroyed and k.device_index == dev]
+            elsewhere: dict[int, list[Kernel]] = defaultdict(list)
+            for k in ks:   # restored elsewhere by a failover since the step began
+                if not k.destroyed and k.device_index != dev:
+                    elsewhere[k.device_index].append(k)
+            queue += sorted(elsewhere.items())
+            if not here:
+                continue
+            ks = here
+            try:
+                ctx, stepper = self._device(dev)
+                for src in stepper.surveys_awaited() & stepped.keys():   # done since: read them in place
+                    octx, ostepper = stepped[src]
+                    with octx.lock:
+                        if octx.alive:
+                            ostepper.harvest()
+                stepped[dev] = (ctx, stepper)
+                with ctx.lock:
+                    point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain)
+            except DeviceLostError as exc:
+                policy = self._policy()
+                if policy is not None and launched:   # what survivors sent in this call is logged first
+                    policy.replay.after_step(launched)
+                if self._failover.step_failed(dev, exc):   # a lost secondary: failed over, the others go on
+                    moved: dict[int, list[Kernel]] = defaultdict(list)
+                    for k in ks:   # restored on a survivor: they make this step there
+                        if not k.destroyed and k.device_index != dev and not self._failover.device_lost(k.device_index):
+                            moved[k.device_index].append(k)
+                    queue += sorted(moved.items())
+                    continue
+                raise
+            if point is not None:
+                points[dev] = point if dev not in points or point.value > points[dev].value else points[dev]
+            launched += ran
+            deferred += held
+            batches += new
+        for listener in listeners:   # also without new batches: a router may have moves waiting
+            listener(batches)
+        return StepTicket(self, points, launched, deferred, batches)
+
+    def _raise_errors(self, kernels: list[Kernel]) -> None:
+        for k in kernels:
+            if k.errors:
+                problems, k.errors = k.errors, []
+                raise KernelMessageError(k.id, problems)
+
+    def _was_lost(self, kernel: Any) -> bool:
+        """Whether `kernel` (a Kernel or an id) was on a device that was lost."""
+        kid = kernel.id if isinstance(kernel, Kernel) else kernel
+        return isinstance(kid, str) and kid in self._failover.lost_kernels and kid not in self._kernels
+
+    def wait_points(self, points: Iterable[TimelinePoint], timeout: float | None) -> None:
+        """Wait until every point is reached, skipping (and failing over from) lost devices."""
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        lost = self._failover.sync_lost_devices()
+        for p in points:
+            if p.device_index in lost:
+                continue   # the work of a lost device never completes; its kernels were failed over
+            try:
+                self.wait_point(p, deadline, timeout)
+            except DeviceLostError as exc:
+                if not self._failover.step_failed(p.device_index, exc):
+                    raise
+
+    def wait_point(self, p: TimelinePoint, deadline: float, timeout: float | None) -> None:
+        """Wait (harvesting) until `p` is reached; vkmulti.TimeoutError at `deadline`."""
+        ctx, stepper = self._device(p.device_index)
+        with ctx.lock:
+            while True:
+                stepper.harvest()
+                ctx.check()
+                if ctx.completed() >= p.value:
+                    stepper.harvest()
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise VkmTimeout(f"GPU {p.device_index}: kernel step {p.value} not done within {timeout} s")
+                try:
+                    ctx.wait_unlocked(p.value, min(left, 0.25))
+                except VkmTimeout:
+                    pass
