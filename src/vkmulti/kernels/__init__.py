@@ -33,8 +33,9 @@ from .checkpoint.format import (CHECKPOINT_MAGIC, CHECKPOINT_VERSION, MAX_CHECKP
                                 DataChunk)
 from .checkpoint.storage import CheckpointStorage, FileStorage, MemoryStorage
 from .reload.code_source import KernelCodeFormat, KernelCodeSource
-from .reload.manager import (HotReloadConfig, HotReloadManager, HotReloadRequest, HotReloadResult, HotReloadState,
-                             HotReloadStats, HotReloadStatsSnapshot)
+from .reload.manager import HotReloadManager
+from .reload.types import (HotReloadConfig, HotReloadRequest, HotReloadResult, HotReloadState, HotReloadStats,
+                           HotReloadStatsSnapshot)
 from .lifecycle.lifecycle import CheckpointPolicy
 from .lifecycle.migrator import KernelMigrator, MigrationResult, MigrationStats, MigrationStatsSnapshot, PlanOutcome
 from .lifecycle.protocols import CheckpointableKernel, HotReloadableKernel, MigratableKernel

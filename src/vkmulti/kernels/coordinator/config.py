@@ -7,9 +7,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..._core.checks import check_count, check_index
 from ..._core.reprs import compact_repr
 from ...errors import InvalidConfigError
-from ..._core.checks import check_count, check_index
 
 __all__ = ["Backend", "KernelMode", "LaunchOptions", "LoadBalancingStrategy", "MultiGpuConfig"]
 

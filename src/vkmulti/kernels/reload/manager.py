@@ -45,8 +45,7 @@ from .types import (HotReloadConfig, HotReloadRequest, HotReloadResult, HotReloa
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HotReloadConfig", "HotReloadState", "HotReloadRequest", "HotReloadResult", "HotReloadStats",
-           "HotReloadStatsSnapshot", "HotReloadManager"]
+__all__ = ["HotReloadManager"]
 
 _RETRYABLE = (VulkanError, MemoryError)
 
