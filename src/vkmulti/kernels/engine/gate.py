@@ -14,9 +14,6 @@ from ...errors import MigrationError, TimeoutError as VkmTimeout
 
 __all__ = ["RuntimeGate", "gate_of", "gated", "gated_unheld"]
 
-_CREATE = threading.Lock()
-
-
 class RuntimeGate:
     """A readers-writer gate: steps (and other calls that use kernels' device
     resources) pass shared; a migration's switch or a hot reload's swap takes it
@@ -82,12 +79,8 @@ class RuntimeGate:
 
 
 def gate_of(rt: Any) -> RuntimeGate:
-    """The gate of a runtime (made on first use)."""
-    g = rt.__dict__.get("_gate")
-    if g is None:
-        with _CREATE:
-            g = rt.__dict__.setdefault("_gate", RuntimeGate())
-    return g
+    """The gate of a runtime (the RuntimeGate its __init__ builds as `gate`)."""
+    return rt.gate
 
 
 def gated(fn: Callable) -> Callable:

@@ -25,7 +25,7 @@ from ...transfer.cross_device import TimelinePoint
 from ..checkpoint.format import Checkpoint
 from ..coordinator.records import MigrationRequest
 from ..engine.device_context import DeviceContext
-from ..engine.gate import gate_of, gated, gated_unheld
+from ..engine.gate import RuntimeGate, gate_of, gated, gated_unheld
 from ..engine.kernel import INLINE_STATE_BYTES, Kernel, KernelSpec, OutboxBatch, check_params
 from ..engine.stepper import DeviceStepper
 from ..ids import KernelId, as_kernel_id
@@ -80,6 +80,7 @@ class KernelRuntime(RouterHooks):
         self.k2h_capacity = int_in(k2h_capacity, "k2h_capacity", 1, 1 << 24)
         self.hlc = HybridLogicalClock()
         self._lock = threading.RLock()
+        self.gate = RuntimeGate()   # steps pass it shared; a migration's switch or a reload's swap exclusively
         self._contexts: dict[int, tuple[DeviceContext, DeviceStepper]] = {}
         self._kernels: dict[str, Kernel] = {}
         self._by_index: dict[int, Kernel] = {}   # address % max_kernels -> kernel
