@@ -12,7 +12,7 @@ import numpy as np
 
 from .._core.checks import int_in, positive_int
 from .._core.shaders import shader_path
-from .engine.kernel import KernelSpec
+from .engine.spec import KernelSpec
 
 __all__ = ["COUNTER_TAG_ADD", "COUNTER_TAG_QUERY", "COUNTER_TAG_REPLY", "COUNTER_TAG_FORWARD", "PING_TAG",
            "PING_DONE_TAG", "counter_kernel", "counter_initial_state", "CounterState", "read_counter",

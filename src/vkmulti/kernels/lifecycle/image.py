@@ -22,7 +22,7 @@ import vulkan as vk
 from ...errors import InvalidCheckpointError
 from ...memory.image import Buffer
 from ..checkpoint.format import Checkpoint, CheckpointMetadata, ChunkType, DataChunk, chunk_name_id
-from ..engine.kernel import KernelSpec
+from ..engine.spec import KernelSpec
 from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, HlcTimestamp, K2KMessage, MessageEnvelope
 
 __all__ = ["SPIRV_CHUNK", "INBOX_CHUNK", "KernelImage", "to_checkpoint", "from_checkpoint", "local_size", "upload",

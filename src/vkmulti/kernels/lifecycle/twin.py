@@ -23,7 +23,8 @@ from ...memory.image import Buffer
 from ...transfer.cross_device import CrossDeviceTransfer, select_transfer_method
 from ..coordinator.records import MigrationRequest
 from ..engine.device_context import MappedBuffer
-from ..engine.kernel import Kernel, KernelSpec, OutboxBatch
+from ..engine.kernel import Kernel, OutboxBatch
+from ..engine.spec import KernelSpec
 
 log = logging.getLogger(__name__)
 

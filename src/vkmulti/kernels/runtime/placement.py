@@ -9,7 +9,7 @@ import numpy as np
 
 from ...memory.image import as_host_bytes
 from ..engine.device_context import DeviceContext
-from ..engine.kernel import KernelSpec
+from ..engine.spec import KernelSpec
 
 __all__ = ["initial_state", "place", "check_fits"]
 

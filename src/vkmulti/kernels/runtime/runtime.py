@@ -26,7 +26,8 @@ from ..checkpoint.format import Checkpoint
 from ..coordinator.records import MigrationRequest
 from ..engine.device_context import DeviceContext
 from ..engine.gate import RuntimeGate, gate_of, gated, gated_unheld
-from ..engine.kernel import INLINE_STATE_BYTES, Kernel, KernelSpec, OutboxBatch, check_params
+from ..engine.kernel import INLINE_STATE_BYTES, Kernel, OutboxBatch, check_params
+from ..engine.spec import KernelSpec
 from ..engine.stepper import DeviceStepper
 from ..ids import KernelId, as_kernel_id
 from ..lifecycle.failover import Failover
