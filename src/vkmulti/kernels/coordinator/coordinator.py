@@ -1,7 +1,7 @@
 """MultiGpuCoordinator: the registry of devices and kernels (ringkernel's
-`multi_gpu` coordinator, defects fixed).
-It picks devices with the pure functions of strategies.py over a snapshot of
-its registry and keeps its topology in a TopologyView (topology.py).
+`multi_gpu` coordinator, defects fixed). It picks devices with the pure
+functions of strategies.py over a snapshot of its registry and keeps its
+topology in a TopologyView (topology.py).
 
 Every method is thread-safe: the state sits behind one lock, held only for
 bookkeeping (never while user code runs: custom selectors and listeners are
@@ -184,7 +184,7 @@ class MultiGpuCoordinator:
         """Measure the topology of the manager's devices (or read it from the
         per-machine cache; `force=True` re-measures), make it this
         coordinator's topology and return a copy. Options go to
-        `vkmulti.kernels.probe.probe_topology`."""
+        `vkmulti.kernels.probe_topology`."""
         if self._manager is None:
             raise InvalidConfigError("this coordinator has no Vulkan devices to measure; build it with "
                                      "MultiGpuCoordinator.from_manager(manager), or call set_topology()")

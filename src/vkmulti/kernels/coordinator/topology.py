@@ -1,5 +1,5 @@
 """InterconnectType, GpuConnection and GpuTopology: how devices are linked,
-estimated from the interconnect table or measured by `vkmulti.kernels.probe`;
+estimated from the interconnect table or measured by probe.py;
 and TopologyView, the coordinator's topology that follows its registry."""
 from __future__ import annotations
 
