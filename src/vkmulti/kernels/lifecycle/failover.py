@@ -102,15 +102,7 @@ class RuntimeFailover:
         with self._lock:
             kernels = [k for k in self._kernels.values() if k is not None and k.device_index == d]
             pair = self._contexts.pop(d, None)
-        with self._lock:
-            owners = [getattr(fn, "__self__", None) for fn in self._listeners]
-        for owner in owners:   # the K2K router forgets its moves to and from the device
-            hook = getattr(owner, "device_lost", None)
-            if callable(hook):
-                try:
-                    hook(d)
-                except VkmError as exc:
-                    log.warning("KernelRuntime: a step listener failed to forget GPU %d: %s", d, exc)
+        self.inbound.device_lost(d)   # the K2K router forgets its moves to and from the device
         restored: list[Any] = []
         if kernels and not teardown:
             from .replay import restore_lost_kernels

@@ -26,9 +26,9 @@ from ...transfer.cross_device import TimelinePoint
 from ..engine.device_context import DeviceContext
 from ..lifecycle.failover import RuntimeFailover
 from ..ids import KernelId, as_kernel_id
-from ..engine.kernel import INLINE_STATE_BYTES, Kernel, KernelSpec, OutboxBatch, check_params
+from ..engine.kernel import INLINE_STATE_BYTES, InboundBatch, Kernel, KernelSpec, OutboxBatch, check_params
 from .host_io import HostIO, _count, _timeout
-from .inbound import RouterHooks
+from .inbound import Inbound
 from ..engine.gate import gated_unheld
 from ..lifecycle.lifecycle import KernelLifecycle, gated_step
 from ..messages import DEFAULT_PAYLOAD_SIZE, ENVELOPE_BYTES, HOST_KERNEL_ID, HybridLogicalClock, check_payload_size
@@ -63,7 +63,7 @@ class StepTicket:
                 f"deferred={[k.id for k, _ in self.deferred]})")
 
 
-class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
+class KernelRuntime(HostIO, RuntimeFailover, KernelLifecycle):
     """Compute kernels on the devices of `coordinator` (a MultiGpuCoordinator
     whose devices are the slots of `manager`; by default the manager the
     coordinator was built from).
@@ -101,16 +101,13 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
         self._by_index: dict[int, Kernel] = {}   # address % max_kernels -> kernel
         self._free_index = list(range(self.max_kernels - 1, 0, -1))
         self._generation = [0] * self.max_kernels
-        self._listeners: list[Callable[[list[OutboxBatch]], Any]] = []
-        self._retaining: set[int] = set()   # ids of listeners each new batch starts retained for
-        self._preparers: dict[int, Callable[[list[Kernel]], Any]] = {}   # listener id -> before-step hook
         self._exports: dict[int, bool] = {}   # device -> whether its kernels' outboxes are exported
-        #: the source of messages the host routes on kernels' behalf (the K2K router), or None
-        self.outbox_feed: Any = None
         #: messages that could not be delivered and whose sender is gone or unknown (dead letters)
         self.dead_letters = 0
         self._destroyed = False
         self._counter = 0
+        #: the router's side: step listeners, the outbox feed, batches handed in (the RuntimePort)
+        self.inbound = Inbound(self)
         self._init_failover()
         life = getattr(manager, "_life", None)
         if life is not None:
@@ -184,13 +181,55 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
 
     def has_router(self) -> bool:
         """Whether something moves messages to kernels on other devices (a step listener)."""
-        return bool(self._listeners)
+        return self.inbound.has_listeners()
 
     def record_dead_letters(self, text: str, n: int) -> None:
         """Count undeliverable messages whose sender cannot be told (destroyed, or an inbound batch's)."""
         with self._lock:
             self.dead_letters += n
         log.info("dead letters: %s", text)
+
+    # -- the router's side (Inbound) ------------------------------------------------------
+
+    @property
+    def outbox_feed(self) -> Any:
+        """The source of messages the host routes on kernels' behalf (the K2K router), or None."""
+        return self.inbound.feed
+
+    def add_step_listener(self, listener: Callable[[list[OutboxBatch]], Any], *, retain: bool = False,
+                          prepare: Callable[[list[Kernel]], Any] | None = None) -> None:
+        """Call `listener(batches)` after each step with its new outbox batches (Inbound.add_step_listener)."""
+        self.inbound.add_step_listener(listener, retain=retain, prepare=prepare)
+
+    def remove_step_listener(self, listener: Callable[[list[OutboxBatch]], Any]) -> None:
+        """Stop calling `listener` (a step already running still hands it its batches)."""
+        self.inbound.remove_step_listener(listener)
+
+    def set_outbox_feed(self, feed: Any) -> None:
+        """Install (None: remove) the K2K router as the source of host-routed messages (Inbound.set_outbox_feed)."""
+        self.inbound.set_outbox_feed(feed)
+
+    def settle_injected(self, kernel: Kernel, batch: OutboxBatch | None, taken: list, returned: list) -> None:
+        """The stepper's report on host-routed messages of one step (see set_outbox_feed)."""
+        self.inbound.settle_injected(kernel, batch, taken, returned)
+
+    def accept_batch(self, device: int, buffer: Any, offset: int = 0, size: int | None = None, *,
+                     wait: Any = None, source: Kernel | None = None, hops: int = 0, report_unknown: bool = True,
+                     submitted: Callable[[float], Any] | None = None, reuse_sets: bool = False,
+                     direct: Kernel | None = None, direct_slots: int | None = None,
+                     lazy: bool = False) -> InboundBatch:
+        """Hand the kernels of `device` a batch in `buffer` from `offset` (Inbound.accept_batch)."""
+        return self.inbound.accept_batch(device, buffer, offset, size, wait=wait, source=source, hops=hops,
+                                         report_unknown=report_unknown, submitted=submitted, reuse_sets=reuse_sets,
+                                         direct=direct, direct_slots=direct_slots, lazy=lazy)
+
+    def withdraw_batch(self, batch: InboundBatch, *, timeout: float | None = 30.0) -> int:
+        """Take an accepted batch back; returns how many of its messages were not delivered."""
+        return self.inbound.withdraw_batch(batch, timeout=timeout)
+
+    def forget_buffer(self, buffer: Any) -> None:
+        """Drop the descriptor sets kept for `buffer` (batches accepted with reuse_sets=True)."""
+        self.inbound.forget_buffer(buffer)
 
     # -- launch ---------------------------------------------------------------------------
 
@@ -373,10 +412,7 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
                 waits[p.device_index].append(p)
         self._raise_errors(targets)
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
-        with self._lock:   # these listeners see this step's batches; retaining ones release each once
-            listeners = list(self._listeners)
-            retain = sum(1 for fn in listeners if id(fn) in self._retaining)
-            preparers = list(self._preparers.values())
+        listeners, retain, preparers = self.inbound.step_hooks()   # retaining listeners release each batch once
         for prepare in preparers:   # e.g. the router lets go of batches other devices finished reading
             prepare(targets)
         points, launched, deferred, batches = {}, [], [], []
@@ -522,7 +558,7 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
                     if key is not None:
                         stepper.retired.append((k.last_value, other.deliver_sets.pop(key)))
             ctx.cond.notify_all()
-        self._drop_in_place(k, timeout)   # no device lock held: other devices' locks are taken one at a time
+        self.inbound.drop_in_place(k, timeout)   # no device lock held: other devices' locks are taken one at a time
         with ctx.lock:
             try:
                 while ctx.completed() < k.last_value:
@@ -535,17 +571,6 @@ class KernelRuntime(HostIO, RouterHooks, RuntimeFailover, KernelLifecycle):
             index = k.address % self.max_kernels
             self._generation[index] += 1
             self._free_index.append(index)
-
-    def _drop_in_place(self, k: Kernel, timeout: float | None) -> None:
-        """Other devices stop reading k's outbox in place (batches the K2K router
-        handed them through an import of it): what they had not delivered yet is
-        dropped with k, before the outbox is freed (RouterHooks._drop_readers)."""
-        from ...transfer.peer import ExportedBuffer
-
-        out = getattr(k, "outbox", None)
-        if isinstance(out, ExportedBuffer):
-            for view in out.imports():
-                self._drop_readers(view, timeout)
 
     #: The manager's destroy() destroys the runtime first: its kernels and
     #: device contexts own buffers, pipelines and pools on the manager's devices.
