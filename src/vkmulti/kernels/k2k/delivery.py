@@ -299,7 +299,7 @@ class DeliveryEngine:
             buf = self._pool(b).get(src.size)
             link = self._link(a, b, trees.is_host_mediated(a, b))
             ticket = link.submit(src_buffer=src.buffer, dst_buffer=buf, src_offset=src.offset, size=src.size,
-                                src_wait=src.ready)
+                                 src_wait=src.ready)
         except (VkmError, vk.VkError, MemoryError, ValueError) as exc:
             if buf is not None:
                 self._pool(b).put(buf)
@@ -375,11 +375,11 @@ class DeliveryEngine:
             x, slots = direct_guess(self.port, p.kernel, dev)
             try:
                 inbound = self.port.accept_batch(dev, landing.buffer, offset=p.offset, size=p.size,
-                                               wait=ticket.dst_ready, source=source, hops=min(landing.hops, 255),
-                                               report_unknown=False, reuse_sets=True,
-                                               submitted=ticket.wait_submitted if shared else None,
-                                               direct=x, direct_slots=slots,
-                                               lazy=p.kernel.quiet_batches >= QUIET_BATCHES)
+                                                 wait=ticket.dst_ready, source=source, hops=min(landing.hops, 255),
+                                                 report_unknown=False, reuse_sets=True,
+                                                 submitted=ticket.wait_submitted if shared else None,
+                                                 direct=x, direct_slots=slots,
+                                                 lazy=p.kernel.quiet_batches >= QUIET_BATCHES)
             except (VkmError, ValueError) as exc:
                 self._fail_parts([p], f"GPU {dev} could not take its messages: {exc}")
                 continue

@@ -419,7 +419,7 @@ class CrossGpuK2KRouter:
         with self._queue_lock:
             q = self._by_kernel.get(kernel)
             out: list[tuple[bytes, _Routed]] = []
-            left = len(q) if q else 0
+            before = len(q) if q else 0
             while q and len(out) < limit:
                 r = q.popleft()
                 if r.state != "queued":
@@ -429,7 +429,7 @@ class CrossGpuK2KRouter:
                     continue
                 r.state = "taken"
                 out.append((r.slot, r))
-            if left != (len(q) if q else 0):   # room for route_message's waiters
+            if before != (len(q) if q else 0):   # room for route_message's waiters
                 self._room.notify_all()
             return out
 

@@ -29,10 +29,13 @@ __all__ = ["Inbound"]
 
 
 class Inbound:
-    """The step listeners, the outbox feed and the inbound batches of `runtime`
-    (a KernelRuntime, whose device registry it uses); KernelRuntime's
-    add/remove_step_listener, set_outbox_feed, accept_batch, withdraw_batch and
-    forget_buffer are its methods. Implements RuntimePort for the K2K router."""
+    """The step listeners, the outbox feed and the inbound batches of `runtime`;
+    KernelRuntime's add/remove_step_listener, set_outbox_feed, accept_batch,
+    withdraw_batch and forget_buffer are its methods. Implements RuntimePort for
+    the K2K router. Of the runtime that owns it, it uses the device registry
+    (`_device`, `_contexts` under `_lock`, `_check`), the address table
+    (`_by_index`, `max_kernels`), `_wait_points`, `slot_size`, `kernels`,
+    `poll` and `record_dead_letters`."""
 
     def __init__(self, runtime: Any):
         self._rt = runtime
