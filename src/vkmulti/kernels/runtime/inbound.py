@@ -32,14 +32,21 @@ class Inbound:
     """The step listeners, the outbox feed and the inbound batches of `runtime`;
     KernelRuntime's add/remove_step_listener, set_outbox_feed, accept_batch,
     withdraw_batch and forget_buffer are its methods. Implements RuntimePort for
-    the K2K router. Of the runtime that owns it, it uses the device registry
-    (`_device`, `_contexts` under `_lock`, `_check`), the address table
-    (`_by_index`, `max_kernels`), `_wait_points`, `slot_size`, `kernels`,
-    `poll` and `record_dead_letters`."""
+    the K2K router.
 
-    def __init__(self, runtime: Any):
+    Besides the runtime's public members it is handed the runtime's registry:
+    `check()` (DestroyedError once the runtime is destroyed), `device(index)`
+    (a device's (DeviceContext, DeviceStepper), made on first use), `contexts`
+    (the pairs made so far, read under `lock`), `by_index` (address %
+    max_kernels -> kernel) and `wait_points(points, timeout)`."""
+
+    def __init__(self, runtime: Any, check: Callable[[], None], device: Callable[[int], tuple[Any, Any]],
+                 lock: Any, contexts: dict[int, tuple[Any, Any]], by_index: dict[int, Kernel],
+                 wait_points: Callable[[list[TimelinePoint], float | None], None]):
         self._rt = runtime
         self.manager = runtime.manager
+        self._check, self._device, self._wait_points = check, device, wait_points
+        self._registry_lock, self._contexts, self._by_index = lock, contexts, by_index
         self._lock = threading.Lock()   # listeners and feed (taken with nothing else called)
         self._listeners: list[Callable[[list[OutboxBatch]], Any]] = []
         self._retaining: set[int] = set()   # ids of listeners each new batch starts retained for
@@ -160,7 +167,7 @@ class Inbound:
         batches after it from the same source), so a batch that is probably
         empty does not tie this device's steps to the other device's."""
         rt = self._rt
-        rt._check()
+        self._check()
         if isinstance(device, bool) or not isinstance(device, int):
             raise TypeError(f"device must be an int, got {type(device).__name__}")
         if not isinstance(buffer, Buffer):
@@ -171,7 +178,7 @@ class Inbound:
             raise ValueError(f"buffer is on GPU {buffer.slot.index}, not GPU {device}")
         size = buffer.size - offset if size is None else size
         int_in(offset, "offset", 0, buffer.size)
-        ctx, stepper = rt._device(device)
+        ctx, stepper = self._device(device)
         if offset % ctx.min_offset_alignment:
             raise ValueError(f"offset {offset} is not a multiple of the device's storage offset alignment "
                              f"{ctx.min_offset_alignment}")
@@ -205,7 +212,7 @@ class Inbound:
         of `device`) is reached. Unlike accept_batch, the batch's offset need not meet
         this device's alignment: only a step that reads it as an inbox needs that,
         and checks. Its sets are kept for `view` (forget_buffer)."""
-        ctx, stepper = self._rt._device(device)
+        ctx, stepper = self._device(device)
         k = batch.kernel
         return self._accept(ctx, stepper, view, batch.offset, batch.size, wait, k, hops, False, None, True, direct,
                             k.spec.outbox_capacity if direct_slots is None else direct_slots, lazy)
@@ -237,7 +244,7 @@ class Inbound:
         if not isinstance(batch, InboundBatch):
             raise TypeError(f"batch must be an InboundBatch, got {type(batch).__name__}")
         timeout = timeout_seconds(timeout)
-        ctx, stepper = self._rt._device(batch.device_index)
+        ctx, stepper = self._device(batch.device_index)
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
         with ctx.lock:
             if batch.done:
@@ -268,7 +275,7 @@ class Inbound:
         (vkmulti.TimeoutError after `timeout` s)."""
         points = [b.ctx.point(b.last_value) for b in batches if b.last_value]
         if points:
-            self._rt._wait_points(points, timeout)
+            self._wait_points(points, timeout)
 
     def forget_buffer(self, buffer: Any) -> None:
         """Drop the descriptor sets cached for `buffer` (batches accepted with
@@ -276,12 +283,11 @@ class Inbound:
         the steps already submitted on its device are done."""
         if not isinstance(buffer, Buffer):
             raise TypeError(f"buffer must be a vkmulti Buffer, got {type(buffer).__name__}")
-        rt = self._rt
-        with rt._lock:
-            pair = rt._contexts.get(buffer.slot.index)
+        with self._registry_lock:
+            pair = self._contexts.get(buffer.slot.index)
         if pair is None:
             return
-        kernels = rt.kernels
+        kernels = self._rt.kernels
         ctx, stepper = pair
         with ctx.lock:   # (the sets are kept by the buffer object: this works after its destroy() too)
             for key in [key for key in ctx.buffer_sets if key[0] is buffer]:
@@ -306,7 +312,7 @@ class Inbound:
         submitted that read them are waited for, and the descriptor sets made
         for it are let go. Takes only the lock of the view's device, and only
         when there is something to drop."""
-        pair = self._rt._contexts.get(view.slot.index)
+        pair = self._contexts.get(view.slot.index)
         if pair is None:
             return
         ctx, stepper = pair
@@ -339,8 +345,7 @@ class Inbound:
 
     def kernel_by_address(self, address: int) -> Kernel | None:
         """The live kernel with this address (None: no such kernel, or one destroyed)."""
-        rt = self._rt
-        k = rt._by_index.get(address % rt.max_kernels)
+        k = self._by_index.get(address % self._rt.max_kernels)
         return None if k is None or k.address != address or k.destroyed else k
 
     def poll(self) -> None:

@@ -29,6 +29,7 @@ from ..ids import KernelId, as_kernel_id
 from ..engine.kernel import INLINE_STATE_BYTES, InboundBatch, Kernel, KernelSpec, OutboxBatch, check_params
 from .host_io import HostIO, _count, _timeout
 from .inbound import Inbound
+from .ports import OutboxFeed
 from ..engine.gate import gated_unheld
 from ..lifecycle.lifecycle import KernelLifecycle, gated_step
 from ..messages import DEFAULT_PAYLOAD_SIZE, ENVELOPE_BYTES, HOST_KERNEL_ID, HybridLogicalClock, check_payload_size
@@ -107,7 +108,8 @@ class KernelRuntime(HostIO, RuntimeFailover, KernelLifecycle):
         self._destroyed = False
         self._counter = 0
         #: the router's side: step listeners, the outbox feed, batches handed in (the RuntimePort)
-        self.inbound = Inbound(self)
+        self.inbound = Inbound(self, self._check, self._device, self._lock, self._contexts, self._by_index,
+                               self._wait_points)
         self._init_failover()
         life = getattr(manager, "_life", None)
         if life is not None:
@@ -192,7 +194,7 @@ class KernelRuntime(HostIO, RuntimeFailover, KernelLifecycle):
     # -- the router's side (Inbound) ------------------------------------------------------
 
     @property
-    def outbox_feed(self) -> Any:
+    def outbox_feed(self) -> OutboxFeed | None:
         """The source of messages the host routes on kernels' behalf (the K2K router), or None."""
         return self.inbound.feed
 
@@ -205,7 +207,7 @@ class KernelRuntime(HostIO, RuntimeFailover, KernelLifecycle):
         """Stop calling `listener` (a step already running still hands it its batches)."""
         self.inbound.remove_step_listener(listener)
 
-    def set_outbox_feed(self, feed: Any) -> None:
+    def set_outbox_feed(self, feed: OutboxFeed | None) -> None:
         """Install (None: remove) the K2K router as the source of host-routed messages (Inbound.set_outbox_feed)."""
         self.inbound.set_outbox_feed(feed)
 
