@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Inbound"]
 
+#: What set_outbox_feed asks of a feed (the methods of OutboxFeed).
+_FEED_METHODS = ("take", "settle", "flush", "device_lost")
+
 
 class Inbound:
     """The step listeners, the outbox feed and the inbound batches of `runtime`;
@@ -110,7 +113,7 @@ class Inbound:
         `feed.settle(kernel, batch, taken, returned)` hands back the tokens once
         the step is harvested (`returned`: did not fit, or nothing ran; they go
         first next time). Only one feed: the K2K router."""
-        if feed is not None and not isinstance(feed, OutboxFeed):
+        if feed is not None and not all(callable(getattr(feed, name, None)) for name in _FEED_METHODS):
             raise TypeError(f"feed must have take(), settle(), flush() and device_lost() (an OutboxFeed), "
                             f"got {type(feed).__name__}")
         with self._lock:
