@@ -208,6 +208,30 @@ def test_route_message_validation_with_a_runtime(manager):
         rt.destroy()
 
 
+def test_route_message_waiting_for_room_goes_in_once_a_step_takes_the_queue(manager):
+    """A full queue's waiter is let in by the step that takes the queued messages,
+    long before its timeout (and with none: it waits as long as it takes)."""
+    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
+    router = CrossGpuK2KRouter(rt.coordinator, rt, max_pending=1)
+    try:
+        counter(rt, "a", device=0)
+        counter(rt, "b", device=1)
+        router.route_message("a", "b", b"x")
+        for timeout in (30.0, None):
+            went_in = threading.Event()
+            waiter = threading.Thread(target=lambda: (router.route_message("a", "b", b"y", timeout=timeout),
+                                                      went_in.set()))
+            waiter.start()
+            assert not went_in.wait(0.2)   # full: it waits
+            t0 = time.monotonic()
+            rt.step()                      # a's step takes what is queued: room
+            assert went_in.wait(10) and time.monotonic() - t0 < 5
+            waiter.join()
+    finally:
+        router.detach()
+        rt.destroy()
+
+
 def test_detach_tells_senders_and_leaves_everything_usable(manager):
     rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
     router = CrossGpuK2KRouter(rt.coordinator, rt)

@@ -14,6 +14,7 @@ from vkmulti import CrossGpuK2KRouter, K2KMessage
 from vkmulti.kernels import KernelRuntime
 from vkmulti.kernels.engine import step_recorder
 from vkmulti.kernels.engine.stepper import QUIET_BATCHES
+from vkmulti.kernels.runtime import Inbound
 from vkmulti.kernels.reference import COUNTER_TAG_ADD, COUNTER_TAG_FORWARD
 from vkmulti.transfer.peer import ExportedBuffer
 
@@ -115,13 +116,12 @@ def test_batches_of_a_quiet_sender_are_lazy_and_still_arrive_in_order(routed, mo
     speaks again its messages arrive, in order."""
     rt, router = routed
     accepted = []
-    original = type(rt)._accept
-
-    def recording(self, ctx, stepper, buffer, offset, size, points, source, *rest):
-        b = original(self, ctx, stepper, buffer, offset, size, points, source, *rest)
-        accepted.append(b)
-        return b
-    monkeypatch.setattr(type(rt), "_accept", recording)
+    for name in ("accept_batch", "accept_in_place"):   # through a link, in place
+        def recording(self, *args, _original=getattr(Inbound, name), **kwargs):
+            b = _original(self, *args, **kwargs)
+            accepted.append(b)
+            return b
+        monkeypatch.setattr(Inbound, name, recording)
     sink = counter(rt, "sink", 1)
     fwd = counter(rt, "fwd", 0, params=[sink.address])
     for _ in range(8):
@@ -150,7 +150,7 @@ def test_in_place_is_the_default_where_devices_share_memory(manager):
         assert state(rt, sink).sum == 7
         eng = router._engine
         assert router.transfer_method(0, 1) == "dmabuf"
-        assert (0, 1) not in eng.engines and any(key[:2] == (0, 1) for key in eng.peers.relays)
+        assert (0, 1) not in eng.links and any(key[:2] == (0, 1) for key in eng.peers.relays)
         assert fwd.outbox.imports() and router.edge_traffic()[(0, 1)][1] > 0
     finally:
         router.detach()

@@ -18,6 +18,7 @@ from vkmulti.kernels import KernelRuntime, counter_kernel
 from vkmulti.kernels.reference import (COUNTER_TAG_FORWARD, burst_kernel, counter_initial_state, read_burst,
                                        read_counter)
 from vkmulti.kernels.engine.step_recorder import PLANNED_DELIVERY_PAYLOAD
+from vkmulti.kernels.runtime import OutboxFeed, RuntimePort
 
 MAX = 32
 
@@ -176,6 +177,22 @@ def test_state_larger_than_a_storage_binding_is_refused(manager):
         assert rt.kernels == [] and counter(rt, "ok", 0).id == "ok"
     finally:
         rt.destroy()
+
+
+def test_the_router_and_the_runtime_meet_through_the_published_protocols(manager):
+    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
+    router = CrossGpuK2KRouter(rt.coordinator, rt)
+    try:
+        assert isinstance(router, OutboxFeed) and rt.outbox_feed is router
+        assert isinstance(rt.inbound, RuntimePort)
+        far = counter(rt, "far", 1)
+        assert rt.inbound.kernel_by_address(far.address) is far
+        assert rt.inbound.kernel_by_address(far.address + MAX) is None   # same index, another generation
+        assert router.flush() == 0   # nothing queued
+    finally:
+        router.detach()
+        rt.destroy()
+    assert router.flush() == 0   # detached
 
 
 def test_the_manager_tears_down_an_attached_router_first():

@@ -34,14 +34,16 @@ import vulkan as vk
 
 from ...errors import DestroyedError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
-from ...transfer.cross_device import CrossDeviceTransfer as Engine, TimelinePoint, select_transfer_method
-from .landing import BufferPool, Gather, align, reached
+from ...transfer.cross_device import CrossDeviceTransfer, TimelinePoint, select_transfer_method
+from ...transfer.methods import TransferMethod
+from ..coordinator import transfer_spec
 from ..engine.device_context import step_queue
 from ..engine.kernel import InboundBatch, Kernel, OutboxBatch
-from .peer_delivery import PeerEdges, direct_guess
 from ..engine.stepper import QUIET_BATCHES
-from .routing import RouteTrees
-from ..coordinator.transfer_spec import CrossDeviceTransfer as TransferSpec
+from ..runtime.ports import RuntimePort
+from .landing import Gather, LandingPool, align, reached
+from .peer_delivery import PeerEdges, direct_guess
+from .routing import CrossGpuRouterStats, RouteTrees
 
 log = logging.getLogger(__name__)
 
@@ -100,22 +102,25 @@ class Move:
 
 
 class DeliveryEngine:
-    """Moves a runtime's cross-device K2K traffic (see the module docstring). All
-    methods run with the router's delivery lock held."""
+    """Moves a runtime's cross-device K2K traffic (see the module docstring): talks
+    to the runtime through `port` (its RuntimePort), reads the routes and the
+    transfer methods of `router`, counts in the router's `stats`. All methods
+    run with the router's delivery lock held."""
 
-    def __init__(self, router: Any, runtime: Any, *, max_landings: int, submit_timeout: float):
-        self.router, self.rt = router, runtime
-        self.mgr = runtime.manager
+    def __init__(self, router: Any, port: RuntimePort, stats: CrossGpuRouterStats, *, max_landings: int,
+                 submit_timeout: float):
+        self.router, self.port, self.stats = router, port, stats
+        self.mgr = port.manager
         self.max_landings = max_landings
         self.submit_timeout = submit_timeout
         self.queues: dict[tuple[int, int], deque[Move]] = defaultdict(deque)
         self.landings: dict[tuple[int, int], list[Region]] = defaultdict(list)
         self.egress: list[Region] = []
-        self.pools: dict[int, BufferPool] = {}
+        self.pools: dict[int, LandingPool] = {}
         self.gathers: dict[int, Gather] = {}
-        self.engines: dict[tuple[int, int], tuple[str, Engine]] = {}
+        self.links: dict[tuple[int, int], tuple[str, CrossDeviceTransfer]] = {}   # (from, to) -> (method, link)
         self.dead: list[Region] = []           # landings of a lost device's moves, freed at destroy
-        self.dead_engines: list[tuple[str, Engine]] = []   # links of a lost device, destroyed at destroy
+        self.dead_links: list[tuple[str, CrossDeviceTransfer]] = []   # links of a lost device, destroyed at destroy
         self._trees: RouteTrees | None = None
         self._trees_key: Any = None
         self._trees_now: RouteTrees | None = None
@@ -133,7 +138,7 @@ class DeliveryEngine:
     def trees(self) -> RouteTrees:
         if self._trees_now is not None:   # fixed for the rest of one step's moves
             return self._trees_now
-        devices = frozenset(k.device_index for k in self.rt.kernels)
+        devices = frozenset(k.device_index for k in self.port.kernels)
         coord = self.router.coordinator
         key = (devices, getattr(coord, "topology_generation", None))
         if self._trees is None or key != self._trees_key:
@@ -149,39 +154,38 @@ class DeliveryEngine:
         if method is not None:
             return method
         if host:
-            return TransferSpec(a, b, 1).without_p2p().method(self.mgr)
+            return transfer_spec.CrossDeviceTransfer(a, b, 1).without_p2p().method(self.mgr)
         method = self.router.coordinator.transfer_method(a, b) if hasattr(
             self.router.coordinator, "transfer_method") else None
         if method is None:
-            class _Src:
-                device_index = a
-            method = select_transfer_method(_Src(), self.mgr.capabilities, dst_index=b)
+            method = select_transfer_method(self.mgr.slot(a), self.mgr.slot(b))
         return method
 
-    def _engine(self, a: int, b: int, host: bool) -> Engine:
+    def _link(self, a: int, b: int, host: bool) -> CrossDeviceTransfer:
+        """The transfer that moves batches on edge a -> b (made again when its method changes)."""
         method = self.method_for(a, b, host)
-        cached = self.engines.get((a, b))
+        cached = self.links.get((a, b))
         if cached is not None and cached[0] == method:
             return cached[1]
         if cached is not None:
             cached[1].destroy(self.submit_timeout)
-        eng = Engine(self.mgr.slot(a), self.mgr.slot(b), method)
-        self.engines[(a, b)] = (method, eng)
-        return eng
+        link = CrossDeviceTransfer(self.mgr.slot(a), self.mgr.slot(b), method)
+        self.links[(a, b)] = (method, link)
+        return link
 
     def method(self, a: int, b: int) -> str | None:
-        cached = self.engines.get((a, b))
+        """The method batches went by on edge a -> b (None: none went yet)."""
+        cached = self.links.get((a, b))
         if cached:
             return cached[0]
         if any(key[:2] == (a, b) for key in self.peers.relays):
-            from ...transfer.methods import TransferMethod
             return TransferMethod.DMABUF
         return None
 
-    def _pool(self, device: int) -> BufferPool:
+    def _pool(self, device: int) -> LandingPool:
         p = self.pools.get(device)
         if p is None:
-            p = self.pools[device] = BufferPool(self.mgr.slot(device))
+            p = self.pools[device] = LandingPool(self.mgr.slot(device))
         return p
 
     # -- a step's batches -----------------------------------------------------------
@@ -293,9 +297,9 @@ class DeliveryEngine:
             if src.kind == "landing":   # its own transfer must be queued before a wait on it
                 src.ticket.wait_submitted(self.submit_timeout)
             buf = self._pool(b).get(src.size)
-            eng = self._engine(a, b, trees.is_host_mediated(a, b))
-            ticket = eng.submit(src_buffer=src.buffer, dst_buffer=buf, src_offset=src.offset, size=src.size,
-                                src_wait=src.ready)
+            link = self._link(a, b, trees.is_host_mediated(a, b))
+            ticket = link.submit(src_buffer=src.buffer, dst_buffer=buf, src_offset=src.offset, size=src.size,
+                                 src_wait=src.ready)
         except (VkmError, vk.VkError, MemoryError, ValueError) as exc:
             if buf is not None:
                 self._pool(b).put(buf)
@@ -307,9 +311,8 @@ class DeliveryEngine:
         self.moves_submitted += 1
         self.edge_bytes[m.edge] += src.size
         self.edge_moves[m.edge] += 1
-        self.router._batches += len(src.parts)
-        self.router._stats.add_bytes(src.size)
-        self._read_done(src, ticket.src_done, ticket.wait_submitted if self._source_shared(a, eng) else None)
+        self.stats.add_moved(len(src.parts), src.size)
+        self._read_done(src, ticket.src_done, ticket.wait_submitted if self._shared(a, link.method) else None)
         landing = Region("landing", b, buf, 0, src.size, src.parts, src.origin, hops=m.hops, ready=ticket.dst_ready,
                          ticket=ticket, edge=m.edge)
         self.landings[m.edge].append(landing)
@@ -333,9 +336,6 @@ class DeliveryEngine:
             if b.pending is None or b.remote_devices & mask or any(d >= 32 for d in devices):
                 return False
         return True
-
-    def _source_shared(self, a: int, eng: Engine) -> bool:
-        return self._shared(a, eng.method)
 
     def _shared(self, device: int, method: str | None) -> bool:
         """Whether a transfer's submits on `device` share a queue with its kernel steps
@@ -367,19 +367,19 @@ class DeliveryEngine:
         `exclusive`: no move forwards the landing (a kernel a part is all for may
         read it in place)."""
         dev = landing.device
-        if not any(k.device_index == dev for k in self.rt.kernels):
+        if not any(k.device_index == dev for k in self.port.kernels):
             return
         shared = self._shared(dev, self.method(*landing.edge))
         for p in landing.parts:
             source = p.kernel if not p.kernel.destroyed else None
-            x, slots = direct_guess(self.rt, p.kernel, dev)
+            x, slots = direct_guess(self.port, p.kernel, dev)
             try:
-                inbound = self.rt.accept_batch(dev, landing.buffer, offset=p.offset, size=p.size,
-                                               wait=ticket.dst_ready, source=source, hops=min(landing.hops, 255),
-                                               report_unknown=False, reuse_sets=True,
-                                               submitted=ticket.wait_submitted if shared else None,
-                                               direct=x, direct_slots=slots,
-                                               lazy=p.kernel.quiet_batches >= QUIET_BATCHES)
+                inbound = self.port.accept_batch(dev, landing.buffer, offset=p.offset, size=p.size,
+                                                 wait=ticket.dst_ready, source=source, hops=min(landing.hops, 255),
+                                                 report_unknown=False, reuse_sets=True,
+                                                 submitted=ticket.wait_submitted if shared else None,
+                                                 direct=x, direct_slots=slots,
+                                                 lazy=p.kernel.quiet_batches >= QUIET_BATCHES)
             except (VkmError, ValueError) as exc:
                 self._fail_parts([p], f"GPU {dev} could not take its messages: {exc}")
                 continue
@@ -391,15 +391,8 @@ class DeliveryEngine:
     def _fail_parts(self, parts: list[Part], text: str) -> None:
         """Tell each sender (its next step raises KernelMessageError) and count failures."""
         for p in parts:
-            k = p.kernel
-            self.router._stats.add_failures(1)
-            if k.destroyed:
-                self.rt.record_dead_letters(text, 1)
-                continue
-            with k.ctx.lock:
-                k.stats.undeliverable += 1
-                k.errors.append(f"step {p.batch.step}: {text}")
-            log.warning("kernel %r: %s", k.id, text)
+            self.stats.add_failures(1)
+            self.port.fail_delivery(p.kernel, p.batch.step, text)
 
     def fail_batch(self, b: OutboxBatch, text: str) -> None:
         self._fail_parts([Part(b.kernel, b, 0, b.size)], text)
@@ -424,7 +417,7 @@ class DeliveryEngine:
         and count what they delivered. A landed batch whose sending device's survey
         says it holds nothing for the landing's device is taken back at once (no
         step there has to survey it first)."""
-        self.rt.poll()
+        self.port.poll()
         now = self._reaped = time.monotonic()
         self.peers.reap(now)
         if len(self.held) > 64:   # a hold matters until its region is reused
@@ -437,7 +430,7 @@ class DeliveryEngine:
                 for i in r.inbounds:
                     origin = i.k2k_origin
                     if not i.done and origin.pending is not None and not origin.remote_devices >> r.device & 1:
-                        self.rt.withdraw_batch(i, timeout=self.submit_timeout)
+                        self.port.withdraw_batch(i, timeout=self.submit_timeout)
                 if not r.counted and r.inbounds and all(i.done for i in r.inbounds):
                     self._count(r, now)
                 if self._free(r, slot):
@@ -471,9 +464,9 @@ class DeliveryEngine:
         delivered = sum(i.delivered for i in r.inbounds)
         rejected = sum(i.rejected for i in r.inbounds)
         if delivered:
-            self.router._stats.add_routed(delivered, 0, int((now - r.created) * 1e6) * delivered)
+            self.stats.add_routed(delivered, 0, int((now - r.created) * 1e6) * delivered)
         if rejected:
-            self.router._stats.add_failures(rejected)
+            self.stats.add_failures(rejected)
 
     def busy(self) -> bool:
         """Whether moves wait or landings are still in use."""
@@ -512,8 +505,8 @@ class DeliveryEngine:
                 if r.device != d:
                     self.dead.append(r)
         self.egress = [r for r in self.egress if r.device != d]
-        for key in [k for k in self.engines if d in k]:
-            self.dead_engines.append(self.engines.pop(key))
+        for key in [k for k in self.links if d in k]:
+            self.dead_links.append(self.links.pop(key))
         self.peers.drop_device(d)
         self._trees, self._trees_now = None, None
 
@@ -534,25 +527,25 @@ class DeliveryEngine:
                     if i.done:
                         continue
                     try:
-                        left = self.rt.withdraw_batch(i, timeout=max(0.0, deadline - time.monotonic()))
+                        left = self.port.withdraw_batch(i, timeout=max(0.0, deadline - time.monotonic()))
                     except DestroyedError:   # the runtime went first: its steps are over
                         continue
                     if left:
-                        self.router._stats.add_failures(left)
+                        self.stats.add_failures(left)
                         log.warning("K2K router detached: %d message(s) for GPU %d were not delivered",
                                     left, r.device)
-        for _, eng in self.engines.values():
+        for _, link in self.links.values():
             try:
-                eng.destroy(max(0.0, deadline - time.monotonic()))
+                link.destroy(max(0.0, deadline - time.monotonic()))
             except VkmTimeout:
                 log.warning("K2K router: a transfer did not finish within %.1f s", timeout)
-        self.engines.clear()
-        for _, eng in self.dead_engines:   # links of a lost device (its waits fail at once)
+        self.links.clear()
+        for _, link in self.dead_links:   # links of a lost device (its waits fail at once)
             try:
-                eng.destroy(max(0.0, deadline - time.monotonic()))
+                link.destroy(max(0.0, deadline - time.monotonic()))
             except VkmError as exc:
                 log.info("K2K router: a link of a lost device: %s", exc)
-        self.dead_engines = []
+        self.dead_links = []
         for r in self.dead:
             self._pool(r.device).put(r.buffer)
         self.dead = []
@@ -586,6 +579,6 @@ class DeliveryEngine:
     def _forget(self, buffers: list[Buffer]) -> None:
         for b in buffers:
             try:
-                self.rt.forget_buffer(b)
+                self.port.forget_buffer(b)
             except DestroyedError:   # the runtime went first: its sets went with it
                 return

@@ -18,7 +18,7 @@ from ...transfer.cross_device import TimelinePoint
 from ..engine import recording as cmds
 from ..engine.device_context import step_queue
 
-__all__ = ["BufferPool", "Gather", "align", "reached", "PART_ALIGN"]
+__all__ = ["LandingPool", "Gather", "align", "reached", "PART_ALIGN"]
 
 #: Landing and egress regions start at multiples of this (the largest
 #: minStorageBufferOffsetAlignment Vulkan allows), so a part lands aligned on any device.
@@ -41,8 +41,9 @@ def reached(slot: Any, point: TimelinePoint) -> bool:
     return slot.native.timeline_value(point.semaphore) >= point.value
 
 
-class BufferPool:
-    """Device-local buffers of one device by power-of-two size class, reused."""
+class LandingPool:
+    """The landing and egress buffers of one device: device-local, by power-of-two
+    size class, reused (`get(size)` a buffer of at least `size` bytes, `put` it back)."""
 
     def __init__(self, slot: Any):
         self.slot = slot

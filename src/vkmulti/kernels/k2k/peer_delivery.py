@@ -27,24 +27,26 @@ from typing import Any
 
 from ...errors import DestroyedError, VkmError
 from ...errors import TimeoutError as VkmTimeout
+from ...transfer.methods import TransferMethod
 from ...transfer.peer import ExportedBuffer, TimelineRelay, shares_memory
-from .landing import reached
 from ..engine.kernel import InboundBatch, Kernel, OutboxBatch
 from ..engine.stepper import QUIET_BATCHES
+from ..runtime.ports import RuntimePort
+from .landing import reached
 
 log = logging.getLogger(__name__)
 
 __all__ = ["PeerLanding", "PeerEdges", "direct_guess"]
 
 
-def direct_guess(rt: Any, k: Kernel, device: int) -> tuple[Kernel | None, int | None]:
+def direct_guess(port: RuntimePort, k: Kernel, device: int) -> tuple[Kernel | None, int | None]:
     """The kernel of `device` a batch of `k` is likely all for (its latest non-empty
     batch was), and the slots worth copying for it; (None, None) for no guess."""
     addr, count = k.dest_hint
     if not addr or not count:
         return None, None
-    x = rt._by_index.get(addr % rt.max_kernels)
-    if x is None or x.address != addr or x.destroyed or x.device_index != device or x.tenant != k.tenant:
+    x = port.kernel_by_address(addr)
+    if x is None or x.device_index != device or x.tenant != k.tenant:
         return None, None
     return x, min(k.spec.outbox_capacity, x.spec.inbox_capacity, 1 << (count - 1).bit_length())
 
@@ -76,12 +78,11 @@ class PeerEdges:
 
     def __init__(self, engine: Any):
         self.engine = engine
-        self.rt, self.mgr = engine.rt, engine.mgr
+        self.port, self.mgr = engine.port, engine.mgr
         self.relays: dict[tuple[int, int, int], TimelineRelay] = {}   # (from, to, timeline followed)
         self.landings: list[PeerLanding] = []
         self._usable: dict[tuple[int, int], bool] = {}
         self._views: dict[tuple[int, int], Any] = {}   # (id of an outbox, device) -> its import there
-        self._devices: dict[int, tuple[Any, Any]] = {}
         self.dead_relays: list[TimelineRelay] = []   # relays of a lost device (no landing uses them)
 
     def usable(self, a: int, b: int, trees: Any, batches: list[OutboxBatch]) -> bool:
@@ -91,8 +92,6 @@ class PeerEdges:
             return False
         hit = self._usable.get((a, b))
         if hit is None:
-            from ...transfer.methods import TransferMethod
-
             hit = not trees.is_host_mediated(a, b) and \
                 self.engine.method_for(a, b, False) == TransferMethod.DMABUF and \
                 shares_memory(self.mgr.slot(a), self.mgr.slot(b))
@@ -118,25 +117,22 @@ class PeerEdges:
             self._usable[(s, c)] = False
             return False
         hops = min(trees.edge_hops(s, c), 255)
-        serves = any(k.device_index == c for k in self.rt.kernels)
+        serves = any(k.device_index == c for k in self.port.kernels)
         onward = trees.children(s, c)
         total = sum(b.size for b in batches)
         eng.edge_moves[(s, c)] += 1
         eng.edge_bytes[(s, c)] += total
-        eng.router._batches += len(batches)
-        eng.router._stats.add_bytes(total)
-        ctx, stepper = self._device(c) if serves else (None, None)
+        eng.stats.add_moved(len(batches), total)
         waits = [ticket.dst_ready]
         # c is the one device that reads these regions: a kernel a batch is all for may read it in place
         exclusive = not onward and trees.children(s, s) == [c]
         for b, view in zip(batches, views):
             inbound = None
             if serves:
-                x, slots = direct_guess(self.rt, b.kernel, c)
+                x, slots = direct_guess(self.port, b.kernel, c)
                 try:
-                    inbound = self.rt._accept(ctx, stepper, view, b.offset, b.size, waits, b.kernel, hops, False,
-                                              None, True, x, b.kernel.spec.outbox_capacity if slots is None
-                                              else slots, b.kernel.quiet_batches >= QUIET_BATCHES)
+                    inbound = self.port.accept_in_place(c, view, b, waits, hops, x, slots,
+                                                        b.kernel.quiet_batches >= QUIET_BATCHES)
                 except (VkmError, ValueError) as exc:
                     eng.fail_batch(b, f"GPU {c} could not take its messages: {exc}")
                     continue
@@ -164,15 +160,9 @@ class PeerEdges:
         gone = [k for k, v in self._views.items() if v.destroyed]
         for k in gone:
             try:
-                self.rt.forget_buffer(self._views.pop(k))
+                self.port.forget_buffer(self._views.pop(k))
             except DestroyedError:
                 return
-
-    def _device(self, index: int) -> tuple[Any, Any]:
-        pair = self._devices.get(index)
-        if pair is None or not pair[0].alive:
-            pair = self._devices[index] = self.rt._device(index)
-        return pair
 
     def settle(self, kernels: list[Kernel], timeout: float) -> None:
         """Before a step of `kernels`: where a kernel's next outbox region is still
@@ -189,18 +179,18 @@ class PeerEdges:
                 held.add(id(b))
         if not held:
             return
-        runtime_points, link_points = [], []
+        read, link_points = [], []
         for p in self.landings:
             if id(p.batch) not in held or p.finished(self.mgr):
                 continue
             i = p.inbound
             if i is not None and not i.done and i.last_value:
-                runtime_points.append(i.ctx.point(i.last_value))
+                read.append(i)
             if p.forward is not None and p.forward.readers <= 0:
                 link_points += [(p.forward.device, q) for q in p.forward.reads]
         try:
-            if runtime_points:
-                self.rt._wait_points(runtime_points, timeout)
+            if read:
+                self.port.wait_reads(read, timeout)
             for dev, q in link_points:
                 self.mgr.slot(dev).native.wait_timeline(q.semaphore, q.value, timeout)
         except VkmTimeout:
@@ -217,7 +207,7 @@ class PeerEdges:
             if i is not None and not i.done and origin.pending is not None and \
                     not origin.remote_devices >> p.edge[1] & 1:
                 try:
-                    self.rt.withdraw_batch(i, timeout=self.engine.submit_timeout)
+                    self.port.withdraw_batch(i, timeout=self.engine.submit_timeout)
                 except DestroyedError:
                     pass
             if p.finished(self.mgr):
@@ -231,7 +221,7 @@ class PeerEdges:
         i = p.inbound
         if i is None:
             return
-        stats = self.engine.router._stats
+        stats = self.engine.stats
         if i.delivered:
             stats.add_routed(i.delivered, 0, int((now - p.created) * 1e6) * i.delivered)
         if i.rejected:
@@ -260,17 +250,16 @@ class PeerEdges:
             self.dead_relays.append(self.relays.pop(key))   # destroyed with the others
         for key in [k for k in self._views if k[1] == d]:
             self._views.pop(key)
-        self._devices.pop(d, None)
 
     def destroy(self, deadline: float) -> None:
         """Take back what was not delivered (counted as failures), wait for the
         relays, let every batch go."""
-        stats = self.engine.router._stats
+        stats = self.engine.stats
         for p in self.landings:
             i = p.inbound
             if i is not None and not i.done:
                 try:
-                    left = self.rt.withdraw_batch(i, timeout=max(0.0, deadline - time.monotonic()))
+                    left = self.port.withdraw_batch(i, timeout=max(0.0, deadline - time.monotonic()))
                 except DestroyedError:   # the runtime went first: its steps are over
                     left = 0
                 if left:

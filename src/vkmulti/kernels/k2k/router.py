@@ -29,10 +29,12 @@ from typing import Any
 
 from ...errors import K2KDestinationNotFoundError, KernelNotFoundError, QueueFullError, TenantMismatchError
 from ...memory.image import as_host_bytes
+from ...transfer.methods import TransferMethod
+from ..._core.checks import check_count, check_index, int_in, timeout_seconds
 from .delivery import DeliveryEngine
-from ..._core.checks import check_count, check_index, int_in as _count, timeout_seconds as _timeout
 from ..ids import KernelId, as_kernel_id
 from ..engine.kernel import Kernel, OutboxBatch
+from ..runtime.runtime import KernelRuntime
 from ..messages import HlcTimestamp, K2KMessage, MessageEnvelope
 from .routing import (CrossGpuRouterStats, CrossGpuRouterStatsSnapshot, PendingK2KMessage, RoutingDecision,
                       RoutingKind, decide_route)
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 __all__ = ["CrossGpuK2KRouter"]
 
 _PRIORITY_SHIFT = 8
+#: route_message waits for queue room in slices of at most this many seconds (it stays interruptible)
+ROOM_WAIT_SLICE = 0.05
 
 
 class _Routed:
@@ -79,20 +83,20 @@ class CrossGpuK2KRouter:
                 raise TypeError(f"coordinator must be a MultiGpuCoordinator (it has no {name}()), "
                                 f"got {type(coordinator).__name__}")
         self.coordinator = coordinator
-        self.max_landings = None if max_landings is None else _count(max_landings, "max_landings", 1, 1 << 16)
-        self.max_pending = _count(max_pending, "max_pending", 1, 1 << 30)
-        self.submit_timeout = _timeout(submit_timeout, "submit_timeout")
+        self.max_landings = None if max_landings is None else int_in(max_landings, "max_landings", 1, 1 << 16)
+        self.max_pending = int_in(max_pending, "max_pending", 1, 1 << 30)
+        self.submit_timeout = timeout_seconds(submit_timeout, "submit_timeout")
         self.transfer_methods = self._check_methods(transfer_methods)
         self._stats = CrossGpuRouterStats()
         self._queue_lock = threading.Lock()        # pending queues (taken inside a runtime's device lock)
+        self._room = threading.Condition(self._queue_lock)   # notified when queued messages leave the queues
         self._delivery_lock = threading.RLock()    # the engine (taken before any device lock)
         self._pending: dict[tuple[int, int], deque[_Routed]] = {}
         self._by_kernel: dict[Kernel, deque[_Routed]] = {}
         self._sent: list[_Routed] = []
         self._topology: tuple[Any, Any] | None = None
         self._engine: DeliveryEngine | None = None
-        self._batches = 0   # outbox batches handed to another device (per batch and edge)
-        self.runtime: Any = None
+        self.runtime: KernelRuntime | None = None
         if runtime is not None:
             self.attach(runtime)
 
@@ -113,7 +117,7 @@ class CrossGpuK2KRouter:
         src = as_kernel_id(source_kernel, "source_kernel")
         dst = as_kernel_id(dest_kernel, "dest_kernel")
         msg = self._as_message(src, dst, message)
-        timeout = _timeout(timeout)
+        timeout = timeout_seconds(timeout)
         s = self._device_of(src)
         d = self._device_of(dst)
         rt = self.runtime
@@ -144,19 +148,20 @@ class CrossGpuK2KRouter:
         source, dest = kernels
         slot = self._pack(source, dest, msg, rt.payload_size)
         routed = _Routed(pending, decision, key, source, dest, slot)
-        deadline = time.monotonic() + (timeout if timeout is not None else 1e18)
-        while True:
-            with self._queue_lock:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._room:
+            while True:
                 q = self._by_kernel.setdefault(source, deque())
                 if sum(1 for r in q if r.state == "queued") < self.max_pending:
                     q.append(routed)
                     if key is not None:
                         self._pending.setdefault(key, deque()).append(routed)
                     break
-            if time.monotonic() >= deadline:
-                raise QueueFullError(f"kernel {src!r} already has {self.max_pending} routed messages waiting for "
-                                     f"its steps (max_pending); step the runtime, then route again")
-            time.sleep(0.001)
+                left = ROOM_WAIT_SLICE if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise QueueFullError(f"kernel {src!r} already has {self.max_pending} routed messages waiting "
+                                         f"for its steps (max_pending); step the runtime, then route again")
+                self._room.wait(min(left, ROOM_WAIT_SLICE))   # take(), settle(), a drain or a detach make room
         if key is not None:
             self._stats.add_pending(1)
         return decision
@@ -172,6 +177,8 @@ class CrossGpuK2KRouter:
                 if r.state == "queued":
                     r.state = "drained"
                     out.append(r.pending)
+            if out:
+                self._room.notify_all()
         self._stats.add_pending(-len(out))
         return out
 
@@ -218,7 +225,7 @@ class CrossGpuK2KRouter:
         """Outbox batches the router handed on to another device since it was made, once
         per batch and edge (read there in place, or moved by a transfer): 0 while no
         kernel's messages crossed devices."""
-        return self._batches
+        return self._stats.batches_moved
 
     def edge_traffic(self) -> dict[tuple[int, int], tuple[int, int]]:
         """{(from device, to device): (moves, bytes)} the router made since it was attached
@@ -231,8 +238,6 @@ class CrossGpuK2KRouter:
 
     @staticmethod
     def _check_methods(methods: Any) -> dict[tuple[int, int], str]:
-        from ...transfer.methods import TransferMethod
-
         if methods is None:
             return {}
         if not isinstance(methods, dict):
@@ -255,7 +260,7 @@ class CrossGpuK2KRouter:
             raise K2KDestinationNotFoundError(f"kernel {kernel_id!r} is not placed on any device")
         return dev
 
-    def _runtime_kernels(self, rt: Any, src: KernelId, dst: KernelId) -> tuple[Kernel, Kernel]:
+    def _runtime_kernels(self, rt: KernelRuntime, src: KernelId, dst: KernelId) -> tuple[Kernel, Kernel]:
         out = []
         for kid in (src, dst):
             try:
@@ -289,10 +294,8 @@ class CrossGpuK2KRouter:
 
     # -- attached to a runtime ------------------------------------------------------------
 
-    def attach(self, runtime: Any) -> "CrossGpuK2KRouter":
+    def attach(self, runtime: KernelRuntime) -> "CrossGpuK2KRouter":
         """Deliver the K2K traffic of `runtime` (a KernelRuntime on this coordinator)."""
-        from ..runtime.runtime import KernelRuntime
-
         if not isinstance(runtime, KernelRuntime):
             raise TypeError(f"runtime must be a KernelRuntime, got {type(runtime).__name__}")
         if runtime.coordinator is not self.coordinator:
@@ -305,7 +308,7 @@ class CrossGpuK2KRouter:
                 raise ValueError("this router is already attached to a runtime; detach() it first")
             runtime.set_outbox_feed(self)
             landings = self.max_landings if self.max_landings is not None else 4 * runtime.in_flight
-            self._engine = DeliveryEngine(self, runtime, max_landings=landings,
+            self._engine = DeliveryEngine(self, runtime.inbound, self._stats, max_landings=landings,
                                           submit_timeout=self.submit_timeout or 30.0)
             self.runtime = runtime
             runtime.add_step_listener(self._on_step, retain=True, prepare=self._prepare)
@@ -326,7 +329,7 @@ class CrossGpuK2KRouter:
             rt, eng = self.runtime, self._engine
             if rt is None:
                 return
-            timeout = float("inf") if timeout is None else _timeout(timeout)
+            timeout = float("inf") if timeout is None else timeout_seconds(timeout)
             rt.remove_step_listener(self._on_step)
             if rt.outbox_feed is self:
                 rt.set_outbox_feed(None)
@@ -339,6 +342,8 @@ class CrossGpuK2KRouter:
             finally:
                 self.runtime, self._engine = None, None
                 self._check_sent(final=True)
+                with self._room:   # route_message's waiters look again
+                    self._room.notify_all()
                 life = getattr(rt.manager, "_life", None)
                 if life is not None:
                     life.forget(self)
@@ -377,11 +382,23 @@ class CrossGpuK2KRouter:
             self._check_sent()
 
     def device_lost(self, index: int) -> None:
-        """The runtime's failover hook: GPU `index` was lost; moves, landings and
-        in-place reads involving it are forgotten without touching it."""
+        """The runtime's failover hook (OutboxFeed): GPU `index` was lost; moves, landings
+        and in-place reads involving it are forgotten without touching it."""
         with self._delivery_lock:
             if self._engine is not None:
                 self._engine.drop_device(index)
+
+    def flush(self) -> int:
+        """The runtime's hook (OutboxFeed): submit what can go of the queued moves, as after
+        a step without new batches; returns how many still wait for room on their
+        edges (0 while detached)."""
+        with self._delivery_lock:
+            eng = self._engine
+            if eng is None:
+                return 0
+            eng.on_step([])
+            self._check_sent()
+            return eng.queued_moves()
 
     def _prepare(self, kernels: list[Kernel]) -> None:
         with self._delivery_lock:
@@ -394,14 +411,15 @@ class CrossGpuK2KRouter:
                 self._engine.reap()
             self._check_sent()
 
-    # -- the runtime's outbox feed (called by its stepper under a device lock) --------------
+    # -- the runtime's outbox feed (take and settle are called by its stepper under a device lock) ----
 
     def take(self, kernel: Kernel, limit: int) -> list[tuple[bytes, _Routed]]:
-        """The runtime's hook: up to `limit` host-routed messages of `kernel` to send with its next step, as
-        (slot bytes, route) pairs."""
+        """The runtime's hook (OutboxFeed): up to `limit` host-routed messages of `kernel` to send with its
+        next step, as (slot bytes, route) pairs."""
         with self._queue_lock:
             q = self._by_kernel.get(kernel)
             out: list[tuple[bytes, _Routed]] = []
+            before = len(q) if q else 0
             while q and len(out) < limit:
                 r = q.popleft()
                 if r.state != "queued":
@@ -411,12 +429,14 @@ class CrossGpuK2KRouter:
                     continue
                 r.state = "taken"
                 out.append((r.slot, r))
+            if before != (len(q) if q else 0):   # room for route_message's waiters
+                self._room.notify_all()
             return out
 
     def settle(self, kernel: Kernel, batch: OutboxBatch | None, taken: list[_Routed],
                returned: list[tuple[bytes, _Routed]]) -> None:
-        """The runtime's hook: what became of the messages take() gave for a step (sent in `batch`, or
-        `returned` to the queue)."""
+        """The runtime's hook (OutboxFeed): what became of the messages take() gave for a step (sent in
+        `batch`, or `returned` to the queue)."""
         with self._queue_lock:
             q = self._by_kernel.setdefault(kernel, deque())
             for _, r in reversed(returned):
@@ -430,6 +450,7 @@ class CrossGpuK2KRouter:
                 self._sent.append(r)
             if kernel.destroyed and not q:
                 self._by_kernel.pop(kernel, None)
+            self._room.notify_all()
 
     def _fail(self, r: _Routed, why: str) -> None:
         r.state = "failed"
@@ -447,6 +468,7 @@ class CrossGpuK2KRouter:
                 for r in self._by_kernel.pop(kernel):
                     if r.state == "queued":
                         self._fail(r, f"its source {kernel.id!r} was destroyed")
+                self._room.notify_all()
         if not self._sent:
             return
         keep = []

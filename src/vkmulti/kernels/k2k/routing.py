@@ -206,6 +206,8 @@ class CrossGpuRouterStats:
         self.messages_pending = 0
         self.total_latency_us = 0
         self.routing_failures = 0
+        #: outbox batches handed on to another device, once per batch and edge (the router's `batches`)
+        self.batches_moved = 0
 
     def add_routed(self, messages: int, payload_bytes: int, latency_us_total: int) -> None:
         """Count `messages` routed, their payload bytes and summed latency."""
@@ -217,6 +219,12 @@ class CrossGpuRouterStats:
     def add_bytes(self, nbytes: int) -> None:
         """Count bytes moved between devices."""
         with self._lock:
+            self.bytes_transferred += nbytes
+
+    def add_moved(self, batches: int, nbytes: int) -> None:
+        """Count `batches` outbox batches handed on to another device in `nbytes` bytes."""
+        with self._lock:
+            self.batches_moved += batches
             self.bytes_transferred += nbytes
 
     def add_pending(self, n: int) -> None:

@@ -46,16 +46,16 @@ Restorer = Callable[[int, list, Any, bool, set], tuple[list, list, int, int]]
 class Failover:
     """The failover of one KernelRuntime (see the module docstring). It reads the
     runtime's registries under the runtime's `lock`: `kernels` (id -> kernel),
-    `contexts` (device -> (context, stepper)) and the step `listeners`;
-    `forget(kernel)` takes a kernel out of the registries (called with the lock
+    `contexts` (device -> (context, stepper)); `device_lost(index)` tells the
+    K2K router (through the runtime's inbound side) to forget its moves; `forget(kernel)` takes a kernel out of the registries (called with the lock
     held), `release(kernel)` then makes its address reusable and tells the
     coordinator; `restore` brings lost kernels back."""
 
     def __init__(self, manager: Any, coordinator: Any, lock: threading.RLock, kernels: dict, contexts: dict,
-                 listeners: list, forget: Callable[[Kernel], None], release: Callable[[Kernel], None],
+                 device_lost: Callable[[int], None], forget: Callable[[Kernel], None], release: Callable[[Kernel], None],
                  restore: Restorer):
         self.manager, self.coordinator, self._lock = manager, coordinator, lock
-        self._kernels, self._contexts, self._listeners = kernels, contexts, listeners
+        self._kernels, self._contexts, self._device_lost = kernels, contexts, device_lost
         self._forget, self._release, self._restore = forget, release, restore
         #: what lost devices cost this runtime (devices, kernels lost, times)
         self.stats = FailoverStats()
@@ -112,15 +112,7 @@ class Failover:
         with self._lock:
             kernels = [k for k in self._kernels.values() if k is not None and k.device_index == d]
             pair = self._contexts.pop(d, None)
-        with self._lock:
-            owners = [getattr(fn, "__self__", None) for fn in self._listeners]
-        for owner in owners:   # the K2K router forgets its moves to and from the device
-            hook = getattr(owner, "device_lost", None)
-            if callable(hook):
-                try:
-                    hook(d)
-                except VkmError as exc:
-                    log.warning("KernelRuntime: a step listener failed to forget GPU %d: %s", d, exc)
+        self._device_lost(d)   # the K2K router forgets its moves to and from the device
         restored: list[Any] = []
         if kernels and not teardown:
             slot = self.manager.slot(d) if hasattr(self.manager, "slot") else None

@@ -73,17 +73,11 @@ _STATUS_WORDS = 4
 
 
 def _pump_router(rt: Any) -> int:
-    """Let the router submit what it can of its queued moves (their batches land as
-    inbound batches); returns how many still wait (their edges' landings full).
-    Called with the runtime's gate held (no step runs)."""
-    for listener in list(rt._listeners):
-        listener([])   # a step without batches: the router submits waiting moves
+    """Let the router (the runtime's outbox feed) submit what it can of its queued
+    moves (their batches land as inbound batches); returns how many still wait
+    (their edges' landings full). Called with the runtime's gate held (no step runs)."""
     feed = rt.outbox_feed
-    eng = getattr(feed, "_engine", None)
-    if eng is None:
-        return 0
-    with feed._delivery_lock:
-        return eng.queued_moves()
+    return 0 if feed is None else feed.flush()
 
 
 # -- the staging batch --------------------------------------------------------------------------

@@ -46,7 +46,6 @@ class RuntimeView(Protocol):
     _kernels: dict[str, Kernel]
     _by_index: dict[int, Kernel]
     _contexts: dict[int, tuple[Any, Any]]
-    _listeners: list[Callable[[list], Any]]
 
     @property
     def kernels(self) -> list[Kernel]: ...

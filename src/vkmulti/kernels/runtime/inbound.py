@@ -1,36 +1,64 @@
-"""The router's side of KernelRuntime (mixed into it): step listeners, batches
-handed in from other devices (accept, withdraw, the descriptor sets kept for
-reused buffers), and messages the host sends as a kernel (the outbox feed).
-docs/kernels.md, "The hooks a router uses", describes the contract.
+"""Inbound: the K2K router's side of KernelRuntime, a collaborator the runtime
+builds and owns. It keeps the step listeners and the outbox feed (the router,
+an OutboxFeed), takes the batches handed in from other devices (accept,
+withdraw, the descriptor sets kept for reused buffers) and is the runtime's
+RuntimePort: everything the router's delivery engine asks of the runtime goes
+through it. docs/kernels.md, "The hooks a router uses", describes the contract.
 """
 from __future__ import annotations
 
+import logging
+import threading
 import time
+import weakref
 from typing import Any, Callable
 
-from ...errors import DestroyedError, TimeoutError as VkmTimeout
+from ...errors import DestroyedError, VkmError, TimeoutError as VkmTimeout
 from ...memory.image import Buffer
-from ...transfer.peer import ImportedBuffer
+from ...transfer.cross_device import TimelinePoint
+from ...transfer.peer import ExportedBuffer, ImportedBuffer
+from ..._core.checks import int_in, timeout_seconds
 from ..._core.timeline import as_wait_points
-from ..._core.checks import int_in as _count, timeout_seconds as _timeout
 from ..engine.kernel import InboundBatch, Kernel, OutboxBatch
 from ..messages import RING_HEADER_BYTES
+from .ports import OutboxFeed
 
-__all__ = ["RouterHooks"]
+log = logging.getLogger(__name__)
+
+__all__ = ["Inbound"]
+
+#: What set_outbox_feed asks of a feed (the methods of OutboxFeed).
+_FEED_METHODS = ("take", "settle", "flush", "device_lost")
 
 
-class RouterHooks:
-    """add/remove_step_listener, set_outbox_feed, accept_batch, withdraw_batch,
-    forget_buffer of KernelRuntime."""
+class Inbound:
+    """The step listeners, the outbox feed and the inbound batches of `runtime`;
+    KernelRuntime's add/remove_step_listener, set_outbox_feed, accept_batch,
+    withdraw_batch and forget_buffer are its methods. Implements RuntimePort for
+    the K2K router.
 
-    _lock: Any
-    _listeners: list
-    _retaining: set
-    _preparers: dict
-    _contexts: dict
-    _kernels: dict
-    outbox_feed: Any
-    slot_size: int
+    Besides the runtime's public members it is handed the runtime's registry:
+    `check()` (DestroyedError once the runtime is destroyed), `device(index)`
+    (a device's (DeviceContext, DeviceStepper), made on first use), `contexts`
+    (the pairs made so far, read under `lock`), `by_index` (address %
+    max_kernels -> kernel) and `wait_points(points, timeout)`."""
+
+    def __init__(self, runtime: Any, check: Callable[[], None], device: Callable[[int], tuple[Any, Any]],
+                 lock: Any, contexts: dict[int, tuple[Any, Any]], by_index: dict[int, Kernel],
+                 wait_points: Callable[[list[TimelinePoint], float | None], None]):
+        self._rt = runtime
+        self.manager = runtime.manager
+        self._check, self._device, self._wait_points = check, device, wait_points
+        self._registry_lock, self._contexts, self._by_index = lock, contexts, by_index
+        self._lock = threading.Lock()   # listeners and feed (taken with nothing else called)
+        self._listeners: list[Callable[[list[OutboxBatch]], Any]] = []
+        self._retaining: set[int] = set()   # ids of listeners each new batch starts retained for
+        self._preparers: dict[int, Callable[[list[Kernel]], Any]] = {}   # listener id -> before-step hook
+        self._watched: weakref.WeakSet[ImportedBuffer] = weakref.WeakSet()   # imports read in place
+        #: the source of messages the host routes on kernels' behalf (the K2K router), or None
+        self.feed: OutboxFeed | None = None
+
+    # -- listeners and the feed ------------------------------------------------------------
 
     def add_step_listener(self, listener: Callable[[list[OutboxBatch]], Any], *, retain: bool = False,
                           prepare: Callable[[list[Kernel]], Any] | None = None) -> None:
@@ -65,47 +93,52 @@ class RouterHooks:
                     self._retaining.discard(id(stored))
                     self._preparers.pop(id(stored), None)
 
-    def set_outbox_feed(self, feed: Any) -> None:
-        """Install (or remove, with None) the source of messages the host routes on a
-        kernel's behalf: `feed.take(kernel, limit)` -> list of (packed slot, token)
-        is asked at each step of a kernel with no such messages in flight; they
-        join that step's outbox after the kernel's own (same sequence numbers and
-        clock) as far as it has room; `feed.settle(kernel, batch, taken, returned)`
-        hands back the tokens once the step is harvested (`returned`: did not fit,
-        or nothing ran; they go first next time). Only one feed: the K2K router."""
-        if feed is not None and not (callable(getattr(feed, "take", None)) and
-                                     callable(getattr(feed, "settle", None))):
-            raise TypeError(f"feed must have take() and settle(), got {type(feed).__name__}")
+    def step_hooks(self) -> tuple[list[Callable[[list[OutboxBatch]], Any]], int, list[Callable[[list[Kernel]], Any]]]:
+        """For one step: the listeners that see its batches, how many of them retain
+        each batch, and the before-step hooks (taken together, so they agree)."""
         with self._lock:
-            if feed is not None and self.outbox_feed is not None and self.outbox_feed is not feed:
+            listeners = list(self._listeners)
+            return listeners, sum(1 for fn in listeners if id(fn) in self._retaining), list(self._preparers.values())
+
+    def has_listeners(self) -> bool:
+        """Whether something moves messages to kernels on other devices (a step listener)."""
+        return bool(self._listeners)
+
+    def set_outbox_feed(self, feed: OutboxFeed | None) -> None:
+        """Install (or remove, with None) the source of messages the host routes on a
+        kernel's behalf (an OutboxFeed): `feed.take(kernel, limit)` -> list of
+        (packed slot, token) is asked at each step of a kernel with no such
+        messages in flight; they join that step's outbox after the kernel's own
+        (same sequence numbers and clock) as far as it has room;
+        `feed.settle(kernel, batch, taken, returned)` hands back the tokens once
+        the step is harvested (`returned`: did not fit, or nothing ran; they go
+        first next time). Only one feed: the K2K router."""
+        if feed is not None and not all(callable(getattr(feed, name, None)) for name in _FEED_METHODS):
+            raise TypeError(f"feed must have take(), settle(), flush() and device_lost() (an OutboxFeed), "
+                            f"got {type(feed).__name__}")
+        with self._lock:
+            if feed is not None and self.feed is not None and self.feed is not feed:
                 raise ValueError("this runtime already has an outbox feed (a K2K router is attached)")
-            self.outbox_feed = feed
+            self.feed = feed
 
     def settle_injected(self, kernel: Kernel, batch: OutboxBatch | None, taken: list, returned: list) -> None:
         """The stepper's report on host-routed messages of one step (see set_outbox_feed)."""
-        feed = self.outbox_feed
+        feed = self.feed
         if feed is not None:
             feed.settle(kernel, batch, [t for _, t in taken], [(slot, t) for slot, t in returned])
 
-    def forget_buffer(self, buffer: Any) -> None:
-        """Drop the descriptor sets cached for `buffer` (batches accepted with
-        reuse_sets=True), before or after it is destroyed; they are freed once
-        the steps already submitted on its device are done."""
-        if not isinstance(buffer, Buffer):
-            raise TypeError(f"buffer must be a vkmulti Buffer, got {type(buffer).__name__}")
-        with self._lock:
-            pair = self._contexts.get(buffer.slot.index)
-            kernels = [k for k in self._kernels.values() if k is not None]
-        if pair is None:
+    def device_lost(self, index: int) -> None:
+        """Tell the feed (the K2K router) that GPU `index` was lost: it forgets its moves
+        to and from the device."""
+        feed = self.feed
+        if feed is None:
             return
-        ctx, stepper = pair
-        with ctx.lock:   # (the sets are kept by the buffer object: this works after its destroy() too)
-            for key in [key for key in ctx.buffer_sets if key[0] is buffer]:
-                stepper.retired.append((ctx.value, ctx.buffer_sets.pop(key)))
-            for k in kernels:
-                if k.ctx is ctx and not k.destroyed:
-                    for key in [key for key in k.deliver_sets if key[0] == "in" and key[1] is buffer]:
-                        stepper.retired.append((ctx.value, k.deliver_sets.pop(key)))
+        try:
+            feed.device_lost(index)
+        except VkmError as exc:
+            log.warning("KernelRuntime: the K2K router failed to forget GPU %d: %s", index, exc)
+
+    # -- batches handed in -------------------------------------------------------------------
 
     def accept_batch(self, device: int, buffer: Any, offset: int = 0, size: int | None = None, *,
                      wait: Any = None, source: Kernel | None = None, hops: int = 0, report_unknown: bool = True,
@@ -136,6 +169,7 @@ class RouterHooks:
         the first step recorded once it is reached reads the batch (with the
         batches after it from the same source), so a batch that is probably
         empty does not tie this device's steps to the other device's."""
+        rt = self._rt
         self._check()
         if isinstance(device, bool) or not isinstance(device, int):
             raise TypeError(f"device must be an int, got {type(device).__name__}")
@@ -146,16 +180,16 @@ class RouterHooks:
         if buffer.slot.index != device:
             raise ValueError(f"buffer is on GPU {buffer.slot.index}, not GPU {device}")
         size = buffer.size - offset if size is None else size
-        _count(offset, "offset", 0, buffer.size)
+        int_in(offset, "offset", 0, buffer.size)
         ctx, stepper = self._device(device)
         if offset % ctx.min_offset_alignment:
             raise ValueError(f"offset {offset} is not a multiple of the device's storage offset alignment "
                              f"{ctx.min_offset_alignment}")
-        _count(size, "size", RING_HEADER_BYTES + self.slot_size, buffer.size - offset)
+        int_in(size, "size", RING_HEADER_BYTES + rt.slot_size, buffer.size - offset)
         points = as_wait_points(wait, device)
         if source is not None and not isinstance(source, Kernel):
             raise TypeError(f"source must be a Kernel or None, got {type(source).__name__}")
-        _count(hops, "hops", 0, 255)
+        int_in(hops, "hops", 0, 255)
         if not isinstance(report_unknown, bool):
             raise TypeError(f"report_unknown must be a bool, got {report_unknown!r}")
         if submitted is not None and not callable(submitted):
@@ -164,20 +198,31 @@ class RouterHooks:
             raise TypeError(f"reuse_sets must be a bool, got {reuse_sets!r}")
         if not isinstance(lazy, bool):
             raise TypeError(f"lazy must be a bool, got {lazy!r}")
-        slots = (size - RING_HEADER_BYTES) // self.slot_size
+        slots = (size - RING_HEADER_BYTES) // rt.slot_size
         if direct is not None:
             if not isinstance(direct, Kernel):
                 raise TypeError(f"direct must be a Kernel or None, got {type(direct).__name__}")
-            if direct.runtime is not self or direct.device_index != device:
+            if direct.runtime is not rt or direct.device_index != device:
                 raise ValueError(f"direct kernel {direct.id!r} is not a kernel of this runtime on GPU {device}")
-        direct_slots = slots if direct_slots is None else _count(direct_slots, "direct_slots", 0, slots)
+        direct_slots = slots if direct_slots is None else int_in(direct_slots, "direct_slots", 0, slots)
         return self._accept(ctx, stepper, buffer, offset, size, points, source, hops, report_unknown, submitted,
                             reuse_sets, direct, direct_slots, lazy)
 
+    def accept_in_place(self, device: int, view: ImportedBuffer, batch: OutboxBatch, wait: list[TimelinePoint],
+                        hops: int, direct: Kernel | None, direct_slots: int | None, lazy: bool) -> InboundBatch:
+        """Hand the kernels of `device` the outbox batch `batch` of another device, read
+        in place through `view` (that outbox's import on `device`) once `wait` (points
+        of `device`) is reached. Unlike accept_batch, the batch's offset need not meet
+        this device's alignment: only a step that reads it as an inbox needs that,
+        and checks. Its sets are kept for `view` (forget_buffer)."""
+        ctx, stepper = self._device(device)
+        k = batch.kernel
+        return self._accept(ctx, stepper, view, batch.offset, batch.size, wait, k, hops, False, None, True, direct,
+                            k.spec.outbox_capacity if direct_slots is None else direct_slots, lazy)
+
     def _accept(self, ctx: Any, stepper: Any, buffer: Any, offset: int, size: int, points: list, source: Any,
                 hops: int, report_unknown: bool, submitted: Any, reuse_sets: bool, direct: Any,
-                direct_slots: int, lazy: bool = False) -> InboundBatch:
-        """accept_batch once its arguments are checked (the router calls it directly)."""
+                direct_slots: int, lazy: bool) -> InboundBatch:
         b = InboundBatch(ctx, buffer, offset, size, points, hops=hops, report_unknown=report_unknown,
                          submitted=submitted, reuse_sets=reuse_sets, direct=direct, direct_slots=direct_slots,
                          lazy=lazy)
@@ -188,13 +233,83 @@ class RouterHooks:
             if imported:
                 if (source is not None and source.destroyed) or buffer.destroyed:
                     raise DestroyedError("the outbox it lies in was freed: it is no longer read in place")
-                if not getattr(buffer, "_watched", False):   # its memory may go: stop reading it first
-                    buffer._watched = True
-                    buffer.on_destroy(lambda view=buffer: self._drop_readers(view))
+                if buffer not in self._watched:   # its memory may go: stop reading it first
+                    self._watched.add(buffer)
+                    buffer.on_destroy(lambda view=buffer: self.drop_readers(view))
             stepper.batches.append(b)
         return b
 
-    def _drop_readers(self, view: ImportedBuffer, timeout: float | None = 30.0) -> None:
+    def withdraw_batch(self, batch: InboundBatch, *, timeout: float | None = 30.0) -> int:
+        """Take an accepted batch back before it is fully delivered (a router that
+        detaches): no later step reads it, and once the steps already submitted
+        are done its buffer may be reused. Returns how many of its messages for
+        kernels of that device were not delivered (dropped; the caller reports them)."""
+        if not isinstance(batch, InboundBatch):
+            raise TypeError(f"batch must be an InboundBatch, got {type(batch).__name__}")
+        timeout = timeout_seconds(timeout)
+        ctx, stepper = self._device(batch.device_index)
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        with ctx.lock:
+            if batch.done:
+                return 0
+            if batch in stepper.batches:
+                stepper.batches.remove(batch)
+            while ctx.completed() < batch.last_value:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    stepper.batches.append(batch)
+                    raise VkmTimeout(f"GPU {batch.device_index}: steps reading the batch did not finish within "
+                                     f"{timeout} s; it was not withdrawn")
+                try:
+                    ctx.wait_unlocked(batch.last_value, min(left, 0.25))
+                except VkmTimeout:
+                    pass
+            stepper.harvest()
+            stepper.retired += [(batch.last_value, s) for s in batch.sets]
+            batch.sets = []
+            left = max(0, batch.local - batch.delivered - batch.rejected)
+            batch.done = True
+            batch.event.set()
+            ctx.cond.notify_all()
+            return left
+
+    def wait_reads(self, batches: list[InboundBatch], timeout: float | None) -> None:
+        """Wait until the steps already submitted that read `batches` are done
+        (vkmulti.TimeoutError after `timeout` s)."""
+        points = [b.ctx.point(b.last_value) for b in batches if b.last_value]
+        if points:
+            self._wait_points(points, timeout)
+
+    def forget_buffer(self, buffer: Any) -> None:
+        """Drop the descriptor sets cached for `buffer` (batches accepted with
+        reuse_sets=True), before or after it is destroyed; they are freed once
+        the steps already submitted on its device are done."""
+        if not isinstance(buffer, Buffer):
+            raise TypeError(f"buffer must be a vkmulti Buffer, got {type(buffer).__name__}")
+        with self._registry_lock:
+            pair = self._contexts.get(buffer.slot.index)
+        if pair is None:
+            return
+        kernels = self._rt.kernels
+        ctx, stepper = pair
+        with ctx.lock:   # (the sets are kept by the buffer object: this works after its destroy() too)
+            for key in [key for key in ctx.buffer_sets if key[0] is buffer]:
+                stepper.retired.append((ctx.value, ctx.buffer_sets.pop(key)))
+            for k in kernels:
+                if k.ctx is ctx and not k.destroyed:
+                    for key in [key for key in k.deliver_sets if key[0] == "in" and key[1] is buffer]:
+                        stepper.retired.append((ctx.value, k.deliver_sets.pop(key)))
+
+    def drop_in_place(self, k: Kernel, timeout: float | None) -> None:
+        """Other devices stop reading k's outbox in place (batches the K2K router
+        handed them through an import of it): what they had not delivered yet is
+        dropped with k, before the outbox is freed (see drop_readers)."""
+        out = getattr(k, "outbox", None)
+        if isinstance(out, ExportedBuffer):
+            for view in out.imports():
+                self.drop_readers(view, timeout)
+
+    def drop_readers(self, view: ImportedBuffer, timeout: float | None = 30.0) -> None:
         """Batches read in place through `view` (an import of another device's outbox)
         are dropped, undelivered, before its memory goes: the steps already
         submitted that read them are waited for, and the descriptor sets made
@@ -224,37 +339,37 @@ class RouterHooks:
                     ctx.wait_unlocked(last, timeout)
         self.forget_buffer(view)
 
-    def withdraw_batch(self, batch: InboundBatch, *, timeout: float | None = 30.0) -> int:
-        """Take an accepted batch back before it is fully delivered (a router that
-        detaches): no later step reads it, and once the steps already submitted
-        are done its buffer may be reused. Returns how many of its messages for
-        kernels of that device were not delivered (dropped; the caller reports them)."""
-        if not isinstance(batch, InboundBatch):
-            raise TypeError(f"batch must be an InboundBatch, got {type(batch).__name__}")
-        timeout = _timeout(timeout)
-        ctx, stepper = self._device(batch.device_index)
-        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
-        with ctx.lock:
-            if batch.done:
-                return 0
-            if batch in stepper.batches:
-                stepper.batches.remove(batch)
-            while ctx.completed() < batch.last_value:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    stepper.batches.append(batch)
-                    raise VkmTimeout(f"GPU {batch.device_index}: steps reading the batch did not finish within "
-                                     f"{timeout} s; it was not withdrawn")
-                try:
-                    ctx.wait_unlocked(batch.last_value, min(left, 0.25))
-                except VkmTimeout:
-                    pass
-            stepper.harvest()
-            stepper.retired += [(batch.last_value, s) for s in batch.sets]
-            batch.sets = []
-            left = max(0, batch.local - batch.delivered - batch.rejected)
-            batch.done = True
-            batch.event.set()
-            ctx.cond.notify_all()
-            return left
+    # -- the rest of the RuntimePort -----------------------------------------------------------
 
+    @property
+    def kernels(self) -> list[Kernel]:
+        """The runtime's live kernels, in launch order."""
+        return self._rt.kernels
+
+    def kernel_by_address(self, address: int) -> Kernel | None:
+        """The live kernel with this address (None: no such kernel, or one destroyed)."""
+        k = self._by_index.get(address % self._rt.max_kernels)
+        return None if k is None or k.address != address or k.destroyed else k
+
+    def poll(self) -> None:
+        """Harvest every completed step without waiting (KernelRuntime.poll)."""
+        self._rt.poll()
+
+    def fail_delivery(self, kernel: Kernel, step: int, text: str) -> None:
+        """A message of `kernel`'s step `step` could not be delivered: counted as
+        undeliverable, and its next step raises KernelMessageError naming `text`;
+        a destroyed kernel's count as dead letters."""
+        if kernel.destroyed:
+            self._rt.record_dead_letters(text, 1)
+            return
+        with kernel.ctx.lock:
+            kernel.stats.undeliverable += 1
+            kernel.errors.append(f"step {step}: {text}")
+        log.warning("kernel %r: %s", kernel.id, text)
+
+    def record_dead_letters(self, text: str, n: int) -> None:
+        """Count undeliverable messages whose sender cannot be told (KernelRuntime.record_dead_letters)."""
+        self._rt.record_dead_letters(text, n)
+
+    def __repr__(self) -> str:
+        return f"Inbound(listeners={len(self._listeners)}, feed={type(self.feed).__name__ if self.feed else None})"

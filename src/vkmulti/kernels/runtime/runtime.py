@@ -39,7 +39,8 @@ from ..messages import DEFAULT_PAYLOAD_SIZE, ENVELOPE_BYTES, HOST_KERNEL_ID, Hyb
 from ..messages import check_payload_size
 from ..reload.swap import apply_code
 from .host_io import HostQueues
-from .inbound import RouterHooks
+from .inbound import Inbound
+from .ports import OutboxFeed
 from .placement import check_fits, initial_state, place
 from .stepping import StepTicket, Stepping
 
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 __all__ = ["KernelRuntime", "StepTicket"]
 
 
-class KernelRuntime(RouterHooks):
+class KernelRuntime:
     """Compute kernels on the devices of `coordinator` (a MultiGpuCoordinator
     whose devices are the slots of `manager`; by default the manager the
     coordinator was built from).
@@ -87,23 +88,21 @@ class KernelRuntime(RouterHooks):
         self._by_index: dict[int, Kernel] = {}   # address % max_kernels -> kernel
         self._free_index = list(range(self.max_kernels - 1, 0, -1))
         self._generation = [0] * self.max_kernels
-        self._listeners: list[Callable[[list[OutboxBatch]], Any]] = []
-        self._retaining: set[int] = set()   # ids of listeners each new batch starts retained for
-        self._preparers: dict[int, Callable[[list[Kernel]], Any]] = {}   # listener id -> before-step hook
         self._exports: dict[int, bool] = {}   # device -> whether its kernels' outboxes are exported
-        #: the source of messages the host routes on kernels' behalf (the K2K router), or None
-        self.outbox_feed: Any = None
         #: messages that could not be delivered and whose sender is gone or unknown (dead letters)
         self.dead_letters = 0
         self._destroyed = False
         self._counter = 0
+        #: the router's side: step listeners, the outbox feed, batches handed in (the RuntimePort)
+        self.inbound = Inbound(self, self._check, self._device, self._lock, self._contexts, self._by_index,
+                               self._wait_points)
         self._host = HostQueues(self._resolve, self._device, self.payload_size, self.hlc)
         self._lifecycle = Lifecycle(self, lambda: self.migration_pool_bytes)
-        self._failover = Failover(manager, coordinator, self._lock, self._kernels, self._contexts, self._listeners,
-                                  self._unregister, self._release_address,
+        self._failover = Failover(manager, coordinator, self._lock, self._kernels, self._contexts,
+                                  self.inbound.device_lost, self._unregister, self._release_address,
                                   functools.partial(restore_lost_kernels, self._lifecycle))
         self._steps = Stepping(self._check, self._resolve, lambda: self.kernels, self._kernels, self._device,
-                               self._lock, self._listeners, self._retaining, self._preparers, self._failover,
+                               self._lock, self.inbound.step_hooks, self._failover,
                                lambda: self._lifecycle.policy_state)
         life = getattr(manager, "_life", None)
         if life is not None:
@@ -177,13 +176,55 @@ class KernelRuntime(RouterHooks):
 
     def has_router(self) -> bool:
         """Whether something moves messages to kernels on other devices (a step listener)."""
-        return bool(self._listeners)
+        return self.inbound.has_listeners()
 
     def record_dead_letters(self, text: str, n: int) -> None:
         """Count undeliverable messages whose sender cannot be told (destroyed, or an inbound batch's)."""
         with self._lock:
             self.dead_letters += n
         log.info("dead letters: %s", text)
+
+    # -- the router's side (Inbound) ------------------------------------------------------
+
+    @property
+    def outbox_feed(self) -> OutboxFeed | None:
+        """The source of messages the host routes on kernels' behalf (the K2K router), or None."""
+        return self.inbound.feed
+
+    def add_step_listener(self, listener: Callable[[list[OutboxBatch]], Any], *, retain: bool = False,
+                          prepare: Callable[[list[Kernel]], Any] | None = None) -> None:
+        """Call `listener(batches)` after each step with its new outbox batches (Inbound.add_step_listener)."""
+        self.inbound.add_step_listener(listener, retain=retain, prepare=prepare)
+
+    def remove_step_listener(self, listener: Callable[[list[OutboxBatch]], Any]) -> None:
+        """Stop calling `listener` (a step already running still hands it its batches)."""
+        self.inbound.remove_step_listener(listener)
+
+    def set_outbox_feed(self, feed: OutboxFeed | None) -> None:
+        """Install (None: remove) the K2K router as the source of host-routed messages (Inbound.set_outbox_feed)."""
+        self.inbound.set_outbox_feed(feed)
+
+    def settle_injected(self, kernel: Kernel, batch: OutboxBatch | None, taken: list, returned: list) -> None:
+        """The stepper's report on host-routed messages of one step (see set_outbox_feed)."""
+        self.inbound.settle_injected(kernel, batch, taken, returned)
+
+    def accept_batch(self, device: int, buffer: Any, offset: int = 0, size: int | None = None, *,
+                     wait: Any = None, source: Kernel | None = None, hops: int = 0, report_unknown: bool = True,
+                     submitted: Callable[[float], Any] | None = None, reuse_sets: bool = False,
+                     direct: Kernel | None = None, direct_slots: int | None = None,
+                     lazy: bool = False) -> InboundBatch:
+        """Hand the kernels of `device` a batch in `buffer` from `offset` (Inbound.accept_batch)."""
+        return self.inbound.accept_batch(device, buffer, offset, size, wait=wait, source=source, hops=hops,
+                                         report_unknown=report_unknown, submitted=submitted, reuse_sets=reuse_sets,
+                                         direct=direct, direct_slots=direct_slots, lazy=lazy)
+
+    def withdraw_batch(self, batch: InboundBatch, *, timeout: float | None = 30.0) -> int:
+        """Take an accepted batch back; returns how many of its messages were not delivered."""
+        return self.inbound.withdraw_batch(batch, timeout=timeout)
+
+    def forget_buffer(self, buffer: Any) -> None:
+        """Drop the descriptor sets kept for `buffer` (batches accepted with reuse_sets=True)."""
+        self.inbound.forget_buffer(buffer)
 
     # -- launch ---------------------------------------------------------------------------
 
@@ -486,7 +527,7 @@ class KernelRuntime(RouterHooks):
                     if key is not None:
                         stepper.retired.append((k.last_value, other.deliver_sets.pop(key)))
             ctx.cond.notify_all()
-        self._drop_in_place(k, timeout)   # no device lock held: other devices' locks are taken one at a time
+        self.inbound.drop_in_place(k, timeout)   # no device lock held: other devices' locks are taken one at a time
         with ctx.lock:
             try:
                 while ctx.completed() < k.last_value:
@@ -511,17 +552,6 @@ class KernelRuntime(RouterHooks):
         with self._lock:
             self._generation[index] += 1
             self._free_index.append(index)
-
-    def _drop_in_place(self, k: Kernel, timeout: float | None) -> None:
-        """Other devices stop reading k's outbox in place (batches the K2K router
-        handed them through an import of it): what they had not delivered yet is
-        dropped with k, before the outbox is freed (RouterHooks._drop_readers)."""
-        from ...transfer.peer import ExportedBuffer
-
-        out = getattr(k, "outbox", None)
-        if isinstance(out, ExportedBuffer):
-            for view in out.imports():
-                self._drop_readers(view, timeout)
 
     #: The manager's destroy() destroys the runtime first: its kernels and
     #: device contexts own buffers, pipelines and pools on the manager's devices.

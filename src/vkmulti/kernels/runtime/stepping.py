@@ -49,17 +49,17 @@ class Stepping:
     """The step loop of one KernelRuntime. `check` raises once the runtime is
     destroyed, `resolve` turns a Kernel or id into a live kernel, `live()` lists
     the live kernels, `registry` is the runtime's id -> kernel map, `device`
-    gives a device's (DeviceContext, DeviceStepper); under `lock`, `listeners`
-    see each step's batches (those in `retaining` retain them) and `preparers`
-    run before it; `policy()` is the checkpoint policy's state or None."""
+    gives a device's (DeviceContext, DeviceStepper); `step_hooks()` gives the
+    step listeners that see each step's batches, how many retain them, and the
+    hooks run before it; `policy()` is the checkpoint policy's state or None."""
 
     def __init__(self, check: Callable[[], None], resolve: Callable[..., Kernel], live: Callable[[], list[Kernel]],
                  registry: dict, device: Callable[[int], tuple[DeviceContext, DeviceStepper]],
-                 lock: threading.RLock, listeners: list, retaining: set, preparers: dict, failover: Failover,
+                 lock: threading.RLock, step_hooks: Callable[[], tuple[list, int, list]], failover: Failover,
                  policy: Callable[[], PolicyState | None]):
         self._check, self._resolve, self._live, self._kernels = check, resolve, live, registry
         self._device, self._lock, self._failover, self._policy = device, lock, failover, policy
-        self._listeners, self._retaining, self._preparers = listeners, retaining, preparers
+        self._step_hooks = step_hooks
 
     def context(self, index: int) -> DeviceContext:
         """The DeviceContext of device `index`."""
@@ -98,10 +98,7 @@ class Stepping:
                 waits[p.device_index].append(p)
         self._raise_errors(targets)
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
-        with self._lock:   # these listeners see this step's batches; retaining ones release each once
-            listeners = list(self._listeners)
-            retain = sum(1 for fn in listeners if id(fn) in self._retaining)
-            preparers = list(self._preparers.values())
+        listeners, retain, preparers = self._step_hooks()   # retaining listeners release each batch once
         for prepare in preparers:   # e.g. the router lets go of batches other devices finished reading
             prepare(targets)
         points, launched, deferred, batches = {}, [], [], []
