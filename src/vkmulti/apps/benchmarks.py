@@ -20,7 +20,9 @@ from ..memory.buffer import Buffer
 from ..memory.image import Image
 from ..transfer.methods import TransferMethod
 from .progress import progress
-from ..transfer.cross_device import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer, pair_methods
+from ..transfer.cross_device import CrossDeviceTransfer
+from ..transfer.link import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
+from ..transfer.methods import pair_methods
 
 _ffi = vk.ffi
 IMAGE_SIZES = ((256, 256), (1920, 1080), (3840, 2160))

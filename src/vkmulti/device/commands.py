@@ -20,6 +20,7 @@ from .._core import vkapi
 from .._core.handles import handle_int
 from ..errors import DeviceLostError
 from .._core.lifetime import Deadline, Lifetime
+from .slots import check_slot, slot_queue
 
 log = logging.getLogger(__name__)
 _ffi = vk.ffi
@@ -145,8 +146,6 @@ class CommandRunner:
     _teardown_rank = 90   # a slot child: after every resource that uses it
 
     def __init__(self, slot: Any, queue: Any = None):
-        from ..memory.resource import check_slot, slot_queue
-
         check_slot(slot)
         self.slot = slot
         self.queue = slot_queue(slot, queue, slot.graphics_queue)

@@ -31,7 +31,8 @@ from ..device.commands import command_with_fence, timeline_submit_info, wait_fen
 from ..errors import DestroyedError, UnsupportedError, VulkanError
 from ..errors import TimeoutError as VkmTimeoutError
 from .._core.lifetime import Deadline, Lifetime
-from .resource import as_host_bytes, check_slot, find_memory_type, slot_lifetime, slot_queue
+from ..device.slots import check_slot, slot_lifetime, slot_queue
+from .resource import as_host_bytes, find_memory_type
 from .._core.timeline import wait_points
 
 log = logging.getLogger(__name__)

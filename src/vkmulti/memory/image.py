@@ -19,12 +19,13 @@ import vulkan as vk
 
 from .._core import vkapi
 from .._core.handles import handle_int
-from .buffer import BUFFER_USAGE, Buffer, _check_usage, run_one_shot
+from .buffer import BUFFER_USAGE, Buffer, check_usage, run_one_shot
 from ..device.commands import CommandRunner, timeline_submit_info
 from ..errors import DestroyedError, UnsupportedError, VulkanError
 from .._core.formats import bytes_per_pixel, format_name
 from .._core.lifetime import Deadline
-from .resource import GpuResource, allocate_memory, as_host_bytes, check_slot, find_memory_type, slot_lifetime
+from ..device.slots import check_slot, slot_lifetime
+from .resource import GpuResource, allocate_memory, as_host_bytes, find_memory_type
 from .._core.timeline import wait_points
 
 __all__ = ["Buffer", "Image", "CommandRunner", "as_host_bytes", "find_memory_type", "timeline_submit_info",
@@ -103,7 +104,7 @@ class Image(GpuResource):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"image {label} must be a positive int, got {v!r}"[:160])
         self.bytes_per_pixel = bytes_per_pixel(format)
-        usage = _check_usage(usage, "usage")
+        usage = check_usage(usage, "usage")
         if usage & ~IMAGE_USAGE_ALLOWED:
             raise ValueError(f"usage 0x{usage:x} has bits a colour image cannot have (allowed: "
                              f"0x{IMAGE_USAGE_ALLOWED:x})")

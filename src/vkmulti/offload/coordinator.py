@@ -28,7 +28,10 @@ from .types import (FrameReport, OffloadRoute, RendererMissingError, SecondaryRe
                     _int_list, _sru_size, _weights)
 from .partition import SRUAssignment, assign_srus
 from .render import SRU_FORMAT, SRU_IMAGE_USAGE, Compositor, _scale_pair, as_wait_points
-from ..transfer.cross_device import CrossDeviceTransfer, TimelinePoint, TransferTicket, select_transfer_method
+from .._core.timeline import TimelinePoint
+from ..transfer.cross_device import CrossDeviceTransfer
+from ..transfer.link import TransferTicket
+from ..transfer.methods import select_transfer_method
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from ..errors import TimeoutError as VkmTimeoutError
 from ..device.logical import retire_submits
 from ..memory.image import IMAGE_USAGE, Image, timeline_submit_info
 from .._core.lifetime import Lifetime
-from ..memory.resource import check_slot, slot_lifetime, slot_queue
+from ..device.slots import check_slot, slot_lifetime, slot_queue
 from .._core.shaders import shader_path
 from .._core.timeline import TimelinePoint, as_wait_points
 

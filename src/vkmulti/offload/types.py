@@ -14,7 +14,9 @@ from ..memory.image import Image
 from ..device.manager import DeviceSlot
 from .partition import _sru_cost
 from .render import _scale_pair
-from ..transfer.cross_device import CrossDeviceTransfer, TimelinePoint, TransferTicket
+from .._core.timeline import TimelinePoint
+from ..transfer.cross_device import CrossDeviceTransfer
+from ..transfer.link import TransferTicket
 
 __all__ = ["OffloadRoute", "RendererMissingError", "SecondaryRenderContext", "FrameReport", "SruEntry"]
 

@@ -42,8 +42,9 @@ from .._core.lifetime import Deadline, Lifetime
 from .methods import TransferMethod
 from ..memory.resource import MAX_BYTES, as_host_bytes
 from .._core.timeline import wait_point
-from .cross_device import (DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer, check_ring_shape,
-                           select_transfer_method)
+from .cross_device import CrossDeviceTransfer
+from .link import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, check_ring_shape
+from .methods import select_transfer_method
 
 log = logging.getLogger(__name__)
 
@@ -109,13 +110,6 @@ class _Holds:
                     self._held.add(id(obj))
                 out.append(obj)
         return out
-
-
-class _Assignment:
-    __slots__ = ("device_index",)
-
-    def __init__(self, index: int):
-        self.device_index = index
 
 
 #: Methods whose device->device path goes through host memory (broadcast uploads to them directly).
@@ -240,8 +234,7 @@ class InterGpuTransfer:
         """The cross-device method used from `src_device` to `dst_device`."""
         self._check()
         s, d = self._index(src_device, "src_device"), self._index(dst_device, "dst_device")
-        return select_transfer_method(_Assignment(s), self.manager.capabilities, dst_index=d,
-                                      prefer_dmabuf=self._prefer_dmabuf)
+        return self._method(s, d)
 
     # -- blocking forms ------------------------------------------------------
 
@@ -691,13 +684,15 @@ class InterGpuTransfer:
                                                    host_import=self._host_import)
             return port
 
+    def _method(self, src: int, dst: int) -> str:
+        """The best method from device `src` to device `dst` (what their VkDevices enabled counts)."""
+        return select_transfer_method(self._slots[src], self._slots[dst], prefer_dmabuf=self._prefer_dmabuf)
+
     def _transfer(self, src: int, dst: int) -> CrossDeviceTransfer:
         with self._cond:
             x = self._transfers.get((src, dst))
             if x is None:
-                method = select_transfer_method(_Assignment(src), self.manager.capabilities, dst_index=dst,
-                                                prefer_dmabuf=self._prefer_dmabuf)
                 x = self._transfers[(src, dst)] = CrossDeviceTransfer(
-                    self._slots[src], self._slots[dst], method, slot_size=self._slot_size,
+                    self._slots[src], self._slots[dst], self._method(src, dst), slot_size=self._slot_size,
                     slot_count=self._slot_count)
             return x

@@ -33,7 +33,8 @@ from ..errors import UnsupportedError
 from ..memory.image import BUFFER_USAGE, Buffer
 from .._core.lifetime import Lifetime
 from .methods import TransferMethod, method_support
-from ..memory.resource import check_slot, find_memory_type, slot_lifetime
+from ..device.slots import check_slot, slot_lifetime
+from ..memory.resource import find_memory_type
 from .._core.timeline import TimelinePoint
 
 __all__ = ["ExportedBuffer", "ImportedBuffer", "TimelineRelay", "RelayTicket", "shares_memory"]

@@ -34,7 +34,9 @@ import vulkan as vk
 
 from ...errors import DestroyedError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
-from ...transfer.cross_device import CrossDeviceTransfer as Engine, TimelinePoint, select_transfer_method
+from ..._core.timeline import TimelinePoint
+from ...transfer.cross_device import CrossDeviceTransfer as Engine
+from ...transfer.methods import select_transfer_method
 from .landing import BufferPool, Gather, align, reached
 from ..engine.device_context import step_queue
 from ..engine.kernel import InboundBatch, Kernel, OutboxBatch

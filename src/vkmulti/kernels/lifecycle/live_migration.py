@@ -55,7 +55,8 @@ import vulkan as vk
 
 from ...errors import DeviceLostError, MigrationError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
-from ...transfer.cross_device import CrossDeviceTransfer as Engine, select_transfer_method
+from ...transfer.cross_device import CrossDeviceTransfer as Engine
+from ...transfer.methods import select_transfer_method
 from ..engine import recording as cmds
 from ..engine.device_context import WHOLE_SIZE, MappedBuffer
 from ..engine.kernel import InboundBatch, Kernel, KernelSpec, OutboxBatch
