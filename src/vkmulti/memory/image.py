@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import vulkan as vk
 
+from .._core.checks import is_int
 from .._core import vkapi
 from .._core.handles import handle_int
 from .buffer import BUFFER_USAGE, Buffer, check_usage, run_one_shot
@@ -61,7 +62,7 @@ def check_layout(layout: Any, usage: int | None, label: str, *, undefined_ok: bo
     """`layout` if a colour image with `usage` (None: unknown) may rest in it, else
     ValueError/TypeError naming it. `undefined_ok`: UNDEFINED is accepted too
     (a starting layout whose contents may be discarded)."""
-    if isinstance(layout, bool) or not isinstance(layout, int):
+    if not is_int(layout):
         raise TypeError(f"{label} must be a VkImageLayout int, got {type(layout).__name__}")
     if undefined_ok and layout == vk.VK_IMAGE_LAYOUT_UNDEFINED:
         return layout
@@ -101,7 +102,7 @@ class Image(GpuResource):
                  kernel_copies: bool = True):
         check_slot(slot)
         for label, v in (("width", width), ("height", height)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            if not is_int(v) or v <= 0:
                 raise ValueError(f"image {label} must be a positive int, got {v!r}"[:160])
         self.bytes_per_pixel = bytes_per_pixel(format)
         usage = check_usage(usage, "usage")
