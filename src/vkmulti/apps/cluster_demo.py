@@ -20,9 +20,9 @@ __all__ = ["run", "print_report", "main"]
 
 def _one_node(cm: Any) -> str:
     """The node the one-node frame uses: the driver's own, else the best-connected."""
-    from ..cluster.planner import _order
+    from ..cluster.planner import node_order
 
-    return _order(list(cm.nodes[n] for n in cm.nodes if n not in cm.lost), cm.links)[0].node_id
+    return node_order(list(cm.nodes[n] for n in cm.nodes if n not in cm.lost), cm.links)[0].node_id
 
 
 def run(cm: Any, args: argparse.Namespace, note: str | None) -> dict[str, Any]:

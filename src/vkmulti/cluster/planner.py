@@ -24,7 +24,7 @@ from ..offload.partition import assign_srus
 from ..offload.render import ReferenceSRU
 
 __all__ = ["NodeInfo", "LinkInfo", "NodePlan", "plan_nodes", "sru_image_bytes", "composite_frame",
-           "check_srus", "IMAGE_BYTES_PER_PIXEL"]
+           "check_srus", "node_order", "IMAGE_BYTES_PER_PIXEL"]
 
 #: SRU images are RGBA16F: 8 bytes per pixel.
 IMAGE_BYTES_PER_PIXEL = 8
@@ -125,7 +125,7 @@ def check_srus(srus: Iterable[Any]) -> list[Any]:
     return out
 
 
-def _order(nodes: Sequence[NodeInfo], links: dict[str, LinkInfo]) -> list[NodeInfo]:
+def node_order(nodes: Sequence[NodeInfo], links: dict[str, LinkInfo]) -> list[NodeInfo]:
     """Node 0 first: the driver's node if it has an agent, else the best-connected one."""
     def link_time(n: NodeInfo) -> float:
         ln = links.get(n.node_id)
@@ -138,7 +138,7 @@ def plan_nodes(srus: Sequence[Any], nodes: Sequence[NodeInfo], links: dict[str, 
     if not nodes:
         raise ValueError("no node to plan on")
     srus = list(srus)
-    order = _order(nodes, links)
+    order = node_order(nodes, links)
     weights = []
     for n in order:
         if not (math.isfinite(n.throughput) and n.throughput > 0):

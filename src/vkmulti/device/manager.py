@@ -18,6 +18,7 @@ from ..errors import DestroyedError, UnsupportedError, VkmError
 from ..errors import TimeoutError as VkmTimeoutError
 from .._core.lifetime import Deadline, Lifetime
 from . import virtual
+from .instance import Instance
 
 log = logging.getLogger(__name__)
 
@@ -269,8 +270,6 @@ class MultiDeviceManager:
         virtual lavapipe pair instead and logs one warning line saying so
         (VKMULTI_VIRTUAL_FALLBACK=0 turns that off; see vkmulti.device.virtual).
         """
-        from .instance import Instance
-
         own_instance = instance is None
         if not own_instance and not isinstance(instance, Instance):
             raise TypeError(f"instance must be a vkmulti Instance, got {type(instance).__name__}")
@@ -319,8 +318,6 @@ class MultiDeviceManager:
     def _own_instance(validation: bool | None) -> Any:
         """create()'s instance; on a machine without a GPU (virtual.no_gpu_fallback) the
         loader is pointed at the virtual lavapipe pair first, and one warning line says so."""
-        from .instance import Instance
-
         inst = Instance(validation=validation)
         try:
             fallback = virtual.no_gpu_fallback(virtual.physical_device_types(inst))

@@ -84,7 +84,7 @@ class Buffer(GpuResource):
         self.handle: Any = None
         self.memory: Any = None
         self._handle_int: int | None = None
-        self._init_resource(slot)
+        super().__init__(slot)
         life = slot_lifetime(slot)
         with life:   # the manager's destroy() waits for a constructor that is running
             # Shared by the universal and copy families, so transfers need no ownership hand-over.

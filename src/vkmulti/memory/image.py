@@ -115,7 +115,7 @@ class Image(GpuResource):
         self.kernel_view: Any = None   # the UINT view the transfer kernels copy through (lives with the image)
         self.slot, self.width, self.height, self.format = slot, width, height, format
         self._handle_ints: tuple[int, int | None] | None = None
-        self._init_resource(slot)
+        super().__init__(slot)
         life = slot_lifetime(slot)
         with life:   # the manager's destroy() waits for a constructor that is running
             try:

@@ -102,7 +102,9 @@ class GpuResource:
     _life: Lifetime
     _free: Callable[[], None]   # each resource frees its own handles (Buffer._free, Image._free)
 
-    def _init_resource(self, slot: Any) -> None:
+    def __init__(self, slot: Any) -> None:
+        """The lifetime (a child of the slot's manager) and the job list; subclasses
+        call it once their own fields exist, before they make any handle."""
         self._life = Lifetime(self, type(self).__name__, (slot_lifetime(slot),))
         self._jobs: list[Any] = []
         self._jobs_lock = threading.Lock()

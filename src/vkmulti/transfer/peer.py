@@ -34,7 +34,7 @@ from ..memory.image import BUFFER_USAGE, Buffer
 from .._core.lifetime import Lifetime
 from .methods import TransferMethod, method_support
 from ..device.slots import check_slot, slot_lifetime
-from ..memory.resource import find_memory_type
+from ..memory.resource import GpuResource, find_memory_type
 from .._core.timeline import TimelinePoint
 from .._core.checks import is_int
 
@@ -90,7 +90,7 @@ class ExportedBuffer(Buffer):
         self.memory_type = -1
         self._imports: dict[int, ImportedBuffer] = {}
         self._imports_lock = threading.Lock()
-        self._init_resource(slot)
+        GpuResource.__init__(self, slot)   # not Buffer.__init__: this memory is made exportable (or imported) here
         life = slot_lifetime(slot)
         with life:
             self.handle = _external_buffer(slot, size, usage, self.handle_type)
@@ -170,7 +170,7 @@ class ImportedBuffer(Buffer):
         self._handle_int: int | None = None
         self.source = source
         self._finalizers: list[Any] = []
-        self._init_resource(slot)
+        GpuResource.__init__(self, slot)   # not Buffer.__init__: this memory is made exportable (or imported) here
         life = slot_lifetime(slot)
         with life:
             fd = source._export_fd()
