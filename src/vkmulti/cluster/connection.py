@@ -169,9 +169,7 @@ def connect(address: Any, *, timeout: float = 10.0, object_store_memory: int | N
     if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and math.isfinite(timeout)
             and timeout > 0):
         raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
-    if object_store_memory is not None and (not isinstance(object_store_memory, int)
-                                            or isinstance(object_store_memory, bool)
-                                            or object_store_memory < 2**20):
+    if object_store_memory is not None and (not is_int(object_store_memory) or object_store_memory < 2**20):
         raise ValueError(f"object_store_memory must be an int of bytes >= 1 MiB, got {object_store_memory!r}")
     if num_cpus is not None and (not is_int(num_cpus) or num_cpus < 0):
         raise ValueError(f"num_cpus must be an int >= 0, got {num_cpus!r}")

@@ -71,8 +71,7 @@ class ClusterManager:
         if isinstance(adapt, bool) or not isinstance(adapt, (int, float)) or not 0.0 <= adapt <= 1.0:
             raise ValueError(f"adapt must be a number in [0, 1], got {adapt!r}")
         self.adapt = float(adapt)
-        if agent_nice is not None and (not is_int(agent_nice)
-                                       or not -20 <= agent_nice <= 19):
+        if agent_nice is not None and (not is_int(agent_nice) or not -20 <= agent_nice <= 19):
             raise ValueError(f"agent_nice must be None or an int in [-20, 19], got {agent_nice!r}")
         self.timeout = _positive(timeout, "timeout")
         self.start_timeout = _positive(start_timeout, "start_timeout")

@@ -191,10 +191,10 @@ class InterGpuTransfer:
                     job: Any = self._routes.port(dst).start_upload(handle, dst_offset, host, deadline=dl, users=users)
                 elif src == dst:
                     job = self._routes.port(dst, local=True).start_copy(reg.handle(), 0, handle, dst_offset, size,
-                                                                 waits=reg.waits, users=users)
+                                                                        waits=reg.waits, users=users)
                 else:
                     job = self._routes.transfer(src, dst).submit(src_buffer=reg.buffer, dst_buffer=target,
-                                                          dst_offset=dst_offset, size=size, src_wait=reg.ready)
+                                                                 dst_offset=dst_offset, size=size, src_wait=reg.ready)
             except NOTHING_RAN:
                 self._routes.discard(made)
                 raise
@@ -256,7 +256,7 @@ class InterGpuTransfer:
                 if host is None:
                     for d in others:
                         jobs.append(self._routes.transfer(src, d).submit(src_buffer=reg.buffer, dst_buffer=out[d],
-                                                                  size=size, src_wait=reg.ready))
+                                                                         size=size, src_wait=reg.ready))
                 else:
                     # a pair whose device->device path bounces through host memory anyway
                     # gets the bytes straight from the caller's memory, at the same time
@@ -265,7 +265,7 @@ class InterGpuTransfer:
                     fan = [d for d in others if d not in direct]
                     for d in direct:
                         jobs.append(self._routes.port(d).start_upload(handles[d], 0, host, deadline=dl,
-                                                               users=holds(out[d])))
+                                                                      users=holds(out[d])))
                     seg = _segment_size(size) if fan else size
                     port = self._routes.port(src)
                     for a in range(0, size, seg):
@@ -342,8 +342,8 @@ class InterGpuTransfer:
                             u8 = np.empty(reg.size, dtype=np.uint8)
                             results[pos] = u8
                         pending.append(self._routes.port(i).start_download(reg.handle(), 0, u8, waits=reg.waits,
-                                                                    deadline=dl, arena=arena,
-                                                                    users=holds(reg.buffer)))
+                                                                           deadline=dl, arena=arena,
+                                                                           users=holds(reg.buffer)))
                 except BaseException:
                     wait_all(pending, dl, quiet=True)
                     raise
@@ -385,8 +385,8 @@ class InterGpuTransfer:
                 for i, reg in regs.items():     # the cross-device moves first: they take longest
                     if i != dst:
                         waits.append(self._routes.transfer(i, dst).submit(src_buffer=reg.buffer, dst_buffer=target,
-                                                                   dst_offset=offsets[i], size=reg.size,
-                                                                   src_wait=reg.ready))
+                                                                          dst_offset=offsets[i], size=reg.size,
+                                                                          src_wait=reg.ready))
                 own = regs.get(dst)
                 if own is not None:
                     waits.append(self._routes.port(dst, local=True).start_copy(
