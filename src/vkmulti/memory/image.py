@@ -33,7 +33,6 @@ __all__ = ["Buffer", "Image", "CommandRunner", "as_host_bytes", "find_memory_typ
            "check_layout", "IMAGE_USAGE", "BUFFER_USAGE", "DEFAULT_FORMAT"]
 
 _ffi = vk.ffi
-_check_slot = check_slot   # the older name, used by renderers
 
 DEFAULT_FORMAT = vk.VK_FORMAT_R16G16B16A16_SFLOAT
 SHADER_READ = vk.VK_IMAGE_LAYOUT_SHADER_READ_ONLY_OPTIMAL
