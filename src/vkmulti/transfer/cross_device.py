@@ -42,7 +42,6 @@ def _image_size(w: Any, h: Any, bpp: Any, *, allow_zero: bool = False) -> None:
             raise ValueError(f"{label} must be an int in [{lo}, {hi}], got {v!r}"[:160])
 
 
-
 #: Endpoints a transfer keeps for repeated submits (_remember_endpoint).
 _ENDPOINTS_KEPT = 16
 #: (layout, final layout, usage) triples check_layout accepted, so that a
