@@ -124,5 +124,3 @@ def use_virtual_if_no_gpu(count: int | None = 0) -> str | None:
 def is_virtual_setup() -> bool:
     """True when the loader is pointed at vkmulti's lavapipe copies."""
     return "vkmulti_lvp_" in os.environ.get("VK_DRIVER_FILES", "")
-
-
