@@ -104,7 +104,7 @@ class _Source:
 
 def pair_transfer_methods(manager: Any) -> dict[tuple[int, int], str]:
     """{(src, dst): the method select_transfer_method picks} for every ordered pair."""
-    from ...transfer.cross_device import select_transfer_method
+    from ...transfer.methods import select_transfer_method
 
     caps = manager.capabilities
     n = manager.device_count

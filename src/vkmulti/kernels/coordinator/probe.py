@@ -53,7 +53,7 @@ def cache_dir() -> str:
 
 
 def _key_material(manager: Any) -> list[dict[str, Any]]:
-    from ...transfer.cross_device import cuda_peer_auto
+    from ...transfer.methods import cuda_peer_auto
 
     out = []
     for slot in manager.slots:

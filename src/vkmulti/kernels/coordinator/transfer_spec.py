@@ -38,7 +38,7 @@ class CrossDeviceTransfer:
 
     def method(self, manager: Any) -> str:
         """The transfer method this copy takes between the manager's devices."""
-        from ...transfer.cross_device import select_transfer_method
+        from ...transfer.methods import select_transfer_method
 
         src, dst = self._slots(manager)
         if src.index == dst.index:

@@ -29,7 +29,7 @@ from ..._core.reprs import compact_repr
 from ...errors import DestroyedError, DeviceLostError
 from ...memory.image import Buffer
 from ...transfer.peer import ExportedBuffer
-from ...transfer.cross_device import TimelinePoint
+from ..._core.timeline import TimelinePoint
 from .device_context import DeviceContext, MappedBuffer, align, WHOLE_SIZE, barrier
 from .kernel_traits import KernelTraits
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES, HlcTimestamp

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import TimeoutError as VkmTimeout
-from ...transfer.cross_device import TimelinePoint
+from ..._core.timeline import TimelinePoint
 from . import recording as cmds
 from .device_context import (DELIVER_RECORD, STATUS_WORDS, SURVEY_RECORD, WHOLE_SIZE,
                              DeviceContext)

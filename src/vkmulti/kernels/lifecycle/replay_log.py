@@ -277,7 +277,6 @@ class ReplayLog:
     def _prune(self) -> None:
         """Drop inputs older than each kernel's latest completed checkpoint and sent
         messages their receivers consumed."""
-        rt = self.rt
         with self.lock:
             for key, q in self.sent.items():
                 done = self.consumed.get(key, 0)

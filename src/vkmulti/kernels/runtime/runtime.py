@@ -21,12 +21,12 @@ from ..._core.checks import U32_MAX, int_in, timeout_seconds
 from ...device.failover import FailoverStats
 from ...errors import DestroyedError, DeviceLostError, KernelNotFoundError, MigrationError
 from ...errors import TimeoutError as VkmTimeout
-from ...transfer.cross_device import TimelinePoint
+from ..._core.timeline import TimelinePoint
 from ..checkpoint.format import Checkpoint
 from ..coordinator.plans import MigrationRequest
 from ..engine.device_context import DeviceContext
 from ..engine.gate import gate_of, gated, gated_unheld
-from ..engine.kernel import INLINE_STATE_BYTES, Kernel, KernelSpec, OutboxBatch, check_params
+from ..engine.kernel import INLINE_STATE_BYTES, InboundBatch, Kernel, KernelSpec, OutboxBatch, check_params
 from ..engine.stepper import DeviceStepper
 from ..ids import KernelId, as_kernel_id
 from ..lifecycle.failover import Failover
