@@ -22,6 +22,7 @@ from ...device.failover import FailoverStats
 from ...errors import DestroyedError, DeviceLostError, KernelNotFoundError, MigrationError
 from ...errors import TimeoutError as VkmTimeout
 from ..._core.timeline import TimelinePoint
+from ...transfer.peer import shares_memory
 from ..checkpoint.format import Checkpoint
 from ..coordinator.plans import MigrationRequest
 from ..engine.device_context import DeviceContext
@@ -164,8 +165,6 @@ class KernelRuntime:
         lets those devices read the batches in place instead of copying them."""
         hit = self._exports.get(index)
         if hit is None:
-            from ...transfer.peer import shares_memory
-
             me = self.manager.slot(index)
             hit = self._exports[index] = any(shares_memory(me, self.manager.slot(j))
                                              for j in range(self.manager.device_count) if j != index)
