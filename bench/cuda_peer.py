@@ -44,7 +44,8 @@ class DirectLink:
         bounce ring); else a link of that _native.RING_* kind, on each slot's copy
         queue (queue "copy") or universal copy queue ("universal")."""
         from vkmulti._core import _native
-        from vkmulti.transfer.cross_device import SPIN_SECONDS, CrossDeviceTransfer, TransferMethod
+        from vkmulti.transfer import CrossDeviceTransfer, TransferMethod
+        from vkmulti.transfer.link import SPIN_SECONDS
 
         self.s, self.d = s, d
         self.x = CrossDeviceTransfer(s, d, TransferMethod.STAGING_COPY)

@@ -12,7 +12,7 @@ from vkmulti import ReferenceRenderer, ReferenceSRU, SRUOffloadCoordinator
 from vkmulti.offload.adaptive import SpeedMeter
 from vkmulti.errors import TimeoutError, TransferError
 from vkmulti.memory.image import Image
-from vkmulti.transfer.cross_device import TimelinePoint
+from vkmulti.transfer import TimelinePoint
 
 # ---- SpeedMeter without a GPU ----------------------------------------------------------------------
 

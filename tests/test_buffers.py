@@ -415,4 +415,4 @@ def test_failed_checks_make_no_buffers(xfer1, manager):
             xfer1.broadcast_blocking(bytes(16), dst_buffers=[None, b0])
         with pytest.raises(ValueError, match="too small"):
             xfer1.broadcast_blocking(bytes(17), dst_buffers=[b0, None])
-    assert xfer1._owned == []
+    assert xfer1._routes.owned == []

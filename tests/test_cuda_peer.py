@@ -26,7 +26,7 @@ from vkmulti._core import _native
 from vkmulti.device.capabilities import EXT_MEMORY_FD, EXT_SEMAPHORE_FD
 from vkmulti.memory.image import Buffer, Image
 from vkmulti.transfer.methods import TransferMethod, method_support, supported_methods
-from vkmulti.transfer.cross_device import CrossDeviceTransfer, select_transfer_method
+from vkmulti.transfer import CrossDeviceTransfer, select_transfer_method
 
 HERE = Path(__file__).resolve().parent
 NATIVE = HERE.parent / "native"
@@ -284,8 +284,8 @@ def test_link_with_stand_in_driver(mock_runs, scenario):
 
 def _routed() -> bool:
     """Does CrossDeviceTransfer hand CUDA_PEER to the CUDA ring (transfer.py)?"""
-    from vkmulti.transfer import cross_device as transfer
-    return transfer._RING.get(TransferMethod.CUDA_PEER) == _native.RING_CUDA_PEER
+    from vkmulti.transfer import link
+    return link._RING.get(TransferMethod.CUDA_PEER) == _native.RING_CUDA_PEER
 
 
 def _universal(slot):

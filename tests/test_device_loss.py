@@ -13,7 +13,7 @@ from vkmulti import DeviceLostError, MultiDeviceManager, ReferenceRenderer, Refe
 from vkmulti.device.commands import CommandRunner
 from vkmulti.memory.image import Buffer, Image
 from vkmulti.testing import lose_device
-from vkmulti.transfer.cross_device import CrossDeviceTransfer, TransferMethod
+from vkmulti.transfer import CrossDeviceTransfer, TransferMethod
 
 
 def _bounded_destroy(mgr, seconds=10.0):

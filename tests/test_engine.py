@@ -82,10 +82,10 @@ def test_an_engine_that_does_not_say_what_it_enabled_gets_the_floor_and_one_line
     with vkmulti.MultiDeviceManager(physical_devices=gpus, enabled=True, **keywords) as mgr:
         src, dst = mgr.slot(1), mgr.primary
         assert vkmulti.pair_methods(src, dst) == [TransferMethod.STAGING_COPY]
-        with caplog.at_level(logging.WARNING, logger="vkmulti.transfer.cross_device"):
+        with caplog.at_level(logging.WARNING, logger="vkmulti.transfer.methods"):
             assert vkmulti.select_transfer_method(src, dst) == TransferMethod.STAGING_COPY
             assert vkmulti.select_transfer_method(src, dst) == TransferMethod.STAGING_COPY   # said once
-        lines = [r.getMessage() for r in caplog.records if r.name == "vkmulti.transfer.cross_device"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "vkmulti.transfer.methods"]
         assert lines and len(lines) == len(set(lines))
         for line in lines:
             assert "\n" not in line and "device_requirements()" in line and "GPU 0" in line

@@ -16,7 +16,7 @@ from vkmulti.errors import DeviceLostError, PrimaryDeviceLostError
 from vkmulti.apps.failover_drill import LossInjector, sru_drill
 from vkmulti.memory.image import Image
 from vkmulti.testing import lose_device
-from vkmulti.transfer.cross_device import TransferTicket
+from vkmulti.transfer import TransferTicket
 
 W, H = 192, 96
 

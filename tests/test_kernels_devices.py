@@ -21,7 +21,7 @@ from vkmulti.memory.image import Buffer
 from vkmulti.kernels import CrossDeviceTransfer, format_topology
 from vkmulti.kernels.coordinator import device_facts, probe
 from vkmulti.kernels.coordinator.device_facts import NvLinkFacts, numa_node, nvlink_links
-from vkmulti.transfer.cross_device import select_transfer_method
+from vkmulti.transfer import select_transfer_method
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

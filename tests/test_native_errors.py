@@ -11,7 +11,8 @@ import vkmulti
 from vkmulti._core import _native
 from vkmulti import errors
 from vkmulti._core.handles import handle_int
-from vkmulti.transfer.cross_device import CrossDeviceTransfer, TransferMethod, _Endpoint
+from vkmulti.transfer import CrossDeviceTransfer, TransferMethod
+from vkmulti.transfer.cross_device import _Endpoint
 
 U64 = (1 << 64) - 1
 

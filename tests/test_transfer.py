@@ -14,7 +14,7 @@ import vkmulti
 from vkmulti import DestroyedError, TransferMethod, UnsupportedError
 from vkmulti.device.capabilities import EXT_MEMORY_HOST
 from vkmulti.memory.image import Buffer, Image
-from vkmulti.transfer.cross_device import CrossDeviceTransfer, TimelinePoint, select_transfer_method
+from vkmulti.transfer import CrossDeviceTransfer, TimelinePoint, select_transfer_method
 
 
 METHODS = [TransferMethod.STAGING_COPY, TransferMethod.HOST_SHARED, TransferMethod.DMABUF]

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 report([path, "--jobs", "1"])
         # HOST_SHARED 4K, GPU1 -> GPU0 as in bench/transfer.py (issue 3's target case)
         from vkmulti._core import _native
-        from vkmulti.transfer.cross_device import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
+        from vkmulti.transfer import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
         back = Image(d, 3840, 2160, f), Image(s, 3840, 2160, f)
         path = os.path.join(a.out, "trace_host_shared_4K.csv")
         if os.path.exists(path):

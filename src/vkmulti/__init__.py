@@ -16,14 +16,16 @@ from .errors import (BackendUnavailableError, CudaError, DestroyedError, DeviceL
                      LinkStalledError, MigrationError, OutOfDeviceMemoryError, OutOfHostMemoryError,
                      RendererMissingError, TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError)
 from .device.instance import Instance
-from .transfer.methods import TransferMethod, supported_methods
+from .transfer.methods import TransferMethod, pair_methods, select_transfer_method, supported_methods
 from .device.manager import DeviceSlot, MultiDeviceManager
 from .offload.coordinator import OffloadRoute, SRUOffloadCoordinator
 from .offload.partition import SRUAssignment, assign_srus, assign_srus_array
+from ._core.timeline import TimelinePoint
 from .offload.compositor import Compositor
 from .offload.render import ReferenceRenderer, ReferenceSRU
-from .transfer.cross_device import (CrossDeviceTransfer, TimelinePoint, TransferTicket, pair_methods,
-                                    select_transfer_method)
+from .transfer.cross_device import CrossDeviceTransfer
+from .transfer.link import TransferTicket
+from .transfer.methods import pair_methods, select_transfer_method
 from .transfer.requirements import DeviceRequirements, device_requirements
 from . import buffers, images  # the old paths of Buffer and Image, aliases for one release
 from . import testing   # vkmulti.testing.install_virtual_gpus(2) works after a plain `import vkmulti`

@@ -9,7 +9,6 @@ __all__ = [
     "VkmError", "VulkanError", "DeviceLostError", "PrimaryDeviceLostError", "OutOfDeviceMemoryError",
     "OutOfHostMemoryError", "UnsupportedError", "TransferError", "TimeoutError",
     "DestroyedError", "LinkStalledError", "CudaError", "raise_for_result", "result_name",
-    "from_vulkan_exception",
     "BackendUnavailableError", "KernelNotFoundError", "InvalidConfigError", "DeviceNotAvailableError",
     "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError",
     "ClusterError", "RayMissingError", "ClusterAddressError", "ClusterConnectionError", "NoAgentError",
@@ -255,13 +254,3 @@ def raise_for_result(result: int, call: str, message: str | None = None) -> None
     if result in (-6, -7, -8):
         raise UnsupportedError(detail or f"{call} failed: {result_name(result)}; the driver lacks what was asked for")
     raise _RESULT_CLASSES.get(result, VulkanError)(result, call, detail)
-
-
-def from_vulkan_exception(exc: BaseException, call: str) -> None:
-    """Re-raise an exception of the `vulkan` (cffi) package through the same table."""
-    import vulkan as vk
-
-    for code, cls in vk.exception_codes.items():
-        if type(exc) is cls:
-            raise_for_result(code, call)
-    raise VulkanError(-13, call, f"{call} failed: {exc!r}") from exc

@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 import vulkan as vk
+from .checks import is_int
 
 _EXCLUDE = re.compile(r"BLOCK|_BC\d|ETC2|EAC|ASTC|PVRTC|PLANE|_422|_420|_444|^VK_FORMAT_D\d|^VK_FORMAT_S8|^VK_FORMAT_X8"
                       r"|_KHR$|_EXT$|_IMG$|UNDEFINED|MAX_ENUM|RANGE_SIZE|BEGIN_RANGE|END_RANGE")
@@ -33,7 +34,7 @@ COLOR_FORMATS = _table()
 
 def bytes_per_pixel(fmt: int) -> int:
     """Bytes per texel of an uncompressed colour format; ValueError otherwise."""
-    if isinstance(fmt, bool) or not isinstance(fmt, int):
+    if not is_int(fmt):
         raise TypeError(f"format must be a VkFormat int, got {type(fmt).__name__}")
     try:
         return COLOR_FORMATS[fmt][1]

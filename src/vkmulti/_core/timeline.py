@@ -14,6 +14,7 @@ from typing import Any
 
 import vulkan as vk
 
+from .checks import is_int
 from .handles import handle_int
 
 __all__ = ["TimelinePoint", "wait_point", "wait_points", "as_wait_points"]
@@ -68,18 +69,18 @@ def wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
 
 
 def _point_value(v: Any, label: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < _U64:
+    if not is_int(v) or not 0 <= v < _U64:
         raise ValueError(f"{label} value must be an int in [0, 2**64), got {v!r}"[:160])
     return v
 
 
-def wait_points(waits: Any, slot: Any, label: str = "waits") -> list[tuple[int, int]]:
-    """A checked list of (semaphore, value) from None, one point, or an iterable of
-    TimelinePoints / (semaphore, value) pairs, all on `slot`'s device."""
+def _wait_items(waits: Any, label: str, limit: int | None) -> list[Any]:
+    """The items of a wait argument: None -> [], one TimelinePoint -> [it], an
+    iterable -> its list (at most `limit`); TypeError for anything else."""
     if waits is None:
         return []
     if isinstance(waits, TimelinePoint):
-        return [wait_point(waits, slot, label)]   # type: ignore[list-item]
+        return [waits]
     if isinstance(waits, (str, bytes, dict)):
         raise TypeError(f"{label} must be a list of TimelinePoints or (semaphore, value) pairs, "
                         f"got {type(waits).__name__}")
@@ -88,10 +89,18 @@ def wait_points(waits: Any, slot: Any, label: str = "waits") -> list[tuple[int, 
     except TypeError:
         raise TypeError(f"{label} must be a list of TimelinePoints or (semaphore, value) pairs, "
                         f"got {type(waits).__name__}") from None
-    if len(items) > MAX_WAITS:
-        raise ValueError(f"{label} has {len(items)} points; at most {MAX_WAITS}")
+    if limit is not None and len(items) > limit:
+        raise ValueError(f"{label} has {len(items)} points; at most {limit}")
+    return items
+
+
+def wait_points(waits: Any, slot: Any, label: str = "waits") -> list[tuple[int, int]]:
+    """A checked list of (semaphore, value) from None, one point, or an iterable of
+    TimelinePoints / (semaphore, value) pairs, all on `slot`'s device."""
+    if isinstance(waits, TimelinePoint):
+        return [wait_point(waits, slot, label)]   # type: ignore[list-item]
     out = []
-    for k, w in enumerate(items):
+    for k, w in enumerate(_wait_items(waits, label, MAX_WAITS)):
         if w is None:
             raise TypeError(f"{label}[{k}] is None; pass a TimelinePoint or a (semaphore, value) pair")
         out.append(wait_point(w, slot, f"{label}[{k}]"))
@@ -99,10 +108,9 @@ def wait_points(waits: Any, slot: Any, label: str = "waits") -> list[tuple[int, 
 
 
 def as_wait_points(wait: Any, device_index: int, what: str = "wait") -> list[TimelinePoint]:
-    """None, one TimelinePoint or an iterable of them -> a list, all on `device_index`."""
-    if wait is None:
-        return []
-    points = [wait] if isinstance(wait, TimelinePoint) else list(wait)
+    """wait_points' TimelinePoint shape: None, one TimelinePoint or an iterable of
+    them -> a list of the points, all on `device_index` (raw pairs refused)."""
+    points = _wait_items(wait, what, None)
     for p in points:
         if not isinstance(p, TimelinePoint):
             raise TypeError(f"{what} must be TimelinePoints, got {p!r}")

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import vulkan as vk
 
 from ..errors import UnsupportedError, VulkanError, raise_for_result
+from .checks import is_int
 
 __all__ = ["raise_from_vulkan", "device_function", "queue_submit"]
 
@@ -41,7 +42,7 @@ def _unknown_result(exc: KeyError) -> int | None:
     if tb is None or not tb.tb_frame.f_code.co_filename.endswith(("vulkan/_vulkan.py", "vulkan\\_vulkan.py")):
         return None
     code = exc.args[0] if exc.args else None
-    return code if isinstance(code, int) and not isinstance(code, bool) else None
+    return code if is_int(code) else None
 
 
 def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:

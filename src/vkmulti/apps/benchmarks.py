@@ -19,8 +19,9 @@ from ..device.manager import MultiDeviceManager
 from ..device.virtual import use_virtual_if_no_gpu
 from ..memory.buffer import Buffer
 from ..memory.image import Image
-from ..transfer.cross_device import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer, pair_methods
-from ..transfer.methods import TransferMethod
+from ..transfer.cross_device import CrossDeviceTransfer
+from ..transfer.link import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
+from ..transfer.methods import TransferMethod, pair_methods
 from .charts import bar_chart
 from .cli_args import Parser, add_virtual_argument, check_output_path, print_figures
 from .progress import progress

@@ -21,9 +21,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._core.checks import is_int
+from ..device.instance import drain_all_validation_messages
+from ..device.manager import MultiDeviceManager
+from ..device.virtual import install_virtual_gpus
 from ..errors import DeviceLostError, TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError
+from ..kernels import MultiGpuCoordinator
 from ..offload.partition import assign_srus
-from ..offload.render import MAX_ITERATIONS
+from ..offload.render import MAX_ITERATIONS, ReferenceRenderer, ReferenceSRU
 from .errors import ClusterError
 from .readback import BatchReadback
 from .stencil import StencilSlab
@@ -39,8 +44,6 @@ _KEEP_CALLS = 8
 
 
 def _calibration_sru(iterations: int) -> Any:
-    from ..offload.render import ReferenceSRU
-
     return ReferenceSRU("calibration", 256, 256, seed=7, iterations=iterations)
 
 
@@ -86,9 +89,9 @@ class NodeAgent:
 
     def __init__(self, *, virtual_gpus: int = 0, validation: bool | None = None,
                  device_indices: Sequence[int] | None = None, timeout: float = 60.0, nice: int | None = None):
-        if isinstance(virtual_gpus, bool) or not isinstance(virtual_gpus, int) or virtual_gpus < 0:
+        if not is_int(virtual_gpus) or virtual_gpus < 0:
             raise ValueError(f"virtual_gpus must be an int >= 0, got {virtual_gpus!r}")
-        if nice is not None and (isinstance(nice, bool) or not isinstance(nice, int) or not -20 <= nice <= 19):
+        if nice is not None and (not is_int(nice) or not -20 <= nice <= 19):
             raise ValueError(f"nice must be None or an int in [-20, 19], got {nice!r}")
         self.nice_note: str | None = None
         if nice is not None:
@@ -116,11 +119,7 @@ class NodeAgent:
                 return
         try:
             if virtual_gpus:
-                from ..device.virtual import install_virtual_gpus
-
                 install_virtual_gpus(virtual_gpus)
-            from ..device.manager import MultiDeviceManager
-
             self.manager = MultiDeviceManager.create(
                 enabled=True, validation=validation,
                 device_indices=list(device_indices) if device_indices is not None else None)
@@ -165,10 +164,6 @@ class NodeAgent:
     def _topology(self) -> tuple[dict | None, str | None]:
         """vkmulti.kernels' measured topology of this node's GPUs, or (None, why not)."""
         try:
-            from ..kernels import MultiGpuCoordinator
-        except ImportError:
-            return None, "vkmulti.kernels is not part of this install: planning uses measured render throughput"
-        try:
             topo = MultiGpuCoordinator.from_manager(self.manager).probe_topology()
             return topo.to_dict(), None
         except Exception as exc:   # a probe that fails leaves the throughput model in charge
@@ -184,7 +179,7 @@ class NodeAgent:
         of `repeats`. A GPU whose calibration fails is left out (throughput 0).
         """
         self._check()
-        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        if not is_int(repeats) or repeats < 1:
             raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
         min_seconds = float(min_seconds)
         if not 0.0 <= min_seconds <= 10.0:
@@ -325,8 +320,6 @@ class NodeAgent:
     def _renderer(self, g: int) -> Any:
         r = self._renderers.get(g)
         if r is None:
-            from ..offload.render import ReferenceRenderer
-
             r = self._renderers[g] = ReferenceRenderer(self.manager.slot(g))
         return r
 
@@ -367,7 +360,7 @@ class NodeAgent:
 
     def payload(self, nbytes: int) -> np.ndarray:
         """`nbytes` of data, stored in this node's object store (for link measurements)."""
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+        if not is_int(nbytes) or nbytes < 1:
             raise ValueError(f"nbytes must be an int >= 1, got {nbytes!r}")
         return np.full(nbytes, 0x5A, dtype=np.uint8)
 
@@ -419,8 +412,6 @@ class NodeAgent:
 
     def validation_errors(self) -> list[str]:
         """Validation-layer errors this agent's Vulkan instances reported since the last call."""
-        from ..device.instance import drain_all_validation_messages
-
         return [text for sev, text in drain_all_validation_messages() if sev == "error"]
 
     def shutdown(self) -> None:

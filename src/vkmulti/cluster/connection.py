@@ -16,7 +16,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ..device.instance import Instance
 from .errors import ClusterAddressError, ClusterConnectionError, ClusterError, RayMissingError
+from .._core.checks import is_int
 
 __all__ = ["VK_GPU", "RayAddress", "Connection", "require_ray", "parse_address", "vk_gpu_count",
            "node_resources", "connect"]
@@ -102,8 +104,6 @@ def parse_address(address: Any) -> RayAddress:
 
 def vk_gpu_count() -> int:
     """Vulkan physical devices this machine's agent would drive (what to offer as `vk_gpu`)."""
-    from ..device.instance import Instance
-
     inst = Instance(validation=False)
     try:
         return len(inst.physical_devices())
@@ -169,13 +169,11 @@ def connect(address: Any, *, timeout: float = 10.0, object_store_memory: int | N
     if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and math.isfinite(timeout)
             and timeout > 0):
         raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
-    if object_store_memory is not None and (not isinstance(object_store_memory, int)
-                                            or isinstance(object_store_memory, bool)
-                                            or object_store_memory < 2**20):
+    if object_store_memory is not None and (not is_int(object_store_memory) or object_store_memory < 2**20):
         raise ValueError(f"object_store_memory must be an int of bytes >= 1 MiB, got {object_store_memory!r}")
-    if num_cpus is not None and (not isinstance(num_cpus, int) or isinstance(num_cpus, bool) or num_cpus < 0):
+    if num_cpus is not None and (not is_int(num_cpus) or num_cpus < 0):
         raise ValueError(f"num_cpus must be an int >= 0, got {num_cpus!r}")
-    if vk_gpu is not None and (not isinstance(vk_gpu, int) or isinstance(vk_gpu, bool) or vk_gpu < 1):
+    if vk_gpu is not None and (not is_int(vk_gpu) or vk_gpu < 1):
         raise ValueError(f"vk_gpu must be an int >= 1, got {vk_gpu!r}")
     if (addr.kind == "auto" or addr.loopback) and "ray" not in sys.modules:
         # a cluster on this machine's loopback: keep Ray's own addresses there too

@@ -20,10 +20,13 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Sequence
 
+from .agent import NodeAgent
 from .connection import VK_GPU, Connection, connect, require_ray
 from .errors import ClusterError, NoAgentError, short_error
 from .frames import ClusterFrame, render_frame
 from .planner import LinkInfo, NodeInfo, NodePlan, check_srus, plan_nodes
+from .stencil_run import run_stencil
+from .._core.checks import is_int
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +64,14 @@ class ClusterManager:
     def __init__(self, *, virtual_gpus: int = 0, timeout: float = 120.0, start_timeout: float = 120.0,
                  measure: bool = True, topology: bool = True, link_bytes: int = 8 * 2**20, adapt: float = 0.3,
                  agent_nice: int | None = 0):
-        if isinstance(virtual_gpus, bool) or not isinstance(virtual_gpus, int) or virtual_gpus < 0:
+        if not is_int(virtual_gpus) or virtual_gpus < 0:
             raise ValueError(f"virtual_gpus must be an int >= 0, got {virtual_gpus!r}")
-        if isinstance(link_bytes, bool) or not isinstance(link_bytes, int) or link_bytes < 2 * _SMALL_PROBE:
+        if not is_int(link_bytes) or link_bytes < 2 * _SMALL_PROBE:
             raise ValueError(f"link_bytes must be an int >= {2 * _SMALL_PROBE}, got {link_bytes!r}")
         if isinstance(adapt, bool) or not isinstance(adapt, (int, float)) or not 0.0 <= adapt <= 1.0:
             raise ValueError(f"adapt must be a number in [0, 1], got {adapt!r}")
         self.adapt = float(adapt)
-        if agent_nice is not None and (isinstance(agent_nice, bool) or not isinstance(agent_nice, int)
-                                       or not -20 <= agent_nice <= 19):
+        if agent_nice is not None and (not is_int(agent_nice) or not -20 <= agent_nice <= 19):
             raise ValueError(f"agent_nice must be None or an int in [-20, 19], got {agent_nice!r}")
         self.timeout = _positive(timeout, "timeout")
         self.start_timeout = _positive(start_timeout, "start_timeout")
@@ -124,8 +126,6 @@ class ClusterManager:
         ray = self._ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from .agent import NodeAgent
 
         offer = []
         for n in ray.nodes():
@@ -261,7 +261,7 @@ class ClusterManager:
     def measure_node_links(self, nbytes: int = 8 * 2**20) -> dict[tuple[str, str], LinkInfo]:
         """Measure the link between every ordered pair of live nodes (one agent fetching the other's
         object); stored in `node_links` and returned."""
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 2 * _SMALL_PROBE:
+        if not is_int(nbytes) or nbytes < 2 * _SMALL_PROBE:
             raise ValueError(f"nbytes must be an int >= {2 * _SMALL_PROBE}, got {nbytes!r}")
         with self._lock:
             self._check()
@@ -307,7 +307,7 @@ class ClusterManager:
         self._check()
         srus = check_srus(srus)
         for label, v in (("width", width), ("height", height)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            if not is_int(v) or v <= 0:
                 raise ValueError(f"{label} must be a positive int, got {v!r}")
         if on_dispatch is not None and not callable(on_dispatch):
             raise TypeError("on_dispatch must be callable or None")
@@ -322,8 +322,6 @@ class ClusterManager:
         in row slabs across the nodes, halo rows passed agent to agent; a lost node's rows are
         re-split over the others from the last checkpoint. Returns a StencilRun
         (cluster/stencil_run.py); its field is bit-identical to kernels.reference.jacobi_reference."""
-        from .stencil_run import run_stencil
-
         with self._lock:
             self._check()
             return run_stencil(self, field, top, bottom, steps, nodes=nodes, checkpoint_every=checkpoint_every,

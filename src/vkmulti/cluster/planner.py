@@ -21,9 +21,10 @@ import numpy as np
 
 from .._core.reprs import compact_repr
 from ..offload.partition import assign_srus
+from ..offload.render import ReferenceSRU
 
 __all__ = ["NodeInfo", "LinkInfo", "NodePlan", "plan_nodes", "sru_image_bytes", "composite_frame",
-           "check_srus", "IMAGE_BYTES_PER_PIXEL"]
+           "check_srus", "node_order", "IMAGE_BYTES_PER_PIXEL"]
 
 #: SRU images are RGBA16F: 8 bytes per pixel.
 IMAGE_BYTES_PER_PIXEL = 8
@@ -109,8 +110,6 @@ def sru_image_bytes(sru: Any) -> int:
 
 def check_srus(srus: Iterable[Any]) -> list[Any]:
     """A list of ReferenceSRUs with distinct ids, or TypeError/ValueError naming the offender."""
-    from ..offload.render import ReferenceSRU
-
     out = list(srus)
     seen: set = set()
     for s in out:

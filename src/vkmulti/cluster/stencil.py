@@ -16,6 +16,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..kernels import CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator, stencil_kernel
+from ..kernels.reference import stencil_field, stencil_tile_state
+from .errors import ClusterError
+from .._core.checks import is_int
+
 __all__ = ["StencilSlab", "split_rows_weighted"]
 
 #: The stencil kernel's halo tags (kernels/reference.py: STENCIL_FROM_ABOVE / _BELOW).
@@ -25,7 +30,7 @@ _FROM_ABOVE, _FROM_BELOW = 1, 2
 def split_rows_weighted(height: int, weights: Sequence[float]) -> list[tuple[int, int]]:
     """(first row, rows) per part, contiguous, rows in proportion to `weights` (largest
     remainder), every part at least one row; parts beyond `height` rows get none (0 rows)."""
-    if isinstance(height, bool) or not isinstance(height, int) or height < 1:
+    if not is_int(height) or height < 1:
         raise ValueError(f"height must be a positive int, got {height!r}")
     w = [float(x) for x in weights]
     if not w or any(not (math.isfinite(x) and x > 0) for x in w):
@@ -58,9 +63,6 @@ class StencilSlab:
 
     def __init__(self, manager: Any, slab: np.ndarray, above: np.ndarray, below: np.ndarray,
                  gpu_weights: Sequence[float], *, payload_size: int = 256, timeout: float = 60.0):
-        from ..kernels import CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator, stencil_kernel
-        from ..kernels.reference import stencil_tile_state
-
         slab = np.ascontiguousarray(slab, dtype=np.int32)
         if slab.ndim != 2 or slab.shape[1] < 3 or slab.shape[0] < 1:
             raise ValueError(f"slab must be a (rows >= 1, width >= 3) int32 array, got shape {slab.shape}")
@@ -110,7 +112,6 @@ class StencilSlab:
             self._send_halo(self.tiles[-1][0], below, _FROM_BELOW)
         ticket = self.runtime.step([k for k, _ in self.tiles], timeout=self.timeout)
         if ticket.deferred:
-            from .errors import ClusterError
             raise ClusterError(f"stencil tiles were deferred: {ticket.deferred}")
         self.steps += 1
         gen = self.steps % 2                        # the generation the step just wrote
@@ -122,8 +123,6 @@ class StencilSlab:
 
     def field(self) -> np.ndarray:
         """The slab's rows as of the latest step (rows x width int32)."""
-        from ..kernels.reference import stencil_field
-
         gen = self.steps % 2
         return np.vstack([stencil_field(self.runtime.read_state(k, gen, timeout=self.timeout), self.width, n)
                           for k, n in self.tiles])

@@ -27,6 +27,7 @@ from .._core.reprs import compact_repr
 from .errors import NoAgentError, caller_error, short_error
 from .planner import NodeInfo
 from .stencil import split_rows_weighted
+from .._core.checks import is_int
 
 __all__ = ["StencilRun", "run_stencil"]
 
@@ -68,13 +69,13 @@ def _check_problem(field_: Any, top: Any, bottom: Any, steps: Any) -> tuple[np.n
         if a.shape != (w,) or a.dtype != np.int32:
             raise ValueError(f"{label} must be a ({w},) int32 row, got {a.dtype} of shape {a.shape}")
         rows.append(np.ascontiguousarray(a))
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+    if not is_int(steps) or steps < 0:
         raise ValueError(f"steps must be an int >= 0, got {steps!r}")
     return np.ascontiguousarray(f), rows[0], rows[1]
 
 
 def _check_payload(payload_size: Any, width: int) -> None:
-    if isinstance(payload_size, bool) or not isinstance(payload_size, int) or not 16 <= payload_size <= 65536 \
+    if not is_int(payload_size) or not 16 <= payload_size <= 65536 \
             or payload_size % 16:
         raise ValueError(f"payload_size must be a multiple of 16 in [16, 65536], got {payload_size!r}")
     if -(-width * 4 // payload_size) > 255:
@@ -89,7 +90,7 @@ def run_stencil(cm: Any, field_: Any, top: Any, bottom: Any, steps: int, *, node
     the cluster; see the module docstring. `on_dispatch(first_step, split)` is called after each
     run of steps is submitted (split: node id -> (row0, rows))."""
     state, top, bottom = _check_problem(field_, top, bottom, steps)
-    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+    if not is_int(checkpoint_every) or checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be an int >= 1, got {checkpoint_every!r}")
     if on_dispatch is not None and not callable(on_dispatch):
         raise TypeError("on_dispatch must be callable or None")

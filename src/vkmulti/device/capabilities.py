@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import vulkan as vk
+from vulkan._vulkan import lib
 
 from .._core import vkapi
 from .._core.handles import cstr, short_text, to_cffi
 from ..errors import raise_for_result
+from .instance import Instance
 
 _ffi = vk.ffi
 
@@ -247,8 +249,6 @@ def probe_device(physical_device: Any) -> DeviceCapabilities:
 def _device_group_sizes(instance: Any) -> list[int]:
     """Devices per device group. (The `vulkan` package's wrapper leaves the
     output structs' sType unset, which the validation layer rejects.)"""
-    from vulkan._vulkan import lib
-
     count = _ffi.new("uint32_t*")
     raise_for_result(lib.vkEnumeratePhysicalDeviceGroups(instance, count, _ffi.NULL),
                      "vkEnumeratePhysicalDeviceGroups")
@@ -311,8 +311,6 @@ class RenderCapabilities:
     @classmethod
     def probe(cls, instance: Any, physical_device: Any) -> "RenderCapabilities":
         """Probe one physical device (and the instance's device count/groups)."""
-        from .instance import Instance
-
         inst = instance.handle if isinstance(instance, Instance) else to_cffi(instance, "VkInstance")
         pd = to_cffi(physical_device, "VkPhysicalDevice")
         dev = probe_device(pd)

@@ -19,7 +19,9 @@ import vulkan as vk
 from .._core import vkapi
 from .._core.handles import handle_int
 from ..errors import DeviceLostError
+from ..errors import TimeoutError as VkmTimeout
 from .._core.lifetime import Deadline, Lifetime
+from .slots import check_slot, slot_queue
 
 log = logging.getLogger(__name__)
 _ffi = vk.ffi
@@ -61,7 +63,6 @@ def command_with_fence(dev: Any, pool: Any) -> tuple[Any, Any]:
 
 def wait_fence_or_lost(slot: Any, fence_int: int, timeout: float | None, owner: str) -> bool:
     """Wait for one fence of `slot`; False on timeout. A lost device counts as done (logged for `owner`)."""
-    from ..errors import TimeoutError as VkmTimeout
     try:
         slot.native.wait_fence(fence_int, timeout)
     except VkmTimeout:
@@ -145,8 +146,6 @@ class CommandRunner:
     _teardown_rank = 90   # a slot child: after every resource that uses it
 
     def __init__(self, slot: Any, queue: Any = None):
-        from ..memory.resource import check_slot, slot_queue
-
         check_slot(slot)
         self.slot = slot
         self.queue = slot_queue(slot, queue, slot.graphics_queue)
@@ -274,7 +273,6 @@ class CommandRunner:
     def destroy(self, timeout: float | None = 60.0) -> None:
         """Wait (up to `timeout` s) for abandoned submits, then free everything
         (idempotent; vkmulti.TimeoutError keeps it all for a later call)."""
-        from ..errors import TimeoutError as VkmTimeout
         with self._life.ending(timeout) as dl:
             if dl is None:
                 return

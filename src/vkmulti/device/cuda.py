@@ -12,6 +12,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from .._core import _native
 from .._core.reprs import compact_repr
 
 __all__ = ["CudaDevice", "cuda_status", "cuda_devices", "cuda_device_for", "cuda_peer_reason"]
@@ -34,15 +35,11 @@ class CudaDevice:
 @functools.lru_cache(maxsize=None)
 def cuda_status() -> str | None:
     """None when the CUDA driver loads and initialises, else why it does not."""
-    from .._core import _native
-
     return _native.cuda_status()
 
 
 def cuda_devices() -> list[CudaDevice]:
     """The devices CUDA sees (empty without a usable driver)."""
-    from .._core import _native
-
     out = []
     for o, u, n in _native.cuda_devices():
         major, minor, sms = _native.cuda_device_attributes(o) or (0, 0, 0)
@@ -68,8 +65,6 @@ def _uuid_bytes(uuid: str) -> bytes:
 
 @functools.lru_cache(maxsize=256)
 def _peer_reason(uuid_a: str, name_a: str, uuid_b: str, name_b: str) -> str | None:
-    from .._core import _native
-
     why = cuda_status()
     if why is not None:
         return why

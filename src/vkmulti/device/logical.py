@@ -7,6 +7,7 @@ from typing import Any, Iterator
 
 import vulkan as vk
 
+from .._core.checks import is_int
 from .._core import _native, vkapi
 from .._core.handles import handle_hex, handle_int, short_text, to_cffi
 from .capabilities import (EXT_DMA_BUF, EXT_FENCE_FD, EXT_MEMORY_BUDGET, EXT_MEMORY_FD,
@@ -31,7 +32,7 @@ class Queue:
     """
 
     def __init__(self, handle: Any, family: int, index: int = 0):
-        if not isinstance(family, int) or isinstance(family, bool) or family < 0:
+        if not is_int(family) or family < 0:
             raise ValueError(f"queue family must be a non-negative int, got {family!r}")
         self.handle = to_cffi(handle, "VkQueue")
         self.family = family

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable
 
 import vulkan as vk
 
+from .._core.checks import is_int
 from .._core.handles import cstr, handle_hex, handle_int, short_text, to_cffi
 from .capabilities import EXT_MEMORY_FD, DeviceCapabilities, QueueFamilies, RenderCapabilities, probe_device
 from .logical import (LogicalDevice, Queue, create_logical_device, default_queue_families, destroy_logical_device,
@@ -17,6 +18,7 @@ from ..errors import DestroyedError, UnsupportedError, VkmError
 from ..errors import TimeoutError as VkmTimeoutError
 from .._core.lifetime import Deadline, Lifetime
 from . import virtual
+from .instance import Instance
 
 log = logging.getLogger(__name__)
 
@@ -268,8 +270,6 @@ class MultiDeviceManager:
         virtual lavapipe pair instead and logs one warning line saying so
         (VKMULTI_VIRTUAL_FALLBACK=0 turns that off; see vkmulti.device.virtual).
         """
-        from .instance import Instance
-
         own_instance = instance is None
         if not own_instance and not isinstance(instance, Instance):
             raise TypeError(f"instance must be a vkmulti Instance, got {type(instance).__name__}")
@@ -285,7 +285,7 @@ class MultiDeviceManager:
             if not isinstance(device_indices, (list, tuple)) or not device_indices:
                 raise ValueError(f"device_indices must be a non-empty list, got {device_indices!r}")
             for i in device_indices:
-                if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(pds):
+                if not is_int(i) or not 0 <= i < len(pds):
                     raise IndexError(f"device index {i!r} out of range: {len(pds)} physical device(s)")
             if len(set(device_indices)) != len(device_indices):
                 raise ValueError(f"device_indices has duplicates: {device_indices!r}")
@@ -318,8 +318,6 @@ class MultiDeviceManager:
     def _own_instance(validation: bool | None) -> Any:
         """create()'s instance; on a machine without a GPU (virtual.no_gpu_fallback) the
         loader is pointed at the virtual lavapipe pair first, and one warning line says so."""
-        from .instance import Instance
-
         inst = Instance(validation=validation)
         try:
             fallback = virtual.no_gpu_fallback(virtual.physical_device_types(inst))
@@ -376,7 +374,7 @@ class MultiDeviceManager:
     def slot(self, index: int) -> DeviceSlot:
         """The slot of device `index`; TypeError/IndexError naming a bad index."""
         self._check()
-        if not isinstance(index, int) or isinstance(index, bool):
+        if not is_int(index):
             raise TypeError(f"slot index must be an int, got {type(index).__name__}")
         if not 0 <= index < len(self._slots):
             raise IndexError(f"slot index {index} out of range: {len(self._slots)} slot(s)")
@@ -405,7 +403,7 @@ class MultiDeviceManager:
         if self._life.open:
             slot = self.slot(index)
         else:
-            if not isinstance(index, int) or isinstance(index, bool):
+            if not is_int(index):
                 raise TypeError(f"slot index must be an int, got {type(index).__name__}")
             slots = self._slots
             if not 0 <= index < len(slots) or slots[index].native is None:

@@ -17,6 +17,7 @@ from typing import Iterator
 
 import vulkan as vk
 
+from .._core.checks import is_int
 from ..errors import UnsupportedError
 from .capabilities import DEVICE_TYPES
 from .instance import Instance
@@ -43,7 +44,7 @@ def install_virtual_gpus(count: int = 2, *, directory: str | None = None) -> lis
     Returns the manifest paths. Sets VK_DRIVER_FILES (and the older
     VK_ICD_FILENAMES) for this process; use `virtual_gpus()` to restore them.
     """
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+    if not is_int(count) or count < 1:
         raise ValueError(f"count must be a positive int, got {count!r}")
     icd = find_lavapipe_icd()
     if icd is None:
@@ -123,5 +124,3 @@ def use_virtual_if_no_gpu(count: int | None = 0) -> str | None:
 def is_virtual_setup() -> bool:
     """True when the loader is pointed at vkmulti's lavapipe copies."""
     return "vkmulti_lvp_" in os.environ.get("VK_DRIVER_FILES", "")
-
-

@@ -213,14 +213,3 @@ class K2KMessage:
         """The message's envelope between the given kernel addresses (what a slot's header holds)."""
         return MessageEnvelope(source_address, dest_address, self.sequence, self.timestamp, len(self.payload),
                                self.tag, self.tenant, self.hops, self.priority << _PRIORITY_SHIFT)
-
-
-def decode_slots(raw: np.ndarray, count: int, slot_size: int) -> list[tuple[MessageEnvelope, bytes]]:
-    """(envelope, payload) of the first `count` slots in `raw` (uint8 bytes of slots)."""
-    out = []
-    for i in range(count):
-        base = i * slot_size
-        env = MessageEnvelope.unpack(raw[base:base + ENVELOPE_BYTES])
-        length = min(env.payload_len, slot_size - ENVELOPE_BYTES)
-        out.append((env, raw[base + ENVELOPE_BYTES:base + ENVELOPE_BYTES + length].tobytes()))
-    return out

@@ -17,6 +17,9 @@ from typing import Any, Iterable
 import numpy as np
 
 from .reference import split_rows, stencil_field, stencil_kernel, stencil_tile_state
+from .coordinator.coordinator import MultiGpuCoordinator
+from .k2k.router import CrossGpuK2KRouter
+from .runtime.runtime import KernelRuntime
 
 __all__ = ["StencilSlabs", "StencilRun", "run_stencil", "stencil_payload_size"]
 
@@ -156,10 +159,6 @@ def run_stencil(manager: Any, field: Any, steps: int, devices: Iterable[int] | N
     `warmup` steps of a throwaway copy run first on the same devices (pipelines,
     transfer rings and landing buffers made) and are not timed.
     """
-    from .coordinator.coordinator import MultiGpuCoordinator
-    from .k2k.router import CrossGpuK2KRouter
-    from .runtime.runtime import KernelRuntime
-
     f = _as_field(field)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be an int >= 0, got {steps!r}")

@@ -9,9 +9,6 @@ A Buffer is adopted by its MultiDeviceManager (freed by its destroy(), before
 any device) and safe to destroy() from one thread while another uploads,
 downloads or transfers it: destroy() waits for that work (bounded by its
 timeout) and frees nothing the GPU may still touch.
-
-(`InterGpuTransfer` lived here before; it is in `vkmulti.inter_gpu` now and
-still importable from this module.)
 """
 from __future__ import annotations
 
@@ -21,29 +18,31 @@ import numpy as np
 import vulkan as vk
 
 from .._core import vkapi
+from .._core.checks import U32_MAX, is_int, short_repr
 from .._core.handles import handle_int
 from ..device.commands import CommandRunner
 from ..errors import DestroyedError
 from .._core.lifetime import Deadline
-from .resource import MAX_BYTES, GpuResource, allocate_memory, as_host_bytes, check_slot, slot_lifetime
+from ..device.slots import check_slot, slot_lifetime
+from .resource import MAX_BYTES, GpuResource, allocate_memory, as_host_bytes
 
-__all__ = ["Buffer", "BUFFER_USAGE", "BUFFER_USAGE_ALLOWED", "run_one_shot"]
+__all__ = ["Buffer", "BUFFER_USAGE", "BUFFER_USAGE_ALLOWED", "run_one_shot", "check_usage"]
 
 _ffi = vk.ffi
-_U32 = 1 << 32
 BUFFER_USAGE = (vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
                 | vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT)
 
 
-def _check_usage(usage: Any, label: str) -> int:
-    if isinstance(usage, bool) or not isinstance(usage, int) or not 0 < usage < _U32:
-        raise ValueError(f"{label} must be a nonzero 32-bit flags int, got {usage!r}"[:160])
+def check_usage(usage: Any, label: str) -> int:
+    """Usage flags of a Buffer or Image: a nonzero 32-bit int; ValueError otherwise."""
+    if not is_int(usage) or not 0 < usage <= U32_MAX:
+        raise ValueError(f"{label} must be a nonzero 32-bit flags int, got {short_repr(usage, 100)}")
     return usage
 
 
 def _check_offset_size(offset: Any, size: Any, total: int) -> None:
     for label, v in (("offset", offset), ("size", size)):
-        if isinstance(v, bool) or not isinstance(v, int):
+        if not is_int(v):
             raise TypeError(f"{label} must be an int, got {type(v).__name__}")
     if offset < 0 or size <= 0 or offset + size > total:
         raise ValueError(f"range [{offset}, {offset + size}) is outside the buffer of {total} bytes"[:200])
@@ -74,9 +73,9 @@ class Buffer(GpuResource):
 
     def __init__(self, slot: Any, size: int, *, usage: int = BUFFER_USAGE, host_visible: bool = False):
         check_slot(slot)
-        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_BYTES:
-            raise ValueError(f"buffer size must be an int in [1, 2**62], got {size!r}"[:160])
-        usage = _check_usage(usage, "usage")
+        if not is_int(size) or not 0 < size <= MAX_BYTES:
+            raise ValueError(f"buffer size must be an int in [1, 2**62], got {short_repr(size, 100)}")
+        usage = check_usage(usage, "usage")
         if usage & ~BUFFER_USAGE_ALLOWED:
             raise ValueError(f"usage 0x{usage:x} has bits vkmulti does not enable (allowed: "
                              f"0x{BUFFER_USAGE_ALLOWED:x})")
@@ -85,7 +84,7 @@ class Buffer(GpuResource):
         self.handle: Any = None
         self.memory: Any = None
         self._handle_int: int | None = None
-        self._init_resource(slot)
+        super().__init__(slot)
         life = slot_lifetime(slot)
         with life:   # the manager's destroy() waits for a constructor that is running
             # Shared by the universal and copy families, so transfers need no ownership hand-over.
@@ -148,7 +147,7 @@ class Buffer(GpuResource):
         Deadline(timeout)
         with self._life:
             if size is None:
-                size = self.size - offset if isinstance(offset, int) and not isinstance(offset, bool) else 0
+                size = self.size - offset if is_int(offset) else 0
             _check_offset_size(offset, size, self.size)
             staging = self._staging(size, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
             run_one_shot(self.slot, lambda cmd: vk.vkCmdCopyBuffer(

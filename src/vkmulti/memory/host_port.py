@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import vulkan as vk
 
+from .._core.checks import is_int
 from .._core import vkapi
 from .._core.handles import handle_int
 from ..device.capabilities import EXT_MEMORY_HOST
@@ -31,7 +32,8 @@ from ..device.commands import command_with_fence, timeline_submit_info, wait_fen
 from ..errors import DestroyedError, UnsupportedError, VulkanError
 from ..errors import TimeoutError as VkmTimeoutError
 from .._core.lifetime import Deadline, Lifetime
-from .resource import as_host_bytes, check_slot, find_memory_type, slot_lifetime, slot_queue
+from ..device.slots import check_slot, slot_lifetime, slot_queue
+from .resource import as_host_bytes, find_memory_type
 from .._core.timeline import wait_points
 
 log = logging.getLogger(__name__)
@@ -203,7 +205,7 @@ class HostPort:
                  ring_slot_size: int = RING_SLOT_SIZE, ring_slot_count: int = RING_SLOT_COUNT):
         check_slot(slot)
         for label, v, hi in (("ring_slot_size", ring_slot_size, 1 << 32), ("ring_slot_count", ring_slot_count, 64)):
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= hi:
+            if not is_int(v) or not 0 < v <= hi:
                 raise ValueError(f"{label} must be an int in [1, {hi}], got {v!r}"[:160])
         self.slot, self.queue = slot, slot_queue(slot, queue, slot.copy_queue)
         self.alignment = slot.native.host_pointer_alignment if EXT_MEMORY_HOST in slot.enabled_extensions else 0

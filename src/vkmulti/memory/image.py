@@ -17,21 +17,22 @@ from typing import Any
 import numpy as np
 import vulkan as vk
 
+from .._core.checks import is_int
 from .._core import vkapi
 from .._core.handles import handle_int
-from .buffer import BUFFER_USAGE, Buffer, _check_usage, run_one_shot
+from .buffer import BUFFER_USAGE, Buffer, check_usage, run_one_shot
 from ..device.commands import CommandRunner, timeline_submit_info
 from ..errors import DestroyedError, UnsupportedError, VulkanError
 from .._core.formats import bytes_per_pixel, format_name
 from .._core.lifetime import Deadline
-from .resource import GpuResource, allocate_memory, as_host_bytes, check_slot, find_memory_type, slot_lifetime
+from ..device.slots import check_slot, slot_lifetime
+from .resource import GpuResource, allocate_memory, as_host_bytes, find_memory_type
 from .._core.timeline import wait_points
 
 __all__ = ["Buffer", "Image", "CommandRunner", "as_host_bytes", "find_memory_type", "timeline_submit_info",
            "check_layout", "IMAGE_USAGE", "BUFFER_USAGE", "DEFAULT_FORMAT"]
 
 _ffi = vk.ffi
-_check_slot = check_slot   # the older name, used by renderers
 
 DEFAULT_FORMAT = vk.VK_FORMAT_R16G16B16A16_SFLOAT
 SHADER_READ = vk.VK_IMAGE_LAYOUT_SHADER_READ_ONLY_OPTIMAL
@@ -60,7 +61,7 @@ def check_layout(layout: Any, usage: int | None, label: str, *, undefined_ok: bo
     """`layout` if a colour image with `usage` (None: unknown) may rest in it, else
     ValueError/TypeError naming it. `undefined_ok`: UNDEFINED is accepted too
     (a starting layout whose contents may be discarded)."""
-    if isinstance(layout, bool) or not isinstance(layout, int):
+    if not is_int(layout):
         raise TypeError(f"{label} must be a VkImageLayout int, got {type(layout).__name__}")
     if undefined_ok and layout == vk.VK_IMAGE_LAYOUT_UNDEFINED:
         return layout
@@ -100,10 +101,10 @@ class Image(GpuResource):
                  kernel_copies: bool = True):
         check_slot(slot)
         for label, v in (("width", width), ("height", height)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            if not is_int(v) or v <= 0:
                 raise ValueError(f"image {label} must be a positive int, got {v!r}"[:160])
         self.bytes_per_pixel = bytes_per_pixel(format)
-        usage = _check_usage(usage, "usage")
+        usage = check_usage(usage, "usage")
         if usage & ~IMAGE_USAGE_ALLOWED:
             raise ValueError(f"usage 0x{usage:x} has bits a colour image cannot have (allowed: "
                              f"0x{IMAGE_USAGE_ALLOWED:x})")
@@ -113,7 +114,7 @@ class Image(GpuResource):
         self.kernel_view: Any = None   # the UINT view the transfer kernels copy through (lives with the image)
         self.slot, self.width, self.height, self.format = slot, width, height, format
         self._handle_ints: tuple[int, int | None] | None = None
-        self._init_resource(slot)
+        super().__init__(slot)
         life = slot_lifetime(slot)
         with life:   # the manager's destroy() waits for a constructor that is running
             try:

@@ -18,45 +18,17 @@ import vulkan as vk
 
 from ..errors import OutOfDeviceMemoryError, UnsupportedError
 from ..errors import TimeoutError as VkmTimeoutError
+from .._core import vkapi
 from .._core.lifetime import Deadline, Lifetime
+from ..device.slots import slot_lifetime
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GpuResource", "as_host_bytes", "find_memory_type", "allocate_memory", "check_slot", "slot_lifetime",
-           "slot_queue"]
+__all__ = ["GpuResource", "as_host_bytes", "find_memory_type", "allocate_memory", "MAX_BYTES"]
 
 #: Sizes vkmulti accepts for one buffer or allocation (VkDeviceSize is 64 bits;
 #: no device has more memory than this).
 MAX_BYTES = 1 << 62
-
-
-def check_slot(slot: Any) -> None:
-    """ValueError unless `slot` has a live device with a native table."""
-    if getattr(slot, "device", None) is None or getattr(slot, "native", None) is None:
-        raise ValueError("slot has no live device (destroyed, or a passthrough primary without a native table); "
-                         "use a slot of an active MultiDeviceManager")
-
-
-def slot_queue(slot: Any, queue: Any, default: Any) -> Any:
-    """`queue` if it is one of the slot's queues, `default` for None; else TypeError/ValueError."""
-    from ..device.logical import Queue
-
-    if queue is None:
-        return default
-    if not isinstance(queue, Queue):
-        raise TypeError(f"queue must be a vkmulti Queue of the slot (e.g. slot.graphics_queue), "
-                        f"got {type(queue).__name__}")
-    queues = getattr(slot, "queues", None)
-    if callable(queues) and all(int(queue) != int(q) for q in queues()):
-        raise ValueError(f"queue {queue!r} is not a queue of GPU {slot.index}")
-    return queue
-
-
-def slot_lifetime(slot: Any) -> Lifetime:
-    """The lifetime of the manager that owns `slot` (a fresh, untracked one for a
-    slot made by hand)."""
-    life = getattr(slot, "lifetime", None)
-    return life if isinstance(life, Lifetime) else Lifetime(slot, "device slot")
 
 
 def find_memory_type(slot: Any, bits: int, required: int, preferred: int = 0) -> int:
@@ -77,8 +49,6 @@ def find_memory_type(slot: Any, bits: int, required: int, preferred: int = 0) ->
 def allocate_memory(slot: Any, req: Any, required: int, preferred: int) -> Any:
     """vkAllocateMemory for requirements `req`; OutOfDeviceMemoryError (no driver
     call) when the size exceeds the memory heap of the type chosen."""
-    from .._core import vkapi
-
     index = find_memory_type(slot, req.memoryTypeBits, required, preferred)
     props = vk.vkGetPhysicalDeviceMemoryProperties(slot.physical_device)
     heap = int(props.memoryHeaps[props.memoryTypes[index].heapIndex].size)
@@ -132,7 +102,9 @@ class GpuResource:
     _life: Lifetime
     _free: Callable[[], None]   # each resource frees its own handles (Buffer._free, Image._free)
 
-    def _init_resource(self, slot: Any) -> None:
+    def __init__(self, slot: Any) -> None:
+        """The lifetime (a child of the slot's manager) and the job list; subclasses
+        call it once their own fields exist, before they make any handle."""
         self._life = Lifetime(self, type(self).__name__, (slot_lifetime(slot),))
         self._jobs: list[Any] = []
         self._jobs_lock = threading.Lock()

@@ -35,7 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..transfer.cross_device import TimelinePoint
+from .._core.timeline import TimelinePoint
 
 log = logging.getLogger(__name__)
 

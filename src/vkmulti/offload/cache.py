@@ -14,7 +14,8 @@ from typing import Any, Callable
 from .._core.lifetime import Deadline
 from ..errors import TimeoutError, VkmError
 from ..memory.image import Image
-from ..transfer.cross_device import CrossDeviceTransfer, TimelinePoint
+from .._core.timeline import TimelinePoint
+from ..transfer.cross_device import CrossDeviceTransfer
 from .render import SRU_FORMAT, SRU_IMAGE_USAGE
 from .types import OffloadRoute, SruEntry, sru_size
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from contextlib import ExitStack
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import vulkan as vk
 

@@ -23,7 +23,10 @@ from .._core.lifetime import Lifetime, operation
 from ..device.manager import MultiDeviceManager
 from ..errors import DestroyedError, DeviceLostError, PrimaryDeviceLostError
 from ..memory.image import Image
-from ..transfer.cross_device import CrossDeviceTransfer, TimelinePoint, TransferTicket, select_transfer_method
+from .._core.timeline import TimelinePoint
+from ..transfer.cross_device import CrossDeviceTransfer
+from ..transfer.link import TransferTicket
+from ..transfer.methods import select_transfer_method
 from .adaptive import AdaptivePlanner
 from .cache import SruCache
 from .compositor import Compositor, scale_pair

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ..errors import DeviceLostError, PrimaryDeviceLostError, TimeoutError, TransferError, UnsupportedError, VulkanError
 from ..device.failover import FailoverStats
-from ..transfer.cross_device import TimelinePoint
+from .._core.timeline import TimelinePoint
 
 log = logging.getLogger(__name__)
 

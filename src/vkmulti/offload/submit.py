@@ -20,7 +20,7 @@ from ..device.logical import retire_submits
 from ..errors import DestroyedError, DeviceLostError
 from ..errors import TimeoutError as VkmTimeoutError
 from ..memory.image import Image, timeline_submit_info
-from ..memory.resource import check_slot, slot_lifetime, slot_queue
+from ..device.slots import check_slot, slot_lifetime, slot_queue
 
 log = logging.getLogger(__name__)
 

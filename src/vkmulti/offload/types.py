@@ -13,9 +13,11 @@ from .._core.checks import is_int
 from ..errors import DestroyedError, RendererMissingError
 from ..memory.image import Image
 from ..device.manager import DeviceSlot
+from .._core.timeline import TimelinePoint
+from ..transfer.cross_device import CrossDeviceTransfer
+from ..transfer.link import TransferTicket
 from .compositor import scale_pair
 from .partition import sru_cost
-from ..transfer.cross_device import CrossDeviceTransfer, TimelinePoint, TransferTicket
 
 __all__ = ["OffloadRoute", "RendererMissingError", "SecondaryRenderContext", "FrameReport", "SruEntry",
            "default_cost", "int_list", "check_weights", "sru_size"]

@@ -1,226 +1,44 @@
-"""Moving images and buffers between devices: select_transfer_method and CrossDeviceTransfer.
+"""CrossDeviceTransfer: moves an image or a buffer range from one device to another.
 
-The work is done by native links (one per source, destination, method and ring
-shape, shared by every transfer that matches): a worker thread per link
-pipelines chunks through a ring of slots and orders the two devices with
-timeline semaphores. `src_done` and `dst_ready` are those semaphores with the
-value the latest transfer signals, so an engine's own submit can wait for them
-on the GPU.
+The work is done by the native link of the transfer's pair, method and ring
+shape (transfer/link.py). `src_done` and `dst_ready` are the link's timeline
+semaphores with the value the latest transfer signals, so an engine's own
+submit can wait for them on the GPU.
 """
 from __future__ import annotations
 
-import logging
-import os
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import vulkan as vk
 
 from .._core import _native
-from .._core.handles import handle_int, short_text
-from ..device.capabilities import EXT_DMA_BUF, RenderCapabilities
-from ..errors import DestroyedError, DeviceLostError, UnsupportedError, VkmError
+from .._core.checks import is_int
+from .._core.handles import handle_int
+from .._core.lifetime import Deadline, Lifetime
+from .._core.timeline import TimelinePoint, wait_point
+from ..device.manager import DeviceSlot
+from ..device.slots import slot_lifetime
+from ..errors import DestroyedError, UnsupportedError
 from ..errors import TimeoutError as VkmTimeoutError
 from ..memory.buffer import Buffer
-from ..device.logical import retire_submits
 from ..memory.image import Image, check_layout
-from .._core.lifetime import Deadline, Lifetime
-from .methods import MethodProblem, TransferMethod, method_problem
-from ..memory.resource import MAX_BYTES, slot_lifetime
-from .._core.timeline import TimelinePoint, wait_point
+from ..memory.resource import MAX_BYTES
+from .link import (DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, LinkRef, TransferTicket, acquire_link, check_ring_shape,
+                   ring_shape)
+from .methods import TransferMethod, pair_methods, pair_problem, slot_label
 
-log = logging.getLogger(__name__)
+__all__ = ["CrossDeviceTransfer"]
 
-__all__ = ["TransferMethod", "select_transfer_method", "pair_methods", "pair_problem", "CrossDeviceTransfer", "TransferTicket", "TimelinePoint",
-           "DEFAULT_SLOT_SIZE", "DEFAULT_SLOT_COUNT"]
-
-#: Ring shape per device pair and method: 8 slots of 8 MiB (64 MiB). Jobs
-#: under 128 MiB are cut into about sixteen chunks of at least 2 MiB instead.
-DEFAULT_SLOT_SIZE = 8 << 20
-DEFAULT_SLOT_COUNT = 8
-#: CUDA_PEER's default ring: 8 slots of 16 MiB (128 MiB a side). Each chunk
-#: costs its worker ~25 us of host work, so chunks are large: a 4K frame goes
-#: in eight, 256 MiB in sixteen (bench/HISTORY.md has the shapes measured).
-CUDA_PEER_SLOT_SIZE = 16 << 20
-CUDA_PEER_SLOT_COUNT = 8
-#: The default ring where a device of the pair is a CPU (lavapipe): 8 slots of
-#: 1 MiB. The copies there are CPU work, and chunks that stay in the caches run
-#: 1.2-1.7x faster than 8 MiB ones (bench/HISTORY.md, 2026-11-30 session 4).
-CPU_SLOT_SIZE = 1 << 20
-CPU_SLOT_COUNT = 8
-#: Ring shapes vkmulti accepts: a slot of at most 4 GiB, at most 1024 slots, at
-#: most 64 GiB a ring (each side). Anything larger is refused at construction:
-#: slot_size x slot_count, and its rounding up to the devices' alignment, must
-#: never wrap 64 bits or overflow the native ring's 32-bit slot count.
-MAX_SLOT_SIZE = 1 << 32
-MAX_SLOT_COUNT = 1024
-MAX_RING_BYTES = 1 << 36
-
-
-def check_ring_shape(slot_size: Any, slot_count: Any) -> tuple[int, int]:
-    """(slot_size, slot_count) if within MAX_SLOT_SIZE, MAX_SLOT_COUNT and
-    MAX_RING_BYTES, else ValueError naming the value."""
-    for label, v, hi in (("slot_size", slot_size, MAX_SLOT_SIZE), ("slot_count", slot_count, MAX_SLOT_COUNT)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{label} must be a positive int, got {type(v).__name__} {v!r}"[:160])
-        if not 0 < v <= hi:
-            raise ValueError(f"{label} must be in [1, {hi}], got {v}"[:160])
-    if slot_size * slot_count > MAX_RING_BYTES:
-        raise ValueError(f"a ring of {slot_count} x {slot_size} B exceeds {MAX_RING_BYTES} B; "
-                         f"lower slot_size or slot_count")
-    return slot_size, slot_count
-
-
-def _on_gpus(src: Any, dst: Any) -> bool:
-    """Whether both devices of a pair are known to be GPUs (not CPU devices)."""
-    return src.capabilities is not None and dst.capabilities is not None and \
-        "cpu" not in (src.capabilities.device_type, dst.capabilities.device_type)
-
-
-def _ring_shape(method: str, src: Any, dst: Any, slot_size: int, slot_count: int) -> tuple[int, int]:
-    """The ring a transfer's link uses: the one asked for, or where that is the
-    default, the default of the method (CUDA_PEER) or of CPU devices."""
-    if (slot_size, slot_count) != (DEFAULT_SLOT_SIZE, DEFAULT_SLOT_COUNT):
-        return slot_size, slot_count
-    if method == TransferMethod.CUDA_PEER:
-        return CUDA_PEER_SLOT_SIZE, CUDA_PEER_SLOT_COUNT
-    if not _on_gpus(src, dst):
-        return CPU_SLOT_SIZE, CPU_SLOT_COUNT
-    return slot_size, slot_count
-
-
-#: On GPUs, semaphores are polled this long before a blocking wait (a wake-up
-#: costs tens of microseconds); never on CPU devices, where it steals their cores.
-SPIN_SECONDS = 200e-6
 SHADER_READ = vk.VK_IMAGE_LAYOUT_SHADER_READ_ONLY_OPTIMAL
-_OPAQUE_FD = vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT
-_DMA_BUF = 0x200  # VK_EXTERNAL_MEMORY_HANDLE_TYPE_DMA_BUF_BIT_EXT
-_RING = {TransferMethod.STAGING_COPY: _native.RING_STAGING, TransferMethod.HOST_SHARED: _native.RING_SHARED_HOST,
-         TransferMethod.DMABUF: _native.RING_EXPORTED, TransferMethod.CUDA_PEER: _native.RING_CUDA_PEER}
-#: Set to a file name, links made from then on append a timeline of their work
-#: to it (a diagnostic: a poller thread spins a core per link; bench/trace_report.py).
-TRACE_ENV = _native.TRACE_ENV
-
-
-#: CUDA_PEER comes first wherever CUDA can serve the pair (on two H200s it moves
-#: 256 MiB at ~320 GB/s, HOST_SHARED at ~45); this environment variable set to
-#: "0" keeps select_transfer_method from choosing it. Forcing the method on a
-#: CrossDeviceTransfer works regardless.
-CUDA_PEER_ENV = "VKMULTI_CUDA_PEER"
-
-
-def cuda_peer_auto() -> bool:
-    """Whether select_transfer_method may pick CUDA_PEER (yes unless VKMULTI_CUDA_PEER=0)."""
-    return os.environ.get(CUDA_PEER_ENV, "") != "0"
-
-
-def slot_label(slot: Any) -> str:
-    """"GPU i ('name')" for messages."""
-    return f"GPU {slot.index} ({short_text(slot.name)})"
-
-
-def pair_problem(method: str, src: Any, dst: Any) -> MethodProblem | None:
-    """Why `method` cannot move data from slot `src` to slot `dst` (with the
-    extensions their VkDevices enabled), or None when it can."""
-    a, b = src.capabilities, dst.capabilities
-    if a is None or b is None:
-        return None if method in (TransferMethod.STAGING_COPY, TransferMethod.NONE) else \
-            MethodProblem("the devices' capabilities are unknown")
-    return method_problem(method, a, b, src.enabled_extensions, dst.enabled_extensions,
-                          labels=(slot_label(src), slot_label(dst)))
-
-
-def pair_methods(src: Any, dst: Any) -> list[str]:
-    """The cross-device methods that work from slot `src` to slot `dst`, best first
-    (what their VkDevices enabled counts; CUDA_PEER as the driver answers)."""
-    return [m for m in TransferMethod.CROSS_DEVICE if pair_problem(m, src, dst) is None]
-
-
-_reported: set[tuple] = set()
-_reported_lock = threading.Lock()
-
-
-def _report_skipped(key: tuple, problem: MethodProblem) -> None:
-    """Log once per pair and method why a better method was passed over because a
-    VkDevice lacks an extension its driver offers (an engine's own device)."""
-    with _reported_lock:
-        if key in _reported:
-            return
-        _reported.add(key)
-    log.warning("vkmulti: %s not used: %s", key[-1], problem.reason)
-
-
-def select_transfer_method(assignment: Any, capabilities: Any, *,
-                           prefer_dmabuf: bool = True, dst_index: int = 0) -> str:
-    """The best method both devices of the pair support (DMABUF only when preferred,
-    CUDA_PEER unless VKMULTI_CUDA_PEER=0).
-
-    The seed's form: `assignment` has a `device_index` (an SRUAssignment) and
-    `capabilities` is the manager's RenderCapabilities (`mgr.capabilities`);
-    the destination is `dst_index`, the primary by default. NONE for work
-    already on the destination; the floor, STAGING_COPY, when the
-    capabilities do not describe both devices. The pair form:
-    `select_transfer_method(src_slot, dst_slot)` with two DeviceSlots.
-
-    A method passed over because a VkDevice was created without an extension
-    its driver offers (an engine's own device) is logged once, in one line
-    that names the extension and vkmulti.device_requirements().
-    """
-    from ..device.manager import DeviceSlot
-
-    if isinstance(assignment, DeviceSlot) or isinstance(capabilities, DeviceSlot):
-        if not (isinstance(assignment, DeviceSlot) and isinstance(capabilities, DeviceSlot)):
-            raise TypeError(f"select_transfer_method(src_slot, dst_slot) needs two DeviceSlots, got "
-                            f"{type(assignment).__name__} and {type(capabilities).__name__}")
-        return _select_for_slots(assignment, capabilities, prefer_dmabuf)
-    src_index = getattr(assignment, "device_index", None)
-    if isinstance(src_index, bool) or not isinstance(src_index, int) or src_index < 0:
-        raise TypeError(f"assignment must have a non-negative int device_index (an SRUAssignment), or pass two "
-                        f"DeviceSlots; got {type(assignment).__name__} with device_index {src_index!r}"[:200])
-    if isinstance(dst_index, bool) or not isinstance(dst_index, int) or dst_index < 0:
-        raise TypeError(f"dst_index must be a non-negative int, got {dst_index!r}"[:160])
-    if capabilities is not None and not isinstance(capabilities, RenderCapabilities):
-        raise TypeError(f"capabilities must be RenderCapabilities or None, got {type(capabilities).__name__}")
-    if src_index == dst_index:
-        return TransferMethod.NONE
-    if capabilities is None or max(src_index, dst_index) >= len(capabilities.devices):
-        return TransferMethod.STAGING_COPY
-    a, b = capabilities.devices[src_index], capabilities.devices[dst_index]
-    en = capabilities.enabled_extensions
-    ea = en[src_index] if src_index < len(en) else None
-    eb = en[dst_index] if dst_index < len(en) else None
-    labels = (f"GPU {src_index} ({short_text(a.name)})", f"GPU {dst_index} ({short_text(b.name)})")
-    return _first_working(lambda m: method_problem(m, a, b, ea, eb, labels=labels), prefer_dmabuf,
-                          (src_index, dst_index))
-
-
-def _select_for_slots(src: Any, dst: Any, prefer_dmabuf: bool) -> str:
-    if src is dst or src.index == dst.index and src.device is dst.device:
-        return TransferMethod.NONE
-    return _first_working(lambda m: pair_problem(m, src, dst), prefer_dmabuf, (src.index, dst.index))
-
-
-def _first_working(problem_of: Any, prefer_dmabuf: bool, pair: tuple[int, int]) -> str:
-    for method in TransferMethod.CROSS_DEVICE:
-        if method == TransferMethod.DMABUF and not prefer_dmabuf:
-            continue
-        if method == TransferMethod.CUDA_PEER and not cuda_peer_auto():
-            continue
-        problem = problem_of(method)
-        if problem is None:
-            return method
-        if problem.not_enabled:
-            _report_skipped((*pair, problem.device, method), problem)
-    return TransferMethod.STAGING_COPY
 
 
 def _image_size(w: Any, h: Any, bpp: Any, *, allow_zero: bool = False) -> None:
     """ValueError unless width, height (< 2**20) and bytes per pixel (1..32) are ints in range."""
     lo = 0 if allow_zero else 1
     for label, v, hi in (("width", w, 1 << 20), ("height", h, 1 << 20), ("bytes_per_pixel", bpp, 32)):
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        if not is_int(v) or not lo <= v <= hi:
             raise ValueError(f"{label} must be an int in [{lo}, {hi}], got {v!r}"[:160])
 
 
@@ -233,314 +51,6 @@ _LAYOUTS_OK: set[tuple] = set()
 
 #: One side of a job, in the shape the native layer reads (converted once).
 _Endpoint = _native.Endpoint
-
-
-class _LinkRef:
-    """A shared native link with a reference count (destroyed at zero, or with its slot).
-
-    destroy() waits (bounded, interruptible) until the GPUs reached the last
-    timeline values the link handed out, so they are done with every job
-    before the native link frees its ring; and it answers for the tickets of
-    jobs that completed (or failed) once the link is gone.
-    """
-
-    def __init__(self, link: Any, key: tuple, links: "_Links", slots: tuple[Any, Any]):
-        self.link, self.key, self.links, self.refs = link, key, links, 0
-        self.slots = slots   # (source, destination): their queues are retired before the link's timelines go
-        self.src_sem, self.dst_sem = link.src_timeline, link.dst_timeline   # fixed for the link's life
-        links.alive[id(self)] = self   # made under links.lock (_acquire_link)
-        # no parent: tickets stay answerable while the manager's destroy() runs, which
-        # destroys the links last
-        self.life = Lifetime(self, "transfer link")
-        # the highest value read from each timeline so far: a lower bound of it from
-        # then on (it only grows), so most gpu_done() answers need no native call
-        self.seen_src = self.seen_dst = 0
-        self._lock = threading.Lock()
-        # the tickets handed out, to settle at destroy() (weak: the caller's to keep;
-        # plain references without callbacks, pruned now and then: cheaper per job
-        # than a WeakSet)
-        self._tickets: list[weakref.ref[TransferTicket]] = []
-        self._prune_at = 64
-
-    def submitted(self, ticket: "TransferTicket") -> None:
-        """Note a job just queued: its ticket is answered for if the link goes first."""
-        with self._lock:
-            tickets = self._tickets
-            if len(tickets) >= self._prune_at:
-                tickets[:] = [r for r in tickets if (t := r()) is not None and not t._complete and t._error is None]
-                self._prune_at = max(64, 2 * len(tickets))
-            tickets.append(weakref.ref(ticket))
-
-    def release(self, timeout: float | None = None) -> None:
-        """Give back one reference; the last one destroys the link (waiting for its jobs).
-
-        A transfer made meanwhile gets a new link: this one leaves the table first."""
-        with self.links.lock:
-            self.refs -= 1
-            if self.refs > 0:
-                return
-            if self.links.by_key.get(self.key) is self:
-                del self.links.by_key[self.key]
-        try:
-            self.destroy(timeout)
-        except BaseException:
-            with self.links.lock:
-                self.refs += 1   # still held: a later release() or the slot's destroy retries
-            raise
-
-    def destroy(self, timeout: float | None = None) -> None:
-        """Wait until both GPUs reached the last values handed out (every job done or
-        failed, a failed link's timelines raised), settle the tickets still
-        unanswered, then free the native link. vkmulti.TimeoutError keeps it."""
-        with self.life.ending(timeout) as dl:
-            if dl is None:
-                return
-            link = self.link
-            if link.alive:
-                last_src, last_dst = link.last_values
-                for side, sem, value in ((link.src, self.src_sem, last_src), (link.dst, self.dst_sem, last_dst)):
-                    if value:
-                        _wait_gpu(side, sem, value, dl, "a transfer link's jobs")
-                with self._lock:
-                    tickets = [t for r in self._tickets if (t := r()) is not None]
-                for t in tickets:
-                    t._settle_outcome()
-                # submits that waited on the link's timelines (a compositor on dst_ready, a
-                # render on src_done, the link's own) may still hold them in the driver
-                for slot in self.slots:
-                    retire_submits(slot, dl)
-                link.destroy()
-            with self.links.lock:
-                if self.links.by_key.get(self.key) is self:
-                    del self.links.by_key[self.key]
-                self.links.alive.pop(id(self), None)
-
-
-def _wait_gpu(device: Any, semaphore: int, value: int, dl: Deadline, what: str) -> None:
-    """Wait (sliced, Ctrl-C honoured) for a timeline value; vkmulti.TimeoutError
-    naming `what` after the deadline; a lost device counts as done."""
-    try:
-        device.wait_timeline(semaphore, value, dl.left())
-    except VkmTimeoutError:
-        raise VkmTimeoutError(f"{what} still queued on the GPU after {dl.timeout} s; nothing was freed "
-                              f"(call destroy() again once the work can finish)") from None
-    except DeviceLostError as exc:
-        log.info("device lost while waiting for %s (%s); freeing them", what, exc)
-
-
-class _Links:
-    """The links whose source is one slot (kept in slot.children["links"])."""
-
-    def __init__(self, slot: Any = None) -> None:
-        self.slot = slot
-        self.by_key: dict[tuple, _LinkRef] = {}     # the link new transfers of a key share
-        self.alive: dict[int, _LinkRef] = {}        # every link not yet destroyed (some left by_key)
-        self.lock = threading.Lock()
-
-    def destroy(self, timeout: float | None = None) -> None:
-        """Destroy every link (each waits for its jobs); vkmulti.TimeoutError keeps the rest."""
-        dl = Deadline(timeout)
-        with self.lock:
-            refs = list(self.alive.values()) + [r for r in self.by_key.values() if id(r) not in self.alive]
-        for ref in refs:
-            ref.destroy(dl.left())
-
-
-def _links_of(src: Any) -> _Links:
-    """The slot's link table, made once even when first transfers race."""
-    with src.children_lock:
-        slot_lifetime(src).check()   # no new link on a destroyed manager's device
-        links = src.children.get("links")
-        if links is None:
-            links = src.children["links"] = _Links(src)
-        return links
-
-
-def _export_type(src: Any, dst: Any) -> int:
-    both_dmabuf = EXT_DMA_BUF in src.enabled_extensions and EXT_DMA_BUF in dst.enabled_extensions
-    return _DMA_BUF if both_dmabuf else _OPAQUE_FD
-
-
-def _acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: int) -> _LinkRef:
-    links = _links_of(src)
-    key = (dst.index, id(dst.native), method, slot_size, slot_count)
-    with links.lock:
-        ref = links.by_key.get(key)
-        if ref is None or not ref.link.alive:
-            export = _export_type(src, dst) if method == TransferMethod.DMABUF else 0
-            spin = SPIN_SECONDS if _on_gpus(src, dst) else 0.0
-            # CUDA_PEER's device-local copies into its exported rings: the universal
-            # family is several times faster at those than the transfer-only family
-            cuda = method == TransferMethod.CUDA_PEER
-            sq, dq = (src.universal_copy_queue, dst.universal_copy_queue) if cuda else (src.copy_queue, dst.copy_queue)
-            link = _native.Link(src.native, sq.lock, dst.native, dq.lock, _RING[method], slot_size, slot_count, export,
-                                spin=spin, trace=os.environ.get(TRACE_ENV) or None)
-            ref = _LinkRef(link, key, links, (src, dst))
-            links.by_key[key] = ref
-        ref.refs += 1
-        return ref
-
-
-async def _done() -> None:
-    return None
-
-
-class TransferTicket:
-    """An in-flight transfer: wait(timeout) blocks without the GIL; done() polls.
-
-    A ticket stays answerable after its transfer (and link) are destroyed:
-    the link settles every ticket still alive before it is freed, so wait()
-    then returns (or raises the job's error) instead of DestroyedError.
-    """
-
-    def __init__(self, link: Any, ticket: int, src_done: TimelinePoint, dst_ready: TimelinePoint,
-                 ref: _LinkRef | None = None):
-        self._link, self.ticket, self.src_done, self.dst_ready = link, ticket, src_done, dst_ready
-        self._ref = ref
-        self._complete = False
-        self._error: BaseException | None = None
-        self._gpu_done: set[int] = set()   # ids of the points (src_done, dst_ready) seen reached
-
-    def _answered(self) -> bool:
-        """True when the job completed; raises its error when it failed; False when not known."""
-        if self._complete:
-            return True
-        if self._error is not None:
-            raise self._error.with_traceback(None)
-        return False
-
-    def _call(self, fn: Any, *args: Any) -> Any:
-        """A call into the link, recording the job's outcome; DestroyedError only
-        when the link went without settling this ticket."""
-        try:
-            return fn(*args)
-        except (VkmTimeoutError, KeyboardInterrupt):
-            raise
-        except DestroyedError:
-            if self._answered():
-                return True
-            raise DestroyedError(f"transfer {self.ticket}: its link was destroyed before the outcome was "
-                                 f"known") from None
-        except VkmError as exc:   # the job failed (a stalled link, a lost device): answer that from now on
-            self._error = exc
-            raise
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until the destination holds the data; vkmulti.TimeoutError after `timeout` s."""
-        if self._complete:
-            return
-        if self._error is not None:
-            raise self._error.with_traceback(None)
-        self._call(self._link.wait, self.ticket, self.dst_ready.value, timeout)
-        self._complete = True
-
-    def __await__(self) -> Any:
-        """`await ticket`: wait() on the event loop's default executor (a native wait
-        without the GIL; the loop never blocks). Cancelling the awaiting task does
-        not stop the transfer. Use `asyncio.wait_for(...)` for a timeout."""
-        import asyncio
-
-        if self.done():
-            return _done().__await__()
-        return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
-
-    def wait_submitted(self, timeout: float | None = None) -> None:
-        """Block until all of this transfer's GPU work is submitted (not finished).
-
-        A submit of your own that waits on `dst_ready` on a queue the transfer
-        also uses (a device with a single queue) must come after this: an
-        in-order queue cannot run a wait placed before its signal.
-        """
-        if not self._answered():
-            self._call(self._link.wait, self.ticket, self.dst_ready.value, timeout, True)
-
-    def wait_source(self, timeout: float | None = None) -> None:
-        """Block until the source side's work is done too (`src_done`: the source
-        read, and an exclusive image handed back to its owner). Returns at once
-        when the link is gone: its destroy() waited for everything."""
-        if not self._gpu_wait(self.src_done, timeout):
-            raise VkmTimeoutError(f"transfer {self.ticket}: the source side was not done within {timeout} s")
-
-    def done(self) -> bool:
-        """True once the destination holds the data (never blocks); raises the job's error if it failed."""
-        if not self._answered():
-            self._complete = bool(self._call(self._link.poll, self.ticket, self.dst_ready.value, 0.0))
-        return self._complete
-
-    def _settle_outcome(self) -> None:
-        """Record the outcome now (the link is drained and about to be freed)."""
-        if self._complete or self._error is not None:
-            return
-        try:
-            self._complete = bool(self._link.poll(self.ticket, self.dst_ready.value, 0.0))
-        except VkmError as exc:   # recorded: the ticket's waiter gets it
-            self._error = exc
-
-    # -- for resources: is the GPU done with this job on one device? ----------
-
-    def _point(self, device_index: int | None) -> TimelinePoint:
-        return self.src_done if device_index == self.src_done.device_index else self.dst_ready
-
-    def gpu_done(self, device_index: int | None) -> bool:
-        """Whether the GPU work of this job on device `device_index` is finished (never blocks)."""
-        point = self._point(device_index)
-        if id(point) in self._gpu_done or (self._complete and point is self.dst_ready):
-            return True
-        ref = self._ref
-        if ref is None or ref.life.dead:
-            return ref is not None or not self._link.alive
-        src = point is self.src_done
-        if point.value <= (ref.seen_src if src else ref.seen_dst):
-            self._gpu_done.add(id(point))
-            return True
-        try:
-            with ref.life.keep():
-                value = (self._link.src if src else self._link.dst).timeline_value(point.semaphore)
-            if src:   # unlocked: a racing reader may store a lower value, still one that was read
-                ref.seen_src = max(ref.seen_src, value)
-            else:
-                ref.seen_dst = max(ref.seen_dst, value)
-            if value < point.value:
-                return False
-            self._gpu_done.add(id(point))
-            return True
-        except DestroyedError:
-            return ref.life.dead
-        except DeviceLostError as exc:
-            log.info("transfer %d: device lost (%s); its GPU work counts as done", self.ticket, exc)
-            return True
-
-    def gpu_wait(self, device_index: int | None, timeout: float | None) -> bool:
-        """Wait up to `timeout` s for this job's GPU work on device `device_index`; False on timeout."""
-        return self._gpu_wait(self._point(device_index), timeout)
-
-    def _gpu_wait(self, point: TimelinePoint, timeout: float | None) -> bool:
-        ref = self._ref
-        if ref is None:
-            if not self._link.alive:
-                return True
-            dev = self._link.src if point is self.src_done else self._link.dst
-            try:
-                dev.wait_timeline(point.semaphore, point.value, timeout)
-            except VkmTimeoutError:
-                return False
-            return True
-        try:
-            with ref.life.keep():   # the link (and its semaphores) stay while this waits
-                dev = self._link.src if point is self.src_done else self._link.dst
-                try:
-                    dev.wait_timeline(point.semaphore, point.value, timeout)
-                except VkmTimeoutError:
-                    return False
-                except DeviceLostError as exc:
-                    log.info("transfer %d: device lost (%s); its GPU work counts as done", self.ticket, exc)
-                return True
-        except DestroyedError:
-            return ref.life.dead   # destroyed: it waited for everything; being destroyed: not known yet
-
-    def __repr__(self) -> str:
-        state = "done" if self._complete else "failed" if self._error is not None else "pending"
-        return f"TransferTicket({self.ticket}, {state})"
 
 
 @dataclass
@@ -567,8 +77,6 @@ class CrossDeviceTransfer:
     _teardown_rank = 20   # after the owners that use transfers, before images and buffers
 
     def __post_init__(self) -> None:
-        from ..device.manager import DeviceSlot
-
         for label, slot in (("src", self.src), ("dst", self.dst)):
             if not isinstance(slot, DeviceSlot):
                 raise TypeError(f"{label} must be a DeviceSlot (MultiDeviceManager.slot(i)), "
@@ -581,7 +89,7 @@ class CrossDeviceTransfer:
         if not isinstance(self.extra, dict):
             raise TypeError(f"extra must be a dict, got {type(self.extra).__name__}")
         self._refuse_unsupported()
-        self._ref: _LinkRef | None = None
+        self._ref: LinkRef | None = None
         self._last: TransferTicket | None = None
         self._lock = threading.Lock()
         self._endpoints: dict[tuple, Any] = {}   # _remember_endpoint
@@ -802,18 +310,18 @@ class CrossDeviceTransfer:
         if self.method != method:
             raise ValueError(f"{name} called for method {self.method!r}")
 
-    def _link_ref_locked(self) -> _LinkRef:
+    def _link_ref_locked(self) -> LinkRef:
         if self._ref is not None and self._ref.link.alive:
             return self._ref
         self._refuse_unsupported()
         if self.src.native is None or self.dst.native is None:
             raise ValueError("both slots need live devices with native tables (an active MultiDeviceManager)")
-        self._ref = _acquire_link(self.src, self.dst, self.method, *self._ring())
+        self._ref = acquire_link(self.src, self.dst, self.method, *self._ring())
         return self._ref
 
     def _ring(self) -> tuple[int, int]:
         """(slot size, slot count) of the ring this transfer's link uses."""
-        return _ring_shape(self.method, self.src, self.dst, self.slot_size, self.slot_count)
+        return ring_shape(self.method, self.src, self.dst, self.slot_size, self.slot_count)
 
     @staticmethod
     def _wait_point(wait: Any, slot: Any, label: str) -> tuple[int | None, int]:
@@ -922,7 +430,7 @@ class CrossDeviceTransfer:
         if not (type(src_offset) is int and type(dst_offset) is int and 0 <= src_offset <= MAX_BYTES and
                 0 <= dst_offset <= MAX_BYTES):   # else the checks below say which and why
             for label, v in (("src_offset", src_offset), ("dst_offset", dst_offset)):
-                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                if not is_int(v) or v < 0:
                     raise ValueError(f"{label} must be a non-negative int, got {v!r}"[:160])
                 if v > MAX_BYTES:
                     raise ValueError(f"{label} must be at most 2**62, got {v}")
@@ -931,7 +439,7 @@ class CrossDeviceTransfer:
             if not src_vk:
                 raise ValueError("size is required for raw VkBuffer handles")
             size = src.size - src_offset
-        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_BYTES:
+        if not is_int(size) or not 0 < size <= MAX_BYTES:
             raise ValueError(f"size must be a positive int (at most 2**62), got {size!r}"[:160])
         if src_vk and src_offset + size > src.size:
             raise ValueError(f"src_buffer is too small: [{src_offset}, {src_offset + size}) exceeds its "

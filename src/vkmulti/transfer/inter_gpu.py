@@ -27,23 +27,23 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import vulkan as vk
 
+from .._core.checks import is_int
 from .._core.handles import handle_int
-from ..errors import DestroyedError, UnsupportedError
-from ..memory.host_port import HostPort
+from .._core.lifetime import Deadline, Lifetime
+from .._core.timeline import wait_point
+from ..device.manager import MultiDeviceManager
+from ..errors import DestroyedError
 from ..memory.buffer import Buffer
 from ..memory.image import Image
-from .._core.lifetime import Deadline, Lifetime
-from .methods import TransferMethod
 from ..memory.resource import MAX_BYTES, as_host_bytes
-from .._core.timeline import wait_point
-from .cross_device import (DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, CrossDeviceTransfer, check_ring_shape,
-                           select_transfer_method)
+from .link import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, check_ring_shape
+from .methods import TransferMethod
+from .routes import NOTHING_RAN, Holds, Registration, Routes, wait_all
 
 log = logging.getLogger(__name__)
 
@@ -61,85 +61,8 @@ class Gathered(NamedTuple):
     sizes: dict[int, int]
 
 
-@dataclass(frozen=True)
-class _Registration:
-    device: int
-    buffer: Any             # a vkmulti Buffer or a raw VkBuffer handle (int)
-    size: int
-    ready: tuple[int, int] | None
-
-    def handle(self) -> int:
-        if isinstance(self.buffer, Buffer):
-            if self.buffer.handle is None:
-                raise DestroyedError(f"the buffer registered for GPU {self.device} was destroyed")
-            return self.buffer.handle_int
-        return self.buffer
-
-    @property
-    def waits(self) -> list[tuple[int, int]]:
-        return [self.ready] if self.ready else []
-
-    def hold(self, holds: "_Holds") -> int:
-        """Hold the registered Buffer for the operation (its destroy() waits); its handle."""
-        try:
-            holds(self.buffer)
-        except DestroyedError:
-            raise DestroyedError(f"the buffer registered for GPU {self.device} was destroyed") from None
-        return self.handle()
-
-
-class _Holds:
-    """The Buffers one operation holds: `holds(a, b, ...)` enters each Buffer's
-    lifetime once (DestroyedError if it is gone) and returns the Buffers among them."""
-
-    def __init__(self, stack: ExitStack):
-        self._stack, self._held = stack, set()
-
-    def own(self, buf: Buffer) -> None:
-        """A Buffer the operation made itself: nobody else has it yet (and the
-        operation may free it on failure), so it is not held."""
-        self._held.add(id(buf))
-
-    def __call__(self, *objs: Any) -> list[Buffer]:
-        out = []
-        for obj in objs:
-            if isinstance(obj, Buffer):
-                if id(obj) not in self._held:
-                    self._stack.enter_context(obj._life)
-                    self._held.add(id(obj))
-                out.append(obj)
-        return out
-
-
-class _Assignment:
-    __slots__ = ("device_index",)
-
-    def __init__(self, index: int):
-        self.device_index = index
-
-
 #: Methods whose device->device path goes through host memory (broadcast uploads to them directly).
 _VIA_HOST = (TransferMethod.HOST_SHARED, TransferMethod.STAGING_COPY)
-#: Errors raised before a submit reached the GPU: buffers made for the operation can go.
-_NOTHING_RAN = (ValueError, TypeError, UnsupportedError)
-
-
-def _wait_all(jobs: list[Any], dl: Deadline, *, quiet: bool = False) -> None:
-    """Wait for every job (tickets or pendings); raise the first error unless `quiet`.
-
-    A job that does not finish stays with its link or port, which waits for it
-    before freeing anything.
-    """
-    first: BaseException | None = None
-    for job in jobs:
-        try:
-            job.wait(dl.left())
-        except Exception as exc:   # Ctrl-C ends the waiting at once
-            if quiet:
-                log.warning("InterGpuTransfer: a copy of the failed operation also failed (%r)", exc)
-            first = first or exc
-    if first is not None and not quiet:
-        raise first
 
 
 def _segment_size(n: int) -> int:
@@ -163,26 +86,20 @@ class InterGpuTransfer:
     def __init__(self, manager: Any, *, host_import: bool | None = None, prefer_dmabuf: bool = True,
                  slot_size: int = DEFAULT_SLOT_SIZE, slot_count: int = DEFAULT_SLOT_COUNT,
                  max_workers: int | None = None):
-        from ..device.manager import MultiDeviceManager
-
         if not isinstance(manager, MultiDeviceManager):
             raise TypeError(f"manager must be a MultiDeviceManager, got {type(manager).__name__}")
         check_ring_shape(slot_size, slot_count)
-        if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
-                                        or not 0 < max_workers <= 256):
+        if max_workers is not None and (not is_int(max_workers) or not 0 < max_workers <= 256):
             raise ValueError(f"max_workers must be an int in [1, 256] or None, got {max_workers!r}"[:160])
         if host_import not in (None, True, False):
             raise TypeError(f"host_import must be None, True or False, got {type(host_import).__name__}")
         self.manager = manager
         self._slots = manager.slots      # raises DestroyedError for a destroyed manager
         self.device_count = len(self._slots)
-        self._host_import, self._slot_size, self._slot_count = host_import, slot_size, slot_count
-        self._prefer_dmabuf = bool(prefer_dmabuf)
         self._max_workers = max_workers or max(4, 2 * self.device_count)
-        self._regs: dict[int, _Registration] = {}
-        self._ports: dict[tuple[int, bool], HostPort] = {}
-        self._transfers: dict[tuple[int, int], CrossDeviceTransfer] = {}
-        self._owned: list[Buffer] = []
+        self._routes = Routes(self._slots, host_import=host_import, prefer_dmabuf=bool(prefer_dmabuf),
+                              slot_size=slot_size, slot_count=slot_count)
+        self._regs: dict[int, Registration] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._cond = threading.Condition()
         self._life = Lifetime(self, "InterGpuTransfer", (manager._life,))
@@ -228,7 +145,7 @@ class InterGpuTransfer:
             size = self._size(size_bytes, "size_bytes")
         point = self._wait_point(ready, slot, "ready")
         with self._cond:
-            self._regs[i] = _Registration(i, obj, size, point)
+            self._regs[i] = Registration(i, obj, size, point)
 
     def registered(self, device_idx: int) -> tuple[Any, int] | None:
         """(buffer, size) registered for `device_idx`, or None."""
@@ -240,8 +157,7 @@ class InterGpuTransfer:
         """The cross-device method used from `src_device` to `dst_device`."""
         self._check()
         s, d = self._index(src_device, "src_device"), self._index(dst_device, "dst_device")
-        return select_transfer_method(_Assignment(s), self.manager.capabilities, dst_index=d,
-                                      prefer_dmabuf=self._prefer_dmabuf)
+        return self._routes.method(s, d)
 
     # -- blocking forms ------------------------------------------------------
 
@@ -268,19 +184,19 @@ class InterGpuTransfer:
                                  f"([0, {size}) and [{dst_offset}, {dst_offset + size}))")
             made: list[Buffer] = []
             if target is None:
-                target, handle = self._create(dst, size, made, holds)
+                target, handle = self._routes.create(dst, size, made, holds)
             users = holds(target, None if reg is None else reg.buffer)
             try:
                 if host is not None:
-                    job: Any = self._port(dst).start_upload(handle, dst_offset, host, deadline=dl, users=users)
+                    job: Any = self._routes.port(dst).start_upload(handle, dst_offset, host, deadline=dl, users=users)
                 elif src == dst:
-                    job = self._port(dst, local=True).start_copy(reg.handle(), 0, handle, dst_offset, size,
-                                                                 waits=reg.waits, users=users)
+                    job = self._routes.port(dst, local=True).start_copy(reg.handle(), 0, handle, dst_offset, size,
+                                                                        waits=reg.waits, users=users)
                 else:
-                    job = self._transfer(src, dst).submit(src_buffer=reg.buffer, dst_buffer=target,
-                                                          dst_offset=dst_offset, size=size, src_wait=reg.ready)
-            except _NOTHING_RAN:
-                self._discard(made)
+                    job = self._routes.transfer(src, dst).submit(src_buffer=reg.buffer, dst_buffer=target,
+                                                                 dst_offset=dst_offset, size=size, src_wait=reg.ready)
+            except NOTHING_RAN:
+                self._routes.discard(made)
                 raise
             job.wait(dl.left())
             return target
@@ -333,25 +249,25 @@ class InterGpuTransfer:
             made: list[Buffer] = []
             for i in range(self.device_count):
                 if out[i] is None:
-                    out[i], handles[i] = self._create(i, size, made, holds)
+                    out[i], handles[i] = self._routes.create(i, size, made, holds)
             others = [i for i in range(self.device_count) if i != src]
             jobs: list[Any] = []
-            with self._settled(jobs, dl, made):
+            with self._routes.settled(jobs, dl, made):
                 if host is None:
                     for d in others:
-                        jobs.append(self._transfer(src, d).submit(src_buffer=reg.buffer, dst_buffer=out[d],
-                                                                  size=size, src_wait=reg.ready))
+                        jobs.append(self._routes.transfer(src, d).submit(src_buffer=reg.buffer, dst_buffer=out[d],
+                                                                         size=size, src_wait=reg.ready))
                 else:
                     # a pair whose device->device path bounces through host memory anyway
                     # gets the bytes straight from the caller's memory, at the same time
                     direct = [d for d in others
-                              if self.transfer_method(src, d) in _VIA_HOST and self._port(d).host_import]
+                              if self.transfer_method(src, d) in _VIA_HOST and self._routes.port(d).host_import]
                     fan = [d for d in others if d not in direct]
                     for d in direct:
-                        jobs.append(self._port(d).start_upload(handles[d], 0, host, deadline=dl,
-                                                               users=holds(out[d])))
+                        jobs.append(self._routes.port(d).start_upload(handles[d], 0, host, deadline=dl,
+                                                                      users=holds(out[d])))
                     seg = _segment_size(size) if fan else size
-                    port = self._port(src)
+                    port = self._routes.port(src)
                     for a in range(0, size, seg):
                         b = min(size, a + seg)
                         up = port.start_upload(handles[src], a, host[a:b], deadline=dl, users=holds(out[src]))
@@ -359,7 +275,7 @@ class InterGpuTransfer:
                         if fan:
                             up.wait(dl.left())
                         for d in fan:
-                            jobs.append(self._transfer(src, d).submit(
+                            jobs.append(self._routes.transfer(src, d).submit(
                                 src_buffer=out[src], dst_buffer=out[d], src_offset=a, dst_offset=a, size=b - a))
             return out
 
@@ -393,7 +309,7 @@ class InterGpuTransfer:
             with self._cond:
                 regs = dict(self._regs)
             results: list[Any] = []
-            jobs: list[tuple[int, int, _Registration, np.ndarray | None]] = []
+            jobs: list[tuple[int, int, Registration, np.ndarray | None]] = []
             for k, i in enumerate(sources):
                 reg = regs.get(i)
                 given = None if out is None else out[k]
@@ -417,7 +333,7 @@ class InterGpuTransfer:
                     for pos, i, reg, u8 in jobs:
                         arena = None
                         if reuse:
-                            arena = held.enter_context(self._port(i).arena(reg.size))
+                            arena = held.enter_context(self._routes.port(i).arena(reg.size))
                             u8 = arena.array[:reg.size]
                             view = u8.view()
                             view.flags.writeable = False
@@ -425,13 +341,13 @@ class InterGpuTransfer:
                         elif u8 is None:
                             u8 = np.empty(reg.size, dtype=np.uint8)
                             results[pos] = u8
-                        pending.append(self._port(i).start_download(reg.handle(), 0, u8, waits=reg.waits,
-                                                                    deadline=dl, arena=arena,
-                                                                    users=holds(reg.buffer)))
+                        pending.append(self._routes.port(i).start_download(reg.handle(), 0, u8, waits=reg.waits,
+                                                                           deadline=dl, arena=arena,
+                                                                           users=holds(reg.buffer)))
                 except BaseException:
-                    _wait_all(pending, dl, quiet=True)
+                    wait_all(pending, dl, quiet=True)
                     raise
-                _wait_all(pending, dl)
+                wait_all(pending, dl)
             return results
 
     def gather_to_device_blocking(self, dst_device: int, *, dst_buffer: Any = None,
@@ -463,17 +379,17 @@ class InterGpuTransfer:
                                      f"overwrite what it reads")
             made: list[Buffer] = []
             if target is None:
-                target, handle = self._create(dst, cursor, made, holds)
+                target, handle = self._routes.create(dst, cursor, made, holds)
             waits: list[Any] = []
-            with self._settled(waits, dl, made):
+            with self._routes.settled(waits, dl, made):
                 for i, reg in regs.items():     # the cross-device moves first: they take longest
                     if i != dst:
-                        waits.append(self._transfer(i, dst).submit(src_buffer=reg.buffer, dst_buffer=target,
-                                                                   dst_offset=offsets[i], size=reg.size,
-                                                                   src_wait=reg.ready))
+                        waits.append(self._routes.transfer(i, dst).submit(src_buffer=reg.buffer, dst_buffer=target,
+                                                                          dst_offset=offsets[i], size=reg.size,
+                                                                          src_wait=reg.ready))
                 own = regs.get(dst)
                 if own is not None:
-                    waits.append(self._port(dst, local=True).start_copy(
+                    waits.append(self._routes.port(dst, local=True).start_copy(
                         own.handle(), 0, handle, offsets[dst], own.size, waits=own.waits,
                         users=holds(own.buffer, target)))
             return Gathered(target, offsets, sizes)
@@ -500,11 +416,8 @@ class InterGpuTransfer:
 
     def detach(self, buffer: Buffer) -> Buffer:
         """Hand a Buffer this object created over to the caller (who must destroy it)."""
-        with self._cond:
-            for k, b in enumerate(self._owned):
-                if b is buffer:
-                    del self._owned[k]
-                    return buffer
+        if self._routes.detach(buffer):
+            return buffer
         raise ValueError("buffer was not created by this InterGpuTransfer (or was detached already)")
 
     _teardown_rank = 10   # before the transfers, ports and buffers it made
@@ -525,17 +438,9 @@ class InterGpuTransfer:
         with self._life.ending(timeout) as dl:
             if dl is None:
                 return
+            self._routes.destroy(dl)
             with self._cond:
-                transfers, ports = list(self._transfers.values()), list(self._ports.values())
-                owned = list(self._owned)
-            for x in transfers:
-                x.destroy(dl.left())
-            for p in ports:
-                p.destroy(dl.left())
-            for b in owned:
-                b.destroy(dl.left())
-            with self._cond:
-                self._transfers, self._ports, self._owned, self._regs = {}, {}, [], {}
+                self._regs = {}
                 executor, self._executor = self._executor, None
             if executor is not None:
                 executor.shutdown(wait=False)
@@ -557,11 +462,11 @@ class InterGpuTransfer:
         self._life.check()
 
     @contextmanager
-    def _op(self) -> Iterator["_Holds"]:
+    def _op(self) -> Iterator[Holds]:
         """An operation: counted in this object's (and the manager's) lifetime, and
         holding the Buffers it uses (their destroy() waits until it returns)."""
         with self._life, ExitStack() as stack:
-            yield _Holds(stack)
+            yield Holds(stack)
 
     async def _run(self, fn: Any, *args: Any, **kw: Any) -> Any:
         with self._life, self._cond:   # destroy() takes the executor only after this
@@ -572,7 +477,7 @@ class InterGpuTransfer:
         return await loop.run_in_executor(executor, functools.partial(fn, *args, **kw))
 
     def _index(self, value: Any, label: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if not (is_int(value) or isinstance(value, np.integer)):
             raise TypeError(f"{label} must be an int device index, got {type(value).__name__} {value!r}")
         if not 0 <= value < self.device_count:
             raise IndexError(f"{label} {value} out of range: {self.device_count} device(s)")
@@ -580,7 +485,7 @@ class InterGpuTransfer:
 
     @staticmethod
     def _size(value: Any, label: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        if not (is_int(value) or isinstance(value, np.integer)) or value <= 0:
             raise ValueError(f"{label} must be a positive int, got {value!r}")
         return int(value)
 
@@ -597,7 +502,7 @@ class InterGpuTransfer:
         return wait_point(value, slot, label)
 
     def _source(self, device: int, data: Any, label: str,
-                holds: _Holds) -> tuple[np.ndarray | None, _Registration | None]:
+                holds: Holds) -> tuple[np.ndarray | None, Registration | None]:
         """(host bytes, None) or (None, a registration-like view of the device source)."""
         if data is None:
             with self._cond:
@@ -614,16 +519,16 @@ class InterGpuTransfer:
             self._check_buffer(data, device, label)
             if not data.usage & vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT:
                 raise ValueError(f"{label} lacks VK_BUFFER_USAGE_TRANSFER_SRC_BIT (usage 0x{data.usage:x})")
-            return None, _Registration(device, data, data.size, None)
+            return None, Registration(device, data, data.size, None)
         host = as_host_bytes(data, label)
         if host.nbytes == 0:
             raise ValueError(f"{label} is empty: nothing to copy")
         return host, None
 
     def _target(self, device: int, given: Any, size: int, offset: int, label: str,
-                holds: _Holds) -> tuple[Any, int]:
+                holds: Holds) -> tuple[Any, int]:
         """The given destination checked, as (object to return, handle); (None, 0) for none."""
-        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
+        if not (is_int(offset) or isinstance(offset, np.integer)) or offset < 0:
             raise ValueError(f"dst_offset must be a non-negative int, got {offset!r}"[:160])
         if offset > MAX_BYTES:
             raise ValueError(f"dst_offset must be at most 2**62, got {offset}")
@@ -643,61 +548,3 @@ class InterGpuTransfer:
                 raise ValueError(f"{label} is too small: [{offset}, {offset + size}) exceeds its {given.size} bytes")
             return given, given.handle_int
         return given, handle_int(given, "VkBuffer")
-
-    def _create(self, device: int, size: int, made: list[Buffer], holds: _Holds) -> tuple[Buffer, int]:
-        """A new Buffer this object owns (on failure, the others in `made` are freed)."""
-        try:
-            buf = Buffer(self._slots[device], size)
-        except BaseException:
-            self._discard(made)
-            raise
-        made.append(buf)
-        holds.own(buf)
-        with self._cond:
-            if len(self._owned) > 64:   # forget the ones the caller destroyed already
-                self._owned = [b for b in self._owned if b.handle is not None]
-            self._owned.append(buf)
-        return buf, buf.handle_int
-
-    @contextmanager
-    def _settled(self, jobs: list[Any], dl: Deadline, made: list[Buffer]) -> Iterator[None]:
-        """Around the body that queues `jobs`: then wait for them all. If the body
-        fails, wait (quietly) for what it queued, free `made` when nothing ran, re-raise."""
-        try:
-            yield
-        except BaseException as exc:
-            _wait_all(jobs, dl, quiet=True)
-            if not jobs and isinstance(exc, _NOTHING_RAN):
-                self._discard(made)
-            raise
-        _wait_all(jobs, dl)
-
-    def _discard(self, made: list[Buffer]) -> None:
-        """Free buffers made for an operation that failed before any GPU work."""
-        with self._cond:
-            self._owned = [b for b in self._owned if all(b is not m for m in made)]
-        for b in made:
-            b.destroy()
-        made.clear()
-
-    def _port(self, device: int, *, local: bool = False) -> HostPort:
-        """The device's host-copy port; `local`: the one on the universal queue, for on-device copies."""
-        key = (device, local)
-        with self._cond:
-            port = self._ports.get(key)
-            if port is None:
-                slot = self._slots[device]
-                port = self._ports[key] = HostPort(slot, queue=slot.graphics_queue if local else None,
-                                                   host_import=self._host_import)
-            return port
-
-    def _transfer(self, src: int, dst: int) -> CrossDeviceTransfer:
-        with self._cond:
-            x = self._transfers.get((src, dst))
-            if x is None:
-                method = select_transfer_method(_Assignment(src), self.manager.capabilities, dst_index=dst,
-                                                prefer_dmabuf=self._prefer_dmabuf)
-                x = self._transfers[(src, dst)] = CrossDeviceTransfer(
-                    self._slots[src], self._slots[dst], method, slot_size=self._slot_size,
-                    slot_count=self._slot_count)
-            return x

@@ -1,11 +1,26 @@
-"""Transfer methods and which of them a pair of devices supports (policy only)."""
+"""Transfer methods, which of them a pair of devices supports, and the choice of one (policy only).
+
+`method_problem` answers for two devices' capabilities; `pair_problem` and
+`pair_methods` for two DeviceSlots (what their VkDevices enabled counts);
+`select_transfer_method` picks the best method that works.
+"""
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+import logging
+import os
+import threading
+from typing import Any, Callable, NamedTuple
 
-from ..device.capabilities import EXT_DMA_BUF, EXT_MEMORY_FD, EXT_MEMORY_HOST, DeviceCapabilities
+from .._core.checks import is_int
+from .._core.handles import short_text
+from ..device import cuda
+from ..device.capabilities import EXT_DMA_BUF, EXT_MEMORY_FD, EXT_MEMORY_HOST, DeviceCapabilities, RenderCapabilities
+from ..device.manager import DeviceSlot
 
-__all__ = ["TransferMethod", "supported_methods", "method_support", "method_problem", "MethodProblem", "CudaProbe"]
+log = logging.getLogger(__name__)
+
+__all__ = ["TransferMethod", "supported_methods", "method_support", "method_problem", "MethodProblem", "CudaProbe",
+           "select_transfer_method", "pair_methods", "pair_problem", "slot_label", "cuda_peer_auto", "CUDA_PEER_ENV"]
 
 #: The runtime half of the CUDA_PEER check: (a, b) -> None, or why CUDA cannot
 #: serve the pair (no driver, not CUDA devices, no peer access).
@@ -25,9 +40,7 @@ class TransferMethod:
 
 
 def _cuda_probe(a: DeviceCapabilities, b: DeviceCapabilities) -> str | None:
-    from ..device.cuda import cuda_peer_reason   # loads libcuda on first use only
-
-    return cuda_peer_reason(a, b)
+    return cuda.cuda_peer_reason(a, b)   # looked up per call: tests put a probe of their own there
 
 
 class MethodProblem(NamedTuple):
@@ -116,3 +129,113 @@ def supported_methods(a: DeviceCapabilities, b: DeviceCapabilities,
     """The cross-device methods that work between a and b, best first."""
     return [m for m in TransferMethod.CROSS_DEVICE
             if method_support(m, a, b, enabled_a, enabled_b, cuda_probe=cuda_probe) is None]
+
+
+#: CUDA_PEER comes first wherever CUDA can serve the pair (on two H200s it moves
+#: 256 MiB at ~320 GB/s, HOST_SHARED at ~45); this environment variable set to
+#: "0" keeps select_transfer_method from choosing it. Forcing the method on a
+#: CrossDeviceTransfer works regardless.
+CUDA_PEER_ENV = "VKMULTI_CUDA_PEER"
+
+
+def cuda_peer_auto() -> bool:
+    """Whether select_transfer_method may pick CUDA_PEER (yes unless VKMULTI_CUDA_PEER=0)."""
+    return os.environ.get(CUDA_PEER_ENV, "") != "0"
+
+
+def slot_label(slot: Any) -> str:
+    """"GPU i ('name')" for messages."""
+    return f"GPU {slot.index} ({short_text(slot.name)})"
+
+
+def pair_problem(method: str, src: Any, dst: Any) -> MethodProblem | None:
+    """Why `method` cannot move data from slot `src` to slot `dst` (with the
+    extensions their VkDevices enabled), or None when it can."""
+    a, b = src.capabilities, dst.capabilities
+    if a is None or b is None:
+        return None if method in (TransferMethod.STAGING_COPY, TransferMethod.NONE) else \
+            MethodProblem("the devices' capabilities are unknown")
+    return method_problem(method, a, b, src.enabled_extensions, dst.enabled_extensions,
+                          labels=(slot_label(src), slot_label(dst)))
+
+
+def pair_methods(src: Any, dst: Any) -> list[str]:
+    """The cross-device methods that work from slot `src` to slot `dst`, best first
+    (what their VkDevices enabled counts; CUDA_PEER as the driver answers)."""
+    return [m for m in TransferMethod.CROSS_DEVICE if pair_problem(m, src, dst) is None]
+
+
+_reported: set[tuple] = set()
+_reported_lock = threading.Lock()
+
+
+def _report_skipped(key: tuple, problem: MethodProblem) -> None:
+    """Log once per pair and method why a better method was passed over because a
+    VkDevice lacks an extension its driver offers (an engine's own device)."""
+    with _reported_lock:
+        if key in _reported:
+            return
+        _reported.add(key)
+    log.warning("vkmulti: %s not used: %s", key[-1], problem.reason)
+
+
+def select_transfer_method(assignment: Any, capabilities: Any, *,
+                           prefer_dmabuf: bool = True, dst_index: int = 0) -> str:
+    """The best method both devices of the pair support (DMABUF only when preferred,
+    CUDA_PEER unless VKMULTI_CUDA_PEER=0).
+
+    The seed's form: `assignment` has a `device_index` (an SRUAssignment) and
+    `capabilities` is the manager's RenderCapabilities (`mgr.capabilities`);
+    the destination is `dst_index`, the primary by default. NONE for work
+    already on the destination; the floor, STAGING_COPY, when the
+    capabilities do not describe both devices. The pair form:
+    `select_transfer_method(src_slot, dst_slot)` with two DeviceSlots.
+
+    A method passed over because a VkDevice was created without an extension
+    its driver offers (an engine's own device) is logged once, in one line
+    that names the extension and vkmulti.device_requirements().
+    """
+    if isinstance(assignment, DeviceSlot) or isinstance(capabilities, DeviceSlot):
+        if not (isinstance(assignment, DeviceSlot) and isinstance(capabilities, DeviceSlot)):
+            raise TypeError(f"select_transfer_method(src_slot, dst_slot) needs two DeviceSlots, got "
+                            f"{type(assignment).__name__} and {type(capabilities).__name__}")
+        return _select_for_slots(assignment, capabilities, prefer_dmabuf)
+    src_index = getattr(assignment, "device_index", None)
+    if not is_int(src_index) or src_index < 0:
+        raise TypeError(f"assignment must have a non-negative int device_index (an SRUAssignment), or pass two "
+                        f"DeviceSlots; got {type(assignment).__name__} with device_index {src_index!r}"[:200])
+    if not is_int(dst_index) or dst_index < 0:
+        raise TypeError(f"dst_index must be a non-negative int, got {dst_index!r}"[:160])
+    if capabilities is not None and not isinstance(capabilities, RenderCapabilities):
+        raise TypeError(f"capabilities must be RenderCapabilities or None, got {type(capabilities).__name__}")
+    if src_index == dst_index:
+        return TransferMethod.NONE
+    if capabilities is None or max(src_index, dst_index) >= len(capabilities.devices):
+        return TransferMethod.STAGING_COPY
+    a, b = capabilities.devices[src_index], capabilities.devices[dst_index]
+    en = capabilities.enabled_extensions
+    ea = en[src_index] if src_index < len(en) else None
+    eb = en[dst_index] if dst_index < len(en) else None
+    labels = (f"GPU {src_index} ({short_text(a.name)})", f"GPU {dst_index} ({short_text(b.name)})")
+    return _first_working(lambda m: method_problem(m, a, b, ea, eb, labels=labels), prefer_dmabuf,
+                          (src_index, dst_index))
+
+
+def _select_for_slots(src: Any, dst: Any, prefer_dmabuf: bool) -> str:
+    if src is dst or src.index == dst.index and src.device is dst.device:
+        return TransferMethod.NONE
+    return _first_working(lambda m: pair_problem(m, src, dst), prefer_dmabuf, (src.index, dst.index))
+
+
+def _first_working(problem_of: Any, prefer_dmabuf: bool, pair: tuple[int, int]) -> str:
+    for method in TransferMethod.CROSS_DEVICE:
+        if method == TransferMethod.DMABUF and not prefer_dmabuf:
+            continue
+        if method == TransferMethod.CUDA_PEER and not cuda_peer_auto():
+            continue
+        problem = problem_of(method)
+        if problem is None:
+            return method
+        if problem.not_enabled:
+            _report_skipped((*pair, problem.device, method), problem)
+    return TransferMethod.STAGING_COPY

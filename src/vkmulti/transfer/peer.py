@@ -33,8 +33,10 @@ from ..errors import UnsupportedError
 from ..memory.image import BUFFER_USAGE, Buffer
 from .._core.lifetime import Lifetime
 from .methods import TransferMethod, method_support
-from ..memory.resource import check_slot, find_memory_type, slot_lifetime
+from ..device.slots import check_slot, slot_lifetime
+from ..memory.resource import GpuResource, find_memory_type
 from .._core.timeline import TimelinePoint
+from .._core.checks import is_int
 
 __all__ = ["ExportedBuffer", "ImportedBuffer", "TimelineRelay", "RelayTicket", "shares_memory"]
 
@@ -76,7 +78,7 @@ class ExportedBuffer(Buffer):
 
     def __init__(self, slot: Any, size: int, *, usage: int = BUFFER_USAGE):
         check_slot(slot)
-        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= 1 << 62:
+        if not is_int(size) or not 0 < size <= 1 << 62:
             raise ValueError(f"buffer size must be an int in [1, 2**62], got {size!r}"[:160])
         self.slot, self.size, self.usage = slot, size, usage
         self.host_visible = False
@@ -88,7 +90,7 @@ class ExportedBuffer(Buffer):
         self.memory_type = -1
         self._imports: dict[int, ImportedBuffer] = {}
         self._imports_lock = threading.Lock()
-        self._init_resource(slot)
+        GpuResource.__init__(self, slot)   # not Buffer.__init__: this memory is made exportable (or imported) here
         life = slot_lifetime(slot)
         with life:
             self.handle = _external_buffer(slot, size, usage, self.handle_type)
@@ -168,7 +170,7 @@ class ImportedBuffer(Buffer):
         self._handle_int: int | None = None
         self.source = source
         self._finalizers: list[Any] = []
-        self._init_resource(slot)
+        GpuResource.__init__(self, slot)   # not Buffer.__init__: this memory is made exportable (or imported) here
         life = slot_lifetime(slot)
         with life:
             fd = source._export_fd()
@@ -261,7 +263,7 @@ class TimelineRelay:
             raise ValueError(f"a relay joins two devices, got GPU {src.index} twice")
         if src.native is None or dst.native is None:
             raise ValueError("both slots need live devices with native tables (an active MultiDeviceManager)")
-        if isinstance(semaphore, bool) or not isinstance(semaphore, int) or semaphore <= 0:
+        if not is_int(semaphore) or semaphore <= 0:
             raise TypeError(f"semaphore must be a VkSemaphore handle (a positive int), got {semaphore!r}")
         self.src, self.dst, self.source_semaphore = src, dst, semaphore
         on_gpus = all(s.capabilities is not None and s.capabilities.device_type != "cpu" for s in (src, dst))

@@ -13,8 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+import vulkan as vk
+
 from ..device.capabilities import (EXT_DMA_BUF, EXT_MEMORY_BUDGET, EXT_MEMORY_FD, EXT_MEMORY_HOST, EXT_TIMELINE,
                                    DeviceCapabilities, QueueFamilies, probe_device)
+from ..device.logical import default_queue_families
 from ..errors import UnsupportedError
 from .methods import TransferMethod, method_problem
 
@@ -67,8 +70,6 @@ class DeviceRequirements:
         """The feature structs (`vulkan` package objects) with every feature in
         `features` set to VK_TRUE, chained in front of `pnext`: pass the result as
         VkDeviceCreateInfo.pNext (or `pnext` your own chain to append it)."""
-        import vulkan as vk
-
         by_struct: dict[str, list[str]] = {}
         for name in self.features:
             by_struct.setdefault(self.feature_structs.get(name, FEATURE_STRUCTS[name]), []).append(name)
@@ -93,8 +94,6 @@ def device_requirements(physical_device: Any, peers: Iterable[Any] = ()) -> Devi
     can use them too. Raises UnsupportedError for a device without timeline
     semaphores (vkmulti cannot order work on it).
     """
-    from ..device.logical import default_queue_families
-
     caps = probe_device(physical_device)
     if isinstance(peers, (str, bytes)):
         raise TypeError("peers must be a list of physical devices, not a string")

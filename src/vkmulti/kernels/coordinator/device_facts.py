@@ -14,7 +14,7 @@ import vulkan as vk
 
 from ...device.capabilities import EXT_MEMORY_BUDGET, DeviceCapabilities
 from ...device.cuda import cuda_device_for
-from ...transfer.cross_device import select_transfer_method
+from ...transfer.methods import select_transfer_method
 from .config import Backend
 from .records import DeviceInfo
 

@@ -23,8 +23,8 @@ from ...device.capabilities import DeviceCapabilities
 from ...device.manager import MultiDeviceManager
 from ...errors import VkmError
 from ...memory.image import Buffer
-from ...transfer.cross_device import CrossDeviceTransfer, cuda_peer_auto
-from ...transfer.methods import TransferMethod
+from ...transfer.cross_device import CrossDeviceTransfer
+from ...transfer.methods import TransferMethod, cuda_peer_auto
 from .device_facts import nvlink_links, numa_node, pair_transfer_methods
 from .topology import GpuConnection, GpuTopology, InterconnectType
 

@@ -10,8 +10,7 @@ from typing import Any
 
 from ..._core.checks import check_count, check_index
 from ...transfer.cross_device import CrossDeviceTransfer as TransferEngine
-from ...transfer.cross_device import select_transfer_method
-from ...transfer.methods import TransferMethod, method_support
+from ...transfer.methods import TransferMethod, method_support, select_transfer_method
 
 __all__ = ["CrossDeviceTransfer"]
 

@@ -21,7 +21,7 @@ from ...device.logical import retire_submits
 from ..._core.lifetime import Deadline
 from ...memory.image import BUFFER_USAGE, Buffer, CommandRunner
 from ..._core.shaders import shader_path
-from ...transfer.cross_device import TimelinePoint
+from ..._core.timeline import TimelinePoint
 from .recording import barrier
 
 _ffi = vk.ffi

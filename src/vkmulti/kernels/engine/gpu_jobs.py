@@ -19,7 +19,7 @@ from ..._core import vkapi
 from ...device.logical import retire_submits
 from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout
 from ..._core.lifetime import Deadline
-from ...transfer.cross_device import TimelinePoint
+from ..._core.timeline import TimelinePoint
 from . import recording as cmds
 
 __all__ = ["GpuJobs"]

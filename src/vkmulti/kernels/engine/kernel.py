@@ -27,9 +27,9 @@ import vulkan as vk
 
 from ..._core.checks import U32_MAX, int_in
 from ..._core.reprs import compact_repr
+from ..._core.timeline import TimelinePoint
 from ...errors import DestroyedError, DeviceLostError
 from ...memory.image import Buffer
-from ...transfer.cross_device import TimelinePoint
 from ...transfer.peer import ExportedBuffer
 from ..checkpoint.format import Checkpoint
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES, HlcTimestamp

@@ -24,7 +24,7 @@ from collections import deque
 from typing import Any
 
 from ...errors import TimeoutError as VkmTimeout
-from ...transfer.cross_device import TimelinePoint
+from ..._core.timeline import TimelinePoint
 from . import recording as cmds
 from .device_context import DeviceContext
 from .harvest import StepHarvest

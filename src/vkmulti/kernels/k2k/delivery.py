@@ -34,8 +34,9 @@ import vulkan as vk
 
 from ...errors import DestroyedError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
-from ...transfer.cross_device import CrossDeviceTransfer, TimelinePoint, select_transfer_method
-from ...transfer.methods import TransferMethod
+from ..._core.timeline import TimelinePoint
+from ...transfer.cross_device import CrossDeviceTransfer
+from ...transfer.methods import TransferMethod, select_transfer_method
 from ..coordinator import transfer_spec
 from ..engine.device_context import step_queue
 from ..engine.kernel import InboundBatch, Kernel, OutboxBatch

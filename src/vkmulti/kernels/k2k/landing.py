@@ -14,7 +14,7 @@ from ...device.logical import retire_submits
 from ..._core.lifetime import Deadline
 from ...errors import TimeoutError as VkmTimeout
 from ...memory.image import Buffer
-from ...transfer.cross_device import TimelinePoint
+from ..._core.timeline import TimelinePoint
 from ..engine import recording as cmds
 from ..engine.device_context import step_queue
 

@@ -22,7 +22,7 @@ import vulkan as vk
 from ...errors import TimeoutError as VkmTimeout
 from ...memory.image import Buffer
 from ..._core.shaders import shader_path
-from ...transfer.cross_device import TimelinePoint
+from ..._core.timeline import TimelinePoint
 from ..engine import recording as cmds
 from .crc_math import crc32_finish, zero_tables
 from ..engine.device_context import SB, WHOLE_SIZE, MappedBuffer

@@ -26,7 +26,7 @@ import vulkan as vk
 
 from ..._core import vkapi
 from ...errors import DestroyedError, TimeoutError as VkmTimeout, UnsupportedError, VkmError
-from ...transfer.cross_device import TimelinePoint
+from ..._core.timeline import TimelinePoint
 from .crc_math import crc32_combine
 from .gpu_crc import check_ranges
 

@@ -24,6 +24,7 @@ from ...memory.image import Buffer
 from ..checkpoint.format import Checkpoint, CheckpointMetadata, ChunkType, DataChunk, chunk_name_id
 from ..engine.spec import KernelSpec
 from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, HlcTimestamp, K2KMessage, MessageEnvelope
+from ..engine.spirv import reflect
 
 __all__ = ["SPIRV_CHUNK", "INBOX_CHUNK", "KernelImage", "to_checkpoint", "from_checkpoint", "local_size", "upload",
            "image_meta"]
@@ -38,8 +39,6 @@ CONTROL_HEADER_BYTES = 64
 
 @lru_cache(maxsize=64)
 def _local_size(spirv_sha: str, spirv: bytes, entry: str) -> tuple[int, int, int]:
-    from ..engine.spirv import reflect
-
     try:
         return tuple(reflect(spirv).local_size.get(entry, (0, 0, 0)))   # type: ignore[return-value]
     except Exception:   # a module the driver took but the reflection does not understand: no tile size

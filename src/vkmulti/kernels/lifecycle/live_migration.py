@@ -53,7 +53,8 @@ import vulkan as vk
 
 from ...errors import MigrationError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
-from ...transfer.cross_device import CrossDeviceTransfer as Engine
+from ...transfer.cross_device import CrossDeviceTransfer
+from ...transfer.methods import select_transfer_method
 from ..engine import recording as cmds
 from ..engine.device_context import WHOLE_SIZE, MappedBuffer
 from ..engine.gate import gate_of
@@ -223,7 +224,7 @@ def _hash_on_arrival(life: LifecycleView, dst: int, buffers: list, tickets: list
     return crc.submit([(b, 0, b.size) for b in buffers], [t.dst_ready for t in tickets])
 
 
-def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequest, eng: Engine, tickets: list,
+def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequest, eng: CrossDeviceTransfer, tickets: list,
             rings: list[Buffer], crcs: list, verify: bool, deadline: float) -> tuple:
     """The end of a migration, with the gate held and nothing left to stage: control
     block, inbox and staging batches follow the state, the CRC32s are compared

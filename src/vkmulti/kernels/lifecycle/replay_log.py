@@ -34,6 +34,7 @@ import vulkan as vk
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from ..engine.device_context import MappedBuffer
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES
+from ..engine import recording as cmds
 from .twin import LifecycleView
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,6 @@ class ReplayLog:
             d = ctx.in_flight
 
             def record(cmd: Any) -> None:
-                from ..engine import recording as cmds
                 cmds.barrier(cmd)
                 for e in entries:
                     k, j = e.kernel, e.step % d
@@ -277,7 +277,6 @@ class ReplayLog:
     def _prune(self) -> None:
         """Drop inputs older than each kernel's latest completed checkpoint and sent
         messages their receivers consumed."""
-        rt = self.rt
         with self.lock:
             for key, q in self.sent.items():
                 done = self.consumed.get(key, 0)

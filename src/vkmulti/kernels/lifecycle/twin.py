@@ -20,7 +20,8 @@ import numpy as np
 
 from ...errors import DeviceLostError, MigrationError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
-from ...transfer.cross_device import CrossDeviceTransfer, select_transfer_method
+from ...transfer.cross_device import CrossDeviceTransfer
+from ...transfer.methods import select_transfer_method
 from ..coordinator.records import MigrationRequest
 from ..engine.device_context import MappedBuffer
 from ..engine.kernel import Kernel, OutboxBatch

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from ...errors import DestroyedError, VkmError, TimeoutError as VkmTimeout
 from ...memory.image import Buffer
-from ...transfer.cross_device import TimelinePoint
+from ..._core.timeline import TimelinePoint
 from ...transfer.peer import ExportedBuffer, ImportedBuffer
 from ..._core.checks import int_in, timeout_seconds
 from ..._core.timeline import as_wait_points

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from ...memory.image import Buffer
-from ...transfer.cross_device import TimelinePoint
+from ..._core.timeline import TimelinePoint
 from ..engine.kernel import InboundBatch, Kernel, OutboxBatch
 
 __all__ = ["OutboxFeed", "RuntimePort"]

@@ -21,12 +21,13 @@ from ..._core.checks import U32_MAX, int_in, timeout_seconds
 from ...device.failover import FailoverStats
 from ...errors import DestroyedError, DeviceLostError, KernelNotFoundError, MigrationError
 from ...errors import TimeoutError as VkmTimeout
-from ...transfer.cross_device import TimelinePoint
+from ..._core.timeline import TimelinePoint
+from ...transfer.peer import shares_memory
 from ..checkpoint.format import Checkpoint
 from ..coordinator.records import MigrationRequest
 from ..engine.device_context import DeviceContext
 from ..engine.gate import RuntimeGate, gate_of, gated, gated_unheld
-from ..engine.kernel import INLINE_STATE_BYTES, Kernel, OutboxBatch, check_params
+from ..engine.kernel import INLINE_STATE_BYTES, InboundBatch, Kernel, OutboxBatch, check_params
 from ..engine.spec import KernelSpec
 from ..engine.stepper import DeviceStepper
 from ..ids import KernelId, as_kernel_id
@@ -167,8 +168,6 @@ class KernelRuntime:
         lets those devices read the batches in place instead of copying them."""
         hit = self._exports.get(index)
         if hit is None:
-            from ...transfer.peer import shares_memory
-
             me = self.manager.slot(index)
             hit = self._exports[index] = any(shares_memory(me, self.manager.slot(j))
                                              for j in range(self.manager.device_count) if j != index)

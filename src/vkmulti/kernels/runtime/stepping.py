@@ -13,7 +13,7 @@ from ..._core.checks import timeout_seconds
 from ..._core.timeline import as_wait_points
 from ...errors import DeviceLostError, KernelMessageError
 from ...errors import TimeoutError as VkmTimeout
-from ...transfer.cross_device import TimelinePoint
+from ..._core.timeline import TimelinePoint
 from ..engine.device_context import DeviceContext
 from ..engine.kernel import Kernel, OutboxBatch
 from ..engine.stepper import DeviceStepper
