@@ -20,6 +20,7 @@ import numpy as np
 
 from ...errors import InvalidCheckpointError
 from ..checkpoint.format import Checkpoint, CheckpointMetadata, ChunkType, DataChunk, chunk_name_id
+from ..checkpoint.restorable import check_kernel_checkpoint
 from ..engine.kernel import KernelSpec
 from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, HlcTimestamp, K2KMessage, MessageEnvelope
 
@@ -151,6 +152,7 @@ def from_checkpoint(cp: Checkpoint) -> KernelImage:
     """The KernelImage in a checkpoint made by `to_checkpoint` (InvalidCheckpointError otherwise)."""
     if not isinstance(cp, Checkpoint):
         raise TypeError(f"expected a Checkpoint, got {type(cp).__name__}")
+    check_kernel_checkpoint(cp)
     meta = cp.metadata
     try:
         shape = json.loads(_custom(meta, "spec"))

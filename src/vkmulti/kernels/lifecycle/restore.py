@@ -13,6 +13,7 @@ import numpy as np
 
 from ...errors import MigrationError, VkmError
 from ...memory.image import Buffer
+from ..checkpoint.restorable import check_restore_target
 from ..engine.kernel import Kernel
 from .image import KernelImage, patch_control, readdress_slots
 from .lifecycle import gate_of
@@ -61,6 +62,7 @@ def restore_into(rt: Any, k: Kernel, img: KernelImage, device: int | None, timeo
         device = k.device_index if alive else rt.coordinator.select_device()
     if not 0 <= device < rt.manager.device_count:
         raise ValueError(f"device {device} out of range: {rt.manager.device_count} device(s)")
+    check_restore_target(rt, img.spec.groups, img.kernel_id, device)
     why = f"restored from a checkpoint onto GPU {device}"
     rt._hold(k, why, moving=True)
     twin = None
@@ -129,6 +131,7 @@ def restore_into(rt: Any, k: Kernel, img: KernelImage, device: int | None, timeo
 def restore_new(rt: Any, img: KernelImage, device: int | None, kernel_id: str | None,
                 timeout: float | None) -> Kernel:
     """A new kernel (new address) from `img`."""
+    check_restore_target(rt, img.spec.groups, img.kernel_id, device)
     k = rt.launch(img.spec, kernel_id if kernel_id is not None else img.kernel_id, device=device,
                   params=img.params, tenant=img.tenant)
     try:
