@@ -10,6 +10,7 @@ run on. Each failure is an InvalidCheckpointError naming the field or chunk.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from typing import Any, Sequence
@@ -132,7 +133,8 @@ def check_kernel_checkpoint(cp: Checkpoint) -> None:
     describes: one control block (a 64-byte header and 16-byte table entries), one
     inbox ring of exactly the size its capacity and payload size make, one state
     chunk per state buffer of exactly its size, host queues of whole message slots,
-    one SPIR-V module of whole words, and at most MAX_RESTORE_GROUPS workgroups."""
+    one SPIR-V module of whole words (matching its recorded SHA-256), and at most
+    MAX_RESTORE_GROUPS workgroups."""
     if not isinstance(cp, Checkpoint):
         raise TypeError(f"expected a Checkpoint, got {type(cp).__name__}")
     kid = cp.metadata.kernel_id
@@ -143,6 +145,9 @@ def check_kernel_checkpoint(cp: Checkpoint) -> None:
         if key not in shape:
             raise _bad(kid, f"{_PREFIX}spec has no {key!r}")
     state_sizes = _ints(cp, "state_sizes", shape["state_sizes"], 1, _MAX_STATE_BUFFERS, 4, MAX_CHECKPOINT_SIZE)
+    for i, size in enumerate(state_sizes):
+        if size % 4:
+            raise _bad(kid, f"state_sizes[{i}] = {size} is not whole 32-bit words")
     inbox_capacity = _int(cp, "inbox_capacity", shape["inbox_capacity"], 1, _MAX_CAPACITY)
     _int(cp, "outbox_capacity", shape["outbox_capacity"], 1, _MAX_CAPACITY)
     groups = _ints(cp, "groups", shape["groups"], 3, 3, 1, _U32)
@@ -189,6 +194,9 @@ def check_kernel_checkpoint(cp: Checkpoint) -> None:
     code = spirv.data
     if len(code) < 20 or len(code) % 4 or struct.unpack_from("<I", code)[0] != 0x07230203:
         raise _bad(kid, f"the SPIR-V chunk ({len(code)} bytes) is not a SPIR-V module (the magic and whole words)")
+    sha = _field(cp, "spirv_sha256", required=False)
+    if sha is not None and hashlib.sha256(code).hexdigest() != sha:
+        raise _bad(kid, "its SPIR-V does not match the recorded SHA-256")
 
 
 def check_restore_groups(cp_groups: Sequence[int], kernel_id: str, limits: Sequence[Sequence[int]]) -> None:
