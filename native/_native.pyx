@@ -10,6 +10,7 @@ from posix.unistd cimport usleep
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport Py_INCREF
 cimport cython
+import atexit as _atexit
 import operator as _operator
 import os as _os
 import time as _time

@@ -62,6 +62,26 @@ cdef extern from "vkm_link.h" nogil:
                              uint32_t *count, vkm_error *err)
     uint64_t vkm_now_ns()
 
+cdef extern from "vkm_jobq.h" nogil:
+    int vkm_exit_park(uint64_t timeout_ns)
+
+
+def park_native_threads(double timeout=1.0):
+    """Stop every native worker and mirror thread at its next check point, outside the
+    driver, for good (the process is exiting: library destructors must not run
+    under a thread inside the driver). Links and mirrors destroyed afterwards are
+    left to the exit. True when none was still inside the driver after `timeout` s.
+    Registered with atexit when the module loads."""
+    cdef uint64_t ns = _seconds_ns(timeout, "timeout", 60.0)
+    cdef int done
+    with nogil:
+        done = vkm_exit_park(ns)
+    return bool(done)
+
+
+_atexit.register(park_native_threads)
+
+
 cdef extern from "vkm_mirror.h" nogil:
     ctypedef struct vkm_mirror:
         pass
