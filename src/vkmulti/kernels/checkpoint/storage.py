@@ -41,6 +41,15 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    for test, what in ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return what
+    return f"file of mode 0o{mode:o}"
+
+
 def _lock(fd: int, blocking: bool) -> bool:
     """Take the advisory exclusive lock of an open file; False when another holds it."""
     if fcntl is None:
@@ -275,8 +284,8 @@ class FileStorage:
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise CheckpointStorageError(f"checkpoint {name!r}: {str(path)!r} is not a regular file (mode "
-                                             f"0o{st.st_mode:o}); only regular files are read")
+                raise CheckpointStorageError(f"checkpoint {name!r}: {str(path)!r} is not a regular file (a "
+                                             f"{_kind(st.st_mode)}); only regular files are read")
             if st.st_size > MAX_CHECKPOINT_SIZE:
                 raise InvalidCheckpointError(f"Checkpoint too large: {str(path)!r} is {st.st_size} bytes (max: "
                                              f"{MAX_CHECKPOINT_SIZE})")
@@ -291,6 +300,8 @@ class FileStorage:
             if os.read(fd, 1):
                 raise CheckpointStorageError(f"checkpoint {name!r} grew while being read (past {st.st_size} bytes)")
             return bytes(raw)
+        except CheckpointStorageError:
+            raise
         except OSError as exc:
             raise CheckpointStorageError(f"Failed to read checkpoint {name!r}: {exc}") from exc
         finally:
@@ -337,6 +348,8 @@ class FileStorage:
         except (FileNotFoundError, NotADirectoryError):
             return False
         except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:   # (the folder's path and the name past PATH_MAX)
+                return False
             raise CheckpointStorageError(f"Failed to look up checkpoint {name!r}: {exc}") from exc
 
     def __repr__(self) -> str:
