@@ -146,6 +146,8 @@ def test_forged_checkpoint_launches_nothing(runtime, how):
         with pytest.raises(InvalidCheckpointError):
             runtime.restore(forged, kernel_id="copy", device=1)
         with pytest.raises(InvalidCheckpointError):
+            runtime.restore(forged, kernel_id="copy")   # any device: checked against all of them
+        with pytest.raises(InvalidCheckpointError):
             runtime.restore(forged, into=k, device=1)
     finally:
         del runtime.launch
