@@ -8,6 +8,10 @@ from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from posix.unistd cimport usleep
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.ref cimport Py_INCREF
+cimport cython
+import atexit as _atexit
+import operator as _operator
 import os as _os
 import time as _time
 
@@ -177,10 +181,11 @@ cdef class Device:
             r = vkm_device_wait_idle(d)
         check(r, "vkDeviceWaitIdle")
 
-    def create_timeline(self, uint64_t initial=0):
+    def create_timeline(self, initial=0):
         cdef VkSemaphore s = NULL
+        cdef uint64_t v = _timeline_u64(initial, "initial")
         cdef vkm_device *d = self.ptr()
-        check(vkm_create_timeline(d, initial, &s), "vkCreateSemaphore(timeline)")
+        check(vkm_create_timeline(d, v, &s), "vkCreateSemaphore(timeline)")
         return <uintptr_t>s
 
     def timeline_value(self, uintptr_t semaphore):
@@ -190,17 +195,29 @@ cdef class Device:
         check(vkm_timeline_value(d, <VkSemaphore>semaphore, &v), "vkGetSemaphoreCounterValue")
         return v
 
-    def wait_timeline(self, uintptr_t semaphore, uint64_t value, timeout=None):
-        """Wait until `semaphore` reaches `value`; TimeoutError after `timeout` s."""
+    def wait_timeline(self, uintptr_t semaphore, value, timeout=None):
+        """Wait until `semaphore` reaches `value` (an int in [0, 2**64)); TimeoutError after `timeout` s."""
+        cdef uint64_t v = _timeline_u64(value, "value")
         cdef vkm_device *d = self.ptr()
         _nonzero(semaphore, "semaphore")
-        return wait_slices(d, <VkSemaphore>semaphore, NULL, value, _timeout_ns(timeout),
+        return wait_slices(d, <VkSemaphore>semaphore, NULL, v, _timeout_ns(timeout),
                            "vkWaitSemaphores")
 
     def wait_fence(self, uintptr_t fence, timeout=None):
         cdef vkm_device *d = self.ptr()
         _nonzero(fence, "fence")
         return wait_slices(d, NULL, <VkFence>fence, 0, _timeout_ns(timeout), "vkWaitForFences")
+
+
+cdef uint64_t _timeline_u64(object value, str label) except? 0:
+    """A timeline value (any integral object) as a uint64, or a TypeError / ValueError naming it."""
+    try:
+        v = _operator.index(value)
+    except TypeError:
+        raise TypeError(f"{label} must be an int, got {type(value).__name__}") from None
+    if not 0 <= v <= 0xFFFFFFFFFFFFFFFF:
+        raise ValueError(f"{label} must be a timeline value in [0, 2**64), got {v}")
+    return <uint64_t>v
 
 
 cdef int _nonzero(uintptr_t handle, str label) except -1:

@@ -62,6 +62,26 @@ cdef extern from "vkm_link.h" nogil:
                              uint32_t *count, vkm_error *err)
     uint64_t vkm_now_ns()
 
+cdef extern from "vkm_jobq.h" nogil:
+    int vkm_exit_park(uint64_t timeout_ns)
+
+
+def park_native_threads(double timeout=1.0):
+    """Stop every native worker and mirror thread at its next check point, outside the
+    driver, for good (the process is exiting: library destructors must not run
+    under a thread inside the driver). Links and mirrors destroyed afterwards are
+    left to the exit. True when none was still inside the driver after `timeout` s.
+    Registered with atexit when the module loads."""
+    cdef uint64_t ns = _seconds_ns(timeout, "timeout", 60.0)
+    cdef int done
+    with nogil:
+        done = vkm_exit_park(ns)
+    return bool(done)
+
+
+_atexit.register(park_native_threads)
+
+
 cdef extern from "vkm_mirror.h" nogil:
     ctypedef struct vkm_mirror:
         pass
@@ -263,6 +283,7 @@ cdef int fill_endpoint(vkm_endpoint *e, object spec, list keep) except -1:
     return 0
 
 
+@cython.no_gc_clear
 cdef class Link:
     """A native transfer link from one device to another: a worker thread and a
     ring of slots of one kind (RING_STAGING, RING_SHARED_HOST, RING_EXPORTED or
@@ -275,6 +296,12 @@ cdef class Link:
     a timeline of its work to (bench/trace_report.py reads it). RING_CUDA_PEER
     wants queues of the universal family (its device-local copies run there)
     and endpoints shared with, or owned by, that family.
+
+    The worker thread reads the devices, queues and endpoints the link holds:
+    a link never destroyed keeps them (the collector does not clear them) and,
+    when it goes, stops and joins its worker if the GPUs are done with its jobs,
+    or else leaves the worker and everything it reads alive until the process
+    ends (never freed under a running thread).
     """
     cdef vkm_link *link
     cdef int users   # calls inside the native link right now (changed with the GIL held)
@@ -452,7 +479,29 @@ cdef class Link:
             vkm_link_destroy(l)
         self.keep = []
 
+    def __dealloc__(self):
+        cdef vkm_link *l = self.link
+        cdef uint64_t s = 0, d = 0, sv = 0, dv = 0
+        cdef bint idle = False
+        self.link = NULL
+        if l == NULL:
+            return
+        if self.src.alive and self.dst.alive:
+            vkm_link_last_values(l, &s, &d)
+            idle = (vkm_timeline_value(&self.src.dev, vkm_link_src_timeline(l), &sv) == VK_SUCCESS and sv >= s and
+                    vkm_timeline_value(&self.dst.dev, vkm_link_dst_timeline(l), &dv) == VK_SUCCESS and dv >= d)
+        if idle:   # nothing left for the worker: its waits return at once
+            with nogil:
+                vkm_link_destroy(l)
+            return
+        # Jobs still queued or on the GPUs (a wait semaphore that never came, a lost or
+        # released device): the worker may block for its stall timeout, so it is left
+        # running, and what it reads stays alive with it.
+        for held in (self.src, self.dst, self.src_queue, self.dst_queue, self.keep):
+            Py_INCREF(held)
 
+
+@cython.no_gc_clear
 cdef class TimelineMirror:
     """A timeline semaphore of device `src` mirrored on a new timeline semaphore of
     device `dst` (`semaphore`): a native thread waits (no GIL) for each new value

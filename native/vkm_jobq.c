@@ -6,6 +6,55 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+/* ---- process exit (see vkm_jobq.h) ---- */
+
+static int exiting;            /* set once, by vkm_exit_park */
+static int busy;               /* native threads that may be calling the driver */
+static __thread int native;    /* this thread is one of ours (only those park) */
+
+static void park(pthread_mutex_t *held)
+{
+    __atomic_sub_fetch(&busy, 1, __ATOMIC_SEQ_CST);
+    if (held) pthread_mutex_unlock(held);
+    for (;;) pause(); /* until the process ends */
+}
+
+void vkm_thread_start(void) { __atomic_add_fetch(&busy, 1, __ATOMIC_SEQ_CST); }
+
+void vkm_thread_done(void) { __atomic_sub_fetch(&busy, 1, __ATOMIC_SEQ_CST); }
+
+int vkm_exiting(void) { return __atomic_load_n(&exiting, __ATOMIC_SEQ_CST); }
+
+void vkm_thread_idle(int idle, pthread_mutex_t *held)
+{
+    native = 1;
+    if (idle) {
+        __atomic_sub_fetch(&busy, 1, __ATOMIC_SEQ_CST);
+        return;
+    }
+    __atomic_add_fetch(&busy, 1, __ATOMIC_SEQ_CST); /* before the look at `exiting`: one of the two sees the other */
+    if (vkm_exiting()) park(held);
+}
+
+void vkm_thread_checkpoint(void)
+{
+    native = 1;
+    if (vkm_exiting()) park(NULL);
+}
+
+int vkm_exit_park(uint64_t timeout_ns)
+{
+    __atomic_store_n(&exiting, 1, __ATOMIC_SEQ_CST);
+    if (native) return 0; /* (never from a native thread) */
+    uint64_t t0 = vkm_now_ns();
+    while (__atomic_load_n(&busy, __ATOMIC_SEQ_CST) > 0) {
+        if (vkm_now_ns() - t0 >= timeout_ns) return 0;
+        usleep(1000);
+    }
+    return 1;
+}
 
 /* An absolute CLOCK_MONOTONIC deadline `ns` from now, for pthread_cond_timedwait
  * on the queue's condition variables (made on that clock: a step of the wall
@@ -83,16 +132,19 @@ VkResult vkm_jobq_push(vkm_jobq *q, vkm_jobq_item *it, uint64_t src_count, uint6
 
 VkResult vkm_jobq_start(vkm_jobq *q, void *(*worker)(void *), void *arg, vkm_error *err)
 {
-    if (pthread_create(&q->worker, NULL, worker, arg) != 0)
+    vkm_thread_start();
+    if (pthread_create(&q->worker, NULL, worker, arg) != 0) {
+        vkm_thread_done();
         return vkm_fail(err, VK_ERROR_INITIALIZATION_FAILED, "pthread_create", "the link's worker thread could not "
                         "be started");
+    }
     q->worker_started = 1;
     return VK_SUCCESS;
 }
 
 void vkm_jobq_stop(vkm_jobq *q)
 {
-    if (!q->worker_started) return;
+    if (!q->worker_started || vkm_exiting()) return; /* (a parked worker is never joined) */
     pthread_mutex_lock(&q->lock);
     __atomic_store_n(&q->stopping, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&q->wake);
@@ -171,23 +223,27 @@ VkResult vkm_jobq_poll(vkm_jobq *q, const vkm_device *d, VkSemaphore sem, uint64
 
 vkm_jobq_item *vkm_jobq_take(vkm_jobq *q, int *failed, uint64_t watch_ns, int (*watch)(void *), void *arg)
 {
-    int busy = watch != NULL;
+    int watching = watch != NULL;
     pthread_mutex_lock(&q->lock);
     while (!q->head && !q->stopping) {
-        if (busy && q->error == VK_SUCCESS) {
+        vkm_thread_idle(1, NULL);
+        if (watching && q->error == VK_SUCCESS) {
             struct timespec ts = deadline_in(watch_ns);
             pthread_cond_timedwait(&q->wake, &q->lock, &ts);
+            vkm_thread_idle(0, &q->lock);
             if (q->head || q->stopping) break;
             pthread_mutex_unlock(&q->lock);
-            busy = watch(arg);
+            watching = watch(arg);
             pthread_mutex_lock(&q->lock);
         } else {
             pthread_cond_wait(&q->wake, &q->lock);
+            vkm_thread_idle(0, &q->lock);
         }
     }
     vkm_jobq_item *it = q->head; /* NULL: stopping and drained */
     *failed = q->error != VK_SUCCESS;
     pthread_mutex_unlock(&q->lock);
+    if (!it) vkm_thread_done(); /* the worker returns */
     return it;
 }
 
@@ -205,12 +261,20 @@ void vkm_jobq_fail(vkm_jobq *q, VkResult r, const vkm_error *why, uint64_t ticke
     pthread_cond_broadcast(&q->progress);
 }
 
+#define RELEASE_SLICE_NS 100000000ull
+
 static void release_timeline(const vkm_device *d, VkSemaphore sem, uint64_t submitted, uint64_t target,
                              uint64_t timeout_ns)
 {
     uint64_t have = 0;
-    if (!sem || (submitted && vkm_wait_timeline(d, sem, submitted, timeout_ns) != VK_SUCCESS))
-        return; /* still running: a signal from the host could undercut its own */
+    VkResult r = VK_SUCCESS;
+    if (!sem) return;
+    for (uint64_t waited = 0; submitted; waited += RELEASE_SLICE_NS) { /* slices: an exit parks the worker */
+        vkm_thread_checkpoint();
+        r = vkm_wait_timeline(d, sem, submitted, RELEASE_SLICE_NS);
+        if (r != VK_TIMEOUT || waited >= timeout_ns) break;
+    }
+    if (r != VK_SUCCESS) return; /* still running: a signal from the host could undercut its own */
     if (vkm_timeline_value(d, sem, &have) != VK_SUCCESS || have >= target) return;
     VkSemaphoreSignalInfo si = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, .semaphore = sem, .value = target};
     d->fn.vkSignalSemaphore(d->device, &si);

@@ -87,4 +87,27 @@ void vkm_jobq_release(vkm_jobq *q, const vkm_device *src, VkSemaphore src_sem, u
  * awake; a condition-variable wake-up costs ~10 us). */
 void vkm_jobq_finish(vkm_jobq *q, vkm_jobq_item *it, uint64_t spin_ns);
 
+/* ---- process exit ----------------------------------------------------------
+ * Library destructors run at exit() while native threads may still be inside
+ * the driver (a link waiting on a semaphore that never comes), and crash them.
+ * vkm_exit_park() (the module's atexit hook, before the interpreter finalizes)
+ * makes every native thread stop at its next check point - between two wait
+ * slices, or when it wakes idle - and stay parked outside the driver until the
+ * process ends; from then on destroying a link or mirror leaves it to the exit.
+ * Threads count themselves "busy" while they may call the driver. */
+
+/* A native thread is about to start (busy from now); vkm_thread_done() when it ends. */
+void vkm_thread_start(void);
+void vkm_thread_done(void);
+/* The calling native thread leaves (`idle` 1) or re-enters (0) a state where it
+ * makes no driver calls; on re-entry after vkm_exit_park() it parks, unlocking
+ * `held` (may be NULL) first. */
+void vkm_thread_idle(int idle, pthread_mutex_t *held);
+/* In a native thread between driver calls: park if the process is exiting. */
+void vkm_thread_checkpoint(void);
+/* Whether vkm_exit_park() was called. */
+int vkm_exiting(void);
+/* Park every native thread; 1 when none is busy within `timeout_ns`, else 0. */
+int vkm_exit_park(uint64_t timeout_ns);
+
 #endif

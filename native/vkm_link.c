@@ -147,8 +147,10 @@ static void side_free(vkm_link *l, vkm_side *s, int drained)
 VkResult vkm_worker_wait(vkm_link *l, vkm_side *s, uint64_t value, const char *where, vkm_error *err)
 {
     VkResult r = vkm_spin_wait(s->dev, s->timeline, value, l->cfg.spin_ns);
-    for (uint64_t waited = 0; r == VK_TIMEOUT && waited < l->cfg.stall_timeout_ns; waited += SLICE_NS)
+    for (uint64_t waited = 0; r == VK_TIMEOUT && waited < l->cfg.stall_timeout_ns; waited += SLICE_NS) {
+        vkm_thread_checkpoint(); /* the process exiting: park here, outside the driver */
         r = vkm_wait_timeline(s->dev, s->timeline, value, SLICE_NS);
+    }
     if (r != VK_SUCCESS) vkm_fail(err, r, where, NULL);
     return r;
 }
@@ -302,7 +304,7 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
 
 void vkm_link_destroy(vkm_link *l)
 {
-    if (!l) return;
+    if (!l || vkm_exiting()) return; /* at exit its worker is parked: the process takes the rest */
     vkm_jobq_stop(&l->q);
     /* Wait (bounded) until the GPUs are done with everything this link
      * submitted: every submit, owner-queue ones included, signals its side's

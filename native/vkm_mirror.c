@@ -1,5 +1,6 @@
 /* vkm_mirror.c - see vkm_mirror.h. */
 #include "vkm_mirror.h"
+#include "vkm_jobq.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,15 @@ static void failed(vkm_mirror *m, VkResult r, const char *where)
     vkm_signal_timeline(m->dst, m->dst_sem, RELEASE_VALUE);
 }
 
+static void *follow(void *arg);
+
+static void *follow_thread(void *arg)
+{
+    follow(arg);
+    vkm_thread_done();
+    return NULL;
+}
+
 static void *follow(void *arg)
 {
     vkm_mirror *m = arg;
@@ -39,6 +49,7 @@ static void *follow(void *arg)
     uint64_t next = m->start + 1; /* the destination starts at the value the source had at creation */
     VkResult r;
     while (!__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE)) {
+        vkm_thread_checkpoint(); /* the process exiting: park here, outside the driver */
         r = vkm_spin_wait(m->src, m->src_sem, next, m->spin_ns);
         if (r == VK_TIMEOUT) r = vkm_wait_timeline(m->src, m->src_sem, next, SLICE_NS);
         if (r == VK_TIMEOUT) continue;
@@ -85,7 +96,9 @@ VkResult vkm_mirror_create(vkm_device *src, VkSemaphore src_sem, vkm_device *dst
         vkm_mirror_destroy(m);
         return vkm_fail(err, r, "vkCreateSemaphore(mirror)", NULL);
     }
-    if (pthread_create(&m->thread, NULL, follow, m) != 0) {
+    vkm_thread_start();
+    if (pthread_create(&m->thread, NULL, follow_thread, m) != 0) {
+        vkm_thread_done();
         vkm_mirror_destroy(m);
         return vkm_fail(err, VK_ERROR_INITIALIZATION_FAILED, "pthread_create",
                         "the timeline mirror's thread could not be started");
@@ -108,7 +121,7 @@ VkResult vkm_mirror_status(vkm_mirror *m, vkm_error *err)
 
 void vkm_mirror_destroy(vkm_mirror *m)
 {
-    if (!m) return;
+    if (!m || vkm_exiting()) return; /* at exit its thread is parked: the process takes the rest */
     if (m->started) {
         __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE);
         pthread_join(m->thread, NULL);

@@ -60,6 +60,7 @@ MAX_SLOTS: int
 MAX_CHUNKS: int
 
 def plan_chunks(size: int, chunk: int, unit: int) -> list[int]: ...
+def park_native_threads(timeout: float = ...) -> bool: ...
 
 class _LinkTuning:
     cuda_bounce_ring: bool

@@ -21,8 +21,11 @@ Layout (little-endian; the seed's, so files it writes load here and back):
 The header CRC and the whole-file checksum say that something is wrong; the per-chunk CRCs say
 which chunk, and let a reader that takes chunks one by one (a restore that
 streams state to a GPU) check each before using it. Truncated, corrupted,
-oversized (> 1 GiB) or unknown-version input raises InvalidCheckpointError,
-never loads half a checkpoint.
+oversized (> 1 GiB), over-counted (more than MAX_CHUNKS chunks or
+MAX_CUSTOM_ENTRIES custom entries, or more than the stated size can hold) or
+unknown-version input raises InvalidCheckpointError, never loads half a
+checkpoint. Parsing is one pass over the bytes, and what it builds is bounded
+by the file's size plus a constant.
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ from typing import Any, Callable
 
 from ...errors import InvalidCheckpointError
 from .header import (CHECKPOINT_MAGIC, CHECKPOINT_VERSION, CHUNK_HEADER_SIZE, DELTA_PARENT_DIGEST_KEY,
-                     FLAG_CHUNK_CRC32, FLAG_HEADER_CRC32, HEADER_SIZE, MAX_CHECKPOINT_SIZE, CheckpointHeader,
+                     FLAG_CHUNK_CRC32, FLAG_HEADER_CRC32, HEADER_SIZE, MAX_CHECKPOINT_SIZE, MAX_CHUNKS,
+                     MAX_CUSTOM_ENTRIES, CheckpointHeader,
                      CheckpointMetadata, ChunkHeader, ChunkType, as_bytes, chunk_name_id, crc32)
 from ..messages import HlcTimestamp
 
@@ -172,8 +176,11 @@ class Checkpoint:
         if total > MAX_CHECKPOINT_SIZE:
             raise InvalidCheckpointError(f"Checkpoint too large: {total} bytes (max: {MAX_CHECKPOINT_SIZE}); "
                                          f"checkpoint fewer or smaller state buffers")
-        if len(self.chunks) > _U32:
-            raise InvalidCheckpointError(f"{len(self.chunks)} chunks: more than a u32 counts")
+        if len(self.chunks) > MAX_CHUNKS:
+            raise InvalidCheckpointError(f"{len(self.chunks)} chunks: a checkpoint holds at most {MAX_CHUNKS}")
+        if len(self.metadata.custom) > MAX_CUSTOM_ENTRIES:
+            raise InvalidCheckpointError(f"{len(self.metadata.custom)} custom metadata entries: a checkpoint holds at "
+                                         f"most {MAX_CUSTOM_ENTRIES}")
         parts: list[Any] = [struct.pack("<I", len(meta)), meta]
         crcs = []
         for c in self.chunks:
@@ -222,11 +229,18 @@ class Checkpoint:
         if actual != header.checksum:
             raise InvalidCheckpointError(f"Checksum mismatch: the header says 0x{header.checksum:08x}, the data "
                                          f"hashes to 0x{actual:08x} (corrupted)")
+        count = header.chunk_count
+        with_crcs = bool(header.flags & FLAG_CHUNK_CRC32)
+        per_chunk = CHUNK_HEADER_SIZE + (4 if with_crcs else 0)
+        if count > MAX_CHUNKS or HEADER_SIZE + 4 + count * per_chunk > len(view):
+            raise InvalidCheckpointError(f"the header claims {count} chunks: more than {MAX_CHUNKS} or than "
+                                         f"{len(view)} bytes hold")
+        end = len(view) - (4 * count if with_crcs else 0)   # the chunks end where the CRC table starts
         at = HEADER_SIZE
 
         def take(n: int, what: str) -> memoryview:
             nonlocal at
-            if at + n > len(view):
+            if n > end - at:
                 raise InvalidCheckpointError(f"{what} truncated")
             part = view[at:at + n]
             at += n
@@ -234,25 +248,23 @@ class Checkpoint:
         (meta_len,) = struct.unpack("<I", take(4, "metadata length"))
         metadata = CheckpointMetadata.from_bytes(take(meta_len, "Metadata"))
         chunks = []
-        heads = []
-        for i in range(header.chunk_count):
+        for i in range(count):
             raw_head = take(CHUNK_HEADER_SIZE, f"Chunk header {i}")
             ch = ChunkHeader.from_bytes(raw_head)
             if ch.compressed_size != ch.uncompressed_size:
                 raise InvalidCheckpointError(f"chunk {i}: compressed size {ch.compressed_size} != uncompressed size "
                                              f"{ch.uncompressed_size} in an uncompressed checkpoint")
             body = take(ch.compressed_size, f"Chunk {i} data")
-            heads.append((raw_head, body))
-            chunks.append(DataChunk(ch, body.tobytes()))
-        if header.flags & FLAG_CHUNK_CRC32:
-            table = take(4 * header.chunk_count, "chunk CRC table")
-            for i, ((raw_head, body), want) in enumerate(zip(heads, struct.unpack(f"<{header.chunk_count}I", table))):
+            chunk = DataChunk(ch, body.tobytes())
+            if with_crcs:
+                (want,) = struct.unpack_from("<I", view, end + 4 * i)
                 got = crc32(body, crc32(raw_head))
                 if got != want:
-                    raise InvalidCheckpointError(f"chunk {i} ({chunks[i]!r}) fails its CRC32: 0x{got:08x}, stored "
+                    raise InvalidCheckpointError(f"chunk {i} ({chunk!r}) fails its CRC32: 0x{got:08x}, stored "
                                                  f"0x{want:08x} (corrupted)")
-        if at != len(view):
-            raise InvalidCheckpointError(f"{len(view) - at} stray byte(s) after the last chunk")
+            chunks.append(chunk)
+        if at != end:
+            raise InvalidCheckpointError(f"{end - at} stray byte(s) after the last chunk")
         return cls(metadata, chunks, header)
 
     # -- deltas (the seed's incremental checkpoints) --------------------------------------

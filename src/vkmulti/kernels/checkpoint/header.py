@@ -14,8 +14,8 @@ from ...errors import InvalidCheckpointError
 from ..messages import HlcTimestamp
 
 __all__ = ["CHECKPOINT_MAGIC", "CHECKPOINT_VERSION", "MAX_CHECKPOINT_SIZE", "FLAG_CHUNK_CRC32", "FLAG_HEADER_CRC32",
-           "HEADER_SIZE", "CHUNK_HEADER_SIZE", "DELTA_PARENT_DIGEST_KEY", "ChunkType", "ChunkHeader",
-           "CheckpointHeader", "CheckpointMetadata", "chunk_name_id", "crc32", "as_bytes"]
+           "HEADER_SIZE", "CHUNK_HEADER_SIZE", "MAX_CHUNKS", "MAX_CUSTOM_ENTRIES", "DELTA_PARENT_DIGEST_KEY",
+           "ChunkType", "ChunkHeader", "CheckpointHeader", "CheckpointMetadata", "chunk_name_id", "crc32", "as_bytes"]
 
 #: "RKCKPT01" as the seed's u64 constant (written little-endian).
 CHECKPOINT_MAGIC = 0x524B434B50543031
@@ -24,6 +24,11 @@ CHECKPOINT_VERSION = 1
 MAX_CHECKPOINT_SIZE = 1 << 30
 HEADER_SIZE = 64
 CHUNK_HEADER_SIZE = 32
+#: The most chunks a checkpoint may have: a parsed chunk costs a few hundred bytes of
+#: objects whatever its size, so the count is bounded to keep memory bounded by the file.
+MAX_CHUNKS = 4096
+#: The most custom metadata entries (the same reason).
+MAX_CUSTOM_ENTRIES = 4096
 #: Header flag: a table of per-chunk CRC32s follows the last chunk.
 FLAG_CHUNK_CRC32 = 1
 #: Header flag: bytes 48-51 (reserved in the seed) hold the CRC32 of header bytes 0-47.
@@ -311,6 +316,9 @@ class CheckpointMetadata:
         kernel_id, kernel_type = string(), string()
         step, gx, gy, gz, tx, ty, tz, phys, logical, node, count = struct.unpack(_META_FIXED.format,
                                                                                   take(_META_FIXED.size))
+        if count > MAX_CUSTOM_ENTRIES or 8 * count > len(view) - at:
+            raise InvalidCheckpointError(f"metadata claims {count} custom entries: more than {MAX_CUSTOM_ENTRIES} "
+                                         f"or than its {len(view) - at} remaining bytes hold")
         custom = {}
         for _ in range(count):
             key = string()

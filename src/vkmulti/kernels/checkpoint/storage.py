@@ -8,15 +8,24 @@ of one. Names are checked so that none reaches outside the folder.
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ...errors import CheckpointNotFoundError, CheckpointStorageError
+from ...errors import CheckpointNotFoundError, CheckpointStorageError, InvalidCheckpointError
 from .format import Checkpoint
+from .header import MAX_CHECKPOINT_SIZE
+
+try:
+    import fcntl
+except ImportError:   # (no advisory locks: stale temporary files are left alone)
+    fcntl = None   # type: ignore[assignment]
 
 __all__ = ["CheckpointStorage", "MemoryStorage", "FileStorage", "check_checkpoint_name"]
 
@@ -24,6 +33,32 @@ __all__ = ["CheckpointStorage", "MemoryStorage", "FileStorage", "check_checkpoin
 SUFFIX = ".rkcp"
 _MAX_NAME = 200
 _BAD = re.compile(r"[\x00-\x1f/\\:*?\"<>|]")
+#: Bytes in one file name (POSIX NAME_MAX on the file systems vkmulti runs on).
+_NAME_MAX = 255
+_TMP_PREFIX, _TMP_SUFFIX = ".rkcp-", ".tmp"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    for test, what in ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return what
+    return f"file of mode 0o{mode:o}"
+
+
+def _lock(fd: int, blocking: bool) -> bool:
+    """Take the advisory exclusive lock of an open file; False when another holds it."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    return True
 
 
 def check_checkpoint_name(name: Any) -> str:
@@ -125,7 +160,20 @@ class MemoryStorage:
 
 
 class FileStorage:
-    """Checkpoints as `<name>.rkcp` files in folder `path` (made on first save)."""
+    """Checkpoints as `<name>.rkcp` files in folder `path` (made on first save).
+
+    Only regular files count: an entry is opened without following a symbolic
+    link (O_NOFOLLOW), checked with fstat and sized before a byte is read, so a
+    link, FIFO, device or folder under a checkpoint's name is refused at once
+    (CheckpointStorageError) and never followed or waited on; list() and
+    exists() name regular files only. A name must fit one file name of the
+    file system (NAME_MAX bytes with the suffix, as encoded by os.fsencode).
+    Temporary files left by a save that was killed are removed by later saves
+    once they are STALE_TMP_SECONDS old and no save holds their lock.
+    """
+
+    #: Age (s) after which an unlocked temporary file is taken as a killed save's.
+    STALE_TMP_SECONDS = 60.0
 
     def __init__(self, path: str | os.PathLike) -> None:
         if not isinstance(path, (str, os.PathLike)):
@@ -135,8 +183,17 @@ class FileStorage:
             raise ValueError(f"checkpoint folder {str(self.base_path)!r} exists and is not a folder")
 
     def checkpoint_path(self, name: str) -> Path:
-        """The file a name is stored in (the name checked)."""
-        return self.base_path / (check_checkpoint_name(name) + SUFFIX)
+        """The file a name is stored in (the name checked, its file name within NAME_MAX bytes)."""
+        name = check_checkpoint_name(name)
+        file_name = name + SUFFIX
+        try:
+            size = len(os.fsencode(file_name))
+        except UnicodeEncodeError:
+            raise ValueError(f"checkpoint name {name[:40]!r}... cannot be encoded as a file name") from None
+        if size > _NAME_MAX:
+            raise ValueError(f"checkpoint name {name[:40]!r}... makes a {size}-byte file name; the file system "
+                             f"takes at most {_NAME_MAX} bytes (with {SUFFIX!r}): use a shorter name")
+        return self.base_path / file_name
 
     def save(self, checkpoint: Checkpoint, name: str) -> None:
         """Store `checkpoint` under `name` in the folder (replacing what was there)."""
@@ -144,16 +201,18 @@ class FileStorage:
         _check_checkpoint(checkpoint)
         try:
             self.base_path.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.base_path, prefix=f".{name}.", suffix=".tmp")
+            self._clean_stale()
+            fd, tmp = tempfile.mkstemp(dir=self.base_path, prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX)
         except OSError as exc:
             raise CheckpointStorageError(f"Failed to create checkpoint file for {name!r} in "
                                          f"{str(self.base_path)!r}: {exc}") from exc
         try:
             with os.fdopen(fd, "wb") as f:
+                _lock(f.fileno(), blocking=True)   # held until closed: cleaners leave a save's file alone
                 checkpoint.write_to(f.write)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, path)
+                os.replace(tmp, path)
         except BaseException as exc:
             try:
                 os.unlink(tmp)
@@ -163,6 +222,40 @@ class FileStorage:
                 raise CheckpointStorageError(f"Failed to write checkpoint {name!r}: {exc}") from exc
             raise
         self._sync_folder()
+
+    def _clean_stale(self) -> int:
+        """Remove temporary files of killed saves: regular, older than STALE_TMP_SECONDS
+        and not locked by a save in progress. Returns how many went."""
+        if fcntl is None:
+            return 0
+        removed = 0
+        now = time.time()
+        with os.scandir(self.base_path) as entries:
+            for e in entries:
+                if not (e.name.startswith(_TMP_PREFIX) and e.name.endswith(_TMP_SUFFIX)):
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                    if not stat.S_ISREG(st.st_mode) or now - st.st_mtime < self.STALE_TMP_SECONDS:
+                        continue
+                    fd = os.open(e.path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
+                except OSError:
+                    continue
+                try:
+                    if not _lock(fd, blocking=False):
+                        continue   # a save is writing it
+                    try:
+                        same = os.path.samestat(os.fstat(fd), os.stat(e.path, follow_symlinks=False))
+                    except OSError:
+                        continue
+                    if same:
+                        os.unlink(e.path)
+                        removed += 1
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+        return removed
 
     def _sync_folder(self) -> None:
         try:
@@ -176,28 +269,63 @@ class FileStorage:
         finally:
             os.close(fd)
 
-    def load(self, name: str) -> Checkpoint:
-        """The checkpoint stored under `name`, checked (CheckpointNotFoundError if none)."""
-        path = self.checkpoint_path(name)
+    def _read(self, name: str, path: Path) -> bytes:
+        """The bytes of a regular file at `path`, opened without following links, at most
+        MAX_CHECKPOINT_SIZE of them (checked before reading)."""
         try:
-            raw = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
         except FileNotFoundError:
             raise CheckpointNotFoundError(f"Checkpoint not found: {name!r} (no {str(path)!r})") from None
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise CheckpointStorageError(f"checkpoint {name!r}: {str(path)!r} is a symbolic link; links are "
+                                             f"never followed") from None
             raise CheckpointStorageError(f"Failed to read checkpoint {name!r}: {exc}") from exc
-        return Checkpoint.from_bytes(raw)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointStorageError(f"checkpoint {name!r}: {str(path)!r} is not a regular file (a "
+                                             f"{_kind(st.st_mode)}); only regular files are read")
+            if st.st_size > MAX_CHECKPOINT_SIZE:
+                raise InvalidCheckpointError(f"Checkpoint too large: {str(path)!r} is {st.st_size} bytes (max: "
+                                             f"{MAX_CHECKPOINT_SIZE})")
+            raw = bytearray(st.st_size)
+            view, got = memoryview(raw), 0
+            while got < st.st_size:
+                n = os.readv(fd, [view[got:]])
+                if n == 0:
+                    raise CheckpointStorageError(f"checkpoint {name!r} shrank while being read ({got} of "
+                                                 f"{st.st_size} bytes)")
+                got += n
+            if os.read(fd, 1):
+                raise CheckpointStorageError(f"checkpoint {name!r} grew while being read (past {st.st_size} bytes)")
+            return bytes(raw)
+        except CheckpointStorageError:
+            raise
+        except OSError as exc:
+            raise CheckpointStorageError(f"Failed to read checkpoint {name!r}: {exc}") from exc
+        finally:
+            os.close(fd)
+
+    def load(self, name: str) -> Checkpoint:
+        """The checkpoint stored under `name`, checked (CheckpointNotFoundError if none)."""
+        path = self.checkpoint_path(name)
+        return Checkpoint.from_bytes(self._read(name, path))
 
     def list(self) -> list[str]:
-        """The stored names, sorted."""
+        """The stored names (regular files only), sorted."""
+        names = []
         try:
-            entries = list(self.base_path.iterdir())
+            with os.scandir(self.base_path) as entries:
+                for e in entries:
+                    if e.name.endswith(SUFFIX) and not e.name.startswith(".") and e.is_file(follow_symlinks=False):
+                        names.append(e.name[:-len(SUFFIX)])
         except FileNotFoundError:
             return []
         except OSError as exc:
             raise CheckpointStorageError(f"Failed to read checkpoint directory {str(self.base_path)!r}: "
                                          f"{exc}") from exc
-        return sorted(p.name[:-len(SUFFIX)] for p in entries
-                      if p.name.endswith(SUFFIX) and not p.name.startswith(".") and p.is_file())
+        return sorted(names)
 
     def delete(self, name: str) -> None:
         """Remove `name` (CheckpointNotFoundError if none)."""
@@ -210,11 +338,19 @@ class FileStorage:
             raise CheckpointStorageError(f"Failed to delete checkpoint {name!r}: {exc}") from exc
 
     def exists(self, name: str) -> bool:
-        """Whether something is stored under `name` (False for an invalid name)."""
+        """Whether a regular file is stored under `name` (False for an invalid name)."""
         try:
-            return self.checkpoint_path(name).is_file()
+            path = self.checkpoint_path(name)
         except (TypeError, ValueError):
             return False
+        try:
+            return stat.S_ISREG(os.lstat(path).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:   # (the folder's path and the name past PATH_MAX)
+                return False
+            raise CheckpointStorageError(f"Failed to look up checkpoint {name!r}: {exc}") from exc
 
     def __repr__(self) -> str:
         path = str(self.base_path)

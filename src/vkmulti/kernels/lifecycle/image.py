@@ -22,6 +22,7 @@ import vulkan as vk
 from ...errors import InvalidCheckpointError
 from ...memory.image import Buffer
 from ..checkpoint.format import Checkpoint, CheckpointMetadata, ChunkType, DataChunk, chunk_name_id
+from ..checkpoint.restorable import check_kernel_checkpoint
 from ..engine.spec import KernelSpec
 from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, HlcTimestamp, K2KMessage, MessageEnvelope
 from ..engine.spirv import reflect
@@ -170,6 +171,7 @@ def from_checkpoint(cp: Checkpoint) -> KernelImage:
     """The KernelImage in a checkpoint made by `to_checkpoint` (InvalidCheckpointError otherwise)."""
     if not isinstance(cp, Checkpoint):
         raise TypeError(f"expected a Checkpoint, got {type(cp).__name__}")
+    check_kernel_checkpoint(cp)
     meta = cp.metadata
     try:
         shape = json.loads(_custom(meta, "spec"))

@@ -13,6 +13,7 @@ import numpy as np
 
 from ...errors import MigrationError, VkmError
 from ...memory.image import Buffer
+from ..checkpoint.restorable import check_restore_target
 from ..engine.gate import gate_of
 from ..engine.kernel import Kernel
 from .image import KernelImage, patch_control, readdress_slots, upload
@@ -63,6 +64,7 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
         device = k.device_index if alive else rt.coordinator.select_device()
     if not 0 <= device < rt.manager.device_count:
         raise ValueError(f"device {device} out of range: {rt.manager.device_count} device(s)")
+    check_restore_target(rt, img.spec.groups, img.kernel_id, device)
     why = f"restored from a checkpoint onto GPU {device}"
     life.hold(k, why, moving=True)
     twin = None
@@ -131,6 +133,7 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
 def restore_new(rt: RuntimeView, img: KernelImage, device: int | None, kernel_id: str | None,
                 timeout: float | None) -> Kernel:
     """A new kernel (new address) from `img`."""
+    check_restore_target(rt, img.spec.groups, img.kernel_id, device)
     k = rt.launch(img.spec, kernel_id if kernel_id is not None else img.kernel_id, device=device,
                   params=img.params, tenant=img.tenant)
     try:
