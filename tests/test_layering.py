@@ -36,8 +36,6 @@ KERNELS = {"ids": 0, "messages": 1, "checkpoint": 2, "coordinator": 2, "engine":
            "lifecycle": 5, "runtime": 6, "k2k": 7, "reference": 8, "stencil": 9, "": 10}
 MAX_MODULES = 15
 MAX_LINES = 600
-#: Rules the layout does not meet yet (marked xfail until it does; strict, so a met rule must be unmarked).
-NOT_YET = pytest.mark.xfail(reason="the layout moves are in; this rule is met in the following steps", strict=True)
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -111,7 +109,6 @@ def _rank_or_none(module: str):
         return None
 
 
-@NOT_YET
 def test_imports_point_down():
     up = []
     for mod, target, _name, line in IMPORTS:
@@ -126,7 +123,6 @@ def test_imports_point_down():
     assert not up, "imports that run up (or sideways) the layering:\n" + "\n".join(up)
 
 
-@NOT_YET
 def test_no_import_circles():
     graph: dict[str, set[str]] = {m: set() for m in KNOWN}
     for mod, target, _name, _line in IMPORTS:
@@ -165,7 +161,6 @@ def test_no_import_circles():
     assert not circles, f"import circles: {circles}"
 
 
-@NOT_YET
 def test_no_private_names_across_modules():
     private = [f"{mod}:{line} imports {name} from {target}" for mod, target, name, line in IMPORTS
                if name.startswith("_") and not (name.startswith("__") and name.endswith("__")) and target != mod]
@@ -229,7 +224,6 @@ def _mixins() -> list[str]:
     return out
 
 
-@NOT_YET
 def test_no_state_outside_init_and_no_mixins():
     bad = []
     for mod, path in MODULES.items():
@@ -241,7 +235,6 @@ def test_no_state_outside_init_and_no_mixins():
     assert not bad, "state made outside __init__, or mixins:\n" + "\n".join(bad)
 
 
-@NOT_YET
 def test_folder_and_file_sizes():
     too_many = {}
     for folder in [SRC, *[p for p in SRC.rglob("*") if p.is_dir() and p.name != "__pycache__"]]:

@@ -14,7 +14,8 @@ import vulkan as vk
 
 from vkmulti import DestroyedError, TimelinePoint
 from vkmulti.memory.image import IMAGE_USAGE, Image
-from vkmulti.offload import SRU_IMAGE_USAGE, Compositor, ReferenceRenderer, ReferenceSRU, shader_path
+from vkmulti._core.shaders import shader_path
+from vkmulti.offload import SRU_IMAGE_USAGE, Compositor, ReferenceRenderer, ReferenceSRU
 
 REPO = Path(__file__).resolve().parent.parent
 SHADERS = REPO / "native" / "shaders"

@@ -23,7 +23,7 @@ from .._core.lifetime import Lifetime, operation
 from ..device.manager import MultiDeviceManager
 from ..errors import DestroyedError, DeviceLostError, PrimaryDeviceLostError
 from ..memory.image import Image
-from .._core.timeline import TimelinePoint
+from .._core.timeline import TimelinePoint, as_wait_points
 from ..transfer.cross_device import CrossDeviceTransfer
 from ..transfer.link import TransferTicket
 from ..transfer.methods import select_transfer_method
@@ -32,7 +32,6 @@ from .cache import SruCache
 from .compositor import Compositor, scale_pair
 from .failover import DEVICE_ERRORS, FrameFailover, FrameInFlight
 from .partition import SRUAssignment, assign_srus, interleaved
-from .render import as_wait_points
 from .types import (FrameReport, OffloadRoute, RendererMissingError, SecondaryRenderContext, SruEntry, check_weights,
                     default_cost, int_list, sru_size)
 

@@ -27,8 +27,7 @@ from .submit import MAX_IN_FLIGHT, Job, Submitter, format_features
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ReferenceSRU", "ReferenceRenderer", "SRU_IMAGE_USAGE", "SRU_FORMAT", "MAX_ITERATIONS", "MAX_SLOWDOWN",
-           "shader_path", "as_wait_points"]
+__all__ = ["ReferenceSRU", "ReferenceRenderer", "SRU_IMAGE_USAGE", "SRU_FORMAT", "MAX_ITERATIONS", "MAX_SLOWDOWN"]
 
 _ffi = vk.ffi
 

@@ -8,11 +8,31 @@ import functools
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 from ...errors import MigrationError, TimeoutError as VkmTimeout
 
-__all__ = ["RuntimeGate", "gate_of", "gated", "gated_unheld"]
+__all__ = ["KernelHolds", "RuntimeGate", "gate_of", "gated", "gated_unheld"]
+
+
+class KernelHolds(Protocol):
+    """The holds of a runtime's kernels (its `holds`): a held kernel makes no step while
+    a migration, restore or reload replaces its code or device resources."""
+
+    def hold(self, kernel: Any, why: str, moving: bool = False) -> None:
+        """Hold `kernel` back from stepping for `why` (`moving`: its device half is being replaced)."""
+
+    def release(self, kernel: Any, why: str | None = None, moving: bool = False) -> None:
+        """Let go of the hold `why` (None: every hold) on `kernel`."""
+
+    def is_held(self, kernel: Any) -> bool:
+        """Whether `kernel` is held now."""
+
+    def is_moving(self, kernel: Any) -> bool:
+        """Whether `kernel`'s device half is being replaced now."""
+
+    def wait_unheld(self, kernel: Any, deadline: float) -> None:
+        """Wait (until time.monotonic() `deadline`) for `kernel`'s moving holds to end."""
 
 class RuntimeGate:
     """A readers-writer gate: steps (and other calls that use kernels' device
@@ -114,8 +134,8 @@ def gated_unheld(fn: Callable) -> Callable:
         while True:
             k = _kernel_arg(self, args, kwargs)
             if k is not None:
-                self._wait_unheld(k, deadline)
+                self.holds.wait_unheld(k, deadline)
             with gate.shared():
-                if k is None or not self._is_moving(k):
+                if k is None or not self.holds.is_moving(k):
                     return fn(self, *args, **kwargs)
     return wrapper

@@ -458,12 +458,12 @@ class Kernel:
     # -- MigratableKernel ----------------------------------------------------------------
 
     def _quiesce(self, why: str, timeout: float = 60.0) -> None:
-        self.runtime._hold(self, why)
+        self.runtime.holds.hold(self, why)
         try:
             if self.last_value:
                 self.runtime._wait_points([self.ctx.point(self.last_value)], timeout)
         except BaseException:
-            self.runtime._release(self, why)
+            self.runtime.holds.release(self, why)
             raise
 
     def _done(self) -> bool:
@@ -475,11 +475,11 @@ class Kernel:
 
     def cancel_migration(self) -> None:
         """Let it step again."""
-        self.runtime._release(self, _MIGRATION)
+        self.runtime.holds.release(self, _MIGRATION)
 
     def is_quiescent(self) -> bool:
         """Held back and with no step in flight."""
-        return self.runtime._is_held_now(self) and self._done()
+        return self.runtime.holds.is_held(self) and self._done()
 
     def estimated_state_size(self) -> int:
         """Bytes a migration moves: state buffers, control block and inbox."""
@@ -499,7 +499,7 @@ class Kernel:
 
     def resume_after_reload(self) -> None:
         """Let it step again."""
-        self.runtime._release(self, _RELOAD)
+        self.runtime.holds.release(self, _RELOAD)
 
     def is_ready_for_reload(self) -> bool:
         """No step of it in flight: its code can be swapped."""

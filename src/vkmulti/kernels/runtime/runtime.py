@@ -26,7 +26,7 @@ from ...transfer.peer import shares_memory
 from ..checkpoint.format import Checkpoint
 from ..coordinator.records import MigrationRequest
 from ..engine.device_context import DeviceContext
-from ..engine.gate import RuntimeGate, gate_of, gated, gated_unheld
+from ..engine.gate import KernelHolds, RuntimeGate, gate_of, gated, gated_unheld
 from ..engine.kernel import INLINE_STATE_BYTES, InboundBatch, Kernel, OutboxBatch, check_params
 from ..engine.spec import KernelSpec
 from ..engine.stepper import DeviceStepper
@@ -434,20 +434,10 @@ class KernelRuntime:
         """Whether `kernel` is held back from stepping (being migrated or reloaded)."""
         return self._lifecycle.is_held(self._resolve(kernel))
 
-    def _hold(self, kernel: Kernel, why: str, moving: bool = False) -> None:
-        self._lifecycle.hold(kernel, why, moving)
-
-    def _release(self, kernel: Kernel, why: str | None = None, moving: bool = False) -> None:
-        self._lifecycle.release(kernel, why, moving)
-
-    def _is_held_now(self, kernel: Kernel) -> bool:
-        return self._lifecycle.is_held(kernel)
-
-    def _is_moving(self, kernel: Kernel) -> bool:
-        return self._lifecycle.is_moving(kernel)
-
-    def _wait_unheld(self, kernel: Kernel, deadline: float) -> None:
-        self._lifecycle.wait_unheld(kernel, deadline)
+    @property
+    def holds(self) -> KernelHolds:
+        """The holds that keep kernels from stepping while they move or reload."""
+        return self._lifecycle
 
     def release_migration_buffers(self) -> None:
         """Free the buffers migrations kept for later moves (see migration_pool_bytes)."""
