@@ -40,13 +40,7 @@ class HostQueues:
 
     def send(self, kernel: Any, payload: Any, *, tag: int = 0, priority: int = 0,
              timeout: float | None = 0.0) -> K2KMessage:
-        """Queue a message from the host to `kernel` (delivered at its next step).
-
-        `payload`: bytes, a buffer-protocol object or a K2KMessage (its payload,
-        tag and priority are used) of at most payload_size bytes. A full queue
-        (h2k_capacity) raises QueueFullError, after waiting up to `timeout` s
-        for a step to make room. Returns the message as sent.
-        """
+        """KernelRuntime.send: queue a host message for `kernel`'s next step."""
         k = self._resolve(kernel)
         if isinstance(payload, K2KMessage):
             if payload.dest_kernel != k.id:
@@ -80,9 +74,7 @@ class HostQueues:
         return msg
 
     def receive(self, kernel: Any, timeout: float | None = None) -> K2KMessage:
-        """The next message `kernel` sent to the host (FIFO). Blocks until one
-        arrives from a submitted step; vkmulti.TimeoutError after `timeout` s
-        (None: no limit; the wait is interruptible)."""
+        """KernelRuntime.receive: the next message `kernel` sent to the host."""
         k = self._resolve(kernel)
         timeout = timeout_seconds(timeout)
         ctx, stepper = self._device(k.device_index)
