@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "README.pypi.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(?P<lang>[^\n`]*)\n(?P<code>.*?)^```[ \t]*$", re.M | re.S)
 MARK = re.compile(r"<!--\s*doc-test:\s*(?P<mark>.*?)\s*-->\s*$")
 LANGS = {"python", "sh", "text"}
@@ -53,11 +53,25 @@ def test_every_block_has_a_known_language():
 
 
 def test_readme_keeps_its_two_setup_commands():
-    """README's first two sh blocks are the set-up commands; .ci/run runs the second."""
-    sh = [code for bid, lang, code, _ in BLOCKS if bid.startswith("README.md") and lang == "sh"]
-    assert len(sh) == 2, "README.md has exactly two sh blocks: install + demo, install + tests"
-    assert sh[0].rstrip().endswith("/opt/vkmulti/bin/python -m vkmulti demo")
-    assert sh[1].rstrip().endswith("/opt/vkmulti/bin/python -m pytest -q tests")
+    """README's first two sh blocks are the set-up commands (.ci/run runs the second); any
+    later sh block belongs to the section on wheels, after both."""
+    text = (ROOT / "README.md").read_text()
+    sh = [(bid, code) for bid, lang, code, _ in BLOCKS if bid.startswith("README.md:") and lang == "sh"]
+    assert len(sh) >= 2, "README.md's first two sh blocks: install + demo, install + tests"
+    assert sh[0][1].rstrip().endswith("/opt/vkmulti/bin/python -m vkmulti demo")
+    assert sh[1][1].rstrip().endswith("/opt/vkmulti/bin/python -m pytest -q tests")
+    wheels = text.count("\n", 0, text.index("## Building and installing a wheel")) + 1
+    assert all(int(bid.rsplit(":", 1)[1]) > wheels for bid, _ in sh[2:]), \
+        "README.md: a third sh block only in 'Building and installing a wheel'"
+
+
+def test_long_description_links_work_outside_the_repository():
+    """The package index shows the long description away from the repository: no relative links."""
+    import tomllib
+    readme = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["readme"]
+    text = (ROOT / readme).read_text()
+    relative = [t for t in re.findall(r"\]\(([^)]+)\)", text) if "://" not in t and not t.startswith("#")]
+    assert not relative, f"{readme}: relative links break on the package index: {relative}"
 
 
 def test_readme_links_stay_in_the_repository():
