@@ -20,7 +20,7 @@ import numpy as np
 import vulkan as vk
 
 from vkmulti.apps.benchmarks import median_time
-from vkmulti.apps.cli_args import add_virtual_argument, print_figures
+from vkmulti.apps.cli_args import Parser, add_output_argument, add_virtual_argument, print_figures
 from vkmulti.apps.progress import progress
 from vkmulti.testing import use_virtual_if_no_gpu
 
@@ -192,11 +192,11 @@ def run(manager: Any, nbytes: int, reps: int, say: Callable[[str], None], **ring
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mib", type=int, default=256, help="bytes per device, in MiB (default 256)")
     p.add_argument("--reps", type=int, default=5)
     add_virtual_argument(p)
-    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
+    add_output_argument(p, "--json", image=False, metavar="FILE", help="also write the figures to FILE")
     p.add_argument("--slot-size", type=int, metavar="MiB", help="device->device ring slot size")
     p.add_argument("--slot-count", type=int, metavar="N", help="device->device ring depth")
     p.add_argument("--no-dmabuf", action="store_true", help="pairs use host_shared/staging_copy, never dmabuf")

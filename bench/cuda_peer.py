@@ -19,7 +19,7 @@ import numpy as np
 import vulkan as vk
 
 from vkmulti.apps.benchmarks import median_time, torch_for
-from vkmulti.apps.cli_args import print_figures
+from vkmulti.apps.cli_args import Parser, add_output_argument, print_figures
 from vkmulti.apps.progress import progress
 
 BUFFER_BYTES = 256 << 20
@@ -228,7 +228,7 @@ def ratio_line(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--src", type=int, default=0)
     p.add_argument("--dst", type=int, default=1)
     p.add_argument("--reps", type=int, default=30)
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slots", type=int, default=8, help="ring depth (default 8, as CUDA_PEER's)")
     p.add_argument("--sweep", action="store_true", help="also try 4, 8 and 32 MiB slots (figures per shape)")
     p.add_argument("--no-torch", action="store_true")
-    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
+    add_output_argument(p, "--json", image=False, metavar="FILE", help="also write the figures to FILE")
     args = p.parse_args(argv)
     if args.reps < 1 or args.slot_mib < 1 or args.slots < 1:
         p.error("--reps, --slot-mib and --slots must be >= 1")

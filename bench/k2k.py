@@ -339,11 +339,11 @@ def stencil(mgr: Any, width: int, height: int, steps: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from vkmulti import MultiDeviceManager
-    from vkmulti.apps.cli_args import add_virtual_argument, print_figures
+    from vkmulti.apps.cli_args import Parser, add_output_argument, add_virtual_argument, print_figures
     from vkmulti.apps.demo import parse_size
     from vkmulti.apps.progress import progress
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("--section", choices=["all", "latency", "bandwidth", "stencil"], default="all")
     p.add_argument("--hops", type=int, default=100, help="one-way hops per latency run (default 100)")
     p.add_argument("--rounds", type=int, default=5, help="paired runs of K2K and its baseline (default 5)")
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="stencil grid (default 512x512 on CPU devices, 23000x23000 on GPUs)")
     p.add_argument("--stencil-steps", type=int, default=None)
     add_virtual_argument(p)
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the figures here")
+    add_output_argument(p, "--json", image=False, default=None, metavar="FILE", help="also write the figures here")
     args = p.parse_args(argv)
     if args.hops < 2:
         p.error("--hops must be >= 2")

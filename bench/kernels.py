@@ -10,7 +10,6 @@ the empty-submit floor). Uses the virtual lavapipe pair when no GPU is present.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from vkmulti.apps.benchmarks import median_time
-from vkmulti.apps.cli_args import add_virtual_argument, print_figures
+from vkmulti.apps.cli_args import Parser, add_output_argument, add_virtual_argument, print_figures
 from vkmulti.testing import use_virtual_if_no_gpu
 
 
@@ -84,11 +83,11 @@ def run(manager: Any, device: int, reps: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--device", type=int, default=0)
     add_virtual_argument(p)
-    p.add_argument("--json", help="also write the figures to this file")
+    add_output_argument(p, "--json", image=False, help="also write the figures to this file")
     args = p.parse_args(argv)
     note = use_virtual_if_no_gpu(args.virtual)
     if note:

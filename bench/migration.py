@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from vkmulti.apps.cli_args import add_virtual_argument, print_figures
+from vkmulti.apps.cli_args import Parser, add_output_argument, add_virtual_argument, print_figures
 from vkmulti.testing import use_virtual_if_no_gpu
 
 MIB = 1 << 20
@@ -236,12 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     from vkmulti import MultiDeviceManager
     from vkmulti.apps.progress import progress
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--section", choices=("all", "migrate", "reload"), default="all")
     p.add_argument("--sizes", type=parse_sizes, default=None, help="state sizes (default 1M,16M,256M)")
     p.add_argument("--repeats", type=int, default=5)
     add_virtual_argument(p)
-    p.add_argument("--json", default=None, help="also write the figures to this file")
+    add_output_argument(p, "--json", image=False, default=None, help="also write the figures to this file")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be >= 1")

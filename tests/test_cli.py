@@ -64,6 +64,16 @@ BAD = [
     (["bench", "transfer", "--reps", "0"], "--reps"),
     (["bench", "transfer", "--plot", "/tmp"], "is a folder"),
     (["bench", "transfer", "--virtual", "0"], "--virtual"),
+    (["bench", "transfer", "--json", "/nonexistent/dir/x.json"], "does not exist"),
+    (["bench", "transfer", "--json", "/tmp"], "is a folder"),
+    (["bench", "transfer", "--reps", "-3"], "--reps must be >= 1, got -3"),
+    (["bench", "transfer", "--slot-count", "0"], "--slot-count must be >= 1, got 0"),
+    (["demo", "--size", "-5x10"], "size must be positive, got '-5x10'"),
+    (["demo", "stencil", "--size", "-5x10"], "size must be positive, got '-5x10'"),
+    (["demo", "--lose-gpu", "-1@5"], "must be a secondary"),
+    (["demo", "--lose-gpu", "1@5", "--output", "/nonexistent/x.png"], "does not exist"),
+    (["demo", "--plot", "/nonexistent/x.png"], "does not exist"),
+    (["demo", "stencil", "--lose-gpu", "1@5", "--output", "/nonexistent/x.png"], "does not exist"),
 ]
 
 
@@ -83,6 +93,57 @@ def test_demo_output_is_checked_before_any_gpu_work(monkeypatch, capsys):
     for path in ("/nonexistent/x.png", "/tmp", "out.txt"):
         code, _, err = run_main(["demo", "--output", path], capsys)
         assert code == 2 and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "transfer", "--quick", "--json", "/nonexistent/dir/x.json"],
+    ["bench", "transfer", "--quick", "--plot", "/nonexistent/dir/x.png"],
+    ["demo", "--lose-gpu", "1@1", "--output", "/nonexistent/x.png"],
+    ["demo", "stencil", "--output", "/nonexistent/x.png"],
+    ["demo", "stencil", "--lose-gpu", "1@1", "--output", "/nonexistent/x.png"],
+], ids=lambda a: " ".join(a))
+def test_every_output_path_is_checked_before_any_gpu_work(argv, monkeypatch, capsys):
+    """One check for all output options (add_output_argument): refused when the line is
+    parsed, so that a bench does not run to the end and then fail to write."""
+    def no_gpu_work(*a, **k):
+        raise AssertionError(f"{' '.join(argv)} started GPU work before checking its output path")
+    monkeypatch.setattr(vkmulti.MultiDeviceManager, "create", no_gpu_work)
+    code, out, err = run_main(argv, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "does not exist" in err and not out, err
+
+
+def test_bench_transfer_help_explains_every_option(capsys):
+    code, out, _ = run_main(["bench", "transfer", "--help"], capsys)
+    assert code == 0
+    import re
+    for opt in ("--src I", "--dst J", "--no-torch", "--slot-count N", "--slot-size MiB", "--reps REPS"):
+        assert re.search(rf"^  {re.escape(opt)}\s+\S", out, re.M) or \
+            re.search(rf"^  {re.escape(opt)}\n\s{{8,}}\S", out, re.M), f"{opt} has no help text:\n{out}"
+
+
+def test_default_outputs_land_outside_the_current_folder(capsys):
+    """The demos write their PNG to the temporary folder unless told otherwise (never into a checkout)."""
+    import tempfile
+    from vkmulti.apps import stencil
+    parser = cli.build_parser()
+    args = parser.parse_args(["demo"])
+    assert os.path.dirname(args.output) == tempfile.gettempdir() and args.output.endswith("vkmulti-demo.png")
+    _, sargs = stencil.parse_arguments([])
+    assert os.path.dirname(sargs.output) == tempfile.gettempdir() and sargs.output.endswith("vkmulti-stencil.png")
+
+
+def test_lose_gpu_drill_honours_output(tmp_path, capsys):
+    png = tmp_path / "drill.png"
+    code, out, err = run_main(["demo", "--lose-gpu", "1@1", "--frames", "2", "--srus", "4", "--size", "64x48",
+                               "--output", str(png)], capsys)
+    assert code == 0, err
+    from PIL import Image as PILImage
+    with PILImage.open(png) as im:
+        assert im.size == (64, 48)
+    assert f"wrote {png}" in out
+    import re
+    line = next(ln for ln in out.splitlines() if "rendered again" in ln)
+    assert not re.search(r"GPU 0\s+\d", line), line     # the count is not read as part of "GPU 0"
 
 
 def test_a_bad_output_in_a_fresh_process_prints_no_traceback():

@@ -94,8 +94,8 @@ def test_native_link_worker_sees_the_loss(method):
         lose_device(mgr, 1)
         t0 = time.monotonic()
         with pytest.raises(DeviceLostError):
-            x.submit(src_buffer=a, dst_buffer=b, size=1 << 20).wait(10.0)
-        assert time.monotonic() - t0 < 5.0
+            x.submit(src_buffer=a, dst_buffer=b, size=1 << 20).wait(30.0)
+        assert time.monotonic() - t0 < 30.0 / 3   # failed at once, not at the wait's timeout
         # the reverse direction fails too (the lost device is the destination)
         y = CrossDeviceTransfer(dst, src, method)
         with pytest.raises(DeviceLostError):

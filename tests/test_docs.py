@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "README.pypi.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(?P<lang>[^\n`]*)\n(?P<code>.*?)^```[ \t]*$", re.M | re.S)
 MARK = re.compile(r"<!--\s*doc-test:\s*(?P<mark>.*?)\s*-->\s*$")
 LANGS = {"python", "sh", "text"}
@@ -53,11 +53,25 @@ def test_every_block_has_a_known_language():
 
 
 def test_readme_keeps_its_two_setup_commands():
-    """README's first two sh blocks are the set-up commands; .ci/run runs the second."""
-    sh = [code for bid, lang, code, _ in BLOCKS if bid.startswith("README.md") and lang == "sh"]
-    assert len(sh) == 2, "README.md has exactly two sh blocks: install + demo, install + tests"
-    assert sh[0].rstrip().endswith("/opt/vkmulti/bin/python -m vkmulti demo")
-    assert sh[1].rstrip().endswith("/opt/vkmulti/bin/python -m pytest -q tests")
+    """README's first two sh blocks are the set-up commands (.ci/run runs the second); any
+    later sh block belongs to the section on wheels, after both."""
+    text = (ROOT / "README.md").read_text()
+    sh = [(bid, code) for bid, lang, code, _ in BLOCKS if bid.startswith("README.md:") and lang == "sh"]
+    assert len(sh) >= 2, "README.md's first two sh blocks: install + demo, install + tests"
+    assert sh[0][1].rstrip().endswith("/opt/vkmulti/bin/python -m vkmulti demo")
+    assert sh[1][1].rstrip().endswith("/opt/vkmulti/bin/python -m pytest -q tests")
+    wheels = text.count("\n", 0, text.index("## Building and installing a wheel")) + 1
+    assert all(int(bid.rsplit(":", 1)[1]) > wheels for bid, _ in sh[2:]), \
+        "README.md: a third sh block only in 'Building and installing a wheel'"
+
+
+def test_long_description_links_work_outside_the_repository():
+    """The package index shows the long description away from the repository: no relative links."""
+    import tomllib
+    readme = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["readme"]
+    text = (ROOT / readme).read_text()
+    relative = [t for t in re.findall(r"\]\(([^)]+)\)", text) if "://" not in t and not t.startswith("#")]
+    assert not relative, f"{readme}: relative links break on the package index: {relative}"
 
 
 def test_readme_links_stay_in_the_repository():
@@ -170,3 +184,54 @@ def test_seed_defect_rows_name_tests_that_exist():
                 f"docs/seed-defects.md names {name} ({current or 'any test file'}), which does not exist"
             checked += 1
     assert checked >= len(rows) - 2
+
+
+def _block_with(path: str, marker: str) -> str:
+    found = [code for bid, lang, code, _ in BLOCKS if bid.startswith(path + ":") and lang == "python" and marker in code]
+    assert len(found) == 1, f"{path}: expected one python block with {marker!r}"
+    return found[0]
+
+
+@pytest.mark.parametrize("path, marker, expected", [
+    ("README.md", "device_requirements(gpus[0]", ["no GPU found", "2 devices:", "staging_copy"]),
+    ("docs/quickstart.md", "primary_extensions=()", ["VK_EXT_external_memory_host llvmpipe", " 0"]),
+], ids=["readme-engine", "quickstart-missing-extension"])
+def test_block_shows_something_on_a_machine_without_a_gpu(path, marker, expected, tmp_path):
+    """Run as pasted where Vulkan lists only one CPU device (a machine without a GPU): the
+    block applies the no-GPU rule itself and prints what it is about."""
+    import subprocess
+
+    import vkmulti
+    icd = vkmulti.testing.find_lavapipe_icd()
+    if icd is None or os.environ.get("VKMULTI_REAL_GPUS") == "1":
+        pytest.skip("needs lavapipe and no real GPU")
+    env = {k: v for k, v in os.environ.items() if k not in ("VK_DRIVER_FILES", "VK_ICD_FILENAMES")}
+    env["VK_DRIVER_FILES"] = icd
+    r = subprocess.run([sys.executable, "-c", _block_with(path, marker)], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for text in expected:
+        assert text in r.stdout, f"{path}: {text!r} not in what the block printed:\n{r.stdout}"
+
+
+def test_help_vkmulti_opens_with_an_overview_and_where_to_read_next():
+    """help(vkmulti) starts with the package docstring: what it is, a first program that
+    runs, the main names by task and where to read next, before the long listing."""
+    import pydoc
+    import textwrap
+
+    import vkmulti
+    text = pydoc.render_doc(vkmulti, renderer=pydoc.plaintext)
+    head = text[:text.index("PACKAGE CONTENTS")]
+    for part in ("A first program", "MultiDeviceManager", "CrossDeviceTransfer", "vkmulti.kernels",
+                 "Where to read next", "quickstart.md", "python -m vkmulti --help"):
+        assert part in head, f"help(vkmulti) does not open with {part!r}"
+    doc = vkmulti.__doc__
+    program = doc.split("A first program::\n", 1)[1].split("\n\n", 1)[0]
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(textwrap.dedent(program), "vkmulti.__doc__", "exec"), {})
+    names = set(re.findall(r"\b([A-Z][a-z]+[A-Z][A-Za-z]*)\b", doc.split("The main names", 1)[1])) - {"VkDevice"}
+    assert len(names) >= 12
+    for name in sorted(names):
+        assert hasattr(vkmulti, name) or hasattr(vkmulti.kernels, name), \
+            f"the docstring names {name}, which neither vkmulti nor vkmulti.kernels has"

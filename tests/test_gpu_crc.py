@@ -203,8 +203,8 @@ def test_a_host_job_waits_for_its_points_and_can_be_closed(runtime):
         assert job.result(10) == [zlib.crc32(data)]
         never = host.submit([(buf, 0, len(data))], [TimelinePoint(sem, 5, 0)])
         t0 = time.monotonic()
-        never.close(10)
-        assert time.monotonic() - t0 < 2
+        never.close(30)
+        assert time.monotonic() - t0 < 30 / 3     # cancelled, not waited out: well inside close's timeout
         with pytest.raises(Cancelled):
             never.result(1)
         with pytest.raises(ValueError):

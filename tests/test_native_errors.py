@@ -207,6 +207,8 @@ def test_trace_environment_is_read_in_python_and_passed_down(manager, tmp_path, 
 
 def test_no_environment_variable_is_read_in_c():
     native = os.path.join(os.path.dirname(__file__), "..", "native")
+    if not os.path.isdir(native):
+        pytest.skip("needs the source tree (native/)")
     for name in os.listdir(native):
         if name.endswith((".c", ".h")):
             with open(os.path.join(native, name)) as f:

@@ -63,6 +63,46 @@ def test_colour_map_and_downscale():
     assert colorize(np.zeros((4, 4), np.int32)).shape == (4, 4, 3)
 
 
+def test_rates_are_shown_in_a_unit_that_shows_them():
+    from vkmulti.apps.stencil import rate_text
+    assert rate_text(0, 1.0) == "not measurable" and rate_text(10, 0.0) == "not measurable"
+    assert rate_text(5e3, 1.0) == "5 kB/s" and rate_text(2.5e6, 1.0) == "2.5 MB/s"
+    assert rate_text(3e9, 0.5) == "6 GB/s" and rate_text(12, 1.0) == "12 B/s"
+
+
+def test_policy_cost_inside_the_noise_is_not_a_figure(capsys):
+    """The drill never prints a negative cost: a difference inside the step-to-step noise is 'not measurable'."""
+    from vkmulti.apps.stencil_drill import _policy_cost, print_drill
+    plain = [0.010, 0.012, 0.009, 0.011, 0.010]
+    assert _policy_cost(plain, [x - 0.0005 for x in plain])[0] is None          # faster with the policy: noise
+    cost, noise = _policy_cost(plain, [x + 0.005 for x in plain])
+    assert cost is not None and abs(cost - 5.0) < 1e-9 and noise < cost
+    assert _policy_cost([], plain) == (None, 0.0)
+    r = {"size": [8, 8], "steps": 4, "lose_gpu": 1, "at_step": 2, "checkpoint_every": 2, "note": None,
+         "step_ms_without_policy": 10.0, "step_ms_with_policy": 9.5, "policy_cost_ms_per_step": None,
+         "step_noise_ms": 0.8, "step_ms_at_loss": 30.0, "step_ms_after": 11.0, "recovery_ms": 3.0,
+         "kernels_restored": 1, "steps_replayed": 1, "messages_replayed": 0, "restored": {"s-1": [1, 0]},
+         "lost": {}, "destroy_ms": 1.0, "checksum": 5, "identical": True, "png": None}
+    print_drill(r)
+    text = capsys.readouterr().out
+    assert "not measurable: within the step-to-step noise of 0.800 ms" in text and "-0." not in text
+
+
+def test_the_field_png_has_a_colour_bar(tmp_path):
+    from PIL import Image as PILImage
+    from vkmulti.apps.stencil import write_field_png
+    field = np.tile(np.arange(100, dtype=np.int32), (60, 1))   # cold on the left, hot on the right
+    path = tmp_path / "f.png"
+    write_field_png(field, str(path))
+    with PILImage.open(path) as im:
+        rgb = np.asarray(im.convert("RGB")).astype(int)
+    assert rgb.shape[0] == 60 and rgb.shape[1] > 100
+    strip = rgb[:, 100:]
+    col = next(c for c in range(strip.shape[1]) if (strip[:, c] != 255).any() and strip[0, c].sum() > 400)
+    assert strip[0, col].sum() > strip[-1, col].sum() + 300   # bright (hot) at the top, dark at the bottom
+    assert (rgb[:, -20:].sum(axis=2) < 200).any()              # the min and max written beside the bar
+
+
 def test_demo_stencil_cli(tmp_path, capsys):
     png = tmp_path / "heat.png"
     r = subprocess.run([sys.executable, "-m", "vkmulti", "demo", "stencil", "--json", "--size", "64x40",
@@ -73,16 +113,18 @@ def test_demo_stencil_cli(tmp_path, capsys):
     assert out["identical"] and out["size"] == [64, 40] and out["steps"] == 6
     assert len(out["devices"]) == 2 and len(out["pairs"]) == 2
     for p in out["pairs"]:
-        assert p["bytes_per_step"] > 0 and p["gbps"] > 0 and p["moves"] == 6
+        assert p["bytes_per_step"] > 0 and p["gbps"] > 0 and p["moves"] == 6 and p["seconds"] > 0
     assert out["step_ms_single"] > 0 and out["step_ms_multi"] > 0 and out["speedup"] > 0
     from PIL import Image as PILImage
     with PILImage.open(png) as im:
-        assert im.size == (64, 40) and im.mode == "RGB"
+        assert im.size[1] == 40 and im.size[0] > 64 and im.mode == "RGB"   # the field, then its colour bar
     # the text report, in this process (validation layer on)
     assert cli.main(["demo", "stencil", "--size", "30x12", "--steps", "3", "--output", ""]) == 0
     text = capsys.readouterr().out
-    for what in ("per-step time", "speed-up", "kB/step", "GB/s", "bit-identical to the one-GPU run: yes"):
+    for what in ("per-step time", "speed-up", "kB/step", "/s over the run", "bit-identical to the one-GPU run: yes"):
         assert what in text
+    import re
+    assert not re.search(r"(?<![\d.])0\.0+ [kMG]?B/s", text) and not re.search(r"\s-\d", text), text
 
 
 @pytest.mark.parametrize("args, what", [

@@ -1,7 +1,39 @@
 """vkmulti: drive several GPUs through Vulkan.
 
 Places work on GPUs by cost, moves results between them as fast as the
-hardware allows, and keeps working when a GPU is slow or gone.
+hardware allows, and keeps working when a GPU is slow or gone. One VkDevice
+per GPU; GPU 0 is the primary (the one that presents). Without a GPU, the
+commands and MultiDeviceManager.create() use a virtual pair of CPU devices
+(Mesa's lavapipe) and say so.
+
+A first program::
+
+    import numpy as np, vkmulti
+    with vkmulti.MultiDeviceManager.create() as mgr, vkmulti.InterGpuTransfer(mgr) as t:
+        copies = t.broadcast_blocking(np.zeros(1 << 20, np.uint8))   # one Buffer per GPU
+
+The main names, by task:
+
+- Devices: MultiDeviceManager (create(), slots, primary, secondaries, destroy()),
+  DeviceSlot, device_requirements (for an engine that makes its own VkDevice).
+- Memory: Image (RGBA16F by default), Buffer; upload() and download().
+- Moving data: CrossDeviceTransfer (submit() -> TransferTicket, wait() or
+  await), select_transfer_method, pair_methods, TransferMethod;
+  InterGpuTransfer (copy_buffer, broadcast, gather, gather_to_device).
+- Placing work: assign_srus, assign_srus_array, SRUOffloadCoordinator
+  (render_frame across every GPU), ReferenceRenderer, ReferenceSRU.
+- Kernels across GPUs: vkmulti.kernels (KernelRuntime, MultiGpuCoordinator,
+  CrossGpuK2KRouter, checkpoints, live migration, hot reload).
+- Across machines: vkmulti.cluster (Ray).
+- Errors: VkmError and its subclasses (UnsupportedError, TimeoutError,
+  DeviceLostError, DestroyedError, ...), all in vkmulti.errors.
+- Tests and drills: vkmulti.testing (the virtual pair, lose_device).
+
+Where to read next: help(vkmulti.MultiDeviceManager) and the other classes
+above; `python -m vkmulti --help` (info, demo, topology, bench); the guides
+in the source distribution's docs/ folder: quickstart.md (first program and
+the no-GPU rule), architecture.md, transfer-methods.md, kernels.md,
+failover.md, cluster.md, environment.md (every VKMULTI_* variable).
 """
 from ._version import __version__
 

@@ -23,7 +23,7 @@ from ..transfer.cross_device import CrossDeviceTransfer
 from ..transfer.link import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
 from ..transfer.methods import TransferMethod, pair_methods
 from .charts import bar_chart
-from .cli_args import Parser, add_virtual_argument, check_output_path, print_figures
+from .cli_args import Parser, add_output_argument, add_virtual_argument, print_figures
 from .progress import progress
 
 _ffi = vk.ffi
@@ -321,8 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     """`vkmulti bench transfer [options]`: run the bench and print its figures; the exit status."""
     p = Parser(prog="vkmulti bench transfer", description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--src", type=int, default=1)
-    p.add_argument("--dst", type=int, default=0)
+    p.add_argument("--src", type=int, default=1, metavar="I",
+                   help="device the bytes move from (an index as `vkmulti info` lists them; default 1)")
+    p.add_argument("--dst", type=int, default=0, metavar="J",
+                   help="device the bytes move to (default 0, the primary)")
     p.add_argument("--reps", type=int, default=None,
                    help=f"rounds per case (default 10; 5 with --quick; {SMALL_REPS} with --small)")
     p.add_argument("--quick", action="store_true", help="4K image and a 64 MiB buffer only, 5 reps")
@@ -330,13 +332,17 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"small transfers only: a 256x256 image and a {bytes_label(SMALL_BUFFER_BYTES)} buffer, "
                         f"{SMALL_REPS} reps, each timed alone, plus submit() and wait() timed apart "
                         f"(the per-transfer host cost)")
-    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--no-torch", action="store_true",
+                   help="leave out torch's pinned-host CUDA copy, the second baseline (timed only when torch is "
+                        "installed and sees both devices as CUDA GPUs)")
     p.add_argument("--slot-size", type=int, default=DEFAULT_SLOT_SIZE >> 20, metavar="MiB",
                    help="ring slot size in MiB (default %(default)s)")
-    p.add_argument("--slot-count", type=int, default=DEFAULT_SLOT_COUNT, help="ring depth (default %(default)s)")
+    p.add_argument("--slot-count", type=int, default=DEFAULT_SLOT_COUNT, metavar="N",
+                   help="ring depth: slots of the pipelined methods' rings, so chunks in flight at once "
+                        "(default %(default)s)")
     p.add_argument("--methods", help="comma-separated methods to time (default: all the pair supports)")
-    p.add_argument("--plot", metavar="PNG", help="write a bar chart of GB/s by method and size")
-    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
+    add_output_argument(p, "--plot", image=True, metavar="PNG", help="write a bar chart of GB/s by method and size")
+    add_output_argument(p, "--json", image=False, metavar="FILE", help="also write the figures to FILE")
     p.add_argument("--quiet", action="store_true", help="no progress bar (also off when stderr is no terminal)")
     add_virtual_argument(p)
     args = p.parse_args(argv)
@@ -344,12 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--quick and --small are different case sets: pick one")
     if args.reps is None:
         args.reps = SMALL_REPS if args.small else 5 if args.quick else 10
-    if args.reps < 1:
-        p.error("--reps must be >= 1")
-    if args.slot_size < 1 or args.slot_count < 1:
-        p.error("--slot-size and --slot-count must be >= 1")
-    if args.plot:
-        check_output_path(p, args.plot, "--plot")
+    for flag, value in (("--reps", args.reps), ("--slot-size", args.slot_size), ("--slot-count", args.slot_count)):
+        if value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
 
     note = use_virtual_if_no_gpu(args.virtual)
     if note:

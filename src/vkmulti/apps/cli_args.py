@@ -8,19 +8,37 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Any, Callable
 
-__all__ = ["Parser", "virtual_count", "add_virtual_argument", "check_output_path", "positive_int", "parse_size",
-           "parse_devices", "parse_loss", "print_result", "print_figures"]
+__all__ = ["Parser", "virtual_count", "add_virtual_argument", "add_output_argument", "check_output_path",
+           "check_output_paths", "default_output", "positive_int", "parse_size", "parse_devices", "parse_loss",
+           "print_result", "print_figures"]
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (no usage block): exit status 2."""
+    """An ArgumentParser whose errors are one line (no usage block): exit status 2.
+
+    A value that starts with '-' and a digit ('--size -5x10', '--reps -3') is a
+    value, not an unknown option, so the option's own check names what is wrong;
+    output paths (add_output_argument) are checked as soon as the line is parsed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # argparse reads values that look like negative numbers as values; '-5x10' is one too
+        self._negative_number_matcher = re.compile(r"^-\d")
 
     def error(self, message: str) -> Any:   # argparse's hook; never returns
         """Print `prog: error: message (see --help)` on stderr and exit with status 2."""
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """argparse's parse, then every output path (add_output_argument) checked: a path
+        that cannot be written is refused here, before any work, not after it."""
+        ns, extra = super().parse_known_args(args, namespace)
+        check_output_paths(self, ns)
+        return ns, extra
 
 
 def virtual_count(text: str) -> int:
@@ -111,6 +129,36 @@ def check_output_path(parser: Any, path: str, flag: str, *, image: bool = True) 
         if fmt is None or fmt not in Image.SAVE:
             parser.error(f"{flag} {path!r}: {'no file extension' if not ext else repr(ext) + ' is no image format'}"
                          f"; use .png")
+
+
+_OUTPUTS = "_vkmulti_outputs"
+
+
+def add_output_argument(parser: Any, flag: str, *, image: bool, **kwargs: Any) -> Any:
+    """Add an option naming a file the command writes (`image`: a picture Pillow
+    saves, else any file such as JSON); a Parser checks it when the line is parsed."""
+    action = parser.add_argument(flag, **kwargs)
+    outputs = getattr(parser, _OUTPUTS, None)
+    if outputs is None:
+        outputs = {}
+        setattr(parser, _OUTPUTS, outputs)
+    outputs[action.dest] = (flag, image)
+    return action
+
+
+def check_output_paths(parser: Any, args: argparse.Namespace) -> None:
+    """check_output_path for every output option of `parser` (add_output_argument): one
+    check for all, so that no command finds out at the end that it cannot write."""
+    for dest, (flag, image) in getattr(parser, _OUTPUTS, {}).items():
+        check_output_path(parser, getattr(args, dest, None), flag, image=image)
+
+
+def default_output(name: str) -> str:
+    """Where a command writes `name` unless told otherwise: the temporary folder
+    ($TMPDIR, else /tmp), never the current folder (often a source checkout)."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), name)
 
 
 def print_result(r: dict[str, Any], as_json: bool, show: Callable[[dict[str, Any]], None]) -> None:

@@ -22,8 +22,8 @@ from ..memory.image import Image
 from ..offload import ReferenceRenderer, SRUOffloadCoordinator, make_srus
 from ..transfer.cross_device import CrossDeviceTransfer
 from .charts import bar_chart
-from .cli_args import (add_virtual_argument, check_output_path, parse_devices, parse_loss, parse_size, positive_int,
-                       print_result)
+from .cli_args import (add_output_argument, add_virtual_argument, default_output, parse_devices, parse_loss,
+                       parse_size, positive_int, print_result)
 from .progress import progress
 from .scenes import HEAVY_ITERATIONS, HEAVY_SIZE, LIGHT_SIZE, frame_size, frame_to_rgb8, write_png
 
@@ -162,12 +162,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", type=positive_int, default=3, help="timed frames per configuration (default 3)")
     p.add_argument("--devices", type=parse_devices, default=None, metavar="I,J,...",
                    help="physical devices to use, primary first (default: all)")
-    p.add_argument("--output", default="vkmulti-demo.png", metavar="PATH",
-                   help="PNG to write (default vkmulti-demo.png; '' to skip)")
+    add_output_argument(p, "--output", image=True, default=default_output("vkmulti-demo.png"), metavar="PATH",
+                        help="PNG of the frame (with --lose-gpu: the last frame) to write (default "
+                             "vkmulti-demo.png in the temporary folder, %(default)s; '' to skip)")
     p.add_argument("--heavy", action="store_true",
                    help=f"render-heavy SRUs ({HEAVY_ITERATIONS[0]}-{HEAVY_ITERATIONS[1]} steps per pixel) "
                         f"for real GPUs")
-    p.add_argument("--plot", default=None, metavar="PNG",
+    add_output_argument(p, "--plot", image=True, default=None, metavar="PNG",
                    help="also write a chart of every timed frame's time, with offload and on one GPU")
     p.add_argument("--json", action="store_true", help="print the figures as JSON (no progress bar)")
     add_virtual_argument(p)
@@ -181,9 +182,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """The checks of the demo's options that every form of it (plain, --lose-gpu, --ray) shares:
-    parser.error (exit 2, one line) before any rendering."""
-    check_output_path(parser, args.output, "--output")
-    check_output_path(parser, args.plot, "--plot")
+    parser.error (exit 2, one line) before any rendering. (Output paths are checked
+    when the line is parsed: add_output_argument.)"""
     if args.size is not None:
         try:
             make_srus(args.srus, *args.size)

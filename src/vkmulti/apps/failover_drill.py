@@ -18,7 +18,7 @@ from ..memory.image import Image
 from ..offload import ReferenceRenderer, SRUOffloadCoordinator, make_srus
 from ..testing import lose_device
 from .cli_args import print_result
-from .scenes import frame_size
+from .scenes import frame_size, frame_to_rgb8, write_png
 
 __all__ = ["LossInjector", "sru_drill", "print_sru_drill", "main"]
 
@@ -51,9 +51,11 @@ class LossInjector:
 
 
 def sru_drill(srus: list[Any], width: int, height: int, frames: int, loss: tuple[int, int], *,
-              devices: list[int] | None = None, note: str | None = None) -> dict[str, Any]:
+              devices: list[int] | None = None, note: str | None = None,
+              output: str | None = None) -> dict[str, Any]:
     """Render `frames` frames of `srus` across the GPUs, losing GPU loss[0] during
-    frame loss[1]; every frame is compared with the one-GPU frame. Returns the figures."""
+    frame loss[1]; every frame is compared with the one-GPU frame; the last frame
+    is written to `output` (a PNG) when given. Returns the figures."""
     gpu, at = loss
     mgr = MultiDeviceManager.create(enabled=True, device_indices=devices)
     owned: list[Any] = []
@@ -81,6 +83,7 @@ def sru_drill(srus: list[Any], width: int, height: int, frames: int, loss: tuple
         multi = SRUOffloadCoordinator(mgr, secondary_renderer_factory=factory)
         owned.append(multi)
         times, bad, lost_in = [], [], []
+        pixels = None
         for f in range(frames):
             if f == at:
                 injectors[gpu].armed = True if gpu in injectors else False
@@ -91,7 +94,8 @@ def sru_drill(srus: list[Any], width: int, height: int, frames: int, loss: tuple
                 LossInjector(None, mgr, gpu).fire()   # nothing ran there this frame: lose it after the frame
             if rep.lost:
                 lost_in.append(f)
-            if not np.array_equal(frame.download(), reference):
+            pixels = frame.download()
+            if not np.array_equal(pixels, reference):
                 bad.append(f)
         stats = multi.failover_stats.as_dict()
         before = times[:at] or [float("nan")]
@@ -111,6 +115,9 @@ def sru_drill(srus: list[Any], width: int, height: int, frames: int, loss: tuple
         mgr.destroy()
         t_destroy = time.perf_counter() - t0
     out["destroy_ms_after_loss"] = t_destroy * 1e3
+    if output and pixels is not None:
+        write_png(frame_to_rgb8(pixels), output)
+        out["png"] = output
     return out
 
 
@@ -126,13 +133,15 @@ def print_sru_drill(r: dict[str, Any]) -> None:
     print(f"  the frame of the loss          {r['frame_ms_loss_frame']:9.2f} ms")
     print(f"  frame time after the loss      {r['frame_ms_after_loss']:9.2f} ms (median, GPUs {r['devices_after']})")
     fo = r["failover"]
-    print(f"  SRUs rendered again on GPU 0   {fo['srus_rerendered']}; frames composited again "
-          f"{fo['frames_repaired']}")
+    print(f"  SRUs rendered again            {fo['srus_rerendered']} (on the primary, GPU 0); frames "
+          f"composited again: {fo['frames_repaired']}")
     for rec in fo["recoveries"]:
         print(f"  recovery on GPU {rec['device']}: {rec['what']} in {rec['seconds'] * 1e3:.2f} ms")
     print(f"  destroy after the loss         {r['destroy_ms_after_loss']:9.2f} ms")
     print(f"  all {r['frames']} frames identical to the one-GPU frame: {'yes' if r['identical'] else 'NO'}"
           + ("" if r["identical"] else f" (frames {r['frames_not_identical']})"))
+    if r.get("png"):
+        print(f"wrote {r['png']} (the last frame)")
 
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -142,7 +151,8 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     width, height = frame_size(args)
     try:
         srus = make_srus(args.srus, width, height, heavy=args.heavy)
-        r = sru_drill(srus, width, height, args.frames, args.lose_gpu, devices=args.devices, note=note)
+        r = sru_drill(srus, width, height, args.frames, args.lose_gpu, devices=args.devices, note=note,
+                      output=args.output or None)
     except (ValueError, IndexError) as exc:
         parser.error(str(exc))
     print_result(r, args.json, print_sru_drill)

@@ -9,11 +9,11 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import VkmError
-from .cli_args import (Parser, add_virtual_argument, check_output_path, parse_devices, parse_loss, parse_size,
-                       print_result)
+from .cli_args import (Parser, add_output_argument, add_virtual_argument, default_output, parse_devices, parse_loss,
+                       parse_size, print_result)
 
 __all__ = ["LIGHT_SIZE", "LIGHT_STEPS", "DRILL_STEPS", "HEAVY_SIZE", "HEAVY_STEPS", "HOT", "initial_field",
-           "colorize", "add_arguments", "parse_arguments", "report"]
+           "colorize", "colour_bar", "write_field_png", "rate_text", "add_arguments", "parse_arguments", "report"]
 
 LIGHT_SIZE, LIGHT_STEPS = (512, 384), 40
 DRILL_STEPS = 200
@@ -47,7 +47,11 @@ def colorize(field: np.ndarray, max_side: int = 2048) -> np.ndarray:
     lo, hi = float(f.min()), float(f.max())
     t = (f - lo) / (hi - lo) if hi > lo else np.zeros_like(f)
     step = max(1, -(-max(field.shape) // max_side))
-    t = t[::step, ::step]
+    return _map(t[::step, ::step])
+
+
+def _map(t: np.ndarray) -> np.ndarray:
+    """RGB8 of values `t` in [0, 1] through the colour map (inferno)."""
     try:
         from matplotlib import colormaps
         rgb = colormaps["inferno"](t)[..., :3] * 255.0
@@ -57,6 +61,49 @@ def colorize(field: np.ndarray, max_side: int = 2048) -> np.ndarray:
         frac = (pos - i)[..., None]
         rgb = _INFERNO[i] * (1 - frac) + _INFERNO[i + 1] * frac
     return np.clip(rgb + 0.5, 0, 255).astype(np.uint8)
+
+
+def colour_bar(rgb: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """`rgb` (a colorize picture) with a colour bar on its right: the map from `hi`
+    (top) to `lo` (bottom), the two values written beside it, so the picture
+    says what its colours mean."""
+    h, w = rgb.shape[:2]
+    bar_w, pad = max(8, min(24, h // 12)), 4
+    labels = [f"{hi:.6g}", f"{lo:.6g}"]
+    text_w = 6 * max(len(t) for t in labels) + 2 * pad      # Pillow's default font: ~6 px a character
+    out = np.full((h, w + pad + bar_w + text_w, 3), 255, np.uint8)
+    out[:, :w] = rgb
+    ramp = _map(np.linspace(1.0, 0.0, h))                    # hot at the top
+    out[:, w + pad:w + pad + bar_w] = ramp[:, None, :]
+    try:
+        from PIL import Image as PILImage, ImageDraw
+    except ImportError:
+        return out
+    im = PILImage.fromarray(out, "RGB")
+    draw = ImageDraw.Draw(im)
+    x = w + 2 * pad + bar_w
+    draw.text((x, 0), labels[0], fill=(0, 0, 0))
+    draw.text((x, max(0, h - 11)), labels[1], fill=(0, 0, 0))
+    return np.asarray(im)
+
+
+def write_field_png(field: np.ndarray, path: str) -> None:
+    """The field as a PNG: colorize's picture with its colour bar (the field's min and max)."""
+    from .scenes import write_png
+
+    write_png(colour_bar(colorize(field), float(field.min()), float(field.max())), path)
+
+
+def rate_text(nbytes: float, seconds: float) -> str:
+    """A transfer rate in the unit that shows it (GB/s, MB/s, kB/s, B/s); 'not
+    measurable' when nothing moved or no time was measured."""
+    if nbytes <= 0 or seconds <= 0:
+        return "not measurable"
+    rate = nbytes / seconds
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if rate >= scale:
+            return f"{rate / scale:.3g} {unit}"
+    return f"{rate:.3g} B/s"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,8 +116,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps of a throwaway grid first (default 2)")
     p.add_argument("--devices", type=parse_devices, default=None, metavar="I,J,...",
                    help="physical devices to use, one slab each (default: all); the one-GPU run uses the first")
-    p.add_argument("--output", default="vkmulti-stencil.png", metavar="PATH",
-                   help="PNG of the final field (default vkmulti-stencil.png; '' to skip)")
+    add_output_argument(p, "--output", image=True, default=default_output("vkmulti-stencil.png"), metavar="PATH",
+                        help="PNG of the final field with a colour bar (default vkmulti-stencil.png in the "
+                             "temporary folder, %(default)s; '' to skip)")
     p.add_argument("--heavy", action="store_true", help="a grid and step count sized for real GPUs")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--lose-gpu", type=parse_loss, default=None, metavar="GPU@STEP",
@@ -97,7 +145,6 @@ def parse_arguments(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.
         parser.error(f"--warmup must be >= 0, got {args.warmup}")
     if args.checkpoint_every < 1:
         parser.error(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
-    check_output_path(parser, args.output, "--output")
     return parser, args
 
 

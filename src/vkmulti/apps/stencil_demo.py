@@ -17,8 +17,7 @@ import numpy as np
 from ..device.manager import MultiDeviceManager
 from ..device.virtual import use_virtual_if_no_gpu
 from ..kernels.stencil import run_stencil
-from .scenes import write_png
-from .stencil import HEAVY_SIZE, HEAVY_STEPS, LIGHT_SIZE, LIGHT_STEPS, colorize, initial_field, report
+from .stencil import HEAVY_SIZE, HEAVY_STEPS, LIGHT_SIZE, LIGHT_STEPS, initial_field, rate_text, report, write_field_png
 
 __all__ = ["run", "print_report", "main"]
 
@@ -43,7 +42,8 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
     for (a, b), e in sorted(multi.edges.items()):
         pairs.append({"from": a, "to": b, "method": e["method"], "moves": e["moves"], "bytes": e["bytes"],
                       "bytes_per_step": e["bytes"] / steps if steps else 0,
-                      "gbps": e["bytes"] / multi.seconds / 1e9 if multi.seconds else 0.0})
+                      "seconds": multi.seconds,
+                      "gbps": e["bytes"] / multi.seconds / 1e9 if multi.seconds > 0 and e["bytes"] else None})
     out: dict[str, Any] = {
         "note": note, "virtual": note is not None, "size": [width, height], "steps": steps,
         "devices": [{"index": i, "name": nm, "rows": list(multi.slabs[i])} for i, nm in enumerate(names)],
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
         "checksum": int(multi.field.astype(np.int64).sum()),
     }
     if args.output:
-        write_png(colorize(multi.field), args.output)
+        write_field_png(multi.field, args.output)
         out["png"] = args.output
     return out
 
@@ -80,7 +80,7 @@ def print_report(r: dict[str, Any]) -> None:
         print(f"\nhalo traffic per GPU pair ({r['payload_size']}-byte payloads; whole outbox batches move):")
         for p in r["pairs"]:
             print(f"  GPU {p['from']} -> GPU {p['to']}  {p['method'] or '-':<13} {p['bytes_per_step'] / 1e3:9.1f} kB/step"
-                  f"  {p['gbps']:8.3f} GB/s over the run  ({p['moves']} moves)")
+                  f"  {rate_text(p['bytes'], p['seconds']):>14} over the run  ({p['moves']} moves)")
     else:
         print("\none GPU: no halo traffic between GPUs")
     print(f"\nresult bit-identical to the one-GPU run: {'yes' if r['identical'] else 'NO'}"

@@ -18,7 +18,7 @@ from ..device.virtual import use_virtual_if_no_gpu
 from ..kernels import CheckpointPolicy, CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator
 from ..kernels.stencil import StencilSlabs, stencil_payload_size
 from ..testing import lose_device
-from .stencil import DRILL_STEPS, LIGHT_SIZE, initial_field, report
+from .stencil import DRILL_STEPS, LIGHT_SIZE, initial_field, report, write_field_png
 
 __all__ = ["stencil_drill", "print_drill", "main"]
 
@@ -59,8 +59,10 @@ def _run(mgr: Any, field: np.ndarray, top: np.ndarray, bottom: np.ndarray, steps
 
 
 def stencil_drill(width: int, height: int, steps: int, loss: tuple[int, int], *, every: int = 16,
-                  devices: list[int] | None = None, note: str | None = None) -> dict[str, Any]:
-    """Run the drill (see the module docstring); a JSON-ready report with `identical`."""
+                  devices: list[int] | None = None, note: str | None = None,
+                  output: str | None = None) -> dict[str, Any]:
+    """Run the drill (see the module docstring); a JSON-ready report with `identical`.
+    The final field of the run with the loss goes to `output` (a PNG) when given."""
     gpu, at = loss
     if at >= steps:
         raise ValueError(f"--lose-gpu {gpu}@{at}: step {at} is past the {steps} steps run")
@@ -89,12 +91,17 @@ def stencil_drill(width: int, height: int, steps: int, loss: tuple[int, int], *,
 
     def ms(xs: list[float]) -> float:
         return float(np.median(xs)) * 1e3 if xs else 0.0
+    cost, noise = _policy_cost(t_plain[:at], before)
+    png = None
+    if output and drill["field"] is not None:
+        write_field_png(drill["field"], output)
+        png = output
     return {
         "note": note, "size": [width, height], "steps": steps, "lose_gpu": gpu, "at_step": at,
         "checkpoint_every": every,
         "identical": drill["field"] is not None and bool(np.array_equal(plain["field"], drill["field"])),
         "step_ms_without_policy": ms(t_plain[:at]), "step_ms_with_policy": ms(before),
-        "policy_cost_ms_per_step": ms(before) - ms(t_plain[:at]),
+        "policy_cost_ms_per_step": cost, "step_noise_ms": noise,
         "step_ms_at_loss": t_drill[at] * 1e3 if len(t_drill) > at else 0.0, "step_ms_after": ms(after),
         "recovery_ms": rec.seconds * 1e3 if rec else None, "kernels_restored": stats.kernels_restored,
         "steps_replayed": stats.steps_replayed, "messages_replayed": stats.messages_replayed,
@@ -102,7 +109,21 @@ def stencil_drill(width: int, height: int, steps: int, loss: tuple[int, int], *,
         "lost": {str(k): v for k, v in drill["lost"].items()},
         "destroy_ms": destroy_s * 1e3,
         "checksum": int(drill["field"].astype(np.int64).sum()) if drill["field"] is not None else None,
+        "png": png,
     }
+
+
+def _policy_cost(plain: list[float], policy: list[float]) -> tuple[float | None, float]:
+    """(cost, noise) in ms per step: the median step with the policy minus the median
+    without it, and the step-to-step noise (the larger median absolute deviation of the
+    two runs). The cost is None, not measurable, unless it stands above the noise: the
+    policy cannot make a step faster, so a difference inside the noise is no figure."""
+    if not plain or not policy:
+        return None, 0.0
+    a, b = np.asarray(plain) * 1e3, np.asarray(policy) * 1e3
+    noise = float(max(np.median(np.abs(a - np.median(a))), np.median(np.abs(b - np.median(b)))))
+    cost = float(np.median(b) - np.median(a))
+    return (cost if cost > noise else None), noise
 
 
 def print_drill(r: dict[str, Any]) -> None:
@@ -113,8 +134,11 @@ def print_drill(r: dict[str, Any]) -> None:
     if r["note"]:
         print(f"note: {r['note']}")
     print(f"  step without a policy          {r['step_ms_without_policy']:9.3f} ms (median, before the loss step)")
+    cost = r["policy_cost_ms_per_step"]
+    cost_text = (f"{cost:+.3f} ms/step" if cost is not None else
+                 f"not measurable: within the step-to-step noise of {r['step_noise_ms']:.3f} ms")
     print(f"  step with the policy           {r['step_ms_with_policy']:9.3f} ms "
-          f"(checkpoints + replay log: {r['policy_cost_ms_per_step']:+.3f} ms/step)")
+          f"(checkpoints + replay log: {cost_text})")
     print(f"  the step of the loss           {r['step_ms_at_loss']:9.3f} ms (recovery inside it)")
     print(f"  steps after                    {r['step_ms_after']:9.3f} ms (median, on the survivors)")
     rec = r["recovery_ms"]
@@ -129,6 +153,8 @@ def print_drill(r: dict[str, Any]) -> None:
         return
     print(f"final field bit-identical to the run without loss: {'yes' if r['identical'] else 'NO'}"
           f"  (checksum {r['checksum']})")
+    if r.get("png"):
+        print(f"wrote {r['png']}")
 
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -138,4 +164,4 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     width, height = args.size or LIGHT_SIZE
     return report(parser, args, print_drill, lambda: stencil_drill(
         width, height, args.steps or DRILL_STEPS, args.lose_gpu, every=args.checkpoint_every,
-        devices=args.devices, note=note))
+        devices=args.devices, note=note, output=args.output or None))

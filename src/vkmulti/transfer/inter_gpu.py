@@ -55,9 +55,17 @@ _SEGMENT_MIN = 16 << 20
 
 
 class Gathered(NamedTuple):
-    """gather_to_device's result: one buffer; device i's bytes at [offsets[i], offsets[i] + sizes[i])."""
+    """gather_to_device's result: one buffer on the destination device holding every
+    registered device's bytes.
+
+    `offsets` and `sizes` are dicts keyed by device index (only the devices that
+    had a buffer registered, in ascending order), not lists: device i's bytes are
+    `buffer[offsets[i]:offsets[i] + sizes[i]]`. Iterate `offsets.items()` (or
+    `sorted(offsets)`) rather than zipping the two with a list of devices."""
     buffer: Any
+    #: device index -> byte offset of its data in `buffer` (a multiple of 256)
     offsets: dict[int, int]
+    #: device index -> byte count of its data
     sizes: dict[int, int]
 
 
@@ -356,7 +364,8 @@ class InterGpuTransfer:
 
         Device i's bytes go to offsets[i] (ascending device order, each offset
         a multiple of 256 so it can be bound as a storage buffer). Returns
-        Gathered(buffer, offsets, sizes). `dst_buffer`: a Buffer of that device
+        Gathered(buffer, offsets, sizes), offsets and sizes being dicts keyed by
+        device index (see Gathered). `dst_buffer`: a Buffer of that device
         large enough (or a raw handle, trusted); default a new one.
         """
         with self._op() as holds:
