@@ -78,8 +78,8 @@ def test_the_engine_device_gets_every_method_a_vkmulti_device_gets(engine_device
 
 def test_an_engine_that_does_not_say_what_it_enabled_gets_the_floor_and_one_line(engine_device, caplog,
                                                                                  monkeypatch):
-    from vkmulti.transfer import cross_device
-    monkeypatch.setattr(cross_device, "_reported", set())   # once per process: an earlier test may have said it
+    from vkmulti.transfer import methods
+    monkeypatch.setattr(methods, "_reported", set())   # once per process: an earlier test may have said it
     gpus, make = engine_device
     keywords, _ = make(primary_extensions=None)
     with vkmulti.MultiDeviceManager(physical_devices=gpus, enabled=True, **keywords) as mgr:
