@@ -108,19 +108,28 @@ class ReplayLog:
     # -- capture -------------------------------------------------------------------------
 
     def after_step(self, launched: list[Any]) -> None:
-        """Queue the copies of the kernels a step just launched (called right after the submit)."""
+        """Queue the copies of the kernels a step launched that are not logged yet (a
+        no-op for those `log_submitted` logged right behind their submit)."""
         by_device: dict[int, list[Any]] = {}
         for k in launched:
             if not k.destroyed:
                 by_device.setdefault(k.device_index, []).append(k)
         for dev, ks in by_device.items():
-            try:
-                self._capture(dev, ks)
-            except (VkmError, vk.VkError, MemoryError) as exc:
-                log.warning("replay log: could not log the step of %s on GPU %d: %s", [k.id for k in ks], dev, exc)
-                with self.lock:
-                    for k in ks:
-                        self._log_of(k).gap = k.steps - 1
+            ctx = self.rt._context(dev)
+            with ctx.lock:
+                self.log_submitted(ctx, dev, ks)
+
+    def log_submitted(self, ctx: Any, dev: int, ks: list[Any]) -> None:
+        """Queue the copy of the step `ks` just submitted on device `dev` (its context's
+        lock held since the submit: no other step of the device comes in between, and
+        a loss noticed later finds the step's copy submitted with it)."""
+        try:
+            self._capture(ctx, dev, ks)
+        except (VkmError, vk.VkError, MemoryError) as exc:
+            log.warning("replay log: could not log the step of %s on GPU %d: %s", [k.id for k in ks], dev, exc)
+            with self.lock:
+                for k in ks:
+                    self._log_of(k).gap = k.steps - 1
 
     def _log_of(self, k: Any) -> KernelLog:
         kl = self.kernels.get(k.id)
@@ -128,58 +137,56 @@ class ReplayLog:
             kl = self.kernels[k.id] = KernelLog(k.address, first=k.steps - 1)
         return kl
 
-    def _capture(self, dev: int, ks: list[Any]) -> None:
-        rt = self.rt
-        ctx = rt._context(dev)
+    def _capture(self, ctx: Any, dev: int, ks: list[Any]) -> None:
+        """Record and submit the copy of the step `ks` made on `ctx` (its lock held)."""
         jobs = self.life.extras(dev).jobs
         entries: list[_Entry] = []
         at = 0
-        with ctx.lock:
-            for k in ks:
-                if k.destroyed or k.ctx is not ctx:
-                    continue
-                step = k.steps - 1
-                with self.lock:
-                    kl = self._log_of(k)
-                    if kl.address == k.address and step <= kl.last:
-                        continue   # logged already (the failover logs a step's survivors first)
-                    if kl.last >= 0 and step != kl.last + 1 and kl.gap is None:
-                        kl.gap = kl.last + 1   # another thread stepped it in between: not logged
-                    kl.last = step
-                e = _Entry(k, k.id, k.address, step, k.slot_size, at, k.inbox.size, 0, 0)
-                at += k.inbox.size
-                e.outbox_at = at
-                at += k.outbox_bytes
-                e.report_at = at
-                at += _REPORT_BYTES
-                entries.append(e)
-            if not entries:
-                return
-            total = at
+        for k in ks:
+            if k.destroyed or k.ctx is not ctx:
+                continue
+            step = k.steps - 1
             with self.lock:
-                pool = self._spare.get((dev, total))
-                buf = pool.pop() if pool else None
-            if buf is None:
-                buf = MappedBuffer(ctx.slot, total)
-            d = ctx.in_flight
+                kl = self._log_of(k)
+                if kl.address == k.address and step <= kl.last:
+                    continue   # logged already (the failover logs a step's survivors first)
+                if kl.last >= 0 and step != kl.last + 1 and kl.gap is None:
+                    kl.gap = kl.last + 1   # another thread stepped it in between: not logged
+                kl.last = step
+            e = _Entry(k, k.id, k.address, step, k.slot_size, at, k.inbox.size, 0, 0)
+            at += k.inbox.size
+            e.outbox_at = at
+            at += k.outbox_bytes
+            e.report_at = at
+            at += _REPORT_BYTES
+            entries.append(e)
+        if not entries:
+            return
+        total = at
+        with self.lock:
+            pool = self._spare.get((dev, total))
+            buf = pool.pop() if pool else None
+        if buf is None:
+            buf = MappedBuffer(ctx.slot, total)
+        d = ctx.in_flight
 
-            def record(cmd: Any) -> None:
-                from ..engine import recording as cmds
-                cmds.barrier(cmd)
-                for e in entries:
-                    k, j = e.kernel, e.step % d
-                    vk.vkCmdCopyBuffer(cmd, k.inbox.handle, buf.handle, 1, [
-                        vk.VkBufferCopy(srcOffset=0, dstOffset=e.inbox_at, size=e.inbox_size)])
-                    vk.vkCmdCopyBuffer(cmd, k.outbox.handle, buf.handle, 1, [
-                        vk.VkBufferCopy(srcOffset=j * k.outbox_region, dstOffset=e.outbox_at, size=k.outbox_bytes)])
-                    vk.vkCmdCopyBuffer(cmd, k.k2h.handle, buf.handle, 1, [
-                        vk.VkBufferCopy(srcOffset=j * k.k2h_region, dstOffset=e.report_at, size=_REPORT_BYTES)])
-                cmds.barrier(cmd, host=True)
-            try:
-                point = jobs.submit(record)
-            except BaseException:
-                buf.destroy()
-                raise
+        def record(cmd: Any) -> None:
+            from ..engine import recording as cmds
+            cmds.barrier(cmd)
+            for e in entries:
+                k, j = e.kernel, e.step % d
+                vk.vkCmdCopyBuffer(cmd, k.inbox.handle, buf.handle, 1, [
+                    vk.VkBufferCopy(srcOffset=0, dstOffset=e.inbox_at, size=e.inbox_size)])
+                vk.vkCmdCopyBuffer(cmd, k.outbox.handle, buf.handle, 1, [
+                    vk.VkBufferCopy(srcOffset=j * k.outbox_region, dstOffset=e.outbox_at, size=k.outbox_bytes)])
+                vk.vkCmdCopyBuffer(cmd, k.k2h.handle, buf.handle, 1, [
+                    vk.VkBufferCopy(srcOffset=j * k.k2h_region, dstOffset=e.report_at, size=_REPORT_BYTES)])
+            cmds.barrier(cmd, host=True)
+        try:
+            point = jobs.submit(record)
+        except BaseException:
+            buf.destroy()
+            raise
         with self.lock:
             self.pending.append(_Capture(dev, buf, jobs, point, entries, self.call))
             self.bytes_logged += total

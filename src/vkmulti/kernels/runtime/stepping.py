@@ -123,8 +123,11 @@ class Stepping:
                         if octx.alive:
                             ostepper.harvest()
                 stepped[dev] = (ctx, stepper)
+                policy = self._policy()
                 with ctx.lock:
                     point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain)
+                    if policy is not None and ran:   # the replay log's copy right behind the submit
+                        policy.replay.log_submitted(ctx, dev, ran)
             except DeviceLostError as exc:
                 policy = self._policy()
                 if policy is not None and launched:   # what survivors sent in this call is logged first
