@@ -348,10 +348,7 @@ class KernelRuntime:
         (delivery results, host messages, batch surveys become visible)."""
         with self._lock:
             pairs = list(self._contexts.values())
-        for ctx, stepper in pairs:
-            with ctx.lock:
-                if ctx.alive:
-                    stepper.harvest()
+        self._steps.poll(pairs)
 
     # -- host <-> kernel (HostQueues) ------------------------------------------------------
 

@@ -149,6 +149,20 @@ class Stepping:
             listener(batches)
         return StepTicket(self, points, launched, deferred, batches)
 
+    def poll(self, pairs: list[tuple[DeviceContext, DeviceStepper]]) -> None:
+        """Harvest what completed on each device without waiting. A device found lost
+        here is skipped: the next step or wait fails over from it (poll() also runs
+        inside a step, from the K2K router's listener, where no loss may surface)."""
+        for ctx, stepper in pairs:
+            with ctx.lock:
+                if not ctx.alive:
+                    continue
+                try:
+                    stepper.harvest()
+                except DeviceLostError:
+                    if not self._failover.device_lost(ctx.index):
+                        raise
+
     def _raise_errors(self, kernels: list[Kernel]) -> None:
         for k in kernels:
             if k.errors:
