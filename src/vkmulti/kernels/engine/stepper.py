@@ -402,8 +402,8 @@ class DeviceStepper(StepHarvest):
                 continue
             if b.lazy:
                 origin = getattr(b, "k2k_origin", None)
-                if isinstance(b, OutboxBatch):   # a local one: written by a step of this device
-                    ready = b.pending is not None
+                if isinstance(b, OutboxBatch):   # a local one: read by the sender's last step before its region's reuse
+                    ready = b.pending is not None or b.kernel.steps - b.step >= self.ctx.in_flight - 1
                 else:
                     ready = (origin is None or origin.kernel.destroyed or
                              (origin.pending is not None and origin.remote_devices >> here & 1)) \
