@@ -40,6 +40,9 @@ __all__ = ["Failover"]
 
 #: restore_lost_kernels bound to the runtime: (device, kernels, (context, stepper) or None, drained, lost devices)
 #: -> (restored, not restored, steps replayed, messages handed again)
+#: seconds a failover waits, through the driver, for the work of a lost device whose drain was not seen
+DRAIN_TIMEOUT = 2.0
+
 Restorer = Callable[[int, list, Any, bool, set], tuple[list, list, int, int]]
 
 
@@ -116,7 +119,8 @@ class Failover:
         restored: list[Any] = []
         if kernels and not teardown:
             slot = self.manager.slot(d) if hasattr(self.manager, "slot") else None
-            drained = bool(getattr(slot, "lost_drained", False))
+            seen = getattr(slot, "lost_drained", None)   # True: drained; False: its memory is not to be trusted
+            drained = bool(seen) or (seen is None and self._drain(slot))
             lost_now = {i for i in self._lost_handled}
             try:
                 restored, kernels, steps, handed = self._restore(d, kernels, pair, drained, lost_now)
@@ -145,6 +149,22 @@ class Failover:
         log.error("KernelRuntime: GPU %d lost (%s); kernels restored: %s; kernels lost with it: %s; the others go "
                   "on (%.2f ms)", d, why, {k.id: k.device_index for k in restored}, [k.id for k in kernels],
                   rec.seconds * 1e3)
+
+    def _drain(self, slot: Any) -> bool:
+        """Whether the work submitted to a device marked lost, whose drain nobody saw
+        finish (the fault hook's own drain timed out, or a loss the driver reported),
+        has all run: waited for through the driver, bounded by DRAIN_TIMEOUT. A driver
+        that reports the device lost says no (its memory contents are undefined)."""
+        native = getattr(slot, "native", None)
+        if native is None or not hasattr(slot, "queues"):
+            return False
+        try:
+            done = bool(native.drain_queues_raw([q.lock for q in slot.queues()], DRAIN_TIMEOUT))
+        except VkmError:
+            return False
+        if done:
+            slot.lost_drained = True   # (what vkmulti.testing.lose_device records after its own drain)
+        return done
 
     def _drop_lost_kernel(self, k: Kernel, d: int) -> None:
         """Forget a kernel of a lost device and free its objects without waiting on the device."""
