@@ -38,11 +38,11 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Failover"]
 
-#: restore_lost_kernels bound to the runtime: (device, kernels, (context, stepper) or None, drained, lost devices)
-#: -> (restored, not restored, steps replayed, messages handed again)
-#: seconds a failover waits, through the driver, for the work of a lost device whose drain was not seen
+#: seconds a failover waits, through the driver, for the work of a lost device whose drain nobody saw finish
 DRAIN_TIMEOUT = 2.0
 
+#: restore_lost_kernels bound to the runtime: (device, kernels, (context, stepper) or None, drained, lost devices)
+#: -> (restored, not restored, steps replayed, messages handed again)
 Restorer = Callable[[int, list, Any, bool, set], tuple[list, list, int, int]]
 
 
@@ -159,12 +159,9 @@ class Failover:
         if native is None or not hasattr(slot, "queues"):
             return False
         try:
-            done = bool(native.drain_queues_raw([q.lock for q in slot.queues()], DRAIN_TIMEOUT))
+            return bool(native.drain_queues_raw([q.lock for q in slot.queues()], DRAIN_TIMEOUT))
         except VkmError:
             return False
-        if done:
-            slot.lost_drained = True   # (what vkmulti.testing.lose_device records after its own drain)
-        return done
 
     def _drop_lost_kernel(self, k: Kernel, d: int) -> None:
         """Forget a kernel of a lost device and free its objects without waiting on the device."""

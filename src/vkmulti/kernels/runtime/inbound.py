@@ -259,16 +259,17 @@ class Inbound:
                 return 0
             if batch in stepper.batches:
                 stepper.batches.remove(batch)
+            lost = False
             try:
                 self._wait_read(ctx, stepper, batch, deadline, timeout)
             except DeviceLostError:
                 if not self._rt.device_lost(batch.device_index):
                     stepper.batches.append(batch)
                     raise
-                # a lost device runs nothing more: nothing to wait for (the failover hands its messages again)
+                lost = True   # it runs nothing more: nothing to wait for; the failover hands its messages again
             stepper.retired += [(batch.last_value, s) for s in batch.sets]
             batch.sets = []
-            left = max(0, batch.local - batch.delivered - batch.rejected)
+            left = 0 if lost else max(0, batch.local - batch.delivered - batch.rejected)
             batch.done = True
             batch.event.set()
             ctx.cond.notify_all()
