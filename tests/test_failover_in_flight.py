@@ -154,8 +154,8 @@ def body_poll_and_withdraw_after_a_loss_do_not_raise():
 
 
 def _run_with_loss_from_a_thread(delay: float, drain: float, steppers: int) -> None:
-    """One thread sends and steps, `steppers - 1` more only step; another thread calls
-    the fault hook `delay` s after the tenth round (its drain bounded by `drain` s).
+    """One thread sends and steps, `steppers - 1` more only step, one waits; another
+    calls the fault hook `delay` s after the tenth round (its drain bounded by `drain` s).
     Only b sends to a: a step of GPU 1 waiting for a relay from GPU 0 is never
     drained once GPU 1 is marked lost (docs/failover.md, known limits)."""
     from vkmulti.errors import TimeoutError as VkmTimeout
@@ -184,6 +184,14 @@ def _run_with_loss_from_a_thread(delay: float, drain: float, steppers: int) -> N
         except Exception as exc:   # reported below
             errors.append(exc)
 
+    def waiter():   # waits from another thread meet the loss too (one failover for all)
+        try:
+            while not stop.is_set():
+                p.rt.synchronize(10)
+                time.sleep(0.001)
+        except Exception as exc:   # reported below
+            errors.append(exc)
+
     def loser():
         tenth.wait(30)
         time.sleep(delay)
@@ -191,7 +199,7 @@ def _run_with_loss_from_a_thread(delay: float, drain: float, steppers: int) -> N
             lose_device(p.mgr, 1, timeout=drain)
         except VkmTimeout:   # (its drain timed out: the device stays marked lost)
             pass
-    threads = [threading.Thread(target=main), threading.Thread(target=loser)] + \
+    threads = [threading.Thread(target=main), threading.Thread(target=loser), threading.Thread(target=waiter)] + \
         [threading.Thread(target=extra) for _ in range(steppers - 1)]
     try:
         for t in threads:

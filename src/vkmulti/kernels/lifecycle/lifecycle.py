@@ -65,8 +65,9 @@ import logging
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..._core.checks import timeout_seconds
 from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout
@@ -238,15 +239,22 @@ class Lifecycle:
         after."""
         try:
             with gate_of(self.rt).shared():
-                self._take_turn(timeout)
-                try:
+                with self.turn(timeout):
                     return self._step(step, kernels, wait, timeout)
-                finally:
-                    self._turn.release()
         finally:
             with self._stepped:
                 self.steps_done += 1
                 self._stepped.notify_all()
+
+    @contextmanager
+    def turn(self, timeout: float | None) -> Iterator[None]:
+        """Hold the steps' turn (see _take_turn): a failover begun outside a step (from
+        a wait) runs between two steps, never inside one."""
+        self._take_turn(timeout)
+        try:
+            yield
+        finally:
+            self._turn.release()
 
     def _take_turn(self, timeout: float | None) -> None:
         """Wait (interruptibly, in slices) until no other thread is inside a step.

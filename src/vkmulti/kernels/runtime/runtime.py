@@ -97,7 +97,7 @@ class KernelRuntime:
         self._lifecycle = Lifecycle(self, lambda: self.migration_pool_bytes)
         self._failover = Failover(manager, coordinator, self._lock, self._kernels, self._contexts,
                                   self.inbound.device_lost, self._unregister, self._release_address,
-                                  functools.partial(restore_lost_kernels, self._lifecycle))
+                                  functools.partial(restore_lost_kernels, self._lifecycle), self._lifecycle.turn)
         self._steps = Stepping(self._check, self._resolve, lambda: self.kernels, self._kernels, self._device,
                                self._lock, self.inbound.step_hooks, self._failover,
                                lambda: self._lifecycle.policy_state)
