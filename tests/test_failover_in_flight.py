@@ -8,7 +8,9 @@ Before the fix: a loss between a step's submit and its replay-log copy left the
 step unlogged ("cannot be restored exactly", b released, its messages dead
 letters: 2 of 7 random losses, every loss injected there); poll() and
 withdraw_batch() inside the router's listener raised DeviceLostError out of
-step(); two counters on one GPU that had been quiet deferred each other forever
+step(), and the router turned deliveries the lost GPU could not take into
+KernelMessageError for their sender; a failover run by another thread's wait in
+the middle of a step lost 9 of 240 messages (one FIFO error); two counters on one GPU that had been quiet deferred each other forever
 (21 of 240 messages, 108 left in the host queue); a loss whose fault-hook drain
 timed out crashed at teardown (SIGSEGV). Each body runs in a child process with
 a timeout, so a crash or a hang fails one test instead of pytest.
