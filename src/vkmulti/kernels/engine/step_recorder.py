@@ -228,7 +228,9 @@ class StepRecorder:
         here yet, which a later step reads (if it has any) instead of this one
         waiting on the GPU for the other device, and the batches after it from the
         same sender (FIFO). Known: a local batch once its step's survey is read
-        back; a landing once its sending step's survey is and names this device
+        back, and read anyway by its sender's last step before the region's reuse
+        (else two local kernels sending to each other defer each other); a landing
+        once its sending step's survey is and names this device
         (else the router takes it back unread) and its relay point is reached,
         or, without a sending step to ask (none, or destroyed), once its wait
         points are reached."""
@@ -243,8 +245,8 @@ class StepRecorder:
                 continue
             if b.lazy:
                 origin = getattr(b, "k2k_origin", None)
-                if isinstance(b, OutboxBatch):   # a local one: written by a step of this device
-                    ready = b.pending is not None
+                if isinstance(b, OutboxBatch):   # local: read at the latest by its sender's last step before reuse
+                    ready = b.pending is not None or b.kernel.steps - b.step >= self.ctx.in_flight - 1
                 else:
                     ready = (origin is None or origin.kernel.destroyed or
                              (origin.pending is not None and origin.remote_devices >> here & 1)) \

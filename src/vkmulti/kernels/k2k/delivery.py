@@ -32,7 +32,7 @@ from typing import Any
 
 import vulkan as vk
 
-from ...errors import DestroyedError, TimeoutError as VkmTimeout, VkmError
+from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
 from ..._core.timeline import TimelinePoint
 from ...transfer.cross_device import CrossDeviceTransfer
@@ -381,6 +381,8 @@ class DeliveryEngine:
                                                  submitted=ticket.wait_submitted if shared else None,
                                                  direct=x, direct_slots=slots,
                                                  lazy=p.kernel.quiet_batches >= QUIET_BATCHES)
+            except DeviceLostError:   # forgotten with the device (device_lost); a policy's failover hands them again
+                continue
             except (VkmError, ValueError) as exc:
                 self._fail_parts([p], f"GPU {dev} could not take its messages: {exc}")
                 continue

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import DestroyedError, VkmError
+from ...errors import DestroyedError, DeviceLostError, VkmError
 from ...errors import TimeoutError as VkmTimeout
 from ...transfer.methods import TransferMethod
 from ...transfer.peer import ExportedBuffer, TimelineRelay, shares_memory
@@ -133,6 +133,8 @@ class PeerEdges:
                 try:
                     inbound = self.port.accept_in_place(c, view, b, waits, hops, x, slots,
                                                         b.kernel.quiet_batches >= QUIET_BATCHES)
+                except DeviceLostError:   # forgotten with the device; a policy's failover hands them again
+                    continue
                 except (VkmError, ValueError) as exc:
                     eng.fail_batch(b, f"GPU {c} could not take its messages: {exc}")
                     continue

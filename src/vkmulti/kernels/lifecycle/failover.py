@@ -25,18 +25,26 @@ Losing the primary (GPU 0) is the caller's PrimaryDeviceLostError.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from ...errors import DeviceLostError, PrimaryDeviceLostError, VkmError
+from ...errors import TimeoutError as VkmTimeout
 from ...device.failover import FailoverStats
 from ..engine.kernel import Kernel
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Failover"]
+
+#: seconds a failover waits, through the driver, for the work of a lost device whose drain nobody saw finish
+DRAIN_TIMEOUT = 2.0
+
+#: seconds a thread that finds a device lost waits for another thread's failover from it
+FAILOVER_WAIT = 120.0
 
 #: restore_lost_kernels bound to the runtime: (device, kernels, (context, stepper) or None, drained, lost devices)
 #: -> (restored, not restored, steps replayed, messages handed again)
@@ -53,10 +61,11 @@ class Failover:
 
     def __init__(self, manager: Any, coordinator: Any, lock: threading.RLock, kernels: dict, contexts: dict,
                  device_lost: Callable[[int], None], forget: Callable[[Kernel], None], release: Callable[[Kernel], None],
-                 restore: Restorer):
+                 restore: Restorer, turn: Callable[[float | None], ContextManager[Any]] | None = None):
         self.manager, self.coordinator, self._lock = manager, coordinator, lock
         self._kernels, self._contexts, self._device_lost = kernels, contexts, device_lost
         self._forget, self._release, self._restore = forget, release, restore
+        self._turn = turn if turn is not None else (lambda timeout: contextlib.nullcontext())
         #: what lost devices cost this runtime (devices, kernels lost, times)
         self.stats = FailoverStats()
         #: kernels that were on a lost device and could not be restored: id -> that device
@@ -64,6 +73,7 @@ class Failover:
         #: kernels of a lost device restored from their checkpoints: id -> (lost device, new device)
         self.restored_kernels: dict[str, tuple[int, int]] = {}
         self._lost_handled: set[int] = set()
+        self._failing = threading.RLock()   # held by the thread failing over
 
     def device_lost(self, index: int) -> bool:
         """Whether device `index` is lost (the manager's view)."""
@@ -89,10 +99,27 @@ class Failover:
             lost = check()
         if 0 in lost and not teardown:
             raise self.primary_lost(lost[0])
-        for d in sorted(lost):
-            if d not in self._lost_handled:
-                self._fail_over(d, lost[d], teardown)
+        if any(d not in self._lost_handled for d in lost):
+            # between two steps (a wait's failover waits for a step of another thread to end), by one
+            # thread (the others wait for it); teardown runs without steps
+            with contextlib.nullcontext() if teardown else self._turn(FAILOVER_WAIT):
+                self._enter()
+                try:
+                    for d in sorted(lost):
+                        if d not in self._lost_handled:
+                            self._fail_over(d, lost[d], teardown)
+                finally:
+                    self._failing.release()
         return set(lost)
+
+    def _enter(self) -> None:
+        """Take the failover's lock (re-entrant: a restore's own waits come back here),
+        in slices, bounded by FAILOVER_WAIT."""
+        deadline = time.monotonic() + FAILOVER_WAIT
+        while not self._failing.acquire(timeout=0.25):
+            if time.monotonic() >= deadline:
+                raise VkmTimeout(f"KernelRuntime: the failover of another thread did not end within "
+                                 f"{FAILOVER_WAIT:.0f} s")
 
     def step_failed(self, device: int, exc: DeviceLostError) -> bool:
         """A step on `device` raised DeviceLostError: True when the device is now known
@@ -116,7 +143,8 @@ class Failover:
         restored: list[Any] = []
         if kernels and not teardown:
             slot = self.manager.slot(d) if hasattr(self.manager, "slot") else None
-            drained = bool(getattr(slot, "lost_drained", False))
+            seen = getattr(slot, "lost_drained", None)   # True: drained; False: its memory is not to be trusted
+            drained = bool(seen) or (seen is None and self._drain(slot))
             lost_now = {i for i in self._lost_handled}
             try:
                 restored, kernels, steps, handed = self._restore(d, kernels, pair, drained, lost_now)
@@ -145,6 +173,19 @@ class Failover:
         log.error("KernelRuntime: GPU %d lost (%s); kernels restored: %s; kernels lost with it: %s; the others go "
                   "on (%.2f ms)", d, why, {k.id: k.device_index for k in restored}, [k.id for k in kernels],
                   rec.seconds * 1e3)
+
+    def _drain(self, slot: Any) -> bool:
+        """Whether the work submitted to a device marked lost, whose drain nobody saw
+        finish (the fault hook's own drain timed out, or a loss the driver reported),
+        has all run: waited for through the driver, bounded by DRAIN_TIMEOUT. A driver
+        that reports the device lost says no (its memory contents are undefined)."""
+        native = getattr(slot, "native", None)
+        if native is None or not hasattr(slot, "queues"):
+            return False
+        try:
+            return bool(native.drain_queues_raw([q.lock for q in slot.queues()], DRAIN_TIMEOUT))
+        except VkmError:
+            return False
 
     def _drop_lost_kernel(self, k: Kernel, d: int) -> None:
         """Forget a kernel of a lost device and free its objects without waiting on the device."""

@@ -65,8 +65,9 @@ import logging
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..._core.checks import timeout_seconds
 from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout
@@ -137,6 +138,8 @@ class Lifecycle:
         self._stepped = threading.Condition(threading.Lock())
         #: steps made through gated_step so far (the switch of a move waits for the next one)
         self.steps_done = 0
+        #: one step() at a time: submits, the router's hand-off and the replay log follow one order
+        self._turn = threading.RLock()
 
     # -- per device ----------------------------------------------------------------------
 
@@ -236,11 +239,37 @@ class Lifecycle:
         after."""
         try:
             with gate_of(self.rt).shared():
-                return self._step(step, kernels, wait, timeout)
+                with self.turn(timeout):
+                    return self._step(step, kernels, wait, timeout)
         finally:
             with self._stepped:
                 self.steps_done += 1
                 self._stepped.notify_all()
+
+    @contextmanager
+    def turn(self, timeout: float | None) -> Iterator[None]:
+        """Hold the steps' turn (see _take_turn): a failover begun outside a step (from
+        a wait) runs between two steps, never inside one."""
+        self._take_turn(timeout)
+        try:
+            yield
+        finally:
+            self._turn.release()
+
+    def _take_turn(self, timeout: float | None) -> None:
+        """Wait (interruptibly, in slices) until no other thread is inside a step.
+
+        Steps of several threads run one after the other: each one's submits on
+        every device and the hand-off of its outbox batches to the router happen
+        together, so per sender the batches reach the router in step order (FIFO
+        per pair) and the replay log sees whole calls."""
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e18)
+        while True:
+            left = deadline - time.monotonic()
+            if self._turn.acquire(timeout=max(0.0, min(left, 0.25))):
+                return
+            if left <= 0:
+                raise VkmTimeout(f"step(): the step of another thread did not end within {timeout} s")
 
     def _step(self, step: Callable[..., Any], kernels: Any, wait: Any, timeout: float | None) -> Any:
         self.reap_retired()

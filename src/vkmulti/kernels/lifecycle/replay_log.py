@@ -29,12 +29,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import vulkan as vk
 
+from ..._core import vkapi
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
+from ..engine import recording as cmds
 from ..engine.device_context import MappedBuffer
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES
-from ..engine import recording as cmds
+from .host_crc import HostCrc
 from .twin import LifecycleView
 
 log = logging.getLogger(__name__)
@@ -78,11 +81,12 @@ class _Entry:
 @dataclass
 class _Capture:
     device: int
-    buffer: MappedBuffer
+    buffer: MappedBuffer | None     # None: read from the kernels' own memory once the device is drained
     jobs: Any
     point: Any
     entries: list[_Entry]
     call: int = 0                   # the step() call that launched the steps
+    size: int = 0                   # bytes of the copy
 
 
 class ReplayLog:
@@ -109,19 +113,56 @@ class ReplayLog:
     # -- capture -------------------------------------------------------------------------
 
     def after_step(self, launched: list[Any]) -> None:
-        """Queue the copies of the kernels a step just launched (called right after the submit)."""
+        """Queue the copies of the kernels a step launched that are not logged yet (a
+        no-op for those `log_submitted` logged right behind their submit)."""
         by_device: dict[int, list[Any]] = {}
         for k in launched:
             if not k.destroyed:
                 by_device.setdefault(k.device_index, []).append(k)
         for dev, ks in by_device.items():
             try:
-                self._capture(dev, ks)
-            except (VkmError, vk.VkError, MemoryError) as exc:
+                ctx = self.rt._context(dev)
+            except VkmError as exc:   # (its device lost and released since)
                 log.warning("replay log: could not log the step of %s on GPU %d: %s", [k.id for k in ks], dev, exc)
                 with self.lock:
                     for k in ks:
-                        self._log_of(k).gap = k.steps - 1
+                        kl = self._log_of(k)
+                        if k.steps - 1 > kl.last and kl.gap is None:
+                            kl.gap = k.steps - 1
+                continue
+            with ctx.lock:
+                self.log_submitted(ctx, dev, ks)
+
+    def log_submitted(self, ctx: Any, dev: int, ks: list[Any]) -> None:
+        """Queue the copy of the step `ks` just submitted on device `dev` (its context's
+        lock held since the submit: no other step of the device comes in between).
+
+        A device marked lost between the step's submit and this copy's still runs
+        the step (a loss injected by the fault hook, which drains it): where the
+        host can read the device's memory, the failover reads the step's rings
+        there once the device is drained, so the step stays logged."""
+        entries, total = self._entries(ctx, ks)
+        if not entries:
+            return
+        try:
+            self._submit(ctx, dev, entries, total)
+        except DeviceLostError as exc:
+            if not HostCrc.suits(ctx.slot):
+                self._gap(entries, dev, exc)
+                return
+            with self.lock:
+                self.pending.append(_Capture(dev, None, None, None, entries, self.call, total))
+        except (VkmError, vk.VkError, MemoryError) as exc:
+            self._gap(entries, dev, exc)
+
+    def _gap(self, entries: list[_Entry], dev: int, exc: BaseException) -> None:
+        """The steps of `entries` are not logged: their kernels' inputs from there on are unknown."""
+        log.warning("replay log: could not log the step of %s on GPU %d: %s", [e.kid for e in entries], dev, exc)
+        with self.lock:
+            for e in entries:
+                kl = self.kernels.get(e.kid)
+                if kl is not None and kl.address == e.address and (kl.gap is None or e.step < kl.gap):
+                    kl.gap = e.step
 
     def _log_of(self, k: Any) -> KernelLog:
         kl = self.kernels.get(k.id)
@@ -129,60 +170,72 @@ class ReplayLog:
             kl = self.kernels[k.id] = KernelLog(k.address, first=k.steps - 1)
         return kl
 
-    def _capture(self, dev: int, ks: list[Any]) -> None:
-        rt = self.rt
-        ctx = rt._context(dev)
-        jobs = self.life.extras(dev).jobs
+    def _entries(self, ctx: Any, ks: list[Any]) -> tuple[list[_Entry], int]:
+        """Where each kernel's rings of its latest step go in the copy, and its size."""
         entries: list[_Entry] = []
         at = 0
-        with ctx.lock:
-            for k in ks:
-                if k.destroyed or k.ctx is not ctx:
-                    continue
-                step = k.steps - 1
-                with self.lock:
-                    kl = self._log_of(k)
-                    if kl.address == k.address and step <= kl.last:
-                        continue   # logged already (the failover logs a step's survivors first)
-                    if kl.last >= 0 and step != kl.last + 1 and kl.gap is None:
-                        kl.gap = kl.last + 1   # another thread stepped it in between: not logged
-                    kl.last = step
-                e = _Entry(k, k.id, k.address, step, k.slot_size, at, k.inbox.size, 0, 0)
-                at += k.inbox.size
-                e.outbox_at = at
-                at += k.outbox_bytes
-                e.report_at = at
-                at += _REPORT_BYTES
-                entries.append(e)
-            if not entries:
-                return
-            total = at
+        for k in ks:
+            if k.destroyed or k.ctx is not ctx:
+                continue
+            step = k.steps - 1
             with self.lock:
-                pool = self._spare.get((dev, total))
-                buf = pool.pop() if pool else None
-            if buf is None:
-                buf = MappedBuffer(ctx.slot, total)
-            d = ctx.in_flight
+                kl = self._log_of(k)
+                if kl.address == k.address and step <= kl.last:
+                    continue   # logged already (the failover logs a step's survivors first)
+                if kl.last >= 0 and step != kl.last + 1 and kl.gap is None:
+                    kl.gap = kl.last + 1   # stepped in between without a log: not logged
+                kl.last = step
+            e = _Entry(k, k.id, k.address, step, k.slot_size, at, k.inbox.size, 0, 0)
+            at += k.inbox.size
+            e.outbox_at = at
+            at += k.outbox_bytes
+            e.report_at = at
+            at += _REPORT_BYTES
+            entries.append(e)
+        return entries, at
 
-            def record(cmd: Any) -> None:
-                cmds.barrier(cmd)
-                for e in entries:
-                    k, j = e.kernel, e.step % d
-                    vk.vkCmdCopyBuffer(cmd, k.inbox.handle, buf.handle, 1, [
-                        vk.VkBufferCopy(srcOffset=0, dstOffset=e.inbox_at, size=e.inbox_size)])
-                    vk.vkCmdCopyBuffer(cmd, k.outbox.handle, buf.handle, 1, [
-                        vk.VkBufferCopy(srcOffset=j * k.outbox_region, dstOffset=e.outbox_at, size=k.outbox_bytes)])
-                    vk.vkCmdCopyBuffer(cmd, k.k2h.handle, buf.handle, 1, [
-                        vk.VkBufferCopy(srcOffset=j * k.k2h_region, dstOffset=e.report_at, size=_REPORT_BYTES)])
-                cmds.barrier(cmd, host=True)
-            try:
-                point = jobs.submit(record)
-            except BaseException:
-                buf.destroy()
-                raise
+    def _submit(self, ctx: Any, dev: int, entries: list[_Entry], total: int) -> None:
+        """Record and submit the copy of `entries` on `ctx` (its lock held)."""
+        jobs = self.life.extras(dev).jobs
         with self.lock:
-            self.pending.append(_Capture(dev, buf, jobs, point, entries, self.call))
+            pool = self._spare.get((dev, total))
+            buf = pool.pop() if pool else None
+        if buf is None:
+            buf = MappedBuffer(ctx.slot, total)
+        d = ctx.in_flight
+
+        def record(cmd: Any) -> None:
+            cmds.barrier(cmd)
+            for e in entries:
+                k, j = e.kernel, e.step % d
+                vk.vkCmdCopyBuffer(cmd, k.inbox.handle, buf.handle, 1, [
+                    vk.VkBufferCopy(srcOffset=0, dstOffset=e.inbox_at, size=e.inbox_size)])
+                vk.vkCmdCopyBuffer(cmd, k.outbox.handle, buf.handle, 1, [
+                    vk.VkBufferCopy(srcOffset=j * k.outbox_region, dstOffset=e.outbox_at, size=k.outbox_bytes)])
+                vk.vkCmdCopyBuffer(cmd, k.k2h.handle, buf.handle, 1, [
+                    vk.VkBufferCopy(srcOffset=j * k.k2h_region, dstOffset=e.report_at, size=_REPORT_BYTES)])
+            cmds.barrier(cmd, host=True)
+        try:
+            point = jobs.submit(record)
+        except BaseException:
+            buf.destroy()
+            raise
+        with self.lock:
+            self.pending.append(_Capture(dev, buf, jobs, point, entries, self.call, total))
             self.bytes_logged += total
+
+    def _host_copy(self, c: _Capture) -> np.ndarray:
+        """What the copy of `c` would have held, read by the host from the kernels' own
+        memory (a drained device whose memory is all host-visible: HostCrc.suits)."""
+        out = np.zeros(c.size, np.uint8)
+        for e in c.entries:
+            k = e.kernel
+            j = e.step % k.ctx.in_flight
+            for buf, src, dst, size in ((k.inbox, 0, e.inbox_at, e.inbox_size),
+                                        (k.outbox, j * k.outbox_region, e.outbox_at, k.outbox_bytes),
+                                        (k.k2h, j * k.k2h_region, e.report_at, _REPORT_BYTES)):
+                out[dst:dst + size] = _read_memory(k.ctx.slot, buf, src, size)
+        return out
 
     # -- reading back --------------------------------------------------------------------
 
@@ -195,6 +248,12 @@ class ReplayLog:
             pending, self.pending = self.pending, []
         keep: list[_Capture] = []
         for c in pending:
+            if c.buffer is None:   # to be read from the kernels' memory once the device is drained
+                if c.device in drained:
+                    self._read(c, self._host_copy(c))
+                else:
+                    keep.append(c)
+                continue
             if c.device not in drained:
                 try:
                     if wait:
@@ -222,6 +281,8 @@ class ReplayLog:
         out = []
         for c in lost:
             out += c.entries
+            if c.buffer is None:
+                continue
             try:
                 c.buffer.destroy()
             except VkmError:
@@ -233,10 +294,10 @@ class ReplayLog:
                     kl.gap = e.step
         return out
 
-    def _read(self, c: _Capture) -> None:
+    def _read(self, c: _Capture, raw: Any = None) -> None:
         state = self.life.policy_state
         covered = state.covers if state is not None else (lambda kid: False)
-        raw = c.buffer.bytes
+        raw = c.buffer.bytes if raw is None else raw
         with self.lock:
             for e in c.entries:
                 kl = self.kernels.get(e.kid)
@@ -266,6 +327,8 @@ class ReplayLog:
                     src, dst, seq = _ENV.unpack_from(s)
                     if dst:   # (0: a message for the host, received by the harvest)
                         self.sent.setdefault((src, dst), deque()).append((seq, c.call, s))
+            if c.buffer is None:
+                return
             key = (c.device, c.buffer.size)
             pool = self._spare.setdefault(key, [])
             if len(pool) < 2:
@@ -357,10 +420,24 @@ class ReplayLog:
             pending, self.pending = self.pending, []
             spare, self._spare = self._spare, {}
         for c in pending:
-            c.buffer.destroy()
+            if c.buffer is not None:
+                c.buffer.destroy()
         for pool in spare.values():
             for b in pool:
                 b.destroy()
+
+
+def _read_memory(slot: Any, buf: Any, offset: int, size: int) -> np.ndarray:
+    """`size` bytes of `buf` from `offset`, read by the host through a mapping of its
+    memory (a device whose memory is all host-visible; its work all done)."""
+    mapped = getattr(buf, "bytes", None)
+    if mapped is not None:
+        return np.array(mapped[offset:offset + size])
+    ptr = vkapi.vkMapMemory(slot.device, buf.memory, 0, buf.size, 0)
+    try:
+        return np.array(np.frombuffer(ptr, np.uint8, count=buf.size)[offset:offset + size])
+    finally:
+        vk.vkUnmapMemory(slot.device, buf.memory)
 
 
 def envelope_of(slot: bytes) -> tuple[int, int, int]:

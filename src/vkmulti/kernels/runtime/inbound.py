@@ -13,7 +13,7 @@ import time
 import weakref
 from typing import Any, Callable
 
-from ...errors import DestroyedError, VkmError, TimeoutError as VkmTimeout
+from ...errors import DestroyedError, DeviceLostError, VkmError, TimeoutError as VkmTimeout
 from ...memory.image import Buffer
 from ..._core.timeline import TimelinePoint
 from ...transfer.peer import ExportedBuffer, ImportedBuffer
@@ -247,31 +247,47 @@ class Inbound:
         if not isinstance(batch, InboundBatch):
             raise TypeError(f"batch must be an InboundBatch, got {type(batch).__name__}")
         timeout = timeout_seconds(timeout)
-        ctx, stepper = self._device(batch.device_index)
+        try:
+            ctx, stepper = self._device(batch.device_index)
+        except DeviceLostError:   # failed over: the device and what it held are gone
+            batch.done = True
+            batch.event.set()
+            return 0
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
         with ctx.lock:
             if batch.done:
                 return 0
             if batch in stepper.batches:
                 stepper.batches.remove(batch)
-            while ctx.completed() < batch.last_value:
-                left = deadline - time.monotonic()
-                if left <= 0:
+            lost = False
+            try:
+                self._wait_read(ctx, stepper, batch, deadline, timeout)
+            except DeviceLostError:
+                if not self._rt.device_lost(batch.device_index):
                     stepper.batches.append(batch)
-                    raise VkmTimeout(f"GPU {batch.device_index}: steps reading the batch did not finish within "
-                                     f"{timeout} s; it was not withdrawn")
-                try:
-                    ctx.wait_unlocked(batch.last_value, min(left, 0.25))
-                except VkmTimeout:
-                    pass
-            stepper.harvest()
+                    raise
+                lost = True   # it runs nothing more: nothing to wait for; the failover hands its messages again
             stepper.retired += [(batch.last_value, s) for s in batch.sets]
             batch.sets = []
-            left = max(0, batch.local - batch.delivered - batch.rejected)
+            left = 0 if lost else max(0, batch.local - batch.delivered - batch.rejected)
             batch.done = True
             batch.event.set()
             ctx.cond.notify_all()
             return left
+
+    def _wait_read(self, ctx: Any, stepper: Any, batch: InboundBatch, deadline: float, timeout: float | None) -> None:
+        """Wait (ctx.lock held, released while waiting) until the steps that read `batch` are done."""
+        while ctx.completed() < batch.last_value:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                stepper.batches.append(batch)
+                raise VkmTimeout(f"GPU {batch.device_index}: steps reading the batch did not finish within "
+                                 f"{timeout} s; it was not withdrawn")
+            try:
+                ctx.wait_unlocked(batch.last_value, min(left, 0.25))
+            except VkmTimeout:
+                pass
+        stepper.harvest()
 
     def wait_reads(self, batches: list[InboundBatch], timeout: float | None) -> None:
         """Wait until the steps already submitted that read `batches` are done
@@ -335,8 +351,12 @@ class Inbound:
                         b.done = True
                         b.event.set()
                 ctx.cond.notify_all()
-                while ctx.completed() < last:
-                    ctx.wait_unlocked(last, timeout)
+                try:
+                    while ctx.completed() < last:
+                        ctx.wait_unlocked(last, timeout)
+                except DeviceLostError:
+                    if not self._rt.device_lost(view.slot.index):
+                        raise   # (a lost device runs nothing more: nothing reads the view)
         self.forget_buffer(view)
 
     # -- the rest of the RuntimePort -----------------------------------------------------------

@@ -101,7 +101,7 @@ class KernelRuntime:
         self._lifecycle = Lifecycle(self, lambda: self.migration_pool_bytes)
         self._failover = Failover(manager, coordinator, self._lock, self._kernels, self._contexts,
                                   self.inbound.device_lost, self._unregister, self._release_address,
-                                  functools.partial(restore_lost_kernels, self._lifecycle))
+                                  functools.partial(restore_lost_kernels, self._lifecycle), self._lifecycle.turn)
         self._steps = Stepping(self._check, self._resolve, lambda: self.kernels, self._kernels, self._device,
                                self._lock, self.inbound.step_hooks, self._failover,
                                lambda: self._lifecycle.policy_state)
@@ -350,10 +350,7 @@ class KernelRuntime:
         (delivery results, host messages, batch surveys become visible)."""
         with self._lock:
             pairs = list(self._contexts.values())
-        for ctx, stepper in pairs:
-            with ctx.lock:
-                if ctx.alive:
-                    stepper.harvest()
+        self._steps.poll(pairs)
 
     # -- host <-> kernel (HostQueues) ------------------------------------------------------
 

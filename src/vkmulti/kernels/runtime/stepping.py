@@ -123,8 +123,11 @@ class Stepping:
                         if octx.alive:
                             ostepper.harvest()
                 stepped[dev] = (ctx, stepper)
+                policy = self._policy()
                 with ctx.lock:
                     point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain)
+                    if policy is not None and ran:   # the replay log's copy right behind the submit
+                        policy.replay.log_submitted(ctx, dev, ran)
             except DeviceLostError as exc:
                 policy = self._policy()
                 if policy is not None and launched:   # what survivors sent in this call is logged first
@@ -145,6 +148,20 @@ class Stepping:
         for listener in listeners:   # also without new batches: a router may have moves waiting
             listener(batches)
         return StepTicket(self, points, launched, deferred, batches)
+
+    def poll(self, pairs: list[tuple[DeviceContext, DeviceStepper]]) -> None:
+        """Harvest what completed on each device without waiting. A device found lost
+        here is skipped: the next step or wait fails over from it (poll() also runs
+        inside a step, from the K2K router's listener, where no loss may surface)."""
+        for ctx, stepper in pairs:
+            with ctx.lock:
+                if not ctx.alive:
+                    continue
+                try:
+                    stepper.harvest()
+                except DeviceLostError:
+                    if not self._failover.device_lost(ctx.index):
+                        raise
 
     def _raise_errors(self, kernels: list[Kernel]) -> None:
         for k in kernels:
