@@ -74,6 +74,8 @@ def method_problem(method: str, a: DeviceCapabilities, b: DeviceCapabilities,
     with peer access between them: `cuda_probe` answers that (default:
     vkmulti.cuda.cuda_peer_reason, which asks the driver once per device pair).
     """
+    _check_caps(a, "a")
+    _check_caps(b, "b")
     la, lb = labels or (repr(a.name), repr(b.name))
 
     def lack(ext: str) -> MethodProblem | None:
@@ -110,6 +112,12 @@ def method_problem(method: str, a: DeviceCapabilities, b: DeviceCapabilities,
     raise ValueError(f"unknown transfer method {method!r}; expected one of {TransferMethod.ALL}")
 
 
+def _check_caps(caps: Any, label: str) -> None:
+    """TypeError unless `caps` reads as DeviceCapabilities (a name and has())."""
+    if not callable(getattr(caps, "has", None)) or not hasattr(caps, "name"):
+        raise TypeError(f"{label} must be DeviceCapabilities (e.g. slot.capabilities), got {type(caps).__name__}")
+
+
 def method_support(method: str, a: DeviceCapabilities, b: DeviceCapabilities,
                    enabled_a: frozenset[str] | None = None,
                    enabled_b: frozenset[str] | None = None, *,
@@ -127,6 +135,8 @@ def supported_methods(a: DeviceCapabilities, b: DeviceCapabilities,
                       enabled_b: frozenset[str] | None = None, *,
                       cuda_probe: CudaProbe | None = None) -> list[str]:
     """The cross-device methods that work between a and b, best first."""
+    _check_caps(a, "a")
+    _check_caps(b, "b")
     return [m for m in TransferMethod.CROSS_DEVICE
             if method_support(m, a, b, enabled_a, enabled_b, cuda_probe=cuda_probe) is None]
 
