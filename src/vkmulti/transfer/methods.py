@@ -14,7 +14,8 @@ from typing import Any, Callable, NamedTuple
 from .._core.checks import is_int
 from .._core.handles import short_text
 from ..device import cuda
-from ..device.capabilities import EXT_DMA_BUF, EXT_MEMORY_FD, EXT_MEMORY_HOST, DeviceCapabilities, RenderCapabilities
+from ..device.capabilities import (EXT_DMA_BUF, EXT_MEMORY_FD, EXT_MEMORY_HOST, DeviceCapabilities,
+                                   as_render_capabilities)
 from ..device.manager import DeviceSlot
 
 log = logging.getLogger(__name__)
@@ -216,8 +217,7 @@ def select_transfer_method(assignment: Any, capabilities: Any, *,
                         f"DeviceSlots; got {type(assignment).__name__} with device_index {src_index!r}"[:200])
     if not is_int(dst_index) or dst_index < 0:
         raise TypeError(f"dst_index must be a non-negative int, got {dst_index!r}"[:160])
-    if capabilities is not None and not isinstance(capabilities, RenderCapabilities):
-        raise TypeError(f"capabilities must be RenderCapabilities or None, got {type(capabilities).__name__}")
+    capabilities = as_render_capabilities(capabilities)   # the seed's own RenderCapabilities too
     if src_index == dst_index:
         return TransferMethod.NONE
     if capabilities is None or max(src_index, dst_index) >= len(capabilities.devices):
