@@ -17,8 +17,7 @@ __all__ = ["check_slot", "slot_queue", "slot_lifetime"]
 def check_slot(slot: Any) -> None:
     """TypeError unless `slot` is a DeviceSlot; ValueError unless it has a live
     device with a native table."""
-    if isinstance(slot, (str, bytes, int, float)) or not (hasattr(slot, "device") and hasattr(slot, "native")
-                                                          and hasattr(slot, "physical_device")):
+    if isinstance(slot, (str, bytes, int, float)) or not (hasattr(slot, "device") and hasattr(slot, "native")):
         raise TypeError(f"slot must be a DeviceSlot (e.g. mgr.slot(0)), got {type(slot).__name__} "
                         f"{short_repr(slot)}")
     if getattr(slot, "device", None) is None or getattr(slot, "native", None) is None:
