@@ -144,7 +144,9 @@ class MultiDeviceManager:
     """Owns the secondary logical devices; the primary belongs to the caller.
 
     Disabled, or with one physical device, it is a one-slot passthrough that
-    creates nothing. `MultiDeviceManager.create()` builds everything itself
+    creates nothing (over placeholder handles, as a GPU-less test gives it, it
+    makes no Vulkan call). `primary_queue_families` and `capabilities` may be
+    the seed's own objects: they are read by their fields. `MultiDeviceManager.create()` builds everything itself
     (instance included) for users without an engine, and destroys it all.
 
     An engine that made its own device passes it with the seed's keywords,

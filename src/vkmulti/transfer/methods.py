@@ -196,7 +196,8 @@ def select_transfer_method(assignment: Any, capabilities: Any, *,
     CUDA_PEER unless VKMULTI_CUDA_PEER=0).
 
     The seed's form: `assignment` has a `device_index` (an SRUAssignment) and
-    `capabilities` is the manager's RenderCapabilities (`mgr.capabilities`);
+    `capabilities` is the manager's RenderCapabilities (`mgr.capabilities`,
+    or the seed's own object, read by its fields);
     the destination is `dst_index`, the primary by default. NONE for work
     already on the destination; the floor, STAGING_COPY, when the
     capabilities do not describe both devices. The pair form:
