@@ -142,3 +142,11 @@ def test_a_passthrough_manager_over_placeholder_handles(enabled, count):
                            physical_devices=pds, enabled=enabled)
     with pytest.raises(vkmulti.errors.DestroyedError):   # a deliberate difference: docs/seed-defects.md
         mgr.device_count
+
+
+def test_real_physical_devices_need_real_handles(engine):
+    """The placeholder passthrough is for GPU-less tests only: with real physical
+    devices a placeholder device is still a TypeError (never cast and called)."""
+    inst, pds, ld = engine
+    with pytest.raises(TypeError, match="VkDevice handle expected"):
+        MultiDeviceManager(**_seed_kwargs(pds, ld, primary_device=object(), enabled=False))

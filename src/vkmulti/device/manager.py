@@ -119,8 +119,9 @@ def _names(value: Any, label: str) -> frozenset[str]:
 
 
 def _placeholders(*handles: Any) -> bool:
-    """True when a handle is neither a `vulkan` package handle nor an int (a test's
-    placeholder object): the passthrough then makes no Vulkan call on it."""
+    """True when a physical device is neither a `vulkan` package handle nor an int
+    (a GPU-less test's placeholder object): the passthrough then makes no Vulkan
+    call. With real physical devices every handle must be real."""
     flat = [h for x in handles for h in (x if isinstance(x, (list, tuple)) else (x,))]
     return any(not (is_int(h) or type(h).__module__ == "_cffi_backend") for h in flat)
 
@@ -182,8 +183,7 @@ class MultiDeviceManager:
         self.external_memory_fd_enabled = False
         self._multi_gpu = False
         self.capabilities = capabilities
-        if not (enabled and len(physical_devices) > 1) and _placeholders(primary_physical_device, primary_device,
-                                                                         physical_devices):
+        if not (enabled and len(physical_devices) > 1) and _placeholders(primary_physical_device, physical_devices):
             # the seed's passthrough over a GPU-less test's placeholders: no Vulkan call
             if not any(p is primary_physical_device or p == primary_physical_device for p in physical_devices):
                 raise ValueError("primary_physical_device is not among physical_devices")
