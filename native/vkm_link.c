@@ -144,10 +144,13 @@ static void side_free(vkm_link *l, vkm_side *s, int drained)
 
 /* ---- the worker ------------------------------------------------------------- */
 
-int vkm_side_held_by_caller(const vkm_side *s)
+int vkm_side_held_by_caller(vkm_side *s)
 {
     uint64_t v = 0;
-    return s->gate && vkm_timeline_value(s->dev, s->gate, &v) == VK_SUCCESS && v < s->gate_value;
+    if (!s->gate || vkm_timeline_value(s->dev, s->gate, &v) != VK_SUCCESS) return 0;
+    if (v < s->gate_value) return 1;
+    s->gate = VK_NULL_HANDLE; /* reached: never read again (the caller may free it once its waits ran) */
+    return 0;
 }
 
 /* The stall rule: a wait fails the link only after stall_timeout_ns in which
@@ -176,6 +179,7 @@ VkResult vkm_worker_wait(vkm_link *l, vkm_side *s, uint64_t value, const char *w
         if (!released) {
             if ((r = vkm_timeline_value(s->dev, s->gate, &gate)) != VK_SUCCESS) break;
             released = gate >= s->gate_value;
+            if (released) s->gate = VK_NULL_HANDLE; /* never read again, as vkm_side_held_by_caller */
             if (!released && __atomic_load_n(&l->q.stopping, __ATOMIC_ACQUIRE)) {
                 vkm_fail(err, VKM_ERROR_LINK_STALLED, where,
                          "the %s link from '%s' to '%s' was destroyed while a job still waited for its wait point "

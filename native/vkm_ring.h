@@ -112,7 +112,7 @@ void vkm_link_fail(vkm_link *l, VkResult r, const vkm_error *why, uint64_t ticke
 VkResult vkm_worker_wait(vkm_link *l, vkm_side *s, uint64_t value, const char *where, vkm_error *err);
 /* Nonzero while the running job's wait point on side `s` is not reached: the
  * link waits for the caller's GPU work there, which is never a stall. */
-int vkm_side_held_by_caller(const vkm_side *s);
+int vkm_side_held_by_caller(vkm_side *s);
 /* Command buffer `i` of side `s`, reset and begun, once the GPU is done with
  * its last use (cmd_free_at[i], waited for on the worker). */
 VkResult vkm_take_cmd(vkm_link *l, vkm_side *s, uint32_t i, VkCommandBuffer *cmd, vkm_error *err);
