@@ -290,8 +290,10 @@ cdef class Link:
     RING_CUDA_PEER).
 
     `export_type` (RING_EXPORTED): the handle type memory is exported as (0: an
-    opaque fd). `stall_timeout` (s): a single wait of the worker longer than
-    this fails the link. `spin` (s): polls that long before blocking (lower
+    opaque fd). `stall_timeout` (s): a wait of the worker in which the link's
+    own work makes no progress for this long, after the job's wait points were
+    reached, fails the link (a source still busy before its wait point is
+    waited for; the caller's wait has the timeout). `spin` (s): polls that long before blocking (lower
     latency on GPUs; leave 0 on CPU devices). `trace`: a file the link appends
     a timeline of its work to (bench/trace_report.py reads it). RING_CUDA_PEER
     wants queues of the universal family (its device-local copies run there)

@@ -512,6 +512,8 @@ static VkResult run(vkm_link *l, vkm_job *j, vkm_error *err)
             idle_t0 = t;
             idle_rounds = 0;
         }
+        if ((idle_rounds & 63) == 0 && (vkm_side_held_by_caller(S) || vkm_side_held_by_caller(D)))
+            idle_t0 = t; /* a slow source (or destination) is waited for, not a stall */
         uint64_t waited = t - idle_t0;
         if (++idle_rounds % 1024 == 0) { /* a failed stream never completes its events */
             r = stream_errors(l, cr, err);

@@ -8,7 +8,7 @@
 
 #define SLICE_NS 100000000ull                    /* worker waits are cut into 100 ms slices */
 #define WATCH_NS 50000000ull                     /* an idle worker with a watch looks at in-flight work this often */
-#define DEFAULT_STALL_NS (30ull * 1000000000ull) /* a single wait longer than this fails the link */
+#define DEFAULT_STALL_NS (30ull * 1000000000ull) /* this long without progress fails the link (vkm_worker_wait) */
 
 #define TRY VKM_TRY
 
@@ -144,12 +144,57 @@ static void side_free(vkm_link *l, vkm_side *s, int drained)
 
 /* ---- the worker ------------------------------------------------------------- */
 
+int vkm_side_held_by_caller(vkm_side *s)
+{
+    uint64_t v = 0;
+    if (!s->gate || vkm_timeline_value(s->dev, s->gate, &v) != VK_SUCCESS) return 0;
+    if (v < s->gate_value) return 1;
+    s->gate = VK_NULL_HANDLE; /* reached: never read again (the caller may free it once its waits ran) */
+    return 0;
+}
+
+/* The stall rule: a wait fails the link only after stall_timeout_ns in which
+ * nothing it depends on moved. Progress is the side's timeline advancing (the
+ * link's earlier copies completing) or the running job's wait point on this
+ * side not reached yet: until the caller's GPU work releases the copy, the
+ * link waits for a slow source, however long (the caller's own wait has the
+ * timeout); the stall clock starts when the point is seen reached. A link being
+ * destroyed stops waiting for a point that has not come. */
 VkResult vkm_worker_wait(vkm_link *l, vkm_side *s, uint64_t value, const char *where, vkm_error *err)
 {
     VkResult r = vkm_spin_wait(s->dev, s->timeline, value, l->cfg.spin_ns);
-    for (uint64_t waited = 0; r == VK_TIMEOUT && waited < l->cfg.stall_timeout_ns; waited += SLICE_NS) {
+    uint64_t seen = 0, gate = 0, since = vkm_now_ns();
+    int released = !s->gate;
+    if (r == VK_TIMEOUT) r = vkm_timeline_value(s->dev, s->timeline, &seen) == VK_SUCCESS ? VK_TIMEOUT : r;
+    while (r == VK_TIMEOUT) {
         vkm_thread_checkpoint(); /* the process exiting: park here, outside the driver */
         r = vkm_wait_timeline(s->dev, s->timeline, value, SLICE_NS);
+        if (r != VK_TIMEOUT) break;
+        uint64_t now = vkm_now_ns(), have = 0;
+        if ((r = vkm_timeline_value(s->dev, s->timeline, &have)) != VK_SUCCESS) break;
+        if (have > seen) { /* the link's earlier work completed: it moves */
+            seen = have;
+            since = now;
+        }
+        if (!released) {
+            if ((r = vkm_timeline_value(s->dev, s->gate, &gate)) != VK_SUCCESS) break;
+            released = gate >= s->gate_value;
+            if (released) s->gate = VK_NULL_HANDLE; /* never read again, as vkm_side_held_by_caller */
+            if (!released && __atomic_load_n(&l->q.stopping, __ATOMIC_ACQUIRE)) {
+                vkm_fail(err, VKM_ERROR_LINK_STALLED, where,
+                         "the %s link from '%s' to '%s' was destroyed while a job still waited for its wait point "
+                         "on '%s' (value %llu, at %llu now): the job failed",
+                         l->ops->name, l->src.dev->name, l->dst.dev->name, s->dev->name,
+                         (unsigned long long)s->gate_value, (unsigned long long)gate);
+                return VKM_ERROR_LINK_STALLED;
+            }
+            since = now; /* waiting for the caller's GPU work: the stall clock runs only once it is done */
+        }
+        if (now - since >= l->cfg.stall_timeout_ns) {
+            r = VK_TIMEOUT;
+            break;
+        }
+        r = VK_TIMEOUT;
     }
     if (r != VK_SUCCESS) vkm_fail(err, r, where, NULL);
     return r;
@@ -181,8 +226,9 @@ static VkResult stalled(vkm_link *l, vkm_error *e)
 {
     const char *where = e->where ? e->where : "a wait of the link's worker";
     return vkm_fail(e, VKM_ERROR_LINK_STALLED, where,
-                    "the %s link from '%s' to '%s' stalled: %s did not complete within %.1f s (a GPU hung, or a "
-                    "wait semaphore that never came); the link has failed: destroy the transfer and make a new one",
+                    "the %s link from '%s' to '%s' stalled: %s did not complete within %.1f s after its wait point "
+                    "was reached, with none of the link's work completing (a GPU hung, or work queued ahead of the "
+                    "copy that never finishes); the link has failed: destroy the transfer and make a new one",
                     l->ops->name, l->src.dev->name, l->dst.dev->name, where, (double)l->cfg.stall_timeout_ns / 1e9);
 }
 
@@ -203,7 +249,12 @@ static void *worker(void *arg)
         vkm_trace_mark(l->trace, "job_taken", it->ticket);
         vkm_error e;
         vkm_error_clear(&e);
+        l->src.gate = j->src.wait_semaphore;
+        l->src.gate_value = j->src.wait_value;
+        l->dst.gate = j->dst.wait_semaphore;
+        l->dst.gate_value = j->dst.wait_value;
         VkResult r = failed ? VK_SUCCESS : l->ops->run(l, j, &e);
+        l->src.gate = l->dst.gate = VK_NULL_HANDLE;
         if (r == VK_TIMEOUT) r = stalled(l, &e);
         if (r != VK_SUCCESS) vkm_link_fail(l, r, &e, it->ticket);
         l->progress_at_ns = vkm_now_ns(); /* fresh work: the watch's stall clock starts now */

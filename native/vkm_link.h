@@ -59,7 +59,7 @@ typedef struct vkm_link_config {
     int ring;                       /* VKM_RING_* */
     VkDeviceSize slot_size;         /* bytes per slot (rounded up to the ring's alignment) */
     uint32_t slot_count;            /* ring depth, 1 ... VKM_MAX_SLOTS */
-    uint64_t stall_timeout_ns;      /* a single wait longer than this fails the link; 0: 30 s */
+    uint64_t stall_timeout_ns;      /* this long without progress once the job's wait points are reached fails the link; 0: 30 s */
     uint64_t spin_ns;               /* poll semaphores this long before blocking (0 on CPU devices) */
     const char *trace_path;         /* append a timeline of the link's work here (vkm_trace.h); NULL: off */
     VkExternalMemoryHandleTypeFlagBits export_type; /* VKM_RING_EXPORTED: opaque fd or dma-buf */

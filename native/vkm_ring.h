@@ -41,6 +41,8 @@ typedef struct vkm_side {
     uint64_t *cmd_free_at;  /* timeline value after which cmds[i] may be re-recorded (0: free) */
     VkSemaphore timeline;   /* signalled by this side's copies: src_done / dst_ready */
     uint64_t submitted;     /* the highest timeline value submitted */
+    VkSemaphore gate;       /* the running job's wait point on this side (the caller's GPU work), or none */
+    uint64_t gate_value;
 } vkm_side;
 
 /* How a job is cut, as a backend wants it. */
@@ -108,6 +110,9 @@ void vkm_link_fail(vkm_link *l, VkResult r, const vkm_error *why, uint64_t ticke
  * spin_ns first, then in slices; VK_TIMEOUT after the stall timeout. Any
  * failure names the wait (`where`). */
 VkResult vkm_worker_wait(vkm_link *l, vkm_side *s, uint64_t value, const char *where, vkm_error *err);
+/* Nonzero while the running job's wait point on side `s` is not reached: the
+ * link waits for the caller's GPU work there, which is never a stall. */
+int vkm_side_held_by_caller(vkm_side *s);
 /* Command buffer `i` of side `s`, reset and begun, once the GPU is done with
  * its last use (cmd_free_at[i], waited for on the worker). */
 VkResult vkm_take_cmd(vkm_link *l, vkm_side *s, uint32_t i, VkCommandBuffer *cmd, vkm_error *err);

@@ -24,6 +24,18 @@ class Gate:
             sType=vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, semaphore=vk.ffi.cast("VkSemaphore", self.sem),
             value=1))
 
+    def hold(self, queue) -> None:
+        """Queue on `queue` (a slot's Queue) a submit that waits for the gate: work
+        submitted after it stays queued behind it until open()."""
+        from vkmulti._core import vkapi
+        chain = vk.VkTimelineSemaphoreSubmitInfo(
+            sType=vk.VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO, waitSemaphoreValueCount=1,
+            pWaitSemaphoreValues=[1])
+        info = vk.VkSubmitInfo(sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, pNext=chain, waitSemaphoreCount=1,
+                               pWaitSemaphores=[vk.ffi.cast("VkSemaphore", self.sem)],
+                               pWaitDstStageMask=[vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT])
+        vkapi.queue_submit(self.slot.native, queue, [info])
+
     def destroy(self) -> None:
         """Open (if not yet), wait for the device, and free the semaphore."""
         if self.slot.device is None:

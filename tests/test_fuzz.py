@@ -184,7 +184,7 @@ def test_fuzz_assign_srus(srus, device_count, weights, transfer, previous, hyste
     ok, out = typed(lambda: assign_srus(srus, device_count, **kw))
     if ok:
         assert out == assign_srus_reference(srus, device_count, **kw)
-        assert all(0 <= a.device_index < device_count for a in out)
+        assert all(0 <= a.device_index < max(device_count, 1) for a in out)   # 1 or less: all on GPU 0
 
 
 @fuzz(200)

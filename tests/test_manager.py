@@ -138,7 +138,7 @@ def test_use_after_destroy(manager):
             call()
 
 
-@pytest.mark.parametrize("index, exc", [(2, IndexError), (-1, IndexError), ("0", TypeError), (1.0, TypeError),
+@pytest.mark.parametrize("index, exc", [(2, IndexError), (-3, IndexError), ("0", TypeError), (1.0, TypeError),
                                         (True, TypeError)])
 def test_bad_slot_index(manager, index, exc):
     with pytest.raises(exc, match="slot index"):

@@ -245,8 +245,6 @@ def test_bad_cost_names_the_sru(fn, bad):
 @pytest.mark.parametrize("fn", [assign_srus, assign_srus_reference])
 def test_bad_arguments(fn):
     srus = [SRU(1), SRU(2)]
-    with pytest.raises(ValueError, match="device_count must be >= 1, got 0"):
-        fn(srus, 0)
     for dc in (1.5, "2", None, True):
         with pytest.raises(TypeError, match="device_count"):
             fn(srus, dc)
@@ -300,3 +298,29 @@ def test_native_large_input_matches_reference():
     for h in (0.0, 0.01, 0.2):
         kw.update(previous=first, hysteresis=h)
         assert assign_srus(srus, 5, **kw) == assign_srus_reference(srus, 5, **kw)
+
+
+@pytest.mark.parametrize("fn", [assign_srus, assign_srus_reference])
+@pytest.mark.parametrize("dc", [1, 0, -3])
+def test_one_device_or_less_keeps_every_sru_on_gpu0_as_the_seed(fn, dc):
+    """The seed documents "1 or less keeps every SRU on GPU 0". Before: ValueError
+    'device_count must be >= 1, got 0'. The array forms stay strict."""
+    srus = [SRU(1, 3.0), SRU(2, 1.0), SRU(3, 2.0)]
+    assert [(a.sru_id, a.device_index) for a in fn(srus, dc, cost=by_cost)] == [(1, 0), (2, 0), (3, 0)]
+    with pytest.raises(ValueError, match="costs? of SRU 9"):
+        fn([SRU(9, -1.0)], dc, cost=by_cost)               # the SRUs are still checked
+
+
+@pytest.mark.parametrize("fn", [assign_srus, assign_srus_reference])
+def test_the_same_sru_object_twice_gets_one_device_as_in_the_seed(fn):
+    """Before: ValueError 'duplicate sru_id 1' for one object listed twice. Now it is
+    planned once and both entries get its device (the seed keys offloads by id());
+    distinct objects with one sru_id still raise."""
+    a, b, c = SRU(1, 5.0), SRU(2, 1.0), SRU(3, 1.0)
+    got = fn([a, b, a, c], 2, cost=by_cost)
+    assert [x.sru_id for x in got] == [1, 2, 1, 3]
+    assert got[0].device_index == got[2].device_index
+    single = {x.sru_id: x.device_index for x in fn([a, b, c], 2, cost=by_cost)}
+    assert {x.sru_id: x.device_index for x in got} == single
+    with pytest.raises(ValueError, match="duplicate sru_id 1"):
+        fn([a, SRU(1, 5.0)], 2, cost=by_cost)

@@ -213,13 +213,17 @@ def test_spinning_poll_still_times_out_and_reports_stalls(manager):
     at once, and a stalled job's error reaches a spinning waiter."""
     from vkmulti._core import _native
 
+    from gates import Gate
+
     src, dst = manager.slot(1), manager.slot(0)
-    sem, release, destroy = _gate(src)
+    ahead = Gate(src)
+    release, destroy = ahead.open, ahead.destroy
     s, d = Buffer(src, 4096), Buffer(dst, 4096)
     link = _native.Link(src.native, src.copy_queue.lock, dst.native, dst.copy_queue.lock, _native.RING_STAGING,
                         1 << 20, 4, 0, spin=SPIN, stall_timeout=0.5)
     try:
-        es, ed = _Endpoint(buffer=s.handle_int, wait_semaphore=sem, wait_value=1), _Endpoint(buffer=d.handle_int)
+        ahead.hold(src.copy_queue)   # the copy queued behind work that never completes: a stall
+        es, ed = _Endpoint(buffer=s.handle_int), _Endpoint(buffer=d.handle_int)
         ticket, _, dready = link.submit(es, ed, 4096)
         t0 = time.monotonic()
         assert link.poll(ticket, dready, 0.0) is False

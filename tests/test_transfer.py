@@ -184,17 +184,22 @@ def test_wait_timeout_leaves_transfer_usable(manager, method):
 
 @pytest.mark.allow_validation_errors   # the stuck link's objects are leaked on purpose, so the device reports them
 def test_stalled_link_fails_its_jobs_and_destroys_in_bounded_time(manager):
-    """A job whose source wait never comes: once the stall timeout passes, its
-    waiters and later submits get TransferError (not an endless "not yet"), and
-    destroy() returns within about that timeout, leaving the GPU objects alive."""
+    """A job whose copy is queued behind work that never completes (its own wait
+    points all reached): once the stall timeout passes, its waiters and later
+    submits get TransferError (not an endless "not yet"), and destroy() returns
+    within about that timeout, leaving the GPU objects alive. (A source wait that
+    has not come is a slow source, not a stall: test_link_stall.py.)"""
     from vkmulti._core import _native
     from vkmulti.transfer.cross_device import _Endpoint
+    from gates import Gate
 
     sem, data, s, d, release, cleanup = _blocked_source(manager)
     src, dst = manager.slot(1), manager.slot(0)
     link = _native.Link(src.native, src.copy_queue.lock, dst.native, dst.copy_queue.lock, _native.RING_STAGING,
                         1 << 20, 4, 0, stall_timeout=0.5)
-    es, ed = _Endpoint(buffer=s.handle_int, wait_semaphore=sem, wait_value=1), _Endpoint(buffer=d.handle_int)
+    es, ed = _Endpoint(buffer=s.handle_int), _Endpoint(buffer=d.handle_int)
+    ahead = Gate(src)
+    ahead.hold(src.copy_queue)
     try:
         ticket, _, dready = link.submit(es, ed, data.nbytes)
         with pytest.raises(vkmulti.errors.LinkStalledError, match="stalled: vkWaitSemaphores") as info:
@@ -207,9 +212,11 @@ def test_stalled_link_fails_its_jobs_and_destroys_in_bounded_time(manager):
         assert time.monotonic() - t0 < 5
     finally:
         link.destroy()
-        release()   # the leaked copies may run now; let them finish before the buffers go
+        release()
+        ahead.open()   # the leaked copies may run now; let them finish before the buffers go
         src.native.wait_idle()
         dst.native.wait_idle()
+        ahead.destroy()
         cleanup()
 
 

@@ -188,8 +188,10 @@ _RESULT_NAMES = {
 # checks that the two tables agree). The native message says what happened.
 
 class LinkStalledError(TransferError):
-    """A link's worker waited past its stall timeout (a GPU hung, or a wait
-    semaphore never came): that job and every later one fail; make a new transfer."""
+    """A link's own work made no progress for its stall timeout once the job's
+    wait points were reached (a GPU hung, or work queued ahead of the copy never
+    finishes): that job and every later one fail; make a new transfer. A source
+    still busy before its wait point is waited for, never a stall."""
 
 
 class CudaError(TransferError):

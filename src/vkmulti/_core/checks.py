@@ -13,7 +13,7 @@ import operator
 from typing import Any
 
 __all__ = ["is_int", "short_repr", "int_in", "positive_int", "check_index", "check_count", "check_number",
-           "timeout_seconds", "U32_MAX", "U64_MAX"]
+           "timeout_seconds", "seconds_text", "U32_MAX", "U64_MAX"]
 
 U32_MAX = (1 << 32) - 1
 U64_MAX = (1 << 64) - 1
@@ -85,3 +85,13 @@ def timeout_seconds(value: Any, label: str = "timeout") -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
         raise ValueError(f"{label} must be a number of seconds >= 0 or None, got {short_repr(value)}")
     return float(value)
+
+
+def seconds_text(value: Any) -> str:
+    """A number of seconds for a message, rounded to the millisecond ("0.099", "30");
+    what a wait was given may be the remainder of a deadline, with float noise."""
+    if value is None:
+        return "unbounded"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return short_repr(value)
+    return f"{round(float(value), 3):g}"

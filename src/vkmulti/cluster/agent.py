@@ -20,6 +20,7 @@ import time
 from typing import Any, Sequence
 
 import numpy as np
+import vulkan as vk
 
 from .._core.checks import is_int
 from ..device.instance import drain_all_validation_messages
@@ -31,6 +32,10 @@ from ..offload.partition import assign_srus
 from ..offload.render import MAX_ITERATIONS, ReferenceRenderer, ReferenceSRU
 from .errors import ClusterError
 from .readback import BatchReadback
+
+#: Bytes a pixel of an SRU image (SRU_FORMAT, R16G16B16A16_SFLOAT).
+SRU_BYTES_PER_PIXEL = 8
+_DEFAULT_MAX_DIMENSION = 16384
 from .stencil import StencilSlab
 
 log = logging.getLogger(__name__)
@@ -359,10 +364,26 @@ class NodeAgent:
     # -- links -------------------------------------------------------------------------
 
     def payload(self, nbytes: int) -> np.ndarray:
-        """`nbytes` of data, stored in this node's object store (for link measurements)."""
-        if not is_int(nbytes) or nbytes < 1:
-            raise ValueError(f"nbytes must be an int >= 1, got {nbytes!r}")
+        """`nbytes` of data, stored in this node's object store (for link measurements).
+
+        At most one frame this node can serve (max_payload_bytes()): a link is measured
+        with what it carries, and a caller cannot make the node allocate more."""
+        most = self.max_payload_bytes()
+        if not is_int(nbytes) or not 1 <= nbytes <= most:
+            raise ValueError(f"nbytes must be an int in [1, {most}] (the largest frame this node serves), "
+                             f"got {nbytes!r}"[:200])
         return np.full(nbytes, 0x5A, dtype=np.uint8)
+
+    def max_payload_bytes(self) -> int:
+        """The bytes of the largest SRU image this node's GPUs can render and read back
+        (maxImageDimension2D squared, SRU_FORMAT's 8 bytes a pixel); 16384 x 16384
+        (Vulkan's common maximum) when the node has no devices."""
+        dims = []
+        for slot in getattr(self.manager, "slots", None) or ():
+            if slot.physical_device is not None:
+                dims.append(int(vk.vkGetPhysicalDeviceProperties(slot.physical_device).limits.maxImageDimension2D))
+        dim = max(dims) if dims else _DEFAULT_MAX_DIMENSION
+        return dim * dim * SRU_BYTES_PER_PIXEL
 
     def fetch(self, refs: list) -> float:
         """Seconds this node takes to get the objects behind `refs` (a list, so Ray passes them unresolved)."""

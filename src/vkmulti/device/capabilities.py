@@ -5,12 +5,13 @@ import dataclasses
 import sys
 import sysconfig
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import vulkan as vk
 from vulkan._vulkan import lib
 
 from .._core import vkapi
+from .._core.checks import is_int
 from .._core.handles import cstr, short_text, to_cffi
 from ..errors import raise_for_result
 from .instance import Instance
@@ -343,3 +344,59 @@ class RenderCapabilities:
             limits=limits,
             devices=(dev,),
         )
+
+
+@runtime_checkable
+class QueueFamiliesLike(Protocol):
+    """What a queue-families object needs (SimVX's own QueueFamilies has only these
+    two fields); vkmulti's QueueFamilies adds compute and transfer."""
+    graphics: int
+    present: int
+
+
+def as_queue_families(value: Any, label: str = "queue families") -> QueueFamilies:
+    """A QueueFamilies from any object with int `graphics` and `present` fields (and
+    optional `compute` / `transfer`); TypeError naming what is missing."""
+    if isinstance(value, QueueFamilies):
+        return value
+    if not isinstance(value, QueueFamiliesLike):
+        raise TypeError(f"{label} must have int fields graphics and present (QueueFamilies or the seed's), "
+                        f"got {type(value).__name__}")
+    fields = {name: getattr(value, name, None) for name in ("graphics", "present", "compute", "transfer")}
+    for name, v in fields.items():
+        if (v is not None or name in ("graphics", "present")) and not (is_int(v) and v >= 0):
+            raise TypeError(f"{label}.{name} must be a non-negative int, got {v!r}"[:160])
+    return QueueFamilies(**fields)
+
+
+#: The fields of the seed's RenderCapabilities (SimVX's, vkmulti's share them).
+SEED_CAPABILITY_FIELDS = (
+    "free_threaded", "gil_disabled_build", "physical_device_count", "device_group", "external_memory_fd",
+    "external_memory_fd_enabled", "dedicated_compute_qf", "dedicated_transfer_qf", "gpu_timing",
+    "multi_draw_indirect", "image_cube_array", "fill_mode_non_solid", "independent_blend", "texture_compression_bc",
+    "texture_compression_etc2", "texture_compression_astc_ldr", "limits")
+
+
+@runtime_checkable
+class RenderCapabilitiesLike(Protocol):
+    """What a capabilities object needs to be taken for RenderCapabilities: the
+    seed's DMABUF gate and device count (SimVX's own RenderCapabilities has them)."""
+    external_memory_fd_enabled: bool
+    physical_device_count: int
+
+
+def as_render_capabilities(value: Any, label: str = "capabilities") -> "RenderCapabilities | None":
+    """RenderCapabilities from any object with the seed's fields (those it has are
+    copied; per-device detail only from vkmulti's own); None stays None."""
+    if value is None or isinstance(value, RenderCapabilities):
+        return value
+    if not isinstance(value, RenderCapabilitiesLike):
+        raise TypeError(f"{label} must be RenderCapabilities (vkmulti's or the seed's: fields such as "
+                        f"external_memory_fd_enabled and physical_device_count), got {type(value).__name__}")
+    kw = {name: getattr(value, name) for name in SEED_CAPABILITY_FIELDS if hasattr(value, name)}
+    if not is_int(kw["physical_device_count"]) or kw["physical_device_count"] < 0:
+        raise TypeError(f"{label}.physical_device_count must be a non-negative int, "
+                        f"got {kw['physical_device_count']!r}"[:160])
+    if not isinstance(kw.get("limits", {}), dict):
+        kw["limits"] = dict(kw["limits"])
+    return RenderCapabilities(**kw)

@@ -11,7 +11,8 @@ import vulkan as vk
 
 from .._core.checks import is_int
 from .._core.handles import cstr, handle_hex, handle_int, short_text, to_cffi
-from .capabilities import EXT_MEMORY_FD, DeviceCapabilities, QueueFamilies, RenderCapabilities, probe_device
+from .capabilities import (EXT_MEMORY_FD, DeviceCapabilities, QueueFamilies, RenderCapabilities,
+                           as_queue_families, as_render_capabilities, probe_device)
 from .logical import (LogicalDevice, Queue, create_logical_device, default_queue_families, destroy_logical_device,
                       drain_queues, native_device)
 from ..errors import DestroyedError, UnsupportedError, VkmError
@@ -117,6 +118,14 @@ def _names(value: Any, label: str) -> frozenset[str]:
     return out
 
 
+def _placeholders(*handles: Any) -> bool:
+    """True when a physical device is neither a `vulkan` package handle nor an int
+    (a GPU-less test's placeholder object): the passthrough then makes no Vulkan
+    call. With real physical devices every handle must be real."""
+    flat = [h for x in handles for h in (x if isinstance(x, (list, tuple)) else (x,))]
+    return any(not (is_int(h) or type(h).__module__ == "_cffi_backend") for h in flat)
+
+
 def _device_name(pd: Any) -> str:
     return cstr(vk.vkGetPhysicalDeviceProperties(pd).deviceName)   # void in Vulkan: cannot fail
 
@@ -136,7 +145,9 @@ class MultiDeviceManager:
     """Owns the secondary logical devices; the primary belongs to the caller.
 
     Disabled, or with one physical device, it is a one-slot passthrough that
-    creates nothing. `MultiDeviceManager.create()` builds everything itself
+    creates nothing (over placeholder handles, as a GPU-less test gives it, it
+    makes no Vulkan call). `primary_queue_families` and `capabilities` may be
+    the seed's own objects: they are read by their fields. `MultiDeviceManager.create()` builds everything itself
     (instance included) for users without an engine, and destroys it all.
 
     An engine that made its own device passes it with the seed's keywords,
@@ -152,17 +163,39 @@ class MultiDeviceManager:
                  capabilities: RenderCapabilities | None = None, primary_compute_queue: Any = None,
                  primary_transfer_queue: Any = None, find_queue_families: Callable[[Any], Any] | None = None,
                  primary_extensions: Iterable[str] | None = None, primary_features: Iterable[str] | None = None):
-        if not isinstance(primary_queue_families, QueueFamilies):
-            raise TypeError(f"primary_queue_families must be QueueFamilies, "
-                            f"got {type(primary_queue_families).__name__}")
+        primary_queue_families = as_queue_families(primary_queue_families, "primary_queue_families")
         if not isinstance(physical_devices, (list, tuple)):
             raise TypeError(f"physical_devices must be a list, got {type(physical_devices).__name__}")
         if len(physical_devices) == 0:
             raise ValueError("physical_devices is empty: it must list every GPU, the primary included")
         if find_queue_families is not None and not callable(find_queue_families):
             raise TypeError("find_queue_families must be callable or None")
-        if capabilities is not None and not isinstance(capabilities, RenderCapabilities):
-            raise TypeError(f"capabilities must be RenderCapabilities, got {type(capabilities).__name__}")
+        capabilities = as_render_capabilities(capabilities)
+        self._teardown: list[Callable[[], Any]] = []
+        self._lost: dict[int, str] = {}
+        self._loss_listeners: list[Callable[[int, str], Any]] = []
+        self._loss_lock = threading.Lock()
+        self._life = Lifetime(self, "MultiDeviceManager")
+        self._destroyed = False
+        self._drain_fences: list[tuple[Any, Any]] = []
+        self._owned_instance: Any = None
+        self._physical_devices = list(physical_devices)
+        self.external_memory_fd_enabled = False
+        self._multi_gpu = False
+        self.capabilities = capabilities
+        if not (enabled and len(physical_devices) > 1) and _placeholders(primary_physical_device, physical_devices):
+            # the seed's passthrough over a GPU-less test's placeholders: no Vulkan call
+            if not any(p is primary_physical_device or p == primary_physical_device for p in physical_devices):
+                raise ValueError("primary_physical_device is not among physical_devices")
+            if primary_graphics_queue is None:
+                raise ValueError("primary_graphics_queue is required")
+            self._slots: list[DeviceSlot] = [DeviceSlot(
+                index=0, physical_device=primary_physical_device, queue_families=primary_queue_families,
+                device=primary_device, graphics_queue=primary_graphics_queue, present_queue=primary_present_queue,
+                compute_queue=primary_compute_queue, transfer_queue=primary_transfer_queue, name="<unknown>",
+                lifetime=self._life)]
+            self._refresh_capabilities()
+            return
         primary_pd = to_cffi(primary_physical_device, "VkPhysicalDevice")
         primary_key = handle_int(primary_pd, "VkPhysicalDevice")
         pds = [to_cffi(p, "VkPhysicalDevice") for p in physical_devices]
@@ -172,19 +205,10 @@ class MultiDeviceManager:
         pext = _names(primary_extensions, "primary_extensions")
         pfeat = _names(primary_features, "primary_features")
 
-        self._teardown: list[Callable[[], Any]] = []
-        self._lost: dict[int, str] = {}
-        self._loss_listeners: list[Callable[[int, str], Any]] = []
-        self._loss_lock = threading.Lock()
-        self._life = Lifetime(self, "MultiDeviceManager")
-        self._destroyed = False
-        self._drain_fences: list[tuple[Any, Any]] = []
-        self._owned_instance: Any = None
         self._physical_devices = list(pds)
-        self.external_memory_fd_enabled = False
         pcaps = probe_device(primary_pd)
         qf = primary_queue_families
-        self._slots: list[DeviceSlot] = [DeviceSlot(
+        self._slots = [DeviceSlot(
             index=0, physical_device=primary_pd, queue_families=qf, device=device,
             graphics_queue=_as_queue(primary_graphics_queue, qf.graphics, "primary_graphics_queue"),
             present_queue=_as_queue(primary_present_queue, qf.present, "primary_present_queue"),
@@ -199,7 +223,6 @@ class MultiDeviceManager:
         if self._slots[0].graphics_queue is None:
             raise ValueError("primary_graphics_queue is required")
         self._multi_gpu = bool(enabled) and len(pds) > 1
-        self.capabilities = capabilities
         if self._multi_gpu and primary_features is not None and "timelineSemaphore" not in pfeat:
             raise UnsupportedError(
                 f"the primary device ({self._slots[0].name!r}) was created without the timelineSemaphore feature "
@@ -227,8 +250,7 @@ class MultiDeviceManager:
             if qf is None:
                 log.warning("no graphics queue family resolved for %s; skipping", caps.name)
                 continue
-            if not isinstance(qf, QueueFamilies):
-                qf = QueueFamilies(graphics=qf.graphics, present=qf.present)
+            qf = as_queue_families(qf, f"find_queue_families({caps.name!r})")
             if qf.compute is None or qf.transfer is None:
                 qf = QueueFamilies(qf.graphics, qf.present,
                                    qf.compute if qf.compute is not None else caps.dedicated_compute_family,
@@ -372,13 +394,13 @@ class MultiDeviceManager:
         return list(self._slots)
 
     def slot(self, index: int) -> DeviceSlot:
-        """The slot of device `index`; TypeError/IndexError naming a bad index."""
+        """The slot of device `index` (negative: from the end); TypeError/IndexError naming a bad index."""
         self._check()
         if not is_int(index):
             raise TypeError(f"slot index must be an int, got {type(index).__name__}")
-        if not 0 <= index < len(self._slots):
+        if not -len(self._slots) <= index < len(self._slots):
             raise IndexError(f"slot index {index} out of range: {len(self._slots)} slot(s)")
-        return self._slots[index]
+        return self._slots[index]   # negative indices count from the end, as the seed's list indexing
 
     def attach_renderer(self, index: int, renderer: Any) -> None:
         """Use `renderer` for the SRUs of device `index` (None detaches); the offload coordinator prefers it to

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._core.checks import short_repr
 from .._core.lifetime import Lifetime
 from .logical import Queue
 
@@ -14,7 +15,11 @@ __all__ = ["check_slot", "slot_queue", "slot_lifetime"]
 
 
 def check_slot(slot: Any) -> None:
-    """ValueError unless `slot` has a live device with a native table."""
+    """TypeError unless `slot` is a DeviceSlot; ValueError unless it has a live
+    device with a native table."""
+    if isinstance(slot, (str, bytes, int, float)) or not (hasattr(slot, "device") and hasattr(slot, "native")):
+        raise TypeError(f"slot must be a DeviceSlot (e.g. mgr.slot(0)), got {type(slot).__name__} "
+                        f"{short_repr(slot)}")
     if getattr(slot, "device", None) is None or getattr(slot, "native", None) is None:
         raise ValueError("slot has no live device (destroyed, or a passthrough primary without a native table); "
                          "use a slot of an active MultiDeviceManager")

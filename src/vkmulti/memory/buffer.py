@@ -21,7 +21,7 @@ from .._core import vkapi
 from .._core.checks import U32_MAX, is_int, short_repr
 from .._core.handles import handle_int
 from ..device.commands import CommandRunner
-from ..errors import DestroyedError
+from ..errors import DestroyedError, OutOfDeviceMemoryError, OutOfHostMemoryError
 from .._core.lifetime import Deadline
 from ..device.slots import check_slot, slot_lifetime
 from .resource import MAX_BYTES, GpuResource, allocate_memory, as_host_bytes
@@ -31,6 +31,12 @@ __all__ = ["Buffer", "BUFFER_USAGE", "BUFFER_USAGE_ALLOWED", "run_one_shot", "ch
 _ffi = vk.ffi
 BUFFER_USAGE = (vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
                 | vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT)
+
+
+def _too_big(exc: Any, slot: Any, size: int) -> Any:
+    """The driver's out-of-memory error (same class and code) saying what did not fit where."""
+    return type(exc)(exc.result, exc.call, f"{exc.call}: a buffer of {size} bytes ({size / 2**30:.1f} GiB) does not "
+                                           f"fit on GPU {slot.index} ({slot.name!r}): {exc.result_name}")
 
 
 def check_usage(usage: Any, label: str) -> int:
@@ -90,16 +96,22 @@ class Buffer(GpuResource):
             # Shared by the universal and copy families, so transfers need no ownership hand-over.
             families = sorted({slot.graphics_queue.family, slot.copy_queue.family})
             concurrent = len(families) > 1
-            self.handle = vkapi.vkCreateBuffer(slot.device, vk.VkBufferCreateInfo(
-                sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, size=size, usage=usage,
-                sharingMode=vk.VK_SHARING_MODE_CONCURRENT if concurrent else vk.VK_SHARING_MODE_EXCLUSIVE,
-                queueFamilyIndexCount=len(families) if concurrent else 0,
-                pQueueFamilyIndices=families if concurrent else None), None)
+            try:
+                self.handle = vkapi.vkCreateBuffer(slot.device, vk.VkBufferCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, size=size, usage=usage,
+                    sharingMode=vk.VK_SHARING_MODE_CONCURRENT if concurrent else vk.VK_SHARING_MODE_EXCLUSIVE,
+                    queueFamilyIndexCount=len(families) if concurrent else 0,
+                    pQueueFamilyIndices=families if concurrent else None), None)
+            except (OutOfDeviceMemoryError, OutOfHostMemoryError) as exc:
+                raise _too_big(exc, slot, size) from exc
             try:
                 req = vk.vkGetBufferMemoryRequirements(slot.device, self.handle)
                 host = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
-                self.memory = allocate_memory(slot, req, host if host_visible else 0,
-                                              0 if host_visible else vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+                try:
+                    self.memory = allocate_memory(slot, req, host if host_visible else 0,
+                                                  0 if host_visible else vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+                except (OutOfDeviceMemoryError, OutOfHostMemoryError) as exc:
+                    raise _too_big(exc, slot, size) from exc
                 vkapi.vkBindBufferMemory(slot.device, self.handle, self.memory, 0)
                 life.adopt(self)
             except BaseException:

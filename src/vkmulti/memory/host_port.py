@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import vulkan as vk
 
-from .._core.checks import is_int
+from .._core.checks import is_int, seconds_text
 from .._core import vkapi
 from .._core.handles import handle_int
 from ..device.capabilities import EXT_MEMORY_HOST
@@ -145,7 +145,7 @@ class Pending:
     def wait(self, timeout: float | None = None) -> None:
         """Block until the copies are done; vkmulti.TimeoutError after `timeout` s."""
         if not self._wait(Deadline(timeout), enter=True):
-            raise VkmTimeoutError(f"copies on {self._port.slot.name!r} not done within {timeout} s")
+            raise VkmTimeoutError(f"copies on {self._port.slot.name!r} not done within {seconds_text(timeout)} s")
 
     def gpu_done(self, device_index: int | None = None) -> bool:
         with self._lock:
@@ -320,7 +320,7 @@ class HostPort:
                 pending = list(self._inflight.values())
             for p in pending + self._ring_abandoned:
                 if not p._wait(dl, enter=False):
-                    raise VkmTimeoutError(f"HostPort of {self.slot.name!r}: copies still queued after {timeout} s; "
+                    raise VkmTimeoutError(f"HostPort of {self.slot.name!r}: copies still queued after {seconds_text(timeout)} s; "
                                           f"nothing was freed (call destroy() again)")
             self._ring_abandoned = []
             dev = self.slot.device

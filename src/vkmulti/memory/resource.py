@@ -19,6 +19,7 @@ import vulkan as vk
 from ..errors import OutOfDeviceMemoryError, UnsupportedError
 from ..errors import TimeoutError as VkmTimeoutError
 from .._core import vkapi
+from .._core.checks import seconds_text
 from .._core.lifetime import Deadline, Lifetime
 from ..device.slots import slot_lifetime
 
@@ -150,7 +151,7 @@ class GpuResource:
                     return
                 job = self._jobs[0]
             if not job.gpu_wait(self.slot.index, deadline.left()):
-                raise VkmTimeoutError(f"GPU work still uses this {type(self).__name__} after {deadline.timeout} s; "
+                raise VkmTimeoutError(f"GPU work still uses this {type(self).__name__} after {seconds_text(deadline.timeout)} s; "
                                       f"it was not destroyed (call destroy() again later)")
             with self._jobs_lock:
                 if self._jobs and self._jobs[0] is job:

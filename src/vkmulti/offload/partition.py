@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._core import _native
-from .._core.checks import check_count
+from .._core.checks import check_count, is_int
 
 __all__ = ["SRUAssignment", "assign_srus", "assign_srus_array", "assign_srus_reference", "reference_devices",
            "makespan", "seed_top_n_minus_1", "sru_cost", "interleaved"]
@@ -362,8 +362,11 @@ def assign_srus(srus: Iterable[Any] | np.ndarray, device_count: int, *, sru_id: 
     makespan < sticky makespan * (1 - hysteresis); otherwise the whole sticky
     plan is kept. With hysteresis 0 a re-plan must be strictly better.
 
-    Output is in input order. ValueError names the offender for a negative or
-    non-finite cost or transfer cost, device_count < 1, a duplicate sru_id,
+    As in the seed, an int device_count of 1 or less keeps every SRU on GPU 0,
+    and an SRU object listed twice is planned once (both entries get its
+    device). Output is in input order. ValueError names the offender for a
+    negative or non-finite cost or transfer cost, a duplicate sru_id of
+    distinct objects, device_count < 1 in the array form,
     weights or link_costs of the wrong length or out of range, hysteresis
     outside [0, 1); TypeError for a device_count or sru_id of the wrong type.
 
@@ -380,9 +383,36 @@ def assign_srus(srus: Iterable[Any] | np.ndarray, device_count: int, *, sru_id: 
         if isinstance(v, np.ndarray):
             raise TypeError(f"{name} is an array but srus is not: pass the ids as a numpy array "
                             f"(or use assign_srus_array)")
-    ids, p = _prepare(srus, device_count, sru_id, cost, weights, transfer_cost, offloadable, previous, hysteresis,
+    unique, where, device_count = _seed_form(srus, device_count)
+    ids, p = _prepare(unique, device_count, sru_id, cost, weights, transfer_cost, offloadable, previous, hysteresis,
                       link_costs)
-    return list(map(SRUAssignment, ids, p.solve().tolist()))
+    return _each_occurrence(ids, p.solve().tolist(), where)
+
+
+def _seed_form(srus: Iterable[Any], device_count: Any) -> tuple[list, list[int] | None, Any]:
+    """The seed's two leniencies of the object form: an int device_count of 1 or less
+    keeps every SRU on GPU 0, and one SRU object listed more than once is planned
+    once, every entry getting its device. Returns (distinct SRUs, the position of
+    each entry among them or None when all are distinct, device_count)."""
+    if is_int(device_count) and device_count < 1:
+        device_count = 1
+    srus = list(srus)
+    first: dict[int, int] = {}
+    unique: list = []
+    where: list[int] = []
+    for s in srus:
+        k = first.get(id(s))
+        if k is None:
+            k = first[id(s)] = len(unique)
+            unique.append(s)
+        where.append(k)
+    return (srus, None, device_count) if len(unique) == len(srus) else (unique, where, device_count)
+
+
+def _each_occurrence(ids: list, devices: list[int], where: list[int] | None) -> list[SRUAssignment]:
+    if where is None:
+        return list(map(SRUAssignment, ids, devices))
+    return [SRUAssignment(ids[w], devices[w]) for w in where]
 
 
 def _assign_ids_array(ids, device_count, sru_id, cost, weights, transfer_cost, offloadable, previous, hysteresis,
@@ -473,9 +503,10 @@ def assign_srus_reference(srus: Iterable[Any], device_count: int, *, sru_id=None
                           transfer_cost=None, offloadable=None, previous=None, hysteresis: float = 0.0,
                           link_costs=None) -> list[SRUAssignment]:
     """assign_srus (object form) in pure Python: the same rules and the same result, for tests."""
-    ids, p = _prepare(srus, device_count, sru_id, cost, weights, transfer_cost, offloadable, previous, hysteresis,
+    unique, where, device_count = _seed_form(srus, device_count)
+    ids, p = _prepare(unique, device_count, sru_id, cost, weights, transfer_cost, offloadable, previous, hysteresis,
                       link_costs)
-    return [SRUAssignment(i, d) for i, d in zip(ids, _reference_devices(p))]
+    return _each_occurrence(ids, _reference_devices(p), where)
 
 
 def reference_devices(costs: Any, device_count: int, **kwargs: Any) -> list[int]:

@@ -14,7 +14,7 @@ from typing import Any
 import vulkan as vk
 
 from .._core import _native
-from .._core.checks import is_int
+from .._core.checks import is_int, seconds_text
 from .._core.handles import handle_int
 from .._core.lifetime import Deadline, Lifetime
 from .._core.timeline import TimelinePoint, wait_point
@@ -197,7 +197,7 @@ class CrossDeviceTransfer:
                 for point in (last.dst_ready, last.src_done):
                     if not last._gpu_wait(point, dl.left()):
                         raise VkmTimeoutError(f"CrossDeviceTransfer: transfer {last.ticket} still queued after "
-                                              f"{timeout} s; its ring stays held (call destroy() again)")
+                                              f"{seconds_text(timeout)} s; its ring stays held (call destroy() again)")
             if ref is not None:
                 ref.release(dl.left())
             with self._lock:

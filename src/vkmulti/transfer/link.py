@@ -18,7 +18,7 @@ from typing import Any
 import vulkan as vk
 
 from .._core import _native
-from .._core.checks import is_int
+from .._core.checks import is_int, seconds_text
 from .._core.lifetime import Deadline, Lifetime
 from .._core.timeline import TimelinePoint
 from ..device.capabilities import EXT_DMA_BUF
@@ -187,7 +187,7 @@ def _wait_gpu(device: Any, semaphore: int, value: int, dl: Deadline, what: str) 
     try:
         device.wait_timeline(semaphore, value, dl.left())
     except VkmTimeoutError:
-        raise VkmTimeoutError(f"{what} still queued on the GPU after {dl.timeout} s; nothing was freed "
+        raise VkmTimeoutError(f"{what} still queued on the GPU after {seconds_text(dl.timeout)} s; nothing was freed "
                               f"(call destroy() again once the work can finish)") from None
     except DeviceLostError as exc:
         log.info("device lost while waiting for %s (%s); freeing them", what, exc)
@@ -322,7 +322,7 @@ class TransferTicket:
         read, and an exclusive image handed back to its owner). Returns at once
         when the link is gone: its destroy() waited for everything."""
         if not self._gpu_wait(self.src_done, timeout):
-            raise VkmTimeoutError(f"transfer {self.ticket}: the source side was not done within {timeout} s")
+            raise VkmTimeoutError(f"transfer {self.ticket}: the source side was not done within {seconds_text(timeout)} s")
 
     def done(self) -> bool:
         """True once the destination holds the data (never blocks); raises the job's error if it failed."""

@@ -14,7 +14,8 @@ from typing import Any, Callable, NamedTuple
 from .._core.checks import is_int
 from .._core.handles import short_text
 from ..device import cuda
-from ..device.capabilities import EXT_DMA_BUF, EXT_MEMORY_FD, EXT_MEMORY_HOST, DeviceCapabilities, RenderCapabilities
+from ..device.capabilities import (EXT_DMA_BUF, EXT_MEMORY_FD, EXT_MEMORY_HOST, DeviceCapabilities,
+                                   as_render_capabilities)
 from ..device.manager import DeviceSlot
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ def method_problem(method: str, a: DeviceCapabilities, b: DeviceCapabilities,
     with peer access between them: `cuda_probe` answers that (default:
     vkmulti.cuda.cuda_peer_reason, which asks the driver once per device pair).
     """
+    _check_caps(a, "a")
+    _check_caps(b, "b")
     la, lb = labels or (repr(a.name), repr(b.name))
 
     def lack(ext: str) -> MethodProblem | None:
@@ -110,6 +113,12 @@ def method_problem(method: str, a: DeviceCapabilities, b: DeviceCapabilities,
     raise ValueError(f"unknown transfer method {method!r}; expected one of {TransferMethod.ALL}")
 
 
+def _check_caps(caps: Any, label: str) -> None:
+    """TypeError unless `caps` reads as DeviceCapabilities (a name and has())."""
+    if not callable(getattr(caps, "has", None)) or not hasattr(caps, "name"):
+        raise TypeError(f"{label} must be DeviceCapabilities (e.g. slot.capabilities), got {type(caps).__name__}")
+
+
 def method_support(method: str, a: DeviceCapabilities, b: DeviceCapabilities,
                    enabled_a: frozenset[str] | None = None,
                    enabled_b: frozenset[str] | None = None, *,
@@ -127,6 +136,8 @@ def supported_methods(a: DeviceCapabilities, b: DeviceCapabilities,
                       enabled_b: frozenset[str] | None = None, *,
                       cuda_probe: CudaProbe | None = None) -> list[str]:
     """The cross-device methods that work between a and b, best first."""
+    _check_caps(a, "a")
+    _check_caps(b, "b")
     return [m for m in TransferMethod.CROSS_DEVICE
             if method_support(m, a, b, enabled_a, enabled_b, cuda_probe=cuda_probe) is None]
 
@@ -185,7 +196,8 @@ def select_transfer_method(assignment: Any, capabilities: Any, *,
     CUDA_PEER unless VKMULTI_CUDA_PEER=0).
 
     The seed's form: `assignment` has a `device_index` (an SRUAssignment) and
-    `capabilities` is the manager's RenderCapabilities (`mgr.capabilities`);
+    `capabilities` is the manager's RenderCapabilities (`mgr.capabilities`,
+    or the seed's own object, read by its fields);
     the destination is `dst_index`, the primary by default. NONE for work
     already on the destination; the floor, STAGING_COPY, when the
     capabilities do not describe both devices. The pair form:
@@ -206,8 +218,7 @@ def select_transfer_method(assignment: Any, capabilities: Any, *,
                         f"DeviceSlots; got {type(assignment).__name__} with device_index {src_index!r}"[:200])
     if not is_int(dst_index) or dst_index < 0:
         raise TypeError(f"dst_index must be a non-negative int, got {dst_index!r}"[:160])
-    if capabilities is not None and not isinstance(capabilities, RenderCapabilities):
-        raise TypeError(f"capabilities must be RenderCapabilities or None, got {type(capabilities).__name__}")
+    capabilities = as_render_capabilities(capabilities)   # the seed's own RenderCapabilities too
     if src_index == dst_index:
         return TransferMethod.NONE
     if capabilities is None or max(src_index, dst_index) >= len(capabilities.devices):

@@ -588,5 +588,6 @@ class KernelRuntime:
         self.destroy()
 
     def __repr__(self) -> str:
+        state = ", destroyed" if self._destroyed else ""
         return (f"KernelRuntime(devices={sorted(self._contexts)}, kernels={len(self._kernels)}, "
-                f"payload_size={self.payload_size})")
+                f"payload_size={self.payload_size}{state})")

@@ -1,0 +1,152 @@
+"""Code written for SimVX's multi_device ports unchanged (issue 23): SimVX's own
+QueueFamilies and RenderCapabilities objects are taken by their fields, slot(-1)
+is the last slot as in the seed's list indexing, and a passthrough manager over a
+GPU-less unit test's placeholder handles works without a Vulkan call. (assign_srus's
+leniencies: test_partition.py; the deliberate differences: docs/seed-defects.md.)"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import vkmulti
+from vkmulti import MultiDeviceManager, select_transfer_method
+from vkmulti.device.capabilities import QueueFamilies, RenderCapabilities
+from vkmulti.device.logical import create_logical_device, destroy_logical_device
+from vkmulti.device.instance import Instance
+from vkmulti.offload import SRUAssignment
+
+
+@dataclasses.dataclass
+class SeedQueueFamilies:
+    """SimVX's simvx.graphics.gpu.device.QueueFamilies: two fields only."""
+    graphics: int
+    present: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedRenderCapabilities:
+    """SimVX's simvx.graphics.gpu.capabilities.RenderCapabilities (its fields and defaults)."""
+    free_threaded: bool = False
+    gil_disabled_build: bool = False
+    physical_device_count: int = 1
+    device_group: bool = False
+    external_memory_fd: bool = False
+    external_memory_fd_enabled: bool = False
+    dedicated_compute_qf: int | None = None
+    dedicated_transfer_qf: int | None = None
+    gpu_timing: bool = False
+    multi_draw_indirect: bool = False
+    image_cube_array: bool = False
+    fill_mode_non_solid: bool = False
+    independent_blend: bool = False
+    texture_compression_bc: bool = False
+    texture_compression_etc2: bool = False
+    texture_compression_astc_ldr: bool = False
+    limits: dict = dataclasses.field(default_factory=dict)
+
+
+@pytest.fixture
+def engine():
+    inst = Instance()
+    pds = inst.physical_devices()
+    ld = create_logical_device(pds[0])
+    yield inst, pds, ld
+    destroy_logical_device(ld.device, ld.native)
+    inst.destroy()
+
+
+def _seed_kwargs(pds, ld, **over):
+    kw = dict(primary_physical_device=pds[0],
+              primary_queue_families=SeedQueueFamilies(ld.queue_families.graphics, ld.queue_families.present),
+              primary_device=ld.device, primary_graphics_queue=ld.graphics_queue.handle,
+              primary_present_queue=ld.present_queue.handle, physical_devices=pds, enabled=True,
+              primary_extensions=ld.enabled_extensions)
+    kw.update(over)
+    return kw
+
+
+def test_the_seeds_queue_families_and_capabilities_objects_are_accepted(engine):
+    """Before: TypeError 'primary_queue_families must be QueueFamilies, got SeedQueueFamilies'
+    and 'capabilities must be RenderCapabilities, got SeedRenderCapabilities'."""
+    inst, pds, ld = engine
+    caps = SeedRenderCapabilities(physical_device_count=len(pds), external_memory_fd=True, limits={"x": 1})
+    mgr = MultiDeviceManager(**_seed_kwargs(pds, ld, capabilities=caps))
+    try:
+        assert mgr.multi_gpu and mgr.device_count == 2
+        assert isinstance(mgr.primary.queue_families, QueueFamilies)
+        assert mgr.primary.queue_families.graphics == ld.queue_families.graphics
+        assert isinstance(mgr.capabilities, RenderCapabilities)
+        assert mgr.capabilities.external_memory_fd and mgr.capabilities.limits == {"x": 1}
+        assert len(mgr.capabilities.devices) == 2
+    finally:
+        mgr.destroy()
+
+
+@pytest.mark.parametrize("bad, match", [
+    (object(), "must have int fields graphics and present"),
+    (SeedQueueFamilies(-1, 0), "graphics must be a non-negative int"),
+    (SeedQueueFamilies(0, "0"), "present must be a non-negative int"),
+])
+def test_queue_families_without_the_fields_are_a_type_error(bad, match):
+    pd, q = object(), object()
+    with pytest.raises(TypeError, match=match):
+        MultiDeviceManager(primary_physical_device=pd, primary_queue_families=bad, primary_device=object(),
+                           primary_graphics_queue=q, primary_present_queue=q, physical_devices=[pd], enabled=False)
+
+
+def test_select_transfer_method_takes_the_seeds_capabilities():
+    """Before: TypeError 'capabilities must be RenderCapabilities or None, got
+    SeedRenderCapabilities'. The seed's answers: NONE on GPU 0, STAGING_COPY for an
+    offloaded SRU (its capabilities do not describe the devices)."""
+    caps = SeedRenderCapabilities(physical_device_count=2, external_memory_fd_enabled=True)
+    assert select_transfer_method(SRUAssignment(1, 0), caps) == vkmulti.TransferMethod.NONE
+    assert select_transfer_method(SRUAssignment(1, 1), caps) == vkmulti.TransferMethod.STAGING_COPY
+    with pytest.raises(TypeError, match="capabilities must be RenderCapabilities"):
+        select_transfer_method(SRUAssignment(1, 1), object())
+
+
+def test_slot_minus_one_is_the_last_slot_as_in_the_seed(manager):
+    """Before: IndexError 'slot index -1 out of range: 2 slot(s)'."""
+    assert manager.slot(-1) is manager.slot(1) and manager.slot(-2) is manager.primary
+    with pytest.raises(IndexError, match="slot index -3 out of range"):
+        manager.slot(-3)
+
+
+@pytest.mark.parametrize("enabled, count", [(False, 2), (True, 1), (False, 1)])
+def test_a_passthrough_manager_over_placeholder_handles(enabled, count):
+    """An engine's GPU-less unit test builds the passthrough from placeholder objects.
+    Before: TypeError 'VkPhysicalDevice handle expected (a `vulkan` package handle or
+    an int), got object'. Now one slot holding them as given, named "<unknown>" as
+    the seed names a device it cannot ask, and destroy() (twice) does nothing."""
+    pds = [object() for _ in range(count)]
+    dev, gq, pq = object(), object(), object()
+    mgr = MultiDeviceManager(primary_physical_device=pds[0], primary_queue_families=SeedQueueFamilies(0, 0),
+                             primary_device=dev, primary_graphics_queue=gq, primary_present_queue=pq,
+                             physical_devices=pds, enabled=enabled, capabilities=SeedRenderCapabilities())
+    assert not mgr.multi_gpu and mgr.device_count == 1 and mgr.secondaries == []
+    p = mgr.primary
+    assert p.is_primary and p.device is dev and p.graphics_queue is gq and p.present_queue is pq
+    assert p.physical_device is pds[0] and p.name == "<unknown>" and mgr.slot(-1) is p
+    with pytest.raises(IndexError):
+        mgr.slot(1)
+    assert not mgr.external_memory_fd_enabled
+    calls = []
+    mgr.register_teardown(lambda: calls.append(1))
+    mgr.destroy()
+    mgr.destroy()
+    assert calls == [1] and mgr.destroyed
+    with pytest.raises(ValueError, match="not among physical_devices"):
+        MultiDeviceManager(primary_physical_device=object(), primary_queue_families=SeedQueueFamilies(0, 0),
+                           primary_device=dev, primary_graphics_queue=gq, primary_present_queue=pq,
+                           physical_devices=pds, enabled=enabled)
+    with pytest.raises(vkmulti.errors.DestroyedError):   # a deliberate difference: docs/seed-defects.md
+        mgr.device_count
+
+
+def test_real_physical_devices_need_real_handles(engine):
+    """The placeholder passthrough is for GPU-less tests only: with real physical
+    devices a placeholder device is still a TypeError (never cast and called)."""
+    inst, pds, ld = engine
+    with pytest.raises(TypeError, match="VkDevice handle expected"):
+        MultiDeviceManager(**_seed_kwargs(pds, ld, primary_device=object(), enabled=False))
