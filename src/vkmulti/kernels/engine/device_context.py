@@ -128,6 +128,11 @@ DELIVER_PUSH = 32
 SURVEY_PUSH = 16
 
 
+def kernel_types(n_state: int) -> list[int]:
+    """The descriptor types of a kernel with `n_state` state buffers (inbox, outbox regions, states)."""
+    return [SB, SB_DYN] + [SB] * n_state
+
+
 def step_queue(slot: Any) -> Any:
     """The queue kernel steps go to: the universal queue that vkmulti's transfers do
     not use (the graphics queue, where the device has a second universal queue for
@@ -158,6 +163,11 @@ class DeviceContext:
         self.waiters = 0
         self.value = 0                  # the last value submitted
         self.passes: dict[tuple, ComputePass] = {}
+        #: pipelines being built now, by key: their Event is set once `passes` has them (or the build failed)
+        self.building: dict[tuple, threading.Event] = {}
+        self.pass_lock = threading.Lock()   # guards `passes` and `building` (builds run outside `lock`)
+        #: times a caller waited for a build another thread had started instead of building it again
+        self.shared_builds = 0
         self._pools: list[Any] = []
         self.local: list[Any] = [None] * MAX_LOCAL_KERNELS   # local slot -> kernel
         self.dir_dirty: set[int] = set()   # directory entries to rewrite (guarded by dir_lock)
@@ -206,22 +216,80 @@ class DeviceContext:
     def builtin(self, name: str, types: list[int], push: int) -> ComputePass:
         return self.pipeline(shader_path(name).read_bytes(), "main", types, push)
 
-    def pipeline(self, code: bytes, entry: str, types: list[int], push: int) -> ComputePass:
-        """The pipeline for `code` with these bindings, made once per device (the pipeline cache)."""
+    def pipeline(self, code: bytes, entry: str, types: list[int], push: int,
+                 timeout: float | None = 60.0) -> ComputePass:
+        """The pipeline for `code` with these bindings, made once per device: built
+        here when no thread builds it yet, else the other thread's build waited for
+        (never a second build). The caller may hold `lock`: the build does not take it."""
         key = (hashlib.sha256(code).digest(), entry, tuple(types), push)
-        p = self.passes.get(key)
-        if p is None:
-            p = self.passes[key] = ComputePass(self, code, entry, types, push)
-        return p
+        return self._pass(key, lambda: ComputePass(self, code, entry, types, push), timeout)
 
-    def kernel_pass(self, code: bytes, entry: str, n_state: int) -> ComputePass:
-        """The pipeline of a kernel with `n_state` state buffers (ABI: inbox, outbox, state...)."""
+    def build_pass(self, code: bytes, entry: str, types: list[int], push: int,
+                   timeout: float | None = 60.0) -> ComputePass:
+        """pipeline() for a caller that does not hold `lock` (a background build, a
+        reload): destroy() waits for it, and DestroyedError when the context went."""
+        with self.lock:
+            self.check()
+            self.waiters += 1
+        try:
+            return self.pipeline(code, entry, types, push, timeout)
+        finally:
+            with self.lock:
+                self.waiters -= 1
+                self.cond.notify_all()
+
+    def has_pass(self, code: bytes, entry: str, types: list[int], push: int) -> bool:
+        """Whether the pipeline for `code` with these bindings is built on this device."""
+        key = (hashlib.sha256(code).digest(), entry, tuple(types), push)
+        with self.pass_lock:
+            return key in self.passes
+
+    def _pass(self, key: tuple, make: Callable[[], ComputePass], timeout: float | None) -> ComputePass:
+        deadline = Deadline(timeout)
+        while True:
+            with self.pass_lock:
+                p = self.passes.get(key)
+                if p is not None:
+                    return p
+                event = self.building.get(key)
+                if event is None:
+                    event = self.building[key] = threading.Event()
+                    break
+                self.shared_builds += 1
+            while not event.wait(deadline.slice()):   # (slices: interruptible)
+                if deadline.expired():
+                    raise VkmTimeout(f"the pipeline another thread builds on GPU {self.index} was not ready "
+                                     f"within {timeout} s")
+                if not self.alive:
+                    raise DestroyedError(f"the kernel runtime's context on GPU {self.index} was destroyed")
+        made = None
+        try:
+            made = make()
+        finally:
+            with self.pass_lock:
+                del self.building[key]
+                if made is not None:
+                    if self.alive:
+                        self.passes[key] = made
+                    else:
+                        made.destroy(self.slot.device)
+                event.set()
+        if not self.alive:
+            raise DestroyedError(f"the kernel runtime's context on GPU {self.index} was destroyed while a "
+                                 f"pipeline was built")
+        return made
+
+    def kernel_pass(self, code: bytes, entry: str, n_state: int, *, locked: bool = True,
+                    timeout: float | None = 60.0) -> ComputePass:
+        """The pipeline of a kernel with `n_state` state buffers (ABI: inbox, outbox, state...);
+        `locked`: the caller holds `lock` (else build_pass)."""
         per_stage = self.max_storage_buffers
         if 2 + n_state > per_stage:
             raise UnsupportedError(f"a kernel with {n_state} state buffers needs {2 + n_state} storage buffers per "
                                    f"stage; {self.slot.name!r} (GPU {self.index}) allows {per_stage}: merge state "
                                    f"buffers", device=self.slot.name)
-        return self.pipeline(code, entry, [SB, SB_DYN] + [SB] * n_state, KERNEL_PUSH)
+        build = self.pipeline if locked else self.build_pass
+        return build(code, entry, kernel_types(n_state), KERNEL_PUSH, timeout)
 
     # -- descriptor sets -------------------------------------------------------
 
@@ -331,9 +399,10 @@ class DeviceContext:
                 self.cond.wait(0.05)
             if self.waiters:
                 raise VkmTimeout(f"threads still wait on GPU {self.index}'s kernel timeline after {timeout:.1f} s")
-        for p in self.passes.values():
+        with self.pass_lock:
+            passes, self.passes = list(self.passes.values()), {}
+        for p in passes:
             p.destroy(dev)
-        self.passes.clear()
         for pool in self._pools:
             vk.vkDestroyDescriptorPool(dev, pool, None)
         self._pools.clear()

@@ -295,6 +295,8 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         raise MigrationError(f"kernel {k.id!r} already runs on GPU {dst}")
     if not 0 <= dst < rt.manager.device_count:
         raise MigrationError(f"GPU {dst} is not a device of this runtime's manager ({rt.manager.device_count})")
+    for device in (dst, src):   # pipelines built ahead (or that build waited for) while k still steps
+        life.prebuild.ensure(k.spec, device, time_left(deadline, f"the pipelines of {k.id!r} on GPU {device}"))
     request.state = MigrationState.QUIESCING
     why = f"migrating to GPU {dst}"
     life.hold(k, why, moving=True)

@@ -72,6 +72,7 @@ class LifecycleView(Protocol):
     engines, the retired resources, the count of steps made, the policy's state."""
     rt: RuntimeView
     engines: "MoveEngines"
+    prebuild: Any
     steps_done: int
     policy_state: Any
 
@@ -232,6 +233,8 @@ def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spe
     not registered anywhere."""
     spec = spec or k.spec
     ctx = _check_state_sizes(rt, k, device, spec)
+    # built ahead (engine/prebuild.py), or waited for where that build runs: not under the device lock
+    ctx.kernel_pass(spec.spirv, spec.entry_point, len(spec.state_sizes), locked=False)
     with ctx.lock:
         ctx.check()
         twin = Twin(rt, ctx, spec, k.id, k.address, k.tenant, tuple(k.params), pool=pool, states=states)

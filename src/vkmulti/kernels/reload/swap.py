@@ -7,7 +7,6 @@ for one kernel (the runtime's side of Kernel.apply_code).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import threading
 import time
@@ -16,7 +15,7 @@ from typing import Any, Callable
 import vulkan as vk
 
 from ...errors import KernelValidationError, UnsupportedError, TimeoutError as VkmTimeout
-from ..engine.device_context import KERNEL_PUSH, SB, SB_DYN, WHOLE_SIZE, ComputePass
+from ..engine.device_context import KERNEL_PUSH, WHOLE_SIZE, ComputePass
 from ..engine.gate import gate_of
 from ..engine.kernel import Kernel
 from ..engine.spirv import check_kernel_abi, reflect, run_spirv_val, spirv_env_for_api
@@ -73,38 +72,10 @@ def check_for_kernels(code: KernelCodeSource, targets: list[Kernel], *, spirv_va
         run_spirv_val(code.code, env, timeout(), "the new SPIR-V")
 
 
-def _build(ctx: Any, code: bytes, entry: str, n_state: int) -> ComputePass:
-    """The kernel pipeline for `code` on `ctx`, built outside the device lock and
-    then put into the device's cache (or the cached one when another made it first)."""
-    per_stage = ctx.max_storage_buffers
-    if 2 + n_state > per_stage:
-        raise UnsupportedError(f"a kernel with {n_state} state buffers needs {2 + n_state} storage buffers per stage; "
-                               f"{ctx.slot.name!r} allows {per_stage}", device=ctx.slot.name)
-    types = [SB, SB_DYN] + [SB] * n_state
-    key = (hashlib.sha256(code).digest(), entry, tuple(types), KERNEL_PUSH)
-    with ctx.lock:
-        ctx.check()
-        p = ctx.passes.get(key)
-        if p is not None:
-            return p
-        ctx.waiters += 1   # ctx.destroy() waits for this build
-    made = None
-    try:
-        made = ComputePass(ctx, code, entry, types, KERNEL_PUSH)
-    finally:
-        with ctx.lock:
-            ctx.waiters -= 1
-            ctx.cond.notify_all()
-            if made is not None:
-                if ctx.alive and key not in ctx.passes:
-                    ctx.passes[key] = made
-                else:
-                    keep = ctx.passes.get(key)
-                    made.destroy(ctx.slot.device)
-                    made = keep
-    if made is None:
-        raise UnsupportedError(f"GPU {ctx.index}'s kernel context was destroyed while the pipeline was built")
-    return made
+def _build(ctx: Any, code: bytes, entry: str, n_state: int, timeout: float) -> ComputePass:
+    """The kernel pipeline for `code` on `ctx`, built outside the device lock into the
+    device's cache (another thread's build of it waited for, not repeated)."""
+    return ctx.kernel_pass(code, entry, n_state, locked=False, timeout=timeout)
 
 
 def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Callable[[], float]) -> dict[int, Any]:
@@ -119,9 +90,11 @@ def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Call
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
 
+    budget = left()
+
     def build(index: int, ctx: Any, n_state: int) -> None:
         try:
-            results[index] = _build(ctx, code.code, code.entry_point, n_state)
+            results[index] = _build(ctx, code.code, code.entry_point, n_state, budget)
         except BaseException as exc:   # reported by the caller
             errors[index] = exc
     threads = [threading.Thread(target=build, args=(i, c, n), name=f"vkmulti-reload-compile-{i}", daemon=True)

@@ -1,0 +1,163 @@
+"""Pipelines built ahead of need (engine/prebuild.py) on the virtual GPU pair: a
+live migration or a restore makes no vkCreateComputePipelines call once the
+background build ran; a migration that comes while that build runs waits for
+it (no second build); the policy limits the devices; destroy() racing a build
+that is blocked is safe. Builds are made slow deterministically by an event
+the test releases (never by timing)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import kernel_support
+from kernel_support import runtime_fixture
+from vkmulti._core import vkapi
+from vkmulti.kernels import KernelSpec, counter_kernel
+from vkmulti.kernels.reference import counter_initial_state, read_counter
+
+MAX = 32
+runtime = runtime_fixture(max_kernels=MAX)
+_PREBUILD = "vkmulti-prebuild"
+
+
+class PipelineCalls:
+    """vkCreateComputePipelines through the one Vulkan-call wrapper, counted per
+    thread; calls of the background builder block on `gate` while it is armed."""
+
+    def __init__(self, monkeypatch):
+        self.real = getattr(vkapi, "vkCreateComputePipelines")
+        self.calls: list[str] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.blocked = threading.Event()
+        self._lock = threading.Lock()
+        monkeypatch.setattr(vkapi, "vkCreateComputePipelines", self._call)
+
+    def _call(self, *args):
+        name = threading.current_thread().name
+        with self._lock:
+            self.calls.append(name)
+        if name == _PREBUILD and not self.gate.is_set():
+            self.blocked.set()
+            assert self.gate.wait(60), "the test never released the background build"
+        return self.real(*args)
+
+    def outside_prebuild(self) -> int:
+        with self._lock:
+            return sum(1 for n in self.calls if n != _PREBUILD)
+
+
+def wait_for(cond, what, timeout=60.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, f"{what} did not happen within {timeout} s"
+        time.sleep(0.005)
+
+
+def big_spec():
+    """The counter with two more state buffers: a pipeline of its own (other bindings)."""
+    base = counter_kernel(max_sources=MAX)
+    return KernelSpec("big-counter", base.spirv, state_sizes=(base.state_sizes[0], 1 << 16, 4096))
+
+
+@pytest.mark.parametrize("engine", ["auto", "shader"])
+def test_a_migration_and_a_restore_compile_nothing(runtime, monkeypatch, engine):
+    runtime.migration_crc = engine
+    k = kernel_support.counter(runtime, "k", device=0, max_sources=MAX)
+    runtime.step()
+    runtime.prebuild.wait_idle(60)
+    calls = PipelineCalls(monkeypatch)
+    for target in (1, 0, 1):
+        result = runtime.migrate(k, target)
+        assert result.checksum_match is True and k.device_index == target
+    cp = runtime.checkpoint(k)
+    runtime.restore(cp, into=k, device=0)
+    assert k.device_index == 0
+    assert calls.calls == []
+    runtime.step()
+    runtime.synchronize()
+    assert read_counter(runtime.read_state(k)).fifo_errors == 0
+
+
+def test_migrate_while_the_background_build_runs_waits_for_it(runtime, monkeypatch):
+    warm = kernel_support.counter(runtime, "warm", device=1, max_sources=MAX)   # GPU 1's context exists
+    runtime.prebuild.wait_idle(60)
+    calls = PipelineCalls(monkeypatch)
+    calls.gate.clear()
+    try:
+        _migrate_during_build(runtime, calls, warm)
+    finally:
+        calls.gate.set()
+
+
+def _migrate_during_build(runtime, calls, warm):
+    built = runtime.prebuild.built
+    extra = np.arange(1 << 16, dtype=np.uint8)
+    k = runtime.launch(big_spec(), "big", device=0, state=[counter_initial_state(MAX), extra, None])
+    assert calls.blocked.wait(60)            # the build on GPU 1 has started and is held
+    assert runtime.prebuild.built == built
+    ctx1 = warm.ctx
+    shared = ctx1.shared_builds
+    launched = calls.outside_prebuild()      # (the launch built it on GPU 0)
+    out: dict = {}
+
+    def move():
+        try:
+            out["result"] = runtime.migrate(k, 1, timeout=60)
+        except BaseException as exc:   # reported below
+            out["error"] = exc
+    t = threading.Thread(target=move)
+    t.start()
+    wait_for(lambda: ctx1.shared_builds > shared, "the migration waiting for the running build")
+    assert t.is_alive() and k.device_index == 0
+    calls.gate.set()
+    t.join(60)
+    assert not t.is_alive() and "error" not in out, out.get("error")
+    assert out["result"].checksum_match is True and k.device_index == 1
+    assert calls.outside_prebuild() == launched   # the migration built nothing itself
+    assert calls.calls.count(_PREBUILD) == 1  # one build of the big pipeline on GPU 1, not two
+    assert np.array_equal(runtime.read_state(k, 1), extra)
+
+
+def test_the_policy_limits_the_devices(runtime, monkeypatch):
+    with pytest.raises(TypeError):
+        runtime.prebuild.devices = "all"
+    with pytest.raises(ValueError):
+        runtime.prebuild.devices = (0, -1)
+    runtime.prebuild.devices = (0,)
+    assert runtime.prebuild.devices == (0,)
+    kernel_support.counter(runtime, "warm", device=1, max_sources=MAX)
+    runtime.prebuild.wait_idle(60)
+    calls = PipelineCalls(monkeypatch)
+    k = runtime.launch(big_spec(), "big", device=0, state=[counter_initial_state(MAX), None, None])
+    runtime.prebuild.wait_idle(60)
+    assert calls.calls == ["MainThread"]     # the launch's build on GPU 0; GPU 1 is not in the policy
+    runtime.migrate(k, 1)                    # so the move builds it (and still works)
+    assert calls.calls == ["MainThread"] * 2
+    runtime.prebuild.devices = lambda kernel: [0, 1, 7]   # (a device the manager lacks is skipped)
+    assert runtime.prebuild.targets(k) == [0, 1]
+    runtime.prebuild.devices = None
+
+
+def test_destroy_racing_a_blocked_background_build(manager, monkeypatch):
+    from vkmulti.kernels import KernelRuntime
+
+    rt = KernelRuntime(kernel_support.make_coordinator(manager), manager, max_kernels=MAX)
+    try:
+        kernel_support.counter(rt, "warm", device=1, max_sources=MAX)
+        rt.prebuild.wait_idle(60)
+        calls = PipelineCalls(monkeypatch)
+        calls.gate.clear()
+        rt.launch(big_spec(), "big", device=0, state=[counter_initial_state(MAX), None, None])
+        assert calls.blocked.wait(60)
+        releaser = threading.Thread(target=lambda: (wait_for(lambda: rt.prebuild._stopping, "destroy()"),
+                                                    calls.gate.set()))
+        releaser.start()
+    finally:
+        rt.destroy()
+    releaser.join(60)
+    thread = rt.prebuild._thread
+    assert thread is not None and not thread.is_alive()
