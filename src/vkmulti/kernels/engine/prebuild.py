@@ -39,11 +39,14 @@ class Prebuilder:
     `context(index)` gives (making it if need be) the runtime's DeviceContext of
     a device; `device_count()` the manager's devices; `usable(index)` whether a
     device may take kernels (not lost); `extras(ctx)` the runtime's own passes a
-    move onto that device builds (PassSpecs)."""
+    move onto that device builds (PassSpecs); `warm(index)` makes the rest of
+    what a move onto that device uses (its CRC32 engine, its GPU jobs)."""
 
     def __init__(self, context: Callable[[int], Any], device_count: Callable[[], int],
-                 usable: Callable[[int], bool], extras: Callable[[Any], list[PassSpec]]):
+                 usable: Callable[[int], bool], extras: Callable[[Any], list[PassSpec]],
+                 warm: Callable[[int], Any] = lambda index: None):
         self._context, self._device_count, self._usable, self._extras = context, device_count, usable, extras
+        self._warm = warm
         self._devices: Any = None
         self._cond = threading.Condition(threading.Lock())
         self._jobs: deque[tuple[list[PassSpec], list[int]]] = deque()
@@ -149,6 +152,7 @@ class Prebuilder:
                     if not ctx.has_pass(code, entry, types, push):
                         ctx.build_pass(code, entry, types, push, 60.0)
                         self.built += 1
+                self._warm(d)
             except DestroyedError:
                 return
             except (VkmError, MemoryError) as exc:   # a lost or full device: a move there builds its own

@@ -140,7 +140,7 @@ class Lifecycle:
         self.steps_done = 0
         #: the kernels' pipelines built ahead on the devices they may move to (engine/prebuild.py)
         self.prebuild = Prebuilder(rt._context, lambda: rt.manager.device_count,
-                                   lambda d: not rt.device_lost(d), self._move_passes)
+                                   lambda d: not rt.device_lost(d), self._move_passes, self.crc)
 
     # -- per device ----------------------------------------------------------------------
 
