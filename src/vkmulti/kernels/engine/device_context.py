@@ -8,6 +8,7 @@ semaphore, one value per step; nothing here waits for a queue to go idle.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from typing import Any, Callable
@@ -15,16 +16,18 @@ from typing import Any, Callable
 import numpy as np
 import vulkan as vk
 
-from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout, UnsupportedError
+from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout, UnsupportedError, VulkanError
 from ..._core import vkapi
 from ...device.logical import retire_submits
 from ..._core.lifetime import Deadline
 from ...memory.image import BUFFER_USAGE, Buffer, CommandRunner
 from ..._core.shaders import shader_path
 from ..._core.timeline import TimelinePoint
+from .pipeline_cache import FILES, identity_of
 from .recording import barrier
 
 _ffi = vk.ffi
+log = logging.getLogger(__name__)
 
 SB = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
 SB_DYN = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC
@@ -175,6 +178,8 @@ class DeviceContext:
         self.buffer_sets: dict[tuple, Any] = {}   # survey sets of reused inbound buffers, by (buffer, size)
         self.timeline = None
         self.pipeline_cache = None
+        self.cache_identity: Any = None   # (vendorID, deviceID, pipelineCacheUUID): names its cache file
+        self.cache_blob: bytes | None = None   # what the pipeline cache was made from
         self.cmd_pool = None
         self.status = self.directory = self.runner = None
         try:
@@ -193,8 +198,7 @@ class DeviceContext:
         self.max_storage_range = int(limits.maxStorageBufferRange)
         del props
         self.timeline = slot.native.create_timeline(0)
-        self.pipeline_cache = vkapi.vkCreatePipelineCache(dev, vk.VkPipelineCacheCreateInfo(
-            sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO), None)
+        self.pipeline_cache = self._open_pipeline_cache(slot)
         self.cmd_pool = vkapi.vkCreateCommandPool(dev, vk.VkCommandPoolCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue.family), None)
@@ -212,6 +216,35 @@ class DeviceContext:
         self.survey = self.builtin("kernel_survey.comp.spv", [SB_DYN, SB, SB], SURVEY_PUSH)
 
     # -- pipelines -------------------------------------------------------------
+
+    def _open_pipeline_cache(self, slot: Any) -> Any:
+        """The device's VkPipelineCache, from the machine's cache file where a checked one exists."""
+        self.cache_identity = identity_of(slot.physical_device)
+        blob = self.cache_blob = FILES.load(self.cache_identity)
+        plain = vk.VkPipelineCacheCreateInfo(sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO)
+        if blob:
+            data = _ffi.from_buffer(blob)
+            try:
+                return vkapi.vkCreatePipelineCache(slot.device, vk.VkPipelineCacheCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO, initialDataSize=len(blob),
+                    pInitialData=data), None)
+            except VulkanError as exc:
+                log.warning("GPU %d's driver refused the pipeline cache file: %s", self.index, exc)
+                self.cache_blob = None
+        return vkapi.vkCreatePipelineCache(slot.device, plain, None)
+
+    def _save_pipeline_cache(self, dev: Any) -> None:
+        """Write the device's pipeline cache to the machine's file when it holds more than was read."""
+        native = getattr(self.slot, "native", None)
+        if not FILES.enabled() or native is None or native.lost:
+            return
+        try:
+            data = vkapi.pipeline_cache_data(dev, self.pipeline_cache, FILES.limit)
+        except VulkanError as exc:
+            log.warning("could not read GPU %d's pipeline cache: %s", self.index, exc)
+            return
+        if data and data != self.cache_blob:
+            FILES.save(self.cache_identity, data)
 
     def builtin(self, name: str, types: list[int], push: int) -> ComputePass:
         return self.pipeline(shader_path(name).read_bytes(), "main", types, push)
@@ -414,6 +447,7 @@ class DeviceContext:
             vk.vkDestroyCommandPool(dev, self.cmd_pool, None)
             self.cmd_pool = None
         if self.pipeline_cache is not None:
+            self._save_pipeline_cache(dev)
             vk.vkDestroyPipelineCache(dev, self.pipeline_cache, None)
             self.pipeline_cache = None
         if self.timeline is not None:
