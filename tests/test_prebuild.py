@@ -161,3 +161,75 @@ def test_destroy_racing_a_blocked_background_build(manager, monkeypatch):
     releaser.join(60)
     thread = rt.prebuild._thread
     assert thread is not None and not thread.is_alive()
+
+
+def _cold(spirv: bytes, tag: int) -> bytes:
+    """The same program with another generator word: new bytes, a pipeline not built yet."""
+    raw = bytearray(spirv)
+    raw[8:12] = tag.to_bytes(4, "little")
+    return bytes(raw)
+
+
+def test_a_reload_compiles_off_the_step_path_on_every_device(runtime, monkeypatch):
+    from vkmulti.kernels import HotReloadConfig, HotReloadManager, KernelCodeSource
+    from vkmulti.kernels.engine.device_context import KERNEL_PUSH, kernel_types
+
+    k = kernel_support.counter(runtime, "k", device=0, max_sources=MAX)
+    runtime.prebuild.wait_idle(60)
+    reloads = HotReloadManager(HotReloadConfig().with_preserve_state(True).with_validate_before_swap(False))
+    reloads.register_runtime_kernel(k)
+    code = KernelCodeSource.from_spirv(_cold(k.spec.spirv, 0xB0B0))
+    old_pass = k.kernel_pass
+    calls = PipelineCalls(monkeypatch)
+    gate = threading.Event()
+    compiling = threading.Event()
+
+    def gated(*args):
+        if threading.current_thread().name.startswith("vkmulti-reload-compile"):
+            compiling.set()
+            assert gate.wait(60), "the test never released the reload's build"
+        return calls._call(*args)
+    monkeypatch.setattr(vkapi, "vkCreateComputePipelines", gated)
+    stop = threading.Event()
+    stepper_errors: list = []
+
+    def steps():
+        try:
+            while not stop.is_set():
+                runtime.step(k)
+        except BaseException as exc:   # reported below
+            stepper_errors.append(exc)
+    out: dict = {}
+
+    def reload():
+        try:
+            out["result"] = reloads.reload(k, code)
+        except BaseException as exc:   # reported below
+            out["error"] = exc
+    stepper = threading.Thread(target=steps, name="test-steps")
+    mover = threading.Thread(target=reload, name="test-reload")
+    stepper.start()
+    try:
+        mover.start()
+        assert compiling.wait(60)
+        during = k.steps
+        wait_for(lambda: k.steps >= during + 10, "steps while the new pipeline is compiled")
+        assert mover.is_alive() and k.kernel_pass is old_pass   # the old code runs meanwhile
+    finally:
+        gate.set()
+        mover.join(60)
+        stop.set()
+        stepper.join(60)
+    assert not stepper_errors and "error" not in out, (stepper_errors, out.get("error"))
+    assert k.kernel_pass is not old_pass and k.spec.spirv == code.code   # swapped at a step boundary
+    assert [n for n in calls.calls if not n.startswith("vkmulti-reload-compile")] == []   # no step compiled
+    assert sum(n.startswith("vkmulti-reload-compile") for n in calls.calls) == 2   # GPU 0 and GPU 1
+    other = next(c for c, _ in runtime._contexts.values() if c.index == 1)
+    assert other.has_pass(code.code, code.entry_point, kernel_types(len(k.states)), KERNEL_PUSH)
+    before = k.steps
+    runtime.step(k)
+    runtime.synchronize()
+    assert k.steps == before + 1 and read_counter(runtime.read_state(k)).fifo_errors == 0
+    calls.calls.clear()
+    runtime.migrate(k, 1)                    # the new code's pipeline was built there: no compile
+    assert calls.calls == []
