@@ -233,3 +233,21 @@ def test_a_reload_compiles_off_the_step_path_on_every_device(runtime, monkeypatc
     calls.calls.clear()
     runtime.migrate(k, 1)                    # the new code's pipeline was built there: no compile
     assert calls.calls == []
+
+
+def test_a_twin_s_buffers_are_made_ahead_and_a_first_move_takes_them(runtime):
+    from vkmulti.kernels.lifecycle.twin import twin_buffer_sizes
+
+    k = kernel_support.counter(runtime, "k", device=0, max_sources=MAX)
+    runtime.prebuild.wait_idle(60)
+    pool = runtime._lifecycle.pool
+    ctx1 = next(c for c, _ in runtime._contexts.values() if c.index == 1)
+    sizes = twin_buffer_sizes(runtime, k, ctx1)
+    assert all(pool._free.get((1, n)) for n in sizes)   # made ahead on GPU 1, pages touched
+    held = pool._bytes[1]
+    runtime.migrate(k, 1)
+    assert pool._bytes.get(1, 0) == held - sum(sizes)   # the twin took them: the move allocated none there
+    runtime.prebuild.reserve_bytes = 0
+    kernel_support.counter(runtime, "k2", device=0, max_sources=MAX)
+    runtime.prebuild.wait_idle(60)
+    assert pool._bytes.get(1, 0) == held - sum(sizes)   # off: nothing more made ahead

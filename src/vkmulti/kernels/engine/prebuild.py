@@ -7,7 +7,9 @@ context never builds one pipeline twice).
 
 `Prebuilder.devices` is the policy: None (every device of the manager, the
 default), a tuple of device indices, or a callable(kernel) -> device indices;
-an empty tuple turns it off.
+an empty tuple turns it off. `reserve_bytes`: per device, the most bytes of
+buffers made ahead for the twins of kernels that may move there (their first
+move then allocates nothing, as a later one; 0: none).
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ __all__ = ["Prebuilder", "PassSpec"]
 
 #: (SPIR-V, entry point, descriptor types, push-constant bytes) of one pipeline
 PassSpec = tuple[bytes, str, list, int]
+#: Prebuilder.reserve_bytes by default
+DEFAULT_RESERVE_BYTES = 64 << 20
 
 
 def _kernel_pass_spec(spec: Any) -> PassSpec:
@@ -40,16 +44,20 @@ class Prebuilder:
     a device; `device_count()` the manager's devices; `usable(index)` whether a
     device may take kernels (not lost); `extras(ctx)` the runtime's own passes a
     move onto that device builds (PassSpecs); `warm(index)` makes the rest of
-    what a move onto that device uses (its CRC32 engine, its GPU jobs)."""
+    what a move onto that device uses (its CRC32 engine, its GPU jobs);
+    `reserve(kernel, index, limit)` makes buffers for a twin of the kernel there."""
 
     def __init__(self, context: Callable[[int], Any], device_count: Callable[[], int],
                  usable: Callable[[int], bool], extras: Callable[[Any], list[PassSpec]],
-                 warm: Callable[[int], Any] = lambda index: None):
+                 warm: Callable[[int], Any] = lambda index: None,
+                 reserve: Callable[[Any, int, int], Any] = lambda kernel, index, limit: None):
         self._context, self._device_count, self._usable, self._extras = context, device_count, usable, extras
-        self._warm = warm
+        self._warm, self._reserve = warm, reserve
+        #: per device, the most bytes of twin buffers made ahead (0: none)
+        self.reserve_bytes = DEFAULT_RESERVE_BYTES
         self._devices: Any = None
         self._cond = threading.Condition(threading.Lock())
-        self._jobs: deque[tuple[list[PassSpec], list[int]]] = deque()
+        self._jobs: deque[tuple[Any, list[PassSpec], list[int]]] = deque()
         self._busy = False
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -96,7 +104,7 @@ class Prebuilder:
         with self._cond:
             if self._stopping:
                 return
-            self._jobs.append(([_kernel_pass_spec(kernel.spec)], devices))
+            self._jobs.append((kernel, [_kernel_pass_spec(kernel.spec)], devices))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="vkmulti-prebuild", daemon=True)
                 self._thread.start()
@@ -129,16 +137,16 @@ class Prebuilder:
                     self._busy = False
                     self._cond.notify_all()
                     return
-                passes, devices = self._jobs.popleft()
+                kernel, passes, devices = self._jobs.popleft()
                 self._busy = True
             try:
-                self._build(passes, devices)
+                self._build(kernel, passes, devices)
             finally:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _build(self, passes: list[PassSpec], devices: list[int]) -> None:
+    def _build(self, kernel: Any, passes: list[PassSpec], devices: list[int]) -> None:
         for d in devices:
             if self._stopping:
                 return
@@ -153,6 +161,8 @@ class Prebuilder:
                         ctx.build_pass(code, entry, types, push, 60.0)
                         self.built += 1
                 self._warm(d)
+                if self.reserve_bytes > 0 and not kernel.destroyed and d != kernel.device_index:
+                    self._reserve(kernel, d, self.reserve_bytes)
             except DestroyedError:
                 return
             except (VkmError, MemoryError) as exc:   # a lost or full device: a move there builds its own

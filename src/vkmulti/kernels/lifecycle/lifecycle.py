@@ -85,7 +85,7 @@ from .live_migration import migrate_live
 from .migrator import KernelMigrator, MigrationResult
 from .policy import CheckpointPolicy, PolicyState
 from .restore import restore_into, restore_new
-from .twin import MigrationPool, MoveEngines, Retired, RuntimeView, free_retired
+from .twin import MigrationPool, MoveEngines, Retired, RuntimeView, free_retired, twin_buffer_sizes
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class Lifecycle:
         self.steps_done = 0
         #: the kernels' pipelines built ahead on the devices they may move to (engine/prebuild.py)
         self.prebuild = Prebuilder(rt._context, lambda: rt.manager.device_count,
-                                   lambda d: not rt.device_lost(d), self._move_passes, self.crc)
+                                   lambda d: not rt.device_lost(d), self._move_passes, self.crc, self._reserve)
 
     # -- per device ----------------------------------------------------------------------
 
@@ -167,6 +167,11 @@ class Lifecycle:
     def _move_passes(self, ctx: Any) -> list:
         """The runtime's own pipelines a move onto or off the device of `ctx` uses."""
         return [crc_pass_spec()] if self.crc_kind(ctx) == "shader" else []
+
+    def _reserve(self, kernel: Kernel, device: int, limit: int) -> None:
+        """Buffers for a twin of `kernel` on `device`, made ahead into the migration pool."""
+        ctx = self.rt._context(device)
+        self.pool.reserve(ctx, twin_buffer_sizes(self.rt, kernel, ctx), limit)
 
     def crc(self, device: int) -> Any:
         """The CRC32 engine of `device` chosen by crc_choice, made once per kind and
