@@ -14,6 +14,7 @@ move then allocates nothing, as a later one; 0: none).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import deque
 from typing import Any, Callable, Iterable
@@ -25,12 +26,27 @@ from .device_context import KERNEL_PUSH, kernel_types
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Prebuilder", "PassSpec"]
+__all__ = ["Prebuilder", "PassSpec", "lower_priority", "BACKGROUND_NICE"]
 
 #: (SPIR-V, entry point, descriptor types, push-constant bytes) of one pipeline
 PassSpec = tuple[bytes, str, list, int]
 #: Prebuilder.reserve_bytes by default
 DEFAULT_RESERVE_BYTES = 64 << 20
+
+
+#: How much a background build thread lowers its CPU priority (Linux niceness).
+BACKGROUND_NICE = 10
+
+
+def lower_priority() -> None:
+    """Lower the calling thread's CPU priority (Linux: its niceness, per thread), so
+    a background compile leaves the cores to the steps (on a CPU device the steps
+    run on the same cores); nothing where the system does not allow it."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
+    except (AttributeError, OSError):
+        pass
 
 
 def _kernel_pass_spec(spec: Any) -> PassSpec:
@@ -129,6 +145,7 @@ class Prebuilder:
                 self._cond.wait(deadline.slice())
 
     def _run(self) -> None:
+        lower_priority()
         while True:
             with self._cond:
                 while not self._jobs and not self._stopping:

@@ -17,6 +17,7 @@ import vulkan as vk
 from ...errors import KernelValidationError, UnsupportedError, TimeoutError as VkmTimeout
 from ..engine.device_context import KERNEL_PUSH, WHOLE_SIZE, ComputePass
 from ..engine.gate import gate_of
+from ..engine.prebuild import lower_priority
 from ..engine.kernel import Kernel
 from ..engine.spirv import check_kernel_abi, reflect, run_spirv_val, spirv_env_for_api
 from .code_source import KernelCodeFormat, KernelCodeSource, validate_code
@@ -115,6 +116,7 @@ def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Call
     errors: dict[int, BaseException] = {}
 
     def build(index: int, ctx: Any, n_state: int) -> None:
+        lower_priority()   # (a thread of its own: the steps keep the cores)
         try:
             if index in own:
                 results[index] = _build(ctx, code.code, code.entry_point, n_state)
