@@ -15,7 +15,7 @@ from typing import Any, Callable
 import vulkan as vk
 
 from ...errors import KernelValidationError, UnsupportedError, TimeoutError as VkmTimeout
-from ..engine.device_context import KERNEL_PUSH, WHOLE_SIZE, ComputePass
+from ..engine.device_context import KERNEL_PUSH, WHOLE_SIZE, ComputePass, kernel_types
 from ..engine.gate import gate_of
 from ..engine.prebuild import lower_priority
 from ..engine.kernel import Kernel
@@ -116,8 +116,9 @@ def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Call
     errors: dict[int, BaseException] = {}
 
     def build(index: int, ctx: Any, n_state: int) -> None:
-        lower_priority()   # (a thread of its own: the steps keep the cores)
         try:
+            if not ctx.has_pass(code.code, code.entry_point, kernel_types(n_state), KERNEL_PUSH):
+                lower_priority()   # a compile, on a thread of its own: the steps keep the cores
             if index in own:
                 results[index] = _build(ctx, code.code, code.entry_point, n_state)
             else:
