@@ -251,3 +251,28 @@ def test_a_twin_s_buffers_are_made_ahead_and_a_first_move_takes_them(runtime):
     kernel_support.counter(runtime, "k2", device=0, max_sources=MAX)
     runtime.prebuild.wait_idle(60)
     assert pool._bytes.get(1, 0) == held - sum(sizes)   # off: nothing more made ahead
+
+
+def test_the_failover_restore_of_a_lost_gpu_s_kernel_compiles_nothing(runtime, monkeypatch):
+    from vkmulti import CheckpointPolicy
+    from vkmulti.errors import DeviceLostError
+
+    runtime.set_checkpoint_policy(CheckpointPolicy(critical=["victim"]))
+    victim = runtime.launch(big_spec(), "victim", device=1, state=[counter_initial_state(MAX), None, None])
+    for _ in range(3):
+        runtime.step()
+    runtime.synchronize()
+    cp = runtime.latest_checkpoint(victim)
+    runtime.prebuild.wait_idle(60)            # its pipeline was built on GPU 0 in the background
+    calls = PipelineCalls(monkeypatch)
+
+    def lost():
+        raise DeviceLostError(-4, "vkGetSemaphoreCounterValue")
+    monkeypatch.setattr(victim.ctx, "completed", lost)
+    runtime.restore(cp, into=victim, device=0)
+    monkeypatch.undo()
+    assert victim.device_index == 0 and victim.steps == 3
+    assert calls.calls == []
+    runtime.step()
+    runtime.synchronize()
+    assert victim.steps == 4
