@@ -9,9 +9,15 @@
     engine; each CRC32 engine alone on each device (`crc_us`: shader in both
     layouts, and the host engine on CPU devices, where it is the default and
     the live migration is also timed with the shader's check);
+    the first move of a kernel (once the pipelines launch() builds ahead in the
+    background are built) against a later one; the live migration against
+    the raw copy of its bytes;
 (b) hot reload: the swap of a kernel's code (HotReloadManager, pipeline
     already built once) against tearing the kernel down and launching it anew
-    with the new code and its state put back.
+    with the new code and its state put back; the longest gap between two
+    steps (made by another thread) during a reload whose pipeline is compiled
+    cold, against the kernel's normal step (and against the longest gap in
+    as long a window of plain steps right after: the machine's own noise).
 
 Prints figures as JSON, then a line starting with "ratio:". Uses the virtual
 lavapipe pair when no GPU is present.
@@ -23,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import struct
 import sys
+import threading
 import time
 from typing import Any
 
@@ -81,7 +89,8 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[d
             reps = repeats if size <= 16 * MIB else max(1, repeats // 2)
             rt.send(k, np.array([1], np.uint32), tag=COUNTER_TAG_ADD)
             rt.step(k)
-            rt.migrate(k, 1)          # warm: pipelines and transfer links on both devices
+            rt.prebuild.wait_idle(60)   # (what launch() builds ahead in the background)
+            first = rt.migrate(k, 1)  # the first move of this kernel (later ones: `live`)
             rt.migrate(k, 0, verify=False)
             engine = rt._lifecycle.crc(k.device_index).kind
             other = "shader" if engine == "host" else None   # on a CPU device: the GPU shader's check too
@@ -136,6 +145,9 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[d
                    "state_intact": same, "kernel_counts_on": counting, "crc_engine": engine,
                    "host_crc32": _host_crc32_name(),
                    "crc_us": crc_sides}
+            row["first_move_us"] = first.total_duration * 1e6
+            row["ratio_first_to_later_move"] = row["first_move_us"] / row["live_us"]
+            row["ratio_live_to_raw_copy"] = row["live_us"] / row["raw_copy_us"]
             row["ratio_host_to_live"] = row["host_bytes_us"] / row["live_us"]
             row["ratio_host_to_live_no_crc"] = row["host_bytes_us"] / row["live_no_crc_us"]
             if other:
@@ -213,6 +225,7 @@ def reload(mgr: Any, repeats: int) -> dict:
             r = mgr_h.reload(k, codes[i % 2])
             swaps.append(r.swap_duration)
             totals.append(r.total_duration)
+        gaps = [_reload_gap(rt, k, mgr_h, a.spirv, 0xB000 + i) for i in range(repeats)]
         relaunch = []
         specs = [a, a.__class__(a.kernel_type, b.spirv, a.state_sizes, a.inbox_capacity, a.outbox_capacity)]
         for i in range(repeats * 4):
@@ -227,9 +240,67 @@ def reload(mgr: Any, repeats: int) -> dict:
         rt.destroy()
     row = {"swap_us": _median(swaps) * 1e6, "reload_total_us": _median(totals) * 1e6,
            "relaunch_us": _median(relaunch) * 1e6, "state_bytes": a.state_sizes[0]}
+    row["cold_reload_max_gap_us"] = _median([g[0] for g in gaps]) * 1e6
+    row["normal_step_us"] = _median([g[1] for g in gaps]) * 1e6
+    row["plain_window_max_gap_us"] = _median([g[2] for g in gaps]) * 1e6
+    row["ratio_cold_reload_gap_to_step"] = row["cold_reload_max_gap_us"] / row["normal_step_us"]
     row["ratio_relaunch_to_swap"] = row["relaunch_us"] / row["swap_us"]
     row["ratio_relaunch_to_reload"] = row["relaunch_us"] / row["reload_total_us"]
     return row
+
+
+def _cold_code(spirv: bytes, tag: int) -> Any:
+    """The same program with another generator word in its header: new bytes, so a
+    pipeline no device has built yet (a cold compile)."""
+    from vkmulti.kernels import KernelCodeSource
+
+    raw = bytearray(spirv)
+    struct.pack_into("<I", raw, 8, tag)
+    return KernelCodeSource.from_spirv(bytes(raw))
+
+
+def _longest_gap(marks: list[float], t0: float, t1: float) -> float:
+    """The longest time between two of the step times `marks` that spans part of [t0, t1]."""
+    edges = [max(m for m in marks if m < t0)] + [m for m in marks if t0 <= m <= t1] + \
+        [min(m for m in marks if m > t1)]
+    return max(b - a for a, b in zip(edges, edges[1:]))
+
+
+def _reload_gap(rt: Any, k: Any, manager: Any, spirv: bytes, tag: int) -> tuple[float, float, float]:
+    """(the longest time between two steps of k while a hot reload with a cold compile
+    runs, the median time between its steps before, the longest in a window as long
+    right after the reload, with plain steps: this machine's noise), steps made by
+    another thread."""
+    stop = threading.Event()
+    marks: list[float] = []
+
+    def run() -> None:
+        while not stop.is_set():
+            before = k.steps
+            rt.step(k)
+            if k.steps > before:
+                marks.append(time.perf_counter())
+    t = threading.Thread(target=run, name="bench-steps")
+    t.start()
+    try:
+        while len(marks) < 20:
+            time.sleep(0.001)
+        n0 = len(marks)
+        t0 = time.perf_counter()
+        manager.reload(k, _cold_code(spirv, tag))
+        t1 = time.perf_counter()
+        time.sleep(t1 - t0)   # the plain window
+        t2 = time.perf_counter()
+        n2 = len(marks)
+        while len(marks) < n2 + 3:
+            time.sleep(0.001)
+    finally:
+        stop.set()
+        t.join(60)
+    rt.synchronize()
+    normal = [b - a for a, b in zip(marks[1:n0], marks[2:n0])]
+    return _longest_gap(marks, t0, t1), _median(normal), _longest_gap(marks, t1 + (t2 - t1) / 2 - (t1 - t0) / 2,
+                                                                     t1 + (t2 - t1) / 2 + (t1 - t0) / 2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,11 +345,18 @@ def main(argv: list[str] | None = None) -> int:
                      f"bytes (goal >= 3; {pick['live_us']:.0f} vs {pick['host_bytes_us']:.0f} us; CRC32 check by "
                      f"the {pick['crc_engine']} engine; without the check {pick['ratio_host_to_live_no_crc']:.2f}x"
                      f"{shader}); copy phase {pick['live_transfer_us']:.0f} us (raw {pick['method']} copy "
-                     f"{pick['raw_copy_us']:.0f} us), end to end {pick['live_us']:.0f} us")
+                     f"{pick['raw_copy_us']:.0f} us), end to end {pick['live_us']:.0f} us = "
+                     f"{pick['ratio_live_to_raw_copy']:.2f}x the raw copy (goal <= 2); first move "
+                     f"{pick['first_move_us']:.0f} us = {pick['ratio_first_to_later_move']:.2f}x a later one "
+                     f"(goal <= 1.5)")
     if "reload" in res:
         r = res["reload"]
         parts.append(f"hot-reload swap {r['swap_us']:.0f} us = {r['ratio_relaunch_to_swap']:.1f}x faster than "
-                     f"relaunching ({r['relaunch_us']:.0f} us; whole reload {r['reload_total_us']:.0f} us)")
+                     f"relaunching ({r['relaunch_us']:.0f} us; whole reload {r['reload_total_us']:.0f} us); "
+                     f"longest gap between steps during a reload with a cold compile "
+                     f"{r['cold_reload_max_gap_us']:.0f} us = {r['ratio_cold_reload_gap_to_step']:.2f}x a normal "
+                     f"step ({r['normal_step_us']:.0f} us; goal <= 2; the longest gap in as long a window of "
+                     f"plain steps: {r['plain_window_max_gap_us']:.0f} us)")
     print("ratio: " + "; ".join(parts))
     return 0
 

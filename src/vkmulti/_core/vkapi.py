@@ -17,7 +17,7 @@ import vulkan as vk
 from ..errors import UnsupportedError, VulkanError, raise_for_result
 from .checks import is_int
 
-__all__ = ["raise_from_vulkan", "device_function", "queue_submit"]
+__all__ = ["raise_from_vulkan", "device_function", "queue_submit", "pipeline_cache_data"]
 
 _CODES: dict[type, int] = {cls: code for code, cls in vk.exception_codes.items()}
 _FAILURES = (vk.VkError, vk.VkException)
@@ -118,3 +118,23 @@ def queue_submit(native: Any, queue: Any, submits: list[Any], fence: Any = None,
 
 
 _DEVICE_LOST = -4
+_INCOMPLETE = 5
+
+
+def pipeline_cache_data(device: Any, cache: Any, limit: int) -> bytes | None:
+    """vkGetPipelineCacheData of `cache` (a VkPipelineCache of `device`; the `vulkan`
+    package lacks the call): its blob, or None when it is over `limit` bytes."""
+    size = vk.ffi.new("size_t*")
+    for _ in range(3):   # (a cache another thread grows between the two calls: asked again)
+        code = vk.lib.vkGetPipelineCacheData(device, cache, size, vk.ffi.NULL)
+        if code < 0:
+            raise_for_result(code, "vkGetPipelineCacheData")
+        if size[0] > limit:
+            return None
+        buf = vk.ffi.new("char[]", max(1, size[0]))
+        code = vk.lib.vkGetPipelineCacheData(device, cache, size, buf)
+        if code < 0:
+            raise_for_result(code, "vkGetPipelineCacheData")
+        if code != _INCOMPLETE:
+            return bytes(vk.ffi.buffer(buf, size[0]))
+    return None

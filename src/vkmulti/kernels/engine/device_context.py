@@ -8,6 +8,7 @@ semaphore, one value per step; nothing here waits for a queue to go idle.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from typing import Any, Callable
@@ -15,16 +16,18 @@ from typing import Any, Callable
 import numpy as np
 import vulkan as vk
 
-from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout, UnsupportedError
+from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout, UnsupportedError, VulkanError
 from ..._core import vkapi
 from ...device.logical import retire_submits
 from ..._core.lifetime import Deadline
 from ...memory.image import BUFFER_USAGE, Buffer, CommandRunner
 from ..._core.shaders import shader_path
 from ..._core.timeline import TimelinePoint
+from .pipeline_cache import FILES, identity_of
 from .recording import barrier
 
 _ffi = vk.ffi
+log = logging.getLogger(__name__)
 
 SB = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
 SB_DYN = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC
@@ -128,6 +131,11 @@ DELIVER_PUSH = 32
 SURVEY_PUSH = 16
 
 
+def kernel_types(n_state: int) -> list[int]:
+    """The descriptor types of a kernel with `n_state` state buffers (inbox, outbox regions, states)."""
+    return [SB, SB_DYN] + [SB] * n_state
+
+
 def step_queue(slot: Any) -> Any:
     """The queue kernel steps go to: the universal queue that vkmulti's transfers do
     not use (the graphics queue, where the device has a second universal queue for
@@ -158,6 +166,11 @@ class DeviceContext:
         self.waiters = 0
         self.value = 0                  # the last value submitted
         self.passes: dict[tuple, ComputePass] = {}
+        #: pipelines being built now, by key: their Event is set once `passes` has them (or the build failed)
+        self.building: dict[tuple, threading.Event] = {}
+        self.pass_lock = threading.Lock()   # guards `passes` and `building` (builds run outside `lock`)
+        #: times a caller waited for a build another thread had started instead of building it again
+        self.shared_builds = 0
         self._pools: list[Any] = []
         self.local: list[Any] = [None] * MAX_LOCAL_KERNELS   # local slot -> kernel
         self.dir_dirty: set[int] = set()   # directory entries to rewrite (guarded by dir_lock)
@@ -165,6 +178,8 @@ class DeviceContext:
         self.buffer_sets: dict[tuple, Any] = {}   # survey sets of reused inbound buffers, by (buffer, size)
         self.timeline = None
         self.pipeline_cache = None
+        self.cache_identity: Any = None   # (vendorID, deviceID, pipelineCacheUUID): names its cache file
+        self.cache_blob: bytes | None = None   # what the pipeline cache was made from
         self.cmd_pool = None
         self.status = self.directory = self.runner = None
         try:
@@ -183,8 +198,7 @@ class DeviceContext:
         self.max_storage_range = int(limits.maxStorageBufferRange)
         del props
         self.timeline = slot.native.create_timeline(0)
-        self.pipeline_cache = vkapi.vkCreatePipelineCache(dev, vk.VkPipelineCacheCreateInfo(
-            sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO), None)
+        self.pipeline_cache = self._open_pipeline_cache(slot)
         self.cmd_pool = vkapi.vkCreateCommandPool(dev, vk.VkCommandPoolCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue.family), None)
@@ -203,25 +217,112 @@ class DeviceContext:
 
     # -- pipelines -------------------------------------------------------------
 
+    def _open_pipeline_cache(self, slot: Any) -> Any:
+        """The device's VkPipelineCache, from the machine's cache file where a checked one exists."""
+        self.cache_identity = identity_of(slot.physical_device)
+        blob = self.cache_blob = FILES.load(self.cache_identity)
+        plain = vk.VkPipelineCacheCreateInfo(sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO)
+        if blob:
+            data = _ffi.from_buffer(blob)
+            try:
+                return vkapi.vkCreatePipelineCache(slot.device, vk.VkPipelineCacheCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO, initialDataSize=len(blob),
+                    pInitialData=data), None)
+            except VulkanError as exc:
+                log.warning("GPU %d's driver refused the pipeline cache file: %s", self.index, exc)
+                self.cache_blob = None
+        return vkapi.vkCreatePipelineCache(slot.device, plain, None)
+
+    def _save_pipeline_cache(self, dev: Any) -> None:
+        """Write the device's pipeline cache to the machine's file when it holds more than was read."""
+        native = getattr(self.slot, "native", None)
+        if not FILES.enabled() or native is None or native.lost:
+            return
+        try:
+            data = vkapi.pipeline_cache_data(dev, self.pipeline_cache, FILES.limit)
+        except VulkanError as exc:
+            log.warning("could not read GPU %d's pipeline cache: %s", self.index, exc)
+            return
+        if data and data != self.cache_blob:
+            FILES.save(self.cache_identity, data)
+
     def builtin(self, name: str, types: list[int], push: int) -> ComputePass:
         return self.pipeline(shader_path(name).read_bytes(), "main", types, push)
 
-    def pipeline(self, code: bytes, entry: str, types: list[int], push: int) -> ComputePass:
-        """The pipeline for `code` with these bindings, made once per device (the pipeline cache)."""
+    def pipeline(self, code: bytes, entry: str, types: list[int], push: int,
+                 timeout: float | None = 60.0) -> ComputePass:
+        """The pipeline for `code` with these bindings, made once per device: built
+        here when no thread builds it yet, else the other thread's build waited for
+        (never a second build). The caller may hold `lock`: the build does not take it."""
         key = (hashlib.sha256(code).digest(), entry, tuple(types), push)
-        p = self.passes.get(key)
-        if p is None:
-            p = self.passes[key] = ComputePass(self, code, entry, types, push)
-        return p
+        return self._pass(key, lambda: ComputePass(self, code, entry, types, push), timeout)
 
-    def kernel_pass(self, code: bytes, entry: str, n_state: int) -> ComputePass:
-        """The pipeline of a kernel with `n_state` state buffers (ABI: inbox, outbox, state...)."""
+    def build_pass(self, code: bytes, entry: str, types: list[int], push: int,
+                   timeout: float | None = 60.0) -> ComputePass:
+        """pipeline() for a caller that does not hold `lock` (a background build, a
+        reload): destroy() waits for it, and DestroyedError when the context went."""
+        with self.lock:
+            self.check()
+            self.waiters += 1
+        try:
+            return self.pipeline(code, entry, types, push, timeout)
+        finally:
+            with self.lock:
+                self.waiters -= 1
+                self.cond.notify_all()
+
+    def has_pass(self, code: bytes, entry: str, types: list[int], push: int) -> bool:
+        """Whether the pipeline for `code` with these bindings is built on this device."""
+        key = (hashlib.sha256(code).digest(), entry, tuple(types), push)
+        with self.pass_lock:
+            return key in self.passes
+
+    def _pass(self, key: tuple, make: Callable[[], ComputePass], timeout: float | None) -> ComputePass:
+        deadline = Deadline(timeout)
+        while True:
+            with self.pass_lock:
+                p = self.passes.get(key)
+                if p is not None:
+                    return p
+                event = self.building.get(key)
+                if event is None:
+                    event = self.building[key] = threading.Event()
+                    break
+                self.shared_builds += 1
+            while not event.wait(deadline.slice()):   # (slices: interruptible)
+                if deadline.expired():
+                    raise VkmTimeout(f"the pipeline another thread builds on GPU {self.index} was not ready "
+                                     f"within {timeout} s")
+                if not self.alive:
+                    raise DestroyedError(f"the kernel runtime's context on GPU {self.index} was destroyed")
+        made = None
+        try:
+            made = make()
+        finally:
+            with self.pass_lock:
+                del self.building[key]
+                if made is not None:
+                    if self.alive:
+                        self.passes[key] = made
+                    else:
+                        made.destroy(self.slot.device)
+                event.set()
+        if not self.alive:
+            raise DestroyedError(f"the kernel runtime's context on GPU {self.index} was destroyed while a "
+                                 f"pipeline was built")
+        return made
+
+    def kernel_pass(self, code: bytes, entry: str, n_state: int, *, locked: bool = True,
+                    timeout: float | None = 60.0) -> ComputePass:
+        """The pipeline of a kernel with `n_state` state buffers (ABI: inbox, outbox, state...);
+        `locked`: the caller holds `lock` (else build_pass)."""
         per_stage = self.max_storage_buffers
         if 2 + n_state > per_stage:
             raise UnsupportedError(f"a kernel with {n_state} state buffers needs {2 + n_state} storage buffers per "
                                    f"stage; {self.slot.name!r} (GPU {self.index}) allows {per_stage}: merge state "
                                    f"buffers", device=self.slot.name)
-        return self.pipeline(code, entry, [SB, SB_DYN] + [SB] * n_state, KERNEL_PUSH)
+        build = self.pipeline if locked else self.build_pass
+        return build(code, entry, kernel_types(n_state), KERNEL_PUSH, timeout)
 
     # -- descriptor sets -------------------------------------------------------
 
@@ -331,9 +432,10 @@ class DeviceContext:
                 self.cond.wait(0.05)
             if self.waiters:
                 raise VkmTimeout(f"threads still wait on GPU {self.index}'s kernel timeline after {timeout:.1f} s")
-        for p in self.passes.values():
+        with self.pass_lock:
+            passes, self.passes = list(self.passes.values()), {}
+        for p in passes:
             p.destroy(dev)
-        self.passes.clear()
         for pool in self._pools:
             vk.vkDestroyDescriptorPool(dev, pool, None)
         self._pools.clear()
@@ -345,6 +447,7 @@ class DeviceContext:
             vk.vkDestroyCommandPool(dev, self.cmd_pool, None)
             self.cmd_pool = None
         if self.pipeline_cache is not None:
+            self._save_pipeline_cache(dev)
             vk.vkDestroyPipelineCache(dev, self.pipeline_cache, None)
             self.pipeline_cache = None
         if self.timeline is not None:

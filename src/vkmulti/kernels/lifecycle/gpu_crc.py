@@ -28,7 +28,7 @@ from .crc_math import crc32_finish, zero_tables
 from ..engine.device_context import SB, WHOLE_SIZE, MappedBuffer
 from ..engine.gpu_jobs import GpuJobs
 
-__all__ = ["GpuCrc", "CrcJob", "crc32_finish", "check_ranges", "LANES"]
+__all__ = ["GpuCrc", "CrcJob", "crc32_finish", "check_ranges", "crc_pass_spec", "LANES"]
 
 #: Invocations per workgroup (the shader's local_size_x).
 LANES = 64
@@ -100,6 +100,11 @@ class CrcJob:
         release()
 
 
+def crc_pass_spec() -> tuple[bytes, str, list, int]:
+    """(SPIR-V, entry point, descriptor types, push bytes) of the CRC32 shader's pipeline."""
+    return shader_path("crc32.comp.spv").read_bytes(), "main", [SB, SB, SB], _PUSH.size
+
+
 class GpuCrc:
     """The CRC32 shader on one runtime device context (pipeline, zero-byte tables,
     a reusable results buffer). `submit(ranges, waits)` returns a CrcJob."""
@@ -124,7 +129,7 @@ class GpuCrc:
             raise TypeError(f"contiguous must be a bool, got {type(contiguous).__name__}")
         self.lane_words, self.contiguous = lane_words, contiguous
         with ctx.lock:
-            self.pass_ = ctx.pipeline(shader_path("crc32.comp.spv").read_bytes(), "main", [SB, SB, SB], _PUSH.size)
+            self.pass_ = ctx.pipeline(*crc_pass_spec())
         data = np.ascontiguousarray(zero_tables()).reshape(-1)
         self.tables = Buffer(slot, data.nbytes)
         self._lock = threading.Lock()

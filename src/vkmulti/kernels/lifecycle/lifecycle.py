@@ -77,7 +77,8 @@ from ..engine.gate import gate_of
 from ..engine.gpu_jobs import GpuJobs
 from ..engine.kernel import Kernel
 from ..ids import KernelId, as_kernel_id
-from .gpu_crc import GpuCrc
+from ..engine.prebuild import Prebuilder
+from .gpu_crc import GpuCrc, crc_pass_spec
 from .host_crc import HostCrc
 from .image import (SPIRV_CHUNK, INBOX_CHUNK, fill_image, from_checkpoint, image_meta, image_sources,
                     record_image_copy, to_checkpoint)
@@ -85,7 +86,7 @@ from .live_migration import migrate_live
 from .migrator import KernelMigrator, MigrationResult
 from .policy import CheckpointPolicy, PolicyState
 from .restore import restore_into, restore_new
-from .twin import MigrationPool, MoveEngines, Retired, RuntimeView, free_retired
+from .twin import MigrationPool, MoveEngines, Retired, RuntimeView, free_retired, twin_buffer_sizes
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,9 @@ class Lifecycle:
         self.steps_done = 0
         #: one step() at a time: submits, the router's hand-off and the replay log follow one order
         self._turn = threading.RLock()
+        #: the kernels' pipelines built ahead on the devices they may move to (engine/prebuild.py)
+        self.prebuild = Prebuilder(rt._context, lambda: rt.manager.device_count,
+                                   lambda d: not rt.device_lost(d), self._move_passes, self.crc, self._reserve)
 
     # -- per device ----------------------------------------------------------------------
 
@@ -158,11 +162,25 @@ class Lifecycle:
         """The Extras of `device` if any were made, else None."""
         return self._extras.get(device)
 
+    def crc_kind(self, ctx: Any) -> str:
+        """The CRC32 engine kind crc_choice picks on the device of `ctx`."""
+        choice = self.crc_choice
+        return "shader" if choice == "shader" or (choice == "auto" and not HostCrc.suits(ctx.slot)) else "host"
+
+    def _move_passes(self, ctx: Any) -> list:
+        """The runtime's own pipelines a move onto or off the device of `ctx` uses."""
+        return [crc_pass_spec()] if self.crc_kind(ctx) == "shader" else []
+
+    def _reserve(self, kernel: Kernel, device: int, limit: int) -> None:
+        """Buffers for a twin of `kernel` on `device`, made ahead into the migration pool."""
+        ctx = self.rt._context(device)
+        self.pool.reserve(ctx, twin_buffer_sizes(self.rt, kernel, ctx), limit)
+
     def crc(self, device: int) -> Any:
         """The CRC32 engine of `device` chosen by crc_choice, made once per kind and
         kept; the shader's jobs get their own timeline."""
-        extras, ctx, choice = self.extras(device), self.rt._context(device), self.crc_choice
-        kind = "shader" if choice == "shader" or (choice == "auto" and not HostCrc.suits(ctx.slot)) else "host"
+        extras, ctx = self.extras(device), self.rt._context(device)
+        kind = self.crc_kind(ctx)
         eng = extras.crc.get(kind)
         if eng is None:
             with self._create:
@@ -338,6 +356,7 @@ class Lifecycle:
 
     def destroy(self, timeout: float | None) -> None:
         """Free what the lifecycle holds (the runtime's destroy(), before the device contexts go)."""
+        self.prebuild.destroy(timeout if timeout is not None and timeout != float("inf") else 30.0)
         policy, self.policy_state = self.policy_state, None
         if policy is not None:
             policy.destroy()

@@ -9,13 +9,16 @@ only after the batches it sent are delivered).
 
 Live migration (`migrate_live`):
 
+0. ahead: the pipelines it needs are found built on both devices (or their
+   background build waited for), and the twin is built on the target (its
+   buffers from the migration pool, its descriptor sets, zeroed rings) while
+   the kernel still steps;
 1. quiesce: the kernel is held back from stepping (a step() that took it
    before the hold is let finish submitting: the gate, once) and its
    submitted steps finish; its state can no longer change;
 2. the source's state buffers are hashed (CRC32 job on the source device)
    and copied GPU to GPU with the pair's best transfer method into state
-   buffers on the target, while the twin is built around them and the other
-   kernels keep stepping; the target's hash of what arrived is queued behind
+   buffers of the twin, while the other kernels keep stepping; the target's hash of what arrived is queued behind
    the copies' timeline points (no host round trip between copy and hash):
    at once by the host engine, at the switch by a GPU's shader (its job
    waits on the step queue, which must not hold back the others' steps);
@@ -280,6 +283,28 @@ def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequ
     return transfer_d, verify_d, match, time.monotonic() - t0, sum(a.size for a, _ in small)
 
 
+def _twin_ahead(life: LifecycleView, k: Kernel, dst: int) -> tuple[Kernel, list[Any], float]:
+    """(twin on `dst` with its state buffers, what is left of the presets, seconds it
+    took), built before the kernel is held: buffers (from the migration pool),
+    descriptor sets and rings are ready before the quiesced window."""
+    t0 = time.monotonic()
+    presets: list[Any] = []
+    twin = None
+    try:
+        presets = state_buffers(life.rt, life.pool, k, dst)
+        twin = build_twin(life.rt, life.pool, k, dst, states=presets)
+    except BaseException as exc:
+        if twin is not None:
+            free_twin(twin)
+        for b in presets:
+            if b is not None:
+                b.destroy()
+        if isinstance(exc, MigrationError):
+            raise
+        raise MigrationError(f"live migration of {k.id!r} to GPU {dst} failed: {exc}") from exc
+    return twin, presets, time.monotonic() - t0
+
+
 def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, timeout: float | None,
                  verify: bool) -> MigrationResult:
     """Live-migrate k as `request` says (see the module docstring); `life`: the
@@ -295,13 +320,14 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         raise MigrationError(f"kernel {k.id!r} already runs on GPU {dst}")
     if not 0 <= dst < rt.manager.device_count:
         raise MigrationError(f"GPU {dst} is not a device of this runtime's manager ({rt.manager.device_count})")
+    for device in (dst, src):   # pipelines built ahead (or that build waited for) while k still steps
+        life.prebuild.ensure(k.spec, device, time_left(deadline, f"the pipelines of {k.id!r} on GPU {device}"))
+    twin, presets, prepare_d = _twin_ahead(life, k, dst)   # while k still steps
     request.state = MigrationState.QUIESCING
     why = f"migrating to GPU {dst}"
     life.hold(k, why, moving=True)
-    twin = None
     rings: list[Buffer] = []
     crcs: list[Any] = []   # CRC32 jobs: source, destination states; source, destination small buffers
-    presets: list[Any] = []   # the twin's state buffers until it adopts them
     staged = 0
     swapped = False
     try:
@@ -316,23 +342,23 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
 
         request.state = MigrationState.CHECKPOINTING
         t0 = time.monotonic()
-        if verify:   # the source's state no longer changes: hash it while the copy runs and the twin is built
+        if verify:   # the source's state no longer changes: hash it while the copy runs
             crcs.append(life.crc(src).submit([(s, 0, s.size) for s in k.states]))
-        presets = state_buffers(rt, life.pool, k, dst)
-        checkpoint_d = time.monotonic() - t0
+        checkpoint_d = time.monotonic() - t0 + prepare_d
 
         request.state = MigrationState.TRANSFERRING
         t0 = time.monotonic()
         method, eng = life.engines.get(src, dst)
-        tickets = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in zip(k.states, presets)]
+        tickets = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in zip(k.states, twin.states)]
         moved = sum(s.size for s in k.states)
-        twin = build_twin(rt, life.pool, k, dst, states=presets)   # while the state copies run
         if verify and life.crc(dst).kind == "host":   # hashes as soon as the copies land (a host wait)
             crcs.append(_hash_on_arrival(life, dst, twin.states, tickets, deadline))
         transfer_d = time.monotonic() - t0
 
         def switch(rings: list[Buffer]) -> tuple:
             nonlocal swapped
+            if (twin.spec.spirv, twin.spec.entry_point) != (k.spec.spirv, k.spec.entry_point):
+                raise MigrationError(f"the code of {k.id!r} was reloaded while it moved; migrate it again")
             out = _switch(life, k, twin, request, eng, tickets, rings, crcs, verify, deadline)
             swapped = True
             return out

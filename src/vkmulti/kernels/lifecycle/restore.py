@@ -65,6 +65,7 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
     if not 0 <= device < rt.manager.device_count:
         raise ValueError(f"device {device} out of range: {rt.manager.device_count} device(s)")
     check_restore_target(rt, img.spec.groups, img.kernel_id, device)
+    life.prebuild.ensure(img.spec, device, timeout)   # built ahead, or that build waited for: before the hold
     why = f"restored from a checkpoint onto GPU {device}"
     life.hold(k, why, moving=True)
     twin = None

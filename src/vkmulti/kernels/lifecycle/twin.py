@@ -17,19 +17,22 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
+import vulkan as vk
 
 from ...errors import DeviceLostError, MigrationError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
 from ...transfer.cross_device import CrossDeviceTransfer
 from ...transfer.methods import select_transfer_method
 from ..coordinator.records import MigrationRequest
-from ..engine.device_context import MappedBuffer
-from ..engine.kernel import Kernel, OutboxBatch
+from ..engine.device_context import WHOLE_SIZE, MappedBuffer
+from ..engine.kernel import Kernel, OutboxBatch, Residency
+from ..messages import RING_HEADER_BYTES
 from ..engine.spec import KernelSpec
 
 log = logging.getLogger(__name__)
 
 __all__ = ["RuntimeView", "LifecycleView", "MigrationPool", "Retired", "MoveEngines", "Twin", "state_buffers",
+           "twin_buffer_sizes",
            "build_twin", "free_twin", "retire_half", "free_retired", "hand_back", "finish_move", "assign",
            "source_usable", "deadline_of", "time_left", "wait_kernel", "wait_jobs"]
 
@@ -61,6 +64,7 @@ class RuntimeView(Protocol):
     def launch(self, spec: KernelSpec, kernel_id: str | None = None, **kw: Any) -> Kernel: ...
     def destroy_kernel(self, kernel: Any, *, timeout: float = 30.0) -> None: ...
     def device_lost(self, index: int) -> bool: ...
+    def exports_outboxes(self, index: int) -> bool: ...
     def record_dead_letters(self, text: str, n: int) -> None: ...
     def restore(self, checkpoint: Any, **kw: Any) -> Kernel: ...
     def latest_checkpoint(self, kernel: Any) -> Any: ...
@@ -72,6 +76,7 @@ class LifecycleView(Protocol):
     engines, the retired resources, the count of steps made, the policy's state."""
     rt: RuntimeView
     engines: "MoveEngines"
+    prebuild: Any
     steps_done: int
     policy_state: Any
 
@@ -116,6 +121,27 @@ class MigrationPool:
                 self._bytes[device] = self._bytes.get(device, 0) + size
                 return
         buffer.destroy()
+
+    def reserve(self, ctx: Any, sizes: list[int], limit: int) -> int:
+        """Make buffers of `sizes` on the device of `ctx` ahead of a move there, zeroed
+        (on a CPU device that touches their pages), while that device's pool stays
+        within `limit` bytes (and its own limit); the bytes added (0: none)."""
+        total = sum(sizes)
+        with self._lock:
+            if self._bytes.get(ctx.index, 0) + total > min(limit, self.limit):
+                return 0
+        made: list[Buffer] = []
+        try:
+            for n in sizes:
+                made.append(Buffer(ctx.slot, n))
+            ctx.run_once(lambda cmd: [vk.vkCmdFillBuffer(cmd, b.handle, 0, WHOLE_SIZE, 0) for b in made])
+        except BaseException:
+            for b in made:
+                b.destroy()
+            raise
+        for b in made:
+            self.put(b)
+        return total
 
     def clear(self) -> None:
         """Free every pooled buffer."""
@@ -198,6 +224,17 @@ class Twin(Kernel):
         return super()._buffer(size, mapped, exported)
 
 
+def twin_buffer_sizes(rt: RuntimeView, k: Kernel, ctx: Any) -> list[int]:
+    """The sizes of the device-local buffers a twin of k on the device of `ctx`
+    takes from the pool (as Kernel._create makes them: inbox, control, outbox
+    unless exported there, state buffers)."""
+    spec = k.spec
+    sizes = [RING_HEADER_BYTES + spec.inbox_capacity * k.slot_size, RING_HEADER_BYTES + ctx.table_size * 16]
+    if not rt.exports_outboxes(ctx.index):
+        sizes.append(ctx.in_flight * Residency(ctx, spec, k.slot_size).outbox_region)
+    return sizes + list(spec.state_sizes)
+
+
 def _check_state_sizes(rt: RuntimeView, k: Kernel, device: int, spec: KernelSpec) -> Any:
     ctx, _ = rt._device(device)
     for i, n in enumerate(spec.state_sizes):
@@ -232,6 +269,8 @@ def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spe
     not registered anywhere."""
     spec = spec or k.spec
     ctx = _check_state_sizes(rt, k, device, spec)
+    # built ahead (engine/prebuild.py), or waited for where that build runs: not under the device lock
+    ctx.kernel_pass(spec.spirv, spec.entry_point, len(spec.state_sizes), locked=False)
     with ctx.lock:
         ctx.check()
         twin = Twin(rt, ctx, spec, k.id, k.address, k.tenant, tuple(k.params), pool=pool, states=states)

@@ -7,7 +7,6 @@ for one kernel (the runtime's side of Kernel.apply_code).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import threading
 import time
@@ -16,8 +15,9 @@ from typing import Any, Callable
 import vulkan as vk
 
 from ...errors import KernelValidationError, UnsupportedError, TimeoutError as VkmTimeout
-from ..engine.device_context import KERNEL_PUSH, SB, SB_DYN, WHOLE_SIZE, ComputePass
+from ..engine.device_context import KERNEL_PUSH, WHOLE_SIZE, ComputePass, kernel_types
 from ..engine.gate import gate_of
+from ..engine.prebuild import lower_priority
 from ..engine.kernel import Kernel
 from ..engine.spirv import check_kernel_abi, reflect, run_spirv_val, spirv_env_for_api
 from .code_source import KernelCodeFormat, KernelCodeSource, validate_code
@@ -73,47 +73,43 @@ def check_for_kernels(code: KernelCodeSource, targets: list[Kernel], *, spirv_va
         run_spirv_val(code.code, env, timeout(), "the new SPIR-V")
 
 
+#: The longest a reload's build waits for another thread's build of the same pipeline.
+BUILD_WAIT = 300.0
+
+
 def _build(ctx: Any, code: bytes, entry: str, n_state: int) -> ComputePass:
-    """The kernel pipeline for `code` on `ctx`, built outside the device lock and
-    then put into the device's cache (or the cached one when another made it first)."""
-    per_stage = ctx.max_storage_buffers
-    if 2 + n_state > per_stage:
-        raise UnsupportedError(f"a kernel with {n_state} state buffers needs {2 + n_state} storage buffers per stage; "
-                               f"{ctx.slot.name!r} allows {per_stage}", device=ctx.slot.name)
-    types = [SB, SB_DYN] + [SB] * n_state
-    key = (hashlib.sha256(code).digest(), entry, tuple(types), KERNEL_PUSH)
-    with ctx.lock:
-        ctx.check()
-        p = ctx.passes.get(key)
-        if p is not None:
-            return p
-        ctx.waiters += 1   # ctx.destroy() waits for this build
-    made = None
-    try:
-        made = ComputePass(ctx, code, entry, types, KERNEL_PUSH)
-    finally:
-        with ctx.lock:
-            ctx.waiters -= 1
-            ctx.cond.notify_all()
-            if made is not None:
-                if ctx.alive and key not in ctx.passes:
-                    ctx.passes[key] = made
-                else:
-                    keep = ctx.passes.get(key)
-                    made.destroy(ctx.slot.device)
-                    made = keep
-    if made is None:
-        raise UnsupportedError(f"GPU {ctx.index}'s kernel context was destroyed while the pipeline was built")
-    return made
+    """The kernel pipeline for `code` on `ctx`, built outside the device lock into the
+    device's cache (another thread's build of it waited for, not repeated)."""
+    return ctx.kernel_pass(code, entry, n_state, locked=False, timeout=BUILD_WAIT)
+
+
+def _ahead(k: Kernel) -> list[tuple[int, Any]]:
+    """(device, context) where k's runtime builds k's pipelines ahead (its prebuild
+    policy) and already has a context: a reload makes no new context (that would
+    compile the runtime's own passes under the runtime's lock)."""
+    rt = k.runtime
+    prebuild = getattr(rt, "prebuild", None)
+    if prebuild is None:
+        return []
+    with rt._lock:
+        made = {index: pair[0] for index, pair in rt._contexts.items()}
+    return [(d, made[d]) for d in prebuild.targets(k) if d in made and made[d].alive]
 
 
 def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Callable[[], float]) -> dict[int, Any]:
-    """Build the new pipeline on every device the targets live on, each in a
-    thread, waiting at most left() s (vkmulti.TimeoutError after; a build still
-    running then finishes into the device's pipeline cache). {device: pass}."""
+    """Build the new pipeline on every device the targets live on and on those of
+    their runtimes' contexts the prebuild policy would move them to (so a move
+    after the reload compiles nothing), each in a thread, while steps go on
+    with the old code; waiting at most left() s (vkmulti.TimeoutError after; a
+    build still running then finishes into the device's pipeline cache).
+    {device: pass} of the targets' own devices."""
     jobs: dict[int, tuple[Any, int]] = {}
     for k in targets:
         jobs.setdefault(k.device_index, (k.ctx, len(k.states)))
+    own = set(jobs)
+    for k in targets:
+        for index, ctx in _ahead(k):
+            jobs.setdefault(index, (ctx, len(k.states)))
     if len({n for _, n in jobs.values()}) > 1 or len({len(k.states) for k in targets}) > 1:
         raise KernelValidationError("the kernels of one reload must have the same number of state buffers")
     results: dict[int, Any] = {}
@@ -121,7 +117,13 @@ def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Call
 
     def build(index: int, ctx: Any, n_state: int) -> None:
         try:
-            results[index] = _build(ctx, code.code, code.entry_point, n_state)
+            if not ctx.has_pass(code.code, code.entry_point, kernel_types(n_state), KERNEL_PUSH):
+                lower_priority()   # a compile, on a thread of its own: the steps keep the cores
+            if index in own:
+                results[index] = _build(ctx, code.code, code.entry_point, n_state)
+            else:
+                results[index] = ctx.kernel_pass(code.code, code.entry_point, n_state, locked=False,
+                                                 timeout=BUILD_WAIT)
         except BaseException as exc:   # reported by the caller
             errors[index] = exc
     threads = [threading.Thread(target=build, args=(i, c, n), name=f"vkmulti-reload-compile-{i}", daemon=True)
@@ -134,10 +136,12 @@ def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Call
             raise VkmTimeout(f"building the new pipeline on GPU {t.name.rsplit('-', 1)[-1]} did not finish within "
                              f"the reload's time (reload_timeout); it completes in the background into that "
                              f"device's pipeline cache")
+    for index in set(errors) - own:   # a device the kernels do not run on: a move there builds it
+        log.warning("building the new pipeline ahead on GPU %d failed: %s", index, errors.pop(index))
     if errors:
         index, exc = sorted(errors.items())[0]
         raise exc
-    return results
+    return {index: p for index, p in results.items() if index in own}
 
 
 def swap(targets: list[Kernel], passes: dict[int, Any], code: KernelCodeSource, left: Callable[[], float]) -> None:

@@ -303,6 +303,7 @@ class KernelRuntime:
             self._kernels[kernel_id] = k
             self._by_index[index] = k
         self._mark_dirty(index)
+        self._lifecycle.prebuild.launched(k)
         return k
 
     def _mark_dirty(self, index: int) -> None:
@@ -417,9 +418,8 @@ class KernelRuntime:
 
     @property
     def migration_crc(self) -> str:
-        """Which engine checks a live migration's CRC32s on a device: "auto" (the
-        host's zlib on the device's own mapped memory for a CPU device whose
-        memory is all host-visible, e.g. lavapipe; the GPU shader elsewhere),
+        """The engine checking a live migration's CRC32s on a device: "auto" (zlib on the mapped memory
+        of a CPU device whose memory is all host-visible, e.g. lavapipe; else the GPU shader),
         "shader" (always the GPU shader) or "host" (UnsupportedError on a GPU)."""
         return self._lifecycle.crc_choice
 
@@ -430,6 +430,11 @@ class KernelRuntime:
     def is_held(self, kernel: Any) -> bool:
         """Whether `kernel` is held back from stepping (being migrated or reloaded)."""
         return self._lifecycle.is_held(self._resolve(kernel))
+
+    @property
+    def prebuild(self) -> Any:
+        """The Prebuilder of the kernels' pipelines (its `devices`: where; engine/prebuild.py)."""
+        return self._lifecycle.prebuild
 
     @property
     def holds(self) -> KernelHolds:

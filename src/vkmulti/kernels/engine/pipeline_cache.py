@@ -1,0 +1,165 @@
+"""The machine's VkPipelineCache blobs on disk, beside the topology cache
+(coordinator.probe.cache_dir): one file per driver cache identity (vendorID,
+deviceID, pipelineCacheUUID), so every device of the machine whose identity
+matches starts from the same blob, and a second run compiles nothing its
+first run compiled (where the driver's cache holds pipelines).
+
+The file is untrusted: opened without following a symlink (O_NOFOLLOW, then
+fstat: regular files only; O_NONBLOCK, so a FIFO never blocks the open), read
+up to a bound, and its Vulkan cache header (length, version, vendorID,
+deviceID, pipelineCacheUUID) checked before the driver sees a byte of it. A
+file that fails any of these is ignored, with one warning per file and
+reason. Saves are atomic (a temporary file in the same folder, renamed).
+VKMULTI_PIPELINE_CACHE=0 turns reading and writing off.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import struct
+import tempfile
+import threading
+from typing import Any
+
+import vulkan as vk
+
+from ..coordinator.probe import cache_dir
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PipelineCacheFiles", "CacheIdentity", "identity_of", "check_header", "FILES", "ENV", "MAX_BYTES",
+           "HEADER"]
+
+ENV = "VKMULTI_PIPELINE_CACHE"
+#: Largest cache file read or written (a larger one is ignored).
+MAX_BYTES = 64 << 20
+#: VkPipelineCacheHeaderVersionOne: headerSize, headerVersion, vendorID, deviceID, pipelineCacheUUID
+HEADER = struct.Struct("<IIII16s")
+_VERSION_ONE = 1
+_READ_CHUNK = 1 << 20
+
+#: (vendorID, deviceID, pipelineCacheUUID) of a physical device's pipeline caches
+CacheIdentity = tuple[int, int, bytes]
+
+
+def identity_of(physical_device: Any) -> CacheIdentity:
+    """The cache identity of `physical_device` (vkGetPhysicalDeviceProperties)."""
+    props = vk.vkGetPhysicalDeviceProperties(physical_device)
+    uuid = bytes(bytearray(int(b) & 0xFF for b in props.pipelineCacheUUID))
+    return int(props.vendorID), int(props.deviceID), uuid
+
+
+def check_header(data: bytes, ident: CacheIdentity) -> str | None:
+    """Why `data` is not a pipeline cache of a device of `ident` (None: it is one)."""
+    if len(data) < HEADER.size:
+        return f"{len(data)} bytes, shorter than a cache header ({HEADER.size})"
+    size, version, vendor, device, uuid = HEADER.unpack_from(data)
+    if size < HEADER.size or size > len(data):
+        return f"a header length of {size} in a {len(data)}-byte file"
+    if version != _VERSION_ONE:
+        return f"header version {version}, not {_VERSION_ONE}"
+    if (vendor, device, uuid) != ident:
+        return (f"made by another driver or device (vendor {vendor:#x}, device {device:#x}, "
+                f"pipelineCacheUUID {uuid.hex()})")
+    return None
+
+
+class PipelineCacheFiles:
+    """Reads and writes the cache files in `directory` (default: cache_dir() at
+    each call) under the hardening of the module docstring."""
+
+    def __init__(self, directory: str | None = None, limit: int = MAX_BYTES):
+        self.directory = directory
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._warned: set[tuple[str, str]] = set()
+        #: files ignored so far (unreadable, not regular, too large, a bad header)
+        self.ignored = 0
+
+    def enabled(self) -> bool:
+        """Whether caches are read and written (VKMULTI_PIPELINE_CACHE is not "0")."""
+        return os.environ.get(ENV, "1") != "0"
+
+    def path(self, ident: CacheIdentity) -> str:
+        """The file of the devices of `ident`."""
+        vendor, device, uuid = ident
+        return os.path.join(self.directory or cache_dir(), f"pipelines-{vendor:08x}-{device:08x}-{uuid.hex()}.bin")
+
+    def _ignore(self, path: str, why: str) -> None:
+        with self._lock:
+            self.ignored += 1
+            first = (path, why) not in self._warned
+            self._warned.add((path, why))
+        if first:
+            log.warning("ignoring the pipeline cache %s: %s", path, why)
+
+    def load(self, ident: CacheIdentity) -> bytes | None:
+        """The checked blob for devices of `ident`, or None (no file, or one ignored)."""
+        if not self.enabled():
+            return None
+        path = self.path(ident)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._ignore(path, "a symbolic link" if exc.errno == errno.ELOOP else f"unreadable ({exc.strerror})")
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                self._ignore(path, "not a regular file")
+                return None
+            if st.st_size > self.limit:
+                self._ignore(path, f"{st.st_size} bytes, over the {self.limit}-byte bound")
+                return None
+            parts, got = [], 0
+            while got <= self.limit:   # bounded even when the file grows while it is read
+                part = os.read(fd, min(_READ_CHUNK, self.limit + 1 - got))
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+        except OSError as exc:
+            self._ignore(path, f"unreadable ({exc.strerror})")
+            return None
+        finally:
+            os.close(fd)
+        data = b"".join(parts)
+        if len(data) > self.limit:
+            self._ignore(path, f"over the {self.limit}-byte bound")
+            return None
+        why = check_header(data, ident)
+        if why is not None:
+            self._ignore(path, why)
+            return None
+        return data
+
+    def save(self, ident: CacheIdentity, data: bytes) -> bool:
+        """Write `data` (a cache of a device of `ident`) atomically; False when it was not written."""
+        if not self.enabled() or check_header(data, ident) is not None or len(data) > self.limit:
+            return False
+        path = self.path(ident)
+        folder = os.path.dirname(path)
+        tmp = None
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".pipelines-", dir=folder)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)   # (a rename: a symlink at `path` is replaced, never followed)
+            return True
+        except OSError as exc:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+            log.warning("could not write the pipeline cache %s: %s", path, exc)
+            return False
+
+
+#: The files DeviceContext reads its initial pipeline cache from and saves it to.
+FILES = PipelineCacheFiles()
