@@ -12,9 +12,10 @@ import pytest
 
 from vkmulti import Backend, DeviceInfo, LoadBalancingStrategy, MultiGpuConfig, MultiGpuCoordinator
 from vkmulti.kernels.coordinator import coordinator as coordinator_module
+from vkmulti.kernels.coordinator import records as records_module
 from vkmulti.kernels.coordinator.records import MAX_DEVICE_INDEX
 
-_FILES = {coordinator_module.__file__}
+_FILES = {coordinator_module.__file__, records_module.__file__}
 
 
 class _Budget(Exception):
@@ -22,7 +23,7 @@ class _Budget(Exception):
 
 
 def _work(fn, budget: int) -> int:
-    """Line events `fn()` runs in the coordinator module; _Budget past `budget` (so a
+    """Line events `fn()` runs in the coordinator's registry modules; _Budget past `budget` (so a
     quadratic regression fails at once instead of running for minutes)."""
     count = 0
 
@@ -57,7 +58,7 @@ def _register(n: int, strategy=LoadBalancingStrategy.LEAST_LOADED, preferred=())
 
 @pytest.mark.parametrize("preferred", [(), (1, 3, 5)])
 def test_registration_is_linear(preferred):
-    per_device = 60
+    per_device = 120
     work = {}
     for n in (10_000, 20_000):
         coord, run = _register(n, preferred=preferred)

@@ -9,7 +9,6 @@ called outside it).
 """
 from __future__ import annotations
 
-import bisect
 import copy
 import logging
 import threading
@@ -26,7 +25,7 @@ from .config import Backend, LaunchOptions, LoadBalancingStrategy, MultiGpuConfi
 from .device_facts import device_info_for_slot, memory_figures, pair_transfer_methods
 from .events import CoordinatorEvent, CoordinatorEventKind, Listeners
 from .records import (CustomSelector, DeviceInfo, DeviceStatus, DeviceUnregisterResult, KernelMigrationPlan,
-                      MigrationPriority, MigrationRequest, MultiGpuStats, RegistrySnapshot)
+                      MigrationPriority, MigrationRequest, MultiGpuStats, RegistrySnapshot, keep_in_order)
 from .strategies import (PICKERS, ask_selector, check_takes_kernel, least_loaded_of, nothing_fits, pick_neighbour,
                          require_candidates)
 from .topology import GpuTopology, TopologyView, route
@@ -232,7 +231,7 @@ class MultiGpuCoordinator:
             self._registered[i] = True
             self._online[i] = True
             if not was_live and (not pref or i in pref):
-                self._set_live_locked(i, True)
+                keep_in_order(self._live, i, True)
             self._topology.devices_changed()
         self._listeners.notify([CoordinatorEvent(CoordinatorEventKind.DEVICE_REGISTERED, i)])
 
@@ -264,7 +263,7 @@ class MultiGpuCoordinator:
                     plans.append(KernelMigrationPlan(kid, idx, target, MigrationPriority.NORMAL))
             info = self._infos[idx]
             if self._online[idx]:
-                self._set_live_locked(idx, False)
+                keep_in_order(self._live, idx, False)
             self._online[idx] = False
             info.available_memory = 0
             if not info.name.endswith(_UNREGISTERED):
@@ -456,17 +455,6 @@ class MultiGpuCoordinator:
                     and self._online[b] and self._infos[a].p2p_capable and self._infos[b].p2p_capable)
 
     # -- bookkeeping ---------------------------------------------------------------
-
-    def _set_live_locked(self, idx: int, live: bool) -> None:
-        """Put candidate `idx` into the ascending live list or take it out: a new,
-        highest index is appended (registration stays O(1) amortised), others
-        found by bisection."""
-        at = bisect.bisect_left(self._live, idx)
-        present = at < len(self._live) and self._live[at] == idx
-        if live and not present:
-            self._live.insert(at, idx)
-        elif not live and present:
-            del self._live[at]
 
     def _move_locked(self, kid: KernelId, src: int | None, dst: int | None) -> None:
         """Take `kid` off device `src` (None: it was on none) and map it to `dst` (None: unmapped)."""

@@ -5,6 +5,7 @@ CustomSelector type; and the
 RegistrySnapshot that the placement strategies and the topology view read."""
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from ...errors import DeviceNotAvailableError
 from ..ids import KernelId, as_kernel_id
 from .config import Backend, LaunchOptions
 
-__all__ = ["MAX_DEVICE_INDEX", "DeviceInfo", "DeviceStatus", "MultiGpuStats", "RegistrySnapshot", "MigrationPriority",
+__all__ = ["MAX_DEVICE_INDEX", "keep_in_order", "DeviceInfo", "DeviceStatus", "MultiGpuStats", "RegistrySnapshot", "MigrationPriority",
            "MigrationState", "MigrationRequest", "KernelMigrationPlan", "DeviceUnregisterResult",
            "CustomSelector"]
 
@@ -128,6 +129,17 @@ class MultiGpuStats:
     total_memory: int = 0
     available_memory: int = 0
     kernels_launched: int = 0
+
+
+def keep_in_order(indices: list[int], idx: int, member: bool) -> None:
+    """Put `idx` into the ascending list `indices` (member) or take it out: a new
+    highest index is appended, so registering devices in order is O(1) amortised."""
+    at = bisect.bisect_left(indices, idx)
+    present = at < len(indices) and indices[at] == idx
+    if member and not present:
+        indices.insert(at, idx)
+    elif not member and present:
+        del indices[at]
 
 
 class RegistrySnapshot(NamedTuple):
