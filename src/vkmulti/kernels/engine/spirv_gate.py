@@ -104,13 +104,14 @@ class SpirvGate:
         """Run the validator once: None when it passes, its (shortened) message when not."""
         exe = self.validator()
         if timeout <= 0:
-            raise VkmTimeout(f"no time was left to validate the SPIR-V module (spirv-val)")
+            raise VkmTimeout("no time was left to validate the SPIR-V module (spirv-val)")
         with tempfile.TemporaryDirectory(prefix="vkmulti-spv-") as tmp:
             path = os.path.join(tmp, "module.spv")
             with open(path, "wb") as f:
                 f.write(code)
             with open(os.path.join(tmp, "out.txt"), "w+b") as out:
-                self.runs += 1
+                with self._lock:
+                    self.runs += 1
                 proc = subprocess.Popen([exe, "--target-env", target_env, path], stdin=subprocess.DEVNULL,
                                         stdout=out, stderr=subprocess.STDOUT)
                 try:
