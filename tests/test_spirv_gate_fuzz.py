@@ -26,7 +26,7 @@ from vkmulti.kernels.engine.spirv_gate import SpirvGate
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = 23
-CASES = int(os.environ.get("VKMULTI_SPIRV_FUZZ_CASES", "4000"))
+CASES = 4000
 #: Gate-passed cases launched on the driver (each builds a pipeline: ~50 ms on lavapipe).
 DRIVER_CASES = 200
 ENV = "vulkan1.3"
