@@ -15,7 +15,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
-from ..._core.checks import check_count, check_index, check_number
+from ..._core.checks import U64_MAX, check_count, check_index, check_number, int_in
 from ...device.manager import MultiDeviceManager
 from ...errors import BackendUnavailableError, DeviceNotAvailableError, InvalidConfigError, KernelNotFoundError, \
     MigrationError
@@ -25,7 +25,7 @@ from .config import Backend, LaunchOptions, LoadBalancingStrategy, MultiGpuConfi
 from .device_facts import device_info_for_slot, memory_figures, pair_transfer_methods
 from .events import CoordinatorEvent, CoordinatorEventKind, Listeners
 from .records import (CustomSelector, DeviceInfo, DeviceStatus, DeviceUnregisterResult, KernelMigrationPlan,
-                      MigrationPriority, MigrationRequest, MultiGpuStats, RegistrySnapshot)
+                      MigrationPriority, MigrationRequest, MultiGpuStats, RegistrySnapshot, keep_in_order)
 from .strategies import (PICKERS, ask_selector, check_takes_kernel, least_loaded_of, nothing_fits, pick_neighbour,
                          require_candidates)
 from .topology import GpuTopology, TopologyView, route
@@ -99,8 +99,8 @@ class MultiGpuCoordinator:
         self._speed: list[float] = []
         self._uniform_speed = True
         self._map: dict[KernelId, int] = {}
-        self._candidates: tuple[int, ...] = ()   # preferred slots that exist
-        self._live: tuple[int, ...] = ()         # candidates that are registered and online
+        self._candidates: list[int] = []   # preferred slots that exist, ascending
+        self._live: list[int] = []         # candidates that are registered and online, ascending
         self._rr = 0
         self._launched = 0
         self._selector: CustomSelector | None = None
@@ -214,19 +214,25 @@ class MultiGpuCoordinator:
         info = copy.copy(info)
         info.validate()
         with self._lock:
+            pref = self._preferred
             while len(self._infos) <= info.index:
                 i = len(self._infos)
-                self._infos.append(DeviceInfo(i, "Unknown", Backend.CPU))
+                self._infos.append(info if i == info.index else DeviceInfo(i, "Unknown", Backend.CPU))
                 self._registered.append(False)
                 self._online.append(False)
                 self._counts.append(0)
                 self._kernels.append({})
                 self._speed.append(1.0)
+                if not pref or i in pref:
+                    self._candidates.append(i)
             i = info.index
+            was_live = self._registered[i] and self._online[i]
             self._infos[i] = info
             self._registered[i] = True
             self._online[i] = True
-            self._changed_devices_locked()
+            if not was_live and (not pref or i in pref):
+                keep_in_order(self._live, i, True)
+            self._topology.devices_changed()
         self._listeners.notify([CoordinatorEvent(CoordinatorEventKind.DEVICE_REGISTERED, i)])
 
     def unregister_device(self, index: int) -> DeviceUnregisterResult:
@@ -256,11 +262,13 @@ class MultiGpuCoordinator:
                 else:
                     plans.append(KernelMigrationPlan(kid, idx, target, MigrationPriority.NORMAL))
             info = self._infos[idx]
+            if self._online[idx]:
+                keep_in_order(self._live, idx, False)
             self._online[idx] = False
             info.available_memory = 0
             if not info.name.endswith(_UNREGISTERED):
                 info.name += _UNREGISTERED
-            self._changed_devices_locked()
+            self._topology.devices_changed()
             result = DeviceUnregisterResult(idx, plans, orphans, True)
         self._listeners.notify(events + [CoordinatorEvent(CoordinatorEventKind.DEVICE_UNREGISTERED, idx, result=result)])
         return result
@@ -294,7 +302,7 @@ class MultiGpuCoordinator:
     def update_device_memory(self, device_index: int, available_memory: int) -> None:
         """Set a device's available memory (what MEMORY_BASED compares)."""
         idx = check_index(device_index, "device_index")
-        avail = check_count(available_memory, "available_memory")
+        avail = int_in(check_count(available_memory, "available_memory"), "available_memory", 0, U64_MAX)
         with self._lock:
             self._snapshot_locked().require_registered(idx, "update memory of")
             info = self._infos[idx]
@@ -447,13 +455,6 @@ class MultiGpuCoordinator:
                     and self._online[b] and self._infos[a].p2p_capable and self._infos[b].p2p_capable)
 
     # -- bookkeeping ---------------------------------------------------------------
-
-    def _changed_devices_locked(self) -> None:
-        n = len(self._infos)
-        pref = self._preferred
-        self._candidates = tuple(i for i in range(n) if not pref or i in pref)
-        self._live = tuple(i for i in self._candidates if self._registered[i] and self._online[i])
-        self._topology.devices_changed()
 
     def _move_locked(self, kid: KernelId, src: int | None, dst: int | None) -> None:
         """Take `kid` off device `src` (None: it was on none) and map it to `dst` (None: unmapped)."""

@@ -4,14 +4,20 @@ method; cached per machine so a second run does not measure again.
 
 Cache: one JSON file per set of devices, keyed by their UUIDs, driver UUIDs,
 driver versions and PCI buses, in $VKMULTI_CACHE_DIR, else
-$XDG_CACHE_HOME/vkmulti, else ~/.cache/vkmulti.
+$XDG_CACHE_HOME/vkmulti, else ~/.cache/vkmulti. Its bytes are untrusted: only
+a regular file is read, opened without following links and sized before a
+byte is read (at most MAX_CACHE_BYTES); a file that cannot be read, does not
+parse or does not describe this machine's devices is ignored with one
+warning and measured anew.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import errno
 import os
+import stat
 import statistics
 import tempfile
 import time
@@ -31,7 +37,7 @@ from .topology import GpuConnection, GpuTopology, InterconnectType
 log = logging.getLogger(__name__)
 
 __all__ = ["probe_topology", "cache_dir", "cache_path", "cache_key", "format_topology", "CACHE_ENV",
-           "CACHE_FORMAT"]
+           "CACHE_FORMAT", "MAX_CACHE_BYTES"]
 
 CACHE_ENV = "VKMULTI_CACHE_DIR"
 CACHE_FORMAT = 1
@@ -43,6 +49,9 @@ LATENCY_BYTES = 4096
 DEFAULT_REPS = 5
 WAIT_SECONDS = 60.0
 _PEER = ("cuda_peer", "dmabuf")
+#: The largest topology cache file read (bytes): a measured 64-device matrix takes ~3 MiB.
+MAX_CACHE_BYTES = 16 << 20
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def cache_dir() -> str:
@@ -75,20 +84,68 @@ def cache_path(manager: Any, directory: str | None = None) -> str:
     return os.path.join(directory or cache_dir(), f"topology-{cache_key(manager)}.json")
 
 
-def _load(path: str, material: list[dict[str, Any]]) -> GpuTopology | None:
+def _read_cache(path: str) -> bytes | None:
+    """The bytes of the regular file at `path` (None when there is none), opened
+    without following links and sized before reading; ValueError naming what
+    is wrong with anything else (a link, a FIFO, a device, too many bytes)."""
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError("it is a symbolic link; links are never followed") from None
+        raise ValueError(str(exc)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("it is not a regular file; only regular files are read")
+        if st.st_size > MAX_CACHE_BYTES:
+            raise ValueError(f"it is {st.st_size} bytes; at most {MAX_CACHE_BYTES} are read")
+        parts, got = [], 0
+        while True:
+            part = os.read(fd, min(1 << 20, MAX_CACHE_BYTES + 1 - got))
+            if not part:
+                return b"".join(parts)
+            got += len(part)
+            if got > MAX_CACHE_BYTES:
+                raise ValueError(f"it grew past {MAX_CACHE_BYTES} bytes while being read")
+            parts.append(part)
+    except OSError as exc:
+        raise ValueError(str(exc)) from None
+    finally:
+        os.close(fd)
+
+
+def _load(path: str, material: list[dict[str, Any]], device_count: int) -> GpuTopology | None:
+    """The cached topology at `path` for these devices, or None (one warning when a
+    file is there but unusable or not this machine's)."""
+    try:
+        raw = _read_cache(path)
+        if raw is None:
+            return None
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
         log.warning("ignoring the unreadable topology cache %s: %s", path, exc)
         return None
     try:
-        if doc.get("format") != CACHE_FORMAT or doc.get("key") != material:
+        if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT:
+            log.warning("ignoring the topology cache %s: not a format-%d vkmulti topology cache", path, CACHE_FORMAT)
             return None
-        return GpuTopology.from_dict(doc["topology"])
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        if doc.get("key") != material:
+            log.warning("ignoring the topology cache %s: it was measured for other devices or drivers", path)
+            return None
+        body = doc["topology"]
+        count = body["device_count"] if isinstance(body, dict) else None
+        if isinstance(count, bool) or count != device_count:
+            log.warning("ignoring the topology cache %s: it describes %r devices, the manager has %d", path,
+                        count, device_count)
+            return None
+        topo = GpuTopology.from_dict(body)
+        if not isinstance(topo.details, dict):
+            raise ValueError("details is not an object")
+        return topo
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
         log.warning("ignoring the malformed topology cache %s: %s", path, exc)
         return None
 
@@ -130,7 +187,7 @@ def probe_topology(manager: Any, *, force: bool = False, cache: bool = True, cac
     material = _key_material(manager)
     path = os.path.join(cache_directory or cache_dir(), f"topology-{cache_key(manager)}.json")
     if cache and not force:
-        cached = _load(path, material)
+        cached = _load(path, material, len(manager.slots))
         if cached is not None:
             cached.details["source"] = "cache"
             cached.details["cache_file"] = path

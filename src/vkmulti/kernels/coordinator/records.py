@@ -5,20 +5,34 @@ CustomSelector type; and the
 RegistrySnapshot that the placement strategies and the topology view read."""
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Sequence
 
-from ..._core.checks import check_count, check_index, check_number
+from ..._core.checks import U32_MAX, U64_MAX, check_count, check_index, check_number
 from ..._core.reprs import compact_repr
 from ...errors import DeviceNotAvailableError
 from ..ids import KernelId, as_kernel_id
 from .config import Backend, LaunchOptions
 
-__all__ = ["DeviceInfo", "DeviceStatus", "MultiGpuStats", "RegistrySnapshot", "MigrationPriority",
+__all__ = ["MAX_DEVICE_INDEX", "keep_in_order", "DeviceInfo", "DeviceStatus", "MultiGpuStats", "RegistrySnapshot", "MigrationPriority",
            "MigrationState", "MigrationRequest", "KernelMigrationPlan", "DeviceUnregisterResult",
            "CustomSelector"]
+
+
+def _bounded(value: Any, label: str, top: int, check: Callable[[Any, str], int] = check_count) -> int:
+    """`check(value, label)`, and ValueError above `top`."""
+    v = check(value, label)
+    if v > top:
+        raise ValueError(f"{label} must be at most {top}, got {v}")
+    return v
+
+
+#: The highest device index a record may have: the registry keeps a slot for every index
+#: up to the highest registered (placeholders fill gaps), so it is bounded (2**20 - 1).
+MAX_DEVICE_INDEX = (1 << 20) - 1
 
 
 @dataclass
@@ -49,21 +63,22 @@ class DeviceInfo:
 
     def validate(self) -> None:
         """Raise TypeError/ValueError naming the first field that is not usable."""
-        self.index = check_index(self.index, "DeviceInfo.index")
+        self.index = _bounded(self.index, "DeviceInfo.index", MAX_DEVICE_INDEX, check_index)
         if not isinstance(self.name, str):
             raise TypeError(f"DeviceInfo.name must be a str, got {type(self.name).__name__}")
         if not isinstance(self.backend, Backend):
             raise TypeError(f"DeviceInfo.backend must be a Backend, got {self.backend!r}")
-        self.total_memory = check_count(self.total_memory, "DeviceInfo.total_memory")
-        self.available_memory = check_count(self.available_memory, "DeviceInfo.available_memory")
+        self.total_memory = _bounded(self.total_memory, "DeviceInfo.total_memory", U64_MAX)
+        self.available_memory = _bounded(self.available_memory, "DeviceInfo.available_memory", U64_MAX)
         cc = self.compute_capability
         if cc is not None:
             if not isinstance(cc, (tuple, list)) or len(cc) != 2:
                 raise TypeError(f"DeviceInfo.compute_capability must be None or (major, minor), got {cc!r}")
-            self.compute_capability = (check_count(cc[0], "compute capability major"),
-                                       check_count(cc[1], "compute capability minor"))
-        self.max_threads_per_block = check_count(self.max_threads_per_block, "DeviceInfo.max_threads_per_block")
-        self.multiprocessor_count = check_count(self.multiprocessor_count, "DeviceInfo.multiprocessor_count")
+            self.compute_capability = (_bounded(cc[0], "compute capability major", U32_MAX),
+                                       _bounded(cc[1], "compute capability minor", U32_MAX))
+        self.max_threads_per_block = _bounded(self.max_threads_per_block, "DeviceInfo.max_threads_per_block",
+                                              U32_MAX)
+        self.multiprocessor_count = _bounded(self.multiprocessor_count, "DeviceInfo.multiprocessor_count", U32_MAX)
         if not isinstance(self.p2p_capable, bool):
             raise TypeError(f"DeviceInfo.p2p_capable must be a bool, got {self.p2p_capable!r}")
         for label in ("device_uuid", "pci_bus"):
@@ -116,6 +131,17 @@ class MultiGpuStats:
     kernels_launched: int = 0
 
 
+def keep_in_order(indices: list[int], idx: int, member: bool) -> None:
+    """Put `idx` into the ascending list `indices` (member) or take it out: a new
+    highest index is appended, so registering devices in order is O(1) amortised."""
+    at = bisect.bisect_left(indices, idx)
+    present = at < len(indices) and indices[at] == idx
+    if member and not present:
+        indices.insert(at, idx)
+    elif not member and present:
+        del indices[at]
+
+
 class RegistrySnapshot(NamedTuple):
     """What the placement strategies and the topology view read of the
     coordinator's registry, slot by slot. Taken and read under the
@@ -128,8 +154,8 @@ class RegistrySnapshot(NamedTuple):
     speed: Sequence[float]
     uniform_speed: bool
     max_kernels: int
-    candidates: tuple[int, ...]   # preferred slots that exist
-    live: tuple[int, ...]         # candidates that are registered and online
+    candidates: Sequence[int]     # preferred slots that exist, ascending
+    live: Sequence[int]           # candidates that are registered and online, ascending
     preferred: frozenset[int]
     turn: int                     # the round-robin counter
 

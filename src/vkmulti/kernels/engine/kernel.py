@@ -33,16 +33,25 @@ from ...memory.image import Buffer
 from ...transfer.peer import ExportedBuffer
 from ..checkpoint.format import Checkpoint
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES, HlcTimestamp
-from .device_context import DeviceContext, MappedBuffer, align, WHOLE_SIZE, barrier
+from .device_context import KERNEL_PUSH, DeviceContext, MappedBuffer, align, WHOLE_SIZE, barrier
 from .spec import KernelSpec
+from .spirv_gate import target_env_of, validate_kernel_spirv
 
 __all__ = ["Kernel", "Residency", "KernelStats", "Batch", "OutboxBatch", "InboundBatch", "CodeSwapper",
-           "check_params", "INLINE_STATE_BYTES"]
+           "check_params", "check_kernel_code", "INLINE_STATE_BYTES"]
 
 #: Initial state up to this size is written inside the launch's command buffer; larger goes through staging.
 INLINE_STATE_BYTES = 1 << 20
 _MIGRATION = "prepared for migration"
 _RELOAD = "prepared for reload"
+
+
+def check_kernel_code(ctx: DeviceContext, spec: KernelSpec, timeout: float | None = None) -> None:
+    """The SPIR-V gate for `spec`'s module on the device of `ctx` (spirv_gate.py):
+    KernelValidationError before a driver sees a module that is not valid SPIR-V
+    for that device or not a kernel of the ABI; remembered per module."""
+    validate_kernel_spirv(spec.spirv, spec.entry_point, len(spec.state_sizes), KERNEL_PUSH, target_env_of(ctx.slot),
+                          timeout=timeout, label=f"the SPIR-V of kernel type {spec.kernel_type!r}")
 
 
 class CodeSwapper(Protocol):
@@ -328,6 +337,7 @@ class Kernel:
             h = self.h2k_buffer.words[r * self.h2k_region // 4:]
             h[2], h[3] = spec.inbox_capacity, self.slot_words
         self.local_slot = ctx.take_local_slot(self)
+        check_kernel_code(ctx, spec)
         self.kernel_pass = ctx.kernel_pass(spec.spirv, spec.entry_point, len(spec.state_sizes))
         whole = WHOLE_SIZE
         kset = ctx.descriptor_set(self.kernel_pass, [(self.inbox.handle, 0, whole),

@@ -23,6 +23,7 @@ from ..._core.checks import is_int
 from ..._core.lifetime import Deadline
 from ...errors import DestroyedError, TimeoutError as VkmTimeout, VkmError
 from .device_context import KERNEL_PUSH, kernel_types
+from .spirv_gate import target_env_of, validate_kernel_spirv
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,12 @@ def lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
     except (AttributeError, OSError):
         pass
+
+
+def _gate(spec: Any, ctx: Any, timeout: float | None) -> None:
+    """The SPIR-V gate for the kernel module of `spec` on the device of `ctx` (remembered per module)."""
+    validate_kernel_spirv(spec.spirv, spec.entry_point, len(spec.state_sizes), KERNEL_PUSH, target_env_of(ctx.slot),
+                          timeout=timeout, label=f"the SPIR-V of kernel type {spec.kernel_type!r}")
 
 
 def _kernel_pass_spec(spec: Any) -> PassSpec:
@@ -132,6 +139,7 @@ class Prebuilder:
         The caller holds no device lock."""
         ctx = self._context(device)
         deadline = Deadline(timeout)
+        _gate(spec, ctx, deadline.left())   # a checkpoint's code too: no driver sees a module the gate refuses
         for code, entry, types, push in [_kernel_pass_spec(spec)] + list(self._extras(ctx)):
             ctx.build_pass(code, entry, types, push, deadline.left())
 
@@ -171,6 +179,7 @@ class Prebuilder:
                 if not self._usable(d):
                     continue
                 ctx = self._context(d)
+                _gate(kernel.spec, ctx, 60.0)   # this device's target environment may differ from the launch's
                 for code, entry, types, push in passes + list(self._extras(ctx)):
                     if self._stopping:
                         return

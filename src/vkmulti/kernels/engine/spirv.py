@@ -1,6 +1,7 @@
 """SPIR-V modules as data: header checks, reflection of what a kernel declares
 (entry points, local size, descriptor bindings, push-constant size) and
-validation against the compute-kernel ABI, with `spirv-val` when it is on PATH.
+validation against the compute-kernel ABI (spirv_gate.py adds spirv-val, which
+every kernel module passes before a driver sees it).
 
 Hot reload uses it to refuse code before it reaches a driver: a module whose
 bindings are not the kernel ABI's (set 0: inbox 0, outbox 1, state 2..)

@@ -6,14 +6,15 @@ on vkmulti's SPIR-V kernels.
 -> COMPILING -> SWAPPING -> RESTORING -> COMPLETED. For runtime kernels
 (`vkmulti.kernels.Kernel`, or a list of them, e.g. the slabs of one kernel on
 several devices) it waits for their submitted steps, checks the SPIR-V
-(header, the kernel ABI's bindings and entry point by reflection, spirv-val
-where it is on PATH), builds the pipeline on every device where they live,
+(header, the kernel ABI's bindings and entry point by reflection, and the
+SPIR-V gate: spirv-val, required), builds the pipeline on every device where they live,
 then swaps pipeline and descriptor set at a step boundary of the runtime
 (no step is being recorded): the state buffers are not touched, so the state
 is preserved byte for byte. The reload timeout bounds the whole operation
 (waits, spirv-val, compilation); transient failures (a Vulkan error while
 compiling) are retried `max_retries` times with exponential backoff from
-`retry_backoff`. A failure sets FAILED, counts `failed_reloads` and leaves
+`retry_backoff`: running out of memory; a driver that refuses the module
+(any other Vulkan error) fails the reload at once. A failure sets FAILED, counts `failed_reloads` and leaves
 the old code running. `rollback(id, steps)` goes back any number of the
 `max_rule_history` versions kept, on the live kernels too.
 
@@ -47,7 +48,17 @@ log = logging.getLogger(__name__)
 
 __all__ = ["HotReloadManager"]
 
-_RETRYABLE = (VulkanError, MemoryError)
+#: Vulkan results that may pass on another try (pools and memory run short for a while).
+_TRANSIENT_RESULTS = frozenset({-1, -2, -12, -1000069000, -1000161000})   # out of host/device/pool memory, fragmented
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether a failure of compiling or swapping may pass on a retry: running out of
+    memory may; a driver's refusal of the module (any other Vulkan error) is
+    deterministic and fails the reload at once."""
+    if isinstance(exc, MemoryError):
+        return True
+    return isinstance(exc, VulkanError) and exc.result in _TRANSIENT_RESULTS
 
 
 class _Entry:
@@ -320,8 +331,8 @@ class HotReloadManager:
                         self._backend(request.kernel_id, old, code)
                     swap_d = time.monotonic() - t0
                     break
-                except _RETRYABLE as exc:
-                    if attempt >= cfg.max_retries:
+                except (VulkanError, MemoryError) as exc:
+                    if attempt >= cfg.max_retries or not _transient(exc):
                         raise
                     attempt += 1
                     request.retry_count += 1

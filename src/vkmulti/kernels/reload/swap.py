@@ -19,7 +19,8 @@ from ..engine.device_context import KERNEL_PUSH, WHOLE_SIZE, ComputePass, kernel
 from ..engine.gate import gate_of
 from ..engine.prebuild import lower_priority
 from ..engine.kernel import Kernel
-from ..engine.spirv import check_kernel_abi, reflect, run_spirv_val, spirv_env_for_api
+from ..engine.spirv import check_kernel_abi, reflect
+from ..engine.spirv_gate import target_env_of, validate_kernel_spirv
 from .code_source import KernelCodeFormat, KernelCodeSource, validate_code
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,9 @@ def drain(targets: list[Kernel], left: Callable[[], float]) -> None:
 
 def check_for_kernels(code: KernelCodeSource, targets: list[Kernel], *, spirv_val: bool,
                       timeout: Callable[[], float]) -> None:
-    """KernelValidationError / UnsupportedError unless `code` can replace the targets' code."""
+    """KernelValidationError / UnsupportedError unless `code` can replace the targets' code:
+    SPIR-V, the kernel ABI of every target, a version each device takes, and the
+    SPIR-V gate (spirv-val for each device's target environment, always run)."""
     if code.format is not KernelCodeFormat.SPIRV:
         k = targets[0]
         raise UnsupportedError(f"{code.format.name} code cannot run on a Vulkan kernel ({k.id!r} on GPU "
@@ -68,9 +71,11 @@ def check_for_kernels(code: KernelCodeSource, targets: list[Kernel], *, spirv_va
             raise UnsupportedError(f"the new SPIR-V is version {mod.version[0]}.{mod.version[1]}; GPU {index} "
                                    f"({name!r}, Vulkan 1.{(api >> 12) & 0x3FF}) takes up to {top[0]}.{top[1]}: "
                                    f"compile for an older target (glslc --target-env)", device=name)
-    if spirv_val:
-        env = spirv_env_for_api(min(api for api, _ in apis.values()))
-        run_spirv_val(code.code, env, timeout(), "the new SPIR-V")
+    # The SPIR-V gate (spirv-val included) runs whatever `spirv_val` is: no module reaches a
+    # driver unvalidated.
+    for k in targets:
+        validate_kernel_spirv(code.code, code.entry_point, len(k.states), KERNEL_PUSH, target_env_of(k.ctx.slot),
+                              timeout=timeout(), label="the new SPIR-V")
 
 
 #: The longest a reload's build waits for another thread's build of the same pipeline.
@@ -97,12 +102,13 @@ def _ahead(k: Kernel) -> list[tuple[int, Any]]:
 
 
 def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Callable[[], float]) -> dict[int, Any]:
-    """Build the new pipeline on every device the targets live on and on those of
-    their runtimes' contexts the prebuild policy would move them to (so a move
-    after the reload compiles nothing), each in a thread, while steps go on
-    with the old code; waiting at most left() s (vkmulti.TimeoutError after; a
-    build still running then finishes into the device's pipeline cache).
-    {device: pass} of the targets' own devices."""
+    """Build the new pipeline on every device the targets live on (once the code
+    passed the SPIR-V gate for each) and on those of their runtimes' contexts the
+    prebuild policy would move them to (so a move after the reload compiles
+    nothing), each in a thread, while steps go on with the old code; waiting at
+    most left() s (vkmulti.TimeoutError after; a build still running then
+    finishes into the device's pipeline cache). {device: pass} of the targets'
+    own devices."""
     jobs: dict[int, tuple[Any, int]] = {}
     for k in targets:
         jobs.setdefault(k.device_index, (k.ctx, len(k.states)))
@@ -112,6 +118,9 @@ def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Call
             jobs.setdefault(index, (ctx, len(k.states)))
     if len({n for _, n in jobs.values()}) > 1 or len({len(k.states) for k in targets}) > 1:
         raise KernelValidationError("the kernels of one reload must have the same number of state buffers")
+    for _, (ctx, n_state) in sorted(jobs.items()):   # the SPIR-V gate, before any driver sees the code
+        validate_kernel_spirv(code.code, code.entry_point, n_state, KERNEL_PUSH, target_env_of(ctx.slot),
+                              timeout=left(), label="the new SPIR-V")
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
 

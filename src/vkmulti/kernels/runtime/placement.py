@@ -9,6 +9,7 @@ import numpy as np
 
 from ...memory.image import as_host_bytes
 from ..engine.device_context import DeviceContext
+from ..engine.kernel import check_kernel_code
 from ..engine.spec import KernelSpec
 
 __all__ = ["initial_state", "place", "check_fits"]
@@ -62,7 +63,8 @@ def place(coordinator: Any, device_count: int, kernel_id: str, device: int | Non
 
 def check_fits(ctx: DeviceContext, spec: KernelSpec) -> None:
     """ValueError when a state buffer or the workgroup count of `spec` exceeds the
-    limits of the device of `ctx`."""
+    limits of the device of `ctx`; KernelValidationError when its SPIR-V does not
+    pass the gate (checked here, before the device's lock is taken)."""
     for i, n in enumerate(spec.state_sizes):
         if n > ctx.max_storage_range:
             raise ValueError(f"state buffer {i} of {spec.kernel_type!r} is {n} bytes; {ctx.slot.name!r} binds at "
@@ -72,3 +74,4 @@ def check_fits(ctx: DeviceContext, spec: KernelSpec) -> None:
         top = ctx.max_group_count[axis]
         if g > top:
             raise ValueError(f"groups[{axis}] = {g} exceeds {ctx.slot.name!r}'s limit {top}")
+    check_kernel_code(ctx, spec)
