@@ -35,8 +35,8 @@ class SerialRoundTrip:
     download = GPU copy + fence wait + CPU copy out; upload = the reverse. Serial."""
 
     def __init__(self, manager: Any, nbytes: int):
-        from vkmulti.memory.image import find_memory_type
-        from vkmulti.memory.image import CommandRunner
+        from vkmulti.memory import find_memory_type
+        from vkmulti.device import CommandRunner
 
         self.n, self.staging = nbytes, {}
         for slot in manager.slots:
@@ -83,7 +83,7 @@ class SerialRoundTrip:
 
 def run(manager: Any, nbytes: int, reps: int, say: Callable[[str], None], **ring: int) -> dict[str, Any]:
     from vkmulti import InterGpuTransfer
-    from vkmulti.memory.image import Buffer
+    from vkmulti import Buffer
 
     n_dev = manager.device_count
     data = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)

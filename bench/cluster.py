@@ -41,7 +41,7 @@ def _ms(values: list[float]) -> float:
 def local_renderer(srus: list, width: int, height: int):
     """A closure rendering the frame with vkmulti alone on this machine's GPUs; returns (render, close)."""
     from vkmulti import MultiDeviceManager, ReferenceRenderer, SRUOffloadCoordinator
-    from vkmulti.memory.image import Image
+    from vkmulti import Image
 
     mgr = MultiDeviceManager.create(enabled=True)
     frame = Image(mgr.primary, width, height)

@@ -120,9 +120,10 @@ def gbps(nbytes: int, seconds: float) -> float:
 
 def bench_pair(mgr: Any, src: int, dst: int, reps: int, slot_size: int, slot_count: int,
                with_torch: bool, say: Callable[[str], None]) -> dict[str, Any]:
-    from vkmulti.memory.image import Buffer, Image
-    from vkmulti.transfer.methods import TransferMethod, method_support
-    from vkmulti.transfer.cross_device import CrossDeviceTransfer
+    from vkmulti import Buffer, Image
+    from vkmulti import TransferMethod
+    from vkmulti.transfer import method_support
+    from vkmulti import CrossDeviceTransfer
 
     s, d = mgr.slot(src), mgr.slot(dst)
     res: dict[str, Any] = {"src": f"GPU {src}: {s.name}", "dst": f"GPU {dst}: {d.name}",
@@ -242,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--reps, --slot-mib and --slots must be >= 1")
 
     from vkmulti import MultiDeviceManager
-    from vkmulti.transfer.methods import TransferMethod, method_support
+    from vkmulti import TransferMethod
+    from vkmulti.transfer import method_support
 
     with progress(None, "bench cuda_peer", quiet=args.json is not None) as bar, \
             MultiDeviceManager.create(enabled=True, validation=False) as mgr:

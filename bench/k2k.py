@@ -168,7 +168,7 @@ class BatchRelay:
     runtime of its own (a no-op step listener stands in for the router)."""
 
     def __init__(self, mgr: Any):
-        from vkmulti.memory.image import Buffer
+        from vkmulti import Buffer
         from vkmulti.kernels import KernelRuntime, MultiGpuCoordinator, pingpong_kernel
 
         self.rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr), mgr, payload_size=256, max_kernels=16)
@@ -222,7 +222,7 @@ def k2k_bandwidth(mgr: Any, size: int, reps: int, method: str | None, rounds: in
                   fresh: bool) -> dict[str, Any]:
     from vkmulti import CrossDeviceTransfer, pair_methods
     from vkmulti.errors import VkmError
-    from vkmulti.memory.image import Buffer
+    from vkmulti import Buffer
     from vkmulti.kernels.engine import step_recorder
     from vkmulti.kernels.reference import burst_kernel, read_burst
 
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--hops must be >= 2")
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
-    from vkmulti.transfer.methods import TransferMethod
+    from vkmulti import TransferMethod
     if args.method is not None and args.method not in TransferMethod.CROSS_DEVICE:
         p.error(f"--method must be one of {', '.join(TransferMethod.CROSS_DEVICE)}")
     note = use_virtual_if_no_gpu(args.virtual)

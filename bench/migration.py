@@ -73,7 +73,7 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[d
     """(a): per state size, live migrations back and forth and the host-bytes baseline."""
     from vkmulti.kernels import Checkpoint, KernelSpec, counter_kernel
     from vkmulti.kernels.reference import COUNTER_TAG_ADD, counter_initial_state, read_counter
-    from vkmulti.memory.image import Buffer
+    from vkmulti import Buffer
 
     rt, router = _runtime(mgr)
     out = []
@@ -173,7 +173,7 @@ def _host_crc32_name() -> str:
 def crc_times(rt: Any, buffers: list, repeats: int) -> dict:
     """Each CRC32 engine alone on each device (buffer i on device i: the source's
     side, then the destination's), median us: where the check's time goes."""
-    from vkmulti.kernels.lifecycle.host_crc import HostCrc
+    from vkmulti.kernels.lifecycle import HostCrc
 
     out: dict[str, list[float]] = {}
     kinds = ["shader"] + (["host"] if all(HostCrc.suits(b.slot) for b in buffers) else [])

@@ -18,8 +18,9 @@ import time
 import numpy as np
 
 from vkmulti._core import _native
-from vkmulti.offload.partition import (SRUAssignment, _prepare, _reference_devices, assign_srus, assign_srus_array,
-                               assign_srus_reference, makespan, seed_top_n_minus_1)
+from vkmulti import SRUAssignment, assign_srus, assign_srus_array
+from vkmulti.offload import assign_srus_reference, makespan, seed_top_n_minus_1
+from vkmulti.offload.partition import _prepare, _reference_devices
 
 N, DEVICES = 100_000, 8
 

@@ -202,7 +202,7 @@ def _pair(text: str) -> tuple[int, int]:
 def _srus(args: argparse.Namespace, width: int, height: int) -> list[Any]:
     from dataclasses import replace
 
-    from vkmulti.apps.demo import make_srus
+    from vkmulti.offload import make_srus
 
     srus = make_srus(args.srus, width, height, heavy=args.heavy)
     steps = args.iterations or (None if args.heavy else CPU_ITERATIONS)
@@ -347,7 +347,7 @@ def adaptive_section(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 def _adaptive(args: argparse.Namespace, layout: dict[str, Any]) -> tuple[dict[str, Any], str]:
     from vkmulti import MultiDeviceManager, ReferenceRenderer, SRUOffloadCoordinator
-    from vkmulti.memory.image import Image
+    from vkmulti import Image
     from vkmulti.testing import use_virtual_if_no_gpu
 
     note = use_virtual_if_no_gpu(args.virtual)

@@ -24,8 +24,8 @@ if not REAL_GPUS:
 def _one_gpu_seen_twice() -> bool:
     """Whether the real devices are fewer physical GPUs than logical ones (one GPU
     listed by two copies of its driver manifest: a functional pair, no second GPU)."""
-    from vkmulti.device.capabilities import probe_device
-    from vkmulti.device.instance import Instance
+    from vkmulti import probe_device
+    from vkmulti import Instance
 
     inst = Instance(validation=False)
     try:

@@ -23,10 +23,11 @@ import vulkan as vk  # noqa: E402
 
 from vkmulti import MultiDeviceManager, TransferError, UnsupportedError
 from vkmulti._core import _native  # noqa: E402
-from vkmulti.memory.image import Buffer, Image  # noqa: E402
+from vkmulti import Buffer, Image  # noqa: E402
 from vkmulti.device.instance import drain_all_validation_messages  # noqa: E402
-from vkmulti.transfer.methods import TransferMethod, method_support  # noqa: E402
-from vkmulti.transfer.cross_device import CrossDeviceTransfer  # noqa: E402
+from vkmulti import TransferMethod
+from vkmulti.transfer import method_support  # noqa: E402
+from vkmulti import CrossDeviceTransfer  # noqa: E402
 
 MOCK = ctypes.CDLL(os.environ["VKMULTI_LIBCUDA"])
 MOCK.mock_cuda_report.restype = ctypes.c_char_p

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from vkmulti import ReferenceRenderer, ReferenceSRU, SRUOffloadCoordinator
-from vkmulti.offload.adaptive import SpeedMeter
+from vkmulti.offload import SpeedMeter
 from vkmulti.errors import TimeoutError, TransferError
-from vkmulti.memory.image import Image
+from vkmulti import Image
 from vkmulti.transfer import TimelinePoint
 
 # ---- SpeedMeter without a GPU ----------------------------------------------------------------------
@@ -360,7 +360,7 @@ class NeverTicket:
 def test_a_transfer_that_never_lands_does_not_hold_up_the_frame(manager, monkeypatch, caplog):
     import vulkan as vk
 
-    from vkmulti.transfer.cross_device import CrossDeviceTransfer
+    from vkmulti import CrossDeviceTransfer
 
     sems = [(manager.slot(d), manager.slot(d).native.create_timeline(0)) for d in (0, 1)]
     monkeypatch.setattr(CrossDeviceTransfer, "submit", lambda self, **kw: NeverTicket(sems[0][1], sems[1][1]))

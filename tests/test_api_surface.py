@@ -48,8 +48,8 @@ def test_every_public_name_has_a_docstring():
 
 def test_exports():
     assert vkmulti.Image is vkmulti.images.Image and vkmulti.Buffer is vkmulti.buffers.Buffer
-    from vkmulti.buffers import InterGpuTransfer as old_path   # the name buffers.py held before
-    from vkmulti.images import Buffer as old_buffer_path
+    from vkmulti import InterGpuTransfer as old_path   # the name buffers.py held before
+    from vkmulti import Buffer as old_buffer_path
     assert old_path is vkmulti.InterGpuTransfer and old_buffer_path is vkmulti.Buffer
     assert vkmulti.testing.install_virtual_gpus   # importable after a plain `import vkmulti`
     from vkmulti.offload import RendererMissingError

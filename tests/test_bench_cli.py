@@ -7,7 +7,7 @@ import pytest
 from PIL import Image as PILImage
 
 from vkmulti.apps.benchmarks import interleaved, main
-from vkmulti.transfer.methods import TransferMethod
+from vkmulti import TransferMethod
 
 
 def test_bench_transfer_quick_writes_json_ratios_and_plot(tmp_path, capsys):

@@ -8,8 +8,8 @@ import pytest
 import vulkan as vk
 
 from vkmulti import DestroyedError, Gathered, InterGpuTransfer, MultiDeviceManager
-from vkmulti.memory.image import Buffer, Image
-from vkmulti.transfer.cross_device import CrossDeviceTransfer
+from vkmulti import Buffer, Image
+from vkmulti import CrossDeviceTransfer
 
 from conftest import REAL_GPUS
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from vkmulti import (CHECKPOINT_MAGIC, CHECKPOINT_VERSION, MAX_CHECKPOINT_SIZE, Checkpoint, CheckpointBuilder,
                      CheckpointHeader, CheckpointMetadata, CheckpointNotFoundError, CheckpointStorage, ChunkHeader,
                      ChunkType, DataChunk, FileStorage, HlcTimestamp, InvalidCheckpointError, MemoryStorage, VkmError)
-from vkmulti.kernels.checkpoint.format import FLAG_CHUNK_CRC32, FLAG_HEADER_CRC32, crc32
+from vkmulti.kernels.checkpoint import FLAG_CHUNK_CRC32, FLAG_HEADER_CRC32, crc32
 
 
 # ---- the seed's tests (checkpoint.rs) ----

@@ -20,7 +20,7 @@ from vkmulti import Checkpoint
 from vkmulti.errors import InvalidCheckpointError
 from vkmulti.kernels.checkpoint import ChunkType
 from vkmulti.kernels.checkpoint.restorable import MAX_RESTORE_GROUPS, check_restore_groups
-from vkmulti.kernels.lifecycle.image import INBOX_CHUNK
+from vkmulti.kernels.lifecycle import INBOX_CHUNK
 from vkmulti.kernels.reference import COUNTER_TAG_ADD
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from vkmulti.errors import CheckpointNotFoundError, CheckpointStorageError, InvalidCheckpointError
 from vkmulti.kernels.checkpoint import CHECKPOINT_MAGIC, HEADER_SIZE, Checkpoint, CheckpointBuilder, FileStorage
 from vkmulti.kernels.checkpoint.restorable import check_kernel_checkpoint
-from vkmulti.kernels.lifecycle.image import INBOX_CHUNK, KernelImage, from_checkpoint, to_checkpoint
+from vkmulti.kernels.lifecycle import INBOX_CHUNK, KernelImage, from_checkpoint, to_checkpoint
 
 FUZZ = dict(derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 

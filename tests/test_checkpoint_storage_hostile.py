@@ -20,7 +20,8 @@ import pytest
 from vkmulti.errors import CheckpointNotFoundError, CheckpointStorageError, InvalidCheckpointError
 from vkmulti.kernels.checkpoint import (CHECKPOINT_MAGIC, Checkpoint, CheckpointBuilder, FileStorage, HEADER_SIZE,
                                         MAX_CHECKPOINT_SIZE)
-from vkmulti.kernels.checkpoint.header import MAX_CHUNKS, MAX_CUSTOM_ENTRIES, CheckpointMetadata
+from vkmulti import CheckpointMetadata
+from vkmulti.kernels.checkpoint.header import MAX_CHUNKS, MAX_CUSTOM_ENTRIES
 
 
 def forge_empty_chunks(count: int, declared: int | None = None) -> bytes:

@@ -27,7 +27,7 @@ from vkmulti.cluster import (ClusterAddressError, ClusterConnectionError, Cluste
                              NodeAgent, NodeInfo, RayMissingError, composite_frame, parse_address, plan_nodes)
 from vkmulti.offload import make_srus  # noqa: E402
 from vkmulti.errors import DeviceLostError  # noqa: E402
-from vkmulti.memory.image import Image  # noqa: E402
+from vkmulti import Image  # noqa: E402
 from vkmulti.offload import Compositor  # noqa: E402
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None

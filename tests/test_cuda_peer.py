@@ -24,8 +24,9 @@ import vkmulti
 from vkmulti import UnsupportedError
 from vkmulti._core import _native
 from vkmulti.device.capabilities import EXT_MEMORY_FD, EXT_SEMAPHORE_FD
-from vkmulti.memory.image import Buffer, Image
-from vkmulti.transfer.methods import TransferMethod, method_support, supported_methods
+from vkmulti import Buffer, Image
+from vkmulti import TransferMethod, supported_methods
+from vkmulti.transfer import method_support
 from vkmulti.transfer import CrossDeviceTransfer, select_transfer_method
 
 HERE = Path(__file__).resolve().parent

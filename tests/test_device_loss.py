@@ -10,8 +10,8 @@ import pytest
 
 import vkmulti
 from vkmulti import DeviceLostError, MultiDeviceManager, ReferenceRenderer, ReferenceSRU
-from vkmulti.device.commands import CommandRunner
-from vkmulti.memory.image import Buffer, Image
+from vkmulti.device import CommandRunner
+from vkmulti import Buffer, Image
 from vkmulti.testing import lose_device
 from vkmulti.transfer import CrossDeviceTransfer, TransferMethod
 

@@ -14,8 +14,9 @@ import vulkan as vk
 
 import vkmulti
 from vkmulti import Instance, TransferMethod, UnsupportedError
-from vkmulti.device.capabilities import EXT_MEMORY_FD, EXT_MEMORY_HOST, probe_device
-from vkmulti.transfer.methods import supported_methods
+from vkmulti import probe_device
+from vkmulti.device.capabilities import EXT_MEMORY_FD, EXT_MEMORY_HOST
+from vkmulti import supported_methods
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "engine_device.py"

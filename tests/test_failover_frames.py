@@ -14,7 +14,7 @@ from vkmulti import MultiDeviceManager, ReferenceRenderer, SRUOffloadCoordinator
 from vkmulti.offload import make_srus
 from vkmulti.errors import DeviceLostError, PrimaryDeviceLostError
 from vkmulti.apps.failover_drill import LossInjector, sru_drill
-from vkmulti.memory.image import Image
+from vkmulti import Image
 from vkmulti.testing import lose_device
 from vkmulti.transfer import TransferTicket
 

@@ -124,7 +124,7 @@ def body_loss_between_a_step_and_its_log():
 def body_poll_and_withdraw_after_a_loss_do_not_raise():
     """poll() (as the router's listener calls it) and withdraw_batch() of a batch on the
     lost GPU, between the loss and the failover: nothing raised, nothing to wait for."""
-    from vkmulti.memory.image import Buffer
+    from vkmulti import Buffer
     from vkmulti.testing import lose_device
 
     p = _Pair()

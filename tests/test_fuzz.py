@@ -36,11 +36,11 @@ import vkmulti
 from vkmulti import (DestroyedError, InterGpuTransfer, MultiDeviceManager, ReferenceRenderer, ReferenceSRU,
                      SRUOffloadCoordinator, TimelinePoint, TransferMethod, VkmError, assign_srus,
                      select_transfer_method)
-from vkmulti.device.capabilities import QueueFamilies
-from vkmulti.memory.image import Buffer, Image
+from vkmulti import QueueFamilies
+from vkmulti import Buffer, Image
 from vkmulti.device.instance import drain_all_validation_messages
-from vkmulti.offload.partition import assign_srus_reference
-from vkmulti.transfer.cross_device import CrossDeviceTransfer
+from vkmulti.offload import assign_srus_reference
+from vkmulti import CrossDeviceTransfer
 
 from gates import Gate
 

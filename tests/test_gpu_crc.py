@@ -13,11 +13,11 @@ from hypothesis import given, settings, strategies as st
 
 from kernel_support import runtime_fixture
 from vkmulti.errors import UnsupportedError
-from vkmulti.memory.image import Buffer
-from vkmulti.kernels.lifecycle.crc_math import crc32_combine, crc32_finish, raw_crc, shift, zero_tables
-from vkmulti.kernels.lifecycle.gpu_crc import LANES, GpuCrc
+from vkmulti import Buffer
+from vkmulti.kernels.lifecycle import crc32_combine, crc32_finish, raw_crc, shift, zero_tables
+from vkmulti.kernels.lifecycle import LANES, GpuCrc
 from vkmulti.kernels.lifecycle import host_crc
-from vkmulti.kernels.lifecycle.host_crc import HostCrc
+from vkmulti.kernels.lifecycle import HostCrc
 
 # around word (4), lane (64 words) and block (64 * lane_words words) boundaries
 SIZES = sorted({0, 1, 2, 3, 4, 5, 7, 8, 63, 255, 256, 257, 1021, 1024, 1027,
@@ -187,7 +187,7 @@ def test_a_host_job_waits_for_its_points_and_can_be_closed(runtime):
     import vulkan as vk
 
     from vkmulti.kernels.lifecycle.host_crc import Cancelled
-    from vkmulti._core.timeline import TimelinePoint
+    from vkmulti import TimelinePoint
 
     host = _host_engine(runtime, 0)
     slot = runtime.manager.slot(0)

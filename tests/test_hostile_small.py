@@ -10,9 +10,10 @@ import pytest
 
 import vkmulti
 from vkmulti.errors import OutOfDeviceMemoryError
-from vkmulti.memory.buffer import Buffer
-from vkmulti.transfer.inter_gpu import InterGpuTransfer
-from vkmulti.transfer.methods import method_problem, supported_methods
+from vkmulti import Buffer
+from vkmulti import InterGpuTransfer
+from vkmulti.transfer import method_problem
+from vkmulti import supported_methods
 
 from gates import Gate
 
@@ -89,7 +90,7 @@ def test_seconds_text_rounds_to_the_millisecond():
 
 def test_node_agent_payload_is_bounded_by_the_frame_it_serves():
     """Before: payload(1 << 50) tried to allocate a PiB (MemoryError, or the node swapped)."""
-    from vkmulti.cluster.agent import NodeAgent
+    from vkmulti.cluster import NodeAgent
     agent = NodeAgent()
     try:
         most = agent.max_payload_bytes()

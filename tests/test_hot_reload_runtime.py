@@ -21,7 +21,7 @@ from vkmulti.errors import KernelValidationError, TimeoutError as VkmTimeout
 from vkmulti.kernels import KernelSpec, counter_kernel, pingpong_kernel
 from vkmulti.kernels.reload import swap as reload_swap
 from vkmulti.kernels.reference import COUNTER_TAG_ADD, counter_initial_state, read_counter
-from vkmulti.kernels.engine.spirv import reflect
+from vkmulti.kernels.engine import reflect
 
 needs_glslc = pytest.mark.skipif(shutil.which("glslc") is None, reason="needs glslc to build test kernels")
 

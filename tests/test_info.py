@@ -9,7 +9,7 @@ import sys
 
 from vkmulti import Instance, TransferMethod, probe_device, supported_methods
 from vkmulti.device.capabilities import EXT_MEMORY_HOST
-from vkmulti.transfer.methods import method_support
+from vkmulti.transfer import method_support
 
 
 @pytest.mark.virtual

@@ -16,7 +16,7 @@ from vkmulti.kernels.engine import step_recorder
 from vkmulti.kernels.engine.stepper import QUIET_BATCHES
 from vkmulti.kernels.runtime import Inbound
 from vkmulti.kernels.reference import COUNTER_TAG_ADD, COUNTER_TAG_FORWARD
-from vkmulti.transfer.peer import ExportedBuffer
+from vkmulti.transfer import ExportedBuffer
 
 #: transfer_methods for both directions of the pair (None: the pair's best, dmabuf: in place)
 PATHS = {"in place": None, "host_shared link": "host_shared", "staging link": "staging_copy"}
@@ -188,7 +188,7 @@ def test_destroying_a_sender_read_in_place_drops_its_batches(manager):
 
 def test_accept_batch_checks_the_direct_and_lazy_options(manager):
     rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
-    from vkmulti.memory.image import Buffer
+    from vkmulti import Buffer
     buf = Buffer(manager.slot(1), 64 + 4 * rt.slot_size)
     try:
         k0 = counter(rt, "k0", 0)
@@ -213,7 +213,7 @@ def test_a_batch_a_kernel_already_had_a_pass_over_is_never_direct_for_it(manager
     """A direct pass that the host trusts (the sender's survey read back) takes
     every message of the batch: it must never follow an ordinary pass over the
     same batch for that kernel, which may have delivered some of them already."""
-    from vkmulti.memory.image import Buffer
+    from vkmulti import Buffer
     from vkmulti.kernels.engine.step_recorder import InFlight
 
     rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)

@@ -14,7 +14,7 @@ from vkmulti import (Backend, CrossGpuK2KRouter, CrossGpuRouterStats, CrossGpuRo
                      GpuConnection, GpuTopology, InterconnectType as I, K2KDestinationNotFoundError, K2KMessage,
                      KernelId, MultiGpuBuilder, PendingK2KMessage, RoutingDecision, RoutingKind)
 from vkmulti.kernels import DevicePath
-from vkmulti.kernels.k2k.routing import RouteTrees, decide_route
+from vkmulti.kernels.k2k import RouteTrees, decide_route
 
 
 def coordinator(n: int, links: list[tuple[int, int, I]] | None = None):

@@ -13,7 +13,7 @@ import pytest
 
 from kernel_support import make_coordinator
 from vkmulti import CrossGpuK2KRouter
-from vkmulti.memory.image import Buffer
+from vkmulti import Buffer
 from vkmulti.kernels import KernelRuntime, counter_kernel
 from vkmulti.kernels.reference import (COUNTER_TAG_FORWARD, burst_kernel, counter_initial_state, read_burst,
                                        read_counter)

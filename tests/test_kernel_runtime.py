@@ -12,7 +12,7 @@ from kernel_support import make_coordinator, runtime_fixture
 from vkmulti import CrossGpuK2KRouter
 from vkmulti.errors import (DestroyedError, KernelMessageError, KernelNotFoundError, QueueFullError,
                             TimeoutError)
-from vkmulti.memory.image import Buffer
+from vkmulti import Buffer
 from vkmulti.kernels import HOST_KERNEL_ID, K2KMessage, KernelRuntime, KernelSpec, counter_kernel, pingpong_kernel
 from vkmulti.kernels.reference import (COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, COUNTER_TAG_QUERY, COUNTER_TAG_REPLY,
                                        PING_DONE_TAG, counter_initial_state, read_counter, read_pingpong)

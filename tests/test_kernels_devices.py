@@ -17,10 +17,10 @@ import pytest
 
 from vkmulti import (Backend, InterconnectType, LoadBalancingStrategy, MultiGpuConfig, MultiGpuCoordinator,
                      InvalidConfigError, probe_topology)
-from vkmulti.memory.image import Buffer
+from vkmulti import Buffer
 from vkmulti.kernels import CrossDeviceTransfer, format_topology
 from vkmulti.kernels.coordinator import device_facts, probe
-from vkmulti.kernels.coordinator.device_facts import NvLinkFacts, numa_node, nvlink_links
+from vkmulti.kernels.coordinator import NvLinkFacts, numa_node, nvlink_links
 from vkmulti.transfer import select_transfer_method
 
 HERE = Path(__file__).resolve().parent

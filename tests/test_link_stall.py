@@ -18,7 +18,7 @@ import pytest
 
 import vkmulti
 from vkmulti._core import _native
-from vkmulti.memory.image import Buffer
+from vkmulti import Buffer
 
 from gates import Gate
 

@@ -19,8 +19,8 @@ from vkmulti import (Checkpoint, CheckpointPolicy, CrossGpuK2KRouter, FileStorag
                      MigrationError, MigrationState)
 from vkmulti.errors import DestroyedError, InvalidCheckpointError, InvalidConfigError, KernelNotFoundError
 from vkmulti.kernels import KernelSpec, counter_kernel
-from vkmulti.kernels.lifecycle.gpu_crc import GpuCrc
-from vkmulti.kernels.lifecycle.host_crc import HostCrc
+from vkmulti.kernels.lifecycle import GpuCrc
+from vkmulti.kernels.lifecycle import HostCrc
 from vkmulti.kernels.reference import (COUNTER_TAG_ADD, COUNTER_TAG_FORWARD, COUNTER_TAG_QUERY,
                                        counter_initial_state, read_counter)
 
@@ -362,7 +362,7 @@ def test_incremental_checkpoint(runtime):
     runtime.step(k)
     delta = k.create_incremental_checkpoint(base)
     assert k.supports_incremental()
-    from vkmulti.kernels.lifecycle.image import SPIRV_CHUNK
+    from vkmulti.kernels.lifecycle import SPIRV_CHUNK
     changed = {c.chunk_type().name for c in delta.chunks}
     assert "DEVICE_MEMORY" in changed and delta.get_custom(SPIRV_CHUNK) is None   # the code did not change
     full = Checkpoint.applied_with_delta(base, delta)

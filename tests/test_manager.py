@@ -6,8 +6,10 @@ import pytest
 
 import vkmulti
 from vkmulti import DestroyedError, MultiDeviceManager, QueueFamilies
-from vkmulti.device.logical import create_logical_device, destroy_logical_device
-from vkmulti.device.instance import Instance, drain_all_validation_messages
+from vkmulti import create_logical_device
+from vkmulti.device.logical import destroy_logical_device
+from vkmulti import Instance
+from vkmulti.device.instance import drain_all_validation_messages
 
 
 @pytest.fixture

@@ -154,7 +154,7 @@ def test_missing_extensions_are_unsupported_naming_extension_and_device(manager)
 
 @pytest.mark.parametrize("ring", [_native.RING_STAGING, _native.RING_SHARED_HOST, _native.RING_EXPORTED])
 def test_jobs_the_ring_cannot_carry_are_refused_and_the_link_stays_usable(manager, ring):
-    from vkmulti.memory.image import Buffer, Image
+    from vkmulti import Buffer, Image
 
     s, d = manager.slot(1), manager.slot(0)
     link = _native.Link(s.native, s.copy_queue.lock, d.native, d.copy_queue.lock, ring, 64 << 10, 4)
@@ -192,7 +192,7 @@ def test_jobs_the_ring_cannot_carry_are_refused_and_the_link_stays_usable(manage
 
 
 def test_trace_environment_is_read_in_python_and_passed_down(manager, tmp_path, monkeypatch):
-    from vkmulti.memory.image import Buffer
+    from vkmulti import Buffer
 
     path = tmp_path / "trace.csv"
     monkeypatch.setenv(_native.TRACE_ENV, str(path))

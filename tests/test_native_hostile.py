@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from vkmulti._core import _native
-from vkmulti.memory.image import Buffer
+from vkmulti import Buffer
 
 from gates import Gate
 

@@ -18,11 +18,12 @@ from vkmulti.apps import cli
 from vkmulti import (DestroyedError, MultiDeviceManager, OffloadRoute, ReferenceRenderer, ReferenceSRU,
                      SRUOffloadCoordinator, TransferMethod, select_transfer_method)
 from vkmulti.offload import make_srus
-from vkmulti.memory.image import Image
-from vkmulti.offload.coordinator import RendererMissingError, SecondaryRenderContext
-from vkmulti.offload.partition import SRUAssignment
-from vkmulti.offload.render import SRU_IMAGE_USAGE
-from vkmulti.transfer.cross_device import CrossDeviceTransfer
+from vkmulti import Image
+from vkmulti import RendererMissingError
+from vkmulti.offload import SecondaryRenderContext
+from vkmulti import SRUAssignment
+from vkmulti.offload import SRU_IMAGE_USAGE
+from vkmulti import CrossDeviceTransfer
 
 
 def factory(ctx: SecondaryRenderContext) -> ReferenceRenderer:

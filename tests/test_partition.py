@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vkmulti._core import _native
-from vkmulti.offload.partition import (SRUAssignment, assign_srus, assign_srus_reference, makespan,
-                               seed_top_n_minus_1)
+from vkmulti import SRUAssignment, assign_srus
+from vkmulti.offload import assign_srus_reference, makespan, seed_top_n_minus_1
 
 
 @dataclass

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vkmulti import assign_srus, assign_srus_array
-from vkmulti.offload.partition import assign_srus_reference, makespan, reference_devices
+from vkmulti.offload import assign_srus_reference, makespan, reference_devices
 
 COSTS = st.one_of(st.integers(0, 5).map(float), st.floats(0.0, 1e6, allow_nan=False, allow_infinity=False))
 

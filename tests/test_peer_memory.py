@@ -12,9 +12,9 @@ import vkmulti
 from vkmulti._core import _native
 from vkmulti.errors import DestroyedError, DeviceLostError, UnsupportedError
 from vkmulti.kernels.engine import recording as cmds
-from vkmulti.transfer.peer import ExportedBuffer, TimelineRelay, shares_memory
+from vkmulti.transfer import ExportedBuffer, TimelineRelay, shares_memory
 from vkmulti.testing import lose_device
-from vkmulti._core.timeline import TimelinePoint
+from vkmulti import TimelinePoint
 
 
 def test_the_pair_shares_memory_and_imports_see_the_same_bytes(manager):

@@ -19,8 +19,8 @@ import vulkan as vk
 
 from vkmulti import (DestroyedError, InterGpuTransfer, MultiDeviceManager, ReferenceRenderer, SRUOffloadCoordinator,
                      TransferMethod)
-from vkmulti.memory.image import Buffer, Image
-from vkmulti.transfer.cross_device import CrossDeviceTransfer
+from vkmulti import Buffer, Image
+from vkmulti import CrossDeviceTransfer
 
 from test_offload import tiles
 
@@ -218,8 +218,8 @@ def test_race_sru_offload_coordinator(manager):
 def test_race_timeline_relay(manager):
     """The K2K relay (a native thread mirroring GPU 0's timeline onto GPU 1) destroyed
     while other threads relay points, poll and wait on them."""
-    from vkmulti.transfer.peer import TimelineRelay
-    from vkmulti._core.timeline import TimelinePoint
+    from vkmulti.transfer import TimelineRelay
+    from vkmulti import TimelinePoint
 
     rng = random.Random(7)
     s0, s1 = manager.slot(0), manager.slot(1)

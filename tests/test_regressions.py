@@ -19,10 +19,10 @@ import vulkan as vk
 
 import vkmulti
 from vkmulti import DestroyedError, InterGpuTransfer, MultiDeviceManager, TransferMethod
-from vkmulti.device.commands import CommandRunner
-from vkmulti.memory.host_port import HostPort
-from vkmulti.memory.image import Buffer, Image
-from vkmulti.transfer.cross_device import CrossDeviceTransfer
+from vkmulti.device import CommandRunner
+from vkmulti.memory import HostPort
+from vkmulti import Buffer, Image
+from vkmulti import CrossDeviceTransfer
 
 from gates import Gate, Interrupted, interrupt_after
 
@@ -457,7 +457,7 @@ def test_assign_srus_is_linear_in_srus_not_devices():
     from types import SimpleNamespace
 
     from vkmulti import assign_srus
-    from vkmulti.offload.partition import assign_srus_reference
+    from vkmulti.offload import assign_srus_reference
 
     srus = [SimpleNamespace(sru_id=i, instances=[0] * (i % 5)) for i in range(40)]
 

@@ -13,7 +13,8 @@ import pytest
 import vulkan as vk
 
 from vkmulti import DestroyedError, TimelinePoint
-from vkmulti.memory.image import IMAGE_USAGE, Image
+from vkmulti.memory import IMAGE_USAGE
+from vkmulti import Image
 from vkmulti._core.shaders import shader_path
 from vkmulti.offload import SRU_IMAGE_USAGE, Compositor, ReferenceRenderer, ReferenceSRU
 

@@ -11,9 +11,10 @@ import pytest
 
 import vkmulti
 from vkmulti import MultiDeviceManager, select_transfer_method
-from vkmulti.device.capabilities import QueueFamilies, RenderCapabilities
-from vkmulti.device.logical import create_logical_device, destroy_logical_device
-from vkmulti.device.instance import Instance
+from vkmulti import QueueFamilies, RenderCapabilities
+from vkmulti import create_logical_device
+from vkmulti.device.logical import destroy_logical_device
+from vkmulti import Instance
 from vkmulti.offload import SRUAssignment
 
 

@@ -14,9 +14,10 @@ import vulkan as vk
 
 import vkmulti
 from vkmulti import DestroyedError, TransferMethod
-from vkmulti.memory.image import Buffer, Image
+from vkmulti import Buffer, Image
 from vkmulti._core.lifetime import Lifetime
-from vkmulti.transfer.cross_device import _ENDPOINTS_KEPT, CrossDeviceTransfer, _Endpoint
+from vkmulti import CrossDeviceTransfer
+from vkmulti.transfer.cross_device import _ENDPOINTS_KEPT, _Endpoint
 
 F = vk.VK_FORMAT_R16G16B16A16_SFLOAT
 GENERAL = vk.VK_IMAGE_LAYOUT_GENERAL

@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 from vkmulti import InterGpuTransfer, MultiDeviceManager, TransferMethod
-from vkmulti.memory.image import Buffer, Image
+from vkmulti import Buffer, Image
 from vkmulti.device.instance import drain_all_validation_messages
-from vkmulti.transfer.cross_device import CrossDeviceTransfer
+from vkmulti import CrossDeviceTransfer
 
 CYCLES = int(os.environ.get("VKMULTI_SOAK_CYCLES", "300"))
 #: Under AddressSanitizer (the second CI run preloads it) freed memory sits in

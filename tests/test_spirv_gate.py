@@ -24,13 +24,13 @@ from vkmulti import Checkpoint, KernelValidationError, UnsupportedError, VulkanE
 from vkmulti.errors import TimeoutError as VkmTimeout
 from vkmulti.kernels import KernelSpec, counter_kernel
 from vkmulti.kernels.checkpoint import ChunkType
-from vkmulti.kernels.engine.spirv import reflect
+from vkmulti.kernels.engine import reflect
 from vkmulti.kernels.engine.spirv_gate import SPIRV_GATE, SpirvGate
-from vkmulti.kernels.lifecycle.image import SPIRV_CHUNK
+from vkmulti.kernels.lifecycle import SPIRV_CHUNK
 from vkmulti.kernels.reference import COUNTER_TAG_ADD, counter_initial_state, read_counter
 from vkmulti.kernels.reload import HotReloadConfig, HotReloadManager, KernelCodeSource
 from vkmulti.kernels.reload import swap as reload_swap
-from vkmulti.kernels.reload.code_source import validate_code
+from vkmulti.kernels.reload import validate_code
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 runtime = runtime_fixture(max_kernels=8)

@@ -30,9 +30,9 @@ import vkmulti
 from vkmulti import TransferMethod
 from vkmulti._core import vkapi
 from vkmulti.errors import TimeoutError as VkmTimeoutError
-from vkmulti.memory.image import Buffer, Image
+from vkmulti import Buffer, Image
 from vkmulti.offload import SRU_IMAGE_USAGE, Compositor, ReferenceRenderer, ReferenceSRU
-from vkmulti.transfer.cross_device import CrossDeviceTransfer
+from vkmulti import CrossDeviceTransfer
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ import vulkan as vk
 import vkmulti
 from vkmulti import DestroyedError, TransferMethod, UnsupportedError
 from vkmulti.device.capabilities import EXT_MEMORY_HOST
-from vkmulti.memory.image import Buffer, Image
+from vkmulti import Buffer, Image
 from vkmulti.transfer import CrossDeviceTransfer, TimelinePoint, select_transfer_method
 
 
@@ -27,7 +27,7 @@ class Assignment:
 
 
 def available(manager, method, src=1, dst=0):
-    from vkmulti.transfer.methods import method_support
+    from vkmulti.transfer import method_support
     a, b = manager.slot(src), manager.slot(dst)
     return method_support(method, a.capabilities, b.capabilities, a.enabled_extensions, b.enabled_extensions) is None
 
@@ -323,7 +323,7 @@ def test_dst_ready_orders_gpu_work_without_host_wait(manager):
         t.wait_submitted(30)
         # record a readback on GPU 0 that waits for dst_ready on the GPU; no ticket.wait()
         out = Buffer(manager.slot(0), data.nbytes, host_visible=True)
-        from vkmulti.memory.image import CommandRunner
+        from vkmulti.device import CommandRunner
         CommandRunner.for_slot(manager.slot(0)).run(
             lambda cmd: vk.vkCmdCopyBuffer(cmd, d.handle, out.handle, 1, [vk.VkBufferCopy(0, 0, data.nbytes)]),
             waits=[(t.dst_ready.semaphore, t.dst_ready.value)])
@@ -494,8 +494,9 @@ def test_gpu_queue_family_ownership_transfer(method, src, dst):
     """An engine's primary whose copy queue is the dedicated transfer family: images
     owned by the universal family go through release/acquire barriers."""
     from vkmulti import MultiDeviceManager
-    from vkmulti.device.logical import create_logical_device, destroy_logical_device
-    from vkmulti.device.instance import Instance
+    from vkmulti import create_logical_device
+    from vkmulti.device.logical import destroy_logical_device
+    from vkmulti import Instance
 
     inst = Instance()
     pds = inst.physical_devices()

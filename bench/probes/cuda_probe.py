@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     a = ap.parse_args(argv)
     from vkmulti import MultiDeviceManager
-    from vkmulti.memory.image import Buffer, Image
+    from vkmulti import Buffer, Image
 
     os.makedirs(a.out, exist_ok=True)
     with MultiDeviceManager.create(enabled=True, validation=False) as mgr:

@@ -17,7 +17,8 @@ import time
 import vulkan as vk
 
 from vkmulti import MultiDeviceManager
-from vkmulti.memory.image import Buffer, CommandRunner, Image
+from vkmulti import Buffer, Image
+from vkmulti.device import CommandRunner
 
 N = 256 << 20
 

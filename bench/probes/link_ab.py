@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rounds must be >= 1")
     from vkmulti import MultiDeviceManager
     from vkmulti._core import _native
-    from vkmulti.memory.image import Buffer, Image
+    from vkmulti import Buffer, Image
     from vkmulti.testing import use_virtual_if_no_gpu
 
     note = use_virtual_if_no_gpu(a.virtual)

@@ -17,10 +17,10 @@ import time
 
 import vulkan as vk
 
-from vkmulti.device.logical import create_logical_device
-from vkmulti.memory.image import Buffer, Image
-from vkmulti.device.instance import Instance
-from vkmulti.device.manager import MultiDeviceManager
+from vkmulti import create_logical_device
+from vkmulti import Buffer, Image
+from vkmulti import Instance
+from vkmulti import MultiDeviceManager
 
 N = 64 << 20
 

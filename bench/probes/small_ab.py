@@ -29,7 +29,7 @@ def child(reps: int, virtual: int) -> None:
 
         install_virtual_gpus(virtual)
     from vkmulti.apps.benchmarks import run_transfer_bench
-    from vkmulti.device.manager import MultiDeviceManager
+    from vkmulti import MultiDeviceManager
 
     with MultiDeviceManager.create(enabled=True, validation=False) as mgr:
         res = run_transfer_bench(mgr, reps=reps, buffer_reps=reps, sizes=((256, 256),), buffer_bytes=64 << 10,
