@@ -10,6 +10,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from typing import Any, Callable
 
 __all__ = ["Parser", "virtual_count", "add_virtual_argument", "add_output_argument", "check_output_path",
@@ -156,8 +157,6 @@ def check_output_paths(parser: Any, args: argparse.Namespace) -> None:
 def default_output(name: str) -> str:
     """Where a command writes `name` unless told otherwise: the temporary folder
     ($TMPDIR, else /tmp), never the current folder (often a source checkout)."""
-    import tempfile
-
     return os.path.join(tempfile.gettempdir(), name)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import VkmError
 from .cli_args import (Parser, add_output_argument, add_virtual_argument, default_output, parse_devices, parse_loss,
                        parse_size, print_result)
+from .scenes import write_png
 
 __all__ = ["LIGHT_SIZE", "LIGHT_STEPS", "DRILL_STEPS", "HEAVY_SIZE", "HEAVY_STEPS", "HOT", "initial_field",
            "colorize", "colour_bar", "write_field_png", "rate_text", "add_arguments", "parse_arguments", "report"]
@@ -89,8 +90,6 @@ def colour_bar(rgb: np.ndarray, lo: float, hi: float) -> np.ndarray:
 
 def write_field_png(field: np.ndarray, path: str) -> None:
     """The field as a PNG: colorize's picture with its colour bar (the field's min and max)."""
-    from .scenes import write_png
-
     write_png(colour_bar(colorize(field), float(field.min()), float(field.max())), path)
 
 

@@ -15,6 +15,8 @@ import json
 import struct
 from typing import Any, Sequence
 
+import vulkan as vk
+
 from ...errors import InvalidCheckpointError
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES
 from .format import Checkpoint, DataChunk
@@ -219,8 +221,6 @@ def device_group_limits(manager: Any, device: int | None) -> list[tuple[int, int
     """maxComputeWorkGroupCount of `device` of a manager, or of every device when None
     (a restore's placement is chosen later); the Vulkan minimum where a device does
     not say."""
-    import vulkan as vk
-
     indices = range(manager.device_count) if device is None else [device]
     out = []
     for i in indices:
