@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .._core.checks import is_int
 from .._core.reprs import compact_repr
 
 __all__ = ["HOST_ADDRESS", "HOST_KERNEL_ID", "DEFAULT_PAYLOAD_SIZE", "ENVELOPE", "ENVELOPE_BYTES",
@@ -42,7 +43,7 @@ _U64 = (1 << 64) - 1
 
 def check_payload_size(size: Any) -> int:
     """A valid payload size: an int multiple of 16 in [16, 65536]."""
-    if isinstance(size, bool) or not isinstance(size, int):
+    if not is_int(size):
         raise TypeError(f"payload_size must be an int, got {type(size).__name__}")
     if not 16 <= size <= MAX_PAYLOAD_SIZE or size % 16:
         raise ValueError(f"payload_size must be a multiple of 16 in [16, {MAX_PAYLOAD_SIZE}], got {size}")
@@ -63,7 +64,7 @@ class HlcTimestamp:
 
     def __post_init__(self) -> None:
         for label, v, top in (("physical_us", self.physical_us, _U64), ("logical", self.logical, _U32)):
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
+            if not is_int(v) or not 0 <= v <= top:
                 raise ValueError(f"HlcTimestamp.{label} must be an int in [0, {top}], got {v!r}")
 
     @classmethod
@@ -189,7 +190,7 @@ class K2KMessage:
                                 f"got {type(self.payload).__name__}") from None
         for label, top in (("tag", _U32), ("tenant", _U32), ("hops", _U32), ("sequence", _U64), ("priority", 255)):
             v = getattr(self, label)
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
+            if not is_int(v) or not 0 <= v <= top:
                 raise ValueError(f"K2KMessage.{label} must be an int in [0, {top}], got {v!r}")
         if not isinstance(self.timestamp, HlcTimestamp):
             raise TypeError(f"K2KMessage.timestamp must be an HlcTimestamp, got {type(self.timestamp).__name__}")

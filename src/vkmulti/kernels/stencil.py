@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .._core.checks import is_int
 from .reference import split_rows, stencil_field, stencil_kernel, stencil_tile_state
 from .coordinator.coordinator import MultiGpuCoordinator
 from .k2k.router import CrossGpuK2KRouter
@@ -29,7 +30,7 @@ _MAX_PAYLOAD = 1 << 16
 def stencil_payload_size(width: int) -> int:
     """The message payload that carries a `width`-cell halo row in as few messages
     as possible: the row itself (rounded up to 16 bytes) up to 64 KiB."""
-    if isinstance(width, bool) or not isinstance(width, int) or width < 3:
+    if not is_int(width) or width < 3:
         raise ValueError(f"width must be an int >= 3, got {width!r}")
     return min(_MAX_PAYLOAD, -(-width * 4 // 16) * 16)
 
@@ -100,7 +101,7 @@ class StencilSlabs:
     def step(self, n: int = 1, *, timeout: float | None = 60.0) -> list[float]:
         """Run `n` steps (submitted back to back, the GPUs ordered by semaphores);
         returns the host time each step() call took."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        if not is_int(n) or n < 0:
             raise ValueError(f"n must be an int >= 0, got {n!r}")
         times = []
         for _ in range(n):
@@ -160,9 +161,9 @@ def run_stencil(manager: Any, field: Any, steps: int, devices: Iterable[int] | N
     transfer rings and landing buffers made) and are not timed.
     """
     f = _as_field(field)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+    if not is_int(steps) or steps < 0:
         raise ValueError(f"steps must be an int >= 0, got {steps!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+    if not is_int(warmup) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
     devs = list(range(manager.device_count)) if devices is None else [int(d) for d in devices]
     for d in devs:

@@ -10,6 +10,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..._core.checks import is_int
 from ...errors import InvalidCheckpointError
 from ..messages import HlcTimestamp
 
@@ -60,7 +61,7 @@ def chunk_name_id(name: str) -> int:
 
 
 def _u(value: Any, label: str, top: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+    if not is_int(value) or not 0 <= value <= top:
         raise ValueError(f"{label} must be an int in [0, {top}], got {value!r}")
     return value
 

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import vulkan as vk
 
+from ..._core.checks import is_int
 from ...errors import InvalidCheckpointError
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES
 from .format import Checkpoint, DataChunk
@@ -97,7 +98,7 @@ def _int(cp: Checkpoint, label: str, value: Any, low: int, high: int) -> int:
         if len(text) > _MAX_NUMBER_CHARS or not text.lstrip("-").isdigit():
             raise _bad(cp.metadata.kernel_id, f"{label} must be a decimal int, got {value[:40]!r}")
         value = int(text)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if not is_int(value) or not low <= value <= high:
         raise _bad(cp.metadata.kernel_id, f"{label} must be an int in [{low}, {high}], got {str(value)[:40]}")
     return value
 

@@ -19,6 +19,7 @@ from typing import Any, Iterable
 import numpy as np
 import vulkan as vk
 
+from ..._core.checks import is_int
 from ...errors import TimeoutError as VkmTimeout
 from ...memory.image import Buffer
 from ..._core.shaders import shader_path
@@ -52,7 +53,7 @@ def check_ranges(ranges: Iterable[tuple[Any, int, int]], *, word_tail: bool) -> 
         except (TypeError, ValueError):
             raise TypeError(f"a CRC range is (buffer, offset, size), got {item!r}"[:160]) from None
         for label, v in (("offset", off), ("size", size)):
-            if isinstance(v, bool) or not isinstance(v, int):
+            if not is_int(v):
                 raise TypeError(f"CRC range {label} must be an int, got {type(v).__name__}")
         total = getattr(buf, "size", None)
         if not isinstance(total, int) or getattr(buf, "handle", None) is None:
@@ -121,7 +122,7 @@ class GpuCrc:
         cpu = caps is not None and getattr(caps, "device_type", "") == "cpu"
         if lane_words is None:
             lane_words = LANE_WORDS_CPU if cpu else LANE_WORDS_GPU
-        if isinstance(lane_words, bool) or not isinstance(lane_words, int) or not 1 <= lane_words <= 1 << 16:
+        if not is_int(lane_words) or not 1 <= lane_words <= 1 << 16:
             raise ValueError(f"lane_words must be an int in [1, 65536], got {lane_words!r}"[:120])
         if contiguous is None:
             contiguous = cpu

@@ -57,7 +57,6 @@ import vulkan as vk
 from ...errors import MigrationError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
 from ...transfer.cross_device import CrossDeviceTransfer
-from ...transfer.methods import select_transfer_method
 from ..engine import recording as cmds
 from ..engine.device_context import WHOLE_SIZE, MappedBuffer
 from ..engine.gate import gate_of

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import Any
 
 import numpy as np
 

@@ -17,7 +17,7 @@ from ...errors import DestroyedError, DeviceLostError, VkmError, TimeoutError as
 from ...memory.image import Buffer
 from ..._core.timeline import TimelinePoint
 from ...transfer.peer import ExportedBuffer, ImportedBuffer
-from ..._core.checks import int_in, timeout_seconds
+from ..._core.checks import int_in, is_int, timeout_seconds
 from ..._core.timeline import as_wait_points
 from ..engine.kernel import InboundBatch, Kernel, OutboxBatch
 from ..messages import RING_HEADER_BYTES
@@ -171,7 +171,7 @@ class Inbound:
         empty does not tie this device's steps to the other device's."""
         rt = self._rt
         self._check()
-        if isinstance(device, bool) or not isinstance(device, int):
+        if not is_int(device):
             raise TypeError(f"device must be an int, got {type(device).__name__}")
         if not isinstance(buffer, Buffer):
             raise TypeError(f"buffer must be a vkmulti Buffer, got {type(buffer).__name__}")

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._core.checks import is_int
 from ...memory.image import as_host_bytes
 from ..engine.device_context import DeviceContext
 from ..engine.kernel import check_kernel_code
@@ -42,7 +43,7 @@ def place(coordinator: Any, device_count: int, kernel_id: str, device: int | Non
     """The device of a new kernel: `device` when given, else the coordinator's
     choice; either way assigned to the kernel in the coordinator."""
     if device is not None:
-        if isinstance(device, bool) or not isinstance(device, int):
+        if not is_int(device):
             raise TypeError(f"device must be an int or None, got {type(device).__name__}")
         if not 0 <= device < device_count:
             raise IndexError(f"device {device} out of range: {device_count} device(s)")
@@ -54,7 +55,7 @@ def place(coordinator: Any, device_count: int, kernel_id: str, device: int | Non
     else:
         idx = coordinator.select_device(options)
         coordinator.assign_kernel(kernel_id, idx)
-    if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < device_count:
+    if not is_int(idx) or not 0 <= idx < device_count:
         coordinator.remove_kernel(kernel_id)
         raise ValueError(f"the coordinator chose device {idx!r}, which the manager does not have "
                          f"({device_count} device(s))")
