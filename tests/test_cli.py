@@ -194,3 +194,17 @@ def test_every_bench_script_answers_help(script, monkeypatch):
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
         runpy.run_path(str(script), run_name="__main__")
     assert e.value.code in (0, None) and "usage:" in out.getvalue()
+
+
+def test_a_command_never_tells_a_user_to_call_destroy(monkeypatch, capsys):
+    """A teardown that timed out ends the command with one line that does not give a program's advice."""
+    from vkmulti.apps import cli
+    from vkmulti.errors import TimeoutError as VkmTimeout
+
+    def slow_teardown(*_):
+        raise VkmTimeout("Buffer(GPU 1) still used by the GPU after 10.0 s; it was not destroyed "
+                         "(call destroy() again later)")
+    assert cli._guarded("demo", slow_teardown) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "destroy()" not in err and "still running when the command ended" in err
+    assert cli._for_a_user("no such hint") == "no such hint"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
@@ -194,13 +195,24 @@ def run_topology_command(args: argparse.Namespace) -> int:
     return 0
 
 
+_DESTROY_HINT = re.compile(r"[;,]?\s*\(?call destroy\(\) again[^)]*\)?")
+
+
+def _for_a_user(message: str) -> str:
+    """A library message as a command prints it: the advice to call destroy() again is
+    for programs; a command that ends leaves the GPU work it waited for to the driver."""
+    if not _DESTROY_HINT.search(message):
+        return message
+    return _DESTROY_HINT.sub("", message).rstrip(" ;,") + "; the GPU work was still running when the command ended"
+
+
 def _guarded(what: str, fn: Any, *args: Any) -> int:
     """Run a command; a vkmulti error (no device, a device lost, ...) ends it with one
     line on stderr and exit status 1, Ctrl-C with status 130, never a traceback."""
     try:
         return int(fn(*args) or 0)
     except VkmError as exc:
-        print(f"vkmulti {what}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"vkmulti {what}: error: {type(exc).__name__}: {_for_a_user(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"vkmulti {what}: interrupted", file=sys.stderr)
