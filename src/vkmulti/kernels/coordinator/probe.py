@@ -15,15 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import errno
 import os
-import stat
 import statistics
 import tempfile
 import time
 from typing import Any
 
 from ..._core.checks import check_count
+from ..._core.files import read_regular_file
 from ..._version import __version__
 from ...device.capabilities import DeviceCapabilities
 from ...device.manager import MultiDeviceManager
@@ -51,7 +50,6 @@ WAIT_SECONDS = 60.0
 _PEER = ("cuda_peer", "dmabuf")
 #: The largest topology cache file read (bytes): a measured 64-device matrix takes ~3 MiB.
 MAX_CACHE_BYTES = 16 << 20
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def cache_dir() -> str:
@@ -84,44 +82,11 @@ def cache_path(manager: Any, directory: str | None = None) -> str:
     return os.path.join(directory or cache_dir(), f"topology-{cache_key(manager)}.json")
 
 
-def _read_cache(path: str) -> bytes | None:
-    """The bytes of the regular file at `path` (None when there is none), opened
-    without following links and sized before reading; ValueError naming what
-    is wrong with anything else (a link, a FIFO, a device, too many bytes)."""
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ValueError("it is a symbolic link; links are never followed") from None
-        raise ValueError(str(exc)) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("it is not a regular file; only regular files are read")
-        if st.st_size > MAX_CACHE_BYTES:
-            raise ValueError(f"it is {st.st_size} bytes; at most {MAX_CACHE_BYTES} are read")
-        parts, got = [], 0
-        while True:
-            part = os.read(fd, min(1 << 20, MAX_CACHE_BYTES + 1 - got))
-            if not part:
-                return b"".join(parts)
-            got += len(part)
-            if got > MAX_CACHE_BYTES:
-                raise ValueError(f"it grew past {MAX_CACHE_BYTES} bytes while being read")
-            parts.append(part)
-    except OSError as exc:
-        raise ValueError(str(exc)) from None
-    finally:
-        os.close(fd)
-
-
 def _load(path: str, material: list[dict[str, Any]], device_count: int) -> GpuTopology | None:
     """The cached topology at `path` for these devices, or None (one warning when a
     file is there but unusable or not this machine's)."""
     try:
-        raw = _read_cache(path)
+        raw = read_regular_file(path, MAX_CACHE_BYTES)
         if raw is None:
             return None
         doc = json.loads(raw.decode("utf-8"))

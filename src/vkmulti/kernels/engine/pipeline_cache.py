@@ -14,10 +14,8 @@ VKMULTI_PIPELINE_CACHE=0 turns reading and writing off.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import stat
 import struct
 import tempfile
 import threading
@@ -25,6 +23,7 @@ from typing import Any
 
 import vulkan as vk
 
+from ..._core.files import read_regular_file
 from ..coordinator.probe import cache_dir
 
 log = logging.getLogger(__name__)
@@ -38,7 +37,6 @@ MAX_BYTES = 64 << 20
 #: VkPipelineCacheHeaderVersionOne: headerSize, headerVersion, vendorID, deviceID, pipelineCacheUUID
 HEADER = struct.Struct("<IIII16s")
 _VERSION_ONE = 1
-_READ_CHUNK = 1 << 20
 
 #: (vendorID, deviceID, pipelineCacheUUID) of a physical device's pipeline caches
 CacheIdentity = tuple[int, int, bytes]
@@ -101,35 +99,11 @@ class PipelineCacheFiles:
             return None
         path = self.path(ident)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
+            data = read_regular_file(path, self.limit)
+        except ValueError as exc:
+            self._ignore(path, str(exc))
             return None
-        except OSError as exc:
-            self._ignore(path, "a symbolic link" if exc.errno == errno.ELOOP else f"unreadable ({exc.strerror})")
-            return None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                self._ignore(path, "not a regular file")
-                return None
-            if st.st_size > self.limit:
-                self._ignore(path, f"{st.st_size} bytes, over the {self.limit}-byte bound")
-                return None
-            parts, got = [], 0
-            while got <= self.limit:   # bounded even when the file grows while it is read
-                part = os.read(fd, min(_READ_CHUNK, self.limit + 1 - got))
-                if not part:
-                    break
-                parts.append(part)
-                got += len(part)
-        except OSError as exc:
-            self._ignore(path, f"unreadable ({exc.strerror})")
-            return None
-        finally:
-            os.close(fd)
-        data = b"".join(parts)
-        if len(data) > self.limit:
-            self._ignore(path, f"over the {self.limit}-byte bound")
+        if data is None:
             return None
         why = check_header(data, ident)
         if why is not None:
