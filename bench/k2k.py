@@ -103,26 +103,35 @@ def latency(mgr: Any, hops: int, method: str | None, rounds: int) -> dict[str, A
         b = rt.launch(pingpong_kernel(), "pong", device=1, params=[a.address])
         a.set_params(b.address)
 
+        host_per_step: list[float] = []
+
         def k2k(n: int) -> float:
             payload[0] = n
             rt.synchronize()
             t0 = time.perf_counter()
             rt.send(a, payload)
-            steps = 0
+            steps, host = 0, 0.0
             while rt.pending_receives(a) + rt.pending_receives(b) == 0:
+                t1 = time.perf_counter()
                 rt.step([a, b])
+                host += time.perf_counter() - t1
                 steps += 1
                 if steps > 4 * n + 50:
                     raise RuntimeError("the ping-pong message was lost")
             dt = time.perf_counter() - t0
+            host_per_step.append(host / steps)
             (rt.receive(a, timeout=1) if rt.pending_receives(a) else rt.receive(b, timeout=1))
             return dt
         k2k(4)                                   # warm: rings, imports, pipelines
         relay.run(4)
-        t_k2k, t_batch = [], []
-        for _ in range(rounds):                  # paired: K2K, then the hand-made relay
+        floor = Floor(mgr, router.transfer_method(0, 1))
+        floor.run(20)
+        host_per_step.clear()
+        t_k2k, t_batch, t_floor = [], [], []
+        for _ in range(rounds):                  # paired: K2K, the hand-made relay, the hardware floor
             t_k2k.append(k2k(hops) / hops)
             t_batch.append(relay.run(hops) / hops)
+            t_floor.append(floor.run(hops))
 
         # the same message relayed by the host: read back from one kernel, written to the other
         a.set_params(0)
@@ -147,11 +156,20 @@ def latency(mgr: Any, hops: int, method: str | None, rounds: int) -> dict[str, A
         method = router.transfer_method(0, 1)
     finally:
         relay.destroy()
+        if "floor" in locals():
+            floor.destroy()
         router.detach()
         rt.destroy()
     ratios = [k / r for k, r in zip(t_k2k, t_batch)]
+    to_floor = [k / f for k, f in zip(t_k2k, t_floor)]
     return {"message_bytes": 256, "hops": hops, "method": method, "rounds": rounds,
             "k2k_one_way_us": min(t_k2k) * 1e6,
+            "floor_us": min(t_floor) * 1e6,
+            "floor_us_rounds": [t * 1e6 for t in t_floor],
+            "floor_transfer_us": floor.transfer_us, "floor_submit_us": floor.submit_us,
+            "ratio_k2k_to_floor": statistics.median(to_floor),
+            "ratio_k2k_to_floor_range": [min(to_floor), max(to_floor)],
+            "host_us_per_step": statistics.median(host_per_step) * 1e6,
             "host_relay_one_way_us": t_hand * 1e6,
             "batch_relay_one_way_us": min(t_batch) * 1e6,
             "k2k_one_way_us_rounds": [t * 1e6 for t in t_k2k],
@@ -159,6 +177,43 @@ def latency(mgr: Any, hops: int, method: str | None, rounds: int) -> dict[str, A
             "ratio_k2k_to_host_relay": min(t_k2k) / t_hand,
             "ratio_k2k_to_batch_relay": statistics.median(ratios),
             "ratio_k2k_to_batch_relay_range": [min(ratios), max(ratios)]}
+
+
+class Floor:
+    """What one hop needs of the hardware: a raw 256-byte CrossDeviceTransfer from
+    GPU 0 to GPU 1 by the router's method, submitted and waited for, plus a bare
+    submit/fence round trip on GPU 1's step queue (the receiving step's launch)."""
+
+    def __init__(self, mgr: Any, method: str):
+        from vkmulti import Buffer, CrossDeviceTransfer
+        from vkmulti.kernels.engine.device_context import step_queue
+        from vkmulti.kernels.engine.gpu_jobs import GpuJobs
+
+        self.bufs = [Buffer(mgr.slot(0), 256), Buffer(mgr.slot(1), 256)]
+        self.link = CrossDeviceTransfer(mgr.slot(0), mgr.slot(1), method)
+        self.jobs = GpuJobs(mgr.slot(1), step_queue(mgr.slot(1)))
+        self.transfer_us = self.submit_us = float("inf")
+
+    def run(self, n: int) -> float:
+        """The floor of one hop (s): the medians of `n` transfers and `n` bare submits."""
+        xfer, sub = [], []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            self.link.submit(src_buffer=self.bufs[0], dst_buffer=self.bufs[1]).wait(30)
+            t1 = time.perf_counter()
+            self.jobs.wait(self.jobs.submit(lambda cmd: None), 30)
+            t2 = time.perf_counter()
+            xfer.append(t1 - t0)
+            sub.append(t2 - t1)
+        x, s = statistics.median(xfer), statistics.median(sub)
+        self.transfer_us, self.submit_us = min(self.transfer_us, x * 1e6), min(self.submit_us, s * 1e6)
+        return x + s
+
+    def destroy(self) -> None:
+        self.jobs.destroy(30)
+        self.link.destroy(30)
+        for buf in self.bufs:
+            buf.destroy()
 
 
 class BatchRelay:
@@ -396,6 +451,11 @@ def main(argv: list[str] | None = None) -> int:
     if "latency" in res:
         lat = res["latency"]
         lo, hi = lat["ratio_k2k_to_batch_relay_range"]
+        flo, fhi = lat["ratio_k2k_to_floor_range"]
+        parts.append(f"K2K one-way latency {lat['k2k_one_way_us']:.0f} us = {lat['ratio_k2k_to_floor']:.2f}x the "
+                     f"hardware floor ({lat['floor_us']:.0f} us: raw 256-byte transfer {lat['floor_transfer_us']:.0f} "
+                     f"+ bare submit {lat['floor_submit_us']:.0f}; {flo:.2f}-{fhi:.2f}; goal <= 1.5), host "
+                     f"{lat['host_us_per_step']:.0f} us per step of two kernels on two devices (goal <= 100)")
         parts.append(f"K2K one-way latency = {lat['ratio_k2k_to_batch_relay']:.2f}x the batch relayed by hand "
                      f"through the host (median of {lat['rounds']} paired runs, {lo:.2f}-{hi:.2f}; goal <= 0.5), "
                      f"{lat['ratio_k2k_to_host_relay']:.2f}x the host queues relay")
