@@ -9,6 +9,11 @@ CrossGpuK2KRouter, against baselines measured in the same run.
     device) and hands it to that device's kernels (accept_batch). Also shown:
     the cheapest host path (the message read from one kernel's host queue, K2H,
     and written to the other's, H2K), which moves a message, not a batch.
+    And against the hardware floor of a hop, measured in the same rounds: a
+    raw 256-byte CrossDeviceTransfer by the router's method, submitted and
+    waited for, plus a bare submit/fence round trip on the receiving device
+    (goal: K2K <= 1.5x the floor); host_us_per_step is the median time in
+    step() of the two kernels (goal <= 100 us).
 (b) bandwidth: batches of 16 KiB ... (--max) of messages from a burst kernel on
     GPU 0 to a checking sink on GPU 1, one batch per step, against the pair's
     raw transfer bandwidth: CrossDeviceTransfer buffer copies of the same size
