@@ -25,7 +25,7 @@ from .reference import counter_kernel, pingpong_kernel, stencil_kernel
 from .k2k.router import CrossGpuK2KRouter
 from .k2k.routing import (CrossGpuRouterStats, CrossGpuRouterStatsSnapshot, DevicePath, PendingK2KMessage,
                           RoutingDecision, RoutingKind)
-from .runtime.runtime import KernelRuntime, StepTicket
+from .runtime.runtime import KernelRuntime, RunTicket, StepTicket
 from .coordinator.topology import GpuConnection, GpuTopology, InterconnectType
 from .coordinator.transfer_spec import CrossDeviceTransfer
 # checkpoints, migration, hot reload (issue 16)
@@ -48,7 +48,8 @@ __all__ = [
     "DeviceUnregisterResult", "KernelMigrationPlan", "MigrationPriority", "MigrationRequest", "MigrationState",
     "GpuConnection", "GpuTopology", "InterconnectType", "CrossDeviceTransfer",
     "probe_topology", "format_topology",
-    "KernelRuntime", "StepTicket", "KernelSpec", "Kernel", "KernelStats", "OutboxBatch", "InboundBatch",
+    "KernelRuntime", "RunTicket", "StepTicket", "KernelSpec", "Kernel", "KernelStats", "OutboxBatch",
+    "InboundBatch",
     "K2KMessage", "MessageEnvelope", "HlcTimestamp", "HybridLogicalClock", "HOST_KERNEL_ID",
     "DEFAULT_PAYLOAD_SIZE", "counter_kernel", "pingpong_kernel", "stencil_kernel",
     "CrossGpuK2KRouter", "CrossGpuRouterStats", "CrossGpuRouterStatsSnapshot", "PendingK2KMessage",

@@ -19,8 +19,7 @@ import numpy as np
 
 from ..._core.checks import U32_MAX, int_in, timeout_seconds
 from ...device.failover import FailoverStats
-from ...errors import DestroyedError, DeviceLostError, KernelNotFoundError, MigrationError
-from ...errors import TimeoutError as VkmTimeout
+from ...errors import DestroyedError, DeviceLostError, KernelNotFoundError, MigrationError, TimeoutError as VkmTimeout
 from ..._core.timeline import TimelinePoint
 from ...transfer.peer import shares_memory
 from ..checkpoint.format import Checkpoint
@@ -43,11 +42,11 @@ from .host_io import HostQueues
 from .inbound import Inbound
 from .ports import OutboxFeed
 from .placement import check_fits, initial_state, place
-from .stepping import StepTicket, Stepping
+from .stepping import RunTicket, StepTicket, Stepping
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KernelRuntime", "StepTicket"]
+__all__ = ["KernelRuntime", "RunTicket", "StepTicket"]
 
 
 class KernelRuntime:
@@ -74,8 +73,7 @@ class KernelRuntime:
         if manager is None or not callable(getattr(manager, "slot", None)):
             raise TypeError("the runtime needs the MultiDeviceManager of the coordinator's devices: build the "
                             "coordinator with MultiGpuCoordinator.from_manager(mgr), or pass manager=mgr")
-        self.coordinator, self.manager = coordinator, manager
-        self.payload_size = check_payload_size(payload_size)
+        self.coordinator, self.manager, self.payload_size = coordinator, manager, check_payload_size(payload_size)
         self.slot_size = ENVELOPE_BYTES + self.payload_size
         self.in_flight = int_in(in_flight, "in_flight", 2, 16)
         self.max_kernels = int_in(max_kernels, "max_kernels", 2, 1 << 20)
@@ -92,8 +90,7 @@ class KernelRuntime:
         self._exports: dict[int, bool] = {}   # device -> whether its kernels' outboxes are exported
         #: messages that could not be delivered and whose sender is gone or unknown (dead letters)
         self.dead_letters = 0
-        self._destroyed = False
-        self._counter = 0
+        self._destroyed, self._counter = False, 0
         #: the router's side: step listeners, the outbox feed, batches handed in (the RuntimePort)
         self.inbound = Inbound(self, self._check, self._device, self._lock, self._contexts, self._by_index,
                                self._wait_points)
@@ -328,6 +325,11 @@ class KernelRuntime:
         wait for earlier steps when all in-flight slots are taken.
         """
         return self._lifecycle.gated_step(self._steps.step, kernels, wait, timeout)
+
+    def run(self, steps: int, kernels: Any = None, *, timeout: float | None = 60.0) -> RunTicket:
+        """`steps` steps of `kernels`, each as `step()` (migrations and reloads swap between two), in one
+        ticket once all are submitted. An error or Ctrl-C stops it between two steps; those submitted stand."""
+        return self._steps.run(lambda: self.step(kernels, timeout=timeout), steps)
 
     def _wait_points(self, points: Iterable[TimelinePoint], timeout: float | None) -> None:
         self._steps.wait_points(points, timeout)

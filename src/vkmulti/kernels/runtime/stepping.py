@@ -9,7 +9,7 @@ import time
 from collections import defaultdict
 from typing import Any, Callable, Iterable
 
-from ..._core.checks import timeout_seconds
+from ..._core.checks import is_int, timeout_seconds
 from ..._core.timeline import as_wait_points
 from ...errors import DeviceLostError, KernelMessageError
 from ...errors import TimeoutError as VkmTimeout
@@ -20,7 +20,7 @@ from ..engine.stepper import DeviceStepper
 from ..lifecycle.failover import Failover
 from ..lifecycle.policy import PolicyState
 
-__all__ = ["StepTicket", "Stepping"]
+__all__ = ["RunTicket", "StepTicket", "Stepping"]
 
 
 class StepTicket:
@@ -43,6 +43,41 @@ class StepTicket:
     def __repr__(self) -> str:
         return (f"StepTicket(devices={sorted(self.points)}, launched={[k.id for k in self.launched]}, "
                 f"deferred={[k.id for k, _ in self.deferred]})")
+
+
+class RunTicket:
+    """What one `run()` submitted: `steps` steps one after the other. `points`
+    holds the latest timeline point per device, `launched` how many of the
+    steps each kernel (by id) ran, `deferred` every step's held-back kernels
+    with the reason, `batches` the outbox batches of the last step."""
+
+    def __init__(self, steps: "Stepping"):
+        self._steps, self.steps = steps, 0
+        self.points: dict[int, TimelinePoint] = {}
+        self.launched: dict[str, int] = {}
+        self.deferred: list[tuple[Kernel, str]] = []
+        self.batches: list[OutboxBatch] = []
+
+    def add(self, ticket: StepTicket) -> None:
+        self.steps += 1
+        for dev, p in ticket.points.items():
+            if dev not in self.points or p.value > self.points[dev].value:
+                self.points[dev] = p
+        for k in ticket.launched:
+            self.launched[k.id] = self.launched.get(k.id, 0) + 1
+        self.deferred += ticket.deferred
+        self.batches = ticket.batches
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block (no GIL) until every device's last step of the run is done; vkmulti.TimeoutError after `timeout` s."""
+        self._steps.wait_points(self.points.values(), timeout_seconds(timeout))
+
+    def done(self) -> bool:
+        """True when every step of the run is finished (never blocks)."""
+        return all(self._steps.context(p.device_index).completed() >= p.value for p in self.points.values())
+
+    def __repr__(self) -> str:
+        return f"RunTicket(steps={self.steps}, devices={sorted(self.points)}, launched={self.launched})"
 
 
 class Stepping:
@@ -148,6 +183,16 @@ class Stepping:
         for listener in listeners:   # also without new batches: a router may have moves waiting
             listener(batches)
         return StepTicket(self, points, launched, deferred, batches)
+
+    def run(self, step: Callable[[], StepTicket], steps: Any) -> RunTicket:
+        """`steps` calls of `step()` (one runtime step each), gathered in one ticket."""
+        if not is_int(steps) or steps < 1:
+            raise ValueError(f"steps must be an int >= 1, got {steps!r}"[:160])
+        self._check()
+        ticket = RunTicket(self)
+        for _ in range(steps):
+            ticket.add(step())
+        return ticket
 
     def poll(self, pairs: list[tuple[DeviceContext, DeviceStepper]]) -> None:
         """Harvest what completed on each device without waiting. A device found lost
