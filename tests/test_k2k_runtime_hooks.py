@@ -144,17 +144,21 @@ def test_bench_prints_figures_and_a_ratio_line(capsys):
     assert bench.main(["--hops", "4", "--rounds", "2", "--max", "64K", "--stencil", "64x32",
                        "--stencil-steps", "3"]) == 0
     out = capsys.readouterr().out.rstrip().splitlines()
-    assert out[-1].startswith("ratio: K2K one-way latency = ")
+    assert out[-1].startswith("ratio: K2K one-way latency ") and "x the hardware floor" in out[-1]
     figures = json.loads("\n".join(out[:-1]))
     lat = figures["latency"]
     assert lat["k2k_one_way_us"] > 0 and lat["host_relay_one_way_us"] > 0 and lat["message_bytes"] == 256
     assert lat["batch_relay_one_way_us"] > 0 and lat["ratio_k2k_to_batch_relay"] > 0
     assert len(lat["k2k_one_way_us_rounds"]) == 2 and len(lat["ratio_k2k_to_batch_relay_range"]) == 2
+    assert lat["floor_us"] > 0 and len(lat["floor_us_rounds"]) == 2 and lat["ratio_k2k_to_floor"] > 0
+    assert lat["floor_us"] >= lat["floor_transfer_us"] > 0 and lat["floor_submit_us"] > 0
+    assert lat["host_us_per_step"] > 0
     assert [r["batch_bytes"] for r in figures["bandwidth"]][0] > 15000
     for r in figures["bandwidth"]:
         assert r["bad_messages"] == 0 and r["k2k_gbps"] > 0 and r["raw_gbps"] > 0
         assert len(r["k2k_gbps_rounds"]) == len(r["raw_gbps_rounds"]) == 2 and r["sender"] == "restamped payloads"
     assert figures["stencil"]["identical"] and figures["stencil"]["speedup"] > 0
+    assert 0 < figures["stencil"]["host_share_2"] and figures["stencil"]["host_us_per_step_2"] > 0
     with pytest.raises(SystemExit):
         bench.main(["--hops", "1"])
     with pytest.raises(SystemExit):

@@ -50,6 +50,7 @@ def run(args: argparse.Namespace, note: str | None) -> dict[str, Any]:
         "payload_size": multi.payload_size,
         "step_ms_single": single.step_ms, "step_ms_multi": multi.step_ms,
         "speedup": single.step_ms / multi.step_ms if multi.step_ms else 0.0,
+        "host_share_multi": multi.host_share,
         "pairs": pairs, "identical": identical,
         "checksum": int(multi.field.astype(np.int64).sum()),
     }

@@ -144,10 +144,16 @@ class StencilRun:
     payload_size: int
     step_seconds: list[float] = dc_field(default_factory=list)   # host time of each step() call
     edges: dict[tuple[int, int], dict[str, Any]] = dc_field(default_factory=dict)   # per device pair moved
+    host_seconds: float = 0.0        # CPU time of the stepping thread over the timed steps (its waits excluded)
 
     @property
     def step_ms(self) -> float:
         return self.seconds / self.steps * 1e3 if self.steps else 0.0
+
+    @property
+    def host_share(self) -> float:
+        """The host's work as a share of the run's time (CPU time of the stepping thread / wall time)."""
+        return self.host_seconds / self.seconds if self.seconds > 0 else 0.0
 
 
 def run_stencil(manager: Any, field: Any, steps: int, devices: Iterable[int] | None = None, *, top: Any = None,
@@ -181,10 +187,10 @@ def run_stencil(manager: Any, field: Any, steps: int, devices: Iterable[int] | N
         before = router.edge_traffic() if router is not None else {}
         slabs = StencilSlabs(rt, f, devs, top=top, bottom=bottom)
         try:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             step_times = slabs.step(steps, timeout=timeout)
             rt.synchronize(timeout)
-            seconds = time.perf_counter() - t0
+            seconds, host = time.perf_counter() - t0, time.thread_time() - c0
             out = slabs.field(timeout)
         finally:
             slabs.destroy()
@@ -193,7 +199,7 @@ def run_stencil(manager: Any, field: Any, steps: int, devices: Iterable[int] | N
             for e, (moves, nbytes) in router.edge_traffic().items():
                 m0, b0 = before.get(e, (0, 0))
                 edges[e] = {"moves": moves - m0, "bytes": nbytes - b0, "method": router.transfer_method(*e)}
-        return StencilRun(out, steps, devs, list(slabs.slabs), seconds, payload, step_times, edges)
+        return StencilRun(out, steps, devs, list(slabs.slabs), seconds, payload, step_times, edges, host)
     finally:
         if router is not None:
             router.detach()
