@@ -413,11 +413,15 @@ class DeviceContext:
 
     # -- teardown -----------------------------------------------------------------
 
-    def destroy(self, timeout: float = 30.0) -> None:
-        """Wait for every submitted step (bounded), then free everything."""
+    def retire(self) -> None:
+        """Nothing steps on this context from now on (its objects stay until destroy())."""
         with self.lock:
             self.alive = False
             self.cond.notify_all()
+
+    def destroy(self, timeout: float = 30.0) -> None:
+        """Wait for every submitted step (bounded), then free everything."""
+        self.retire()
         dev = self.slot.device
         if dev is None:
             return

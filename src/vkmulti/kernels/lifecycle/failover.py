@@ -34,6 +34,7 @@ from typing import Any, Callable, ContextManager
 from ...errors import DeviceLostError, PrimaryDeviceLostError, VkmError
 from ...errors import TimeoutError as VkmTimeout
 from ...device.failover import FailoverStats
+from ..engine.device_context import DeviceContext
 from ..engine.kernel import Kernel
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class Failover:
         self.restored_kernels: dict[str, tuple[int, int]] = {}
         self._lost_handled: set[int] = set()
         self._failing = threading.RLock()   # held by the thread failing over
+        self._lost_pairs: list[tuple[DeviceContext, Any]] = []   # lost devices' contexts, freed by release()
 
     def device_lost(self, index: int) -> bool:
         """Whether device `index` is lost (the manager's view)."""
@@ -167,12 +169,22 @@ class Failover:
                 ctx.free_set(s)
             stepper.retired = []
             stepper.batches.clear()
-            ctx.destroy(0.0)
+            ctx.retire()   # its objects outlive the failover: see release()
+            self._lost_pairs.append(pair)
         what = f"{len(restored)} kernel(s) restored from checkpoints, {len(kernels)} lost with the device"
         rec = self.stats.recovered(d, what, t0, why)
         log.error("KernelRuntime: GPU %d lost (%s); kernels restored: %s; kernels lost with it: %s; the others go "
                   "on (%.2f ms)", d, why, {k.id: k.device_index for k in restored}, [k.id for k in kernels],
                   rec.seconds * 1e3)
+
+    def release(self) -> None:
+        """Free the kernel contexts of the devices failed over (the runtime's destroy()).
+        Not at the failover: a router's native workers may still be inside a wait on
+        such a context's timeline then (the loss is seen between two of their waits),
+        and a semaphore freed under a wait corrupts the driver's heap."""
+        pairs, self._lost_pairs = self._lost_pairs, []
+        for ctx, _ in pairs:
+            ctx.destroy(0.0)
 
     def _drain(self, slot: Any) -> bool:
         """Whether the work submitted to a device marked lost, whose drain nobody saw

@@ -584,8 +584,8 @@ class KernelRuntime:
                     ctx.free_set(s)
                 stepper.retired = []
             ctx.destroy(timeout)
-        life = getattr(self.manager, "_life", None)
-        if life is not None:
+        self._failover.release()   # the contexts of lost devices, kept since their failover
+        if (life := getattr(self.manager, "_life", None)) is not None:
             life.forget(self)
 
     def __enter__(self) -> "KernelRuntime":
