@@ -1,9 +1,11 @@
-"""Every code block of README.md and docs/*.md, run so that examples cannot rot.
+"""Every code block of README.md, README.pypi.md and docs/**/*.md, run so that examples cannot rot.
 
 - ```python blocks run as pasted, each on its own in a fresh namespace (in
   this process, on the virtual GPU pair, in a temporary folder). A block that
   cannot run here says why in a comment line just above its fence,
-  `<!-- doc-test: not run: REASON -->`; it is compiled only.
+  `<!-- doc-test: not run: REASON -->`; it is compiled only. A block that
+  needs a tool beyond the set-up's says so the same way,
+  `<!-- doc-test: needs TOOL -->`: it runs where TOOL is on PATH, else skips.
 - ```sh blocks are never run (they install packages or start clusters); every
   `python -m vkmulti ...` and `python bench/NAME.py ...` command in them is
   checked instead: its --help exits 0 and lists every --option the block uses.
@@ -18,13 +20,14 @@ import os
 import re
 import runpy
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", ROOT / "README.pypi.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "README.pypi.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```(?P<lang>[^\n`]*)\n(?P<code>.*?)^```[ \t]*$", re.M | re.S)
 MARK = re.compile(r"<!--\s*doc-test:\s*(?P<mark>.*?)\s*-->\s*$")
 LANGS = {"python", "sh", "text"}
@@ -87,7 +90,10 @@ def test_readme_links_stay_in_the_repository():
                          ids=[b for b, lang, _, _ in BLOCKS if lang == "python"])
 def test_python_block_runs_as_pasted(bid, code, mark, tmp_path, monkeypatch):
     compiled = compile(code, bid, "exec")
-    if mark:
+    if mark.startswith("needs "):
+        if shutil.which(mark.split()[1]) is None:
+            pytest.skip(f"{bid}: needs {mark.split()[1]} on PATH")
+    elif mark:
         assert mark.startswith("not run: ") and len(mark) > len("not run: ") + 5, \
             f"{bid}: a block that is not run says why (<!-- doc-test: not run: REASON -->), got {mark!r}"
         return
@@ -156,20 +162,20 @@ def test_shell_command_exists_with_its_options(bid, argv):
 
 
 def test_environment_doc_lists_every_variable():
-    """docs/environment.md names every VKMULTI_* variable the code, tests, benches and CI use."""
+    """docs/reference/environment.md names every VKMULTI_* variable the code, tests, benches and CI use."""
     used: set[str] = set()
     for folder in ("src", "native", "tests", "bench", ".ci"):
         for path in (ROOT / folder).rglob("*"):
             if path.is_file() and path.suffix in ("", ".py", ".pyx", ".pxi", ".c", ".h", ".sh"):
                 used |= set(re.findall(r"\bVKMULTI_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")))
-    documented = set(re.findall(r"`(VKMULTI_[A-Z0-9_]+)`", (ROOT / "docs" / "environment.md").read_text()))
-    assert used - documented == set(), f"not in docs/environment.md: {sorted(used - documented)}"
+    documented = set(re.findall(r"`(VKMULTI_[A-Z0-9_]+)`", (ROOT / "docs" / "reference" / "environment.md").read_text()))
+    assert used - documented == set(), f"not in docs/reference/environment.md: {sorted(used - documented)}"
 
 
 def test_seed_defect_rows_name_tests_that_exist():
-    """Each test docs/seed-defects.md names (`file.py::test_x`, or `test_x` after it) is defined there."""
+    """Each test docs/explanation/seed-defects.md names (`file.py::test_x`, or `test_x` after it) is defined there."""
     sources = {p.name: p.read_text() for p in (ROOT / "tests").glob("test_*.py")}
-    rows = [ln for ln in (ROOT / "docs" / "seed-defects.md").read_text().splitlines() if ln.startswith("| ")]
+    rows = [ln for ln in (ROOT / "docs" / "explanation" / "seed-defects.md").read_text().splitlines() if ln.startswith("| ")]
     checked = 0
     for row in rows[2:]:
         test_cell = row.rstrip(" |").rsplit("|", 1)[-1]
@@ -181,7 +187,7 @@ def test_seed_defect_rows_name_tests_that_exist():
                 continue
             where = [current] if current else list(sources)
             assert any(re.search(rf"def {name}\b", sources.get(f, "")) for f in where), \
-                f"docs/seed-defects.md names {name} ({current or 'any test file'}), which does not exist"
+                f"docs/explanation/seed-defects.md names {name} ({current or 'any test file'}), which does not exist"
             checked += 1
     assert checked >= len(rows) - 2
 
@@ -194,8 +200,8 @@ def _block_with(path: str, marker: str) -> str:
 
 @pytest.mark.parametrize("path, marker, expected", [
     ("README.md", "device_requirements(gpus[0]", ["no GPU found", "2 devices:", "staging_copy"]),
-    ("docs/quickstart.md", "primary_extensions=()", ["VK_EXT_external_memory_host llvmpipe", " 0"]),
-], ids=["readme-engine", "quickstart-missing-extension"])
+    ("docs/tutorials/engine-integration.md", "primary_extensions=()", ["VK_EXT_external_memory_host llvmpipe", " 0"]),
+], ids=["readme-engine", "engine-missing-extension"])
 def test_block_shows_something_on_a_machine_without_a_gpu(path, marker, expected, tmp_path):
     """Run as pasted where Vulkan lists only one CPU device (a machine without a GPU): the
     block applies the no-GPU rule itself and prints what it is about."""
@@ -224,7 +230,7 @@ def test_help_vkmulti_opens_with_an_overview_and_where_to_read_next():
     text = pydoc.render_doc(vkmulti, renderer=pydoc.plaintext)
     head = text[:text.index("PACKAGE CONTENTS")]
     for part in ("A first program", "MultiDeviceManager", "CrossDeviceTransfer", "vkmulti.kernels",
-                 "Where to read next", "quickstart.md", "python -m vkmulti --help"):
+                 "Where to read next", "tutorials/first-program.md", "python -m vkmulti --help"):
         assert part in head, f"help(vkmulti) does not open with {part!r}"
     doc = vkmulti.__doc__
     program = doc.split("A first program::\n", 1)[1].split("\n\n", 1)[0]
