@@ -22,6 +22,7 @@ import runpy
 import shlex
 import shutil
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -241,3 +242,118 @@ def test_help_vkmulti_opens_with_an_overview_and_where_to_read_next():
     for name in sorted(names):
         assert hasattr(vkmulti, name) or hasattr(vkmulti.kernels, name), \
             f"the docstring names {name}, which neither vkmulti nor vkmulti.kernels has"
+
+
+PAGES = sorted((ROOT / "docs").rglob("*.md"))
+MAX_LINES = 300
+
+
+def test_no_docs_page_is_over_300_lines():
+    long = {str(p.relative_to(ROOT)): n for p in PAGES if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"docs pages over {MAX_LINES} lines (split them by purpose): {long}"
+
+
+def _nav_pages() -> list[str]:
+    """The pages mkdocs.yml's nav lists (docs/-relative), in order."""
+    text = (ROOT / "mkdocs.yml").read_text()
+    nav = text[text.index("\nnav:"):]
+    return re.findall(r"^\s*-\s*(?:[^\n:]+:\s*)?([\w./-]+\.md)\s*$", nav, re.M)
+
+
+def test_mkdocs_nav_lists_every_page_once():
+    nav = _nav_pages()
+    pages = [str(p.relative_to(ROOT / "docs")) for p in PAGES]
+    assert len(nav) == len(set(nav)), f"mkdocs.yml lists a page twice: {sorted(p for p in nav if nav.count(p) > 1)}"
+    assert sorted(set(pages) - set(nav)) == [], "docs pages missing from mkdocs.yml's nav"
+    assert sorted(set(nav) - set(pages)) == [], "mkdocs.yml's nav lists pages that do not exist"
+
+
+def _documented() -> dict[str, object]:
+    """What the `::: path` lines of docs/reference/api/ document: path -> object (a module
+    documents every name of its __all__ too)."""
+    import importlib
+
+    def resolve(path: str) -> object:
+        obj = importlib.import_module("vkmulti")
+        for i, part in enumerate(path.split(".")[1:], 2):
+            obj = getattr(obj, part) if hasattr(obj, part) else importlib.import_module(".".join(path.split(".")[:i]))
+        return obj
+
+    out: dict[str, object] = {}
+    for page in sorted((ROOT / "docs" / "reference" / "api").glob("*.md")):
+        for path in re.findall(r"^::: ([\w.]+)\s*$", page.read_text(), re.M):
+            obj = out[path] = resolve(path)
+            if isinstance(obj, types.ModuleType):
+                out.update({f"{path}.{n}": getattr(obj, n) for n in getattr(obj, "__all__", [])})
+    return out
+
+
+PUBLIC_MODULES = ["vkmulti", "vkmulti.device", "vkmulti.memory", "vkmulti.transfer", "vkmulti.offload",
+                  "vkmulti.kernels", "vkmulti.kernels.reference", "vkmulti.kernels.stencil", "vkmulti.cluster",
+                  "vkmulti.errors", "vkmulti.testing", "vkmulti.images", "vkmulti.buffers"]
+
+
+def _public_names() -> list[tuple[str, str, object]]:
+    import importlib
+    import json
+
+    api = json.loads((ROOT / "tests" / "public_api.json").read_text())
+    out = []
+    for module in PUBLIC_MODULES:
+        mod = importlib.import_module(module)
+        for name in getattr(mod, "__all__", None) or api[module]:
+            if name != "__version__":
+                out.append((module, name, getattr(mod, name)))
+    return out
+
+
+def test_the_api_reference_documents_every_public_name():
+    """Each name of the public modules (public_api.json, the layer faces) is on a page of
+    docs/reference/api/: under its own path, or the same object under the same name elsewhere
+    (vkmulti.KernelRuntime is documented as vkmulti.kernels.KernelRuntime)."""
+    documented = _documented()
+    by_name: dict[str, list[object]] = {}
+    for path, obj in documented.items():
+        by_name.setdefault(path.rsplit(".", 1)[1], []).append(obj)
+    missing = [f"{m}.{n}" for m, n, obj in _public_names()
+               if f"{m}.{n}" not in documented and not any(o is obj for o in by_name.get(n, []))]
+    assert not missing, f"public names on no page of docs/reference/api/: {missing}"
+
+
+def test_the_cli_reference_lists_every_command_and_option():
+    """docs/reference/cli.md has a section per command and names every option its --help lists."""
+    text = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    for command in (["info"], ["demo"], ["demo", "stencil"], ["topology"], ["bench", "transfer"]):
+        assert f"\n## {' '.join(command)}\n" in text, f"docs/reference/cli.md: no section for {command}"
+        options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", _help(["vkmulti", *command])))
+        missing = sorted(o for o in options - {"--help"} if f"`{o}" not in text)
+        assert not missing, f"docs/reference/cli.md does not name {' '.join(command)}'s {missing}"
+    for bench in sorted((ROOT / "bench").glob("*.py")):
+        assert f"`bench/{bench.name}" in text, f"docs/reference/cli.md does not list bench/{bench.name}"
+
+
+def test_build_the_docs_installs_the_docs_extra():
+    import tomllib
+    reqs = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["docs"]
+    text = (ROOT / "docs" / "how-to" / "build-the-docs.md").read_text()
+    assert all(f"'{r}'" in text for r in reqs), f"docs/how-to/build-the-docs.md does not install {reqs}"
+
+
+def test_mkdocs_builds_strictly(tmp_path):
+    """`mkdocs build --strict` (warnings are errors) succeeds, and every documented public
+    name has its anchor in the built API pages."""
+    import subprocess
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings")
+    if not (ROOT / "src" / "vkmulti").is_dir():
+        pytest.skip("needs the source tree (mkdocstrings reads src/)")
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
+                        str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    anchors = set()
+    for page in (site / "reference" / "api").rglob("*.html"):
+        anchors |= set(re.findall(r'id="(vkmulti[\w.]*)"', page.read_text()))
+    missing = sorted(set(_documented()) - anchors)
+    assert not missing, f"documented but not rendered: {missing[:20]}"
