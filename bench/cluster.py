@@ -17,7 +17,7 @@ bytes moved, the measured node-to-driver and node-to-node links, the
 planner's predicted finish times) and a ratio line: cluster / local per
 frame. The nodes share this machine's cores, so the ratio shows the cost of
 going through the cluster, not the speed-up real hosts would give (see
-docs/cluster.md for predicting that).
+docs/explanation/cluster.md for predicting that).
 """
 from __future__ import annotations
 

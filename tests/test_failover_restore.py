@@ -37,7 +37,7 @@ def _stencil(width, height, steps, lose_at, policy):
         slabs = StencilSlabs(rt, f, [0, 1], top=top, bottom=bottom)
         for i in range(steps):
             if i == lose_at:
-                rt.synchronize(10)     # (the hook's drain needs the relays: see docs/failover.md)
+                rt.synchronize(10)     # (the hook's drain needs the relays: see docs/explanation/failover.md)
                 lose_device(mgr, 1)
             slabs.step(1)              # never raises for the lost secondary
         out = slabs.field() if not rt.lost_kernels else rt.read_state(slabs.kernels[0], steps % 2)

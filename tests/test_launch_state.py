@@ -1,5 +1,5 @@
 """`launch(state=...)` with an entry shorter than its state buffer (issue 23, smaller
-items): zero-padded to the buffer's size, as docs/kernels.md says; longer is a
+items): zero-padded to the buffer's size, as docs/reference/kernels.md says; longer is a
 ValueError."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from kernel_support import runtime_fixture
 from vkmulti.kernels import KernelSpec, pingpong_kernel
 
 runtime = runtime_fixture(max_kernels=8)
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "kernels.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "reference" / "kernels.md"
 
 
 def test_the_padding_is_documented():

@@ -1,4 +1,4 @@
-"""The package's layering, enforced (docs/architecture.md, "Rules").
+"""The package's layering, enforced (docs/explanation/architecture.md, "Rules").
 
 Read with `ast` from src/vkmulti, every import counted: module level, inside
 functions and under TYPE_CHECKING alike.

@@ -2,7 +2,7 @@
 QueueFamilies and RenderCapabilities objects are taken by their fields, slot(-1)
 is the last slot as in the seed's list indexing, and a passthrough manager over a
 GPU-less unit test's placeholder handles works without a Vulkan call. (assign_srus's
-leniencies: test_partition.py; the deliberate differences: docs/seed-defects.md.)"""
+leniencies: test_partition.py; the deliberate differences: docs/explanation/seed-defects.md.)"""
 from __future__ import annotations
 
 import dataclasses
@@ -141,7 +141,7 @@ def test_a_passthrough_manager_over_placeholder_handles(enabled, count):
         MultiDeviceManager(primary_physical_device=object(), primary_queue_families=SeedQueueFamilies(0, 0),
                            primary_device=dev, primary_graphics_queue=gq, primary_present_queue=pq,
                            physical_devices=pds, enabled=enabled)
-    with pytest.raises(vkmulti.errors.DestroyedError):   # a deliberate difference: docs/seed-defects.md
+    with pytest.raises(vkmulti.errors.DestroyedError):   # a deliberate difference: docs/explanation/seed-defects.md
         mgr.device_count
 
 

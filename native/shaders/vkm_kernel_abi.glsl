@@ -1,4 +1,4 @@
-// vkm_kernel_abi.glsl - the binding ABI of vkmulti compute kernels (docs/kernels.md).
+// vkm_kernel_abi.glsl - the binding ABI of vkmulti compute kernels (docs/reference/kernels.md).
 //
 // A kernel is launched once per step over its pending inbox:
 //   set 0, binding 0   inbox   ring of message slots (the runtime appends, the step consumes all)

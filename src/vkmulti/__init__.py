@@ -30,10 +30,13 @@ The main names, by task:
 - Tests and drills: vkmulti.testing (the virtual pair, lose_device).
 
 Where to read next: help(vkmulti.MultiDeviceManager) and the other classes
-above; `python -m vkmulti --help` (info, demo, topology, bench); the guides
-in the source distribution's docs/ folder: quickstart.md (first program and
-the no-GPU rule), architecture.md, transfer-methods.md, kernels.md,
-failover.md, cluster.md, environment.md (every VKMULTI_* variable).
+above; `python -m vkmulti --help` (info, demo, topology, bench); the docs/
+folder of the source distribution (the docs site): tutorials/first-program.md
+(first program and the no-GPU rule), tutorials/engine-integration.md,
+tutorials/kernels-and-k2k.md, tutorials/failover.md, tutorials/cluster.md;
+how-to/ (tasks); reference/api/ (every public name), reference/cli.md,
+reference/environment.md (every VKMULTI_* variable); explanation/ (architecture,
+transfer methods, seed defects).
 """
 from ._version import __version__
 
@@ -115,7 +118,7 @@ __all__ = [
     "InvalidCheckpointError", "CheckpointStorageError", "CheckpointNotFoundError",
 ]
 
-# failure handling: a lost GPU (docs/failover.md)
+# failure handling: a lost GPU (docs/explanation/failover.md)
 from .errors import PrimaryDeviceLostError  # noqa: E402
 from .device.failover import FailoverStats, Recovery  # noqa: E402
 

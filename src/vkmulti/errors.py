@@ -13,7 +13,7 @@ __all__ = [
     "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError",
     "ClusterError", "RayMissingError", "ClusterAddressError", "ClusterConnectionError", "NoAgentError",
     "RendererMissingError",
-    "InvalidCheckpointError", "CheckpointStorageError", "CheckpointNotFoundError",
+    "InvalidCheckpointError", "CheckpointStorageError", "CheckpointNotFoundError", "TenantMismatchError",
 ]
 
 

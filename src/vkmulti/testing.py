@@ -3,7 +3,7 @@
 `install_virtual_gpus(n)` / `virtual_gpus(n)` point the Vulkan loader at n
 copies of Mesa's lavapipe manifest (before any Instance is created);
 `lose_device(manager, index)` makes a device behave as one that returned
-VK_ERROR_DEVICE_LOST (docs/failover.md). The library never imports this module.
+VK_ERROR_DEVICE_LOST (docs/explanation/failover.md). The library never imports this module.
 """
 from __future__ import annotations
 

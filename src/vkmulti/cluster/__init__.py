@@ -8,7 +8,7 @@ package does not need Ray; using it does (RayMissingError says how to get it).
         frame = cm.render_frame(srus, 1280, 720)         # frame.pixels: (720, 1280, 8) RGBA16F
 
 Nodes offer their Vulkan GPUs as the custom resource ``vk_gpu`` (see
-connection.py); see docs/cluster.md for the cost model and measured overheads.
+connection.py); see docs/explanation/cluster.md for the cost model and measured overheads.
 """
 from .agent import NodeAgent
 from .connection import VK_GPU, Connection, RayAddress, connect, node_resources, parse_address, require_ray, \

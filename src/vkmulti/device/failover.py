@@ -1,5 +1,5 @@
 """What a lost GPU cost: the counters SRUOffloadCoordinator and KernelRuntime keep
-when they fail over (docs/failover.md)."""
+when they fail over (docs/explanation/failover.md)."""
 from __future__ import annotations
 
 import threading

@@ -4,7 +4,7 @@ logical clock that orders them, and `K2KMessage`, the host's view of one.
 A message slot in device memory is a 48-byte envelope (12 little-endian
 32-bit words, `ENVELOPE`) followed by the payload; the payload size is fixed
 per runtime (default 256 bytes). The layout is the kernel ABI of
-native/shaders/vkm_kernel_abi.glsl and docs/kernels.md.
+native/shaders/vkm_kernel_abi.glsl and docs/reference/kernels.md.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ DMABUF method in its copy-in-place form.
   nothing to push per point.
 
 The K2K router moves kernel batches this way between devices that share
-memory (docs/kernels.md, "How a step's messages cross GPUs").
+memory (docs/explanation/k2k.md, "How a step's messages cross GPUs").
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ traits: CheckpointableKernel, MigratableKernel and HotReloadableKernel through
 its runtime) and the message batches the runtime and the router move between
 them.
 
-Memory of a kernel (all on its device; sizes in docs/kernels.md):
+Memory of a kernel (all on its device; sizes in docs/reference/kernels.md):
   inbox    device-local ring: 16-word header (head, tail, capacity, slot words) + slots
   outbox   device-local, one region per in-flight step: 16-word header (count, step,
            capacity, slot words) + slots; a region is a *batch* the router can copy as is.

@@ -4,7 +4,7 @@ On its own (a coordinator only) it is the seed's router: `route_message`
 decides a route and files the message in a pending queue per (source device,
 first hop), `drain_pending` hands a queue to the caller, `record_delivery` /
 `record_failure` count, `stats()` snapshots. The seed's defects are fixed
-(docs/seed-defects.md): route failures and cross-tenant messages count as
+(docs/explanation/seed-defects.md): route failures and cross-tenant messages count as
 failures, multi-hop routes follow the widest P2P path.
 
 Attached to a KernelRuntime (`CrossGpuK2KRouter(coordinator, runtime)` or

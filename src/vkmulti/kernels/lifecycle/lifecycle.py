@@ -43,7 +43,7 @@ API (the contract the failover code builds on):
     `storage` also saves each under ``f"{kernel_id}@{step}"``. None: off.
     While a policy is set the runtime also keeps the replay log (what each
     kernel consumed and sent since its checkpoint; kernels/replay_log.py), so
-    the kernels of a lost GPU are restored and replayed (docs/failover.md).
+    the kernels of a lost GPU are restored and replayed (docs/explanation/failover.md).
 
 ``runtime.latest_checkpoint(kernel) -> Checkpoint | None``
     The newest completed capture of the policy for a kernel (Kernel or id,

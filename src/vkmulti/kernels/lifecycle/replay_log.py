@@ -107,7 +107,7 @@ class ReplayLog:
         #: kernel's host queue from the step() call after the one that sent each
         self.handed: dict[str, deque[tuple[int, bytes]]] = {}
         self._spare: dict[tuple[int, int], list[MappedBuffer]] = {}
-        #: bytes copied to the host per step, for the figures (docs/failover.md)
+        #: bytes copied to the host per step, for the figures (docs/explanation/failover.md)
         self.bytes_logged = 0
 
     # -- capture -------------------------------------------------------------------------

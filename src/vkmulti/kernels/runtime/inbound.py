@@ -3,7 +3,7 @@ builds and owns. It keeps the step listeners and the outbox feed (the router,
 an OutboxFeed), takes the batches handed in from other devices (accept,
 withdraw, the descriptor sets kept for reused buffers) and is the runtime's
 RuntimePort: everything the router's delivery engine asks of the runtime goes
-through it. docs/kernels.md, "The hooks a router uses", describes the contract.
+through it. docs/reference/k2k-router.md, "The hooks a router uses", describes the contract.
 """
 from __future__ import annotations
 

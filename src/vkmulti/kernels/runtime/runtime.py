@@ -5,7 +5,7 @@ kernels (H2K / K2H) and between kernels of one device.
 "Persistent" kernels here are resident state plus a cheap relaunch per step:
 Vulkan gives no forward-progress guarantee to a shader that never exits, so
 a kernel is dispatched once per `step()` over its pending inbox, and its
-state buffers stay on the device between steps (docs/kernels.md).
+state buffers stay on the device between steps (docs/explanation/kernels.md).
 """
 from __future__ import annotations
 
