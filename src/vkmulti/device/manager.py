@@ -5,13 +5,14 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import vulkan as vk
 
 from .._core.checks import is_int
 from .._core.handles import cstr, handle_hex, handle_int, short_text, to_cffi
-from .capabilities import (EXT_MEMORY_FD, DeviceCapabilities, QueueFamilies, RenderCapabilities,
+from .capabilities import (EXT_MEMORY_FD, DeviceCapabilities, QueueFamilies, QueueFamiliesLike, RenderCapabilities,
+                           RenderCapabilitiesLike,
                            as_queue_families, as_render_capabilities, probe_device)
 from .logical import (LogicalDevice, Queue, create_logical_device, default_queue_families, destroy_logical_device,
                       drain_queues, native_device)
@@ -20,6 +21,11 @@ from ..errors import TimeoutError as VkmTimeoutError
 from .._core.lifetime import Deadline, Lifetime
 from . import virtual
 from .instance import Instance
+from .._core.vktypes import VkDevice, VkFence, VkPhysicalDevice, VkQueue
+
+if TYPE_CHECKING:
+    from .._core._native import Device as NativeDevice
+    from .._core.protocols import SlotChild
 
 log = logging.getLogger(__name__)
 
@@ -30,35 +36,38 @@ __all__ = ["DeviceSlot", "MultiDeviceManager"]
 class DeviceSlot:
     """One GPU: its physical and logical device, queues and optional renderer."""
     index: int
-    physical_device: Any
+    physical_device: VkPhysicalDevice
     queue_families: QueueFamilies
-    device: Any = None
-    graphics_queue: Any = None
-    present_queue: Any = None
-    compute_queue: Any = None
-    transfer_queue: Any = None
+    device: VkDevice | None = None
+    graphics_queue: Queue | None = None
+    present_queue: Queue | None = None
+    compute_queue: Queue | None = None
+    transfer_queue: Queue | None = None
     name: str = ""
-    renderer: Any = None
+    #: The SRU renderer of this GPU (attach_renderer): the offload coordinator's protocol,
+    #: any object with its `render` method.
+    renderer: object = None
     capabilities: DeviceCapabilities | None = None
     enabled_extensions: frozenset[str] = frozenset()
-    native: Any = dataclasses.field(default=None, repr=False)
+    native: NativeDevice | None = dataclasses.field(default=None, repr=False)
     owned: bool = dataclasses.field(default=False, repr=False)
     #: Per-device helpers vkmulti caches (transfer links, command runners);
     #: each has destroy() and goes before any device is destroyed.
-    children: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    children: dict[str, SlotChild] = dataclasses.field(default_factory=dict, repr=False)
     #: A queue reserved for vkmulti's transfers (made by vkmulti), if any.
-    dedicated_copy_queue: Any = dataclasses.field(default=None, repr=False)
+    dedicated_copy_queue: Queue | None = dataclasses.field(default=None, repr=False)
     #: A universal-family queue reserved for vkmulti (made by vkmulti), if any.
-    dedicated_universal_queue: Any = dataclasses.field(default=None, repr=False)
+    dedicated_universal_queue: Queue | None = dataclasses.field(default=None, repr=False)
     #: The life of the manager that owns this slot: every object made on the slot
     #: counts its operations there and is destroyed with the manager.
     lifetime: Lifetime = dataclasses.field(default_factory=lambda: Lifetime(None, "device slot"), repr=False,
                                            compare=False)
     #: Guards `children` (one link table, one command runner per slot, whoever asks first).
-    children_lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False, compare=False)
+    children_lock: threading.RLock = dataclasses.field(default_factory=threading.RLock, repr=False, compare=False)
     #: (device, fence) of queue drains that timed out (devices.retire_submits): waited and
     #: freed first by the next one, and before the device is destroyed.
-    pending_fences: list[tuple[Any, Any]] = dataclasses.field(default_factory=list, repr=False, compare=False)
+    pending_fences: list[tuple[VkDevice, VkFence]] = dataclasses.field(default_factory=list, repr=False,
+                                                                        compare=False)
 
     def __repr__(self) -> str:
         state = "destroyed" if self.device is None else f"device={handle_hex(self.device)}"
@@ -157,11 +166,16 @@ class MultiDeviceManager:
     enable; without `primary_extensions` the primary gets only staging_copy.
     """
 
-    def __init__(self, *, primary_physical_device: Any, primary_queue_families: QueueFamilies,
-                 primary_device: Any, primary_graphics_queue: Any, primary_present_queue: Any,
-                 physical_devices: list[Any], enabled: bool,
-                 capabilities: RenderCapabilities | None = None, primary_compute_queue: Any = None,
-                 primary_transfer_queue: Any = None, find_queue_families: Callable[[Any], Any] | None = None,
+    def __init__(self, *, primary_physical_device: VkPhysicalDevice | int,
+                 primary_queue_families: QueueFamilies | QueueFamiliesLike,
+                 primary_device: VkDevice | int, primary_graphics_queue: Queue | VkQueue | int,
+                 primary_present_queue: Queue | VkQueue | int | None,
+                 physical_devices: list[VkPhysicalDevice] | list[int], enabled: bool,
+                 capabilities: RenderCapabilities | RenderCapabilitiesLike | None = None,
+                 primary_compute_queue: Queue | VkQueue | int | None = None,
+                 primary_transfer_queue: Queue | VkQueue | int | None = None,
+                 find_queue_families: Callable[[VkPhysicalDevice], QueueFamilies | QueueFamiliesLike | None]
+                 | None = None,
                  primary_extensions: Iterable[str] | None = None, primary_features: Iterable[str] | None = None):
         primary_queue_families = as_queue_families(primary_queue_families, "primary_queue_families")
         if not isinstance(physical_devices, (list, tuple)):
@@ -241,7 +255,8 @@ class MultiDeviceManager:
 
     # -- construction ------------------------------------------------------
 
-    def _create_secondaries(self, primary_key: int, find_queue_families: Callable[[Any], Any] | None) -> None:
+    def _create_secondaries(self, primary_key: int, find_queue_families:
+                            Callable[[VkPhysicalDevice], QueueFamilies | QueueFamiliesLike | None] | None) -> None:
         for pd in self._physical_devices:
             if handle_int(pd, "VkPhysicalDevice") == primary_key:
                 continue   # by handle value: cffi may hand out a new object per enumeration
@@ -283,7 +298,7 @@ class MultiDeviceManager:
 
     @classmethod
     def create(cls, enabled: bool = True, *, device_indices: list[int] | None = None,
-               validation: bool | None = None, instance: Any = None) -> "MultiDeviceManager":
+               validation: bool | None = None, instance: Instance | None = None) -> "MultiDeviceManager":
         """Make an instance (unless given) and one device per GPU; destroy() frees all.
 
         `device_indices` picks physical devices by enumeration index (the first
@@ -402,7 +417,7 @@ class MultiDeviceManager:
             raise IndexError(f"slot index {index} out of range: {len(self._slots)} slot(s)")
         return self._slots[index]   # negative indices count from the end, as the seed's list indexing
 
-    def attach_renderer(self, index: int, renderer: Any) -> None:
+    def attach_renderer(self, index: int, renderer: object) -> None:
         """Use `renderer` for the SRUs of device `index` (None detaches); the offload coordinator prefers it to
         its factory."""
         self.slot(index).renderer = renderer

@@ -8,8 +8,7 @@ Two forms run the same C implementation (native/vkm_partition.c):
   array of device indices out, no Python call per SRU (100k SRUs in a few ms).
   `assign_srus` takes this form too when `srus` is a numpy array of ids.
 
-`assign_srus_reference` / `reference_devices` are the same rules in pure
-Python, for tests.
+`assign_srus_reference` / `reference_devices` are the same rules in pure Python, for tests.
 """
 from __future__ import annotations
 
@@ -17,12 +16,15 @@ import math
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from .._core import _native
 from .._core.checks import check_count, is_int
+if TYPE_CHECKING:   # S: the caller's SRU objects, handed to its accessors as given
+    from numpy.typing import ArrayLike, NDArray
+    S = TypeVar("S")
 
 __all__ = ["SRUAssignment", "assign_srus", "assign_srus_array", "assign_srus_reference", "reference_devices",
            "makespan", "seed_top_n_minus_1", "sru_cost", "interleaved"]
@@ -200,9 +202,10 @@ def _array_problem(costs, device_count, ids, transfer, pinned, previous, weights
     return p
 
 
-def assign_srus_array(costs: Any, device_count: int, *, ids: Any = None, transfer: Any = None, pinned: Any = None,
-                      previous: Any = None, weights: Any = None, link_costs: Any = None,
-                      hysteresis: float = 0.0) -> np.ndarray:
+def assign_srus_array(costs: ArrayLike, device_count: int, *, ids: ArrayLike | None = None,
+                      transfer: ArrayLike | None = None, pinned: ArrayLike | None = None, previous: ArrayLike | None
+                      = None, weights: ArrayLike | None = None, link_costs: ArrayLike | None = None,
+                      hysteresis: float = 0.0) -> NDArray[np.int32]:
     """Assign every SRU a device from arrays; returns int32 device indices in input order.
 
     - `costs`: 1-D real array, finite and >= 0, the work of each SRU on a device of weight 1.
@@ -334,12 +337,12 @@ def _prepare(srus, device_count, sru_id, cost, weights, transfer_cost, offloadab
     return ids, p
 
 
-def assign_srus(srus: Iterable[Any] | np.ndarray, device_count: int, *, sru_id: Callable[[Any], Any] | None = None,
-                cost: Callable[[Any], float] | np.ndarray | None = None, weights: Sequence[float] | None = None,
-                transfer_cost: Callable[[Any], float] | np.ndarray | None = None,
-                offloadable: Callable[[Any], bool] | np.ndarray | None = None,
-                previous: Iterable[SRUAssignment] | Mapping[Any, int] | np.ndarray | None = None,
-                hysteresis: float = 0.0, link_costs: Any = None) -> list[SRUAssignment] | np.ndarray:
+def assign_srus(srus: Iterable[S] | np.ndarray, device_count: int, *, sru_id: Callable[[S], int | str] | None = None,
+                cost: Callable[[S], float] | np.ndarray | None = None, weights: Sequence[float] | None = None,
+                transfer_cost: Callable[[S], float] | np.ndarray | None = None,
+                offloadable: Callable[[S], bool] | np.ndarray | None = None,
+                previous: Iterable[SRUAssignment] | Mapping[int | str, int] | np.ndarray | None = None,
+                hysteresis: float = 0.0, link_costs: ArrayLike | None = None) -> list[SRUAssignment] | np.ndarray:
     """Assign every SRU a device (native implementation).
 
     Accessors default to ``s.sru_id``; cost = len(instances) + len(skinned_instances),
@@ -583,8 +586,7 @@ def seed_top_n_minus_1(srus: Iterable[Any], device_count: int, *, sru_id=None, c
 
 def interleaved(jobs: list[tuple[Any, Any, Any]]) -> list[tuple[Any, Any, Any]]:
     """`jobs` (sru, entry with a device_index, renderer) in submission order: each device's k-th of n
-    at (k + 0.5) / n, the plan's order kept
-    per device (a stable sort; the primary first at equal points)."""
+    at (k + 0.5) / n, the plan's order kept per device (a stable sort; the primary first at equal points)."""
     counts: dict[int, int] = {}
     for _, e, _ in jobs:
         counts[e.device_index] = counts.get(e.device_index, 0) + 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import vulkan as vk
 
@@ -21,6 +21,10 @@ from ..errors import DestroyedError, DeviceLostError
 from ..errors import TimeoutError as VkmTimeoutError
 from ..memory.image import Image, timeline_submit_info
 from ..device.slots import check_slot, slot_lifetime, slot_queue
+
+if TYPE_CHECKING:
+    from ..device.logical import Queue
+    from ..device.manager import DeviceSlot
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +89,7 @@ class Submitter:
 
     _teardown_rank = 30   # after the coordinators that use it, before the images it draws into
 
-    def __init__(self, slot: Any, queue: Any = None):
+    def __init__(self, slot: DeviceSlot, queue: Queue | None = None):
         check_slot(slot)
         self.slot = slot
         self.queue = slot_queue(slot, queue, slot.graphics_queue)

@@ -27,7 +27,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import vulkan as vk
@@ -44,6 +44,11 @@ from ..memory.resource import MAX_BYTES, as_host_bytes
 from .link import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, check_ring_shape
 from .methods import TransferMethod
 from .routes import NOTHING_RAN, Holds, Registration, Routes, wait_all
+
+if TYPE_CHECKING:
+    from .._core.protocols import HostData
+    from .._core.timeline import Wait
+    from .._core.vktypes import VkBuffer
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +67,7 @@ class Gathered(NamedTuple):
     had a buffer registered, in ascending order), not lists: device i's bytes are
     `buffer[offsets[i]:offsets[i] + sizes[i]]`. Iterate `offsets.items()` (or
     `sorted(offsets)`) rather than zipping the two with a list of devices."""
-    buffer: Any
+    buffer: Buffer
     #: device index -> byte offset of its data in `buffer` (a multiple of 256)
     offsets: dict[int, int]
     #: device index -> byte count of its data
@@ -91,7 +96,7 @@ class InterGpuTransfer:
     device->device rings; `max_workers` sizes the pool of the asyncio forms.
     """
 
-    def __init__(self, manager: Any, *, host_import: bool | None = None, prefer_dmabuf: bool = True,
+    def __init__(self, manager: MultiDeviceManager, *, host_import: bool | None = None, prefer_dmabuf: bool = True,
                  slot_size: int = DEFAULT_SLOT_SIZE, slot_count: int = DEFAULT_SLOT_COUNT,
                  max_workers: int | None = None):
         if not isinstance(manager, MultiDeviceManager):
@@ -115,8 +120,8 @@ class InterGpuTransfer:
 
     # -- registration --------------------------------------------------------
 
-    def set_device_buffer(self, device_idx: int, buffer: Any, size_bytes: int | None = None, *,
-                          ready: Any = None) -> None:
+    def set_device_buffer(self, device_idx: int, buffer: Buffer | VkBuffer | int | None,
+                          size_bytes: int | None = None, *, ready: Wait | None = None) -> None:
         """Register the result buffer of work on `device_idx` (replacing the previous one).
 
         `buffer`: a vkmulti `Buffer` of that device (its TRANSFER_SRC usage and
@@ -155,7 +160,7 @@ class InterGpuTransfer:
         with self._cond:
             self._regs[i] = Registration(i, obj, size, point)
 
-    def registered(self, device_idx: int) -> tuple[Any, int] | None:
+    def registered(self, device_idx: int) -> tuple[Buffer | int, int] | None:
         """(buffer, size) registered for `device_idx`, or None."""
         self._check()
         reg = self._regs.get(self._index(device_idx, "device_idx"))
@@ -169,8 +174,9 @@ class InterGpuTransfer:
 
     # -- blocking forms ------------------------------------------------------
 
-    def copy_buffer_blocking(self, src_device: int, dst_device: int, data: Any = None, *, dst_buffer: Any = None,
-                             dst_offset: int = 0, timeout: float | None = None) -> Any:
+    def copy_buffer_blocking(self, src_device: int, dst_device: int, data: HostData | Buffer | None = None, *,
+                             dst_buffer: Buffer | None = None, dst_offset: int = 0,
+                             timeout: float | None = None) -> Buffer:
         """Copy to `dst_device` and return the destination buffer.
 
         `data` None: the buffer registered for `src_device`; a vkmulti `Buffer`
@@ -209,8 +215,9 @@ class InterGpuTransfer:
             job.wait(dl.left())
             return target
 
-    def broadcast_blocking(self, data_or_buffer: Any = None, *, src_device: int | None = None,
-                           dst_buffers: Sequence[Any] | None = None, timeout: float | None = None) -> list[Any]:
+    def broadcast_blocking(self, data_or_buffer: HostData | Buffer | None = None, *, src_device: int | None = None,
+                           dst_buffers: Sequence[Buffer | None] | None = None,
+                           timeout: float | None = None) -> list[Buffer]:
         """Put the same bytes on every device; returns one buffer per device (index = device).
 
         Host data is uploaded once, to `src_device` (default 0), and fanned out
@@ -287,7 +294,7 @@ class InterGpuTransfer:
                                 src_buffer=out[src], dst_buffer=out[d], src_offset=a, dst_offset=a, size=b - a))
             return out
 
-    def gather_blocking(self, dst_device: int, *, out: Sequence[Any] | None = None, reuse: bool = False,
+    def gather_blocking(self, dst_device: int, *, out: Sequence[np.ndarray | None] | None = None, reuse: bool = False,
                         timeout: float | None = None) -> list[np.ndarray]:
         """Read every registered buffer back to the host, as the seed does.
 
@@ -358,7 +365,7 @@ class InterGpuTransfer:
                 wait_all(pending, dl)
             return results
 
-    def gather_to_device_blocking(self, dst_device: int, *, dst_buffer: Any = None,
+    def gather_to_device_blocking(self, dst_device: int, *, dst_buffer: Buffer | None = None,
                                   timeout: float | None = None) -> Gathered:
         """Land every registered buffer (dst_device's own included) in one buffer on `dst_device`.
 
@@ -405,11 +412,12 @@ class InterGpuTransfer:
 
     # -- asyncio forms (the seed's names) ------------------------------------
 
-    async def copy_buffer(self, src_device: int, dst_device: int, data: Any = None, **kw: Any) -> Any:
+    async def copy_buffer(self, src_device: int, dst_device: int, data: HostData | Buffer | None = None,
+                          **kw: Any) -> Buffer:
         """Asyncio form of copy_buffer_blocking."""
         return await self._run(self.copy_buffer_blocking, src_device, dst_device, data, **kw)
 
-    async def broadcast(self, data_or_buffer: Any = None, **kw: Any) -> list[Any]:
+    async def broadcast(self, data_or_buffer: HostData | Buffer | None = None, **kw: Any) -> list[Buffer]:
         """Asyncio form of broadcast_blocking."""
         return await self._run(self.broadcast_blocking, data_or_buffer, **kw)
 
