@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     # PEP 688's buffer type: bytes, bytearray, memoryview, numpy arrays, array.array...
     from typing_extensions import Buffer as HostData
+    from typing import TypeAlias
+    #: Bytes whose length is read first (checkpoint headers).
+    BytesLike: TypeAlias = bytes | bytearray | memoryview
 
 __all__ = ["Destroyable", "SlotChild", "GpuJob"]   # and HostData, for type checkers only
 

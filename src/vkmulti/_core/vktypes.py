@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import NewType, TypeAlias
 
 __all__ = ["VkInstance", "VkPhysicalDevice", "VkDevice", "VkQueue", "VkCommandBuffer", "VkCommandPool",
-           "VkSemaphore", "VkFence", "VkDescriptorSet", "VkImage", "VkBuffer", "VkStruct", "VkImageLayout"]
+           "VkSemaphore", "VkFence", "VkDescriptorPool", "VkDescriptorSet", "VkImage", "VkBuffer", "VkStruct", "VkImageLayout"]
 
 VkInstance = NewType("VkInstance", object)
 VkPhysicalDevice = NewType("VkPhysicalDevice", object)
@@ -23,6 +23,7 @@ VkCommandBuffer = NewType("VkCommandBuffer", object)
 VkCommandPool = NewType("VkCommandPool", object)
 VkSemaphore = NewType("VkSemaphore", object)
 VkFence = NewType("VkFence", object)
+VkDescriptorPool = NewType("VkDescriptorPool", object)
 VkDescriptorSet = NewType("VkDescriptorSet", object)
 VkImage = NewType("VkImage", object)
 VkBuffer = NewType("VkBuffer", object)

@@ -448,7 +448,7 @@ class MultiDeviceManager:
             slot = slots[index]
         return index in self._lost or (slot.native is not None and slot.native.lost)
 
-    def add_loss_listener(self, listener: Callable[[int, str], Any]) -> None:
+    def add_loss_listener(self, listener: Callable[[int, str], object]) -> None:
         """Call `listener(index, reason)` once for each device found lost (on the
         thread that found it, outside any lock of the manager)."""
         if not callable(listener):
@@ -456,7 +456,7 @@ class MultiDeviceManager:
         with self._loss_lock:
             self._loss_listeners.append(listener)
 
-    def remove_loss_listener(self, listener: Callable[[int, str], Any]) -> None:
+    def remove_loss_listener(self, listener: Callable[[int, str], object]) -> None:
         """Stop calling `listener` on a device loss (one added with add_loss_listener; unknown ones are ignored)."""
         with self._loss_lock:
             if listener in self._loss_listeners:
@@ -496,7 +496,7 @@ class MultiDeviceManager:
                 self.report_device_lost(s.index, "the device returned VK_ERROR_DEVICE_LOST")
         return self.lost_devices
 
-    def register_teardown(self, hook: Callable[[], Any]) -> None:
+    def register_teardown(self, hook: Callable[[], object]) -> None:
         """Call `hook()` first thing in destroy() (engines free their per-device objects there)."""
         self._check()
         if not callable(hook):

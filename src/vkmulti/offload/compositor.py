@@ -58,7 +58,8 @@ class Compositor(Submitter):
             name = "TRANSFER_DST" if usage == vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT else "TRANSFER_SRC"
             raise ValueError(f"{what} lacks the {name} usage a blit needs")
 
-    def regions(self, frame: Image, placements: Iterable[tuple[Image, int, int]]) -> list[tuple[Image, tuple, tuple]]:
+    def regions(self, frame: Image, placements: Iterable[tuple[Image, int, int]]) \
+            -> list[tuple[Image, tuple[int, int, int, int], tuple[int, int, int, int]]]:
         """(image, src rect, dst rect) per visible placement; rects are (x0, y0, x1, y1)."""
         sx, sy = self.content_scale
         out = []

@@ -74,7 +74,7 @@ class CrossDeviceTransfer:
     width: int = 0
     height: int = 0
     bytes_per_pixel: int = 8
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     slot_size: int = DEFAULT_SLOT_SIZE
     slot_count: int = DEFAULT_SLOT_COUNT
 

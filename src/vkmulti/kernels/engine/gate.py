@@ -8,7 +8,7 @@ import functools
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 from ...errors import MigrationError, TimeoutError as VkmTimeout
 
@@ -103,7 +103,10 @@ def gate_of(rt: Any) -> RuntimeGate:
     return rt.gate
 
 
-def gated(fn: Callable) -> Callable:
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def gated(fn: _F) -> _F:
     """Run a KernelRuntime method with the runtime's gate held shared (it touches
     kernels' device resources, which a migration's switch replaces)."""
     @functools.wraps(fn)
@@ -121,7 +124,7 @@ def _kernel_arg(rt: Any, args: tuple, kwargs: dict) -> Any:
         return None
 
 
-def gated_unheld(fn: Callable) -> Callable:
+def gated_unheld(fn: _F) -> _F:
     """Like `gated`, for a method whose first argument is a kernel: it first waits
     (bounded by the call's `timeout`, default 60 s) until no migration or restore
     is replacing that kernel's device resources, so it never acts on a half-moved
