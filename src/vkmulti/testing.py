@@ -51,4 +51,4 @@ def lose_device(manager: MultiDeviceManager, index: int, *, timeout: float = 10.
                               f"still runs after {timeout} s (it waits for something that never comes)")
     # Everything submitted before ran to its end: what it wrote to host-visible memory can be
     # trusted (the kernel runtime's failover then replays up to the last submitted step).
-    slot.lost_drained = True
+    slot.lost_drained = True  # type: ignore[attr-defined]

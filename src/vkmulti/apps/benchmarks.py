@@ -121,7 +121,7 @@ class SeedStagingCopy:
 def torch_for(src: int, dst: int) -> Any:
     """The torch module when it is installed and sees CUDA devices `src` and `dst`, else None."""
     try:
-        import torch
+        import torch  # type: ignore[import-not-found]
     except ImportError:
         return None
     if not torch.cuda.is_available() or torch.cuda.device_count() <= max(src, dst):
@@ -229,7 +229,7 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
         try:
             kw = {f"src_{kind}": a, f"dst_{kind}": b}
             fns: dict[str, Callable[[], None]] = {
-                m: (lambda x=x: x.submit(**kw).wait(120)) for m, x in zip(methods, xs)}
+                m: (lambda x=x: x.submit(**kw).wait(120)) for m, x in zip(methods, xs)}  # type: ignore[misc]
             results["rings"].update({m: dict(zip(("slot_size", "slot_count"), x._ring()))
                                      for m, x in zip(methods, xs)})
             seed_run = getattr(seed, f"run_{kind}")
@@ -247,7 +247,7 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
                 record(case, nbytes, m, statistics.median(times), times)
             if split:
                 for m, x in zip(methods, xs):
-                    sp = results["split"].setdefault(case, {})[m] = split_times(lambda x=x: x.submit(**kw),
+                    sp = results["split"].setdefault(case, {})[m] = split_times(lambda x=x: x.submit(**kw),  # type: ignore[misc]
                                                                                max(1, n // 4))
                     say(f"{case:>16} {m:>13}: submit {sp['submit_s'] * 1e6:7.1f} us, wait {sp['wait_s'] * 1e6:7.1f} us")
             if advance is not None:
@@ -261,17 +261,17 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
         a, b = Image(s, w, h, RGBA16F), Image(d, w, h, RGBA16F)
         try:
             px = rng.integers(0, 256, (h, w, 8), dtype=np.uint8)
-            a.upload(px)
+            a.upload(px)  # type: ignore[arg-type]
             run_case(f"image {w}x{h}", a, b, px, "image", reps, 2)
         finally:
             a.destroy()
             b.destroy()
 
     if buffer_bytes:
-        a, b = Buffer(s, buffer_bytes), Buffer(d, buffer_bytes)
+        a, b = Buffer(s, buffer_bytes), Buffer(d, buffer_bytes)  # type: ignore[assignment]
         try:
             data = rng.integers(0, 256, buffer_bytes, dtype=np.uint8)
-            a.upload(data)
+            a.upload(data)  # type: ignore[arg-type]
             run_case(f"buffer {bytes_label(buffer_bytes)}", a, b, data, "buffer", buffer_reps, 1)
         finally:
             a.destroy()

@@ -82,7 +82,8 @@ def render_frame(cm: Any, srus: list, width: int, height: int, clear: Any, candi
     t0 = time.perf_counter()
     images: dict[Any, np.ndarray] = {}
     frame = ClusterFrame(np.empty(0, np.uint8), {}, [])
-    todo, first_node, rnd = srus, {}, 0
+    first_node: dict[SruId, str] = {}
+    todo, rnd = srus, 0
     while todo:
         live = [n for n in candidates if n.node_id not in cm.lost]
         if not live:

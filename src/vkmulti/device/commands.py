@@ -141,7 +141,7 @@ class AbandonedSubmit:
             if self._waiters or not (self._done or self._runner._signalled(self._pair)):
                 return False
             self._done = True
-            pair, keep, self._pair, self._keep = self._pair, self._keep, None, []
+            pair, keep, self._pair, self._keep = self._pair, self._keep, None, []  # type: ignore[assignment]
         vk.vkDestroyFence(self._runner.slot.device, pair.fence, None)
         for obj in keep:
             obj.destroy()
@@ -182,9 +182,9 @@ class CommandRunner:
             if life is not None:
                 life.check()
             runner = slot.children.get("runner")
-            if runner is None or runner.pool is None:
+            if runner is None or runner.pool is None:  # type: ignore[attr-defined]
                 runner = slot.children["runner"] = cls(slot)
-            return runner
+            return runner  # type: ignore[return-value]
 
     # -- running -----------------------------------------------------------------
 
@@ -228,7 +228,7 @@ class CommandRunner:
             _destroy_all(keep)
             raise
         try:
-            self.slot.native.wait_fence(pair.fence_int, timeout)
+            self.slot.native.wait_fence(pair.fence_int, timeout)  # type: ignore[union-attr]
         except BaseException:
             ab = AbandonedSubmit(self, pair, keep)
             with self._lock:
@@ -263,7 +263,7 @@ class CommandRunner:
 
     def _signalled(self, pair: _Pair) -> bool:
         try:
-            return self.slot.native.fence_signalled(pair.fence_int)
+            return self.slot.native.fence_signalled(pair.fence_int)  # type: ignore[union-attr]
         except DeviceLostError as exc:
             log.info("CommandRunner on %s: device lost (%s); its submits count as finished",
                         self.slot.name, exc)

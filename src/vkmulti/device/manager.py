@@ -82,13 +82,13 @@ class DeviceSlot:
     def copy_queue(self) -> Queue:
         """The queue vkmulti copies on: its own queue when vkmulti made the device,
         else the transfer queue, else compute, else graphics."""
-        return self.dedicated_copy_queue or self.transfer_queue or self.compute_queue or self.graphics_queue
+        return self.dedicated_copy_queue or self.transfer_queue or self.compute_queue or self.graphics_queue  # type: ignore[return-value]
 
     @property
     def universal_copy_queue(self) -> Queue:
         """The universal-family queue vkmulti does device-local copies on: its own
         when it made the device, else the graphics queue."""
-        return self.dedicated_universal_queue or self.graphics_queue
+        return self.dedicated_universal_queue or self.graphics_queue  # type: ignore[return-value]
 
     def queues(self) -> list[Queue]:
         """Every distinct queue of this slot (vkmulti's own included)."""
@@ -204,9 +204,9 @@ class MultiDeviceManager:
             if primary_graphics_queue is None:
                 raise ValueError("primary_graphics_queue is required")
             self._slots: list[DeviceSlot] = [DeviceSlot(
-                index=0, physical_device=primary_physical_device, queue_families=primary_queue_families,
-                device=primary_device, graphics_queue=primary_graphics_queue, present_queue=primary_present_queue,
-                compute_queue=primary_compute_queue, transfer_queue=primary_transfer_queue, name="<unknown>",
+                index=0, physical_device=primary_physical_device, queue_families=primary_queue_families,  # type: ignore[arg-type]
+                device=primary_device, graphics_queue=primary_graphics_queue, present_queue=primary_present_queue,  # type: ignore[arg-type]
+                compute_queue=primary_compute_queue, transfer_queue=primary_transfer_queue, name="<unknown>",  # type: ignore[arg-type]
                 lifetime=self._life)]
             self._refresh_capabilities()
             return
@@ -260,8 +260,8 @@ class MultiDeviceManager:
         for pd in self._physical_devices:
             if handle_int(pd, "VkPhysicalDevice") == primary_key:
                 continue   # by handle value: cffi may hand out a new object per enumeration
-            caps = probe_device(pd)
-            qf = find_queue_families(pd) if find_queue_families else default_queue_families(pd, caps)
+            caps = probe_device(pd)  # type: ignore[arg-type]
+            qf = find_queue_families(pd) if find_queue_families else default_queue_families(pd, caps)  # type: ignore[arg-type]
             if qf is None:
                 log.warning("no graphics queue family resolved for %s; skipping", caps.name)
                 continue
@@ -270,7 +270,7 @@ class MultiDeviceManager:
                 qf = QueueFamilies(qf.graphics, qf.present,
                                    qf.compute if qf.compute is not None else caps.dedicated_compute_family,
                                    qf.transfer if qf.transfer is not None else caps.dedicated_transfer_family)
-            ld = create_logical_device(pd, qf)
+            ld = create_logical_device(pd, qf)  # type: ignore[arg-type]
             slot = self._slot_from(len(self._slots), pd, ld)
             slot.lifetime = self._life
             self._slots.append(slot)
@@ -313,7 +313,7 @@ class MultiDeviceManager:
         inst = cls._own_instance(validation) if own_instance else instance
         primary_ld: LogicalDevice | None = None
         try:
-            pds = inst.physical_devices()
+            pds = inst.physical_devices()  # type: ignore[union-attr]
             if not pds:
                 raise ValueError("no Vulkan physical device found (install a driver, or use "
                                  "vkmulti.testing.virtual_gpus() for a CPU pair)")
@@ -338,7 +338,7 @@ class MultiDeviceManager:
             if primary_ld is not None:
                 destroy_logical_device(primary_ld.device, primary_ld.native)
             if own_instance:
-                inst.destroy()
+                inst.destroy()  # type: ignore[union-attr]
             raise
         p = mgr._slots[0]
         if p.native is not None and primary_ld.native is not None:
@@ -348,7 +348,7 @@ class MultiDeviceManager:
         p.dedicated_copy_queue = primary_ld.copy_queue
         p.dedicated_universal_queue = primary_ld.universal_copy_queue
         mgr._owned_instance = inst if own_instance else None
-        mgr.instance = inst
+        mgr.instance = inst  # type: ignore[attr-defined]
         return mgr
 
     @staticmethod

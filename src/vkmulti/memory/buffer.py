@@ -102,7 +102,7 @@ class Buffer(GpuResource):
         life = slot_lifetime(slot)
         with life:   # the manager's destroy() waits for a constructor that is running
             # Shared by the universal and copy families, so transfers need no ownership hand-over.
-            families = sorted({slot.graphics_queue.family, slot.copy_queue.family})
+            families = sorted({slot.graphics_queue.family, slot.copy_queue.family})  # type: ignore[union-attr]
             concurrent = len(families) > 1
             try:
                 self.handle = vkapi.vkCreateBuffer(slot.device, vk.VkBufferCreateInfo(

@@ -150,7 +150,7 @@ class Image(GpuResource):
                         pViewFormats=[format, self.kernel_view_format])
             self.usage = usage
             check_layout(layout, usage, "layout")
-            families = sorted({slot.graphics_queue.family, slot.copy_queue.family})
+            families = sorted({slot.graphics_queue.family, slot.copy_queue.family})  # type: ignore[union-attr]
             concurrent = len(families) > 1 and not exclusive
             self.handle = vkapi.vkCreateImage(slot.device, vk.VkImageCreateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO, pNext=view_formats, flags=flags,
@@ -179,7 +179,7 @@ class Image(GpuResource):
                 self._free()
                 raise
             #: the family that owns the image (None: shared by every family vkmulti uses)
-            self.owner_family = None if concurrent else slot.graphics_queue.family
+            self.owner_family = None if concurrent else slot.graphics_queue.family  # type: ignore[union-attr]
             self.layout = layout
             # a failure here leaves the image adopted: the manager frees it once the GPU is done
             CommandRunner.for_slot(slot).run(lambda cmd: self.barrier(cmd, vk.VK_IMAGE_LAYOUT_UNDEFINED, layout),

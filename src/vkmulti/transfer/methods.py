@@ -224,7 +224,7 @@ def select_transfer_method(assignment: Placed | DeviceSlot,
                             f"{type(assignment).__name__} and {type(capabilities).__name__}")
         return _select_for_slots(assignment, capabilities, prefer_dmabuf)
     src_index = getattr(assignment, "device_index", None)
-    if not is_int(src_index) or src_index < 0:
+    if not is_int(src_index) or src_index < 0:  # type: ignore[operator]
         raise TypeError(f"assignment must have a non-negative int device_index (an SRUAssignment), or pass two "
                         f"DeviceSlots; got {type(assignment).__name__} with device_index {src_index!r}"[:200])
     if not is_int(dst_index) or dst_index < 0:
@@ -232,15 +232,15 @@ def select_transfer_method(assignment: Placed | DeviceSlot,
     capabilities = as_render_capabilities(capabilities)   # the seed's own RenderCapabilities too
     if src_index == dst_index:
         return TransferMethod.NONE
-    if capabilities is None or max(src_index, dst_index) >= len(capabilities.devices):
+    if capabilities is None or max(src_index, dst_index) >= len(capabilities.devices):  # type: ignore[operator, type-var]
         return TransferMethod.STAGING_COPY
-    a, b = capabilities.devices[src_index], capabilities.devices[dst_index]
+    a, b = capabilities.devices[src_index], capabilities.devices[dst_index]  # type: ignore[index]
     en = capabilities.enabled_extensions
-    ea = en[src_index] if src_index < len(en) else None
+    ea = en[src_index] if src_index < len(en) else None  # type: ignore[index, operator]
     eb = en[dst_index] if dst_index < len(en) else None
     labels = (f"GPU {src_index} ({short_text(a.name)})", f"GPU {dst_index} ({short_text(b.name)})")
     return _first_working(lambda m: method_problem(m, a, b, ea, eb, labels=labels), prefer_dmabuf,
-                          (src_index, dst_index))
+                          (src_index, dst_index))  # type: ignore[arg-type]
 
 
 def _select_for_slots(src: DeviceSlot, dst: DeviceSlot, prefer_dmabuf: bool) -> str:

@@ -113,7 +113,7 @@ def gated(fn: _F) -> _F:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         with gate_of(self).shared():
             return fn(self, *args, **kwargs)
-    return wrapper
+    return wrapper  # type: ignore[return-value]
 
 
 def _kernel_arg(rt: Any, args: tuple, kwargs: dict) -> Any:
@@ -141,4 +141,4 @@ def gated_unheld(fn: _F) -> _F:
             with gate.shared():
                 if k is None or not self.holds.is_moving(k):
                     return fn(self, *args, **kwargs)
-    return wrapper
+    return wrapper  # type: ignore[return-value]

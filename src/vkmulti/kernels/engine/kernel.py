@@ -20,7 +20,7 @@ import operator
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 import vulkan as vk
@@ -118,7 +118,7 @@ class Batch:
     (an outbox region, a host region or a landing buffer of the router)."""
 
     def __init__(self, ctx: DeviceContext, buffer: Any, offset: int, size: int, *, source: "Kernel | None",
-                 waits: list[TimelinePoint] = ()):
+                 waits: Sequence[TimelinePoint] = ()):
         self.ctx, self.buffer, self.offset, self.size, self.source = ctx, buffer, offset, size, source
         self.waits = list(waits)       # GPU waits before the first step that reads it
         self.surveyed = False          # a survey pass was recorded
@@ -374,7 +374,7 @@ class Kernel:
 
     def _buffer(self, size: int, mapped: bool = False, exported: bool = False) -> Any:
         if mapped:
-            b = MappedBuffer(self.ctx.slot, size)
+            b: Buffer = MappedBuffer(self.ctx.slot, size)
         elif exported:   # devices that share memory with this one read it in place (the K2K router)
             b = ExportedBuffer(self.ctx.slot, size)
         else:

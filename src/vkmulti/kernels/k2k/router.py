@@ -142,7 +142,7 @@ class CrossGpuK2KRouter:
         if decision.kind is RoutingKind.DIRECT_P2P or decision.kind is RoutingKind.HOST_MEDIATED:
             key = (s, d)
         elif decision.kind is RoutingKind.MULTI_HOP:
-            key = (s, decision.path[1])
+            key = (s, decision.path[1])  # type: ignore[index]
         pending = PendingK2KMessage(src, dst, msg, hops=decision.hops)
         if kernels is None:
             if key is not None:
@@ -152,7 +152,7 @@ class CrossGpuK2KRouter:
                 self._stats.add_pending(1)
             return decision
         source, dest = kernels
-        slot = self._pack(source, dest, msg, rt.payload_size)
+        slot = self._pack(source, dest, msg, rt.payload_size)  # type: ignore[union-attr]
         routed = _Routed(pending, decision, key, source, dest, slot)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._room:
@@ -343,8 +343,8 @@ class CrossGpuK2KRouter:
                 for s in getattr(rt.manager, "_slots", ()):   # a lost device is forgotten, never waited on
                     native = getattr(s, "native", None)
                     if native is not None and native.lost:
-                        eng.drop_device(s.index)
-                eng.destroy(timeout)
+                        eng.drop_device(s.index)  # type: ignore[union-attr]
+                eng.destroy(timeout)  # type: ignore[arg-type, union-attr]
             finally:
                 self.runtime, self._engine = None, None
                 self._check_sent(final=True)

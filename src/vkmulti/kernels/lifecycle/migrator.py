@@ -185,10 +185,10 @@ class KernelMigrator:
         if isinstance(kernel, Kernel):
             if kernel.id != request.kernel_id:
                 raise ValueError(f"the request moves {request.kernel_id.as_str()!r}, the kernel is {kernel.id!r}")
-            if kernel.runtime.coordinator is not self._coordinator:
+            if kernel.runtime.coordinator is not self._coordinator:  # type: ignore[attr-defined]
                 raise ValueError(f"kernel {kernel.id!r} is placed by another coordinator than this migrator's")
             try:
-                result = kernel.runtime._migrate_live(kernel, request, timeout=timeout, verify=verify)
+                result = kernel.runtime._migrate_live(kernel, request, timeout=timeout, verify=verify)  # type: ignore[attr-defined]
             except BaseException:
                 request.state = MigrationState.FAILED
                 self._stats.add(failed_migrations=1)
@@ -316,9 +316,9 @@ class KernelMigrator:
             and plan.target_device < topo.device_count else [plan.source_device, plan.target_device]
         conn = topo.get_connection(plan.source_device, plan.target_device) \
             if max(plan.source_device, plan.target_device) < topo.device_count else None
-        bw = conn.bandwidth_gbps if conn is not None and conn.bandwidth_gbps > 0 else 16.0
+        bw = conn.bandwidth_gbps if conn is not None and conn.bandwidth_gbps > 0 else 16.0  # type: ignore[operator]
         lat = conn.latency_us if conn is not None else 10.0
-        return MigrationRequest(plan.kernel_id, plan.source_device, plan.target_device, path, bw, lat)
+        return MigrationRequest(plan.kernel_id, plan.source_device, plan.target_device, path, bw, lat)  # type: ignore[arg-type]
 
 
 def _safe(text: str) -> str:

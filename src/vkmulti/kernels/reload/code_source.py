@@ -94,29 +94,29 @@ class KernelCodeSource:
     @classmethod
     def new(cls, format: KernelCodeFormat, code: str | HostData, entry_point: str) -> "KernelCodeSource":
         """Code of any format (the seed's KernelCodeSource::new)."""
-        return cls(format, code, entry_point)
+        return cls(format, code, entry_point)  # type: ignore[arg-type]
 
     @classmethod
     def from_ptx(cls, ptx: str, entry_point: str) -> "KernelCodeSource":
         """PTX text (the seed's; a Vulkan kernel cannot run it)."""
-        return cls(KernelCodeFormat.PTX, _text(ptx, "ptx"), entry_point)
+        return cls(KernelCodeFormat.PTX, _text(ptx, "ptx"), entry_point)  # type: ignore[arg-type]
 
     @classmethod
     def from_wgsl(cls, wgsl: str, entry_point: str) -> "KernelCodeSource":
         """WGSL text (the seed's; a Vulkan kernel cannot run it)."""
-        return cls(KernelCodeFormat.WGSL, _text(wgsl, "wgsl"), entry_point)
+        return cls(KernelCodeFormat.WGSL, _text(wgsl, "wgsl"), entry_point)  # type: ignore[arg-type]
 
     @classmethod
     def from_msl(cls, msl: str, entry_point: str) -> "KernelCodeSource":
         """Metal Shading Language text (the seed's; a Vulkan kernel cannot run it)."""
-        return cls(KernelCodeFormat.MSL, _text(msl, "msl"), entry_point)
+        return cls(KernelCodeFormat.MSL, _text(msl, "msl"), entry_point)  # type: ignore[arg-type]
 
     # -- vkmulti's ---------------------------------------------------------------------
 
     @classmethod
     def from_spirv(cls, spirv: HostData, entry_point: str = "main") -> "KernelCodeSource":
         """SPIR-V words (bytes, little-endian) with their entry point."""
-        return cls(KernelCodeFormat.SPIRV, spirv, entry_point)
+        return cls(KernelCodeFormat.SPIRV, spirv, entry_point)  # type: ignore[arg-type]
 
     @classmethod
     def from_spirv_file(cls, path: str | os.PathLike, entry_point: str = "main") -> "KernelCodeSource":

@@ -242,9 +242,9 @@ class HotReloadManager:
         """request_reload + execute_reload for `kernel` (registered under `kernel_id`,
         default: its id; a runtime kernel not yet registered is registered first)."""
         if kernel_id is None:
-            kernel_id = getattr(kernel, "id", None) or kernel.checkpoint_kernel_id()
+            kernel_id = getattr(kernel, "id", None) or kernel.checkpoint_kernel_id()  # type: ignore[union-attr]
         if not self.is_registered(kernel_id) and _is_runtime(kernel):
-            self.register_runtime_kernel(kernel, kernel_id)
+            self.register_runtime_kernel(kernel, kernel_id)  # type: ignore[arg-type]
         return self.execute_reload(self.request_reload(kernel_id, new_code), kernel)
 
     def execute_reload(self, request: HotReloadRequest, kernel: Reloadable) -> HotReloadResult:
@@ -339,7 +339,7 @@ class HotReloadManager:
                     request.state = HotReloadState.SWAPPING
                     t0 = time.monotonic()
                     if targets:
-                        swap(targets, passes, code, lambda: left("swapping"))
+                        swap(targets, passes, code, lambda: left("swapping"))  # type: ignore[arg-type]
                     elif reloadable:
                         kernel.apply_code(code)
                     elif self._backend is not None:
@@ -429,7 +429,7 @@ class HotReloadManager:
                     return rest
                 swap(live, compile_on_devices(target, live, left), target, left)
             elif kernel is not None and callable(getattr(kernel, "apply_code", None)):
-                kernel.apply_code(target)
+                kernel.apply_code(target)  # type: ignore[union-attr]
             elif self._backend is not None:
                 self._backend(as_kernel_id(kernel_id), entry.code, target)
             with self._lock:

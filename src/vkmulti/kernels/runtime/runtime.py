@@ -98,7 +98,7 @@ class KernelRuntime:
         self.inbound = Inbound(self, self._check, self._device, self._lock, self._contexts, self._by_index,
                                self._wait_points)
         self._host = HostQueues(self._resolve, self._device, self.payload_size, self.hlc)
-        self._lifecycle = Lifecycle(self, lambda: self.migration_pool_bytes)
+        self._lifecycle = Lifecycle(self, lambda: self.migration_pool_bytes)  # type: ignore[arg-type]
         self._failover = Failover(manager, coordinator, self._lock, self._kernels, self._contexts,
                                   self.inbound.device_lost, self._unregister, self._release_address,
                                   functools.partial(restore_lost_kernels, self._lifecycle), self._lifecycle.turn)
@@ -258,7 +258,7 @@ class KernelRuntime:
             if not self._free_index:
                 raise ValueError(f"this runtime already runs {self.max_kernels - 1} kernels (max_kernels)")
             index = self._free_index.pop()
-            self._kernels[kernel_id] = None   # type: ignore[assignment]  (reserved)
+            self._kernels[kernel_id] = None   # type: ignore[assignment]  # (reserved)
         try:
             placed = place(self.coordinator, self.manager.device_count, kernel_id, device, options)
             try:
@@ -498,7 +498,7 @@ class KernelRuntime:
             k = kernel
         else:
             k = self._resolve(kernel)
-        timeout = timeout_seconds(timeout)
+        timeout = timeout_seconds(timeout)  # type: ignore[assignment]
         ctx = k.ctx
         with ctx.lock:
             if k.destroyed:
