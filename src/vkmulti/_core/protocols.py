@@ -10,9 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    # PEP 688's buffer type: bytes, bytearray, memoryview, numpy arrays, array.array...
-    from typing_extensions import Buffer as HostData
     from typing import TypeAlias
+
+    import numpy as np
+    from typing_extensions import Buffer
+    #: Host bytes: any buffer-protocol object (PEP 688: bytes, bytearray, memoryview, array.array)
+    #: or a numpy array (numpy's stubs do not say it is one).
+    HostData: TypeAlias = Buffer | np.ndarray
     #: Bytes whose length is read first (checkpoint headers).
     BytesLike: TypeAlias = bytes | bytearray | memoryview
 

@@ -261,7 +261,7 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
         a, b = Image(s, w, h, RGBA16F), Image(d, w, h, RGBA16F)
         try:
             px = rng.integers(0, 256, (h, w, 8), dtype=np.uint8)
-            a.upload(px)  # type: ignore[arg-type]
+            a.upload(px)
             run_case(f"image {w}x{h}", a, b, px, "image", reps, 2)
         finally:
             a.destroy()
@@ -271,7 +271,7 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
         a, b = Buffer(s, buffer_bytes), Buffer(d, buffer_bytes)  # type: ignore[assignment]
         try:
             data = rng.integers(0, 256, buffer_bytes, dtype=np.uint8)
-            a.upload(data)  # type: ignore[arg-type]
+            a.upload(data)
             run_case(f"buffer {bytes_label(buffer_bytes)}", a, b, data, "buffer", buffer_reps, 1)
         finally:
             a.destroy()

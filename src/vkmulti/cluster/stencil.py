@@ -87,7 +87,7 @@ class StencilSlab:
             b = np.asarray(below, dtype=np.int32).reshape(self.width)
             for i, (g, r0, n) in enumerate(parts):
                 k = self.runtime.launch(stencil_kernel(self.width, n, payload_size), f"tile{i}", device=g,
-                                        state=stencil_tile_state(slab, r0, n, a, b))  # type: ignore[arg-type]
+                                        state=stencil_tile_state(slab, r0, n, a, b))
                 self.tiles.append((k, n))
             for i, (k, n) in enumerate(self.tiles):
                 up = self.tiles[i - 1][0].address if i > 0 else 0
@@ -127,7 +127,7 @@ class StencilSlab:
     def field(self) -> np.ndarray:
         """The slab's rows as of the latest step (rows x width int32)."""
         gen = self.steps % 2
-        return np.vstack([stencil_field(self.runtime.read_state(k, gen, timeout=self.timeout), self.width, n)  # type: ignore[arg-type]
+        return np.vstack([stencil_field(self.runtime.read_state(k, gen, timeout=self.timeout), self.width, n)
                           for k, n in self.tiles])
 
     def destroy(self) -> None:

@@ -150,7 +150,7 @@ class MessageEnvelope:
     @classmethod
     def unpack(cls, data: HostData) -> "MessageEnvelope":
         """The envelope packed at the start of `data`."""
-        src, dst, seq, phys, logical, length, tag, tenant, hops, flags = ENVELOPE.unpack_from(data)
+        src, dst, seq, phys, logical, length, tag, tenant, hops, flags = ENVELOPE.unpack_from(data)  # type: ignore[arg-type]
         return cls(src, dst, seq, HlcTimestamp(phys, logical), length, tag, tenant, hops, flags)
 
     @property

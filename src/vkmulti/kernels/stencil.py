@@ -100,7 +100,7 @@ class StencilSlabs:
             for i, ((r0, n), dev) in enumerate(zip(self.slabs, self.devices)):
                 spec = stencil_kernel(w, n, runtime.payload_size)
                 self.kernels.append(runtime.launch(spec, f"{name}-{i}", device=dev,
-                                                   state=stencil_tile_state(f, r0, n, self.top, self.bottom)))  # type: ignore[arg-type]
+                                                   state=stencil_tile_state(f, r0, n, self.top, self.bottom)))
             for i, (k, (_, n)) in enumerate(zip(self.kernels, self.slabs)):
                 up = self.kernels[i - 1].address if i > 0 else 0
                 down = self.kernels[i + 1].address if i + 1 < len(self.kernels) else 0
@@ -127,7 +127,7 @@ class StencilSlabs:
     def field(self, timeout: float | None = 60.0) -> np.ndarray:
         """The whole field (rows x columns int32) after the steps so far."""
         self.rt.synchronize(timeout)
-        parts = [stencil_field(self.rt.read_state(k, self.steps % 2, timeout=timeout), self.width, n)  # type: ignore[arg-type]
+        parts = [stencil_field(self.rt.read_state(k, self.steps % 2, timeout=timeout), self.width, n)
                  for k, (_, n) in zip(self.kernels, self.slabs)]
         return np.vstack(parts)
 

@@ -76,7 +76,7 @@ def as_host_bytes(data: HostData, what: str = "data", *, writable: bool = False)
     if isinstance(data, np.ndarray) and data.dtype.hasobject:
         raise TypeError(f"{what} holds Python objects (dtype {data.dtype}); pass plain data (numbers, bytes)")
     try:
-        mv = memoryview(data)
+        mv = memoryview(data)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(f"{what} must be bytes, a numpy array or another buffer-protocol object, "
                         f"got {type(data).__name__}") from None

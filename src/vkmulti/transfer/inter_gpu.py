@@ -333,7 +333,7 @@ class InterGpuTransfer:
                     continue
                 reg.hold(holds)
                 if given is not None:
-                    u8 = as_host_bytes(given, f"out[{k}]", writable=True)  # type: ignore[arg-type]
+                    u8 = as_host_bytes(given, f"out[{k}]", writable=True)
                     if u8.nbytes != reg.size:
                         raise ValueError(f"out[{k}] holds {u8.nbytes} bytes; GPU {i}'s registered buffer has "
                                          f"{reg.size}")

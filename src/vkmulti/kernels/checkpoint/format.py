@@ -220,7 +220,7 @@ class Checkpoint:
         """Parse and check a serialised checkpoint (InvalidCheckpointError if it is
         truncated, corrupted, too large or of an unknown version)."""
         try:
-            view = memoryview(data).cast("B")
+            view = memoryview(data).cast("B")  # type: ignore[arg-type]
         except TypeError:
             raise TypeError(f"from_bytes takes bytes or a buffer-protocol object, got {type(data).__name__}") from None
         header = CheckpointHeader.from_bytes(view)
