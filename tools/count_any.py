@@ -174,7 +174,8 @@ def _slots_of(func: Any, owner: str, is_property: bool, skip_first: bool) -> Ite
         sig = inspect.signature(func, eval_str=False)
     except (TypeError, ValueError):
         return
-    params = list(sig.parameters.values())
+    # Ray's tracing adds this keyword to actor classes' methods once Ray runs in the process
+    params = [p for p in sig.parameters.values() if p.name != "_ray_trace_ctx"]
     if skip_first and params:
         params = params[1:]
     where = f"{owner}"
