@@ -121,7 +121,7 @@ class SeedStagingCopy:
 def torch_for(src: int, dst: int) -> Any:
     """The torch module when it is installed and sees CUDA devices `src` and `dst`, else None."""
     try:
-        import torch  # type: ignore[import-not-found]
+        import torch
     except ImportError:
         return None
     if not torch.cuda.is_available() or torch.cuda.device_count() <= max(src, dst):
