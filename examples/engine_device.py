@@ -45,7 +45,7 @@ def create_engine_device(physical_device: Any, peers: list[Any]) -> tuple[Any, d
     return device, keywords, req
 
 
-def move_by_every_method(mgr: vkmulti.MultiDeviceManager, width: int = 256, height: int = 128) -> list[dict]:
+def move_by_every_method(mgr: vkmulti.MultiDeviceManager, width: int = 256, height: int = 128) -> list[dict[str, Any]]:
     """Move a random RGBA16F image GPU 0 <-> every other GPU by every method each pair
     supports; one record per (source, destination, method) with `identical`."""
     rng = np.random.default_rng(14)

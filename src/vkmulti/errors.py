@@ -244,7 +244,7 @@ def raise_for_result(result: int, call: str, message: str | None = None) -> None
     if native is not None:
         name, cls = native
         exc = cls(message or f"{call}: {name}")
-        exc.call = call
+        exc.call = call  # type: ignore[attr-defined]
         if isinstance(exc, UnsupportedError) and message:
             ext, dev = _EXTENSION_IN.search(message), _DEVICE_IN.search(message)
             exc.extension = ext.group(0) if ext else None

@@ -7,7 +7,6 @@ VK_ERROR_DEVICE_LOST (docs/explanation/failover.md). The library never imports t
 """
 from __future__ import annotations
 
-from typing import Any
 
 from .device.manager import MultiDeviceManager
 from .device.virtual import (NO_GPU_NOTE, VIRTUAL_FALLBACK_ENV, find_lavapipe_icd, install_virtual_gpus,
@@ -19,7 +18,7 @@ __all__ = ["find_lavapipe_icd", "install_virtual_gpus", "virtual_gpus", "VIRTUAL
            "no_gpu_fallback", "physical_device_types", "use_virtual_if_no_gpu", "is_virtual_setup", "lose_device"]
 
 
-def lose_device(manager: Any, index: int, *, timeout: float = 10.0) -> None:
+def lose_device(manager: MultiDeviceManager, index: int, *, timeout: float = 10.0) -> None:
     """Make GPU `index` of `manager` fail from now on exactly as a lost device does.
 
     The device's native lost flag is set: every submit and wait through
@@ -52,4 +51,4 @@ def lose_device(manager: Any, index: int, *, timeout: float = 10.0) -> None:
                               f"still runs after {timeout} s (it waits for something that never comes)")
     # Everything submitted before ran to its end: what it wrote to host-visible memory can be
     # trusted (the kernel runtime's failover then replays up to the last submitted step).
-    slot.lost_drained = True
+    slot.lost_drained = True  # type: ignore[attr-defined]

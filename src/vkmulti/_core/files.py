@@ -31,7 +31,8 @@ def read_regular_file(path: str, limit: int) -> bytes | None:
             raise ValueError("it is not a regular file; only regular files are read")
         if st.st_size > limit:
             raise ValueError(f"it is {st.st_size} bytes; at most {limit} are read")
-        parts, got = [], 0
+        parts: list[bytes] = []
+        got = 0
         while True:
             part = os.read(fd, min(_CHUNK, limit + 1 - got))
             if not part:

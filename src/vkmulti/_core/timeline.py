@@ -10,12 +10,21 @@ Vulkan trusts it, and so does vkmulti.)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable, TypeAlias
 
 import vulkan as vk
 
 from .checks import is_int
 from .handles import handle_int
+from .vktypes import VkSemaphore
+
+if TYPE_CHECKING:
+    #: A point to wait for: a TimelinePoint, or a raw (semaphore, value) pair.
+    Wait: TypeAlias = "TimelinePoint | tuple[VkSemaphore | int, int]"
+    #: A wait argument: None, one point, or an iterable of them.
+    Waits: TypeAlias = "Wait | Iterable[Wait] | None"
+    #: The same with TimelinePoints only (as_wait_points).
+    Points: TypeAlias = "TimelinePoint | Iterable[TimelinePoint] | None"
 
 __all__ = ["TimelinePoint", "wait_point", "wait_points", "as_wait_points"]
 
@@ -32,7 +41,7 @@ class TimelinePoint:
     device_index: int
 
     @property
-    def handle(self) -> Any:
+    def handle(self) -> VkSemaphore:
         """The semaphore as a `vulkan` package handle (for VkSubmitInfo)."""
         return vk.ffi.cast("VkSemaphore", self.semaphore)
 

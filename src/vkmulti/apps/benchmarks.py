@@ -229,7 +229,7 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
         try:
             kw = {f"src_{kind}": a, f"dst_{kind}": b}
             fns: dict[str, Callable[[], None]] = {
-                m: (lambda x=x: x.submit(**kw).wait(120)) for m, x in zip(methods, xs)}
+                m: (lambda x=x: x.submit(**kw).wait(120)) for m, x in zip(methods, xs)}  # type: ignore[misc]
             results["rings"].update({m: dict(zip(("slot_size", "slot_count"), x._ring()))
                                      for m, x in zip(methods, xs)})
             seed_run = getattr(seed, f"run_{kind}")
@@ -247,7 +247,7 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
                 record(case, nbytes, m, statistics.median(times), times)
             if split:
                 for m, x in zip(methods, xs):
-                    sp = results["split"].setdefault(case, {})[m] = split_times(lambda x=x: x.submit(**kw),
+                    sp = results["split"].setdefault(case, {})[m] = split_times(lambda x=x: x.submit(**kw),  # type: ignore[misc]
                                                                                max(1, n // 4))
                     say(f"{case:>16} {m:>13}: submit {sp['submit_s'] * 1e6:7.1f} us, wait {sp['wait_s'] * 1e6:7.1f} us")
             if advance is not None:
@@ -268,7 +268,7 @@ def run_transfer_bench(manager: Any, *, src: int = 1, dst: int = 0, reps: int = 
             b.destroy()
 
     if buffer_bytes:
-        a, b = Buffer(s, buffer_bytes), Buffer(d, buffer_bytes)
+        a, b = Buffer(s, buffer_bytes), Buffer(d, buffer_bytes)  # type: ignore[assignment]
         try:
             data = rng.integers(0, 256, buffer_bytes, dtype=np.uint8)
             a.upload(data)

@@ -151,7 +151,7 @@ def check_output_paths(parser: Any, args: argparse.Namespace) -> None:
     """check_output_path for every output option of `parser` (add_output_argument): one
     check for all, so that no command finds out at the end that it cannot write."""
     for dest, (flag, image) in getattr(parser, _OUTPUTS, {}).items():
-        check_output_path(parser, getattr(args, dest, None), flag, image=image)
+        check_output_path(parser, getattr(args, dest, None), flag, image=image)  # type: ignore[arg-type]
 
 
 def default_output(name: str) -> str:

@@ -61,7 +61,7 @@ def progress(total: int | None, description: str, *, quiet: bool = False) -> Ite
         from rich.console import Console
         from rich.progress import Progress as RichProgress
     except ImportError:
-        RichProgress = None
+        RichProgress = None  # type: ignore[assignment, misc]
     if RichProgress is not None:
         with RichProgress(console=Console(stderr=True), transient=True) as bar:
             yield Progress(bar, "rich", bar.add_task(description, total=total))

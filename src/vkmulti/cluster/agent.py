@@ -234,7 +234,7 @@ class NodeAgent:
 
     # -- frames ----------------------------------------------------------------------
 
-    def render(self, srus: Sequence[Any]) -> dict[str, Any]:
+    def render(self, srus: Sequence[ReferenceSRU]) -> dict[str, Any]:
         """Render `srus` (ReferenceSRUs) over this node's GPUs; returns their images and where/how long.
 
         {'node_id', 'images': {sru_id: (h, w, 8) uint8}, 'gpu': {sru_id: slot index},
@@ -385,12 +385,12 @@ class NodeAgent:
         dim = max(dims) if dims else _DEFAULT_MAX_DIMENSION
         return dim * dim * SRU_BYTES_PER_PIXEL
 
-    def fetch(self, refs: list) -> float:
+    def fetch(self, refs: list[object]) -> float:
         """Seconds this node takes to get the objects behind `refs` (a list, so Ray passes them unresolved)."""
         import ray
 
         t0 = time.perf_counter()
-        ray.get(list(refs), timeout=self.timeout)
+        ray.get(list(refs), timeout=self.timeout)  # type: ignore[arg-type]
         return time.perf_counter() - t0
 
     # -- the stencil -------------------------------------------------------------------

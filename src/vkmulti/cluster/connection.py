@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
+import types
 from typing import Any
 
 from ..device.instance import Instance
@@ -31,7 +32,7 @@ _LOOPBACK_NAMES = {"localhost", "localhost.localdomain"}
 _RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
-def require_ray(what: str = "vkmulti.cluster") -> Any:
+def require_ray(what: str = "vkmulti.cluster") -> types.ModuleType:
     """The `ray` module, or RayMissingError saying how to install it."""
     try:
         import ray
@@ -67,7 +68,7 @@ class RayAddress:
             return False
 
 
-def parse_address(address: Any) -> RayAddress:
+def parse_address(address: str) -> RayAddress:
     """'auto', 'HOST:PORT' or 'ray://HOST:PORT' -> RayAddress; ClusterAddressError names a bad one."""
     if not isinstance(address, str):
         raise ClusterAddressError(f"a Ray address must be a str ('auto', HOST:PORT or ray://HOST:PORT), "
@@ -155,7 +156,7 @@ def _check_reachable(addr: RayAddress, timeout: float) -> None:
             f"Ray") from None
 
 
-def connect(address: Any, *, timeout: float = 10.0, object_store_memory: int | None = None,
+def connect(address: str, *, timeout: float = 10.0, object_store_memory: int | None = None,
             num_cpus: int | None = None, vk_gpu: int | None = None, log_to_driver: bool = True) -> Connection:
     """Join the Ray cluster at `address`, or start a local Ray for 'auto'.
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from .._core.reprs import compact_repr
 from .errors import NoAgentError, caller_error, short_error
 from .planner import NodeInfo, NodePlan, composite_frame, plan_nodes
+
+if TYPE_CHECKING:
+    from ..offload.types import SruId
 
 __all__ = ["ClusterFrame", "NodeFrameReport", "render_frame"]
 
@@ -31,8 +34,8 @@ class NodeFrameReport:
     __repr__ = compact_repr
 
     node_id: str
-    srus: list = field(default_factory=list)            # SRU ids it rendered (all rounds)
-    gpu: dict = field(default_factory=dict)             # sru_id -> the node's GPU index
+    srus: list[SruId] = field(default_factory=list)     # SRU ids it rendered (all rounds)
+    gpu: dict[SruId, int] = field(default_factory=dict)  # sru_id -> the node's GPU index
     render_s: float = 0.0                                # agent: submit to all renders done
     readback_s: float = 0.0                              # agent: images GPU -> host
     agent_s: float = 0.0                                 # agent: whole call
@@ -57,7 +60,7 @@ class ClusterFrame:
     pixels: np.ndarray                                   # (height, width, 8) uint8 (RGBA16F)
     nodes: dict[str, NodeFrameReport]
     plans: list[NodePlan]                                # one per round (more than one after a loss)
-    replanned: dict = field(default_factory=dict)        # sru_id -> node id it was first sent to
+    replanned: dict[SruId, str] = field(default_factory=dict)   # sru_id -> node id it was first sent to
     lost: dict[str, str] = field(default_factory=dict)   # node id -> why, lost during this frame
     total_s: float = 0.0
     composite_s: float = 0.0
@@ -74,12 +77,13 @@ class ClusterFrame:
 
 
 def render_frame(cm: Any, srus: list, width: int, height: int, clear: Any, candidates: list[NodeInfo],
-                 on_dispatch: Callable[[int, NodePlan], Any] | None) -> ClusterFrame:
+                 on_dispatch: Callable[[int, NodePlan], object] | None) -> ClusterFrame:
     """One frame over `candidates` (ClusterManager.render_frame has checked the arguments)."""
     t0 = time.perf_counter()
     images: dict[Any, np.ndarray] = {}
     frame = ClusterFrame(np.empty(0, np.uint8), {}, [])
-    todo, first_node, rnd = srus, {}, 0
+    first_node: dict[SruId, str] = {}
+    todo, rnd = srus, 0
     while todo:
         live = [n for n in candidates if n.node_id not in cm.lost]
         if not live:

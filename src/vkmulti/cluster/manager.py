@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from .agent import NodeAgent
 from .connection import VK_GPU, Connection, connect, require_ray
@@ -27,6 +27,11 @@ from .frames import ClusterFrame, render_frame
 from .planner import LinkInfo, NodeInfo, NodePlan, check_srus, plan_nodes
 from .stencil_run import run_stencil
 from .._core.checks import is_int
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+    from ..offload.render import ReferenceSRU
+    from .stencil_run import StencilRun
 
 log = logging.getLogger(__name__)
 
@@ -163,21 +168,21 @@ class ClusterManager:
                 self._skip(f"agent {handles.index(h)}", f"its agent failed to start: {short_error(d)}")
                 ray.kill(h, no_restart=True)
                 continue
-            label = f"node {d['node_id'][:8]} ({d['address']})"
-            if d["error"]:
-                self._skip(label, d["error"])
+            label = f"node {d['node_id'][:8]} ({d['address']})"  # type: ignore[index]
+            if d["error"]:  # type: ignore[index]
+                self._skip(label, d["error"])  # type: ignore[index]
                 ray.kill(h, no_restart=True)
                 continue
-            self._agents[d["node_id"]] = h
-            self._pids[d["node_id"]] = d["pid"]
-            if d.get("topology_note"):
-                self.topology_notes[d["node_id"]] = d["topology_note"]
-            if d.get("nice_note"):
-                log.warning("vkmulti cluster: %s: %s", label, d["nice_note"])
-            self.nodes[d["node_id"]] = NodeInfo(
-                d["node_id"], d["address"], d["hostname"], tuple(x["name"] for x in d["devices"]),
-                tuple(1.0 for _ in d["devices"]), local=d["node_id"] == self.driver_node_id,
-                topology=d.get("topology"))
+            self._agents[d["node_id"]] = h  # type: ignore[index]
+            self._pids[d["node_id"]] = d["pid"]  # type: ignore[index]
+            if d.get("topology_note"):  # type: ignore[union-attr]
+                self.topology_notes[d["node_id"]] = d["topology_note"]  # type: ignore[index]
+            if d.get("nice_note"):  # type: ignore[union-attr]
+                log.warning("vkmulti cluster: %s: %s", label, d["nice_note"])  # type: ignore[index]
+            self.nodes[d["node_id"]] = NodeInfo(  # type: ignore[index]
+                d["node_id"], d["address"], d["hostname"], tuple(x["name"] for x in d["devices"]),  # type: ignore[index]
+                tuple(1.0 for _ in d["devices"]), local=d["node_id"] == self.driver_node_id,  # type: ignore[index]
+                topology=d.get("topology"))  # type: ignore[union-attr]
         if not self.nodes:
             raise NoAgentError(f"no node of the Ray cluster has a usable Vulkan device: {self._skipped_text()}")
 
@@ -288,13 +293,13 @@ class ClusterManager:
 
     # -- frames ----------------------------------------------------------------------
 
-    def plan(self, srus: Iterable[Any], nodes: Sequence[str] | None = None) -> NodePlan:
+    def plan(self, srus: Iterable[ReferenceSRU], nodes: Sequence[str] | None = None) -> NodePlan:
         """The node-level plan the next frame would use (level 1 of the placement)."""
         return plan_nodes(check_srus(srus), self._usable(nodes), self.links)
 
-    def render_frame(self, srus: Iterable[Any], width: int, height: int, *,
+    def render_frame(self, srus: Iterable[ReferenceSRU], width: int, height: int, *,
                      clear: Sequence[float] | None = (0.0, 0.0, 0.0, 1.0), nodes: Sequence[str] | None = None,
-                     on_dispatch: Callable[[int, NodePlan], Any] | None = None) -> ClusterFrame:
+                     on_dispatch: Callable[[int, NodePlan], object] | None = None) -> ClusterFrame:
         """Render `srus` (ReferenceSRUs placed at their x, y) across the nodes and composite a
         width x height RGBA16F frame on the driver.
 
@@ -315,9 +320,9 @@ class ClusterManager:
             self._check()
             return render_frame(self, srus, width, height, clear, self._usable(nodes), on_dispatch)
 
-    def run_stencil(self, field: Any, top: Any, bottom: Any, steps: int, *, nodes: Sequence[str] | None = None,
-                    checkpoint_every: int = 32, payload_size: int = 256,
-                    on_dispatch: Callable[[int, dict], Any] | None = None) -> Any:
+    def run_stencil(self, field: ArrayLike, top: ArrayLike, bottom: ArrayLike, steps: int, *,
+                    nodes: Sequence[str] | None = None, checkpoint_every: int = 32, payload_size: int = 256,
+                    on_dispatch: Callable[[int, dict[str, tuple[int, int]]], object] | None = None) -> StencilRun:
         """`steps` steps of the reference Jacobi stencil (int32 `field`, fixed `top`/`bottom` rows)
         in row slabs across the nodes, halo rows passed agent to agent; a lost node's rows are
         re-split over the others from the last checkpoint. Returns a StencilRun

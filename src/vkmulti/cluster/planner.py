@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
 from .._core.reprs import compact_repr
 from ..offload.partition import assign_srus
 from ..offload.render import ReferenceSRU
+
+if TYPE_CHECKING:
+    from ..offload.types import SruId
 
 __all__ = ["NodeInfo", "LinkInfo", "NodePlan", "plan_nodes", "sru_image_bytes", "composite_frame",
            "check_srus", "node_order", "IMAGE_BYTES_PER_PIXEL"]
@@ -62,7 +65,7 @@ class NodeInfo:
     devices: tuple[str, ...]                 # GPU names, agent slot order
     gpu_throughput: tuple[float, ...]        # cost units per second per GPU (measured; 1.0 each if not)
     local: bool = False                      # runs on the driver's node
-    topology: dict | None = None             # vkmulti.kernels' measured topology, when available
+    topology: dict[str, Any] | None = None             # vkmulti.kernels' measured topology, when available
 
     @property
     def throughput(self) -> float:
@@ -95,20 +98,20 @@ class NodePlan:
 
     __repr__ = compact_repr
 
-    srus: dict[str, list[Any]] = field(default_factory=dict)      # node id -> SRUs, input order
+    srus: dict[str, list[ReferenceSRU]] = field(default_factory=dict)      # node id -> SRUs, input order
     predicted: dict[str, float] = field(default_factory=dict)     # node id -> seconds
 
-    def sru_ids(self) -> dict[str, list[Any]]:
+    def sru_ids(self) -> dict[str, list[SruId]]:
         """The SRU ids planned on each node."""
         return {n: [s.sru_id for s in v] for n, v in self.srus.items()}
 
 
-def sru_image_bytes(sru: Any) -> int:
+def sru_image_bytes(sru: ReferenceSRU) -> int:
     """Bytes of the SRU's RGBA16F image (what travels back to the driver)."""
     return int(sru.width) * int(sru.height) * IMAGE_BYTES_PER_PIXEL
 
 
-def check_srus(srus: Iterable[Any]) -> list[Any]:
+def check_srus(srus: Iterable[ReferenceSRU]) -> list[ReferenceSRU]:
     """A list of ReferenceSRUs with distinct ids, or TypeError/ValueError naming the offender."""
     out = list(srus)
     seen: set = set()
@@ -133,7 +136,7 @@ def node_order(nodes: Sequence[NodeInfo], links: dict[str, LinkInfo]) -> list[No
     return sorted(nodes, key=lambda n: (not n.local, link_time(n), -n.throughput, n.node_id))
 
 
-def plan_nodes(srus: Sequence[Any], nodes: Sequence[NodeInfo], links: dict[str, LinkInfo]) -> NodePlan:
+def plan_nodes(srus: Sequence[ReferenceSRU], nodes: Sequence[NodeInfo], links: dict[str, LinkInfo]) -> NodePlan:
     """Assign every SRU a node (level 1 of the placement); see the module docstring for the model."""
     if not nodes:
         raise ValueError("no node to plan on")

@@ -12,7 +12,7 @@ after it (the driver passes them on through Ray's object store).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from ..kernels import CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator, ste
 from ..kernels.reference import stencil_field, stencil_tile_state
 from .errors import ClusterError
 from .._core.checks import is_int
+
+if TYPE_CHECKING:
+    from ..device.manager import MultiDeviceManager
 
 __all__ = ["StencilSlab", "split_rows_weighted"]
 
@@ -61,7 +64,7 @@ class StencilSlab:
     per GPU of the node (0: leave that GPU out).
     """
 
-    def __init__(self, manager: Any, slab: np.ndarray, above: np.ndarray, below: np.ndarray,
+    def __init__(self, manager: MultiDeviceManager, slab: np.ndarray, above: np.ndarray, below: np.ndarray,
                  gpu_weights: Sequence[float], *, payload_size: int = 256, timeout: float = 60.0):
         slab = np.ascontiguousarray(slab, dtype=np.int32)
         if slab.ndim != 2 or slab.shape[1] < 3 or slab.shape[0] < 1:
@@ -134,5 +137,5 @@ class StencilSlab:
             self.router = None
         if self.runtime is not None:
             self.runtime.destroy(self.timeout)
-            self.runtime = None
+            self.runtime = None  # type: ignore[assignment]
         self.tiles = []

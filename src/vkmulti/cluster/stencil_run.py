@@ -40,12 +40,12 @@ class StencilRun:
 
     field: np.ndarray                                    # (height, width) int32 after `steps` steps
     steps: int
-    nodes: dict[str, dict] = field(default_factory=dict)  # node id -> {'rows': (row0, n), 'gpu_rows': {gpu: n}}
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)  # type: ignore[operator] # node id -> {'rows': (row0, n), 'gpu_rows': {gpu: n}}
     step_s: float = 0.0                                  # wall time per step (steps only, last split)
     total_s: float = 0.0
     setup_s: float = 0.0
     halo_bytes_per_step: int = 0                         # edge rows that cross between nodes each step
-    restarts: list[dict] = field(default_factory=list)   # {'lost': {node: why}, 'from_step': k}
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # type: ignore[operator] # {'lost': {node: why}, 'from_step': k}
 
     def to_dict(self) -> dict[str, Any]:
         """The run's figures as plain JSON-ready data (the field by its shape)."""
@@ -85,7 +85,7 @@ def _check_payload(payload_size: Any, width: int) -> None:
 
 def run_stencil(cm: Any, field_: Any, top: Any, bottom: Any, steps: int, *, nodes: Sequence[str] | None = None,
                 checkpoint_every: int = 32, payload_size: int = 256,
-                on_dispatch: Callable[[int, dict], Any] | None = None) -> StencilRun:
+                on_dispatch: Callable[[int, dict[str, tuple[int, int]]], object] | None = None) -> StencilRun:
     """`steps` Jacobi steps of `field_` (int32, fixed `top`/`bottom` rows and outer columns) across
     the cluster; see the module docstring. `on_dispatch(first_step, split)` is called after each
     run of steps is submitted (split: node id -> (row0, rows))."""
@@ -148,7 +148,7 @@ def _setup(cm: Any, parts: list[tuple[NodeInfo, int, int]], state: np.ndarray, t
     for n, r0, k in parts:
         r = got[n.node_id]
         if isinstance(r, BaseException) and caller_error(r) is not None:
-            raise caller_error(r)
+            raise caller_error(r)  # type: ignore[misc]
         if isinstance(r, BaseException):
             failed[n.node_id] = _why(r)
         else:
@@ -157,7 +157,7 @@ def _setup(cm: Any, parts: list[tuple[NodeInfo, int, int]], state: np.ndarray, t
 
 
 def _advance(cm: Any, parts: list[tuple[NodeInfo, int, int]], chunk: int,
-             on_dispatch: Callable[[int, dict], Any] | None, first_step: int) -> tuple[dict, dict[str, str]]:
+             on_dispatch: Callable[[int, dict[str, tuple[int, int]]], object] | None, first_step: int) -> tuple[dict, dict[str, str]]:
     """Submit `chunk` steps on every node (halo rows flow agent to agent), then each slab's field;
     returns ({node id: rows}, failed nodes)."""
     ray = cm._ray
@@ -233,9 +233,9 @@ def _blame(cm: Any, parts: list, errors: dict[str, BaseException], silent: set[s
     if out:
         return out
     pids = {p: n for n, p in cm._pids.items()}
-    for node_id, exc in errors.items():
-        if getattr(exc, "pid", None) in pids and pids[exc.pid] == node_id:
-            out[node_id] = _why(exc)
+    for node_id, exc in errors.items():  # type: ignore[misc]
+        if getattr(exc, "pid", None) in pids and pids[exc.pid] == node_id:  # type: ignore[misc]
+            out[node_id] = _why(exc)  # type: ignore[misc]
     if out:
         return out
     if silent:

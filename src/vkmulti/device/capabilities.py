@@ -14,6 +14,7 @@ from .._core import vkapi
 from .._core.checks import is_int
 from .._core.handles import cstr, short_text, to_cffi
 from ..errors import raise_for_result
+from .._core.vktypes import VkInstance, VkPhysicalDevice
 from .instance import Instance
 
 _ffi = vk.ffi
@@ -160,7 +161,7 @@ class DeviceCapabilities:
         return d
 
 
-def device_extensions(physical_device: Any) -> frozenset[str]:
+def device_extensions(physical_device: VkPhysicalDevice | int) -> frozenset[str]:
     pd = to_cffi(physical_device, "VkPhysicalDevice")
     return frozenset(cstr(p.extensionName) for p in vkapi.vkEnumerateDeviceExtensionProperties(pd, None))
 
@@ -173,7 +174,7 @@ def _new(ctype: str, stype: int, pnext: Any = None) -> Any:
     return s
 
 
-def probe_device(physical_device: Any) -> DeviceCapabilities:
+def probe_device(physical_device: VkPhysicalDevice | int) -> DeviceCapabilities:
     """Read the capabilities of `physical_device` (a handle or int)."""
     pd = to_cffi(physical_device, "VkPhysicalDevice")
     exts = device_extensions(pd)
@@ -287,7 +288,7 @@ class RenderCapabilities:
     texture_compression_bc: bool = False
     texture_compression_etc2: bool = False
     texture_compression_astc_ldr: bool = False
-    limits: dict[str, Any] = field(default_factory=dict)
+    limits: dict[str, float] = field(default_factory=dict)
     devices: tuple[DeviceCapabilities, ...] = ()
     enabled_extensions: tuple[frozenset[str], ...] = ()
 
@@ -310,7 +311,8 @@ class RenderCapabilities:
         return True
 
     @classmethod
-    def probe(cls, instance: Any, physical_device: Any) -> "RenderCapabilities":
+    def probe(cls, instance: Instance | VkInstance | int,
+              physical_device: VkPhysicalDevice | int) -> "RenderCapabilities":
         """Probe one physical device (and the instance's device count/groups)."""
         inst = instance.handle if isinstance(instance, Instance) else to_cffi(instance, "VkInstance")
         pd = to_cffi(physical_device, "VkPhysicalDevice")
@@ -364,9 +366,9 @@ def as_queue_families(value: Any, label: str = "queue families") -> QueueFamilie
                         f"got {type(value).__name__}")
     fields = {name: getattr(value, name, None) for name in ("graphics", "present", "compute", "transfer")}
     for name, v in fields.items():
-        if (v is not None or name in ("graphics", "present")) and not (is_int(v) and v >= 0):
+        if (v is not None or name in ("graphics", "present")) and not (is_int(v) and v >= 0):  # type: ignore[operator]
             raise TypeError(f"{label}.{name} must be a non-negative int, got {v!r}"[:160])
-    return QueueFamilies(**fields)
+    return QueueFamilies(**fields)  # type: ignore[arg-type]
 
 
 #: The fields of the seed's RenderCapabilities (SimVX's, vkmulti's share them).

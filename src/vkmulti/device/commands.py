@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 import vulkan as vk
 
@@ -21,7 +21,13 @@ from .._core.handles import handle_int
 from ..errors import DeviceLostError
 from ..errors import TimeoutError as VkmTimeout
 from .._core.lifetime import Deadline, Lifetime
+from .._core.protocols import Destroyable
+from .._core.vktypes import VkCommandBuffer, VkStruct
+from .logical import Queue
 from .slots import check_slot, slot_queue
+
+if TYPE_CHECKING:
+    from .manager import DeviceSlot
 
 log = logging.getLogger(__name__)
 _ffi = vk.ffi
@@ -29,9 +35,9 @@ _ffi = vk.ffi
 __all__ = ["CommandRunner", "timeline_submit_info"]
 
 
-def timeline_submit_info(cmd: Any, waits: Sequence[tuple[int, int]] = (), *,
+def timeline_submit_info(cmd: VkCommandBuffer, waits: Sequence[tuple[int, int]] = (), *,
                          stage: int = vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
-                         signal: tuple[int, int] | None = None) -> Any:
+                         signal: tuple[int, int] | None = None) -> VkStruct:
     """A VkSubmitInfo for one command buffer that waits, at `stage`, for timeline
     points `waits` (checked (semaphore, value) pairs) and optionally signals `signal`."""
     sems = [_ffi.cast("VkSemaphore", s) for s, _ in waits]
@@ -72,7 +78,13 @@ def wait_fence_or_lost(slot: Any, fence_int: int, timeout: float | None, owner: 
     return True
 
 
-def _destroy_all(objs: Iterable[Any]) -> None:
+class SubmitUser(Protocol):
+    """A resource a run's commands touch (an Image, a Buffer): told of a submit left queued."""
+
+    def _track(self, submit: "AbandonedSubmit") -> None: ...
+
+
+def _destroy_all(objs: Iterable[Destroyable]) -> None:
     for obj in objs:
         obj.destroy()
 
@@ -92,7 +104,7 @@ class AbandonedSubmit:
     frees its fence and `keep` objects once it signalled and nobody waits on it.
     """
 
-    def __init__(self, runner: "CommandRunner", pair: _Pair, keep: list[Any]):
+    def __init__(self, runner: "CommandRunner", pair: _Pair, keep: list[Destroyable]):
         self._runner, self._pair, self._keep = runner, pair, keep
         self._lock = threading.Lock()
         self._waiters = 0
@@ -129,7 +141,7 @@ class AbandonedSubmit:
             if self._waiters or not (self._done or self._runner._signalled(self._pair)):
                 return False
             self._done = True
-            pair, keep, self._pair, self._keep = self._pair, self._keep, None, []
+            pair, keep, self._pair, self._keep = self._pair, self._keep, None, []  # type: ignore[assignment]
         vk.vkDestroyFence(self._runner.slot.device, pair.fence, None)
         for obj in keep:
             obj.destroy()
@@ -145,7 +157,7 @@ class CommandRunner:
 
     _teardown_rank = 90   # a slot child: after every resource that uses it
 
-    def __init__(self, slot: Any, queue: Any = None):
+    def __init__(self, slot: DeviceSlot, queue: Queue | None = None):
         check_slot(slot)
         self.slot = slot
         self.queue = slot_queue(slot, queue, slot.graphics_queue)
@@ -160,7 +172,7 @@ class CommandRunner:
             queueFamilyIndex=self.queue.family), None)
 
     @classmethod
-    def for_slot(cls, slot: Any) -> "CommandRunner":
+    def for_slot(cls, slot: DeviceSlot) -> "CommandRunner":
         """The slot's shared runner (created once, destroyed with the slot's children)."""
         lock = getattr(slot, "children_lock", None)
         if lock is None:
@@ -170,14 +182,14 @@ class CommandRunner:
             if life is not None:
                 life.check()
             runner = slot.children.get("runner")
-            if runner is None or runner.pool is None:
+            if runner is None or runner.pool is None:  # type: ignore[attr-defined]
                 runner = slot.children["runner"] = cls(slot)
-            return runner
+            return runner  # type: ignore[return-value]
 
     # -- running -----------------------------------------------------------------
 
-    def run(self, record: Callable[[Any], None], *, waits: Sequence[tuple[int, int]] = (),
-            timeout: float | None = 60.0, keep: Iterable[Any] = (), users: Iterable[Any] = ()) -> None:
+    def run(self, record: Callable[[VkCommandBuffer], None], *, waits: Sequence[tuple[int, int]] = (),
+            timeout: float | None = 60.0, keep: Iterable[Destroyable] = (), users: Iterable[SubmitUser] = ()) -> None:
         """Record with `record(cmd)`, submit (waiting on checked timeline points
         `waits`), and wait up to `timeout` s.
 
@@ -200,8 +212,8 @@ class CommandRunner:
         finally:
             self._life.__exit__()
 
-    def _run(self, record: Callable[[Any], None], waits: Sequence[tuple[int, int]], timeout: float | None,
-             keep: list[Any], users: Iterable[Any]) -> None:
+    def _run(self, record: Callable[[VkCommandBuffer], None], waits: Sequence[tuple[int, int]],
+             timeout: float | None, keep: list[Destroyable], users: Iterable[SubmitUser]) -> None:
         try:
             pair = self._record(record)
         except BaseException:
@@ -216,7 +228,7 @@ class CommandRunner:
             _destroy_all(keep)
             raise
         try:
-            self.slot.native.wait_fence(pair.fence_int, timeout)
+            self.slot.native.wait_fence(pair.fence_int, timeout)  # type: ignore[union-attr]
         except BaseException:
             ab = AbandonedSubmit(self, pair, keep)
             with self._lock:
@@ -228,7 +240,7 @@ class CommandRunner:
             vkapi.vkResetFences(self.slot.device, 1, [pair.fence])
             self._free.append(pair)
 
-    def _record(self, record: Callable[[Any], None]) -> _Pair:
+    def _record(self, record: Callable[[VkCommandBuffer], None]) -> _Pair:
         with self._lock:
             self._reap()
             pair = self._free.pop() if self._free else self._new_pair()
@@ -251,7 +263,7 @@ class CommandRunner:
 
     def _signalled(self, pair: _Pair) -> bool:
         try:
-            return self.slot.native.fence_signalled(pair.fence_int)
+            return self.slot.native.fence_signalled(pair.fence_int)  # type: ignore[union-attr]
         except DeviceLostError as exc:
             log.info("CommandRunner on %s: device lost (%s); its submits count as finished",
                         self.slot.name, exc)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .._core import _native
 from .._core.reprs import compact_repr
@@ -71,6 +71,22 @@ def _peer_reason(uuid_a: str, name_a: str, uuid_b: str, name_b: str) -> str | No
     return _native.cuda_peer_reason(_uuid_bytes(uuid_a), _uuid_bytes(uuid_b), name_a, name_b)
 
 
+class DeviceIdentity(Protocol):
+    """What cuda_peer_reason reads of a device: its UUID and name (DeviceCapabilities has them)."""
+
+    @property
+    def device_uuid(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+
+
+class WithCapabilities(Protocol):
+    """A device whose `capabilities` say its UUID and name (a DeviceSlot)."""
+
+    @property
+    def capabilities(self) -> DeviceIdentity | None: ...
+
+
 def _identity(dev: Any, label: str) -> tuple[str, str]:
     """(device UUID, name) of DeviceCapabilities, a DeviceSlot (its capabilities) or
     anything with `device_uuid` and `name`."""
@@ -84,7 +100,8 @@ def _identity(dev: Any, label: str) -> tuple[str, str]:
     return uuid, name
 
 
-def cuda_peer_reason(a: Any, b: Any) -> str | None:
+def cuda_peer_reason(a: DeviceIdentity | WithCapabilities, b: DeviceIdentity | WithCapabilities) \
+        -> str | None:
     """None when CUDA sees `a` and `b` (DeviceCapabilities, DeviceSlots, or anything
     with `device_uuid` and `name`) as two GPUs with peer access both ways; else why
     not: no CUDA driver, cuInit failing, a device CUDA does not see, one GPU twice,

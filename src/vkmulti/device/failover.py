@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["FailoverStats", "Recovery"]
 
@@ -76,7 +77,7 @@ class FailoverStats:
                                  self.kernels_restored, self.steps_replayed, self.messages_replayed,
                                  self.checkpoints_taken, list(self.recoveries))
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """The counters as plain JSON-ready data."""
         s = self.snapshot()
         return {"devices_lost": s.devices_lost, "srus_rerendered": s.srus_rerendered,

@@ -5,12 +5,12 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any
 
 import vulkan as vk
 
 from .._core import _native, vkapi
 from .._core.handles import cstr
+from .._core.vktypes import VkInstance, VkPhysicalDevice
 from ..errors import DestroyedError, UnsupportedError
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class Instance:
         _live.add(self)
 
     @property
-    def handle(self) -> Any:
+    def handle(self) -> VkInstance:
         """The VkInstance (a `vulkan` package handle); DestroyedError after destroy()."""
         if self._handle is None:
             raise DestroyedError("Instance used after destroy()")
@@ -97,7 +97,7 @@ class Instance:
         """True once destroy() was called."""
         return self._handle is None
 
-    def physical_devices(self) -> list[Any]:
+    def physical_devices(self) -> list[VkPhysicalDevice]:
         """Every physical device, in the loader's order."""
         return list(vkapi.vkEnumeratePhysicalDevices(self.handle))
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import vulkan as vk
 
@@ -15,6 +15,10 @@ from .capabilities import (EXT_DMA_BUF, EXT_FENCE_FD, EXT_MEMORY_BUDGET, EXT_MEM
                            DeviceCapabilities, QueueFamilies, probe_device)
 from ..errors import DeviceLostError, UnsupportedError
 from ..errors import TimeoutError as VkmTimeoutError
+
+if TYPE_CHECKING:
+    from .._core._native import Device as NativeDevice
+    from .._core.vktypes import VkDevice, VkPhysicalDevice, VkQueue
 
 log = logging.getLogger(__name__)
 _ffi = vk.ffi
@@ -31,7 +35,7 @@ class Queue:
     take it too (``with queue.lock:``) around submits of your own.
     """
 
-    def __init__(self, handle: Any, family: int, index: int = 0):
+    def __init__(self, handle: VkQueue | int, family: int, index: int = 0):
         if not is_int(family) or family < 0:
             raise ValueError(f"queue family must be a non-negative int, got {family!r}")
         self.handle = to_cffi(handle, "VkQueue")
@@ -60,7 +64,7 @@ def default_queue_families(physical_device: Any, caps: DeviceCapabilities | None
 class LogicalDevice:
     """What create_logical_device made. Iterates as the seed's 5-tuple
     (device, graphics, present, compute, transfer)."""
-    device: Any
+    device: VkDevice
     graphics_queue: Queue
     present_queue: Queue
     compute_queue: Queue | None
@@ -68,7 +72,7 @@ class LogicalDevice:
     queue_families: QueueFamilies
     enabled_extensions: frozenset[str]
     capabilities: DeviceCapabilities
-    native: Any = field(repr=False, default=None)
+    native: NativeDevice | None = field(repr=False, default=None)
     #: vkmulti's own queue for transfers (second transfer or universal queue), if any
     copy_queue: Queue | None = None
     #: vkmulti's own universal-family queue (second queue of that family), if any
@@ -90,7 +94,7 @@ def native_device(physical_device: Any, device: Any, enabled: frozenset[str]) ->
                           EXT_MEMORY_HOST in enabled, EXT_MEMORY_FD in enabled, EXT_DMA_BUF in enabled)
 
 
-def create_logical_device(physical_device: Any, queue_families: QueueFamilies | None = None, *,
+def create_logical_device(physical_device: VkPhysicalDevice | int, queue_families: QueueFamilies | None = None, *,
                           compute_qf: int | None = None, transfer_qf: int | None = None,
                           external_memory_fd: bool = True, extensions: tuple[str, ...] = ()) -> LogicalDevice:
     """Create a VkDevice with timeline semaphores, synchronization2 and every

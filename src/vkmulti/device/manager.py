@@ -5,13 +5,14 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import vulkan as vk
 
 from .._core.checks import is_int
 from .._core.handles import cstr, handle_hex, handle_int, short_text, to_cffi
-from .capabilities import (EXT_MEMORY_FD, DeviceCapabilities, QueueFamilies, RenderCapabilities,
+from .capabilities import (EXT_MEMORY_FD, DeviceCapabilities, QueueFamilies, QueueFamiliesLike, RenderCapabilities,
+                           RenderCapabilitiesLike,
                            as_queue_families, as_render_capabilities, probe_device)
 from .logical import (LogicalDevice, Queue, create_logical_device, default_queue_families, destroy_logical_device,
                       drain_queues, native_device)
@@ -20,6 +21,11 @@ from ..errors import TimeoutError as VkmTimeoutError
 from .._core.lifetime import Deadline, Lifetime
 from . import virtual
 from .instance import Instance
+from .._core.vktypes import VkDevice, VkFence, VkPhysicalDevice, VkQueue
+
+if TYPE_CHECKING:
+    from .._core._native import Device as NativeDevice
+    from .._core.protocols import SlotChild
 
 log = logging.getLogger(__name__)
 
@@ -30,35 +36,38 @@ __all__ = ["DeviceSlot", "MultiDeviceManager"]
 class DeviceSlot:
     """One GPU: its physical and logical device, queues and optional renderer."""
     index: int
-    physical_device: Any
+    physical_device: VkPhysicalDevice
     queue_families: QueueFamilies
-    device: Any = None
-    graphics_queue: Any = None
-    present_queue: Any = None
-    compute_queue: Any = None
-    transfer_queue: Any = None
+    device: VkDevice | None = None
+    graphics_queue: Queue | None = None
+    present_queue: Queue | None = None
+    compute_queue: Queue | None = None
+    transfer_queue: Queue | None = None
     name: str = ""
-    renderer: Any = None
+    #: The SRU renderer of this GPU (attach_renderer): the offload coordinator's protocol,
+    #: any object with its `render` method.
+    renderer: object = None
     capabilities: DeviceCapabilities | None = None
     enabled_extensions: frozenset[str] = frozenset()
-    native: Any = dataclasses.field(default=None, repr=False)
+    native: NativeDevice | None = dataclasses.field(default=None, repr=False)
     owned: bool = dataclasses.field(default=False, repr=False)
     #: Per-device helpers vkmulti caches (transfer links, command runners);
     #: each has destroy() and goes before any device is destroyed.
-    children: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    children: dict[str, SlotChild] = dataclasses.field(default_factory=dict, repr=False)
     #: A queue reserved for vkmulti's transfers (made by vkmulti), if any.
-    dedicated_copy_queue: Any = dataclasses.field(default=None, repr=False)
+    dedicated_copy_queue: Queue | None = dataclasses.field(default=None, repr=False)
     #: A universal-family queue reserved for vkmulti (made by vkmulti), if any.
-    dedicated_universal_queue: Any = dataclasses.field(default=None, repr=False)
+    dedicated_universal_queue: Queue | None = dataclasses.field(default=None, repr=False)
     #: The life of the manager that owns this slot: every object made on the slot
     #: counts its operations there and is destroyed with the manager.
     lifetime: Lifetime = dataclasses.field(default_factory=lambda: Lifetime(None, "device slot"), repr=False,
                                            compare=False)
     #: Guards `children` (one link table, one command runner per slot, whoever asks first).
-    children_lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False, compare=False)
+    children_lock: threading.RLock = dataclasses.field(default_factory=threading.RLock, repr=False, compare=False)
     #: (device, fence) of queue drains that timed out (devices.retire_submits): waited and
     #: freed first by the next one, and before the device is destroyed.
-    pending_fences: list[tuple[Any, Any]] = dataclasses.field(default_factory=list, repr=False, compare=False)
+    pending_fences: list[tuple[VkDevice, VkFence]] = dataclasses.field(default_factory=list, repr=False,
+                                                                        compare=False)
 
     def __repr__(self) -> str:
         state = "destroyed" if self.device is None else f"device={handle_hex(self.device)}"
@@ -73,13 +82,13 @@ class DeviceSlot:
     def copy_queue(self) -> Queue:
         """The queue vkmulti copies on: its own queue when vkmulti made the device,
         else the transfer queue, else compute, else graphics."""
-        return self.dedicated_copy_queue or self.transfer_queue or self.compute_queue or self.graphics_queue
+        return self.dedicated_copy_queue or self.transfer_queue or self.compute_queue or self.graphics_queue  # type: ignore[return-value]
 
     @property
     def universal_copy_queue(self) -> Queue:
         """The universal-family queue vkmulti does device-local copies on: its own
         when it made the device, else the graphics queue."""
-        return self.dedicated_universal_queue or self.graphics_queue
+        return self.dedicated_universal_queue or self.graphics_queue  # type: ignore[return-value]
 
     def queues(self) -> list[Queue]:
         """Every distinct queue of this slot (vkmulti's own included)."""
@@ -157,11 +166,16 @@ class MultiDeviceManager:
     enable; without `primary_extensions` the primary gets only staging_copy.
     """
 
-    def __init__(self, *, primary_physical_device: Any, primary_queue_families: QueueFamilies,
-                 primary_device: Any, primary_graphics_queue: Any, primary_present_queue: Any,
-                 physical_devices: list[Any], enabled: bool,
-                 capabilities: RenderCapabilities | None = None, primary_compute_queue: Any = None,
-                 primary_transfer_queue: Any = None, find_queue_families: Callable[[Any], Any] | None = None,
+    def __init__(self, *, primary_physical_device: VkPhysicalDevice | int,
+                 primary_queue_families: QueueFamilies | QueueFamiliesLike,
+                 primary_device: VkDevice | int, primary_graphics_queue: Queue | VkQueue | int,
+                 primary_present_queue: Queue | VkQueue | int | None,
+                 physical_devices: list[VkPhysicalDevice] | list[int], enabled: bool,
+                 capabilities: RenderCapabilities | RenderCapabilitiesLike | None = None,
+                 primary_compute_queue: Queue | VkQueue | int | None = None,
+                 primary_transfer_queue: Queue | VkQueue | int | None = None,
+                 find_queue_families: Callable[[VkPhysicalDevice], QueueFamilies | QueueFamiliesLike | None]
+                 | None = None,
                  primary_extensions: Iterable[str] | None = None, primary_features: Iterable[str] | None = None):
         primary_queue_families = as_queue_families(primary_queue_families, "primary_queue_families")
         if not isinstance(physical_devices, (list, tuple)):
@@ -190,9 +204,9 @@ class MultiDeviceManager:
             if primary_graphics_queue is None:
                 raise ValueError("primary_graphics_queue is required")
             self._slots: list[DeviceSlot] = [DeviceSlot(
-                index=0, physical_device=primary_physical_device, queue_families=primary_queue_families,
-                device=primary_device, graphics_queue=primary_graphics_queue, present_queue=primary_present_queue,
-                compute_queue=primary_compute_queue, transfer_queue=primary_transfer_queue, name="<unknown>",
+                index=0, physical_device=primary_physical_device, queue_families=primary_queue_families,  # type: ignore[arg-type]
+                device=primary_device, graphics_queue=primary_graphics_queue, present_queue=primary_present_queue,  # type: ignore[arg-type]
+                compute_queue=primary_compute_queue, transfer_queue=primary_transfer_queue, name="<unknown>",  # type: ignore[arg-type]
                 lifetime=self._life)]
             self._refresh_capabilities()
             return
@@ -241,12 +255,13 @@ class MultiDeviceManager:
 
     # -- construction ------------------------------------------------------
 
-    def _create_secondaries(self, primary_key: int, find_queue_families: Callable[[Any], Any] | None) -> None:
+    def _create_secondaries(self, primary_key: int, find_queue_families:
+                            Callable[[VkPhysicalDevice], QueueFamilies | QueueFamiliesLike | None] | None) -> None:
         for pd in self._physical_devices:
             if handle_int(pd, "VkPhysicalDevice") == primary_key:
                 continue   # by handle value: cffi may hand out a new object per enumeration
-            caps = probe_device(pd)
-            qf = find_queue_families(pd) if find_queue_families else default_queue_families(pd, caps)
+            caps = probe_device(pd)  # type: ignore[arg-type]
+            qf = find_queue_families(pd) if find_queue_families else default_queue_families(pd, caps)  # type: ignore[arg-type]
             if qf is None:
                 log.warning("no graphics queue family resolved for %s; skipping", caps.name)
                 continue
@@ -255,7 +270,7 @@ class MultiDeviceManager:
                 qf = QueueFamilies(qf.graphics, qf.present,
                                    qf.compute if qf.compute is not None else caps.dedicated_compute_family,
                                    qf.transfer if qf.transfer is not None else caps.dedicated_transfer_family)
-            ld = create_logical_device(pd, qf)
+            ld = create_logical_device(pd, qf)  # type: ignore[arg-type]
             slot = self._slot_from(len(self._slots), pd, ld)
             slot.lifetime = self._life
             self._slots.append(slot)
@@ -283,7 +298,7 @@ class MultiDeviceManager:
 
     @classmethod
     def create(cls, enabled: bool = True, *, device_indices: list[int] | None = None,
-               validation: bool | None = None, instance: Any = None) -> "MultiDeviceManager":
+               validation: bool | None = None, instance: Instance | None = None) -> "MultiDeviceManager":
         """Make an instance (unless given) and one device per GPU; destroy() frees all.
 
         `device_indices` picks physical devices by enumeration index (the first
@@ -298,7 +313,7 @@ class MultiDeviceManager:
         inst = cls._own_instance(validation) if own_instance else instance
         primary_ld: LogicalDevice | None = None
         try:
-            pds = inst.physical_devices()
+            pds = inst.physical_devices()  # type: ignore[union-attr]
             if not pds:
                 raise ValueError("no Vulkan physical device found (install a driver, or use "
                                  "vkmulti.testing.virtual_gpus() for a CPU pair)")
@@ -323,7 +338,7 @@ class MultiDeviceManager:
             if primary_ld is not None:
                 destroy_logical_device(primary_ld.device, primary_ld.native)
             if own_instance:
-                inst.destroy()
+                inst.destroy()  # type: ignore[union-attr]
             raise
         p = mgr._slots[0]
         if p.native is not None and primary_ld.native is not None:
@@ -333,7 +348,7 @@ class MultiDeviceManager:
         p.dedicated_copy_queue = primary_ld.copy_queue
         p.dedicated_universal_queue = primary_ld.universal_copy_queue
         mgr._owned_instance = inst if own_instance else None
-        mgr.instance = inst
+        mgr.instance = inst  # type: ignore[attr-defined]
         return mgr
 
     @staticmethod
@@ -402,7 +417,7 @@ class MultiDeviceManager:
             raise IndexError(f"slot index {index} out of range: {len(self._slots)} slot(s)")
         return self._slots[index]   # negative indices count from the end, as the seed's list indexing
 
-    def attach_renderer(self, index: int, renderer: Any) -> None:
+    def attach_renderer(self, index: int, renderer: object) -> None:
         """Use `renderer` for the SRUs of device `index` (None detaches); the offload coordinator prefers it to
         its factory."""
         self.slot(index).renderer = renderer
@@ -433,7 +448,7 @@ class MultiDeviceManager:
             slot = slots[index]
         return index in self._lost or (slot.native is not None and slot.native.lost)
 
-    def add_loss_listener(self, listener: Callable[[int, str], Any]) -> None:
+    def add_loss_listener(self, listener: Callable[[int, str], object]) -> None:
         """Call `listener(index, reason)` once for each device found lost (on the
         thread that found it, outside any lock of the manager)."""
         if not callable(listener):
@@ -441,7 +456,7 @@ class MultiDeviceManager:
         with self._loss_lock:
             self._loss_listeners.append(listener)
 
-    def remove_loss_listener(self, listener: Callable[[int, str], Any]) -> None:
+    def remove_loss_listener(self, listener: Callable[[int, str], object]) -> None:
         """Stop calling `listener` on a device loss (one added with add_loss_listener; unknown ones are ignored)."""
         with self._loss_lock:
             if listener in self._loss_listeners:
@@ -481,7 +496,7 @@ class MultiDeviceManager:
                 self.report_device_lost(s.index, "the device returned VK_ERROR_DEVICE_LOST")
         return self.lost_devices
 
-    def register_teardown(self, hook: Callable[[], Any]) -> None:
+    def register_teardown(self, hook: Callable[[], object]) -> None:
         """Call `hook()` first thing in destroy() (engines free their per-device objects there)."""
         self._check()
         if not callable(hook):

@@ -12,12 +12,15 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from .._core.checks import is_int
 from .._core.reprs import compact_repr
+
+if TYPE_CHECKING:
+    from .._core.protocols import HostData
 
 __all__ = ["HOST_ADDRESS", "HOST_KERNEL_ID", "DEFAULT_PAYLOAD_SIZE", "ENVELOPE", "ENVELOPE_BYTES",
            "RING_HEADER_BYTES", "HlcTimestamp", "HybridLogicalClock", "MessageEnvelope", "K2KMessage",
@@ -82,7 +85,7 @@ class HybridLogicalClock:
     a receive event: the result is later than both the clock and `ts`, so
     timestamps respect causality across kernels and the host."""
 
-    def __init__(self, clock: Any = _now_us):
+    def __init__(self, clock: Callable[[], int] = _now_us):
         if not callable(clock):
             raise TypeError(f"clock must be callable (returning microseconds), got {type(clock).__name__}")
         self._clock = clock
@@ -145,9 +148,9 @@ class MessageEnvelope:
                              self.timestamp.logical, self.payload_len, self.tag, self.tenant, self.hops, self.flags)
 
     @classmethod
-    def unpack(cls, data: Any) -> "MessageEnvelope":
+    def unpack(cls, data: HostData) -> "MessageEnvelope":
         """The envelope packed at the start of `data`."""
-        src, dst, seq, phys, logical, length, tag, tenant, hops, flags = ENVELOPE.unpack_from(data)
+        src, dst, seq, phys, logical, length, tag, tenant, hops, flags = ENVELOPE.unpack_from(data)  # type: ignore[arg-type]
         return cls(src, dst, seq, HlcTimestamp(phys, logical), length, tag, tenant, hops, flags)
 
     @property

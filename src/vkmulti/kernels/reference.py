@@ -6,13 +6,17 @@ host needs to set them up and read them (state layouts, a numpy reference).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._core.checks import int_in, positive_int
 from .._core.shaders import shader_path
 from .engine.spec import KernelSpec
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+    from .._core.protocols import HostData
 
 __all__ = ["COUNTER_TAG_ADD", "COUNTER_TAG_QUERY", "COUNTER_TAG_REPLY", "COUNTER_TAG_FORWARD", "PING_TAG",
            "PING_DONE_TAG", "counter_kernel", "counter_initial_state", "CounterState", "read_counter",
@@ -59,7 +63,7 @@ class CounterState:
     max_hops: int = 0
 
 
-def read_counter(raw: Any) -> CounterState:
+def read_counter(raw: HostData) -> CounterState:
     """Decode the counter's state buffer (KernelRuntime.read_state)."""
     w = np.frombuffer(bytes(raw)[:4 * 10], np.uint32)
     return CounterState(int(w[0]), int(w[1]) | int(w[2]) << 32, int(w[3]), int(w[4]), int(w[5]), int(w[6]),
@@ -80,7 +84,7 @@ class PingPongState:
     last_remaining: int
 
 
-def read_pingpong(raw: Any) -> PingPongState:
+def read_pingpong(raw: HostData) -> PingPongState:
     w = np.frombuffer(bytes(raw)[:16], np.uint32)
     return PingPongState(*(int(x) for x in w))
 
@@ -122,7 +126,7 @@ def stencil_tile_state(field: np.ndarray, row0: int, rows: int, top: np.ndarray,
     return [tile.copy(), tile.copy()]
 
 
-def stencil_field(raw: Any, width: int, height: int) -> np.ndarray:
+def stencil_field(raw: HostData, width: int, height: int) -> NDArray[np.int32]:
     """The interior rows (height x width int32) of a tile state buffer."""
     a = np.frombuffer(bytes(raw), np.int32).reshape(height + 2, width)
     return a[1:-1].copy()
@@ -177,6 +181,6 @@ class BurstState:
     sent_steps: int
 
 
-def read_burst(raw: Any) -> BurstState:
+def read_burst(raw: HostData) -> BurstState:
     w = np.frombuffer(bytes(raw)[:20], np.uint32)
     return BurstState(int(w[0]), int(w[1]), int(w[2]) | int(w[3]) << 32, int(w[4]))

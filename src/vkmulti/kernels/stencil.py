@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field as dc_field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, TypedDict
 
 import numpy as np
 
@@ -21,6 +21,16 @@ from .reference import split_rows, stencil_field, stencil_kernel, stencil_tile_s
 from .coordinator.coordinator import MultiGpuCoordinator
 from .k2k.router import CrossGpuK2KRouter
 from .runtime.runtime import KernelRuntime
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+    from ..device.manager import MultiDeviceManager
+
+    class EdgeStats(TypedDict):
+        """What moved between one pair of devices during a run."""
+        moves: int
+        bytes: int
+        method: str
 
 __all__ = ["StencilSlabs", "StencilRun", "run_stencil", "stencil_payload_size"]
 
@@ -71,7 +81,8 @@ class StencilSlabs:
     slabs on different devices need a CrossGpuK2KRouter attached to the runtime
     (the step raises KernelMessageError for the sender otherwise)."""
 
-    def __init__(self, runtime: Any, field: Any, devices: Iterable[int], *, top: Any = None, bottom: Any = None,
+    def __init__(self, runtime: KernelRuntime, field: ArrayLike, devices: Iterable[int], *,
+                 top: ArrayLike | None = None, bottom: ArrayLike | None = None,
                  name: str = "stencil"):
         f = _as_field(field)
         h, w = f.shape
@@ -143,7 +154,7 @@ class StencilRun:
     seconds: float                   # the timed steps, submitted back to back, until all were done
     payload_size: int
     step_seconds: list[float] = dc_field(default_factory=list)   # host time of each step() call
-    edges: dict[tuple[int, int], dict[str, Any]] = dc_field(default_factory=dict)   # per device pair moved
+    edges: dict[tuple[int, int], EdgeStats] = dc_field(default_factory=dict)   # per device pair moved
     host_seconds: float = 0.0        # CPU time of the stepping thread over the timed steps (its waits excluded)
 
     @property
@@ -156,8 +167,8 @@ class StencilRun:
         return self.host_seconds / self.seconds if self.seconds > 0 else 0.0
 
 
-def run_stencil(manager: Any, field: Any, steps: int, devices: Iterable[int] | None = None, *, top: Any = None,
-                bottom: Any = None, payload_size: int | None = None, warmup: int = 2, in_flight: int = 3,
+def run_stencil(manager: MultiDeviceManager, field: ArrayLike, steps: int, devices: Iterable[int] | None = None, *,
+                top: ArrayLike | None = None, bottom: ArrayLike | None = None, payload_size: int | None = None, warmup: int = 2, in_flight: int = 3,
                 timeout: float | None = 120.0) -> StencilRun:
     """Run `steps` Jacobi steps of `field` split into one row slab per entry of
     `devices` (device indices of `manager`, a MultiDeviceManager; default: one
@@ -199,7 +210,8 @@ def run_stencil(manager: Any, field: Any, steps: int, devices: Iterable[int] | N
             for e, (moves, nbytes) in router.edge_traffic().items():
                 m0, b0 = before.get(e, (0, 0))
                 edges[e] = {"moves": moves - m0, "bytes": nbytes - b0, "method": router.transfer_method(*e)}
-        return StencilRun(out, steps, devs, list(slabs.slabs), seconds, payload, step_times, edges, host)
+        return StencilRun(out, steps, devs, list(slabs.slabs), seconds, payload, step_times, edges,  # type: ignore[arg-type]
+                          host)
     finally:
         if router is not None:
             router.detach()

@@ -12,7 +12,7 @@ timeout) and frees nothing the GPU may still touch.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import vulkan as vk
@@ -25,6 +25,13 @@ from ..errors import DestroyedError, OutOfDeviceMemoryError, OutOfHostMemoryErro
 from .._core.lifetime import Deadline
 from ..device.slots import check_slot, slot_lifetime
 from .resource import MAX_BYTES, GpuResource, allocate_memory, as_host_bytes
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+    from .._core.protocols import HostData
+    from .._core.vktypes import VkCommandBuffer
+    from ..device.commands import SubmitUser
+    from ..device.manager import DeviceSlot
 
 __all__ = ["Buffer", "BUFFER_USAGE", "BUFFER_USAGE_ALLOWED", "run_one_shot", "check_usage"]
 
@@ -54,8 +61,9 @@ def _check_offset_size(offset: Any, size: Any, total: int) -> None:
         raise ValueError(f"range [{offset}, {offset + size}) is outside the buffer of {total} bytes"[:200])
 
 
-def run_one_shot(slot: Any, record: Any, staging: "Buffer", users: list[Any], timeout: float | None, *,
-                 waits: list[tuple[int, int]] = (), before: Any = None) -> None:
+def run_one_shot(slot: DeviceSlot, record: Callable[[VkCommandBuffer], None], staging: "Buffer",
+                 users: list[SubmitUser], timeout: float | None, *,
+                 waits: Sequence[tuple[int, int]] = (), before: Callable[[], None] | None = None) -> None:
     """Run `record` on the slot's CommandRunner with a staging buffer: on success the
     caller still owns `staging`; on failure the runner frees it (at once, or once
     an abandoned submit completes), and `users` wait for such a submit."""
@@ -77,7 +85,7 @@ BUFFER_USAGE_ALLOWED = 0x1FF | 0x20000
 class Buffer(GpuResource):
     """A VkBuffer with its own memory on one slot (device-local unless `host_visible`)."""
 
-    def __init__(self, slot: Any, size: int, *, usage: int = BUFFER_USAGE, host_visible: bool = False):
+    def __init__(self, slot: DeviceSlot, size: int, *, usage: int = BUFFER_USAGE, host_visible: bool = False):
         check_slot(slot)
         if not is_int(size) or not 0 < size <= MAX_BYTES:
             raise ValueError(f"buffer size must be an int in [1, 2**62], got {short_repr(size, 100)}")
@@ -94,7 +102,7 @@ class Buffer(GpuResource):
         life = slot_lifetime(slot)
         with life:   # the manager's destroy() waits for a constructor that is running
             # Shared by the universal and copy families, so transfers need no ownership hand-over.
-            families = sorted({slot.graphics_queue.family, slot.copy_queue.family})
+            families = sorted({slot.graphics_queue.family, slot.copy_queue.family})  # type: ignore[union-attr]
             concurrent = len(families) > 1
             try:
                 self.handle = vkapi.vkCreateBuffer(slot.device, vk.VkBufferCreateInfo(
@@ -138,7 +146,7 @@ class Buffer(GpuResource):
     def _staging(self, size: int, usage: int) -> "Buffer":
         return Buffer(self.slot, max(1, size), usage=usage, host_visible=True)
 
-    def upload(self, data: Any, offset: int = 0, *, timeout: float | None = 60.0) -> None:
+    def upload(self, data: HostData, offset: int = 0, *, timeout: float | None = 60.0) -> None:
         """Copy host bytes (a buffer-protocol object of plain data) into the buffer at `offset`.
 
         vkmulti.TimeoutError after `timeout` s (the copy stays queued, and
@@ -154,7 +162,8 @@ class Buffer(GpuResource):
                 staging, [self], timeout, before=lambda: staging._write(src))
             staging.destroy()
 
-    def download(self, size: int | None = None, offset: int = 0, *, timeout: float | None = 60.0) -> np.ndarray:
+    def download(self, size: int | None = None, offset: int = 0, *,
+                 timeout: float | None = 60.0) -> NDArray[np.uint8]:
         """The bytes at [offset, offset+size) as a new uint8 array (vkmulti.TimeoutError after `timeout` s)."""
         Deadline(timeout)
         with self._life:
@@ -177,7 +186,7 @@ class Buffer(GpuResource):
         finally:
             vk.vkUnmapMemory(self.slot.device, self.memory)
 
-    def _read(self, size: int) -> np.ndarray:
+    def _read(self, size: int) -> NDArray[np.uint8]:
         mapped = vkapi.vkMapMemory(self.slot.device, self.memory, 0, size, 0)
         try:
             return np.frombuffer(mapped, dtype=np.uint8, count=size).copy()

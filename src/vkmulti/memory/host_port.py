@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import vulkan as vk
@@ -100,7 +100,7 @@ class _HostImport:
         if self.memory is not None:
             vk.vkFreeMemory(self.device, self.memory, None)
             self.memory = None
-        self.array = None
+        self.array = None  # type: ignore[assignment]
 
 
 class Arena:
@@ -367,7 +367,7 @@ class HostPort:
             return None
 
     def _start(self, copies: list[tuple[Any, int, Any, int, int]], waits: list[tuple[int, int]], *,
-               host_read: bool = False, imports: list[_HostImport] = (), users: Iterable[Any] = ()) -> Pending:
+               host_read: bool = False, imports: Sequence[_HostImport] = (), users: Iterable[Any] = ()) -> Pending:
         try:
             sub = self._submit(copies, waits, host_read)
         except BaseException:
@@ -491,8 +491,8 @@ class HostPort:
                     while nxt < len(chunks) and nxt < i + count:
                         k = nxt % count
                         if slots[k] is not None:
-                            self.slot.native.wait_fence(slots[k].fence_int, deadline.left())
-                            self._recycle([slots[k]])
+                            self.slot.native.wait_fence(slots[k].fence_int, deadline.left())  # type: ignore[union-attr]
+                            self._recycle([slots[k]])  # type: ignore[list-item]
                             slots[k] = None
                         na, nb = chunks[nxt]
                         if prefill is not None:
@@ -501,8 +501,8 @@ class HostPort:
                         nxt += 1
                     k = i % count
                     if after is not None:
-                        self.slot.native.wait_fence(slots[k].fence_int, deadline.left())
-                        self._recycle([slots[k]])
+                        self.slot.native.wait_fence(slots[k].fence_int, deadline.left())  # type: ignore[union-attr]
+                        self._recycle([slots[k]])  # type: ignore[list-item]
                         slots[k] = None
                         after(k * ss, a, b)
                 for k, s in enumerate(slots):

@@ -12,7 +12,7 @@ timeout) and frees nothing the GPU may still touch.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import vulkan as vk
@@ -28,6 +28,13 @@ from .._core.lifetime import Deadline
 from ..device.slots import check_slot, slot_lifetime
 from .resource import GpuResource, allocate_memory, as_host_bytes, find_memory_type
 from .._core.timeline import wait_points
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+    from .._core.protocols import HostData
+    from .._core.timeline import Waits
+    from .._core.vktypes import VkCommandBuffer
+    from ..device.manager import DeviceSlot
 
 __all__ = ["Buffer", "Image", "CommandRunner", "as_host_bytes", "find_memory_type", "timeline_submit_info",
            "check_layout", "IMAGE_USAGE", "BUFFER_USAGE", "DEFAULT_FORMAT"]
@@ -57,7 +64,7 @@ _LAYOUT_NAMES = {v: k[len("VK_IMAGE_LAYOUT_"):] for k, v in vars(vk).items()
 _U32 = 1 << 32
 
 
-def check_layout(layout: Any, usage: int | None, label: str, *, undefined_ok: bool = False) -> int:
+def check_layout(layout: int, usage: int | None, label: str, *, undefined_ok: bool = False) -> int:
     """`layout` if a colour image with `usage` (None: unknown) may rest in it, else
     ValueError/TypeError naming it. `undefined_ok`: UNDEFINED is accepted too
     (a starting layout whose contents may be discarded)."""
@@ -96,7 +103,7 @@ class Image(GpuResource):
     faster than image copy commands.
     """
 
-    def __init__(self, slot: Any, width: int, height: int, format: int = DEFAULT_FORMAT, *,
+    def __init__(self, slot: DeviceSlot, width: int, height: int, format: int = DEFAULT_FORMAT, *,
                  usage: int = IMAGE_USAGE, layout: int = SHADER_READ, exclusive: bool = False,
                  kernel_copies: bool = True):
         check_slot(slot)
@@ -143,7 +150,7 @@ class Image(GpuResource):
                         pViewFormats=[format, self.kernel_view_format])
             self.usage = usage
             check_layout(layout, usage, "layout")
-            families = sorted({slot.graphics_queue.family, slot.copy_queue.family})
+            families = sorted({slot.graphics_queue.family, slot.copy_queue.family})  # type: ignore[union-attr]
             concurrent = len(families) > 1 and not exclusive
             self.handle = vkapi.vkCreateImage(slot.device, vk.VkImageCreateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO, pNext=view_formats, flags=flags,
@@ -172,7 +179,7 @@ class Image(GpuResource):
                 self._free()
                 raise
             #: the family that owns the image (None: shared by every family vkmulti uses)
-            self.owner_family = None if concurrent else slot.graphics_queue.family
+            self.owner_family = None if concurrent else slot.graphics_queue.family  # type: ignore[union-attr]
             self.layout = layout
             # a failure here leaves the image adopted: the manager frees it once the GPU is done
             CommandRunner.for_slot(slot).run(lambda cmd: self.barrier(cmd, vk.VK_IMAGE_LAYOUT_UNDEFINED, layout),
@@ -191,7 +198,7 @@ class Image(GpuResource):
             self.memory = None
 
     @staticmethod
-    def _kernel_view(slot: Any, format: int, usage: int) -> int:
+    def _kernel_view(slot: DeviceSlot, format: int, usage: int) -> int:
         """The UINT view format for kernel copies when the device allows it, else 0."""
         view = KERNEL_VIEW_FORMATS.get(bytes_per_pixel(format), 0)
         caps = getattr(slot, "capabilities", None)
@@ -236,7 +243,7 @@ class Image(GpuResource):
         self.handle_int
         return self._handle_ints[1]   # type: ignore[index]
 
-    def barrier(self, cmd: Any, old: int, new: int) -> None:
+    def barrier(self, cmd: VkCommandBuffer, old: int, new: int) -> None:
         """Record a full layout transition (conservative access masks)."""
         mem = vk.VK_ACCESS_MEMORY_READ_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT
         vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
@@ -259,7 +266,7 @@ class Image(GpuResource):
     def _staging(self, usage: int) -> Buffer:
         return Buffer(self.slot, self.nbytes, usage=usage, host_visible=True)
 
-    def upload(self, pixels: Any, *, timeout: float | None = 60.0) -> None:
+    def upload(self, pixels: HostData, *, timeout: float | None = 60.0) -> None:
         """Fill the image from host pixels (rows tightly packed, nbytes must match).
 
         vkmulti.TimeoutError after `timeout` s (the copy stays queued, and
@@ -281,7 +288,7 @@ class Image(GpuResource):
             run_one_shot(self.slot, record, staging, [self], timeout, before=lambda: staging._write(src))
             staging.destroy()
 
-    def download(self, *, waits: Any = (), timeout: float | None = 60.0) -> np.ndarray:
+    def download(self, *, waits: Waits = (), timeout: float | None = 60.0) -> NDArray[np.uint8]:
         """The pixels as a (height, width, bytes_per_pixel) uint8 array.
 
         `waits`: timeline points on this device (TimelinePoints or (semaphore,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Self
+from typing import TYPE_CHECKING, Any, Callable, Self
 
 import numpy as np
 import vulkan as vk
@@ -23,6 +23,11 @@ from .._core.checks import seconds_text
 from .._core.lifetime import Deadline, Lifetime
 from ..device.slots import slot_lifetime
 
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+    from .._core.protocols import HostData
+    from ..device.manager import DeviceSlot
+
 log = logging.getLogger(__name__)
 
 __all__ = ["GpuResource", "as_host_bytes", "find_memory_type", "allocate_memory", "MAX_BYTES"]
@@ -32,7 +37,7 @@ __all__ = ["GpuResource", "as_host_bytes", "find_memory_type", "allocate_memory"
 MAX_BYTES = 1 << 62
 
 
-def find_memory_type(slot: Any, bits: int, required: int, preferred: int = 0) -> int:
+def find_memory_type(slot: DeviceSlot, bits: int, required: int, preferred: int = 0) -> int:
     props = vk.vkGetPhysicalDeviceMemoryProperties(slot.physical_device)
     fallback = -1
     for i in range(props.memoryTypeCount):
@@ -61,7 +66,7 @@ def allocate_memory(slot: Any, req: Any, required: int, preferred: int) -> Any:
     return vkapi.vkAllocateMemory(slot.device, info, None)
 
 
-def as_host_bytes(data: Any, what: str = "data", *, writable: bool = False) -> np.ndarray:
+def as_host_bytes(data: HostData, what: str = "data", *, writable: bool = False) -> NDArray[np.uint8]:
     """The bytes of a C-contiguous buffer of plain data as a 1-D uint8 view (no copy).
 
     Only plain-old-data is accepted: an array of Python objects (numpy dtype
@@ -71,7 +76,7 @@ def as_host_bytes(data: Any, what: str = "data", *, writable: bool = False) -> n
     if isinstance(data, np.ndarray) and data.dtype.hasobject:
         raise TypeError(f"{what} holds Python objects (dtype {data.dtype}); pass plain data (numbers, bytes)")
     try:
-        mv = memoryview(data)
+        mv = memoryview(data)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(f"{what} must be bytes, a numpy array or another buffer-protocol object, "
                         f"got {type(data).__name__}") from None
@@ -99,11 +104,11 @@ class GpuResource:
     """Base of Buffer and Image (see the module docstring)."""
 
     _teardown_rank = 50   # after transfers and the owners that use resources
-    slot: Any
+    slot: DeviceSlot
     _life: Lifetime
     _free: Callable[[], None]   # each resource frees its own handles (Buffer._free, Image._free)
 
-    def __init__(self, slot: Any) -> None:
+    def __init__(self, slot: DeviceSlot) -> None:
         """The lifetime (a child of the slot's manager) and the job list; subclasses
         call it once their own fields exist, before they make any handle."""
         self._life = Lifetime(self, type(self).__name__, (slot_lifetime(slot),))

@@ -100,7 +100,7 @@ class SruCache:
         parked = [(("image", d) + size, e.target), (("image", 0) + size, e.landing),
                   (("image", 0) + size, e.fallback)]
         if e.transfer is not None:
-            parked.append((("transfer", d) + size + (e.transfer.method,), e.transfer))
+            parked.append((("transfer", d) + size + (e.transfer.method,), e.transfer))  # type: ignore[arg-type]
         e.target = e.landing = e.fallback = e.transfer = e.ticket = None
         e.points = []
         if self.entries.get(e.sru_id) is e:
@@ -144,7 +144,7 @@ class SruCache:
             if self.manager.device_lost(p.device_index):
                 continue   # a lost device runs nothing more: nothing to wait for
             slot = self.manager._slots[p.device_index]   # also while the manager's destroy() runs
-            waits.append(lambda p=p, slot=slot: slot.native.wait_timeline(p.semaphore, p.value, self.left(dl)))
+            waits.append(lambda p=p, slot=slot: slot.native.wait_timeline(p.semaphore, p.value, self.left(dl)))  # type: ignore[misc]
         composite = self._last_composite()
         if composite is not None:
             compositor, frame = composite
@@ -191,8 +191,8 @@ class SruCache:
 
     def teardown_steps(self, dl: Deadline) -> list[Callable[[], Any]]:
         """One step per entry and spare that frees it within `dl` (the coordinator's destroy)."""
-        steps: list[Callable[[], Any]] = [lambda e=e: self.release(e, dl) for e in list(self.entries.values())]
-        steps += [lambda obj=obj: obj.destroy(self.left(dl)) for objs in self.spares.values() for obj in objs]
+        steps: list[Callable[[], Any]] = [lambda e=e: self.release(e, dl) for e in list(self.entries.values())]  # type: ignore[misc]
+        steps += [lambda obj=obj: obj.destroy(self.left(dl)) for objs in self.spares.values() for obj in objs]  # type: ignore[misc]
         return steps
 
     def clear(self) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from contextlib import ExitStack
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import vulkan as vk
 
@@ -13,6 +13,11 @@ from .._core.timeline import TimelinePoint, as_wait_points
 from ..errors import DestroyedError
 from ..memory.image import Image
 from .submit import Submitter, format_features
+
+if TYPE_CHECKING:
+    from .._core.timeline import Points
+    from ..device.logical import Queue
+    from ..device.manager import DeviceSlot
 
 __all__ = ["Compositor", "scale_pair"]
 
@@ -36,7 +41,8 @@ class Compositor(Submitter):
     copies (nearest filter); scaled ones filter linearly where the format allows.
     """
 
-    def __init__(self, slot: Any, *, content_scale: Any = (1.0, 1.0), queue: Any = None):
+    def __init__(self, slot: DeviceSlot, *, content_scale: tuple[float, float] = (1.0, 1.0),
+                 queue: Queue | None = None):
         self.content_scale = scale_pair(content_scale)
         super().__init__(slot, queue)
         self._linear: dict[int, bool] = {}
@@ -52,7 +58,8 @@ class Compositor(Submitter):
             name = "TRANSFER_DST" if usage == vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT else "TRANSFER_SRC"
             raise ValueError(f"{what} lacks the {name} usage a blit needs")
 
-    def regions(self, frame: Image, placements: Iterable[tuple[Image, int, int]]) -> list[tuple[Image, tuple, tuple]]:
+    def regions(self, frame: Image, placements: Iterable[tuple[Image, int, int]]) \
+            -> list[tuple[Image, tuple[int, int, int, int], tuple[int, int, int, int]]]:
         """(image, src rect, dst rect) per visible placement; rects are (x0, y0, x1, y1)."""
         sx, sy = self.content_scale
         out = []
@@ -89,7 +96,7 @@ class Compositor(Submitter):
                 format_features(self.slot, image.format) & vk.VK_FORMAT_FEATURE_SAMPLED_IMAGE_FILTER_LINEAR_BIT)
         return vk.VK_FILTER_LINEAR if ok else vk.VK_FILTER_NEAREST
 
-    def composite(self, frame: Image, placements: Iterable[tuple[Image, int, int]], *, wait: Any = None,
+    def composite(self, frame: Image, placements: Iterable[tuple[Image, int, int]], *, wait: Points = None,
                   clear: Sequence[float] | None = (0.0, 0.0, 0.0, 1.0)) -> TimelinePoint:
         """Submit the blits of every (image, x, y) into `frame`; returns the point that marks it done.
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import vulkan as vk
 
@@ -35,10 +35,11 @@ from .partition import SRUAssignment, assign_srus, interleaved
 from .types import (FrameReport, OffloadRoute, RendererMissingError, SecondaryRenderContext, SruEntry, check_weights,
                     default_cost, int_list, sru_size)
 
+if TYPE_CHECKING:
+    from .types import S, SS, Renderer, RenderCapabilities, RenderCapabilitiesLike, SizedSRU, SruId
 log = logging.getLogger(__name__)
 
-__all__ = ["OffloadRoute", "SRUOffloadCoordinator", "SecondaryRenderContext", "FrameReport",
-           "RendererMissingError"]
+__all__ = ["OffloadRoute", "SRUOffloadCoordinator", "SecondaryRenderContext", "FrameReport", "RendererMissingError"]
 
 
 class SRUOffloadCoordinator:
@@ -50,14 +51,12 @@ class SRUOffloadCoordinator:
     [0, 1): keep the previous plan unless a new one shortens the frame by more
     than that fraction, so temporal history stays on one device).
 
-    `adaptive=True` measures, every frame, how long each device takes per
-    unit of SRU cost (the time its renders kept it busy; adaptive.py) and
-    plans with damped speed weights from it, so that
-    devices of unequal speed finish a frame together (`weights`, if given,
-    are the starting guess; `adaptive_damping` is the share of the newest
-    measurement; hysteresis defaults to ADAPTIVE_HYSTERESIS). It is off by
-    default: plans then stay a pure function of the SRUs, as in the seed, and
-    equal devices see no plan churn from timing noise. `measured_weights`
+    `adaptive=True` measures, every frame, how long each device takes per unit of SRU cost (the
+    time its renders kept it busy; adaptive.py) and plans with damped speed weights from it, so
+    that devices of unequal speed finish a frame together (`weights`, if given, are the starting
+    guess; `adaptive_damping` is the share of the newest measurement; hysteresis defaults to
+    ADAPTIVE_HYSTERESIS). It is off by default: plans then stay a pure function of the SRUs, as
+    in the seed, and equal devices see no plan churn from timing noise. `measured_weights`
     exposes what it measured (AdaptivePlanner and SpeedMeter, adaptive.py).
 
     `secondary_renderer_factory(context)` gets a SecondaryRenderContext and
@@ -68,9 +67,9 @@ class SRUOffloadCoordinator:
     is called and is complete when it returns (or returns a TimelinePoint).
     """
 
-    def __init__(self, manager: MultiDeviceManager, capabilities: Any = None, *, prefer_dmabuf: bool = True,
-                 content_scale: tuple[float, float] = (1.0, 1.0),
-                 secondary_renderer_factory: Callable[[SecondaryRenderContext], Any] | None = None,
+    def __init__(self, manager: MultiDeviceManager, capabilities: RenderCapabilities | RenderCapabilitiesLike | None
+                 = None, *, prefer_dmabuf: bool = True, content_scale: tuple[float, float] = (1.0, 1.0),
+                 secondary_renderer_factory: Callable[[SecondaryRenderContext], Renderer] | None = None,
                  devices: Sequence[int] | None = None, weights: Sequence[float] | None = None,
                  hysteresis: float | None = None, timeout: float = 60.0, adaptive: bool = False,
                  adaptive_damping: float = 0.5):
@@ -184,9 +183,9 @@ class SRUOffloadCoordinator:
         self._unavailable.pop(index, None)
 
     @operation
-    def plan(self, srus: Iterable[Any], *, sru_id: Callable[[Any], Any] | None = None,
-             cost: Callable[[Any], float] | None = None, transfer_cost: Callable[[Any], float] | None = None,
-             offloadable: Callable[[Any], bool] | None = None) -> list[OffloadRoute]:
+    def plan(self, srus: Iterable[S], *, sru_id: Callable[[S], SruId] | None = None,
+             cost: Callable[[S], float] | None = None, transfer_cost: Callable[[S], float] | None = None,
+             offloadable: Callable[[S], bool] | None = None) -> list[OffloadRoute]:
         """Assign every SRU a device (assign_srus) and a transfer method per pair; routes in input order.
 
         cost defaults to `sru.render_cost` when SRUs have it, else the seed's
@@ -218,7 +217,7 @@ class SRUOffloadCoordinator:
         self._routes = {r.sru_id: r for r in routes}
         return routes
 
-    def route_for(self, sru_id: Any) -> OffloadRoute | None:
+    def route_for(self, sru_id: SruId) -> OffloadRoute | None:
         """The route of the latest plan, or None (render on the primary)."""
         return self._routes.get(sru_id)
 
@@ -229,14 +228,15 @@ class SRUOffloadCoordinator:
         return CrossDeviceTransfer(self.manager.slot(route.device_index), self.manager.primary, route.transfer,
                                    width=width, height=height, bytes_per_pixel=8)
 
-    def render_offloaded(self, route: OffloadRoute) -> Any:
+    def render_offloaded(self, route: OffloadRoute) -> Renderer:
         """The renderer for the route's device: the slot's attached one, else the factory's."""
         if not isinstance(route, OffloadRoute):
             raise TypeError(f"route must be an OffloadRoute, got {type(route).__name__}")
         return self._renderer_for(route.device_index)
 
     @operation
-    def render_sru_offloaded(self, sru: Any, primary_dst_image: Any, *, dst_wait: Any = None) -> bool:
+    def render_sru_offloaded(self, sru: SizedSRU, primary_dst_image: Image, *,
+                             dst_wait: TimelinePoint | None = None) -> bool:
         """Render `sru` on its secondary and start moving the image into `primary_dst_image`.
 
         Returns False when the SRU is not offloaded (no route, routed to GPU 0,
@@ -256,7 +256,7 @@ class SRUOffloadCoordinator:
             entry = self._cache.entry(sru, route, landing=False)
             return self._offload(entry, sru, renderer, primary_dst_image, dst_wait)
 
-    def ticket_for(self, sru_id: Any) -> TransferTicket | None:
+    def ticket_for(self, sru_id: SruId) -> TransferTicket | None:
         """The latest transfer of that SRU's image to the primary, or None."""
         e = self._cache.entries.get(sru_id)
         return e.ticket if e is not None else None
@@ -286,8 +286,8 @@ class SRUOffloadCoordinator:
                 errors: list[BaseException] = []
                 steps = self._cache.teardown_steps(dl)
                 if self._compositor is not None:
-                    steps.append(lambda: self._compositor.destroy(self._cache.left(dl)))
-                steps += [lambda ctx=ctx: ctx.destroy() for ctx in self._contexts.values()]
+                    steps.append(lambda: self._compositor.destroy(self._cache.left(dl)))  # type: ignore[union-attr]
+                steps += [lambda ctx=ctx: ctx.destroy() for ctx in self._contexts.values()]  # type: ignore[misc]
                 for step in steps:     # free as much as possible; report the first failure
                     try:
                         step()
@@ -312,10 +312,9 @@ class SRUOffloadCoordinator:
     # -- a whole frame -----------------------------------------------------
 
     @operation
-    def render_frame(self, srus: Iterable[Any], frame: Image, *, sru_id: Callable[[Any], Any] | None = None,
-                     cost: Callable[[Any], float] | None = None,
-                     transfer_cost: Callable[[Any], float] | None = None,
-                     offloadable: Callable[[Any], bool] | None = None,
+    def render_frame(self, srus: Iterable[SS], frame: Image, *, sru_id: Callable[[SS], SruId] | None = None,
+                     cost: Callable[[SS], float] | None = None, transfer_cost: Callable[[SS], float] | None = None,
+                     offloadable: Callable[[SS], bool] | None = None,
                      clear: Sequence[float] | None = (0.0, 0.0, 0.0, 1.0), wait: bool = True) -> FrameReport:
         """Plan, render offloaded SRUs on their secondaries (concurrently), transfer them
         asynchronously, render the rest on the primary, and composite into `frame`.
@@ -422,14 +421,14 @@ class SRUOffloadCoordinator:
             landing: list[tuple[Any, SruEntry]] = []
             for sru, e in pending:
                 try:
-                    e.ticket.wait_submitted(self.timeout)
+                    e.ticket.wait_submitted(self.timeout)  # type: ignore[union-attr]
                 except DEVICE_ERRORS as exc:
                     self._mark_unavailable(e.device_index, "its transfer failed", exc)
                     fallbacks.append(sru)
                     continue
                 landing.append((sru, e))
-                waits.append(e.ticket.dst_ready)
-                images[e.sru_id], rendered_on[e.sru_id] = e.landing, e.device_index
+                waits.append(e.ticket.dst_ready)  # type: ignore[union-attr]
+                images[e.sru_id], rendered_on[e.sru_id] = e.landing, e.device_index  # type: ignore[assignment]
                 sent += e.width * e.height * 8
             # 4. fallbacks render on the primary, into an image no transfer writes
             for sru in fallbacks:
@@ -526,7 +525,7 @@ class SRUOffloadCoordinator:
         else:
             slot = self.manager.slot(index)
             for p in wait:
-                slot.native.wait_timeline(p.semaphore, p.value, self.timeout)
+                slot.native.wait_timeline(p.semaphore, p.value, self.timeout)  # type: ignore[union-attr]
             point = renderer.render_sru_offscreen(sru, target)
         if point is None:
             return []
@@ -547,7 +546,7 @@ class SRUOffloadCoordinator:
                 # the previous transfer must have read the target; its signal must be submitted first
                 e.ticket.wait_submitted(self.timeout)
                 waits.append(e.ticket.src_done)
-            points = self._render(renderer, sru, e.target, waits, d)
+            points = self._render(renderer, sru, e.target, waits, d)  # type: ignore[arg-type]
         except (DestroyedError, RendererMissingError):
             raise
         except Exception as exc:   # whatever a renderer raises: the frame goes on without this device
@@ -561,7 +560,7 @@ class SRUOffloadCoordinator:
     def _send(self, e: SruEntry, dst_image: Any, dst_wait: TimelinePoint | None) -> bool:
         """Submit the transfer of a rendered SRU's image to GPU 0; False (device marked) on failure."""
         try:
-            e.ticket = e.transfer.submit(src_image=e.target, dst_image=dst_image,
+            e.ticket = e.transfer.submit(src_image=e.target, dst_image=dst_image,  # type: ignore[union-attr]
                                          src_wait=e.points[-1] if e.points else None, dst_wait=dst_wait)
         except DEVICE_ERRORS as exc:
             self._mark_unavailable(e.device_index, "its transfer could not start", exc)

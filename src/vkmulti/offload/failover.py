@@ -157,9 +157,9 @@ class FrameFailover:
             return None
         t0 = time.perf_counter()
         lost = sorted({e.device_index for _, e, _ in failed})
-        for sru, e, exc in failed:
-            self.note_failure(e.device_index, exc)
-            self._mark_unavailable(e.device_index, "its transfer failed during the frame", exc)
+        for sru, e, exc in failed:  # type: ignore[misc]
+            self.note_failure(e.device_index, exc)  # type: ignore[misc]
+            self._mark_unavailable(e.device_index, "its transfer failed during the frame", exc)  # type: ignore[misc]
         if 0 in self.manager.check_devices():
             raise self.primary_lost(self.manager.lost_devices[0])
         images = {sid: img for sid, img, _, _ in st.placements}

@@ -2,14 +2,12 @@
 
 Two forms run the same C implementation (native/vkm_partition.c):
 
-- `assign_srus(srus, device_count, ...)`, the seed's object form: accessors
-  read each SRU, the result is a list of SRUAssignment;
+- `assign_srus(srus, device_count, ...)`, the seed's object form: accessors read each SRU, the result is a list of SRUAssignment;
 - `assign_srus_array(costs, device_count, ...)`: numpy arrays in, one int32
   array of device indices out, no Python call per SRU (100k SRUs in a few ms).
   `assign_srus` takes this form too when `srus` is a numpy array of ids.
 
-`assign_srus_reference` / `reference_devices` are the same rules in pure
-Python, for tests.
+`assign_srus_reference` / `reference_devices` are the same rules in pure Python, for tests.
 """
 from __future__ import annotations
 
@@ -17,12 +15,15 @@ import math
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from .._core import _native
 from .._core.checks import check_count, is_int
+if TYPE_CHECKING:   # S: the caller's SRU objects, handed to its accessors as given
+    from numpy.typing import ArrayLike, NDArray
+    S = TypeVar("S")
 
 __all__ = ["SRUAssignment", "assign_srus", "assign_srus_array", "assign_srus_reference", "reference_devices",
            "makespan", "seed_top_n_minus_1", "sru_cost", "interleaved"]
@@ -49,8 +50,8 @@ class SRUAssignment:
         return self.device_index != 0
 
 
-_set_sru_id = SRUAssignment.sru_id.__set__            # type: ignore[attr-defined]
-_set_device_index = SRUAssignment.device_index.__set__  # type: ignore[attr-defined]
+_set_sru_id = SRUAssignment.sru_id.__set__  # type: ignore[misc, union-attr]
+_set_device_index = SRUAssignment.device_index.__set__  # type: ignore[attr-defined, misc]
 
 
 def sru_cost(sru: Any) -> int:
@@ -168,8 +169,8 @@ def _device_array(values: Any, name: str, n: int, device_count: int, none: str) 
     return arr
 
 
-def _array_problem(costs, device_count, ids, transfer, pinned, previous, weights, link_costs,
-                   hysteresis) -> _Problem:
+def _array_problem(costs: Any, device_count: Any, ids: Any, transfer: Any, pinned: Any, previous: Any,
+                   weights: Any, link_costs: Any, hysteresis: Any) -> _Problem:
     dc = check_count(device_count, "device_count", 1)
     h = _hysteresis(hysteresis)
     cost = _array(costs, "costs", None, "iuf", "real numbers")
@@ -200,9 +201,10 @@ def _array_problem(costs, device_count, ids, transfer, pinned, previous, weights
     return p
 
 
-def assign_srus_array(costs: Any, device_count: int, *, ids: Any = None, transfer: Any = None, pinned: Any = None,
-                      previous: Any = None, weights: Any = None, link_costs: Any = None,
-                      hysteresis: float = 0.0) -> np.ndarray:
+def assign_srus_array(costs: ArrayLike, device_count: int, *, ids: ArrayLike | None = None,
+                      transfer: ArrayLike | None = None, pinned: ArrayLike | None = None, previous: ArrayLike | None
+                      = None, weights: ArrayLike | None = None, link_costs: ArrayLike | None = None,
+                      hysteresis: float = 0.0) -> NDArray[np.int32]:
     """Assign every SRU a device from arrays; returns int32 device indices in input order.
 
     - `costs`: 1-D real array, finite and >= 0, the work of each SRU on a device of weight 1.
@@ -269,7 +271,7 @@ def _tie_keys(ids: list) -> np.ndarray:
             if isinstance(i, int):
                 kinds.add(int)
             elif isinstance(i, str):
-                kinds.add(str)
+                kinds.add(str)  # type: ignore[arg-type]
             else:
                 raise TypeError(f"sru_id must be an int or a str, got {i!r} ({type(i).__name__})")
         if len(kinds) > 1:
@@ -288,8 +290,8 @@ def _raise_duplicate(ids: list) -> None:
         seen.add(i)
 
 
-def _prepare(srus, device_count, sru_id, cost, weights, transfer_cost, offloadable, previous, hysteresis,
-             link_costs=None) -> tuple[list, _Problem]:
+def _prepare(srus: Any, device_count: Any, sru_id: Any, cost: Any, weights: Any, transfer_cost: Any,
+             offloadable: Any, previous: Any, hysteresis: Any, link_costs: Any = None) -> tuple[list, _Problem]:
     dc = check_count(device_count, "device_count", 1)
     h = _hysteresis(hysteresis)
     srus = list(srus)
@@ -334,12 +336,12 @@ def _prepare(srus, device_count, sru_id, cost, weights, transfer_cost, offloadab
     return ids, p
 
 
-def assign_srus(srus: Iterable[Any] | np.ndarray, device_count: int, *, sru_id: Callable[[Any], Any] | None = None,
-                cost: Callable[[Any], float] | np.ndarray | None = None, weights: Sequence[float] | None = None,
-                transfer_cost: Callable[[Any], float] | np.ndarray | None = None,
-                offloadable: Callable[[Any], bool] | np.ndarray | None = None,
-                previous: Iterable[SRUAssignment] | Mapping[Any, int] | np.ndarray | None = None,
-                hysteresis: float = 0.0, link_costs: Any = None) -> list[SRUAssignment] | np.ndarray:
+def assign_srus(srus: Iterable[S] | np.ndarray, device_count: int, *, sru_id: Callable[[S], int | str] | None = None,
+                cost: Callable[[S], float] | np.ndarray | None = None, weights: Sequence[float] | None = None,
+                transfer_cost: Callable[[S], float] | np.ndarray | None = None,
+                offloadable: Callable[[S], bool] | np.ndarray | None = None,
+                previous: Iterable[SRUAssignment] | Mapping[int | str, int] | np.ndarray | None = None,
+                hysteresis: float = 0.0, link_costs: ArrayLike | None = None) -> list[SRUAssignment] | np.ndarray:
     """Assign every SRU a device (native implementation).
 
     Accessors default to ``s.sru_id``; cost = len(instances) + len(skinned_instances),
@@ -415,8 +417,8 @@ def _each_occurrence(ids: list, devices: list[int], where: list[int] | None) -> 
     return [SRUAssignment(ids[w], devices[w]) for w in where]
 
 
-def _assign_ids_array(ids, device_count, sru_id, cost, weights, transfer_cost, offloadable, previous, hysteresis,
-                      link_costs) -> np.ndarray:
+def _assign_ids_array(ids: Any, device_count: Any, sru_id: Any, cost: Any, weights: Any, transfer_cost: Any,
+                      offloadable: Any, previous: Any, hysteresis: Any, link_costs: Any) -> np.ndarray:
     if sru_id is not None:
         raise TypeError("sru_id is an accessor of the object form: with an array of ids leave it None")
     if cost is None:
@@ -485,10 +487,10 @@ def _reference_devices(p: _Problem) -> list[int]:
                 if best_key is None or key < best_key:
                     best, best_key = d, key
             f0 = time_on(load, i, 0)
-            if best is None or f0 <= best_key[0]:
+            if best is None or f0 <= best_key[0]:  # type: ignore[index]
                 out[i], load[0] = 0, f0
             else:
-                out[i], load[best] = best, best_key[0]
+                out[i], load[best] = best, best_key[0]  # type: ignore[index]
         return out, max(load.values())
 
     greedy, greedy_span = plan(False)
@@ -499,9 +501,9 @@ def _reference_devices(p: _Problem) -> list[int]:
     return greedy
 
 
-def assign_srus_reference(srus: Iterable[Any], device_count: int, *, sru_id=None, cost=None, weights=None,
-                          transfer_cost=None, offloadable=None, previous=None, hysteresis: float = 0.0,
-                          link_costs=None) -> list[SRUAssignment]:
+def assign_srus_reference(srus: Iterable[Any], device_count: int, *, sru_id: Any = None, cost: Any = None,
+                          weights: Any = None, transfer_cost: Any = None, offloadable: Any = None, previous: Any = None,
+                          hysteresis: float = 0.0, link_costs: Any = None) -> list[SRUAssignment]:
     """assign_srus (object form) in pure Python: the same rules and the same result, for tests."""
     unique, where, device_count = _seed_form(srus, device_count)
     ids, p = _prepare(unique, device_count, sru_id, cost, weights, transfer_cost, offloadable, previous, hysteresis,
@@ -569,7 +571,8 @@ def makespan(assignments: Iterable[SRUAssignment | int] | np.ndarray, costs: Seq
     return float(np.bincount(devices, weights=time).max())
 
 
-def seed_top_n_minus_1(srus: Iterable[Any], device_count: int, *, sru_id=None, cost=None) -> list[SRUAssignment]:
+def seed_top_n_minus_1(srus: Iterable[Any], device_count: int, *, sru_id: Any = None,
+                       cost: Any = None) -> list[SRUAssignment]:
     """The seed's rule, for comparison: the N-1 heaviest SRUs one per secondary, the rest on GPU 0."""
     key = sru_id or _default_sru_id
     cost_fn = cost or sru_cost
@@ -583,8 +586,7 @@ def seed_top_n_minus_1(srus: Iterable[Any], device_count: int, *, sru_id=None, c
 
 def interleaved(jobs: list[tuple[Any, Any, Any]]) -> list[tuple[Any, Any, Any]]:
     """`jobs` (sru, entry with a device_index, renderer) in submission order: each device's k-th of n
-    at (k + 0.5) / n, the plan's order kept
-    per device (a stable sort; the primary first at equal points)."""
+    at (k + 0.5) / n, the plan's order kept per device (a stable sort; the primary first at equal points)."""
     counts: dict[int, int] = {}
     for _, e, _ in jobs:
         counts[e.device_index] = counts.get(e.device_index, 0) + 1

@@ -12,7 +12,7 @@ import logging
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import vulkan as vk
 
@@ -24,6 +24,11 @@ from .._core.timeline import TimelinePoint, as_wait_points
 from ..errors import DestroyedError, UnsupportedError
 from ..memory.image import IMAGE_USAGE, Image
 from .submit import MAX_IN_FLIGHT, Job, Submitter, format_features
+
+if TYPE_CHECKING:
+    from .._core.timeline import Points
+    from ..device.logical import Queue
+    from ..device.manager import DeviceSlot
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +54,7 @@ def _colour(v: Any, what: str) -> tuple[float, float, float]:
         raise TypeError(f"{what} must be 3 numbers (linear RGB), got {v!r}") from None
     if len(c) != 3 or not all(math.isfinite(x) for x in c):
         raise ValueError(f"{what} must be 3 finite numbers (linear RGB), got {v!r}")
-    return c  # type: ignore[return-value]
+    return c
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,7 @@ class ReferenceRenderer(Submitter):
     device of an equal pair takes `slowdown` x as long per SRU.
     """
 
-    def __init__(self, slot: Any, *, queue: Any = None, slowdown: int = 1):
+    def __init__(self, slot: DeviceSlot, *, queue: Queue | None = None, slowdown: int = 1):
         self.slowdown = slowdown
         super().__init__(slot, queue)
         try:
@@ -204,7 +209,7 @@ class ReferenceRenderer(Submitter):
             raise ValueError(f"target is {target.width}x{target.height}, SRU {sru.sru_id!r} is "
                              f"{sru.width}x{sru.height}")
 
-    def render(self, sru: ReferenceSRU, target: Image, *, wait: Any = None) -> TimelinePoint:
+    def render(self, sru: ReferenceSRU, target: Image, *, wait: Points = None) -> TimelinePoint:
         """Submit the render of `sru` into `target`; returns the point that marks it done.
 
         `wait`: TimelinePoint(s) on this device to reach first (e.g. the

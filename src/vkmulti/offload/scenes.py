@@ -31,7 +31,7 @@ def make_srus(count: int, width: int, height: int, *, heavy: bool = False, seed:
         raise ValueError(f"a {width}x{height} frame is too small for {count} SRUs ({cols}x{rows} tiles)")
     lo, hi = HEAVY_ITERATIONS if heavy else LIGHT_ITERATIONS
     rng = np.random.default_rng(seed)
-    srus = []
+    srus: list[ReferenceSRU] = []
     th = height // rows
     for r in range(rows):
         n = cols if r < rows - 1 else count - cols * (rows - 1)

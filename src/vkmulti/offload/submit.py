@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import vulkan as vk
 
@@ -21,6 +21,10 @@ from ..errors import DestroyedError, DeviceLostError
 from ..errors import TimeoutError as VkmTimeoutError
 from ..memory.image import Image, timeline_submit_info
 from ..device.slots import check_slot, slot_lifetime, slot_queue
+
+if TYPE_CHECKING:
+    from ..device.logical import Queue
+    from ..device.manager import DeviceSlot
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +58,7 @@ class _SubmitDone:
         life = self.sub._life
         try:
             with life.keep():   # the timeline semaphore stays while this reads it
-                return self.sub.slot.native.timeline_value(self.sub._timeline) >= self.value
+                return self.sub.slot.native.timeline_value(self.sub._timeline) >= self.value  # type: ignore[union-attr]
         except DestroyedError:
             return life.dead   # its destroy() waited for every submit
         except DeviceLostError as exc:
@@ -65,7 +69,7 @@ class _SubmitDone:
         life = self.sub._life
         try:
             with life.keep():
-                self.sub.slot.native.wait_timeline(self.sub._timeline, self.value, timeout)
+                self.sub.slot.native.wait_timeline(self.sub._timeline, self.value, timeout)  # type: ignore[union-attr]
                 return True
         except VkmTimeoutError:
             return False
@@ -85,7 +89,7 @@ class Submitter:
 
     _teardown_rank = 30   # after the coordinators that use it, before the images it draws into
 
-    def __init__(self, slot: Any, queue: Any = None):
+    def __init__(self, slot: DeviceSlot, queue: Queue | None = None):
         check_slot(slot)
         self.slot = slot
         self.queue = slot_queue(slot, queue, slot.graphics_queue)
@@ -101,7 +105,7 @@ class Submitter:
                 sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
                 flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue.family), None)
             try:
-                self._timeline = slot.native.create_timeline(0)
+                self._timeline = slot.native.create_timeline(0)  # type: ignore[union-attr]
             except BaseException:
                 vk.vkDestroyCommandPool(slot.device, self.pool, None)
                 self.pool = None
@@ -133,11 +137,11 @@ class Submitter:
 
     def _take_job(self) -> Job:
         """A command buffer no submit still uses (waits for the oldest when too many are in flight)."""
-        done = self.slot.native.timeline_value(self._timeline)
+        done = self.slot.native.timeline_value(self._timeline)  # type: ignore[union-attr]
         while self._inflight and (self._inflight[0].value <= done or len(self._inflight) >= MAX_IN_FLIGHT):
             job = self._inflight[0]
             if job.value > done:
-                self.slot.native.wait_timeline(self._timeline, job.value, 60.0)
+                self.slot.native.wait_timeline(self._timeline, job.value, 60.0)  # type: ignore[union-attr]
             self._inflight.popleft()
             self._retire(job)
             self._free.append(job)
@@ -170,7 +174,7 @@ class Submitter:
                 return
             if not isinstance(point, TimelinePoint) or point.semaphore != self._timeline:
                 raise ValueError(f"that point was not signalled by this {type(self).__name__}")
-            self.slot.native.wait_timeline(self._timeline, point.value, timeout)
+            self.slot.native.wait_timeline(self._timeline, point.value, timeout)  # type: ignore[union-attr]
 
     def _destroy_extra(self) -> None:
         """Subclasses free their own objects here (the GPU is idle for them)."""
@@ -188,7 +192,7 @@ class Submitter:
                 dev = self.slot.device
                 if self._value:
                     try:
-                        self.slot.native.wait_timeline(self._timeline, self._value, dl.left())
+                        self.slot.native.wait_timeline(self._timeline, self._value, dl.left())  # type: ignore[union-attr]
                     except DeviceLostError as exc:   # nothing runs on a lost device any more
                         log.info("%s on GPU %d: device lost (%s); freeing its objects",
                                     type(self).__name__, self.slot.index, exc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 import vulkan as vk
 
@@ -20,7 +20,41 @@ from .compositor import scale_pair
 from .partition import sru_cost
 
 __all__ = ["OffloadRoute", "RendererMissingError", "SecondaryRenderContext", "FrameReport", "SruEntry",
-           "default_cost", "int_list", "check_weights", "sru_size"]
+           "default_cost", "int_list", "check_weights", "sru_size", "SizedSRU", "AsyncRenderer", "SeedRenderer"]
+
+if TYPE_CHECKING:
+    from .._core.timeline import Points
+    from ..device.capabilities import RenderCapabilities, RenderCapabilitiesLike
+    from .._core.vktypes import VkCommandPool, VkDevice
+    #: An SRU's id (the seed's `sru.sru_id`): all ints or all strs in one plan.
+    SruId: TypeAlias = int | str
+    #: What renders an SRU on one device (a renderer factory's result, MultiDeviceManager.attach_renderer).
+    Renderer: TypeAlias = "AsyncRenderer | SeedRenderer"
+    S = TypeVar("S")                      # the caller's SRU objects, handed to its accessors as given
+    SS = TypeVar("SS", bound="SizedSRU")  # ... those render_frame draws: they have a width and height
+
+
+class SizedSRU(Protocol):
+    """What SRUOffloadCoordinator reads of every SRU it renders: its image size (and, in
+    render_frame, `x` and `y`, its place in the frame; `sru_id` unless an accessor is given)."""
+
+    @property
+    def width(self) -> int: ...
+    @property
+    def height(self) -> int: ...
+
+
+class AsyncRenderer(Protocol):
+    """A renderer that submits and returns the point that marks the render done (ReferenceRenderer).
+    The SRUs are the caller's own objects, handed through as given: hence `sru: Any`."""
+
+    def render(self, sru: Any, target: Image, *, wait: Points = None) -> TimelinePoint: ...
+
+
+class SeedRenderer(Protocol):
+    """The seed's renderer: done when render_sru_offscreen returns (or at the TimelinePoint it returns)."""
+
+    def render_sru_offscreen(self, sru: Any, target: Image) -> TimelinePoint | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,20 +79,21 @@ class SecondaryRenderContext:
     returns (destroyed with it when it has destroy()), never the device.
     """
 
-    def __init__(self, slot: DeviceSlot, *, capabilities: Any = None, content_scale: Any = (1.0, 1.0)):
+    def __init__(self, slot: DeviceSlot, *, capabilities: RenderCapabilities | RenderCapabilitiesLike | None = None,
+                 content_scale: tuple[float, float] = (1.0, 1.0)):
         if not isinstance(slot, DeviceSlot):
             raise TypeError(f"slot must be a DeviceSlot, got {type(slot).__name__}")
         self.slot = slot
         self.capabilities = capabilities
         self.content_scale = scale_pair(content_scale)
-        self.command_pool: Any = None
-        self.renderer: Any = None
+        self.command_pool: VkCommandPool | None = None
+        self.renderer: Renderer | None = None
 
     @property
-    def device(self) -> Any:
+    def device(self) -> VkDevice | None:
         return self.slot.device
 
-    def ensure_command_pool(self) -> Any:
+    def ensure_command_pool(self) -> VkCommandPool:
         """This context's command pool on the slot's universal family (made once)."""
         if self.command_pool is None:
             if self.slot.device is None:
@@ -66,17 +101,17 @@ class SecondaryRenderContext:
             self.command_pool = vkapi.vkCreateCommandPool(self.slot.device, vk.VkCommandPoolCreateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
                 flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
-                queueFamilyIndex=self.slot.graphics_queue.family), None)
+                queueFamilyIndex=self.slot.graphics_queue.family), None)  # type: ignore[union-attr]
         return self.command_pool
 
-    def attach_renderer(self, renderer: Any) -> None:
+    def attach_renderer(self, renderer: Renderer | None) -> None:
         self.renderer = renderer
 
     def destroy(self) -> None:
         """Destroy the renderer (if it has destroy()) and the command pool; idempotent."""
         renderer, self.renderer = self.renderer, None
         if renderer is not None and callable(getattr(renderer, "destroy", None)):
-            renderer.destroy()
+            renderer.destroy()  # type: ignore[union-attr]
         if self.command_pool is not None and self.slot.device is not None:
             vk.vkDestroyCommandPool(self.slot.device, self.command_pool, None)
         self.command_pool = None
@@ -87,8 +122,8 @@ class FrameReport:
     """What render_frame did: the plan, where each SRU really rendered, and the frame's done point."""
 
     routes: list[OffloadRoute]
-    rendered_on: dict[Any, int]
-    fallbacks: list[Any]
+    rendered_on: dict[SruId, int]
+    fallbacks: list[SruId]
     done: TimelinePoint
     transferred_bytes: int
     #: adaptive mode with wait=True: seconds from each device's first submit of the frame until its share
@@ -100,9 +135,9 @@ class FrameReport:
     #: and the frame composited again
     repaired: bool = False
 
-    def device_loads(self, device_count: int) -> list[list[Any]]:
+    def device_loads(self, device_count: int) -> list[list[SruId]]:
         """SRU ids per device, as rendered."""
-        out: list[list[Any]] = [[] for _ in range(device_count)]
+        out: list[list[SruId]] = [[] for _ in range(device_count)]
         for sid, d in self.rendered_on.items():
             out[d].append(sid)
         return out
@@ -112,7 +147,7 @@ class FrameReport:
 class SruEntry:
     """Cached per-SRU resources: target on its device, landing image on the primary, transfer."""
 
-    sru_id: Any
+    sru_id: SruId
     device_index: int
     width: int
     height: int
@@ -160,7 +195,7 @@ def check_weights(values: Any, count: int) -> list[float]:
     return out
 
 
-def sru_size(sru: Any) -> tuple[int, int]:
+def sru_size(sru: SizedSRU) -> tuple[int, int]:
     """The SRU's (width, height): positive ints; TypeError without them, ValueError when not positive."""
     try:
         w, h = sru.width, sru.height

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import vulkan as vk
 
@@ -28,6 +28,10 @@ from ..memory.resource import MAX_BYTES
 from .link import (DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, LinkRef, TransferTicket, acquire_link, check_ring_shape,
                    ring_shape)
 from .methods import TransferMethod, pair_methods, pair_problem, slot_label
+
+if TYPE_CHECKING:
+    from .._core.timeline import Wait
+    from .._core.vktypes import VkBuffer, VkCommandPool, VkImage
 
 __all__ = ["CrossDeviceTransfer"]
 
@@ -62,15 +66,15 @@ class CrossDeviceTransfer:
     left at the defaults it is 8 x 8 MiB between GPUs, 8 x 16 MiB for
     CUDA_PEER and 8 x 1 MiB where a device is a CPU (lavapipe).
     """
-    src: Any
-    dst: Any
+    src: DeviceSlot
+    dst: DeviceSlot
     method: str
     src_done: TimelinePoint | None = None
     dst_ready: TimelinePoint | None = None
     width: int = 0
     height: int = 0
     bytes_per_pixel: int = 8
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     slot_size: int = DEFAULT_SLOT_SIZE
     slot_count: int = DEFAULT_SLOT_COUNT
 
@@ -131,8 +135,8 @@ class CrossDeviceTransfer:
 
     # -- the seed's API ----------------------------------------------------
 
-    def run(self, *, src_image: Any = None, dst_image: Any = None, timeout: float | None = None,
-            **options: Any) -> None:
+    def run(self, *, src_image: Image | VkImage | int | None = None, dst_image: Image | VkImage | int | None = None,
+            timeout: float | None = None, **options: Any) -> None:
         """Transfer and block until the destination holds the data (NONE: nothing to do)."""
         if self.method == TransferMethod.NONE:
             self._check_alive()
@@ -140,22 +144,26 @@ class CrossDeviceTransfer:
         Deadline(timeout)   # checks the value before anything is queued
         self.submit(src_image=src_image, dst_image=dst_image, **options).wait(timeout)
 
-    def run_staging_copy(self, *, src_image: Any = None, dst_image: Any = None, **options: Any) -> None:
+    def run_staging_copy(self, *, src_image: Image | VkImage | int | None = None,
+                         dst_image: Image | VkImage | int | None = None, **options: Any) -> None:
         """The seed's per-method entry point: run() for a STAGING_COPY transfer (ValueError for another method)."""
         self._require(TransferMethod.STAGING_COPY, "run_staging_copy")
         self.run(src_image=src_image, dst_image=dst_image, **options)
 
-    def run_host_shared(self, *, src_image: Any = None, dst_image: Any = None, **options: Any) -> None:
+    def run_host_shared(self, *, src_image: Image | VkImage | int | None = None,
+                        dst_image: Image | VkImage | int | None = None, **options: Any) -> None:
         """The seed's per-method entry point: run() for a HOST_SHARED transfer (ValueError for another method)."""
         self._require(TransferMethod.HOST_SHARED, "run_host_shared")
         self.run(src_image=src_image, dst_image=dst_image, **options)
 
-    def run_dmabuf(self, *, src_image: Any = None, dst_image: Any = None, **options: Any) -> None:
+    def run_dmabuf(self, *, src_image: Image | VkImage | int | None = None,
+                   dst_image: Image | VkImage | int | None = None, **options: Any) -> None:
         """The seed's per-method entry point: run() for a DMABUF transfer (ValueError for another method)."""
         self._require(TransferMethod.DMABUF, "run_dmabuf")
         self.run(src_image=src_image, dst_image=dst_image, **options)
 
-    def ensure_staging(self, src_command_pool: Any = None, dst_command_pool: Any = None) -> dict:
+    def ensure_staging(self, src_command_pool: VkCommandPool | int | None = None,
+                       dst_command_pool: VkCommandPool | int | None = None) -> dict[str, Any]:
         """Make the ring this transfer uses ready now (it is otherwise made on first use).
 
         vkmulti records on command pools of its own (never an engine's frame
@@ -213,11 +221,12 @@ class CrossDeviceTransfer:
 
     # -- asynchronous form -------------------------------------------------
 
-    def submit(self, *, src_image: Any = None, dst_image: Any = None, src_buffer: Any = None,
-               dst_buffer: Any = None, src_offset: int = 0, dst_offset: int = 0, size: int | None = None,
+    def submit(self, *, src_image: Image | VkImage | int | None = None, dst_image: Image | VkImage | int | None = None,
+               src_buffer: Buffer | VkBuffer | int | None = None, dst_buffer: Buffer | VkBuffer | int | None = None,
+               src_offset: int = 0, dst_offset: int = 0, size: int | None = None,
                src_layout: int | None = None, dst_layout: int | None = None,
                src_final_layout: int | None = None, dst_final_layout: int | None = None,
-               src_wait: Any = None, dst_wait: Any = None) -> TransferTicket:
+               src_wait: Wait | None = None, dst_wait: Wait | None = None) -> TransferTicket:
         """Queue the transfer and return a ticket at once.
 
         Either images (vkmulti `Image`s, or raw VkImage handles sized by this

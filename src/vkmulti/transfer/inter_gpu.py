@@ -27,7 +27,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import vulkan as vk
@@ -44,6 +44,11 @@ from ..memory.resource import MAX_BYTES, as_host_bytes
 from .link import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, check_ring_shape
 from .methods import TransferMethod
 from .routes import NOTHING_RAN, Holds, Registration, Routes, wait_all
+
+if TYPE_CHECKING:
+    from .._core.protocols import HostData
+    from .._core.timeline import Wait
+    from .._core.vktypes import VkBuffer
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +67,7 @@ class Gathered(NamedTuple):
     had a buffer registered, in ascending order), not lists: device i's bytes are
     `buffer[offsets[i]:offsets[i] + sizes[i]]`. Iterate `offsets.items()` (or
     `sorted(offsets)`) rather than zipping the two with a list of devices."""
-    buffer: Any
+    buffer: Buffer
     #: device index -> byte offset of its data in `buffer` (a multiple of 256)
     offsets: dict[int, int]
     #: device index -> byte count of its data
@@ -91,7 +96,7 @@ class InterGpuTransfer:
     device->device rings; `max_workers` sizes the pool of the asyncio forms.
     """
 
-    def __init__(self, manager: Any, *, host_import: bool | None = None, prefer_dmabuf: bool = True,
+    def __init__(self, manager: MultiDeviceManager, *, host_import: bool | None = None, prefer_dmabuf: bool = True,
                  slot_size: int = DEFAULT_SLOT_SIZE, slot_count: int = DEFAULT_SLOT_COUNT,
                  max_workers: int | None = None):
         if not isinstance(manager, MultiDeviceManager):
@@ -115,8 +120,8 @@ class InterGpuTransfer:
 
     # -- registration --------------------------------------------------------
 
-    def set_device_buffer(self, device_idx: int, buffer: Any, size_bytes: int | None = None, *,
-                          ready: Any = None) -> None:
+    def set_device_buffer(self, device_idx: int, buffer: Buffer | VkBuffer | int | None,
+                          size_bytes: int | None = None, *, ready: Wait | None = None) -> None:
         """Register the result buffer of work on `device_idx` (replacing the previous one).
 
         `buffer`: a vkmulti `Buffer` of that device (its TRANSFER_SRC usage and
@@ -155,7 +160,7 @@ class InterGpuTransfer:
         with self._cond:
             self._regs[i] = Registration(i, obj, size, point)
 
-    def registered(self, device_idx: int) -> tuple[Any, int] | None:
+    def registered(self, device_idx: int) -> tuple[Buffer | int, int] | None:
         """(buffer, size) registered for `device_idx`, or None."""
         self._check()
         reg = self._regs.get(self._index(device_idx, "device_idx"))
@@ -169,8 +174,9 @@ class InterGpuTransfer:
 
     # -- blocking forms ------------------------------------------------------
 
-    def copy_buffer_blocking(self, src_device: int, dst_device: int, data: Any = None, *, dst_buffer: Any = None,
-                             dst_offset: int = 0, timeout: float | None = None) -> Any:
+    def copy_buffer_blocking(self, src_device: int, dst_device: int, data: HostData | Buffer | None = None, *,
+                             dst_buffer: Buffer | None = None, dst_offset: int = 0,
+                             timeout: float | None = None) -> Buffer:
         """Copy to `dst_device` and return the destination buffer.
 
         `data` None: the buffer registered for `src_device`; a vkmulti `Buffer`
@@ -185,9 +191,9 @@ class InterGpuTransfer:
             dl = Deadline(timeout)
             src, dst = self._index(src_device, "src_device"), self._index(dst_device, "dst_device")
             host, reg = self._source(src, data, "data", holds)
-            size = host.nbytes if host is not None else reg.size
+            size = host.nbytes if host is not None else reg.size  # type: ignore[union-attr]
             target, handle = self._target(dst, dst_buffer, size, dst_offset, "dst_buffer", holds)
-            if host is None and src == dst and handle == reg.handle() and dst_offset < size:
+            if host is None and src == dst and handle == reg.handle() and dst_offset < size:  # type: ignore[union-attr]
                 raise ValueError(f"source and destination ranges overlap in the same buffer "
                                  f"([0, {size}) and [{dst_offset}, {dst_offset + size}))")
             made: list[Buffer] = []
@@ -198,19 +204,20 @@ class InterGpuTransfer:
                 if host is not None:
                     job: Any = self._routes.port(dst).start_upload(handle, dst_offset, host, deadline=dl, users=users)
                 elif src == dst:
-                    job = self._routes.port(dst, local=True).start_copy(reg.handle(), 0, handle, dst_offset, size,
-                                                                        waits=reg.waits, users=users)
+                    job = self._routes.port(dst, local=True).start_copy(reg.handle(), 0, handle, dst_offset, size,  # type: ignore[union-attr]
+                                                                        waits=reg.waits, users=users)  # type: ignore[union-attr]
                 else:
-                    job = self._routes.transfer(src, dst).submit(src_buffer=reg.buffer, dst_buffer=target,
-                                                                 dst_offset=dst_offset, size=size, src_wait=reg.ready)
+                    job = self._routes.transfer(src, dst).submit(src_buffer=reg.buffer, dst_buffer=target,  # type: ignore[union-attr]
+                                                                 dst_offset=dst_offset, size=size, src_wait=reg.ready)  # type: ignore[union-attr]
             except NOTHING_RAN:
                 self._routes.discard(made)
                 raise
             job.wait(dl.left())
             return target
 
-    def broadcast_blocking(self, data_or_buffer: Any = None, *, src_device: int | None = None,
-                           dst_buffers: Sequence[Any] | None = None, timeout: float | None = None) -> list[Any]:
+    def broadcast_blocking(self, data_or_buffer: HostData | Buffer | None = None, *, src_device: int | None = None,
+                           dst_buffers: Sequence[Buffer | None] | None = None,
+                           timeout: float | None = None) -> list[Buffer]:
         """Put the same bytes on every device; returns one buffer per device (index = device).
 
         Host data is uploaded once, to `src_device` (default 0), and fanned out
@@ -236,7 +243,7 @@ class InterGpuTransfer:
                 src_device = own
             src = 0 if src_device is None else self._index(src_device, "src_device")
             host, reg = self._source(src, data_or_buffer, "data_or_buffer", holds)
-            size = host.nbytes if host is not None else reg.size
+            size = host.nbytes if host is not None else reg.size  # type: ignore[union-attr]
             if dst_buffers is not None:
                 if isinstance(dst_buffers, (str, bytes)) or not isinstance(dst_buffers, Sequence):
                     raise TypeError(f"dst_buffers must be a sequence (one entry per device), "
@@ -251,7 +258,7 @@ class InterGpuTransfer:
                 if i == src and host is None:
                     if given is not None:
                         raise ValueError(f"dst_buffers[{i}] must be None: GPU {i} holds the source")
-                    out[i], handles[i] = reg.buffer, reg.handle()
+                    out[i], handles[i] = reg.buffer, reg.handle()  # type: ignore[union-attr]
                 else:
                     out[i], handles[i] = self._target(i, given, size, 0, f"dst_buffers[{i}]", holds)
             made: list[Buffer] = []
@@ -263,8 +270,8 @@ class InterGpuTransfer:
             with self._routes.settled(jobs, dl, made):
                 if host is None:
                     for d in others:
-                        jobs.append(self._routes.transfer(src, d).submit(src_buffer=reg.buffer, dst_buffer=out[d],
-                                                                         size=size, src_wait=reg.ready))
+                        jobs.append(self._routes.transfer(src, d).submit(src_buffer=reg.buffer, dst_buffer=out[d],  # type: ignore[union-attr]
+                                                                         size=size, src_wait=reg.ready))  # type: ignore[union-attr]
                 else:
                     # a pair whose device->device path bounces through host memory anyway
                     # gets the bytes straight from the caller's memory, at the same time
@@ -287,7 +294,7 @@ class InterGpuTransfer:
                                 src_buffer=out[src], dst_buffer=out[d], src_offset=a, dst_offset=a, size=b - a))
             return out
 
-    def gather_blocking(self, dst_device: int, *, out: Sequence[Any] | None = None, reuse: bool = False,
+    def gather_blocking(self, dst_device: int, *, out: Sequence[np.ndarray | None] | None = None, reuse: bool = False,
                         timeout: float | None = None) -> list[np.ndarray]:
         """Read every registered buffer back to the host, as the seed does.
 
@@ -338,7 +345,7 @@ class InterGpuTransfer:
             with ExitStack() as held:
                 pending: list[Any] = []
                 try:
-                    for pos, i, reg, u8 in jobs:
+                    for pos, i, reg, u8 in jobs:  # type: ignore[assignment]
                         arena = None
                         if reuse:
                             arena = held.enter_context(self._routes.port(i).arena(reg.size))
@@ -358,7 +365,7 @@ class InterGpuTransfer:
                 wait_all(pending, dl)
             return results
 
-    def gather_to_device_blocking(self, dst_device: int, *, dst_buffer: Any = None,
+    def gather_to_device_blocking(self, dst_device: int, *, dst_buffer: Buffer | None = None,
                                   timeout: float | None = None) -> Gathered:
         """Land every registered buffer (dst_device's own included) in one buffer on `dst_device`.
 
@@ -405,11 +412,12 @@ class InterGpuTransfer:
 
     # -- asyncio forms (the seed's names) ------------------------------------
 
-    async def copy_buffer(self, src_device: int, dst_device: int, data: Any = None, **kw: Any) -> Any:
+    async def copy_buffer(self, src_device: int, dst_device: int, data: HostData | Buffer | None = None,
+                          **kw: Any) -> Buffer:
         """Asyncio form of copy_buffer_blocking."""
         return await self._run(self.copy_buffer_blocking, src_device, dst_device, data, **kw)
 
-    async def broadcast(self, data_or_buffer: Any = None, **kw: Any) -> list[Any]:
+    async def broadcast(self, data_or_buffer: HostData | Buffer | None = None, **kw: Any) -> list[Buffer]:
         """Asyncio form of broadcast_blocking."""
         return await self._run(self.broadcast_blocking, data_or_buffer, **kw)
 

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generator
 
 import vulkan as vk
 
@@ -27,6 +27,9 @@ from ..device.slots import slot_lifetime
 from ..errors import DestroyedError, DeviceLostError, VkmError
 from ..errors import TimeoutError as VkmTimeoutError
 from .methods import TransferMethod
+
+if TYPE_CHECKING:
+    from .._core._native import Link as NativeLink
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +261,7 @@ class TransferTicket:
     then returns (or raises the job's error) instead of DestroyedError.
     """
 
-    def __init__(self, link: Any, ticket: int, src_done: TimelinePoint, dst_ready: TimelinePoint,
+    def __init__(self, link: NativeLink, ticket: int, src_done: TimelinePoint, dst_ready: TimelinePoint,
                  ref: LinkRef | None = None):
         self._link, self.ticket, self.src_done, self.dst_ready = link, ticket, src_done, dst_ready
         self._ref = ref
@@ -299,7 +302,7 @@ class TransferTicket:
         self._call(self._link.wait, self.ticket, self.dst_ready.value, timeout)
         self._complete = True
 
-    def __await__(self) -> Any:
+    def __await__(self) -> Generator[Any, None, None]:
         """`await ticket`: wait() on the event loop's default executor (a native wait
         without the GIL; the loop never blocks). Cancelling the awaiting task does
         not stop the transfer. Use `asyncio.wait_for(...)` for a timeout."""

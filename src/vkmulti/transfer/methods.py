@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 from .._core.checks import is_int
 from .._core.handles import short_text
@@ -17,6 +17,9 @@ from ..device import cuda
 from ..device.capabilities import (EXT_DMA_BUF, EXT_MEMORY_FD, EXT_MEMORY_HOST, DeviceCapabilities,
                                    as_render_capabilities)
 from ..device.manager import DeviceSlot
+
+if TYPE_CHECKING:
+    from ..device.capabilities import RenderCapabilities, RenderCapabilitiesLike
 
 log = logging.getLogger(__name__)
 
@@ -154,12 +157,12 @@ def cuda_peer_auto() -> bool:
     return os.environ.get(CUDA_PEER_ENV, "") != "0"
 
 
-def slot_label(slot: Any) -> str:
+def slot_label(slot: DeviceSlot) -> str:
     """"GPU i ('name')" for messages."""
     return f"GPU {slot.index} ({short_text(slot.name)})"
 
 
-def pair_problem(method: str, src: Any, dst: Any) -> MethodProblem | None:
+def pair_problem(method: str, src: DeviceSlot, dst: DeviceSlot) -> MethodProblem | None:
     """Why `method` cannot move data from slot `src` to slot `dst` (with the
     extensions their VkDevices enabled), or None when it can."""
     a, b = src.capabilities, dst.capabilities
@@ -170,7 +173,7 @@ def pair_problem(method: str, src: Any, dst: Any) -> MethodProblem | None:
                           labels=(slot_label(src), slot_label(dst)))
 
 
-def pair_methods(src: Any, dst: Any) -> list[str]:
+def pair_methods(src: DeviceSlot, dst: DeviceSlot) -> list[str]:
     """The cross-device methods that work from slot `src` to slot `dst`, best first
     (what their VkDevices enabled counts; CUDA_PEER as the driver answers)."""
     return [m for m in TransferMethod.CROSS_DEVICE if pair_problem(m, src, dst) is None]
@@ -190,7 +193,15 @@ def _report_skipped(key: tuple, problem: MethodProblem) -> None:
     log.warning("vkmulti: %s not used: %s", key[-1], problem.reason)
 
 
-def select_transfer_method(assignment: Any, capabilities: Any, *,
+class Placed(Protocol):
+    """What select_transfer_method reads of an assignment: the device it is on (an SRUAssignment)."""
+
+    @property
+    def device_index(self) -> int: ...
+
+
+def select_transfer_method(assignment: Placed | DeviceSlot,
+                           capabilities: RenderCapabilities | RenderCapabilitiesLike | DeviceSlot | None, *,
                            prefer_dmabuf: bool = True, dst_index: int = 0) -> str:
     """The best method both devices of the pair support (DMABUF only when preferred,
     CUDA_PEER unless VKMULTI_CUDA_PEER=0).
@@ -213,7 +224,7 @@ def select_transfer_method(assignment: Any, capabilities: Any, *,
                             f"{type(assignment).__name__} and {type(capabilities).__name__}")
         return _select_for_slots(assignment, capabilities, prefer_dmabuf)
     src_index = getattr(assignment, "device_index", None)
-    if not is_int(src_index) or src_index < 0:
+    if not is_int(src_index) or src_index < 0:  # type: ignore[operator]
         raise TypeError(f"assignment must have a non-negative int device_index (an SRUAssignment), or pass two "
                         f"DeviceSlots; got {type(assignment).__name__} with device_index {src_index!r}"[:200])
     if not is_int(dst_index) or dst_index < 0:
@@ -221,24 +232,25 @@ def select_transfer_method(assignment: Any, capabilities: Any, *,
     capabilities = as_render_capabilities(capabilities)   # the seed's own RenderCapabilities too
     if src_index == dst_index:
         return TransferMethod.NONE
-    if capabilities is None or max(src_index, dst_index) >= len(capabilities.devices):
+    if capabilities is None or max(src_index, dst_index) >= len(capabilities.devices):  # type: ignore[operator, type-var]
         return TransferMethod.STAGING_COPY
-    a, b = capabilities.devices[src_index], capabilities.devices[dst_index]
+    a, b = capabilities.devices[src_index], capabilities.devices[dst_index]  # type: ignore[index]
     en = capabilities.enabled_extensions
-    ea = en[src_index] if src_index < len(en) else None
+    ea = en[src_index] if src_index < len(en) else None  # type: ignore[index, operator]
     eb = en[dst_index] if dst_index < len(en) else None
     labels = (f"GPU {src_index} ({short_text(a.name)})", f"GPU {dst_index} ({short_text(b.name)})")
     return _first_working(lambda m: method_problem(m, a, b, ea, eb, labels=labels), prefer_dmabuf,
-                          (src_index, dst_index))
+                          (src_index, dst_index))  # type: ignore[arg-type]
 
 
-def _select_for_slots(src: Any, dst: Any, prefer_dmabuf: bool) -> str:
+def _select_for_slots(src: DeviceSlot, dst: DeviceSlot, prefer_dmabuf: bool) -> str:
     if src is dst or src.index == dst.index and src.device is dst.device:
         return TransferMethod.NONE
     return _first_working(lambda m: pair_problem(m, src, dst), prefer_dmabuf, (src.index, dst.index))
 
 
-def _first_working(problem_of: Any, prefer_dmabuf: bool, pair: tuple[int, int]) -> str:
+def _first_working(problem_of: Callable[[str], MethodProblem | None], prefer_dmabuf: bool,
+                   pair: tuple[int, int]) -> str:
     for method in TransferMethod.CROSS_DEVICE:
         if method == TransferMethod.DMABUF and not prefer_dmabuf:
             continue

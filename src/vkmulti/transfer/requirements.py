@@ -11,7 +11,7 @@ line says which extension and points here).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import vulkan as vk
 
@@ -20,6 +20,9 @@ from ..device.capabilities import (EXT_DMA_BUF, EXT_MEMORY_BUDGET, EXT_MEMORY_FD
 from ..device.logical import default_queue_families
 from ..errors import UnsupportedError
 from .methods import TransferMethod, method_problem
+
+if TYPE_CHECKING:
+    from .._core.vktypes import VkPhysicalDevice, VkStruct
 
 __all__ = ["DeviceRequirements", "device_requirements", "FEATURE_STRUCTS", "REQUIRED_FEATURES"]
 
@@ -66,7 +69,7 @@ class DeviceRequirements:
         qf = self.queue_families
         return tuple(dict.fromkeys(f for f in (qf.graphics, qf.present, qf.compute, qf.transfer) if f is not None))
 
-    def feature_chain(self, pnext: Any = None) -> Any:
+    def feature_chain(self, pnext: VkStruct | None = None) -> VkStruct | None:
         """The feature structs (`vulkan` package objects) with every feature in
         `features` set to VK_TRUE, chained in front of `pnext`: pass the result as
         VkDeviceCreateInfo.pNext (or `pnext` your own chain to append it)."""
@@ -84,7 +87,8 @@ class DeviceRequirements:
                 f"features={list(self.features)}, families={list(self.family_indices)})")[:199]
 
 
-def device_requirements(physical_device: Any, peers: Iterable[Any] = ()) -> DeviceRequirements:
+def device_requirements(physical_device: VkPhysicalDevice | int,
+                        peers: Iterable[VkPhysicalDevice | int] = ()) -> DeviceRequirements:
     """The device extensions, features and queue families vkmulti wants enabled on
     `physical_device` (a `vulkan` package handle or an int).
 

@@ -61,7 +61,8 @@ class Holds:
     lifetime once (DestroyedError if it is gone) and returns the Buffers among them."""
 
     def __init__(self, stack: ExitStack):
-        self._stack, self._held = stack, set()
+        self._stack = stack
+        self._held: set[int] = set()
 
     def own(self, buf: Buffer) -> None:
         """A Buffer the operation made itself: nobody else has it yet (and the

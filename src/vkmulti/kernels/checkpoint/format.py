@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ...errors import InvalidCheckpointError
 from .header import (CHECKPOINT_MAGIC, CHECKPOINT_VERSION, CHUNK_HEADER_SIZE, DELTA_PARENT_DIGEST_KEY,
@@ -39,6 +39,9 @@ from .header import (CHECKPOINT_MAGIC, CHECKPOINT_VERSION, CHUNK_HEADER_SIZE, DE
                      MAX_CUSTOM_ENTRIES, CheckpointHeader,
                      CheckpointMetadata, ChunkHeader, ChunkType, as_bytes, chunk_name_id, crc32)
 from ..messages import HlcTimestamp
+
+if TYPE_CHECKING:
+    from ..._core.protocols import HostData
 
 _U32 = (1 << 32) - 1
 
@@ -59,13 +62,13 @@ class DataChunk:
         self.data = as_bytes(self.data, "chunk data")
 
     @classmethod
-    def new(cls, chunk_type: ChunkType, data: Any) -> "DataChunk":
+    def new(cls, chunk_type: ChunkType, data: HostData) -> "DataChunk":
         """A chunk of this type holding `data`."""
         raw = as_bytes(data, "chunk data")
         return cls(ChunkHeader.new(chunk_type, len(raw)), raw)
 
     @classmethod
-    def with_id(cls, chunk_type: ChunkType, data: Any, chunk_id: int) -> "DataChunk":
+    def with_id(cls, chunk_type: ChunkType, data: HostData, chunk_id: int) -> "DataChunk":
         """A chunk of this type and id holding `data`."""
         raw = as_bytes(data, "chunk data")
         return cls(ChunkHeader.new(chunk_type, len(raw)).with_id(chunk_id), raw)
@@ -122,23 +125,23 @@ class Checkpoint:
             raise TypeError(f"add_chunk takes a DataChunk, got {type(chunk).__name__}")
         self.chunks.append(chunk)
 
-    def add_control_block(self, data: Any) -> None:
+    def add_control_block(self, data: HostData) -> None:
         """Append a CONTROL_BLOCK chunk."""
         self.add_chunk(DataChunk.new(ChunkType.CONTROL_BLOCK, data))
 
-    def add_h2k_queue(self, data: Any) -> None:
+    def add_h2k_queue(self, data: HostData) -> None:
         """Append an H2K_QUEUE chunk."""
         self.add_chunk(DataChunk.new(ChunkType.H2K_QUEUE, data))
 
-    def add_k2h_queue(self, data: Any) -> None:
+    def add_k2h_queue(self, data: HostData) -> None:
         """Append a K2H_QUEUE chunk."""
         self.add_chunk(DataChunk.new(ChunkType.K2H_QUEUE, data))
 
-    def add_hlc_state(self, data: Any) -> None:
+    def add_hlc_state(self, data: HostData) -> None:
         """Append an HLC_STATE chunk."""
         self.add_chunk(DataChunk.new(ChunkType.HLC_STATE, data))
 
-    def add_device_memory(self, name: str, data: Any) -> None:
+    def add_device_memory(self, name: str, data: HostData) -> None:
         """Append a DEVICE_MEMORY chunk named `name` (its id: chunk_name_id(name))."""
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
@@ -202,7 +205,7 @@ class Checkpoint:
         self.header = header
         return b"".join([header.to_bytes(), *parts])
 
-    def write_to(self, write: Callable[[Any], Any]) -> int:
+    def write_to(self, write: Callable[[bytes], object]) -> int:
         """Stream the serialised form to `write` (e.g. a file's write) without
         building it in one piece; returns the byte count."""
         header, parts = self._parts()
@@ -213,11 +216,11 @@ class Checkpoint:
         return header.total_size
 
     @classmethod
-    def from_bytes(cls, data: Any) -> "Checkpoint":
+    def from_bytes(cls, data: HostData) -> "Checkpoint":
         """Parse and check a serialised checkpoint (InvalidCheckpointError if it is
         truncated, corrupted, too large or of an unknown version)."""
         try:
-            view = memoryview(data).cast("B")
+            view = memoryview(data).cast("B")  # type: ignore[arg-type]
         except TypeError:
             raise TypeError(f"from_bytes takes bytes or a buffer-protocol object, got {type(data).__name__}") from None
         header = CheckpointHeader.from_bytes(view)
@@ -356,27 +359,27 @@ class CheckpointBuilder:
         self._metadata.with_custom(key, value)
         return self
 
-    def control_block(self, data: Any) -> "CheckpointBuilder":
+    def control_block(self, data: HostData) -> "CheckpointBuilder":
         """Add a CONTROL_BLOCK chunk."""
         self._chunks.append(DataChunk.new(ChunkType.CONTROL_BLOCK, data))
         return self
 
-    def h2k_queue(self, data: Any) -> "CheckpointBuilder":
+    def h2k_queue(self, data: HostData) -> "CheckpointBuilder":
         """Add an H2K_QUEUE chunk."""
         self._chunks.append(DataChunk.new(ChunkType.H2K_QUEUE, data))
         return self
 
-    def k2h_queue(self, data: Any) -> "CheckpointBuilder":
+    def k2h_queue(self, data: HostData) -> "CheckpointBuilder":
         """Add a K2H_QUEUE chunk."""
         self._chunks.append(DataChunk.new(ChunkType.K2H_QUEUE, data))
         return self
 
-    def hlc_state(self, data: Any) -> "CheckpointBuilder":
+    def hlc_state(self, data: HostData) -> "CheckpointBuilder":
         """Add an HLC_STATE chunk."""
         self._chunks.append(DataChunk.new(ChunkType.HLC_STATE, data))
         return self
 
-    def device_memory(self, name: str, data: Any) -> "CheckpointBuilder":
+    def device_memory(self, name: str, data: HostData) -> "CheckpointBuilder":
         """Add a DEVICE_MEMORY chunk named `name`."""
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")

@@ -8,11 +8,14 @@ import struct
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._core.checks import is_int
 from ...errors import InvalidCheckpointError
 from ..messages import HlcTimestamp
+
+if TYPE_CHECKING:
+    from ..._core.protocols import BytesLike
 
 __all__ = ["CHECKPOINT_MAGIC", "CHECKPOINT_VERSION", "MAX_CHECKPOINT_SIZE", "FLAG_CHUNK_CRC32", "FLAG_HEADER_CRC32",
            "HEADER_SIZE", "CHUNK_HEADER_SIZE", "MAX_CHUNKS", "MAX_CUSTOM_ENTRIES", "DELTA_PARENT_DIGEST_KEY",
@@ -131,7 +134,7 @@ class ChunkHeader:
         return _CHUNK.pack(self.chunk_type, self.flags, self.uncompressed_size, self.compressed_size, self.chunk_id)
 
     @classmethod
-    def from_bytes(cls, data: Any) -> "ChunkHeader":
+    def from_bytes(cls, data: BytesLike) -> "ChunkHeader":
         """Parse 32 bytes (InvalidCheckpointError if fewer)."""
         if len(data) < CHUNK_HEADER_SIZE:
             raise InvalidCheckpointError(f"a chunk header is {CHUNK_HEADER_SIZE} bytes, got {len(data)}")
@@ -189,7 +192,7 @@ class CheckpointHeader:
         return fixed + struct.pack("<I12x", self.header_crc if self.flags & FLAG_HEADER_CRC32 else 0)
 
     @classmethod
-    def from_bytes(cls, data: Any) -> "CheckpointHeader":
+    def from_bytes(cls, data: BytesLike) -> "CheckpointHeader":
         """Parse (not check: see validate) a header; with FLAG_HEADER_CRC32 its CRC is
         checked, and the reserved bytes after it must be zero."""
         if len(data) < HEADER_SIZE:
@@ -295,7 +298,7 @@ class CheckpointMetadata:
         return bytes(out)
 
     @classmethod
-    def from_bytes(cls, data: Any) -> "CheckpointMetadata":
+    def from_bytes(cls, data: BytesLike) -> "CheckpointMetadata":
         """Parse serialised metadata (InvalidCheckpointError when truncated or malformed)."""
         view = memoryview(data).cast("B")
         at = 0

@@ -147,7 +147,7 @@ class MultiGpuCoordinator:
                         index, reason, len(result.kernels_to_migrate), len(result.orphaned_kernels))
 
     @property
-    def manager(self) -> Any:
+    def manager(self) -> MultiDeviceManager | None:
         """The MultiDeviceManager this coordinator was built from, or None."""
         return self._manager
 
@@ -194,12 +194,12 @@ class MultiGpuCoordinator:
 
     # -- listeners ---------------------------------------------------------------
 
-    def add_listener(self, listener: Callable[[CoordinatorEvent], Any]) -> None:
+    def add_listener(self, listener: Callable[[CoordinatorEvent], object]) -> None:
         """Call `listener(event)` after every registry change (outside the lock, in
         the thread that made the change; its exceptions are logged, not raised)."""
         self._listeners.add(listener)
 
-    def remove_listener(self, listener: Callable[[CoordinatorEvent], Any]) -> None:
+    def remove_listener(self, listener: Callable[[CoordinatorEvent], object]) -> None:
         """Stop calling `listener` (one added with add_listener); unknown listeners are ignored."""
         self._listeners.remove(listener)
 

@@ -128,7 +128,7 @@ def _save(path: str, material: list[dict[str, Any]], topo: GpuTopology) -> bool:
         return False
 
 
-def probe_topology(manager: Any, *, force: bool = False, cache: bool = True, cache_directory: str | None = None,
+def probe_topology(manager: MultiDeviceManager, *, force: bool = False, cache: bool = True, cache_directory: str | None = None,
                    nbytes: int | None = None, reps: int = DEFAULT_REPS, sysfs_root: str = "/sys") -> GpuTopology:
     """The measured topology of `manager`'s devices, marked probed.
 

@@ -172,7 +172,7 @@ def pick_neighbour(snap: RegistrySnapshot, topo: GpuTopology, source: int) -> in
         if snap.is_live(n) and counts[n] < mx:
             conn = topo.get_connection(source, n)
             bw = conn.bandwidth_gbps if conn is not None else 1.0
-            score = bw / (counts[n] / mx + 0.1)
+            score = bw / (counts[n] / mx + 0.1)  # type: ignore[operator]
             if score > best_score:
                 best, best_score = n, score
     return best

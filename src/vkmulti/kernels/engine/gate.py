@@ -8,7 +8,7 @@ import functools
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 from ...errors import MigrationError, TimeoutError as VkmTimeout
 
@@ -103,14 +103,17 @@ def gate_of(rt: Any) -> RuntimeGate:
     return rt.gate
 
 
-def gated(fn: Callable) -> Callable:
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def gated(fn: _F) -> _F:
     """Run a KernelRuntime method with the runtime's gate held shared (it touches
     kernels' device resources, which a migration's switch replaces)."""
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         with gate_of(self).shared():
             return fn(self, *args, **kwargs)
-    return wrapper
+    return wrapper  # type: ignore[return-value]
 
 
 def _kernel_arg(rt: Any, args: tuple, kwargs: dict) -> Any:
@@ -121,7 +124,7 @@ def _kernel_arg(rt: Any, args: tuple, kwargs: dict) -> Any:
         return None
 
 
-def gated_unheld(fn: Callable) -> Callable:
+def gated_unheld(fn: _F) -> _F:
     """Like `gated`, for a method whose first argument is a kernel: it first waits
     (bounded by the call's `timeout`, default 60 s) until no migration or restore
     is replacing that kernel's device resources, so it never acts on a half-moved
@@ -138,4 +141,4 @@ def gated_unheld(fn: Callable) -> Callable:
             with gate.shared():
                 if k is None or not self.holds.is_moving(k):
                     return fn(self, *args, **kwargs)
-    return wrapper
+    return wrapper  # type: ignore[return-value]

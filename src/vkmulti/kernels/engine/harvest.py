@@ -28,7 +28,7 @@ class StepHarvest:
         for b, off in rec.surveys:
             self._apply_survey(b, status[off:off + SURVEY_RECORD])
         directs = {(id(b), id(x)) for b, x in rec.directs}
-        for b, k, off in rec.delivers:
+        for b, k, off in rec.delivers:  # type: ignore[assignment]
             taken, left, rejected, count = (int(x) for x in status[off:off + 4])
             if b is None:
                 continue

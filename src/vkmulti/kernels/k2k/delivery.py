@@ -200,16 +200,16 @@ class DeliveryEngine:
         by_device: dict[int, list[OutboxBatch]] = defaultdict(list)
         for b in batches:
             if b.kernel.destroyed:   # destroyed since its step: its outbox is gone
-                b.k2k_moves, b.k2k_landings = 0, []
+                b.k2k_moves, b.k2k_landings = 0, []  # type: ignore[attr-defined]
                 b.release()
                 continue
             by_device[b.device_index].append(b)
         trees = self.trees() if by_device else None
         for s, bs in sorted(by_device.items()):
-            children = trees.children(s, s)
+            children = trees.children(s, s)  # type: ignore[union-attr]
             for b in bs:
-                b.k2k_moves = 0
-                b.k2k_landings = []
+                b.k2k_moves = 0  # type: ignore[attr-defined]
+                b.k2k_landings = []  # type: ignore[attr-defined]
             # devices that share memory with s read the batches in place; the others get moves
             children = [c for c in children if not (self.peers.usable(s, c, trees, bs)
                                                     and self.peers.land(s, c, bs, trees))]
@@ -223,8 +223,8 @@ class DeliveryEngine:
             for c in children:
                 region.readers += 1
                 for b in bs:
-                    b.k2k_moves += 1
-                self.queues[(s, c)].append(Move((s, c), region, trees.edge_hops(s, c)))
+                    b.k2k_moves += 1  # type: ignore[attr-defined]
+                self.queues[(s, c)].append(Move((s, c), region, trees.edge_hops(s, c)))  # type: ignore[union-attr]
         self.pump()
         self._trees_now = None
 
@@ -290,7 +290,7 @@ class DeliveryEngine:
         trees = self.trees()
         if self._needless(src, trees.subtree(src.origin, b)):   # harvested: nothing in it goes there
             for p in src.parts:
-                p.batch.k2k_moves -= 1
+                p.batch.k2k_moves -= 1  # type: ignore[attr-defined]
             self._read_done(src, None)
             return True
         buf = None
@@ -306,7 +306,7 @@ class DeliveryEngine:
                 self._pool(b).put(buf)
             self._fail_parts(src.parts, f"could not move its messages from GPU {a} to GPU {b}: {exc}")
             for p in src.parts:
-                p.batch.k2k_moves -= 1
+                p.batch.k2k_moves -= 1  # type: ignore[attr-defined]
             self._read_done(src, None)
             return True
         self.moves_submitted += 1
@@ -321,10 +321,10 @@ class DeliveryEngine:
         for c in trees.children(src.origin, b):
             landing.readers += 1
             for p in src.parts:
-                p.batch.k2k_moves += 1
+                p.batch.k2k_moves += 1  # type: ignore[attr-defined]
             self.queues[(b, c)].append(Move((b, c), landing, m.hops + trees.edge_hops(b, c)))
         for p in src.parts:
-            p.batch.k2k_moves -= 1
+            p.batch.k2k_moves -= 1  # type: ignore[attr-defined]
         return True
 
     @staticmethod
@@ -370,7 +370,7 @@ class DeliveryEngine:
         dev = landing.device
         if not any(k.device_index == dev for k in self.port.kernels):
             return
-        shared = self._shared(dev, self.method(*landing.edge))
+        shared = self._shared(dev, self.method(*landing.edge))  # type: ignore[misc]
         for p in landing.parts:
             source = p.kernel if not p.kernel.destroyed else None
             x, slots = direct_guess(self.port, p.kernel, dev)
@@ -386,10 +386,10 @@ class DeliveryEngine:
             except (VkmError, ValueError) as exc:
                 self._fail_parts([p], f"GPU {dev} could not take its messages: {exc}")
                 continue
-            inbound.k2k_origin = p.batch
+            inbound.k2k_origin = p.batch  # type: ignore[attr-defined]
             inbound.exclusive = exclusive
             landing.inbounds.append(inbound)
-            p.batch.k2k_landings.append((dev, inbound))
+            p.batch.k2k_landings.append((dev, inbound))  # type: ignore[attr-defined]
 
     def _fail_parts(self, parts: list[Part], text: str) -> None:
         """Tell each sender (its next step raises KernelMessageError) and count failures."""
@@ -409,7 +409,7 @@ class DeliveryEngine:
                         ready=ticket.dst_ready, ticket=ticket, edge=(origin, c))
         for gc in onward:
             region.readers += 1
-            b.k2k_moves += 1
+            b.k2k_moves += 1  # type: ignore[attr-defined]
             self.queues[(c, gc)].append(Move((c, gc), region, hops + trees.edge_hops(c, gc)))
         return region
 
@@ -431,7 +431,7 @@ class DeliveryEngine:
             slot = self.mgr.slot(edge[1])
             for r in regions:
                 for i in r.inbounds:
-                    origin = i.k2k_origin
+                    origin = i.k2k_origin  # type: ignore[attr-defined]
                     if not i.done and origin.pending is not None and not origin.remote_devices >> r.device & 1:
                         self.port.withdraw_batch(i, timeout=self.submit_timeout)
                 if not r.counted and r.inbounds and all(i.done for i in r.inbounds):
@@ -489,7 +489,7 @@ class DeliveryEngine:
         for edge in [e for e in self.queues if d in e]:
             for m in self.queues.pop(edge):
                 for p in m.region.parts:
-                    p.batch.k2k_moves -= 1
+                    p.batch.k2k_moves -= 1  # type: ignore[attr-defined]
                 m.region.readers -= 1
                 if m.region.readers <= 0:
                     for b in m.region.batches:

@@ -140,7 +140,7 @@ class PeerEdges:
                     continue
                 inbound.k2k_origin = b
                 inbound.exclusive = exclusive
-                b.k2k_landings.append((c, inbound))
+                b.k2k_landings.append((c, inbound))  # type: ignore[attr-defined]
             b.retain()   # until c and the hops after it are done reading it in place
             landing = PeerLanding((s, c), b, inbound, ticket)
             if onward:
@@ -250,8 +250,8 @@ class PeerEdges:
         self.landings = keep
         for key in [k for k in self.relays if d in k[:2]]:
             self.dead_relays.append(self.relays.pop(key))   # destroyed with the others
-        for key in [k for k in self._views if k[1] == d]:
-            self._views.pop(key)
+        for key in [k for k in self._views if k[1] == d]:  # type: ignore[assignment]
+            self._views.pop(key)  # type: ignore[arg-type]
 
     def destroy(self, deadline: float) -> None:
         """Take back what was not delivered (counted as failures), wait for the

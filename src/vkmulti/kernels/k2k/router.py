@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import K2KDestinationNotFoundError, KernelNotFoundError, QueueFullError, TenantMismatchError
 from ...memory.image import as_host_bytes
@@ -38,6 +38,11 @@ from ..runtime.runtime import KernelRuntime
 from ..messages import HlcTimestamp, K2KMessage, MessageEnvelope
 from .routing import (CrossGpuRouterStats, CrossGpuRouterStatsSnapshot, PendingK2KMessage, RoutingDecision,
                       RoutingKind, decide_route)
+
+if TYPE_CHECKING:
+    from ..._core.protocols import HostData
+    from ..coordinator.coordinator import MultiGpuCoordinator
+    from ..coordinator.topology import GpuTopology
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +80,7 @@ class CrossGpuK2KRouter:
     best (e.g. to compare methods); the method must be one the pair supports.
     """
 
-    def __init__(self, coordinator: Any, runtime: Any = None, *, max_landings: int | None = None,
+    def __init__(self, coordinator: MultiGpuCoordinator, runtime: KernelRuntime | None = None, *, max_landings: int | None = None,
                  max_pending: int = 65536, submit_timeout: float = 30.0,
                  transfer_methods: dict[tuple[int, int], str] | None = None):
         for name in ("get_kernel_device", "topology"):
@@ -102,7 +107,8 @@ class CrossGpuK2KRouter:
 
     # -- the seed's API ----------------------------------------------------------------
 
-    def route_message(self, source_kernel: KernelId | str, dest_kernel: KernelId | str, message: Any, *,
+    def route_message(self, source_kernel: KernelId | str, dest_kernel: KernelId | str,
+                      message: HostData | K2KMessage, *,
                       timeout: float | None = 0.0) -> RoutingDecision:
         """Decide how a message from `source_kernel` to `dest_kernel` travels and queue it.
 
@@ -136,7 +142,7 @@ class CrossGpuK2KRouter:
         if decision.kind is RoutingKind.DIRECT_P2P or decision.kind is RoutingKind.HOST_MEDIATED:
             key = (s, d)
         elif decision.kind is RoutingKind.MULTI_HOP:
-            key = (s, decision.path[1])
+            key = (s, decision.path[1])  # type: ignore[index]
         pending = PendingK2KMessage(src, dst, msg, hops=decision.hops)
         if kernels is None:
             if key is not None:
@@ -146,7 +152,7 @@ class CrossGpuK2KRouter:
                 self._stats.add_pending(1)
             return decision
         source, dest = kernels
-        slot = self._pack(source, dest, msg, rt.payload_size)
+        slot = self._pack(source, dest, msg, rt.payload_size)  # type: ignore[union-attr]
         routed = _Routed(pending, decision, key, source, dest, slot)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._room:
@@ -202,7 +208,7 @@ class CrossGpuK2KRouter:
 
     # -- routes ------------------------------------------------------------------------
 
-    def topology(self) -> Any:
+    def topology(self) -> GpuTopology:
         """The coordinator's topology (a copy, refreshed when it changes)."""
         gen = getattr(self.coordinator, "topology_generation", None)
         cached = self._topology
@@ -337,8 +343,8 @@ class CrossGpuK2KRouter:
                 for s in getattr(rt.manager, "_slots", ()):   # a lost device is forgotten, never waited on
                     native = getattr(s, "native", None)
                     if native is not None and native.lost:
-                        eng.drop_device(s.index)
-                eng.destroy(timeout)
+                        eng.drop_device(s.index)  # type: ignore[union-attr]
+                eng.destroy(timeout)  # type: ignore[arg-type, union-attr]
             finally:
                 self.runtime, self._engine = None, None
                 self._check_sent(final=True)

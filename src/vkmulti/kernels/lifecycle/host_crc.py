@@ -189,7 +189,7 @@ class HostCrc:
             entry = self._maps.get(id(buf))
             if entry is None:
                 mapped = vkapi.vkMapMemory(self.ctx.slot.device, buf.memory, 0, buf.size, 0)
-                entry = self._maps[id(buf)] = [buf, memoryview(np.frombuffer(mapped, np.uint8, count=buf.size)), 0]
+                entry = self._maps[id(buf)] = [buf, memoryview(np.frombuffer(mapped, np.uint8, count=buf.size)), 0]  # type: ignore[arg-type]
             entry[2] += 1
             return entry[1]
 

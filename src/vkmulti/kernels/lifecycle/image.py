@@ -131,7 +131,7 @@ def fill_image(img: KernelImage, raw: Any, sizes: list[int]) -> KernelImage:
 def to_checkpoint(img: KernelImage) -> Checkpoint:
     """The Checkpoint of a KernelImage."""
     spec = img.spec
-    meta = CheckpointMetadata(img.kernel_id, spec.kernel_type, img.steps, tuple(spec.groups), local_size(spec),
+    meta = CheckpointMetadata(img.kernel_id, spec.kernel_type, img.steps, tuple(spec.groups), local_size(spec),  # type: ignore[arg-type]
                               img.clock)
     meta.custom.update({
         _PREFIX + "spec": json.dumps({"state_sizes": list(spec.state_sizes), "inbox_capacity": spec.inbox_capacity,
@@ -212,7 +212,7 @@ def from_checkpoint(cp: Checkpoint) -> KernelImage:
         raise InvalidCheckpointError(f"checkpoint of {meta.kernel_id!r}: host queues are not whole {slot}-byte slots")
     control = _chunk(cp, cp.get_chunk(ChunkType.CONTROL_BLOCK), "control block")
     inbox = _chunk(cp, cp.get_custom(INBOX_CHUNK), "inbox")
-    return KernelImage(spec, meta.kernel_id, address, tenant, params, meta.current_step, host_seq, payload_size,
+    return KernelImage(spec, meta.kernel_id, address, tenant, params, meta.current_step, host_seq, payload_size,  # type: ignore[arg-type]
                        control, inbox, states, h2k, received, device)
 
 

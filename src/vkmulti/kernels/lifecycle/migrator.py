@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from ...errors import KernelNotFoundError, MigrationError
 from ..checkpoint.format import Checkpoint
@@ -31,6 +31,16 @@ from ..checkpoint.storage import CheckpointStorage, MemoryStorage
 from ..ids import KernelId, as_kernel_id
 from ..engine.kernel import Kernel
 from ..coordinator.records import DeviceUnregisterResult, KernelMigrationPlan, MigrationRequest, MigrationState
+
+if TYPE_CHECKING:
+    from ..coordinator.coordinator import MultiGpuCoordinator
+    from .protocols import CheckpointableKernel
+
+
+class KernelsById(Protocol):
+    """Where carry_out finds the kernels of a plan: `kernel(kernel_id)` (a KernelRuntime)."""
+
+    def kernel(self, kernel_id: KernelId | str) -> Kernel: ...
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +139,7 @@ class PlanOutcome:
 class KernelMigrator:
     """Moves kernels between devices with checkpoints (see the module docstring)."""
 
-    def __init__(self, coordinator: Any, storage: CheckpointStorage | None = None):
+    def __init__(self, coordinator: MultiGpuCoordinator, storage: CheckpointStorage | None = None):
         for name in ("request_migration", "complete_migration", "get_kernel_device"):
             if not callable(getattr(coordinator, name, None)):
                 raise TypeError(f"coordinator must be a MultiGpuCoordinator (it has no {name}()), "
@@ -144,11 +154,11 @@ class KernelMigrator:
         self._stats = MigrationStats()
 
     @classmethod
-    def with_storage(cls, coordinator: Any, storage: CheckpointStorage) -> "KernelMigrator":
+    def with_storage(cls, coordinator: MultiGpuCoordinator, storage: CheckpointStorage) -> "KernelMigrator":
         """A migrator that keeps its checkpoints in `storage` (the seed's with_storage)."""
         return cls(coordinator, storage)
 
-    def coordinator(self) -> Any:
+    def coordinator(self) -> MultiGpuCoordinator:
         """The coordinator it completes migrations in."""
         return self._coordinator
 
@@ -163,7 +173,7 @@ class KernelMigrator:
 
     # -- one migration -------------------------------------------------------------------
 
-    def migrate_with_checkpoint(self, kernel: Any, request: MigrationRequest, *, timeout: float | None = 60.0,
+    def migrate_with_checkpoint(self, kernel: Kernel | CheckpointableKernel, request: MigrationRequest, *, timeout: float | None = 60.0,
                                 verify: bool = True) -> MigrationResult:
         """Move `kernel` as `request` says (see the module docstring). `timeout` bounds
         the live path's waits; `verify=False` skips its CRC32 comparison."""
@@ -175,10 +185,10 @@ class KernelMigrator:
         if isinstance(kernel, Kernel):
             if kernel.id != request.kernel_id:
                 raise ValueError(f"the request moves {request.kernel_id.as_str()!r}, the kernel is {kernel.id!r}")
-            if kernel.runtime.coordinator is not self._coordinator:
+            if kernel.runtime.coordinator is not self._coordinator:  # type: ignore[attr-defined]
                 raise ValueError(f"kernel {kernel.id!r} is placed by another coordinator than this migrator's")
             try:
-                result = kernel.runtime._migrate_live(kernel, request, timeout=timeout, verify=verify)
+                result = kernel.runtime._migrate_live(kernel, request, timeout=timeout, verify=verify)  # type: ignore[attr-defined]
             except BaseException:
                 request.state = MigrationState.FAILED
                 self._stats.add(failed_migrations=1)
@@ -266,7 +276,8 @@ class KernelMigrator:
 
     # -- unregister_device plans ----------------------------------------------------------
 
-    def carry_out(self, result: DeviceUnregisterResult, kernels: Any, *, timeout: float | None = 60.0,
+    def carry_out(self, result: DeviceUnregisterResult,
+                  kernels: KernelsById | Mapping[KernelId, Kernel | CheckpointableKernel], *, timeout: float | None = 60.0,
                   verify: bool = True) -> list[PlanOutcome]:
         """Carry out the plans of `coordinator.unregister_device(...)` in one call:
         each planned kernel is migrated to its target, one after the other.
@@ -305,9 +316,9 @@ class KernelMigrator:
             and plan.target_device < topo.device_count else [plan.source_device, plan.target_device]
         conn = topo.get_connection(plan.source_device, plan.target_device) \
             if max(plan.source_device, plan.target_device) < topo.device_count else None
-        bw = conn.bandwidth_gbps if conn is not None and conn.bandwidth_gbps > 0 else 16.0
+        bw = conn.bandwidth_gbps if conn is not None and conn.bandwidth_gbps > 0 else 16.0  # type: ignore[operator]
         lat = conn.latency_us if conn is not None else 10.0
-        return MigrationRequest(plan.kernel_id, plan.source_device, plan.target_device, path, bw, lat)
+        return MigrationRequest(plan.kernel_id, plan.source_device, plan.target_device, path, bw, lat)  # type: ignore[arg-type]
 
 
 def _safe(text: str) -> str:

@@ -52,7 +52,7 @@ class CheckpointPolicy:
             raise TypeError(f"storage must be a CheckpointStorage, got {type(self.storage).__name__}")
 
     def __repr__(self) -> str:
-        return (f"CheckpointPolicy(every_steps={self.every_steps}, {len(self.critical)} critical, keep={self.keep}, "
+        return (f"CheckpointPolicy(every_steps={self.every_steps}, {len(self.critical)} critical, keep={self.keep}, "  # type: ignore[arg-type]
                 f"storage={type(self.storage).__name__ if self.storage is not None else None})")
 
     def due(self, kernel_id: str, steps: int) -> bool:
@@ -151,7 +151,7 @@ class PolicyState:
             img = fill_image(c.image, c.buffer.bytes, c.sizes)
             cp = to_checkpoint(img)
             with self.lock:
-                q = self.done.setdefault(img.kernel_id, deque(maxlen=self.policy.keep))
+                q = self.done.setdefault(img.kernel_id, deque(maxlen=self.policy.keep))  # type: ignore[arg-type]
                 q.append(cp)
                 stats = getattr(self.life.rt, "failover_stats", None)
                 if stats is not None:
@@ -160,7 +160,7 @@ class PolicyState:
                 pool = self.spare.setdefault(key, [])
                 if len(pool) < 2:
                     pool.append(c.buffer)
-                    c.buffer = None
+                    c.buffer = None  # type: ignore[assignment]
             if c.buffer is not None:
                 c.buffer.destroy()
             if self.policy.storage is not None:

@@ -297,7 +297,7 @@ class ReplayLog:
     def _read(self, c: _Capture, raw: Any = None) -> None:
         state = self.life.policy_state
         covered = state.covers if state is not None else (lambda kid: False)
-        raw = c.buffer.bytes if raw is None else raw
+        raw = c.buffer.bytes if raw is None else raw  # type: ignore[union-attr]
         with self.lock:
             for e in c.entries:
                 kl = self.kernels.get(e.kid)
@@ -333,7 +333,7 @@ class ReplayLog:
             pool = self._spare.setdefault(key, [])
             if len(pool) < 2:
                 pool.append(c.buffer)
-                c.buffer = None   # type: ignore[assignment]
+                c.buffer = None
         if c.buffer is not None:
             c.buffer.destroy()
 

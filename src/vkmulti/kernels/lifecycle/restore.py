@@ -82,7 +82,7 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
             try:
                 if rings:
                     _, eng = life.engines.get(old_ctx.index, device)
-                    landings = [Buffer(twin.ctx.slot, r.size) for r in rings]
+                    landings = [Buffer(twin.ctx.slot, r.size) for r in rings]  # type: ignore[union-attr]
                     tickets = [eng.submit(src_buffer=r, dst_buffer=b, size=r.size) for r, b in zip(rings, landings)]
                     for t in tickets:
                         t.wait(time_left(deadline, "the copy of the staged messages"))
@@ -91,7 +91,7 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
                 for b in landings:
                     b.destroy()
                 raise
-            finish_move(rt, k, twin)
+            finish_move(rt, k, twin)  # type: ignore[arg-type]
             done = True
             _apply_host_side(k, img, fresh=False)
             if landings:

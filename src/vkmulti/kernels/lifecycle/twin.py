@@ -275,7 +275,7 @@ def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spe
         ctx.check()
         twin = Twin(rt, ctx, spec, k.id, k.address, k.tenant, tuple(k.params), pool=pool, states=states)
     if states is not None:
-        states[:] = twin.presets   # adopted ones are None now
+        states[:] = twin.presets  # type: ignore[assignment] # adopted ones are None now
     try:
         ctx.run_once(twin.init_commands([np.zeros(0, np.uint8)] * len(spec.state_sizes)))   # empty: left as is
     except BaseException:

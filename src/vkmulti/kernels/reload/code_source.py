@@ -19,13 +19,16 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._core.checks import U64_MAX, int_in
 from ..._core.shaders import SHADER_DIR
 from ...errors import KernelValidationError, UnsupportedError
 from ...errors import TimeoutError as VkmTimeout
 from ..engine.spirv import reflect
+
+if TYPE_CHECKING:
+    from ..._core.protocols import HostData
 
 __all__ = ["KernelCodeFormat", "KernelCodeSource", "validate_code"]
 
@@ -89,31 +92,31 @@ class KernelCodeSource:
     # -- the seed's constructors -------------------------------------------------------
 
     @classmethod
-    def new(cls, format: KernelCodeFormat, code: Any, entry_point: str) -> "KernelCodeSource":
+    def new(cls, format: KernelCodeFormat, code: str | HostData, entry_point: str) -> "KernelCodeSource":
         """Code of any format (the seed's KernelCodeSource::new)."""
-        return cls(format, code, entry_point)
+        return cls(format, code, entry_point)  # type: ignore[arg-type]
 
     @classmethod
     def from_ptx(cls, ptx: str, entry_point: str) -> "KernelCodeSource":
         """PTX text (the seed's; a Vulkan kernel cannot run it)."""
-        return cls(KernelCodeFormat.PTX, _text(ptx, "ptx"), entry_point)
+        return cls(KernelCodeFormat.PTX, _text(ptx, "ptx"), entry_point)  # type: ignore[arg-type]
 
     @classmethod
     def from_wgsl(cls, wgsl: str, entry_point: str) -> "KernelCodeSource":
         """WGSL text (the seed's; a Vulkan kernel cannot run it)."""
-        return cls(KernelCodeFormat.WGSL, _text(wgsl, "wgsl"), entry_point)
+        return cls(KernelCodeFormat.WGSL, _text(wgsl, "wgsl"), entry_point)  # type: ignore[arg-type]
 
     @classmethod
     def from_msl(cls, msl: str, entry_point: str) -> "KernelCodeSource":
         """Metal Shading Language text (the seed's; a Vulkan kernel cannot run it)."""
-        return cls(KernelCodeFormat.MSL, _text(msl, "msl"), entry_point)
+        return cls(KernelCodeFormat.MSL, _text(msl, "msl"), entry_point)  # type: ignore[arg-type]
 
     # -- vkmulti's ---------------------------------------------------------------------
 
     @classmethod
-    def from_spirv(cls, spirv: Any, entry_point: str = "main") -> "KernelCodeSource":
+    def from_spirv(cls, spirv: HostData, entry_point: str = "main") -> "KernelCodeSource":
         """SPIR-V words (bytes, little-endian) with their entry point."""
-        return cls(KernelCodeFormat.SPIRV, spirv, entry_point)
+        return cls(KernelCodeFormat.SPIRV, spirv, entry_point)  # type: ignore[arg-type]
 
     @classmethod
     def from_spirv_file(cls, path: str | os.PathLike, entry_point: str = "main") -> "KernelCodeSource":
@@ -121,7 +124,7 @@ class KernelCodeSource:
         return cls(KernelCodeFormat.SPIRV, Path(path).read_bytes(), entry_point)
 
     @classmethod
-    def from_glsl(cls, source: str, entry_point: str = "main", *, include_dirs: tuple = (),
+    def from_glsl(cls, source: str, entry_point: str = "main", *, include_dirs: tuple[str | os.PathLike[str], ...] = (),
                   defines: dict[str, str] | None = None, target_env: str = "vulkan1.1",
                   timeout: float | None = 60.0) -> "KernelCodeSource":
         """Compile GLSL compute source with glslc (UnsupportedError where glslc is

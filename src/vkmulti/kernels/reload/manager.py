@@ -31,7 +31,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeAlias
 
 from ...errors import (DestroyedError, KernelNotFoundError, KernelValidationError, TimeoutError as VkmTimeout,
                        VulkanError)
@@ -46,7 +46,22 @@ from .types import (HotReloadConfig, HotReloadRequest, HotReloadResult, HotReloa
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HotReloadManager"]
+__all__ = ["HotReloadManager", "ReloadTarget"]
+
+
+class ReloadTarget(Protocol):
+    """A kernel that is not a vkmulti Kernel, as a hot reload acts on it: a CheckpointableKernel
+    (its HotReloadableKernel methods, where it has them, swap the code in place)."""
+
+    def create_checkpoint(self) -> Checkpoint: ...
+    def restore_from_checkpoint(self, checkpoint: Checkpoint) -> None: ...
+    def checkpoint_kernel_id(self) -> str: ...
+    def checkpoint_kernel_type(self) -> str: ...
+
+
+if TYPE_CHECKING:
+    #: What reload, execute_reload and rollback act on: vkmulti Kernels (one or a list) or another kernel.
+    Reloadable: TypeAlias = Kernel | Sequence[Kernel] | ReloadTarget
 
 #: Vulkan results that may pass on another try (pools and memory run short for a while).
 _TRANSIENT_RESULTS = frozenset({-1, -2, -12, -1000069000, -1000161000})   # out of host/device/pool memory, fragmented
@@ -103,7 +118,7 @@ class HotReloadManager:
 
     @classmethod
     def with_rule_backend(cls, config: HotReloadConfig,
-                          backend: Callable[[KernelId, KernelCodeSource, KernelCodeSource], Any]) \
+                          backend: Callable[[KernelId, KernelCodeSource, KernelCodeSource], object]) \
             -> "HotReloadManager":
         """A manager whose swaps of kernels that are not vkmulti kernels go to
         `backend(kernel_id, old_code, new_code)` (the seed's rule swap backend);
@@ -132,7 +147,7 @@ class HotReloadManager:
         with self._lock:
             self._entries[kid] = entry
 
-    def register_runtime_kernel(self, kernel: Any, kernel_id: KernelId | str | None = None) -> KernelId:
+    def register_runtime_kernel(self, kernel: Kernel | Sequence[Kernel], kernel_id: KernelId | str | None = None) -> KernelId:
         """Register a vkmulti Kernel's current SPIR-V under `kernel_id` (default: its id)
         and remember the kernel, so reloads and rollbacks of that id reach it."""
         k = _check_runtime_kernels(kernel)[0]
@@ -222,17 +237,17 @@ class HotReloadManager:
             raise KernelValidationError("Hot reload already in progress for this kernel")
         return HotReloadRequest(kid, new_code.with_version(self._next_version()))
 
-    def reload(self, kernel: Any, new_code: KernelCodeSource, kernel_id: KernelId | str | None = None) \
+    def reload(self, kernel: Reloadable, new_code: KernelCodeSource, kernel_id: KernelId | str | None = None) \
             -> HotReloadResult:
         """request_reload + execute_reload for `kernel` (registered under `kernel_id`,
         default: its id; a runtime kernel not yet registered is registered first)."""
         if kernel_id is None:
-            kernel_id = getattr(kernel, "id", None) or kernel.checkpoint_kernel_id()
+            kernel_id = getattr(kernel, "id", None) or kernel.checkpoint_kernel_id()  # type: ignore[union-attr]
         if not self.is_registered(kernel_id) and _is_runtime(kernel):
-            self.register_runtime_kernel(kernel, kernel_id)
+            self.register_runtime_kernel(kernel, kernel_id)  # type: ignore[arg-type]
         return self.execute_reload(self.request_reload(kernel_id, new_code), kernel)
 
-    def execute_reload(self, request: HotReloadRequest, kernel: Any) -> HotReloadResult:
+    def execute_reload(self, request: HotReloadRequest, kernel: Reloadable) -> HotReloadResult:
         """Carry out `request` on `kernel` (see the module docstring); the request's
         state follows the phases. Errors propagate after FAILED is recorded."""
         if not isinstance(request, HotReloadRequest):
@@ -324,7 +339,7 @@ class HotReloadManager:
                     request.state = HotReloadState.SWAPPING
                     t0 = time.monotonic()
                     if targets:
-                        swap(targets, passes, code, lambda: left("swapping"))
+                        swap(targets, passes, code, lambda: left("swapping"))  # type: ignore[arg-type]
                     elif reloadable:
                         kernel.apply_code(code)
                     elif self._backend is not None:
@@ -383,7 +398,8 @@ class HotReloadManager:
 
     # -- rollback ----------------------------------------------------------------------
 
-    def rollback(self, kernel_id: KernelId | str, steps: int = 1, kernel: Any = None) -> KernelCodeSource:
+    def rollback(self, kernel_id: KernelId | str, steps: int = 1,
+                 kernel: Reloadable | None = None) -> KernelCodeSource:
         """Go back `steps` versions (1: the previous one); the live kernels the id
         was reloaded on (or `kernel`) get that code at a step boundary. Returns
         the code now current. KernelValidationError("No fallback available") when
@@ -413,7 +429,7 @@ class HotReloadManager:
                     return rest
                 swap(live, compile_on_devices(target, live, left), target, left)
             elif kernel is not None and callable(getattr(kernel, "apply_code", None)):
-                kernel.apply_code(target)
+                kernel.apply_code(target)  # type: ignore[union-attr]
             elif self._backend is not None:
                 self._backend(as_kernel_id(kernel_id), entry.code, target)
             with self._lock:

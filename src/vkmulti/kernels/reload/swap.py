@@ -96,8 +96,8 @@ def _ahead(k: Kernel) -> list[tuple[int, Any]]:
     prebuild = getattr(rt, "prebuild", None)
     if prebuild is None:
         return []
-    with rt._lock:
-        made = {index: pair[0] for index, pair in rt._contexts.items()}
+    with rt._lock:  # type: ignore[attr-defined]
+        made = {index: pair[0] for index, pair in rt._contexts.items()}  # type: ignore[attr-defined]
     return [(d, made[d]) for d in prebuild.targets(k) if d in made and made[d].alive]
 
 
@@ -192,7 +192,7 @@ def clear_state(targets: list[Kernel]) -> None:
         ctx = k.ctx
         with ctx.lock:
             k.check()
-            ctx.run_once(lambda cmd, ss=list(k.states): [vk.vkCmdFillBuffer(cmd, s.handle, 0, WHOLE_SIZE, 0)
+            ctx.run_once(lambda cmd, ss=list(k.states): [vk.vkCmdFillBuffer(cmd, s.handle, 0, WHOLE_SIZE, 0)  # type: ignore[arg-type, misc]
                                                         for s in ss])
 
 

@@ -67,7 +67,7 @@ class HotReloadConfig:
 
     def with_timeout(self, timeout: float | datetime.timedelta) -> "HotReloadConfig":
         """A copy with `reload_timeout` set (seconds or timedelta)."""
-        return dataclasses.replace(self, reload_timeout=timeout)
+        return dataclasses.replace(self, reload_timeout=timeout)  # type: ignore[arg-type]
 
     def with_preserve_state(self, preserve: bool) -> "HotReloadConfig":
         """A copy with `preserve_state` set."""
@@ -79,7 +79,7 @@ class HotReloadConfig:
 
     def with_retry_backoff(self, backoff: float | datetime.timedelta) -> "HotReloadConfig":
         """A copy with `retry_backoff` set (seconds or timedelta)."""
-        return dataclasses.replace(self, retry_backoff=backoff)
+        return dataclasses.replace(self, retry_backoff=backoff)  # type: ignore[arg-type]
 
     def with_validate_before_swap(self, validate: bool) -> "HotReloadConfig":
         """A copy with `validate_before_swap` set."""
@@ -136,7 +136,7 @@ class HotReloadRequest:
     @classmethod
     def new(cls, kernel_id: KernelId | str, new_code: KernelCodeSource) -> "HotReloadRequest":
         """A request in state IDLE (the seed's HotReloadRequest::new)."""
-        return cls(kernel_id, new_code)
+        return cls(kernel_id, new_code)  # type: ignore[arg-type]
 
     @property
     def checkpoint_data(self) -> bytes | None:

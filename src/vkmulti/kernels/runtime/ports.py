@@ -13,11 +13,24 @@ publishes both halves here and each side calls only these methods:
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeAlias, runtime_checkable
 
 from ...memory.image import Buffer
 from ..._core.timeline import TimelinePoint
 from ..engine.kernel import InboundBatch, Kernel, OutboxBatch
+from ..ids import KernelId
+
+if TYPE_CHECKING:   # the names KernelRuntime's signatures use (runtime.py has no lines to spare)
+    from numpy.typing import NDArray as NDArray
+    from ..._core.protocols import HostData as HostData
+    from ..._core.timeline import Points as Points
+    from ...device.manager import MultiDeviceManager as MultiDeviceManager
+    from ..coordinator.config import LaunchOptions as LaunchOptions
+    from ..coordinator.coordinator import MultiGpuCoordinator as MultiGpuCoordinator
+    from ..engine.prebuild import Prebuilder as Prebuilder
+    from ..reload.code_source import KernelCodeSource as KernelCodeSource
+    #: A kernel as the runtime's methods take it: the Kernel, or its id.
+    KernelRef: TypeAlias = Kernel | KernelId | str
 
 __all__ = ["OutboxFeed", "RuntimePort"]
 

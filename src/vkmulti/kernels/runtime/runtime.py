@@ -1,11 +1,9 @@
-"""KernelRuntime: launches compute kernels on the devices a coordinator picks,
-steps them with GPU-side ordering, and carries messages between the host and
-kernels (H2K / K2H) and between kernels of one device.
+"""KernelRuntime: launches compute kernels on the devices a coordinator picks, steps them with GPU-side
+ordering, and carries messages between the host and kernels (H2K / K2H) and between kernels of one device.
 
-"Persistent" kernels here are resident state plus a cheap relaunch per step:
-Vulkan gives no forward-progress guarantee to a shader that never exits, so
-a kernel is dispatched once per `step()` over its pending inbox, and its
-state buffers stay on the device between steps (docs/explanation/kernels.md).
+"Persistent" kernels here are resident state plus a cheap relaunch per step: Vulkan gives no forward-progress
+guarantee to a shader that never exits, so a kernel is dispatched once per `step()` over its pending inbox,
+and its state buffers stay on the device between steps (docs/explanation/kernels.md).
 """
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import contextlib
 import functools
 import logging
 import threading
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 
@@ -44,27 +42,28 @@ from .ports import OutboxFeed
 from .placement import check_fits, initial_state, place
 from .stepping import RunTicket, StepTicket, Stepping
 
+if TYPE_CHECKING:
+    from .ports import (Buffer, HostData, KernelCodeSource, KernelRef, LaunchOptions, MultiDeviceManager, NDArray,
+                        MultiGpuCoordinator, Points, Prebuilder)
+
 log = logging.getLogger(__name__)
 
 __all__ = ["KernelRuntime", "RunTicket", "StepTicket"]
 
 
 class KernelRuntime:
-    """Compute kernels on the devices of `coordinator` (a MultiGpuCoordinator
-    whose devices are the slots of `manager`; by default the manager the
-    coordinator was built from).
+    """Compute kernels on the devices of `coordinator` (a MultiGpuCoordinator whose devices are the
+    slots of `manager`; by default the manager the coordinator was built from).
 
-    `payload_size`: bytes of message payload per slot (a multiple of 16;
-    default 256). `in_flight`: steps per device that may be submitted before
-    the host must harvest the oldest (also the outbox regions per kernel).
-    `max_kernels`: kernel addresses the runtime tells apart (the size of each
-    kernel's per-destination sequence table). `h2k_capacity` / `k2h_capacity`:
-    bounds of the host's send and receive queues per kernel.
+    `payload_size`: bytes of message payload per slot (a multiple of 16; default 256). `in_flight`: steps per
+    device that may be submitted before the host must harvest the oldest (also the outbox regions per kernel).
+    `max_kernels`: kernel addresses the runtime tells apart (the size of each kernel's per-destination sequence
+    table). `h2k_capacity` / `k2h_capacity`: bounds of the host's send and receive queues per kernel.
     """
 
-    def __init__(self, coordinator: Any, manager: Any = None, *, payload_size: int = DEFAULT_PAYLOAD_SIZE,
-                 in_flight: int = 3, max_kernels: int = 1024, h2k_capacity: int = 1024,
-                 k2h_capacity: int = 1024):
+    def __init__(self, coordinator: MultiGpuCoordinator, manager: MultiDeviceManager | None = None, *,
+                 payload_size: int = DEFAULT_PAYLOAD_SIZE, in_flight: int = 3, max_kernels: int = 1024,
+                 h2k_capacity: int = 1024, k2h_capacity: int = 1024):
         for name in ("select_device", "assign_kernel", "remove_kernel"):
             if not callable(getattr(coordinator, name, None)):
                 raise TypeError(f"coordinator must be a MultiGpuCoordinator (it has no {name}()), "
@@ -95,7 +94,7 @@ class KernelRuntime:
         self.inbound = Inbound(self, self._check, self._device, self._lock, self._contexts, self._by_index,
                                self._wait_points)
         self._host = HostQueues(self._resolve, self._device, self.payload_size, self.hlc)
-        self._lifecycle = Lifecycle(self, lambda: self.migration_pool_bytes)
+        self._lifecycle = Lifecycle(self, lambda: self.migration_pool_bytes)  # type: ignore[arg-type]
         self._failover = Failover(manager, coordinator, self._lock, self._kernels, self._contexts,
                                   self.inbound.device_lost, self._unregister, self._release_address,
                                   functools.partial(restore_lost_kernels, self._lifecycle), self._lifecycle.turn)
@@ -107,7 +106,6 @@ class KernelRuntime:
             life.adopt(self)   # the manager's destroy() destroys the runtime before its buffers and devices
 
     # -- registry -----------------------------------------------------------------------
-
     def _check(self) -> None:
         if self._destroyed:
             raise DestroyedError("KernelRuntime used after destroy()")
@@ -142,7 +140,7 @@ class KernelRuntime:
             raise KernelNotFoundError(f"no kernel {kernel_id!r} in this runtime")
         return k
 
-    def _resolve(self, kernel: Any, label: str = "kernel") -> Kernel:
+    def _resolve(self, kernel: KernelRef, label: str = "kernel") -> Kernel:
         if isinstance(kernel, Kernel):
             if kernel.runtime is not self:
                 raise ValueError(f"{label} {kernel.id!r} belongs to another KernelRuntime")
@@ -187,12 +185,12 @@ class KernelRuntime:
         """The source of messages the host routes on kernels' behalf (the K2K router), or None."""
         return self.inbound.feed
 
-    def add_step_listener(self, listener: Callable[[list[OutboxBatch]], Any], *, retain: bool = False,
-                          prepare: Callable[[list[Kernel]], Any] | None = None) -> None:
+    def add_step_listener(self, listener: Callable[[list[OutboxBatch]], object], *, retain: bool = False,
+                          prepare: Callable[[list[Kernel]], object] | None = None) -> None:
         """Call `listener(batches)` after each step with its new outbox batches (Inbound.add_step_listener)."""
         self.inbound.add_step_listener(listener, retain=retain, prepare=prepare)
 
-    def remove_step_listener(self, listener: Callable[[list[OutboxBatch]], Any]) -> None:
+    def remove_step_listener(self, listener: Callable[[list[OutboxBatch]], object]) -> None:
         """Stop calling `listener` (a step already running still hands it its batches)."""
         self.inbound.remove_step_listener(listener)
 
@@ -200,13 +198,13 @@ class KernelRuntime:
         """Install (None: remove) the K2K router as the source of host-routed messages (Inbound.set_outbox_feed)."""
         self.inbound.set_outbox_feed(feed)
 
-    def settle_injected(self, kernel: Kernel, batch: OutboxBatch | None, taken: list, returned: list) -> None:
+    def settle_injected(self, kernel: Kernel, batch: OutboxBatch | None, taken: list[Any], returned: list[Any]) -> None:
         """The stepper's report on host-routed messages of one step (see set_outbox_feed)."""
         self.inbound.settle_injected(kernel, batch, taken, returned)
 
-    def accept_batch(self, device: int, buffer: Any, offset: int = 0, size: int | None = None, *,
-                     wait: Any = None, source: Kernel | None = None, hops: int = 0, report_unknown: bool = True,
-                     submitted: Callable[[float], Any] | None = None, reuse_sets: bool = False,
+    def accept_batch(self, device: int, buffer: Buffer, offset: int = 0, size: int | None = None, *,
+                     wait: Points = None, source: Kernel | None = None, hops: int = 0, report_unknown: bool = True,
+                     submitted: Callable[[float], object] | None = None, reuse_sets: bool = False,
                      direct: Kernel | None = None, direct_slots: int | None = None,
                      lazy: bool = False) -> InboundBatch:
         """Hand the kernels of `device` a batch in `buffer` from `offset` (Inbound.accept_batch)."""
@@ -218,15 +216,15 @@ class KernelRuntime:
         """Take an accepted batch back; returns how many of its messages were not delivered."""
         return self.inbound.withdraw_batch(batch, timeout=timeout)
 
-    def forget_buffer(self, buffer: Any) -> None:
+    def forget_buffer(self, buffer: Buffer) -> None:
         """Drop the descriptor sets kept for `buffer` (batches accepted with reuse_sets=True)."""
         self.inbound.forget_buffer(buffer)
 
     # -- launch ---------------------------------------------------------------------------
 
     def launch(self, spec: KernelSpec, kernel_id: str | None = None, *, device: int | None = None,
-               state: Iterable[Any] | None = None, params: Iterable[int] = (), tenant: int = 0,
-               options: Any = None) -> Kernel:
+               state: HostData | Iterable[HostData | None] | None = None, params: Iterable[int] = (),
+               tenant: int = 0, options: LaunchOptions | None = None) -> Kernel:
         """Launch `spec` on the device the coordinator selects (or `device`, pinned).
 
         `state`: initial bytes per state buffer (None or a shorter list: zeros).
@@ -255,7 +253,7 @@ class KernelRuntime:
             if not self._free_index:
                 raise ValueError(f"this runtime already runs {self.max_kernels - 1} kernels (max_kernels)")
             index = self._free_index.pop()
-            self._kernels[kernel_id] = None   # type: ignore[assignment]  (reserved)
+            self._kernels[kernel_id] = None   # type: ignore[assignment]  # (reserved)
         try:
             placed = place(self.coordinator, self.manager.device_count, kernel_id, device, options)
             try:
@@ -313,7 +311,8 @@ class KernelRuntime:
 
     # -- stepping ---------------------------------------------------------------------------
 
-    def step(self, kernels: Any = None, *, wait: Any = None, timeout: float | None = 60.0) -> StepTicket:
+    def step(self, kernels: KernelRef | Iterable[KernelRef] | None = None, *, wait: Points = None,
+             timeout: float | None = 60.0) -> StepTicket:
         """Launch one step of `kernels` (a Kernel, an id, a list of them; None: all).
 
         Per device, the kernels there run in one submit that signals the
@@ -326,7 +325,8 @@ class KernelRuntime:
         """
         return self._lifecycle.gated_step(self._steps.step, kernels, wait, timeout)
 
-    def run(self, steps: int, kernels: Any = None, *, timeout: float | None = 60.0) -> RunTicket:
+    def run(self, steps: int, kernels: KernelRef | Iterable[KernelRef] | None = None, *,
+            timeout: float | None = 60.0) -> RunTicket:
         """`steps` steps of `kernels`, each as `step()` (migrations and reloads swap between two), in one
         ticket once all are submitted. An error or Ctrl-C stops it between two steps; those submitted stand."""
         return self._steps.run(lambda: self.step(kernels, timeout=timeout), steps)
@@ -357,7 +357,7 @@ class KernelRuntime:
 
     # -- host <-> kernel (HostQueues) ------------------------------------------------------
 
-    def send(self, kernel: Any, payload: Any, *, tag: int = 0, priority: int = 0,
+    def send(self, kernel: KernelRef, payload: HostData | K2KMessage, *, tag: int = 0, priority: int = 0,
              timeout: float | None = 0.0) -> K2KMessage:
         """Queue a message from the host to `kernel` (delivered at its next step).
 
@@ -368,25 +368,25 @@ class KernelRuntime:
         """
         return self._host.send(kernel, payload, tag=tag, priority=priority, timeout=timeout)
 
-    def receive(self, kernel: Any, timeout: float | None = None) -> K2KMessage:
+    def receive(self, kernel: KernelRef, timeout: float | None = None) -> K2KMessage:
         """The next message `kernel` sent to the host (FIFO). Blocks until one
         arrives from a submitted step; vkmulti.TimeoutError after `timeout` s
         (None: no limit; the wait is interruptible)."""
         return self._host.receive(kernel, timeout)
 
-    def pending_receives(self, kernel: Any) -> int:
+    def pending_receives(self, kernel: KernelRef) -> int:
         """Messages from `kernel` waiting in the host receive queue (harvested so far)."""
         return self._host.pending_receives(kernel)
 
     @gated
-    def read_state(self, kernel: Any, index: int = 0, *, offset: int = 0, size: int | None = None,
-                   timeout: float | None = 60.0) -> np.ndarray:
+    def read_state(self, kernel: KernelRef, index: int = 0, *, offset: int = 0, size: int | None = None,
+                   timeout: float | None = 60.0) -> NDArray[np.uint8]:
         """State buffer `index` of `kernel` (uint8) as of its latest submitted step; `offset` and
         `size` (default: to the end) read a byte range of it."""
         return self._host.read_state(kernel, index, offset=offset, size=size, timeout=timeout)
 
     @gated_unheld
-    def write_state(self, kernel: Any, index: int, data: Any, *, offset: int = 0,
+    def write_state(self, kernel: KernelRef, index: int, data: HostData, *, offset: int = 0,
                     timeout: float | None = 60.0) -> None:
         """Overwrite bytes of state buffer `index` (after every submitted step, before later ones)."""
         self._host.write_state(kernel, index, data, offset=offset, timeout=timeout)
@@ -429,12 +429,12 @@ class KernelRuntime:
     def migration_crc(self, choice: str) -> None:
         self._lifecycle.crc_choice = check_choice(choice)
 
-    def is_held(self, kernel: Any) -> bool:
+    def is_held(self, kernel: KernelRef) -> bool:
         """Whether `kernel` is held back from stepping (being migrated or reloaded)."""
         return self._lifecycle.is_held(self._resolve(kernel))
 
     @property
-    def prebuild(self) -> Any:
+    def prebuild(self) -> Prebuilder:
         """The Prebuilder of the kernels' pipelines (its `devices`: where; engine/prebuild.py)."""
         return self._lifecycle.prebuild
 
@@ -448,7 +448,7 @@ class KernelRuntime:
         self._lifecycle.pool.clear()
 
     @gated
-    def checkpoint(self, kernel: Any, *, timeout: float | None = 60.0) -> Checkpoint:
+    def checkpoint(self, kernel: KernelRef, *, timeout: float | None = 60.0) -> Checkpoint:
         """A Checkpoint of `kernel` after its submitted steps (see lifecycle/lifecycle.py)."""
         return self._lifecycle.checkpoint(kernel, timeout)
 
@@ -462,7 +462,7 @@ class KernelRuntime:
         st = self._lifecycle.policy_state
         return None if st is None else st.policy
 
-    def latest_checkpoint(self, kernel: Any) -> Checkpoint | None:
+    def latest_checkpoint(self, kernel: KernelRef) -> Checkpoint | None:
         """The newest completed policy checkpoint of a kernel (a Kernel or its id;
         also one destroyed or lost since), None if there is none."""
         return self._lifecycle.latest_checkpoint(kernel)
@@ -473,7 +473,8 @@ class KernelRuntime:
         lifecycle/lifecycle.py)."""
         return self._lifecycle.restore(checkpoint, device, kernel_id, into, timeout)
 
-    def migrate(self, kernel: Any, device: int, *, timeout: float | None = 60.0, verify: bool = True) -> Any:
+    def migrate(self, kernel: KernelRef, device: int, *, timeout: float | None = 60.0,
+                verify: bool = True) -> MigrationResult:
         """Live-migrate `kernel` to `device` (a MigrationResult; see KernelMigrator)."""
         return self._lifecycle.migrate(kernel, device, timeout, verify)
 
@@ -481,14 +482,14 @@ class KernelRuntime:
                       verify: bool) -> MigrationResult:
         return self._lifecycle.migrate_live(kernel, request, timeout, verify)
 
-    def apply_code(self, kernel: Kernel, code: Any, timeout: float) -> None:
+    def apply_code(self, kernel: Kernel, code: KernelCodeSource, timeout: float) -> None:
         """Swap `code` into `kernel` as a hot reload does (Kernel.apply_code's CodeSwapper)."""
         apply_code(kernel, code, timeout)
 
     # -- teardown ------------------------------------------------------------------------------
 
     @gated_unheld
-    def destroy_kernel(self, kernel: Any, *, timeout: float = 30.0) -> None:
+    def destroy_kernel(self, kernel: KernelRef, *, timeout: float = 30.0) -> None:
         """Stop and free `kernel` (idempotent for a Kernel). Steps already submitted
         finish first; its undelivered outgoing messages and unread host messages
         are dropped (and counted in its stats); later calls on it raise DestroyedError."""
@@ -498,7 +499,7 @@ class KernelRuntime:
             k = kernel
         else:
             k = self._resolve(kernel)
-        timeout = timeout_seconds(timeout)
+        timeout = timeout_seconds(timeout)  # type: ignore[assignment]
         ctx = k.ctx
         with ctx.lock:
             if k.destroyed:
@@ -568,10 +569,9 @@ class KernelRuntime:
     def _destroy_now(self, timeout: float) -> None:
         self._failover.sync_lost_devices(teardown=True)   # kernels of lost devices go without waits
         with self._lock:
-            kernels = list(self._kernels.values())
+            kernels = [k for k in self._kernels.values() if k is not None]
         for k in kernels:
-            if k is not None:
-                self.destroy_kernel(k, timeout=timeout)
+            self.destroy_kernel(k, timeout=timeout)
         self._lifecycle.destroy(timeout)
         with self._lock:
             self._destroyed = True

@@ -118,7 +118,7 @@ class Stepping:
                                     f"got {type(kernels).__name__}") from None
                 raise
         seen: set[int] = set()
-        targets = [k for k in targets if not (id(k) in seen or seen.add(id(k)))]
+        targets = [k for k in targets if not (id(k) in seen or seen.add(id(k)))]  # type: ignore[func-returns-value]
         by_device: dict[int, list[Kernel]] = defaultdict(list)
         for k in targets:
             by_device[k.device_index].append(k)
@@ -136,7 +136,7 @@ class Stepping:
         listeners, retain, preparers = self._step_hooks()   # retaining listeners release each batch once
         for prepare in preparers:   # e.g. the router lets go of batches other devices finished reading
             prepare(targets)
-        points, launched, deferred, batches = {}, [], [], []
+        points, launched, deferred, batches = {}, [], [], []   # type: ignore[assignment, var-annotated]
         stepped: dict[int, tuple[Any, Any]] = {}
         queue = sorted(by_device.items())
         while queue:
@@ -182,7 +182,7 @@ class Stepping:
             batches += new
         for listener in listeners:   # also without new batches: a router may have moves waiting
             listener(batches)
-        return StepTicket(self, points, launched, deferred, batches)
+        return StepTicket(self, points, launched, deferred, batches)  # type: ignore[arg-type]
 
     def run(self, step: Callable[[], StepTicket], steps: Any) -> RunTicket:
         """`steps` calls of `step()` (one runtime step each), gathered in one ticket."""
