@@ -43,6 +43,10 @@ __all__ = ["Failover"]
 #: seconds a failover waits, through the driver, for the work of a lost device whose drain nobody saw finish
 DRAIN_TIMEOUT = 2.0
 
+#: seconds a failover lets threads still waiting on the lost device's kernel timeline leave it (their
+#: waits fail at once on a device marked lost; with no time at all one caught mid-wait failed the step)
+LEAVE_TIMEOUT = 1.0
+
 #: seconds a thread that finds a device lost waits for another thread's failover from it
 FAILOVER_WAIT = 120.0
 
@@ -167,7 +171,7 @@ class Failover:
                 ctx.free_set(s)
             stepper.retired = []
             stepper.batches.clear()
-            ctx.destroy(0.0)
+            ctx.destroy(LEAVE_TIMEOUT)
         what = f"{len(restored)} kernel(s) restored from checkpoints, {len(kernels)} lost with the device"
         rec = self.stats.recovered(d, what, t0, why)
         log.error("KernelRuntime: GPU %d lost (%s); kernels restored: %s; kernels lost with it: %s; the others go "

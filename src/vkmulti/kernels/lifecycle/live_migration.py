@@ -16,12 +16,13 @@ Live migration (`migrate_live`):
 1. quiesce: the kernel is held back from stepping (a step() that took it
    before the hold is let finish submitting: the gate, once) and its
    submitted steps finish; its state can no longer change;
-2. the source's state buffers are hashed (CRC32 job on the source device)
-   and copied GPU to GPU with the pair's best transfer method into state
-   buffers of the twin, while the other kernels keep stepping; the target's hash of what arrived is queued behind
-   the copies' timeline points (no host round trip between copy and hash):
-   at once by the host engine, at the switch by a GPU's shader (its job
-   waits on the step queue, which must not hold back the others' steps);
+2. the source's state buffers are copied GPU to GPU with the pair's best
+   transfer method into state buffers of the twin in chunks (chunked_copy.py),
+   while the other kernels keep stepping; each chunk is hashed on both
+   devices as it lands, the target's hash queued behind that chunk's
+   timeline point (no host round trip between copy and hash): at once by the
+   host engine, at the switch by a GPU's shader (its jobs wait on the step
+   queue, which must not hold back the others' steps);
 3. the switch, with the runtime's gate held: every submitted step finishes,
    the K2K router's queued moves are submitted (their batches land), then one
    GPU pass on the source takes every message still waiting for the kernel
