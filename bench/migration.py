@@ -19,10 +19,17 @@
     cold, against the kernel's normal step (and against the longest gap in
     as long a window of plain steps right after: the machine's own noise).
 
+(c) the stencil's lost-GPU drill (`python -m vkmulti demo stencil --lose-gpu 1@100`):
+    the recovery (restore of the lost slab on the survivor from its latest
+    checkpoint, then the replay of the steps since), with the default
+    checkpoint policy (every 16 steps: up to 15 steps replayed) and with a
+    checkpoint after every step (nothing to replay: the restore alone),
+    against the slab's normal step.
+
 Prints figures as JSON, then a line starting with "ratio:". Uses the virtual
 lavapipe pair when no GPU is present.
 
-    python bench/migration.py [--section all|migrate|reload] [--sizes 1M,16M,256M] [--repeats N]
+    python bench/migration.py [--section all|migrate|reload|drill] [--sizes 1M,16M,256M] [--repeats N]
                               [--virtual N] [--json FILE]
 """
 from __future__ import annotations
@@ -303,12 +310,29 @@ def _reload_gap(rt: Any, k: Any, manager: Any, spirv: bytes, tag: int) -> tuple[
                                                                      t1 + (t2 - t1) / 2 + (t1 - t0) / 2)
 
 
+def drill(repeats: int) -> dict:
+    """(c): the lost-GPU drill's recovery, median of `repeats` drills per policy."""
+    from vkmulti.apps.stencil import LIGHT_SIZE
+    from vkmulti.apps.stencil_drill import stencil_drill
+
+    w, h = LIGHT_SIZE
+    row: dict[str, Any] = {"grid": f"{w}x{h}", "steps": 200, "lose": "1@100"}
+    for label, every in (("", 16), ("_every_step", 1)):
+        runs = [stencil_drill(w, h, 200, (1, 100), every=every) for _ in range(repeats)]
+        row[f"identical{label}"] = all(r["identical"] for r in runs)
+        row[f"recovery{label}_ms"] = _median([r["recovery_ms"] for r in runs])
+        row[f"steps_replayed{label}"] = _median([r["steps_replayed"] for r in runs])
+        row[f"step{label}_ms"] = _median([r["step_ms_after"] for r in runs])
+    row["ratio_recovery_to_step"] = row["recovery_ms"] / row["step_ms"]
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     from vkmulti import MultiDeviceManager
     from vkmulti.apps.progress import progress
 
     p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument("--section", choices=("all", "migrate", "reload"), default="all")
+    p.add_argument("--section", choices=("all", "migrate", "reload", "drill"), default="all")
     p.add_argument("--sizes", type=parse_sizes, default=None, help="state sizes (default 1M,16M,256M)")
     p.add_argument("--repeats", type=int, default=5)
     add_virtual_argument(p)
@@ -324,12 +348,17 @@ def main(argv: list[str] | None = None) -> int:
             print("bench/migration.py needs two devices", file=sys.stderr)
             return 2
         sizes = args.sizes or [MIB, 16 * MIB, 256 * MIB]
-        steps = (len(sizes) if args.section in ("all", "migrate") else 0) + (args.section in ("all", "reload"))
+        steps = (len(sizes) if args.section in ("all", "migrate") else 0) + (args.section in ("all", "reload")) + \
+            (args.section in ("all", "drill"))
         with progress(steps, "bench migration", quiet=args.json is not None) as bar:
             if args.section in ("all", "migrate"):
                 res["migrate"] = migrate(mgr, sizes, args.repeats, bar)
             if args.section in ("all", "reload"):
                 res["reload"] = reload(mgr, args.repeats)
+                bar()
+            if args.section in ("all", "drill"):   # (each drill makes managers of its own)
+                mgr.destroy()
+                res["drill"] = drill(max(1, min(args.repeats, 3)))
                 bar()
     finally:
         mgr.destroy()
@@ -357,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['cold_reload_max_gap_us']:.0f} us = {r['ratio_cold_reload_gap_to_step']:.2f}x a normal "
                      f"step ({r['normal_step_us']:.0f} us; goal <= 2; the longest gap in as long a window of "
                      f"plain steps: {r['plain_window_max_gap_us']:.0f} us)")
+    if "drill" in res:
+        d = res["drill"]
+        parts.append(f"lost-GPU drill recovery {d['recovery_ms']:.1f} ms = {d['ratio_recovery_to_step']:.2f}x the "
+                     f"slab's step ({d['step_ms']:.2f} ms; goal <= 5 ms; {d['steps_replayed']:.0f} steps replayed "
+                     f"from a checkpoint every 16 steps; with one every step {d['recovery_every_step_ms']:.1f} ms, "
+                     f"{d['steps_replayed_every_step']:.0f} replayed)")
     print("ratio: " + "; ".join(parts))
     return 0
 

@@ -276,3 +276,22 @@ def test_the_failover_restore_of_a_lost_gpu_s_kernel_compiles_nothing(runtime, m
     runtime.step()
     runtime.synchronize()
     assert victim.steps == 4
+
+
+def test_a_first_move_makes_no_transfer_link(runtime, monkeypatch):
+    """The background build made the move's links (both ways, rings touched): the
+    first migration, and the one back, create none."""
+    from vkmulti.transfer import link
+
+    k = kernel_support.counter(runtime, "k", device=0, max_sources=MAX)
+    runtime.prebuild.wait_idle(60)
+    made = []
+    real = link._native.Link
+
+    def counting(*args, **kw):
+        made.append(args)
+        return real(*args, **kw)
+    monkeypatch.setattr(link._native, "Link", counting)
+    assert runtime.migrate(k, 1).checksum_match
+    assert runtime.migrate(k, 0).checksum_match
+    assert made == []

@@ -68,14 +68,17 @@ class Prebuilder:
     device may take kernels (not lost); `extras(ctx)` the runtime's own passes a
     move onto that device builds (PassSpecs); `warm(index)` makes the rest of
     what a move onto that device uses (its CRC32 engine, its GPU jobs);
-    `reserve(kernel, index, limit)` makes buffers for a twin of the kernel there."""
+    `reserve(kernel, index, limit)` makes buffers for a twin of the kernel there;
+    `pair(a, b)` makes what a move between two devices uses (the transfer
+    links both ways, their rings touched), so the first move finds it made."""
 
     def __init__(self, context: Callable[[int], Any], device_count: Callable[[], int],
                  usable: Callable[[int], bool], extras: Callable[[Any], list[PassSpec]],
                  warm: Callable[[int], Any] = lambda index: None,
-                 reserve: Callable[[Any, int, int], Any] = lambda kernel, index, limit: None):
+                 reserve: Callable[[Any, int, int], Any] = lambda kernel, index, limit: None,
+                 pair: Callable[[int, int], Any] = lambda a, b: None):
         self._context, self._device_count, self._usable, self._extras = context, device_count, usable, extras
-        self._warm, self._reserve = warm, reserve
+        self._warm, self._reserve, self._pair = warm, reserve, pair
         #: per device, the most bytes of twin buffers made ahead (0: none)
         self.reserve_bytes = DEFAULT_RESERVE_BYTES
         self._devices: Any = None
@@ -187,8 +190,11 @@ class Prebuilder:
                         ctx.build_pass(code, entry, types, push, 60.0)
                         self.built += 1
                 self._warm(d)
-                if self.reserve_bytes > 0 and not kernel.destroyed and d != kernel.device_index:
-                    self._reserve(kernel, d, self.reserve_bytes)
+                home = kernel.device_index
+                if not kernel.destroyed and d != home:
+                    self._pair(home, d)
+                    if self.reserve_bytes > 0:
+                        self._reserve(kernel, d, self.reserve_bytes)
             except DestroyedError:
                 return
             except (VkmError, MemoryError) as exc:   # a lost or full device: a move there builds its own

@@ -44,6 +44,10 @@ __all__ = ["Failover"]
 #: seconds a failover waits, through the driver, for the work of a lost device whose drain nobody saw finish
 DRAIN_TIMEOUT = 2.0
 
+#: seconds the runtime's destroy() lets threads still waiting on a lost device's kernel timeline leave it
+#: (their waits fail at once on a device marked lost)
+LEAVE_TIMEOUT = 1.0
+
 #: seconds a thread that finds a device lost waits for another thread's failover from it
 FAILOVER_WAIT = 120.0
 
@@ -184,7 +188,7 @@ class Failover:
         and a semaphore freed under a wait corrupts the driver's heap."""
         pairs, self._lost_pairs = self._lost_pairs, []
         for ctx, _ in pairs:
-            ctx.destroy(0.0)
+            ctx.destroy(LEAVE_TIMEOUT)
 
     def _drain(self, slot: Any) -> bool:
         """Whether the work submitted to a device marked lost, whose drain nobody saw

@@ -55,6 +55,23 @@ def _pool(name: str, workers: int) -> cf.ThreadPoolExecutor:
         return p
 
 
+def _started(name: str, workers: int, count: int) -> None:
+    """Have `count` threads of the pool `name` running (a pool starts one thread per
+    job while none is idle: the first jobs of a migration would pay for the starts)."""
+    pool = _pool(name, workers)
+    count = min(count, workers)
+    if len(getattr(pool, "_threads", ())) >= count:
+        return
+    meet = threading.Barrier(count)
+
+    def wait() -> None:
+        try:
+            meet.wait(5.0)
+        except threading.BrokenBarrierError:
+            pass
+    cf.wait([pool.submit(wait) for _ in range(count)], 10.0)
+
+
 def _threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
@@ -102,6 +119,7 @@ class HostCrc:
         self._lock = threading.Lock()
         self._jobs: set[cf.Future] = set()
         self._destroyed = False
+        _started("jobs", 8, 4)   # a migration's four jobs (states and small buffers, on each side)
 
     @staticmethod
     def suits(slot: Any) -> bool:

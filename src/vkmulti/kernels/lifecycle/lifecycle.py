@@ -143,7 +143,8 @@ class Lifecycle:
         self._turn = threading.RLock()
         #: the kernels' pipelines built ahead on the devices they may move to (engine/prebuild.py)
         self.prebuild = Prebuilder(rt._context, lambda: rt.manager.device_count,
-                                   lambda d: not rt.device_lost(d), self._move_passes, self.crc, self._reserve)
+                                   lambda d: not rt.device_lost(d), self._move_passes, self.crc, self._reserve,
+                                   self._pair)
 
     # -- per device ----------------------------------------------------------------------
 
@@ -175,6 +176,15 @@ class Lifecycle:
         """Buffers for a twin of `kernel` on `device`, made ahead into the migration pool."""
         ctx = self.rt._context(device)
         self.pool.reserve(ctx, twin_buffer_sizes(self.rt, kernel, ctx), limit)
+
+    def _pair(self, a: int, b: int) -> None:
+        """The transfer engines of moves between devices `a` and `b`, both ways, with
+        their links made (rings allocated and, on a CPU device, touched): a first
+        move between them creates nothing."""
+        for x, y in ((a, b), (b, a)):
+            if self.rt.device_lost(x) or self.rt.device_lost(y):
+                continue
+            self.engines.get(x, y)[1].ensure_staging()
 
     def crc(self, device: int) -> Any:
         """The CRC32 engine of `device` chosen by crc_choice, made once per kind and

@@ -16,12 +16,13 @@ Live migration (`migrate_live`):
 1. quiesce: the kernel is held back from stepping (a step() that took it
    before the hold is let finish submitting: the gate, once) and its
    submitted steps finish; its state can no longer change;
-2. the source's state buffers are hashed (CRC32 job on the source device)
-   and copied GPU to GPU with the pair's best transfer method into state
-   buffers of the twin, while the other kernels keep stepping; the target's hash of what arrived is queued behind
-   the copies' timeline points (no host round trip between copy and hash):
-   at once by the host engine, at the switch by a GPU's shader (its job
-   waits on the step queue, which must not hold back the others' steps);
+2. the source's state buffers are copied GPU to GPU with the pair's best
+   transfer method into state buffers of the twin in chunks (chunked_copy.py),
+   while the other kernels keep stepping; each chunk is hashed on both
+   devices as it lands, the target's hash queued behind that chunk's
+   timeline point (no host round trip between copy and hash): at once by the
+   host engine, at the switch by a GPU's shader (its jobs wait on the step
+   queue, which must not hold back the others' steps);
 3. the switch, with the runtime's gate held: every submitted step finishes,
    the K2K router's queued moves are submitted (their batches land), then one
    GPU pass on the source takes every message still waiting for the kernel
@@ -63,6 +64,7 @@ from ..engine.gate import gate_of
 from ..engine.kernel import InboundBatch, Kernel
 from ..messages import RING_HEADER_BYTES
 from ..coordinator.records import MigrationRequest, MigrationState
+from .chunked_copy import ChunkedCopy
 from .migrator import MigrationResult
 from .twin import (LifecycleView, assign, build_twin, deadline_of, finish_move, free_twin, hand_back, retire_half,
                    state_buffers, time_left, wait_jobs, wait_kernel)
@@ -226,28 +228,27 @@ def _hash_on_arrival(life: LifecycleView, dst: int, buffers: list, tickets: list
     return crc.submit([(b, 0, b.size) for b in buffers], [t.dst_ready for t in tickets])
 
 
-def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequest, eng: CrossDeviceTransfer, tickets: list,
-            rings: list[Buffer], crcs: list, verify: bool, deadline: float) -> tuple:
+def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequest, eng: CrossDeviceTransfer,
+            copy: ChunkedCopy, rings: list[Buffer], crcs: list, verify: bool, deadline: float) -> tuple:
     """The end of a migration, with the gate held and nothing left to stage: control
     block, inbox and staging batches follow the state, the CRC32s are compared
-    (`crcs`: the state buffers' jobs on the source and the destination, submitted
-    when the copy was), the kernel swaps to the twin. Returns (transfer s,
-    verify s, match, restore s, bytes)."""
+    (the state's chunk by chunk, `copy`; the small buffers' jobs go into `crcs`),
+    the kernel swaps to the twin. Returns (transfer s, verify s, match, restore s,
+    bytes)."""
     src, dst = k.device_index, twin.device_index
     t0 = time.monotonic()
     small = [(k.control, twin.control), (k.inbox, twin.inbox)]
     landings = [Buffer(twin.ctx.slot, ring.size) for ring in rings]
     try:
         small += list(zip(rings, landings))
-        if verify and len(crcs) == 1:
-            # the shader's job would wait for the copies on the target's step queue and hold back
-            # the steps queued behind it: it is queued now, when no step runs (the gate is held)
-            crcs.append(_hash_on_arrival(life, dst, twin.states, tickets, deadline))
+        # the shader's jobs would wait for the copies on the target's step queue and hold back
+        # the steps queued behind them: they are queued now, when no step runs (the gate is held)
+        copy.hash_landings(time_left(deadline, "the copies' submission"))
         more = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in small]
         if verify:   # final on the source (gate held, staged); on the target once they landed
             crcs.append(life.crc(src).submit([(a, 0, a.size) for a, _ in small]))
             crcs.append(_hash_on_arrival(life, dst, [b for _, b in small], more, deadline))
-        for t in tickets + more:
+        for t in copy.tickets + more:
             t.wait(time_left(deadline, "the GPU-to-GPU copies"))
         transfer_d = time.monotonic() - t0
         request.state = MigrationState.RESTORING
@@ -255,22 +256,20 @@ def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequ
         match = None
         verify_d = 0.0
         if verify:
-            src_states, dst_states, src_small, dst_small = crcs
-            want = src_states.result(time_left(deadline, "the source's CRC32")) + \
-                src_small.result(time_left(deadline, "the source's CRC32"))
-            got = dst_states.result(time_left(deadline, "the destination's CRC32")) + \
-                dst_small.result(time_left(deadline, "the destination's CRC32"))
-            names = [f"state{i}" for i in range(len(k.states))] + ["control", "inbox"] + \
-                [f"staging{i}" for i in range(len(rings))]
-            bad = [n for n, a, b in zip(names, want, got) if a != b]
+            bad = copy.mismatches(time_left(deadline, "the CRC32 of the state's chunks"))
+            src_small, dst_small = crcs
+            want = src_small.result(time_left(deadline, "the source's CRC32"))
+            got = dst_small.result(time_left(deadline, "the destination's CRC32"))
+            names = ["control", "inbox"] + [f"staging{i}" for i in range(len(rings))]
+            bad += [f"{n} (source {a:#010x}, destination {b:#010x})" for n, a, b in zip(names, want, got) if a != b]
             verify_d = time.monotonic() - t0
             if bad:
-                raise MigrationError(f"CRC32 mismatch after the copy to GPU {dst}: {', '.join(bad)} "
-                                     f"(source {[hex(w) for w in want]}, destination {[hex(g) for g in got]})"[:900])
+                raise MigrationError(f"CRC32 mismatch after the copy to GPU {dst}: {', '.join(bad)}"[:900])
             match = True
         k.check()
     except BaseException:
-        for job in crcs:   # nothing may still read the landings when they are freed
+        copy.close(_CLOSE_TIMEOUT)   # nothing may still read the twin's buffers or the landings when freed
+        for job in crcs:
             job.close(_CLOSE_TIMEOUT)
         for b in landings:
             b.destroy()
@@ -326,7 +325,8 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
     why = f"migrating to GPU {dst}"
     life.hold(k, why, moving=True)
     rings: list[Buffer] = []
-    crcs: list[Any] = []   # CRC32 jobs: source, destination states; source, destination small buffers
+    crcs: list[Any] = []   # CRC32 jobs of the small buffers: source, destination
+    copy: ChunkedCopy | None = None
     staged = 0
     swapped = False
     try:
@@ -340,25 +340,23 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         quiesce_d = time.monotonic() - t0
 
         request.state = MigrationState.CHECKPOINTING
-        t0 = time.monotonic()
-        if verify:   # the source's state no longer changes: hash it while the copy runs
-            crcs.append(life.crc(src).submit([(s, 0, s.size) for s in k.states]))
-        checkpoint_d = time.monotonic() - t0 + prepare_d
+        checkpoint_d = prepare_d
 
         request.state = MigrationState.TRANSFERRING
         t0 = time.monotonic()
         method, eng = life.engines.get(src, dst)
-        tickets = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in zip(k.states, twin.states)]
-        moved = sum(s.size for s in k.states)
-        if verify and life.crc(dst).kind == "host":   # hashes as soon as the copies land (a host wait)
-            crcs.append(_hash_on_arrival(life, dst, twin.states, tickets, deadline))
+        # the state in chunks, each hashed on both devices as it lands (the source's bytes no longer change)
+        src_crc, dst_crc = (life.crc(src), life.crc(dst)) if verify else (None, None)
+        copy = ChunkedCopy(eng, list(zip(k.states, twin.states)), src_crc, dst_crc,
+                           names=[f"state{i}" for i in range(len(k.states))])
+        moved = copy.bytes
         transfer_d = time.monotonic() - t0
 
         def switch(rings: list[Buffer]) -> tuple:
             nonlocal swapped
             if (twin.spec.spirv, twin.spec.entry_point) != (k.spec.spirv, k.spec.entry_point):
                 raise MigrationError(f"the code of {k.id!r} was reloaded while it moved; migrate it again")
-            out = _switch(life, k, twin, request, eng, tickets, rings, crcs, verify, deadline)
+            out = _switch(life, k, twin, request, eng, copy, rings, crcs, verify, deadline)
             swapped = True
             return out
         result, quiesce_add, staged = switch_at_step_boundary(life, k, deadline, rings, switch)
@@ -372,7 +370,9 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
             ring.destroy()
         rings = []
     except BaseException as exc:
-        for job in crcs:   # nothing may still read the twin's buffers when they are freed
+        if copy is not None:   # nothing may still read the twin's buffers when they are freed
+            copy.close(_CLOSE_TIMEOUT)
+        for job in crcs:
             job.close(_CLOSE_TIMEOUT)
         if not swapped:
             if rings:

@@ -171,9 +171,14 @@ class MoveEngines:
     def __init__(self, coordinator: Any, manager: Any):
         self._coordinator, self._manager = coordinator, manager
         self._engines: dict[tuple[int, int], tuple[str, CrossDeviceTransfer]] = {}
+        self._lock = threading.Lock()   # a move and the background build may ask for one pair at once
 
     def get(self, a: int, b: int) -> tuple[str, CrossDeviceTransfer]:
         """(method, engine) for copies from device `a` to device `b`."""
+        with self._lock:
+            return self._get(a, b)
+
+    def _get(self, a: int, b: int) -> tuple[str, CrossDeviceTransfer]:
         coord = self._coordinator
         method = coord.transfer_method(a, b) if callable(getattr(coord, "transfer_method", None)) else None
         if method is None or method == "none":
@@ -189,7 +194,8 @@ class MoveEngines:
 
     def destroy(self, timeout: float) -> None:
         """Destroy the engines (the runtime's destroy())."""
-        engines, self._engines = self._engines, {}
+        with self._lock:
+            engines, self._engines = self._engines, {}
         for _, eng in engines.values():
             try:
                 eng.destroy(timeout)

@@ -333,13 +333,13 @@ class HotReloadManager:
                     passes = None
                     if targets:
                         passes = compile_on_devices(code, targets, lambda: left("compiling"))
-                        devices = sorted(passes)
                     compile_d = time.monotonic() - t0
                     left("compiling")
                     request.state = HotReloadState.SWAPPING
                     t0 = time.monotonic()
                     if targets:
                         swap(targets, passes, code, lambda: left("swapping"))  # type: ignore[arg-type]
+                        devices = sorted({k.device_index for k in targets})   # where they run the new code
                     elif reloadable:
                         kernel.apply_code(code)
                     elif self._backend is not None:

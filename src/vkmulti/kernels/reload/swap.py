@@ -108,7 +108,7 @@ def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Call
     nothing), each in a thread, while steps go on with the old code; waiting at
     most left() s (vkmulti.TimeoutError after; a build still running then
     finishes into the device's pipeline cache). {device: pass} of the targets'
-    own devices."""
+    own devices and of those built ahead (a target may move there before the swap)."""
     jobs: dict[int, tuple[Any, int]] = {}
     for k in targets:
         jobs.setdefault(k.device_index, (k.ctx, len(k.states)))
@@ -150,39 +150,53 @@ def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Call
     if errors:
         index, exc = sorted(errors.items())[0]
         raise exc
-    return {index: p for index, p in results.items() if index in own}
+    return dict(results)
 
 
 def swap(targets: list[Kernel], passes: dict[int, Any], code: KernelCodeSource, left: Callable[[], float]) -> None:
     """Give each target the new pipeline at a step boundary of its runtime (its gate
     held exclusively); the old descriptor sets are freed once the steps that used
-    them are done. State buffers are not touched."""
+    them are done. State buffers are not touched. A target that a migration moved
+    since the build to a device `passes` lacks gets the pipeline built there first,
+    outside the gate (no step waits for that compile), and the swap is tried again."""
     for rt, ks in sorted(_by_runtime(targets).values(), key=lambda p: id(p[0])):
-        with gate_of(rt).exclusive(left(), "a hot reload's swap"):
-            made: list[tuple[Kernel, Any, Any]] = []
-            try:
-                for k in ks:
-                    ctx = k.ctx
-                    p = passes[k.device_index]
-                    with ctx.lock:
-                        k.check()
-                        new_set = ctx.descriptor_set(p, [(k.inbox.handle, 0, WHOLE_SIZE),
-                                                         (k.outbox.handle, 0, k.outbox_bytes)]
-                                                     + [(s.handle, 0, WHOLE_SIZE) for s in k.states])
-                    made.append((k, p, new_set))
-            except BaseException:
-                for k, _, s in made:
-                    with k.ctx.lock:
-                        k.ctx.free_set(s)
-                raise
-            for k, p, new_set in made:   # nothing below raises: all kernels swap together
-                ctx = k.ctx
-                with ctx.lock:
-                    old = next(s for s in k.sets if s[1] is k.kernel_set)
-                    k.sets[k.sets.index(old)] = new_set
-                    k.kernel_pass, k.kernel_set = p, new_set[1]
-                    k.spec = dataclasses.replace(k.spec, spirv=code.code, entry_point=code.entry_point)
-                    rt._device(k.device_index)[1].retired.append((k.last_value, old))
+        while True:
+            for k in ks:
+                if k.device_index not in passes:
+                    k.check()
+                    passes[k.device_index] = _build(k.ctx, code.code, code.entry_point, len(k.states))
+            with gate_of(rt).exclusive(left(), "a hot reload's swap"):
+                if all(k.device_index in passes for k in ks):   # (no move runs while the gate is held)
+                    _swap_locked(rt, ks, passes, code)
+                    break
+
+
+def _swap_locked(rt: Any, ks: list[Kernel], passes: dict[int, Any], code: KernelCodeSource) -> None:
+    """swap()'s work for the kernels `ks` of runtime `rt`, its gate held."""
+    made: list[tuple[Kernel, Any, Any]] = []
+    try:
+        for k in ks:
+            ctx = k.ctx
+            p = passes[k.device_index]
+            with ctx.lock:
+                k.check()
+                new_set = ctx.descriptor_set(p, [(k.inbox.handle, 0, WHOLE_SIZE),
+                                                 (k.outbox.handle, 0, k.outbox_bytes)]
+                                             + [(s.handle, 0, WHOLE_SIZE) for s in k.states])
+            made.append((k, p, new_set))
+    except BaseException:
+        for k, _, s in made:
+            with k.ctx.lock:
+                k.ctx.free_set(s)
+        raise
+    for k, p, new_set in made:   # nothing below raises: all kernels swap together
+        ctx = k.ctx
+        with ctx.lock:
+            old = next(s for s in k.sets if s[1] is k.kernel_set)
+            k.sets[k.sets.index(old)] = new_set
+            k.kernel_pass, k.kernel_set = p, new_set[1]
+            k.spec = dataclasses.replace(k.spec, spirv=code.code, entry_point=code.entry_point)
+            rt._device(k.device_index)[1].retired.append((k.last_value, old))
 
 
 def clear_state(targets: list[Kernel]) -> None:

@@ -59,6 +59,7 @@ class RunTicket:
         self.batches: list[OutboxBatch] = []
 
     def add(self, ticket: StepTicket) -> None:
+        """Count one more step of the run (its ticket)."""
         self.steps += 1
         for dev, p in ticket.points.items():
             if dev not in self.points or p.value > self.points[dev].value:

@@ -1,0 +1,169 @@
+"""The chunked copy of a move (kernels/lifecycle/chunked_copy.py) on the virtual
+GPU pair: buffers cut into chunks, each chunk copied GPU to GPU and hashed on
+both devices as it lands. The bytes arrive whole for sizes that are not a
+multiple of the chunk and at the edges (0, 1, 4 bytes, one chunk exactly, one
+chunk and a word); a chunk damaged on the way is found and named (buffer and
+byte range), the other chunks match; with the GPU shader's engine and the
+host's (CPU devices)."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+import vulkan as vk
+
+from kernel_support import runtime_fixture
+from vkmulti import Buffer
+from vkmulti.kernels.engine.device_context import MappedBuffer
+from vkmulti.kernels.lifecycle import HostCrc
+from vkmulti.kernels.lifecycle.chunked_copy import CHUNK_ALIGN, ChunkedCopy, chunk_for, plan_chunks, MAX_CHUNKS
+
+runtime = runtime_fixture(max_kernels=8)
+CHUNK = 4096
+
+
+def test_plans_cover_the_buffer_in_aligned_chunks():
+    assert plan_chunks(0, CHUNK) == []
+    assert plan_chunks(1, CHUNK) == [(0, 1)]
+    assert plan_chunks(CHUNK, CHUNK) == [(0, CHUNK)]
+    assert plan_chunks(CHUNK + 4, CHUNK) == [(0, CHUNK), (CHUNK, 4)]
+    assert plan_chunks(1000, 100) == [(0, 256), (256, 256), (512, 256), (768, 232)]   # rounded up to CHUNK_ALIGN
+    for size in (1, 255, 4096, 10 ** 6 + 4, 3 << 20):
+        plan = plan_chunks(size, chunk_for(size))
+        assert len(plan) <= MAX_CHUNKS and sum(n for _, n in plan) == size
+        assert all(off % CHUNK_ALIGN == 0 for off, _ in plan)
+        assert [off for off, _ in plan] == [sum(n for _, n in plan[:i]) for i in range(len(plan))]
+    for bad in (-1, 1.5, "4"):
+        with pytest.raises(ValueError):
+            plan_chunks(bad, CHUNK)
+    with pytest.raises(ValueError):
+        plan_chunks(16, 0)
+
+
+def _engines(runtime, kind):
+    if kind == "host" and not all(HostCrc.suits(runtime.manager.slot(i)) for i in (0, 1)):
+        pytest.skip("the host CRC32 engine is for CPU devices")
+    runtime.migration_crc = kind
+    life = runtime._lifecycle
+    return life.engines.get(0, 1)[1], life.crc(0), life.crc(1)
+
+
+def _put(runtime, buf, data):
+    ctx = runtime._context(buf.slot.index)
+    staging = MappedBuffer(buf.slot, -(-data.nbytes // 4) * 4)
+    try:
+        staging.bytes[:data.nbytes] = data
+        ctx.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, staging.handle, buf.handle, 1, [
+            vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=data.nbytes)]))
+    finally:
+        staging.destroy()
+
+
+def _get(runtime, buf):
+    ctx = runtime._context(buf.slot.index)
+    staging = MappedBuffer(buf.slot, -(-buf.size // 4) * 4)
+    try:
+        ctx.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, buf.handle, staging.handle, 1, [
+            vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=buf.size)]))
+        return staging.bytes[:buf.size].tobytes()
+    finally:
+        staging.destroy()
+
+
+@pytest.mark.parametrize("kind", ["shader", "host"])
+def test_the_bytes_arrive_whole_and_every_chunk_matches(runtime, kind):
+    eng, src_crc, dst_crc = _engines(runtime, kind)
+    sizes = [4, CHUNK, CHUNK + 4, 3 * CHUNK + 260] + ([1, 7] if kind == "host" else [])
+    rng = np.random.default_rng(25)
+    made = []
+    try:
+        pairs, datas = [], []
+        for n in sizes:
+            a, b = Buffer(runtime.manager.slot(0), n), Buffer(runtime.manager.slot(1), n)
+            made += [a, b]
+            data = rng.integers(0, 256, n, dtype=np.uint8)
+            _put(runtime, a, data)
+            pairs.append((a, b))
+            datas.append(data.tobytes())
+        copy = ChunkedCopy(eng, pairs, src_crc, dst_crc, chunk=CHUNK, names=[f"b{n}" for n in sizes])
+        assert [len(p) for p in copy.plans] == [-(-n // CHUNK) for n in sizes]
+        copy.hash_landings(60)
+        copy.wait(60)
+        assert copy.mismatches(60) == []
+        assert copy.bytes == sum(sizes)
+        for (_, b), data in zip(pairs, datas):
+            assert _get(runtime, b) == data
+        # the chunks' hashes are zlib's CRC32 of the chunks themselves
+        want = copy._src_job.result(60)
+        assert want == [zlib.crc32(datas[i][off:off + n]) for i, off, n, _ in copy.chunks]
+    finally:
+        for buf in made:
+            buf.destroy()
+
+
+def test_a_copy_without_a_check_hashes_nothing(runtime):
+    eng, _, _ = _engines(runtime, "shader")
+    a, b = Buffer(runtime.manager.slot(0), 2 * CHUNK), Buffer(runtime.manager.slot(1), 2 * CHUNK)
+    try:
+        _put(runtime, a, np.arange(2 * CHUNK, dtype=np.uint8))
+        copy = ChunkedCopy(eng, [(a, b)], chunk=CHUNK)
+        copy.wait(60)
+        assert copy.jobs == [] and copy.mismatches(60) == []
+        assert _get(runtime, b) == np.arange(2 * CHUNK, dtype=np.uint8).tobytes()
+    finally:
+        a.destroy()
+        b.destroy()
+    with pytest.raises(ValueError, match="both CRC32 engines"):
+        ChunkedCopy(eng, [], runtime._lifecycle.crc(0), None)
+
+
+@pytest.mark.parametrize("kind", ["shader", "host"])
+def test_a_chunk_damaged_on_the_way_is_found_and_named(runtime, kind):
+    """One chunk's transfer carries other bytes (its source range shifted): that
+    chunk's CRC32s differ, the others match, the error names buffer and range."""
+    eng, src_crc, dst_crc = _engines(runtime, kind)
+    n = 3 * CHUNK + 8
+    a, b = Buffer(runtime.manager.slot(0), n), Buffer(runtime.manager.slot(1), n)
+
+    class Damaging:   # the transfer engine, with the second chunk read from elsewhere
+        def submit(self, *, src_buffer, dst_buffer, src_offset, dst_offset, size):
+            if src_offset == CHUNK:
+                src_offset = 0
+            return eng.submit(src_buffer=src_buffer, dst_buffer=dst_buffer, src_offset=src_offset,
+                              dst_offset=dst_offset, size=size)
+    try:
+        _put(runtime, a, np.random.default_rng(7).integers(0, 256, n, dtype=np.uint8))
+        copy = ChunkedCopy(Damaging(), [(a, b)], src_crc, dst_crc, chunk=CHUNK, names=["state1"])
+        copy.hash_landings(60)
+        copy.wait(60)
+        bad = copy.mismatches(60)
+        assert len(bad) == 1 and bad[0].startswith(f"state1[{CHUNK}:{2 * CHUNK}]")
+    finally:
+        a.destroy()
+        b.destroy()
+
+
+def test_a_move_checks_its_state_chunk_by_chunk(runtime, monkeypatch):
+    """A migration of a kernel whose state spans several chunks: every chunk
+    hashed on both devices, the state byte-identical after the move."""
+    from vkmulti.kernels import KernelSpec, counter_kernel
+    from vkmulti.kernels.lifecycle import chunked_copy
+    from vkmulti.kernels.reference import counter_initial_state
+
+    monkeypatch.setattr(chunked_copy, "CHECK_CHUNK_BYTES", CHUNK)
+    seen = []
+    real = ChunkedCopy.__init__
+
+    def spy(self, *args, **kw):
+        real(self, *args, **kw)
+        seen.append(self)
+    monkeypatch.setattr(ChunkedCopy, "__init__", spy)
+    base = counter_kernel(max_sources=8)
+    extra = np.random.default_rng(3).integers(0, 256, 5 * CHUNK + 12, dtype=np.uint8)
+    spec = KernelSpec("chunky", base.spirv, state_sizes=(base.state_sizes[0], extra.nbytes))
+    k = runtime.launch(spec, "k", device=0, state=[counter_initial_state(8), extra])
+    r = runtime.migrate(k, 1)
+    assert r.checksum_match and k.device_index == 1
+    assert [len(p) for p in seen[0].plans] == [-(-spec.state_sizes[0] // CHUNK), 6]
+    assert np.array_equal(runtime.read_state(k, 1), extra)
