@@ -134,6 +134,17 @@ def test_plan_weights_nodes_by_throughput_and_link(srus):
                                                      for s in plan.srus["n2"]))
 
 
+@pytest.mark.parametrize("t_small, t_big", [(2e-3, 1e-3), (1e-3, 1e-3), (1e-3, 0.0)])
+def test_a_link_timed_in_noise_is_never_infinitely_fast(t_small, t_big):
+    """A big object no slower than the small one (a loaded machine): a finite bandwidth, not the
+    infinite one that stands for the same node's shared memory."""
+    from vkmulti.cluster.manager import _fit_link
+    link = _fit_link("a", "b", 1024, t_small, 8 << 20, t_big)
+    assert 0 < link.bandwidth < math.inf and link.latency >= 0
+    fitted = _fit_link("a", "b", 1024, 1e-3, 8 << 20, 9e-3)
+    assert fitted.bandwidth == pytest.approx(((8 << 20) - 1024) / 8e-3) and fitted.latency > 0
+
+
 def test_plan_rejects_bad_input(srus):
     with pytest.raises(ValueError, match="no node"):
         plan_nodes(srus, [], {})

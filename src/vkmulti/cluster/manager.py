@@ -428,6 +428,10 @@ class ClusterManager:
 
 
 def _fit_link(src: str, dst: str, small: int, t_small: float, big: int, t_big: float) -> LinkInfo:
-    """Latency and bandwidth from the times of a small and a big object: t = latency + n / bandwidth."""
-    bw = (big - small) / (t_big - t_small) if t_big > t_small else math.inf
-    return LinkInfo(src, dst, bw, max(t_small - (0.0 if math.isinf(bw) else small / bw), 0.0))
+    """Latency and bandwidth from the times of a small and a big object: t = latency + n / bandwidth.
+    Where a loaded machine made the big object no slower than the small one, the bandwidth is what the big
+    one's time alone gives (a lower bound), never infinite: that stands for the same node's shared memory."""
+    if t_big > t_small:
+        bw = (big - small) / (t_big - t_small)
+        return LinkInfo(src, dst, bw, max(t_small - small / bw, 0.0))
+    return LinkInfo(src, dst, big / max(t_big, 1e-9), 0.0)
