@@ -51,6 +51,34 @@ def test_native_flag_makes_submits_and_waits_fail_as_the_driver_would():
         _bounded_destroy(mgr)
 
 
+def test_a_fence_of_an_injected_loss_counts_as_done_only_once_the_driver_signals_it():
+    """An injected loss leaves the driver running what it was given: waits through the
+    lost flag fail at once, so what a submit uses is freed only once its fence signals
+    (asked of the driver), never while it may still run."""
+    import vulkan as vk
+    from vkmulti._core.handles import handle_int
+    from vkmulti.device.commands import driver_done, wait_fence_or_lost
+
+    mgr = MultiDeviceManager.create()
+    try:
+        s1 = mgr.slot(1)
+        info = vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO)
+        pending = vk.vkCreateFence(s1.device, info, None)   # never submitted: never signals
+        done = vk.vkCreateFence(s1.device, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO,
+                                                                flags=vk.VK_FENCE_CREATE_SIGNALED_BIT), None)
+        lose_device(mgr, 1)
+        p, d = handle_int(pending, "VkFence"), handle_int(done, "VkFence")
+        with pytest.raises(DeviceLostError):
+            s1.native.wait_fence(p, 0.1)                    # the flag answers without the driver
+        assert not driver_done(s1, p, 0.0) and not driver_done(s1, p, 0.15)
+        assert not wait_fence_or_lost(s1, p, 0.05, "test")
+        assert driver_done(s1, d, 0.0) and wait_fence_or_lost(s1, d, 1.0, "test")
+        for f in (pending, done):
+            vk.vkDestroyFence(s1.device, f, None)
+    finally:
+        _bounded_destroy(mgr)
+
+
 def test_python_submitters_fail_through_the_flag():
     """Command runner, renderer and host port of a lost device raise DeviceLostError at submit."""
     mgr = MultiDeviceManager.create()

@@ -68,14 +68,40 @@ def command_with_fence(dev: Any, pool: Any) -> tuple[Any, Any]:
 
 
 def wait_fence_or_lost(slot: Any, fence_int: int, timeout: float | None, owner: str) -> bool:
-    """Wait for one fence of `slot`; False on timeout. A lost device counts as done (logged for `owner`)."""
+    """Wait for one fence of `slot`; False on timeout. On a device marked lost the
+    driver is asked (driver_done): a real loss counts as done (logged for `owner`)."""
     try:
         slot.native.wait_fence(fence_int, timeout)
     except VkmTimeout:
         return False
     except DeviceLostError as exc:
-        log.info("%s on %s: device lost (%s); its submits count as finished", owner, slot.name, exc)
+        log.info("%s on %s: device lost (%s); its submits count as finished once the driver says so",
+                 owner, slot.name, exc)
+        return driver_done(slot, fence_int, timeout)
     return True
+
+
+_SLICE_NS = 100_000_000   # fence waits through the driver in slices of 0.1 s (Ctrl-C between them)
+
+
+def driver_done(slot: Any, fence_int: int, timeout: float | None) -> bool:
+    """Whether the driver is done with the submit of a fence of a device marked lost,
+    waiting up to `timeout` s. A loss injected by vkmulti.testing.lose_device leaves the
+    driver running what it was given, so what the submit uses must not be freed before
+    its fence signals; a device really lost answers VK_ERROR_DEVICE_LOST at once (done:
+    nothing of it runs again)."""
+    device = getattr(slot, "device", None)
+    if device is None:
+        return True
+    deadline = Deadline(timeout)
+    fences = vk.ffi.new("VkFence[1]", [vk.ffi.cast("VkFence", fence_int)])
+    while True:
+        left = deadline.left()
+        wait_ns = 0 if left is not None and left <= 0 else _SLICE_NS if left is None else min(_SLICE_NS, int(left * 1e9))
+        if vk.lib.vkWaitForFences(device, 1, fences, vk.VK_TRUE, wait_ns) != vk.VK_TIMEOUT:
+            return True
+        if left is not None and deadline.left() <= 0:  # type: ignore[operator]
+            return False
 
 
 class SubmitUser(Protocol):
@@ -265,9 +291,9 @@ class CommandRunner:
         try:
             return self.slot.native.fence_signalled(pair.fence_int)  # type: ignore[union-attr]
         except DeviceLostError as exc:
-            log.info("CommandRunner on %s: device lost (%s); its submits count as finished",
-                        self.slot.name, exc)
-            return True
+            log.info("CommandRunner on %s: device lost (%s); a submit counts as finished once the driver says so",
+                     self.slot.name, exc)
+            return driver_done(self.slot, pair.fence_int, 0.0)
 
     def _wait_pair(self, pair: _Pair, timeout: float | None) -> bool:
         return wait_fence_or_lost(self.slot, pair.fence_int, timeout, "CommandRunner")
