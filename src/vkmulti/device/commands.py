@@ -81,9 +81,6 @@ def wait_fence_or_lost(slot: Any, fence_int: int, timeout: float | None, owner: 
     return True
 
 
-_SLICE_NS = 100_000_000   # fence waits through the driver in slices of 0.1 s (Ctrl-C between them)
-
-
 def driver_done(slot: Any, fence_int: int, timeout: float | None) -> bool:
     """Whether the driver is done with the submit of a fence of a device marked lost,
     waiting up to `timeout` s. A loss injected by vkmulti.testing.lose_device leaves the
@@ -95,12 +92,10 @@ def driver_done(slot: Any, fence_int: int, timeout: float | None) -> bool:
         return True
     deadline = Deadline(timeout)
     fences = vk.ffi.new("VkFence[1]", [vk.ffi.cast("VkFence", fence_int)])
-    while True:
-        left = deadline.left()
-        wait_ns = 0 if left is not None and left <= 0 else _SLICE_NS if left is None else min(_SLICE_NS, int(left * 1e9))
-        if vk.lib.vkWaitForFences(device, 1, fences, vk.VK_TRUE, wait_ns) != vk.VK_TIMEOUT:
+    while True:   # in the deadline's slices: Ctrl-C is seen between them
+        if vk.lib.vkWaitForFences(device, 1, fences, vk.VK_TRUE, int(deadline.slice() * 1e9)) != vk.VK_TIMEOUT:
             return True
-        if left is not None and deadline.left() <= 0:  # type: ignore[operator]
+        if deadline.expired():
             return False
 
 

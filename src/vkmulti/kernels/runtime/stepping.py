@@ -45,6 +45,13 @@ class StepTicket:
                 f"deferred={[k.id for k, _ in self.deferred]})")
 
 
+def keep_latest(points: dict[int, TimelinePoint], p: TimelinePoint) -> None:
+    """Keep in `points` (device -> point) the later of `p` and the point already there."""
+    old = points.get(p.device_index)
+    if old is None or p.value > old.value:
+        points[p.device_index] = p
+
+
 class RunTicket:
     """What one `run()` submitted: `steps` steps one after the other. `points`
     holds the latest timeline point per device, `launched` how many of the
@@ -61,9 +68,8 @@ class RunTicket:
     def add(self, ticket: StepTicket) -> None:
         """Count one more step of the run (its ticket)."""
         self.steps += 1
-        for dev, p in ticket.points.items():
-            if dev not in self.points or p.value > self.points[dev].value:
-                self.points[dev] = p
+        for p in ticket.points.values():
+            keep_latest(self.points, p)
         for k in ticket.launched:
             self.launched[k.id] = self.launched.get(k.id, 0) + 1
         self.deferred += ticket.deferred
@@ -125,8 +131,8 @@ class Stepping:
             by_device[k.device_index].append(k)
         waits: dict[int, list[TimelinePoint]] = defaultdict(list)
         if wait is not None:
-            points = [wait] if isinstance(wait, TimelinePoint) else list(wait)
-            for p in points:
+            given = [wait] if isinstance(wait, TimelinePoint) else list(wait)
+            for p in given:
                 if not isinstance(p, TimelinePoint):
                     raise TypeError(f"wait must be TimelinePoints, got {p!r}")
                 if p.device_index not in by_device:
@@ -137,7 +143,10 @@ class Stepping:
         listeners, retain, preparers = self._step_hooks()   # retaining listeners release each batch once
         for prepare in preparers:   # e.g. the router lets go of batches other devices finished reading
             prepare(targets)
-        points, launched, deferred, batches = {}, [], [], []   # type: ignore[assignment, var-annotated]
+        points: dict[int, TimelinePoint] = {}
+        launched: list[Kernel] = []
+        deferred: list[tuple[Kernel, str]] = []
+        batches: list[OutboxBatch] = []
         stepped: dict[int, tuple[Any, Any]] = {}
         queue = sorted(by_device.items())
         while queue:
@@ -177,13 +186,13 @@ class Stepping:
                     continue
                 raise
             if point is not None:
-                points[dev] = point if dev not in points or point.value > points[dev].value else points[dev]
+                keep_latest(points, point)
             launched += ran
             deferred += held
             batches += new
         for listener in listeners:   # also without new batches: a router may have moves waiting
             listener(batches)
-        return StepTicket(self, points, launched, deferred, batches)  # type: ignore[arg-type]
+        return StepTicket(self, points, launched, deferred, batches)
 
     def run(self, step: Callable[[], StepTicket], steps: Any) -> RunTicket:
         """`steps` calls of `step()` (one runtime step each), gathered in one ticket."""
