@@ -17,7 +17,7 @@ from kernel_support import runtime_fixture
 from vkmulti import Buffer
 from vkmulti.kernels.engine.device_context import MappedBuffer
 from vkmulti.kernels.lifecycle import HostCrc
-from vkmulti.kernels.lifecycle.chunked_copy import CHUNK_ALIGN, ChunkedCopy, chunk_for, plan_chunks, MAX_CHUNKS
+from vkmulti.kernels.lifecycle.chunked_copy import CHUNK_ALIGN, ChunkedCopy, HostChunkedCopy, chunk_for, plan_chunks, MAX_CHUNKS
 
 runtime = runtime_fixture(max_kernels=8)
 CHUNK = 4096
@@ -153,12 +153,11 @@ def test_a_move_checks_its_state_chunk_by_chunk(runtime, monkeypatch):
 
     monkeypatch.setattr(chunked_copy, "CHECK_CHUNK_BYTES", CHUNK)
     seen = []
-    real = ChunkedCopy.__init__
-
-    def spy(self, *args, **kw):
-        real(self, *args, **kw)
-        seen.append(self)
-    monkeypatch.setattr(ChunkedCopy, "__init__", spy)
+    for cls in (ChunkedCopy, HostChunkedCopy):   # (the host's between two CPU devices)
+        def spy(self, *args, real=cls.__init__, **kw):
+            real(self, *args, **kw)
+            seen.append(self)
+        monkeypatch.setattr(cls, "__init__", spy)
     base = counter_kernel(max_sources=8)
     extra = np.random.default_rng(3).integers(0, 256, 5 * CHUNK + 12, dtype=np.uint8)
     spec = KernelSpec("chunky", base.spirv, state_sizes=(base.state_sizes[0], extra.nbytes))
@@ -167,3 +166,92 @@ def test_a_move_checks_its_state_chunk_by_chunk(runtime, monkeypatch):
     assert r.checksum_match and k.device_index == 1
     assert [len(p) for p in seen[0].plans] == [-(-spec.state_sizes[0] // CHUNK), 6]
     assert np.array_equal(runtime.read_state(k, 1), extra)
+
+
+def test_the_host_copies_between_cpu_devices_hashing_both_sides(runtime):
+    """Two CPU devices: HostChunkedCopy copies by the host, block by block (sizes
+    around the block and the chunk), each chunk's two CRC32s zlib's of its bytes."""
+    from vkmulti.kernels.lifecycle.host_crc import COPY_BLOCK_BYTES
+    _, src_crc, dst_crc = _engines(runtime, "host")
+    sizes = [1, 7, CHUNK, CHUNK + 4, COPY_BLOCK_BYTES + 12, 2 * COPY_BLOCK_BYTES]
+    rng = np.random.default_rng(26)
+    made = []
+    try:
+        pairs, datas = [], []
+        for n in sizes:
+            a, b = Buffer(runtime.manager.slot(0), n), Buffer(runtime.manager.slot(1), n)
+            made += [a, b]
+            data = rng.integers(0, 256, n, dtype=np.uint8)
+            _put(runtime, a, data)
+            pairs.append((a, b))
+            datas.append(data.tobytes())
+        copy = HostChunkedCopy(pairs, src_crc, dst_crc, chunk=3 * CHUNK, names=[f"b{n}" for n in sizes])
+        assert [len(p) for p in copy.plans] == [-(-n // (3 * CHUNK)) for n in sizes]
+        copy.hash_landings(60)
+        copy.wait(60)
+        assert copy.mismatches(60) == [] and copy.bytes == sum(sizes)
+        for (_, b), data in zip(pairs, datas):
+            assert _get(runtime, b) == data
+        for i, off, n, job in copy.chunks:
+            assert job.result(60) == [zlib.crc32(datas[i][off:off + n])] * 2
+        plain = HostChunkedCopy(pairs[:1], src_crc, dst_crc, verify=False)
+        plain.wait(60)
+        assert plain.mismatches(60) == [] and [j.result(60) for j in plain.jobs] == [[]]
+    finally:
+        for buf in made:
+            buf.destroy()
+
+
+def test_a_block_damaged_by_the_host_copy_is_found_and_named(runtime, monkeypatch):
+    _, src_crc, dst_crc = _engines(runtime, "host")
+    n = 3 * CHUNK + 8
+    a, b = Buffer(runtime.manager.slot(0), n), Buffer(runtime.manager.slot(1), n)
+    real = np.copyto
+    calls = []
+
+    def damaging(dst, src, *args, **kw):   # the second chunk lands with one byte flipped
+        real(dst, src, *args, **kw)
+        calls.append(1)
+        if len(calls) == 2:
+            dst[5] ^= 0xFF
+    try:
+        _put(runtime, a, np.random.default_rng(8).integers(0, 256, n, dtype=np.uint8))
+        monkeypatch.setattr(np, "copyto", damaging)
+        copy = HostChunkedCopy([(a, b)], src_crc, dst_crc, chunk=CHUNK, names=["state1"])
+        copy.wait(60)
+        monkeypatch.setattr(np, "copyto", real)
+        bad = copy.mismatches(60)
+        assert len(bad) == 1 and "state1[" in bad[0], bad
+    finally:
+        a.destroy()
+        b.destroy()
+
+
+def test_host_copy_arguments_are_checked(runtime):
+    _, src_crc, dst_crc = _engines(runtime, "host")
+    a, b = Buffer(runtime.manager.slot(0), 64), Buffer(runtime.manager.slot(1), 64)
+    try:
+        with pytest.raises(TypeError, match="HostCrc"):
+            src_crc.copy_to(object(), [(a, b, 0, 64)])
+        with pytest.raises(TypeError, match="source, destination, offset, size"):
+            src_crc.copy_to(dst_crc, [(a, b, 0)])
+        with pytest.raises(ValueError, match="within the buffer"):
+            src_crc.copy_to(dst_crc, [(a, b, 0, 65)])
+        with pytest.raises(ValueError, match="multiple of 4"):
+            src_crc.copy_to(dst_crc, [(a, b, 2, 4)])
+        with pytest.raises(ValueError, match="given as one of GPU"):
+            src_crc.copy_to(dst_crc, [(b, a, 0, 64)])
+        with pytest.raises(ValueError, match="cannot be copied whole"):
+            HostChunkedCopy([(a, _Sized(32))], src_crc, dst_crc)
+        job, = src_crc.copy_to(dst_crc, [(a, b, 0, 64)])   # the engines stay usable
+        assert len(job.result(60)) == 2
+    finally:
+        a.destroy()
+        b.destroy()
+
+
+class _Sized:
+    """Not a buffer of the right size: refused before any copy starts."""
+
+    def __init__(self, size):
+        self.size = size

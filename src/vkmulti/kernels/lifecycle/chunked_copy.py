@@ -16,6 +16,12 @@ The CRC32 engines are those of `Lifecycle.crc(device)`: the host engine
 (gpu_crc.py) job for a chunk is submitted once that chunk's copy is submitted
 (`hash_landings`: an in-order queue cannot run a wait placed before its
 signal), which the caller does when no step is queued behind it.
+
+Between two CPU devices (lavapipe: both engines are the host's, HostCrc) the
+host copies the chunks itself (`HostChunkedCopy`, same surface): the two
+devices' memory is the host's, so a chunk is copied and hashed on both sides
+block by block while the block is in cache, by the pool's threads side by
+side, instead of the device copy and two more passes over memory.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from typing import Any, Sequence
 
 from ..._core.checks import is_int
 
-__all__ = ["ChunkedCopy", "plan_chunks", "chunk_for", "CHECK_CHUNK_BYTES", "MAX_CHUNKS", "CHUNK_ALIGN"]
+__all__ = ["ChunkedCopy", "HostChunkedCopy", "chunked_copy", "plan_chunks", "chunk_for", "CHECK_CHUNK_BYTES", "MAX_CHUNKS", "CHUNK_ALIGN"]
 
 #: The bytes of one checked chunk: small enough that the last chunk's hash is a
 #: small part of the copy, large enough that a chunk's own job costs little
@@ -139,3 +145,65 @@ class ChunkedCopy:
         """Let go of the CRC jobs once nothing reads the buffers (after a failure)."""
         for job in self.jobs:
             job.close(timeout)
+
+
+class HostChunkedCopy:
+    """Buffers of one CPU device copied by the host into those of another, chunk by
+    chunk, each chunk hashed on both sides by the pass that copies it (see the
+    module docstring). `src_crc`, `dst_crc`: the two devices' HostCrc engines;
+    `verify`: hash (True) or copy only. Same surface as ChunkedCopy: the copies
+    are queued at construction, `tickets` wait for them, `mismatches()` compares."""
+
+    def __init__(self, pairs: Sequence[tuple[Any, Any]], src_crc: Any, dst_crc: Any, verify: bool = True,
+                 chunk: int | None = None, names: Sequence[str] | None = None):
+        self.pairs = list(pairs)
+        for a, b in self.pairs:
+            if a.size != b.size:
+                raise ValueError(f"a {a.size}-byte buffer cannot be copied whole into a {b.size}-byte one")
+        self.names = list(names) if names is not None else [f"buffer{i}" for i in range(len(self.pairs))]
+        self.verify = bool(verify)
+        self.plans = [plan_chunks(a.size, chunk_for(a.size) if chunk is None else chunk) for a, _ in self.pairs]
+        ranges = [(i, off, n) for i, plan in enumerate(self.plans) for off, n in plan]
+        self.jobs = src_crc.copy_to(dst_crc, [(self.pairs[i][0], self.pairs[i][1], off, n) for i, off, n in ranges],
+                                    hash=self.verify)
+        #: (pair index, offset, bytes, job) per chunk, in copy order
+        self.chunks = [(i, off, n, job) for (i, off, n), job in zip(ranges, self.jobs)]
+
+    @property
+    def tickets(self) -> list[Any]:
+        return list(self.jobs)
+
+    @property
+    def bytes(self) -> int:
+        return sum(n for _, _, n, _ in self.chunks)
+
+    def hash_landings(self, timeout: float) -> None:
+        """Nothing to queue: each chunk's pass hashes both sides."""
+
+    def wait(self, timeout: float) -> None:
+        for job in self.jobs:
+            job.wait(timeout)
+
+    def mismatches(self, timeout: float) -> list[str]:
+        if not self.verify:
+            return []
+        out = []
+        for i, off, n, job in self.chunks:
+            want, got = job.result(timeout)
+            if want != got:
+                out.append(f"{self.names[i]}[{off}:{off + n}] (source {want:#010x}, destination {got:#010x})")
+        return out
+
+    def close(self, timeout: float) -> None:
+        for job in self.jobs:
+            job.close(timeout)
+
+
+def chunked_copy(eng: Any, pairs: Sequence[tuple[Any, Any]], src_crc: Any, dst_crc: Any, verify: bool,
+                 names: Sequence[str] | None = None) -> ChunkedCopy | HostChunkedCopy:
+    """The chunked copy for a move: by the host where both engines are the host's
+    (two CPU devices), else by the pair's transfer engine `eng` (checked with the
+    engines where `verify`)."""
+    if getattr(src_crc, "kind", None) == "host" and getattr(dst_crc, "kind", None) == "host":
+        return HostChunkedCopy(pairs, src_crc, dst_crc, verify, names=names)
+    return ChunkedCopy(eng, pairs, *((src_crc, dst_crc) if verify else (None, None)), names=names)

@@ -30,7 +30,7 @@ from ..._core.timeline import TimelinePoint
 from .crc_math import crc32_combine
 from .gpu_crc import check_ranges
 
-__all__ = ["HostCrc", "HostCrcJob", "PIECE_BYTES", "crc32"]
+__all__ = ["HostCrc", "HostCrcJob", "PIECE_BYTES", "COPY_BLOCK_BYTES", "crc32"]
 
 #: PIECE_BYTES: pieces of at least this many bytes go to separate threads (zlib-ng
 #: hashes 16 MiB in ~0.3 ms: below 32 MiB a thread hand-off costs more than it saves).
@@ -40,6 +40,10 @@ try:   # the optional `zlib-ng` package (extra "fast-crc"): same values, several
 except ImportError:   # pragma: no cover - depends on the environment
     from zlib import crc32
     PIECE_BYTES = 1 << 20
+
+#: A host copy between CPU devices goes block by block: each block is hashed on both
+#: sides right after its copy, while it is still in the core's cache (1 MiB L2 here).
+COPY_BLOCK_BYTES = 256 << 10
 
 _HOST_MEMORY = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
 _SLICE = 0.05   # s: how often a job waiting for its timeline points looks whether it was closed
@@ -92,6 +96,10 @@ class HostCrcJob:
             return list(self._future.result(timeout))
         except cf.TimeoutError:
             raise VkmTimeout(f"the host CRC32 of {self._count} range(s) did not finish within {timeout} s") from None
+
+    def wait(self, timeout: float | None = 60.0) -> None:
+        """Wait until the job is done (a copy job: its bytes have landed); its errors raise."""
+        self.result(timeout)
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Cancel the job if it still waits for its timeline points, else wait (bounded)
@@ -157,6 +165,64 @@ class HostCrc:
     def run(self, ranges: Iterable[tuple[Any, int, int]], waits: Iterable[TimelinePoint] = (),
             timeout: float | None = 60.0) -> list[int]:
         return self.submit(ranges, waits, timeout).result(timeout)
+
+    def copy_to(self, dst: "HostCrc", ranges: Iterable[tuple[Any, Any, int, int]], *, hash: bool = True,
+                timeout: float | None = 60.0) -> list[HostCrcJob]:
+        """Copy each (buffer of this device, buffer of `dst`'s device, offset, bytes) by
+        the host, both buffers' memory mapped (no staging), one job per range run on
+        the pool's threads side by side. With `hash` each job's result is [CRC32 of the
+        source range, CRC32 of the destination range after the copy], each block
+        hashed on both sides right after its copy (COPY_BLOCK_BYTES: still in cache),
+        else []. The caller keeps both buffers' contents still meanwhile (a quiesced
+        kernel, a twin nothing runs on yet)."""
+        if not isinstance(dst, HostCrc):
+            raise TypeError(f"a host copy goes to another HostCrc engine, got {type(dst).__name__}")
+        items = []
+        for item in ranges:
+            try:
+                a, b, off, size = item
+            except (TypeError, ValueError):
+                raise TypeError(f"a host copy range is (source, destination, offset, size), got {item!r}"[:160]) \
+                    from None
+            (a, off, size), = check_ranges([(a, off, size)], word_tail=False)
+            check_ranges([(b, off, size)], word_tail=False)
+            for buf, eng in ((a, self), (b, dst)):
+                if getattr(buf, "slot", eng.ctx.slot) is not eng.ctx.slot:
+                    raise ValueError(f"a buffer of GPU {getattr(buf.slot, 'index', '?')} given as one of GPU "
+                                     f"{eng.ctx.slot.index} to a host copy")
+            items.append((a, b, off, size))
+        jobs = []
+        with self._lock:
+            if self._destroyed or dst._destroyed:
+                raise DestroyedError(f"the host CRC32 engine of GPU "
+                                     f"{(self if self._destroyed else dst).ctx.slot.index} was destroyed")
+            for a, b, off, size in items:
+                cancel = threading.Event()
+                fut = _pool("jobs", 8).submit(self._copy, dst, a, b, off, size, hash, cancel)
+                self._jobs.add(fut)
+                fut.add_done_callback(self._finished)
+                jobs.append(HostCrcJob(fut, 1, cancel))
+        return jobs
+
+    def _copy(self, dst: "HostCrc", a: Any, b: Any, off: int, size: int, hash: bool,
+              cancel: threading.Event) -> list[int]:
+        if cancel.is_set():
+            raise Cancelled("the host copy was closed before it ran")
+        with a._life, b._life:   # their destroy() waits for this copy
+            src_view, dst_view = self._map(a), dst._map(b)
+            try:
+                s = np.frombuffer(src_view, np.uint8, count=size, offset=off)
+                d = np.frombuffer(dst_view, np.uint8, count=size, offset=off)
+                cs = cd = 0
+                for at in range(0, size, COPY_BLOCK_BYTES):
+                    end = min(size, at + COPY_BLOCK_BYTES)
+                    np.copyto(d[at:end], s[at:end])
+                    if hash:
+                        cs, cd = crc32(s[at:end], cs), crc32(d[at:end], cd)
+                return [cs, cd] if hash else []
+            finally:
+                self._unmap(a)
+                dst._unmap(b)
 
     def _finished(self, fut: cf.Future) -> None:
         with self._lock:

@@ -64,7 +64,7 @@ from ..engine.gate import gate_of
 from ..engine.kernel import InboundBatch, Kernel
 from ..messages import RING_HEADER_BYTES
 from ..coordinator.records import MigrationRequest, MigrationState
-from .chunked_copy import ChunkedCopy
+from .chunked_copy import ChunkedCopy, HostChunkedCopy, chunked_copy
 from .migrator import MigrationResult
 from .twin import (LifecycleView, assign, build_twin, deadline_of, finish_move, free_twin, hand_back, retire_half,
                    state_buffers, time_left, wait_jobs, wait_kernel)
@@ -229,7 +229,7 @@ def _hash_on_arrival(life: LifecycleView, dst: int, buffers: list, tickets: list
 
 
 def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequest, eng: CrossDeviceTransfer,
-            copy: ChunkedCopy, rings: list[Buffer], crcs: list, verify: bool, deadline: float) -> tuple:
+            copy: ChunkedCopy | HostChunkedCopy, rings: list[Buffer], crcs: list, verify: bool, deadline: float) -> tuple:
     """The end of a migration, with the gate held and nothing left to stage: control
     block, inbox and staging batches follow the state, the CRC32s are compared
     (the state's chunk by chunk, `copy`; the small buffers' jobs go into `crcs`),
@@ -326,7 +326,7 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
     life.hold(k, why, moving=True)
     rings: list[Buffer] = []
     crcs: list[Any] = []   # CRC32 jobs of the small buffers: source, destination
-    copy: ChunkedCopy | None = None
+    copy: ChunkedCopy | HostChunkedCopy | None = None
     staged = 0
     swapped = False
     try:
@@ -346,9 +346,8 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         t0 = time.monotonic()
         method, eng = life.engines.get(src, dst)
         # the state in chunks, each hashed on both devices as it lands (the source's bytes no longer change)
-        src_crc, dst_crc = (life.crc(src), life.crc(dst)) if verify else (None, None)
-        copy = ChunkedCopy(eng, list(zip(k.states, twin.states)), src_crc, dst_crc,
-                           names=[f"state{i}" for i in range(len(k.states))])
+        copy = chunked_copy(eng, list(zip(k.states, twin.states)), life.crc(src), life.crc(dst), verify,
+                            names=[f"state{i}" for i in range(len(k.states))])
         moved = copy.bytes
         transfer_d = time.monotonic() - t0
 
