@@ -28,6 +28,7 @@ from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, HlcTimestamp, K2KMessage,
 from ..engine.spirv import reflect
 
 __all__ = ["SPIRV_CHUNK", "INBOX_CHUNK", "KernelImage", "to_checkpoint", "from_checkpoint", "local_size", "upload",
+           "upload_many", "staged_copies",
            "image_meta"]
 
 SPIRV_CHUNK = chunk_name_id("vkm.spirv")
@@ -98,16 +99,51 @@ def image_meta(k: Any) -> KernelImage:
                        k.payload_size, b"", b"", [], list(k.h2k), list(k.received), k.device_index)
 
 
+def staged_copies(slot: Any, items: list[tuple[Any, int, np.ndarray]]) -> tuple[Buffer | None, Any]:
+    """(one host-visible staging buffer holding the bytes of every (buffer, offset,
+    data) item, the recorder of the copies out of it): several buffers written by
+    one submit instead of one staging buffer and one submit each. (None, a
+    recorder that does nothing) when there are no bytes."""
+    at, places = 0, []
+    for buf, offset, data in items:
+        places.append((buf, offset, at, data))
+        at += -(-data.nbytes // 16) * 16
+    if not at:
+        return None, lambda cmd: None
+    staging = Buffer(slot, at, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, host_visible=True)
+    try:
+        packed = np.zeros(at, np.uint8)
+        for _, _, where, data in places:
+            packed[where:where + data.nbytes] = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        staging._write(packed)
+    except BaseException:
+        staging.destroy()
+        raise
+
+    def record(cmd: Any) -> None:
+        for buf, offset, where, data in places:
+            if data.nbytes:
+                vk.vkCmdCopyBuffer(cmd, staging.handle, buf.handle, 1, [
+                    vk.VkBufferCopy(srcOffset=where, dstOffset=offset, size=data.nbytes)])
+    return staging, record
+
+
+def upload_many(ctx: Any, items: list[tuple[Any, int, np.ndarray]], timeout: float | None = 60.0) -> None:
+    """Write each (device buffer, offset, host bytes) of the device of `ctx` (a
+    DeviceContext) in one submit through one staging buffer; returns once done."""
+    staging, record = staged_copies(ctx.slot, items)
+    if staging is None:
+        return
+    try:
+        ctx.run_once(record, timeout=timeout)
+    finally:
+        staging.destroy()
+
+
 def upload(ctx: Any, buf: Any, offset: int, data: np.ndarray, timeout: float | None = 60.0) -> None:
     """Write host bytes `data` into device buffer `buf` at `offset` of the device of
     `ctx` (a DeviceContext), through a staging buffer; returns once the copy is done."""
-    staging = Buffer(ctx.slot, data.nbytes, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, host_visible=True)
-    try:
-        staging._write(data)
-        ctx.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, staging.handle, buf.handle, 1, [
-            vk.VkBufferCopy(srcOffset=0, dstOffset=offset, size=data.nbytes)]), timeout=timeout)
-    finally:
-        staging.destroy()
+    upload_many(ctx, [(buf, offset, data)], timeout)
 
 
 def record_image_copy(cmd: Any, srcs: list[Any], sizes: list[int], dst: Any) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import struct
 
+from typing import Any
+
 import numpy as np
 
 from ...errors import MigrationError, VkmError
@@ -15,7 +17,7 @@ from ...memory.image import Buffer
 from ..checkpoint.restorable import check_restore_target
 from ..engine.gate import gate_of
 from ..engine.kernel import Kernel
-from .image import KernelImage, patch_control, readdress_slots, upload
+from .image import KernelImage, patch_control, readdress_slots, staged_copies, upload_many
 from .live_migration import switch_at_step_boundary
 from .twin import (LifecycleView, RuntimeView, assign, build_twin, deadline_of, finish_move, free_twin, hand_back,
                    retire_half, source_usable, time_left, wait_jobs, wait_kernel)
@@ -25,17 +27,32 @@ log = logging.getLogger(__name__)
 __all__ = ["restore_into", "restore_new"]
 
 
-def _upload(twin: Kernel, img: KernelImage, keep_sequences: bool) -> None:
-    ctx = twin.ctx
-    control = patch_control(img.control, twin.address, twin.tenant, ctx.table_size, keep_sequences)
+def _uploads(k: Kernel, img: KernelImage, keep_sequences: bool) -> list[tuple[Any, int, np.ndarray]]:
+    """(buffer, offset, bytes) of k's control block, inbox and states from `img`."""
+    control = patch_control(img.control, k.address, k.tenant, k.ctx.table_size, keep_sequences)
     inbox = np.frombuffer(img.inbox, np.uint8)
-    if inbox.nbytes != twin.inbox.size:
-        raise MigrationError(f"the checkpoint's inbox is {inbox.nbytes} bytes, the kernel's {twin.inbox.size}")
-    with ctx.lock:
-        upload(ctx, twin.control, 0, control)
-        upload(ctx, twin.inbox, 0, inbox)
-        for buf, data in zip(twin.states, img.states):
-            upload(ctx, buf, 0, np.frombuffer(data, np.uint8))
+    if inbox.nbytes != k.inbox.size:
+        raise MigrationError(f"the checkpoint's inbox is {inbox.nbytes} bytes, the kernel's {k.inbox.size}")
+    return [(k.control, 0, control), (k.inbox, 0, inbox)] + \
+        [(buf, 0, np.frombuffer(data, np.uint8)) for buf, data in zip(k.states, img.states)]
+
+
+class _Staged:
+    """The uploads of a restore, recorded into the twin's initialising submit
+    (build_twin's `then`); the staging buffer is freed once that submit is done."""
+
+    def __init__(self, img: KernelImage, keep_sequences: bool):
+        self.img, self.keep = img, keep_sequences
+        self.staging: Any = None
+
+    def __call__(self, twin: Kernel) -> Any:
+        self.staging, record = staged_copies(twin.ctx.slot, _uploads(twin, self.img, self.keep))
+        return record
+
+    def free(self) -> None:
+        if self.staging is not None:
+            self.staging.destroy()
+            self.staging = None
 
 
 def _apply_host_side(k: Kernel, img: KernelImage, fresh: bool) -> None:
@@ -73,8 +90,11 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
     try:
         if alive:
             wait_kernel(rt, k, deadline)
-        twin = build_twin(rt, life.pool, k, device, img.spec)
-        _upload(twin, img, keep_sequences=img.address == k.address)
+        staged = _Staged(img, keep_sequences=img.address == k.address)
+        try:   # the state, control block and inbox written in the twin's initialising submit
+            twin = build_twin(rt, life.pool, k, device, img.spec, then=staged)
+        finally:
+            staged.free()
 
         def switch(rings: list[Buffer]) -> None:
             nonlocal done
@@ -140,12 +160,7 @@ def restore_new(rt: RuntimeView, img: KernelImage, device: int | None, kernel_id
         with k.ctx.lock:
             k.check()
             keep = False   # a new address: receivers count its messages from 0
-            ctx = k.ctx
-            control = patch_control(img.control, k.address, k.tenant, ctx.table_size, keep)
-            upload(ctx, k.control, 0, control)
-            upload(ctx, k.inbox, 0, np.frombuffer(img.inbox, np.uint8))
-            for buf, data in zip(k.states, img.states):
-                upload(ctx, buf, 0, np.frombuffer(data, np.uint8))
+            upload_many(k.ctx, _uploads(k, img, keep))
             _apply_host_side(k, img, fresh=True)
     except BaseException:
         rt.destroy_kernel(k)

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 import vulkan as vk
@@ -25,6 +25,7 @@ from ...transfer.cross_device import CrossDeviceTransfer
 from ...transfer.methods import select_transfer_method
 from ..coordinator.records import MigrationRequest
 from ..engine.device_context import WHOLE_SIZE, MappedBuffer
+from ..engine.recording import barrier
 from ..engine.kernel import Kernel, OutboxBatch, Residency
 from ..messages import RING_HEADER_BYTES
 from ..engine.spec import KernelSpec
@@ -267,12 +268,15 @@ def state_buffers(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int) 
 
 
 def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spec: KernelSpec | None = None,
-               states: list[Buffer] | None = None) -> Kernel:
+               states: list[Buffer] | None = None,
+               then: Callable[[Kernel], Callable[[Any], None]] | None = None) -> Kernel:
     """A Kernel with k's id, address, tenant and params, its resources on `device`,
     initialised (rings zeroed, headers written) except its state buffers, which
     the caller fills whole (or `states`, buffers of that device it adopts: the
     caller keeps those it did not adopt, None in the list marking adopted ones);
-    not registered anywhere."""
+    not registered anywhere. `then(twin)`: a recorder of more commands for the
+    twin's buffers, run in the same submit after the initialisation (a restore's
+    uploads)."""
     spec = spec or k.spec
     ctx = _check_state_sizes(rt, k, device, spec)
     # built ahead (engine/prebuild.py), or waited for where that build runs: not under the device lock
@@ -283,7 +287,15 @@ def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spe
     if states is not None:
         states[:] = twin.presets  # type: ignore[assignment] # adopted ones are None now
     try:
-        ctx.run_once(twin.init_commands([np.zeros(0, np.uint8)] * len(spec.state_sizes)))   # empty: left as is
+        init = twin.init_commands([np.zeros(0, np.uint8)] * len(spec.state_sizes))   # empty: left as is
+        more = then(twin) if then is not None else None
+
+        def record(cmd: Any) -> None:
+            init(cmd)
+            if more is not None:
+                barrier(cmd)
+                more(cmd)
+        ctx.run_once(record)
     except BaseException:
         with ctx.lock:
             twin.free()
