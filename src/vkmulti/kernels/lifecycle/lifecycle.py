@@ -70,9 +70,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from ..._core.checks import timeout_seconds
-from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout
+from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
 from ..checkpoint.format import Checkpoint
-from ..engine.device_context import MappedBuffer
+from ..engine.device_context import MappedBuffer, barrier
 from ..engine.gate import gate_of
 from ..engine.gpu_jobs import GpuJobs
 from ..engine.kernel import Kernel
@@ -128,6 +128,8 @@ class Lifecycle:
         self._moving: dict[Kernel, int] = {}         # kernel -> holds whose move replaces its Residency
         self._extras: dict[int, Extras] = {}
         self._retired: list[Retired] = []
+        #: (jobs, point, staging buffer) of checkpoint copies whose wait gave up: freed once done
+        self._parked: list[tuple[GpuJobs, Any, MappedBuffer]] = []
         self._pool_limit = pool_limit
         self._pool = MigrationPool(pool_limit())
         #: the transfer engines of moves between two devices
@@ -355,6 +357,8 @@ class Lifecycle:
 
     def reap_retired(self, force: bool = False) -> None:
         """Free the retired resources nothing uses any more (`force`: all of them)."""
+        if self._parked:
+            self._reap_parked(force)
         if not self._retired:
             return
         with self.rt._lock:
@@ -363,6 +367,23 @@ class Lifecycle:
                 self._retired.remove(r)
         for r in ready:
             free_retired(self.rt, r)
+
+    def _reap_parked(self, force: bool) -> None:
+        with self.rt._lock:
+            parked, self._parked = self._parked, []
+        keep = []
+        for jobs, point, staging in parked:
+            try:
+                done = force or jobs.completed() >= point.value
+            except VkmError:   # (its device lost: the jobs' destroy() waits for the driver)
+                done = False
+            if done:
+                staging.destroy()
+            else:
+                keep.append((jobs, point, staging))
+        if keep:
+            with self.rt._lock:
+                self._parked += keep
 
     def destroy(self, timeout: float | None) -> None:
         """Free what the lifecycle holds (the runtime's destroy(), before the device contexts go)."""
@@ -381,6 +402,7 @@ class Lifecycle:
             if e.crc_jobs is not None:
                 e.crc_jobs.destroy(timeout)
             e.jobs.destroy(timeout)
+        self._reap_parked(force=True)
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -390,12 +412,31 @@ class Lifecycle:
         timeout = timeout_seconds(timeout)
         ctx = k.ctx
         srcs, sizes = image_sources(k)
+        jobs = self.extras(k.device_index).jobs
         staging = MappedBuffer(ctx.slot, sum(sizes))
+
+        def record(cmd: Any) -> None:
+            barrier(cmd)
+            record_image_copy(cmd, srcs, sizes, staging)
+            barrier(cmd, host=True)
         try:
+            # queued behind the kernel's submitted steps under the device lock (no step comes in
+            # between the image's step count and the copy), waited for without it: the device's
+            # other kernels go on stepping meanwhile
             with ctx.lock:
                 k.check()
                 img = image_meta(k)
-                ctx.run_once(lambda cmd: record_image_copy(cmd, srcs, sizes, staging), timeout=timeout)
+                point = jobs.submit(record)
+        except BaseException:
+            staging.destroy()
+            raise
+        try:
+            jobs.wait(point, timeout)
+        except BaseException:
+            with self.rt._lock:   # (still queued: freed once it is done)
+                self._parked.append((jobs, point, staging))
+            raise
+        try:
             fill_image(img, staging.bytes, sizes)
         finally:
             staging.destroy()

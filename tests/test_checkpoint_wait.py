@@ -1,0 +1,71 @@
+"""runtime.checkpoint() queues its copy under the device lock (no step comes in
+between the image's step count and the copy) and waits for it without the lock,
+so the device's other kernels go on stepping; a wait that gives up leaves the
+copy's staging buffer to be freed once the copy is done, and the runtime usable."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from kernel_support import runtime_fixture
+from vkmulti.errors import TimeoutError as VkmTimeout
+from vkmulti.kernels.engine.gpu_jobs import GpuJobs
+
+runtime = runtime_fixture(max_kernels=8)
+
+
+def _counters(runtime):
+    from vkmulti.kernels import counter_kernel
+    from vkmulti.kernels.reference import counter_initial_state
+
+    a = runtime.launch(counter_kernel(), "a", device=0, state=[counter_initial_state()])
+    b = runtime.launch(counter_kernel(), "b", device=0, state=[counter_initial_state()])
+    return a, b
+
+
+def test_the_wait_does_not_hold_the_device_lock(runtime, monkeypatch):
+    from vkmulti.kernels.reference import COUNTER_TAG_ADD, read_counter
+
+    a, b = _counters(runtime)
+    runtime.step(timeout=10)
+    seen = []
+    real = GpuJobs.wait
+
+    def wait(self, point, timeout):   # another thread steps b on the same device meanwhile
+        def other():
+            runtime.send(b, np.array([5], np.uint32), tag=COUNTER_TAG_ADD)
+            seen.append(runtime.step(b, timeout=10).launched)
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(20)
+        seen.append(t.is_alive())
+        return real(self, point, timeout)
+    monkeypatch.setattr(GpuJobs, "wait", wait)
+    cp = runtime.checkpoint(a)
+    monkeypatch.setattr(GpuJobs, "wait", real)
+    assert seen[-1] is False and len(seen[0]) == 1, seen   # b stepped while a's copy was awaited
+    assert cp.metadata.current_step == a.steps
+    runtime.synchronize(10)
+    assert read_counter(runtime.read_state(b)).sum == 5
+
+
+def test_a_wait_that_gives_up_parks_the_staging_until_the_copy_is_done(runtime, monkeypatch):
+    a, _ = _counters(runtime)
+    runtime.step(timeout=10)
+
+    def gives_up(self, point, timeout):
+        raise VkmTimeout("given up (test)")
+    monkeypatch.setattr(GpuJobs, "wait", gives_up)
+    with pytest.raises(VkmTimeout):
+        runtime.checkpoint(a)
+    monkeypatch.undo()
+    life = runtime._lifecycle
+    assert len(life._parked) == 1
+    runtime.synchronize(10)
+    life.extras(0).jobs.wait(life._parked[0][1], 10)
+    runtime.step(timeout=10)   # each step frees what is done
+    assert life._parked == []
+    cp = runtime.checkpoint(a)   # usable
+    assert cp.metadata.current_step == a.steps
