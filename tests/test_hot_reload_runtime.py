@@ -251,3 +251,37 @@ def test_glsl_that_does_not_compile_is_a_validation_error():
         KernelCodeSource.from_glsl("#version 450\nvoid main() { nope(); }")
     code = adder(3)
     assert code.metadata["compiled_from"] == "glsl" and reflect(code.code).local_size == {"main": (1, 1, 1)}
+
+
+@needs_glslc
+def test_the_new_code_is_validated_on_a_thread_of_lowered_priority(runtime, monkeypatch):
+    """The SPIR-V gate of a reload runs on a thread of its own with a lowered CPU
+    priority (the spirv-val child inherits it), its verdict and errors reach the
+    caller: the steps keep the cores."""
+    import os
+    seen = []
+    refuse = []
+    real = reload_swap.validate_kernel_spirv
+
+    def spy(*args, **kw):
+        nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) if hasattr(os, "getpriority") else None
+        seen.append((threading.current_thread().name, nice))
+        if refuse:
+            raise KernelValidationError("spirv-val: refused (test)")
+        return real(*args, **kw)
+    monkeypatch.setattr(reload_swap, "validate_kernel_spirv", spy)
+    k = runtime.launch(KernelSpec("adder", adder(1).code, state_sizes=(4096,)), "a", device=0)
+    mgr = HotReloadManager.with_defaults()
+    mgr.register_runtime_kernel(k)
+    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) if hasattr(os, "getpriority") else None
+    mgr.reload(k, adder(7))
+    assert seen and all(name == "vkmulti-reload-check" for name, _ in seen), seen
+    if caller is not None and caller < 19:
+        assert all(nice > caller for _, nice in seen), (caller, seen)
+    refuse.append(1)
+    request = mgr.request_reload("a", adder(9))
+    with pytest.raises(KernelValidationError, match="refused"):
+        mgr.execute_reload(request, k)
+    assert request.state is HotReloadState.FAILED
+    runtime.step(k)
+    assert words(runtime, k) == [7, 7]   # the code that passed still runs

@@ -73,9 +73,35 @@ def check_for_kernels(code: KernelCodeSource, targets: list[Kernel], *, spirv_va
                                    f"compile for an older target (glslc --target-env)", device=name)
     # The SPIR-V gate (spirv-val included) runs whatever `spirv_val` is: no module reaches a
     # driver unvalidated.
-    for k in targets:
-        validate_kernel_spirv(code.code, code.entry_point, len(k.states), KERNEL_PUSH, target_env_of(k.ctx.slot),
-                              timeout=timeout(), label="the new SPIR-V")
+    gates = {(len(k.states), target_env_of(k.ctx.slot)) for k in targets}
+    in_background(lambda: [validate_kernel_spirv(code.code, code.entry_point, n, KERNEL_PUSH, env, timeout=timeout(),
+                                                 label="the new SPIR-V") for n, env in sorted(gates)], timeout())
+
+
+def in_background(fn: Callable[[], Any], timeout: float) -> Any:
+    """fn() on a thread of lowered CPU priority, waited for (in slices: Ctrl-C stops
+    the wait) up to `timeout` s; its result, or its exception. The SPIR-V
+    validator runs there: the child process inherits the thread's priority, so
+    a reload's validation leaves the cores to the steps like its compile."""
+    out: list[Any] = []
+
+    def run() -> None:
+        lower_priority()
+        try:
+            out.append((True, fn()))
+        except BaseException as exc:   # re-raised in the caller
+            out.append((False, exc))
+    t = threading.Thread(target=run, name="vkmulti-reload-check", daemon=True)
+    t.start()
+    end = time.monotonic() + max(0.0, timeout)
+    while t.is_alive():
+        t.join(min(0.05, max(0.0, end - time.monotonic())))
+        if t.is_alive() and time.monotonic() >= end:
+            raise VkmTimeout(f"checking the new code did not finish within {timeout:.1f} s")
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
 
 
 #: The longest a reload's build waits for another thread's build of the same pipeline.
@@ -118,9 +144,9 @@ def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Call
             jobs.setdefault(index, (ctx, len(k.states)))
     if len({n for _, n in jobs.values()}) > 1 or len({len(k.states) for k in targets}) > 1:
         raise KernelValidationError("the kernels of one reload must have the same number of state buffers")
-    for _, (ctx, n_state) in sorted(jobs.items()):   # the SPIR-V gate, before any driver sees the code
-        validate_kernel_spirv(code.code, code.entry_point, n_state, KERNEL_PUSH, target_env_of(ctx.slot),
-                              timeout=left(), label="the new SPIR-V")
+    gates = {(n_state, target_env_of(ctx.slot)) for ctx, n_state in jobs.values()}
+    in_background(lambda: [validate_kernel_spirv(code.code, code.entry_point, n, KERNEL_PUSH, env, timeout=left(),
+                                                 label="the new SPIR-V") for n, env in sorted(gates)], left())
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
 
