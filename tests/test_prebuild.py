@@ -243,7 +243,7 @@ def test_a_twin_s_buffers_are_made_ahead_and_a_first_move_takes_them(runtime):
     pool = runtime._lifecycle.pool
     ctx1 = next(c for c, _ in runtime._contexts.values() if c.index == 1)
     sizes = twin_buffer_sizes(runtime, k, ctx1)
-    assert all(pool._free.get((1, n)) for n in sizes)   # made ahead on GPU 1, pages touched
+    assert all(pool.held(1, n) for n in sizes)   # made ahead on GPU 1, pages touched
     held = pool._bytes[1]
     runtime.migrate(k, 1)
     assert pool._bytes.get(1, 0) == held - sum(sizes)   # the twin took them: the move allocated none there

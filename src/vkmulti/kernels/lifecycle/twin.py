@@ -22,6 +22,7 @@ import vulkan as vk
 from ...errors import DeviceLostError, MigrationError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
 from ...transfer.cross_device import CrossDeviceTransfer
+from ...transfer.peer import ExportedBuffer
 from ...transfer.methods import select_transfer_method
 from ..coordinator.records import MigrationRequest
 from ..engine.device_context import WHOLE_SIZE, MappedBuffer
@@ -101,24 +102,33 @@ class MigrationPool:
     def __init__(self, limit: int):
         self.limit = limit
         self._lock = threading.Lock()
-        self._free: dict[tuple[int, int], list[Any]] = {}
+        self._free: dict[tuple[int, int, bool], list[Any]] = {}
         self._bytes: dict[int, int] = {}
 
-    def take(self, device: int, size: int) -> Any | None:
-        """A pooled buffer of `size` bytes on `device`, or None."""
+    def take(self, device: int, size: int, mapped: bool = False) -> Any | None:
+        """A pooled buffer of `size` bytes on `device` (`mapped`: a MappedBuffer, zeroed), or None."""
         with self._lock:
-            free = self._free.get((device, size))
+            free = self._free.get((device, size, mapped))
             if not free:
                 return None
             self._bytes[device] -= size
-            return free.pop()
+            b = free.pop()
+        if mapped:
+            b.bytes[:] = 0   # (as a new one is)
+        return b
+
+    def held(self, device: int, size: int, mapped: bool = False) -> int:
+        """How many buffers of `size` bytes the pool holds on `device`."""
+        with self._lock:
+            return len(self._free.get((device, size, mapped), ()))
 
     def put(self, buffer: Any) -> None:
         """Keep `buffer` for a later move (or free it when the pool of its device is full)."""
         device, size = buffer.slot.index, buffer.size
+        key = (device, size, isinstance(buffer, MappedBuffer))
         with self._lock:
             if buffer.handle is not None and self._bytes.get(device, 0) + size <= self.limit:
-                self._free.setdefault((device, size), []).append(buffer)
+                self._free.setdefault(key, []).append(buffer)
                 self._bytes[device] = self._bytes.get(device, 0) + size
                 return
         buffer.destroy()
@@ -223,8 +233,8 @@ class Twin(Kernel):
         return super()._state_buffer(index, size)
 
     def _buffer(self, size: int, mapped: bool = False, exported: bool = False) -> Any:
-        if not mapped and not exported:   # (an exported outbox is made for the kernel: other devices import it)
-            b = self.pool.take(self.ctx.index, size)
+        if not exported:   # (an exported outbox is made for the kernel: other devices import it)
+            b = self.pool.take(self.ctx.index, size, mapped)
             if b is not None:
                 self.buffers.append(b)
                 return b
@@ -337,10 +347,10 @@ def retire_half(life: LifecycleView, half: Kernel, lost: bool) -> None:
         for b in half.buffers:
             if b in keep:
                 continue
-            if lost or isinstance(b, MappedBuffer):
+            if lost or isinstance(b, ExportedBuffer):
                 b.destroy()
-            else:
-                life.pool.put(b)   # no GPU work uses it any more: the runtime's steps and the copies are done
+            else:   # no GPU work uses it any more (the runtime's steps and the copies are done), nor the host
+                life.pool.put(b)
     except VkmError as exc:
         log.warning("could not free a moved kernel's resources on GPU %d: %s", ctx.index, exc)
     half.buffers = []
