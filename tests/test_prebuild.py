@@ -236,21 +236,23 @@ def test_a_reload_compiles_off_the_step_path_on_every_device(runtime, monkeypatc
 
 
 def test_a_twin_s_buffers_are_made_ahead_and_a_first_move_takes_them(runtime):
-    from vkmulti.kernels.lifecycle.twin import twin_buffer_sizes
+    from vkmulti.kernels.lifecycle.twin import twin_buffer_sizes, twin_mapped_sizes
 
     k = kernel_support.counter(runtime, "k", device=0, max_sources=MAX)
     runtime.prebuild.wait_idle(60)
     pool = runtime._lifecycle.pool
     ctx1 = next(c for c, _ in runtime._contexts.values() if c.index == 1)
-    sizes = twin_buffer_sizes(runtime, k, ctx1)
+    sizes, mapped = twin_buffer_sizes(runtime, k, ctx1), twin_mapped_sizes(k, ctx1)
     assert all(pool.held(1, n) for n in sizes)   # made ahead on GPU 1, pages touched
-    held = pool._bytes[1]
+    assert all(pool.held(1, n, mapped=True) for n in mapped)   # and the mapped rings
+    held = pool.bytes_on(1)
     runtime.migrate(k, 1)
-    assert pool._bytes.get(1, 0) == held - sum(sizes)   # the twin took them: the move allocated none there
+    taken = sum(sizes) + sum(mapped)
+    assert pool.bytes_on(1) == held - taken   # the twin took them: the move allocated none there
     runtime.prebuild.reserve_bytes = 0
     kernel_support.counter(runtime, "k2", device=0, max_sources=MAX)
     runtime.prebuild.wait_idle(60)
-    assert pool._bytes.get(1, 0) == held - sum(sizes)   # off: nothing more made ahead
+    assert pool.bytes_on(1) == held - taken   # off: nothing more made ahead
 
 
 def test_the_failover_restore_of_a_lost_gpu_s_kernel_compiles_nothing(runtime, monkeypatch):

@@ -86,7 +86,8 @@ from .live_migration import migrate_live
 from .migrator import KernelMigrator, MigrationResult
 from .policy import CheckpointPolicy, PolicyState
 from .restore import restore_into, restore_new
-from .twin import MigrationPool, MoveEngines, Retired, RuntimeView, free_retired, twin_buffer_sizes
+from .twin import (MigrationPool, MoveEngines, Retired, RuntimeView, free_retired, twin_buffer_sizes,
+                   twin_mapped_sizes)
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ class Lifecycle:
     def _reserve(self, kernel: Kernel, device: int, limit: int) -> None:
         """Buffers for a twin of `kernel` on `device`, made ahead into the migration pool."""
         ctx = self.rt._context(device)
-        self.pool.reserve(ctx, twin_buffer_sizes(self.rt, kernel, ctx), limit)
+        self.pool.reserve(ctx, twin_buffer_sizes(self.rt, kernel, ctx), limit, twin_mapped_sizes(kernel, ctx))
 
     def _pair(self, a: int, b: int) -> None:
         """The transfer engines of moves between devices `a` and `b`, both ways, with

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 import vulkan as vk
@@ -34,7 +34,7 @@ from ..engine.spec import KernelSpec
 log = logging.getLogger(__name__)
 
 __all__ = ["RuntimeView", "LifecycleView", "MigrationPool", "Retired", "MoveEngines", "Twin", "state_buffers",
-           "twin_buffer_sizes",
+           "twin_buffer_sizes", "twin_mapped_sizes",
            "build_twin", "free_twin", "retire_half", "free_retired", "hand_back", "finish_move", "assign",
            "source_usable", "deadline_of", "time_left", "wait_kernel", "wait_jobs"]
 
@@ -122,6 +122,11 @@ class MigrationPool:
         with self._lock:
             return len(self._free.get((device, size, mapped), ()))
 
+    def bytes_on(self, device: int) -> int:
+        """The bytes the pool holds on `device`."""
+        with self._lock:
+            return self._bytes.get(device, 0)
+
     def put(self, buffer: Any) -> None:
         """Keep `buffer` for a later move (or free it when the pool of its device is full)."""
         device, size = buffer.slot.index, buffer.size
@@ -133,11 +138,12 @@ class MigrationPool:
                 return
         buffer.destroy()
 
-    def reserve(self, ctx: Any, sizes: list[int], limit: int) -> int:
-        """Make buffers of `sizes` on the device of `ctx` ahead of a move there, zeroed
-        (on a CPU device that touches their pages), while that device's pool stays
-        within `limit` bytes (and its own limit); the bytes added (0: none)."""
-        total = sum(sizes)
+    def reserve(self, ctx: Any, sizes: list[int], limit: int, mapped: Sequence[int] = ()) -> int:
+        """Make buffers of `sizes` (and MappedBuffers of `mapped` sizes) on the device
+        of `ctx` ahead of a move there, zeroed (on a CPU device that touches their
+        pages), while that device's pool stays within `limit` bytes (and its own
+        limit); the bytes added (0: none)."""
+        total = sum(sizes) + sum(mapped)
         with self._lock:
             if self._bytes.get(ctx.index, 0) + total > min(limit, self.limit):
                 return 0
@@ -146,6 +152,8 @@ class MigrationPool:
             for n in sizes:
                 made.append(Buffer(ctx.slot, n))
             ctx.run_once(lambda cmd: [vk.vkCmdFillBuffer(cmd, b.handle, 0, WHOLE_SIZE, 0) for b in made])
+            for n in mapped:
+                made.append(MappedBuffer(ctx.slot, n))
         except BaseException:
             for b in made:
                 b.destroy()
@@ -250,6 +258,13 @@ def twin_buffer_sizes(rt: RuntimeView, k: Kernel, ctx: Any) -> list[int]:
     if not rt.exports_outboxes(ctx.index):
         sizes.append(ctx.in_flight * Residency(ctx, spec, k.slot_size).outbox_region)
     return sizes + list(spec.state_sizes)
+
+
+def twin_mapped_sizes(k: Kernel, ctx: Any) -> list[int]:
+    """The sizes of the mapped rings a twin of k on the device of `ctx` takes from
+    the pool (host-to-kernel messages, reports)."""
+    res = Residency(ctx, k.spec, k.slot_size)
+    return [ctx.in_flight * res.h2k_region, ctx.in_flight * res.k2h_region]
 
 
 def _check_state_sizes(rt: RuntimeView, k: Kernel, device: int, spec: KernelSpec) -> Any:
