@@ -206,4 +206,6 @@ def chunked_copy(eng: Any, pairs: Sequence[tuple[Any, Any]], src_crc: Any, dst_c
     engines where `verify`)."""
     if getattr(src_crc, "kind", None) == "host" and getattr(dst_crc, "kind", None) == "host":
         return HostChunkedCopy(pairs, src_crc, dst_crc, verify, names=names)
-    return ChunkedCopy(eng, pairs, *((src_crc, dst_crc) if verify else (None, None)), names=names)
+    if not verify:
+        src_crc = dst_crc = None
+    return ChunkedCopy(eng, pairs, src_crc, dst_crc, names=names)

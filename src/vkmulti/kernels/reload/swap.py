@@ -73,9 +73,16 @@ def check_for_kernels(code: KernelCodeSource, targets: list[Kernel], *, spirv_va
                                    f"compile for an older target (glslc --target-env)", device=name)
     # The SPIR-V gate (spirv-val included) runs whatever `spirv_val` is: no module reaches a
     # driver unvalidated.
-    gates = {(len(k.states), target_env_of(k.ctx.slot)) for k in targets}
-    in_background(lambda: [validate_kernel_spirv(code.code, code.entry_point, n, KERNEL_PUSH, env, timeout=timeout(),
-                                                 label="the new SPIR-V") for n, env in sorted(gates)], timeout())
+    _gate_in_background(code, {(len(k.states), target_env_of(k.ctx.slot)) for k in targets}, timeout)
+
+
+def _gate_in_background(code: KernelCodeSource, gates: set[tuple[int, str]], timeout: Callable[[], float]) -> None:
+    """The SPIR-V gate of `code` for each (state buffers, target environment), in_background."""
+    def check() -> None:
+        for n, env in sorted(gates):
+            validate_kernel_spirv(code.code, code.entry_point, n, KERNEL_PUSH, env, timeout=timeout(),
+                                  label="the new SPIR-V")
+    in_background(check, timeout())
 
 
 def in_background(fn: Callable[[], Any], timeout: float) -> Any:
@@ -144,9 +151,7 @@ def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Call
             jobs.setdefault(index, (ctx, len(k.states)))
     if len({n for _, n in jobs.values()}) > 1 or len({len(k.states) for k in targets}) > 1:
         raise KernelValidationError("the kernels of one reload must have the same number of state buffers")
-    gates = {(n_state, target_env_of(ctx.slot)) for ctx, n_state in jobs.values()}
-    in_background(lambda: [validate_kernel_spirv(code.code, code.entry_point, n, KERNEL_PUSH, env, timeout=left(),
-                                                 label="the new SPIR-V") for n, env in sorted(gates)], left())
+    _gate_in_background(code, {(n_state, target_env_of(ctx.slot)) for ctx, n_state in jobs.values()}, left)
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
 
