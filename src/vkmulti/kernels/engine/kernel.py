@@ -113,6 +113,10 @@ class KernelStats:
     clock: HlcTimestamp = field(default_factory=HlcTimestamp.zero)
 
 
+#: Guards making a Batch's event against its signal()
+_EVENT_LOCK = threading.Lock()
+
+
 class Batch:
     """A batch of message slots on one device that kernels there may take from
     (an outbox region, a host region or a landing buffer of the router)."""
@@ -132,11 +136,29 @@ class Batch:
         self.remote = 0
         self.remote_devices = 0
         self.done = False
-        self.event = threading.Event()
+        self._event: threading.Event | None = None
+        self._signalled = False
         self.last_value = 0            # the latest step that read it (a survey or a delivery)
         self.retained = 0              # holders (the K2K router) that still need its region as it is
         self.lazy = False              # read only once written, by a step that need not wait for it
         self.passed: set[int] = set()  # ids of the kernels a delivery pass over it was recorded for
+
+    @property
+    def event(self) -> threading.Event:
+        """Set once the batch is done (made on first use: most batches are never waited on)."""
+        with _EVENT_LOCK:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._signalled:
+                    self._event.set()
+            return self._event
+
+    def signal(self) -> None:
+        """Set `event`, made yet or not."""
+        with _EVENT_LOCK:
+            self._signalled = True
+            if self._event is not None:
+                self._event.set()
 
     def takes(self, kernel: "Kernel") -> bool:
         """Whether `kernel` needs a delivery pass over this batch."""
@@ -150,7 +172,7 @@ class Batch:
         if not self.done and self.pending is not None and not self.pending and self.last_value <= completed \
                 and not self.retained:
             self.done = True
-            self.event.set()
+            self.signal()
         return self.done
 
 
