@@ -193,3 +193,21 @@ def test_a_kernel_in_the_slot_of_a_destroyed_one_gets_its_own_sets(manager):
         bounces = read_pingpong(rt.read_state(c)).bounces
         assert bounces >= 3, bounces
         assert read_pingpong(rt.read_state(a)).bounces >= 6
+
+
+def test_a_lazy_event_set_before_or_after_its_waiter_wakes_it():
+    import threading
+
+    from vkmulti._core.lifetime import LazyEvent
+
+    e = LazyEvent()
+    assert not e.is_set() and not e.wait(0)
+    e.set()
+    assert e.is_set() and e.wait(0) and e.wait(None)
+    late = LazyEvent()
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(late.wait(10)))
+    waiter.start()
+    late.set()
+    waiter.join(10)
+    assert woke == [True]

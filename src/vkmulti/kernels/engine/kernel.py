@@ -17,7 +17,6 @@ Memory of a kernel (all on its device; sizes in docs/reference/kernels.md):
 from __future__ import annotations
 
 import operator
-import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
@@ -26,6 +25,7 @@ import numpy as np
 import vulkan as vk
 
 from ..._core.checks import U32_MAX, int_in
+from ..._core.lifetime import LazyEvent
 from ..._core.reprs import compact_repr
 from ..._core.timeline import TimelinePoint
 from ...errors import DestroyedError, DeviceLostError
@@ -113,10 +113,6 @@ class KernelStats:
     clock: HlcTimestamp = field(default_factory=HlcTimestamp.zero)
 
 
-#: Guards making a Batch's event against its signal()
-_EVENT_LOCK = threading.Lock()
-
-
 class Batch:
     """A batch of message slots on one device that kernels there may take from
     (an outbox region, a host region or a landing buffer of the router)."""
@@ -136,29 +132,11 @@ class Batch:
         self.remote = 0
         self.remote_devices = 0
         self.done = False
-        self._event: threading.Event | None = None
-        self._signalled = False
+        self.event = LazyEvent()   # (most batches are never waited on)
         self.last_value = 0            # the latest step that read it (a survey or a delivery)
         self.retained = 0              # holders (the K2K router) that still need its region as it is
         self.lazy = False              # read only once written, by a step that need not wait for it
         self.passed: set[int] = set()  # ids of the kernels a delivery pass over it was recorded for
-
-    @property
-    def event(self) -> threading.Event:
-        """Set once the batch is done (made on first use: most batches are never waited on)."""
-        with _EVENT_LOCK:
-            if self._event is None:
-                self._event = threading.Event()
-                if self._signalled:
-                    self._event.set()
-            return self._event
-
-    def signal(self) -> None:
-        """Set `event`, made yet or not."""
-        with _EVENT_LOCK:
-            self._signalled = True
-            if self._event is not None:
-                self._event.set()
 
     def takes(self, kernel: "Kernel") -> bool:
         """Whether `kernel` needs a delivery pass over this batch."""
@@ -172,7 +150,7 @@ class Batch:
         if not self.done and self.pending is not None and not self.pending and self.last_value <= completed \
                 and not self.retained:
             self.done = True
-            self.signal()
+            self.event.set()
         return self.done
 
 

@@ -500,7 +500,7 @@ class DeliveryEngine:
                 for i in r.inbounds:
                     if not i.done:   # (on a survivor: what it held is handed again by the failover)
                         i.done = True
-                        i.signal()
+                        i.event.set()
                 r.readers = 0
                 for b in r.batches:
                     let_go(b)

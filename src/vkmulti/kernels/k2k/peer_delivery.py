@@ -242,7 +242,7 @@ class PeerEdges:
             i = p.inbound
             if i is not None and not i.done:
                 i.done = True
-                i.signal()
+                i.event.set()
             try:
                 p.batch.release()
             except (VkmError, ValueError):   # a lost device's batch, or one let go with its kernel

@@ -82,7 +82,7 @@ def _replay_step(rt: RuntimeView, k: Any, slots: list[bytes], keep_k2h: bool, de
     with ctx.lock:
         for b in new:   # what it sends again is handed from the log to those who have not consumed it
             b.done = True
-            b.signal()
+            b.event.set()
         if not keep_k2h:   # the host received this step's messages from the original run
             while len(k.received) > n0:
                 k.received.pop()
@@ -162,7 +162,7 @@ def _hand_again(rt: RuntimeView, replay: Any, device: int, restored: list[Any], 
                 src = b.source if b.source is not None else getattr(origin, "kernel", None)
                 if src is not None and id(src) in moved and not b.done:
                     b.done = True   # its messages are handed again from the log
-                    b.signal()
+                    b.event.set()
             ctx.cond.notify_all()
     per_dest: dict[int, list[tuple[int, int, int, bytes]]] = {}
     for src, dst in replay.pairs_with(lost_addresses):

@@ -251,7 +251,7 @@ class Inbound:
             ctx, stepper = self._device(batch.device_index)
         except DeviceLostError:   # failed over: the device and what it held are gone
             batch.done = True
-            batch.signal()
+            batch.event.set()
             return 0
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
         with ctx.lock:
@@ -271,7 +271,7 @@ class Inbound:
             batch.sets = []
             left = 0 if lost else max(0, batch.local - batch.delivered - batch.rejected)
             batch.done = True
-            batch.signal()
+            batch.event.set()
             ctx.cond.notify_all()
             return left
 
@@ -349,7 +349,7 @@ class Inbound:
                         stepper.retired += [(b.last_value, s) for s in b.sets]
                         b.sets = []
                         b.done = True
-                        b.signal()
+                        b.event.set()
                 ctx.cond.notify_all()
                 try:
                     while ctx.completed() < last:

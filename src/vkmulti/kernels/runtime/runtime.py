@@ -512,7 +512,7 @@ class KernelRuntime:
                 if b.source is k:
                     stepper.batches.remove(b)
                     b.done = True
-                    b.signal()
+                    b.event.set()
                 elif b.pending is not None:
                     b.pending.discard(k)
             for other in ctx.local:
