@@ -144,7 +144,7 @@ class StepRecorder:
             n = min(len(k.h2k), k.spec.inbox_capacity)
             if not n or id(k) in in_place:   # (its step reads a batch in place: they go next step)
                 continue
-            off = take(DELIVER_RECORD)  # type: ignore[assignment]
+            off = take(DELIVER_RECORD)
             if off is None:
                 break
             slots = [k.h2k.popleft() for _ in range(n)]
@@ -160,7 +160,7 @@ class StepRecorder:
             for k in launched:
                 if not b.takes(k) or id(k) in in_place or k.replaying:   # (a replayed step takes only its logged inputs)
                     continue
-                off = take(DELIVER_RECORD)  # type: ignore[assignment]
+                off = take(DELIVER_RECORD)
                 if off is None:
                     break
                 inbound = isinstance(b, InboundBatch)
@@ -181,7 +181,7 @@ class StepRecorder:
         if new_inbound:
             c.bind_pipeline(ctx.survey.pipeline_int)
             for b in new_inbound:
-                off = take(SURVEY_RECORD)  # type: ignore[assignment]
+                off = take(SURVEY_RECORD)
                 if off is None:
                     break
                 key = (b.buffer, b.size)
@@ -227,7 +227,7 @@ class StepRecorder:
         c.barrier()
         # 5. surveys of the new outboxes
         c.bind_pipeline(ctx.survey.pipeline_int)
-        for k, off in zip(launched, outbox_surveys):  # type: ignore[assignment]
+        for k, off in zip(launched, outbox_surveys):
             self._survey(c, k.survey_set, (k.steps % d) * k.outbox_region, off)
         c.barrier(True)
         c.end()

@@ -171,7 +171,7 @@ class DeviceStepper:
             gpu_waits, survey_offsets = self.recorder.record(rec, launched, taken_h2k, self.batches, self.retired)
             gpu_waits += [(p.semaphore, p.value) for p in waits]
             ctx = self.ctx
-            ctx.step_cmds.submit(ctx.queue_lock, ctx.cmd_ints[rec.region], gpu_waits, ctx.timeline, value)
+            ctx.step_cmds.submit(ctx.queue_lock, ctx.cmd_ints[rec.region], gpu_waits, ctx.timeline, value)  # type: ignore[arg-type]
         except BaseException:
             for k, slots in reversed(taken_h2k):   # nothing ran: the host messages are still to send
                 k.h2k.extendleft(reversed(slots))
