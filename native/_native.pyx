@@ -345,3 +345,4 @@ cdef class Messenger:
 include "partition.pxi"
 include "cuda.pxi"
 include "link.pxi"
+include "step.pxi"

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from ..errors import DestroyedError, VkmError
 from ..errors import TimeoutError as VkmTimeoutError
 
-__all__ = ["Deadline", "Lifetime", "operation"]
+__all__ = ["Deadline", "LazyEvent", "Lifetime", "operation"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -272,3 +272,39 @@ def operation(method: _F) -> _F:
         with self._life:
             return method(self, *args, **kwargs)
     return run  # type: ignore[return-value]
+
+
+#: Guards making a LazyEvent's threading.Event against its set() (held for a few bytecodes)
+_LAZY_LOCK = threading.Lock()
+
+
+class LazyEvent:
+    """set() / is_set() / wait(timeout) of a threading.Event that is made only when
+    someone waits: an event that is set before anyone waits (or never waited on)
+    costs a flag instead of an Event with its Condition and lock."""
+    __slots__ = ("_event", "_set")
+
+    def __init__(self) -> None:
+        self._event: threading.Event | None = None
+        self._set = False
+
+    def set(self) -> None:
+        with _LAZY_LOCK:
+            self._set = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        with _LAZY_LOCK:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._set:
+                    self._event.set()
+            event = self._event
+        return event.wait(timeout)

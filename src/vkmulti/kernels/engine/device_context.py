@@ -17,14 +17,14 @@ import numpy as np
 import vulkan as vk
 
 from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout, UnsupportedError, VulkanError
-from ..._core import vkapi
+from ..._core import _native, vkapi
 from ...device.logical import retire_submits
 from ..._core.lifetime import Deadline
 from ...memory.image import BUFFER_USAGE, Buffer, CommandRunner
 from ..._core.shaders import shader_path
 from ..._core.timeline import TimelinePoint
 from .pipeline_cache import FILES, identity_of
-from .recording import barrier
+from .recording import barrier, handle_value
 
 _ffi = vk.ffi
 log = logging.getLogger(__name__)
@@ -113,6 +113,8 @@ class ComputePass:
         except BaseException:
             self.destroy(dev)
             raise
+        #: the handles as ints, for the native step recorder (StepCommands)
+        self.pipeline_int, self.layout_int = handle_value(self.pipeline), handle_value(self.layout)
 
     def destroy(self, dev: Any) -> None:
         if self.pipeline is not None:
@@ -186,6 +188,9 @@ class DeviceContext:
         self.cache_identity: Any = None   # (vendorID, deviceID, pipelineCacheUUID): names its cache file
         self.cache_blob: bytes | None = None   # what the pipeline cache was made from
         self.cmd_pool = None
+        self.cmd_ints: list[int] = []   # the step command buffers as ints (StepCommands' handles)
+        self.step_cmds = _native.StepCommands(slot.native)   # records and submits the steps
+        self.queue_lock = self.queue.lock
         self.status = self.directory = self.runner = None  # type: ignore[assignment]
         try:
             self._create()
@@ -210,6 +215,7 @@ class DeviceContext:
         self.cmds = vkapi.vkAllocateCommandBuffers(dev, vk.VkCommandBufferAllocateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.cmd_pool,
             level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=self.in_flight))
+        self.cmd_ints = [handle_value(c) for c in self.cmds]
         self.runner = CommandRunner(slot, self.queue)
         self.status = MappedBuffer(slot, self.in_flight * STATUS_WORDS * 4,
                                    usage=BUFFER_USAGE | vk.VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT)

@@ -17,7 +17,6 @@ Memory of a kernel (all on its device; sizes in docs/reference/kernels.md):
 from __future__ import annotations
 
 import operator
-import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
@@ -26,6 +25,7 @@ import numpy as np
 import vulkan as vk
 
 from ..._core.checks import U32_MAX, int_in
+from ..._core.lifetime import LazyEvent
 from ..._core.reprs import compact_repr
 from ..._core.timeline import TimelinePoint
 from ...errors import DestroyedError, DeviceLostError
@@ -132,7 +132,7 @@ class Batch:
         self.remote = 0
         self.remote_devices = 0
         self.done = False
-        self.event = threading.Event()
+        self.event = LazyEvent()   # (most batches are never waited on)
         self.last_value = 0            # the latest step that read it (a survey or a delivery)
         self.retained = 0              # holders (the K2K router) that still need its region as it is
         self.lazy = False              # read only once written, by a step that need not wait for it

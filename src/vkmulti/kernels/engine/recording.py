@@ -1,9 +1,11 @@
-"""Command recording for the kernel runtime's per-step command buffers.
+"""Command recording for the kernel runtime's one-shot command buffers.
 
-A step records a few dozen commands; through the `vulkan` package's wrappers
-each costs ~10 us of Python, which dominated a step. These call the loader's
-entry points through the package's cffi `lib` directly with prebuilt structs
-(the calls return nothing, so there is no VkResult to check).
+A step's own command buffer is recorded and submitted natively (the device
+context's StepCommands, native/vkm_step.c); the runtime's other command
+buffers (replay log copies, checkpoints, migrations) use these, which call the
+loader's entry points through the `vulkan` package's cffi `lib` directly with
+prebuilt structs (the calls return nothing, so there is no VkResult to check).
+`handle_value` gives a cffi handle's int for the native recorder.
 """
 from __future__ import annotations
 
@@ -20,6 +22,25 @@ BIND = vk.VK_PIPELINE_BIND_POINT_COMPUTE
 STAGE = vk.VK_SHADER_STAGE_COMPUTE_BIT
 ALL = vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT
 _MEMORY = vk.VK_ACCESS_MEMORY_READ_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT
+
+
+_VALUES: dict[Any, int] = {}
+_MAX_VALUES = 1 << 14
+
+
+def handle_value(handle: Any) -> int:
+    """The int value of a cffi Vulkan handle (an int is returned as is). Kept per
+    handle: a cffi pointer hashes and compares by its address, so an entry can never
+    give another handle's value, even once its object was destroyed and the address
+    reused; the map is emptied when it grows past _MAX_VALUES."""
+    v = _VALUES.get(handle)
+    if v is None:
+        if isinstance(handle, int):
+            return handle
+        if len(_VALUES) >= _MAX_VALUES:
+            _VALUES.clear()
+        v = _VALUES[handle] = int(_ffi.cast("uintptr_t", handle))
+    return v
 
 
 def _memory_barrier(dst_access: int) -> Any:
@@ -95,54 +116,6 @@ def begin(cmd: Any) -> None:
 
 def end(cmd: Any) -> None:
     raise_for_result(_lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
-
-
-class Submitter:
-    """A step's vkQueueSubmit (one command buffer, timeline waits, one timeline
-    signal) through structs made once: the caller serialises its use (a device's
-    steps are recorded and submitted under that device's lock)."""
-
-    def __init__(self) -> None:
-        self.timeline = _ffi.new("VkTimelineSemaphoreSubmitInfo*")
-        self.timeline.sType = vk.VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO
-        self.info = _ffi.new("VkSubmitInfo*")
-        self.info.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
-        self.info.pNext = self.timeline
-        self.cmds = _ffi.new("VkCommandBuffer[1]")
-        self.sig = _ffi.new("VkSemaphore[1]")
-        self.sig_value = _ffi.new("uint64_t[1]")
-        self.info.commandBufferCount = 1
-        self.info.pCommandBuffers = self.cmds
-        self.info.signalSemaphoreCount = 1
-        self.info.pSignalSemaphores = self.sig
-        self.timeline.signalSemaphoreValueCount = 1
-        self.timeline.pSignalSemaphoreValues = self.sig_value
-        self._room = 0
-        self._grow(16)
-
-    def _grow(self, n: int) -> None:
-        self._room = n
-        self.sems = _ffi.new("VkSemaphore[]", n)
-        self.values = _ffi.new("uint64_t[]", n)
-        self.stages = _ffi.new("VkPipelineStageFlags[]", [ALL] * n)
-
-    def submit(self, native: Any, queue: Any, cmd: Any, waits: list[tuple[int, int]],
-               signal: tuple[int, int]) -> None:
-        n = len(waits)
-        if n > self._room:
-            self._grow(max(n, 2 * self._room))
-        for i, (sem, value) in enumerate(waits):
-            self.sems[i] = _ffi.cast("VkSemaphore", sem)
-            self.values[i] = value
-        info, timeline = self.info, self.timeline
-        info.waitSemaphoreCount = timeline.waitSemaphoreValueCount = n
-        info.pWaitSemaphores = self.sems if n else _NULL
-        info.pWaitDstStageMask = self.stages if n else _NULL
-        timeline.pWaitSemaphoreValues = self.values if n else _NULL
-        self.cmds[0] = cmd
-        self.sig[0] = _ffi.cast("VkSemaphore", signal[0])
-        self.sig_value[0] = signal[1]
-        vkapi.queue_submit(native, queue, info, call="vkQueueSubmit(kernel step)")
 
 
 def submit(native: Any, queue: Any, cmd: Any, waits: list[tuple[int, int]], signal: tuple[int, int]) -> None:

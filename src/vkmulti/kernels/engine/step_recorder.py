@@ -15,7 +15,7 @@ import numpy as np
 
 from ..._core.checks import U32_MAX
 from ..messages import RING_HEADER_BYTES
-from . import recording as cmds
+from .recording import handle_value
 from .device_context import DELIVER_RECORD, STATUS_WORDS, SURVEY_RECORD, WHOLE_SIZE, DeviceContext
 from .kernel import Batch, InboundBatch, Kernel, OutboxBatch
 
@@ -67,8 +67,8 @@ class StepRecorder:
         took to `taken_h2k` and descriptor sets to free once done to `retired`;
         `batches` are the device's batches not yet fully delivered. Returns the
         GPU waits of the submit and the status offsets of the new outboxes' surveys."""
-        ctx, d = self.ctx, self.ctx.in_flight
-        cmd = ctx.cmds[rec.region]
+        ctx = self.ctx
+        c = ctx.step_cmds
         status_free = STATUS_WORDS
         offset = rec.region * STATUS_WORDS
 
@@ -88,19 +88,30 @@ class StepRecorder:
             if id(b) not in waited:
                 waited.add(id(b))
                 gpu_waits.extend((p.semaphore, p.value) for p in b.waits)
-        cmds.begin(cmd)
-        cmds.barrier(cmd)
+        c.begin(ctx.cmd_ints[rec.region])
+        try:
+            return self._record(c, rec, launched, taken_h2k, batches, retired, take, outbox_surveys, gpu_waits,
+                                wait_for)
+        except BaseException:
+            c.abandon()
+            raise
+
+    def _record(self, c: Any, rec: InFlight, launched: list[Kernel], taken_h2k: list, batches: list[Batch],
+                retired: list, take: Any, outbox_surveys: list, gpu_waits: list, wait_for: Any) \
+            -> tuple[list[tuple[int, int]], list[int | None]]:
+        ctx, d = self.ctx, self.ctx.in_flight
+        c.barrier()
         # 1. directory, outbox counts
         with ctx.dir_lock:
             rec.directory = sorted(ctx.dir_dirty)
             ctx.dir_dirty.clear()
         for idx in rec.directory:
             entry = self.rt.directory_entry(idx)
-            cmds.update(cmd, ctx.directory.handle, idx * 16, entry)
+            c.update(ctx.directory.handle_int, idx * 16, entry)
         feed = self.rt.outbox_feed
         for k in launched:
             j = k.steps % d
-            cmds.update(cmd, k.outbox.handle, j * k.outbox_region, _OUTBOX_RESET.pack(0, 0, k.spec.outbox_capacity))
+            c.update(k.outbox.handle_int, j * k.outbox_region, _OUTBOX_RESET.pack(0, 0, k.spec.outbox_capacity))
             self._place_injected(k, j, feed)
             old = k.outbox_batches[j]
             if old is not None:
@@ -112,9 +123,9 @@ class StepRecorder:
         in_place = {id(x): self._in_place_sets(x, b, retired) for x, b, _, copied in directs if copied < 0}
         for x, b, _, copied in directs:
             if copied > 0:
-                cmds.copy(cmd, b.buffer.handle, x.inbox.handle, b.offset + RING_HEADER_BYTES, RING_HEADER_BYTES,
-                          copied * x.slot_size)
-        cmds.barrier(cmd)
+                c.copy(handle_value(b.buffer.handle), x.inbox.handle_int, b.offset + RING_HEADER_BYTES, RING_HEADER_BYTES,
+                       copied * x.slot_size)
+        c.barrier()
         # 2. deliveries and surveys of new inbound batches
         mode = MODE_PLAN if self.rt.payload_size >= PLANNED_DELIVERY_PAYLOAD else MODE_COPY
         # kernel, set, offset, status, hops, slots, mode, slots copied in place
@@ -133,7 +144,7 @@ class StepRecorder:
             n = min(len(k.h2k), k.spec.inbox_capacity)
             if not n or id(k) in in_place:   # (its step reads a batch in place: they go next step)
                 continue
-            off = take(DELIVER_RECORD)  # type: ignore[assignment]
+            off = take(DELIVER_RECORD)
             if off is None:
                 break
             slots = [k.h2k.popleft() for _ in range(n)]
@@ -149,7 +160,7 @@ class StepRecorder:
             for k in launched:
                 if not b.takes(k) or id(k) in in_place or k.replaying:   # (a replayed step takes only its logged inputs)
                     continue
-                off = take(DELIVER_RECORD)  # type: ignore[assignment]
+                off = take(DELIVER_RECORD)
                 if off is None:
                     break
                 inbound = isinstance(b, InboundBatch)
@@ -163,14 +174,14 @@ class StepRecorder:
                 rec.delivers.append((b, k, off))
                 b.passed.add(id(k))   # (some of its messages may be delivered already: never direct for k now)
                 wait_for(b)
-        self._record_deliveries(cmd, passes)
+        self._record_deliveries(c, passes)
         for b, _ in rec.directs:   # a direct pass that takes the whole batch tells as much as a survey
             b.surveyed = True
         new_inbound = [b for b in readable if isinstance(b, InboundBatch) and not b.surveyed]
         if new_inbound:
-            cmds.bind_pipeline(cmd, ctx.survey.pipeline)
+            c.bind_pipeline(ctx.survey.pipeline_int)
             for b in new_inbound:
-                off = take(SURVEY_RECORD)  # type: ignore[assignment]
+                off = take(SURVEY_RECORD)
                 if off is None:
                     break
                 key = (b.buffer, b.size)
@@ -183,43 +194,43 @@ class StepRecorder:
                         ctx.buffer_sets[key] = pool_set
                     else:
                         b.sets.append(pool_set)
-                self._survey(cmd, pool_set[1], b.offset, off)
+                self._survey(c, pool_set[1], b.offset, off)
                 rec.surveys.append((b, off))
                 b.surveyed = True
                 wait_for(b)
-        cmds.barrier(cmd)
+        c.barrier()
         # 3. the kernels
         now = time.time_ns() // 1000
         bound = None
         for k in launched:
             j = k.steps % d
-            if bound is not k.kernel_pass:
-                cmds.bind_pipeline(cmd, k.kernel_pass.pipeline)
-                bound = k.kernel_pass
+            kp = k.kernel_pass
+            if bound is not kp:
+                c.bind_pipeline(kp.pipeline_int)
+                bound = kp
             sets = in_place.get(id(k))
             kset = k.kernel_set if sets is None else sets[0]
-            cmds.bind_set(cmd, k.kernel_pass.layout, kset, (j * k.outbox_region,))
-            cmds.push(cmd, k.kernel_pass.layout, _KERNEL_PUSH.pack(
-                k.steps & U32_MAX, k.steps >> 32, k.address, k.tenant, k.spec.inbox_capacity,
-                k.spec.outbox_capacity, k.payload_size // 4, 0, *k.params))
-            cmds.dispatch(cmd, *k.spec.groups)
-        cmds.barrier(cmd)
+            spec = k.spec
+            c.dispatch(kp.layout_int, handle_value(kset), (j * k.outbox_region,), _KERNEL_PUSH.pack(
+                k.steps & U32_MAX, k.steps >> 32, k.address, k.tenant, spec.inbox_capacity,
+                spec.outbox_capacity, k.payload_size // 4, 0, *k.params), *spec.groups)
+        c.barrier()
         # 4. finish
-        cmds.bind_pipeline(cmd, ctx.finish.pipeline)
+        finish = ctx.finish
+        c.bind_pipeline(finish.pipeline_int)
         for k in launched:
             j = k.steps % d
             sets = in_place.get(id(k))
             fset = k.finish_set if sets is None else sets[1]
-            cmds.bind_set(cmd, ctx.finish.layout, fset, (j * k.outbox_region, j * k.k2h_region))
-            cmds.push(cmd, ctx.finish.layout, _FINISH_PUSH.pack(now & U32_MAX, now >> 32, k.steps & U32_MAX, k.steps >> 32))
-            cmds.dispatch(cmd, 1, 1, 1)
-        cmds.barrier(cmd)
+            c.dispatch(finish.layout_int, handle_value(fset), (j * k.outbox_region, j * k.k2h_region),
+                       _FINISH_PUSH.pack(now & U32_MAX, now >> 32, k.steps & U32_MAX, k.steps >> 32))
+        c.barrier()
         # 5. surveys of the new outboxes
-        cmds.bind_pipeline(cmd, ctx.survey.pipeline)
-        for k, off in zip(launched, outbox_surveys):  # type: ignore[assignment]
-            self._survey(cmd, k.survey_set, (k.steps % d) * k.outbox_region, off)
-        cmds.barrier(cmd, host=True)
-        cmds.end(cmd)
+        c.bind_pipeline(ctx.survey.pipeline_int)
+        for k, off in zip(launched, outbox_surveys):
+            self._survey(c, k.survey_set, (k.steps % d) * k.outbox_region, off)
+        c.barrier(True)
+        c.end()
         return gpu_waits, outbox_surveys
 
     def _readable(self, batches: list[Batch]) -> list[Batch]:
@@ -376,7 +387,7 @@ class StepRecorder:
                                   (ctx.status.handle, 0, WHOLE_SIZE)])
         return pool_set[1]
 
-    def _record_deliveries(self, cmd: Any, passes: list[tuple[Kernel, Any, int, int, int, int, int, int]]) -> None:
+    def _record_deliveries(self, c: Any, passes: list[tuple[Kernel, Any, int, int, int, int, int, int]]) -> None:
         """The delivery passes, in rounds: passes into one inbox are ordered by a
         barrier (each reads and moves its tail), passes into different inboxes
         run side by side. Large messages go plan first, then a copy pass."""
@@ -391,29 +402,28 @@ class StepRecorder:
             rounds[r].append(p)
         for i, group in enumerate(rounds):
             if i:
-                cmds.barrier(cmd)
-            cmds.bind_pipeline(cmd, ctx.deliver.pipeline)
+                c.barrier()
+            deliver = ctx.deliver
+            c.bind_pipeline(deliver.pipeline_int)
             for k, dset, offset, status, hops, _, mode, copied in group:
-                cmds.bind_set(cmd, ctx.deliver.layout, dset, (offset,))
-                cmds.push(cmd, ctx.deliver.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, mode,
-                                                                  copied, 0, 0))
-                cmds.dispatch(cmd, 1, 1, 1)
+                c.dispatch(deliver.layout_int, handle_value(dset), (offset,),
+                           _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, mode, copied, 0, 0))
             planned = [p for p in group if p[6] == MODE_PLAN]
             if planned:
-                cmds.barrier(cmd)
-                cmds.bind_pipeline(cmd, ctx.deliver_copy.pipeline)
+                c.barrier()
+                copy = ctx.deliver_copy
+                c.bind_pipeline(copy.pipeline_int)
+                status_buffer = ctx.status.handle_int
                 for k, dset, offset, status, hops, slots, _, _ in planned:
-                    cmds.bind_set(cmd, ctx.deliver_copy.layout, dset, (offset,))
-                    cmds.push(cmd, ctx.deliver_copy.layout, _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, 1,
-                                                                           0, 0, 0))
                     # as many workgroups as the plan found messages for (none: nothing runs)
-                    cmds.dispatch_indirect(cmd, ctx.status.handle, 4 * (status + 4))
+                    c.dispatch_indirect(copy.layout_int, handle_value(dset), (offset,),
+                                        _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, 1, 0, 0, 0),
+                                        status_buffer, 4 * (status + 4))
 
-    def _survey(self, cmd: Any, dset: Any, offset: int, status: int) -> None:
+    def _survey(self, c: Any, dset: Any, offset: int, status: int) -> None:
         ctx = self.ctx
-        cmds.bind_set(cmd, ctx.survey.layout, dset, (offset,))
-        cmds.push(cmd, ctx.survey.layout, _SURVEY_PUSH.pack(status, ctx.index, ctx.table_size, 0))
-        cmds.dispatch(cmd, 1, 1, 1)
+        c.dispatch(ctx.survey.layout_int, handle_value(dset), (offset,),
+                   _SURVEY_PUSH.pack(status, ctx.index, ctx.table_size, 0))
 
 
 def _inboxes_logged(rt: Any) -> bool:

@@ -25,7 +25,6 @@ from typing import Any
 
 from ...errors import TimeoutError as VkmTimeout
 from ..._core.timeline import TimelinePoint
-from . import recording as cmds
 from .device_context import DeviceContext
 from .harvest import StepHarvest
 from .kernel import Batch, InboundBatch, Kernel, OutboxBatch
@@ -52,7 +51,6 @@ class DeviceStepper:
         self.nsteps = 0
         self.harvested = 0                  # the last timeline value harvested
         self.retired: list[tuple[int, Any]] = []   # (value, descriptor set) to free once completed
-        self.submitter = cmds.Submitter()
         self.recorder = StepRecorder(runtime, ctx)
         self.readback = StepHarvest(runtime, ctx)
 
@@ -172,8 +170,8 @@ class DeviceStepper:
         try:
             gpu_waits, survey_offsets = self.recorder.record(rec, launched, taken_h2k, self.batches, self.retired)
             gpu_waits += [(p.semaphore, p.value) for p in waits]
-            self.submitter.submit(self.ctx.slot.native, self.ctx.queue, self.ctx.cmds[rec.region], gpu_waits,
-                                  (self.ctx.timeline, value))  # type: ignore[arg-type]
+            ctx = self.ctx
+            ctx.step_cmds.submit(ctx.queue_lock, ctx.cmd_ints[rec.region], gpu_waits, ctx.timeline, value)  # type: ignore[arg-type]
         except BaseException:
             for k, slots in reversed(taken_h2k):   # nothing ran: the host messages are still to send
                 k.h2k.extendleft(reversed(slots))

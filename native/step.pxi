@@ -1,0 +1,172 @@
+# Bindings of a kernel runtime step's recording and submit (vkm_step.h): one
+# StepCommands per device context; included into _native.pyx after link.pxi.
+
+cdef extern from "vkm_step.h" nogil:
+    ctypedef void* VkCommandBuffer
+    ctypedef void* VkPipeline
+    ctypedef void* VkPipelineLayout
+    ctypedef void* VkDescriptorSet
+
+    enum:
+        VKM_STEP_MAX_OFFSETS
+        VKM_STEP_MAX_PUSH
+
+    VkResult vkm_step_begin(const vkm_device *d, VkCommandBuffer cmd)
+    VkResult vkm_step_end(const vkm_device *d, VkCommandBuffer cmd)
+    void vkm_step_barrier(const vkm_device *d, VkCommandBuffer cmd, int host)
+    void vkm_step_bind_pipeline(const vkm_device *d, VkCommandBuffer cmd, VkPipeline pipeline)
+    void vkm_step_pass(const vkm_device *d, VkCommandBuffer cmd, VkPipelineLayout layout, VkDescriptorSet set,
+                       uint32_t noffsets, const uint32_t *offsets, uint32_t push_bytes, const void *push,
+                       uint32_t gx, uint32_t gy, uint32_t gz, VkBuffer indirect, VkDeviceSize indirect_offset)
+    void vkm_step_copy(const vkm_device *d, VkCommandBuffer cmd, VkBuffer src, VkBuffer dst,
+                       VkDeviceSize src_offset, VkDeviceSize dst_offset, VkDeviceSize size)
+    void vkm_step_update(const vkm_device *d, VkCommandBuffer cmd, VkBuffer buffer, VkDeviceSize offset,
+                         VkDeviceSize size, const void *data)
+    VkResult vkm_step_submit(const vkm_device *d, vkm_queue *q, VkCommandBuffer cmd, uint32_t nwaits,
+                             const VkSemaphore *sems, const uint64_t *values, VkSemaphore signal, uint64_t value)
+
+
+cdef class StepCommands:
+    """Records a kernel runtime's steps on one device into its command buffers
+    through the device's function table (vkm_step.h), and submits them: one
+    call per pass (set, push constants, dispatch) instead of a cffi call and its
+    structs per command. Handles are ints.
+
+    begin(cmd) resets and begins a command buffer; the recording methods append
+    to it; end() closes it. One command buffer is recorded at a time and the
+    caller serialises the use (a device's steps are recorded and submitted under
+    that device's lock)."""
+    cdef Device dev
+    cdef VkCommandBuffer cmd
+
+    def __cinit__(self, Device device not None):
+        self.dev = device
+        self.cmd = NULL
+
+    @property
+    def recording(self):
+        """The command buffer being recorded (0: none)."""
+        return <uintptr_t>self.cmd
+
+    cdef inline VkCommandBuffer _open(self) except NULL:
+        if self.cmd == NULL:
+            raise ValueError("StepCommands: no command buffer is being recorded (call begin(cmd) first)")
+        return self.cmd
+
+    def begin(self, uintptr_t cmd):
+        """Reset and begin (one-time submit) command buffer `cmd` of a resettable pool."""
+        cdef vkm_device *d = self.dev.ptr()
+        _nonzero(cmd, "cmd")
+        self.cmd = NULL
+        check(vkm_step_begin(d, <VkCommandBuffer>cmd), "vkBeginCommandBuffer(kernel step)")
+        self.cmd = <VkCommandBuffer>cmd
+
+    def end(self):
+        """End the command buffer begun last (then none is being recorded)."""
+        cdef vkm_device *d = self.dev.ptr()
+        cdef VkCommandBuffer cmd = self._open()
+        self.cmd = NULL
+        check(vkm_step_end(d, cmd), "vkEndCommandBuffer(kernel step)")
+
+    def abandon(self):
+        """Forget the command buffer being recorded (an error while recording: it is
+        reset by its next begin() and never submitted)."""
+        self.cmd = NULL
+
+    def barrier(self, bint host=False):
+        """A global memory barrier: everything before, for everything after (`host`: and host reads)."""
+        cdef VkCommandBuffer cmd = self._open()
+        vkm_step_barrier(self.dev.ptr(), cmd, host)
+
+    def bind_pipeline(self, uintptr_t pipeline):
+        cdef VkCommandBuffer cmd = self._open()
+        _nonzero(pipeline, "pipeline")
+        vkm_step_bind_pipeline(self.dev.ptr(), cmd, <VkPipeline>pipeline)
+
+    def dispatch(self, uintptr_t layout, uintptr_t dset, tuple offsets not None, bytes push not None,
+                 uint32_t x=1, uint32_t y=1, uint32_t z=1):
+        """Bind set 0 of `layout` (`dset`, with the dynamic `offsets`), push `push`
+        at offset 0 (b"": none) and vkCmdDispatch(x, y, z)."""
+        self._pass(layout, dset, offsets, push, x, y, z, 0, 0)
+
+    def dispatch_indirect(self, uintptr_t layout, uintptr_t dset, tuple offsets not None, bytes push not None,
+                          uintptr_t buffer, VkDeviceSize offset):
+        """dispatch() whose workgroup counts are 3 uint32 at `offset` of `buffer` (vkCmdDispatchIndirect)."""
+        _nonzero(buffer, "buffer")
+        if offset % 4:
+            raise ValueError(f"indirect offset must be a multiple of 4, got {offset}")
+        self._pass(layout, dset, offsets, push, 0, 0, 0, buffer, offset)
+
+    cdef int _pass(self, uintptr_t layout, uintptr_t dset, tuple offsets, bytes push, uint32_t x, uint32_t y,
+                   uint32_t z, uintptr_t indirect, VkDeviceSize indirect_offset) except -1:
+        cdef VkCommandBuffer cmd = self._open()
+        cdef uint32_t offs[VKM_STEP_MAX_OFFSETS]
+        cdef Py_ssize_t n = len(offsets), i, size = len(push)
+        _nonzero(layout, "layout")
+        _nonzero(dset, "descriptor set")
+        if n > VKM_STEP_MAX_OFFSETS:
+            raise ValueError(f"at most {VKM_STEP_MAX_OFFSETS} dynamic offsets, got {n}")
+        if size > VKM_STEP_MAX_PUSH or size % 4:
+            raise ValueError(f"push constants must be a multiple of 4 bytes, at most {VKM_STEP_MAX_PUSH}, "
+                             f"got {size}")
+        for i in range(n):
+            offs[i] = offsets[i]
+        vkm_step_pass(self.dev.ptr(), cmd, <VkPipelineLayout>layout, <VkDescriptorSet>dset, <uint32_t>n, offs,
+                      <uint32_t>size, <const char *>push, x, y, z, <VkBuffer>indirect, indirect_offset)
+        return 0
+
+    def copy(self, uintptr_t src, uintptr_t dst, VkDeviceSize src_offset, VkDeviceSize dst_offset,
+             VkDeviceSize size):
+        """vkCmdCopyBuffer of one region (`size` > 0)."""
+        cdef VkCommandBuffer cmd = self._open()
+        _nonzero(src, "src")
+        _nonzero(dst, "dst")
+        if size == 0:
+            raise ValueError("copy size must be > 0")
+        vkm_step_copy(self.dev.ptr(), cmd, <VkBuffer>src, <VkBuffer>dst, src_offset, dst_offset, size)
+
+    def update(self, uintptr_t buffer, VkDeviceSize offset, bytes data not None):
+        """vkCmdUpdateBuffer of `data` (a multiple of 4 bytes, 4 to 65536) at `offset` (a multiple of 4)."""
+        cdef VkCommandBuffer cmd = self._open()
+        cdef Py_ssize_t size = len(data)
+        _nonzero(buffer, "buffer")
+        if size == 0 or size > 65536 or size % 4 or offset % 4:
+            raise ValueError(f"update needs 4 to 65536 bytes, a multiple of 4, at an offset that is one; got "
+                             f"{size} bytes at {offset}")
+        vkm_step_update(self.dev.ptr(), cmd, <VkBuffer>buffer, offset, <VkDeviceSize>size, <const char *>data)
+
+    def submit(self, QueueLock queue not None, uintptr_t cmd, list waits not None, uintptr_t signal,
+               uint64_t value):
+        """vkQueueSubmit of `cmd` to `queue` that waits (all commands) for the timeline
+        points `waits` ((semaphore, value) pairs) and signals `signal` to `value`,
+        through the queue's lock and the device's lost flag (DeviceLostError on a
+        device marked lost, without calling the driver), without the GIL."""
+        cdef vkm_device *d = self.dev.ptr()
+        cdef Py_ssize_t n = len(waits), i
+        cdef VkSemaphore *sems = NULL
+        cdef uint64_t *values = NULL
+        cdef vkm_queue *q = queue.ptr()
+        cdef VkResult r
+        _nonzero(cmd, "cmd")
+        _nonzero(signal, "signal")
+        if <VkCommandBuffer>cmd == self.cmd:
+            raise ValueError("StepCommands.submit: the command buffer is still being recorded (end() it first)")
+        if n:
+            sems = <VkSemaphore *>malloc(n * sizeof(VkSemaphore))
+            values = <uint64_t *>malloc(n * sizeof(uint64_t))
+        try:
+            if n and (sems == NULL or values == NULL):
+                raise MemoryError()
+            for i in range(n):
+                sem, v = waits[i]
+                sems[i] = <VkSemaphore><uintptr_t>sem
+                if sems[i] == NULL:
+                    raise ValueError(f"wait {i}: the semaphore must be a non-null handle, got 0")
+                values[i] = _timeline_u64(v, f"wait {i}'s value")
+            with nogil:
+                r = vkm_step_submit(d, q, <VkCommandBuffer>cmd, <uint32_t>n, sems, values, <VkSemaphore>signal,
+                                    value)
+        finally:
+            free(sems)
+            free(values)
+        check(r, "vkQueueSubmit(kernel step)")

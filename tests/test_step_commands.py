@@ -1,0 +1,213 @@
+"""The native step recorder (StepCommands, native/vkm_step.c): its argument checks,
+a recorded command buffer doing what it says, its submit's waits, signal and
+lost flag; and the handles the runtime hands it never outliving their objects
+(a kernel destroyed and its slot reused by another)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import vulkan as vk
+
+from vkmulti import DestroyedError, DeviceLostError
+from vkmulti._core import _native
+from vkmulti.kernels.engine.device_context import MappedBuffer, step_queue
+from vkmulti.kernels.engine.recording import handle_value
+from kernel_support import routed_runtime
+
+U64 = (1 << 64) - 1
+
+
+@pytest.fixture
+def bench(manager):
+    """(slot, StepCommands, command buffer int, queue, mapped buffer, timeline) on GPU 0."""
+    slot = manager.slot(0)
+    dev = slot.device
+    queue = step_queue(slot)
+    pool = vk.vkCreateCommandPool(dev, vk.VkCommandPoolCreateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+        flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=queue.family), None)
+    cmd = vk.vkAllocateCommandBuffers(dev, vk.VkCommandBufferAllocateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=pool,
+        level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+    buf = MappedBuffer(slot, 4096)
+    timeline = slot.native.create_timeline(0)
+    gate = slot.native.create_timeline(0)
+    try:
+        yield slot, _native.StepCommands(slot.native), handle_value(cmd), queue, buf, timeline, gate
+    finally:
+        for sem in (timeline, gate):
+            try:
+                slot.native.wait_timeline(sem, 0, 10)
+            except DeviceLostError:
+                pass
+        vk.vkDeviceWaitIdle(dev)
+        for sem in (timeline, gate):
+            vk.vkDestroySemaphore(dev, vk.ffi.cast("VkSemaphore", sem), None)
+        buf.destroy()
+        vk.vkDestroyCommandPool(dev, pool, None)
+
+
+def test_step_commands_refuse_bad_arguments(bench):
+    slot, c, cmd, queue, buf, timeline, _ = bench
+    with pytest.raises(TypeError):
+        _native.StepCommands(None)
+    with pytest.raises(ValueError, match="cmd"):
+        c.begin(0)
+    for call in (c.barrier, c.end, lambda: c.bind_pipeline(1), lambda: c.dispatch(1, 1, (), b""),
+                 lambda: c.copy(1, 1, 0, 0, 4), lambda: c.update(1, 0, bytes(4))):
+        with pytest.raises(ValueError, match="begin"):   # nothing is being recorded
+            call()
+    c.begin(cmd)
+    assert c.recording == cmd
+    h = buf.handle_int
+    with pytest.raises(ValueError, match="pipeline"):
+        c.bind_pipeline(0)
+    with pytest.raises(ValueError, match="layout"):
+        c.dispatch(0, 1, (), b"")
+    with pytest.raises(ValueError, match="descriptor set"):
+        c.dispatch(1, 0, (), b"")
+    with pytest.raises(ValueError, match="dynamic offsets"):
+        c.dispatch(1, 1, (0, 0, 0, 0, 0), b"")
+    for push in (bytes(6), bytes(132)):
+        with pytest.raises(ValueError, match="push constants"):
+            c.dispatch(1, 1, (0,), push)
+    with pytest.raises(TypeError):
+        c.dispatch(1, 1, [0], b"")   # offsets: a tuple
+    with pytest.raises(OverflowError):
+        c.dispatch(1, 1, (-1,), b"")
+    with pytest.raises(ValueError, match="buffer"):
+        c.dispatch_indirect(1, 1, (0,), b"", 0, 0)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        c.dispatch_indirect(1, 1, (0,), b"", h, 2)
+    with pytest.raises(ValueError, match="copy size"):
+        c.copy(h, h, 0, 16, 0)
+    with pytest.raises(ValueError, match="src"):
+        c.copy(0, h, 0, 16, 4)
+    for offset, data in ((0, b""), (0, bytes(6)), (2, bytes(4)), (0, bytes(65540))):
+        with pytest.raises(ValueError, match="update"):
+            c.update(h, offset, data)
+    with pytest.raises(ValueError, match="still being recorded"):
+        c.submit(queue.lock, cmd, [], timeline, 1)
+    c.end()
+    assert c.recording == 0
+    for waits, match in (([(0, 1)], "non-null"), ([(timeline, U64 + 1)], "value"), ([(timeline, -1)], "value")):
+        with pytest.raises(ValueError, match=match):
+            c.submit(queue.lock, cmd, waits, timeline, 1)
+    with pytest.raises(ValueError, match="signal"):
+        c.submit(queue.lock, cmd, [], 0, 1)
+    with pytest.raises(TypeError):
+        c.submit(None, cmd, [], timeline, 1)
+    assert slot.native.timeline_value(timeline) == 0   # nothing was submitted
+
+
+def test_step_commands_on_a_released_device_raise_destroyed(manager):
+    slot = manager.slot(0)
+    other = _native.Device(handle_value(slot.physical_device), handle_value(slot.device))
+    c = _native.StepCommands(other)
+    other.release()
+    with pytest.raises(DestroyedError):
+        c.begin(1)
+
+
+def test_a_recorded_step_updates_copies_and_signals_after_its_wait(bench):
+    slot, c, cmd, queue, buf, timeline, gate = bench
+    words = buf.words
+    words[:16] = 0
+    c.begin(cmd)
+    c.update(buf.handle_int, 0, np.arange(1, 5, dtype=np.uint32).tobytes())
+    c.barrier()
+    c.copy(buf.handle_int, buf.handle_int, 0, 16, 16)
+    c.barrier(True)
+    c.end()
+    c.submit(queue.lock, cmd, [(gate, 1)], timeline, 7)
+    assert slot.native.timeline_value(timeline) == 0   # waits on the GPU for the gate
+    vk.vkSignalSemaphore(slot.device, vk.VkSemaphoreSignalInfo(
+        sType=vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, semaphore=vk.ffi.cast("VkSemaphore", gate), value=1))
+    slot.native.wait_timeline(timeline, 7, 10)
+    assert words[:8].tolist() == [1, 2, 3, 4, 1, 2, 3, 4]
+    # recorded again from the start (begin resets it), after an abandoned recording
+    c.begin(cmd)
+    c.update(buf.handle_int, 0, bytes(16))
+    c.abandon()
+    assert c.recording == 0
+    c.begin(cmd)
+    c.update(buf.handle_int, 32, np.full(4, 9, np.uint32).tobytes())
+    c.barrier(True)
+    c.end()
+    c.submit(queue.lock, cmd, [], timeline, 8)
+    slot.native.wait_timeline(timeline, 8, 10)
+    assert words[:12].tolist() == [1, 2, 3, 4, 1, 2, 3, 4, 9, 9, 9, 9]
+
+
+def test_a_step_submit_on_a_lost_device_raises_without_reaching_the_driver(manager, bench):
+    from vkmulti.testing import lose_device
+
+    slot, c, cmd, queue, buf, timeline, _ = bench
+    c.begin(cmd)
+    c.barrier(True)
+    c.end()
+    lose_device(manager, 0)
+    with pytest.raises(DeviceLostError, match="kernel step"):
+        c.submit(queue.lock, cmd, [], timeline, 1)
+    assert vk.vkGetSemaphoreCounterValue(slot.device, vk.ffi.cast("VkSemaphore", timeline)) == 0   # (the driver's)
+
+
+def test_handle_value_is_the_handle_address_even_when_an_address_is_reused():
+    a = vk.ffi.cast("VkDescriptorSet", 0x1000)
+    assert handle_value(a) == 0x1000
+    assert handle_value(vk.ffi.cast("VkDescriptorSet", 0x1000)) == 0x1000   # another object, same address
+    assert handle_value(vk.ffi.cast("VkDescriptorSet", 0x2000)) == 0x2000
+    assert handle_value(0x3000) == 0x3000
+
+
+def test_a_kernel_in_the_slot_of_a_destroyed_one_gets_its_own_sets(manager):
+    """Ping-pong across the pair, the partner destroyed and another launched in its
+    local slot: every step binds the new kernel's sets (with validation on, a stale
+    set of the destroyed one fails the test), and the hops reach the new kernel."""
+    from vkmulti.kernels import pingpong_kernel
+    from vkmulti.kernels.reference import read_pingpong
+
+    def play(a, b, hops):
+        payload = np.zeros(16, np.uint32)
+        payload[0] = hops
+        rt.send(a, payload)
+        for _ in range(8 * hops + 50):
+            rt.step([a, b])
+            if rt.pending_receives(a) + rt.pending_receives(b):
+                break
+        rt.synchronize()
+        assert rt.pending_receives(a) + rt.pending_receives(b) == 1
+        (rt.receive(a, timeout=5) if rt.pending_receives(a) else rt.receive(b, timeout=5))
+
+    with routed_runtime(manager, None) as (rt, _):
+        a = rt.launch(pingpong_kernel(), "a", device=0)
+        b = rt.launch(pingpong_kernel(), "b", device=1, params=[a.address])
+        a.set_params(b.address)
+        play(a, b, 6)
+        slot = b.local_slot
+        rt.destroy_kernel(b)
+        c = rt.launch(pingpong_kernel(), "c", device=1, params=[a.address])
+        assert c.local_slot == slot
+        a.set_params(c.address)
+        play(a, c, 6)
+        bounces = read_pingpong(rt.read_state(c)).bounces
+        assert bounces >= 3, bounces
+        assert read_pingpong(rt.read_state(a)).bounces >= 6
+
+
+def test_a_lazy_event_set_before_or_after_its_waiter_wakes_it():
+    import threading
+
+    from vkmulti._core.lifetime import LazyEvent
+
+    e = LazyEvent()
+    assert not e.is_set() and not e.wait(0)
+    e.set()
+    assert e.is_set() and e.wait(0) and e.wait(None)
+    late = LazyEvent()
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(late.wait(10)))
+    waiter.start()
+    late.set()
+    waiter.join(10)
+    assert woke == [True]
