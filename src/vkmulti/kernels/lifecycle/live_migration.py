@@ -244,11 +244,18 @@ def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequ
         # the shader's jobs would wait for the copies on the target's step queue and hold back
         # the steps queued behind them: they are queued now, when no step runs (the gate is held)
         copy.hash_landings(time_left(deadline, "the copies' submission"))
-        more = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in small]
-        if verify:   # final on the source (gate held, staged); on the target once they landed
-            crcs.append(life.crc(src).submit([(a, 0, a.size) for a, _ in small]))
-            crcs.append(_hash_on_arrival(life, dst, [b for _, b in small], more, deadline))
-        for t in copy.tickets + more:
+        names = ["control", "inbox"] + [f"staging{i}" for i in range(len(rings))]
+        tail: HostChunkedCopy | None = None
+        more: list[Any] = []
+        if isinstance(copy, HostChunkedCopy):   # two CPU devices: these too by the host, hashed as copied
+            tail = HostChunkedCopy(small, life.crc(src), life.crc(dst), verify, names=names)
+            crcs.append(tail)
+        else:
+            more = [eng.submit(src_buffer=a, dst_buffer=b, size=a.size) for a, b in small]
+            if verify:   # final on the source (gate held, staged); on the target once they landed
+                crcs.append(life.crc(src).submit([(a, 0, a.size) for a, _ in small]))
+                crcs.append(_hash_on_arrival(life, dst, [b for _, b in small], more, deadline))
+        for t in copy.tickets + (tail.tickets if tail is not None else more):
             t.wait(time_left(deadline, "the GPU-to-GPU copies"))
         transfer_d = time.monotonic() - t0
         request.state = MigrationState.RESTORING
@@ -257,11 +264,14 @@ def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequ
         verify_d = 0.0
         if verify:
             bad = copy.mismatches(time_left(deadline, "the CRC32 of the state's chunks"))
-            src_small, dst_small = crcs
-            want = src_small.result(time_left(deadline, "the source's CRC32"))
-            got = dst_small.result(time_left(deadline, "the destination's CRC32"))
-            names = ["control", "inbox"] + [f"staging{i}" for i in range(len(rings))]
-            bad += [f"{n} (source {a:#010x}, destination {b:#010x})" for n, a, b in zip(names, want, got) if a != b]
+            if tail is not None:
+                bad += tail.mismatches(time_left(deadline, "the CRC32 of the small buffers"))
+            else:
+                src_small, dst_small = crcs
+                want = src_small.result(time_left(deadline, "the source's CRC32"))
+                got = dst_small.result(time_left(deadline, "the destination's CRC32"))
+                bad += [f"{n} (source {a:#010x}, destination {b:#010x})" for n, a, b in zip(names, want, got)
+                        if a != b]
             verify_d = time.monotonic() - t0
             if bad:
                 raise MigrationError(f"CRC32 mismatch after the copy to GPU {dst}: {', '.join(bad)}"[:900])
