@@ -285,6 +285,59 @@ def body_a_survivor_reads_a_lost_gpus_batch_once_its_step_ran():
         p.mgr.destroy(timeout=10)
 
 
+def body_a_send_during_the_restore_is_taken_once():
+    """Another thread sends b its last host message of a round while the failover
+    replays b's steps (a hook on the replay starts it and gives it 1 s): the send
+    waits until b's host queue is its own again, and b takes the message once.
+    Before the fix the replay cleared it with its inputs: b, and a through its
+    forwards, missed it (count 239; the rarer lost-message flake of the threaded
+    bodies: 3 of 240 missing, no FIFO error, a send of the main thread landing
+    while another thread's wait failed over)."""
+    from vkmulti.kernels.lifecycle import replay
+    from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
+    from vkmulti.testing import lose_device
+
+    lose_at, last = 3, PER_ROUND - 1
+    p = _Pair()
+    calls, senders = [], []
+    orig = replay._replay_step
+
+    def replay_step(rt, k, *args):
+        if not senders:   # the round of the call after the loss: its last message for b
+            t = threading.Thread(target=p.rt.send, args=("b", struct.pack("<I", 1000 * lose_at + last + 7)),
+                                 kwargs={"tag": COUNTER_TAG_FORWARD, "timeout": 10})
+            senders.append(t)
+            t.start()
+            t.join(1.0)   # (done at once before the fix; after it, it waits for the restore)
+        return orig(rt, k, *args)
+
+    def listener(batches):
+        calls.append(1)
+        if len(calls) == lose_at:
+            lose_device(p.mgr, 1, timeout=10)
+    replay._replay_step = replay_step
+    p.rt.add_step_listener(listener)
+    try:
+        for i in range(ROUNDS):
+            if i != lose_at:
+                p.send_round(i)
+            else:
+                for j in range(PER_ROUND):
+                    p.rt.send("a", struct.pack("<I", 1000 * i + j + 1), tag=COUNTER_TAG_FORWARD, timeout=10)
+                    if j != last:
+                        p.rt.send("b", struct.pack("<I", 1000 * i + j + 7), tag=COUNTER_TAG_FORWARD, timeout=10)
+            p.rt.step(timeout=10)
+            if senders:
+                senders[0].join(10)
+        assert len(senders) == 1 and not senders[0].is_alive()
+        p.finish()
+        p.check_exact()
+    finally:
+        replay._replay_step = orig
+        p.rt.remove_step_listener(listener)
+        p.destroy()
+
+
 def body_quiet_counters_on_one_gpu_never_defer_each_other():
     """a and b on GPU 0, eight empty steps between rounds (their batches turn lazy)."""
     p = _Pair(b_device=0)
@@ -301,7 +354,7 @@ def body_quiet_counters_on_one_gpu_never_defer_each_other():
 
 BODIES = [body_loss_between_a_step_and_its_log, body_poll_and_withdraw_after_a_loss_do_not_raise,
           body_loss_from_another_thread_with_steps_in_flight, body_loss_whose_drain_times_out,
-          body_a_survivor_reads_a_lost_gpus_batch_once_its_step_ran,
+          body_a_survivor_reads_a_lost_gpus_batch_once_its_step_ran, body_a_send_during_the_restore_is_taken_once,
           body_quiet_counters_on_one_gpu_never_defer_each_other]
 
 
