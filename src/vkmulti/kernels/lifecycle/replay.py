@@ -13,7 +13,9 @@ For each kernel of the lost device that has a policy checkpoint:
    waited for, each taking exactly the message slots the original step
    consumed (host and K2K messages, from the log) and nothing else; what the
    replayed steps send is not delivered, and what they send the host is
-   dropped for the steps whose messages the host had already received;
+   dropped for the steps whose messages the host had already received; a
+   send() to the kernel meanwhile (another thread) waits until its host
+   queue is its own again (Kernel.restoring);
 4. the messages nobody consumed yet are handed again, in order, through the
    host queue of their receiver: those the lost kernels sent (their batches
    still on the survivors are withdrawn) and those sent to the lost kernels
