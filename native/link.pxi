@@ -89,6 +89,7 @@ cdef extern from "vkm_mirror.h" nogil:
                                vkm_mirror **out, vkm_error *err)
     VkSemaphore vkm_mirror_semaphore(const vkm_mirror *m)
     VkResult vkm_mirror_status(vkm_mirror *m, vkm_error *err)
+    void vkm_mirror_release(vkm_mirror *m, const char *why)
     void vkm_mirror_destroy(vkm_mirror *m)
 
 RING_STAGING = VKM_RING_STAGING
@@ -551,6 +552,18 @@ cdef class TimelineMirror:
             return
         vkm_error_clear(&err)
         check_error(vkm_mirror_status(self.m, &err), &err)
+
+    def release(self, why="its source is lost"):
+        """Let the GPU work waiting on the mirror go now (the destination is raised as far
+        as it goes) and stop following the source; check() then raises DeviceLostError
+        with `why`. A source marked lost is still followed through the driver until then
+        (or until the driver itself reports the loss). Idempotent."""
+        cdef bytes text = str(why).encode("utf-8", "replace")[:200]
+        cdef const char *c_why = text
+        if self.m == NULL:
+            return
+        with nogil:
+            vkm_mirror_release(self.m, c_why)
 
     def destroy(self):
         """Stop the thread (within 20 ms) and free the semaphore (idempotent)."""

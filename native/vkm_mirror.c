@@ -16,10 +16,20 @@ struct vkm_mirror {
     pthread_t thread;
     int started;
     int stop;             /* atomic */
-    pthread_mutex_t lock; /* the failure below */
+    pthread_mutex_t lock; /* the failure below, and every signal of the destination */
+    int released;         /* the destination was raised as far as it goes: no more signals */
     VkResult error;
     vkm_error why;
 };
+
+/* Raise the destination as far as it goes, once (m->lock held): GPU work waiting on the
+ * mirror goes (it cannot be told otherwise). Through vkmulti: fails on a lost destination. */
+static void release_locked(vkm_mirror *m)
+{
+    if (m->released) return;
+    m->released = 1;
+    vkm_signal_timeline(m->dst, m->dst_sem, RELEASE_VALUE);
+}
 
 static void failed(vkm_mirror *m, VkResult r, const char *where)
 {
@@ -28,9 +38,8 @@ static void failed(vkm_mirror *m, VkResult r, const char *where)
         m->error = r;
         vkm_fail(&m->why, r, where, "the timeline mirror from '%s' to '%s' stopped", m->src->name, m->dst->name);
     }
+    release_locked(m);
     pthread_mutex_unlock(&m->lock);
-    /* let GPU work waiting on the mirror go (it cannot be told otherwise); fails on a lost destination */
-    vkm_signal_timeline(m->dst, m->dst_sem, RELEASE_VALUE);
 }
 
 static void *follow(void *arg);
@@ -52,6 +61,29 @@ static VkResult signal_dst(vkm_mirror *m, uint64_t value)
     return m->dst->fn.vkSignalSemaphore(m->dst->device, &info);
 }
 
+/* Wait up to a slice for the source to reach `value` and read where it is. Once the source is
+ * marked lost, through the driver (as signal_dst): an injected loss leaves the driver running
+ * what the device was given (vkmulti.testing.lose_device drains it), and GPU work of the
+ * destination waiting on the mirror then reads what that work writes (a survivor's step reading
+ * a lost device's outbox in place), so a value is mirrored only once the source really reached
+ * it. A device really lost answers VK_ERROR_DEVICE_LOST here (the mirror fails and lets its
+ * waiters go); one whose driver never answers again is let go by vkm_mirror_release. */
+static VkResult wait_src(vkm_mirror *m, uint64_t value, uint64_t *have)
+{
+    VkResult r;
+    if (!vkm_device_is_lost(m->src)) {
+        r = vkm_spin_wait(m->src, m->src_sem, value, m->spin_ns);
+        if (r == VK_TIMEOUT) r = vkm_wait_timeline(m->src, m->src_sem, value, SLICE_NS);
+        if (r == VK_SUCCESS) r = vkm_timeline_value(m->src, m->src_sem, have);
+        if (r != VK_ERROR_DEVICE_LOST || !vkm_device_is_lost(m->src)) return r;
+    }
+    VkSemaphoreWaitInfo info = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, .semaphoreCount = 1,
+                                .pSemaphores = &m->src_sem, .pValues = &value};
+    r = m->src->fn.vkWaitSemaphores(m->src->device, &info, SLICE_NS);
+    if (r == VK_SUCCESS) r = m->src->fn.vkGetSemaphoreCounterValue(m->src->device, m->src_sem, have);
+    return r;
+}
+
 static void *follow(void *arg)
 {
     vkm_mirror *m = arg;
@@ -60,10 +92,8 @@ static void *follow(void *arg)
     VkResult r;
     while (!__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE)) {
         vkm_thread_checkpoint(); /* the process exiting: park here, outside the driver */
-        r = vkm_spin_wait(m->src, m->src_sem, next, m->spin_ns);
-        if (r == VK_TIMEOUT) r = vkm_wait_timeline(m->src, m->src_sem, next, SLICE_NS);
+        r = wait_src(m, next, &have);
         if (r == VK_TIMEOUT) continue;
-        if (r == VK_SUCCESS) r = vkm_timeline_value(m->src, m->src_sem, &have);
         if (r != VK_SUCCESS) {
             failed(m, r, "vkWaitSemaphores(mirror source)");
             return NULL;
@@ -71,8 +101,12 @@ static void *follow(void *arg)
         /* every value in turn, not the latest alone: validation layers before 2024 (1.3.239 on
          * Debian 12) keep a signal that passes waits on lower values pending, and call the next one
          * an error (a signal at the value of each wait is what they track right) */
-        for (; next <= have && r == VK_SUCCESS; next++)
+        pthread_mutex_lock(&m->lock);
+        for (; next <= have && r == VK_SUCCESS && !m->released; next++)
             r = signal_dst(m, next);
+        int released = m->released;
+        pthread_mutex_unlock(&m->lock);
+        if (released) return NULL; /* (vkm_mirror_release: its waiters went) */
         if (r != VK_SUCCESS) {
             failed(m, r, "vkSignalSemaphore(mirror)");
             return NULL;
@@ -119,6 +153,19 @@ VkResult vkm_mirror_create(vkm_device *src, VkSemaphore src_sem, vkm_device *dst
 }
 
 VkSemaphore vkm_mirror_semaphore(const vkm_mirror *m) { return m->dst_sem; }
+
+void vkm_mirror_release(vkm_mirror *m, const char *why)
+{
+    pthread_mutex_lock(&m->lock);
+    if (m->error == VK_SUCCESS) {
+        m->error = VK_ERROR_DEVICE_LOST;
+        vkm_fail(&m->why, VK_ERROR_DEVICE_LOST, "vkm_mirror_release", "the timeline mirror from '%s' to '%s' was "
+                 "released: %s", m->src->name, m->dst->name, why ? why : "its source is lost");
+    }
+    release_locked(m);
+    pthread_mutex_unlock(&m->lock);
+    __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE); /* its thread leaves within a slice */
+}
 
 VkResult vkm_mirror_status(vkm_mirror *m, vkm_error *err)
 {

@@ -25,10 +25,18 @@ VkResult vkm_mirror_create(vkm_device *src, VkSemaphore src_sem, vkm_device *dst
                            vkm_mirror **out, vkm_error *err);
 /* The destination semaphore (its value follows the source's). */
 VkSemaphore vkm_mirror_semaphore(const vkm_mirror *m);
-/* VK_SUCCESS while it mirrors; else the failure that stopped it (a lost
- * device), with where and what in *err. After a failure the destination
- * semaphore was raised as far as it goes, so no GPU work waits on it forever. */
+/* VK_SUCCESS while it mirrors; else the failure that stopped it (a device the
+ * driver reports lost, or vkm_mirror_release), with where and what in *err.
+ * After a failure the destination semaphore was raised as far as it goes, so no
+ * GPU work waits on it forever. */
 VkResult vkm_mirror_status(vkm_mirror *m, vkm_error *err);
+/* Let the GPU work waiting on the mirror go now, whatever the source reached:
+ * the destination is raised as far as it goes and the mirror stops (its status
+ * becomes VK_ERROR_DEVICE_LOST, with `why`). Once its source is marked lost the
+ * mirror still follows what the driver runs there (an injected loss) until the
+ * driver itself fails or this is called (a failover, once the lost device's
+ * work is drained or given up on). Idempotent. */
+void vkm_mirror_release(vkm_mirror *m, const char *why);
 /* Stop the thread (within a slice) and destroy the destination semaphore; the
  * caller makes sure no GPU work still waits on it. */
 void vkm_mirror_destroy(vkm_mirror *m);

@@ -230,6 +230,114 @@ def body_loss_whose_drain_times_out():
         _run_with_loss_from_a_thread(delay, 0.0, 2, one_way=i == 2)
 
 
+#: the rounds whose step of b (GPU 1) waits on the GPU for a host signal that comes only with the
+#: loss (body_a_survivor_reads_a_lost_gpus_batch_once_its_step_ran); the loss lands after the last
+GATED = (7, 8)
+
+
+def body_a_survivor_reads_a_lost_gpus_batch_once_its_step_ran():
+    """b's steps of two rounds wait on GPU 1 for a host signal that comes only after the
+    loss is injected, so a's step reading the first of those batches in place waits on
+    the relay of b's step when the loss lands. The relay follows what the driver still
+    runs: a's step reads the region once b's step wrote it. Before the fix the mark let
+    the relay go at once: a's step read the region before b's step did, found there b's
+    batch of three steps before (taken in place, never flagged) and took its three
+    messages again (count 243, FIFO errors; the CI flake of the first body). The signal
+    comes once GPU 0 ran all it was given, or after 3 s (GPU 0 waits for GPU 1)."""
+    import vulkan as vk
+    from vkmulti import TimelinePoint
+    from vkmulti.errors import TimeoutError as VkmTimeout
+    from vkmulti.testing import lose_device
+
+    p = _Pair()
+    s0, s1 = p.mgr.slot(0), p.mgr.slot(1)
+    gate = s1.native.create_timeline(0)
+    opened: list = []
+
+    def open_gate(point=None):
+        if point is not None:
+            try:
+                s0.native.wait_timeline(point.semaphore, point.value, 3.0)
+            except VkmTimeout:
+                pass
+        if not opened:
+            opened.append(1)
+            vk.vkSignalSemaphore(s1.device, vk.VkSemaphoreSignalInfo(
+                sType=vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, semaphore=vk.ffi.cast("VkSemaphore", gate), value=1))
+    try:
+        for i in range(ROUNDS):
+            p.send_round(i)
+            ticket = p.rt.step(timeout=10, wait=TimelinePoint(gate, 1, 1) if i in GATED else None)
+            if i == GATED[-1]:
+                assert p.b.device_index == 1 and ticket.points[1].value > s1.native.timeline_value(
+                    p.rt._context(1).timeline)   # (b's gated steps did not run)
+                opener = threading.Thread(target=open_gate, args=(ticket.points[0],))
+                opener.start()
+                lose_device(p.mgr, 1, timeout=10)
+                opener.join(10)
+        p.finish()
+        p.check_exact()
+    finally:
+        open_gate()
+        p.router.detach()
+        p.rt.destroy(timeout=10)
+        vk.vkDestroySemaphore(s1.device, vk.ffi.cast("VkSemaphore", gate), None)
+        p.mgr.destroy(timeout=10)
+
+
+def body_a_send_during_the_restore_is_taken_once():
+    """Another thread sends b its last host message of a round while the failover
+    replays b's steps (a hook on the replay starts it and gives it 1 s): the send
+    waits until b's host queue is its own again, and b takes the message once.
+    Before the fix the replay cleared it with its inputs: b, and a through its
+    forwards, missed it (count 239; the rarer lost-message flake of the threaded
+    bodies: 3 of 240 missing, no FIFO error, a send of the main thread landing
+    while another thread's wait failed over)."""
+    from vkmulti.kernels.lifecycle import replay
+    from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
+    from vkmulti.testing import lose_device
+
+    lose_at, last = 3, PER_ROUND - 1
+    p = _Pair()
+    calls, senders = [], []
+    orig = replay._replay_step
+
+    def replay_step(rt, k, *args):
+        if not senders:   # the round of the call after the loss: its last message for b
+            t = threading.Thread(target=p.rt.send, args=("b", struct.pack("<I", 1000 * lose_at + last + 7)),
+                                 kwargs={"tag": COUNTER_TAG_FORWARD, "timeout": 10})
+            senders.append(t)
+            t.start()
+            t.join(1.0)   # (done at once before the fix; after it, it waits for the restore)
+        return orig(rt, k, *args)
+
+    def listener(batches):
+        calls.append(1)
+        if len(calls) == lose_at:
+            lose_device(p.mgr, 1, timeout=10)
+    replay._replay_step = replay_step
+    p.rt.add_step_listener(listener)
+    try:
+        for i in range(ROUNDS):
+            if i != lose_at:
+                p.send_round(i)
+            else:
+                for j in range(PER_ROUND):
+                    p.rt.send("a", struct.pack("<I", 1000 * i + j + 1), tag=COUNTER_TAG_FORWARD, timeout=10)
+                    if j != last:
+                        p.rt.send("b", struct.pack("<I", 1000 * i + j + 7), tag=COUNTER_TAG_FORWARD, timeout=10)
+            p.rt.step(timeout=10)
+            if senders:
+                senders[0].join(10)
+        assert len(senders) == 1 and not senders[0].is_alive()
+        p.finish()
+        p.check_exact()
+    finally:
+        replay._replay_step = orig
+        p.rt.remove_step_listener(listener)
+        p.destroy()
+
+
 def body_quiet_counters_on_one_gpu_never_defer_each_other():
     """a and b on GPU 0, eight empty steps between rounds (their batches turn lazy)."""
     p = _Pair(b_device=0)
@@ -246,6 +354,7 @@ def body_quiet_counters_on_one_gpu_never_defer_each_other():
 
 BODIES = [body_loss_between_a_step_and_its_log, body_poll_and_withdraw_after_a_loss_do_not_raise,
           body_loss_from_another_thread_with_steps_in_flight, body_loss_whose_drain_times_out,
+          body_a_survivor_reads_a_lost_gpus_batch_once_its_step_ran, body_a_send_during_the_restore_is_taken_once,
           body_quiet_counters_on_one_gpu_never_defer_each_other]
 
 

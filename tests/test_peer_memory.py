@@ -129,13 +129,24 @@ def test_a_relay_starts_at_the_source_value_and_checks_its_arguments(manager):
         _destroy_semaphore(s0, t0)
 
 
-def test_a_relay_from_a_lost_device_fails_and_lets_its_waiters_go(manager):
+def test_a_relay_from_a_lost_device_follows_its_driver_until_released(manager):
+    """A loss injected by lose_device leaves the driver running what the source was
+    given: the relay still mirrors the values the source really reaches (GPU work
+    waiting on it reads what that work wrote: a survivor's step reading a lost
+    device's outbox in place), never more, and lets its waiters go once released
+    (the failover does, after the drain); its tickets then raise DeviceLostError."""
     s0, s1 = manager.slot(0), manager.slot(1)
     t0 = s0.native.create_timeline(0)
     relay = TimelineRelay(s0, t0, s1)
-    ticket = relay.relay(TimelinePoint(t0, 3, 0))
+    reached, ticket = relay.relay(TimelinePoint(t0, 2, 0)), relay.relay(TimelinePoint(t0, 3, 0))
     lose_device(manager, 0)
-    with pytest.raises(DeviceLostError):
+    vk.vkSignalSemaphore(s0.device, vk.VkSemaphoreSignalInfo(   # the driver still runs the source's work
+        sType=vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, semaphore=vk.ffi.cast("VkSemaphore", t0), value=2))
+    reached.wait(10)
+    assert s1.native.timeline_value(relay.timeline) == 2 and not ticket.done()   # (the mark released nothing)
+    relay.release("GPU 0 was lost")
+    relay.release()
+    with pytest.raises(DeviceLostError, match="GPU 0 was lost"):
         ticket.wait(10)
     assert s1.native.timeline_value(relay.timeline) >= 3   # released: nothing waits on it for ever
     relay.destroy()

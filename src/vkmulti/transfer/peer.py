@@ -294,6 +294,17 @@ class TimelineRelay:
             self.dst.native.wait_timeline(self.timeline, value, timeout)
             self._mirror.check()
 
+    def release(self, why: str = "its source is lost") -> None:
+        """Let every GPU wait on the destination timeline go now and stop following the
+        source (idempotent; the tickets' done() and wait() then raise DeviceLostError).
+        A source marked lost is still followed through the driver until this is
+        called: a loss injected by vkmulti.testing.lose_device leaves the driver
+        running what it was given, and the work that waits here reads what that
+        work writes (a failover calls this once the lost device is drained, or given
+        up on). A device the driver reports lost lets its waiters go by itself."""
+        with self._life:
+            self._mirror.release(why)
+
     def destroy(self, timeout: float | None = 30.0) -> None:
         """Stop following the source (the caller made sure no GPU work waits on the
         destination timeline any more) and free it (idempotent)."""

@@ -350,6 +350,8 @@ class Kernel:
         self.destroyed = False
         #: running a step again from the replay log (failover): it takes only the logged inputs
         self.replaying = False
+        #: being restored by a failover: its host queue holds the replay's inputs (send() waits)
+        self.restoring = False
         self.slot_words = self.slot_size // 4
         self.steps = 0                      # steps submitted
         self.stats = KernelStats()

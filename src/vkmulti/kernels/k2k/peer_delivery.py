@@ -233,7 +233,10 @@ class PeerEdges:
         return bool(self.landings)
 
     def drop_device(self, d: int) -> None:
-        """GPU d was lost: forget the in-place reads to and from it (see DeliveryEngine.drop_device)."""
+        """GPU d was lost: forget the in-place reads to and from it (see DeliveryEngine.drop_device)
+        and let go of the survivors' steps that wait on relays of its steps. Until now
+        those relays followed what the lost device really ran (TimelineRelay.release):
+        a survivor's step reads a batch in place only once its sending step wrote it."""
         keep = []
         for p in self.landings:
             if d not in p.edge:
@@ -249,7 +252,13 @@ class PeerEdges:
                 pass
         self.landings = keep
         for key in [k for k in self.relays if d in k[:2]]:
-            self.dead_relays.append(self.relays.pop(key))   # destroyed with the others
+            relay = self.relays.pop(key)
+            if key[0] == d:   # survivors' steps still waiting on its steps go now (their device was drained)
+                try:
+                    relay.release(f"GPU {d} was lost")
+                except VkmError as exc:
+                    log.info("K2K router: a relay of a lost device: %s", exc)
+            self.dead_relays.append(relay)   # destroyed with the others
         for key in [k for k in self._views if k[1] == d]:  # type: ignore[assignment]
             self._views.pop(key)  # type: ignore[arg-type]
 

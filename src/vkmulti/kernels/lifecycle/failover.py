@@ -145,12 +145,16 @@ class Failover:
         with self._lock:
             kernels = [k for k in self._kernels.values() if k is not None and k.device_index == d]
             pair = self._contexts.pop(d, None)
-        self._device_lost(d)   # the K2K router forgets its moves to and from the device
-        restored: list[Any] = []
+        drained = False
         if kernels and not teardown:
             slot = self.manager.slot(d) if hasattr(self.manager, "slot") else None
             seen = getattr(slot, "lost_drained", None)   # True: drained; False: its memory is not to be trusted
             drained = bool(seen) or (seen is None and self._drain(slot))
+        # the K2K router forgets its moves to and from the device, after the drain: survivors' steps waiting
+        # on relays of its steps go then (before, a relay lets one go only once the step it waits for ran)
+        self._device_lost(d)
+        restored: list[Any] = []
+        if kernels and not teardown:
             lost_now = {i for i in self._lost_handled}
             try:
                 restored, kernels, steps, handed = self._restore(d, kernels, pair, drained, lost_now)

@@ -13,7 +13,9 @@ For each kernel of the lost device that has a policy checkpoint:
    waited for, each taking exactly the message slots the original step
    consumed (host and K2K messages, from the log) and nothing else; what the
    replayed steps send is not delivered, and what they send the host is
-   dropped for the steps whose messages the host had already received;
+   dropped for the steps whose messages the host had already received; a
+   send() to the kernel meanwhile (another thread) waits until its host
+   queue is its own again (Kernel.restoring);
 4. the messages nobody consumed yet are handed again, in order, through the
    host queue of their receiver: those the lost kernels sent (their batches
    still on the survivors are withdrawn) and those sent to the lost kernels
@@ -127,8 +129,12 @@ def restore_lost_kernels(life: LifecycleView, device: int, kernels: list[Any], p
                       "of steps %d..%d are not all logged", k.id, start, start, end - 1)
             gone.append(k)
             continue
-        pending = list(k.h2k)   # host messages it had not taken yet
+        old_ctx = k.ctx
+        with old_ctx.lock:   # sends to k wait until its queue is its own again (another thread's send
+            k.restoring = True   # would be taken by a replayed step, or cleared with the replay's inputs)
+            pending = list(k.h2k)   # host messages it had not taken yet
         target = _target(rt, k, lost_devices)
+        ok = False
         try:
             rt.restore(cp, into=k, device=target, timeout=_left(deadline))
             k.replaying = True
@@ -137,17 +143,32 @@ def restore_lost_kernels(life: LifecycleView, device: int, kernels: list[Any], p
                     _replay_step(rt, k, kl.inputs[step], step in unharvested.get(id(k), ()), deadline)
             finally:
                 k.replaying = False
+            ok = True
         except VkmError as exc:
             log.error("failover: kernel %r could not be restored on GPU %d: %s", k.id, target, exc)
-            k.h2k.clear()
+        finally:
+            _end_restoring(k, old_ctx, pending if ok else [])
+        if not ok:
             gone.append(k)
             continue
-        k.h2k.clear()
-        k.h2k.extend(pending)
         replayed += end - start
         restored.append(k)
     handed = _hand_again(rt, replay, device, restored, gone)
     return restored, gone, replayed, handed
+
+
+def _end_restoring(k: Any, old_ctx: Any, pending: list[bytes]) -> None:
+    """k's host queue back to the messages it had not taken before its restore (none if the
+    restore failed), and the sends that waited meanwhile go on."""
+    ctx = k.ctx
+    with ctx.lock:
+        k.h2k.clear()
+        k.h2k.extend(pending)
+        k.restoring = False
+        ctx.cond.notify_all()
+    if old_ctx is not ctx:
+        with old_ctx.lock:
+            old_ctx.cond.notify_all()
 
 
 def _hand_again(rt: RuntimeView, replay: Any, device: int, restored: list[Any], gone: list[Any]) -> int:

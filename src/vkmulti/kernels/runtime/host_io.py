@@ -53,24 +53,32 @@ class HostQueues:
         int_in(tag, "tag", 0, U32_MAX)
         int_in(priority, "priority", 0, 255)
         timeout = timeout_seconds(timeout)
-        ctx = k.ctx
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
-        with ctx.lock:
-            while True:
+        while True:
+            ctx = k.ctx
+            with ctx.lock:
+                if k.ctx is not ctx:   # moved meanwhile (a failover's restore): its new device's lock
+                    continue
                 k.check()
+                if k.restoring:   # its queue holds the replayed steps' inputs until the restore ends
+                    ctx.cond.wait(0.25)   # (bounded by the restore's own time, whatever `timeout` is)
+                    continue
                 if len(k.h2k) < k.h2k_capacity:
-                    break
+                    return self._queue(k, data, tag, priority)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise QueueFullError(f"kernel {k.id!r}: {len(k.h2k)} host messages wait for its next step "
                                          f"(h2k_capacity {k.h2k_capacity}); step it, then send again")
                 ctx.cond.wait(min(left, 0.25))
-            ts = self.hlc.tick()
-            msg = K2KMessage(HOST_KERNEL_ID, k.id, data, tag, k.host_seq, ts, k.tenant, 0, priority)
-            env = msg.envelope(HOST_ADDRESS, k.address)
-            k.h2k.append(env.pack() + data + bytes(self.payload_size - len(data)))
-            k.host_seq += 1
-            k.stats.host_messages_sent += 1
+
+    def _queue(self, k: Any, data: bytes, tag: int, priority: int) -> K2KMessage:
+        """Append one host message to k's host queue (k's context lock held)."""
+        ts = self.hlc.tick()
+        msg = K2KMessage(HOST_KERNEL_ID, k.id, data, tag, k.host_seq, ts, k.tenant, 0, priority)
+        env = msg.envelope(HOST_ADDRESS, k.address)
+        k.h2k.append(env.pack() + data + bytes(self.payload_size - len(data)))
+        k.host_seq += 1
+        k.stats.host_messages_sent += 1
         return msg
 
     def receive(self, kernel: Any, timeout: float | None = None) -> K2KMessage:
