@@ -38,10 +38,12 @@ cdef class StepCommands:
     that device's lock)."""
     cdef Device dev
     cdef VkCommandBuffer cmd
+    cdef readonly uint64_t submitted   # the signal value of the last submit the driver accepted
 
     def __cinit__(self, Device device not None):
         self.dev = device
         self.cmd = NULL
+        self.submitted = 0
 
     @property
     def recording(self):
@@ -169,4 +171,6 @@ cdef class StepCommands:
         finally:
             free(sems)
             free(values)
+        if r == VK_SUCCESS:   # (set before any Python runs: an interrupt after the submit cannot hide it)
+            self.submitted = value
         check(r, "vkQueueSubmit(kernel step)")

@@ -172,7 +172,10 @@ class DeviceStepper:
             gpu_waits += [(p.semaphore, p.value) for p in waits]
             ctx = self.ctx
             ctx.step_cmds.submit(ctx.queue_lock, ctx.cmd_ints[rec.region], gpu_waits, ctx.timeline, value)  # type: ignore[arg-type]
-        except BaseException:
+        except BaseException as exc:
+            if self.ctx.step_cmds.submitted == value:   # an interrupt (Ctrl-C) that came after the submit
+                self._submitted(value, launched, rec, survey_offsets, retain)
+                raise
             for k, slots in reversed(taken_h2k):   # nothing ran: the host messages are still to send
                 k.h2k.extendleft(reversed(slots))
             for k in launched:
@@ -187,11 +190,18 @@ class DeviceStepper:
             with self.ctx.dir_lock:
                 self.ctx.dir_dirty.update(rec.directory)
             raise
-        # submitted: nothing below may raise
+        point, new = self._submitted(value, launched, rec, survey_offsets, retain)
+        return point, launched, deferred, new
+
+    def _submitted(self, value: int, launched: list[Kernel], rec: InFlight, survey_offsets: list[int | None],
+                   retain: int) -> tuple[Any, list[OutboxBatch]]:
+        """The bookkeeping of a step the driver accepted (nothing here may raise): its
+        point and its new outbox batches."""
+        d = self.ctx.in_flight
         self.ctx.value = value
         self.nsteps += 1
         point = self.ctx.point(value)
-        new = []
+        new: list[OutboxBatch] = []
         for k, off in zip(launched, survey_offsets):
             j = k.steps % d
             b = OutboxBatch(k, k.steps, j, point)
@@ -214,13 +224,13 @@ class DeviceStepper:
                 b.last_value = value
                 if b.source is not None and b.source.ctx is self.ctx:   # (an inbound batch's source is elsewhere)
                     b.source.last_value = value
-        for b, _ in rec.surveys:
-            b.waits = []
-            b.last_value = value
+        for sb, _ in rec.surveys:
+            sb.waits = []
+            sb.last_value = value
         self.batches.extend(new)
         self.inflight.append(rec)
         self.ctx.cond.notify_all()
-        return point, launched, deferred, new
+        return point, new
 
     def surveys_awaited(self) -> set[int]:
         """The devices whose sending steps' surveys, not read back yet, decide whether a
