@@ -169,3 +169,42 @@ def test_destroying_the_runtime_races_a_run(runtime):
     assert len(out) == 1 and isinstance(out[0], DestroyedError), out
     with pytest.raises(DestroyedError):
         runtime.run(1)
+
+
+class _InterruptAfterSubmit:
+    """A device context's StepCommands whose next submit is accepted by the driver,
+    then interrupted (KeyboardInterrupt) before the stepper hears of it."""
+
+    def __init__(self, real):
+        self.real, self.armed = real, True
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def submit(self, *args):
+        self.real.submit(*args)
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+
+
+def test_an_interrupt_right_after_a_submit_counts_the_step_as_submitted(runtime):
+    from vkmulti.kernels.reference import COUNTER_TAG_ADD
+
+    k = counter(runtime, "k", device=0)
+    runtime.step(timeout=10)
+    ctx = k.ctx
+    before = k.steps
+    ctx.step_cmds = _InterruptAfterSubmit(ctx.step_cmds)
+    try:
+        runtime.send(k, np.array([3], np.uint32), tag=COUNTER_TAG_ADD)
+        with pytest.raises(KeyboardInterrupt):
+            runtime.step(k, timeout=10)
+        assert k.steps == before + 1   # it ran: its timeline value is not used again
+        runtime.send(k, np.array([4], np.uint32), tag=COUNTER_TAG_ADD)
+        runtime.step(k, timeout=10)
+        runtime.synchronize(10)
+    finally:
+        ctx.step_cmds = ctx.step_cmds.real
+    st = read_counter(runtime.read_state(k))
+    assert (st.count, st.sum) == (2, 7)   # each message taken once
