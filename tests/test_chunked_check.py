@@ -60,6 +60,20 @@ def _put(runtime, buf, data):
         staging.destroy()
 
 
+def _filled_pairs(runtime, sizes, rng, made):
+    """(source on GPU 0 filled with random bytes, destination on GPU 1) per size, and
+    the bytes; every buffer made is appended to `made` (freed by the caller)."""
+    pairs, datas = [], []
+    for n in sizes:
+        a, b = Buffer(runtime.manager.slot(0), n), Buffer(runtime.manager.slot(1), n)
+        made += [a, b]
+        data = rng.integers(0, 256, n, dtype=np.uint8)
+        _put(runtime, a, data)
+        pairs.append((a, b))
+        datas.append(data.tobytes())
+    return pairs, datas
+
+
 def _get(runtime, buf):
     ctx = runtime._context(buf.slot.index)
     staging = MappedBuffer(buf.slot, -(-buf.size // 4) * 4)
@@ -78,14 +92,7 @@ def test_the_bytes_arrive_whole_and_every_chunk_matches(runtime, kind):
     rng = np.random.default_rng(25)
     made = []
     try:
-        pairs, datas = [], []
-        for n in sizes:
-            a, b = Buffer(runtime.manager.slot(0), n), Buffer(runtime.manager.slot(1), n)
-            made += [a, b]
-            data = rng.integers(0, 256, n, dtype=np.uint8)
-            _put(runtime, a, data)
-            pairs.append((a, b))
-            datas.append(data.tobytes())
+        pairs, datas = _filled_pairs(runtime, sizes, rng, made)
         copy = ChunkedCopy(eng, pairs, src_crc, dst_crc, chunk=CHUNK, names=[f"b{n}" for n in sizes])
         assert [len(p) for p in copy.plans] == [-(-n // CHUNK) for n in sizes]
         copy.hash_landings(60)
@@ -177,14 +184,7 @@ def test_the_host_copies_between_cpu_devices_hashing_both_sides(runtime):
     rng = np.random.default_rng(26)
     made = []
     try:
-        pairs, datas = [], []
-        for n in sizes:
-            a, b = Buffer(runtime.manager.slot(0), n), Buffer(runtime.manager.slot(1), n)
-            made += [a, b]
-            data = rng.integers(0, 256, n, dtype=np.uint8)
-            _put(runtime, a, data)
-            pairs.append((a, b))
-            datas.append(data.tobytes())
+        pairs, datas = _filled_pairs(runtime, sizes, rng, made)
         copy = HostChunkedCopy(pairs, src_crc, dst_crc, chunk=3 * CHUNK, names=[f"b{n}" for n in sizes])
         assert [len(p) for p in copy.plans] == [-(-n // (3 * CHUNK)) for n in sizes]
         copy.hash_landings(60)
