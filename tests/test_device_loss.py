@@ -79,6 +79,53 @@ def test_a_fence_of_an_injected_loss_counts_as_done_only_once_the_driver_signals
         _bounded_destroy(mgr)
 
 
+def test_a_run_in_flight_when_the_loss_is_injected_raises_once_the_driver_ran_it(monkeypatch):
+    """A one-shot run whose submit the driver still runs when the device is marked
+    lost raises DeviceLostError only once the driver is done with it: the caller
+    then frees what the commands use (the twin pool's buffers freed under a fill
+    the driver still ran crashed lavapipe's queue thread)."""
+    import vulkan as vk
+    from vkmulti._core import vkapi
+
+    submitted = threading.Event()
+    real_submit = vkapi.queue_submit
+
+    def queue_submit(*args, **kw):
+        real_submit(*args, **kw)
+        submitted.set()
+    monkeypatch.setattr(vkapi, "queue_submit", queue_submit)
+    mgr = MultiDeviceManager.create()
+    try:
+        s1 = mgr.slot(1)
+        gate = s1.native.create_timeline(0)
+        buf = Buffer(s1, 1 << 16)
+        submitted.clear()
+        outcome: list = []
+
+        def run():
+            try:
+                CommandRunner.for_slot(s1).run(lambda cmd: vk.vkCmdFillBuffer(cmd, buf.handle, 0, 1 << 16, 7),
+                                               waits=[(gate, 1)], timeout=20)
+                outcome.append("returned")
+            except DeviceLostError as exc:
+                outcome.append(exc)
+        t = threading.Thread(target=run)
+        t.start()
+        assert submitted.wait(20)
+        s1.native.mark_lost()
+        t.join(0.5)
+        assert t.is_alive() and not outcome   # the driver has not run the fill: the run still waits for it
+        vk.vkSignalSemaphore(s1.device, vk.VkSemaphoreSignalInfo(
+            sType=vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, semaphore=vk.ffi.cast("VkSemaphore", gate), value=1))
+        t.join(20)
+        assert not t.is_alive() and len(outcome) == 1 and isinstance(outcome[0], DeviceLostError)
+        assert s1.native.drain_queues_raw([q.lock for q in s1.queues()], 5.0)
+        buf.destroy()
+        vk.vkDestroySemaphore(s1.device, vk.ffi.cast("VkSemaphore", gate), None)
+    finally:
+        _bounded_destroy(mgr)
+
+
 def test_python_submitters_fail_through_the_flag():
     """Command runner, renderer and host port of a lost device raise DeviceLostError at submit."""
     mgr = MultiDeviceManager.create()

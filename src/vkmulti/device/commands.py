@@ -219,7 +219,9 @@ class CommandRunner:
         once; if the wait gives up (vkmulti.TimeoutError, Ctrl-C) the submit
         stays queued, and they and the fence are set aside and destroyed
         once it completes. Each of `users` (resources the commands touch) is
-        then told to wait for that submit before it is freed.
+        then told to wait for that submit before it is freed. On a device
+        marked lost, DeviceLostError comes once the driver is done with the
+        submit (or after `timeout` s, the submit then set aside as above).
         """
         keep = list(keep)
         try:
@@ -248,8 +250,15 @@ class CommandRunner:
                 self._free.append(pair)   # never submitted: reusable
             _destroy_all(keep)
             raise
+        deadline = Deadline(timeout)
         try:
-            self.slot.native.wait_fence(pair.fence_int, timeout)  # type: ignore[union-attr]
+            try:
+                self.slot.native.wait_fence(pair.fence_int, timeout)  # type: ignore[union-attr]
+            except DeviceLostError:
+                # a loss injected by lose_device leaves the driver running the submit: the caller
+                # frees what the commands use once this raises, so the driver must be done first
+                driver_done(self.slot, pair.fence_int, deadline.left())
+                raise
         except BaseException:
             ab = AbandonedSubmit(self, pair, keep)
             with self._lock:

@@ -20,6 +20,8 @@ from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeou
 from ..._core import _native, vkapi
 from ...device.logical import retire_submits
 from ..._core.lifetime import Deadline
+from ..._core.protocols import Destroyable
+from ...device.commands import SubmitUser
 from ...memory.image import BUFFER_USAGE, Buffer, CommandRunner
 from ..._core.shaders import shader_path
 from ..._core.timeline import TimelinePoint
@@ -411,13 +413,19 @@ class DeviceContext:
             self.cond.notify_all()
 
     def run_once(self, record: Callable[[Any], None], waits: Sequence[tuple[int, int]] = (),
-                 timeout: float | None = 60.0) -> None:
-        """A one-shot command buffer on this context's queue, after a full barrier, waited with a fence."""
+                 timeout: float | None = 60.0, keep: Sequence[Destroyable] = (),
+                 users: Sequence[SubmitUser] = ()) -> None:
+        """A one-shot command buffer on this context's queue, after a full barrier, waited with a fence.
+
+        `keep`: objects the commands use that the runner frees if the run fails
+        (once the GPU is done with them); after a run that returns they are the caller's.
+        `users`: resources the commands touch, whose destroy() waits for a submit
+        whose wait gave up (CommandRunner.run)."""
         def full(cmd: Any) -> None:
             barrier(cmd)
             record(cmd)
             barrier(cmd)
-        self.runner.run(full, waits=list(waits), timeout=timeout)
+        self.runner.run(full, waits=list(waits), timeout=timeout, keep=keep, users=users)
 
     def status_words(self, region: int) -> np.ndarray:
         return self.status.words[region * STATUS_WORDS:(region + 1) * STATUS_WORDS]

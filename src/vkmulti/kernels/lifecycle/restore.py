@@ -45,9 +45,9 @@ class _Staged:
         self.img, self.keep = img, keep_sequences
         self.staging: Any = None
 
-    def __call__(self, twin: Kernel) -> Any:
+    def __call__(self, twin: Kernel) -> tuple[Any, list[Buffer]]:
         self.staging, record = staged_copies(twin.ctx.slot, _uploads(twin, self.img, self.keep))
-        return record
+        return record, [self.staging] if self.staging is not None else []
 
     def free(self) -> None:
         if self.staging is not None:

@@ -151,7 +151,13 @@ class MigrationPool:
         try:
             for n in sizes:
                 made.append(Buffer(ctx.slot, n))
-            ctx.run_once(lambda cmd: [vk.vkCmdFillBuffer(cmd, b.handle, 0, WHOLE_SIZE, 0) for b in made])
+        except BaseException:
+            for b in made:
+                b.destroy()
+            raise
+        # (if the fill fails, the runner frees them once the GPU is done with them)
+        ctx.run_once(lambda cmd: [vk.vkCmdFillBuffer(cmd, b.handle, 0, WHOLE_SIZE, 0) for b in made], keep=made)
+        try:
             for n in mapped:
                 made.append(MappedBuffer(ctx.slot, n))
         except BaseException:
@@ -294,14 +300,15 @@ def state_buffers(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int) 
 
 def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spec: KernelSpec | None = None,
                states: list[Buffer] | None = None,
-               then: Callable[[Kernel], Callable[[Any], None]] | None = None) -> Kernel:
+               then: Callable[[Kernel], tuple[Callable[[Any], None], list[Buffer]]] | None = None) -> Kernel:
     """A Kernel with k's id, address, tenant and params, its resources on `device`,
     initialised (rings zeroed, headers written) except its state buffers, which
     the caller fills whole (or `states`, buffers of that device it adopts: the
     caller keeps those it did not adopt, None in the list marking adopted ones);
-    not registered anywhere. `then(twin)`: a recorder of more commands for the
+    not registered anywhere. `then(twin)`: (a recorder of more commands for the
     twin's buffers, run in the same submit after the initialisation (a restore's
-    uploads)."""
+    uploads), the other buffers those commands read); if the submit's wait gives
+    up, freeing the twin or those buffers waits for the GPU."""
     spec = spec or k.spec
     ctx = _check_state_sizes(rt, k, device, spec)
     # built ahead (engine/prebuild.py), or waited for where that build runs: not under the device lock
@@ -313,14 +320,14 @@ def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spe
         states[:] = twin.presets  # type: ignore[assignment] # adopted ones are None now
     try:
         init = twin.init_commands([np.zeros(0, np.uint8)] * len(spec.state_sizes))   # empty: left as is
-        more = then(twin) if then is not None else None
+        more, reads = then(twin) if then is not None else (None, [])
 
         def record(cmd: Any) -> None:
             init(cmd)
             if more is not None:
                 barrier(cmd)
                 more(cmd)
-        ctx.run_once(record)
+        ctx.run_once(record, users=[*twin.buffers, *reads])
     except BaseException:
         with ctx.lock:
             twin.free()
