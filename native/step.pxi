@@ -13,6 +13,7 @@ cdef extern from "vkm_step.h" nogil:
 
     VkResult vkm_step_begin(const vkm_device *d, VkCommandBuffer cmd)
     VkResult vkm_step_end(const vkm_device *d, VkCommandBuffer cmd)
+    void vkm_step_abandon(const vkm_device *d, VkCommandBuffer cmd)
     void vkm_step_barrier(const vkm_device *d, VkCommandBuffer cmd, int host)
     void vkm_step_bind_pipeline(const vkm_device *d, VkCommandBuffer cmd, VkPipeline pipeline)
     void vkm_step_pass(const vkm_device *d, VkCommandBuffer cmd, VkPipelineLayout layout, VkDescriptorSet set,
@@ -71,9 +72,13 @@ cdef class StepCommands:
         check(vkm_step_end(d, cmd), "vkEndCommandBuffer(kernel step)")
 
     def abandon(self):
-        """Forget the command buffer being recorded (an error while recording: it is
-        reset by its next begin() and never submitted)."""
+        """Drop the recording (an error while recording): the command buffer is ended and
+        reset at once, so nothing recorded so far can run, and is never submitted. (Resetting
+        it only at its next begin() left the abandoned commands in it on NVIDIA's driver.)"""
+        cdef VkCommandBuffer cmd = self.cmd
         self.cmd = NULL
+        if cmd != NULL:
+            vkm_step_abandon(self.dev.ptr(), cmd)
 
     def barrier(self, bint host=False):
         """A global memory barrier: everything before, for everything after (`host`: and host reads)."""

@@ -55,6 +55,7 @@ void vkm_copy_team_start(vkm_copy_team *t, int helpers)
             free(arg);
             break;
         }
+        pthread_setname_np(t->threads[i], "vkm-copy");
         t->helpers++;
     }
 }

@@ -138,6 +138,7 @@ VkResult vkm_jobq_start(vkm_jobq *q, void *(*worker)(void *), void *arg, vkm_err
         return vkm_fail(err, VK_ERROR_INITIALIZATION_FAILED, "pthread_create", "the link's worker thread could not "
                         "be started");
     }
+    pthread_setname_np(q->worker, "vkm-link"); /* the library's threads are told apart by name */
     q->worker_started = 1;
     return VK_SUCCESS;
 }

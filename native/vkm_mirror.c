@@ -147,6 +147,7 @@ VkResult vkm_mirror_create(vkm_device *src, VkSemaphore src_sem, vkm_device *dst
         return vkm_fail(err, VK_ERROR_INITIALIZATION_FAILED, "pthread_create",
                         "the timeline mirror's thread could not be started");
     }
+    pthread_setname_np(m->thread, "vkm-mirror");
     m->started = 1;
     *out = m;
     return VK_SUCCESS;

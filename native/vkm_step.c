@@ -16,6 +16,12 @@ VkResult vkm_step_end(const vkm_device *d, VkCommandBuffer cmd)
     return d->fn.vkEndCommandBuffer(cmd);
 }
 
+void vkm_step_abandon(const vkm_device *d, VkCommandBuffer cmd)
+{
+    d->fn.vkEndCommandBuffer(cmd); /* (recording -> executable; a failed end leaves it invalid: reset either way) */
+    d->fn.vkResetCommandBuffer(cmd, 0);
+}
+
 void vkm_step_barrier(const vkm_device *d, VkCommandBuffer cmd, int host)
 {
     VkAccessFlags any = VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT;

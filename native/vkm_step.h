@@ -21,6 +21,8 @@
 /* vkResetCommandBuffer + vkBeginCommandBuffer (one-time submit). */
 VkResult vkm_step_begin(const vkm_device *d, VkCommandBuffer cmd);
 VkResult vkm_step_end(const vkm_device *d, VkCommandBuffer cmd);
+/* End and reset a command buffer being recorded: nothing recorded in it can run. */
+void vkm_step_abandon(const vkm_device *d, VkCommandBuffer cmd);
 void vkm_step_barrier(const vkm_device *d, VkCommandBuffer cmd, int host);
 void vkm_step_bind_pipeline(const vkm_device *d, VkCommandBuffer cmd, VkPipeline pipeline);
 /* One pass: set 0 of `layout` with `noffsets` dynamic offsets, `push_bytes` of push

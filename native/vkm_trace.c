@@ -83,7 +83,10 @@ static void *poll_loop(void *arg)
 void vkm_trace_start(vkm_trace *t)
 {
     if (!t || t->started) return;
-    if (t->nwatch && pthread_create(&t->poller, NULL, poll_loop, t) == 0) t->started = 1;
+    if (t->nwatch && pthread_create(&t->poller, NULL, poll_loop, t) == 0) {
+        pthread_setname_np(t->poller, "vkm-trace");
+        t->started = 1;
+    }
 }
 
 vkm_trace *vkm_trace_link(const char *path, const char *label, const vkm_device *src, VkSemaphore src_done,

@@ -5,7 +5,8 @@
   cannot run here says why in a comment line just above its fence,
   `<!-- doc-test: not run: REASON -->`; it is compiled only. A block that
   needs a tool beyond the set-up's says so the same way,
-  `<!-- doc-test: needs TOOL -->`: it runs where TOOL is on PATH, else skips.
+  `<!-- doc-test: needs TOOL -->`: it runs where TOOL is on PATH (`lavapipe`:
+  where Mesa's lavapipe is installed), else skips.
 - ```sh blocks are never run (they install packages or start clusters); every
   `python -m vkmulti ...` and `python bench/NAME.py ...` command in them is
   checked instead: its --help exits 0 and lists every --option the block uses.
@@ -26,6 +27,8 @@ import types
 from pathlib import Path
 
 import pytest
+
+import vkmulti.testing
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "README.pypi.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -92,8 +95,12 @@ def test_readme_links_stay_in_the_repository():
 def test_python_block_runs_as_pasted(bid, code, mark, tmp_path, monkeypatch):
     compiled = compile(code, bid, "exec")
     if mark.startswith("needs "):
-        if shutil.which(mark.split()[1]) is None:
-            pytest.skip(f"{bid}: needs {mark.split()[1]} on PATH")
+        need = mark.split()[1]
+        if need == "lavapipe":
+            if vkmulti.testing.find_lavapipe_icd() is None:
+                pytest.skip(f"{bid}: needs Mesa's lavapipe (virtual GPUs)")
+        elif shutil.which(need) is None:
+            pytest.skip(f"{bid}: needs {need} on PATH")
     elif mark:
         assert mark.startswith("not run: ") and len(mark) > len("not run: ") + 5, \
             f"{bid}: a block that is not run says why (<!-- doc-test: not run: REASON -->), got {mark!r}"
