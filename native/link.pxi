@@ -65,17 +65,29 @@ cdef extern from "vkm_link.h" nogil:
 cdef extern from "vkm_jobq.h" nogil:
     int vkm_exit_park(uint64_t timeout_ns)
 
+cdef extern from "vkm_link.h" nogil:
+    int vkm_links_release_gates()
+
+cdef extern from "vkm_mirror.h" nogil:
+    int vkm_mirrors_release_all()
+
 
 def park_native_threads(double timeout=1.0):
     """Stop every native worker and mirror thread at its next check point, outside the
     driver, for good (the process is exiting: library destructors must not run
     under a thread inside the driver). Links and mirrors destroyed afterwards are
-    left to the exit. True when none was still inside the driver after `timeout` s.
-    Registered with atexit when the module loads."""
+    left to the exit. Then GPU work queued behind a wait the parked threads would
+    have let go is let run out: a running link job's wait point that has not come
+    (the caller's semaphore, raised to the value the job waits for) and every
+    mirror's destination; a driver that tears its devices down at exit (NVIDIA's)
+    waits for that work. True when none was still inside the driver after
+    `timeout` s. Registered with atexit when the module loads."""
     cdef uint64_t ns = _seconds_ns(timeout, "timeout", 60.0)
     cdef int done
     with nogil:
         done = vkm_exit_park(ns)
+        vkm_links_release_gates()
+        vkm_mirrors_release_all()
     return bool(done)
 
 

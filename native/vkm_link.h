@@ -75,6 +75,12 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
 /* Finishes every queued job, waits (bounded by the stall timeout) for the
  * GPUs, frees everything; what a GPU still runs on is left alive (leaked). */
 void vkm_link_destroy(vkm_link *link);
+/* At exit, after vkm_exit_park(): raise every live link's running job's wait
+ * points that have not come (the caller's semaphores, to the values the job
+ * waits for) so that the GPU work queued behind them runs out; a driver that
+ * tears its devices down at exit (NVIDIA's) waits for that work, and the
+ * process hung. The number raised. */
+int vkm_links_release_gates(void);
 
 VkSemaphore vkm_link_src_timeline(const vkm_link *link);
 VkSemaphore vkm_link_dst_timeline(const vkm_link *link);

@@ -20,7 +20,11 @@ struct vkm_mirror {
     int released;         /* the destination was raised as far as it goes: no more signals */
     VkResult error;
     vkm_error why;
+    struct vkm_mirror *live_prev, *live_next; /* every live mirror (vkm_mirrors_release_all) */
 };
+
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static vkm_mirror *live_mirrors;
 
 /* Raise the destination as far as it goes, once (m->lock held): GPU work waiting on the
  * mirror goes (it cannot be told otherwise). Through vkmulti: fails on a lost destination. */
@@ -149,6 +153,11 @@ VkResult vkm_mirror_create(vkm_device *src, VkSemaphore src_sem, vkm_device *dst
     }
     pthread_setname_np(m->thread, "vkm-mirror");
     m->started = 1;
+    pthread_mutex_lock(&live_lock);
+    m->live_next = live_mirrors;
+    if (live_mirrors) live_mirrors->live_prev = m;
+    live_mirrors = m;
+    pthread_mutex_unlock(&live_lock);
     *out = m;
     return VK_SUCCESS;
 }
@@ -168,6 +177,23 @@ void vkm_mirror_release(vkm_mirror *m, const char *why)
     __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE); /* its thread leaves within a slice */
 }
 
+int vkm_mirrors_release_all(void)
+{
+    if (!vkm_exiting()) return 0;
+    int n = 0;
+    pthread_mutex_lock(&live_lock);
+    for (vkm_mirror *m = live_mirrors; m; m = m->live_next) {
+        pthread_mutex_lock(&m->lock);
+        if (!m->released) { /* through the driver, as the thread's own signals: a device marked lost still runs */
+            m->released = 1;
+            n += signal_dst(m, RELEASE_VALUE) == VK_SUCCESS;
+        }
+        pthread_mutex_unlock(&m->lock);
+    }
+    pthread_mutex_unlock(&live_lock);
+    return n;
+}
+
 VkResult vkm_mirror_status(vkm_mirror *m, vkm_error *err)
 {
     pthread_mutex_lock(&m->lock);
@@ -180,6 +206,11 @@ VkResult vkm_mirror_status(vkm_mirror *m, vkm_error *err)
 void vkm_mirror_destroy(vkm_mirror *m)
 {
     if (!m || vkm_exiting()) return; /* at exit its thread is parked: the process takes the rest */
+    pthread_mutex_lock(&live_lock);
+    if (m->live_prev) m->live_prev->live_next = m->live_next;
+    else if (live_mirrors == m) live_mirrors = m->live_next;
+    if (m->live_next) m->live_next->live_prev = m->live_prev;
+    pthread_mutex_unlock(&live_lock);
     if (m->started) {
         __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE);
         pthread_join(m->thread, NULL);

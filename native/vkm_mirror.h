@@ -37,6 +37,11 @@ VkResult vkm_mirror_status(vkm_mirror *m, vkm_error *err);
  * driver itself fails or this is called (a failover, once the lost device's
  * work is drained or given up on). Idempotent. */
 void vkm_mirror_release(vkm_mirror *m, const char *why);
+/* At exit, after vkm_exit_park() (the mirrors' threads parked): raise every live
+ * mirror's destination as far as it goes, so that GPU work waiting on a mirror
+ * runs out before a driver that tears its devices down at exit waits for it.
+ * The number raised. */
+int vkm_mirrors_release_all(void);
 /* Stop the thread (within a slice) and destroy the destination semaphore; the
  * caller makes sure no GPU work still waits on it. */
 void vkm_mirror_destroy(vkm_mirror *m);

@@ -105,6 +105,43 @@ def test_a_dropped_busy_link_keeps_what_its_worker_reads():
     assert p.returncode == 0, f"exit {p.returncode}\n{p.stderr[-3000:]}"
 
 
+PARK_SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {here!r})
+    from vkmulti import MultiDeviceManager
+    from vkmulti._core import _native
+    from vkmulti.memory.image import Buffer
+    from gates import Gate
+    mgr = MultiDeviceManager.create()
+    s0, s1 = mgr.slot(0), mgr.slot(1)
+    gate, far = Gate(s0), s0.native.create_timeline(5)
+    a, b = Buffer(s0, 1 << 12), Buffer(s1, 1 << 12)
+    link = _native.Link(s0.native, s0.copy_queue.lock, s1.native, s1.copy_queue.lock, _native.RING_STAGING,
+                        1 << 16, 2, stall_timeout=60.0)
+    mirror = _native.TimelineMirror(s0.native, far, s1.native)
+    src = _native.Endpoint(buffer=a.handle_int, wait_semaphore=gate.sem, wait_value=1)
+    ticket = link.submit(src, _native.Endpoint(buffer=b.handle_int), 1 << 12)
+    time.sleep(0.5)   # (the worker has submitted the copy behind the gate)
+    print("BEFORE", s0.native.timeline_value(gate.sem), s1.native.timeline_value(mirror.semaphore), flush=True)
+    _native.park_native_threads(5.0)   # what the exit does
+    print("AFTER", s0.native.timeline_value(gate.sem), s1.native.timeline_value(mirror.semaphore) > 1 << 32,
+          flush=True)
+""")
+
+
+def test_the_exit_lets_gpu_work_behind_a_parked_thread_run_out():
+    """At exit the native threads park; GPU work queued behind a running link job's
+    wait point that never came (the caller's gate) or behind a mirror would then never
+    run, and a driver that tears its devices down at exit (NVIDIA's) waits for it:
+    the process hung (the GPU suite's dropped-busy-link and stuck-transfer exits).
+    The exit raises that gate to the job's value and every mirror as far as it goes."""
+    p = subprocess.run([sys.executable, "-c", PARK_SCRIPT.format(here=HERE)], capture_output=True, text=True,
+                       timeout=120, cwd=HERE)
+    assert "BEFORE 0 5" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "AFTER 1 True" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stderr[-3000:]}"
+
+
 EXIT_SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {here!r})
