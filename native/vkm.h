@@ -86,6 +86,9 @@ VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uin
 VkResult vkm_timeline_value(const vkm_device *d, VkSemaphore sem, uint64_t *value);
 /* vkSignalSemaphore of timeline `sem` to `value` from the host. */
 VkResult vkm_signal_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value);
+/* The same through the driver even on a device marked lost (an injected loss: the driver still
+ * runs what the device was given, and GPU work may wait for this value). */
+VkResult vkm_signal_timeline_driver(const vkm_device *d, VkSemaphore sem, uint64_t value);
 VkResult vkm_wait_fence(const vkm_device *d, VkFence fence, uint64_t timeout_ns);
 /* vkGetFenceStatus: VK_SUCCESS signalled, VK_NOT_READY not yet. */
 VkResult vkm_fence_status(const vkm_device *d, VkFence fence);

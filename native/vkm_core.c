@@ -207,11 +207,16 @@ VkResult vkm_timeline_value(const vkm_device *d, VkSemaphore sem, uint64_t *valu
     return seen(d, d->fn.vkGetSemaphoreCounterValue(d->device, sem, value));
 }
 
-VkResult vkm_signal_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value)
+VkResult vkm_signal_timeline_driver(const vkm_device *d, VkSemaphore sem, uint64_t value)
 {
     VkSemaphoreSignalInfo info = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, .semaphore = sem, .value = value};
+    return d->fn.vkSignalSemaphore(d->device, &info);
+}
+
+VkResult vkm_signal_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value)
+{
     if (vkm_device_is_lost(d)) return VK_ERROR_DEVICE_LOST;
-    return seen(d, d->fn.vkSignalSemaphore(d->device, &info));
+    return seen(d, vkm_signal_timeline_driver(d, sem, value));
 }
 
 VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns)

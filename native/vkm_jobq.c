@@ -56,6 +56,26 @@ int vkm_exit_park(uint64_t timeout_ns)
     return 1;
 }
 
+void vkm_live_add(vkm_live_list *list, vkm_live *node)
+{
+    pthread_mutex_lock(&list->lock);
+    node->prev = NULL;
+    node->next = list->head;
+    if (list->head) list->head->prev = node;
+    list->head = node;
+    pthread_mutex_unlock(&list->lock);
+}
+
+void vkm_live_remove(vkm_live_list *list, vkm_live *node)
+{
+    pthread_mutex_lock(&list->lock);
+    if (node->prev) node->prev->next = node->next;
+    else if (list->head == node) list->head = node->next;
+    if (node->next) node->next->prev = node->prev;
+    node->prev = node->next = NULL;
+    pthread_mutex_unlock(&list->lock);
+}
+
 /* An absolute CLOCK_MONOTONIC deadline `ns` from now, for pthread_cond_timedwait
  * on the queue's condition variables (made on that clock: a step of the wall
  * clock neither stretches nor cuts a wait). */

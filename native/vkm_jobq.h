@@ -110,4 +110,18 @@ int vkm_exiting(void);
 /* Park every native thread; 1 when none is busy within `timeout_ns`, else 0. */
 int vkm_exit_park(uint64_t timeout_ns);
 
+/* The live objects of one kind (links, mirrors) that the exit must reach after
+ * vkm_exit_park(): an intrusive list under its own lock. */
+typedef struct vkm_live {
+    struct vkm_live *prev, *next;
+} vkm_live;
+typedef struct vkm_live_list {
+    pthread_mutex_t lock;
+    vkm_live *head;
+} vkm_live_list;
+#define VKM_LIVE_LIST_INIT {PTHREAD_MUTEX_INITIALIZER, NULL}
+void vkm_live_add(vkm_live_list *list, vkm_live *node);
+/* Idempotent; a node never added is left alone. */
+void vkm_live_remove(vkm_live_list *list, vkm_live *node);
+
 #endif

@@ -2,6 +2,7 @@
  * poll / destroy, failures and stalls. The ring is the backend's (vkm_ring.h). */
 #include "vkm_ring.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -266,27 +267,7 @@ static void *worker(void *arg)
 
 /* ---- every live link, for the process exit ---------------------------------- */
 
-static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
-static vkm_link *live_links;
-
-static void live_add(vkm_link *l)
-{
-    pthread_mutex_lock(&live_lock);
-    l->live_next = live_links;
-    if (live_links) live_links->live_prev = l;
-    live_links = l;
-    pthread_mutex_unlock(&live_lock);
-}
-
-static void live_remove(vkm_link *l)
-{
-    pthread_mutex_lock(&live_lock);
-    if (l->live_prev) l->live_prev->live_next = l->live_next;
-    else if (live_links == l) live_links = l->live_next;
-    if (l->live_next) l->live_next->live_prev = l->live_prev;
-    l->live_prev = l->live_next = NULL;
-    pthread_mutex_unlock(&live_lock);
-}
+static vkm_live_list live_links = VKM_LIVE_LIST_INIT;
 
 /* Raise a side's unreached wait point to its value, through the driver. */
 static int release_gate(vkm_side *s)
@@ -295,18 +276,19 @@ static int release_gate(vkm_side *s)
     uint64_t want = s->gate_value, have = 0;
     if (!gate || s->dev->fn.vkGetSemaphoreCounterValue(s->dev->device, gate, &have) != VK_SUCCESS || have >= want)
         return 0;
-    VkSemaphoreSignalInfo info = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, .semaphore = gate,
-                                  .value = want};
-    return s->dev->fn.vkSignalSemaphore(s->dev->device, &info) == VK_SUCCESS;
+    return vkm_signal_timeline_driver(s->dev, gate, want) == VK_SUCCESS;
 }
 
 int vkm_links_release_gates(void)
 {
     if (!vkm_exiting()) return 0;
     int n = 0;
-    pthread_mutex_lock(&live_lock);
-    for (vkm_link *l = live_links; l; l = l->live_next) n += release_gate(&l->src) + release_gate(&l->dst);
-    pthread_mutex_unlock(&live_lock);
+    pthread_mutex_lock(&live_links.lock);
+    for (vkm_live *node = live_links.head; node; node = node->next) {
+        vkm_link *l = (vkm_link *)((char *)node - offsetof(vkm_link, live));
+        n += release_gate(&l->src) + release_gate(&l->dst);
+    }
+    pthread_mutex_unlock(&live_links.lock);
     return n;
 }
 
@@ -391,11 +373,11 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
         l->trace = vkm_trace_link(config->trace_path, l->ops->name, l->src.dev, l->src.timeline, l->dst.dev,
                                   l->dst.timeline);
     if (r == VK_SUCCESS) r = vkm_jobq_start(&l->q, worker, l, err);
-    live_add(l);
     if (r != VK_SUCCESS) {
         vkm_link_destroy(l);
         return r;
     }
+    vkm_live_add(&live_links, &l->live);
     *out = l;
     return VK_SUCCESS;
 }
@@ -403,7 +385,7 @@ VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst,
 void vkm_link_destroy(vkm_link *l)
 {
     if (!l || vkm_exiting()) return; /* at exit its worker is parked: the process takes the rest */
-    live_remove(l);
+    vkm_live_remove(&live_links, &l->live);
     vkm_jobq_stop(&l->q);
     /* Wait (bounded) until the GPUs are done with everything this link
      * submitted: every submit, owner-queue ones included, signals its side's

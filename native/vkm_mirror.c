@@ -2,6 +2,7 @@
 #include "vkm_mirror.h"
 #include "vkm_jobq.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,11 +21,10 @@ struct vkm_mirror {
     int released;         /* the destination was raised as far as it goes: no more signals */
     VkResult error;
     vkm_error why;
-    struct vkm_mirror *live_prev, *live_next; /* every live mirror (vkm_mirrors_release_all) */
+    vkm_live live; /* in the list of live mirrors (vkm_mirrors_release_all) */
 };
 
-static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
-static vkm_mirror *live_mirrors;
+static vkm_live_list live_mirrors = VKM_LIVE_LIST_INIT;
 
 /* Raise the destination as far as it goes, once (m->lock held): GPU work waiting on the
  * mirror goes (it cannot be told otherwise). Through vkmulti: fails on a lost destination. */
@@ -60,9 +60,7 @@ static void *follow_thread(void *arg)
  * source's real progress; a driver that lost the device answers for itself. */
 static VkResult signal_dst(vkm_mirror *m, uint64_t value)
 {
-    VkSemaphoreSignalInfo info = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, .semaphore = m->dst_sem,
-                                  .value = value};
-    return m->dst->fn.vkSignalSemaphore(m->dst->device, &info);
+    return vkm_signal_timeline_driver(m->dst, m->dst_sem, value);
 }
 
 /* Wait up to a slice for the source to reach `value` and read where it is. Once the source is
@@ -153,11 +151,7 @@ VkResult vkm_mirror_create(vkm_device *src, VkSemaphore src_sem, vkm_device *dst
     }
     pthread_setname_np(m->thread, "vkm-mirror");
     m->started = 1;
-    pthread_mutex_lock(&live_lock);
-    m->live_next = live_mirrors;
-    if (live_mirrors) live_mirrors->live_prev = m;
-    live_mirrors = m;
-    pthread_mutex_unlock(&live_lock);
+    vkm_live_add(&live_mirrors, &m->live);
     *out = m;
     return VK_SUCCESS;
 }
@@ -181,8 +175,9 @@ int vkm_mirrors_release_all(void)
 {
     if (!vkm_exiting()) return 0;
     int n = 0;
-    pthread_mutex_lock(&live_lock);
-    for (vkm_mirror *m = live_mirrors; m; m = m->live_next) {
+    pthread_mutex_lock(&live_mirrors.lock);
+    for (vkm_live *node = live_mirrors.head; node; node = node->next) {
+        vkm_mirror *m = (vkm_mirror *)((char *)node - offsetof(vkm_mirror, live));
         pthread_mutex_lock(&m->lock);
         if (!m->released) { /* through the driver, as the thread's own signals: a device marked lost still runs */
             m->released = 1;
@@ -190,7 +185,7 @@ int vkm_mirrors_release_all(void)
         }
         pthread_mutex_unlock(&m->lock);
     }
-    pthread_mutex_unlock(&live_lock);
+    pthread_mutex_unlock(&live_mirrors.lock);
     return n;
 }
 
@@ -206,11 +201,7 @@ VkResult vkm_mirror_status(vkm_mirror *m, vkm_error *err)
 void vkm_mirror_destroy(vkm_mirror *m)
 {
     if (!m || vkm_exiting()) return; /* at exit its thread is parked: the process takes the rest */
-    pthread_mutex_lock(&live_lock);
-    if (m->live_prev) m->live_prev->live_next = m->live_next;
-    else if (live_mirrors == m) live_mirrors = m->live_next;
-    if (m->live_next) m->live_next->live_prev = m->live_prev;
-    pthread_mutex_unlock(&live_lock);
+    vkm_live_remove(&live_mirrors, &m->live);
     if (m->started) {
         __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE);
         pthread_join(m->thread, NULL);

@@ -98,7 +98,7 @@ struct vkm_link {
     /* the idle worker's watch over work in flight (ops->watch) */
     uint64_t seen_dst;
     uint64_t progress_at_ns;
-    struct vkm_link *live_prev, *live_next; /* every live link (vkm_links_release_gates) */
+    vkm_live live; /* in the list of live links (vkm_links_release_gates) */
 };
 
 /* ---- for backends (vkm_link.c) ------------------------------------------- */
