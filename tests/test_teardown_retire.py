@@ -92,6 +92,43 @@ def test_transfer_link_keeps_its_timelines_until_both_queues_retired(manager, me
         assert np.array_equal(b.download().view(np.uint32), data)
 
 
+def test_a_buffer_a_queued_gpu_job_reads_is_freed_only_once_the_job_ran(manager):
+    """The kernels' GPU jobs (replay-log and checkpoint captures, CRC checks, staging
+    passes) copy out of a kernel's buffers on their own timeline, after its step. A
+    kernel destroyed once its steps are done must not free the buffers while such a
+    job is still queued: lavapipe then ran the copy on a freed buffer (SIGSEGV in
+    its queue thread, the failover tests about one run in eight on a loaded machine)."""
+    from vkmulti.kernels.engine import GpuJobs
+    from vkmulti.kernels.engine import recording
+
+    slot = manager.primary
+    jobs = GpuJobs(slot, slot.queues()[0])
+    gate = slot.native.create_timeline(0)
+    handle = vk.ffi.cast("VkSemaphore", gate)
+    data = np.arange(1 << 12, dtype=np.uint32)
+    try:
+        src, dst = Buffer(slot, data.nbytes), Buffer(slot, data.nbytes)
+        src.upload(data)
+        point = jobs.submit(lambda cmd: recording.copy(cmd, src.handle, dst.handle, 0, 0, data.nbytes), [(gate, 1)],
+                            users=[src, dst])
+        for b in (src, dst):
+            with pytest.raises(VkmTimeoutError):
+                b.destroy(timeout=0.3)
+            assert not b.destroyed
+        vk.vkSignalSemaphore(slot.device, vk.VkSemaphoreSignalInfo(
+            sType=vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, semaphore=handle, value=1))
+        jobs.wait(point, 30.0)
+        assert np.array_equal(dst.download().view(np.uint32), data)
+        src.destroy()
+        dst.destroy()
+        assert src.destroyed and dst.destroyed
+    finally:
+        vk.vkSignalSemaphore(slot.device, vk.VkSemaphoreSignalInfo(
+            sType=vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, semaphore=handle, value=2))
+        jobs.destroy(30.0)
+        vk.vkDestroySemaphore(slot.device, handle, None)
+
+
 _LOOP = """
 import os, sys
 from vkmulti.testing import install_virtual_gpus

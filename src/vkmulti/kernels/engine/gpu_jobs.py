@@ -22,9 +22,12 @@ from ..._core.lifetime import Deadline
 from ..._core.timeline import TimelinePoint
 from . import recording as cmds
 
-__all__ = ["GpuJobs"]
+__all__ = ["GpuJobs", "JobDone"]
 
 log = logging.getLogger(__name__)
+
+#: A wait for a job, as a resource's destroy() does it, holds the jobs' lock this long at a time.
+_WAIT_SLICE = 0.05
 
 
 class GpuJobs:
@@ -65,9 +68,13 @@ class GpuJobs:
                 keep.append((value, cmd))
         self._busy = keep
 
-    def submit(self, record: Callable[[Any], None], waits: Iterable[tuple[int, int]] = ()) -> TimelinePoint:
+    def submit(self, record: Callable[[Any], None], waits: Iterable[tuple[int, int]] = (),
+               users: Iterable[Any] = ()) -> TimelinePoint:
         """Record with `record(cmd)` and submit after the timeline points `waits`
-        ((semaphore, value) on this device); returns the point that marks it done."""
+        ((semaphore, value) on this device); returns the point that marks it done.
+        Each of `users` (the Buffers the job reads or writes) is told of the job:
+        its destroy() waits until the job ran (a kernel destroyed while a capture
+        of its buffers is still queued must not free them under the GPU)."""
         with self._lock:
             if self.pool is None:
                 raise DestroyedError(f"GPU jobs of GPU {self.slot.index} were destroyed")
@@ -90,7 +97,11 @@ class GpuJobs:
                 raise
             self.value = value
             self._busy.append((value, cmd))
-            return self.point(value)
+        if users:
+            done = JobDone(self, value)
+            for u in users:
+                u._track(done)
+        return self.point(value)
 
     def wait(self, point: TimelinePoint, timeout: float | None) -> None:
         """Block (no GIL, interruptible) until `point` of this object's timeline is reached."""
@@ -122,3 +133,44 @@ class GpuJobs:
                 vk.vkDestroySemaphore(dev, vk.ffi.cast("VkSemaphore", self.timeline), None)
             self.pool = None
             self._free, self._busy = [], []
+
+
+class JobDone:
+    """One job of a GpuJobs, as the GPU work the resources it touches wait for before
+    they are freed: done once the jobs' timeline reaches `value`, or once the jobs
+    were destroyed (their destroy() waited for every job), or on a lost device
+    (its work never runs again; an injected loss drained it)."""
+
+    __slots__ = ("jobs", "value")
+
+    def __init__(self, jobs: GpuJobs, value: int):
+        self.jobs, self.value = jobs, value
+
+    def gpu_done(self, device_index: int | None = None) -> bool:
+        jobs = self.jobs
+        with jobs._lock:   # the timeline stays while it is read
+            if jobs.pool is None:
+                return True
+            try:
+                return jobs.completed() >= self.value
+            except DeviceLostError:
+                return True
+
+    def gpu_wait(self, device_index: int | None, timeout: float | None) -> bool:
+        """Wait up to `timeout` s (None: no bound) in slices, so that the jobs'
+        lock is let go between them; False when the job still runs then."""
+        deadline = Deadline(timeout)
+        jobs = self.jobs
+        while True:
+            with jobs._lock:
+                if jobs.pool is None:
+                    return True
+                try:
+                    jobs.slot.native.wait_timeline(jobs.timeline, self.value, min(_WAIT_SLICE, deadline.slice()))
+                    return True
+                except DeviceLostError:
+                    return True
+                except VkmTimeout:
+                    pass
+            if deadline.expired():
+                return False

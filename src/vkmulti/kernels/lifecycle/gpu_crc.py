@@ -202,7 +202,8 @@ class GpuCrc:
                     cmds.push(cmd, layout, push)
                     cmds.dispatch(cmd, groups)
                 cmds.barrier(cmd, host=True)
-            point = self.jobs.submit(record, [(p.semaphore, p.value) for p in waits])
+            point = self.jobs.submit(record, [(p.semaphore, p.value) for p in waits],
+                                     users=[buf for buf, _, _ in ranges])
         except BaseException:
             with ctx.lock:
                 for s in sets:

@@ -427,7 +427,7 @@ class Lifecycle:
             with ctx.lock:
                 k.check()
                 img = image_meta(k)
-                point = jobs.submit(record)
+                point = jobs.submit(record, users=[*srcs, staging])
         except BaseException:
             staging.destroy()
             raise

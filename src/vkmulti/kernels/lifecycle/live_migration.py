@@ -136,7 +136,7 @@ def _stage(life: LifecycleView, k: Kernel, deadline: float) -> tuple[Buffer | No
             vk.vkCmdCopyBuffer(cmd, ring.handle, ring.handle, 1, [vk.VkBufferCopy(srcOffset=4, dstOffset=0, size=4)])
             cmds.barrier(cmd, host=True)
         jobs = life.extras(ctx.index).jobs
-        point = jobs.submit(record, waits)
+        point = jobs.submit(record, waits, users=[ring, status, *(b.buffer for b in batches)])
         jobs.wait(point, time_left(deadline, "the staging pass"))
         counts = status.words[:_STATUS_WORDS * len(batches)].reshape(-1, _STATUS_WORDS)
         total = 0

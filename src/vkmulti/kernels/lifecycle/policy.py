@@ -122,7 +122,7 @@ class PolicyState:
                     cmds.barrier(cmd)
                     record_image_copy(cmd, srcs, sizes, buf)
                     cmds.barrier(cmd, host=True)
-                point = jobs.submit(record)
+                point = jobs.submit(record, users=[*srcs, buf])
         except BaseException:
             buf.destroy()
             raise

@@ -216,7 +216,8 @@ class ReplayLog:
                     vk.VkBufferCopy(srcOffset=j * k.k2h_region, dstOffset=e.report_at, size=_REPORT_BYTES)])
             cmds.barrier(cmd, host=True)
         try:
-            point = jobs.submit(record)
+            point = jobs.submit(record, users=[buf] + [b for e in entries for b in (e.kernel.inbox, e.kernel.outbox,
+                                                                                  e.kernel.k2h)])
         except BaseException:
             buf.destroy()
             raise
