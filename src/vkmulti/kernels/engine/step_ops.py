@@ -57,23 +57,29 @@ _CLOCK_STEP = struct.Struct("<4I")
 
 class KernelOps:
     """One kernel's packed passes of a step in one outbox region: its dispatch, its
-    finish pass and its new outbox's survey, remade only where what they bind or
-    push (bar the step and the clock) changed. Not thread-safe: used by its
-    device's recorder, under the device's lock."""
+    finish pass and its new outbox's survey, made once per `key` (what they bind
+    and push, bar the step and the clock: a kernel that reads some batches in
+    place binds other sets at those steps) and kept for the few keys seen last.
+    Not thread-safe: used by its device's recorder, under the device's lock."""
 
-    __slots__ = ("key", "kernel", "finish", "survey")
+    __slots__ = ("made", "kernel", "finish", "survey")
+    KEEP = 4
 
     def __init__(self) -> None:
-        self.key: Any = None
+        self.made: dict[Any, tuple[bytearray, bytearray, bytes]] = {}
         self.kernel = bytearray()
         self.finish = bytearray()
         self.survey = b""
 
     def get(self, key: tuple, make: Any) -> "KernelOps":
-        """These ops, remade by `make()` -> (kernel op, finish op, survey op) where `key` changed."""
-        if key != self.key:
+        """These ops, made by `make()` -> (kernel op, finish op, survey op) for a `key` not seen lately."""
+        ops = self.made.get(key)
+        if ops is None:
+            if len(self.made) >= self.KEEP:
+                self.made.clear()
             k, f, s = make()
-            self.kernel, self.finish, self.survey, self.key = bytearray(k), bytearray(f), s, key
+            ops = self.made[key] = (bytearray(k), bytearray(f), s)
+        self.kernel, self.finish, self.survey = ops
         return self
 
     def stamp(self, step: int, now_us: int) -> None:
