@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from ..._core.checks import U32_MAX
 from ..messages import RING_HEADER_BYTES
 from .recording import handle_value
 from .step_ops import BARRIER, HOST_BARRIER, KernelOps, copy_op, pass_op, update_op
