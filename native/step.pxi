@@ -10,7 +10,15 @@ cdef extern from "vkm_step.h" nogil:
     enum:
         VKM_STEP_MAX_OFFSETS
         VKM_STEP_MAX_PUSH
+        VKM_STEP_OP_BYTES
+        VKM_STEP_OP_PASS
+        VKM_STEP_OP_BARRIER
+        VKM_STEP_OP_HOST_BARRIER
+        VKM_STEP_OP_UPDATE
+        VKM_STEP_OP_COPY
 
+    long vkm_step_check_ops(const void *ops, size_t n, const char **why)
+    VkResult vkm_step_record(const vkm_device *d, VkCommandBuffer cmd, const void *ops, size_t n)
     VkResult vkm_step_begin(const vkm_device *d, VkCommandBuffer cmd)
     VkResult vkm_step_end(const vkm_device *d, VkCommandBuffer cmd)
     void vkm_step_abandon(const vkm_device *d, VkCommandBuffer cmd)
@@ -25,6 +33,17 @@ cdef extern from "vkm_step.h" nogil:
                          VkDeviceSize size, const void *data)
     VkResult vkm_step_submit(const vkm_device *d, vkm_queue *q, VkCommandBuffer cmd, uint32_t nwaits,
                              const VkSemaphore *sems, const uint64_t *values, VkSemaphore signal, uint64_t value)
+
+
+#: The operations of StepCommands.record (vkm_step.h's vkm_step_op): each a record of
+#: STEP_OP_BYTES bytes, struct STEP_OP_FORMAT (native byte order) with these kinds.
+STEP_OP_BYTES = VKM_STEP_OP_BYTES
+STEP_OP_FORMAT = "=4I4I4I8Q128s"
+STEP_OP_PASS = VKM_STEP_OP_PASS
+STEP_OP_BARRIER = VKM_STEP_OP_BARRIER
+STEP_OP_HOST_BARRIER = VKM_STEP_OP_HOST_BARRIER
+STEP_OP_UPDATE = VKM_STEP_OP_UPDATE
+STEP_OP_COPY = VKM_STEP_OP_COPY
 
 
 cdef class StepCommands:
@@ -63,6 +82,33 @@ cdef class StepCommands:
         self.cmd = NULL
         check(vkm_step_begin(d, <VkCommandBuffer>cmd), "vkBeginCommandBuffer(kernel step)")
         self.cmd = <VkCommandBuffer>cmd
+
+    def record(self, uintptr_t cmd, bytes ops not None):
+        """Record a whole step into `cmd` in one call: reset and begin it, record `ops`
+        (STEP_OP_BYTES-byte records of vkm_step_op, packed with STEP_OP_FORMAT: passes,
+        which bind their pipeline unless it is bound already, barriers, updates of up
+        to 128 bytes, copies) in order and end it, without the GIL. Every record is
+        checked first (ValueError naming the first bad one; nothing is recorded);
+        a failed begin or end leaves `cmd` reset. No other recording may be open."""
+        cdef vkm_device *d = self.dev.ptr()
+        cdef Py_ssize_t size = len(ops)
+        cdef const char *p = ops
+        cdef const char *why = NULL
+        cdef long bad
+        cdef size_t n
+        cdef VkResult r
+        _nonzero(cmd, "cmd")
+        if self.cmd != NULL:
+            raise ValueError("StepCommands.record: a command buffer is being recorded (end() or abandon() it first)")
+        if size % VKM_STEP_OP_BYTES:
+            raise ValueError(f"ops must be whole records of {VKM_STEP_OP_BYTES} bytes, got {size} bytes")
+        n = <size_t>(size // VKM_STEP_OP_BYTES)
+        bad = vkm_step_check_ops(p, n, &why)
+        if bad >= 0:
+            raise ValueError(f"operation {bad}: {why.decode()}")
+        with nogil:
+            r = vkm_step_record(d, <VkCommandBuffer>cmd, p, n)
+        check(r, "vkBeginCommandBuffer/vkEndCommandBuffer(kernel step)")
 
     def end(self):
         """End the command buffer begun last (then none is being recorded)."""

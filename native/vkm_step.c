@@ -1,5 +1,7 @@
 /* vkm_step.c - recording and submitting a kernel runtime's step (see vkm_step.h). */
+#include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "vkm_step.h"
 
@@ -90,5 +92,94 @@ VkResult vkm_step_submit(const vkm_device *d, vkm_queue *q, VkCommandBuffer cmd,
                        .pSignalSemaphores = &signal};
     VkResult r = vkm_queue_submit(d, q, 1, &si, VK_NULL_HANDLE);
     if (stages != stack) free(stages);
+    return r;
+}
+
+_Static_assert(sizeof(vkm_step_op) == VKM_STEP_OP_BYTES, "vkm_step_op must have no padding");
+_Static_assert(offsetof(vkm_step_op, pipeline) == 48, "vkm_step_op's layout is step_recorder.py's");
+
+static const char *check_op(const vkm_step_op *op)
+{
+    switch (op->kind) {
+    case VKM_STEP_OP_PASS:
+        if (!op->layout) return "a pass needs a non-null pipeline layout";
+        if (!op->set) return "a pass needs a non-null descriptor set";
+        if (op->noffsets > VKM_STEP_MAX_OFFSETS) return "a pass has at most VKM_STEP_MAX_OFFSETS (4) dynamic offsets";
+        if (op->nbytes > VKM_STEP_MAX_PUSH || op->nbytes % 4)
+            return "a pass's push constants must be a multiple of 4 bytes, at most 128";
+        if (op->buffer && op->offset % 4) return "an indirect dispatch's offset must be a multiple of 4";
+        return NULL;
+    case VKM_STEP_OP_BARRIER:
+    case VKM_STEP_OP_HOST_BARRIER:
+        return NULL;
+    case VKM_STEP_OP_UPDATE:
+        if (!op->buffer) return "an update needs a non-null buffer";
+        if (op->nbytes == 0 || op->nbytes > VKM_STEP_MAX_PUSH || op->nbytes % 4 || op->offset % 4)
+            return "an update needs 4 to 128 bytes, a multiple of 4, at an offset that is one";
+        return NULL;
+    case VKM_STEP_OP_COPY:
+        if (!op->buffer || !op->dst) return "a copy needs non-null src and dst buffers";
+        if (op->size == 0) return "a copy's size must be > 0";
+        return NULL;
+    default:
+        return "unknown operation kind";
+    }
+}
+
+long vkm_step_check_ops(const void *ops, size_t n, const char **why)
+{
+    const unsigned char *p = ops;
+    vkm_step_op op;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(&op, p + i * VKM_STEP_OP_BYTES, sizeof op);
+        const char *bad = check_op(&op);
+        if (bad) {
+            *why = bad;
+            return (long)i;
+        }
+    }
+    *why = NULL;
+    return -1;
+}
+
+VkResult vkm_step_record(const vkm_device *d, VkCommandBuffer cmd, const void *ops, size_t n)
+{
+    const unsigned char *p = ops;
+    VkPipeline bound = VK_NULL_HANDLE;
+    vkm_step_op op;
+    VkResult r = vkm_step_begin(d, cmd);
+    if (r != VK_SUCCESS) {
+        d->fn.vkResetCommandBuffer(cmd, 0);
+        return r;
+    }
+    for (size_t i = 0; i < n; i++) {
+        memcpy(&op, p + i * VKM_STEP_OP_BYTES, sizeof op);
+        switch (op.kind) {
+        case VKM_STEP_OP_PASS:
+            if (op.pipeline && (VkPipeline)(uintptr_t)op.pipeline != bound) {
+                bound = (VkPipeline)(uintptr_t)op.pipeline;
+                vkm_step_bind_pipeline(d, cmd, bound);
+            }
+            vkm_step_pass(d, cmd, (VkPipelineLayout)(uintptr_t)op.layout, (VkDescriptorSet)(uintptr_t)op.set,
+                          op.noffsets, op.offsets, op.nbytes, op.data, op.groups[0], op.groups[1], op.groups[2],
+                          (VkBuffer)(uintptr_t)op.buffer, op.offset);
+            break;
+        case VKM_STEP_OP_BARRIER:
+        case VKM_STEP_OP_HOST_BARRIER:
+            vkm_step_barrier(d, cmd, op.kind == VKM_STEP_OP_HOST_BARRIER);
+            break;
+        case VKM_STEP_OP_UPDATE:
+            vkm_step_update(d, cmd, (VkBuffer)(uintptr_t)op.buffer, op.offset, op.nbytes, op.data);
+            break;
+        case VKM_STEP_OP_COPY:
+            vkm_step_copy(d, cmd, (VkBuffer)(uintptr_t)op.buffer, (VkBuffer)(uintptr_t)op.dst, op.offset,
+                          op.dst_offset, op.size);
+            break;
+        default:   /* (checked before: never) */
+            break;
+        }
+    }
+    r = vkm_step_end(d, cmd);
+    if (r != VK_SUCCESS) d->fn.vkResetCommandBuffer(cmd, 0);
     return r;
 }

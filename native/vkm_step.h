@@ -9,6 +9,11 @@
  * return nothing (Vulkan's vkCmd* do not fail); the caller checks its
  * arguments. vkm_step_submit goes through vkm_queue_submit (the queue's lock,
  * the device's lost flag).
+ *
+ * vkm_step_record records a whole step in one call: a command buffer reset and
+ * begun, a list of operations (vkm_step_op: passes, barriers, small updates,
+ * copies) in order, and ended; the caller (step.pxi) checks every operation
+ * first, so the recording itself cannot fail half way on a bad argument.
  */
 #ifndef VKM_STEP_H
 #define VKM_STEP_H
@@ -17,6 +22,46 @@
 
 #define VKM_STEP_MAX_OFFSETS 4    /* dynamic offsets of one pass's set */
 #define VKM_STEP_MAX_PUSH 128     /* push-constant bytes of one pass (Vulkan's guaranteed minimum) */
+
+/* Kinds of vkm_step_op. */
+enum {
+    VKM_STEP_OP_PASS = 0,          /* vkm_step_pass (a pipeline bound first unless it is the bound one) */
+    VKM_STEP_OP_BARRIER = 1,       /* vkm_step_barrier(host=0) */
+    VKM_STEP_OP_HOST_BARRIER = 2,  /* vkm_step_barrier(host=1) */
+    VKM_STEP_OP_UPDATE = 3,        /* vkm_step_update of `nbytes` of `data` into `buffer` at `offset` */
+    VKM_STEP_OP_COPY = 4,          /* vkm_step_copy of `size` bytes, `buffer`+`offset` to `dst`+`dst_offset` */
+    VKM_STEP_OP_KINDS = 5
+};
+
+/* One operation of a recorded step: a fixed-size record, packed little-endian by
+ * step_recorder.py (struct "<4I4I4I8Q128s"; VKM_STEP_OP_BYTES bytes, no padding). */
+typedef struct vkm_step_op {
+    uint32_t kind;
+    uint32_t noffsets;                   /* pass: dynamic offsets of its set */
+    uint32_t nbytes;                     /* pass: push-constant bytes (0: none); update: data bytes */
+    uint32_t reserved;                   /* 0 */
+    uint32_t groups[3];                  /* pass: vkCmdDispatch's workgroup counts (no indirect buffer) */
+    uint32_t reserved2;                  /* 0 */
+    uint32_t offsets[VKM_STEP_MAX_OFFSETS];
+    uint64_t pipeline;                   /* pass: bound first unless it is bound already; 0: the bound one */
+    uint64_t layout;                     /* pass */
+    uint64_t set;                        /* pass: descriptor set 0 */
+    uint64_t buffer;                     /* pass: indirect buffer (0: direct); update: its buffer; copy: source */
+    uint64_t offset;                     /* pass: indirect offset; update: buffer offset; copy: source offset */
+    uint64_t dst;                        /* copy: destination buffer */
+    uint64_t dst_offset;                 /* copy */
+    uint64_t size;                       /* copy: bytes (> 0) */
+    uint8_t data[VKM_STEP_MAX_PUSH];     /* pass: push constants; update: the bytes */
+} vkm_step_op;
+
+#define VKM_STEP_OP_BYTES 240
+
+/* The first operation of `ops` (`n` records of VKM_STEP_OP_BYTES bytes, any alignment)
+ * that is not well formed, with a static text saying why in *why; -1 (and NULL): all are. */
+long vkm_step_check_ops(const void *ops, size_t n, const char **why);
+/* Reset and begin `cmd`, record the `n` operations (checked by vkm_step_check_ops), end it.
+ * A failed begin or end leaves the command buffer reset (nothing of it can run). */
+VkResult vkm_step_record(const vkm_device *d, VkCommandBuffer cmd, const void *ops, size_t n);
 
 /* vkResetCommandBuffer + vkBeginCommandBuffer (one-time submit). */
 VkResult vkm_step_begin(const vkm_device *d, VkCommandBuffer cmd);

@@ -11,6 +11,7 @@ import vulkan as vk
 from vkmulti import DestroyedError, DeviceLostError
 from vkmulti._core import _native
 from vkmulti.kernels.engine.device_context import MappedBuffer, step_queue
+from vkmulti.kernels.engine import step_ops
 from vkmulti.kernels.engine.recording import handle_value
 from kernel_support import routed_runtime
 
@@ -139,6 +140,80 @@ def test_a_recorded_step_updates_copies_and_signals_after_its_wait(bench):
     assert words[:12].tolist() == [1, 2, 3, 4, 1, 2, 3, 4, 9, 9, 9, 9]
 
 
+def test_a_step_recorded_in_one_call_updates_copies_and_signals(bench):
+    """StepCommands.record: the whole step's operations (packed by step_ops.py) in one
+    call, in order: an update, a barrier, a copy, a host barrier."""
+    slot, c, cmd, queue, buf, timeline, _ = bench
+    h = buf.handle_int
+    words = buf.words
+    words[:16] = 0
+    ops = [step_ops.BARRIER, step_ops.update_op(h, 0, np.arange(5, 9, dtype=np.uint32).tobytes()),
+           step_ops.BARRIER, step_ops.copy_op(h, h, 0, 16, 16), step_ops.HOST_BARRIER]
+    c.record(cmd, b"".join(ops))
+    assert c.recording == 0   # (begun and ended inside the call)
+    c.submit(queue.lock, cmd, [], timeline, 3)
+    slot.native.wait_timeline(timeline, 3, 10)
+    assert words[:8].tolist() == [5, 6, 7, 8, 5, 6, 7, 8]
+    c.record(cmd, b"")   # nothing but begin and end: a valid empty step
+    c.submit(queue.lock, cmd, [], timeline, 4)
+    slot.native.wait_timeline(timeline, 4, 10)
+
+
+def test_step_record_refuses_bad_operations_before_recording(bench):
+    slot, c, cmd, queue, buf, timeline, _ = bench
+    h = buf.handle_int
+    op = step_ops.OP
+    assert op.size == _native.STEP_OP_BYTES == step_ops.OP_BYTES
+    good = step_ops.pass_op(1, 1, 1, (0,), bytes(16))
+
+    def raw(kind, noffsets=0, nbytes=0, buffer=0, offset=0, layout=1, dset=1, dst=0, size=0, data=b""):
+        return op.pack(kind, noffsets, nbytes, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, layout, dset, buffer, offset, dst,
+                       0, size, data)
+    with pytest.raises(TypeError):
+        c.record(cmd, bytearray(good))   # bytes only
+    with pytest.raises(TypeError):
+        c.record(cmd, None)
+    with pytest.raises(ValueError, match="cmd"):
+        c.record(0, good)
+    for ops in (good[:-1], good + b"x", b"\0" * 7):
+        with pytest.raises(ValueError, match="whole records"):
+            c.record(cmd, ops)
+    bad = [(raw(_native.STEP_OP_PASS, layout=0), "layout"), (raw(_native.STEP_OP_PASS, dset=0), "descriptor set"),
+           (raw(_native.STEP_OP_PASS, noffsets=5), "dynamic offsets"),
+           (raw(_native.STEP_OP_PASS, nbytes=6), "push constants"),
+           (raw(_native.STEP_OP_PASS, nbytes=132), "push constants"),
+           (raw(_native.STEP_OP_PASS, buffer=h, offset=2), "indirect"),
+           (raw(_native.STEP_OP_UPDATE, buffer=0, nbytes=4), "buffer"),
+           (raw(_native.STEP_OP_UPDATE, buffer=h, nbytes=0), "update"),
+           (raw(_native.STEP_OP_UPDATE, buffer=h, nbytes=4, offset=2), "update"),
+           (raw(_native.STEP_OP_UPDATE, buffer=h, nbytes=256), "update"),
+           (raw(_native.STEP_OP_COPY, buffer=h, dst=0, size=4), "src and dst"),
+           (raw(_native.STEP_OP_COPY, buffer=h, dst=h, size=0), "size"),
+           (raw(99), "unknown operation kind"), (raw(1 << 31), "unknown operation kind")]
+    for record, match in bad:
+        with pytest.raises(ValueError, match=f"operation 1: .*{match}"):
+            c.record(cmd, step_ops.BARRIER + record + good)   # (checked whole: nothing reaches the driver)
+    # what pass_op packs is checked as well: too many push bytes or offsets for a record
+    with pytest.raises(ValueError, match="push constants"):
+        c.record(cmd, step_ops.pass_op(1, 1, 1, (), bytes(132)))
+    with pytest.raises(ValueError, match="dynamic offsets"):
+        c.record(cmd, step_ops.pass_op(1, 1, 1, (0, 0, 0, 0, 0), b""))
+    c.begin(cmd)
+    with pytest.raises(ValueError, match="being recorded"):
+        c.record(cmd, b"")
+    c.abandon()
+    assert slot.native.timeline_value(timeline) == 0   # nothing was submitted
+
+
+def test_step_record_on_a_released_device_raises_destroyed(manager):
+    slot = manager.slot(0)
+    other = _native.Device(handle_value(slot.physical_device), handle_value(slot.device))
+    c = _native.StepCommands(other)
+    other.release()
+    with pytest.raises(DestroyedError):
+        c.record(1, step_ops.BARRIER)
+
+
 def test_a_step_submit_on_a_lost_device_raises_without_reaching_the_driver(manager, bench):
     from vkmulti.testing import lose_device
 
@@ -211,3 +286,28 @@ def test_a_lazy_event_set_before_or_after_its_waiter_wakes_it():
     late.set()
     waiter.join(10)
     assert woke == [True]
+
+
+def test_kernel_ops_are_made_once_per_key_and_stamped_with_step_and_clock():
+    """A kernel's packed passes (step_ops.KernelOps): made again only for a key not kept,
+    the step number and the clock put into the push constants at every step."""
+    made = []
+
+    def make(tag):
+        def f():
+            made.append(tag)
+            return (step_ops.pass_op(1, 2, 3, (64,), bytes(48)), step_ops.pass_op(4, 5, 6, (64, 128), bytes(16)),
+                    step_ops.pass_op(7, 8, 9, (64,), bytes(16)))
+        return f
+    ops = step_ops.KernelOps()
+    ops.get(("a",), make("a")).stamp((7 << 32) | 5, (3 << 32) | 11)
+    data = step_ops.OP.size - 128
+    assert np.frombuffer(ops.kernel, np.uint32, 2, data).tolist() == [5, 7]
+    assert np.frombuffer(ops.finish, np.uint32, 4, data).tolist() == [11, 3, 5, 7]
+    assert ops.get(("a",), make("a2")) is ops and made == ["a"]
+    ops.get(("b",), make("b"))
+    ops.get(("a",), make("a3"))
+    assert made == ["a", "b"]   # both kept
+    for i in range(step_ops.KernelOps.KEEP):
+        ops.get((i,), make(i))
+    assert made[-1] == step_ops.KernelOps.KEEP - 1 and len(ops.made) <= step_ops.KernelOps.KEEP

@@ -390,7 +390,7 @@ class NodeAgent:
         import ray
 
         t0 = time.perf_counter()
-        ray.get(list(refs), timeout=self.timeout)  # type: ignore[arg-type]
+        ray.get(list(refs), timeout=self.timeout)  # type: ignore[arg-type, unused-ignore]
         return time.perf_counter() - t0
 
     # -- the stencil -------------------------------------------------------------------

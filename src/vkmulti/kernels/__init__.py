@@ -14,7 +14,8 @@ from .coordinator.coordinator import MultiGpuCoordinator
 from .coordinator.events import CoordinatorEvent, CoordinatorEventKind
 from .coordinator.records import CustomSelector, DeviceInfo, DeviceStatus, MultiGpuStats
 from .ids import KernelId
-from .engine.kernel import InboundBatch, Kernel, KernelStats, OutboxBatch
+from .engine.kernel import InboundBatch, Kernel, OutboxBatch
+from .engine.stats import KernelStats
 from .engine.spec import KernelSpec
 from .messages import (DEFAULT_PAYLOAD_SIZE, HOST_KERNEL_ID, HlcTimestamp, HybridLogicalClock, K2KMessage,
                        MessageEnvelope)

@@ -3,7 +3,8 @@ the stepper and its harvest, the step gate."""
 from .gate import RuntimeGate, gate_of, gated, gated_unheld
 from .gpu_jobs import GpuJobs
 from .harvest import StepHarvest
-from .kernel import Batch, CodeSwapper, Kernel, KernelStats, OutboxBatch, InboundBatch
+from .kernel import Batch, CodeSwapper, Kernel, OutboxBatch, InboundBatch
+from .stats import KernelStats
 from .spec import KernelSpec
 from .spirv import SPIRV_MAGIC, SpirvModule, SpirvBinding, reflect, check_kernel_abi, run_spirv_val, spirv_env_for_api
 

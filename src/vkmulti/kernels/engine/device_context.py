@@ -53,6 +53,27 @@ def align(value: int, alignment: int) -> int:
     return (value + alignment - 1) // alignment * alignment
 
 
+class StepCondition(threading.Condition):
+    """A device context's condition: threads wait on it for its steps, and the
+    steps notify it at every turn; notify_all() costs nothing while no thread
+    waits (the step loop's common case). Waits and notifies hold its lock."""
+
+    def __init__(self, lock: Any):
+        super().__init__(lock)
+        self.waiting = 0   # threads in wait() (changed with the lock held)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting += 1
+        try:
+            return super().wait(timeout)
+        finally:
+            self.waiting -= 1
+
+    def notify_all(self) -> None:
+        if self.waiting:
+            super().notify_all()
+
+
 class MappedBuffer(Buffer):
     """A host-visible, host-coherent storage buffer mapped for its whole life;
     `words` is a uint32 view of it (the host reads what the GPU wrote once the
@@ -170,7 +191,7 @@ class DeviceContext:
         self.in_flight = in_flight
         self.table_size = table_size
         self.lock = threading.Lock()
-        self.cond = threading.Condition(self.lock)
+        self.cond = StepCondition(self.lock)
         self.alive = True
         self.waiters = 0
         self.value = 0                  # the last value submitted

@@ -29,7 +29,7 @@ class StepHarvest:
             self._apply_survey(b, status[off:off + SURVEY_RECORD])
         directs = {(id(b), id(x)) for b, x in rec.directs}
         for b, k, off in rec.delivers:  # type: ignore[assignment]
-            taken, left, rejected, count = (int(x) for x in status[off:off + 4])
+            taken, left, rejected, count = status[off:off + 4].tolist()
             if b is None:
                 continue
             if (id(b), id(k)) in directs:   # no survey was made: the pass's outcome stands for one
@@ -108,8 +108,8 @@ class StepHarvest:
             self.rt.settle_injected(k, k.outbox_batches[j], items[:taken], items[taken:])
         if k.destroyed:
             return
-        words = k.k2h.words[base // 4:base // 4 + 9]
-        host, out, overflow, consumed = (int(x) for x in words[:4])
+        words = k.k2h.words[base // 4:base // 4 + 9].tolist()
+        host, out, overflow, consumed = words[:4]
         st = k.stats
         st.steps_completed = step + 1
         st.messages_consumed += consumed
@@ -131,5 +131,4 @@ class StepHarvest:
                 latest = env.timestamp
             if latest is not None:
                 self.rt.hlc.update(latest)
-        clock_words = [int(x) for x in k.k2h.words[base // 4 + 6:base // 4 + 9]]
-        st.clock = HlcTimestamp(clock_words[0] | clock_words[1] << 32, clock_words[2])
+        st.clock = HlcTimestamp(words[6] | words[7] << 32, words[8])   # (read with the counts: the step is done)

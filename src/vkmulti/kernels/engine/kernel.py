@@ -17,8 +17,8 @@ Memory of a kernel (all on its device; sizes in docs/reference/kernels.md):
 from __future__ import annotations
 
 import operator
+import weakref
 from collections import deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
@@ -26,15 +26,16 @@ import vulkan as vk
 
 from ..._core.checks import U32_MAX, int_in
 from ..._core.lifetime import LazyEvent
-from ..._core.reprs import compact_repr
 from ..._core.timeline import TimelinePoint
 from ...errors import DestroyedError, DeviceLostError
 from ...memory.image import Buffer
 from ...transfer.peer import ExportedBuffer
 from ..checkpoint.format import Checkpoint
-from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES, HlcTimestamp
+from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES
 from .device_context import KERNEL_PUSH, DeviceContext, MappedBuffer, align, WHOLE_SIZE, barrier
 from .spec import KernelSpec
+from .stats import KernelStats
+from .step_ops import KernelOps
 from .spirv_gate import target_env_of, validate_kernel_spirv
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from .gate import KernelHolds
     from ..._core.vktypes import VkCommandBuffer, VkDescriptorPool, VkDescriptorSet
 
-__all__ = ["Kernel", "Residency", "KernelStats", "Batch", "OutboxBatch", "InboundBatch", "CodeSwapper",
+__all__ = ["Kernel", "Residency", "Batch", "OutboxBatch", "InboundBatch", "CodeSwapper",
            "check_params", "check_kernel_code", "INLINE_STATE_BYTES"]
 
 #: Initial state up to this size is written inside the launch's command buffer; larger goes through staging.
@@ -92,25 +93,6 @@ class KernelHost(CodeSwapper, Protocol):
     def checkpoint(self, kernel: "Kernel") -> Checkpoint: ...
     def restore(self, checkpoint: Checkpoint, *, into: "Kernel | None" = ...) -> "Kernel": ...
     def _wait_points(self, points: Iterable[TimelinePoint], timeout: float | None) -> None: ...
-
-
-@dataclass
-class KernelStats:
-    """Counters of one kernel (host view, up to the last harvested step)."""
-
-    __repr__ = compact_repr
-
-    steps_submitted: int = 0
-    steps_completed: int = 0
-    messages_consumed: int = 0
-    messages_sent: int = 0
-    messages_to_host: int = 0
-    host_messages_sent: int = 0
-    outbox_overflow: int = 0
-    rejected: int = 0
-    undeliverable: int = 0
-    deferred_steps: int = 0
-    clock: HlcTimestamp = field(default_factory=HlcTimestamp.zero)
 
 
 class Batch:
@@ -244,6 +226,17 @@ class InboundBatch(Batch):
         #: no other device reads the region while this device's steps do (the router sets it where
         #: it forwards the batch nowhere): a kernel the batch is all for may read it in place
         self.exclusive = False
+        self._origin: weakref.ref[OutboxBatch] | None = None
+
+    @property
+    def k2k_origin(self) -> OutboxBatch | None:
+        """The sender's outbox batch this batch is a copy or a view of (the K2K router sets it),
+        while that batch lives: a weak reference (the batch lists its landings in turn)."""
+        return self._origin() if self._origin is not None else None
+
+    @k2k_origin.setter
+    def k2k_origin(self, batch: OutboxBatch | None) -> None:
+        self._origin = weakref.ref(batch) if batch is not None else None
 
     @property
     def device_index(self) -> int:
@@ -267,7 +260,7 @@ class Residency:
     __slots__ = ("ctx", "spec", "kernel_type", "last_value", "region_users", "region_harvested",
                  "outbox_batches", "local_slot", "buffers", "sets", "deliver_sets", "survey_set", "outbox_bytes",
                  "outbox_region", "h2k_bytes", "h2k_region", "k2h_region", "inbox", "outbox", "control", "states",
-                 "h2k_buffer", "k2h", "kernel_pass", "kernel_set", "finish_set")
+                 "h2k_buffer", "k2h", "kernel_pass", "kernel_set", "finish_set", "step_ops")
 
     def __init__(self, ctx: DeviceContext, spec: KernelSpec, slot_size: int):
         self.ctx, self.spec, self.kernel_type = ctx, spec, spec.kernel_type
@@ -296,6 +289,7 @@ class Residency:
         self.kernel_pass: Any = None
         self.kernel_set: Any = None
         self.finish_set: Any = None
+        self.step_ops = [KernelOps() for _ in range(d)]   # its passes of a step, packed, per region
 
 
 def _on_residency(name: str) -> property:
@@ -338,6 +332,7 @@ class Kernel:
     kernel_pass: ComputePass
     kernel_set: VkDescriptorSet
     finish_set: VkDescriptorSet
+    step_ops: list[KernelOps]
 
     def __init__(self, runtime: KernelHost, ctx: DeviceContext, spec: KernelSpec, kernel_id: str, address: int,
                  tenant: int, params: tuple[int, int, int, int]):

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..._core.checks import U32_MAX
 from ..messages import RING_HEADER_BYTES
 from .recording import handle_value
+from .step_ops import BARRIER, HOST_BARRIER, KernelOps, copy_op, pass_op, update_op
 from .device_context import DELIVER_RECORD, STATUS_WORDS, SURVEY_RECORD, WHOLE_SIZE, DeviceContext
 from .kernel import Batch, InboundBatch, Kernel, OutboxBatch
 
@@ -88,30 +88,28 @@ class StepRecorder:
             if id(b) not in waited:
                 waited.add(id(b))
                 gpu_waits.extend((p.semaphore, p.value) for p in b.waits)
-        c.begin(ctx.cmd_ints[rec.region])
-        try:
-            return self._record(c, rec, launched, taken_h2k, batches, retired, take, outbox_surveys, gpu_waits,
-                                wait_for)
-        except BaseException:
-            c.abandon()
-            raise
+        ops: list[bytes | bytearray] = []
+        self._record(ops, rec, launched, taken_h2k, batches, retired, take, outbox_surveys, gpu_waits, wait_for)
+        c.record(ctx.cmd_ints[rec.region], b"".join(ops))   # (the whole step in one native call)
+        return gpu_waits, outbox_surveys
 
-    def _record(self, c: Any, rec: InFlight, launched: list[Kernel], taken_h2k: list, batches: list[Batch],
-                retired: list, take: Any, outbox_surveys: list, gpu_waits: list, wait_for: Any) \
-            -> tuple[list[tuple[int, int]], list[int | None]]:
+    def _record(self, ops: list[bytes | bytearray], rec: InFlight, launched: list[Kernel], taken_h2k: list,
+                batches: list[Batch], retired: list, take: Any, outbox_surveys: list, gpu_waits: list,
+                wait_for: Any) -> None:
         ctx, d = self.ctx, self.ctx.in_flight
-        c.barrier()
+        ops.append(BARRIER)
         # 1. directory, outbox counts
         with ctx.dir_lock:
             rec.directory = sorted(ctx.dir_dirty)
             ctx.dir_dirty.clear()
         for idx in rec.directory:
             entry = self.rt.directory_entry(idx)
-            c.update(ctx.directory.handle_int, idx * 16, entry)
+            ops.append(update_op(ctx.directory.handle_int, idx * 16, entry))
         feed = self.rt.outbox_feed
         for k in launched:
             j = k.steps % d
-            c.update(k.outbox.handle_int, j * k.outbox_region, _OUTBOX_RESET.pack(0, 0, k.spec.outbox_capacity))
+            ops.append(update_op(k.outbox.handle_int, j * k.outbox_region,
+                                 _OUTBOX_RESET.pack(0, 0, k.spec.outbox_capacity)))
             self._place_injected(k, j, feed)
             old = k.outbox_batches[j]
             if old is not None:
@@ -123,9 +121,9 @@ class StepRecorder:
         in_place = {id(x): self._in_place_sets(x, b, retired) for x, b, _, copied in directs if copied < 0}
         for x, b, _, copied in directs:
             if copied > 0:
-                c.copy(handle_value(b.buffer.handle), x.inbox.handle_int, b.offset + RING_HEADER_BYTES, RING_HEADER_BYTES,
-                       copied * x.slot_size)
-        c.barrier()
+                ops.append(copy_op(handle_value(b.buffer.handle), x.inbox.handle_int, b.offset + RING_HEADER_BYTES,
+                                   RING_HEADER_BYTES, copied * x.slot_size))
+        ops.append(BARRIER)
         # 2. deliveries and surveys of new inbound batches
         mode = MODE_PLAN if self.rt.payload_size >= PLANNED_DELIVERY_PAYLOAD else MODE_COPY
         # kernel, set, offset, status, hops, slots, mode, slots copied in place
@@ -174,12 +172,11 @@ class StepRecorder:
                 rec.delivers.append((b, k, off))
                 b.passed.add(id(k))   # (some of its messages may be delivered already: never direct for k now)
                 wait_for(b)
-        self._record_deliveries(c, passes)
+        self._record_deliveries(ops, passes)
         for b, _ in rec.directs:   # a direct pass that takes the whole batch tells as much as a survey
             b.surveyed = True
         new_inbound = [b for b in readable if isinstance(b, InboundBatch) and not b.surveyed]
         if new_inbound:
-            c.bind_pipeline(ctx.survey.pipeline_int)
             for b in new_inbound:
                 off = take(SURVEY_RECORD)
                 if off is None:
@@ -194,44 +191,44 @@ class StepRecorder:
                         ctx.buffer_sets[key] = pool_set
                     else:
                         b.sets.append(pool_set)
-                self._survey(c, pool_set[1], b.offset, off)
+                ops.append(self._survey(pool_set[1], b.offset, off))
                 rec.surveys.append((b, off))
                 b.surveyed = True
                 wait_for(b)
-        c.barrier()
-        # 3. the kernels
+        ops.append(BARRIER)
+        # 3.-5. the kernels, their finish passes, the surveys of their new outboxes
         now = time.time_ns() // 1000
-        bound = None
-        for k in launched:
-            j = k.steps % d
-            kp = k.kernel_pass
-            if bound is not kp:
-                c.bind_pipeline(kp.pipeline_int)
-                bound = kp
-            sets = in_place.get(id(k))
-            kset = k.kernel_set if sets is None else sets[0]
-            spec = k.spec
-            c.dispatch(kp.layout_int, handle_value(kset), (j * k.outbox_region,), _KERNEL_PUSH.pack(
-                k.steps & U32_MAX, k.steps >> 32, k.address, k.tenant, spec.inbox_capacity,
-                spec.outbox_capacity, k.payload_size // 4, 0, *k.params), *spec.groups)
-        c.barrier()
-        # 4. finish
-        finish = ctx.finish
-        c.bind_pipeline(finish.pipeline_int)
-        for k in launched:
-            j = k.steps % d
-            sets = in_place.get(id(k))
-            fset = k.finish_set if sets is None else sets[1]
-            c.dispatch(finish.layout_int, handle_value(fset), (j * k.outbox_region, j * k.k2h_region),
-                       _FINISH_PUSH.pack(now & U32_MAX, now >> 32, k.steps & U32_MAX, k.steps >> 32))
-        c.barrier()
-        # 5. surveys of the new outboxes
-        c.bind_pipeline(ctx.survey.pipeline_int)
-        for k, off in zip(launched, outbox_surveys):
-            self._survey(c, k.survey_set, (k.steps % d) * k.outbox_region, off)
-        c.barrier(True)
-        c.end()
-        return gpu_waits, outbox_surveys
+        mine = [self._kernel_ops(k, in_place.get(id(k)), off) for k, off in zip(launched, outbox_surveys)]
+        for k, kops in zip(launched, mine):
+            kops.stamp(k.steps, now)
+        ops += [x.kernel for x in mine]
+        ops.append(BARRIER)
+        ops += [x.finish for x in mine]
+        ops.append(BARRIER)
+        ops += [x.survey for x in mine]
+        ops.append(HOST_BARRIER)
+
+    def _kernel_ops(self, k: Kernel, sets: tuple[Any, Any] | None, survey_offset: int | None) -> KernelOps:
+        """k's dispatch, finish pass and outbox survey of its next step (`sets`: the step's
+        and the finish pass's sets where it reads a batch in place), kept packed per region
+        (KernelOps): only the step and the clock change from one step to the next."""
+        j = k.steps % self.ctx.in_flight
+        kp, spec = k.kernel_pass, k.spec
+        kset, fset = (k.kernel_set, k.finish_set) if sets is None else sets
+        kset, fset, sset = handle_value(kset), handle_value(fset), handle_value(k.survey_set)
+        key = (kp.pipeline_int, kp.layout_int, kset, fset, sset, survey_offset, k.address, k.tenant, k.params,
+               spec.inbox_capacity, spec.outbox_capacity, spec.groups, k.payload_size)
+
+        def make() -> tuple[bytes, bytes, bytes]:
+            ctx = self.ctx
+            out = j * k.outbox_region
+            kernel = pass_op(kp.pipeline_int, kp.layout_int, kset, (out,), _KERNEL_PUSH.pack(
+                0, 0, k.address, k.tenant, spec.inbox_capacity, spec.outbox_capacity, k.payload_size // 4, 0,
+                *k.params), spec.groups)
+            finish = pass_op(ctx.finish.pipeline_int, ctx.finish.layout_int, fset, (out, j * k.k2h_region),
+                             _FINISH_PUSH.pack(0, 0, 0, 0))
+            return kernel, finish, self._survey(sset, out, survey_offset)
+        return k.step_ops[j].get(key, make)
 
     def _readable(self, batches: list[Batch]) -> list[Batch]:
         """The batches this step reads: every one not done, except a lazy one (from a
@@ -387,7 +384,8 @@ class StepRecorder:
                                   (ctx.status.handle, 0, WHOLE_SIZE)])
         return pool_set[1]
 
-    def _record_deliveries(self, c: Any, passes: list[tuple[Kernel, Any, int, int, int, int, int, int]]) -> None:
+    def _record_deliveries(self, ops: list[bytes | bytearray],
+                           passes: list[tuple[Kernel, Any, int, int, int, int, int, int]]) -> None:
         """The delivery passes, in rounds: passes into one inbox are ordered by a
         barrier (each reads and moves its tail), passes into different inboxes
         run side by side. Large messages go plan first, then a copy pass."""
@@ -400,30 +398,28 @@ class StepRecorder:
             if r == len(rounds):
                 rounds.append([])
             rounds[r].append(p)
+        deliver = ctx.deliver
         for i, group in enumerate(rounds):
             if i:
-                c.barrier()
-            deliver = ctx.deliver
-            c.bind_pipeline(deliver.pipeline_int)
+                ops.append(BARRIER)
             for k, dset, offset, status, hops, _, mode, copied in group:
-                c.dispatch(deliver.layout_int, handle_value(dset), (offset,),
-                           _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, mode, copied, 0, 0))
+                ops.append(pass_op(deliver.pipeline_int, deliver.layout_int, handle_value(dset), (offset,),
+                                   _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, mode, copied, 0, 0)))
             planned = [p for p in group if p[6] == MODE_PLAN]
             if planned:
-                c.barrier()
+                ops.append(BARRIER)
                 copy = ctx.deliver_copy
-                c.bind_pipeline(copy.pipeline_int)
                 status_buffer = ctx.status.handle_int
                 for k, dset, offset, status, hops, slots, _, _ in planned:
                     # as many workgroups as the plan found messages for (none: nothing runs)
-                    c.dispatch_indirect(copy.layout_int, handle_value(dset), (offset,),
-                                        _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, 1, 0, 0, 0),
-                                        status_buffer, 4 * (status + 4))
+                    ops.append(pass_op(copy.pipeline_int, copy.layout_int, handle_value(dset), (offset,),
+                                       _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, 1, 0, 0, 0),
+                                       indirect=status_buffer, indirect_offset=4 * (status + 4)))
 
-    def _survey(self, c: Any, dset: Any, offset: int, status: int) -> None:
+    def _survey(self, dset: Any, offset: int, status: int | None) -> bytes:
         ctx = self.ctx
-        c.dispatch(ctx.survey.layout_int, handle_value(dset), (offset,),
-                   _SURVEY_PUSH.pack(status, ctx.index, ctx.table_size, 0))
+        return pass_op(ctx.survey.pipeline_int, ctx.survey.layout_int, handle_value(dset), (offset,),
+                       _SURVEY_PUSH.pack(status, ctx.index, ctx.table_size, 0))
 
 
 def _inboxes_logged(rt: Any) -> bool:

@@ -386,7 +386,7 @@ class DeliveryEngine:
             except (VkmError, ValueError) as exc:
                 self._fail_parts([p], f"GPU {dev} could not take its messages: {exc}")
                 continue
-            inbound.k2k_origin = p.batch  # type: ignore[attr-defined]
+            inbound.k2k_origin = p.batch
             inbound.exclusive = exclusive
             landing.inbounds.append(inbound)
             p.batch.k2k_landings.append((dev, inbound))  # type: ignore[attr-defined]
@@ -431,8 +431,9 @@ class DeliveryEngine:
             slot = self.mgr.slot(edge[1])
             for r in regions:
                 for i in r.inbounds:
-                    origin = i.k2k_origin  # type: ignore[attr-defined]
-                    if not i.done and origin.pending is not None and not origin.remote_devices >> r.device & 1:
+                    origin = i.k2k_origin
+                    if not i.done and origin is not None and origin.pending is not None and \
+                            not origin.remote_devices >> r.device & 1:
                         self.port.withdraw_batch(i, timeout=self.submit_timeout)
                 if not r.counted and r.inbounds and all(i.done for i in r.inbounds):
                     self._count(r, now)
