@@ -439,6 +439,11 @@ class KernelRuntime:
         return self._lifecycle.prebuild
 
     @property
+    def ready_twins(self) -> Any:
+        """The twins of the kernels made ahead for their moves (`enabled`, `limit_bytes`; lifecycle/ready_twins.py)."""
+        return self._lifecycle.twins
+
+    @property
     def holds(self) -> KernelHolds:
         """The holds that keep kernels from stepping while they move or reload."""
         return self._lifecycle
