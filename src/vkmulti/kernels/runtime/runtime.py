@@ -397,10 +397,8 @@ class KernelRuntime:
         """Whether device `index` is lost (the manager's view)."""
         return self._failover.device_lost(index)
 
-    @property
-    def failover_stats(self) -> FailoverStats:
-        """What lost devices cost this runtime (devices, kernels lost, times)."""
-        return self._failover.stats
+    failover_stats = property(lambda self: self._failover.stats,
+                              doc="What lost devices cost this runtime (devices, kernels lost, times).")
 
     @property
     def lost_kernels(self) -> dict[str, int]:
@@ -414,8 +412,7 @@ class KernelRuntime:
 
     # -- checkpoints, restore, migration (Lifecycle) -------------------------------------------
 
-    #: Bytes of buffers per device that migrations keep for kernels moving onto
-    #: that device later (see MigrationPool); 0 frees them at once.
+    #: Bytes of buffers per device that migrations keep for kernels moving onto that device later (MigrationPool)
     migration_pool_bytes = 512 << 20
 
     @property
@@ -438,10 +435,8 @@ class KernelRuntime:
         """The Prebuilder of the kernels' pipelines (its `devices`: where; engine/prebuild.py)."""
         return self._lifecycle.prebuild
 
-    @property
-    def ready_twins(self) -> Any:
-        """The twins of the kernels made ahead for their moves (`enabled`, `limit_bytes`; lifecycle/ready_twins.py)."""
-        return self._lifecycle.twins
+    ready_twins = property(lambda self: self._lifecycle.twins, doc="The twins of the kernels made ahead for their "
+                           "moves (`enabled`, `limit_bytes`; lifecycle/ready_twins.py).")
 
     @property
     def holds(self) -> KernelHolds:
