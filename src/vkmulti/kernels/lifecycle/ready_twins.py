@@ -39,11 +39,13 @@ from .twin import LifecycleView, Retired, build_twin, free_twin, twin_buffer_siz
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ReadyTwins", "DEFAULT_TWIN_BYTES"]
+__all__ = ["ReadyTwins", "DEFAULT_TWIN_BYTES", "TAKE_WAIT"]
 
 #: ReadyTwins.limit_bytes by default: per device, the most bytes of ready twins' buffers
 DEFAULT_TWIN_BYTES = 256 << 20
 _IDLE_WAIT = 1.0   # s: how often the idle thread looks for twins gone stale
+#: s: the longest a move waits for the build of its twin that runs (then it builds its own)
+TAKE_WAIT = 5.0
 
 
 def _twin_bytes(life: LifecycleView, k: Kernel, ctx: Any) -> int:
@@ -63,6 +65,7 @@ class ReadyTwins:
         self._bytes: dict[int, int] = {}
         self._queue: deque[tuple[Kernel, Kernel | None]] = deque()      # (kernel, a half to re-initialise)
         self._building: tuple[Kernel, int] | None = None
+        self._busy = False
         self._stopping = False
         self._thread: threading.Thread | None = None
         #: twins built, old halves re-initialised, twins a move took, stale twins freed
@@ -98,11 +101,15 @@ class ReadyTwins:
 
     def bytes_on(self, device: int) -> int:
         """The bytes the ready twins hold on `device`."""
+        if not is_int(device):
+            raise TypeError(f"device must be an int, got {type(device).__name__}")
         with self._cond:
             return self._bytes.get(device, 0)
 
     def ready(self, kernel: Kernel) -> list[int]:
         """The devices where `kernel` has a ready twin."""
+        if not isinstance(kernel, Kernel):
+            raise TypeError(f"kernel must be a Kernel, got {type(kernel).__name__}")
         with self._cond:
             return sorted(d for k, d in self._ready if k is kernel)
 
@@ -164,7 +171,8 @@ class ReadyTwins:
 
     def take(self, kernel: Kernel, device: int, deadline: float) -> Kernel | None:
         """The ready twin of `kernel` on `device` with a local slot there (its build
-        waited for while it runs, until `deadline`), or None."""
+        waited for while it runs, until `deadline` and at most TAKE_WAIT s), or None."""
+        deadline = min(deadline, time.monotonic() + TAKE_WAIT)
         with self._cond:
             while self._building == (kernel, device) and time.monotonic() < deadline:
                 self._cond.wait(min(0.05, max(0.0, deadline - time.monotonic())))
@@ -201,7 +209,7 @@ class ReadyTwins:
         """Wait (at most `timeout` s) until no twin is queued or being made; whether so."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._building is not None:
+            while self._queue or self._busy:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -222,6 +230,7 @@ class ReadyTwins:
                 if self._stopping:
                     return
                 kernel, half = self._queue.popleft()
+                self._busy = True
             try:
                 if half is not None:
                     self._reinit(kernel, half)
@@ -234,6 +243,7 @@ class ReadyTwins:
             finally:
                 with self._cond:
                     self._building = None
+                    self._busy = False
                     self._cond.notify_all()
 
     def _build_for(self, kernel: Kernel) -> None:

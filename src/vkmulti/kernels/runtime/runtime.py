@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import numpy as np
 
 from ..._core.checks import U32_MAX, int_in, timeout_seconds
-from ...device.failover import FailoverStats
 from ...errors import DestroyedError, DeviceLostError, KernelNotFoundError, MigrationError, TimeoutError as VkmTimeout
 from ..._core.timeline import TimelinePoint
 from ...transfer.peer import shares_memory
