@@ -113,6 +113,7 @@ _MAX_GROUPS = 65535          # maxComputeWorkGroupCount[0] every Vulkan device h
 #: workgroup's table load (measured: 1024 words ~25% faster than 256).
 LANE_WORDS_GPU = 16
 LANE_WORDS_CPU = 1024
+_SPARES = 4   # results buffers a GpuCrc keeps (a move's jobs on one device: two at once)
 
 
 def check_ranges(ranges: Iterable[tuple[Any, int, int]], *, word_tail: bool) -> list[tuple[Any, int, int]]:
@@ -207,7 +208,7 @@ class GpuCrc:
         data = np.ascontiguousarray(zero_tables()).reshape(-1)
         self.tables = Buffer(slot, data.nbytes)
         self._lock = threading.Lock()
-        self._spare: MappedBuffer | None = None
+        self._spares: list[MappedBuffer] = []
         try:
             staging = MappedBuffer(slot, data.nbytes)
             try:
@@ -221,24 +222,21 @@ class GpuCrc:
             raise
 
     def _results(self, count: int) -> tuple[MappedBuffer, Any]:
-        """A zeroed host-visible buffer of `count` words and the function that gives it back."""
+        """A zeroed host-visible buffer of `count` words and the function that gives it back
+        (kept for the next job: a move's jobs, in flight together, make none)."""
         with self._lock:
-            spare = self._spare
-            if spare is not None and spare.size >= 4 * count:
-                self._spare = None
-            else:
-                spare = None
+            i = next((i for i, b in enumerate(self._spares) if b.size >= 4 * count), None)
+            spare = self._spares.pop(i) if i is not None else None
         buf = spare if spare is not None else MappedBuffer(self.ctx.slot, 4 * max(count, 16))
         buf.words[:count] = 0
 
         def give_back() -> None:
             with self._lock:
-                if self._spare is None or self._spare.size < buf.size:
-                    old, self._spare = self._spare, buf
-                else:
-                    old = buf
-            if old is not None:
-                old.destroy()
+                keep = len(self._spares) < _SPARES
+                if keep:
+                    self._spares.append(buf)
+            if not keep:
+                buf.destroy()
         return buf, give_back
 
     def submit(self, ranges: Iterable[tuple[Any, int, int]], waits: Iterable[TimelinePoint] = ()) -> CrcJob:
@@ -297,7 +295,7 @@ class GpuCrc:
 
     def destroy(self) -> None:
         with self._lock:
-            spare, self._spare = self._spare, None
-        if spare is not None:
-            spare.destroy()
+            spares, self._spares = self._spares, []
+        for b in spares:
+            b.destroy()
         self.tables.destroy()

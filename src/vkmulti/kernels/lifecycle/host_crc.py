@@ -126,7 +126,7 @@ class HostCrc:
         self._lock = threading.Lock()
         self._jobs: set[cf.Future] = set()
         self._destroyed = False
-        _started("jobs", 8, 4)   # a migration's four jobs (states and small buffers, on each side)
+        _started("jobs", 8, 8)   # every thread a migration's jobs use, started ahead of the move
 
     @staticmethod
     def suits(slot: Any) -> bool:
