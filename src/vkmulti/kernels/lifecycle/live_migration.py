@@ -389,7 +389,7 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         transfer_add, verify_d, match, restore_d, small_bytes = result
         transfer_d += transfer_add
         moved += small_bytes
-        old, twin = twin, None  # type: ignore[assignment]
+        old, twin = twin, None
         if not life.twins.recycle(k, old):   # the twin for a move back, or freed
             retire_half(life, old, lost=False)
         for ring in rings:
