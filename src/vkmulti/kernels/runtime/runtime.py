@@ -11,6 +11,7 @@ import contextlib
 import functools
 import logging
 import threading
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
@@ -396,8 +397,7 @@ class KernelRuntime:
         """Whether device `index` is lost (the manager's view)."""
         return self._failover.device_lost(index)
 
-    failover_stats = property(lambda self: self._failover.stats,
-                              doc="What lost devices cost this runtime (devices, kernels lost, times).")
+    failover_stats = property(attrgetter("_failover.stats"), doc="What lost devices cost this runtime (devices, times).")
 
     @property
     def lost_kernels(self) -> dict[str, int]:
@@ -434,8 +434,7 @@ class KernelRuntime:
         """The Prebuilder of the kernels' pipelines (its `devices`: where; engine/prebuild.py)."""
         return self._lifecycle.prebuild
 
-    ready_twins = property(lambda self: self._lifecycle.twins, doc="The twins of the kernels made ahead for their "
-                           "moves (`enabled`, `limit_bytes`; lifecycle/ready_twins.py).")
+    ready_twins = property(attrgetter("_lifecycle.twins"), doc="The kernels' twins made ahead (lifecycle/ready_twins.py).")
 
     @property
     def holds(self) -> KernelHolds:
