@@ -96,7 +96,8 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[d
             reps = repeats if size <= 16 * MIB else max(1, repeats // 2)
             rt.send(k, np.array([1], np.uint32), tag=COUNTER_TAG_ADD)
             rt.step(k)
-            rt.prebuild.wait_idle(60)   # (what launch() builds ahead in the background)
+            rt.prebuild.wait_idle(60)   # (what launch() builds ahead in the background: pipelines, then twins)
+            rt.ready_twins.wait_idle(60)
             first = rt.migrate(k, 1)  # the first move of this kernel (later ones: `live`)
             rt.migrate(k, 0, verify=False)
             engine = rt._lifecycle.crc(k.device_index).kind
@@ -327,6 +328,33 @@ def drill(repeats: int) -> dict:
     return row
 
 
+def goals(res: dict) -> list[dict]:
+    """Issue #25's goals: each with its figure from this run, the baseline it is
+    measured against (same run), the bound and whether it is met."""
+    out = []
+
+    def goal(name: str, figure: float, baseline: float | None, bound: float, unit: str) -> None:
+        out.append({"goal": name, "figure": figure, "baseline": baseline, "bound": bound, "unit": unit,
+                    "met": figure <= bound})
+    rows = res.get("migrate") or []
+    pick = next((r for r in rows if r["state_bytes"] == 16 * MIB), None)
+    if pick is not None:
+        goal("16 MiB live migration with CRC check / raw copy of its bytes", pick["ratio_live_to_raw_copy"],
+             pick["raw_copy_us"], 2.0, "x")
+        goal("first move / a later one (16 MiB)", pick["ratio_first_to_later_move"], pick["live_us"], 1.5, "x")
+    if "drill" in res:
+        d = res["drill"]
+        goal("stencil lost-GPU drill recovery (checkpoint every 16 steps: steps replayed)", d["recovery_ms"],
+             d["step_ms"], 5.0, "ms")
+        goal("stencil lost-GPU drill recovery (checkpoint every step: the restore alone)",
+             d["recovery_every_step_ms"], d["step_every_step_ms"], 5.0, "ms")
+    if "reload" in res:
+        r = res["reload"]
+        goal("longest gap between steps during a cold-compile reload / a normal step",
+             r["ratio_cold_reload_gap_to_step"], r["normal_step_us"], 2.0, "x")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     from vkmulti import MultiDeviceManager
     from vkmulti.apps.progress import progress
@@ -362,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                 bar()
     finally:
         mgr.destroy()
+    res["goals"] = goals(res)
     print_figures(res, args.json)
     parts = []
     rows = res.get("migrate") or []

@@ -1,4 +1,4 @@
-"""The CRC32 engines of live migration (vkmulti.kernels.lifecycle.crc_math, gpu_crc,
+"""The CRC32 engines of live migration (vkmulti.kernels.lifecycle.gpu_crc (its CRC algebra too),
 host_crc) against zlib.crc32: the GPU shader and the host engine on the
 virtual lavapipe pair, for sizes around the shader's lane, block and word
 boundaries (0 bytes and non-multiples of 4 included), offsets, several

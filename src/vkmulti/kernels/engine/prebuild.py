@@ -70,15 +70,17 @@ class Prebuilder:
     what a move onto that device uses (its CRC32 engine, its GPU jobs);
     `reserve(kernel, index, limit)` makes buffers for a twin of the kernel there;
     `pair(a, b)` makes what a move between two devices uses (the transfer
-    links both ways, their rings touched), so the first move finds it made."""
+    links both ways, their rings touched), so the first move finds it made;
+    `built(kernel)` is told once a kernel's builds ran (its twins come next)."""
 
     def __init__(self, context: Callable[[int], Any], device_count: Callable[[], int],
                  usable: Callable[[int], bool], extras: Callable[[Any], list[PassSpec]],
                  warm: Callable[[int], Any] = lambda index: None,
                  reserve: Callable[[Any, int, int], Any] = lambda kernel, index, limit: None,
-                 pair: Callable[[int, int], Any] = lambda a, b: None):
+                 pair: Callable[[int, int], Any] = lambda a, b: None,
+                 built: Callable[[Any], Any] = lambda kernel: None):
         self._context, self._device_count, self._usable, self._extras = context, device_count, usable, extras
-        self._warm, self._reserve, self._pair = warm, reserve, pair
+        self._warm, self._reserve, self._pair, self._built = warm, reserve, pair, built
         #: per device, the most bytes of twin buffers made ahead (0: none)
         self.reserve_bytes = DEFAULT_RESERVE_BYTES
         self._devices: Any = None
@@ -200,6 +202,8 @@ class Prebuilder:
             except (VkmError, MemoryError) as exc:   # a lost or full device: a move there builds its own
                 self.failed += 1
                 log.warning("building a kernel's pipeline ahead on GPU %d failed: %s", d, exc)
+        if not self._stopping:
+            self._built(kernel)
 
     def destroy(self, timeout: float) -> None:
         """Drop the queued builds and join the thread (bounded by `timeout` s; a build

@@ -6,14 +6,23 @@ GPU hashes its own copy (native/shaders/crc32.comp) and only one 32-bit raw
 CRC per range comes back. One dispatch per range: each workgroup hashes its
 own block (lanes on interleaved words on a GPU, coalesced; on contiguous
 pieces on a CPU device), shifts its CRC to the end
-of the range with the zero-byte tables of crc_math and xors it into the
+of the range with the zero-byte tables (below) and xors it into the
 range's result; no pass between workgroups, no tree. The host applies the
 initial value and final xor. The result equals `zlib.crc32` of the same bytes.
+
+The GF(2) algebra both CRC32 engines share (zlib's IEEE CRC-32, here and
+nowhere else): a raw CRC (register from 0, no final xor) is linear, the raw
+CRC of A||B is Z(|B|)(raw(A)) ^ raw(B), where Z(n) appends n zero bytes to a
+register, a 32x32 bit matrix applied as 4 lookups in a 4x256 table
+(`zero_tables()[k]` is Z(2**k)); any n is the product of the tables of its
+set bits. The shader combines its per-lane pieces with the tables, the host
+engine (host_crc.py) combines zlib's CRCs of pieces with `crc32_combine`.
 """
 from __future__ import annotations
 
 import struct
 import threading
+from functools import lru_cache
 from typing import Any, Iterable
 
 import numpy as np
@@ -25,11 +34,75 @@ from ...memory.image import Buffer
 from ..._core.shaders import shader_path
 from ..._core.timeline import TimelinePoint
 from ..engine import recording as cmds
-from .crc_math import crc32_finish, zero_tables
 from ..engine.device_context import SB, WHOLE_SIZE, MappedBuffer
 from ..engine.gpu_jobs import GpuJobs
 
-__all__ = ["GpuCrc", "CrcJob", "crc32_finish", "check_ranges", "crc_pass_spec", "LANES"]
+__all__ = ["GpuCrc", "CrcJob", "zero_tables", "shift", "crc32_finish", "crc32_combine", "raw_crc", "check_ranges",
+           "crc_pass_spec", "LANES"]
+
+# -- the CRC algebra ------------------------------------------------------------------------
+
+_U32 = 0xFFFFFFFF
+_POLY = 0xEDB88320
+
+
+@lru_cache(maxsize=1)
+def zero_tables() -> np.ndarray:
+    """uint32[32, 4, 256]: [k, j, v] = Z(2**k)(v << 8j). [0, 0] is zlib's byte table."""
+    byte = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        byte = np.where(byte & 1, (byte >> 1) ^ np.uint32(_POLY), byte >> 1).astype(np.uint32)
+    one = np.empty((4, 256), np.uint32)
+    one[0] = byte
+    for j in range(1, 4):   # Z(1)(v << 8j) = v << 8(j-1): the low byte is zero
+        one[j] = np.arange(256, dtype=np.uint32) << np.uint32(8 * (j - 1))
+    out = np.empty((32, 4, 256), np.uint32)
+    out[0] = one
+    for k in range(1, 32):
+        prev = out[k - 1]
+        out[k] = _apply(prev, prev)   # Z(2n) = Z(n) o Z(n), column by column
+    out.setflags(write=False)
+    return out
+
+
+def _apply(table: np.ndarray, x: np.ndarray) -> np.ndarray:
+    return table[0][x & 0xFF] ^ table[1][(x >> 8) & 0xFF] ^ table[2][(x >> 16) & 0xFF] ^ table[3][x >> 24]
+
+
+def shift(x: int, nbytes: int) -> int:
+    """Z(nbytes)(x): the raw CRC register `x` after `nbytes` more zero bytes."""
+    if nbytes < 0:
+        raise ValueError(f"a shift appends zero bytes: nbytes must be >= 0, got {nbytes}")
+    t = zero_tables()
+    k = 0
+    while nbytes:
+        if nbytes & 1:
+            x = int(t[k, 0, x & 0xFF] ^ t[k, 1, (x >> 8) & 0xFF] ^ t[k, 2, (x >> 16) & 0xFF] ^ t[k, 3, x >> 24])
+        nbytes >>= 1
+        k += 1
+    return x & _U32
+
+
+def crc32_finish(raw: int, nbytes: int) -> int:
+    """zlib's CRC32 from the raw CRC (register from 0, no final xor) of `nbytes` bytes."""
+    return (raw ^ shift(_U32, nbytes) ^ _U32) & _U32
+
+
+def crc32_combine(crc_a: int, crc_b: int, len_b: int) -> int:
+    """zlib.crc32(a + b) from zlib.crc32(a), zlib.crc32(b) and len(b) (zlib's crc32_combine)."""
+    return (shift(crc_a, len_b) ^ crc_b) & _U32
+
+
+def raw_crc(data: bytes) -> int:
+    """The raw CRC of `data` (for tests: bytewise, the definition itself)."""
+    t = zero_tables()[0, 0]
+    c = 0
+    for b in data:
+        c = (c >> 8) ^ int(t[(c ^ b) & 0xFF])
+    return c
+
+
+# -- the shader ---------------------------------------------------------------------------
 
 #: Invocations per workgroup (the shader's local_size_x).
 LANES = 64
@@ -40,6 +113,7 @@ _MAX_GROUPS = 65535          # maxComputeWorkGroupCount[0] every Vulkan device h
 #: workgroup's table load (measured: 1024 words ~25% faster than 256).
 LANE_WORDS_GPU = 16
 LANE_WORDS_CPU = 1024
+_SPARES = 4   # results buffers a GpuCrc keeps (a move's jobs on one device: two at once)
 
 
 def check_ranges(ranges: Iterable[tuple[Any, int, int]], *, word_tail: bool) -> list[tuple[Any, int, int]]:
@@ -134,7 +208,7 @@ class GpuCrc:
         data = np.ascontiguousarray(zero_tables()).reshape(-1)
         self.tables = Buffer(slot, data.nbytes)
         self._lock = threading.Lock()
-        self._spare: MappedBuffer | None = None
+        self._spares: list[MappedBuffer] = []
         try:
             staging = MappedBuffer(slot, data.nbytes)
             try:
@@ -148,24 +222,21 @@ class GpuCrc:
             raise
 
     def _results(self, count: int) -> tuple[MappedBuffer, Any]:
-        """A zeroed host-visible buffer of `count` words and the function that gives it back."""
+        """A zeroed host-visible buffer of `count` words and the function that gives it back
+        (kept for the next job: a move's jobs, in flight together, make none)."""
         with self._lock:
-            spare = self._spare
-            if spare is not None and spare.size >= 4 * count:
-                self._spare = None
-            else:
-                spare = None
+            i = next((i for i, b in enumerate(self._spares) if b.size >= 4 * count), None)
+            spare = self._spares.pop(i) if i is not None else None
         buf = spare if spare is not None else MappedBuffer(self.ctx.slot, 4 * max(count, 16))
         buf.words[:count] = 0
 
         def give_back() -> None:
             with self._lock:
-                if self._spare is None or self._spare.size < buf.size:
-                    old, self._spare = self._spare, buf
-                else:
-                    old = buf
-            if old is not None:
-                old.destroy()
+                keep = len(self._spares) < _SPARES
+                if keep:
+                    self._spares.append(buf)
+            if not keep:
+                buf.destroy()
         return buf, give_back
 
     def submit(self, ranges: Iterable[tuple[Any, int, int]], waits: Iterable[TimelinePoint] = ()) -> CrcJob:
@@ -225,7 +296,7 @@ class GpuCrc:
 
     def destroy(self) -> None:
         with self._lock:
-            spare, self._spare = self._spare, None
-        if spare is not None:
-            spare.destroy()
+            spares, self._spares = self._spares, []
+        for b in spares:
+            b.destroy()
         self.tables.destroy()

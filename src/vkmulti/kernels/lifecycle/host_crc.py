@@ -9,7 +9,7 @@ instructions) at ~60 GB/s; both release the GIL. So for such a device the check 
 memory is mapped (the very bytes the device reads and the copy wrote, not a
 copy of them), split into pieces hashed with zlib-ng or zlib on a thread pool after the
 timeline points the job waits for (host waits, no GIL), and the pieces'
-CRCs are combined (crc_math.crc32_combine). Same values, same API
+CRCs are combined (gpu_crc.crc32_combine). Same values, same API
 (`submit(ranges, waits) -> job.result(timeout)`) as GpuCrc; a GPU never uses
 this (`suits()` is False for it): the state never goes through the host there.
 """
@@ -27,8 +27,7 @@ import vulkan as vk
 from ..._core import vkapi
 from ...errors import DestroyedError, TimeoutError as VkmTimeout, UnsupportedError, VkmError
 from ..._core.timeline import TimelinePoint
-from .crc_math import crc32_combine
-from .gpu_crc import check_ranges
+from .gpu_crc import check_ranges, crc32_combine
 
 __all__ = ["HostCrc", "HostCrcJob", "PIECE_BYTES", "COPY_BLOCK_BYTES", "crc32"]
 
@@ -127,7 +126,7 @@ class HostCrc:
         self._lock = threading.Lock()
         self._jobs: set[cf.Future] = set()
         self._destroyed = False
-        _started("jobs", 8, 4)   # a migration's four jobs (states and small buffers, on each side)
+        _started("jobs", 8, 8)   # every thread a migration's jobs use, started ahead of the move
 
     @staticmethod
     def suits(slot: Any) -> bool:

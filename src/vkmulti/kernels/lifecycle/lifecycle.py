@@ -85,6 +85,7 @@ from .image import (SPIRV_CHUNK, INBOX_CHUNK, fill_image, from_checkpoint, image
 from .live_migration import migrate_live
 from .migrator import KernelMigrator, MigrationResult
 from .policy import CheckpointPolicy, PolicyState
+from .ready_twins import ReadyTwins
 from .restore import restore_into, restore_new
 from .twin import (MigrationPool, MoveEngines, Retired, RuntimeView, free_retired, twin_buffer_sizes,
                    twin_mapped_sizes)
@@ -147,7 +148,14 @@ class Lifecycle:
         #: the kernels' pipelines built ahead on the devices they may move to (engine/prebuild.py)
         self.prebuild = Prebuilder(rt._context, lambda: rt.manager.device_count,
                                    lambda d: not rt.device_lost(d), self._move_passes, self.crc, self._reserve,
-                                   self._pair)
+                                   self._pair, self._prebuilt)
+        #: the twins of the kernels made ahead on the devices they may move to (ready_twins.py)
+        self.twins = ReadyTwins(self, self.prebuild.targets)
+
+    def _prebuilt(self, kernel: Kernel) -> None:
+        """A kernel's pipelines were built ahead: its twins next (in their own thread)."""
+        if not kernel.destroyed:
+            self.twins.request(kernel)
 
     # -- per device ----------------------------------------------------------------------
 
@@ -389,6 +397,7 @@ class Lifecycle:
     def destroy(self, timeout: float | None) -> None:
         """Free what the lifecycle holds (the runtime's destroy(), before the device contexts go)."""
         self.prebuild.destroy(timeout if timeout is not None and timeout != float("inf") else 30.0)
+        self.twins.destroy(timeout if timeout is not None and timeout != float("inf") else 30.0)
         policy, self.policy_state = self.policy_state, None
         if policy is not None:
             policy.destroy()

@@ -291,6 +291,15 @@ def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequ
     return transfer_d, verify_d, match, time.monotonic() - t0, sum(a.size for a, _ in small)
 
 
+def _crc_engines(life: LifecycleView, src: int, dst: int, verify: bool) -> tuple[Any, Any]:
+    """The CRC32 engines of the move's chunked copy: both devices' when it checks, or
+    when both are the host's (two CPU devices: the host copies); else None, None
+    (a move that does not check makes no GPU CRC32 engine)."""
+    if verify or all(life.crc_kind(life.rt._context(d)) == "host" for d in (src, dst)):
+        return life.crc(src), life.crc(dst)
+    return None, None
+
+
 def _twin_ahead(life: LifecycleView, k: Kernel, dst: int) -> tuple[Kernel, list[Any], float]:
     """(twin on `dst` with its state buffers, what is left of the presets, seconds it
     took), built before the kernel is held: buffers (from the migration pool),
@@ -330,7 +339,14 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         raise MigrationError(f"GPU {dst} is not a device of this runtime's manager ({rt.manager.device_count})")
     for device in (dst, src):   # pipelines built ahead (or that build waited for) while k still steps
         life.prebuild.ensure(k.spec, device, time_left(deadline, f"the pipelines of {k.id!r} on GPU {device}"))
-    twin, presets, prepare_d = _twin_ahead(life, k, dst)   # while k still steps
+    t0 = time.monotonic()
+    twin = life.twins.take(k, dst, deadline)   # made ahead (ready_twins.py), or built now, while k still steps
+    if twin is not None:
+        presets: list[Any] = []
+        prepare_d = time.monotonic() - t0
+    else:
+        twin, presets, prepare_d = _twin_ahead(life, k, dst)
+    src_crc, dst_crc = _crc_engines(life, src, dst, verify)
     request.state = MigrationState.QUIESCING
     why = f"migrating to GPU {dst}"
     life.hold(k, why, moving=True)
@@ -356,7 +372,7 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         t0 = time.monotonic()
         method, eng = life.engines.get(src, dst)
         # the state in chunks, each hashed on both devices as it lands (the source's bytes no longer change)
-        copy = chunked_copy(eng, list(zip(k.states, twin.states)), life.crc(src), life.crc(dst), verify,
+        copy = chunked_copy(eng, list(zip(k.states, twin.states)), src_crc, dst_crc, verify,
                             names=[f"state{i}" for i in range(len(k.states))])
         moved = copy.bytes
         transfer_d = time.monotonic() - t0
@@ -373,8 +389,9 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         transfer_add, verify_d, match, restore_d, small_bytes = result
         transfer_d += transfer_add
         moved += small_bytes
-        old, twin = twin, None  # type: ignore[assignment]
-        retire_half(life, old, lost=False)
+        old, twin = twin, None
+        if not life.twins.recycle(k, old):   # the twin for a move back, or freed
+            retire_half(life, old, lost=False)
         for ring in rings:
             ring.destroy()
         rings = []
@@ -405,5 +422,6 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         life.release(k, why, moving=True)
     request.state = MigrationState.COMPLETED
     total = time.monotonic() - start
+    life.twins.request(k)   # its twins for the next move, from its new device
     return MigrationResult(k.id, src, dst, moved, checkpoint_d, transfer_d, restore_d, total, quiesce_d, verify_d,  # type: ignore[arg-type]
                            moved, staged, method, match, live=True)

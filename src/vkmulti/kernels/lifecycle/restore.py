@@ -92,7 +92,11 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
             wait_kernel(rt, k, deadline)
         staged = _Staged(img, keep_sequences=img.address == k.address)
         try:   # the state, control block and inbox written in the twin's initialising submit
-            twin = build_twin(rt, life.pool, k, device, img.spec, then=staged)
+            twin = life.twins.take(k, device, deadline) if img.spec == k.spec else None   # (ready_twins.py)
+            if twin is not None:
+                _fill(twin, staged)
+            else:
+                twin = build_twin(rt, life.pool, k, device, img.spec, then=staged)
         finally:
             staged.free()
 
@@ -147,7 +151,18 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
         for r in rings:
             r.destroy()
         life.release(k, why, moving=True)
+    life.twins.request(k)   # its twins for the next move, from its new device
     return k
+
+
+def _fill(twin: Kernel, staged: _Staged) -> None:
+    """Write a restore's uploads into a ready twin (initialised when it was made)."""
+    try:
+        record, reads = staged(twin)
+        twin.ctx.run_once(record, users=[*twin.buffers, *reads])
+    except BaseException:
+        free_twin(twin)
+        raise
 
 
 def restore_new(rt: RuntimeView, img: KernelImage, device: int | None, kernel_id: str | None,

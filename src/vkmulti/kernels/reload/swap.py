@@ -228,6 +228,10 @@ def _swap_locked(rt: Any, ks: list[Kernel], passes: dict[int, Any], code: Kernel
             k.kernel_pass, k.kernel_set = p, new_set[1]
             k.spec = dataclasses.replace(k.spec, spirv=code.code, entry_point=code.entry_point)
             rt._device(k.device_index)[1].retired.append((k.last_value, old))
+    twins = getattr(rt, "ready_twins", None)
+    if twins is not None:
+        for k in ks:   # their ready twins run the old code: made anew
+            twins.request(k)
 
 
 def clear_state(targets: list[Kernel]) -> None:

@@ -11,12 +11,12 @@ import contextlib
 import functools
 import logging
 import threading
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 
 from ..._core.checks import U32_MAX, int_in, timeout_seconds
-from ...device.failover import FailoverStats
 from ...errors import DestroyedError, DeviceLostError, KernelNotFoundError, MigrationError, TimeoutError as VkmTimeout
 from ..._core.timeline import TimelinePoint
 from ...transfer.peer import shares_memory
@@ -397,10 +397,7 @@ class KernelRuntime:
         """Whether device `index` is lost (the manager's view)."""
         return self._failover.device_lost(index)
 
-    @property
-    def failover_stats(self) -> FailoverStats:
-        """What lost devices cost this runtime (devices, kernels lost, times)."""
-        return self._failover.stats
+    failover_stats = property(attrgetter("_failover.stats"), doc="What lost devices cost this runtime (devices, times).")
 
     @property
     def lost_kernels(self) -> dict[str, int]:
@@ -414,8 +411,7 @@ class KernelRuntime:
 
     # -- checkpoints, restore, migration (Lifecycle) -------------------------------------------
 
-    #: Bytes of buffers per device that migrations keep for kernels moving onto
-    #: that device later (see MigrationPool); 0 frees them at once.
+    #: Bytes of buffers per device that migrations keep for kernels moving onto that device later (MigrationPool)
     migration_pool_bytes = 512 << 20
 
     @property
@@ -437,6 +433,8 @@ class KernelRuntime:
     def prebuild(self) -> Prebuilder:
         """The Prebuilder of the kernels' pipelines (its `devices`: where; engine/prebuild.py)."""
         return self._lifecycle.prebuild
+
+    ready_twins = property(attrgetter("_lifecycle.twins"), doc="The kernels' twins made ahead (lifecycle/ready_twins.py).")
 
     @property
     def holds(self) -> KernelHolds:
