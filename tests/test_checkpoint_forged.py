@@ -64,11 +64,13 @@ def _forge(cp: Checkpoint, how: str) -> Checkpoint:
     elif how in ("groups-huge", "groups-axis", "groups-bad"):
         import json
         spec = json.loads(custom["vkm.spec"])
-        spec["groups"] = {"groups-huge": [65535, 65535, 1], "groups-axis": [1 << 20, 1, 1],
+        spec["groups"] = {"groups-huge": [65535, 65535, 1], "groups-axis": [1, 1 << 17, 1],
                           "groups-bad": [1, "x", 1]}[how]
         custom["vkm.spec"] = json.dumps(spec)
     elif how == "payload-odd":
         custom["vkm.payload_size"] = "13"
+    elif how == "payload-superscript":   # "²⁵⁶".isdigit() is True, int() of it a ValueError
+        custom["vkm.payload_size"] = "\u00b2\u2075\u2076"
     elif how == "address-huge":
         custom["vkm.address"] = "9" * 30
     elif how == "params-huge":
@@ -80,7 +82,7 @@ def _forge(cp: Checkpoint, how: str) -> Checkpoint:
 
 CASES = ["inbox+16", "inbox+4MB", "inbox-short", "control-3", "control-ragged", "k2h-ragged", "h2k-ragged",
          "state-long", "two-inboxes", "nested-json", "nested-params", "spec-not-object", "groups-huge",
-         "groups-axis", "groups-bad", "payload-odd", "address-huge", "params-huge"]
+         "groups-axis", "groups-bad", "payload-odd", "payload-superscript", "address-huge", "params-huge"]
 
 
 def _made(rt):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 from typing import Any, Sequence
 
@@ -42,6 +43,7 @@ _MAX_PAYLOAD = 1 << 20
 _MAX_JSON = 1 << 16
 _MAX_JSON_DEPTH = 4
 _MAX_NUMBER_CHARS = 24
+_DECIMAL = re.compile(r"-?[0-9]+")
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
 
@@ -95,7 +97,7 @@ def _json(cp: Checkpoint, key: str) -> Any:
 def _int(cp: Checkpoint, label: str, value: Any, low: int, high: int) -> int:
     if isinstance(value, str):
         text = value.strip()
-        if len(text) > _MAX_NUMBER_CHARS or not text.lstrip("-").isdigit():
+        if len(text) > _MAX_NUMBER_CHARS or not _DECIMAL.fullmatch(text):   # ASCII digits only ("¹".isdigit())
             raise _bad(cp.metadata.kernel_id, f"{label} must be a decimal int, got {value[:40]!r}")
         value = int(text)
     if not is_int(value) or not low <= value <= high:

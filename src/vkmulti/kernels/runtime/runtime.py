@@ -11,7 +11,6 @@ import contextlib
 import functools
 import logging
 import threading
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
@@ -28,9 +27,11 @@ from ..engine.kernel import INLINE_STATE_BYTES, InboundBatch, Kernel, OutboxBatc
 from ..engine.spec import KernelSpec
 from ..engine.stepper import DeviceStepper
 from ..ids import KernelId, as_kernel_id
+from ...device.failover import FailoverStats
 from ..lifecycle.failover import Failover
 from ..lifecycle.image import upload
 from ..lifecycle.lifecycle import CheckpointPolicy, Lifecycle, check_choice
+from ..lifecycle.ready_twins import ReadyTwins
 from ..lifecycle.migrator import MigrationResult
 from ..lifecycle.replay import restore_lost_kernels
 from ..messages import DEFAULT_PAYLOAD_SIZE, ENVELOPE_BYTES, HOST_KERNEL_ID, HybridLogicalClock, K2KMessage
@@ -158,9 +159,8 @@ class KernelRuntime:
         return np.array([k.address, k.device_index + 1, k.local_slot, k.tenant], np.uint32).tobytes()
 
     def exports_outboxes(self, index: int) -> bool:
-        """Whether kernels on GPU `index` get outboxes that other devices of the
-        manager can import (DMABUF with at least one of them): the K2K router then
-        lets those devices read the batches in place instead of copying them."""
+        """Whether kernels on GPU `index` get outboxes other devices of the manager can import (DMABUF
+        with at least one of them): the K2K router then lets those devices read the batches in place."""
         hit = self._exports.get(index)
         if hit is None:
             me = self.manager.slot(index)
@@ -338,8 +338,7 @@ class KernelRuntime:
         self._steps.wait_point(p, deadline, timeout)
 
     def synchronize(self, timeout: float | None = 60.0) -> None:
-        """Wait until every submitted step on every device is done and harvested, and
-        the checkpoint policy's captures of those steps are complete."""
+        """Wait until every submitted step on every device is done and harvested (and their captures)."""
         with self._lock:
             pairs = list(self._contexts.values())
         timeout = timeout_seconds(timeout)
@@ -349,8 +348,7 @@ class KernelRuntime:
             policy.materialize(wait=True, timeout=timeout)
 
     def poll(self) -> None:
-        """Harvest every step that has completed, on every device, without waiting
-        (delivery results, host messages, batch surveys become visible)."""
+        """Harvest every completed step on every device, without waiting (results become visible)."""
         with self._lock:
             pairs = list(self._contexts.values())
         self._steps.poll(pairs)
@@ -369,9 +367,8 @@ class KernelRuntime:
         return self._host.send(kernel, payload, tag=tag, priority=priority, timeout=timeout)
 
     def receive(self, kernel: KernelRef, timeout: float | None = None) -> K2KMessage:
-        """The next message `kernel` sent to the host (FIFO). Blocks until one
-        arrives from a submitted step; vkmulti.TimeoutError after `timeout` s
-        (None: no limit; the wait is interruptible)."""
+        """The next message `kernel` sent to the host (FIFO). Blocks until one arrives from a submitted
+        step; vkmulti.TimeoutError after `timeout` s (None: no limit; the wait is interruptible)."""
         return self._host.receive(kernel, timeout)
 
     def pending_receives(self, kernel: KernelRef) -> int:
@@ -397,7 +394,10 @@ class KernelRuntime:
         """Whether device `index` is lost (the manager's view)."""
         return self._failover.device_lost(index)
 
-    failover_stats = property(attrgetter("_failover.stats"), doc="What lost devices cost this runtime (devices, times).")
+    @property
+    def failover_stats(self) -> FailoverStats:
+        """What lost devices cost this runtime (devices, times)."""
+        return self._failover.stats
 
     @property
     def lost_kernels(self) -> dict[str, int]:
@@ -416,9 +416,8 @@ class KernelRuntime:
 
     @property
     def migration_crc(self) -> str:
-        """The engine checking a live migration's CRC32s on a device: "auto" (zlib on the mapped memory
-        of a CPU device whose memory is all host-visible, e.g. lavapipe; else the GPU shader),
-        "shader" (always the GPU shader) or "host" (UnsupportedError on a GPU)."""
+        """The engine checking a live migration's CRC32s: "auto" (zlib on a CPU device whose memory is all
+        host-visible, e.g. lavapipe; else the GPU shader), "shader" or "host" (UnsupportedError on a GPU)."""
         return self._lifecycle.crc_choice
 
     @migration_crc.setter
@@ -434,7 +433,10 @@ class KernelRuntime:
         """The Prebuilder of the kernels' pipelines (its `devices`: where; engine/prebuild.py)."""
         return self._lifecycle.prebuild
 
-    ready_twins = property(attrgetter("_lifecycle.twins"), doc="The kernels' twins made ahead (lifecycle/ready_twins.py).")
+    @property
+    def ready_twins(self) -> ReadyTwins:
+        """The kernels' twins made ahead (lifecycle/ready_twins.py)."""
+        return self._lifecycle.twins
 
     @property
     def holds(self) -> KernelHolds:
