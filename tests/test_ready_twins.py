@@ -18,6 +18,7 @@ from kernel_support import runtime_fixture
 from vkmulti.kernels import KernelCodeSource, KernelSpec, counter_kernel
 from vkmulti.kernels.lifecycle import lifecycle as lifecycle_module
 from vkmulti.kernels.lifecycle import ready_twins as ready_module
+from vkmulti.kernels.lifecycle import twin as twin_module
 from vkmulti.kernels.reference import COUNTER_TAG_ADD, counter_initial_state, read_counter
 
 MAX = 32
@@ -242,3 +243,31 @@ def test_a_move_without_the_check_makes_no_gpu_crc(runtime, monkeypatch):
     assert np.array_equal(runtime.read_state(k, 1), data)
     assert runtime.migrate(k, 1).checksum_match is True
     assert CountingGpuCrc.made == 2   # one per device, kept
+
+
+def test_a_twin_being_built_holds_no_local_slot(runtime, monkeypatch):
+    """A background build never takes a local slot a launch may need: the launch gets
+    the first free one (on a full device it would have failed while a twin was made)."""
+    kernel_support.counter(runtime, "warm", device=1, max_sources=MAX)   # GPU 1's context exists
+    settle(runtime)
+    gate, blocked = threading.Event(), threading.Event()
+    real = twin_module.Twin.init_commands
+
+    def held(self, *args, **kw):   # the twin exists (buffers made), its initialisation not yet recorded
+        if threading.current_thread().name == _THREAD and not gate.is_set():
+            blocked.set()
+            assert gate.wait(60), "the test never released the twin build"
+        return real(self, *args, **kw)
+    monkeypatch.setattr(twin_module.Twin, "init_commands", held)
+    try:
+        launch(runtime)
+        assert blocked.wait(60)
+        ctx = runtime._context(1)
+        assert not any(isinstance(s, twin_module.Twin) for s in ctx.local)
+        free = ctx.local.index(None)
+        c = kernel_support.counter(runtime, "c", device=1, max_sources=MAX)
+        assert c.local_slot == free
+    finally:
+        gate.set()
+    settle(runtime)
+

@@ -379,6 +379,9 @@ class Kernel:
         self.buffers.append(b)
         return b
 
+    def _take_local_slot(self, ctx: Any) -> int:
+        return ctx.take_local_slot(self)
+
     def _state_buffer(self, index: int, size: int) -> Any:
         """State buffer `index` (a migration's twin takes one already being filled)."""
         return self._buffer(size)
@@ -394,7 +397,7 @@ class Kernel:
         for r in range(d):
             h = self.h2k_buffer.words[r * self.h2k_region // 4:]
             h[2], h[3] = spec.inbox_capacity, self.slot_words
-        self.local_slot = ctx.take_local_slot(self)
+        self.local_slot = self._take_local_slot(ctx)
         check_kernel_code(ctx, spec)
         self.kernel_pass = ctx.kernel_pass(spec.spirv, spec.entry_point, len(spec.state_sizes))
         whole = WHOLE_SIZE

@@ -273,11 +273,7 @@ class ReadyTwins:
                 self._discard(entry[0])
             if not go:
                 continue
-            twin = build_twin(life.rt, life.pool, kernel, d)
-            with ctx.lock:
-                if twin.local_slot >= 0:
-                    ctx.release_local_slot(twin.local_slot)
-                    twin.local_slot = -1
+            twin = build_twin(life.rt, life.pool, kernel, d, ahead=True)
             self.built += 1
             self._keep(kernel, d, twin, size)
 

@@ -235,10 +235,15 @@ class Twin(Kernel):
     `pool` where one of the size is free; state buffers given as `states`
     (already being filled by the copies) are adopted."""
 
-    def __init__(self, *args: Any, pool: MigrationPool, states: list | None = None):
-        self.pool = pool
+    def __init__(self, *args: Any, pool: MigrationPool, states: list | None = None, ahead: bool = False):
+        self.pool, self.ahead = pool, ahead
         self.presets = list(states) if states is not None else None
         super().__init__(*args)
+
+    def _take_local_slot(self, ctx: Any) -> int:
+        """No slot (-1) for a twin made ahead (the move that takes it gives it one): a background build
+        never takes a slot a launch of the caller's may need."""
+        return -1 if self.ahead else super()._take_local_slot(ctx)
 
     def _state_buffer(self, index: int, size: int) -> Any:
         presets = self.presets
@@ -302,7 +307,8 @@ def state_buffers(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int) 
 
 def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spec: KernelSpec | None = None,
                states: list[Buffer] | None = None,
-               then: Callable[[Kernel], tuple[Callable[[Any], None], list[Buffer]]] | None = None) -> Kernel:
+               then: Callable[[Kernel], tuple[Callable[[Any], None], list[Buffer]]] | None = None,
+               ahead: bool = False) -> Kernel:
     """A Kernel with k's id, address, tenant and params, its resources on `device`,
     initialised (rings zeroed, headers written) except its state buffers, which
     the caller fills whole (or `states`, buffers of that device it adopts: the
@@ -310,14 +316,15 @@ def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spe
     not registered anywhere. `then(twin)`: (a recorder of more commands for the
     twin's buffers, run in the same submit after the initialisation (a restore's
     uploads), the other buffers those commands read); if the submit's wait gives
-    up, freeing the twin or those buffers waits for the GPU."""
+    up, freeing the twin or those buffers waits for the GPU. `ahead`: made before any move
+    asks for it (ReadyTwins), without a local slot until one takes it."""
     spec = spec or k.spec
     ctx = _check_state_sizes(rt, k, device, spec)
     # built ahead (engine/prebuild.py), or waited for where that build runs: not under the device lock
     ctx.kernel_pass(spec.spirv, spec.entry_point, len(spec.state_sizes), locked=False)
     with ctx.lock:
         ctx.check()
-        twin = Twin(rt, ctx, spec, k.id, k.address, k.tenant, tuple(k.params), pool=pool, states=states)
+        twin = Twin(rt, ctx, spec, k.id, k.address, k.tenant, tuple(k.params), pool=pool, states=states, ahead=ahead)
     if states is not None:
         states[:] = twin.presets  # type: ignore[assignment] # adopted ones are None now
     try:
