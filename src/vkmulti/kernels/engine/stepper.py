@@ -68,7 +68,7 @@ class DeviceStepper:
             self.harvested = rec.value
             changed = True
         if changed:
-            keep: list[Batch] = []
+            live: list[Batch] = []
             for b in self.batches:
                 pending = b.pending
                 if pending and any(k.destroyed for k in pending):
@@ -78,9 +78,9 @@ class DeviceStepper:
                         self.retired += [(b.last_value, s) for s in b.sets]
                         b.sets = []
                 else:
-                    keep.append(b)
-            if len(keep) != len(self.batches):
-                self.batches[:] = keep   # (in place: the runtime's accept appends to this list)
+                    live.append(b)
+            if len(live) != len(self.batches):
+                self.batches[:] = live   # (in place: the runtime's accept appends to this list)
             self.ctx.cond.notify_all()
         if self.retired:
             keep = []
