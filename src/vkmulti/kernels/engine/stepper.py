@@ -68,14 +68,19 @@ class DeviceStepper:
             self.harvested = rec.value
             changed = True
         if changed:
-            for b in list(self.batches):
-                if b.pending is not None:
-                    b.pending = {k for k in b.pending if not k.destroyed}
+            live: list[Batch] = []
+            for b in self.batches:
+                pending = b.pending
+                if pending and any(k.destroyed for k in pending):
+                    b.pending = {k for k in pending if not k.destroyed}
                 if b.finish_if_done(done):
-                    self.batches.remove(b)
                     if isinstance(b, InboundBatch):
                         self.retired += [(b.last_value, s) for s in b.sets]
                         b.sets = []
+                else:
+                    live.append(b)
+            if len(live) != len(self.batches):
+                self.batches[:] = live   # (in place: the runtime's accept appends to this list)
             self.ctx.cond.notify_all()
         if self.retired:
             keep = []

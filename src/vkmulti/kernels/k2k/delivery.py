@@ -52,7 +52,7 @@ __all__ = ["DeliveryEngine"]
 
 #: After a step, landings are recycled (and what they delivered counted) at most this often,
 #: unless moves wait or an edge has half its landings in use.
-REAP_SECONDS = 0.002
+REAP_SECONDS = 0.02
 
 def let_go(b: Any) -> None:
     """Release a batch the router held, whatever its device's state (a lost one's
@@ -125,6 +125,7 @@ class DeliveryEngine:
         self._trees: RouteTrees | None = None
         self._trees_key: Any = None
         self._trees_now: RouteTrees | None = None
+        self.kernel_devices: frozenset[int] = frozenset()   # where kernels run, as of the latest trees()
         self._reaped = 0.0
         self.moves_submitted = 0
         self.edge_bytes: dict[tuple[int, int], int] = defaultdict(int)   # bytes moved per (from, to) device
@@ -139,7 +140,7 @@ class DeliveryEngine:
     def trees(self) -> RouteTrees:
         if self._trees_now is not None:   # fixed for the rest of one step's moves
             return self._trees_now
-        devices = frozenset(k.device_index for k in self.port.kernels)
+        devices = self.kernel_devices = frozenset(k.device_index for k in self.port.kernels)
         coord = self.router.coordinator
         key = (devices, getattr(coord, "topology_generation", None))
         if self._trees is None or key != self._trees_key:

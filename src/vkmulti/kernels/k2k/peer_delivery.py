@@ -117,7 +117,7 @@ class PeerEdges:
             self._usable[(s, c)] = False
             return False
         hops = min(trees.edge_hops(s, c), 255)
-        serves = any(k.device_index == c for k in self.port.kernels)
+        serves = c in eng.kernel_devices   # (as of this step's trees(), which the caller took)
         onward = trees.children(s, c)
         total = sum(b.size for b in batches)
         eng.edge_moves[(s, c)] += 1

@@ -162,7 +162,7 @@ class Stepping:
             ks = here
             try:
                 ctx, stepper = self._device(dev)
-                for src in stepper.surveys_awaited() & stepped.keys():   # done since: read them in place
+                for src in (stepper.surveys_awaited() & stepped.keys() if stepped else ()):   # done since: read them in place
                     octx, ostepper = stepped[src]
                     with octx.lock:
                         if octx.alive:
