@@ -3,7 +3,8 @@ and host waits whatever the chunk count of its state (issue #25): on a GPU each
 submit and each host wait costs as much as a chunk's copy. Counted on the
 moving thread through the one door for Python's submits (vkapi.queue_submit),
 the CRC32 engine's submit, and every host wait of the Python layer on GPU
-work (a GPU job's timeline, a transfer's landing or its submission)."""
+work (a GPU job's timeline, a transfer's landing or its submission); so are
+the descriptor sets it makes (one per buffer hashed, not per chunk)."""
 from __future__ import annotations
 
 import threading
@@ -15,6 +16,7 @@ import pytest
 from kernel_support import runtime_fixture
 from vkmulti._core import vkapi
 from vkmulti.kernels import KernelSpec, counter_kernel
+from vkmulti.kernels.engine.device_context import DeviceContext
 from vkmulti.kernels.engine.gpu_jobs import GpuJobs
 from vkmulti.kernels.lifecycle import chunked_copy
 from vkmulti.kernels.lifecycle.gpu_crc import GpuCrc
@@ -41,7 +43,7 @@ class MoveCalls:
         monkeypatch.setattr(vkapi, "queue_submit", queue_submit)
         for cls, name, label in ((GpuJobs, "wait", "wait"), (TransferTicket, "wait", "wait"),
                                  (TransferTicket, "wait_submitted", "wait"), (TransferTicket, "_gpu_wait", "wait"),
-                                 (GpuCrc, "submit", "crc_submit")):
+                                 (GpuCrc, "submit", "crc_submit"), (DeviceContext, "descriptor_set", "sets")):
             monkeypatch.setattr(cls, name, self._counted(getattr(cls, name), label))
 
     def _note(self, label: str) -> None:
