@@ -30,7 +30,11 @@ Prints figures as JSON, then a line starting with "ratio:". Uses the virtual
 lavapipe pair when no GPU is present.
 
     python bench/migration.py [--section all|migrate|reload|drill] [--sizes 1M,16M,256M] [--repeats N]
-                              [--virtual N] [--json FILE]
+                              [--crc auto|shader|host] [--virtual N] [--json FILE]
+
+`--crc shader` checks the moves with the GPU shader's CRC32 even on the
+virtual pair (lavapipe's default is the host's): the GPU path's submits and
+waits measured without a GPU (its time there is llvmpipe running the shader).
 """
 from __future__ import annotations
 
