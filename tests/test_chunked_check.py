@@ -99,6 +99,8 @@ def test_the_bytes_arrive_whole_and_every_chunk_matches(runtime, kind):
         copy.wait(60)
         assert copy.mismatches(60) == []
         assert copy.bytes == sum(sizes)
+        # the shader's: a transfer job per buffer, as a raw copy; the host's: one per chunk, hashed as it lands
+        assert len(copy.tickets) == (len(sizes) if kind == "shader" else len(copy.chunks))
         for (_, b), data in zip(pairs, datas):
             assert _get(runtime, b) == data
         # the chunks' hashes are zlib's CRC32 of the chunks themselves
@@ -133,12 +135,14 @@ def test_a_chunk_damaged_on_the_way_is_found_and_named(runtime, kind):
     n = 3 * CHUNK + 8
     a, b = Buffer(runtime.manager.slot(0), n), Buffer(runtime.manager.slot(1), n)
 
-    class Damaging:   # the transfer engine, with the second chunk read from elsewhere
-        def submit(self, *, src_buffer, dst_buffer, src_offset, dst_offset, size):
-            if src_offset == CHUNK:
-                src_offset = 0
-            return eng.submit(src_buffer=src_buffer, dst_buffer=dst_buffer, src_offset=src_offset,
-                              dst_offset=dst_offset, size=size)
+    class Damaging:   # the transfer engine, the second chunk landing with the first's bytes
+        def submit(self, *, src_buffer, dst_buffer, size, src_offset=0, dst_offset=0):
+            t = eng.submit(src_buffer=src_buffer, dst_buffer=dst_buffer, src_offset=src_offset,
+                           dst_offset=dst_offset, size=size)
+            if src_offset <= CHUNK < src_offset + size:   # (a job per chunk, or one for the buffer)
+                t = eng.submit(src_buffer=src_buffer, dst_buffer=dst_buffer, src_offset=0, dst_offset=CHUNK,
+                               size=min(CHUNK, src_offset + size - CHUNK))
+            return t
     try:
         _put(runtime, a, np.random.default_rng(7).integers(0, 256, n, dtype=np.uint8))
         copy = ChunkedCopy(Damaging(), [(a, b)], src_crc, dst_crc, chunk=CHUNK, names=["state1"])

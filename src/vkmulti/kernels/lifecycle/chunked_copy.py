@@ -2,8 +2,10 @@
 
 A move's check compares the CRC32 of what left the source with the CRC32 of
 what arrived, chunk by chunk: each buffer is cut into chunks (`plan_chunks`),
-each chunk is its own transfer job, and both sides hash the very same ranges,
-so `mismatches()` names the buffer and chunk that differ. The source's hashes
+both sides hash the very same ranges, so `mismatches()` names the buffer and
+chunk that differ. With the GPU shader's engine (or no check) a buffer is one
+transfer job (the link cuts it for its ring, as a raw copy); with the host
+engine each chunk is its own, hashed as it lands. The source's hashes
 (its bytes no longer change: the kernel is quiesced) run meanwhile, as one
 job per group of buffers (`follow()` appends the move's small buffers at the
 switch).
@@ -118,13 +120,16 @@ class ChunkedCopy:
         plans = [plan_chunks(a.size, chunk_for(a.size) if self._chunk is None else self._chunk) for a, _ in pairs]
         self.plans += plans
         for i, ((a, b), plan) in enumerate(zip(pairs, plans), first_pair):
-            for off, n in plan:
+            if not self._early and plan:   # one job for the buffer (the link cuts it for its ring)
+                t = self._eng.submit(src_buffer=a, dst_buffer=b, size=a.size)
+                self.chunks += [(i, off, n, t) for off, n in plan]
+                continue
+            for off, n in plan:   # a job per chunk, hashed by a host thread as soon as its point is reached
                 t = self._eng.submit(src_buffer=a, dst_buffer=b, src_offset=off, dst_offset=off, size=n)
                 self.chunks.append((i, off, n, t))
-                if self._early:   # hashed by a host thread as soon as the chunk's point is reached
-                    job = self._dst_crc.submit([(b, off, n)], [t.dst_ready])
-                    self.jobs.append(job)
-                    self._dst_jobs.append((job, 1))
+                job = self._dst_crc.submit([(b, off, n)], [t.dst_ready])
+                self.jobs.append(job)
+                self._dst_jobs.append((job, 1))
         added = self.chunks[first_chunk:]
         if self.verify and added:   # the source's bytes no longer change: hashed while the copies run
             job = self._src_crc.submit([(self.pairs[i][0], off, n) for i, off, n, _ in added])
@@ -133,8 +138,12 @@ class ChunkedCopy:
 
     @property
     def tickets(self) -> list[Any]:
-        """The transfer tickets of the chunks, in copy order."""
-        return [t for *_, t in self.chunks]
+        """The transfer tickets, in copy order (one per buffer, or per chunk for the host engine)."""
+        out: list[Any] = []
+        for *_, t in self.chunks:
+            if not out or out[-1] is not t:
+                out.append(t)
+        return out
 
     @property
     def bytes(self) -> int:
@@ -160,7 +169,7 @@ class ChunkedCopy:
         if not self.verify or self._hashed() == len(self.chunks):
             return
         todo = self.chunks[self._hashed():]
-        lasts = self._lasts([t for *_, t in todo])
+        lasts = self._lasts([t for *_, t in todo])   # (a link's jobs land in order: its last one, last)
         for t in lasts:
             t.wait_submitted(timeout)
         job = self._dst_crc.submit([(self.pairs[i][1], off, n) for i, off, n, _ in todo],
