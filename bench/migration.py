@@ -30,7 +30,11 @@ Prints figures as JSON, then a line starting with "ratio:". Uses the virtual
 lavapipe pair when no GPU is present.
 
     python bench/migration.py [--section all|migrate|reload|drill] [--sizes 1M,16M,256M] [--repeats N]
-                              [--virtual N] [--json FILE]
+                              [--crc auto|shader|host] [--virtual N] [--json FILE]
+
+`--crc shader` checks the moves with the GPU shader's CRC32 even on the
+virtual pair (lavapipe's default is the host's): the GPU path's submits and
+waits measured without a GPU (its time there is llvmpipe running the shader).
 """
 from __future__ import annotations
 
@@ -76,13 +80,16 @@ def _runtime(mgr: Any) -> tuple[Any, Any]:
     return rt, CrossGpuK2KRouter(rt.coordinator, rt)
 
 
-def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[dict]:
-    """(a): per state size, live migrations back and forth and the host-bytes baseline."""
+def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None, crc: str = "auto") -> list[dict]:
+    """(a): per state size, live migrations back and forth and the host-bytes baseline;
+    `crc`: the CRC32 engine of the moves (KernelRuntime.migration_crc: 'shader' forces
+    the GPU shader's check on CPU devices, where 'auto' picks the host's)."""
     from vkmulti.kernels import Checkpoint, KernelSpec, counter_kernel
     from vkmulti.kernels.reference import COUNTER_TAG_ADD, counter_initial_state, read_counter
     from vkmulti import Buffer
 
     rt, router = _runtime(mgr)
+    rt.migration_crc = crc
     out = []
     try:
         base = counter_kernel(max_sources=64)
@@ -101,11 +108,11 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[d
             first = rt.migrate(k, 1)  # the first move of this kernel (later ones: `live`)
             rt.migrate(k, 0, verify=False)
             engine = rt._lifecycle.crc(k.device_index).kind
-            other = "shader" if engine == "host" else None   # on a CPU device: the GPU shader's check too
+            other = "shader" if engine == "host" and crc == "auto" else None   # on a CPU device: the shader's too
             if other:
                 rt.migration_crc = other
                 rt.migrate(k, 1 - k.device_index)   # warm
-                rt.migration_crc = "auto"
+                rt.migration_crc = crc
             live, plain, host, live_other = [], [], [], []
             for i in range(reps):   # interleaved: load drifting on a shared machine hits every path alike
                 live.append(rt.migrate(k, 1 - k.device_index))
@@ -119,7 +126,7 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None) -> list[d
                     try:
                         live_other.append(rt.migrate(k, 1 - k.device_index))
                     finally:
-                        rt.migration_crc = "auto"
+                        rt.migration_crc = crc
             same = all(np.array_equal(rt.read_state(k, 1 + i), e) for i, e in enumerate(extra))
             rt.send(k, np.array([2], np.uint32), tag=COUNTER_TAG_ADD)
             rt.step(k)
@@ -185,6 +192,7 @@ def crc_times(rt: Any, buffers: list, repeats: int) -> dict:
 
     out: dict[str, list[float]] = {}
     kinds = ["shader"] + (["host"] if all(HostCrc.suits(b.slot) for b in buffers) else [])
+    chosen = rt.migration_crc
     for kind in kinds:
         rt.migration_crc = kind
         try:
@@ -210,7 +218,7 @@ def crc_times(rt: Any, buffers: list, repeats: int) -> dict:
                     times.append(_median(ts) * 1e6)
                 out[name] = times
         finally:
-            rt.migration_crc = "auto"
+            rt.migration_crc = chosen
     return out
 
 
@@ -363,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--section", choices=("all", "migrate", "reload", "drill"), default="all")
     p.add_argument("--sizes", type=parse_sizes, default=None, help="state sizes (default 1M,16M,256M)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--crc", choices=("auto", "shader", "host"), default="auto",
+                   help="the moves' CRC32 engine (shader: the GPU shader's check even on CPU devices)")
     add_virtual_argument(p)
     add_output_argument(p, "--json", image=False, default=None, help="also write the figures to this file")
     args = p.parse_args(argv)
@@ -380,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             (args.section in ("all", "drill"))
         with progress(steps, "bench migration", quiet=args.json is not None) as bar:
             if args.section in ("all", "migrate"):
-                res["migrate"] = migrate(mgr, sizes, args.repeats, bar)
+                res["migrate"] = migrate(mgr, sizes, args.repeats, bar, args.crc)
             if args.section in ("all", "reload"):
                 res["reload"] = reload(mgr, args.repeats)
                 bar()

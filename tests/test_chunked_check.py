@@ -95,14 +95,16 @@ def test_the_bytes_arrive_whole_and_every_chunk_matches(runtime, kind):
         pairs, datas = _filled_pairs(runtime, sizes, rng, made)
         copy = ChunkedCopy(eng, pairs, src_crc, dst_crc, chunk=CHUNK, names=[f"b{n}" for n in sizes])
         assert [len(p) for p in copy.plans] == [-(-n // CHUNK) for n in sizes]
-        copy.hash_landings(60)
+        copy.submit_landings(60)
         copy.wait(60)
         assert copy.mismatches(60) == []
         assert copy.bytes == sum(sizes)
+        # the shader's: a transfer job per buffer, as a raw copy; the host's: one per chunk, hashed as it lands
+        assert len(copy.tickets) == (len(sizes) if kind == "shader" else len(copy.chunks))
         for (_, b), data in zip(pairs, datas):
             assert _get(runtime, b) == data
         # the chunks' hashes are zlib's CRC32 of the chunks themselves
-        want = copy._src_job.result(60)
+        want = copy._src_jobs[0][0].result(60)
         assert want == [zlib.crc32(datas[i][off:off + n]) for i, off, n, _ in copy.chunks]
     finally:
         for buf in made:
@@ -133,16 +135,18 @@ def test_a_chunk_damaged_on_the_way_is_found_and_named(runtime, kind):
     n = 3 * CHUNK + 8
     a, b = Buffer(runtime.manager.slot(0), n), Buffer(runtime.manager.slot(1), n)
 
-    class Damaging:   # the transfer engine, with the second chunk read from elsewhere
-        def submit(self, *, src_buffer, dst_buffer, src_offset, dst_offset, size):
-            if src_offset == CHUNK:
-                src_offset = 0
-            return eng.submit(src_buffer=src_buffer, dst_buffer=dst_buffer, src_offset=src_offset,
-                              dst_offset=dst_offset, size=size)
+    class Damaging:   # the transfer engine, the second chunk landing with the first's bytes
+        def submit(self, *, src_buffer, dst_buffer, size, src_offset=0, dst_offset=0):
+            t = eng.submit(src_buffer=src_buffer, dst_buffer=dst_buffer, src_offset=src_offset,
+                           dst_offset=dst_offset, size=size)
+            if src_offset <= CHUNK < src_offset + size:   # (a job per chunk, or one for the buffer)
+                t = eng.submit(src_buffer=src_buffer, dst_buffer=dst_buffer, src_offset=0, dst_offset=CHUNK,
+                               size=min(CHUNK, src_offset + size - CHUNK))
+            return t
     try:
         _put(runtime, a, np.random.default_rng(7).integers(0, 256, n, dtype=np.uint8))
         copy = ChunkedCopy(Damaging(), [(a, b)], src_crc, dst_crc, chunk=CHUNK, names=["state1"])
-        copy.hash_landings(60)
+        copy.submit_landings(60)
         copy.wait(60)
         bad = copy.mismatches(60)
         assert len(bad) == 1 and bad[0].startswith(f"state1[{CHUNK}:{2 * CHUNK}]")
@@ -187,7 +191,7 @@ def test_the_host_copies_between_cpu_devices_hashing_both_sides(runtime):
         pairs, datas = _filled_pairs(runtime, sizes, rng, made)
         copy = HostChunkedCopy(pairs, src_crc, dst_crc, chunk=3 * CHUNK, names=[f"b{n}" for n in sizes])
         assert [len(p) for p in copy.plans] == [-(-n // (3 * CHUNK)) for n in sizes]
-        copy.hash_landings(60)
+        copy.submit_landings(60)
         copy.wait(60)
         assert copy.mismatches(60) == [] and copy.bytes == sum(sizes)
         for (_, b), data in zip(pairs, datas):

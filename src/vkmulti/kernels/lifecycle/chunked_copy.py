@@ -1,21 +1,25 @@
-"""A GPU-to-GPU copy of buffers in chunks whose CRC32 is computed as each lands.
+"""A GPU-to-GPU copy of buffers in chunks, each chunk's CRC32 checked on both sides.
 
 A move's check compares the CRC32 of what left the source with the CRC32 of
-what arrived. Hashing the destination after the whole copy puts one full pass
-over the bytes behind the copy on the move's path; here each buffer is cut
-into chunks (`plan_chunks`), each chunk is its own transfer job, and the
-destination's hash of a chunk is queued behind that chunk's landing (its
-timeline point: the host engine's thread or the device waits, not the
-caller), so chunk i is hashed while chunk i+1 is copied and only the last
-chunk's hash follows the copy. The source's hashes (its bytes no longer
-change: the kernel is quiesced) run meanwhile. Both sides hash the very same
-ranges and `mismatches()` names the buffer and chunk that differ.
+what arrived, chunk by chunk: each buffer is cut into chunks (`plan_chunks`),
+both sides hash the very same ranges, so `mismatches()` names the buffer and
+chunk that differ. With the GPU shader's engine (or no check) a buffer is one
+transfer job (the link cuts it for its ring, as a raw copy); with the host
+engine each chunk is its own, hashed as it lands. The source's hashes
+(its bytes no longer change: the kernel is quiesced) run meanwhile, as one
+job per group of buffers (`follow()` appends the move's small buffers at the
+switch).
 
 The CRC32 engines are those of `Lifecycle.crc(device)`: the host engine
-(host_crc.py) hashes a chunk as soon as its point is reached; the GPU shader's
-(gpu_crc.py) job for a chunk is submitted once that chunk's copy is submitted
-(`hash_landings`: an in-order queue cannot run a wait placed before its
-signal), which the caller does when no step is queued behind it.
+(host_crc.py) hashes a chunk as soon as its timeline point is reached (a host
+thread waits, not the caller); the GPU shader's (gpu_crc.py) destination
+hashes are one job for every chunk (`submit_landings`), whose waits are the
+chunks' landing points: the device orders it behind the copies, the host
+waits once, for the last chunk's submission (an in-order queue cannot run a
+wait placed before its signal; a link's worker takes jobs in order), which
+the caller does when no step is queued behind it. A move makes the same
+number of GPU submits and host waits whatever its chunk count: on a GPU each
+more would cost as much as a chunk's copy.
 
 Between two CPU devices (lavapipe: both engines are the host's, HostCrc) the
 host copies the chunks itself (`HostChunkedCopy`, same surface): the two
@@ -67,77 +71,130 @@ class ChunkedCopy:
     buffer) of equal sizes; `src_crc`, `dst_crc`: the CRC32 engines of the two
     devices (None for both: copy only, no check); `chunk`: the chunk's bytes
     (None: chunk_for each buffer's size). The copies are queued at
-    construction; so are the source's hashes and, for the host engine, the
-    destination's."""
+    construction; so are the source's hashes (one job) and, for the host
+    engine, the destination's. `follow()` appends more buffers to the move;
+    `submit_landings()` queues the GPU shader's destination hashes, all of
+    them as one job. A move makes the same number of CRC32 submits and host
+    waits whatever its chunk count."""
 
     def __init__(self, eng: Any, pairs: Sequence[tuple[Any, Any]], src_crc: Any = None, dst_crc: Any = None,
                  chunk: int | None = None, names: Sequence[str] | None = None):
         if (src_crc is None) != (dst_crc is None):
             raise ValueError("pass both CRC32 engines (a check) or neither (a copy only)")
-        self.pairs = list(pairs)
-        for a, b in self.pairs:
-            if a.size != b.size:
-                raise ValueError(f"a {a.size}-byte buffer cannot be copied whole into a {b.size}-byte one")
-        self.names = list(names) if names is not None else [f"buffer{i}" for i in range(len(self.pairs))]
-        self.plans = [plan_chunks(a.size, chunk_for(a.size) if chunk is None else chunk) for a, _ in self.pairs]
+        self._eng, self._chunk = eng, chunk
         self.verify = src_crc is not None
         self._src_crc, self._dst_crc = src_crc, dst_crc
+        self._early = self.verify and getattr(dst_crc, "kind", "shader") == "host"
+        self.pairs: list[tuple[Any, Any]] = []
+        self.names: list[str] = []
+        self.plans: list[list[tuple[int, int]]] = []
         #: (pair index, offset, bytes, ticket) per chunk, in copy order
         self.chunks: list[tuple[int, int, int, Any]] = []
         self.jobs: list[Any] = []        # every CRC job made (closed on failure)
-        self._src_job: Any = None
-        self._dst_jobs: list[Any] = []   # one per chunk, in order
+        #: the source's jobs, each with the number of chunks it hashes (in order)
+        self._src_jobs: list[tuple[Any, int]] = []
+        #: the destination's, likewise: one per chunk (the host's), or one for every chunk (the shader's)
+        self._dst_jobs: list[tuple[Any, int]] = []
         try:
-            early = self.verify and getattr(dst_crc, "kind", "shader") == "host"
-            for i, ((a, b), plan) in enumerate(zip(self.pairs, self.plans)):
-                for off, n in plan:
-                    t = eng.submit(src_buffer=a, dst_buffer=b, src_offset=off, dst_offset=off, size=n)
-                    self.chunks.append((i, off, n, t))
-                    if early:   # hashed by a host thread as soon as the chunk's point is reached
-                        self._hash_landing(b, off, n, t)
-            if self.verify:   # the source's bytes no longer change: hashed while the copies run
-                self._src_job = src_crc.submit([(self.pairs[i][0], off, n) for i, off, n, _ in self.chunks])
-                self.jobs.append(self._src_job)
+            self.follow(pairs, names)
         except BaseException:
             self.close(_CLOSE_TIMEOUT)
             raise
 
+    def follow(self, pairs: Sequence[tuple[Any, Any]], names: Sequence[str] | None = None) -> None:
+        """Append `pairs` to the move: their copies queued behind those already queued
+        (same transfer engine: its jobs run in order), the source's hash of them
+        as one more job (their bytes must not change from now on), the host
+        engine's destination hashes behind each chunk's landing."""
+        pairs = list(pairs)
+        for a, b in pairs:
+            if a.size != b.size:
+                raise ValueError(f"a {a.size}-byte buffer cannot be copied whole into a {b.size}-byte one")
+        names = list(names) if names is not None else [f"buffer{i}" for i in range(len(self.pairs),
+                                                                                  len(self.pairs) + len(pairs))]
+        if len(names) != len(pairs):
+            raise ValueError(f"{len(names)} name(s) for {len(pairs)} buffer pair(s)")
+        first_pair, first_chunk = len(self.pairs), len(self.chunks)
+        self.pairs += pairs
+        self.names += names
+        plans = [plan_chunks(a.size, chunk_for(a.size) if self._chunk is None else self._chunk) for a, _ in pairs]
+        self.plans += plans
+        for i, ((a, b), plan) in enumerate(zip(pairs, plans), first_pair):
+            if not self._early and plan:   # one job for the buffer (the link cuts it for its ring)
+                t = self._eng.submit(src_buffer=a, dst_buffer=b, size=a.size)
+                self.chunks += [(i, off, n, t) for off, n in plan]
+                continue
+            for off, n in plan:   # a job per chunk, hashed by a host thread as soon as its point is reached
+                t = self._eng.submit(src_buffer=a, dst_buffer=b, src_offset=off, dst_offset=off, size=n)
+                self.chunks.append((i, off, n, t))
+                job = self._dst_crc.submit([(b, off, n)], [t.dst_ready])
+                self.jobs.append(job)
+                self._dst_jobs.append((job, 1))
+        added = self.chunks[first_chunk:]
+        if self.verify and added:   # the source's bytes no longer change: hashed while the copies run
+            job = self._src_crc.submit([(self.pairs[i][0], off, n) for i, off, n, _ in added])
+            self.jobs.append(job)
+            self._src_jobs.append((job, len(added)))
+
     @property
     def tickets(self) -> list[Any]:
-        """The transfer tickets of the chunks, in copy order."""
-        return [t for *_, t in self.chunks]
+        """The transfer tickets, in copy order (one per buffer, or per chunk for the host engine)."""
+        out: list[Any] = []
+        for *_, t in self.chunks:
+            if not out or out[-1] is not t:
+                out.append(t)
+        return out
 
     @property
     def bytes(self) -> int:
         return sum(n for _, _, n, _ in self.chunks)
 
-    def _hash_landing(self, dst: Any, off: int, n: int, ticket: Any) -> None:
-        job = self._dst_crc.submit([(dst, off, n)], [ticket.dst_ready])
-        self.jobs.append(job)
-        self._dst_jobs.append(job)
+    def _hashed(self) -> int:
+        return sum(n for _, n in self._dst_jobs)
 
-    def hash_landings(self, timeout: float) -> None:
-        """Queue the destination's hashes not queued yet (the GPU shader's: each after its
-        chunk's copy is submitted, then ordered behind its landing on the device)."""
-        if not self.verify or len(self._dst_jobs) == len(self.chunks):
+    def _lasts(self, tickets: Sequence[Any]) -> list[Any]:
+        """The last ticket of each transfer link among `tickets` (keyed by its destination
+        timeline): a link's worker submits its jobs in order, its timeline only grows."""
+        last: dict[int, Any] = {}
+        for t in tickets:
+            last[t.dst_ready.semaphore] = t
+        return list(last.values())
+
+    def submit_landings(self, timeout: float) -> None:
+        """Queue the destination's hashes not queued yet (the GPU shader's) as one job
+        whose waits are the chunks' landing points. Its submit waits on its own
+        queue, which a single-queue device shares with the copies: their GPU work
+        is submitted first (the last chunk's of each link: the worker takes jobs in
+        order)."""
+        if not self.verify or self._hashed() == len(self.chunks):
             return
-        for i, off, n, t in self.chunks[len(self._dst_jobs):]:
+        todo = self.chunks[self._hashed():]
+        lasts = self._lasts([t for *_, t in todo])   # (a link's jobs land in order: its last one, last)
+        for t in lasts:
             t.wait_submitted(timeout)
-            self._hash_landing(self.pairs[i][1], off, n, t)
+        job = self._dst_crc.submit([(self.pairs[i][1], off, n) for i, off, n, _ in todo],
+                                   [t.dst_ready for t in lasts])
+        self.jobs.append(job)
+        self._dst_jobs.append((job, len(todo)))
 
     def wait(self, timeout: float) -> None:
-        """Wait until every chunk has landed."""
-        for t in self.tickets:
+        """Wait until every chunk has landed: one wait per link (its last chunk), then
+        each ticket asked without blocking (a failed job raises its error)."""
+        tickets = self.tickets
+        for t in self._lasts(tickets):
             t.wait(timeout)
+        for t in tickets:
+            if not t.done():
+                t.wait(timeout)
 
     def mismatches(self, timeout: float) -> list[str]:
         """The chunks whose CRC32 differs on the two sides ('name[offset:end]'), [] when
-        all match; waits for the hashes (hash_landings() first for a shader)."""
+        all match; waits for the hashes (submit_landings() first for a shader)."""
         if not self.verify:
             return []
-        self.hash_landings(timeout)
-        want = self._src_job.result(timeout)
-        got = [job.result(timeout)[0] for job in self._dst_jobs]
+        self.submit_landings(timeout)
+        got = [v for job, _ in self._dst_jobs for v in job.result(timeout)]
+        want = [v for job, _ in self._src_jobs for v in job.result(timeout)]
         return [f"{self.names[i]}[{off}:{off + n}] (source {w:#010x}, destination {g:#010x})"
                 for (i, off, n, _), w, g in zip(self.chunks, want, got) if w != g]
 
@@ -177,7 +234,7 @@ class HostChunkedCopy:
     def bytes(self) -> int:
         return sum(n for _, _, n, _ in self.chunks)
 
-    def hash_landings(self, timeout: float) -> None:
+    def submit_landings(self, timeout: float) -> None:
         """Nothing to queue: each chunk's pass hashes both sides."""
 
     def wait(self, timeout: float) -> None:

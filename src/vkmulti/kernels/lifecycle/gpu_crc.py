@@ -250,16 +250,20 @@ class GpuCrc:
         ctx = self.ctx
         sets: list[Any] = []
         try:
+            by_buffer: dict[int, Any] = {}   # one descriptor set per buffer (a move's chunks share theirs)
             with ctx.lock:
-                for buf, _, _ in ranges:
-                    sets.append(ctx.descriptor_set(self.pass_, [(buf.handle, 0, WHOLE_SIZE),
-                                                                (results.handle, 0, WHOLE_SIZE),
-                                                                (self.tables.handle, 0, WHOLE_SIZE)]))
+                for buf, _, size in ranges:
+                    if size and id(buf) not in by_buffer:
+                        sets.append(ctx.descriptor_set(self.pass_, [(buf.handle, 0, WHOLE_SIZE),
+                                                                    (results.handle, 0, WHOLE_SIZE),
+                                                                    (self.tables.handle, 0, WHOLE_SIZE)]))
+                        by_buffer[id(buf)] = sets[-1][1]
             layout, pipe = self.pass_.layout, self.pass_.pipeline
             plan = []
-            for i, ((_, off, size), (_, dset)) in enumerate(zip(ranges, sets)):
+            for i, (buf, off, size) in enumerate(ranges):
                 if not size:
                     continue
+                dset = by_buffer[id(buf)]
                 words = size // 4
                 lane_words = max(self.lane_words, -(-words // (LANES * _MAX_GROUPS)))
                 groups = max(1, -(-words // (LANES * lane_words)))
