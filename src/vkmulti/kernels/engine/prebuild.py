@@ -27,7 +27,7 @@ from .spirv_gate import target_env_of, validate_kernel_spirv
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Prebuilder", "PassSpec", "lower_priority", "BACKGROUND_NICE"]
+__all__ = ["Prebuilder", "PassSpec", "lower_priority", "join_worker", "BACKGROUND_NICE"]
 
 #: (SPIR-V, entry point, descriptor types, push-constant bytes) of one pipeline
 PassSpec = tuple[bytes, str, list, int]
@@ -48,6 +48,15 @@ def lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
     except (AttributeError, OSError):
         pass
+
+
+def join_worker(thread: threading.Thread | None, timeout: float, what: str) -> None:
+    """Join a background worker told to stop (not from itself), bounded by `timeout` s;
+    a warning naming `what` when it still runs then."""
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(max(0.0, timeout))
+        if thread.is_alive():
+            log.warning("%s did not end within %.1f s of destroy()", what, timeout)
 
 
 def _gate(spec: Any, ctx: Any, timeout: float | None) -> None:
@@ -213,7 +222,4 @@ class Prebuilder:
             self._jobs.clear()
             self._cond.notify_all()
             thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(max(0.0, timeout))
-            if thread.is_alive():
-                log.warning("a background pipeline build did not end within %.1f s of destroy()", timeout)
+        join_worker(thread, timeout, "a background pipeline build")

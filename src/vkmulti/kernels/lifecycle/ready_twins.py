@@ -34,7 +34,7 @@ from ..._core.checks import is_int
 from ...errors import DestroyedError, VkmError
 from ...transfer.peer import ExportedBuffer
 from ..engine.kernel import Kernel
-from ..engine.prebuild import lower_priority
+from ..engine.prebuild import join_worker, lower_priority
 from .twin import LifecycleView, Retired, build_twin, free_twin, twin_buffer_sizes, twin_mapped_sizes
 
 log = logging.getLogger(__name__)
@@ -366,8 +366,5 @@ class ReadyTwins:
             self._queue.clear()
             self._cond.notify_all()
             thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(max(0.0, timeout))
-            if thread.is_alive():
-                log.warning("the ready-twin thread did not end within %.1f s of destroy()", timeout)
+        join_worker(thread, timeout, "the ready-twin thread")
         self._free(queued + self._pop_all())
