@@ -76,6 +76,15 @@ void vkm_live_remove(vkm_live_list *list, vkm_live *node)
     pthread_mutex_unlock(&list->lock);
 }
 
+int vkm_live_each(vkm_live_list *list, int (*fn)(vkm_live *node))
+{
+    int n = 0;
+    pthread_mutex_lock(&list->lock);
+    for (vkm_live *node = list->head; node; node = node->next) n += fn(node);
+    pthread_mutex_unlock(&list->lock);
+    return n;
+}
+
 /* An absolute CLOCK_MONOTONIC deadline `ns` from now, for pthread_cond_timedwait
  * on the queue's condition variables (made on that clock: a step of the wall
  * clock neither stretches nor cuts a wait). */

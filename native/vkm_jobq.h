@@ -123,5 +123,7 @@ typedef struct vkm_live_list {
 void vkm_live_add(vkm_live_list *list, vkm_live *node);
 /* Idempotent; a node never added is left alone. */
 void vkm_live_remove(vkm_live_list *list, vkm_live *node);
+/* Call `fn(node)` on every node under the list's lock; the sum of what it returned. */
+int vkm_live_each(vkm_live_list *list, int (*fn)(vkm_live *node));
 
 #endif

@@ -279,17 +279,15 @@ static int release_gate(vkm_side *s)
     return vkm_signal_timeline_driver(s->dev, gate, want) == VK_SUCCESS;
 }
 
+static int release_gates(vkm_live *node)
+{
+    vkm_link *l = (vkm_link *)((char *)node - offsetof(vkm_link, live));
+    return release_gate(&l->src) + release_gate(&l->dst);
+}
+
 int vkm_links_release_gates(void)
 {
-    if (!vkm_exiting()) return 0;
-    int n = 0;
-    pthread_mutex_lock(&live_links.lock);
-    for (vkm_live *node = live_links.head; node; node = node->next) {
-        vkm_link *l = (vkm_link *)((char *)node - offsetof(vkm_link, live));
-        n += release_gate(&l->src) + release_gate(&l->dst);
-    }
-    pthread_mutex_unlock(&live_links.lock);
-    return n;
+    return vkm_exiting() ? vkm_live_each(&live_links, release_gates) : 0;
 }
 
 /* ---- the link --------------------------------------------------------------- */

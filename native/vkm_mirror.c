@@ -171,22 +171,22 @@ void vkm_mirror_release(vkm_mirror *m, const char *why)
     __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE); /* its thread leaves within a slice */
 }
 
+static int release_at_exit(vkm_live *node)
+{
+    vkm_mirror *m = (vkm_mirror *)((char *)node - offsetof(vkm_mirror, live));
+    int n = 0;
+    pthread_mutex_lock(&m->lock);
+    if (!m->released) { /* through the driver, as the thread's own signals: a device marked lost still runs */
+        m->released = 1;
+        n = signal_dst(m, RELEASE_VALUE) == VK_SUCCESS;
+    }
+    pthread_mutex_unlock(&m->lock);
+    return n;
+}
+
 int vkm_mirrors_release_all(void)
 {
-    if (!vkm_exiting()) return 0;
-    int n = 0;
-    pthread_mutex_lock(&live_mirrors.lock);
-    for (vkm_live *node = live_mirrors.head; node; node = node->next) {
-        vkm_mirror *m = (vkm_mirror *)((char *)node - offsetof(vkm_mirror, live));
-        pthread_mutex_lock(&m->lock);
-        if (!m->released) { /* through the driver, as the thread's own signals: a device marked lost still runs */
-            m->released = 1;
-            n += signal_dst(m, RELEASE_VALUE) == VK_SUCCESS;
-        }
-        pthread_mutex_unlock(&m->lock);
-    }
-    pthread_mutex_unlock(&live_mirrors.lock);
-    return n;
+    return vkm_exiting() ? vkm_live_each(&live_mirrors, release_at_exit) : 0;
 }
 
 VkResult vkm_mirror_status(vkm_mirror *m, vkm_error *err)

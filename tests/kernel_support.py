@@ -2,6 +2,7 @@
 counter kernels, runtimes and K2K routers the K2K path tests share."""
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -103,3 +104,17 @@ def state(rt: Any, k: Any) -> Any:
     from vkmulti.kernels.reference import read_counter
 
     return read_counter(rt.read_state(k))
+
+
+def call_in_thread(fn: Callable[[], Any], name: str | None = None) -> tuple[threading.Thread, dict]:
+    """A thread (not started) that calls fn(), and the dict it leaves its "result" or
+    "error" (any exception, for the test to report) in."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["result"] = fn()
+        except BaseException as exc:   # reported by the test
+            out["error"] = exc
+    return threading.Thread(target=run, name=name), out
+

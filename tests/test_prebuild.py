@@ -102,14 +102,7 @@ def _migrate_during_build(runtime, calls, warm):
     ctx1 = warm.ctx
     shared = ctx1.shared_builds
     launched = calls.outside_prebuild()      # (the launch built it on GPU 0)
-    out: dict = {}
-
-    def move():
-        try:
-            out["result"] = runtime.migrate(k, 1, timeout=60)
-        except BaseException as exc:   # reported below
-            out["error"] = exc
-    t = threading.Thread(target=move)
+    t, out = kernel_support.call_in_thread(lambda: runtime.migrate(k, 1, timeout=60))
     t.start()
     wait_for(lambda: ctx1.shared_builds > shared, "the migration waiting for the running build")
     assert t.is_alive() and k.device_index == 0
@@ -200,15 +193,8 @@ def test_a_reload_compiles_off_the_step_path_on_every_device(runtime, monkeypatc
                 runtime.step(k)
         except BaseException as exc:   # reported below
             stepper_errors.append(exc)
-    out: dict = {}
-
-    def reload():
-        try:
-            out["result"] = reloads.reload(k, code)
-        except BaseException as exc:   # reported below
-            out["error"] = exc
+    mover, out = kernel_support.call_in_thread(lambda: reloads.reload(k, code), "test-reload")
     stepper = threading.Thread(target=steps, name="test-steps")
-    mover = threading.Thread(target=reload, name="test-reload")
     stepper.start()
     try:
         mover.start()

@@ -120,14 +120,7 @@ def test_migrate_while_the_twin_build_runs(runtime, monkeypatch):
     held = HeldBuilds(monkeypatch)
     k, data = launch(runtime)
     assert held.blocked.wait(60)   # the twin of k on GPU 1 is being made, held
-    out: dict = {}
-
-    def move():
-        try:
-            out["result"] = runtime.migrate(k, 1, timeout=60)
-        except BaseException as exc:   # reported below
-            out["error"] = exc
-    t = threading.Thread(target=move)
+    t, out = kernel_support.call_in_thread(lambda: runtime.migrate(k, 1, timeout=60))
     t.start()
     held.gate.set()
     t.join(60)

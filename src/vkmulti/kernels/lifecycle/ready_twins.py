@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..._core.checks import is_int
+from ..._core.checks import check_count, is_int
 from ...errors import DestroyedError, VkmError
 from ...transfer.peer import ExportedBuffer
 from ..engine.kernel import Kernel
@@ -95,9 +95,7 @@ class ReadyTwins:
 
     @limit_bytes.setter
     def limit_bytes(self, value: int) -> None:
-        if not is_int(value) or value < 0:
-            raise ValueError(f"limit_bytes must be an int >= 0, got {value!r}"[:120])
-        self._limit = int(value)
+        self._limit = check_count(value, "limit_bytes")
 
     def bytes_on(self, device: int) -> int:
         """The bytes the ready twins hold on `device`."""
