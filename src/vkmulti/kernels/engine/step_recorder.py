@@ -60,8 +60,9 @@ class StepRecorder:
         self.rt, self.ctx = runtime, ctx
 
     def record(self, rec: InFlight, launched: list[Kernel], taken_h2k: list, batches: list[Batch],
-               retired: list) -> tuple[list[tuple[int, int]], list[int | None]]:
-        """Record the step `rec` of `launched` into the command buffer of its region.
+               retired: list, tail: Any = ()) -> tuple[list[tuple[int, int]], list[int | None]]:
+        """Record the step `rec` of `launched` into the command buffer of its region,
+        the packed copy ops `tail` last (after everything the step wrote).
 
         Fills `rec` with what the harvest reads back, appends the host messages it
         took to `taken_h2k` and descriptor sets to free once done to `retired`;
@@ -90,6 +91,8 @@ class StepRecorder:
                 gpu_waits.extend((p.semaphore, p.value) for p in b.waits)
         ops: list[bytes | bytearray] = []
         self._record(ops, rec, launched, taken_h2k, batches, retired, take, outbox_surveys, gpu_waits, wait_for)
+        if tail:   # (before the closing barrier, which makes them visible to the host too)
+            ops[-1:] = [BARRIER, *tail, HOST_BARRIER]
         c.record(ctx.cmd_ints[rec.region], b"".join(ops))   # (the whole step in one native call)
         return gpu_waits, outbox_surveys
 

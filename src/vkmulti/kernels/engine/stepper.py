@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from ...errors import TimeoutError as VkmTimeout
 from ..._core.timeline import TimelinePoint
@@ -32,12 +32,28 @@ from .step_recorder import InFlight, StepRecorder
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DeviceStepper", "QUIET_BATCHES"]
+__all__ = ["DeviceStepper", "QUIET_BATCHES", "StepCapture", "CaptureFactory"]
 
 #: A kernel whose latest this many outbox batches held nothing has its next ones read lazily: by
 #: the first step recorded once they are written (here: once their step is done; from another
 #: device: once the relay reached them), not by one that waits for them.
 QUIET_BATCHES = 2
+
+
+class StepCapture(Protocol):
+    """Copies a step records after everything else it does (a replay log's capture of
+    the rings the step consumed and wrote): `copies` are packed copy ops (step_ops.copy_op);
+    exactly one of submitted(point) (the step ran: `point` marks it and the copies done) or
+    abandon() (nothing was submitted) follows."""
+
+    copies: list[bytes]
+
+    def submitted(self, point: TimelinePoint) -> None: ...
+    def abandon(self) -> None: ...
+
+
+#: Made per device step: (the device's context, the kernels it launches) -> a capture, or None.
+CaptureFactory = Callable[[DeviceContext, list[Kernel]], "StepCapture | None"]
 
 
 class DeviceStepper:
@@ -151,8 +167,11 @@ class DeviceStepper:
 
     # -- one step ---------------------------------------------------------------------
 
-    def step(self, kernels: list[Kernel], waits: list[TimelinePoint], deadline: float, retain: int = 0) \
+    def step(self, kernels: list[Kernel], waits: list[TimelinePoint], deadline: float, retain: int = 0,
+             capture: CaptureFactory | None = None) \
             -> tuple[TimelinePoint | None, list[Kernel], list[tuple[Kernel, str]], list[OutboxBatch]]:
+        """One step of `kernels` on this device (see the module docstring); `capture`
+        gives copies recorded at the step's end (the replay log's)."""
         self.make_room(kernels, deadline)
         self._await_submitted(kernels, deadline)
         d = self.ctx.in_flight
@@ -172,15 +191,21 @@ class DeviceStepper:
         value = self.ctx.value + 1
         rec = InFlight(value, self.nsteps % d)
         taken_h2k: list[tuple[Kernel, list[bytes]]] = []
+        plan = capture(self.ctx, launched) if capture is not None else None
         try:
-            gpu_waits, survey_offsets = self.recorder.record(rec, launched, taken_h2k, self.batches, self.retired)
+            gpu_waits, survey_offsets = self.recorder.record(rec, launched, taken_h2k, self.batches, self.retired,
+                                                             plan.copies if plan is not None else ())
             gpu_waits += [(p.semaphore, p.value) for p in waits]
             ctx = self.ctx
             ctx.step_cmds.submit(ctx.queue_lock, ctx.cmd_ints[rec.region], gpu_waits, ctx.timeline, value)  # type: ignore[arg-type]
         except BaseException as exc:
             if self.ctx.step_cmds.submitted == value:   # an interrupt (Ctrl-C) that came after the submit
-                self._submitted(value, launched, rec, survey_offsets, retain)
+                point, _ = self._submitted(value, launched, rec, survey_offsets, retain)
+                if plan is not None:
+                    plan.submitted(point)
                 raise
+            if plan is not None:
+                plan.abandon()
             for k, slots in reversed(taken_h2k):   # nothing ran: the host messages are still to send
                 k.h2k.extendleft(reversed(slots))
             for k in launched:
@@ -196,6 +221,8 @@ class DeviceStepper:
                 self.ctx.dir_dirty.update(rec.directory)
             raise
         point, new = self._submitted(value, launched, rec, survey_offsets, retain)
+        if plan is not None:
+            plan.submitted(point)
         return point, launched, deferred, new
 
     def _submitted(self, value: int, launched: list[Kernel], rec: InFlight, survey_offsets: list[int | None],

@@ -3,11 +3,12 @@ policy checkpoint, kept on the host so a kernel of a lost GPU can be rebuilt
 from that checkpoint and run its steps again with the same inputs
 (kernels/replay.py), and the messages nobody consumed yet can be handed again.
 
-While a checkpoint policy is set, after every step the runtime queues, per
-device and behind the step on its queue, one copy of each stepped kernel's
-inbox ring, the outbox region the step wrote and the header of its K2H report
-into host-visible memory (no host wait). Once the copy completed (at the next
-step, poll() or the failover) the host keeps:
+While a checkpoint policy is set, every step copies, at its end and in its
+own command buffer, each stepped kernel's inbox ring, the outbox region the
+step wrote and the header of its K2H report into host-visible memory (no
+host wait, no submit of its own; a step the log could not join is copied
+right behind it by a job on the same queue). Once the copy completed (at the
+next step, poll() or the failover) the host keeps:
 
 * per kernel and step, the message slots the step consumed (host messages and
   K2K messages alike, with their envelopes, in inbox order): the replay input;
@@ -36,6 +37,7 @@ from ..._core import vkapi
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from ..engine import recording as cmds
 from ..engine.device_context import MappedBuffer
+from ..engine.step_ops import copy_op
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES
 from .host_crc import HostCrc
 from .twin import LifecycleView
@@ -76,13 +78,14 @@ class _Entry:
     inbox_size: int
     outbox_at: int
     report_at: int
+    before: tuple[int, int | None] = (-1, None)   # the kernel's log's (last, gap) before this entry
 
 
 @dataclass
 class _Capture:
     device: int
     buffer: MappedBuffer | None     # None: read from the kernels' own memory once the device is drained
-    jobs: Any
+    jobs: Any                       # what `point` is on: completed() and wait(point, timeout)
     point: Any
     entries: list[_Entry]
     call: int = 0                   # the step() call that launched the steps
@@ -114,7 +117,7 @@ class ReplayLog:
 
     def after_step(self, launched: list[Any]) -> None:
         """Queue the copies of the kernels a step launched that are not logged yet (a
-        no-op for those `log_submitted` logged right behind their submit)."""
+        no-op for those their steps logged already)."""
         by_device: dict[int, list[Any]] = {}
         for k in launched:
             if not k.destroyed:
@@ -126,12 +129,52 @@ class ReplayLog:
                 log.warning("replay log: could not log the step of %s on GPU %d: %s", [k.id for k in ks], dev, exc)
                 with self.lock:
                     for k in ks:
-                        kl = self._log_of(k)
+                        kl = self._log_of(k, k.steps - 1)
                         if k.steps - 1 > kl.last and kl.gap is None:
                             kl.gap = k.steps - 1
                 continue
             with ctx.lock:
                 self.log_submitted(ctx, dev, ks)
+
+    def plan(self, ctx: Any, ks: list[Any]) -> "_StepPlan | None":
+        """The copies of the step of `ks` about to be recorded on `ctx` (its lock held),
+        recorded at the step's end (DeviceStepper.step's capture); None when none of
+        them needs logging, or the copy's buffer could not be made (those steps are
+        then not logged: a gap, as when a copy fails)."""
+        entries, total = self._entries(ctx, ks, upcoming=True)
+        if not entries:
+            return None
+        dev = ctx.index
+        try:
+            buf = self._buffer(ctx, total)
+        except (VkmError, vk.VkError, MemoryError) as exc:
+            self._gap(entries, dev, exc)
+            return None
+        d = ctx.in_flight
+        copies = []
+        for e in entries:
+            k, j = e.kernel, e.step % d
+            copies += [copy_op(k.inbox.handle_int, buf.handle_int, 0, e.inbox_at, e.inbox_size),
+                       copy_op(k.outbox.handle_int, buf.handle_int, j * k.outbox_region, e.outbox_at,
+                               k.outbox_bytes),
+                       copy_op(k.k2h.handle_int, buf.handle_int, j * k.k2h_region, e.report_at, _REPORT_BYTES)]
+        return _StepPlan(self, ctx, buf, entries, total, copies)
+
+    def _buffer(self, ctx: Any, total: int) -> MappedBuffer:
+        """A host-visible buffer of `total` bytes for a copy on `ctx`'s device (a spare one if kept)."""
+        with self.lock:
+            pool = self._spare.get((ctx.index, total))
+            buf = pool.pop() if pool else None
+        return buf if buf is not None else MappedBuffer(ctx.slot, total)
+
+    def _spared(self, device: int, buf: MappedBuffer) -> None:
+        """Keep `buf` (its copy read, or never run) for a later copy, or free it."""
+        with self.lock:
+            pool = self._spare.setdefault((device, buf.size), [])
+            if len(pool) < 2:
+                pool.append(buf)
+                return
+        buf.destroy()
 
     def log_submitted(self, ctx: Any, dev: int, ks: list[Any]) -> None:
         """Queue the copy of the step `ks` just submitted on device `dev` (its context's
@@ -164,28 +207,30 @@ class ReplayLog:
                 if kl is not None and kl.address == e.address and (kl.gap is None or e.step < kl.gap):
                     kl.gap = e.step
 
-    def _log_of(self, k: Any) -> KernelLog:
+    def _log_of(self, k: Any, step: int) -> KernelLog:
         kl = self.kernels.get(k.id)
         if kl is None or kl.address != k.address:
-            kl = self.kernels[k.id] = KernelLog(k.address, first=k.steps - 1)
+            kl = self.kernels[k.id] = KernelLog(k.address, first=step)
         return kl
 
-    def _entries(self, ctx: Any, ks: list[Any]) -> tuple[list[_Entry], int]:
-        """Where each kernel's rings of its latest step go in the copy, and its size."""
+    def _entries(self, ctx: Any, ks: list[Any], upcoming: bool = False) -> tuple[list[_Entry], int]:
+        """Where each kernel's rings of its latest step (`upcoming`: of the step about to
+        be recorded) go in the copy, and its size."""
         entries: list[_Entry] = []
         at = 0
         for k in ks:
             if k.destroyed or k.ctx is not ctx:
                 continue
-            step = k.steps - 1
+            step = k.steps if upcoming else k.steps - 1
             with self.lock:
-                kl = self._log_of(k)
+                kl = self._log_of(k, step)
                 if kl.address == k.address and step <= kl.last:
                     continue   # logged already (the failover logs a step's survivors first)
+                before = (kl.last, kl.gap)
                 if kl.last >= 0 and step != kl.last + 1 and kl.gap is None:
                     kl.gap = kl.last + 1   # stepped in between without a log: not logged
                 kl.last = step
-            e = _Entry(k, k.id, k.address, step, k.slot_size, at, k.inbox.size, 0, 0)
+            e = _Entry(k, k.id, k.address, step, k.slot_size, at, k.inbox.size, 0, 0, before)
             at += k.inbox.size
             e.outbox_at = at
             at += k.outbox_bytes
@@ -197,11 +242,7 @@ class ReplayLog:
     def _submit(self, ctx: Any, dev: int, entries: list[_Entry], total: int) -> None:
         """Record and submit the copy of `entries` on `ctx` (its lock held)."""
         jobs = self.life.extras(dev).jobs
-        with self.lock:
-            pool = self._spare.get((dev, total))
-            buf = pool.pop() if pool else None
-        if buf is None:
-            buf = MappedBuffer(ctx.slot, total)
+        buf = self._buffer(ctx, total)
         d = ctx.in_flight
 
         def record(cmd: Any) -> None:
@@ -328,15 +369,9 @@ class ReplayLog:
                     src, dst, seq = _ENV.unpack_from(s)
                     if dst:   # (0: a message for the host, received by the harvest)
                         self.sent.setdefault((src, dst), deque()).append((seq, c.call, s))
-            if c.buffer is None:
-                return
-            key = (c.device, c.buffer.size)
-            pool = self._spare.setdefault(key, [])
-            if len(pool) < 2:
-                pool.append(c.buffer)
-                c.buffer = None
-        if c.buffer is not None:
-            c.buffer.destroy()
+            buf, c.buffer = c.buffer, None
+        if buf is not None:
+            self._spared(c.device, buf)
 
     def _prune(self) -> None:
         """Drop inputs older than each kernel's latest completed checkpoint and sent
@@ -426,6 +461,50 @@ class ReplayLog:
         for pool in spare.values():
             for b in pool:
                 b.destroy()
+
+
+class _StepTimeline:
+    """A device context's step timeline as a capture's `jobs` (completed(), wait())."""
+
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx: Any):
+        self.ctx = ctx
+
+    def completed(self) -> int:
+        return self.ctx.completed()
+
+    def wait(self, point: Any, timeout: float | None) -> None:
+        self.ctx.slot.native.wait_timeline(point.semaphore, point.value, timeout)
+
+
+class _StepPlan:
+    """The replay log's copies recorded at the end of one step (a StepCapture)."""
+
+    __slots__ = ("log", "ctx", "buffer", "entries", "total", "copies")
+
+    def __init__(self, log: ReplayLog, ctx: Any, buffer: MappedBuffer, entries: list[_Entry], total: int,
+                 copies: list[bytes]):
+        self.log, self.ctx, self.buffer, self.entries, self.total, self.copies = log, ctx, buffer, entries, total, \
+            copies
+
+    def submitted(self, point: Any) -> None:
+        """The step ran with the copies: read them back once `point` is reached."""
+        rl = self.log
+        with rl.lock:
+            rl.pending.append(_Capture(self.ctx.index, self.buffer, _StepTimeline(self.ctx), point, self.entries,
+                                       rl.call, self.total))
+            rl.bytes_logged += self.total
+
+    def abandon(self) -> None:
+        """Nothing was submitted: the kernels' logs are as they were, the buffer is spare."""
+        rl = self.log
+        with rl.lock:
+            for e in self.entries:
+                kl = rl.kernels.get(e.kid)
+                if kl is not None and kl.address == e.address and kl.last == e.step:
+                    kl.last, kl.gap = e.before
+        rl._spared(self.ctx.index, self.buffer)
 
 
 def _read_memory(slot: Any, buf: Any, offset: int, size: int) -> np.ndarray:

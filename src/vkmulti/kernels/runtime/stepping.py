@@ -149,47 +149,54 @@ class Stepping:
         batches: list[OutboxBatch] = []
         stepped: dict[int, tuple[Any, Any]] = {}
         queue = sorted(by_device.items())
-        while queue:
-            dev, ks = queue.pop(0)
-            here = [k for k in ks if not k.destroyed and k.device_index == dev]
-            elsewhere: dict[int, list[Kernel]] = defaultdict(list)
-            for k in ks:   # restored elsewhere by a failover since the step began
-                if not k.destroyed and k.device_index != dev:
-                    elsewhere[k.device_index].append(k)
-            queue += sorted(elsewhere.items())
-            if not here:
-                continue
-            ks = here
-            try:
-                ctx, stepper = self._device(dev)
-                for src in (stepper.surveys_awaited() & stepped.keys() if stepped else ()):   # done since: read them in place
-                    octx, ostepper = stepped[src]
-                    with octx.lock:
-                        if octx.alive:
-                            ostepper.harvest()
-                stepped[dev] = (ctx, stepper)
-                policy = self._policy()
-                with ctx.lock:
-                    point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain)
-                    if policy is not None and ran:   # the replay log's copy right behind the submit
-                        policy.replay.log_submitted(ctx, dev, ran)
-            except DeviceLostError as exc:
-                policy = self._policy()
-                if policy is not None and launched:   # what survivors sent in this call is logged first
-                    policy.replay.after_step(launched)
-                if self._failover.step_failed(dev, exc):   # a lost secondary: failed over, the others go on
-                    moved: dict[int, list[Kernel]] = defaultdict(list)
-                    for k in ks:   # restored on a survivor: they make this step there
-                        if not k.destroyed and k.device_index != dev and not self._failover.device_lost(k.device_index):
-                            moved[k.device_index].append(k)
-                    queue += sorted(moved.items())
+        try:
+            while queue:
+                dev, ks = queue.pop(0)
+                here = [k for k in ks if not k.destroyed and k.device_index == dev]
+                elsewhere: dict[int, list[Kernel]] = defaultdict(list)
+                for k in ks:   # restored elsewhere by a failover since the step began
+                    if not k.destroyed and k.device_index != dev:
+                        elsewhere[k.device_index].append(k)
+                queue += sorted(elsewhere.items())
+                if not here:
                     continue
-                raise
-            if point is not None:
-                keep_latest(points, point)
-            launched += ran
-            deferred += held
-            batches += new
+                ks = here
+                try:
+                    ctx, stepper = self._device(dev)
+                    # devices stepped before whose steps are done since: read them back (read in place here)
+                    for src in (stepper.surveys_awaited() & stepped.keys() if stepped else ()):
+                        octx, ostepper = stepped[src]
+                        with octx.lock:
+                            if octx.alive:
+                                ostepper.harvest()
+                    stepped[dev] = (ctx, stepper)
+                    policy = self._policy()
+                    with ctx.lock:   # (a checkpoint policy's replay log copies what each step consumed, in the step)
+                        point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain,
+                                                             policy.replay.plan if policy is not None else None)
+                except DeviceLostError as exc:
+                    policy = self._policy()
+                    if policy is not None and launched:   # what survivors sent in this call is logged first
+                        policy.replay.after_step(launched)
+                    if self._failover.step_failed(dev, exc):   # a lost secondary: failed over, the others go on
+                        moved: dict[int, list[Kernel]] = defaultdict(list)
+                        for k in ks:   # restored on a survivor: they make this step there
+                            if not k.destroyed and k.device_index != dev and \
+                                    not self._failover.device_lost(k.device_index):
+                                moved[k.device_index].append(k)
+                        queue += sorted(moved.items())
+                        continue
+                    raise
+                if point is not None:
+                    keep_latest(points, point)
+                launched += ran
+                deferred += held
+                batches += new
+        except BaseException:   # (Ctrl-C, a failed submit): what the devices stepped so far sent still goes
+            if batches:          # to the listeners, which retain it until they route it
+                for listener in listeners:
+                    listener(batches)
+            raise
         for listener in listeners:   # also without new batches: a router may have moves waiting
             listener(batches)
         return StepTicket(self, points, launched, deferred, batches)

@@ -1,0 +1,111 @@
+"""The replay log's copy of a step is recorded in the step itself (virtual pair,
+CheckpointPolicy): a step makes no GPU job of its own for the log, and a step
+whose submit failed leaves the log as it was, so the failover of a GPU lost
+later still restores its kernels exactly (every message once, in order)."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from vkmulti import MultiDeviceManager
+from vkmulti.errors import VkmError
+from vkmulti.kernels import CheckpointPolicy, CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator, counter_kernel
+from vkmulti.kernels.lifecycle.replay_log import ReplayLog
+from vkmulti.kernels.reference import COUNTER_TAG_FORWARD, counter_initial_state, read_counter
+from vkmulti.testing import lose_device
+
+ROUNDS, PER_ROUND = 12, 2
+
+
+@pytest.fixture
+def pair():
+    """Counters a (GPU 0) and b (GPU 1) that forward every host message to each other."""
+    mgr = MultiDeviceManager.create()
+    coord = MultiGpuCoordinator.from_manager(mgr)
+    rt = KernelRuntime(coord, mgr)
+    rt.set_checkpoint_policy(CheckpointPolicy(every_steps=4))
+    router = CrossGpuK2KRouter(coord, rt)
+    a = rt.launch(counter_kernel(), "a", device=0, state=[counter_initial_state()])
+    b = rt.launch(counter_kernel(), "b", device=1, state=[counter_initial_state()])
+    a.set_params(b.address, 0, 0, 0)
+    b.set_params(a.address, 0, 0, 0)
+    yield mgr, rt, a, b
+    router.detach()
+    rt.destroy(timeout=10)
+    mgr.destroy(timeout=10)
+
+
+def _send_round(rt, i):
+    for j in range(PER_ROUND):
+        rt.send("a", struct.pack("<I", 1000 * i + j + 1), tag=COUNTER_TAG_FORWARD, timeout=10)
+        rt.send("b", struct.pack("<I", 1000 * i + j + 7), tag=COUNTER_TAG_FORWARD, timeout=10)
+
+
+def _check_exact(rt):
+    n = ROUNDS * PER_ROUND
+    total = sum(2000 * i + 2 * j + 8 for i in range(ROUNDS) for j in range(PER_ROUND))
+    assert dict(rt.restored_kernels) == {"b": (1, 0)} and not rt.lost_kernels, (rt.restored_kernels,
+                                                                                 rt.lost_kernels)
+    assert rt.dead_letters == 0
+    for k in ("a", "b"):
+        st = read_counter(rt.read_state(k, 0))
+        assert (st.count, st.sum, st.forwards, st.fifo_errors, st.failed_emits) == (2 * n, total, n, 0, 0), (k, st)
+
+
+def test_a_logged_step_makes_no_job_of_its_own(pair, monkeypatch):
+    """Every step of both kernels is logged (the failover replays them) without the
+    separate copy job a step used to queue behind itself."""
+    mgr, rt, a, b = pair
+    jobs = []
+    real = ReplayLog._submit
+    monkeypatch.setattr(ReplayLog, "_submit", lambda self, *args: (jobs.append(args), real(self, *args))[1])
+    for i in range(ROUNDS):
+        _send_round(rt, i)
+        rt.step(timeout=10)
+    assert jobs == [] and a.steps == b.steps == ROUNDS
+    rt.synchronize(10)
+    lose_device(mgr, 1)
+    for _ in range(12):
+        rt.step(timeout=10)
+    rt.synchronize(10)
+    _check_exact(rt)
+
+
+class _FailingSubmit:
+    """A device's StepCommands whose next submit fails before the driver sees it."""
+
+    def __init__(self, real):
+        self.real, self.armed = real, True
+
+    def submit(self, *args):
+        if self.armed:
+            self.armed = False
+            raise VkmError("a submit refused on purpose (test)")
+        return self.real.submit(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_a_step_whose_submit_failed_leaves_the_log_as_it_was(pair):
+    """Nothing of the failed step ran: its kernels' logs go back to their previous step,
+    the step made again later is logged, and the failover restores b exactly."""
+    mgr, rt, a, b = pair
+    for i in range(ROUNDS):
+        _send_round(rt, i)
+        if i == ROUNDS - 2:   # (after the last checkpoint before the loss: its inputs are replayed)
+            ctx = b.ctx
+            ctx.step_cmds = _FailingSubmit(ctx.step_cmds)
+            try:
+                with pytest.raises(VkmError, match="on purpose"):
+                    rt.step(timeout=10)
+            finally:
+                ctx.step_cmds = ctx.step_cmds.real
+        rt.step(timeout=10)
+    rt.synchronize(10)
+    lose_device(mgr, 1)
+    for _ in range(12):
+        rt.step(timeout=10)
+    rt.synchronize(10)
+    _check_exact(rt)
