@@ -4,6 +4,7 @@ device's timeline; the K2K router's listeners see the step's batches; a lost
 device is failed over and its kernels' step made on the survivors."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -21,6 +22,8 @@ from ..lifecycle.failover import Failover
 from ..lifecycle.policy import PolicyState
 
 __all__ = ["RunTicket", "StepTicket", "Stepping"]
+
+log = logging.getLogger(__name__)
 
 
 class StepTicket:
@@ -192,10 +195,13 @@ class Stepping:
                 launched += ran
                 deferred += held
                 batches += new
-        except BaseException:   # (Ctrl-C, a failed submit): what the devices stepped so far sent still goes
-            if batches:          # to the listeners, which retain it until they route it
+        except BaseException as exc:   # (Ctrl-C, a failed submit): what the devices stepped so far sent still
+            if batches:                 # goes to the listeners, which retain it until they route it
                 for listener in listeners:
-                    listener(batches)
+                    try:
+                        listener(batches)
+                    except Exception as more:   # the step's own error is the one raised
+                        log.warning("a step listener failed after the step failed (%s): %s", exc, more)
             raise
         for listener in listeners:   # also without new batches: a router may have moves waiting
             listener(batches)
