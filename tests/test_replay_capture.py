@@ -109,3 +109,31 @@ def test_a_step_whose_submit_failed_leaves_the_log_as_it_was(pair):
         rt.step(timeout=10)
     rt.synchronize(10)
     _check_exact(rt)
+
+
+def test_a_capture_after_every_step_is_copied_by_the_step_and_recycled_unread(pair, monkeypatch):
+    """CheckpointPolicy(every_steps=1): no capture is a GPU job of its own, the copy
+    buffers are recycled (a device holds at most its steps in flight, the kept capture
+    and one being read), and the newest capture, read only when asked for, restores
+    the kernel to its state of that step."""
+    from vkmulti.kernels.lifecycle import policy as policy_module
+
+    mgr, rt, a, b = pair
+    rt.set_checkpoint_policy(CheckpointPolicy(every_steps=1))
+    jobs, made = [], []
+    real_capture, real_buffer = policy_module.PolicyState._capture, policy_module.MappedBuffer
+    monkeypatch.setattr(policy_module.PolicyState, "_capture", lambda self, k: (jobs.append(k.id), real_capture(self, k)))
+    monkeypatch.setattr(policy_module, "MappedBuffer", lambda *args: (made.append(args), real_buffer(*args))[1])
+    steps = 40
+    for i in range(steps):
+        if i < ROUNDS:
+            _send_round(rt, i)
+        rt.step(timeout=10)
+    rt.synchronize(10)
+    assert jobs == []
+    assert len(made) <= 2 * (rt.in_flight + 3), len(made)   # (a buffer a step: 80)
+    want = read_counter(rt.read_state(b, 0))
+    cp = rt.latest_checkpoint(b)
+    assert cp.metadata.current_step == b.steps == steps
+    rt.restore(cp, into=b, device=0)
+    assert read_counter(rt.read_state(b, 0)) == want

@@ -22,7 +22,7 @@ from ..._core.lifetime import Deadline
 from ..._core.timeline import TimelinePoint
 from . import recording as cmds
 
-__all__ = ["GpuJobs", "JobDone"]
+__all__ = ["GpuJobs", "JobDone", "StepTimeline"]
 
 log = logging.getLogger(__name__)
 
@@ -174,3 +174,24 @@ class JobDone:
                     pass
             if deadline.expired():
                 return False
+
+
+class StepTimeline:
+    """A device context's step timeline where a GpuJobs' is expected (`slot`, completed(),
+    wait(point, timeout)): copies recorded in a step itself are done with the step."""
+
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx: Any):
+        self.ctx = ctx
+
+    @property
+    def slot(self) -> Any:
+        return self.ctx.slot
+
+    def completed(self) -> int:
+        return self.ctx.completed()
+
+    def wait(self, point: TimelinePoint, timeout: float | None) -> None:
+        """Block (no GIL, interruptible) until `point` of the step timeline is reached."""
+        self.ctx.slot.native.wait_timeline(point.semaphore, point.value, timeout)

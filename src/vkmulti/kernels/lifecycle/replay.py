@@ -34,6 +34,7 @@ from typing import Any
 
 from ...errors import VkmError
 from ...errors import TimeoutError as VkmTimeout
+from .restore import restore_into
 from .twin import LifecycleView, RuntimeView
 
 log = logging.getLogger(__name__)
@@ -118,12 +119,12 @@ def restore_lost_kernels(life: LifecycleView, device: int, kernels: list[Any], p
     restored, gone = [], []
     replayed = 0
     for k in kernels:
-        cp = rt.latest_checkpoint(k.id)
+        img = state.latest_image(k.id)   # (the newest capture as it is: no Checkpoint made and parsed)
         kl = replay.kernels.get(k.id)
-        if cp is None:
+        if img is None:
             gone.append(k)
             continue
-        start, end = cp.metadata.current_step, k.steps
+        start, end = img.steps, k.steps
         if start > end or (start < end and (kl is None or kl.address != k.address or not kl.covers(start, end))):
             log.error("failover: kernel %r cannot be restored exactly: its checkpoint is at step %d, its inputs "
                       "of steps %d..%d are not all logged", k.id, start, start, end - 1)
@@ -136,7 +137,7 @@ def restore_lost_kernels(life: LifecycleView, device: int, kernels: list[Any], p
         target = _target(rt, k, lost_devices)
         ok = False
         try:
-            rt.restore(cp, into=k, device=target, timeout=_left(deadline))
+            restore_into(life, k, img, target, _left(deadline))
             k.replaying = True
             try:
                 for step in range(start, end):

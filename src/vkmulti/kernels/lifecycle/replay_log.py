@@ -37,6 +37,7 @@ from ..._core import vkapi
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from ..engine import recording as cmds
 from ..engine.device_context import MappedBuffer
+from ..engine.gpu_jobs import StepTimeline
 from ..engine.step_ops import copy_op
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES
 from .host_crc import HostCrc
@@ -44,7 +45,7 @@ from .twin import LifecycleView
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ReplayLog", "KernelLog"]
+__all__ = ["ReplayLog", "KernelLog", "StepPlan", "keep_spare", "SPARE_BUFFERS", "SPARE_BYTES"]
 
 _HEAD = struct.Struct("<4I")
 _ENV = struct.Struct("<IIQ")          # source, destination, sequence (the envelope's first words)
@@ -136,7 +137,7 @@ class ReplayLog:
             with ctx.lock:
                 self.log_submitted(ctx, dev, ks)
 
-    def plan(self, ctx: Any, ks: list[Any]) -> "_StepPlan | None":
+    def plan(self, ctx: Any, ks: list[Any]) -> "StepPlan | None":
         """The copies of the step of `ks` about to be recorded on `ctx` (its lock held),
         recorded at the step's end (DeviceStepper.step's capture); None when none of
         them needs logging, or the copy's buffer could not be made (those steps are
@@ -158,7 +159,7 @@ class ReplayLog:
                        copy_op(k.outbox.handle_int, buf.handle_int, j * k.outbox_region, e.outbox_at,
                                k.outbox_bytes),
                        copy_op(k.k2h.handle_int, buf.handle_int, j * k.k2h_region, e.report_at, _REPORT_BYTES)]
-        return _StepPlan(self, ctx, buf, entries, total, copies)
+        return StepPlan(self, ctx, buf, entries, total, copies)
 
     def _buffer(self, ctx: Any, total: int) -> MappedBuffer:
         """A host-visible buffer of `total` bytes for a copy on `ctx`'s device (a spare one if kept)."""
@@ -171,7 +172,7 @@ class ReplayLog:
         """Keep `buf` (its copy read, or never run) for a later copy, or free it."""
         with self.lock:
             pool = self._spare.setdefault((device, buf.size), [])
-            if len(pool) < 2:
+            if keep_spare(pool, buf.size):
                 pool.append(buf)
                 return
         buf.destroy()
@@ -388,10 +389,9 @@ class ReplayLog:
         for kid, kl in items:
             with state.lock:   # (the completed checkpoints as they are: no read-back from here)
                 q = state.done.get(kid)
-                cp = q[-1] if q else None
-            if cp is None:
+                start = q[-1].steps if q else None
+            if start is None:
                 continue
-            start = cp.metadata.current_step
             with self.lock:
                 for s in [s for s in kl.inputs if s < start]:
                     del kl.inputs[s]
@@ -463,22 +463,20 @@ class ReplayLog:
                 b.destroy()
 
 
-class _StepTimeline:
-    """A device context's step timeline as a capture's `jobs` (completed(), wait())."""
-
-    __slots__ = ("ctx",)
-
-    def __init__(self, ctx: Any):
-        self.ctx = ctx
-
-    def completed(self) -> int:
-        return self.ctx.completed()
-
-    def wait(self, point: Any, timeout: float | None) -> None:
-        self.ctx.slot.native.wait_timeline(point.semaphore, point.value, timeout)
+#: Spare copy buffers kept per (device, size): enough for the steps in flight, the
+#: completed capture kept and one being read, where they are small.
+SPARE_BUFFERS = 6
+#: ... and at most this many bytes of them per (device, size) beyond the first two.
+SPARE_BYTES = 64 << 20
 
 
-class _StepPlan:
+def keep_spare(pool: list[Any], size: int) -> bool:
+    """Whether a free copy buffer of `size` bytes joins `pool` (the spares of its device
+    and size) rather than being freed."""
+    return len(pool) < 2 or (len(pool) < SPARE_BUFFERS and (len(pool) + 1) * size <= SPARE_BYTES)
+
+
+class StepPlan:
     """The replay log's copies recorded at the end of one step (a StepCapture)."""
 
     __slots__ = ("log", "ctx", "buffer", "entries", "total", "copies")
@@ -492,7 +490,7 @@ class _StepPlan:
         """The step ran with the copies: read them back once `point` is reached."""
         rl = self.log
         with rl.lock:
-            rl.pending.append(_Capture(self.ctx.index, self.buffer, _StepTimeline(self.ctx), point, self.entries,
+            rl.pending.append(_Capture(self.ctx.index, self.buffer, StepTimeline(self.ctx), point, self.entries,
                                        rl.call, self.total))
             rl.bytes_logged += self.total
 

@@ -176,7 +176,7 @@ class Stepping:
                     policy = self._policy()
                     with ctx.lock:   # (a checkpoint policy's replay log copies what each step consumed, in the step)
                         point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain,
-                                                             policy.replay.plan if policy is not None else None)
+                                                             policy.plan if policy is not None else None)
                 except DeviceLostError as exc:
                     policy = self._policy()
                     if policy is not None and launched:   # what survivors sent in this call is logged first
