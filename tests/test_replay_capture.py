@@ -137,3 +137,55 @@ def test_a_capture_after_every_step_is_copied_by_the_step_and_recycled_unread(pa
     assert cp.metadata.current_step == b.steps > steps // 2   # (a step may hold b back under load)
     rt.restore(cp, into=b, device=0)
     assert read_counter(rt.read_state(b, 0)) == want
+
+
+def _step_of(cp):
+    """The step count a checkpoint's control block holds (the kernel's own, from the GPU)."""
+    from vkmulti.kernels.checkpoint.header import ChunkType
+
+    lo, hi = struct.unpack_from("<2I", bytes(cp.get_chunk(ChunkType.CONTROL_BLOCK).data), 8)
+    return lo | hi << 32
+
+
+def test_a_capture_copied_in_a_failed_step_call_keeps_its_own_step(pair):
+    """a's due capture is copied by its step in a step() call that then fails on GPU 1:
+    the checkpoint says the step it holds, not a later one."""
+    mgr, rt, a, b = pair
+    for i in range(3):
+        _send_round(rt, i)
+        rt.step(timeout=10)
+    assert a.steps == 3
+    ctx = b.ctx
+    ctx.step_cmds = _FailingSubmit(ctx.step_cmds)
+    try:
+        with pytest.raises(VkmError, match="on purpose"):
+            rt.step(timeout=10)   # a makes its 4th step (a capture is due), b's submit fails
+    finally:
+        ctx.step_cmds = ctx.step_cmds.real
+    assert a.steps == 4
+    for _ in range(2):
+        rt.step(timeout=10)
+    rt.synchronize(10)
+    cp = rt.latest_checkpoint(a)
+    assert cp.metadata.current_step == _step_of(cp) == 4
+
+
+def test_checkpoints_taken_before_a_policy_change_stay_usable(pair):
+    """The completed checkpoints go on under a new policy; no buffer is left behind
+    (the validation layer reports any at the devices' destruction)."""
+    mgr, rt, a, b = pair
+    rt.set_checkpoint_policy(CheckpointPolicy(every_steps=1))
+    for i in range(5):
+        _send_round(rt, i)
+        rt.step(timeout=10)
+    rt.synchronize(10)
+    rt.set_checkpoint_policy(CheckpointPolicy(every_steps=2, keep=2))
+    cp = rt.latest_checkpoint(a)
+    assert cp.metadata.current_step == _step_of(cp) == a.steps
+    for _ in range(3):
+        rt.step(timeout=10)
+    rt.synchronize(10)
+    cp = rt.latest_checkpoint(b)
+    assert cp.metadata.current_step == _step_of(cp) and cp.metadata.current_step % 2 == 0
+    rt.set_checkpoint_policy(None)
+    assert rt.latest_checkpoint(a) is None

@@ -191,8 +191,9 @@ class DeviceStepper:
         value = self.ctx.value + 1
         rec = InFlight(value, self.nsteps % d)
         taken_h2k: list[tuple[Kernel, list[bytes]]] = []
-        plan = capture(self.ctx, launched) if capture is not None else None
+        plan: StepCapture | None = None
         try:
+            plan = capture(self.ctx, launched) if capture is not None else None
             gpu_waits, survey_offsets = self.recorder.record(rec, launched, taken_h2k, self.batches, self.retired,
                                                              plan.copies if plan is not None else ())
             gpu_waits += [(p.semaphore, p.value) for p in waits]
@@ -220,9 +221,11 @@ class DeviceStepper:
             with self.ctx.dir_lock:
                 self.ctx.dir_dirty.update(rec.directory)
             raise
-        point, new = self._submitted(value, launched, rec, survey_offsets, retain)
-        if plan is not None:
-            plan.submitted(point)
+        try:
+            point, new = self._submitted(value, launched, rec, survey_offsets, retain)
+        finally:   # (the step ran: its copies are registered even if an interrupt came meanwhile)
+            if plan is not None:
+                plan.submitted(self.ctx.point(value))
         return point, launched, deferred, new
 
     def _submitted(self, value: int, launched: list[Kernel], rec: InFlight, survey_offsets: list[int | None],

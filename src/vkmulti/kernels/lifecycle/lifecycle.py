@@ -466,7 +466,7 @@ class Lifecycle:
             new_done = old.done if new is not None else None
             old.destroy()
             if new is not None and new_done:
-                new.done = {kid: deque(q, maxlen=policy.keep) for kid, q in new_done.items()}  # type: ignore[union-attr]
+                new.done = {kid: deque(list(q)[-policy.keep:]) for kid, q in new_done.items()}  # type: ignore[union-attr]
         self.policy_state = new
 
     def latest_checkpoint(self, kernel: Any) -> Checkpoint | None:

@@ -4,12 +4,13 @@ themselves (CheckpointPolicy), and the captures in flight and completed
 kernels with). The runtime's Lifecycle (lifecycle.py) installs it.
 
 A capture due after a step is copied by that step itself (its command
-buffer ends with the copies: `plan`), its host-side part taken once the
-step() call returns (`after_step`); a capture the step could not take is a
-GPU job queued behind it. A completed capture stays in its host-visible
-buffer until its Checkpoint is asked for (`latest`, the failover, a
-storage that saves each): a newer one of the same kernel recycles it
-unread, so a capture after every step costs the host little."""
+buffer ends with the copies: `plan`; its host-side part is taken right
+after the submit, under the device's lock); a capture the step could not
+take is a GPU job queued behind the step() call (`after_step`). A completed
+capture's bytes are read into host memory at once (a lost device's memory
+is not read later); the Checkpoint is made from them only when asked for
+(`latest`, a storage that saves each; the failover restores from the
+image itself), so a capture after every step costs the host little."""
 from __future__ import annotations
 
 import logging
@@ -32,7 +33,7 @@ from ..engine.step_ops import copy_op
 from ..ids import KernelId, as_kernel_id
 from ..engine.kernel import Kernel
 from .image import KernelImage, fill_image, image_meta, image_sources, record_image_copy, to_checkpoint
-from .replay_log import ReplayLog, keep_spare
+from .replay_log import ReplayLog, keep_spare, still_running
 from .twin import LifecycleView
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class CheckpointPolicy:
 class _Capture:
     """A checkpoint being copied to host-visible memory on the GPU."""
     kernel: Kernel
-    image: KernelImage | None    # everything but the device bytes (None: the kernel was destroyed)
+    image: KernelImage           # everything but the device bytes
     buffer: MappedBuffer
     sizes: list[int]
     jobs: GpuJobs | StepTimeline
@@ -83,56 +84,48 @@ class _Capture:
 
 
 class _Completed:
-    """A completed capture: its Checkpoint is made from the buffer the first time it is
-    asked for (`get`). Used with the policy state's lock held; the buffers they let go
-    (`take_buffer`) are spared by the caller after."""
+    """A completed capture (its image, device bytes included): its Checkpoint is made
+    the first time one is asked for (`get`, with the policy state's lock held)."""
 
-    __slots__ = ("image", "buffer", "sizes", "cp", "read")
+    __slots__ = ("image", "cp")
 
-    def __init__(self, image: KernelImage, buffer: MappedBuffer, sizes: list[int]):
-        self.image, self.sizes = image, sizes
-        self.buffer: MappedBuffer | None = buffer
+    def __init__(self, image: KernelImage):
+        self.image = image
         self.cp: Checkpoint | None = None
-        self.read = False   # the image holds the device bytes
 
     @property
     def steps(self) -> int:
         return self.image.steps
 
-    def filled(self) -> KernelImage:
-        """The kernel's image, its device bytes read from the buffer the first time."""
-        if not self.read:
-            fill_image(self.image, self.buffer.bytes, self.sizes)  # type: ignore[union-attr]
-            self.read = True
-        return self.image
-
     def get(self) -> Checkpoint:
-        """The Checkpoint (made from the image the first time)."""
         if self.cp is None:
-            self.cp = to_checkpoint(self.filled())
+            self.cp = to_checkpoint(self.image)
         return self.cp
-
-    def take_buffer(self) -> MappedBuffer | None:
-        """The buffer, once its Checkpoint is made or will never be (None: let go already)."""
-        buf, self.buffer = self.buffer, None
-        return buf
 
 
 class _CapturePlan:
-    """Captures copied at the end of one step (a StepCapture): kernel, buffer, sizes each."""
+    """Captures copied at the end of one step (a StepCapture): kernel, buffer, sizes and its
+    step count after the step, each."""
 
     __slots__ = ("state", "ctx", "items", "copies")
 
-    def __init__(self, state: "PolicyState", ctx: Any, items: list[tuple[Kernel, MappedBuffer, list[int]]],
+    def __init__(self, state: "PolicyState", ctx: Any, items: list[tuple[Kernel, MappedBuffer, list[int], int]],
                  copies: list[bytes]):
         self.state, self.ctx, self.items, self.copies = state, ctx, items, copies
 
     def submitted(self, point: Any) -> None:
+        """The step ran (its device's lock still held): each capture's host-side part now,
+        at the step count it has after this step."""
+        caps = []
+        for k, buf, sizes, steps in self.items:
+            img = image_meta(k)
+            img.steps = steps
+            caps.append(_Capture(k, img, buf, sizes, StepTimeline(self.ctx), point))
         with self.state.lock:
-            self.state.awaiting += [(k, buf, sizes, self.ctx, point) for k, buf, sizes in self.items]
+            self.state.pending += caps
 
     def abandon(self) -> None:
-        for _, buf, _ in self.items:
+        for _, buf, _, _ in self.items:
             self.state._spared(buf)
 
 
@@ -161,8 +154,6 @@ class PolicyState:
         self.life, self.policy = life, policy
         self.lock = threading.Lock()
         self.pending: list[_Capture] = []
-        #: captures copied by their steps, whose host-side part after_step() takes
-        self.awaiting: list[tuple[Kernel, MappedBuffer, list[int], Any, Any]] = []
         self.done: dict[KernelId, deque[_Completed]] = {}
         self.spare: dict[tuple[int, int], list[MappedBuffer]] = {}
         #: what the kernels consumed and sent since their checkpoints (the failover's replay input)
@@ -179,17 +170,23 @@ class PolicyState:
         if self.policy.due(k.id, steps):
             return True
         with self.lock:   # a first checkpoint at once: a loss before the first due one is covered
-            return k.id not in self.done and not any(c.kernel is k for c in self.pending) and \
-                not any(a[0] is k for a in self.awaiting)
+            return k.id not in self.done and not any(c.kernel is k for c in self.pending)
 
     def plan(self, ctx: Any, ks: list[Kernel]) -> Any:
         """What the step of `ks` about to be recorded on `ctx` copies at its end (a
         StepCapture, or None): the replay log's rings and the captures due after it."""
-        plans = [p for p in (self.replay.plan(ctx, ks), self._plan_captures(ctx, ks)) if p is not None]
+        logged = self.replay.plan(ctx, ks)
+        try:
+            captures = self._plan_captures(ctx, ks)
+        except BaseException:
+            if logged is not None:
+                logged.abandon()
+            raise
+        plans = [p for p in (logged, captures) if p is not None]
         return None if not plans else plans[0] if len(plans) == 1 else _StepPlans(plans)
 
     def _plan_captures(self, ctx: Any, ks: list[Kernel]) -> _CapturePlan | None:
-        items: list[tuple[Kernel, MappedBuffer, list[int]]] = []
+        items: list[tuple[Kernel, MappedBuffer, list[int], int]] = []
         copies: list[bytes] = []
         for k in ks:
             if k.destroyed or k.ctx is not ctx or k.replaying or not self._wants(k, k.steps + 1):
@@ -203,7 +200,7 @@ class PolicyState:
             for src, n in zip(srcs, sizes):
                 copies.append(copy_op(src.handle_int, buf.handle_int, 0, at, n))
                 at += n
-            items.append((k, buf, sizes))
+            items.append((k, buf, sizes, k.steps + 1))
         return _CapturePlan(self, ctx, items, copies) if items else None
 
     def _buffer(self, ctx: Any, total: int) -> MappedBuffer:
@@ -222,22 +219,18 @@ class PolicyState:
         buf.destroy()
 
     def after_step(self, launched: list[Kernel]) -> None:
-        """The captures due after a step() call: the host-side part of those its steps
-        copied, the others queued now as GPU jobs behind the steps."""
-        with self.lock:
-            awaiting, self.awaiting = self.awaiting, []
-        taken = set()
-        for k, buf, sizes, ctx, point in awaiting:
-            with ctx.lock:
-                img = None if k.destroyed else image_meta(k)
-            with self.lock:
-                self.pending.append(_Capture(k, img, buf, sizes, StepTimeline(ctx), point))
-            taken.add(id(k))
+        """The captures due after a step() call that its steps did not copy themselves
+        (no plan: the policy came mid-call, or a buffer could not be made then), queued
+        now as GPU jobs behind the steps."""
         for k in launched:
-            if k.destroyed or id(k) in taken:
+            if k.destroyed:
                 continue
             with k.ctx.lock:
-                wanted = self._wants(k, k.steps)
+                with self.lock:   # (by its step, or a job already: pending, or read back since)
+                    q = self.done.get(KernelId(k.id))
+                    copied = any(c.kernel is k and c.image.steps == k.steps for c in self.pending) or \
+                        (q is not None and q[-1].steps == k.steps)
+                wanted = not copied and self._wants(k, k.steps)
             if not wanted:
                 continue
             try:
@@ -285,24 +278,18 @@ class PolicyState:
             except (DeviceLostError, VkmTimeout):
                 keep.append(c)   # (a lost device's: the failover reads it or drops it, drop_device)
                 continue
-            img = c.image
-            if img is None:   # its kernel was destroyed before the capture's host-side part was taken
-                self._spared(c.buffer)
-                continue
-            entry = _Completed(img, c.buffer, c.sizes)
+            img = fill_image(c.image, c.buffer.bytes, c.sizes)
+            self._spared(c.buffer)
+            entry = _Completed(img)
             with self.lock:
                 q = self.done.setdefault(img.kernel_id, deque())  # type: ignore[arg-type]
                 q.append(entry)
-                freed = [q.popleft().take_buffer() for _ in range(len(q) - self.policy.keep)]   # (read or not)
+                while len(q) > self.policy.keep:
+                    q.popleft()
                 stats = getattr(self.life.rt, "failover_stats", None)
                 if stats is not None:
                     stats.checkpoints_taken += 1
                 cp = entry.get() if self.policy.storage is not None else None
-                if cp is not None:
-                    freed.append(entry.take_buffer())
-            for buf in freed:
-                if buf is not None:
-                    self._spared(buf)
             if cp is not None:
                 try:
                     self.policy.storage.save(cp, f"{img.kernel_id}@{img.steps}")  # type: ignore[union-attr]
@@ -316,18 +303,9 @@ class PolicyState:
         with self.lock:
             lost = [c for c in self.pending if c.jobs.slot.index == device]
             self.pending = [c for c in self.pending if c.jobs.slot.index != device]
-        with self.lock:   # copied by steps of the lost device: not trusted either
-            gone = [a for a in self.awaiting if a[3].index == device]
-            self.awaiting = [a for a in self.awaiting if a[3].index != device]
-        for k, buf, *_ in gone:
-            log.warning("checkpoint policy: the capture of %r was lost with its device", k.id)
-            try:
-                buf.destroy()
-            except VkmError:
-                pass
         for c in lost:
             log.warning("checkpoint policy: the capture of %r at step %d was lost with its device",
-                        c.kernel.id, c.image.steps if c.image is not None else -1)
+                        c.image.kernel_id, c.image.steps)
             try:
                 c.buffer.destroy()
             except VkmError:
@@ -338,28 +316,15 @@ class PolicyState:
         without making one: the failover restores from it), or None."""
         with self.lock:
             q = self.done.get(kernel_id)
-            if not q:
-                return None
-            img = q[-1].filled()
-            buf = q[-1].take_buffer()
-        if buf is not None:
-            self._spared(buf)
-        return img
+            return q[-1].image if q else None
 
     def latest(self, kernel_id: KernelId) -> Checkpoint | None:
         self.materialize()
         with self.lock:
             q = self.done.get(kernel_id)
-            if not q:
-                return None
-            cp = q[-1].get()
-            buf = q[-1].take_buffer()
-        if buf is not None:
-            self._spared(buf)
-        return cp
+            return q[-1].get() if q else None
 
     def destroy(self) -> None:
-        self.after_step([])   # (captures a failed step() call copied: waited for below like the others)
         try:
             self.materialize(wait=True, timeout=30.0)
         except VkmError:
@@ -367,17 +332,14 @@ class PolicyState:
         self.replay.destroy()
         with self.lock:
             pending, self.pending = self.pending, []
-            awaiting, self.awaiting = self.awaiting, []
-            done, self.done = self.done, {}
-            kept = [e.take_buffer() for q in done.values() for e in q]
             spare, self.spare = self.spare, {}
         for c in pending:
+            if still_running(c):   # nothing the GPU may still write is freed
+                log.warning("checkpoint policy: a capture of %r still runs at destroy(); its buffer is left to "
+                            "its device's destruction", c.image.kernel_id)
+                continue
             c.buffer.destroy()
-        for a in awaiting:   # (after_step took those of before; no step runs now)
-            a[1].destroy()
-        for buf in kept:
-            if buf is not None:
-                buf.destroy()
         for pool in spare.values():
             for b in pool:
                 b.destroy()
+

@@ -137,6 +137,7 @@ def restore_lost_kernels(life: LifecycleView, device: int, kernels: list[Any], p
         target = _target(rt, k, lost_devices)
         ok = False
         try:
+            k.check()   # (destroyed meanwhile: not restored)
             restore_into(life, k, img, target, _left(deadline))
             k.replaying = True
             try:

@@ -45,7 +45,7 @@ from .twin import LifecycleView
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ReplayLog", "KernelLog", "StepPlan", "keep_spare", "SPARE_BUFFERS", "SPARE_BYTES"]
+__all__ = ["ReplayLog", "KernelLog", "StepPlan", "keep_spare", "still_running", "SPARE_BUFFERS", "SPARE_BYTES"]
 
 _HEAD = struct.Struct("<4I")
 _ENV = struct.Struct("<IIQ")          # source, destination, sequence (the envelope's first words)
@@ -456,8 +456,13 @@ class ReplayLog:
             pending, self.pending = self.pending, []
             spare, self._spare = self._spare, {}
         for c in pending:
-            if c.buffer is not None:
-                c.buffer.destroy()
+            if c.buffer is None:
+                continue
+            if still_running(c):   # nothing the GPU may still write is freed
+                log.warning("replay log: a copy still runs at destroy(); its buffer is left to its device's "
+                            "destruction")
+                continue
+            c.buffer.destroy()
         for pool in spare.values():
             for b in pool:
                 b.destroy()
@@ -468,6 +473,15 @@ class ReplayLog:
 SPARE_BUFFERS = 6
 #: ... and at most this many bytes of them per (device, size) beyond the first two.
 SPARE_BYTES = 64 << 20
+
+
+def still_running(c: Any) -> bool:
+    """Whether the copy of capture `c` (the replay log's or a policy checkpoint's, with
+    `jobs` and `point`) may still run: its point not reached on a device that is not lost."""
+    try:
+        return c.jobs is not None and c.jobs.completed() < c.point.value
+    except VkmError:   # (DeviceLostError among them: a lost device runs nothing more)
+        return False
 
 
 def keep_spare(pool: list[Any], size: int) -> bool:
