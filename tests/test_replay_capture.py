@@ -64,6 +64,11 @@ def test_a_logged_step_makes_no_job_of_its_own(pair, monkeypatch):
         _send_round(rt, i)
         rt.step(timeout=10)
     assert jobs == [] and a.steps > 0 and b.steps > 0
+    _lose_gpu1_and_check(mgr, rt)
+
+
+def _lose_gpu1_and_check(mgr, rt):
+    """GPU 1 lost once every step is done; the counters then end exact (b restored on GPU 0)."""
     rt.synchronize(10)
     lose_device(mgr, 1)
     for _ in range(12):
@@ -88,6 +93,17 @@ class _FailingSubmit:
         return getattr(self.real, name)
 
 
+def _step_failing_on(rt, k):
+    """One step() call whose submit on k's device fails (the devices stepped before it ran)."""
+    ctx = k.ctx
+    ctx.step_cmds = _FailingSubmit(ctx.step_cmds)
+    try:
+        with pytest.raises(VkmError, match="on purpose"):
+            rt.step(timeout=10)
+    finally:
+        ctx.step_cmds = ctx.step_cmds.real
+
+
 def test_a_step_whose_submit_failed_leaves_the_log_as_it_was(pair):
     """Nothing of the failed step ran: its kernels' logs go back to their previous step,
     the step made again later is logged, and the failover restores b exactly."""
@@ -95,20 +111,9 @@ def test_a_step_whose_submit_failed_leaves_the_log_as_it_was(pair):
     for i in range(ROUNDS):
         _send_round(rt, i)
         if i == ROUNDS - 2:   # (after the last checkpoint before the loss: its inputs are replayed)
-            ctx = b.ctx
-            ctx.step_cmds = _FailingSubmit(ctx.step_cmds)
-            try:
-                with pytest.raises(VkmError, match="on purpose"):
-                    rt.step(timeout=10)
-            finally:
-                ctx.step_cmds = ctx.step_cmds.real
+            _step_failing_on(rt, b)
         rt.step(timeout=10)
-    rt.synchronize(10)
-    lose_device(mgr, 1)
-    for _ in range(12):
-        rt.step(timeout=10)
-    rt.synchronize(10)
-    _check_exact(rt)
+    _lose_gpu1_and_check(mgr, rt)
 
 
 def test_a_capture_after_every_step_is_copied_by_the_step_and_recycled_unread(pair, monkeypatch):
@@ -155,13 +160,7 @@ def test_a_capture_copied_in_a_failed_step_call_keeps_its_own_step(pair):
         _send_round(rt, i)
         rt.step(timeout=10)
     assert a.steps == 3
-    ctx = b.ctx
-    ctx.step_cmds = _FailingSubmit(ctx.step_cmds)
-    try:
-        with pytest.raises(VkmError, match="on purpose"):
-            rt.step(timeout=10)   # a makes its 4th step (a capture is due), b's submit fails
-    finally:
-        ctx.step_cmds = ctx.step_cmds.real
+    _step_failing_on(rt, b)   # a makes its 4th step (a capture is due), b's submit fails
     assert a.steps == 4
     for _ in range(2):
         rt.step(timeout=10)
