@@ -33,6 +33,16 @@ cdef extern from "vkm_step.h" nogil:
                          VkDeviceSize size, const void *data)
     VkResult vkm_step_submit(const vkm_device *d, vkm_queue *q, VkCommandBuffer cmd, uint32_t nwaits,
                              const VkSemaphore *sems, const uint64_t *values, VkSemaphore signal, uint64_t value)
+    enum:
+        VKM_SET_MAX_BINDINGS
+        VK_ERROR_OUT_OF_POOL_MEMORY
+        VK_ERROR_FRAGMENTED_POOL
+    ctypedef void* VkDescriptorPool
+    ctypedef void* VkDescriptorSetLayout
+    VkResult vkm_set_make(const vkm_device *d, VkDescriptorPool pool, VkDescriptorSetLayout layout, uint32_t n,
+                          const uint32_t *types, const VkBuffer *buffers, const VkDeviceSize *offsets,
+                          const VkDeviceSize *ranges, VkDescriptorSet *out)
+    VkResult vkm_set_free(const vkm_device *d, VkDescriptorPool pool, VkDescriptorSet set)
 
 
 #: The operations of StepCommands.record (vkm_step.h's vkm_step_op): each a record of
@@ -187,6 +197,49 @@ cdef class StepCommands:
             raise ValueError(f"update needs 4 to 65536 bytes, a multiple of 4, at an offset that is one; got "
                              f"{size} bytes at {offset}")
         vkm_step_update(self.dev.ptr(), cmd, <VkBuffer>buffer, offset, <VkDeviceSize>size, <const char *>data)
+
+    def make_set(self, uintptr_t pool, uintptr_t layout, list bindings not None):
+        """A descriptor set of `layout` from `pool`, each of `bindings` ((descriptor type,
+        buffer, offset, range) per binding, in order) written as a buffer: its handle, or
+        0 where the pool is out of room (VK_ERROR_OUT_OF_POOL_MEMORY or
+        VK_ERROR_FRAGMENTED_POOL: try another pool). Every binding is checked first."""
+        cdef vkm_device *d = self.dev.ptr()
+        cdef uint32_t types[VKM_SET_MAX_BINDINGS]
+        cdef VkBuffer buffers[VKM_SET_MAX_BINDINGS]
+        cdef VkDeviceSize offsets[VKM_SET_MAX_BINDINGS]
+        cdef VkDeviceSize ranges[VKM_SET_MAX_BINDINGS]
+        cdef Py_ssize_t n = len(bindings), i
+        cdef VkDescriptorSet out = NULL
+        cdef VkResult r
+        _nonzero(pool, "pool")
+        _nonzero(layout, "layout")
+        if n > VKM_SET_MAX_BINDINGS:
+            raise ValueError(f"a descriptor set of at most {VKM_SET_MAX_BINDINGS} bindings, got {n}")
+        for i in range(n):
+            item = bindings[i]
+            if not isinstance(item, tuple) or len(item) != 4:
+                raise TypeError(f"binding {i} must be (type, buffer, offset, range), got {item!r}"[:160])
+            t, b, o, rg = item
+            types[i] = <uint32_t>t
+            buffers[i] = <VkBuffer><uintptr_t>b
+            offsets[i] = <VkDeviceSize>o
+            ranges[i] = <VkDeviceSize>rg
+            if buffers[i] == NULL:
+                raise ValueError(f"binding {i}: a null buffer")
+        with nogil:
+            r = vkm_set_make(d, <VkDescriptorPool>pool, <VkDescriptorSetLayout>layout, <uint32_t>n, types, buffers,
+                             offsets, ranges, &out)
+        if r == VK_ERROR_OUT_OF_POOL_MEMORY or r == VK_ERROR_FRAGMENTED_POOL:
+            return 0
+        check(r, "vkAllocateDescriptorSets")
+        return <uintptr_t>out
+
+    def free_set(self, uintptr_t pool, uintptr_t dset):
+        """vkFreeDescriptorSets of one set of `pool`."""
+        cdef vkm_device *d = self.dev.ptr()
+        _nonzero(pool, "pool")
+        _nonzero(dset, "dset")
+        check(vkm_set_free(d, <VkDescriptorPool>pool, <VkDescriptorSet>dset), "vkFreeDescriptorSets")
 
     def submit(self, QueueLock queue not None, uintptr_t cmd, list waits not None, uintptr_t signal,
                uint64_t value):

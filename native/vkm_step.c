@@ -66,6 +66,35 @@ void vkm_step_update(const vkm_device *d, VkCommandBuffer cmd, VkBuffer buffer, 
     d->fn.vkCmdUpdateBuffer(cmd, buffer, offset, size, data);
 }
 
+VkResult vkm_set_make(const vkm_device *d, VkDescriptorPool pool, VkDescriptorSetLayout layout, uint32_t n,
+                      const uint32_t *types, const VkBuffer *buffers, const VkDeviceSize *offsets,
+                      const VkDeviceSize *ranges, VkDescriptorSet *out)
+{
+    VkDescriptorBufferInfo infos[VKM_SET_MAX_BINDINGS];
+    VkWriteDescriptorSet writes[VKM_SET_MAX_BINDINGS];
+    VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+                                      .descriptorPool = pool, .descriptorSetCount = 1, .pSetLayouts = &layout};
+    VkDescriptorSet set = VK_NULL_HANDLE;
+    VkResult r;
+    if (n > VKM_SET_MAX_BINDINGS) return VK_ERROR_INITIALIZATION_FAILED;   /* (the binding checks first) */
+    r = d->fn.vkAllocateDescriptorSets(d->device, &ai, &set);
+    if (r != VK_SUCCESS) return r;
+    for (uint32_t i = 0; i < n; i++) {
+        infos[i] = (VkDescriptorBufferInfo){.buffer = buffers[i], .offset = offsets[i], .range = ranges[i]};
+        writes[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, .dstSet = set,
+                                           .dstBinding = i, .descriptorCount = 1,
+                                           .descriptorType = (VkDescriptorType)types[i], .pBufferInfo = &infos[i]};
+    }
+    if (n) d->fn.vkUpdateDescriptorSets(d->device, n, writes, 0, NULL);
+    *out = set;
+    return VK_SUCCESS;
+}
+
+VkResult vkm_set_free(const vkm_device *d, VkDescriptorPool pool, VkDescriptorSet set)
+{
+    return d->fn.vkFreeDescriptorSets(d->device, pool, 1, &set);
+}
+
 VkResult vkm_step_submit(const vkm_device *d, vkm_queue *q, VkCommandBuffer cmd, uint32_t nwaits,
                          const VkSemaphore *sems, const uint64_t *values, VkSemaphore signal, uint64_t value)
 {

@@ -81,6 +81,18 @@ void vkm_step_copy(const vkm_device *d, VkCommandBuffer cmd, VkBuffer src, VkBuf
 /* vkCmdUpdateBuffer: `size` a multiple of 4, at most 65536. */
 void vkm_step_update(const vkm_device *d, VkCommandBuffer cmd, VkBuffer buffer, VkDeviceSize offset,
                      VkDeviceSize size, const void *data);
+#define VKM_SET_MAX_BINDINGS 64   /* bindings of one descriptor set made by vkm_set_make */
+
+/* One descriptor set of `layout` from `pool` (vkAllocateDescriptorSets), its bindings 0..n-1
+ * written as buffers: types[i] (a buffer descriptor type), buffers[i], offsets[i], ranges[i]
+ * (vkUpdateDescriptorSets), into *out. VK_ERROR_OUT_OF_POOL_MEMORY and VK_ERROR_FRAGMENTED_POOL
+ * pass through (the caller tries another pool); nothing is allocated on an error. */
+VkResult vkm_set_make(const vkm_device *d, VkDescriptorPool pool, VkDescriptorSetLayout layout, uint32_t n,
+                      const uint32_t *types, const VkBuffer *buffers, const VkDeviceSize *offsets,
+                      const VkDeviceSize *ranges, VkDescriptorSet *out);
+/* vkFreeDescriptorSets of one set of `pool` (a pool made with the free flag). */
+VkResult vkm_set_free(const vkm_device *d, VkDescriptorPool pool, VkDescriptorSet set);
+
 /* vkQueueSubmit of `cmd` that waits (all commands) for timeline points (sems[i], values[i])
  * and signals timeline `signal` to `value`. */
 VkResult vkm_step_submit(const vkm_device *d, vkm_queue *q, VkCommandBuffer cmd, uint32_t nwaits,

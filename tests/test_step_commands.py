@@ -311,3 +311,43 @@ def test_kernel_ops_are_made_once_per_key_and_stamped_with_step_and_clock():
     for i in range(step_ops.KernelOps.KEEP):
         ops.get((i,), make(i))
     assert made[-1] == step_ops.KernelOps.KEEP - 1 and len(ops.made) <= step_ops.KernelOps.KEEP
+
+
+def test_descriptor_sets_made_natively_check_their_bindings(manager):
+    """StepCommands.make_set (one native call: allocate and write) refuses bad bindings
+    before the driver sees them; free_set gives a set back."""
+    slot = manager.slot(0)
+    dev = slot.device
+    sb = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+    c = _native.StepCommands(slot.native)
+    dsl = vk.vkCreateDescriptorSetLayout(dev, vk.VkDescriptorSetLayoutCreateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO, bindingCount=1, pBindings=[
+            vk.VkDescriptorSetLayoutBinding(binding=0, descriptorType=sb, descriptorCount=1,
+                                            stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)]), None)
+    pool = vk.vkCreateDescriptorPool(dev, vk.VkDescriptorPoolCreateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+        flags=vk.VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT, maxSets=1, poolSizeCount=1,
+        pPoolSizes=[vk.VkDescriptorPoolSize(type=sb, descriptorCount=1)]), None)
+    buf = MappedBuffer(slot, 256)
+    p, layout, h = handle_value(pool), handle_value(dsl), buf.handle_int
+    try:
+        for args, error, match in (((0, layout, [(sb, h, 0, 256)]), ValueError, "pool"),
+                                   ((p, 0, [(sb, h, 0, 256)]), ValueError, "layout"),
+                                   ((p, layout, [(sb, 0, 0, 256)]), ValueError, "null buffer"),
+                                   ((p, layout, [(sb, h, 0)]), TypeError, "binding 0"),
+                                   ((p, layout, [[sb, h, 0, 256]]), TypeError, "binding 0"),
+                                   ((p, layout, [(sb, h, 0, 256)] * 65), ValueError, "at most 64"),
+                                   ((p, layout, [(-1, h, 0, 256)]), OverflowError, ""),
+                                   ((p, layout, None), TypeError, "")):
+            with pytest.raises(error, match=match or None):
+                c.make_set(*args)
+        with pytest.raises(ValueError, match="dset"):
+            c.free_set(p, 0)
+        for _ in range(3):   # (maxSets 1: each set freed makes room for the next; lavapipe does not enforce it)
+            dset = c.make_set(p, layout, [(sb, h, 0, 256)])
+            assert dset
+            c.free_set(p, dset)
+    finally:
+        buf.destroy()
+        vk.vkDestroyDescriptorPool(dev, pool, None)
+        vk.vkDestroyDescriptorSetLayout(dev, dsl, None)

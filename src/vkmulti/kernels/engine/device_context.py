@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import vulkan as vk
 
-from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout, UnsupportedError, VulkanError
+from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout, UnsupportedError, VkmError, VulkanError
 from ..._core import _native, vkapi
 from ...device.logical import retire_submits
 from ..._core.lifetime import Deadline
@@ -138,6 +138,7 @@ class ComputePass:
             raise
         #: the handles as ints, for the native step recorder (StepCommands)
         self.pipeline_int, self.layout_int = handle_value(self.pipeline), handle_value(self.layout)
+        self.dsl_int = handle_value(self.dsl)
 
     def destroy(self, dev: Any) -> None:
         if self.pipeline is not None:
@@ -370,31 +371,25 @@ class DeviceContext:
         return pool
 
     def descriptor_set(self, p: ComputePass, buffers: list[tuple[Any, int, int]]) -> tuple[Any, Any]:
-        """A set of `p`'s layout bound to (VkBuffer, offset, range) per binding; returns (pool, set)."""
-        dev = self.slot.device
+        """A set of `p`'s layout bound to (VkBuffer, offset, range) per binding; returns (pool, set).
+        Made in one native call (allocate and write), from the newest pool with room."""
+        if len(buffers) != len(p.types):
+            raise ValueError(f"{len(buffers)} buffer(s) for a set of {len(p.types)} bindings")
+        bindings = [(t, handle_value(b), o, r) for t, (b, o, r) in zip(p.types, buffers)]
         for pool in reversed(self._pools or [self._new_pool()]):
-            try:
-                dset = vkapi.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
-                    sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, descriptorPool=pool,
-                    descriptorSetCount=1, pSetLayouts=[p.dsl]))[0]
+            dset = self.step_cmds.make_set(handle_value(pool), p.dsl_int, bindings)
+            if dset:
                 break
-            except (vk.VkErrorOutOfPoolMemory, vk.VkErrorFragmentedPool):
-                continue
         else:
             pool = self._new_pool()
-            dset = vkapi.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
-                sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, descriptorPool=pool,
-                descriptorSetCount=1, pSetLayouts=[p.dsl]))[0]
-        writes = [vk.VkWriteDescriptorSet(
-            sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, dstSet=dset, dstBinding=i, descriptorCount=1,
-            descriptorType=t, pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=b, offset=o, range=r)])
-            for i, (t, (b, o, r)) in enumerate(zip(p.types, buffers))]
-        vk.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
-        return pool, dset
+            dset = self.step_cmds.make_set(handle_value(pool), p.dsl_int, bindings)
+            if not dset:
+                raise VkmError(f"GPU {self.index}: a new descriptor pool has no room for one set")
+        return pool, _ffi.cast("VkDescriptorSet", dset)
 
     def free_set(self, pool_set: tuple[Any, Any]) -> None:
         pool, dset = pool_set
-        vkapi.vkFreeDescriptorSets(self.slot.device, pool, 1, [dset])
+        self.step_cmds.free_set(handle_value(pool), handle_value(dset))
 
     # -- local slots and the directory ----------------------------------------------
 

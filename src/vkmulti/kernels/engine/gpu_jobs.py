@@ -1,7 +1,9 @@
 """Asynchronous one-shot GPU jobs on one queue: record a command buffer,
 submit it waiting on timeline points, get a TimelinePoint of this object's
 own timeline back (no host wait). Command buffers are recycled once their
-job completed.
+job completed. A job is recorded by a function (`submit`), or given as the
+packed operations of the native step recorder (`submit_ops`: recorded and
+submitted in two native calls, for jobs on a move's path).
 
 Used where the host must not stall: the CRC32 checks of a live migration on
 both GPUs at once, and the checkpoint captures a policy queues right behind a
@@ -15,12 +17,13 @@ from typing import Any, Callable, Iterable
 
 import vulkan as vk
 
-from ..._core import vkapi
+from ..._core import _native, vkapi
 from ...device.logical import retire_submits
 from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout
 from ..._core.lifetime import Deadline
 from ..._core.timeline import TimelinePoint
 from . import recording as cmds
+from .recording import handle_value
 
 __all__ = ["GpuJobs", "JobDone", "StepTimeline"]
 
@@ -40,6 +43,7 @@ class GpuJobs:
         self._busy: list[tuple[int, Any]] = []
         self.value = 0
         self.pool = None
+        self._native_cmds: Any = None   # a StepCommands, made by the first submit_ops
         self.timeline = slot.native.create_timeline(0)
         try:
             self.pool = vkapi.vkCreateCommandPool(slot.device, vk.VkCommandPoolCreateInfo(
@@ -97,11 +101,44 @@ class GpuJobs:
                 raise
             self.value = value
             self._busy.append((value, cmd))
+        self._track(users, value)
+        return self.point(value)
+
+    def submit_ops(self, ops: bytes, waits: Iterable[tuple[int, int]] = (), users: Iterable[Any] = ()) \
+            -> TimelinePoint:
+        """submit() of a job given as the native step recorder's packed operations
+        (step_ops: passes, barriers, updates, copies; checked before anything is
+        recorded), recorded and submitted without the GIL and without a cffi call
+        per command."""
+        waits = list(waits)
+        with self._lock:
+            if self.pool is None:
+                raise DestroyedError(f"GPU jobs of GPU {self.slot.index} were destroyed")
+            if self._native_cmds is None:
+                self._native_cmds = _native.StepCommands(self.slot.native)
+            self._reap_locked()
+            cmd = self._free.pop() if self._free else vkapi.vkAllocateCommandBuffers(
+                self.slot.device, vk.VkCommandBufferAllocateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
+                    level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+            try:
+                value = self.value + 1
+                handle = handle_value(cmd)
+                self._native_cmds.record(handle, ops)
+                self._native_cmds.submit(self.queue.lock, handle, waits, self.timeline, value)
+            except BaseException:
+                self._free.append(cmd)
+                raise
+            self.value = value
+            self._busy.append((value, cmd))
+        self._track(users, value)
+        return self.point(value)
+
+    def _track(self, users: Iterable[Any], value: int) -> None:
         if users:
             done = JobDone(self, value)
             for u in users:
                 u._track(done)
-        return self.point(value)
 
     def wait(self, point: TimelinePoint, timeout: float | None) -> None:
         """Block (no GIL, interruptible) until `point` of this object's timeline is reached."""

@@ -33,9 +33,10 @@ from ...errors import TimeoutError as VkmTimeout
 from ...memory.image import Buffer
 from ..._core.shaders import shader_path
 from ..._core.timeline import TimelinePoint
-from ..engine import recording as cmds
 from ..engine.device_context import SB, WHOLE_SIZE, MappedBuffer
 from ..engine.gpu_jobs import GpuJobs
+from ..engine.recording import handle_value
+from ..engine.step_ops import BARRIER, HOST_BARRIER, pass_op
 
 __all__ = ["GpuCrc", "CrcJob", "zero_tables", "shift", "crc32_finish", "crc32_combine", "raw_crc", "check_ranges",
            "crc_pass_spec", "LANES"]
@@ -258,27 +259,19 @@ class GpuCrc:
                                                                     (results.handle, 0, WHOLE_SIZE),
                                                                     (self.tables.handle, 0, WHOLE_SIZE)]))
                         by_buffer[id(buf)] = sets[-1][1]
-            layout, pipe = self.pass_.layout, self.pass_.pipeline
-            plan = []
-            for i, (buf, off, size) in enumerate(ranges):
+            pipe, layout = self.pass_.pipeline_int, self.pass_.layout_int
+            ops = [BARRIER]
+            for i, (buf, off, size) in enumerate(ranges):   # independent: no barrier between ranges
                 if not size:
                     continue
-                dset = by_buffer[id(buf)]
                 words = size // 4
                 lane_words = max(self.lane_words, -(-words // (LANES * _MAX_GROUPS)))
                 groups = max(1, -(-words // (LANES * lane_words)))
-                plan.append((dset, _PUSH.pack(off // 4, size, lane_words, i, int(self.contiguous)), groups))
-
-            def record(cmd: Any) -> None:
-                cmds.barrier(cmd)
-                cmds.bind_pipeline(cmd, pipe)
-                for dset, push, groups in plan:   # independent: no barrier between ranges
-                    cmds.bind_set(cmd, layout, dset, ())
-                    cmds.push(cmd, layout, push)
-                    cmds.dispatch(cmd, groups)
-                cmds.barrier(cmd, host=True)
-            point = self.jobs.submit(record, [(p.semaphore, p.value) for p in waits],
-                                     users=[buf for buf, _, _ in ranges])
+                ops.append(pass_op(pipe, layout, handle_value(by_buffer[id(buf)]), (),
+                                   _PUSH.pack(off // 4, size, lane_words, i, int(self.contiguous)), (groups, 1, 1)))
+            ops.append(HOST_BARRIER)
+            point = self.jobs.submit_ops(b"".join(ops), [(p.semaphore, p.value) for p in waits],
+                                         users=[buf for buf, _, _ in ranges])
         except BaseException:
             with ctx.lock:
                 for s in sets:
