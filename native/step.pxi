@@ -55,6 +55,19 @@ STEP_OP_HOST_BARRIER = VKM_STEP_OP_HOST_BARRIER
 STEP_OP_UPDATE = VKM_STEP_OP_UPDATE
 STEP_OP_COPY = VKM_STEP_OP_COPY
 
+#: The descriptor types StepCommands.make_set writes (VkDescriptorType: UNIFORM_BUFFER, STORAGE_BUFFER and
+#: their DYNAMIC forms): a set of buffers only.
+_BUFFER_DESCRIPTORS = frozenset((6, 7, 8, 9))
+_U64_MAX = (1 << 64) - 1
+
+
+def _binding_int(value, Py_ssize_t i, str what):
+    """`value` as an int (no float or other number taken by truncation), naming the binding."""
+    try:
+        return _operator.index(value)
+    except TypeError:
+        raise TypeError(f"binding {i}: the {what} must be an int, got {type(value).__name__}") from None
+
 
 cdef class StepCommands:
     """Records a kernel runtime's steps on one device into its command buffers
@@ -202,13 +215,16 @@ cdef class StepCommands:
         """A descriptor set of `layout` from `pool`, each of `bindings` ((descriptor type,
         buffer, offset, range) per binding, in order) written as a buffer: its handle, or
         0 where the pool is out of room (VK_ERROR_OUT_OF_POOL_MEMORY or
-        VK_ERROR_FRAGMENTED_POOL: try another pool). Every binding is checked first."""
+        VK_ERROR_FRAGMENTED_POOL: try another pool). Every binding is checked first: a
+        buffer descriptor type (uniform or storage, dynamic or not), a non-null buffer,
+        ints in range, a range that is not 0."""
         cdef vkm_device *d = self.dev.ptr()
         cdef uint32_t types[VKM_SET_MAX_BINDINGS]
         cdef VkBuffer buffers[VKM_SET_MAX_BINDINGS]
         cdef VkDeviceSize offsets[VKM_SET_MAX_BINDINGS]
         cdef VkDeviceSize ranges[VKM_SET_MAX_BINDINGS]
-        cdef Py_ssize_t n = len(bindings), i
+        cdef tuple items = tuple(bindings)   # (a snapshot: the conversions below run no caller code on it)
+        cdef Py_ssize_t n = len(items), i
         cdef VkDescriptorSet out = NULL
         cdef VkResult r
         _nonzero(pool, "pool")
@@ -216,16 +232,22 @@ cdef class StepCommands:
         if n > VKM_SET_MAX_BINDINGS:
             raise ValueError(f"a descriptor set of at most {VKM_SET_MAX_BINDINGS} bindings, got {n}")
         for i in range(n):
-            item = bindings[i]
+            item = items[i]
             if not isinstance(item, tuple) or len(item) != 4:
                 raise TypeError(f"binding {i} must be (type, buffer, offset, range), got {item!r}"[:160])
-            t, b, o, rg = item
+            t, b, o, rg = (_binding_int(v, i, what) for v, what in zip(item, ("type", "buffer", "offset", "range")))
+            if t not in _BUFFER_DESCRIPTORS:
+                raise ValueError(f"binding {i}: descriptor type {t} is not a buffer's (uniform or storage buffer, "
+                                 f"dynamic or not)")
+            if b == 0:
+                raise ValueError(f"binding {i}: a null buffer")
+            if not 0 < b <= _U64_MAX or not 0 <= o <= _U64_MAX or not 0 < rg <= _U64_MAX:
+                raise ValueError(f"binding {i}: buffer {b:#x}, offset {o} or range {rg} out of range (a range is "
+                                 f"not 0)")
             types[i] = <uint32_t>t
             buffers[i] = <VkBuffer><uintptr_t>b
             offsets[i] = <VkDeviceSize>o
             ranges[i] = <VkDeviceSize>rg
-            if buffers[i] == NULL:
-                raise ValueError(f"binding {i}: a null buffer")
         with nogil:
             r = vkm_set_make(d, <VkDescriptorPool>pool, <VkDescriptorSetLayout>layout, <uint32_t>n, types, buffers,
                              offsets, ranges, &out)
@@ -237,9 +259,12 @@ cdef class StepCommands:
     def free_set(self, uintptr_t pool, uintptr_t dset):
         """vkFreeDescriptorSets of one set of `pool`."""
         cdef vkm_device *d = self.dev.ptr()
+        cdef VkResult r
         _nonzero(pool, "pool")
         _nonzero(dset, "dset")
-        check(vkm_set_free(d, <VkDescriptorPool>pool, <VkDescriptorSet>dset), "vkFreeDescriptorSets")
+        with nogil:
+            r = vkm_set_free(d, <VkDescriptorPool>pool, <VkDescriptorSet>dset)
+        check(r, "vkFreeDescriptorSets")
 
     def submit(self, QueueLock queue not None, uintptr_t cmd, list waits not None, uintptr_t signal,
                uint64_t value):

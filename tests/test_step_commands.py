@@ -337,7 +337,12 @@ def test_descriptor_sets_made_natively_check_their_bindings(manager):
                                    ((p, layout, [(sb, h, 0)]), TypeError, "binding 0"),
                                    ((p, layout, [[sb, h, 0, 256]]), TypeError, "binding 0"),
                                    ((p, layout, [(sb, h, 0, 256)] * 65), ValueError, "at most 64"),
-                                   ((p, layout, [(-1, h, 0, 256)]), OverflowError, ""),
+                                   ((p, layout, [(-1, h, 0, 256)]), ValueError, "descriptor type -1"),
+                                   ((p, layout, [(0, h, 0, 256)]), ValueError, "not a buffer's"),
+                                   ((p, layout, [(sb, h, 0, 0)]), ValueError, "range"),
+                                   ((p, layout, [(sb, h, -4, 256)]), ValueError, "out of range"),
+                                   ((p, layout, [(sb, h, 0.5, 256)]), TypeError, "offset must be an int"),
+                                   ((p, layout, [(sb, h, 0, 1 << 64)]), ValueError, "out of range"),
                                    ((p, layout, None), TypeError, "")):
             with pytest.raises(error, match=match or None):
                 c.make_set(*args)
@@ -351,3 +356,45 @@ def test_descriptor_sets_made_natively_check_their_bindings(manager):
         buf.destroy()
         vk.vkDestroyDescriptorPool(dev, pool, None)
         vk.vkDestroyDescriptorSetLayout(dev, dsl, None)
+
+
+def test_an_interrupt_right_after_a_gpu_jobs_native_submit_counts_the_job(manager):
+    """GpuJobs.submit_ops: a Ctrl-C that comes once the driver took the job leaves it
+    counted (its command buffer is not reused under the GPU, the next job signals the
+    next value, its buffers' destroy() waits for it)."""
+    from vkmulti.kernels.engine.gpu_jobs import GpuJobs
+
+    slot = manager.slot(0)
+    jobs = GpuJobs(slot, step_queue(slot))
+    buf = MappedBuffer(slot, 256)
+
+    def write(value):
+        return step_ops.update_op(buf.handle_int, 0, np.uint32(value).tobytes()) + step_ops.HOST_BARRIER
+
+    class Interrupted:
+        def __init__(self, real):
+            self.real = real
+
+        def submit(self, *args):
+            self.real.submit(*args)
+            raise KeyboardInterrupt
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+    try:
+        jobs.wait(jobs.submit_ops(write(1)), 10)
+        real = jobs._native_cmds
+        jobs._native_cmds = Interrupted(real)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                jobs.submit_ops(write(2), users=[buf])
+        finally:
+            jobs._native_cmds = real
+        assert jobs.value == 2
+        last = jobs.submit_ops(write(3))
+        assert last.value == 3
+        jobs.wait(last, 10)
+        assert int(buf.words[0]) == 3
+    finally:
+        buf.destroy()
+        jobs.destroy()

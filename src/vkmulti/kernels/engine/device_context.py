@@ -148,6 +148,7 @@ class ComputePass:
         if self.dsl is not None:
             vk.vkDestroyDescriptorSetLayout(dev, self.dsl, None)
         self.pipeline = self.layout = self.dsl = None
+        self.layout_int = self.dsl_int = 0   # (the native recorder and make_set refuse a 0 layout)
 
 
 # push-constant sizes of the runtime's passes and of the kernel ABI (VkmStep)

@@ -121,13 +121,18 @@ class GpuJobs:
                 self.slot.device, vk.VkCommandBufferAllocateInfo(
                     sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
                     level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+            value = self.value + 1
             try:
-                value = self.value + 1
                 handle = handle_value(cmd)
                 self._native_cmds.record(handle, ops)
                 self._native_cmds.submit(self.queue.lock, handle, waits, self.timeline, value)
             except BaseException:
-                self._free.append(cmd)
+                if self._native_cmds.submitted != value:   # nothing reached the GPU: the buffer is free
+                    self._free.append(cmd)
+                    raise
+                self.value = value   # an interrupt that came after the submit: the job runs
+                self._busy.append((value, cmd))
+                self._track(users, value)
                 raise
             self.value = value
             self._busy.append((value, cmd))
