@@ -72,6 +72,21 @@ class GpuJobs:
                 keep.append((value, cmd))
         self._busy = keep
 
+    def _command_buffer(self) -> Any:
+        """A free command buffer for the next job (this object's lock held)."""
+        if self.pool is None:
+            raise DestroyedError(f"GPU jobs of GPU {self.slot.index} were destroyed")
+        self._reap_locked()
+        return self._free.pop() if self._free else vkapi.vkAllocateCommandBuffers(
+            self.slot.device, vk.VkCommandBufferAllocateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
+                level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+
+    def _queued(self, value: int, cmd: Any) -> None:
+        """Job `value` in `cmd` reached the GPU (this object's lock held)."""
+        self.value = value
+        self._busy.append((value, cmd))
+
     def submit(self, record: Callable[[Any], None], waits: Iterable[tuple[int, int]] = (),
                users: Iterable[Any] = ()) -> TimelinePoint:
         """Record with `record(cmd)` and submit after the timeline points `waits`
@@ -80,13 +95,8 @@ class GpuJobs:
         its destroy() waits until the job ran (a kernel destroyed while a capture
         of its buffers is still queued must not free them under the GPU)."""
         with self._lock:
-            if self.pool is None:
-                raise DestroyedError(f"GPU jobs of GPU {self.slot.index} were destroyed")
-            self._reap_locked()
-            cmd = self._free.pop() if self._free else vkapi.vkAllocateCommandBuffers(
-                self.slot.device, vk.VkCommandBufferAllocateInfo(
-                    sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
-                    level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+            cmd = self._command_buffer()
+            value = self.value + 1
             try:
                 vkapi.vkResetCommandBuffer(cmd, 0)
                 vkapi.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
@@ -94,13 +104,11 @@ class GpuJobs:
                     flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
                 record(cmd)
                 vkapi.vkEndCommandBuffer(cmd)
-                value = self.value + 1
                 cmds.submit(self.slot.native, self.queue, cmd, list(waits), (self.timeline, value))
             except BaseException:
                 self._free.append(cmd)
                 raise
-            self.value = value
-            self._busy.append((value, cmd))
+            self._queued(value, cmd)
         self._track(users, value)
         return self.point(value)
 
@@ -112,15 +120,9 @@ class GpuJobs:
         per command."""
         waits = list(waits)
         with self._lock:
-            if self.pool is None:
-                raise DestroyedError(f"GPU jobs of GPU {self.slot.index} were destroyed")
-            if self._native_cmds is None:
+            if self._native_cmds is None and self.pool is not None:
                 self._native_cmds = _native.StepCommands(self.slot.native)
-            self._reap_locked()
-            cmd = self._free.pop() if self._free else vkapi.vkAllocateCommandBuffers(
-                self.slot.device, vk.VkCommandBufferAllocateInfo(
-                    sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
-                    level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+            cmd = self._command_buffer()
             value = self.value + 1
             try:
                 handle = handle_value(cmd)
@@ -130,12 +132,10 @@ class GpuJobs:
                 if self._native_cmds.submitted != value:   # nothing reached the GPU: the buffer is free
                     self._free.append(cmd)
                     raise
-                self.value = value   # an interrupt that came after the submit: the job runs
-                self._busy.append((value, cmd))
+                self._queued(value, cmd)   # an interrupt that came after the submit: the job runs
                 self._track(users, value)
                 raise
-            self.value = value
-            self._busy.append((value, cmd))
+            self._queued(value, cmd)
         self._track(users, value)
         return self.point(value)
 

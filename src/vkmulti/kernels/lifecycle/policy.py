@@ -33,7 +33,7 @@ from ..engine.step_ops import copy_op
 from ..ids import KernelId, as_kernel_id
 from ..engine.kernel import Kernel
 from .image import KernelImage, fill_image, image_meta, image_sources, record_image_copy, to_checkpoint
-from .replay_log import ReplayLog, keep_spare, still_running
+from .replay_log import ReplayLog, SpareBuffers, still_running
 from .twin import LifecycleView
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class _CapturePlan:
 
     def abandon(self) -> None:
         for _, buf, _, _ in self.items:
-            self.state._spared(buf)
+            self.state.spares.give(buf)
 
 
 class _StepPlans:
@@ -155,7 +155,7 @@ class PolicyState:
         self.lock = threading.Lock()
         self.pending: list[_Capture] = []
         self.done: dict[KernelId, deque[_Completed]] = {}
-        self.spare: dict[tuple[int, int], list[MappedBuffer]] = {}
+        self.spares = SpareBuffers()   # capture buffers whose copies were read, for later ones
         #: what the kernels consumed and sent since their checkpoints (the failover's replay input)
         self.replay = ReplayLog(life)
 
@@ -164,7 +164,8 @@ class PolicyState:
         return self.policy.every_steps > 0 or kernel_id in self.policy.critical
 
     def _wants(self, k: Kernel, steps: int) -> bool:
-        """Whether k, once it made `steps` steps, gets a capture (its lock held)."""
+        """Whether k, once it made `steps` steps, gets a capture (no step of k runs meanwhile:
+        its device's lock held, or the step() call's turn)."""
         if not self.covers(k.id):
             return False
         if self.policy.due(k.id, steps):
@@ -204,34 +205,20 @@ class PolicyState:
         return _CapturePlan(self, ctx, items, copies) if items else None
 
     def _buffer(self, ctx: Any, total: int) -> MappedBuffer:
-        with self.lock:
-            pool = self.spare.get((ctx.index, total))
-            buf = pool.pop() if pool else None
-        return buf if buf is not None else MappedBuffer(ctx.slot, total)
-
-    def _spared(self, buf: MappedBuffer) -> None:
-        """Keep `buf` (nothing reads or writes it any more) for a later capture, or free it."""
-        with self.lock:
-            pool = self.spare.setdefault((buf.slot.index, buf.size), [])
-            if keep_spare(pool, buf.size):
-                pool.append(buf)
-                return
-        buf.destroy()
+        return self.spares.take(ctx.index, total) or MappedBuffer(ctx.slot, total)
 
     def after_step(self, launched: list[Kernel]) -> None:
         """The captures due after a step() call that its steps did not copy themselves
         (no plan: the policy came mid-call, or a buffer could not be made then), queued
-        now as GPU jobs behind the steps."""
+        now as GPU jobs behind the steps (within the call's turn: no step runs)."""
         for k in launched:
             if k.destroyed:
                 continue
-            with k.ctx.lock:
-                with self.lock:   # (by its step, or a job already: pending, or read back since)
-                    q = self.done.get(KernelId(k.id))
-                    copied = any(c.kernel is k and c.image.steps == k.steps for c in self.pending) or \
-                        (q is not None and q[-1].steps == k.steps)
-                wanted = not copied and self._wants(k, k.steps)
-            if not wanted:
+            with self.lock:   # (by its step, or a job already: pending, or read back since)
+                q = self.done.get(KernelId(k.id))
+                copied = any(c.kernel is k and c.image.steps == k.steps for c in self.pending) or \
+                    (q is not None and q[-1].steps == k.steps)
+            if copied or not self._wants(k, k.steps):
                 continue
             try:
                 self._capture(k)
@@ -279,7 +266,7 @@ class PolicyState:
                 keep.append(c)   # (a lost device's: the failover reads it or drops it, drop_device)
                 continue
             img = fill_image(c.image, c.buffer.bytes, c.sizes)
-            self._spared(c.buffer)
+            self.spares.give(c.buffer)
             entry = _Completed(img)
             with self.lock:
                 q = self.done.setdefault(img.kernel_id, deque())  # type: ignore[arg-type]
@@ -332,14 +319,11 @@ class PolicyState:
         self.replay.destroy()
         with self.lock:
             pending, self.pending = self.pending, []
-            spare, self.spare = self.spare, {}
         for c in pending:
             if still_running(c):   # nothing the GPU may still write is freed
                 log.warning("checkpoint policy: a capture of %r still runs at destroy(); its buffer is left to "
                             "its device's destruction", c.image.kernel_id)
                 continue
             c.buffer.destroy()
-        for pool in spare.values():
-            for b in pool:
-                b.destroy()
+        self.spares.destroy()
 

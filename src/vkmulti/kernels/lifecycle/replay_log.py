@@ -45,7 +45,7 @@ from .twin import LifecycleView
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ReplayLog", "KernelLog", "StepPlan", "keep_spare", "still_running", "SPARE_BUFFERS", "SPARE_BYTES"]
+__all__ = ["ReplayLog", "KernelLog", "StepPlan", "SpareBuffers", "still_running", "SPARE_BUFFERS", "SPARE_BYTES"]
 
 _HEAD = struct.Struct("<4I")
 _ENV = struct.Struct("<IIQ")          # source, destination, sequence (the envelope's first words)
@@ -110,7 +110,7 @@ class ReplayLog:
         #: kernel id -> [(step() call that sent it, slot)]: messages handed again, released to the
         #: kernel's host queue from the step() call after the one that sent each
         self.handed: dict[str, deque[tuple[int, bytes]]] = {}
-        self._spare: dict[tuple[int, int], list[MappedBuffer]] = {}
+        self.spares = SpareBuffers()   # copy buffers whose copies were read, for later ones
         #: bytes copied to the host per step, for the figures (docs/explanation/failover.md)
         self.bytes_logged = 0
 
@@ -163,19 +163,7 @@ class ReplayLog:
 
     def _buffer(self, ctx: Any, total: int) -> MappedBuffer:
         """A host-visible buffer of `total` bytes for a copy on `ctx`'s device (a spare one if kept)."""
-        with self.lock:
-            pool = self._spare.get((ctx.index, total))
-            buf = pool.pop() if pool else None
-        return buf if buf is not None else MappedBuffer(ctx.slot, total)
-
-    def _spared(self, device: int, buf: MappedBuffer) -> None:
-        """Keep `buf` (its copy read, or never run) for a later copy, or free it."""
-        with self.lock:
-            pool = self._spare.setdefault((device, buf.size), [])
-            if keep_spare(pool, buf.size):
-                pool.append(buf)
-                return
-        buf.destroy()
+        return self.spares.take(ctx.index, total) or MappedBuffer(ctx.slot, total)
 
     def log_submitted(self, ctx: Any, dev: int, ks: list[Any]) -> None:
         """Queue the copy of the step `ks` just submitted on device `dev` (its context's
@@ -372,7 +360,7 @@ class ReplayLog:
                         self.sent.setdefault((src, dst), deque()).append((seq, c.call, s))
             buf, c.buffer = c.buffer, None
         if buf is not None:
-            self._spared(c.device, buf)
+            self.spares.give(buf)
 
     def _prune(self) -> None:
         """Drop inputs older than each kernel's latest completed checkpoint and sent
@@ -454,7 +442,6 @@ class ReplayLog:
             pass
         with self.lock:
             pending, self.pending = self.pending, []
-            spare, self._spare = self._spare, {}
         for c in pending:
             if c.buffer is None:
                 continue
@@ -463,9 +450,7 @@ class ReplayLog:
                             "destruction")
                 continue
             c.buffer.destroy()
-        for pool in spare.values():
-            for b in pool:
-                b.destroy()
+        self.spares.destroy()
 
 
 #: Spare copy buffers kept per (device, size): enough for the steps in flight, the
@@ -484,10 +469,37 @@ def still_running(c: Any) -> bool:
         return False
 
 
-def keep_spare(pool: list[Any], size: int) -> bool:
-    """Whether a free copy buffer of `size` bytes joins `pool` (the spares of its device
-    and size) rather than being freed."""
-    return len(pool) < 2 or (len(pool) < SPARE_BUFFERS and (len(pool) + 1) * size <= SPARE_BYTES)
+class SpareBuffers:
+    """Free host-visible copy buffers kept per (device, size) for later copies of the same
+    size: up to SPARE_BUFFERS of them where they are small, at least two. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pools: dict[tuple[int, int], list[MappedBuffer]] = {}
+
+    def take(self, device: int, size: int) -> MappedBuffer | None:
+        """A kept buffer of `size` bytes on `device`, or None."""
+        with self._lock:
+            pool = self._pools.get((device, size))
+            return pool.pop() if pool else None
+
+    def give(self, buf: MappedBuffer) -> None:
+        """Keep `buf` (nothing reads or writes it any more) for a later copy, or free it."""
+        with self._lock:
+            pool = self._pools.setdefault((buf.slot.index, buf.size), [])
+            n = len(pool)
+            if n < 2 or (n < SPARE_BUFFERS and (n + 1) * buf.size <= SPARE_BYTES):
+                pool.append(buf)
+                return
+        buf.destroy()
+
+    def destroy(self) -> None:
+        """Free every kept buffer."""
+        with self._lock:
+            pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            for b in pool:
+                b.destroy()
 
 
 class StepPlan:
@@ -516,7 +528,7 @@ class StepPlan:
                 kl = rl.kernels.get(e.kid)
                 if kl is not None and kl.address == e.address and kl.last == e.step:
                     kl.last, kl.gap = e.before
-        rl._spared(self.ctx.index, self.buffer)
+        rl.spares.give(self.buffer)
 
 
 def _read_memory(slot: Any, buf: Any, offset: int, size: int) -> np.ndarray:
