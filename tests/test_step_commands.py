@@ -4,6 +4,8 @@ lost flag; and the handles the runtime hands it never outliving their objects
 (a kernel destroyed and its slot reused by another)."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import vulkan as vk
@@ -398,3 +400,31 @@ def test_an_interrupt_right_after_a_gpu_jobs_native_submit_counts_the_job(manage
     finally:
         buf.destroy()
         jobs.destroy()
+
+
+def test_native_sets_and_jobs_after_their_device_or_jobs_are_gone_raise_destroyed(manager):
+    """make_set/free_set on a released native device, and GpuJobs.submit_ops once the
+    jobs were destroyed (by another thread meanwhile), raise DestroyedError without
+    reaching the driver."""
+    from vkmulti.kernels.engine.gpu_jobs import GpuJobs
+
+    slot = manager.slot(0)
+    other = _native.Device(handle_value(slot.physical_device), handle_value(slot.device))
+    c = _native.StepCommands(other)
+    other.release()
+    with pytest.raises(DestroyedError):
+        c.make_set(1, 1, [])
+    with pytest.raises(DestroyedError):
+        c.free_set(1, 1)
+    jobs = GpuJobs(slot, step_queue(slot))
+    buf = MappedBuffer(slot, 256)
+    try:
+        op = step_ops.update_op(buf.handle_int, 0, bytes(4)) + step_ops.HOST_BARRIER
+        jobs.wait(jobs.submit_ops(op), 10)
+        t = threading.Thread(target=jobs.destroy)
+        t.start()
+        t.join(30)
+        with pytest.raises(DestroyedError):
+            jobs.submit_ops(op)
+    finally:
+        buf.destroy()
