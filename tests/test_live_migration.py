@@ -443,3 +443,23 @@ def test_a_kernel_prepared_by_its_user_can_still_be_written_and_destroyed(runtim
     assert runtime.read_state(k)[28:32].view(np.uint32)[0] == MAX
     runtime.destroy_kernel(k, timeout=5)
     assert k.destroyed
+
+
+def test_a_landing_left_on_a_gpu_without_kernels_lets_its_sender_go_on(runtime, router):
+    """fwd (GPU 0) sends to sink (GPU 1): its batch lands on GPU 1, read in place, and
+    sink moves to GPU 0 before any step there read it (the move takes the message along).
+    No kernel steps on GPU 1 any more, so no step surveys that landing; every message of
+    it was taken, so the router lets it go and fwd's outbox region is reused: fwd is not
+    held back for good, and every later message arrives once."""
+    sink = counter(runtime, "sink", device=1, inbox=4)
+    fwd = counter(runtime, "fwd", device=0, params=[sink.address])
+    runtime.send(fwd, w(1), tag=COUNTER_TAG_FORWARD)
+    runtime.step(fwd)
+    runtime.synchronize()
+    assert runtime.migrate(sink, 0).messages_moved == 1
+    for i in range(2, 12):
+        runtime.send(fwd, w(i), tag=COUNTER_TAG_FORWARD)
+        runtime.step([fwd, sink], timeout=10)
+    settle(runtime, router, [fwd, sink], lambda: read_counter(runtime.read_state(sink)).count == 11)
+    st = read_counter(runtime.read_state(sink))
+    assert (st.count, st.sum, st.fifo_errors) == (11, sum(range(1, 12)), 0)

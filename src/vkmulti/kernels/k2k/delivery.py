@@ -42,7 +42,7 @@ from ..engine.device_context import step_queue
 from ..engine.kernel import InboundBatch, Kernel, OutboxBatch
 from ..engine.stepper import QUIET_BATCHES
 from ..runtime.ports import RuntimePort
-from .landing import Gather, LandingPool, align, reached
+from .landing import Gather, LandingPool, align, nothing_left, reached
 from .peer_delivery import PeerEdges, direct_guess
 from .routing import CrossGpuRouterStats, RouteTrees
 
@@ -418,9 +418,9 @@ class DeliveryEngine:
 
     def reap(self) -> None:
         """Return landing and egress regions nobody reads any more to their pools,
-        and count what they delivered. A landed batch whose sending device's survey
-        says it holds nothing for the landing's device is taken back at once (no
-        step there has to survey it first)."""
+        and count what they delivered. A landed batch that holds nothing more for the
+        landing's device (landing.nothing_left) is taken back at once (no step there
+        has to survey it first)."""
         self.port.poll()
         now = self._reaped = time.monotonic()
         self.peers.reap(now)
@@ -432,9 +432,7 @@ class DeliveryEngine:
             slot = self.mgr.slot(edge[1])
             for r in regions:
                 for i in r.inbounds:
-                    origin = i.k2k_origin
-                    if not i.done and origin is not None and origin.pending is not None and \
-                            not origin.remote_devices >> r.device & 1:
+                    if nothing_left(i, r.device):
                         self.port.withdraw_batch(i, timeout=self.submit_timeout)
                 if not r.counted and r.inbounds and all(i.done for i in r.inbounds):
                     self._count(r, now)

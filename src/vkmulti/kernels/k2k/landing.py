@@ -18,7 +18,7 @@ from ..._core.timeline import TimelinePoint
 from ..engine import recording as cmds
 from ..engine.device_context import step_queue
 
-__all__ = ["LandingPool", "Gather", "align", "reached", "PART_ALIGN"]
+__all__ = ["LandingPool", "Gather", "align", "reached", "nothing_left", "PART_ALIGN"]
 
 #: Landing and egress regions start at multiples of this (the largest
 #: minStorageBufferOffsetAlignment Vulkan allows), so a part lands aligned on any device.
@@ -35,6 +35,17 @@ def _size_class(n: int) -> int:
     while c < n:
         c <<= 1
     return c
+
+
+def nothing_left(i: Any, device: int) -> bool:
+    """Whether landed batch `i` (an InboundBatch on `device`) holds nothing more for a
+    kernel there, by its sending step's survey: no message addressed to that device,
+    or every message of the batch taken from this landing already (by the kernels'
+    steps, or by a migration's staging that took a kernel's messages along: then no
+    step on the device may ever survey it). The router then takes it back at once."""
+    origin = i.k2k_origin
+    return not i.done and origin is not None and origin.pending is not None and \
+        (not origin.remote_devices >> device & 1 or i.delivered + i.rejected >= origin.count)
 
 
 def reached(slot: Any, point: TimelinePoint) -> bool:

@@ -32,7 +32,7 @@ from ...transfer.peer import ExportedBuffer, TimelineRelay, shares_memory
 from ..engine.kernel import InboundBatch, Kernel, OutboxBatch
 from ..engine.stepper import QUIET_BATCHES
 from ..runtime.ports import RuntimePort
-from .landing import reached
+from .landing import nothing_left, reached
 
 log = logging.getLogger(__name__)
 
@@ -200,14 +200,13 @@ class PeerEdges:
         self.engine.reap()
 
     def reap(self, now: float) -> None:
-        """Let go of batches every device finished reading in place; a landed batch
-        whose sender's survey says it holds nothing for its device is taken back."""
+        """Let go of batches every device finished reading in place; a landed batch that
+        holds nothing more for its device (landing.nothing_left) is taken back."""
         self.forget_freed()
         keep = []
         for p in self.landings:
             i, origin = p.inbound, p.batch
-            if i is not None and not i.done and origin.pending is not None and \
-                    not origin.remote_devices >> p.edge[1] & 1:
+            if i is not None and nothing_left(i, p.edge[1]):
                 try:
                     self.port.withdraw_batch(i, timeout=self.engine.submit_timeout)
                 except DestroyedError:
