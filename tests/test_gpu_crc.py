@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 from kernel_support import runtime_fixture
 from vkmulti.errors import UnsupportedError
 from vkmulti import Buffer
+from vkmulti._core import vkapi
 from vkmulti.kernels.lifecycle import crc32_combine, crc32_finish, raw_crc, shift, zero_tables
 from vkmulti.kernels.lifecycle import LANES, GpuCrc
 from vkmulti.kernels.lifecycle import host_crc
@@ -212,3 +213,31 @@ def test_a_host_job_waits_for_its_points_and_can_be_closed(runtime):
     finally:
         vk.vkDestroySemaphore(slot.device, vk.ffi.cast("VkSemaphore", sem), None)
         buf.destroy()
+
+
+def test_a_shader_engine_s_first_jobs_allocate_nothing(runtime, monkeypatch):
+    """The results buffers and command buffers of a move's first jobs on a device (two
+    in flight at once) are made with the engine, not on the move's path."""
+    from vkmulti.kernels.lifecycle import gpu_crc
+
+    old = runtime.migration_crc
+    runtime.migration_crc = "shader"
+    try:
+        eng = runtime._lifecycle.crc(0)
+    finally:
+        runtime.migration_crc = old
+    data = bytes(range(256)) * 64
+    bufs = [_buffer(runtime, 0, data), _buffer(runtime, 0, data[::-1])]
+    made = []
+    real = gpu_crc.MappedBuffer
+    monkeypatch.setattr(gpu_crc, "MappedBuffer", lambda *a, **kw: (made.append(a), real(*a, **kw))[1])
+    allocs = []
+    real_alloc = vkapi.vkAllocateCommandBuffers
+    monkeypatch.setattr(vkapi, "vkAllocateCommandBuffers", lambda *a: (allocs.append(a), real_alloc(*a))[1])
+    try:
+        jobs = [eng.submit([(b, 0, len(data))]) for b in bufs]   # both in flight
+        assert [j.result(60) for j in jobs] == [[zlib.crc32(data)], [zlib.crc32(data[::-1])]]
+    finally:
+        for b in bufs:
+            b.destroy()
+    assert made == [] and allocs == []

@@ -285,3 +285,30 @@ def test_a_first_move_makes_no_transfer_link(runtime, monkeypatch):
     assert runtime.migrate(k, 1).checksum_match
     assert runtime.migrate(k, 0).checksum_match
     assert made == []
+
+
+def test_a_move_asks_for_its_pipelines_again_at_no_cost(runtime, monkeypatch):
+    """ensure() remembers what it found built: a later move of the same kernel runs no
+    SPIR-V gate and looks up no pipeline again; a change of the move's passes (the
+    CRC32 engine chosen) is asked anew; a destroyed device context still raises."""
+    from vkmulti.errors import DestroyedError
+    from vkmulti.kernels.engine import prebuild
+
+    k = kernel_support.counter(runtime, "k", device=0, max_sources=MAX)
+    runtime.prebuild.wait_idle(60)
+    gates = []
+    real = prebuild._gate
+    monkeypatch.setattr(prebuild, "_gate", lambda *a: (gates.append(a[1].index), real(*a))[1])
+    runtime.migrate(k, 1)
+    first = len(gates)
+    assert first == 2   # the first move: both devices checked
+    runtime.migrate(k, 0)
+    runtime.migrate(k, 1)
+    assert len(gates) == first   # later moves: remembered
+    ctx = runtime._context(0)
+    runtime.migration_crc = "shader" if runtime._lifecycle.crc_kind(ctx) == "host" else "host"
+    runtime.prebuild.ensure(k.spec, 0, 60)
+    assert len(gates) == first + 1   # other passes: asked again
+    monkeypatch.setattr(ctx, "alive", False)
+    with pytest.raises(DestroyedError):
+        runtime.prebuild.ensure(k.spec, 0, 60)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._core.checks import int_in, positive_int
-from .._core.shaders import shader_path
+from .._core.shaders import shader_bytes
 from .engine.spec import KernelSpec
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def counter_kernel(*, max_sources: int = 1024, inbox_capacity: int = 64, outbox_
     """The counter/accumulator actor. Its state holds a per-source table of
     `max_sources` entries (set it to the runtime's max_kernels so every sender
     has its own FIFO check); launch it with state=counter_initial_state(...)."""
-    return KernelSpec("counter", shader_path("kernel_counter.comp.spv").read_bytes(),
+    return KernelSpec("counter", shader_bytes("kernel_counter.comp.spv"),
                       state_sizes=(4 * _COUNTER_HEADER + 16 * max_sources,), inbox_capacity=inbox_capacity,
                       outbox_capacity=outbox_capacity)
 
@@ -72,7 +72,7 @@ def read_counter(raw: HostData) -> CounterState:
 
 def pingpong_kernel(*, inbox_capacity: int = 16, outbox_capacity: int = 16) -> KernelSpec:
     """The ping-pong actor (params[0]: partner address, 0 = reply to the sender)."""
-    return KernelSpec("pingpong", shader_path("kernel_pingpong.comp.spv").read_bytes(), state_sizes=(16,),
+    return KernelSpec("pingpong", shader_bytes("kernel_pingpong.comp.spv"), state_sizes=(16,),
                       inbox_capacity=inbox_capacity, outbox_capacity=outbox_capacity)
 
 
@@ -107,7 +107,7 @@ def stencil_kernel(width: int, height: int, payload_size: int) -> KernelSpec:
         raise ValueError(f"a {width}-cell row needs {chunks} messages of {payload_size} bytes; at most 255 "
                          f"(raise the runtime's payload_size)")
     field = (height + 2) * width * 4
-    return KernelSpec("stencil", shader_path("kernel_stencil.comp.spv").read_bytes(), state_sizes=(field, field),
+    return KernelSpec("stencil", shader_bytes("kernel_stencil.comp.spv"), state_sizes=(field, field),
                       inbox_capacity=max(2 * chunks, 2), outbox_capacity=max(2 * chunks, 2),
                       groups=(-(-width // 8), -(-height // 8), 1))
 
@@ -169,7 +169,7 @@ def burst_kernel(messages: int, *, groups: int | None = None) -> KernelSpec:
     workgroups (default: one per slot) share the slots."""
     int_in(messages, "messages", 1, 65536)
     groups = int_in(messages if groups is None else groups, "groups", 1, 65535)
-    return KernelSpec("burst", shader_path("kernel_burst.comp.spv").read_bytes(), state_sizes=(64,),
+    return KernelSpec("burst", shader_bytes("kernel_burst.comp.spv"), state_sizes=(64,),
                       inbox_capacity=messages, outbox_capacity=messages, groups=(groups, 1, 1))
 
 

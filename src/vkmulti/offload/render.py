@@ -19,7 +19,7 @@ import vulkan as vk
 from .._core import vkapi
 from .._core.checks import U32_MAX, int_in, is_int, positive_int
 from .._core.reprs import compact_repr
-from .._core.shaders import shader_path
+from .._core.shaders import shader_bytes
 from .._core.timeline import TimelinePoint, as_wait_points
 from ..errors import DestroyedError, UnsupportedError
 from ..memory.image import IMAGE_USAGE, Image
@@ -143,7 +143,7 @@ class ReferenceRenderer(Submitter):
         if not format_features(slot, SRU_FORMAT) & vk.VK_FORMAT_FEATURE_STORAGE_IMAGE_BIT:
             raise UnsupportedError(f"R16G16B16A16_SFLOAT storage images are not supported on {slot.name!r}",
                                    device=slot.name)
-        code = shader_path("sru.comp.spv").read_bytes()
+        code = shader_bytes("sru.comp.spv")
         module = vkapi.vkCreateShaderModule(dev, vk.VkShaderModuleCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, codeSize=len(code), pCode=code), None)
         try:

@@ -23,7 +23,7 @@ from ..._core.lifetime import Deadline
 from ..._core.protocols import Destroyable
 from ...device.commands import SubmitUser
 from ...memory.image import BUFFER_USAGE, Buffer, CommandRunner
-from ..._core.shaders import shader_path
+from ..._core.shaders import shader_bytes
 from ..._core.timeline import TimelinePoint
 from .pipeline_cache import FILES, identity_of
 from .recording import barrier, handle_value
@@ -283,7 +283,7 @@ class DeviceContext:
             FILES.save(self.cache_identity, data)
 
     def builtin(self, name: str, types: list[int], push: int) -> ComputePass:
-        return self.pipeline(shader_path(name).read_bytes(), "main", types, push)
+        return self.pipeline(shader_bytes(name), "main", types, push)
 
     def pipeline(self, code: bytes, entry: str, types: list[int], push: int,
                  timeout: float | None = 60.0) -> ComputePass:

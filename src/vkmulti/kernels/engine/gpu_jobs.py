@@ -82,6 +82,22 @@ class GpuJobs:
                 sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
                 level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
 
+    def prepare(self, count: int) -> None:
+        """Make ahead what the first `count` jobs in flight use (command buffers, the
+        native recorder), so that they allocate nothing (a move's first CRC32 jobs)."""
+        with self._lock:
+            if self.pool is None:
+                raise DestroyedError(f"GPU jobs of GPU {self.slot.index} were destroyed")
+            if self._native_cmds is None:
+                self._native_cmds = _native.StepCommands(self.slot.native)
+            self._reap_locked()
+            missing = count - len(self._free)
+            if missing > 0:
+                made = vkapi.vkAllocateCommandBuffers(self.slot.device, vk.VkCommandBufferAllocateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
+                    level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=missing))
+                self._free.extend(made[i] for i in range(missing))
+
     def _queued(self, value: int, cmd: Any) -> None:
         """Job `value` in `cmd` reached the GPU (this object's lock held)."""
         self.value = value

@@ -31,6 +31,8 @@ __all__ = ["Prebuilder", "PassSpec", "lower_priority", "join_worker", "BACKGROUN
 
 #: (SPIR-V, entry point, descriptor types, push-constant bytes) of one pipeline
 PassSpec = tuple[bytes, str, list, int]
+#: ensure() remembers at most this many (spec, device, passes) it found built
+_MAX_ENSURED = 1024
 #: Prebuilder.reserve_bytes by default
 DEFAULT_RESERVE_BYTES = 64 << 20
 
@@ -100,6 +102,8 @@ class Prebuilder:
         self._thread: threading.Thread | None = None
         #: pipelines this builder made (not found already built)
         self.built = 0
+        #: (spec, context, extras) that ensure() found or made built: a later move asks again at no cost
+        self._ensured: set[tuple[Any, Any, tuple]] = set()
         #: builds that failed (the move then builds the pipeline itself)
         self.failed = 0
 
@@ -152,10 +156,21 @@ class Prebuilder:
         there: found built, waited for where a build of them runs, else built now.
         The caller holds no device lock."""
         ctx = self._context(device)
+        extras = list(self._extras(ctx))
+        key = (spec, ctx, tuple((code, entry, tuple(types), push) for code, entry, types, push in extras))
+        with self._cond:
+            known = key in self._ensured
+        if known:   # (the context keeps what it built while it lives)
+            ctx.check()
+            return
         deadline = Deadline(timeout)
         _gate(spec, ctx, deadline.left())   # a checkpoint's code too: no driver sees a module the gate refuses
-        for code, entry, types, push in [_kernel_pass_spec(spec)] + list(self._extras(ctx)):
+        for code, entry, types, push in [_kernel_pass_spec(spec)] + extras:
             ctx.build_pass(code, entry, types, push, deadline.left())
+        with self._cond:
+            if len(self._ensured) >= _MAX_ENSURED:
+                self._ensured.clear()
+            self._ensured.add(key)
 
     def wait_idle(self, timeout: float | None) -> None:
         """Wait until every queued build ran (vkmulti.TimeoutError after `timeout` s)."""

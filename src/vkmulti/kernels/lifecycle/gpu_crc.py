@@ -31,7 +31,7 @@ import vulkan as vk
 from ..._core.checks import is_int
 from ...errors import TimeoutError as VkmTimeout
 from ...memory.image import Buffer
-from ..._core.shaders import shader_path
+from ..._core.shaders import shader_bytes
 from ..._core.timeline import TimelinePoint
 from ..engine.device_context import SB, WHOLE_SIZE, MappedBuffer
 from ..engine.gpu_jobs import GpuJobs
@@ -109,12 +109,16 @@ def raw_crc(data: bytes) -> int:
 LANES = 64
 _PUSH = struct.Struct("<5I")
 _MAX_GROUPS = 65535          # maxComputeWorkGroupCount[0] every Vulkan device has
-#: Words each lane hashes per block: on a GPU short blocks give many workgroups
-#: (16 MiB: 4096 of them); on a CPU device (llvmpipe) long blocks amortise each
+#: Words each lane hashes per block: on a GPU blocks short enough for many workgroups
+#: (16 MiB: 1024 of them) and long enough that a workgroup's 4 KiB table load is a
+#: small part of its reads (H100, 16 MiB interleaved: 64 words 86 us a job, 16 words
+#: 92, 256 words 96); on a CPU device (llvmpipe) long blocks amortise each
 #: workgroup's table load (measured: 1024 words ~25% faster than 256).
-LANE_WORDS_GPU = 16
+LANE_WORDS_GPU = 64
 LANE_WORDS_CPU = 1024
 _SPARES = 4   # results buffers a GpuCrc keeps (a move's jobs on one device: two at once)
+_READY = 2    # results buffers and command buffers a GpuCrc makes at once (a move's jobs on one device)
+_RESULT_WORDS = 16   # the smallest results buffer (one word per range: a move's jobs hash a few)
 
 
 def check_ranges(ranges: Iterable[tuple[Any, int, int]], *, word_tail: bool) -> list[tuple[Any, int, int]]:
@@ -178,7 +182,7 @@ class CrcJob:
 
 def crc_pass_spec() -> tuple[bytes, str, list, int]:
     """(SPIR-V, entry point, descriptor types, push bytes) of the CRC32 shader's pipeline."""
-    return shader_path("crc32.comp.spv").read_bytes(), "main", [SB, SB, SB], _PUSH.size
+    return shader_bytes("crc32.comp.spv"), "main", [SB, SB, SB], _PUSH.size
 
 
 class GpuCrc:
@@ -218,7 +222,14 @@ class GpuCrc:
                     vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=data.nbytes)]))
             finally:
                 staging.destroy()
+            # what a move's jobs use on one device at once, made now: its first jobs allocate
+            # nothing (host-visible memory costs ~0.5 ms an allocation on a GPU's driver)
+            jobs.prepare(_READY)
+            for _ in range(_READY):
+                self._spares.append(MappedBuffer(slot, 4 * _RESULT_WORDS))
         except BaseException:
+            for b in self._spares:
+                b.destroy()
             self.tables.destroy()
             raise
 
@@ -228,7 +239,7 @@ class GpuCrc:
         with self._lock:
             i = next((i for i, b in enumerate(self._spares) if b.size >= 4 * count), None)
             spare = self._spares.pop(i) if i is not None else None
-        buf = spare if spare is not None else MappedBuffer(self.ctx.slot, 4 * max(count, 16))
+        buf = spare if spare is not None else MappedBuffer(self.ctx.slot, 4 * max(count, _RESULT_WORDS))
         buf.words[:count] = 0
 
         def give_back() -> None:
