@@ -260,3 +260,75 @@ class _Sized:
 
     def __init__(self, size):
         self.size = size
+
+
+class _Queue:
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __int__(self):
+        return self.handle
+
+
+class _Slot:
+    """Queues by handle: graphics 3, universal copy 1, copy 2 (a GPU: three queues),
+    or one queue for everything (a CPU device)."""
+
+    def __init__(self, one_queue):
+        g, u, c = (1, 1, 1) if one_queue else (3, 1, 2)
+        self.graphics_queue, self.universal_copy_queue, self.copy_queue = _Queue(g), _Queue(u), _Queue(c)
+
+
+def test_whether_a_link_shares_the_step_queue():
+    from vkmulti.kernels.engine.device_context import shares_step_queue, step_queue
+
+    gpu, cpu = _Slot(False), _Slot(True)
+    assert int(step_queue(gpu)) == 3 and int(step_queue(cpu)) == 1
+    assert not shares_step_queue(gpu, "dmabuf") and not shares_step_queue(gpu, "cuda_peer")
+    assert shares_step_queue(cpu, "dmabuf") and shares_step_queue(cpu, "cuda_peer")
+    two = _Slot(False)
+    two.graphics_queue = _Queue(1)   # no graphics queue of its own: steps on the universal one, as CUDA_PEER
+    assert shares_step_queue(two, "cuda_peer") and not shares_step_queue(two, "host_shared")
+
+
+@pytest.mark.parametrize("one_queue", [True, False])
+def test_the_landings_hash_waits_for_the_copies_submits_only_on_a_shared_queue(one_queue):
+    """The destination's hashes wait on the GPU for the copies' points; the host first
+    waits for the copies' submission only where both go to one queue."""
+    from types import SimpleNamespace
+
+    from vkmulti.kernels.lifecycle.chunked_copy import ChunkedCopy
+
+    calls = []
+
+    class Ticket:
+        def __init__(self, n):
+            self.dst_ready = SimpleNamespace(semaphore=7, value=n)
+
+        def wait_submitted(self, timeout):
+            calls.append(("wait_submitted", self.dst_ready.value))
+
+    class Eng:
+        method = "dmabuf"
+
+        def __init__(self):
+            self.n = 0
+
+        def submit(self, **kw):
+            self.n += 1
+            return Ticket(self.n)
+
+    class Crc:
+        kind = "shader"
+
+        def __init__(self):
+            self.ctx = SimpleNamespace(slot=_Slot(one_queue))
+
+        def submit(self, ranges, waits=()):
+            calls.append(("hash", [p.value for p in waits]))
+            return SimpleNamespace(close=lambda timeout: None)
+
+    copy = ChunkedCopy(Eng(), [(_Sized(64), _Sized(64)), (_Sized(128), _Sized(128))], Crc(), Crc())
+    calls.clear()
+    copy.submit_landings(5.0)
+    assert calls == ([("wait_submitted", 2)] if one_queue else []) + [("hash", [2])]

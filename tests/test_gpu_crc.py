@@ -241,3 +241,23 @@ def test_a_shader_engine_s_first_jobs_allocate_nothing(runtime, monkeypatch):
         for b in bufs:
             b.destroy()
     assert made == [] and allocs == []
+
+
+def test_a_shader_engine_that_hashes_wrong_is_refused(runtime, monkeypatch):
+    """A new engine hashes its own tables once and compares with zlib: a device whose
+    shader hashes wrong (both sides of a move would agree) is refused by name."""
+    from vkmulti.errors import VkmError
+    from vkmulti.kernels.lifecycle import gpu_crc
+
+    monkeypatch.setattr(gpu_crc, "crc32_finish", lambda raw, n: 0x1234)   # every GPU result off
+    runtime.migration_crc = "shader"
+    with pytest.raises(VkmError, match="GPU 0 hashed its own tables to 0x00001234"):
+        runtime._lifecycle.crc(0)
+    monkeypatch.undo()
+    eng = runtime._lifecycle.crc(0)   # nothing kept of the refused one: made anew, checked, used
+    data = bytes(range(200))
+    buf = _buffer(runtime, 0, data)
+    try:
+        assert eng.run([(buf, 0, len(data))]) == [zlib.crc32(data)]
+    finally:
+        buf.destroy()

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TransferTicket", "LinkRef", "acquire_link", "check_ring_shape", "ring_shape", "DEFAULT_SLOT_SIZE",
+__all__ = ["TransferTicket", "LinkRef", "acquire_link", "link_queue", "check_ring_shape", "ring_shape", "DEFAULT_SLOT_SIZE",
            "DEFAULT_SLOT_COUNT", "SPIN_SECONDS", "TRACE_ENV"]
 
 #: Ring shape per device pair and method: 8 slots of 8 MiB (64 MiB). Jobs
@@ -229,6 +229,13 @@ def _export_type(src: Any, dst: Any) -> int:
     return _DMA_BUF if both_dmabuf else _OPAQUE_FD
 
 
+def link_queue(slot: Any, method: str | None) -> Any:
+    """The queue of `slot` a link of `method` submits its side of a job on: the copy
+    queue, or the universal one for CUDA_PEER (its device-local copies into the
+    exported rings run several times faster on the universal family)."""
+    return slot.universal_copy_queue if method == TransferMethod.CUDA_PEER else slot.copy_queue
+
+
 def acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: int) -> LinkRef:
     links = _links_of(src)
     key = (dst.index, id(dst.native), method, slot_size, slot_count)
@@ -237,10 +244,7 @@ def acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: in
         if ref is None or not ref.link.alive:
             export = _export_type(src, dst) if method == TransferMethod.DMABUF else 0
             spin = SPIN_SECONDS if _on_gpus(src, dst) else 0.0
-            # CUDA_PEER's device-local copies into its exported rings: the universal
-            # family is several times faster at those than the transfer-only family
-            cuda = method == TransferMethod.CUDA_PEER
-            sq, dq = (src.universal_copy_queue, dst.universal_copy_queue) if cuda else (src.copy_queue, dst.copy_queue)
+            sq, dq = link_queue(src, method), link_queue(dst, method)
             link = _native.Link(src.native, sq.lock, dst.native, dq.lock, _RING[method], slot_size, slot_count, export,
                                 spin=spin, trace=os.environ.get(TRACE_ENV) or None)
             ref = LinkRef(link, key, links, (src, dst))

@@ -25,6 +25,7 @@ from ...device.commands import SubmitUser
 from ...memory.image import BUFFER_USAGE, Buffer, CommandRunner
 from ..._core.shaders import shader_bytes
 from ..._core.timeline import TimelinePoint
+from ...transfer.link import link_queue
 from .pipeline_cache import FILES, identity_of
 from .recording import barrier, handle_value
 
@@ -173,6 +174,15 @@ def step_queue(slot: Any) -> Any:
     if int(g) not in (int(u), int(slot.copy_queue)):
         return g
     return u
+
+
+def shares_step_queue(slot: Any, method: str | None) -> bool:
+    """Whether a transfer link of `method` submits on the queue kernel steps (and the
+    runtime's GPU jobs) use on `slot`: then work of theirs that waits on the
+    transfer's point must be submitted after the transfer's own submit (an in-order
+    queue cannot run a wait placed before its signal); on another queue it may be
+    submitted first."""
+    return int(link_queue(slot, method)) == int(step_queue(slot))
 
 
 class DeviceContext:

@@ -38,7 +38,7 @@ from ..._core.timeline import TimelinePoint
 from ...transfer.cross_device import CrossDeviceTransfer
 from ...transfer.methods import TransferMethod, select_transfer_method
 from ..coordinator import transfer_spec
-from ..engine.device_context import step_queue
+from ..engine.device_context import shares_step_queue
 from ..engine.kernel import InboundBatch, Kernel, OutboxBatch
 from ..engine.stepper import QUIET_BATCHES
 from ..runtime.ports import RuntimePort
@@ -345,9 +345,7 @@ class DeliveryEngine:
         key = (device, method)
         hit = self._shared_cache.get(key)
         if hit is None:
-            slot = self.mgr.slot(device)
-            q = slot.universal_copy_queue if method == "cuda_peer" else slot.copy_queue
-            hit = self._shared_cache[key] = int(q) == int(step_queue(slot))
+            hit = self._shared_cache[key] = shares_step_queue(self.mgr.slot(device), method)
         return hit
 
     def _read_done(self, region: Region, point: TimelinePoint | None, submitted: Any = None) -> None:

@@ -14,10 +14,12 @@ The CRC32 engines are those of `Lifecycle.crc(device)`: the host engine
 (host_crc.py) hashes a chunk as soon as its timeline point is reached (a host
 thread waits, not the caller); the GPU shader's (gpu_crc.py) destination
 hashes are one job for every chunk (`submit_landings`), whose waits are the
-chunks' landing points: the device orders it behind the copies, the host
-waits once, for the last chunk's submission (an in-order queue cannot run a
+chunks' landing points: the device orders it behind the copies. Where the
+copies land on the queue the job goes to (a device with one queue), the host
+first waits for the last chunk's submission (an in-order queue cannot run a
 wait placed before its signal; a link's worker takes jobs in order), which
-the caller does when no step is queued behind it. A move makes the same
+the caller does when no step is queued behind it; on a GPU, whose copies
+run on its copy queue, the job is queued at once. A move makes the same
 number of GPU submits and host waits whatever its chunk count: on a GPU each
 more would cost as much as a chunk's copy.
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..._core.checks import is_int
+from ..engine.device_context import shares_step_queue
 
 __all__ = ["ChunkedCopy", "HostChunkedCopy", "chunked_copy", "plan_chunks", "chunk_for", "CHECK_CHUNK_BYTES", "MAX_CHUNKS", "CHUNK_ALIGN"]
 
@@ -170,12 +173,21 @@ class ChunkedCopy:
             return
         todo = self.chunks[self._hashed():]
         lasts = self._lasts([t for *_, t in todo])   # (a link's jobs land in order: its last one, last)
-        for t in lasts:
-            t.wait_submitted(timeout)
+        if self._landings_share_queue():
+            for t in lasts:
+                t.wait_submitted(timeout)
         job = self._dst_crc.submit([(self.pairs[i][1], off, n) for i, off, n, _ in todo],
                                    [t.dst_ready for t in lasts])
         self.jobs.append(job)
         self._dst_jobs.append((job, len(todo)))
+
+    def _landings_share_queue(self) -> bool:
+        """Whether the destination's hashes go to the queue the copies land on (a device
+        with one queue): then they are submitted after the copies' own submits; on
+        another queue (a GPU's copy queue) at once, their waits holding them back on
+        the GPU (a failed link signals its points: nothing waits for good)."""
+        ctx = getattr(self._dst_crc, "ctx", None)
+        return ctx is None or shares_step_queue(ctx.slot, getattr(self._eng, "method", None))
 
     def wait(self, timeout: float) -> None:
         """Wait until every chunk has landed: one wait per link (its last chunk), then

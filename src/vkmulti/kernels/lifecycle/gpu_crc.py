@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import zlib
 from functools import lru_cache
 from typing import Any, Iterable
 
@@ -29,7 +30,7 @@ import numpy as np
 import vulkan as vk
 
 from ..._core.checks import is_int
-from ...errors import TimeoutError as VkmTimeout
+from ...errors import TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
 from ..._core.shaders import shader_bytes
 from ..._core.timeline import TimelinePoint
@@ -119,6 +120,7 @@ LANE_WORDS_CPU = 1024
 _SPARES = 4   # results buffers a GpuCrc keeps (a move's jobs on one device: two at once)
 _READY = 2    # results buffers and command buffers a GpuCrc makes at once (a move's jobs on one device)
 _RESULT_WORDS = 16   # the smallest results buffer (one word per range: a move's jobs hash a few)
+_SELF_CHECK_WORDS = 1024   # what a new engine hashes of its own tables to check itself
 
 
 def check_ranges(ranges: Iterable[tuple[Any, int, int]], *, word_tail: bool) -> list[tuple[Any, int, int]]:
@@ -227,6 +229,15 @@ class GpuCrc:
             jobs.prepare(_READY)
             for _ in range(_READY):
                 self._spares.append(MappedBuffer(slot, 4 * _RESULT_WORDS))
+            # one job now, on the tables themselves: the pipeline's first dispatch and the queue's
+            # first submit are paid here, and a device whose hashes differ from zlib's is refused
+            # (both sides of a move hash alike: a wrong engine would pass every check)
+            want = zlib.crc32(data[:_SELF_CHECK_WORDS].tobytes())
+            got = self.run([(self.tables, 0, 4 * _SELF_CHECK_WORDS)])[0]
+            if got != want:
+                raise VkmError(f"the CRC32 shader on GPU {ctx.index} hashed its own tables to {got:#010x}, zlib to "
+                               f"{want:#010x}: its checks cannot be trusted on this device (migrate with "
+                               f"verify=False to move without the check)")
         except BaseException:
             for b in self._spares:
                 b.destroy()
