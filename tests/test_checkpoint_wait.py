@@ -69,3 +69,25 @@ def test_a_wait_that_gives_up_parks_the_staging_until_the_copy_is_done(runtime, 
     assert life._parked == []
     cp = runtime.checkpoint(a)   # usable
     assert cp.metadata.current_step == a.steps
+
+
+def test_a_later_checkpoint_reuses_the_copy_buffer(runtime, monkeypatch):
+    """A checkpoint's host-visible copy buffer is kept for the next one of the same size:
+    a later checkpoint allocates none (and still reads the kernel's current bytes)."""
+    from vkmulti.kernels.lifecycle import lifecycle
+    from vkmulti.kernels.reference import COUNTER_TAG_ADD, read_counter
+
+    a, _ = _counters(runtime)
+    runtime.step(timeout=10)
+    first = runtime.checkpoint(a)
+    made = []
+    real = lifecycle.MappedBuffer
+    monkeypatch.setattr(lifecycle, "MappedBuffer", lambda *args, **kw: (made.append(args), real(*args, **kw))[1])
+    runtime.send(a, np.array([7], np.uint32), tag=COUNTER_TAG_ADD)
+    runtime.step(a, timeout=10)
+    second = runtime.checkpoint(a)
+    assert made == []
+    assert second.metadata.current_step == first.metadata.current_step + 1
+    runtime.synchronize(10)
+    assert read_counter(runtime.read_state(a)).sum == 7
+    assert second.to_bytes() != first.to_bytes()

@@ -26,6 +26,7 @@ from ..checkpoint.restorable import check_kernel_checkpoint
 from ..engine.spec import KernelSpec
 from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, HlcTimestamp, K2KMessage, MessageEnvelope
 from ..engine.spirv import reflect
+from ..engine.step_ops import copy_op
 
 __all__ = ["SPIRV_CHUNK", "INBOX_CHUNK", "KernelImage", "to_checkpoint", "from_checkpoint", "local_size", "upload",
            "upload_many", "staged_copies",
@@ -146,12 +147,13 @@ def upload(ctx: Any, buf: Any, offset: int, data: np.ndarray, timeout: float | N
     upload_many(ctx, [(buf, offset, data)], timeout)
 
 
-def record_image_copy(cmd: Any, srcs: list[Any], sizes: list[int], dst: Any) -> None:
-    """Record the copies of `srcs` packed one after another into buffer `dst`."""
-    at = 0
+def image_copy_ops(srcs: list[Any], sizes: list[int], dst: Any) -> list[bytes]:
+    """The packed copies (step_ops.copy_op) of `srcs` one after another into buffer `dst`."""
+    ops, at = [], 0
     for src, n in zip(srcs, sizes):
-        vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, [vk.VkBufferCopy(srcOffset=0, dstOffset=at, size=n)])
+        ops.append(copy_op(src.handle_int, dst.handle_int, 0, at, n))
         at += n
+    return ops
 
 
 def fill_image(img: KernelImage, raw: Any, sizes: list[int]) -> KernelImage:

@@ -72,7 +72,8 @@ from typing import Any, Callable, Iterator
 from ..._core.checks import timeout_seconds
 from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
 from ..checkpoint.format import Checkpoint
-from ..engine.device_context import MappedBuffer, barrier
+from ..engine.device_context import MappedBuffer
+from ..engine.step_ops import BARRIER, HOST_BARRIER
 from ..engine.gate import gate_of
 from ..engine.gpu_jobs import GpuJobs
 from ..engine.kernel import Kernel
@@ -80,11 +81,12 @@ from ..ids import KernelId, as_kernel_id
 from ..engine.prebuild import Prebuilder
 from .gpu_crc import GpuCrc, crc_pass_spec
 from .host_crc import HostCrc
-from .image import (SPIRV_CHUNK, INBOX_CHUNK, fill_image, from_checkpoint, image_meta, image_sources,
-                    record_image_copy, to_checkpoint)
+from .image import (SPIRV_CHUNK, INBOX_CHUNK, fill_image, from_checkpoint, image_copy_ops, image_meta,
+                    image_sources, to_checkpoint)
 from .live_migration import migrate_live
 from .migrator import KernelMigrator, MigrationResult
 from .policy import CheckpointPolicy, PolicyState
+from .replay_log import SpareBuffers
 from .ready_twins import ReadyTwins
 from .restore import restore_into, restore_new
 from .twin import (MigrationPool, MoveEngines, Retired, RuntimeView, free_retired, twin_buffer_sizes,
@@ -132,6 +134,8 @@ class Lifecycle:
         self._retired: list[Retired] = []
         #: (jobs, point, staging buffer) of checkpoint copies whose wait gave up: freed once done
         self._parked: list[tuple[GpuJobs, Any, MappedBuffer]] = []
+        #: checkpoint() copy buffers whose bytes were read, for later checkpoints of the same size
+        self._staging = SpareBuffers()
         self._pool_limit = pool_limit
         self._pool = MigrationPool(pool_limit())
         #: the transfer engines of moves between two devices
@@ -413,6 +417,7 @@ class Lifecycle:
                 e.crc_jobs.destroy(timeout)
             e.jobs.destroy(timeout)
         self._reap_parked(force=True)
+        self._staging.destroy()
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -423,20 +428,18 @@ class Lifecycle:
         ctx = k.ctx
         srcs, sizes = image_sources(k)
         jobs = self.extras(k.device_index).jobs
-        staging = MappedBuffer(ctx.slot, sum(sizes))
-
-        def record(cmd: Any) -> None:
-            barrier(cmd)
-            record_image_copy(cmd, srcs, sizes, staging)
-            barrier(cmd, host=True)
+        # a kept buffer (a first allocation of host-visible memory can hold up the device's other
+        # work on a GPU's driver), the copies recorded natively: the lock below is held briefly
+        staging = self._staging.take(ctx.index, sum(sizes)) or MappedBuffer(ctx.slot, sum(sizes))
         try:
+            ops = b"".join([BARRIER, *image_copy_ops(srcs, sizes, staging), HOST_BARRIER])
             # queued behind the kernel's submitted steps under the device lock (no step comes in
             # between the image's step count and the copy), waited for without it: the device's
             # other kernels go on stepping meanwhile
             with ctx.lock:
                 k.check()
                 img = image_meta(k)
-                point = jobs.submit(record, users=[*srcs, staging])
+                point = jobs.submit_ops(ops, users=[*srcs, staging])
         except BaseException:
             staging.destroy()
             raise
@@ -448,8 +451,10 @@ class Lifecycle:
             raise
         try:
             fill_image(img, staging.bytes, sizes)
-        finally:
+        except BaseException:
             staging.destroy()
+            raise
+        self._staging.give(staging)
         return to_checkpoint(img)
 
     def set_policy(self, policy: CheckpointPolicy | None) -> None:

@@ -26,13 +26,12 @@ from ..._core.checks import int_in
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from ..checkpoint.format import Checkpoint
 from ..checkpoint.storage import CheckpointStorage
-from ..engine import recording as cmds
 from ..engine.device_context import MappedBuffer
 from ..engine.gpu_jobs import GpuJobs, StepTimeline
-from ..engine.step_ops import copy_op
+from ..engine.step_ops import BARRIER, HOST_BARRIER
 from ..ids import KernelId, as_kernel_id
 from ..engine.kernel import Kernel
-from .image import KernelImage, fill_image, image_meta, image_sources, record_image_copy, to_checkpoint
+from .image import KernelImage, fill_image, image_copy_ops, image_meta, image_sources, to_checkpoint
 from .replay_log import ReplayLog, SpareBuffers, still_running
 from .twin import LifecycleView
 
@@ -197,10 +196,7 @@ class PolicyState:
                 buf = self._buffer(ctx, sum(sizes))
             except (VkmError, vk.VkError, MemoryError):
                 continue   # (after_step tries again, and says why if it cannot either)
-            at = 0
-            for src, n in zip(srcs, sizes):
-                copies.append(copy_op(src.handle_int, buf.handle_int, 0, at, n))
-                at += n
+            copies += image_copy_ops(srcs, sizes, buf)
             items.append((k, buf, sizes, k.steps + 1))
         return _CapturePlan(self, ctx, items, copies) if items else None
 
@@ -231,15 +227,11 @@ class PolicyState:
         jobs = self.life.extras(ctx.index).jobs
         buf = self._buffer(ctx, sum(sizes))
         try:
+            ops = b"".join([BARRIER, *image_copy_ops(srcs, sizes, buf), HOST_BARRIER])
             with ctx.lock:
                 k.check()
                 img = image_meta(k)
-
-                def record(cmd: Any) -> None:
-                    cmds.barrier(cmd)
-                    record_image_copy(cmd, srcs, sizes, buf)
-                    cmds.barrier(cmd, host=True)
-                point = jobs.submit(record, users=[*srcs, buf])
+                point = jobs.submit_ops(ops, users=[*srcs, buf])
         except BaseException:
             buf.destroy()
             raise
