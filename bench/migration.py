@@ -9,7 +9,7 @@
     engine; each timed move starts once the background work the previous ones
     asked for (the next twins, made ahead while the kernel steps) is done, as
     a move finds it when moves are not back to back (`live_back_to_back_us`:
-    moves timed without that wait, the twin maybe still being made); each CRC32 engine alone on each device (`crc_us`: shader in both
+    every other round, a move right after the host restore, without that wait); each CRC32 engine alone on each device (`crc_us`: shader in both
     layouts, and the host engine on CPU devices, where it is the default and
     the live migration is also timed with the shader's check);
     the first move of a kernel (once the pipelines launch() builds ahead in the
@@ -130,8 +130,9 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None, crc: str 
             try:
                 live, plain, host, live_other, raw_copy, rushed = [], [], [], [], [], []
                 for i in range(reps):   # interleaved: load drifting on a shared machine hits every path alike
-                    rushed.append(rt.migrate(k, 1 - k.device_index))   # right after the host restore below
-                    _settle(rt)
+                    if i % 2:   # (every other round: the timed moves go both ways in turn)
+                        rushed.append(rt.migrate(k, 1 - k.device_index))   # right after the last host restore
+                        _settle(rt)
                     live.append(rt.migrate(k, 1 - k.device_index))
                     t0 = time.perf_counter()
                     eng.submit(src_buffer=a, dst_buffer=b, size=size).wait(60)
@@ -168,9 +169,9 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None, crc: str 
                    "live_verify_us": phase("verify_duration", live),
                    "live_restore_us": phase("restore_duration", live),
                    "live_no_crc_us": phase("total_duration", plain),
-                   "live_back_to_back_us": phase("total_duration", rushed),
+                   "live_back_to_back_us": phase("total_duration", rushed) if rushed else None,
                    "host_bytes_us": _median(host) * 1e6, "raw_copy_us": _median(raw_copy) * 1e6,
-                   "checksums_matched": all(r.checksum_match for r in live + live_other),
+                   "checksums_matched": all(r.checksum_match for r in live + live_other + rushed),
                    "state_intact": same, "kernel_counts_on": counting, "crc_engine": engine,
                    "host_crc32": _host_crc32_name(),
                    "crc_us": crc_sides}
@@ -421,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     pick = next((r for r in rows if r["state_bytes"] == 16 * MIB), rows[-1] if rows else None)
     if pick is not None:
         mib = pick["state_bytes"] / MIB
+        rushed = f"; right after a host restore {pick['live_back_to_back_us'] / pick['raw_copy_us']:.2f}x" \
+            if pick.get("live_back_to_back_us") else ""
         shader = f"; with the GPU shader's check instead {pick['ratio_host_to_live_shader_crc']:.2f}x" \
             if "ratio_host_to_live_shader_crc" in pick else ""
         parts.append(f"live migration {mib:.0f} MiB = {pick['ratio_host_to_live']:.2f}x faster than through host "
@@ -428,8 +431,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"the {pick['crc_engine']} engine; without the check {pick['ratio_host_to_live_no_crc']:.2f}x"
                      f"{shader}); copy phase {pick['live_transfer_us']:.0f} us (raw {pick['method']} copy "
                      f"{pick['raw_copy_us']:.0f} us), end to end {pick['live_us']:.0f} us = "
-                     f"{pick['ratio_live_to_raw_copy']:.2f}x the raw copy (goal <= 2; right after another move "
-                     f"{pick['live_back_to_back_us'] / pick['raw_copy_us']:.2f}x); first move "
+                     f"{pick['ratio_live_to_raw_copy']:.2f}x the raw copy (goal <= 2{rushed}); first move "
                      f"{pick['first_move_us']:.0f} us = {pick['ratio_first_to_later_move']:.2f}x a later one "
                      f"(goal <= 1.5)")
     if "reload" in res:

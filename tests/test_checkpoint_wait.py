@@ -91,3 +91,27 @@ def test_a_later_checkpoint_reuses_the_copy_buffer(runtime, monkeypatch):
     runtime.synchronize(10)
     assert read_counter(runtime.read_state(a)).sum == 7
     assert second.to_bytes() != first.to_bytes()
+
+
+def test_spare_copy_buffers_are_bounded_and_freed_after_destroy(runtime):
+    """SpareBuffers keeps buffers up to `largest` bytes each and `total` in all; one
+    given after destroy() is freed at once; a large kernel's checkpoint keeps none."""
+    from vkmulti.kernels.engine.device_context import MappedBuffer
+    from vkmulti.kernels.lifecycle.replay_log import SpareBuffers
+
+    slot = runtime.manager.slot(0)
+    spares = SpareBuffers(largest=4096, total=8192)
+    small = [MappedBuffer(slot, 4096) for _ in range(3)]
+    big = MappedBuffer(slot, 8192)
+    for b in small + [big]:
+        spares.give(b)
+    assert big.handle is None                     # too large: freed
+    assert small[2].handle is None                # past the total: freed
+    assert spares.take(0, 8192) is None
+    got = [spares.take(0, 4096), spares.take(0, 4096)]
+    assert {id(b) for b in got} == {id(small[0]), id(small[1])} and spares.take(0, 4096) is None
+    spares.give(got[0])
+    spares.destroy()
+    assert got[0].handle is None
+    spares.give(got[1])                           # after destroy(): freed, not kept
+    assert got[1].handle is None

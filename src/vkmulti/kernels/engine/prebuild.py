@@ -235,6 +235,7 @@ class Prebuilder:
         with self._cond:
             self._stopping = True
             self._jobs.clear()
+            self._ensured.clear()
             self._cond.notify_all()
             thread = self._thread
         join_worker(thread, timeout, "a background pipeline build")

@@ -20,6 +20,7 @@ engine (host_crc.py) combines zlib's CRCs of pieces with `crc32_combine`.
 """
 from __future__ import annotations
 
+import logging
 import struct
 import threading
 import zlib
@@ -38,6 +39,8 @@ from ..engine.device_context import SB, WHOLE_SIZE, MappedBuffer
 from ..engine.gpu_jobs import GpuJobs
 from ..engine.recording import handle_value
 from ..engine.step_ops import BARRIER, HOST_BARRIER, pass_op
+
+log = logging.getLogger(__name__)
 
 __all__ = ["GpuCrc", "CrcJob", "zero_tables", "shift", "crc32_finish", "crc32_combine", "raw_crc", "check_ranges",
            "crc_pass_spec", "LANES"]
@@ -120,7 +123,8 @@ LANE_WORDS_CPU = 1024
 _SPARES = 4   # results buffers a GpuCrc keeps (a move's jobs on one device: two at once)
 _READY = 2    # results buffers and command buffers a GpuCrc makes at once (a move's jobs on one device)
 _RESULT_WORDS = 16   # the smallest results buffer (one word per range: a move's jobs hash a few)
-_SELF_CHECK_WORDS = 1024   # what a new engine hashes of its own tables to check itself
+_SELF_CHECK_ODD = (4, 4003)   # (offset, bytes) of the odd range a new engine checks itself with
+_SELF_CHECK_TIMEOUT = 30.0
 
 
 def check_ranges(ranges: Iterable[tuple[Any, int, int]], *, word_tail: bool) -> list[tuple[Any, int, int]]:
@@ -195,7 +199,7 @@ class GpuCrc:
 
     def __init__(self, ctx: Any, jobs: GpuJobs, lane_words: int | None = None, contiguous: bool | None = None):
         """`lane_words` and `contiguous` (the shader's layout, see crc32.comp):
-        by default interleaved with 16 words a lane on a GPU, contiguous with
+        by default interleaved with 64 words a lane on a GPU, contiguous with
         1024 on a CPU device (llvmpipe runs interleaved gathers ~2x slower)."""
         self.ctx, self.jobs = ctx, jobs
         slot = ctx.slot
@@ -229,20 +233,36 @@ class GpuCrc:
             jobs.prepare(_READY)
             for _ in range(_READY):
                 self._spares.append(MappedBuffer(slot, 4 * _RESULT_WORDS))
-            # one job now, on the tables themselves: the pipeline's first dispatch and the queue's
-            # first submit are paid here, and a device whose hashes differ from zlib's is refused
-            # (both sides of a move hash alike: a wrong engine would pass every check)
-            want = zlib.crc32(data[:_SELF_CHECK_WORDS].tobytes())
-            got = self.run([(self.tables, 0, 4 * _SELF_CHECK_WORDS)])[0]
-            if got != want:
-                raise VkmError(f"the CRC32 shader on GPU {ctx.index} hashed its own tables to {got:#010x}, zlib to "
-                               f"{want:#010x}: its checks cannot be trusted on this device (migrate with "
-                               f"verify=False to move without the check)")
-        except BaseException:
+            self._check_itself(data.view(np.uint8))
+        except BaseException as exc:
             for b in self._spares:
                 b.destroy()
-            self.tables.destroy()
+            try:
+                self.tables.destroy()
+            except Exception as more:   # (the error raised is the one that stopped the engine)
+                log.warning("GPU %d: the CRC32 tables of an engine that failed (%s) were not freed: %s",
+                            ctx.index, exc, more)
             raise
+
+    def _check_itself(self, tables: np.ndarray) -> None:
+        """One job at once, on the engine's own tables (`tables`: their bytes): all of them
+        (several workgroups, their results combined) and an odd range (a partial block,
+        tail bytes). The pipeline's first dispatch and the queue's first submit are paid
+        here, not by a move; a device whose hashes differ from zlib's is refused (both
+        sides of a move hash alike: a wrong engine would pass every check)."""
+        at, size = _SELF_CHECK_ODD
+        want = [zlib.crc32(tables.tobytes()), zlib.crc32(tables[at:at + size].tobytes())]
+        job = self.submit([(self.tables, 0, tables.nbytes), (self.tables, at, size)])
+        try:
+            got = job.result(_SELF_CHECK_TIMEOUT)
+        except BaseException:
+            job.close(_SELF_CHECK_TIMEOUT)
+            raise
+        if got != want:
+            raise VkmError(f"the CRC32 shader on GPU {self.ctx.index} hashed its own tables to "
+                           f"{', '.join(f'{g:#010x}' for g in got)}, zlib to {', '.join(f'{w:#010x}' for w in want)}: "
+                           f"its checks cannot be trusted on this device (migrate with verify=False to move "
+                           f"without the check)")
 
     def _results(self, count: int) -> tuple[MappedBuffer, Any]:
         """A zeroed host-visible buffer of `count` words and the function that gives it back

@@ -98,6 +98,8 @@ __all__ = ["Lifecycle", "CheckpointPolicy", "CHOICES", "check_choice", "SPIRV_CH
 
 #: The CRC32 engines a live migration can check with (see the module docstring).
 CHOICES = ("auto", "shader", "host")
+#: The largest checkpoint() copy buffer kept for the next checkpoint of that size (and 4x this in all)
+CHECKPOINT_STAGING_BYTES = 16 << 20
 
 
 def check_choice(choice: Any) -> str:
@@ -135,7 +137,8 @@ class Lifecycle:
         #: (jobs, point, staging buffer) of checkpoint copies whose wait gave up: freed once done
         self._parked: list[tuple[GpuJobs, Any, MappedBuffer]] = []
         #: checkpoint() copy buffers whose bytes were read, for later checkpoints of the same size
-        self._staging = SpareBuffers()
+        #: (small ones only: a large kernel's checkpoint allocates its own each time)
+        self._staging = SpareBuffers(largest=CHECKPOINT_STAGING_BYTES, total=4 * CHECKPOINT_STAGING_BYTES)
         self._pool_limit = pool_limit
         self._pool = MigrationPool(pool_limit())
         #: the transfer engines of moves between two devices
