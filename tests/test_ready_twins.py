@@ -92,33 +92,6 @@ def test_a_restore_takes_the_ready_twin(runtime):
     runtime.synchronize()
 
 
-def test_a_restore_leaves_the_twin_for_the_way_back(runtime):
-    """The half a restore onto another device leaves behind becomes the twin for a
-    move back (as a migration's), not freed; restored onto its own device, nothing
-    is recycled."""
-    k, data = launch(runtime)
-    runtime.step()
-    runtime.synchronize()
-    settle(runtime)
-    twins = runtime.ready_twins
-    recycled = twins.recycled
-    runtime.restore(runtime.checkpoint(k), into=k, device=1)
-    settle(runtime)
-    assert twins.recycled == recycled + 1 and twins.ready(k) == [0]
-    used = twins.used
-    assert runtime.migrate(k, 0).checksum_match   # takes it
-    assert twins.used == used + 1 and np.array_equal(runtime.read_state(k, 1), data)
-    settle(runtime)
-    recycled = twins.recycled
-    runtime.restore(runtime.checkpoint(k), into=k, device=0)   # same device
-    settle(runtime)
-    assert twins.recycled == recycled and twins.ready(k) == [1]
-    runtime.send(k, np.array([3], np.uint32), tag=COUNTER_TAG_ADD)
-    runtime.step()
-    runtime.synchronize()
-    assert read_counter(runtime.read_state(k)).sum == 3
-
-
 def test_the_policy_turns_them_off_and_bounds_their_bytes(runtime):
     twins = runtime.ready_twins
     with pytest.raises(TypeError):

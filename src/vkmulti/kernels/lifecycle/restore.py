@@ -135,9 +135,7 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
             # runs there, and no message waits there that could still be taken over.
             switch([])
         half, twin = twin, None
-        # what it left on another device that lives on: the twin for a move back, as a migration's
-        if not (alive and half.ctx is not k.ctx and half.spec == k.spec and life.twins.recycle(k, half)):
-            retire_half(life, half, lost=not alive)
+        retire_half(life, half, lost=not alive)
     except BaseException:
         if not done:
             if rings:
