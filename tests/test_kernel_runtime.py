@@ -440,3 +440,32 @@ def test_eight_host_threads_and_three_kernel_senders_exactly_once(runtime, run_t
     state = read_counter(runtime.read_state(sink))
     assert (state.count, state.sum, state.fifo_errors) == (200, expected, 0)
     assert all(read_counter(runtime.read_state(f)).fifo_errors == 0 for f in fwd)
+
+
+def test_a_step_timeout_says_what_the_step_waits_for(runtime):
+    """A step held back on the GPU by a wait point nobody signals: the timeout names
+    the device's progress, the step and its kernels, and each timeline still short of
+    the value the step needs (its value now); once signalled, everything goes on."""
+    from gates import Gate
+
+    from vkmulti._core.timeline import TimelinePoint
+    from vkmulti.errors import TimeoutError as VkmTimeout
+
+    k = runtime.launch(counter_kernel(max_sources=MAX), "held", device=0, state=[counter_initial_state(MAX)])
+    runtime.step(k).wait(30)
+    gate = Gate(runtime.manager.slot(0))
+    try:
+        ticket = runtime.step(k, wait=TimelinePoint(gate.sem, 1, 0))
+        with pytest.raises(VkmTimeout) as info:
+            ticket.wait(0.2)
+        msg = str(info.value)
+        step = ticket.points[0].value
+        assert f"kernel step {step} not done" in msg and f"it completed step {step - 1}" in msg
+        assert f"step {step} (held) waits for timeline {gate.sem:#x} at 0 of 1" in msg
+        gate.open()
+        ticket.wait(30)
+    finally:
+        gate.destroy()
+    runtime.send(k, np.array([4], np.uint32), tag=COUNTER_TAG_ADD)
+    runtime.step(k).wait(30)
+    assert read_counter(runtime.read_state(k)).sum == 4

@@ -51,6 +51,7 @@ class InFlight:
     directory: list[int] = field(default_factory=list)    # directory entries this step rewrote
     directs: list[tuple[InboundBatch, Kernel]] = field(default_factory=list)   # batches taken in place
     in_place: int = 0   # of them, read by their kernel's step where they lie (no copy)
+    waits: list[tuple[int, int]] = field(default_factory=list)   # (timeline, value) the GPU waits for first
 
 
 class StepRecorder:

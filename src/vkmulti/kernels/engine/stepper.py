@@ -23,7 +23,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Protocol
 
-from ...errors import TimeoutError as VkmTimeout
+from ...errors import TimeoutError as VkmTimeout, VkmError
 from ..._core.timeline import TimelinePoint
 from .device_context import DeviceContext
 from .harvest import StepHarvest
@@ -107,6 +107,29 @@ class DeviceStepper:
                     keep.append((value, pool_set))
             self.retired = keep
 
+    def stalled(self) -> str:
+        """What the device's oldest unfinished step waits for, for a timeout's message:
+        each timeline it waits on that has not reached the value it needs (a transfer's
+        landing, a relay, a caller's wait point), with the value it has now."""
+        try:
+            done = self.ctx.completed()
+        except VkmError as exc:
+            return f"its timeline cannot be read ({exc})"
+        rec = next((r for r in self.inflight if r.value > done), None)
+        if rec is None:
+            return f"it completed step {done}"
+        short = []
+        for sem, value in rec.waits:
+            try:
+                now: Any = self.ctx.slot.native.timeline_value(sem)
+            except VkmError:
+                now = "?"
+            if now == "?" or now < value:
+                short.append(f"timeline {sem:#x} at {now} of {value}")
+        kernels = ", ".join(sorted({k.id for k, _, _ in rec.kernels}))
+        return (f"it completed step {done}; step {rec.value} ({kernels}) waits for "
+                + (", ".join(short) if short else "no timeline still short of its value (the GPU runs it)"))
+
     # -- waiting for room ------------------------------------------------------------
 
     def _blocking_value(self, kernels: list[Kernel]) -> int:
@@ -135,7 +158,7 @@ class DeviceStepper:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise VkmTimeout(f"GPU {self.ctx.index}: earlier kernel steps did not finish in time "
-                                 f"(waiting for timeline value {need}); nothing was submitted")
+                                 f"(waiting for timeline value {need}; {self.stalled()}); nothing was submitted")
             try:
                 self.ctx.wait_unlocked(need, min(left, 0.25))
             except VkmTimeout:
@@ -197,6 +220,7 @@ class DeviceStepper:
             gpu_waits, survey_offsets = self.recorder.record(rec, launched, taken_h2k, self.batches, self.retired,
                                                              plan.copies if plan is not None else ())
             gpu_waits += [(p.semaphore, p.value) for p in waits]
+            rec.waits = gpu_waits
             ctx = self.ctx
             ctx.step_cmds.submit(ctx.queue_lock, ctx.cmd_ints[rec.region], gpu_waits, ctx.timeline, value)  # type: ignore[arg-type]
         except BaseException as exc:

@@ -267,7 +267,8 @@ class Stepping:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise VkmTimeout(f"GPU {p.device_index}: kernel step {p.value} not done within {timeout} s")
+                    raise VkmTimeout(f"GPU {p.device_index}: kernel step {p.value} not done within {timeout} s "
+                                     f"({stepper.stalled()})")
                 try:
                     ctx.wait_unlocked(p.value, min(left, 0.25))
                 except VkmTimeout:
