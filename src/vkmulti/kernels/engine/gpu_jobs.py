@@ -72,31 +72,38 @@ class GpuJobs:
                 keep.append((value, cmd))
         self._busy = keep
 
-    def _command_buffer(self) -> Any:
-        """A free command buffer for the next job (this object's lock held)."""
+    def _check_pool(self) -> None:
         if self.pool is None:
             raise DestroyedError(f"GPU jobs of GPU {self.slot.index} were destroyed")
+
+    def _allocate(self, count: int) -> list[Any]:
+        """`count` new command buffers of this object's pool (its lock held)."""
+        made = vkapi.vkAllocateCommandBuffers(self.slot.device, vk.VkCommandBufferAllocateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
+            level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=count))
+        return [made[i] for i in range(count)]
+
+    def _recorder(self) -> Any:
+        """The native recorder of submit_ops, made once (this object's lock held)."""
+        if self._native_cmds is None:
+            self._native_cmds = _native.StepCommands(self.slot.native)
+        return self._native_cmds
+
+    def _command_buffer(self) -> Any:
+        """A free command buffer for the next job (this object's lock held)."""
+        self._check_pool()
         self._reap_locked()
-        return self._free.pop() if self._free else vkapi.vkAllocateCommandBuffers(
-            self.slot.device, vk.VkCommandBufferAllocateInfo(
-                sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
-                level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        return self._free.pop() if self._free else self._allocate(1)[0]
 
     def prepare(self, count: int) -> None:
         """Make ahead what the first `count` jobs in flight use (command buffers, the
         native recorder), so that they allocate nothing (a move's first CRC32 jobs)."""
         with self._lock:
-            if self.pool is None:
-                raise DestroyedError(f"GPU jobs of GPU {self.slot.index} were destroyed")
-            if self._native_cmds is None:
-                self._native_cmds = _native.StepCommands(self.slot.native)
+            self._check_pool()
+            self._recorder()
             self._reap_locked()
-            missing = count - len(self._free)
-            if missing > 0:
-                made = vkapi.vkAllocateCommandBuffers(self.slot.device, vk.VkCommandBufferAllocateInfo(
-                    sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
-                    level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=missing))
-                self._free.extend(made[i] for i in range(missing))
+            if count > len(self._free):
+                self._free += self._allocate(count - len(self._free))
 
     def _queued(self, value: int, cmd: Any) -> None:
         """Job `value` in `cmd` reached the GPU (this object's lock held)."""
@@ -136,16 +143,16 @@ class GpuJobs:
         per command."""
         waits = list(waits)
         with self._lock:
-            if self._native_cmds is None and self.pool is not None:
-                self._native_cmds = _native.StepCommands(self.slot.native)
+            self._check_pool()
+            recorder = self._recorder()
             cmd = self._command_buffer()
             value = self.value + 1
             try:
                 handle = handle_value(cmd)
-                self._native_cmds.record(handle, ops)
-                self._native_cmds.submit(self.queue.lock, handle, waits, self.timeline, value)
+                recorder.record(handle, ops)
+                recorder.submit(self.queue.lock, handle, waits, self.timeline, value)
             except BaseException:
-                if self._native_cmds.submitted != value:   # nothing reached the GPU: the buffer is free
+                if recorder.submitted != value:   # nothing reached the GPU: the buffer is free
                     self._free.append(cmd)
                     raise
                 self._queued(value, cmd)   # an interrupt that came after the submit: the job runs

@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class InFlight:
     directory: list[int] = field(default_factory=list)    # directory entries this step rewrote
     directs: list[tuple[InboundBatch, Kernel]] = field(default_factory=list)   # batches taken in place
     in_place: int = 0   # of them, read by their kernel's step where they lie (no copy)
-    waits: list[tuple[int, int]] = field(default_factory=list)   # (timeline, value) the GPU waits for first
+    waits: Sequence[tuple[int, int]] = ()   # (timeline, value) the GPU waits for first (set at the submit)
 
 
 class StepRecorder:

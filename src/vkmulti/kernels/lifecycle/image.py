@@ -26,11 +26,11 @@ from ..checkpoint.restorable import check_kernel_checkpoint
 from ..engine.spec import KernelSpec
 from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, HlcTimestamp, K2KMessage, MessageEnvelope
 from ..engine.spirv import reflect
-from ..engine.step_ops import copy_op
+from ..engine.step_ops import BARRIER, HOST_BARRIER, copy_op
 
 __all__ = ["SPIRV_CHUNK", "INBOX_CHUNK", "KernelImage", "to_checkpoint", "from_checkpoint", "local_size", "upload",
            "upload_many", "staged_copies",
-           "image_meta"]
+           "image_meta", "queue_image_copy"]
 
 SPIRV_CHUNK = chunk_name_id("vkm.spirv")
 INBOX_CHUNK = chunk_name_id("vkm.inbox")
@@ -154,6 +154,19 @@ def image_copy_ops(srcs: list[Any], sizes: list[int], dst: Any) -> list[bytes]:
         ops.append(copy_op(src.handle_int, dst.handle_int, 0, at, n))
         at += n
     return ops
+
+
+def queue_image_copy(k: Any, jobs: Any, srcs: list[Any], sizes: list[int], dst: Any) -> tuple[KernelImage, Any]:
+    """Queue on `jobs` (GpuJobs of k's device) the copy of k's image buffers `srcs` into
+    host-visible `dst`, behind k's submitted steps: (the image's host side, the job's
+    point). Under k's device lock, so that no step comes in between the host side's
+    step count and the copy; the copies are recorded natively, so it is held briefly."""
+    ops = b"".join([BARRIER, *image_copy_ops(srcs, sizes, dst), HOST_BARRIER])
+    with k.ctx.lock:
+        k.check()
+        img = image_meta(k)
+        point = jobs.submit_ops(ops, users=[*srcs, dst])
+    return img, point
 
 
 def fill_image(img: KernelImage, raw: Any, sizes: list[int]) -> KernelImage:

@@ -73,7 +73,6 @@ from ..._core.checks import timeout_seconds
 from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
 from ..checkpoint.format import Checkpoint
 from ..engine.device_context import MappedBuffer
-from ..engine.step_ops import BARRIER, HOST_BARRIER
 from ..engine.gate import gate_of
 from ..engine.gpu_jobs import GpuJobs
 from ..engine.kernel import Kernel
@@ -81,8 +80,8 @@ from ..ids import KernelId, as_kernel_id
 from ..engine.prebuild import Prebuilder
 from .gpu_crc import GpuCrc, crc_pass_spec
 from .host_crc import HostCrc
-from .image import (SPIRV_CHUNK, INBOX_CHUNK, fill_image, from_checkpoint, image_copy_ops, image_meta,
-                    image_sources, to_checkpoint)
+from .image import (SPIRV_CHUNK, INBOX_CHUNK, fill_image, from_checkpoint, image_sources, queue_image_copy,
+                    to_checkpoint)
 from .live_migration import migrate_live
 from .migrator import KernelMigrator, MigrationResult
 from .policy import CheckpointPolicy, PolicyState
@@ -432,17 +431,11 @@ class Lifecycle:
         srcs, sizes = image_sources(k)
         jobs = self.extras(k.device_index).jobs
         # a kept buffer (a first allocation of host-visible memory can hold up the device's other
-        # work on a GPU's driver), the copies recorded natively: the lock below is held briefly
-        staging = self._staging.take(ctx.index, sum(sizes)) or MappedBuffer(ctx.slot, sum(sizes))
+        # work on a GPU's driver); the copy is waited for without the device lock: the device's
+        # other kernels go on stepping meanwhile
+        staging = self._staging.get(ctx.slot, sum(sizes))
         try:
-            ops = b"".join([BARRIER, *image_copy_ops(srcs, sizes, staging), HOST_BARRIER])
-            # queued behind the kernel's submitted steps under the device lock (no step comes in
-            # between the image's step count and the copy), waited for without it: the device's
-            # other kernels go on stepping meanwhile
-            with ctx.lock:
-                k.check()
-                img = image_meta(k)
-                point = jobs.submit_ops(ops, users=[*srcs, staging])
+            img, point = queue_image_copy(k, jobs, srcs, sizes, staging)
         except BaseException:
             staging.destroy()
             raise

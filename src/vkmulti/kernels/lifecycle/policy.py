@@ -28,10 +28,9 @@ from ..checkpoint.format import Checkpoint
 from ..checkpoint.storage import CheckpointStorage
 from ..engine.device_context import MappedBuffer
 from ..engine.gpu_jobs import GpuJobs, StepTimeline
-from ..engine.step_ops import BARRIER, HOST_BARRIER
 from ..ids import KernelId, as_kernel_id
 from ..engine.kernel import Kernel
-from .image import KernelImage, fill_image, image_copy_ops, image_meta, image_sources, to_checkpoint
+from .image import KernelImage, fill_image, image_copy_ops, image_meta, image_sources, queue_image_copy, to_checkpoint
 from .replay_log import ReplayLog, SpareBuffers, still_running
 from .twin import LifecycleView
 
@@ -193,15 +192,12 @@ class PolicyState:
                 continue
             srcs, sizes = image_sources(k)
             try:
-                buf = self._buffer(ctx, sum(sizes))
+                buf = self.spares.get(ctx.slot, sum(sizes))
             except (VkmError, vk.VkError, MemoryError):
                 continue   # (after_step tries again, and says why if it cannot either)
             copies += image_copy_ops(srcs, sizes, buf)
             items.append((k, buf, sizes, k.steps + 1))
         return _CapturePlan(self, ctx, items, copies) if items else None
-
-    def _buffer(self, ctx: Any, total: int) -> MappedBuffer:
-        return self.spares.take(ctx.index, total) or MappedBuffer(ctx.slot, total)
 
     def after_step(self, launched: list[Kernel]) -> None:
         """The captures due after a step() call that its steps did not copy themselves
@@ -225,13 +221,9 @@ class PolicyState:
         ctx = k.ctx
         srcs, sizes = image_sources(k)
         jobs = self.life.extras(ctx.index).jobs
-        buf = self._buffer(ctx, sum(sizes))
+        buf = self.spares.get(ctx.slot, sum(sizes))
         try:
-            ops = b"".join([BARRIER, *image_copy_ops(srcs, sizes, buf), HOST_BARRIER])
-            with ctx.lock:
-                k.check()
-                img = image_meta(k)
-                point = jobs.submit_ops(ops, users=[*srcs, buf])
+            img, point = queue_image_copy(k, jobs, srcs, sizes, buf)
         except BaseException:
             buf.destroy()
             raise

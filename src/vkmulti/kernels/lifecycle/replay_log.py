@@ -147,7 +147,7 @@ class ReplayLog:
             return None
         dev = ctx.index
         try:
-            buf = self._buffer(ctx, total)
+            buf = self.spares.get(ctx.slot, total)
         except (VkmError, vk.VkError, MemoryError) as exc:
             self._gap(entries, dev, exc)
             return None
@@ -160,10 +160,6 @@ class ReplayLog:
                                k.outbox_bytes),
                        copy_op(k.k2h.handle_int, buf.handle_int, j * k.k2h_region, e.report_at, _REPORT_BYTES)]
         return StepPlan(self, ctx, buf, entries, total, copies)
-
-    def _buffer(self, ctx: Any, total: int) -> MappedBuffer:
-        """A host-visible buffer of `total` bytes for a copy on `ctx`'s device (a spare one if kept)."""
-        return self.spares.take(ctx.index, total) or MappedBuffer(ctx.slot, total)
 
     def log_submitted(self, ctx: Any, dev: int, ks: list[Any]) -> None:
         """Queue the copy of the step `ks` just submitted on device `dev` (its context's
@@ -231,7 +227,7 @@ class ReplayLog:
     def _submit(self, ctx: Any, dev: int, entries: list[_Entry], total: int) -> None:
         """Record and submit the copy of `entries` on `ctx` (its lock held)."""
         jobs = self.life.extras(dev).jobs
-        buf = self._buffer(ctx, total)
+        buf = self.spares.get(ctx.slot, total)
         d = ctx.in_flight
 
         def record(cmd: Any) -> None:
@@ -481,6 +477,10 @@ class SpareBuffers:
         self._largest, self._total = largest, total
         self._bytes = 0
         self._closed = False
+
+    def get(self, slot: Any, size: int) -> MappedBuffer:
+        """A host-visible buffer of `size` bytes on the device of `slot`: a kept one, else a new one."""
+        return self.take(slot.index, size) or MappedBuffer(slot, size)
 
     def take(self, device: int, size: int) -> MappedBuffer | None:
         """A kept buffer of `size` bytes on `device`, or None."""
