@@ -426,5 +426,7 @@ def test_native_sets_and_jobs_after_their_device_or_jobs_are_gone_raise_destroye
         t.join(30)
         with pytest.raises(DestroyedError):
             jobs.submit_ops(op)
+        with pytest.raises(DestroyedError):   # nor does a command buffer get made ahead
+            jobs.prepare(2)
     finally:
         buf.destroy()
