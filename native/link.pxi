@@ -43,6 +43,7 @@ cdef extern from "vkm_link.h" nogil:
         VkExternalMemoryHandleTypeFlagBits export_type
         int cuda_ordinals[2]
         int cuda_bounce_ring
+        int host_gates
 
     VkResult vkm_link_create(vkm_device *src, vkm_queue *src_queue, vkm_device *dst, vkm_queue *dst_queue,
                              const vkm_link_config *config, vkm_link **out, vkm_error *err)
@@ -113,6 +114,9 @@ MAX_SLOTS = VKM_MAX_SLOTS
 MAX_CHUNKS = VKM_MAX_CHUNKS
 #: The environment variable that makes links trace their work into a file (bench/trace_report.py).
 TRACE_ENV = "VKMULTI_TRACE"
+#: Link(host_gates=...): the sides whose queue other work shares; a job's wait point there is
+#: waited for on the link's worker before its copies are submitted, never on the GPU
+GATE_SRC, GATE_DST = 1, 2
 
 cdef uint64_t _U64_MAX = 0xFFFFFFFFFFFFFFFFULL
 
@@ -308,7 +312,11 @@ cdef class Link:
     reached, fails the link (a source still busy before its wait point is
     waited for; the caller's wait has the timeout). `spin` (s): polls that long before blocking (lower
     latency on GPUs; leave 0 on CPU devices). `trace`: a file the link appends
-    a timeline of its work to (bench/trace_report.py reads it). RING_CUDA_PEER
+    a timeline of its work to (bench/trace_report.py reads it). `host_gates` (GATE_SRC | GATE_DST):
+    the sides whose queue other work shares (the links of the other direction, the caller's own
+    submits); a job's wait point there is waited for on the worker, and its copies submitted
+    once it is reached, so that no submit there waits on the GPU for work that may itself wait
+    for a copy queued behind it (an in-order queue). RING_CUDA_PEER
     wants queues of the universal family (its device-local copies run there)
     and endpoints shared with, or owned by, that family.
 
@@ -326,11 +334,12 @@ cdef class Link:
     cdef readonly QueueLock dst_queue
     cdef readonly int ring
     cdef readonly uint32_t slot_count
+    cdef readonly int host_gates
     cdef list keep
 
     def __cinit__(self, Device src not None, QueueLock src_queue not None, Device dst not None,
                   QueueLock dst_queue not None, int ring, slot_size, slot_count, int export_type=0, *,
-                  double stall_timeout=30.0, double spin=0.0, str trace=None, tuning=None):
+                  double stall_timeout=30.0, double spin=0.0, str trace=None, tuning=None, int host_gates=0):
         cdef vkm_link_config cfg
         cdef vkm_error err
         cdef char reason[8]
@@ -357,6 +366,10 @@ cdef class Link:
             cfg.trace_path = trace_path
         cfg.cuda_ordinals[0] = cfg.cuda_ordinals[1] = -1
         cfg.cuda_bounce_ring = 0
+        if host_gates & ~(GATE_SRC | GATE_DST):
+            raise ValueError(f"host_gates must combine GATE_SRC ({GATE_SRC}) and GATE_DST ({GATE_DST}), "
+                             f"got {host_gates}")
+        cfg.host_gates = host_gates
         if tuning is not None:
             if not isinstance(tuning, _LinkTuning):
                 raise TypeError(f"tuning must be a _LinkTuning, got {type(tuning).__name__}")
@@ -366,7 +379,7 @@ cdef class Link:
         if ring == VKM_RING_CUDA_PEER:
             _cuda_load(reason, sizeof(reason))   # the link says why when CUDA is not usable
         self.src, self.dst, self.src_queue, self.dst_queue = src, dst, src_queue, dst_queue
-        self.ring, self.slot_count = ring, cfg.slot_count
+        self.ring, self.slot_count, self.host_gates = ring, cfg.slot_count, host_gates
         vkm_error_clear(&err)
         with nogil:
             r = vkm_link_create(sd, &src_queue.q, dd, &dst_queue.q, &cfg, &self.link, &err)

@@ -333,7 +333,12 @@ static VkResult prep_dst(vkm_link *l, cuda_ring *cr, const vkm_job *j, uint32_t 
     TRY(D->dev->fn.vkEndCommandBuffer(cmd), "vkEndCommandBuffer(destination)");
     cu_submit *b = &cr->dst_recorded[ci];
     b->nwait = 0;
-    if (c == 0 && j->dst.wait_semaphore) add_wait(b, j->dst.wait_semaphore, j->dst.wait_value);
+    if (c == 0 && j->dst.wait_semaphore) {
+        r = vkm_link_gate(l, D, VKM_GATE_DST, j->dst.wait_semaphore, j->dst.wait_value,
+                          "vkWaitSemaphores(destination wait point)", err);
+        if (r != VK_SUCCESS) return r;
+        add_wait(b, j->dst.wait_semaphore, j->dst.wait_value);
+    }
     b->cmd = cmd;
     b->signal = value;
     D->cmd_free_at[ci] = value;

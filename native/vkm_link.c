@@ -201,6 +201,29 @@ VkResult vkm_worker_wait(vkm_link *l, vkm_side *s, uint64_t value, const char *w
     return r;
 }
 
+VkResult vkm_link_gate(vkm_link *l, vkm_side *s, int gate, VkSemaphore sem, uint64_t value, const char *where,
+                       vkm_error *err)
+{
+    if (!sem || !(l->cfg.host_gates & gate)) return VK_SUCCESS;
+    VkResult r = vkm_spin_wait(s->dev, sem, value, l->cfg.spin_ns);
+    while (r == VK_TIMEOUT) {
+        vkm_thread_checkpoint(); /* the process exiting: park here, outside the driver */
+        if (__atomic_load_n(&l->q.stopping, __ATOMIC_ACQUIRE)) {
+            uint64_t have = 0;
+            vkm_timeline_value(s->dev, sem, &have);
+            return vkm_fail(err, VKM_ERROR_LINK_STALLED, where,
+                            "the %s link from '%s' to '%s' was destroyed while a job still waited for its wait point "
+                            "on '%s' (value %llu, at %llu now): the job failed",
+                            l->ops->name, l->src.dev->name, l->dst.dev->name, s->dev->name,
+                            (unsigned long long)value, (unsigned long long)have);
+        }
+        r = vkm_wait_timeline(s->dev, sem, value, SLICE_NS);
+    }
+    if (r != VK_SUCCESS) vkm_fail(err, r, where, NULL);
+    else vkm_trace_mark(l->trace, gate == VKM_GATE_SRC ? "src_gate_reached" : "dst_gate_reached", value);
+    return r;
+}
+
 VkResult vkm_take_cmd(vkm_link *l, vkm_side *s, uint32_t i, VkCommandBuffer *cmd, vkm_error *err)
 {
     if (s->cmd_free_at[i]) {
@@ -254,7 +277,10 @@ static void *worker(void *arg)
         l->src.gate_value = j->src.wait_value;
         l->dst.gate = j->dst.wait_semaphore;
         l->dst.gate_value = j->dst.wait_value;
-        VkResult r = failed ? VK_SUCCESS : l->ops->run(l, j, &e);
+        VkResult r = failed ? VK_SUCCESS
+                            : vkm_link_gate(l, &l->src, VKM_GATE_SRC, j->src.wait_semaphore, j->src.wait_value,
+                                            "vkWaitSemaphores(source wait point)", &e);
+        if (!failed && r == VK_SUCCESS) r = l->ops->run(l, j, &e);
         l->src.gate = l->dst.gate = VK_NULL_HANDLE;
         if (r == VK_TIMEOUT) r = stalled(l, &e);
         if (r != VK_SUCCESS) vkm_link_fail(l, r, &e, it->ticket);

@@ -66,7 +66,15 @@ typedef struct vkm_link_config {
     /* VKM_RING_CUDA_PEER tuning (tests, diagnostics) */
     int cuda_ordinals[2];           /* CUDA devices of source and destination; -1: match by deviceUUID */
     int cuda_bounce_ring;           /* 1: always the bounce ring, never the landing ring */
+    /* VKM_GATE_SRC | VKM_GATE_DST: the sides whose queue other work shares (the
+     * links of the other direction, a caller's own submits): a job's wait point
+     * there is waited for on the worker before its copies are submitted, never
+     * on the GPU (vkm_link_gate) */
+    int host_gates;
 } vkm_link_config;
+
+#define VKM_GATE_SRC 1
+#define VKM_GATE_DST 2
 
 /* Make a link from `src` to `dst` (its worker starts at once). The queues are
  * the ones the link copies on; CUDA_PEER wants them of a universal family. */

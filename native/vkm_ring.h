@@ -111,6 +111,16 @@ void vkm_link_fail(vkm_link *l, VkResult r, const vkm_error *why, uint64_t ticke
  * spin_ns first, then in slices; VK_TIMEOUT after the stall timeout. Any
  * failure names the wait (`where`). */
 VkResult vkm_worker_wait(vkm_link *l, vkm_side *s, uint64_t value, const char *where, vkm_error *err);
+/* Where the link's config asks for it (VKM_GATE_SRC / VKM_GATE_DST in
+ * host_gates), wait on the worker until a job's wait point (`sem`, `value`)
+ * on side `s` is reached before the link submits work that waits on it: on a
+ * queue that other work also uses, a submit waiting on the GPU for a point
+ * produced outside the link holds up every later submit there (an in-order
+ * queue), among them a copy that point's producer may itself wait for. No
+ * stall timeout (the caller's GPU work, however slow); a link being destroyed
+ * stops waiting. Nothing to wait for (no gate, no `sem`): VK_SUCCESS at once. */
+VkResult vkm_link_gate(vkm_link *l, vkm_side *s, int gate, VkSemaphore sem, uint64_t value, const char *where,
+                       vkm_error *err);
 /* Nonzero while the running job's wait point on side `s` is not reached: the
  * link waits for the caller's GPU work there, which is never a stall. */
 int vkm_side_held_by_caller(vkm_side *s);

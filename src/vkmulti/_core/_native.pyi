@@ -82,6 +82,8 @@ def cuda_peer_reason(uuid_a: bytes, uuid_b: bytes, name_a: str = ..., name_b: st
 
 LIBCUDA_ENV: str
 TRACE_ENV: str
+GATE_SRC: int
+GATE_DST: int
 RING_STAGING: int
 RING_SHARED_HOST: int
 RING_EXPORTED: int
@@ -137,9 +139,12 @@ class Link:
     slot_count: int
     def __init__(self, src: Device, src_queue: QueueLock, dst: Device, dst_queue: QueueLock, ring: int,
                  slot_size: int, slot_count: int, export_type: int = ..., *, stall_timeout: float = ...,
-                 spin: float = ..., trace: str | None = ..., tuning: _LinkTuning | None = ...) -> None: ...
+                 spin: float = ..., trace: str | None = ..., tuning: _LinkTuning | None = ...,
+                 host_gates: int = ...) -> None: ...
     @property
     def alive(self) -> bool: ...
+    @property
+    def host_gates(self) -> int: ...
     @property
     def src_timeline(self) -> int: ...
     @property

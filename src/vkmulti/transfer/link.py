@@ -236,6 +236,16 @@ def link_queue(slot: Any, method: str | None) -> Any:
     return slot.universal_copy_queue if method == TransferMethod.CUDA_PEER else slot.copy_queue
 
 
+def _gates(slot: Any, queue: Any) -> bool:
+    """Whether a link's side on `queue` waits for its jobs' wait points on the host: where
+    the queue is vkmulti's own copy queue, the links of both directions (and of other pairs)
+    submit there, and a copy waiting on the GPU for a step of this device would hold up the
+    copies queued behind it, among them the one that step waits for. On the device's
+    graphics queue (a device with one queue), the callers order their submits after the
+    link's (TransferTicket.wait_submitted), and the GPU wait costs nothing."""
+    return int(queue) != int(slot.graphics_queue)
+
+
 def acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: int) -> LinkRef:
     links = _links_of(src)
     key = (dst.index, id(dst.native), method, slot_size, slot_count)
@@ -246,7 +256,8 @@ def acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: in
             spin = SPIN_SECONDS if _on_gpus(src, dst) else 0.0
             sq, dq = link_queue(src, method), link_queue(dst, method)
             link = _native.Link(src.native, sq.lock, dst.native, dq.lock, _RING[method], slot_size, slot_count, export,
-                                spin=spin, trace=os.environ.get(TRACE_ENV) or None)
+                                spin=spin, trace=os.environ.get(TRACE_ENV) or None,
+                                host_gates=_gates(src, sq) * _native.GATE_SRC | _gates(dst, dq) * _native.GATE_DST)
             ref = LinkRef(link, key, links, (src, dst))
             links.by_key[key] = ref
         ref.refs += 1
