@@ -235,7 +235,11 @@ class CrossDeviceTransfer:
         layout, else SHADER_READ_ONLY_OPTIMAL; final layouts default to the
         starting ones. `src_wait`/`dst_wait`: timeline points (semaphore,
         value) on the source/destination device that must be reached before
-        the resource is read/overwritten.
+        the resource is read/overwritten. Where the transfer copies on
+        vkmulti's own copy queue (not the device's graphics queue), its worker
+        waits for them and submits the copies once they are reached: the
+        transfers of other pairs and directions share that queue, and none of
+        them is held up behind a copy waiting for your work.
         """
         with self._life:   # checks this transfer and its manager
             if self.src.device is None or self.dst.device is None:
