@@ -201,3 +201,58 @@ def test_a_kernel_reloaded_while_it_reads_in_place_keeps_counting(manager, in_pl
         assert len(in_place) > chosen, "nothing was read in place after the reload"
         passes = {key[5] for key in sink.deliver_sets if len(key) > 5 and key[3] == "in place"}
         assert passes == {id(sink.kernel_pass)}
+
+
+
+@pytest.mark.parametrize("method", [None, "host_shared"], ids=["in place", "host_shared link"])
+def test_a_landing_with_nothing_for_its_device_is_let_go_without_waiting_for_its_steps(manager, method):
+    """The router takes back a batch that holds nothing for the device it landed on
+    (the sending step's survey says so) without waiting for the steps there that
+    already read it: the sender's steps go on while the other device's steps are
+    held back on the GPU (a host-opened gate; before, a step of the sender waited
+    inside the router for the held device, up to 30 s), and the batch is done once
+    the held steps ran."""
+    import threading
+    import time
+
+    from gates import Gate
+    from vkmulti._core.timeline import TimelinePoint
+    from vkmulti.kernels.engine.device_context import shares_step_queue
+
+    if method and shares_step_queue(manager.slot(0), method):
+        pytest.skip("the devices' links copy on the steps' queue: a step there waits until the link's copies of "
+                    "the other device's held step are submitted, which needs that step to run")
+    with routed_runtime(manager, method) as (rt, router):
+        a = counter(rt, "a", 0)   # forwards nothing anywhere: its batches hold nothing for GPU 1
+        c = counter(rt, "c", 1)   # a kernel on GPU 1, so a's batches land there
+        first = rt.step([a, c])
+        first.wait(30)
+        gate = Gate(manager.slot(1))
+        done = threading.Event()
+        errors: list[BaseException] = []
+        landed = []
+
+        def sender() -> None:
+            try:
+                time.sleep(0.05)   # (the router reaps its landings every 20 ms: this step does)
+                rt.step([a])       # (into a's third outbox region: one no step of GPU 1 reads)
+                done.set()
+            except BaseException as exc:   # noqa: BLE001 (handed to the test)
+                errors.append(exc)
+        try:
+            # GPU 1's next step waits for the gate; it reads (surveys) the batch of a's first step
+            rt.step([a, c], wait=[TimelinePoint(gate.sem, 1, 1)])
+            landed = [i for b in a.outbox_batches if b is not None
+                      for dev, i in getattr(b, "k2k_landings", []) if dev == 1]
+            t = threading.Thread(target=sender)
+            t.start()
+            t.join(20)
+            assert done.is_set() and not errors, errors   # the gate is still closed
+        finally:
+            gate.open()
+        rt.synchronize(30)
+        rt.step([a, c]).wait(30)
+        rt.synchronize(30)
+        assert landed and all(i.done for i in landed)
+        assert state(rt, c).count == 0 and rt.dead_letters == 0
+        gate.destroy()

@@ -250,7 +250,7 @@ class StepRecorder:
         held: set[int] = set()
         native, here = self.ctx.slot.native, self.ctx.index
         for b in batches:
-            if b.done:
+            if b.done or (b.pending is not None and not b.pending):   # (nothing more in it for a kernel here)
                 continue
             src = b.source
             if src is not None and id(src) in held:

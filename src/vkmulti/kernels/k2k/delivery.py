@@ -431,7 +431,7 @@ class DeliveryEngine:
             for r in regions:
                 for i in r.inbounds:
                     if nothing_left(i, r.device):
-                        self.port.withdraw_batch(i, timeout=self.submit_timeout)
+                        self.port.let_go_batch(i)
                 if not r.counted and r.inbounds and all(i.done for i in r.inbounds):
                     self._count(r, now)
                 if self._free(r, slot):

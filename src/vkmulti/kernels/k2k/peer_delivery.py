@@ -208,7 +208,7 @@ class PeerEdges:
             i, origin = p.inbound, p.batch
             if i is not None and nothing_left(i, p.edge[1]):
                 try:
-                    self.port.withdraw_batch(i, timeout=self.engine.submit_timeout)
+                    self.port.let_go_batch(i)
                 except DestroyedError:
                     pass
             if p.finished(self.mgr):

@@ -275,6 +275,38 @@ class Inbound:
             ctx.cond.notify_all()
             return left
 
+    def let_go_batch(self, batch: InboundBatch) -> None:
+        """An accepted batch that holds nothing more for the kernels of its device (the
+        router learnt so from the sending step's survey, or every message of it was
+        taken): no later step reads it, and it is done, its buffer free to reuse, once
+        the steps already submitted that read it are -- which the device's harvests
+        find. Never waits (withdraw_batch waits for those steps)."""
+        if not isinstance(batch, InboundBatch):
+            raise TypeError(f"batch must be an InboundBatch, got {type(batch).__name__}")
+        try:
+            ctx, stepper = self._device(batch.device_index)
+        except DeviceLostError:   # failed over: the device and what it held are gone
+            batch.done = True
+            batch.event.set()
+            return
+        with ctx.lock:
+            if batch.done:
+                return
+            batch.pending = set()   # no delivery pass takes anything from it, no survey reads it
+            batch.surveyed = True
+            if not ctx.alive:
+                return
+            try:
+                done = ctx.completed()
+            except DeviceLostError:
+                return   # its failover lets the device's batches go
+            if batch.finish_if_done(done):   # (else a later harvest of the device finishes it)
+                if batch in stepper.batches:
+                    stepper.batches.remove(batch)
+                stepper.retired += [(batch.last_value, s) for s in batch.sets]
+                batch.sets = []
+                ctx.cond.notify_all()
+
     def _wait_read(self, ctx: Any, stepper: Any, batch: InboundBatch, deadline: float, timeout: float | None) -> None:
         """Wait (ctx.lock held, released while waiting) until the steps that read `batch` are done."""
         while ctx.completed() < batch.last_value:

@@ -84,6 +84,10 @@ class RuntimePort(Protocol):
     def withdraw_batch(self, batch: InboundBatch, *, timeout: float | None = 30.0) -> int:
         """Take an accepted batch back; returns the messages it had not delivered."""
 
+    def let_go_batch(self, batch: InboundBatch) -> None:
+        """An accepted batch holds nothing more for its device: no later step reads it, and
+        it is done once the steps already submitted that read it are (never waits)."""
+
     def wait_reads(self, batches: list[InboundBatch], timeout: float | None) -> None:
         """Wait until the steps already submitted that read `batches` are done."""
 
