@@ -4,7 +4,9 @@
 #
 #   bash bench/gpu_runs.sh [--logical-pair] SECTION...
 #
-# SECTION: suite wave1 placement k2k migration scaling (or all). Every
+# SECTION: suite wave1 placement k2k migration scaling (issue 18's runs),
+# nvlink_k2k stencil_scaling nvlink_migration (issue 27's runs 1-3, for hosts
+# of two or more GPUs; `scaling` on four), or all. Every
 # command's output goes to $OUT/NAME.txt (JSON figures to $OUT/NAME.json where
 # the bench writes one); at the end everything is packed into $OUT/runs.tgz
 # (the device tool brings at most a few files back). `--logical-pair` first
@@ -77,11 +79,41 @@ scaling() {   # run 5 (nvidia-h200-x4): the SRU demo and the stencil on 1..N GPU
     done
 }
 
+# Issue 27, run 1: K2K between kernels on GPU 0 and GPU 1 over the pair's best method (NVLink where
+# there is one), then the bandwidth rows up to 256 MiB over cuda_peer and host_shared; each with the
+# floor, the raw transfer and the host's time per step measured in the same run.
+nvlink_k2k() {
+    run k2k_latency 200 python3 bench/k2k.py --section latency --hops 200 --rounds 5 --json "$RUNS/k2k_latency.json"
+    for m in cuda_peer host_shared; do
+        run "k2k_bw_$m" 400 python3 bench/k2k.py --section bandwidth --max 256M --method "$m" --rounds 3 \
+            --json "$RUNS/k2k_bw_$m.json"
+    done
+}
+
+# Issue 27, run 2: the heavy stencil on 1 .. N GPUs, every field checked identical, the speed-up
+# plotted against the GPU count (copy stencil_scaling.png into bench/ with the figures).
+stencil_scaling() {
+    run stencil_scaling 1500 python3 bench/scaling.py --heavy --json "$RUNS/stencil_scaling.json" \
+        --plot "$RUNS/stencil_scaling.png"
+}
+
+# Issue 27, run 3: a 16 MiB kernel state moved GPU -> GPU (copy phase, end to end, first move, against
+# the raw copy of its bytes), then the lost-GPU drills of the frames demo and the stencil.
+nvlink_migration() {
+    run nvlink_migration 300 python3 bench/migration.py --section migrate --sizes 16M --repeats 9 \
+        --json "$RUNS/nvlink_migration.json"
+    run nvlink_drill 300 python3 bench/migration.py --section drill --json "$RUNS/nvlink_drill.json"
+    run drill_frames 300 python3 -m vkmulti demo --lose-gpu 1@50 --frames 100 --output ''
+    run drill_stencil 300 python3 -m vkmulti demo stencil --steps 200 --lose-gpu 1@100 --output ''
+}
+
 for section in "$@"; do
     case "$section" in
-        all) suite; wave1; placement; k2k; migration; [ "$gpus" -ge 3 ] && scaling ;;
-        suite|wave1|placement|k2k|migration|scaling) "$section" ;;
-        *) echo "gpu_runs.sh: unknown section $section (suite wave1 placement k2k migration scaling all)" >&2; exit 2 ;;
+        all) suite; wave1; placement; k2k; migration; [ "$gpus" -ge 3 ] && scaling
+             [ "$gpus" -ge 2 ] && { nvlink_k2k; stencil_scaling; nvlink_migration; } ;;
+        suite|wave1|placement|k2k|migration|scaling|nvlink_k2k|stencil_scaling|nvlink_migration) "$section" ;;
+        *) echo "gpu_runs.sh: unknown section $section (suite wave1 placement k2k migration scaling nvlink_k2k" \
+                "stencil_scaling nvlink_migration all)" >&2; exit 2 ;;
     esac
 done
 tar -C "$OUT" -czf "$OUT/runs.tgz" runs && rm -rf "$RUNS"
