@@ -182,12 +182,18 @@ class PeerEdges:
         if not held:
             return
         read, link_points = [], []
+        completed: dict[int, int] = {}   # (per device, read once: steps done there already need no wait)
         for p in self.landings:
             if id(p.batch) not in held or p.finished(self.mgr):
                 continue
             i = p.inbound
             if i is not None and not i.done and i.last_value:
-                read.append(i)
+                dev = i.device_index
+                done = completed.get(dev)
+                if done is None:
+                    done = completed[dev] = self._completed(i)
+                if i.last_value > done:
+                    read.append(i)
             if p.forward is not None and p.forward.readers <= 0:
                 link_points += [(p.forward.device, q) for q in p.forward.reads]
         try:
@@ -198,6 +204,14 @@ class PeerEdges:
         except VkmTimeout:
             pass   # still read: the kernel is deferred this time
         self.engine.reap()
+
+    @staticmethod
+    def _completed(i: Any) -> int:
+        """The value the timeline of inbound batch i's device reached (0: not known)."""
+        try:
+            return i.ctx.completed()
+        except VkmError:   # a lost or destroyed device: wait_reads says what to do
+            return 0
 
     def reap(self, now: float) -> None:
         """Let go of batches every device finished reading in place; a landed batch that
