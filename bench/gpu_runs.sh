@@ -103,8 +103,8 @@ nvlink_migration() {
     run nvlink_migration 300 python3 bench/migration.py --section migrate --sizes 16M --repeats 9 \
         --json "$RUNS/nvlink_migration.json"
     run nvlink_drill 300 python3 bench/migration.py --section drill --json "$RUNS/nvlink_drill.json"
-    run drill_frames 300 python3 -m vkmulti demo --lose-gpu 1@50 --frames 100 --output ''
-    run drill_stencil 300 python3 -m vkmulti demo stencil --steps 200 --lose-gpu 1@100 --output ''
+    run nvlink_drill_frames 300 python3 -m vkmulti demo --lose-gpu 1@50 --frames 100 --output ''
+    run nvlink_drill_stencil 300 python3 -m vkmulti demo stencil --steps 200 --lose-gpu 1@100 --output ''
 }
 
 for section in "$@"; do

@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = [run_count(n, args) for n in range(2, top + 1)]
     ok = [r for r in runs if "error" not in r]
     checksums = {r["checksum"] for r in ok}
-    identical = bool(ok) and len(ok) == len(runs) and all(r["identical"] for r in ok) and len(checksums) == 1
+    identical = bool(ok) and len(ok) == len(runs) and all(r["identical"] for r in ok) and len(checksums) == 1 \
+        and None not in checksums
     res: dict[str, Any] = {"runs": runs, "goals": {str(k): v for k, v in GOALS.items()},
                            "fields_identical": identical}
     machine = ", ".join(sorted(set(ok[0]["devices"]))) if ok else "no run finished"

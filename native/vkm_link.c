@@ -8,6 +8,7 @@
 #include <sys/prctl.h>
 
 #define SLICE_NS 100000000ull                    /* worker waits are cut into 100 ms slices */
+#define EXIT_RELEASE_NS 1000000000ull            /* at exit: how long a parked link's submitted copies may take */
 #define WATCH_NS 50000000ull                     /* an idle worker with a watch looks at in-flight work this often */
 #define DEFAULT_STALL_NS (30ull * 1000000000ull) /* this long without progress fails the link (vkm_worker_wait) */
 
@@ -206,11 +207,14 @@ VkResult vkm_link_gate(vkm_link *l, vkm_side *s, int gate, VkSemaphore sem, uint
 {
     if (!sem || !(l->cfg.host_gates & gate)) return VK_SUCCESS;
     VkResult r = vkm_spin_wait(s->dev, sem, value, l->cfg.spin_ns);
+    if (r == VK_TIMEOUT) __atomic_store_n(&l->in_gate, 1, __ATOMIC_RELEASE);
     while (r == VK_TIMEOUT) {
-        vkm_thread_checkpoint(); /* the process exiting: park here, outside the driver */
+        vkm_thread_checkpoint(); /* the process exiting: park here, outside the driver (see release_gates) */
+        uint64_t have = 0;
+        if ((r = vkm_timeline_value(s->dev, sem, &have)) != VK_SUCCESS) break;
+        if (have >= value) break; /* reached (also when the link is being destroyed: the job goes on) */
         if (__atomic_load_n(&l->q.stopping, __ATOMIC_ACQUIRE)) {
-            uint64_t have = 0;
-            vkm_timeline_value(s->dev, sem, &have);
+            __atomic_store_n(&l->in_gate, 0, __ATOMIC_RELEASE);
             return vkm_fail(err, VKM_ERROR_LINK_STALLED, where,
                             "the %s link from '%s' to '%s' was destroyed while a job still waited for its wait point "
                             "on '%s' (value %llu, at %llu now): the job failed",
@@ -219,6 +223,7 @@ VkResult vkm_link_gate(vkm_link *l, vkm_side *s, int gate, VkSemaphore sem, uint
         }
         r = vkm_wait_timeline(s->dev, sem, value, SLICE_NS);
     }
+    __atomic_store_n(&l->in_gate, 0, __ATOMIC_RELEASE);
     if (r != VK_SUCCESS) vkm_fail(err, r, where, NULL);
     else vkm_trace_mark(l->trace, gate == VKM_GATE_SRC ? "src_gate_reached" : "dst_gate_reached", value);
     return r;
@@ -305,10 +310,35 @@ static int release_gate(vkm_side *s)
     return vkm_signal_timeline_driver(s->dev, gate, want) == VK_SUCCESS;
 }
 
+/* From the exiting thread (never a checkpoint: it must not park): once the copies
+ * submitted on side `s` are done (bounded), raise its timeline to `target`, the
+ * last value the link handed out, so GPU work waiting on the link's points runs. */
+static int raise_at_exit(vkm_side *s, uint64_t target)
+{
+    uint64_t submitted = __atomic_load_n(&s->submitted, __ATOMIC_ACQUIRE), have = 0;
+    if (!s->timeline) return 0;
+    if (submitted && vkm_wait_timeline(s->dev, s->timeline, submitted, EXIT_RELEASE_NS) != VK_SUCCESS)
+        return 0; /* still running: a signal from the host could undercut its own */
+    if (vkm_timeline_value(s->dev, s->timeline, &have) != VK_SUCCESS || have >= target) return 0;
+    return vkm_signal_timeline_driver(s->dev, s->timeline, target) == VK_SUCCESS;
+}
+
+/* At the process exit. A side that waits on the GPU for a job's wait point: the
+ * point is raised, so the copies queued behind that wait run out. A side gated on
+ * the host (cfg.host_gates) queued no such wait; but where its worker is parked in
+ * a gate, the job's copies were never submitted and GPU work of the caller may
+ * wait for the link's points: once the link's submitted copies are done, its own
+ * timelines are raised to the last values it handed out (vkm_jobq_release). */
 static int release_gates(vkm_live *node)
 {
     vkm_link *l = (vkm_link *)((char *)node - offsetof(vkm_link, live));
-    return release_gate(&l->src) + release_gate(&l->dst);
+    int n = (l->cfg.host_gates & VKM_GATE_SRC ? 0 : release_gate(&l->src)) +
+            (l->cfg.host_gates & VKM_GATE_DST ? 0 : release_gate(&l->dst));
+    if (__atomic_load_n(&l->in_gate, __ATOMIC_ACQUIRE)) {
+        n += raise_at_exit(&l->src, __atomic_load_n(&l->q.src_value, __ATOMIC_ACQUIRE));
+        n += raise_at_exit(&l->dst, __atomic_load_n(&l->q.dst_value, __ATOMIC_ACQUIRE));
+    }
+    return n;
 }
 
 int vkm_links_release_gates(void)

@@ -98,6 +98,7 @@ struct vkm_link {
     /* the idle worker's watch over work in flight (ops->watch) */
     uint64_t seen_dst;
     uint64_t progress_at_ns;
+    int in_gate;   /* atomic: the worker waits on the host for a job's wait point (vkm_link_gate) */
     vkm_live live; /* in the list of live links (vkm_links_release_gates) */
 };
 

@@ -313,6 +313,10 @@ static VkResult run(vkm_link *l, vkm_job *j, vkm_error *err)
         if (res != VK_SUCCESS) return res;
         r.first_wait = S->timeline;
         r.first_wait_value = sv;
+        /* the release runs on the owner's queue, behind the caller's work: the copy queue
+         * must not wait for it on the GPU where other links share it (vkm_link_gate) */
+        res = vkm_link_gate(l, S, VKM_GATE_SRC, S->timeline, sv, "vkWaitSemaphores(ownership release)", err);
+        if (res != VK_SUCCESS) return res;
     }
     r.sv0 = sv;
     while (r.nd < N) {

@@ -91,7 +91,10 @@ def test_a_link_destroyed_while_a_job_waits_for_its_gate_fails_the_job(manager):
         t = threading.Thread(target=waiter)
         t.start()
         time.sleep(0.2)
-        link.destroy()
+        destroyer = threading.Thread(target=link.destroy)   # (a destroy that hung would hang the run)
+        destroyer.start()
+        destroyer.join(20)
+        assert not destroyer.is_alive(), "destroy() did not end while a job waited for its gate"
         t.join(20)
         assert not t.is_alive()
         # (the waiter sees the link end under it; a wait begun after destroy() gets DestroyedError too)
@@ -108,15 +111,64 @@ def test_host_gates_is_checked(manager):
         _link(s0, s1, _native.RING_STAGING, 4)
 
 
-def test_links_gate_where_their_queue_is_not_the_graphics_queue(manager):
-    """acquire_link's rule: a side on the device's graphics queue (one queue for
-    everything: its callers order their submits after the link's) keeps its GPU
-    waits; a side on vkmulti's own copy queue waits on the host."""
+def test_the_gate_rule_is_the_queue_not_being_the_graphics_queue():
+    """A side on the device's graphics queue (one queue for everything: its callers
+    order their submits after the link's) keeps its GPU waits; a side on vkmulti's
+    own copy queue (shared by the links of both directions) waits on the host."""
+    from types import SimpleNamespace
+
+    from vkmulti.transfer import link as link_module
+
+    slot = SimpleNamespace(graphics_queue=11)
+    assert link_module._gates(slot, 11) is False
+    assert link_module._gates(slot, 12) is True
+
+
+@pytest.mark.parametrize("src, dst", [(True, False), (False, True), (True, True)])
+def test_acquire_link_hands_each_sides_gate_to_the_link(manager, monkeypatch, src, dst):
+    from vkmulti.transfer import link as link_module
+
     s0, s1 = manager.slot(0), manager.slot(1)
-    ref = acquire_link(s0, s1, TransferMethod.HOST_SHARED, 1 << 16, 2)
+    monkeypatch.setattr(link_module, "_gates", lambda slot, queue: src if slot is s0 else dst)
+    ref = acquire_link(s0, s1, TransferMethod.HOST_SHARED, 1 << 17, 3)   # (a ring no other test shares)
     try:
-        want = (int(s0.copy_queue) != int(s0.graphics_queue)) * _native.GATE_SRC | \
-            (int(s1.copy_queue) != int(s1.graphics_queue)) * _native.GATE_DST
-        assert ref.link.host_gates == want
+        assert ref.link.host_gates == src * _native.GATE_SRC | dst * _native.GATE_DST
+        a, b = Buffer(s0, N), Buffer(s1, N)
+        data = (np.arange(N) % 251).astype(np.uint8)
+        a.upload(data)
+        ticket, _, ready = ref.link.submit(_native.Endpoint(buffer=a.handle_int), _native.Endpoint(buffer=b.handle_int), N)
+        ref.link.wait(ticket, ready, 20)
+        np.testing.assert_array_equal(b.download(), data)
+        a.destroy()
+        b.destroy()
     finally:
         ref.release()
+
+
+def test_a_job_whose_point_came_still_runs_when_the_link_is_destroyed(manager):
+    """destroy() finishes the jobs queued before it: one whose wait point was reached
+    long ago is submitted, not failed as if its point never came (the gate reads
+    the point before it looks at the link stopping)."""
+    s0, s1 = manager.slot(0), manager.slot(1)
+    gate, blocker = Gate(s1), Gate(s1)
+    gate.open()
+    big, small = 1 << 20, 4096
+    a, b, a2, b2 = Buffer(s1, big), Buffer(s0, big), Buffer(s1, small), Buffer(s0, small)
+    data = (np.arange(small) % 253).astype(np.uint8)
+    a2.upload(data)
+    link = _link(s1, s0, _native.RING_STAGING, BOTH)
+    try:
+        blocker.hold(s1.copy_queue)   # the first job's copies wait behind this until it opens
+        link.submit(_native.Endpoint(buffer=a.handle_int), _native.Endpoint(buffer=b.handle_int), big)
+        link.submit(_native.Endpoint(buffer=a2.handle_int, wait_semaphore=gate.sem, wait_value=1),
+                    _native.Endpoint(buffer=b2.handle_int), small)
+        opener = threading.Timer(0.5, blocker.open)
+        opener.start()
+        link.destroy()   # (taken by the worker only now, the second job finds the link stopping)
+        opener.join()
+        np.testing.assert_array_equal(b2.download(), data)
+    finally:
+        gate.destroy()
+        blocker.destroy()
+        for x in (a, b, a2, b2):
+            x.destroy()

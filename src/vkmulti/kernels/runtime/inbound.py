@@ -294,6 +294,7 @@ class Inbound:
                 return
             batch.pending = set()   # no delivery pass takes anything from it, no survey reads it
             batch.surveyed = True
+            batch.submitted = None  # (no later step waits for its transfer's submit either)
             if not ctx.alive:
                 return
             try:
