@@ -142,6 +142,44 @@ def test_the_exit_lets_gpu_work_behind_a_parked_thread_run_out():
     assert p.returncode == 0, f"exit {p.returncode}\n{p.stderr[-3000:]}"
 
 
+GATED_PARK_SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {here!r})
+    from vkmulti import MultiDeviceManager
+    from vkmulti._core import _native
+    from vkmulti.memory.image import Buffer
+    from gates import Gate
+    mgr = MultiDeviceManager.create()
+    s0, s1 = mgr.slot(0), mgr.slot(1)
+    gate = Gate(s0)
+    a, b = Buffer(s0, 1 << 12), Buffer(s1, 1 << 12)
+    link = _native.Link(s0.native, s0.copy_queue.lock, s1.native, s1.copy_queue.lock, _native.RING_STAGING,
+                        1 << 16, 2, stall_timeout=60.0, host_gates=_native.GATE_SRC | _native.GATE_DST)
+    src = _native.Endpoint(buffer=a.handle_int, wait_semaphore=gate.sem, wait_value=1)
+    ticket, src_done, dst_ready = link.submit(src, _native.Endpoint(buffer=b.handle_int), 1 << 12)
+    time.sleep(0.5)   # (the worker waits on the host for the gate: nothing submitted)
+    print("BEFORE", s0.native.timeline_value(gate.sem), s1.native.timeline_value(link.dst_timeline) < dst_ready,
+          flush=True)
+    _native.park_native_threads(5.0)   # what the exit does
+    print("AFTER", s0.native.timeline_value(gate.sem), s0.native.timeline_value(link.src_timeline) >= src_done,
+          s1.native.timeline_value(link.dst_timeline) >= dst_ready, flush=True)
+""")
+
+
+def test_the_exit_releases_what_waits_on_a_link_parked_in_a_host_gate():
+    """A link that waits on the host for a job's wait point (host_gates) submitted
+    nothing yet; parked there at exit, it never will, and GPU work waiting on the
+    link's own points (a step waiting for a landing) would never run while a driver
+    that tears its devices down waits for it. The exit raises the link's own
+    timelines to the values it handed out; the caller's gate, which no copy waits
+    on, is left as it is."""
+    p = subprocess.run([sys.executable, "-c", GATED_PARK_SCRIPT.format(here=HERE)], capture_output=True, text=True,
+                       timeout=120, cwd=HERE)
+    assert "BEFORE 0 True" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "AFTER 0 True True" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stderr[-3000:]}"
+
+
 EXIT_SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {here!r})
