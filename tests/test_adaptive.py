@@ -382,14 +382,11 @@ def test_a_transfer_that_never_lands_does_not_hold_up_the_frame(manager, monkeyp
 
 
 def _bench():
-    import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "placement.py"
-    spec = importlib.util.spec_from_file_location("placement_bench_adaptive", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    from script_support import load_script
+
+    return load_script(Path("bench/placement.py"), "placement_bench_adaptive")
 
 
 def test_placement_bench_adaptive_section(capsys):

@@ -2,7 +2,6 @@
 and examples/engine_device.py (an engine-style script) moving an image by every method."""
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import subprocess
@@ -17,16 +16,14 @@ from vkmulti import Instance, TransferMethod, UnsupportedError
 from vkmulti import probe_device
 from vkmulti.device.capabilities import EXT_MEMORY_FD, EXT_MEMORY_HOST
 from vkmulti import supported_methods
+from script_support import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "engine_device.py"
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("engine_device", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "engine_device")
 
 
 @pytest.fixture

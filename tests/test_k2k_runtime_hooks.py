@@ -4,7 +4,6 @@ one device and across devices, retaining listeners, accept_batch options,
 poll / forget_buffer / withdraw_batch, and bench/k2k.py's figures."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 from kernel_support import make_coordinator
+from script_support import load_script
 from vkmulti import CrossGpuK2KRouter
 from vkmulti import Buffer
 from vkmulti.kernels import KernelRuntime, counter_kernel
@@ -138,9 +138,7 @@ def test_runtime_hook_arguments_are_checked(manager):
 
 
 def test_bench_prints_figures_and_a_ratio_line(capsys):
-    spec = importlib.util.spec_from_file_location("k2k_bench", Path(__file__).parent.parent / "bench" / "k2k.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script(Path("bench/k2k.py"), "k2k_bench")
     assert bench.main(["--hops", "4", "--rounds", "2", "--max", "64K", "--stencil", "64x32",
                        "--stencil-steps", "3"]) == 0
     out = capsys.readouterr().out.rstrip().splitlines()

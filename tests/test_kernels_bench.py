@@ -2,23 +2,20 @@
 seed's algorithm (same answers as the coordinator where the seed has no defect)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from vkmulti import DeviceInfo, Backend, LoadBalancingStrategy
+from script_support import load_script
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "placement.py"
 
 
 @pytest.fixture(scope="module")
 def placement():
-    spec = importlib.util.spec_from_file_location("placement_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH, "placement_bench")
 
 
 def test_bench_prints_figures_and_a_ratio_line(placement, capsys):

@@ -1,21 +1,19 @@
 """bench/migration.py: its figures and its ratio line (small sizes, one repeat)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from script_support import load_script
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "migration.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("migration_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH, "migration_bench")
 
 
 def test_bench_prints_figures_and_a_ratio_line(bench, capsys):

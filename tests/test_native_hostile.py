@@ -69,8 +69,9 @@ def test_a_dropped_idle_link_joins_its_worker(manager):
     assert _threads() == base
 
 
-BUSY_SCRIPT = textwrap.dedent("""
-    import gc, sys
+#: The start of the child scripts below: a manager, a gate on GPU 0, a buffer on each GPU.
+CHILD_HEAD = """
+    import gc, sys, time
     sys.path.insert(0, {here!r})
     from vkmulti import MultiDeviceManager
     from vkmulti._core import _native
@@ -80,6 +81,10 @@ BUSY_SCRIPT = textwrap.dedent("""
     s0, s1 = mgr.slot(0), mgr.slot(1)
     gate = Gate(s0)
     a, b = Buffer(s0, 1 << 12), Buffer(s1, 1 << 12)
+"""
+
+
+BUSY_SCRIPT = textwrap.dedent(CHILD_HEAD + """
     link = _native.Link(s0.native, s0.copy_queue.lock, s1.native, s1.copy_queue.lock, _native.RING_STAGING,
                         1 << 16, 2, stall_timeout=1.0)
     dev0, dev1 = s0.native, s1.native
@@ -105,17 +110,8 @@ def test_a_dropped_busy_link_keeps_what_its_worker_reads():
     assert p.returncode == 0, f"exit {p.returncode}\n{p.stderr[-3000:]}"
 
 
-PARK_SCRIPT = textwrap.dedent("""
-    import sys, time
-    sys.path.insert(0, {here!r})
-    from vkmulti import MultiDeviceManager
-    from vkmulti._core import _native
-    from vkmulti.memory.image import Buffer
-    from gates import Gate
-    mgr = MultiDeviceManager.create()
-    s0, s1 = mgr.slot(0), mgr.slot(1)
-    gate, far = Gate(s0), s0.native.create_timeline(5)
-    a, b = Buffer(s0, 1 << 12), Buffer(s1, 1 << 12)
+PARK_SCRIPT = textwrap.dedent(CHILD_HEAD + """
+    far = s0.native.create_timeline(5)
     link = _native.Link(s0.native, s0.copy_queue.lock, s1.native, s1.copy_queue.lock, _native.RING_STAGING,
                         1 << 16, 2, stall_timeout=60.0)
     mirror = _native.TimelineMirror(s0.native, far, s1.native)
@@ -142,17 +138,7 @@ def test_the_exit_lets_gpu_work_behind_a_parked_thread_run_out():
     assert p.returncode == 0, f"exit {p.returncode}\n{p.stderr[-3000:]}"
 
 
-GATED_PARK_SCRIPT = textwrap.dedent("""
-    import sys, time
-    sys.path.insert(0, {here!r})
-    from vkmulti import MultiDeviceManager
-    from vkmulti._core import _native
-    from vkmulti.memory.image import Buffer
-    from gates import Gate
-    mgr = MultiDeviceManager.create()
-    s0, s1 = mgr.slot(0), mgr.slot(1)
-    gate = Gate(s0)
-    a, b = Buffer(s0, 1 << 12), Buffer(s1, 1 << 12)
+GATED_PARK_SCRIPT = textwrap.dedent(CHILD_HEAD + """
     link = _native.Link(s0.native, s0.copy_queue.lock, s1.native, s1.copy_queue.lock, _native.RING_STAGING,
                         1 << 16, 2, stall_timeout=60.0, host_gates=_native.GATE_SRC | _native.GATE_DST)
     src = _native.Endpoint(buffer=a.handle_int, wait_semaphore=gate.sem, wait_value=1)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ from vkmulti.memory import IMAGE_USAGE
 from vkmulti import Image
 from vkmulti._core.shaders import shader_path
 from vkmulti.offload import SRU_IMAGE_USAGE, Compositor, ReferenceRenderer, ReferenceSRU
+from script_support import load_script
 
 REPO = Path(__file__).resolve().parent.parent
 SHADERS = REPO / "native" / "shaders"
@@ -26,10 +26,7 @@ needs_source = pytest.mark.skipif(not (SHADERS / "spirv-manifest.json").is_file(
 
 
 def _build_module():
-    spec = importlib.util.spec_from_file_location("build_spirv", SHADERS / "build_spirv.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SHADERS / "build_spirv.py", "build_spirv")
 
 
 def _manifest() -> dict:

@@ -2,22 +2,20 @@
 fields checked identical, a ratio line and a plot (small grids on virtual devices)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 from PIL import Image as PILImage
 
+from script_support import load_script
+
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "scaling.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("scaling_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH, "scaling_bench")
 
 
 def test_bench_runs_each_count_checks_fields_and_plots(bench, tmp_path, capsys):
