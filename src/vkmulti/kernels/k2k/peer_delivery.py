@@ -203,7 +203,14 @@ class PeerEdges:
                 self.mgr.slot(dev).native.wait_timeline(q.semaphore, q.value, timeout)
         except VkmTimeout:
             pass   # still read: the kernel is deferred this time
-        self.engine.reap()
+        self._release(held)
+
+    def _release(self, held: set[int]) -> None:
+        """Let go of the in-place landings of the held batches (ids) that every device
+        finished reading, once the reading devices' harvests have finished their
+        inbound batches; the rest of the router's reaping waits for its next turn."""
+        self.port.poll()
+        self._sweep(time.monotonic(), held)
 
     @staticmethod
     def _completed(i: Any) -> int:
@@ -217,19 +224,26 @@ class PeerEdges:
         """Let go of batches every device finished reading in place; a landed batch that
         holds nothing more for its device (landing.nothing_left) is taken back."""
         self.forget_freed()
+        self._sweep(now, None)
+
+    def _sweep(self, now: float, only: set[int] | None) -> None:
+        """Let go of the landings (of the batches with ids in `only`; None: all) that hold
+        nothing more and every device finished reading; let go of what a landed batch
+        no longer holds for its device (landing.nothing_left)."""
         keep = []
         for p in self.landings:
-            i, origin = p.inbound, p.batch
-            if i is not None and nothing_left(i, p.edge[1]):
-                try:
-                    self.port.let_go_batch(i)
-                except DestroyedError:
-                    pass
-            if p.finished(self.mgr):
-                self._count(p, now)
-                origin.release()
-            else:
-                keep.append(p)
+            if only is None or id(p.batch) in only:
+                i = p.inbound
+                if i is not None and nothing_left(i, p.edge[1]):
+                    try:
+                        self.port.let_go_batch(i)
+                    except DestroyedError:
+                        pass
+                if p.finished(self.mgr):
+                    self._count(p, now)
+                    p.batch.release()
+                    continue
+            keep.append(p)
         self.landings = keep
 
     def _count(self, p: PeerLanding, now: float) -> None:
