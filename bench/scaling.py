@@ -18,7 +18,6 @@ installed, else Pillow). Exit status 1 when a run failed or a field differed.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from typing import Any
@@ -124,8 +123,7 @@ def _device_count() -> int:
     """How many devices vkmulti would use (real GPUs, else the virtual pair)."""
     code = ("import vkmulti; m = vkmulti.MultiDeviceManager.create(enabled=True); print(m.device_count); "
             "m.destroy()")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     try:
         return int(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

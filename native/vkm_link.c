@@ -207,23 +207,23 @@ VkResult vkm_link_gate(vkm_link *l, vkm_side *s, int gate, VkSemaphore sem, uint
 {
     if (!sem || !(l->cfg.host_gates & gate)) return VK_SUCCESS;
     VkResult r = vkm_spin_wait(s->dev, sem, value, l->cfg.spin_ns);
+    uint64_t have = 0;
+    int stopped = 0;
     if (r == VK_TIMEOUT) __atomic_store_n(&l->in_gate, 1, __ATOMIC_RELEASE);
     while (r == VK_TIMEOUT) {
         vkm_thread_checkpoint(); /* the process exiting: park here, outside the driver (see release_gates) */
-        uint64_t have = 0;
         if ((r = vkm_timeline_value(s->dev, sem, &have)) != VK_SUCCESS) break;
         if (have >= value) break; /* reached (also when the link is being destroyed: the job goes on) */
-        if (__atomic_load_n(&l->q.stopping, __ATOMIC_ACQUIRE)) {
-            __atomic_store_n(&l->in_gate, 0, __ATOMIC_RELEASE);
-            return vkm_fail(err, VKM_ERROR_LINK_STALLED, where,
-                            "the %s link from '%s' to '%s' was destroyed while a job still waited for its wait point "
-                            "on '%s' (value %llu, at %llu now): the job failed",
-                            l->ops->name, l->src.dev->name, l->dst.dev->name, s->dev->name,
-                            (unsigned long long)value, (unsigned long long)have);
-        }
+        if ((stopped = __atomic_load_n(&l->q.stopping, __ATOMIC_ACQUIRE))) break;
         r = vkm_wait_timeline(s->dev, sem, value, SLICE_NS);
     }
     __atomic_store_n(&l->in_gate, 0, __ATOMIC_RELEASE);
+    if (stopped)
+        return vkm_fail(err, VKM_ERROR_LINK_STALLED, where,
+                        "the %s link from '%s' to '%s' was destroyed while a job still waited for its wait point "
+                        "on '%s' (value %llu, at %llu now): the job failed",
+                        l->ops->name, l->src.dev->name, l->dst.dev->name, s->dev->name, (unsigned long long)value,
+                        (unsigned long long)have);
     if (r != VK_SUCCESS) vkm_fail(err, r, where, NULL);
     else vkm_trace_mark(l->trace, gate == VKM_GATE_SRC ? "src_gate_reached" : "dst_gate_reached", value);
     return r;

@@ -274,11 +274,8 @@ static VkResult dst_submit(vkm_link *l, host_run *r, uint32_t last, vkm_error *e
         h->batch_cmds[c - k] = D->cmds[s];
     }
     VkSemaphore w = k == 0 ? j->dst.wait_semaphore : VK_NULL_HANDLE;
-    if (w) {
-        VkResult g = vkm_link_gate(l, D, VKM_GATE_DST, w, j->dst.wait_value, "vkWaitSemaphores(destination wait point)",
-                                   err);
-        if (g != VK_SUCCESS) return g;
-    }
+    VkResult g = vkm_link_gate(l, D, VKM_GATE_DST, w, j->dst.wait_value, "vkWaitSemaphores(destination wait point)", err);
+    if (g != VK_SUCCESS) return g;
     TRY(vkm_submit_batch(D, h->batch_cmds, last - k, w, j->dst.wait_value, r->dv + 1), "vkQueueSubmit(dst)");
     vkm_trace_mark(l->trace, "dst_submitted", r->dv + (last - k));
     for (uint32_t c = k; c < last; c++) l->slot_free_at[(r->g0 + c) % K] = ++r->dv;

@@ -91,8 +91,7 @@ class DeviceStepper:
                     b.pending = {k for k in pending if not k.destroyed}
                 if b.finish_if_done(done):
                     if isinstance(b, InboundBatch):
-                        self.retired += [(b.last_value, s) for s in b.sets]
-                        b.sets = []
+                        self.retire_sets(b)
                 else:
                     live.append(b)
             if len(live) != len(self.batches):
@@ -106,6 +105,12 @@ class DeviceStepper:
                 else:
                     keep.append((value, pool_set))
             self.retired = keep
+
+    def retire_sets(self, b: InboundBatch) -> None:
+        """Free the descriptor sets made for inbound batch b once the steps that read it
+        (up to its last_value) are done (with the lock held)."""
+        self.retired += [(b.last_value, s) for s in b.sets]
+        b.sets = []
 
     def stalled(self) -> str:
         """What the device's oldest unfinished step waits for, for a timeout's message:

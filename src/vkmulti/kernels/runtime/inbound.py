@@ -267,8 +267,7 @@ class Inbound:
                     stepper.batches.append(batch)
                     raise
                 lost = True   # it runs nothing more: nothing to wait for; the failover hands its messages again
-            stepper.retired += [(batch.last_value, s) for s in batch.sets]
-            batch.sets = []
+            stepper.retire_sets(batch)
             left = 0 if lost else max(0, batch.local - batch.delivered - batch.rejected)
             batch.done = True
             batch.event.set()
@@ -304,8 +303,7 @@ class Inbound:
             if batch.finish_if_done(done):   # (else a later harvest of the device finishes it)
                 if batch in stepper.batches:
                     stepper.batches.remove(batch)
-                stepper.retired += [(batch.last_value, s) for s in batch.sets]
-                batch.sets = []
+                stepper.retire_sets(batch)
                 ctx.cond.notify_all()
 
     def _wait_read(self, ctx: Any, stepper: Any, batch: InboundBatch, deadline: float, timeout: float | None) -> None:
@@ -379,8 +377,7 @@ class Inbound:
                     if b.buffer is view:
                         stepper.batches.remove(b)
                         last = max(last, b.last_value)
-                        stepper.retired += [(b.last_value, s) for s in b.sets]
-                        b.sets = []
+                        stepper.retire_sets(b)
                         b.done = True
                         b.event.set()
                 ctx.cond.notify_all()
