@@ -275,9 +275,10 @@ def test_agent_without_vulkan_reports_why(monkeypatch):
 NODE = dict(node_ip_address="127.0.0.1", num_cpus=1, resources={"vk_gpu": 2}, object_store_memory=80 * 2**20)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
-    """A head and two worker nodes on 127.0.0.1, each offering the virtual pair as vk_gpu=2."""
+    """A head and two worker nodes on 127.0.0.1, each offering the virtual pair as vk_gpu=2 (for this
+    module's tests only: the later tests get the machine's cores and a process without Ray's threads)."""
     if SKIP_CLUSTER or not HAVE_RAY:
         pytest.skip("no Ray, or cluster tests off")
     import ray
