@@ -298,8 +298,7 @@ def test_kernel_ops_are_made_once_per_key_and_stamped_with_step_and_clock():
     def make(tag):
         def f():
             made.append(tag)
-            return (step_ops.pass_op(1, 2, 3, (64,), bytes(48)), step_ops.pass_op(4, 5, 6, (64, 128), bytes(16)),
-                    step_ops.pass_op(7, 8, 9, (64,), bytes(16)))
+            return step_ops.pass_op(1, 2, 3, (64,), bytes(48)), step_ops.pass_op(4, 5, 6, (64, 128), bytes(32))
         return f
     ops = step_ops.KernelOps()
     ops.get(("a",), make("a")).stamp((7 << 32) | 5, (3 << 32) | 11)

@@ -154,7 +154,7 @@ class ComputePass:
 
 # push-constant sizes of the runtime's passes and of the kernel ABI (VkmStep)
 KERNEL_PUSH = 48
-FINISH_PUSH = 16
+FINISH_PUSH = 32
 DELIVER_PUSH = 32
 SURVEY_PUSH = 16
 
@@ -256,7 +256,8 @@ class DeviceContext:
                                    usage=BUFFER_USAGE | vk.VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT)
         self.directory = Buffer(slot, self.table_size * DIRECTORY_ENTRY)
         self.run_once(lambda cmd: vk.vkCmdFillBuffer(cmd, self.directory.handle, 0, WHOLE_SIZE, 0))
-        self.finish = self.builtin("kernel_finish.comp.spv", [SB, SB, SB_DYN, SB_DYN], FINISH_PUSH)
+        # (the finish pass also surveys the outbox it stamped: the directory and the status ring last)
+        self.finish = self.builtin("kernel_finish.comp.spv", [SB, SB, SB_DYN, SB_DYN, SB, SB], FINISH_PUSH)
         self.deliver = self.builtin("kernel_deliver.comp.spv", [SB_DYN, SB, SB], DELIVER_PUSH)
         self.deliver_copy = self.builtin("kernel_deliver_copy.comp.spv", [SB_DYN, SB, SB], DELIVER_PUSH)
         self.survey = self.builtin("kernel_survey.comp.spv", [SB_DYN, SB, SB], SURVEY_PUSH)

@@ -44,12 +44,21 @@ if TYPE_CHECKING:
     from ..._core.vktypes import VkCommandBuffer, VkDescriptorPool, VkDescriptorSet
 
 __all__ = ["Kernel", "Residency", "Batch", "OutboxBatch", "InboundBatch", "CodeSwapper",
-           "check_params", "check_kernel_code", "INLINE_STATE_BYTES"]
+           "check_params", "check_kernel_code", "finish_buffers", "INLINE_STATE_BYTES"]
 
 #: Initial state up to this size is written inside the launch's command buffer; larger goes through staging.
 INLINE_STATE_BYTES = 1 << 20
 _MIGRATION = "prepared for migration"
 _RELOAD = "prepared for reload"
+
+
+def finish_buffers(ctx: DeviceContext, k: "Kernel", inbox: tuple[Any, int, int]) -> list[tuple[Any, int, int]]:
+    """The buffers of k's finish pass (kernel_finish.comp), `inbox` its inbox binding (the
+    kernel's ring, or a batch its step reads in place): control, inbox, outbox and K2H
+    regions, and the directory and status ring of the outbox's survey."""
+    return [(k.control.handle, 0, WHOLE_SIZE), inbox, (k.outbox.handle, 0, k.outbox_bytes),
+            (k.k2h.handle, 0, k.outbox_bytes), (ctx.directory.handle, 0, WHOLE_SIZE),
+            (ctx.status.handle, 0, WHOLE_SIZE)]
 
 
 def check_kernel_code(ctx: DeviceContext, spec: KernelSpec, timeout: float | None = None) -> None:
@@ -258,7 +267,7 @@ class Residency:
     no device field can be left behind; Kernel reads these through properties."""
 
     __slots__ = ("ctx", "spec", "kernel_type", "last_value", "region_users", "region_harvested",
-                 "outbox_batches", "local_slot", "buffers", "sets", "deliver_sets", "survey_set", "outbox_bytes",
+                 "outbox_batches", "local_slot", "buffers", "sets", "deliver_sets", "outbox_bytes",
                  "outbox_region", "h2k_bytes", "h2k_region", "k2h_region", "inbox", "outbox", "control", "states",
                  "h2k_buffer", "k2h", "kernel_pass", "kernel_set", "finish_set", "step_ops")
 
@@ -273,7 +282,6 @@ class Residency:
         self.buffers: list[Any] = []
         self.sets: list[Any] = []
         self.deliver_sets: dict[tuple[int, int], Any] = {}
-        self.survey_set: Any = None
         align_to = ctx.min_offset_alignment
         self.outbox_bytes = RING_HEADER_BYTES + spec.outbox_capacity * slot_size
         self.outbox_region = align(self.outbox_bytes, align_to)
@@ -317,7 +325,6 @@ class Kernel:
     buffers: list[Buffer]
     sets: list[tuple[VkDescriptorPool, VkDescriptorSet]]
     deliver_sets: dict[tuple[int, int], tuple[VkDescriptorPool, VkDescriptorSet]]
-    survey_set: VkDescriptorSet
     outbox_bytes: int
     outbox_region: int
     h2k_bytes: int
@@ -406,15 +413,9 @@ class Kernel:
                                   + [(s.handle, 0, whole) for s in self.states])
         self.sets.append(kset)
         self.kernel_set = kset[1]
-        fset = ctx.descriptor_set(ctx.finish, [(self.control.handle, 0, whole), (self.inbox.handle, 0, whole),
-                                               (self.outbox.handle, 0, self.outbox_bytes),
-                                               (self.k2h.handle, 0, self.outbox_bytes)])
+        fset = ctx.descriptor_set(ctx.finish, finish_buffers(ctx, self, (self.inbox.handle, 0, whole)))
         self.sets.append(fset)
         self.finish_set = fset[1]
-        sset = ctx.descriptor_set(ctx.survey, [(self.outbox.handle, 0, self.outbox_bytes),
-                                               (ctx.directory.handle, 0, whole), (ctx.status.handle, 0, whole)])
-        self.sets.append(sset)
-        self.survey_set = sset[1]
 
     def init_commands(self, state: list[np.ndarray | None]) -> Callable[[VkCommandBuffer], None]:
         """The recorder that zeroes the kernel's memory, writes the headers and the initial state."""

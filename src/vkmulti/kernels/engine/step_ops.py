@@ -4,8 +4,8 @@ of passes, barriers, small updates and copies that the step recorder joins
 and hands over in one call. A pass names its pipeline; the native side binds
 it only where it is not the one bound already.
 
-A kernel's own three passes of a step (its dispatch, its finish pass and the
-survey of its new outbox) change little from step to step: KernelOps keeps
+A kernel's own two passes of a step (its dispatch, and its finish pass, which
+also surveys its new outbox) change little from step to step: KernelOps keeps
 them packed per outbox region and patches only the step number and the clock.
 """
 from __future__ import annotations
@@ -56,30 +56,29 @@ _CLOCK_STEP = struct.Struct("<4I")
 
 
 class KernelOps:
-    """One kernel's packed passes of a step in one outbox region: its dispatch, its
-    finish pass and its new outbox's survey, made once per `key` (what they bind
+    """One kernel's packed passes of a step in one outbox region: its dispatch and its
+    finish pass (with the new outbox's survey), made once per `key` (what they bind
     and push, bar the step and the clock: a kernel that reads some batches in
     place binds other sets at those steps) and kept for the few keys seen last.
     Not thread-safe: used by its device's recorder, under the device's lock."""
 
-    __slots__ = ("made", "kernel", "finish", "survey")
+    __slots__ = ("made", "kernel", "finish")
     KEEP = 4
 
     def __init__(self) -> None:
-        self.made: dict[Any, tuple[bytearray, bytearray, bytes]] = {}
+        self.made: dict[Any, tuple[bytearray, bytearray]] = {}
         self.kernel = bytearray()
         self.finish = bytearray()
-        self.survey = b""
 
     def get(self, key: tuple, make: Any) -> "KernelOps":
-        """These ops, made by `make()` -> (kernel op, finish op, survey op) for a `key` not seen lately."""
+        """These ops, made by `make()` -> (kernel op, finish op) for a `key` not seen lately."""
         ops = self.made.get(key)
         if ops is None:
             if len(self.made) >= self.KEEP:
                 self.made.clear()
-            k, f, s = make()
-            ops = self.made[key] = (bytearray(k), bytearray(f), s)
-        self.kernel, self.finish, self.survey = ops
+            k, f = make()
+            ops = self.made[key] = (bytearray(k), bytearray(f))
+        self.kernel, self.finish = ops
         return self
 
     def stamp(self, step: int, now_us: int) -> None:

@@ -17,13 +17,13 @@ from ..messages import RING_HEADER_BYTES
 from .recording import handle_value
 from .step_ops import BARRIER, HOST_BARRIER, KernelOps, copy_op, pass_op, update_op
 from .device_context import DELIVER_RECORD, STATUS_WORDS, SURVEY_RECORD, WHOLE_SIZE, DeviceContext
-from .kernel import Batch, InboundBatch, Kernel, OutboxBatch
+from .kernel import Batch, InboundBatch, Kernel, OutboxBatch, finish_buffers
 
 __all__ = ["StepRecorder", "InFlight", "PLANNED_DELIVERY_PAYLOAD", "READ_IN_PLACE", "MODE_COPY", "MODE_PLAN",
            "MODE_DIRECT", "MODE_DIRECT_KNOWN", "MODE_IN_PLACE"]
 
 _KERNEL_PUSH = struct.Struct("<8I4I")
-_FINISH_PUSH = struct.Struct("<4I")
+_FINISH_PUSH = struct.Struct("<8I")
 _DELIVER_PUSH = struct.Struct("<8I")
 _SURVEY_PUSH = struct.Struct("<4I")
 _OUTBOX_RESET = struct.Struct("<3I")   # count, step, capacity (a batch read in place changed the last two)
@@ -207,31 +207,31 @@ class StepRecorder:
             kops.stamp(k.steps, now)
         ops += [x.kernel for x in mine]
         ops.append(BARRIER)
-        ops += [x.finish for x in mine]
-        ops.append(BARRIER)
-        ops += [x.survey for x in mine]
+        ops += [x.finish for x in mine]   # (each also surveys the outbox it stamped)
         ops.append(HOST_BARRIER)
 
     def _kernel_ops(self, k: Kernel, sets: tuple[Any, Any] | None, survey_offset: int | None) -> KernelOps:
-        """k's dispatch, finish pass and outbox survey of its next step (`sets`: the step's
-        and the finish pass's sets where it reads a batch in place), kept packed per region
-        (KernelOps): only the step and the clock change from one step to the next."""
+        """k's dispatch and finish pass (which surveys the new outbox into the status record
+        at `survey_offset`) of its next step (`sets`: the step's and the finish pass's sets
+        where it reads a batch in place), kept packed per region (KernelOps): only the step
+        and the clock change from one step to the next."""
         j = k.steps % self.ctx.in_flight
         kp, spec = k.kernel_pass, k.spec
         kset, fset = (k.kernel_set, k.finish_set) if sets is None else sets
-        kset, fset, sset = handle_value(kset), handle_value(fset), handle_value(k.survey_set)
-        key = (kp.pipeline_int, kp.layout_int, kset, fset, sset, survey_offset, k.address, k.tenant, k.params,
+        kset, fset = handle_value(kset), handle_value(fset)
+        key = (kp.pipeline_int, kp.layout_int, kset, fset, survey_offset, k.address, k.tenant, k.params,
                spec.inbox_capacity, spec.outbox_capacity, spec.groups, k.payload_size)
 
-        def make() -> tuple[bytes, bytes, bytes]:
+        def make() -> tuple[bytes, bytes]:
             ctx = self.ctx
             out = j * k.outbox_region
             kernel = pass_op(kp.pipeline_int, kp.layout_int, kset, (out,), _KERNEL_PUSH.pack(
                 0, 0, k.address, k.tenant, spec.inbox_capacity, spec.outbox_capacity, k.payload_size // 4, 0,
                 *k.params), spec.groups)
+            survey = (survey_offset, ctx.index, ctx.table_size, 1) if survey_offset is not None else (0, 0, 1, 0)
             finish = pass_op(ctx.finish.pipeline_int, ctx.finish.layout_int, fset, (out, j * k.k2h_region),
-                             _FINISH_PUSH.pack(0, 0, 0, 0))
-            return kernel, finish, self._survey(sset, out, survey_offset)
+                             _FINISH_PUSH.pack(0, 0, 0, 0, *survey))
+            return kernel, finish
         return k.step_ops[j].get(key, make)
 
     def _readable(self, batches: list[Batch]) -> list[Batch]:
@@ -344,9 +344,7 @@ class StepRecorder:
         inbox = (b.buffer.handle, b.offset, b.size)
         kset = ctx.descriptor_set(k.kernel_pass, [inbox, (k.outbox.handle, 0, k.outbox_bytes)]
                                   + [(s.handle, 0, whole) for s in k.states])
-        fset = ctx.descriptor_set(ctx.finish, [(k.control.handle, 0, whole), inbox,
-                                               (k.outbox.handle, 0, k.outbox_bytes),
-                                               (k.k2h.handle, 0, k.outbox_bytes)])
+        fset = ctx.descriptor_set(ctx.finish, finish_buffers(ctx, k, inbox))
         if key:
             k.deliver_sets[key + ("kernel",)], k.deliver_sets[key + ("finish",)] = kset, fset  # type: ignore[index]
         else:

@@ -10,8 +10,8 @@ device's queue that signals the next value of the device's timeline:
      batch on the device (outboxes of earlier steps, router batches) into the
      inboxes of the kernels that are addressed in it; surveys of new batches
   3. the kernels' own dispatches
-  4. the finish pass of each kernel (HLC, stamps, host messages, consume)
-  5. a survey of each new outbox (who it addresses), for the host
+  4. the finish pass of each kernel (HLC, stamps, host messages, consume),
+     which ends with the survey of its new outbox (who it addresses), for the host
 A barrier separates the phases; the last makes everything visible to the
 host and to the router's transfers. The host learns what happened when it
 harvests a completed step (counts in the status ring and the K2H regions).

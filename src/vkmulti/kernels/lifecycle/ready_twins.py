@@ -136,9 +136,9 @@ class ReadyTwins:
         try:
             with ctx.lock:
                 for s in half.sets:
-                    if s[1] is not half.kernel_set and s[1] is not half.finish_set and s[1] is not half.survey_set:
+                    if s[1] is not half.kernel_set and s[1] is not half.finish_set:
                         ctx.free_set(s)
-                half.sets = [s for s in half.sets if s[1] in (half.kernel_set, half.finish_set, half.survey_set)]
+                half.sets = [s for s in half.sets if s[1] in (half.kernel_set, half.finish_set)]
                 for s in half.deliver_sets.values():
                     ctx.free_set(s)
                 half.deliver_sets = {}
