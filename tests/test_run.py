@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import _thread
 import functools
+import signal
 import threading
 import time
 
@@ -100,7 +101,19 @@ def test_launch_destroy_and_migrate_between_the_steps_of_a_run(runtime, router):
     assert (st.count, st.sum, st.fifo_errors) == (80, total, 0)
 
 
-def test_ctrl_c_stops_a_run_between_two_steps(runtime):
+@pytest.fixture
+def sigint_raises():
+    """Python's own SIGINT handler (KeyboardInterrupt) for the test: a process started in the
+    background by a non-interactive shell inherits SIGINT ignored, and then
+    _thread.interrupt_main() does nothing."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_stops_a_run_between_two_steps(runtime, sigint_raises):
     """A KeyboardInterrupt (Ctrl-C) during run() ends it; the steps submitted stand
     and the runtime goes on."""
     k = counter(runtime, "k", device=0)
