@@ -13,7 +13,9 @@ CrossGpuK2KRouter, against baselines measured in the same run.
     raw 256-byte CrossDeviceTransfer by the router's method, submitted and
     waited for, plus a bare submit/fence round trip on the receiving device
     (goal: K2K <= 1.5x the floor); host_us_per_step is the median time in
-    step() of the two kernels (goal <= 100 us).
+    step() of the two kernels (goal <= 100 us), host_cpu_us_per_step the
+    stepping thread's own CPU time in it (on the CPU VM lavapipe runs the
+    devices' steps on the same cores, and the wall time holds that too).
 (b) bandwidth: batches of 16 KiB ... (--max) of messages from a burst kernel on
     GPU 0 to a checking sink on GPU 1, one batch per step, against the pair's
     raw transfer bandwidth: CrossDeviceTransfer buffer copies of the same size
@@ -111,22 +113,25 @@ def latency(mgr: Any, hops: int, method: str | None, rounds: int) -> dict[str, A
         a.set_params(b.address)
 
         host_per_step: list[float] = []
+        cpu_per_step: list[float] = []
 
         def k2k(n: int) -> float:
             payload[0] = n
             rt.synchronize()
             t0 = time.perf_counter()
             rt.send(a, payload)
-            steps, host = 0, 0.0
+            steps, host, cpu = 0, 0.0, 0.0
             while rt.pending_receives(a) + rt.pending_receives(b) == 0:
-                t1 = time.perf_counter()
+                t1, c1 = time.perf_counter(), time.thread_time()
                 rt.step([a, b])
                 host += time.perf_counter() - t1
+                cpu += time.thread_time() - c1
                 steps += 1
                 if steps > 4 * n + 50:
                     raise RuntimeError("the ping-pong message was lost")
             dt = time.perf_counter() - t0
             host_per_step.append(host / steps)
+            cpu_per_step.append(cpu / steps)
             (rt.receive(a, timeout=1) if rt.pending_receives(a) else rt.receive(b, timeout=1))
             return dt
         k2k(4)                                   # warm: rings, imports, pipelines
@@ -134,6 +139,7 @@ def latency(mgr: Any, hops: int, method: str | None, rounds: int) -> dict[str, A
         floor = Floor(mgr, router.transfer_method(0, 1))
         floor.run(20)
         host_per_step.clear()
+        cpu_per_step.clear()
         t_k2k, t_batch, t_floor = [], [], []
         for _ in range(rounds):                  # paired: K2K, the hand-made relay, the hardware floor
             t_k2k.append(k2k(hops) / hops)
@@ -177,6 +183,7 @@ def latency(mgr: Any, hops: int, method: str | None, rounds: int) -> dict[str, A
             "ratio_k2k_to_floor": statistics.median(to_floor),
             "ratio_k2k_to_floor_range": [min(to_floor), max(to_floor)],
             "host_us_per_step": statistics.median(host_per_step) * 1e6,
+            "host_cpu_us_per_step": statistics.median(cpu_per_step) * 1e6,
             "host_relay_one_way_us": t_hand * 1e6,
             "batch_relay_one_way_us": min(t_batch) * 1e6,
             "k2k_one_way_us_rounds": [t * 1e6 for t in t_k2k],
@@ -463,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         parts.append(f"K2K one-way latency {lat['k2k_one_way_us']:.0f} us = {lat['ratio_k2k_to_floor']:.2f}x the "
                      f"hardware floor ({lat['floor_us']:.0f} us: raw 256-byte transfer {lat['floor_transfer_us']:.0f} "
                      f"+ bare submit {lat['floor_submit_us']:.0f}; {flo:.2f}-{fhi:.2f}; goal <= 1.5), host "
-                     f"{lat['host_us_per_step']:.0f} us per step of two kernels on two devices (goal <= 100)")
+                     f"{lat['host_us_per_step']:.0f} us per step of two kernels on two devices (goal <= 100; "
+                     f"its own CPU {lat['host_cpu_us_per_step']:.0f} us)")
         parts.append(f"K2K one-way latency = {lat['ratio_k2k_to_batch_relay']:.2f}x the batch relayed by hand "
                      f"through the host (median of {lat['rounds']} paired runs, {lo:.2f}-{hi:.2f}; goal <= 0.5), "
                      f"{lat['ratio_k2k_to_host_relay']:.2f}x the host queues relay")

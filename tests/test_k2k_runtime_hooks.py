@@ -150,7 +150,7 @@ def test_bench_prints_figures_and_a_ratio_line(capsys):
     assert len(lat["k2k_one_way_us_rounds"]) == 2 and len(lat["ratio_k2k_to_batch_relay_range"]) == 2
     assert lat["floor_us"] > 0 and len(lat["floor_us_rounds"]) == 2 and lat["ratio_k2k_to_floor"] > 0
     assert lat["floor_us"] >= lat["floor_transfer_us"] > 0 and lat["floor_submit_us"] > 0
-    assert lat["host_us_per_step"] > 0
+    assert lat["host_us_per_step"] > 0 and 0 < lat["host_cpu_us_per_step"] <= 2 * lat["host_us_per_step"]
     assert [r["batch_bytes"] for r in figures["bandwidth"]][0] > 15000
     for r in figures["bandwidth"]:
         assert r["bad_messages"] == 0 and r["k2k_gbps"] > 0 and r["raw_gbps"] > 0
