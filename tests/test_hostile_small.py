@@ -56,6 +56,23 @@ def test_a_buffer_too_big_for_the_device_says_the_size_and_the_device(manager):
     b.destroy()
 
 
+def test_upload_and_download_refuse_a_buffer_a_copy_may_not_write_or_read(manager):
+    """Found by the long fuzz profile: upload() into a buffer made without
+    TRANSFER_DST (or download() from one without TRANSFER_SRC) recorded an invalid
+    vkCmdCopyBuffer (a validation error; undefined on a driver)."""
+    import vulkan as vk
+
+    data = np.arange(64, dtype=np.uint8)
+    with Buffer(manager.slot(0), 64, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT) as src_only:
+        with pytest.raises(ValueError, match=r"upload\(\): the buffer lacks VK_BUFFER_USAGE_TRANSFER_DST_BIT \(usage 0x1\)"):
+            src_only.upload(data)
+        assert src_only.download().nbytes == 64   # (what it may do still works)
+    with Buffer(manager.slot(0), 64, usage=vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT) as dst_only:
+        dst_only.upload(data)
+        with pytest.raises(ValueError, match="download\\(\\): the buffer lacks VK_BUFFER_USAGE_TRANSFER_SRC_BIT"):
+            dst_only.download()
+
+
 @pytest.mark.parametrize("path", ["same-device", "gather"])
 def test_timeout_messages_print_rounded_seconds(manager, path):
     """Before: 'copies on ... not done within 0.09870598399993469 s' (the remainder of

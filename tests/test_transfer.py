@@ -431,6 +431,13 @@ def test_bad_input(manager):
                 x.submit(src_buffer=sb, dst_buffer=db, size=0)
             with pytest.raises(ValueError, match="not both"):
                 x.submit(src_buffer=sb, dst_image=b)
+        # buffers a copy command may not read or write (found by the long fuzz profile)
+        with Buffer(s1, 64, usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT) as storage, Buffer(s0, 64) as db:
+            with pytest.raises(ValueError, match="src_buffer lacks VK_BUFFER_USAGE_TRANSFER_SRC_BIT"):
+                x.submit(src_buffer=storage, dst_buffer=db)
+        with Buffer(s1, 64) as sb, Buffer(s0, 64, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT) as nodst:
+            with pytest.raises(ValueError, match="dst_buffer lacks VK_BUFFER_USAGE_TRANSFER_DST_BIT"):
+                x.submit(src_buffer=sb, dst_buffer=nodst)
         x.run(src_image=a, dst_image=b, timeout=10)   # still usable after all that
         x.destroy()
         with pytest.raises(DestroyedError):

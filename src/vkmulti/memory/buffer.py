@@ -53,6 +53,17 @@ def check_usage(usage: Any, label: str) -> int:
     return usage
 
 
+_TRANSFER_BITS = {vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT: "VK_BUFFER_USAGE_TRANSFER_SRC_BIT",
+                  vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT: "VK_BUFFER_USAGE_TRANSFER_DST_BIT"}
+
+
+def require_usage(buf: "Buffer", bit: int, label: str, hint: str = "") -> None:
+    """ValueError naming `label` where `buf` was made without the transfer usage `bit`
+    (a copy command reading or writing it would be invalid Vulkan)."""
+    if not buf.usage & bit:
+        raise ValueError(f"{label} lacks {_TRANSFER_BITS[bit]} (usage 0x{buf.usage:x}){hint}")
+
+
 def _check_offset_size(offset: Any, size: Any, total: int) -> None:
     for label, v in (("offset", offset), ("size", size)):
         if not is_int(v):
@@ -147,13 +158,15 @@ class Buffer(GpuResource):
         return Buffer(self.slot, max(1, size), usage=usage, host_visible=True)
 
     def upload(self, data: HostData, offset: int = 0, *, timeout: float | None = 60.0) -> None:
-        """Copy host bytes (a buffer-protocol object of plain data) into the buffer at `offset`.
+        """Copy host bytes (a buffer-protocol object of plain data) into the buffer at `offset`
+        (the buffer needs VK_BUFFER_USAGE_TRANSFER_DST_BIT: ValueError otherwise).
 
         vkmulti.TimeoutError after `timeout` s (the copy stays queued, and
         this buffer's destroy() waits for it)."""
         src = as_host_bytes(data)
         Deadline(timeout)
         with self._life:
+            require_usage(self, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, "upload(): the buffer")
             _check_offset_size(offset, src.nbytes, self.size)
             staging = self._staging(src.nbytes, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT)
             run_one_shot(self.slot, lambda cmd: vk.vkCmdCopyBuffer(
@@ -164,9 +177,11 @@ class Buffer(GpuResource):
 
     def download(self, size: int | None = None, offset: int = 0, *,
                  timeout: float | None = 60.0) -> NDArray[np.uint8]:
-        """The bytes at [offset, offset+size) as a new uint8 array (vkmulti.TimeoutError after `timeout` s)."""
+        """The bytes at [offset, offset+size) as a new uint8 array (vkmulti.TimeoutError after `timeout` s;
+        the buffer needs VK_BUFFER_USAGE_TRANSFER_SRC_BIT: ValueError otherwise)."""
         Deadline(timeout)
         with self._life:
+            require_usage(self, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, "download(): the buffer")
             if size is None:
                 size = self.size - offset if is_int(offset) else 0
             _check_offset_size(offset, size, self.size)

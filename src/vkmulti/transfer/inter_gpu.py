@@ -38,7 +38,7 @@ from .._core.lifetime import Deadline, Lifetime
 from .._core.timeline import wait_point
 from ..device.manager import MultiDeviceManager
 from ..errors import DestroyedError
-from ..memory.buffer import Buffer
+from ..memory.buffer import Buffer, require_usage
 from ..memory.image import Image
 from ..memory.resource import MAX_BYTES, as_host_bytes
 from .link import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, check_ring_shape
@@ -144,9 +144,7 @@ class InterGpuTransfer:
             raise TypeError("buffer is an Image; InterGpuTransfer moves buffers (use CrossDeviceTransfer for images)")
         if isinstance(buffer, Buffer):
             self._check_buffer(buffer, i, "buffer")
-            if not buffer.usage & vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT:
-                raise ValueError(f"buffer lacks VK_BUFFER_USAGE_TRANSFER_SRC_BIT (usage 0x{buffer.usage:x}); "
-                                 f"create it with transfer-source usage")
+            require_usage(buffer, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, "buffer", "; create it with transfer-source usage")
             size = buffer.size if size_bytes is None else self._size(size_bytes, "size_bytes")
             if size > buffer.size:
                 raise ValueError(f"buffer is too small: size_bytes {size} exceeds its {buffer.size} bytes")
@@ -534,8 +532,7 @@ class InterGpuTransfer:
         if isinstance(data, Buffer):
             holds(data)
             self._check_buffer(data, device, label)
-            if not data.usage & vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT:
-                raise ValueError(f"{label} lacks VK_BUFFER_USAGE_TRANSFER_SRC_BIT (usage 0x{data.usage:x})")
+            require_usage(data, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, label)
             return None, Registration(device, data, data.size, None)
         host = as_host_bytes(data, label)
         if host.nbytes == 0:
@@ -559,8 +556,7 @@ class InterGpuTransfer:
         if isinstance(given, Buffer):
             holds(given)
             self._check_buffer(given, device, label)
-            if not given.usage & vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT:
-                raise ValueError(f"{label} lacks VK_BUFFER_USAGE_TRANSFER_DST_BIT (usage 0x{given.usage:x})")
+            require_usage(given, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, label)
             if offset + size > given.size:
                 raise ValueError(f"{label} is too small: [{offset}, {offset + size}) exceeds its {given.size} bytes")
             return given, given.handle_int
