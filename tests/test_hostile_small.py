@@ -59,8 +59,9 @@ def test_a_buffer_too_big_for_the_device_says_the_size_and_the_device(manager):
 def test_upload_and_download_refuse_a_buffer_a_copy_may_not_write_or_read(manager):
     """Found by the long fuzz profile: upload() into a buffer made without
     TRANSFER_DST (or download() from one without TRANSFER_SRC) recorded an invalid
-    vkCmdCopyBuffer (a validation error; undefined on a driver)."""
+    vkCmdCopyBuffer (a validation error; undefined on a driver). Images the same."""
     import vulkan as vk
+    from vkmulti import Image
 
     data = np.arange(64, dtype=np.uint8)
     with Buffer(manager.slot(0), 64, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT) as src_only:
@@ -71,6 +72,16 @@ def test_upload_and_download_refuse_a_buffer_a_copy_may_not_write_or_read(manage
         dst_only.upload(data)
         with pytest.raises(ValueError, match="download\\(\\): the buffer lacks VK_BUFFER_USAGE_TRANSFER_SRC_BIT"):
             dst_only.download()
+    sampled = vk.VK_IMAGE_USAGE_SAMPLED_BIT
+    pixels = np.zeros((4, 4, 8), np.uint8)
+    with Image(manager.slot(0), 4, 4, usage=sampled | vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT) as no_dst:
+        with pytest.raises(ValueError, match="upload\\(\\): the image lacks VK_IMAGE_USAGE_TRANSFER_DST_BIT"):
+            no_dst.upload(pixels)
+        assert no_dst.download().shape == (4, 4, 8)
+    with Image(manager.slot(0), 4, 4, usage=sampled | vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT) as no_src:
+        no_src.upload(pixels)
+        with pytest.raises(ValueError, match="download\\(\\): the image lacks VK_IMAGE_USAGE_TRANSFER_SRC_BIT"):
+            no_src.download()
 
 
 @pytest.mark.parametrize("path", ["same-device", "gather"])

@@ -438,6 +438,13 @@ def test_bad_input(manager):
         with Buffer(s1, 64) as sb, Buffer(s0, 64, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT) as nodst:
             with pytest.raises(ValueError, match="dst_buffer lacks VK_BUFFER_USAGE_TRANSFER_DST_BIT"):
                 x.submit(src_buffer=sb, dst_buffer=nodst)
+        sampled = vk.VK_IMAGE_USAGE_SAMPLED_BIT
+        with Image(s1, 8, 8, usage=sampled | vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT) as nosrc:
+            with pytest.raises(ValueError, match="src_image lacks VK_IMAGE_USAGE_TRANSFER_SRC_BIT"):
+                x.run(src_image=nosrc, dst_image=b)
+        with Image(s0, 8, 8, usage=sampled | vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT) as nodst:
+            with pytest.raises(ValueError, match="dst_image lacks VK_IMAGE_USAGE_TRANSFER_DST_BIT"):
+                x.run(src_image=a, dst_image=nodst)
         x.run(src_image=a, dst_image=b, timeout=10)   # still usable after all that
         x.destroy()
         with pytest.raises(DestroyedError):

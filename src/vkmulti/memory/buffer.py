@@ -24,7 +24,7 @@ from ..device.commands import CommandRunner
 from ..errors import DestroyedError, OutOfDeviceMemoryError, OutOfHostMemoryError
 from .._core.lifetime import Deadline
 from ..device.slots import check_slot, slot_lifetime
-from .resource import MAX_BYTES, GpuResource, allocate_memory, as_host_bytes
+from .resource import MAX_BYTES, GpuResource, allocate_memory, as_host_bytes, require_transfer_usage
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -51,17 +51,6 @@ def check_usage(usage: Any, label: str) -> int:
     if not is_int(usage) or not 0 < usage <= U32_MAX:
         raise ValueError(f"{label} must be a nonzero 32-bit flags int, got {short_repr(usage, 100)}")
     return usage
-
-
-_TRANSFER_BITS = {vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT: "VK_BUFFER_USAGE_TRANSFER_SRC_BIT",
-                  vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT: "VK_BUFFER_USAGE_TRANSFER_DST_BIT"}
-
-
-def require_usage(buf: "Buffer", bit: int, label: str, hint: str = "") -> None:
-    """ValueError naming `label` where `buf` was made without the transfer usage `bit`
-    (a copy command reading or writing it would be invalid Vulkan)."""
-    if not buf.usage & bit:
-        raise ValueError(f"{label} lacks {_TRANSFER_BITS[bit]} (usage 0x{buf.usage:x}){hint}")
 
 
 def _check_offset_size(offset: Any, size: Any, total: int) -> None:
@@ -166,7 +155,7 @@ class Buffer(GpuResource):
         src = as_host_bytes(data)
         Deadline(timeout)
         with self._life:
-            require_usage(self, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, "upload(): the buffer")
+            require_transfer_usage(self.usage, "dst", "buffer", "upload(): the buffer")
             _check_offset_size(offset, src.nbytes, self.size)
             staging = self._staging(src.nbytes, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT)
             run_one_shot(self.slot, lambda cmd: vk.vkCmdCopyBuffer(
@@ -181,7 +170,7 @@ class Buffer(GpuResource):
         the buffer needs VK_BUFFER_USAGE_TRANSFER_SRC_BIT: ValueError otherwise)."""
         Deadline(timeout)
         with self._life:
-            require_usage(self, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, "download(): the buffer")
+            require_transfer_usage(self.usage, "src", "buffer", "download(): the buffer")
             if size is None:
                 size = self.size - offset if is_int(offset) else 0
             _check_offset_size(offset, size, self.size)

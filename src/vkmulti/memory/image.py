@@ -26,7 +26,7 @@ from ..errors import DestroyedError, UnsupportedError, VulkanError
 from .._core.formats import bytes_per_pixel, format_name
 from .._core.lifetime import Deadline
 from ..device.slots import check_slot, slot_lifetime
-from .resource import GpuResource, allocate_memory, as_host_bytes, find_memory_type
+from .resource import GpuResource, allocate_memory, as_host_bytes, find_memory_type, require_transfer_usage
 from .._core.timeline import wait_points
 
 if TYPE_CHECKING:
@@ -267,13 +267,15 @@ class Image(GpuResource):
         return Buffer(self.slot, self.nbytes, usage=usage, host_visible=True)
 
     def upload(self, pixels: HostData, *, timeout: float | None = 60.0) -> None:
-        """Fill the image from host pixels (rows tightly packed, nbytes must match).
+        """Fill the image from host pixels (rows tightly packed, nbytes must match; the image
+        needs VK_IMAGE_USAGE_TRANSFER_DST_BIT: ValueError otherwise).
 
         vkmulti.TimeoutError after `timeout` s (the copy stays queued, and
         this image's destroy() waits for it)."""
         src = as_host_bytes(pixels, "pixels")
         Deadline(timeout)
         with self._life:
+            require_transfer_usage(self.usage, "dst", "image", "upload(): the image")
             if src.nbytes != self.nbytes:
                 raise ValueError(f"pixels hold {src.nbytes} bytes; a {self.width}x{self.height} "
                                  f"{format_name(self.format)} image needs {self.nbytes}")
@@ -289,7 +291,8 @@ class Image(GpuResource):
             staging.destroy()
 
     def download(self, *, waits: Waits = (), timeout: float | None = 60.0) -> NDArray[np.uint8]:
-        """The pixels as a (height, width, bytes_per_pixel) uint8 array.
+        """The pixels as a (height, width, bytes_per_pixel) uint8 array (the image needs
+        VK_IMAGE_USAGE_TRANSFER_SRC_BIT: ValueError otherwise).
 
         `waits`: timeline points on this device (TimelinePoints or (semaphore,
         value) pairs) to wait for first, e.g. a transfer's dst_ready.
@@ -299,6 +302,7 @@ class Image(GpuResource):
         """
         Deadline(timeout)
         with self._life:
+            require_transfer_usage(self.usage, "src", "image", "download(): the image")
             points = wait_points(waits, self.slot, "waits")
             staging = self._staging(vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
             layout = self.layout

@@ -66,6 +66,19 @@ def allocate_memory(slot: Any, req: Any, required: int, preferred: int) -> Any:
     return vkapi.vkAllocateMemory(slot.device, info, None)
 
 
+#: The transfer usage bits (the same values for buffers and images) by the side of a copy.
+_TRANSFER_BITS = {"src": vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, "dst": vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT}
+
+
+def require_transfer_usage(usage: int, side: str, kind: str, label: str, hint: str = "") -> None:
+    """ValueError naming `label` where a `kind` ("buffer" or "image") made with `usage`
+    lacks the transfer usage bit of `side` ("src": a copy reads it, "dst": writes it):
+    the copy command would be invalid Vulkan."""
+    if not usage & _TRANSFER_BITS[side]:
+        raise ValueError(f"{label} lacks VK_{kind.upper()}_USAGE_TRANSFER_{side.upper()}_BIT "
+                         f"(usage 0x{usage:x}){hint}")
+
+
 def as_host_bytes(data: HostData, what: str = "data", *, writable: bool = False) -> NDArray[np.uint8]:
     """The bytes of a C-contiguous buffer of plain data as a 1-D uint8 view (no copy).
 

@@ -22,9 +22,9 @@ from ..device.manager import DeviceSlot
 from ..device.slots import slot_lifetime
 from ..errors import DestroyedError, UnsupportedError
 from ..errors import TimeoutError as VkmTimeoutError
-from ..memory.buffer import Buffer, require_usage
+from ..memory.buffer import Buffer
 from ..memory.image import Image, check_layout
-from ..memory.resource import MAX_BYTES
+from ..memory.resource import MAX_BYTES, require_transfer_usage
 from .link import (DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, LinkRef, TransferTicket, acquire_link, check_ring_shape,
                    ring_shape)
 from .methods import TransferMethod, pair_methods, pair_problem, slot_label
@@ -231,9 +231,9 @@ class CrossDeviceTransfer:
 
         Either images (vkmulti `Image`s, or raw VkImage handles sized by this
         transfer's width/height/bytes_per_pixel) or buffers (`Buffer`s, or raw
-        VkBuffer handles with `size`; a source `Buffer` needs
-        VK_BUFFER_USAGE_TRANSFER_SRC_BIT, a destination one TRANSFER_DST_BIT,
-        ValueError otherwise). Layouts default to an Image's tracked
+        VkBuffer handles with `size`); a source `Image` or `Buffer` needs the
+        TRANSFER_SRC usage bit, a destination one TRANSFER_DST (ValueError
+        otherwise). Layouts default to an Image's tracked
         layout, else SHADER_READ_ONLY_OPTIMAL; final layouts default to the
         starting ones. `src_wait`/`dst_wait`: timeline points (semaphore,
         value) on the source/destination device that must be reached before
@@ -365,6 +365,7 @@ class CrossDeviceTransfer:
                 if hit is not None:
                     return hit
             w, h, bpp, handle = image.width, image.height, image.bytes_per_pixel, image.handle_int
+            require_transfer_usage(image.usage, label[:3], "image", label)
             owner_family = image.owner_family
             kernel, kernel_view = image.kernel_view_format, image.kernel_view_int
         elif isinstance(image, Buffer):
@@ -413,8 +414,7 @@ class CrossDeviceTransfer:
                 raise ValueError(f"{label} belongs to GPU {buf.slot.index} ({buf.slot.name!r}), "
                                  f"not GPU {slot.index} ({slot.name!r})")
             handle = buf.handle_int   # DestroyedError once destroyed
-            require_usage(buf, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT if label.startswith("src")
-                          else vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, label)
+            require_transfer_usage(buf.usage, label[:3], "buffer", label)
             if wait is None:
                 key = (buf, label, offset)
                 hit = self._endpoints.get(key)

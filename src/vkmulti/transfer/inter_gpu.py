@@ -38,9 +38,9 @@ from .._core.lifetime import Deadline, Lifetime
 from .._core.timeline import wait_point
 from ..device.manager import MultiDeviceManager
 from ..errors import DestroyedError
-from ..memory.buffer import Buffer, require_usage
+from ..memory.buffer import Buffer
 from ..memory.image import Image
-from ..memory.resource import MAX_BYTES, as_host_bytes
+from ..memory.resource import MAX_BYTES, as_host_bytes, require_transfer_usage
 from .link import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, check_ring_shape
 from .methods import TransferMethod
 from .routes import NOTHING_RAN, Holds, Registration, Routes, wait_all
@@ -144,7 +144,7 @@ class InterGpuTransfer:
             raise TypeError("buffer is an Image; InterGpuTransfer moves buffers (use CrossDeviceTransfer for images)")
         if isinstance(buffer, Buffer):
             self._check_buffer(buffer, i, "buffer")
-            require_usage(buffer, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, "buffer", "; create it with transfer-source usage")
+            require_transfer_usage(buffer.usage, "src", "buffer", "buffer", "; create it with transfer-source usage")
             size = buffer.size if size_bytes is None else self._size(size_bytes, "size_bytes")
             if size > buffer.size:
                 raise ValueError(f"buffer is too small: size_bytes {size} exceeds its {buffer.size} bytes")
@@ -532,7 +532,7 @@ class InterGpuTransfer:
         if isinstance(data, Buffer):
             holds(data)
             self._check_buffer(data, device, label)
-            require_usage(data, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, label)
+            require_transfer_usage(data.usage, "src", "buffer", label)
             return None, Registration(device, data, data.size, None)
         host = as_host_bytes(data, label)
         if host.nbytes == 0:
@@ -556,7 +556,7 @@ class InterGpuTransfer:
         if isinstance(given, Buffer):
             holds(given)
             self._check_buffer(given, device, label)
-            require_usage(given, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, label)
+            require_transfer_usage(given.usage, "dst", "buffer", label)
             if offset + size > given.size:
                 raise ValueError(f"{label} is too small: [{offset}, {offset + size}) exceeds its {given.size} bytes")
             return given, given.handle_int
