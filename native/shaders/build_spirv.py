@@ -29,7 +29,7 @@ COMPUTE_KERNELS = ("kernel_finish.comp", "kernel_deliver.comp", "kernel_deliver_
                    "kernel_pingpong.comp", "kernel_stencil.comp", "kernel_burst.comp")
 #: GLSL files the sources #include: their hashes are in the manifest too, so a
 #: change to one shows up as a stale SPIR-V like a change to a source.
-INCLUDES = ("vkm_kernel_abi.glsl",)
+INCLUDES = ("vkm_kernel_abi.glsl", "vkm_survey.glsl")
 #: Utility passes of vkmulti.kernels: CRC32 of a buffer range (live migration's check).
 UTILITY_KERNELS = ("crc32.comp",)
 SOURCES = ("sru.comp",) + KERNELS + COMPUTE_KERNELS + UTILITY_KERNELS

@@ -36,7 +36,6 @@ layout(std430, set = 0, binding = 3) buffer Report {
     uint clock_logical; uint inject_count; uint inject_taken; uint pad[5];
     uint words[];        // the messages for the host, in outbox order
 } report;
-// at address % table_size: (address, device index + 1, local slot, tenant); (0, 0, 0, 0) when free
 layout(std430, set = 0, binding = 4) readonly buffer Directory { uvec4 entries[]; } dir;
 layout(std430, set = 0, binding = 5) buffer Status { uint words[]; } status;
 layout(push_constant) uniform Params {
@@ -44,7 +43,7 @@ layout(push_constant) uniform Params {
     uint status_offset; uint device; uint table_size; uint survey;
 } pc;
 
-#define MASK_WORDS 8u
+#include "vkm_survey.glsl"
 
 shared uint r_hi[64];
 shared uint r_lo[64];
@@ -58,14 +57,6 @@ shared uint s_l;
 shared uint s_host;
 shared uint s_inject_src;
 shared uint s_inject_dst;
-shared uint s_mask[MASK_WORDS];
-shared uint s_devices;
-shared uint s_local;
-shared uint s_remote;
-shared uint s_unknown;
-shared uint s_to_host;
-shared uint s_min;
-shared uint s_max;
 
 bool hlc_greater(uint ahi, uint alo, uint al, uint bhi, uint blo, uint bl)
 {
@@ -221,44 +212,10 @@ void main()
     // 5. the survey of the stamped outbox (the record kernel_survey.comp writes)
     if (pc.survey == 0u)
         return;
-    if (t < MASK_WORDS)
-        s_mask[t] = 0u;
-    if (t == 0u) {
-        s_devices = 0u; s_local = 0u; s_remote = 0u; s_to_host = 0u; s_unknown = 0u;
-        s_min = 0xffffffffu; s_max = 0u;
-    }
+    vkm_survey_begin(t);
     VKM_SYNC();
-    for (uint i = t; i < n_out; i += 64u) {
-        uint dest = outbox.words[i * words + VKM_DST];
-        atomicMin(s_min, dest);
-        atomicMax(s_max, dest);
-        if (dest == VKM_HOST) {
-            atomicAdd(s_to_host, 1u);
-            continue;
-        }
-        uvec4 e = dir.entries[dest % pc.table_size];
-        if (e.x != dest || e.y == 0u) {
-            atomicAdd(s_unknown, 1u);
-        } else if (e.y - 1u == pc.device) {
-            atomicOr(s_mask[(e.z / 32u) % MASK_WORDS], 1u << (e.z % 32u));
-            atomicAdd(s_local, 1u);
-        } else {
-            atomicOr(s_devices, 1u << ((e.y - 1u) % 32u));
-            atomicAdd(s_remote, 1u);
-        }
-    }
+    for (uint i = t; i < n_out; i += 64u)
+        vkm_survey_add(outbox.words[i * words + VKM_DST], pc.table_size, pc.device);
     VKM_SYNC();
-    uint o = pc.status_offset;
-    if (t < MASK_WORDS)
-        status.words[o + t] = s_mask[t];
-    if (t == 0u) {
-        status.words[o + 8u] = s_devices;
-        status.words[o + 9u] = s_local;
-        status.words[o + 10u] = s_remote;
-        status.words[o + 11u] = s_to_host;
-        status.words[o + 12u] = s_unknown;
-        status.words[o + 13u] = n_out;
-        status.words[o + 14u] = s_min;
-        status.words[o + 15u] = s_max;
-    }
+    vkm_survey_write(t, pc.status_offset, n_out);
 }

@@ -414,12 +414,12 @@ class CrossDeviceTransfer:
                 raise ValueError(f"{label} belongs to GPU {buf.slot.index} ({buf.slot.name!r}), "
                                  f"not GPU {slot.index} ({slot.name!r})")
             handle = buf.handle_int   # DestroyedError once destroyed
-            require_transfer_usage(buf.usage, label[:3], "buffer", label)
             if wait is None:
                 key = (buf, label, offset)
                 hit = self._endpoints.get(key)
                 if hit is not None:
                     return hit
+            require_transfer_usage(buf.usage, label[:3], "buffer", label)
             kernel = int(bool(buf.usage & vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT))
         elif isinstance(buf, Image):
             raise TypeError(f"{label} is an Image; pass it as {label.replace('buffer', 'image')}")
