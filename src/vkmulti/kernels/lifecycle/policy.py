@@ -254,7 +254,10 @@ class PolicyState:
             entry = _Completed(img)
             with self.lock:
                 q = self.done.setdefault(img.kernel_id, deque())  # type: ignore[arg-type]
-                q.append(entry)
+                at = len(q)   # in step order: another thread's read of a newer capture may have come first
+                while at and q[at - 1].steps > img.steps:
+                    at -= 1
+                q.insert(at, entry)
                 while len(q) > self.policy.keep:
                     q.popleft()
                 stats = getattr(self.life.rt, "failover_stats", None)

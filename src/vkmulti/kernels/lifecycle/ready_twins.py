@@ -31,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..._core.checks import check_count, is_int
-from ...errors import DestroyedError, VkmError
+from ...errors import DestroyedError, DeviceLostError, VkmError
 from ...transfer.peer import ExportedBuffer
 from ..engine.kernel import Kernel
 from ..engine.prebuild import join_worker, lower_priority
@@ -236,6 +236,8 @@ class ReadyTwins:
                     self._build_for(kernel)
             except DestroyedError:   # (the runtime or a device context went away)
                 pass
+            except DeviceLostError as exc:   # (the failover takes it from here; no twin there)
+                log.warning("building a ready twin of %r stopped: %s", kernel.id, exc)
             except Exception:   # a twin is an optimisation: the move builds its own
                 log.exception("building a ready twin of %r failed", kernel.id)
             finally:
