@@ -39,6 +39,11 @@ def pytest_collection_modifyitems(config, items):
     skips: dict[str, pytest.MarkDecorator] = {}
     if REAL_GPUS:
         skips["virtual"] = pytest.mark.skip(reason="checks facts of the virtual lavapipe pair")
+        from vkmulti.testing import find_lavapipe_icd
+
+        if find_lavapipe_icd() is None:
+            skips["lavapipe"] = pytest.mark.skip(reason="makes virtual lavapipe devices: Mesa's lavapipe is not "
+                                                        "installed here")
         if any("two_gpus" in item.keywords for item in items) and _one_gpu_seen_twice():
             skips["two_gpus"] = pytest.mark.skip(reason="needs two physical GPUs: these devices are one GPU "
                                                         "listed twice")

@@ -18,6 +18,7 @@ def bench():
     return load_script(BENCH, "scaling_bench")
 
 
+@pytest.mark.lavapipe
 def test_bench_runs_each_count_checks_fields_and_plots(bench, tmp_path, capsys):
     png, out = tmp_path / "scaling.png", tmp_path / "scaling.json"
     assert bench.main(["--virtual", "3", "--size", "96x72", "--steps", "6", "--json", str(out),
