@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 
 from ..._core.checks import is_int
 from ..._core.lifetime import Deadline
-from ...errors import DestroyedError, TimeoutError as VkmTimeout, VkmError
+from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from .device_context import KERNEL_PUSH, kernel_types
 from .spirv_gate import target_env_of, validate_kernel_spirv
 
@@ -223,7 +223,10 @@ class Prebuilder:
                         self._reserve(kernel, d, self.reserve_bytes)
             except DestroyedError:
                 return
-            except (VkmError, MemoryError) as exc:   # a lost or full device: a move there builds its own
+            except DeviceLostError as exc:   # (lost meanwhile: the failover says so; nothing moves there)
+                self.failed += 1
+                log.info("building a kernel's pipeline ahead on GPU %d stopped: %s", d, exc)
+            except (VkmError, MemoryError) as exc:   # a full device, or the driver refused: a move there builds its own
                 self.failed += 1
                 log.warning("building a kernel's pipeline ahead on GPU %d failed: %s", d, exc)
         if not self._stopping:

@@ -237,7 +237,7 @@ class ReadyTwins:
             except DestroyedError:   # (the runtime or a device context went away)
                 pass
             except DeviceLostError as exc:   # (the failover takes it from here; no twin there)
-                log.warning("building a ready twin of %r stopped: %s", kernel.id, exc)
+                log.info("building a ready twin of %r stopped: %s", kernel.id, exc)
             except Exception:   # a twin is an optimisation: the move builds its own
                 log.exception("building a ready twin of %r failed", kernel.id)
             finally:
