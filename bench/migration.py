@@ -161,7 +161,12 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None, crc: str 
             rt.destroy_kernel(k)
 
             def phase(name: str, rs: list) -> float:
-                return _median([getattr(r, name) for r in rs]) * 1e6
+                """`name` of the move whose total is the median: its phases add up to its total (the
+                medians of each phase would not: a move's copy may land in its quiesce or its copy phase)."""
+                if not rs:
+                    return 0.0
+                mid = sorted(rs, key=lambda r: r.total_duration)[(len(rs) - 1) // 2]
+                return getattr(mid, name) * 1e6
             row = {"state_bytes": size, "state_buffers": len(spec.state_sizes), "method": live[0].transfer_method, "repeats": reps,
                    "live_us": phase("total_duration", live), "live_quiesce_us": phase("quiesce_duration", live),
                    "live_prepare_us": phase("checkpoint_duration", live),
