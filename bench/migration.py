@@ -76,6 +76,18 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
+def _median_move(moves: list) -> Any:
+    """The move whose total is the median (the lower middle one): its phases add up to its
+    total, where the medians of each phase would not (a move's copy lands in its quiesce or in
+    its copy phase, depending on the move). None for no moves."""
+    return sorted(moves, key=lambda r: r.total_duration)[(len(moves) - 1) // 2] if moves else None
+
+
+def _us(move: Any, name: str = "total_duration") -> float:
+    """A duration of `move` in us (0 for no move)."""
+    return getattr(move, name) * 1e6 if move is not None else 0.0
+
+
 def _runtime(mgr: Any) -> tuple[Any, Any]:
     from vkmulti.kernels import CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator
 
@@ -160,21 +172,15 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None, crc: str 
                 b.destroy()
             rt.destroy_kernel(k)
 
-            def phase(name: str, rs: list) -> float:
-                """`name` of the move whose total is the median: its phases add up to its total (the
-                medians of each phase would not: a move's copy may land in its quiesce or its copy phase)."""
-                if not rs:
-                    return 0.0
-                mid = sorted(rs, key=lambda r: r.total_duration)[(len(rs) - 1) // 2]
-                return getattr(mid, name) * 1e6
+            mid, other_mid = _median_move(live), _median_move(live_other)
             row = {"state_bytes": size, "state_buffers": len(spec.state_sizes), "method": live[0].transfer_method, "repeats": reps,
-                   "live_us": phase("total_duration", live), "live_quiesce_us": phase("quiesce_duration", live),
-                   "live_prepare_us": phase("checkpoint_duration", live),
-                   "live_transfer_us": phase("transfer_duration", live),
-                   "live_verify_us": phase("verify_duration", live),
-                   "live_restore_us": phase("restore_duration", live),
-                   "live_no_crc_us": phase("total_duration", plain),
-                   "live_back_to_back_us": phase("total_duration", rushed) if rushed else None,
+                   "live_us": _us(mid), "live_quiesce_us": _us(mid, "quiesce_duration"),
+                   "live_prepare_us": _us(mid, "checkpoint_duration"),
+                   "live_transfer_us": _us(mid, "transfer_duration"),
+                   "live_verify_us": _us(mid, "verify_duration"),
+                   "live_restore_us": _us(mid, "restore_duration"),
+                   "live_no_crc_us": _us(_median_move(plain)),
+                   "live_back_to_back_us": _us(_median_move(rushed)) if rushed else None,
                    "host_bytes_us": _median(host) * 1e6, "raw_copy_us": _median(raw_copy) * 1e6,
                    "checksums_matched": all(r.checksum_match for r in live + live_other + rushed),
                    "state_intact": same, "kernel_counts_on": counting, "crc_engine": engine,
@@ -186,8 +192,8 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None, crc: str 
             row["ratio_host_to_live"] = row["host_bytes_us"] / row["live_us"]
             row["ratio_host_to_live_no_crc"] = row["host_bytes_us"] / row["live_no_crc_us"]
             if other:
-                row[f"live_{other}_crc_us"] = phase("total_duration", live_other)
-                row[f"live_{other}_crc_verify_us"] = phase("verify_duration", live_other)
+                row[f"live_{other}_crc_us"] = _us(other_mid)
+                row[f"live_{other}_crc_verify_us"] = _us(other_mid, "verify_duration")
                 row[f"ratio_host_to_live_{other}_crc"] = row["host_bytes_us"] / row[f"live_{other}_crc_us"]
             row["raw_copy_gbps"] = size / row["raw_copy_us"] / 1e3
             out.append(row)
