@@ -626,3 +626,16 @@ def test_threads_mixing_selection_assignment_and_unregister(run_threads):
     assert not run_threads(worker, n=4)
     assert coord.kernels_on_device(3) == [] and coord.kernels_on_device(4) == []
     consistent(coord)
+
+
+def test_discovered_connections_are_the_seeds_bidirectional_ones():
+    """Seed: GpuConnection(src, dst, type) is bidirectional and discovery mirrors each
+    connection. Before: estimated links were made with bidirectional=False, so a
+    discovered link differed from GpuConnection(0, 1, NVLINK)."""
+    coord = MultiGpuCoordinator()
+    for i in range(2):
+        coord.register_device(DeviceInfo(i, f"GPU {i}", Backend.CUDA, compute_capability=(9, 0), p2p_capable=True))
+    topo = coord.discover_topology()
+    for a, b in ((0, 1), (1, 0)):
+        assert topo.get_connection(a, b) == GpuConnection(a, b, InterconnectType.NVLINK)
+        assert topo.get_connection(a, b).bidirectional

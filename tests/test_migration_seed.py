@@ -12,7 +12,7 @@ import pytest
 from vkmulti import (Backend, Checkpoint, CheckpointBuilder, CheckpointableKernel, DeviceInfo, FileStorage,
                      HotReloadableKernel, HotReloadConfig, HotReloadManager, HotReloadRequest, HotReloadState,
                      KernelCodeFormat, KernelCodeSource, KernelId, KernelMigrator, MemoryStorage,
-                     MigratableKernel, MigrationError, MigrationPriority, MigrationState, MultiGpuBuilder,
+                     MigratableKernel, MigrationError, MigrationPriority, MigrationState, MigrationStats, MultiGpuBuilder,
                      VkmError)
 from vkmulti.errors import KernelNotFoundError, KernelValidationError, TimeoutError as VkmTimeout
 
@@ -487,3 +487,35 @@ def test_code_source_hash_is_sha256_and_versions_copy():
     with pytest.raises(TypeError):
         KernelCodeSource.from_ptx(b".version", "k")
     assert issubclass(KernelValidationError, VkmError)
+
+
+def test_execute_reload_checks_neither_enabled_nor_registration_as_the_seed():
+    """Seed: execute_reload reads old_version 0 for an id not registered and does not
+    check `enabled` (request_reload does). Before: KernelNotFoundError and
+    KernelValidationError('Hot reload is disabled'). The id is registered with the new
+    code once the reload succeeds; rollback of an id never registered is the seed's
+    ValidationError('No fallback available'), not KernelNotFoundError."""
+    manager = HotReloadManager(HotReloadConfig().with_enabled(False))
+    mock = MockCheckpointableKernel("k", 8)
+    with pytest.raises(KernelValidationError, match="No fallback available"):
+        manager.rollback("k")
+    code = KernelCodeSource.from_ptx(".version 8.0", "k").with_version(5)
+    result = manager.execute_reload(HotReloadRequest(KernelId("k"), code), mock)
+    assert (result.old_version, result.new_version) == (0, 5) and result.state_preserved
+    assert manager.is_registered("k") and manager.get_current_code("k") is code and manager.history("k") == []
+    with pytest.raises(KernelValidationError, match="disabled"):   # making a request stays gated
+        manager.request_reload("k", code)
+    with pytest.raises(KernelValidationError, match="No fallback available"):
+        manager.rollback("k")
+    failing = HotReloadManager.with_defaults()
+    bad = KernelCodeSource.from_ptx("no header", "k")
+    with pytest.raises(KernelValidationError):
+        failing.execute_reload(HotReloadRequest(KernelId("x"), bad), mock)
+    assert not failing.is_registered("x")   # a failed reload registers nothing
+
+
+def test_migration_stats_have_the_seeds_microsecond_counters():
+    stats = MigrationStats()
+    stats.add(checkpoint_time=0.0015, restore_time=0.25)
+    stats.add(checkpoint_time=0.001)
+    assert (stats.checkpoint_time_us, stats.restore_time_us) == (2500, 250000)

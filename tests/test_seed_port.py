@@ -151,3 +151,88 @@ def test_real_physical_devices_need_real_handles(engine):
     inst, pds, ld = engine
     with pytest.raises(TypeError, match="VkDevice handle expected"):
         MultiDeviceManager(**_seed_kwargs(pds, ld, primary_device=object(), enabled=False))
+
+
+def test_placeholders_with_multi_gpu_asked_skip_every_secondary_as_the_seed(caplog):
+    """enabled=True over several placeholder devices: the seed resolves each
+    secondary's queue families, skips (WARNING) every one it cannot resolve and
+    runs on one GPU. Before: TypeError 'VkPhysicalDevice handle expected'. One
+    resolved placeholder would need a real device: TypeError."""
+    pds = [object(), object(), object()]
+    kw = dict(primary_physical_device=pds[0], primary_queue_families=SeedQueueFamilies(0, 0),
+              primary_device=object(), primary_graphics_queue=object(), primary_present_queue=object(),
+              physical_devices=pds, enabled=True)
+    asked = []
+    for resolver in (None, lambda pd: asked.append(pd)):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            mgr = MultiDeviceManager(**kw, find_queue_families=resolver)
+        assert not mgr.multi_gpu and mgr.device_count == 1 and mgr.secondaries == []
+        assert [r.getMessage() for r in caplog.records].count(
+            "no graphics queue family resolved for <unknown>; skipping") == 2
+        mgr.destroy()
+    assert asked == pds[1:]   # the primary is not a secondary
+    with pytest.raises(TypeError, match="placeholder physical device"):
+        MultiDeviceManager(**kw, find_queue_families=lambda pd: SeedQueueFamilies(0, 0))
+
+
+def test_placeholder_passthrough_says_why_when_multi_gpu_was_asked(caplog):
+    """enabled=True with one device: the seed's INFO line, on the placeholder path too."""
+    pd = object()
+    with caplog.at_level("INFO"):
+        mgr = MultiDeviceManager(primary_physical_device=pd, primary_queue_families=SeedQueueFamilies(0, 0),
+                                 primary_device=object(), primary_graphics_queue=object(),
+                                 primary_present_queue=object(), physical_devices=[pd], enabled=True)
+    assert any("multi-GPU requested but only 1 physical device" in r.getMessage() for r in caplog.records)
+    assert mgr.device_count == 1
+    mgr.destroy()
+
+
+def test_transfer_on_hand_made_slots_as_the_seed():
+    """A NONE transfer's run() returns at once whatever its slots hold; a staging copy
+    without images is a ValueError before anything else is looked at (the seed's
+    order); ensure_staging's dict has the seed's keys. Before: DestroyedError 'the src
+    device of this transfer is destroyed' for both runs, and no src_buf/... keys."""
+    s0 = vkmulti.DeviceSlot(index=0, physical_device=object(), queue_families=QueueFamilies(0, 0))
+    s1 = vkmulti.DeviceSlot(index=1, physical_device=object(), queue_families=QueueFamilies(0, 0))
+    none = vkmulti.CrossDeviceTransfer(src=s1, dst=s0, method=vkmulti.TransferMethod.NONE)
+    assert none.run() is None
+    staging = vkmulti.CrossDeviceTransfer(src=s1, dst=s0, method=vkmulti.TransferMethod.STAGING_COPY,
+                                          width=4, height=4)
+    for run in (staging.run, staging.run_staging_copy):
+        with pytest.raises(ValueError, match="src_image .* and dst_image .* are needed"):
+            run()
+        with pytest.raises(ValueError, match="are needed"):
+            run(src_image=1)
+    with pytest.raises(vkmulti.errors.DestroyedError, match="src device"):   # images given: now the devices
+        staging.run(src_image=1, dst_image=2)
+    none.destroy()
+    with pytest.raises(vkmulti.errors.DestroyedError, match="used after destroy"):   # its own lifetime
+        none.run()
+    staging.destroy()
+
+
+def test_ensure_staging_dict_has_the_seed_keys(manager):
+    t = vkmulti.CrossDeviceTransfer(manager.slot(1), manager.slot(0), vkmulti.TransferMethod.STAGING_COPY,
+                                    width=4, height=2)
+    try:
+        info = t.ensure_staging(None, None)
+        assert {"size", "src_buf", "src_mem", "dst_buf", "dst_mem", "src_pool", "dst_pool"} <= set(info)
+        assert info["size"] == 4 * 2 * 8 and t.extra["staging"] is info
+    finally:
+        t.destroy()
+
+
+def test_select_transfer_method_reads_only_the_dmabuf_gate_of_a_capabilities_object():
+    """The seed reads capabilities.external_memory_fd_enabled and nothing else. Before: an
+    object without physical_device_count was a TypeError."""
+    from types import SimpleNamespace
+    assert select_transfer_method(SRUAssignment(1, 1), SimpleNamespace(external_memory_fd_enabled=False)) == \
+        vkmulti.TransferMethod.STAGING_COPY
+    assert select_transfer_method(SRUAssignment(1, 0), SimpleNamespace(external_memory_fd_enabled=True)) == \
+        vkmulti.TransferMethod.NONE
+    with pytest.raises(TypeError, match="external_memory_fd_enabled"):
+        select_transfer_method(SRUAssignment(1, 1), SimpleNamespace(physical_device_count=2))
+    with pytest.raises(TypeError, match="physical_device_count"):
+        select_transfer_method(SRUAssignment(1, 1), SimpleNamespace(external_memory_fd_enabled=True,
+                                                                    physical_device_count=-1))

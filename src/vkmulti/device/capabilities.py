@@ -382,9 +382,9 @@ SEED_CAPABILITY_FIELDS = (
 @runtime_checkable
 class RenderCapabilitiesLike(Protocol):
     """What a capabilities object needs to be taken for RenderCapabilities: the
-    seed's DMABUF gate and device count (SimVX's own RenderCapabilities has them)."""
+    seed's DMABUF gate, all that select_transfer_method reads (SimVX's own
+    RenderCapabilities has it); its other seed fields are copied where present."""
     external_memory_fd_enabled: bool
-    physical_device_count: int
 
 
 def as_render_capabilities(value: Any, label: str = "capabilities") -> "RenderCapabilities | None":
@@ -393,12 +393,12 @@ def as_render_capabilities(value: Any, label: str = "capabilities") -> "RenderCa
     if value is None or isinstance(value, RenderCapabilities):
         return value
     if not isinstance(value, RenderCapabilitiesLike):
-        raise TypeError(f"{label} must be RenderCapabilities (vkmulti's or the seed's: fields such as "
-                        f"external_memory_fd_enabled and physical_device_count), got {type(value).__name__}")
+        raise TypeError(f"{label} must be RenderCapabilities (vkmulti's or the seed's: at least the field "
+                        f"external_memory_fd_enabled), got {type(value).__name__}")
     kw = {name: getattr(value, name) for name in SEED_CAPABILITY_FIELDS if hasattr(value, name)}
-    if not is_int(kw["physical_device_count"]) or kw["physical_device_count"] < 0:
-        raise TypeError(f"{label}.physical_device_count must be a non-negative int, "
-                        f"got {kw['physical_device_count']!r}"[:160])
+    count = kw.get("physical_device_count", 1)
+    if not is_int(count) or count < 0:
+        raise TypeError(f"{label}.physical_device_count must be a non-negative int, got {count!r}"[:160])
     if not isinstance(kw.get("limits", {}), dict):
         kw["limits"] = dict(kw["limits"])
     return RenderCapabilities(**kw)

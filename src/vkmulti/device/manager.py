@@ -21,6 +21,7 @@ from ..errors import TimeoutError as VkmTimeoutError
 from .._core.lifetime import Deadline, Lifetime
 from . import virtual
 from .instance import Instance
+from .passthrough import has_placeholders, skip_placeholder_secondaries
 from .._core.vktypes import VkDevice, VkFence, VkPhysicalDevice, VkQueue
 
 if TYPE_CHECKING:
@@ -127,14 +128,6 @@ def _names(value: Any, label: str) -> frozenset[str]:
     return out
 
 
-def _placeholders(*handles: Any) -> bool:
-    """True when a physical device is neither a `vulkan` package handle nor an int
-    (a GPU-less test's placeholder object): the passthrough then makes no Vulkan
-    call. With real physical devices every handle must be real."""
-    flat = [h for x in handles for h in (x if isinstance(x, (list, tuple)) else (x,))]
-    return any(not (is_int(h) or type(h).__module__ == "_cffi_backend") for h in flat)
-
-
 def _device_name(pd: Any) -> str:
     return cstr(vk.vkGetPhysicalDeviceProperties(pd).deviceName)   # void in Vulkan: cannot fail
 
@@ -197,7 +190,7 @@ class MultiDeviceManager:
         self.external_memory_fd_enabled = False
         self._multi_gpu = False
         self.capabilities = capabilities
-        if not (enabled and len(physical_devices) > 1) and _placeholders(primary_physical_device, physical_devices):
+        if has_placeholders(primary_physical_device, physical_devices):
             # the seed's passthrough over a GPU-less test's placeholders: no Vulkan call
             if not any(p is primary_physical_device or p == primary_physical_device for p in physical_devices):
                 raise ValueError("primary_physical_device is not among physical_devices")
@@ -208,6 +201,11 @@ class MultiDeviceManager:
                 device=primary_device, graphics_queue=primary_graphics_queue, present_queue=primary_present_queue,  # type: ignore[arg-type]
                 compute_queue=primary_compute_queue, transfer_queue=primary_transfer_queue, name="<unknown>",  # type: ignore[arg-type]
                 lifetime=self._life)]
+            if enabled and len(physical_devices) > 1:
+                skip_placeholder_secondaries(primary_physical_device, physical_devices, find_queue_families)
+            elif enabled:
+                log.info("multi-GPU requested but only %d physical device(s); using the single-device path",
+                         len(physical_devices))
             self._refresh_capabilities()
             return
         primary_pd = to_cffi(primary_physical_device, "VkPhysicalDevice")

@@ -137,10 +137,13 @@ class CrossDeviceTransfer:
 
     def run(self, *, src_image: Image | VkImage | int | None = None, dst_image: Image | VkImage | int | None = None,
             timeout: float | None = None, **options: Any) -> None:
-        """Transfer and block until the destination holds the data (NONE: nothing to do)."""
+        """Transfer and block until the destination holds the data (NONE: nothing to do,
+        returns at once, as the seed's, whatever the slots hold)."""
+        self._life.check()   # (this transfer and its manager; the slots' devices once there is work to do)
         if self.method == TransferMethod.NONE:
-            self._check_alive()
             return
+        if (src_image is None or dst_image is None) and "src_buffer" not in options and "dst_buffer" not in options:
+            raise ValueError("both src_image (on the source device) and dst_image (on the destination) are needed")
         Deadline(timeout)   # checks the value before anything is queued
         self.submit(src_image=src_image, dst_image=dst_image, **options).wait(timeout)
 
@@ -182,8 +185,11 @@ class CrossDeviceTransfer:
                 with self._lock:
                     ref = self._link_ref_locked()
                 slot_size, slot_count = ref.link.slot_size, self._ring()[1]
+            # (the seed's staging buffers are the link's ring here, shared per device pair and not
+            # this transfer's to hand out: src_buf, src_mem, dst_buf and dst_mem are None)
             info = {"size": max(1, self.width * self.height * self.bytes_per_pixel), "method": self.method,
                     "slot_size": slot_size, "slot_count": slot_count,
+                    "src_buf": None, "src_mem": None, "dst_buf": None, "dst_mem": None,
                     "src_pool": src_command_pool, "dst_pool": dst_command_pool}
             self.extra["staging"] = info
             return info

@@ -441,7 +441,7 @@ def estimated_link(snap: RegistrySnapshot, i: int, j: int) -> GpuConnection | No
             kind = InterconnectType.NVLINK
         else:
             kind = InterconnectType.PCIE
-    return GpuConnection(i, j, kind, bidirectional=False)
+    return GpuConnection(i, j, kind)   # (the seed's: bidirectional, as the estimate is symmetric)
 
 
 def estimate(snap: RegistrySnapshot) -> GpuTopology:

@@ -107,6 +107,16 @@ class MigrationStats:
             for k, v in amounts.items():
                 setattr(self, k, getattr(self, k) + v)
 
+    @property
+    def checkpoint_time_us(self) -> int:
+        """The seed's counter: whole microseconds spent checkpointing, over all migrations."""
+        return int(self.checkpoint_time * 1e6)
+
+    @property
+    def restore_time_us(self) -> int:
+        """The seed's counter: whole microseconds spent restoring, over all migrations."""
+        return int(self.restore_time * 1e6)
+
     def __repr__(self) -> str:
         return f"MigrationStats(successful={self.successful_migrations}, failed={self.failed_migrations})"
 

@@ -77,9 +77,10 @@ def _transient(exc: BaseException) -> bool:
 
 
 class _Entry:
-    """One registered kernel id: its code, older versions, the live kernels it runs on."""
+    """One registered kernel id: its code, older versions, the live kernels it runs on
+    (`code` None only in the entry of a request for an id not registered, until it succeeds)."""
 
-    def __init__(self, code: KernelCodeSource, history: int):
+    def __init__(self, code: KernelCodeSource | None, history: int):
         self.code = code
         self.history: deque[KernelCodeSource] = deque(maxlen=history)
         self.kernels: list[weakref.ref] = []
@@ -109,7 +110,7 @@ class HotReloadManager:
         self._entries: dict[KernelId, _Entry] = {}
         self._version = 1
         self._stats = HotReloadStats()
-        self._backend: Callable[[KernelId, KernelCodeSource, KernelCodeSource], Any] | None = None
+        self._backend: Callable[[KernelId, KernelCodeSource | None, KernelCodeSource], Any] | None = None
 
     @classmethod
     def with_defaults(cls) -> "HotReloadManager":
@@ -118,11 +119,11 @@ class HotReloadManager:
 
     @classmethod
     def with_rule_backend(cls, config: HotReloadConfig,
-                          backend: Callable[[KernelId, KernelCodeSource, KernelCodeSource], object]) \
+                          backend: Callable[[KernelId, KernelCodeSource | None, KernelCodeSource], object]) \
             -> "HotReloadManager":
         """A manager whose swaps of kernels that are not vkmulti kernels go to
-        `backend(kernel_id, old_code, new_code)` (the seed's rule swap backend);
-        an exception from it fails the reload."""
+        `backend(kernel_id, old_code, new_code)` (the seed's rule swap backend; old_code
+        is None for an id not registered); an exception from it fails the reload."""
         if not callable(backend):
             raise TypeError(f"backend must be callable(kernel_id, old_code, new_code), got {type(backend).__name__}")
         m = cls(config)
@@ -173,7 +174,7 @@ class HotReloadManager:
         """The current code version of a kernel, None if it is not registered."""
         with self._lock:
             e = self._entries.get(as_kernel_id(kernel_id))
-        return None if e is None else e.code.version_id
+        return None if e is None or e.code is None else e.code.version_id
 
     def get_current_code(self, kernel_id: KernelId | str) -> KernelCodeSource | None:
         """The current code of a kernel, None if it is not registered."""
@@ -191,7 +192,7 @@ class HotReloadManager:
         Vulkan counterpart, the kernels' code versions are what vkmulti swaps)."""
         with self._lock:
             entries = dict(self._entries)
-        return {kid: [*e.history, e.code] for kid, e in entries.items()}
+        return {kid: [*e.history, e.code] for kid, e in entries.items() if e.code is not None}
 
     def list_kernels(self) -> list[KernelId]:
         """The registered kernel ids."""
@@ -249,12 +250,18 @@ class HotReloadManager:
 
     def execute_reload(self, request: HotReloadRequest, kernel: Reloadable) -> HotReloadResult:
         """Carry out `request` on `kernel` (see the module docstring); the request's
-        state follows the phases. Errors propagate after FAILED is recorded."""
+        state follows the phases. Errors propagate after FAILED is recorded. As in the
+        seed, neither `enabled` (which gates request_reload) nor registration is
+        checked: an id not registered has old_version 0 and is registered with the
+        new code once the reload succeeds."""
         if not isinstance(request, HotReloadRequest):
             raise TypeError(f"request must be a HotReloadRequest, got {type(request).__name__}")
-        if not self._config.enabled:
-            raise KernelValidationError("Hot reload is disabled")
-        entry = self._entry(request.kernel_id)
+        # (as the seed: `enabled` gates request_reload, not the execution of a request made; an id
+        # not registered reads old_version 0 and is registered with the new code once it succeeds)
+        with self._lock:
+            entry = self._entries.get(request.kernel_id)
+        if entry is None:
+            entry = _Entry(None, self._config.max_rule_history)
         targets = _check_runtime_kernels(kernel) if _is_runtime(kernel) else []
         if not targets and not callable(getattr(kernel, "create_checkpoint", None)):
             raise TypeError(f"kernel must be a vkmulti Kernel (or a list of them) or a CheckpointableKernel, "
@@ -356,7 +363,7 @@ class HotReloadManager:
                                 request.kernel_id.as_str(), attempt, exc, pause)
                     time.sleep(pause)
                     left("backing off before a retry")
-            self._install(entry, code)
+            self._install(entry, code, request.kernel_id)
             for k in targets:
                 if all(r() is not k for r in entry.kernels):
                     entry.kernels.append(weakref.ref(k))
@@ -386,15 +393,19 @@ class HotReloadManager:
         preserved = cfg.preserve_state and (size > 0 or bool(targets))
         self._stats.add(successful_reloads=1, total_drain_time=drain_d, total_compile_time=compile_d,
                         total_swap_time=swap_d, state_preserved_count=int(preserved))
-        return HotReloadResult(request.kernel_id, old.version_id, code.version_id, preserved, size, drain_d,
+        return HotReloadResult(request.kernel_id, 0 if old is None else old.version_id, code.version_id, preserved,
+                               size, drain_d,
                                checkpoint_d, compile_d, swap_d, restore_d, time.monotonic() - start, devices,
                                attempt + 1)
 
-    def _install(self, entry: _Entry, code: KernelCodeSource) -> None:
+    def _install(self, entry: _Entry, code: KernelCodeSource, kernel_id: KernelId) -> None:
+        """Make `code` the entry's current code (the old one a fallback); an entry made for a
+        request of an id not registered is registered now (unless the id was meanwhile)."""
         with self._lock:
-            if self._config.keep_fallback and entry.history.maxlen:
+            if self._config.keep_fallback and entry.history.maxlen and entry.code is not None:
                 entry.history.append(entry.code)
             entry.code = code
+            self._entries.setdefault(kernel_id, entry)
 
     # -- rollback ----------------------------------------------------------------------
 
@@ -405,10 +416,16 @@ class HotReloadManager:
         the code now current. KernelValidationError("No fallback available") when
         fewer versions are kept; the registry is unchanged if applying fails."""
         int_in(steps, "steps", 1, 1 << 16)
-        entry = self._entry(kernel_id)
+        kid = as_kernel_id(kernel_id)
+        with self._lock:
+            entry = self._entries.get(kid)
+        if entry is None:
+            raise KernelValidationError(f"No fallback available: {kid.as_str()!r} is not registered for hot reload")
         if not entry.lock.acquire(blocking=False):
             raise KernelValidationError("Hot reload already in progress for this kernel")
-        marker = HotReloadRequest(as_kernel_id(kernel_id), entry.code, HotReloadState.ROLLING_BACK)
+        current = entry.code
+        assert current is not None   # (a registered entry always has its code)
+        marker = HotReloadRequest(kid, current, HotReloadState.ROLLING_BACK)
         try:
             entry.active = marker
             if len(entry.history) < steps:
@@ -431,7 +448,7 @@ class HotReloadManager:
             elif kernel is not None and callable(getattr(kernel, "apply_code", None)):
                 kernel.apply_code(target)  # type: ignore[union-attr]
             elif self._backend is not None:
-                self._backend(as_kernel_id(kernel_id), entry.code, target)
+                self._backend(kid, current, target)
             with self._lock:
                 for _ in range(steps):
                     entry.history.pop()
