@@ -175,8 +175,10 @@ def test_a_move_checks_its_state_chunk_by_chunk(runtime, monkeypatch):
     k = runtime.launch(spec, "k", device=0, state=[counter_initial_state(8), extra])
     r = runtime.migrate(k, 1)
     assert r.checksum_match and k.device_index == 1
-    # the state buffers' plans first (on a GPU the copy then follows with control, inbox and staging)
-    assert [len(p) for p in seen[0].plans][:2] == [-(-spec.state_sizes[0] // CHUNK), 6]
+    # control block and inbox first, then the state buffers (staging batches would follow)
+    assert seen[0].names[:4] == ["control", "inbox", "state0", "state1"]
+    assert [len(p) for p in seen[0].plans][:4] == [-(-b.size // CHUNK) for b in (k.control, k.inbox)] + \
+        [-(-spec.state_sizes[0] // CHUNK), 6]
     assert np.array_equal(runtime.read_state(k, 1), extra)
 
 

@@ -98,12 +98,14 @@ def test_a_moves_submits_and_waits_do_not_grow_with_its_chunks(runtime, monkeypa
         seen.clear()
         counts[k.id] = calls.move(runtime, k, 1)
         assert len(seen) == 1
-        chunks = sum(len(plan) for plan in seen[0].plans[:2])   # the state's
+        assert seen[0].names[:2] == ["control", "inbox"]   # (copied with the state, first)
+        chunks = sum(len(plan) for plan in seen[0].plans[2:4])   # the state's
         assert chunks == (13 if k is many else 2)
     assert counts["few"] == counts["many"], counts
     c = counts["many"]
-    # the source's state, its small buffers (at the switch), the destination's every chunk
-    assert c.get("crc_submit", 0) <= 3, c
+    # the source's control block, inbox and state in one job, the destination's every chunk in one
+    # (nothing was staged: no job for staging batches at the switch)
+    assert c.get("crc_submit", 0) == 2, c
     assert c.get("wait", 0) <= 6 and c.get("queue_submit", 0) <= 4, c   # (before: 16 submits, 46 waits)
     for k, extra in ((few, few_bytes), (many, many_bytes)):
         assert np.array_equal(runtime.read_state(k, 1), extra)

@@ -16,9 +16,10 @@ Live migration (`migrate_live`):
 1. quiesce: the kernel is held back from stepping (a step() that took it
    before the hold is let finish submitting: the gate, once) and its
    submitted steps finish; its state can no longer change;
-2. the source's state buffers are copied GPU to GPU with the pair's best
-   transfer method into state buffers of the twin in chunks (chunked_copy.py),
-   while the other kernels keep stepping; each chunk is hashed on both
+2. the source's control block, inbox and state buffers (final: only the
+   kernel's own steps write them) are copied GPU to GPU with the pair's best
+   transfer method into the twin's in chunks (chunked_copy.py), the small
+   ones first, while the other kernels keep stepping; each chunk is hashed on both
    devices, the target's hash queued behind that chunk's timeline point (no
    host round trip between copy and hash): at once by the host engine, at
    the switch by a GPU's shader, one job for every chunk (its job waits on
@@ -27,10 +28,10 @@ Live migration (`migrate_live`):
    the K2K router's queued moves are submitted (their batches land), then one
    GPU pass on the source takes every message still waiting for the kernel
    there (in local outboxes and landed batches, in delivery order) into a
-   staging batch, marking them delivered where they were; control block,
-   inbox and staging batch follow the state (behind its copies) and are
-   hashed on both sides; the hashes are compared with the source's (a move
-   makes as many submits and host waits whatever its chunk count);
+   staging batch, marking them delivered where they were; the staging
+   batches (if any) follow the state (behind its copies) and are hashed on
+   both sides; the hashes are compared with the source's (a move makes as
+   many submits and host waits whatever its chunk count);
 4. the kernel's Residency is swapped with the twin's, its directory entry is
    rewritten on every device (their next steps), batches still on the other
    devices are told not to deliver to it (their copies of its messages were
@@ -219,24 +220,23 @@ _ROUND_WAIT = 0.05
 def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequest,
             copy: ChunkedCopy | HostChunkedCopy, rings: list[Buffer], crcs: list, verify: bool,
             deadline: float) -> tuple:
-    """The end of a migration, with the gate held and nothing left to stage: control
-    block, inbox and staging batches follow the state (on a GPU appended to
-    `copy`, between two CPU devices a host copy of their own, put in `crcs`),
-    the CRC32s are compared chunk by chunk,
-    the kernel swaps to the twin. Returns (transfer s, verify s, match, restore s,
-    bytes)."""
+    """The end of a migration, with the gate held and nothing left to stage: the
+    staging batches follow the state (on a GPU appended to `copy`, between two
+    CPU devices a host copy of their own, put in `crcs`), the CRC32s are
+    compared chunk by chunk, the kernel swaps to the twin. Returns (transfer s,
+    verify s, match, restore s, bytes of the staging batches)."""
     src, dst = k.device_index, twin.device_index
     t0 = time.monotonic()
-    small = [(k.control, twin.control), (k.inbox, twin.inbox)]
     landings = [Buffer(twin.ctx.slot, ring.size) for ring in rings]
+    small = list(zip(rings, landings))
     try:
-        small += list(zip(rings, landings))
-        names = ["control", "inbox"] + [f"staging{i}" for i in range(len(rings))]
+        names = [f"staging{i}" for i in range(len(rings))]
         tail: HostChunkedCopy | None = None
-        if isinstance(copy, HostChunkedCopy):   # two CPU devices: these too by the host, hashed as copied
-            tail = HostChunkedCopy(small, life.crc(src), life.crc(dst), verify, names=names)
-            crcs.append(tail)
-        else:   # behind the state's copies; hashed on the source now (gate held, staged: final)
+        if isinstance(copy, HostChunkedCopy):   # two CPU devices: by the host, hashed as copied
+            if small:
+                tail = HostChunkedCopy(small, life.crc(src), life.crc(dst), verify, names=names)
+                crcs.append(tail)
+        elif small:   # behind the state's copies; hashed on the source now (gate held, staged: final)
             copy.follow(small, names)
         # the shader's destination job waits for the copies on the target's step queue and would hold
         # back the steps queued behind it: it is queued now, when no step runs (the gate is held)
@@ -332,7 +332,7 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
     why = f"migrating to GPU {dst}"
     life.hold(k, why, moving=True)
     rings: list[Buffer] = []
-    crcs: list[Any] = []   # the small buffers' host copy between two CPU devices (its CRC32 jobs)
+    crcs: list[Any] = []   # the staging batches' host copy between two CPU devices (its CRC32 jobs)
     copy: ChunkedCopy | HostChunkedCopy | None = None
     staged = 0
     swapped = False
@@ -352,9 +352,12 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         request.state = MigrationState.TRANSFERRING
         t0 = time.monotonic()
         method, eng = life.engines.get(src, dst)
-        # the state in chunks, each hashed on both devices as it lands (the source's bytes no longer change)
-        copy = chunked_copy(eng, list(zip(k.states, twin.states)), src_crc, dst_crc, verify,
-                            names=[f"state{i}" for i in range(len(k.states))])
+        # control block, inbox and state in chunks, each hashed on both devices as it lands (the source's
+        # bytes no longer change: only k's own steps write them, and k is held); the small ones first, so
+        # that nothing lands after the state but what the switch stages
+        pairs = [(k.control, twin.control), (k.inbox, twin.inbox), *zip(k.states, twin.states)]
+        copy = chunked_copy(eng, pairs, src_crc, dst_crc, verify,
+                            names=["control", "inbox"] + [f"state{i}" for i in range(len(k.states))])
         moved = copy.bytes
         transfer_d = time.monotonic() - t0
 
