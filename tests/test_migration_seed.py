@@ -519,3 +519,32 @@ def test_migration_stats_have_the_seeds_microsecond_counters():
     stats.add(checkpoint_time=0.0015, restore_time=0.25)
     stats.add(checkpoint_time=0.001)
     assert (stats.checkpoint_time_us, stats.restore_time_us) == (2500, 250000)
+
+
+def test_reloads_of_an_id_not_registered_run_one_at_a_time():
+    """Two execute_reloads of one id not registered share its pending entry: the second,
+    while the first drains, is 'already in progress' (as for a registered id)."""
+    import threading
+    manager = HotReloadManager.with_defaults()
+    gate = threading.Event()
+
+    class Slow(ReloadableMock):
+        def is_ready_for_reload(self):
+            return gate.is_set()
+    first = Slow("k", 8)
+    out = []
+    t = threading.Thread(target=lambda: out.append(manager.execute_reload(
+        HotReloadRequest(KernelId("k"), KernelCodeSource.from_ptx(".version 8.0", "k").with_version(3)), first)))
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while "prepare" not in first.calls and time.monotonic() < deadline:
+            time.sleep(0.001)
+        with pytest.raises(KernelValidationError, match="already in progress"):
+            manager.execute_reload(HotReloadRequest(KernelId("k"), KernelCodeSource.from_ptx(".version 9.0", "k")),
+                                   ReloadableMock("k", 8))
+        assert not manager.is_registered("k")
+    finally:
+        gate.set()
+        t.join(10)
+    assert out[0].old_version == 0 and manager.get_current_version("k") == 3

@@ -108,6 +108,7 @@ class HotReloadManager:
         self._config = dataclasses.replace(config)
         self._lock = threading.Lock()
         self._entries: dict[KernelId, _Entry] = {}
+        self._unregistered: dict[KernelId, _Entry] = {}   # entries of reloads running for ids not registered
         self._version = 1
         self._stats = HotReloadStats()
         self._backend: Callable[[KernelId, KernelCodeSource | None, KernelCodeSource], Any] | None = None
@@ -258,10 +259,10 @@ class HotReloadManager:
             raise TypeError(f"request must be a HotReloadRequest, got {type(request).__name__}")
         # (as the seed: `enabled` gates request_reload, not the execution of a request made; an id
         # not registered reads old_version 0 and is registered with the new code once it succeeds)
-        with self._lock:
-            entry = self._entries.get(request.kernel_id)
-        if entry is None:
-            entry = _Entry(None, self._config.max_rule_history)
+        kid = request.kernel_id
+        with self._lock:   # (reloads of one id not registered share its entry: one runs at a time)
+            entry = self._entries.get(kid) or self._unregistered.setdefault(
+                kid, _Entry(None, self._config.max_rule_history))
         targets = _check_runtime_kernels(kernel) if _is_runtime(kernel) else []
         if not targets and not callable(getattr(kernel, "create_checkpoint", None)):
             raise TypeError(f"kernel must be a vkmulti Kernel (or a list of them) or a CheckpointableKernel, "
@@ -273,6 +274,9 @@ class HotReloadManager:
             return self._execute(entry, request, kernel, targets)
         finally:
             entry.active = None
+            with self._lock:
+                if self._unregistered.get(kid) is entry:   # registered now, or failed: no longer pending
+                    del self._unregistered[kid]
             entry.lock.release()
 
     def _execute(self, entry: _Entry, request: HotReloadRequest, kernel: Any, targets: list) -> HotReloadResult:
