@@ -166,6 +166,22 @@ def test_state_is_byte_identical_and_the_kernel_keeps_counting(runtime, router, 
     assert np.array_equal(runtime.read_state(k, 1), before[1])
 
 
+def test_a_moves_phases_do_not_overlap(runtime, monkeypatch):
+    """Each phase of a move is its own interval of the total: the restore phase counted
+    the check's time as well (a check made slow here: 0.2 s)."""
+    from vkmulti.kernels.lifecycle import chunked_copy
+    for cls in (chunked_copy.ChunkedCopy, chunked_copy.HostChunkedCopy):
+        def slow(self, timeout, real=cls.mismatches):
+            time.sleep(0.2)
+            return real(self, timeout)
+        monkeypatch.setattr(cls, "mismatches", slow)
+    k = counter(runtime, "k", device=0)
+    result = runtime.migrate(k, 1)
+    phases = (result.quiesce_duration, result.checkpoint_duration, result.transfer_duration,
+              result.verify_duration, result.restore_duration)
+    assert result.verify_duration >= 0.2 and sum(phases) <= result.total_duration, (phases, result.total_duration)
+
+
 def test_host_messages_produced_before_the_move_are_received(runtime):
     k = counter(runtime, "k", device=1)
     runtime.send(k, w(5), tag=COUNTER_TAG_ADD)

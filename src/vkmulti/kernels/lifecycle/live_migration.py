@@ -252,7 +252,7 @@ def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequ
         if verify:
             bad = copy.mismatches(time_left(deadline, "the CRC32 of the state's chunks"))
             if tail is not None:
-                bad += tail.mismatches(time_left(deadline, "the CRC32 of the small buffers"))
+                bad += tail.mismatches(time_left(deadline, "the CRC32 of the staging batches"))
             verify_d = time.monotonic() - t0
             if bad:
                 raise MigrationError(f"CRC32 mismatch after the copy to GPU {dst}: {', '.join(bad)}"[:900])
@@ -265,6 +265,7 @@ def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequ
         for b in landings:
             b.destroy()
         raise
+    t0 = time.monotonic()   # (the restore phase: after the check, not counting it again)
     finish_move(life.rt, k, twin)   # nothing below raises: the kernel has moved
     if landings:
         hand_back(life, dst, landings)
