@@ -145,7 +145,9 @@ def migrate(mgr: Any, sizes: list[int], repeats: int, bar: Any = None, crc: str 
                 live, plain, host, live_other, raw_copy, rushed = [], [], [], [], [], []
                 for i in range(reps):   # interleaved: load drifting on a shared machine hits every path alike
                     if i % 2:   # (every other round: the timed moves go both ways in turn)
-                        rushed.append(rt.migrate(k, 1 - k.device_index))   # right after the last host restore
+                        # right after the last host restore (on CPU devices: after the shader-checked move
+                        # that followed it, which did not wait for the background work either)
+                        rushed.append(rt.migrate(k, 1 - k.device_index))
                     _settle(rt)   # (every live move once the background work before it is done)
                     live.append(rt.migrate(k, 1 - k.device_index))
                     t0 = time.perf_counter()

@@ -182,6 +182,50 @@ def test_a_moves_phases_do_not_overlap(runtime, monkeypatch):
     assert result.verify_duration >= 0.2 and sum(phases) <= result.total_duration, (phases, result.total_duration)
 
 
+def test_a_move_that_a_restore_overtakes_fails_and_the_restore_stands(runtime, monkeypatch):
+    """A restore into a kernel while it is being moved replaces its device half first:
+    the move, at its switch, fails with MigrationError (before staging anything) and
+    the kernel keeps the restored state where the restore put it. Before: both calls
+    reported success and the move put back the pre-restore state."""
+    from vkmulti.kernels.lifecycle import live_migration
+    from vkmulti.errors import MigrationError
+    k = counter(runtime, "k", device=0)
+    runtime.send(k, w(1), tag=COUNTER_TAG_ADD)
+    runtime.step(k).wait(30)
+    cp = runtime.checkpoint(k)                       # sum 1
+    runtime.send(k, w(10), tag=COUNTER_TAG_ADD)
+    runtime.step(k).wait(30)                         # sum 11
+    at_switch, restored = threading.Event(), threading.Event()
+    real = live_migration.switch_at_step_boundary
+
+    def late(*args, **kw):   # the move has copied; the restore runs before its switch
+        at_switch.set()
+        assert restored.wait(30)
+        return real(*args, **kw)
+    monkeypatch.setattr(live_migration, "switch_at_step_boundary", late)
+    out: dict = {}
+
+    def move():
+        try:
+            out["move"] = runtime.migrate(k, 1)
+        except MigrationError as exc:
+            out["move"] = exc
+    t = threading.Thread(target=move)
+    t.start()
+    try:
+        assert at_switch.wait(30)
+        runtime.restore(cp, into=k, device=0)
+    finally:
+        restored.set()
+        t.join(30)
+    assert isinstance(out["move"], MigrationError) and "restored or moved by another call" in str(out["move"])
+    assert k.device_index == 0 and read_counter(runtime.read_state(k)).sum == 1
+    runtime.send(k, w(5), tag=COUNTER_TAG_ADD)
+    runtime.step(k).wait(30)
+    assert read_counter(runtime.read_state(k)).sum == 6
+    assert runtime.migrate(k, 1).checksum_match and read_counter(runtime.read_state(k)).sum == 6
+
+
 def test_host_messages_produced_before_the_move_are_received(runtime):
     k = counter(runtime, "k", device=1)
     runtime.send(k, w(5), tag=COUNTER_TAG_ADD)

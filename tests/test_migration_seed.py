@@ -548,3 +548,55 @@ def test_reloads_of_an_id_not_registered_run_one_at_a_time():
         gate.set()
         t.join(10)
     assert out[0].old_version == 0 and manager.get_current_version("k") == 3
+
+
+def test_reload_registry_races():
+    """A reload that ends after unregister_kernel does not register the id again; a bad
+    kernel argument leaves no pending entry; register_kernel during a reload of an id
+    not registered takes over its entry (one reload at a time, the registry says what
+    the kernel runs); is_reload_in_progress sees a reload of an id not registered."""
+    import threading
+
+    def code(v):
+        return KernelCodeSource.from_ptx(f".version {v}.0", "k")
+
+    manager = HotReloadManager.with_defaults()
+    manager.register_kernel("k", code(7))
+    gate = threading.Event()
+
+    class Slow(ReloadableMock):
+        def is_ready_for_reload(self):
+            return gate.is_set()
+
+    def during(run, *checks):
+        kernel = Slow("k", 8)
+        out = []
+        t = threading.Thread(target=lambda: out.append(run(kernel)))
+        t.start()
+        try:
+            deadline = time.monotonic() + 10
+            while "prepare" not in kernel.calls and time.monotonic() < deadline:
+                time.sleep(0.001)
+            for check in checks:
+                check()
+        finally:
+            gate.set()
+            t.join(10)
+            gate.clear()
+        return out[0]
+
+    during(lambda k: manager.reload(k, code(8), "k"), lambda: manager.unregister_kernel("k"))
+    assert not manager.is_registered("k")
+    with pytest.raises(TypeError):
+        manager.execute_reload(HotReloadRequest(KernelId("x"), code(8)), object())
+    assert not manager.is_reload_in_progress("x") and manager.list_kernels() == []
+
+    def register_then_race():
+        assert manager.is_reload_in_progress("y")
+        manager.register_kernel("y", code(7))
+        with pytest.raises(KernelValidationError, match="already in progress"):
+            manager.execute_reload(HotReloadRequest(KernelId("y"), code(9)), ReloadableMock("y", 8))
+    result = during(lambda k: manager.execute_reload(HotReloadRequest(KernelId("y"), code(8).with_version(50)), k),
+                    register_then_race)
+    assert result.old_version == 0 and manager.get_current_version("y") == 50
+    assert [c.as_str() for c in manager.history("y")] == [".version 7.0"]

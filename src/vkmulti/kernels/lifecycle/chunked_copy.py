@@ -7,8 +7,8 @@ chunk that differ. With the GPU shader's engine (or no check) a buffer is one
 transfer job (the link cuts it for its ring, as a raw copy); with the host
 engine each chunk is its own, hashed as it lands. The source's hashes
 (its bytes no longer change: the kernel is quiesced) run meanwhile, as one
-job per group of buffers (`follow()` appends the move's small buffers at the
-switch).
+job per group of buffers (`follow()` appends a move's staging batches at the
+switch, where messages were staged).
 
 The CRC32 engines are those of `Lifecycle.crc(device)`: the host engine
 (host_crc.py) hashes a chunk as soon as its timeline point is reached (a host

@@ -67,8 +67,8 @@ from ..messages import RING_HEADER_BYTES
 from ..coordinator.records import MigrationRequest, MigrationState
 from .chunked_copy import ChunkedCopy, HostChunkedCopy, chunked_copy
 from .migrator import MigrationResult
-from .twin import (LifecycleView, assign, build_twin, deadline_of, finish_move, free_twin, hand_back, retire_half,
-                   state_buffers, time_left, wait_jobs, wait_kernel)
+from .twin import (LifecycleView, assign, build_twin, check_residency, deadline_of, finish_move, free_twin, hand_back,
+                   retire_half, state_buffers, time_left, wait_jobs, wait_kernel)
 
 log = logging.getLogger(__name__)
 
@@ -174,14 +174,15 @@ def _stage(life: LifecycleView, k: Kernel, deadline: float) -> tuple[Buffer | No
 # -- the switch ---------------------------------------------------------------------------------
 
 def switch_at_step_boundary(life: LifecycleView, k: Kernel, deadline: float, rings: list[Buffer],
-                            switch: Any) -> tuple[Any, float, int]:
+                            switch: Any, residency: Any = None) -> tuple[Any, float, int]:
     """Run `switch(rings)` with the runtime's gate held, once every submitted step
     is done, the router has submitted its queued moves and every message waiting
     for k on its device is in `rings` (staging batches, oldest first). While the
     router's moves wait for room, the gate is let go between rounds until the
     other kernels make a step and free it (what they sent k meanwhile is staged
-    in the next round). Returns (switch's result, seconds spent quiescing,
-    messages staged)."""
+    in the next round). `residency`: k's Residency when the caller began (a
+    MigrationError, before anything is staged, once another move or restore has
+    replaced it). Returns (switch's result, seconds spent quiescing, messages staged)."""
     rt = life.rt
     gate = gate_of(rt)
     src = k.device_index
@@ -191,6 +192,8 @@ def switch_at_step_boundary(life: LifecycleView, k: Kernel, deadline: float, rin
         with gate.exclusive(time_left(deadline, "waiting for the runtime's steps"), f"moving {k.id!r}"):
             t0 = time.monotonic()
             k.check()
+            if residency is not None:
+                check_residency(k, residency)
             rt.synchronize(time_left(deadline, "the runtime's submitted steps"))
             wait_jobs(life, src, deadline)
             waiting = _pump_router(rt)
@@ -356,9 +359,10 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         # control block, inbox and state in chunks, each hashed on both devices as it lands (the source's
         # bytes no longer change: only k's own steps write them, and k is held); the small ones first, so
         # that nothing lands after the state but what the switch stages
-        pairs = [(k.control, twin.control), (k.inbox, twin.inbox), *zip(k.states, twin.states)]
+        res = k.residency   # (a restore into k or another move meanwhile replaces it: the switch refuses then)
+        pairs = [(res.control, twin.control), (res.inbox, twin.inbox), *zip(res.states, twin.states)]
         copy = chunked_copy(eng, pairs, src_crc, dst_crc, verify,
-                            names=["control", "inbox"] + [f"state{i}" for i in range(len(k.states))])
+                            names=["control", "inbox"] + [f"state{i}" for i in range(len(res.states))])
         moved = copy.bytes
         transfer_d = time.monotonic() - t0
 
@@ -369,7 +373,7 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
             out = _switch(life, k, twin, request, copy, rings, crcs, verify, deadline)
             swapped = True
             return out
-        result, quiesce_add, staged = switch_at_step_boundary(life, k, deadline, rings, switch)
+        result, quiesce_add, staged = switch_at_step_boundary(life, k, deadline, rings, switch, res)
         quiesce_d += quiesce_add
         transfer_add, verify_d, match, restore_d, small_bytes = result
         transfer_d += transfer_add

@@ -19,8 +19,8 @@ from ..engine.gate import gate_of
 from ..engine.kernel import Kernel
 from .image import KernelImage, patch_control, readdress_slots, staged_copies, upload_many
 from .live_migration import switch_at_step_boundary
-from .twin import (LifecycleView, RuntimeView, assign, build_twin, deadline_of, finish_move, free_twin, hand_back,
-                   retire_half, source_usable, time_left, wait_jobs, wait_kernel)
+from .twin import (LifecycleView, RuntimeView, assign, build_twin, check_residency, deadline_of, finish_move,
+                   free_twin, hand_back, retire_half, source_usable, time_left, wait_jobs, wait_kernel)
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
     """Rebuild `k` (same object, id and address) from `img` on `device` (`life`: the runtime's Lifecycle)."""
     rt = life.rt
     deadline = deadline_of(timeout)
-    old_ctx = k.ctx
+    old_ctx, res = k.ctx, k.residency
     alive = source_usable(old_ctx, rt)
     if device is None:
         device = k.device_index if alive else rt.coordinator.select_device()
@@ -123,10 +123,11 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
             assign(rt.coordinator, k, device, None)
 
         if alive and old_ctx is not twin.ctx:
-            switch_at_step_boundary(life, k, deadline, rings, switch)
+            switch_at_step_boundary(life, k, deadline, rings, switch, res)
         elif alive:
             with gate_of(rt).exclusive(time_left(deadline, "waiting for the runtime's steps"), f"restoring {k.id!r}"):
                 k.check()
+                check_residency(k, res)
                 rt.synchronize(time_left(deadline, "the runtime's submitted steps"))
                 wait_jobs(life, old_ctx.index, deadline)
                 switch([])

@@ -34,7 +34,7 @@ from ..engine.spec import KernelSpec
 log = logging.getLogger(__name__)
 
 __all__ = ["RuntimeView", "LifecycleView", "MigrationPool", "Retired", "MoveEngines", "Twin", "state_buffers",
-           "twin_buffer_sizes", "twin_mapped_sizes",
+           "twin_buffer_sizes", "twin_mapped_sizes", "check_residency",
            "build_twin", "free_twin", "retire_half", "free_retired", "hand_back", "finish_move", "assign",
            "source_usable", "deadline_of", "time_left", "wait_kernel", "wait_jobs"]
 
@@ -440,6 +440,14 @@ def time_left(deadline: float, what: str) -> float:
     if left <= 0:
         raise VkmTimeout(f"{what} did not finish in time")
     return left
+
+
+def check_residency(k: Kernel, residency: Residency) -> None:
+    """MigrationError once k's Residency is no longer `residency`: another move or restore
+    replaced it while this one was under way (checked with the gate held, before the switch)."""
+    if k.residency is not residency:
+        raise MigrationError(f"{k.id!r} was restored or moved by another call meanwhile; it stays where that "
+                             f"call put it (move or restore it again)")
 
 
 def wait_kernel(rt: RuntimeView, k: Kernel, deadline: float) -> None:

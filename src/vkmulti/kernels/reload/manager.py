@@ -145,9 +145,15 @@ class HotReloadManager:
         kid = as_kernel_id(kernel_id)
         if not isinstance(code, KernelCodeSource):
             raise TypeError(f"code must be a KernelCodeSource, got {type(code).__name__}")
-        entry = _Entry(code.with_version(self._next_version()), self._config.max_rule_history)
+        code = code.with_version(self._next_version())
         with self._lock:
-            self._entries[kid] = entry
+            pending = self._unregistered.pop(kid, None)
+            if pending is not None:   # a reload of the id runs: its entry (and lock) becomes the registered one
+                pending.code = code
+                pending.history.clear()
+                self._entries[kid] = pending
+            else:
+                self._entries[kid] = _Entry(code, self._config.max_rule_history)
 
     def register_runtime_kernel(self, kernel: Kernel | Sequence[Kernel], kernel_id: KernelId | str | None = None) -> KernelId:
         """Register a vkmulti Kernel's current SPIR-V under `kernel_id` (default: its id)
@@ -159,9 +165,11 @@ class HotReloadManager:
         return kid
 
     def unregister_kernel(self, kernel_id: KernelId | str) -> None:
-        """Forget a kernel's code, history and active request (unknown ids: nothing happens)."""
+        """Forget a kernel's code, history and active request (unknown ids: nothing happens);
+        a reload running then does not register it again."""
         with self._lock:
             self._entries.pop(as_kernel_id(kernel_id), None)
+            self._unregistered.pop(as_kernel_id(kernel_id), None)
 
     def _entry(self, kernel_id: Any) -> _Entry:
         kid = as_kernel_id(kernel_id)
@@ -207,8 +215,9 @@ class HotReloadManager:
 
     def is_reload_in_progress(self, kernel_id: KernelId | str) -> bool:
         """Whether a reload or rollback of the kernel is running now."""
+        kid = as_kernel_id(kernel_id)
         with self._lock:
-            e = self._entries.get(as_kernel_id(kernel_id))
+            e = self._entries.get(kid) or self._unregistered.get(kid)
         return e is not None and e.active is not None and e.active.is_in_progress()
 
     def is_enabled(self) -> bool:
@@ -259,14 +268,14 @@ class HotReloadManager:
             raise TypeError(f"request must be a HotReloadRequest, got {type(request).__name__}")
         # (as the seed: `enabled` gates request_reload, not the execution of a request made; an id
         # not registered reads old_version 0 and is registered with the new code once it succeeds)
-        kid = request.kernel_id
-        with self._lock:   # (reloads of one id not registered share its entry: one runs at a time)
-            entry = self._entries.get(kid) or self._unregistered.setdefault(
-                kid, _Entry(None, self._config.max_rule_history))
         targets = _check_runtime_kernels(kernel) if _is_runtime(kernel) else []
         if not targets and not callable(getattr(kernel, "create_checkpoint", None)):
             raise TypeError(f"kernel must be a vkmulti Kernel (or a list of them) or a CheckpointableKernel, "
                             f"got {type(kernel).__name__}")
+        kid = request.kernel_id
+        with self._lock:   # (reloads of one id not registered share its entry: one runs at a time)
+            entry = self._entries.get(kid) or self._unregistered.setdefault(
+                kid, _Entry(None, self._config.max_rule_history))
         if not entry.lock.acquire(blocking=False):
             raise KernelValidationError("Hot reload already in progress for this kernel")
         try:
@@ -409,7 +418,8 @@ class HotReloadManager:
             if self._config.keep_fallback and entry.history.maxlen and entry.code is not None:
                 entry.history.append(entry.code)
             entry.code = code
-            self._entries.setdefault(kernel_id, entry)
+            if self._unregistered.get(kernel_id) is entry:   # (not an id registered, or unregistered, meanwhile)
+                self._entries.setdefault(kernel_id, entry)
 
     # -- rollback ----------------------------------------------------------------------
 
