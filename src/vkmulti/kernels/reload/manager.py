@@ -266,8 +266,6 @@ class HotReloadManager:
         new code once the reload succeeds."""
         if not isinstance(request, HotReloadRequest):
             raise TypeError(f"request must be a HotReloadRequest, got {type(request).__name__}")
-        # (as the seed: `enabled` gates request_reload, not the execution of a request made; an id
-        # not registered reads old_version 0 and is registered with the new code once it succeeds)
         targets = _check_runtime_kernels(kernel) if _is_runtime(kernel) else []
         if not targets and not callable(getattr(kernel, "create_checkpoint", None)):
             raise TypeError(f"kernel must be a vkmulti Kernel (or a list of them) or a CheckpointableKernel, "
