@@ -436,7 +436,9 @@ def test_fuzz_sru_offload_coordinator(world, data, devices, weights, hysteresis,
             frame = Image(world.mgr.primary, 24, 8)
             try:
                 ok, rep = typed(lambda: c.render_frame(tiles, frame))
-                assert ok, rep
+                # (a coordinator accepted renders its frame; one given a timeout too short for a
+                # frame's waits may time out instead, as its waits say, and is still destroyed below)
+                assert ok or (isinstance(rep, VkmTimeout) and c.timeout < 5.0), rep
             finally:
                 frame.destroy()
     finally:
