@@ -21,7 +21,7 @@ from ..errors import TimeoutError as VkmTimeoutError
 from .._core.lifetime import Deadline, Lifetime
 from . import virtual
 from .instance import Instance
-from .passthrough import has_placeholders, skip_placeholder_secondaries
+from .passthrough import has_placeholders, is_placeholder_primary, skip_placeholder_secondaries
 from .._core.vktypes import VkDevice, VkFence, VkPhysicalDevice, VkQueue
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ class MultiDeviceManager:
         self.capabilities = capabilities
         if has_placeholders(primary_physical_device, physical_devices):
             # the seed's passthrough over a GPU-less test's placeholders: no Vulkan call
-            if not any(p is primary_physical_device or p == primary_physical_device for p in physical_devices):
+            if not any(is_placeholder_primary(p, primary_physical_device) for p in physical_devices):
                 raise ValueError("primary_physical_device is not among physical_devices")
             if primary_graphics_queue is None:
                 raise ValueError("primary_graphics_queue is required")

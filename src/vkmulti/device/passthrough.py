@@ -10,7 +10,7 @@ from .._core.checks import is_int
 
 log = logging.getLogger(__name__)
 
-__all__ = ["has_placeholders", "skip_placeholder_secondaries"]
+__all__ = ["has_placeholders", "is_placeholder_primary", "skip_placeholder_secondaries"]
 
 
 def has_placeholders(*handles: Any) -> bool:
@@ -21,13 +21,18 @@ def has_placeholders(*handles: Any) -> bool:
     return any(not (is_int(h) or type(h).__module__ == "_cffi_backend") for h in flat)
 
 
+def is_placeholder_primary(pd: Any, primary: Any) -> bool:
+    """Whether placeholder `pd` is the primary (the same object, or equal to it)."""
+    return pd is primary or pd == primary
+
+
 def skip_placeholder_secondaries(primary: Any, physical_devices: Sequence[Any],
                                  find_queue_families: Callable[[Any], Any] | None) -> None:
     """The seed's secondaries over placeholders: each one the resolver gives no queue
     families (or with no resolver) is skipped with a warning, as the seed skips it;
     one it resolves would need a real device: TypeError."""
     for pd in physical_devices:
-        if pd is primary or pd == primary:
+        if is_placeholder_primary(pd, primary):
             continue
         qf = find_queue_families(pd) if find_queue_families is not None else None
         if qf is None:

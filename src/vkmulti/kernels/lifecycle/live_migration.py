@@ -62,7 +62,7 @@ from ...memory.image import Buffer
 from ..engine import recording as cmds
 from ..engine.device_context import WHOLE_SIZE, MappedBuffer
 from ..engine.gate import gate_of
-from ..engine.kernel import InboundBatch, Kernel
+from ..engine.kernel import InboundBatch, Kernel, Residency
 from ..messages import RING_HEADER_BYTES
 from ..coordinator.records import MigrationRequest, MigrationState
 from .chunked_copy import ChunkedCopy, HostChunkedCopy, chunked_copy
@@ -174,7 +174,7 @@ def _stage(life: LifecycleView, k: Kernel, deadline: float) -> tuple[Buffer | No
 # -- the switch ---------------------------------------------------------------------------------
 
 def switch_at_step_boundary(life: LifecycleView, k: Kernel, deadline: float, rings: list[Buffer],
-                            switch: Any, residency: Any = None) -> tuple[Any, float, int]:
+                            switch: Any, residency: Residency) -> tuple[Any, float, int]:
     """Run `switch(rings)` with the runtime's gate held, once every submitted step
     is done, the router has submitted its queued moves and every message waiting
     for k on its device is in `rings` (staging batches, oldest first). While the
@@ -192,8 +192,7 @@ def switch_at_step_boundary(life: LifecycleView, k: Kernel, deadline: float, rin
         with gate.exclusive(time_left(deadline, "waiting for the runtime's steps"), f"moving {k.id!r}"):
             t0 = time.monotonic()
             k.check()
-            if residency is not None:
-                check_residency(k, residency)
+            check_residency(k, residency)
             rt.synchronize(time_left(deadline, "the runtime's submitted steps"))
             wait_jobs(life, src, deadline)
             waiting = _pump_router(rt)
@@ -231,16 +230,16 @@ def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequ
     src, dst = k.device_index, twin.device_index
     t0 = time.monotonic()
     landings = [Buffer(twin.ctx.slot, ring.size) for ring in rings]
-    small = list(zip(rings, landings))
+    staging = list(zip(rings, landings))
     try:
         names = [f"staging{i}" for i in range(len(rings))]
         tail: HostChunkedCopy | None = None
         if isinstance(copy, HostChunkedCopy):   # two CPU devices: by the host, hashed as copied
-            if small:
-                tail = HostChunkedCopy(small, life.crc(src), life.crc(dst), verify, names=names)
+            if staging:
+                tail = HostChunkedCopy(staging, life.crc(src), life.crc(dst), verify, names=names)
                 crcs.append(tail)
-        elif small:   # behind the state's copies; hashed on the source now (gate held, staged: final)
-            copy.follow(small, names)
+        elif staging:   # behind the state's copies; hashed on the source now (gate held, staged: final)
+            copy.follow(staging, names)
         # the shader's destination job waits for the copies on the target's step queue and would hold
         # back the steps queued behind it: it is queued now, when no step runs (the gate is held)
         copy.submit_landings(time_left(deadline, "the copies' submission"))
@@ -273,7 +272,7 @@ def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequ
     if landings:
         hand_back(life, dst, landings)
     assign(life.rt.coordinator, k, dst, request)
-    return transfer_d, verify_d, match, time.monotonic() - t0, sum(a.size for a, _ in small)
+    return transfer_d, verify_d, match, time.monotonic() - t0, sum(a.size for a, _ in staging)
 
 
 def _crc_engines(life: LifecycleView, src: int, dst: int, verify: bool) -> tuple[Any, Any]:
@@ -375,9 +374,9 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
             return out
         result, quiesce_add, staged = switch_at_step_boundary(life, k, deadline, rings, switch, res)
         quiesce_d += quiesce_add
-        transfer_add, verify_d, match, restore_d, small_bytes = result
+        transfer_add, verify_d, match, restore_d, staged_bytes = result
         transfer_d += transfer_add
-        moved += small_bytes
+        moved += staged_bytes
         old, twin = twin, None
         if not life.twins.recycle(k, old):   # the twin for a move back, or freed
             retire_half(life, old, lost=False)
