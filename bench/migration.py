@@ -19,9 +19,11 @@
 (b) hot reload: the swap of a kernel's code (HotReloadManager, pipeline
     already built once) against tearing the kernel down and launching it anew
     with the new code and its state put back; the longest gap between two
-    steps (made by another thread) during a reload whose pipeline is compiled
-    cold, against the kernel's normal step (and against the longest gap in
-    as long a window of plain steps right after: the machine's own noise).
+    steps (made by another thread) from the start of a reload whose pipeline
+    is compiled cold until the background work it leaves is done (the next
+    twins, the pipelines of the other devices), against the kernel's normal
+    step, and against the longest gap in as long a window of plain steps
+    once all that is done: the machine's own noise.
 
 (c) the stencil's lost-GPU drill (`python -m vkmulti demo stencil --lose-gpu 1@100`):
     the recovery (restore of the lost slab on the survivor from its latest
@@ -308,6 +310,7 @@ def reload(mgr: Any, repeats: int) -> dict:
     row["cold_reload_max_gap_us"] = _median([g[0] for g in gaps]) * 1e6
     row["normal_step_us"] = _median([g[1] for g in gaps]) * 1e6
     row["plain_window_max_gap_us"] = _median([g[2] for g in gaps]) * 1e6
+    row["reload_call_max_gap_us"] = _median([g[3] for g in gaps]) * 1e6
     row["ratio_cold_reload_gap_to_step"] = row["cold_reload_max_gap_us"] / row["normal_step_us"]
     row["ratio_relaunch_to_swap"] = row["relaunch_us"] / row["swap_us"]
     row["ratio_relaunch_to_reload"] = row["relaunch_us"] / row["reload_total_us"]
@@ -331,11 +334,12 @@ def _longest_gap(marks: list[float], t0: float, t1: float) -> float:
     return max(b - a for a, b in zip(edges, edges[1:]))
 
 
-def _reload_gap(rt: Any, k: Any, manager: Any, spirv: bytes, tag: int) -> tuple[float, float, float]:
-    """(the longest time between two steps of k while a hot reload with a cold compile
-    runs, the median time between its steps before, the longest in a window as long
-    right after the reload, with plain steps: this machine's noise), steps made by
-    another thread."""
+def _reload_gap(rt: Any, k: Any, manager: Any, spirv: bytes, tag: int) -> tuple[float, float, float, float]:
+    """(the longest time between two steps of k from the start of a hot reload with a
+    cold compile until the background work it leaves (the next twins, the pipelines
+    of the other devices) is done, the median time between its steps before, the
+    longest in a window as long of plain steps once all that is done: this machine's
+    noise, the longest while reload() itself ran), steps made by another thread."""
     stop = threading.Event()
     marks: list[float] = []
 
@@ -354,18 +358,21 @@ def _reload_gap(rt: Any, k: Any, manager: Any, spirv: bytes, tag: int) -> tuple[
         t0 = time.perf_counter()
         manager.reload(k, _cold_code(spirv, tag))
         t1 = time.perf_counter()
-        time.sleep(t1 - t0)   # the plain window
+        _settle(rt)   # (what the reload started in the background)
         t2 = time.perf_counter()
-        n2 = len(marks)
-        while len(marks) < n2 + 3:
+        time.sleep(2 * (t2 - t0))   # the plain window, in the middle of this
+        t3 = time.perf_counter()
+        n3 = len(marks)
+        while len(marks) < n3 + 3:
             time.sleep(0.001)
     finally:
         stop.set()
         t.join(60)
     rt.synchronize()
     normal = [b - a for a, b in zip(marks[1:n0], marks[2:n0])]
-    return _longest_gap(marks, t0, t1), _median(normal), _longest_gap(marks, t1 + (t2 - t1) / 2 - (t1 - t0) / 2,
-                                                                     t1 + (t2 - t1) / 2 + (t1 - t0) / 2)
+    mid, half = (t2 + t3) / 2, (t2 - t0) / 2
+    return _longest_gap(marks, t0, t2), _median(normal), _longest_gap(marks, mid - half, mid + half), \
+        _longest_gap(marks, t0, t1)
 
 
 def drill(repeats: int) -> dict:
@@ -407,8 +414,8 @@ def goals(res: dict) -> list[dict]:
              d["recovery_every_step_ms"], d["step_every_step_ms"], 5.0, "ms")
     if "reload" in res:
         r = res["reload"]
-        goal("longest gap between steps during a cold-compile reload / a normal step",
-             r["ratio_cold_reload_gap_to_step"], r["normal_step_us"], 2.0, "x")
+        goal("longest gap between steps from a cold-compile reload's start until its background work is done "
+             "/ a normal step", r["ratio_cold_reload_gap_to_step"], r["normal_step_us"], 2.0, "x")
     return out
 
 
@@ -474,8 +481,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"relaunching ({r['relaunch_us']:.0f} us; whole reload {r['reload_total_us']:.0f} us); "
                      f"longest gap between steps during a reload with a cold compile "
                      f"{r['cold_reload_max_gap_us']:.0f} us = {r['ratio_cold_reload_gap_to_step']:.2f}x a normal "
-                     f"step ({r['normal_step_us']:.0f} us; goal <= 2; the longest gap in as long a window of "
-                     f"plain steps: {r['plain_window_max_gap_us']:.0f} us)")
+                     f"step ({r['normal_step_us']:.0f} us; goal <= 2; while reload() ran "
+                     f"{r['reload_call_max_gap_us']:.0f} us; the longest gap in as long a window of plain steps: "
+                     f"{r['plain_window_max_gap_us']:.0f} us)")
     if "drill" in res:
         d = res["drill"]
         parts.append(f"lost-GPU drill recovery {d['recovery_ms']:.1f} ms = {d['ratio_recovery_to_step']:.2f}x the "
