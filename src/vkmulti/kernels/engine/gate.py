@@ -48,26 +48,38 @@ class RuntimeGate:
         self._waiting = 0
         self._local = threading.local()
 
-    @contextmanager
-    def shared(self) -> Iterator[None]:
-        me = threading.get_ident()
-        depth = getattr(self._local, "depth", 0)
+    def enter_shared(self) -> tuple[int, bool]:
+        """Pass the gate shared (what shared() does on entry); returns the token
+        leave_shared() takes (a step's hot path: no generator-based context manager)."""
+        local = self._local
+        depth = getattr(local, "depth", 0)
         counted = False
-        if depth == 0 and self._writer != me:
+        if depth == 0 and self._writer != threading.get_ident():
             with self._cond:
                 while self._writer is not None or self._waiting:
                     self._cond.wait(0.25)
                 self._readers += 1
             counted = True
-        self._local.depth = depth + 1
+        local.depth = depth + 1
+        return depth, counted
+
+    def leave_shared(self, token: tuple[int, bool]) -> None:
+        """Undo the enter_shared() that returned `token`."""
+        depth, counted = token
+        self._local.depth = depth
+        if counted:
+            with self._cond:
+                self._readers -= 1
+                if self._waiting:   # (a writer waits for the last reader; new readers wait only for writers)
+                    self._cond.notify_all()
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        token = self.enter_shared()
         try:
             yield
         finally:
-            self._local.depth = depth
-            if counted:
-                with self._cond:
-                    self._readers -= 1
-                    self._cond.notify_all()
+            self.leave_shared(token)
 
     @contextmanager
     def exclusive(self, timeout: float | None, what: str) -> Iterator[None]:
@@ -111,8 +123,12 @@ def gated(fn: _F) -> _F:
     kernels' device resources, which a migration's switch replaces)."""
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with gate_of(self).shared():
+        gate = gate_of(self)
+        token = gate.enter_shared()
+        try:
             return fn(self, *args, **kwargs)
+        finally:
+            gate.leave_shared(token)
     return wrapper  # type: ignore[return-value]
 
 

@@ -283,9 +283,16 @@ class Lifecycle:
         are held back (deferred, with the reason), and the checkpoint policy captures
         after."""
         try:
-            with gate_of(self.rt).shared():
-                with self.turn(timeout):
+            gate = gate_of(self.rt)
+            token = gate.enter_shared()   # (plain calls: this runs once per step)
+            try:
+                self._take_turn(timeout)
+                try:
                     return self._step(step, kernels, wait, timeout)
+                finally:
+                    self._turn.release()
+            finally:
+                gate.leave_shared(token)
         finally:
             with self._stepped:
                 self.steps_done += 1
@@ -308,6 +315,8 @@ class Lifecycle:
         every device and the hand-off of its outbox batches to the router happen
         together, so per sender the batches reach the router in step order (FIFO
         per pair) and the replay log sees whole calls."""
+        if self._turn.acquire(blocking=False):   # (no other thread inside a step)
+            return
         deadline = time.monotonic() + (timeout if timeout is not None else 1e18)
         while True:
             left = deadline - time.monotonic()
