@@ -54,6 +54,7 @@ class Inbound:
         self._listeners: list[Callable[[list[OutboxBatch]], Any]] = []
         self._retaining: set[int] = set()   # ids of listeners each new batch starts retained for
         self._preparers: dict[int, Callable[[list[Kernel]], Any]] = {}   # listener id -> before-step hook
+        self._hooks: tuple[list, int, list] = ([], 0, [])   # what step_hooks() gives, made on each change
         self._watched: weakref.WeakSet[ImportedBuffer] = weakref.WeakSet()   # imports read in place
         #: the source of messages the host routes on kernels' behalf (the K2K router), or None
         self.feed: OutboxFeed | None = None
@@ -83,6 +84,7 @@ class Inbound:
                 self._retaining.add(id(listener))
             if prepare is not None:
                 self._preparers[id(listener)] = prepare
+            self._snapshot_hooks()
 
     def remove_step_listener(self, listener: Callable[[list[OutboxBatch]], Any]) -> None:
         """Stop calling `listener` (a step already running still hands it its batches)."""
@@ -92,13 +94,20 @@ class Inbound:
                 if listener not in self._listeners:
                     self._retaining.discard(id(stored))
                     self._preparers.pop(id(stored), None)
+                self._snapshot_hooks()
 
     def step_hooks(self) -> tuple[list[Callable[[list[OutboxBatch]], Any]], int, list[Callable[[list[Kernel]], Any]]]:
         """For one step: the listeners that see its batches, how many of them retain
-        each batch, and the before-step hooks (taken together, so they agree)."""
-        with self._lock:
-            listeners = list(self._listeners)
-            return listeners, sum(1 for fn in listeners if id(fn) in self._retaining), list(self._preparers.values())
+        each batch, and the before-step hooks (taken together, so they agree; the
+        caller must not change the lists)."""
+        return self._hooks
+
+    def _snapshot_hooks(self) -> None:
+        """Make what step_hooks() gives anew (with the lock held, after a change): a step
+        reads one consistent snapshot without taking the lock."""
+        listeners = list(self._listeners)
+        self._hooks = (listeners, sum(1 for fn in listeners if id(fn) in self._retaining),
+                       list(self._preparers.values()))
 
     def has_listeners(self) -> bool:
         """Whether something moves messages to kernels on other devices (a step listener)."""
