@@ -120,19 +120,23 @@ class Stepping:
         elif isinstance(kernels, (Kernel, str)):
             targets = [] if self._was_lost(kernels) else [self._resolve(kernels)]
         else:
+            resolve = self._resolve
             try:
-                targets = [self._resolve(k, "kernels item") for k in kernels if not self._was_lost(k)]
+                if self._failover.lost_kernels:
+                    targets = [resolve(k, "kernels item") for k in kernels if not self._was_lost(k)]
+                else:   # (none lost: no item names a lost kernel)
+                    targets = [resolve(k, "kernels item") for k in kernels]
             except TypeError as exc:
                 if "not iterable" in str(exc):
                     raise TypeError(f"kernels must be a Kernel, an id, a list of them or None, "
                                     f"got {type(kernels).__name__}") from None
                 raise
-        seen: set[int] = set()
-        targets = [k for k in targets if not (id(k) in seen or seen.add(id(k)))]  # type: ignore[func-returns-value]
+        if len(targets) > 1:   # each kernel once, in the order first given
+            targets = list({id(k): k for k in targets}.values())
         by_device: dict[int, list[Kernel]] = defaultdict(list)
         for k in targets:
             by_device[k.device_index].append(k)
-        waits: dict[int, list[TimelinePoint]] = defaultdict(list)
+        waits: dict[int, list[TimelinePoint]] = {}
         if wait is not None:
             given = [wait] if isinstance(wait, TimelinePoint) else list(wait)
             for p in given:
@@ -140,7 +144,7 @@ class Stepping:
                     raise TypeError(f"wait must be TimelinePoints, got {p!r}")
                 if p.device_index not in by_device:
                     raise ValueError(f"wait point {p} is on GPU {p.device_index}, where no kernel of this step runs")
-                waits[p.device_index].append(p)
+                waits.setdefault(p.device_index, []).append(p)
         self._raise_errors(targets)
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
         listeners, retain, preparers = self._step_hooks()   # retaining listeners release each batch once
@@ -155,12 +159,20 @@ class Stepping:
         try:
             while queue:
                 dev, ks = queue.pop(0)
-                here = [k for k in ks if not k.destroyed and k.device_index == dev]
-                elsewhere: dict[int, list[Kernel]] = defaultdict(list)
-                for k in ks:   # restored elsewhere by a failover since the step began
-                    if not k.destroyed and k.device_index != dev:
-                        elsewhere[k.device_index].append(k)
-                queue += sorted(elsewhere.items())
+                here: list[Kernel] = []
+                elsewhere: dict[int, list[Kernel]] | None = None
+                for k in ks:
+                    if k.destroyed:
+                        continue
+                    at = k.device_index
+                    if at == dev:
+                        here.append(k)
+                    else:   # restored elsewhere by a failover since the step began
+                        if elsewhere is None:
+                            elsewhere = defaultdict(list)
+                        elsewhere[at].append(k)
+                if elsewhere:
+                    queue += sorted(elsewhere.items())
                 if not here:
                     continue
                 ks = here
@@ -174,8 +186,10 @@ class Stepping:
                                 ostepper.harvest()
                     stepped[dev] = (ctx, stepper)
                     policy = self._policy()
+                    given = waits.get(dev)
                     with ctx.lock:   # (a checkpoint policy's replay log copies what each step consumed, in the step)
-                        point, ran, held, new = stepper.step(ks, as_wait_points(waits[dev], dev), deadline, retain,
+                        point, ran, held, new = stepper.step(ks, as_wait_points(given, dev) if given else (),
+                                                             deadline, retain,
                                                              policy.plan if policy is not None else None)
                 except DeviceLostError as exc:
                     policy = self._policy()
