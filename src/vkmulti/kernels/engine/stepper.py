@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from ...errors import TimeoutError as VkmTimeout, VkmError
 from ..._core.timeline import TimelinePoint
@@ -74,21 +74,24 @@ class DeviceStepper:
 
     def harvest(self) -> None:
         """Read back every completed step: host messages, counts, delivery results."""
-        if not self.inflight and not self.retired:
+        inflight = self.inflight
+        if not inflight and not self.retired:
             return
         done = self.ctx.completed()
-        changed = False
-        while self.inflight and self.inflight[0].value <= done:
-            rec = self.inflight.popleft()
-            self.readback.read(rec)
-            self.harvested = rec.value
-            changed = True
-        if changed:
+        if inflight and inflight[0].value <= done:
+            read = self.readback.read
+            while inflight and inflight[0].value <= done:
+                rec = inflight.popleft()
+                read(rec)
+                self.harvested = rec.value
             live: list[Batch] = []
             for b in self.batches:
                 pending = b.pending
-                if pending and any(k.destroyed for k in pending):
-                    b.pending = {k for k in pending if not k.destroyed}
+                if pending:
+                    for k in pending:
+                        if k.destroyed:
+                            b.pending = {k for k in pending if not k.destroyed}
+                            break
                 if b.finish_if_done(done):
                     if isinstance(b, InboundBatch):
                         self.retire_sets(b)
@@ -144,9 +147,10 @@ class DeviceStepper:
             return self.inflight[0].value
         for k in kernels:
             j = k.steps % d
-            if not k.region_harvested[j]:
-                return k.region_users[j]
-            old = k.outbox_batches[j]
+            res = k.residency
+            if not res.region_harvested[j]:
+                return res.region_users[j]
+            old = res.outbox_batches[j]
             if old is not None and not old.done and old.last_value > self.harvested:
                 return old.last_value   # its delivery results are not known yet
         return 0
@@ -156,7 +160,8 @@ class DeviceStepper:
             self.harvest()
             self.ctx.check()
             for k in kernels:
-                k.check()
+                if k.destroyed:
+                    k.check()
             need = self._blocking_value(kernels)
             if not need:
                 return
@@ -175,27 +180,29 @@ class DeviceStepper:
         that transfer's submits must be queued first (an in-order queue cannot run
         a wait placed before its signal). The transfer's worker never needs this
         device's lock, so waiting with it held cannot deadlock."""
-        def run(hook: Any) -> None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise VkmTimeout(f"GPU {self.ctx.index}: a transfer this step waits for was not submitted "
-                                 f"in time; nothing was submitted")
-            hook(left)
         for b in self.batches:
             hook = getattr(b, "submitted", None)
             if hook is not None and not b.done and b.waits:
-                run(hook)
+                self._run_hook(hook, deadline)
                 b.submitted = None  # type: ignore[attr-defined]
         d = self.ctx.in_flight
         for k in kernels:
             old = k.outbox_batches[k.steps % d]
             while old is not None and old.hold_hooks:
-                run(old.hold_hooks[0])
+                self._run_hook(old.hold_hooks[0], deadline)
                 old.hold_hooks.pop(0)
+
+    def _run_hook(self, hook: Any, deadline: float) -> None:
+        """Run a submitted(timeout) hook with the time left until `deadline`."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise VkmTimeout(f"GPU {self.ctx.index}: a transfer this step waits for was not submitted "
+                             f"in time; nothing was submitted")
+        hook(left)
 
     # -- one step ---------------------------------------------------------------------
 
-    def step(self, kernels: list[Kernel], waits: list[TimelinePoint], deadline: float, retain: int = 0,
+    def step(self, kernels: list[Kernel], waits: Sequence[TimelinePoint], deadline: float, retain: int = 0,
              capture: CaptureFactory | None = None) \
             -> tuple[TimelinePoint | None, list[Kernel], list[tuple[Kernel, str]], list[OutboxBatch]]:
         """One step of `kernels` on this device (see the module docstring); `capture`
@@ -205,7 +212,7 @@ class DeviceStepper:
         d = self.ctx.in_flight
         launched, deferred = [], []
         for k in kernels:
-            old = k.outbox_batches[k.steps % d]
+            old = k.residency.outbox_batches[k.steps % d]
             if old is not None and not old.done:
                 deferred.append((k, "outbox: messages of an earlier step still wait for room in local inboxes"))
             elif len(k.received) >= k.k2h_capacity:
@@ -224,7 +231,8 @@ class DeviceStepper:
             plan = capture(self.ctx, launched) if capture is not None else None
             gpu_waits, survey_offsets = self.recorder.record(rec, launched, taken_h2k, self.batches, self.retired,
                                                              plan.copies if plan is not None else ())
-            gpu_waits += [(p.semaphore, p.value) for p in waits]
+            if waits:
+                gpu_waits += [(p.semaphore, p.value) for p in waits]
             rec.waits = gpu_waits
             ctx = self.ctx
             ctx.step_cmds.submit(ctx.queue_lock, ctx.cmd_ints[rec.region], gpu_waits, ctx.timeline, value)  # type: ignore[arg-type]
@@ -261,39 +269,43 @@ class DeviceStepper:
                    retain: int) -> tuple[Any, list[OutboxBatch]]:
         """The bookkeeping of a step the driver accepted (nothing here may raise): its
         point and its new outbox batches."""
-        d = self.ctx.in_flight
-        self.ctx.value = value
+        ctx = self.ctx
+        d = ctx.in_flight
+        ctx.value = value
         self.nsteps += 1
-        point = self.ctx.point(value)
+        point = ctx.point(value)
         new: list[OutboxBatch] = []
+        surveys, ran = rec.surveys, rec.kernels
         for k, off in zip(launched, survey_offsets):
-            j = k.steps % d
-            b = OutboxBatch(k, k.steps, j, point)
+            step = k.steps
+            j = step % d
+            b = OutboxBatch(k, step, j, point)
             b.retained = retain
             b.surveyed = True
             b.lazy = k.quiet_batches >= QUIET_BATCHES   # probably empty: read once its step is done
             new.append(b)
-            rec.surveys.append((b, off))  # type: ignore[arg-type]
-            k.outbox_batches[j] = b
-            k.region_users[j] = value
-            k.region_harvested[j] = False
-            rec.kernels.append((k, j, k.steps))
-            k.steps += 1
+            surveys.append((b, off))  # type: ignore[arg-type]
+            res = k.residency
+            res.outbox_batches[j] = b
+            res.region_users[j] = value
+            res.region_harvested[j] = False
+            ran.append((k, j, step))
+            k.steps = step + 1
             k.stats.steps_submitted += 1
-            k.last_value = value
+            res.last_value = value
         for b, k, _ in rec.delivers:  # type: ignore[assignment]
             k.last_value = value
             if b is not None:
                 b.waits = []
                 b.last_value = value
-                if b.source is not None and b.source.ctx is self.ctx:   # (an inbound batch's source is elsewhere)
+                if b.source is not None and b.source.ctx is ctx:   # (an inbound batch's source is elsewhere)
                     b.source.last_value = value
-        for sb, _ in rec.surveys:
+        for sb, _ in surveys:
             sb.waits = []
             sb.last_value = value
         self.batches.extend(new)
         self.inflight.append(rec)
-        self.ctx.cond.notify_all()
+        ctx.cond.notify_all()
         return point, new
 
     def surveys_awaited(self) -> set[int]:
@@ -303,7 +315,8 @@ class DeviceStepper:
         Read without the lock: a hint."""
         out = set()
         for b in list(self.batches):
-            origin = getattr(b, "k2k_origin", None)
-            if origin is not None and origin.pending is None and getattr(b, "direct", None) is not None:
-                out.add(origin.device_index)
+            if getattr(b, "direct", None) is not None:
+                origin = getattr(b, "k2k_origin", None)
+                if origin is not None and origin.pending is None:
+                    out.add(origin.device_index)
         return out
