@@ -26,13 +26,13 @@ class StepHarvest:
         """Apply the step `rec`: its surveys, delivery results and the kernels' reports."""
         status = self.ctx.status.words
         for b, off in rec.surveys:
-            self._apply_survey(b, status[off:off + SURVEY_RECORD])
-        directs = {(id(b), id(x)) for b, x in rec.directs}
+            self._apply_survey(b, status[off:off + SURVEY_RECORD].tolist())
+        directs = {(id(b), id(x)) for b, x in rec.directs} if rec.directs else ()
         for b, k, off in rec.delivers:  # type: ignore[assignment]
-            taken, left, rejected, count = status[off:off + 4].tolist()
             if b is None:
                 continue
-            if (id(b), id(k)) in directs:   # no survey was made: the pass's outcome stands for one
+            taken, left, rejected, count = status[off:off + 4].tolist()
+            if directs and (id(b), id(k)) in directs:   # no survey was made: the pass's outcome stands for one
                 if taken == count and not rejected:
                     b.pending = set()
                     b.count = b.local = count
@@ -50,8 +50,8 @@ class StepHarvest:
         for k, j, step in rec.kernels:
             self._harvest_report(k, j, step)
 
-    def _apply_survey(self, b: Batch, words: Any) -> None:
-        w = words[:SURVEY_RECORD].tolist()
+    def _apply_survey(self, b: Batch, w: list[int]) -> None:
+        """Apply a survey record (its SURVEY_RECORD words) to batch b."""
         if isinstance(b, OutboxBatch):   # what the sender's batches hold: the router's guesses
             k = b.kernel
             b.single_dest = w[14] if w[14] == w[15] and w[13] else None   # (all its messages: one kernel)
@@ -60,7 +60,8 @@ class StepHarvest:
                 k.quiet_batches = 0
             else:
                 k.quiet_batches += 1
-        local, gone = set(), []
+        local: set[Kernel] = set()
+        gone: list[int] = []
         for j in range(MAX_LOCAL_KERNELS // 32):   # the mask of local slots addressed
             bits = w[j]
             while bits:
@@ -131,4 +132,4 @@ class StepHarvest:
                 latest = env.timestamp
             if latest is not None:
                 self.rt.hlc.update(latest)
-        st.clock = HlcTimestamp(words[6] | words[7] << 32, words[8])   # (read with the counts: the step is done)
+        st.clock = HlcTimestamp.from_words(words[6], words[7], words[8])   # (read with the counts: the step is done)
