@@ -103,26 +103,29 @@ class StepRecorder:
         ctx, d = self.ctx, self.ctx.in_flight
         ops.append(BARRIER)
         # 1. directory, outbox counts
-        with ctx.dir_lock:
-            rec.directory = sorted(ctx.dir_dirty)
-            ctx.dir_dirty.clear()
-        for idx in rec.directory:
-            entry = self.rt.directory_entry(idx)
-            ops.append(update_op(ctx.directory.handle_int, idx * 16, entry))
+        if ctx.dir_dirty:   # (an entry marked after this look is marked for the next step)
+            with ctx.dir_lock:
+                rec.directory = sorted(ctx.dir_dirty)
+                ctx.dir_dirty.clear()
+            for idx in rec.directory:
+                entry = self.rt.directory_entry(idx)
+                ops.append(update_op(ctx.directory.handle_int, idx * 16, entry))
         feed = self.rt.outbox_feed
         for k in launched:
             j = k.steps % d
-            ops.append(update_op(k.outbox.handle_int, j * k.outbox_region,
-                                 _OUTBOX_RESET.pack(0, 0, k.spec.outbox_capacity)))
+            res = k.residency
+            ops.append(update_op(res.outbox.handle_int, j * res.outbox_region,
+                                 _OUTBOX_RESET.pack(0, 0, res.spec.outbox_capacity)))
             self._place_injected(k, j, feed)
-            old = k.outbox_batches[j]
-            if old is not None:
+            old = res.outbox_batches[j]
+            if old is not None and old.holds:
                 gpu_waits += [(p.semaphore, p.value) for p in old.holds]
         # direct landings: the batch's slots into the (empty) inbox at ring slot 0, by a copy command
         readable = self._readable(batches)
         directs = self._directs(launched, rec, take, readable)
         # kernel -> the (step, finish) sets that bind the batch it reads in place as its inbox
-        in_place = {id(x): self._in_place_sets(x, b, retired) for x, b, _, copied in directs if copied < 0}
+        in_place = {id(x): self._in_place_sets(x, b, retired) for x, b, _, copied in directs if copied < 0} \
+            if directs else {}
         for x, b, _, copied in directs:
             if copied > 0:
                 ops.append(copy_op(handle_value(b.buffer.handle), x.inbox.handle_int, b.offset + RING_HEADER_BYTES,
@@ -142,10 +145,10 @@ class StepRecorder:
             rec.delivers.append((b, x, off))
             wait_for(b)
         for k in launched:
+            if not k.h2k or id(k) in in_place:   # (its step reads a batch in place: they go next step)
+                continue
             j = k.steps % d
             n = min(len(k.h2k), k.spec.inbox_capacity)
-            if not n or id(k) in in_place:   # (its step reads a batch in place: they go next step)
-                continue
             off = take(DELIVER_RECORD)
             if off is None:
                 break
@@ -176,7 +179,8 @@ class StepRecorder:
                 rec.delivers.append((b, k, off))
                 b.passed.add(id(k))   # (some of its messages may be delivered already: never direct for k now)
                 wait_for(b)
-        self._record_deliveries(ops, passes)
+        if passes:
+            self._record_deliveries(ops, passes)
         for b, _ in rec.directs:   # a direct pass that takes the whole batch tells as much as a survey
             b.surveyed = True
         new_inbound = [b for b in readable if isinstance(b, InboundBatch) and not b.surveyed]
@@ -216,15 +220,16 @@ class StepRecorder:
         where it reads a batch in place), kept packed per region (KernelOps): only the step
         and the clock change from one step to the next."""
         j = k.steps % self.ctx.in_flight
-        kp, spec = k.kernel_pass, k.spec
-        kset, fset = (k.kernel_set, k.finish_set) if sets is None else sets
+        res = k.residency
+        kp, spec = res.kernel_pass, res.spec
+        kset, fset = (res.kernel_set, res.finish_set) if sets is None else sets
         kset, fset = handle_value(kset), handle_value(fset)
         key = (kp.pipeline_int, kp.layout_int, kset, fset, survey_offset, k.address, k.tenant, k.params,
                spec.inbox_capacity, spec.outbox_capacity, spec.groups, k.payload_size)
 
         def make() -> tuple[bytes, bytes]:
             ctx = self.ctx
-            out = j * k.outbox_region
+            out = j * res.outbox_region
             kernel = pass_op(kp.pipeline_int, kp.layout_int, kset, (out,), _KERNEL_PUSH.pack(
                 0, 0, k.address, k.tenant, spec.inbox_capacity, spec.outbox_capacity, k.payload_size // 4, 0,
                 *k.params), spec.groups)
@@ -232,7 +237,7 @@ class StepRecorder:
             finish = pass_op(ctx.finish.pipeline_int, ctx.finish.layout_int, fset, (out, j * k.k2h_region),
                              _FINISH_PUSH.pack(0, 0, 0, 0, *survey))
             return kernel, finish
-        return k.step_ops[j].get(key, make)
+        return res.step_ops[j].get(key, make)
 
     def _readable(self, batches: list[Batch]) -> list[Batch]:
         """The batches this step reads: every one not done, except a lazy one (from a
