@@ -108,25 +108,28 @@ class Batch:
     """A batch of message slots on one device that kernels there may take from
     (an outbox region, a host region or a landing buffer of the router)."""
 
+    # Its flags and counts start as these class attributes and become the batch's own once
+    # set (each step makes new batches: their constructor sets only what is not shared).
+    surveyed = False               # a survey pass was recorded
+    pending: set | None = None     # local kernels that may still have messages in it (None: unknown)
+    delivered = 0
+    rejected = 0
+    unknown = 0                    # messages to addresses no kernel has
+    count = 0
+    local = 0                      # messages for kernels of this device (after the survey)
+    remote = 0
+    remote_devices = 0
+    done = False
+    last_value = 0                 # the latest step that read it (a survey or a delivery)
+    retained = 0                   # holders (the K2K router) that still need its region as it is
+    lazy = False                   # read only once written, by a step that need not wait for it
+
     def __init__(self, ctx: DeviceContext, buffer: Any, offset: int, size: int, *, source: "Kernel | None",
                  waits: Sequence[TimelinePoint] = ()):
         self.ctx, self.buffer, self.offset, self.size, self.source = ctx, buffer, offset, size, source
         self.waits = list(waits)       # GPU waits before the first step that reads it
-        self.surveyed = False          # a survey pass was recorded
-        self.pending: set | None = None   # local kernels that may still have messages in it (None: unknown)
         self.cleared: set = set()      # kernels that took all of theirs
-        self.delivered = 0
-        self.rejected = 0
-        self.unknown = 0               # messages to addresses no kernel has
-        self.count = 0
-        self.local = 0                 # messages for kernels of this device (after the survey)
-        self.remote = 0
-        self.remote_devices = 0
-        self.done = False
         self.event = LazyEvent()   # (most batches are never waited on)
-        self.last_value = 0            # the latest step that read it (a survey or a delivery)
-        self.retained = 0              # holders (the K2K router) that still need its region as it is
-        self.lazy = False              # read only once written, by a step that need not wait for it
         self.passed: set[int] = set()  # ids of the kernels a delivery pass over it was recorded for
 
     def takes(self, kernel: "Kernel") -> bool:
