@@ -103,6 +103,8 @@ class Failover:
                     if s.native is not None and s.native.lost}
         else:
             lost = check()
+        if not lost:   # (every step asks: the common case)
+            return set()
         if 0 in lost and not teardown:
             raise self.primary_lost(lost[0])
         if any(d not in self._lost_handled for d in lost):
