@@ -42,7 +42,8 @@ class RuntimeGate:
     enter again."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._mutex = threading.RLock()   # (taken directly by the shared side: no Condition.__enter__)
+        self._cond = threading.Condition(self._mutex)
         self._readers = 0
         self._writer: int | None = None
         self._waiting = 0
@@ -55,7 +56,7 @@ class RuntimeGate:
         depth = getattr(local, "depth", 0)
         counted = False
         if depth == 0 and self._writer != threading.get_ident():
-            with self._cond:
+            with self._mutex:
                 while self._writer is not None or self._waiting:
                     self._cond.wait(0.25)
                 self._readers += 1
@@ -68,7 +69,7 @@ class RuntimeGate:
         depth, counted = token
         self._local.depth = depth
         if counted:
-            with self._cond:
+            with self._mutex:
                 self._readers -= 1
                 if self._waiting:   # (a writer waits for the last reader; new readers wait only for writers)
                     self._cond.notify_all()

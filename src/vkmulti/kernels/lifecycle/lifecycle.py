@@ -72,7 +72,7 @@ from typing import Any, Callable, Iterator
 from ..._core.checks import timeout_seconds
 from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
 from ..checkpoint.format import Checkpoint
-from ..engine.device_context import MappedBuffer
+from ..engine.device_context import MappedBuffer, StepCondition
 from ..engine.gate import gate_of
 from ..engine.gpu_jobs import GpuJobs
 from ..engine.kernel import Kernel
@@ -146,7 +146,8 @@ class Lifecycle:
         self.crc_choice = "auto"
         #: the installed checkpoint policy's captures and replay log, or None
         self.policy_state: PolicyState | None = None
-        self._stepped = threading.Condition(threading.Lock())
+        self._stepped_lock = threading.Lock()
+        self._stepped = StepCondition(self._stepped_lock)   # (notifies only while someone waits)
         #: steps made through gated_step so far (the switch of a move waits for the next one)
         self.steps_done = 0
         #: one step() at a time: submits, the router's hand-off and the replay log follow one order
@@ -294,7 +295,7 @@ class Lifecycle:
             finally:
                 gate.leave_shared(token)
         finally:
-            with self._stepped:
+            with self._stepped_lock:
                 self.steps_done += 1
                 self._stepped.notify_all()
 
@@ -326,7 +327,8 @@ class Lifecycle:
                 raise VkmTimeout(f"step(): the step of another thread did not end within {timeout} s")
 
     def _step(self, step: Callable[..., Any], kernels: Any, wait: Any, timeout: float | None) -> Any:
-        self.reap_retired()
+        if self._parked or self._retired:
+            self.reap_retired()
         policy = self.policy_state
         if policy is not None:
             policy.materialize()
