@@ -62,8 +62,7 @@ class StepHarvest:
                 k.quiet_batches += 1
         local: set[Kernel] = set()
         gone: list[int] = []
-        for j in range(MAX_LOCAL_KERNELS // 32):   # the mask of local slots addressed
-            bits = w[j]
+        for j, bits in enumerate(w[:MAX_LOCAL_KERNELS // 32]):   # the mask of local slots addressed
             while bits:
                 low = bits & -bits
                 i = 32 * j + low.bit_length() - 1
