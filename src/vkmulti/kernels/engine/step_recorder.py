@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import struct
 import time
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -40,18 +39,25 @@ MODE_COPY, MODE_PLAN, MODE_DIRECT, MODE_DIRECT_KNOWN, MODE_IN_PLACE = 0, 1, 2, 3
 READ_IN_PLACE = True
 
 
-@dataclass
 class InFlight:
-    """What the host must read back once the step with `value` completes."""
-    value: int
-    region: int
-    kernels: list[tuple[Kernel, int, int]] = field(default_factory=list)      # kernel, region, step
-    delivers: list[tuple[Batch | None, Kernel, int]] = field(default_factory=list)   # batch (None: h2k), offset
-    surveys: list[tuple[Batch, int]] = field(default_factory=list)
-    directory: list[int] = field(default_factory=list)    # directory entries this step rewrote
-    directs: list[tuple[InboundBatch, Kernel]] = field(default_factory=list)   # batches taken in place
-    in_place: int = 0   # of them, read by their kernel's step where they lie (no copy)
-    waits: Sequence[tuple[int, int]] = ()   # (timeline, value) the GPU waits for first (set at the submit)
+    """What the host must read back once the step with `value` completes (one per
+    device step: a plain slotted class, cheaper to make than a dataclass with list
+    factories)."""
+
+    __slots__ = ("value", "region", "kernels", "delivers", "surveys", "directory", "directs", "in_place", "waits")
+
+    def __init__(self, value: int, region: int):
+        self.value, self.region = value, region
+        self.kernels: list[tuple[Kernel, int, int]] = []      # kernel, region, step
+        self.delivers: list[tuple[Batch | None, Kernel, int]] = []   # batch (None: h2k), kernel, offset
+        self.surveys: list[tuple[Batch, int]] = []
+        self.directory: list[int] = []    # directory entries this step rewrote
+        self.directs: list[tuple[InboundBatch, Kernel]] = []   # batches taken in place
+        self.in_place = 0   # of them, read by their kernel's step where they lie (no copy)
+        self.waits: Sequence[tuple[int, int]] = ()   # (timeline, value) the GPU waits for first (set at the submit)
+
+    def __repr__(self) -> str:
+        return f"InFlight(value={self.value}, region={self.region}, kernels={[k.id for k, _, _ in self.kernels]})"
 
 
 class StepRecorder:
