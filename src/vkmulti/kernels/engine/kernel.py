@@ -108,8 +108,7 @@ class Batch:
     """A batch of message slots on one device that kernels there may take from
     (an outbox region, a host region or a landing buffer of the router)."""
 
-    # Its flags and counts start as these class attributes and become the batch's own once
-    # set (each step makes new batches: their constructor sets only what is not shared).
+    # flags and counts: class defaults until set on the batch (a step's new batches set only their own fields)
     surveyed = False               # a survey pass was recorded
     pending: set | None = None     # local kernels that may still have messages in it (None: unknown)
     delivered = 0

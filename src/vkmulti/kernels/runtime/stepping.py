@@ -186,10 +186,10 @@ class Stepping:
                                 ostepper.harvest()
                     stepped[dev] = (ctx, stepper)
                     policy = self._policy()
-                    given = waits.get(dev)
+                    here_waits = waits.get(dev)
+                    gpu_waits = as_wait_points(here_waits, dev) if here_waits else ()
                     with ctx.lock:   # (a checkpoint policy's replay log copies what each step consumed, in the step)
-                        point, ran, held, new = stepper.step(ks, as_wait_points(given, dev) if given else (),
-                                                             deadline, retain,
+                        point, ran, held, new = stepper.step(ks, gpu_waits, deadline, retain,
                                                              policy.plan if policy is not None else None)
                 except DeviceLostError as exc:
                     policy = self._policy()
