@@ -27,12 +27,12 @@ class StepHarvest:
         status = self.ctx.status.words
         for b, off in rec.surveys:
             self._apply_survey(b, status[off:off + SURVEY_RECORD].tolist())
-        directs = {(id(b), id(x)) for b, x in rec.directs} if rec.directs else ()
+        directs = set(rec.directs) if rec.directs else ()   # (batch, kernel) pairs
         for b, k, off in rec.delivers:  # type: ignore[assignment]
             if b is None:
                 continue
             taken, left, rejected, count = status[off:off + 4].tolist()
-            if directs and (id(b), id(k)) in directs:   # no survey was made: the pass's outcome stands for one
+            if directs and (b, k) in directs:   # no survey was made: the pass's outcome stands for one
                 if taken == count and not rejected:
                     b.pending = set()
                     b.count = b.local = count
@@ -78,7 +78,7 @@ class StepHarvest:
         b.count, b.remote_devices, b.remote, b.local = w[13], w[8], w[10], w[9]
         b.pending = local - b.cleared
         unknown = b.unknown = w[12]
-        if unknown and getattr(b, "report_unknown", True):
+        if unknown and b.report_unknown:
             if self.rt.lost_kernels:   # (probably) to kernels lost with their GPU: not the sender's error
                 self.rt.record_dead_letters(f"{unknown} message(s) addressed to kernels that do not exist (lost "
                                             f"with their GPU: {sorted(self.rt.lost_kernels)})", unknown)

@@ -122,6 +122,14 @@ class Batch:
     last_value = 0                 # the latest step that read it (a survey or a delivery)
     retained = 0                   # holders (the K2K router) that still need its region as it is
     lazy = False                   # read only once written, by a step that need not wait for it
+    # an inbound batch's own fields (InboundBatch), so any batch of a device is read without a probe
+    submitted: Callable[[float], object] | None = None
+    direct: "Kernel | None" = None   # the kernel here it is likely all for (a direct landing)
+    direct_slots = 0                 # its slots worth copying into that kernel's inbox by a copy command
+    hops = 0
+    report_unknown = True
+    exclusive = False   # no other device reads it meanwhile (the router says): its kernel may read it in place
+    k2k_origin: "OutboxBatch | None" = None
 
     def __init__(self, ctx: DeviceContext, buffer: Any, offset: int, size: int, *, source: "Kernel | None",
                  waits: Sequence[TimelinePoint] = ()):
@@ -196,8 +204,8 @@ class OutboxBatch(Batch):
             if self.retained <= 0:
                 raise ValueError(f"{self!r} is not retained")
             self.retained -= 1
-            if not self.retained and self.ctx.alive:
-                try:
+            if not self.retained and self.pending is not None and not self.pending and self.ctx.alive:
+                try:   # (pending unknown or not empty: it cannot be done yet)
                     self.finish_if_done(self.ctx.completed())
                 except DeviceLostError:   # a lost device's batch: its failover lets it go
                     pass
@@ -221,22 +229,13 @@ class InboundBatch(Batch):
 
     def __init__(self, ctx: DeviceContext, buffer: Buffer, offset: int, size: int, waits: list[TimelinePoint], *,
                  hops: int = 0, report_unknown: bool = True, submitted: Callable[[float], object] | None = None,
-                 reuse_sets: bool = False,
-                 direct: "Kernel | None" = None, direct_slots: int = 0, lazy: bool = False):
+                 reuse_sets: bool = False, direct: "Kernel | None" = None, direct_slots: int = 0, lazy: bool = False):
         super().__init__(ctx, buffer, offset, size, source=None, waits=waits)
         self.sets: list[Any] = []      # descriptor sets made for it (freed when done)
         self.reuse_sets = reuse_sets   # its sets are cached per buffer (KernelRuntime.forget_buffer frees them)
-        self.hops = hops
-        self.report_unknown = report_unknown
-        self.submitted = submitted
-        #: the kernel of this device the batch is expected to be all for (direct landing), and the
-        #: slots worth copying into its inbox by a copy command (the rest, if any, a shader copies)
-        self.direct = direct
-        self.direct_slots = direct_slots
+        self.hops, self.report_unknown, self.submitted = hops, report_unknown, submitted
+        self.direct, self.direct_slots = direct, direct_slots   # (the slots past direct_slots a shader copies)
         self.lazy = lazy   # (a batch of a sender that has been sending nothing)
-        #: no other device reads the region while this device's steps do (the router sets it where
-        #: it forwards the batch nowhere): a kernel the batch is all for may read it in place
-        self.exclusive = False
         self._origin: weakref.ref[OutboxBatch] | None = None
 
     @property

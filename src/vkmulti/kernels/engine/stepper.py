@@ -92,7 +92,8 @@ class DeviceStepper:
                         if k.destroyed:
                             b.pending = {k for k in pending if not k.destroyed}
                             break
-                if b.finish_if_done(done):
+                # (finish_if_done in full only where it may find the batch done)
+                if b.done or (pending is not None and not b.pending and not b.retained and b.finish_if_done(done)):
                     if isinstance(b, InboundBatch):
                         self.retire_sets(b)
                 else:
@@ -181,10 +182,10 @@ class DeviceStepper:
         a wait placed before its signal). The transfer's worker never needs this
         device's lock, so waiting with it held cannot deadlock."""
         for b in self.batches:
-            hook = getattr(b, "submitted", None)
+            hook = b.submitted
             if hook is not None and not b.done and b.waits:
                 self._run_hook(hook, deadline)
-                b.submitted = None  # type: ignore[attr-defined]
+                b.submitted = None
         d = self.ctx.in_flight
         for k in kernels:
             old = k.outbox_batches[k.steps % d]
@@ -315,8 +316,8 @@ class DeviceStepper:
         Read without the lock: a hint."""
         out = set()
         for b in list(self.batches):
-            if getattr(b, "direct", None) is not None:
-                origin = getattr(b, "k2k_origin", None)
+            if b.direct is not None:
+                origin = b.k2k_origin
                 if origin is not None and origin.pending is None:
                     out.add(origin.device_index)
         return out
