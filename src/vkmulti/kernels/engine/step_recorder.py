@@ -90,12 +90,12 @@ class StepRecorder:
         # status records for the new outboxes' surveys come first: they are never skipped
         outbox_surveys = [take(SURVEY_RECORD) for _ in launched]
         gpu_waits: list[tuple[int, int]] = []
-        waited: set[int] = set()
+        waited: set[Batch] = set()
 
-        def wait_for(b: Batch) -> None:
-            if id(b) not in waited:
-                waited.add(id(b))
-                gpu_waits.extend((p.semaphore, p.value) for p in b.waits)
+        def wait_for(b: Batch) -> None:   # (callers skip batches without waits: most were read before)
+            if b not in waited:
+                waited.add(b)
+                gpu_waits.extend([(p.semaphore, p.value) for p in b.waits])
         ops: list[bytes | bytearray] = []
         self._record(ops, rec, launched, taken_h2k, batches, retired, take, outbox_surveys, gpu_waits, wait_for)
         if tail:   # (before the closing barrier, which makes them visible to the host too)
@@ -130,7 +130,7 @@ class StepRecorder:
         readable = self._readable(batches)
         directs = self._directs(launched, rec, take, readable)
         # kernel -> the (step, finish) sets that bind the batch it reads in place as its inbox
-        in_place = {id(x): self._in_place_sets(x, b, retired) for x, b, _, copied in directs if copied < 0} \
+        in_place = {x: self._in_place_sets(x, b, retired) for x, b, _, copied in directs if copied < 0} \
             if directs else {}
         for x, b, _, copied in directs:
             if copied > 0:
@@ -146,12 +146,14 @@ class StepRecorder:
                                      b.size, b)
             # the sending step's survey read back already: all the batch's messages are x's (and its tenant's,
             # stamped by the sender's finish pass), so the pass need not check them
-            how = MODE_IN_PLACE if copied < 0 else MODE_DIRECT_KNOWN if _known(b, x, copied) else MODE_DIRECT
+            how = MODE_IN_PLACE if copied < 0 else MODE_DIRECT_KNOWN if _known(b.k2k_origin, x, copied) \
+                else MODE_DIRECT
             passes.append((x, dset, b.offset, off, b.hops, 0, how, max(copied, 0)))
             rec.delivers.append((b, x, off))
-            wait_for(b)
+            if b.waits:
+                wait_for(b)
         for k in launched:
-            if not k.h2k or id(k) in in_place:   # (its step reads a batch in place: they go next step)
+            if not k.h2k or k in in_place:   # (its step reads a batch in place: they go next step)
                 continue
             j = k.steps % d
             n = min(len(k.h2k), k.spec.inbox_capacity)
@@ -169,7 +171,7 @@ class StepRecorder:
             rec.delivers.append((None, k, off))
         for b in readable:  # type: ignore[assignment]
             for k in launched:
-                if not b.takes(k) or id(k) in in_place or k.replaying:   # (a replayed step takes only its logged inputs)
+                if not b.takes(k) or k in in_place or k.replaying:   # (a replayed step takes only its logged inputs)
                     continue
                 off = take(DELIVER_RECORD)
                 if off is None:
@@ -181,15 +183,16 @@ class StepRecorder:
                     key = ("in", b.buffer, b.size) if b.reuse_sets else None  # type: ignore[assignment] # (by the object: never a stale handle)
                 dset = self._deliver_set(k, key, b.buffer, b.size, b)
                 slots = (b.size - RING_HEADER_BYTES) // k.slot_size if inbound else b.kernel.spec.outbox_capacity  # type: ignore[assignment, attr-defined]
-                passes.append((k, dset, b.offset, off, getattr(b, "hops", 0), slots, mode, 0))  # type: ignore[arg-type]
+                passes.append((k, dset, b.offset, off, b.hops, slots, mode, 0))  # type: ignore[arg-type]
                 rec.delivers.append((b, k, off))
                 b.passed.add(id(k))   # (some of its messages may be delivered already: never direct for k now)
-                wait_for(b)
+                if b.waits:
+                    wait_for(b)
         if passes:
             self._record_deliveries(ops, passes)
         for b, _ in rec.directs:   # a direct pass that takes the whole batch tells as much as a survey
             b.surveyed = True
-        new_inbound = [b for b in readable if isinstance(b, InboundBatch) and not b.surveyed]
+        new_inbound = [b for b in readable if not b.surveyed and isinstance(b, InboundBatch)]
         if new_inbound:
             for b in new_inbound:
                 off = take(SURVEY_RECORD)
@@ -208,11 +211,13 @@ class StepRecorder:
                 ops.append(self._survey(pool_set[1], b.offset, off))
                 rec.surveys.append((b, off))
                 b.surveyed = True
-                wait_for(b)
+                if b.waits:
+                    wait_for(b)
         ops.append(BARRIER)
         # 3.-5. the kernels, their finish passes, the surveys of their new outboxes
         now = time.time_ns() // 1000
-        mine = [self._kernel_ops(k, in_place.get(id(k)), off) for k, off in zip(launched, outbox_surveys)]
+        mine = [self._kernel_ops(k, in_place.get(k) if in_place else None, off)
+                for k, off in zip(launched, outbox_surveys)]
         for k, kops in zip(launched, mine):
             kops.stamp(k.steps, now)
         ops += [x.kernel for x in mine]
@@ -229,19 +234,19 @@ class StepRecorder:
         res = k.residency
         kp, spec = res.kernel_pass, res.spec
         kset, fset = (res.kernel_set, res.finish_set) if sets is None else sets
-        kset, fset = handle_value(kset), handle_value(fset)
+        # (by the set handles as they are: a cffi handle hashes and compares by its address)
         key = (kp.pipeline_int, kp.layout_int, kset, fset, survey_offset, k.address, k.tenant, k.params,
                spec.inbox_capacity, spec.outbox_capacity, spec.groups, k.payload_size)
 
         def make() -> tuple[bytes, bytes]:
             ctx = self.ctx
             out = j * res.outbox_region
-            kernel = pass_op(kp.pipeline_int, kp.layout_int, kset, (out,), _KERNEL_PUSH.pack(
+            kernel = pass_op(kp.pipeline_int, kp.layout_int, handle_value(kset), (out,), _KERNEL_PUSH.pack(
                 0, 0, k.address, k.tenant, spec.inbox_capacity, spec.outbox_capacity, k.payload_size // 4, 0,
                 *k.params), spec.groups)
             survey = (survey_offset, ctx.index, ctx.table_size, 1) if survey_offset is not None else (0, 0, 1, 0)
-            finish = pass_op(ctx.finish.pipeline_int, ctx.finish.layout_int, fset, (out, j * k.k2h_region),
-                             _FINISH_PUSH.pack(0, 0, 0, 0, *survey))
+            finish = pass_op(ctx.finish.pipeline_int, ctx.finish.layout_int, handle_value(fset),
+                             (out, j * k.k2h_region), _FINISH_PUSH.pack(0, 0, 0, 0, *survey))
             return kernel, finish
         return res.step_ops[j].get(key, make)
 
@@ -258,25 +263,25 @@ class StepRecorder:
         or, without a sending step to ask (none, or destroyed), once its wait
         points are reached."""
         out: list[Batch] = []
-        held: set[int] = set()
+        held: set[Kernel | None] = set()   # (None never added)
         native, here = self.ctx.slot.native, self.ctx.index
         for b in batches:
             if b.done or (b.pending is not None and not b.pending):   # (nothing more in it for a kernel here)
                 continue
             src = b.source
-            if src is not None and id(src) in held:
+            if held and src in held:
                 continue
             if b.lazy:
-                origin = getattr(b, "k2k_origin", None)
                 if isinstance(b, OutboxBatch):   # local: read at the latest by its sender's last step before reuse
                     ready = b.pending is not None or b.kernel.steps - b.step >= self.ctx.in_flight - 1
                 else:
+                    origin = b.k2k_origin
                     ready = (origin is None or origin.kernel.destroyed or
                              (origin.pending is not None and origin.remote_devices >> here & 1)) \
                         and all(native.timeline_value(p.semaphore) >= p.value for p in b.waits)
                 if not ready:
                     if src is not None:
-                        held.add(id(src))
+                        held.add(src)
                     continue
             out.append(b)
         return out
@@ -290,32 +295,36 @@ class StepRecorder:
         them, on the fast path or not). Returns (kernel, batch, status offset,
         slots to copy, or -1 where the kernel's step reads the batch in place)."""
         out: list[tuple[Kernel, InboundBatch, int, int]] = []
-        if not any(getattr(b, "direct", None) is not None for b in readable):
-            return out
-        stepping = {id(k) for k in launched}
-        taken: set[int] = set()
-        waiting: set[tuple[int, int]] = set()   # (sender, kernel): an older batch may hold messages for it
         for b in readable:
-            x, src = getattr(b, "direct", None), b.source
+            if b.direct is not None:
+                break
+        else:
+            return out
+        stepping = set(launched)
+        taken: set[Kernel] = set()
+        waiting: set[tuple[Kernel, Kernel]] = set()   # (sender, kernel): an older batch may hold messages for it
+        last = readable[-1]
+        for b in readable:
+            x, src = b.direct, b.source
             slots = (b.size - RING_HEADER_BYTES) // self.rt.slot_size
-            if x is not None and src is not None and id(x) in stepping and id(x) not in taken and \
+            if x is not None and src is not None and x in stepping and x not in taken and \
                     not x.destroyed and not x.replaying and slots <= x.spec.inbox_capacity and b.takes(x) and \
-                    id(x) not in b.passed and (id(src), id(x)) not in waiting:   # (the empty inbox holds it all)
+                    id(x) not in b.passed and (src, x) not in waiting:   # (the empty inbox holds it all)
                 off = take(DELIVER_RECORD)
                 if off is None:
                     break
-                taken.add(id(x))
+                taken.add(x)
                 b.cleared.add(x)
                 rec.directs.append((b, x))  # type: ignore[arg-type]
-                copied = min(b.direct_slots, slots)  # type: ignore[attr-defined]
+                copied = min(b.direct_slots, slots)
                 if self._readable_in_place(b, x, readable):  # type: ignore[arg-type]
                     copied = -1
                     rec.in_place += 1
                 out.append((x, b, off, copied))  # type: ignore[arg-type]
-            if src is not None:
+            if src is not None and b is not last:   # (only later batches look at `waiting`)
                 for k in launched:
                     if b.takes(k):
-                        waiting.add((id(src), id(k)))
+                        waiting.add((src, k))
         return out
 
     def _readable_in_place(self, b: InboundBatch, x: Kernel, readable: list[Batch]) -> bool:
@@ -328,12 +337,16 @@ class StepRecorder:
         turn, where the batch fills more than half of x's inbox: a backlog of
         smaller ones goes faster through the copy paths, several a step), and
         the region is aligned for a storage buffer binding."""
-        origin = getattr(b, "k2k_origin", None)
-        if not (READ_IN_PLACE and b.exclusive and origin is not None and origin.pending is not None
+        if not (READ_IN_PLACE and b.exclusive):
+            return False
+        origin = b.k2k_origin
+        if not (origin is not None and origin.pending is not None
                 and not _inboxes_logged(self.rt)
                 and not x.h2k and b.offset % self.ctx.min_offset_alignment == 0
-                and _known(b, x, (b.size - RING_HEADER_BYTES) // self.rt.slot_size)):
+                and _known(origin, x, (b.size - RING_HEADER_BYTES) // self.rt.slot_size)):
             return False
+        if len(readable) == 1:   # (b alone: it takes nothing else)
+            return True
         src = b.source
         later = [o for o in readable if o is not b and o.takes(x)]
         if any(src is None or o.source is not src for o in later):
@@ -404,13 +417,17 @@ class StepRecorder:
         run side by side. Large messages go plan first, then a copy pass."""
         ctx = self.ctx
         rounds: list[list[tuple]] = []
-        seen: dict[int, int] = {}
-        for p in passes:
-            r = seen.get(id(p[0]), 0)
-            seen[id(p[0])] = r + 1
-            if r == len(rounds):
-                rounds.append([])
-            rounds[r].append(p)
+        if len(passes) == 1:
+            rounds = [passes]
+        else:
+            seen: dict[Kernel, int] = {}
+            for p in passes:
+                r = seen.get(p[0], 0)
+                seen[p[0]] = r + 1
+                if r == len(rounds):
+                    rounds.append([])
+                rounds[r].append(p)
+        planning = self.rt.payload_size >= PLANNED_DELIVERY_PAYLOAD   # (else no pass is MODE_PLAN)
         deliver = ctx.deliver
         for i, group in enumerate(rounds):
             if i:
@@ -418,7 +435,7 @@ class StepRecorder:
             for k, dset, offset, status, hops, _, mode, copied in group:
                 ops.append(pass_op(deliver.pipeline_int, deliver.layout_int, handle_value(dset), (offset,),
                                    _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, mode, copied, 0, 0)))
-            planned = [p for p in group if p[6] == MODE_PLAN]
+            planned = [p for p in group if p[6] == MODE_PLAN] if planning else None
             if planned:
                 ops.append(BARRIER)
                 copy = ctx.deliver_copy
@@ -445,9 +462,9 @@ def _inboxes_logged(rt: Any) -> bool:
     return rt.checkpoint_policy is not None
 
 
-def _known(b: Batch, x: Kernel, copied: int) -> bool:
-    """Whether the host read back the sending step's survey of b and it says that all of
-    b's messages (at most `copied`) are x's, from a sender of x's tenant."""
-    origin = getattr(b, "k2k_origin", None)
+def _known(origin: OutboxBatch | None, x: Kernel, copied: int) -> bool:
+    """Whether the host read back the survey of a batch's sending step (`origin`, the batch's
+    k2k_origin) and it says that all of its messages (at most `copied`) are x's, from a
+    sender of x's tenant."""
     return origin is not None and origin.single_dest == x.address and origin.count <= copied \
         and origin.kernel.tenant == x.tenant
