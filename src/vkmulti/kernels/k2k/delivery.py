@@ -140,7 +140,7 @@ class DeliveryEngine:
     def trees(self) -> RouteTrees:
         if self._trees_now is not None:   # fixed for the rest of one step's moves
             return self._trees_now
-        devices = self.kernel_devices = frozenset(k.device_index for k in self.port.kernels)
+        devices = self.kernel_devices = frozenset({k.ctx.index for k in self.port.kernels})   # (their devices)
         coord = self.router.coordinator
         key = (devices, getattr(coord, "topology_generation", None))
         if self._trees is None or key != self._trees_key:
@@ -195,7 +195,7 @@ class DeliveryEngine:
     def on_step(self, batches: list[OutboxBatch]) -> None:
         now = time.monotonic()
         if self.queues or now - self._reaped > REAP_SECONDS or \
-                any(len(v) * 2 >= self.max_landings for v in self.landings.values()):
+                (self.landings and any(len(v) * 2 >= self.max_landings for v in self.landings.values())):
             self.reap()
         self._trees_now = None
         by_device: dict[int, list[OutboxBatch]] = defaultdict(list)

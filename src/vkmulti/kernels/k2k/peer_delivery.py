@@ -46,7 +46,7 @@ def direct_guess(port: RuntimePort, k: Kernel, device: int) -> tuple[Kernel | No
     if not addr or not count:
         return None, None
     x = port.kernel_by_address(addr)
-    if x is None or x.device_index != device or x.tenant != k.tenant:
+    if x is None or x.ctx.index != device or x.tenant != k.tenant:   # (x.ctx.index: its device_index)
         return None, None
     return x, min(k.spec.outbox_capacity, x.spec.inbox_capacity, 1 << (count - 1).bit_length())
 
@@ -88,8 +88,9 @@ class PeerEdges:
     def usable(self, a: int, b: int, trees: Any, batches: list[OutboxBatch]) -> bool:
         """Whether batches of device a go to b in place: a P2P edge whose method is
         DMABUF, between devices that share memory, from exported outboxes."""
-        if not all(isinstance(x.buffer, ExportedBuffer) for x in batches):
-            return False
+        for x in batches:
+            if not isinstance(x.buffer, ExportedBuffer):
+                return False
         hit = self._usable.get((a, b))
         if hit is None:
             hit = not trees.is_host_mediated(a, b) and \
@@ -119,7 +120,9 @@ class PeerEdges:
         hops = min(trees.edge_hops(s, c), 255)
         serves = c in eng.kernel_devices   # (as of this step's trees(), which the caller took)
         onward = trees.children(s, c)
-        total = sum(b.size for b in batches)
+        total = 0
+        for b in batches:
+            total += b.size
         eng.edge_moves[(s, c)] += 1
         eng.edge_bytes[(s, c)] += total
         eng.stats.add_moved(len(batches), total)
@@ -174,17 +177,17 @@ class PeerEdges:
         submitted step has read yet stays held: its kernel is deferred."""
         if not self.landings:
             return
-        held = set()
+        held: set[OutboxBatch] = set()
         for k in kernels:
             b = k.outbox_batches[k.steps % k.ctx.in_flight] if not k.destroyed else None
             if b is not None and b.retained and not b.done:
-                held.add(id(b))
+                held.add(b)
         if not held:
             return
         read, link_points = [], []
         completed: dict[int, int] = {}   # (per device, read once: steps done there already need no wait)
         for p in self.landings:
-            if id(p.batch) not in held or p.finished(self.mgr):
+            if p.batch not in held or p.finished(self.mgr):
                 continue
             i = p.inbound
             if i is not None and not i.done and i.last_value:
@@ -205,8 +208,8 @@ class PeerEdges:
             pass   # still read: the kernel is deferred this time
         self._release(held)
 
-    def _release(self, held: set[int]) -> None:
-        """Let go of the in-place landings of the held batches (ids) that every device
+    def _release(self, held: set[OutboxBatch]) -> None:
+        """Let go of the in-place landings of the held batches that every device
         finished reading, once the reading devices' harvests have finished their
         inbound batches; the rest of the router's reaping waits for its next turn."""
         self.port.poll()
@@ -226,13 +229,13 @@ class PeerEdges:
         self.forget_freed()
         self._sweep(now, None)
 
-    def _sweep(self, now: float, only: set[int] | None) -> None:
-        """Let go of the landings (of the batches with ids in `only`; None: all) that hold
+    def _sweep(self, now: float, only: set[OutboxBatch] | None) -> None:
+        """Let go of the landings (of the batches in `only`; None: all) that hold
         nothing more and every device finished reading; let go of what a landed batch
         no longer holds for its device (landing.nothing_left)."""
         keep = []
         for p in self.landings:
-            if only is None or id(p.batch) in only:
+            if only is None or p.batch in only:
                 i = p.inbound
                 if i is not None and nothing_left(i, p.edge[1]):
                     try:

@@ -469,12 +469,13 @@ class CrossGpuK2KRouter:
         """Resolve host-routed messages whose step was harvested: delivered once the
         batch that carries them is done on the destination's device. Messages
         queued for a kernel destroyed since fail."""
-        with self._queue_lock:
-            for kernel in [k for k in self._by_kernel if k.destroyed]:
-                for r in self._by_kernel.pop(kernel):
-                    if r.state == "queued":
-                        self._fail(r, f"its source {kernel.id!r} was destroyed")
-                self._room.notify_all()
+        if self._by_kernel:   # (read without the lock: one added meanwhile is looked at next time)
+            with self._queue_lock:
+                for kernel in [k for k in self._by_kernel if k.destroyed]:
+                    for r in self._by_kernel.pop(kernel):
+                        if r.state == "queued":
+                            self._fail(r, f"its source {kernel.id!r} was destroyed")
+                    self._room.notify_all()
         if not self._sent:
             return
         keep = []

@@ -258,7 +258,7 @@ class RouteTrees:
     def __init__(self, topology: Any, devices: Iterable[int]):
         self.devices = sorted(set(devices))
         self.decisions: dict[tuple[int, int], RoutingDecision] = {}
-        self._children: dict[int, dict[int, list[int]]] = {}
+        self._children: dict[tuple[int, int], list[int]] = {}   # (source, at) -> children
         self._host: set[tuple[int, int]] = set()
         for s in self.devices:
             paths = []
@@ -278,14 +278,12 @@ class RouteTrees:
                 for a, b in zip(path, path[1:]):
                     if b != s and b not in parent:
                         parent[b] = a
-            kids: dict[int, list[int]] = {}
             for b, a in sorted(parent.items()):
-                kids.setdefault(a, []).append(b)
-            self._children[s] = kids
+                self._children.setdefault((s, a), []).append(b)
 
     def children(self, source: int, at: int) -> list[int]:
         """Devices that `at` sends batches from `source` on to."""
-        return self._children.get(source, {}).get(at, [])
+        return self._children.get((source, at)) or []
 
     def edge_hops(self, a: int, b: int) -> int:
         return 2 if (a, b) in self._host else 1
