@@ -213,16 +213,17 @@ class StepRecorder:
                 b.surveyed = True
                 if b.waits:
                     wait_for(b)
-        ops.append(BARRIER)
         # 3.-5. the kernels, their finish passes, the surveys of their new outboxes
         now = time.time_ns() // 1000
-        mine = [self._kernel_ops(k, in_place.get(k) if in_place else None, off)
-                for k, off in zip(launched, outbox_surveys)]
-        for k, kops in zip(launched, mine):
+        dispatches: list[bytes | bytearray] = [BARRIER]
+        finishes: list[bytes | bytearray] = [BARRIER]
+        for k, off in zip(launched, outbox_surveys):
+            kops = self._kernel_ops(k, in_place.get(k) if in_place else None, off)
             kops.stamp(k.steps, now)
-        ops += [x.kernel for x in mine]
-        ops.append(BARRIER)
-        ops += [x.finish for x in mine]   # (each also surveys the outbox it stamped)
+            dispatches.append(kops.kernel)
+            finishes.append(kops.finish)   # (each also surveys the outbox it stamped)
+        ops += dispatches
+        ops += finishes
         ops.append(HOST_BARRIER)
 
     def _kernel_ops(self, k: Kernel, sets: tuple[Any, Any] | None, survey_offset: int | None) -> KernelOps:
