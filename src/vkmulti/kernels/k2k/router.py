@@ -422,6 +422,8 @@ class CrossGpuK2KRouter:
     def take(self, kernel: Kernel, limit: int) -> list[tuple[bytes, _Routed]]:
         """The runtime's hook (OutboxFeed): up to `limit` host-routed messages of `kernel` to send with its
         next step, as (slot bytes, route) pairs."""
+        if not self._by_kernel.get(kernel):   # (the common case, read without the lock: nothing queued for it)
+            return []
         with self._queue_lock:
             q = self._by_kernel.get(kernel)
             out: list[tuple[bytes, _Routed]] = []

@@ -135,7 +135,7 @@ class Stepping:
             targets = list({id(k): k for k in targets}.values())
         by_device: dict[int, list[Kernel]] = defaultdict(list)
         for k in targets:
-            by_device[k.device_index].append(k)
+            by_device[k.ctx.index].append(k)   # (its device_index)
         waits: dict[int, list[TimelinePoint]] = {}
         if wait is not None:
             given = [wait] if isinstance(wait, TimelinePoint) else list(wait)
@@ -164,7 +164,7 @@ class Stepping:
                 for k in ks:
                     if k.destroyed:
                         continue
-                    at = k.device_index
+                    at = k.ctx.index
                     if at == dev:
                         here.append(k)
                     else:   # restored elsewhere by a failover since the step began
