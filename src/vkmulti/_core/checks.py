@@ -82,6 +82,8 @@ def timeout_seconds(value: Any, label: str = "timeout") -> float | None:
     """A timeout: None (wait as long as it takes) or a number of seconds >= 0; ValueError otherwise."""
     if value is None:
         return None
+    if type(value) is float and value >= 0:   # (the common case, checked without calls; NaN fails >= 0)
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
         raise ValueError(f"{label} must be a number of seconds >= 0 or None, got {short_repr(value)}")
     return float(value)

@@ -34,6 +34,11 @@ class KernelHolds(Protocol):
     def wait_unheld(self, kernel: Any, deadline: float) -> None:
         """Wait (until time.monotonic() `deadline`) for `kernel`'s moving holds to end."""
 
+class _Depth(threading.local):
+    """A thread's nesting of shared passes (0 until it first passes: read without a getattr default)."""
+    depth = 0
+
+
 class RuntimeGate:
     """A readers-writer gate: steps (and other calls that use kernels' device
     resources) pass shared; a migration's switch or a hot reload's swap takes it
@@ -47,15 +52,16 @@ class RuntimeGate:
         self._readers = 0
         self._writer: int | None = None
         self._waiting = 0
-        self._local = threading.local()
+        self._local = _Depth()
 
     def enter_shared(self) -> tuple[int, bool]:
         """Pass the gate shared (what shared() does on entry); returns the token
         leave_shared() takes (a step's hot path: no generator-based context manager)."""
         local = self._local
-        depth = getattr(local, "depth", 0)
+        depth = local.depth
         counted = False
-        if depth == 0 and self._writer != threading.get_ident():
+        writer = self._writer
+        if depth == 0 and (writer is None or writer != threading.get_ident()):
             with self._mutex:
                 while self._writer is not None or self._waiting:
                     self._cond.wait(0.25)
@@ -85,7 +91,7 @@ class RuntimeGate:
     @contextmanager
     def exclusive(self, timeout: float | None, what: str) -> Iterator[None]:
         me = threading.get_ident()
-        if getattr(self._local, "depth", 0):
+        if self._local.depth:
             raise MigrationError(f"{what} cannot run inside a step of the same runtime (from a step listener): "
                                  f"call it after the step returned")
         if self._writer == me:

@@ -146,6 +146,7 @@ class Lifecycle:
         self.crc_choice = "auto"
         #: the installed checkpoint policy's captures and replay log, or None
         self.policy_state: PolicyState | None = None
+        self._gate = gate_of(rt)   # (made by the runtime before the lifecycle)
         self._stepped_lock = threading.Lock()
         self._stepped = StepCondition(self._stepped_lock)   # (notifies only while someone waits)
         #: steps made through gated_step so far (the switch of a move waits for the next one)
@@ -284,10 +285,11 @@ class Lifecycle:
         are held back (deferred, with the reason), and the checkpoint policy captures
         after."""
         try:
-            gate = gate_of(self.rt)
+            gate = self._gate
             token = gate.enter_shared()   # (plain calls: this runs once per step)
             try:
-                self._take_turn(timeout)
+                if not self._turn.acquire(blocking=False):   # (another thread is inside a step)
+                    self._take_turn(timeout)
                 try:
                     return self._step(step, kernels, wait, timeout)
                 finally:
@@ -297,7 +299,8 @@ class Lifecycle:
         finally:
             with self._stepped_lock:
                 self.steps_done += 1
-                self._stepped.notify_all()
+                if self._stepped.waiting:
+                    self._stepped.notify_all()
 
     @contextmanager
     def turn(self, timeout: float | None) -> Iterator[None]:
