@@ -329,7 +329,7 @@ class KernelRuntime:
             timeout: float | None = 60.0) -> RunTicket:
         """`steps` steps of `kernels`, each as `step()` (migrations and reloads swap between two), in one
         ticket once all are submitted. An error or Ctrl-C stops it between two steps; those submitted stand."""
-        return self._steps.run(lambda: self.step(kernels, timeout=timeout), steps)
+        return self._steps.run(self._lifecycle.gated_step, steps, kernels, timeout)
 
     def _wait_points(self, points: Iterable[TimelinePoint], timeout: float | None) -> None:
         self._steps.wait_points(points, timeout)

@@ -71,11 +71,20 @@ class RunTicket:
     def add(self, ticket: StepTicket) -> None:
         """Count one more step of the run (its ticket)."""
         self.steps += 1
-        for p in ticket.points.values():
-            keep_latest(self.points, p)
+        points = self.points
+        for dev, p in ticket.points.items():   # (keep_latest, keyed as it keys them)
+            old = points.get(dev)
+            if old is None or p.value > old.value:
+                points[dev] = p
+        launched = self.launched
         for k in ticket.launched:
-            self.launched[k.id] = self.launched.get(k.id, 0) + 1
-        self.deferred += ticket.deferred
+            kid = k.id
+            try:
+                launched[kid] += 1
+            except KeyError:   # (its first step of the run)
+                launched[kid] = 1
+        if ticket.deferred:
+            self.deferred += ticket.deferred
         self.batches = ticket.batches
 
     def wait(self, timeout: float | None = None) -> None:
@@ -88,6 +97,12 @@ class RunTicket:
 
     def __repr__(self) -> str:
         return f"RunTicket(steps={self.steps}, devices={sorted(self.points)}, launched={self.launched})"
+
+
+class RunTargets(list):
+    """The kernels of a run(), checked once for the run: live Kernels of this
+    runtime, each once, in the order first given. Each step still skips those
+    lost with their device and raises for a destroyed one, as step() does."""
 
 
 class Stepping:
@@ -117,6 +132,11 @@ class Stepping:
         self._failover.sync_lost_devices()   # PrimaryDeviceLostError when GPU 0 is gone
         if kernels is None:
             targets = self._live()
+        elif kernels.__class__ is RunTargets:   # (resolved once for the run)
+            targets = [k for k in kernels if not self._was_lost(k)] if self._failover.lost_kernels else kernels
+            for k in targets:
+                if k.destroyed:
+                    k.check()
         elif isinstance(kernels, (Kernel, str)):
             targets = [] if self._was_lost(kernels) else [self._resolve(kernels)]
         else:
@@ -131,8 +151,8 @@ class Stepping:
                     raise TypeError(f"kernels must be a Kernel, an id, a list of them or None, "
                                     f"got {type(kernels).__name__}") from None
                 raise
-        if len(targets) > 1:   # each kernel once, in the order first given
-            targets = list({id(k): k for k in targets}.values())
+            if len(targets) > 1:   # each kernel once, in the order first given
+                targets = list({id(k): k for k in targets}.values())
         by_device: dict[int, list[Kernel]] = defaultdict(list)
         for k in targets:
             by_device[k.ctx.index].append(k)   # (its device_index)
@@ -145,7 +165,9 @@ class Stepping:
                 if p.device_index not in by_device:
                     raise ValueError(f"wait point {p} is on GPU {p.device_index}, where no kernel of this step runs")
                 waits.setdefault(p.device_index, []).append(p)
-        self._raise_errors(targets)
+        for k in targets:
+            if k.errors:
+                self._raise_errors(targets)
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
         listeners, retain, preparers = self._step_hooks()   # retaining listeners release each batch once
         for prepare in preparers:   # e.g. the router lets go of batches other devices finished reading
@@ -204,8 +226,10 @@ class Stepping:
                         queue += sorted(moved.items())
                         continue
                     raise
-                if point is not None:
-                    keep_latest(points, point)
+                if point is not None:   # (keep_latest)
+                    old = points.get(dev)
+                    if old is None or point.value > old.value:
+                        points[dev] = point
                 launched += ran
                 deferred += held
                 batches += new
@@ -221,15 +245,35 @@ class Stepping:
             listener(batches)
         return StepTicket(self, points, launched, deferred, batches)
 
-    def run(self, step: Callable[[], StepTicket], steps: Any) -> RunTicket:
-        """`steps` calls of `step()` (one runtime step each), gathered in one ticket."""
+    def run(self, gated: Callable[..., StepTicket], steps: Any, kernels: Any, timeout: float | None) -> RunTicket:
+        """`steps` steps of `kernels` (see KernelRuntime.run), each made by `gated(step,
+        kernels, wait, timeout)` (the lifecycle's gated_step, as step() makes one),
+        gathered in one ticket. The arguments are checked once for the run."""
         if not is_int(steps) or steps < 1:
             raise ValueError(f"steps must be an int >= 1, got {steps!r}"[:160])
         self._check()
+        timeout = timeout_seconds(timeout)
+        targets = self.run_targets(kernels)
         ticket = RunTicket(self)
+        step, add = self.step, ticket.add
         for _ in range(steps):
-            ticket.add(step())
+            add(gated(step, targets, None, timeout))
         return ticket
+
+    def run_targets(self, kernels: Any) -> Any:
+        """`kernels` (a Kernel or a list or tuple of them, all live in this runtime) as
+        RunTargets; anything else as given (resolved at each step, as step() does)."""
+        if isinstance(kernels, Kernel):
+            items: Any = (kernels,)
+        elif type(kernels) is list or type(kernels) is tuple:
+            items = kernels
+        else:
+            return kernels
+        registry = self._kernels
+        for k in items:
+            if not isinstance(k, Kernel) or k.destroyed or registry.get(k.id) is not k:
+                return kernels   # (an id, another runtime's kernel, a destroyed one: as step() finds them)
+        return RunTargets({id(k): k for k in items}.values())
 
     def poll(self, pairs: list[tuple[DeviceContext, DeviceStepper]]) -> None:
         """Harvest what completed on each device without waiting. A device found lost
