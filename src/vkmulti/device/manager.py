@@ -492,7 +492,7 @@ class MultiDeviceManager:
         for s in list(self._slots):
             if s.native is not None and s.native.lost and s.index not in self._lost:
                 self.report_device_lost(s.index, "the device returned VK_ERROR_DEVICE_LOST")
-        return self.lost_devices
+        return self.lost_devices if self._lost else {}   # (none lost: no copy under the lock)
 
     def register_teardown(self, hook: Callable[[], object]) -> None:
         """Call `hook()` first thing in destroy() (engines free their per-device objects there)."""

@@ -71,6 +71,7 @@ class Failover:
         self._kernels, self._contexts, self._device_lost = kernels, contexts, device_lost
         self._forget, self._release, self._restore = forget, release, restore
         self._turn = turn if turn is not None else (lambda timeout: contextlib.nullcontext())
+        self._check_devices = getattr(manager, "check_devices", None)   # (every step calls it)
         #: what lost devices cost this runtime (devices, kernels lost, times)
         self.stats = FailoverStats()
         #: kernels that were on a lost device and could not be restored: id -> that device
@@ -95,7 +96,7 @@ class Failover:
     def sync_lost_devices(self, *, teardown: bool = False) -> set[int]:
         """Fail over from every device found lost; the lost devices. PrimaryDeviceLostError
         for GPU 0 (unless `teardown`: then its kernels are released like the others')."""
-        check = getattr(self.manager, "check_devices", None)
+        check = self._check_devices
         if check is None:
             return set()
         if getattr(self.manager, "destroyed", False):   # the manager's destroy() runs: read the flags
