@@ -52,6 +52,7 @@ def copy_op(src: int, dst: int, src_offset: int, dst_offset: int, size: int) -> 
 
 
 _STEP = struct.Struct("<2I")   # (push constants: little-endian, as the GPU reads them)
+_OUTBOX_RESET = struct.Struct("<3I")   # count, step, capacity (a batch read in place changed the last two)
 _CLOCK_STEP = struct.Struct("<4I")
 
 
@@ -59,16 +60,28 @@ class KernelOps:
     """One kernel's packed passes of a step in one outbox region: its dispatch and its
     finish pass (with the new outbox's survey), made once per `key` (what they bind
     and push, bar the step and the clock: a kernel that reads some batches in
-    place binds other sets at those steps) and kept for the few keys seen last.
+    place binds other sets at those steps) and kept for the few keys seen last;
+    and the update op that resets the region's outbox header.
     Not thread-safe: used by its device's recorder, under the device's lock."""
 
-    __slots__ = ("made", "kernel", "finish")
+    __slots__ = ("made", "kernel", "finish", "reset", "reset_of")
     KEEP = 4
 
     def __init__(self) -> None:
         self.made: dict[Any, tuple[bytearray, bytearray]] = {}
         self.kernel = bytearray()
         self.finish = bytearray()
+        self.reset = b""
+        self.reset_of: tuple[Any, Any, int] | None = None   # (outbox buffer, spec, offset) it was made for
+
+    def outbox_reset(self, outbox: Any, spec: Any, offset: int) -> bytes:
+        """The update op that resets the outbox header (count, step, capacity) at `offset`
+        of `outbox` for `spec`'s outbox capacity, made once per buffer, spec and offset."""
+        made = self.reset_of
+        if made is None or made[0] is not outbox or made[1] is not spec or made[2] != offset:
+            self.reset = update_op(outbox.handle_int, offset, _OUTBOX_RESET.pack(0, 0, spec.outbox_capacity))
+            self.reset_of = (outbox, spec, offset)
+        return self.reset
 
     def get(self, key: tuple, make: Any) -> "KernelOps":
         """These ops, made by `make()` -> (kernel op, finish op) for a `key` not seen lately."""

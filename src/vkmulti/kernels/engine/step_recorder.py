@@ -25,7 +25,6 @@ _KERNEL_PUSH = struct.Struct("<8I4I")
 _FINISH_PUSH = struct.Struct("<8I")
 _DELIVER_PUSH = struct.Struct("<8I")
 _SURVEY_PUSH = struct.Struct("<4I")
-_OUTBOX_RESET = struct.Struct("<3I")   # count, step, capacity (a batch read in place changed the last two)
 #: Payloads from this size on are delivered in two passes: a plan, then a copy with one
 #: workgroup per message (all invocations on its words) instead of one invocation per message.
 PLANNED_DELIVERY_PAYLOAD = 1024
@@ -87,8 +86,14 @@ class StepRecorder:
             status_free -= words
             return offset + (STATUS_WORDS - status_free - words)
 
-        # status records for the new outboxes' surveys come first: they are never skipped
-        outbox_surveys = [take(SURVEY_RECORD) for _ in launched]
+        # status records for the new outboxes' surveys come first: they are never skipped (a device
+        # runs at most MAX_LOCAL_KERNELS kernels, whose records fit), so they are laid out in one go
+        n = len(launched)
+        if n * SURVEY_RECORD <= status_free:
+            outbox_surveys: list[int | None] = list(range(offset, offset + n * SURVEY_RECORD, SURVEY_RECORD))
+            status_free -= n * SURVEY_RECORD
+        else:
+            outbox_surveys = [take(SURVEY_RECORD) for _ in launched]
         gpu_waits: list[tuple[int, int]] = []
         waited: set[Batch] = set()
 
@@ -120,9 +125,10 @@ class StepRecorder:
         for k in launched:
             j = k.steps % d
             res = k.residency
-            ops.append(update_op(res.outbox.handle_int, j * res.outbox_region,
-                                 _OUTBOX_RESET.pack(0, 0, res.spec.outbox_capacity)))
-            self._place_injected(k, j, feed)
+            ops.append(res.step_ops[j].outbox_reset(res.outbox, res.spec, j * res.outbox_region))
+            res.k2h.words[j * res.k2h_region // 4 + 9] = 0   # (no messages placed for the host's routing yet)
+            if feed is not None and k.injecting is None and not k.replaying:
+                self._place_injected(k, j, feed)
             old = res.outbox_batches[j]
             if old is not None and old.holds:
                 gpu_waits += [(p.semaphore, p.value) for p in old.holds]
@@ -378,14 +384,12 @@ class StepRecorder:
 
     def _place_injected(self, k: Kernel, j: int, feed: Any) -> None:
         """Messages the host routes as `k` (outbox feed) go into the last slots of the
-        step's K2H region; the finish pass appends what fits after k's own. One
-        such step per kernel is in flight at a time, so what did not fit goes
-        back to the front of the feed before anything newer is placed."""
+        step's K2H region; the finish pass appends what fits after k's own (the caller
+        zeroed their count, and calls this only while k has no such step in flight
+        and is not replaying). One such step per kernel is in flight at a time, so
+        what did not fit goes back to the front of the feed before anything newer is placed."""
         base = j * k.k2h_region
         words = k.k2h.words
-        words[base // 4 + 9] = 0
-        if feed is None or k.injecting is not None or k.replaying:
-            return
         items = feed.take(k, k.spec.outbox_capacity)
         if not items:
             return
