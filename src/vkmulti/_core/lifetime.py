@@ -281,12 +281,10 @@ _LAZY_LOCK = threading.Lock()
 class LazyEvent:
     """set() / is_set() / wait(timeout) of a threading.Event that is made only when
     someone waits: an event that is set before anyone waits (or never waited on)
-    costs a flag instead of an Event with its Condition and lock."""
-    __slots__ = ("_event", "_set")
-
-    def __init__(self) -> None:
-        self._event: threading.Event | None = None
-        self._set = False
+    costs a flag instead of an Event with its Condition and lock. Both start as
+    class defaults: making one runs no __init__ (one per kernel step's batch)."""
+    _event: threading.Event | None = None
+    _set = False
 
     def set(self) -> None:
         with _LAZY_LOCK:

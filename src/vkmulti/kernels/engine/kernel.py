@@ -162,8 +162,9 @@ class OutboxBatch(Batch):
     is reused `in_flight` steps later; hold(point) keeps it until `point`."""
 
     def __init__(self, kernel: "Kernel", step: int, region: int, ready: TimelinePoint):
-        super().__init__(kernel.ctx, kernel.outbox, region * kernel.outbox_region, kernel.outbox_region,
-                         source=kernel)
+        res, size = kernel.residency, kernel.outbox_region   # (Batch.__init__'s fields: one call less per step)
+        self.ctx, self.buffer, self.offset, self.size, self.source = res.ctx, res.outbox, region * size, size, kernel
+        self.waits, self.cleared, self.event, self.passed = [], set(), LazyEvent(), set()
         self.kernel, self.step, self.region, self.ready = kernel, step, region, ready
         self.holds: list[TimelinePoint] = []
         self.hold_hooks: list[Any] = []   # run before a step queues a wait on the holds (see hold())
