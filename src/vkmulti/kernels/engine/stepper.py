@@ -100,7 +100,9 @@ class DeviceStepper:
                     live.append(b)
             if len(live) != len(self.batches):
                 self.batches[:] = live   # (in place: the runtime's accept appends to this list)
-            self.ctx.cond.notify_all()
+            cond = self.ctx.cond
+            if cond.waiting:   # (StepCondition.notify_all's own test, without the call)
+                cond.notify_all()
         if self.retired:
             keep = []
             for value, pool_set in self.retired:
@@ -157,9 +159,11 @@ class DeviceStepper:
         return 0
 
     def make_room(self, kernels: list[Kernel], deadline: float) -> None:
+        ctx = self.ctx
         while True:
             self.harvest()
-            self.ctx.check()
+            if not ctx.alive:
+                ctx.check()
             for k in kernels:
                 if k.destroyed:
                     k.check()
@@ -306,7 +310,8 @@ class DeviceStepper:
             sb.last_value = value
         self.batches.extend(new)
         self.inflight.append(rec)
-        ctx.cond.notify_all()
+        if ctx.cond.waiting:   # (StepCondition.notify_all's own test, without the call)
+            ctx.cond.notify_all()
         return point, new
 
     def surveys_awaited(self) -> set[int]:

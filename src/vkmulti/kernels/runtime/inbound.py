@@ -238,7 +238,8 @@ class Inbound:
         b.source = source
         imported = isinstance(buffer, ImportedBuffer)
         with ctx.lock:
-            ctx.check()
+            if not ctx.alive:
+                ctx.check()
             if imported:
                 if (source is not None and source.destroyed) or buffer.destroyed:
                     raise DestroyedError("the outbox it lies in was freed: it is no longer read in place")
