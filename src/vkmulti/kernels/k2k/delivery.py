@@ -204,7 +204,7 @@ class DeliveryEngine:
                 b.k2k_moves, b.k2k_landings = 0, []  # type: ignore[attr-defined]
                 b.release()
                 continue
-            by_device[b.device_index].append(b)
+            by_device[b.ctx.index].append(b)   # (its device_index)
         trees = self.trees() if by_device else None
         for s, bs in sorted(by_device.items()):
             children = trees.children(s, s)  # type: ignore[union-attr]

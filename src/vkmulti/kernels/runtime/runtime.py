@@ -145,7 +145,8 @@ class KernelRuntime:
         if isinstance(kernel, Kernel):
             if kernel.runtime is not self:
                 raise ValueError(f"{label} {kernel.id!r} belongs to another KernelRuntime")
-            kernel.check()
+            if kernel.destroyed:
+                kernel.check()
             return kernel
         if isinstance(kernel, str):
             return self.kernel(kernel)
@@ -205,8 +206,7 @@ class KernelRuntime:
     def accept_batch(self, device: int, buffer: Buffer, offset: int = 0, size: int | None = None, *,
                      wait: Points = None, source: Kernel | None = None, hops: int = 0, report_unknown: bool = True,
                      submitted: Callable[[float], object] | None = None, reuse_sets: bool = False,
-                     direct: Kernel | None = None, direct_slots: int | None = None,
-                     lazy: bool = False) -> InboundBatch:
+                     direct: Kernel | None = None, direct_slots: int | None = None, lazy: bool = False) -> InboundBatch:
         """Hand the kernels of `device` a batch in `buffer` from `offset` (Inbound.accept_batch)."""
         return self.inbound.accept_batch(device, buffer, offset, size, wait=wait, source=source, hops=hops,
                                          report_unknown=report_unknown, submitted=submitted, reuse_sets=reuse_sets,

@@ -151,7 +151,8 @@ class Stepping:
                     raise TypeError(f"kernels must be a Kernel, an id, a list of them or None, "
                                     f"got {type(kernels).__name__}") from None
                 raise
-            if len(targets) > 1:   # each kernel once, in the order first given
+            n = len(targets)
+            if n > 2 or n == 2 and targets[0] is targets[1]:   # each kernel once, in the order first given
                 targets = list({id(k): k for k in targets}.values())
         by_device: dict[int, list[Kernel]] = defaultdict(list)
         for k in targets:
@@ -179,8 +180,7 @@ class Stepping:
         stepped: dict[int, tuple[Any, Any]] = {}
         queue = sorted(by_device.items())
         try:
-            while queue:
-                dev, ks = queue.pop(0)
+            for dev, ks in queue:   # (devices added to the queue meanwhile come after the others)
                 here: list[Kernel] = []
                 elsewhere: dict[int, list[Kernel]] | None = None
                 for k in ks:
