@@ -48,13 +48,6 @@ class StepTicket:
                 f"deferred={[k.id for k, _ in self.deferred]})")
 
 
-def keep_latest(points: dict[int, TimelinePoint], p: TimelinePoint) -> None:
-    """Keep in `points` (device -> point) the later of `p` and the point already there."""
-    old = points.get(p.device_index)
-    if old is None or p.value > old.value:
-        points[p.device_index] = p
-
-
 class RunTicket:
     """What one `run()` submitted: `steps` steps one after the other. `points`
     holds the latest timeline point per device, `launched` how many of the
@@ -72,7 +65,7 @@ class RunTicket:
         """Count one more step of the run (its ticket)."""
         self.steps += 1
         points = self.points
-        for dev, p in ticket.points.items():   # (keep_latest, keyed as it keys them)
+        for dev, p in ticket.points.items():   # (the later point per device)
             old = points.get(dev)
             if old is None or p.value > old.value:
                 points[dev] = p
@@ -226,7 +219,7 @@ class Stepping:
                         queue += sorted(moved.items())
                         continue
                     raise
-                if point is not None:   # (keep_latest)
+                if point is not None:   # (the later point per device)
                     old = points.get(dev)
                     if old is None or point.value > old.value:
                         points[dev] = point
