@@ -100,10 +100,8 @@ class KernelRuntime:
                                   self.inbound.device_lost, self._unregister, self._release_address,
                                   functools.partial(restore_lost_kernels, self._lifecycle), self._lifecycle.turn)
         self._steps = Stepping(self._check, self._resolve, lambda: self.kernels, self._kernels, self._device,
-                               self._lock, self.inbound.step_hooks, self._failover,
-                               lambda: self._lifecycle.policy_state)
-        life = getattr(manager, "_life", None)
-        if life is not None:
+                               self._lock, self.inbound.step_hooks, self._failover, self._lifecycle)
+        if (life := getattr(manager, "_life", None)) is not None:
             life.adopt(self)   # the manager's destroy() destroys the runtime before its buffers and devices
 
     # -- registry -----------------------------------------------------------------------
@@ -115,6 +113,9 @@ class KernelRuntime:
         return self._device(index)[0]
 
     def _device(self, index: int) -> tuple[DeviceContext, DeviceStepper]:
+        pair = self._contexts.get(index)   # (a made pair, without the lock: destroy() and a failover take
+        if pair is not None and not self._destroyed:   # pairs out under it, destroy() once _destroyed is set)
+            return pair
         with self._lock:
             self._check()
             pair = self._contexts.get(index)
@@ -279,12 +280,10 @@ class KernelRuntime:
         with ctx.lock:
             ctx.check()
             k = Kernel(self, ctx, spec, kernel_id, address, tenant, params)
-        h2k = getattr(options, "input_queue_capacity", None)
-        k2h = getattr(options, "output_queue_capacity", None)
-        if isinstance(h2k, int) and h2k > 0:
-            k.h2k_capacity = h2k
-        if isinstance(k2h, int) and k2h > 0:
-            k.k2h_capacity = k2h
+        for option, field in (("input_queue_capacity", "h2k_capacity"), ("output_queue_capacity", "k2h_capacity")):
+            cap = getattr(options, option, None)
+            if isinstance(cap, int) and cap > 0:
+                setattr(k, field, cap)
         try:
             ctx.run_once(k.init_commands(states))
             for i, data in enumerate(states):

@@ -19,7 +19,7 @@ from ..engine.device_context import DeviceContext
 from ..engine.kernel import Kernel, OutboxBatch
 from ..engine.stepper import DeviceStepper
 from ..lifecycle.failover import Failover
-from ..lifecycle.policy import PolicyState
+from ..lifecycle.lifecycle import Lifecycle
 
 __all__ = ["RunTicket", "StepTicket", "Stepping"]
 
@@ -66,8 +66,7 @@ class RunTicket:
         self.steps += 1
         points = self.points
         for dev, p in ticket.points.items():   # (the later point per device)
-            old = points.get(dev)
-            if old is None or p.value > old.value:
+            if dev not in points or p.value > points[dev].value:
                 points[dev] = p
         launched = self.launched
         for k in ticket.launched:
@@ -104,14 +103,15 @@ class Stepping:
     the live kernels, `registry` is the runtime's id -> kernel map, `device`
     gives a device's (DeviceContext, DeviceStepper); `step_hooks()` gives the
     step listeners that see each step's batches, how many retain them, and the
-    hooks run before it; `policy()` is the checkpoint policy's state or None."""
+    hooks run before it; `life.policy_state` is the checkpoint policy's state or
+    None (read at each device's step, as a policy installed meanwhile applies)."""
 
     def __init__(self, check: Callable[[], None], resolve: Callable[..., Kernel], live: Callable[[], list[Kernel]],
                  registry: dict, device: Callable[[int], tuple[DeviceContext, DeviceStepper]],
                  lock: threading.RLock, step_hooks: Callable[[], tuple[list, int, list]], failover: Failover,
-                 policy: Callable[[], PolicyState | None]):
+                 life: Lifecycle):
         self._check, self._resolve, self._live, self._kernels = check, resolve, live, registry
-        self._device, self._lock, self._failover, self._policy = device, lock, failover, policy
+        self._device, self._lock, self._failover, self._life = device, lock, failover, life
         self._step_hooks = step_hooks
 
     def context(self, index: int) -> DeviceContext:
@@ -174,23 +174,12 @@ class Stepping:
         queue = sorted(by_device.items())
         try:
             for dev, ks in queue:   # (devices added to the queue meanwhile come after the others)
-                here: list[Kernel] = []
-                elsewhere: dict[int, list[Kernel]] | None = None
                 for k in ks:
-                    if k.destroyed:
-                        continue
-                    at = k.ctx.index
-                    if at == dev:
-                        here.append(k)
-                    else:   # restored elsewhere by a failover since the step began
-                        if elsewhere is None:
-                            elsewhere = defaultdict(list)
-                        elsewhere[at].append(k)
-                if elsewhere:
-                    queue += sorted(elsewhere.items())
-                if not here:
+                    if k.destroyed or k.ctx.index != dev:   # (else all of them step here, as they are)
+                        ks = self._still_here(dev, ks, queue)
+                        break
+                if not ks:
                     continue
-                ks = here
                 try:
                     ctx, stepper = self._device(dev)
                     # devices stepped before whose steps are done since: read them back (read in place here)
@@ -200,14 +189,14 @@ class Stepping:
                             if octx.alive:
                                 ostepper.harvest()
                     stepped[dev] = (ctx, stepper)
-                    policy = self._policy()
-                    here_waits = waits.get(dev)
+                    policy = self._life.policy_state
+                    here_waits = waits.get(dev) if waits else None
                     gpu_waits = as_wait_points(here_waits, dev) if here_waits else ()
                     with ctx.lock:   # (a checkpoint policy's replay log copies what each step consumed, in the step)
                         point, ran, held, new = stepper.step(ks, gpu_waits, deadline, retain,
                                                              policy.plan if policy is not None else None)
                 except DeviceLostError as exc:
-                    policy = self._policy()
+                    policy = self._life.policy_state
                     if policy is not None and launched:   # what survivors sent in this call is logged first
                         policy.replay.after_step(launched)
                     if self._failover.step_failed(dev, exc):   # a lost secondary: failed over, the others go on
@@ -219,10 +208,8 @@ class Stepping:
                         queue += sorted(moved.items())
                         continue
                     raise
-                if point is not None:   # (the later point per device)
-                    old = points.get(dev)
-                    if old is None or point.value > old.value:
-                        points[dev] = point
+                if point is not None and (dev not in points or point.value > points[dev].value):
+                    points[dev] = point   # (the later point per device)
                 launched += ran
                 deferred += held
                 batches += new
@@ -281,6 +268,24 @@ class Stepping:
                 except DeviceLostError:
                     if not self._failover.device_lost(ctx.index):
                         raise
+
+    @staticmethod
+    def _still_here(dev: int, ks: list[Kernel], queue: list[tuple[int, list[Kernel]]]) -> list[Kernel]:
+        """Those of `ks` (queued for device `dev`) that are live and still there; those
+        restored elsewhere by a failover since the step began are queued for their device."""
+        here: list[Kernel] = []
+        elsewhere: dict[int, list[Kernel]] = defaultdict(list)
+        for k in ks:
+            if k.destroyed:
+                continue
+            at = k.ctx.index
+            if at == dev:
+                here.append(k)
+            else:
+                elsewhere[at].append(k)
+        if elsewhere:
+            queue += sorted(elsewhere.items())
+        return here
 
     def _raise_errors(self, kernels: list[Kernel]) -> None:
         for k in kernels:
