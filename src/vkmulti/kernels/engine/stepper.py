@@ -84,8 +84,9 @@ class DeviceStepper:
                 rec = inflight.popleft()
                 read(rec)
                 self.harvested = rec.value
-            live: list[Batch] = []
-            for b in self.batches:
+            batches = self.batches
+            gone = 0   # (the batches done are taken out in place: the runtime's accept appends to this list)
+            for i, b in enumerate(batches):
                 pending = b.pending
                 if pending:
                     for k in pending:
@@ -96,10 +97,11 @@ class DeviceStepper:
                 if b.done or (pending is not None and not b.pending and not b.retained and b.finish_if_done(done)):
                     if isinstance(b, InboundBatch):
                         self.retire_sets(b)
-                else:
-                    live.append(b)
-            if len(live) != len(self.batches):
-                self.batches[:] = live   # (in place: the runtime's accept appends to this list)
+                    gone += 1
+                elif gone:
+                    batches[i - gone] = b
+            if gone:
+                del batches[-gone:]
             cond = self.ctx.cond
             if cond.waiting:   # (StepCondition.notify_all's own test, without the call)
                 cond.notify_all()
@@ -278,7 +280,7 @@ class DeviceStepper:
         d = ctx.in_flight
         ctx.value = value
         self.nsteps += 1
-        point = ctx.point(value)
+        point = TimelinePoint(ctx.timeline, value, ctx.index)  # type: ignore[arg-type]  # (ctx.point(value))
         new: list[OutboxBatch] = []
         surveys, ran = rec.surveys, rec.kernels
         for k, off in zip(launched, survey_offsets):
@@ -308,7 +310,7 @@ class DeviceStepper:
         for sb, _ in surveys:
             sb.waits = []
             sb.last_value = value
-        self.batches.extend(new)
+        self.batches += new
         self.inflight.append(rec)
         if ctx.cond.waiting:   # (StepCondition.notify_all's own test, without the call)
             ctx.cond.notify_all()
