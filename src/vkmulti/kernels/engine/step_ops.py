@@ -83,15 +83,20 @@ class KernelOps:
             self.reset_of = (outbox, spec, offset)
         return self.reset
 
-    def get(self, key: tuple, make: Any) -> "KernelOps":
-        """These ops, made by `make()` -> (kernel op, finish op) for a `key` not seen lately."""
+    def get(self, key: tuple, make: Any, step: int | None = None, now_us: int = 0) -> "KernelOps":
+        """These ops, made by `make()` -> (kernel op, finish op) for a `key` not seen lately;
+        stamped with `step` and `now_us` where `step` is given (see stamp)."""
         ops = self.made.get(key)
         if ops is None:
             if len(self.made) >= self.KEEP:
                 self.made.clear()
             k, f = make()
             ops = self.made[key] = (bytearray(k), bytearray(f))
-        self.kernel, self.finish = ops
+        self.kernel, self.finish = kernel, finish = ops
+        if step is not None:   # (stamp's, without the call: once per kernel step)
+            lo, hi = step & U32_MAX, step >> 32
+            _STEP.pack_into(kernel, _DATA, lo, hi)
+            _CLOCK_STEP.pack_into(finish, _DATA, now_us & U32_MAX, now_us >> 32, lo, hi)
         return self
 
     def stamp(self, step: int, now_us: int) -> None:

@@ -121,7 +121,7 @@ class StepRecorder:
             for idx in rec.directory:
                 entry = self.rt.directory_entry(idx)
                 ops.append(update_op(ctx.directory.handle_int, idx * 16, entry))
-        feed = self.rt.outbox_feed
+        feed = self.rt.inbound.feed   # (the runtime's outbox_feed, without the property)
         for k in launched:
             j = k.steps % d
             res = k.residency
@@ -133,8 +133,8 @@ class StepRecorder:
             if old is not None and old.holds:
                 gpu_waits += [(p.semaphore, p.value) for p in old.holds]
         # direct landings: the batch's slots into the (empty) inbox at ring slot 0, by a copy command
-        readable = self._readable(batches)
-        directs = self._directs(launched, rec, take, readable)
+        readable = self._readable(batches) if batches else batches
+        directs = self._directs(launched, rec, take, readable) if readable else []
         # kernel -> the (step, finish) sets that bind the batch it reads in place as its inbox
         in_place = {x: self._in_place_sets(x, b, retired) for x, b, _, copied in directs if copied < 0} \
             if directs else {}
@@ -198,7 +198,7 @@ class StepRecorder:
             self._record_deliveries(ops, passes)
         for b, _ in rec.directs:   # a direct pass that takes the whole batch tells as much as a survey
             b.surveyed = True
-        new_inbound = [b for b in readable if not b.surveyed and isinstance(b, InboundBatch)]
+        new_inbound = [b for b in readable if not b.surveyed and isinstance(b, InboundBatch)] if readable else ()
         if new_inbound:
             for b in new_inbound:
                 off = take(SURVEY_RECORD)
@@ -224,19 +224,19 @@ class StepRecorder:
         dispatches: list[bytes | bytearray] = [BARRIER]
         finishes: list[bytes | bytearray] = [BARRIER]
         for k, off in zip(launched, outbox_surveys):
-            kops = self._kernel_ops(k, in_place.get(k) if in_place else None, off)
-            kops.stamp(k.steps, now)
+            kops = self._kernel_ops(k, in_place.get(k) if in_place else None, off, now)
             dispatches.append(kops.kernel)
             finishes.append(kops.finish)   # (each also surveys the outbox it stamped)
         ops += dispatches
         ops += finishes
         ops.append(HOST_BARRIER)
 
-    def _kernel_ops(self, k: Kernel, sets: tuple[Any, Any] | None, survey_offset: int | None) -> KernelOps:
+    def _kernel_ops(self, k: Kernel, sets: tuple[Any, Any] | None, survey_offset: int | None,
+                    now_us: int) -> KernelOps:
         """k's dispatch and finish pass (which surveys the new outbox into the status record
         at `survey_offset`) of its next step (`sets`: the step's and the finish pass's sets
         where it reads a batch in place), kept packed per region (KernelOps): only the step
-        and the clock change from one step to the next."""
+        and the clock (`now_us`) change from one step to the next, stamped in here."""
         j = k.steps % self.ctx.in_flight
         res = k.residency
         kp, spec = res.kernel_pass, res.spec
@@ -255,7 +255,7 @@ class StepRecorder:
             finish = pass_op(ctx.finish.pipeline_int, ctx.finish.layout_int, handle_value(fset),
                              (out, j * k.k2h_region), _FINISH_PUSH.pack(0, 0, 0, 0, *survey))
             return kernel, finish
-        return res.step_ops[j].get(key, make)
+        return res.step_ops[j].get(key, make, k.steps, now_us)
 
     def _readable(self, batches: list[Batch]) -> list[Batch]:
         """The batches this step reads: every one not done, except a lazy one (from a
