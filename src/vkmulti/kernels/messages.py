@@ -81,7 +81,8 @@ class HlcTimestamp:
         words, logical): in range by construction, so made without the check (a
         harvest makes one per kernel step)."""
         ts = _new(cls)
-        ts.__dict__.update(physical_us=low | high << 32, logical=logical)
+        fields = ts.__dict__
+        fields["physical_us"], fields["logical"] = low | high << 32, logical
         return ts
 
 
