@@ -274,7 +274,7 @@ def operation(method: _F) -> _F:
     return run  # type: ignore[return-value]
 
 
-#: Guards making a LazyEvent's threading.Event against its set() (held for a few bytecodes)
+#: Guards making a LazyEvent's threading.Event (held for a few bytecodes)
 _LAZY_LOCK = threading.Lock()
 
 
@@ -287,9 +287,8 @@ class LazyEvent:
     _set = False
 
     def set(self) -> None:
-        with _LAZY_LOCK:
-            self._set = True
-            event = self._event
+        self._set = True   # (no lock: a waiter that makes the event looks at the flag after, under the lock)
+        event = self._event
         if event is not None:
             event.set()
 
