@@ -210,7 +210,8 @@ class OutboxBatch(Batch):
                     self.finish_if_done(self.ctx.completed())
                 except DeviceLostError:   # a lost device's batch: its failover lets it go
                     pass
-            self.ctx.cond.notify_all()
+            if self.ctx.cond.waiting:   # (StepCondition.notify_all's own test, without the call)
+                self.ctx.cond.notify_all()
 
     def __repr__(self) -> str:
         return (f"OutboxBatch(kernel={self.kernel.id!r}, step={self.step}, device={self.ctx.index}, "
@@ -361,8 +362,7 @@ class Kernel:
         self.stats = KernelStats()
         self.errors: list[str] = []
         self.h2k: deque[bytes] = deque()    # packed slots the host sent, not yet on the device
-        self.h2k_capacity = runtime.h2k_capacity
-        self.k2h_capacity = runtime.k2h_capacity
+        self.h2k_capacity, self.k2h_capacity = runtime.h2k_capacity, runtime.k2h_capacity
         self.received: deque[Any] = deque()  # K2KMessages for the host
         self.host_seq = 0
         self.injecting: tuple[int, list] | None = None   # (step, items) of host-routed messages in flight
