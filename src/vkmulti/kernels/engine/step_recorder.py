@@ -101,7 +101,7 @@ class StepRecorder:
             if b not in waited:
                 waited.add(b)
                 gpu_waits.extend([(p.semaphore, p.value) for p in b.waits])
-        ops: list[bytes | bytearray] = []
+        ops: list[bytes | bytearray] = [BARRIER]
         self._record(ops, rec, launched, taken_h2k, batches, retired, take, outbox_surveys, gpu_waits, wait_for)
         if tail:   # (before the closing barrier, which makes them visible to the host too)
             ops[-1:] = [BARRIER, *tail, HOST_BARRIER]
@@ -112,8 +112,7 @@ class StepRecorder:
                 batches: list[Batch], retired: list, take: Any, outbox_surveys: list, gpu_waits: list,
                 wait_for: Any) -> None:
         ctx, d = self.ctx, self.ctx.in_flight
-        ops.append(BARRIER)
-        # 1. directory, outbox counts
+        # 1. (after the barrier `ops` starts with) directory, outbox counts
         if ctx.dir_dirty:   # (an entry marked after this look is marked for the next step)
             with ctx.dir_lock:
                 rec.directory = sorted(ctx.dir_dirty)
