@@ -301,7 +301,7 @@ def test_kernel_ops_are_made_once_per_key_and_stamped_with_step_and_clock():
             return step_ops.pass_op(1, 2, 3, (64,), bytes(48)), step_ops.pass_op(4, 5, 6, (64, 128), bytes(32))
         return f
     ops = step_ops.KernelOps()
-    ops.get(("a",), make("a")).stamp((7 << 32) | 5, (3 << 32) | 11)
+    ops.get(("a",), make("a"), (7 << 32) | 5, (3 << 32) | 11)
     data = step_ops.OP.size - 128
     assert np.frombuffer(ops.kernel, np.uint32, 2, data).tolist() == [5, 7]
     assert np.frombuffer(ops.finish, np.uint32, 4, data).tolist() == [11, 3, 5, 7]

@@ -85,7 +85,8 @@ class KernelOps:
 
     def get(self, key: tuple, make: Any, step: int | None = None, now_us: int = 0) -> "KernelOps":
         """These ops, made by `make()` -> (kernel op, finish op) for a `key` not seen lately;
-        stamped with `step` and `now_us` where `step` is given (see stamp)."""
+        where `step` is given, stamped with it (the kernel's push words 0-1, the finish
+        pass's 2-3) and the clock `now_us` (the finish pass's words 0-1)."""
         ops = self.made.get(key)
         if ops is None:
             if len(self.made) >= self.KEEP:
@@ -93,15 +94,8 @@ class KernelOps:
             k, f = make()
             ops = self.made[key] = (bytearray(k), bytearray(f))
         self.kernel, self.finish = kernel, finish = ops
-        if step is not None:   # (stamp's, without the call: once per kernel step)
+        if step is not None:
             lo, hi = step & U32_MAX, step >> 32
             _STEP.pack_into(kernel, _DATA, lo, hi)
             _CLOCK_STEP.pack_into(finish, _DATA, now_us & U32_MAX, now_us >> 32, lo, hi)
         return self
-
-    def stamp(self, step: int, now_us: int) -> None:
-        """Put the step number (the kernel's push words 0-1, the finish pass's 2-3) and the
-        clock (the finish pass's words 0-1) in."""
-        lo, hi = step & U32_MAX, step >> 32
-        _STEP.pack_into(self.kernel, _DATA, lo, hi)
-        _CLOCK_STEP.pack_into(self.finish, _DATA, now_us & U32_MAX, now_us >> 32, lo, hi)

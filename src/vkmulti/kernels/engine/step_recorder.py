@@ -120,7 +120,7 @@ class StepRecorder:
             for idx in rec.directory:
                 entry = self.rt.directory_entry(idx)
                 ops.append(update_op(ctx.directory.handle_int, idx * 16, entry))
-        feed = self.rt.inbound.feed   # (the runtime's outbox_feed, without the property)
+        feed = self.rt.outbox_feed
         for k in launched:
             j = k.steps % d
             res = k.residency
