@@ -326,8 +326,8 @@ class KernelRuntime:
 
     def run(self, steps: int, kernels: KernelRef | Iterable[KernelRef] | None = None, *,
             timeout: float | None = 60.0) -> RunTicket:
-        """`steps` steps of `kernels`, each as `step()` (migrations and reloads swap between two), in one
-        ticket once all are submitted. An error or Ctrl-C stops it between two steps; those submitted stand."""
+        """`steps` steps of `kernels` (read and checked once, at the start), each as `step()` (migrations and
+        reloads swap between two), one ticket; an error or Ctrl-C stops it between two steps, those run stand."""
         return self._steps.run(self._lifecycle.gated_step, steps, kernels, timeout)
 
     def _wait_points(self, points: Iterable[TimelinePoint], timeout: float | None) -> None:
