@@ -37,12 +37,21 @@ class Gate:
         vkapi.queue_submit(self.slot.native, queue, [info])
 
     def destroy(self) -> None:
-        """Open (if not yet), wait for the device, and free the semaphore."""
+        """Open (if not yet), wait until every queue of the slot retired what was
+        submitted to it so far, and free the semaphore.
+
+        The wait is an empty submit with a fence on each queue, under the queue's
+        lock (retire_submits), not vkDeviceWaitIdle: that uses every queue of the
+        device at once, without their locks, while a runtime's background threads
+        (ready twins, prebuilds) may be submitting to one of them (a validation
+        error UNASSIGNED-Threading-MultipleThreads)."""
+        from vkmulti._core.lifetime import Deadline
+        from vkmulti.device.logical import retire_submits
         if self.slot.device is None:
             return
         if self.slot.native.timeline_value(self.sem) < 1:
             self.open()
-        self.slot.native.wait_idle()
+        retire_submits(self.slot, Deadline(None))   # (unbounded, as the device wait was)
         vk.vkDestroySemaphore(self.slot.device, vk.ffi.cast("VkSemaphore", self.sem), None)
 
 
