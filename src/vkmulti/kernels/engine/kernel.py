@@ -162,9 +162,8 @@ class OutboxBatch(Batch):
     is reused `in_flight` steps later; hold(point) keeps it until `point`."""
 
     def __init__(self, kernel: "Kernel", step: int, region: int, ready: TimelinePoint):
-        res, size = kernel.residency, kernel.outbox_region   # (Batch.__init__'s fields: one call less per step)
-        self.ctx, self.buffer, self.offset, self.size, self.source = res.ctx, res.outbox, region * size, size, kernel
-        self.waits, self.cleared, self.event, self.passed = [], set(), LazyEvent(), set()
+        super().__init__(kernel.ctx, kernel.outbox, region * kernel.outbox_region, kernel.outbox_region,
+                         source=kernel)
         self.kernel, self.step, self.region, self.ready = kernel, step, region, ready
         self.holds: list[TimelinePoint] = []
         self.hold_hooks: list[Any] = []   # run before a step queues a wait on the holds (see hold())
@@ -205,13 +204,12 @@ class OutboxBatch(Batch):
             if self.retained <= 0:
                 raise ValueError(f"{self!r} is not retained")
             self.retained -= 1
-            if not self.retained and self.pending is not None and not self.pending and self.ctx.alive:
-                try:   # (pending unknown or not empty: it cannot be done yet)
+            if not self.retained and self.ctx.alive:
+                try:
                     self.finish_if_done(self.ctx.completed())
                 except DeviceLostError:   # a lost device's batch: its failover lets it go
                     pass
-            if self.ctx.cond.waiting:   # (StepCondition.notify_all's own test, without the call)
-                self.ctx.cond.notify_all()
+            self.ctx.cond.notify_all()
 
     def __repr__(self) -> str:
         return (f"OutboxBatch(kernel={self.kernel.id!r}, step={self.step}, device={self.ctx.index}, "

@@ -86,19 +86,13 @@ class StepRecorder:
             status_free -= words
             return offset + (STATUS_WORDS - status_free - words)
 
-        # status records for the new outboxes' surveys come first: they are never skipped (a device
-        # runs at most MAX_LOCAL_KERNELS kernels, whose records fit), so they are laid out in one go
-        n = len(launched)
-        if n * SURVEY_RECORD <= status_free:
-            outbox_surveys: list[int | None] = list(range(offset, offset + n * SURVEY_RECORD, SURVEY_RECORD))
-            status_free -= n * SURVEY_RECORD
-        else:
-            outbox_surveys = [take(SURVEY_RECORD) for _ in launched]
+        # status records for the new outboxes' surveys come first: they are never skipped
+        outbox_surveys = [take(SURVEY_RECORD) for _ in launched]
         gpu_waits: list[tuple[int, int]] = []
         waited: set[Batch] = set()
 
-        def wait_for(b: Batch) -> None:   # (callers skip batches without waits: most were read before)
-            if b not in waited:
+        def wait_for(b: Batch) -> None:
+            if b.waits and b not in waited:   # (most batches were read before: no waits left)
                 waited.add(b)
                 gpu_waits.extend([(p.semaphore, p.value) for p in b.waits])
         ops: list[bytes | bytearray] = [BARRIER]
@@ -125,18 +119,15 @@ class StepRecorder:
             j = k.steps % d
             res = k.residency
             ops.append(res.step_ops[j].outbox_reset(res.outbox, res.spec, j * res.outbox_region))
-            res.k2h.words[j * res.k2h_region // 4 + 9] = 0   # (no messages placed for the host's routing yet)
-            if feed is not None and k.injecting is None and not k.replaying:
-                self._place_injected(k, j, feed)
+            self._place_injected(k, j, feed)
             old = res.outbox_batches[j]
             if old is not None and old.holds:
                 gpu_waits += [(p.semaphore, p.value) for p in old.holds]
         # direct landings: the batch's slots into the (empty) inbox at ring slot 0, by a copy command
-        readable = self._readable(batches) if batches else batches
-        directs = self._directs(launched, rec, take, readable) if readable else []
+        readable = self._readable(batches)
+        directs = self._directs(launched, rec, take, readable)
         # kernel -> the (step, finish) sets that bind the batch it reads in place as its inbox
-        in_place = {x: self._in_place_sets(x, b, retired) for x, b, _, copied in directs if copied < 0} \
-            if directs else {}
+        in_place = {x: self._in_place_sets(x, b, retired) for x, b, _, copied in directs if copied < 0}
         for x, b, _, copied in directs:
             if copied > 0:
                 ops.append(copy_op(handle_value(b.buffer.handle), x.inbox.handle_int, b.offset + RING_HEADER_BYTES,
@@ -155,8 +146,7 @@ class StepRecorder:
                 else MODE_DIRECT
             passes.append((x, dset, b.offset, off, b.hops, 0, how, max(copied, 0)))
             rec.delivers.append((b, x, off))
-            if b.waits:
-                wait_for(b)
+            wait_for(b)
         for k in launched:
             if not k.h2k or k in in_place:   # (its step reads a batch in place: they go next step)
                 continue
@@ -191,13 +181,12 @@ class StepRecorder:
                 passes.append((k, dset, b.offset, off, b.hops, slots, mode, 0))  # type: ignore[arg-type]
                 rec.delivers.append((b, k, off))
                 b.passed.add(id(k))   # (some of its messages may be delivered already: never direct for k now)
-                if b.waits:
-                    wait_for(b)
+                wait_for(b)
         if passes:
             self._record_deliveries(ops, passes)
         for b, _ in rec.directs:   # a direct pass that takes the whole batch tells as much as a survey
             b.surveyed = True
-        new_inbound = [b for b in readable if not b.surveyed and isinstance(b, InboundBatch)] if readable else ()
+        new_inbound = [b for b in readable if not b.surveyed and isinstance(b, InboundBatch)]
         if new_inbound:
             for b in new_inbound:
                 off = take(SURVEY_RECORD)
@@ -216,14 +205,13 @@ class StepRecorder:
                 ops.append(self._survey(pool_set[1], b.offset, off))
                 rec.surveys.append((b, off))
                 b.surveyed = True
-                if b.waits:
-                    wait_for(b)
+                wait_for(b)
         # 3.-5. the kernels, their finish passes, the surveys of their new outboxes
         now = time.time_ns() // 1000
         dispatches: list[bytes | bytearray] = [BARRIER]
         finishes: list[bytes | bytearray] = [BARRIER]
         for k, off in zip(launched, outbox_surveys):
-            kops = self._kernel_ops(k, in_place.get(k) if in_place else None, off, now)
+            kops = self._kernel_ops(k, in_place.get(k), off, now)
             dispatches.append(kops.kernel)
             finishes.append(kops.finish)   # (each also surveys the outbox it stamped)
         ops += dispatches
@@ -301,15 +289,11 @@ class StepRecorder:
         them, on the fast path or not). Returns (kernel, batch, status offset,
         slots to copy, or -1 where the kernel's step reads the batch in place)."""
         out: list[tuple[Kernel, InboundBatch, int, int]] = []
-        for b in readable:
-            if b.direct is not None:
-                break
-        else:
+        if not any(b.direct is not None for b in readable):
             return out
         stepping = set(launched)
         taken: set[Kernel] = set()
         waiting: set[tuple[Kernel, Kernel]] = set()   # (sender, kernel): an older batch may hold messages for it
-        last = readable[-1]
         for b in readable:
             x, src = b.direct, b.source
             slots = (b.size - RING_HEADER_BYTES) // self.rt.slot_size
@@ -327,7 +311,7 @@ class StepRecorder:
                     copied = -1
                     rec.in_place += 1
                 out.append((x, b, off, copied))  # type: ignore[arg-type]
-            if src is not None and b is not last:   # (only later batches look at `waiting`)
+            if src is not None:
                 for k in launched:
                     if b.takes(k):
                         waiting.add((src, k))
@@ -351,8 +335,6 @@ class StepRecorder:
                 and not x.h2k and b.offset % self.ctx.min_offset_alignment == 0
                 and _known(origin, x, (b.size - RING_HEADER_BYTES) // self.rt.slot_size)):
             return False
-        if len(readable) == 1:   # (b alone: it takes nothing else)
-            return True
         src = b.source
         later = [o for o in readable if o is not b and o.takes(x)]
         if any(src is None or o.source is not src for o in later):
@@ -383,12 +365,14 @@ class StepRecorder:
 
     def _place_injected(self, k: Kernel, j: int, feed: Any) -> None:
         """Messages the host routes as `k` (outbox feed) go into the last slots of the
-        step's K2H region; the finish pass appends what fits after k's own (the caller
-        zeroed their count, and calls this only while k has no such step in flight
-        and is not replaying). One such step per kernel is in flight at a time, so
-        what did not fit goes back to the front of the feed before anything newer is placed."""
+        step's K2H region; the finish pass appends what fits after k's own. One
+        such step per kernel is in flight at a time, so what did not fit goes
+        back to the front of the feed before anything newer is placed."""
         base = j * k.k2h_region
         words = k.k2h.words
+        words[base // 4 + 9] = 0
+        if feed is None or k.injecting is not None or k.replaying:
+            return
         items = feed.take(k, k.spec.outbox_capacity)
         if not items:
             return
@@ -421,17 +405,13 @@ class StepRecorder:
         run side by side. Large messages go plan first, then a copy pass."""
         ctx = self.ctx
         rounds: list[list[tuple]] = []
-        if len(passes) == 1:
-            rounds = [passes]
-        else:
-            seen: dict[Kernel, int] = {}
-            for p in passes:
-                r = seen.get(p[0], 0)
-                seen[p[0]] = r + 1
-                if r == len(rounds):
-                    rounds.append([])
-                rounds[r].append(p)
-        planning = self.rt.payload_size >= PLANNED_DELIVERY_PAYLOAD   # (else no pass is MODE_PLAN)
+        seen: dict[Kernel, int] = {}
+        for p in passes:
+            r = seen.get(p[0], 0)
+            seen[p[0]] = r + 1
+            if r == len(rounds):
+                rounds.append([])
+            rounds[r].append(p)
         deliver = ctx.deliver
         for i, group in enumerate(rounds):
             if i:
@@ -439,7 +419,7 @@ class StepRecorder:
             for k, dset, offset, status, hops, _, mode, copied in group:
                 ops.append(pass_op(deliver.pipeline_int, deliver.layout_int, handle_value(dset), (offset,),
                                    _DELIVER_PUSH.pack(k.address, k.tenant, status, hops, mode, copied, 0, 0)))
-            planned = [p for p in group if p[6] == MODE_PLAN] if planning else None
+            planned = [p for p in group if p[6] == MODE_PLAN]
             if planned:
                 ops.append(BARRIER)
                 copy = ctx.deliver_copy

@@ -84,27 +84,19 @@ class DeviceStepper:
                 rec = inflight.popleft()
                 read(rec)
                 self.harvested = rec.value
-            batches = self.batches
-            gone = 0   # (the batches done are taken out in place: the runtime's accept appends to this list)
-            for i, b in enumerate(batches):
+            live: list[Batch] = []
+            for b in self.batches:
                 pending = b.pending
-                if pending:
-                    for k in pending:
-                        if k.destroyed:
-                            b.pending = {k for k in pending if not k.destroyed}
-                            break
-                # (finish_if_done in full only where it may find the batch done)
-                if b.done or (pending is not None and not b.pending and not b.retained and b.finish_if_done(done)):
+                if pending and any(k.destroyed for k in pending):
+                    b.pending = {k for k in pending if not k.destroyed}
+                if b.finish_if_done(done):
                     if isinstance(b, InboundBatch):
                         self.retire_sets(b)
-                    gone += 1
-                elif gone:
-                    batches[i - gone] = b
-            if gone:
-                del batches[-gone:]
-            cond = self.ctx.cond
-            if cond.waiting:   # (StepCondition.notify_all's own test, without the call)
-                cond.notify_all()
+                else:
+                    live.append(b)
+            if len(live) != len(self.batches):
+                self.batches[:] = live   # (in place: the runtime's accept appends to this list)
+            self.ctx.cond.notify_all()
         if self.retired:
             keep = []
             for value, pool_set in self.retired:
@@ -161,14 +153,11 @@ class DeviceStepper:
         return 0
 
     def make_room(self, kernels: list[Kernel], deadline: float) -> None:
-        ctx = self.ctx
         while True:
             self.harvest()
-            if not ctx.alive:
-                ctx.check()
+            self.ctx.check()
             for k in kernels:
-                if k.destroyed:
-                    k.check()
+                k.check()
             need = self._blocking_value(kernels)
             if not need:
                 return
@@ -280,7 +269,7 @@ class DeviceStepper:
         d = ctx.in_flight
         ctx.value = value
         self.nsteps += 1
-        point = TimelinePoint(ctx.timeline, value, ctx.index)  # type: ignore[arg-type]  # (ctx.point(value))
+        point = ctx.point(value)
         new: list[OutboxBatch] = []
         surveys, ran = rec.surveys, rec.kernels
         for k, off in zip(launched, survey_offsets):
@@ -312,8 +301,7 @@ class DeviceStepper:
             sb.last_value = value
         self.batches += new
         self.inflight.append(rec)
-        if ctx.cond.waiting:   # (StepCondition.notify_all's own test, without the call)
-            ctx.cond.notify_all()
+        ctx.cond.notify_all()
         return point, new
 
     def surveys_awaited(self) -> set[int]:

@@ -140,7 +140,7 @@ class DeliveryEngine:
     def trees(self) -> RouteTrees:
         if self._trees_now is not None:   # fixed for the rest of one step's moves
             return self._trees_now
-        devices = self.kernel_devices = frozenset({k.ctx.index for k in self.port.kernels})   # (their devices)
+        devices = self.kernel_devices = frozenset(k.device_index for k in self.port.kernels)
         coord = self.router.coordinator
         key = (devices, getattr(coord, "topology_generation", None))
         if self._trees is None or key != self._trees_key:
@@ -204,7 +204,7 @@ class DeliveryEngine:
                 b.k2k_moves, b.k2k_landings = 0, []  # type: ignore[attr-defined]
                 b.release()
                 continue
-            by_device[b.ctx.index].append(b)   # (its device_index)
+            by_device[b.device_index].append(b)
         trees = self.trees() if by_device else None
         for s, bs in sorted(by_device.items()):
             children = trees.children(s, s)  # type: ignore[union-attr]

@@ -46,7 +46,7 @@ def direct_guess(port: RuntimePort, k: Kernel, device: int) -> tuple[Kernel | No
     if not addr or not count:
         return None, None
     x = port.kernel_by_address(addr)
-    if x is None or x.ctx.index != device or x.tenant != k.tenant:   # (x.ctx.index: its device_index)
+    if x is None or x.device_index != device or x.tenant != k.tenant:
         return None, None
     return x, min(k.spec.outbox_capacity, x.spec.inbox_capacity, 1 << (count - 1).bit_length())
 
@@ -88,9 +88,8 @@ class PeerEdges:
     def usable(self, a: int, b: int, trees: Any, batches: list[OutboxBatch]) -> bool:
         """Whether batches of device a go to b in place: a P2P edge whose method is
         DMABUF, between devices that share memory, from exported outboxes."""
-        for x in batches:
-            if not isinstance(x.buffer, ExportedBuffer):
-                return False
+        if not all(isinstance(x.buffer, ExportedBuffer) for x in batches):
+            return False
         hit = self._usable.get((a, b))
         if hit is None:
             hit = not trees.is_host_mediated(a, b) and \
@@ -120,9 +119,7 @@ class PeerEdges:
         hops = min(trees.edge_hops(s, c), 255)
         serves = c in eng.kernel_devices   # (as of this step's trees(), which the caller took)
         onward = trees.children(s, c)
-        total = 0
-        for b in batches:
-            total += b.size
+        total = sum(b.size for b in batches)
         eng.edge_moves[(s, c)] += 1
         eng.edge_bytes[(s, c)] += total
         eng.stats.add_moved(len(batches), total)

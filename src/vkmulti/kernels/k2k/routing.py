@@ -283,8 +283,7 @@ class RouteTrees:
 
     def children(self, source: int, at: int) -> list[int]:
         """Devices that `at` sends batches from `source` on to."""
-        key, children = (source, at), self._children   # (several looks a step: no dict.get call)
-        return children[key] if key in children else []
+        return self._children.get((source, at), [])
 
     def edge_hops(self, a: int, b: int) -> int:
         return 2 if (a, b) in self._host else 1

@@ -288,8 +288,7 @@ class Lifecycle:
             gate = self._gate
             token = gate.enter_shared()   # (plain calls: this runs once per step)
             try:
-                if not self._turn.acquire(blocking=False):   # (another thread is inside a step)
-                    self._take_turn(timeout)
+                self._take_turn(timeout)
                 try:
                     return self._step(step, kernels, wait, timeout)
                 finally:
@@ -299,8 +298,7 @@ class Lifecycle:
         finally:
             with self._stepped_lock:
                 self.steps_done += 1
-                if self._stepped.waiting:
-                    self._stepped.notify_all()
+                self._stepped.notify_all()
 
     @contextmanager
     def turn(self, timeout: float | None) -> Iterator[None]:

@@ -238,8 +238,7 @@ class Inbound:
         b.source = source
         imported = isinstance(buffer, ImportedBuffer)
         with ctx.lock:
-            if not ctx.alive:
-                ctx.check()
+            ctx.check()
             if imported:
                 if (source is not None and source.destroyed) or buffer.destroyed:
                     raise DestroyedError("the outbox it lies in was freed: it is no longer read in place")
@@ -293,7 +292,7 @@ class Inbound:
         if not isinstance(batch, InboundBatch):
             raise TypeError(f"batch must be an InboundBatch, got {type(batch).__name__}")
         try:
-            ctx, stepper = self._device(batch.ctx.index)   # (its device_index)
+            ctx, stepper = self._device(batch.device_index)
         except DeviceLostError:   # failed over: the device and what it held are gone
             batch.done = True
             batch.event.set()
@@ -314,8 +313,7 @@ class Inbound:
                 if batch in stepper.batches:
                     stepper.batches.remove(batch)
                 stepper.retire_sets(batch)
-                if ctx.cond.waiting:   # (StepCondition.notify_all's own test, without the call)
-                    ctx.cond.notify_all()
+                ctx.cond.notify_all()
 
     def _wait_read(self, ctx: Any, stepper: Any, batch: InboundBatch, deadline: float, timeout: float | None) -> None:
         """Wait (ctx.lock held, released while waiting) until the steps that read `batch` are done."""

@@ -146,8 +146,7 @@ class KernelRuntime:
         if isinstance(kernel, Kernel):
             if kernel.runtime is not self:
                 raise ValueError(f"{label} {kernel.id!r} belongs to another KernelRuntime")
-            if kernel.destroyed:
-                kernel.check()
+            kernel.check()
             return kernel
         if isinstance(kernel, str):
             return self.kernel(kernel)

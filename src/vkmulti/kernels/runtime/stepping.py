@@ -48,6 +48,12 @@ class StepTicket:
                 f"deferred={[k.id for k, _ in self.deferred]})")
 
 
+def keep_latest(points: dict[int, TimelinePoint], dev: int, p: TimelinePoint) -> None:
+    """Keep in `points` (device -> point) the later of `p` and the point already there for `dev`."""
+    if dev not in points or p.value > points[dev].value:
+        points[dev] = p
+
+
 class RunTicket:
     """What one `run()` submitted: `steps` steps one after the other. `points`
     holds the latest timeline point per device, `launched` how many of the
@@ -64,19 +70,11 @@ class RunTicket:
     def add(self, ticket: StepTicket) -> None:
         """Count one more step of the run (its ticket)."""
         self.steps += 1
-        points = self.points
-        for dev, p in ticket.points.items():   # (the later point per device)
-            if dev not in points or p.value > points[dev].value:
-                points[dev] = p
-        launched = self.launched
+        for dev, p in ticket.points.items():
+            keep_latest(self.points, dev, p)
         for k in ticket.launched:
-            kid = k.id
-            try:
-                launched[kid] += 1
-            except KeyError:   # (its first step of the run)
-                launched[kid] = 1
-        if ticket.deferred:
-            self.deferred += ticket.deferred
+            self.launched[k.id] = self.launched.get(k.id, 0) + 1
+        self.deferred += ticket.deferred
         self.batches = ticket.batches
 
     def wait(self, timeout: float | None = None) -> None:
@@ -128,8 +126,7 @@ class Stepping:
         elif kernels.__class__ is RunTargets:   # (resolved once for the run)
             targets = [k for k in kernels if not self._was_lost(k)] if self._failover.lost_kernels else kernels
             for k in targets:
-                if k.destroyed:
-                    k.check()
+                k.check()
         elif isinstance(kernels, (Kernel, str)):
             targets = [] if self._was_lost(kernels) else [self._resolve(kernels)]
         else:
@@ -144,12 +141,11 @@ class Stepping:
                     raise TypeError(f"kernels must be a Kernel, an id, a list of them or None, "
                                     f"got {type(kernels).__name__}") from None
                 raise
-            n = len(targets)
-            if n > 2 or n == 2 and targets[0] is targets[1]:   # each kernel once, in the order first given
+            if len(targets) > 1:   # each kernel once, in the order first given
                 targets = list({id(k): k for k in targets}.values())
         by_device: dict[int, list[Kernel]] = defaultdict(list)
         for k in targets:
-            by_device[k.ctx.index].append(k)   # (its device_index)
+            by_device[k.device_index].append(k)
         waits: dict[int, list[TimelinePoint]] = {}
         if wait is not None:
             given = [wait] if isinstance(wait, TimelinePoint) else list(wait)
@@ -159,9 +155,7 @@ class Stepping:
                 if p.device_index not in by_device:
                     raise ValueError(f"wait point {p} is on GPU {p.device_index}, where no kernel of this step runs")
                 waits.setdefault(p.device_index, []).append(p)
-        for k in targets:
-            if k.errors:
-                self._raise_errors(targets)
+        self._raise_errors(targets)
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
         listeners, retain, preparers = self._step_hooks()   # retaining listeners release each batch once
         for prepare in preparers:   # e.g. the router lets go of batches other devices finished reading
@@ -175,7 +169,7 @@ class Stepping:
         try:
             for dev, ks in queue:   # (devices added to the queue meanwhile come after the others)
                 for k in ks:
-                    if k.destroyed or k.ctx.index != dev:   # (else all of them step here, as they are)
+                    if k.destroyed or k.device_index != dev:   # (else all of them step here, as they are)
                         ks = self._still_here(dev, ks, queue)
                         break
                 if not ks:
@@ -190,7 +184,7 @@ class Stepping:
                                 ostepper.harvest()
                     stepped[dev] = (ctx, stepper)
                     policy = self._life.policy_state
-                    here_waits = waits.get(dev) if waits else None
+                    here_waits = waits.get(dev)
                     gpu_waits = as_wait_points(here_waits, dev) if here_waits else ()
                     with ctx.lock:   # (a checkpoint policy's replay log copies what each step consumed, in the step)
                         point, ran, held, new = stepper.step(ks, gpu_waits, deadline, retain,
@@ -208,8 +202,8 @@ class Stepping:
                         queue += sorted(moved.items())
                         continue
                     raise
-                if point is not None and (dev not in points or point.value > points[dev].value):
-                    points[dev] = point   # (the later point per device)
+                if point is not None:
+                    keep_latest(points, dev, point)
                 launched += ran
                 deferred += held
                 batches += new
@@ -278,7 +272,7 @@ class Stepping:
         for k in ks:
             if k.destroyed:
                 continue
-            at = k.ctx.index
+            at = k.device_index
             if at == dev:
                 here.append(k)
             else:
