@@ -45,14 +45,24 @@ class Gate:
         device at once, without their locks, while a runtime's background threads
         (ready twins, prebuilds) may be submitting to one of them (a validation
         error UNASSIGNED-Threading-MultipleThreads)."""
-        from vkmulti._core.lifetime import Deadline
-        from vkmulti.device.logical import retire_submits
         if self.slot.device is None:
             return
         if self.slot.native.timeline_value(self.sem) < 1:
             self.open()
-        retire_submits(self.slot, Deadline(None))   # (unbounded, as the device wait was)
+        settle(self.slot)
         vk.vkDestroySemaphore(self.slot.device, vk.ffi.cast("VkSemaphore", self.sem), None)
+
+
+def settle(*slots) -> None:
+    """Wait until every queue of each slot retired what was submitted to it so far:
+    an empty fenced submit per queue under the queue's lock (retire_submits), where
+    vkDeviceWaitIdle would use the queues without their locks while a link's worker
+    or a runtime's background thread submits (UNASSIGNED-Threading-MultipleThreads).
+    Unbounded, as a device wait is."""
+    from vkmulti._core.lifetime import Deadline
+    from vkmulti.device.logical import retire_submits
+    for slot in slots:
+        retire_submits(slot, Deadline(None))
 
 
 class Interrupted(Exception):

@@ -20,7 +20,7 @@ import vkmulti
 from vkmulti._core import _native
 from vkmulti import Buffer
 
-from gates import Gate
+from gates import Gate, settle
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STALL = 0.3   # seconds: the lowered stall threshold
@@ -86,7 +86,7 @@ def test_a_source_timeline_still_advancing_is_waited_for(manager):
     finally:
         if src.native.timeline_value(sem) < 8:
             _signal(src, sem, 8)
-        src.native.wait_idle()
+        settle(src)
         link.destroy()
         a.destroy()
         b.destroy()
@@ -119,7 +119,7 @@ def test_work_that_never_finishes_once_the_point_is_reached_is_a_stall(manager):
             link.submit(*ep, N)
     finally:
         gate.open()
-        src.native.wait_idle()
+        settle(src)
         link.destroy()
         gate.destroy()
         a.destroy()
@@ -132,7 +132,7 @@ DESTROY_SCRIPT = textwrap.dedent("""
     from vkmulti import MultiDeviceManager
     from vkmulti._core import _native
     from vkmulti.memory.image import Buffer
-    from gates import Gate
+    from gates import Gate, settle
     mgr = MultiDeviceManager.create()
     s0, s1 = mgr.slot(1), mgr.slot(0)
     gate = Gate(s0)
@@ -144,7 +144,7 @@ DESTROY_SCRIPT = textwrap.dedent("""
     link.destroy()          # the point never comes: the worker stops waiting for it
     print("DESTROYED", link.alive, flush=True)
     gate.open()
-    s0.native.wait_idle()
+    settle(s0)
 """)
 
 

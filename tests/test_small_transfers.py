@@ -214,7 +214,7 @@ def test_spinning_poll_still_times_out_and_reports_stalls(manager):
     at once, and a stalled job's error reaches a spinning waiter."""
     from vkmulti._core import _native
 
-    from gates import Gate
+    from gates import Gate, settle
 
     src, dst = manager.slot(1), manager.slot(0)
     ahead = Gate(src)
@@ -236,8 +236,7 @@ def test_spinning_poll_still_times_out_and_reports_stalls(manager):
             link.wait(ticket, dready, 20)
     finally:
         release()   # the stuck copy runs now: the link drains and frees everything
-        src.native.wait_idle()
-        dst.native.wait_idle()
+        settle(src, dst)
         link.destroy()
         s.destroy()
         d.destroy()

@@ -191,7 +191,7 @@ def test_stalled_link_fails_its_jobs_and_destroys_in_bounded_time(manager):
     has not come is a slow source, not a stall: test_link_stall.py.)"""
     from vkmulti._core import _native
     from vkmulti.transfer.cross_device import _Endpoint
-    from gates import Gate
+    from gates import Gate, settle
 
     sem, data, s, d, release, cleanup = _blocked_source(manager)
     src, dst = manager.slot(1), manager.slot(0)
@@ -214,8 +214,7 @@ def test_stalled_link_fails_its_jobs_and_destroys_in_bounded_time(manager):
         link.destroy()
         release()
         ahead.open()   # the leaked copies may run now; let them finish before the buffers go
-        src.native.wait_idle()
-        dst.native.wait_idle()
+        settle(src, dst)
         ahead.destroy()
         cleanup()
 
@@ -270,7 +269,8 @@ def test_destroy_while_other_threads_submit_and_wait(manager):
         for t in threads:
             t.join(30)
         link.destroy()
-        src.native.wait_idle()
+        from gates import settle
+        settle(src)
         cleanup()
     assert len(outcomes) == 3 and set(outcomes) <= {"done", "destroyed"}
 
