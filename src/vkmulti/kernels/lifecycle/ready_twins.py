@@ -19,6 +19,8 @@ twin is *stale* when its kernel's code was reloaded (its spec differs), the
 kernel was destroyed or moved onto that device, or the device was lost: it is
 freed, never used. A ready twin holds no local slot of its device (take()
 gives it one), so it never counts against the kernels a device can run.
+The thread also frees what a failover's restore left on a lost device
+(`discard_later`), off the restore's path.
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ class ReadyTwins:
         self._ready: dict[tuple[Kernel, int], tuple[Kernel, int]] = {}   # (kernel, device) -> (twin, bytes)
         self._bytes: dict[int, int] = {}
         self._queue: deque[tuple[Kernel, Kernel | None]] = deque()      # (kernel, a half to re-initialise)
+        self._frees: deque[Kernel] = deque()   # halves left on lost devices, freed by the thread
         self._building: tuple[Kernel, int] | None = None
         self._busy = False
         self._stopping = False
@@ -153,19 +156,35 @@ class ReadyTwins:
         self._enqueue(kernel, half, size)
         return True
 
+    def discard_later(self, half: Kernel) -> None:
+        """Free `half` (what a kernel left on a lost device: nothing runs there) on
+        the thread, so that a failover's restore does not wait for the driver to
+        free its memory; at once when twins are off or the thread stops."""
+        half.destroyed = True
+        with self._cond:
+            if not self._stopping and self._enabled:
+                self._frees.append(half)
+                self._start()
+                return
+        self._discard(half)
+
     def _enqueue(self, kernel: Kernel, half: Kernel | None, size: int = 0) -> None:
         with self._cond:
             if not self._stopping and self._enabled:
                 self._queue.append((kernel, half))
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="vkmulti-twins", daemon=True)
-                    self._thread.start()
-                self._cond.notify_all()
+                self._start()
                 return
             if half is not None:
                 self._bytes[half.ctx.index] -= size
         if half is not None:
             self._discard(half)
+
+    def _start(self) -> None:
+        """Wake the thread for queued work (started on first use; the lock held)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="vkmulti-twins", daemon=True)
+            self._thread.start()
+        self._cond.notify_all()
 
     def take(self, kernel: Kernel, device: int, deadline: float) -> Kernel | None:
         """The ready twin of `kernel` on `device` with a local slot there (its build
@@ -207,7 +226,7 @@ class ReadyTwins:
         """Wait (at most `timeout` s) until no twin is queued or being made; whether so."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._busy:
+            while self._queue or self._frees or self._busy:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -218,7 +237,7 @@ class ReadyTwins:
         lower_priority()   # (the steps keep the cores)
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
+                while not self._queue and not self._frees and not self._stopping:
                     if not self._cond.wait(_IDLE_WAIT) and self._ready:
                         self._cond.release()
                         try:
@@ -227,24 +246,33 @@ class ReadyTwins:
                             self._cond.acquire()
                 if self._stopping:
                     return
-                kernel, half = self._queue.popleft()
+                frees, self._frees = list(self._frees), deque()
+                job = None if frees else self._queue.popleft()
                 self._busy = True
             try:
-                if half is not None:
-                    self._reinit(kernel, half)
+                if job is None:
+                    self._free(frees)   # (free_twin logs what the driver refuses)
                 else:
-                    self._build_for(kernel)
-            except DestroyedError:   # (the runtime or a device context went away)
-                pass
-            except DeviceLostError as exc:   # (the failover takes it from here; no twin there)
-                log.info("building a ready twin of %r stopped: %s", kernel.id, exc)
-            except Exception:   # a twin is an optimisation: the move builds its own
-                log.exception("building a ready twin of %r failed", kernel.id)
+                    self._work(*job)
             finally:
                 with self._cond:
                     self._building = None
                     self._busy = False
                     self._cond.notify_all()
+
+    def _work(self, kernel: Kernel, half: Kernel | None) -> None:
+        """Re-initialise `half` as kernel's twin, or build kernel's twins."""
+        try:
+            if half is not None:
+                self._reinit(kernel, half)
+            else:
+                self._build_for(kernel)
+        except DestroyedError:   # (the runtime or a device context went away)
+            pass
+        except DeviceLostError as exc:   # (the failover takes it from here; no twin there)
+            log.info("building a ready twin of %r stopped: %s", kernel.id, exc)
+        except Exception:   # a twin is an optimisation: the move builds its own
+            log.exception("building a ready twin of %r failed", kernel.id)
 
     def _build_for(self, kernel: Kernel) -> None:
         life = self._life
@@ -362,8 +390,9 @@ class ReadyTwins:
         freed by it) and free every ready twin. Idempotent."""
         with self._cond:
             self._stopping = True
-            queued = [h for _, h in self._queue if h is not None]
+            queued = [h for _, h in self._queue if h is not None] + list(self._frees)
             self._queue.clear()
+            self._frees.clear()
             self._cond.notify_all()
             thread = self._thread
         join_worker(thread, timeout, "the ready-twin thread")

@@ -357,14 +357,19 @@ def free_twin(twin: Kernel) -> None:
 
 def retire_half(life: LifecycleView, half: Kernel, lost: bool) -> None:
     """Free what a moved kernel left on its old device: at once, except its outbox
-    while batches it sent there are not yet delivered."""
+    while batches it sent there are not yet delivered; from a lost device, on the
+    ready-twin thread (nothing runs there: a failover's restore does not wait for
+    the driver to free that memory)."""
+    if lost:
+        life.twins.discard_later(half)
+        return
     ctx = half.ctx
     half.destroyed = True
     outbox = half.outbox
     stepper = life.rt._contexts.get(ctx.index, (None, None))[1]
-    pending = [] if lost or stepper is None else \
+    pending = [] if stepper is None else \
         [b for b in stepper.batches if isinstance(b, OutboxBatch) and b.buffer is outbox and not b.done]
-    keep = [] if lost else [outbox]
+    keep = [outbox]
     try:
         with ctx.lock:
             for s in half.sets + list(half.deliver_sets.values()):
@@ -378,15 +383,14 @@ def retire_half(life: LifecycleView, half: Kernel, lost: bool) -> None:
         for b in half.buffers:
             if b in keep:
                 continue
-            if lost or isinstance(b, ExportedBuffer):
+            if isinstance(b, ExportedBuffer):
                 b.destroy()
             else:   # no GPU work uses it any more (the runtime's steps and the copies are done), nor the host
                 life.pool.put(b)
     except VkmError as exc:
         log.warning("could not free a moved kernel's resources on GPU %d: %s", ctx.index, exc)
     half.buffers = []
-    if keep:
-        life.retire(Retired(ctx, keep, pending, outbox.handle_int))
+    life.retire(Retired(ctx, keep, pending, outbox.handle_int))
 
 
 def free_retired(rt: RuntimeView, r: Retired) -> None:
