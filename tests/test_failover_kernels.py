@@ -15,6 +15,11 @@ from vkmulti.kernels import CoordinatorEventKind, KernelRuntime, MultiGpuCoordin
 from vkmulti.kernels.reference import COUNTER_TAG_ADD, counter_initial_state
 from vkmulti.testing import lose_device
 
+#: The teardowns' timeout: a teardown that waited for the lost device's work would sit it out
+#: (and raise); one that does not ends well inside a third of it, even with the GPU shared by
+#: a dozen test processes (the driver's own teardown is not a wait the timeout bounds).
+TEARDOWN = 60.0
+
 
 def _run(lose_at=None, steps=8):
     """Counters a (GPU 0) and b (GPU 1), each sent step+1 per step; GPU 1 lost before step `lose_at`.
@@ -37,13 +42,13 @@ def _run(lose_at=None, steps=8):
         state = bytes(rt.read_state(a, 0))
         out = state, rt.failover_stats.snapshot(), dict(rt.lost_kernels), coord.is_device_online(1), events, rt
         t0 = time.monotonic()
-        rt.destroy(timeout=10)
-        assert time.monotonic() - t0 < 10
+        rt.destroy(timeout=TEARDOWN)
+        assert time.monotonic() - t0 < TEARDOWN / 3
         return out
     finally:
         t0 = time.monotonic()
-        mgr.destroy(timeout=10)
-        assert time.monotonic() - t0 < 10
+        mgr.destroy(timeout=TEARDOWN)
+        assert time.monotonic() - t0 < TEARDOWN / 3
 
 
 def test_survivors_continue_identically_and_the_device_is_unregistered():
@@ -98,12 +103,12 @@ def test_losing_the_primary_raises_and_teardown_is_clean():
         with pytest.raises(PrimaryDeviceLostError):
             rt.synchronize(5)
         t0 = time.monotonic()
-        rt.destroy(timeout=10)
-        assert time.monotonic() - t0 < 10
+        rt.destroy(timeout=TEARDOWN)
+        assert time.monotonic() - t0 < TEARDOWN / 3
     finally:
         t0 = time.monotonic()
-        mgr.destroy(timeout=10)
-        assert time.monotonic() - t0 < 10
+        mgr.destroy(timeout=TEARDOWN)
+        assert time.monotonic() - t0 < TEARDOWN / 3
 
 
 def test_destroy_right_after_a_loss_without_a_step():
@@ -116,5 +121,5 @@ def test_destroy_right_after_a_loss_without_a_step():
         rt.step()
     lose_device(mgr, 1)
     t0 = time.monotonic()
-    mgr.destroy(timeout=10)      # destroys the runtime first
-    assert time.monotonic() - t0 < 10 and sorted(rt.lost_kernels) == ["k1", "k3"]
+    mgr.destroy(timeout=TEARDOWN)      # destroys the runtime first
+    assert time.monotonic() - t0 < TEARDOWN / 3 and sorted(rt.lost_kernels) == ["k1", "k3"]
