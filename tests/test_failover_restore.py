@@ -300,24 +300,24 @@ def test_the_replay_log_holds_what_each_step_consumed_across_the_k2k_fast_paths(
 
 @pytest.mark.parametrize("twins_on", [True, False])
 def test_the_lost_half_is_freed_off_the_restore_path(monkeypatch, twins_on):
-    """What a restored kernel left on the lost GPU is freed by the ready-twin thread,
-    after the restore (the kernel steps on its new device meanwhile); with ready twins
-    off, by the restore itself."""
+    """The buffers a restored kernel left on the lost GPU are destroyed by the ready-twin
+    thread, after the restore (the kernel steps on its new device meanwhile); with
+    ready twins off, by the restore itself."""
     from vkmulti.kernels.lifecycle import ready_twins as ready_module
-    gate, freeing, halves = threading.Event(), threading.Event(), []
-    real_free, real_later = ready_module.free_twin, ready_module.ReadyTwins.discard_later
+    gate, freeing, handed = threading.Event(), threading.Event(), []
+    real_destroy, real_later = ready_module._destroy, ready_module.ReadyTwins.destroy_later
 
-    def held_free(twin):
-        if threading.current_thread().name == "vkmulti-twins" and any(twin is h for h in halves):
+    def held_destroy(buffers):
+        if threading.current_thread().name == "vkmulti-twins":
             freeing.set()
-            assert gate.wait(60), "the test never let the half be freed"
-        real_free(twin)
+            assert gate.wait(60), "the test never let the buffers be freed"
+        real_destroy(buffers)
 
-    def later(self, half):
-        halves.append(half)
-        real_later(self, half)
-    monkeypatch.setattr(ready_module, "free_twin", held_free)
-    monkeypatch.setattr(ready_module.ReadyTwins, "discard_later", later)
+    def later(self, buffers):
+        handed.extend(buffers)
+        real_later(self, buffers)
+    monkeypatch.setattr(ready_module, "_destroy", held_destroy)
+    monkeypatch.setattr(ready_module.ReadyTwins, "destroy_later", later)
     mgr = MultiDeviceManager.create()
     try:
         rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr))
@@ -330,19 +330,18 @@ def test_the_lost_half_is_freed_off_the_restore_path(monkeypatch, twins_on):
         lose_device(mgr, 1)
         rt.step().wait(10)   # the failover restores b on GPU 0
         assert rt.restored_kernels == {"b": (1, 0)} and b.device_index == 0
-        [half] = halves
-        assert half.destroyed and half.ctx.index == 1
+        assert handed and all(x.slot.index == 1 for x in handed)
         if twins_on:
             assert freeing.wait(60)
-            assert half.buffers   # held in the thread: not freed yet
+            assert all(x.handle is not None for x in handed)   # held in the thread: not freed yet
         else:
-            assert not half.buffers and not freeing.is_set()
+            assert all(x.handle is None for x in handed) and not freeing.is_set()
         rt.send(b, struct.pack("<I", 5), tag=COUNTER_TAG_ADD)
         rt.step().wait(10)
         assert read_counter(rt.read_state(b, 0)).sum == 12
         gate.set()
         assert rt.ready_twins.wait_idle(60)
-        assert not half.buffers and not half.sets and half.local_slot == -1
+        assert all(x.handle is None for x in handed)
         rt.destroy(timeout=10)
     finally:
         gate.set()

@@ -19,8 +19,8 @@ twin is *stale* when its kernel's code was reloaded (its spec differs), the
 kernel was destroyed or moved onto that device, or the device was lost: it is
 freed, never used. A ready twin holds no local slot of its device (take()
 gives it one), so it never counts against the kernels a device can run.
-The thread also frees what a failover's restore left on a lost device
-(`discard_later`), off the restore's path.
+The thread also destroys the buffers a failover's restore left on a lost
+device (`destroy_later`), off the restore's path.
 """
 from __future__ import annotations
 
@@ -50,6 +50,15 @@ _IDLE_WAIT = 1.0   # s: how often the idle thread looks for twins gone stale
 TAKE_WAIT = 5.0
 
 
+def _destroy(buffers: list[Any]) -> None:
+    """Destroy buffers of a lost device (what the driver refuses is logged: its memory goes with it)."""
+    for b in buffers:
+        try:
+            b.destroy()
+        except VkmError as exc:
+            log.warning("could not free a buffer a kernel left on a lost GPU: %s", exc)
+
+
 def _twin_bytes(life: LifecycleView, k: Kernel, ctx: Any) -> int:
     return sum(twin_buffer_sizes(life.rt, k, ctx)) + sum(twin_mapped_sizes(k, ctx))
 
@@ -66,7 +75,7 @@ class ReadyTwins:
         self._ready: dict[tuple[Kernel, int], tuple[Kernel, int]] = {}   # (kernel, device) -> (twin, bytes)
         self._bytes: dict[int, int] = {}
         self._queue: deque[tuple[Kernel, Kernel | None]] = deque()      # (kernel, a half to re-initialise)
-        self._frees: deque[Kernel] = deque()   # halves left on lost devices, freed by the thread
+        self._frees: deque[Any] = deque()   # buffers left on lost devices, destroyed by the thread
         self._building: tuple[Kernel, int] | None = None
         self._busy = False
         self._stopping = False
@@ -156,17 +165,16 @@ class ReadyTwins:
         self._enqueue(kernel, half, size)
         return True
 
-    def discard_later(self, half: Kernel) -> None:
-        """Free `half` (what a kernel left on a lost device: nothing runs there) on
-        the thread, so that a failover's restore does not wait for the driver to
-        free its memory; at once when twins are off or the thread stops."""
-        half.destroyed = True
+    def destroy_later(self, buffers: list[Any]) -> None:
+        """Destroy `buffers` (what a kernel left on a lost device: nothing runs there)
+        on the thread, so that a failover's restore does not wait for the driver to
+        free their memory; at once when twins are off or the thread stops."""
         with self._cond:
             if not self._stopping and self._enabled:
-                self._frees.append(half)
+                self._frees.extend(buffers)
                 self._start()
                 return
-        self._discard(half)
+        _destroy(buffers)
 
     def _enqueue(self, kernel: Kernel, half: Kernel | None, size: int = 0) -> None:
         with self._cond:
@@ -251,7 +259,7 @@ class ReadyTwins:
                 self._busy = True
             try:
                 if job is None:
-                    self._free(frees)   # (free_twin logs what the driver refuses)
+                    _destroy(frees)
                 else:
                     self._work(*job)
             finally:
@@ -390,10 +398,12 @@ class ReadyTwins:
         freed by it) and free every ready twin. Idempotent."""
         with self._cond:
             self._stopping = True
-            queued = [h for _, h in self._queue if h is not None] + list(self._frees)
+            queued = [h for _, h in self._queue if h is not None]
+            frees = list(self._frees)
             self._queue.clear()
             self._frees.clear()
             self._cond.notify_all()
             thread = self._thread
         join_worker(thread, timeout, "the ready-twin thread")
+        _destroy(frees)
         self._free(queued + self._pop_all())

@@ -357,19 +357,16 @@ def free_twin(twin: Kernel) -> None:
 
 def retire_half(life: LifecycleView, half: Kernel, lost: bool) -> None:
     """Free what a moved kernel left on its old device: at once, except its outbox
-    while batches it sent there are not yet delivered; from a lost device, on the
-    ready-twin thread (nothing runs there: a failover's restore does not wait for
-    the driver to free that memory)."""
-    if lost:
-        life.twins.discard_later(half)
-        return
+    while batches it sent there are not yet delivered; the buffers on a lost device
+    on the ready-twin thread (nothing runs there: a failover's restore does not
+    wait for the driver to free that memory)."""
     ctx = half.ctx
     half.destroyed = True
     outbox = half.outbox
     stepper = life.rt._contexts.get(ctx.index, (None, None))[1]
-    pending = [] if stepper is None else \
+    pending = [] if lost or stepper is None else \
         [b for b in stepper.batches if isinstance(b, OutboxBatch) and b.buffer is outbox and not b.done]
-    keep = [outbox]
+    keep = [] if lost else [outbox]
     try:
         with ctx.lock:
             for s in half.sets + list(half.deliver_sets.values()):
@@ -380,17 +377,21 @@ def retire_half(life: LifecycleView, half: Kernel, lost: bool) -> None:
                 if ctx.local[half.local_slot] is half:
                     ctx.release_local_slot(half.local_slot)
                 half.local_slot = -1
-        for b in half.buffers:
-            if b in keep:
-                continue
-            if isinstance(b, ExportedBuffer):
-                b.destroy()
-            else:   # no GPU work uses it any more (the runtime's steps and the copies are done), nor the host
-                life.pool.put(b)
+        if lost:
+            life.twins.destroy_later(half.buffers)
+        else:
+            for b in half.buffers:
+                if b is outbox:
+                    continue
+                if isinstance(b, ExportedBuffer):
+                    b.destroy()
+                else:   # no GPU work uses it any more (the runtime's steps and the copies are done), nor the host
+                    life.pool.put(b)
     except VkmError as exc:
         log.warning("could not free a moved kernel's resources on GPU %d: %s", ctx.index, exc)
     half.buffers = []
-    life.retire(Retired(ctx, keep, pending, outbox.handle_int))
+    if keep:
+        life.retire(Retired(ctx, keep, pending, outbox.handle_int))
 
 
 def free_retired(rt: RuntimeView, r: Retired) -> None:
