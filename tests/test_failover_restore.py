@@ -305,19 +305,19 @@ def test_the_lost_half_is_freed_off_the_restore_path(monkeypatch, twins_on):
     ready twins off, by the restore itself."""
     from vkmulti.kernels.lifecycle import ready_twins as ready_module
     gate, freeing, handed = threading.Event(), threading.Event(), []
-    real_destroy, real_later = ready_module._destroy, ready_module.ReadyTwins.destroy_later
+    real_free, real_later = ready_module.free_retired, ready_module.ReadyTwins.free_later
 
-    def held_destroy(buffers):
+    def held_free(rt, item):
         if threading.current_thread().name == "vkmulti-twins":
             freeing.set()
             assert gate.wait(60), "the test never let the buffers be freed"
-        real_destroy(buffers)
+        real_free(rt, item)
 
-    def later(self, buffers):
-        handed.extend(buffers)
-        real_later(self, buffers)
-    monkeypatch.setattr(ready_module, "_destroy", held_destroy)
-    monkeypatch.setattr(ready_module.ReadyTwins, "destroy_later", later)
+    def later(self, item):
+        handed.extend(item.buffers)
+        real_later(self, item)
+    monkeypatch.setattr(ready_module, "free_retired", held_free)
+    monkeypatch.setattr(ready_module.ReadyTwins, "free_later", later)
     mgr = MultiDeviceManager.create()
     try:
         rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr))

@@ -34,6 +34,7 @@ class KernelHolds(Protocol):
     def wait_unheld(self, kernel: Any, deadline: float) -> None:
         """Wait (until time.monotonic() `deadline`) for `kernel`'s moving holds to end."""
 
+
 class _Depth(threading.local):
     """A thread's nesting of shared passes (0 until it first passes: read without a getattr default)."""
     depth = 0

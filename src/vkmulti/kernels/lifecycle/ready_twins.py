@@ -20,7 +20,7 @@ kernel was destroyed or moved onto that device, or the device was lost: it is
 freed, never used. A ready twin holds no local slot of its device (take()
 gives it one), so it never counts against the kernels a device can run.
 The thread also destroys the buffers a failover's restore left on a lost
-device (`destroy_later`), off the restore's path.
+device (`free_later`), off the restore's path.
 """
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ from ...errors import DestroyedError, DeviceLostError, VkmError
 from ...transfer.peer import ExportedBuffer
 from ..engine.kernel import Kernel
 from ..engine.prebuild import join_worker, lower_priority
-from .twin import LifecycleView, Retired, build_twin, free_twin, twin_buffer_sizes, twin_mapped_sizes
+from .twin import (LifecycleView, Retired, build_twin, free_retired, free_twin, twin_buffer_sizes,
+                   twin_mapped_sizes)
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +49,6 @@ DEFAULT_TWIN_BYTES = 256 << 20
 _IDLE_WAIT = 1.0   # s: how often the idle thread looks for twins gone stale
 #: s: the longest a move waits for the build of its twin that runs (then it builds its own)
 TAKE_WAIT = 5.0
-
-
-def _destroy(buffers: list[Any]) -> None:
-    """Destroy buffers of a lost device (what the driver refuses is logged: its memory goes with it)."""
-    for b in buffers:
-        try:
-            b.destroy()
-        except VkmError as exc:
-            log.warning("could not free a buffer a kernel left on a lost GPU: %s", exc)
 
 
 def _twin_bytes(life: LifecycleView, k: Kernel, ctx: Any) -> int:
@@ -75,7 +67,7 @@ class ReadyTwins:
         self._ready: dict[tuple[Kernel, int], tuple[Kernel, int]] = {}   # (kernel, device) -> (twin, bytes)
         self._bytes: dict[int, int] = {}
         self._queue: deque[tuple[Kernel, Kernel | None]] = deque()      # (kernel, a half to re-initialise)
-        self._frees: deque[Any] = deque()   # buffers left on lost devices, destroyed by the thread
+        self._frees: deque[Retired] = deque()   # what kernels left on lost devices, freed by the thread
         self._building: tuple[Kernel, int] | None = None
         self._busy = False
         self._stopping = False
@@ -165,16 +157,16 @@ class ReadyTwins:
         self._enqueue(kernel, half, size)
         return True
 
-    def destroy_later(self, buffers: list[Any]) -> None:
-        """Destroy `buffers` (what a kernel left on a lost device: nothing runs there)
-        on the thread, so that a failover's restore does not wait for the driver to
-        free their memory; at once when twins are off or the thread stops."""
+    def free_later(self, item: Retired) -> None:
+        """Free `item` (what a kernel left on a lost device: nothing runs there) on the
+        thread, so that a failover's restore does not wait for the driver to free
+        that memory; at once when twins are off or the thread stops."""
         with self._cond:
             if not self._stopping and self._enabled:
-                self._frees.extend(buffers)
+                self._frees.append(item)
                 self._start()
                 return
-        _destroy(buffers)
+        free_retired(self._life.rt, item)
 
     def _enqueue(self, kernel: Kernel, half: Kernel | None, size: int = 0) -> None:
         with self._cond:
@@ -259,7 +251,8 @@ class ReadyTwins:
                 self._busy = True
             try:
                 if job is None:
-                    _destroy(frees)
+                    for item in frees:
+                        free_retired(self._life.rt, item)
                 else:
                     self._work(*job)
             finally:
@@ -405,5 +398,6 @@ class ReadyTwins:
             self._cond.notify_all()
             thread = self._thread
         join_worker(thread, timeout, "the ready-twin thread")
-        _destroy(frees)
+        for item in frees:
+            free_retired(self._life.rt, item)
         self._free(queued + self._pop_all())

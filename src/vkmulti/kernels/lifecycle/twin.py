@@ -378,7 +378,7 @@ def retire_half(life: LifecycleView, half: Kernel, lost: bool) -> None:
                     ctx.release_local_slot(half.local_slot)
                 half.local_slot = -1
         if lost:
-            life.twins.destroy_later(half.buffers)
+            life.twins.free_later(Retired(ctx, half.buffers))
         else:
             for b in half.buffers:
                 if b is outbox:
