@@ -23,6 +23,7 @@ from ..._core.lifetime import Deadline
 from ..._core.protocols import Destroyable
 from ...device.commands import SubmitUser
 from ...memory.image import BUFFER_USAGE, Buffer, CommandRunner
+from ...memory.staging import StagingBuffers
 from ..._core.shaders import shader_bytes
 from ..._core.timeline import TimelinePoint
 from ...transfer.link import link_queue
@@ -227,6 +228,7 @@ class DeviceContext:
         self.step_cmds = _native.StepCommands(slot.native)   # records and submits the steps
         self.queue_lock = self.queue.lock
         self.status = self.directory = self.runner = None  # type: ignore[assignment]
+        self.staging = StagingBuffers(slot)   # uploads' host-visible buffers, kept between them
         try:
             self._create()
         except BaseException:
@@ -490,6 +492,7 @@ class DeviceContext:
         for pool in self._pools:
             vk.vkDestroyDescriptorPool(dev, pool, None)
         self._pools.clear()
+        self.staging.destroy()
         for obj in (self.status, self.directory, self.runner):
             if obj is not None:
                 obj.destroy()

@@ -100,45 +100,43 @@ def image_meta(k: Any) -> KernelImage:
                        k.payload_size, b"", b"", [], list(k.h2k), list(k.received), k.device_index)
 
 
-def staged_copies(slot: Any, items: list[tuple[Any, int, np.ndarray]]) -> tuple[Buffer | None, Any]:
-    """(one host-visible staging buffer holding the bytes of every (buffer, offset,
-    data) item, the recorder of the copies out of it): several buffers written by
-    one submit instead of one staging buffer and one submit each. (None, a
-    recorder that does nothing) when there are no bytes."""
+def staged_copies(staging: Any, items: list[tuple[Any, int, np.ndarray]]) -> tuple[Buffer | None, Any]:
+    """(one host-visible buffer taken from `staging` (the device's StagingBuffers)
+    holding the bytes of every (buffer, offset, data) item, the recorder of the
+    copies out of it): several buffers written by one submit instead of one
+    staging buffer and one submit each. (None, a recorder that does nothing)
+    when there are no bytes. The caller gives the buffer back once the submit
+    is done (or destroys it when the submit's wait gave up)."""
     at, places = 0, []
     for buf, offset, data in items:
         places.append((buf, offset, at, data))
         at += -(-data.nbytes // 16) * 16
     if not at:
         return None, lambda cmd: None
-    staging = Buffer(slot, at, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, host_visible=True)
+    buffer = staging.take(at)
     try:
-        packed = np.zeros(at, np.uint8)
-        for _, _, where, data in places:
-            packed[where:where + data.nbytes] = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-        staging._write(packed)
+        staging.write(buffer, [(where, data) for _, _, where, data in places])
     except BaseException:
-        staging.destroy()
+        buffer.destroy()
         raise
 
     def record(cmd: Any) -> None:
         for buf, offset, where, data in places:
             if data.nbytes:
-                vk.vkCmdCopyBuffer(cmd, staging.handle, buf.handle, 1, [
+                vk.vkCmdCopyBuffer(cmd, buffer.handle, buf.handle, 1, [
                     vk.VkBufferCopy(srcOffset=where, dstOffset=offset, size=data.nbytes)])
-    return staging, record
+    return buffer, record
 
 
 def upload_many(ctx: Any, items: list[tuple[Any, int, np.ndarray]], timeout: float | None = 60.0) -> None:
     """Write each (device buffer, offset, host bytes) of the device of `ctx` (a
     DeviceContext) in one submit through one staging buffer; returns once done."""
-    staging, record = staged_copies(ctx.slot, items)
-    if staging is None:
+    buffer, record = staged_copies(ctx.staging, items)
+    if buffer is None:
         return
-    try:
-        ctx.run_once(record, timeout=timeout)
-    finally:
-        staging.destroy()
+    # a run that fails frees the buffer once the GPU is done with it (`keep`)
+    ctx.run_once(record, timeout=timeout, keep=[buffer])
+    ctx.staging.give_back(buffer)
 
 
 def upload(ctx: Any, buf: Any, offset: int, data: np.ndarray, timeout: float | None = 60.0) -> None:

@@ -39,15 +39,24 @@ def _uploads(k: Kernel, img: KernelImage, keep_sequences: bool) -> list[tuple[An
 
 class _Staged:
     """The uploads of a restore, recorded into the twin's initialising submit
-    (build_twin's `then`); the staging buffer is freed once that submit is done."""
+    (build_twin's `then`) or a ready twin's fill; the staging buffer goes back
+    to the device's StagingBuffers once that submit is done (done()), else it
+    is destroyed (free(): its destroy waits for a submit whose wait gave up)."""
 
     def __init__(self, img: KernelImage, keep_sequences: bool):
         self.img, self.keep = img, keep_sequences
         self.staging: Any = None
+        self.ctx: Any = None
 
     def __call__(self, twin: Kernel) -> tuple[Any, list[Buffer]]:
-        self.staging, record = staged_copies(twin.ctx.slot, _uploads(twin, self.img, self.keep))
+        self.ctx = twin.ctx
+        self.staging, record = staged_copies(twin.ctx.staging, _uploads(twin, self.img, self.keep))
         return record, [self.staging] if self.staging is not None else []
+
+    def done(self) -> None:
+        if self.staging is not None:
+            self.ctx.staging.give_back(self.staging)
+            self.staging = None
 
     def free(self) -> None:
         if self.staging is not None:
@@ -97,6 +106,7 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
                 _fill(twin, staged)
             else:
                 twin = build_twin(rt, life.pool, k, device, img.spec, then=staged)
+            staged.done()
         finally:
             staged.free()
 

@@ -1,0 +1,102 @@
+"""Host-visible staging buffers of one device kept between uploads: StagingBuffers.
+
+Making host-visible memory is not free on every driver (NVIDIA's: ~0.5 ms for
+a buffer of any size, about as much again to free it), and a kernel restore,
+a failover's restore among them, uploads its image through one. A device
+keeps its largest recent staging buffer of at most `keep_bytes` and hands it
+to the next upload that fits; the others are made and freed as before.
+Sizes are rounded up to a power of two (at least MIN_BYTES) so that uploads
+of similar sizes share one buffer.
+
+An upload takes a buffer with take(), writes it with write(), and gives it
+back with give_back() once the GPU no longer reads it (its submit waited
+for); a buffer whose submit may still run is destroyed instead (its
+destroy() waits for the submits that use it).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable
+
+import numpy as np
+import vulkan as vk
+
+from .._core import vkapi
+from .._core.checks import is_int
+from .buffer import Buffer
+
+__all__ = ["StagingBuffers", "KEEP_BYTES", "MIN_BYTES"]
+
+#: The largest staging buffer a device keeps for the next upload.
+KEEP_BYTES = 16 << 20
+#: The smallest staging buffer made (smaller uploads share it).
+MIN_BYTES = 64 << 10
+
+
+def _rounded(nbytes: int) -> int:
+    return max(MIN_BYTES, 1 << (nbytes - 1).bit_length())
+
+
+class StagingBuffers:
+    """The staging buffers of uploads on one device `slot` (see the module docstring)."""
+
+    def __init__(self, slot: Any, keep_bytes: int = KEEP_BYTES):
+        if not is_int(keep_bytes) or keep_bytes < 0:
+            raise ValueError(f"keep_bytes must be a non-negative int, got {keep_bytes!r}"[:120])
+        self.slot, self.keep_bytes = slot, keep_bytes
+        self._lock = threading.Lock()
+        self._kept: Buffer | None = None
+        self._closed = False
+        #: buffers made, and takes served by the kept one (for tests and benches)
+        self.made = self.reused = 0
+
+    def take(self, nbytes: int) -> Buffer:
+        """A host-visible transfer-source buffer of at least `nbytes` (> 0) bytes, the
+        caller's until give_back() or its destroy()."""
+        if not is_int(nbytes) or nbytes < 1:
+            raise ValueError(f"nbytes must be a positive int, got {nbytes!r}"[:120])
+        with self._lock:
+            kept = self._kept
+            if kept is not None and kept.size >= nbytes and not kept.destroyed:
+                self._kept = None
+                self.reused += 1
+                return kept
+            self.made += 1
+        size = _rounded(nbytes) if nbytes <= self.keep_bytes else nbytes
+        return Buffer(self.slot, size, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, host_visible=True)
+
+    def write(self, buf: Buffer, places: Iterable[tuple[int, np.ndarray]]) -> None:
+        """Write each (offset, bytes) of `places` into `buf` (mapped once)."""
+        places = [(at, np.ascontiguousarray(data).reshape(-1).view(np.uint8)) for at, data in places]
+        end = max((at + data.nbytes for at, data in places), default=0)
+        if not end:
+            return
+        if end > buf.size or min(at for at, _ in places) < 0:
+            raise ValueError(f"the bytes end at {end}, past the {buf.size}-byte staging buffer")
+        mapped = vkapi.vkMapMemory(self.slot.device, buf.memory, 0, end, 0)
+        try:
+            view = np.frombuffer(mapped, np.uint8, count=end)
+            for at, data in places:
+                view[at:at + data.nbytes] = data
+            del view
+        finally:
+            vk.vkUnmapMemory(self.slot.device, buf.memory)
+
+    def give_back(self, buf: Buffer) -> None:
+        """Keep `buf` (taken here; the GPU no longer reads it) for the next upload, or
+        destroy it: larger than keep_bytes, smaller than the one kept, or closed."""
+        drop: Buffer | None = buf
+        if buf.size <= self.keep_bytes and not buf.destroyed:
+            with self._lock:
+                if not self._closed and (self._kept is None or self._kept.size < buf.size):
+                    drop, self._kept = self._kept, buf
+        if drop is not None:
+            drop.destroy()
+
+    def destroy(self) -> None:
+        """Free the kept buffer; later give_back() calls destroy theirs."""
+        with self._lock:
+            self._closed = True
+            kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.destroy()
