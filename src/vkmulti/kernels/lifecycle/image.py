@@ -29,7 +29,7 @@ from ..engine.spirv import reflect
 from ..engine.step_ops import BARRIER, HOST_BARRIER, copy_op
 
 __all__ = ["SPIRV_CHUNK", "INBOX_CHUNK", "KernelImage", "to_checkpoint", "from_checkpoint", "local_size", "upload",
-           "upload_many", "staged_copies",
+           "upload_many", "staged_copies", "StagedUpload",
            "image_meta", "queue_image_copy"]
 
 SPIRV_CHUNK = chunk_name_id("vkm.spirv")
@@ -100,43 +100,58 @@ def image_meta(k: Any) -> KernelImage:
                        k.payload_size, b"", b"", [], list(k.h2k), list(k.received), k.device_index)
 
 
-def staged_copies(staging: Any, items: list[tuple[Any, int, np.ndarray]]) -> tuple[Buffer | None, Any]:
-    """(one host-visible buffer taken from `staging` (the device's StagingBuffers)
-    holding the bytes of every (buffer, offset, data) item, the recorder of the
-    copies out of it): several buffers written by one submit instead of one
-    staging buffer and one submit each. (None, a recorder that does nothing)
-    when there are no bytes. The caller gives the buffer back once the submit
-    is done (or destroys it when the submit's wait gave up)."""
-    at, places = 0, []
+class StagedUpload:
+    """Host bytes for several device buffers, packed into one host-visible staging
+    buffer (`buffer`, taken from the device's StagingBuffers), and the copies
+    out of it: `record(cmd)` through the `vulkan` package (inside a caller's
+    command buffer), or `ops()`, the native recorder's packed copies. The
+    caller gives `buffer` back once the submit is done, or destroys it when
+    the submit's wait gave up."""
+
+    def __init__(self, buffer: Buffer, places: list[tuple[Any, int, int, int]]):
+        self.buffer, self._places = buffer, places   # (device buffer, its offset, staging offset, bytes)
+
+    def record(self, cmd: Any) -> None:
+        for buf, offset, where, n in self._places:
+            vk.vkCmdCopyBuffer(cmd, self.buffer.handle, buf.handle, 1, [
+                vk.VkBufferCopy(srcOffset=where, dstOffset=offset, size=n)])
+
+    def ops(self) -> list[bytes]:
+        src = self.buffer.handle_int
+        return [copy_op(src, buf.handle_int, where, offset, n) for buf, offset, where, n in self._places]
+
+
+def staged_copies(staging: Any, items: list[tuple[Any, int, np.ndarray]]) -> StagedUpload | None:
+    """The bytes of every (buffer, offset, data) item in one staging buffer taken from
+    `staging` (the device's StagingBuffers), with their copies (StagedUpload):
+    several buffers written by one submit instead of one staging buffer and one
+    submit each. None when there are no bytes."""
+    at, places, writes = 0, [], []
     for buf, offset, data in items:
-        places.append((buf, offset, at, data))
+        if data.nbytes:
+            places.append((buf, offset, at, data.nbytes))
+            writes.append((at, data))
         at += -(-data.nbytes // 16) * 16
-    if not at:
-        return None, lambda cmd: None
+    if not places:
+        return None
     buffer = staging.take(at)
     try:
-        staging.write(buffer, [(where, data) for _, _, where, data in places])
+        staging.write(buffer, writes)
     except BaseException:
         buffer.destroy()
         raise
-
-    def record(cmd: Any) -> None:
-        for buf, offset, where, data in places:
-            if data.nbytes:
-                vk.vkCmdCopyBuffer(cmd, buffer.handle, buf.handle, 1, [
-                    vk.VkBufferCopy(srcOffset=where, dstOffset=offset, size=data.nbytes)])
-    return buffer, record
+    return StagedUpload(buffer, places)
 
 
 def upload_many(ctx: Any, items: list[tuple[Any, int, np.ndarray]], timeout: float | None = 60.0) -> None:
     """Write each (device buffer, offset, host bytes) of the device of `ctx` (a
     DeviceContext) in one submit through one staging buffer; returns once done."""
-    buffer, record = staged_copies(ctx.staging, items)
-    if buffer is None:
+    staged = staged_copies(ctx.staging, items)
+    if staged is None:
         return
     # a run that fails frees the buffer once the GPU is done with it (`keep`)
-    ctx.run_once(record, timeout=timeout, keep=[buffer])
-    ctx.staging.give_back(buffer)
+    ctx.run_once(staged.record, timeout=timeout, keep=[staged.buffer])
+    ctx.staging.give_back(staged.buffer)
 
 
 def upload(ctx: Any, buf: Any, offset: int, data: np.ndarray, timeout: float | None = 60.0) -> None:

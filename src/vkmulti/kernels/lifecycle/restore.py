@@ -17,7 +17,8 @@ from ...memory.image import Buffer
 from ..checkpoint.restorable import check_restore_target
 from ..engine.gate import gate_of
 from ..engine.kernel import Kernel
-from .image import KernelImage, patch_control, readdress_slots, staged_copies, upload_many
+from ..engine.step_ops import BARRIER
+from .image import KernelImage, StagedUpload, patch_control, readdress_slots, staged_copies, upload_many
 from .live_migration import switch_at_step_boundary
 from .twin import (LifecycleView, RuntimeView, assign, build_twin, check_residency, deadline_of, finish_move,
                    free_twin, hand_back, retire_half, source_usable, time_left, wait_jobs, wait_kernel)
@@ -38,30 +39,48 @@ def _uploads(k: Kernel, img: KernelImage, keep_sequences: bool) -> list[tuple[An
 
 
 class _Staged:
-    """The uploads of a restore, recorded into the twin's initialising submit
-    (build_twin's `then`) or a ready twin's fill; the staging buffer goes back
-    to the device's StagingBuffers once that submit is done (done()), else it
-    is destroyed (free(): its destroy waits for a submit whose wait gave up)."""
+    """The uploads of a restore: recorded into the twin's initialising submit
+    (build_twin's `then`), or into a ready twin as a native job (`fill`); the
+    staging buffer goes back to the device's StagingBuffers once that submit is
+    done (done()), else it is destroyed (free(): its destroy waits for a submit
+    whose wait gave up)."""
 
     def __init__(self, img: KernelImage, keep_sequences: bool):
         self.img, self.keep = img, keep_sequences
-        self.staging: Any = None
+        self.upload: StagedUpload | None = None
         self.ctx: Any = None
 
-    def __call__(self, twin: Kernel) -> tuple[Any, list[Buffer]]:
+    def _stage(self, twin: Kernel) -> StagedUpload | None:
         self.ctx = twin.ctx
-        self.staging, record = staged_copies(twin.ctx.staging, _uploads(twin, self.img, self.keep))
-        return record, [self.staging] if self.staging is not None else []
+        self.upload = staged_copies(twin.ctx.staging, _uploads(twin, self.img, self.keep))
+        return self.upload
+
+    def __call__(self, twin: Kernel) -> tuple[Any, list[Buffer]]:
+        up = self._stage(twin)
+        return (up.record, [up.buffer]) if up is not None else (lambda cmd: None, [])
+
+    def fill(self, life: LifecycleView, twin: Kernel, deadline: float) -> None:
+        """Write the uploads into a ready twin (initialised when it was made): one job
+        on its device's step queue, recorded and submitted natively, waited for."""
+        try:
+            up = self._stage(twin)
+            if up is not None:
+                jobs = life.extras(twin.device_index).jobs
+                point = jobs.submit_ops(b"".join([BARRIER, *up.ops(), BARRIER]), users=[*twin.buffers, up.buffer])
+                jobs.wait(point, time_left(deadline, "the restore's upload"))
+        except BaseException:
+            free_twin(twin)
+            raise
 
     def done(self) -> None:
-        if self.staging is not None:
-            self.ctx.staging.give_back(self.staging)
-            self.staging = None
+        if self.upload is not None:
+            self.ctx.staging.give_back(self.upload.buffer)
+            self.upload = None
 
     def free(self) -> None:
-        if self.staging is not None:
-            self.staging.destroy()
-            self.staging = None
+        if self.upload is not None:
+            self.upload.buffer.destroy()
+            self.upload = None
 
 
 def _apply_host_side(k: Kernel, img: KernelImage, fresh: bool) -> None:
@@ -103,7 +122,7 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
         try:   # the state, control block and inbox written in the twin's initialising submit
             twin = life.twins.take(k, device, deadline) if img.spec == k.spec else None   # (ready_twins.py)
             if twin is not None:
-                _fill(twin, staged)
+                staged.fill(life, twin, deadline)
             else:
                 twin = build_twin(rt, life.pool, k, device, img.spec, then=staged)
             staged.done()
@@ -164,16 +183,6 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
         life.release(k, why, moving=True)
     life.twins.request(k)   # its twins for the next move, from its new device
     return k
-
-
-def _fill(twin: Kernel, staged: _Staged) -> None:
-    """Write a restore's uploads into a ready twin (initialised when it was made)."""
-    try:
-        record, reads = staged(twin)
-        twin.ctx.run_once(record, users=[*twin.buffers, *reads])
-    except BaseException:
-        free_twin(twin)
-        raise
 
 
 def restore_new(rt: RuntimeView, img: KernelImage, device: int | None, kernel_id: str | None,
