@@ -82,3 +82,31 @@ def test_restores_reuse_the_device_s_staging_buffer(runtime):
         assert runtime.read_state(k, 0).tobytes() == bytes(range(64))
     after = (staging.made, staging.reused)
     assert after[1] > before[1], f"the second restore onto GPU 1 made its staging buffer again: {before} -> {after}"
+
+
+def test_an_upload_whose_run_fails_does_not_keep_its_buffer(runtime, monkeypatch):
+    from vkmulti.errors import TimeoutError as VkmTimeout
+    from vkmulti.kernels.lifecycle.image import upload
+
+    spec = KernelSpec("pp", pingpong_kernel().spirv, state_sizes=(64, 256))
+    k = runtime.launch(spec, device=0)
+    ctx = k.ctx
+    staging = ctx.staging
+    failed = []
+
+    def gave_up(record, waits=(), timeout=None, keep=(), users=()):
+        failed.extend(keep)   # (the runner owns `keep` after a failed run: it frees them once the GPU is done)
+        raise VkmTimeout("the upload's wait gave up")
+    monkeypatch.setattr(ctx.runner, "run", gave_up)
+    try:
+        with pytest.raises(VkmTimeout):
+            upload(ctx, k.states[1], 0, np.ones(256, np.uint8))
+        monkeypatch.undo()
+        assert failed and not failed[0].destroyed
+        made = staging.made
+        runtime.write_state(k, 1, np.full(256, 5, np.uint8))   # a new buffer, not the one the GPU may read
+        assert staging.made == made + 1
+        assert runtime.read_state(k, 1).tobytes() == bytes([5]) * 256
+    finally:
+        for b in failed:
+            b.destroy()
