@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ..device.commands import SubmitUser
     from ..device.manager import DeviceSlot
 
-__all__ = ["Buffer", "BUFFER_USAGE", "BUFFER_USAGE_ALLOWED", "run_one_shot", "check_usage"]
+__all__ = ["Buffer", "MappedBuffer", "BUFFER_USAGE", "BUFFER_USAGE_ALLOWED", "run_one_shot", "check_usage"]
 
 _ffi = vk.ffi
 BUFFER_USAGE = (vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
@@ -200,3 +200,28 @@ class Buffer(GpuResource):
     def __repr__(self) -> str:
         state = "destroyed" if self.handle is None else f"{self.size} B"
         return f"Buffer(GPU {getattr(self.slot, 'index', '?')}, {state})"
+
+
+class MappedBuffer(Buffer):
+    """A host-visible, host-coherent buffer mapped for its whole life: `bytes` and
+    `words` (uint32) are views of it (the host reads what the GPU wrote once the
+    submit that wrote it has signalled); zeroed when made unless `zero` is False."""
+
+    def __init__(self, slot: DeviceSlot, size: int, usage: int = BUFFER_USAGE, zero: bool = True):
+        super().__init__(slot, size, usage=usage, host_visible=True)
+        try:
+            self._mapped = vkapi.vkMapMemory(slot.device, self.memory, 0, size, 0)
+        except BaseException:
+            super().destroy()
+            raise
+        self.bytes = np.frombuffer(self._mapped, dtype=np.uint8, count=size)
+        self.words = self.bytes.view(np.uint32)
+        if zero:
+            self.bytes[:] = 0
+
+    def destroy(self, timeout: float = 30.0) -> None:  # type: ignore[override]
+        if self.handle is None:
+            return
+        self.bytes = self.words = None   # type: ignore[assignment]
+        vk.vkUnmapMemory(self.slot.device, self.memory)
+        super().destroy(timeout)

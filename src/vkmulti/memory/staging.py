@@ -8,10 +8,11 @@ to the next upload that fits; the others are made and freed as before.
 Sizes are rounded up to a power of two (at least MIN_BYTES) so that uploads
 of similar sizes share one buffer.
 
-An upload takes a buffer with take(), writes it with write(), and gives it
-back with give_back() once the GPU no longer reads it (its submit waited
-for); a buffer whose submit may still run is destroyed instead (its
-destroy() waits for the submits that use it).
+An upload takes a buffer (a MappedBuffer: mapped for its whole life) with
+take(), writes it with write(), and gives it back with give_back() once the
+GPU no longer reads it (its submit waited for); a buffer whose submit may
+still run is destroyed instead (its destroy() waits for the submits that
+use it).
 """
 from __future__ import annotations
 
@@ -21,9 +22,8 @@ from typing import Any, Iterable
 import numpy as np
 import vulkan as vk
 
-from .._core import vkapi
 from .._core.checks import is_int
-from .buffer import Buffer
+from .buffer import MappedBuffer
 
 __all__ = ["StagingBuffers", "KEEP_BYTES", "MIN_BYTES"]
 
@@ -45,12 +45,12 @@ class StagingBuffers:
             raise ValueError(f"keep_bytes must be a non-negative int, got {keep_bytes!r}"[:120])
         self.slot, self.keep_bytes = slot, keep_bytes
         self._lock = threading.Lock()
-        self._kept: Buffer | None = None
+        self._kept: MappedBuffer | None = None
         self._closed = False
         #: buffers made, and takes served by the kept one (for tests and benches)
         self.made = self.reused = 0
 
-    def take(self, nbytes: int) -> Buffer:
+    def take(self, nbytes: int) -> MappedBuffer:
         """A host-visible transfer-source buffer of at least `nbytes` (> 0) bytes, the
         caller's until give_back() or its destroy()."""
         if not is_int(nbytes) or nbytes < 1:
@@ -63,29 +63,21 @@ class StagingBuffers:
                 return kept
             self.made += 1
         size = _rounded(nbytes) if nbytes <= self.keep_bytes else nbytes
-        return Buffer(self.slot, size, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, host_visible=True)
+        return MappedBuffer(self.slot, size, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT, zero=False)
 
-    def write(self, buf: Buffer, places: Iterable[tuple[int, np.ndarray]]) -> None:
-        """Write each (offset, bytes) of `places` into `buf` (mapped once)."""
+    def write(self, buf: MappedBuffer, places: Iterable[tuple[int, np.ndarray]]) -> None:
+        """Write each (offset, bytes) of `places` into `buf`."""
         places = [(at, np.ascontiguousarray(data).reshape(-1).view(np.uint8)) for at, data in places]
-        end = max((at + data.nbytes for at, data in places), default=0)
-        if not end:
-            return
-        if end > buf.size or min(at for at, _ in places) < 0:
-            raise ValueError(f"the bytes end at {end}, past the {buf.size}-byte staging buffer")
-        mapped = vkapi.vkMapMemory(self.slot.device, buf.memory, 0, end, 0)
-        try:
-            view = np.frombuffer(mapped, np.uint8, count=end)
-            for at, data in places:
-                view[at:at + data.nbytes] = data
-            del view
-        finally:
-            vk.vkUnmapMemory(self.slot.device, buf.memory)
+        for at, data in places:
+            if at < 0 or at + data.nbytes > buf.size:
+                raise ValueError(f"the bytes end at {at + data.nbytes}, past the {buf.size}-byte staging buffer")
+        for at, data in places:
+            buf.bytes[at:at + data.nbytes] = data
 
-    def give_back(self, buf: Buffer) -> None:
+    def give_back(self, buf: MappedBuffer) -> None:
         """Keep `buf` (taken here; the GPU no longer reads it) for the next upload, or
         destroy it: larger than keep_bytes, smaller than the one kept, or closed."""
-        drop: Buffer | None = buf
+        drop: MappedBuffer | None = buf
         if buf.size <= self.keep_bytes and not buf.destroyed:
             with self._lock:
                 if not self._closed and (self._kept is None or self._kept.size < buf.size):

@@ -22,6 +22,7 @@ from ...device.logical import retire_submits
 from ..._core.lifetime import Deadline
 from ..._core.protocols import Destroyable
 from ...device.commands import SubmitUser
+from ...memory.buffer import MappedBuffer
 from ...memory.image import BUFFER_USAGE, Buffer, CommandRunner
 from ...memory.staging import StagingBuffers
 from ..._core.shaders import shader_bytes
@@ -74,30 +75,6 @@ class StepCondition(threading.Condition):
     def notify_all(self) -> None:
         if self.waiting:
             super().notify_all()
-
-
-class MappedBuffer(Buffer):
-    """A host-visible, host-coherent storage buffer mapped for its whole life;
-    `words` is a uint32 view of it (the host reads what the GPU wrote once the
-    step that wrote it has signalled)."""
-
-    def __init__(self, slot: Any, size: int, usage: int = BUFFER_USAGE):
-        super().__init__(slot, size, usage=usage, host_visible=True)
-        try:
-            self._mapped = vkapi.vkMapMemory(slot.device, self.memory, 0, size, 0)
-        except BaseException:
-            super().destroy()
-            raise
-        self.bytes = np.frombuffer(self._mapped, dtype=np.uint8, count=size)
-        self.words = self.bytes.view(np.uint32)
-        self.bytes[:] = 0
-
-    def destroy(self, timeout: float = 30.0) -> None:  # type: ignore[override]
-        if self.handle is None:
-            return
-        self.bytes = self.words = None   # type: ignore[assignment]
-        vk.vkUnmapMemory(self.slot.device, self.memory)
-        super().destroy(timeout)
 
 
 def _layout_bindings(types: list[int]) -> Any:

@@ -32,7 +32,8 @@ from ...memory.image import Buffer
 from ...transfer.peer import ExportedBuffer
 from ..checkpoint.format import Checkpoint
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES
-from .device_context import KERNEL_PUSH, DeviceContext, MappedBuffer, align, WHOLE_SIZE, barrier
+from ...memory.buffer import MappedBuffer
+from .device_context import KERNEL_PUSH, DeviceContext, align, WHOLE_SIZE, barrier
 from .spec import KernelSpec
 from .stats import KernelStats
 from .step_ops import KernelOps

@@ -35,7 +35,8 @@ from ...errors import TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
 from ..._core.shaders import shader_bytes
 from ..._core.timeline import TimelinePoint
-from ..engine.device_context import SB, WHOLE_SIZE, MappedBuffer
+from ...memory.buffer import MappedBuffer
+from ..engine.device_context import SB, WHOLE_SIZE
 from ..engine.gpu_jobs import GpuJobs
 from ..engine.recording import handle_value
 from ..engine.step_ops import BARRIER, HOST_BARRIER, pass_op

@@ -72,7 +72,8 @@ from typing import Any, Callable, Iterator
 from ..._core.checks import timeout_seconds
 from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
 from ..checkpoint.format import Checkpoint
-from ..engine.device_context import MappedBuffer, StepCondition
+from ...memory.buffer import MappedBuffer
+from ..engine.device_context import StepCondition
 from ..engine.gate import gate_of
 from ..engine.gpu_jobs import GpuJobs
 from ..engine.kernel import Kernel

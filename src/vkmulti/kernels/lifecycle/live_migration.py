@@ -60,7 +60,8 @@ import vulkan as vk
 from ...errors import MigrationError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
 from ..engine import recording as cmds
-from ..engine.device_context import WHOLE_SIZE, MappedBuffer
+from ...memory.buffer import MappedBuffer
+from ..engine.device_context import WHOLE_SIZE
 from ..engine.gate import gate_of
 from ..engine.kernel import InboundBatch, Kernel, Residency
 from ..messages import RING_HEADER_BYTES

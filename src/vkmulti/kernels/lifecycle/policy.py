@@ -26,7 +26,7 @@ from ..._core.checks import int_in
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from ..checkpoint.format import Checkpoint
 from ..checkpoint.storage import CheckpointStorage
-from ..engine.device_context import MappedBuffer
+from ...memory.buffer import MappedBuffer
 from ..engine.gpu_jobs import GpuJobs, StepTimeline
 from ..ids import KernelId, as_kernel_id
 from ..engine.kernel import Kernel

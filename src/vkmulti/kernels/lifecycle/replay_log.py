@@ -36,7 +36,7 @@ import vulkan as vk
 from ..._core import vkapi
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from ..engine import recording as cmds
-from ..engine.device_context import MappedBuffer
+from ...memory.buffer import MappedBuffer
 from ..engine.gpu_jobs import StepTimeline
 from ..engine.step_ops import copy_op
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES

@@ -48,11 +48,11 @@ class _Staged:
     def __init__(self, img: KernelImage, keep_sequences: bool):
         self.img, self.keep = img, keep_sequences
         self.upload: StagedUpload | None = None
-        self.ctx: Any = None
+        self.staging: Any = None   # the StagingBuffers of the twin's device
 
     def _stage(self, twin: Kernel) -> StagedUpload | None:
-        self.ctx = twin.ctx
-        self.upload = staged_copies(twin.ctx.staging, _uploads(twin, self.img, self.keep))
+        self.staging = twin.ctx.staging
+        self.upload = staged_copies(self.staging, _uploads(twin, self.img, self.keep))
         return self.upload
 
     def __call__(self, twin: Kernel) -> tuple[Any, list[Buffer]]:
@@ -74,7 +74,7 @@ class _Staged:
 
     def done(self) -> None:
         if self.upload is not None:
-            self.ctx.staging.give_back(self.upload.buffer)
+            self.staging.give_back(self.upload.buffer)
             self.upload = None
 
     def free(self) -> None:

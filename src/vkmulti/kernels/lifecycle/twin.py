@@ -25,7 +25,8 @@ from ...transfer.cross_device import CrossDeviceTransfer
 from ...transfer.peer import ExportedBuffer
 from ...transfer.methods import select_transfer_method
 from ..coordinator.records import MigrationRequest
-from ..engine.device_context import WHOLE_SIZE, MappedBuffer
+from ...memory.buffer import MappedBuffer
+from ..engine.device_context import WHOLE_SIZE
 from ..engine.recording import barrier
 from ..engine.kernel import Kernel, OutboxBatch, Residency
 from ..messages import RING_HEADER_BYTES
