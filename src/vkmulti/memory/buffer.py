@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ..device.commands import SubmitUser
     from ..device.manager import DeviceSlot
 
-__all__ = ["Buffer", "MappedBuffer", "BUFFER_USAGE", "BUFFER_USAGE_ALLOWED", "run_one_shot", "check_usage"]
+__all__ = ["Buffer", "BUFFER_USAGE", "BUFFER_USAGE_ALLOWED", "run_one_shot", "check_usage"]
 
 _ffi = vk.ffi
 BUFFER_USAGE = (vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
