@@ -2,7 +2,8 @@
 `vkmulti-twins` thread makes each kernel's twin on the other device ahead, a
 migration or a restore takes it (and the half it leaves becomes the twin for a
 move back); a migration while that build runs waits for it; destroy() racing
-the thread is safe; a twin made stale by a reload is discarded, never used; a
+the thread is safe; a twin made stale by a reload is given the new code (its
+buffers kept), or freed when that fails, and never used stale; a
 migration without the check makes no GPU CRC32 engine. Builds are held by an
 event the test releases (never by timing)."""
 from __future__ import annotations
@@ -175,27 +176,55 @@ def _cold(spirv: bytes, tag: int) -> KernelCodeSource:
     return KernelCodeSource.from_spirv(bytes(raw))
 
 
-def test_a_twin_made_stale_by_a_reload_is_discarded(runtime, monkeypatch):
+def test_a_reload_gives_the_ready_twin_its_new_code(runtime):
     k, data = launch(runtime)
     runtime.step()
     settle(runtime)
     twins = runtime.ready_twins
     assert twins.ready(k) == [1]
-    held = HeldBuilds(monkeypatch)   # the twin of the new code stays unmade while held
-    discarded, used = twins.discarded, twins.used
+    twin = twins._ready[(k, 1)][0]
+    kept = [twin.inbox, twin.outbox, *twin.states]
+    built, refreshed, discarded, used = twins.built, twins.refreshed, twins.discarded, twins.used
     code = _cold(k.spec.spirv, 0xC0DE)
     k.apply_code(code, timeout=60)
-    assert held.blocked.wait(60)     # the reload asked for new twins: the stale one is gone
-    assert twins.ready(k) == [] and twins.discarded == discarded + 1
-    held.gate.set()
     settle(runtime)
-    assert twins.ready(k) == [1]
-    result = runtime.migrate(k, 1)   # the new twin, with the new code
+    # the same twin, its buffers kept: only its pipeline and that pipeline's set are new
+    assert twins.ready(k) == [1] and twins._ready[(k, 1)][0] is twin
+    assert (twins.built, twins.refreshed, twins.discarded) == (built, refreshed + 1, discarded)
+    assert twin.spec == k.spec and twin.kernel_pass is not k.kernel_pass
+    result = runtime.migrate(k, 1)   # onto that twin, running the new code
     assert result.checksum_match is True and k.device_index == 1 and twins.used == used + 1
+    assert all(a is b for a, b in zip([k.inbox, k.outbox, *k.states], kept))
     assert k.spec.spirv == code.code
     assert np.array_equal(runtime.read_state(k, 1), data)
+    runtime.send(k, np.array([5], np.uint32), tag=COUNTER_TAG_ADD)
     runtime.step()
     runtime.synchronize()
+    assert read_counter(runtime.read_state(k)).sum == 5
+
+
+def test_a_twin_whose_new_code_cannot_be_built_is_freed(runtime, monkeypatch):
+    k, data = launch(runtime)
+    settle(runtime)
+    twins = runtime.ready_twins
+    assert twins.ready(k) == [1]
+    ctx1 = twins._ready[(k, 1)][0].ctx
+    real = ctx1.kernel_pass
+
+    def failing(*args, **kw):   # the twins' thread cannot build the new pipeline; the reload can
+        if threading.current_thread().name == _THREAD:
+            raise RuntimeError("no pipeline for the twin")
+        return real(*args, **kw)
+    monkeypatch.setattr(ctx1, "kernel_pass", failing)
+    discarded = twins.discarded
+    code = _cold(k.spec.spirv, 0xC0DD)
+    k.apply_code(code, timeout=60)
+    settle(runtime)
+    assert twins.ready(k) == [] and twins.bytes_on(1) == 0 and twins.discarded == discarded + 1
+    monkeypatch.undo()
+    result = runtime.migrate(k, 1)   # builds a twin of its own
+    assert result.checksum_match is True and k.device_index == 1 and k.spec.spirv == code.code
+    assert np.array_equal(runtime.read_state(k, 1), data)
 
 
 def test_a_move_never_takes_a_stale_twin(runtime, monkeypatch):

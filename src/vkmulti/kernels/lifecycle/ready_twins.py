@@ -17,13 +17,17 @@ the twin of its kernel on its target (waiting for that twin's build when it
 runs), or None: then the move builds one itself, as without ready twins. A
 twin is *stale* when its kernel's code was reloaded (its spec differs), the
 kernel was destroyed or moved onto that device, or the device was lost: it is
-freed, never used. A ready twin holds no local slot of its device (take()
+never used. One made stale by a reload alone is given the new code when the
+reload asks for the kernel's twins (the pipeline the reload built there ahead
+and a descriptor set of it: no buffer is freed or made while the steps go
+on); any other is freed. A ready twin holds no local slot of its device (take()
 gives it one), so it never counts against the kernels a device can run.
 The thread also destroys the buffers a failover's restore left on a lost
 device (`free_later`), off the restore's path.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -37,6 +41,7 @@ from ...errors import DestroyedError, DeviceLostError, VkmError
 from ...transfer.peer import ExportedBuffer
 from ..engine.kernel import Kernel
 from ..engine.prebuild import join_worker, lower_priority
+from ..reload.swap import BUILD_WAIT, kernel_set, put_pass
 from .twin import (LifecycleView, Retired, build_twin, free_retired, free_twin, twin_buffer_sizes,
                    twin_mapped_sizes)
 
@@ -72,8 +77,9 @@ class ReadyTwins:
         self._busy = False
         self._stopping = False
         self._thread: threading.Thread | None = None
-        #: twins built, old halves re-initialised, twins a move took, stale twins freed
-        self.built = self.recycled = self.used = self.discarded = 0
+        #: twins built, old halves re-initialised, twins a move took, stale twins freed, twins given
+        #: a reloaded kernel's new code (their buffers kept)
+        self.built = self.recycled = self.used = self.discarded = self.refreshed = 0
 
     # -- policy ------------------------------------------------------------------------
 
@@ -295,16 +301,40 @@ class ReadyTwins:
                 else:
                     entry = None
                 go = self._bytes.get(d, 0) + size <= self._limit
-                if go:
+                if go or entry is not None:
                     self._building = (kernel, d)
-            if entry is not None:
-                self.discarded += 1
-                self._discard(entry[0])
+            if entry is not None and self._keep(kernel, d, entry[0], entry[1]):
+                continue   # (made stale by a reload alone: given the new code, its buffers kept)
             if not go:
                 continue
             twin = build_twin(life.rt, life.pool, kernel, d, ahead=True)
             self.built += 1
             self._keep(kernel, d, twin, size)
+
+    def _new_code(self, kernel: Kernel, device: int, twin: Kernel) -> bool:
+        """Give `twin` the code `kernel` runs now, when a hot reload is all that made it
+        stale (the spec differs in the code alone): the new pipeline (built on `device`
+        ahead by the reload, else here) and a descriptor set of it; its buffers stay.
+        Whether it did; on False the caller discards the twin."""
+        spec = kernel.spec
+        if twin.spec == spec or dataclasses.replace(twin.spec, spirv=spec.spirv,
+                                                    entry_point=spec.entry_point) != spec:
+            return False
+        ctx = twin.ctx
+        if not ctx.alive or twin.destroyed or kernel.destroyed:
+            return False
+        p = ctx.kernel_pass(spec.spirv, spec.entry_point, len(twin.states), locked=False, timeout=BUILD_WAIT)
+        stepper = self._life.rt._contexts.get(device, (None, None))[1]
+        with ctx.lock:
+            ctx.check()
+            new_set = kernel_set(twin, p)
+            old = put_pass(twin, p, new_set, spec)
+            if stepper is not None and twin.last_value > ctx.completed():   # (a recycled half's last steps)
+                stepper.retired.append((twin.last_value, old))
+            else:
+                ctx.free_set(old)
+        self.refreshed += 1
+        return self._fresh(kernel, device, twin)
 
     def _reinit(self, kernel: Kernel, half: Kernel) -> None:
         """Make the half a migration left behind a twin again: its rings zeroed, headers
@@ -331,8 +361,15 @@ class ReadyTwins:
         self.recycled += 1
         self._keep(kernel, d, half, size)
 
-    def _keep(self, kernel: Kernel, device: int, twin: Kernel, size: int) -> None:
-        fresh = self._fresh(kernel, device, twin)
+    def _keep(self, kernel: Kernel, device: int, twin: Kernel, size: int) -> bool:
+        """Keep `twin` (of `size` bytes, not counted) as kernel's ready twin on `device`, given
+        the kernel's new code first where a reload made it stale; else free it. Whether kept."""
+        try:
+            fresh = self._fresh(kernel, device, twin) or self._new_code(kernel, device, twin)
+        except BaseException:
+            self.discarded += 1
+            self._discard(twin)
+            raise
         with self._cond:
             keep = fresh and not self._stopping and self._enabled and (kernel, device) not in self._ready
             if keep:
@@ -341,6 +378,7 @@ class ReadyTwins:
         if not keep:
             self.discarded += 1
             self._discard(twin)
+        return keep
 
     # -- freeing -------------------------------------------------------------------------
 

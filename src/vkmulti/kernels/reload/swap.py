@@ -26,7 +26,7 @@ from .code_source import KernelCodeFormat, KernelCodeSource, validate_code
 log = logging.getLogger(__name__)
 
 __all__ = ["drain", "check_for_kernels", "compile_on_devices", "swap", "clear_state", "apply_code",
-           "MAX_SPIRV_FOR_API"]
+           "kernel_set", "put_pass", "MAX_SPIRV_FOR_API", "BUILD_WAIT"]
 
 #: The newest SPIR-V version a Vulkan 1.x core takes, by minor API version.
 MAX_SPIRV_FOR_API = {0: (1, 0), 1: (1, 3), 2: (1, 5), 3: (1, 6)}
@@ -202,6 +202,24 @@ def swap(targets: list[Kernel], passes: dict[int, Any], code: KernelCodeSource, 
                     break
 
 
+def kernel_set(k: Kernel, p: ComputePass) -> tuple[Any, Any]:
+    """A descriptor set of kernel pipeline `p` over k's buffers (inbox, outbox, states),
+    as (pool, set); k.ctx.lock held by the caller."""
+    return k.ctx.descriptor_set(p, [(k.inbox.handle, 0, WHOLE_SIZE), (k.outbox.handle, 0, k.outbox_bytes)]
+                                + [(s.handle, 0, WHOLE_SIZE) for s in k.states])
+
+
+def put_pass(k: Kernel, p: ComputePass, new_set: tuple[Any, Any], spec: Any) -> tuple[Any, Any]:
+    """Give k pipeline `p` with its set `new_set` (made by kernel_set) and `spec` (k.ctx.lock
+    held; nothing here raises); returns k's old kernel set, for the caller to free once no
+    step that bound it can still run."""
+    old = next(s for s in k.sets if s[1] is k.kernel_set)
+    k.sets[k.sets.index(old)] = new_set
+    k.kernel_pass, k.kernel_set = p, new_set[1]
+    k.spec = spec
+    return old
+
+
 def _swap_locked(rt: Any, ks: list[Kernel], passes: dict[int, Any], code: KernelCodeSource) -> None:
     """swap()'s work for the kernels `ks` of runtime `rt`, its gate held."""
     made: list[tuple[Kernel, Any, Any]] = []
@@ -211,9 +229,7 @@ def _swap_locked(rt: Any, ks: list[Kernel], passes: dict[int, Any], code: Kernel
             p = passes[k.device_index]
             with ctx.lock:
                 k.check()
-                new_set = ctx.descriptor_set(p, [(k.inbox.handle, 0, WHOLE_SIZE),
-                                                 (k.outbox.handle, 0, k.outbox_bytes)]
-                                             + [(s.handle, 0, WHOLE_SIZE) for s in k.states])
+                new_set = kernel_set(k, p)
             made.append((k, p, new_set))
     except BaseException:
         for k, _, s in made:
@@ -223,14 +239,11 @@ def _swap_locked(rt: Any, ks: list[Kernel], passes: dict[int, Any], code: Kernel
     for k, p, new_set in made:   # nothing below raises: all kernels swap together
         ctx = k.ctx
         with ctx.lock:
-            old = next(s for s in k.sets if s[1] is k.kernel_set)
-            k.sets[k.sets.index(old)] = new_set
-            k.kernel_pass, k.kernel_set = p, new_set[1]
-            k.spec = dataclasses.replace(k.spec, spirv=code.code, entry_point=code.entry_point)
+            old = put_pass(k, p, new_set, dataclasses.replace(k.spec, spirv=code.code, entry_point=code.entry_point))
             rt._device(k.device_index)[1].retired.append((k.last_value, old))
     twins = getattr(rt, "ready_twins", None)
     if twins is not None:
-        for k in ks:   # their ready twins run the old code: made anew
+        for k in ks:   # their ready twins run the old code: given the new pipeline (built there ahead)
             twins.request(k)
 
 
