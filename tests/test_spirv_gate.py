@@ -265,3 +265,20 @@ def test_a_driver_refusal_is_not_retried(runtime, monkeypatch):
     with pytest.raises(VulkanError):
         mgr.execute_reload(request, k)
     assert len(calls) == 1 and request.retry_count == 0 and request.is_failed()
+
+
+def test_a_reflection_is_kept_per_module_bytes_and_bounded():
+    from vkmulti.kernels.engine import spirv as spirv_module
+    code = counter_kernel(max_sources=8).spirv
+    first = reflect(code)
+    assert reflect(bytes(code)) is first                       # the same bytes: parsed once
+    assert reflect(bytearray(code)) is not first               # (only bytes are kept)
+    bad = code[:20] + struct.pack("<I", 0xFFFF0000)            # an instruction past the end
+    for _ in range(2):                                         # a refusal is never kept
+        with pytest.raises(KernelValidationError):
+            reflect(bad)
+    for tag in range(spirv_module._KEPT + 1):                  # bounded: the oldest goes
+        raw = bytearray(code)
+        struct.pack_into("<I", raw, 8, 0xA000 + tag)
+        reflect(bytes(raw))
+    assert len(spirv_module._kept) == spirv_module._KEPT and reflect(code) is not first

@@ -14,6 +14,8 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,9 +124,33 @@ def _string(words: tuple[int, ...], start: int, end: int) -> tuple[str, int]:
     raise KernelValidationError("a SPIR-V literal string is not nul-terminated within its instruction")
 
 
+#: Modules whose reflection is kept (by their bytes): a hot reload checks one module several
+#: times, and each parse is Python work that would hold the interpreter while kernels step.
+_KEPT = 64
+_kept: OrderedDict[bytes, SpirvModule] = OrderedDict()
+_kept_lock = threading.Lock()
+
+
 def reflect(code: Any, label: str = "SPIR-V") -> SpirvModule:
     """Parse the header and instruction stream of a module and reflect what a
-    kernel declares. KernelValidationError for anything malformed."""
+    kernel declares. KernelValidationError for anything malformed. The result
+    is shared between callers of the same bytes: read it, never change it."""
+    if type(code) is not bytes:
+        return _reflect(code, label)
+    with _kept_lock:
+        mod = _kept.get(code)
+        if mod is not None:
+            _kept.move_to_end(code)
+            return mod
+    mod = _reflect(code, label)
+    with _kept_lock:
+        _kept[code] = mod
+        if len(_kept) > _KEPT:
+            _kept.popitem(last=False)
+    return mod
+
+
+def _reflect(code: Any, label: str) -> SpirvModule:
     words = _words(code, label)
     version_word, generator, bound, schema = words[1], words[2], words[3], words[4]
     major, minor = (version_word >> 16) & 0xFF, (version_word >> 8) & 0xFF
