@@ -40,7 +40,7 @@ from ..._core.checks import int_in
 from ..engine.kernel import Kernel
 from ..ids import KernelId, as_kernel_id
 from .code_source import KernelCodeSource, validate_code
-from .swap import check_for_kernels, clear_state, compile_on_devices, drain, swap
+from .swap import check_for_kernels, clear_state, compile_on_devices, drain, let_steps_in, swap
 from .types import (HotReloadConfig, HotReloadRequest, HotReloadResult, HotReloadState, HotReloadStats,
                     HotReloadStatsSnapshot)
 
@@ -303,6 +303,11 @@ class HotReloadManager:
                                      f"{cfg.reload_timeout} s (reload_timeout; timed out while {phase})")
                 return rest
 
+            def done(phase: str) -> None:   # the end of a phase: the stepping threads run first
+                left(phase)
+                if targets:
+                    let_steps_in()
+
             request.state = HotReloadState.DRAINING
             t0 = time.monotonic()
             if targets:
@@ -314,7 +319,7 @@ class HotReloadManager:
                 while callable(ready) and not ready():
                     time.sleep(min(0.001, left("draining")))
             drain_d = time.monotonic() - t0
-            left("draining")
+            done("draining")
 
             request.state = HotReloadState.CHECKPOINTING
             t0 = time.monotonic()
@@ -331,7 +336,7 @@ class HotReloadManager:
                     request.checkpoint = cp
                     size = cp.total_size()
             checkpoint_d = time.monotonic() - t0
-            left("checkpointing")
+            done("checkpointing")
 
             request.state = HotReloadState.VALIDATING
             if targets:
@@ -339,7 +344,7 @@ class HotReloadManager:
                                   timeout=lambda: left("validating"))
             elif cfg.validate_before_swap:
                 validate_code(code)
-            left("validating")
+            done("validating")
 
             compile_d = swap_d = 0.0
             devices: list[int] = []
@@ -352,7 +357,7 @@ class HotReloadManager:
                     if targets:
                         passes = compile_on_devices(code, targets, lambda: left("compiling"))
                     compile_d = time.monotonic() - t0
-                    left("compiling")
+                    done("compiling")
                     request.state = HotReloadState.SWAPPING
                     t0 = time.monotonic()
                     if targets:

@@ -26,7 +26,7 @@ from .code_source import KernelCodeFormat, KernelCodeSource, validate_code
 log = logging.getLogger(__name__)
 
 __all__ = ["drain", "check_for_kernels", "compile_on_devices", "swap", "clear_state", "apply_code",
-           "kernel_set", "put_pass", "MAX_SPIRV_FOR_API", "BUILD_WAIT"]
+           "kernel_set", "put_pass", "let_steps_in", "MAX_SPIRV_FOR_API", "BUILD_WAIT", "STEP_PAUSE"]
 
 #: The newest SPIR-V version a Vulkan 1.x core takes, by minor API version.
 MAX_SPIRV_FOR_API = {0: (1, 0), 1: (1, 3), 2: (1, 5), 3: (1, 6)}
@@ -113,6 +113,17 @@ def in_background(fn: Callable[[], Any], timeout: float) -> Any:
 
 #: The longest a reload's build waits for another thread's build of the same pipeline.
 BUILD_WAIT = 300.0
+#: How long a reload's caller pauses between its phases (let_steps_in).
+STEP_PAUSE = 100e-6
+
+
+def let_steps_in() -> None:
+    """Pause the calling thread for STEP_PAUSE s without the interpreter lock. A thread
+    that steps kernels needs the lock back after each native call of its step; while a
+    reload runs Python on another thread it would get it only when that thread is told
+    to drop it (the interpreter's switch interval, 5 ms by default): a pause between the
+    reload's phases hands it over at once."""
+    time.sleep(STEP_PAUSE)
 
 
 def _build(ctx: Any, code: bytes, entry: str, n_state: int) -> ComputePass:
