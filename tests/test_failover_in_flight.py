@@ -300,7 +300,7 @@ def body_a_send_during_the_restore_is_taken_once():
     lose_at, last = 3, PER_ROUND - 1
     p = _Pair()
     calls, senders = [], []
-    orig = replay._replay_step
+    orig = replay._replay_steps
 
     def replay_step(rt, k, *args):
         if not senders:   # the round of the call after the loss: its last message for b
@@ -315,7 +315,7 @@ def body_a_send_during_the_restore_is_taken_once():
         calls.append(1)
         if len(calls) == lose_at:
             lose_device(p.mgr, 1, timeout=10)
-    replay._replay_step = replay_step
+    replay._replay_steps = replay_step
     p.rt.add_step_listener(listener)
     try:
         for i in range(ROUNDS):
@@ -333,7 +333,7 @@ def body_a_send_during_the_restore_is_taken_once():
         p.finish()
         p.check_exact()
     finally:
-        replay._replay_step = orig
+        replay._replay_steps = orig
         p.rt.remove_step_listener(listener)
         p.destroy()
 

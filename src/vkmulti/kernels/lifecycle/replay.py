@@ -9,11 +9,12 @@ For each kernel of the lost device that has a policy checkpoint:
 2. the kernel is rebuilt from its latest checkpoint (step C) on the device the
    coordinator's unregister plan names (`restore(..., into=k)`: same object,
    id and address; the per-destination sequence numbers come back with it);
-3. its steps C..L-1 (L: the steps it had made) run again, one at a time and
-   waited for, each taking exactly the message slots the original step
-   consumed (host and K2K messages, from the log) and nothing else; what the
-   replayed steps send is not delivered, and what they send the host is
-   dropped for the steps whose messages the host had already received; a
+3. its steps C..L-1 (L: the steps it had made) run again, submitted back to
+   back (the step engine's window paces them) and waited for once per run of
+   steps, each taking exactly the message slots the original step consumed
+   (host and K2K messages, from the log) and nothing else; what the replayed
+   steps send is not delivered, and what they send the host is dropped for
+   the steps whose messages the host had already received; a
    send() to the kernel meanwhile (another thread) waits until its host
    queue is its own again (Kernel.restoring);
 4. the messages nobody consumed yet are handed again, in order, through the
@@ -28,6 +29,7 @@ released and listed in `lost_kernels` as before.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from typing import Any
@@ -72,24 +74,33 @@ def _target(rt: RuntimeView, k: Any, lost: set[int]) -> int:
     return rt.coordinator.select_device()
 
 
-def _replay_step(rt: RuntimeView, k: Any, slots: list[bytes], keep_k2h: bool, deadline: float) -> None:
+def _replay_steps(rt: RuntimeView, k: Any, inputs: list[list[bytes]], keep_k2h: bool, deadline: float) -> None:
+    """Run steps of k again back to back, each taking its logged input slots `inputs[i]`
+    (the step engine's in-flight window and region checks pace them), then wait for the
+    last: what they send is not delivered; what they send the host is dropped unless
+    `keep_k2h` (the host never received it: those steps were in flight at the loss)."""
     ctx, stepper = rt._device(k.device_index)
-    k.h2k.clear()
-    k.h2k.extend(slots)
     n0 = len(k.received)
-    with ctx.lock:
-        point, ran, held, new = stepper.step([k], [], deadline, 0)
-    if not ran:
-        raise VkmError(f"kernel {k.id!r}: its replayed step {k.steps} was held back: {held}")
+    point = None
+    for slots in inputs:
+        with ctx.lock:
+            k.h2k.clear()
+            k.h2k.extend(slots)
+            point, ran, held, new = stepper.step([k], [], deadline, 0)
+            if not ran:
+                raise VkmError(f"kernel {k.id!r}: its replayed step {k.steps} was held back: {held}")
+            for b in new:   # what it sends again is handed from the log to those who have not consumed it
+                b.done = True
+                b.event.set()
+            ctx.cond.notify_all()
+    if point is None:
+        return
     rt._wait_point(point, deadline, _left(deadline))
-    with ctx.lock:
-        for b in new:   # what it sends again is handed from the log to those who have not consumed it
-            b.done = True
-            b.event.set()
-        if not keep_k2h:   # the host received this step's messages from the original run
+    if not keep_k2h:   # the host received these steps' messages from the original run
+        with ctx.lock:
             while len(k.received) > n0:
                 k.received.pop()
-        ctx.cond.notify_all()
+            ctx.cond.notify_all()
 
 
 def restore_lost_kernels(life: LifecycleView, device: int, kernels: list[Any], pair: Any, drained: bool,
@@ -140,9 +151,10 @@ def restore_lost_kernels(life: LifecycleView, device: int, kernels: list[Any], p
             k.check()   # (destroyed meanwhile: not restored)
             restore_into(life, k, img, target, _left(deadline))
             k.replaying = True
-            try:
-                for step in range(start, end):
-                    _replay_step(rt, k, kl.inputs[step], step in unharvested.get(id(k), ()), deadline)
+            kept = unharvested.get(id(k), set())
+            try:   # (runs of steps whose host messages are dropped or kept: one wait each)
+                for keep, run in itertools.groupby(range(start, end), key=lambda step: step in kept):
+                    _replay_steps(rt, k, [kl.inputs[step] for step in run], keep, deadline)
             finally:
                 k.replaying = False
             ok = True
