@@ -110,12 +110,9 @@ cdef class StepCommands:
         """Record a whole step into `cmd` in one call: reset and begin it, record `ops`
         (STEP_OP_BYTES-byte records of vkm_step_op, packed with STEP_OP_FORMAT: passes,
         which bind their pipeline unless it is bound already, barriers, updates of up
-        to 128 bytes, copies) in order and end it. Every record is checked first
-        (ValueError naming the first bad one; nothing is recorded); a failed begin
-        or end leaves `cmd` reset. No other recording may be open. The GIL stays
-        held: recording takes no lock and no wait (a few us of driver calls on a
-        command buffer its caller owns), and a thread that let go of the GIL here
-        would wait for it again behind any other thread running Python."""
+        to 128 bytes, copies) in order and end it, without the GIL. Every record is
+        checked first (ValueError naming the first bad one; nothing is recorded);
+        a failed begin or end leaves `cmd` reset. No other recording may be open."""
         cdef vkm_device *d = self.dev.ptr()
         cdef Py_ssize_t size = len(ops)
         cdef const char *p = ops
@@ -132,7 +129,8 @@ cdef class StepCommands:
         bad = vkm_step_check_ops(p, n, &why)
         if bad >= 0:
             raise ValueError(f"operation {bad}: {why.decode()}")
-        r = vkm_step_record(d, <VkCommandBuffer>cmd, p, n)
+        with nogil:
+            r = vkm_step_record(d, <VkCommandBuffer>cmd, p, n)
         check(r, "vkBeginCommandBuffer/vkEndCommandBuffer(kernel step)")
 
     def end(self):

@@ -139,8 +139,8 @@ class GpuJobs:
             -> TimelinePoint:
         """submit() of a job given as the native step recorder's packed operations
         (step_ops: passes, barriers, updates, copies; checked before anything is
-        recorded), recorded in one native call and submitted without the GIL,
-        without a cffi call per command."""
+        recorded), recorded and submitted without the GIL and without a cffi call
+        per command."""
         waits = list(waits)
         with self._lock:
             self._check_pool()
