@@ -89,6 +89,12 @@ class ComputePass:
         dev = ctx.slot.device
         self.types = types
         self.push_bytes = push_bytes
+        #: set by DeviceContext: its key in `passes`; kernel pipelines only: how many kernels (their
+        #: Residency) hold it, and the timeline value of the last step that may bind it
+        self.key: tuple | None = None
+        self.made_from = (code, entry, len(types) - 2)   # (a kernel pass: code, entry point, state buffers)
+        self.users = 0
+        self.idle_since = 0
         self.dsl = self.layout = self.pipeline = None
         try:
             self.dsl = vkapi.vkCreateDescriptorSetLayout(dev,
@@ -128,6 +134,45 @@ class ComputePass:
             vk.vkDestroyDescriptorSetLayout(dev, self.dsl, None)
         self.pipeline = self.layout = self.dsl = None
         self.layout_int = self.dsl_int = 0   # (the native recorder and make_set refuse a 0 layout)
+
+
+#: Kernel pipelines that kernels held and let go which a device keeps built (the most recently let
+#: go): a rollback or a reload back finds them; older ones are destroyed once no step can bind them
+#: (unless a live kernel that may run there has that code), so that a process reloading code many
+#: times does not grow without bound.
+MAX_UNUSED_PASSES = 8
+
+
+class UnusedPasses:
+    """The kernel pipelines of one DeviceContext that kernels held and let go, oldest first (its
+    pass_lock held by every caller): `evictable(done)` takes out those past the
+    MAX_UNUSED_PASSES newest whose last step is done (`done`: the completed timeline value).
+    A pipeline built ahead and never held is not among them: it stays built."""
+
+    def __init__(self) -> None:
+        self.passes: dict[tuple, ComputePass] = {}   # (insertion order: oldest first)
+        self.evicted = 0
+
+    def add(self, p: ComputePass) -> None:
+        self.passes.pop(p.key, None)  # type: ignore[arg-type]
+        self.passes[p.key] = p  # type: ignore[index]
+
+    def remove(self, p: ComputePass) -> None:
+        self.passes.pop(p.key, None)  # type: ignore[arg-type]
+
+    def evictable(self, done: Callable[[], int]) -> list[ComputePass]:
+        """Take out the oldest past the newest MAX_UNUSED_PASSES whose last step is done."""
+        out: list[ComputePass] = []
+        value = None
+        while len(self.passes) > MAX_UNUSED_PASSES:
+            key, p = next(iter(self.passes.items()))
+            if value is None:
+                value = done()
+            if p.idle_since > value:
+                break
+            del self.passes[key]
+            out.append(p)
+        return out
 
 
 # push-constant sizes of the runtime's passes and of the kernel ABI (VkmStep)
@@ -188,7 +233,11 @@ class DeviceContext:
         self.passes: dict[tuple, ComputePass] = {}
         #: pipelines being built now, by key: their Event is set once `passes` has them (or the build failed)
         self.building: dict[tuple, threading.Event] = {}
-        self.pass_lock = threading.Lock()   # guards `passes` and `building` (builds run outside `lock`)
+        self.pass_lock = threading.Lock()   # guards `passes`, `building`, `unused` (builds run outside `lock`)
+        self.unused = UnusedPasses()    # kernel pipelines no kernel holds (hold_pass / release_pass)
+        #: the (code, entry point, state buffers) of the kernels that may run here: their pipelines
+        #: are never destroyed while no kernel holds them (set by the runtime's Prebuilder)
+        self.wanted: Callable[[], set[tuple[bytes, str, int]]] = set
         #: times a caller waited for a build another thread had started instead of building it again
         self.shared_builds = 0
         self._pools: list[Any] = []
@@ -329,6 +378,7 @@ class DeviceContext:
                 del self.building[key]
                 if made is not None:
                     if self.alive:
+                        made.key = key
                         self.passes[key] = made
                     else:
                         made.destroy(self.slot.device)
@@ -349,6 +399,55 @@ class DeviceContext:
                                    f"buffers", device=self.slot.name)
         build = self.pipeline if locked else self.build_pass
         return build(code, entry, kernel_types(n_state), KERNEL_PUSH, timeout)
+
+    def hold_pass(self, code: bytes, entry: str, n_state: int, *, locked: bool = True,
+                  timeout: float | None = 60.0) -> ComputePass:
+        """kernel_pass(), held by the caller (a kernel's Residency) until release_pass():
+        never destroyed while held."""
+        while True:
+            p = self.kernel_pass(code, entry, n_state, locked=locked, timeout=timeout)
+            with self.pass_lock:
+                if self.passes.get(p.key) is p:  # type: ignore[arg-type]   # (else destroyed meanwhile: built anew)
+                    p.users += 1
+                    self.unused.remove(p)
+                    return p
+
+    def let_go(self, res: Any) -> None:
+        """release_pass() of the pipeline a kernel's Residency `res` holds (then it holds none)."""
+        p, res.kernel_pass = res.kernel_pass, None
+        if p is not None:
+            self.release_pass(p, res.last_value)
+
+    def release_pass(self, p: ComputePass, last_value: int) -> None:
+        """Let go of a pipeline hold_pass() gave, bound last by the step of timeline value
+        `last_value`; pipelines no kernel holds beyond the newest MAX_UNUSED_PASSES are
+        destroyed once their last step is done."""
+        with self.pass_lock:
+            if p.users <= 0:
+                return
+            p.users -= 1
+            p.idle_since = max(p.idle_since, last_value)
+            if p.users or self.passes.get(p.key) is not p:  # type: ignore[arg-type]
+                return
+            self.unused.add(p)
+            if not self.alive:
+                return
+            try:
+                candidates = self.unused.evictable(self.completed)
+            except VkmError:   # (a lost device: its context destroys them all)
+                return
+        if not candidates:
+            return
+        wanted = self.wanted()   # (outside pass_lock: it reads the runtime's kernels)
+        gone = []
+        with self.pass_lock:
+            for q in candidates:   # (one still wanted stays built, no longer counted among the unused)
+                if q.users == 0 and self.passes.get(q.key) is q and q.made_from not in wanted:  # type: ignore[arg-type]
+                    del self.passes[q.key]  # type: ignore[arg-type]
+                    gone.append(q)
+            self.unused.evicted += len(gone)
+        for q in gone:
+            q.destroy(self.slot.device)
 
     # -- descriptor sets -------------------------------------------------------
 

@@ -407,7 +407,7 @@ class Kernel:
             h[2], h[3] = spec.inbox_capacity, self.slot_words
         self.local_slot = self._take_local_slot(ctx)
         check_kernel_code(ctx, spec)
-        self.kernel_pass = ctx.kernel_pass(spec.spirv, spec.entry_point, len(spec.state_sizes))
+        self.kernel_pass = ctx.hold_pass(spec.spirv, spec.entry_point, len(spec.state_sizes))
         whole = WHOLE_SIZE
         kset = ctx.descriptor_set(self.kernel_pass, [(self.inbox.handle, 0, whole),
                                                      (self.outbox.handle, 0, self.outbox_bytes)]
@@ -459,6 +459,7 @@ class Kernel:
         for s in self.sets + list(self.deliver_sets.values()):
             self.ctx.free_set(s)
         self.sets, self.deliver_sets = [], {}
+        self.ctx.let_go(self.residency)   # (its pipeline: another kernel may hold it still)
         for b in reversed(self.buffers):
             b.destroy()
         self.buffers = []

@@ -13,6 +13,7 @@ move then allocates nothing, as a later one; 0: none).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -82,16 +83,19 @@ class Prebuilder:
     `reserve(kernel, index, limit)` makes buffers for a twin of the kernel there;
     `pair(a, b)` makes what a move between two devices uses (the transfer
     links both ways, their rings touched), so the first move finds it made;
-    `built(kernel)` is told once a kernel's builds ran (its twins come next)."""
+    `built(kernel)` is told once a kernel's builds ran (its twins come next); `live()` gives the
+    runtime's live kernels: a device context keeps built the pipelines of those that may run
+    there (`wanted`, which this builder installs on each context it builds on)."""
 
     def __init__(self, context: Callable[[int], Any], device_count: Callable[[], int],
                  usable: Callable[[int], bool], extras: Callable[[Any], list[PassSpec]],
                  warm: Callable[[int], Any] = lambda index: None,
                  reserve: Callable[[Any, int, int], Any] = lambda kernel, index, limit: None,
                  pair: Callable[[int, int], Any] = lambda a, b: None,
-                 built: Callable[[Any], Any] = lambda kernel: None):
+                 built: Callable[[Any], Any] = lambda kernel: None,
+                 live: Callable[[], Iterable[Any]] = tuple):
         self._context, self._device_count, self._usable, self._extras = context, device_count, usable, extras
-        self._warm, self._reserve, self._pair, self._built = warm, reserve, pair, built
+        self._warm, self._reserve, self._pair, self._built, self._live = warm, reserve, pair, built, live
         #: per device, the most bytes of twin buffers made ahead (0: none)
         self.reserve_bytes = DEFAULT_RESERVE_BYTES
         self._devices: Any = None
@@ -151,16 +155,31 @@ class Prebuilder:
                 self._thread.start()
             self._cond.notify_all()
 
+    def wanted(self, device: int) -> set[tuple[bytes, str, int]]:
+        """(code, entry point, state buffers) of each live kernel that runs on `device` or
+        may move there (the policy's targets)."""
+        out = set()
+        for k in self._live():
+            if k is not None and not k.destroyed and (k.device_index == device or device in self.targets(k)):
+                spec = k.spec
+                out.add((spec.spirv, spec.entry_point, len(spec.state_sizes)))
+        return out
+
+    def _watch(self, ctx: Any) -> None:
+        """Have `ctx` keep the pipelines of the kernels that may run on it (see wanted)."""
+        ctx.wanted = functools.partial(self.wanted, ctx.index)
+
     def ensure(self, spec: Any, device: int, timeout: float | None) -> None:
         """Have the pipelines a move of a kernel of `spec` onto `device` needs built
         there: found built, waited for where a build of them runs, else built now.
         The caller holds no device lock."""
         ctx = self._context(device)
+        self._watch(ctx)
         extras = list(self._extras(ctx))
         key = (spec, ctx, tuple((code, entry, tuple(types), push) for code, entry, types, push in extras))
         with self._cond:
             known = key in self._ensured
-        if known:   # (the context keeps what it built while it lives)
+        if known and ctx.has_pass(*_kernel_pass_spec(spec)):   # (still built: a let-go one may be gone)
             ctx.check()
             return
         deadline = Deadline(timeout)
@@ -208,6 +227,7 @@ class Prebuilder:
                 if not self._usable(d):
                     continue
                 ctx = self._context(d)
+                self._watch(ctx)
                 _gate(kernel.spec, ctx, 60.0)   # this device's target environment may differ from the launch's
                 for code, entry, types, push in passes + list(self._extras(ctx)):
                     if self._stopping:

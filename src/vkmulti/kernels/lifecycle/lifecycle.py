@@ -157,7 +157,8 @@ class Lifecycle:
         #: the kernels' pipelines built ahead on the devices they may move to (engine/prebuild.py)
         self.prebuild = Prebuilder(rt._context, lambda: rt.manager.device_count,
                                    lambda d: not rt.device_lost(d), self._move_passes, self.crc, self._reserve,
-                                   self._pair, self._prebuilt)
+                                   self._pair, self._prebuilt,
+                                   lambda: tuple(rt._kernels.values()))   # (no lock: asked under device locks)
         #: the twins of the kernels made ahead on the devices they may move to (ready_twins.py)
         self.twins = ReadyTwins(self, self.prebuild.targets)
 

@@ -374,6 +374,7 @@ def retire_half(life: LifecycleView, half: Kernel, lost: bool) -> None:
                 if ctx.alive:
                     ctx.free_set(s)
             half.sets, half.deliver_sets = [], {}
+            ctx.let_go(half.residency)   # (its pipeline: kept while kernels that may run here have its code)
             if half.local_slot >= 0:
                 if ctx.local[half.local_slot] is half:
                     ctx.release_local_slot(half.local_slot)

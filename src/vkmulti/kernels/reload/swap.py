@@ -221,11 +221,13 @@ def kernel_set(k: Kernel, p: ComputePass) -> tuple[Any, Any]:
 
 
 def put_pass(k: Kernel, p: ComputePass, new_set: tuple[Any, Any], spec: Any) -> tuple[Any, Any]:
-    """Give k pipeline `p` with its set `new_set` (made by kernel_set) and `spec` (k.ctx.lock
-    held; nothing here raises); returns k's old kernel set, for the caller to free once no
-    step that bound it can still run."""
+    """Give k pipeline `p` (held for it: ctx.hold_pass) with its set `new_set` (made by
+    kernel_set) and `spec`, letting go of the old pipeline (k.ctx.lock held; nothing here
+    raises); returns k's old kernel set, for the caller to free once no step that bound it
+    can still run."""
     old = next(s for s in k.sets if s[1] is k.kernel_set)
     k.sets[k.sets.index(old)] = new_set
+    k.ctx.let_go(k.residency)
     k.kernel_pass, k.kernel_set = p, new_set[1]
     k.spec = spec
     return old
@@ -237,15 +239,20 @@ def _swap_locked(rt: Any, ks: list[Kernel], passes: dict[int, Any], code: Kernel
     try:
         for k in ks:
             ctx = k.ctx
-            p = passes[k.device_index]
             with ctx.lock:
                 k.check()
-                new_set = kernel_set(k, p)
+                p = ctx.hold_pass(code.code, code.entry_point, len(k.states))   # (built: passes[device])
+                try:
+                    new_set = kernel_set(k, p)
+                except BaseException:
+                    ctx.release_pass(p, 0)
+                    raise
             made.append((k, p, new_set))
     except BaseException:
-        for k, _, s in made:
+        for k, p, s in made:
             with k.ctx.lock:
                 k.ctx.free_set(s)
+                k.ctx.release_pass(p, 0)
         raise
     for k, p, new_set in made:   # nothing below raises: all kernels swap together
         ctx = k.ctx
