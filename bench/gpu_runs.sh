@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu_runs.sh [--logical-pair] SECTION...
 #
-# SECTION: suite wave1 placement k2k migration scaling (issue 18's runs),
+# SECTION: suite wave1 placement k2k migration scaling (issue 18's runs), reload_gaps (issue 25's reload goal),
 # nvlink_k2k stencil_scaling nvlink_migration (issue 27's runs 1-3, for hosts
 # of two or more GPUs; `scaling` on four), or all. Every
 # command's output goes to $OUT/NAME.txt (JSON figures to $OUT/NAME.json where
@@ -70,6 +70,13 @@ migration() {
     run drill_stencil 300 python3 -m vkmulti demo stencil --steps 200 --lose-gpu 1@100 --output ''
 }
 
+# Issue 25's reload goal: the bench's reload section, then where a reload's longest gaps come from
+# (bench/probes/reload_gaps.py: the parts of the steps before them and the jobs beside them).
+reload_gaps() {
+    run reload 200 python3 bench/migration.py --section reload --repeats 5 --json "$RUNS/reload.json"
+    run reload_gaps 200 python3 bench/probes/reload_gaps.py cold warm prebuilt cold warm prebuilt solo
+}
+
 scaling() {   # run 5 (nvidia-h200-x4): the SRU demo and the stencil on 1..N GPUs
     local n devs=0
     for ((n = 1; n <= gpus; n++)); do
@@ -111,9 +118,10 @@ for section in "$@"; do
     case "$section" in
         all) suite; wave1; placement; k2k; migration; [ "$gpus" -ge 3 ] && scaling
              [ "$gpus" -ge 2 ] && { nvlink_k2k; stencil_scaling; nvlink_migration; } ;;
-        suite|wave1|placement|k2k|migration|scaling|nvlink_k2k|stencil_scaling|nvlink_migration) "$section" ;;
-        *) echo "gpu_runs.sh: unknown section $section (suite wave1 placement k2k migration scaling nvlink_k2k" \
-                "stencil_scaling nvlink_migration all)" >&2; exit 2 ;;
+        suite|wave1|placement|k2k|migration|reload_gaps|scaling|nvlink_k2k|stencil_scaling|nvlink_migration)
+            "$section" ;;
+        *) echo "gpu_runs.sh: unknown section $section (suite wave1 placement k2k migration reload_gaps scaling" \
+                "nvlink_k2k stencil_scaling nvlink_migration all)" >&2; exit 2 ;;
     esac
 done
 tar -C "$OUT" -czf "$OUT/runs.tgz" runs && rm -rf "$RUNS"
