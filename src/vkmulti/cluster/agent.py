@@ -381,7 +381,8 @@ class NodeAgent:
         dims = []
         for slot in getattr(self.manager, "slots", None) or ():
             if slot.physical_device is not None:
-                dims.append(int(vk.vkGetPhysicalDeviceProperties(slot.physical_device).limits.maxImageDimension2D))
+                props = vk.vkGetPhysicalDeviceProperties(slot.physical_device)   # (kept: owns `limits`)
+                dims.append(int(props.limits.maxImageDimension2D))
         dim = max(dims) if dims else _DEFAULT_MAX_DIMENSION
         return dim * dim * SRU_BYTES_PER_PIXEL
 

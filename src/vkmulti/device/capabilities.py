@@ -320,7 +320,8 @@ class RenderCapabilities:
         count = len(vkapi.vkEnumeratePhysicalDevices(inst))
         group = any(n > 1 for n in _device_group_sizes(inst))
         f = vk.vkGetPhysicalDeviceFeatures(pd)
-        lim = vk.vkGetPhysicalDeviceProperties(pd).limits
+        props = vk.vkGetPhysicalDeviceProperties(pd)   # (kept while `lim`, which points into it, is read)
+        lim = props.limits
         limits = {name: getattr(lim, name) for name in (
             "maxImageDimension2D", "maxComputeWorkGroupInvocations", "maxStorageBufferRange",
             "maxMemoryAllocationCount", "optimalBufferCopyOffsetAlignment",

@@ -129,7 +129,8 @@ def _names(value: Any, label: str) -> frozenset[str]:
 
 
 def _device_name(pd: Any) -> str:
-    return cstr(vk.vkGetPhysicalDeviceProperties(pd).deviceName)   # void in Vulkan: cannot fail
+    props = vk.vkGetPhysicalDeviceProperties(pd)   # void in Vulkan: cannot fail (kept: owns deviceName)
+    return cstr(props.deviceName)
 
 
 def _as_queue(q: Any, family: int | None, what: str) -> Queue | None:

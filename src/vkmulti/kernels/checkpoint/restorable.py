@@ -228,8 +228,8 @@ def device_group_limits(manager: Any, device: int | None) -> list[tuple[int, int
     out = []
     for i in indices:
         try:
-            lim = vk.vkGetPhysicalDeviceProperties(manager.slot(i).physical_device).limits
-            out.append(tuple(int(lim.maxComputeWorkGroupCount[a]) for a in range(3)))
+            props = vk.vkGetPhysicalDeviceProperties(manager.slot(i).physical_device)   # (kept: owns `limits`)
+            out.append(tuple(int(props.limits.maxComputeWorkGroupCount[a]) for a in range(3)))
         except Exception:   # noqa: BLE001 - an index out of range or a slot without a device: the spec's floor
             out.append(_SPEC_GROUP_COUNT)
     return out   # type: ignore[return-value]

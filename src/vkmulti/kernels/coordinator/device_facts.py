@@ -72,7 +72,8 @@ def memory_figures(slot: Any) -> tuple[int, int, str]:
 
 def _max_threads_per_block(slot: Any) -> int:
     try:
-        return int(vk.vkGetPhysicalDeviceProperties(slot.physical_device).limits.maxComputeWorkGroupInvocations)
+        props = vk.vkGetPhysicalDeviceProperties(slot.physical_device)   # (kept: owns `limits`)
+        return int(props.limits.maxComputeWorkGroupInvocations)
     except Exception:   # noqa: BLE001 - a missing limit keeps the seed's default
         return 1024
 
