@@ -406,11 +406,17 @@ class DeviceContext:
         never destroyed while held."""
         while True:
             p = self.kernel_pass(code, entry, n_state, locked=locked, timeout=timeout)
-            with self.pass_lock:
-                if self.passes.get(p.key) is p:  # type: ignore[arg-type]   # (else destroyed meanwhile: built anew)
-                    p.users += 1
-                    self.unused.remove(p)
-                    return p
+            if self.hold(p):
+                return p   # (else destroyed meanwhile: built anew)
+
+    def hold(self, p: ComputePass) -> bool:
+        """Hold pipeline `p` of this context (as hold_pass) when it is still built; whether so."""
+        with self.pass_lock:
+            if self.passes.get(p.key) is not p:  # type: ignore[arg-type]
+                return False
+            p.users += 1
+            self.unused.remove(p)
+            return True
 
     def let_go(self, res: Any) -> None:
         """release_pass() of the pipeline a kernel's Residency `res` holds (then it holds none)."""

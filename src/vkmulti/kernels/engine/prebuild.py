@@ -166,8 +166,9 @@ class Prebuilder:
         return out
 
     def _watch(self, ctx: Any) -> None:
-        """Have `ctx` keep the pipelines of the kernels that may run on it (see wanted)."""
-        ctx.wanted = functools.partial(self.wanted, ctx.index)
+        """Have `ctx` keep the pipelines of the kernels that may run on it (see wanted): once."""
+        if getattr(ctx.wanted, "func", None) != self.wanted:
+            ctx.wanted = functools.partial(self.wanted, ctx.index)
 
     def ensure(self, spec: Any, device: int, timeout: float | None) -> None:
         """Have the pipelines a move of a kernel of `spec` onto `device` needs built

@@ -239,9 +239,11 @@ def _swap_locked(rt: Any, ks: list[Kernel], passes: dict[int, Any], code: Kernel
     try:
         for k in ks:
             ctx = k.ctx
+            p = passes[k.device_index]
             with ctx.lock:
                 k.check()
-                p = ctx.hold_pass(code.code, code.entry_point, len(k.states))   # (built: passes[device])
+                if not ctx.hold(p):   # (let go and destroyed since it was built: built again)
+                    p = ctx.hold_pass(code.code, code.entry_point, len(k.states))
                 try:
                     new_set = kernel_set(k, p)
                 except BaseException:
