@@ -38,7 +38,12 @@ CrossGpuK2KRouter, against baselines measured in the same run.
     steps in flight absorbs worse than 64 queued raw copies) and how many
     batches the sink read in place. --no-in-place makes the receiving step copy every
     batch into the inbox (the path before in-place reading), for comparison.
-(c) stencil: Jacobi step time of one grid on one device and split over two, and the
+(c) run: the host's CPU time per step of `run(steps=N)` of idle kernels (one on GPU 0, and
+    one on each device), with its native path (quiet steps recorded and submitted in C,
+    read back only where one was not quiet) against the same run made step by step
+    (stepping.QUIET_RUNS off), paired rounds (goal: <= 30 us per step); the wall time
+    per step beside it (the devices' own step time bounds it).
+(d) stencil: Jacobi step time of one grid on one device and split over two, and the
     host's share of the two-device run (CPU time of the stepping thread / wall time).
 
 Both comparisons are paired: --rounds times a K2K run, then a baseline run,
@@ -49,8 +54,8 @@ every round, the best of each side and the ranges.
 Prints figures as JSON, then a line starting with "ratio:". Uses the virtual
 lavapipe pair when no GPU is present.
 
-    python bench/k2k.py [--section all|latency|bandwidth|stencil] [--hops 100] [--rounds 5]
-                        [--max 16M] [--method METHOD] [--fresh-payloads] [--no-in-place]
+    python bench/k2k.py [--section all|latency|bandwidth|run|stencil] [--hops 100] [--rounds 5]
+                        [--run-steps 2000] [--max 16M] [--method METHOD] [--fresh-payloads] [--no-in-place]
                         [--stencil 2048x2048]
                         [--virtual N] [--json FILE]
 """
@@ -392,7 +397,49 @@ def bandwidth(mgr: Any, top: int, method: str | None, rounds: int, fresh: bool) 
     return out
 
 
-# -- (c) stencil ------------------------------------------------------------------------------
+# -- (c) run(steps=N) ---------------------------------------------------------------------------
+
+def run_steps(mgr: Any, steps: int, rounds: int) -> dict[str, Any]:
+    from vkmulti.kernels import KernelRuntime, MultiGpuCoordinator, counter_kernel
+    from vkmulti.kernels.reference import counter_initial_state
+    from vkmulti.kernels.runtime import stepping
+
+    rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr), mgr, max_kernels=64)
+    out: dict[str, Any] = {"steps": steps, "rounds": rounds}
+    try:
+        spec = counter_kernel(max_sources=64)
+        ks = [rt.launch(spec, device=i, state=[counter_initial_state(64)]) for i in range(2)]
+
+        def timed(kernels: list[Any], native: bool) -> tuple[float, float]:
+            stepping.QUIET_RUNS = native
+            try:
+                rt.run(rt.in_flight + 1, kernels).wait(60)
+                cpu, wall = time.thread_time(), time.perf_counter()
+                ticket = rt.run(steps, kernels)
+                cpu = time.thread_time() - cpu
+                ticket.wait(60)
+                return cpu / steps * 1e6, (time.perf_counter() - wall) / steps * 1e6
+            finally:
+                stepping.QUIET_RUNS = True
+        for name, kernels in (("one", ks[:1]), ("two", ks)):
+            native, python = [], []
+            for _ in range(rounds):
+                native.append(timed(kernels, True))
+                python.append(timed(kernels, False))
+            cpu_n, cpu_p = [c for c, _ in native], [c for c, _ in python]
+            out[name] = {
+                "host_cpu_us_per_step": statistics.median(cpu_n),
+                "host_cpu_us_per_step_step_by_step": statistics.median(cpu_p),
+                "wall_us_per_step": statistics.median(w for _, w in native),
+                "wall_us_per_step_step_by_step": statistics.median(w for _, w in python),
+                "ratio_native_to_step_by_step": statistics.median(a / b for a, b in zip(cpu_n, cpu_p)),
+                "host_cpu_us_range": [min(cpu_n), max(cpu_n)]}
+    finally:
+        rt.destroy()
+    return out
+
+
+# -- (d) stencil ------------------------------------------------------------------------------
 
 def stencil(mgr: Any, width: int, height: int, steps: int) -> dict[str, Any]:
     from vkmulti.kernels.stencil import run_stencil
@@ -414,9 +461,10 @@ def main(argv: list[str] | None = None) -> int:
     from vkmulti.apps.progress import progress
 
     p = Parser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--section", choices=["all", "latency", "bandwidth", "stencil"], default="all")
+    p.add_argument("--section", choices=["all", "latency", "bandwidth", "run", "stencil"], default="all")
     p.add_argument("--hops", type=int, default=100, help="one-way hops per latency run (default 100)")
     p.add_argument("--rounds", type=int, default=5, help="paired runs of K2K and its baseline (default 5)")
+    p.add_argument("--run-steps", type=int, default=2000, help="steps of each run() timed (default 2000)")
     p.add_argument("--fresh-payloads", action="store_true",
                    help="the bandwidth sender rewrites every payload word at every step")
     p.add_argument("--no-in-place", action="store_true",
@@ -433,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--hops must be >= 2")
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    if args.run_steps < 1:
+        p.error("--run-steps must be >= 1")
     from vkmulti import TransferMethod
     if args.method is not None and args.method not in TransferMethod.CROSS_DEVICE:
         p.error(f"--method must be one of {', '.join(TransferMethod.CROSS_DEVICE)}")
@@ -447,13 +497,16 @@ def main(argv: list[str] | None = None) -> int:
             print("bench/k2k.py needs two devices", file=sys.stderr)
             return 2
         cpu = any(s.capabilities is not None and s.capabilities.device_type == "cpu" for s in mgr.slots)
-        sections = [s for s in ("latency", "bandwidth", "stencil") if args.section in ("all", s)]
+        sections = [s for s in ("latency", "bandwidth", "run", "stencil") if args.section in ("all", s)]
         with progress(len(sections), "bench k2k", quiet=args.json is not None) as bar:
             if "latency" in sections:
                 res["latency"] = latency(mgr, args.hops, args.method, args.rounds)
                 bar()
             if "bandwidth" in sections:
                 res["bandwidth"] = bandwidth(mgr, args.max, args.method, args.rounds, args.fresh_payloads)
+                bar()
+            if "run" in sections:
+                res["run"] = run_steps(mgr, args.run_steps, args.rounds)
                 bar()
             if "stencil" in sections:
                 w, h = args.stencil or (LIGHT_SIZE if cpu else (23000, 23000))
@@ -482,6 +535,12 @@ def main(argv: list[str] | None = None) -> int:
                      f"transfer ({'/'.join(sorted(set(top['raw_method_rounds'])))}; median of {top['rounds']} "
                      f"paired runs, {lo:.2f}-{hi:.2f}; best {top['k2k_gbps']:.2f} vs {top['raw_gbps']:.2f} GB/s; "
                      f"goal >= 0.9)")
+    if "run" in res:
+        for name, what in (("one", "one idle kernel"), ("two", "two idle kernels on two devices")):
+            r = res["run"][name]
+            parts.append(f"run(steps={res['run']['steps']}) of {what}: host CPU {r['host_cpu_us_per_step']:.1f} us "
+                         f"per step (goal <= 30) = {r['ratio_native_to_step_by_step']:.2f}x step by step "
+                         f"({r['host_cpu_us_per_step_step_by_step']:.1f} us), wall {r['wall_us_per_step']:.0f} us")
     if "stencil" in res:
         st = res["stencil"]
         parts.append(f"stencil 2-device speed-up = {st['speedup']:.2f}x, host {st['host_us_per_step_2']:.0f} us per "

@@ -13,6 +13,9 @@ from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, RING_HEADER_BYTES, HlcTim
 
 log = logging.getLogger(__name__)
 
+_QUIET_SURVEY = [0] * SURVEY_RECORD
+_QUIET_REPORT = [0] * 6   # (no clock words: the clock stays)
+
 __all__ = ["StepHarvest"]
 
 
@@ -49,6 +52,17 @@ class StepHarvest:
                     b.pending.discard(k)
         for k, j, step in rec.kernels:
             self._harvest_report(k, j, step)
+
+    def read_quiet(self, rec: InFlight, clocks: dict[Kernel, tuple[int, int, int]]) -> None:
+        """Apply the step `rec`, a quiet one (StepRecorder.quiet_template's shape) that the
+        native run found done and quiet (every survey and report word it checks read 0)
+        and whose regions later steps reused: as `read` would with those words, the
+        kernels' clocks from `clocks` (the latest quiet step's)."""
+        for b, _ in rec.surveys:
+            self._apply_survey(b, _QUIET_SURVEY)
+        for k, j, step in rec.kernels:
+            clock = clocks.get(k)
+            self._report(k, j, step, _QUIET_REPORT if clock is None else [0] * 6 + list(clock))
 
     def _apply_survey(self, b: Batch, w: list[int]) -> None:
         """Apply a survey record (its SURVEY_RECORD words) to batch b."""
@@ -108,7 +122,12 @@ class StepHarvest:
             self.rt.settle_injected(k, k.outbox_batches[j], items[:taken], items[taken:])
         if k.destroyed:
             return
-        words = k.k2h.words[base // 4:base // 4 + 9].tolist()
+        self._report(k, j, step, k.k2h.words[base // 4:base // 4 + 9].tolist())
+
+    def _report(self, k: Kernel, j: int, step: int, words: list[int]) -> None:
+        """Apply kernel k's report of `step` (the first 9 words of its K2H region `j`)."""
+        k.region_harvested[j] = True
+        base = j * k.k2h_region
         host, out, overflow, consumed = words[:4]
         st = k.stats
         st.steps_completed = step + 1
@@ -131,4 +150,5 @@ class StepHarvest:
                 latest = env.timestamp
             if latest is not None:
                 self.rt.hlc.update(latest)
-        st.clock = HlcTimestamp.from_words(words[6], words[7], words[8])   # (read with the counts: the step is done)
+        if len(words) > 6:
+            st.clock = HlcTimestamp.from_words(words[6], words[7], words[8])   # (read with the counts: the step is done)

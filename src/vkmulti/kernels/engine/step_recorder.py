@@ -43,7 +43,8 @@ class InFlight:
     device step: a plain slotted class, cheaper to make than a dataclass with list
     factories)."""
 
-    __slots__ = ("value", "region", "kernels", "delivers", "surveys", "directory", "directs", "in_place", "waits")
+    __slots__ = ("value", "region", "kernels", "delivers", "surveys", "directory", "directs", "in_place", "waits",
+                 "quiet")
 
     def __init__(self, value: int, region: int):
         self.value, self.region = value, region
@@ -54,6 +55,7 @@ class InFlight:
         self.directs: list[tuple[InboundBatch, Kernel]] = []   # batches taken in place
         self.in_place = 0   # of them, read by their kernel's step where they lie (no copy)
         self.waits: Sequence[tuple[int, int]] = ()   # (timeline, value) the GPU waits for first (set at the submit)
+        self.quiet: tuple[Kernel, ...] | None = None   # a quiet step of these kernels (a native run's), or None
 
     def __repr__(self) -> str:
         return f"InFlight(value={self.value}, region={self.region}, kernels={[k.id for k, _, _ in self.kernels]})"
@@ -218,13 +220,37 @@ class StepRecorder:
         ops += finishes
         ops.append(HOST_BARRIER)
 
+    def quiet_template(self, launched: list[Kernel], ahead: int, region: int) \
+            -> tuple[bytes, list[tuple[int, int, int]], list[int]]:
+        """The step `ahead` steps after the next of `launched` (every one stepping each
+        step) as a quiet step records it (nothing to deliver, survey or update: see
+        _record), in status region `region`: its packed ops, the (dispatch, finish
+        pass) record indices to stamp with each kernel's step, and the status
+        offsets of the outbox surveys. The stamps in the ops are placeholders."""
+        d = self.ctx.in_flight
+        offsets = [region * STATUS_WORDS + i * SURVEY_RECORD for i in range(len(launched))]
+        resets, kernels, finishes = [], [], []
+        for k, off in zip(launched, offsets):
+            res = k.residency
+            j = (k.steps + ahead) % d
+            resets.append(res.step_ops[j].outbox_reset(res.outbox, res.spec, j * res.outbox_region))
+            kops = self._kernel_ops(k, None, off, 0, ahead)
+            kernels.append(bytes(kops.kernel))
+            finishes.append(bytes(kops.finish))
+        n = len(launched)
+        first = n + 3   # (BARRIER, the resets, BARRIER, BARRIER: as _record orders them)
+        patches = [(first + i, first + n + 1 + i, k.steps) for i, k in enumerate(launched)]
+        ops = [BARRIER, *resets, BARRIER, BARRIER, *kernels, BARRIER, *finishes, HOST_BARRIER]
+        return b"".join(ops), patches, offsets
+
     def _kernel_ops(self, k: Kernel, sets: tuple[Any, Any] | None, survey_offset: int | None,
-                    now_us: int) -> KernelOps:
+                    now_us: int, ahead: int = 0) -> KernelOps:
         """k's dispatch and finish pass (which surveys the new outbox into the status record
-        at `survey_offset`) of its next step (`sets`: the step's and the finish pass's sets
-        where it reads a batch in place), kept packed per region (KernelOps): only the step
-        and the clock (`now_us`) change from one step to the next, stamped in here."""
-        j = k.steps % self.ctx.in_flight
+        at `survey_offset`) of its next step, or the one `ahead` steps later (`sets`: the
+        step's and the finish pass's sets where it reads a batch in place), kept packed per
+        region (KernelOps): only the step and the clock (`now_us`) change from one step to
+        the next, stamped in here."""
+        j = (k.steps + ahead) % self.ctx.in_flight
         res = k.residency
         kp, spec = res.kernel_pass, res.spec
         kset, fset = (res.kernel_set, res.finish_set) if sets is None else sets
@@ -242,7 +268,7 @@ class StepRecorder:
             finish = pass_op(ctx.finish.pipeline_int, ctx.finish.layout_int, handle_value(fset),
                              (out, j * k.k2h_region), _FINISH_PUSH.pack(0, 0, 0, 0, *survey))
             return kernel, finish
-        return res.step_ops[j].get(key, make, k.steps, now_us)
+        return res.step_ops[j].get(key, make, k.steps + ahead, now_us)
 
     def _readable(self, batches: list[Batch]) -> list[Batch]:
         """The batches this step reads: every one not done, except a lazy one (from a

@@ -24,8 +24,10 @@ from collections import deque
 from typing import Any, Callable, Protocol, Sequence
 
 from ...errors import TimeoutError as VkmTimeout, VkmError
+from ..._core import _native
 from ..._core.timeline import TimelinePoint
-from .device_context import DeviceContext
+from ..messages import HlcTimestamp
+from .device_context import STATUS_WORDS, SURVEY_RECORD, DeviceContext
 from .harvest import StepHarvest
 from .kernel import Batch, InboundBatch, Kernel, OutboxBatch
 from .step_recorder import InFlight, StepRecorder
@@ -84,19 +86,7 @@ class DeviceStepper:
                 rec = inflight.popleft()
                 read(rec)
                 self.harvested = rec.value
-            live: list[Batch] = []
-            for b in self.batches:
-                pending = b.pending
-                if pending and any(k.destroyed for k in pending):
-                    b.pending = {k for k in pending if not k.destroyed}
-                if b.finish_if_done(done):
-                    if isinstance(b, InboundBatch):
-                        self.retire_sets(b)
-                else:
-                    live.append(b)
-            if len(live) != len(self.batches):
-                self.batches[:] = live   # (in place: the runtime's accept appends to this list)
-            self.ctx.cond.notify_all()
+            self._finish_batches(done)
         if self.retired:
             keep = []
             for value, pool_set in self.retired:
@@ -105,6 +95,22 @@ class DeviceStepper:
                 else:
                     keep.append((value, pool_set))
             self.retired = keep
+
+    def _finish_batches(self, done: int) -> None:
+        """Drop the batches fully delivered by the steps up to `done` (read back)."""
+        live: list[Batch] = []
+        for b in self.batches:
+            pending = b.pending
+            if pending and any(k.destroyed for k in pending):
+                b.pending = {k for k in pending if not k.destroyed}
+            if b.finish_if_done(done):
+                if isinstance(b, InboundBatch):
+                    self.retire_sets(b)
+            else:
+                live.append(b)
+        if len(live) != len(self.batches):
+            self.batches[:] = live   # (in place: the runtime's accept appends to this list)
+        self.ctx.cond.notify_all()
 
     def retire_sets(self, b: InboundBatch) -> None:
         """Free the descriptor sets made for inbound batch b once the steps that read it
@@ -303,6 +309,123 @@ class DeviceStepper:
         self.inflight.append(rec)
         ctx.cond.notify_all()
         return point, new
+
+    # -- runs of quiet steps (the native run) ------------------------------------------
+
+    def quiet_run(self, kernels: list[Kernel], deadline: float) -> Any:
+        """A native plan (StepRun) of quiet steps of `kernels`, or None where their next
+        step may do more than a quiet one does (StepRecorder.quiet_template): deliver
+        or survey a batch, take host messages or routed ones, update the directory,
+        capture for a replay log, wait on another timeline, defer a kernel. Steps
+        in flight that are not quiet steps of these kernels are waited for and read
+        back first. With the lock held."""
+        ctx, d = self.ctx, self.ctx.in_flight
+        shape = tuple(kernels)
+        if ctx.dir_dirty or self.rt.outbox_feed is not None or len(kernels) * SURVEY_RECORD > STATUS_WORDS \
+                or d > _native.RUN_MAX_DEPTH:
+            return None
+        if any(rec.quiet != shape for rec in self.inflight):
+            self._drain(deadline)
+        else:
+            self.harvest()
+        ctx.check()
+        foreign = {id(b) for rec in self.inflight for b, _ in rec.surveys}
+        if any(id(b) not in foreign for b in self.batches):
+            return None
+        for k in kernels:
+            k.check()
+            if k.ctx is not ctx or k.replaying or k.restoring or k.errors or k.injecting is not None or k.h2k \
+                    or len(k.received) >= k.k2h_capacity:
+                return None
+            for b in k.residency.outbox_batches:
+                if b is not None and (b.holds or b.hold_hooks or (not b.done and id(b) not in foreign)):
+                    return None
+        templates = []
+        for t in range(d):
+            ops, patches, offsets = self.recorder.quiet_template(kernels, t, (self.nsteps + t) % d)
+            checks: list[tuple[Any, int]] = []
+            captures: list[tuple[Any, int, int]] = []
+            for i, (k, off) in enumerate(zip(kernels, offsets)):
+                base = (k.steps + t) % d * k.k2h_region // 4
+                words = k.k2h.words
+                checks += [(words, base), (words, base + 1), (words, base + 2), (words, base + 3),
+                           (ctx.status.words, off + 12), (ctx.status.words, off + 13)]
+                captures.append((words, base + 6, i))
+            templates.append((ops, patches, checks, captures))
+        for k in kernels:   # (no routed messages in any region: see StepRecorder._place_injected)
+            words = k.k2h.words
+            for j in range(d):
+                words[j * k.k2h_region // 4 + 9] = 0
+        timeline: Any = ctx.timeline
+        return _native.StepRun(ctx.slot.native, ctx.queue_lock, timeline, ctx.cmd_ints, self.nsteps % d, ctx.value,
+                               self.harvested, templates, len(kernels))
+
+    def _drain(self, deadline: float) -> None:
+        """Wait until every step in flight is done and read back."""
+        while self.inflight:
+            self.harvest()
+            self.ctx.check()
+            if not self.inflight:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise VkmTimeout(f"GPU {self.ctx.index}: earlier kernel steps did not finish in time "
+                                 f"({self.stalled()})")
+            try:
+                self.ctx.wait_unlocked(self.inflight[-1].value, min(left, 0.25))
+            except VkmTimeout:
+                pass
+
+    def settle_run(self, run: Any, kernels: list[Kernel], retain: int) \
+            -> tuple[TimelinePoint | None, int, list[OutboxBatch]]:
+        """The bookkeeping of the native run `run` (made by quiet_run for `kernels`):
+        steps it found quiet are read back as such (those it submitted itself in
+        bulk), the others it submitted are in flight as if recorded here. Returns the
+        last step's point (None: none submitted), how many steps it submitted and the
+        last step's new outbox batches. With the lock held; nothing here may raise."""
+        ctx, d = self.ctx, self.ctx.in_flight
+        n, checked = run.submitted, run.checked
+        value0 = ctx.value
+        clocks = {k: run.clock(i) for i, k in enumerate(kernels)} if checked > self.harvested else {}
+        inflight = self.inflight
+        if inflight and inflight[0].value <= checked:
+            while inflight and inflight[0].value <= checked:
+                rec = inflight.popleft()
+                self.readback.read_quiet(rec, clocks)
+                self.harvested = rec.value
+            self._finish_batches(checked)
+        quiet = max(0, checked - value0)
+        if quiet:
+            for k in kernels:
+                res, st = k.residency, k.stats
+                for s in range(max(0, quiet - d), quiet):
+                    j = (k.steps + s) % d
+                    res.outbox_batches[j] = None
+                    res.region_users[j] = value0 + 1 + s
+                    res.region_harvested[j] = True
+                k.steps += quiet
+                k.quiet_batches += quiet
+                st.steps_submitted += quiet
+                st.steps_completed = k.steps
+                res.last_value = value0 + quiet
+                clock = clocks.get(k)
+                if clock is not None:
+                    st.clock = HlcTimestamp.from_words(*clock)
+            ctx.value = self.harvested = value0 + quiet
+            self.nsteps += quiet
+        point: TimelinePoint | None = None
+        new: list[OutboxBatch] = []
+        shape = tuple(kernels)
+        for i in range(quiet, n):
+            value = value0 + 1 + i
+            rec = InFlight(value, self.nsteps % d)
+            rec.quiet = shape
+            offsets: list[int | None] = [rec.region * STATUS_WORDS + x * SURVEY_RECORD for x in range(len(kernels))]
+            point, new = self._submitted(value, kernels, rec, offsets, retain)
+        if n:
+            point = ctx.point(value0 + n)
+            ctx.cond.notify_all()
+        return point, n, new
 
     def surveys_awaited(self) -> set[int]:
         """The devices whose sending steps' surveys, not read back yet, decide whether a

@@ -4,12 +4,15 @@ device's timeline; the K2K router's listeners see the step's batches; a lost
 device is failed over and its kernels' step made on the survivors."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import threading
 import time
 from collections import defaultdict
 from typing import Any, Callable, Iterable
 
+from ..._core import _native
 from ..._core.checks import is_int, timeout_seconds
 from ..._core.timeline import as_wait_points
 from ...errors import DeviceLostError, KernelMessageError
@@ -25,10 +28,20 @@ __all__ = ["RunTicket", "StepTicket", "Stepping"]
 
 log = logging.getLogger(__name__)
 
+#: Whether run() submits the quiet steps of its kernels natively (record and submit in C, read
+#: back only what was not quiet; engine/stepper.py's quiet_run): False makes every step a
+#: step() (tests and benches compare the two).
+QUIET_RUNS = True
+#: Seconds one native run of quiet steps holds the steps' gate and its devices' locks at most:
+#: a migration, a reload or another thread's step waits at most about this long for its turn.
+QUIET_RUN_BUDGET = 0.005
+
 
 class StepTicket:
     """What one `step()` submitted: a timeline point per device, the kernels
     that ran, those held back (with the reason) and their new outbox batches."""
+
+    count = 1   # steps it stands for (a run's quiet steps: several, `launched` lists each kernel per step)
 
     def __init__(self, steps: "Stepping", points: dict[int, TimelinePoint], launched: list[Kernel],
                  deferred: list[tuple[Kernel, str]], batches: list[OutboxBatch]):
@@ -68,8 +81,8 @@ class RunTicket:
         self.batches: list[OutboxBatch] = []
 
     def add(self, ticket: StepTicket) -> None:
-        """Count one more step of the run (its ticket)."""
-        self.steps += 1
+        """Count the step(s) of the run one ticket stands for."""
+        self.steps += ticket.count
         for dev, p in ticket.points.items():
             keep_latest(self.points, dev, p)
         for k in ticket.launched:
@@ -116,11 +129,10 @@ class Stepping:
         """The DeviceContext of device `index`."""
         return self._device(index)[0]
 
-    def step(self, kernels: Any, *, wait: Any, timeout: float | None) -> StepTicket:
-        """One step of `kernels` (see KernelRuntime.step)."""
-        self._check()
-        timeout = timeout_seconds(timeout)
-        self._failover.sync_lost_devices()   # PrimaryDeviceLostError when GPU 0 is gone
+    def targets(self, kernels: Any) -> list[Kernel]:
+        """The live kernels a step of `kernels` steps (see KernelRuntime.step): None for
+        every live one; a Kernel, an id, or a list of them, each once in the order first
+        given; RunTargets as they are. Kernels lost with their device are left out."""
         if kernels is None:
             targets = self._live()
         elif kernels.__class__ is RunTargets:   # (resolved once for the run)
@@ -143,6 +155,14 @@ class Stepping:
                 raise
             if len(targets) > 1:   # each kernel once, in the order first given
                 targets = list({id(k): k for k in targets}.values())
+        return targets
+
+    def step(self, kernels: Any, *, wait: Any, timeout: float | None) -> StepTicket:
+        """One step of `kernels` (see KernelRuntime.step)."""
+        self._check()
+        timeout = timeout_seconds(timeout)
+        self._failover.sync_lost_devices()   # PrimaryDeviceLostError when GPU 0 is gone
+        targets = self.targets(kernels)
         by_device: dict[int, list[Kernel]] = defaultdict(list)
         for k in targets:
             by_device[k.device_index].append(k)
@@ -230,8 +250,78 @@ class Stepping:
         targets = self.run_targets(kernels)
         ticket = RunTicket(self)
         step, add = self.step, ticket.add
-        for _ in range(steps):
-            add(gated(step, targets, None, timeout))
+        left = steps
+        native = QUIET_RUNS
+        while left > 0:
+            if native:
+                t = gated(functools.partial(self._quiet_steps, left), targets, None, timeout)
+                native = t.count > 0 and QUIET_RUNS   # (none: a step here takes its turn, then it tries again)
+            else:
+                t = gated(step, targets, None, timeout)
+                native = QUIET_RUNS
+            add(t)
+            left -= t.count
+        return ticket
+
+    def _quiet_steps(self, limit: int, kernels: Any, *, wait: Any, timeout: float | None) -> StepTicket:
+        """Up to `limit` steps of `kernels` as one native run of quiet steps (engine/stepper.py's
+        quiet_run), for as long as QUIET_RUN_BUDGET s, where every device's next steps are
+        quiet ones; an empty ticket (count 0) where they are not or the run stopped before
+        its first step. Runs under the gate, as a step does."""
+        empty = StepTicket(self, {}, [], [], [])
+        empty.count = 0
+        if wait is not None:
+            return empty
+        self._check()
+        listeners, _, preparers = self._step_hooks()
+        if listeners or preparers or self._life.policy_state is not None:
+            return empty
+        lost = self._failover.sync_lost_devices()
+        targets = self.targets(kernels)
+        if not targets or any(self._life.is_held(k) or k.errors for k in targets):
+            return empty
+        by_device: dict[int, list[Kernel]] = defaultdict(list)
+        for k in targets:
+            by_device[k.device_index].append(k)
+        if lost and not lost.isdisjoint(by_device):
+            return empty
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        pairs = [self._device(dev) for dev in sorted(by_device)]
+        with contextlib.ExitStack() as locks:
+            for ctx, _ in pairs:
+                locks.enter_context(ctx.lock)
+            runs = []
+            try:
+                for ctx, stepper in pairs:
+                    run = stepper.quiet_run(by_device[ctx.index], deadline)
+                    if run is None:
+                        return empty
+                    runs.append(run)
+            except DeviceLostError:
+                return empty   # (a step fails over from it)
+            rc, at, exc = _native.run_quiet_steps(runs, limit, QUIET_RUN_BUDGET)
+            points: dict[int, TimelinePoint] = {}
+            launched: list[Kernel] = []
+            batches: list[OutboxBatch] = []
+            count = 0
+            for (ctx, stepper), run in zip(pairs, runs):
+                ks = by_device[ctx.index]
+                point, n, new = stepper.settle_run(run, ks, 0)
+                if point is not None:
+                    points[ctx.index] = point
+                launched += ks * n
+                batches += new
+                count = max(count, n)
+            if rc == _native.RUN_NOT_QUIET:   # (that step is done: read back here, its regions are not reused)
+                ctx, stepper = pairs[at]
+                try:
+                    stepper.harvest()
+                except DeviceLostError:
+                    pass
+        if exc is not None:
+            raise exc
+        ticket = StepTicket(self, points, launched, [], batches)
+        ticket.count = count
         return ticket
 
     def run_targets(self, kernels: Any) -> Any:

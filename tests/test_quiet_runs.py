@@ -1,0 +1,288 @@
+"""run(steps=N)'s native path: the quiet steps of its kernels recorded and submitted in
+C (engine/stepper.py's quiet_run), read back only where a step was not quiet. What a
+step promises holds there too: every step runs once and is counted, a step that sends
+stops the native run and its messages arrive once, host messages sent meanwhile are
+delivered, Ctrl-C and destroys stop it with the steps submitted standing, a launch,
+a destroy or a migration between two runs records the new shape."""
+from __future__ import annotations
+
+import _thread
+import functools
+import shutil
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import kernel_support
+from kernel_support import runtime_fixture
+from vkmulti import KernelCodeSource
+from vkmulti._core import _native
+from vkmulti.errors import DestroyedError, KernelNotFoundError
+from vkmulti.kernels import KernelSpec
+from vkmulti.kernels.reference import COUNTER_TAG_ADD, read_counter
+from vkmulti.kernels.runtime import stepping
+
+pytestmark = pytest.mark.skipif(shutil.which("glslc") is None, reason="needs glslc to build the test kernel")
+
+MAX = 32
+runtime = runtime_fixture(max_kernels=MAX)
+counter = functools.partial(kernel_support.counter, max_sources=MAX)
+
+#: Counts its steps in state word 0 and its step numbers' sum in word 1; at step params[1]
+#: (when params[2] is 1) it sends its step number to params[0] (0: the host) with tag 7.
+TIMER = """
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "vkm_kernel_abi.glsl"
+layout(local_size_x = 1) in;
+layout(std430, set = 0, binding = 2) buffer State { uint words[]; } state;
+void main() {
+    state.words[0] += 1u;
+    state.words[1] += vkm_step.step_lo;
+    if (vkm_step.params[2] != 1u || vkm_step.step_lo != vkm_step.params[1])
+        return;
+    uint m = vkm_emit_at(0u, vkm_step.params[0], 7u, 4u);
+    vkm_set_payload(m, 0u, vkm_step.step_lo);
+    vkm_outbox_set_count(1u);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def timer_code():
+    return KernelCodeSource.from_glsl(TIMER).code
+
+
+def timer(rt, name, device, code, *, to=0, at=0, send=False):
+    return rt.launch(KernelSpec("timer", code, state_sizes=(16,)), name, device=device, params=[to, at, int(send)])
+
+
+def timer_state(rt, k):
+    words = np.frombuffer(rt.read_state(k), np.uint32)
+    return int(words[0]), int(words[1])
+
+
+class NativeSpy:
+    """Counts the native runs, the steps they submitted and what they stopped at."""
+
+    def __init__(self, monkeypatch):
+        self.calls, self.steps, self.results = 0, 0, []
+        real = _native.run_quiet_steps
+
+        def spy(runs, steps, budget):
+            out = real(runs, steps, budget)
+            self.calls += 1
+            self.steps += sum(r.submitted for r in runs)
+            self.results.append(out[0])
+            return out
+        monkeypatch.setattr(_native, "run_quiet_steps", spy)
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    return NativeSpy(monkeypatch)
+
+
+def test_a_quiet_run_goes_native_and_every_step_runs_once(runtime, timer_code, spy):
+    a, b = timer(runtime, "a", 0, timer_code), timer(runtime, "b", 1, timer_code)
+    c = counter(runtime, "c", device=1)
+    n = 300
+    ticket = runtime.run(n, [a, b, c])
+    ticket.wait(60)
+    runtime.synchronize(60)
+    assert spy.calls > 0 and spy.steps >= 2 * (n - 10)   # (all but the first few native, on two devices)
+    assert ticket.steps == n and ticket.launched == {"a": n, "b": n, "c": n}
+    for k in (a, b):
+        assert k.steps == n and k.stats.steps_submitted == n and k.stats.steps_completed == n
+        assert timer_state(runtime, k) == (n, n * (n - 1) // 2)   # each step once, with its own number
+        assert k.stats.clock.physical_us > 0
+    assert c.stats.steps_completed == n
+    clock = a.stats.clock
+    runtime.run(40, [a]).wait(60)
+    runtime.synchronize(60)
+    assert a.stats.clock > clock and timer_state(runtime, a) == (n + 40, (n + 40) * (n + 39) // 2)
+
+
+def test_native_and_python_runs_leave_the_same_state(runtime, timer_code, monkeypatch):
+    out = []
+    for native in (False, True):
+        monkeypatch.setattr(stepping, "QUIET_RUNS", native)
+        k = timer(runtime, f"k{native}", 0, timer_code)
+        runtime.run(97, k).wait(60)
+        runtime.synchronize(60)
+        out.append((timer_state(runtime, k), k.stats.steps_completed, k.steps))
+        k.destroy()
+    assert out[0] == out[1] == ((97, 97 * 96 // 2), 97, 97)
+
+
+def test_a_step_that_sends_stops_the_native_run_and_its_messages_arrive_once(runtime, timer_code, spy):
+    sink = counter(runtime, "sink", device=0)
+    to_host = timer(runtime, "to_host", 0, timer_code, to=0, at=150, send=True)
+    to_sink = timer(runtime, "to_sink", 0, timer_code, to=sink.address, at=220, send=True)
+    other = timer(runtime, "other", 1, timer_code)
+    runtime.run(400, [sink, to_host, to_sink, other]).wait(60)
+    runtime.synchronize(60)
+    assert _native.RUN_NOT_QUIET in spy.results
+    msgs = [runtime.receive(to_host, timeout=10)]
+    assert msgs[0].tag == 7 and int(np.frombuffer(msgs[0].payload, np.uint32)[0]) == 150
+    assert runtime.pending_receives(to_host) == 0   # once
+    st = read_counter(runtime.read_state(sink))
+    assert st.count == 1 and st.sum == 220
+    for k in (to_host, to_sink, other):   # (a step held back while a batch waits is one it did not run)
+        n = k.stats.steps_completed
+        assert timer_state(runtime, k) == (n, n * (n - 1) // 2) and n == k.steps and n >= 395
+    assert to_host.stats.messages_to_host == 1 and to_sink.stats.messages_sent == 1
+
+
+def test_host_messages_sent_during_a_native_run_are_delivered_once(runtime, spy):
+    k = counter(runtime, "k", device=0)
+    other = counter(runtime, "other", device=1)
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def sender():
+        i = 1
+        while not stop.is_set():
+            runtime.send(k, np.array([i], np.uint32), tag=COUNTER_TAG_ADD, timeout=30)
+            sent.append(i)
+            i += 1
+            time.sleep(0.002)
+    t = threading.Thread(target=sender, daemon=True)
+    t.start()
+    try:
+        for _ in range(20):
+            runtime.run(100, [k, other]).wait(60)
+    finally:
+        stop.set()
+        t.join(30)
+    runtime.run(5, [k, other]).wait(60)
+    runtime.synchronize(60)
+    st = read_counter(runtime.read_state(k))
+    assert spy.steps > 0
+    assert (st.count, st.sum) == (len(sent), sum(sent))
+
+
+@pytest.fixture
+def sigint_raises():
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_stops_a_native_run_and_the_steps_submitted_stand(runtime, timer_code, spy, sigint_raises):
+    k = timer(runtime, "k", 0, timer_code)
+
+    def ctrl_c():
+        deadline = time.monotonic() + 30
+        while spy.steps < 50 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        _thread.interrupt_main()
+    t = threading.Thread(target=ctrl_c, daemon=True)
+    t.start()
+    with pytest.raises(KeyboardInterrupt):
+        runtime.run(10**8, k)
+    t.join(30)
+    runtime.synchronize(30)
+    done = k.stats.steps_completed
+    assert 50 <= done == k.steps < 10**8
+    assert timer_state(runtime, k) == (done, done * (done - 1) // 2)
+    runtime.run(3, k).wait(30)
+    runtime.synchronize(30)
+    assert k.stats.steps_completed == done + 3 and timer_state(runtime, k)[0] == done + 3
+
+
+def _run_in_thread(runtime, kernels):
+    out: list[BaseException] = []
+
+    def loop():
+        try:
+            runtime.run(10**8, kernels)
+        except BaseException as exc:   # reported by the test
+            out.append(exc)
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    return t, out
+
+
+def _wait_native(spy, steps=50):
+    deadline = time.monotonic() + 30
+    while spy.steps < steps and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert spy.steps >= steps
+
+
+def test_destroying_a_kernel_of_a_native_run_stops_it_with_a_typed_error(runtime, timer_code, spy):
+    a, b = timer(runtime, "a", 0, timer_code), timer(runtime, "b", 1, timer_code)
+    t, out = _run_in_thread(runtime, [a, b])
+    _wait_native(spy)
+    b.destroy()
+    t.join(60)
+    assert not t.is_alive()
+    assert len(out) == 1 and isinstance(out[0], (DestroyedError, KernelNotFoundError)), out
+    runtime.synchronize(30)
+    done = a.stats.steps_completed
+    assert timer_state(runtime, a) == (done, done * (done - 1) // 2)
+    runtime.run(2, a).wait(30)
+
+
+def test_destroying_the_runtime_races_a_native_run(runtime, timer_code, spy):
+    k = timer(runtime, "k", 0, timer_code)
+    t, out = _run_in_thread(runtime, k)
+    _wait_native(spy)
+    runtime.destroy(timeout=30)
+    t.join(60)
+    assert not t.is_alive()
+    assert len(out) == 1 and isinstance(out[0], DestroyedError), out
+
+
+def test_a_slot_reused_between_runs_records_the_new_kernel(runtime, timer_code, spy):
+    """A kernel destroyed between two runs and another launched in its place (its local
+    slot, its descriptor pool's room): the next run's steps bind the new kernel's sets."""
+    a, b = timer(runtime, "a", 0, timer_code), timer(runtime, "b", 0, timer_code)
+    runtime.run(60, [a, b]).wait(60)
+    b.destroy()
+    c = timer(runtime, "c", 0, timer_code)
+    runtime.run(70, [a, c]).wait(60)
+    runtime.synchronize(60)
+    assert spy.steps >= 100
+    assert timer_state(runtime, a) == (130, 130 * 129 // 2)
+    assert timer_state(runtime, c) == (70, 70 * 69 // 2)
+
+
+def test_migrating_a_kernel_while_a_native_run_steps_it(runtime, timer_code, spy):
+    """A migration waits for the run's turn to end and moves the kernel between two
+    native runs; the run goes on with it on its new device, no step lost or repeated."""
+    k = timer(runtime, "k", 0, timer_code)
+    other = timer(runtime, "other", 1, timer_code)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def mover():
+        try:
+            _wait_native(spy)
+            for i in range(4):
+                runtime.migrate(k, 1 - k.device_index, timeout=60)
+                time.sleep(0.01)
+        except BaseException as exc:   # reported by the test
+            errors.append(exc)
+        finally:
+            done.set()
+    t = threading.Thread(target=mover, daemon=True)
+    t.start()
+    runs = 0
+    while not done.is_set() and runs < 2000:
+        runtime.run(50, [k, other]).wait(60)
+        runs += 1
+    t.join(60)
+    assert errors == [] and done.is_set()
+    runtime.run(50, [k, other]).wait(60)
+    runtime.synchronize(60)
+    n = k.stats.steps_completed
+    assert n == k.steps and k.device_index == 0   # (a step of it held back by a move is not one it ran)
+    assert other.stats.steps_completed == 50 * (runs + 1)
+    assert timer_state(runtime, k) == (n, n * (n - 1) // 2)
