@@ -286,3 +286,37 @@ def test_migrating_a_kernel_while_a_native_run_steps_it(runtime, timer_code, spy
     assert n == k.steps and k.device_index == 0   # (a step of it held back by a move is not one it ran)
     assert other.stats.steps_completed == 50 * (runs + 1)
     assert timer_state(runtime, k) == (n, n * (n - 1) // 2)
+
+
+def test_bursts_between_native_runs_with_a_router_attached_arrive_once_and_in_order(runtime, spy):
+    """A router attached (a step listener with a quiet hook, the outbox feed): forwarders
+    relay bursts of host messages to one sink; between the bursts the kernels are quiet,
+    the router has nothing on its way and the runs go native, the router seeing the last
+    batches of each native run. (Kernels on one device: across devices the router moves
+    every step's batch, so the steps there stay step by step.)"""
+    from vkmulti import CrossGpuK2KRouter
+    from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
+
+    router = CrossGpuK2KRouter(runtime.coordinator, runtime)
+    try:
+        sink = counter(runtime, "sink", device=1, inbox=4)
+        fwd = [counter(runtime, f"fwd{i}", device=1, params=[sink.address]) for i in range(3)]
+        total = count = 0
+        for burst in range(3):
+            before = spy.steps
+            for i in range(15):
+                for j, f in enumerate(fwd):
+                    runtime.send(f, np.array([1000 * j + 100 * burst + i], np.uint32), tag=COUNTER_TAG_FORWARD,
+                                 timeout=30)
+                    total += 1000 * j + 100 * burst + i
+                    count += 1
+            for _ in range(100):
+                runtime.run(20).wait(30)
+                if read_counter(runtime.read_state(sink)).count >= count and spy.steps > before:
+                    break
+            assert spy.steps > before   # (quiet again: native steps)
+        runtime.synchronize(30)
+        st = read_counter(runtime.read_state(sink))
+        assert (st.count, st.sum, st.fifo_errors) == (count, total, 0)
+    finally:
+        router.detach()

@@ -316,13 +316,15 @@ class DeviceStepper:
         """A native plan (StepRun) of quiet steps of `kernels`, or None where their next
         step may do more than a quiet one does (StepRecorder.quiet_template): deliver
         or survey a batch, take host messages or routed ones, update the directory,
-        capture for a replay log, wait on another timeline, defer a kernel. Steps
+        capture for a replay log, wait on another timeline, defer a kernel (the outbox
+        feed, if any, must have nothing on its way for them: OutboxFeed.quiet). Steps
         in flight that are not quiet steps of these kernels are waited for and read
         back first. With the lock held."""
         ctx, d = self.ctx, self.ctx.in_flight
         shape = tuple(kernels)
-        if ctx.dir_dirty or self.rt.outbox_feed is not None or len(kernels) * SURVEY_RECORD > STATUS_WORDS \
-                or d > _native.RUN_MAX_DEPTH:
+        feed = self.rt.outbox_feed
+        if ctx.dir_dirty or (feed is not None and not feed.quiet(kernels)) \
+                or len(kernels) * SURVEY_RECORD > STATUS_WORDS or d > _native.RUN_MAX_DEPTH:
             return None
         if any(rec.quiet != shape for rec in self.inflight):
             self._drain(deadline)
@@ -377,12 +379,14 @@ class DeviceStepper:
                 pass
 
     def settle_run(self, run: Any, kernels: list[Kernel], retain: int) \
-            -> tuple[TimelinePoint | None, int, list[OutboxBatch]]:
+            -> tuple[TimelinePoint | None, int, list[OutboxBatch], list[OutboxBatch]]:
         """The bookkeeping of the native run `run` (made by quiet_run for `kernels`):
         steps it found quiet are read back as such (those it submitted itself in
-        bulk), the others it submitted are in flight as if recorded here. Returns the
-        last step's point (None: none submitted), how many steps it submitted and the
-        last step's new outbox batches. With the lock held; nothing here may raise."""
+        bulk), the others it submitted are in flight as if recorded here, their new
+        outbox batches retained `retain` times. Returns the last step's point (None:
+        none submitted), how many steps it submitted, the last step's new outbox
+        batches and those of every step in flight, in step order (for the step
+        listeners). With the lock held; nothing here may raise."""
         ctx, d = self.ctx, self.ctx.in_flight
         n, checked = run.submitted, run.checked
         value0 = ctx.value
@@ -415,6 +419,7 @@ class DeviceStepper:
             self.nsteps += quiet
         point: TimelinePoint | None = None
         new: list[OutboxBatch] = []
+        every: list[OutboxBatch] = []
         shape = tuple(kernels)
         for i in range(quiet, n):
             value = value0 + 1 + i
@@ -422,10 +427,11 @@ class DeviceStepper:
             rec.quiet = shape
             offsets: list[int | None] = [rec.region * STATUS_WORDS + x * SURVEY_RECORD for x in range(len(kernels))]
             point, new = self._submitted(value, kernels, rec, offsets, retain)
+            every += new
         if n:
             point = ctx.point(value0 + n)
             ctx.cond.notify_all()
-        return point, n, new
+        return point, n, new, every
 
     def surveys_awaited(self) -> set[int]:
         """The devices whose sending steps' surveys, not read back yet, decide whether a

@@ -317,7 +317,7 @@ class CrossGpuK2KRouter:
             self._engine = DeliveryEngine(self, runtime.inbound, self._stats, max_landings=landings,
                                           submit_timeout=self.submit_timeout or 30.0)
             self.runtime = runtime
-            runtime.add_step_listener(self._on_step, retain=True, prepare=self._prepare)
+            runtime.add_step_listener(self._on_step, retain=True, prepare=self._prepare, quiet=self.quiet)
             life = getattr(runtime.manager, "_life", None)
             if life is not None:
                 life.adopt(self)   # the manager's destroy() detaches it first (before the runtime)
@@ -377,6 +377,16 @@ class CrossGpuK2KRouter:
         with self._queue_lock:
             queued = any(r.state == "queued" for q in self._by_kernel.values() for r in q)
         return not busy and not queued and not self._sent
+
+    def quiet(self, kernels: list[Kernel]) -> bool:
+        """The runtime's hook (OutboxFeed, step listener): whether nothing is on its way right
+        now (as idle(), without reaping) and no host-routed message for `kernels` is queued,
+        so that steps of them that send nothing need nothing of this router."""
+        if self._sent or any(self._by_kernel.get(k) for k in kernels):
+            return False
+        with self._delivery_lock:
+            eng = self._engine
+            return eng is None or not eng.busy()
 
     def _on_step(self, batches: list[OutboxBatch]) -> None:
         with self._delivery_lock:

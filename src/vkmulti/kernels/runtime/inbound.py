@@ -54,6 +54,7 @@ class Inbound:
         self._listeners: list[Callable[[list[OutboxBatch]], Any]] = []
         self._retaining: set[int] = set()   # ids of listeners each new batch starts retained for
         self._preparers: dict[int, Callable[[list[Kernel]], Any]] = {}   # listener id -> before-step hook
+        self._quiet: dict[int, Callable[[list[Kernel]], bool]] = {}   # listener id -> its quiet(kernels)
         self._hooks: tuple[list, int, list] = ([], 0, [])   # what step_hooks() gives, made on each change
         self._watched: weakref.WeakSet[ImportedBuffer] = weakref.WeakSet()   # imports read in place
         #: the source of messages the host routes on kernels' behalf (the K2K router), or None
@@ -62,7 +63,8 @@ class Inbound:
     # -- listeners and the feed ------------------------------------------------------------
 
     def add_step_listener(self, listener: Callable[[list[OutboxBatch]], Any], *, retain: bool = False,
-                          prepare: Callable[[list[Kernel]], Any] | None = None) -> None:
+                          prepare: Callable[[list[Kernel]], Any] | None = None,
+                          quiet: Callable[[list[Kernel]], bool] | None = None) -> None:
         """Call `listener(batches)` after each step with the new outbox batches (the
         router's hook: it copies them to other devices and hold()s them). With
         `retain=True` every batch handed to it starts retained once for it (it
@@ -71,19 +73,26 @@ class Inbound:
         `prepare(kernels)`, if given, runs at the start of each step call (no
         device lock held) with the kernels it is asked to step: a router
         releases there the batches other devices have finished reading, so
-        their kernels need not be deferred."""
+        their kernels need not be deferred. `quiet(kernels)`, if given, tells whether
+        the listener has nothing to do for steps of `kernels` that send nothing: while
+        every listener says so, run() may submit such steps natively and hand the
+        listeners only the batches of the last ones (see Stepping)."""
         if not callable(listener):
             raise TypeError(f"listener must be callable, got {type(listener).__name__}")
         if not isinstance(retain, bool):
             raise TypeError(f"retain must be a bool, got {retain!r}")
         if prepare is not None and not callable(prepare):
             raise TypeError(f"prepare must be callable or None, got {type(prepare).__name__}")
+        if quiet is not None and not callable(quiet):
+            raise TypeError(f"quiet must be callable or None, got {type(quiet).__name__}")
         with self._lock:
             self._listeners.append(listener)
             if retain:
                 self._retaining.add(id(listener))
             if prepare is not None:
                 self._preparers[id(listener)] = prepare
+            if quiet is not None:
+                self._quiet[id(listener)] = quiet
             self._snapshot_hooks()
 
     def remove_step_listener(self, listener: Callable[[list[OutboxBatch]], Any]) -> None:
@@ -94,6 +103,7 @@ class Inbound:
                 if listener not in self._listeners:
                     self._retaining.discard(id(stored))
                     self._preparers.pop(id(stored), None)
+                    self._quiet.pop(id(stored), None)
                 self._snapshot_hooks()
 
     def step_hooks(self) -> tuple[list[Callable[[list[OutboxBatch]], Any]], int, list[Callable[[list[Kernel]], Any]]]:
@@ -101,6 +111,16 @@ class Inbound:
         each batch, and the before-step hooks (taken together, so they agree; the
         caller must not change the lists)."""
         return self._hooks
+
+    def listeners_quiet(self, kernels: list[Kernel]) -> bool:
+        """Whether every step listener has a quiet hook and says it has nothing to do
+        for steps of `kernels` that send nothing (True without listeners)."""
+        listeners, quiet = self._hooks[0], self._quiet
+        for fn in listeners:
+            hook = quiet.get(id(fn))
+            if hook is None or not hook(kernels):
+                return False
+        return True
 
     def _snapshot_hooks(self) -> None:
         """Make what step_hooks() gives anew (with the lock held, after a change): a step

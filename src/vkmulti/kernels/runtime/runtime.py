@@ -100,7 +100,8 @@ class KernelRuntime:
                                   self.inbound.device_lost, self._unregister, self._release_address,
                                   functools.partial(restore_lost_kernels, self._lifecycle), self._lifecycle.turn)
         self._steps = Stepping(self._check, self._resolve, lambda: self.kernels, self._kernels, self._device,
-                               self._lock, self.inbound.step_hooks, self._failover, self._lifecycle)
+                               self._lock, self.inbound.step_hooks, self._failover, self._lifecycle,
+                               self.inbound.listeners_quiet)
         if (life := getattr(manager, "_life", None)) is not None:
             life.adopt(self)   # the manager's destroy() destroys the runtime before its buffers and devices
 
@@ -187,9 +188,10 @@ class KernelRuntime:
         return self.inbound.feed
 
     def add_step_listener(self, listener: Callable[[list[OutboxBatch]], object], *, retain: bool = False,
-                          prepare: Callable[[list[Kernel]], object] | None = None) -> None:
+                          prepare: Callable[[list[Kernel]], object] | None = None,
+                          quiet: Callable[[list[Kernel]], bool] | None = None) -> None:
         """Call `listener(batches)` after each step with its new outbox batches (Inbound.add_step_listener)."""
-        self.inbound.add_step_listener(listener, retain=retain, prepare=prepare)
+        self.inbound.add_step_listener(listener, retain=retain, prepare=prepare, quiet=quiet)
 
     def remove_step_listener(self, listener: Callable[[list[OutboxBatch]], object]) -> None:
         """Stop calling `listener` (a step already running still hands it its batches)."""

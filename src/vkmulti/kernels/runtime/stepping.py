@@ -114,16 +114,18 @@ class Stepping:
     the live kernels, `registry` is the runtime's id -> kernel map, `device`
     gives a device's (DeviceContext, DeviceStepper); `step_hooks()` gives the
     step listeners that see each step's batches, how many retain them, and the
-    hooks run before it; `life.policy_state` is the checkpoint policy's state or
-    None (read at each device's step, as a policy installed meanwhile applies)."""
+    hooks run before it, `listeners_quiet(kernels)` whether those listeners have
+    nothing to do for steps of `kernels` that send nothing (run()'s native path);
+    `life.policy_state` is the checkpoint policy's state or None (read at each
+    device's step, as a policy installed meanwhile applies)."""
 
     def __init__(self, check: Callable[[], None], resolve: Callable[..., Kernel], live: Callable[[], list[Kernel]],
                  registry: dict, device: Callable[[int], tuple[DeviceContext, DeviceStepper]],
                  lock: threading.RLock, step_hooks: Callable[[], tuple[list, int, list]], failover: Failover,
-                 life: Lifecycle):
+                 life: Lifecycle, listeners_quiet: Callable[[list[Kernel]], bool] = lambda kernels: False):
         self._check, self._resolve, self._live, self._kernels = check, resolve, live, registry
         self._device, self._lock, self._failover, self._life = device, lock, failover, life
-        self._step_hooks = step_hooks
+        self._step_hooks, self._listeners_quiet = step_hooks, listeners_quiet
 
     def context(self, index: int) -> DeviceContext:
         """The DeviceContext of device `index`."""
@@ -273,12 +275,13 @@ class Stepping:
         if wait is not None:
             return empty
         self._check()
-        listeners, _, preparers = self._step_hooks()
-        if listeners or preparers or self._life.policy_state is not None:
+        listeners, retain, _ = self._step_hooks()
+        if self._life.policy_state is not None:
             return empty
         lost = self._failover.sync_lost_devices()
         targets = self.targets(kernels)
-        if not targets or any(self._life.is_held(k) or k.errors for k in targets):
+        if not targets or any(self._life.is_held(k) or k.errors for k in targets) \
+                or (listeners and not self._listeners_quiet(targets)):
             return empty
         by_device: dict[int, list[Kernel]] = defaultdict(list)
         for k in targets:
@@ -302,15 +305,17 @@ class Stepping:
             rc, at, exc = _native.run_quiet_steps(runs, limit, QUIET_RUN_BUDGET)
             points: dict[int, TimelinePoint] = {}
             launched: list[Kernel] = []
-            batches: list[OutboxBatch] = []
+            batches: list[OutboxBatch] = []   # (the last step's, for the ticket)
+            handed: list[OutboxBatch] = []    # (those of every step left in flight, for the listeners)
             count = 0
             for (ctx, stepper), run in zip(pairs, runs):
                 ks = by_device[ctx.index]
-                point, n, new = stepper.settle_run(run, ks, 0)
+                point, n, new, every = stepper.settle_run(run, ks, retain)
                 if point is not None:
                     points[ctx.index] = point
                 launched += ks * n
                 batches += new
+                handed += every
                 count = max(count, n)
             if rc == _native.RUN_NOT_QUIET:   # (that step is done: read back here, its regions are not reused)
                 ctx, stepper = pairs[at]
@@ -318,6 +323,13 @@ class Stepping:
                     stepper.harvest()
                 except DeviceLostError:
                     pass
+        for listener in listeners:   # (each batch retained once per retaining listener)
+            try:
+                listener(handed)
+            except Exception as more:
+                if exc is None:
+                    raise
+                log.warning("a step listener failed after the run was interrupted (%s): %s", exc, more)
         if exc is not None:
             raise exc
         ticket = StepTicket(self, points, launched, [], batches)
