@@ -320,3 +320,107 @@ def test_bursts_between_native_runs_with_a_router_attached_arrive_once_and_in_or
         assert (st.count, st.sum, st.fifo_errors) == (count, total, 0)
     finally:
         router.detach()
+
+
+def test_a_hot_reload_swaps_between_native_runs(runtime, timer_code, spy):
+    """A thread runs the kernel natively; a hot reload (preserving its state) swaps in
+    code that also counts its steps in word 2 between two native runs; the runs go on
+    natively with the new code, every step once."""
+    from vkmulti import HotReloadConfig, HotReloadManager
+
+    k = timer(runtime, "k", 0, timer_code)
+    new = KernelCodeSource.from_glsl(TIMER.replace("state.words[0] += 1u;",
+                                                   "state.words[0] += 1u; state.words[2] += 1u;"))
+    reloads = HotReloadManager(HotReloadConfig().with_preserve_state(True).with_validate_before_swap(False)
+                               .with_timeout(60.0))
+    reloads.register_runtime_kernel(k)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def loop():
+        try:
+            while not stop.is_set():
+                runtime.run(40, k).wait(60)
+        except BaseException as exc:   # reported by the test
+            errors.append(exc)
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        _wait_native(spy)
+        result = reloads.reload(k, new)
+        after = spy.steps
+        _wait_native(spy, after + 100)
+    finally:
+        stop.set()
+        t.join(60)
+    assert not t.is_alive() and errors == []
+    assert result.state_preserved and result.new_version == result.old_version + 1, result
+    runtime.synchronize(60)
+    n = k.stats.steps_completed
+    words = np.frombuffer(runtime.read_state(k), np.uint32)
+    assert (int(words[0]), int(words[1])) == (n, n * (n - 1) // 2) and n == k.steps
+    assert 100 <= int(words[2]) < n   # the steps since the swap, with the new code
+
+
+def test_the_native_run_refuses_bad_plans_and_leaves_the_runtime_usable(runtime, timer_code):
+    """StepRun and run_quiet_steps check every part of a plan before any use: records,
+    stamps, words and clocks inside their arrays; a bad one is a typed error."""
+    k = timer(runtime, "k", 0, timer_code)
+    runtime.run(5, k).wait(30)
+    ctx = k.ctx
+    stepper = runtime._device(0)[1]
+    with ctx.lock:
+        good = stepper.quiet_run([k], time.monotonic() + 30)
+        assert good is not None
+        ops, patches, offsets = stepper.recorder.quiet_template([k], 0, 0)
+    words = k.k2h.words
+    d = ctx.in_flight
+    cmds = list(ctx.cmd_ints)
+    tl = ctx.timeline
+
+    def plan(**change):
+        t = {"ops": ops, "patches": patches, "checks": [(words, 0)], "captures": [(words, 6, 0)]}
+        t.update(change)
+        templates = change.pop("templates", [(t["ops"], t["patches"], t["checks"], t["captures"])] * d)
+        args = {"cmds": cmds, "region0": 0, "timeline": tl, "templates": templates, "kernels": 1}
+        args.update({key: v for key, v in change.items() if key in args})
+        return _native.StepRun(ctx.slot.native, ctx.queue_lock, args["timeline"], args["cmds"], args["region0"],
+                               ctx.value, ctx.value, args["templates"], args["kernels"])
+
+    plan()   # (the good plan: made, never run)
+    bad = [
+        ({"cmds": []}, ValueError, "1 to"),
+        ({"cmds": cmds * 4}, ValueError, "1 to"),
+        ({"templates": []}, ValueError, "a template each"),
+        ({"region0": d}, ValueError, "region0"),
+        ({"timeline": 0}, ValueError, "timeline"),
+        ({"ops": ops[:-1]}, ValueError, "whole records"),
+        ({"ops": b""}, ValueError, "whole records"),
+        ({"ops": ops[:OP] + b"\x07" + ops[OP + 1:]}, ValueError, "unknown operation kind"),
+        ({"patches": [(0, patches[0][1], 0)]}, ValueError, "not a pass"),
+        ({"patches": [(patches[0][0], 10**6, 0)]}, ValueError, "not one of"),
+        ({"patches": [(-1, patches[0][1], 0)]}, ValueError, "not one of"),
+        ({"checks": [(words, len(words))]}, ValueError, "outside"),
+        ({"checks": [(words, -1)]}, ValueError, "outside"),
+        ({"checks": [(np.zeros(4, np.float64), 0)]}, ValueError, "dtype"),
+        ({"captures": [(words, len(words) - 2, 0)]}, ValueError, "outside"),
+        ({"captures": [(words, 6, 1)]}, ValueError, "kernel 1"),
+        ({"kernels": 0, "captures": [(words, 6, 0)]}, ValueError, "kernel 0"),
+    ]
+    for change, error, text in bad:
+        with pytest.raises(error, match=text):
+            plan(**change)
+    with pytest.raises(ValueError, match="at least one"):
+        _native.run_quiet_steps([], 5, 0.01)
+    with pytest.raises(ValueError, match="budget"):
+        _native.run_quiet_steps([plan()], 5, 0.0)
+    with pytest.raises(TypeError):
+        _native.run_quiet_steps([object()], 5, 0.01)
+    with pytest.raises(ValueError, match="not one of"):
+        plan().clock(1)
+    runtime.run(5, k).wait(30)
+    runtime.synchronize(30)
+    assert k.stats.steps_completed == 10 and timer_state(runtime, k) == (10, 45)
+
+
+OP = _native.STEP_OP_BYTES
