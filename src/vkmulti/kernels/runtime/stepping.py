@@ -35,6 +35,9 @@ QUIET_RUNS = True
 #: Seconds one native run of quiet steps holds the steps' gate and its devices' locks at most:
 #: a migration, a reload or another thread's step waits at most about this long for its turn.
 QUIET_RUN_BUDGET = 0.005
+#: The most steps a run makes one by one before it tries a native run again, after tries in a row
+#: that found steps that are not quiet (1, 3, 7, ... steps after each).
+QUIET_RETRY_STEPS = 31
 
 
 class StepTicket:
@@ -253,14 +256,15 @@ class Stepping:
         ticket = RunTicket(self)
         step, add = self.step, ticket.add
         left = steps
-        native = QUIET_RUNS
+        wait, since = 0, 0   # steps made one by one before the next native try, and since the last
         while left > 0:
-            if native:
+            if QUIET_RUNS and since >= wait:
                 t = gated(functools.partial(self._quiet_steps, left), targets, None, timeout)
-                native = t.count > 0 and QUIET_RUNS   # (none: a step here takes its turn, then it tries again)
+                # (none: steps go one by one for a while, longer after each try in a row that found none)
+                wait, since = (0, 0) if t.count else (min(2 * wait + 1, QUIET_RETRY_STEPS), 0)
             else:
                 t = gated(step, targets, None, timeout)
-                native = QUIET_RUNS
+                since += 1
             add(t)
             left -= t.count
         return ticket
