@@ -424,3 +424,32 @@ def test_the_native_run_refuses_bad_plans_and_leaves_the_runtime_usable(runtime,
 
 
 OP = _native.STEP_OP_BYTES
+
+
+def test_a_gpu_lost_during_a_native_run_fails_over_and_the_run_goes_on(manager, runtime, timer_code, spy):
+    """The loss surfaces in the native loop (a failed wait or submit): the run hands over
+    to a step, which releases the lost GPU's kernel; the survivor's steps go on, natively
+    again, every one once."""
+    from vkmulti.testing import lose_device
+
+    a, b = timer(runtime, "a", 0, timer_code), timer(runtime, "b", 1, timer_code)
+    ticket = [None]
+    errors: list[BaseException] = []
+
+    def loop():
+        try:
+            ticket[0] = runtime.run(3000, [a, b])
+        except BaseException as exc:   # reported by the test
+            errors.append(exc)
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    _wait_native(spy, 200)
+    lose_device(manager, 1)
+    lost_at = spy.steps
+    t.join(120)
+    assert not t.is_alive() and errors == []
+    assert runtime.lost_kernels == {"b": 1}
+    assert ticket[0].steps == 3000 and ticket[0].launched["a"] == 3000
+    assert spy.steps > lost_at   # (native again after the loss)
+    runtime.synchronize(60)
+    assert a.stats.steps_completed == 3000 and timer_state(runtime, a) == (3000, 3000 * 2999 // 2)
