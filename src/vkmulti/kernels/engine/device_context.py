@@ -22,6 +22,7 @@ from ...device.logical import retire_submits
 from ..._core.lifetime import Deadline
 from ..._core.protocols import Destroyable
 from ...device.commands import SubmitUser
+from ...device.pipeline_helper import HelperError, compiled_cache, create_compute_pipeline, helper_wanted
 from ...memory.buffer import MappedBuffer
 from ...memory.image import BUFFER_USAGE, Buffer, CommandRunner
 from ...memory.staging import StagingBuffers
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 
 SB = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
 SB_DYN = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER_DYNAMIC
-COMPUTE = vk.VK_SHADER_STAGE_COMPUTE_BIT
 #: Words of the status ring per in-flight step (deliver records are 8 words, surveys 16). A
 #: deliver record: taken, left, rejected, the batch's count, then (planning passes) the
 #: workgroup count of the copy pass that follows (x, y, z), read by vkCmdDispatchIndirect.
@@ -77,15 +77,13 @@ class StepCondition(threading.Condition):
             super().notify_all()
 
 
-def _layout_bindings(types: list[int]) -> Any:
-    return [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=t, descriptorCount=1, stageFlags=COMPUTE)
-            for i, t in enumerate(types)]
-
-
 class ComputePass:
-    """A compute pipeline with its set layout and pipeline layout."""
+    """A compute pipeline with its set layout and pipeline layout, made through the
+    context's pipeline cache, or first through `compiled` (a cache the pipeline
+    helper filled: a hit), which is then merged into the context's and destroyed."""
 
-    def __init__(self, ctx: "DeviceContext", code: bytes, entry: str, types: list[int], push_bytes: int):
+    def __init__(self, ctx: "DeviceContext", code: bytes, entry: str, types: list[int], push_bytes: int,
+                 compiled: Any = None):
         dev = ctx.slot.device
         self.types = types
         self.push_bytes = push_bytes
@@ -97,30 +95,13 @@ class ComputePass:
         self.idle_since = 0
         self.dsl = self.layout = self.pipeline = None
         try:
-            self.dsl = vkapi.vkCreateDescriptorSetLayout(dev,
-                           vk.VkDescriptorSetLayoutCreateInfo(
-                               sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
-                               bindingCount=len(types), pBindings=_layout_bindings(types)), None)
-            self.layout = vkapi.vkCreatePipelineLayout(dev, vk.VkPipelineLayoutCreateInfo(
-                sType=vk.VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, setLayoutCount=1, pSetLayouts=[self.dsl],
-                pushConstantRangeCount=1, pPushConstantRanges=[vk.VkPushConstantRange(
-                    stageFlags=COMPUTE, offset=0, size=push_bytes)]), None)
-            module = vkapi.vkCreateShaderModule(dev, vk.VkShaderModuleCreateInfo(
-                sType=vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, codeSize=len(code), pCode=code), None)
-            try:
-                stage = vk.VkPipelineShaderStageCreateInfo(
-                    sType=vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, stage=COMPUTE, module=module,
-                    pName=entry)
-                self.pipeline = vkapi.vkCreateComputePipelines(dev, ctx.pipeline_cache,
-                                    1, [vk.VkComputePipelineCreateInfo(
-                                        sType=vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO, stage=stage,
-                                        layout=self.layout)], None)[0]
-                del stage
-            finally:
-                vk.vkDestroyShaderModule(dev, module, None)
-        except BaseException:
-            self.destroy(dev)
-            raise
+            self.dsl, self.layout, self.pipeline = create_compute_pipeline(
+                dev, compiled if compiled is not None else ctx.pipeline_cache, code, entry, types, push_bytes)
+            if compiled is not None:
+                vkapi.vkMergePipelineCaches(dev, ctx.pipeline_cache, 1, [compiled])
+        finally:
+            if compiled is not None:
+                vk.vkDestroyPipelineCache(dev, compiled, None)
         #: the handles as ints, for the native step recorder (StepCommands)
         self.pipeline_int, self.layout_int = handle_value(self.pipeline), handle_value(self.layout)
         self.dsl_int = handle_value(self.dsl)
@@ -272,6 +253,9 @@ class DeviceContext:
         del props
         self.timeline = slot.native.create_timeline(0)
         self.pipeline_cache = self._open_pipeline_cache(slot)
+        caps = getattr(slot, "capabilities", None)   # (builds off the step path: by the helper process?)
+        self.use_helper = helper_wanted(caps.device_type if caps is not None else "cpu")
+        self.helper_warned: set[str] = set()
         self.cmd_pool = vkapi.vkCreateCommandPool(dev, vk.VkCommandPoolCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue.family), None)
@@ -325,22 +309,46 @@ class DeviceContext:
         return self.pipeline(shader_bytes(name), "main", types, push)
 
     def pipeline(self, code: bytes, entry: str, types: list[int], push: int,
-                 timeout: float | None = 60.0) -> ComputePass:
+                 timeout: float | None = 60.0, elsewhere: bool = False) -> ComputePass:
         """The pipeline for `code` with these bindings, made once per device: built
         here when no thread builds it yet, else the other thread's build waited for
-        (never a second build). The caller may hold `lock`: the build does not take it."""
+        (never a second build). The caller may hold `lock`: the build does not take it.
+        `elsewhere`: compiled by the pipeline helper process where this device uses it
+        (a build off the step path), then made here from its cache blob."""
         key = (hashlib.sha256(code).digest(), entry, tuple(types), push)
-        return self._pass(key, lambda: ComputePass(self, code, entry, types, push), timeout)
+
+        def make() -> ComputePass:
+            compiled = self._compiled_elsewhere(code, entry, types, push, timeout) if elsewhere else None
+            return ComputePass(self, code, entry, types, push, compiled)
+        return self._pass(key, make, timeout)
+
+    def _compiled_elsewhere(self, code: bytes, entry: str, types: list[int], push: int,
+                            timeout: float | None) -> Any:
+        """A pipeline cache holding the pipeline the helper process compiled, or None: not
+        used here, or it failed (one warning per reason; the caller compiles it here)."""
+        if not self.use_helper:
+            return None
+        try:
+            return compiled_cache(self.slot.device, self.cache_identity, code, entry, types, push,
+                                  timeout if timeout is not None else 300.0)
+        except (HelperError, VulkanError) as exc:
+            text = str(exc)
+            if text not in self.helper_warned:
+                self.helper_warned.add(text)
+                log.warning("GPU %d: the pipeline helper process did not compile a pipeline (%s); compiling it "
+                            "here", self.index, text)
+            return None
 
     def build_pass(self, code: bytes, entry: str, types: list[int], push: int,
                    timeout: float | None = 60.0) -> ComputePass:
         """pipeline() for a caller that does not hold `lock` (a background build, a
-        reload): destroy() waits for it, and DestroyedError when the context went."""
+        reload), compiled elsewhere where this device uses the helper: destroy()
+        waits for it, and DestroyedError when the context went."""
         with self.lock:
             self.check()
             self.waiters += 1
         try:
-            return self.pipeline(code, entry, types, push, timeout)
+            return self.pipeline(code, entry, types, push, timeout, elsewhere=True)
         finally:
             with self.lock:
                 self.waiters -= 1

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import tempfile
 import threading
 from typing import Any
 
-import vulkan as vk
 
 from ..._core.files import read_regular_file
+from ...device.pipeline_helper import HEADER, CacheIdentity, check_header, identity_of
 from ..coordinator.probe import cache_dir
 
 log = logging.getLogger(__name__)
@@ -34,36 +33,6 @@ __all__ = ["PipelineCacheFiles", "CacheIdentity", "identity_of", "check_header",
 ENV = "VKMULTI_PIPELINE_CACHE"
 #: Largest cache file read or written (a larger one is ignored).
 MAX_BYTES = 64 << 20
-#: VkPipelineCacheHeaderVersionOne: headerSize, headerVersion, vendorID, deviceID, pipelineCacheUUID
-HEADER = struct.Struct("<IIII16s")
-_VERSION_ONE = 1
-
-#: (vendorID, deviceID, pipelineCacheUUID) of a physical device's pipeline caches
-CacheIdentity = tuple[int, int, bytes]
-
-
-def identity_of(physical_device: Any) -> CacheIdentity:
-    """The cache identity of `physical_device` (vkGetPhysicalDeviceProperties)."""
-    props = vk.vkGetPhysicalDeviceProperties(physical_device)
-    uuid = bytes(bytearray(int(b) & 0xFF for b in props.pipelineCacheUUID))
-    return int(props.vendorID), int(props.deviceID), uuid
-
-
-def check_header(data: bytes, ident: CacheIdentity) -> str | None:
-    """Why `data` is not a pipeline cache of a device of `ident` (None: it is one)."""
-    if len(data) < HEADER.size:
-        return f"{len(data)} bytes, shorter than a cache header ({HEADER.size})"
-    size, version, vendor, device, uuid = HEADER.unpack_from(data)
-    if size < HEADER.size or size > len(data):
-        return f"a header length of {size} in a {len(data)}-byte file"
-    if version != _VERSION_ONE:
-        return f"header version {version}, not {_VERSION_ONE}"
-    if (vendor, device, uuid) != ident:
-        return (f"made by another driver or device (vendor {vendor:#x}, device {device:#x}, "
-                f"pipelineCacheUUID {uuid.hex()})")
-    return None
-
-
 class PipelineCacheFiles:
     """Reads and writes the cache files in `directory` (default: cache_dir() at
     each call) under the hardening of the module docstring."""

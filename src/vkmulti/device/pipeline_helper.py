@@ -1,0 +1,369 @@
+"""Compute pipelines made, and compiled in a child process.
+
+`create_compute_pipeline` makes a compute pipeline with its set layout and
+pipeline layout (one storage or uniform buffer binding per entry of `types`,
+`push` bytes of push constants) from a VkPipelineCache: the one place vkmulti
+builds them.
+
+A pipeline compile holds the driver for milliseconds, and a driver may make the
+process's queue submits wait for it (NVIDIA's: a step's vkQueueSubmit beside a
+compile of the same process was seen spinning 1.5-3 ms, or blocked ~0.4 ms). So
+a compile off the step path can be made elsewhere: `PipelineHelper.compile`
+hands the SPIR-V to a child process (`python -m vkmulti.device.pipeline_helper`,
+started once and kept), which builds the same pipeline on a VkDevice of its own
+on a physical device of the same pipeline cache identity (vendorID, deviceID,
+pipelineCacheUUID) and returns its pipeline cache blob. Built from that blob,
+the pipeline is a cache hit here (~0.1 ms on NVIDIA's driver). Drivers whose
+cache keeps nothing (lavapipe's) gain nothing from it: `helper_wanted` leaves
+CPU devices out unless VKMULTI_PIPELINE_HELPER=1 (0: never).
+
+The pipe carries frames of a 4-byte length and a JSON header (at most 4 KiB),
+then an 8-byte length and the bytes (SPIR-V to the child, at most MAX_CODE;
+the cache blob back, at most MAX_BLOB); every read is bounded by the caller's
+timeout, and a helper that times out, dies or answers out of bounds is killed
+(HelperError; the caller compiles in-process). The blob is checked (its cache
+header names the device's identity) before a driver sees it.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import selectors
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, BinaryIO
+
+import vulkan as vk
+
+from .._core import vkapi
+from .instance import Instance
+
+log = logging.getLogger(__name__)
+
+__all__ = ["create_compute_pipeline", "compiled_cache", "PipelineHelper", "HelperError", "HELPER", "helper_wanted",
+           "identity_of", "check_header", "CacheIdentity", "HEADER", "ENV", "MAX_CODE", "MAX_BLOB"]
+
+ENV = "VKMULTI_PIPELINE_HELPER"
+#: The largest SPIR-V module and cache blob the pipe carries.
+MAX_CODE = 16 << 20
+MAX_BLOB = 64 << 20
+_MAX_HEADER = 4096
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_COMPUTE = vk.VK_SHADER_STAGE_COMPUTE_BIT
+#: Seconds a helper may take to start (Python and its Vulkan instance) on top of a call's timeout.
+START_SECONDS = 30.0
+
+
+#: VkPipelineCacheHeaderVersionOne: headerSize, headerVersion, vendorID, deviceID, pipelineCacheUUID
+HEADER = struct.Struct("<IIII16s")
+_VERSION_ONE = 1
+
+#: (vendorID, deviceID, pipelineCacheUUID) of a physical device's pipeline caches
+CacheIdentity = tuple[int, int, bytes]
+
+
+def identity_of(physical_device: Any) -> CacheIdentity:
+    """The cache identity of `physical_device` (vkGetPhysicalDeviceProperties)."""
+    props = vk.vkGetPhysicalDeviceProperties(physical_device)
+    uuid = bytes(bytearray(int(b) & 0xFF for b in props.pipelineCacheUUID))
+    return int(props.vendorID), int(props.deviceID), uuid
+
+
+def check_header(data: bytes, ident: CacheIdentity) -> str | None:
+    """Why `data` is not a pipeline cache of a device of `ident` (None: it is one)."""
+    if len(data) < HEADER.size:
+        return f"{len(data)} bytes, shorter than a cache header ({HEADER.size})"
+    size, version, vendor, device, uuid = HEADER.unpack_from(data)
+    if size < HEADER.size or size > len(data):
+        return f"a header length of {size} in a {len(data)}-byte file"
+    if version != _VERSION_ONE:
+        return f"header version {version}, not {_VERSION_ONE}"
+    if (vendor, device, uuid) != ident:
+        return (f"made by another driver or device (vendor {vendor:#x}, device {device:#x}, "
+                f"pipelineCacheUUID {uuid.hex()})")
+    return None
+
+
+class HelperError(Exception):
+    """The child process could not compile the pipeline (the caller compiles it itself)."""
+
+
+def create_compute_pipeline(device: Any, cache: Any, code: bytes, entry: str, types: list[int],
+                            push: int) -> tuple[Any, Any, Any]:
+    """(set layout, pipeline layout, pipeline) of a compute shader `code` (entry point
+    `entry`) whose set 0 has one binding of each descriptor type in `types`, with
+    `push` bytes of push constants, through `cache` (a VkPipelineCache or None).
+    Nothing is left behind on an error."""
+    dsl = layout = None
+    try:
+        dsl = vkapi.vkCreateDescriptorSetLayout(device, vk.VkDescriptorSetLayoutCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO, bindingCount=len(types),
+            pBindings=[vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=t, descriptorCount=1,
+                                                       stageFlags=_COMPUTE) for i, t in enumerate(types)]), None)
+        layout = vkapi.vkCreatePipelineLayout(device, vk.VkPipelineLayoutCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, setLayoutCount=1, pSetLayouts=[dsl],
+            pushConstantRangeCount=1, pPushConstantRanges=[vk.VkPushConstantRange(
+                stageFlags=_COMPUTE, offset=0, size=push)]), None)
+        module = vkapi.vkCreateShaderModule(device, vk.VkShaderModuleCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, codeSize=len(code), pCode=code), None)
+        try:
+            stage = vk.VkPipelineShaderStageCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, stage=_COMPUTE, module=module,
+                pName=entry)
+            pipeline = vkapi.vkCreateComputePipelines(device, cache if cache is not None else vk.VK_NULL_HANDLE, 1,
+                                                      [vk.VkComputePipelineCreateInfo(
+                                                          sType=vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+                                                          stage=stage, layout=layout)], None)[0]
+            del stage
+        finally:
+            vk.vkDestroyShaderModule(device, module, None)
+    except BaseException:
+        if layout is not None:
+            vk.vkDestroyPipelineLayout(device, layout, None)
+        if dsl is not None:
+            vk.vkDestroyDescriptorSetLayout(device, dsl, None)
+        raise
+    return dsl, layout, pipeline
+
+
+def helper_wanted(device_type: str) -> bool:
+    """Whether compiles off the step path on a device of this type go to the helper
+    (VKMULTI_PIPELINE_HELPER: "1" every device, "0" none, else GPUs, not CPU devices)."""
+    mode = os.environ.get(ENV, "auto")
+    if mode == "0":
+        return False
+    return mode == "1" or device_type != "cpu"
+
+
+def compiled_cache(device: Any, identity: CacheIdentity, code: bytes, entry: str, types: list[int], push: int,
+                   timeout: float) -> Any:
+    """A VkPipelineCache of `device` (of cache identity `identity`) holding the pipeline
+    create_compute_pipeline makes from these arguments, compiled by HELPER; HelperError
+    (or VulkanError from the driver refusing the blob) when there is none."""
+    blob = HELPER.compile(identity, code, entry, types, push, timeout)
+    why = check_header(blob, identity)
+    if why is not None:
+        raise HelperError(f"its cache blob is not one of this device: {why}")
+    return vkapi.vkCreatePipelineCache(device, vk.VkPipelineCacheCreateInfo(
+        sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO, initialDataSize=len(blob),
+        pInitialData=vk.ffi.from_buffer(blob)), None)
+
+
+# -- the pipe -------------------------------------------------------------------------------
+
+def _write_frame(out: BinaryIO, header: dict, body: bytes) -> None:
+    head = json.dumps(header).encode()
+    out.write(_U32.pack(len(head)) + head + _U64.pack(len(body)))
+    out.write(body)
+    out.flush()
+
+
+class _Reader:
+    """Reads exact byte counts from a pipe before a deadline (selectors: no read blocks past it)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(fd, selectors.EVENT_READ)
+
+    def read(self, n: int, deadline: float) -> bytes:
+        parts, got = [], 0
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sel.select(min(left, 0.25)):
+                if time.monotonic() >= deadline:
+                    raise HelperError("the pipeline helper did not answer in time")
+                continue
+            chunk = os.read(self.fd, min(n - got, 1 << 20))
+            if not chunk:
+                raise HelperError("the pipeline helper closed its pipe")
+            parts.append(chunk)
+            got += len(chunk)
+        return b"".join(parts)
+
+    def frame(self, deadline: float, limit: int) -> tuple[dict, bytes]:
+        (size,) = _U32.unpack(self.read(_U32.size, deadline))
+        if size > _MAX_HEADER:
+            raise HelperError(f"the pipeline helper sent a {size}-byte header (at most {_MAX_HEADER})")
+        try:
+            header = json.loads(self.read(size, deadline))
+        except ValueError as exc:
+            raise HelperError(f"the pipeline helper sent a header that is not JSON: {exc}") from None
+        if not isinstance(header, dict):
+            raise HelperError("the pipeline helper sent a header that is not an object")
+        (length,) = _U64.unpack(self.read(_U64.size, deadline))
+        if length > limit:
+            raise HelperError(f"the pipeline helper sent {length} bytes (at most {limit})")
+        return header, self.read(length, deadline)
+
+    def close(self) -> None:
+        self.sel.close()
+
+
+class PipelineHelper:
+    """The child process that compiles pipelines (see the module docstring): started
+    at the first compile, one compile at a time, kept until close() (at exit)."""
+
+    def __init__(self, argv: list[str] | None = None):
+        self.argv = argv or [sys.executable, "-m", "vkmulti.device.pipeline_helper"]
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._reader: _Reader | None = None
+        self.compiles = 0      # blobs received
+        self.failures = 0      # calls that raised HelperError
+
+    def compile(self, identity: tuple[int, int, bytes], code: bytes, entry: str, types: list[int], push: int,
+                timeout: float) -> bytes:
+        """The pipeline cache blob of the pipeline create_compute_pipeline makes from these
+        arguments, compiled by the child on a physical device of `identity` (vendorID,
+        deviceID, pipelineCacheUUID). HelperError when it cannot (the helper is then
+        stopped; the next call starts another)."""
+        if len(code) > MAX_CODE:
+            raise HelperError(f"a {len(code)}-byte module is more than the helper takes ({MAX_CODE})")
+        vendor, device, uuid = identity
+        header = {"vendor": vendor, "device": device, "uuid": uuid.hex(), "entry": entry, "types": list(types),
+                  "push": push}
+        with self._lock:
+            try:
+                started = self._proc is None
+                proc, reader = self._start()
+                deadline = time.monotonic() + timeout + (START_SECONDS if started else 0.0)
+                _write_frame(proc.stdin, header, code)  # type: ignore[arg-type]
+                answer, blob = reader.frame(deadline, MAX_BLOB)
+            except HelperError:
+                self.failures += 1
+                self._stop()
+                raise
+            except (OSError, ValueError) as exc:   # (a broken pipe: the child is gone)
+                self.failures += 1
+                self._stop()
+                raise HelperError(f"the pipeline helper is gone: {exc}") from None
+            if not answer.get("ok"):
+                self.failures += 1
+                raise HelperError(f"the pipeline helper could not compile it: {str(answer.get('error'))[:300]}")
+            self.compiles += 1
+            return blob
+
+    def _start(self) -> tuple[subprocess.Popen, _Reader]:
+        if self._proc is not None and self._proc.poll() is None and self._reader is not None:
+            return self._proc, self._reader
+        self._stop()
+        try:
+            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    close_fds=True)
+        except OSError as exc:
+            raise HelperError(f"could not start the pipeline helper: {exc}") from None
+        self._proc, self._reader = proc, _Reader(proc.stdout.fileno())  # type: ignore[union-attr]
+        return proc, self._reader
+
+    def _stop(self) -> None:
+        proc, reader, self._proc, self._reader = self._proc, self._reader, None, None
+        if reader is not None:
+            reader.close()
+        if proc is None:
+            return
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                stream.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+        try:
+            proc.wait(2.0)   # (its stdin closed: it ends)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            try:
+                proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                log.warning("the pipeline helper (pid %d) did not exit after SIGKILL", proc.pid)
+
+    def close(self) -> None:
+        """Stop the child (idempotent)."""
+        with self._lock:
+            self._stop()
+
+
+#: The process's helper (stopped at exit).
+HELPER = PipelineHelper()
+atexit.register(HELPER.close)
+
+
+# -- the child ------------------------------------------------------------------------------
+
+class _Compiler:
+    """The child's side: one VkDevice per cache identity, made at its first request."""
+
+    def __init__(self) -> None:
+        self.instance = Instance(app_name="vkmulti-pipeline-helper")
+        self.devices: dict[tuple[int, int, str], Any] = {}
+
+    def device(self, vendor: int, device: int, uuid: str) -> Any:
+        key = (vendor, device, uuid)
+        dev = self.devices.get(key)
+        if dev is not None:
+            return dev
+        for pd in self.instance.physical_devices():
+            props = vk.vkGetPhysicalDeviceProperties(pd)
+            found = bytes(bytearray(int(b) & 0xFF for b in props.pipelineCacheUUID)).hex()
+            if (int(props.vendorID), int(props.deviceID), found) != key:
+                continue
+            families = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
+            family = next(i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT)
+            dev = vkapi.vkCreateDevice(pd, vk.VkDeviceCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, queueCreateInfoCount=1,
+                pQueueCreateInfos=[vk.VkDeviceQueueCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, queueFamilyIndex=family, queueCount=1,
+                    pQueuePriorities=[1.0])]), None)
+            self.devices[key] = dev
+            return dev
+        raise LookupError(f"no physical device of vendor {vendor:#x}, device {device:#x}, pipelineCacheUUID {uuid}")
+
+    def compile(self, header: dict, code: bytes) -> bytes:
+        vendor, device, uuid = int(header["vendor"]), int(header["device"]), str(header["uuid"])
+        entry, push = str(header["entry"]), int(header["push"])
+        types = [int(t) for t in header["types"]]
+        dev = self.device(vendor, device, uuid)
+        cache = vkapi.vkCreatePipelineCache(dev, vk.VkPipelineCacheCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO), None)
+        try:
+            dsl, layout, pipeline = create_compute_pipeline(dev, cache, code, entry, types, push)
+            vk.vkDestroyPipeline(dev, pipeline, None)
+            vk.vkDestroyPipelineLayout(dev, layout, None)
+            vk.vkDestroyDescriptorSetLayout(dev, dsl, None)
+            errors = [text for severity, text in self.instance.validation_messages() if severity == "error"]
+            if errors:
+                raise RuntimeError(f"validation: {errors[0][:200]}")
+            blob = vkapi.pipeline_cache_data(dev, cache, MAX_BLOB)
+            if blob is None:
+                raise RuntimeError(f"the cache blob is over {MAX_BLOB} bytes")
+            return blob
+        finally:
+            vk.vkDestroyPipelineCache(dev, cache, None)
+
+
+def main() -> int:
+    """Serve compile requests on stdin until it closes (the parent went, or stopped us)."""
+    reader = _Reader(sys.stdin.fileno())
+    out = sys.stdout.buffer
+    compiler: _Compiler | None = None
+    while True:
+        try:
+            header, code = reader.frame(float("inf"), MAX_CODE)
+        except HelperError:
+            return 0
+        try:
+            if compiler is None:
+                compiler = _Compiler()
+            blob = compiler.compile(header, code)
+            _write_frame(out, {"ok": True}, blob)
+        except Exception as exc:   # (told to the parent, which compiles it itself)
+            _write_frame(out, {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, b"")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The pipeline helper process (vkmulti.device.pipeline_helper): builds off the step path
+(a launch's builds on the other devices, a reload's) are compiled by a child process and
+made here from its cache blob; a helper that fails, hangs, dies or answers out of bounds
+or with another device's blob is stopped and the pipeline compiled here, with a warning."""
+from __future__ import annotations
+
+import logging
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from kernel_support import runtime_fixture
+from vkmulti import HotReloadConfig, HotReloadManager, KernelCodeSource
+from vkmulti.device import pipeline_helper as ph
+from vkmulti.kernels import counter_kernel
+from vkmulti.kernels.engine.device_context import KERNEL_PUSH, kernel_types
+from vkmulti.kernels.reference import COUNTER_TAG_ADD, counter_initial_state, read_counter
+
+runtime = runtime_fixture(max_kernels=32)
+
+
+@pytest.fixture
+def helper(monkeypatch):
+    """A fresh PipelineHelper in place of the process's, used on every device."""
+    h = ph.PipelineHelper()
+    monkeypatch.setattr(ph, "HELPER", h)
+    monkeypatch.setenv(ph.ENV, "1")
+    monkeypatch.setattr(ph, "START_SECONDS", 0.0)
+    yield h
+    h.close()
+
+
+def _fresh(spirv: bytes, tag: int) -> KernelCodeSource:
+    raw = bytearray(spirv)
+    raw[8:12] = tag.to_bytes(4, "little")
+    return KernelCodeSource.from_spirv(bytes(raw))
+
+
+def _request(ctx):
+    spec = counter_kernel(max_sources=32)
+    return ctx.cache_identity, spec.spirv, spec.entry_point, kernel_types(len(spec.state_sizes)), KERNEL_PUSH
+
+
+def test_builds_off_the_step_path_are_compiled_by_the_helper(runtime, helper):
+    spec = counter_kernel(max_sources=32)
+    k = runtime.launch(spec, "k", device=0, state=[counter_initial_state(32)])
+    runtime.prebuild.wait_idle(60)
+    assert helper.compiles >= 1 and helper.failures == 0   # (GPU 1's pipeline, built ahead)
+    before = helper.compiles
+    reloads = HotReloadManager(HotReloadConfig().with_validate_before_swap(False).with_preserve_state(True))
+    runtime.send(k, np.array([4], np.uint32), tag=COUNTER_TAG_ADD)
+    runtime.step(k)
+    reloads.reload(k, _fresh(spec.spirv, 0xC001))
+    assert helper.compiles == before + 2 and helper.failures == 0   # (the new code on both devices)
+    runtime.send(k, np.array([5], np.uint32), tag=COUNTER_TAG_ADD)
+    runtime.step(k)
+    runtime.migrate(k, 1, timeout=60)
+    runtime.send(k, np.array([6], np.uint32), tag=COUNTER_TAG_ADD)
+    runtime.step(k)
+    runtime.synchronize(30)
+    st = read_counter(runtime.read_state(k))
+    assert (st.count, st.sum) == (3, 15)
+
+
+def test_the_helper_answers_a_blob_of_the_device(runtime, helper):
+    k = runtime.launch(counter_kernel(max_sources=32), "k", device=0, state=[counter_initial_state(32)])
+    runtime.prebuild.wait_idle(60)
+    n = helper.compiles
+    blob = helper.compile(*_request(k.ctx), timeout=60)
+    assert ph.check_header(blob, k.ctx.cache_identity) is None
+    pid = helper._proc.pid
+    assert helper.compile(*_request(k.ctx), timeout=60) and helper.compiles == n + 2 and helper._proc.pid == pid
+    with pytest.raises(ph.HelperError, match="could not compile.*no physical device"):
+        helper.compile((1, 2, b"\0" * 16), counter_kernel().spirv, "main", [7, 7, 7], KERNEL_PUSH, timeout=60)
+    assert helper.compile(*_request(k.ctx), timeout=60) and helper._proc.pid == pid   # (still serving)
+
+
+FAKES = {
+    "exits": "import sys; sys.exit(0)",
+    "garbage header": """
+        import sys, struct
+        sys.stdin.buffer.read(1)
+        sys.stdout.buffer.write(struct.pack('<I', 1 << 30)); sys.stdout.buffer.flush()
+        sys.stdin.buffer.read()
+    """,
+    "not json": """
+        import sys, struct
+        sys.stdin.buffer.read(1)
+        sys.stdout.buffer.write(struct.pack('<I', 4) + b'{{{{'); sys.stdout.buffer.flush()
+        sys.stdin.buffer.read()
+    """,
+    "huge body": """
+        import sys, struct
+        sys.stdin.buffer.read(1)
+        sys.stdout.buffer.write(struct.pack('<I', 11) + b'{"ok":true}' + struct.pack('<Q', 1 << 40))
+        sys.stdout.buffer.flush()
+        sys.stdin.buffer.read()
+    """,
+    "another device": """
+        import sys
+        from vkmulti.device.pipeline_helper import _write_frame, HEADER
+        sys.stdin.buffer.read(1)
+        _write_frame(sys.stdout.buffer, {"ok": True}, HEADER.pack(32, 1, 0x1234, 0x5678, b"x" * 16))
+        sys.stdin.buffer.read()
+    """,
+    "hangs": "import time; time.sleep(600)",
+}
+
+
+@pytest.mark.parametrize("name", list(FAKES))
+def test_a_helper_that_misbehaves_is_stopped_and_the_pipeline_compiled_here(runtime, helper, name, caplog,
+                                                                          monkeypatch):
+    monkeypatch.setenv(ph.ENV, "0")   # (the launch's builds ahead: not through the fake)
+    k = runtime.launch(counter_kernel(max_sources=32), "k", device=0, state=[counter_initial_state(32)])
+    runtime.prebuild.wait_idle(60)
+    helper.argv = [sys.executable, "-c", textwrap.dedent(FAKES[name])]
+    ctx = k.ctx
+    ctx.use_helper = True
+    t0 = time.monotonic()
+    code = _fresh(counter_kernel(max_sources=32).spirv, 0xD000 + len(name)).code
+    with caplog.at_level(logging.WARNING):
+        made = ctx.pipeline(code, "main", kernel_types(1), KERNEL_PUSH, timeout=1.0, elsewhere=True)
+    assert made.pipeline is not None   # (compiled here)
+    assert time.monotonic() - t0 < 30
+    assert any("pipeline helper" in r.getMessage() for r in caplog.records)
+    if name == "another device":   # (the helper answered; its blob is refused before the driver sees it)
+        assert (helper.failures, helper.compiles) == (0, 1)
+        assert any("not one of this device" in r.getMessage() for r in caplog.records)
+    else:
+        assert (helper.failures, helper.compiles) == (1, 0)
+        assert helper._proc is None   # (stopped: the next call starts another)
+    runtime.send(k, np.array([2], np.uint32), tag=COUNTER_TAG_ADD)
+    runtime.step(k)
+    runtime.synchronize(30)
+    assert read_counter(runtime.read_state(k)).sum == 2
+
+
+def test_the_helper_refuses_a_module_over_its_bound(helper):
+    with pytest.raises(ph.HelperError, match="more than"):
+        helper.compile((1, 2, b"\0" * 16), b"\0" * (ph.MAX_CODE + 4), "main", [7], 16, timeout=1)
+    assert helper._proc is None   # (refused before starting anything)
+
+
+def test_cpu_devices_use_the_helper_only_when_asked(monkeypatch):
+    monkeypatch.delenv(ph.ENV, raising=False)
+    assert ph.helper_wanted("discrete-gpu") and not ph.helper_wanted("cpu")
+    monkeypatch.setenv(ph.ENV, "1")
+    assert ph.helper_wanted("cpu")
+    monkeypatch.setenv(ph.ENV, "0")
+    assert not ph.helper_wanted("discrete-gpu")
