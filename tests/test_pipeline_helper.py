@@ -28,7 +28,9 @@ def helper(monkeypatch):
     h = ph.PipelineHelper()
     monkeypatch.setattr(ph, "HELPER", h)
     monkeypatch.setenv(ph.ENV, "1")
-    monkeypatch.setattr(ph, "START_SECONDS", 0.0)
+    monkeypatch.setattr(ph, "START_SECONDS", 0.0)   # (not ready once a call's wait ends: failed)
+    monkeypatch.setattr(ph, "READY_WAIT", 60.0)     # (a call waits for the helper's start)
+    monkeypatch.setattr(ph, "_warned", set())       # (each test sees its warnings)
     yield h
     h.close()
 
@@ -82,26 +84,38 @@ FAKES = {
     "exits": "import sys; sys.exit(0)",
     "garbage header": """
         import sys, struct
-        sys.stdin.buffer.read(1)
         sys.stdout.buffer.write(struct.pack('<I', 1 << 30)); sys.stdout.buffer.flush()
         sys.stdin.buffer.read()
     """,
     "not json": """
         import sys, struct
-        sys.stdin.buffer.read(1)
         sys.stdout.buffer.write(struct.pack('<I', 4) + b'{{{{'); sys.stdout.buffer.flush()
         sys.stdin.buffer.read()
     """,
     "huge body": """
         import sys, struct
-        sys.stdin.buffer.read(1)
-        sys.stdout.buffer.write(struct.pack('<I', 11) + b'{"ok":true}' + struct.pack('<Q', 1 << 40))
+        sys.stdout.buffer.write(struct.pack('<I', 14) + b'{"hello":true}' + struct.pack('<Q', 1 << 40))
         sys.stdout.buffer.flush()
+        sys.stdin.buffer.read()
+    """,
+    "no hello": """
+        import sys
+        from vkmulti.device.pipeline_helper import _write_frame
+        _write_frame(sys.stdout.buffer, {"hello": False, "error": "no Vulkan here"}, b"")
+        sys.stdin.buffer.read()
+    """,
+    "bad answer": """
+        import sys, struct
+        from vkmulti.device.pipeline_helper import _write_frame
+        _write_frame(sys.stdout.buffer, {"hello": True}, b"")
+        sys.stdin.buffer.read(1)
+        sys.stdout.buffer.write(struct.pack('<I', 2) + b'[]' + struct.pack('<Q', 0)); sys.stdout.buffer.flush()
         sys.stdin.buffer.read()
     """,
     "another device": """
         import sys
         from vkmulti.device.pipeline_helper import _write_frame, HEADER
+        _write_frame(sys.stdout.buffer, {"hello": True}, b"")
         sys.stdin.buffer.read(1)
         _write_frame(sys.stdout.buffer, {"ok": True}, HEADER.pack(32, 1, 0x1234, 0x5678, b"x" * 16))
         sys.stdin.buffer.read()

@@ -41,11 +41,13 @@ from typing import Any, BinaryIO
 import vulkan as vk
 
 from .._core import vkapi
+from ..errors import VulkanError
 from .instance import Instance
 
 log = logging.getLogger(__name__)
 
-__all__ = ["create_compute_pipeline", "compiled_cache", "PipelineHelper", "HelperError", "HELPER", "helper_wanted",
+__all__ = ["create_compute_pipeline", "compiled_cache", "PipelineHelper", "HelperError", "HelperStarting", "HELPER",
+           "helper_wanted", "use_helper",
            "identity_of", "check_header", "CacheIdentity", "HEADER", "ENV", "MAX_CODE", "MAX_BLOB"]
 
 ENV = "VKMULTI_PIPELINE_HELPER"
@@ -56,8 +58,10 @@ _MAX_HEADER = 4096
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _COMPUTE = vk.VK_SHADER_STAGE_COMPUTE_BIT
-#: Seconds a helper may take to start (Python and its Vulkan instance) on top of a call's timeout.
+#: Seconds a helper may take to start (Python and its Vulkan instance) before it counts as failed.
 START_SECONDS = 30.0
+#: Seconds a compile waits for a helper that is still starting (0: it compiles elsewhere meanwhile).
+READY_WAIT = 0.0
 
 
 #: VkPipelineCacheHeaderVersionOne: headerSize, headerVersion, vendorID, deviceID, pipelineCacheUUID
@@ -142,17 +146,43 @@ def helper_wanted(device_type: str) -> bool:
 
 
 def compiled_cache(device: Any, identity: CacheIdentity, code: bytes, entry: str, types: list[int], push: int,
-                   timeout: float) -> Any:
-    """A VkPipelineCache of `device` (of cache identity `identity`) holding the pipeline
-    create_compute_pipeline makes from these arguments, compiled by HELPER; HelperError
-    (or VulkanError from the driver refusing the blob) when there is none."""
-    blob = HELPER.compile(identity, code, entry, types, push, timeout)
-    why = check_header(blob, identity)
-    if why is not None:
-        raise HelperError(f"its cache blob is not one of this device: {why}")
-    return vkapi.vkCreatePipelineCache(device, vk.VkPipelineCacheCreateInfo(
-        sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO, initialDataSize=len(blob),
-        pInitialData=vk.ffi.from_buffer(blob)), None)
+                   timeout: float, where: str) -> Any:
+    """A VkPipelineCache of `device` (of cache identity `identity`, named `where` in a
+    warning) holding the pipeline create_compute_pipeline makes from these arguments,
+    compiled by HELPER; None where there is none (the helper is starting, or it failed:
+    one warning per reason; the caller compiles it)."""
+    try:
+        blob = HELPER.compile(identity, code, entry, types, push, timeout)
+        why = check_header(blob, identity)
+        if why is not None:
+            raise HelperError(f"its cache blob is not one of this device: {why}")
+        return vkapi.vkCreatePipelineCache(device, vk.VkPipelineCacheCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO, initialDataSize=len(blob),
+            pInitialData=vk.ffi.from_buffer(blob)), None)
+    except HelperStarting:
+        return None
+    except (HelperError, VulkanError) as exc:
+        text = f"{where}: {exc}"
+        with _warned_lock:
+            first = text not in _warned
+            _warned.add(text)
+        if first:
+            log.warning("%s: the pipeline helper process did not compile a pipeline (%s); compiling it here",
+                        where, exc)
+        return None
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def use_helper(device_type: str) -> bool:
+    """helper_wanted(device_type), and HELPER started where it is (not waited for: builds
+    compile elsewhere until it is ready)."""
+    if not helper_wanted(device_type):
+        return False
+    HELPER.start()
+    return True
 
 
 # -- the pipe -------------------------------------------------------------------------------
@@ -206,36 +236,63 @@ class _Reader:
         self.sel.close()
 
 
+class HelperStarting(HelperError):
+    """The child is not ready yet (started, its hello not read): compile elsewhere this time."""
+
+
 class PipelineHelper:
-    """The child process that compiles pipelines (see the module docstring): started
-    at the first compile, one compile at a time, kept until close() (at exit)."""
+    """The child process that compiles pipelines (see the module docstring): started by
+    start() or the first compile, ready once its hello frame is read (its Vulkan
+    instance made), one compile at a time, kept until close() (at exit). After
+    MAX_FAILURES failed calls it is not started again."""
+
+    MAX_FAILURES = 3
 
     def __init__(self, argv: list[str] | None = None):
         self.argv = argv or [sys.executable, "-m", "vkmulti.device.pipeline_helper"]
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._reader: _Reader | None = None
+        self._ready = False
+        self._started_at = 0.0
         self.compiles = 0      # blobs received
-        self.failures = 0      # calls that raised HelperError
+        self.failures = 0      # calls that raised HelperError (not HelperStarting)
+
+    def start(self) -> None:
+        """Start the child if it is not running (without waiting for it)."""
+        with self._lock:
+            if self.failures < self.MAX_FAILURES:
+                try:
+                    self._start()
+                except HelperError as exc:
+                    self.failures += 1
+                    log.warning("%s", exc)
 
     def compile(self, identity: tuple[int, int, bytes], code: bytes, entry: str, types: list[int], push: int,
                 timeout: float) -> bytes:
         """The pipeline cache blob of the pipeline create_compute_pipeline makes from these
         arguments, compiled by the child on a physical device of `identity` (vendorID,
-        deviceID, pipelineCacheUUID). HelperError when it cannot (the helper is then
-        stopped; the next call starts another)."""
+        deviceID, pipelineCacheUUID). HelperStarting while the child is not ready
+        (waited for READY_WAIT s at most, within `timeout`; not ready after START_SECONDS:
+        a failure);
+        HelperError when it cannot (the helper is then stopped; a later call starts
+        another, up to MAX_FAILURES)."""
         if len(code) > MAX_CODE:
             raise HelperError(f"a {len(code)}-byte module is more than the helper takes ({MAX_CODE})")
         vendor, device, uuid = identity
         header = {"vendor": vendor, "device": device, "uuid": uuid.hex(), "entry": entry, "types": list(types),
                   "push": push}
         with self._lock:
+            if self.failures >= self.MAX_FAILURES:
+                raise HelperError(f"the pipeline helper failed {self.failures} times: not used any more")
             try:
-                started = self._proc is None
                 proc, reader = self._start()
-                deadline = time.monotonic() + timeout + (START_SECONDS if started else 0.0)
+                if not self._ready:
+                    self._await_hello(reader, min(READY_WAIT, timeout))
                 _write_frame(proc.stdin, header, code)  # type: ignore[arg-type]
-                answer, blob = reader.frame(deadline, MAX_BLOB)
+                answer, blob = reader.frame(time.monotonic() + timeout, MAX_BLOB)
+            except HelperStarting:
+                raise
             except HelperError:
                 self.failures += 1
                 self._stop()
@@ -250,6 +307,17 @@ class PipelineHelper:
             self.compiles += 1
             return blob
 
+    def _await_hello(self, reader: _Reader, wait: float) -> None:
+        """Read the child's hello if it came (waiting `wait` s at most)."""
+        if not reader.sel.select(wait):
+            if time.monotonic() - self._started_at >= START_SECONDS:
+                raise HelperError(f"the pipeline helper did not start within {START_SECONDS} s")
+            raise HelperStarting("the pipeline helper is starting")
+        hello, _ = reader.frame(time.monotonic() + max(wait, 5.0), 0)
+        if not hello.get("hello"):
+            raise HelperError(f"the pipeline helper did not start: {str(hello.get('error'))[:300]}")
+        self._ready = True
+
     def _start(self) -> tuple[subprocess.Popen, _Reader]:
         if self._proc is not None and self._proc.poll() is None and self._reader is not None:
             return self._proc, self._reader
@@ -260,10 +328,11 @@ class PipelineHelper:
         except OSError as exc:
             raise HelperError(f"could not start the pipeline helper: {exc}") from None
         self._proc, self._reader = proc, _Reader(proc.stdout.fileno())  # type: ignore[union-attr]
+        self._ready, self._started_at = False, time.monotonic()
         return proc, self._reader
 
     def _stop(self) -> None:
-        proc, reader, self._proc, self._reader = self._proc, self._reader, None, None
+        proc, reader, self._proc, self._reader, self._ready = self._proc, self._reader, None, None, False
         if reader is not None:
             reader.close()
         if proc is None:
@@ -347,18 +416,22 @@ class _Compiler:
 
 
 def main() -> int:
-    """Serve compile requests on stdin until it closes (the parent went, or stopped us)."""
+    """Say hello once ready, then serve compile requests on stdin until it closes (the
+    parent went, or stopped us)."""
     reader = _Reader(sys.stdin.fileno())
     out = sys.stdout.buffer
-    compiler: _Compiler | None = None
+    try:
+        compiler = _Compiler()
+    except Exception as exc:   # (told to the parent, which compiles everything itself)
+        _write_frame(out, {"hello": False, "error": f"{type(exc).__name__}: {exc}"}, b"")
+        return 1
+    _write_frame(out, {"hello": True}, b"")
     while True:
         try:
             header, code = reader.frame(float("inf"), MAX_CODE)
         except HelperError:
             return 0
         try:
-            if compiler is None:
-                compiler = _Compiler()
             blob = compiler.compile(header, code)
             _write_frame(out, {"ok": True}, blob)
         except Exception as exc:   # (told to the parent, which compiles it itself)

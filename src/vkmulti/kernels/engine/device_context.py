@@ -22,7 +22,7 @@ from ...device.logical import retire_submits
 from ..._core.lifetime import Deadline
 from ..._core.protocols import Destroyable
 from ...device.commands import SubmitUser
-from ...device.pipeline_helper import HelperError, compiled_cache, create_compute_pipeline, helper_wanted
+from ...device.pipeline_helper import compiled_cache, create_compute_pipeline, use_helper
 from ...memory.buffer import MappedBuffer
 from ...memory.image import BUFFER_USAGE, Buffer, CommandRunner
 from ...memory.staging import StagingBuffers
@@ -254,8 +254,7 @@ class DeviceContext:
         self.timeline = slot.native.create_timeline(0)
         self.pipeline_cache = self._open_pipeline_cache(slot)
         caps = getattr(slot, "capabilities", None)   # (builds off the step path: by the helper process?)
-        self.use_helper = helper_wanted(caps.device_type if caps is not None else "cpu")
-        self.helper_warned: set[str] = set()
+        self.use_helper = use_helper(caps.device_type if caps is not None else "cpu")
         self.cmd_pool = vkapi.vkCreateCommandPool(dev, vk.VkCommandPoolCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue.family), None)
@@ -324,20 +323,9 @@ class DeviceContext:
 
     def _compiled_elsewhere(self, code: bytes, entry: str, types: list[int], push: int,
                             timeout: float | None) -> Any:
-        """A pipeline cache holding the pipeline the helper process compiled, or None: not
-        used here, or it failed (one warning per reason; the caller compiles it here)."""
-        if not self.use_helper:
-            return None
-        try:
-            return compiled_cache(self.slot.device, self.cache_identity, code, entry, types, push,
-                                  timeout if timeout is not None else 300.0)
-        except (HelperError, VulkanError) as exc:
-            text = str(exc)
-            if text not in self.helper_warned:
-                self.helper_warned.add(text)
-                log.warning("GPU %d: the pipeline helper process did not compile a pipeline (%s); compiling it "
-                            "here", self.index, text)
-            return None
+        """A pipeline cache holding the pipeline the helper process compiled, or None."""
+        return compiled_cache(self.slot.device, self.cache_identity, code, entry, types, push,
+                              timeout if timeout is not None else 300.0, f"GPU {self.index}") if self.use_helper else None
 
     def build_pass(self, code: bytes, entry: str, types: list[int], push: int,
                    timeout: float | None = 60.0) -> ComputePass:
