@@ -136,9 +136,10 @@ def test_a_helper_that_misbehaves_is_stopped_and_the_pipeline_compiled_here(runt
     t0 = time.monotonic()
     code = _fresh(counter_kernel(max_sources=32).spirv, 0xD000 + len(name)).code
     with caplog.at_level(logging.WARNING):
-        made = ctx.pipeline(code, "main", kernel_types(1), KERNEL_PUSH, timeout=1.0, elsewhere=True)
+        made = ctx.pipeline(code, "main", kernel_types(1), KERNEL_PUSH, timeout=1.0 if name == "hangs" else 60.0,
+                            elsewhere=True)
     assert made.pipeline is not None   # (compiled here)
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 60
     assert any("pipeline helper" in r.getMessage() for r in caplog.records)
     if name == "another device":   # (the helper answered; its blob is refused before the driver sees it)
         assert (helper.failures, helper.compiles) == (0, 1)
@@ -158,10 +159,12 @@ def test_the_helper_refuses_a_module_over_its_bound(helper):
     assert helper._proc is None   # (refused before starting anything)
 
 
-def test_cpu_devices_use_the_helper_only_when_asked(monkeypatch):
+def test_the_helper_is_used_only_when_asked(monkeypatch):
     monkeypatch.delenv(ph.ENV, raising=False)
+    assert not ph.helper_wanted("discrete-gpu") and not ph.helper_wanted("cpu")
+    monkeypatch.setenv(ph.ENV, "gpu")
     assert ph.helper_wanted("discrete-gpu") and not ph.helper_wanted("cpu")
     monkeypatch.setenv(ph.ENV, "1")
-    assert ph.helper_wanted("cpu")
+    assert ph.helper_wanted("cpu") and ph.helper_wanted("integrated-gpu")
     monkeypatch.setenv(ph.ENV, "0")
     assert not ph.helper_wanted("discrete-gpu")

@@ -13,9 +13,12 @@ hands the SPIR-V to a child process (`python -m vkmulti.device.pipeline_helper`,
 started once and kept), which builds the same pipeline on a VkDevice of its own
 on a physical device of the same pipeline cache identity (vendorID, deviceID,
 pipelineCacheUUID) and returns its pipeline cache blob. Built from that blob,
-the pipeline is a cache hit here (~0.1 ms on NVIDIA's driver). Drivers whose
-cache keeps nothing (lavapipe's) gain nothing from it: `helper_wanted` leaves
-CPU devices out unless VKMULTI_PIPELINE_HELPER=1 (0: never).
+the pipeline is a cache hit here (~0.1 ms on NVIDIA's driver). It is opt-in
+(VKMULTI_PIPELINE_HELPER=gpu: GPUs; =1: every device; unset or 0: none): on an
+H100 it cut a cold reload's longest step gap by a fifth to a third, but the
+child holds a context on the GPU, and migrations measured beside it were
+slower (bench/RESULTS.md, session 22). Drivers whose cache keeps nothing
+(lavapipe's) gain nothing from it.
 
 The pipe carries frames of a 4-byte length and a JSON header (at most 4 KiB),
 then an 8-byte length and the bytes (SPIR-V to the child, at most MAX_CODE;
@@ -138,11 +141,10 @@ def create_compute_pipeline(device: Any, cache: Any, code: bytes, entry: str, ty
 
 def helper_wanted(device_type: str) -> bool:
     """Whether compiles off the step path on a device of this type go to the helper
-    (VKMULTI_PIPELINE_HELPER: "1" every device, "0" none, else GPUs, not CPU devices)."""
-    mode = os.environ.get(ENV, "auto")
-    if mode == "0":
-        return False
-    return mode == "1" or device_type != "cpu"
+    (VKMULTI_PIPELINE_HELPER: "1" every device, "gpu" GPUs but not CPU devices, else
+    none: the helper is opt-in, see the module docstring)."""
+    mode = os.environ.get(ENV, "0")
+    return mode == "1" or (mode == "gpu" and device_type != "cpu")
 
 
 def compiled_cache(device: Any, identity: CacheIdentity, code: bytes, entry: str, types: list[int], push: int,
