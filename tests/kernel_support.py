@@ -2,6 +2,7 @@
 counter kernels, runtimes and K2K routers the K2K path tests share."""
 from __future__ import annotations
 
+import signal
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -118,3 +119,15 @@ def call_in_thread(fn: Callable[[], Any], name: str | None = None) -> tuple[thre
             out["error"] = exc
     return threading.Thread(target=run, name=name), out
 
+
+
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """Python's own SIGINT handler (KeyboardInterrupt) for the test: a process started in the
+    background by a non-interactive shell inherits SIGINT ignored, and then
+    _thread.interrupt_main() does nothing."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import _thread
 import functools
 import shutil
-import signal
 import threading
 import time
 
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 
 import kernel_support
-from kernel_support import runtime_fixture
+from kernel_support import runtime_fixture, sigint_raises  # noqa: F401 (a fixture)
 from vkmulti import KernelCodeSource
 from vkmulti._core import _native
 from vkmulti.errors import DestroyedError, KernelNotFoundError
@@ -165,15 +164,6 @@ def test_host_messages_sent_during_a_native_run_are_delivered_once(runtime, spy)
     assert (st.count, st.sum) == (len(sent), sum(sent))
 
 
-@pytest.fixture
-def sigint_raises():
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
 def test_ctrl_c_stops_a_native_run_and_the_steps_submitted_stand(runtime, timer_code, spy, sigint_raises):
     k = timer(runtime, "k", 0, timer_code)
 
@@ -196,17 +186,25 @@ def test_ctrl_c_stops_a_native_run_and_the_steps_submitted_stand(runtime, timer_
     assert k.stats.steps_completed == done + 3 and timer_state(runtime, k)[0] == done + 3
 
 
-def _run_in_thread(runtime, kernels):
+def _in_thread(fn, done=None):
+    """fn() on a daemon thread: (the thread, the exceptions it raised); `done` set when it ends."""
     out: list[BaseException] = []
 
-    def loop():
+    def guarded():
         try:
-            runtime.run(10**8, kernels)
+            fn()
         except BaseException as exc:   # reported by the test
             out.append(exc)
-    t = threading.Thread(target=loop, daemon=True)
+        finally:
+            if done is not None:
+                done.set()
+    t = threading.Thread(target=guarded, daemon=True)
     t.start()
     return t, out
+
+
+def _run_in_thread(runtime, kernels):
+    return _in_thread(lambda: runtime.run(10**8, kernels))
 
 
 def _wait_native(spy, steps=50):
@@ -260,20 +258,13 @@ def test_migrating_a_kernel_while_a_native_run_steps_it(runtime, timer_code, spy
     k = timer(runtime, "k", 0, timer_code)
     other = timer(runtime, "other", 1, timer_code)
     done = threading.Event()
-    errors: list[BaseException] = []
 
     def mover():
-        try:
-            _wait_native(spy)
-            for i in range(4):
-                runtime.migrate(k, 1 - k.device_index, timeout=60)
-                time.sleep(0.01)
-        except BaseException as exc:   # reported by the test
-            errors.append(exc)
-        finally:
-            done.set()
-    t = threading.Thread(target=mover, daemon=True)
-    t.start()
+        _wait_native(spy)
+        for i in range(4):
+            runtime.migrate(k, 1 - k.device_index, timeout=60)
+            time.sleep(0.01)
+    t, errors = _in_thread(mover, done)
     runs = 0
     while not done.is_set() and runs < 2000:
         runtime.run(50, [k, other]).wait(60)
@@ -335,16 +326,11 @@ def test_a_hot_reload_swaps_between_native_runs(runtime, timer_code, spy):
                                .with_timeout(60.0))
     reloads.register_runtime_kernel(k)
     stop = threading.Event()
-    errors: list[BaseException] = []
 
     def loop():
-        try:
-            while not stop.is_set():
-                runtime.run(40, k).wait(60)
-        except BaseException as exc:   # reported by the test
-            errors.append(exc)
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
+        while not stop.is_set():
+            runtime.run(40, k).wait(60)
+    t, errors = _in_thread(loop)
     try:
         _wait_native(spy)
         result = reloads.reload(k, new)
@@ -434,15 +420,10 @@ def test_a_gpu_lost_during_a_native_run_fails_over_and_the_run_goes_on(manager, 
 
     a, b = timer(runtime, "a", 0, timer_code), timer(runtime, "b", 1, timer_code)
     ticket = [None]
-    errors: list[BaseException] = []
 
     def loop():
-        try:
-            ticket[0] = runtime.run(3000, [a, b])
-        except BaseException as exc:   # reported by the test
-            errors.append(exc)
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
+        ticket[0] = runtime.run(3000, [a, b])
+    t, errors = _in_thread(loop)
     _wait_native(spy, 200)
     lose_device(manager, 1)
     lost_at = spy.steps

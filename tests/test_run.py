@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import _thread
 import functools
-import signal
 import threading
 import time
 
@@ -15,7 +14,7 @@ import pytest
 
 import kernel_support
 from kernel_support import router  # noqa: F401 (the shared router fixture)
-from kernel_support import runtime_fixture
+from kernel_support import runtime_fixture, sigint_raises  # noqa: F401 (a fixture)
 from vkmulti.errors import DestroyedError, KernelNotFoundError
 from vkmulti.kernels import RunTicket
 from vkmulti.kernels.reference import COUNTER_TAG_FORWARD, read_counter
@@ -99,18 +98,6 @@ def test_launch_destroy_and_migrate_between_the_steps_of_a_run(runtime, router):
             break
     st = read_counter(runtime.read_state(sink))
     assert (st.count, st.sum, st.fifo_errors) == (80, total, 0)
-
-
-@pytest.fixture
-def sigint_raises():
-    """Python's own SIGINT handler (KeyboardInterrupt) for the test: a process started in the
-    background by a non-interactive shell inherits SIGINT ignored, and then
-    _thread.interrupt_main() does nothing."""
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
 
 
 def test_ctrl_c_stops_a_run_between_two_steps(runtime, sigint_raises):

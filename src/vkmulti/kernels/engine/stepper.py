@@ -159,20 +159,27 @@ class DeviceStepper:
         return 0
 
     def make_room(self, kernels: list[Kernel], deadline: float) -> None:
+        """Wait (harvesting) until the next step of `kernels` can be recorded."""
+        self._wait_for(lambda: self._blocking_value(kernels), deadline, kernels, "; nothing was submitted")
+
+    def _wait_for(self, need: Callable[[], int], deadline: float, kernels: Sequence[Kernel] = (),
+                  after: str = "") -> None:
+        """Wait (harvesting, the lock let go while waiting) until need() is 0; need()
+        gives the timeline value to wait for meanwhile. VkmTimeout at `deadline`."""
         while True:
             self.harvest()
             self.ctx.check()
             for k in kernels:
                 k.check()
-            need = self._blocking_value(kernels)
-            if not need:
+            value = need()
+            if not value:
                 return
             left = deadline - time.monotonic()
             if left <= 0:
                 raise VkmTimeout(f"GPU {self.ctx.index}: earlier kernel steps did not finish in time "
-                                 f"(waiting for timeline value {need}; {self.stalled()}); nothing was submitted")
+                                 f"(waiting for timeline value {value}; {self.stalled()}){after}")
             try:
-                self.ctx.wait_unlocked(need, min(left, 0.25))
+                self.ctx.wait_unlocked(value, min(left, 0.25))
             except VkmTimeout:
                 pass
 
@@ -326,8 +333,8 @@ class DeviceStepper:
         if ctx.dir_dirty or (feed is not None and not feed.quiet(kernels)) \
                 or len(kernels) * SURVEY_RECORD > STATUS_WORDS or d > _native.RUN_MAX_DEPTH:
             return None
-        if any(rec.quiet != shape for rec in self.inflight):
-            self._drain(deadline)
+        if any(rec.quiet != shape for rec in self.inflight):   # (every step in flight done and read back first)
+            self._wait_for(lambda: self.inflight[-1].value if self.inflight else 0, deadline)
         else:
             self.harvest()
         ctx.check()
@@ -362,21 +369,6 @@ class DeviceStepper:
         return _native.StepRun(ctx.slot.native, ctx.queue_lock, timeline, ctx.cmd_ints, self.nsteps % d, ctx.value,
                                self.harvested, templates, len(kernels))
 
-    def _drain(self, deadline: float) -> None:
-        """Wait until every step in flight is done and read back."""
-        while self.inflight:
-            self.harvest()
-            self.ctx.check()
-            if not self.inflight:
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise VkmTimeout(f"GPU {self.ctx.index}: earlier kernel steps did not finish in time "
-                                 f"({self.stalled()})")
-            try:
-                self.ctx.wait_unlocked(self.inflight[-1].value, min(left, 0.25))
-            except VkmTimeout:
-                pass
 
     def settle_run(self, run: Any, kernels: list[Kernel], retain: int) \
             -> tuple[TimelinePoint | None, int, list[OutboxBatch], list[OutboxBatch]]:
