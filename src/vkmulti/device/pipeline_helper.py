@@ -9,8 +9,8 @@ A pipeline compile holds the driver for milliseconds, and a driver may make the
 process's queue submits wait for it (NVIDIA's: a step's vkQueueSubmit beside a
 compile of the same process was seen spinning 1.5-3 ms, or blocked ~0.4 ms). So
 a compile off the step path can be made elsewhere: `PipelineHelper.compile`
-hands the SPIR-V to a child process (`python -m vkmulti.device.pipeline_helper`,
-started once and kept), which builds the same pipeline on a VkDevice of its own
+hands the SPIR-V to a child process (this module's `main()`, started once and
+kept), which builds the same pipeline on a VkDevice of its own
 on a physical device of the same pipeline cache identity (vendorID, deviceID,
 pipelineCacheUUID) and returns its pipeline cache blob. Built from that blob,
 the pipeline is a cache hit here (~0.1 ms on NVIDIA's driver). It is opt-in
@@ -251,7 +251,8 @@ class PipelineHelper:
     MAX_FAILURES = 3
 
     def __init__(self, argv: list[str] | None = None):
-        self.argv = argv or [sys.executable, "-m", "vkmulti.device.pipeline_helper"]
+        self.argv = argv or [sys.executable, "-c", "import sys; from vkmulti.device.pipeline_helper import main; "
+                                                   "sys.exit(main())"]
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._reader: _Reader | None = None
@@ -385,11 +386,15 @@ class _Compiler:
                 continue
             families = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
             family = next(i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT)
-            dev = vkapi.vkCreateDevice(pd, vk.VkDeviceCreateInfo(
-                sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, queueCreateInfoCount=1,
-                pQueueCreateInfos=[vk.VkDeviceQueueCreateInfo(
-                    sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, queueFamilyIndex=family, queueCount=1,
-                    pQueuePriorities=[1.0])]), None)
+            # (every array the driver reads held by a name until the call returns: a cdata made
+            # inside another struct's constructor may be freed before the call)
+            prio = vk.ffi.new("float[]", [1.0])
+            queues = [vk.VkDeviceQueueCreateInfo(sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
+                                                 queueFamilyIndex=family, queueCount=1, pQueuePriorities=prio)]
+            info = vk.VkDeviceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, queueCreateInfoCount=1,
+                                         pQueueCreateInfos=queues)
+            dev = vkapi.vkCreateDevice(pd, info, None)
+            del info, queues, prio
             self.devices[key] = dev
             return dev
         raise LookupError(f"no physical device of vendor {vendor:#x}, device {device:#x}, pipelineCacheUUID {uuid}")
