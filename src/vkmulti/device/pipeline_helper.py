@@ -49,9 +49,9 @@ from .instance import Instance
 
 log = logging.getLogger(__name__)
 
-__all__ = ["create_compute_pipeline", "compiled_cache", "PipelineHelper", "HelperError", "HelperStarting", "HELPER",
-           "helper_wanted", "use_helper",
-           "identity_of", "check_header", "CacheIdentity", "HEADER", "ENV", "MAX_CODE", "MAX_BLOB"]
+__all__ = ["create_compute_pipeline", "compiled_cache", "cache_from_blob", "PipelineHelper", "HelperError",
+           "HelperStarting", "HELPER", "helper_wanted", "use_helper", "identity_of", "check_header", "CacheIdentity",
+           "HEADER", "ENV", "MAX_CODE", "MAX_BLOB"]
 
 ENV = "VKMULTI_PIPELINE_HELPER"
 #: The largest SPIR-V module and cache blob the pipe carries.
@@ -95,6 +95,18 @@ def check_header(data: bytes, ident: CacheIdentity) -> str | None:
         return (f"made by another driver or device (vendor {vendor:#x}, device {device:#x}, "
                 f"pipelineCacheUUID {uuid.hex()})")
     return None
+
+
+def cache_from_blob(device: Any, blob: bytes | None) -> Any:
+    """A VkPipelineCache of `device`, starting from `blob` (a cache's data, checked by the
+    caller; None or b"": empty)."""
+    if not blob:
+        return vkapi.vkCreatePipelineCache(device, vk.VkPipelineCacheCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO), None)
+    data = vk.ffi.from_buffer(blob)   # (held by a name until the call returns)
+    info = vk.VkPipelineCacheCreateInfo(sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO,
+                                        initialDataSize=len(blob), pInitialData=data)
+    return vkapi.vkCreatePipelineCache(device, info, None)
 
 
 class HelperError(Exception):
@@ -158,9 +170,7 @@ def compiled_cache(device: Any, identity: CacheIdentity, code: bytes, entry: str
         why = check_header(blob, identity)
         if why is not None:
             raise HelperError(f"its cache blob is not one of this device: {why}")
-        return vkapi.vkCreatePipelineCache(device, vk.VkPipelineCacheCreateInfo(
-            sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO, initialDataSize=len(blob),
-            pInitialData=vk.ffi.from_buffer(blob)), None)
+        return cache_from_blob(device, blob)
     except HelperStarting:
         return None
     except (HelperError, VulkanError) as exc:
@@ -372,17 +382,14 @@ class _Compiler:
 
     def __init__(self) -> None:
         self.instance = Instance(app_name="vkmulti-pipeline-helper")
-        self.devices: dict[tuple[int, int, str], Any] = {}
+        self.devices: dict[CacheIdentity, Any] = {}
 
-    def device(self, vendor: int, device: int, uuid: str) -> Any:
-        key = (vendor, device, uuid)
+    def device(self, key: CacheIdentity) -> Any:
         dev = self.devices.get(key)
         if dev is not None:
             return dev
         for pd in self.instance.physical_devices():
-            props = vk.vkGetPhysicalDeviceProperties(pd)
-            found = bytes(bytearray(int(b) & 0xFF for b in props.pipelineCacheUUID)).hex()
-            if (int(props.vendorID), int(props.deviceID), found) != key:
+            if identity_of(pd) != key:
                 continue
             families = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
             family = next(i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT)
@@ -397,15 +404,16 @@ class _Compiler:
             del info, queues, prio
             self.devices[key] = dev
             return dev
-        raise LookupError(f"no physical device of vendor {vendor:#x}, device {device:#x}, pipelineCacheUUID {uuid}")
+        vendor, device, uuid = key
+        raise LookupError(f"no physical device of vendor {vendor:#x}, device {device:#x}, pipelineCacheUUID "
+                          f"{uuid.hex()}")
 
     def compile(self, header: dict, code: bytes) -> bytes:
-        vendor, device, uuid = int(header["vendor"]), int(header["device"]), str(header["uuid"])
+        key = (int(header["vendor"]), int(header["device"]), bytes.fromhex(str(header["uuid"])))
         entry, push = str(header["entry"]), int(header["push"])
         types = [int(t) for t in header["types"]]
-        dev = self.device(vendor, device, uuid)
-        cache = vkapi.vkCreatePipelineCache(dev, vk.VkPipelineCacheCreateInfo(
-            sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO), None)
+        dev = self.device(key)
+        cache = cache_from_blob(dev, None)
         try:
             dsl, layout, pipeline = create_compute_pipeline(dev, cache, code, entry, types, push)
             vk.vkDestroyPipeline(dev, pipeline, None)

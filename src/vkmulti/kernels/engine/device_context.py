@@ -22,7 +22,7 @@ from ...device.logical import retire_submits
 from ..._core.lifetime import Deadline
 from ..._core.protocols import Destroyable
 from ...device.commands import SubmitUser
-from ...device.pipeline_helper import compiled_cache, create_compute_pipeline, use_helper
+from ...device.pipeline_helper import cache_from_blob, compiled_cache, create_compute_pipeline, use_helper
 from ...memory.buffer import MappedBuffer
 from ...memory.image import BUFFER_USAGE, Buffer, CommandRunner
 from ...memory.staging import StagingBuffers
@@ -279,17 +279,13 @@ class DeviceContext:
         """The device's VkPipelineCache, from the machine's cache file where a checked one exists."""
         self.cache_identity = identity_of(slot.physical_device)
         blob = self.cache_blob = FILES.load(self.cache_identity)
-        plain = vk.VkPipelineCacheCreateInfo(sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO)
         if blob:
-            data = _ffi.from_buffer(blob)
             try:
-                return vkapi.vkCreatePipelineCache(slot.device, vk.VkPipelineCacheCreateInfo(
-                    sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO, initialDataSize=len(blob),
-                    pInitialData=data), None)
+                return cache_from_blob(slot.device, blob)
             except VulkanError as exc:
                 log.warning("GPU %d's driver refused the pipeline cache file: %s", self.index, exc)
                 self.cache_blob = None
-        return vkapi.vkCreatePipelineCache(slot.device, plain, None)
+        return cache_from_blob(slot.device, None)
 
     def _save_pipeline_cache(self, dev: Any) -> None:
         """Write the device's pipeline cache to the machine's file when it holds more than was read."""
@@ -324,8 +320,10 @@ class DeviceContext:
     def _compiled_elsewhere(self, code: bytes, entry: str, types: list[int], push: int,
                             timeout: float | None) -> Any:
         """A pipeline cache holding the pipeline the helper process compiled, or None."""
+        if not self.use_helper:
+            return None
         return compiled_cache(self.slot.device, self.cache_identity, code, entry, types, push,
-                              timeout if timeout is not None else 300.0, f"GPU {self.index}") if self.use_helper else None
+                              timeout if timeout is not None else 300.0, f"GPU {self.index}")
 
     def build_pass(self, code: bytes, entry: str, types: list[int], push: int,
                    timeout: float | None = 60.0) -> ComputePass:

@@ -14,7 +14,6 @@ from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, RING_HEADER_BYTES, HlcTim
 log = logging.getLogger(__name__)
 
 _QUIET_SURVEY = [0] * SURVEY_RECORD
-_QUIET_REPORT = [0] * 6   # (no clock words: the clock stays)
 
 __all__ = ["StepHarvest"]
 
@@ -56,13 +55,12 @@ class StepHarvest:
     def read_quiet(self, rec: InFlight, clocks: dict[Kernel, tuple[int, int, int]]) -> None:
         """Apply the step `rec`, a quiet one (StepRecorder.quiet_template's shape) that the
         native run found done and quiet (every survey and report word it checks read 0)
-        and whose regions later steps reused: as `read` would with those words, the
-        kernels' clocks from `clocks` (the latest quiet step's)."""
+        and whose regions later steps reused: as `read` would with those words, each
+        kernel's clock from `clocks` (the latest quiet step's; every kernel of the step)."""
         for b, _ in rec.surveys:
             self._apply_survey(b, _QUIET_SURVEY)
         for k, j, step in rec.kernels:
-            clock = clocks.get(k)
-            self._report(k, j, step, _QUIET_REPORT if clock is None else [0] * 6 + list(clock))
+            self._report(k, j, step, [0] * 6 + list(clocks[k]))
 
     def _apply_survey(self, b: Batch, w: list[int]) -> None:
         """Apply a survey record (its SURVEY_RECORD words) to batch b."""
@@ -150,5 +148,4 @@ class StepHarvest:
                 latest = env.timestamp
             if latest is not None:
                 self.rt.hlc.update(latest)
-        if len(words) > 6:
-            st.clock = HlcTimestamp.from_words(words[6], words[7], words[8])   # (read with the counts: the step is done)
+        st.clock = HlcTimestamp.from_words(words[6], words[7], words[8])   # (read with the counts: the step is done)

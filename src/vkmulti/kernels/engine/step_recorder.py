@@ -18,8 +18,8 @@ from .step_ops import BARRIER, HOST_BARRIER, KernelOps, copy_op, pass_op, update
 from .device_context import DELIVER_RECORD, STATUS_WORDS, SURVEY_RECORD, WHOLE_SIZE, DeviceContext
 from .kernel import Batch, InboundBatch, Kernel, OutboxBatch, finish_buffers
 
-__all__ = ["StepRecorder", "InFlight", "PLANNED_DELIVERY_PAYLOAD", "READ_IN_PLACE", "MODE_COPY", "MODE_PLAN",
-           "MODE_DIRECT", "MODE_DIRECT_KNOWN", "MODE_IN_PLACE"]
+__all__ = ["StepRecorder", "InFlight", "quiet_survey_offsets", "PLANNED_DELIVERY_PAYLOAD", "READ_IN_PLACE",
+           "MODE_COPY", "MODE_PLAN", "MODE_DIRECT", "MODE_DIRECT_KNOWN", "MODE_IN_PLACE"]
 
 _KERNEL_PUSH = struct.Struct("<8I4I")
 _FINISH_PUSH = struct.Struct("<8I")
@@ -228,7 +228,7 @@ class StepRecorder:
         pass) record indices to stamp with each kernel's step, and the status
         offsets of the outbox surveys. The stamps in the ops are placeholders."""
         d = self.ctx.in_flight
-        offsets = [region * STATUS_WORDS + i * SURVEY_RECORD for i in range(len(launched))]
+        offsets = quiet_survey_offsets(region, len(launched))
         resets, kernels, finishes = [], [], []
         for k, off in zip(launched, offsets):
             res = k.residency
@@ -460,6 +460,12 @@ class StepRecorder:
         ctx = self.ctx
         return pass_op(ctx.survey.pipeline_int, ctx.survey.layout_int, handle_value(dset), (offset,),
                        _SURVEY_PUSH.pack(status, ctx.index, ctx.table_size, 0))
+
+
+def quiet_survey_offsets(region: int, n: int) -> list[int]:
+    """The status offsets of the outbox surveys of a quiet step of `n` kernels in status
+    region `region` (record() takes them first, in the kernels' order)."""
+    return [region * STATUS_WORDS + i * SURVEY_RECORD for i in range(n)]
 
 
 def _inboxes_logged(rt: Any) -> bool:

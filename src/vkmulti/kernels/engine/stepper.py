@@ -30,7 +30,7 @@ from ..messages import HlcTimestamp
 from .device_context import STATUS_WORDS, SURVEY_RECORD, DeviceContext
 from .harvest import StepHarvest
 from .kernel import Batch, InboundBatch, Kernel, OutboxBatch
-from .step_recorder import InFlight, StepRecorder
+from .step_recorder import InFlight, StepRecorder, quiet_survey_offsets
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ class DeviceStepper:
                 plan.submitted(self.ctx.point(value))
         return point, launched, deferred, new
 
-    def _submitted(self, value: int, launched: list[Kernel], rec: InFlight, survey_offsets: list[int | None],
+    def _submitted(self, value: int, launched: list[Kernel], rec: InFlight, survey_offsets: Sequence[int | None],
                    retain: int) -> tuple[Any, list[OutboxBatch]]:
         """The bookkeeping of a step the driver accepted (nothing here may raise): its
         point and its new outbox batches."""
@@ -382,7 +382,7 @@ class DeviceStepper:
         ctx, d = self.ctx, self.ctx.in_flight
         n, checked = run.submitted, run.checked
         value0 = ctx.value
-        clocks = {k: run.clock(i) for i, k in enumerate(kernels)} if checked > self.harvested else {}
+        clocks = {k: run.clock(i) for i, k in enumerate(kernels)}   # (of the last step checked, if any)
         inflight = self.inflight
         if inflight and inflight[0].value <= checked:
             while inflight and inflight[0].value <= checked:
@@ -404,9 +404,7 @@ class DeviceStepper:
                 st.steps_submitted += quiet
                 st.steps_completed = k.steps
                 res.last_value = value0 + quiet
-                clock = clocks.get(k)
-                if clock is not None:
-                    st.clock = HlcTimestamp.from_words(*clock)
+                st.clock = HlcTimestamp.from_words(*clocks[k])
             ctx.value = self.harvested = value0 + quiet
             self.nsteps += quiet
         point: TimelinePoint | None = None
@@ -417,8 +415,7 @@ class DeviceStepper:
             value = value0 + 1 + i
             rec = InFlight(value, self.nsteps % d)
             rec.quiet = shape
-            offsets: list[int | None] = [rec.region * STATUS_WORDS + x * SURVEY_RECORD for x in range(len(kernels))]
-            point, new = self._submitted(value, kernels, rec, offsets, retain)
+            point, new = self._submitted(value, kernels, rec, quiet_survey_offsets(rec.region, len(kernels)), retain)
             every += new
         if n:
             point = ctx.point(value0 + n)

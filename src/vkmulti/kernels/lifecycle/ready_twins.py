@@ -326,12 +326,7 @@ class ReadyTwins:
         p = ctx.hold_pass(spec.spirv, spec.entry_point, len(twin.states), locked=False, timeout=BUILD_WAIT)
         stepper = self._life.rt._contexts.get(device, (None, None))[1]
         with ctx.lock:
-            try:
-                ctx.check()
-                new_set = kernel_set(twin, p)
-            except BaseException:
-                ctx.release_pass(p, 0)
-                raise
+            new_set = kernel_set(twin, p)
             old = put_pass(twin, p, new_set, spec)
             if stepper is not None and twin.last_value > ctx.completed():   # (a recycled half's last steps)
                 stepper.retired.append((twin.last_value, old))

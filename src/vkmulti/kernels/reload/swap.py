@@ -214,10 +214,17 @@ def swap(targets: list[Kernel], passes: dict[int, Any], code: KernelCodeSource, 
 
 
 def kernel_set(k: Kernel, p: ComputePass) -> tuple[Any, Any]:
-    """A descriptor set of kernel pipeline `p` over k's buffers (inbox, outbox, states),
-    as (pool, set); k.ctx.lock held by the caller."""
-    return k.ctx.descriptor_set(p, [(k.inbox.handle, 0, WHOLE_SIZE), (k.outbox.handle, 0, k.outbox_bytes)]
-                                + [(s.handle, 0, WHOLE_SIZE) for s in k.states])
+    """A descriptor set of kernel pipeline `p` (held for k: ctx.hold or hold_pass) over k's
+    buffers (inbox, outbox, states), as (pool, set); k.ctx.lock held by the caller. Where
+    it cannot be made (the context gone among the reasons), p's hold is let go."""
+    ctx = k.ctx
+    try:
+        ctx.check()
+        return ctx.descriptor_set(p, [(k.inbox.handle, 0, WHOLE_SIZE), (k.outbox.handle, 0, k.outbox_bytes)]
+                                  + [(s.handle, 0, WHOLE_SIZE) for s in k.states])
+    except BaseException:
+        ctx.release_pass(p, 0)
+        raise
 
 
 def put_pass(k: Kernel, p: ComputePass, new_set: tuple[Any, Any], spec: Any) -> tuple[Any, Any]:
@@ -244,11 +251,7 @@ def _swap_locked(rt: Any, ks: list[Kernel], passes: dict[int, Any], code: Kernel
                 k.check()
                 if not ctx.hold(p):   # (let go and destroyed since it was built: built again)
                     p = ctx.hold_pass(code.code, code.entry_point, len(k.states))
-                try:
-                    new_set = kernel_set(k, p)
-                except BaseException:
-                    ctx.release_pass(p, 0)
-                    raise
+                new_set = kernel_set(k, p)
             made.append((k, p, new_set))
     except BaseException:
         for k, p, s in made:
