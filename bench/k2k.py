@@ -42,7 +42,9 @@ CrossGpuK2KRouter, against baselines measured in the same run.
     one on each device), with its native path (quiet steps recorded and submitted in C,
     read back only where one was not quiet) against the same run made step by step
     (stepping.QUIET_RUNS off), paired rounds (goal: <= 30 us per step); the wall time
-    per step beside it (the devices' own step time bounds it).
+    per step beside it (the devices' own step time bounds it); and, in the same rounds, the
+    native path with the driver's blocking waits for room instead of naps (engine/stepper.py's
+    RUN_NAPS off), with the ratio of their CPU.
 (d) stencil: Jacobi step time of one grid on one device and split over two, and the
     host's share of the two-device run (CPU time of the stepping thread / wall time).
 
@@ -401,6 +403,7 @@ def bandwidth(mgr: Any, top: int, method: str | None, rounds: int, fresh: bool) 
 
 def run_steps(mgr: Any, steps: int, rounds: int) -> dict[str, Any]:
     from vkmulti.kernels import KernelRuntime, MultiGpuCoordinator, counter_kernel
+    from vkmulti.kernels.engine import stepper
     from vkmulti.kernels.reference import counter_initial_state
     from vkmulti.kernels.runtime import stepping
 
@@ -410,8 +413,8 @@ def run_steps(mgr: Any, steps: int, rounds: int) -> dict[str, Any]:
         spec = counter_kernel(max_sources=64)
         ks = [rt.launch(spec, device=i, state=[counter_initial_state(64)]) for i in range(2)]
 
-        def timed(kernels: list[Any], native: bool) -> tuple[float, float]:
-            stepping.QUIET_RUNS = native
+        def timed(kernels: list[Any], native: bool, naps: bool = True) -> tuple[float, float]:
+            stepping.QUIET_RUNS, stepper.RUN_NAPS = native, naps
             try:
                 rt.run(rt.in_flight + 1, kernels).wait(60)
                 cpu, wall = time.thread_time(), time.perf_counter()
@@ -420,18 +423,22 @@ def run_steps(mgr: Any, steps: int, rounds: int) -> dict[str, Any]:
                 ticket.wait(60)
                 return cpu / steps * 1e6, (time.perf_counter() - wall) / steps * 1e6
             finally:
-                stepping.QUIET_RUNS = True
+                stepping.QUIET_RUNS, stepper.RUN_NAPS = True, True
         for name, kernels in (("one", ks[:1]), ("two", ks)):
-            native, python = [], []
+            native, blocking, python = [], [], []
             for _ in range(rounds):
                 native.append(timed(kernels, True))
+                blocking.append(timed(kernels, True, naps=False))
                 python.append(timed(kernels, False))
             cpu_n, cpu_p = [c for c, _ in native], [c for c, _ in python]
             out[name] = {
                 "host_cpu_us_per_step": statistics.median(cpu_n),
                 "host_cpu_us_per_step_step_by_step": statistics.median(cpu_p),
+                "host_cpu_us_per_step_blocking_waits": statistics.median(c for c, _ in blocking),
                 "wall_us_per_step": statistics.median(w for _, w in native),
+                "wall_us_per_step_blocking_waits": statistics.median(w for _, w in blocking),
                 "wall_us_per_step_step_by_step": statistics.median(w for _, w in python),
+                "ratio_naps_to_blocking_waits": statistics.median(a / b for a, (b, _) in zip(cpu_n, blocking)),
                 "ratio_native_to_step_by_step": statistics.median(a / b for a, b in zip(cpu_n, cpu_p)),
                 "host_cpu_us_range": [min(cpu_n), max(cpu_n)]}
     finally:
@@ -540,7 +547,10 @@ def main(argv: list[str] | None = None) -> int:
             r = res["run"][name]
             parts.append(f"run(steps={res['run']['steps']}) of {what}: host CPU {r['host_cpu_us_per_step']:.1f} us "
                          f"per step (goal <= 30) = {r['ratio_native_to_step_by_step']:.2f}x step by step "
-                         f"({r['host_cpu_us_per_step_step_by_step']:.1f} us), wall {r['wall_us_per_step']:.0f} us")
+                         f"({r['host_cpu_us_per_step_step_by_step']:.1f} us), wall {r['wall_us_per_step']:.0f} us; "
+                         f"waits by naps = {r['ratio_naps_to_blocking_waits']:.2f}x the CPU of blocking waits "
+                         f"({r['host_cpu_us_per_step_blocking_waits']:.1f} us, wall "
+                         f"{r['wall_us_per_step_blocking_waits']:.0f} us)")
     if "stencil" in res:
         st = res["stencil"]
         parts.append(f"stencil 2-device speed-up = {st['speedup']:.2f}x, host {st['host_us_per_step_2']:.0f} us per "

@@ -4,6 +4,16 @@
 from libc.stdlib cimport calloc
 from libc.string cimport memcpy, memset
 
+cdef extern from "sys/prctl.h" nogil:
+    int prctl(int option, ...)
+    enum:
+        PR_SET_TIMERSLACK
+        PR_GET_TIMERSLACK
+
+#: The timer slack (ns) of the thread while a run naps: a nap ends when asked, not up to
+#: the default 50 us later.
+_NAP_SLACK_NS = 1000
+
 cdef extern from "vkm_run.h" nogil:
     enum:
         VKM_RUN_MAX_DEPTH
@@ -42,6 +52,8 @@ cdef extern from "vkm_run.h" nogil:
         uint64_t checked
         uint32_t *clock
         VkResult result
+        uint32_t naps
+        vkm_nap nap
     int vkm_run_steps(vkm_run_dev *const *devs, uint32_t ndevs, uint64_t until, uint64_t slice_ns,
                       uint32_t *stalled)
 
@@ -83,10 +95,13 @@ cdef class StepRun:
         self.keep = []
 
     def __init__(self, Device device not None, QueueLock queue not None, uintptr_t timeline, list cmds not None,
-                 uint32_t region0, uint64_t value0, uint64_t known, list templates not None, uint32_t kernels):
+                 uint32_t region0, uint64_t value0, uint64_t known, list templates not None, uint32_t kernels,
+                 *, bint naps=False, uint64_t pace_ns=0):
         """`templates`: `len(cmds)` tuples (ops: bytes of STEP_OP_BYTES records, patches: [(kernel op
         index, finish op index, step of the run's first step)], checks: [(uint32 array, word index)],
-        captures: [(uint32 array, word index, kernel index < kernels)])."""
+        captures: [(uint32 array, word index, kernel index < kernels)]). `naps`: wait for room by
+        reading the timeline between naps (vkm_nap_wait) instead of the driver's blocking wait,
+        starting from `pace_ns` per step (0: not known; the `pace_ns` property has what it learnt)."""
         cdef Py_ssize_t depth = len(cmds), t, i
         cdef const char *why = NULL
         cdef vkm_run_template *tp
@@ -105,6 +120,8 @@ cdef class StepRun:
         self.r.region0 = region0
         self.r.value0 = self.r.value = value0
         self.r.known = self.r.checked = known
+        self.r.naps = naps
+        self.r.nap.period_ns = pace_ns
         self.nclock = kernels
         self.r.clock = <uint32_t *>calloc(kernels * VKM_RUN_CLOCK_WORDS + 1, sizeof(uint32_t))
         if self.r.clock == NULL:
@@ -169,6 +186,11 @@ cdef class StepRun:
         return self.r.checked
 
     @property
+    def pace_ns(self):
+        """The device's time per step as the run's naps learnt it (0: not known)."""
+        return self.r.nap.period_ns
+
+    @property
     def result(self):
         """The VkResult of the call that failed (RUN_FAILED)."""
         return self.r.result
@@ -216,12 +238,19 @@ def run_quiet_steps(list runs not None, uint64_t steps, double budget):
         raise ValueError(f"budget must be > 0 s, got {budget}")
     if budget * 1e9 < slice_ns:
         slice_ns = <uint64_t>(budget * 1e9)
+    cdef bint naps = False
+    cdef long slack = -1
     devs = <vkm_run_dev **>malloc(n * sizeof(vkm_run_dev *))
     if devs == NULL:
         raise MemoryError()
     try:
         for i in range(n):
             devs[i] = &(<StepRun?>runs[i]).r
+            naps = naps or devs[i].naps
+        if naps:
+            slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0)
+            if slack > _NAP_SLACK_NS:
+                prctl(PR_SET_TIMERSLACK, <unsigned long>_NAP_SLACK_NS, 0, 0, 0)
         while True:
             least = _FOREVER
             for i in range(n):
@@ -243,3 +272,5 @@ def run_quiet_steps(list runs not None, uint64_t steps, double budget):
                 return (RUN_STALLED, stalled, None) if rc == VKM_RUN_WAITING else (RUN_DONE, -1, None)
     finally:
         free(devs)
+        if slack > _NAP_SLACK_NS:
+            prctl(PR_SET_TIMERSLACK, <unsigned long>slack, 0, 0, 0)

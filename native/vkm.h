@@ -84,6 +84,22 @@ VkResult vkm_wait_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value,
  * wake-up costs tens of microseconds); VK_TIMEOUT: not reached yet. */
 VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns);
 VkResult vkm_timeline_value(const vkm_device *d, VkSemaphore sem, uint64_t *value);
+
+/* What a napping waiter learnt of one timeline: the last value it saw, when, and
+ * how long one value takes to follow the one before (0: not known yet). */
+typedef struct vkm_nap {
+    uint64_t value;
+    uint64_t at_ns;
+    uint64_t period_ns;
+} vkm_nap;
+/* Wait until `sem` reaches `value` by reading its counter between naps, each a share
+ * of the time the values still to come are expected to take (nap->period_ns, learnt
+ * as it goes), and by a blocking wait once it has napped VKM_NAP_BLOCK_NS: a driver
+ * whose blocking wait spins (NVIDIA's) then costs the host CPU only for long waits,
+ * and a wake-up is never later than a nap's share of the wait. VK_TIMEOUT after
+ * timeout_ns. */
+VkResult vkm_nap_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t timeout_ns, vkm_nap *nap);
+#define VKM_NAP_BLOCK_NS 2000000u
 /* vkSignalSemaphore of timeline `sem` to `value` from the host. */
 VkResult vkm_signal_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value);
 /* The same through the driver even on a device marked lost (an injected loss: the driver still

@@ -219,6 +219,60 @@ VkResult vkm_signal_timeline(const vkm_device *d, VkSemaphore sem, uint64_t valu
     return seen(d, vkm_signal_timeline_driver(d, sem, value));
 }
 
+/* Shortest and longest nap; a wait napping past VKM_NAP_BLOCK_NS blocks in the driver. */
+#define NAP_MIN_NS 2000u
+#define NAP_MAX_NS 500000u
+
+static void nap_learn(vkm_nap *nap, uint64_t have, uint64_t now)
+{
+    if (have > nap->value && nap->at_ns) {
+        uint64_t sample = (now - nap->at_ns) / (have - nap->value);
+        if (sample < 50000000u)   /* (a longer one spans an idle host, not the device's pace) */
+            nap->period_ns = nap->period_ns ? (3 * nap->period_ns + sample) / 4 : sample;
+    }
+    if (have != nap->value || !nap->at_ns) {
+        nap->value = have;
+        nap->at_ns = now;
+    }
+}
+
+static void nap_sleep(uint64_t ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000u), .tv_nsec = (long)(ns % 1000000000u)};
+    nanosleep(&ts, NULL);
+}
+
+VkResult vkm_nap_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t timeout_ns, vkm_nap *nap)
+{
+    uint64_t start = vkm_now_ns(), grow = NAP_MIN_NS;
+    for (;;) {
+        uint64_t have = 0;
+        VkResult r = vkm_timeline_value(d, sem, &have);
+        if (r != VK_SUCCESS) return r;
+        uint64_t now = vkm_now_ns();
+        nap_learn(nap, have, now);
+        if (have >= value) return VK_SUCCESS;
+        uint64_t spent = now - start;
+        if (spent >= timeout_ns) return VK_TIMEOUT;
+        if (spent >= VKM_NAP_BLOCK_NS)
+            return vkm_wait_timeline(d, sem, value, timeout_ns - spent);
+        /* until the value is due at the pace learnt (from the last one seen), then an eighth of a
+         * step at a time; naps that double while the pace is not known */
+        uint64_t ns = grow;
+        if (nap->period_ns) {
+            uint64_t ahead = value - nap->value;
+            uint64_t due = nap->at_ns + (ahead < 4096u ? ahead : 4096u) * nap->period_ns;
+            ns = due > now ? due - now : nap->period_ns / 8;
+        } else {
+            grow *= 2;
+        }
+        if (ns < NAP_MIN_NS) ns = NAP_MIN_NS;
+        if (ns > NAP_MAX_NS) ns = NAP_MAX_NS;
+        if (ns > timeout_ns - spent) ns = timeout_ns - spent;
+        nap_sleep(ns);
+    }
+}
+
 VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns)
 {
     if (!spin_ns) return VK_TIMEOUT;

@@ -31,7 +31,8 @@ static VkResult room(vkm_run_dev *r, uint64_t i, uint64_t slice_ns)
     uint64_t need = v - r->depth;
     if (need <= r->known || need <= r->checked) return VK_SUCCESS;
     /* (no spin first: the steps queued behind this one keep the device busy while the host sleeps) */
-    VkResult res = vkm_wait_timeline(r->d, r->timeline, need, slice_ns);
+    VkResult res = r->naps ? vkm_nap_wait(r->d, r->timeline, need, slice_ns, &r->nap)
+                           : vkm_wait_timeline(r->d, r->timeline, need, slice_ns);
     if (res != VK_SUCCESS) return res;
     const vkm_run_template *t = &r->templates[i % r->depth];
     for (uint32_t c = 0; c < t->nchecks; c++)

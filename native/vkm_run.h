@@ -71,6 +71,8 @@ typedef struct vkm_run_dev {
     uint64_t checked;                         /* steps up to this value were found done and quiet */
     uint32_t *clock;                          /* captured clocks (VKM_RUN_CLOCK_WORDS per kernel) */
     VkResult result;                          /* of the call that failed (VKM_RUN_FAILED) */
+    uint32_t naps;                            /* wait for room by napping (vkm_nap_wait), not blocking */
+    vkm_nap nap;                              /* the timeline's pace, as the naps learnt it */
 } vkm_run_dev;
 
 /* Submit steps value+1.. on every device of `devs`, step by step (all devices one

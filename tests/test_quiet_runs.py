@@ -22,6 +22,7 @@ from vkmulti._core import _native
 from vkmulti.errors import DestroyedError, KernelNotFoundError
 from vkmulti.kernels import KernelSpec
 from vkmulti.kernels.reference import COUNTER_TAG_ADD, read_counter
+from vkmulti.kernels.engine import stepper
 from vkmulti.kernels.runtime import stepping
 
 pytestmark = pytest.mark.skipif(shutil.which("glslc") is None, reason="needs glslc to build the test kernel")
@@ -103,6 +104,19 @@ def test_a_quiet_run_goes_native_and_every_step_runs_once(runtime, timer_code, s
     runtime.run(40, [a]).wait(60)
     runtime.synchronize(60)
     assert a.stats.clock > clock and timer_state(runtime, a) == (n + 40, (n + 40) * (n + 39) // 2)
+
+
+def test_runs_that_wait_by_naps_run_every_step_once_and_learn_the_pace(runtime, timer_code, spy, monkeypatch):
+    monkeypatch.setattr(stepper, "RUN_NAPS", True)
+    a, b = timer(runtime, "a", 0, timer_code), timer(runtime, "b", 1, timer_code)
+    n = 300
+    runtime.run(n, [a, b]).wait(60)
+    runtime.synchronize(60)
+    assert spy.steps >= 2 * (n - 10)
+    for k in (a, b):
+        assert k.steps == n and k.stats.steps_completed == n
+        assert timer_state(runtime, k) == (n, n * (n - 1) // 2)
+        assert 0 < runtime._device(k.device_index)[1].pace_ns < 10**9   # (learnt from the waits: the device's pace)
 
 
 def test_native_and_python_runs_leave_the_same_state(runtime, timer_code, monkeypatch):

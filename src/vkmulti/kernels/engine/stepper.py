@@ -40,6 +40,11 @@ __all__ = ["DeviceStepper", "QUIET_BATCHES", "StepCapture", "CaptureFactory"]
 #: the first step recorded once they are written (here: once their step is done; from another
 #: device: once the relay reached them), not by one that waits for them.
 QUIET_BATCHES = 2
+#: Whether a native run of quiet steps waits for room by reading the timeline between naps
+#: (vkm_nap_wait: the device's pace learnt and kept per device) instead of the driver's
+#: blocking wait (bench/k2k.py --section run compares the two; on lavapipe, whose blocking
+#: wait sleeps on a futex, naps cost more CPU).
+RUN_NAPS = False
 
 
 class StepCapture(Protocol):
@@ -69,6 +74,7 @@ class DeviceStepper:
         self.nsteps = 0
         self.harvested = 0                  # the last timeline value harvested
         self.retired: list[tuple[int, Any]] = []   # (value, descriptor set) to free once completed
+        self.pace_ns = 0                    # the device's time per quiet step, as native runs' naps learnt it
         self.recorder = StepRecorder(runtime, ctx)
         self.readback = StepHarvest(runtime, ctx)
 
@@ -367,7 +373,7 @@ class DeviceStepper:
                 words[j * k.k2h_region // 4 + 9] = 0
         timeline: Any = ctx.timeline
         return _native.StepRun(ctx.slot.native, ctx.queue_lock, timeline, ctx.cmd_ints, self.nsteps % d, ctx.value,
-                               self.harvested, templates, len(kernels))
+                               self.harvested, templates, len(kernels), naps=RUN_NAPS, pace_ns=self.pace_ns)
 
 
     def settle_run(self, run: Any, kernels: list[Kernel], retain: int) \
@@ -381,6 +387,7 @@ class DeviceStepper:
         listeners). With the lock held; nothing here may raise."""
         ctx, d = self.ctx, self.ctx.in_flight
         n, checked = run.submitted, run.checked
+        self.pace_ns = run.pace_ns
         value0 = ctx.value
         clocks = {k: run.clock(i) for i, k in enumerate(kernels)}   # (of the last step checked, if any)
         inflight = self.inflight
