@@ -58,7 +58,7 @@ lavapipe pair when no GPU is present.
 
     python bench/k2k.py [--section all|latency|bandwidth|run|stencil] [--hops 100] [--rounds 5]
                         [--run-steps 2000] [--max 16M] [--method METHOD] [--fresh-payloads] [--no-in-place]
-                        [--stencil 2048x2048]
+                        [--stencil 2048x2048] [--timeline-naps]
                         [--virtual N] [--json FILE]
 """
 from __future__ import annotations
@@ -481,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stencil", type=parse_size, default=None, metavar="WxH",
                    help="stencil grid (default the demo's 512x384 on CPU devices, 23000x23000 on GPUs)")
     p.add_argument("--stencil-steps", type=int, default=None)
+    p.add_argument("--timeline-naps", action="store_true",
+                   help="every wait for a step reads the timeline between naps instead of the driver's blocking "
+                        "wait (set_timeline_naps; the run section compares both for its native runs anyway)")
     add_virtual_argument(p)
     add_output_argument(p, "--json", image=False, default=None, metavar="FILE", help="also write the figures here")
     args = p.parse_args(argv)
@@ -497,6 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_in_place:
         from vkmulti.kernels.engine import step_recorder
         step_recorder.READ_IN_PLACE = False
+    if args.timeline_naps:
+        from vkmulti._core import _native
+        _native.set_timeline_naps(True)
     mgr = MultiDeviceManager.create(enabled=True)
     res: dict[str, Any] = {"note": note, "devices": [s.name for s in mgr.slots]}
     try:

@@ -6,6 +6,7 @@ short slices so that Ctrl-C (PyErr_CheckSignals) is honoured.
 """
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memset
 from posix.unistd cimport usleep
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport Py_INCREF
@@ -17,6 +18,17 @@ import time as _time
 
 cdef uint64_t _SLICE_NS = 50_000_000          # 50 ms between signal checks
 cdef uint64_t _FOREVER = 0xFFFFFFFFFFFFFFFFULL
+cdef bint _timeline_naps = False              # set_timeline_naps
+
+
+def set_timeline_naps(bint on):
+    """Whether waits for a timeline value (Device.wait_timeline) read the timeline between
+    naps (vkm_nap_wait) instead of the driver's blocking wait, which on some drivers spins
+    the host's CPU for as long as it waits; returns the setting it replaces."""
+    global _timeline_naps
+    before = _timeline_naps
+    _timeline_naps = on
+    return before
 
 
 cdef str _text(const char *s):
@@ -233,13 +245,18 @@ cdef object wait_slices(vkm_device *d, VkSemaphore sem, VkFence fence, uint64_t 
     cdef uint64_t slice_ns
     cdef double deadline = _time.monotonic() + (timeout_ns / 1e9 if timeout_ns != _FOREVER else 1e18)
     cdef double left
+    cdef vkm_nap nap
+    cdef bint naps = _timeline_naps
+    memset(&nap, 0, sizeof(nap))
     while True:
         left = deadline - _time.monotonic()
         slice_ns = _SLICE_NS
         if left * 1e9 < slice_ns:
             slice_ns = <uint64_t>(left * 1e9) if left > 0 else 0
         with nogil:
-            if sem != NULL:
+            if sem != NULL and naps:
+                r = vkm_nap_wait(d, sem, value, slice_ns, &nap)
+            elif sem != NULL:
                 r = vkm_wait_timeline(d, sem, value, slice_ns)
             else:
                 r = vkm_wait_fence(d, fence, slice_ns)

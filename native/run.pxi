@@ -4,16 +4,6 @@
 from libc.stdlib cimport calloc
 from libc.string cimport memcpy, memset
 
-cdef extern from "sys/prctl.h" nogil:
-    int prctl(int option, ...)
-    enum:
-        PR_SET_TIMERSLACK
-        PR_GET_TIMERSLACK
-
-#: The timer slack (ns) of the thread while a run naps: a nap ends when asked, not up to
-#: the default 50 us later.
-_NAP_SLACK_NS = 1000
-
 cdef extern from "vkm_run.h" nogil:
     enum:
         VKM_RUN_MAX_DEPTH
@@ -238,19 +228,12 @@ def run_quiet_steps(list runs not None, uint64_t steps, double budget):
         raise ValueError(f"budget must be > 0 s, got {budget}")
     if budget * 1e9 < slice_ns:
         slice_ns = <uint64_t>(budget * 1e9)
-    cdef bint naps = False
-    cdef long slack = -1
     devs = <vkm_run_dev **>malloc(n * sizeof(vkm_run_dev *))
     if devs == NULL:
         raise MemoryError()
     try:
         for i in range(n):
             devs[i] = &(<StepRun?>runs[i]).r
-            naps = naps or devs[i].naps
-        if naps:
-            slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0)
-            if slack > _NAP_SLACK_NS:
-                prctl(PR_SET_TIMERSLACK, <unsigned long>_NAP_SLACK_NS, 0, 0, 0)
         while True:
             least = _FOREVER
             for i in range(n):
@@ -272,5 +255,3 @@ def run_quiet_steps(list runs not None, uint64_t steps, double budget):
                 return (RUN_STALLED, stalled, None) if rc == VKM_RUN_WAITING else (RUN_DONE, -1, None)
     finally:
         free(devs)
-        if slack > _NAP_SLACK_NS:
-            prctl(PR_SET_TIMERSLACK, <unsigned long>slack, 0, 0, 0)

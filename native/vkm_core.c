@@ -2,6 +2,9 @@
 #include "vkm.h"
 
 #include <sched.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -222,6 +225,7 @@ VkResult vkm_signal_timeline(const vkm_device *d, VkSemaphore sem, uint64_t valu
 /* Shortest and longest nap; a wait napping past VKM_NAP_BLOCK_NS blocks in the driver. */
 #define NAP_MIN_NS 2000u
 #define NAP_MAX_NS 500000u
+#define NAP_SLACK_NS 1000u
 
 static void nap_learn(vkm_nap *nap, uint64_t have, uint64_t now)
 {
@@ -242,7 +246,7 @@ static void nap_sleep(uint64_t ns)
     nanosleep(&ts, NULL);
 }
 
-VkResult vkm_nap_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t timeout_ns, vkm_nap *nap)
+static VkResult nap_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t timeout_ns, vkm_nap *nap)
 {
     uint64_t start = vkm_now_ns(), grow = NAP_MIN_NS;
     for (;;) {
@@ -271,6 +275,20 @@ VkResult vkm_nap_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint
         if (ns > timeout_ns - spent) ns = timeout_ns - spent;
         nap_sleep(ns);
     }
+}
+
+VkResult vkm_nap_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t timeout_ns, vkm_nap *nap)
+{
+#ifdef __linux__
+    /* (a nap ends when asked, not up to the thread's timer slack, 50 us by default, later) */
+    int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (slack > (int)NAP_SLACK_NS) prctl(PR_SET_TIMERSLACK, (unsigned long)NAP_SLACK_NS, 0, 0, 0);
+    VkResult r = nap_wait(d, sem, value, timeout_ns, nap);
+    if (slack > (int)NAP_SLACK_NS) prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
+    return r;
+#else
+    return nap_wait(d, sem, value, timeout_ns, nap);
+#endif
 }
 
 VkResult vkm_spin_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t spin_ns)

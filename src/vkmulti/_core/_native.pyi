@@ -77,6 +77,8 @@ RUN_STALLED: int
 RUN_INTERRUPTED: int
 RUN_SIGNAL_STEPS: int
 
+def set_timeline_naps(on: bool) -> bool: ...
+
 class StepRun:
     def __init__(self, device: Device, queue: QueueLock, timeline: int, cmds: list[int], region0: int, value0: int,
                  known: int, templates: list[tuple[bytes, list[tuple[int, int, int]], list[tuple[Any, int]],
