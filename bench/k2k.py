@@ -38,8 +38,8 @@ CrossGpuK2KRouter, against baselines measured in the same run.
     steps in flight absorbs worse than 64 queued raw copies) and how many
     batches the sink read in place. --no-in-place makes the receiving step copy every
     batch into the inbox (the path before in-place reading), for comparison.
-(c) run: the host's CPU time per step of `run(steps=N)` of idle kernels (one on GPU 0, and
-    one on each device), with its native path (quiet steps recorded and submitted in C,
+(c) run: the host's CPU time per step of `run(steps=N)` of idle kernels (one on GPU 0,
+    one on each device, and one on each device with the K2K router attached), with its native path (quiet steps recorded and submitted in C,
     read back only where one was not quiet) against the same run made step by step
     (stepping.QUIET_RUNS off), paired rounds (goal: <= 30 us per step); the wall time
     per step beside it (the devices' own step time bounds it); and, in the same rounds, the
@@ -402,7 +402,7 @@ def bandwidth(mgr: Any, top: int, method: str | None, rounds: int, fresh: bool) 
 # -- (c) run(steps=N) ---------------------------------------------------------------------------
 
 def run_steps(mgr: Any, steps: int, rounds: int) -> dict[str, Any]:
-    from vkmulti.kernels import KernelRuntime, MultiGpuCoordinator, counter_kernel
+    from vkmulti.kernels import CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator, counter_kernel
     from vkmulti.kernels.engine import stepper
     from vkmulti.kernels.reference import counter_initial_state
     from vkmulti.kernels.runtime import stepping
@@ -424,7 +424,8 @@ def run_steps(mgr: Any, steps: int, rounds: int) -> dict[str, Any]:
                 return cpu / steps * 1e6, (time.perf_counter() - wall) / steps * 1e6
             finally:
                 stepping.QUIET_RUNS, stepper.RUN_NAPS = True, True
-        for name, kernels in (("one", ks[:1]), ("two", ks)):
+        for name, kernels in (("one", ks[:1]), ("two", ks), ("two_router", ks)):
+            router = CrossGpuK2KRouter(rt.coordinator, rt) if name == "two_router" else None
             native, blocking, python = [], [], []
             for _ in range(rounds):
                 native.append(timed(kernels, True))
@@ -441,6 +442,8 @@ def run_steps(mgr: Any, steps: int, rounds: int) -> dict[str, Any]:
                 "ratio_naps_to_blocking_waits": statistics.median(a / b for a, (b, _) in zip(cpu_n, blocking)),
                 "ratio_native_to_step_by_step": statistics.median(a / b for a, b in zip(cpu_n, cpu_p)),
                 "host_cpu_us_range": [min(cpu_n), max(cpu_n)]}
+            if router is not None:
+                router.detach()
     finally:
         rt.destroy()
     return out
@@ -549,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"paired runs, {lo:.2f}-{hi:.2f}; best {top['k2k_gbps']:.2f} vs {top['raw_gbps']:.2f} GB/s; "
                      f"goal >= 0.9)")
     if "run" in res:
-        for name, what in (("one", "one idle kernel"), ("two", "two idle kernels on two devices")):
+        for name, what in (("one", "one idle kernel"), ("two", "two idle kernels on two devices"),
+                           ("two_router", "the same with the K2K router attached")):
             r = res["run"][name]
             parts.append(f"run(steps={res['run']['steps']}) of {what}: host CPU {r['host_cpu_us_per_step']:.1f} us "
                          f"per step (goal <= 30) = {r['ratio_native_to_step_by_step']:.2f}x step by step "

@@ -297,8 +297,7 @@ def test_bursts_between_native_runs_with_a_router_attached_arrive_once_and_in_or
     """A router attached (a step listener with a quiet hook, the outbox feed): forwarders
     relay bursts of host messages to one sink; between the bursts the kernels are quiet,
     the router has nothing on its way and the runs go native, the router seeing the last
-    batches of each native run. (Kernels on one device: across devices the router moves
-    every step's batch, so the steps there stay step by step.)"""
+    batches of each native run."""
     from vkmulti import CrossGpuK2KRouter
     from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
 
@@ -323,6 +322,44 @@ def test_bursts_between_native_runs_with_a_router_attached_arrive_once_and_in_or
         runtime.synchronize(30)
         st = read_counter(runtime.read_state(sink))
         assert (st.count, st.sum, st.fifo_errors) == (count, total, 0)
+    finally:
+        router.detach()
+
+
+def test_native_runs_across_devices_with_a_router_deliver_once_and_in_order(runtime, spy):
+    """Kernels on two devices, a router attached: every step's batch lands in place on the
+    other device before anyone knows it is empty; once the senders have been idle, run()
+    lets those landings settle and goes native. Bursts forwarded from GPU 1 to a sink on
+    GPU 0 between the native runs arrive once and in order."""
+    from vkmulti import CrossGpuK2KRouter
+    from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
+
+    router = CrossGpuK2KRouter(runtime.coordinator, runtime)
+    try:
+        sink = counter(runtime, "sink", device=0, inbox=4)
+        fwd = [counter(runtime, f"fwd{i}", device=1, params=[sink.address]) for i in range(2)]
+        ks = [sink, *fwd]
+        total = count = 0
+        for burst in range(3):
+            before, steps = spy.steps, sink.steps
+            for i in range(10):
+                for j, f in enumerate(fwd):
+                    runtime.send(f, np.array([1000 * j + 100 * burst + i], np.uint32), tag=COUNTER_TAG_FORWARD,
+                                 timeout=30)
+                    total += 1000 * j + 100 * burst + i
+                    count += 1
+            for _ in range(100):
+                runtime.run(40, ks).wait(30)
+                if read_counter(runtime.read_state(sink)).count >= count and spy.steps > before:
+                    break
+            assert spy.steps > before   # (idle again: native steps on both devices)
+            assert sink.steps - steps >= 40
+        runtime.synchronize(30)
+        st = read_counter(runtime.read_state(sink))
+        assert (st.count, st.sum, st.fifo_errors) == (count, total, 0)
+        assert router.idle() and router.stats().routing_failures == 0
+        for k in ks:
+            assert k.stats.steps_completed == k.steps
     finally:
         router.detach()
 

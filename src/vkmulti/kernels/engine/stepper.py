@@ -344,6 +344,8 @@ class DeviceStepper:
         else:
             self.harvest()
         ctx.check()
+        if any(b.done for b in self.batches):   # (let go by a listener since their step was read back)
+            self._finish_batches(self.harvested)
         foreign = {id(b) for rec in self.inflight for b, _ in rec.surveys}
         if any(id(b) not in foreign for b in self.batches):
             return None

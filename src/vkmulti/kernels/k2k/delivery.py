@@ -473,6 +473,15 @@ class DeliveryEngine:
         """Whether moves wait or landings are still in use."""
         return bool(self.queues) or any(self.landings.values()) or bool(self.egress) or self.peers.busy()
 
+    def settle_idle(self, deadline: float) -> bool:
+        """Whether nothing is on its way once the in-place landings of idle senders' batches
+        are settled (PeerEdges.settle_idle, waiting until `deadline` at most) and reaped;
+        False at once where a move, a landing or an egress region is in use."""
+        if self.queues or any(self.landings.values()) or self.egress or not self.peers.settle_idle(deadline):
+            return False
+        self.reap()
+        return not self.busy()
+
     def prepare(self, kernels: list[Kernel]) -> None:
         """Before a step: let go of batches other devices finished reading in place
         when a kernel of the step would find its next outbox region still held."""

@@ -205,6 +205,30 @@ class PeerEdges:
             pass   # still read: the kernel is deferred this time
         self._release(held)
 
+    def settle_idle(self, deadline: float) -> bool:
+        """Where every in-place landing is of a batch read lazily (its sender's recent batches
+        held nothing) and forwards nowhere: wait (until `deadline`, monotonic s) for the steps
+        that wrote them and for those that read them already, and read every device back, so
+        that a reap lets go of those that hold nothing. False (nothing waited for) otherwise,
+        and where a wait ran out or a device is gone."""
+        if not all(p.batch.lazy and p.forward is None for p in self.landings):
+            return False
+        try:
+            for p in self.landings:
+                b, i = p.batch, p.inbound
+                points = [(b.device_index, b.ready)]
+                if i is not None and not i.done and i.last_value:
+                    points.append((i.device_index, i.ctx.point(i.last_value)))
+                for dev, q in points:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self.mgr.slot(dev).native.wait_timeline(q.semaphore, q.value, left)
+        except (VkmTimeout, VkmError):   # (a lost device: the step path fails over from it)
+            return False
+        self.port.poll()
+        return True
+
     def _release(self, held: set[OutboxBatch]) -> None:
         """Let go of the in-place landings of the held batches that every device
         finished reading, once the reading devices' harvests have finished their

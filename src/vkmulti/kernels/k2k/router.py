@@ -51,6 +51,9 @@ __all__ = ["CrossGpuK2KRouter"]
 _PRIORITY_SHIFT = 8
 #: route_message waits for queue room in slices of at most this many seconds (it stays interruptible)
 ROOM_WAIT_SLICE = 0.05
+#: How long run()'s quiet hook waits for the steps whose batches of idle senders are still landed
+#: in place on other devices (the router's hook for a native run of quiet steps: _quiet_for_run).
+QUIET_SETTLE_SECONDS = 0.005
 
 
 class _Routed:
@@ -317,7 +320,7 @@ class CrossGpuK2KRouter:
             self._engine = DeliveryEngine(self, runtime.inbound, self._stats, max_landings=landings,
                                           submit_timeout=self.submit_timeout or 30.0)
             self.runtime = runtime
-            runtime.add_step_listener(self._on_step, retain=True, prepare=self._prepare, quiet=self.quiet)
+            runtime.add_step_listener(self._on_step, retain=True, prepare=self._prepare, quiet=self._quiet_for_run)
             life = getattr(runtime.manager, "_life", None)
             if life is not None:
                 life.adopt(self)   # the manager's destroy() detaches it first (before the runtime)
@@ -387,6 +390,21 @@ class CrossGpuK2KRouter:
         with self._delivery_lock:
             eng = self._engine
             return eng is None or not eng.busy()
+
+    def _quiet_for_run(self, kernels: list[Kernel]) -> bool:
+        """The step listener's quiet hook (run() asks it with no device lock held): quiet(), or,
+        where all that keeps the router busy is in-place landings of batches of senders that
+        have been sending nothing (kernels on several devices: every step's batch lands on the
+        others before anyone knows it is empty), quiet once the steps that wrote and read them
+        are done (waited for QUIET_SETTLE_SECONDS at most), read back, and those that hold
+        nothing let go."""
+        if self.quiet(kernels):
+            return True
+        if self._sent or any(self._by_kernel.get(k) for k in kernels):
+            return False
+        with self._delivery_lock:
+            eng = self._engine
+            return eng is None or eng.settle_idle(time.monotonic() + QUIET_SETTLE_SECONDS)
 
     def _on_step(self, batches: list[OutboxBatch]) -> None:
         with self._delivery_lock:
