@@ -45,7 +45,7 @@ cdef extern from "vkm_run.h" nogil:
         uint32_t naps
         vkm_nap nap
     int vkm_run_steps(vkm_run_dev *const *devs, uint32_t ndevs, uint64_t until, uint64_t slice_ns,
-                      uint32_t *stalled)
+                      uint64_t deadline_ns, uint32_t *stalled)
 
 #: The most in-flight regions (command buffers) of a device a StepRun takes.
 RUN_MAX_DEPTH = VKM_RUN_MAX_DEPTH
@@ -57,6 +57,8 @@ RUN_STALLED = 4
 RUN_INTERRUPTED = 5
 #: Steps run_quiet_steps submits between two checks for signals (and of its time limit).
 RUN_SIGNAL_STEPS = 16
+#: The most kernels (clocks) one StepRun keeps.
+RUN_MAX_KERNELS = 1 << 16
 
 
 cdef const volatile uint32_t *_word(object words, object index, Py_ssize_t count, str what) except NULL:
@@ -79,6 +81,7 @@ cdef class StepRun:
     cdef QueueLock queue
     cdef list keep
     cdef uint32_t nclock
+    cdef bint begun
 
     def __cinit__(self):
         memset(&self.r, 0, sizeof(self.r))
@@ -97,6 +100,11 @@ cdef class StepRun:
         cdef vkm_run_template *tp
         cdef bytes ops
         _nonzero(timeline, "timeline")
+        if self.begun:   # (a second __init__ would count its patches, checks, captures past their arrays)
+            raise RuntimeError("a StepRun is made once")
+        self.begun = True
+        if kernels > RUN_MAX_KERNELS:
+            raise ValueError(f"a run takes at most {RUN_MAX_KERNELS} kernels, got {kernels}")
         if depth < 1 or depth > VKM_RUN_MAX_DEPTH or len(templates) != depth:
             raise ValueError(f"a run needs 1 to {VKM_RUN_MAX_DEPTH} command buffers and a template each, got "
                              f"{depth} and {len(templates)}")
@@ -106,14 +114,13 @@ cdef class StepRun:
         self.r.d = device.ptr()
         self.r.q = queue.ptr()
         self.r.timeline = <VkSemaphore>timeline
-        self.r.depth = <uint32_t>depth
         self.r.region0 = region0
         self.r.value0 = self.r.value = value0
         self.r.known = self.r.checked = known
         self.r.naps = naps
         self.r.nap.period_ns = pace_ns
         self.nclock = kernels
-        self.r.clock = <uint32_t *>calloc(kernels * VKM_RUN_CLOCK_WORDS + 1, sizeof(uint32_t))
+        self.r.clock = <uint32_t *>calloc(<size_t>kernels * VKM_RUN_CLOCK_WORDS + 1, sizeof(uint32_t))
         if self.r.clock == NULL:
             raise MemoryError()
         for t in range(depth):
@@ -145,7 +152,7 @@ cdef class StepRun:
             for i in range(len(checks)):
                 words, index = checks[i]
                 tp.checks[i] = _word(words, index, 1, f"template {t} check {i}")
-                self.keep.append(words)
+                self.keep.append(memoryview(words))   # (an export: the array cannot be resized under the C side)
                 tp.nchecks += 1
             for i in range(len(captures)):
                 words, index, out = captures[i]
@@ -153,8 +160,9 @@ cdef class StepRun:
                     raise ValueError(f"template {t} capture {i}: kernel {out} is not one of {kernels}")
                 tp.captures[i].src = _word(words, index, VKM_RUN_CLOCK_WORDS, f"template {t} capture {i}")
                 tp.captures[i].out = <uint32_t>out
-                self.keep.append(words)
+                self.keep.append(memoryview(words))   # (an export: the array cannot be resized under the C side)
                 tp.ncaptures += 1
+        self.r.depth = <uint32_t>depth   # (last: a StepRun half made is never run)
 
     def __dealloc__(self):
         cdef Py_ssize_t t
@@ -189,7 +197,7 @@ cdef class StepRun:
         """The clock words (VKM_RUN_CLOCK_WORDS) of `kernel` of the last step found quiet."""
         if kernel >= self.nclock:
             raise ValueError(f"kernel {kernel} is not one of {self.nclock}")
-        return tuple(self.r.clock[kernel * VKM_RUN_CLOCK_WORDS + i] for i in range(VKM_RUN_CLOCK_WORDS))
+        return tuple(self.r.clock[<size_t>kernel * VKM_RUN_CLOCK_WORDS + i] for i in range(VKM_RUN_CLOCK_WORDS))
 
 
 cdef int _stamped(bytes ops, object index, Py_ssize_t push, Py_ssize_t t) except -1:
@@ -222,18 +230,22 @@ def run_quiet_steps(list runs not None, uint64_t steps, double budget):
     cdef int rc
     cdef double start = _time.monotonic(), now
     cdef uint64_t slice_ns = _SLICE_NS
+    cdef uint64_t deadline_ns
     if n == 0:
         raise ValueError("run_quiet_steps needs at least one StepRun")
     if not budget > 0:
         raise ValueError(f"budget must be > 0 s, got {budget}")
     if budget * 1e9 < slice_ns:
         slice_ns = <uint64_t>(budget * 1e9)
+    deadline_ns = vkm_now_ns() + <uint64_t>(budget * 1e9) if budget < 1e9 else 0
     devs = <vkm_run_dev **>malloc(n * sizeof(vkm_run_dev *))
     if devs == NULL:
         raise MemoryError()
     try:
         for i in range(n):
             devs[i] = &(<StepRun?>runs[i]).r
+            if devs[i].depth == 0:
+                raise ValueError(f"runs[{i}] is a StepRun that was not made")
         while True:
             least = _FOREVER
             for i in range(n):
@@ -243,13 +255,17 @@ def run_quiet_steps(list runs not None, uint64_t steps, double budget):
                 return RUN_DONE, -1, None
             until = least + RUN_SIGNAL_STEPS if steps - least > RUN_SIGNAL_STEPS else steps
             with nogil:
-                rc = vkm_run_steps(devs, <uint32_t>n, until, slice_ns, &stalled)
-            if rc == VKM_RUN_NOT_QUIET or rc == VKM_RUN_FAILED:
-                return rc, stalled, None
-            try:
+                rc = vkm_run_steps(devs, <uint32_t>n, until, slice_ns, deadline_ns, &stalled)
+            signalled = None
+            try:   # (also before a stop: a signal noted during the call is returned, never raised by the
+                   # caller's next bytecode before it settled the steps submitted)
                 PyErr_CheckSignals()
             except BaseException as exc:
-                return RUN_INTERRUPTED, -1, exc
+                signalled = exc
+            if rc == VKM_RUN_NOT_QUIET or rc == VKM_RUN_FAILED:
+                return rc, stalled, signalled
+            if signalled is not None:
+                return RUN_INTERRUPTED, -1, signalled
             now = _time.monotonic()
             if now - start >= budget:
                 return (RUN_STALLED, stalled, None) if rc == VKM_RUN_WAITING else (RUN_DONE, -1, None)

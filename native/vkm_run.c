@@ -64,15 +64,17 @@ static VkResult submit(vkm_run_dev *r, uint64_t i)
     return res;
 }
 
-int vkm_run_steps(vkm_run_dev *const *devs, uint32_t ndevs, uint64_t until, uint64_t slice_ns, uint32_t *stalled)
+int vkm_run_steps(vkm_run_dev *const *devs, uint32_t ndevs, uint64_t until, uint64_t slice_ns, uint64_t deadline_ns,
+                  uint32_t *stalled)
 {
-    for (;;) {
+    for (int first = 1;; first = 0) {
         uint64_t i = UINT64_MAX;   /* the next step: the least any device has to submit */
         for (uint32_t k = 0; k < ndevs; k++) {
             uint64_t next = devs[k]->value - devs[k]->value0;
             if (next < i) i = next;
         }
         if (i >= until) return VKM_RUN_DONE;
+        if (!first && deadline_ns && vkm_now_ns() >= deadline_ns) return VKM_RUN_DONE;   /* (budget spent: between steps) */
         for (uint32_t k = 0; k < ndevs; k++) {   /* room on every device first: a stall submits nothing */
             vkm_run_dev *r = devs[k];
             if (r->value - r->value0 > i) continue;

@@ -80,7 +80,9 @@ typedef struct vkm_run_dev {
  * from value0), or: a wait for room took longer than `slice_ns` (VKM_RUN_WAITING,
  * *stalled the device), a step to reuse was not quiet (VKM_RUN_NOT_QUIET), a call
  * failed (VKM_RUN_FAILED, the device's result). Devices before the stalled or
- * failed one may be one step ahead of it. Without the GIL. */
-int vkm_run_steps(vkm_run_dev *const *devs, uint32_t ndevs, uint64_t until, uint64_t slice_ns, uint32_t *stalled);
+ * failed one may be one step ahead of it. VKM_RUN_DONE also once vkm_now_ns() reaches
+ * `deadline_ns` (0: none) between two steps, after one step at least. Without the GIL. */
+int vkm_run_steps(vkm_run_dev *const *devs, uint32_t ndevs, uint64_t until, uint64_t slice_ns, uint64_t deadline_ns,
+                  uint32_t *stalled);
 
 #endif

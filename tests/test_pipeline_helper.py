@@ -159,6 +159,23 @@ def test_the_helper_refuses_a_module_over_its_bound(helper):
     assert helper._proc is None   # (refused before starting anything)
 
 
+def test_a_helper_that_stops_reading_fails_the_request_in_time(helper):
+    """A helper that said hello and never reads its stdin: a request larger than the pipe
+    holds is refused once the call's timeout passed (the write is bounded too), and the
+    helper is stopped."""
+    helper.argv = [sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from vkmulti.device.pipeline_helper import _write_frame
+        _write_frame(sys.stdout.buffer, {"hello": True}, b"")
+        time.sleep(600)
+    """)]
+    t0 = time.monotonic()
+    with pytest.raises(ph.HelperError, match="in time"):
+        helper.compile((1, 2, b"\0" * 16), b"\3\2\x23\7" * (256 << 10), "main", [7], 16, timeout=2.0)
+    assert time.monotonic() - t0 < 30
+    assert helper._proc is None
+
+
 def test_the_helper_is_used_only_when_asked(monkeypatch):
     monkeypatch.delenv(ph.ENV, raising=False)
     assert not ph.helper_wanted("discrete-gpu") and not ph.helper_wanted("cpu")

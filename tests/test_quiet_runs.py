@@ -228,6 +228,72 @@ def _wait_native(spy, steps=50):
     assert spy.steps >= steps
 
 
+def test_ctrl_c_noted_while_a_native_run_stops_at_a_step_that_sent_keeps_the_count(runtime, timer_code, monkeypatch,
+                                                                                   sigint_raises):
+    """A Ctrl-C that comes while the C loop runs (without the GIL) is only noted there; the
+    loop then stops at a step that sent: the steps it submitted are counted before the
+    KeyboardInterrupt is raised, and the runtime goes on with every step once."""
+    real = _native.run_quiet_steps
+    calls = []
+
+    def ctrl_c_during_the_loop(runs, steps, budget):
+        if not calls:
+            def ctrl_c():
+                while runs[0].submitted == 0:
+                    time.sleep(0)
+                _thread.interrupt_main()
+            threading.Thread(target=ctrl_c, daemon=True).start()
+        calls.append(1)
+        return real(runs, steps, budget)
+    monkeypatch.setattr(_native, "run_quiet_steps", ctrl_c_during_the_loop)
+    k = timer(runtime, "k", 0, timer_code, to=0, at=5, send=True)
+    with pytest.raises(KeyboardInterrupt):
+        runtime.run(40, k)
+    monkeypatch.setattr(_native, "run_quiet_steps", real)
+    runtime.synchronize(30)
+    assert timer_state(runtime, k)[0] == k.steps > 0
+    runtime.run(5, k).wait(30)
+    runtime.synchronize(30)
+    n = k.steps
+    assert timer_state(runtime, k) == (n, n * (n - 1) // 2) and k.stats.steps_completed == n
+    assert runtime.receive(k, timeout=10).tag == 7 and runtime.pending_receives(k) == 0
+
+
+def test_a_native_submit_that_fails_on_a_later_device_is_raised(runtime, monkeypatch):
+    """The C loop submits each step device by device: where device 1's submit fails after
+    device 0's went (RUN_FAILED, its StepRun's result), the run raises the failure, as a
+    step() does, instead of counting a step that device 1 never made."""
+    from vkmulti.errors import VkmError
+
+    real = _native.run_quiet_steps
+
+    class Failed:
+        result = -2   # VK_ERROR_OUT_OF_DEVICE_MEMORY
+
+        def __init__(self, run):
+            self._run = run
+
+        def __getattr__(self, name):
+            return getattr(self._run, name)
+
+    def device_1_fails(runs, steps, budget):
+        if len(runs) < 2:
+            return real(runs, steps, budget)
+        real(runs[:1], 1, budget)   # device 0 submits its step ...
+        runs[1] = Failed(runs[1])   # ... device 1's submit of it fails
+        return _native.RUN_FAILED, 1, None
+    monkeypatch.setattr(_native, "run_quiet_steps", device_1_fails)
+    a, b = counter(runtime, "a", device=0), counter(runtime, "b", device=1)
+    with pytest.raises(VkmError, match="OUT_OF_DEVICE_MEMORY"):
+        runtime.run(20, [a, b])
+    monkeypatch.setattr(_native, "run_quiet_steps", real)
+    runtime.synchronize(30)
+    assert a.stats.steps_completed == a.steps and b.stats.steps_completed == b.steps
+    runtime.run(10, [a, b]).wait(30)
+    runtime.synchronize(30)
+    assert a.stats.steps_completed == a.steps and b.stats.steps_completed == b.steps
+
+
 def test_destroying_a_kernel_of_a_native_run_stops_it_with_a_typed_error(runtime, timer_code, spy):
     a, b = timer(runtime, "a", 0, timer_code), timer(runtime, "b", 1, timer_code)
     t, out = _run_in_thread(runtime, [a, b])
@@ -455,6 +521,14 @@ def test_the_native_run_refuses_bad_plans_and_leaves_the_runtime_usable(runtime,
         _native.run_quiet_steps([object()], 5, 0.01)
     with pytest.raises(ValueError, match="not one of"):
         plan().clock(1)
+    with pytest.raises(ValueError, match="at most"):
+        plan(kernels=0x55555556)   # (3 clock words a kernel: a count that wraps 32 bits)
+    made = plan()
+    with pytest.raises(RuntimeError, match="made once"):
+        made.__init__(ctx.slot.native, ctx.queue_lock, tl, cmds, 0, ctx.value, ctx.value,
+                      [(ops, patches, [(words, 0)], [(words, 6, 0)])] * d, 1)
+    with pytest.raises(ValueError, match="not made"):
+        _native.run_quiet_steps([_native.StepRun.__new__(_native.StepRun)], 5, 0.01)
     runtime.run(5, k).wait(30)
     runtime.synchronize(30)
     assert k.stats.steps_completed == 10 and timer_state(runtime, k) == (10, 45)

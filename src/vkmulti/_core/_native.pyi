@@ -76,6 +76,7 @@ RUN_FAILED: int
 RUN_STALLED: int
 RUN_INTERRUPTED: int
 RUN_SIGNAL_STEPS: int
+RUN_MAX_KERNELS: int
 
 def set_timeline_naps(on: bool) -> bool: ...
 

@@ -199,11 +199,38 @@ def use_helper(device_type: str) -> bool:
 
 # -- the pipe -------------------------------------------------------------------------------
 
-def _write_frame(out: BinaryIO, header: dict, body: bytes) -> None:
+def _frame_head(header: dict, body: bytes) -> bytes:
+    """What precedes a frame's body: the JSON header's length, the header, the body's length."""
     head = json.dumps(header).encode()
-    out.write(_U32.pack(len(head)) + head + _U64.pack(len(body)))
+    return _U32.pack(len(head)) + head + _U64.pack(len(body))
+
+
+def _write_frame(out: BinaryIO, header: dict, body: bytes) -> None:
+    out.write(_frame_head(header, body))
     out.write(body)
     out.flush()
+
+
+def _send_frame(fd: int, header: dict, body: bytes, deadline: float) -> None:
+    """_write_frame on a non-blocking pipe, before a deadline (a child that stops reading
+    never blocks the caller past it: HelperError)."""
+    sel = selectors.DefaultSelector()
+    sel.register(fd, selectors.EVENT_WRITE)
+    try:
+        for part in (_frame_head(header, body), body):
+            view = memoryview(part)
+            while view:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise HelperError("the pipeline helper did not take the request in time")
+                if not sel.select(min(left, 0.25)):
+                    continue
+                try:
+                    view = view[os.write(fd, view[:1 << 20]):]
+                except BlockingIOError:
+                    continue
+    finally:
+        sel.close()
 
 
 class _Reader:
@@ -302,8 +329,9 @@ class PipelineHelper:
                 proc, reader = self._start()
                 if not self._ready:
                     self._await_hello(reader, min(READY_WAIT, timeout))
-                _write_frame(proc.stdin, header, code)  # type: ignore[arg-type]
-                answer, blob = reader.frame(time.monotonic() + timeout, MAX_BLOB)
+                deadline = time.monotonic() + timeout
+                _send_frame(proc.stdin.fileno(), header, code, deadline)  # type: ignore[union-attr]
+                answer, blob = reader.frame(deadline, MAX_BLOB)
             except HelperStarting:
                 raise
             except HelperError:
@@ -340,6 +368,7 @@ class PipelineHelper:
                                     close_fds=True)
         except OSError as exc:
             raise HelperError(f"could not start the pipeline helper: {exc}") from None
+        os.set_blocking(proc.stdin.fileno(), False)  # type: ignore[union-attr]  # (_send_frame: bounded writes)
         self._proc, self._reader = proc, _Reader(proc.stdout.fileno())  # type: ignore[union-attr]
         self._ready, self._started_at = False, time.monotonic()
         return proc, self._reader

@@ -306,7 +306,11 @@ class Stepping:
                     runs.append(run)
             except DeviceLostError:
                 return empty   # (a step fails over from it)
-            rc, at, exc = _native.run_quiet_steps(runs, limit, QUIET_RUN_BUDGET)
+            try:
+                rc, at, exc = _native.run_quiet_steps(runs, limit, QUIET_RUN_BUDGET)
+            except BaseException as signalled:   # (a signal raised as the call returned: its steps stand)
+                rc, at, exc = _native.RUN_INTERRUPTED, -1, signalled
+            failed = runs[at].result if rc == _native.RUN_FAILED else 0
             points: dict[int, TimelinePoint] = {}
             launched: list[Kernel] = []
             batches: list[OutboxBatch] = []   # (the last step's, for the ticket)
@@ -336,6 +340,11 @@ class Stepping:
                 log.warning("a step listener failed after the run was interrupted (%s): %s", exc, more)
         if exc is not None:
             raise exc
+        if failed:   # (the devices before it submitted one step more) raised as step() raises a failed submit
+            try:
+                _native.result_check(failed, "vkQueueSubmit (a native run of quiet steps)")
+            except DeviceLostError:
+                pass   # (the next step fails over from it)
         ticket = StepTicket(self, points, launched, [], batches)
         ticket.count = count
         return ticket
