@@ -559,3 +559,42 @@ def test_a_gpu_lost_during_a_native_run_fails_over_and_the_run_goes_on(manager, 
     assert spy.steps > lost_at   # (native again after the loss)
     runtime.synchronize(60)
     assert a.stats.steps_completed == 3000 and timer_state(runtime, a) == (3000, 3000 * 2999 // 2)
+
+
+def test_native_runs_across_devices_while_another_thread_reads_the_router_stats(runtime):
+    """router.stats() / idle() take the delivery lock, then device locks (a reap polls every
+    device); a native run asks the router's OutboxFeed.quiet with its devices' locks held.
+    The two must not wait for each other (a lock-order inversion hung here for good)."""
+    from vkmulti import CrossGpuK2KRouter
+
+    import faulthandler
+
+    router = CrossGpuK2KRouter(runtime.coordinator, runtime)
+    faulthandler.dump_traceback_later(150, exit=True)   # (a deadlock also hangs the teardown: end with the stacks)
+    try:
+        ks = [counter(runtime, "a", device=0), counter(runtime, "b", device=1)]
+        stop = threading.Event()
+
+        def poll():
+            while not stop.is_set():
+                router.stats()
+                router.idle()
+        t = threading.Thread(target=poll, daemon=True)
+        t.start()
+        try:
+            done = threading.Event()
+
+            def runs():
+                for _ in range(300):
+                    runtime.run(50, ks).wait(30)
+                done.set()
+            r = threading.Thread(target=runs, daemon=True)
+            r.start()
+            r.join(120)
+            assert done.is_set(), "run() and router.stats() deadlocked (device locks vs the delivery lock)"
+        finally:
+            stop.set()
+            t.join(30)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        router.detach()

@@ -384,12 +384,19 @@ class CrossGpuK2KRouter:
     def quiet(self, kernels: list[Kernel]) -> bool:
         """The runtime's hook (OutboxFeed, step listener): whether nothing is on its way right
         now (as idle(), without reaping) and no host-routed message for `kernels` is queued,
-        so that steps of them that send nothing need nothing of this router."""
+        so that steps of them that send nothing need nothing of this router.
+        The runtime asks it with device locks held (DeviceStepper.quiet_run), and the
+        delivery lock is taken before device locks: it never waits for that lock (held
+        elsewhere: not quiet, the steps go one by one this time)."""
         if self._sent or any(self._by_kernel.get(k) for k in kernels):
             return False
-        with self._delivery_lock:
+        if not self._delivery_lock.acquire(blocking=False):
+            return False
+        try:
             eng = self._engine
             return eng is None or not eng.busy()
+        finally:
+            self._delivery_lock.release()
 
     def _quiet_for_run(self, kernels: list[Kernel]) -> bool:
         """The step listener's quiet hook (run() asks it with no device lock held): quiet(), or,
