@@ -430,6 +430,59 @@ def test_native_runs_across_devices_with_a_router_deliver_once_and_in_order(runt
         router.detach()
 
 
+def test_kernels_destroyed_by_another_thread_while_runs_route_across_devices(runtime, spy):
+    """A thread destroys idle kernels while run() steps them with a forwarder's messages
+    crossing devices: a batch whose sender is destroyed while the router gathers or lands
+    it is dropped with it (its outbox is freed only once a copy from it is tracked), the
+    others arrive once and in order, and nothing counts as a routing failure."""
+    import random
+
+    from vkmulti import CrossGpuK2KRouter
+    from vkmulti.errors import DestroyedError, KernelNotFoundError
+    from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
+
+    rng = random.Random(9)
+    router = CrossGpuK2KRouter(runtime.coordinator, runtime)
+    try:
+        sink = counter(runtime, "sink", device=0, inbox=4)
+        fwd = counter(runtime, "fwd", device=1, params=[sink.address])
+        count = total = 0
+        t0 = time.monotonic()
+        rounds = 0
+        while time.monotonic() - t0 < 4:
+            rounds += 1
+            idle = [counter(runtime, f"i{rounds}_{j}", device=j % 2) for j in range(4)]
+            for v in range(rng.randint(0, 5)):
+                runtime.send(fwd, np.array([rounds * 10 + v], np.uint32), tag=COUNTER_TAG_FORWARD, timeout=30)
+                count, total = count + 1, total + rounds * 10 + v
+
+            def destroy(victims=idle[:3]):
+                for k in victims:
+                    time.sleep(rng.random() * 0.01)
+                    runtime.destroy_kernel(k)
+            t = threading.Thread(target=destroy)
+            t.start()
+            live = [sink, fwd, *idle]
+            while t.is_alive():
+                try:
+                    runtime.run(rng.randint(1, 60), live)
+                except (DestroyedError, KernelNotFoundError):
+                    live = [k for k in live if not k.destroyed]
+            t.join(60)
+            runtime.run(30, [k for k in live if not k.destroyed])
+            runtime.destroy_kernel(idle[3])
+        for _ in range(400):
+            runtime.run(20, [sink, fwd]).wait(30)
+            if read_counter(runtime.read_state(sink)).count >= count:
+                break
+        runtime.synchronize(30)
+        st = read_counter(runtime.read_state(sink))
+        assert (st.count, st.sum, st.fifo_errors) == (count, total, 0) and rounds > 3
+        assert router.stats().routing_failures == 0
+    finally:
+        router.detach()
+
+
 def test_a_hot_reload_swaps_between_native_runs(runtime, timer_code, spy):
     """A thread runs the kernel natively; a hot reload (preserving its state) swaps in
     code that also counts its steps in word 2 between two native runs; the runs go on

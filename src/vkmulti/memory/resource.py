@@ -133,6 +133,12 @@ class GpuResource:
     def destroyed(self) -> bool:
         return self._life.dead
 
+    def operation(self) -> Lifetime:
+        """A context manager that counts an operation on this resource: its destroy() waits
+        for the operation to end (commands recorded from its handle on another thread, until
+        they are submitted and tracked); DestroyedError on entry once it is destroyed."""
+        return self._life
+
     def _track(self, job: Any) -> None:
         """Remember a GPU job that uses this resource (its destroy() waits for it).
 

@@ -223,17 +223,16 @@ class DeliveryEngine:
                 continue
             for c in children:
                 region.readers += 1
-                for b in bs:
+                for b in region.batches:
                     b.k2k_moves += 1  # type: ignore[attr-defined]
                 self.queues[(s, c)].append(Move((s, c), region, trees.edge_hops(s, c)))  # type: ignore[union-attr]
         self.pump()
         self._trees_now = None
 
     def _source_region(self, s: int, bs: list[OutboxBatch]) -> Region | None:
-        """The region the moves of S's new batches read: the one outbox batch, or an
-        egress region they were gathered into. The batches come retained (the
-        runtime's `retain=True` listener) and stay so until every move that reads
-        them is submitted."""
+        """The region the moves of S's new batches read: the one outbox batch, or an egress
+        region they were gathered into. The batches come retained (the runtime's
+        `retain=True` listener) until every move that reads them is submitted."""
         if len(bs) == 1:
             b = bs[0]
             return Region("outbox", s, b.buffer, b.offset, b.size, [Part(b.kernel, b, 0, b.size)], s,
@@ -242,13 +241,21 @@ class DeliveryEngine:
         for b in bs:
             parts.append(Part(b.kernel, b, at, b.size))
             at += align(b.size)
+        buf = None
         try:
             buf = self._pool(s).get(at)
             gather = self.gathers.get(s)
             if gather is None:
                 gather = self.gathers[s] = Gather(self.mgr.slot(s))
-            point = gather.copy([(b.buffer.handle, b.offset, b.size) for b in bs], buf, [bs[-1].ready])
-            gather.track([b.buffer for b in bs], point)
+            point = gather.copy([(b.buffer, b.offset, b.size) for b in bs], buf, [bs[-1].ready])
+        except DestroyedError:   # a sender destroyed since its step: its messages went with it, the others go
+            if buf is not None:
+                self._pool(s).put(buf)
+            live = [b for b in bs if not b.kernel.destroyed]
+            for b in (b for b in bs if b.kernel.destroyed):
+                b.k2k_moves = 0  # type: ignore[attr-defined]
+                b.release()
+            return self._source_region(s, live) if live else None
         except (VkmError, vk.VkError, MemoryError) as exc:
             self._fail_parts(parts, f"could not gather its outbox on GPU {s} for another device: {exc}")
             for b in bs:
@@ -391,8 +398,8 @@ class DeliveryEngine:
             p.batch.k2k_landings.append((dev, inbound))  # type: ignore[attr-defined]
 
     def _fail_parts(self, parts: list[Part], text: str) -> None:
-        """Tell each sender (its next step raises KernelMessageError) and count failures."""
-        for p in parts:
+        """Tell each live sender (its next step raises KernelMessageError) and count failures."""
+        for p in (p for p in parts if not p.kernel.destroyed):   # (a destroyed one's went with it)
             self.stats.add_failures(1)
             self.port.fail_delivery(p.kernel, p.batch.step, text)
 
@@ -474,9 +481,8 @@ class DeliveryEngine:
         return bool(self.queues) or any(self.landings.values()) or bool(self.egress) or self.peers.busy()
 
     def settle_idle(self, deadline: float) -> bool:
-        """Whether nothing is on its way once the in-place landings of idle senders' batches
-        are settled (PeerEdges.settle_idle, waiting until `deadline` at most) and reaped;
-        False at once where a move, a landing or an egress region is in use."""
+        """Whether nothing is on its way once idle senders' in-place landings are settled
+        (PeerEdges.settle_idle) and reaped; False at once where a move or a region is in use."""
         if self.queues or any(self.landings.values()) or self.egress or not self.peers.settle_idle(deadline):
             return False
         self.reap()

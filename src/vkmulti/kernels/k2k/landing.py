@@ -4,6 +4,8 @@ that gather several outbox batches of one step into one egress region.
 """
 from __future__ import annotations
 
+import contextlib
+
 from collections import defaultdict
 from typing import Any
 
@@ -127,24 +129,34 @@ class Gather:
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.pool,
             level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
 
-    def copy(self, copies: list[tuple[Any, int, int]], dst: Buffer, waits: list[TimelinePoint]) -> TimelinePoint:
-        """(src VkBuffer, src offset, size) at consecutive aligned offsets of `dst`, after `waits`."""
-        cmd = self._command_buffer()
-        vkapi.vkResetCommandBuffer(cmd, 0)
-        vkapi.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
-            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
-        cmds.barrier(cmd)
-        at = 0
-        for src, off, size in copies:
-            vk.vkCmdCopyBuffer(cmd, src, dst.handle, 1, [vk.VkBufferCopy(srcOffset=off, dstOffset=at, size=size)])
-            at += align(size)
-        cmds.barrier(cmd)
-        vkapi.vkEndCommandBuffer(cmd)
-        value = self.value + 1
-        cmds.submit(self.slot.native, self.queue, cmd, [(p.semaphore, p.value) for p in waits], (self.timeline, value))
-        self.value = value
-        self.buffers.append((cmd, value))
-        return TimelinePoint(self.timeline, value, self.slot.index)
+    def copy(self, copies: list[tuple[Buffer, int, int]], dst: Buffer, waits: list[TimelinePoint]) -> TimelinePoint:
+        """(src buffer, src offset, size) at consecutive aligned offsets of `dst`, after `waits`;
+        each source's destroy() waits for the copy (an operation on it until the copy is
+        tracked: DestroyedError, nothing submitted, where one was destroyed first)."""
+        with contextlib.ExitStack() as using:
+            for src, _, _ in copies:
+                using.enter_context(src.operation())
+            cmd = self._command_buffer()
+            vkapi.vkResetCommandBuffer(cmd, 0)
+            vkapi.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+            cmds.barrier(cmd)
+            at = 0
+            for src, off, size in copies:
+                vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1,
+                                   [vk.VkBufferCopy(srcOffset=off, dstOffset=at, size=size)])
+                at += align(size)
+            cmds.barrier(cmd)
+            vkapi.vkEndCommandBuffer(cmd)
+            value = self.value + 1
+            cmds.submit(self.slot.native, self.queue, cmd, [(p.semaphore, p.value) for p in waits],
+                        (self.timeline, value))
+            self.value = value
+            self.buffers.append((cmd, value))
+            point = TimelinePoint(self.timeline, value, self.slot.index)
+            self.track([src for src, _, _ in copies], point)
+        return point
 
     def track(self, buffers: list[Buffer], point: TimelinePoint) -> None:
         """Make each buffer's destroy() wait for this gather (a kernel destroyed meanwhile)."""

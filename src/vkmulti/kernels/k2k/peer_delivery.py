@@ -111,6 +111,8 @@ class PeerEdges:
                                                                              self.mgr.slot(c))
             views = [self._view(b.buffer, c) for b in batches]   # (the outbox the batch was written in)
             ticket = relay.relay(point)
+        except DestroyedError:   # a sender destroyed since its step (the caller drops its batch, moves the rest)
+            return False
         except (VkmError, MemoryError) as exc:
             log.warning("K2K router: GPU %d cannot read GPU %d's batches in place (%s); moving them instead",
                         c, s, exc)
