@@ -178,6 +178,25 @@ def test_host_routed_messages_on_one_device_and_drain(runtime, router):
     assert router.stats().messages_pending == 0 and router.idle()
 
 
+def test_a_routed_message_whose_destination_migrates_before_it_is_consumed_counts_delivered(runtime, router):
+    """A host-routed message leaves with its source's step for where its destination is; the
+    destination migrates before a step of it consumes the message (the move takes it along):
+    it arrives once, and the router counts it delivered, not failed."""
+    src = counter(runtime, "src", device=1)
+    sink = counter(runtime, "sink", device=0)
+    runtime.run(3, [src, sink]).wait(30)
+    for n in range(1, 5):
+        router.route_message("src", "sink", K2KMessage("src", "sink", words(7).tobytes(), tag=COUNTER_TAG_ADD))
+        runtime.step(src)   # (it leaves for sink's device: a landing there, or a batch on this one)
+        runtime.synchronize(30)
+        runtime.migrate(sink, 1 - sink.device_index)
+        runtime.run(4, [src, sink]).wait(30)
+        runtime.synchronize(30)
+        st = read_counter(runtime.read_state(sink))
+        assert (st.count, st.sum) == (n, 7 * n)
+        assert router.stats().routing_failures == 0 and router.stats().messages_pending == 0
+
+
 def test_route_message_validation_with_a_runtime(manager):
     rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
     router = CrossGpuK2KRouter(rt.coordinator, rt, max_pending=2)

@@ -58,7 +58,7 @@ QUIET_SETTLE_SECONDS = 0.005
 
 class _Routed:
     """A host-routed message on its way: queued, taken by a step, then delivered or failed."""
-    __slots__ = ("pending", "decision", "key", "source", "dest", "slot", "state", "batch", "counted")
+    __slots__ = ("pending", "decision", "key", "source", "dest", "slot", "state", "batch", "counted", "device")
 
     def __init__(self, pending: PendingK2KMessage, decision: RoutingDecision, key: tuple[int, int] | None,
                  source: Kernel, dest: Kernel, slot: bytes):
@@ -67,6 +67,7 @@ class _Routed:
         self.state = "queued"            # queued -> taken -> sent -> done | failed; or drained
         self.batch: OutboxBatch | None = None
         self.counted = key is not None   # in the seed's pending count
+        self.device = -1                 # the destination's device when its step sent it
 
 
 class CrossGpuK2KRouter:
@@ -489,7 +490,7 @@ class CrossGpuK2KRouter:
                     r.state = "queued"
                     q.appendleft(r)
             for r in taken:
-                r.state, r.batch = "sent", batch
+                r.state, r.batch, r.device = "sent", batch, r.dest.device_index
                 self._sent.append(r)
             if kernel.destroyed and not q:
                 self._by_kernel.pop(kernel, None)
@@ -538,15 +539,16 @@ class CrossGpuK2KRouter:
             return "its step was not submitted"
         if r.dest.destroyed:
             return f"its destination {r.dest.id!r} was destroyed"
-        if r.dest.device_index == b.device_index:
+        # (where the destination was when it left: a migration since took it along from there)
+        if r.device == b.device_index:
             return "delivered" if b.done else None
         for dev, inbound in getattr(b, "k2k_landings", ()):
-            if dev == r.dest.device_index:
+            if dev == r.device:
                 if not inbound.done:
                     return None
                 return "delivered" if inbound.delivered else "the destination's device took none of its batch"
         if getattr(b, "k2k_moves", 1) == 0:
-            return f"no move reached GPU {r.dest.device_index}"
+            return f"no move reached GPU {r.device}"
         return None
 
     def __repr__(self) -> str:
