@@ -131,7 +131,11 @@ def test_native_and_python_runs_leave_the_same_state(runtime, timer_code, monkey
     assert out[0] == out[1] == ((97, 97 * 96 // 2), 97, 97)
 
 
-def test_a_step_that_sends_stops_the_native_run_and_its_messages_arrive_once(runtime, timer_code, spy):
+def test_a_step_that_sends_stops_the_native_run_and_its_messages_arrive_once(runtime, timer_code, spy,
+                                                                              monkeypatch):
+    # (native runs long enough that a sending step is followed by its region's reuse in the same run,
+    # on a slow machine too: else the run may end first and hand that step over as its last)
+    monkeypatch.setattr(stepping, "QUIET_RUN_BUDGET", 5.0)
     sink = counter(runtime, "sink", device=0)
     to_host = timer(runtime, "to_host", 0, timer_code, to=0, at=150, send=True)
     to_sink = timer(runtime, "to_sink", 0, timer_code, to=sink.address, at=220, send=True)
