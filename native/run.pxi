@@ -228,7 +228,6 @@ def run_quiet_steps(list runs not None, uint64_t steps, double budget):
     cdef uint64_t until, least
     cdef uint32_t stalled = 0
     cdef int rc
-    cdef double start = _time.monotonic(), now
     cdef uint64_t slice_ns = _SLICE_NS
     cdef uint64_t deadline_ns
     if n == 0:
@@ -266,8 +265,7 @@ def run_quiet_steps(list runs not None, uint64_t steps, double budget):
                 return rc, stalled, signalled
             if signalled is not None:
                 return RUN_INTERRUPTED, -1, signalled
-            now = _time.monotonic()
-            if now - start >= budget:
+            if deadline_ns and vkm_now_ns() >= deadline_ns:
                 return (RUN_STALLED, stalled, None) if rc == VKM_RUN_WAITING else (RUN_DONE, -1, None)
     finally:
         free(devs)

@@ -329,15 +329,13 @@ class DeviceStepper:
         """A native plan (StepRun) of quiet steps of `kernels`, or None where their next
         step may do more than a quiet one does (StepRecorder.quiet_template): deliver
         or survey a batch, take host messages or routed ones, update the directory,
-        capture for a replay log, wait on another timeline, defer a kernel (the outbox
-        feed, if any, must have nothing on its way for them: OutboxFeed.quiet). Steps
-        in flight that are not quiet steps of these kernels are waited for and read
-        back first. With the lock held."""
+        capture for a replay log, wait on another timeline, defer a kernel (the caller
+        asked the step listeners and the outbox feed first, before taking the device
+        locks: Inbound.listeners_quiet). Steps in flight that are not quiet steps of
+        these kernels are waited for and read back first. With the lock held."""
         ctx, d = self.ctx, self.ctx.in_flight
         shape = tuple(kernels)
-        feed = self.rt.outbox_feed
-        if ctx.dir_dirty or (feed is not None and not feed.quiet(kernels)) \
-                or len(kernels) * SURVEY_RECORD > STATUS_WORDS or d > _native.RUN_MAX_DEPTH:
+        if ctx.dir_dirty or len(kernels) * SURVEY_RECORD > STATUS_WORDS or d > _native.RUN_MAX_DEPTH:
             return None
         if any(rec.quiet != shape for rec in self.inflight):   # (every step in flight done and read back first)
             self._wait_for(lambda: self.inflight[-1].value if self.inflight else 0, deadline)

@@ -215,17 +215,20 @@ class PeerEdges:
         and where a wait ran out or a device is gone."""
         if not all(p.batch.lazy and p.forward is None for p in self.landings):
             return False
+        last: dict[tuple[int, int], int] = {}   # (device, timeline) -> the latest value to wait for: one wait each
+        for p in self.landings:
+            b, i = p.batch, p.inbound
+            points = [(b.device_index, b.ready)]
+            if i is not None and not i.done and i.last_value:
+                points.append((i.device_index, i.ctx.point(i.last_value)))
+            for dev, q in points:
+                last[(dev, q.semaphore)] = max(q.value, last.get((dev, q.semaphore), 0))
         try:
-            for p in self.landings:
-                b, i = p.batch, p.inbound
-                points = [(b.device_index, b.ready)]
-                if i is not None and not i.done and i.last_value:
-                    points.append((i.device_index, i.ctx.point(i.last_value)))
-                for dev, q in points:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return False
-                    self.mgr.slot(dev).native.wait_timeline(q.semaphore, q.value, left)
+            for (dev, semaphore), value in last.items():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.mgr.slot(dev).native.wait_timeline(semaphore, value, left)
         except (VkmTimeout, VkmError):   # (a lost device: the step path fails over from it)
             return False
         self.port.poll()

@@ -383,21 +383,18 @@ class CrossGpuK2KRouter:
         return not busy and not queued and not self._sent
 
     def quiet(self, kernels: list[Kernel]) -> bool:
-        """The runtime's hook (OutboxFeed, step listener): whether nothing is on its way right
-        now (as idle(), without reaping) and no host-routed message for `kernels` is queued,
-        so that steps of them that send nothing need nothing of this router.
-        The runtime asks it with device locks held (DeviceStepper.quiet_run), and the
-        delivery lock is taken before device locks: it never waits for that lock (held
-        elsewhere: not quiet, the steps go one by one this time)."""
-        if self._sent or any(self._by_kernel.get(k) for k in kernels):
+        """The runtime's hook (OutboxFeed; asked with no device lock held): whether nothing
+        is on its way right now (as idle(), without reaping) and no host-routed message for
+        `kernels` is queued, so that steps of them that send nothing need nothing of this router."""
+        if self._queued_for(kernels):
             return False
-        if not self._delivery_lock.acquire(blocking=False):
-            return False
-        try:
+        with self._delivery_lock:
             eng = self._engine
             return eng is None or not eng.busy()
-        finally:
-            self._delivery_lock.release()
+
+    def _queued_for(self, kernels: list[Kernel]) -> bool:
+        """Whether a host-routed message is on its way (sent, not yet resolved) or queued for `kernels`."""
+        return bool(self._sent) or any(self._by_kernel.get(k) for k in kernels)
 
     def _quiet_for_run(self, kernels: list[Kernel]) -> bool:
         """The step listener's quiet hook (run() asks it with no device lock held): quiet(), or,
@@ -408,7 +405,7 @@ class CrossGpuK2KRouter:
         nothing let go."""
         if self.quiet(kernels):
             return True
-        if self._sent or any(self._by_kernel.get(k) for k in kernels):
+        if self._queued_for(kernels):
             return False
         with self._delivery_lock:
             eng = self._engine

@@ -114,13 +114,16 @@ class Inbound:
 
     def listeners_quiet(self, kernels: list[Kernel]) -> bool:
         """Whether every step listener has a quiet hook and says it has nothing to do
-        for steps of `kernels` that send nothing (True without listeners)."""
+        for steps of `kernels` that send nothing, and the outbox feed has nothing on
+        its way for them (True without either). Asked with no device lock held: the
+        hooks may take their own locks, and wait."""
         listeners, quiet = self._hooks[0], self._quiet
         for fn in listeners:
             hook = quiet.get(id(fn))
             if hook is None or not hook(kernels):
                 return False
-        return True
+        feed = self.feed
+        return feed is None or feed.quiet(kernels)
 
     def _snapshot_hooks(self) -> None:
         """Make what step_hooks() gives anew (with the lock held, after a change): a step

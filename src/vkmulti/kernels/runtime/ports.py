@@ -57,7 +57,8 @@ class OutboxFeed(Protocol):
 
     def quiet(self, kernels: list[Kernel]) -> bool:
         """Whether nothing is on its way to, from or for `kernels` now: a run may then step them
-        natively, without taking messages for them or calling the feed at each step."""
+        natively, without taking messages for them or calling the feed at each step (asked
+        with no device lock held; a message routed after it waits for the step after the run)."""
 
 
 @runtime_checkable

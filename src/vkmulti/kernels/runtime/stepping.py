@@ -285,7 +285,7 @@ class Stepping:
         lost = self._failover.sync_lost_devices()
         targets = self.targets(kernels)
         if not targets or any(self._life.is_held(k) or k.errors for k in targets) \
-                or (listeners and not self._listeners_quiet(targets)):
+                or not self._listeners_quiet(targets):
             return empty
         by_device: dict[int, list[Kernel]] = defaultdict(list)
         for k in targets:
