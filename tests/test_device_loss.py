@@ -197,6 +197,19 @@ def test_loss_listeners_are_told_once():
         _bounded_destroy(mgr)
 
 
+def test_a_loss_reported_by_negative_index_is_kept_under_the_slots_index():
+    mgr = MultiDeviceManager.create()
+    heard = []
+    try:
+        mgr.add_loss_listener(lambda i, why: heard.append(i))
+        assert mgr.report_device_lost(-1, "gone") is True
+        assert mgr.report_device_lost(1, "again") is False
+        assert mgr.lost_devices == {1: "gone"} and heard == [1]
+        assert mgr.device_lost(-1) and mgr.device_lost(1)
+    finally:
+        _bounded_destroy(mgr)
+
+
 def test_hook_arguments_are_checked():
     mgr = MultiDeviceManager.create()
     try:

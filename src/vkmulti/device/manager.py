@@ -445,7 +445,7 @@ class MultiDeviceManager:
             if not 0 <= index < len(slots) or slots[index].native is None:
                 return True
             slot = slots[index]
-        return index in self._lost or (slot.native is not None and slot.native.lost)
+        return slot.index in self._lost or (slot.native is not None and slot.native.lost)
 
     def add_loss_listener(self, listener: Callable[[int, str], object]) -> None:
         """Call `listener(index, reason)` once for each device found lost (on the
@@ -466,6 +466,7 @@ class MultiDeviceManager:
         that every later submit and wait on it fails at once, logs it and tells
         the loss listeners (coordinators fail over). True the first time."""
         slot = self.slot(index)
+        index = slot.index   # (a negative index counts from the end: one record per device)
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {type(reason).__name__}")
         with self._loss_lock:
