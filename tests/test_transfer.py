@@ -553,6 +553,28 @@ def test_resource_destroy_timeout_keeps_it(manager):
         cleanup()
 
 
+def test_mapped_buffer_destroy_timeout_keeps_it_mapped(manager):
+    """A host-mapped buffer whose destroy() times out stays mapped; the destroy() that
+    succeeds later unmaps it once (the validation guard fails a second unmap)."""
+    from vkmulti.memory.buffer import MappedBuffer
+    sem, data, s, d, release, cleanup = _blocked_source(manager)
+    m = MappedBuffer(manager.slot(0), data.nbytes)
+    x = CrossDeviceTransfer(manager.slot(1), manager.slot(0), TransferMethod.HOST_SHARED)
+    try:
+        t = x.submit(src_buffer=s, dst_buffer=m, src_wait=(sem, 1))
+        with pytest.raises(vkmulti.TimeoutError):
+            m.destroy(timeout=0.05)
+        release()
+        t.wait(30)
+        np.testing.assert_array_equal(m.bytes, data)
+        m.destroy()
+        assert m.handle is None and m.bytes is None
+    finally:
+        x.destroy()
+        m.destroy()
+        cleanup()
+
+
 def test_many_submits_after_a_link_is_gone(manager):
     """Tracking transfers on a resource never makes a later submit fail, even when earlier
     tickets belong to a destroyed transfer."""

@@ -207,6 +207,8 @@ class MappedBuffer(Buffer):
     `words` (uint32) are views of it (the host reads what the GPU wrote once the
     submit that wrote it has signalled); zeroed when made unless `zero` is False."""
 
+    _mapped: Any = None
+
     def __init__(self, slot: DeviceSlot, size: int, usage: int = BUFFER_USAGE, zero: bool = True):
         super().__init__(slot, size, usage=usage, host_visible=True)
         try:
@@ -219,9 +221,11 @@ class MappedBuffer(Buffer):
         if zero:
             self.bytes[:] = 0
 
-    def destroy(self, timeout: float = 30.0) -> None:  # type: ignore[override]
-        if self.handle is None:
-            return
-        self.bytes = self.words = None   # type: ignore[assignment]
-        vk.vkUnmapMemory(self.slot.device, self.memory)
-        super().destroy(timeout)
+    def _free(self) -> None:
+        """Unmap, then free: only once destroy() found the GPU done with the buffer (a
+        destroy() that times out keeps it mapped and usable)."""
+        if self._mapped is not None:
+            self.bytes = self.words = None   # type: ignore[assignment]
+            self._mapped = None
+            vk.vkUnmapMemory(self.slot.device, self.memory)
+        super()._free()
