@@ -72,6 +72,12 @@ def test_frames_identical_when_a_secondary_is_lost(mgr, mid_frame, caplog):
         assert st.recoveries and st.recoveries[0].device == 1 and st.recoveries[0].seconds < 10
         with pytest.raises(DeviceLostError):
             c.restore_device(1)
+        with pytest.raises(DeviceLostError):
+            c.restore_device(np.int64(1))     # the same GPU
+        for bad, err in ((True, TypeError), (1.0, TypeError), (-1, ValueError), (7, IndexError)):
+            with pytest.raises(err):
+                c.restore_device(bad)
+        assert c.usable_devices() == [0]
     finally:
         c.destroy()
         frame.destroy()

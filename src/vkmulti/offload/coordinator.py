@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import vulkan as vk
 
-from .._core.checks import is_int
+from .._core.checks import check_index, is_int
 from .._core.lifetime import Lifetime, operation
 from ..device.manager import MultiDeviceManager
 from ..errors import DestroyedError, DeviceLostError, PrimaryDeviceLostError
@@ -178,7 +178,8 @@ class SRUOffloadCoordinator:
     def restore_device(self, index: int) -> None:
         """Let a device marked unavailable take part in plans again (not a lost one:
         DeviceLostError; its objects are never used again)."""
-        if is_int(index) and 0 <= index < len(self.manager._slots) and self.manager.device_lost(index):
+        index = self.manager.slot(check_index(index, "index")).index   # (True == 1 to the dict below: no index)
+        if self.manager.device_lost(index):
             raise DeviceLostError(-4, "restore_device", f"GPU {index} is lost: it cannot take part in plans again")
         self._unavailable.pop(index, None)
 
