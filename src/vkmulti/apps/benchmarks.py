@@ -20,7 +20,7 @@ from ..device.virtual import use_virtual_if_no_gpu
 from ..memory.buffer import Buffer
 from ..memory.image import Image
 from ..transfer.cross_device import CrossDeviceTransfer
-from ..transfer.link import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
+from ..transfer.link import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, check_ring_shape
 from ..transfer.methods import TransferMethod, pair_methods
 from .charts import bar_chart
 from .cli_args import Parser, add_output_argument, add_virtual_argument, print_figures
@@ -353,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     for flag, value in (("--reps", args.reps), ("--slot-size", args.slot_size), ("--slot-count", args.slot_count)):
         if value < 1:
             p.error(f"{flag} must be >= 1, got {value}")
+    try:   # (the ring's limits, before any GPU work)
+        check_ring_shape(args.slot_size << 20, args.slot_count)
+    except ValueError as exc:
+        p.error(f"--slot-size {args.slot_size} MiB x --slot-count {args.slot_count}: {exc}")
 
     note = use_virtual_if_no_gpu(args.virtual)
     if note:
