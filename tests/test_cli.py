@@ -60,6 +60,7 @@ BAD = [
     (["demo", "stencil", "--output", "/nonexistent/x.png"], "does not exist"),
     (["info", "--virtual", "-2"], "--virtual"),
     (["topology", "--bytes", "6"], "multiple of 4"),
+    (["topology", "--bytes", str(1 << 64)], "at most 2**62"),
     (["topology", "--reps", "0"], "--reps"),
     (["bench", "transfer", "--reps", "0"], "--reps"),
     (["bench", "transfer", "--plot", "/tmp"], "is a folder"),

@@ -19,6 +19,7 @@ from ..device.manager import MultiDeviceManager
 from ..device.virtual import use_virtual_if_no_gpu
 from ..errors import VkmError
 from ..kernels.coordinator.probe import format_topology, probe_topology
+from ..memory.resource import MAX_BYTES
 from ..transfer.methods import TransferMethod, method_support, supported_methods
 from . import cluster_demo, demo, failover_drill, stencil, stencil_demo, stencil_drill
 from .benchmarks import main as bench_main
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "topology":
         if args.bytes is not None and args.bytes % 4:
             parser.error(f"--bytes must be a multiple of 4, got {args.bytes}")
+        if args.bytes is not None and args.bytes > MAX_BYTES:
+            parser.error(f"--bytes must be at most 2**62 (a buffer's largest size), got {args.bytes}")
         return _guarded("topology", run_topology_command, args)
     return _guarded("info", _info, args)
 
