@@ -93,3 +93,15 @@ def test_a_true_cache_is_still_read(manager, cache_dir, caplog):
     caplog.set_level(logging.WARNING, logger=probe.__name__)
     assert probe_topology(manager, **PROBE).details["source"] == "cache"
     assert not [r for r in caplog.records if r.name == probe.__name__]
+
+
+def test_a_cache_that_cannot_be_replaced_leaves_no_temporary_file(manager, cache_dir, caplog):
+    """A folder where the cache file goes: the measurement is returned, one warning, and
+    the temporary file written for it is removed (it was left behind on every probe)."""
+    path = Path(probe.cache_path(manager))
+    path.mkdir(parents=True)
+    caplog.set_level(logging.WARNING, logger=probe.__name__)
+    for _ in range(2):
+        topo = probe_topology(manager, **PROBE)
+        assert topo.details["source"] == "measured" and topo.details["cache_file"] is None
+    assert sorted(p.name for p in cache_dir.iterdir()) == [path.name]

@@ -116,6 +116,8 @@ def _load(path: str, material: list[dict[str, Any]], device_count: int) -> GpuTo
 
 
 def _save(path: str, material: list[dict[str, Any]], topo: GpuTopology) -> bool:
+    """Write the cache atomically (a temporary file renamed; removed again when that fails)."""
+    tmp = None
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".topology-", dir=os.path.dirname(path))
@@ -124,6 +126,11 @@ def _save(path: str, material: list[dict[str, Any]], topo: GpuTopology) -> bool:
         os.replace(tmp, path)
         return True
     except OSError as exc:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         log.warning("could not write the topology cache %s: %s", path, exc)
         return False
 
