@@ -12,6 +12,7 @@ from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport Py_INCREF
 cimport cython
 import atexit as _atexit
+import numbers as _numbers
 import operator as _operator
 import os as _os
 import time as _time
@@ -78,8 +79,11 @@ def result_check(int result, str call not None):
 
 
 cdef uint64_t _timeout_ns(timeout) except? 0:
+    """A wait's timeout (None or seconds >= 0, a real number: not a bool or a string) in ns."""
     if timeout is None:
         return _FOREVER
+    if type(timeout) is not float and (isinstance(timeout, bool) or not isinstance(timeout, _numbers.Real)):
+        raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}")
     t = float(timeout)
     if t != t or t < 0:
         raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}")

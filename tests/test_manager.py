@@ -1,6 +1,7 @@
 """MultiDeviceManager and DeviceSlot: passthrough, multi-GPU, teardown and bad input."""
 from __future__ import annotations
 
+import numpy as np
 import vulkan as vk
 import pytest
 
@@ -211,9 +212,12 @@ def test_timeline_wait_times_out_and_stays_usable(manager):
             nat.wait_timeline(sem, 1, timeout=0.05)
         with pytest.raises(TimeoutError):    # also the builtin
             nat.wait_timeline(sem, 1, timeout=0)
-        with pytest.raises(ValueError, match="timeout"):
-            nat.wait_timeline(sem, 1, timeout=-1)
+        for bad in (-1, float("nan"), True, "5", b"5", np.bool_(True), [1]):   # (never taken as seconds)
+            with pytest.raises(ValueError, match="timeout"):
+                nat.wait_timeline(sem, 1, timeout=bad)
         nat.wait_timeline(sem, 0, timeout=1)
+        nat.wait_timeline(sem, 0, timeout=np.float32(1))   # (numpy numbers are seconds too)
+        nat.wait_timeline(sem, 0, timeout=np.int64(1))
         assert nat.timeline_value(sem) == 0
     finally:
         vk.vkDestroySemaphore(manager.slot(1).device, vk.ffi.cast("VkSemaphore", sem), None)
