@@ -223,6 +223,25 @@ def test_ensure_staging_dict_has_the_seed_keys(manager):
         t.destroy()
 
 
+def test_ensure_staging_keeps_its_dict_for_the_same_size(manager):
+    """The seed caches the staging dict: a second call for the same size updates only its
+    two pools and returns the same dict; a new size gives a new dict. Before: a new dict
+    on every call."""
+    t = vkmulti.CrossDeviceTransfer(manager.slot(1), manager.slot(0), vkmulti.TransferMethod.STAGING_COPY,
+                                    width=4, height=2)
+    try:
+        first = t.ensure_staging(None, None)
+        again = t.ensure_staging(11, 12)
+        assert again is first and t.extra["staging"] is first
+        assert (first["src_pool"], first["dst_pool"]) == (11, 12) and first["size"] == 64
+        t.width = 8
+        bigger = t.ensure_staging(None, None)
+        assert bigger is not first and bigger["size"] == 128 and t.extra["staging"] is bigger
+    finally:
+        t.destroy()
+    assert "staging" not in t.extra
+
+
 def test_select_transfer_method_reads_only_the_dmabuf_gate_of_a_capabilities_object():
     """The seed reads capabilities.external_memory_fd_enabled and nothing else. Before: an
     object without physical_device_count was a TypeError."""

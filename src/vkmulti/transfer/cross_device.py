@@ -172,7 +172,9 @@ class CrossDeviceTransfer:
         vkmulti records on command pools of its own (never an engine's frame
         pool); pools passed here are kept in the returned dict for the seed's
         callers and not recorded into. Method NONE has no ring: its dict says
-        slot_size 0 and slot_count 0.
+        slot_size 0 and slot_count 0. As in the seed, the dict is kept in
+        `extra["staging"]`: a later call for the same size only updates its
+        two pools and returns that same dict.
         """
         for label, pool in (("src_command_pool", src_command_pool), ("dst_command_pool", dst_command_pool)):
             if pool is not None:
@@ -185,9 +187,15 @@ class CrossDeviceTransfer:
                 with self._lock:
                     ref = self._link_ref_locked()
                 slot_size, slot_count = ref.link.slot_size, self._ring()[1]
+            size = max(1, self.width * self.height * self.bytes_per_pixel)
+            kept = self.extra.get("staging")
+            if (isinstance(kept, dict) and kept.get("size") == size and kept.get("method") == self.method
+                    and kept.get("slot_size") == slot_size and kept.get("slot_count") == slot_count):
+                kept["src_pool"], kept["dst_pool"] = src_command_pool, dst_command_pool
+                return kept
             # (the seed's staging buffers are the link's ring here, shared per device pair and not
             # this transfer's to hand out: src_buf, src_mem, dst_buf and dst_mem are None)
-            info = {"size": max(1, self.width * self.height * self.bytes_per_pixel), "method": self.method,
+            info = {"size": size, "method": self.method,
                     "slot_size": slot_size, "slot_count": slot_count,
                     "src_buf": None, "src_mem": None, "dst_buf": None, "dst_mem": None,
                     "src_pool": src_command_pool, "dst_pool": dst_command_pool}
