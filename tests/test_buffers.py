@@ -284,6 +284,21 @@ def test_concurrent_operations_from_threads(xfer1, manager, run_threads):
             np.testing.assert_array_equal(b.download(), data)
 
 
+def test_out_of_range_devices_are_the_seeds_invalid_buffer(xfer1, manager):
+    """oxigdal returns GpuError::InvalidBuffer for a device index out of range (set_device_buffer,
+    copy_buffer's source and destination, gather's dst_device): InvalidBufferError, still an
+    IndexError. Before: a plain IndexError with no seed name."""
+    from vkmulti.errors import InvalidBufferError
+    t = xfer1
+    n = manager.device_count
+    for call in (lambda: t.set_device_buffer(n, None), lambda: t.copy_buffer_blocking(n, 0, b"abcd"),
+                 lambda: t.copy_buffer_blocking(0, n, b"abcd"), lambda: t.gather_blocking(n),
+                 lambda: asyncio.run(t.gather(n))):
+        with pytest.raises(InvalidBufferError, match=f"{n} out of range") as info:
+            call()
+        assert isinstance(info.value, IndexError)
+
+
 def test_bad_input(xfer1, manager):
     t = xfer1
     with Buffer(manager.slot(0), 64) as b0, Buffer(manager.slot(1), 64) as b1:

@@ -48,7 +48,7 @@ from .device.cuda import CudaDevice, cuda_devices, cuda_peer_reason, cuda_status
 from .device.logical import LogicalDevice, Queue, create_logical_device
 from .errors import (BackendUnavailableError, CudaError, DestroyedError, DeviceLostError, DeviceNotAvailableError,
                      InvalidConfigError, K2KDestinationNotFoundError, KernelNotFoundError, KernelValidationError,
-                     LinkStalledError, MigrationError, OutOfDeviceMemoryError, OutOfHostMemoryError,
+                     InvalidBufferError, LinkStalledError, MigrationError, OutOfDeviceMemoryError, OutOfHostMemoryError,
                      RendererMissingError, TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError)
 from .device.instance import Instance
 from .transfer.methods import TransferMethod, pair_methods, select_transfer_method, supported_methods
@@ -97,7 +97,7 @@ __all__ = [
     "OffloadRoute", "SRUOffloadCoordinator", "ReferenceSRU", "ReferenceRenderer", "Compositor",
     "VkmError", "VulkanError", "DeviceLostError", "OutOfDeviceMemoryError", "OutOfHostMemoryError",
     "UnsupportedError", "TransferError", "TimeoutError", "DestroyedError", "RendererMissingError",
-    "LinkStalledError", "CudaError",
+    "LinkStalledError", "CudaError", "InvalidBufferError",
     "BackendUnavailableError", "KernelNotFoundError", "InvalidConfigError", "DeviceNotAvailableError",
     "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError",
     "Backend", "KernelMode", "LaunchOptions", "LoadBalancingStrategy", "MultiGpuConfig", "MultiGpuBuilder",

@@ -8,7 +8,7 @@ __all__ = [
     "QueueFullError", "KernelMessageError",
     "VkmError", "VulkanError", "DeviceLostError", "PrimaryDeviceLostError", "OutOfDeviceMemoryError",
     "OutOfHostMemoryError", "UnsupportedError", "TransferError", "TimeoutError",
-    "DestroyedError", "LinkStalledError", "CudaError", "raise_for_result", "result_name",
+    "DestroyedError", "LinkStalledError", "CudaError", "InvalidBufferError", "raise_for_result", "result_name",
     "BackendUnavailableError", "KernelNotFoundError", "InvalidConfigError", "DeviceNotAvailableError",
     "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError",
     "ClusterError", "RayMissingError", "ClusterAddressError", "ClusterConnectionError", "NoAgentError",
@@ -65,6 +65,11 @@ class UnsupportedError(VkmError):
 
 class TransferError(VkmError):
     """A cross-device transfer could not be carried out."""
+
+
+class InvalidBufferError(VkmError, IndexError):
+    """InterGpuTransfer was given a device index that is not one of its devices
+    (oxigdal's GpuError::InvalidBuffer); an IndexError, as bad indices are elsewhere."""
 
 
 class TimeoutError(VkmError, builtins.TimeoutError):

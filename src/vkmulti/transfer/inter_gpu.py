@@ -37,7 +37,7 @@ from .._core.handles import handle_int
 from .._core.lifetime import Deadline, Lifetime
 from .._core.timeline import wait_point
 from ..device.manager import MultiDeviceManager
-from ..errors import DestroyedError
+from ..errors import DestroyedError, InvalidBufferError
 from ..memory.buffer import Buffer
 from ..memory.image import Image
 from ..memory.resource import MAX_BYTES, as_host_bytes, require_transfer_usage
@@ -495,7 +495,7 @@ class InterGpuTransfer:
         if not (is_int(value) or isinstance(value, np.integer)):
             raise TypeError(f"{label} must be an int device index, got {type(value).__name__} {value!r}")
         if not 0 <= value < self.device_count:
-            raise IndexError(f"{label} {value} out of range: {self.device_count} device(s)")
+            raise InvalidBufferError(f"{label} {value} out of range: {self.device_count} device(s)")
         return int(value)
 
     @staticmethod
