@@ -81,11 +81,13 @@ def test_parse_address(text, kind, host, port):
 
 
 @pytest.mark.parametrize("bad", ["", "head", "head:", ":6379", "head:port", "head:0", "head:70000",
-                                 "http://head:80", "head:6379/x", "a b:1", "[::1]6379"])
+                                 "http://head:80", "head:6379/x", "a b:1", "[::1]6379",
+                                 "head:\u00b2", "head:\u0661\u0662\u0663", "head:" + "1" * 5000,
+                                 "head:" + "0" * 5000])
 def test_bad_address_names_it(bad):
     with pytest.raises(ClusterAddressError, match="bad Ray address") as e:
         parse_address(bad)
-    assert repr(bad) in str(e.value) and isinstance(e.value, ValueError)
+    assert repr(bad)[:100] in str(e.value) and isinstance(e.value, ValueError)
 
 
 def test_address_must_be_a_str():

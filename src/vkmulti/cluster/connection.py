@@ -19,7 +19,7 @@ from typing import Any
 
 from ..device.instance import Instance
 from .errors import ClusterAddressError, ClusterConnectionError, ClusterError, RayMissingError
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
 
 __all__ = ["VK_GPU", "RayAddress", "Connection", "require_ray", "parse_address", "vk_gpu_count",
            "node_resources", "connect"]
@@ -92,14 +92,15 @@ def parse_address(address: str) -> RayAddress:
                 host, port_text = rest, None
         if not host:
             why = "the host is missing"
-        elif port_text is None or not port_text.isdigit():
+        elif port_text is None or not (port_text.isascii() and port_text.isdigit()):
+            # ASCII only: str.isdigit() takes '²' (int() refuses it) and other scripts' digits
             why = "the port is missing or not a number (the head's GCS port, 6379 by default)"
+        elif len(port_text.lstrip("0")) > 5 or not 0 < int(port_text.lstrip("0") or "0") < 65536:
+            why = f"port {port_text[:12]} is outside 1..65535"   # (checked by length first: int() of 4300+ digits raises)
         else:
-            port = int(port_text)
-            if not 0 < port < 65536:
-                why = f"port {port} is outside 1..65535"
+            port = int(port_text.lstrip("0"))
     if why is not None:
-        raise ClusterAddressError(f"bad Ray address {address!r}: {why}")
+        raise ClusterAddressError(f"bad Ray address {short_repr(address, 120)}: {why}")
     return RayAddress(kind, host, port)
 
 
