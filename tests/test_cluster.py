@@ -155,6 +155,57 @@ def test_plan_rejects_bad_input(srus):
     assert LinkInfo("a", "driver", math.inf, 0.001).seconds(10**9) == 0.001
 
 
+class _FakeRay:
+    """What frames.render_frame uses of Ray: every call answered at once."""
+
+    class exceptions:   # noqa: N801 - Ray's spelling
+        RayError = RuntimeError
+
+    def wait(self, pending, num_returns=1, timeout=None):
+        return pending[:1], pending[1:]
+
+    def get(self, ref):
+        return ref()
+
+
+def _frame_result(group):
+    return {"images": {s.sru_id: np.zeros((s.height, s.width, 8), np.uint8) for s in group},
+            "gpu": {s.sru_id: 0 for s in group}, "render_s": 0.01, "readback_s": 0.01, "total_s": 0.02,
+            "predicted_s": 0.02}
+
+
+@pytest.mark.parametrize("spoil", [
+    lambda r: r.update(render_s=math.nan), lambda r: r.update(predicted_s=-1.0),
+    lambda r: r.update(readback_s="0.1"), lambda r: r["images"].popitem(),
+    lambda r: r["images"].update({k: np.zeros((1, 1, 8), np.uint8) for k in r["images"]}),
+    lambda r: r["gpu"].update({k: None for k in r["gpu"]}), lambda r: r.clear()])
+def test_a_node_sending_a_malformed_result_is_lost_and_its_srus_replanned(spoil):
+    """What an agent sends back is checked before use: a bad time would poison the node's
+    throughput for every later frame, a bad image would fail or spoil the composite."""
+    from types import SimpleNamespace
+
+    from vkmulti.cluster.frames import render_frame
+
+    def agent(bad):
+        def render(group):
+            r = _frame_result(group)
+            if bad:
+                spoil(r)
+            return lambda: r
+        return SimpleNamespace(render=SimpleNamespace(remote=render))
+    nodes = {n: NodeInfo(n, "10.0.0.1", n, ("gpu",), (1.0,)) for n in ("good", "bad")}
+    cm = SimpleNamespace(_ray=_FakeRay(), lost={}, timeout=5.0, adapt=0.3, nodes=dict(nodes),
+                         links={n: LinkInfo(n, "driver", 1e9, 1e-4) for n in nodes},
+                         _calibrated={n: (1.0,) for n in nodes},
+                         _agents={"good": agent(False), "bad": agent(True)})
+    cm._lose = lambda node_id, why, frame=None: (cm.lost.__setitem__(node_id, why), frame.lost.__setitem__(node_id, why))
+    srus = [ReferenceSRU(k, 8, 8, x=8 * k) for k in range(4)]
+    frame = render_frame(cm, srus, 32, 8, (0, 0, 0, 1), list(nodes.values()), None)
+    assert list(frame.lost) == ["bad"] and "malformed result" in frame.lost["bad"]
+    assert sorted(frame.nodes["good"].srus) == [0, 1, 2, 3] and frame.pixels.shape == (8, 32, 8)
+    assert cm.nodes["good"].throughput > 0 and math.isfinite(cm.nodes["good"].throughput)
+
+
 def test_composite_matches_the_gpu_compositor(manager):
     """composite_frame places images exactly as vkmulti.Compositor does (overlaps, clipping)."""
     srus = [ReferenceSRU(0, 40, 30, x=-10, y=-5, seed=1, iterations=4), ReferenceSRU(1, 50, 40, x=20, y=10, seed=2,
