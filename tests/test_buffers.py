@@ -261,6 +261,33 @@ def test_asyncio_and_blocking_forms_agree(xfer1, manager):
     np.testing.assert_array_equal(xfer1.gather_blocking(0)[0], data)
 
 
+def test_asyncio_form_racing_destroy_raises_destroyed(manager, monkeypatch):
+    """A destroy() (from another thread) that lands while an asyncio call is being handed to
+    the object's executor ends the call with DestroyedError, not the shut-down executor's
+    RuntimeError. The destroy() is run where the call asks for its event loop."""
+    import types
+
+    import vkmulti.transfer.inter_gpu as inter_gpu
+
+    t = InterGpuTransfer(manager)
+    armed = []
+
+    def get_running_loop():
+        if armed:
+            armed.clear()
+            t.destroy(timeout=30)
+        return asyncio.get_running_loop()
+    monkeypatch.setattr(inter_gpu, "asyncio", types.SimpleNamespace(get_running_loop=get_running_loop))
+
+    async def main():
+        await t.copy_buffer(0, 1, b"x" * 64)   # the executor exists from here on
+        armed.append(1)
+        with pytest.raises(DestroyedError):
+            await t.copy_buffer(0, 1, b"y" * 64)
+    asyncio.run(main())
+    assert t.destroyed
+
+
 def test_concurrent_operations_from_threads(xfer1, manager, run_threads):
     shared = rand(500_000, 40)
     xfer1.set_device_buffer(0, xfer1.copy_buffer_blocking(0, 0, shared))

@@ -484,12 +484,15 @@ class InterGpuTransfer:
             yield Holds(stack)
 
     async def _run(self, fn: Any, *args: Any, **kw: Any) -> Any:
-        with self._life, self._cond:   # destroy() takes the executor only after this
+        loop = asyncio.get_running_loop()
+        # the call is handed to the executor inside the lifetime: destroy() shuts the executor
+        # down only after this, so a racing destroy() ends the call with DestroyedError (from
+        # `fn`), never with the executor's RuntimeError
+        with self._life, self._cond:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self._max_workers, thread_name_prefix="vkmulti-buffers")
-            executor = self._executor
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, functools.partial(fn, *args, **kw))
+            future = loop.run_in_executor(self._executor, functools.partial(fn, *args, **kw))
+        return await future
 
     def _index(self, value: Any, label: str) -> int:
         if not (is_int(value) or isinstance(value, np.integer)):
