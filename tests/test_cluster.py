@@ -159,12 +159,12 @@ class _FakeRay:
     """What frames.render_frame uses of Ray: every call answered at once."""
 
     class exceptions:   # noqa: N801 - Ray's spelling
-        RayError = RuntimeError
+        RayError, GetTimeoutError = RuntimeError, TimeoutError
 
     def wait(self, pending, num_returns=1, timeout=None):
         return pending[:1], pending[1:]
 
-    def get(self, ref):
+    def get(self, ref, timeout=None):
         return ref()
 
 
@@ -204,6 +204,33 @@ def test_a_node_sending_a_malformed_result_is_lost_and_its_srus_replanned(spoil)
     assert list(frame.lost) == ["bad"] and "malformed result" in frame.lost["bad"]
     assert sorted(frame.nodes["good"].srus) == [0, 1, 2, 3] and frame.pixels.shape == (8, 32, 8)
     assert cm.nodes["good"].throughput > 0 and math.isfinite(cm.nodes["good"].throughput)
+
+
+@pytest.mark.parametrize("spoil", [lambda s: np.vstack([s, s[:1]]), lambda s: s.astype(np.int64), lambda s: "x"])
+def test_a_node_sending_a_malformed_stencil_slab_is_lost(spoil):
+    """A slab of the wrong shape or type is the node's failure (the run goes on from the last
+    checkpoint without it), never stacked into the field. The stand-in agents keep their slab."""
+    from types import SimpleNamespace as NS
+
+    from vkmulti.cluster.stencil_run import run_stencil
+
+    def agent(bad):
+        me = NS(slab=None)
+        call = lambda fn: NS(remote=lambda *a: (lambda v=fn(*a): lambda: v)())   # noqa: E731
+        me.stencil_setup = call(lambda slab, *_: (setattr(me, "slab", slab.copy()), {0: len(slab)})[1])
+        me.stencil_step = NS(options=lambda num_returns: NS(remote=lambda *_: (lambda: me.slab[0], lambda: me.slab[-1])))
+        me.stencil_field = call(lambda: spoil(me.slab.copy()) if bad else me.slab.copy())
+        me.stencil_teardown = me.ping = call(lambda: None)
+        return me
+    cm = NS(_ray=_FakeRay(), lost={}, timeout=5.0, _pids={}, _agents={"good": agent(False), "bad": agent(True)},
+            nodes={n: NodeInfo(n, "10.0.0.1", n, ("gpu",), (1.0,)) for n in ("good", "bad")})
+    cm._usable = lambda nodes: [i for n, i in cm.nodes.items() if n not in cm.lost]
+    cm._gather = lambda refs, timeout, what: {v: r() for r, v in refs.items()}
+    cm._lose = lambda node_id, why: cm.lost.__setitem__(node_id, why)
+    f = np.arange(40, dtype=np.int32).reshape(8, 5)
+    run = run_stencil(cm, f, np.zeros(5, np.int32), np.zeros(5, np.int32), 4, checkpoint_every=2)
+    assert list(cm.lost) == ["bad"] and "malformed slab" in cm.lost["bad"]
+    assert run.field.dtype == np.int32 and np.array_equal(run.field, f)
 
 
 def test_composite_matches_the_gpu_compositor(manager):

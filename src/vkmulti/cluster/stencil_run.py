@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .._core.reprs import compact_repr
-from .errors import NoAgentError, caller_error, short_error
+from .errors import ClusterError, NoAgentError, caller_error, short_error
 from .planner import NodeInfo
 from .stencil import split_rows_weighted
 from .._core.checks import is_int
@@ -119,7 +119,7 @@ def run_stencil(cm: Any, field_: Any, top: Any, bottom: Any, steps: int, *, node
             break
         chunk = min(checkpoint_every, steps - done)
         t0 = time.perf_counter()
-        fields, failed = _advance(cm, parts, chunk, on_dispatch, done)
+        fields, failed = _advance(cm, parts, chunk, on_dispatch, done, w)
         if failed:
             _restart(cm, run, failed, done, parts)
             continue
@@ -157,9 +157,11 @@ def _setup(cm: Any, parts: list[tuple[NodeInfo, int, int]], state: np.ndarray, t
 
 
 def _advance(cm: Any, parts: list[tuple[NodeInfo, int, int]], chunk: int,
-             on_dispatch: Callable[[int, dict[str, tuple[int, int]]], object] | None, first_step: int) -> tuple[dict, dict[str, str]]:
+             on_dispatch: Callable[[int, dict[str, tuple[int, int]]], object] | None, first_step: int,
+             width: int) -> tuple[dict, dict[str, str]]:
     """Submit `chunk` steps on every node (halo rows flow agent to agent), then each slab's field;
-    returns ({node id: rows}, failed nodes)."""
+    returns ({node id: rows}, failed nodes). A slab that is not the node's (rows, `width`) int32
+    counts as the node's failure: stacked as it came, it would change the field's shape or type."""
     ray = cm._ray
     agents = [cm._agents[n.node_id] for n, _, _ in parts]
     last = len(parts) - 1
@@ -182,6 +184,7 @@ def _advance(cm: Any, parts: list[tuple[NodeInfo, int, int]], chunk: int,
         on_dispatch(first_step, {n.node_id: (r0, k) for n, r0, k in parts})
     fields: dict[str, np.ndarray] = {}
     errors: dict[str, BaseException] = {}
+    rows = {n.node_id: k for n, _, k in parts}
     todo = list(pending)
     deadline = time.monotonic() + cm.timeout
     while todo:
@@ -198,7 +201,13 @@ def _advance(cm: Any, parts: list[tuple[NodeInfo, int, int]], chunk: int,
                 errors.setdefault(pending[ref], exc)
                 continue
             if ref in field_refs:
-                fields[field_refs[ref]] = value
+                node_id, want = field_refs[ref], (rows[field_refs[ref]], width)
+                if isinstance(value, np.ndarray) and value.dtype == np.int32 and value.shape == want:
+                    fields[node_id] = value
+                else:
+                    got = f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
+                    errors.setdefault(node_id, ClusterError(f"sent a malformed slab ({got[:80]}, not {want} "
+                                                            f"int32)"))
     if not todo and not errors:
         return fields, {}
     failed = _blame(cm, parts, errors, {pending[r] for r in todo})
