@@ -239,6 +239,22 @@ def test_host_messages_produced_before_the_move_are_received(runtime):
     assert runtime.receive(k, timeout=10).sequence == reply.sequence + 1   # the sequence numbers continue
 
 
+def test_a_receive_waiting_while_its_kernel_moves_gets_the_reply_from_the_new_device(runtime):
+    k = counter(runtime, "k", device=0)
+    runtime.step(k).wait(10)
+    waiting, out = kernel_support.call_in_thread(lambda: runtime.receive(k, timeout=20))
+    old = k.ctx
+    waiting.start()
+    while old.cond.waiting == 0 and waiting.is_alive():   # (the receive waits on GPU 0)
+        time.sleep(0.01)
+    runtime.migrate(k, 1)
+    runtime.send(k, w(0), tag=COUNTER_TAG_QUERY)
+    runtime.step(k)   # the reply is made on GPU 1, and nothing else reads GPU 1's steps back
+    waiting.join(60)
+    assert "error" not in out, out.get("error")
+    assert out["result"].source_kernel == "k" and runtime.pending_receives(k) == 0
+
+
 @pytest.mark.parametrize("engine", ["shader", "host"])
 def test_a_corrupted_copy_fails_and_leaves_the_kernel_running(runtime, router, monkeypatch, engine):
     """The destination's CRC32 differs from the source's (a word of what arrived is

@@ -85,10 +85,12 @@ class HostQueues:
         """KernelRuntime.receive: the next message `kernel` sent to the host."""
         k = self._resolve(kernel)
         timeout = timeout_seconds(timeout)
-        ctx, stepper = self._device(k.device_index)
         deadline = time.monotonic() + (timeout if timeout is not None else 1e18)
-        with ctx.lock:
-            while True:
+        while True:   # each wait on k's device of the moment: a migration meanwhile moves its replies
+            ctx, stepper = self._device(k.device_index)
+            with ctx.lock:
+                if k.ctx is not ctx:   # (moved between the two reads)
+                    continue
                 stepper.harvest()
                 if k.received:
                     msg = k.received.popleft()
