@@ -239,6 +239,16 @@ def test_host_messages_produced_before_the_move_are_received(runtime):
     assert runtime.receive(k, timeout=10).sequence == reply.sequence + 1   # the sequence numbers continue
 
 
+@pytest.mark.parametrize("timeout", [None, float("inf")], ids=["none", "inf"])
+def test_a_move_without_a_time_limit_completes(runtime, timeout):
+    runtime.migration_crc = "host"   # (its CRC32 jobs are waited for through Python's own waits)
+    k = counter(runtime, "k", device=0)
+    runtime.send(k, w(5), tag=COUNTER_TAG_ADD)
+    runtime.step(k)
+    assert runtime.migrate(k, 1, timeout=timeout).checksum_match and k.device_index == 1
+    assert read_counter(runtime.read_state(k)).sum == 5
+
+
 def test_a_receive_waiting_while_its_kernel_moves_gets_the_reply_from_the_new_device(runtime):
     k = counter(runtime, "k", device=0)
     runtime.step(k).wait(10)

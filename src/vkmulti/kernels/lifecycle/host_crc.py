@@ -83,6 +83,12 @@ class Cancelled(VkmError):
     """A host CRC32 job closed before it ran (its result() raises this)."""
 
 
+def _wait_arg(timeout: float | None) -> float | None:
+    """`timeout` as a Future's wait takes it: a longer one than Python's lock waits can
+    express (inf, or the far deadline of a call without a limit) waits unbounded."""
+    return None if timeout is None or timeout >= threading.TIMEOUT_MAX else timeout
+
+
 class HostCrcJob:
     """CRC32s being computed by the host; result() waits and returns them in order."""
 
@@ -92,7 +98,7 @@ class HostCrcJob:
     def result(self, timeout: float | None = 60.0) -> list[int]:
         """The zlib CRC32 of each range; vkmulti.TimeoutError after `timeout` s."""
         try:
-            return list(self._future.result(timeout))
+            return list(self._future.result(_wait_arg(timeout)))
         except cf.TimeoutError:
             raise VkmTimeout(f"the host CRC32 of {self._count} range(s) did not finish within {timeout} s") from None
 
@@ -105,7 +111,7 @@ class HostCrcJob:
         for its hashing, so nothing reads the buffers afterwards; errors are the result's."""
         self._cancel.set()
         try:
-            self._future.exception(timeout)
+            self._future.exception(_wait_arg(timeout))
         except cf.TimeoutError:
             pass
 
