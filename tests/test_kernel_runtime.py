@@ -395,6 +395,21 @@ def test_runtime_destroy_then_use(manager):
         rt.send(k, b"")
 
 
+@pytest.mark.parametrize("kernels", [0, 1], ids=["idle", "with-kernels"])
+def test_runtime_destroy_checks_its_timeout_first_and_takes_one_past_pythons_waits(manager, kernels):
+    rt = KernelRuntime(make_coordinator(manager), manager, max_kernels=MAX)
+    for i in range(kernels):
+        rt.step(counter(rt, f"k{i}")).wait(30)
+    for bad in (float("nan"), -1, "x", True):
+        with pytest.raises(ValueError, match="timeout"):
+            rt.destroy(bad)
+    assert len(rt.kernels) == kernels
+    rt.step(counter(rt, "late")).wait(30)   # nothing was taken down
+    rt.destroy(1e12)   # longer than a Python lock can wait: no limit
+    with pytest.raises(DestroyedError):
+        rt.step()
+
+
 def test_a_custom_kernel_spec_runs(runtime):
     from vkmulti._core.shaders import shader_path
     spec = KernelSpec("my-counter", shader_path("kernel_counter.comp.spv").read_bytes(), state_sizes=(64 + 16 * 8,))

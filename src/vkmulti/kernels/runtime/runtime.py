@@ -554,7 +554,7 @@ class KernelRuntime:
     def destroy(self, timeout: float | None = 30.0) -> None:
         """Destroy every kernel, then the per-device objects (idempotent; also run by the
         manager's destroy(), before it frees buffers or devices). None: no time limit."""
-        timeout = float("inf") if timeout is None else timeout
+        timeout = float("inf") if (t := timeout_seconds(timeout)) is None or t >= threading.TIMEOUT_MAX else t
         with self._lock:
             if self._destroyed:
                 return
