@@ -410,6 +410,16 @@ def test_runtime_destroy_checks_its_timeout_first_and_takes_one_past_pythons_wai
         rt.step()
 
 
+def test_a_single_numpy_param_is_an_int(runtime):
+    k = counter(runtime, "k", params=[np.uint32(7)])
+    assert k.params == (7, 0, 0, 0)
+    k.set_params(np.int64(9))
+    assert k.params == (9, 0, 0, 0)
+    with pytest.raises(ValueError, match="params"):
+        k.set_params(1.5)
+    assert k.params == (9, 0, 0, 0)
+
+
 def test_a_custom_kernel_spec_runs(runtime):
     from vkmulti._core.shaders import shader_path
     spec = KernelSpec("my-counter", shader_path("kernel_counter.comp.spv").read_bytes(), state_sizes=(64 + 16 * 8,))

@@ -591,7 +591,7 @@ del _name
 
 def check_params(params: Any) -> tuple[int, int, int, int]:
     """Up to four u32 user parameters (numpy integers too), as a 4-tuple padded with zeros."""
-    if len(params) == 1 and not isinstance(params[0], int):
+    if len(params) == 1 and not isinstance(params[0], (int, np.integer)) and hasattr(params[0], "__iter__"):
         params = tuple(params[0])
     if len(params) > 4:
         raise ValueError(f"at most 4 user parameters, got {len(params)}")
