@@ -178,6 +178,29 @@ def test_host_routed_messages_on_one_device_and_drain(runtime, router):
     assert router.stats().messages_pending == 0 and router.idle()
 
 
+def test_resolved_host_routed_messages_leave_the_pair_queues(runtime, router):
+    """The pair queues keep only what drain_pending can still take back: delivered and
+    failed messages go (they piled up there, with their kernels and batches, without end)."""
+    a = counter(runtime, "a", device=0)
+    far = counter(runtime, "far", device=1)
+    for i in range(40):
+        router.route_message("a", "far", K2KMessage("a", "far", words(1).tobytes(), tag=COUNTER_TAG_ADD))
+        if i % 4 == 3:
+            runtime.step([a, far])
+    step_until(runtime, [a, far], lambda: read_counter(runtime.read_state(far)).count == 40, 100)
+    gone = counter(runtime, "gone", device=1)
+    router.route_message("a", "gone", words(1))
+    gone.destroy()
+    runtime.step([a, far])   # (it fails: its destination was destroyed)
+    runtime.synchronize()
+    deadline = time.monotonic() + 10
+    while not router.idle() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    s = router.stats()
+    assert (s.messages_routed, s.routing_failures, s.messages_pending) == (40, 1, 0)
+    assert sum(len(q) for q in router._pending.values()) == 0 and router.drain_pending(0, 1) == []
+
+
 def test_a_routed_message_whose_destination_migrates_before_it_is_consumed_counts_delivered(runtime, router):
     """A host-routed message leaves with its source's step for where its destination is; the
     destination migrates before a step of it consumes the message (the move takes it along):

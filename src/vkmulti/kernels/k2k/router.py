@@ -495,10 +495,21 @@ class CrossGpuK2KRouter:
 
     def _fail(self, r: _Routed, why: str) -> None:
         r.state = "failed"
+        self._forget(r)
         self._stats.add_failures(1)
         if r.counted:
             self._stats.add_pending(-1)
         log.warning("routed message %s -> %s dropped: %s", r.pending.source_kernel, r.pending.dest_kernel, why)
+
+    def _forget(self, r: _Routed) -> None:
+        """Take a resolved message out of its device pair's queue (only drain_pending reads those
+        queues, for messages still queued: resolved ones would pile up there). Queue lock held."""
+        q = self._pending.get(r.key) if r.key is not None else None   # type: ignore[arg-type]
+        if q:
+            try:
+                q.remove(r)   # (resolved in about the order queued: near the front)
+            except ValueError:
+                pass   # (its queue was drained meanwhile)
 
     def _check_sent(self, final: bool = False) -> None:
         """Resolve host-routed messages whose step was harvested: delivered once the
@@ -522,6 +533,8 @@ class CrossGpuK2KRouter:
                 keep.append(r)
             elif state == "delivered":
                 r.state = "done"
+                with self._queue_lock:
+                    self._forget(r)
                 if r.counted:
                     self._stats.add_pending(-1)
             else:
