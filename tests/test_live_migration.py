@@ -415,6 +415,25 @@ def test_held_kernels_are_deferred_with_the_reason(runtime):
     assert k.estimated_state_size() >= k.states[0].size
 
 
+def test_a_release_without_its_hold_lets_go_of_no_other_hold(runtime, monkeypatch):
+    k = counter(runtime, "k", device=0)
+    k.prepare_for_reload()
+    k.cancel_migration()   # (never prepared for migration)
+    assert runtime.is_held(k)
+    assert [(d.id, why) for d, why in runtime.step().deferred] == [("k", "prepared for reload")]
+    k.resume_after_reload()
+    assert not runtime.is_held(k)
+    from vkmulti.kernels.lifecycle import live_migration
+    real, seen = live_migration.wait_kernel, []
+
+    def stray(rt, kernel, deadline):   # a careless caller's resume while the kernel moves
+        kernel.resume_after_reload()
+        seen.append(rt.is_held(kernel))
+        return real(rt, kernel, deadline)
+    monkeypatch.setattr(live_migration, "wait_kernel", stray)
+    assert runtime.migrate(k, 1).checksum_match and seen == [True] and not runtime.is_held(k)
+
+
 # ---- checkpoint and restore ----
 
 def test_checkpoint_restore_new_and_into(runtime, tmp_path):

@@ -243,7 +243,9 @@ class Lifecycle:
                 self._moving[kernel] = self._moving.get(kernel, 0) + 1
 
     def release(self, kernel: Kernel, why: str | None = None, moving: bool = False) -> None:
-        """Undo one hold (the one with reason `why` when given)."""
+        """Undo one hold (the one with reason `why` when given: none if `kernel` has no hold
+        for that reason, as a cancel_migration() without a prepare_for_migration() must
+        not let go of a move's or a reload's hold)."""
         with self._held_cond:
             if moving:
                 left = self._moving.get(kernel, 0) - 1
@@ -252,8 +254,8 @@ class Lifecycle:
                 else:
                     self._moving.pop(kernel, None)
             reasons = self._held.get(kernel)
-            if reasons:
-                if why is not None and why in reasons:
+            if reasons and (why is None or why in reasons):
+                if why is not None:
                     reasons.remove(why)
                 else:
                     reasons.pop()
