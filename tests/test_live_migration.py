@@ -471,6 +471,20 @@ def test_checkpoint_restore_new_and_into(runtime, tmp_path):
         runtime.restore(b"bytes")
 
 
+def test_a_restores_device_is_checked_alike_new_or_into(runtime):
+    k = counter(runtime, "k", device=0)
+    runtime.send(k, w(4), tag=COUNTER_TAG_ADD)
+    cp = runtime.checkpoint(k)
+    for bad in (0.0, 1.5, "1", True):
+        for kw in ({"kernel_id": "copy"}, {"into": k}):
+            with pytest.raises(TypeError, match="device"):
+                runtime.restore(cp, device=bad, **kw)
+    assert [x.id for x in runtime.kernels] == ["k"] and k.device_index == 0 and not runtime.is_held(k)
+    assert runtime.restore(cp, kernel_id="copy", device=np.int64(1)).device_index == 1
+    assert runtime.restore(cp, into=k, device=np.uint8(1)) is k and k.device_index == 1
+    assert runtime.launch(k.spec, "more", device=np.int32(0)).device_index == 0
+
+
 def test_incremental_checkpoint(runtime):
     k = counter(runtime, "k", device=0)
     base = k.create_checkpoint()

@@ -69,7 +69,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from ..._core.checks import timeout_seconds
+from ..._core.checks import check_index, timeout_seconds
 from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
 from ..checkpoint.format import Checkpoint
 from ...memory.buffer import MappedBuffer
@@ -506,6 +506,8 @@ class Lifecycle:
             raise InvalidCheckpointError(f"the checkpoint's messages have {img.payload_size}-byte payloads; this "
                                          f"runtime's have {rt.payload_size}")
         timeout = timeout_seconds(timeout)
+        if device is not None:   # (bools, floats and strs refused, numpy integers taken, on both paths)
+            device = check_index(device, "device")
         if into is not None:
             if not isinstance(into, Kernel):
                 raise TypeError(f"into must be a Kernel of this runtime, got {type(into).__name__}")

@@ -43,6 +43,8 @@ def place(coordinator: Any, device_count: int, kernel_id: str, device: int | Non
     """The device of a new kernel: `device` when given, else the coordinator's
     choice; either way assigned to the kernel in the coordinator."""
     if device is not None:
+        if isinstance(device, np.integer):
+            device = int(device)
         if not is_int(device):
             raise TypeError(f"device must be an int or None, got {type(device).__name__}")
         if not 0 <= device < device_count:
