@@ -387,6 +387,9 @@ def test_bad_migrations_are_refused_and_change_nothing(runtime):
     other = counter(runtime, "other", device=0)
     with pytest.raises(ValueError):
         KernelMigrator(runtime.coordinator).migrate_with_checkpoint(other, req)
+    for verify in (None, "no", 0):   # (None and 0 would move without the CRC32 check)
+        with pytest.raises(TypeError, match="verify"):
+            runtime.migrate(k, 1, verify=verify)
     assert k.device_index == 0 and not runtime.is_held(k)
     runtime.step(k)
 

@@ -189,6 +189,8 @@ class KernelMigrator:
         the live path's waits; `verify=False` skips its CRC32 comparison."""
         if not isinstance(request, MigrationRequest):
             raise TypeError(f"request must be a MigrationRequest, got {type(request).__name__}")
+        if not isinstance(verify, bool):   # (verify=None would quietly move without the CRC32 check)
+            raise TypeError(f"verify must be a bool, got {type(verify).__name__}")
         if request.state is not MigrationState.PENDING:
             raise MigrationError(f"request for {request.kernel_id.as_str()!r} is {request.state.name}, not PENDING: "
                                  f"make a new one with coordinator.request_migration()")
