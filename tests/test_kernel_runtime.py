@@ -241,6 +241,35 @@ def test_outbox_batches_travel_to_the_other_device(manager, runtime):
         router.detach()
 
 
+def test_an_accepted_batchs_wait_checks_its_timeout_and_takes_no_limit(manager, runtime):
+    k = counter(runtime, "k", device=1)
+    with Buffer(manager.slot(1), 4096) as buf:   # (zeroed: a batch of no messages)
+        batch = runtime.accept_batch(1, buf, 0, 64 + runtime.slot_size)
+        for bad in (-1, float("nan"), "x", True):
+            with pytest.raises(ValueError, match="timeout"):
+                batch.wait(bad)
+        got: list = []
+
+        def wait(timeout):
+            try:
+                got.append(batch.wait(timeout))
+            except Exception as exc:   # (reported by the assert)
+                got.append(exc)
+        waiters = [threading.Thread(target=wait, args=(t,)) for t in (None, float("inf"), 1e12)]
+        for t in waiters:
+            t.start()
+        def waiting():   # (threads blocked on the batch's event)
+            event = batch.event._event
+            return 0 if event is None else len(event._cond._waiters)
+        while not got and waiting() < 3:   # (until all three wait, or one failed)
+            time.sleep(0.01)
+        while not batch.done:
+            runtime.step(k).wait(30)
+        for t in waiters:
+            t.join(30)
+        assert got == [True, True, True]
+
+
 def test_state_round_trip_and_pipeline_cache(runtime):
     k1 = counter(runtime)
     k2 = counter(runtime)

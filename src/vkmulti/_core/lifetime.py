@@ -304,4 +304,4 @@ class LazyEvent:
                 if self._set:
                     self._event.set()
             event = self._event
-        return event.wait(timeout)
+        return event.wait(None if timeout is not None and timeout >= threading.TIMEOUT_MAX else timeout)   # (no limit)

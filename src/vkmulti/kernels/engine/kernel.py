@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 import numpy as np
 import vulkan as vk
 
-from ..._core.checks import U32_MAX, int_in
+from ..._core.checks import U32_MAX, int_in, timeout_seconds
 from ..._core.lifetime import LazyEvent
 from ..._core.timeline import TimelinePoint
 from ...errors import DestroyedError, DeviceLostError
@@ -256,7 +256,7 @@ class InboundBatch(Batch):
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once fully delivered; False if `timeout` s passed first (steps must run meanwhile)."""
-        return self.event.wait(timeout)
+        return self.event.wait(timeout_seconds(timeout))
 
     def __repr__(self) -> str:
         return f"InboundBatch(device={self.ctx.index}, offset={self.offset}, size={self.size}, done={self.done})"
