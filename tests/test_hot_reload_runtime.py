@@ -245,6 +245,22 @@ def test_glsl_without_glslc_is_unsupported(monkeypatch):
         KernelCodeSource.from_glsl("#version 450\nvoid main() {}")
 
 
+def test_a_spirv_file_is_a_bounded_regular_file(tmp_path):
+    import os
+    from vkmulti.kernels.engine.spirv_gate import MAX_MODULE_BYTES
+    from vkmulti._core.shaders import shader_path
+    good = shader_path("kernel_counter.comp.spv")
+    (tmp_path / "link.spv").symlink_to(good)
+    assert KernelCodeSource.from_spirv_file(tmp_path / "link.spv").code == good.read_bytes()
+    os.mkfifo(tmp_path / "fifo.spv")   # (its open waited for a writer, without end)
+    with open(tmp_path / "huge.spv", "wb") as f:   # (sparse)
+        f.truncate(MAX_MODULE_BYTES + 1)
+    for path, match in ((tmp_path, "not a regular file"), (tmp_path / "huge.spv", "more than a kernel module"),
+                        (tmp_path / "fifo.spv", "not a regular file"), ("/dev/zero", "not a regular file")):
+        with pytest.raises(ValueError, match=match):
+            KernelCodeSource.from_spirv_file(path)
+
+
 @needs_glslc
 def test_glsl_that_does_not_compile_is_a_validation_error():
     with pytest.raises(KernelValidationError, match="does not compile"):
