@@ -262,6 +262,20 @@ def test_a_spirv_file_is_a_bounded_regular_file(tmp_path):
 
 
 @needs_glslc
+def test_glsl_compile_arguments_are_checked():
+    source = "#version 450\nlayout(local_size_x = 1) in;\nvoid main() {}\n"
+    for bad in (-1, float("nan"), "5", True):
+        with pytest.raises(ValueError, match="timeout"):
+            KernelCodeSource.from_glsl(source, timeout=bad)
+    with pytest.raises(TypeError, match="include_dirs"):
+        KernelCodeSource.from_glsl(source, include_dirs="/tmp")   # (was split into one folder per character)
+    with pytest.raises(TypeError, match="defines"):
+        KernelCodeSource.from_glsl(source, defines=[("A", "1")])
+    for unbounded in (None, float("inf"), 1e12):   # (inf and 1e12 overflowed the process wait)
+        assert reflect(KernelCodeSource.from_glsl(source, timeout=unbounded).code).entry_points == {"main": "GLCompute"}
+
+
+@needs_glslc
 def test_glsl_that_does_not_compile_is_a_validation_error():
     with pytest.raises(KernelValidationError, match="does not compile"):
         KernelCodeSource.from_glsl("#version 450\nvoid main() { nope(); }")
