@@ -36,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 runtime = runtime_fixture(max_kernels=8)
 MAX = 8
 _OP_STORE, _OP_TYPE_INT = 62, 21
+_OP_CONSTANT, _OP_CONSTANT_COMPOSITE, _OP_DECORATE, _DEC_BUILTIN, _BUILTIN_WORKGROUP_SIZE = 43, 44, 71, 11, 25
 
 
 def _words(code: bytes) -> list[int]:
@@ -77,7 +78,22 @@ def renamed(code: bytes, generator: int) -> bytes:
     return _pack(w)
 
 
-FORGERIES = {"bound": huge_bound, "store": bad_store}
+def big_workgroup(code: bytes) -> bytes:
+    """The module with its WorkgroupSize built-in (which overrides LocalSize) made of one of its
+    constants in [16, 64] on each axis: valid SPIR-V (spirv-val knows no device), thousands of
+    invocations a workgroup, past every device's maxComputeWorkGroupInvocations."""
+    w = _words(code)
+    target = next(w[i + 1] for i, op in _instructions(w)
+                  if op == _OP_DECORATE and w[i + 2] == _DEC_BUILTIN and w[i + 3] == _BUILTIN_WORKGROUP_SIZE)
+    composite = next(i for i, op in _instructions(w) if op == _OP_CONSTANT_COMPOSITE and w[i + 2] == target)
+    kind = next(w[i + 1] for i, op in _instructions(w) if op == _OP_CONSTANT and w[i + 2] == w[composite + 3])
+    values = {w[i + 2]: w[i + 3] for i, op in _instructions(w) if op == _OP_CONSTANT and w[i + 1] == kind}
+    big = max((c for c, v in values.items() if 16 <= v <= 64), key=values.__getitem__)
+    w[composite + 3:composite + 6] = [big, big, big]
+    return _pack(w)
+
+
+FORGERIES = {"bound": huge_bound, "store": bad_store, "workgroup": big_workgroup}
 
 
 def _spec(code: bytes) -> KernelSpec:
@@ -167,8 +183,9 @@ def test_the_structural_check_passes_what_spirv_val_refuses():
         SpirvGate().check(bad, "vulkan1.1")
 
 
-def test_refused_paths_leave_the_runtime_usable(runtime):
-    k, calls = paths(runtime, "store")
+@pytest.mark.parametrize("how", ["store", "workgroup"])
+def test_refused_paths_leave_the_runtime_usable(runtime, how):
+    k, calls = paths(runtime, how)
     kernels = list(runtime.kernels)
     for name, call in calls:
         with pytest.raises(KernelValidationError):

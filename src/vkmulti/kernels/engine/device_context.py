@@ -31,6 +31,7 @@ from ..._core.timeline import TimelinePoint
 from ...transfer.link import link_queue
 from .pipeline_cache import FILES, identity_of
 from .recording import barrier, handle_value
+from .spirv import check_workgroup_size, reflect
 
 _ffi = vk.ffi
 log = logging.getLogger(__name__)
@@ -248,6 +249,8 @@ class DeviceContext:
         limits = props.limits
         self.min_offset_alignment = max(16, int(limits.minStorageBufferOffsetAlignment))
         self.max_group_count = tuple(int(limits.maxComputeWorkGroupCount[i]) for i in range(3))
+        self.max_group_size = tuple(int(limits.maxComputeWorkGroupSize[i]) for i in range(3))
+        self.max_invocations = int(limits.maxComputeWorkGroupInvocations)
         self.max_storage_buffers = int(limits.maxPerStageDescriptorStorageBuffers)
         self.max_storage_range = int(limits.maxStorageBufferRange)
         del props
@@ -312,7 +315,9 @@ class DeviceContext:
         (a build off the step path), then made here from its cache blob."""
         key = (hashlib.sha256(code).digest(), entry, tuple(types), push)
 
-        def make() -> ComputePass:
+        def make() -> ComputePass:   # (a workgroup past the device's limits never reaches the driver)
+            check_workgroup_size(reflect(code), entry, self.max_group_size, self.max_invocations,
+                                 f"GPU {self.index}: SPIR-V")
             compiled = self._compiled_elsewhere(code, entry, types, push, timeout) if elsewhere else None
             return ComputePass(self, code, entry, types, push, compiled)
         return self._pass(key, make, timeout)

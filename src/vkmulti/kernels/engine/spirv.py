@@ -22,8 +22,8 @@ from typing import Any
 from ...errors import KernelValidationError
 from ...errors import TimeoutError as VkmTimeout
 
-__all__ = ["SPIRV_MAGIC", "SpirvModule", "SpirvBinding", "reflect", "check_kernel_abi", "run_spirv_val",
-           "spirv_env_for_api"]
+__all__ = ["SPIRV_MAGIC", "SpirvModule", "SpirvBinding", "reflect", "check_kernel_abi", "check_workgroup_size",
+           "run_spirv_val", "spirv_env_for_api"]
 
 SPIRV_MAGIC = 0x07230203
 #: The newest SPIR-V version (1.6) a module may claim.
@@ -40,6 +40,9 @@ _OP_TYPE_RUNTIME_ARRAY = 29
 _OP_TYPE_STRUCT = 30
 _OP_TYPE_POINTER = 32
 _OP_CONSTANT = 43
+_OP_CONSTANT_COMPOSITE = 44
+_OP_SPEC_CONSTANT = 50
+_OP_SPEC_CONSTANT_COMPOSITE = 51
 _OP_VARIABLE = 59
 _OP_DECORATE = 71
 _OP_MEMBER_DECORATE = 72
@@ -47,6 +50,8 @@ _OP_EXECUTION_MODE_ID = 331
 
 _DEC_BLOCK = 2
 _DEC_BUFFER_BLOCK = 3
+_DEC_BUILTIN = 11
+_BUILTIN_WORKGROUP_SIZE = 25
 _DEC_ARRAY_STRIDE = 6
 _DEC_BINDING = 33
 _DEC_DESCRIPTOR_SET = 34
@@ -169,6 +174,8 @@ def _reflect(code: Any, label: str) -> SpirvModule:
     member_offsets: dict[int, dict[int, int]] = {}
     types: dict[int, tuple] = {}
     constants: dict[int, int] = {}
+    spec_defaults: dict[int, int] = {}          # spec constant -> its default (the pipelines specialize none)
+    composites: dict[int, tuple[int, ...]] = {}   # (spec) constant composite -> its constituents
     pointers: dict[int, tuple[int, int]] = {}
     variables: list[tuple[int, int, int]] = []   # (pointer type, id, storage class)
     i, n = 5, len(words)
@@ -204,14 +211,25 @@ def _reflect(code: Any, label: str) -> SpirvModule:
             pointers[ops[0]] = (ops[1], ops[2])
         elif op == _OP_CONSTANT and len(ops) >= 3:
             constants[ops[1]] = ops[2]
+        elif op == _OP_SPEC_CONSTANT and len(ops) >= 3:
+            spec_defaults[ops[1]] = ops[2]
+        elif op in (_OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE) and len(ops) >= 2:
+            composites[ops[1]] = tuple(ops[2:])
         elif op == _OP_VARIABLE and len(ops) >= 3:
             variables.append((ops[0], ops[1], ops[2]))
         i += count
+    def value(c: int) -> int:
+        return constants.get(c, spec_defaults.get(c, 0))
+    # a WorkgroupSize built-in (a composite of three) overrides every entry point's LocalSize / LocalSizeId
+    builtin = next((composites[c] for c, d in decorations.items()
+                    if d.get(_DEC_BUILTIN) == _BUILTIN_WORKGROUP_SIZE and len(composites.get(c, ())) == 3), None)
     for eid, name in entry_ids.items():
-        if eid in modes:
+        if builtin is not None:
+            mod.local_size[name] = tuple(value(c) for c in builtin)   # type: ignore[assignment]
+        elif eid in modes:
             mod.local_size[name] = modes[eid]
         elif eid in mode_ids:
-            mod.local_size[name] = tuple(constants.get(c, 0) for c in mode_ids[eid])   # type: ignore[assignment]
+            mod.local_size[name] = tuple(value(c) for c in mode_ids[eid])   # type: ignore[assignment]
 
     def size_of(tid: int, depth: int = 0) -> int | None:
         t = types.get(tid)
@@ -292,6 +310,19 @@ def check_kernel_abi(mod: SpirvModule, entry_point: str, n_state: int, push_byte
     if mod.push_constant_bytes is not None and mod.push_constant_bytes > push_bytes:
         raise KernelValidationError(f"{label}'s push constants take {mod.push_constant_bytes} bytes; the kernel ABI "
                                     f"(VkmStep) has {push_bytes}")
+
+
+def check_workgroup_size(mod: SpirvModule, entry_point: str, max_size: tuple[int, int, int], max_invocations: int,
+                         label: str = "SPIR-V") -> None:
+    """KernelValidationError when the workgroup of `entry_point` exceeds a device's
+    maxComputeWorkGroupSize (per axis) or maxComputeWorkGroupInvocations (in all): a
+    pipeline made of it is invalid usage of the driver (a size not known is let through)."""
+    size = mod.local_size.get(entry_point)
+    if size is None or 0 in size:
+        return
+    if any(n > top for n, top in zip(size, max_size)) or size[0] * size[1] * size[2] > max_invocations:
+        raise KernelValidationError(f"{label}'s workgroup {tuple(size)} exceeds this device's limits: at most "
+                                    f"{tuple(max_size)} per axis and {max_invocations} invocations in all")
 
 
 def spirv_env_for_api(api_version: int) -> str:
