@@ -150,6 +150,8 @@ def test_bad_spirv_is_refused_failed_counted_old_code_running(runtime, name, cod
      "{ uint x[]; } s; void main() { s.x[0] = u.w; }", "uniform_buffer"),
     ("layout(push_constant) uniform P { uvec4 a[4]; } p; layout(std430, set = 0, binding = 2) buffer S "
      "{ uvec4 w[]; } s; void main() { s.w[0] = p.a[3]; }", "push constants"),
+    ("layout(std430, set = 0, binding = 2) buffer S { uint w[]; } s; shared uint big[262144]; "   # (1 MiB)
+     "void main() { big[s.w[0]] = 1u; barrier(); s.w[1] = big[s.w[2]]; }", "maxComputeSharedMemorySize"),
 ])
 def test_abi_mismatches_are_found_by_reflection(runtime, source, match):
     k = runtime.launch(counter_kernel(max_sources=64), "c", device=0, state=[counter_initial_state(64)])

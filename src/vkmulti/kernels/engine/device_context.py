@@ -251,6 +251,7 @@ class DeviceContext:
         self.max_group_count = tuple(int(limits.maxComputeWorkGroupCount[i]) for i in range(3))
         self.max_group_size = tuple(int(limits.maxComputeWorkGroupSize[i]) for i in range(3))
         self.max_invocations = int(limits.maxComputeWorkGroupInvocations)
+        self.max_shared = int(limits.maxComputeSharedMemorySize)
         self.max_storage_buffers = int(limits.maxPerStageDescriptorStorageBuffers)
         self.max_storage_range = int(limits.maxStorageBufferRange)
         del props
@@ -316,7 +317,7 @@ class DeviceContext:
         key = (hashlib.sha256(code).digest(), entry, tuple(types), push)
 
         def make() -> ComputePass:   # (a workgroup past the device's limits never reaches the driver)
-            check_workgroup_size(reflect(code), entry, self.max_group_size, self.max_invocations,
+            check_workgroup_size(reflect(code), entry, self.max_group_size, self.max_invocations, self.max_shared,
                                  f"GPU {self.index}: SPIR-V")
             compiled = self._compiled_elsewhere(code, entry, types, push, timeout) if elsewhere else None
             return ComputePass(self, code, entry, types, push, compiled)

@@ -63,6 +63,7 @@ _MODEL_GLCOMPUTE = 5
 
 _SC_UNIFORM_CONSTANT = 0
 _SC_UNIFORM = 2
+_SC_WORKGROUP = 4
 _SC_PUSH_CONSTANT = 9
 _SC_STORAGE_BUFFER = 12
 
@@ -89,6 +90,7 @@ class SpirvModule:
     local_size: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     bindings: list[SpirvBinding] = field(default_factory=list)
     push_constant_bytes: int | None = 0   # None: a type it could not size
+    workgroup_bytes: int = 0   # its Workgroup (shared) variables, packed without padding: a lower bound
 
     def binding(self, set_: int, binding: int) -> SpirvBinding | None:
         return next((b for b in self.bindings if b.set == set_ and b.binding == binding), None)
@@ -257,9 +259,31 @@ def _reflect(code: Any, label: str) -> SpirvModule:
             return end
         return None
 
+    packed: dict[int, int] = {}
+
+    def packed_size(tid: int, depth: int = 0) -> int:
+        """A type's bytes packed without padding (0 where not known); each type sized once."""
+        if tid not in packed:
+            t = types.get(tid)
+            n = 0
+            if t is not None and depth <= 16:
+                if t[0] == "scalar":
+                    n = t[1]
+                elif t[0] == "vector":
+                    n = packed_size(t[1], depth + 1) * t[2]
+                elif t[0] == "array":
+                    n = packed_size(t[1], depth + 1) * value(t[2])
+                elif t[0] == "struct":
+                    n = sum(packed_size(m, depth + 1) for m in t[1])
+            packed[tid] = n
+        return packed[tid]
+
     for ptype, vid, storage in variables:
         pointee = pointers.get(ptype, (storage, 0))[1]
         dec = decorations.get(vid, {})
+        if storage == _SC_WORKGROUP:
+            mod.workgroup_bytes += packed_size(pointee)
+            continue
         if storage == _SC_PUSH_CONSTANT:
             size = size_of(pointee)
             mod.push_constant_bytes = None if size is None or mod.push_constant_bytes is None else \
@@ -313,10 +337,14 @@ def check_kernel_abi(mod: SpirvModule, entry_point: str, n_state: int, push_byte
 
 
 def check_workgroup_size(mod: SpirvModule, entry_point: str, max_size: tuple[int, int, int], max_invocations: int,
-                         label: str = "SPIR-V") -> None:
+                         max_shared: int, label: str = "SPIR-V") -> None:
     """KernelValidationError when the workgroup of `entry_point` exceeds a device's
-    maxComputeWorkGroupSize (per axis) or maxComputeWorkGroupInvocations (in all): a
-    pipeline made of it is invalid usage of the driver (a size not known is let through)."""
+    maxComputeWorkGroupSize (per axis) or maxComputeWorkGroupInvocations (in all), or the
+    module's shared variables its maxComputeSharedMemorySize: a pipeline made of it is
+    invalid usage of the driver (a size not known is let through)."""
+    if mod.workgroup_bytes > max_shared:
+        raise KernelValidationError(f"{label}'s shared (Workgroup) variables take at least {mod.workgroup_bytes} "
+                                    f"bytes; this device has {max_shared} (maxComputeSharedMemorySize)")
     size = mod.local_size.get(entry_point)
     if size is None or 0 in size:
         return
