@@ -299,3 +299,46 @@ def test_a_reflection_is_kept_per_module_bytes_and_bounded():
         struct.pack_into("<I", raw, 8, 0xA000 + tag)
         reflect(bytes(raw))
     assert len(spirv_module._kept) == spirv_module._KEPT and reflect(code) is not first
+
+
+def nested_push_constants(members: int, levels: int) -> bytes:
+    """A module (1.5 KB) whose push-constant block nests `levels` structs of `members` members
+    each, every member with its Offset: members ** levels paths to its scalars."""
+    words: list[int] = []
+
+    def op(code: int, *operands: int) -> None:
+        words.extend([(len(operands) + 1) << 16 | code, *operands])
+    uint, void, fn, ptr, pc, main, label, first = 1, 2, 3, 4, 5, 6, 7, 8
+    top = first + levels
+    op(17, 1)                                       # OpCapability Shader
+    op(14, 0, 1)                                    # OpMemoryModel Logical GLSL450
+    op(15, 5, main, *struct.unpack("<2I", b"main\0\0\0\0"))   # OpEntryPoint GLCompute "main"
+    op(16, main, 17, 1, 1, 1)                       # OpExecutionMode LocalSize 1 1 1
+    op(71, top, 2)                                  # OpDecorate Block
+    for s in range(first, top + 1):
+        for m in range(members):
+            op(72, s, m, 35, 0)                     # OpMemberDecorate Offset 0
+    op(19, void)
+    op(33, fn, void)
+    op(21, uint, 32, 0)
+    op(30, first, *[uint] * members)
+    for s in range(first + 1, top + 1):
+        op(30, s, *[s - 1] * members)               # OpTypeStruct of the one below
+    op(32, ptr, 9, top)                             # OpTypePointer PushConstant
+    op(59, ptr, pc, 9)                              # OpVariable
+    op(54, void, main, 0, fn)
+    op(248, label)
+    op(253)
+    op(56)
+    return struct.pack(f"<{5 + len(words)}I", 0x07230203, 0x00010300, 0, top + 1, 0, *words)
+
+
+def test_reflecting_nested_structs_sizes_each_once():
+    """4 ** 15 paths through a push-constant block: sized member by member, its reflection ran for
+    hours (holding the interpreter) for any launch, restore or reload of the module; each struct
+    is sized once now (a child process, so that a regression cannot hang the test run)."""
+    code = nested_push_constants(4, 15)
+    run = (f"import sys; from vkmulti.kernels.engine import reflect; "
+           f"print(reflect(bytes.fromhex({code.hex()!r})).push_constant_bytes)")
+    p = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.split() == ["4"], p.stderr[-2000:]

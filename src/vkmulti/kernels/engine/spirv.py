@@ -9,6 +9,7 @@ would read the wrong buffers, and a driver may not notice.
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import struct
@@ -233,6 +234,7 @@ def _reflect(code: Any, label: str) -> SpirvModule:
         elif eid in mode_ids:
             mod.local_size[name] = tuple(value(c) for c in mode_ids[eid])   # type: ignore[assignment]
 
+    @functools.lru_cache(maxsize=None)   # (each type at each depth sized once: nested structs share members)
     def size_of(tid: int, depth: int = 0) -> int | None:
         t = types.get(tid)
         if t is None or depth > 16:
