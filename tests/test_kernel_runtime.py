@@ -523,3 +523,43 @@ def test_a_step_timeout_says_what_the_step_waits_for(runtime):
     runtime.send(k, np.array([4], np.uint32), tag=COUNTER_TAG_ADD)
     runtime.step(k).wait(30)
     assert read_counter(runtime.read_state(k)).sum == 4
+
+
+def test_points_of_another_manager_are_refused_not_handed_to_the_driver(runtime, manager):
+    """A TimelinePoint vkmulti made remembers its VkDevice: one of another manager's GPU 0 (the
+    same index) is refused by step()'s and a transfer's waits; before, the driver got a foreign
+    semaphore and the process crashed. Pickled, a point keeps its fields only."""
+    import pickle
+
+    from vkmulti import CrossDeviceTransfer, MultiDeviceManager, TransferMethod
+
+    k = counter(runtime, "c")
+    runtime.step(k).wait(30)
+    other = MultiDeviceManager.create(enabled=True)
+    try:
+        rt2 = KernelRuntime(make_coordinator(other), other, max_kernels=MAX)
+        try:
+            k2 = counter(rt2, "x")
+            foreign = rt2.step(k2).points[0]
+            foreign_ticket = rt2.step(k2)
+            with pytest.raises(ValueError, match="another VkDevice"):
+                runtime.step(k, wait=foreign)
+            with pytest.raises(ValueError, match="another VkDevice"):
+                runtime.step(k, wait=[runtime._context(0).point(1), foreign_ticket.points[0]])
+            with Buffer(manager.slot(0), 4096) as a, Buffer(manager.slot(1), 4096) as b:
+                x = CrossDeviceTransfer(manager.slot(0), manager.slot(1), TransferMethod.HOST_SHARED)
+                try:
+                    with pytest.raises(ValueError, match="another VkDevice"):
+                        x.submit(src_buffer=a, dst_buffer=b, src_wait=foreign)
+                    x.submit(src_buffer=a, dst_buffer=b, src_wait=k.last_point).wait(30)   # (its own: taken)
+                finally:
+                    x.destroy()
+            copy = pickle.loads(pickle.dumps(foreign))
+            assert copy == foreign and "_owner" not in copy.__dict__
+        finally:
+            rt2.destroy()
+    finally:
+        other.destroy()
+    before = k.steps
+    runtime.step(k).wait(30)   # the runtime stays usable
+    assert k.steps == before + 1

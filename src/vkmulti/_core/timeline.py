@@ -4,8 +4,10 @@
 done point); callers may also pass raw ``(semaphore, value)`` pairs. Both are
 checked here before any of them reaches a submit: a null, negative or
 mistyped handle, or a point of another device, is a clear error, never a
-null semaphore in a VkSubmitInfo. (A raw non-null handle cannot be checked:
-Vulkan trusts it, and so does vkmulti.)
+null semaphore in a VkSubmitInfo. A point vkmulti made remembers its VkDevice
+(`TimelinePoint.of`): one of another manager's GPU of the same index is refused
+too. (A raw non-null handle cannot be checked: Vulkan trusts it, and so does
+vkmulti.)
 """
 from __future__ import annotations
 
@@ -46,12 +48,26 @@ class TimelinePoint:
         return vk.ffi.cast("VkSemaphore", self.semaphore)
 
     @classmethod
-    def _trusted(cls, semaphore: int, value: int, device_index: int) -> "TimelinePoint":
+    def _trusted(cls, semaphore: int, value: int, device_index: int, owner: Any = None) -> "TimelinePoint":
         """A point from vkmulti's own ints (a transfer's submit, once per job), made
-        without the frozen dataclass's guarded setattr per field: half the cost."""
+        without the frozen dataclass's guarded setattr per field: half the cost;
+        `owner`: the native device of the semaphore (see `of`)."""
         p = _new(cls)
         p.__dict__.update(semaphore=semaphore, value=value, device_index=device_index)
+        if owner is not None:
+            p.__dict__["_owner"] = owner
         return p
+
+    @classmethod
+    def of(cls, slot: Any, semaphore: int, value: int) -> "TimelinePoint":
+        """A point of a timeline vkmulti made on `slot`'s device. It remembers that
+        device: a wait for it on another VkDevice (another manager's GPU of the same
+        index) is refused instead of handing the driver a foreign semaphore."""
+        return cls._trusted(semaphore, value, slot.index, slot.native)
+
+    def __reduce__(self) -> tuple[Any, tuple[int, int, int]]:
+        # (the fields only: the device it remembers means nothing in another process)
+        return TimelinePoint, (self.semaphore, self.value, self.device_index)
 
 
 _new = object.__new__
@@ -65,6 +81,7 @@ def wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
     if isinstance(value, TimelinePoint):
         if value.device_index != slot.index:
             raise ValueError(f"{label} is a semaphore of GPU {value.device_index}, not of GPU {slot.index}")
+        _check_owner(value, getattr(slot, "native", None), label)
         return handle_int(value.semaphore, "VkSemaphore"), _point_value(value.value, label)
     if isinstance(value, (str, bytes, dict)):
         raise TypeError(f"{label} must be a TimelinePoint or a (semaphore, value) pair, "
@@ -75,6 +92,15 @@ def wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
         raise TypeError(f"{label} must be a TimelinePoint or a (semaphore, value) pair, "
                         f"got {type(value).__name__}") from None
     return handle_int(sem, "VkSemaphore"), _point_value(v, label)
+
+
+def _check_owner(p: TimelinePoint, native: Any, label: str) -> None:
+    """ValueError where `p` was made on another VkDevice than the one of `native`."""
+    owner = p.__dict__.get("_owner")
+    # (by the VkDevice: two managers over one engine's device each have their own native object)
+    if owner is not None and native is not None and owner is not native and owner.handle != native.handle:
+        raise ValueError(f"{label} is a semaphore of another VkDevice (GPU {p.device_index} of another "
+                         f"MultiDeviceManager, or a device made again since): it cannot be waited for here")
 
 
 def _point_value(v: Any, label: str) -> int:
@@ -116,13 +142,15 @@ def wait_points(waits: Any, slot: Any, label: str = "waits") -> list[tuple[int, 
     return out  # type: ignore[return-value]
 
 
-def as_wait_points(wait: Any, device_index: int, what: str = "wait") -> list[TimelinePoint]:
+def as_wait_points(wait: Any, device_index: int, what: str = "wait", native: Any = None) -> list[TimelinePoint]:
     """wait_points' TimelinePoint shape: None, one TimelinePoint or an iterable of
-    them -> a list of the points, all on `device_index` (raw pairs refused)."""
+    them -> a list of the points, all on `device_index` (raw pairs refused) and,
+    where `native` (the device's native object) is given, made on that device."""
     points = _wait_items(wait, what, None)
     for p in points:
         if not isinstance(p, TimelinePoint):
             raise TypeError(f"{what} must be TimelinePoints, got {p!r}")
         if p.device_index != device_index:
             raise ValueError(f"{what} {p} is a semaphore of GPU {p.device_index}, not of GPU {device_index}")
+        _check_owner(p, native, what)
     return points

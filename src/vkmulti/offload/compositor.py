@@ -104,7 +104,7 @@ class Compositor(Submitter):
         render, each transfer's dst_ready). `clear`: RGBA the frame is
         cleared to first, or None to draw over its contents.
         """
-        waits = as_wait_points(wait, self.slot.index)
+        waits = as_wait_points(wait, self.slot.index, native=self.slot.native)
         if clear is not None:
             try:
                 clear = [float(v) for v in clear]

@@ -530,7 +530,7 @@ class SRUOffloadCoordinator:
             point = renderer.render_sru_offscreen(sru, target)
         if point is None:
             return []
-        return as_wait_points(point, index, "the renderer's result")
+        return as_wait_points(point, index, "the renderer's result", self.manager.slot(index).native)
 
     def _offload(self, e: SruEntry, sru: Any, renderer: Any, dst_image: Any, dst_wait: Any) -> bool:
         """Render on the secondary and submit the transfer; False (device marked) on failure."""

@@ -219,7 +219,7 @@ class ReferenceRenderer(Submitter):
             raise TypeError(f"sru must be a ReferenceSRU, got {type(sru).__name__}")
         if not isinstance(target, Image):
             raise TypeError(f"target must be a vkmulti Image, got {type(target).__name__}")
-        waits = as_wait_points(wait, self.slot.index)
+        waits = as_wait_points(wait, self.slot.index, native=self.slot.native)
         with self._life, target._life, self._lock:   # neither is destroyed under the submit
             self._check_target(sru, target)
             self._check()

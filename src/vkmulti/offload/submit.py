@@ -157,14 +157,14 @@ class Submitter:
         done = _SubmitDone(self, value)
         for img in images:
             img._track(done)   # its destroy() waits for this submit
-        return TimelinePoint(self._timeline, value, self.slot.index)
+        return TimelinePoint.of(self.slot, self._timeline, value)
 
     # -- public ------------------------------------------------------------
 
     @property
     def last(self) -> TimelinePoint | None:
         """The point the latest submit signals (None before the first)."""
-        return TimelinePoint(self._timeline, self._value, self.slot.index) if self._value else None
+        return TimelinePoint.of(self.slot, self._timeline, self._value) if self._value else None
 
     def wait(self, point: TimelinePoint | None = None, timeout: float | None = 60.0) -> None:
         """Block (no GIL) until `point` (default: the latest submit) is reached."""

@@ -312,8 +312,8 @@ class CrossDeviceTransfer:
         with self._lock:
             ref = self._link_ref_locked()
             ticket, sdone, dready = ref.link.submit(es, ed, nbytes)
-            self.src_done = TimelinePoint._trusted(ref.src_sem, sdone, self.src.index)
-            self.dst_ready = TimelinePoint._trusted(ref.dst_sem, dready, self.dst.index)
+            self.src_done = TimelinePoint._trusted(ref.src_sem, sdone, self.src.index, self.src.native)
+            self.dst_ready = TimelinePoint._trusted(ref.dst_sem, dready, self.dst.index, self.dst.native)
             t = TransferTicket(ref.link, ticket, self.src_done, self.dst_ready, ref)
             ref.submitted(t)
             self._last = t

@@ -281,7 +281,7 @@ class TimelineRelay:
         if point.device_index != self.src.index or point.semaphore != self.source_semaphore:
             raise ValueError(f"{point} is not a point of the timeline this relay follows (GPU {self.src.index})")
         self._life.check()
-        return RelayTicket(self, point, TimelinePoint(self.timeline, point.value, self.dst.index))
+        return RelayTicket(self, point, TimelinePoint.of(self.dst, self.timeline, point.value))
 
     def _reached(self, value: int) -> bool:
         with self._life:

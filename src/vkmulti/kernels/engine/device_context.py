@@ -249,7 +249,8 @@ class DeviceContext:
         limits = props.limits
         self.min_offset_alignment = max(16, int(limits.minStorageBufferOffsetAlignment))
         self.max_group_count = tuple(int(limits.maxComputeWorkGroupCount[i]) for i in range(3))
-        self.max_group_size = tuple(int(limits.maxComputeWorkGroupSize[i]) for i in range(3))
+        size = limits.maxComputeWorkGroupSize
+        self.max_group_size = (int(size[0]), int(size[1]), int(size[2]))
         self.max_invocations = int(limits.maxComputeWorkGroupInvocations)
         self.max_shared = int(limits.maxComputeSharedMemorySize)
         self.max_storage_buffers = int(limits.maxPerStageDescriptorStorageBuffers)
@@ -508,7 +509,7 @@ class DeviceContext:
             raise DestroyedError(f"the kernel runtime's context on GPU {self.index} was destroyed")
 
     def point(self, value: int) -> TimelinePoint:
-        return TimelinePoint(self.timeline, value, self.index)  # type: ignore[arg-type]
+        return TimelinePoint.of(self.slot, self.timeline, value)  # type: ignore[arg-type]
 
     def completed(self) -> int:
         return self.slot.native.timeline_value(self.timeline)

@@ -55,7 +55,7 @@ class GpuJobs:
             raise
 
     def point(self, value: int) -> TimelinePoint:
-        return TimelinePoint(self.timeline, value, self.slot.index)
+        return TimelinePoint.of(self.slot, self.timeline, value)
 
     def completed(self) -> int:
         return self.slot.native.timeline_value(self.timeline)

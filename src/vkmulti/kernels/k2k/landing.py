@@ -154,7 +154,7 @@ class Gather:
                         (self.timeline, value))
             self.value = value
             self.buffers.append((cmd, value))
-            point = TimelinePoint(self.timeline, value, self.slot.index)
+            point = TimelinePoint.of(self.slot, self.timeline, value)
             self.track([src for src, _, _ in copies], point)
         return point
 

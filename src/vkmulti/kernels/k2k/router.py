@@ -504,7 +504,7 @@ class CrossGpuK2KRouter:
     def _forget(self, r: _Routed) -> None:
         """Take a resolved message out of its device pair's queue (only drain_pending reads those
         queues, for messages still queued: resolved ones would pile up there). Queue lock held."""
-        q = self._pending.get(r.key) if r.key is not None else None   # type: ignore[arg-type]
+        q = self._pending.get(r.key) if r.key is not None else None
         if q:
             try:
                 q.remove(r)   # (resolved in about the order queued: near the front)

@@ -218,7 +218,7 @@ class Inbound:
             raise ValueError(f"offset {offset} is not a multiple of the device's storage offset alignment "
                              f"{ctx.min_offset_alignment}")
         int_in(size, "size", RING_HEADER_BYTES + rt.slot_size, buffer.size - offset)
-        points = as_wait_points(wait, device)
+        points = as_wait_points(wait, device, native=ctx.slot.native)
         if source is not None and not isinstance(source, Kernel):
             raise TypeError(f"source must be a Kernel or None, got {type(source).__name__}")
         int_in(hops, "hops", 0, 255)

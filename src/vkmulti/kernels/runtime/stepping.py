@@ -210,7 +210,7 @@ class Stepping:
                     stepped[dev] = (ctx, stepper)
                     policy = self._life.policy_state
                     here_waits = waits.get(dev)
-                    gpu_waits = as_wait_points(here_waits, dev) if here_waits else ()
+                    gpu_waits = as_wait_points(here_waits, dev, native=ctx.slot.native) if here_waits else ()
                     with ctx.lock:   # (a checkpoint policy's replay log copies what each step consumed, in the step)
                         point, ran, held, new = stepper.step(ks, gpu_waits, deadline, retain,
                                                              policy.plan if policy is not None else None)
