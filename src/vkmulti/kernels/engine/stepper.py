@@ -42,8 +42,8 @@ __all__ = ["DeviceStepper", "QUIET_BATCHES", "StepCapture", "CaptureFactory"]
 QUIET_BATCHES = 2
 #: Whether a native run of quiet steps waits for room by reading the timeline between naps
 #: (vkm_nap_wait: the device's pace learnt and kept per device) instead of the driver's
-#: blocking wait (bench/k2k.py --section run compares the two; on lavapipe, whose blocking
-#: wait sleeps on a futex, naps cost more CPU).
+#: blocking wait (bench/k2k.py --section run compares the two: naps cost more CPU on lavapipe
+#: and on NVIDIA's driver alike, for no wall time saved).
 RUN_NAPS = False
 
 
