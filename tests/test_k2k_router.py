@@ -176,6 +176,10 @@ def test_constructor_checks():
         CrossGpuK2KRouter(coordinator(1), max_pending=0)
     with pytest.raises(ValueError, match="max_landings"):
         CrossGpuK2KRouter(coordinator(1), max_landings=-1)
+    for bad in (0, 0.0, -1, float("nan")):   # (0 was taken as the 30 s default)
+        with pytest.raises(ValueError, match="submit_timeout"):
+            CrossGpuK2KRouter(coordinator(1), submit_timeout=bad)
+    assert CrossGpuK2KRouter(coordinator(1), submit_timeout=None).submit_timeout is None
     with pytest.raises(TypeError):
         PendingK2KMessage("a", "b", b"not a K2KMessage")   # type: ignore[arg-type]
 

@@ -79,7 +79,7 @@ class CrossGpuK2KRouter:
     in_flight) before moves wait and senders are deferred. `max_pending`:
     host-routed messages one source kernel may have waiting for its steps
     (QueueFullError beyond). `submit_timeout`: bound on waits for a transfer's
-    submission (single-queue devices) and on teardown. `transfer_methods`:
+    submission (single-queue devices) and on teardown (> 0 s; None: 30 s). `transfer_methods`:
     {(from device, to device): TransferMethod} to use instead of the pair's
     best (e.g. to compare methods); the method must be one the pair supports.
     """
@@ -95,6 +95,8 @@ class CrossGpuK2KRouter:
         self.max_landings = None if max_landings is None else int_in(max_landings, "max_landings", 1, 1 << 16)
         self.max_pending = int_in(max_pending, "max_pending", 1, 1 << 30)
         self.submit_timeout = timeout_seconds(submit_timeout, "submit_timeout")
+        if self.submit_timeout == 0:   # (no transfer could be submitted, nor the router torn down)
+            raise ValueError("submit_timeout must be a number of seconds > 0 (or None: 30 s), got 0")
         self.transfer_methods = self._check_methods(transfer_methods)
         self._stats = CrossGpuRouterStats()
         self._queue_lock = threading.Lock()        # pending queues (taken inside a runtime's device lock)
