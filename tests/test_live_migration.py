@@ -486,6 +486,9 @@ def test_a_restores_device_is_checked_alike_new_or_into(runtime):
     assert runtime.restore(cp, kernel_id="copy", device=np.int64(1)).device_index == 1
     assert runtime.restore(cp, into=k, device=np.uint8(1)) is k and k.device_index == 1
     assert runtime.launch(k.spec, "more", device=np.int32(0)).device_index == 0
+    with pytest.raises(ValueError, match="keeps its id"):   # (a new id for a restore into k: not ignored)
+        runtime.restore(cp, into=k, kernel_id="zz")
+    assert runtime.restore(cp, into=k, kernel_id="k") is k and not runtime.is_held(k)
 
 
 def test_incremental_checkpoint(runtime):

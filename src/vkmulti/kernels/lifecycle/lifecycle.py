@@ -514,6 +514,9 @@ class Lifecycle:
             if into.runtime is not rt:
                 raise ValueError(f"kernel {into.id!r} belongs to another KernelRuntime")
             into.check()
+            if kernel_id is not None and kernel_id != into.id:   # (into keeps its id: a new one is not given)
+                raise ValueError(f"kernel_id {kernel_id!r} names no kernel to make: restore(into={into.id!r}) "
+                                 f"restores into that kernel, which keeps its id")
             return restore_into(self, into, img, device, timeout)
         return restore_new(rt, img, device, kernel_id, timeout)
 
