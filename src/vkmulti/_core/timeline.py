@@ -12,7 +12,7 @@ vkmulti.)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, TypeAlias
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, TypeAlias
 
 import vulkan as vk
 
@@ -33,6 +33,16 @@ __all__ = ["TimelinePoint", "wait_point", "wait_points", "as_wait_points"]
 _U64 = 1 << 64
 #: Caller-given wait lists longer than this are refused (a submit carries them all).
 MAX_WAITS = 64
+
+
+class PointSlot(Protocol):
+    """What TimelinePoint.of needs of a device slot: its index and native device."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def native(self) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -59,7 +69,7 @@ class TimelinePoint:
         return p
 
     @classmethod
-    def of(cls, slot: Any, semaphore: int, value: int) -> "TimelinePoint":
+    def of(cls, slot: PointSlot, semaphore: int, value: int) -> "TimelinePoint":
         """A point of a timeline vkmulti made on `slot`'s device. It remembers that
         device: a wait for it on another VkDevice (another manager's GPU of the same
         index) is refused instead of handing the driver a foreign semaphore."""
