@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from vkmulti import GpuConnection, GpuTopology, InterconnectType
+from vkmulti import Backend, DeviceInfo, GpuConnection, GpuTopology, InterconnectType, MultiGpuCoordinator
 
 I = InterconnectType
 
@@ -96,3 +96,22 @@ def test_json_round_trip_and_copies():
     bad["numa_nodes"] = [None]
     with pytest.raises(ValueError):
         GpuTopology.from_dict(bad)
+
+
+def test_a_set_topology_larger_than_the_registry_routes_only_through_registered_devices():
+    """Links of indices past the registry are dropped from the coordinator's view like
+    those of placeholders (before: a migration from 0 to 1 went through device 2, which
+    the coordinator does not have)."""
+    coord = MultiGpuCoordinator()
+    for i in range(2):
+        coord.register_device(DeviceInfo(i, f"GPU {i}", Backend.VULKAN))
+    topo = GpuTopology(3)
+    topo.set_connection(GpuConnection(0, 1, I.NONE))
+    topo.set_connection(GpuConnection(0, 2, I.NVLINK))
+    topo.set_connection(GpuConnection(2, 1, I.NVLINK))
+    coord.set_topology(topo)
+    coord.assign_kernel("k", 0)
+    assert coord.request_migration("k", 1).path == [0, 1]
+    view = coord.topology()
+    assert view.neighbors(0) == [] and view.get_connection(2, 1) is None
+    assert view.get_connection(0, 1).interconnect is I.NONE

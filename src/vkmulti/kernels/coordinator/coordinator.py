@@ -537,8 +537,9 @@ class MultiGpuCoordinator:
         return self._topology.generation
 
     def topology(self) -> GpuTopology:
-        """A copy of the current topology: the one set (or probed) with offline
-        devices' links removed and new devices estimated, else the estimate.
+        """A copy of the current topology: the one set (or probed) with the links of
+        offline devices, placeholders and indices past the registry removed and new
+        devices estimated, else the estimate.
         Register and unregister invalidate it."""
         with self._lock:
             return self._topology.view(self._snapshot_locked()).copy()

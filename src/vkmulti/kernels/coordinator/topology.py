@@ -367,7 +367,8 @@ class GpuTopology:
 class TopologyView:
     """The coordinator's topology: one set (or probed) or, without one, the estimate
     from the device records; the view of it that follows register and unregister
-    (offline devices lose their links, devices added later get estimated ones) is
+    (offline devices, placeholders and indices past the registry lose their links,
+    devices added later get estimated ones) is
     made on demand and kept until the devices or the topology change. Owned by
     MultiGpuCoordinator and used under its lock."""
 
@@ -416,8 +417,8 @@ class TopologyView:
                 grown.numa_nodes[:base.device_count] = view.numa_nodes
                 grown.details, grown.last_updated = view.details, view.last_updated
                 view = grown
-            for s in range(n):
-                if not snap.is_live(s):   # offline devices and placeholders have no links
+            for s in range(view.device_count):
+                if not snap.is_live(s):   # offline devices, placeholders and indices past the registry have no links
                     for d in range(view.device_count):
                         if d != s:
                             view._connections[s][d] = view._connections[d][s] = None
