@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from vkmulti import Backend, DeviceInfo, GpuConnection, GpuTopology, InterconnectType, MultiGpuCoordinator
+from vkmulti import Backend, DeviceInfo, GpuConnection, GpuTopology, InterconnectType, InvalidConfigError, \
+    MultiGpuCoordinator
+from vkmulti.kernels.coordinator.topology import MAX_TOPOLOGY_DEVICES
 
 I = InterconnectType
 
@@ -115,3 +117,23 @@ def test_a_set_topology_larger_than_the_registry_routes_only_through_registered_
     view = coord.topology()
     assert view.neighbors(0) == [] and view.get_connection(2, 1) is None
     assert view.get_connection(0, 1).interconnect is I.NONE
+
+
+def test_topologies_are_bounded_so_a_high_device_index_cannot_exhaust_memory():
+    """A topology is a dense matrix; one device registered at a high (allowed) index
+    made topology() and request_migration() build and estimate an n x n matrix under
+    the coordinator's lock (index 30,000: 900 million links, a MemoryError or the OOM
+    killer). Past MAX_TOPOLOGY_DEVICES they refuse, and the registry is unchanged."""
+    with pytest.raises(InvalidConfigError, match="at most"):
+        GpuTopology(MAX_TOPOLOGY_DEVICES + 1)
+    with pytest.raises(ValueError):
+        GpuTopology.from_dict({**GpuTopology(1).to_dict(), "device_count": 10**9})
+    assert GpuTopology(MAX_TOPOLOGY_DEVICES).device_count == MAX_TOPOLOGY_DEVICES
+    coord = MultiGpuCoordinator()
+    coord.register_device(DeviceInfo(0, "GPU 0", Backend.VULKAN))
+    coord.register_device(DeviceInfo(2 * MAX_TOPOLOGY_DEVICES, "far", Backend.VULKAN))
+    coord.assign_kernel("k", 0)
+    for call in (coord.topology, coord.discover_topology, lambda: coord.request_migration("k", 2 * MAX_TOPOLOGY_DEVICES)):
+        with pytest.raises(InvalidConfigError, match="at most"):
+            call()
+    assert coord.get_kernel_device("k") == 0 and coord.place_kernel("j") == 2 * MAX_TOPOLOGY_DEVICES

@@ -540,7 +540,8 @@ class MultiGpuCoordinator:
         """A copy of the current topology: the one set (or probed) with the links of
         offline devices, placeholders and indices past the registry removed and new
         devices estimated, else the estimate.
-        Register and unregister invalidate it."""
+        Register and unregister invalidate it. A topology has a row per slot, at most
+        MAX_TOPOLOGY_DEVICES (InvalidConfigError past it, here and wherever a route is needed)."""
         with self._lock:
             return self._topology.view(self._snapshot_locked()).copy()
 

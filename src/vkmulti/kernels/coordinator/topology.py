@@ -13,10 +13,17 @@ from typing import Any
 
 from ..._core.checks import check_count, check_index, check_number
 from ..._core.reprs import compact_repr
+from ...errors import InvalidConfigError
 from .config import Backend
 from .records import RegistrySnapshot
 
-__all__ = ["InterconnectType", "GpuConnection", "GpuTopology", "TopologyView", "estimated_link", "estimate", "route"]
+__all__ = ["MAX_TOPOLOGY_DEVICES", "InterconnectType", "GpuConnection", "GpuTopology", "TopologyView",
+           "estimated_link", "estimate", "route"]
+
+#: The most devices a GpuTopology may have: it is a dense n x n matrix (and an estimate
+#: makes a link per pair), so n is bounded to keep its memory and time bounded
+#: (1024 devices: a million links).
+MAX_TOPOLOGY_DEVICES = 1024
 
 
 class InterconnectType(enum.Enum):
@@ -119,12 +126,16 @@ class GpuTopology:
     NUMA nodes, `probed` (False: estimated) and `last_updated` (time.time()).
 
     Index arguments out of range are ignored or answer empty, as in the seed;
-    arguments that are not ints raise TypeError. `details` holds what a probe
+    arguments that are not ints raise TypeError. `device_count` is at most
+    MAX_TOPOLOGY_DEVICES (InvalidConfigError, a ValueError, past it). `details` holds what a probe
     found beyond the matrix (PCI buses, UUIDs, NVLink counts, notes).
     """
 
     def __init__(self, device_count: int):
         n = check_count(device_count, "device_count")
+        if n > MAX_TOPOLOGY_DEVICES:
+            raise InvalidConfigError(f"a topology of {n} devices: at most {MAX_TOPOLOGY_DEVICES} (a dense matrix "
+                                     f"of links; a coordinator's topology has a row per device slot)")
         self.device_count = n
         self._connections: list[list[GpuConnection | None]] = [[None] * n for _ in range(n)]
         for i in range(n):
