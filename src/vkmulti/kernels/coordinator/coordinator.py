@@ -489,6 +489,7 @@ class MultiGpuCoordinator:
                 raise BackendUnavailableError("No GPU devices available: no device is registered")
             selector = self._selector
             if selector is None:
+                require_candidates(self._snapshot_locked())   # (the seed filters by preference first)
                 if self._strict:
                     raise InvalidConfigError("load_balancing is CUSTOM but no selector is set; call "
                                              "set_custom_selector(fn) first")
