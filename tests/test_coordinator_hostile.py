@@ -2,10 +2,11 @@
 coordinator tests (test_kernels_coordinator.py) do not reach."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from vkmulti import (Backend, BackendUnavailableError, DeviceInfo, LoadBalancingStrategy, MultiGpuConfig,
-                     MultiGpuCoordinator)
+from vkmulti import (Backend, BackendUnavailableError, DeviceInfo, GpuConnection, InterconnectType,
+                     LoadBalancingStrategy, MultiGpuConfig, MultiGpuCoordinator)
 
 S = LoadBalancingStrategy
 
@@ -22,3 +23,18 @@ def test_custom_without_a_selector_filters_by_preference_first(strict):
     with pytest.raises(BackendUnavailableError, match="preferred"):
         coord.place_kernel("k")
     assert coord.kernel_map() == {}
+
+
+@pytest.mark.parametrize("value, error", [(10**400, ValueError), (-10**400, ValueError), (np.True_, TypeError),
+                                          (np.bool_(False), TypeError), (True, TypeError)])
+def test_speeds_bandwidths_and_latencies_refuse_bools_and_out_of_range_ints(value, error):
+    """check_number's promise, TypeError or ValueError (before: an int past float range
+    raised OverflowError, and a numpy bool passed as 1.0 or 0.0 where a bool is refused)."""
+    coord = MultiGpuCoordinator()
+    coord.register_device(DeviceInfo(0, "GPU 0", Backend.VULKAN))
+    with pytest.raises(error):
+        coord.set_device_speed(0, value)
+    assert coord.device_speed(0) == 1.0
+    for field in ("bandwidth_gbps", "latency_us"):
+        with pytest.raises(error):
+            GpuConnection(0, 1, InterconnectType.PCIE, **{field: value})

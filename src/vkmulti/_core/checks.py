@@ -69,12 +69,17 @@ def check_count(value: Any, label: str, minimum: int = 0) -> int:
 
 
 def check_number(value: Any, label: str, *, positive: bool = False) -> float:
-    """A finite float >= 0 (> 0 when `positive`); TypeError / ValueError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+    """A finite float >= 0 (> 0 when `positive`); TypeError / ValueError. Bools (numpy's
+    too) are not numbers here, and an int past float range is a ValueError."""
+    if isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", None) == "b" \
+            or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
         raise TypeError(f"{label} must be a number, got {type(value).__name__} {short_repr(value)}")
-    f = float(value)
+    try:
+        f = float(value)
+    except OverflowError:
+        f = math.inf
     if not math.isfinite(f) or f < 0 or (positive and f == 0):
-        raise ValueError(f"{label} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+        raise ValueError(f"{label} must be a finite number {'> 0' if positive else '>= 0'}, got {short_repr(value)}")
     return f
 
 
