@@ -137,3 +137,18 @@ def test_topologies_are_bounded_so_a_high_device_index_cannot_exhaust_memory():
         with pytest.raises(InvalidConfigError, match="at most"):
             call()
     assert coord.get_kernel_device("k") == 0 and coord.place_kernel("j") == 2 * MAX_TOPOLOGY_DEVICES
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("field, value", [("latency_us", math.nan), ("bandwidth_gbps", -1.0),
+                                          ("bandwidth_gbps", math.inf), ("hops", True)])
+def test_set_connection_checks_fields_assigned_after_construction(bidirectional, field, value):
+    """GpuConnection's fields are assignable; set_connection checks them again and stores
+    nothing on failure (before: a one-way connection was stored as it was, a bidirectional
+    one half, and a NaN latency surfaced later in request_migration)."""
+    topo = GpuTopology(2)
+    conn = GpuConnection(0, 1, I.NVLINK, bidirectional=bidirectional)
+    setattr(conn, field, value)
+    with pytest.raises((TypeError, ValueError)):
+        topo.set_connection(conn)
+    assert topo.get_connection(0, 1) is None and topo.get_connection(1, 0) is None

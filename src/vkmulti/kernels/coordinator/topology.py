@@ -149,15 +149,18 @@ class GpuTopology:
 
     def set_connection(self, connection: GpuConnection) -> None:
         """Store `connection` (and its mirror when bidirectional); ignored when an
-        endpoint is out of range."""
+        endpoint is out of range. Its fields are checked again (they are assignable),
+        before anything is stored."""
         if not isinstance(connection, GpuConnection):
             raise TypeError(f"connection must be a GpuConnection, got {type(connection).__name__}")
-        s, d = connection.source, connection.destination
+        conn = dataclasses.replace(connection)   # a checked copy
+        s, d = conn.source, conn.destination
         if s >= self.device_count or d >= self.device_count:
             return
-        self._connections[s][d] = copy.copy(connection)
-        if connection.bidirectional and s != d:
-            self._connections[d][s] = dataclasses.replace(connection, source=d, destination=s)
+        mirror = dataclasses.replace(conn, source=d, destination=s) if conn.bidirectional and s != d else None
+        self._connections[s][d] = conn
+        if mirror is not None:
+            self._connections[d][s] = mirror
 
     def get_connection(self, source: int, destination: int) -> GpuConnection | None:
         """The connection from `source` to `destination`, or None (unknown pair, or out of range)."""
