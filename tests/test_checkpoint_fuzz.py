@@ -197,3 +197,109 @@ def test_file_storage_answers_or_raises_typed_errors(hostile_folder, ops):
         except (ValueError, TypeError, CheckpointNotFoundError, CheckpointStorageError):
             pass   # InvalidCheckpointError is a ValueError
     assert (hostile_folder / "fifo.rkcp").exists() and os.path.islink(hostile_folder / "link.rkcp")
+
+
+# ---- length and count fields of a true checkpoint, resealed -----------------------
+
+
+def _fields(raw: bytes) -> list[tuple[int, int]]:
+    """(offset, width) of every length, count and size field of a checkpoint this module
+    wrote: header total size and chunk count, metadata length, its string lengths and
+    custom count, and each chunk's type and sizes."""
+    out = [(16, 8), (24, 4), (36, 4), (HEADER_SIZE, 4)]
+    at = HEADER_SIZE + 4
+    meta_end = at + struct.unpack_from("<I", raw, HEADER_SIZE)[0]
+    for _ in range(2):   # kernel id, kernel type
+        out.append((at, 4))
+        at += 4 + struct.unpack_from("<I", raw, at)[0]
+    at += 8 + 12 + 12 + 24
+    out.append((at, 4))   # custom count
+    at += 4
+    while at < meta_end:   # custom keys and values
+        out.append((at, 4))
+        at += 4 + struct.unpack_from("<I", raw, at)[0]
+    for _ in range(struct.unpack_from("<I", raw, 24)[0]):
+        out += [(at, 4), (at + 8, 8), (at + 16, 8), (at + 8, 16)]   # 16: both sizes, set alike
+        at += 32 + struct.unpack_from("<Q", raw, at + 8)[0]
+    return out
+
+
+def _reseal(raw: bytearray, count: int) -> bytes:
+    """Recompute the chunk-CRC table (of the `count` chunks the original had, walked with
+    the sizes the bytes now state), the checksum and the header CRC, as a forger would:
+    the parser then meets the lie, not a CRC mismatch."""
+    table = len(raw) - 4 * count
+    spans = []
+    try:
+        at = HEADER_SIZE + 4 + struct.unpack_from("<I", raw, HEADER_SIZE)[0]
+        for _ in range(count):
+            end = at + 32 + struct.unpack_from("<Q", raw, at + 8)[0]
+            if end > table:
+                break
+            spans.append((at, end))
+            at = end
+    except struct.error:
+        pass
+    for i, (a, b) in enumerate(spans):
+        struct.pack_into("<I", raw, table + 4 * i, zlib.crc32(raw[a:b]))
+    struct.pack_into("<I", raw, 32, zlib.crc32(raw[HEADER_SIZE:]))
+    struct.pack_into("<I", raw, 48, zlib.crc32(raw[:48]))
+    return bytes(raw)
+
+
+RICH = CheckpointBuilder("fuzz-kernel", "type").step(7).grid_size(2, 3, 4).custom("a", "b").custom("key", "v" * 9) \
+    .control_block(b"\1" * 80).device_memory("state0", b"\2" * 64).k2h_queue(b"").h2k_queue(b"\3" * 12) \
+    .build().to_bytes()
+RICH_FIELDS = _fields(RICH)
+RICH_CHUNKS = 4
+
+
+def test_the_field_map_reads_the_rich_sample():
+    assert Checkpoint.from_bytes(_reseal(bytearray(RICH), RICH_CHUNKS)).to_bytes()[64:] == RICH[64:]
+    assert len(RICH_FIELDS) == 4 + 2 + 1 + 4 + 4 * RICH_CHUNKS   # header, strings, count, custom strings, chunks
+
+
+@st.composite
+def resealed(draw):
+    """RICH with one to three length / count / size fields set to a lie, CRCs made right."""
+    raw = bytearray(RICH)
+    for _ in range(draw(st.integers(1, 3))):
+        at, width = draw(st.sampled_from(RICH_FIELDS))
+        both = width == 16
+        width = 8 if both else width
+        top = (1 << (8 * width)) - 1
+        old = int.from_bytes(raw[at:at + width], "little")
+        value = draw(st.one_of(st.sampled_from([0, 1, top, top - 1, 1 << 30, (1 << 30) + 1, 1 << 31, 4096, 4097]),
+                               st.integers(max(0, old - 40), min(top, old + 40)), st.integers(0, top)))
+        raw[at:at + width] = value.to_bytes(width, "little")
+        if both:
+            raw[at + 8:at + 16] = value.to_bytes(8, "little")
+    return _reseal(raw, RICH_CHUNKS)
+
+
+@pytest.fixture(scope="module")
+def read_path(tmp_path_factory):
+    return FileStorage(tmp_path_factory.mktemp("resealed"))
+
+
+@settings(max_examples=600, **FUZZ)
+@given(resealed())
+def test_lying_length_fields_parse_or_are_refused_from_storage_too(read_path, raw):
+    """Every lie in a length, count or size field of a CRC-valid file parses (and
+    round-trips) or is InvalidCheckpointError, from bytes and from FileStorage, and the
+    parse allocates no more than a few times the file."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        cp = _parse(raw)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * len(raw) + (256 << 10)
+    (read_path.base_path / "cp.rkcp").write_bytes(raw)
+    try:
+        loaded = read_path.load("cp")
+    except InvalidCheckpointError:
+        assert cp is None
+    else:
+        assert cp is not None and loaded.chunks == cp.chunks and loaded.metadata == cp.metadata
