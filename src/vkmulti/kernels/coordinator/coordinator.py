@@ -200,7 +200,7 @@ class MultiGpuCoordinator:
         self._listeners.add(listener)
 
     def remove_listener(self, listener: Callable[[CoordinatorEvent], object]) -> None:
-        """Stop calling `listener` (one added with add_listener); unknown listeners are ignored."""
+        """Stop calling `listener` (one added with add_listener); ValueError for one that is not."""
         self._listeners.remove(listener)
 
     # -- devices -----------------------------------------------------------------
