@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from vkmulti import (Backend, BackendUnavailableError, DeviceInfo, GpuConnection, InterconnectType,
-                     LoadBalancingStrategy, MultiGpuConfig, MultiGpuCoordinator)
+                     KernelNotFoundError, LoadBalancingStrategy, MigrationRequest, MultiGpuConfig,
+                     MultiGpuCoordinator)
 
 S = LoadBalancingStrategy
 
@@ -38,3 +39,28 @@ def test_speeds_bandwidths_and_latencies_refuse_bools_and_out_of_range_ints(valu
     for field in ("bandwidth_gbps", "latency_us"):
         with pytest.raises(error):
             GpuConnection(0, 1, InterconnectType.PCIE, **{field: value})
+
+
+def test_migration_requests_are_checked_again_where_they_are_used():
+    """MigrationRequest's fields are assignable. Before: complete_migration of a request
+    whose kernel_id became a plain str raised AttributeError, a bool target was taken as
+    device 1, and estimate_transfer_time raised ZeroDivisionError for a bandwidth set to 0
+    and OverflowError for a size past float range."""
+    coord = MultiGpuCoordinator()
+    for i in range(2):
+        coord.register_device(DeviceInfo(i, f"GPU {i}", Backend.VULKAN))
+    coord.assign_kernel("k", 0)
+    req = coord.request_migration("k", 1)
+    req.kernel_id = "gone"
+    with pytest.raises(KernelNotFoundError, match="gone"):
+        coord.complete_migration(req)
+    req.kernel_id, req.target_device = "k", True
+    with pytest.raises(TypeError):
+        coord.complete_migration(req)
+    assert coord.get_kernel_device("k") == 0
+    req = MigrationRequest("k", 0, 1, [0, 1], 16.0, 10.0)
+    with pytest.raises(ValueError):
+        req.estimate_transfer_time(10**400)
+    req.estimated_bandwidth_gbps = 0.0
+    with pytest.raises(ValueError):
+        req.estimate_transfer_time(10)

@@ -580,7 +580,8 @@ class MultiGpuCoordinator:
         Unmapped kernel: KernelNotFoundError; on another device: MigrationError."""
         if not isinstance(request, MigrationRequest):
             raise TypeError(f"complete_migration takes a MigrationRequest, got {type(request).__name__}")
-        kid, src, target = request.kernel_id, request.source_device, request.target_device
+        kid, src = as_kernel_id(request.kernel_id), check_index(request.source_device, "source_device")
+        target = check_index(request.target_device, "target_device")   # (the fields are assignable)
         with self._lock:
             cur = self._map.get(kid)
             if cur is None:

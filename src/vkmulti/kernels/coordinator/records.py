@@ -229,10 +229,12 @@ class MigrationRequest:
             raise TypeError(f"state must be a MigrationState, got {self.state!r}")
 
     def estimate_transfer_time(self, state_size_bytes: int) -> float:
-        """Seconds to move `state_size_bytes`: size / bandwidth + latency, truncated
-        to whole microseconds (1 GB at 300 GB/s plus 1 us: 0.003334 s)."""
-        n = check_count(state_size_bytes, "state_size_bytes")
-        total_us = (n / 1e9) / self.estimated_bandwidth_gbps * 1e6 + self.estimated_latency_us
+        """Seconds to move `state_size_bytes` (at most 2**64 - 1): size / bandwidth + latency,
+        truncated to whole microseconds (1 GB at 300 GB/s plus 1 us: 0.003334 s). The
+        figures are checked again here: the fields are assignable."""
+        n = _bounded(state_size_bytes, "state_size_bytes", U64_MAX)
+        bw = check_number(self.estimated_bandwidth_gbps, "estimated_bandwidth_gbps", positive=True)
+        total_us = (n / 1e9) / bw * 1e6 + check_number(self.estimated_latency_us, "estimated_latency_us")
         return int(total_us) / 1e6
 
 
