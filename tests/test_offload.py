@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import vulkan as vk
 
 import vkmulti
 from vkmulti.apps import cli
@@ -414,6 +415,7 @@ def test_bad_input(manager):
     c = SRUOffloadCoordinator(manager, secondary_renderer_factory=factory)
     frame = Image(manager.primary, 64, 64)
     wrong = Image(manager.slot(1), 64, 64)
+    uint_frame = Image(manager.primary, 64, 64, vk.VK_FORMAT_R32_UINT)
     try:
         with pytest.raises(ValueError, match="duplicate sru_id 1"):
             c.plan([SimpleNamespace(sru_id=1, render_cost=1), SimpleNamespace(sru_id=1, render_cost=2)])
@@ -427,6 +429,8 @@ def test_bad_input(manager):
             c.render_frame([SimpleNamespace(sru_id=1, x=0, y=0)], frame)
         with pytest.raises(ValueError, match="GPU 1"):
             c.render_frame(tiles(2, 64, 64), wrong)
+        with pytest.raises(ValueError, match="R32_UINT"):   # SRU images cannot be blitted into it
+            c.render_frame(tiles(2, 64, 64), uint_frame)
         with pytest.raises(TypeError):
             c.transfer_for("route")
         with pytest.raises(TypeError, match="dst_wait"):
@@ -438,6 +442,7 @@ def test_bad_input(manager):
         c.destroy()
         frame.destroy()
         wrong.destroy()
+        uint_frame.destroy()
     c.destroy()    # idempotent
     with pytest.raises(DestroyedError):
         c.plan([])

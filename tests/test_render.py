@@ -316,3 +316,27 @@ def test_compositor_bad_input(manager):
         for img in (src, frame, other):
             img.destroy()
         c.destroy()
+
+
+def test_compositor_refuses_formats_a_blit_cannot_convert(manager):
+    """A float image placed into an integer frame (or the reverse) is invalid Vulkan for
+    vkCmdBlitImage: refused with ValueError before any command is recorded."""
+    slot = manager.slot(0)
+    c = Compositor(slot)
+    src = Image(slot, 4, 4, usage=SRU_IMAGE_USAGE)
+    uint_frame = Image(slot, 8, 8, vk.VK_FORMAT_R32_UINT)
+    uint_src = Image(slot, 4, 4, vk.VK_FORMAT_R32_UINT)
+    frame = Image(slot, 8, 8)
+    try:
+        with pytest.raises(ValueError, match="R32_UINT"):
+            c.composite(uint_frame, [(src, 0, 0)])
+        with pytest.raises(ValueError, match="R32_UINT"):
+            c.composite(frame, [(uint_src, 0, 0)])
+        with pytest.raises(ValueError, match="beyond any frame"):
+            c.composite(frame, [(src, 10**400, 0)])
+        c.wait(c.composite(uint_frame, [(uint_src, 2, 2)]), timeout=60)   # integer into integer: fine
+        c.wait(c.composite(frame, [(src, 0, 0)]), timeout=60)             # still usable
+    finally:
+        for img in (src, uint_frame, uint_src, frame):
+            img.destroy()
+        c.destroy()

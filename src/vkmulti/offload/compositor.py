@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import vulkan as vk
 
 from .._core import vkapi
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
+from .._core.formats import format_name
 from .._core.timeline import TimelinePoint, as_wait_points
 from ..errors import DestroyedError
 from ..memory.image import Image
@@ -20,6 +21,12 @@ if TYPE_CHECKING:
     from ..device.manager import DeviceSlot
 
 __all__ = ["Compositor", "scale_pair"]
+
+
+def _int_kind(fmt: int) -> str:
+    """"UINT", "SINT" or "" (not an integer format): a blit copies only within one kind."""
+    name = format_name(fmt)
+    return "UINT" if "_UINT" in name else "SINT" if "_SINT" in name else ""
 
 
 def scale_pair(content_scale: Any) -> tuple[float, float]:
@@ -46,6 +53,7 @@ class Compositor(Submitter):
         self.content_scale = scale_pair(content_scale)
         super().__init__(slot, queue)
         self._linear: dict[int, bool] = {}
+        self._features: dict[int, int] = {}
 
     def _check_image(self, image: Any, what: str, usage: int) -> None:
         if not isinstance(image, Image):
@@ -57,6 +65,30 @@ class Compositor(Submitter):
         if not image.usage & usage:
             name = "TRANSFER_DST" if usage == vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT else "TRANSFER_SRC"
             raise ValueError(f"{what} lacks the {name} usage a blit needs")
+
+    def check_frame(self, frame: Any, src_format: int, what: str) -> None:
+        """TypeError / ValueError / DestroyedError unless images of `src_format` (`what`) can be
+        composited into `frame`."""
+        self._check_image(frame, "frame", vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT)
+        self.check_blit(src_format, frame.format, what)
+
+    def check_blit(self, src_format: int, dst_format: int, what: str) -> None:
+        """ValueError where vkCmdBlitImage cannot copy `src_format` (of `what`) into the frame's
+        `dst_format` on this device: the format lacks BLIT_SRC / BLIT_DST, or one is an integer
+        format and the other is not of the same kind (the blit would be invalid Vulkan)."""
+        for fmt, bit, side in ((src_format, vk.VK_FORMAT_FEATURE_BLIT_SRC_BIT, f"{what}'s"),
+                               (dst_format, vk.VK_FORMAT_FEATURE_BLIT_DST_BIT, "the frame's")):
+            feats = self._features.get(fmt)
+            if feats is None:
+                feats = self._features[fmt] = format_features(self.slot, fmt)
+            if not feats & bit:
+                raise ValueError(f"{side} format {format_name(fmt)} cannot be "
+                                 f"{'blitted from' if bit == vk.VK_FORMAT_FEATURE_BLIT_SRC_BIT else 'blitted into'}"
+                                 f" on {self.slot.name!r}")
+        if _int_kind(src_format) != _int_kind(dst_format):
+            raise ValueError(f"{what} is {format_name(src_format)} and the frame {format_name(dst_format)}: a blit "
+                             f"copies integer formats only into the same kind (UINT, SINT) and others only into "
+                             f"non-integer formats")
 
     def regions(self, frame: Image, placements: Iterable[tuple[Image, int, int]]) \
             -> list[tuple[Image, tuple[int, int, int, int], tuple[int, int, int, int]]]:
@@ -74,8 +106,12 @@ class Compositor(Submitter):
             self._check_image(image, f"placement {k} image", vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT)
             if image is frame:
                 raise ValueError(f"placement {k} image is the frame itself")
+            self.check_blit(image.format, frame.format, f"placement {k} image")
             w, h = image.width, image.height
-            d = (round(x * sx), round(y * sy), round((x + w) * sx), round((y + h) * sy))
+            try:
+                d = (round(x * sx), round(y * sy), round((x + w) * sx), round((y + h) * sy))
+            except OverflowError:
+                raise ValueError(f"placement {k} lies beyond any frame: x {short_repr(x)}, y {short_repr(y)}") from None
             c = (max(d[0], 0), max(d[1], 0), min(d[2], frame.width), min(d[3], frame.height))
             if c[0] >= c[2] or c[1] >= c[3] or d[0] >= d[2] or d[1] >= d[3]:
                 continue

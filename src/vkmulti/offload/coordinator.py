@@ -16,8 +16,6 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-import vulkan as vk
-
 from .._core.checks import check_index, is_int
 from .._core.lifetime import Lifetime, operation
 from ..device.manager import MultiDeviceManager
@@ -32,6 +30,7 @@ from .cache import SruCache
 from .compositor import Compositor, scale_pair
 from .failover import DEVICE_ERRORS, FrameFailover, FrameInFlight
 from .partition import SRUAssignment, assign_srus, interleaved
+from .render import SRU_FORMAT
 from .types import (FrameReport, OffloadRoute, RendererMissingError, SecondaryRenderContext, SruEntry, check_weights,
                     default_cost, int_list, sru_size)
 
@@ -341,7 +340,7 @@ class SRUOffloadCoordinator:
         self._life.check()
         srus = list(srus)
         compositor = self._ensure_compositor()
-        compositor._check_image(frame, "frame", vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT)
+        compositor.check_frame(frame, SRU_FORMAT, "an SRU image")
         key = sru_id or (lambda s: s.sru_id)
         for s in srus:
             sru_size(s)
