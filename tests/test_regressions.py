@@ -1,4 +1,4 @@
-"""Issue 12, defects A-K: each body crashed the process (or leaked, or hung) before its fix.
+"""Issue 12, defects A-K, and L (a later review): each body crashed the process (or leaked, or hung) before its fix.
 
 Every body runs here in-process, on the virtual pair with the validation layer
 on (a leak at vkDestroyDevice fails the test). `test_bodies_in_a_child_process`
@@ -234,6 +234,55 @@ def body_f_null_wait_semaphore(mgr):
         assert img.download(waits=[]).shape == (8, 8, 8)   # still usable
 
 
+def body_l_null_timeline_points(mgr):
+    """L: a TimelinePoint a caller made with a null or negative semaphore, or a value outside
+    uint64, reached vkQueueSubmit as a compositor's or renderer's wait (or as what a secondary's
+    renderer returned in render_frame): a segfault. Refused; a renderer returning one falls back."""
+    from vkmulti import ReferenceRenderer, ReferenceSRU, SRUOffloadCoordinator, TimelinePoint
+    from vkmulti.offload import Compositor
+
+    s0 = mgr.slot(0)
+    bad = [TimelinePoint(0, 1, 0), TimelinePoint(-5, 1, 0), TimelinePoint("x", 1, 0),
+           TimelinePoint(0x1234, -1, 0), TimelinePoint(0x1234, 2**64, 0)]
+    comp, rend = Compositor(s0), ReferenceRenderer(s0)
+    sru = ReferenceSRU(1, 8, 8)
+    try:
+        with Image(s0, 8, 8) as frame, rend.make_target(sru) as target:
+            for p in bad:
+                with pytest.raises((ValueError, TypeError)):
+                    comp.composite(frame, [], wait=p)
+                with pytest.raises((ValueError, TypeError)):
+                    rend.render(sru, target, wait=[p])
+            comp.wait(comp.composite(frame, [(target, 0, 0)], wait=rend.render(sru, target)), timeout=60)
+    finally:
+        comp.destroy()
+        rend.destroy()
+
+    class NullPoint:   # renders, then returns a point with a null semaphore
+        def __init__(self, slot):
+            self.inner = ReferenceRenderer(slot)
+
+        def render(self, sru, target, *, wait=None):
+            self.inner.render(sru, target, wait=wait)
+            return TimelinePoint(0, 1, self.inner.slot.index)
+
+        def destroy(self):
+            self.inner.destroy()
+
+    home = ReferenceRenderer(s0)
+    mgr.attach_renderer(0, home)
+    c = SRUOffloadCoordinator(mgr, secondary_renderer_factory=lambda ctx: NullPoint(ctx.slot))
+    try:
+        with Image(s0, 32, 16) as frame:
+            srus = [ReferenceSRU(i, 16, 16, x=16 * i, iterations=2) for i in range(2)]
+            rep = c.render_frame(srus, frame)
+            assert set(rep.rendered_on.values()) == {0} and 1 in c.unavailable   # fell back
+            c.render_frame(srus, frame)
+    finally:
+        c.destroy()   # raised ValueError: it waited for the renderer's null point
+        home.destroy()
+
+
 def body_g_object_arrays(mgr):
     """G: numpy arrays of Python objects were uploaded as pointers, and gather(out=)
     overwrote them; the next use crashed. Only plain data is accepted."""
@@ -347,7 +396,7 @@ def body_k_manager_destroy_bounded(timeout=0.5):
 
 BODIES_WITH_MANAGER = [body_b_destroy_during_upload_download, body_e_ring_shapes_that_wrap,
                        body_f_null_wait_semaphore, body_g_object_arrays, body_h_host_port_copies_are_waited,
-                       body_j_download_timeout_and_interrupt]
+                       body_j_download_timeout_and_interrupt, body_l_null_timeline_points]
 BODIES_ALONE = [body_a_manager_destroy_while_submitting, body_c_first_uses_race, body_d_destroy_after_manager,
                 body_d_kernel_runtime_after_manager, body_k_manager_destroy_bounded]
 
@@ -381,6 +430,10 @@ def test_e_ring_shapes_that_wrap_are_refused(manager):
 
 def test_f_null_wait_semaphore_is_refused(manager):
     body_f_null_wait_semaphore(manager)
+
+
+def test_l_null_timeline_points_are_refused(manager):
+    body_l_null_timeline_points(manager)
 
 
 def test_g_object_arrays_are_refused(manager):

@@ -163,4 +163,9 @@ def as_wait_points(wait: Any, device_index: int, what: str = "wait", native: Any
         if p.device_index != device_index:
             raise ValueError(f"{what} {p} is a semaphore of GPU {p.device_index}, not of GPU {device_index}")
         _check_owner(p, native, what)
+        try:   # a point a caller made: its fields go to the submit as they are
+            handle_int(p.semaphore, "VkSemaphore")
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{what} {p}: {exc}"[:200]) from None
+        _point_value(p.value, what)
     return points
