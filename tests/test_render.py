@@ -187,6 +187,7 @@ def test_many_renders_recycle_command_buffers(manager):
     (dict(iterations=0), ValueError), (dict(iterations=1 << 30), ValueError), (dict(seed=-1), ValueError),
     (dict(seed=2**32), ValueError), (dict(color_a=(1, 2)), ValueError), (dict(color_b="red"), TypeError),
     (dict(color_a=(1, float("nan"), 0)), ValueError), (dict(color_a=5), TypeError), (dict(border=-1), ValueError),
+    (dict(border=2**32), ValueError),   # the push constants hold it as a uint32
     (dict(x=1.0), TypeError), (dict(sru_id=1.5), TypeError), (dict(sru_id=None), TypeError),
 ])
 def test_sru_bad_input(kw, exc):

@@ -91,7 +91,7 @@ class ReferenceSRU:
                 raise TypeError(f"{label} must be an int, got {v!r}")
         int_in(self.seed, "seed", 0, U32_MAX)
         positive_int(self.iterations, "iterations", MAX_ITERATIONS)
-        int_in(self.border, "border", 0, None)
+        int_in(self.border, "border", 0, U32_MAX)   # a uint in the push constants
         object.__setattr__(self, "color_a", _colour(self.color_a, "color_a"))
         object.__setattr__(self, "color_b", _colour(self.color_b, "color_b"))
 
