@@ -84,7 +84,12 @@ cdef uint64_t _timeout_ns(timeout) except? 0:
         return _FOREVER
     if type(timeout) is not float and (isinstance(timeout, bool) or not isinstance(timeout, _numbers.Real)):
         raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}")
-    t = float(timeout)
+    try:
+        t = float(timeout)
+    except OverflowError:   # an int beyond any float: longer than any wait
+        if timeout < 0:
+            raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}"[:120])
+        return _FOREVER
     if t != t or t < 0:
         raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}")
     if t > 1e9:

@@ -142,3 +142,21 @@ def test_kernel_runtime_repr_says_destroyed():
         assert "destroyed" in repr(rt)
     finally:
         mgr.destroy()
+
+
+def test_a_timeout_beyond_any_float_means_no_limit(manager):
+    """An int timeout too large for a float (10**400) is a wait without limit; a negative one
+    is a ValueError. Both raised OverflowError after the copy was submitted."""
+    from vkmulti import Image
+    from vkmulti._core.lifetime import Deadline
+
+    huge = 10**400
+    assert Deadline(huge).left() == float("inf")
+    with Image(manager.slot(0), 4, 4) as img, Buffer(manager.slot(0), 64) as buf:
+        img.upload(np.arange(img.nbytes, dtype=np.uint8), timeout=huge)
+        assert img.download(timeout=huge).reshape(-1)[5] == 5
+        buf.upload(np.ones(8, np.uint8), timeout=huge)
+        assert buf.download(8, timeout=huge).sum() == 8
+        with pytest.raises(ValueError, match="timeout"):
+            img.download(timeout=-huge)
+        img.destroy(timeout=huge)

@@ -448,6 +448,24 @@ def test_bad_input(manager):
         c.plan([])
 
 
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_timeout_beyond_any_float_is_no_limit(manager, adaptive):
+    """SRUOffloadCoordinator(timeout=10**400) was accepted, then every frame and destroy()
+    raised OverflowError (the timeout reached float conversions in waits)."""
+    c = SRUOffloadCoordinator(manager, secondary_renderer_factory=factory, timeout=10**400, adaptive=adaptive)
+    frame = Image(manager.primary, 64, 64)
+    try:
+        assert c.timeout == math.inf
+        for _ in range(2):
+            rep = c.render_frame(tiles(4, 64, 64, iters=(2, 4)), frame)
+            assert set(rep.rendered_on.values()) == {0, 1} and not rep.fallbacks
+        c.wait_frame()
+    finally:
+        c.destroy()
+        frame.destroy()
+    assert c.destroyed
+
+
 def test_demo_srus_tile_the_frame():
     srus = make_srus(7, 301, 203)
     assert len(srus) == 7 and len({s.sru_id for s in srus}) == 7

@@ -89,9 +89,12 @@ def timeout_seconds(value: Any, label: str = "timeout") -> float | None:
         return None
     if type(value) is float and value >= 0:   # (the common case, checked without calls; NaN fails >= 0)
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
         raise ValueError(f"{label} must be a number of seconds >= 0 or None, got {short_repr(value)}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:   # an int beyond any float: longer than any wait
+        return math.inf
 
 
 def seconds_text(value: Any) -> str:

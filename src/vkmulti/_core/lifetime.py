@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from ..errors import DestroyedError, VkmError
+from .checks import timeout_seconds
 from ..errors import TimeoutError as VkmTimeoutError
 
 __all__ = ["Deadline", "LazyEvent", "Lifetime", "operation"]
@@ -51,7 +52,7 @@ class Deadline:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
                 raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}")
         self.timeout = timeout
-        self.end = None if timeout is None else time.monotonic() + float(timeout)
+        self.end = None if timeout is None else time.monotonic() + timeout_seconds(timeout)
 
     def left(self) -> float | None:
         """Seconds left (never negative), or None for no limit."""

@@ -16,7 +16,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from .._core.checks import check_index, is_int
+from .._core.checks import check_index, is_int, timeout_seconds
 from .._core.lifetime import Lifetime, operation
 from ..device.manager import MultiDeviceManager
 from ..errors import DestroyedError, DeviceLostError, PrimaryDeviceLostError
@@ -102,7 +102,7 @@ class SRUOffloadCoordinator:
         self.devices = devices
         self.weights = weights
         self.hysteresis = None if hysteresis is None else float(hysteresis)
-        self.timeout = timeout
+        self.timeout = timeout = timeout_seconds(timeout)   # a float (an int beyond any float: math.inf)
         self._routes: dict[Any, OffloadRoute] = {}
         self._contexts: dict[int, SecondaryRenderContext] = {}
         self._unavailable: dict[int, str] = {}
