@@ -66,7 +66,7 @@ class Compositor(Submitter):
             name = "TRANSFER_DST" if usage == vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT else "TRANSFER_SRC"
             raise ValueError(f"{what} lacks the {name} usage a blit needs")
 
-    def check_frame(self, frame: Any, src_format: int, what: str) -> None:
+    def check_frame(self, frame: Image, src_format: int, what: str) -> None:
         """TypeError / ValueError / DestroyedError unless images of `src_format` (`what`) can be
         composited into `frame`."""
         self._check_image(frame, "frame", vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT)
