@@ -160,3 +160,19 @@ def test_a_timeout_beyond_any_float_means_no_limit(manager):
         with pytest.raises(ValueError, match="timeout"):
             img.download(timeout=-huge)
         img.destroy(timeout=huge)
+
+
+@pytest.mark.parametrize("size", [1, 5, 6, 7, 8])
+def test_a_mapped_buffer_of_any_size(manager, size):
+    """MappedBuffer of a size that is not a multiple of 4 raised numpy's ValueError after it
+    was made and mapped (left alive until the manager's destroy); `words` are its whole words."""
+    from vkmulti.memory.buffer import MappedBuffer
+
+    b = MappedBuffer(manager.slot(0), size)
+    try:
+        assert b.bytes.shape == (size,) and b.words.shape == (size // 4,)
+        b.bytes[:] = 0xFF
+        assert (b.words == 0xFFFFFFFF).all()
+    finally:
+        b.destroy()
+    assert b.destroyed

@@ -204,8 +204,9 @@ class Buffer(GpuResource):
 
 class MappedBuffer(Buffer):
     """A host-visible, host-coherent buffer mapped for its whole life: `bytes` and
-    `words` (uint32) are views of it (the host reads what the GPU wrote once the
-    submit that wrote it has signalled); zeroed when made unless `zero` is False."""
+    `words` (uint32: its whole 4-byte words) are views of it (the host reads what the
+    GPU wrote once the submit that wrote it has signalled); zeroed when made unless
+    `zero` is False."""
 
     _mapped: Any = None
 
@@ -213,11 +214,11 @@ class MappedBuffer(Buffer):
         super().__init__(slot, size, usage=usage, host_visible=True)
         try:
             self._mapped = vkapi.vkMapMemory(slot.device, self.memory, 0, size, 0)
+            self.bytes = np.frombuffer(self._mapped, dtype=np.uint8, count=size)
+            self.words = self.bytes[:size - size % 4].view(np.uint32)
         except BaseException:
             super().destroy()
             raise
-        self.bytes = np.frombuffer(self._mapped, dtype=np.uint8, count=size)
-        self.words = self.bytes.view(np.uint32)
         if zero:
             self.bytes[:] = 0
 
