@@ -478,6 +478,16 @@ def test_demo_srus_tile_the_frame():
         make_srus(0, 10, 10)
     with pytest.raises(ValueError, match="too small"):
         make_srus(16, 3, 3)
+    for bad in (True, 2.5, "3", None):   # bools and floats made odd tiles or odd errors
+        with pytest.raises(TypeError, match="count"):
+            make_srus(bad, 64, 64)
+    with pytest.raises(TypeError, match="width"):
+        make_srus(4, 64.0, 64)
+    with pytest.raises(ValueError, match="seed"):
+        make_srus(4, 64, 64, seed=-1)
+    with pytest.raises(TypeError, match="heavy"):
+        make_srus(4, 64, 64, heavy="no")
+    assert make_srus(np.int64(4), np.int64(64), 64) == make_srus(4, 64, 64)   # numpy integers are ints
 
 
 def run_demo(tmp_path, *args, validation=True):

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from .._core.checks import check_count
 from .render import ReferenceSRU
 
 __all__ = ["make_srus", "LIGHT_ITERATIONS", "HEAVY_ITERATIONS"]
@@ -22,9 +23,15 @@ _PALETTE = [((1.0, 0.55, 0.15), (0.08, 0.16, 0.45)), ((0.95, 0.9, 0.3), (0.35, 0
 
 
 def make_srus(count: int, width: int, height: int, *, heavy: bool = False, seed: int = 1) -> list[ReferenceSRU]:
-    """`count` ReferenceSRUs tiling a width x height frame, with varied steps per pixel (varied costs)."""
-    if count <= 0:
-        raise ValueError(f"SRU count must be positive, got {count}")
+    """`count` ReferenceSRUs tiling a width x height frame, with varied steps per pixel (varied costs).
+
+    Ints (numpy integers too): TypeError for other types, ValueError for a count or size
+    below 1, a negative seed or a frame too small for `count` tiles."""
+    count = check_count(count, "SRU count", 1)
+    width, height = check_count(width, "frame width", 1), check_count(height, "frame height", 1)
+    seed = check_count(seed, "seed")
+    if not isinstance(heavy, (bool, np.bool_)):
+        raise TypeError(f"heavy must be a bool, got {type(heavy).__name__}")
     cols = math.ceil(math.sqrt(count))
     rows = math.ceil(count / cols)
     if width < cols or height < rows:
