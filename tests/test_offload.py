@@ -458,7 +458,7 @@ def test_timeout_beyond_any_float_is_no_limit(manager, adaptive):
         assert c.timeout == math.inf
         for _ in range(2):
             rep = c.render_frame(tiles(4, 64, 64, iters=(2, 4)), frame)
-            assert set(rep.rendered_on.values()) == {0, 1} and not rep.fallbacks
+            assert len(rep.rendered_on) == 4 and not rep.fallbacks and not c.unavailable
         c.wait_frame()
     finally:
         c.destroy()
