@@ -19,7 +19,7 @@ import vulkan as vk
 
 from vkmulti import (DestroyedError, InterGpuTransfer, MultiDeviceManager, ReferenceRenderer, SRUOffloadCoordinator,
                      TransferMethod)
-from vkmulti import Buffer, Image
+from vkmulti import Buffer, Image, OffloadRoute
 from vkmulti import CrossDeviceTransfer
 
 from test_offload import tiles
@@ -213,6 +213,38 @@ def test_race_sru_offload_coordinator(manager):
             assert c.destroyed
     finally:
         frame.destroy()
+
+
+def test_threads_asking_for_a_secondary_renderer_share_one_context(manager, run_threads):
+    """Threads that first ask for a device's renderer at once (render_offloaded; also
+    render_sru_offloaded) each made a SecondaryRenderContext and all but one were dropped
+    undestroyed: their command pools outlived the device (a validation error at its
+    destroy). After destroy() no context is made at all."""
+    entered = threading.Event()
+    made = []
+
+    def factory(ctx):
+        if made:
+            entered.set()
+        made.append(ctx)
+        entered.wait(1.0)   # hold the first maker until a second one comes (it must not)
+        return ReferenceRenderer(ctx.slot)
+    c = SRUOffloadCoordinator(manager, secondary_renderer_factory=factory)
+    route = OffloadRoute(1, 1, "staging_copy")
+    got = []
+    barrier = threading.Barrier(4)
+
+    def ask(_):
+        barrier.wait()
+        got.append(c.render_offloaded(route))
+    try:
+        assert run_threads(ask, n=4) == []
+        assert len(made) == 1 and len({id(r) for r in got}) == 1
+    finally:
+        c.destroy()
+    with pytest.raises(DestroyedError):
+        c.render_offloaded(route)
+    assert len(made) == 1
 
 
 def test_race_timeline_relay(manager):

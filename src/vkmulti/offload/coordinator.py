@@ -486,18 +486,14 @@ class SRUOffloadCoordinator:
         return self.manager.capabilities
 
     def _context(self, index: int) -> SecondaryRenderContext | None:
-        ctx = self._contexts.get(index)
-        if ctx is None and self.secondary_renderer_factory is not None:
-            ctx = SecondaryRenderContext(self.manager.slot(index), capabilities=self._caps(),
-                                         content_scale=self.content_scale)
-            ctx.ensure_command_pool()
-            try:
-                ctx.attach_renderer(self.secondary_renderer_factory(ctx))
-            except BaseException:
-                ctx.destroy()
-                raise
-            self._contexts[index] = ctx
-        return ctx
+        with self._lock:   # one context per device when threads ask at once; none after destroy()
+            ctx = self._contexts.get(index)
+            if ctx is None and self.secondary_renderer_factory is not None:
+                self._life.check()
+                ctx = self._contexts[index] = SecondaryRenderContext._made(
+                    self.manager.slot(index), self.secondary_renderer_factory, capabilities=self._caps(),
+                    content_scale=self.content_scale)
+            return ctx
 
     def _renderer_for(self, index: int) -> Any:
         slot = self.manager.slot(index)

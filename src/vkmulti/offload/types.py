@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeAlias, TypeVar
 
 import vulkan as vk
 
@@ -88,6 +88,21 @@ class SecondaryRenderContext:
         self.content_scale = scale_pair(content_scale)
         self.command_pool: VkCommandPool | None = None
         self.renderer: Renderer | None = None
+
+    @classmethod
+    def _made(cls, slot: DeviceSlot, factory: Callable[[SecondaryRenderContext], Renderer], *,
+              capabilities: RenderCapabilities | RenderCapabilitiesLike | None = None,
+              content_scale: tuple[float, float] = (1.0, 1.0)) -> SecondaryRenderContext:
+        """A context with its command pool and the renderer `factory(context)` returns (the
+        context is destroyed again when the factory raises)."""
+        ctx = cls(slot, capabilities=capabilities, content_scale=content_scale)
+        ctx.ensure_command_pool()
+        try:
+            ctx.attach_renderer(factory(ctx))
+        except BaseException:
+            ctx.destroy()
+            raise
+        return ctx
 
     @property
     def device(self) -> VkDevice | None:
