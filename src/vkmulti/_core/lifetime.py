@@ -52,7 +52,8 @@ class Deadline:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
                 raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}")
         self.timeout = timeout
-        self.end = None if timeout is None else time.monotonic() + timeout_seconds(timeout)
+        seconds = timeout_seconds(timeout)   # (an int beyond any float: inf, no limit in effect)
+        self.end = None if seconds is None else time.monotonic() + seconds
 
     def left(self) -> float | None:
         """Seconds left (never negative), or None for no limit."""

@@ -102,7 +102,8 @@ class SRUOffloadCoordinator:
         self.devices = devices
         self.weights = weights
         self.hysteresis = None if hysteresis is None else float(hysteresis)
-        self.timeout = timeout = timeout_seconds(timeout)   # a float (an int beyond any float: math.inf)
+        self.timeout: float = timeout_seconds(timeout) or 0.0   # (> 0 checked above; an int beyond any float: inf)
+        timeout = self.timeout
         self._routes: dict[Any, OffloadRoute] = {}
         self._contexts: dict[int, SecondaryRenderContext] = {}
         self._unavailable: dict[int, str] = {}
