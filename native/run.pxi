@@ -65,8 +65,8 @@ cdef const volatile uint32_t *_word(object words, object index, Py_ssize_t count
     """The address of words[index] .. words[index + count - 1] of a C-contiguous uint32 array."""
     cdef uint32_t[::1] view = words
     cdef Py_ssize_t i = _operator.index(index)
-    if i < 0 or i + count > view.shape[0]:
-        raise ValueError(f"{what}: words {i}..{i + count - 1} are outside an array of {view.shape[0]}")
+    if i < 0 or i > view.shape[0] - count:   # (not i + count: it wraps for an index near 2**63)
+        raise ValueError(f"{what}: words {i}..{<object>i + count - 1} are outside an array of {view.shape[0]}")
     return <const volatile uint32_t *>&view[i]
 
 

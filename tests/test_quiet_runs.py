@@ -535,6 +535,8 @@ def test_the_native_run_refuses_bad_plans_and_leaves_the_runtime_usable(runtime,
         ({"checks": [(words, -1)]}, ValueError, "outside"),
         ({"checks": [(np.zeros(4, np.float64), 0)]}, ValueError, "dtype"),
         ({"captures": [(words, len(words) - 2, 0)]}, ValueError, "outside"),
+        ({"checks": [(words, 2**63 - 1)]}, ValueError, "outside"),   # (index + count wrapped: passed)
+        ({"captures": [(words, 2**63 - 2, 0)]}, ValueError, "outside"),
         ({"captures": [(words, 6, 1)]}, ValueError, "kernel 1"),
         ({"kernels": 0, "captures": [(words, 6, 0)]}, ValueError, "kernel 0"),
     ]
