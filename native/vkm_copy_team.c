@@ -7,7 +7,9 @@
 static void team_part(const vkm_copy_team *t, int i, size_t *off, size_t *len)
 {
     size_t parts = (size_t)t->helpers + 1;
-    size_t each = (t->len / parts + 63) & ~(size_t)63;
+    /* len / parts rounded up, then to whole cache lines: the parts cover all of len (rounding
+     * len / parts down lost the last len % parts bytes where it was a multiple of 64) */
+    size_t each = (t->len / parts + (t->len % parts != 0) + 63) & ~(size_t)63;
     size_t start = each * (size_t)i;
     *off = start < t->len ? start : t->len;
     size_t end = start + each < t->len ? start + each : t->len;

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import subprocess
 import threading
 import time
 
@@ -15,6 +17,8 @@ from vkmulti import DestroyedError, TransferMethod, UnsupportedError
 from vkmulti.device.capabilities import EXT_MEMORY_HOST
 from vkmulti import Buffer, Image
 from vkmulti.transfer import CrossDeviceTransfer, TimelinePoint, select_transfer_method
+
+NATIVE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "native")
 
 
 METHODS = [TransferMethod.STAGING_COPY, TransferMethod.HOST_SHARED, TransferMethod.DMABUF]
@@ -594,3 +598,51 @@ def test_many_submits_after_a_link_is_gone(manager):
             np.testing.assert_array_equal(b.download(), data)
         finally:
             x2.destroy()
+
+
+_COPY_TEAM_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "vkm_copy_team.h"
+int main(void)
+{
+    size_t most = (3u << 20) + 64;
+    uint8_t *src = malloc(most), *dst = malloc(most);
+    for (size_t i = 0; i < most; i++) src[i] = (uint8_t)(i * 131 + 7);
+    for (int helpers = 1; helpers <= 7; helpers++) {
+        vkm_copy_team t;
+        vkm_copy_team_start(&t, helpers);
+        size_t parts = (size_t)t.helpers + 1;
+        /* len / parts a multiple of 64 with len % parts != 0, and lengths around it */
+        size_t base = ((1u << 20) / parts / 64 + 1) * 64 * parts;
+        for (size_t len = base - 3; len <= base + 2 * parts; len++) {
+            memset(dst, 0, most);
+            vkm_copy_team_copy(&t, dst, src, len);
+            for (size_t i = 0; i < len; i++)
+                if (dst[i] != src[i]) {
+                    printf("%d helper(s), %zu B: byte %zu not copied\n", t.helpers, len, i);
+                    return 1;
+                }
+        }
+        vkm_copy_team_stop(&t);
+    }
+    return 0;
+}
+"""
+
+
+def test_the_staging_ring_s_split_cpu_copy_copies_every_byte(tmp_path):
+    """Before: each helper's part was len / parts rounded down before the cache-line round
+    up, so where that was already a multiple of 64 the parts ended len % parts bytes short
+    (a staging transfer of 1 MiB + 1 B on a host of 4+ CPUs lost its last byte)."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("needs a C compiler")
+    src, exe = tmp_path / "copy_team.c", tmp_path / "copy_team"
+    src.write_text(_COPY_TEAM_C)
+    r = subprocess.run([cc, "-std=gnu11", "-O1", f"-I{NATIVE}", str(src), os.path.join(NATIVE, "vkm_copy_team.c"),
+                        "-o", str(exe), "-lpthread"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout
