@@ -223,7 +223,9 @@ def run_quiet_steps(list runs not None, uint64_t steps, double budget):
     then (RUN_STALLED: the caller waits as it sees fit, without the device's lock),
     or a signal's exception. Returns (RUN_* result, index in `runs` of the device it
     stopped at or -1, the exception or None)."""
-    cdef Py_ssize_t n = len(runs), i
+    cdef tuple held = tuple(runs)   # (references of its own: the loop reads the StepRuns without the GIL, and
+                                    # another thread may empty `runs` meanwhile)
+    cdef Py_ssize_t n = len(held), i
     cdef vkm_run_dev **devs
     cdef uint64_t until, least
     cdef uint32_t stalled = 0
@@ -242,7 +244,7 @@ def run_quiet_steps(list runs not None, uint64_t steps, double budget):
         raise MemoryError()
     try:
         for i in range(n):
-            devs[i] = &(<StepRun?>runs[i]).r
+            devs[i] = &(<StepRun?>held[i]).r
             if devs[i].depth == 0:
                 raise ValueError(f"runs[{i}] is a StepRun that was not made")
         while True:

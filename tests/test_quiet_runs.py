@@ -564,6 +564,39 @@ def test_the_native_run_refuses_bad_plans_and_leaves_the_runtime_usable(runtime,
     assert k.stats.steps_completed == 10 and timer_state(runtime, k) == (10, 45)
 
 
+def test_a_native_run_keeps_its_step_runs_when_another_thread_empties_the_list(runtime, timer_code):
+    """Before: run_quiet_steps kept pointers into the StepRuns of `runs` across its calls
+    without the GIL and no reference of its own; another thread emptying the list freed a
+    StepRun under the loop (its memory reused: a crash). Now the run holds them to the end."""
+    import vulkan as vk
+
+    k = timer(runtime, "k", 0, timer_code)
+    runtime.run(5, k).wait(30)
+    runtime.synchronize(30)
+    ctx = k.ctx
+    nat = ctx.slot.native
+    stepper = runtime._device(0)[1]
+    with ctx.lock:
+        ops, patches, _ = stepper.recorder.quiet_template([k], 0, 0)
+    sem = nat.create_timeline(0)   # never raised: the first step waits for room until the budget is spent
+    zero = np.zeros(4, np.uint32)
+    runs = [_native.StepRun(nat, ctx.queue_lock, sem, list(ctx.cmd_ints), 0, 1000, 0,
+                            [(ops, patches, [(zero, 0)], [])] * ctx.in_flight, 1)]
+    junk = []
+
+    def empty():
+        time.sleep(0.2)
+        runs.clear()   # (the last reference), then the freed memory is reused
+        junk.extend(bytearray(b"\x41" * n) for n in range(200, 4000, 8) for _ in range(4))
+    t, errors = _in_thread(empty)
+    try:
+        rc, at, exc = _native.run_quiet_steps(runs, 10, 1.5)
+    finally:
+        t.join(60)
+        vk.vkDestroySemaphore(ctx.slot.device, vk.ffi.cast("VkSemaphore", sem), None)
+    assert (rc, at, exc) == (_native.RUN_STALLED, 0, None) and errors == []
+
+
 OP = _native.STEP_OP_BYTES
 
 
