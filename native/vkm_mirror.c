@@ -102,9 +102,13 @@ static void *follow(void *arg)
         }
         /* every value in turn, not the latest alone: validation layers before 2024 (1.3.239 on
          * Debian 12) keep a signal that passes waits on lower values pending, and call the next one
-         * an error (a signal at the value of each wait is what they track right) */
+         * an error (a signal at the value of each wait is what they track right); a stop or the
+         * exit ends the walk at once: a source that jumped far (a host signal) is not walked to
+         * its end under the lock first (destroy and release waited for it, the exit hung) */
         pthread_mutex_lock(&m->lock);
-        for (; next <= have && r == VK_SUCCESS && !m->released; next++)
+        for (; next <= have && r == VK_SUCCESS && !m->released && !__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE) &&
+               !vkm_exiting();
+             next++)
             r = signal_dst(m, next);
         int released = m->released;
         pthread_mutex_unlock(&m->lock);
@@ -160,6 +164,7 @@ VkSemaphore vkm_mirror_semaphore(const vkm_mirror *m) { return m->dst_sem; }
 
 void vkm_mirror_release(vkm_mirror *m, const char *why)
 {
+    __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE); /* first: a thread walking values stops and lets the lock go */
     pthread_mutex_lock(&m->lock);
     if (m->error == VK_SUCCESS) {
         m->error = VK_ERROR_DEVICE_LOST;
@@ -167,8 +172,7 @@ void vkm_mirror_release(vkm_mirror *m, const char *why)
                  "released: %s", m->src->name, m->dst->name, why ? why : "its source is lost");
     }
     release_locked(m);
-    pthread_mutex_unlock(&m->lock);
-    __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE); /* its thread leaves within a slice */
+    pthread_mutex_unlock(&m->lock); /* (its thread leaves within a slice) */
 }
 
 static int release_at_exit(vkm_live *node)

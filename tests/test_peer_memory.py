@@ -151,3 +151,37 @@ def test_a_relay_from_a_lost_device_follows_its_driver_until_released(manager):
     assert s1.native.timeline_value(relay.timeline) >= 3   # released: nothing waits on it for ever
     relay.destroy()
     _destroy_semaphore(s0, t0)
+
+
+
+_JUMP_CHILD = """
+import sys
+import vulkan as vk
+from vkmulti import MultiDeviceManager
+from vkmulti._core import _native
+mgr = MultiDeviceManager.create()
+s0, s1 = mgr.slot(0), mgr.slot(1)
+t0 = s0.native.create_timeline(0)
+m = _native.TimelineMirror(s0.native, t0, s1.native)
+vk.vkSignalSemaphore(s0.device, vk.VkSemaphoreSignalInfo(
+    sType=vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, semaphore=vk.ffi.cast("VkSemaphore", t0), value=10**9))
+s1.native.wait_timeline(m.semaphore, 1, 30)   # the thread is walking the values
+getattr(m, sys.argv[1])()
+m.destroy()
+vk.vkDestroySemaphore(s0.device, vk.ffi.cast("VkSemaphore", t0), None)
+mgr.destroy()
+print("done")
+"""
+
+
+@pytest.mark.parametrize("end", ["destroy", "release"])
+def test_a_mirror_whose_source_jumps_far_stops_when_asked(end):
+    """Before: the mirror's thread signalled every value up to the source's with its lock held
+    and no look at its stop flag; a source raised from 0 to 10**9 by the host kept destroy()
+    (which joins the thread) and release() (which takes the lock) waiting for 10**9 signals
+    (a child process, so that the hang is killed: its exit would wait for the lock too)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _JUMP_CHILD, end], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "done", r.stdout + r.stderr
