@@ -273,7 +273,9 @@ cdef class StepCommands:
         through the queue's lock and the device's lost flag (DeviceLostError on a
         device marked lost, without calling the driver), without the GIL."""
         cdef vkm_device *d = self.dev.ptr()
-        cdef Py_ssize_t n = len(waits), i
+        cdef tuple items = tuple(waits)   # (a snapshot: the conversions below may run caller code that changes
+                                          # `waits`, and items are read by index without a bounds check)
+        cdef Py_ssize_t n = len(items), i
         cdef VkSemaphore *sems = NULL
         cdef uint64_t *values = NULL
         cdef vkm_queue *q = queue.ptr()
@@ -289,7 +291,7 @@ cdef class StepCommands:
             if n and (sems == NULL or values == NULL):
                 raise MemoryError()
             for i in range(n):
-                sem, v = waits[i]
+                sem, v = items[i]
                 sems[i] = <VkSemaphore><uintptr_t>sem
                 if sems[i] == NULL:
                     raise ValueError(f"wait {i}: the semaphore must be a non-null handle, got 0")

@@ -112,6 +112,27 @@ def test_step_commands_on_a_released_device_raise_destroyed(manager):
         c.begin(1)
 
 
+def test_a_step_submit_whose_waits_change_while_converted_raises(manager):
+    """Before: submit read waits[i] up to the length taken first, without a bounds check; a
+    wait value whose __index__ emptied the list made the next read go through the list's
+    freed item array (a crash). Now the waits are read from a snapshot."""
+    slot = manager.slot(0)
+    sem = slot.native.create_timeline(0)
+    waits = []
+
+    class Empties:
+        def __index__(self):
+            waits.clear()
+            return 1
+
+    waits.extend([(sem, Empties()), (0, 1), (sem, 1)])
+    try:
+        with pytest.raises(ValueError, match="wait 1: the semaphore must be a non-null handle"):
+            _native.StepCommands(slot.native).submit(slot.copy_queue.lock, 1, waits, sem, 1)
+    finally:
+        vk.vkDestroySemaphore(slot.device, vk.ffi.cast("VkSemaphore", sem), None)
+
+
 def test_a_recorded_step_updates_copies_and_signals_after_its_wait(bench):
     slot, c, cmd, queue, buf, timeline, gate = bench
     words = buf.words
