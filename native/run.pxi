@@ -95,7 +95,10 @@ cdef class StepRun:
         captures: [(uint32 array, word index, kernel index < kernels)]). `naps`: wait for room by
         reading the timeline between naps (vkm_nap_wait) instead of the driver's blocking wait,
         starting from `pace_ns` per step (0: not known; the `pace_ns` property has what it learnt)."""
-        cdef Py_ssize_t depth = len(cmds), t, i
+        # (snapshots: items are read by index without a bounds check while conversions run caller
+        # code, __index__ or a buffer export, that could change the lists)
+        cdef tuple cmd_items = tuple(cmds), template_items = tuple(templates), patches, checks, captures
+        cdef Py_ssize_t depth = len(cmd_items), t, i
         cdef const char *why = NULL
         cdef vkm_run_template *tp
         cdef bytes ops
@@ -105,9 +108,9 @@ cdef class StepRun:
         self.begun = True
         if kernels > RUN_MAX_KERNELS:
             raise ValueError(f"a run takes at most {RUN_MAX_KERNELS} kernels, got {kernels}")
-        if depth < 1 or depth > VKM_RUN_MAX_DEPTH or len(templates) != depth:
+        if depth < 1 or depth > VKM_RUN_MAX_DEPTH or len(template_items) != depth:
             raise ValueError(f"a run needs 1 to {VKM_RUN_MAX_DEPTH} command buffers and a template each, got "
-                             f"{depth} and {len(templates)}")
+                             f"{depth} and {len(template_items)}")
         if region0 >= depth:
             raise ValueError(f"region0 {region0} is not one of {depth} regions")
         self.dev, self.queue = device, queue
@@ -124,10 +127,11 @@ cdef class StepRun:
         if self.r.clock == NULL:
             raise MemoryError()
         for t in range(depth):
-            _nonzero(cmds[t], f"command buffer {t}")
-            self.r.cmds[t] = <VkCommandBuffer><uintptr_t>cmds[t]
+            _nonzero(cmd_items[t], f"command buffer {t}")
+            self.r.cmds[t] = <VkCommandBuffer><uintptr_t>cmd_items[t]
         for t in range(depth):
-            ops, patches, checks, captures = templates[t]
+            ops, patch_list, check_list, capture_list = template_items[t]
+            patches, checks, captures = tuple(patch_list), tuple(check_list), tuple(capture_list)
             tp = &self.r.templates[t]
             if len(ops) == 0 or len(ops) % VKM_STEP_OP_BYTES:
                 raise ValueError(f"template {t}: ops must be whole records of {VKM_STEP_OP_BYTES} bytes")

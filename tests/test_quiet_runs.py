@@ -553,6 +553,14 @@ def test_the_native_run_refuses_bad_plans_and_leaves_the_runtime_usable(runtime,
         plan().clock(1)
     with pytest.raises(ValueError, match="at most"):
         plan(kernels=0x55555556)   # (3 clock words a kernel: a count that wraps 32 bits)
+
+    class Emptying:   # a command buffer whose conversion empties the list it came in (caller code, mid-loop)
+        def __index__(self):
+            evil.clear()
+            return cmds[0]
+        __int__ = __index__
+    evil = [Emptying(), *cmds[1:]]
+    plan(cmds=evil)   # (read from a snapshot: made as given; the list's items were read past its end)
     made = plan()
     with pytest.raises(RuntimeError, match="made once"):
         made.__init__(ctx.slot.native, ctx.queue_lock, tl, cmds, 0, ctx.value, ctx.value,
