@@ -69,7 +69,8 @@ cdef extern from "vkm.h" nogil:
     VkResult vkm_nap_wait(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t timeout_ns, vkm_nap *nap)
     VkResult vkm_wait_fence(const vkm_device *d, VkFence fence, uint64_t timeout_ns)
     VkResult vkm_fence_status(const vkm_device *d, VkFence fence)
-    VkResult vkm_queues_drain_raw(const vkm_device *d, vkm_queue **queues, uint32_t count, uint64_t timeout_ns)
+    VkResult vkm_queues_drain_raw(const vkm_device *d, vkm_queue **queues, uint32_t count, VkFence *fences,
+                                  uint64_t timeout_ns)
     VkResult vkm_device_wait_idle(const vkm_device *d)
     VkResult vkm_create_timeline(const vkm_device *d, uint64_t initial, VkSemaphore *out)
 

@@ -5,7 +5,7 @@ Everything that waits or copies runs without the GIL; long waits are cut into
 short slices so that Ctrl-C (PyErr_CheckSignals) is honoured.
 """
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 from posix.unistd cimport usleep
 from cpython.exc cimport PyErr_CheckSignals
@@ -164,31 +164,53 @@ cdef class Device:
         check(r, "vkGetFenceStatus")
         return True
 
-    def drain_queues_raw(self, queues, timeout):
+    def drain_queues_raw(self, queues, timeout, list pending=None):
         """Wait until each QueueLock in `queues` finished its submitted work, through
         the driver even when the device is marked lost (an injected loss: the
         driver still runs what it was given). True when drained, False when work
-        was still running after `timeout` s."""
+        was still running after `timeout` s (one bound for all of them; waited in
+        slices, signals checked between them). Fences still pending when it gives up
+        (a timeout, an interrupt) stay alive; their handles are appended to `pending`."""
         cdef vkm_device *d = self.ptr()
         cdef list qs = list(queues)
         cdef uint32_t n = len(qs), i
         cdef vkm_queue **arr
+        cdef VkFence *fences
         cdef QueueLock q
         cdef uint64_t t = _timeout_ns(timeout)
+        cdef double deadline = _time.monotonic() + (t / 1e9 if t != _FOREVER else 1e18)
+        cdef double left
+        cdef uint64_t slice_ns
         cdef VkResult r
         if n == 0:
             return True
         arr = <vkm_queue **>malloc(n * sizeof(vkm_queue *))
-        if arr == NULL:
+        fences = <VkFence *>calloc(n, sizeof(VkFence))
+        if arr == NULL or fences == NULL:
+            free(arr)
+            free(fences)
             raise MemoryError()
-        try:
+        try:   # fences still pending when this gives up are left alive: they may still signal
             for i in range(n):
                 q = qs[i]
                 arr[i] = q.ptr()
-            with nogil:
-                r = vkm_queues_drain_raw(d, arr, n, t)
+            while True:
+                left = deadline - _time.monotonic()
+                slice_ns = _SLICE_NS
+                if left * 1e9 < slice_ns:
+                    slice_ns = <uint64_t>(left * 1e9) if left > 0 else 0
+                with nogil:
+                    r = vkm_queues_drain_raw(d, arr, n, fences, slice_ns)
+                if r != VK_TIMEOUT or _time.monotonic() >= deadline:
+                    break
+                PyErr_CheckSignals()
         finally:
+            if pending is not None:
+                for i in range(n):
+                    if fences[i] != NULL:
+                        pending.append(<uintptr_t>fences[i])
             free(arr)
+            free(fences)
         if r == VK_TIMEOUT:
             return False
         check(r, "vkWaitForFences(drain)")

@@ -111,8 +111,14 @@ VkResult vkm_fence_status(const vkm_device *d, VkFence fence);
 /* Wait (bounded) until every queue in `queues` finished what was submitted to
  * it, calling the driver even on a device marked lost: a test's injected loss
  * leaves the driver working, and the work it was given must be done before the
- * lost device's objects are freed. VK_TIMEOUT: work still running. */
-VkResult vkm_queues_drain_raw(const vkm_device *d, vkm_queue *const *queues, uint32_t count, uint64_t timeout_ns);
+ * lost device's objects are freed. One slice of that wait: an empty submit with a
+ * fence on each queue whose `fences[i]` is VK_NULL_HANDLE, then at most `timeout_ns`
+ * for all of them. VK_TIMEOUT: work still running, the fences kept in `fences` for
+ * the next slice (left alive by a caller that gives up: they may still signal);
+ * otherwise they are destroyed and zeroed. A failure to make or submit one returns
+ * at once, those already submitted kept. */
+VkResult vkm_queues_drain_raw(const vkm_device *d, vkm_queue *const *queues, uint32_t count, VkFence *fences,
+                              uint64_t timeout_ns);
 VkResult vkm_device_wait_idle(const vkm_device *d);
 VkResult vkm_create_timeline(const vkm_device *d, uint64_t initial, VkSemaphore *out);
 

@@ -170,26 +170,34 @@ VkResult vkm_queue_submit(const vkm_device *d, vkm_queue *q, uint32_t count,
     return r;
 }
 
-VkResult vkm_queues_drain_raw(const vkm_device *d, vkm_queue *const *queues, uint32_t count, uint64_t timeout_ns)
+VkResult vkm_queues_drain_raw(const vkm_device *d, vkm_queue *const *queues, uint32_t count, VkFence *fences,
+                              uint64_t timeout_ns)
 {
-    VkResult worst = VK_SUCCESS;
+    VkResult r = VK_SUCCESS;
     for (uint32_t i = 0; i < count; i++) {
-        VkFence fence = VK_NULL_HANDLE;
+        if (fences[i] != VK_NULL_HANDLE) continue;   /* submitted by an earlier slice */
         VkFenceCreateInfo fi = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-        VkResult r = d->fn.vkCreateFence(d->device, &fi, NULL, &fence);
-        if (r != VK_SUCCESS) return r;
-        pthread_mutex_lock(&queues[i]->lock);
-        r = d->fn.vkQueueSubmit(queues[i]->queue, 0, NULL, fence);
-        pthread_mutex_unlock(&queues[i]->lock);
-        if (r == VK_SUCCESS) r = d->fn.vkWaitForFences(d->device, 1, &fence, VK_TRUE, timeout_ns);
-        if (r == VK_TIMEOUT) {
-            worst = VK_TIMEOUT; /* the fence may still be signalled later: it is left alive */
-            continue;
+        r = d->fn.vkCreateFence(d->device, &fi, NULL, &fences[i]);
+        if (r != VK_SUCCESS) {
+            fences[i] = VK_NULL_HANDLE;
+            return r;
         }
-        d->fn.vkDestroyFence(d->device, fence, NULL);
-        if (r != VK_SUCCESS && worst == VK_SUCCESS) worst = r;
+        pthread_mutex_lock(&queues[i]->lock);
+        r = d->fn.vkQueueSubmit(queues[i]->queue, 0, NULL, fences[i]);
+        pthread_mutex_unlock(&queues[i]->lock);
+        if (r != VK_SUCCESS) {
+            d->fn.vkDestroyFence(d->device, fences[i], NULL);
+            fences[i] = VK_NULL_HANDLE;
+            return r;
+        }
     }
-    return worst;
+    if (count) r = d->fn.vkWaitForFences(d->device, count, fences, VK_TRUE, timeout_ns);
+    if (r == VK_TIMEOUT) return r;   /* the fences stay for the next slice */
+    for (uint32_t i = 0; i < count; i++) {
+        d->fn.vkDestroyFence(d->device, fences[i], NULL);
+        fences[i] = VK_NULL_HANDLE;
+    }
+    return r;
 }
 
 VkResult vkm_wait_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t timeout_ns)

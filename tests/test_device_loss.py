@@ -15,6 +15,8 @@ from vkmulti import Buffer, Image
 from vkmulti.testing import lose_device
 from vkmulti.transfer import CrossDeviceTransfer, TransferMethod
 
+from gates import Gate, Interrupted, interrupt_after
+
 
 def _bounded_destroy(mgr, seconds=10.0):
     t0 = time.monotonic()
@@ -222,6 +224,27 @@ def test_hook_arguments_are_checked():
         assert not mgr.device_lost(1)
     finally:
         mgr.destroy()
+
+
+def test_hook_drain_is_interruptible():
+    """lose_device waits for work held by a gate that never opens in slices: Ctrl-C
+    gets through (one driver wait for the whole timeout held it off)."""
+    mgr = MultiDeviceManager.create()
+    s1 = mgr.slot(1)
+    gate = Gate(s1)
+    try:
+        for q in s1.queues():
+            gate.hold(q)
+        t0 = time.monotonic()
+        with pytest.raises(Interrupted), interrupt_after(0.5):
+            lose_device(mgr, 1, timeout=10.0)
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        gate.open()
+        assert s1.native.drain_queues_raw([q.lock for q in s1.queues()], 10.0)
+        import vulkan as vk
+        vk.vkDestroySemaphore(s1.device, vk.ffi.cast("VkSemaphore", gate.sem), None)
+        _bounded_destroy(mgr)
 
 
 def test_destroy_after_loss_is_bounded_with_work_in_flight():
