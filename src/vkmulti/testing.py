@@ -52,8 +52,9 @@ def lose_device(manager: MultiDeviceManager, index: int, *, timeout: float = 10.
     try:
         drained = native.drain_queues_raw([q.lock for q in slot.queues()], float(timeout), left)
     finally:   # fences given up on: the manager's teardown waits for and frees them
-        with slot.children_lock:
-            slot.pending_fences.extend((slot.device, vk.ffi.cast("VkFence", f)) for f in left)
+        if left and slot.device is not None:
+            with slot.children_lock:
+                slot.pending_fences.extend((slot.device, vk.ffi.cast("VkFence", f)) for f in left)
     if not drained:
         raise VkmTimeoutError(f"GPU {index} ({slot.name!r}) is marked lost, but work submitted to it before "
                               f"still runs after {timeout} s (it waits for something that never comes)")
