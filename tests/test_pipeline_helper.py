@@ -92,6 +92,12 @@ FAKES = {
         sys.stdout.buffer.write(struct.pack('<I', 4) + b'{{{{'); sys.stdout.buffer.flush()
         sys.stdin.buffer.read()
     """,
+    "nested header": """
+        import sys, struct
+        h = b'[' * 4000
+        sys.stdout.buffer.write(struct.pack('<I', len(h)) + h + struct.pack('<Q', 0)); sys.stdout.buffer.flush()
+        sys.stdin.buffer.read()
+    """,
     "huge body": """
         import sys, struct
         sys.stdout.buffer.write(struct.pack('<I', 14) + b'{"hello":true}' + struct.pack('<Q', 1 << 40))

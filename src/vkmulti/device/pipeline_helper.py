@@ -262,7 +262,7 @@ class _Reader:
             raise HelperError(f"the pipeline helper sent a {size}-byte header (at most {_MAX_HEADER})")
         try:
             header = json.loads(self.read(size, deadline))
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:   # (RecursionError: a header of deeply nested arrays)
             raise HelperError(f"the pipeline helper sent a header that is not JSON: {exc}") from None
         if not isinstance(header, dict):
             raise HelperError("the pipeline helper sent a header that is not an object")
