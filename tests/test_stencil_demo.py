@@ -52,6 +52,13 @@ def test_run_stencil_bad_input(manager):
     with pytest.raises(ValueError, match="width"):
         stencil_payload_size(2)
     assert stencil_payload_size(3) == 16 and stencil_payload_size(100_000) == 65536
+    for devs in ([True, False], [1.9], "10"):   # (not read as device indices)
+        with pytest.raises(TypeError, match="device"):
+            run_stencil(manager, f, 1, devs, warmup=0)
+    with pytest.raises(TypeError, match="steps"):
+        run_stencil(manager, f, True, [0], warmup=0)
+    r = run_stencil(manager, f, np.int64(2), [np.int64(1)], warmup=np.int32(1))   # numpy integers are ints
+    assert r.steps == 2 and r.devices == [1]
     np.testing.assert_array_equal(run_stencil(manager, f, 0, [0], warmup=0).field, f)   # still usable
 
 

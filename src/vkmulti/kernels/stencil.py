@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, TypedDict
 
 import numpy as np
 
-from .._core.checks import is_int
+from .._core.checks import check_count, check_index, is_int
 from .reference import split_rows, stencil_field, stencil_kernel, stencil_tile_state
 from .coordinator.coordinator import MultiGpuCoordinator
 from .k2k.router import CrossGpuK2KRouter
@@ -86,7 +86,7 @@ class StencilSlabs:
                  name: str = "stencil"):
         f = _as_field(field)
         h, w = f.shape
-        self.devices = [int(d) for d in devices]
+        self.devices = [check_index(d, "device") for d in devices]   # (int() took bools, floats, digits)
         if not self.devices:
             raise ValueError("devices must name at least one device (one slab per entry)")
         if len(self.devices) > h:
@@ -112,8 +112,7 @@ class StencilSlabs:
     def step(self, n: int = 1, *, timeout: float | None = 60.0) -> list[float]:
         """Run `n` steps (submitted back to back, the GPUs ordered by semaphores);
         returns the host time each step() call took."""
-        if not is_int(n) or n < 0:
-            raise ValueError(f"n must be an int >= 0, got {n!r}")
+        n = check_count(n, "n")
         times = []
         for _ in range(n):
             t0 = time.perf_counter()
@@ -178,11 +177,8 @@ def run_stencil(manager: MultiDeviceManager, field: ArrayLike, steps: int, devic
     transfer rings and landing buffers made) and are not timed.
     """
     f = _as_field(field)
-    if not is_int(steps) or steps < 0:
-        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
-    if not is_int(warmup) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
-    devs = list(range(manager.device_count)) if devices is None else [int(d) for d in devices]
+    steps, warmup = check_count(steps, "steps"), check_count(warmup, "warmup")   # (numpy ints too, never bools)
+    devs = list(range(manager.device_count)) if devices is None else [check_index(d, "device") for d in devices]
     for d in devs:
         if not 0 <= d < manager.device_count:
             raise IndexError(f"device {d} out of range: the manager has {manager.device_count} device(s)")
