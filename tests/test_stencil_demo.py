@@ -151,6 +151,16 @@ def test_demo_stencil_bad_arguments(args, what, capsys):
     assert len([line for line in err.splitlines() if line.startswith(("vkmulti", "usage", "  "))]) >= 1
 
 
+def test_stencil_drill_bad_arguments():
+    """Refused before any GPU work: a negative loss step lost nothing yet reported a drill."""
+    from vkmulti.apps.stencil_drill import stencil_drill
+    for args, kw, err in [((16, 8, 4, (1, -1)), {}, ValueError), ((16, 8, 4, (1, 1)), {"every": 0}, ValueError),
+                          ((16, 8, 4.5, (1, 1)), {}, TypeError), ((16, 8, 4, (True, 1)), {}, TypeError),
+                          ((2, 8, 4, (1, 1)), {}, ValueError), ((16, 8, 0, (1, 0)), {}, ValueError)]:
+        with pytest.raises(err):
+            stencil_drill(*args, **kw)
+
+
 @pytest.mark.two_gpus
 def test_demo_stencil_speedup_on_two_gpus():
     """The issue's proof: the 2-GPU stencil runs >= 1.9x faster per step than one GPU."""

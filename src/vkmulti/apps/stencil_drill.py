@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .._core.checks import check_count, check_index
 from ..device.manager import MultiDeviceManager
 from ..device.virtual import use_virtual_if_no_gpu
 from ..kernels import CheckpointPolicy, CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator
@@ -63,7 +64,11 @@ def stencil_drill(width: int, height: int, steps: int, loss: tuple[int, int], *,
                   output: str | None = None) -> dict[str, Any]:
     """Run the drill (see the module docstring); a JSON-ready report with `identical`.
     The final field of the run with the loss goes to `output` (a PNG) when given."""
+    # (checked before any GPU work: a negative step lost nothing and still reported a drill)
+    width, height = check_count(width, "width", 3), check_count(height, "height", 1)
+    steps, every = check_count(steps, "steps", 1), check_count(every, "every", 1)
     gpu, at = loss
+    gpu, at = check_index(gpu, "--lose-gpu GPU"), check_count(at, "--lose-gpu step")
     if at >= steps:
         raise ValueError(f"--lose-gpu {gpu}@{at}: step {at} is past the {steps} steps run")
     field, top, bottom = initial_field(width, height)
