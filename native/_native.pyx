@@ -179,7 +179,6 @@ cdef class Device:
         cdef QueueLock q
         cdef uint64_t t = _timeout_ns(timeout)
         cdef double deadline = _time.monotonic() + (t / 1e9 if t != _FOREVER else 1e18)
-        cdef double left
         cdef uint64_t slice_ns
         cdef VkResult r
         if n == 0:
@@ -195,10 +194,7 @@ cdef class Device:
                 q = qs[i]
                 arr[i] = q.ptr()
             while True:
-                left = deadline - _time.monotonic()
-                slice_ns = _SLICE_NS
-                if left * 1e9 < slice_ns:
-                    slice_ns = <uint64_t>(left * 1e9) if left > 0 else 0
+                slice_ns = _slice_before(deadline)
                 with nogil:
                     r = vkm_queues_drain_raw(d, arr, n, fences, slice_ns)
                 if r != VK_TIMEOUT or _time.monotonic() >= deadline:
@@ -269,21 +265,25 @@ cdef int _nonzero(uintptr_t handle, str label) except -1:
     return 0
 
 
+cdef uint64_t _slice_before(double deadline):
+    """The next wait slice (ns) before `deadline` (monotonic s): at most _SLICE_NS, 0 once it passed."""
+    cdef double left = deadline - _time.monotonic()
+    if left * 1e9 < _SLICE_NS:
+        return <uint64_t>(left * 1e9) if left > 0 else 0
+    return _SLICE_NS
+
+
 cdef object wait_slices(vkm_device *d, VkSemaphore sem, VkFence fence, uint64_t value,
                         uint64_t timeout_ns, const char *call):
     """Wait in slices of at most 50 ms, checking signals between slices."""
     cdef VkResult r
     cdef uint64_t slice_ns
     cdef double deadline = _time.monotonic() + (timeout_ns / 1e9 if timeout_ns != _FOREVER else 1e18)
-    cdef double left
     cdef vkm_nap nap
     cdef bint naps = _timeline_naps
     memset(&nap, 0, sizeof(nap))
     while True:
-        left = deadline - _time.monotonic()
-        slice_ns = _SLICE_NS
-        if left * 1e9 < slice_ns:
-            slice_ns = <uint64_t>(left * 1e9) if left > 0 else 0
+        slice_ns = _slice_before(deadline)
         with nogil:
             if sem != NULL and naps:
                 r = vkm_nap_wait(d, sem, value, slice_ns, &nap)
