@@ -9,11 +9,12 @@ message is shortened so that a huge argument cannot flood a log.
 from __future__ import annotations
 
 import math
+import threading
 import operator
 from typing import Any
 
 __all__ = ["is_int", "short_repr", "int_in", "positive_int", "check_index", "check_count", "check_number",
-           "timeout_seconds", "seconds_text", "U32_MAX", "U64_MAX"]
+           "timeout_seconds", "wait_bound", "seconds_text", "U32_MAX", "U64_MAX"]
 
 U32_MAX = (1 << 32) - 1
 U64_MAX = (1 << 64) - 1
@@ -95,6 +96,13 @@ def timeout_seconds(value: Any, label: str = "timeout") -> float | None:
         return float(value)
     except OverflowError:   # an int beyond any float: longer than any wait
         return math.inf
+
+
+def wait_bound(seconds: float | None) -> float | None:
+    """A checked timeout (timeout_seconds') as Python's lock, event, future and process waits
+    take it: None (no limit) where it is longer than they can express (inf, 10**400, a far
+    deadline), which would raise OverflowError there."""
+    return None if seconds is None or seconds >= threading.TIMEOUT_MAX else seconds
 
 
 def seconds_text(value: Any) -> str:

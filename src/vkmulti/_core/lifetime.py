@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from ..errors import DestroyedError, VkmError
-from .checks import timeout_seconds
+from .checks import timeout_seconds, wait_bound
 from ..errors import TimeoutError as VkmTimeoutError
 
 __all__ = ["Deadline", "LazyEvent", "Lifetime", "operation"]
@@ -306,4 +306,4 @@ class LazyEvent:
                 if self._set:
                     self._event.set()
             event = self._event
-        return event.wait(None if timeout is not None and timeout >= threading.TIMEOUT_MAX else timeout)   # (no limit)
+        return event.wait(wait_bound(timeout))

@@ -89,10 +89,7 @@ def wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
     if value is None:
         return None
     if isinstance(value, TimelinePoint):
-        if value.device_index != slot.index:
-            raise ValueError(f"{label} is a semaphore of GPU {value.device_index}, not of GPU {slot.index}")
-        _check_owner(value, getattr(slot, "native", None), label)
-        return handle_int(value.semaphore, "VkSemaphore"), _point_value(value.value, label)
+        return _checked_point(value, slot.index, getattr(slot, "native", None), label)
     if isinstance(value, (str, bytes, dict)):
         raise TypeError(f"{label} must be a TimelinePoint or a (semaphore, value) pair, "
                         f"got {type(value).__name__}")
@@ -104,13 +101,22 @@ def wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
     return handle_int(sem, "VkSemaphore"), _point_value(v, label)
 
 
-def _check_owner(p: TimelinePoint, native: Any, label: str) -> None:
-    """ValueError where `p` was made on another VkDevice than the one of `native`."""
+def _checked_point(p: TimelinePoint, device_index: int, native: Any, label: str) -> tuple[int, int]:
+    """(semaphore, value) of a TimelinePoint after the checks every point gets before a
+    submit: of GPU `device_index`, made on the VkDevice of `native` (where both are known),
+    a non-null handle and a value in [0, 2**64)."""
+    if p.device_index != device_index:
+        raise ValueError(f"{label} is a semaphore of GPU {p.device_index}, not of GPU {device_index}")
     owner = p.__dict__.get("_owner")
     # (by the VkDevice: two managers over one engine's device each have their own native object)
     if owner is not None and native is not None and owner is not native and owner.handle != native.handle:
         raise ValueError(f"{label} is a semaphore of another VkDevice (GPU {p.device_index} of another "
                          f"MultiDeviceManager, or a device made again since): it cannot be waited for here")
+    try:
+        semaphore = handle_int(p.semaphore, "VkSemaphore")
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{label}: {exc}"[:200]) from None
+    return semaphore, _point_value(p.value, label)
 
 
 def _point_value(v: Any, label: str) -> int:
@@ -160,12 +166,5 @@ def as_wait_points(wait: Any, device_index: int, what: str = "wait", native: Any
     for p in points:
         if not isinstance(p, TimelinePoint):
             raise TypeError(f"{what} must be TimelinePoints, got {p!r}")
-        if p.device_index != device_index:
-            raise ValueError(f"{what} {p} is a semaphore of GPU {p.device_index}, not of GPU {device_index}")
-        _check_owner(p, native, what)
-        try:   # a point a caller made: its fields go to the submit as they are
-            handle_int(p.semaphore, "VkSemaphore")
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{what} {p}: {exc}"[:200]) from None
-        _point_value(p.value, what)
+        _checked_point(p, device_index, native, f"{what} {p}")   # (its fields go to the submit as they are)
     return points

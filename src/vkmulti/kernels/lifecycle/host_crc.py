@@ -25,6 +25,7 @@ import numpy as np
 import vulkan as vk
 
 from ..._core import vkapi
+from ..._core.checks import wait_bound
 from ...errors import DestroyedError, TimeoutError as VkmTimeout, UnsupportedError, VkmError
 from ..._core.timeline import TimelinePoint
 from .gpu_crc import check_ranges, crc32_combine
@@ -83,12 +84,6 @@ class Cancelled(VkmError):
     """A host CRC32 job closed before it ran (its result() raises this)."""
 
 
-def _wait_arg(timeout: float | None) -> float | None:
-    """`timeout` as a Future's wait takes it: a longer one than Python's lock waits can
-    express (inf, or the far deadline of a call without a limit) waits unbounded."""
-    return None if timeout is None or timeout >= threading.TIMEOUT_MAX else timeout
-
-
 class HostCrcJob:
     """CRC32s being computed by the host; result() waits and returns them in order."""
 
@@ -98,7 +93,7 @@ class HostCrcJob:
     def result(self, timeout: float | None = 60.0) -> list[int]:
         """The zlib CRC32 of each range; vkmulti.TimeoutError after `timeout` s."""
         try:
-            return list(self._future.result(_wait_arg(timeout)))
+            return list(self._future.result(wait_bound(timeout)))
         except cf.TimeoutError:
             raise VkmTimeout(f"the host CRC32 of {self._count} range(s) did not finish within {timeout} s") from None
 
@@ -111,7 +106,7 @@ class HostCrcJob:
         for its hashing, so nothing reads the buffers afterwards; errors are the result's."""
         self._cancel.set()
         try:
-            self._future.exception(_wait_arg(timeout))
+            self._future.exception(wait_bound(timeout))
         except cf.TimeoutError:
             pass
 

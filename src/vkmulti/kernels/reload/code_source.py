@@ -17,13 +17,12 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..._core.checks import U64_MAX, int_in, timeout_seconds
+from ..._core.checks import U64_MAX, int_in, timeout_seconds, wait_bound
 from ..._core.shaders import SHADER_DIR
 from ...errors import KernelValidationError, UnsupportedError
 from ...errors import TimeoutError as VkmTimeout
@@ -134,9 +133,7 @@ class KernelCodeSource:
         not on PATH; KernelValidationError with glslc's message when it does
         not compile). vkm_kernel_abi.glsl's folder is on the include path."""
         text = _text(source, "source")
-        timeout = timeout_seconds(timeout)
-        if timeout is not None and timeout >= threading.TIMEOUT_MAX:   # (more than a process wait can express)
-            timeout = None
+        timeout = wait_bound(timeout_seconds(timeout))
         if isinstance(include_dirs, (str, bytes, os.PathLike)):
             raise TypeError(f"include_dirs must be a tuple of folders, got one {type(include_dirs).__name__}")
         if defines is not None and not isinstance(defines, dict):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 
-from ..._core.checks import U32_MAX, int_in, timeout_seconds
+from ..._core.checks import U32_MAX, int_in, timeout_seconds, wait_bound
 from ...errors import DestroyedError, DeviceLostError, KernelNotFoundError, MigrationError, TimeoutError as VkmTimeout
 from ..._core.timeline import TimelinePoint
 from ...transfer.peer import shares_memory
@@ -554,7 +554,7 @@ class KernelRuntime:
     def destroy(self, timeout: float | None = 30.0) -> None:
         """Destroy every kernel, then the per-device objects (idempotent; also run by the
         manager's destroy(), before it frees buffers or devices). None: no time limit."""
-        timeout = float("inf") if (t := timeout_seconds(timeout)) is None or t >= threading.TIMEOUT_MAX else t
+        timeout = float("inf") if (t := wait_bound(timeout_seconds(timeout))) is None else t
         with self._lock:
             if self._destroyed:
                 return
