@@ -124,6 +124,17 @@ CASES = {
         outcome(lambda: lock.release())
         outcome(lambda: mgr.destroy(timeout=30))
     """,
+    # user work on a vkmulti queue that waits for a timeline value nobody signals:
+    # destroy(timeout=) raises vkmulti.TimeoutError, keeps the manager, and the process
+    # exits with the work still queued
+    "self-deadlocked-queue": """
+        mgr = MultiDeviceManager.create()
+        slot = mgr.slot(0)
+        gate = Gate(slot)
+        gate.hold(slot.graphics_queue)
+        outcome(lambda: mgr.destroy(timeout=1))
+        print("DESTROYED", mgr.destroyed, flush=True)
+    """,
 }
 
 EPILOGUE = textwrap.dedent('''
@@ -142,6 +153,7 @@ EXPECTED = {
     "queue-lock-acquire": ["RAISED TimeoutError the lock of queue", "RAISED KeyboardInterrupt",
                            "RETURNED\nRAISED RuntimeError this thread already holds",
                            "RAISED RuntimeError the lock of queue", "is not held by this thread"],
+    "self-deadlocked-queue": ["RAISED TimeoutError", "still runs work", "DESTROYED False"],
 }
 
 
