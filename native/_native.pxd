@@ -59,6 +59,8 @@ cdef extern from "vkm.h" nogil:
 
     void vkm_queue_init(vkm_queue *q, VkQueue queue, uint32_t family, uint32_t index)
     void vkm_queue_destroy(vkm_queue *q)
+    int vkm_queue_lock(vkm_queue *q, uint64_t timeout_ns)
+    int vkm_queue_unlock(vkm_queue *q)
 
     VkResult vkm_wait_timeline(const vkm_device *d, VkSemaphore sem, uint64_t value, uint64_t timeout_ns)
     VkResult vkm_timeline_value(const vkm_device *d, VkSemaphore sem, uint64_t *value)

@@ -17,6 +17,11 @@ import operator as _operator
 import os as _os
 import time as _time
 
+cdef extern from "<errno.h>":
+    enum:
+        EDEADLK
+        ETIMEDOUT
+
 cdef uint64_t _SLICE_NS = 50_000_000          # 50 ms between signal checks
 cdef uint64_t _FOREVER = 0xFFFFFFFFFFFFFFFFULL
 cdef bint _timeline_naps = False              # set_timeline_naps
@@ -332,12 +337,37 @@ cdef class QueueLock:
     cdef vkm_queue* ptr(self):
         return &self.q
 
-    def acquire(self):
+    def acquire(self, timeout=None):
+        """Take the lock, waiting (no GIL, in slices, Ctrl-C honoured) up to `timeout` s
+        (None: as long as it takes); vkmulti.TimeoutError after that. The lock is not
+        re-entrant: a thread that holds it already gets RuntimeError, not a deadlock."""
+        cdef uint64_t total = _timeout_ns(timeout)
+        cdef double deadline = _time.monotonic() + (total / 1e9 if total != _FOREVER else 1e18)
+        cdef uint64_t slice_ns
+        cdef int rc
         with nogil:
-            pthread_mutex_lock(&self.q.lock)
+            rc = vkm_queue_lock(&self.q, 0)
+        while rc == ETIMEDOUT:
+            PyErr_CheckSignals()
+            slice_ns = _slice_before(deadline)
+            if slice_ns == 0:
+                from vkmulti.errors import TimeoutError as VkmTimeout
+                raise VkmTimeout(f"the lock of queue 0x{<uintptr_t>self.q.queue:x} (family {self.q.family}) was "
+                                 f"still held by another thread after {total / 1e9:.3f} s")
+            with nogil:
+                rc = vkm_queue_lock(&self.q, slice_ns)
+        if rc == EDEADLK:
+            raise RuntimeError(f"this thread already holds the lock of queue 0x{<uintptr_t>self.q.queue:x} "
+                               f"(family {self.q.family}); the lock is not re-entrant: release it first")
+        if rc != 0:
+            raise OSError(rc, f"taking the lock of queue 0x{<uintptr_t>self.q.queue:x} failed")
+        return True
 
     def release(self):
-        pthread_mutex_unlock(&self.q.lock)
+        """Give the lock back; RuntimeError when this thread does not hold it."""
+        if vkm_queue_unlock(&self.q) != 0:
+            raise RuntimeError(f"the lock of queue 0x{<uintptr_t>self.q.queue:x} (family {self.q.family}) "
+                               f"is not held by this thread")
 
     def __enter__(self):
         self.acquire()

@@ -71,6 +71,11 @@ typedef struct vkm_queue {
 
 void vkm_queue_init(vkm_queue *q, VkQueue queue, uint32_t family, uint32_t index);
 void vkm_queue_destroy(vkm_queue *q);
+/* Take the queue's lock, waiting at most `timeout_ns`: 0, ETIMEDOUT, or EDEADLK when
+ * the calling thread holds it already (the lock is not re-entrant). */
+int vkm_queue_lock(vkm_queue *q, uint64_t timeout_ns);
+/* 0, or EPERM when the calling thread does not hold the lock. */
+int vkm_queue_unlock(vkm_queue *q);
 VkResult vkm_queue_submit(const vkm_device *d, vkm_queue *q, uint32_t count,
                           const VkSubmitInfo *submits, VkFence fence);
 
@@ -112,7 +117,9 @@ VkResult vkm_fence_status(const vkm_device *d, VkFence fence);
  * it, calling the driver even on a device marked lost: a test's injected loss
  * leaves the driver working, and the work it was given must be done before the
  * lost device's objects are freed. One slice of that wait: an empty submit with a
- * fence on each queue whose `fences[i]` is VK_NULL_HANDLE, then at most `timeout_ns`
+ * fence on each queue whose `fences[i]` is VK_NULL_HANDLE (its lock waited for at
+ * most `timeout_ns`: VK_TIMEOUT while another thread holds it,
+ * VKM_ERROR_INVALID_ARGUMENT when the calling thread does), then at most `timeout_ns`
  * for all of them. VK_TIMEOUT: work still running, the fences kept in `fences` for
  * the next slice (left alive by a caller that gives up: they may still signal);
  * otherwise they are destroyed and zeroed. A failure to make or submit one returns

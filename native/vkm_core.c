@@ -1,6 +1,7 @@
 /* vkm_core.c - device function tables, queues with their locks, waits, errors. */
 #include "vkm.h"
 
+#include <errno.h>
 #include <sched.h>
 #ifdef __linux__
 #include <sys/prctl.h>
@@ -133,8 +134,29 @@ void vkm_queue_init(vkm_queue *q, VkQueue queue, uint32_t family, uint32_t index
     q->queue = queue;
     q->family = family;
     q->index = index;
-    pthread_mutex_init(&q->lock, NULL);
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    /* a thread that takes it twice (a submit under its own `with queue.lock:`) is told so
+     * (EDEADLK), and an unlock by a thread that does not hold it is refused (EPERM) */
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ERRORCHECK);
+    pthread_mutex_init(&q->lock, &attr);
+    pthread_mutexattr_destroy(&attr);
 }
+
+int vkm_queue_lock(vkm_queue *q, uint64_t timeout_ns)
+{
+    int rc = pthread_mutex_trylock(&q->lock);
+    if (rc != EBUSY) return rc;
+    struct timespec ts; /* timedlock takes a CLOCK_REALTIME deadline: a step of that clock moves one slice */
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (timeout_ns > 100000000000000000ull) timeout_ns = 100000000000000000ull; /* ~3 years: no overflow */
+    uint64_t n = (uint64_t)ts.tv_nsec + timeout_ns;
+    ts.tv_sec += (time_t)(n / 1000000000ull);
+    ts.tv_nsec = (long)(n % 1000000000ull);
+    return pthread_mutex_timedlock(&q->lock, &ts);
+}
+
+int vkm_queue_unlock(vkm_queue *q) { return pthread_mutex_unlock(&q->lock); }
 
 void vkm_queue_destroy(vkm_queue *q)
 {
@@ -182,9 +204,14 @@ VkResult vkm_queues_drain_raw(const vkm_device *d, vkm_queue *const *queues, uin
             fences[i] = VK_NULL_HANDLE;
             return r;
         }
-        pthread_mutex_lock(&queues[i]->lock);
+        int locked = vkm_queue_lock(queues[i], timeout_ns); /* a lock held elsewhere ends the slice */
+        if (locked != 0) {
+            d->fn.vkDestroyFence(d->device, fences[i], NULL);
+            fences[i] = VK_NULL_HANDLE;
+            return locked == ETIMEDOUT ? VK_TIMEOUT : VKM_ERROR_INVALID_ARGUMENT;
+        }
         r = d->fn.vkQueueSubmit(queues[i]->queue, 0, NULL, fences[i]);
-        pthread_mutex_unlock(&queues[i]->lock);
+        vkm_queue_unlock(queues[i]);
         if (r != VK_SUCCESS) {
             d->fn.vkDestroyFence(d->device, fences[i], NULL);
             fences[i] = VK_NULL_HANDLE;

@@ -199,11 +199,37 @@ static VkResult failure(const vkm_jobq *q, uint64_t ticket, uint64_t dst_ready, 
     return VK_SUCCESS;
 }
 
+/* VKM_ERROR_INVALID_ARGUMENT unless `ticket` was handed out and `dst_ready` is a value
+ * it can have: every job reserves at least one destination value, so ticket t's lies in
+ * [t, dst_value - (next_ticket - t)]. Without this check a wait for a ticket never
+ * issued would block until its timeout, and one for ticket 0 would report it done.
+ * Call with the lock held. */
+static VkResult unissued(const vkm_jobq *q, uint64_t ticket, uint64_t dst_ready, vkm_error *err)
+{
+    if (ticket == 0 || ticket > q->next_ticket)
+        return vkm_fail(err, VKM_ERROR_INVALID_ARGUMENT, "vkm_link_poll",
+                        "ticket %llu was never issued by this link (its tickets so far: 1 ... %llu)",
+                        (unsigned long long)ticket, (unsigned long long)q->next_ticket);
+    uint64_t top = q->dst_value - (q->next_ticket - ticket);
+    if (dst_ready < ticket || dst_ready > top)
+        return vkm_fail(err, VKM_ERROR_INVALID_ARGUMENT, "vkm_link_poll",
+                        "dst_ready %llu was never issued with ticket %llu (its value lies in [%llu, %llu]): "
+                        "pass the values submit() returned",
+                        (unsigned long long)dst_ready, (unsigned long long)ticket, (unsigned long long)ticket,
+                        (unsigned long long)top);
+    return VK_SUCCESS;
+}
+
 VkResult vkm_jobq_wait_submitted(vkm_jobq *q, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
                                  vkm_error *err)
 {
     pthread_mutex_lock(&q->lock);
-    VkResult r = failure(q, ticket, dst_ready, err);
+    VkResult r = unissued(q, ticket, dst_ready, err);
+    if (r != VK_SUCCESS) {
+        pthread_mutex_unlock(&q->lock);
+        return r;
+    }
+    r = failure(q, ticket, dst_ready, err);
     if (r == VK_SUCCESS && q->submitted_ticket < ticket) {
         struct timespec ts = deadline_in(timeout_ns);
         while (q->submitted_ticket < ticket && q->error == VK_SUCCESS)

@@ -57,7 +57,9 @@ void vkm_jobq_stop(vkm_jobq *q);
 void vkm_jobq_last_values(vkm_jobq *q, uint64_t *src_last, uint64_t *dst_last);
 
 /* Wait up to `timeout_ns` until job `ticket` (dst_ready value `dst_ready`)
- * is fully submitted: VK_SUCCESS, VK_TIMEOUT, or the job's error. */
+ * is fully submitted: VK_SUCCESS, VK_TIMEOUT, or the job's error;
+ * VKM_ERROR_INVALID_ARGUMENT at once for a ticket never issued or a dst_ready
+ * that ticket cannot have. */
 VkResult vkm_jobq_wait_submitted(vkm_jobq *q, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns,
                                  vkm_error *err);
 /* Wait up to `timeout_ns` until job `ticket` is complete: submitted, then

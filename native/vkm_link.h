@@ -107,7 +107,8 @@ void vkm_link_last_values(vkm_link *link, uint64_t *src_done, uint64_t *dst_read
 VkResult vkm_link_submit(vkm_link *link, const vkm_endpoint *src, const vkm_endpoint *dst, VkDeviceSize size,
                          uint64_t *ticket, uint64_t *src_done, uint64_t *dst_ready, vkm_error *err);
 /* Wait up to `timeout_ns` for job `ticket` (whose dst_ready value is given):
- * VK_SUCCESS when complete, VK_TIMEOUT when not yet, else the job's error. */
+ * VK_SUCCESS when complete, VK_TIMEOUT when not yet, else the job's error;
+ * VKM_ERROR_INVALID_ARGUMENT for a ticket (or dst_ready) the link never issued. */
 VkResult vkm_link_poll(vkm_link *link, uint64_t ticket, uint64_t dst_ready, uint64_t timeout_ns, vkm_error *err);
 /* Wait up to `timeout_ns` until the worker has submitted all of job `ticket`'s
  * GPU work: VK_SUCCESS, VK_TIMEOUT, or the job's error. A submit of yours on a

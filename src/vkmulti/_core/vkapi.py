@@ -86,18 +86,20 @@ def device_function(device: Any, name: str) -> Callable[..., Any]:
 
 
 def queue_submit(native: Any, queue: Any, submits: list[Any], fence: Any = None, *,
-                 call: str = "vkQueueSubmit") -> None:
+                 call: str = "vkQueueSubmit", lock_timeout: float | None = None) -> None:
     """vkQueueSubmit of `submits` (VkSubmitInfo structs, or one cffi pointer to
     them) to `queue` (a devices.Queue) under the queue's lock, through the lost
     flag of `native` (the device's _native.Device): on a device marked lost it
     raises DeviceLostError without calling the driver, exactly as the native
     core's submits do, and a VK_ERROR_DEVICE_LOST from the driver marks the
     device lost for every later submit and wait. The one door for Python's
-    submits (tests/test_error_path.py keeps it so)."""
+    submits (tests/test_error_path.py keeps it so). vkmulti.TimeoutError when
+    another thread holds the queue's lock past `lock_timeout` s (None: no bound)."""
     fence = vk.VK_NULL_HANDLE if fence is None else fence
     failure: BaseException | None = None
     code: int | None = None
-    with queue.lock:
+    queue.lock.acquire(lock_timeout)
+    try:
         if native is not None:
             native.check_alive(call)
         try:
@@ -107,6 +109,8 @@ def queue_submit(native: Any, queue: Any, submits: list[Any], fence: Any = None,
                 code = vk.lib.vkQueueSubmit(queue.handle, 1, submits, vk.ffi.NULL if isinstance(fence, int) and fence == 0 else fence)
         except _FAILURES as exc:
             failure = exc
+    finally:
+        queue.lock.release()
     if code:
         if code == _DEVICE_LOST and native is not None:
             native.mark_lost()

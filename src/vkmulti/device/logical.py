@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import vulkan as vk
 
-from .._core.checks import is_int
+from .._core.checks import is_int, seconds_text
 from .._core import _native, vkapi
 from .._core.handles import handle_hex, handle_int, short_text, to_cffi
 from .capabilities import (EXT_DMA_BUF, EXT_FENCE_FD, EXT_MEMORY_BUDGET, EXT_MEMORY_FD,
@@ -81,6 +81,15 @@ class LogicalDevice:
     def __iter__(self) -> Iterator[Any]:
         return iter((self.device, self.graphics_queue, self.present_queue,
                      self.compute_queue, self.transfer_queue))
+
+    def queues(self) -> list[Queue]:
+        """Every distinct queue of the device (vkmulti's own included)."""
+        out: dict[int, Queue] = {}
+        for q in (self.graphics_queue, self.present_queue, self.compute_queue, self.transfer_queue,
+                  self.copy_queue, self.universal_copy_queue):
+            if q is not None:
+                out.setdefault(int(q), q)
+        return list(out.values())
 
     def __repr__(self) -> str:
         return (f"LogicalDevice({short_text(self.capabilities.name)}, device={handle_hex(self.device)}, "
@@ -197,19 +206,30 @@ def create_logical_device(physical_device: VkPhysicalDevice | int, queue_familie
     return ld
 
 
-def destroy_logical_device(device: Any, native: Any = None) -> None:
-    """Wait for the device (no GIL), forget its native table, destroy it.
+def destroy_logical_device(device: Any, native: Any, queues: Any, timeout: float | None = 30.0,
+                           pending: list[tuple[Any, Any]] | None = None) -> None:
+    """Wait until every queue in `queues` (the device's Queues) finished its work, forget
+    the native table, destroy the device.
 
-    The wait is unbounded: drain_queues() first bounds it."""
-    if native is not None:
-        if not native.lost:   # a lost device runs nothing more: its objects are destroyed as they are
-            try:
-                native.wait_idle()
-            except DeviceLostError as exc:
-                log.warning("device lost while waiting for it to go idle (%s); destroying it", exc)
-        native.release()
-    else:
-        vkapi.vkDeviceWaitIdle(device)
+    The wait is an empty fenced submit per queue, bounded by `timeout` s in slices (Ctrl-C
+    honoured), lock waits included: vkDeviceWaitIdle has no bound. vkmulti.TimeoutError
+    keeps the device (call again once the work can finish); the fences still pending then
+    are appended to `pending` as (device, fence) pairs, to be waited and freed before it."""
+    if not native.lost:   # a lost device runs nothing more: its objects are destroyed as they are
+        left: list[int] = []
+        try:
+            drained = native.drain_queues_raw([q.lock for q in queues], timeout, left)
+        except DeviceLostError as exc:
+            log.warning("device lost while waiting for it to go idle (%s); destroying it", exc)
+            drained = True
+        finally:
+            if left and pending is not None:
+                pending.extend((device, _ffi.cast("VkFence", f)) for f in left)
+        if not drained:
+            raise VkmTimeoutError(f"device {native.name!r} still runs work (or a queue's lock is held) after "
+                                  f"{seconds_text(timeout)} s; it was not destroyed (call again once the work "
+                                  f"can finish)")
+    native.release()
     vk.vkDestroyDevice(device, None)
 
 
@@ -256,7 +276,7 @@ def _retire_engine_device(slot: Any, pending: list[tuple[Any, Any]], deadline: A
             fence = vkapi.vkCreateFence(dev, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO),
                                         None)
             try:
-                vkapi.queue_submit(None, q, [], fence, call="vkQueueSubmit(retire)")
+                _submit_fence(slot, None, q, fence, deadline, "vkQueueSubmit(retire)")
             except BaseException:
                 vk.vkDestroyFence(dev, fence, None)
                 raise
@@ -290,7 +310,7 @@ def drain_queues(slot: Any, fences: list[tuple[Any, Any]], deadline: Any) -> Non
         for q in slot.queues():
             fence = vkapi.vkCreateFence(dev, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
             try:
-                vkapi.queue_submit(native, q, [], fence, call="vkQueueSubmit(drain)")
+                _submit_fence(slot, native, q, fence, deadline, "vkQueueSubmit(drain)")
             except DeviceLostError as exc:
                 vk.vkDestroyFence(dev, fence, None)
                 log.info("GPU %d (%s) is lost (%s): nothing to drain; destroying it", slot.index, slot.name, exc)
@@ -313,3 +333,14 @@ def drain_queues(slot: Any, fences: list[tuple[Any, Any]], deadline: Any) -> Non
     for fence in mine:
         vk.vkDestroyFence(dev, fence, None)
     fences[:] = [(d, f) for d, f in fences if d is not dev]
+
+
+def _submit_fence(slot: Any, native: Any, queue: Any, fence: Any, deadline: Any, call: str) -> None:
+    """An empty submit signalling `fence` on `queue`; the wait for the queue's lock is
+    bounded by `deadline` (a thread that keeps it held must not stall a teardown)."""
+    try:
+        vkapi.queue_submit(native, queue, [], fence, call=call, lock_timeout=deadline.left())
+    except VkmTimeoutError:
+        raise VkmTimeoutError(f"GPU {slot.index} ({slot.name!r}): the lock of queue family {queue.family} was still "
+                              f"held by another thread after {seconds_text(deadline.timeout)} s; nothing was "
+                              f"destroyed (call destroy() again once it is released)") from None

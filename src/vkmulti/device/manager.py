@@ -335,7 +335,7 @@ class MultiDeviceManager:
                       primary_extensions=primary_ld.enabled_extensions)
         except BaseException:
             if primary_ld is not None:
-                destroy_logical_device(primary_ld.device, primary_ld.native)
+                destroy_logical_device(primary_ld.device, primary_ld.native, primary_ld.queues())
             if own_instance:
                 inst.destroy()  # type: ignore[union-attr]
             raise
@@ -525,7 +525,7 @@ class MultiDeviceManager:
         for s in self._slots[1:]:
             if s.device is not None:
                 self._drain(s, dl)
-                destroy_logical_device(s.device, s.native)
+                destroy_logical_device(s.device, s.native, s.queues(), dl.left(), s.pending_fences)
                 s.device = None
                 s.native = None
         del self._slots[1:]
@@ -569,7 +569,7 @@ class MultiDeviceManager:
             p.release_children(dl.left())
             if p.owned and p.device is not None:
                 self._drain(p, dl)
-                destroy_logical_device(p.device, p.native)
+                destroy_logical_device(p.device, p.native, p.queues(), dl.left(), p.pending_fences)
                 p.device = None
             elif p.native is not None:   # the engine's device: its queues are the engine's business
                 p.native.release()
