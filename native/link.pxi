@@ -384,6 +384,13 @@ cdef class Link:
         with nogil:
             r = vkm_link_create(sd, &src_queue.q, dd, &dst_queue.q, &cfg, &self.link, &err)
         check_error(r, &err)
+        src.timelines.add(<uintptr_t>vkm_link_src_timeline(self.link))   # (points of its jobs are waited on)
+        dst.timelines.add(<uintptr_t>vkm_link_dst_timeline(self.link))
+
+    cdef void forget_timelines(self, vkm_link *l):
+        """Its timelines are no longer live ones of their devices (the link is going)."""
+        self.src.timelines.discard(<uintptr_t>vkm_link_src_timeline(l))
+        self.dst.timelines.discard(<uintptr_t>vkm_link_dst_timeline(l))
 
     cdef vkm_link* enter(self) except NULL:
         """The link for a call that releases the GIL; the caller decrements
@@ -500,6 +507,7 @@ cdef class Link:
         if l == NULL:
             return
         self.link = NULL   # calls from now on raise DestroyedError
+        self.forget_timelines(l)
         while self.users:  # calls already inside the link return within a slice
             with nogil:
                 usleep(1000)
@@ -519,6 +527,8 @@ cdef class Link:
             idle = (vkm_timeline_value(&self.src.dev, vkm_link_src_timeline(l), &sv) == VK_SUCCESS and sv >= s and
                     vkm_timeline_value(&self.dst.dev, vkm_link_dst_timeline(l), &dv) == VK_SUCCESS and dv >= d)
         if idle:   # nothing left for the worker: its waits return at once
+            self.src.timelines.discard(<uintptr_t>vkm_link_src_timeline(l))
+            self.dst.timelines.discard(<uintptr_t>vkm_link_dst_timeline(l))
             with nogil:
                 vkm_link_destroy(l)
             return
@@ -552,11 +562,13 @@ cdef class TimelineMirror:
         self.m = NULL
         if src is dst:
             raise ValueError("a mirror joins two devices, got the same one twice")
+        src.own(sem, "src_semaphore")
         self.src, self.dst = src, dst
         vkm_error_clear(&err)
         with nogil:
             r = vkm_mirror_create(sd, <VkSemaphore><uintptr_t>sem, dd, spin_ns, &self.m, &err)
         check_error(r, &err)
+        dst.timelines.add(<uintptr_t>vkm_mirror_semaphore(self.m))
 
     @property
     def semaphore(self):
@@ -596,10 +608,12 @@ cdef class TimelineMirror:
         if m == NULL:
             return
         self.m = NULL
+        self.dst.timelines.discard(<uintptr_t>vkm_mirror_semaphore(m))
         with nogil:
             vkm_mirror_destroy(m)
 
     def __dealloc__(self):
         if self.m != NULL and self.src.alive and self.dst.alive:   # (never destroyed: its devices still live)
+            self.dst.timelines.discard(<uintptr_t>vkm_mirror_semaphore(self.m))
             vkm_mirror_destroy(self.m)
         self.m = NULL

@@ -207,7 +207,7 @@ def destroy_logical_device(device: Any, native: Any = None) -> None:
                 native.wait_idle()
             except DeviceLostError as exc:
                 log.warning("device lost while waiting for it to go idle (%s); destroying it", exc)
-        native.release()
+        native.release(destroyed=True)
     else:
         vkapi.vkDeviceWaitIdle(device)
     vk.vkDestroyDevice(device, None)
