@@ -424,5 +424,6 @@ cdef class Messenger:
 include "partition.pxi"
 include "cuda.pxi"
 include "link.pxi"
+include "mirror.pxi"
 include "step.pxi"
 include "run.pxi"
