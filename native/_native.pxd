@@ -1,5 +1,5 @@
 # Declarations mirroring vkm.h (and the few Vulkan types it uses).
-from libc.stdint cimport uint32_t, uint64_t, int32_t
+from libc.stdint cimport uint32_t, uint64_t, int32_t, uintptr_t
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_mutex_t:
@@ -75,6 +75,7 @@ cdef extern from "vkm.h" nogil:
                                   uint64_t timeout_ns)
     VkResult vkm_device_wait_idle(const vkm_device *d)
     VkResult vkm_create_timeline(const vkm_device *d, uint64_t initial, VkSemaphore *out)
+    void vkm_destroy_timeline(const vkm_device *d, VkSemaphore sem)
 
     ctypedef struct vkm_messenger:
         pass
@@ -89,4 +90,6 @@ cdef int check_error(VkResult result, const vkm_error *err) except -1
 cdef class Device:
     cdef vkm_device dev
     cdef bint alive
+    cdef set timelines
     cdef vkm_device* ptr(self) except NULL
+    cdef int own(self, uintptr_t semaphore, str label) except -1

@@ -25,6 +25,9 @@ cdef extern from "<errno.h>":
 cdef uint64_t _SLICE_NS = 50_000_000          # 50 ms between signal checks
 cdef uint64_t _FOREVER = 0xFFFFFFFFFFFFFFFFULL
 cdef bint _timeline_naps = False              # set_timeline_naps
+#: VkDevice handle -> the live timeline semaphores vkmulti made on it (create_timeline, links,
+#: mirrors), shared by every native Device of that VkDevice (two managers over an engine's)
+cdef dict _live_timelines = {}
 
 
 def set_timeline_naps(bint on):
@@ -111,6 +114,7 @@ cdef class Device:
         if physical == 0 or device == 0:
             raise ValueError("Device needs non-null VkPhysicalDevice and VkDevice handles")
         self.alive = False
+        self.timelines = _live_timelines.setdefault(device, set())
         vkm_error_clear(&err)
         check_error(vkm_device_init(&self.dev, <VkPhysicalDevice>physical, <VkDevice>device,
                                     external_memory_host, external_memory_fd, external_memory_dma_buf, &err), &err)
@@ -122,9 +126,25 @@ cdef class Device:
             raise DestroyedError("the native device was released (its VkDevice is destroyed)")
         return &self.dev
 
-    def release(self):
-        """Forget the device (called just before vkDestroyDevice)."""
+    cdef int own(self, uintptr_t semaphore, str label) except -1:
+        """ValueError unless `semaphore` is a live timeline vkmulti made on this device: a
+        forged handle, one of another device or one destroyed since never reaches the driver."""
+        if semaphore not in self.timelines:
+            raise ValueError(f"{label} {semaphore:#x} is not a live timeline semaphore of this device: not made "
+                             f"by vkmulti here, or destroyed since")
+        return 0
+
+    def owns_timeline(self, semaphore):
+        """Whether `semaphore` (an int) is a live timeline vkmulti made on this VkDevice."""
+        return semaphore in self.timelines
+
+    def release(self, bint destroyed=False):
+        """Forget the device (called just before vkDestroyDevice, `destroyed`, or when
+        letting go of an engine's device, which keeps its semaphores)."""
         self.alive = False
+        if destroyed:   # (every semaphore goes with the device)
+            self.timelines.clear()
+            _live_timelines.pop(<uintptr_t>self.dev.device, None)
 
     @property
     def handle(self):
@@ -230,12 +250,22 @@ cdef class Device:
         cdef uint64_t v = _timeline_u64(initial, "initial")
         cdef vkm_device *d = self.ptr()
         check(vkm_create_timeline(d, v, &s), "vkCreateSemaphore(timeline)")
+        self.timelines.add(<uintptr_t>s)
         return <uintptr_t>s
+
+    def destroy_timeline(self, uintptr_t semaphore):
+        """Destroy a timeline of create_timeline (the caller makes sure no GPU work still
+        uses it); ValueError for any other handle, or one destroyed already."""
+        self.own(semaphore, "semaphore")
+        self.timelines.discard(semaphore)
+        if self.alive:   # (else the device took it)
+            vkm_destroy_timeline(&self.dev, <VkSemaphore>semaphore)
 
     def timeline_value(self, uintptr_t semaphore):
         cdef uint64_t v = 0
         cdef vkm_device *d = self.ptr()
         _nonzero(semaphore, "semaphore")
+        self.own(semaphore, "semaphore")
         check(vkm_timeline_value(d, <VkSemaphore>semaphore, &v), "vkGetSemaphoreCounterValue")
         return v
 
@@ -244,6 +274,7 @@ cdef class Device:
         cdef uint64_t v = _timeline_u64(value, "value")
         cdef vkm_device *d = self.ptr()
         _nonzero(semaphore, "semaphore")
+        self.own(semaphore, "semaphore")
         return wait_slices(d, <VkSemaphore>semaphore, NULL, v, _timeout_ns(timeout),
                            "vkWaitSemaphores")
 
@@ -423,5 +454,6 @@ cdef class Messenger:
 include "partition.pxi"
 include "cuda.pxi"
 include "link.pxi"
+include "mirror.pxi"
 include "step.pxi"
 include "run.pxi"

@@ -95,16 +95,6 @@ def park_native_threads(double timeout=1.0):
 _atexit.register(park_native_threads)
 
 
-cdef extern from "vkm_mirror.h" nogil:
-    ctypedef struct vkm_mirror:
-        pass
-    VkResult vkm_mirror_create(vkm_device *src, VkSemaphore src_sem, vkm_device *dst, uint64_t spin_ns,
-                               vkm_mirror **out, vkm_error *err)
-    VkSemaphore vkm_mirror_semaphore(const vkm_mirror *m)
-    VkResult vkm_mirror_status(vkm_mirror *m, vkm_error *err)
-    void vkm_mirror_release(vkm_mirror *m, const char *why)
-    void vkm_mirror_destroy(vkm_mirror *m)
-
 RING_STAGING = VKM_RING_STAGING
 RING_SHARED_HOST = VKM_RING_SHARED_HOST
 RING_EXPORTED = VKM_RING_EXPORTED
@@ -384,6 +374,13 @@ cdef class Link:
         with nogil:
             r = vkm_link_create(sd, &src_queue.q, dd, &dst_queue.q, &cfg, &self.link, &err)
         check_error(r, &err)
+        src.timelines.add(<uintptr_t>vkm_link_src_timeline(self.link))   # (points of its jobs are waited on)
+        dst.timelines.add(<uintptr_t>vkm_link_dst_timeline(self.link))
+
+    cdef void forget_timelines(self, vkm_link *l):
+        """Its timelines are no longer live ones of their devices (the link is going)."""
+        self.src.timelines.discard(<uintptr_t>vkm_link_src_timeline(l))
+        self.dst.timelines.discard(<uintptr_t>vkm_link_dst_timeline(l))
 
     cdef vkm_link* enter(self) except NULL:
         """The link for a call that releases the GIL; the caller decrements
@@ -500,6 +497,7 @@ cdef class Link:
         if l == NULL:
             return
         self.link = NULL   # calls from now on raise DestroyedError
+        self.forget_timelines(l)
         while self.users:  # calls already inside the link return within a slice
             with nogil:
                 usleep(1000)
@@ -519,6 +517,8 @@ cdef class Link:
             idle = (vkm_timeline_value(&self.src.dev, vkm_link_src_timeline(l), &sv) == VK_SUCCESS and sv >= s and
                     vkm_timeline_value(&self.dst.dev, vkm_link_dst_timeline(l), &dv) == VK_SUCCESS and dv >= d)
         if idle:   # nothing left for the worker: its waits return at once
+            self.src.timelines.discard(<uintptr_t>vkm_link_src_timeline(l))
+            self.dst.timelines.discard(<uintptr_t>vkm_link_dst_timeline(l))
             with nogil:
                 vkm_link_destroy(l)
             return
@@ -527,79 +527,3 @@ cdef class Link:
         # running, and what it reads stays alive with it.
         for held in (self.src, self.dst, self.src_queue, self.dst_queue, self.keep):
             Py_INCREF(held)
-
-
-@cython.no_gc_clear
-cdef class TimelineMirror:
-    """A timeline semaphore of device `src` mirrored on a new timeline semaphore of
-    device `dst` (`semaphore`): a native thread waits (no GIL) for each new value
-    of the source and signals it from the host there, so `dst`'s GPU work can
-    wait on the GPU for `src`'s; such a wait may be queued before the value
-    exists, on any queue. `spin` (s): poll the source that long before blocking
-    (0 on CPU devices). The source semaphore must outlive the mirror; destroy()
-    it (idempotent) once no GPU work waits on `semaphore`."""
-    cdef vkm_mirror *m
-    cdef readonly Device src
-    cdef readonly Device dst
-
-    def __cinit__(self, Device src not None, src_semaphore, Device dst not None, *, double spin=0.0):
-        cdef vkm_error err
-        cdef uint64_t sem = _u64(src_semaphore, "src_semaphore", 1)
-        cdef uint64_t spin_ns = _seconds_ns(spin, "spin", 1.0) if spin != 0 else 0
-        cdef vkm_device *sd = src.ptr()
-        cdef vkm_device *dd = dst.ptr()
-        cdef VkResult r
-        self.m = NULL
-        if src is dst:
-            raise ValueError("a mirror joins two devices, got the same one twice")
-        self.src, self.dst = src, dst
-        vkm_error_clear(&err)
-        with nogil:
-            r = vkm_mirror_create(sd, <VkSemaphore><uintptr_t>sem, dd, spin_ns, &self.m, &err)
-        check_error(r, &err)
-
-    @property
-    def semaphore(self):
-        """The destination timeline semaphore (a VkSemaphore handle as an int)."""
-        if self.m == NULL:
-            from vkmulti.errors import DestroyedError
-            raise DestroyedError("TimelineMirror used after destroy()")
-        return <uintptr_t>vkm_mirror_semaphore(self.m)
-
-    @property
-    def alive(self):
-        return self.m != NULL
-
-    def check(self):
-        """Raise the failure that stopped the mirror (a lost device), if any."""
-        cdef vkm_error err
-        if self.m == NULL:
-            return
-        vkm_error_clear(&err)
-        check_error(vkm_mirror_status(self.m, &err), &err)
-
-    def release(self, why="its source is lost"):
-        """Let the GPU work waiting on the mirror go now (the destination is raised as far
-        as it goes) and stop following the source; check() then raises DeviceLostError
-        with `why`. A source marked lost is still followed through the driver until then
-        (or until the driver itself reports the loss). Idempotent."""
-        cdef bytes text = str(why).encode("utf-8", "replace")[:200]
-        cdef const char *c_why = text
-        if self.m == NULL:
-            return
-        with nogil:
-            vkm_mirror_release(self.m, c_why)
-
-    def destroy(self):
-        """Stop the thread (within 20 ms) and free the semaphore (idempotent)."""
-        cdef vkm_mirror *m = self.m
-        if m == NULL:
-            return
-        self.m = NULL
-        with nogil:
-            vkm_mirror_destroy(m)
-
-    def __dealloc__(self):
-        if self.m != NULL and self.src.alive and self.dst.alive:   # (never destroyed: its devices still live)
-            vkm_mirror_destroy(self.m)
-        self.m = NULL

@@ -103,6 +103,7 @@ cdef class StepRun:
         cdef vkm_run_template *tp
         cdef bytes ops
         _nonzero(timeline, "timeline")
+        device.own(timeline, "timeline")
         if self.begun:   # (a second __init__ would count its patches, checks, captures past their arrays)
             raise RuntimeError("a StepRun is made once")
         self.begun = True

@@ -282,6 +282,7 @@ cdef class StepCommands:
         cdef VkResult r
         _nonzero(cmd, "cmd")
         _nonzero(signal, "signal")
+        self.dev.own(signal, "signal")
         if <VkCommandBuffer>cmd == self.cmd:
             raise ValueError("StepCommands.submit: the command buffer is still being recorded (end() it first)")
         if n:
@@ -295,6 +296,7 @@ cdef class StepCommands:
                 sems[i] = <VkSemaphore><uintptr_t>sem
                 if sems[i] == NULL:
                     raise ValueError(f"wait {i}: the semaphore must be a non-null handle, got 0")
+                self.dev.own(<uintptr_t>sems[i], f"wait {i}: semaphore")
                 values[i] = _timeline_u64(v, f"wait {i}'s value")
             with nogil:
                 r = vkm_step_submit(d, q, <VkCommandBuffer>cmd, <uint32_t>n, sems, values, <VkSemaphore>signal,

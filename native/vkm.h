@@ -128,6 +128,8 @@ VkResult vkm_queues_drain_raw(const vkm_device *d, vkm_queue *const *queues, uin
                               uint64_t timeout_ns);
 VkResult vkm_device_wait_idle(const vkm_device *d);
 VkResult vkm_create_timeline(const vkm_device *d, uint64_t initial, VkSemaphore *out);
+/* Destroy a timeline of vkm_create_timeline (the caller makes sure no GPU work still uses it). */
+void vkm_destroy_timeline(const vkm_device *d, VkSemaphore sem);
 
 /* ---- validation messages: a debug-utils messenger with a C callback ------- */
 

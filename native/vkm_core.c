@@ -368,3 +368,8 @@ VkResult vkm_create_timeline(const vkm_device *d, uint64_t initial, VkSemaphore 
     VkSemaphoreCreateInfo info = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO, .pNext = &type};
     return d->fn.vkCreateSemaphore(d->device, &info, NULL, out);
 }
+
+void vkm_destroy_timeline(const vkm_device *d, VkSemaphore sem)
+{
+    if (sem) d->fn.vkDestroySemaphore(d->device, sem, NULL);
+}

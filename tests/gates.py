@@ -50,7 +50,7 @@ class Gate:
         if self.slot.native.timeline_value(self.sem) < 1:
             self.open()
         settle(self.slot)
-        vk.vkDestroySemaphore(self.slot.device, vk.ffi.cast("VkSemaphore", self.sem), None)
+        self.slot.native.destroy_timeline(self.sem)
 
 
 def settle(*slots) -> None:

@@ -75,7 +75,7 @@ def _submitter(slot, n):
 
 
 def _destroy_semaphore(slot, sem):
-    vk.vkDestroySemaphore(slot.device, vk.ffi.cast("VkSemaphore", sem), None)
+    slot.native.destroy_timeline(sem)
 
 
 def test_a_relay_orders_two_devices_with_waits_queued_before_the_values_exist(manager):
@@ -185,3 +185,54 @@ def test_a_mirror_whose_source_jumps_far_stops_when_asked(end):
 
     r = subprocess.run([sys.executable, "-c", _JUMP_CHILD, end], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "done", r.stdout + r.stderr
+
+
+_RACE_CHILD = """
+import sys
+import threading
+import vulkan as vk
+from vkmulti import MultiDeviceManager
+from vkmulti._core import _native
+sys.setswitchinterval(1e-6)   # (threads switch often: the two calls interleave)
+mgr = MultiDeviceManager.create()
+s0, s1 = mgr.slot(0), mgr.slot(1)
+t0 = s0.native.create_timeline(0)
+value = 0
+for i in range(300):
+    m = _native.TimelineMirror(s0.native, t0, s1.native)
+    if i % 2:   # the thread is signalling values (under the mirror's lock) when both calls come
+        value += 10**6
+        vk.vkSignalSemaphore(s0.device, vk.VkSemaphoreSignalInfo(sType=vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO,
+                             semaphore=vk.ffi.cast("VkSemaphore", t0), value=value))
+    both = threading.Barrier(2)
+    def release():
+        both.wait()
+        for _ in range(3):
+            m.release("raced")
+    def destroy():
+        both.wait()
+        m.destroy()
+    threads = [threading.Thread(target=release), threading.Thread(target=destroy)]
+    for t in threads[::-1] if i % 2 else threads:
+        t.start()
+    for t in threads:
+        t.join()
+    m.release()
+    m.destroy()
+    m.check()
+    assert not m.alive
+s0.native.destroy_timeline(t0)
+mgr.destroy()
+print("done")
+"""
+
+
+def test_a_mirrors_release_racing_its_destroy_is_safe():
+    """Before: release() read the native mirror after letting the GIL go, so a destroy() on
+    another thread freed it under the call (a SIGSEGV within a few dozen rounds): release and
+    destroy from two threads, 300 rounds, either one first, in a child process."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _RACE_CHILD], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "done", f"exit status {r.returncode}: {r.stdout}{r.stderr[-3000:]}"

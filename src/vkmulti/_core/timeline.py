@@ -6,8 +6,9 @@ checked here before any of them reaches a submit: a null, negative or
 mistyped handle, or a point of another device, is a clear error, never a
 null semaphore in a VkSubmitInfo. A point vkmulti made remembers its VkDevice
 (`TimelinePoint.of`): one of another manager's GPU of the same index is refused
-too. (A raw non-null handle cannot be checked: Vulkan trusts it, and so does
-vkmulti.)
+too. The device's native table knows the live timelines vkmulti made on it: any
+other handle (forged, of another device, destroyed since, or unpickled from
+another process) is refused too, as Vulkan would take it on trust.
 """
 from __future__ import annotations
 
@@ -98,7 +99,9 @@ def wait_point(value: Any, slot: Any, label: str) -> tuple[int, int] | None:
     except (TypeError, ValueError):
         raise TypeError(f"{label} must be a TimelinePoint or a (semaphore, value) pair, "
                         f"got {type(value).__name__}") from None
-    return handle_int(sem, "VkSemaphore"), _point_value(v, label)
+    semaphore = handle_int(sem, "VkSemaphore")
+    _check_live(semaphore, getattr(slot, "native", None), slot.index, label)
+    return semaphore, _point_value(v, label)
 
 
 def _checked_point(p: TimelinePoint, device_index: int, native: Any, label: str) -> tuple[int, int]:
@@ -116,7 +119,16 @@ def _checked_point(p: TimelinePoint, device_index: int, native: Any, label: str)
         semaphore = handle_int(p.semaphore, "VkSemaphore")
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{label}: {exc}"[:200]) from None
+    _check_live(semaphore, native, device_index, label)
     return semaphore, _point_value(p.value, label)
+
+
+def _check_live(semaphore: int, native: Any, device_index: int, label: str) -> None:
+    """ValueError unless `semaphore` is a live timeline vkmulti made on the device of
+    `native` (unchecked without one: no submit is made there)."""
+    if native is not None and not native.owns_timeline(semaphore):
+        raise ValueError(f"{label}: semaphore {semaphore:#x} is not a live timeline of GPU {device_index} made "
+                         f"by vkmulti (a forged handle, one of another device, or one destroyed since)")
 
 
 def _point_value(v: Any, label: str) -> int:

@@ -229,7 +229,7 @@ def destroy_logical_device(device: Any, native: Any, queues: Any, timeout: float
             raise VkmTimeoutError(f"device {native.name!r} still runs work (or a queue's lock is held) after "
                                   f"{seconds_text(timeout)} s; it was not destroyed (call again once the work "
                                   f"can finish)")
-    native.release()
+    native.release(destroyed=True)
     vk.vkDestroyDevice(device, None)
 
 

@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Submitter", "Job", "MAX_IN_FLIGHT", "format_features"]
 
-_ffi = vk.ffi
 
 #: Command buffers a submitter keeps in flight before it waits for the oldest.
 MAX_IN_FLIGHT = 64
@@ -114,7 +113,7 @@ class Submitter:
                 life.adopt(self)
             except BaseException:
                 vk.vkDestroyCommandPool(slot.device, self.pool, None)
-                vk.vkDestroySemaphore(slot.device, _ffi.cast("VkSemaphore", self._timeline), None)
+                slot.native.destroy_timeline(self._timeline)  # type: ignore[union-attr]
                 self.pool = None
                 raise
 
@@ -205,7 +204,7 @@ class Submitter:
                 self._free.clear()
                 self._destroy_extra()
                 vk.vkDestroyCommandPool(dev, self.pool, None)
-                vk.vkDestroySemaphore(dev, _ffi.cast("VkSemaphore", self._timeline), None)
+                self.slot.native.destroy_timeline(self._timeline)  # type: ignore[union-attr]
                 self.pool = None
 
     def __enter__(self) -> Any:

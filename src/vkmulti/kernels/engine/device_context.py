@@ -589,5 +589,5 @@ class DeviceContext:
             self.pipeline_cache = None
         if self.timeline is not None:
             retire_submits(self.slot, Deadline(max(0.0, deadline - time.monotonic())))   # (see devices.retire_submits)
-            vk.vkDestroySemaphore(dev, _ffi.cast("VkSemaphore", self.timeline), None)
+            self.slot.native.destroy_timeline(self.timeline)
             self.timeline = None

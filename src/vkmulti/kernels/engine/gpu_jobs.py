@@ -51,7 +51,7 @@ class GpuJobs:
                 flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT | vk.VK_COMMAND_POOL_CREATE_TRANSIENT_BIT,
                 queueFamilyIndex=queue.family), None)
         except BaseException:
-            vk.vkDestroySemaphore(slot.device, vk.ffi.cast("VkSemaphore", self.timeline), None)
+            slot.native.destroy_timeline(self.timeline)
             raise
 
     def point(self, value: int) -> TimelinePoint:
@@ -195,7 +195,7 @@ class GpuJobs:
                                 "the device's destruction", self.slot.index, timeout)
                     return
                 vk.vkDestroyCommandPool(dev, self.pool, None)
-                vk.vkDestroySemaphore(dev, vk.ffi.cast("VkSemaphore", self.timeline), None)
+                self.slot.native.destroy_timeline(self.timeline)
             self.pool = None
             self._free, self._busy = [], []
 

@@ -170,6 +170,6 @@ class Gather:
         retire_submits(self.slot, Deadline(timeout))   # (see devices.retire_submits)
         vk.vkDestroyCommandPool(self.slot.device, self.pool, None)
         timeline, self.timeline = self.timeline, None
-        vk.vkDestroySemaphore(self.slot.device, vk.ffi.cast("VkSemaphore", timeline), None)
+        self.slot.native.destroy_timeline(timeline)
 
 
