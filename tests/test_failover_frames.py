@@ -222,3 +222,28 @@ def test_drill_arguments(capsys):
         sru_drill(make_srus(4, 64, 32), 64, 32, 4, (1, 9))
     with pytest.raises(ValueError, match="not a secondary"):
         sru_drill(make_srus(4, 64, 32), 64, 32, 4, (3, 1))
+
+
+@pytest.mark.parametrize("at", [0, 1])
+def test_sru_drill_loses_the_gpu_during_the_first_frames(at):
+    """A loss during frame 0 lands in that frame (GPU 1's renderer is made by that
+    frame itself, armed as it is made) and every frame stays the one-GPU frame."""
+    r = sru_drill(make_srus(4, 64, 32), 64, 32, 3, (1, at))
+    assert r["identical"], r["frames_not_identical"]
+    assert r["loss_seen_in_frames"] == [at] and r["devices_after"] == [0]
+    assert r["failover"]["devices_lost"] == [1] and r["failover"]["recoveries"]
+    assert (r["frame_ms_before_loss"] is None) == (at == 0) and r["frame_ms_after_loss"] > 0
+
+
+def test_sru_drill_report_of_a_loss_in_the_first_frame(capsys):
+    """No frame before the loss: the figure is none (n/a), not NaN (no JSON number)."""
+    from vkmulti.apps import cli
+    import json
+
+    args = ["demo", "--lose-gpu", "1@0", "--frames", "2", "--srus", "4", "--size", "64x32", "--output", ""]
+    assert cli.main(args + ["--json"]) == 0
+    r = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert r["loss_seen_in_frames"] == [0] and r["frame_ms_before_loss"] is None and r["identical"]
+    assert cli.main(args) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "before the loss" in ln)
+    assert "n/a" in line and "nan" not in line

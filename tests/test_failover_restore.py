@@ -346,3 +346,46 @@ def test_the_lost_half_is_freed_off_the_restore_path(monkeypatch, twins_on):
     finally:
         gate.set()
         mgr.destroy(timeout=10)
+
+
+def test_stencil_lost_before_its_first_step_is_restored_from_its_launch_capture():
+    """GPU 1 lost before step 0: the policy's capture at launch is what its slab
+    comes back from (nothing to replay), so the field is the run without loss."""
+    out, ref, stats, restored, lost = _stencil(48, 24, 6, 0, CheckpointPolicy(every_steps=16))
+    assert not lost and restored == {"stencil-1": (1, 0)}
+    assert np.array_equal(out, ref)
+    assert stats.kernels_restored == 1 and stats.steps_replayed == 0
+
+
+@pytest.mark.parametrize("at", [0, 3])
+def test_counters_lost_in_the_first_steps_see_every_message_once(at):
+    """Under K2K load, a loss before any step or before the first due checkpoint
+    (every 5 steps): restored from the launch capture, its steps replayed from the log."""
+    ra, rb, _ = _counters(None, steps=8)
+    a, b, stats = _counters(at, steps=8)
+    for got, ref in ((a, ra), (b, rb)):
+        assert got.fifo_errors == 0 and got.failed_emits == 0
+        assert (got.count, got.sum, got.forwards) == (ref.count, ref.sum, ref.forwards)
+    assert stats.kernels_restored == 1 and stats.steps_replayed == at
+
+
+def test_a_kernel_restored_as_new_is_not_captured_before_its_image_is_written():
+    """rt.restore(cp) as a new kernel launches it, then writes the image: the policy's
+    launch capture must not stand for it (it would hold the blank launch state)."""
+    mgr = MultiDeviceManager.create()
+    try:
+        rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr))
+        rt.set_checkpoint_policy(CheckpointPolicy(every_steps=1000))
+        a = rt.launch(counter_kernel(), "a", device=0, state=[counter_initial_state()])
+        for i in range(3):
+            rt.send(a, struct.pack("<I", i + 1), tag=COUNTER_TAG_ADD)
+            rt.step().wait(10)
+        cp = rt.checkpoint(a)
+        b = rt.restore(cp, device=1, kernel_id="b")
+        rt.synchronize(10)
+        got = rt.latest_checkpoint(b)
+        assert got is not None and got.metadata.current_step == b.steps == 3
+        assert read_counter(got.get_device_memory("state0").data).sum == 6
+        rt.destroy(timeout=10)
+    finally:
+        mgr.destroy(timeout=10)

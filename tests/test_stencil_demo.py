@@ -170,3 +170,17 @@ def test_demo_stencil_speedup_on_two_gpus():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert out["identical"] and out["speedup"] >= 1.9, out
+
+
+def test_stencil_drill_with_the_loss_before_step_0(capsys):
+    """`--lose-gpu 1@0`: the slab lost before any step comes back from its launch capture."""
+    assert cli.main(["demo", "stencil", "--lose-gpu", "1@0", "--size", "32x16", "--steps", "4", "--output", "",
+                     "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["identical"] and r["restored"] == {"stencil-1": [1, 0]} and not r["lost"]
+    assert r["step_ms_without_policy"] is None and r["step_ms_with_policy"] is None
+    assert r["policy_cost_ms_per_step"] is None
+    assert cli.main(["demo", "stencil", "--lose-gpu", "1@0", "--size", "32x16", "--steps", "4", "--output", ""]) == 0
+    text = capsys.readouterr().out
+    line = next(ln for ln in text.splitlines() if "step without a policy" in ln)
+    assert "n/a" in line and "0.000" not in line, line

@@ -63,8 +63,11 @@ def sru_drill(srus: list[Any], width: int, height: int, frames: int, loss: tuple
     out: dict[str, Any] = {"drill": "sru", "note": note, "virtual": note is not None, "srus": len(srus),
                            "size": [width, height], "frames": frames, "lose_gpu": gpu, "at_frame": at}
 
+    arm: set[int] = set()   # GPUs to lose at their next render (a renderer made later is armed as made)
+
     def factory(ctx: Any) -> LossInjector:
         inj = injectors[ctx.slot.index] = LossInjector(ReferenceRenderer(ctx.slot), mgr, ctx.slot.index)
+        inj.armed = ctx.slot.index in arm
         return inj
     t_destroy = None
     try:
@@ -85,26 +88,28 @@ def sru_drill(srus: list[Any], width: int, height: int, frames: int, loss: tuple
         times, bad, lost_in = [], [], []
         pixels = None
         for f in range(frames):
-            if f == at:
-                injectors[gpu].armed = True if gpu in injectors else False
+            if f == at:   # (frame 0: the multi-GPU renderer of `gpu` is made during the frame)
+                arm.add(gpu)
+                if gpu in injectors:
+                    injectors[gpu].armed = True
             t0 = time.perf_counter()
             rep = multi.render_frame(srus, frame)
             times.append(time.perf_counter() - t0)
-            if f == at and (gpu not in injectors or injectors[gpu].fired_at is None):
-                LossInjector(None, mgr, gpu).fire()   # nothing ran there this frame: lose it after the frame
+            if f == at:
+                arm.discard(gpu)
+                if gpu not in injectors or injectors[gpu].fired_at is None:
+                    LossInjector(None, mgr, gpu).fire()   # nothing ran there this frame: lose it after the frame
             if rep.lost:
                 lost_in.append(f)
             pixels = frame.download()
             if not np.array_equal(pixels, reference):
                 bad.append(f)
         stats = multi.failover_stats.as_dict()
-        before = times[:at] or [float("nan")]
-        after = times[at + 1:] or [float("nan")]
         out.update({
             "identical": not bad, "frames_not_identical": bad, "loss_seen_in_frames": lost_in,
-            "frame_ms_before_loss": statistics.median(before) * 1e3,
+            "frame_ms_before_loss": _median_ms(times[:at]),
             "frame_ms_loss_frame": times[at] * 1e3,
-            "frame_ms_after_loss": statistics.median(after) * 1e3,
+            "frame_ms_after_loss": _median_ms(times[at + 1:]),
             "failover": stats, "unavailable": {str(k): v for k, v in multi.unavailable.items()},
             "devices_after": multi.usable_devices(),
         })
@@ -121,6 +126,15 @@ def sru_drill(srus: list[Any], width: int, height: int, frames: int, loss: tuple
     return out
 
 
+def _median_ms(times: list[float]) -> float | None:
+    """The median of `times` in ms; None without any (a loss in the first or the last frame)."""
+    return statistics.median(times) * 1e3 if times else None
+
+
+def _ms(v: float | None) -> str:
+    return f"{v:9.2f} ms" if v is not None else f"{'n/a':>9}   "
+
+
 def print_sru_drill(r: dict[str, Any]) -> None:
     """Print the drill's figures (the JSON form has the same keys)."""
     w, h = r["size"]
@@ -129,9 +143,9 @@ def print_sru_drill(r: dict[str, Any]) -> None:
     if r["note"]:
         print(f"note: {r['note']}")
     print(f"  loss seen in frame(s)          {r['loss_seen_in_frames']}")
-    print(f"  frame time before the loss     {r['frame_ms_before_loss']:9.2f} ms (median)")
-    print(f"  the frame of the loss          {r['frame_ms_loss_frame']:9.2f} ms")
-    print(f"  frame time after the loss      {r['frame_ms_after_loss']:9.2f} ms (median, GPUs {r['devices_after']})")
+    print(f"  frame time before the loss     {_ms(r['frame_ms_before_loss'])} (median)")
+    print(f"  the frame of the loss          {_ms(r['frame_ms_loss_frame'])}")
+    print(f"  frame time after the loss      {_ms(r['frame_ms_after_loss'])} (median, GPUs {r['devices_after']})")
     fo = r["failover"]
     print(f"  SRUs rendered again            {fo['srus_rerendered']} (on the primary, GPU 0); frames "
           f"composited again: {fo['frames_repaired']}")

@@ -94,8 +94,8 @@ def stencil_drill(width: int, height: int, steps: int, loss: tuple[int, int], *,
     stats = drill["stats"]
     rec = stats.recoveries[0] if stats.recoveries else None
 
-    def ms(xs: list[float]) -> float:
-        return float(np.median(xs)) * 1e3 if xs else 0.0
+    def ms(xs: list[float]) -> float | None:   # (None: no step there, a loss before the first or the last)
+        return float(np.median(xs)) * 1e3 if xs else None
     cost, noise = _policy_cost(t_plain[:at], before)
     png = None
     if output and drill["field"] is not None:
@@ -131,6 +131,10 @@ def _policy_cost(plain: list[float], policy: list[float]) -> tuple[float | None,
     return (cost if cost > noise else None), noise
 
 
+def _ms(v: float | None) -> str:
+    return f"{v:9.3f} ms" if v is not None else f"{'n/a':>9}   "
+
+
 def print_drill(r: dict[str, Any]) -> None:
     """Print the drill's figures (the JSON form has the same keys)."""
     w, h = r["size"]
@@ -138,14 +142,15 @@ def print_drill(r: dict[str, Any]) -> None:
           f"step {r['at_step']}, checkpoint every {r['checkpoint_every']} steps")
     if r["note"]:
         print(f"note: {r['note']}")
-    print(f"  step without a policy          {r['step_ms_without_policy']:9.3f} ms (median, before the loss step)")
+    print(f"  step without a policy          {_ms(r['step_ms_without_policy'])} (median, before the loss step)")
     cost = r["policy_cost_ms_per_step"]
     cost_text = (f"{cost:+.3f} ms/step" if cost is not None else
+                 "not measurable: no step before the loss" if r["step_ms_with_policy"] is None else
                  f"not measurable: within the step-to-step noise of {r['step_noise_ms']:.3f} ms")
-    print(f"  step with the policy           {r['step_ms_with_policy']:9.3f} ms "
+    print(f"  step with the policy           {_ms(r['step_ms_with_policy'])} "
           f"(checkpoints + replay log: {cost_text})")
-    print(f"  the step of the loss           {r['step_ms_at_loss']:9.3f} ms (recovery inside it)")
-    print(f"  steps after                    {r['step_ms_after']:9.3f} ms (median, on the survivors)")
+    print(f"  the step of the loss           {_ms(r['step_ms_at_loss'])} (recovery inside it)")
+    print(f"  steps after                    {_ms(r['step_ms_after'])} (median, on the survivors)")
     rec = r["recovery_ms"]
     print(f"  recovery                       {rec:9.3f} ms" if rec is not None else "  recovery: none")
     moved = ", ".join(f"{k} GPU {a} -> {b}" for k, (a, b) in r["restored"].items()) or "-"

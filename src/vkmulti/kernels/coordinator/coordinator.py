@@ -195,8 +195,9 @@ class MultiGpuCoordinator:
     # -- listeners ---------------------------------------------------------------
 
     def add_listener(self, listener: Callable[[CoordinatorEvent], object]) -> None:
-        """Call `listener(event)` after every registry change (outside the lock, in
-        the thread that made the change; its exceptions are logged, not raised)."""
+        """Call `listener(event)` after every registry change from now on, in the order the changes
+        were applied, outside the lock (how, and in which thread: events.Listeners); its exceptions
+        are logged, not raised."""
         self._listeners.add(listener)
 
     def remove_listener(self, listener: Callable[[CoordinatorEvent], object]) -> None:
@@ -213,7 +214,7 @@ class MultiGpuCoordinator:
             raise TypeError(f"register_device takes a DeviceInfo, got {type(info).__name__}")
         info = copy.copy(info)
         info.validate()
-        with self._lock:
+        with self._listeners.change(self._lock) as emit:
             pref = self._preferred
             while len(self._infos) <= info.index:
                 i = len(self._infos)
@@ -233,7 +234,7 @@ class MultiGpuCoordinator:
             if not was_live and (not pref or i in pref):
                 keep_in_order(self._live, i, True)
             self._topology.devices_changed()
-        self._listeners.notify([CoordinatorEvent(CoordinatorEventKind.DEVICE_REGISTERED, i)])
+            emit(CoordinatorEvent(CoordinatorEventKind.DEVICE_REGISTERED, i))
 
     def unregister_device(self, index: int) -> DeviceUnregisterResult:
         """Take device `index` offline and move its kernels away.
@@ -246,7 +247,7 @@ class MultiGpuCoordinator:
         An index that is not a registered device gives success=False.
         """
         idx = check_index(index, "index")
-        with self._lock:
+        with self._listeners.change(self._lock) as emit:
             if idx >= len(self._infos) or not self._registered[idx]:
                 return DeviceUnregisterResult(idx, [], [], False)
             plans: list[KernelMigrationPlan] = []
@@ -270,7 +271,7 @@ class MultiGpuCoordinator:
                 info.name += _UNREGISTERED
             self._topology.devices_changed()
             result = DeviceUnregisterResult(idx, plans, orphans, True)
-        self._listeners.notify(events + [CoordinatorEvent(CoordinatorEventKind.DEVICE_UNREGISTERED, idx, result=result)])
+            emit(*events, CoordinatorEvent(CoordinatorEventKind.DEVICE_UNREGISTERED, idx, result=result))
         return result
 
     def devices(self) -> list[DeviceInfo]:
@@ -356,14 +357,13 @@ class MultiGpuCoordinator:
             raise TypeError(f"options must be LaunchOptions or None, got {type(options).__name__}")
         if self._pick is None:
             idx = self._select_custom(options)
-            with self._lock:
+            with self._listeners.change(self._lock) as emit:
                 self._check_takes_kernel_locked(idx, "the custom selector's device")
-                ev = self._assign_locked(kid, idx)
+                emit(self._assign_locked(kid, idx))
         else:
-            with self._lock:
+            with self._listeners.change(self._lock) as emit:
                 idx = self._select_locked()
-                ev = self._assign_locked(kid, idx)
-        self._listeners.notify([ev])
+                emit(self._assign_locked(kid, idx))
         return idx
 
     def assign_kernel(self, kernel_id: KernelId | str, device_index: int) -> None:
@@ -373,10 +373,9 @@ class MultiGpuCoordinator:
         available for selection."""
         kid = as_kernel_id(kernel_id)
         idx = check_index(device_index, "device_index")
-        with self._lock:
+        with self._listeners.change(self._lock) as emit:
             self._snapshot_locked().require_online(idx, "assign a kernel to")
-            ev = self._assign_locked(kid, idx)
-        self._listeners.notify([ev])
+            emit(self._assign_locked(kid, idx))
 
     def _assign_locked(self, kid: KernelId, idx: int) -> CoordinatorEvent:
         prev = self._map.get(kid)
@@ -388,12 +387,12 @@ class MultiGpuCoordinator:
     def remove_kernel(self, kernel_id: KernelId | str) -> int | None:
         """Forget `kernel_id`; returns the device it was on (None if unknown: nothing happens)."""
         kid = as_kernel_id(kernel_id)
-        with self._lock:
+        with self._listeners.change(self._lock) as emit:
             idx = self._map.get(kid)
             if idx is None:
                 return None
             self._move_locked(kid, idx, None)
-        self._listeners.notify([CoordinatorEvent(CoordinatorEventKind.KERNEL_REMOVED, idx, kid)])
+            emit(CoordinatorEvent(CoordinatorEventKind.KERNEL_REMOVED, idx, kid))
         return idx
 
     def get_kernel_device(self, kernel_id: KernelId | str) -> int | None:
@@ -582,7 +581,7 @@ class MultiGpuCoordinator:
             raise TypeError(f"complete_migration takes a MigrationRequest, got {type(request).__name__}")
         kid, src = as_kernel_id(request.kernel_id), check_index(request.source_device, "source_device")
         target = check_index(request.target_device, "target_device")   # (the fields are assignable)
-        with self._lock:
+        with self._listeners.change(self._lock) as emit:
             cur = self._map.get(kid)
             if cur is None:
                 raise KernelNotFoundError(f"kernel {kid.as_str()!r} is not assigned to any device")
@@ -593,7 +592,7 @@ class MultiGpuCoordinator:
                                      f"device {src}: the request is stale")
             self._snapshot_locked().require_online(target, "complete a migration to")
             self._move_locked(kid, src, target)
-        self._listeners.notify([CoordinatorEvent(CoordinatorEventKind.KERNEL_MIGRATED, target, kid, src)])
+            emit(CoordinatorEvent(CoordinatorEventKind.KERNEL_MIGRATED, target, kid, src))
 
     def __repr__(self) -> str:
         return (f"MultiGpuCoordinator({self._strategy.name}, devices={len(self._infos)}, "

@@ -1,12 +1,14 @@
 """What MultiGpuCoordinator tells its listeners: CoordinatorEventKind,
-CoordinatorEvent, and Listeners, the list it calls after each change."""
+CoordinatorEvent, and Listeners, which hands them out in the order of the changes."""
 from __future__ import annotations
 
 import enum
 import logging
 import threading
+from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..._core.reprs import compact_repr
 from ..ids import KernelId
@@ -47,36 +49,80 @@ class CoordinatorEvent:
 
 
 class Listeners:
-    """The callables a coordinator hands its events to, in the order they were added."""
+    """The callables a coordinator hands its events to, in the order they were added,
+    and the events in the order the changes were applied.
+
+    A change runs inside `change(lock)`: its events are queued while the
+    coordinator's lock is held (so the queue's order is the changes' order), then
+    handed out after the lock is released by one thread at a time: the thread that
+    made the change, or, while another thread is handing out events, that thread
+    (which hands out every queued event before it returns). So no listener is
+    called under the coordinator's lock, a listener may call the coordinator (the
+    events of its change come after the event it is handling), and no thread waits
+    for another's listeners. An event goes to the listeners added before its
+    change and not removed since."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._fns: list[Callable[[CoordinatorEvent], Any]] = []
+        self._lock = threading.Lock()   # the listeners, the queue and who delivers (never held while calling)
+        self._fns: tuple[Callable[[CoordinatorEvent], Any], ...] = ()
+        self._queue: deque[tuple[tuple[Callable[[CoordinatorEvent], Any], ...], list[CoordinatorEvent]]] = deque()
+        self._delivering = False   # whether a thread is handing out the queue
 
     def add(self, listener: Callable[[CoordinatorEvent], Any]) -> None:
-        """Call `listener(event)` from now on."""
+        """Call `listener(event)` for the changes from now on."""
         if not callable(listener):
             raise TypeError(f"listener must be callable, got {type(listener).__name__}")
         with self._lock:
-            self._fns.append(listener)
+            self._fns = self._fns + (listener,)
 
     def remove(self, listener: Callable[[CoordinatorEvent], Any]) -> None:
-        """Stop calling `listener`; ValueError when it was not added."""
+        """Stop calling `listener` (also for events still queued); ValueError when it was not added."""
         with self._lock:
+            fns = list(self._fns)
             try:
-                self._fns.remove(listener)
+                fns.remove(listener)
             except ValueError:
                 raise ValueError(f"listener {listener!r} is not registered") from None
+            self._fns = tuple(fns)
 
-    def notify(self, events: list[CoordinatorEvent]) -> None:
-        """Hand each event to each listener (call it outside the coordinator's lock);
-        a listener's exception is logged, not raised."""
-        fns = self._fns
-        if not fns or not events:
-            return
-        for fn in list(fns):
-            for ev in events:
-                try:
-                    fn(ev)
-                except Exception:   # a listener's failure must not undo the change
-                    log.exception("coordinator listener %r failed on %s", fn, ev.kind.name)
+    @contextmanager
+    def change(self, lock: Any) -> Iterator[Callable[..., None]]:
+        """Hold the coordinator's `lock` for a change; the events given to the yielded
+        `emit(*events)` are queued in the change's place and handed out once the lock
+        is released (not when the change raises: it emits nothing then)."""
+        with lock:
+            yield self._emit
+        self.deliver()
+
+    def _emit(self, *events: CoordinatorEvent) -> None:
+        if events:
+            with self._lock:
+                if self._fns:
+                    self._queue.append((self._fns, list(events)))
+
+    def deliver(self) -> None:
+        """Hand the queued events out, in order (see the class docstring); a listener's
+        exception is logged, not raised."""
+        with self._lock:
+            if self._delivering or not self._queue:
+                return   # (the thread delivering, this one or another, takes this change's events too)
+            self._delivering = True
+        try:
+            while True:
+                with self._lock:
+                    if not self._queue:
+                        self._delivering = False
+                        return
+                    fns, events = self._queue.popleft()
+                for ev in events:
+                    for fn in fns:
+                        if fn not in self._fns:   # (removed meanwhile)
+                            continue
+                        try:
+                            fn(ev)
+                        except Exception:   # a listener's failure must not undo the change
+                            log.exception("coordinator listener %r failed on %s", fn, ev.kind.name)
+        except BaseException:
+            with self._lock:   # (KeyboardInterrupt in a listener: the next change hands out the rest)
+                self._delivering = False
+            raise

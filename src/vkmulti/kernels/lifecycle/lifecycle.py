@@ -41,6 +41,8 @@ API (the contract the failover code builds on):
     into a Checkpoint in host memory once it completed (at the next step,
     poll() or latest_checkpoint()). `keep` captures per kernel are kept;
     `storage` also saves each under ``f"{kernel_id}@{step}"``. None: off.
+    A kernel launched (or restored as new) while a policy covers it is
+    captured at once, so a loss before its first due step is covered too.
     While a policy is set the runtime also keeps the replay log (what each
     kernel consumed and sent since its checkpoint; kernels/replay_log.py), so
     the kernels of a lost GPU are restored and replayed (docs/explanation/failover.md).
@@ -161,6 +163,21 @@ class Lifecycle:
                                    lambda: tuple(rt._kernels.values()))   # (no lock: asked under device locks)
         #: the twins of the kernels made ahead on the devices they may move to (ready_twins.py)
         self.twins = ReadyTwins(self, self.prebuild.targets)
+        self._restoring = threading.local()   # .active: restore_new's own launch (its image comes after)
+
+    def launched(self, kernel: Kernel) -> None:
+        """A kernel the runtime just launched: its pipelines built ahead, and under a policy
+        that covers it a capture of its launch state (a loss before its first step or its
+        first due capture is restored from it). restore_new's launch is captured once its
+        image is written (restore), not here: a capture now would hold the blank state."""
+        self.prebuild.launched(kernel)
+        if not getattr(self._restoring, "active", False):
+            self._capture_now(kernel)
+
+    def _capture_now(self, kernel: Kernel) -> None:
+        state = self.policy_state
+        if state is not None:
+            state.after_step([kernel])
 
     def _prebuilt(self, kernel: Kernel) -> None:
         """A kernel's pipelines were built ahead: its twins next (in their own thread)."""
@@ -518,7 +535,13 @@ class Lifecycle:
                 raise ValueError(f"kernel_id {kernel_id!r} names no kernel to make: restore(into={into.id!r}) "
                                  f"restores into that kernel, which keeps its id")
             return restore_into(self, into, img, device, timeout)
-        return restore_new(rt, img, device, kernel_id, timeout)
+        self._restoring.active = True
+        try:
+            k = restore_new(rt, img, device, kernel_id, timeout)
+        finally:
+            self._restoring.active = False
+        self._capture_now(k)
+        return k
 
     def migrate(self, kernel: Any, device: int, timeout: float | None, verify: bool) -> MigrationResult:
         """Live-migrate `kernel` to `device` (a MigrationResult; see KernelMigrator)."""

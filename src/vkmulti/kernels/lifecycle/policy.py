@@ -201,8 +201,9 @@ class PolicyState:
 
     def after_step(self, launched: list[Kernel]) -> None:
         """The captures due after a step() call that its steps did not copy themselves
-        (no plan: the policy came mid-call, or a buffer could not be made then), queued
-        now as GPU jobs behind the steps (within the call's turn: no step runs)."""
+        (no plan: the policy came mid-call, or a buffer could not be made then), or of
+        kernels just launched or restored, queued now as GPU jobs behind their steps
+        (queue_image_copy takes the step count and queues the copy under the device lock)."""
         for k in launched:
             if k.destroyed:
                 continue

@@ -298,7 +298,7 @@ class KernelRuntime:
             self._kernels[kernel_id] = k
             self._by_index[index] = k
         self._mark_dirty(index)
-        self._lifecycle.prebuild.launched(k)
+        self._lifecycle.launched(k)
         return k
 
     def _mark_dirty(self, index: int) -> None:
