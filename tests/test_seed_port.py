@@ -53,7 +53,7 @@ def engine():
     pds = inst.physical_devices()
     ld = create_logical_device(pds[0])
     yield inst, pds, ld
-    destroy_logical_device(ld.device, ld.native)
+    destroy_logical_device(ld.device, ld.native, ld.queues())
     inst.destroy()
 
 
