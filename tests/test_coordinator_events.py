@@ -187,3 +187,32 @@ def test_a_listener_added_or_removed_is_told_the_changes_after_it():
     coord.assign_kernel("b", 1)
     assert [e.kernel_id for e in early] == []     # removed before "a" reached it
     assert [e.kernel_id for e in late] == ["b"]   # added after "a" was applied
+
+
+def test_a_listener_interrupted_loses_no_event_of_the_change_it_was_told():
+    """A listener that raises KeyboardInterrupt on the first event of a change with several
+    (unregister_device of the last device: its kernels removed, then the unregistration):
+    the interrupt reaches the caller, and the next change hands out the rest first, in
+    order, to every listener."""
+    coord = make(1)
+    for i in range(2):
+        coord.assign_kernel(f"k{i}", 0)
+    first, second = [], []
+    interrupt = [True]
+
+    def flaky(ev):
+        first.append(ev.kind)
+        if interrupt[0]:
+            interrupt[0] = False
+            raise KeyboardInterrupt
+    coord.add_listener(flaky)
+    coord.add_listener(lambda ev: second.append(ev.kind))
+    try:
+        coord.unregister_device(0)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the listener's KeyboardInterrupt did not reach the caller")
+    coord.register_device(DeviceInfo(1, "GPU 1", Backend.CUDA))
+    told = [K.KERNEL_REMOVED, K.KERNEL_REMOVED, K.DEVICE_UNREGISTERED, K.DEVICE_REGISTERED]
+    assert first == told and second == told, (first, second)

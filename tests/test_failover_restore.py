@@ -389,3 +389,67 @@ def test_a_kernel_restored_as_new_is_not_captured_before_its_image_is_written():
         rt.destroy(timeout=10)
     finally:
         mgr.destroy(timeout=10)
+
+
+def _counter_lost_after(prepare):
+    """Counter `a` on GPU 1 under a policy (every 2 steps); `prepare(rt, a, step)` runs its
+    steps and returns the kernel and the sum it holds; then one message, GPU 1 lost, one
+    more: it must be restored on GPU 0 with every message once."""
+    mgr = MultiDeviceManager.create()
+    try:
+        rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr))
+        rt.set_checkpoint_policy(CheckpointPolicy(every_steps=2))
+        a = rt.launch(counter_kernel(), "a", device=1, state=[counter_initial_state()])
+
+        def step(k, v):
+            rt.send(k, struct.pack("<I", v), tag=COUNTER_TAG_ADD)
+            rt.step().wait(10)
+        k, total = prepare(rt, a, step)
+        step(k, 100)
+        rt.synchronize(10)
+        lose_device(mgr, 1)
+        step(k, 1000)
+        rt.synchronize(10)
+        restored, lost = dict(rt.restored_kernels), dict(rt.lost_kernels)
+        got = None if lost else read_counter(rt.read_state(k, 0)).sum
+        rt.destroy(timeout=10)
+        return restored, lost, got, total + 1100
+    finally:
+        mgr.destroy(timeout=10)
+
+
+def test_a_kernel_restored_into_is_restored_after_a_loss_from_its_restored_state():
+    """rt.restore(cp, into=a) rolls a back from step 6 to 3: its policy captures of steps
+    up to 6 no longer hold its state (a loss would find no way back, 'checkpoint at step 6');
+    it is captured at once as restored."""
+    def prepare(rt, a, step):
+        for i in range(3):
+            step(a, i + 1)
+        cp = rt.checkpoint(a)
+        for i in range(3, 6):
+            step(a, i + 1)
+        rt.restore(cp, into=a)
+        return a, 6
+    restored, lost, got, want = _counter_lost_after(prepare)
+    assert not lost and restored == {"a": (1, 0)}
+    assert got == want
+
+
+def test_a_kernel_launched_under_a_destroyed_ones_id_gets_its_own_launch_capture():
+    """A kernel destroyed after its capture at step 4, and a new one launched under its id:
+    the new one's latest checkpoint is its own launch capture, not the old kernel's."""
+    def prepare(rt, a, step):
+        for _ in range(5):
+            step(a, 1)
+        rt.synchronize(10)
+        assert rt.latest_checkpoint(a).metadata.current_step == 4
+        rt.destroy_kernel(a)
+        b = rt.launch(counter_kernel(), "a", device=1, state=[counter_initial_state()])
+        rt.synchronize(10)   # (its launch capture read back)
+        got = rt.latest_checkpoint(b)
+        assert got is not None and got.metadata.current_step == 0
+        assert read_counter(got.get_device_memory("state0").data).sum == 0
+        return b, 0
+    restored, lost, got, want = _counter_lost_after(prepare)
+    assert not lost and restored == {"a": (1, 0)}
+    assert got == want

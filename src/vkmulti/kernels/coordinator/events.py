@@ -114,15 +114,28 @@ class Listeners:
                         self._delivering = False
                         return
                     fns, events = self._queue.popleft()
-                for ev in events:
-                    for fn in fns:
+                for e, ev in enumerate(events):
+                    for f, fn in enumerate(fns):
                         if fn not in self._fns:   # (removed meanwhile)
                             continue
                         try:
                             fn(ev)
                         except Exception:   # a listener's failure must not undo the change
                             log.exception("coordinator listener %r failed on %s", fn, ev.kind.name)
+                        except BaseException:   # (KeyboardInterrupt: the next change hands out the rest)
+                            self._requeue(fns[f + 1:], ev, fns, events[e + 1:])
+                            raise
         except BaseException:
-            with self._lock:   # (KeyboardInterrupt in a listener: the next change hands out the rest)
+            with self._lock:   # (however it ended: another thread or change delivers from here)
                 self._delivering = False
             raise
+
+    def _requeue(self, fns_left: tuple[Callable[[CoordinatorEvent], Any], ...], ev: CoordinatorEvent,
+                 fns: tuple[Callable[[CoordinatorEvent], Any], ...], events_left: list[CoordinatorEvent]) -> None:
+        """Put what a delivery interrupted by a BaseException did not hand out back at the
+        front of the queue (`ev` for `fns_left`, then `events_left` for `fns`), in order."""
+        with self._lock:
+            if events_left:
+                self._queue.appendleft((fns, events_left))
+            if fns_left:
+                self._queue.appendleft((fns_left, [ev]))

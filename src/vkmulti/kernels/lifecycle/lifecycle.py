@@ -172,12 +172,24 @@ class Lifecycle:
         image is written (restore), not here: a capture now would hold the blank state."""
         self.prebuild.launched(kernel)
         if not getattr(self._restoring, "active", False):
-            self._capture_now(kernel)
+            self._capture_now(kernel, replaced=False)
 
-    def _capture_now(self, kernel: Kernel) -> None:
+    def _capture_now(self, kernel: Kernel, replaced: bool, timeout: float | None = None) -> None:
+        """Under a policy, `kernel`'s captures that are not of its present state dropped
+        (an earlier kernel's of its id; all, when `replaced` by a restore, with its replay
+        log, read first within `timeout`) and its capture queued now."""
         state = self.policy_state
-        if state is not None:
-            state.after_step([kernel])
+        if state is None:
+            return
+        if replaced:
+            try:   # (its old steps' copies read, then dropped)
+                state.replay.materialize(wait=True, timeout=timeout)
+            except VkmError as exc:
+                log.warning("checkpoint policy: the replay log's copies before %r's restore not all read: %s",
+                            kernel.id, exc)
+            state.replay.forget(kernel.id)
+        state.restart(kernel, replaced)
+        state.after_step([kernel])
 
     def _prebuilt(self, kernel: Kernel) -> None:
         """A kernel's pipelines were built ahead: its twins next (in their own thread)."""
@@ -534,13 +546,15 @@ class Lifecycle:
             if kernel_id is not None and kernel_id != into.id:   # (into keeps its id: a new one is not given)
                 raise ValueError(f"kernel_id {kernel_id!r} names no kernel to make: restore(into={into.id!r}) "
                                  f"restores into that kernel, which keeps its id")
-            return restore_into(self, into, img, device, timeout)
+            k = restore_into(self, into, img, device, timeout)
+            self._capture_now(k, replaced=True, timeout=timeout)   # (its captures held the state it had)
+            return k
         self._restoring.active = True
         try:
             k = restore_new(rt, img, device, kernel_id, timeout)
         finally:
             self._restoring.active = False
-        self._capture_now(k)
+        self._capture_now(k, replaced=False)
         return k
 
     def migrate(self, kernel: Any, device: int, timeout: float | None, verify: bool) -> MigrationResult:

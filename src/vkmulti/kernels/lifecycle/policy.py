@@ -79,6 +79,7 @@ class _Capture:
     sizes: list[int]
     jobs: GpuJobs | StepTimeline
     point: Any
+    stale: bool = False          # of an earlier kernel of its id, or of a state replaced since (restart)
 
 
 class _Completed:
@@ -169,7 +170,7 @@ class PolicyState:
         if self.policy.due(k.id, steps):
             return True
         with self.lock:   # a first checkpoint at once: a loss before the first due one is covered
-            return k.id not in self.done and not any(c.kernel is k for c in self.pending)
+            return k.id not in self.done and not any(c.kernel is k and not c.stale for c in self.pending)
 
     def plan(self, ctx: Any, ks: list[Kernel]) -> Any:
         """What the step of `ks` about to be recorded on `ctx` copies at its end (a
@@ -209,7 +210,7 @@ class PolicyState:
                 continue
             with self.lock:   # (by its step, or a job already: pending, or read back since)
                 q = self.done.get(KernelId(k.id))
-                copied = any(c.kernel is k and c.image.steps == k.steps for c in self.pending) or \
+                copied = any(c.kernel is k and not c.stale and c.image.steps == k.steps for c in self.pending) or \
                     (q is not None and q[-1].steps == k.steps)
             if copied or not self._wants(k, k.steps):
                 continue
@@ -217,6 +218,23 @@ class PolicyState:
                 self._capture(k)
             except (VkmError, vk.VkError, MemoryError) as exc:
                 log.warning("checkpoint policy: could not capture kernel %r at step %d: %s", k.id, k.steps, exc)
+
+    def restart(self, k: Kernel, replaced: bool) -> None:
+        """Forget the captures under k's id that do not hold k's state: those of an earlier
+        kernel of that id (k was just launched), or all of them (`replaced`: k's state was
+        just restored from a checkpoint), so that k's next capture is taken at once and
+        is the one its restore after a loss starts from."""
+        with self.lock:
+            q = self.done.get(KernelId(k.id))
+            if q is not None:
+                mine = deque(e for e in q if not replaced and e.image.address == k.address)
+                if mine:
+                    self.done[KernelId(k.id)] = mine
+                else:
+                    del self.done[KernelId(k.id)]
+            for c in self.pending:
+                if c.kernel.id == k.id and (replaced or c.kernel is not k):
+                    c.stale = True
 
     def _capture(self, k: Kernel) -> None:
         ctx = k.ctx
@@ -254,6 +272,8 @@ class PolicyState:
             self.spares.give(c.buffer)
             entry = _Completed(img)
             with self.lock:
+                if c.stale:   # (not its kernel's state any more: see restart)
+                    continue
                 q = self.done.setdefault(img.kernel_id, deque())  # type: ignore[arg-type]
                 at = len(q)   # in step order: another thread's read of a newer capture may have come first
                 while at and q[at - 1].steps > img.steps:
