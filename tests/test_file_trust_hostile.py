@@ -202,3 +202,28 @@ def test_an_output_never_blocks_on_a_fifo(tmp_path, what, capsys):
         os.close(fd)
         pytest.fail("writing the output blocked on a FIFO")
     assert path.is_file() and path.stat().st_size > 0
+
+
+def test_a_numa_node_entry_that_is_a_fifo_or_huge_is_unknown(tmp_path):
+    """Before: numa_node() under a sysfs_root whose numa_node is a FIFO waited for a writer forever."""
+    from vkmulti.kernels.coordinator.device_facts import numa_node
+
+    folder = tmp_path / "bus" / "pci" / "devices" / "0000:06:00.0"
+    folder.mkdir(parents=True)
+    (folder / "numa_node").write_text("1\n")
+    assert numa_node("0000:06:00.0", str(tmp_path)) == 1
+    (folder / "numa_node").unlink()
+    os.mkfifo(folder / "numa_node")
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(numa_node("0000:06:00.0", str(tmp_path))), daemon=True)
+    t.start()
+    t.join(30)
+    if t.is_alive():
+        _unblock(folder / "numa_node")
+        t.join(30)
+        pytest.fail("numa_node() blocked on a FIFO")
+    assert out == [None]
+    (folder / "numa_node").unlink()
+    with open(folder / "numa_node", "wb") as f:
+        f.truncate(1 << 30)   # (sparse)
+    assert numa_node("0000:06:00.0", str(tmp_path)) is None
