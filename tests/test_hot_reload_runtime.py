@@ -257,7 +257,7 @@ def test_a_spirv_file_is_a_bounded_regular_file(tmp_path):
     os.mkfifo(tmp_path / "fifo.spv")   # (its open waited for a writer, without end)
     with open(tmp_path / "huge.spv", "wb") as f:   # (sparse)
         f.truncate(MAX_MODULE_BYTES + 1)
-    for path, match in ((tmp_path, "not a regular file"), (tmp_path / "huge.spv", "more than a kernel module"),
+    for path, match in ((tmp_path, "not a regular file"), (tmp_path / "huge.spv", f"at most {MAX_MODULE_BYTES}"),
                         (tmp_path / "fifo.spv", "not a regular file"), ("/dev/zero", "not a regular file")):
         with pytest.raises(ValueError, match=match):
             KernelCodeSource.from_spirv_file(path)

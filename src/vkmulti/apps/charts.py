@@ -6,7 +6,11 @@ and a legend; values are printed on the bars.
 """
 from __future__ import annotations
 
+import io
+import os
 from typing import Sequence
+
+from .cli_args import save_image, write_output
 
 __all__ = ["bar_chart", "have_matplotlib"]
 
@@ -73,7 +77,9 @@ def _matplotlib(groups: Sequence[str], series: Sequence[str], values: dict[tuple
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
         fig.tight_layout()
-        fig.savefig(path)
+        buf = io.BytesIO()
+        fig.savefig(buf, format=os.path.splitext(path)[1][1:].lower() or "png")
+        write_output(path, buf.getvalue())
     finally:
         plt.close(fig)
 
@@ -113,4 +119,4 @@ def _pillow(groups: Sequence[str], series: Sequence[str], values: dict[tuple[str
     for j, name in enumerate(series):
         g.rectangle([left + j * 150, H - 30, left + j * 150 + 12, H - 18], fill=_COLORS[j % len(_COLORS)])
         g.text((left + j * 150 + 16, H - 30), name, fill="black")
-    img.save(path)
+    save_image(img, path)

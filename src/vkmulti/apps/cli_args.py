@@ -6,6 +6,7 @@ Bad input to a command ends it with exit status 2 and one line (argparse's
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
@@ -13,9 +14,11 @@ import sys
 import tempfile
 from typing import Any, Callable
 
+from .._core.files import replace_file
+
 __all__ = ["Parser", "virtual_count", "add_virtual_argument", "add_output_argument", "check_output_path",
            "check_output_paths", "default_output", "positive_int", "parse_size", "parse_devices", "parse_loss",
-           "print_result", "print_figures"]
+           "print_result", "print_figures", "write_output", "save_image"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -174,5 +177,24 @@ def print_figures(res: Any, path: str | None) -> None:
     text = json.dumps(res, indent=2)
     print(text)
     if path:
-        with open(path, "w") as f:
-            f.write(text + "\n")
+        write_output(path, (text + "\n").encode())
+
+
+def write_output(path: str, data: bytes) -> None:
+    """Write a command's output file atomically: whatever is at `path` (a file, a link,
+    a FIFO; the default outputs are in the shared temporary folder) is replaced,
+    never written through or waited on. OSError when it cannot be written."""
+    replace_file(path, data, mode=0o666)
+
+
+def save_image(image: Any, path: str) -> None:
+    """Save a Pillow image to `path` (write_output) in the format its extension names."""
+    from PIL import Image
+
+    Image.init()
+    fmt = Image.registered_extensions().get(os.path.splitext(path)[1].lower())
+    if fmt is None:
+        raise ValueError(f"{path!r}: its extension names no image format; use .png")
+    buf = io.BytesIO()
+    image.save(buf, format=fmt)
+    write_output(path, buf.getvalue())

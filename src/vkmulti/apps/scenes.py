@@ -9,6 +9,7 @@ import argparse
 import numpy as np
 
 from ..offload.scenes import HEAVY_ITERATIONS, LIGHT_ITERATIONS
+from .cli_args import save_image
 
 __all__ = ["LIGHT_SIZE", "HEAVY_SIZE", "LIGHT_ITERATIONS", "HEAVY_ITERATIONS", "frame_size", "frame_to_rgb8",
            "write_png"]
@@ -34,4 +35,4 @@ def write_png(rgb: np.ndarray, path: str) -> None:
     """Write an (h, w, 3) uint8 picture as an image file (Pillow, the demos' optional dependency)."""
     from PIL import Image as PILImage
 
-    PILImage.fromarray(rgb, "RGB").save(path)
+    save_image(PILImage.fromarray(rgb, "RGB"), path)

@@ -87,8 +87,8 @@ def check_header(data: bytes, ident: CacheIdentity) -> str | None:
     if len(data) < HEADER.size:
         return f"{len(data)} bytes, shorter than a cache header ({HEADER.size})"
     size, version, vendor, device, uuid = HEADER.unpack_from(data)
-    if size < HEADER.size or size > len(data):
-        return f"a header length of {size} in a {len(data)}-byte file"
+    if size != HEADER.size:   # (VkPipelineCacheHeaderVersionOne: headerSize must be 32)
+        return f"a header length of {size}, not {HEADER.size}"
     if version != _VERSION_ONE:
         return f"header version {version}, not {_VERSION_ONE}"
     if (vendor, device, uuid) != ident:

@@ -12,6 +12,7 @@ from typing import Any
 
 import vulkan as vk
 
+from ..._core.files import read_named_file
 from ...device.capabilities import EXT_MEMORY_BUDGET, DeviceCapabilities
 from ...device.cuda import cuda_device_for
 from ...transfer.methods import select_transfer_method
@@ -119,9 +120,8 @@ def numa_node(pci_bus: str | None, sysfs_root: str = "/sys") -> int | None:
     if not pci_bus:
         return None
     path = os.path.join(sysfs_root, "bus", "pci", "devices", pci_bus.lower(), "numa_node")
-    try:
-        with open(path) as f:
-            node = int(f.read().strip())
+    try:   # (sysfs entries are links: followed; a FIFO or a huge file is refused, never waited on)
+        node = int(read_named_file(path, 64, "numa_node").strip())
     except (OSError, ValueError):
         return None
     return node if node >= 0 else None

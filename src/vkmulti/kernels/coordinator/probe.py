@@ -4,11 +4,12 @@ method; cached per machine so a second run does not measure again.
 
 Cache: one JSON file per set of devices, keyed by their UUIDs, driver UUIDs,
 driver versions and PCI buses, in $VKMULTI_CACHE_DIR, else
-$XDG_CACHE_HOME/vkmulti, else ~/.cache/vkmulti. Its bytes are untrusted: only
-a regular file is read, opened without following links and sized before a
-byte is read (at most MAX_CACHE_BYTES); a file that cannot be read, does not
-parse or does not describe this machine's devices is ignored with one
-warning and measured anew.
+$XDG_CACHE_HOME/vkmulti, else ~/.cache/vkmulti; a folder someone else can
+change (_core.files.open_private_dir) is neither read nor written. Its bytes
+are untrusted: only a regular file is read, opened without following links
+and sized before a byte is read (at most MAX_CACHE_BYTES); a file that cannot
+be read, does not parse or does not describe this machine's devices is
+ignored with one warning and measured anew.
 """
 from __future__ import annotations
 
@@ -17,12 +18,11 @@ import json
 import logging
 import os
 import statistics
-import tempfile
 import time
 from typing import Any
 
 from ..._core.checks import check_count
-from ..._core.files import read_regular_file
+from ..._core.files import open_private_dir, read_regular_file, replace_file
 from ..._version import __version__
 from ...device.capabilities import DeviceCapabilities
 from ...device.manager import MultiDeviceManager
@@ -82,11 +82,11 @@ def cache_path(manager: Any, directory: str | None = None) -> str:
     return os.path.join(directory or cache_dir(), f"topology-{cache_key(manager)}.json")
 
 
-def _load(path: str, material: list[dict[str, Any]], device_count: int) -> GpuTopology | None:
-    """The cached topology at `path` for these devices, or None (one warning when a
-    file is there but unusable or not this machine's)."""
+def _load(path: str, dir_fd: int, material: list[dict[str, Any]], device_count: int) -> GpuTopology | None:
+    """The cached topology at `path` (in the folder of `dir_fd`) for these devices, or
+    None (one warning when a file is there but unusable or not this machine's)."""
     try:
-        raw = read_regular_file(path, MAX_CACHE_BYTES)
+        raw = read_regular_file(os.path.basename(path), MAX_CACHE_BYTES, dir_fd=dir_fd)
         if raw is None:
             return None
         doc = json.loads(raw.decode("utf-8"))
@@ -115,22 +115,13 @@ def _load(path: str, material: list[dict[str, Any]], device_count: int) -> GpuTo
         return None
 
 
-def _save(path: str, material: list[dict[str, Any]], topo: GpuTopology) -> bool:
-    """Write the cache atomically (a temporary file renamed; removed again when that fails)."""
-    tmp = None
+def _save(path: str, dir_fd: int, material: list[dict[str, Any]], topo: GpuTopology) -> bool:
+    """Write the cache atomically into the folder of `dir_fd` (False, one warning, when it fails)."""
+    text = json.dumps({"format": CACHE_FORMAT, "key": material, "topology": topo.to_dict()}, indent=1)
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".topology-", dir=os.path.dirname(path))
-        with os.fdopen(fd, "w") as f:
-            json.dump({"format": CACHE_FORMAT, "key": material, "topology": topo.to_dict()}, f, indent=1)
-        os.replace(tmp, path)
+        replace_file(os.path.basename(path), text.encode(), dir_fd=dir_fd)
         return True
     except OSError as exc:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
         log.warning("could not write the topology cache %s: %s", path, exc)
         return False
 
@@ -157,17 +148,29 @@ def probe_topology(manager: MultiDeviceManager, *, force: bool = False, cache: b
             raise ValueError(f"nbytes must be a multiple of 4, got {nbytes}")
     check_count(reps, "reps", 1)
     material = _key_material(manager)
-    path = os.path.join(cache_directory or cache_dir(), f"topology-{cache_key(manager)}.json")
-    if cache and not force:
-        cached = _load(path, material, len(manager.slots))
-        if cached is not None:
-            cached.details["source"] = "cache"
-            cached.details["cache_file"] = path
-            return cached
-    topo = measure_topology(manager, nbytes=nbytes, reps=reps, sysfs_root=sysfs_root)
+    folder = cache_directory or cache_dir()
+    path = os.path.join(folder, f"topology-{cache_key(manager)}.json")
+    dir_fd = None
     if cache:
-        topo.details["cache_file"] = path if _save(path, material, topo) else None
-    return topo
+        try:
+            dir_fd = open_private_dir(folder, create=True)
+        except ValueError as exc:
+            log.warning("not using the topology cache folder %s: only a folder no one else can change is used: %s",
+                        folder, exc)
+    try:
+        if dir_fd is not None and not force:
+            cached = _load(path, dir_fd, material, len(manager.slots))
+            if cached is not None:
+                cached.details["source"] = "cache"
+                cached.details["cache_file"] = path
+                return cached
+        topo = measure_topology(manager, nbytes=nbytes, reps=reps, sysfs_root=sysfs_root)
+        if cache:
+            topo.details["cache_file"] = path if dir_fd is not None and _save(path, dir_fd, material, topo) else None
+        return topo
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)
 
 
 def measure_topology(manager: Any, *, nbytes: int | None = None, reps: int = DEFAULT_REPS,

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from ..._core.checks import positive_int
+from ..._core.files import read_named_file
 from ..._core.reprs import compact_repr
 from .spirv import SPIRV_MAGIC
+from .spirv_gate import MAX_MODULE_BYTES
 
 __all__ = ["KernelSpec", "MAX_CAPACITY", "MAX_STATE_BUFFERS"]
 
@@ -77,8 +79,9 @@ class KernelSpec:
 
     @classmethod
     def from_file(cls, kernel_type: str, path: str | Path, **fields: Any) -> "KernelSpec":
-        """A spec whose SPIR-V is read from `path` (a compiled .spv)."""
-        return cls(kernel_type, Path(path).read_bytes(), **fields)
+        """A spec whose SPIR-V is read from `path` (a compiled .spv: a regular file of at
+        most MAX_MODULE_BYTES; ValueError for anything else, before it is read)."""
+        return cls(kernel_type, read_named_file(path, MAX_MODULE_BYTES, "SPIR-V file"), **fields)
 
     @property
     def sha256(self) -> str:

@@ -14,7 +14,6 @@ import enum
 import hashlib
 import os
 import shutil
-import stat
 import subprocess
 import tempfile
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..._core.checks import U64_MAX, int_in, timeout_seconds, wait_bound
+from ..._core.files import read_named_file
 from ..._core.shaders import SHADER_DIR
 from ...errors import KernelValidationError, UnsupportedError
 from ...errors import TimeoutError as VkmTimeout
@@ -123,7 +123,7 @@ class KernelCodeSource:
     @classmethod
     def from_spirv_file(cls, path: str | os.PathLike, entry_point: str = "main") -> "KernelCodeSource":
         """SPIR-V read from a .spv file (a regular file of at most MAX_MODULE_BYTES)."""
-        return cls(KernelCodeFormat.SPIRV, _read_module(path), entry_point)
+        return cls(KernelCodeFormat.SPIRV, read_named_file(path, MAX_MODULE_BYTES, "SPIR-V file"), entry_point)
 
     @classmethod
     def from_glsl(cls, source: str, entry_point: str = "main", *, include_dirs: tuple[str | os.PathLike[str], ...] = (),
@@ -204,23 +204,6 @@ def _text(value: Any, label: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{label} must be a str, got {type(value).__name__}")
     return value
-
-
-def _read_module(path: str | os.PathLike) -> bytes:
-    """The bytes of the regular file at `path`, at most MAX_MODULE_BYTES: a FIFO or a device
-    is refused (ValueError) before a read that would wait for a writer or never end."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{os.fsdecode(path)[:200]!r} is not a regular file: SPIR-V is read from a .spv file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            code = f.read(MAX_MODULE_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(code) > MAX_MODULE_BYTES:
-        raise ValueError(f"{os.fsdecode(path)[:200]!r} is over {MAX_MODULE_BYTES} bytes, more than a kernel module "
-                         f"may be")
-    return code
 
 
 def _abi_dirs() -> list[Path]:
