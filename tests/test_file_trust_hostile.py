@@ -227,3 +227,28 @@ def test_a_numa_node_entry_that_is_a_fifo_or_huge_is_unknown(tmp_path):
     with open(folder / "numa_node", "wb") as f:
         f.truncate(1 << 30)   # (sparse)
     assert numa_node("0000:06:00.0", str(tmp_path)) is None
+
+
+@pytest.mark.parametrize("what", ["json", "png"])
+def test_an_output_never_replaces_a_device_or_a_link_to_one(tmp_path, what, capsys):
+    """A link to /dev/null (as /dev/stdout is to a pipe or a terminal) is no file to
+    replace: as root, replacing /dev/stdout would break it for every program."""
+    import argparse
+
+    from vkmulti.apps.cli_args import check_output_path
+
+    link = tmp_path / ("out.json" if what == "json" else "out.png")
+    link.symlink_to("/dev/null")
+    with pytest.raises(OSError, match="device"):
+        _outputs()[what](str(link))
+    assert link.is_symlink() and os.readlink(link) == "/dev/null"
+
+    class Refused(Exception):
+        pass
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise Refused(message)
+    for path in (str(link), "/dev/null"):
+        with pytest.raises(Refused, match="device"):
+            check_output_path(Parser(), path, "--json", image=False)

@@ -233,3 +233,25 @@ def test_render_capabilities_probe_and_meets():
         assert caps.meets(limits={"maxImageDimension2D": 1024})
         assert not caps.meets(limits={"maxImageDimension2D": 10**9})
         assert not caps.meets(limits={"unknown_limit": 1})
+
+
+def test_a_failed_create_raises_its_own_error_when_its_teardown_fails_too(monkeypatch):
+    """create() failing after it made the primary device tears that device down; a
+    failure of that teardown is logged, and the error that stopped create() is raised."""
+    from vkmulti.device import logical
+    from vkmulti.errors import TimeoutError as VkmTimeout
+
+    real = logical.destroy_logical_device
+
+    def destroy_then_fail(*a, **kw):
+        real(*a, **kw)
+        raise VkmTimeout("the teardown timed out")
+
+    def refuse(self, **kw):
+        raise RuntimeError("the manager could not be made")
+    from vkmulti.device import manager as manager_module
+    monkeypatch.setattr(logical, "destroy_logical_device", destroy_then_fail)
+    monkeypatch.setattr(manager_module, "destroy_logical_device", destroy_then_fail)
+    monkeypatch.setattr(MultiDeviceManager, "__init__", refuse)
+    with pytest.raises(RuntimeError, match="could not be made"):
+        MultiDeviceManager.create(enabled=True)

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 from typing import Any, Callable
@@ -117,6 +118,9 @@ def check_output_path(parser: Any, path: str, flag: str, *, image: bool = True) 
         return
     if os.path.isdir(path):
         parser.error(f"{flag} {path!r} is a folder; give a file name such as {os.path.join(path, 'out.png')!r}")
+    why = output_problem(path)
+    if why is not None:
+        parser.error(f"{flag} {path!r} {why}")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         parser.error(f"{flag} {path!r}: folder {folder!r} does not exist")
@@ -180,10 +184,30 @@ def print_figures(res: Any, path: str | None) -> None:
         write_output(path, (text + "\n").encode())
 
 
+def output_problem(path: str) -> str | None:
+    """Why an output must not replace what is at `path`, or None: a regular file, a
+    link to one, nothing, or a FIFO or socket planted there (not a link) are replaced;
+    a device, or a link to anything but a regular file (/dev/stdout, /dev/null), never
+    is (replacing it would break it for everyone)."""
+    try:
+        st = os.stat(path)   # (through a link: what it points to)
+    except OSError:
+        return None   # nothing there, or a dangling link: a new file
+    if stat.S_ISREG(st.st_mode):
+        return None
+    if not os.path.islink(path) and (stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+        return None
+    return "is a device, a folder or a link to one (such as /dev/stdout), not a file to write; give a file name"
+
+
 def write_output(path: str, data: bytes) -> None:
-    """Write a command's output file atomically: whatever is at `path` (a file, a link,
-    a FIFO; the default outputs are in the shared temporary folder) is replaced,
-    never written through or waited on. OSError when it cannot be written."""
+    """Write a command's output file atomically: whatever is at `path` (a file, a link
+    to one, a FIFO; the default outputs are in the shared temporary folder) is replaced,
+    never written through or waited on. OSError when it cannot be written, or when
+    `path` is a device or a link to one (output_problem)."""
+    why = output_problem(path)
+    if why is not None:
+        raise OSError(f"{path!r} {why}")
     replace_file(path, data, mode=0o666)
 
 

@@ -233,6 +233,18 @@ def destroy_logical_device(device: Any, native: Any, queues: Any, timeout: float
     vk.vkDestroyDevice(device, None)
 
 
+def discard_logical_device(ld: LogicalDevice | None) -> None:
+    """Destroy a device made for a create() that then failed (None: none was made; no
+    work on it yet: its drain is immediate); an error here is logged, the create()'s
+    own is the one raised."""
+    if ld is None:
+        return
+    try:
+        destroy_logical_device(ld.device, ld.native, ld.queues())
+    except Exception:
+        log.exception("tearing down a device after a failed create() failed")
+
+
 def retire_submits(slot: Any, deadline: Any) -> None:
     """Wait until every queue of `slot` has retired what was submitted to it so far;
     call it before destroying a semaphore that submits waited on.

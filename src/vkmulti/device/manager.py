@@ -15,7 +15,7 @@ from .capabilities import (EXT_MEMORY_FD, DeviceCapabilities, QueueFamilies, Que
                            RenderCapabilitiesLike,
                            as_queue_families, as_render_capabilities, probe_device)
 from .logical import (LogicalDevice, Queue, create_logical_device, default_queue_families, destroy_logical_device,
-                      drain_queues, native_device)
+                      discard_logical_device, drain_queues, native_device)
 from ..errors import DestroyedError, UnsupportedError, VkmError
 from ..errors import TimeoutError as VkmTimeoutError
 from .._core.lifetime import Deadline, Lifetime
@@ -334,8 +334,7 @@ class MultiDeviceManager:
                       primary_transfer_queue=primary_ld.transfer_queue,
                       primary_extensions=primary_ld.enabled_extensions)
         except BaseException:
-            if primary_ld is not None:
-                destroy_logical_device(primary_ld.device, primary_ld.native, primary_ld.queues())
+            discard_logical_device(primary_ld)   # (never raises: the error that stopped create() is raised)
             if own_instance:
                 inst.destroy()  # type: ignore[union-attr]
             raise
