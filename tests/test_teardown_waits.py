@@ -28,6 +28,17 @@ PRELUDE = textwrap.dedent("""
             print("RETURNED", flush=True)
         except BaseException as exc:
             print("RAISED", type(exc).__name__, str(exc)[:300], flush=True)
+
+    def held(lock):   # `lock` taken by another thread until the returned event is set
+        taken, done = threading.Event(), threading.Event()
+        def holder():
+            with lock:
+                taken.set()
+                done.wait(60)
+        t = threading.Thread(target=holder, daemon=True)
+        t.start()
+        taken.wait(10)
+        return done, t
 """)
 
 CASES = {
@@ -46,14 +57,7 @@ CASES = {
     "lock-held-by-another-thread": """
         mgr = MultiDeviceManager.create()
         q = mgr.slot(1).copy_queue
-        taken, done = threading.Event(), threading.Event()
-        def holder():
-            with q.lock:
-                taken.set()
-                done.wait(60)
-        t = threading.Thread(target=holder, daemon=True)
-        t.start()
-        taken.wait(10)
+        done, t = held(q.lock)
         outcome(lambda: mgr.destroy(timeout=1))
         done.set()
         t.join(10)
@@ -104,14 +108,7 @@ CASES = {
     "queue-lock-acquire": """
         mgr = MultiDeviceManager.create()
         lock = mgr.slot(0).graphics_queue.lock
-        taken, done = threading.Event(), threading.Event()
-        def holder():
-            with lock:
-                taken.set()
-                done.wait(60)
-        t = threading.Thread(target=holder, daemon=True)
-        t.start()
-        taken.wait(10)
+        done, t = held(lock)
         outcome(lambda: lock.acquire(timeout=0.2))
         signal.signal(signal.SIGINT, signal.default_int_handler)
         threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGINT)).start()
