@@ -130,7 +130,8 @@ class NamingStorage(MemoryStorage):
 
 
 def test_migrate_with_checkpoint_stores_under_the_seeds_name_then_deletes_it():
-    """A.10: saved under "migration_{kernel}_{src}_{dst}"; bytes += size; the stored copy deleted."""
+    """A.10: saved under "migration_{kernel}_{src}_{dst}"; bytes += size; the stored copy deleted;
+    coordinator() returns the coordinator."""
     coord = two_gpus()
     coord.assign_kernel("mk", 0)
     storage = NamingStorage()
@@ -139,6 +140,7 @@ def test_migrate_with_checkpoint_stores_under_the_seeds_name_then_deletes_it():
     request = coord.request_migration("mk", 1)
     result = migrator.migrate_with_checkpoint(kernel, request)
     assert storage.saved == ["migration_mk_0_1"] and storage.list() == []
+    assert migrator.coordinator() is coord
     assert result.checkpoint_size == len(kernel.create_checkpoint().to_bytes()) == migrator.stats().bytes_transferred
     assert request.state is MigrationState.COMPLETED and request.started_at is not None
     assert coord.get_kernel_device("mk") == 1
@@ -199,3 +201,107 @@ def test_code_source_formats_read_as_text_or_not():
                                                            KernelCodeFormat.MSL, KernelCodeFormat.SOURCE}
     assert all(text[f] is None for f in (KernelCodeFormat.CUBIN, KernelCodeFormat.SPIRV, KernelCodeFormat.METALLIB))
     assert KernelCodeSource.new(KernelCodeFormat.CUBIN, b"\x00\x01\x02", "k").size() == 3
+
+
+# ---- topology estimate and the router ------------------------------------------------
+
+@pytest.mark.parametrize("a, b, kind", [
+    ((Backend.CUDA, True, (8, 0)), (Backend.CUDA, True, (9, 0)), InterconnectType.NVLINK),
+    ((Backend.CUDA, True, (8, 0)), (Backend.CUDA, True, (7, 5)), InterconnectType.PCIE),
+    ((Backend.CUDA, True, None), (Backend.CUDA, True, (8, 0)), InterconnectType.PCIE),
+    ((Backend.METAL, True, (8, 0)), (Backend.METAL, True, (8, 0)), InterconnectType.PCIE),
+    ((Backend.CPU, True, None), (Backend.CPU, True, None), InterconnectType.PCIE),
+    ((Backend.CUDA, True, (8, 0)), (Backend.METAL, True, (8, 0)), InterconnectType.NONE),
+    ((Backend.CUDA, True, (8, 0)), (Backend.CUDA, False, (8, 0)), InterconnectType.NONE),
+])
+def test_discover_topology_estimates_links_as_documented(a, b, kind):
+    """A.7: both p2p_capable and the same backend: CUDA with both majors >= 8 -> NVLINK, any other
+    CUDA or backend -> PCIE; different backends or either not P2P-capable -> NONE; mirrored;
+    NUMA never filled, probed stays False."""
+    coord = MultiGpuBuilder().build()
+    for i, (backend, p2p, cc) in enumerate((a, b)):
+        coord.register_device(DeviceInfo(i, f"GPU {i}", backend, compute_capability=cc, p2p_capable=p2p))
+    topo = coord.discover_topology()
+    assert topo.get_connection(0, 1).interconnect is kind and topo.get_connection(1, 0).interconnect is kind
+    assert topo.get_connection(0, 1).bandwidth_gbps == kind.estimated_bandwidth_gbps()
+    assert (topo.probed, topo.numa_nodes) == (False, [None, None])
+
+
+def test_the_router_does_not_consult_enable_p2p():
+    """A.8: the router does not consult enable_p2p or can_p2p; only the topology matters."""
+    coord = MultiGpuBuilder().enable_p2p(False).build()
+    for i in range(2):
+        coord.register_device(DeviceInfo(i, f"GPU {i}", Backend.CUDA, p2p_capable=True))
+    coord.assign_kernel("a", 0)
+    coord.assign_kernel("b", 1)
+    assert not coord.can_p2p(0, 1)
+    assert CrossGpuK2KRouter(coord).route_message("a", "b", b"x").kind is RoutingKind.DIRECT_P2P
+
+
+# ---- hot reload switches ----------------------------------------------------------------
+
+class CountingKernel(MockCheckpointableKernel):
+    def __init__(self, kernel_id: str):
+        super().__init__(kernel_id, 16)
+        self.checkpoints = 0
+
+    def create_checkpoint(self):
+        self.checkpoints += 1
+        return super().create_checkpoint()
+
+
+def test_preserve_state_off_takes_no_checkpoint():
+    """A.11 step 3: CHECKPOINTING serialises kernel.create_checkpoint() only if preserve_state."""
+    for preserve in (True, False):
+        manager = HotReloadManager(HotReloadConfig().with_preserve_state(preserve))
+        manager.register_kernel("k", KernelCodeSource.from_ptx(".version 7.0", "k"))
+        kernel = CountingKernel("k")
+        result = manager.execute_reload(manager.request_reload("k", KernelCodeSource.from_ptx(".target sm_90", "k")),
+                                        kernel)
+        assert (kernel.checkpoints, result.state_preserved, result.checkpoint_size > 0) == (preserve,) * 3
+        assert manager.stats().state_preserved_count == int(preserve)
+
+
+def test_validate_before_swap_off_installs_code_the_rules_refuse():
+    """A.11 step 4: code is validated (PTX needs ".version" or ".target") only if validate_before_swap."""
+    bad = KernelCodeSource.from_ptx("no directive", "k")
+    for validate in (True, False):
+        manager = HotReloadManager(HotReloadConfig().with_validate_before_swap(validate))
+        manager.register_kernel("k", KernelCodeSource.from_ptx(".version 7.0", "k"))
+        request = manager.request_reload("k", bad)
+        if validate:
+            with pytest.raises(vkmulti.ValidationError, match="version/target"):
+                manager.execute_reload(request, MockCheckpointableKernel("k", 4))
+            assert manager.get_current_version("k") == 1
+        else:
+            manager.execute_reload(request, MockCheckpointableKernel("k", 4))
+            assert manager.get_current_code("k").code == b"no directive"
+
+
+def test_unregister_kernel_forgets_code_and_fallback():
+    """A.11: unregister_kernel removes the code, the fallback and the active request."""
+    manager = HotReloadManager.with_defaults()
+    manager.register_kernel("k", KernelCodeSource.from_ptx(".version 7.0", "k"))
+    manager.execute_reload(manager.request_reload("k", KernelCodeSource.from_ptx(".version 8.0", "k")),
+                           MockCheckpointableKernel("k", 4))
+    manager.unregister_kernel("k")
+    assert not manager.is_registered("k") and manager.get_current_code("k") is None
+    assert manager.list_kernels() == [] and not manager.is_reload_in_progress("k")
+    with pytest.raises(vkmulti.ValidationError, match="No fallback available"):
+        manager.rollback("k")
+    with pytest.raises(vkmulti.KernelNotFoundError):
+        manager.request_reload("k", KernelCodeSource.from_ptx(".version 9.0", "k"))
+
+
+def test_the_estimate_has_no_links_to_placeholders_or_offline_devices():
+    """The seed's estimate fills every ordered pair (NONE at 16 GB/s for placeholders, which are
+    not P2P-capable); vkmulti's gives placeholders and offline devices no link (seed-defects.md)."""
+    coord = MultiGpuBuilder().build()
+    for i in (0, 2, 3):
+        coord.register_device(DeviceInfo(i, f"GPU {i}", Backend.CUDA))
+    coord.unregister_device(3)
+    topo = coord.discover_topology()
+    assert topo.get_connection(0, 2).interconnect is InterconnectType.NONE
+    assert [topo.get_connection(0, d) for d in (1, 3)] == [None, None]
+    assert [topo.get_connection(s, 0) for s in (1, 3)] == [None, None]
+    assert topo.bisection_bandwidth_gbps() == 16.0   # 0 -> 2 only; the seed's would count 0 -> 3 and 1 -> 2, 3
