@@ -449,8 +449,6 @@ def test_bad_input_is_typed_and_named():
         coord.register_device({"index": 0})
     with pytest.raises(TypeError, match="backend"):
         DeviceInfo(0, "x", "cuda")
-    with pytest.raises(InvalidConfigError, match="twice"):
-        MultiGpuBuilder().preferred_devices([0, 1, 0])
     with pytest.raises(TypeError):
         MultiGpuBuilder().load_balancing("least")
     with pytest.raises(TypeError):

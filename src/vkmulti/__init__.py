@@ -48,8 +48,9 @@ from .device.cuda import CudaDevice, cuda_devices, cuda_peer_reason, cuda_status
 from .device.logical import LogicalDevice, Queue, create_logical_device
 from .errors import (BackendUnavailableError, CudaError, DestroyedError, DeviceLostError, DeviceNotAvailableError,
                      InvalidConfigError, K2KDestinationNotFoundError, KernelNotFoundError, KernelValidationError,
-                     InvalidBufferError, LinkStalledError, MigrationError, OutOfDeviceMemoryError, OutOfHostMemoryError,
-                     RendererMissingError, TimeoutError, TransferError, UnsupportedError, VkmError, VulkanError)
+                     InvalidBufferError, LinkStalledError, MigrationError, MigrationFailedError, OutOfDeviceMemoryError,
+                     OutOfHostMemoryError, RendererMissingError, TimeoutError, TransferError, UnsupportedError,
+                     ValidationError, VkmError, VulkanError)
 from .device.instance import Instance
 from .transfer.methods import TransferMethod, pair_methods, select_transfer_method, supported_methods
 from .device.manager import DeviceSlot, MultiDeviceManager
@@ -99,7 +100,8 @@ __all__ = [
     "UnsupportedError", "TransferError", "TimeoutError", "DestroyedError", "RendererMissingError",
     "LinkStalledError", "CudaError", "InvalidBufferError",
     "BackendUnavailableError", "KernelNotFoundError", "InvalidConfigError", "DeviceNotAvailableError",
-    "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError",
+    "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError", "MigrationFailedError",
+    "ValidationError",
     "Backend", "KernelMode", "LaunchOptions", "LoadBalancingStrategy", "MultiGpuConfig", "MultiGpuBuilder",
     "MultiGpuCoordinator", "CoordinatorEvent", "CoordinatorEventKind", "DeviceInfo", "DeviceStatus",
     "MultiGpuStats", "KernelId", "DeviceUnregisterResult", "KernelMigrationPlan", "MigrationPriority",

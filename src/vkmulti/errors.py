@@ -10,7 +10,8 @@ __all__ = [
     "OutOfHostMemoryError", "UnsupportedError", "TransferError", "TimeoutError",
     "DestroyedError", "LinkStalledError", "CudaError", "InvalidBufferError", "raise_for_result", "result_name",
     "BackendUnavailableError", "KernelNotFoundError", "InvalidConfigError", "DeviceNotAvailableError",
-    "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError",
+    "K2KDestinationNotFoundError", "MigrationError", "KernelValidationError", "MigrationFailedError",
+    "ValidationError",
     "ClusterError", "RayMissingError", "ClusterAddressError", "ClusterConnectionError", "NoAgentError",
     "RendererMissingError",
     "InvalidCheckpointError", "CheckpointStorageError", "CheckpointNotFoundError", "TenantMismatchError",
@@ -133,6 +134,12 @@ class MigrationError(VkmError):
 
 class KernelValidationError(VkmError, ValueError):
     """Kernel code or a kernel request failed validation (ringkernel's ValidationError)."""
+
+
+#: ringkernel's spelling (`RingKernelError::MigrationFailed`): the same class as MigrationError.
+MigrationFailedError = MigrationError
+#: ringkernel's spelling (`RingKernelError::ValidationError`): the same class as KernelValidationError.
+ValidationError = KernelValidationError
 
 
 class InvalidCheckpointError(VkmError, ValueError):

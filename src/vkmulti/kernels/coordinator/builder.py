@@ -39,7 +39,7 @@ class MultiGpuBuilder:
         return self._set(enable_p2p=enable)
 
     def preferred_devices(self, devices: list[int]) -> "MultiGpuBuilder":
-        """Set the devices strategies prefer, in order; returns the builder."""
+        """Set the devices selection is limited to (empty: every device); returns the builder."""
         return self._set(preferred_devices=list(devices) if isinstance(devices, (list, tuple)) else devices)
 
     def strict(self, strict: bool) -> "MultiGpuBuilder":

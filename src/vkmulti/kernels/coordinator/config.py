@@ -183,12 +183,8 @@ class MultiGpuConfig:
             raise InvalidConfigError(f"{exc} (a device must be able to hold at least one kernel)") from None
         if not isinstance(self.preferred_devices, (list, tuple)):
             raise TypeError(f"preferred_devices must be a list of device indices, got {self.preferred_devices!r}")
-        seen: set[int] = set()
-        for d in self.preferred_devices:
-            i = check_index(d, "preferred_devices entry")
-            if i in seen:
-                raise InvalidConfigError(f"preferred_devices lists device {i} twice: {list(self.preferred_devices)}")
-            seen.add(i)
+        for d in self.preferred_devices:   # a filter: order and repeats do not matter, as in the seed
+            check_index(d, "preferred_devices entry")
 
     def copy(self) -> "MultiGpuConfig":
         """An independent copy (its preferred_devices list is copied too)."""

@@ -114,12 +114,12 @@ class CrossGpuK2KRouter:
     # -- the seed's API ----------------------------------------------------------------
 
     def route_message(self, source_kernel: KernelId | str, dest_kernel: KernelId | str,
-                      message: HostData | K2KMessage, *,
+                      message: HostData | K2KMessage | MessageEnvelope, *,
                       timeout: float | None = 0.0) -> RoutingDecision:
         """Decide how a message from `source_kernel` to `dest_kernel` travels and queue it.
 
-        `message`: bytes, a buffer-protocol object, or a K2KMessage (whose ids
-        must match). Unplaced kernels raise K2KDestinationNotFoundError naming
+        `message`: bytes, a buffer-protocol object, a K2KMessage (whose ids
+        must match) or a MessageEnvelope without payload (its tag, timestamp and priority). Unplaced kernels raise K2KDestinationNotFoundError naming
         the id; with a runtime attached, kernels of different tenants raise
         TenantMismatchError (both count as routing failures), and the message
         leaves with the source kernel's next step (SAME_DEVICE ones too, by the
@@ -291,10 +291,15 @@ class CrossGpuK2KRouter:
                 raise ValueError(f"the K2KMessage goes from {message.source_kernel!r} to {message.dest_kernel!r}, "
                                  f"not from {src!r} to {dst!r}")
             return message
+        if isinstance(message, MessageEnvelope):   # the seed's example routes an envelope
+            if message.payload_len:
+                raise ValueError(f"a MessageEnvelope is a header only (payload_len {message.payload_len}, no payload "
+                                 f"bytes): route a K2KMessage or the payload bytes instead")
+            return K2KMessage(src, dst, b"", tag=message.tag, timestamp=message.timestamp, priority=message.priority)
         try:
             payload = as_host_bytes(message, "message").tobytes()
         except TypeError:
-            raise TypeError(f"message must be bytes, a buffer-protocol object or a K2KMessage, "
+            raise TypeError(f"message must be bytes, a buffer-protocol object, a K2KMessage or a MessageEnvelope, "
                             f"got {type(message).__name__}") from None
         return K2KMessage(src, dst, payload)
 
