@@ -321,7 +321,7 @@ def test_out_of_range_devices_are_the_seeds_invalid_buffer(xfer1, manager):
     for call in (lambda: t.set_device_buffer(n, None), lambda: t.copy_buffer_blocking(n, 0, b"abcd"),
                  lambda: t.copy_buffer_blocking(0, n, b"abcd"), lambda: t.gather_blocking(n),
                  lambda: asyncio.run(t.gather(n))):
-        with pytest.raises(InvalidBufferError, match=f"{n} out of range") as info:
+        with pytest.raises(InvalidBufferError, match=f"{n} is out of range") as info:
             call()
         assert isinstance(info.value, IndexError)
 
@@ -329,7 +329,7 @@ def test_out_of_range_devices_are_the_seeds_invalid_buffer(xfer1, manager):
 def test_bad_input(xfer1, manager):
     t = xfer1
     with Buffer(manager.slot(0), 64) as b0, Buffer(manager.slot(1), 64) as b1:
-        with pytest.raises(IndexError, match="device_idx 2 out of range"):
+        with pytest.raises(IndexError, match="device_idx 2 is out of range"):
             t.set_device_buffer(2, b0)
         with pytest.raises(IndexError, match="-1"):
             t.gather_blocking(-1)

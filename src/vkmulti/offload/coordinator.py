@@ -16,7 +16,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from .._core.checks import check_index, is_int, timeout_seconds
+from .._core.checks import check_index, timeout_seconds
 from .._core.lifetime import Lifetime, operation
 from ..device.manager import MultiDeviceManager
 from ..errors import DestroyedError, DeviceLostError, PrimaryDeviceLostError
@@ -32,7 +32,7 @@ from .failover import DEVICE_ERRORS, FrameFailover, FrameInFlight
 from .partition import SRUAssignment, assign_srus, interleaved
 from .render import SRU_FORMAT
 from .types import (FrameReport, OffloadRoute, RendererMissingError, SecondaryRenderContext, SruEntry, check_weights,
-                    default_cost, int_list, sru_size)
+                    default_cost, int_list, check_frame_srus, weak_hook)
 
 if TYPE_CHECKING:
     from .types import S, SS, Renderer, RenderCapabilities, RenderCapabilitiesLike, SizedSRU, SruId
@@ -120,6 +120,7 @@ class SRUOffloadCoordinator:
         #: what lost devices cost this coordinator (devices, SRUs rendered again, frames repaired, times)
         self.failover_stats = self._failover.stats
         manager._life.adopt(self)   # destroyed with the manager unless destroyed first
+        manager.register_teardown(weak_hook(self.destroy))   # as the seed: before hooks registered later
 
     # -- the seed's API ----------------------------------------------------
 
@@ -237,16 +238,14 @@ class SRUOffloadCoordinator:
 
     @operation
     def render_sru_offloaded(self, sru: SizedSRU, primary_dst_image: Image, *,
-                             dst_wait: TimelinePoint | None = None) -> bool:
-        """Render `sru` on its secondary and start moving the image into `primary_dst_image`.
+                             dst_wait: TimelinePoint | None = None, wait: bool = True) -> bool:
+        """Render `sru` on its secondary and move its image into `primary_dst_image`.
 
-        Returns False when the SRU is not offloaded (no route, routed to GPU 0,
-        or its device failed now or before): the caller renders it on the
-        primary. True when the transfer is under way: wait for
-        `ticket_for(sru.sru_id).dst_ready` on the primary (GPU side) or call
-        its wait(). `dst_wait`: a TimelinePoint on the primary to reach before
-        the destination image is overwritten.
-        """
+        False when the SRU is not offloaded (no route, routed to GPU 0, or its
+        device failed now or before): the caller renders it on the primary.
+        True once the image is on the primary, as the seed; with wait=False once
+        the transfer is under way (`ticket_for(sru.sru_id)`: its dst_ready, or
+        wait()). `dst_wait`: a TimelinePoint on the primary to reach first."""
         self._life.check()
         sid = getattr(sru, "sru_id", None)
         route = self._routes.get(sid) if sid is not None else None
@@ -255,7 +254,16 @@ class SRUOffloadCoordinator:
         renderer = self.render_offloaded(route)
         with self._lock:
             entry = self._cache.entry(sru, route, landing=False)
-            return self._offload(entry, sru, renderer, primary_dst_image, dst_wait)
+            if not self._offload(entry, sru, renderer, primary_dst_image, dst_wait):
+                return False
+            ticket = entry.ticket
+        if wait and ticket is not None:
+            try:
+                ticket.wait(self.timeout)
+            except DEVICE_ERRORS as exc:
+                self._mark_unavailable(route.device_index, "its transfer failed", exc)
+                return False
+        return True
 
     def ticket_for(self, sru_id: SruId) -> TransferTicket | None:
         """The latest transfer of that SRU's image to the primary, or None."""
@@ -343,12 +351,7 @@ class SRUOffloadCoordinator:
         compositor = self._ensure_compositor()
         compositor.check_frame(frame, SRU_FORMAT, "an SRU image")
         key = sru_id or (lambda s: s.sru_id)
-        for s in srus:
-            sru_size(s)
-            for label in ("x", "y"):
-                v = getattr(s, label, None)
-                if not is_int(v):
-                    raise TypeError(f"SRU {key(s)!r}: {label} (its place in the frame) must be an int, got {v!r}")
+        check_frame_srus(srus, key)
         with self._lock:
             self._failover.check_previous_frame()   # wait=False frames never waited for
             self._planner.meter.settle()   # the previous frame's measurement, before any resource is freed
@@ -594,3 +597,4 @@ class SRUOffloadCoordinator:
             except Exception as exc:   # logged: the lost device's renderer is never used again
                 log.warning("renderer context of lost GPU %d: destroy failed (%r)", d, exc)
         return n
+

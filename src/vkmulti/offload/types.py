@@ -3,6 +3,7 @@ renderer contexts and the argument checks of SRUOffloadCoordinator."""
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeAlias, TypeVar
 
@@ -20,7 +21,8 @@ from .compositor import scale_pair
 from .partition import sru_cost
 
 __all__ = ["OffloadRoute", "RendererMissingError", "SecondaryRenderContext", "FrameReport", "SruEntry",
-           "default_cost", "int_list", "check_weights", "sru_size", "SizedSRU", "AsyncRenderer", "SeedRenderer"]
+           "default_cost", "int_list", "check_weights", "sru_size", "SizedSRU", "AsyncRenderer", "SeedRenderer",
+           "weak_hook", "check_frame_srus"]
 
 if TYPE_CHECKING:
     from .._core.timeline import Points
@@ -220,3 +222,24 @@ def sru_size(sru: SizedSRU) -> tuple[int, int]:
         if not is_int(v) or v <= 0:
             raise ValueError(f"SRU {getattr(sru, 'sru_id', sru)!r}: {label} must be a positive int, got {v!r}")
     return w, h
+
+
+def check_frame_srus(srus: list[Any], key: Callable[[Any], Any]) -> None:
+    """Each SRU's size (sru_size) and its place in the frame, int `x` and `y` (TypeError naming the SRU)."""
+    for s in srus:
+        sru_size(s)
+        for label in ("x", "y"):
+            v = getattr(s, label, None)
+            if not is_int(v):
+                raise TypeError(f"SRU {key(s)!r}: {label} (its place in the frame) must be an int, got {v!r}")
+
+
+def weak_hook(method: Callable[[], object]) -> Callable[[], None]:
+    """A zero-argument hook calling the bound `method` while its object exists (keeps none alive)."""
+    ref = weakref.WeakMethod(method)
+
+    def hook() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+    return hook

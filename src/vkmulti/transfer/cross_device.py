@@ -85,9 +85,7 @@ class CrossDeviceTransfer:
             if not isinstance(slot, DeviceSlot):
                 raise TypeError(f"{label} must be a DeviceSlot (MultiDeviceManager.slot(i)), "
                                 f"got {type(slot).__name__}")
-        if not isinstance(self.method, str) or self.method not in TransferMethod.ALL:
-            raise ValueError(f"unknown cross-device transfer method {self.method!r}; "
-                             f"expected one of {TransferMethod.ALL}"[:200])
+        self._check_method()
         check_ring_shape(self.slot_size, self.slot_count)
         _image_size(self.width, self.height, self.bytes_per_pixel, allow_zero=True)
         if not isinstance(self.extra, dict):
@@ -108,6 +106,11 @@ class CrossDeviceTransfer:
             for life in adopted:
                 life.forget(self)
             raise
+
+    def _check_method(self) -> None:
+        if not isinstance(self.method, str) or self.method not in TransferMethod.ALL:
+            raise ValueError(f"unknown cross-device transfer method {self.method!r}; "
+                             f"expected one of {TransferMethod.ALL}"[:200])
 
     @property
     def _destroyed(self) -> bool:
@@ -142,6 +145,7 @@ class CrossDeviceTransfer:
         self._life.check()   # (this transfer and its manager; the slots' devices once there is work to do)
         if self.method == TransferMethod.NONE:
             return
+        self._check_method()   # (a method set after construction: the seed's first check)
         if (src_image is None or dst_image is None) and "src_buffer" not in options and "dst_buffer" not in options:
             raise ValueError("both src_image (on the source device) and dst_image (on the destination) are needed")
         Deadline(timeout)   # checks the value before anything is queued

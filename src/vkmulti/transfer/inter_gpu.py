@@ -134,7 +134,7 @@ class InterGpuTransfer:
         be submitted first (for a transfer: `ticket.wait_submitted()`).
         """
         self._check()
-        i = self._index(device_idx, "device_idx")
+        i = self._index(device_idx, "device_idx", "device_idx out of range")
         if buffer is None:
             with self._cond:
                 self._regs.pop(i, None)
@@ -187,7 +187,8 @@ class InterGpuTransfer:
         """
         with self._op() as holds:
             dl = Deadline(timeout)
-            src, dst = self._index(src_device, "src_device"), self._index(dst_device, "dst_device")
+            src = self._index(src_device, "src_device", "Invalid source device")
+            dst = self._index(dst_device, "dst_device", "Invalid destination device")
             host, reg = self._source(src, data, "data", holds)
             size = host.nbytes if host is not None else reg.size  # type: ignore[union-attr]
             target, handle = self._target(dst, dst_buffer, size, dst_offset, "dst_buffer", holds)
@@ -213,7 +214,7 @@ class InterGpuTransfer:
             job.wait(dl.left())
             return target
 
-    def broadcast_blocking(self, data_or_buffer: HostData | Buffer | None = None, *, src_device: int | None = None,
+    def broadcast_blocking(self, data: HostData | Buffer | None = None, *, src_device: int | None = None,
                            dst_buffers: Sequence[Buffer | None] | None = None,
                            timeout: float | None = None) -> list[Buffer]:
         """Put the same bytes on every device; returns one buffer per device (index = device).
@@ -231,16 +232,16 @@ class InterGpuTransfer:
         """
         with self._op() as holds:
             dl = Deadline(timeout)
-            if isinstance(data_or_buffer, Buffer):
-                own = next((s.index for s in self._slots if s is data_or_buffer.slot), None)
+            if isinstance(data, Buffer):
+                own = next((s.index for s in self._slots if s is data.slot), None)
                 if own is None:
-                    raise ValueError(f"data_or_buffer is a Buffer of a device ({data_or_buffer.slot.name!r}) "
+                    raise ValueError(f"data is a Buffer of a device ({data.slot.name!r}) "
                                      f"that is not part of this manager")
                 if src_device is not None and self._index(src_device, "src_device") != own:
-                    raise ValueError(f"data_or_buffer belongs to GPU {own}, not src_device {src_device}")
+                    raise ValueError(f"data belongs to GPU {own}, not src_device {src_device}")
                 src_device = own
             src = 0 if src_device is None else self._index(src_device, "src_device")
-            host, reg = self._source(src, data_or_buffer, "data_or_buffer", holds)
+            host, reg = self._source(src, data, "data", holds)
             size = host.nbytes if host is not None else reg.size  # type: ignore[union-attr]
             if dst_buffers is not None:
                 if isinstance(dst_buffers, (str, bytes)) or not isinstance(dst_buffers, Sequence):
@@ -415,9 +416,9 @@ class InterGpuTransfer:
         """Asyncio form of copy_buffer_blocking."""
         return await self._run(self.copy_buffer_blocking, src_device, dst_device, data, **kw)
 
-    async def broadcast(self, data_or_buffer: HostData | Buffer | None = None, **kw: Any) -> list[Buffer]:
+    async def broadcast(self, data: HostData | Buffer | None = None, **kw: Any) -> list[Buffer]:
         """Asyncio form of broadcast_blocking."""
-        return await self._run(self.broadcast_blocking, data_or_buffer, **kw)
+        return await self._run(self.broadcast_blocking, data, **kw)
 
     async def gather(self, dst_device: int, **kw: Any) -> list[np.ndarray]:
         """Asyncio form of gather_blocking."""
@@ -494,11 +495,13 @@ class InterGpuTransfer:
             future = loop.run_in_executor(self._executor, functools.partial(fn, *args, **kw))
         return await future
 
-    def _index(self, value: Any, label: str) -> int:
+    def _index(self, value: Any, label: str, seed: str | None = None) -> int:
+        """`value` as a device index; InvalidBufferError out of range (the seed's text `seed` first)."""
         if not (is_int(value) or isinstance(value, np.integer)):
             raise TypeError(f"{label} must be an int device index, got {type(value).__name__} {value!r}")
         if not 0 <= value < self.device_count:
-            raise InvalidBufferError(f"{label} {value} out of range: {self.device_count} device(s)")
+            text = f"{label} {value} is out of range (num_devices = {self.device_count})"
+            raise InvalidBufferError(text if seed is None else f"{seed}: {text}")
         return int(value)
 
     @staticmethod
