@@ -561,7 +561,7 @@ class KernelRuntime:
         with contextlib.ExitStack() as stack:
             try:   # steps of other threads (a failover among them) end first; later ones find it destroyed
                 stack.enter_context(gate_of(self).exclusive(None if timeout == float("inf") else timeout,
-                                                            "KernelRuntime.destroy()"))
+                                                            "KernelRuntime.destroy()", closing=True))
             except (VkmTimeout, MigrationError) as exc:   # (a step that does not end, or one on this thread)
                 log.warning("KernelRuntime.destroy(): going on without the steps' gate: %s", exc)
             self._destroy_now(timeout)
