@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Protocol, TypeVar
 
-from ...errors import MigrationError, TimeoutError as VkmTimeout
+from ...errors import DestroyedError, MigrationError, TimeoutError as VkmTimeout
 
 __all__ = ["KernelHolds", "RuntimeGate", "gate_of", "gated", "gated_unheld"]
 
@@ -53,6 +53,7 @@ class RuntimeGate:
         self._readers = 0
         self._writer: int | None = None
         self._waiting = 0
+        self._closing = 0   # destroy()s waiting for or holding it: other writers give up (DestroyedError)
         self._local = _Depth()
 
     def enter_shared(self) -> tuple[int, bool]:
@@ -90,7 +91,10 @@ class RuntimeGate:
             self.leave_shared(token)
 
     @contextmanager
-    def exclusive(self, timeout: float | None, what: str) -> Iterator[None]:
+    def exclusive(self, timeout: float | None, what: str, closing: bool = False) -> Iterator[None]:
+        """Hold the gate alone. `closing` (the runtime's destroy()): writers waiting meanwhile
+        raise DestroyedError, so that the holds they keep on kernels (a migration's, a
+        restore's, a reload's) end before destroy() waits for them."""
         me = threading.get_ident()
         if self._local.depth:
             raise MigrationError(f"{what} cannot run inside a step of the same runtime (from a step listener): "
@@ -100,13 +104,21 @@ class RuntimeGate:
         deadline = time.monotonic() + (timeout if timeout is not None else 1e18)
         with self._cond:
             self._waiting += 1
+            self._closing += closing
             try:
                 while self._writer is not None or self._readers:
+                    if self._closing and not closing:
+                        raise DestroyedError(f"{what}: the runtime is being destroyed")
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise VkmTimeout(f"{what}: steps of the runtime did not make way within {timeout} s")
                     self._cond.wait(min(left, 0.25))
+                if self._closing and not closing:
+                    raise DestroyedError(f"{what}: the runtime is being destroyed")
                 self._writer = me
+            except BaseException:
+                self._closing -= closing
+                raise
             finally:
                 self._waiting -= 1
                 self._cond.notify_all()
@@ -115,6 +127,7 @@ class RuntimeGate:
         finally:
             with self._cond:
                 self._writer = None
+                self._closing -= closing
                 self._cond.notify_all()
 
 

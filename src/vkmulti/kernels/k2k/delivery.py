@@ -248,15 +248,15 @@ class DeliveryEngine:
             if gather is None:
                 gather = self.gathers[s] = Gather(self.mgr.slot(s))
             point = gather.copy([(b.buffer, b.offset, b.size) for b in bs], buf, [bs[-1].ready])
-        except DestroyedError:   # a sender destroyed since its step: its messages went with it, the others go
-            if buf is not None:
-                self._pool(s).put(buf)
-            live = [b for b in bs if not b.kernel.destroyed]
-            for b in (b for b in bs if b.kernel.destroyed):
-                b.k2k_moves = 0  # type: ignore[attr-defined]
-                b.release()
-            return self._source_region(s, live) if live else None
         except (VkmError, vk.VkError, MemoryError) as exc:
+            live = [b for b in bs if not b.kernel.destroyed]
+            if isinstance(exc, DestroyedError) and len(live) < len(bs):   # senders destroyed since: the rest go
+                if buf is not None:
+                    self._pool(s).put(buf)
+                for b in (b for b in bs if b.kernel.destroyed):
+                    b.k2k_moves = 0  # type: ignore[attr-defined]
+                    b.release()
+                return self._source_region(s, live) if live else None
             self._fail_parts(parts, f"could not gather its outbox on GPU {s} for another device: {exc}")
             for b in bs:
                 b.release()

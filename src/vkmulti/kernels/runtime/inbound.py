@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Inbound"]
 
 #: What set_outbox_feed asks of a feed (the methods of OutboxFeed).
-_FEED_METHODS = ("take", "settle", "flush", "device_lost")
+_FEED_METHODS = ("take", "settle", "flush", "device_lost", "detach")
 
 
 class Inbound:
@@ -146,12 +146,20 @@ class Inbound:
         the step is harvested (`returned`: did not fit, or nothing ran; they go
         first next time). Only one feed: the K2K router."""
         if feed is not None and not all(callable(getattr(feed, name, None)) for name in _FEED_METHODS):
-            raise TypeError(f"feed must have take(), settle(), flush() and device_lost() (an OutboxFeed), "
+            raise TypeError(f"feed must have take(), settle(), flush(), device_lost() and detach() (an OutboxFeed), "
                             f"got {type(feed).__name__}")
         with self._lock:
             if feed is not None and self.feed is not None and self.feed is not feed:
                 raise ValueError("this runtime already has an outbox feed (a K2K router is attached)")
             self.feed = feed
+
+    def close(self, timeout: float | None) -> None:
+        """The runtime is being destroyed: the feed (the K2K router) detaches first, so that
+        nothing of it (a move, a relay of a timeline, an import) still uses the devices'
+        objects the runtime frees next."""
+        feed = self.feed
+        if feed is not None:
+            feed.detach(timeout)
 
     def settle_injected(self, kernel: Kernel, batch: OutboxBatch | None, taken: list, returned: list) -> None:
         """The stepper's report on host-routed messages of one step (see set_outbox_feed)."""

@@ -55,6 +55,10 @@ class OutboxFeed(Protocol):
     def device_lost(self, index: int) -> None:
         """GPU `index` was lost: forget everything on its way to or from it, without touching it."""
 
+    def detach(self, timeout: float | None = 30.0) -> None:
+        """Let go of the runtime (its destroy() calls it first): stop what is on its way and
+        free what lives on its devices, before the runtime frees its own device objects."""
+
     def quiet(self, kernels: list[Kernel]) -> bool:
         """Whether nothing is on its way to, from or for `kernels` now: a run may then step them
         natively, without taking messages for them or calling the feed at each step (asked

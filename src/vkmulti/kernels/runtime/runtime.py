@@ -547,8 +547,7 @@ class KernelRuntime:
             self._generation[index] += 1
             self._free_index.append(index)
 
-    #: The manager's destroy() destroys the runtime first: its kernels and
-    #: device contexts own buffers, pipelines and pools on the manager's devices.
+    #: The manager's destroy() destroys it before buffers and devices: its kernels and contexts own objects there.
     _teardown_rank = 3
 
     def destroy(self, timeout: float | None = 30.0) -> None:
@@ -558,10 +557,11 @@ class KernelRuntime:
         with self._lock:
             if self._destroyed:
                 return
+        self.inbound.close(None if timeout == float("inf") else timeout)   # (the router first, as the manager's)
         with contextlib.ExitStack() as stack:
             try:   # steps of other threads (a failover among them) end first; later ones find it destroyed
                 stack.enter_context(gate_of(self).exclusive(None if timeout == float("inf") else timeout,
-                                                            "KernelRuntime.destroy()"))
+                                                            "KernelRuntime.destroy()", closing=True))
             except (VkmTimeout, MigrationError) as exc:   # (a step that does not end, or one on this thread)
                 log.warning("KernelRuntime.destroy(): going on without the steps' gate: %s", exc)
             self._destroy_now(timeout)

@@ -1,0 +1,241 @@
+"""The destroy-racing-use matrix of test_kernel_destroy_races.py, run in a child
+process (child(), matrix(destroyer, rounds), child_done()): it ends with "ok",
+or exits with what went wrong.
+
+Each round builds a runtime with a K2K router over the virtual pair (a sink on
+GPU 0, a forwarder on GPU 1 sending to it), lines up four user threads and the
+destroyer on a barrier, lets the users loop over their calls with small random
+pauses, destroys after a random pause, and then checks: every user call did its
+job or raised a vkmulti error, no thread hangs, the runtime still works (or is
+cleanly destroyed), the sink saw no message out of order, and the validation
+layer reported nothing (leaks included, at the manager's destroy)."""
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+#: the destroyers, by name (see destroyers())
+DESTROYERS = ("rt.destroy", "destroy_kernel", "router.detach", "mgr.destroy", "migrate", "reload", "lose_device",
+              "report_device_lost")
+#: the destroyers that always end what they destroy (no error of theirs is let pass; a migration
+#: or a reload may be refused, a lost device's drain may time out)
+MUST_END = ("rt.destroy", "destroy_kernel", "router.detach", "mgr.destroy", "report_device_lost")
+MAX = 32
+#: user threads per round (round r races users USERS*r .. USERS*r + USERS-1 of the list, cyclically)
+USERS = 4
+JOIN = 60.0
+
+
+class World:
+    """One round's runtime, router and kernels; `cp` a checkpoint of the forwarder."""
+
+    def __init__(self, mgr: Any):
+        import numpy as np
+        from vkmulti import CrossGpuK2KRouter
+        from vkmulti.kernels import KernelRuntime, MultiGpuCoordinator
+        from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
+
+        self.mgr = mgr
+        self.rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr), mgr, max_kernels=MAX)
+        self.router = CrossGpuK2KRouter(self.rt.coordinator, self.rt)
+        self.sink = self.counter("sink", 0)
+        self.fwd = self.counter("fwd", 1, params=[self.sink.address])
+        self.rt.send(self.fwd, np.array([1], np.uint32), tag=COUNTER_TAG_FORWARD)
+        self.ticket = self.rt.step()
+        self.cp = self.rt.checkpoint(self.fwd)
+
+    def counter(self, name: str, device: int, **kw: Any) -> Any:
+        from vkmulti.kernels import counter_kernel
+        from vkmulti.kernels.reference import counter_initial_state
+
+        return self.rt.launch(counter_kernel(max_sources=MAX, inbox_capacity=8, outbox_capacity=8), name,
+                              device=device, state=[counter_initial_state(MAX)], **kw)
+
+
+def destroyers(w: World) -> dict[str, Callable[[], Any]]:
+    from vkmulti import HotReloadConfig, HotReloadManager, KernelCodeSource
+    from vkmulti.testing import lose_device
+
+    def reload() -> None:
+        reloads = HotReloadManager(HotReloadConfig().with_preserve_state(True).with_validate_before_swap(False)
+                                   .with_timeout(30.0))
+        reloads.register_runtime_kernel(w.fwd)
+        raw = bytearray(w.fwd.spec.spirv)
+        raw[8:12] = random.randrange(0xC000, 0xD000).to_bytes(4, "little")   # new bytes: a cold compile
+        reloads.reload(w.fwd, KernelCodeSource.from_spirv(bytes(raw)))
+    return {
+        "rt.destroy": lambda: w.rt.destroy(),
+        "destroy_kernel": lambda: w.rt.destroy_kernel(w.fwd),
+        "router.detach": lambda: w.router.detach(),
+        "mgr.destroy": lambda: w.mgr.destroy(),
+        "migrate": lambda: w.rt.migrate(w.fwd, 1 - w.fwd.device_index, timeout=30),
+        "reload": reload,
+        "lose_device": lambda: lose_device(w.mgr, 1),
+        "report_device_lost": lambda: w.mgr.report_device_lost(1, "kernel_races"),
+    }
+
+
+def users(w: World) -> list[tuple[str, Callable[[], Any]]]:
+    import numpy as np
+    from vkmulti.kernels.reference import COUNTER_TAG_FORWARD, COUNTER_TAG_QUERY
+
+    rt, router, one = w.rt, w.router, np.array([1], np.uint32)
+
+    def receive() -> None:
+        rt.send(w.fwd, one, tag=COUNTER_TAG_QUERY, timeout=5)
+        rt.step(w.fwd)
+        rt.receive(w.fwd, timeout=5)
+
+    def restore() -> None:
+        k = rt.restore(w.cp, kernel_id=f"r{random.randrange(1 << 30)}", device=random.randrange(2))
+        rt.destroy_kernel(k)
+
+    def coordinator() -> None:
+        c = rt.coordinator
+        c.kernel_map(), c.get_kernel_device("fwd"), c.kernels_on_device(1), c.get_all_status(), c.stats()
+        c.select_device_for_k2k("fwd")
+
+    def tickets() -> None:
+        rt.step().wait(10)
+        w.ticket.wait(10)
+        w.ticket.done()
+    return [
+        ("step", lambda: rt.step()),
+        ("run", lambda: rt.run(4)),
+        ("run of two", lambda: rt.run(4, [w.fwd, w.sink])),
+        ("send", lambda: rt.send(w.fwd, one, tag=COUNTER_TAG_FORWARD, timeout=5)),
+        ("receive", receive),
+        ("pending_receives", lambda: rt.pending_receives(w.fwd)),
+        ("read_state", lambda: rt.read_state(w.fwd)),
+        ("write_state", lambda: rt.write_state(w.fwd, 0, np.zeros(4, np.uint8), offset=64)),
+        ("checkpoint", lambda: rt.checkpoint(w.fwd)),
+        ("latest_checkpoint", lambda: rt.latest_checkpoint(w.fwd)),
+        ("restore", restore),
+        ("restore into", lambda: rt.restore(w.cp, into=w.fwd)),
+        ("migrate", lambda: rt.migrate(w.fwd, 1 - w.fwd.device_index, timeout=30)),
+        ("route_message", lambda: router.route_message("fwd", "sink", one, timeout=1)),
+        ("router queries", lambda: (router.stats(), router.idle(), router.flush(), router.edge_traffic())),
+        ("tickets", tickets),
+        ("coordinator", coordinator),
+        ("is_held", lambda: rt.is_held(w.fwd)),
+        ("synchronize", lambda: (rt.synchronize(10), rt.poll())),
+        ("lookups", lambda: (rt.kernels, rt.kernel("fwd"), repr(rt), repr(w.fwd), repr(router))),
+    ]
+
+
+def race(destroyer: str, round_: int, mgr: Any, rng: random.Random) -> list[str]:
+    """One round; returns what went wrong."""
+    from vkmulti.errors import VkmError
+
+    w = World(mgr)
+    listed = users(w)
+    chosen = [listed[(USERS * round_ + j) % len(listed)] for j in range(USERS)]
+    destroy = destroyers(w)[destroyer]
+    problems: list[str] = []
+    stop = threading.Event()
+    barrier = threading.Barrier(len(chosen) + 1)
+
+    def loop(name: str, use: Callable[[], Any]) -> None:
+        barrier.wait(JOIN)
+        while not stop.is_set():
+            try:
+                use()
+            except VkmError:
+                pass
+            except BaseException:   # reported
+                problems.append(f"{name}: {traceback.format_exc()}")
+                return
+            time.sleep(rng.uniform(0, 0.002))
+    threads = [threading.Thread(target=loop, args=u, name=u[0], daemon=True) for u in chosen]
+    for t in threads:
+        t.start()
+    barrier.wait(JOIN)
+    time.sleep(rng.uniform(0, 0.03))
+    try:
+        destroy()
+    except VkmError:
+        if destroyer in MUST_END:
+            problems.append(f"{destroyer}: {traceback.format_exc()}")
+    except BaseException:   # reported
+        problems.append(f"{destroyer}: {traceback.format_exc()}")
+    time.sleep(0.01)
+    stop.set()
+    for t in threads:
+        t.join(JOIN)
+        if t.is_alive():
+            problems.append(f"{t.name} still runs {JOIN} s after the {destroyer} (a hang)")
+    if not problems:
+        problems += after(w, destroyer)
+    return problems
+
+
+def after(w: World, destroyer: str) -> list[str]:
+    """Still usable, or cleanly destroyed."""
+    from vkmulti import DestroyedError, KernelMessageError
+    from vkmulti.kernels.reference import read_counter
+
+    try:
+        if w.mgr.destroyed or w.rt.device_lost(1) or destroyer == "rt.destroy":
+            try:
+                w.rt.step()
+                if destroyer in ("rt.destroy", "mgr.destroy"):
+                    return ["the runtime still steps after its destroy"]
+            except DestroyedError:
+                pass
+        else:
+            try:
+                w.rt.step()
+            except KernelMessageError:   # (a sender whose messages the router dropped is told once)
+                w.rt.step()
+            w.rt.synchronize(30)
+            if read_counter(w.rt.read_state(w.sink)).fifo_errors:
+                return ["the sink saw messages out of order"]
+        w.router.detach()
+        w.rt.destroy()
+    except Exception:   # reported
+        return [f"after the {destroyer}: {traceback.format_exc()}"]
+    return []
+
+
+def child() -> None:
+    """A child process's set-up: the validation layer on, the virtual pair."""
+    os.environ["VKMULTI_VALIDATION"] = "1"
+    from vkmulti.testing import install_virtual_gpus
+
+    install_virtual_gpus(2)
+
+
+def child_done() -> None:
+    """A child process's end: no validation error (leaks included), then "ok"."""
+    from vkmulti.device.instance import drain_all_validation_messages
+
+    errors = [text for sev, text in drain_all_validation_messages() if sev == "error"]
+    if errors:
+        sys.exit("validation errors:\n" + "\n".join(errors[:3]))
+    print("ok", flush=True)
+
+
+def matrix(destroyer: str, rounds: int) -> None:
+    """`rounds` races of `destroyer` against USERS users each; a failure ends the process
+    with what went wrong."""
+    from vkmulti import MultiDeviceManager
+    from vkmulti.device.instance import drain_all_validation_messages
+
+    rng = random.Random(f"{destroyer}{rounds}")
+    mgr = None
+    for r in range(rounds):
+        if mgr is None or mgr.destroyed or destroyer in ("lose_device", "report_device_lost"):
+            if mgr is not None:
+                mgr.destroy()
+            mgr = MultiDeviceManager.create(enabled=True)
+        problems = race(destroyer, r, mgr, rng)
+        problems += [text for sev, text in drain_all_validation_messages() if sev == "error"][:3]
+        if problems:
+            sys.exit("\n".join([f"{destroyer}, round {r}:", *problems]))
+    if mgr is not None:
+        mgr.destroy()

@@ -1,0 +1,168 @@
+"""Destroys racing use across the kernels layer: each destroyer of kernel_races.py
+(the runtime, a kernel, the K2K router, the manager, a migration, a hot reload,
+a lost device) against its users (steps, runs, host messages, state, checkpoints,
+restores, migrations, routing, the router's and the coordinator's queries, tickets),
+in a child process per destroyer (a crash or hang fails the test, not the
+session). Every call either does its job or raises a vkmulti error; nothing may
+hang, leak or make the validation layer report an error. The forced interleavings
+of the defects the matrix found come after it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernel_support import counter, routed_runtime, settle, state, words
+from kernel_races import DESTROYERS
+from vkmulti import DestroyedError, KernelMessageError
+from vkmulti.kernels.k2k import landing
+from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
+
+HERE = Path(__file__).resolve().parent
+#: rounds per destroyer (each races four users of the list against it: five cover them all)
+ROUNDS = int(os.environ.get("VKMULTI_RACE_ROUNDS", "5"))
+
+
+def run_child(source: str, *args: str, timeout: float = 240) -> str:
+    """Run `source` (kernel_races.child's preamble first: the virtual pair, the validation
+    layer) in a child process; its last line of output ("ok" when it ran through)."""
+    code = f"import kernel_races; kernel_races.child()\n{source}\nkernel_races.child_done()\n"
+    try:
+        done = subprocess.run([sys.executable, "-c", code, *args], cwd=HERE, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the child hung ({timeout} s):\n{str(exc.stdout)[-3000:]}\n{str(exc.stderr)[-3000:]}")
+    assert done.returncode == 0, f"rc {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("destroyer", DESTROYERS)
+def test_destroy_racing_use(destroyer):
+    assert run_child("import sys; kernel_races.matrix(sys.argv[1], int(sys.argv[2]))", destroyer, str(ROUNDS)) == "ok"
+
+
+ROUTER_FIRST = """
+from kernel_support import counter, make_coordinator, settle, state, words
+from vkmulti import CrossGpuK2KRouter, DestroyedError, MultiDeviceManager
+from vkmulti.kernels import KernelRuntime
+from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
+
+mgr = MultiDeviceManager.create(enabled=True)
+rt = KernelRuntime(make_coordinator(mgr), mgr)
+router = CrossGpuK2KRouter(rt.coordinator, rt)
+sink = counter(rt, "sink", 0)
+fwd = counter(rt, "fwd", 1, params=[sink.address])
+rt.send(fwd, words(3), tag=COUNTER_TAG_FORWARD)
+rt.step()
+rt.destroy()
+assert router.runtime is None and rt.outbox_feed is None
+try:
+    rt.step()
+    raise AssertionError("a destroyed runtime stepped")
+except DestroyedError:
+    pass
+rt = KernelRuntime(rt.coordinator, mgr)
+router.attach(rt)
+sink = counter(rt, "sink", 0)
+fwd = counter(rt, "fwd", 1, params=[sink.address])
+rt.send(fwd, words(5), tag=COUNTER_TAG_FORWARD)
+settle(rt, None, lambda: state(rt, sink).count == 1)
+assert state(rt, sink).sum == 5
+rt.destroy()
+assert router.runtime is None
+mgr.destroy()
+"""
+
+
+def test_destroying_the_runtime_detaches_its_router_first():
+    """The runtime's destroy() freed its device contexts (their timelines) while the
+    attached router's relay thread still waited on them: a SIGSEGV in the validation
+    layer. It now detaches the router first, which can then serve another runtime."""
+    assert run_child(ROUTER_FIRST) == "ok"
+
+
+def test_a_gather_refused_by_a_destroyed_device_fails_its_senders(manager, monkeypatch):
+    """A DestroyedError from gathering a device's batches for a move (the manager or
+    the device going, no sender destroyed) was taken for a destroyed sender and the
+    gather retried with the same batches forever (RecursionError out of the step).
+    The senders are told instead; the next gather works."""
+    with routed_runtime(manager, "staging_copy") as (rt, router):
+        sink = counter(rt, "sink", 0)
+        fwds = [counter(rt, f"fwd{i}", 1, params=[sink.address]) for i in range(2)]
+        original = landing.Gather.copy
+        refused = []
+
+        def refusing(self, *args, **kw):
+            if len(refused) < 5:   # (as a destroyed manager does, every time)
+                refused.append(1)
+                raise DestroyedError("MultiDeviceManager used after destroy()")
+            return original(self, *args, **kw)
+        monkeypatch.setattr(landing.Gather, "copy", refusing)
+        for i, f in enumerate(fwds):
+            rt.send(f, words(i + 1), tag=COUNTER_TAG_FORWARD)
+        rt.step()   # both batches of GPU 1 go in one gather
+        assert len(refused) == 1 and router.stats().routing_failures == 2
+        refused += [1] * 4
+        for f in fwds:
+            with pytest.raises(KernelMessageError):
+                rt.step(f)
+        for i, f in enumerate(fwds):
+            rt.send(f, words(10 * (i + 1)), tag=COUNTER_TAG_FORWARD)
+        settle(rt, None, lambda: state(rt, sink).count == 2)
+        assert state(rt, sink).sum == 30
+
+
+def test_destroying_the_runtime_while_a_migration_waits_for_the_gate(manager, monkeypatch):
+    """A migration holds its kernel and then waits for the runtime's gate; the runtime's
+    destroy() held the gate and waited for that hold: each waited for the other until
+    destroy() timed out (TimeoutError, nothing destroyed). The migration now gives up
+    with DestroyedError and destroy() goes through."""
+    import threading
+
+    from vkmulti import MigrationError
+    from vkmulti.kernels.engine.gate import RuntimeGate
+    from kernel_support import call_in_thread, make_coordinator
+    from vkmulti.kernels import KernelRuntime
+
+    rt = KernelRuntime(make_coordinator(manager), manager)
+    k = counter(rt, "k", 0)
+    rt.step(k)
+    original = RuntimeGate.exclusive
+    mover_waits, destroy_holds = threading.Event(), threading.Event()
+
+    def exclusive(self, timeout, what, closing=False):
+        if closing:
+            return _then(original(self, timeout, what, closing), destroy_holds.set)
+        if not mover_waits.is_set():
+            mover_waits.set()   # (k is held: it is moving)
+            assert destroy_holds.wait(30)
+        return original(self, timeout, what, closing)
+    monkeypatch.setattr(RuntimeGate, "exclusive", exclusive)
+    mover, moved = call_in_thread(lambda: rt.migrate(k, 1, timeout=20))
+    mover.start()
+    assert mover_waits.wait(30) and rt.is_held(k)
+    destroyer, destroyed = call_in_thread(lambda: rt.destroy(timeout=10))
+    destroyer.start()
+    for t in (destroyer, mover):
+        t.join(60)
+        assert not t.is_alive()
+    assert "error" not in destroyed, destroyed
+    assert isinstance(moved.get("error"), (DestroyedError, MigrationError)), moved
+    assert k.destroyed and "destroyed" in str(moved["error"])
+    with pytest.raises(DestroyedError):
+        rt.step()
+
+
+def _then(cm, fn):
+    """Context manager `cm`, calling fn() once it is entered."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def wrapped():
+        with cm:
+            fn()
+            yield
+    return wrapped()
