@@ -158,6 +158,8 @@ LONG = "x" * 100_000
 @example(case=("MultiGpuBuilder", (8, LONG, LoadBalancingStrategy.ROUND_ROBIN)))
 @example(case=("HotReloadManager.lookup", (LONG,)))
 @example(case=("coordinator.get_kernel_device", (LONG,)))
+@example(case=("KernelCodeSource.new", (LONG, "fn main() {}", "main")))
+@example(case=("KernelCodeSource.with", (3, LONG, 0)))
 def test_hostile_arguments_raise_typed_errors_and_leave_the_object_usable(case):
     name, bad = case
     typed(lambda: call(name, bad))
