@@ -22,6 +22,10 @@ __all__ = ["Parser", "virtual_count", "add_virtual_argument", "add_output_argume
            "print_result", "print_figures", "write_output", "save_image"]
 
 
+#: A run of 80+ characters without a space: an argument echoed back in full would flood the line.
+_LONG_WORD = re.compile(r"\S{80,}")
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (no usage block): exit status 2.
 
@@ -35,7 +39,9 @@ class Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-\d")
 
     def error(self, message: str) -> Any:   # argparse's hook; never returns
-        """Print `prog: error: message (see --help)` on stderr and exit with status 2."""
+        """Print `prog: error: message (see --help)` on stderr and exit with status 2; a
+        long word of the message (an argument echoed back) is cut, so the line stays short."""
+        message = _LONG_WORD.sub(lambda m: m.group()[:57] + "...", message)
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
@@ -116,6 +122,8 @@ def check_output_path(parser: Any, path: str, flag: str, *, image: bool = True) 
     names a format Pillow can write."""
     if not path:
         return
+    if "\0" in path:
+        parser.error(f"{flag} {path!r}: a file name cannot contain a NUL character")
     if os.path.isdir(path):
         parser.error(f"{flag} {path!r} is a folder; give a file name such as {os.path.join(path, 'out.png')!r}")
     why = output_problem(path)

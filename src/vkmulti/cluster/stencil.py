@@ -19,7 +19,7 @@ import numpy as np
 from ..kernels import CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator, stencil_kernel
 from ..kernels.reference import stencil_field, stencil_tile_state
 from .errors import ClusterError
-from .._core.checks import is_int
+from .._core.checks import check_number, is_int, short_repr
 
 if TYPE_CHECKING:
     from ..device.manager import MultiDeviceManager
@@ -34,10 +34,13 @@ def split_rows_weighted(height: int, weights: Sequence[float]) -> list[tuple[int
     """(first row, rows) per part, contiguous, rows in proportion to `weights` (largest
     remainder), every part at least one row; parts beyond `height` rows get none (0 rows)."""
     if not is_int(height) or height < 1:
-        raise ValueError(f"height must be a positive int, got {height!r}")
-    w = [float(x) for x in weights]
-    if not w or any(not (math.isfinite(x) and x > 0) for x in w):
-        raise ValueError(f"weights must be finite numbers > 0, got {list(weights)!r}")
+        raise ValueError(f"height must be a positive int, got {short_repr(height)}")
+    try:
+        w = [check_number(x, "a weight", positive=True) for x in weights]
+    except TypeError:
+        raise TypeError(f"weights must be a sequence of numbers, got {short_repr(weights)}") from None
+    if not w:
+        raise ValueError("weights must name at least one part, got none")
     n = min(len(w), height)
     order = sorted(range(len(w)), key=lambda i: (-w[i], i))[:n]       # the heaviest parts get rows
     share = [w[i] if i in order else 0.0 for i in range(len(w))]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
 from .._core.reprs import compact_repr
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class HlcTimestamp:
     def __post_init__(self) -> None:
         for label, v, top in (("physical_us", self.physical_us, _U64), ("logical", self.logical, _U32)):
             if not is_int(v) or not 0 <= v <= top:
-                raise ValueError(f"HlcTimestamp.{label} must be an int in [0, {top}], got {v!r}")
+                raise ValueError(f"HlcTimestamp.{label} must be an int in [0, {top}], got {short_repr(v)}")
 
     @classmethod
     def zero(cls) -> "HlcTimestamp":

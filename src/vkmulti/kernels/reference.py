@@ -33,6 +33,8 @@ PING_DONE_TAG = 2
 STENCIL_FROM_ABOVE = 1
 STENCIL_FROM_BELOW = 2
 BURST_TAG = 7
+#: The most slabs split_rows makes (one per device or node; the list is built in full).
+_MAX_PARTS = 1 << 16
 _COUNTER_HEADER = 16   # words before the per-source table
 
 
@@ -147,7 +149,9 @@ def jacobi_reference(field: np.ndarray, top: np.ndarray, bottom: np.ndarray, ste
 
 def split_rows(height: int, parts: int) -> list[tuple[int, int]]:
     """(first row, rows) of `parts` slabs that cover `height` rows as evenly as possible."""
-    if parts < 1 or parts > height:
+    height = positive_int(height, "height")
+    parts = positive_int(parts, "parts", hi=_MAX_PARTS)
+    if parts > height:
         raise ValueError(f"cannot split {height} rows into {parts} slabs")
     base, extra = divmod(height, parts)
     out, row = [], 0

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from .._core import _native
-from .._core.checks import check_count, is_int
+from .._core.checks import check_count, check_number, is_int, short_repr
 if TYPE_CHECKING:   # S: the caller's SRU objects, handed to its accessors as given
     from numpy.typing import ArrayLike, NDArray
     S = TypeVar("S")
@@ -90,14 +90,12 @@ class _Problem:
 # ---- argument checks shared by both forms ------------------------------------------------------
 
 def _hysteresis(hysteresis: Any) -> float:
-    if isinstance(hysteresis, (bool, str, bytes)):
-        raise TypeError(f"hysteresis must be a number, got {hysteresis!r}")
     try:
-        h = float(hysteresis)
-    except (TypeError, ValueError):
-        raise TypeError(f"hysteresis must be a number, got {hysteresis!r}") from None
-    if not 0.0 <= h < 1.0:
-        raise ValueError(f"hysteresis must be in [0, 1), got {hysteresis!r}")
+        h = check_number(hysteresis, "hysteresis")
+    except ValueError:   # NaN, inf, negative or past float range
+        h = math.inf
+    if not h < 1.0:
+        raise ValueError(f"hysteresis must be in [0, 1), got {short_repr(hysteresis)}")
     return h
 
 
@@ -108,7 +106,7 @@ def _per_device(values: Any, device_count: int, what: str, *, positive: bool) ->
         arr = values
     else:
         if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-            raise TypeError(f"{what} must be a sequence of numbers, got {values!r}")
+            raise TypeError(f"{what} must be a sequence of numbers, got {short_repr(values)}")
         values = list(values)
         try:
             arr = np.asarray(values, dtype=np.float64)
@@ -118,7 +116,7 @@ def _per_device(values: Any, device_count: int, what: str, *, positive: bool) ->
                     float(x)
                 except (TypeError, ValueError):
                     raise ValueError(f"{word} of device {d} must be a finite number, got {x!r}") from None
-            raise TypeError(f"{what} must be a sequence of numbers, got {values!r}") from None
+            raise TypeError(f"{what} must be a sequence of numbers, got {short_repr(values)}") from None
     if arr.dtype.kind not in "iuf":
         raise TypeError(f"{what} must hold real numbers, got dtype {arr.dtype}")
     if what == "link_costs" and arr.ndim == 2 and arr.shape == (device_count, device_count):

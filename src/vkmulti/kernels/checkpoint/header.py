@@ -10,7 +10,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..._core.checks import is_int
+from ..._core.checks import is_int, short_repr
 from ...errors import InvalidCheckpointError
 from ..messages import HlcTimestamp
 
@@ -65,7 +65,7 @@ def chunk_name_id(name: str) -> int:
 
 def _u(value: Any, label: str, top: int) -> int:
     if not is_int(value) or not 0 <= value <= top:
-        raise ValueError(f"{label} must be an int in [0, {top}], got {value!r}")
+        raise ValueError(f"{label} must be an int in [0, {top}], got {short_repr(value)}")
     return value
 
 

@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..._core.checks import check_count, check_index
+from ..._core.checks import check_count, check_index, short_repr
 from ..._core.reprs import compact_repr
 from ...errors import InvalidConfigError
 
@@ -73,7 +73,7 @@ class LaunchOptions:
         check_count(self.shared_memory_size, "shared_memory_size")
         for label in ("auto_activate", "cooperative", "enable_k2k"):
             if not isinstance(getattr(self, label), bool):
-                raise TypeError(f"{label} must be a bool, got {getattr(self, label)!r}")
+                raise TypeError(f"{label} must be a bool, got {short_repr(getattr(self, label))}")
 
     @classmethod
     def single_block(cls, block_size: int) -> "LaunchOptions":
@@ -173,16 +173,16 @@ class MultiGpuConfig:
     def validate(self) -> None:
         """Raise InvalidConfigError (or TypeError) for a value the coordinator cannot use."""
         if not isinstance(self.load_balancing, LoadBalancingStrategy):
-            raise TypeError(f"load_balancing must be a LoadBalancingStrategy, got {self.load_balancing!r}")
+            raise TypeError(f"load_balancing must be a LoadBalancingStrategy, got {short_repr(self.load_balancing)}")
         for label in ("auto_select_device", "enable_p2p", "strict"):
             if not isinstance(getattr(self, label), bool):
-                raise TypeError(f"{label} must be a bool, got {getattr(self, label)!r}")
+                raise TypeError(f"{label} must be a bool, got {short_repr(getattr(self, label))}")
         try:
             check_count(self.max_kernels_per_device, "max_kernels_per_device", 1)
         except ValueError as exc:
             raise InvalidConfigError(f"{exc} (a device must be able to hold at least one kernel)") from None
         if not isinstance(self.preferred_devices, (list, tuple)):
-            raise TypeError(f"preferred_devices must be a list of device indices, got {self.preferred_devices!r}")
+            raise TypeError(f"preferred_devices must be a list of device indices, got {short_repr(self.preferred_devices)}")
         for d in self.preferred_devices:   # a filter: order and repeats do not matter, as in the seed
             check_index(d, "preferred_devices entry")
 

@@ -15,7 +15,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
-from ..._core.checks import U64_MAX, check_count, check_index, check_number, int_in
+from ..._core.checks import U64_MAX, check_count, check_index, check_number, int_in, short_repr
 from ...device.manager import MultiDeviceManager
 from ...errors import BackendUnavailableError, DeviceNotAvailableError, InvalidConfigError, KernelNotFoundError, \
     MigrationError
@@ -563,9 +563,9 @@ class MultiGpuCoordinator:
         with self._lock:
             src = self._map.get(kid)
             if src is None:
-                raise KernelNotFoundError(f"kernel {kid.as_str()!r} is not assigned to any device")
+                raise KernelNotFoundError(f"kernel {short_repr(kid.as_str())} is not assigned to any device")
             if src == target:
-                raise InvalidConfigError(f"Cannot migrate to same device: kernel {kid.as_str()!r} is already "
+                raise InvalidConfigError(f"Cannot migrate to same device: kernel {short_repr(kid.as_str())} is already "
                                          f"on device {target}")
             if target >= len(self._infos):
                 raise DeviceNotAvailableError(f"Device {target} not available: {len(self._infos)} device slot(s)")
@@ -584,11 +584,11 @@ class MultiGpuCoordinator:
         with self._listeners.change(self._lock) as emit:
             cur = self._map.get(kid)
             if cur is None:
-                raise KernelNotFoundError(f"kernel {kid.as_str()!r} is not assigned to any device")
+                raise KernelNotFoundError(f"kernel {short_repr(kid.as_str())} is not assigned to any device")
             if cur == target:
                 return
             if cur != src:
-                raise MigrationError(f"kernel {kid.as_str()!r} is on device {cur}, not on the request's source "
+                raise MigrationError(f"kernel {short_repr(kid.as_str())} is on device {cur}, not on the request's source "
                                      f"device {src}: the request is stale")
             self._snapshot_locked().require_online(target, "complete a migration to")
             self._move_locked(kid, src, target)

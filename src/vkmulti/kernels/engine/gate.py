@@ -10,6 +10,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Protocol, TypeVar
 
+from ..._core.checks import timeout_seconds
 from ...errors import DestroyedError, MigrationError, TimeoutError as VkmTimeout
 
 __all__ = ["KernelHolds", "RuntimeGate", "gate_of", "gated", "gated_unheld"]
@@ -168,8 +169,11 @@ def gated_unheld(fn: _F) -> _F:
     kernel."""
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        timeout = kwargs.get("timeout", 60.0)
-        deadline = time.monotonic() + (timeout if isinstance(timeout, (int, float)) and timeout >= 0 else 60.0)
+        try:
+            seconds = timeout_seconds(kwargs.get("timeout", 60.0))
+        except ValueError:   # the method itself reports a bad timeout
+            seconds = None
+        deadline = time.monotonic() + (60.0 if seconds is None else seconds)
         gate = gate_of(self)
         while True:
             k = _kernel_arg(self, args, kwargs)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import K2KDestinationNotFoundError, KernelNotFoundError, QueueFullError, TenantMismatchError
 from ...memory.image import as_host_bytes
 from ...transfer.methods import TransferMethod
-from ..._core.checks import check_count, check_index, int_in, timeout_seconds
+from ..._core.checks import check_count, check_index, int_in, timeout_seconds, short_repr
 from .delivery import DeliveryEngine
 from ..ids import KernelId, as_kernel_id
 from ..engine.kernel import Kernel, OutboxBatch
@@ -269,7 +269,7 @@ class CrossGpuK2KRouter:
         dev = self.coordinator.get_kernel_device(kernel_id)
         if dev is None:
             self._stats.add_failures(1)
-            raise K2KDestinationNotFoundError(f"kernel {kernel_id!r} is not placed on any device")
+            raise K2KDestinationNotFoundError(f"kernel {short_repr(kernel_id)} is not placed on any device")
         return dev
 
     def _runtime_kernels(self, rt: KernelRuntime, src: KernelId, dst: KernelId) -> tuple[Kernel, Kernel]:
@@ -279,7 +279,7 @@ class CrossGpuK2KRouter:
                 k = rt.kernel(kid)
             except KernelNotFoundError:
                 self._stats.add_failures(1)
-                raise K2KDestinationNotFoundError(f"kernel {kid!r} is placed but is not a kernel of the attached "
+                raise K2KDestinationNotFoundError(f"kernel {short_repr(kid)} is placed but is not a kernel of the attached "
                                                   f"runtime (it cannot receive)") from None
             out.append(k)
         return out[0], out[1]

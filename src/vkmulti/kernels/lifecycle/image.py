@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import vulkan as vk
 
+from ..._core.checks import short_repr
 from ...errors import InvalidCheckpointError
 from ...memory.image import Buffer
 from ..checkpoint.format import Checkpoint, CheckpointMetadata, ChunkType, DataChunk, chunk_name_id
@@ -220,14 +221,14 @@ def to_checkpoint(img: KernelImage) -> Checkpoint:
 def _custom(meta: CheckpointMetadata, key: str) -> str:
     v = meta.custom.get(_PREFIX + key)
     if v is None:
-        raise InvalidCheckpointError(f"checkpoint of {meta.kernel_id!r} has no {_PREFIX + key!r} metadata: it is not "
+        raise InvalidCheckpointError(f"checkpoint of {short_repr(meta.kernel_id)} has no {_PREFIX + key!r} metadata: it is not "
                                      f"a checkpoint of a vkmulti runtime kernel")
     return v
 
 
 def _chunk(cp: Checkpoint, found: DataChunk | None, what: str) -> bytes:
     if found is None:
-        raise InvalidCheckpointError(f"checkpoint of {cp.metadata.kernel_id!r} has no {what} chunk")
+        raise InvalidCheckpointError(f"checkpoint of {short_repr(cp.metadata.kernel_id)} has no {what} chunk")
     return found.data
 
 
@@ -249,15 +250,15 @@ def from_checkpoint(cp: Checkpoint) -> KernelImage:
     except (ValueError, TypeError, KeyError) as exc:
         if isinstance(exc, InvalidCheckpointError):
             raise
-        raise InvalidCheckpointError(f"checkpoint of {meta.kernel_id!r} has bad kernel metadata: {exc}") from None
+        raise InvalidCheckpointError(f"checkpoint of {short_repr(meta.kernel_id)} has bad kernel metadata: {exc}") from None
     want = meta.custom.get(_PREFIX + "spirv_sha256")
     if want is not None and hashlib.sha256(spirv).hexdigest() != want:
-        raise InvalidCheckpointError(f"checkpoint of {meta.kernel_id!r}: its SPIR-V does not match the recorded SHA-256")
+        raise InvalidCheckpointError(f"checkpoint of {short_repr(meta.kernel_id)}: its SPIR-V does not match the recorded SHA-256")
     states = []
     for i, size in enumerate(spec.state_sizes):
         data = _chunk(cp, cp.get_device_memory(f"state{i}"), f"state{i}")
         if len(data) != size:
-            raise InvalidCheckpointError(f"checkpoint of {meta.kernel_id!r}: state{i} holds {len(data)} bytes, the "
+            raise InvalidCheckpointError(f"checkpoint of {short_repr(meta.kernel_id)}: state{i} holds {len(data)} bytes, the "
                                          f"spec says {size}")
         states.append(data)
     slot = ENVELOPE_BYTES + payload_size
@@ -273,7 +274,7 @@ def from_checkpoint(cp: Checkpoint) -> KernelImage:
             received.append(K2KMessage(meta.kernel_id, HOST_KERNEL_ID, raw[i + ENVELOPE_BYTES:i + ENVELOPE_BYTES + n],
                                        env.tag, env.sequence, env.timestamp, env.tenant, env.hops, env.priority))
     if any(len(s) != slot for s in h2k) or (k2h_raw is not None and len(k2h_raw.data) % slot):
-        raise InvalidCheckpointError(f"checkpoint of {meta.kernel_id!r}: host queues are not whole {slot}-byte slots")
+        raise InvalidCheckpointError(f"checkpoint of {short_repr(meta.kernel_id)}: host queues are not whole {slot}-byte slots")
     control = _chunk(cp, cp.get_chunk(ChunkType.CONTROL_BLOCK), "control block")
     inbox = _chunk(cp, cp.get_custom(INBOX_CHUNK), "inbox")
     return KernelImage(spec, meta.kernel_id, address, tenant, params, meta.current_step, host_seq, payload_size,  # type: ignore[arg-type]

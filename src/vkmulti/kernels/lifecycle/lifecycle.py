@@ -71,7 +71,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from ..._core.checks import check_index, timeout_seconds
+from ..._core.checks import check_index, timeout_seconds, short_repr
 from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
 from ..checkpoint.format import Checkpoint
 from ...memory.buffer import MappedBuffer
@@ -544,7 +544,7 @@ class Lifecycle:
                 raise ValueError(f"kernel {into.id!r} belongs to another KernelRuntime")
             into.check()
             if kernel_id is not None and kernel_id != into.id:   # (into keeps its id: a new one is not given)
-                raise ValueError(f"kernel_id {kernel_id!r} names no kernel to make: restore(into={into.id!r}) "
+                raise ValueError(f"kernel_id {short_repr(kernel_id)} names no kernel to make: restore(into={into.id!r}) "
                                  f"restores into that kernel, which keeps its id")
             k = restore_into(self, into, img, device, timeout)
             self._capture_now(k, replaced=True, timeout=timeout)   # (its captures held the state it had)

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
+from ..._core.checks import short_repr
 from ...errors import KernelNotFoundError, MigrationError
 from ..checkpoint.format import Checkpoint
 from ..checkpoint.storage import CheckpointStorage, MemoryStorage
@@ -192,11 +193,11 @@ class KernelMigrator:
         if not isinstance(verify, bool):   # (verify=None would quietly move without the CRC32 check)
             raise TypeError(f"verify must be a bool, got {type(verify).__name__}")
         if request.state is not MigrationState.PENDING:
-            raise MigrationError(f"request for {request.kernel_id.as_str()!r} is {request.state.name}, not PENDING: "
+            raise MigrationError(f"request for {short_repr(request.kernel_id.as_str())} is {request.state.name}, not PENDING: "
                                  f"make a new one with coordinator.request_migration()")
         if isinstance(kernel, Kernel):
             if kernel.id != request.kernel_id:
-                raise ValueError(f"the request moves {request.kernel_id.as_str()!r}, the kernel is {kernel.id!r}")
+                raise ValueError(f"the request moves {short_repr(request.kernel_id.as_str())}, the kernel is {kernel.id!r}")
             if kernel.runtime.coordinator is not self._coordinator:  # type: ignore[attr-defined]
                 raise ValueError(f"kernel {kernel.id!r} is placed by another coordinator than this migrator's")
             try:
@@ -319,9 +320,9 @@ class KernelMigrator:
         coord = self._coordinator
         now = coord.get_kernel_device(plan.kernel_id)
         if now is None:
-            raise KernelNotFoundError(f"kernel {plan.kernel_id.as_str()!r} is not mapped any more")
+            raise KernelNotFoundError(f"kernel {short_repr(plan.kernel_id.as_str())} is not mapped any more")
         if now != plan.target_device:
-            raise MigrationError(f"kernel {plan.kernel_id.as_str()!r} is mapped to GPU {now}, not to the plan's "
+            raise MigrationError(f"kernel {short_repr(plan.kernel_id.as_str())} is mapped to GPU {now}, not to the plan's "
                                  f"target GPU {plan.target_device}: the plan is stale")
         topo = coord.topology()
         path = topo.best_path(plan.source_device, plan.target_device) if plan.source_device < topo.device_count \
@@ -345,6 +346,6 @@ def _find(kernels: Any, kernel_id: KernelId) -> Any:
     if isinstance(kernels, dict):
         if kid in kernels:
             return kernels[kid]
-        raise KernelNotFoundError(f"no kernel {kid.as_str()!r} among those given")
+        raise KernelNotFoundError(f"no kernel {short_repr(kid.as_str())} among those given")
     raise TypeError(f"kernels must be a KernelRuntime or a dict of kernel id -> kernel, got {type(kernels).__name__}")
 

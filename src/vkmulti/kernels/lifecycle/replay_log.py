@@ -34,6 +34,7 @@ import numpy as np
 import vulkan as vk
 
 from ..._core import vkapi
+from ..._core.checks import short_repr
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from ..engine import recording as cmds
 from ...memory.buffer import MappedBuffer
@@ -422,7 +423,7 @@ class ReplayLog:
         for kid, slots in due.items():
             k = rt._kernels.get(kid)
             if k is None or k.destroyed:
-                rt.record_dead_letters(f"{len(slots)} message(s) handed again to {kid!r}, which is gone", len(slots))
+                rt.record_dead_letters(f"{len(slots)} message(s) handed again to {short_repr(kid)}, which is gone", len(slots))
                 continue
             with k.ctx.lock:
                 k.h2k.extendleft(reversed(slots))

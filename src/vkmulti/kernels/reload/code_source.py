@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..._core.checks import U64_MAX, int_in, timeout_seconds, wait_bound
+from ..._core.checks import U64_MAX, int_in, timeout_seconds, wait_bound, short_repr
 from ..._core.files import read_named_file
 from ..._core.shaders import SHADER_DIR
 from ...errors import KernelValidationError, UnsupportedError
@@ -78,7 +78,7 @@ class KernelCodeSource:
 
     def __post_init__(self) -> None:
         if not isinstance(self.format, KernelCodeFormat):
-            raise TypeError(f"format must be a KernelCodeFormat, got {self.format!r}")
+            raise TypeError(f"format must be a KernelCodeFormat, got {short_repr(self.format)}")
         self.code = _code_bytes(self.code)
         if not isinstance(self.entry_point, str):
             raise TypeError(f"entry_point must be a str, got {type(self.entry_point).__name__}")
@@ -174,7 +174,7 @@ class KernelCodeSource:
     def with_metadata(self, key: str, value: str) -> "KernelCodeSource":
         """A copy with one more metadata entry."""
         if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"metadata keys and values must be str, got {key!r}: {value!r}")
+            raise TypeError(f"metadata keys and values must be str, got {short_repr(key)}: {short_repr(value)}")
         return dataclasses.replace(self, metadata={**self.metadata, key: value}, hash=b"")
 
     def as_str(self) -> str | None:
@@ -196,7 +196,7 @@ class KernelCodeSource:
         return self.hash.hex()
 
     def __repr__(self) -> str:
-        return (f"KernelCodeSource({self.format.name}, {len(self.code)} bytes, entry={self.entry_point!r}, "
+        return (f"KernelCodeSource({self.format.name}, {len(self.code)} bytes, entry={short_repr(self.entry_point, 40)}, "
                 f"version={self.version_id}, sha256={self.hash.hex()[:12]}...)")
 
 

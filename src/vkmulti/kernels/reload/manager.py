@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeAlias
 from ...errors import (DestroyedError, KernelNotFoundError, KernelValidationError, TimeoutError as VkmTimeout,
                        VulkanError)
 from ..checkpoint.format import Checkpoint
-from ..._core.checks import int_in
+from ..._core.checks import int_in, short_repr
 from ..engine.kernel import Kernel
 from ..ids import KernelId, as_kernel_id
 from .code_source import KernelCodeSource, validate_code
@@ -176,7 +176,7 @@ class HotReloadManager:
         with self._lock:
             e = self._entries.get(kid)
         if e is None:
-            raise KernelNotFoundError(f"kernel {kid.as_str()!r} is not registered for hot reload")
+            raise KernelNotFoundError(f"kernel {short_repr(kid.as_str())} is not registered for hot reload")
         return e
 
     def get_current_version(self, kernel_id: KernelId | str) -> int | None:
@@ -299,7 +299,7 @@ class HotReloadManager:
             def left(phase: str) -> float:
                 rest = deadline - time.monotonic()
                 if rest <= 0:
-                    raise VkmTimeout(f"hot reload of {request.kernel_id.as_str()!r} did not finish within "
+                    raise VkmTimeout(f"hot reload of {short_repr(request.kernel_id.as_str())} did not finish within "
                                      f"{cfg.reload_timeout} s (reload_timeout; timed out while {phase})")
                 return rest
 
@@ -437,7 +437,8 @@ class HotReloadManager:
         with self._lock:
             entry = self._entries.get(kid)
         if entry is None:
-            raise KernelValidationError(f"No fallback available: {kid.as_str()!r} is not registered for hot reload")
+            raise KernelValidationError(f"No fallback available: {short_repr(kid.as_str())} is not registered for "
+                                        "hot reload")
         if not entry.lock.acquire(blocking=False):
             raise KernelValidationError("Hot reload already in progress for this kernel")
         current = entry.code
@@ -447,7 +448,7 @@ class HotReloadManager:
             entry.active = marker
             if len(entry.history) < steps:
                 raise KernelValidationError(f"No fallback available: {len(entry.history)} older version(s) kept "
-                                            f"for {as_kernel_id(kernel_id).as_str()!r}, {steps} step(s) asked")
+                                            f"for {short_repr(kid.as_str())}, {steps} step(s) asked")
             target = entry.history[-steps]
             live = _check_runtime_kernels(kernel) if kernel is not None and _is_runtime(kernel) else \
                 entry.live_kernels()
@@ -458,7 +459,7 @@ class HotReloadManager:
                 def left() -> float:
                     rest = deadline - time.monotonic()
                     if rest <= 0:
-                        raise VkmTimeout(f"rollback of {as_kernel_id(kernel_id).as_str()!r} did not finish within "
+                        raise VkmTimeout(f"rollback of {short_repr(kid.as_str())} did not finish within "
                                          f"{self._config.reload_timeout} s")
                     return rest
                 swap(live, compile_on_devices(target, live, left), target, left)

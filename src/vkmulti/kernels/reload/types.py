@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..._core.checks import int_in
+from ..._core.checks import int_in, short_repr
 from ..checkpoint.format import Checkpoint
 from ..ids import KernelId, as_kernel_id
 from .code_source import KernelCodeSource
@@ -20,12 +20,17 @@ from .code_source import KernelCodeSource
 __all__ = ["HotReloadConfig", "HotReloadState", "HotReloadRequest", "HotReloadResult", "HotReloadStats",
            "HotReloadStatsSnapshot"]
 
+#: The longest duration a float holds (a larger int cannot become one).
+_MAX_SECONDS = 1.7976931348623157e308
+
 
 def _seconds(value: Any, label: str) -> float:
     if isinstance(value, datetime.timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
-        raise ValueError(f"{label} must be a finite number of seconds >= 0 (or a timedelta), got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf") \
+            or value > _MAX_SECONDS:
+        raise ValueError(f"{label} must be a finite number of seconds >= 0 (or a timedelta), "
+                         f"got {short_repr(value)}")
     return float(value)
 
 

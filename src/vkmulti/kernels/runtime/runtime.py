@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 
-from ..._core.checks import U32_MAX, int_in, timeout_seconds, wait_bound
+from ..._core.checks import U32_MAX, int_in, timeout_seconds, wait_bound, short_repr
 from ...errors import DestroyedError, DeviceLostError, KernelNotFoundError, MigrationError, TimeoutError as VkmTimeout
 from ..._core.timeline import TimelinePoint
 from ...transfer.peer import shares_memory
@@ -140,7 +140,7 @@ class KernelRuntime:
         with self._lock:
             k = self._kernels.get(kernel_id)
         if k is None:
-            raise KernelNotFoundError(f"no kernel {kernel_id!r} in this runtime")
+            raise KernelNotFoundError(f"no kernel {short_repr(kernel_id)} in this runtime")
         return k
 
     def _resolve(self, kernel: KernelRef, label: str = "kernel") -> Kernel:
@@ -251,7 +251,7 @@ class KernelRuntime:
             if kernel_id == HOST_KERNEL_ID:
                 raise ValueError(f"{HOST_KERNEL_ID!r} is the host's id; choose another kernel_id")
             if kernel_id in self._kernels:
-                raise ValueError(f"a kernel {kernel_id!r} is already running in this runtime")
+                raise ValueError(f"a kernel {short_repr(kernel_id)} is already running in this runtime")
             if not self._free_index:
                 raise ValueError(f"this runtime already runs {self.max_kernels - 1} kernels (max_kernels)")
             index = self._free_index.pop()
