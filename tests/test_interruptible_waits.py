@@ -15,7 +15,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 PRELUDE = textwrap.dedent("""
-    import asyncio, math, signal, sys, threading, time
+    import asyncio, math, os, signal, sys, threading, time
     import numpy as np
     sys.path.insert(0, {here!r})
     import conftest   # the virtual pair and validation, as in the tests
@@ -37,9 +37,11 @@ PRELUDE = textwrap.dedent("""
         slow = " SLOW" if time.monotonic() - t0 > SLOW_S else ""
         print(f"{{label}}: {{text}}{{slow}}", flush=True)
 
-    def interrupted(label, fn):
-        '''fn() with a Ctrl-C (SIGINT) 0.3 s in.'''
-        timer = threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGINT))
+    def interrupted(label, fn, process=False):
+        '''fn() with a Ctrl-C (SIGINT) 0.3 s in: raised in a timer thread, or (`process`) sent to the
+        process as a terminal does, for an event loop, which sleeps until a signal reaches its thread.'''
+        send = (lambda: os.kill(os.getpid(), signal.SIGINT)) if process else (lambda: signal.raise_signal(signal.SIGINT))
+        timer = threading.Timer(0.3, send)
         returned = []
         t0 = time.monotonic()
         try:
@@ -54,11 +56,10 @@ PRELUDE = textwrap.dedent("""
         slow = " SLOW" if time.monotonic() - t0 > SLOW_S else ""
         print(f"{{label}} ctrl-c: {{text}}{{slow}}", flush=True)
 
-    def probe(label, call, interrupt=True):
+    def probe(label, call, process=False):
         '''call(timeout) while it is held: 0.2 s, None with a Ctrl-C, then the bad timeouts.'''
         outcome(f"{{label}} 0.2", lambda: call(0.2))
-        if interrupt:
-            interrupted(label, lambda: call(None))
+        interrupted(label, lambda: call(None), process)
         for bad in BAD:
             outcome(f"{{label}} bad {{bad!r}}", lambda: call(bad))
 
@@ -81,10 +82,8 @@ PRELUDE = textwrap.dedent("""
 """)
 
 #: the lines each case prints, in order, for one probe() of `label`
-def probed(label, interrupt=True):
-    lines = [f"{label} 0.2: RAISED TimeoutError"]
-    if interrupt:
-        lines.append(f"{label} ctrl-c: RAISED KeyboardInterrupt\n")
+def probed(label):
+    lines = [f"{label} 0.2: RAISED TimeoutError", f"{label} ctrl-c: RAISED KeyboardInterrupt\n"]
     return lines + [f"{label} bad {bad}: RAISED " for bad in ("-1", "nan", "'5'", "True")]
 
 
@@ -140,6 +139,19 @@ RUNTIME_END = """
 RUNTIME_DONE = ["SUM 4", "rt: RETURNED", "mgr: RETURNED"]
 
 
+#: every queue of GPU 1 held until the gate opens (uploads and copies to it wait)
+HOLD_1 = """
+    from vkmulti import Image, InterGpuTransfer
+    mgr = MultiDeviceManager.create()
+    s0, s1 = mgr.slot(0), mgr.slot(1)
+    gate = Gate(s1)
+    data = np.arange(1 << 14, dtype=np.uint8)
+    img = Image(s1, 64, 64)   # (making one waits on the queue too)
+    for q in s1.queues():
+        gate.hold(q)
+"""
+
+
 def body(*parts):
     return "".join(textwrap.dedent(p) for p in parts)
 
@@ -163,6 +175,40 @@ CASES = {
     "cross-device-destroy": (body(TRANSFER, """
         probe("destroy", x.destroy)
     """, TRANSFER_END), probed("destroy") + ["after: RETURNED", "DATA True", "destroy: RETURNED"]),
+    # the blocking forms and their asyncio forms; a Ctrl-C leaves the executor's copy waiting,
+    # which destroy() then waits for
+    "inter-gpu-transfer": (body(HOLD_1, """
+        igt = InterGpuTransfer(mgr)
+        probe("copy_buffer_blocking", lambda to: igt.copy_buffer_blocking(0, 1, data, timeout=to))
+        probe("broadcast_blocking", lambda to: igt.broadcast_blocking(data, src_device=0, timeout=to))
+        probe("copy_buffer", lambda to: asyncio.run(igt.copy_buffer(0, 1, data, timeout=to)), process=True)
+        probe("destroy", igt.destroy)
+        gate.open()
+        out = igt.copy_buffer_blocking(0, 1, data, timeout=30)
+        print("DATA", bool((out.download() == data).all()), flush=True)
+        got = asyncio.run(igt.copy_buffer(0, 1, data, timeout=30))
+        print("DATA", bool((got.download() == data).all()), flush=True)
+        outcome("again", lambda: igt.destroy(30))
+        gate.destroy()
+        outcome("mgr", lambda: mgr.destroy(30))
+    """), probed("copy_buffer_blocking") + probed("broadcast_blocking") + probed("copy_buffer") + probed("destroy")
+        + ["DATA True", "DATA True", "again: RETURNED", "mgr: RETURNED"]),
+    "buffer-image-upload": (body(HOLD_1, """
+        buf = Buffer(s1, data.nbytes)
+        px = np.random.default_rng(1).integers(0, 256, (64, 64, 8), dtype=np.uint8)
+        probe("buffer upload", lambda to: buf.upload(data, timeout=to))
+        probe("image upload", lambda to: img.upload(px, timeout=to))
+        probe("buffer destroy", buf.destroy)
+        probe("Image()", lambda to: Image(s1, 64, 64, timeout=to))
+        gate.open()
+        buf.upload(data, timeout=30)
+        img.upload(px, timeout=30)
+        print("DATA", bool((buf.download() == data).all()), bool((img.download(timeout=30) == px).all()), flush=True)
+        outcome("destroy", lambda: (buf.destroy(30), img.destroy(30)))
+        gate.destroy()
+        outcome("mgr", lambda: mgr.destroy(30))
+    """), probed("buffer upload") + probed("image upload") + probed("buffer destroy") + probed("Image()")
+        + ["DATA True True", "destroy: RETURNED", "mgr: RETURNED"]),
     "step-ticket-wait": (body(RUNTIME, HELD, """
         probe("step", held.wait)
     """, RUNTIME_END), probed("step") + RUNTIME_DONE),
