@@ -209,6 +209,28 @@ CASES = {
         outcome("mgr", lambda: mgr.destroy(30))
     """), probed("buffer upload") + probed("image upload") + probed("buffer destroy") + probed("Image()")
         + ["DATA True True", "destroy: RETURNED", "mgr: RETURNED"]),
+    # a message from GPU 0 to GPU 1 whose move waits behind GPU 1's held queues; a detach() that
+    # gave up leaves the router detached from the steps, its moves and buffers kept for the next
+    "router-detach": (body(RUNTIME, """
+        from vkmulti import CrossGpuK2KRouter
+        from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
+        router = CrossGpuK2KRouter(rt.coordinator, rt)
+        sink = rt.launch(counter_kernel(max_sources=8), "sink", device=1, state=[counter_initial_state(8)])
+        a = rt.launch(counter_kernel(max_sources=8), "a", device=0, state=[counter_initial_state(8)],
+                      params=[sink.address])
+        rt.step([a, sink]).wait(30)
+        gate1 = Gate(mgr.slot(1))
+        for q in mgr.slot(1).queues():
+            gate1.hold(q)
+        rt.send(a, np.array([5], np.uint32), tag=COUNTER_TAG_FORWARD)
+        rt.step(a).wait(30)
+        rt.step(a).wait(30)
+        probe("detach", router.detach)
+        print("ATTACHED", router.runtime is rt, flush=True)
+        gate1.open()
+        outcome("again", lambda: router.detach(30))
+        gate1.destroy()
+    """, RUNTIME_END), probed("detach") + ["ATTACHED False", "again: RETURNED"] + RUNTIME_DONE),
     "step-ticket-wait": (body(RUNTIME, HELD, """
         probe("step", held.wait)
     """, RUNTIME_END), probed("step") + RUNTIME_DONE),
