@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import vulkan as vk
 
-from .._core.checks import is_int
+from .._core.checks import is_int, timeout_seconds
 from .._core import vkapi
 from .._core.handles import handle_int
 from .buffer import BUFFER_USAGE, Buffer, check_usage, run_one_shot
@@ -100,13 +100,15 @@ class Image(GpuResource):
     default) an image of 4-, 8- or 16-byte texels also gets STORAGE usage and a
     UINT view format (MUTABLE_FORMAT with a format list), so the transfer
     engine can copy it with compute kernels, which on NVIDIA run several times
-    faster than image copy commands.
+    faster than image copy commands. `timeout`: how long to wait for the
+    transition into `layout` (queued behind the slot's other work).
     """
 
     def __init__(self, slot: DeviceSlot, width: int, height: int, format: int = DEFAULT_FORMAT, *,
                  usage: int = IMAGE_USAGE, layout: int = SHADER_READ, exclusive: bool = False,
-                 kernel_copies: bool = True):
+                 kernel_copies: bool = True, timeout: float | None = 60.0):
         check_slot(slot)
+        timeout = timeout_seconds(timeout)
         for label, v in (("width", width), ("height", height)):
             if not is_int(v) or v <= 0:
                 raise ValueError(f"image {label} must be a positive int, got {v!r}"[:160])
@@ -183,7 +185,7 @@ class Image(GpuResource):
             self.layout = layout
             # a failure here leaves the image adopted: the manager frees it once the GPU is done
             CommandRunner.for_slot(slot).run(lambda cmd: self.barrier(cmd, vk.VK_IMAGE_LAYOUT_UNDEFINED, layout),
-                                             users=[self])
+                                             users=[self], timeout=timeout)
 
     def _free(self) -> None:
         dev = self.slot.device

@@ -264,6 +264,9 @@ def acquire_link(src: Any, dst: Any, method: str, slot_size: int, slot_count: in
         return ref
 
 
+_AWAIT_SLICE = 0.05   # s: each executor wait of `await ticket`, so that a cancelled await ends within one
+
+
 async def _done() -> None:
     return None
 
@@ -318,12 +321,18 @@ class TransferTicket:
         self._complete = True
 
     def __await__(self) -> Generator[Any, None, None]:
-        """`await ticket`: wait() on the event loop's default executor (a native wait
-        without the GIL; the loop never blocks). Cancelling the awaiting task does
-        not stop the transfer. Use `asyncio.wait_for(...)` for a timeout."""
+        """`await ticket`: waits of one slice each on the event loop's default executor
+        (native, without the GIL; the loop never blocks). Cancelling the awaiting task
+        (`asyncio.wait_for(...)` for a timeout, Ctrl-C in asyncio.run) leaves no
+        executor thread waiting for the transfer; it does not stop the transfer."""
         if self.done():
             return _done().__await__()
-        return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
+        return self._awaited().__await__()
+
+    async def _awaited(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not await loop.run_in_executor(None, self._poll, _AWAIT_SLICE):
+            pass
 
     def wait_submitted(self, timeout: float | None = None) -> None:
         """Block until all of this transfer's GPU work is submitted (not finished).
@@ -344,8 +353,12 @@ class TransferTicket:
 
     def done(self) -> bool:
         """True once the destination holds the data (never blocks); raises the job's error if it failed."""
+        return self._poll(0.0)
+
+    def _poll(self, seconds: float) -> bool:
+        """done(), waiting up to `seconds` (one slice) for it."""
         if not self._answered():
-            self._complete = bool(self._call(self._link.poll, self.ticket, self.dst_ready.value, 0.0))
+            self._complete = bool(self._call(self._link.poll, self.ticket, self.dst_ready.value, seconds))
         return self._complete
 
     def _settle_outcome(self) -> None:

@@ -164,16 +164,13 @@ def _kernel_arg(rt: Any, args: tuple, kwargs: dict) -> Any:
 
 def gated_unheld(fn: _F) -> _F:
     """Like `gated`, for a method whose first argument is a kernel: it first waits
-    (bounded by the call's `timeout`, default 60 s) until no migration or restore
+    (bounded by the call's `timeout`, default 60 s; None: no limit) until no migration or restore
     is replacing that kernel's device resources, so it never acts on a half-moved
     kernel."""
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            seconds = timeout_seconds(kwargs.get("timeout", 60.0))
-        except ValueError:   # the method itself reports a bad timeout
-            seconds = None
-        deadline = time.monotonic() + (60.0 if seconds is None else seconds)
+        timeout = timeout_seconds(kwargs.get("timeout", 60.0))   # (a bad one is refused before any wait)
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e18)
         gate = gate_of(self)
         while True:
             k = _kernel_arg(self, args, kwargs)

@@ -78,6 +78,34 @@ class DeviceStepper:
         self.recorder = StepRecorder(runtime, ctx)
         self.readback = StepHarvest(runtime, ctx)
 
+    def drop(self, k: Any) -> None:
+        """No batch of `k` (being destroyed) is delivered from here, and no kernel of
+        this device reads its outbox after its last step."""
+        ctx = self.ctx
+        for b in list(self.batches):
+            if b.source is k:
+                self.batches.remove(b)
+                b.done = True
+                b.event.set()
+            elif b.pending is not None:
+                b.pending.discard(k)
+        for other in ctx.local:
+            if other is not None and other is not k:
+                key = next((key for key in other.deliver_sets if key[0] == k.outbox.handle_int), None)
+                if key is not None:
+                    self.retired.append((k.last_value, other.deliver_sets.pop(key)))
+        ctx.cond.notify_all()
+
+    def close(self, timeout: float) -> None:
+        """The runtime's destroy(): what the steps left is read back and freed, then the context."""
+        ctx = self.ctx
+        with ctx.lock:
+            self.harvest()
+            for _, s in self.retired:
+                ctx.free_set(s)
+            self.retired = []
+        ctx.destroy(timeout)
+
     # -- harvest ---------------------------------------------------------------------
 
     def harvest(self) -> None:

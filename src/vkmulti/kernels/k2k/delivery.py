@@ -529,8 +529,8 @@ class DeliveryEngine:
     # -- teardown --------------------------------------------------------------------
 
     def destroy(self, timeout: float) -> None:
-        """Drop queued moves (their senders are told), take undelivered landings back
-        from the runtime, wait for every transfer, free everything."""
+        """Drop queued moves (their senders are told), take undelivered landings back from
+        the runtime, wait for every transfer (TimeoutError: call again), free everything."""
         for q in self.queues.values():
             for m in q:
                 self._fail_parts(m.region.parts, "the K2K router was detached before the move")
@@ -548,14 +548,16 @@ class DeliveryEngine:
                         continue
                     if left:
                         self.stats.add_failures(left)
-                        log.warning("K2K router detached: %d message(s) for GPU %d were not delivered",
-                                    left, r.device)
-        for _, link in self.links.values():
+                        log.warning("K2K router detached: %d message(s) for GPU %d not delivered", left, r.device)
+        stuck = {}
+        for key, (x, link) in self.links.items():
             try:
                 link.destroy(max(0.0, deadline - time.monotonic()))
-            except VkmTimeout:
-                log.warning("K2K router: a transfer did not finish within %.1f s", timeout)
-        self.links.clear()
+            except VkmTimeout:   # kept, with every buffer it writes, for the next detach()
+                stuck[key] = (x, link)
+        self.links = stuck
+        if stuck:
+            raise VkmTimeout(f"K2K router: {len(stuck)} transfer(s) still run after {timeout:.1f} s; nothing freed")
         for _, link in self.dead_links:   # links of a lost device (its waits fail at once)
             try:
                 link.destroy(max(0.0, deadline - time.monotonic()))
@@ -575,13 +577,9 @@ class DeliveryEngine:
                     b.holds.remove(point)
                 b.hold_hooks.clear()
         self.held = []
-        for r in self.egress:
+        for r in [*self.egress, *(r for regions in self.landings.values() for r in regions)]:
             for b in r.batches:
                 b.release()
-        for regions in self.landings.values():
-            for r in regions:
-                for b in r.batches:
-                    b.release()
         self.landings.clear()
         self.egress = []
         for p in self.pools.values():

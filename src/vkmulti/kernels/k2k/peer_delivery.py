@@ -332,15 +332,19 @@ class PeerEdges:
                 if left:
                     stats.add_failures(left)
                     log.warning("K2K router detached: %d message(s) for GPU %d were not delivered", left, p.edge[1])
+        stuck = []
         for relay in list(self.relays.values()) + self.dead_relays:   # no step waits on them any more
             try:
                 relay.destroy(max(0.0, deadline - time.monotonic()))
-            except VkmTimeout:
-                log.warning("K2K router: a relay was still in use at destroy")
+            except VkmTimeout:   # kept, with the landings, for the next detach()
+                stuck.append(relay)
             except VkmError as exc:   # a lost device's
                 log.info("K2K router: a relay of a lost device: %s", exc)
         self.relays.clear()
-        self.dead_relays = []
+        self.dead_relays = stuck
+        if stuck:
+            raise VkmTimeout(f"K2K router: {len(stuck)} relay(s) still in use; nothing they use was freed "
+                             f"(detach() again)")
         for p in self.landings:
             try:
                 p.batch.release()

@@ -108,6 +108,7 @@ class CrossGpuK2KRouter:
         self._topology: tuple[Any, Any] | None = None
         self._engine: DeliveryEngine | None = None
         self.runtime: KernelRuntime | None = None
+        self._unfinished: tuple[KernelRuntime, DeliveryEngine | None] | None = None   # a detach() that gave up
         if runtime is not None:
             self.attach(runtime)
 
@@ -321,8 +322,9 @@ class CrossGpuK2KRouter:
         with self._delivery_lock:
             if self.runtime is runtime:
                 return self
-            if self.runtime is not None:
-                raise ValueError("this router is already attached to a runtime; detach() it first")
+            if self.runtime is not None or self._unfinished is not None:
+                raise ValueError("this router is already attached to a runtime (or its detach() did not finish); "
+                                 "detach() it first")
             runtime.set_outbox_feed(self)
             landings = self.max_landings if self.max_landings is not None else 4 * runtime.in_flight
             self._engine = DeliveryEngine(self, runtime.inbound, self._stats, max_landings=landings,
@@ -341,15 +343,19 @@ class CrossGpuK2KRouter:
     def detach(self, timeout: float | None = 30.0) -> None:
         """Stop delivering (idempotent): moves not yet made are dropped and their
         senders told; host-routed messages no step has taken stay in the pending
-        queues (drain_pending); batches landed but not yet delivered are taken back."""
+        queues (drain_pending); batches landed but not yet delivered are taken back.
+        After a vkmulti.TimeoutError or Ctrl-C nothing in use is freed: call it again."""
         with self._delivery_lock:
             rt, eng = self.runtime, self._engine
             if rt is None:
-                return
+                if self._unfinished is None:
+                    return
+                rt, eng = self._unfinished   # a detach() that a timeout or Ctrl-C ended: finished here
             timeout = float("inf") if timeout is None else timeout_seconds(timeout)
             rt.remove_step_listener(self._on_step)
             if rt.outbox_feed is self:
                 rt.set_outbox_feed(None)
+            self.runtime, self._engine, self._unfinished = None, None, (rt, eng)
             try:
                 for s in getattr(rt.manager, "_slots", ()):   # a lost device is forgotten, never waited on
                     native = getattr(s, "native", None)
@@ -357,13 +363,13 @@ class CrossGpuK2KRouter:
                         eng.drop_device(s.index)  # type: ignore[union-attr]
                 eng.destroy(timeout)  # type: ignore[arg-type, union-attr]
             finally:
-                self.runtime, self._engine = None, None
                 self._check_sent(final=True)
                 with self._room:   # route_message's waiters look again
                     self._room.notify_all()
-                life = getattr(rt.manager, "_life", None)
-                if life is not None:
-                    life.forget(self)
+            self._unfinished = None
+            life = getattr(rt.manager, "_life", None)
+            if life is not None:
+                life.forget(self)
 
     def destroy(self, timeout: float | None = 30.0) -> None:
         """Same as detach() (the manager's destroy() calls it)."""

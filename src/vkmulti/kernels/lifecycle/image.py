@@ -150,8 +150,9 @@ def upload_many(ctx: Any, items: list[tuple[Any, int, np.ndarray]], timeout: flo
     staged = staged_copies(ctx.staging, items)
     if staged is None:
         return
-    # a run that fails frees the buffer once the GPU is done with it (`keep`)
-    ctx.run_once(staged.record, timeout=timeout, keep=[staged.buffer])
+    # a run that fails frees the buffer once the GPU is done with it (`keep`); the
+    # destination buffers' destroy() waits for it too (`users`)
+    ctx.run_once(staged.record, timeout=timeout, keep=[staged.buffer], users=[buf for buf, _, _ in items])
     ctx.staging.give_back(staged.buffer)
 
 

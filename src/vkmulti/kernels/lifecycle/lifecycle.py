@@ -317,6 +317,7 @@ class Lifecycle:
         """Run the runtime's `step` under the gate: kernels being migrated or reloaded
         are held back (deferred, with the reason), and the checkpoint policy captures
         after."""
+        timeout = timeout_seconds(timeout)   # (checked before the wait for the turn, too)
         try:
             gate = self._gate
             token = gate.enter_shared()   # (plain calls: this runs once per step)

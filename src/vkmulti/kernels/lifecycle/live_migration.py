@@ -285,6 +285,17 @@ def _crc_engines(life: LifecycleView, src: int, dst: int, verify: bool) -> tuple
     return None, None
 
 
+def _failure(exc: BaseException, what: str) -> BaseException:
+    """What a migration that failed with `exc` raises: `exc` itself for a MigrationError or
+    Ctrl-C (KeyboardInterrupt), a vkmulti.TimeoutError for a wait that ran out of time,
+    else a MigrationError naming `what`."""
+    if isinstance(exc, MigrationError) or not isinstance(exc, Exception):
+        return exc
+    if isinstance(exc, VkmTimeout):
+        return VkmTimeout(f"{what} did not finish in time: {exc}")
+    return MigrationError(f"{what} failed: {exc}")
+
+
 def _twin_ahead(life: LifecycleView, k: Kernel, dst: int) -> tuple[Kernel, list[Any], float]:
     """(twin on `dst` with its state buffers, what is left of the presets, seconds it
     took), built before the kernel is held: buffers (from the migration pool),
@@ -301,9 +312,10 @@ def _twin_ahead(life: LifecycleView, k: Kernel, dst: int) -> tuple[Kernel, list[
         for b in presets:
             if b is not None:
                 b.destroy()
-        if isinstance(exc, MigrationError):
+        err = _failure(exc, f"live migration of {k.id!r} to GPU {dst}")
+        if err is exc:
             raise
-        raise MigrationError(f"live migration of {k.id!r} to GPU {dst} failed: {exc}") from exc
+        raise err from exc
     return twin, presets, time.monotonic() - t0
 
 
@@ -402,9 +414,10 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
             for b in presets:   # those no twin adopted (their destroy() waits for the copies into them)
                 if b is not None:
                     b.destroy()
-        if isinstance(exc, MigrationError):
+        err = _failure(exc, f"live migration of {k.id!r} from GPU {src} to GPU {dst}")
+        if err is exc:
             raise
-        raise MigrationError(f"live migration of {k.id!r} from GPU {src} to GPU {dst} failed: {exc}") from exc
+        raise err from exc
     finally:
         for ring in rings:
             ring.destroy()

@@ -15,7 +15,8 @@ MigrationStats, MigrationStatsSnapshot), live for runtime kernels.
 The request walks PENDING -> QUIESCING -> CHECKPOINTING -> TRANSFERRING ->
 RESTORING -> COMPLETED; on any failure it is FAILED, `failed_migrations`
 counts it, the kernel stays where it was (mapped there too) and
-MigrationError says why.
+MigrationError says why (vkmulti.TimeoutError when `timeout` ran out;
+KeyboardInterrupt at a Ctrl-C).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
-from ..._core.checks import short_repr
+from ..._core.checks import short_repr, timeout_seconds
 from ...errors import KernelNotFoundError, MigrationError
 from ..checkpoint.format import Checkpoint
 from ..checkpoint.storage import CheckpointStorage, MemoryStorage
@@ -192,6 +193,7 @@ class KernelMigrator:
             raise TypeError(f"request must be a MigrationRequest, got {type(request).__name__}")
         if not isinstance(verify, bool):   # (verify=None would quietly move without the CRC32 check)
             raise TypeError(f"verify must be a bool, got {type(verify).__name__}")
+        timeout = timeout_seconds(timeout)   # (a bad one fails neither the request nor the stats)
         if request.state is not MigrationState.PENDING:
             raise MigrationError(f"request for {short_repr(request.kernel_id.as_str())} is {request.state.name}, not PENDING: "
                                  f"make a new one with coordinator.request_migration()")

@@ -149,11 +149,18 @@ class HostQueues:
         """`size` bytes of k's device buffer `buf` from `offset`, after k's submitted steps."""
         ctx = k.ctx
         staging = Buffer(ctx.slot, size, usage=vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=True)
-        try:
-            with ctx.lock:
+        with ctx.lock:
+            try:
                 k.check()
-                ctx.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, buf.handle, staging.handle, 1, [
-                    vk.VkBufferCopy(srcOffset=offset, dstOffset=0, size=size)]), timeout=timeout)
+            except BaseException:
+                staging.destroy()
+                raise
+            # a wait that gives up (timeout, Ctrl-C) leaves the copy queued: the runner frees
+            # `staging` once it is done, and `buf`'s destroy() waits for it
+            ctx.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, buf.handle, staging.handle, 1, [
+                vk.VkBufferCopy(srcOffset=offset, dstOffset=0, size=size)]), timeout=timeout, keep=[staging],
+                users=[buf])
+        try:
             return staging._read(size)
         finally:
             staging.destroy()

@@ -90,7 +90,9 @@ class KernelRuntime:
         self._exports: dict[int, bool] = {}   # device -> whether its kernels' outboxes are exported
         #: messages that could not be delivered and whose sender is gone or unknown (dead letters)
         self.dead_letters = 0
-        self._destroyed, self._counter = False, 0
+        self._destroyed, self._torn_down, self._counter = False, False, 0   # destroy() began, finished
+        self._stopped: list[Kernel] = []   # destroyed by destroy_kernel, not yet freed (a timeout, Ctrl-C)
+        self._closing: list[tuple[DeviceContext, DeviceStepper]] = []   # contexts destroy() has yet to free
         #: the router's side: step listeners, the outbox feed, batches handed in (the RuntimePort)
         self.inbound = Inbound(self, self._check, self._device, self._lock, self._contexts, self._by_index,
                                self._wait_points)
@@ -492,7 +494,8 @@ class KernelRuntime:
     def destroy_kernel(self, kernel: KernelRef, *, timeout: float = 30.0) -> None:
         """Stop and free `kernel` (idempotent for a Kernel). Steps already submitted
         finish first; its undelivered outgoing messages and unread host messages
-        are dropped (and counted in its stats); later calls on it raise DestroyedError."""
+        are dropped (and counted in its stats); later calls on it raise DestroyedError.
+        After a vkmulti.TimeoutError or Ctrl-C it is stopped; call it again to free it."""
         if isinstance(kernel, Kernel):
             if kernel.runtime is not self:
                 raise ValueError(f"kernel {kernel.id!r} belongs to another KernelRuntime")
@@ -502,25 +505,16 @@ class KernelRuntime:
         timeout = timeout_seconds(timeout)  # type: ignore[assignment]
         ctx = k.ctx
         with ctx.lock:
-            if k.destroyed:
-                return
-            k.destroyed = True
             stepper = self._device(k.device_index)[1]
-            self._unregister(k)
-            self._mark_dirty(k.address % self.max_kernels)
-            for b in list(stepper.batches):
-                if b.source is k:
-                    stepper.batches.remove(b)
-                    b.done = True
-                    b.event.set()
-                elif b.pending is not None:
-                    b.pending.discard(k)
-            for other in ctx.local:
-                if other is not None and other is not k:
-                    key = next((key for key in other.deliver_sets if key[0] == k.outbox.handle_int), None)
-                    if key is not None:
-                        stepper.retired.append((k.last_value, other.deliver_sets.pop(key)))
-            ctx.cond.notify_all()
+            if k.destroyed and not k.buffers:   # (one that a timeout or Ctrl-C left unfreed is freed here)
+                return
+            if not k.destroyed:
+                k.destroyed = True
+                self._unregister(k)
+                self._mark_dirty(k.address % self.max_kernels)
+                stepper.drop(k)
+                with self._lock:
+                    self._stopped.append(k)
         self.inbound.drop_in_place(k, timeout)   # no device lock held: other devices' locks are taken one at a time
         with ctx.lock:
             try:
@@ -528,7 +522,11 @@ class KernelRuntime:
                     ctx.wait_unlocked(k.last_value, timeout)
             finally:
                 stepper.harvest()
+            if not k.buffers:   # (another call freed it meanwhile)
+                return
             k.free()   # copies still reading the outbox (a router's transfer or gather) are waited for by Buffer.destroy
+            with self._lock:
+                self._stopped.remove(k)
         self._release_address(k)
 
     def _unregister(self, k: Kernel) -> None:
@@ -552,10 +550,11 @@ class KernelRuntime:
 
     def destroy(self, timeout: float | None = 30.0) -> None:
         """Destroy every kernel, then the per-device objects (idempotent; also run by the
-        manager's destroy(), before it frees buffers or devices). None: no time limit."""
+        manager's destroy(), before it frees buffers or devices). None: no time limit. After
+        a vkmulti.TimeoutError or Ctrl-C, call it again to free what is left."""
         timeout = float("inf") if (t := wait_bound(timeout_seconds(timeout))) is None else t
         with self._lock:
-            if self._destroyed:
+            if self._torn_down:
                 return
         self.inbound.close(None if timeout == float("inf") else timeout)   # (the router first, as the manager's)
         with contextlib.ExitStack() as stack:
@@ -568,22 +567,19 @@ class KernelRuntime:
 
     def _destroy_now(self, timeout: float) -> None:
         self._failover.sync_lost_devices(teardown=True)   # kernels of lost devices go without waits
-        with self._lock:
-            kernels = [k for k in self._kernels.values() if k is not None]
+        with self._lock:   # (those a destroy_kernel that gave up left stopped too)
+            kernels = [k for k in self._kernels.values() if k is not None] + self._stopped
         for k in kernels:
             self.destroy_kernel(k, timeout=timeout)
         self._lifecycle.destroy(timeout)
         with self._lock:
             self._destroyed = True
-            pairs = list(self._contexts.values())
+            self._closing += self._contexts.values()   # (a destroy() that gave up may leave some: freed now)
             self._contexts.clear()
-        for ctx, stepper in pairs:
-            with ctx.lock:
-                stepper.harvest()
-                for _, s in stepper.retired:
-                    ctx.free_set(s)
-                stepper.retired = []
-            ctx.destroy(timeout)
+        while self._closing:
+            self._closing[0][1].close(timeout)
+            self._closing.pop(0)
+        self._torn_down = True
         self._failover.release()   # the contexts of lost devices, kept since their failover
         if (life := getattr(self.manager, "_life", None)) is not None:
             life.forget(self)

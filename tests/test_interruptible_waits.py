@@ -1,0 +1,358 @@
+"""Every public blocking call, held for real: timeout=0.2 raises vkmulti.TimeoutError,
+timeout=None ends with KeyboardInterrupt at a Ctrl-C, a bad timeout (-1, nan, "5",
+True) is a TypeError/ValueError that changes nothing, and once the hold goes the call
+succeeds, destroy() is clean and the validation layer saw no error. Each case runs in
+a child process: a wait that does not end fails its test instead of hanging the suite."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+PRELUDE = textwrap.dedent("""
+    import asyncio, math, os, signal, sys, threading, time
+    import numpy as np
+    sys.path.insert(0, {here!r})
+    import conftest   # the virtual pair and validation, as in the tests
+    import vkmulti
+    from vkmulti import Buffer, CrossDeviceTransfer, MultiDeviceManager, TransferMethod
+    from gates import Gate
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    BAD = (-1, math.nan, "5", True)
+    SLOW_S = 20.0   # a hang bound, not a timing
+
+    def outcome(label, fn):
+        t0 = time.monotonic()
+        try:
+            fn()
+            text = "RETURNED"
+        except BaseException as exc:
+            text = f"RAISED {{type(exc).__name__}} {{str(exc)[:200]}}"
+        slow = " SLOW" if time.monotonic() - t0 > SLOW_S else ""
+        print(f"{{label}}: {{text}}{{slow}}", flush=True)
+
+    def interrupted(label, fn, process=False):
+        '''fn() with a Ctrl-C (SIGINT) 0.3 s in: raised in a timer thread, or (`process`) sent to the
+        process as a terminal does, for an event loop, which sleeps until a signal reaches its thread.'''
+        send = (lambda: os.kill(os.getpid(), signal.SIGINT)) if process else (lambda: signal.raise_signal(signal.SIGINT))
+        timer = threading.Timer(0.3, send)
+        returned = []
+        t0 = time.monotonic()
+        try:
+            timer.start()
+            fn()
+            returned.append(1)
+            timer.join()
+            time.sleep(0.2)
+            text = "RETURNED"
+        except BaseException as exc:
+            text = ("RETURNED-THEN " if returned else "RAISED ") + type(exc).__name__
+        slow = " SLOW" if time.monotonic() - t0 > SLOW_S else ""
+        print(f"{{label}} ctrl-c: {{text}}{{slow}}", flush=True)
+
+    def probe(label, call, process=False):
+        '''call(timeout) while it is held: 0.2 s, None with a Ctrl-C, then the bad timeouts.'''
+        outcome(f"{{label}} 0.2", lambda: call(0.2))
+        interrupted(label, lambda: call(None), process)
+        for bad in BAD:
+            outcome(f"{{label}} bad {{bad!r}}", lambda: call(bad))
+
+    def opened(gate):
+        '''The gate open (once: a timeline value is signalled only once).'''
+        if gate.slot.native.timeline_value(gate.sem) < 1:
+            gate.open()
+
+    def in_thread(fn):
+        '''fn() on a daemon thread (a wait of its own that holds something up).'''
+        out = []
+        def run():
+            try:
+                fn()
+            except BaseException as exc:
+                out.append(exc)
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t, out
+""")
+
+#: the lines each case prints, in order, for one probe() of `label`
+def probed(label):
+    lines = [f"{label} 0.2: RAISED TimeoutError", f"{label} ctrl-c: RAISED KeyboardInterrupt\n"]
+    return lines + [f"{label} bad {bad}: RAISED " for bad in ("-1", "nan", "'5'", "True")]
+
+
+TRANSFER = """
+    mgr = MultiDeviceManager.create()
+    s0, s1 = mgr.slot(0), mgr.slot(1)
+    gate = Gate(s1)
+    data = np.arange(1 << 16, dtype=np.uint8)
+    a, b = Buffer(s1, 1 << 16), Buffer(s0, 1 << 16)
+    a.upload(data)
+    x = CrossDeviceTransfer(s1, s0, TransferMethod.HOST_SHARED)
+    t = x.submit(src_buffer=a, dst_buffer=b, src_wait=gate.point)
+"""
+
+TRANSFER_END = """
+    gate.open()
+    outcome("after", lambda: t.wait(30))
+    print("DATA", bool((b.download() == data).all()), flush=True)
+    outcome("destroy", lambda: x.destroy(30))
+    gate.destroy()
+    outcome("mgr", lambda: mgr.destroy(30))
+"""
+
+RUNTIME = """
+    from vkmulti._core.timeline import TimelinePoint
+    from vkmulti.kernels import KernelMigrator, KernelRuntime, MultiGpuCoordinator, counter_kernel
+    from vkmulti.kernels.reference import COUNTER_TAG_ADD, counter_initial_state, read_counter
+    from vkmulti.kernels.engine.device_context import step_queue
+    mgr = MultiDeviceManager.create()
+    rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr), mgr, max_kernels=8)
+    k = rt.launch(counter_kernel(max_sources=8), "k", device=0, state=[counter_initial_state(8)])
+    rt.step(k).wait(30)
+    gate = Gate(mgr.slot(0))
+"""
+
+#: a step of k held on the GPU until the gate opens
+HELD = """
+    held = rt.step(k, wait=TimelinePoint(gate.sem, 1, 0))
+"""
+
+#: the gate opens: k's steps run, k counts what it is sent, everything is freed cleanly
+RUNTIME_END = """
+    opened(gate)
+    rt.synchronize(30)
+    rt.send(k, np.array([4], np.uint32), tag=COUNTER_TAG_ADD)
+    rt.step(k).wait(30)
+    print("SUM", read_counter(rt.read_state(k)).sum, flush=True)
+    outcome("rt", lambda: rt.destroy(30))
+    gate.destroy()
+    outcome("mgr", lambda: mgr.destroy(30))
+"""
+
+RUNTIME_DONE = ["SUM 4", "rt: RETURNED", "mgr: RETURNED"]
+
+
+#: every queue of GPU 1 held until the gate opens (uploads and copies to it wait)
+HOLD_1 = """
+    from vkmulti import Image, InterGpuTransfer
+    mgr = MultiDeviceManager.create()
+    s0, s1 = mgr.slot(0), mgr.slot(1)
+    gate = Gate(s1)
+    data = np.arange(1 << 14, dtype=np.uint8)
+    img = Image(s1, 64, 64)   # (making one waits on the queue too)
+    for q in s1.queues():
+        gate.hold(q)
+"""
+
+
+def body(*parts):
+    return "".join(textwrap.dedent(p) for p in parts)
+
+
+CASES = {
+    "ticket-wait": (body(TRANSFER, """
+        probe("wait", t.wait)
+        probe("wait_submitted", t.wait_submitted)
+        probe("wait_source", t.wait_source)
+    """, TRANSFER_END), probed("wait") + probed("wait_submitted") + probed("wait_source")
+        + ["after: RETURNED", "DATA True", "destroy: RETURNED"]),
+    # `await ticket` under asyncio.wait_for, and Ctrl-C in asyncio.run: the loop and its
+    # executor are let go at once, not when the transfer ends
+    "ticket-await": (body(TRANSFER, """
+        async def waited(to):
+            await asyncio.wait_for(t, to)
+        outcome("await 0.2", lambda: asyncio.run(waited(0.2)))
+        interrupted("await", lambda: asyncio.run(waited(None)))
+    """, TRANSFER_END), ["await 0.2: RAISED TimeoutError", "await ctrl-c: RAISED KeyboardInterrupt",
+                         "after: RETURNED", "DATA True", "destroy: RETURNED"]),
+    "cross-device-destroy": (body(TRANSFER, """
+        probe("destroy", x.destroy)
+    """, TRANSFER_END), probed("destroy") + ["after: RETURNED", "DATA True", "destroy: RETURNED"]),
+    # the blocking forms and their asyncio forms; a Ctrl-C leaves the executor's copy waiting,
+    # which destroy() then waits for
+    "inter-gpu-transfer": (body(HOLD_1, """
+        igt = InterGpuTransfer(mgr)
+        probe("copy_buffer_blocking", lambda to: igt.copy_buffer_blocking(0, 1, data, timeout=to))
+        probe("broadcast_blocking", lambda to: igt.broadcast_blocking(data, src_device=0, timeout=to))
+        probe("copy_buffer", lambda to: asyncio.run(igt.copy_buffer(0, 1, data, timeout=to)), process=True)
+        probe("destroy", igt.destroy)
+        gate.open()
+        out = igt.copy_buffer_blocking(0, 1, data, timeout=30)
+        print("DATA", bool((out.download() == data).all()), flush=True)
+        got = asyncio.run(igt.copy_buffer(0, 1, data, timeout=30))
+        print("DATA", bool((got.download() == data).all()), flush=True)
+        outcome("again", lambda: igt.destroy(30))
+        gate.destroy()
+        outcome("mgr", lambda: mgr.destroy(30))
+    """), probed("copy_buffer_blocking") + probed("broadcast_blocking") + probed("copy_buffer") + probed("destroy")
+        + ["DATA True", "DATA True", "again: RETURNED", "mgr: RETURNED"]),
+    "buffer-image-upload": (body(HOLD_1, """
+        buf = Buffer(s1, data.nbytes)
+        px = np.random.default_rng(1).integers(0, 256, (64, 64, 8), dtype=np.uint8)
+        probe("buffer upload", lambda to: buf.upload(data, timeout=to))
+        probe("image upload", lambda to: img.upload(px, timeout=to))
+        probe("buffer destroy", buf.destroy)
+        probe("Image()", lambda to: Image(s1, 64, 64, timeout=to))
+        gate.open()
+        buf.upload(data, timeout=30)
+        img.upload(px, timeout=30)
+        print("DATA", bool((buf.download() == data).all()), bool((img.download(timeout=30) == px).all()), flush=True)
+        outcome("destroy", lambda: (buf.destroy(30), img.destroy(30)))
+        gate.destroy()
+        outcome("mgr", lambda: mgr.destroy(30))
+    """), probed("buffer upload") + probed("image upload") + probed("buffer destroy") + probed("Image()")
+        + ["DATA True True", "destroy: RETURNED", "mgr: RETURNED"]),
+    # a message from GPU 0 to GPU 1 whose move waits behind GPU 1's held queues; a detach() that
+    # gave up leaves the router detached from the steps, its moves and buffers kept for the next
+    "router-detach": (body(RUNTIME, """
+        from vkmulti import CrossGpuK2KRouter
+        from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
+        router = CrossGpuK2KRouter(rt.coordinator, rt)
+        sink = rt.launch(counter_kernel(max_sources=8), "sink", device=1, state=[counter_initial_state(8)])
+        a = rt.launch(counter_kernel(max_sources=8), "a", device=0, state=[counter_initial_state(8)],
+                      params=[sink.address])
+        rt.step([a, sink]).wait(30)
+        gate1 = Gate(mgr.slot(1))
+        for q in mgr.slot(1).queues():
+            gate1.hold(q)
+        rt.send(a, np.array([5], np.uint32), tag=COUNTER_TAG_FORWARD)
+        rt.step(a).wait(30)
+        rt.step(a).wait(30)
+        probe("detach", router.detach)
+        print("ATTACHED", router.runtime is rt, flush=True)
+        gate1.open()
+        outcome("again", lambda: router.detach(30))
+        gate1.destroy()
+    """, RUNTIME_END), probed("detach") + ["ATTACHED False", "again: RETURNED"] + RUNTIME_DONE),
+    "step-ticket-wait": (body(RUNTIME, HELD, """
+        probe("step", held.wait)
+    """, RUNTIME_END), probed("step") + RUNTIME_DONE),
+    # every in-flight slot taken (in_flight=3) by steps behind the held one
+    "step-slots-full": (body(RUNTIME, HELD, """
+        rt.step(k), rt.step(k)
+        probe("step", lambda to: rt.step(k, timeout=to))
+    """, RUNTIME_END), probed("step") + RUNTIME_DONE),
+    # another thread is inside a step (waiting for a slot): this one waits for its turn
+    "step-turn": (body(RUNTIME, HELD, """
+        rt.step(k), rt.step(k)
+        other, failed = in_thread(lambda: rt.step(k, timeout=None))
+        time.sleep(0.5)
+        probe("step", lambda to: rt.step(k, timeout=to))
+        opened(gate)
+        other.join(30)
+        print("OTHER", other.is_alive(), failed, flush=True)
+    """, RUNTIME_END), probed("step") + ["OTHER False []"] + RUNTIME_DONE),
+    "run": (body(RUNTIME, HELD, """
+        probe("run", lambda to: rt.run(3, k, timeout=to))
+    """, RUNTIME_END), probed("run") + RUNTIME_DONE),
+    "run-ticket-wait": (body(RUNTIME, """
+        gate.hold(step_queue(mgr.slot(0)))
+        ticket = rt.run(2, k)
+        probe("run", ticket.wait)
+    """, RUNTIME_END), probed("run") + RUNTIME_DONE),
+    "synchronize": (body(RUNTIME, HELD, """
+        probe("synchronize", rt.synchronize)
+    """, RUNTIME_END), probed("synchronize") + RUNTIME_DONE),
+    "receive": (body(RUNTIME, HELD, """
+        probe("receive", lambda to: rt.receive(k, timeout=to))
+    """, RUNTIME_END), probed("receive") + RUNTIME_DONE),
+    # the host queue to k is full (no step takes from it)
+    "send": (body(RUNTIME, """
+        try:
+            while True:
+                rt.send(k, np.array([1], np.uint32), tag=COUNTER_TAG_ADD)
+        except vkmulti.QueueFullError:
+            pass
+        probe("send", lambda to: rt.send(k, np.array([1], np.uint32), tag=COUNTER_TAG_ADD, timeout=to))
+        print("PENDING", rt.pending_receives(k), flush=True)
+        rt.step(k).wait(30)
+        print("FULL SUM", read_counter(rt.read_state(k)).sum > 0, flush=True)
+        outcome("rt", lambda: rt.destroy(30))
+        gate.destroy()
+        outcome("mgr", lambda: mgr.destroy(30))
+    """), ["send 0.2: RAISED QueueFullError", "send ctrl-c: RAISED KeyboardInterrupt\n"]
+        + [f"send bad {bad}: RAISED " for bad in ("-1", "nan", "'5'", "True")]
+        + ["FULL SUM True", "rt: RETURNED", "mgr: RETURNED"]),
+    "read-state": (body(RUNTIME, HELD, """
+        probe("read_state", lambda to: rt.read_state(k, timeout=to))
+        probe("write_state", lambda to: rt.write_state(k, 0, np.zeros(4, np.uint8), offset=64, timeout=to))
+    """, RUNTIME_END), probed("read_state") + probed("write_state") + RUNTIME_DONE),
+    "checkpoint-restore": (body(RUNTIME, """
+        ck = rt.checkpoint(k, timeout=30)
+    """, HELD, """
+        probe("checkpoint", lambda to: rt.checkpoint(k, timeout=to))
+        probe("restore", lambda to: rt.restore(ck, into=k, timeout=to))
+    """, RUNTIME_END), probed("checkpoint") + probed("restore") + RUNTIME_DONE),
+    # a bad timeout fails neither the request nor the migrator's stats
+    "migrate": (body(RUNTIME, HELD, """
+        probe("migrate", lambda to: rt.migrate(k, 1, timeout=to))
+        m = KernelMigrator(rt.coordinator)
+        req = rt.coordinator.request_migration(k.id, 1)
+        outcome("migrator bad", lambda: m.migrate_with_checkpoint(k, req, timeout=-1))
+        print("REQUEST", req.state.name, m.stats().failed_migrations, k.device_index, flush=True)
+    """, RUNTIME_END), probed("migrate") + ["migrator bad: RAISED ValueError", "REQUEST PENDING 0 0"]
+        + RUNTIME_DONE),
+    # a call that timed out or was interrupted leaves k stopped; the next frees it
+    "destroy-kernel": (body(RUNTIME, HELD, """
+        probe("destroy_kernel", lambda to: rt.destroy_kernel(k, timeout=to))
+        print("DESTROYED", k.destroyed, flush=True)
+        opened(gate)
+        outcome("again", lambda: rt.destroy_kernel(k, timeout=30))
+        print("FREED", k.buffers == [], flush=True)
+        k = rt.launch(counter_kernel(max_sources=8), "k", device=0, state=[counter_initial_state(8)])
+    """, RUNTIME_END), probed("destroy_kernel") + ["DESTROYED True", "again: RETURNED", "FREED True"]
+        + RUNTIME_DONE),
+    "runtime-destroy": (body(RUNTIME, HELD, """
+        probe("destroy", rt.destroy)
+        gate.open()
+        outcome("again", lambda: rt.destroy(30))
+        gate.destroy()
+        outcome("mgr", lambda: mgr.destroy(30))
+    """), probed("destroy") + ["again: RETURNED", "mgr: RETURNED"]),
+    # a migration waiting for k's held step keeps k moving: calls on k wait for it
+    "kernel-held-by-a-migration": (body(RUNTIME, HELD, """
+        mover, failed = in_thread(lambda: rt.migrate(k, 1, timeout=None))
+        deadline = time.monotonic() + 20
+        while not rt.holds.is_moving(k) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print("MOVING", rt.holds.is_moving(k), flush=True)
+        probe("destroy_kernel", lambda to: rt.destroy_kernel(k, timeout=to))
+        probe("write_state", lambda to: rt.write_state(k, 0, np.zeros(4, np.uint8), offset=64, timeout=to))
+        opened(gate)
+        mover.join(30)
+        print("MOVED", k.device_index, failed, flush=True)
+    """, RUNTIME_END), ["MOVING True"] + probed("destroy_kernel") + probed("write_state")
+        + ["MOVED 1 []"] + RUNTIME_DONE),
+}
+
+EPILOGUE = textwrap.dedent('''
+    from vkmulti.device.instance import drain_all_validation_messages
+    print("VALIDATION ERRORS:", [t[:300] for sev, t in drain_all_validation_messages() if sev == "error"], flush=True)
+    print("EXITING", flush=True)
+''')
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_blocking_call_ends(case):
+    code, expected = CASES[case]
+    script = PRELUDE.format(here=HERE) + code + EPILOGUE
+    try:
+        p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=HERE)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        pytest.fail(f"{case}: still blocked after 120 s; output so far:\n{out[-3000:]}")
+    out = p.stdout
+    assert " SLOW" not in out and "RETURNED-THEN" not in out, out[-4000:]
+    at = 0
+    for want in expected + ["VALIDATION ERRORS: []", "EXITING"]:
+        found = out.find(want, at)
+        assert found >= 0, f"{case}: {want!r} missing (in order) from:\n{out[-4000:]}\n{p.stderr[-3000:]}"
+        at = found + len(want)
+    assert p.returncode == 0, (p.returncode, out[-2000:], p.stderr[-3000:])
