@@ -316,6 +316,27 @@ CASES = {
         gate.destroy()
         outcome("mgr", lambda: mgr.destroy(30))
     """), probed("destroy") + ["again: RETURNED", "mgr: RETURNED"]),
+    # the CRC32 jobs of a migration, on the host and on the GPU, hashing k's state once the gate opens
+    "crc-jobs": (body(RUNTIME, """
+        import zlib
+        from vkmulti.kernels.lifecycle.host_crc import HostCrc
+        from vkmulti.kernels.lifecycle.gpu_crc import GpuCrc
+        from vkmulti.kernels.engine.gpu_jobs import GpuJobs
+        point, ranges = TimelinePoint(gate.sem, 1, 0), [(k.states[0], 0, 64)]
+        host, jobs = HostCrc(k.ctx), GpuJobs(k.ctx.slot, k.ctx.queue)
+        gpu = GpuCrc(k.ctx, jobs)
+        hjob, gjob = host.submit(ranges, [point], timeout=None), gpu.submit(ranges, [point])
+        probe("host result", hjob.result)
+        probe("host destroy", host.destroy)
+        probe("gpu result", gjob.result)
+        opened(gate)
+        want = [zlib.crc32(rt.read_state(k)[:64].tobytes())]
+        print("CRC", hjob.result(30) == want, gjob.result(30) == want, flush=True)
+        outcome("host again", lambda: host.destroy(30))
+        gpu.destroy()
+        jobs.destroy(30)
+    """, RUNTIME_END), probed("host result") + probed("host destroy") + probed("gpu result")
+        + ["CRC True True", "host again: RETURNED"] + RUNTIME_DONE),
     # a migration waiting for k's held step keeps k moving: calls on k wait for it
     "kernel-held-by-a-migration": (body(RUNTIME, HELD, """
         mover, failed = in_thread(lambda: rt.migrate(k, 1, timeout=None))

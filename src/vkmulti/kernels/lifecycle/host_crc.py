@@ -25,7 +25,8 @@ import numpy as np
 import vulkan as vk
 
 from ..._core import vkapi
-from ..._core.checks import wait_bound
+from ..._core.checks import timeout_seconds
+from ..._core.lifetime import Deadline
 from ...errors import DestroyedError, TimeoutError as VkmTimeout, UnsupportedError, VkmError
 from ..._core.timeline import TimelinePoint
 from .gpu_crc import check_ranges, crc32_combine
@@ -92,10 +93,9 @@ class HostCrcJob:
 
     def result(self, timeout: float | None = 60.0) -> list[int]:
         """The zlib CRC32 of each range; vkmulti.TimeoutError after `timeout` s."""
-        try:
-            return list(self._future.result(wait_bound(timeout)))
-        except cf.TimeoutError:
-            raise VkmTimeout(f"the host CRC32 of {self._count} range(s) did not finish within {timeout} s") from None
+        if not _waited(self._future, Deadline(timeout_seconds(timeout))):
+            raise VkmTimeout(f"the host CRC32 of {self._count} range(s) did not finish within {timeout} s")
+        return list(self._future.result())
 
     def wait(self, timeout: float | None = 60.0) -> None:
         """Wait until the job is done (a copy job: its bytes have landed); its errors raise."""
@@ -104,11 +104,18 @@ class HostCrcJob:
     def close(self, timeout: float | None = 30.0) -> None:
         """Cancel the job if it still waits for its timeline points, else wait (bounded)
         for its hashing, so nothing reads the buffers afterwards; errors are the result's."""
+        deadline = Deadline(timeout_seconds(timeout))
         self._cancel.set()
-        try:
-            self._future.exception(wait_bound(timeout))
-        except cf.TimeoutError:
-            pass
+        _waited(self._future, deadline)
+
+
+def _waited(future: cf.Future, deadline: Deadline) -> bool:
+    """Whether `future` is done by `deadline`, waited for in slices so that Ctrl-C ends the wait."""
+    while not future.done():
+        if deadline.expired():
+            return False
+        cf.wait([future], deadline.slice())
+    return True
 
 
 class HostCrc:
@@ -143,6 +150,7 @@ class HostCrc:
                timeout: float | None = 60.0) -> HostCrcJob:
         """CRC32 of each (buffer, offset, size) of this device, hashed once the
         timeline points `waits` (on this device) are reached (within `timeout` s)."""
+        timeout = timeout_seconds(timeout)
         ranges = check_ranges(ranges, word_tail=False)
         slot = self.ctx.slot
         points = []
@@ -289,8 +297,13 @@ class HostCrc:
             vk.vkUnmapMemory(self.ctx.slot.device, buf.memory)
 
     def destroy(self, timeout: float | None = 30.0) -> None:
-        """Refuse new jobs and wait (bounded) for those running: they read the device's memory."""
+        """Refuse new jobs and wait (bounded) for those running: they read the device's memory.
+        vkmulti.TimeoutError when some still run after `timeout` s (calling again waits for them)."""
+        deadline = Deadline(timeout_seconds(timeout))
         with self._lock:
             self._destroyed = True
             jobs = list(self._jobs)
-        cf.wait(jobs, timeout)
+        for job in jobs:
+            if not _waited(job, deadline):
+                raise VkmTimeout(f"the host CRC32 engine of GPU {self.ctx.slot.index}: {len(jobs)} job(s) still "
+                                 f"running after {timeout} s")
