@@ -316,6 +316,34 @@ CASES = {
         gate.destroy()
         outcome("mgr", lambda: mgr.destroy(30))
     """), probed("destroy") + ["again: RETURNED", "mgr: RETURNED"]),
+    # a reload waits for k's held step; apply_code and rollback swap at a step boundary, which another
+    # thread inside a step (waiting for an in-flight slot) keeps from coming; reload_timeout is their bound
+    "hot-reload": (body(RUNTIME, """
+        from vkmulti import HotReloadConfig, HotReloadManager, KernelCodeSource
+        code = KernelCodeSource.from_spirv(k.spec.spirv, entry_point=k.spec.entry_point)
+        def manager(to):
+            return HotReloadManager(HotReloadConfig() if to is None else HotReloadConfig(reload_timeout=to))
+        backs = {to: manager(to) for to in (0.2, 30.0)}
+        for m in backs.values():
+            m.reload(k, code)
+    """, HELD, """
+        probe("reload", lambda to: manager(to).reload(k, code))
+        rt.step(k), rt.step(k)
+        other, failed = in_thread(lambda: rt.step(k, timeout=None))
+        time.sleep(0.5)
+        probe("apply_code", lambda to: k.apply_code(code, to))
+        outcome("rollback 0.2", lambda: backs[0.2].rollback(k.id))
+        interrupted("rollback", lambda: backs[30.0].rollback(k.id))
+        print("VERSIONS", [m.get_current_version(k.id) for m in backs.values()], flush=True)
+        opened(gate)
+        other.join(30)
+        print("OTHER", other.is_alive(), failed, flush=True)
+        print("RELOADED", manager(30).reload(k, code).new_version, flush=True)
+        k.apply_code(code, None)
+        print("ROLLED BACK", [m.rollback(k.id).version_id for m in backs.values()], flush=True)
+    """, RUNTIME_END), probed("reload") + probed("apply_code")
+        + ["rollback 0.2: RAISED TimeoutError", "rollback ctrl-c: RAISED KeyboardInterrupt", "VERSIONS [2, 2]",
+           "OTHER False []", "RELOADED 2", "ROLLED BACK [1, 1]"] + RUNTIME_DONE),
     # the CRC32 jobs of a migration, on the host and on the GPU, hashing k's state once the gate opens
     "crc-jobs": (body(RUNTIME, """
         import zlib

@@ -83,7 +83,7 @@ class CodeSwapper(Protocol):
     """What Kernel.apply_code asks of the kernel's runtime: check new code, build it
     on the kernel's device and swap it in at a step boundary, state kept."""
 
-    def apply_code(self, kernel: "Kernel", code: Any, timeout: float) -> None:
+    def apply_code(self, kernel: "Kernel", code: Any, timeout: float | None) -> None:
         """Run `code` (a SPIR-V KernelCodeSource, checked there) on `kernel` from its next step on."""
 
 
@@ -565,7 +565,7 @@ class Kernel:
         """Hold the kernel back from stepping and wait for its submitted steps."""
         self._quiesce(_RELOAD)
 
-    def apply_code(self, code: SpirvCode, timeout: float = 30.0) -> None:
+    def apply_code(self, code: SpirvCode, timeout: float | None = 30.0) -> None:
         """Run `code` (a SPIR-V KernelCodeSource) from the next step on, state kept
         (checked, built and swapped as a hot reload does, by the runtime: a CodeSwapper)."""
         swapper: CodeSwapper = self.runtime

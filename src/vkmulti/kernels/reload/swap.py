@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import vulkan as vk
 
+from ..._core.checks import timeout_seconds
+from ..._core.lifetime import SLICE_SECONDS, Deadline
 from ...errors import KernelValidationError, UnsupportedError, TimeoutError as VkmTimeout
 from ..engine.device_context import KERNEL_PUSH, WHOLE_SIZE, ComputePass, kernel_types
 from ..engine.gate import gate_of
@@ -182,7 +184,8 @@ def compile_on_devices(code: KernelCodeSource, targets: list[Kernel], left: Call
     for t in threads:
         t.start()
     for t in threads:
-        t.join(max(0.0, left()))
+        while t.is_alive() and left() > 0:   # in slices: Ctrl-C ends the wait
+            t.join(min(SLICE_SECONDS, left()))
         if t.is_alive():
             raise VkmTimeout(f"building the new pipeline on GPU {t.name.rsplit('-', 1)[-1]} did not finish within "
                              f"the reload's time (reload_timeout); it completes in the background into that "
@@ -281,15 +284,18 @@ def clear_state(targets: list[Kernel]) -> None:
                                                         for s in ss])
 
 
-def apply_code(kernel: Kernel, code: KernelCodeSource, timeout: float = 30.0) -> None:
+def apply_code(kernel: Kernel, code: KernelCodeSource, timeout: float | None = 30.0) -> None:
     """Run `code` on `kernel` from its next step on, state kept: checked, built and
-    swapped as a hot reload does, all within `timeout` s (vkmulti.TimeoutError after)."""
-    deadline = time.monotonic() + timeout
+    swapped as a hot reload does, all within `timeout` s (None: no limit; ValueError
+    for a bad one; vkmulti.TimeoutError after)."""
+    deadline = Deadline(timeout_seconds(timeout))
 
     def left() -> float:
-        rest = deadline - time.monotonic()
+        rest = deadline.left()
+        if rest is None:
+            return threading.TIMEOUT_MAX
         if rest <= 0:
             raise VkmTimeout(f"apply_code on {kernel.id!r} did not finish within {timeout} s")
-        return rest
+        return min(rest, threading.TIMEOUT_MAX)
     check_for_kernels(code, [kernel], spirv_val=True, timeout=left)
     swap([kernel], compile_on_devices(code, [kernel], left), code, left)

@@ -484,7 +484,7 @@ class KernelRuntime:
                       verify: bool) -> MigrationResult:
         return self._lifecycle.migrate_live(kernel, request, timeout, verify)
 
-    def apply_code(self, kernel: Kernel, code: KernelCodeSource, timeout: float) -> None:
+    def apply_code(self, kernel: Kernel, code: KernelCodeSource, timeout: float | None) -> None:
         """Swap `code` into `kernel` as a hot reload does (Kernel.apply_code's CodeSwapper)."""
         apply_code(kernel, code, timeout)
 
