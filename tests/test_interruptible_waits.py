@@ -344,6 +344,25 @@ CASES = {
     """, RUNTIME_END), probed("reload") + probed("apply_code")
         + ["rollback 0.2: RAISED TimeoutError", "rollback ctrl-c: RAISED KeyboardInterrupt", "VERSIONS [2, 2]",
            "OTHER False []", "RELOADED 2", "ROLLED BACK [1, 1]"] + RUNTIME_DONE),
+    # a batch handed to GPU 0 that k's held step reads; a withdraw that gave up leaves it to the steps
+    "inbound-batch": (body(RUNTIME, """
+        from vkmulti.kernels.messages import RING_HEADER_BYTES
+        buf = Buffer(mgr.slot(0), RING_HEADER_BYTES + rt.slot_size * 4)
+        buf.upload(np.zeros(buf.size, np.uint8))
+        batch = rt.accept_batch(0, buf, wait=TimelinePoint(gate.sem, 1, 0))
+        rt.step(k)
+        outcome("wait", lambda: print("WAITED", batch.wait(0.2), flush=True))
+        interrupted("wait", lambda: batch.wait(None))
+        for bad in BAD:
+            outcome(f"wait bad {bad!r}", lambda: batch.wait(bad))
+        probe("withdraw", lambda to: rt.withdraw_batch(batch, timeout=to))
+        opened(gate)
+        rt.synchronize(30)
+        print("DELIVERED", batch.wait(30), rt.withdraw_batch(batch, timeout=30), flush=True)
+        buf.destroy()
+    """, RUNTIME_END), ["WAITED False", "wait ctrl-c: RAISED KeyboardInterrupt"]
+        + [f"wait bad {bad}: RAISED ValueError" for bad in ("-1", "nan", "'5'", "True")]
+        + probed("withdraw") + ["DELIVERED True 0"] + RUNTIME_DONE),
     # the CRC32 jobs of a migration, on the host and on the GPU, hashing k's state once the gate opens
     "crc-jobs": (body(RUNTIME, """
         import zlib

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from ..errors import DestroyedError, VkmError
-from .checks import timeout_seconds, wait_bound
+from .checks import timeout_seconds
 from ..errors import TimeoutError as VkmTimeoutError
 
 __all__ = ["Deadline", "LazyEvent", "Lifetime", "operation"]
@@ -306,4 +306,8 @@ class LazyEvent:
                 if self._set:
                     self._event.set()
             event = self._event
-        return event.wait(wait_bound(timeout))
+        deadline = Deadline(timeout)   # in slices: Ctrl-C ends the wait
+        while not event.wait(deadline.slice()):
+            if deadline.expired():
+                return False
+        return True

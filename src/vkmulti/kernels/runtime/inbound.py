@@ -297,16 +297,22 @@ class Inbound:
         with ctx.lock:
             if batch.done:
                 return 0
-            if batch in stepper.batches:
+            queued = batch in stepper.batches
+            if queued:
                 stepper.batches.remove(batch)
             lost = False
             try:
                 self._wait_read(ctx, stepper, batch, deadline, timeout)
             except DeviceLostError:
                 if not self._rt.device_lost(batch.device_index):
-                    stepper.batches.append(batch)
+                    if queued:
+                        stepper.batches.append(batch)
                     raise
                 lost = True   # it runs nothing more: nothing to wait for; the failover hands its messages again
+            except BaseException:   # (a timeout, Ctrl-C): not withdrawn, later steps go on delivering it
+                if queued:
+                    stepper.batches.append(batch)
+                raise
             stepper.retire_sets(batch)
             left = 0 if lost else max(0, batch.local - batch.delivered - batch.rejected)
             batch.done = True
@@ -351,7 +357,6 @@ class Inbound:
         while ctx.completed() < batch.last_value:
             left = deadline - time.monotonic()
             if left <= 0:
-                stepper.batches.append(batch)
                 raise VkmTimeout(f"GPU {batch.device_index}: steps reading the batch did not finish within "
                                  f"{timeout} s; it was not withdrawn")
             try:
