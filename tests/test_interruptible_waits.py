@@ -363,6 +363,21 @@ CASES = {
     """, RUNTIME_END), ["WAITED False", "wait ctrl-c: RAISED KeyboardInterrupt"]
         + [f"wait bad {bad}: RAISED ValueError" for bad in ("-1", "nan", "'5'", "True")]
         + probed("withdraw") + ["DELIVERED True 0"] + RUNTIME_DONE),
+    # the plan of unregister_device(0) moves k, whose held step keeps it; a migration that timed out is
+    # reported in its outcome (k stays on GPU 0), a bad timeout is the caller's error
+    "carry-out": (body(RUNTIME, HELD, """
+        plans = rt.coordinator.unregister_device(0)
+        m = KernelMigrator(rt.coordinator)
+        def carried(to):
+            outs = m.carry_out(plans, rt, timeout=to)
+            print("OUTCOMES", [type(o.error).__name__ for o in outs], k.device_index, flush=True)
+        probe("carry_out", carried)
+        opened(gate)
+        carried(30)
+    """, RUNTIME_END), ["OUTCOMES ['TimeoutError'] 0", "carry_out 0.2: RETURNED",
+                        "carry_out ctrl-c: RAISED KeyboardInterrupt\n"]
+        + [f"carry_out bad {bad}: RAISED ValueError" for bad in ("-1", "nan", "'5'", "True")]
+        + ["OUTCOMES ['NoneType'] 1"] + RUNTIME_DONE),
     # the CRC32 jobs of a migration, on the host and on the GPU, hashing k's state once the gate opens
     "crc-jobs": (body(RUNTIME, """
         import zlib

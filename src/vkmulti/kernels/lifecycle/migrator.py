@@ -302,6 +302,7 @@ class KernelMigrator:
         the source device, and can be moved again) and the others go on."""
         if not isinstance(result, DeviceUnregisterResult):
             raise TypeError(f"result must be a DeviceUnregisterResult, got {type(result).__name__}")
+        timeout = timeout_seconds(timeout)   # (a bad one is the caller's error, not each plan's)
         outcomes = []
         for plan in result.kernels_to_migrate:
             outcome = PlanOutcome(plan)
