@@ -182,6 +182,35 @@ def test_a_helper_that_stops_reading_fails_the_request_in_time(helper):
     assert helper._proc is None
 
 
+def test_a_compile_waits_for_another_threads_compile_within_its_timeout(helper):
+    """Another thread's compile holds the helper: a call waits for it only within its own
+    timeout (then HelperStarting: compile here), and refuses a bad timeout; before, it
+    waited for the lock without a bound, and Ctrl-C could not end the wait."""
+    import threading
+
+    taken, done = threading.Event(), threading.Event()
+
+    def busy():
+        with helper._lock:   # (what a compile in another thread holds)
+            taken.set()
+            done.wait(60)
+    t = threading.Thread(target=busy, daemon=True)
+    t.start()
+    assert taken.wait(10)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ph.HelperStarting, match="busy"):
+            helper.compile((1, 2, b"\0" * 16), b"\3\2\x23\7" * 8, "main", [7], 16, timeout=0.2)
+        assert time.monotonic() - t0 < 20
+        for bad in (-1, float("nan"), "5", True):
+            with pytest.raises(ValueError):
+                helper.compile((1, 2, b"\0" * 16), b"\3\2\x23\7" * 8, "main", [7], 16, timeout=bad)
+    finally:
+        done.set()
+        t.join(10)
+    assert helper._proc is None and helper.failures == 0   # (nothing started, nothing counted)
+
+
 def test_the_helper_is_used_only_when_asked(monkeypatch):
     monkeypatch.delenv(ph.ENV, raising=False)
     assert not ph.helper_wanted("discrete-gpu") and not ph.helper_wanted("cpu")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import math
 import os
 import selectors
 import struct
@@ -44,6 +45,7 @@ from typing import Any, BinaryIO
 import vulkan as vk
 
 from .._core import vkapi
+from .._core.checks import timeout_seconds, wait_bound
 from ..errors import VulkanError
 from .instance import Instance
 
@@ -276,7 +278,21 @@ class _Reader:
 
 
 class HelperStarting(HelperError):
-    """The child is not ready yet (started, its hello not read): compile elsewhere this time."""
+    """The child is not ready yet (started, its hello not read), or busy with another thread's
+    compile for longer than the caller waits: compile elsewhere this time."""
+
+
+class _Held:
+    """Releases a lock the caller acquired (with a timeout) when the block ends."""
+
+    def __init__(self, lock: Any):
+        self.lock = lock
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
 
 
 class PipelineHelper:
@@ -309,20 +325,26 @@ class PipelineHelper:
                     log.warning("%s", exc)
 
     def compile(self, identity: tuple[int, int, bytes], code: bytes, entry: str, types: list[int], push: int,
-                timeout: float) -> bytes:
+                timeout: float | None) -> bytes:
         """The pipeline cache blob of the pipeline create_compute_pipeline makes from these
         arguments, compiled by the child on a physical device of `identity` (vendorID,
         deviceID, pipelineCacheUUID). HelperStarting while the child is not ready
         (waited for READY_WAIT s at most, within `timeout`; not ready after START_SECONDS:
         a failure);
         HelperError when it cannot (the helper is then stopped; a later call starts
-        another, up to MAX_FAILURES)."""
+        another, up to MAX_FAILURES; `timeout` None: no limit). Another thread's compile is
+        waited for within `timeout` too (HelperStarting after it: compile elsewhere)."""
+        limit = timeout_seconds(timeout)
+        timeout = math.inf if limit is None else limit
         if len(code) > MAX_CODE:
             raise HelperError(f"a {len(code)}-byte module is more than the helper takes ({MAX_CODE})")
         vendor, device, uuid = identity
         header = {"vendor": vendor, "device": device, "uuid": uuid.hex(), "entry": entry, "types": list(types),
                   "push": push}
-        with self._lock:
+        bound = wait_bound(timeout)
+        if not self._lock.acquire(timeout=-1 if bound is None else bound):   # (Ctrl-C ends the wait)
+            raise HelperStarting(f"the pipeline helper was busy with another compile for {timeout:.3g} s")
+        with _Held(self._lock):
             if self.failures >= self.MAX_FAILURES:
                 raise HelperError(f"the pipeline helper failed {self.failures} times: not used any more")
             try:
