@@ -309,6 +309,27 @@ CASES = {
         k = rt.launch(counter_kernel(max_sources=8), "k", device=0, state=[counter_initial_state(8)])
     """, RUNTIME_END), probed("destroy_kernel") + ["DESTROYED True", "again: RETURNED", "FREED True"]
         + RUNTIME_DONE),
+    # a kernel that destroy_kernel stopped (its step held, the call timed out) on a GPU lost afterwards:
+    # the runtime's destroy() frees it without waiting on the lost device (it raised DeviceLostError)
+    "stopped-then-lost": (body("""
+        from vkmulti._core.timeline import TimelinePoint
+        from vkmulti.kernels import KernelRuntime, MultiGpuCoordinator, counter_kernel
+        from vkmulti.kernels.reference import counter_initial_state
+        mgr = MultiDeviceManager.create()
+        rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr), mgr, max_kernels=8)
+        k = rt.launch(counter_kernel(max_sources=8), "k", device=1, state=[counter_initial_state(8)])
+        rt.step(k).wait(30)
+        gate = Gate(mgr.slot(1))
+        held = rt.step(k, wait=TimelinePoint(gate.sem, 1, 1))
+        outcome("destroy_kernel", lambda: rt.destroy_kernel(k, timeout=0.2))
+        opened(gate)
+        held.wait(30)   # (the lost GPU's semaphores are then freed without work that uses them)
+        mgr.report_device_lost(1, "a test")
+        outcome("rt", lambda: rt.destroy(30))
+        print("FREED", k.buffers == [], flush=True)
+        mgr.slot(1).native.destroy_timeline(gate.sem)
+        outcome("mgr", lambda: mgr.destroy(30))
+    """), ["destroy_kernel: RAISED TimeoutError", "rt: RETURNED", "FREED True", "mgr: RETURNED"]),
     "runtime-destroy": (body(RUNTIME, HELD, """
         probe("destroy", rt.destroy)
         gate.open()

@@ -223,3 +223,17 @@ class Failover:
             ctx.cond.notify_all()
             k.free()
         self._release(k)
+
+    def free_stopped(self, k: Kernel, stopped: list[Kernel]) -> None:
+        """Free `k`, which a destroy_kernel stopped (and left in `stopped`) before its device
+        was lost: nothing runs there any more, so nothing is waited for."""
+        with k.ctx.lock:
+            if not k.buffers:   # (freed already, or by another call meanwhile)
+                return
+            k.destroyed = True
+            self._forget(k)
+            k.free()
+        with self._lock:
+            if k in stopped:
+                stopped.remove(k)
+        self._release(k)

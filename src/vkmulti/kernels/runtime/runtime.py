@@ -504,10 +504,12 @@ class KernelRuntime:
             k = self._resolve(kernel)
         timeout = timeout_seconds(timeout)  # type: ignore[assignment]
         ctx = k.ctx
+        if not self._contexts.get(k.device_index) and self.device_lost(k.device_index):
+            return self._failover.free_stopped(k, self._stopped)   # (lost meanwhile: nothing to wait for)
         with ctx.lock:
-            stepper = self._device(k.device_index)[1]
             if k.destroyed and not k.buffers:   # (one that a timeout or Ctrl-C left unfreed is freed here)
                 return
+            stepper = self._device(k.device_index)[1]
             if not k.destroyed:
                 k.destroyed = True
                 self._unregister(k)
