@@ -6,11 +6,11 @@ a child process: a wait that does not end fails its test instead of hanging the 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from child_runs import printed_in_order, run_script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -446,17 +446,6 @@ EPILOGUE = textwrap.dedent('''
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_blocking_call_ends(case):
     code, expected = CASES[case]
-    script = PRELUDE.format(here=HERE) + code + EPILOGUE
-    try:
-        p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=HERE)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        pytest.fail(f"{case}: still blocked after 120 s; output so far:\n{out[-3000:]}")
-    out = p.stdout
-    assert " SLOW" not in out and "RETURNED-THEN" not in out, out[-4000:]
-    at = 0
-    for want in expected + ["VALIDATION ERRORS: []", "EXITING"]:
-        found = out.find(want, at)
-        assert found >= 0, f"{case}: {want!r} missing (in order) from:\n{out[-4000:]}\n{p.stderr[-3000:]}"
-        at = found + len(want)
-    assert p.returncode == 0, (p.returncode, out[-2000:], p.stderr[-3000:])
+    p = run_script(PRELUDE.format(here=HERE) + code + EPILOGUE, case, 120, HERE)
+    assert " SLOW" not in p.stdout and "RETURNED-THEN" not in p.stdout, p.stdout[-4000:]
+    printed_in_order(p, expected + ["VALIDATION ERRORS: []", "EXITING"], case)

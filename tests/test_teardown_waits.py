@@ -6,11 +6,11 @@ Ctrl-C could end (the child hung until the test killed it)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from child_runs import printed_in_order, run_script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -156,17 +156,5 @@ EXPECTED = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_teardown_wait_ends(case):
-    script = PRELUDE.format(here=HERE) + textwrap.dedent(CASES[case]) + EPILOGUE
-    try:
-        p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90, cwd=HERE)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        pytest.fail(f"{case}: still blocked after 90 s; output so far:\n{out[-2000:]}")
-    out = p.stdout
-    at = 0
-    for want in EXPECTED[case]:
-        found = out.find(want, at)
-        assert found >= 0, f"{case}: {want!r} missing (in order) from:\n{out[-3000:]}\n{p.stderr[-3000:]}"
-        at = found + len(want)
-    assert "EXITING" in out and p.returncode == 0, (p.returncode, out[-2000:], p.stderr[-3000:])
-    assert "VALIDATION ERRORS: []" in out, out[-3000:]
+    p = run_script(PRELUDE.format(here=HERE) + textwrap.dedent(CASES[case]) + EPILOGUE, case, 90, HERE)
+    printed_in_order(p, EXPECTED[case] + ["VALIDATION ERRORS: []", "EXITING"], case)
