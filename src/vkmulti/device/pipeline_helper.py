@@ -282,18 +282,6 @@ class HelperStarting(HelperError):
     compile for longer than the caller waits: compile elsewhere this time."""
 
 
-class _Held:
-    """Releases a lock the caller acquired (with a timeout) when the block ends."""
-
-    def __init__(self, lock: Any):
-        self.lock = lock
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        self.lock.release()
-
 
 class PipelineHelper:
     """The child process that compiles pipelines (see the module docstring): started by
@@ -344,7 +332,7 @@ class PipelineHelper:
         bound = wait_bound(timeout)
         if not self._lock.acquire(timeout=-1 if bound is None else bound):   # (Ctrl-C ends the wait)
             raise HelperStarting(f"the pipeline helper was busy with another compile for {timeout:.3g} s")
-        with _Held(self._lock):
+        try:
             if self.failures >= self.MAX_FAILURES:
                 raise HelperError(f"the pipeline helper failed {self.failures} times: not used any more")
             try:
@@ -369,6 +357,8 @@ class PipelineHelper:
                 raise HelperError(f"the pipeline helper could not compile it: {str(answer.get('error'))[:300]}")
             self.compiles += 1
             return blob
+        finally:
+            self._lock.release()
 
     def _await_hello(self, reader: _Reader, wait: float) -> None:
         """Read the child's hello if it came (waiting `wait` s at most)."""
