@@ -22,6 +22,9 @@ cdef extern from "<errno.h>":
         EDEADLK
         ETIMEDOUT
 
+cdef extern from "vkm_errors.h":
+    const VkResult VKM_ERROR_QUEUE_LOCK_HELD
+
 cdef uint64_t _SLICE_NS = 50_000_000          # 50 ms between signal checks
 cdef uint64_t _FOREVER = 0xFFFFFFFFFFFFFFFFULL
 cdef bint _timeline_naps = False              # set_timeline_naps
@@ -222,6 +225,11 @@ cdef class Device:
                 slice_ns = _slice_before(deadline)
                 with nogil:
                     r = vkm_queues_drain_raw(d, arr, n, fences, slice_ns)
+                if r == VKM_ERROR_QUEUE_LOCK_HELD:   # (at the first queue without a fence)
+                    i = 0
+                    while fences[i] != NULL:
+                        i += 1
+                    raise RuntimeError(_held_by_caller(arr[i]))
                 if r != VK_TIMEOUT or _time.monotonic() >= deadline:
                     break
                 PyErr_CheckSignals()
@@ -337,6 +345,12 @@ cdef object wait_slices(vkm_device *d, VkSemaphore sem, VkFence fence, uint64_t 
             raise VkmTimeout(f"{call.decode()} did not complete within {timeout_ns / 1e9:.3f} s")
 
 
+cdef str _held_by_caller(const vkm_queue *q):
+    """What a thread that takes a queue's lock it holds already is told."""
+    return (f"this thread already holds the lock of queue 0x{<uintptr_t>q.queue:x} (family {q.family}); "
+            f"the lock is not re-entrant: release it first")
+
+
 cdef class QueueLock:
     """The external-synchronisation lock of one VkQueue, shared with native threads.
 
@@ -388,8 +402,7 @@ cdef class QueueLock:
             with nogil:
                 rc = vkm_queue_lock(&self.q, slice_ns)
         if rc == EDEADLK:
-            raise RuntimeError(f"this thread already holds the lock of queue 0x{<uintptr_t>self.q.queue:x} "
-                               f"(family {self.q.family}); the lock is not re-entrant: release it first")
+            raise RuntimeError(_held_by_caller(&self.q))
         if rc != 0:
             raise OSError(rc, f"taking the lock of queue 0x{<uintptr_t>self.q.queue:x} failed")
         return True

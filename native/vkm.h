@@ -76,6 +76,8 @@ void vkm_queue_destroy(vkm_queue *q);
 int vkm_queue_lock(vkm_queue *q, uint64_t timeout_ns);
 /* 0, or EPERM when the calling thread does not hold the lock. */
 int vkm_queue_unlock(vkm_queue *q);
+/* vkQueueSubmit under the queue's lock; VKM_ERROR_QUEUE_LOCK_HELD (nothing submitted, the
+ * lock left as it was) when the calling thread holds that lock already. */
 VkResult vkm_queue_submit(const vkm_device *d, vkm_queue *q, uint32_t count,
                           const VkSubmitInfo *submits, VkFence fence);
 
@@ -119,7 +121,7 @@ VkResult vkm_fence_status(const vkm_device *d, VkFence fence);
  * lost device's objects are freed. One slice of that wait: an empty submit with a
  * fence on each queue whose `fences[i]` is VK_NULL_HANDLE (its lock waited for at
  * most `timeout_ns`: VK_TIMEOUT while another thread holds it,
- * VKM_ERROR_INVALID_ARGUMENT when the calling thread does), then at most `timeout_ns`
+ * VKM_ERROR_QUEUE_LOCK_HELD when the calling thread does), then at most `timeout_ns`
  * for all of them. VK_TIMEOUT: work still running, the fences kept in `fences` for
  * the next slice (left alive by a caller that gives up: they may still signal);
  * otherwise they are destroyed and zeroed. A failure to make or submit one returns

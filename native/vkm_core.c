@@ -184,7 +184,8 @@ static VkResult seen(const vkm_device *d, VkResult r)
 VkResult vkm_queue_submit(const vkm_device *d, vkm_queue *q, uint32_t count,
                           const VkSubmitInfo *submits, VkFence fence)
 {
-    pthread_mutex_lock(&q->lock);
+    if (pthread_mutex_lock(&q->lock) != 0)   /* EDEADLK: this thread holds it (its own `with queue.lock:`) */
+        return VKM_ERROR_QUEUE_LOCK_HELD;    /* (going on would release the caller's lock after the submit) */
     /* checked under the queue's lock: once a loss is marked and each queue's lock
      * taken once (vkm_queues_drain_raw), nothing new reaches the driver */
     VkResult r = vkm_device_is_lost(d) ? VK_ERROR_DEVICE_LOST : seen(d, d->fn.vkQueueSubmit(q->queue, count, submits, fence));
@@ -208,7 +209,7 @@ VkResult vkm_queues_drain_raw(const vkm_device *d, vkm_queue *const *queues, uin
         if (locked != 0) {
             d->fn.vkDestroyFence(d->device, fences[i], NULL);
             fences[i] = VK_NULL_HANDLE;
-            return locked == ETIMEDOUT ? VK_TIMEOUT : VKM_ERROR_INVALID_ARGUMENT;
+            return locked == ETIMEDOUT ? VK_TIMEOUT : VKM_ERROR_QUEUE_LOCK_HELD;
         }
         r = d->fn.vkQueueSubmit(queues[i]->queue, 0, NULL, fences[i]);
         vkm_queue_unlock(queues[i]);

@@ -20,13 +20,15 @@
 #define VKM_ERROR_LINK_STALLED ((VkResult)-1000990001)
 #define VKM_ERROR_CUDA ((VkResult)-1000990002)
 #define VKM_ERROR_UNSUPPORTED ((VkResult)-1000990003)
+#define VKM_ERROR_QUEUE_LOCK_HELD ((VkResult)-1000990004)
 
 /* Every code above, X(name, what it means): the table Python checks against. */
 #define VKM_RESULTS(X)                                                                                  \
     X(VKM_ERROR_INVALID_ARGUMENT, "an argument is out of range or inconsistent")                     \
     X(VKM_ERROR_LINK_STALLED, "a link's worker waited past its stall timeout; the link failed")      \
     X(VKM_ERROR_CUDA, "a CUDA driver call or a CUDA stream failed; the link failed")                 \
-    X(VKM_ERROR_UNSUPPORTED, "the device, its enabled extensions or the CUDA driver lack what is needed")
+    X(VKM_ERROR_UNSUPPORTED, "the device, its enabled extensions or the CUDA driver lack what is needed") \
+    X(VKM_ERROR_QUEUE_LOCK_HELD, "the calling thread holds the queue's lock already (it is not re-entrant)")
 
 typedef struct vkm_result_info {
     const char *name;

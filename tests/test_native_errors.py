@@ -22,7 +22,7 @@ U64 = (1 << 64) - 1
 def test_native_codes_are_distinct_and_match_the_python_table():
     native = _native.native_results()
     assert set(native) == {"VKM_ERROR_INVALID_ARGUMENT", "VKM_ERROR_LINK_STALLED", "VKM_ERROR_CUDA",
-                           "VKM_ERROR_UNSUPPORTED"}
+                           "VKM_ERROR_UNSUPPORTED", "VKM_ERROR_QUEUE_LOCK_HELD"}
     values = [v for v, _ in native.values()]
     assert len(set(values)) == len(values), native
     assert not set(values) & set(errors._RESULT_NAMES) - set(errors._NATIVE_RESULTS), "a Vulkan code reused"
@@ -35,7 +35,8 @@ def test_native_codes_are_distinct_and_match_the_python_table():
 @pytest.mark.parametrize("code, cls", [(errors.INVALID_ARGUMENT, ValueError),
                                        (errors.LINK_STALLED, errors.LinkStalledError),
                                        (errors.CUDA_FAILED, errors.CudaError),
-                                       (errors.UNSUPPORTED, vkmulti.UnsupportedError)])
+                                       (errors.UNSUPPORTED, vkmulti.UnsupportedError),
+                                       (errors.QUEUE_LOCK_HELD, RuntimeError)])
 def test_each_native_code_raises_its_typed_error_with_the_message(code, cls):
     with pytest.raises(cls) as info:
         errors.raise_for_result(code, "somewhere", "what happened, in words")

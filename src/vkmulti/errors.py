@@ -218,11 +218,14 @@ LINK_STALLED = -1000990001
 CUDA_FAILED = -1000990002
 #: the device, its enabled extensions or the CUDA driver lack what is needed
 UNSUPPORTED = -1000990003
+#: the calling thread holds the queue's lock already (it is not re-entrant)
+QUEUE_LOCK_HELD = -1000990004
 _NATIVE_RESULTS: dict[int, tuple[str, type[Exception]]] = {
     INVALID_ARGUMENT: ("VKM_ERROR_INVALID_ARGUMENT", ValueError),
     LINK_STALLED: ("VKM_ERROR_LINK_STALLED", LinkStalledError),
     CUDA_FAILED: ("VKM_ERROR_CUDA", CudaError),
     UNSUPPORTED: ("VKM_ERROR_UNSUPPORTED", UnsupportedError),
+    QUEUE_LOCK_HELD: ("VKM_ERROR_QUEUE_LOCK_HELD", RuntimeError),
 }
 _RESULT_NAMES.update({code: name for code, (name, _) in _NATIVE_RESULTS.items()})
 

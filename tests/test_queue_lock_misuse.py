@@ -1,0 +1,108 @@
+"""A queue's lock (QueueLock, shared by an engine and vkmulti) is never lost or taken
+twice by mistake: a native submit by a thread that holds the lock already (a kernel
+step under the engine's own `with queue.lock:`) is refused with the lock left held.
+Each case runs in a child process (a lock lost for good blocks the next waiter)."""
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from child_runs import printed_in_order, run_script
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+PRELUDE = textwrap.dedent("""
+    import signal, sys, threading, time
+    sys.path.insert(0, {here!r})
+    import conftest   # the virtual pair and validation, as in the tests
+    import vkmulti
+    from vkmulti import MultiDeviceManager
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def outcome(label, fn):
+        try:
+            fn()
+            print(label, "RETURNED", flush=True)
+        except BaseException as exc:
+            print(label, "RAISED", type(exc).__name__, str(exc)[:300], flush=True)
+
+    def taken_elsewhere(lock):
+        '''Whether another thread can take `lock` now (it is then let go at once).'''
+        got = []
+        def other():
+            try:
+                lock.acquire(timeout=2)
+            except vkmulti.TimeoutError:
+                return
+            lock.release()
+            got.append(1)
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(30)
+        return bool(got)
+
+    def released_with_a_ctrl_c(lock):
+        '''A thread holding `lock` that, once told, raises SIGINT and lets the lock go at
+        once: the Ctrl-C lands while the caller's acquire() is obtaining it.'''
+        taken, go = threading.Event(), threading.Event()
+        def holder():
+            lock.acquire()
+            taken.set()
+            go.wait(30)
+            time.sleep(0.3)   # (the caller is inside its acquire by now)
+            signal.raise_signal(signal.SIGINT)
+            lock.release()
+        t = threading.Thread(target=holder, daemon=True)
+        t.start()
+        taken.wait(30)
+        return go, t
+""")
+
+CASES = {
+    # the engine holds the step queue's lock (its own `with queue.lock:`) and steps a kernel
+    # on that thread: the step is refused, the engine still holds the lock, and once it lets
+    # go the kernel steps
+    "kernel-step-under-the-callers-lock": """
+        from vkmulti.kernels import KernelRuntime, MultiGpuCoordinator, counter_kernel
+        from vkmulti.kernels.reference import COUNTER_TAG_ADD, counter_initial_state, read_counter
+        from vkmulti.kernels.engine.device_context import step_queue
+        import numpy as np
+        mgr = MultiDeviceManager.create()
+        rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr), mgr, max_kernels=8)
+        k = rt.launch(counter_kernel(max_sources=8), "k", device=0, state=[counter_initial_state(8)])
+        rt.step(k).wait(30)
+        lock = step_queue(mgr.slot(0)).lock
+        lock.acquire()
+        outcome("step", lambda: rt.step(k))
+        outcome("run", lambda: rt.run(3, k))
+        print("TAKEN ELSEWHERE", taken_elsewhere(lock), flush=True)
+        outcome("release", lock.release)
+        rt.send(k, np.array([4], np.uint32), tag=COUNTER_TAG_ADD)
+        rt.step(k).wait(30)
+        print("SUM", read_counter(rt.read_state(k)).sum, flush=True)
+        outcome("rt", lambda: rt.destroy(30))
+        outcome("mgr", lambda: mgr.destroy(30))
+    """,
+}
+
+EPILOGUE = textwrap.dedent('''
+    from vkmulti.device.instance import drain_all_validation_messages
+    print("VALIDATION ERRORS:", [t[:300] for sev, t in drain_all_validation_messages() if sev == "error"], flush=True)
+    print("EXITING", flush=True)
+''')
+
+EXPECTED = {
+    "kernel-step-under-the-callers-lock": ["step RAISED RuntimeError this thread already holds the lock",
+                                           "run RAISED RuntimeError",
+                                           "TAKEN ELSEWHERE False", "release RETURNED", "SUM 4",
+                                           "rt RETURNED", "mgr RETURNED"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_queue_lock_is_never_lost(case):
+    p = run_script(PRELUDE.format(here=HERE) + textwrap.dedent(CASES[case]) + EPILOGUE, case, 120, HERE)
+    printed_in_order(p, EXPECTED[case] + ["VALIDATION ERRORS: []", "EXITING"], case)
