@@ -385,7 +385,8 @@ cdef class QueueLock:
     def acquire(self, timeout=None):
         """Take the lock, waiting (no GIL, in slices, Ctrl-C honoured) up to `timeout` s
         (None: as long as it takes); vkmulti.TimeoutError after that. The lock is not
-        re-entrant: a thread that holds it already gets RuntimeError, not a deadlock."""
+        re-entrant: a thread that holds it already gets RuntimeError, not a deadlock. A
+        Ctrl-C raised from here leaves the lock free, even one that came as it was taken."""
         cdef uint64_t total = _timeout_ns(timeout)
         cdef double deadline = _time.monotonic() + (total / 1e9 if total != _FOREVER else 1e18)
         cdef uint64_t slice_ns
@@ -405,6 +406,11 @@ cdef class QueueLock:
             raise RuntimeError(_held_by_caller(&self.q))
         if rc != 0:
             raise OSError(rc, f"taking the lock of queue 0x{<uintptr_t>self.q.queue:x} failed")
+        try:   # a Ctrl-C that came while the lock was being taken is raised here, with the lock let go:
+            PyErr_CheckSignals()   # raised by the caller's next bytecode, it would leave the lock held
+        except BaseException:
+            vkm_queue_unlock(&self.q)
+            raise
         return True
 
     def release(self):

@@ -1,7 +1,8 @@
 """A queue's lock (QueueLock, shared by an engine and vkmulti) is never lost or taken
 twice by mistake: a native submit by a thread that holds the lock already (a kernel
-step under the engine's own `with queue.lock:`) is refused with the lock left held.
-Each case runs in a child process (a lock lost for good blocks the next waiter)."""
+step under the engine's own `with queue.lock:`) is refused with the lock left held,
+and a Ctrl-C that lands as acquire() obtains the lock does not leave it held. Each
+case runs in a child process (a lock lost for good blocks the next waiter)."""
 from __future__ import annotations
 
 import os
@@ -86,6 +87,29 @@ CASES = {
         outcome("rt", lambda: rt.destroy(30))
         outcome("mgr", lambda: mgr.destroy(30))
     """,
+    # Ctrl-C as acquire() obtains the lock: KeyboardInterrupt, and the lock is not kept
+    "ctrl-c-as-acquire-obtains-the-lock": """
+        mgr = MultiDeviceManager.create()
+        lock = mgr.slot(0).graphics_queue.lock
+        go, t = released_with_a_ctrl_c(lock)
+        go.set()
+        outcome("acquire", lambda: lock.acquire(timeout=20))
+        t.join(10)
+        print("TAKEN ELSEWHERE", taken_elsewhere(lock), flush=True)
+        outcome("mgr", lambda: mgr.destroy(30))
+    """,
+    # the same within a teardown's drain (vkapi.queue_submit): a retried destroy() finishes
+    "ctrl-c-as-a-teardown-obtains-the-lock": """
+        mgr = MultiDeviceManager.create()
+        lock = mgr.slot(1).copy_queue.lock
+        go, t = released_with_a_ctrl_c(lock)
+        go.set()
+        outcome("destroy", lambda: mgr.destroy(timeout=20))
+        t.join(10)
+        print("TAKEN ELSEWHERE", taken_elsewhere(lock), flush=True)
+        outcome("again", lambda: mgr.destroy(timeout=30))
+        print("DESTROYED", mgr.destroyed, flush=True)
+    """,
 }
 
 EPILOGUE = textwrap.dedent('''
@@ -99,6 +123,10 @@ EXPECTED = {
                                            "run RAISED RuntimeError",
                                            "TAKEN ELSEWHERE False", "release RETURNED", "SUM 4",
                                            "rt RETURNED", "mgr RETURNED"],
+    "ctrl-c-as-acquire-obtains-the-lock": ["acquire RAISED KeyboardInterrupt", "TAKEN ELSEWHERE True",
+                                           "mgr RETURNED"],
+    "ctrl-c-as-a-teardown-obtains-the-lock": ["destroy RAISED KeyboardInterrupt", "TAKEN ELSEWHERE True",
+                                              "again RETURNED", "DESTROYED True"],
 }
 
 
