@@ -216,3 +216,46 @@ def test_a_listener_interrupted_loses_no_event_of_the_change_it_was_told():
     coord.register_device(DeviceInfo(1, "GPU 1", Backend.CUDA))
     told = [K.KERNEL_REMOVED, K.KERNEL_REMOVED, K.DEVICE_UNREGISTERED, K.DEVICE_REGISTERED]
     assert first == told and second == told, (first, second)
+
+
+def test_a_ctrl_c_while_a_listeners_failure_is_logged_loses_no_event():
+    """A listener that fails (its exception logged) and a Ctrl-C that lands while that
+    failure is being logged (here: a log filter raising KeyboardInterrupt once): the
+    interrupt reaches the caller, and the next change hands out what was left of the
+    interrupted change first, in order, to every listener."""
+    import logging
+
+    coord = make(1)
+    for i in range(2):
+        coord.assign_kernel(f"k{i}", 0)
+    told: list = []
+
+    def failing(ev):
+        raise ValueError("a listener's bug")
+
+    class CtrlCWhileLogging(logging.Filter):
+        fired = False
+
+        def filter(self, record):
+            if not self.fired:
+                self.fired = True
+                raise KeyboardInterrupt
+            return True
+
+    coord.add_listener(failing)
+    coord.add_listener(lambda ev: told.append(ev.kind))
+    logger = logging.getLogger("vkmulti.kernels.coordinator.events")
+    ctrl_c = CtrlCWhileLogging()
+    logger.addFilter(ctrl_c)
+    try:
+        try:
+            coord.unregister_device(0)
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError("the KeyboardInterrupt did not reach the caller")
+        assert ctrl_c.fired
+        coord.register_device(DeviceInfo(1, "GPU 1", Backend.CUDA))
+    finally:
+        logger.removeFilter(ctrl_c)
+    assert told == [K.KERNEL_REMOVED, K.KERNEL_REMOVED, K.DEVICE_UNREGISTERED, K.DEVICE_REGISTERED], told

@@ -48,6 +48,16 @@ class CoordinatorEvent:
     result: DeviceUnregisterResult | None = None
 
 
+class _Pending:
+    """A change's events still to hand out: event `at` goes to `fns[told:]`, the events
+    after it to every one of `fns` (the listeners when the change was applied)."""
+
+    __slots__ = ("fns", "events", "at", "told")
+
+    def __init__(self, fns: tuple[Callable[[CoordinatorEvent], Any], ...], events: list[CoordinatorEvent]):
+        self.fns, self.events, self.at, self.told = fns, events, 0, 0
+
+
 class Listeners:
     """The callables a coordinator hands its events to, in the order they were added,
     and the events in the order the changes were applied.
@@ -60,12 +70,15 @@ class Listeners:
     called under the coordinator's lock, a listener may call the coordinator (the
     events of its change come after the event it is handling), and no thread waits
     for another's listeners. An event goes to the listeners added before its
-    change and not removed since."""
+    change and not removed since. Where the handing out stands is kept in the queue
+    and moved on before each call: a KeyboardInterrupt (in a listener, or while a
+    listener's failure is logged) reaches the caller, and the next change hands out
+    the rest first; the listener it interrupted is not told that event again."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()   # the listeners, the queue and who delivers (never held while calling)
         self._fns: tuple[Callable[[CoordinatorEvent], Any], ...] = ()
-        self._queue: deque[tuple[tuple[Callable[[CoordinatorEvent], Any], ...], list[CoordinatorEvent]]] = deque()
+        self._queue: deque[_Pending] = deque()
         self._delivering = False   # whether a thread is handing out the queue
 
     def add(self, listener: Callable[[CoordinatorEvent], Any]) -> None:
@@ -98,44 +111,45 @@ class Listeners:
         if events:
             with self._lock:
                 if self._fns:
-                    self._queue.append((self._fns, list(events)))
+                    self._queue.append(_Pending(self._fns, list(events)))
 
     def deliver(self) -> None:
         """Hand the queued events out, in order (see the class docstring); a listener's
         exception is logged, not raised."""
-        with self._lock:
-            if self._delivering or not self._queue:
-                return   # (the thread delivering, this one or another, takes this change's events too)
-            self._delivering = True
+        mine = False   # (set with the flag: however this ends, a flag it set is cleared)
         try:
+            with self._lock:
+                if self._delivering or not self._queue:
+                    return   # (the thread delivering, this one or another, takes this change's events too)
+                self._delivering = mine = True
             while True:
                 with self._lock:
-                    if not self._queue:
-                        self._delivering = False
+                    call = self._next_locked()
+                    if call is None:
+                        self._delivering = mine = False
                         return
-                    fns, events = self._queue.popleft()
-                for e, ev in enumerate(events):
-                    for f, fn in enumerate(fns):
-                        if fn not in self._fns:   # (removed meanwhile)
-                            continue
-                        try:
-                            fn(ev)
-                        except Exception:   # a listener's failure must not undo the change
-                            log.exception("coordinator listener %r failed on %s", fn, ev.kind.name)
-                        except BaseException:   # (KeyboardInterrupt: the next change hands out the rest)
-                            self._requeue(fns[f + 1:], ev, fns, events[e + 1:])
-                            raise
+                fn, ev = call
+                try:
+                    fn(ev)
+                except Exception:   # a listener's failure must not undo the change
+                    log.exception("coordinator listener %r failed on %s", fn, ev.kind.name)
         except BaseException:
-            with self._lock:   # (however it ended: another thread or change delivers from here)
-                self._delivering = False
+            if mine:
+                with self._lock:   # (another thread or change delivers from where it stopped)
+                    self._delivering = False
             raise
 
-    def _requeue(self, fns_left: tuple[Callable[[CoordinatorEvent], Any], ...], ev: CoordinatorEvent,
-                 fns: tuple[Callable[[CoordinatorEvent], Any], ...], events_left: list[CoordinatorEvent]) -> None:
-        """Put what a delivery interrupted by a BaseException did not hand out back at the
-        front of the queue (`ev` for `fns_left`, then `events_left` for `fns`), in order."""
-        with self._lock:
-            if events_left:
-                self._queue.appendleft((fns, events_left))
-            if fns_left:
-                self._queue.appendleft((fns_left, [ev]))
+    def _next_locked(self) -> tuple[Callable[[CoordinatorEvent], Any], CoordinatorEvent] | None:
+        """The next (listener, event) to call, the queue moved past it; None when all are told."""
+        while self._queue:
+            p = self._queue[0]
+            if p.at == len(p.events):
+                self._queue.popleft()
+            elif p.told == len(p.fns):
+                p.at, p.told = p.at + 1, 0
+            else:
+                fn = p.fns[p.told]
+                p.told += 1
+                if fn in self._fns:   # (not removed meanwhile)
+                    return fn, p.events[p.at]
+        return None
