@@ -8,6 +8,7 @@ import logging
 import sys
 import textwrap
 import time
+from types import SimpleNamespace as types_ns
 
 import numpy as np
 import pytest
@@ -209,6 +210,53 @@ def test_a_compile_waits_for_another_threads_compile_within_its_timeout(helper):
         done.set()
         t.join(10)
     assert helper._proc is None and helper.failures == 0   # (nothing started, nothing counted)
+
+
+def test_a_compile_after_waiting_for_another_threads_compile_keeps_one_timeout(helper, monkeypatch):
+    """The wait for another thread's compile comes out of the call's timeout: the compile
+    that follows must end by the call's own deadline (before, it was given the whole
+    timeout again from when the lock was obtained: up to twice the timeout in all)."""
+    import threading
+
+    inner, waiting = threading.Lock(), threading.Event()
+
+    class Watched:   # the helper's lock, telling when the compile starts to wait for it
+        def acquire(self, *args, **kwargs):
+            waiting.set()
+            return inner.acquire(*args, **kwargs)
+
+        def release(self):
+            inner.release()
+
+        def __enter__(self):
+            return inner.__enter__()
+
+        def __exit__(self, *exc):
+            return inner.__exit__(*exc)
+
+    helper._lock = Watched()
+    helper._ready = True
+    monkeypatch.setattr(helper, "_start", lambda: (types_ns(stdin=types_ns(fileno=lambda: -1)), None))
+    deadlines = []
+
+    def send(fd, header, body, deadline):
+        deadlines.append(deadline)
+        raise ph.HelperError("not sent (test)")
+    monkeypatch.setattr(ph, "_send_frame", send)
+    released = []
+    inner.acquire()   # (another thread's compile)
+
+    def let_go():
+        waiting.wait(30)
+        released.append(time.monotonic())
+        inner.release()
+    t = threading.Thread(target=let_go, daemon=True)
+    t.start()
+    timeout = 30.0
+    with pytest.raises(ph.HelperError, match="not sent"):
+        helper.compile((1, 2, b"\0" * 16), b"\3\2\x23\7" * 8, "main", [7], 16, timeout=timeout)
+    t.join(10)
+    assert deadlines and deadlines[0] < released[0] + timeout, (deadlines, released)
 
 
 def test_the_helper_is_used_only_when_asked(monkeypatch):

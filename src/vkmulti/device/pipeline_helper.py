@@ -320,16 +320,18 @@ class PipelineHelper:
         (waited for READY_WAIT s at most, within `timeout`; not ready after START_SECONDS:
         a failure);
         HelperError when it cannot (the helper is then stopped; a later call starts
-        another, up to MAX_FAILURES; `timeout` None: no limit). Another thread's compile is
-        waited for within `timeout` too (HelperStarting after it: compile elsewhere)."""
+        another, up to MAX_FAILURES; `timeout` None: no limit). One `timeout` bounds the whole
+        call: the wait for another thread's compile (HelperStarting once it is spent: compile
+        elsewhere), then this one."""
         limit = timeout_seconds(timeout)
         timeout = math.inf if limit is None else limit
+        deadline = time.monotonic() + timeout   # (one bound for the wait for the lock and the compile)
         if len(code) > MAX_CODE:
             raise HelperError(f"a {len(code)}-byte module is more than the helper takes ({MAX_CODE})")
         vendor, device, uuid = identity
         header = {"vendor": vendor, "device": device, "uuid": uuid.hex(), "entry": entry, "types": list(types),
                   "push": push}
-        bound = wait_bound(timeout)
+        bound = wait_bound(max(0.0, deadline - time.monotonic()))
         if not self._lock.acquire(timeout=-1 if bound is None else bound):   # (Ctrl-C ends the wait)
             raise HelperStarting(f"the pipeline helper was busy with another compile for {timeout:.3g} s")
         try:
@@ -338,8 +340,7 @@ class PipelineHelper:
             try:
                 proc, reader = self._start()
                 if not self._ready:
-                    self._await_hello(reader, min(READY_WAIT, timeout))
-                deadline = time.monotonic() + timeout
+                    self._await_hello(reader, min(READY_WAIT, max(0.0, deadline - time.monotonic())))
                 _send_frame(proc.stdin.fileno(), header, code, deadline)  # type: ignore[union-attr]
                 answer, blob = reader.frame(deadline, MAX_BLOB)
             except HelperStarting:
