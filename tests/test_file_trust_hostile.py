@@ -149,6 +149,46 @@ def test_kernel_spec_from_file_refuses_a_fifo_without_blocking(tmp_path):
         KernelSpec.from_file("t", tmp_path / "d.spv")
 
 
+def test_a_named_file_that_is_a_terminal_is_refused_without_becoming_the_controlling_terminal():
+    """KernelSpec.from_file / KernelCodeSource.from_spirv_file of a terminal device, in a process
+    without a controlling terminal (a service, a session leader): before, the file was
+    opened to be checked, and the open made that terminal the process's controlling
+    terminal (its hang-up then sends SIGHUP, its Ctrl-C SIGINT, to the service). Now a
+    path that is not a regular file is refused before it is opened (O_NOCTTY besides)."""
+    import sys
+    import textwrap
+
+    from child_runs import printed_in_order, run_script
+
+    script = textwrap.dedent("""
+        import os
+        from vkmulti.kernels.engine.spec import KernelSpec
+        from vkmulti import KernelCodeSource
+        os.setsid()   # (a session of its own, no controlling terminal: as a service)
+        master, slave = os.openpty()
+        name = os.ttyname(slave)
+        os.close(slave)
+
+        def controlling_terminal():
+            try:
+                os.close(os.open("/dev/tty", os.O_RDONLY))
+                return True
+            except OSError:
+                return False
+        print("BEFORE", controlling_terminal(), flush=True)
+        for load in (lambda: KernelSpec.from_file("t", name), lambda: KernelCodeSource.from_spirv_file(name)):
+            try:
+                load()
+                print("LOADED", flush=True)
+            except ValueError as exc:
+                print("REFUSED", exc, flush=True)
+        print("AFTER", controlling_terminal(), flush=True)
+    """)
+    p = run_script(script, "terminal", 60, os.path.dirname(os.path.abspath(__file__)))
+    printed_in_order(p, ["BEFORE False", "REFUSED", "not a regular file", "REFUSED", "not a regular file",
+                         "AFTER False"], "terminal")
+
+
 def test_kernel_spec_from_file_is_bounded(tmp_path):
     """Before: a sparse file of any size was read whole into memory."""
     from vkmulti.kernels.engine.spec import KernelSpec

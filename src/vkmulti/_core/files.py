@@ -1,7 +1,7 @@
 """Files the package does not trust and files it writes, in one place.
 
 Reading (read_regular_file): a regular file only, never through a symbolic
-link, never blocking on a FIFO or device, and never more than a bound,
+link, never opening a FIFO or device, and never more than a bound,
 checked before reading and again while reading (the file may grow).
 
 Cache folders (open_private_dir): only a folder this user alone can change is
@@ -26,7 +26,7 @@ __all__ = ["read_regular_file", "read_named_file", "open_private_dir", "replace_
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | _CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
 _CHUNK = 1 << 20
@@ -37,7 +37,19 @@ def read_regular_file(path: str | os.PathLike, limit: int, *, dir_fd: int | None
     """The bytes of the regular file at `path` (relative to `dir_fd` when given; None
     when there is none), opened without following links unless `follow_links` (a
     path the caller named) and sized before reading; ValueError naming what is
-    wrong with anything else (a link, a FIFO, a device, a folder, too many bytes)."""
+    wrong with anything else (a link, a FIFO, a device, a folder, too many bytes). Anything
+    but a regular file is refused before it is opened (opening a device may act on it: a
+    terminal would become the controlling one), and checked again once open."""
+    try:
+        st = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow_links)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(str(exc)) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise ValueError("it is a symbolic link; links are never followed")
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("it is not a regular file; only regular files are read")
     try:
         fd = os.open(path, _OPEN_FLAGS | (0 if follow_links else _NOFOLLOW), dir_fd=dir_fd)
     except FileNotFoundError:
