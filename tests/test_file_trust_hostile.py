@@ -292,3 +292,15 @@ def test_an_output_never_replaces_a_device_or_a_link_to_one(tmp_path, what, caps
     for path in (str(link), "/dev/null"):
         with pytest.raises(Refused, match="device"):
             check_output_path(Parser(), path, "--json", image=False)
+
+
+@pytest.mark.parametrize("what", ["json", "png"])
+def test_an_output_with_a_long_name_of_multibyte_characters_is_written(tmp_path, what, capsys):
+    """A valid file name of 245 bytes in 125 characters (é is two bytes): the new file
+    written beside it was named after its first 200 characters (here all 245 bytes) and
+    19 more bytes, past the 255 a name may have: the output failed with ENAMETOOLONG."""
+    path = tmp_path / ("é" * 120 + (".json" if what == "json" else ".png"))
+    assert len(os.fsencode(path.name)) <= 255
+    _outputs()[what](str(path))
+    assert path.is_file() and path.stat().st_size > 0
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]

@@ -143,7 +143,8 @@ def replace_file(path: str | os.PathLike, data: bytes, *, dir_fd: int | None = N
     file (permissions `mode` less the umask) beside it, synced and renamed over
     it. OSError when that fails, the new file removed and the old one kept."""
     folder, name = os.path.split(os.fsdecode(path))
-    tmp = os.path.join(folder, f".{name[:200]}.{secrets.token_hex(6)}.tmp")
+    stem = os.fsdecode(os.fsencode(name)[:200])   # (bytes: the new name must stay within NAME_MAX, 255)
+    tmp = os.path.join(folder, f".{stem}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, _WRITE_FLAGS, mode, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as f:
