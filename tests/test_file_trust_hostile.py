@@ -304,3 +304,31 @@ def test_an_output_with_a_long_name_of_multibyte_characters_is_written(tmp_path,
     _outputs()[what](str(path))
     assert path.is_file() and path.stat().st_size > 0
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_ctrl_c_as_the_new_file_is_opened_leaves_nothing_beside_the_output(tmp_path, monkeypatch):
+    """A Ctrl-C that arrives while the new file beside an output is being opened is raised
+    as the open returns, before the write's cleanup covered it: the half-made file
+    (.name.xxxx.tmp) was left in the folder. Now it is removed; the old output stays."""
+    from vkmulti.apps.cli_args import write_output
+
+    path = tmp_path / "out.json"
+    path.write_bytes(b"old")
+    real_open, opened = os.open, []
+
+    def open_then_ctrl_c(name, flags, *args, **kwargs):
+        fd = real_open(name, flags, *args, **kwargs)
+        if os.fsdecode(name).endswith(".tmp"):
+            opened.append(fd)
+            raise KeyboardInterrupt   # (the signal handler's exception, raised as the call returns)
+        return fd
+    monkeypatch.setattr(os, "open", open_then_ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_output(str(path), b"new")
+    finally:
+        monkeypatch.undo()
+        for fd in opened:
+            os.close(fd)
+    assert opened and [p.name for p in tmp_path.iterdir()] == ["out.json"]
+    assert path.read_bytes() == b"old"

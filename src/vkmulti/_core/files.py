@@ -145,16 +145,22 @@ def replace_file(path: str | os.PathLike, data: bytes, *, dir_fd: int | None = N
     folder, name = os.path.split(os.fsdecode(path))
     stem = os.fsdecode(os.fsencode(name)[:200])   # (bytes: the new name must stay within NAME_MAX, 255)
     tmp = os.path.join(folder, f".{stem}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, _WRITE_FLAGS, mode, dir_fd=dir_fd)
+    ours = True   # (the open inside the try: a Ctrl-C raised as it returns still removes the file)
     try:
+        try:
+            fd = os.open(tmp, _WRITE_FLAGS, mode, dir_fd=dir_fd)
+        except FileExistsError:
+            ours = False   # (someone else's file of that name: left alone)
+            raise
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
+        if ours:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except OSError:
+                pass
         raise
