@@ -147,13 +147,24 @@ int vkm_queue_lock(vkm_queue *q, uint64_t timeout_ns)
 {
     int rc = pthread_mutex_trylock(&q->lock);
     if (rc != EBUSY) return rc;
-    struct timespec ts; /* timedlock takes a CLOCK_REALTIME deadline: a step of that clock moves one slice */
-    clock_gettime(CLOCK_REALTIME, &ts);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 30))
+    /* timed against CLOCK_MONOTONIC, as every wait of the core: a deadline taken from the
+     * wall clock would move with it (set back an hour, one slice would last an hour) */
+    const clockid_t clock = CLOCK_MONOTONIC;
+#else
+    const clockid_t clock = CLOCK_REALTIME;   /* (timedlock's clock where clocklock is missing) */
+#endif
+    struct timespec ts;
+    clock_gettime(clock, &ts);
     if (timeout_ns > 100000000000000000ull) timeout_ns = 100000000000000000ull; /* ~3 years: no overflow */
     uint64_t n = (uint64_t)ts.tv_nsec + timeout_ns;
     ts.tv_sec += (time_t)(n / 1000000000ull);
     ts.tv_nsec = (long)(n % 1000000000ull);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 30))
+    return pthread_mutex_clocklock(&q->lock, clock, &ts);
+#else
     return pthread_mutex_timedlock(&q->lock, &ts);
+#endif
 }
 
 int vkm_queue_unlock(vkm_queue *q) { return pthread_mutex_unlock(&q->lock); }

@@ -134,3 +134,59 @@ EXPECTED = {
 def test_a_queue_lock_is_never_lost(case):
     p = run_script(PRELUDE.format(here=HERE) + textwrap.dedent(CASES[case]) + EPILOGUE, case, 120, HERE)
     printed_in_order(p, EXPECTED[case] + ["VALIDATION ERRORS: []", "EXITING"], case)
+
+
+SHIFTED_WALL_CLOCK = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <time.h>
+/* CLOCK_REALTIME an hour ahead (as after the wall clock is set back an hour during a wait
+   whose deadline was taken from it); every other clock as it is */
+int clock_gettime(clockid_t id, struct timespec *ts)
+{
+    static int (*real)(clockid_t, struct timespec *);
+    if (!real) real = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
+    int r = real(id, ts);
+    if (r == 0 && id == CLOCK_REALTIME) ts->tv_sec += 3600;
+    return r;
+}
+"""
+
+
+def test_a_lock_wait_keeps_its_bound_when_the_wall_clock_moves(tmp_path, monkeypatch):
+    """QueueLock.acquire(timeout=0.2) while another thread holds the lock, with the wall
+    clock an hour off from the one the kernel times a mutex against (LD_PRELOAD): each
+    50 ms slice took its deadline from CLOCK_REALTIME, so a slice lasted an hour, and
+    neither the timeout nor Ctrl-C ended the wait (the child was still blocked when the
+    test gave up on it). The core times every wait with CLOCK_MONOTONIC."""
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the clock shim")
+    src, lib = tmp_path / "shift.c", tmp_path / "libshift.so"
+    src.write_text(SHIFTED_WALL_CLOCK)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src), "-ldl"], check=True, timeout=120)
+    monkeypatch.setenv("LD_PRELOAD", str(lib))
+    script = textwrap.dedent("""
+        import threading, time
+        import vkmulti
+        from vkmulti._core import _native
+        lock = _native.QueueLock(0x1000, 0)
+        taken, done = threading.Event(), threading.Event()
+        def holder():
+            with lock:
+                taken.set()
+                done.wait(60)
+        threading.Thread(target=holder, daemon=True).start()
+        taken.wait(30)
+        try:
+            lock.acquire(timeout=0.2)
+            print("ACQUIRED", flush=True)
+        except vkmulti.TimeoutError as exc:
+            print("RAISED TimeoutError", exc, flush=True)
+        done.set()
+    """)
+    p = run_script(script, "wall-clock", 60, HERE)
+    printed_in_order(p, ["RAISED TimeoutError", "still held by another thread"], "wall-clock")
