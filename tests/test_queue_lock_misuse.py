@@ -1,8 +1,9 @@
 """A queue's lock (QueueLock, shared by an engine and vkmulti) is never lost or taken
 twice by mistake: a native submit by a thread that holds the lock already (a kernel
 step under the engine's own `with queue.lock:`) is refused with the lock left held,
-and a Ctrl-C that lands as acquire() obtains the lock does not leave it held. Each
-case runs in a child process (a lock lost for good blocks the next waiter)."""
+and a Ctrl-C that lands as acquire() obtains the lock does not leave it held; a wait
+for it keeps its bound when the wall clock moves. Each case runs in a child process
+(a lock lost for good blocks the next waiter)."""
 from __future__ import annotations
 
 import os
