@@ -229,7 +229,7 @@ cdef class Device:
                     i = 0
                     while fences[i] != NULL:
                         i += 1
-                    raise RuntimeError(_held_by_caller(arr[i]))
+                    check_held(r, "vkQueueSubmit(teardown drain)", arr[i])
                 if r != VK_TIMEOUT or _time.monotonic() >= deadline:
                     break
                 PyErr_CheckSignals()
@@ -349,6 +349,13 @@ cdef str _held_by_caller(const vkm_queue *q):
     """What a thread that takes a queue's lock it holds already is told."""
     return (f"this thread already holds the lock of queue 0x{<uintptr_t>q.queue:x} (family {q.family}); "
             f"the lock is not re-entrant: release it first")
+
+
+cdef int check_held(VkResult result, const char *call, const vkm_queue *q) except -1:
+    """`check` for VKM_ERROR_QUEUE_LOCK_HELD, its message naming queue `q`."""
+    from vkmulti.errors import raise_for_result
+    raise_for_result(int(result), _text(call), _held_by_caller(q))
+    return -1
 
 
 cdef class QueueLock:

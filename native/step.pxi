@@ -307,5 +307,5 @@ cdef class StepCommands:
         if r == VK_SUCCESS:   # (set before any Python runs: an interrupt after the submit cannot hide it)
             self.submitted = value
         if r == VKM_ERROR_QUEUE_LOCK_HELD:
-            raise RuntimeError(_held_by_caller(q))
+            check_held(r, "vkQueueSubmit(kernel step)", q)
         check(r, "vkQueueSubmit(kernel step)")
