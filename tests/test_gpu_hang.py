@@ -30,7 +30,8 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {here!r})
     import conftest   # the virtual pair and validation, as in the tests
     import numpy as np
-    from vkmulti import MultiDeviceManager
+    from vkmulti import Image, MultiDeviceManager
+    from vkmulti.cluster.readback import BatchReadback
     from vkmulti.device.instance import drain_all_validation_messages
     from vkmulti.kernels import KernelRuntime, KernelSpec, counter_kernel
     from vkmulti.kernels.reload import KernelCodeSource
@@ -50,12 +51,17 @@ SCRIPT = textwrap.dedent("""
     mgr = MultiDeviceManager.create()
     rt = KernelRuntime(kernel_support.make_coordinator(mgr), mgr, max_kernels=8)
     c = rt.launch(counter_kernel(max_sources=8), "c", device=1, state=[counter_initial_state(8)])
+    img = Image(mgr.slot(0), 8, 8)
     h = rt.launch(KernelSpec("spin", spin, state_sizes=(16,), groups=(65535, 65535, 1)), "h", device=0)
     ticket = rt.step(h, timeout=2)
     outcome("step-h", lambda: sorted(ticket.points))
     outcome("wait-h", lambda: ticket.wait(timeout=1))
     outcome("read-h", lambda: rt.read_state(h, timeout=1))
     outcome("launch-behind-h", lambda: rt.launch(counter_kernel(max_sources=8), "c0", device=0, timeout=1))
+    rb = BatchReadback(mgr.slot(0))
+    outcome("readback-behind-h", lambda: rb.read([img], timeout=1))
+    outcome("readback-destroy", lambda: rb.destroy(timeout=1))
+    outcome("image-destroy", lambda: img.destroy(1))
 
     def other_device():
         rt.send(c, np.array([5], np.uint32), tag=COUNTER_TAG_ADD)
@@ -81,6 +87,9 @@ def test_a_kernel_that_does_not_end_fails_waits_at_their_timeouts_and_frees_noth
         "RETURNED step-h [0]", "RAISED wait-h TimeoutError", "GPU 0: kernel step",
         "RAISED read-h TimeoutError", "kernel 'h'", "GPU 0",
         "RAISED launch-behind-h TimeoutError", "launching kernel 'c0' on GPU 0",
+        "RAISED readback-behind-h TimeoutError", "reading back 1 image(s) of GPU 0",
+        "RAISED readback-destroy TimeoutError",
+        "RAISED image-destroy TimeoutError",
         "RETURNED other-device 5",
         "RAISED destroy-h TimeoutError", "kernel 'h'", "GPU 0",
         "RAISED runtime-destroy TimeoutError", "kernel 'h'", "GPU 0",

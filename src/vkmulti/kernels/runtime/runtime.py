@@ -520,8 +520,8 @@ class KernelRuntime:
                     ctx.wait_unlocked(k.last_value, timeout)
             except VkmTimeout:
                 raise VkmTimeout(f"kernel {short_repr(str(k.id))} on GPU {k.device_index}: its submitted steps did "
-                                 f"not finish within {seconds_text(timeout)} s; it is stopped, not freed (call "
-                                 f"destroy_kernel() again)") from None
+                                 f"not finish within {seconds_text(timeout)} s; it is stopped, not freed (a later "
+                                 f"destroy_kernel() or destroy() frees it)") from None
             finally:
                 stepper.harvest()
             if not k.buffers:   # (another call freed it meanwhile)
