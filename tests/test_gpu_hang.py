@@ -58,6 +58,10 @@ SCRIPT = textwrap.dedent("""
     outcome("wait-h", lambda: ticket.wait(timeout=1))
     outcome("read-h", lambda: rt.read_state(h, timeout=1))
     outcome("launch-behind-h", lambda: rt.launch(counter_kernel(max_sources=8), "c0", device=0, timeout=1))
+    cp = c.create_checkpoint()
+    outcome("migrate-onto-h", lambda: rt.migrate(c, 0, timeout=2))
+    outcome("restore-new-onto-h", lambda: rt.restore(cp, kernel_id="c2", device=0, timeout=2))
+    outcome("restore-into-onto-h", lambda: rt.restore(cp, into=c, device=0, timeout=2))
     rb = BatchReadback(mgr.slot(0))
     outcome("readback-behind-h", lambda: rb.read([img], timeout=1))
     outcome("readback-destroy", lambda: rb.destroy(timeout=1))
@@ -80,13 +84,22 @@ def test_a_kernel_that_does_not_end_fails_waits_at_their_timeouts_and_frees_noth
     """Before: a launch on the hung device waited 60 s (no timeout to give) and then freed the
     new kernel's buffers while its initialisation was still queued on the GPU
     (VUID-vkDestroyBuffer-buffer-00922: the GPU would write freed memory), and the waits'
-    errors named only the Vulkan call ("vkWaitForFences did not complete within 1.000 s")."""
+    errors named only the Vulkan call ("vkWaitForFences did not complete within 1.000 s").
+    migrate(timeout=2) and restore(timeout=2) onto the hung device took 90 s, 60 s and 32 s
+    (a twin's or a launch's initialisation waited 60 s, then freeing the twin or the staging
+    buffer 30 s more, under the device's lock) and said "GPU work still uses this
+    MappedBuffer after 30 s"; the kernel stays where it was, usable."""
     p = run_script(SCRIPT.format(here=HERE, spin=SPIN), "GPU hang", 240, HERE)
     assert "VALIDATION" not in p.stdout, p.stdout[-4000:]
+    moves = [ln for ln in p.stdout.splitlines() if ln.startswith(("RAISED migrate", "RAISED restore"))]
+    assert not any("still uses this" in ln for ln in moves), moves   # (a destroy's 30 s wait, not the call's)
     printed_in_order(p, [
         "RETURNED step-h [0]", "RAISED wait-h TimeoutError", "GPU 0: kernel step",
         "RAISED read-h TimeoutError", "kernel 'h'", "GPU 0",
         "RAISED launch-behind-h TimeoutError", "launching kernel 'c0' on GPU 0",
+        "RAISED migrate-onto-h TimeoutError", "live migration of",
+        "RAISED restore-new-onto-h TimeoutError", "launching kernel 'c2' on GPU 0",
+        "RAISED restore-into-onto-h TimeoutError",
         "RAISED readback-behind-h TimeoutError", "reading back 1 image(s) of GPU 0",
         "RAISED readback-destroy TimeoutError",
         "RAISED image-destroy TimeoutError",
