@@ -293,6 +293,30 @@ def test_stencil_slabs_in_one_process_match_numpy(manager):
         b.destroy()
 
 
+@pytest.mark.parametrize("spoil", [lambda r: r.astype(np.float64) + np.nan, lambda r: r.astype(np.int64) << 40,
+                                   lambda r: r[:-1], lambda r: np.concatenate([r, r]), lambda r: r.tolist(),
+                                   lambda r: "row"])
+def test_a_malformed_halo_row_from_a_neighbouring_node_is_refused(manager, spoil):
+    """A neighbour's edge row is a peer's data: before, any array was cast to int32 and
+    reshaped, so NaNs or 64-bit values went into the field as garbage without an error."""
+    from vkmulti.cluster import ClusterError, StencilSlab
+    from vkmulti.kernels.reference import jacobi_reference
+
+    field, top, bottom = stencil_problem(12, 40, 3)
+    a = StencilSlab(manager, field[:6], top, field[6], [1, 1], payload_size=128)
+    b = StencilSlab(manager, field[6:], field[5], bottom, [1], payload_size=128)
+    try:
+        ra, rb = a.step(None, None), b.step(None, None)
+        with pytest.raises(ClusterError, match="halo row from the neighbouring node"):
+            a.step(None, spoil(rb[0]))
+        for _ in range(3):
+            ra, rb = a.step(None, rb[0]), b.step(ra[1], None)
+        assert np.array_equal(np.vstack([a.field(), b.field()]), jacobi_reference(field, top, bottom, 4))
+    finally:
+        a.destroy()
+        b.destroy()
+
+
 # -- the node agent in-process -------------------------------------------------------------------
 
 def test_agent_in_process_renders_the_same_frame(srus, reference):

@@ -5,6 +5,7 @@ or with another device's blob is stopped and the pipeline compiled here, with a 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import textwrap
 import time
@@ -13,6 +14,7 @@ from types import SimpleNamespace as types_ns
 import numpy as np
 import pytest
 
+from child_runs import printed_in_order, run_script
 from kernel_support import runtime_fixture
 from vkmulti import HotReloadConfig, HotReloadManager, KernelCodeSource
 from vkmulti.device import pipeline_helper as ph
@@ -176,6 +178,8 @@ def test_a_helper_that_stops_reading_fails_the_request_in_time(helper):
         _write_frame(sys.stdout.buffer, {"hello": True}, b"")
         time.sleep(600)
     """)]
+    helper.start()   # (its hello waited for here, not within the 2 s: a loaded machine starts it slowly)
+    assert helper._reader is not None and helper._reader.sel.select(120)
     t0 = time.monotonic()
     with pytest.raises(ph.HelperError, match="in time"):
         helper.compile((1, 2, b"\0" * 16), b"\3\2\x23\7" * (256 << 10), "main", [7], 16, timeout=2.0)
@@ -268,3 +272,79 @@ def test_the_helper_is_used_only_when_asked(monkeypatch):
     assert ph.helper_wanted("cpu") and ph.helper_wanted("integrated-gpu")
     monkeypatch.setenv(ph.ENV, "0")
     assert not ph.helper_wanted("discrete-gpu")
+
+
+SIGPIPE_SCRIPT = textwrap.dedent('''
+    import signal, sys
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    from vkmulti.device import pipeline_helper as ph
+    ph.READY_WAIT = 30.0
+    child = "import sys; from vkmulti.device.pipeline_helper import _write_frame; " \\
+            "_write_frame(sys.stdout.buffer, {'hello': True}, b'')"
+    h = ph.PipelineHelper([sys.executable, "-c", child])
+    try:
+        h.compile((1, 2, bytes(16)), bytes.fromhex("03022307") * (256 << 10), "main", [7], 16, timeout=20)
+    except ph.HelperError as exc:
+        print("HelperError", exc, flush=True)
+    print("ALIVE", h.failures, h._proc is None, flush=True)
+''')
+
+
+def test_a_helper_that_died_cannot_end_a_process_that_left_sigpipe_at_its_default():
+    """A process that restored SIGPIPE's default action (as command-line programs do, to end
+    quietly in a closed pipeline) and whose helper said hello and died: the request gets
+    EPIPE, a HelperError. Before, writing it to the helper's stdin pipe raised SIGPIPE and
+    ended the whole process (exit status 141; a child process here)."""
+    p = run_script(SIGPIPE_SCRIPT, "SIGPIPE", 120, os.path.dirname(os.path.abspath(__file__)))
+    printed_in_order(p, ["HelperError the pipeline helper is gone", "ALIVE 1 True"], "SIGPIPE")
+
+
+def test_what_a_driver_prints_to_stdout_does_not_corrupt_the_helpers_answers(runtime, helper):
+    """Before: the helper's answers shared stdout with whatever the child's driver or layers
+    printed there, and a line printed while its Vulkan instance was made read as a
+    0x76697264-byte header: the helper was stopped as broken on every start."""
+    k = runtime.launch(counter_kernel(max_sources=32), "k", device=0, state=[counter_initial_state(32)])
+    runtime.prebuild.wait_idle(60)
+    helper.argv = [sys.executable, "-c", textwrap.dedent("""
+        import sys
+        from vkmulti.device import pipeline_helper as ph
+        made = ph.Instance
+        def noisy(**kw):
+            print("driver noise", flush=True)
+            return made(**kw)
+        ph.Instance = noisy
+        sys.exit(ph.main())
+    """)]
+    helper.close()   # (the launch's builds ahead started one with the usual command)
+    blob = helper.compile(*_request(k.ctx), timeout=60)
+    assert ph.check_header(blob, k.ctx.cache_identity) is None and helper.failures == 0
+
+
+def test_a_ctrl_c_during_a_request_stops_the_helper(helper, monkeypatch):
+    """A Ctrl-C while a request is out (its answer not read): the helper is stopped, so the
+    next call cannot read the interrupted request's answer as its own (before, the child
+    stayed with the unread answer and every later call got the blob of the one before)."""
+    helper.argv = [sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from vkmulti.device.pipeline_helper import _Reader, _write_frame
+        _write_frame(sys.stdout.buffer, {"hello": True}, b"")
+        reader = _Reader(0)
+        while True:
+            head, _ = reader.frame(time.monotonic() + 600, 1 << 20)
+            time.sleep(0.5)
+            _write_frame(sys.stdout.buffer, {"ok": True}, head["entry"].encode())
+    """)]
+    helper.start()
+    assert helper._reader is not None and helper._reader.sel.select(120)
+    frame = ph._Reader.frame
+
+    def interrupted(self, deadline, limit):   # Ctrl-C while the first answer is awaited (after the hello)
+        if limit == 0:
+            return frame(self, deadline, limit)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(ph._Reader, "frame", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        helper.compile((1, 2, b"\0" * 16), b"\3\2\x23\7" * 8, "first", [7], 16, timeout=60)
+    monkeypatch.setattr(ph._Reader, "frame", frame)
+    assert helper._proc is None and helper.failures == 0
+    assert helper.compile((1, 2, b"\0" * 16), b"\3\2\x23\7" * 8, "second", [7], 16, timeout=60) == b"second"

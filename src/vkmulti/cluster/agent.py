@@ -457,7 +457,7 @@ class NodeAgent:
         self._renderers.clear()
         for rb in self._readbacks.values():
             try:
-                rb.destroy()
+                rb.destroy(self.timeout)
             except VkmError as exc:
                 log.warning("%s: read-back buffer teardown failed: %r", self.label, exc)
         self._readbacks.clear()

@@ -8,17 +8,16 @@ are composited on the driver in input order once all are in.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from .._core.checks import is_int, short_repr
 from .._core.reprs import compact_repr
 from .errors import NoAgentError, caller_error, short_error
-from .planner import IMAGE_BYTES_PER_PIXEL, NodeInfo, NodePlan, composite_frame, plan_nodes
+from .planner import NodeInfo, NodePlan, composite_frame, plan_nodes
+from .replies import render_reply_problem
 
 if TYPE_CHECKING:
     from ..offload.types import SruId
@@ -138,7 +137,7 @@ def _collect(cm: Any, refs: dict, images: dict, frame: ClusterFrame) -> list[Any
                 cm._lose(node_id, short_error(exc), frame)
                 retry += group
                 continue
-            why = _result_problem(r, group)
+            why = render_reply_problem(r, group)
             if why is not None:
                 cm._lose(node_id, f"sent a malformed result: {why}", frame)
                 retry += group
@@ -158,37 +157,6 @@ def _collect(cm: Any, refs: dict, images: dict, frame: ClusterFrame) -> list[Any
     if bad is not None:
         raise bad
     return retry
-
-
-def _seconds(value: Any) -> bool:
-    """Whether `value` is a finite number of seconds >= 0."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-
-
-def _result_problem(r: Any, group: list) -> str | None:
-    """Why an agent's render() result is not in the shape render() returns (None when it is).
-
-    What a node sends is checked before any of it is used: a NaN or negative time would
-    turn its throughput (_observe) into one every later plan refuses, and a missing or
-    wrongly sized image would fail the frame or be composited at the wrong size."""
-    if not isinstance(r, dict):
-        return f"a {type(r).__name__}, not a dict"
-    for key in ("render_s", "readback_s", "total_s"):
-        if not _seconds(r.get(key)):
-            return f"{key} is {short_repr(r.get(key))}, not a finite number of seconds >= 0"
-    if r.get("predicted_s") is not None and not _seconds(r["predicted_s"]):
-        return f"predicted_s is {short_repr(r['predicted_s'])}"
-    images, gpu = r.get("images"), r.get("gpu")
-    if not isinstance(images, dict) or not isinstance(gpu, dict):
-        return "its images or gpu entry is not a dict"
-    for s in group:
-        img, want = images.get(s.sru_id), (s.height, s.width, IMAGE_BYTES_PER_PIXEL)
-        if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.shape != want:
-            what = (f"{img.dtype} {img.shape}" if isinstance(img, np.ndarray) else type(img).__name__)[:80]
-            return f"SRU {short_repr(s.sru_id)}: image {what}, not {want} uint8"
-        if not is_int(gpu.get(s.sru_id)):
-            return f"SRU {short_repr(s.sru_id)}: GPU index {short_repr(gpu.get(s.sru_id))}"
-    return None
 
 
 def _observe(cm: Any, node_id: str, r: dict) -> None:

@@ -25,6 +25,7 @@ from .connection import VK_GPU, Connection, connect, require_ray
 from .errors import ClusterError, NoAgentError, short_error
 from .frames import ClusterFrame, render_frame
 from .planner import LinkInfo, NodeInfo, NodePlan, check_srus, plan_nodes
+from .replies import description_problem, link_time_problem, note, throughput_problem, validation_texts
 from .stencil_run import run_stencil
 from .._core.checks import is_int
 
@@ -162,27 +163,28 @@ class ClusterManager:
             for i, c in enumerate(offer)]
         described = self._gather({h.describe.remote(topology): h for h in handles}, self.start_timeout,
                                  "describe its devices")
-        for h in handles:
+        for i, h in enumerate(handles):
             d = described.get(h)
-            if isinstance(d, BaseException):
-                self._skip(f"agent {handles.index(h)}", f"its agent failed to start: {short_error(d)}")
+            why = short_error(d) if isinstance(d, BaseException) else description_problem(d)
+            if why is not None:   # (what it sent is a peer's: checked before any of it is used)
+                self._skip(f"agent {i}", f"its agent failed to start: {why}" if isinstance(d, BaseException)
+                           else f"its agent described itself malformed: {why}")
                 ray.kill(h, no_restart=True)
                 continue
-            label = f"node {d['node_id'][:8]} ({d['address']})"  # type: ignore[index]
-            if d["error"]:  # type: ignore[index]
-                self._skip(label, d["error"])  # type: ignore[index]
+            assert isinstance(d, dict)
+            node_id, label = d["node_id"], f"node {d['node_id'][:8]} ({d['address']})"
+            if d["error"] or node_id in self.nodes:
+                self._skip(label, note(d["error"]) or "a second agent of the node")
                 ray.kill(h, no_restart=True)
                 continue
-            self._agents[d["node_id"]] = h  # type: ignore[index]
-            self._pids[d["node_id"]] = d["pid"]  # type: ignore[index]
-            if d.get("topology_note"):  # type: ignore[union-attr]
-                self.topology_notes[d["node_id"]] = d["topology_note"]  # type: ignore[index]
-            if d.get("nice_note"):  # type: ignore[union-attr]
-                log.warning("vkmulti cluster: %s: %s", label, d["nice_note"])  # type: ignore[index]
-            self.nodes[d["node_id"]] = NodeInfo(  # type: ignore[index]
-                d["node_id"], d["address"], d["hostname"], tuple(x["name"] for x in d["devices"]),  # type: ignore[index]
-                tuple(1.0 for _ in d["devices"]), local=d["node_id"] == self.driver_node_id,  # type: ignore[index]
-                topology=d.get("topology"))  # type: ignore[union-attr]
+            self._agents[node_id], self._pids[node_id] = h, d["pid"]
+            if note(d.get("topology_note")):
+                self.topology_notes[node_id] = note(d["topology_note"])  # type: ignore[assignment]
+            if note(d.get("nice_note")):
+                log.warning("vkmulti cluster: %s: %s", label, note(d["nice_note"]))
+            self.nodes[node_id] = NodeInfo(node_id, d["address"], d["hostname"], tuple(x["name"] for x in d["devices"]),
+                                           tuple(1.0 for _ in d["devices"]), local=node_id == self.driver_node_id,
+                                           topology=d.get("topology"))
         if not self.nodes:
             raise NoAgentError(f"no node of the Ray cluster has a usable Vulkan device: {self._skipped_text()}")
 
@@ -226,18 +228,22 @@ class ClusterManager:
         got = self._gather({a.measure_throughput.remote(): n for n, a in self._agents.items()},
                            self.start_timeout, "measure its GPUs")
         for node_id, r in got.items():
-            if isinstance(r, BaseException) or not any(x > 0 for x in r):
-                why = short_error(r) if isinstance(r, BaseException) else "no GPU rendered the calibration SRU"
+            why = short_error(r) if isinstance(r, BaseException) else \
+                throughput_problem(r, len(self.nodes[node_id].devices))
+            if why is not None:
                 self._lose(node_id, f"measuring its GPUs failed: {why}")
                 continue
             self._calibrated[node_id] = tuple(float(x) for x in r)
             self.nodes[node_id] = dataclasses.replace(self.nodes[node_id], gpu_throughput=self._calibrated[node_id])
         t = []
-        for a in self._live_agents().values():
-            for _ in range(3):
-                t0 = time.perf_counter()
-                ray.get(a.ping.remote(), timeout=self.start_timeout)
-                t.append(time.perf_counter() - t0)
+        for node_id, a in self._live_agents().items():
+            try:
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    ray.get(a.ping.remote(), timeout=self.start_timeout)
+                    t.append(time.perf_counter() - t0)
+            except ray.exceptions.RayError as exc:
+                self._lose(node_id, f"it did not answer a ping: {short_error(exc)}")
         self.call_latency = min(t) if t else 0.0
         for node_id in list(self._live_agents()):
             try:
@@ -277,19 +283,26 @@ class ClusterManager:
         live = self._live_agents()
         for src, a in live.items():
             for dst, b in live.items():
-                if src == dst:
+                if src == dst or src in self.lost or dst in self.lost:
                     continue
                 times = {}
-                for size in (_SMALL_PROBE, nbytes):
-                    best = math.inf
-                    for _ in range(3):
-                        ref = a.payload.remote(size)
-                        ray.wait([ref], fetch_local=False, timeout=self.start_timeout)
-                        best = min(best, ray.get(b.fetch.remote([ref]), timeout=self.start_timeout))
-                    times[size] = best
+                try:
+                    for size in (_SMALL_PROBE, nbytes):
+                        best = math.inf
+                        for _ in range(3):
+                            ref = a.payload.remote(size)
+                            ray.wait([ref], fetch_local=False, timeout=self.start_timeout)
+                            took = ray.get(b.fetch.remote([ref]), timeout=self.start_timeout)
+                            if (why := link_time_problem(took)) is not None:
+                                raise ClusterError(f"it timed the link from {src[:8]} malformed: {why}")
+                            best = min(best, took)
+                        times[size] = best
+                except (ray.exceptions.RayError, ClusterError) as exc:
+                    self._lose(dst, f"its link could not be measured: {short_error(exc)}")
+                    continue
                 self.node_links[(src, dst)] = _fit_link(src, dst, _SMALL_PROBE, times[_SMALL_PROBE],
                                                         nbytes, times[nbytes])
-        return dict(self.node_links)
+        return {pair: link for pair, link in self.node_links.items() if not set(pair) & set(self.lost)}
 
     # -- frames ----------------------------------------------------------------------
 
@@ -377,7 +390,8 @@ class ClusterManager:
         self._check()
         got = self._gather({a.validation_errors.remote(): n for n, a in self._live_agents().items()},
                            self.timeout, "report validation errors")
-        return {n: (r if isinstance(r, list) else [f"(could not ask: {r})"]) for n, r in got.items()}
+        return {n: [f"(could not ask: {short_error(r)[:300]})"] if isinstance(r, BaseException) else validation_texts(r)
+                for n, r in got.items()}
 
     def destroy(self) -> None:
         """Shut the agents down, free the placement group, close a connection connect() opened (idempotent)."""

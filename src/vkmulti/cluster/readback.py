@@ -15,6 +15,8 @@ import numpy as np
 import vulkan as vk
 
 from .._core import vkapi
+from .._core.checks import seconds_text
+from ..errors import TimeoutError as VkmTimeout
 from ..memory.buffer import Buffer
 from ..device.commands import CommandRunner
 from ..memory.image import Image
@@ -31,10 +33,10 @@ class BatchReadback:
         self.slot = slot
         self._buffer: Buffer | None = None
 
-    def _staging(self, nbytes: int) -> Buffer:
+    def _staging(self, nbytes: int, timeout: float | None) -> Buffer:
         if self._buffer is None or self._buffer.size < nbytes:
             if self._buffer is not None:
-                self._buffer.destroy()
+                self._buffer.destroy(timeout)   # (waits for a copy a read that gave up left queued)
                 self._buffer = None
             size = max(nbytes, 1 << 20)
             size = 1 << (size - 1).bit_length()            # power of two: few regrowths
@@ -56,7 +58,7 @@ class BatchReadback:
         for img in images:
             offsets.append(total)
             total += (img.nbytes + 15) & ~15                # copies start 16-byte aligned
-        buf = self._staging(total)
+        buf = self._staging(total, timeout)
 
         def record(cmd: Any) -> None:
             layers = vk.VkImageSubresourceLayers(aspectMask=vk.VK_IMAGE_ASPECT_COLOR_BIT, mipLevel=0,
@@ -67,7 +69,14 @@ class BatchReadback:
                     bufferOffset=off, bufferRowLength=0, bufferImageHeight=0, imageSubresource=layers,
                     imageOffset=vk.VkOffset3D(0, 0, 0), imageExtent=vk.VkExtent3D(img.width, img.height, 1))])
                 img.barrier(cmd, _SRC, img.layout)
-        CommandRunner.for_slot(self.slot).run(record, waits=list(waits), timeout=timeout)
+        # (a wait that gives up leaves the copy queued: the images and the staging buffer are its
+        # users, so that their destroy() waits for it instead of freeing them under it)
+        try:
+            CommandRunner.for_slot(self.slot).run(record, waits=list(waits), timeout=timeout, users=[*images, buf])
+        except VkmTimeout:
+            raise VkmTimeout(f"reading back {len(images)} image(s) of GPU {self.slot.index}: the copy did not finish "
+                             f"within {seconds_text(timeout)} s (it runs after the work queued on the GPU before "
+                             f"it)") from None
         mapped = vkapi.vkMapMemory(self.slot.device, buf.memory, 0, total, 0)
         try:
             host = np.frombuffer(mapped, dtype=np.uint8, count=total)   # vkMapMemory gives a cffi buffer
@@ -76,7 +85,9 @@ class BatchReadback:
         finally:
             vk.vkUnmapMemory(self.slot.device, buf.memory)
 
-    def destroy(self) -> None:
+    def destroy(self, timeout: float | None = 30.0) -> None:
+        """Free the staging buffer once no copy uses it (idempotent); vkmulti.TimeoutError after
+        `timeout` s keeps it for a later call."""
         if self._buffer is not None:
-            self._buffer.destroy()
+            self._buffer.destroy(timeout)
             self._buffer = None

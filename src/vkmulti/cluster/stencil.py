@@ -104,7 +104,7 @@ class StencilSlab:
         self._pw = payload_size // 4
 
     def _send_halo(self, kernel: Any, row: np.ndarray, side: int) -> None:
-        row = np.ascontiguousarray(row, dtype=np.int32).reshape(self.width)
+        row = np.ascontiguousarray(row)
         for c in range(-(-self.width // self._pw)):
             self.runtime.send(kernel, row[c * self._pw:(c + 1) * self._pw].tobytes(), tag=side | (c << 8),
                               timeout=self.timeout)
@@ -112,6 +112,12 @@ class StencilSlab:
     def step(self, above: np.ndarray | None, below: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """One Jacobi step with this step's halo rows from the neighbour nodes (None: keep the
         stored one, e.g. the fixed boundary or the initial field); returns the new first and last row."""
+        for row in (above, below):   # (a neighbouring node's rows: a peer's data, never cast to fit)
+            if row is not None and not (isinstance(row, np.ndarray) and row.dtype == np.int32
+                                        and row.shape == (self.width,)):
+                got = f"{row.dtype} {row.shape}" if isinstance(row, np.ndarray) else type(row).__name__
+                raise ClusterError(f"a halo row from the neighbouring node is {got[:80]}, not a ({self.width},) "
+                                   f"int32 row; nothing was stepped")
         if above is not None:
             self._send_halo(self.tiles[0][0], above, _FROM_ABOVE)
         if below is not None:

@@ -26,6 +26,7 @@ import numpy as np
 from .._core.reprs import compact_repr
 from .errors import ClusterError, NoAgentError, caller_error, short_error
 from .planner import NodeInfo
+from .replies import gpu_rows_problem
 from .stencil import split_rows_weighted
 from .._core.checks import is_int
 
@@ -151,6 +152,8 @@ def _setup(cm: Any, parts: list[tuple[NodeInfo, int, int]], state: np.ndarray, t
             raise caller_error(r)  # type: ignore[misc]
         if isinstance(r, BaseException):
             failed[n.node_id] = _why(r)
+        elif (why := gpu_rows_problem(r, k)) is not None:   # (a peer's reply: checked before it is kept)
+            failed[n.node_id] = f"it set up its stencil slab but answered malformed: {why}"
         else:
             run.nodes[n.node_id] = {"rows": (r0, k), "gpu_rows": dict(r)}
     return failed

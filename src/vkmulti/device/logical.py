@@ -77,6 +77,8 @@ class LogicalDevice:
     copy_queue: Queue | None = None
     #: vkmulti's own universal-family queue (second queue of that family), if any
     universal_copy_queue: Queue | None = None
+    #: The device features it was made with (Vulkan's names)
+    enabled_features: frozenset[str] = frozenset()
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.device, self.graphics_queue, self.present_queue,
@@ -195,13 +197,15 @@ def create_logical_device(physical_device: VkPhysicalDevice | int, queue_familie
 
     g = queue(qf.graphics)
     assert g is not None
+    features = frozenset({"timelineSemaphore"} | ({"synchronization2"} if sync2 is not None else set()))
     second: dict[int, Queue] = {f: Queue(vk.vkGetDeviceQueue(device, f, 1), f, 1) for f in sorted(two)}
     ld = LogicalDevice(device=device, graphics_queue=g, present_queue=queue(qf.present) or g,
                        compute_queue=queue(compute_qf), transfer_queue=queue(transfer_qf),
                        copy_queue=second.get(copy_family) if copy_family is not None else None,
                        universal_copy_queue=second.get(qf.graphics),
                        queue_families=QueueFamilies(qf.graphics, qf.present, compute_qf, transfer_qf),
-                       enabled_extensions=enabled, capabilities=caps, native=nat)
+                       enabled_extensions=enabled, capabilities=caps, native=nat,
+                       enabled_features=features)
     log.debug("created device %s: families %s, extensions %s", caps.name, families, sorted(enabled))
     return ld
 

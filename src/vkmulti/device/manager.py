@@ -12,8 +12,7 @@ import vulkan as vk
 from .._core.checks import is_int
 from .._core.handles import cstr, handle_hex, handle_int, short_text, to_cffi
 from .capabilities import (EXT_MEMORY_FD, DeviceCapabilities, QueueFamilies, QueueFamiliesLike, RenderCapabilities,
-                           RenderCapabilitiesLike,
-                           as_queue_families, as_render_capabilities, probe_device)
+                           RenderCapabilitiesLike, as_queue_families, as_render_capabilities, probe_device)
 from .logical import (LogicalDevice, Queue, create_logical_device, default_queue_families, destroy_logical_device,
                       discard_logical_device, drain_queues, native_device)
 from ..errors import DestroyedError, UnsupportedError, VkmError
@@ -22,6 +21,7 @@ from .._core.lifetime import Deadline, Lifetime
 from . import virtual
 from .instance import Instance
 from .passthrough import has_placeholders, is_placeholder_primary, skip_placeholder_secondaries
+from .slots import enabled_names
 from .._core.vktypes import VkDevice, VkFence, VkPhysicalDevice, VkQueue
 
 if TYPE_CHECKING:
@@ -50,6 +50,9 @@ class DeviceSlot:
     renderer: object = None
     capabilities: DeviceCapabilities | None = None
     enabled_extensions: frozenset[str] = frozenset()
+    #: The features its VkDevice was made with ("shaderInt64"); None: not told (an engine's device
+    #: handed over without primary_features), and kernels that need one are refused there.
+    enabled_features: frozenset[str] | None = dataclasses.field(default=None, repr=False)
     native: NativeDevice | None = dataclasses.field(default=None, repr=False)
     owned: bool = dataclasses.field(default=False, repr=False)
     #: Per-device helpers vkmulti caches (transfer links, command runners);
@@ -113,19 +116,6 @@ class DeviceSlot:
             with self.children_lock:
                 if self.children.get(key) is child:
                     del self.children[key]
-
-
-def _names(value: Any, label: str) -> frozenset[str]:
-    """A set of extension or feature names from an iterable of str (None: none)."""
-    if value is None:
-        return frozenset()
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{label} must be an iterable of names (e.g. a list), got {type(value).__name__}")
-    out = frozenset(value)
-    bad = [v for v in out if not isinstance(v, str)]
-    if bad:
-        raise TypeError(f"{label} must hold str names, got {type(bad[0]).__name__} {bad[0]!r}"[:160])
-    return out
 
 
 def _device_name(pd: Any) -> str:
@@ -215,8 +205,8 @@ class MultiDeviceManager:
         if primary_key not in [handle_int(p, "VkPhysicalDevice") for p in pds]:
             raise ValueError("primary_physical_device is not among physical_devices")
         device = to_cffi(primary_device, "VkDevice")
-        pext = _names(primary_extensions, "primary_extensions")
-        pfeat = _names(primary_features, "primary_features")
+        pext = enabled_names(primary_extensions, "primary_extensions")
+        pfeat = enabled_names(primary_features, "primary_features")
 
         self._physical_devices = list(pds)
         pcaps = probe_device(primary_pd)
@@ -232,6 +222,7 @@ class MultiDeviceManager:
                                      qf.transfer if qf.transfer is not None else pcaps.dedicated_transfer_family,
                                      "primary_transfer_queue"),
             name=_device_name(primary_pd), capabilities=pcaps, enabled_extensions=pext, lifetime=self._life,
+            enabled_features=pfeat if primary_features is not None else None,
         )]
         if self._slots[0].graphics_queue is None:
             raise ValueError("primary_graphics_queue is required")
@@ -281,7 +272,8 @@ class MultiDeviceManager:
                           graphics_queue=ld.graphics_queue, present_queue=ld.present_queue,
                           compute_queue=ld.compute_queue, transfer_queue=ld.transfer_queue,
                           name=ld.capabilities.name, capabilities=ld.capabilities,
-                          enabled_extensions=ld.enabled_extensions, native=ld.native, owned=owned,
+                          enabled_extensions=ld.enabled_extensions, enabled_features=ld.enabled_features,
+                          native=ld.native, owned=owned,
                           dedicated_copy_queue=ld.copy_queue,
                           dedicated_universal_queue=ld.universal_copy_queue)
 
@@ -332,7 +324,8 @@ class MultiDeviceManager:
                       primary_present_queue=primary_ld.present_queue, physical_devices=chosen,
                       enabled=enabled, primary_compute_queue=primary_ld.compute_queue,
                       primary_transfer_queue=primary_ld.transfer_queue,
-                      primary_extensions=primary_ld.enabled_extensions)
+                      primary_extensions=primary_ld.enabled_extensions,
+                      primary_features=primary_ld.enabled_features)
         except BaseException:
             discard_logical_device(primary_ld)   # (never raises: the error that stopped create() is raised)
             if own_instance:

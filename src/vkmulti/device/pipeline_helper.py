@@ -20,7 +20,10 @@ child holds a context on the GPU, and migrations measured beside it were
 slower (bench/RESULTS.md, session 22). Drivers whose cache keeps nothing
 (lavapipe's) gain nothing from it.
 
-The pipe carries frames of a 4-byte length and a JSON header (at most 4 KiB),
+The child's stdin is one end of a socket pair (a request to a child that died
+fails with EPIPE, never with a SIGPIPE that would end a process which left that
+signal at its default action), its stdout a pipe. They carry frames of a 4-byte
+length and a JSON header (at most 4 KiB),
 then an 8-byte length and the bytes (SPIR-V to the child, at most MAX_CODE;
 the cache blob back, at most MAX_BLOB); every read is bounded by the caller's
 timeout, and a helper that times out, dies or answers out of bounds is killed
@@ -35,6 +38,7 @@ import logging
 import math
 import os
 import selectors
+import socket
 import struct
 import subprocess
 import sys
@@ -213,11 +217,17 @@ def _write_frame(out: BinaryIO, header: dict, body: bytes) -> None:
     out.flush()
 
 
-def _send_frame(fd: int, header: dict, body: bytes, deadline: float) -> None:
-    """_write_frame on a non-blocking pipe, before a deadline (a child that stops reading
-    never blocks the caller past it: HelperError)."""
+#: send() flags that turn a write to a child that is gone into EPIPE, never SIGPIPE (which kills
+#: a process that left SIGPIPE at its default action, as command-line programs often do).
+_NO_SIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
+
+
+def _send_frame(sock: socket.socket, header: dict, body: bytes, deadline: float) -> None:
+    """_write_frame on the non-blocking socket of the child's stdin, before a deadline (a
+    child that stops reading never blocks the caller past it: HelperError; one that is
+    gone: BrokenPipeError, never a signal)."""
     sel = selectors.DefaultSelector()
-    sel.register(fd, selectors.EVENT_WRITE)
+    sel.register(sock, selectors.EVENT_WRITE)
     try:
         for part in (_frame_head(header, body), body):
             view = memoryview(part)
@@ -228,7 +238,7 @@ def _send_frame(fd: int, header: dict, body: bytes, deadline: float) -> None:
                 if not sel.select(min(left, 0.25)):
                     continue
                 try:
-                    view = view[os.write(fd, view[:1 << 20]):]
+                    view = view[sock.send(view[:1 << 20], _NO_SIGNAL):]
                 except BlockingIOError:
                     continue
     finally:
@@ -296,6 +306,7 @@ class PipelineHelper:
                                                    "sys.exit(main())"]
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
+        self._sock: socket.socket | None = None   # the child's stdin (a socket pair's end)
         self._reader: _Reader | None = None
         self._ready = False
         self._started_at = 0.0
@@ -338,10 +349,10 @@ class PipelineHelper:
             if self.failures >= self.MAX_FAILURES:
                 raise HelperError(f"the pipeline helper failed {self.failures} times: not used any more")
             try:
-                proc, reader = self._start()
+                sock, reader = self._start()
                 if not self._ready:
                     self._await_hello(reader, min(READY_WAIT, max(0.0, deadline - time.monotonic())))
-                _send_frame(proc.stdin.fileno(), header, code, deadline)  # type: ignore[union-attr]
+                _send_frame(sock, header, code, deadline)
                 answer, blob = reader.frame(deadline, MAX_BLOB)
             except HelperStarting:
                 raise
@@ -353,6 +364,9 @@ class PipelineHelper:
                 self.failures += 1
                 self._stop()
                 raise HelperError(f"the pipeline helper is gone: {exc}") from None
+            except BaseException:   # (Ctrl-C mid-request: its answer would be read as the next one's)
+                self._stop()
+                raise
             if not answer.get("ok"):
                 self.failures += 1
                 raise HelperError(f"the pipeline helper could not compile it: {str(answer.get('error'))[:300]}")
@@ -372,31 +386,43 @@ class PipelineHelper:
             raise HelperError(f"the pipeline helper did not start: {str(hello.get('error'))[:300]}")
         self._ready = True
 
-    def _start(self) -> tuple[subprocess.Popen, _Reader]:
-        if self._proc is not None and self._proc.poll() is None and self._reader is not None:
-            return self._proc, self._reader
+    def _start(self) -> tuple[socket.socket, _Reader]:
+        """The running child's request socket and answer reader, the child started first if needed.
+        Its stdin is one end of a socket pair, not a pipe: a request to a child that died fails
+        with EPIPE (send with MSG_NOSIGNAL) and never raises SIGPIPE in this process."""
+        if self._proc is not None and self._proc.poll() is None and self._reader is not None \
+                and self._sock is not None:
+            return self._sock, self._reader
         self._stop()
+        ours, theirs = socket.socketpair()
         try:
-            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                    close_fds=True)
+            proc = subprocess.Popen(self.argv, stdin=theirs.fileno(), stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, close_fds=True)
         except OSError as exc:
+            ours.close()
             raise HelperError(f"could not start the pipeline helper: {exc}") from None
-        os.set_blocking(proc.stdin.fileno(), False)  # type: ignore[union-attr]  # (_send_frame: bounded writes)
-        self._proc, self._reader = proc, _Reader(proc.stdout.fileno())  # type: ignore[union-attr]
+        finally:
+            theirs.close()
+        ours.setblocking(False)   # (_send_frame: bounded writes)
+        if not _NO_SIGNAL and hasattr(socket, "SO_NOSIGPIPE"):   # (where send() has no MSG_NOSIGNAL)
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_NOSIGPIPE, 1)
+        self._proc, self._sock, self._reader = proc, ours, _Reader(proc.stdout.fileno())  # type: ignore[union-attr]
         self._ready, self._started_at = False, time.monotonic()
-        return proc, self._reader
+        return ours, self._reader
 
     def _stop(self) -> None:
         proc, reader, self._proc, self._reader, self._ready = self._proc, self._reader, None, None, False
+        sock, self._sock = self._sock, None
         if reader is not None:
             reader.close()
+        if sock is not None:
+            sock.close()
         if proc is None:
             return
-        for stream in (proc.stdin, proc.stdout):
-            try:
-                stream.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
+        try:
+            proc.stdout.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
         try:
             proc.wait(2.0)   # (its stdin closed: it ends)
         except subprocess.TimeoutExpired:
@@ -474,9 +500,12 @@ class _Compiler:
 
 def main() -> int:
     """Say hello once ready, then serve compile requests on stdin until it closes (the
-    parent went, or stopped us)."""
+    parent went, or stopped us). The answers go out on a copy of stdout; stdout itself
+    then goes where stderr goes, so what a driver or layer prints cannot corrupt them."""
     reader = _Reader(sys.stdin.fileno())
-    out = sys.stdout.buffer
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     try:
         compiler = _Compiler()
     except Exception as exc:   # (told to the parent, which compiles everything itself)

@@ -11,7 +11,7 @@ from .._core.checks import short_repr
 from .._core.lifetime import Lifetime
 from .logical import Queue
 
-__all__ = ["check_slot", "slot_queue", "slot_lifetime"]
+__all__ = ["check_slot", "slot_queue", "slot_lifetime", "enabled_names"]
 
 
 def check_slot(slot: Any) -> None:
@@ -43,3 +43,17 @@ def slot_lifetime(slot: Any) -> Lifetime:
     slot made by hand)."""
     life = getattr(slot, "lifetime", None)
     return life if isinstance(life, Lifetime) else Lifetime(slot, "device slot")
+
+
+def enabled_names(value: Any, label: str) -> frozenset[str]:
+    """A set of extension or feature names a device was made with, from an iterable of str
+    (None: none); TypeError naming `label` otherwise."""
+    if value is None:
+        return frozenset()
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{label} must be an iterable of names (e.g. a list), got {type(value).__name__}")
+    out = frozenset(value)
+    bad = [v for v in out if not isinstance(v, str)]
+    if bad:
+        raise TypeError(f"{label} must hold str names, got {type(bad[0]).__name__} {bad[0]!r}"[:160])
+    return out

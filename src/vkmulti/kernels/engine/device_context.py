@@ -23,6 +23,7 @@ from ..._core.lifetime import Deadline
 from ..._core.protocols import Destroyable
 from ...device.commands import SubmitUser
 from ...device.pipeline_helper import cache_from_blob, compiled_cache, create_compute_pipeline, use_helper
+from ...device.shader_support import ShaderSupport, check_device_support
 from ...memory.buffer import MappedBuffer
 from ...memory.image import BUFFER_USAGE, Buffer, CommandRunner
 from ...memory.staging import StagingBuffers
@@ -256,6 +257,7 @@ class DeviceContext:
         self.max_storage_buffers = int(limits.maxPerStageDescriptorStorageBuffers)
         self.max_storage_range = int(limits.maxStorageBufferRange)
         del props
+        self.shader_support = ShaderSupport.of_slot(slot)   # (what modules its VkDevice takes)
         self.timeline = slot.native.create_timeline(0)
         self.pipeline_cache = self._open_pipeline_cache(slot)
         caps = getattr(slot, "capabilities", None)   # (builds off the step path: by the helper process?)
@@ -317,8 +319,10 @@ class DeviceContext:
         (a build off the step path), then made here from its cache blob."""
         key = (hashlib.sha256(code).digest(), entry, tuple(types), push)
 
-        def make() -> ComputePass:   # (a workgroup past the device's limits never reaches the driver)
-            check_workgroup_size(reflect(code), entry, self.max_group_size, self.max_invocations, self.max_shared,
+        def make() -> ComputePass:   # (nor a workgroup past the device's limits, nor what it was not made with)
+            mod = reflect(code)
+            check_device_support(mod, entry, self.shader_support, f"GPU {self.index}: SPIR-V")
+            check_workgroup_size(mod, entry, self.max_group_size, self.max_invocations, self.max_shared,
                                  f"GPU {self.index}: SPIR-V")
             compiled = self._compiled_elsewhere(code, entry, types, push, timeout) if elsewhere else None
             return ComputePass(self, code, entry, types, push, compiled)

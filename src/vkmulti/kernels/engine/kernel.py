@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 import numpy as np
 import vulkan as vk
 
-from ..._core.checks import U32_MAX, int_in, timeout_seconds
+from ..._core.checks import U32_MAX, int_in, short_repr, timeout_seconds
 from ..._core.lifetime import LazyEvent
 from ..._core.timeline import TimelinePoint
 from ...errors import DestroyedError, DeviceLostError
@@ -67,7 +67,7 @@ def check_kernel_code(ctx: DeviceContext, spec: KernelSpec, timeout: float | Non
     KernelValidationError before a driver sees a module that is not valid SPIR-V
     for that device or not a kernel of the ABI; remembered per module."""
     validate_kernel_spirv(spec.spirv, spec.entry_point, len(spec.state_sizes), KERNEL_PUSH, target_env_of(ctx.slot),
-                          timeout=timeout, label=f"the SPIR-V of kernel type {spec.kernel_type!r}")
+                          timeout=timeout, label=f"the SPIR-V of kernel type {short_repr(spec.kernel_type)}")
 
 
 class SpirvCode(Protocol):

@@ -8,16 +8,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..._core.checks import positive_int
+from ..._core.checks import positive_int, short_repr
 from ..._core.files import read_named_file
 from ..._core.reprs import compact_repr
-from .spirv import SPIRV_MAGIC
-from .spirv_gate import MAX_MODULE_BYTES
+from .spirv import MAX_MODULE_BYTES, SPIRV_MAGIC
 
-__all__ = ["KernelSpec", "MAX_CAPACITY", "MAX_STATE_BUFFERS"]
+__all__ = ["KernelSpec", "MAX_CAPACITY", "MAX_STATE_BUFFERS", "check_entry_name"]
 
 MAX_CAPACITY = 1 << 16
 MAX_STATE_BUFFERS = 16
+
+
+def check_entry_name(name: str) -> None:
+    """ValueError unless `name` can name an entry point to a driver: UTF-8 (no lone
+    surrogates) without NUL (a driver reads a C string: it would see another name)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"entry_point {short_repr(name)} is not valid UTF-8 (it holds a lone surrogate); a "
+                         f"driver takes entry point names as UTF-8") from None
+    if "\0" in name:
+        raise ValueError(f"entry_point {short_repr(name)} holds a NUL character; a driver would read the name "
+                         f"only up to it")
 
 
 @dataclass(frozen=True)
@@ -38,7 +50,7 @@ class KernelSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernel_type, str) or not self.kernel_type:
-            raise TypeError(f"kernel_type must be a non-empty str, got {self.kernel_type!r}")
+            raise TypeError(f"kernel_type must be a non-empty str, got {short_repr(self.kernel_type)}")
         code = self.spirv
         if not isinstance(code, bytes):
             try:
@@ -46,12 +58,15 @@ class KernelSpec:
             except TypeError:
                 raise TypeError(f"spirv must be bytes, got {type(self.spirv).__name__}") from None
             object.__setattr__(self, "spirv", code)
+        if len(code) > MAX_MODULE_BYTES:
+            raise ValueError(f"spirv of {short_repr(self.kernel_type)} is {len(code)} bytes; a module takes at most "
+                             f"{MAX_MODULE_BYTES}")
         if len(code) < 20 or len(code) % 4:
-            raise ValueError(f"spirv of {self.kernel_type!r} is {len(code)} bytes: not a SPIR-V module "
+            raise ValueError(f"spirv of {short_repr(self.kernel_type)} is {len(code)} bytes: not a SPIR-V module "
                              f"(whole 32-bit words, a 5-word header at least)")
         magic = struct.unpack_from("<I", code)[0]
         if magic != SPIRV_MAGIC:
-            raise ValueError(f"spirv of {self.kernel_type!r} starts with 0x{magic:08x}, not the SPIR-V magic "
+            raise ValueError(f"spirv of {short_repr(self.kernel_type)} starts with 0x{magic:08x}, not the SPIR-V magic "
                              f"0x{SPIRV_MAGIC:08x} (little-endian)")
         try:
             sizes = tuple(self.state_sizes)
@@ -75,7 +90,8 @@ class KernelSpec:
             positive_int(g, f"groups[{i}]")
         object.__setattr__(self, "groups", groups)
         if not isinstance(self.entry_point, str) or not self.entry_point:
-            raise TypeError(f"entry_point must be a non-empty str, got {self.entry_point!r}")
+            raise TypeError(f"entry_point must be a non-empty str, got {short_repr(self.entry_point)}")
+        check_entry_name(self.entry_point)
 
     @classmethod
     def from_file(cls, kernel_type: str, path: str | Path, **fields: Any) -> "KernelSpec":

@@ -27,13 +27,11 @@ import vulkan as vk
 
 from ...errors import KernelValidationError, UnsupportedError
 from ...errors import TimeoutError as VkmTimeout
-from .spirv import check_kernel_abi, reflect, spirv_env_for_api
+from .spirv import MAX_MODULE_BYTES, check_kernel_abi, reflect, spirv_env_for_api
 
 __all__ = ["SpirvGate", "SPIRV_GATE", "validate_kernel_spirv", "target_env_of", "MAX_MODULE_BYTES",
            "VALIDATOR_TIMEOUT"]
 
-#: The largest module the gate takes (bytes).
-MAX_MODULE_BYTES = 64 << 20
 #: Seconds the validator may run on one module unless the caller gives less.
 VALIDATOR_TIMEOUT = 30.0
 #: Bytes of the validator's output that are read.
@@ -135,7 +133,9 @@ class SpirvGate:
     def check_kernel(self, code: bytes, entry_point: str, n_state: int, push_bytes: int, target_env: str,
                      timeout: float | None = None, label: str = "SPIR-V") -> None:
         """`check`, and the kernel ABI's checks (see validate_kernel_spirv), both remembered."""
-        key = (hashlib.sha256(code).digest(), f"{target_env}/{entry_point}/{n_state}/{push_bytes}")
+        entry = entry_point if len(entry_point) <= 256 else hashlib.sha256(
+            entry_point.encode("utf-8", "surrogatepass")).hexdigest()   # (a huge name is not kept as a key)
+        key = (hashlib.sha256(code).digest(), f"{target_env}/{len(entry_point)}:{entry}/{n_state}/{push_bytes}")
         known, verdict = self._verdict(key)
         if known:
             if verdict is not None:

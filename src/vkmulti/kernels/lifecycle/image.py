@@ -21,7 +21,7 @@ import vulkan as vk
 
 from ..._core.checks import short_repr
 from ...errors import InvalidCheckpointError
-from ...memory.image import Buffer
+from ...memory.buffer import MappedBuffer
 from ..checkpoint.format import Checkpoint, CheckpointMetadata, ChunkType, DataChunk, chunk_name_id
 from ..checkpoint.restorable import check_kernel_checkpoint
 from ..engine.spec import KernelSpec
@@ -109,7 +109,7 @@ class StagedUpload:
     caller gives `buffer` back once the submit is done, or destroys it when
     the submit's wait gave up."""
 
-    def __init__(self, buffer: Buffer, places: list[tuple[Any, int, int, int]]):
+    def __init__(self, buffer: MappedBuffer, places: list[tuple[Any, int, int, int]]):
         self.buffer, self._places = buffer, places   # (device buffer, its offset, staging offset, bytes)
 
     def record(self, cmd: Any) -> None:

@@ -296,7 +296,7 @@ def _failure(exc: BaseException, what: str) -> BaseException:
     return MigrationError(f"{what} failed: {exc}")
 
 
-def _twin_ahead(life: LifecycleView, k: Kernel, dst: int) -> tuple[Kernel, list[Any], float]:
+def _twin_ahead(life: LifecycleView, k: Kernel, dst: int, deadline: float) -> tuple[Kernel, list[Any], float]:
     """(twin on `dst` with its state buffers, what is left of the presets, seconds it
     took), built before the kernel is held: buffers (from the migration pool),
     descriptor sets and rings are ready before the quiesced window."""
@@ -305,7 +305,8 @@ def _twin_ahead(life: LifecycleView, k: Kernel, dst: int) -> tuple[Kernel, list[
     twin = None
     try:
         presets = state_buffers(life.rt, life.pool, k, dst)
-        twin = build_twin(life.rt, life.pool, k, dst, states=presets)
+        twin = build_twin(life.rt, life.pool, k, dst, states=presets,
+                          timeout=time_left(deadline, f"building {k.id!r}'s twin on GPU {dst}"))
     except BaseException as exc:
         if twin is not None:
             free_twin(twin)
@@ -342,7 +343,7 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         presets: list[Any] = []
         prepare_d = time.monotonic() - t0
     else:
-        twin, presets, prepare_d = _twin_ahead(life, k, dst)
+        twin, presets, prepare_d = _twin_ahead(life, k, dst, deadline)
     src_crc, dst_crc = _crc_engines(life, src, dst, verify)
     request.state = MigrationState.QUIESCING
     why = f"migrating to GPU {dst}"

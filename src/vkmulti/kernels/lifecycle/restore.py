@@ -6,13 +6,14 @@ without waiting, and the restore may then run inside a step: the failover)."""
 from __future__ import annotations
 
 import logging
+import time
 import struct
 
 from typing import Any
 
 import numpy as np
 
-from ...errors import MigrationError, VkmError
+from ...errors import MigrationError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
 from ..checkpoint.restorable import check_restore_target
 from ..engine.gate import gate_of
@@ -42,8 +43,8 @@ class _Staged:
     """The uploads of a restore: recorded into the twin's initialising submit
     (build_twin's `then`), or into a ready twin as a native job (`fill`); the
     staging buffer goes back to the device's StagingBuffers once that submit is
-    done (done()), else it is destroyed (free(): its destroy waits for a submit
-    whose wait gave up)."""
+    done (done()), else it is destroyed (free(); one that a submit whose wait gave
+    up still reads is left to the manager's teardown, never freed under it)."""
 
     def __init__(self, img: KernelImage, keep_sequences: bool):
         self.img, self.keep = img, keep_sequences
@@ -79,8 +80,11 @@ class _Staged:
 
     def free(self) -> None:
         if self.upload is not None:
-            self.upload.buffer.destroy()
-            self.upload = None
+            buffer, self.upload = self.upload.buffer, None
+            try:
+                buffer.destroy(0.0)   # (at once: the caller's deadline is spent, or its submit is done)
+            except VkmTimeout:   # a submit whose wait gave up still reads it: the manager frees it later
+                log.info("a failed restore's staging buffer stays until the GPU is done with it")
 
 
 def _apply_host_side(k: Kernel, img: KernelImage, fresh: bool) -> None:
@@ -124,7 +128,8 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
             if twin is not None:
                 staged.fill(life, twin, deadline)
             else:
-                twin = build_twin(rt, life.pool, k, device, img.spec, then=staged)
+                twin = build_twin(rt, life.pool, k, device, img.spec, then=staged,
+                                  timeout=time_left(deadline, f"restoring {k.id!r} onto GPU {device}"))
             staged.done()
         finally:
             staged.free()
@@ -187,17 +192,21 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
 
 def restore_new(rt: RuntimeView, img: KernelImage, device: int | None, kernel_id: str | None,
                 timeout: float | None) -> Kernel:
-    """A new kernel (new address) from `img`."""
+    """A new kernel (new address) from `img`, launched and filled within `timeout` s."""
     check_restore_target(rt, img.spec.groups, img.kernel_id, device)
+    deadline = deadline_of(timeout)
     k = rt.launch(img.spec, kernel_id if kernel_id is not None else img.kernel_id, device=device,
-                  params=img.params, tenant=img.tenant)
+                  params=img.params, tenant=img.tenant, timeout=time_left(deadline, "launching the restored kernel"))
     try:
         with k.ctx.lock:
             k.check()
             keep = False   # a new address: receivers count its messages from 0
-            upload_many(k.ctx, _uploads(k, img, keep))
+            upload_many(k.ctx, _uploads(k, img, keep), time_left(deadline, f"restoring {k.id!r}'s state"))
             _apply_host_side(k, img, fresh=True)
     except BaseException:
-        rt.destroy_kernel(k)
+        try:
+            rt.destroy_kernel(k, timeout=max(0.0, deadline - time.monotonic()))
+        except VkmError as exc:   # (stopped: the runtime's destroy() frees it; the error raised is the first)
+            log.warning("the kernel of a restore that failed is not freed yet: %s", exc)
         raise
     return k

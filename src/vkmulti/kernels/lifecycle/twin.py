@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 import numpy as np
 import vulkan as vk
 
+from ..._core.checks import seconds_text, short_repr
 from ...errors import DeviceLostError, MigrationError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
 from ...transfer.cross_device import CrossDeviceTransfer
@@ -309,16 +310,18 @@ def state_buffers(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int) 
 def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spec: KernelSpec | None = None,
                states: list[Buffer] | None = None,
                then: Callable[[Kernel], tuple[Callable[[Any], None], list[Buffer]]] | None = None,
-               ahead: bool = False) -> Kernel:
+               ahead: bool = False, timeout: float | None = 60.0) -> Kernel:
     """A Kernel with k's id, address, tenant and params, its resources on `device`,
     initialised (rings zeroed, headers written) except its state buffers, which
     the caller fills whole (or `states`, buffers of that device it adopts: the
     caller keeps those it did not adopt, None in the list marking adopted ones);
     not registered anywhere. `then(twin)`: (a recorder of more commands for the
     twin's buffers, run in the same submit after the initialisation (a restore's
-    uploads), the other buffers those commands read); if the submit's wait gives
-    up, freeing the twin or those buffers waits for the GPU. `ahead`: made before any move
-    asks for it (ReadyTwins), without a local slot until one takes it."""
+    uploads), the other buffers those commands read); the submit is waited for up to
+    `timeout` s. If that wait gives up, the twin's buffers are freed once the GPU is
+    done with them (the command runner keeps them), and freeing the buffers the
+    commands read waits for it. `ahead`: made before any move asks for it
+    (ReadyTwins), without a local slot until one takes it."""
     spec = spec or k.spec
     ctx = _check_state_sizes(rt, k, device, spec)
     # built ahead (engine/prebuild.py), or waited for where that build runs: not under the device lock
@@ -328,6 +331,7 @@ def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spe
         twin = Twin(rt, ctx, spec, k.id, k.address, k.tenant, tuple(k.params), pool=pool, states=states, ahead=ahead)
     if states is not None:
         states[:] = twin.presets  # type: ignore[assignment] # adopted ones are None now
+    handed = False
     try:
         init = twin.init_commands([np.zeros(0, np.uint8)] * len(spec.state_sizes))   # empty: left as is
         more, reads = then(twin) if then is not None else (None, [])
@@ -337,10 +341,16 @@ def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spe
             if more is not None:
                 barrier(cmd)
                 more(cmd)
-        ctx.run_once(record, users=[*twin.buffers, *reads])
-    except BaseException:
+        handed = True   # (from here the runner frees the twin's buffers if the run fails, once the GPU is done)
+        ctx.run_once(record, timeout=timeout, keep=list(twin.buffers), users=list(reads))
+    except BaseException as exc:
+        if handed:
+            twin.buffers = []
         with ctx.lock:
             twin.free()
+        if isinstance(exc, VkmTimeout):
+            raise VkmTimeout(f"the initialisation of {short_repr(str(k.id))}'s twin on GPU {device} did not finish "
+                             f"within {seconds_text(timeout)} s (it runs after the work queued there)") from None
         raise
     return twin
 

@@ -26,8 +26,8 @@ from ..._core.files import read_named_file
 from ..._core.shaders import SHADER_DIR
 from ...errors import KernelValidationError, UnsupportedError
 from ...errors import TimeoutError as VkmTimeout
-from ..engine.spirv import reflect
-from ..engine.spirv_gate import MAX_MODULE_BYTES
+from ..engine.spec import check_entry_name
+from ..engine.spirv import MAX_MODULE_BYTES, check_entry_point, reflect
 
 if TYPE_CHECKING:
     from ..._core.protocols import HostData
@@ -234,7 +234,8 @@ def validate_code(code: KernelCodeSource) -> None:
     if fmt is KernelCodeFormat.MSL and text is not None and "kernel " not in text:
         raise KernelValidationError("MSL code missing kernel function")
     if fmt is KernelCodeFormat.SPIRV:
-        mod = reflect(code.code, "the new SPIR-V")
-        if code.entry_point not in mod.entry_points:
-            raise KernelValidationError(f"the new SPIR-V has no entry point {code.entry_point!r} (it has "
-                                        f"{sorted(mod.entry_points)})")
+        try:
+            check_entry_name(code.entry_point)
+        except ValueError as exc:
+            raise KernelValidationError(str(exc)) from None
+        check_entry_point(reflect(code.code, "the new SPIR-V"), code.entry_point, "the new SPIR-V")

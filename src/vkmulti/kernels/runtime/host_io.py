@@ -8,12 +8,13 @@ the host come back through its K2H region when the step is harvested.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import vulkan as vk
 
-from ..._core.checks import U32_MAX, int_in, timeout_seconds
+from ..._core.checks import U32_MAX, int_in, seconds_text, short_repr, timeout_seconds
 from ...errors import QueueFullError, TimeoutError as VkmTimeout
 from ...memory.image import Buffer, as_host_bytes
 from ..engine.device_context import DeviceContext
@@ -141,9 +142,10 @@ class HostQueues:
         if raw.nbytes == 0 or offset + raw.nbytes > buf.size:
             raise ValueError(f"[{offset}, {offset + raw.nbytes}) is outside state buffer {index} of "
                              f"{buf.size} bytes (or empty)")
-        with k.ctx.lock:
+        timeout = timeout_seconds(timeout)
+        with k.ctx.lock, _named_timeout("writing the state of", k, timeout):
             k.check()
-            upload(k.ctx, buf, offset, raw, timeout_seconds(timeout))
+            upload(k.ctx, buf, offset, raw, timeout)
 
     def copy_out(self, k: Kernel, buf: Buffer, offset: int, size: int, timeout: float | None) -> np.ndarray:
         """`size` bytes of k's device buffer `buf` from `offset`, after k's submitted steps."""
@@ -157,10 +159,23 @@ class HostQueues:
                 raise
             # a wait that gives up (timeout, Ctrl-C) leaves the copy queued: the runner frees
             # `staging` once it is done, and `buf`'s destroy() waits for it
-            ctx.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, buf.handle, staging.handle, 1, [
-                vk.VkBufferCopy(srcOffset=offset, dstOffset=0, size=size)]), timeout=timeout, keep=[staging],
-                users=[buf])
+            with _named_timeout("reading the state of", k, timeout):
+                ctx.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, buf.handle, staging.handle, 1, [
+                    vk.VkBufferCopy(srcOffset=offset, dstOffset=0, size=size)]), timeout=timeout, keep=[staging],
+                    users=[buf])
         try:
             return staging._read(size)
         finally:
             staging.destroy()
+
+
+@contextmanager
+def _named_timeout(what: str, k: Kernel, timeout: float | None) -> Iterator[None]:
+    """A vkmulti.TimeoutError of the body said as what was waited for: a copy of k's
+    state runs after k's submitted steps, so a step that does not end keeps it waiting."""
+    try:
+        yield
+    except VkmTimeout:
+        raise VkmTimeout(f"{what} kernel {short_repr(str(k.id))} on GPU {k.device_index}: the copy did not finish "
+                         f"within {seconds_text(timeout)} s (it runs after the kernel's submitted steps, which are "
+                         f"still running)") from None

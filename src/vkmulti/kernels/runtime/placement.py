@@ -1,19 +1,23 @@
 """Where a new kernel of a KernelRuntime goes and whether it fits there: its
 initial state padded to its state buffers, the device (pinned or the
-coordinator's choice) and that device's limits."""
+coordinator's choice) and that device's limits; then its buffers' first
+contents, written on that device."""
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
 
-from ..._core.checks import is_int
+from ..._core.checks import is_int, seconds_text, short_repr
+from ...errors import TimeoutError as VkmTimeout
 from ...memory.image import as_host_bytes
 from ..engine.device_context import DeviceContext
-from ..engine.kernel import check_kernel_code
+from ..engine.recording import barrier
+from ..engine.kernel import INLINE_STATE_BYTES, Kernel, check_kernel_code
 from ..engine.spec import KernelSpec
+from ..lifecycle.image import staged_copies
 
-__all__ = ["initial_state", "place", "check_fits"]
+__all__ = ["initial_state", "place", "check_fits", "init_buffers"]
 
 
 def initial_state(spec: KernelSpec, state: Any) -> list[np.ndarray | None]:
@@ -78,3 +82,40 @@ def check_fits(ctx: DeviceContext, spec: KernelSpec) -> None:
         if g > top:
             raise ValueError(f"groups[{axis}] = {g} exceeds {ctx.slot.name!r}'s limit {top}")
     check_kernel_code(ctx, spec)
+
+
+def init_buffers(ctx: DeviceContext, k: Kernel, states: list[np.ndarray | None], timeout: float | None) -> None:
+    """Write the first contents of new kernel k's buffers on its device (rings, control block,
+    `states`: the small ones inline, the rest through one staging buffer) in one submit,
+    waited for up to `timeout` s. When it fails k is freed; buffers a submit that gave up
+    (a timeout, Ctrl-C, a device still busy with earlier work) may still write are left
+    to the command runner, which frees them once the GPU is done with them."""
+    handed = False
+    staged = None
+    try:
+        init = k.init_commands(states)
+        big = [(k.states[i], 0, d) for i, d in enumerate(states)
+               if d is not None and d.nbytes > INLINE_STATE_BYTES]   # (the rest: inline in `init`)
+        staged = staged_copies(ctx.staging, big) if big else None
+
+        def record(cmd: Any) -> None:
+            init(cmd)
+            if staged is not None:
+                barrier(cmd)
+                staged.record(cmd)
+        handed = True   # (from here the runner frees `keep` if the run fails: at once, or once the GPU is done)
+        ctx.run_once(record, timeout=timeout, keep=[*k.buffers, *([staged.buffer] if staged is not None else [])])
+    except BaseException as exc:
+        if handed:
+            k.buffers = []
+        elif staged is not None:
+            staged.buffer.destroy()
+        with ctx.lock:
+            k.free()
+        if isinstance(exc, VkmTimeout):
+            raise VkmTimeout(f"launching kernel {short_repr(str(k.id))} on GPU {ctx.index}: its initialisation did "
+                             f"not finish within {seconds_text(timeout)} s (it runs after the work queued on the "
+                             f"device before it); its buffers are freed once the GPU is done with them") from None
+        raise
+    if staged is not None:
+        ctx.staging.give_back(staged.buffer)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 
-from ..._core.checks import U32_MAX, int_in, timeout_seconds, wait_bound, short_repr
+from ..._core.checks import U32_MAX, int_in, seconds_text, timeout_seconds, wait_bound, short_repr
 from ...errors import DestroyedError, DeviceLostError, KernelNotFoundError, MigrationError, TimeoutError as VkmTimeout
 from ..._core.timeline import TimelinePoint
 from ...transfer.peer import shares_memory
@@ -29,7 +29,7 @@ from ..engine.stepper import DeviceStepper
 from ..ids import KernelId, as_kernel_id
 from ...device.failover import FailoverStats
 from ..lifecycle.failover import Failover
-from ..lifecycle.image import upload
+from .placement import init_buffers
 from ..lifecycle.lifecycle import CheckpointPolicy, Lifecycle, check_choice
 from ..lifecycle.ready_twins import ReadyTwins
 from ..lifecycle.migrator import MigrationResult
@@ -228,7 +228,7 @@ class KernelRuntime:
 
     def launch(self, spec: KernelSpec, kernel_id: str | None = None, *, device: int | None = None,
                state: HostData | Iterable[HostData | None] | None = None, params: Iterable[int] = (),
-               tenant: int = 0, options: LaunchOptions | None = None) -> Kernel:
+               tenant: int = 0, options: LaunchOptions | None = None, timeout: float | None = 60.0) -> Kernel:
         """Launch `spec` on the device the coordinator selects (or `device`, pinned).
 
         `state`: initial bytes per state buffer (None or a shorter list: zeros).
@@ -236,12 +236,16 @@ class KernelRuntime:
         `tenant`: a uint32 (0: none); messages never cross tenants.
         `options`: LaunchOptions for the coordinator's selector; its queue
         capacities bound this kernel's host queues.
+        `timeout`: seconds the kernel's initialisation on its device may take (it
+        runs after the work already queued there); vkmulti.TimeoutError after it,
+        and nothing is launched.
         """
         self._check()
         if not isinstance(spec, KernelSpec):
             raise TypeError(f"spec must be a KernelSpec, got {type(spec).__name__}")
         params = check_params(tuple(params))
         int_in(tenant, "tenant", 0, U32_MAX)
+        timeout = timeout_seconds(timeout)
         states = initial_state(spec, state)
         with self._lock:
             self._counter += 1
@@ -261,7 +265,7 @@ class KernelRuntime:
         try:
             placed = place(self.coordinator, self.manager.device_count, kernel_id, device, options)
             try:
-                k = self._create(spec, kernel_id, index, placed, states, params, tenant, options)
+                k = self._create(spec, kernel_id, index, placed, states, params, tenant, options, timeout)
             except BaseException:
                 self.coordinator.remove_kernel(kernel_id)
                 raise
@@ -273,7 +277,7 @@ class KernelRuntime:
         return k
 
     def _create(self, spec: KernelSpec, kernel_id: str, index: int, device: int, states: list,
-                params: tuple, tenant: int, options: Any) -> Kernel:
+                params: tuple, tenant: int, options: Any, timeout: float | None) -> Kernel:
         ctx, _ = self._device(device)
         check_fits(ctx, spec)
         address = self._generation[index] * self.max_kernels + index
@@ -287,15 +291,7 @@ class KernelRuntime:
             cap = getattr(options, option, None)
             if isinstance(cap, int) and cap > 0:
                 setattr(k, field, cap)
-        try:
-            ctx.run_once(k.init_commands(states))
-            for i, data in enumerate(states):
-                if data is not None and data.nbytes > INLINE_STATE_BYTES:
-                    upload(ctx, k.states[i], 0, data)
-        except BaseException:
-            with ctx.lock:
-                k.free()
-            raise
+        init_buffers(ctx, k, states, timeout)
         with self._lock:
             self._kernels[kernel_id] = k
             self._by_index[index] = k
@@ -522,6 +518,10 @@ class KernelRuntime:
             try:
                 while ctx.completed() < k.last_value:
                     ctx.wait_unlocked(k.last_value, timeout)
+            except VkmTimeout:
+                raise VkmTimeout(f"kernel {short_repr(str(k.id))} on GPU {k.device_index}: its submitted steps did "
+                                 f"not finish within {seconds_text(timeout)} s; it is stopped, not freed (a later "
+                                 f"destroy_kernel() or destroy() frees it)") from None
             finally:
                 stepper.harvest()
             if not k.buffers:   # (another call freed it meanwhile)
