@@ -22,7 +22,7 @@ import tracemalloc
 import pytest
 
 from child_runs import printed_in_order, run_script
-from vkmulti import KernelValidationError
+from vkmulti import KernelValidationError, UnsupportedError
 from vkmulti.kernels import KernelSpec
 from vkmulti.kernels.engine import check_kernel_abi, reflect
 from vkmulti.kernels.engine.spirv_gate import MAX_MODULE_BYTES, validate_kernel_spirv
@@ -66,12 +66,13 @@ _PUSH = ("OpDecorate %parr ArrayStride 4\nOpDecorate %P Block\nOpMemberDecorate 
 
 #: name -> (assembler arguments, SPIR-V version, error class, words the message holds)
 CASES: dict[str, tuple[dict, str, str, tuple[str, ...]]] = {
-    "int64": (dict(caps="OpCapability Int64", types="%u64 = OpTypeInt 64 0\n%c = OpConstant %u64 5"), "spv1.3",
-              "UnsupportedError", ("Int64", "shaderInt64", "GPU ")),
-    "float64": (dict(caps="OpCapability Float64", types="%f64 = OpTypeFloat 64\n%c = OpConstant %f64 5"), "spv1.3",
-                "UnsupportedError", ("Float64", "shaderFloat64", "GPU ")),
-    "int16": (dict(caps="OpCapability Int16", types="%u16 = OpTypeInt 16 0\n%c = OpConstant %u16 5"), "spv1.3",
-              "UnsupportedError", ("Int16", "shaderInt16", "GPU ")),
+    "int8": (dict(caps="OpCapability Int8", types="%u8 = OpTypeInt 8 0\n%c = OpConstant %u8 5"), "spv1.3",
+             "UnsupportedError", ("Int8", "shaderInt8", "GPU ")),
+    "int64-atomics": (dict(caps="OpCapability Int64\nOpCapability Int64Atomics"), "spv1.3",
+                      "UnsupportedError", ("Int64Atomics", "shaderBufferInt64Atomics", "GPU ")),
+    "storage-image-multisample": (dict(caps="OpCapability StorageImageMultisample"), "spv1.3",
+                                  "UnsupportedError", ("StorageImageMultisample", "shaderStorageImageMultisample",
+                                                       "GPU ")),
     "ray-query": (dict(caps='OpCapability RayQueryKHR\nOpExtension "SPV_KHR_ray_query"'), "spv1.4",
                   "UnsupportedError", ("RayQueryKHR", "rayQuery feature", "GPU ")),
     "shader-clock": (dict(caps='OpCapability ShaderClockKHR\nOpExtension "SPV_KHR_shader_clock"'), "spv1.3",
@@ -275,3 +276,32 @@ def test_a_missing_or_huge_entry_point_is_named_in_a_short_message():
         with pytest.raises(KernelValidationError, match="no entry point 'eeee") as info:
             call()
         assert len(str(info.value)) < 1000 and "'main' (GLCompute)" in str(info.value)
+
+
+@pytest.mark.parametrize("cap, feature, types", [
+    ("Int64", "shaderInt64", "%u64 = OpTypeInt 64 0\n%c = OpConstant %u64 5"),
+    ("Float64", "shaderFloat64", "%f64 = OpTypeFloat 64\n%c = OpConstant %f64 5"),
+    ("Int16", "shaderInt16", "%u16 = OpTypeInt 16 0\n%c = OpConstant %u16 5")])
+def test_the_shader_arithmetic_a_gpu_offers_is_enabled_for_kernels(cap, feature, types):
+    """The devices vkmulti makes enable the Int64 / Float64 / Int16 arithmetic their GPU
+    offers: a module declaring it is taken there, and refused (naming the feature) on a
+    device that was not made with it."""
+    import dataclasses
+
+    from vkmulti import MultiDeviceManager
+    from vkmulti.device.shader_support import ShaderSupport, check_device_support
+
+    code = assemble(caps=f"OpCapability {cap}", types=types)
+    mgr = MultiDeviceManager.create()
+    try:
+        slot = mgr.slot(0)
+        support = ShaderSupport.of_slot(slot)
+        if feature not in slot.capabilities.shader_features:
+            pytest.skip(f"{slot.name} does not offer {feature}")
+        assert feature in slot.enabled_features
+        check_device_support(reflect(code), "main", support)
+        without = dataclasses.replace(support, features=support.features - {feature})
+        with pytest.raises(UnsupportedError, match=feature):
+            check_device_support(reflect(code), "main", without)
+    finally:
+        mgr.destroy()

@@ -59,6 +59,11 @@ def _flag_names(bits: int, table: dict[int, str]) -> tuple[str, ...]:
     return tuple(name for bit, name in table.items() if bits & bit)
 
 
+#: Vulkan 1.0 shader features a kernel's SPIR-V may need (the Int64, Float64 and Int16
+#: capabilities): the devices vkmulti makes enable those their GPU offers.
+SHADER_FEATURES = ("shaderInt64", "shaderFloat64", "shaderInt16")
+
+
 @dataclass(frozen=True)
 class QueueFamilies:
     """Which queue families a device's queues come from.
@@ -133,6 +138,8 @@ class DeviceCapabilities:
     timeline_semaphore: bool
     synchronization2: bool
     timestamp_period: float
+    #: Of SHADER_FEATURES, those the device offers (the devices vkmulti makes enable them)
+    shader_features: frozenset[str] = frozenset()
 
     def has(self, extension: str) -> bool:
         """Whether the driver offers device extension `extension` (not whether a device enabled it)."""
@@ -245,6 +252,7 @@ def probe_device(physical_device: VkPhysicalDevice | int) -> DeviceCapabilities:
         timeline_semaphore=bool(timeline.timelineSemaphore),
         synchronization2=bool(sync2.synchronization2) if has_sync2_struct else False,
         timestamp_period=float(p.limits.timestampPeriod),
+        shader_features=frozenset(f for f in SHADER_FEATURES if getattr(feats.features, f)),
     )
 
 

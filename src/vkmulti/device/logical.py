@@ -174,10 +174,13 @@ def create_logical_device(physical_device: VkPhysicalDevice | int, queue_familie
         sync2.synchronization2 = 1
         sync2.pNext = timeline
         chain = sync2
+    shader = _ffi.new("VkPhysicalDeviceFeatures*")   # (the shader arithmetic the GPU offers: kernels may use it)
+    for name in caps.shader_features:
+        setattr(shader, name, 1)
     info = vk.VkDeviceCreateInfo(
         sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, pNext=chain,
         queueCreateInfoCount=len(qinfos), pQueueCreateInfos=qinfos,
-        enabledExtensionCount=len(wanted), ppEnabledExtensionNames=wanted or None)
+        enabledExtensionCount=len(wanted), ppEnabledExtensionNames=wanted or None, pEnabledFeatures=shader)
     device = vkapi.vkCreateDevice(pd, info, None)
     enabled = frozenset(wanted) | ({EXT_SYNC2} if api13 and caps.synchronization2 else set())
     try:
@@ -197,7 +200,8 @@ def create_logical_device(physical_device: VkPhysicalDevice | int, queue_familie
 
     g = queue(qf.graphics)
     assert g is not None
-    features = frozenset({"timelineSemaphore"} | ({"synchronization2"} if sync2 is not None else set()))
+    features = frozenset({"timelineSemaphore"} | ({"synchronization2"} if sync2 is not None else set())
+                         | caps.shader_features)
     second: dict[int, Queue] = {f: Queue(vk.vkGetDeviceQueue(device, f, 1), f, 1) for f in sorted(two)}
     ld = LogicalDevice(device=device, graphics_queue=g, present_queue=queue(qf.present) or g,
                        compute_queue=queue(compute_qf), transfer_queue=queue(transfer_qf),

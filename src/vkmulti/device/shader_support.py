@@ -350,8 +350,9 @@ def _refuse(support: ShaderSupport, label: str, what: str, alternatives: tuple[s
         note = (" (this device was handed over without primary_features, so vkmulti cannot know which features "
                 "were enabled: name them in MultiDeviceManager(primary_features=...))")
     elif any(a.startswith("f:") for a in alternatives):
-        note = (" (vkmulti enables no optional shader feature on the devices it makes: build the module without "
-                "it, or hand vkmulti an engine's device made with the feature and named in primary_features)")
+        note = (" (the devices vkmulti makes enable only the shaderInt64, shaderFloat64 and shaderInt16 features "
+                "their GPU offers: build the module without it, or hand vkmulti an engine's device made with the "
+                "feature and named in primary_features)")
     extension = next((a[2:] for a in alternatives if a.startswith("e:") and "&" not in a), None)
     return UnsupportedError(f"{label} declares {what}, which needs {needs}; {where} was not made with it{note}",
                             extension=extension, device=support.device, device_index=support.index)
