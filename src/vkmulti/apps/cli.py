@@ -64,6 +64,7 @@ def _print_info(info: dict[str, Any]) -> None:
             ("PCI bus", d["pci_bus"] or "n/a (no VK_EXT_pci_bus_info)"),
             ("host import align", d["min_imported_host_pointer_alignment"] or "n/a"),
             ("timeline / sync2", f"{d['timeline_semaphore']} / {d['synchronization2']}"),
+            ("shader features", " ".join(d["shader_features"]) or "none of int64/float64/int16"),
         ]
         for h in d["memory_heaps"]:
             rows.append((f"heap {h['index']}", f"{_gib(h['size'])}{' device-local' if h['device_local'] else ''}"))

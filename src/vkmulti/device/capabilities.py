@@ -165,6 +165,7 @@ class DeviceCapabilities:
         """The capabilities as plain JSON-ready data (what `python -m vkmulti info --json` prints)."""
         d = dataclasses.asdict(self)
         d["extensions"] = self.tracked_extensions
+        d["shader_features"] = sorted(self.shader_features)
         return d
 
 
