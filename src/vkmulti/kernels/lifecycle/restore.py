@@ -98,8 +98,10 @@ def _apply_host_side(k: Kernel, img: KernelImage, fresh: bool) -> None:
     k.h2k.extend(readdress_slots(img.h2k, k.address) + newer)
 
 
-def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int | None, timeout: float | None) -> Kernel:
-    """Rebuild `k` (same object, id and address) from `img` on `device` (`life`: the runtime's Lifecycle)."""
+def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int | None, timeout: float | None,
+                 failover: bool = False) -> Kernel:
+    """Rebuild `k` (same object, id and address) from `img` on `device` (`life`: the runtime's
+    Lifecycle); `failover`: the failover's restore of a kernel of a lost device (Kernel.restoring)."""
     rt = life.rt
     deadline = deadline_of(timeout)
     old_ctx, res = k.ctx, k.residency
@@ -144,7 +146,12 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
                 for b in landings:
                     b.destroy()
                 raise
-            finish_move(rt, k, twin)  # type: ignore[arg-type]
+            try:
+                finish_move(rt, k, twin, res, failover)  # type: ignore[arg-type]
+            except BaseException:
+                for b in landings:
+                    b.destroy()
+                raise
             done = True
             _apply_host_side(k, img, fresh=False)
             if landings:
