@@ -88,7 +88,7 @@ from .image import (SPIRV_CHUNK, INBOX_CHUNK, KernelMoved, fill_image, from_chec
 from .live_migration import migrate_live
 from .migrator import KernelMigrator, MigrationResult
 from .policy import CheckpointPolicy, PolicyState
-from .replay_log import SpareBuffers
+from ...memory.staging import SpareBuffers
 from .ready_twins import ReadyTwins
 from .restore import restore_into, restore_new
 from .twin import (MigrationPool, MoveEngines, Retired, RuntimeView, free_retired, twin_buffer_sizes,

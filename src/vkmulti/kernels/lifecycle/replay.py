@@ -29,8 +29,10 @@ released and listed in `lost_kernels` as before.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import struct
 import time
 from typing import Any
 
@@ -83,6 +85,8 @@ def _replay_steps(rt: RuntimeView, k: Any, inputs: list[list[bytes]], keep_k2h: 
     `keep_k2h` (the host never received it: those steps were in flight at the loss)."""
     ctx, stepper = rt._device(k.device_index)
     n0 = len(k.received)
+    before = dataclasses.replace(k.stats)
+    errors = len(k.errors)
     point = None
     for slots in inputs:
         with ctx.lock:
@@ -98,11 +102,17 @@ def _replay_steps(rt: RuntimeView, k: Any, inputs: list[list[bytes]], keep_k2h: 
     if point is None:
         return
     rt._wait_point(point, deadline, _left(deadline))
-    if not keep_k2h:   # the host received these steps' messages from the original run
-        with ctx.lock:
+    with ctx.lock:
+        if keep_k2h:   # (their submits were counted once, by the original run)
+            k.stats.steps_submitted = before.steps_submitted
+        else:   # the host received these steps' messages, counts and errors from the original run
             while len(k.received) > n0:
                 k.received.pop()
-            ctx.cond.notify_all()
+            del k.errors[errors:]
+            for f in dataclasses.fields(before):
+                if f.name not in ("steps_completed", "clock"):   # (the clock is the replay's: not replayed)
+                    setattr(k.stats, f.name, getattr(before, f.name))
+        ctx.cond.notify_all()
 
 
 def restore_lost_kernels(life: LifecycleView, device: int, kernels: list[Any], pair: Any, drained: bool,
@@ -215,8 +225,9 @@ def _hand_again(rt: RuntimeView, replay: Any, device: int, restored: list[Any], 
             ctx.cond.notify_all()
     per_dest: dict[int, list[tuple[int, int, int, bytes]]] = {}
     for src, dst in replay.pairs_with(lost_addresses):
+        crossed = (src in lost_addresses) != (dst in lost_addresses)   # (between the lost GPU and another)
         for seq, call, slot in replay.unconsumed(src, dst):
-            per_dest.setdefault(dst, []).append((call, src, seq, slot))
+            per_dest.setdefault(dst, []).append((call, src, seq, _crossed(slot) if crossed else slot))
     handed = 0
     for dst, items in per_dest.items():
         k = rt._by_index.get(dst % rt.max_kernels)
@@ -230,3 +241,15 @@ def _hand_again(rt: RuntimeView, replay: Any, device: int, restored: list[Any], 
         replay.hand(k, [(call, slot) for call, _, _, slot in items])
         handed += len(items)
     return handed
+
+
+#: where a packed message's hop count is (messages.ENVELOPE: its ninth field, VKM_HOPS)
+_HOPS_AT = struct.calcsize("<IIQQIIII")
+
+
+def _crossed(slot: bytes) -> bytes:
+    """`slot` with one hop more: a message handed again through its receiver's host queue
+    counts the device it would have crossed on the way it was sent (the router's move)."""
+    out = bytearray(slot)
+    struct.pack_into("<I", out, _HOPS_AT, struct.unpack_from("<I", out, _HOPS_AT)[0] + 1)
+    return bytes(out)

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 __all__ = ["RuntimeView", "LifecycleView", "MigrationPool", "Retired", "MoveEngines", "Twin", "state_buffers",
            "twin_buffer_sizes", "twin_mapped_sizes", "check_residency",
            "build_twin", "free_twin", "retire_half", "free_retired", "hand_back", "finish_move", "assign",
-           "source_usable", "deadline_of", "time_left", "wait_kernel", "wait_jobs"]
+           "source_usable", "drained_lost", "deadline_of", "time_left", "wait_kernel", "wait_jobs"]
 
 
 class RuntimeView(Protocol):
@@ -538,6 +538,15 @@ def assign(coordinator: Any, k: Kernel, device: int, request: MigrationRequest |
             coordinator.assign_kernel(k.id, device)
     except VkmError as exc:
         log.warning("kernel %r runs on GPU %d now; its coordinator could not be told: %s", k.id, device, exc)
+
+
+def drained_lost(rt: RuntimeView, device: int) -> frozenset[int]:
+    """{device} when it is lost and known to have run all its submitted work (the fault
+    hook's drain finished: what it wrote can be read), else an empty set."""
+    if not rt.device_lost(device):
+        return frozenset()
+    slot = rt.manager.slot(device)
+    return frozenset({device}) if getattr(slot, "lost_drained", False) else frozenset()
 
 
 def source_usable(ctx: Any, rt: RuntimeView | None = None) -> bool:
