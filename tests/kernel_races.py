@@ -1,6 +1,7 @@
 """The destroy-racing-use matrix of test_kernel_destroy_races.py, run in a child
 process (child(), matrix(destroyer, rounds), child_done()): it ends with "ok",
-or exits with what went wrong.
+or exits with what went wrong; and the lost-GPU matrix (loss_matrix(loser,
+timeout, rounds)), whose runtime restores the lost GPU's kernel on the survivor.
 
 Each round builds a runtime with a K2K router over the virtual pair (a sink on
 GPU 0, a forwarder on GPU 1 sending to it), lines up four user threads and the
@@ -34,7 +35,7 @@ JOIN = 60.0
 class World:
     """One round's runtime, router and kernels; `cp` a checkpoint of the forwarder."""
 
-    def __init__(self, mgr: Any):
+    def __init__(self, mgr: Any, policy: Any = None):
         import numpy as np
         from vkmulti import CrossGpuK2KRouter
         from vkmulti.kernels import KernelRuntime, MultiGpuCoordinator
@@ -42,6 +43,8 @@ class World:
 
         self.mgr = mgr
         self.rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr), mgr, max_kernels=MAX)
+        if policy is not None:   # (before the launches: each kernel is captured at once)
+            self.rt.set_checkpoint_policy(policy)
         self.router = CrossGpuK2KRouter(self.rt.coordinator, self.rt)
         self.sink = self.counter("sink", 0)
         self.fwd = self.counter("fwd", 1, params=[self.sink.address])
@@ -239,3 +242,141 @@ def matrix(destroyer: str, rounds: int) -> None:
             sys.exit("\n".join([f"{destroyer}, round {r}:", *problems]))
     if mgr is not None:
         mgr.destroy()
+
+
+# -- a lost GPU whose kernel the failover moves to the survivor ----------------------------------
+
+#: how a round loses GPU 1: the fault hook (its work drained), or a loss reported as a real one
+LOSERS = ("lose_device", "report_device_lost")
+#: users raced against the loss, each round all of them at once
+LOSS_USERS = ("read_state", "write_state", "step", "run", "receive", "checkpoint", "migrate", "synchronize",
+              "restore into")
+#: bytes of the counter's state that no step reads or writes (its header's padding): write_state's target
+PAD = 48
+
+
+def loss_users(w: World, timeout: float | None, queries: list[int]) -> dict[str, Callable[[], Any]]:
+    """The calls raced against the loss, each with `timeout` (None: no limit); `queries`
+    counts the replies the receive user got."""
+    import numpy as np
+    from vkmulti.kernels.reference import COUNTER_TAG_FORWARD, COUNTER_TAG_QUERY
+
+    rt, one = w.rt, np.array([1], np.uint32)
+
+    def receive() -> None:   # a query whose step ran gets its one reply, whatever the loss did meanwhile
+        rt.send(w.fwd, one, tag=COUNTER_TAG_QUERY, timeout=timeout)
+        ticket = rt.step(w.fwd, timeout=timeout)
+        if any(k is w.fwd for k in ticket.launched):
+            rt.receive(w.fwd, timeout=timeout)
+            queries.append(1)
+        else:   # (held back: a move or a restore of the other users)
+            rt.step(w.fwd, timeout=timeout)
+    return {
+        "read_state": lambda: rt.read_state(w.fwd, timeout=timeout),
+        "write_state": lambda: rt.write_state(w.fwd, 0, np.zeros(4, np.uint8), offset=PAD, timeout=timeout),
+        "step": lambda: (rt.send(w.fwd, one, tag=COUNTER_TAG_FORWARD, timeout=timeout), rt.step(timeout=timeout)),
+        "run": lambda: rt.run(3, timeout=timeout),
+        "receive": receive,
+        "checkpoint": lambda: rt.checkpoint(w.fwd, timeout=timeout),
+        "migrate": lambda: rt.migrate(w.fwd, 1 - w.fwd.device_index, timeout=timeout),
+        "synchronize": lambda: (rt.synchronize(timeout), rt.poll()),
+        "restore into": lambda: rt.restore(w.cp, into=w.fwd, timeout=timeout),
+    }
+
+
+def loss_race(loser: str, timeout: float | None, mgr: Any, rng: random.Random, users: tuple[str, ...]) -> list[str]:
+    """One round: `users` loop over their calls while GPU 1 is lost (by `loser`); returns
+    what went wrong. Every call does its job or raises a vkmulti error and ends (a hang is
+    reported after JOIN s); then the forwarder is on the survivor, restored or listed
+    lost and destroyed (never left on the lost GPU), and the runtime steps on."""
+    from vkmulti.errors import VkmError
+    from vkmulti.kernels import CheckpointPolicy
+    from vkmulti.testing import lose_device
+
+    w = World(mgr, CheckpointPolicy(every_steps=2))
+    queries: list[int] = []
+    calls = loss_users(w, timeout, queries)
+    problems: list[str] = []
+    stop = threading.Event()
+    barrier = threading.Barrier(len(users) + 1)
+
+    def loop(name: str) -> None:
+        use = calls[name]
+        barrier.wait(JOIN)
+        while not stop.is_set():
+            try:
+                use()
+            except VkmError:
+                pass
+            except BaseException:   # reported
+                problems.append(f"{name}: {traceback.format_exc()}")
+                return
+            time.sleep(rng.uniform(0, 0.002))
+    threads = [threading.Thread(target=loop, args=(u,), name=u, daemon=True) for u in users]
+    for t in threads:
+        t.start()
+    barrier.wait(JOIN)
+    time.sleep(rng.uniform(0, 0.04))
+    try:
+        if loser == "lose_device":
+            lose_device(mgr, 1)
+        else:
+            mgr.report_device_lost(1, "kernel_races")
+    except VkmError:   # (the hook's drain may time out: the device stays marked lost)
+        pass
+    time.sleep(rng.uniform(0, 0.05))
+    stop.set()
+    for t in threads:
+        t.join(JOIN)
+        if t.is_alive():
+            problems.append(f"{t.name} still runs {JOIN} s after the {loser} (timeout={timeout}): a hang")
+    if not problems:
+        problems += after_loss(w)
+    return problems
+
+
+def after_loss(w: World) -> list[str]:
+    """The forwarder restored on the survivor or lost (destroyed), never on the lost GPU;
+    the runtime steps, reads and tears down."""
+    from vkmulti.kernels.reference import read_counter
+
+    rt, fwd = w.rt, w.fwd
+    try:
+        rt.step(timeout=30)
+        rt.synchronize(30)
+        if not fwd.destroyed and rt.device_lost(fwd.device_index):
+            return [f"fwd is left on lost GPU {fwd.device_index} (restored: {dict(rt.restored_kernels)}, lost: "
+                    f"{dict(rt.lost_kernels)})"]
+        if fwd.destroyed != (fwd.id in rt.lost_kernels):
+            return [f"fwd destroyed={fwd.destroyed}, lost kernels {dict(rt.lost_kernels)}"]
+        if not fwd.destroyed:
+            rt.read_state(fwd, timeout=30)
+        read_counter(rt.read_state(w.sink, timeout=30))
+        w.router.detach()
+        rt.destroy(timeout=30)
+    except Exception:   # reported
+        return [f"after the loss: {traceback.format_exc()}"]
+    return []
+
+
+def loss_matrix(loser: str, timeout: float | None, rounds: int) -> None:
+    """`rounds` races of a loss (by `loser`) against the users of LOSS_USERS (all but one or
+    two of them in turn), each call with `timeout`; a failure ends the process with what
+    went wrong. "receive" and "restore into" take turns: a restore into the forwarder from
+    its lost GPU, before the failover, rolls it back past the steps the GPU ran and never
+    reported (their replies are dropped with that GPU, as without a checkpoint policy)."""
+    from vkmulti import MultiDeviceManager
+    from vkmulti.device.instance import drain_all_validation_messages
+
+    rng = random.Random(f"{loser}{timeout}{rounds}")
+    for r in range(rounds):
+        left_out = ("restore into" if r % 2 else "receive", LOSS_USERS[r // 2 % len(LOSS_USERS)])
+        users = tuple(u for u in LOSS_USERS if u not in left_out)
+        mgr = MultiDeviceManager.create(enabled=True)
+        try:
+            problems = loss_race(loser, timeout, mgr, rng, users)
+        finally:
+            mgr.destroy(timeout=30)
+        problems += [text for sev, text in drain_all_validation_messages() if sev == "error"][:3]
+        if problems:
+            sys.exit("\n".join([f"{loser}, timeout={timeout}, round {r}, users {users}:", *problems]))

@@ -97,7 +97,7 @@ def test_spare_copy_buffers_are_bounded_and_freed_after_destroy(runtime):
     """SpareBuffers keeps buffers up to `largest` bytes each and `total` in all; one
     given after destroy() is freed at once; a large kernel's checkpoint keeps none."""
     from vkmulti.kernels.engine.device_context import MappedBuffer
-    from vkmulti.kernels.lifecycle.replay_log import SpareBuffers
+    from vkmulti.memory.staging import SpareBuffers
 
     slot = runtime.manager.slot(0)
     spares = SpareBuffers(largest=4096, total=8192)

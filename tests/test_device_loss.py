@@ -2,6 +2,7 @@
 VK_ERROR_DEVICE_LOST, through the one error path, and teardown after a loss is bounded and clean."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -15,7 +16,10 @@ from vkmulti import Buffer, Image
 from vkmulti.testing import lose_device
 from vkmulti.transfer import CrossDeviceTransfer, TransferMethod
 
+from child_runs import printed_in_order, run_script
 from gates import Gate, Interrupted, interrupt_after
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _bounded_destroy(mgr, seconds=10.0):
@@ -280,3 +284,95 @@ def test_destroy_after_loss_is_bounded_with_work_in_flight():
     stop.set()
     assert not th.is_alive() and not errors
     _bounded_destroy(mgr)
+
+
+def _gated_loss(mgr):
+    """GPU 1 holding work behind a closed gate on each queue, then marked lost by the fault
+    hook, whose drain gives up at once (its fences stay with the slot, still pending)."""
+    s1 = mgr.slot(1)
+    gate = Gate(s1)
+    for q in s1.queues():
+        gate.hold(q)
+    with pytest.raises(vkmulti.TimeoutError):
+        lose_device(mgr, 1, timeout=0.0)
+    assert s1.pending_fences
+    return s1, gate
+
+
+def _ends_only_once_opened(call, gate):
+    """`call()` in a thread: still running while the gate is shut, done once it opens."""
+    errors: list = []
+
+    def run():
+        try:
+            call()
+        except Exception as exc:   # reported below
+            errors.append(exc)
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(0.5)
+    running = t.is_alive()
+    gate.open()
+    t.join(20)
+    assert not t.is_alive() and errors == []
+    assert running, "it went on while the driver still ran the work behind the gate"
+
+
+def test_a_drain_after_an_injected_loss_frees_its_fences_once_the_driver_ran_them():
+    """The fault hook's drain gave up (its fences stay with the slot); a later drain
+    of the device (retire_submits, as a semaphore's destroy or the teardown makes)
+    freed those fences at once, through the lost flag, while the driver still ran the
+    work before them (VUID-vkDestroyFence-fence-01120, once a link's detach in
+    test_failover_in_flight's drain-times-out body). It waits for the driver now."""
+    from vkmulti._core.lifetime import Deadline
+    from vkmulti.device.logical import retire_submits
+
+    mgr = MultiDeviceManager.create()
+    try:
+        s1, gate = _gated_loss(mgr)
+        _ends_only_once_opened(lambda: retire_submits(s1, Deadline(20.0)), gate)
+        assert not s1.pending_fences
+        s1.native.destroy_timeline(gate.sem)
+    finally:
+        _bounded_destroy(mgr)
+
+
+def test_a_buffer_of_a_job_on_a_gpu_lost_meanwhile_is_freed_once_the_driver_ran_the_job():
+    """A GPU job (GpuJobs: a migration's staging pass, a policy capture) counted as done
+    as soon as its device was marked lost: the buffers it uses were freed while the
+    driver still ran it (a live migration's staging ring when its source was lost
+    mid-switch: VUID-vkDestroyBuffer-buffer-00922 in the lost-GPU matrix of
+    kernel_races.py; here the fill then wrote freed memory: SIGSEGV). Its buffers now
+    wait for the driver to run it. In a child process: a crash is one failure."""
+    script = f"import sys; sys.path.insert(0, {HERE!r})\nimport conftest\nimport test_device_loss\n" \
+             "test_device_loss.job_on_a_lost_gpu()\n" \
+             "from vkmulti.device.instance import drain_all_validation_messages\n" \
+             "print('validation errors:', [t for s, t in drain_all_validation_messages() if s == 'error'][:2])\n"
+    p = run_script(script, "a job's buffer", 120, HERE)
+    printed_in_order(p, ["blocked until the gate opened", "validation errors: []"], "a job's buffer")
+
+
+def job_on_a_lost_gpu():
+    """The child's part: a fill job behind a closed gate on GPU 1, the GPU marked lost (the
+    hook's drain gives up at once), the filled buffer destroyed in a thread."""
+    import vulkan as vk
+    from vkmulti.kernels.engine.gpu_jobs import GpuJobs
+
+    mgr = MultiDeviceManager.create()
+    try:
+        s1 = mgr.slot(1)
+        gate = Gate(s1)
+        buf = Buffer(s1, 1 << 16)
+        jobs = GpuJobs(s1, s1.queues()[0])
+        point = jobs.submit(lambda cmd: vk.vkCmdFillBuffer(cmd, buf.handle, 0, 1 << 16, 7), [gate.point],
+                            users=[buf])
+        with pytest.raises(vkmulti.TimeoutError):
+            lose_device(mgr, 1, timeout=0.0)
+        with pytest.raises(DeviceLostError):
+            jobs.wait(point, 1.0)   # (the flag answers)
+        _ends_only_once_opened(lambda: buf.destroy(timeout=20), gate)
+        print("blocked until the gate opened", flush=True)
+        jobs.destroy(5.0)
+        s1.native.destroy_timeline(gate.sem)
+    finally:
+        _bounded_destroy(mgr)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kernel_support import counter, routed_runtime, settle, state, words
-from kernel_races import DESTROYERS
+from kernel_races import DESTROYERS, LOSERS
 from vkmulti import DestroyedError, KernelMessageError
 from vkmulti.kernels.k2k import landing
 from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
@@ -24,6 +24,8 @@ from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
 HERE = Path(__file__).resolve().parent
 #: rounds per destroyer (each races four users of the list against it: five cover them all)
 ROUNDS = int(os.environ.get("VKMULTI_RACE_ROUNDS", "5"))
+#: rounds per lost-GPU case (each a fresh manager and runtime, the loss at a random point)
+LOSS_ROUNDS = 4 * ROUNDS
 
 
 def run_child(source: str, *args: str, timeout: float = 240) -> str:
@@ -42,6 +44,22 @@ def run_child(source: str, *args: str, timeout: float = 240) -> str:
 @pytest.mark.parametrize("destroyer", DESTROYERS)
 def test_destroy_racing_use(destroyer):
     assert run_child("import sys; kernel_races.matrix(sys.argv[1], int(sys.argv[2]))", destroyer, str(ROUNDS)) == "ok"
+
+
+@pytest.mark.parametrize("timeout", ["10", "None"])
+@pytest.mark.parametrize("loser", LOSERS)
+def test_a_lost_gpu_racing_use_of_its_kernel(loser, timeout):
+    """GPU 1 lost while other threads loop over calls on its kernel (state reads and
+    writes, steps, runs, host queries, checkpoints, migrations, waits, restores), the
+    checkpoint policy restoring it on GPU 0: each call ends (also with no timeout: the
+    loss wakes every wait), on the survivor or with a vkmulti error; the kernel ends up
+    restored or lost, never left on the lost GPU; no validation error. Before the fix:
+    a query's reply lost for good (receive() with no timeout hung), the kernel left on
+    the lost GPU by a migration, a running kernel released, a staging buffer freed under
+    a job the driver still ran (test_failover_races.py forces each)."""
+    code = ("import sys; kernel_races.loss_matrix(sys.argv[1], None if sys.argv[2] == \"None\" else float(sys.argv[2]), "
+            "int(sys.argv[3]))")
+    assert run_child(code, loser, timeout, str(LOSS_ROUNDS)) == "ok"
 
 
 ROUTER_FIRST = """

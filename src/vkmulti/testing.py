@@ -7,9 +7,7 @@ VK_ERROR_DEVICE_LOST (docs/explanation/failover.md). The library never imports t
 """
 from __future__ import annotations
 
-
-import vulkan as vk
-
+from .device.logical import drain_through_driver
 from .device.manager import MultiDeviceManager
 from .device.virtual import (NO_GPU_NOTE, VIRTUAL_FALLBACK_ENV, find_lavapipe_icd, install_virtual_gpus,
                              is_virtual_setup, no_gpu_fallback, physical_device_types, use_virtual_if_no_gpu,
@@ -48,14 +46,7 @@ def lose_device(manager: MultiDeviceManager, index: int, *, timeout: float = 10.
         raise ValueError(f"GPU {index} ({slot.name!r}) has no native device table (a single-device manager "
                          f"drives its engine's device directly); lose_device needs a multi-GPU manager")
     native.mark_lost()
-    left: list[int] = []
-    try:
-        drained = native.drain_queues_raw([q.lock for q in slot.queues()], float(timeout), left)
-    finally:   # fences given up on: the manager's teardown waits for and frees them
-        if left and slot.device is not None:
-            with slot.children_lock:
-                slot.pending_fences.extend((slot.device, vk.ffi.cast("VkFence", f)) for f in left)
-    if not drained:
+    if not drain_through_driver(slot, float(timeout)):   # (fences given up on: the manager's teardown frees them)
         raise VkmTimeoutError(f"GPU {index} ({slot.name!r}) is marked lost, but work submitted to it before "
                               f"still runs after {timeout} s (it waits for something that never comes)")
     # Everything submitted before ran to its end: what it wrote to host-visible memory can be

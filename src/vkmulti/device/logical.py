@@ -303,14 +303,40 @@ def _retire_engine_device(slot: Any, pending: list[tuple[Any, Any]], deadline: A
             pending.append((dev, fence))
     while pending:
         fence = pending[0][1]
-        while vk.lib.vkWaitForFences(dev, 1, _ffi.new("VkFence[1]", [fence]), vk.VK_TRUE,
-                                     50_000_000) == vk.VK_TIMEOUT:
-            left = deadline.left()   # 50 ms slices: Ctrl-C lands between them
-            if left is not None and left <= 0:
-                raise VkmTimeoutError(f"GPU {slot.index} ({slot.name!r}) still runs work after {deadline.timeout} "
-                                      f"s; nothing was freed (call destroy() again once the work can finish)")
+        _driver_wait(slot, fence, deadline)
         vk.vkDestroyFence(dev, fence, None)
         pending.pop(0)
+
+
+def _driver_wait(slot: Any, fence: Any, deadline: Any) -> None:
+    """Wait through the driver (not the native lost flag) until `fence` of `slot` signals or
+    the driver reports the device lost, in 50 ms slices (Ctrl-C lands between them);
+    vkmulti.TimeoutError past `deadline`."""
+    while vk.lib.vkWaitForFences(slot.device, 1, _ffi.new("VkFence[1]", [fence]), vk.VK_TRUE,
+                                 50_000_000) == vk.VK_TIMEOUT:
+        left = deadline.left()
+        if left is not None and left <= 0:
+            raise VkmTimeoutError(f"GPU {slot.index} ({slot.name!r}) still runs work after {deadline.timeout} "
+                                  f"s; nothing was freed (call destroy() again once the work can finish)")
+
+
+def drain_through_driver(slot: Any, timeout: float | None) -> bool:
+    """Whether the work submitted to `slot`'s queues so far has all run, waited for through
+    the driver even when the device is marked lost (the fault hook leaves the driver
+    running what it was given), bounded by `timeout` s (None: no bound; in slices, Ctrl-C
+    lands between them). False when work still runs then: its fences stay alive in
+    `slot.pending_fences` (the manager's teardown waits for them). DeviceLostError when
+    the driver itself reports the device lost (nothing of it runs any more)."""
+    native = getattr(slot, "native", None)
+    if native is None or getattr(slot, "device", None) is None:
+        return True
+    left: list[int] = []
+    try:
+        return bool(native.drain_queues_raw([q.lock for q in slot.queues()], timeout, left))
+    finally:
+        if left:
+            with slot.children_lock:
+                slot.pending_fences.extend((slot.device, _ffi.cast("VkFence", f)) for f in left)
 
 
 def drain_queues(slot: Any, fences: list[tuple[Any, Any]], deadline: Any) -> None:
@@ -350,6 +376,10 @@ def drain_queues(slot: Any, fences: list[tuple[Any, Any]], deadline: Any) -> Non
         except DeviceLostError as exc:
             log.warning("GPU %d (%s) lost while draining its queues (%s); destroying it anyway",
                         slot.index, slot.name, exc)
+            # marked lost by the fault hook, the driver still runs what the queue holds (a relay may
+            # still signal it): the fence is freed once the driver is done with it; a device really
+            # lost answers at once
+            _driver_wait(slot, fence, deadline)
     for fence in mine:
         vk.vkDestroyFence(dev, fence, None)
     fences[:] = [(d, f) for d, f in fences if d is not dev]

@@ -25,7 +25,7 @@ import vulkan as vk
 from .._core.checks import is_int
 from .buffer import MappedBuffer
 
-__all__ = ["StagingBuffers", "KEEP_BYTES", "MIN_BYTES"]
+__all__ = ["StagingBuffers", "KEEP_BYTES", "MIN_BYTES", "SpareBuffers", "SPARE_BUFFERS", "SPARE_BYTES"]
 
 #: The largest staging buffer a device keeps for the next upload.
 KEEP_BYTES = 16 << 20
@@ -92,3 +92,61 @@ class StagingBuffers:
             kept, self._kept = self._kept, None
         if kept is not None:
             kept.destroy()
+
+
+#: Spare copy buffers kept per (device, size): enough for the steps in flight, the
+#: completed capture kept and one being read, where they are small.
+SPARE_BUFFERS = 6
+#: ... and at most this many bytes of them per (device, size) beyond the first two.
+SPARE_BYTES = 64 << 20
+
+
+class SpareBuffers:
+    """Free host-visible copy buffers kept per (device, size) for later copies of the same
+    size: up to SPARE_BUFFERS of them where they are small, at least two; `largest`: a
+    buffer above this many bytes is never kept, `total`: at most this many bytes kept
+    in all (None: no bound). Thread-safe; a buffer given after destroy() is freed."""
+
+    def __init__(self, largest: int | None = None, total: int | None = None) -> None:
+        self._lock = threading.Lock()
+        self._pools: dict[tuple[int, int], list[MappedBuffer]] = {}
+        self._largest, self._total = largest, total
+        self._bytes = 0
+        self._closed = False
+
+    def get(self, slot: Any, size: int) -> MappedBuffer:
+        """A host-visible buffer of `size` bytes on the device of `slot`: a kept one, else a new one."""
+        return self.take(slot.index, size) or MappedBuffer(slot, size)
+
+    def take(self, device: int, size: int) -> MappedBuffer | None:
+        """A kept buffer of `size` bytes on `device`, or None."""
+        with self._lock:
+            pool = self._pools.get((device, size))
+            if not pool:
+                return None
+            self._bytes -= size
+            return pool.pop()
+
+    def give(self, buf: MappedBuffer) -> None:
+        """Keep `buf` (nothing reads or writes it any more) for a later copy, or free it."""
+        size = buf.size
+        with self._lock:
+            if not self._closed and (self._largest is None or size <= self._largest) and \
+                    (self._total is None or self._bytes + size <= self._total):
+                pool = self._pools.setdefault((buf.slot.index, size), [])
+                n = len(pool)
+                if n < 2 or (n < SPARE_BUFFERS and (n + 1) * size <= SPARE_BYTES):
+                    pool.append(buf)
+                    self._bytes += size
+                    return
+        buf.destroy()
+
+    def destroy(self) -> None:
+        """Free every kept buffer; later ones given are freed at once."""
+        with self._lock:
+            pools, self._pools = self._pools, {}
+            self._bytes = 0
+            self._closed = True
+        for pool in pools.values():
+            for b in pool:
+                b.destroy()

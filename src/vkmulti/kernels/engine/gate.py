@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Protocol, TypeVar
 from ..._core.checks import timeout_seconds
 from ...errors import DestroyedError, MigrationError, TimeoutError as VkmTimeout
 
-__all__ = ["KernelHolds", "RuntimeGate", "gate_of", "gated", "gated_unheld"]
+__all__ = ["KernelHolds", "RuntimeGate", "at_rest", "gate_of", "gated", "gated_unheld"]
 
 
 class KernelHolds(Protocol):
@@ -130,6 +130,29 @@ class RuntimeGate:
                 self._writer = None
                 self._closing -= closing
                 self._cond.notify_all()
+
+
+@contextmanager
+def at_rest(k: Any) -> Iterator[Any]:
+    """k's device context with its lock held, once no failover is restoring k: from there
+    until the lock is let go k neither moves (a move swaps its device half under the locks
+    of both devices) nor runs a replayed step, so its queues, state buffers and device are
+    those of its latest submitted step. The wait for a restore is bounded by the restore's
+    own time (lifecycle.replay.RECOVERY_TIMEOUT), in slices (Ctrl-C ends it)."""
+    while True:
+        ctx = k.ctx
+        ctx.lock.acquire()
+        if k.ctx is ctx and not k.restoring:
+            break
+        try:
+            if k.ctx is ctx:
+                ctx.cond.wait(0.25)
+        finally:
+            ctx.lock.release()
+    try:
+        yield ctx
+    finally:
+        ctx.lock.release()
 
 
 def gate_of(rt: Any) -> RuntimeGate:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 import vulkan as vk
 
 from ..._core import _native, vkapi
-from ...device.logical import retire_submits
+from ...device.logical import drain_through_driver, retire_submits
 from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout
 from ..._core.lifetime import Deadline
 from ..._core.timeline import TimelinePoint
@@ -203,8 +203,9 @@ class GpuJobs:
 class JobDone:
     """One job of a GpuJobs, as the GPU work the resources it touches wait for before
     they are freed: done once the jobs' timeline reaches `value`, or once the jobs
-    were destroyed (their destroy() waited for every job), or on a lost device
-    (its work never runs again; an injected loss drained it)."""
+    were destroyed (their destroy() waited for every job), or on a lost device once
+    the driver ran what it was given (a real loss: at once; the fault hook leaves the
+    driver running it, and its own drain may still be under way)."""
 
     __slots__ = ("jobs", "value")
 
@@ -219,7 +220,7 @@ class JobDone:
             try:
                 return jobs.completed() >= self.value
             except DeviceLostError:
-                return True
+                return bool(getattr(jobs.slot, "lost_drained", False))
 
     def gpu_wait(self, device_index: int | None, timeout: float | None) -> bool:
         """Wait up to `timeout` s (None: no bound) in slices, so that the jobs'
@@ -234,11 +235,24 @@ class JobDone:
                     jobs.slot.native.wait_timeline(jobs.timeline, self.value, min(_WAIT_SLICE, deadline.slice()))
                     return True
                 except DeviceLostError:
-                    return True
+                    break
                 except VkmTimeout:
                     pass
             if deadline.expired():
                 return False
+        return driver_ran(jobs.slot, deadline)
+
+
+def driver_ran(slot: Any, deadline: Deadline) -> bool:
+    """On a device marked lost: whether the driver ran everything submitted to it so far,
+    waited for through the driver until `deadline`; at once where the fault hook's drain
+    saw it all run, or the driver itself reports the device lost."""
+    if getattr(slot, "lost_drained", False):
+        return True
+    try:
+        return drain_through_driver(slot, deadline.left())
+    except DeviceLostError:
+        return True
 
 
 class StepTimeline:

@@ -52,6 +52,13 @@ class StepHarvest:
         for k, j, step in rec.kernels:
             self._harvest_report(k, j, step)
 
+    def read_reports(self, rec: InFlight) -> None:
+        """Apply the kernels' reports of the step `rec` alone (host messages, counts), from
+        their host-visible regions: a step of a lost device that ran to its end (drained),
+        whose device is not asked any more."""
+        for k, j, step in rec.kernels:
+            self._harvest_report(k, j, step)
+
     def read_quiet(self, rec: InFlight, clocks: dict[Kernel, tuple[int, int, int]]) -> None:
         """Apply the step `rec`, a quiet one (StepRecorder.quiet_template's shape) that the
         native run found done and quiet (every survey and report word it checks read 0)

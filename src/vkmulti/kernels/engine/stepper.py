@@ -130,6 +130,15 @@ class DeviceStepper:
                     keep.append((value, pool_set))
             self.retired = keep
 
+    def read_drained(self) -> None:
+        """A lost device whose submitted steps all ran to their end (drained): the kernels'
+        reports of the steps not harvested yet are read from their host-visible regions, in
+        step order, as a harvest would (host messages for receive(), counts); nothing is
+        asked of the device, and those steps count as harvested (ctx lock held)."""
+        inflight = self.inflight
+        while inflight:
+            self.readback.read_reports(inflight.popleft())
+
     def _finish_batches(self, done: int) -> None:
         """Drop the batches fully delivered by the steps up to `done` (read back)."""
         live: list[Batch] = []

@@ -34,6 +34,7 @@ from typing import Any, Callable, ContextManager
 from ...errors import DeviceLostError, PrimaryDeviceLostError, VkmError
 from ...errors import TimeoutError as VkmTimeout
 from ...device.failover import FailoverStats
+from ...device.logical import drain_through_driver
 from ..engine.device_context import DeviceContext
 from ..engine.kernel import Kernel
 
@@ -146,8 +147,13 @@ class Failover:
         if online is not None and online(d):
             self.coordinator.unregister_device(d)
         with self._lock:
-            kernels = [k for k in self._kernels.values() if k is not None and k.device_index == d]
-            pair = self._contexts.pop(d, None)
+            pair = self._contexts.get(d)
+        # listed under the device's lock: a move onto it swaps under that lock once it found the device
+        # not lost, so no kernel lands there after this list
+        with pair[0].lock if pair is not None else contextlib.nullcontext():
+            with self._lock:
+                kernels = [k for k in self._kernels.values() if k is not None and k.device_index == d]
+                pair = self._contexts.pop(d, None)
         drained = False
         if kernels and not teardown:
             slot = self.manager.slot(d) if hasattr(self.manager, "slot") else None
@@ -164,13 +170,13 @@ class Failover:
             except VkmError as exc:   # (e.g. the survivors did not finish in time): they are lost
                 log.error("KernelRuntime: the kernels of lost GPU %d could not be restored: %s", d, exc)
                 restored, steps, handed = [], 0, 0
-                kernels = [k for k in kernels if k.device_index == d]
             with self.stats._lock:
                 self.stats.kernels_restored += len(restored)
                 self.stats.steps_replayed += steps
                 self.stats.messages_replayed += handed
             for k in restored:
                 self.restored_kernels[k.id] = (d, k.device_index)
+        kernels = [k for k in kernels if k.device_index == d]   # (not those another call's move took off it)
         for k in kernels:
             self._drop_lost_kernel(k, d)
         if pair is not None:
@@ -202,11 +208,10 @@ class Failover:
         finish (the fault hook's own drain timed out, or a loss the driver reported),
         has all run: waited for through the driver, bounded by DRAIN_TIMEOUT. A driver
         that reports the device lost says no (its memory contents are undefined)."""
-        native = getattr(slot, "native", None)
-        if native is None or not hasattr(slot, "queues"):
+        if getattr(slot, "native", None) is None or not hasattr(slot, "queues"):
             return False
         try:
-            return bool(native.drain_queues_raw([q.lock for q in slot.queues()], DRAIN_TIMEOUT))
+            return drain_through_driver(slot, DRAIN_TIMEOUT)
         except VkmError:
             return False
 
@@ -214,7 +219,7 @@ class Failover:
         """Forget a kernel of a lost device and free its objects without waiting on the device."""
         ctx = k.ctx
         with ctx.lock:
-            if k.destroyed:
+            if k.destroyed or k.ctx is not ctx or ctx.index != d:   # (moved off it meanwhile: it lives on)
                 return
             k.destroyed = True
             with self._lock:

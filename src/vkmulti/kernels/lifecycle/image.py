@@ -20,10 +20,11 @@ import numpy as np
 import vulkan as vk
 
 from ..._core.checks import short_repr
-from ...errors import InvalidCheckpointError
+from ...errors import InvalidCheckpointError, MigrationError
 from ...memory.buffer import MappedBuffer
 from ..checkpoint.format import Checkpoint, CheckpointMetadata, ChunkType, DataChunk, chunk_name_id
 from ..checkpoint.restorable import check_kernel_checkpoint
+from ..engine.gate import at_rest
 from ..engine.spec import KernelSpec
 from ..messages import ENVELOPE_BYTES, HOST_KERNEL_ID, HlcTimestamp, K2KMessage, MessageEnvelope
 from ..engine.spirv import reflect
@@ -31,7 +32,7 @@ from ..engine.step_ops import BARRIER, HOST_BARRIER, copy_op
 
 __all__ = ["SPIRV_CHUNK", "INBOX_CHUNK", "KernelImage", "to_checkpoint", "from_checkpoint", "local_size", "upload",
            "upload_many", "staged_copies", "StagedUpload",
-           "image_meta", "queue_image_copy"]
+           "image_meta", "queue_image_copy", "KernelMoved"]
 
 SPIRV_CHUNK = chunk_name_id("vkm.spirv")
 INBOX_CHUNK = chunk_name_id("vkm.inbox")
@@ -177,11 +178,18 @@ def queue_image_copy(k: Any, jobs: Any, srcs: list[Any], sizes: list[int], dst: 
     point). Under k's device lock, so that no step comes in between the host side's
     step count and the copy; the copies are recorded natively, so it is held briefly."""
     ops = b"".join([BARRIER, *image_copy_ops(srcs, sizes, dst), HOST_BARRIER])
-    with k.ctx.lock:
+    with at_rest(k):
         k.check()
+        if srcs[0] is not k.control:   # (a failover's restore or a move gave it another device half)
+            raise KernelMoved(f"kernel {k.id!r} moved while its checkpoint was being queued")
         img = image_meta(k)
         point = jobs.submit_ops(ops, users=[*srcs, dst])
     return img, point
+
+
+class KernelMoved(MigrationError):
+    """queue_image_copy found the kernel on another device half than its sources' (a move or a
+    failover's restore meanwhile): nothing was queued; take its sources again."""
 
 
 def fill_image(img: KernelImage, raw: Any, sizes: list[int]) -> KernelImage:

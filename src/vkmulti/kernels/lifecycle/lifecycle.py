@@ -83,12 +83,12 @@ from ..ids import KernelId, as_kernel_id
 from ..engine.prebuild import Prebuilder
 from .gpu_crc import GpuCrc, crc_pass_spec
 from .host_crc import HostCrc
-from .image import (SPIRV_CHUNK, INBOX_CHUNK, fill_image, from_checkpoint, image_sources, queue_image_copy,
-                    to_checkpoint)
+from .image import (SPIRV_CHUNK, INBOX_CHUNK, KernelMoved, fill_image, from_checkpoint, image_sources,
+                    queue_image_copy, to_checkpoint)
 from .live_migration import migrate_live
 from .migrator import KernelMigrator, MigrationResult
 from .policy import CheckpointPolicy, PolicyState
-from .replay_log import SpareBuffers
+from ...memory.staging import SpareBuffers
 from .ready_twins import ReadyTwins
 from .restore import restore_into, restore_new
 from .twin import (MigrationPool, MoveEngines, Retired, RuntimeView, free_retired, twin_buffer_sizes,
@@ -336,13 +336,15 @@ class Lifecycle:
 
     @contextmanager
     def turn(self, timeout: float | None) -> Iterator[None]:
-        """Hold the steps' turn (see _take_turn): a failover begun outside a step (from
-        a wait) runs between two steps, never inside one."""
-        self._take_turn(timeout)
-        try:
-            yield
-        finally:
-            self._turn.release()
+        """Pass the gate shared and hold the steps' turn, as a step does (see _take_turn): a
+        failover begun outside a step (from a wait) runs between two steps, never inside one,
+        nor while a move's switch or a reload's swap holds the gate."""
+        with self._gate.shared():
+            self._take_turn(timeout)
+            try:
+                yield
+            finally:
+                self._turn.release()
 
     def _take_turn(self, timeout: float | None) -> None:
         """Wait (interruptibly, in slices) until no other thread is inside a step.
@@ -473,18 +475,22 @@ class Lifecycle:
         """A Checkpoint of `kernel` after its submitted steps (see the module docstring)."""
         k = self.rt._resolve(kernel)
         timeout = timeout_seconds(timeout)
-        ctx = k.ctx
-        srcs, sizes = image_sources(k)
-        jobs = self.extras(k.device_index).jobs
-        # a kept buffer (a first allocation of host-visible memory can hold up the device's other
-        # work on a GPU's driver); the copy is waited for without the device lock: the device's
-        # other kernels go on stepping meanwhile
-        staging = self._staging.get(ctx.slot, sum(sizes))
-        try:
-            img, point = queue_image_copy(k, jobs, srcs, sizes, staging)
-        except BaseException:
-            staging.destroy()
-            raise
+        while True:   # (again on its new device if a failover's restore or a move takes it meanwhile)
+            ctx = k.ctx
+            srcs, sizes = image_sources(k)
+            jobs = self.extras(ctx.index).jobs
+            # a kept buffer (a first allocation of host-visible memory can hold up the device's other
+            # work on a GPU's driver); the copy is waited for without the device lock: the device's
+            # other kernels go on stepping meanwhile
+            staging = self._staging.get(ctx.slot, sum(sizes))
+            try:
+                img, point = queue_image_copy(k, jobs, srcs, sizes, staging)
+                break
+            except KernelMoved:
+                self._staging.give(staging)
+            except BaseException:
+                staging.destroy()
+                raise
         try:
             jobs.wait(point, timeout)
         except BaseException:

@@ -222,7 +222,7 @@ _ROUND_WAIT = 0.05
 
 def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequest,
             copy: ChunkedCopy | HostChunkedCopy, rings: list[Buffer], crcs: list, verify: bool,
-            deadline: float) -> tuple:
+            deadline: float, residency: Residency) -> tuple:
     """The end of a migration, with the gate held and nothing left to stage: the
     staging batches follow the state (on a GPU appended to `copy`, between two
     CPU devices a host copy of their own, put in `crcs`), the CRC32s are
@@ -269,7 +269,15 @@ def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequ
             b.destroy()
         raise
     t0 = time.monotonic()   # (the restore phase: after the check, not counting it again)
-    finish_move(life.rt, k, twin)   # nothing below raises: the kernel has moved
+    try:
+        finish_move(life.rt, k, twin, residency)   # nothing below raises: the kernel has moved
+    except BaseException:
+        copy.close(_CLOSE_TIMEOUT)
+        for job in crcs:
+            job.close(_CLOSE_TIMEOUT)
+        for b in landings:
+            b.destroy()
+        raise
     if landings:
         hand_back(life, dst, landings)
     assign(life.rt.coordinator, k, dst, request)
@@ -383,7 +391,7 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
             nonlocal swapped
             if (twin.spec.spirv, twin.spec.entry_point) != (k.spec.spirv, k.spec.entry_point):
                 raise MigrationError(f"the code of {k.id!r} was reloaded while it moved; migrate it again")
-            out = _switch(life, k, twin, request, copy, rings, crcs, verify, deadline)
+            out = _switch(life, k, twin, request, copy, rings, crcs, verify, deadline, res)
             swapped = True
             return out
         result, quiesce_add, staged = switch_at_step_boundary(life, k, deadline, rings, switch, res)

@@ -31,7 +31,8 @@ from ..engine.gpu_jobs import GpuJobs, StepTimeline
 from ..ids import KernelId, as_kernel_id
 from ..engine.kernel import Kernel
 from .image import KernelImage, fill_image, image_copy_ops, image_meta, image_sources, queue_image_copy, to_checkpoint
-from .replay_log import ReplayLog, SpareBuffers, still_running
+from ...memory.staging import SpareBuffers
+from .replay_log import ReplayLog, still_running
 from .twin import LifecycleView
 
 log = logging.getLogger(__name__)

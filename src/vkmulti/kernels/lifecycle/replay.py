@@ -29,8 +29,10 @@ released and listed in `lost_kernels` as before.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import struct
 import time
 from typing import Any
 
@@ -45,6 +47,8 @@ __all__ = ["restore_lost_kernels", "RECOVERY_TIMEOUT"]
 
 #: seconds the restore of one lost device may take in all (waits for the survivors, replays)
 RECOVERY_TIMEOUT = 60.0
+#: the hold a failover keeps on a kernel it restores and replays
+_RESTORING = "restored after its GPU was lost"
 
 
 def _left(deadline: float) -> float:
@@ -81,6 +85,8 @@ def _replay_steps(rt: RuntimeView, k: Any, inputs: list[list[bytes]], keep_k2h: 
     `keep_k2h` (the host never received it: those steps were in flight at the loss)."""
     ctx, stepper = rt._device(k.device_index)
     n0 = len(k.received)
+    before = dataclasses.replace(k.stats)
+    errors = len(k.errors)
     point = None
     for slots in inputs:
         with ctx.lock:
@@ -96,11 +102,17 @@ def _replay_steps(rt: RuntimeView, k: Any, inputs: list[list[bytes]], keep_k2h: 
     if point is None:
         return
     rt._wait_point(point, deadline, _left(deadline))
-    if not keep_k2h:   # the host received these steps' messages from the original run
-        with ctx.lock:
+    with ctx.lock:
+        if keep_k2h:   # (their submits were counted once, by the original run)
+            k.stats.steps_submitted = before.steps_submitted
+        else:   # the host received these steps' messages, counts and errors from the original run
             while len(k.received) > n0:
                 k.received.pop()
-            ctx.cond.notify_all()
+            del k.errors[errors:]
+            for f in dataclasses.fields(before):
+                if f.name not in ("steps_completed", "clock"):   # (the clock is the replay's: not replayed)
+                    setattr(k.stats, f.name, getattr(before, f.name))
+        ctx.cond.notify_all()
 
 
 def restore_lost_kernels(life: LifecycleView, device: int, kernels: list[Any], pair: Any, drained: bool,
@@ -114,11 +126,14 @@ def restore_lost_kernels(life: LifecycleView, device: int, kernels: list[Any], p
         return [], list(kernels), 0, 0
     replay = state.replay
     deadline = time.monotonic() + RECOVERY_TIMEOUT
-    unharvested: dict[int, set[int]] = {}
+    unharvested: dict[int, set[int]] = {}   # (kernel -> steps whose reports the host never read)
     if pair is not None:
-        for rec in pair[1].inflight:
-            for k, _, step in rec.kernels:
-                unharvested.setdefault(id(k), set()).add(step)
+        with pair[0].lock:
+            if drained:   # they all ran: their reports (host messages, counts) are read as a harvest would
+                pair[1].read_drained()
+            for rec in pair[1].inflight:
+                for k, _, step in rec.kernels:
+                    unharvested.setdefault(id(k), set()).add(step)
     _quiesce_survivors(rt, device, deadline)
     try:
         state.materialize(wait=True, timeout=_left(deadline), drained=frozenset({device}) if drained else frozenset())
@@ -130,9 +145,12 @@ def restore_lost_kernels(life: LifecycleView, device: int, kernels: list[Any], p
     restored, gone = [], []
     replayed = 0
     for k in kernels:
+        if k.device_index != device:   # (a move or a restore of another call took it off the device meanwhile)
+            continue
         img = state.latest_image(k.id)   # (the newest capture as it is: no Checkpoint made and parsed)
         kl = replay.kernels.get(k.id)
         if img is None:
+            log.error("failover: kernel %r cannot be restored: it has no completed checkpoint", k.id)
             gone.append(k)
             continue
         start, end = img.steps, k.steps
@@ -141,15 +159,18 @@ def restore_lost_kernels(life: LifecycleView, device: int, kernels: list[Any], p
                       "of steps %d..%d are not all logged", k.id, start, start, end - 1)
             gone.append(k)
             continue
-        old_ctx = k.ctx
-        with old_ctx.lock:   # sends to k wait until its queue is its own again (another thread's send
-            k.restoring = True   # would be taken by a replayed step, or cleared with the replay's inputs)
-            pending = list(k.h2k)   # host messages it had not taken yet
         target = _target(rt, k, lost_devices)
+        old_ctx = k.ctx
+        with old_ctx.lock:   # calls on k wait until its queues and state are its own again (another thread's
+            if k.destroyed or k.ctx is not old_ctx or old_ctx.index != device:   # send would be taken by a
+                continue   # replayed step, or cleared with the replay's inputs; a read would see a step between)
+            k.restoring = True
+            pending = list(k.h2k)   # host messages it had not taken yet
         ok = False
+        life.hold(k, _RESTORING, moving=True)   # (write_state, destroy_kernel, moves: after the replay)
         try:
             k.check()   # (destroyed meanwhile: not restored)
-            restore_into(life, k, img, target, _left(deadline))
+            restore_into(life, k, img, target, _left(deadline), failover=True)
             k.replaying = True
             kept = unharvested.get(id(k), set())
             try:   # (runs of steps whose host messages are dropped or kept: one wait each)
@@ -159,12 +180,15 @@ def restore_lost_kernels(life: LifecycleView, device: int, kernels: list[Any], p
                 k.replaying = False
             ok = True
         except VkmError as exc:
-            log.error("failover: kernel %r could not be restored on GPU %d: %s", k.id, target, exc)
+            if k.destroyed or k.device_index == device:
+                log.error("failover: kernel %r could not be restored on GPU %d: %s", k.id, target, exc)
         finally:
             _end_restoring(k, old_ctx, pending if ok else [])
+            life.release(k, _RESTORING, moving=True)
         if not ok:
-            gone.append(k)
-            continue
+            if k.destroyed or k.device_index == device:
+                gone.append(k)
+            continue   # (else a move or a restore of another call took it off the device first: it lives on)
         replayed += end - start
         restored.append(k)
     handed = _hand_again(rt, replay, device, restored, gone)
@@ -201,8 +225,9 @@ def _hand_again(rt: RuntimeView, replay: Any, device: int, restored: list[Any], 
             ctx.cond.notify_all()
     per_dest: dict[int, list[tuple[int, int, int, bytes]]] = {}
     for src, dst in replay.pairs_with(lost_addresses):
+        crossed = (src in lost_addresses) != (dst in lost_addresses)   # (between the lost GPU and another)
         for seq, call, slot in replay.unconsumed(src, dst):
-            per_dest.setdefault(dst, []).append((call, src, seq, slot))
+            per_dest.setdefault(dst, []).append((call, src, seq, _crossed(slot) if crossed else slot))
     handed = 0
     for dst, items in per_dest.items():
         k = rt._by_index.get(dst % rt.max_kernels)
@@ -216,3 +241,15 @@ def _hand_again(rt: RuntimeView, replay: Any, device: int, restored: list[Any], 
         replay.hand(k, [(call, slot) for call, _, _, slot in items])
         handed += len(items)
     return handed
+
+
+#: where a packed message's hop count is (messages.ENVELOPE: its ninth field, VKM_HOPS)
+_HOPS_AT = struct.calcsize("<IIQQIIII")
+
+
+def _crossed(slot: bytes) -> bytes:
+    """`slot` with one hop more: a message handed again through its receiver's host queue
+    counts the device it would have crossed on the way it was sent (the router's move)."""
+    out = bytearray(slot)
+    struct.pack_into("<I", out, _HOPS_AT, struct.unpack_from("<I", out, _HOPS_AT)[0] + 1)
+    return bytes(out)

@@ -14,8 +14,9 @@ next step, poll() or the failover) the host keeps:
   K2K messages alike, with their envelopes, in inbox order): the replay input;
 * per (sender address, receiver address), the messages the sender's steps
   wrote that the receiver has not consumed yet (the consumption is read from
-  the receiver's logged inboxes: `consumed[(src, dst)]` is the next sequence
-  number the receiver expects, per-pair FIFO makes it a prefix);
+  the receiver's logged inboxes: per-pair FIFO makes it a prefix, one number,
+  the next the receiver expects; PairStreams, which also keeps the count
+  across a restore that sets a sender's sequence numbers back);
 * per kernel, the steps whose K2H messages the host has received.
 
 Per-step inputs older than the kernel's latest completed checkpoint are
@@ -38,15 +39,17 @@ from ..._core.checks import short_repr
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from ..engine import recording as cmds
 from ...memory.buffer import MappedBuffer
+from ...memory.staging import SpareBuffers
 from ..engine.gpu_jobs import StepTimeline
 from ..engine.step_ops import copy_op
 from ..messages import ENVELOPE_BYTES, RING_HEADER_BYTES
 from .host_crc import HostCrc
+from .image import CONTROL_HEADER_BYTES
 from .twin import LifecycleView
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ReplayLog", "KernelLog", "StepPlan", "SpareBuffers", "still_running", "SPARE_BUFFERS", "SPARE_BYTES"]
+__all__ = ["ReplayLog", "KernelLog", "PairStreams", "StepPlan", "still_running"]
 
 _HEAD = struct.Struct("<4I")
 _ENV = struct.Struct("<IIQ")          # source, destination, sequence (the envelope's first words)
@@ -81,6 +84,7 @@ class _Entry:
     outbox_at: int
     report_at: int
     before: tuple[int, int | None] = (-1, None)   # the kernel's log's (last, gap) before this entry
+    epoch: int = 0                  # the kernel's sequence epoch when the step was recorded (PairStreams)
 
 
 @dataclass
@@ -102,10 +106,9 @@ class ReplayLog:
         self.lock = threading.Lock()
         self.kernels: dict[str, KernelLog] = {}
         self.pending: list[_Capture] = []
-        #: (source address, destination address) -> next sequence number the destination expects
-        self.consumed: dict[tuple[int, int], int] = {}
-        #: (source address, destination address) -> [(sequence, step() call, slot bytes)] not consumed yet
-        self.sent: dict[tuple[int, int], deque[tuple[int, int, bytes]]] = {}
+        #: per (source address, destination address): what was sent and not consumed yet, and how far
+        #: the destination consumed
+        self.streams = PairStreams()
         #: the runtime's step() calls so far (a message is consumed no earlier than the call after its own)
         self.call = 0
         #: kernel id -> [(step() call that sent it, slot)]: messages handed again, released to the
@@ -216,7 +219,8 @@ class ReplayLog:
                 if kl.last >= 0 and step != kl.last + 1 and kl.gap is None:
                     kl.gap = kl.last + 1   # stepped in between without a log: not logged
                 kl.last = step
-            e = _Entry(k, k.id, k.address, step, k.slot_size, at, k.inbox.size, 0, 0, before)
+                epoch = self.streams.epoch(k.address)
+            e = _Entry(k, k.id, k.address, step, k.slot_size, at, k.inbox.size, 0, 0, before, epoch)
             at += k.inbox.size
             e.outbox_at = at
             at += k.outbox_bytes
@@ -342,9 +346,7 @@ class ReplayLog:
                     slots.append(s)
                     src, dst, seq = _ENV.unpack_from(s)
                     if src:
-                        key = (src, dst)
-                        if seq + 1 > self.consumed.get(key, 0):
-                            self.consumed[key] = seq + 1
+                        self.streams.add_consumed((src, dst), seq)
                 if covered(e.kid):   # (the others' inboxes count for what they consumed only)
                     kl.inputs[e.step] = slots
                 ob = raw[e.outbox_at:e.outbox_at + RING_HEADER_BYTES + out_count * e.slot]
@@ -354,7 +356,7 @@ class ReplayLog:
                     s = ob[at:at + e.slot].tobytes()
                     src, dst, seq = _ENV.unpack_from(s)
                     if dst:   # (0: a message for the host, received by the harvest)
-                        self.sent.setdefault((src, dst), deque()).append((seq, c.call, s))
+                        self.streams.add_sent((src, dst), seq, e.epoch, c.call, s)
             buf, c.buffer = c.buffer, None
         if buf is not None:
             self.spares.give(buf)
@@ -363,10 +365,7 @@ class ReplayLog:
         """Drop inputs older than each kernel's latest completed checkpoint and sent
         messages their receivers consumed."""
         with self.lock:
-            for key, q in self.sent.items():
-                done = self.consumed.get(key, 0)
-                while q and q[0][0] < done:
-                    q.popleft()
+            self.streams.prune()
             items = list(self.kernels.items())
         state = self.life.policy_state
         if state is None:
@@ -387,12 +386,21 @@ class ReplayLog:
     def unconsumed(self, src: int, dst: int) -> list[tuple[int, int, bytes]]:
         """The logged messages from address `src` to `dst` that `dst` has not consumed, in order."""
         with self.lock:
-            done = self.consumed.get((src, dst), 0)
-            return [e for e in self.sent.get((src, dst), ()) if e[0] >= done]
+            return self.streams.unconsumed((src, dst))
 
     def pairs_with(self, addresses: set[int]) -> list[tuple[int, int]]:
         with self.lock:
-            return [key for key in self.sent if key[0] in addresses or key[1] in addresses]
+            return self.streams.pairs_with(addresses)
+
+    def rebase(self, address: int, control: Any) -> None:
+        """The kernel at `address` was restored, keeping its address, with the control block
+        `control` (bytes-like): its per-destination sequence numbers are set back to those
+        there (its steps before have all been read into the log; PairStreams)."""
+        raw = np.frombuffer(bytes(control), np.uint8)[CONTROL_HEADER_BYTES:]
+        table = raw[:len(raw) // 16 * 16].view(np.uint32).reshape(-1, 4)
+        next_seqs = {int(d): int(lo) | int(hi) << 32 for d, lo, hi, _ in table.tolist() if d}
+        with self.lock:
+            self.streams.rebase(address, next_seqs)
 
     def begin_call(self) -> None:
         """A step() call begins: messages handed again that are due go to their kernels."""
@@ -407,9 +415,9 @@ class ReplayLog:
         self.release_due()
 
     def release_due(self) -> None:
-        """Put the handed-again messages sent before the current step() call at the front
-        of their kernels' host queues (ahead of host messages, as the original run's K2K
-        deliveries came with the same step's)."""
+        """Put the handed-again messages sent before the current step() call at the end of
+        their kernels' host queues: after the host messages sent before the call, as a step
+        delivers its kernels' host messages first and the K2K batches after them."""
         rt = self.rt
         with self.lock:
             if not self.handed:
@@ -426,7 +434,7 @@ class ReplayLog:
                 rt.record_dead_letters(f"{len(slots)} message(s) handed again to {short_repr(kid)}, which is gone", len(slots))
                 continue
             with k.ctx.lock:
-                k.h2k.extendleft(reversed(slots))
+                k.h2k.extend(slots)
 
     def forget(self, kernel_id: str) -> None:
         with self.lock:
@@ -450,13 +458,6 @@ class ReplayLog:
         self.spares.destroy()
 
 
-#: Spare copy buffers kept per (device, size): enough for the steps in flight, the
-#: completed capture kept and one being read, where they are small.
-SPARE_BUFFERS = 6
-#: ... and at most this many bytes of them per (device, size) beyond the first two.
-SPARE_BYTES = 64 << 20
-
-
 def still_running(c: Any) -> bool:
     """Whether the copy of capture `c` (the replay log's or a policy checkpoint's, with
     `jobs` and `point`) may still run: its point not reached on a device that is not lost."""
@@ -464,57 +465,6 @@ def still_running(c: Any) -> bool:
         return c.jobs is not None and c.jobs.completed() < c.point.value
     except VkmError:   # (DeviceLostError among them: a lost device runs nothing more)
         return False
-
-
-class SpareBuffers:
-    """Free host-visible copy buffers kept per (device, size) for later copies of the same
-    size: up to SPARE_BUFFERS of them where they are small, at least two; `largest`: a
-    buffer above this many bytes is never kept, `total`: at most this many bytes kept
-    in all (None: no bound). Thread-safe; a buffer given after destroy() is freed."""
-
-    def __init__(self, largest: int | None = None, total: int | None = None) -> None:
-        self._lock = threading.Lock()
-        self._pools: dict[tuple[int, int], list[MappedBuffer]] = {}
-        self._largest, self._total = largest, total
-        self._bytes = 0
-        self._closed = False
-
-    def get(self, slot: Any, size: int) -> MappedBuffer:
-        """A host-visible buffer of `size` bytes on the device of `slot`: a kept one, else a new one."""
-        return self.take(slot.index, size) or MappedBuffer(slot, size)
-
-    def take(self, device: int, size: int) -> MappedBuffer | None:
-        """A kept buffer of `size` bytes on `device`, or None."""
-        with self._lock:
-            pool = self._pools.get((device, size))
-            if not pool:
-                return None
-            self._bytes -= size
-            return pool.pop()
-
-    def give(self, buf: MappedBuffer) -> None:
-        """Keep `buf` (nothing reads or writes it any more) for a later copy, or free it."""
-        size = buf.size
-        with self._lock:
-            if not self._closed and (self._largest is None or size <= self._largest) and \
-                    (self._total is None or self._bytes + size <= self._total):
-                pool = self._pools.setdefault((buf.slot.index, size), [])
-                n = len(pool)
-                if n < 2 or (n < SPARE_BUFFERS and (n + 1) * size <= SPARE_BYTES):
-                    pool.append(buf)
-                    self._bytes += size
-                    return
-        buf.destroy()
-
-    def destroy(self) -> None:
-        """Free every kept buffer; later ones given are freed at once."""
-        with self._lock:
-            pools, self._pools = self._pools, {}
-            self._bytes = 0
-            self._closed = True
-        for pool in pools.values():
-            for b in pool:
-                b.destroy()
 
 
 class StepPlan:
@@ -565,3 +515,84 @@ def envelope_of(slot: bytes) -> tuple[int, int, int]:
 
 
 assert ENVELOPE_BYTES >= _ENV.size
+
+
+_Pair = tuple[int, int]
+
+
+class PairStreams:
+    """The replay log's message streams, one per (sender address, receiver address), used
+    under its lock: what the sender's logged steps sent that the receiver has not consumed
+    yet, and how far the receiver consumed (the next number it expects: FIFO per pair).
+
+    `restore(cp, into=k)` sets k's sequence numbers back while its receivers consumed some
+    of them and its later messages may still be on their way: its numbers repeat. So a
+    pair counts on across it (`rebase`): k's later messages are numbered from where its
+    earlier ones ended (sequence number plus the offset of k's epoch when their step was
+    recorded), and a consumption goes to the oldest stretch that can hold it (FIFO)."""
+
+    def __init__(self) -> None:
+        #: pair -> the next stream number the receiver expects
+        self.consumed: dict[_Pair, int] = {}
+        #: pair -> [(stream number, step() call, slot bytes)] sent and not consumed yet, in order
+        self.sent: dict[_Pair, deque[tuple[int, int, bytes]]] = {}
+        #: sender address -> its epoch (restores that set its sequence numbers back)
+        self.epochs: dict[int, int] = {}
+        #: pair -> [(sender epoch, first stream number, offset)], one per epoch since the first rebase
+        self._stretches: dict[_Pair, list[tuple[int, int, int]]] = {}
+
+    def epoch(self, address: int) -> int:
+        """The epoch of the sender at `address` (the step being recorded numbers its messages by it)."""
+        return self.epochs.get(address, 0)
+
+    def add_sent(self, key: _Pair, seq: int, epoch: int, call: int, slot: bytes) -> None:
+        """A message the sender's step (recorded in `epoch`) sent, in order."""
+        offset = 0
+        for e, _, off in self._stretches.get(key, ()):
+            if e <= epoch:
+                offset = off
+        self.sent.setdefault(key, deque()).append((seq + offset, call, slot))
+
+    def add_consumed(self, key: _Pair, seq: int) -> None:
+        """The receiver consumed the pair's message with sequence number `seq`."""
+        head = self.consumed.get(key, 0)
+        n = seq
+        stretches = self._stretches.get(key)
+        if stretches:
+            n = seq + stretches[-1][2]
+            for i, (_, first, off) in enumerate(stretches):
+                end = stretches[i + 1][1] if i + 1 < len(stretches) else None
+                if end is not None and end <= head:
+                    continue   # (consumed to its end)
+                if max(first, head) <= seq + off and (end is None or seq + off < end):
+                    n = seq + off
+                    break
+        if n + 1 > head:
+            self.consumed[key] = n + 1
+
+    def rebase(self, address: int, next_seqs: dict[int, int]) -> None:
+        """The sender at `address` restarts its sequence numbers at `next_seqs` (receiver
+        address -> its next sequence number; 0 for a receiver not listed): its later
+        messages are numbered after every one it sent so far (all of them read first)."""
+        epoch = self.epochs[address] = self.epoch(address) + 1
+        for key in {k for k in (*self.consumed, *self.sent) if k[0] == address}:
+            q = self.sent.get(key)
+            top = max(self.consumed.get(key, 0), q[-1][0] + 1 if q else 0)
+            stretches = self._stretches.setdefault(key, [(0, 0, 0)])
+            stretches.append((epoch, top, top - next_seqs.get(key[1], 0)))
+
+    def prune(self) -> None:
+        """Drop the sent messages their receivers consumed."""
+        for key, q in self.sent.items():
+            done = self.consumed.get(key, 0)
+            while q and q[0][0] < done:
+                q.popleft()
+
+    def unconsumed(self, key: _Pair) -> list[tuple[int, int, bytes]]:
+        """The pair's logged messages its receiver has not consumed, in order."""
+        done = self.consumed.get(key, 0)
+        return [e for e in self.sent.get(key, ()) if e[0] >= done]
+
+    def pairs_with(self, addresses: set[int]) -> list[_Pair]:
+        """The pairs with messages logged whose sender or receiver is at one of `addresses`."""
+        return [key for key in self.sent if key[0] in addresses or key[1] in addresses]

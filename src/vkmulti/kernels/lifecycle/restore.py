@@ -21,8 +21,8 @@ from ..engine.kernel import Kernel
 from ..engine.step_ops import BARRIER
 from .image import KernelImage, StagedUpload, patch_control, readdress_slots, staged_copies, upload_many
 from .live_migration import switch_at_step_boundary
-from .twin import (LifecycleView, RuntimeView, assign, build_twin, check_residency, deadline_of, finish_move,
-                   free_twin, hand_back, retire_half, source_usable, time_left, wait_jobs, wait_kernel)
+from .twin import (LifecycleView, RuntimeView, assign, build_twin, check_residency, deadline_of, drained_lost,
+                   finish_move, free_twin, hand_back, retire_half, source_usable, time_left, wait_jobs, wait_kernel)
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,10 @@ def _apply_host_side(k: Kernel, img: KernelImage, fresh: bool) -> None:
     k.h2k.extend(readdress_slots(img.h2k, k.address) + newer)
 
 
-def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int | None, timeout: float | None) -> Kernel:
-    """Rebuild `k` (same object, id and address) from `img` on `device` (`life`: the runtime's Lifecycle)."""
+def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int | None, timeout: float | None,
+                 failover: bool = False) -> Kernel:
+    """Rebuild `k` (same object, id and address) from `img` on `device` (`life`: the runtime's
+    Lifecycle); `failover`: the failover's restore of a kernel of a lost device (Kernel.restoring)."""
     rt = life.rt
     deadline = deadline_of(timeout)
     old_ctx, res = k.ctx, k.residency
@@ -123,6 +125,10 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
         if alive:
             wait_kernel(rt, k, deadline)
         staged = _Staged(img, keep_sequences=img.address == k.address)
+        # its sequence numbers go back to the checkpoint's (not so for a failover's: its replay brings them
+        # back to where they were): the replay log numbers its messages on from there
+        policy = life.policy_state
+        rebase = policy.replay if policy is not None and staged.keep and not failover else None
         try:   # the state, control block and inbox written in the twin's initialising submit
             twin = life.twins.take(k, device, deadline) if img.spec == k.spec else None   # (ready_twins.py)
             if twin is not None:
@@ -145,12 +151,22 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
                     for t in tickets:
                         t.wait(time_left(deadline, "the copy of the staged messages"))
                 k.check()
+                if rebase is not None:   # everything k sent so far in the log before its numbers go back
+                    rebase.materialize(wait=True, timeout=time_left(deadline, "the replay log's copies"),
+                                       drained=drained_lost(rt, old_ctx.index))
             except BaseException:
                 for b in landings:
                     b.destroy()
                 raise
-            finish_move(rt, k, twin)  # type: ignore[arg-type]
+            try:
+                finish_move(rt, k, twin, res, failover)  # type: ignore[arg-type]
+            except BaseException:
+                for b in landings:
+                    b.destroy()
+                raise
             done = True
+            if rebase is not None:
+                rebase.rebase(k.address, patch_control(img.control, k.address, k.tenant, k.ctx.table_size, True))
             _apply_host_side(k, img, fresh=False)
             if landings:
                 hand_back(life, device, landings)

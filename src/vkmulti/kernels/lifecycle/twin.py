@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 __all__ = ["RuntimeView", "LifecycleView", "MigrationPool", "Retired", "MoveEngines", "Twin", "state_buffers",
            "twin_buffer_sizes", "twin_mapped_sizes", "check_residency",
            "build_twin", "free_twin", "retire_half", "free_retired", "hand_back", "finish_move", "assign",
-           "source_usable", "deadline_of", "time_left", "wait_kernel", "wait_jobs"]
+           "source_usable", "drained_lost", "deadline_of", "time_left", "wait_kernel", "wait_jobs"]
 
 
 class RuntimeView(Protocol):
@@ -490,14 +490,27 @@ def _swap_residency(k: Kernel, twin: Kernel) -> None:
         twin.ctx.local[twin.local_slot] = twin
 
 
-def finish_move(rt: RuntimeView, k: Kernel, twin: Kernel) -> None:
-    """The swap (runtime gate held): k takes the twin's Residency, the directory
-    is rewritten everywhere, batches on other devices stop delivering to k."""
+def finish_move(rt: RuntimeView, k: Kernel, twin: Kernel, residency: Residency, failover: bool = False) -> None:
+    """The swap (runtime gate held, or k's device lost): k takes the twin's Residency, the
+    directory is rewritten everywhere, batches on other devices stop delivering to k.
+    MigrationError, nothing swapped, once k's Residency is no longer `residency` (another
+    move or restore came first), a failover restores k (unless this is that failover's
+    restore) or the twin's device is lost: checked under both devices' locks, which a
+    failover takes to list the kernels of a lost device, so that a kernel never lands on
+    a device whose failover has passed it by."""
     old_ctx, new_ctx = k.ctx, twin.ctx
     locks = sorted({old_ctx.index: old_ctx, new_ctx.index: new_ctx}.items())
     for _, c in locks:
         c.lock.acquire()
     try:
+        k.check()
+        check_residency(k, residency)
+        if k.restoring and not failover:
+            raise MigrationError(f"{k.id!r} is being restored after its GPU was lost; move or restore it again "
+                                 f"once that is done")
+        if new_ctx is not old_ctx and (not new_ctx.alive or rt.device_lost(new_ctx.index)):
+            raise MigrationError(f"GPU {new_ctx.index} was lost while {k.id!r} moved there; it stays on "
+                                 f"GPU {old_ctx.index}")
         _swap_residency(k, twin)
         if old_ctx is not new_ctx:
             with rt._lock:
@@ -525,11 +538,25 @@ def finish_move(rt: RuntimeView, k: Kernel, twin: Kernel) -> None:
 
 
 def assign(coordinator: Any, k: Kernel, device: int, request: MigrationRequest | None) -> None:
-    """Tell the coordinator where k runs now (completing `request` when there is one)."""
-    if request is not None:
-        coordinator.complete_migration(request)
-    elif coordinator.get_kernel_device(k.id) != device:
-        coordinator.assign_kernel(k.id, device)
+    """Tell the coordinator where k runs now (completing `request` when there is one), once k
+    swapped: a coordinator that cannot take it (the device unregistered by a loss reported
+    meanwhile, whose failover then restores k from there) is logged, not raised."""
+    try:
+        if request is not None:
+            coordinator.complete_migration(request)
+        elif coordinator.get_kernel_device(k.id) != device:
+            coordinator.assign_kernel(k.id, device)
+    except VkmError as exc:
+        log.warning("kernel %r runs on GPU %d now; its coordinator could not be told: %s", k.id, device, exc)
+
+
+def drained_lost(rt: RuntimeView, device: int) -> frozenset[int]:
+    """{device} when it is lost and known to have run all its submitted work (the fault
+    hook's drain finished: what it wrote can be read), else an empty set."""
+    if not rt.device_lost(device):
+        return frozenset()
+    slot = rt.manager.slot(device)
+    return frozenset({device}) if getattr(slot, "lost_drained", False) else frozenset()
 
 
 def source_usable(ctx: Any, rt: RuntimeView | None = None) -> bool:

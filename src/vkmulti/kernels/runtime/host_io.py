@@ -18,6 +18,7 @@ from ..._core.checks import U32_MAX, int_in, seconds_text, short_repr, timeout_s
 from ...errors import QueueFullError, TimeoutError as VkmTimeout
 from ...memory.image import Buffer, as_host_bytes
 from ..engine.device_context import DeviceContext
+from ..engine.gate import at_rest
 from ..engine.kernel import Kernel
 from ..engine.stepper import DeviceStepper
 from ..lifecycle.image import upload
@@ -92,6 +93,9 @@ class HostQueues:
             with ctx.lock:
                 if k.ctx is not ctx:   # (moved between the two reads)
                     continue
+                if k.restoring:   # a failover replays its steps: their host messages are sorted out then
+                    ctx.cond.wait(0.25)   # (bounded by the restore's own time, whatever `timeout` is)
+                    continue
                 stepper.harvest()
                 if k.received:
                     msg = k.received.popleft()
@@ -114,8 +118,9 @@ class HostQueues:
     def pending_receives(self, kernel: Any) -> int:
         """Messages from `kernel` waiting in the host receive queue (harvested so far)."""
         k = self._resolve(kernel)
-        with k.ctx.lock:
-            self._device(k.device_index)[1].harvest()
+        with at_rest(k) as ctx:
+            k.check()
+            self._device(ctx.index)[1].harvest()
             return len(k.received)
 
     # -- state --------------------------------------------------------------------------------
@@ -129,7 +134,7 @@ class HostQueues:
         total = k.states[index].size
         int_in(offset, "offset", 0, total - 1)
         size = total - offset if size is None else int_in(size, "size", 1, total - offset)
-        return self.copy_out(k, k.states[index], offset, size, timeout_seconds(timeout))
+        return self.copy_out(k, index, offset, size, timeout_seconds(timeout))
 
     def write_state(self, kernel: Any, index: int, data: Any, *, offset: int = 0,
                     timeout: float | None = 60.0) -> None:
@@ -137,36 +142,45 @@ class HostQueues:
         k = self._resolve(kernel)
         int_in(index, "index", 0, len(k.states) - 1)
         raw = as_host_bytes(data, "data")
-        buf = k.states[index]
-        int_in(offset, "offset", 0, buf.size)
-        if raw.nbytes == 0 or offset + raw.nbytes > buf.size:
+        total = k.states[index].size
+        int_in(offset, "offset", 0, total)
+        if raw.nbytes == 0 or offset + raw.nbytes > total:
             raise ValueError(f"[{offset}, {offset + raw.nbytes}) is outside state buffer {index} of "
-                             f"{buf.size} bytes (or empty)")
+                             f"{total} bytes (or empty)")
         timeout = timeout_seconds(timeout)
-        with k.ctx.lock, _named_timeout("writing the state of", k, timeout):
-            k.check()
-            upload(k.ctx, buf, offset, raw, timeout)
+        with at_rest(k) as ctx, _named_timeout("writing the state of", k, timeout):   # (its buffer of now:
+            k.check()                                                             # a restore or move replaces it)
+            upload(ctx, k.states[index], offset, raw, timeout)
 
-    def copy_out(self, k: Kernel, buf: Buffer, offset: int, size: int, timeout: float | None) -> np.ndarray:
-        """`size` bytes of k's device buffer `buf` from `offset`, after k's submitted steps."""
-        ctx = k.ctx
-        staging = Buffer(ctx.slot, size, usage=vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=True)
-        with ctx.lock:
-            try:
-                k.check()
-            except BaseException:
-                staging.destroy()
-                raise
-            # a wait that gives up (timeout, Ctrl-C) leaves the copy queued: the runner frees
-            # `staging` once it is done, and `buf`'s destroy() waits for it
-            with _named_timeout("reading the state of", k, timeout):
-                ctx.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, buf.handle, staging.handle, 1, [
-                    vk.VkBufferCopy(srcOffset=offset, dstOffset=0, size=size)]), timeout=timeout, keep=[staging],
-                    users=[buf])
+    def copy_out(self, k: Kernel, index: int, offset: int, size: int, timeout: float | None) -> np.ndarray:
+        """`size` bytes of k's state buffer `index` from `offset`, after k's submitted steps."""
+        staging = None
         try:
+            while True:   # (the staging buffer on k's device of the moment, made without its lock)
+                ctx = k.ctx
+                if staging is None or staging.slot is not ctx.slot:
+                    if staging is not None:
+                        staging.destroy()
+                        staging = None
+                    staging = Buffer(ctx.slot, size, usage=vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=True)
+                with at_rest(k) as now:
+                    if now is not ctx:   # (moved meanwhile)
+                        continue
+                    k.check()
+                    buf, out = k.states[index], staging
+                    # a wait that gives up (timeout, Ctrl-C) leaves the copy queued: the runner frees
+                    # `staging` once it is done, and `buf`'s destroy() waits for it
+                    staging = None
+                    with _named_timeout("reading the state of", k, timeout):
+                        ctx.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, buf.handle, out.handle, 1, [
+                            vk.VkBufferCopy(srcOffset=offset, dstOffset=0, size=size)]), timeout=timeout,
+                            keep=[out], users=[buf])
+                    staging = out
+                    break
             return staging._read(size)
         finally:
-            staging.destroy()
+            if staging is not None:
+                staging.destroy()
 
 
 @contextmanager
