@@ -2,20 +2,42 @@
 
 short_repr, which every message showing a caller's value goes through, and short_str
 (the text of a caller's exception or name): bounded, never raising, and no more work
-than the text they show.
+than the text they show. And the wrong types and huge numbers that got
+AttributeError or OverflowError instead of a typed error.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
 
 import vkmulti
-from vkmulti import LaunchOptions
+import vkmulti.kernels
+from vkmulti import (Checkpoint, CheckpointBuilder, GpuConnection, GpuTopology, InterconnectType, KernelCodeFormat,
+                     KernelCodeSource, LaunchOptions, MultiGpuCoordinator, ReferenceRenderer, ReferenceSRU,
+                     SRUOffloadCoordinator, assign_srus)
 from vkmulti._core.checks import short_repr, short_str
+from vkmulti.cluster import split_rows_weighted
+from vkmulti.kernels import format_topology
 
+import test_fuzz_host
 from hostile_values import HOSTILE, MB, ReprError, ReprRaises
+
+
+# -- what the cases share ---------------------------------------------------------------------------
+
+SPIRV = test_fuzz_host.SPIRV
+
+
+def _checkpoint() -> Checkpoint:
+    return CheckpointBuilder("k", "t").device_memory("m", b"abcd").build()
+
+
+def _topology() -> GpuTopology:
+    t = GpuTopology(2)
+    t.set_connection(GpuConnection(0, 1, InterconnectType.PCIE))
+    return t
 
 
 # -- short_repr itself ------------------------------------------------------------------------------
@@ -70,3 +92,63 @@ def test_a_record_holding_a_callers_object_keeps_a_short_repr():
     for field in (ReprRaises(), HOSTILE["repr-1MB"], HOSTILE["list-1M"]):
         text = repr(vkmulti.CudaDevice(0, field, "n"))
         assert len(text) < 200 and text.startswith("CudaDevice(ordinal=0, uuid=")
+
+
+# -- wrong types and huge numbers ---------------------------------------------------------------------
+
+#: Calls that raised AttributeError or OverflowError (or allocated the number it was given)
+#: where a wrong type or a number out of range should get a TypeError or ValueError.
+TYPED_CASES: dict[str, tuple[Callable[[], Any], type[Exception]]] = {
+    "Checkpoint.delta_from(base=1)": (lambda: Checkpoint.delta_from(1, _checkpoint()), TypeError),
+    "Checkpoint.applied_with_delta(delta='x')": (lambda: Checkpoint.applied_with_delta(_checkpoint(), "x"), TypeError),
+    "Checkpoint.get_device_memory(5)": (lambda: _checkpoint().get_device_memory(5), TypeError),
+    "format_topology(3)": (lambda: format_topology(3), TypeError),
+    "pair_methods(0, 1)": (lambda: vkmulti.pair_methods(0, 1), TypeError),
+    "KernelCodeSource(hash=10**5000)": (lambda: KernelCodeSource(KernelCodeFormat.SPIRV, SPIRV.code, hash=10 ** 5000),
+                                        TypeError),
+    "KernelCodeSource(hash=2**40)": (lambda: KernelCodeSource(KernelCodeFormat.SPIRV, SPIRV.code, hash=1 << 40),
+                                     TypeError),   # (bytes(2**40): a TiB allocated to compare with the digest)
+    "assign_srus(cost=10**400)": (lambda: assign_srus([ReferenceSRU(1, 8, 8)], 2, cost=lambda s: 10 ** 400), ValueError),
+    "assign_srus(weights=[10**400, 1])": (lambda: assign_srus([ReferenceSRU(1, 8, 8)], 2, weights=[10 ** 400, 1]),
+                                          ValueError),
+    "ReferenceSRU(color_a=10**400)": (lambda: ReferenceSRU(1, 8, 8, color_a=(10 ** 400, 0, 0)), TypeError),
+    "GpuTopology.transfer_seconds(nbytes=10**400)": (lambda: _topology().transfer_seconds(0, 1, 10 ** 400), ValueError),
+    "split_rows_weighted(10**400)": (lambda: split_rows_weighted(10 ** 400, [1.0]), ValueError),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TYPED_CASES))
+def test_wrong_types_and_huge_numbers_get_typed_errors(name):
+    call, error = TYPED_CASES[name]
+    with pytest.raises(error):
+        call()
+
+
+def test_wrong_types_and_huge_numbers_get_typed_errors_on_devices(manager):
+    """The same on the virtual pair: a renderer's target, a compositor's scale, an SRU
+    coordinator's weights and damping, a runtime's apply_code and run."""
+    slot = manager.slot(0)
+    renderer, compositor = ReferenceRenderer(slot), None
+    rt = vkmulti.kernels.KernelRuntime(MultiGpuCoordinator.from_manager(manager), manager)
+    try:
+        with pytest.raises(TypeError):
+            renderer.make_target(3)
+        with pytest.raises(TypeError):
+            compositor = vkmulti.Compositor(slot, content_scale=(10 ** 400, 1.0))
+        for kw in (dict(weights=[10 ** 400, 1.0]), dict(adaptive_damping=10 ** 400)):
+            with pytest.raises(TypeError):
+                SRUOffloadCoordinator(manager, **kw)
+        spec = vkmulti.kernels.counter_kernel(max_sources=4)
+        k = rt.launch(spec, "c", device=0)
+        for bad in (3, "nobody"):
+            with pytest.raises((TypeError, vkmulti.KernelNotFoundError)):
+                rt.apply_code(bad, KernelCodeSource.from_spirv(spec.spirv))
+        with pytest.raises(TypeError):
+            rt.apply_code(k, 3)
+        with pytest.raises(ValueError):
+            rt.run(1 << 64, k)
+    finally:
+        rt.destroy()
+        renderer.destroy()
+        if compositor is not None:
+            compositor.destroy()

@@ -91,7 +91,7 @@ class SpeedMeter:
             raise TypeError(f"damping must be a number in (0, 1], got {value!r}")
         try:
             v = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise TypeError(f"damping must be a number in (0, 1], got {value!r}") from None
         if not 0.0 < v <= 1.0:
             raise ValueError(f"damping must be in (0, 1], got {value!r}")

@@ -32,7 +32,7 @@ def _int_kind(fmt: int) -> str:
 def scale_pair(content_scale: Any) -> tuple[float, float]:
     try:
         sx, sy = (float(v) for v in content_scale)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TypeError(f"content_scale must be a pair of numbers, got {content_scale!r}") from None
     if not (math.isfinite(sx) and math.isfinite(sy) and sx > 0 and sy > 0):
         raise ValueError(f"content_scale must be two finite numbers > 0, got {content_scale!r}")

@@ -110,11 +110,11 @@ def _per_device(values: Any, device_count: int, what: str, *, positive: bool) ->
         values = list(values)
         try:
             arr = np.asarray(values, dtype=np.float64)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             for d, x in enumerate(values):
                 try:
                     float(x)
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):
                     raise ValueError(f"{word} of device {d} must be a finite number, got {x!r}") from None
             raise TypeError(f"{what} must be a sequence of numbers, got {short_repr(values)}") from None
     if arr.dtype.kind not in "iuf":
@@ -237,7 +237,7 @@ def _per_sru_floats(values: list, ids: list, what: str) -> np.ndarray:
     try:
         arr = np.asarray(values, dtype=np.float64)
         good = arr.shape == (len(values),) and bool(np.isfinite(arr).all() and (arr >= 0).all())
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         good = False
     if good:
         return arr + 0.0  # also turns -0.0 into 0.0
@@ -245,7 +245,7 @@ def _per_sru_floats(values: list, ids: list, what: str) -> np.ndarray:
     for k, (i, v) in enumerate(zip(ids, values)):
         try:
             out[k] = x = float(v)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             x = math.nan
         if not (math.isfinite(x) and x >= 0):
             raise ValueError(f"{what} of SRU {i!r} must be a finite number >= 0, got {v!r}")

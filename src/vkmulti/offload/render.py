@@ -50,7 +50,7 @@ _PUSH = struct.Struct("<4f4fIIfI")
 def _colour(v: Any, what: str) -> tuple[float, float, float]:
     try:
         c = tuple(float(x) for x in v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TypeError(f"{what} must be 3 numbers (linear RGB), got {v!r}") from None
     if len(c) != 3 or not all(math.isfinite(x) for x in c):
         raise ValueError(f"{what} must be 3 finite numbers (linear RGB), got {v!r}")
@@ -193,6 +193,8 @@ class ReferenceRenderer(Submitter):
 
     def make_target(self, sru: ReferenceSRU) -> Image:
         """A render target for `sru` on this device (the caller destroys it)."""
+        if not isinstance(sru, ReferenceSRU):
+            raise TypeError(f"sru must be a ReferenceSRU, got {type(sru).__name__}")
         return Image(self.slot, sru.width, sru.height, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
 
     def _check_target(self, sru: ReferenceSRU, target: Any) -> None:

@@ -202,7 +202,7 @@ def check_weights(values: Any, count: int) -> list[float]:
         raise TypeError(f"weights must be a sequence of numbers, got {type(values).__name__}")
     try:
         out = [float(w) for w in values]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TypeError("weights must be a sequence of numbers (one per device)") from None
     if len(out) != count:
         raise ValueError(f"weights has {len(out)} entries for {count} devices")

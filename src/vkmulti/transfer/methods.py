@@ -176,6 +176,9 @@ def pair_problem(method: str, src: DeviceSlot, dst: DeviceSlot) -> MethodProblem
 def pair_methods(src: DeviceSlot, dst: DeviceSlot) -> list[str]:
     """The cross-device methods that work from slot `src` to slot `dst`, best first
     (what their VkDevices enabled counts; CUDA_PEER as the driver answers)."""
+    for label, slot in (("src", src), ("dst", dst)):
+        if not isinstance(slot, DeviceSlot):
+            raise TypeError(f"{label} must be a DeviceSlot (e.g. mgr.slot(0)), got {type(slot).__name__}")
     return [m for m in TransferMethod.CROSS_DEVICE if pair_problem(m, src, dst) is None]
 
 

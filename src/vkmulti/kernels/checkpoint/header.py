@@ -57,6 +57,8 @@ def crc32(data: Any, value: int = 0) -> int:
 def chunk_name_id(name: str) -> int:
     """A stable 64-bit id for a named device-memory chunk (FNV-1a of the UTF-8 name;
     the seed used Rust's DefaultHasher, which differs between runs)."""
+    if not isinstance(name, str):
+        raise TypeError(f"a device-memory chunk name must be a str, got {type(name).__name__}")
     h = 0xCBF29CE484222325
     for b in name.encode():
         h = ((h ^ b) * 0x100000001B3) & _U64

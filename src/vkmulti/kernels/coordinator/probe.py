@@ -267,6 +267,8 @@ def _measure_pair(src: Any, dst: Any, method: str, nbytes: int, reps: int) -> tu
 
 def format_topology(topo: GpuTopology, names: list[str] | None = None) -> str:
     """The matrix as text: one table of bandwidth and one of latency (row = source)."""
+    if not isinstance(topo, GpuTopology):
+        raise TypeError(f"topo must be a GpuTopology, got {type(topo).__name__}")
     n = topo.device_count
     devs = {d["index"]: d for d in topo.details.get("devices", [])}
     lines = []

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from ..._core.checks import check_count, check_index, check_number
+from ..._core.checks import check_count, check_index, check_number, int_in, U64_MAX
 from ..._core.reprs import compact_repr
 from ...errors import InvalidConfigError
 from .config import Backend
@@ -262,7 +262,7 @@ class GpuTopology:
 
     def transfer_seconds(self, source: int, destination: int, nbytes: int) -> float:
         """Estimated time to move `nbytes` along best_path (0 for the same device)."""
-        n = check_count(nbytes, "nbytes")
+        n = int_in(check_count(nbytes, "nbytes"), "nbytes", 0, U64_MAX)   # (a float can hold the time)
         path = self.best_path(source, destination)
         if len(path) < 2:
             return 0.0

@@ -54,6 +54,8 @@ def check_for_kernels(code: KernelCodeSource, targets: list[Kernel], *, spirv_va
     """KernelValidationError / UnsupportedError unless `code` can replace the targets' code:
     SPIR-V, the kernel ABI of every target, a version each device takes, and the
     SPIR-V gate (spirv-val for each device's target environment, always run)."""
+    if not isinstance(code, KernelCodeSource):
+        raise TypeError(f"code must be a KernelCodeSource, got {type(code).__name__}")
     if code.format is not KernelCodeFormat.SPIRV:
         k = targets[0]
         raise UnsupportedError(f"{code.format.name} code cannot run on a Vulkan kernel ({k.id!r} on GPU "

@@ -486,7 +486,7 @@ class KernelRuntime:
 
     def apply_code(self, kernel: Kernel, code: KernelCodeSource, timeout: float | None) -> None:
         """Swap `code` into `kernel` as a hot reload does (Kernel.apply_code's CodeSwapper)."""
-        apply_code(kernel, code, timeout)
+        apply_code(self._resolve(kernel), code, timeout)
 
     # -- teardown ------------------------------------------------------------------------------
 
