@@ -78,7 +78,7 @@ class StencilSlab:
         self.timeout = float(timeout)
         gpus = [g for g, w in enumerate(gpu_weights) if w > 0]
         if not gpus:
-            raise ValueError(f"no GPU with a weight > 0: {list(gpu_weights)!r}")
+            raise ValueError(f"no GPU with a weight > 0: {short_repr(list(gpu_weights))}")
         parts = [(g, r0, n) for g, (r0, n) in zip(gpus, split_rows_weighted(self.rows, [gpu_weights[g] for g in gpus]))
                  if n > 0]
         self.runtime = KernelRuntime(MultiGpuCoordinator.from_manager(manager), manager, max_kernels=64,

@@ -34,7 +34,7 @@ def slot_queue(slot: Any, queue: Any, default: Any) -> Any:
                         f"got {type(queue).__name__}")
     queues = getattr(slot, "queues", None)
     if callable(queues) and all(int(queue) != int(q) for q in queues()):
-        raise ValueError(f"queue {queue!r} is not a queue of GPU {slot.index}")
+        raise ValueError(f"queue {short_repr(queue)} is not a queue of GPU {slot.index}")
     return queue
 
 

@@ -39,6 +39,7 @@ from .header import (CHECKPOINT_MAGIC, CHECKPOINT_VERSION, CHUNK_HEADER_SIZE, DE
                      MAX_CUSTOM_ENTRIES, CheckpointHeader,
                      CheckpointMetadata, ChunkHeader, ChunkType, as_bytes, chunk_name_id, crc32)
 from ..messages import HlcTimestamp
+from ..._core.checks import short_repr
 
 if TYPE_CHECKING:
     from ..._core.protocols import HostData
@@ -314,7 +315,7 @@ class Checkpoint:
         _check_checkpoints(base=base, delta=delta)
         recorded = delta.metadata.custom.get(DELTA_PARENT_DIGEST_KEY)
         if recorded is not None and recorded != base.content_digest():
-            raise InvalidCheckpointError(f"delta parent digest mismatch: expected {recorded}, got "
+            raise InvalidCheckpointError(f"delta parent digest mismatch: expected {short_repr(recorded)}, got "
                                          f"{base.content_digest()}")
         by_id = {c.chunk_identity(): c for c in delta.chunks if c.chunk_identity() is not None}
         meta = CheckpointMetadata(**{**delta.metadata.__dict__, "custom": dict(delta.metadata.custom)})

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..._core.checks import positive_int
+from ..._core.checks import positive_int, short_repr
 from ..._core.files import read_named_file
 from ..._core.reprs import compact_repr
 from .spirv import SPIRV_MAGIC
@@ -38,7 +38,7 @@ class KernelSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernel_type, str) or not self.kernel_type:
-            raise TypeError(f"kernel_type must be a non-empty str, got {self.kernel_type!r}")
+            raise TypeError(f"kernel_type must be a non-empty str, got {short_repr(self.kernel_type)}")
         code = self.spirv
         if not isinstance(code, bytes):
             try:
@@ -47,35 +47,35 @@ class KernelSpec:
                 raise TypeError(f"spirv must be bytes, got {type(self.spirv).__name__}") from None
             object.__setattr__(self, "spirv", code)
         if len(code) < 20 or len(code) % 4:
-            raise ValueError(f"spirv of {self.kernel_type!r} is {len(code)} bytes: not a SPIR-V module "
+            raise ValueError(f"spirv of {short_repr(self.kernel_type)} is {len(code)} bytes: not a SPIR-V module "
                              f"(whole 32-bit words, a 5-word header at least)")
         magic = struct.unpack_from("<I", code)[0]
         if magic != SPIRV_MAGIC:
-            raise ValueError(f"spirv of {self.kernel_type!r} starts with 0x{magic:08x}, not the SPIR-V magic "
+            raise ValueError(f"spirv of {short_repr(self.kernel_type)} starts with 0x{magic:08x}, not the SPIR-V magic "
                              f"0x{SPIRV_MAGIC:08x} (little-endian)")
         try:
             sizes = tuple(self.state_sizes)
         except TypeError:
-            raise TypeError(f"state_sizes must be a sequence of ints, got {self.state_sizes!r}") from None
+            raise TypeError(f"state_sizes must be a sequence of ints, got {short_repr(self.state_sizes)}") from None
         if not 1 <= len(sizes) <= MAX_STATE_BUFFERS:
             raise ValueError(f"a kernel has 1 to {MAX_STATE_BUFFERS} state buffers, got {len(sizes)}")
         for i, s in enumerate(sizes):
             if positive_int(s, f"state_sizes[{i}]") % 4:
-                raise ValueError(f"state_sizes[{i}] must be a multiple of 4 bytes, got {s}")
+                raise ValueError(f"state_sizes[{i}] must be a multiple of 4 bytes, got {short_repr(s)}")
         object.__setattr__(self, "state_sizes", sizes)
         positive_int(self.inbox_capacity, "inbox_capacity", MAX_CAPACITY)
         positive_int(self.outbox_capacity, "outbox_capacity", MAX_CAPACITY)
         try:
             groups = tuple(self.groups)
         except TypeError:
-            raise TypeError(f"groups must be 3 ints, got {self.groups!r}") from None
+            raise TypeError(f"groups must be 3 ints, got {short_repr(self.groups)}") from None
         if len(groups) != 3:
-            raise ValueError(f"groups must be 3 ints (x, y, z), got {self.groups!r}")
+            raise ValueError(f"groups must be 3 ints (x, y, z), got {short_repr(self.groups)}")
         for i, g in enumerate(groups):
             positive_int(g, f"groups[{i}]")
         object.__setattr__(self, "groups", groups)
         if not isinstance(self.entry_point, str) or not self.entry_point:
-            raise TypeError(f"entry_point must be a non-empty str, got {self.entry_point!r}")
+            raise TypeError(f"entry_point must be a non-empty str, got {short_repr(self.entry_point)}")
 
     @classmethod
     def from_file(cls, kernel_type: str, path: str | Path, **fields: Any) -> "KernelSpec":

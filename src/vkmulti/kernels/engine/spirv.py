@@ -22,6 +22,7 @@ from typing import Any
 
 from ...errors import KernelValidationError
 from ...errors import TimeoutError as VkmTimeout
+from ..._core.checks import short_repr, short_str
 
 __all__ = ["SPIRV_MAGIC", "SpirvModule", "SpirvBinding", "reflect", "check_kernel_abi", "check_workgroup_size",
            "run_spirv_val", "spirv_env_for_api"]
@@ -316,10 +317,10 @@ def check_kernel_abi(mod: SpirvModule, entry_point: str, n_state: int, push_byte
     lacks: the pipeline could not be made, or would read the wrong buffer."""
     model = mod.entry_points.get(entry_point)
     if model is None:
-        have = ", ".join(f"{n!r} ({m})" for n, m in mod.entry_points.items()) or "none"
-        raise KernelValidationError(f"{label} has no entry point {entry_point!r} (it has: {have})")
+        have = short_str(", ".join(f"{short_repr(n)} ({m})" for n, m in mod.entry_points.items()) or "none")
+        raise KernelValidationError(f"{label} has no entry point {short_repr(entry_point)} (it has: {have})")
     if model != "GLCompute":
-        raise KernelValidationError(f"{label}'s entry point {entry_point!r} is a {model} shader, not a compute "
+        raise KernelValidationError(f"{label}'s entry point {short_repr(entry_point)} is a {model} shader, not a compute "
                                     f"(GLCompute) kernel")
     names = {0: "inbox", 1: "outbox"}
     for b in mod.bindings:

@@ -238,5 +238,5 @@ def validate_code(code: KernelCodeSource) -> None:
     if fmt is KernelCodeFormat.SPIRV:
         mod = reflect(code.code, "the new SPIR-V")
         if code.entry_point not in mod.entry_points:
-            raise KernelValidationError(f"the new SPIR-V has no entry point {code.entry_point!r} (it has "
-                                        f"{sorted(mod.entry_points)})")
+            raise KernelValidationError(f"the new SPIR-V has no entry point {short_repr(code.entry_point)} (it has "
+                                        f"{short_repr(sorted(mod.entry_points), 200)})")
