@@ -47,6 +47,12 @@ cdef str _text(const char *s):
     return (<bytes>s).decode("utf-8", "replace") if s != NULL else ""
 
 
+cdef str _shown(object value):
+    """A caller's value for an error message: vkmulti's short_repr (bounded; never raises)."""
+    from vkmulti._core.checks import short_repr
+    return short_repr(value)
+
+
 cdef int check(VkResult result, const char *call) except -1:
     """The one place a VkResult becomes an exception (table in vkmulti.errors)."""
     if result == VK_SUCCESS:
@@ -94,15 +100,15 @@ cdef uint64_t _timeout_ns(timeout) except? 0:
     if timeout is None:
         return _FOREVER
     if type(timeout) is not float and (isinstance(timeout, bool) or not isinstance(timeout, _numbers.Real)):
-        raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}")
+        raise ValueError(f"timeout must be None or a non-negative number of seconds, got {_shown(timeout)}")
     try:
         t = float(timeout)
     except OverflowError:   # an int beyond any float: longer than any wait
         if timeout < 0:
-            raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}"[:120])
+            raise ValueError(f"timeout must be None or a non-negative number of seconds, got {_shown(timeout)}")
         return _FOREVER
     if t != t or t < 0:
-        raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}")
+        raise ValueError(f"timeout must be None or a non-negative number of seconds, got {_shown(timeout)}")
     if t > 1e9:
         return _FOREVER
     return <uint64_t>(t * 1e9)
@@ -472,7 +478,7 @@ cdef class Messenger:
     def count(self, str severity not None="error"):
         names = ("verbose", "info", "warning", "error")
         if severity not in names:
-            raise ValueError(f"severity must be one of {names}, got {severity!r}")
+            raise ValueError(f"severity must be one of {names}, got {_shown(severity)}")
         if self.m == NULL:
             return 0
         return vkm_messenger_count(self.m, names.index(severity))

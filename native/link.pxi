@@ -158,12 +158,12 @@ class _LinkTuning:
 
     def __init__(self, *, cuda_bounce_ring=False, cuda_ordinals=None):
         if not isinstance(cuda_bounce_ring, bool):
-            raise TypeError(f"cuda_bounce_ring must be a bool, got {cuda_bounce_ring!r}")
+            raise TypeError(f"cuda_bounce_ring must be a bool, got {_shown(cuda_bounce_ring)}")
         if cuda_ordinals is not None:
             if not (isinstance(cuda_ordinals, tuple) and len(cuda_ordinals) == 2 and
                     all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1 << 16
                         for i in cuda_ordinals)):
-                raise ValueError(f"cuda_ordinals must be two CUDA device ordinals, got {cuda_ordinals!r}")
+                raise ValueError(f"cuda_ordinals must be two CUDA device ordinals, got {_shown(cuda_ordinals)}")
         self.cuda_bounce_ring = cuda_bounce_ring
         self.cuda_ordinals = cuda_ordinals
 
@@ -352,7 +352,7 @@ cdef class Link:
         if trace is not None and trace:
             trace_path = _os.fsencode(trace)
             if len(trace_path) >= 512 or b"\0" in trace_path:
-                raise ValueError(f"trace must be a path of under 512 bytes without NUL, got {trace!r}")
+                raise ValueError(f"trace must be a path of under 512 bytes without NUL, got {_shown(trace)}")
             cfg.trace_path = trace_path
         cfg.cuda_ordinals[0] = cfg.cuda_ordinals[1] = -1
         cfg.cuda_bounce_ring = 0

@@ -234,7 +234,7 @@ cdef class StepCommands:
         for i in range(n):
             item = items[i]
             if not isinstance(item, tuple) or len(item) != 4:
-                raise TypeError(f"binding {i} must be (type, buffer, offset, range), got {item!r}"[:160])
+                raise TypeError(f"binding {i} must be (type, buffer, offset, range), got {_shown(item)}")
             t, b, o, rg = (_binding_int(v, i, what) for v, what in zip(item, ("type", "buffer", "offset", "range")))
             if t not in _BUFFER_DESCRIPTORS:
                 raise ValueError(f"binding {i}: descriptor type {t} is not a buffer's (uniform or storage buffer, "

@@ -83,12 +83,20 @@ class QueueFullError(VkmError):
 
 class KernelMessageError(VkmError):
     """Messages a kernel sent could not be delivered (outbox overflow, unknown or
-    cross-tenant destination, no route); `kernel_id` names the sender, `problems` lists what happened."""
+    cross-tenant destination, no route); `kernel_id` names the sender, `problems` lists what happened
+    (the message shows the first few, each cut short: a kernel id can be as long as its caller made it)."""
+
+    #: Problems the message shows, and the characters it shows of the id and of each.
+    SHOWN, ID_CHARS, PROBLEM_CHARS = 3, 80, 200
 
     def __init__(self, kernel_id: str, problems: list[str]):
         self.kernel_id = kernel_id
         self.problems = list(problems)
-        super().__init__(f"kernel {kernel_id!r}: " + "; ".join(self.problems))
+        kid = repr(kernel_id) if len(kernel_id) <= self.ID_CHARS else repr(kernel_id[:self.ID_CHARS]) + "..."
+        shown = [p if len(p) <= self.PROBLEM_CHARS else p[:self.PROBLEM_CHARS] + "..."
+                 for p in self.problems[:self.SHOWN]]
+        more = len(self.problems) - len(shown)
+        super().__init__(f"kernel {kid}: " + "; ".join(shown) + (f"; and {more} more" if more else ""))
 
 
 class DestroyedError(VkmError, RuntimeError):

@@ -13,6 +13,7 @@ from .device.virtual import (NO_GPU_NOTE, VIRTUAL_FALLBACK_ENV, find_lavapipe_ic
                              is_virtual_setup, no_gpu_fallback, physical_device_types, use_virtual_if_no_gpu,
                              virtual_gpus)
 from .errors import TimeoutError as VkmTimeoutError
+from ._core.checks import short_repr
 
 __all__ = ["find_lavapipe_icd", "install_virtual_gpus", "virtual_gpus", "VIRTUAL_FALLBACK_ENV", "NO_GPU_NOTE",
            "no_gpu_fallback", "physical_device_types", "use_virtual_if_no_gpu", "is_virtual_setup", "lose_device"]
@@ -40,7 +41,7 @@ def lose_device(manager: MultiDeviceManager, index: int, *, timeout: float = 10.
         raise TypeError(f"manager must be a MultiDeviceManager, got {type(manager).__name__}")
     slot = manager.slot(index)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-        raise ValueError(f"timeout must be a non-negative number of seconds, got {timeout!r}"[:160])
+        raise ValueError(f"timeout must be a non-negative number of seconds, got {short_repr(timeout)}")
     native = slot.native
     if native is None:
         raise ValueError(f"GPU {index} ({slot.name!r}) has no native device table (a single-device manager "

@@ -57,7 +57,7 @@ def read_regular_file(path: str | os.PathLike, limit: int, *, dir_fd: int | None
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow_links:
             raise ValueError("it is a symbolic link; links are never followed") from None
-        raise ValueError(str(exc)) from None
+        raise ValueError(_reason(exc)) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -75,9 +75,14 @@ def read_regular_file(path: str | os.PathLike, limit: int, *, dir_fd: int | None
                 raise ValueError(f"it grew past {limit} bytes while being read")
             parts.append(part)
     except OSError as exc:
-        raise ValueError(str(exc)) from None
+        raise ValueError(_reason(exc)) from None
     finally:
         os.close(fd)
+
+
+def _reason(exc: OSError) -> str:
+    """What went wrong, without the path (str(exc) repeats it, however long it is; callers name it)."""
+    return exc.strerror or type(exc).__name__
 
 
 def read_named_file(path: str | os.PathLike, limit: int, what: str) -> bytes:
@@ -114,7 +119,7 @@ def open_private_dir(path: str, *, create: bool) -> int | None:
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
         except OSError as exc:
-            raise ValueError(f"it cannot be made: {exc}") from None
+            raise ValueError(f"it cannot be made: {_reason(exc)}") from None
     try:
         fd = os.open(path, _DIR_FLAGS)
     except FileNotFoundError:
@@ -126,12 +131,12 @@ def open_private_dir(path: str, *, create: bool) -> int | None:
             raise ValueError("it is a symbolic link; cache folders are never followed through links") from None
         if exc.errno == errno.ENOTDIR:
             raise ValueError("it is not a folder") from None
-        raise ValueError(str(exc)) from None
+        raise ValueError(_reason(exc)) from None
     try:
         st = os.fstat(fd)
         why = "it is not a folder" if not stat.S_ISDIR(st.st_mode) else _untrusted(st)
     except OSError as exc:
-        why = str(exc)
+        why = _reason(exc)
     if why is not None:
         os.close(fd)
         raise ValueError(why)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 
 import vulkan as vk
-from .checks import is_int
+from .checks import is_int, short_repr
 
 _EXCLUDE = re.compile(r"BLOCK|_BC\d|ETC2|EAC|ASTC|PVRTC|PLANE|_422|_420|_444|^VK_FORMAT_D\d|^VK_FORMAT_S8|^VK_FORMAT_X8"
                       r"|_KHR$|_EXT$|_IMG$|UNDEFINED|MAX_ENUM|RANGE_SIZE|BEGIN_RANGE|END_RANGE")
@@ -39,7 +39,7 @@ def bytes_per_pixel(fmt: int) -> int:
     try:
         return COLOR_FORMATS[fmt][1]
     except KeyError:
-        raise ValueError(f"format {fmt} is not an uncompressed single-plane colour format; "
+        raise ValueError(f"format {short_repr(fmt)} is not an uncompressed single-plane colour format; "
                          "transfers support those only") from None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import vulkan as vk
+from .checks import short_repr
 
 _ffi = vk.ffi
 
@@ -18,7 +19,7 @@ def handle_int(value: Any, kind: str) -> int:
         raise TypeError(f"{kind} handle expected, got bool {value!r}")
     if isinstance(value, int):
         if value <= 0 or value >= 1 << 64:
-            raise ValueError(f"{kind} handle must be a non-null 64-bit value, got {value!r}")
+            raise ValueError(f"{kind} handle must be a non-null 64-bit value, got {short_repr(value)}")
         return value
     if isinstance(value, _ffi.CData):
         t = _ffi.typeof(value)

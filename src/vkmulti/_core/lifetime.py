@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from ..errors import DestroyedError, VkmError
-from .checks import timeout_seconds
+from .checks import timeout_seconds, short_repr
 from ..errors import TimeoutError as VkmTimeoutError
 
 __all__ = ["Deadline", "LazyEvent", "Lifetime", "operation"]
@@ -50,7 +50,7 @@ class Deadline:
     def __init__(self, timeout: float | None):
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-                raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}")
+                raise ValueError(f"timeout must be None or a non-negative number of seconds, got {short_repr(timeout)}")
         self.timeout = timeout
         seconds = timeout_seconds(timeout)   # (an int beyond any float: inf, no limit in effect)
         self.end = None if seconds is None else time.monotonic() + seconds

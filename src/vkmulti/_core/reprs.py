@@ -12,6 +12,8 @@ import dataclasses
 import enum
 from typing import Any
 
+from .checks import short_repr
+
 __all__ = ["compact_repr", "short_value", "LIMIT"]
 
 LIMIT = 199
@@ -27,10 +29,10 @@ def short_value(v: Any, room: int = 60) -> str:
     if shape is not None and hasattr(v, "dtype"):
         return f"array({tuple(shape)}, {v.dtype})"
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        text = repr(v)
+        text = short_repr(v, room + 1)
         return text if len(text) <= room else f"{type(v).__name__}(...)"
     if isinstance(v, str):
-        text = repr(v)
+        text = short_repr(v, room + 1)
         return text if len(text) <= room else repr(v[:room - 5] + "...")
     if isinstance(v, float):
         return f"{v:.6g}"
@@ -43,8 +45,9 @@ def short_value(v: Any, room: int = 60) -> str:
             inner = f"{len(items)} items"
         return {list: f"[{inner}]", tuple: f"({inner}{',' if len(items) == 1 else ''})"}.get(type(v), f"{{{inner}}}")
     if isinstance(v, dict):
-        return f"{{{len(v)} items}}" if len(repr(v)) > room else repr(v)
-    text = repr(v)
+        text = short_repr(v, room + 1)
+        return text if len(text) <= room else f"{{{len(v)} items}}"
+    text = short_repr(v, room + 1)   # (bounded, and a caller's object whose repr raises is named by its type)
     return text if len(text) <= room else f"<{type(v).__name__}>"
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol, TypeAlias
 
 import vulkan as vk
 
-from .checks import is_int
+from .checks import is_int, short_repr
 from .handles import handle_int
 from .vktypes import VkSemaphore
 
@@ -109,11 +109,11 @@ def _checked_point(p: TimelinePoint, device_index: int, native: Any, label: str)
     submit: of GPU `device_index`, made on the VkDevice of `native` (where both are known),
     a non-null handle and a value in [0, 2**64)."""
     if p.device_index != device_index:
-        raise ValueError(f"{label} is a semaphore of GPU {p.device_index}, not of GPU {device_index}")
+        raise ValueError(f"{label} is a semaphore of GPU {short_repr(p.device_index)}, not of GPU {device_index}")
     owner = p.__dict__.get("_owner")
     # (by the VkDevice: two managers over one engine's device each have their own native object)
     if owner is not None and native is not None and owner is not native and owner.handle != native.handle:
-        raise ValueError(f"{label} is a semaphore of another VkDevice (GPU {p.device_index} of another "
+        raise ValueError(f"{label} is a semaphore of another VkDevice (GPU {short_repr(p.device_index)} of another "
                          f"MultiDeviceManager, or a device made again since): it cannot be waited for here")
     try:
         semaphore = handle_int(p.semaphore, "VkSemaphore")
@@ -133,7 +133,7 @@ def _check_live(semaphore: int, native: Any, device_index: int, label: str) -> N
 
 def _point_value(v: Any, label: str) -> int:
     if not is_int(v) or not 0 <= v < _U64:
-        raise ValueError(f"{label} value must be an int in [0, 2**64), got {v!r}"[:160])
+        raise ValueError(f"{label} value must be an int in [0, 2**64), got {short_repr(v)}")
     return v
 
 
@@ -177,6 +177,6 @@ def as_wait_points(wait: Any, device_index: int, what: str = "wait", native: Any
     points = _wait_items(wait, what, None)
     for p in points:
         if not isinstance(p, TimelinePoint):
-            raise TypeError(f"{what} must be TimelinePoints, got {p!r}")
-        _checked_point(p, device_index, native, f"{what} {p}")   # (its fields go to the submit as they are)
+            raise TypeError(f"{what} must be TimelinePoints, got {short_repr(p)}")
+        _checked_point(p, device_index, native, f"{what} {short_repr(p, 120)}")   # (its fields go to the submit as they are)
     return points

@@ -11,6 +11,7 @@ import os
 from typing import Sequence
 
 from .cli_args import save_image, write_output
+from .._core.checks import short_repr
 
 __all__ = ["bar_chart", "have_matplotlib"]
 
@@ -31,10 +32,10 @@ def _check(groups: Sequence[str], series: Sequence[str], values: dict[tuple[str,
     if not groups or not series:
         raise ValueError("a chart needs at least one group and one series")
     if not isinstance(path, str) or not path:
-        raise ValueError(f"path must be a non-empty str, got {path!r}"[:120])
+        raise ValueError(f"path must be a non-empty str, got {short_repr(path)}")
     for key, v in values.items():
         if not isinstance(v, (int, float)) or v != v or v < 0:
-            raise ValueError(f"value for {key} must be a number >= 0, got {v!r}"[:160])
+            raise ValueError(f"value for {key} must be a number >= 0, got {short_repr(v)}")
 
 
 def bar_chart(groups: Sequence[str], series: Sequence[str], values: dict[tuple[str, str], float], *, title: str,

@@ -16,6 +16,7 @@ import tempfile
 from typing import Any, Callable
 
 from .._core.files import replace_file
+from .._core.checks import short_repr
 
 __all__ = ["Parser", "virtual_count", "add_virtual_argument", "add_output_argument", "check_output_path",
            "check_output_paths", "default_output", "positive_int", "parse_size", "parse_devices", "parse_loss",
@@ -57,7 +58,7 @@ def virtual_count(text: str) -> int:
     try:
         n = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number of virtual GPUs, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be a whole number of virtual GPUs, got {short_repr(text)}") from None
     if not 1 <= n <= 16:
         raise argparse.ArgumentTypeError(f"must be between 1 and 16 (leave --virtual out to use the real GPUs, or "
                                          f"the virtual pair when there are none), got {n}")
@@ -76,7 +77,7 @@ def positive_int(text: str) -> int:
     try:
         n = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {short_repr(text)}") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
     return n
@@ -87,9 +88,9 @@ def parse_size(text: str) -> tuple[int, int]:
     try:
         w, h = (int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"size must look like 1280x720, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"size must look like 1280x720, got {short_repr(text)}") from None
     if w <= 0 or h <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+        raise argparse.ArgumentTypeError(f"size must be positive, got {short_repr(text)}")
     return w, h
 
 
@@ -98,9 +99,9 @@ def parse_devices(text: str) -> list[int]:
     try:
         out = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"devices must be a comma-separated list of indices, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"devices must be a comma-separated list of indices, got {short_repr(text)}") from None
     if not out or any(v < 0 for v in out) or len(set(out)) != len(out):
-        raise argparse.ArgumentTypeError(f"devices must be distinct indices >= 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"devices must be distinct indices >= 0, got {short_repr(text)}")
     return out
 
 
@@ -109,10 +110,10 @@ def parse_loss(text: str) -> tuple[int, int]:
     try:
         gpu, at = (int(v) for v in text.split("@"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--lose-gpu must look like 1@50 (GPU index @ frame), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"--lose-gpu must look like 1@50 (GPU index @ frame), got {short_repr(text)}") from None
     if gpu < 1 or at < 0:
         raise argparse.ArgumentTypeError(f"--lose-gpu: the GPU must be a secondary (>= 1) and the frame >= 0, "
-                                         f"got {text!r}")
+                                         f"got {short_repr(text)}")
     return gpu, at
 
 
@@ -215,7 +216,7 @@ def write_output(path: str, data: bytes) -> None:
     `path` is a device or a link to one (output_problem)."""
     why = output_problem(path)
     if why is not None:
-        raise OSError(f"{path!r} {why}")
+        raise OSError(f"{short_repr(path)} {why}")
     replace_file(path, data, mode=0o666)
 
 
@@ -226,7 +227,7 @@ def save_image(image: Any, path: str) -> None:
     Image.init()
     fmt = Image.registered_extensions().get(os.path.splitext(path)[1].lower())
     if fmt is None:
-        raise ValueError(f"{path!r}: its extension names no image format; use .png")
+        raise ValueError(f"{short_repr(path)}: its extension names no image format; use .png")
     buf = io.BytesIO()
     image.save(buf, format=fmt)
     write_output(path, buf.getvalue())

@@ -12,7 +12,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
 
 __all__ = ["progress", "Progress"]
 
@@ -53,7 +53,7 @@ def progress(total: int | None, description: str, *, quiet: bool = False) -> Ite
     """A Progress for `total` steps (None: unknown), drawn on stderr when that is a
     terminal and `quiet` is false; otherwise it only prints what `say` gets."""
     if total is not None and (not is_int(total) or total < 0):
-        raise ValueError(f"total must be an int >= 0 or None, got {total!r}"[:120])
+        raise ValueError(f"total must be an int >= 0 or None, got {short_repr(total)}")
     if not _enabled(quiet):
         yield Progress()
         return

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 import vulkan as vk
 
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
 from ..device.instance import drain_all_validation_messages
 from ..device.manager import MultiDeviceManager
 from ..device.virtual import install_virtual_gpus
@@ -66,7 +66,7 @@ def _env_devices() -> list[int] | None:
     except ValueError:
         out = []
     if not out or any(v < 0 for v in out) or len(set(out)) != len(out):
-        raise ValueError(f"{DEVICES_ENV}={text!r}: expected distinct device indices like '0,1'")
+        raise ValueError(f"{DEVICES_ENV}={short_repr(text)}: expected distinct device indices like '0,1'")
     return out
 
 
@@ -95,9 +95,9 @@ class NodeAgent:
     def __init__(self, *, virtual_gpus: int = 0, validation: bool | None = None,
                  device_indices: Sequence[int] | None = None, timeout: float = 60.0, nice: int | None = None):
         if not is_int(virtual_gpus) or virtual_gpus < 0:
-            raise ValueError(f"virtual_gpus must be an int >= 0, got {virtual_gpus!r}")
+            raise ValueError(f"virtual_gpus must be an int >= 0, got {short_repr(virtual_gpus)}")
         if nice is not None and (not is_int(nice) or not -20 <= nice <= 19):
-            raise ValueError(f"nice must be None or an int in [-20, 19], got {nice!r}")
+            raise ValueError(f"nice must be None or an int in [-20, 19], got {short_repr(nice)}")
         self.nice_note: str | None = None
         if nice is not None:
             self._set_nice(nice)
@@ -185,10 +185,10 @@ class NodeAgent:
         """
         self._check()
         if not is_int(repeats) or repeats < 1:
-            raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+            raise ValueError(f"repeats must be an int >= 1, got {short_repr(repeats)}")
         min_seconds = float(min_seconds)
         if not 0.0 <= min_seconds <= 10.0:
-            raise ValueError(f"min_seconds must be in [0, 10], got {min_seconds!r}")
+            raise ValueError(f"min_seconds must be in [0, 10], got {short_repr(min_seconds)}")
         sru = _calibration_sru(64)
         while True:
             took = self._calibrate(sru, 1)
@@ -371,7 +371,7 @@ class NodeAgent:
         most = self.max_payload_bytes()
         if not is_int(nbytes) or not 1 <= nbytes <= most:
             raise ValueError(f"nbytes must be an int in [1, {most}] (the largest frame this node serves), "
-                             f"got {nbytes!r}"[:200])
+                             f"got {short_repr(nbytes)}")
         return np.full(nbytes, 0x5A, dtype=np.uint8)
 
     def max_payload_bytes(self) -> int:

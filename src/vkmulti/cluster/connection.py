@@ -170,13 +170,13 @@ def connect(address: str, *, timeout: float = 10.0, object_store_memory: int | N
     addr = parse_address(address)
     if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and math.isfinite(timeout)
             and timeout > 0):
-        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {short_repr(timeout)}")
     if object_store_memory is not None and (not is_int(object_store_memory) or object_store_memory < 2**20):
-        raise ValueError(f"object_store_memory must be an int of bytes >= 1 MiB, got {object_store_memory!r}")
+        raise ValueError(f"object_store_memory must be an int of bytes >= 1 MiB, got {short_repr(object_store_memory)}")
     if num_cpus is not None and (not is_int(num_cpus) or num_cpus < 0):
-        raise ValueError(f"num_cpus must be an int >= 0, got {num_cpus!r}")
+        raise ValueError(f"num_cpus must be an int >= 0, got {short_repr(num_cpus)}")
     if vk_gpu is not None and (not is_int(vk_gpu) or vk_gpu < 1):
-        raise ValueError(f"vk_gpu must be an int >= 1, got {vk_gpu!r}")
+        raise ValueError(f"vk_gpu must be an int >= 1, got {short_repr(vk_gpu)}")
     if (addr.kind == "auto" or addr.loopback) and "ray" not in sys.modules:
         # a cluster on this machine's loopback: keep Ray's own addresses there too
         os.environ.setdefault(_RAY_LOOPBACK_ENV, "0")

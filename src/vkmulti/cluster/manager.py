@@ -27,7 +27,7 @@ from .frames import ClusterFrame, render_frame
 from .planner import LinkInfo, NodeInfo, NodePlan, check_srus, plan_nodes
 from .replies import description_problem, link_time_problem, note, throughput_problem, validation_texts
 from .stencil_run import run_stencil
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
@@ -44,7 +44,7 @@ _SMALL_PROBE = 256 * 1024
 
 def _positive(v: Any, what: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{what} must be a finite number > 0, got {v!r}")
+        raise ValueError(f"{what} must be a finite number > 0, got {short_repr(v)}")
     return float(v)
 
 
@@ -71,14 +71,14 @@ class ClusterManager:
                  measure: bool = True, topology: bool = True, link_bytes: int = 8 * 2**20, adapt: float = 0.3,
                  agent_nice: int | None = 0):
         if not is_int(virtual_gpus) or virtual_gpus < 0:
-            raise ValueError(f"virtual_gpus must be an int >= 0, got {virtual_gpus!r}")
+            raise ValueError(f"virtual_gpus must be an int >= 0, got {short_repr(virtual_gpus)}")
         if not is_int(link_bytes) or link_bytes < 2 * _SMALL_PROBE:
-            raise ValueError(f"link_bytes must be an int >= {2 * _SMALL_PROBE}, got {link_bytes!r}")
+            raise ValueError(f"link_bytes must be an int >= {2 * _SMALL_PROBE}, got {short_repr(link_bytes)}")
         if isinstance(adapt, bool) or not isinstance(adapt, (int, float)) or not 0.0 <= adapt <= 1.0:
-            raise ValueError(f"adapt must be a number in [0, 1], got {adapt!r}")
+            raise ValueError(f"adapt must be a number in [0, 1], got {short_repr(adapt)}")
         self.adapt = float(adapt)
         if agent_nice is not None and (not is_int(agent_nice) or not -20 <= agent_nice <= 19):
-            raise ValueError(f"agent_nice must be None or an int in [-20, 19], got {agent_nice!r}")
+            raise ValueError(f"agent_nice must be None or an int in [-20, 19], got {short_repr(agent_nice)}")
         self.timeout = _positive(timeout, "timeout")
         self.start_timeout = _positive(start_timeout, "start_timeout")
         ray = require_ray()
@@ -273,7 +273,7 @@ class ClusterManager:
         """Measure the link between every ordered pair of live nodes (one agent fetching the other's
         object); stored in `node_links` and returned."""
         if not is_int(nbytes) or nbytes < 2 * _SMALL_PROBE:
-            raise ValueError(f"nbytes must be an int >= {2 * _SMALL_PROBE}, got {nbytes!r}")
+            raise ValueError(f"nbytes must be an int >= {2 * _SMALL_PROBE}, got {short_repr(nbytes)}")
         with self._lock:
             self._check()
             return self._measure_node_links(nbytes)
@@ -326,7 +326,7 @@ class ClusterManager:
         srus = check_srus(srus)
         for label, v in (("width", width), ("height", height)):
             if not is_int(v) or v <= 0:
-                raise ValueError(f"{label} must be a positive int, got {v!r}")
+                raise ValueError(f"{label} must be a positive int, got {short_repr(v)}")
         if on_dispatch is not None and not callable(on_dispatch):
             raise TypeError("on_dispatch must be callable or None")
         with self._lock:
@@ -364,7 +364,7 @@ class ClusterManager:
                 raise ValueError("nodes must name at least one node (or be None for all)")
             for n in wanted:
                 if n not in self.nodes:
-                    raise ValueError(f"unknown node id {n!r} (known: {[k[:8] for k in self.nodes]})")
+                    raise ValueError(f"unknown node id {short_repr(n)} (known: {[k[:8] for k in self.nodes]})")
             live = [i for i in live if i.node_id in wanted]
         if not live:
             raise NoAgentError(f"no live node to render on (lost: {self.lost}; skipped: {self._skipped_text()})")

@@ -22,6 +22,7 @@ import numpy as np
 from .._core.reprs import compact_repr
 from ..offload.partition import assign_srus
 from ..offload.render import ReferenceSRU
+from .._core.checks import short_repr
 
 if TYPE_CHECKING:
     from ..offload.types import SruId
@@ -120,7 +121,7 @@ def check_srus(srus: Iterable[ReferenceSRU]) -> list[ReferenceSRU]:
             raise TypeError(f"cluster SRUs must be vkmulti.ReferenceSRU (the agents render them with "
                             f"ReferenceRenderer), got {type(s).__name__}")
         if s.sru_id in seen:
-            raise ValueError(f"duplicate sru_id {s.sru_id!r}")
+            raise ValueError(f"duplicate sru_id {short_repr(s.sru_id)}")
         seen.add(s.sru_id)
     kinds = {type(s.sru_id) for s in out}
     if len(kinds) > 1:
@@ -145,7 +146,7 @@ def plan_nodes(srus: Sequence[ReferenceSRU], nodes: Sequence[NodeInfo], links: d
     weights = []
     for n in order:
         if not (math.isfinite(n.throughput) and n.throughput > 0):
-            raise ValueError(f"{n.label}: throughput must be a finite number > 0, got {n.throughput!r}")
+            raise ValueError(f"{n.label}: throughput must be a finite number > 0, got {short_repr(n.throughput)}")
         weights.append(n.throughput)
 
     def link(n: NodeInfo) -> LinkInfo:
@@ -191,7 +192,7 @@ def composite_frame(width: int, height: int, pieces: Iterable[tuple[np.ndarray, 
     if clear is not None:
         c = [float(v) for v in clear]
         if len(c) != 4:
-            raise ValueError(f"clear must be 4 numbers (RGBA) or None, got {clear!r}")
+            raise ValueError(f"clear must be 4 numbers (RGBA) or None, got {short_repr(clear)}")
         out.view(np.float16).reshape(height, width, 4)[...] = np.asarray(c, dtype=np.float16)
     for k, (img, x, y) in enumerate(pieces):
         if img.ndim != 3 or img.shape[2] != IMAGE_BYTES_PER_PIXEL or img.dtype != np.uint8:

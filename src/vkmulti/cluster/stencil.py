@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["StencilSlab", "split_rows_weighted"]
 
+#: The most rows a split takes (past it the proportional shares leave float range).
+MAX_ROWS = 1 << 62
 #: The stencil kernel's halo tags (kernels/reference.py: STENCIL_FROM_ABOVE / _BELOW).
 _FROM_ABOVE, _FROM_BELOW = 1, 2
 
@@ -33,8 +35,8 @@ _FROM_ABOVE, _FROM_BELOW = 1, 2
 def split_rows_weighted(height: int, weights: Sequence[float]) -> list[tuple[int, int]]:
     """(first row, rows) per part, contiguous, rows in proportion to `weights` (largest
     remainder), every part at least one row; parts beyond `height` rows get none (0 rows)."""
-    if not is_int(height) or height < 1:
-        raise ValueError(f"height must be a positive int, got {short_repr(height)}")
+    if not is_int(height) or not 1 <= height <= MAX_ROWS:
+        raise ValueError(f"height must be an int in [1, {MAX_ROWS}], got {short_repr(height)}")
     try:
         w = [check_number(x, "a weight", positive=True) for x in weights]
     except TypeError:
@@ -76,7 +78,7 @@ class StencilSlab:
         self.timeout = float(timeout)
         gpus = [g for g, w in enumerate(gpu_weights) if w > 0]
         if not gpus:
-            raise ValueError(f"no GPU with a weight > 0: {list(gpu_weights)!r}")
+            raise ValueError(f"no GPU with a weight > 0: {short_repr(list(gpu_weights))}")
         parts = [(g, r0, n) for g, (r0, n) in zip(gpus, split_rows_weighted(self.rows, [gpu_weights[g] for g in gpus]))
                  if n > 0]
         self.runtime = KernelRuntime(MultiGpuCoordinator.from_manager(manager), manager, max_kernels=64,

@@ -28,7 +28,7 @@ from .errors import ClusterError, NoAgentError, caller_error, short_error
 from .planner import NodeInfo
 from .replies import gpu_rows_problem
 from .stencil import split_rows_weighted
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
 
 __all__ = ["StencilRun", "run_stencil"]
 
@@ -71,14 +71,14 @@ def _check_problem(field_: Any, top: Any, bottom: Any, steps: Any) -> tuple[np.n
             raise ValueError(f"{label} must be a ({w},) int32 row, got {a.dtype} of shape {a.shape}")
         rows.append(np.ascontiguousarray(a))
     if not is_int(steps) or steps < 0:
-        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+        raise ValueError(f"steps must be an int >= 0, got {short_repr(steps)}")
     return np.ascontiguousarray(f), rows[0], rows[1]
 
 
 def _check_payload(payload_size: Any, width: int) -> None:
     if not is_int(payload_size) or not 16 <= payload_size <= 65536 \
             or payload_size % 16:
-        raise ValueError(f"payload_size must be a multiple of 16 in [16, 65536], got {payload_size!r}")
+        raise ValueError(f"payload_size must be a multiple of 16 in [16, 65536], got {short_repr(payload_size)}")
     if -(-width * 4 // payload_size) > 255:
         raise ValueError(f"a {width}-cell row needs more than 255 messages of {payload_size} bytes; "
                          f"raise payload_size to at least {-(-width * 4 // 255 // 16) * 16}")
@@ -92,7 +92,7 @@ def run_stencil(cm: Any, field_: Any, top: Any, bottom: Any, steps: int, *, node
     run of steps is submitted (split: node id -> (row0, rows))."""
     state, top, bottom = _check_problem(field_, top, bottom, steps)
     if not is_int(checkpoint_every) or checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be an int >= 1, got {checkpoint_every!r}")
+        raise ValueError(f"checkpoint_every must be an int >= 1, got {short_repr(checkpoint_every)}")
     if on_dispatch is not None and not callable(on_dispatch):
         raise TypeError("on_dispatch must be callable or None")
     h, w = state.shape

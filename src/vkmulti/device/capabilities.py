@@ -11,7 +11,7 @@ import vulkan as vk
 from vulkan._vulkan import lib
 
 from .._core import vkapi
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
 from .._core.handles import cstr, short_text, to_cffi
 from ..errors import raise_for_result
 from .._core.vktypes import VkInstance, VkPhysicalDevice
@@ -377,7 +377,7 @@ def as_queue_families(value: Any, label: str = "queue families") -> QueueFamilie
     fields = {name: getattr(value, name, None) for name in ("graphics", "present", "compute", "transfer")}
     for name, v in fields.items():
         if (v is not None or name in ("graphics", "present")) and not (is_int(v) and v >= 0):  # type: ignore[operator]
-            raise TypeError(f"{label}.{name} must be a non-negative int, got {v!r}"[:160])
+            raise TypeError(f"{label}.{name} must be a non-negative int, got {short_repr(v)}")
     return QueueFamilies(**fields)  # type: ignore[arg-type]
 
 
@@ -408,7 +408,7 @@ def as_render_capabilities(value: Any, label: str = "capabilities") -> "RenderCa
     kw = {name: getattr(value, name) for name in SEED_CAPABILITY_FIELDS if hasattr(value, name)}
     count = kw.get("physical_device_count", 1)
     if not is_int(count) or count < 0:
-        raise TypeError(f"{label}.physical_device_count must be a non-negative int, got {count!r}"[:160])
+        raise TypeError(f"{label}.physical_device_count must be a non-negative int, got {short_repr(count)}")
     if not isinstance(kw.get("limits", {}), dict):
         kw["limits"] = dict(kw["limits"])
     return RenderCapabilities(**kw)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from .._core import _native
 from .._core.reprs import compact_repr
+from .._core.checks import short_repr
 
 __all__ = ["CudaDevice", "cuda_status", "cuda_devices", "cuda_device_for", "cuda_peer_reason"]
 
@@ -59,7 +60,7 @@ def cuda_device_for(uuid: str) -> CudaDevice | None:
 def _uuid_bytes(uuid: str) -> bytes:
     raw = bytes.fromhex(uuid.replace("-", ""))
     if len(raw) != 16:
-        raise ValueError(f"a device UUID has 16 bytes, got {uuid!r}")
+        raise ValueError(f"a device UUID has 16 bytes, got {short_repr(uuid)}")
     return raw
 
 

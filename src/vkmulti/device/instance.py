@@ -12,6 +12,7 @@ from .._core import _native, vkapi
 from .._core.handles import cstr
 from .._core.vktypes import VkInstance, VkPhysicalDevice
 from ..errors import DestroyedError, UnsupportedError
+from .._core.checks import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,10 @@ class Instance:
             layers.append(VALIDATION_LAYER)
             if DEBUG_UTILS not in exts:
                 exts.append(DEBUG_UTILS)
-        missing = [e for e in exts if e not in available_instance_extensions() and e != DEBUG_UTILS]
+        have = available_instance_extensions()   # (once: a long list must not ask the loader per name)
+        missing = [e for e in exts if e not in have and e != DEBUG_UTILS]
         if missing:
-            raise UnsupportedError(f"instance extensions not available: {', '.join(missing)}",
+            raise UnsupportedError(f"instance extensions not available: {short_repr(missing, 200)}",
                                    extension=missing[0])
         app = vk.VkApplicationInfo(
             sType=vk.VK_STRUCTURE_TYPE_APPLICATION_INFO,

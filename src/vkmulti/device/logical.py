@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import vulkan as vk
 
-from .._core.checks import is_int, seconds_text
+from .._core.checks import is_int, seconds_text, short_repr
 from .._core import _native, vkapi
 from .._core.handles import handle_hex, handle_int, short_text, to_cffi
 from .capabilities import (EXT_DMA_BUF, EXT_FENCE_FD, EXT_MEMORY_BUDGET, EXT_MEMORY_FD,
@@ -37,7 +37,7 @@ class Queue:
 
     def __init__(self, handle: VkQueue | int, family: int, index: int = 0):
         if not is_int(family) or family < 0:
-            raise ValueError(f"queue family must be a non-negative int, got {family!r}")
+            raise ValueError(f"queue family must be a non-negative int, got {short_repr(family)}")
         self.handle = to_cffi(handle, "VkQueue")
         self.family = family
         self.index = index
@@ -127,7 +127,7 @@ def create_logical_device(physical_device: VkPhysicalDevice | int, queue_familie
     for label, fam in (("graphics", qf.graphics), ("present", qf.present), ("compute", compute_qf),
                        ("transfer", transfer_qf)):
         if fam is not None and not (isinstance(fam, int) and 0 <= fam < nfam):
-            raise ValueError(f"{label} queue family {fam!r} out of range for {caps.name!r} ({nfam} families)")
+            raise ValueError(f"{label} queue family {short_repr(fam)} out of range for {caps.name!r} ({nfam} families)")
     if not caps.timeline_semaphore:
         raise UnsupportedError(f"device {caps.name!r} lacks timeline semaphores (Vulkan 1.2 or "
                                f"{EXT_TIMELINE}); vkmulti cannot synchronise transfers on it",
@@ -143,7 +143,7 @@ def create_logical_device(physical_device: VkPhysicalDevice | int, queue_familie
         wanted.append(EXT_SYNC2)
     for e in extensions:
         if not caps.has(e):
-            raise UnsupportedError(f"extension {e} is not available on device {caps.name!r}",
+            raise UnsupportedError(f"extension {short_repr(e)} is not available on device {caps.name!r}",
                                    extension=e, device=caps.name)
         if e not in wanted:
             wanted.append(e)

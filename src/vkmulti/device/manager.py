@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import vulkan as vk
 
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
 from .._core.handles import cstr, handle_hex, handle_int, short_text, to_cffi
 from .capabilities import (EXT_MEMORY_FD, DeviceCapabilities, QueueFamilies, QueueFamiliesLike, RenderCapabilities,
                            RenderCapabilitiesLike, as_queue_families, as_render_capabilities, probe_device)
@@ -230,7 +230,7 @@ class MultiDeviceManager:
         if self._multi_gpu and primary_features is not None and "timelineSemaphore" not in pfeat:
             raise UnsupportedError(
                 f"the primary device ({self._slots[0].name!r}) was created without the timelineSemaphore feature "
-                f"(primary_features={sorted(pfeat)}); vkmulti orders every transfer with timeline semaphores: "
+                f"(primary_features={short_repr(sorted(pfeat), 200)}); vkmulti orders every transfer with timeline semaphores: "
                 f"enable what vkmulti.device_requirements() returns", device=self._slots[0].name)
         if self._multi_gpu:
             self._slots[0].native = native_device(primary_pd, device, pext)
@@ -311,12 +311,12 @@ class MultiDeviceManager:
             if device_indices is None:
                 device_indices = list(range(len(pds)))
             if not isinstance(device_indices, (list, tuple)) or not device_indices:
-                raise ValueError(f"device_indices must be a non-empty list, got {device_indices!r}")
+                raise ValueError(f"device_indices must be a non-empty list, got {short_repr(device_indices)}")
             for i in device_indices:
                 if not is_int(i) or not 0 <= i < len(pds):
-                    raise IndexError(f"device index {i!r} out of range: {len(pds)} physical device(s)")
+                    raise IndexError(f"device index {short_repr(i)} out of range: {len(pds)} physical device(s)")
             if len(set(device_indices)) != len(device_indices):
-                raise ValueError(f"device_indices has duplicates: {device_indices!r}")
+                raise ValueError(f"device_indices has duplicates: {short_repr(device_indices)}")
             chosen = [pds[i] for i in device_indices]
             primary_ld = create_logical_device(chosen[0])
             mgr = cls(primary_physical_device=chosen[0], primary_queue_families=primary_ld.queue_families,
@@ -405,7 +405,7 @@ class MultiDeviceManager:
         if not is_int(index):
             raise TypeError(f"slot index must be an int, got {type(index).__name__}")
         if not -len(self._slots) <= index < len(self._slots):
-            raise IndexError(f"slot index {index} out of range: {len(self._slots)} slot(s)")
+            raise IndexError(f"slot index {short_repr(index)} out of range: {len(self._slots)} slot(s)")
         return self._slots[index]   # negative indices count from the end, as the seed's list indexing
 
     def attach_renderer(self, index: int, renderer: object) -> None:

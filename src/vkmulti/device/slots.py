@@ -34,7 +34,7 @@ def slot_queue(slot: Any, queue: Any, default: Any) -> Any:
                         f"got {type(queue).__name__}")
     queues = getattr(slot, "queues", None)
     if callable(queues) and all(int(queue) != int(q) for q in queues()):
-        raise ValueError(f"queue {queue!r} is not a queue of GPU {slot.index}")
+        raise ValueError(f"queue {short_repr(queue)} is not a queue of GPU {slot.index}")
     return queue
 
 
@@ -55,5 +55,5 @@ def enabled_names(value: Any, label: str) -> frozenset[str]:
     out = frozenset(value)
     bad = [v for v in out if not isinstance(v, str)]
     if bad:
-        raise TypeError(f"{label} must hold str names, got {type(bad[0]).__name__} {bad[0]!r}"[:160])
+        raise TypeError(f"{label} must hold str names, got {type(bad[0]).__name__} {short_repr(bad[0])}")
     return out

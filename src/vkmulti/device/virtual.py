@@ -17,7 +17,7 @@ from typing import Iterator
 
 import vulkan as vk
 
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
 from ..errors import UnsupportedError
 from .capabilities import DEVICE_TYPES
 from .instance import Instance
@@ -45,7 +45,7 @@ def install_virtual_gpus(count: int = 2, *, directory: str | None = None) -> lis
     VK_ICD_FILENAMES) for this process; use `virtual_gpus()` to restore them.
     """
     if not is_int(count) or count < 1:
-        raise ValueError(f"count must be a positive int, got {count!r}")
+        raise ValueError(f"count must be a positive int, got {short_repr(count)}")
     icd = find_lavapipe_icd()
     if icd is None:
             raise UnsupportedError("no lavapipe ICD manifest found; install Mesa's Vulkan drivers "

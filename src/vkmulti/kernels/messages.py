@@ -49,7 +49,7 @@ def check_payload_size(size: Any) -> int:
     if not is_int(size):
         raise TypeError(f"payload_size must be an int, got {type(size).__name__}")
     if not 16 <= size <= MAX_PAYLOAD_SIZE or size % 16:
-        raise ValueError(f"payload_size must be a multiple of 16 in [16, {MAX_PAYLOAD_SIZE}], got {size}")
+        raise ValueError(f"payload_size must be a multiple of 16 in [16, {MAX_PAYLOAD_SIZE}], got {short_repr(size)}")
     return size
 
 
@@ -207,7 +207,7 @@ class K2KMessage:
         for label, top in (("tag", _U32), ("tenant", _U32), ("hops", _U32), ("sequence", _U64), ("priority", 255)):
             v = getattr(self, label)
             if not is_int(v) or not 0 <= v <= top:
-                raise ValueError(f"K2KMessage.{label} must be an int in [0, {top}], got {v!r}")
+                raise ValueError(f"K2KMessage.{label} must be an int in [0, {top}], got {short_repr(v)}")
         if not isinstance(self.timestamp, HlcTimestamp):
             raise TypeError(f"K2KMessage.timestamp must be an HlcTimestamp, got {type(self.timestamp).__name__}")
 

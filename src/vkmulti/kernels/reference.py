@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._core.checks import int_in, positive_int
+from .._core.checks import int_in, positive_int, short_repr
 from .._core.shaders import shader_bytes
 from .engine.spec import KernelSpec
 
@@ -103,10 +103,10 @@ def stencil_kernel(width: int, height: int, payload_size: int) -> KernelSpec:
     positive_int(width, "width")
     positive_int(height, "height")
     if width < 3:
-        raise ValueError(f"width must be >= 3 (the outer columns are fixed), got {width}")
+        raise ValueError(f"width must be >= 3 (the outer columns are fixed), got {short_repr(width)}")
     chunks = _chunks(width, payload_size)
     if chunks > 255:
-        raise ValueError(f"a {width}-cell row needs {chunks} messages of {payload_size} bytes; at most 255 "
+        raise ValueError(f"a {short_repr(width)}-cell row needs {short_repr(chunks)} messages of {short_repr(payload_size)} bytes; at most 255 "
                          f"(raise the runtime's payload_size)")
     field = (height + 2) * width * 4
     return KernelSpec("stencil", shader_bytes("kernel_stencil.comp.spv"), state_sizes=(field, field),
@@ -152,7 +152,7 @@ def split_rows(height: int, parts: int) -> list[tuple[int, int]]:
     height = positive_int(height, "height")
     parts = positive_int(parts, "parts", hi=_MAX_PARTS)
     if parts > height:
-        raise ValueError(f"cannot split {height} rows into {parts} slabs")
+        raise ValueError(f"cannot split {short_repr(height)} rows into {parts} slabs")
     base, extra = divmod(height, parts)
     out, row = [], 0
     for i in range(parts):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, TypedDict
 
 import numpy as np
 
-from .._core.checks import check_count, check_index, is_int
+from .._core.checks import check_count, check_index, is_int, short_repr, short_str
 from .reference import split_rows, stencil_field, stencil_kernel, stencil_tile_state
 from .coordinator.coordinator import MultiGpuCoordinator
 from .k2k.router import CrossGpuK2KRouter
@@ -41,7 +41,7 @@ def stencil_payload_size(width: int) -> int:
     """The message payload that carries a `width`-cell halo row in as few messages
     as possible: the row itself (rounded up to 16 bytes) up to 64 KiB."""
     if not is_int(width) or width < 3:
-        raise ValueError(f"width must be an int >= 3, got {width!r}")
+        raise ValueError(f"width must be an int >= 3, got {short_repr(width)}")
     return min(_MAX_PAYLOAD, -(-width * 4 // 16) * 16)
 
 
@@ -49,7 +49,7 @@ def _as_field(field: Any) -> np.ndarray:
     try:
         f = np.asarray(field)
     except Exception as exc:   # noqa: BLE001 - anything numpy cannot read
-        raise TypeError(f"field must be a 2D int32 array, got {type(field).__name__}: {exc}") from None
+        raise TypeError(f"field must be a 2D int32 array, got {type(field).__name__}: {short_str(exc)}") from None
     if f.ndim != 2:
         raise ValueError(f"field must be 2D (rows x columns), got shape {f.shape}")
     if f.dtype != np.int32:
@@ -181,7 +181,7 @@ def run_stencil(manager: MultiDeviceManager, field: ArrayLike, steps: int, devic
     devs = list(range(manager.device_count)) if devices is None else [check_index(d, "device") for d in devices]
     for d in devs:
         if not 0 <= d < manager.device_count:
-            raise IndexError(f"device {d} out of range: the manager has {manager.device_count} device(s)")
+            raise IndexError(f"device {short_repr(d)} out of range: the manager has {manager.device_count} device(s)")
     payload = stencil_payload_size(f.shape[1]) if payload_size is None else payload_size
     coord = MultiGpuCoordinator.from_manager(manager)
     rt = KernelRuntime(coord, manager, payload_size=payload, in_flight=in_flight, max_kernels=max(8, 2 * len(devs) + 2))

@@ -58,7 +58,8 @@ def _check_offset_size(offset: Any, size: Any, total: int) -> None:
         if not is_int(v):
             raise TypeError(f"{label} must be an int, got {type(v).__name__}")
     if offset < 0 or size <= 0 or offset + size > total:
-        raise ValueError(f"range [{offset}, {offset + size}) is outside the buffer of {total} bytes"[:200])
+        raise ValueError(f"range [{short_repr(offset)}, {short_repr(offset + size)}) is outside the buffer of "
+                         f"{total} bytes")
 
 
 def run_one_shot(slot: DeviceSlot, record: Callable[[VkCommandBuffer], None], staging: "Buffer",

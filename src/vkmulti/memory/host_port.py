@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import vulkan as vk
 
-from .._core.checks import is_int, seconds_text
+from .._core.checks import is_int, seconds_text, short_repr
 from .._core import vkapi
 from .._core.handles import handle_int
 from ..device.capabilities import EXT_MEMORY_HOST
@@ -206,7 +206,7 @@ class HostPort:
         check_slot(slot)
         for label, v, hi in (("ring_slot_size", ring_slot_size, 1 << 32), ("ring_slot_count", ring_slot_count, 64)):
             if not is_int(v) or not 0 < v <= hi:
-                raise ValueError(f"{label} must be an int in [1, {hi}], got {v!r}"[:160])
+                raise ValueError(f"{label} must be an int in [1, {hi}], got {short_repr(v)}")
         self.slot, self.queue = slot, slot_queue(slot, queue, slot.copy_queue)
         self.alignment = slot.native.host_pointer_alignment if EXT_MEMORY_HOST in slot.enabled_extensions else 0
         self.host_import = bool(self.alignment) and host_import is not False

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import vulkan as vk
 
-from .._core.checks import is_int, timeout_seconds
+from .._core.checks import is_int, timeout_seconds, short_repr
 from .._core import vkapi
 from .._core.handles import handle_int
 from .buffer import BUFFER_USAGE, Buffer, check_usage, run_one_shot
@@ -75,7 +75,7 @@ def check_layout(layout: int, usage: int | None, label: str, *, undefined_ok: bo
     need = RESTING_LAYOUTS.get(layout)
     if need is None:
         names = ", ".join(sorted(_LAYOUT_NAMES.values()))
-        raise ValueError(f"{label} {layout} is not a layout vkmulti keeps colour images in (one of {names})")
+        raise ValueError(f"{label} {short_repr(layout)} is not a layout vkmulti keeps colour images in (one of {names})")
     if usage is not None and need and not usage & need:
         raise ValueError(f"{label} {_LAYOUT_NAMES[layout]} needs image usage 0x{need:x}, which the image "
                          f"(usage 0x{usage:x}) lacks")
@@ -111,7 +111,7 @@ class Image(GpuResource):
         timeout = timeout_seconds(timeout)
         for label, v in (("width", width), ("height", height)):
             if not is_int(v) or v <= 0:
-                raise ValueError(f"image {label} must be a positive int, got {v!r}"[:160])
+                raise ValueError(f"image {label} must be a positive int, got {short_repr(v)}")
         self.bytes_per_pixel = bytes_per_pixel(format)
         usage = check_usage(usage, "usage")
         if usage & ~IMAGE_USAGE_ALLOWED:
@@ -137,7 +137,7 @@ class Image(GpuResource):
                 raise UnsupportedError(f"{format_name(format)} images with usage 0x{usage:x} are not supported "
                                        f"on {slot.name!r}", device=slot.name) from None
             if width > props.maxExtent.width or height > props.maxExtent.height:
-                raise ValueError(f"{width}x{height} exceeds the device's maximum image extent "
+                raise ValueError(f"{short_repr(width)}x{short_repr(height)} exceeds the device's maximum image extent "
                                  f"{props.maxExtent.width}x{props.maxExtent.height}")
             flags, view_formats = 0, None
             #: the UINT view format the transfer engine's compute kernels copy this image

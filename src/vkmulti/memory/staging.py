@@ -22,7 +22,7 @@ from typing import Any, Iterable
 import numpy as np
 import vulkan as vk
 
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
 from .buffer import MappedBuffer
 
 __all__ = ["StagingBuffers", "KEEP_BYTES", "MIN_BYTES", "SpareBuffers", "SPARE_BUFFERS", "SPARE_BYTES"]
@@ -42,7 +42,7 @@ class StagingBuffers:
 
     def __init__(self, slot: Any, keep_bytes: int = KEEP_BYTES):
         if not is_int(keep_bytes) or keep_bytes < 0:
-            raise ValueError(f"keep_bytes must be a non-negative int, got {keep_bytes!r}"[:120])
+            raise ValueError(f"keep_bytes must be a non-negative int, got {short_repr(keep_bytes)}")
         self.slot, self.keep_bytes = slot, keep_bytes
         self._lock = threading.Lock()
         self._kept: MappedBuffer | None = None
@@ -54,7 +54,7 @@ class StagingBuffers:
         """A host-visible transfer-source buffer of at least `nbytes` (> 0) bytes, the
         caller's until give_back() or its destroy()."""
         if not is_int(nbytes) or nbytes < 1:
-            raise ValueError(f"nbytes must be a positive int, got {nbytes!r}"[:120])
+            raise ValueError(f"nbytes must be a positive int, got {short_repr(nbytes)}")
         with self._lock:
             kept = self._kept
             if kept is not None and kept.size >= nbytes and not kept.destroyed:

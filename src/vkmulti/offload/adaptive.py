@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._core.timeline import TimelinePoint
+from .._core.checks import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +89,13 @@ class SpeedMeter:
     @damping.setter
     def damping(self, value: float) -> None:
         if isinstance(value, (bool, str, bytes)):
-            raise TypeError(f"damping must be a number in (0, 1], got {value!r}")
+            raise TypeError(f"damping must be a number in (0, 1], got {short_repr(value)}")
         try:
             v = float(value)
-        except (TypeError, ValueError):
-            raise TypeError(f"damping must be a number in (0, 1], got {value!r}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise TypeError(f"damping must be a number in (0, 1], got {short_repr(value)}") from None
         if not 0.0 < v <= 1.0:
-            raise ValueError(f"damping must be in (0, 1], got {value!r}")
+            raise ValueError(f"damping must be in (0, 1], got {short_repr(value)}")
         self._damping = v
 
     @property
@@ -252,7 +253,7 @@ class AdaptivePlanner:
     @enabled.setter
     def enabled(self, value: bool) -> None:
         if not isinstance(value, bool):
-            raise TypeError(f"adaptive must be a bool, got {value!r}")
+            raise TypeError(f"adaptive must be a bool, got {short_repr(value)}")
         self._enabled = value
 
     def weights(self, usable: list[int], given: list[float] | None) -> list[float] | None:

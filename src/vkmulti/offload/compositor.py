@@ -32,10 +32,10 @@ def _int_kind(fmt: int) -> str:
 def scale_pair(content_scale: Any) -> tuple[float, float]:
     try:
         sx, sy = (float(v) for v in content_scale)
-    except (TypeError, ValueError):
-        raise TypeError(f"content_scale must be a pair of numbers, got {content_scale!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"content_scale must be a pair of numbers, got {short_repr(content_scale)}") from None
     if not (math.isfinite(sx) and math.isfinite(sy) and sx > 0 and sy > 0):
-        raise ValueError(f"content_scale must be two finite numbers > 0, got {content_scale!r}")
+        raise ValueError(f"content_scale must be two finite numbers > 0, got {short_repr(content_scale)}")
     return sx, sy
 
 
@@ -99,10 +99,10 @@ class Compositor(Submitter):
             try:
                 image, x, y = item
             except (TypeError, ValueError):
-                raise TypeError(f"placement {k} must be (image, x, y), got {item!r}") from None
+                raise TypeError(f"placement {k} must be (image, x, y), got {short_repr(item)}") from None
             for label, v in (("x", x), ("y", y)):
                 if not is_int(v):
-                    raise TypeError(f"placement {k}: {label} must be an int, got {v!r}")
+                    raise TypeError(f"placement {k}: {label} must be an int, got {short_repr(v)}")
             self._check_image(image, f"placement {k} image", vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT)
             if image is frame:
                 raise ValueError(f"placement {k} image is the frame itself")

@@ -16,7 +16,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from .._core.checks import check_index, timeout_seconds
+from .._core.checks import check_index, timeout_seconds, short_repr, short_str
 from .._core.lifetime import Lifetime, operation
 from ..device.manager import MultiDeviceManager
 from ..errors import DestroyedError, DeviceLostError, PrimaryDeviceLostError
@@ -77,23 +77,23 @@ class SRUOffloadCoordinator:
         if secondary_renderer_factory is not None and not callable(secondary_renderer_factory):
             raise TypeError("secondary_renderer_factory must be callable or None")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}"[:160])
+            raise ValueError(f"timeout must be a number of seconds > 0, got {short_repr(timeout)}")
         count = manager.device_count
         if devices is None:
             devices = list(range(count))
         devices = int_list(devices, "devices")
         for d in devices:
             if not 0 <= d < count:
-                raise IndexError(f"device {d!r} out of range: the manager has {count} slot(s)")
+                raise IndexError(f"device {short_repr(d)} out of range: the manager has {count} slot(s)")
         if not devices or devices[0] != 0 or len(set(devices)) != len(devices):
             raise ValueError(f"devices must list distinct slot indices starting with 0 (the primary), "
-                             f"got {devices!r}"[:200])
+                             f"got {short_repr(devices)}")
         if weights is not None:
             weights = check_weights(weights, count)
         if hysteresis is not None:
             if isinstance(hysteresis, bool) or not isinstance(hysteresis, (int, float)) \
                     or not 0.0 <= hysteresis < 1.0:
-                raise ValueError(f"hysteresis must be None or a number in [0, 1), got {hysteresis!r}"[:160])
+                raise ValueError(f"hysteresis must be None or a number in [0, 1), got {short_repr(hysteresis)}")
         self.manager = manager
         self.capabilities = capabilities
         self.prefer_dmabuf = bool(prefer_dmabuf)
@@ -342,7 +342,7 @@ class SRUOffloadCoordinator:
             if isinstance(exc, PrimaryDeviceLostError) or not self.manager.device_lost(0):
                 raise
             self.manager.check_devices()
-            raise self._failover.primary_lost(f"{type(exc).__name__}: {exc}") from None
+            raise self._failover.primary_lost(f"{type(exc).__name__}: {short_str(exc)}") from None
 
     def _render_frame(self, srus: Iterable[Any], frame: Image, sru_id: Any, cost: Any, transfer_cost: Any,
                       offloadable: Any, clear: Any, wait: bool) -> FrameReport:
@@ -534,7 +534,7 @@ class SRUOffloadCoordinator:
     def _offload(self, e: SruEntry, sru: Any, renderer: Any, dst_image: Any, dst_wait: Any) -> bool:
         """Render on the secondary and submit the transfer; False (device marked) on failure."""
         if dst_wait is not None and not isinstance(dst_wait, TimelinePoint):
-            raise TypeError(f"dst_wait must be a TimelinePoint on the primary or None, got {dst_wait!r}")
+            raise TypeError(f"dst_wait must be a TimelinePoint on the primary or None, got {short_repr(dst_wait)}")
         return self._render_offloaded(e, sru, renderer) and self._send(e, dst_image, dst_wait)
 
     def _render_offloaded(self, e: SruEntry, sru: Any, renderer: Any) -> bool:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from ..errors import DeviceLostError, PrimaryDeviceLostError, TimeoutError, TransferError, UnsupportedError, VulkanError
 from ..device.failover import FailoverStats
 from .._core.timeline import TimelinePoint
+from .._core.checks import short_str
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class FrameFailover:
         """The error that says GPU 0 is lost (`reason`) and what to do about it."""
         slot = self.manager._slots[0]
         return PrimaryDeviceLostError(-4, "render_frame", (
-            f"the primary GPU 0 ({slot.name!r}) was lost ({reason}): it composites every frame, so no frame "
+            f"the primary GPU 0 ({slot.name!r}) was lost ({short_str(reason)}): it composites every frame, so no frame "
             f"can come out; destroy this manager (its objects are released without touching the lost device) "
             f"and make a new one"))
 
@@ -119,7 +120,7 @@ class FrameFailover:
         try:
             compositor.wait(done, timeout)
         except DeviceLostError as exc:
-            self.manager.report_device_lost(0, f"{type(exc).__name__}: {exc}"[:300])
+            self.manager.report_device_lost(0, f"{type(exc).__name__}: {short_str(exc)}")
             raise self.primary_lost(str(exc)) from None
 
     # -- after the composite ---------------------------------------------------------

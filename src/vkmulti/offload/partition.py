@@ -110,23 +110,23 @@ def _per_device(values: Any, device_count: int, what: str, *, positive: bool) ->
         values = list(values)
         try:
             arr = np.asarray(values, dtype=np.float64)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             for d, x in enumerate(values):
                 try:
                     float(x)
-                except (TypeError, ValueError):
-                    raise ValueError(f"{word} of device {d} must be a finite number, got {x!r}") from None
+                except (TypeError, ValueError, OverflowError):
+                    raise ValueError(f"{word} of device {d} must be a finite number, got {short_repr(x)}") from None
             raise TypeError(f"{what} must be a sequence of numbers, got {short_repr(values)}") from None
     if arr.dtype.kind not in "iuf":
         raise TypeError(f"{what} must hold real numbers, got dtype {arr.dtype}")
     if what == "link_costs" and arr.ndim == 2 and arr.shape == (device_count, device_count):
         arr = arr[:, 0]   # [source, destination]: the cost of reaching device 0
     if arr.ndim != 1:
-        raise ValueError(f"{what} must have shape ({device_count},)"
-                         + (f" or ({device_count}, {device_count})" if what == "link_costs" else "")
+        n = short_repr(device_count)
+        raise ValueError(f"{what} must have shape ({n},)" + (f" or ({n}, {n})" if what == "link_costs" else "")
                          + f", got {arr.shape}")
     if arr.shape[0] != device_count:
-        raise ValueError(f"{what} has {arr.shape[0]} entries for {device_count} devices: {_short(arr)}")
+        raise ValueError(f"{what} has {arr.shape[0]} entries for {short_repr(device_count)} devices: {_short(arr)}")
     arr = np.ascontiguousarray(arr, dtype=np.float64)
     ok = np.isfinite(arr) & ((arr > 0) if positive else (arr >= 0))
     if not positive:
@@ -162,7 +162,8 @@ def _device_array(values: Any, name: str, n: int, device_count: int, none: str) 
         bad = np.flatnonzero((arr < -1) | (arr >= device_count))
         if len(bad):
             k = int(bad[0])
-            raise IndexError(f"{name}[{k}] is {int(arr[k])}: must be -1 ({none}) or a device in [0, {device_count})")
+            raise IndexError(f"{name}[{k}] is {int(arr[k])}: must be -1 ({none}) or a device in "
+                             f"[0, {short_repr(device_count)})")
         arr = arr.astype(np.int32)
     return arr
 
@@ -237,7 +238,7 @@ def _per_sru_floats(values: list, ids: list, what: str) -> np.ndarray:
     try:
         arr = np.asarray(values, dtype=np.float64)
         good = arr.shape == (len(values),) and bool(np.isfinite(arr).all() and (arr >= 0).all())
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         good = False
     if good:
         return arr + 0.0  # also turns -0.0 into 0.0
@@ -245,10 +246,10 @@ def _per_sru_floats(values: list, ids: list, what: str) -> np.ndarray:
     for k, (i, v) in enumerate(zip(ids, values)):
         try:
             out[k] = x = float(v)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             x = math.nan
         if not (math.isfinite(x) and x >= 0):
-            raise ValueError(f"{what} of SRU {i!r} must be a finite number >= 0, got {v!r}")
+            raise ValueError(f"{what} of SRU {short_repr(i)} must be a finite number >= 0, got {short_repr(v)}")
     return out + 0.0
 
 
@@ -271,7 +272,7 @@ def _tie_keys(ids: list) -> np.ndarray:
             elif isinstance(i, str):
                 kinds.add(str)  # type: ignore[arg-type]
             else:
-                raise TypeError(f"sru_id must be an int or a str, got {i!r} ({type(i).__name__})")
+                raise TypeError(f"sru_id must be an int or a str, got {short_repr(i)} ({type(i).__name__})")
         if len(kinds) > 1:
             raise TypeError("sru_ids must be all ints or all strs (they order ties between equal costs)")
     if len(set(ids)) != len(ids):
@@ -284,7 +285,7 @@ def _raise_duplicate(ids: list) -> None:
     seen = set()
     for i in ids:
         if i in seen:
-            raise ValueError(f"duplicate sru_id {i!r}")
+            raise ValueError(f"duplicate sru_id {short_repr(i)}")
         seen.add(i)
 
 
@@ -318,17 +319,17 @@ def _prepare(srus: Any, device_count: Any, sru_id: Any, cost: Any, weights: Any,
             table = {}
             for a in previous:
                 if not isinstance(a, SRUAssignment):
-                    raise TypeError(f"previous must be a dict sru_id -> device or SRUAssignments, got {a!r}")
+                    raise TypeError(f"previous must be a dict sru_id -> device or SRUAssignments, got {short_repr(a)}")
                 table[a.sru_id] = a.device_index
         prev = []
         for i in ids:
             d = table.get(i, -1)
             if isinstance(d, bool):
-                raise TypeError(f"previous device of SRU {i!r} must be an int, got {d!r}")
+                raise TypeError(f"previous device of SRU {short_repr(i)} must be an int, got {short_repr(d)}")
             try:
                 d = operator.index(d)
             except TypeError:
-                raise TypeError(f"previous device of SRU {i!r} must be an int, got {d!r}") from None
+                raise TypeError(f"previous device of SRU {short_repr(i)} must be an int, got {short_repr(d)}") from None
             prev.append(d if 0 <= d < dc and d <= _INT32_MAX else -1)
         p.previous = np.asarray(prev, dtype=np.int32)
     return ids, p
@@ -514,7 +515,7 @@ def reference_devices(costs: Any, device_count: int, **kwargs: Any) -> list[int]
     names = ("ids", "transfer", "pinned", "previous", "weights", "link_costs", "hysteresis")
     unknown = set(kwargs) - set(names)
     if unknown:
-        raise TypeError(f"unknown argument(s) {sorted(unknown)}")
+        raise TypeError(f"unknown argument(s) {short_repr(sorted(unknown), 200)}")
     p = _array_problem(costs, device_count, *(kwargs.get(k, 0.0 if k == "hysteresis" else None) for k in names))
     _check_values(p)
     return _reference_devices(p)
@@ -530,7 +531,8 @@ def _check_values(p: _Problem) -> None:
     for name, arr in (("pinned", p.pin), ("previous", p.previous)):
         if arr is not None and ((arr < -1) | (arr >= p.device_count)).any():
             k = int(np.flatnonzero((arr < -1) | (arr >= p.device_count))[0])
-            raise IndexError(f"{name}[{k}] is {int(arr[k])}: must be -1 or a device in [0, {p.device_count})")
+            raise IndexError(f"{name}[{k}] is {int(arr[k])}: must be -1 or a device in "
+                             f"[0, {short_repr(p.device_count)})")
     if p.keys is not None and len(np.unique(p.keys)) != len(p.keys):
         raise ValueError("ids must be distinct")
 
@@ -557,7 +559,7 @@ def makespan(assignments: Iterable[SRUAssignment | int] | np.ndarray, costs: Seq
     bad = np.flatnonzero((devices < 0) | (devices >= device_count))
     if len(bad):
         k = int(bad[0])
-        raise ValueError(f"assignment {k} is on device {int(devices[k])}, outside [0, {device_count})")
+        raise ValueError(f"assignment {k} is on device {int(devices[k])}, outside [0, {short_repr(device_count)})")
     if len(devices) == 0:
         return 0.0
     time = c / (np.asarray(weights, dtype=np.float64)[devices] if weights is not None else 1.0)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import vulkan as vk
 
 from .._core import vkapi
-from .._core.checks import U32_MAX, int_in, is_int, positive_int
+from .._core.checks import U32_MAX, int_in, is_int, positive_int, short_repr
 from .._core.reprs import compact_repr
 from .._core.shaders import shader_bytes
 from .._core.timeline import TimelinePoint, as_wait_points
@@ -50,10 +50,10 @@ _PUSH = struct.Struct("<4f4fIIfI")
 def _colour(v: Any, what: str) -> tuple[float, float, float]:
     try:
         c = tuple(float(x) for x in v)
-    except (TypeError, ValueError):
-        raise TypeError(f"{what} must be 3 numbers (linear RGB), got {v!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"{what} must be 3 numbers (linear RGB), got {short_repr(v)}") from None
     if len(c) != 3 or not all(math.isfinite(x) for x in c):
-        raise ValueError(f"{what} must be 3 finite numbers (linear RGB), got {v!r}")
+        raise ValueError(f"{what} must be 3 finite numbers (linear RGB), got {short_repr(v)}")
     return c
 
 
@@ -82,13 +82,13 @@ class ReferenceSRU:
 
     def __post_init__(self) -> None:
         if isinstance(self.sru_id, bool) or not isinstance(self.sru_id, (int, str)):
-            raise TypeError(f"sru_id must be an int or a str, got {self.sru_id!r}")
+            raise TypeError(f"sru_id must be an int or a str, got {short_repr(self.sru_id)}")
         positive_int(self.width, "width")
         positive_int(self.height, "height")
         for label in ("x", "y"):
             v = getattr(self, label)
             if not is_int(v):
-                raise TypeError(f"{label} must be an int, got {v!r}")
+                raise TypeError(f"{label} must be an int, got {short_repr(v)}")
         int_in(self.seed, "seed", 0, U32_MAX)
         positive_int(self.iterations, "iterations", MAX_ITERATIONS)
         int_in(self.border, "border", 0, U32_MAX)   # a uint in the push constants
@@ -193,6 +193,8 @@ class ReferenceRenderer(Submitter):
 
     def make_target(self, sru: ReferenceSRU) -> Image:
         """A render target for `sru` on this device (the caller destroys it)."""
+        if not isinstance(sru, ReferenceSRU):
+            raise TypeError(f"sru must be a ReferenceSRU, got {type(sru).__name__}")
         return Image(self.slot, sru.width, sru.height, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
 
     def _check_target(self, sru: ReferenceSRU, target: Any) -> None:
@@ -206,8 +208,8 @@ class ReferenceRenderer(Submitter):
             raise ValueError("target must be an R16G16B16A16_SFLOAT image with STORAGE usage "
                              "(see ReferenceRenderer.make_target)")
         if (target.width, target.height) != (sru.width, sru.height):
-            raise ValueError(f"target is {target.width}x{target.height}, SRU {sru.sru_id!r} is "
-                             f"{sru.width}x{sru.height}")
+            raise ValueError(f"target is {target.width}x{target.height}, SRU {short_repr(sru.sru_id)} is "
+                             f"{short_repr(sru.width)}x{short_repr(sru.height)}")
 
     def render(self, sru: ReferenceSRU, target: Image, *, wait: Points = None) -> TimelinePoint:
         """Submit the render of `sru` into `target`; returns the point that marks it done.

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeAlias, TypeVar
 import vulkan as vk
 
 from .._core import vkapi
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
 from ..errors import DestroyedError, RendererMissingError
 from ..memory.image import Image
 from ..device.manager import DeviceSlot
@@ -192,7 +192,7 @@ def int_list(values: Any, label: str) -> list[int]:
         raise TypeError(f"{label} must be a sequence of ints, got {type(values).__name__}") from None
     for v in out:
         if not is_int(v):
-            raise TypeError(f"{label} must hold ints, got {type(v).__name__} {v!r}"[:160])
+            raise TypeError(f"{label} must hold ints, got {type(v).__name__} {short_repr(v)}")
     return out
 
 
@@ -202,7 +202,7 @@ def check_weights(values: Any, count: int) -> list[float]:
         raise TypeError(f"weights must be a sequence of numbers, got {type(values).__name__}")
     try:
         out = [float(w) for w in values]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TypeError("weights must be a sequence of numbers (one per device)") from None
     if len(out) != count:
         raise ValueError(f"weights has {len(out)} entries for {count} devices")
@@ -220,7 +220,8 @@ def sru_size(sru: SizedSRU) -> tuple[int, int]:
         raise TypeError(f"an SRU needs width and height attributes, got a {type(sru).__name__}") from None
     for label, v in (("width", w), ("height", h)):
         if not is_int(v) or v <= 0:
-            raise ValueError(f"SRU {getattr(sru, 'sru_id', sru)!r}: {label} must be a positive int, got {v!r}")
+            raise ValueError(f"SRU {short_repr(getattr(sru, 'sru_id', sru))}: {label} must be a positive int, "
+                             f"got {short_repr(v)}")
     return w, h
 
 
@@ -231,7 +232,8 @@ def check_frame_srus(srus: list[Any], key: Callable[[Any], Any]) -> None:
         for label in ("x", "y"):
             v = getattr(s, label, None)
             if not is_int(v):
-                raise TypeError(f"SRU {key(s)!r}: {label} (its place in the frame) must be an int, got {v!r}")
+                raise TypeError(f"SRU {short_repr(key(s))}: {label} (its place in the frame) must be an int, "
+                                f"got {short_repr(v)}")
 
 
 def weak_hook(method: Callable[[], object]) -> Callable[[], None]:

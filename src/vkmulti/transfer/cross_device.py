@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import vulkan as vk
 
 from .._core import _native
-from .._core.checks import is_int, seconds_text
+from .._core.checks import is_int, seconds_text, short_repr
 from .._core.handles import handle_int
 from .._core.lifetime import Deadline, Lifetime
 from .._core.timeline import TimelinePoint, wait_point
@@ -43,7 +43,7 @@ def _image_size(w: Any, h: Any, bpp: Any, *, allow_zero: bool = False) -> None:
     lo = 0 if allow_zero else 1
     for label, v, hi in (("width", w, 1 << 20), ("height", h, 1 << 20), ("bytes_per_pixel", bpp, 32)):
         if not is_int(v) or not lo <= v <= hi:
-            raise ValueError(f"{label} must be an int in [{lo}, {hi}], got {v!r}"[:160])
+            raise ValueError(f"{label} must be an int in [{lo}, {hi}], got {short_repr(v)}")
 
 
 #: Endpoints a transfer keeps for repeated submits (_remember_endpoint).
@@ -109,8 +109,8 @@ class CrossDeviceTransfer:
 
     def _check_method(self) -> None:
         if not isinstance(self.method, str) or self.method not in TransferMethod.ALL:
-            raise ValueError(f"unknown cross-device transfer method {self.method!r}; "
-                             f"expected one of {TransferMethod.ALL}"[:200])
+            raise ValueError(f"unknown cross-device transfer method {short_repr(self.method)}; "
+                             f"expected one of {TransferMethod.ALL}")
 
     @property
     def _destroyed(self) -> bool:
@@ -373,9 +373,9 @@ class CrossDeviceTransfer:
                                  f"not GPU {slot.index} ({slot.name!r})")
             before = image.layout if layout is None else layout
             if before != image.layout and not (label == "dst_image" and before == vk.VK_IMAGE_LAYOUT_UNDEFINED):
-                raise ValueError(f"{label} is in layout {image.layout} as vkmulti tracks it, not {before!r}; "
-                                 f"after a transition of your own set image.layout, or pass UNDEFINED as "
-                                 f"dst_layout to discard the destination's contents"[:300])
+                raise ValueError(f"{label} is in layout {short_repr(image.layout)} as vkmulti tracks it, not "
+                                 f"{short_repr(before)}; after a transition of your own set image.layout, or pass "
+                                 f"UNDEFINED as dst_layout to discard the destination's contents")
             after = before if final is None else final
             if wait is None and slot_size is not None and type(before) is int and type(after) is int:
                 key = (image, label, before, after, slot_size)
@@ -466,16 +466,16 @@ class CrossDeviceTransfer:
                 0 <= dst_offset <= MAX_BYTES):   # else the checks below say which and why
             for label, v in (("src_offset", src_offset), ("dst_offset", dst_offset)):
                 if not is_int(v) or v < 0:
-                    raise ValueError(f"{label} must be a non-negative int, got {v!r}"[:160])
+                    raise ValueError(f"{label} must be a non-negative int, got {short_repr(v)}")
                 if v > MAX_BYTES:
-                    raise ValueError(f"{label} must be at most 2**62, got {v}")
+                    raise ValueError(f"{label} must be at most 2**62, got {short_repr(v)}")
         src_vk, dst_vk = isinstance(src, Buffer), isinstance(dst, Buffer)
         if size is None:
             if not src_vk:
                 raise ValueError("size is required for raw VkBuffer handles")
             size = src.size - src_offset
         if not is_int(size) or not 0 < size <= MAX_BYTES:
-            raise ValueError(f"size must be a positive int (at most 2**62), got {size!r}"[:160])
+            raise ValueError(f"size must be a positive int (at most 2**62), got {short_repr(size)}")
         if src_vk and src_offset + size > src.size:
             raise ValueError(f"src_buffer is too small: [{src_offset}, {src_offset + size}) exceeds its "
                              f"{src.size} bytes")

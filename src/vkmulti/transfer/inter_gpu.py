@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
 import numpy as np
 import vulkan as vk
 
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
 from .._core.handles import handle_int
 from .._core.lifetime import Deadline, Lifetime
 from .._core.timeline import wait_point
@@ -103,7 +103,7 @@ class InterGpuTransfer:
             raise TypeError(f"manager must be a MultiDeviceManager, got {type(manager).__name__}")
         check_ring_shape(slot_size, slot_count)
         if max_workers is not None and (not is_int(max_workers) or not 0 < max_workers <= 256):
-            raise ValueError(f"max_workers must be an int in [1, 256] or None, got {max_workers!r}"[:160])
+            raise ValueError(f"max_workers must be an int in [1, 256] or None, got {short_repr(max_workers)}")
         if host_import not in (None, True, False):
             raise TypeError(f"host_import must be None, True or False, got {type(host_import).__name__}")
         self.manager = manager
@@ -147,7 +147,7 @@ class InterGpuTransfer:
             require_transfer_usage(buffer.usage, "src", "buffer", "buffer", "; create it with transfer-source usage")
             size = buffer.size if size_bytes is None else self._size(size_bytes, "size_bytes")
             if size > buffer.size:
-                raise ValueError(f"buffer is too small: size_bytes {size} exceeds its {buffer.size} bytes")
+                raise ValueError(f"buffer is too small: size_bytes {short_repr(size)} exceeds its {buffer.size} bytes")
             obj: Any = buffer
         else:
             obj = handle_int(buffer, "VkBuffer")
@@ -498,16 +498,16 @@ class InterGpuTransfer:
     def _index(self, value: Any, label: str, seed: str | None = None) -> int:
         """`value` as a device index; InvalidBufferError out of range (the seed's text `seed` first)."""
         if not (is_int(value) or isinstance(value, np.integer)):
-            raise TypeError(f"{label} must be an int device index, got {type(value).__name__} {value!r}")
+            raise TypeError(f"{label} must be an int device index, got {type(value).__name__} {short_repr(value)}")
         if not 0 <= value < self.device_count:
-            text = f"{label} {value} is out of range (num_devices = {self.device_count})"
+            text = f"{label} {short_repr(value)} is out of range (num_devices = {self.device_count})"
             raise InvalidBufferError(text if seed is None else f"{seed}: {text}")
         return int(value)
 
     @staticmethod
     def _size(value: Any, label: str) -> int:
         if not (is_int(value) or isinstance(value, np.integer)) or value <= 0:
-            raise ValueError(f"{label} must be a positive int, got {value!r}")
+            raise ValueError(f"{label} must be a positive int, got {short_repr(value)}")
         return int(value)
 
     def _check_buffer(self, buf: Buffer, device: int, label: str) -> None:
@@ -549,9 +549,9 @@ class InterGpuTransfer:
                 holds: Holds) -> tuple[Any, int]:
         """The given destination checked, as (object to return, handle); (None, 0) for none."""
         if not (is_int(offset) or isinstance(offset, np.integer)) or offset < 0:
-            raise ValueError(f"dst_offset must be a non-negative int, got {offset!r}"[:160])
+            raise ValueError(f"dst_offset must be a non-negative int, got {short_repr(offset)}")
         if offset > MAX_BYTES:
-            raise ValueError(f"dst_offset must be at most 2**62, got {offset}")
+            raise ValueError(f"dst_offset must be at most 2**62, got {short_repr(offset)}")
         offset = int(offset)
         if given is None:
             if offset:

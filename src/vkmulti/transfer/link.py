@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Generator
 import vulkan as vk
 
 from .._core import _native
-from .._core.checks import is_int, seconds_text
+from .._core.checks import is_int, seconds_text, short_repr
 from .._core.lifetime import Deadline, Lifetime
 from .._core.timeline import TimelinePoint
 from ..device.capabilities import EXT_DMA_BUF
@@ -64,9 +64,9 @@ def check_ring_shape(slot_size: Any, slot_count: Any) -> tuple[int, int]:
     MAX_RING_BYTES, else ValueError naming the value."""
     for label, v, hi in (("slot_size", slot_size, MAX_SLOT_SIZE), ("slot_count", slot_count, MAX_SLOT_COUNT)):
         if not is_int(v):
-            raise ValueError(f"{label} must be a positive int, got {type(v).__name__} {v!r}"[:160])
+            raise ValueError(f"{label} must be a positive int, got {type(v).__name__} {short_repr(v)}")
         if not 0 < v <= hi:
-            raise ValueError(f"{label} must be in [1, {hi}], got {v}"[:160])
+            raise ValueError(f"{label} must be in [1, {hi}], got {short_repr(v)}")
     if slot_size * slot_count > MAX_RING_BYTES:
         raise ValueError(f"a ring of {slot_count} x {slot_size} B exceeds {MAX_RING_BYTES} B; "
                          f"lower slot_size or slot_count")

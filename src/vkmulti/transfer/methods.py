@@ -11,7 +11,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
 from .._core.handles import short_text
 from ..device import cuda
 from ..device.capabilities import (EXT_DMA_BUF, EXT_MEMORY_FD, EXT_MEMORY_HOST, DeviceCapabilities,
@@ -113,7 +113,7 @@ def method_problem(method: str, a: DeviceCapabilities, b: DeviceCapabilities,
                                  f"different deviceUUID/driverUUID ({la} and {lb})", dma.extension, dma.device,
                                  dma.not_enabled, dma.side)
         return None
-    raise ValueError(f"unknown transfer method {method!r}; expected one of {TransferMethod.ALL}")
+    raise ValueError(f"unknown transfer method {short_repr(method)}; expected one of {TransferMethod.ALL}")
 
 
 def _check_caps(caps: Any, label: str) -> None:
@@ -176,6 +176,9 @@ def pair_problem(method: str, src: DeviceSlot, dst: DeviceSlot) -> MethodProblem
 def pair_methods(src: DeviceSlot, dst: DeviceSlot) -> list[str]:
     """The cross-device methods that work from slot `src` to slot `dst`, best first
     (what their VkDevices enabled counts; CUDA_PEER as the driver answers)."""
+    for label, slot in (("src", src), ("dst", dst)):
+        if not isinstance(slot, DeviceSlot):
+            raise TypeError(f"{label} must be a DeviceSlot (e.g. mgr.slot(0)), got {type(slot).__name__}")
     return [m for m in TransferMethod.CROSS_DEVICE if pair_problem(m, src, dst) is None]
 
 
@@ -226,9 +229,9 @@ def select_transfer_method(assignment: Placed | DeviceSlot,
     src_index = getattr(assignment, "device_index", None)
     if not is_int(src_index) or src_index < 0:  # type: ignore[operator]
         raise TypeError(f"assignment must have a non-negative int device_index (an SRUAssignment), or pass two "
-                        f"DeviceSlots; got {type(assignment).__name__} with device_index {src_index!r}"[:200])
+                        f"DeviceSlots; got {type(assignment).__name__} with device_index {short_repr(src_index)}")
     if not is_int(dst_index) or dst_index < 0:
-        raise TypeError(f"dst_index must be a non-negative int, got {dst_index!r}"[:160])
+        raise TypeError(f"dst_index must be a non-negative int, got {short_repr(dst_index)}")
     capabilities = as_render_capabilities(capabilities)   # the seed's own RenderCapabilities too
     if src_index == dst_index:
         return TransferMethod.NONE

@@ -36,7 +36,7 @@ from .methods import TransferMethod, method_support
 from ..device.slots import check_slot, slot_lifetime
 from ..memory.resource import GpuResource, find_memory_type
 from .._core.timeline import TimelinePoint
-from .._core.checks import is_int
+from .._core.checks import is_int, short_repr
 
 __all__ = ["ExportedBuffer", "ImportedBuffer", "TimelineRelay", "RelayTicket", "shares_memory"]
 
@@ -79,7 +79,7 @@ class ExportedBuffer(Buffer):
     def __init__(self, slot: Any, size: int, *, usage: int = BUFFER_USAGE):
         check_slot(slot)
         if not is_int(size) or not 0 < size <= 1 << 62:
-            raise ValueError(f"buffer size must be an int in [1, 2**62], got {size!r}"[:160])
+            raise ValueError(f"buffer size must be an int in [1, 2**62], got {short_repr(size)}")
         self.slot, self.size, self.usage = slot, size, usage
         self.host_visible = False
         self.handle: Any = None
@@ -264,7 +264,7 @@ class TimelineRelay:
         if src.native is None or dst.native is None:
             raise ValueError("both slots need live devices with native tables (an active MultiDeviceManager)")
         if not is_int(semaphore) or semaphore <= 0:
-            raise TypeError(f"semaphore must be a VkSemaphore handle (a positive int), got {semaphore!r}")
+            raise TypeError(f"semaphore must be a VkSemaphore handle (a positive int), got {short_repr(semaphore)}")
         self.src, self.dst, self.source_semaphore = src, dst, semaphore
         on_gpus = all(s.capabilities is not None and s.capabilities.device_type != "cpu" for s in (src, dst))
         self._mirror = _native.TimelineMirror(src.native, semaphore, dst.native,
@@ -279,7 +279,7 @@ class TimelineRelay:
         if not isinstance(point, TimelinePoint):
             raise TypeError(f"point must be a TimelinePoint, got {type(point).__name__}")
         if point.device_index != self.src.index or point.semaphore != self.source_semaphore:
-            raise ValueError(f"{point} is not a point of the timeline this relay follows (GPU {self.src.index})")
+            raise ValueError(f"{short_repr(point)} is not a point of the timeline this relay follows (GPU {self.src.index})")
         self._life.check()
         return RelayTicket(self, point, TimelinePoint.of(self.dst, self.timeline, point.value))
 

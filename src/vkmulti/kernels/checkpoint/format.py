@@ -39,6 +39,7 @@ from .header import (CHECKPOINT_MAGIC, CHECKPOINT_VERSION, CHUNK_HEADER_SIZE, DE
                      MAX_CUSTOM_ENTRIES, CheckpointHeader,
                      CheckpointMetadata, ChunkHeader, ChunkType, as_bytes, chunk_name_id, crc32)
 from ..messages import HlcTimestamp
+from ..._core.checks import short_repr
 
 if TYPE_CHECKING:
     from ..._core.protocols import HostData
@@ -48,6 +49,13 @@ _U32 = (1 << 32) - 1
 __all__ = ["CHECKPOINT_MAGIC", "CHECKPOINT_VERSION", "MAX_CHECKPOINT_SIZE", "FLAG_CHUNK_CRC32", "FLAG_HEADER_CRC32",
            "DELTA_PARENT_DIGEST_KEY", "ChunkType", "ChunkHeader", "CheckpointHeader", "CheckpointMetadata",
            "DataChunk", "Checkpoint", "CheckpointBuilder", "chunk_name_id", "crc32"]
+
+
+def _check_checkpoints(**given: Any) -> None:
+    """TypeError naming the first argument that is not a Checkpoint."""
+    for label, cp in given.items():
+        if not isinstance(cp, Checkpoint):
+            raise TypeError(f"{label} must be a Checkpoint, got {type(cp).__name__}")
 
 
 @dataclass
@@ -286,6 +294,7 @@ class Checkpoint:
     @staticmethod
     def delta_from(base: "Checkpoint", new: "Checkpoint") -> "Checkpoint":
         """The chunks of `new` that differ from (or are missing in) `base`, naming base's digest."""
+        _check_checkpoints(base=base, new=new)
         index = {c.chunk_identity(): c for c in base.chunks if c.chunk_identity() is not None}
         meta = CheckpointMetadata(**{**new.metadata.__dict__, "custom": dict(new.metadata.custom)})
         meta.custom[DELTA_PARENT_DIGEST_KEY] = base.content_digest()
@@ -303,9 +312,10 @@ class Checkpoint:
     def applied_with_delta(base: "Checkpoint", delta: "Checkpoint") -> "Checkpoint":
         """`base` with `delta`'s chunks replacing those of the same identity (InvalidCheckpointError
         when the delta was made against another base)."""
+        _check_checkpoints(base=base, delta=delta)
         recorded = delta.metadata.custom.get(DELTA_PARENT_DIGEST_KEY)
         if recorded is not None and recorded != base.content_digest():
-            raise InvalidCheckpointError(f"delta parent digest mismatch: expected {recorded}, got "
+            raise InvalidCheckpointError(f"delta parent digest mismatch: expected {short_repr(recorded)}, got "
                                          f"{base.content_digest()}")
         by_id = {c.chunk_identity(): c for c in delta.chunks if c.chunk_identity() is not None}
         meta = CheckpointMetadata(**{**delta.metadata.__dict__, "custom": dict(delta.metadata.custom)})

@@ -57,6 +57,8 @@ def crc32(data: Any, value: int = 0) -> int:
 def chunk_name_id(name: str) -> int:
     """A stable 64-bit id for a named device-memory chunk (FNV-1a of the UTF-8 name;
     the seed used Rust's DefaultHasher, which differs between runs)."""
+    if not isinstance(name, str):
+        raise TypeError(f"a device-memory chunk name must be a str, got {type(name).__name__}")
     h = 0xCBF29CE484222325
     for b in name.encode():
         h = ((h ^ b) * 0x100000001B3) & _U64
@@ -73,9 +75,9 @@ def _triple(value: Any, label: str) -> tuple[int, int, int]:
     try:
         items = tuple(value)
     except TypeError:
-        raise TypeError(f"{label} must be 3 ints, got {value!r}") from None
+        raise TypeError(f"{label} must be 3 ints, got {short_repr(value)}") from None
     if len(items) != 3:
-        raise ValueError(f"{label} must be 3 ints, got {value!r}")
+        raise ValueError(f"{label} must be 3 ints, got {short_repr(value)}")
     return tuple(_u(v, f"{label}[{i}]", _U32) for i, v in enumerate(items))   # type: ignore[return-value]
 
 
@@ -170,13 +172,13 @@ class CheckpointHeader:
             raise InvalidCheckpointError(f"Invalid magic number 0x{self.magic:016x} (expected 0x{CHECKPOINT_MAGIC:016x}, "
                                          f"'RKCKPT01'): not a checkpoint")
         if self.version > CHECKPOINT_VERSION or self.version == 0:
-            raise InvalidCheckpointError(f"Unsupported version: {self.version} (max: {CHECKPOINT_VERSION})")
+            raise InvalidCheckpointError(f"Unsupported version: {short_repr(self.version)} (max: {CHECKPOINT_VERSION})")
         if self.header_size != HEADER_SIZE:
-            raise InvalidCheckpointError(f"header size {self.header_size}, expected {HEADER_SIZE}")
+            raise InvalidCheckpointError(f"header size {short_repr(self.header_size)}, expected {HEADER_SIZE}")
         if self.total_size > MAX_CHECKPOINT_SIZE:
-            raise InvalidCheckpointError(f"Checkpoint too large: {self.total_size} bytes (max: {MAX_CHECKPOINT_SIZE})")
+            raise InvalidCheckpointError(f"Checkpoint too large: {short_repr(self.total_size)} bytes (max: {MAX_CHECKPOINT_SIZE})")
         if self.compression != 0:
-            raise InvalidCheckpointError(f"compression {self.compression} is not supported (only 0: none)")
+            raise InvalidCheckpointError(f"compression {short_repr(self.compression)} is not supported (only 0: none)")
         if self.flags & ~_KNOWN_FLAGS:
             raise InvalidCheckpointError(f"unknown header flags 0x{self.flags & ~_KNOWN_FLAGS:x}")
 
@@ -242,7 +244,7 @@ class CheckpointMetadata:
             raise TypeError(f"custom must be a dict of str -> str, got {type(self.custom).__name__}")
         for k, v in self.custom.items():
             if not isinstance(k, str) or not isinstance(v, str):
-                raise TypeError(f"custom metadata keys and values must be str, got {k!r}: {v!r}")
+                raise TypeError(f"custom metadata keys and values must be str, got {short_repr(k)}: {short_repr(v)}")
         _u(self.hlc_node_id, "hlc_node_id", _U64)
 
     @classmethod
@@ -275,7 +277,7 @@ class CheckpointMetadata:
     def with_custom(self, key: str, value: str) -> "CheckpointMetadata":
         """Add a custom key/value (returns self)."""
         if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"custom metadata keys and values must be str, got {key!r}: {value!r}")
+            raise TypeError(f"custom metadata keys and values must be str, got {short_repr(key)}: {short_repr(value)}")
         self.custom[key] = value
         return self
 

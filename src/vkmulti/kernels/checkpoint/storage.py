@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 from ...errors import CheckpointNotFoundError, CheckpointStorageError, InvalidCheckpointError
 from .format import Checkpoint
 from .header import MAX_CHECKPOINT_SIZE
+from ..._core.checks import short_repr, short_str
 
 try:
     import fcntl
@@ -71,7 +72,7 @@ def check_checkpoint_name(name: Any) -> str:
     bad = _BAD.search(name)
     if bad or name.startswith("."):
         what = f"character {bad.group()!r}" if bad else "a leading '.'"
-        raise ValueError(f"checkpoint name {name!r} contains {what}: names may not reach outside the storage "
+        raise ValueError(f"checkpoint name {short_repr(name)} contains {what}: names may not reach outside the storage "
                          f"(no path separators, control characters or leading dots)")
     return name
 
@@ -122,7 +123,7 @@ class MemoryStorage:
         with self._lock:
             raw = self._data.get(name)
         if raw is None:
-            raise CheckpointNotFoundError(f"Checkpoint not found: {name!r}")
+            raise CheckpointNotFoundError(f"Checkpoint not found: {short_repr(name)}")
         return Checkpoint.from_bytes(raw)
 
     def list(self) -> list[str]:
@@ -135,7 +136,7 @@ class MemoryStorage:
         name = check_checkpoint_name(name)
         with self._lock:
             if self._data.pop(name, None) is None:
-                raise CheckpointNotFoundError(f"Checkpoint not found: {name!r}")
+                raise CheckpointNotFoundError(f"Checkpoint not found: {short_repr(name)}")
 
     def exists(self, name: str) -> bool:
         """Whether something is stored under `name` (False for an invalid name)."""
@@ -152,7 +153,7 @@ class MemoryStorage:
         with self._lock:
             raw = self._data.get(name)
         if raw is None:
-            raise CheckpointNotFoundError(f"Checkpoint not found: {name!r}")
+            raise CheckpointNotFoundError(f"Checkpoint not found: {short_repr(name)}")
         return len(raw)
 
     def __repr__(self) -> str:
@@ -179,8 +180,13 @@ class FileStorage:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or path-like, got {type(path).__name__}")
         self.base_path = Path(path)
-        if self.base_path.exists() and not self.base_path.is_dir():
-            raise ValueError(f"checkpoint folder {str(self.base_path)!r} exists and is not a folder")
+        try:
+            is_file = self.base_path.exists() and not self.base_path.is_dir()
+        except OSError as exc:   # (a name too long for the file system, say)
+            raise CheckpointStorageError(f"checkpoint folder {short_repr(str(self.base_path), 200)} cannot be "
+                                         f"used: {short_str(exc)}") from None
+        if is_file:
+            raise ValueError(f"checkpoint folder {short_repr(str(self.base_path), 200)} exists and is not a folder")
 
     def checkpoint_path(self, name: str) -> Path:
         """The file a name is stored in (the name checked, its file name within NAME_MAX bytes)."""
@@ -204,8 +210,8 @@ class FileStorage:
             self._clean_stale()
             fd, tmp = tempfile.mkstemp(dir=self.base_path, prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX)
         except OSError as exc:
-            raise CheckpointStorageError(f"Failed to create checkpoint file for {name!r} in "
-                                         f"{str(self.base_path)!r}: {exc}") from exc
+            raise CheckpointStorageError(f"Failed to create checkpoint file for {short_repr(name)} in "
+                                         f"{short_repr(str(self.base_path), 200)}: {short_str(exc)}") from exc
         try:
             with os.fdopen(fd, "wb") as f:
                 _lock(f.fileno(), blocking=True)   # held until closed: cleaners leave a save's file alone
@@ -219,7 +225,7 @@ class FileStorage:
             except OSError:
                 pass
             if isinstance(exc, OSError):
-                raise CheckpointStorageError(f"Failed to write checkpoint {name!r}: {exc}") from exc
+                raise CheckpointStorageError(f"Failed to write checkpoint {short_repr(name)}: {short_str(exc)}") from exc
             raise
         self._sync_folder()
 
@@ -275,35 +281,35 @@ class FileStorage:
         try:
             fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
         except FileNotFoundError:
-            raise CheckpointNotFoundError(f"Checkpoint not found: {name!r} (no {str(path)!r})") from None
+            raise CheckpointNotFoundError(f"Checkpoint not found: {short_repr(name)} (no {short_repr(str(path), 200)})") from None
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise CheckpointStorageError(f"checkpoint {name!r}: {str(path)!r} is a symbolic link; links are "
+                raise CheckpointStorageError(f"checkpoint {short_repr(name)}: {short_repr(str(path), 200)} is a symbolic link; links are "
                                              f"never followed") from None
-            raise CheckpointStorageError(f"Failed to read checkpoint {name!r}: {exc}") from exc
+            raise CheckpointStorageError(f"Failed to read checkpoint {short_repr(name)}: {short_str(exc)}") from exc
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise CheckpointStorageError(f"checkpoint {name!r}: {str(path)!r} is not a regular file (a "
+                raise CheckpointStorageError(f"checkpoint {short_repr(name)}: {short_repr(str(path), 200)} is not a regular file (a "
                                              f"{_kind(st.st_mode)}); only regular files are read")
             if st.st_size > MAX_CHECKPOINT_SIZE:
-                raise InvalidCheckpointError(f"Checkpoint too large: {str(path)!r} is {st.st_size} bytes (max: "
+                raise InvalidCheckpointError(f"Checkpoint too large: {short_repr(str(path), 200)} is {st.st_size} bytes (max: "
                                              f"{MAX_CHECKPOINT_SIZE})")
             raw = bytearray(st.st_size)
             view, got = memoryview(raw), 0
             while got < st.st_size:
                 n = os.readv(fd, [view[got:]])
                 if n == 0:
-                    raise CheckpointStorageError(f"checkpoint {name!r} shrank while being read ({got} of "
+                    raise CheckpointStorageError(f"checkpoint {short_repr(name)} shrank while being read ({got} of "
                                                  f"{st.st_size} bytes)")
                 got += n
             if os.read(fd, 1):
-                raise CheckpointStorageError(f"checkpoint {name!r} grew while being read (past {st.st_size} bytes)")
+                raise CheckpointStorageError(f"checkpoint {short_repr(name)} grew while being read (past {st.st_size} bytes)")
             return bytes(raw)
         except CheckpointStorageError:
             raise
         except OSError as exc:
-            raise CheckpointStorageError(f"Failed to read checkpoint {name!r}: {exc}") from exc
+            raise CheckpointStorageError(f"Failed to read checkpoint {short_repr(name)}: {short_str(exc)}") from exc
         finally:
             os.close(fd)
 
@@ -323,8 +329,8 @@ class FileStorage:
         except FileNotFoundError:
             return []
         except OSError as exc:
-            raise CheckpointStorageError(f"Failed to read checkpoint directory {str(self.base_path)!r}: "
-                                         f"{exc}") from exc
+            raise CheckpointStorageError(f"Failed to read checkpoint directory {short_repr(str(self.base_path), 200)}: "
+                                         f"{short_str(exc)}") from exc
         return sorted(names)
 
     def delete(self, name: str) -> None:
@@ -333,9 +339,9 @@ class FileStorage:
         try:
             path.unlink()
         except FileNotFoundError:
-            raise CheckpointNotFoundError(f"Checkpoint not found: {name!r}") from None
+            raise CheckpointNotFoundError(f"Checkpoint not found: {short_repr(name)}") from None
         except OSError as exc:
-            raise CheckpointStorageError(f"Failed to delete checkpoint {name!r}: {exc}") from exc
+            raise CheckpointStorageError(f"Failed to delete checkpoint {short_repr(name)}: {short_str(exc)}") from exc
 
     def exists(self, name: str) -> bool:
         """Whether a regular file is stored under `name` (False for an invalid name)."""
@@ -350,7 +356,7 @@ class FileStorage:
         except OSError as exc:
             if exc.errno == errno.ENAMETOOLONG:   # (the folder's path and the name past PATH_MAX)
                 return False
-            raise CheckpointStorageError(f"Failed to look up checkpoint {name!r}: {exc}") from exc
+            raise CheckpointStorageError(f"Failed to look up checkpoint {short_repr(name)}: {short_str(exc)}") from exc
 
     def __repr__(self) -> str:
         path = str(self.base_path)

@@ -67,7 +67,7 @@ class LaunchOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, KernelMode):
-            raise TypeError(f"mode must be a KernelMode, got {self.mode!r}")
+            raise TypeError(f"mode must be a KernelMode, got {short_repr(self.mode)}")
         for label in ("grid_size", "block_size", "input_queue_capacity", "output_queue_capacity"):
             check_count(getattr(self, label), label, 1)
         check_count(self.shared_memory_size, "shared_memory_size")
@@ -135,7 +135,7 @@ class LaunchOptions:
     def with_priority(self, priority: int) -> "LaunchOptions":
         """A scheduling hint ringkernel accepts and ignores; checked (0..255), not stored."""
         if check_count(priority, "priority") > 255:
-            raise ValueError(f"priority must be 0..255, got {priority}")
+            raise ValueError(f"priority must be 0..255, got {short_repr(priority)}")
         return self._with()
 
 

@@ -568,7 +568,7 @@ class MultiGpuCoordinator:
                 raise InvalidConfigError(f"Cannot migrate to same device: kernel {short_repr(kid.as_str())} is already "
                                          f"on device {target}")
             if target >= len(self._infos):
-                raise DeviceNotAvailableError(f"Device {target} not available: {len(self._infos)} device slot(s)")
+                raise DeviceNotAvailableError(f"Device {short_repr(target)} not available: {len(self._infos)} device slot(s)")
             self._snapshot_locked().require_online(target, "migrate a kernel to")
             path, bw, lat = route(self._topology.view(self._snapshot_locked()), src, target)
         return MigrationRequest(kid, src, target, path, bw, lat)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 from ..._core.reprs import compact_repr
 from ..ids import KernelId
 from .records import DeviceUnregisterResult
+from ..._core.checks import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class Listeners:
             try:
                 fns.remove(listener)
             except ValueError:
-                raise ValueError(f"listener {listener!r} is not registered") from None
+                raise ValueError(f"listener {short_repr(listener)} is not registered") from None
             self._fns = tuple(fns)
 
     @contextmanager

@@ -21,7 +21,7 @@ import statistics
 import time
 from typing import Any
 
-from ..._core.checks import check_count
+from ..._core.checks import check_count, short_repr
 from ..._core.files import open_private_dir, read_regular_file, replace_file
 from ..._version import __version__
 from ...device.capabilities import DeviceCapabilities
@@ -145,7 +145,7 @@ def probe_topology(manager: MultiDeviceManager, *, force: bool = False, cache: b
     if nbytes is not None:
         check_count(nbytes, "nbytes", 4)
         if nbytes % 4:
-            raise ValueError(f"nbytes must be a multiple of 4, got {nbytes}")
+            raise ValueError(f"nbytes must be a multiple of 4, got {short_repr(nbytes)}")
     check_count(reps, "reps", 1)
     material = _key_material(manager)
     folder = cache_directory or cache_dir()
@@ -267,6 +267,8 @@ def _measure_pair(src: Any, dst: Any, method: str, nbytes: int, reps: int) -> tu
 
 def format_topology(topo: GpuTopology, names: list[str] | None = None) -> str:
     """The matrix as text: one table of bandwidth and one of latency (row = source)."""
+    if not isinstance(topo, GpuTopology):
+        raise TypeError(f"topo must be a GpuTopology, got {type(topo).__name__}")
     n = topo.device_count
     devs = {d["index"]: d for d in topo.details.get("devices", [])}
     lines = []

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Sequence
 
-from ..._core.checks import U32_MAX, U64_MAX, check_count, check_index, check_number
+from ..._core.checks import U32_MAX, U64_MAX, check_count, check_index, check_number, short_repr
 from ..._core.reprs import compact_repr
 from ...errors import DeviceNotAvailableError
 from ..ids import KernelId, as_kernel_id
@@ -26,7 +26,7 @@ def _bounded(value: Any, label: str, top: int, check: Callable[[Any, str], int] 
     """`check(value, label)`, and ValueError above `top`."""
     v = check(value, label)
     if v > top:
-        raise ValueError(f"{label} must be at most {top}, got {v}")
+        raise ValueError(f"{label} must be at most {top}, got {short_repr(v)}")
     return v
 
 
@@ -67,24 +67,24 @@ class DeviceInfo:
         if not isinstance(self.name, str):
             raise TypeError(f"DeviceInfo.name must be a str, got {type(self.name).__name__}")
         if not isinstance(self.backend, Backend):
-            raise TypeError(f"DeviceInfo.backend must be a Backend, got {self.backend!r}")
+            raise TypeError(f"DeviceInfo.backend must be a Backend, got {short_repr(self.backend)}")
         self.total_memory = _bounded(self.total_memory, "DeviceInfo.total_memory", U64_MAX)
         self.available_memory = _bounded(self.available_memory, "DeviceInfo.available_memory", U64_MAX)
         cc = self.compute_capability
         if cc is not None:
             if not isinstance(cc, (tuple, list)) or len(cc) != 2:
-                raise TypeError(f"DeviceInfo.compute_capability must be None or (major, minor), got {cc!r}")
+                raise TypeError(f"DeviceInfo.compute_capability must be None or (major, minor), got {short_repr(cc)}")
             self.compute_capability = (_bounded(cc[0], "compute capability major", U32_MAX),
                                        _bounded(cc[1], "compute capability minor", U32_MAX))
         self.max_threads_per_block = _bounded(self.max_threads_per_block, "DeviceInfo.max_threads_per_block",
                                               U32_MAX)
         self.multiprocessor_count = _bounded(self.multiprocessor_count, "DeviceInfo.multiprocessor_count", U32_MAX)
         if not isinstance(self.p2p_capable, bool):
-            raise TypeError(f"DeviceInfo.p2p_capable must be a bool, got {self.p2p_capable!r}")
+            raise TypeError(f"DeviceInfo.p2p_capable must be a bool, got {short_repr(self.p2p_capable)}")
         for label in ("device_uuid", "pci_bus"):
             v = getattr(self, label)
             if v is not None and not isinstance(v, str):
-                raise TypeError(f"DeviceInfo.{label} must be a str or None, got {v!r}")
+                raise TypeError(f"DeviceInfo.{label} must be a str or None, got {short_repr(v)}")
 
     def memory_utilization(self) -> float:
         """Fraction of memory in use: 0.0 when the total is unknown (0), else
@@ -167,7 +167,7 @@ class RegistrySnapshot(NamedTuple):
         """DeviceNotAvailableError ("cannot {action} device {idx}") unless slot `idx` is a registered device."""
         if idx >= len(self.infos) or not self.registered[idx]:
             listed = [i for i, r in enumerate(self.registered) if r]
-            raise DeviceNotAvailableError(f"cannot {action} device {idx}: it is not a registered device "
+            raise DeviceNotAvailableError(f"cannot {action} device {short_repr(idx)}: it is not a registered device "
                                           f"({len(self.infos)} slot(s), registered: {listed})")
 
     def require_online(self, idx: int, action: str) -> None:
@@ -220,13 +220,13 @@ class MigrationRequest:
         self.source_device = check_index(self.source_device, "source_device")
         self.target_device = check_index(self.target_device, "target_device")
         if not isinstance(self.path, (list, tuple)):
-            raise TypeError(f"path must be a list of device indices, got {self.path!r}")
+            raise TypeError(f"path must be a list of device indices, got {short_repr(self.path)}")
         self.path = [check_index(p, "path entry") for p in self.path]
         self.estimated_bandwidth_gbps = check_number(self.estimated_bandwidth_gbps, "estimated_bandwidth_gbps",
                                                      positive=True)
         self.estimated_latency_us = check_number(self.estimated_latency_us, "estimated_latency_us")
         if not isinstance(self.state, MigrationState):
-            raise TypeError(f"state must be a MigrationState, got {self.state!r}")
+            raise TypeError(f"state must be a MigrationState, got {short_repr(self.state)}")
 
     def estimate_transfer_time(self, state_size_bytes: int) -> float:
         """Seconds to move `state_size_bytes` (at most 2**64 - 1): size / bandwidth + latency,
@@ -254,7 +254,7 @@ class KernelMigrationPlan:
         self.source_device = check_index(self.source_device, "source_device")
         self.target_device = check_index(self.target_device, "target_device")
         if not isinstance(self.priority, MigrationPriority):
-            raise TypeError(f"priority must be a MigrationPriority, got {self.priority!r}")
+            raise TypeError(f"priority must be a MigrationPriority, got {short_repr(self.priority)}")
 
 
 @dataclass

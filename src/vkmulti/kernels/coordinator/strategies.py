@@ -10,6 +10,7 @@ from ...errors import BackendUnavailableError, DeviceNotAvailableError
 from .config import LaunchOptions, LoadBalancingStrategy
 from .records import DeviceStatus, RegistrySnapshot
 from .topology import GpuTopology
+from ..._core.checks import short_repr, short_str
 
 __all__ = ["PICKERS", "require_candidates", "pick_first_available", "pick_least_loaded", "pick_round_robin",
            "pick_memory", "pick_compute", "nothing_fits", "describe_candidates", "ask_selector",
@@ -22,7 +23,7 @@ def require_candidates(snap: RegistrySnapshot) -> None:
         raise BackendUnavailableError("No GPU devices available: no device is registered")
     if not snap.candidates:
         raise BackendUnavailableError(f"No suitable GPU device available: none of the preferred devices "
-                                      f"{sorted(snap.preferred)} is registered ({len(snap.infos)} slot(s))")
+                                      f"{short_repr(sorted(snap.preferred))} is registered ({len(snap.infos)} slot(s))")
 
 
 def pick_first_available(snap: RegistrySnapshot) -> int:
@@ -122,18 +123,18 @@ def ask_selector(selector: Callable[..., Any], statuses: list[DeviceStatus], opt
         tuple[int, str]:
     """(the custom selector's answer as an index, the selector's name); DeviceNotAvailableError
     when it raises or answers something that is not an index. Called outside the lock."""
-    name = getattr(selector, "__qualname__", type(selector).__name__)
+    name = short_str(getattr(selector, "__qualname__", type(selector).__name__), 80)
     try:
         answer = selector(statuses, options if options is not None else LaunchOptions())
     except Exception as exc:
-        raise DeviceNotAvailableError(f"the custom selector {name} raised {type(exc).__name__}: {exc}") from exc
+        raise DeviceNotAvailableError(f"the custom selector {name} raised {type(exc).__name__}: {short_str(exc)}") from exc
     if isinstance(answer, bool):
-        raise DeviceNotAvailableError(f"the custom selector {name} returned {answer!r}, not a device index")
+        raise DeviceNotAvailableError(f"the custom selector {name} returned {short_repr(answer)}, not a device index")
     try:
         idx = operator.index(answer)
     except TypeError:
         raise DeviceNotAvailableError(f"the custom selector {name} returned {type(answer).__name__} "
-                                      f"{answer!r:.60}, not a device index") from None
+                                      f"{short_repr(answer)}, not a device index") from None
     return idx, name
 
 
@@ -142,7 +143,7 @@ def check_takes_kernel(snap: RegistrySnapshot, idx: int, what: str, strict: bool
     online device, with room when `strict`."""
     n = len(snap.infos)
     if not 0 <= idx < n:
-        raise DeviceNotAvailableError(f"{what} is device {idx}, which does not exist ({n} slot(s))")
+        raise DeviceNotAvailableError(f"{what} is device {short_repr(idx)}, which does not exist ({n} slot(s))")
     if not (snap.registered[idx] and snap.online[idx]):
         raise DeviceNotAvailableError(f"{what} is device {idx}, which is "
                                       f"{'a placeholder' if not snap.registered[idx] else 'offline'}")

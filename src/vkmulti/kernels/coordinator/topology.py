@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from ..._core.checks import check_count, check_index, check_number
+from ..._core.checks import check_count, check_index, check_number, short_repr, int_in, U64_MAX
 from ..._core.reprs import compact_repr
 from ...errors import InvalidConfigError
 from .config import Backend
@@ -82,17 +82,17 @@ class GpuConnection:
         self.source = check_index(self.source, "source")
         self.destination = check_index(self.destination, "destination")
         if not isinstance(self.interconnect, InterconnectType):
-            raise TypeError(f"interconnect must be an InterconnectType, got {self.interconnect!r}")
+            raise TypeError(f"interconnect must be an InterconnectType, got {short_repr(self.interconnect)}")
         self.bandwidth_gbps = (self.interconnect.estimated_bandwidth_gbps() if self.bandwidth_gbps is None
                                else check_number(self.bandwidth_gbps, "bandwidth_gbps"))
         self.latency_us = (self.interconnect.estimated_latency_us() if self.latency_us is None
                            else check_number(self.latency_us, "latency_us"))
         if not isinstance(self.bidirectional, bool):
-            raise TypeError(f"bidirectional must be a bool, got {self.bidirectional!r}")
+            raise TypeError(f"bidirectional must be a bool, got {short_repr(self.bidirectional)}")
         self.hops = (0 if self.source == self.destination else 1) if self.hops is None \
             else check_count(self.hops, "hops")
         if self.method is not None and not isinstance(self.method, str):
-            raise TypeError(f"method must be a str or None, got {self.method!r}")
+            raise TypeError(f"method must be a str or None, got {short_repr(self.method)}")
 
     def with_bandwidth(self, gbps: float) -> "GpuConnection":
         """A copy with `bandwidth_gbps` set."""
@@ -134,7 +134,7 @@ class GpuTopology:
     def __init__(self, device_count: int):
         n = check_count(device_count, "device_count")
         if n > MAX_TOPOLOGY_DEVICES:
-            raise InvalidConfigError(f"a topology of {n} devices: at most {MAX_TOPOLOGY_DEVICES} (a dense matrix "
+            raise InvalidConfigError(f"a topology of {short_repr(n)} devices: at most {MAX_TOPOLOGY_DEVICES} (a dense matrix "
                                      f"of links; a coordinator's topology has a row per device slot)")
         self.device_count = n
         self._connections: list[list[GpuConnection | None]] = [[None] * n for _ in range(n)]
@@ -262,7 +262,7 @@ class GpuTopology:
 
     def transfer_seconds(self, source: int, destination: int, nbytes: int) -> float:
         """Estimated time to move `nbytes` along best_path (0 for the same device)."""
-        n = check_count(nbytes, "nbytes")
+        n = int_in(check_count(nbytes, "nbytes"), "nbytes", 0, U64_MAX)   # (a float can hold the time)
         path = self.best_path(source, destination)
         if len(path) < 2:
             return 0.0

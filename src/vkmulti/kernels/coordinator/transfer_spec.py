@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..._core.checks import check_count, check_index
+from ..._core.checks import check_count, check_index, short_repr
 from ...transfer.cross_device import CrossDeviceTransfer as TransferEngine
 from ...transfer.methods import TransferMethod, method_support, select_transfer_method
 
@@ -36,7 +36,7 @@ class CrossDeviceTransfer:
         self.dest_device = check_index(self.dest_device, "dest_device")
         self.size = check_count(self.size, "size")
         if not isinstance(self.use_p2p, bool):
-            raise TypeError(f"use_p2p must be a bool, got {self.use_p2p!r}")
+            raise TypeError(f"use_p2p must be a bool, got {short_repr(self.use_p2p)}")
 
     def without_p2p(self) -> "CrossDeviceTransfer":
         """A copy that avoids peer-to-peer methods (host_shared or staging_copy)."""
@@ -82,5 +82,5 @@ class CrossDeviceTransfer:
         n = manager.device_count
         for label, i in (("source_device", self.source_device), ("dest_device", self.dest_device)):
             if i >= n:
-                raise IndexError(f"{label} {i} out of range: the manager has {n} device(s)")
+                raise IndexError(f"{label} {short_repr(i)} out of range: the manager has {n} device(s)")
         return manager.slot(self.source_device), manager.slot(self.dest_device)

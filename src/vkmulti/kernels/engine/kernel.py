@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 import numpy as np
 import vulkan as vk
 
-from ..._core.checks import U32_MAX, int_in, short_repr, timeout_seconds
+from ..._core.checks import U32_MAX, int_in, short_repr, short_str, timeout_seconds
 from ..._core.lifetime import LazyEvent
 from ..._core.timeline import TimelinePoint
 from ...errors import DestroyedError, DeviceLostError
@@ -185,7 +185,7 @@ class OutboxBatch(Batch):
         if not isinstance(point, TimelinePoint):
             raise TypeError(f"hold() takes a TimelinePoint, got {type(point).__name__}")
         if point.device_index != self.ctx.index:
-            raise ValueError(f"{point} is on GPU {point.device_index}; the outbox is on GPU {self.ctx.index}")
+            raise ValueError(f"{short_repr(point)} is on GPU {short_repr(point.device_index)}; the outbox is on GPU {self.ctx.index}")
         if submitted is not None and not callable(submitted):
             raise TypeError(f"submitted must be callable or None, got {type(submitted).__name__}")
         with self.ctx.lock:
@@ -213,7 +213,7 @@ class OutboxBatch(Batch):
             self.ctx.cond.notify_all()
 
     def __repr__(self) -> str:
-        return (f"OutboxBatch(kernel={self.kernel.id!r}, step={self.step}, device={self.ctx.index}, "
+        return (f"OutboxBatch(kernel={short_repr(self.kernel.id)}, step={self.step}, device={self.ctx.index}, "
                 f"offset={self.offset}, size={self.size}, done={self.done})")
 
 
@@ -452,7 +452,7 @@ class Kernel:
     def check(self) -> None:
         """DestroyedError if this kernel was destroyed."""
         if self.destroyed:
-            raise DestroyedError(f"kernel {self.id!r} was destroyed")
+            raise DestroyedError(f"kernel {short_repr(self.id)} was destroyed")
 
     def free(self) -> None:
         """Free the Vulkan objects (the GPU no longer uses them)."""
@@ -484,12 +484,12 @@ class Kernel:
         with self.ctx.lock:
             self.check()
             if self.steps == 0:
-                raise ValueError(f"kernel {self.id!r} has not stepped yet: no outbox batch")
+                raise ValueError(f"kernel {short_repr(self.id)} has not stepped yet: no outbox batch")
             step = self.steps - 1 if step is None else step
             int_in(step, "step", 0, self.steps - 1)
             b = self.outbox_batches[step % self.ctx.in_flight]
             if b is None or b.step != step:
-                raise ValueError(f"the outbox region of step {step} of kernel {self.id!r} was reused; the "
+                raise ValueError(f"the outbox region of step {step} of kernel {short_repr(self.id)} was reused; the "
                                  f"runtime keeps the last {self.ctx.in_flight} (hold() a batch to keep it longer)")
             return b
 
@@ -581,7 +581,7 @@ class Kernel:
 
     def __repr__(self) -> str:
         state = "destroyed" if self.destroyed else f"GPU {self.ctx.index}"
-        return f"Kernel({self.id!r}, {self.kernel_type}, address={self.address}, {state}, steps={self.steps})"
+        return f"Kernel({short_repr(self.id)}, {short_str(self.kernel_type, 40)}, address={self.address}, {state}, steps={self.steps})"
 
 
 for _name in Residency.__slots__:

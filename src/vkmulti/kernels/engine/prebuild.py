@@ -20,7 +20,7 @@ import threading
 from collections import deque
 from typing import Any, Callable, Iterable
 
-from ..._core.checks import is_int
+from ..._core.checks import is_int, short_repr
 from ..._core.lifetime import Deadline
 from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from .device_context import KERNEL_PUSH, kernel_types
@@ -65,7 +65,7 @@ def join_worker(thread: threading.Thread | None, timeout: float, what: str) -> N
 def _gate(spec: Any, ctx: Any, timeout: float | None) -> None:
     """The SPIR-V gate for the kernel module of `spec` on the device of `ctx` (remembered per module)."""
     validate_kernel_spirv(spec.spirv, spec.entry_point, len(spec.state_sizes), KERNEL_PUSH, target_env_of(ctx.slot),
-                          timeout=timeout, label=f"the SPIR-V of kernel type {spec.kernel_type!r}")
+                          timeout=timeout, label=f"the SPIR-V of kernel type {short_repr(spec.kernel_type)}")
 
 
 def _kernel_pass_spec(spec: Any) -> PassSpec:
@@ -126,7 +126,7 @@ class Prebuilder:
             value = tuple(value)
             for d in value:
                 if not is_int(d) or d < 0:
-                    raise ValueError(f"devices must be non-negative device indices, got {d!r}"[:120])
+                    raise ValueError(f"devices must be non-negative device indices, got {short_repr(d)}")
         self._devices = value
 
     def targets(self, kernel: Any) -> list[int]:

@@ -71,21 +71,21 @@ class KernelSpec:
         try:
             sizes = tuple(self.state_sizes)
         except TypeError:
-            raise TypeError(f"state_sizes must be a sequence of ints, got {self.state_sizes!r}") from None
+            raise TypeError(f"state_sizes must be a sequence of ints, got {short_repr(self.state_sizes)}") from None
         if not 1 <= len(sizes) <= MAX_STATE_BUFFERS:
             raise ValueError(f"a kernel has 1 to {MAX_STATE_BUFFERS} state buffers, got {len(sizes)}")
         for i, s in enumerate(sizes):
             if positive_int(s, f"state_sizes[{i}]") % 4:
-                raise ValueError(f"state_sizes[{i}] must be a multiple of 4 bytes, got {s}")
+                raise ValueError(f"state_sizes[{i}] must be a multiple of 4 bytes, got {short_repr(s)}")
         object.__setattr__(self, "state_sizes", sizes)
         positive_int(self.inbox_capacity, "inbox_capacity", MAX_CAPACITY)
         positive_int(self.outbox_capacity, "outbox_capacity", MAX_CAPACITY)
         try:
             groups = tuple(self.groups)
         except TypeError:
-            raise TypeError(f"groups must be 3 ints, got {self.groups!r}") from None
+            raise TypeError(f"groups must be 3 ints, got {short_repr(self.groups)}") from None
         if len(groups) != 3:
-            raise ValueError(f"groups must be 3 ints (x, y, z), got {self.groups!r}")
+            raise ValueError(f"groups must be 3 ints (x, y, z), got {short_repr(self.groups)}")
         for i, g in enumerate(groups):
             positive_int(g, f"groups[{i}]")
         object.__setattr__(self, "groups", groups)

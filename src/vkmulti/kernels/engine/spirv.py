@@ -31,6 +31,7 @@ from typing import Any
 from ..._core.checks import short_repr
 from ...errors import KernelValidationError
 from ...errors import TimeoutError as VkmTimeout
+from ..._core.checks import short_repr, short_str
 
 __all__ = ["SPIRV_MAGIC", "SpirvModule", "SpirvBinding", "reflect", "check_kernel_abi", "check_workgroup_size",
            "check_entry_point", "run_spirv_val", "spirv_env_for_api", "MAX_MODULE_BYTES"]

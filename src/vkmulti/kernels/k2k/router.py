@@ -139,8 +139,9 @@ class CrossGpuK2KRouter:
             kernels = self._runtime_kernels(rt, src, dst)
             if kernels[0].tenant != kernels[1].tenant:
                 self._stats.add_failures(1)
-                raise TenantMismatchError(f"kernel {src!r} (tenant {kernels[0].tenant}) may not send to kernel "
-                                          f"{dst!r} (tenant {kernels[1].tenant}): messages never cross tenants")
+                raise TenantMismatchError(f"kernel {short_repr(src)} (tenant {kernels[0].tenant}) may not send to "
+                                          f"kernel {short_repr(dst)} (tenant {kernels[1].tenant}): messages never "
+                                          f"cross tenants")
             if len(msg.payload) > rt.payload_size:
                 raise ValueError(f"message payload is {len(msg.payload)} bytes; the runtime's slots hold "
                                  f"{rt.payload_size}")
@@ -172,7 +173,7 @@ class CrossGpuK2KRouter:
                     break
                 left = ROOM_WAIT_SLICE if deadline is None else deadline - time.monotonic()
                 if left <= 0:
-                    raise QueueFullError(f"kernel {src!r} already has {self.max_pending} routed messages waiting "
+                    raise QueueFullError(f"kernel {short_repr(src)} already has {self.max_pending} routed messages waiting "
                                          f"for its steps (max_pending); step the runtime, then route again")
                 self._room.wait(min(left, ROOM_WAIT_SLICE))   # take(), settle(), a drain or a detach make room
         if key is not None:
@@ -258,11 +259,11 @@ class CrossGpuK2KRouter:
         out = {}
         for key, m in methods.items():
             if not isinstance(key, tuple) or len(key) != 2:
-                raise TypeError(f"transfer_methods keys are (from device, to device) pairs, got {key!r}")
+                raise TypeError(f"transfer_methods keys are (from device, to device) pairs, got {short_repr(key)}")
             a, b = check_index(key[0], "from device"), check_index(key[1], "to device")
             if a == b or m not in TransferMethod.CROSS_DEVICE:
-                raise ValueError(f"transfer_methods[{key!r}] must be one of {TransferMethod.CROSS_DEVICE} between "
-                                 f"two devices, got {m!r}")
+                raise ValueError(f"transfer_methods[{short_repr(key)}] must be one of {TransferMethod.CROSS_DEVICE} "
+                                 f"between two devices, got {short_repr(m)}")
             out[(a, b)] = m
         return out
 
@@ -289,12 +290,12 @@ class CrossGpuK2KRouter:
     def _as_message(src: KernelId, dst: KernelId, message: Any) -> K2KMessage:
         if isinstance(message, K2KMessage):
             if (message.source_kernel, message.dest_kernel) != (src, dst):
-                raise ValueError(f"the K2KMessage goes from {message.source_kernel!r} to {message.dest_kernel!r}, "
-                                 f"not from {src!r} to {dst!r}")
+                raise ValueError(f"the K2KMessage goes from {short_repr(message.source_kernel)} to "
+                                 f"{short_repr(message.dest_kernel)}, not from {short_repr(src)} to {short_repr(dst)}")
             return message
         if isinstance(message, MessageEnvelope):   # the seed's example routes an envelope
             if message.payload_len:
-                raise ValueError(f"a MessageEnvelope is a header only (payload_len {message.payload_len}, no payload "
+                raise ValueError(f"a MessageEnvelope is a header only (payload_len {short_repr(message.payload_len)}, no payload "
                                  f"bytes): route a K2KMessage or the payload bytes instead")
             return K2KMessage(src, dst, b"", tag=message.tag, timestamp=message.timestamp, priority=message.priority)
         try:
@@ -495,7 +496,7 @@ class CrossGpuK2KRouter:
             q = self._by_kernel.setdefault(kernel, deque())
             for _, r in reversed(returned):
                 if kernel.destroyed:
-                    self._fail(r, f"its source {kernel.id!r} was destroyed")
+                    self._fail(r, f"its source {short_repr(kernel.id)} was destroyed")
                 else:
                     r.state = "queued"
                     q.appendleft(r)
@@ -533,7 +534,7 @@ class CrossGpuK2KRouter:
                 for kernel in [k for k in self._by_kernel if k.destroyed]:
                     for r in self._by_kernel.pop(kernel):
                         if r.state == "queued":
-                            self._fail(r, f"its source {kernel.id!r} was destroyed")
+                            self._fail(r, f"its source {short_repr(kernel.id)} was destroyed")
                     self._room.notify_all()
         if not self._sent:
             return

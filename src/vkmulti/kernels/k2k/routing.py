@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from ..._core.reprs import compact_repr
 from ..ids import KernelId, as_kernel_id
-from ..._core.checks import check_count, check_index, check_number
+from ..._core.checks import check_count, check_index, check_number, short_repr
 from ..messages import K2KMessage
 
 __all__ = ["RoutingKind", "RoutingDecision", "DevicePath", "PendingK2KMessage", "CrossGpuRouterStats",
@@ -81,7 +81,7 @@ class RoutingDecision:
             if name in allowed and value is None:
                 raise ValueError(f"a {self.kind.name} decision needs {name}")
             if name not in allowed and value is not None:
-                raise ValueError(f"a {self.kind.name} decision has no {name} (got {value!r})")
+                raise ValueError(f"a {self.kind.name} decision has no {name} (got {short_repr(value)})")
         for name in ("source_device", "dest_device"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, check_index(getattr(self, name), name))
@@ -90,7 +90,7 @@ class RoutingDecision:
         if self.path is not None:
             object.__setattr__(self, "path", DevicePath(self.path))
             if len(self.path) < 3:
-                raise ValueError(f"a MULTI_HOP path has 3 devices or more, got {list(self.path)}")
+                raise ValueError(f"a MULTI_HOP path has 3 devices or more, got {short_repr(list(self.path))}")
         if self.total_hops is not None:
             object.__setattr__(self, "total_hops", check_count(self.total_hops, "total_hops", 1))
 

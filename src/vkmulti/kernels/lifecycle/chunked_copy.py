@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..._core.checks import is_int
+from ..._core.checks import is_int, short_repr
 from ..engine.device_context import shares_step_queue
 
 __all__ = ["ChunkedCopy", "HostChunkedCopy", "chunked_copy", "plan_chunks", "chunk_for", "CHECK_CHUNK_BYTES", "MAX_CHUNKS", "CHUNK_ALIGN"]
@@ -54,9 +54,9 @@ def plan_chunks(size: int, chunk: int = CHECK_CHUNK_BYTES) -> list[tuple[int, in
     """[(offset, bytes)] covering [0, size) in chunks of `chunk` bytes (rounded up to
     CHUNK_ALIGN), the last one shorter; [] for size 0."""
     if not is_int(size) or size < 0:
-        raise ValueError(f"size must be a non-negative int, got {size!r}"[:120])
+        raise ValueError(f"size must be a non-negative int, got {short_repr(size)}")
     if not is_int(chunk) or chunk < 1:
-        raise ValueError(f"chunk must be a positive int, got {chunk!r}"[:120])
+        raise ValueError(f"chunk must be a positive int, got {short_repr(chunk)}")
     chunk = -(-chunk // CHUNK_ALIGN) * CHUNK_ALIGN
     return [(at, min(chunk, size - at)) for at in range(0, size, chunk)]
 

@@ -37,6 +37,7 @@ from ...device.failover import FailoverStats
 from ...device.logical import drain_through_driver
 from ..engine.device_context import DeviceContext
 from ..engine.kernel import Kernel
+from ..._core.checks import short_str
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class Failover:
 
     def primary_lost(self, reason: str) -> PrimaryDeviceLostError:
         return PrimaryDeviceLostError(-4, "KernelRuntime.step", (
-            f"the primary GPU 0 was lost ({reason}): the kernels there and the host's view of the runtime "
+            f"the primary GPU 0 was lost ({short_str(reason)}): the kernels there and the host's view of the runtime "
             f"cannot go on; destroy the runtime and the manager (their objects are released without touching "
             f"the lost device) and make new ones"))
 

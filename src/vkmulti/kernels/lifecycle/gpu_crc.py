@@ -30,7 +30,7 @@ from typing import Any, Iterable
 import numpy as np
 import vulkan as vk
 
-from ..._core.checks import is_int
+from ..._core.checks import is_int, short_repr
 from ...errors import TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
 from ..._core.shaders import shader_bytes
@@ -137,7 +137,7 @@ def check_ranges(ranges: Iterable[tuple[Any, int, int]], *, word_tail: bool) -> 
         try:
             buf, off, size = item
         except (TypeError, ValueError):
-            raise TypeError(f"a CRC range is (buffer, offset, size), got {item!r}"[:160]) from None
+            raise TypeError(f"a CRC range is (buffer, offset, size), got {short_repr(item)}") from None
         for label, v in (("offset", off), ("size", size)):
             if not is_int(v):
                 raise TypeError(f"CRC range {label} must be an int, got {type(v).__name__}")
@@ -209,7 +209,7 @@ class GpuCrc:
         if lane_words is None:
             lane_words = LANE_WORDS_CPU if cpu else LANE_WORDS_GPU
         if not is_int(lane_words) or not 1 <= lane_words <= 1 << 16:
-            raise ValueError(f"lane_words must be an int in [1, 65536], got {lane_words!r}"[:120])
+            raise ValueError(f"lane_words must be an int in [1, 65536], got {short_repr(lane_words)}")
         if contiguous is None:
             contiguous = cpu
         if not isinstance(contiguous, bool):

@@ -25,7 +25,7 @@ import numpy as np
 import vulkan as vk
 
 from ..._core import vkapi
-from ..._core.checks import timeout_seconds
+from ..._core.checks import timeout_seconds, short_repr
 from ..._core.lifetime import Deadline
 from ...errors import DestroyedError, TimeoutError as VkmTimeout, UnsupportedError, VkmError
 from ..._core.timeline import TimelinePoint
@@ -156,7 +156,7 @@ class HostCrc:
         points = []
         for p in waits:
             if not isinstance(p, TimelinePoint) or p.device_index != slot.index:
-                raise ValueError(f"a CRC job of GPU {slot.index} waits on timeline points of that GPU, got {p!r}"[:160])
+                raise ValueError(f"a CRC job of GPU {slot.index} waits on timeline points of that GPU, got {short_repr(p)}")
             points.append(p)
         for buf, _, _ in ranges:
             if getattr(buf, "slot", slot) is not slot:
@@ -190,8 +190,8 @@ class HostCrc:
             try:
                 a, b, off, size = item
             except (TypeError, ValueError):
-                raise TypeError(f"a host copy range is (source, destination, offset, size), got {item!r}"[:160]) \
-                    from None
+                raise TypeError(f"a host copy range is (source, destination, offset, size), got "
+                                f"{short_repr(item)}") from None
             (a, off, size), = check_ranges([(a, off, size)], word_tail=False)
             check_ranges([(b, off, size)], word_tail=False)
             for buf, eng in ((a, self), (b, dst)):

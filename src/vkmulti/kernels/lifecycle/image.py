@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import vulkan as vk
 
-from ..._core.checks import short_repr
+from ..._core.checks import short_repr, short_str
 from ...errors import InvalidCheckpointError, MigrationError
 from ...memory.buffer import MappedBuffer
 from ..checkpoint.format import Checkpoint, CheckpointMetadata, ChunkType, DataChunk, chunk_name_id
@@ -259,7 +259,7 @@ def from_checkpoint(cp: Checkpoint) -> KernelImage:
     except (ValueError, TypeError, KeyError) as exc:
         if isinstance(exc, InvalidCheckpointError):
             raise
-        raise InvalidCheckpointError(f"checkpoint of {short_repr(meta.kernel_id)} has bad kernel metadata: {exc}") from None
+        raise InvalidCheckpointError(f"checkpoint of {short_repr(meta.kernel_id)} has bad kernel metadata: {short_str(exc)}") from None
     want = meta.custom.get(_PREFIX + "spirv_sha256")
     if want is not None and hashlib.sha256(spirv).hexdigest() != want:
         raise InvalidCheckpointError(f"checkpoint of {short_repr(meta.kernel_id)}: its SPIR-V does not match the recorded SHA-256")

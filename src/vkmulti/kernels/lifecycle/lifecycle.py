@@ -107,7 +107,7 @@ CHECKPOINT_STAGING_BYTES = 16 << 20
 def check_choice(choice: Any) -> str:
     """`choice` if it is one of CHOICES; ValueError otherwise."""
     if not isinstance(choice, str) or choice not in CHOICES:
-        raise ValueError(f"migration_crc must be 'auto', 'shader' or 'host', got {choice!r}"[:120])
+        raise ValueError(f"migration_crc must be 'auto', 'shader' or 'host', got {short_repr(choice)}")
     return choice
 
 
@@ -307,7 +307,7 @@ class Lifecycle:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     why = self._held.get(kernel, ["moved"])[-1]
-                    raise VkmTimeout(f"kernel {kernel.id!r} is still being {why} (its device resources are "
+                    raise VkmTimeout(f"kernel {short_repr(kernel.id)} is still being {why} (its device resources are "
                                      f"being replaced)")
                 self._held_cond.wait(min(left, 0.25))
 
@@ -548,10 +548,10 @@ class Lifecycle:
             if not isinstance(into, Kernel):
                 raise TypeError(f"into must be a Kernel of this runtime, got {type(into).__name__}")
             if into.runtime is not rt:
-                raise ValueError(f"kernel {into.id!r} belongs to another KernelRuntime")
+                raise ValueError(f"kernel {short_repr(into.id)} belongs to another KernelRuntime")
             into.check()
             if kernel_id is not None and kernel_id != into.id:   # (into keeps its id: a new one is not given)
-                raise ValueError(f"kernel_id {short_repr(kernel_id)} names no kernel to make: restore(into={into.id!r}) "
+                raise ValueError(f"kernel_id {short_repr(kernel_id)} names no kernel to make: restore(into={short_repr(into.id)}) "
                                  f"restores into that kernel, which keeps its id")
             k = restore_into(self, into, img, device, timeout)
             self._capture_now(k, replaced=True, timeout=timeout)   # (its captures held the state it had)

@@ -70,6 +70,7 @@ from .chunked_copy import ChunkedCopy, HostChunkedCopy, chunked_copy
 from .migrator import MigrationResult
 from .twin import (LifecycleView, assign, build_twin, check_residency, deadline_of, finish_move, free_twin, hand_back,
                    retire_half, state_buffers, time_left, wait_jobs, wait_kernel)
+from ..._core.checks import short_repr, short_str
 
 log = logging.getLogger(__name__)
 
@@ -145,13 +146,13 @@ def _stage(life: LifecycleView, k: Kernel, deadline: float) -> tuple[Buffer | No
         with ctx.lock:
             for b, (taken, left, rejected, _) in zip(batches, counts.tolist()):
                 if left:
-                    raise MigrationError(f"{left} message(s) for {k.id!r} did not fit the staging batch")
+                    raise MigrationError(f"{left} message(s) for {short_repr(k.id)} did not fit the staging batch")
                 total += taken
                 b.delivered += taken
                 b.rejected += rejected
                 if rejected and b.source is not None and not b.source.destroyed:
                     b.source.stats.rejected += rejected
-                    b.source.errors.append(f"{rejected} message(s) rejected by kernel {k.id!r} of tenant "
+                    b.source.errors.append(f"{rejected} message(s) rejected by kernel {short_repr(k.id)} of tenant "
                                            f"{k.tenant}: a message may not cross tenants")
                 b.cleared.add(k)
                 if b.pending is not None:
@@ -190,7 +191,7 @@ def switch_at_step_boundary(life: LifecycleView, k: Kernel, deadline: float, rin
     quiesce = 0.0
     staged = 0
     while True:
-        with gate.exclusive(time_left(deadline, "waiting for the runtime's steps"), f"moving {k.id!r}"):
+        with gate.exclusive(time_left(deadline, "waiting for the runtime's steps"), f"moving {short_repr(k.id)}"):
             t0 = time.monotonic()
             k.check()
             check_residency(k, residency)
@@ -300,8 +301,8 @@ def _failure(exc: BaseException, what: str) -> BaseException:
     if isinstance(exc, MigrationError) or not isinstance(exc, Exception):
         return exc
     if isinstance(exc, VkmTimeout):
-        return VkmTimeout(f"{what} did not finish in time: {exc}")
-    return MigrationError(f"{what} failed: {exc}")
+        return VkmTimeout(f"{what} did not finish in time: {short_str(exc)}")
+    return MigrationError(f"{what} failed: {short_str(exc)}")
 
 
 def _twin_ahead(life: LifecycleView, k: Kernel, dst: int, deadline: float) -> tuple[Kernel, list[Any], float]:
@@ -321,7 +322,7 @@ def _twin_ahead(life: LifecycleView, k: Kernel, dst: int, deadline: float) -> tu
         for b in presets:
             if b is not None:
                 b.destroy()
-        err = _failure(exc, f"live migration of {k.id!r} to GPU {dst}")
+        err = _failure(exc, f"live migration of {short_repr(k.id)} to GPU {dst}")
         if err is exc:
             raise
         raise err from exc
@@ -338,13 +339,15 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
     request.started_at = start
     src, dst = k.device_index, request.target_device
     if request.source_device != src:
-        raise MigrationError(f"the request moves {k.id!r} from GPU {request.source_device}, but it runs on GPU {src}")
+        raise MigrationError(f"the request moves {short_repr(k.id)} from GPU {short_repr(request.source_device)}, "
+                             f"but it runs on GPU {src}")
     if dst == src:
-        raise MigrationError(f"kernel {k.id!r} already runs on GPU {dst}")
+        raise MigrationError(f"kernel {short_repr(k.id)} already runs on GPU {dst}")
     if not 0 <= dst < rt.manager.device_count:
-        raise MigrationError(f"GPU {dst} is not a device of this runtime's manager ({rt.manager.device_count})")
+        raise MigrationError(f"GPU {short_repr(dst)} is not a device of this runtime's manager "
+                             f"({rt.manager.device_count})")
     for device in (dst, src):   # pipelines built ahead (or that build waited for) while k still steps
-        life.prebuild.ensure(k.spec, device, time_left(deadline, f"the pipelines of {k.id!r} on GPU {device}"))
+        life.prebuild.ensure(k.spec, device, time_left(deadline, f"the pipelines of {short_repr(k.id)} on GPU {device}"))
     t0 = time.monotonic()
     twin = life.twins.take(k, dst, deadline)   # made ahead (ready_twins.py), or built now, while k still steps
     if twin is not None:
@@ -365,7 +368,7 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         t0 = time.monotonic()
         # a step() that took k before the hold may still be recording: once the gate
         # is granted it has submitted (and set k.last_value), and no later step takes k
-        with gate_of(rt).exclusive(time_left(deadline, "waiting for the runtime's steps"), f"quiescing {k.id!r}"):
+        with gate_of(rt).exclusive(time_left(deadline, "waiting for the runtime's steps"), f"quiescing {short_repr(k.id)}"):
             pass
         wait_kernel(rt, k, deadline)
         k.check()
@@ -390,7 +393,7 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         def switch(rings: list[Buffer]) -> tuple:
             nonlocal swapped
             if (twin.spec.spirv, twin.spec.entry_point) != (k.spec.spirv, k.spec.entry_point):
-                raise MigrationError(f"the code of {k.id!r} was reloaded while it moved; migrate it again")
+                raise MigrationError(f"the code of {short_repr(k.id)} was reloaded while it moved; migrate it again")
             out = _switch(life, k, twin, request, copy, rings, crcs, verify, deadline, res)
             swapped = True
             return out
@@ -423,7 +426,7 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
             for b in presets:   # those no twin adopted (their destroy() waits for the copies into them)
                 if b is not None:
                     b.destroy()
-        err = _failure(exc, f"live migration of {k.id!r} from GPU {src} to GPU {dst}")
+        err = _failure(exc, f"live migration of {short_repr(k.id)} from GPU {src} to GPU {dst}")
         if err is exc:
             raise
         raise err from exc

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
-from ..._core.checks import short_repr, timeout_seconds
+from ..._core.checks import short_repr, timeout_seconds, short_str
 from ...errors import KernelNotFoundError, MigrationError
 from ..checkpoint.format import Checkpoint
 from ..checkpoint.storage import CheckpointStorage, MemoryStorage
@@ -199,9 +199,9 @@ class KernelMigrator:
                                  f"make a new one with coordinator.request_migration()")
         if isinstance(kernel, Kernel):
             if kernel.id != request.kernel_id:
-                raise ValueError(f"the request moves {short_repr(request.kernel_id.as_str())}, the kernel is {kernel.id!r}")
+                raise ValueError(f"the request moves {short_repr(request.kernel_id.as_str())}, the kernel is {short_repr(kernel.id)}")
             if kernel.runtime.coordinator is not self._coordinator:  # type: ignore[attr-defined]
-                raise ValueError(f"kernel {kernel.id!r} is placed by another coordinator than this migrator's")
+                raise ValueError(f"kernel {short_repr(kernel.id)} is placed by another coordinator than this migrator's")
             try:
                 result = kernel.runtime._migrate_live(kernel, request, timeout=timeout, verify=verify)  # type: ignore[attr-defined]
             except BaseException:
@@ -220,7 +220,7 @@ class KernelMigrator:
     def _fail(self, request: MigrationRequest, text: str, exc: BaseException | None) -> MigrationError:
         request.state = MigrationState.FAILED
         self._stats.add(failed_migrations=1)
-        err = MigrationError(text + (f": {exc}" if exc is not None else ""))
+        err = MigrationError(text + (f": {short_str(exc)}" if exc is not None else ""))
         if exc is not None:
             err.__cause__ = exc
         return err

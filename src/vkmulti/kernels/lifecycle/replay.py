@@ -40,6 +40,7 @@ from ...errors import VkmError
 from ...errors import TimeoutError as VkmTimeout
 from .restore import restore_into
 from .twin import LifecycleView, RuntimeView
+from ..._core.checks import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def _replay_steps(rt: RuntimeView, k: Any, inputs: list[list[bytes]], keep_k2h: 
             k.h2k.extend(slots)
             point, ran, held, new = stepper.step([k], [], deadline, 0)
             if not ran:
-                raise VkmError(f"kernel {k.id!r}: its replayed step {k.steps} was held back: {held}")
+                raise VkmError(f"kernel {short_repr(k.id)}: its replayed step {k.steps} was held back: {held}")
             for b in new:   # what it sends again is handed from the log to those who have not consumed it
                 b.done = True
                 b.event.set()

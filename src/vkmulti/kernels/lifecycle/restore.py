@@ -23,6 +23,7 @@ from .image import KernelImage, StagedUpload, patch_control, readdress_slots, st
 from .live_migration import switch_at_step_boundary
 from .twin import (LifecycleView, RuntimeView, assign, build_twin, check_residency, deadline_of, drained_lost,
                    finish_move, free_twin, hand_back, retire_half, source_usable, time_left, wait_jobs, wait_kernel)
+from ..._core.checks import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
     if device is None:
         device = k.device_index if alive else rt.coordinator.select_device()
     if not 0 <= device < rt.manager.device_count:
-        raise ValueError(f"device {device} out of range: {rt.manager.device_count} device(s)")
+        raise ValueError(f"device {short_repr(device)} out of range: {rt.manager.device_count} device(s)")
     check_restore_target(rt, img.spec.groups, img.kernel_id, device)
     life.prebuild.ensure(img.spec, device, timeout)   # built ahead, or that build waited for: before the hold
     why = f"restored from a checkpoint onto GPU {device}"
@@ -175,7 +176,7 @@ def restore_into(life: LifecycleView, k: Kernel, img: KernelImage, device: int |
         if alive and old_ctx is not twin.ctx:
             switch_at_step_boundary(life, k, deadline, rings, switch, res)
         elif alive:
-            with gate_of(rt).exclusive(time_left(deadline, "waiting for the runtime's steps"), f"restoring {k.id!r}"):
+            with gate_of(rt).exclusive(time_left(deadline, "waiting for the runtime's steps"), f"restoring {short_repr(k.id)}"):
                 k.check()
                 check_residency(k, res)
                 rt.synchronize(time_left(deadline, "the runtime's submitted steps"))

@@ -32,6 +32,7 @@ from ..engine.recording import barrier
 from ..engine.kernel import Kernel, OutboxBatch, Residency
 from ..messages import RING_HEADER_BYTES
 from ..engine.spec import KernelSpec
+from ..._core.checks import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +287,7 @@ def _check_state_sizes(rt: RuntimeView, k: Kernel, device: int, spec: KernelSpec
     ctx, _ = rt._device(device)
     for i, n in enumerate(spec.state_sizes):
         if n > ctx.max_storage_range:
-            raise MigrationError(f"state buffer {i} of {k.id!r} is {n} bytes; GPU {device} binds at most "
+            raise MigrationError(f"state buffer {i} of {short_repr(k.id)} is {n} bytes; GPU {device} binds at most "
                                  f"{ctx.max_storage_range} (maxStorageBufferRange)")
     return ctx
 
@@ -463,14 +464,14 @@ def check_residency(k: Kernel, residency: Residency) -> None:
     """MigrationError once k's Residency is no longer `residency`: another move or restore
     replaced it while this one was under way (checked with the gate held, before the switch)."""
     if k.residency is not residency:
-        raise MigrationError(f"{k.id!r} was restored or moved by another call meanwhile; it stays where that "
+        raise MigrationError(f"{short_repr(k.id)} was restored or moved by another call meanwhile; it stays where that "
                              f"call put it (move or restore it again)")
 
 
 def wait_kernel(rt: RuntimeView, k: Kernel, deadline: float) -> None:
     """Wait until k's submitted steps are done."""
     if k.last_value:
-        rt._wait_points([k.ctx.point(k.last_value)], time_left(deadline, f"the steps of {k.id!r}"))
+        rt._wait_points([k.ctx.point(k.last_value)], time_left(deadline, f"the steps of {short_repr(k.id)}"))
 
 
 def wait_jobs(life: LifecycleView, device: int, deadline: float) -> None:

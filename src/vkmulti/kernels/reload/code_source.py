@@ -87,6 +87,8 @@ class KernelCodeSource:
                                                       for k, v in self.metadata.items()):
             raise TypeError("metadata must be a dict of str -> str")
         digest = hashlib.sha256(self.code).digest()
+        if not isinstance(self.hash, (bytes, bytearray, memoryview)):   # (bytes(n) of an int n allocates n bytes)
+            raise TypeError(f"hash must be bytes (or left out: it is computed), got {type(self.hash).__name__}")
         if self.hash and bytes(self.hash) != digest:
             raise ValueError("hash does not match the code's SHA-256 (leave it out: it is computed)")
         self.hash = digest

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeAlias
 from ...errors import (DestroyedError, KernelNotFoundError, KernelValidationError, TimeoutError as VkmTimeout,
                        VulkanError)
 from ..checkpoint.format import Checkpoint
-from ..._core.checks import int_in, short_repr
+from ..._core.checks import int_in, short_repr, short_str
 from ..engine.kernel import Kernel
 from ..ids import KernelId, as_kernel_id
 from .code_source import KernelCodeSource, validate_code
@@ -396,7 +396,7 @@ class HotReloadManager:
             restore_d = time.monotonic() - t0
         except BaseException as exc:
             request.state = HotReloadState.FAILED
-            request.error = f"{type(exc).__name__}: {exc}"
+            request.error = f"{type(exc).__name__}: {short_str(exc)}"
             self._stats.add(failed_reloads=1)
             if prepared:
                 try:
@@ -497,5 +497,5 @@ def _check_runtime_kernels(kernel: Any) -> list[Any]:
         raise TypeError("expected a vkmulti Kernel or a non-empty list of them")
     for k in items:
         if k.destroyed:
-            raise DestroyedError(f"kernel {k.id!r} was destroyed")
+            raise DestroyedError(f"kernel {short_repr(k.id)} was destroyed")
     return items

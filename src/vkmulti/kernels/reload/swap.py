@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import vulkan as vk
 
-from ..._core.checks import timeout_seconds
+from ..._core.checks import timeout_seconds, short_repr
 from ..._core.lifetime import SLICE_SECONDS, Deadline
 from ...errors import KernelValidationError, UnsupportedError, TimeoutError as VkmTimeout
 from ..engine.device_context import KERNEL_PUSH, WHOLE_SIZE, ComputePass, kernel_types
@@ -54,9 +54,11 @@ def check_for_kernels(code: KernelCodeSource, targets: list[Kernel], *, spirv_va
     """KernelValidationError / UnsupportedError unless `code` can replace the targets' code:
     SPIR-V, the kernel ABI of every target, a version each device takes, and the
     SPIR-V gate (spirv-val for each device's target environment, always run)."""
+    if not isinstance(code, KernelCodeSource):
+        raise TypeError(f"code must be a KernelCodeSource, got {type(code).__name__}")
     if code.format is not KernelCodeFormat.SPIRV:
         k = targets[0]
-        raise UnsupportedError(f"{code.format.name} code cannot run on a Vulkan kernel ({k.id!r} on GPU "
+        raise UnsupportedError(f"{code.format.name} code cannot run on a Vulkan kernel ({short_repr(k.id)} on GPU "
                                f"{k.device_index}, {k.ctx.slot.name!r}); give SPIR-V: KernelCodeSource.from_spirv "
                                f"or from_glsl", device=k.ctx.slot.name)
     validate_code(code)
@@ -295,7 +297,7 @@ def apply_code(kernel: Kernel, code: KernelCodeSource, timeout: float | None = 3
         if rest is None:
             return threading.TIMEOUT_MAX
         if rest <= 0:
-            raise VkmTimeout(f"apply_code on {kernel.id!r} did not finish within {timeout} s")
+            raise VkmTimeout(f"apply_code on {short_repr(kernel.id)} did not finish within {timeout} s")
         return min(rest, threading.TIMEOUT_MAX)
     check_for_kernels(code, [kernel], spirv_val=True, timeout=left)
     swap([kernel], compile_on_devices(code, [kernel], left), code, left)

@@ -132,7 +132,7 @@ class HotReloadRequest:
         if not isinstance(self.new_code, KernelCodeSource):
             raise TypeError(f"new_code must be a KernelCodeSource, got {type(self.new_code).__name__}")
         if not isinstance(self.state, HotReloadState):
-            raise TypeError(f"state must be a HotReloadState, got {self.state!r}")
+            raise TypeError(f"state must be a HotReloadState, got {short_repr(self.state)}")
 
     def __repr__(self) -> str:
         return (f"HotReloadRequest({self.kernel_id.as_str()[:40]!r}, version {self.new_code.version_id}, "

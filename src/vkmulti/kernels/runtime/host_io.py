@@ -46,7 +46,7 @@ class HostQueues:
         k = self._resolve(kernel)
         if isinstance(payload, K2KMessage):
             if payload.dest_kernel != k.id:
-                raise ValueError(f"the message is addressed to {payload.dest_kernel!r}, not to {k.id!r}")
+                raise ValueError(f"the message is addressed to {short_repr(payload.dest_kernel)}, not to {short_repr(k.id)}")
             tag, priority, payload = payload.tag, payload.priority, payload.payload
         data = as_host_bytes(payload, "payload").tobytes()
         if len(data) > self.payload_size:
@@ -69,7 +69,7 @@ class HostQueues:
                     return self._queue(k, data, tag, priority)
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise QueueFullError(f"kernel {k.id!r}: {len(k.h2k)} host messages wait for its next step "
+                    raise QueueFullError(f"kernel {short_repr(k.id)}: {len(k.h2k)} host messages wait for its next step "
                                          f"(h2k_capacity {k.h2k_capacity}); step it, then send again")
                 ctx.cond.wait(min(left, 0.25))
 
@@ -105,7 +105,7 @@ class HostQueues:
                 ctx.check()
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise VkmTimeout(f"no message from kernel {k.id!r} within {timeout} s")
+                    raise VkmTimeout(f"no message from kernel {short_repr(k.id)} within {timeout} s")
                 pending = next((r.value for r in stepper.inflight if any(x is k for x, _, _ in r.kernels)), 0)
                 if pending:
                     try:

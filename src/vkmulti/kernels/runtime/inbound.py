@@ -17,7 +17,7 @@ from ...errors import DestroyedError, DeviceLostError, VkmError, TimeoutError as
 from ...memory.image import Buffer
 from ..._core.timeline import TimelinePoint
 from ...transfer.peer import ExportedBuffer, ImportedBuffer
-from ..._core.checks import int_in, is_int, timeout_seconds
+from ..._core.checks import int_in, is_int, timeout_seconds, short_repr
 from ..._core.timeline import as_wait_points
 from ..engine.kernel import InboundBatch, Kernel, OutboxBatch
 from ..messages import RING_HEADER_BYTES
@@ -80,7 +80,7 @@ class Inbound:
         if not callable(listener):
             raise TypeError(f"listener must be callable, got {type(listener).__name__}")
         if not isinstance(retain, bool):
-            raise TypeError(f"retain must be a bool, got {retain!r}")
+            raise TypeError(f"retain must be a bool, got {short_repr(retain)}")
         if prepare is not None and not callable(prepare):
             raise TypeError(f"prepare must be callable or None, got {type(prepare).__name__}")
         if quiet is not None and not callable(quiet):
@@ -218,7 +218,7 @@ class Inbound:
         if buffer.handle is None:
             raise DestroyedError("buffer was destroyed")
         if buffer.slot.index != device:
-            raise ValueError(f"buffer is on GPU {buffer.slot.index}, not GPU {device}")
+            raise ValueError(f"buffer is on GPU {buffer.slot.index}, not GPU {short_repr(device)}")
         size = buffer.size - offset if size is None else size
         int_in(offset, "offset", 0, buffer.size)
         ctx, stepper = self._device(device)
@@ -231,19 +231,19 @@ class Inbound:
             raise TypeError(f"source must be a Kernel or None, got {type(source).__name__}")
         int_in(hops, "hops", 0, 255)
         if not isinstance(report_unknown, bool):
-            raise TypeError(f"report_unknown must be a bool, got {report_unknown!r}")
+            raise TypeError(f"report_unknown must be a bool, got {short_repr(report_unknown)}")
         if submitted is not None and not callable(submitted):
             raise TypeError(f"submitted must be callable or None, got {type(submitted).__name__}")
         if not isinstance(reuse_sets, bool):
-            raise TypeError(f"reuse_sets must be a bool, got {reuse_sets!r}")
+            raise TypeError(f"reuse_sets must be a bool, got {short_repr(reuse_sets)}")
         if not isinstance(lazy, bool):
-            raise TypeError(f"lazy must be a bool, got {lazy!r}")
+            raise TypeError(f"lazy must be a bool, got {short_repr(lazy)}")
         slots = (size - RING_HEADER_BYTES) // rt.slot_size
         if direct is not None:
             if not isinstance(direct, Kernel):
                 raise TypeError(f"direct must be a Kernel or None, got {type(direct).__name__}")
             if direct.runtime is not rt or direct.device_index != device:
-                raise ValueError(f"direct kernel {direct.id!r} is not a kernel of this runtime on GPU {device}")
+                raise ValueError(f"direct kernel {short_repr(direct.id)} is not a kernel of this runtime on GPU {short_repr(device)}")
         direct_slots = slots if direct_slots is None else int_in(direct_slots, "direct_slots", 0, slots)
         return self._accept(ctx, stepper, buffer, offset, size, points, source, hops, report_unknown, submitted,
                             reuse_sets, direct, direct_slots, lazy)

@@ -52,7 +52,7 @@ def place(coordinator: Any, device_count: int, kernel_id: str, device: int | Non
         if not is_int(device):
             raise TypeError(f"device must be an int or None, got {type(device).__name__}")
         if not 0 <= device < device_count:
-            raise IndexError(f"device {device} out of range: {device_count} device(s)")
+            raise IndexError(f"device {short_repr(device)} out of range: {device_count} device(s)")
         coordinator.assign_kernel(kernel_id, device)
         return device
     chooser = getattr(coordinator, "place_kernel", None)
@@ -63,7 +63,7 @@ def place(coordinator: Any, device_count: int, kernel_id: str, device: int | Non
         coordinator.assign_kernel(kernel_id, idx)
     if not is_int(idx) or not 0 <= idx < device_count:
         coordinator.remove_kernel(kernel_id)
-        raise ValueError(f"the coordinator chose device {idx!r}, which the manager does not have "
+        raise ValueError(f"the coordinator chose device {short_repr(idx)}, which the manager does not have "
                          f"({device_count} device(s))")
     return idx
 
@@ -74,13 +74,13 @@ def check_fits(ctx: DeviceContext, spec: KernelSpec) -> None:
     pass the gate (checked here, before the device's lock is taken)."""
     for i, n in enumerate(spec.state_sizes):
         if n > ctx.max_storage_range:
-            raise ValueError(f"state buffer {i} of {spec.kernel_type!r} is {n} bytes; {ctx.slot.name!r} binds at "
+            raise ValueError(f"state buffer {i} of {short_repr(spec.kernel_type)} is {short_repr(n)} bytes; {ctx.slot.name!r} binds at "
                              f"most {ctx.max_storage_range} bytes per storage buffer (maxStorageBufferRange): "
                              f"split the state (e.g. more, smaller stencil slabs)")
     for axis, g in enumerate(spec.groups):
         top = ctx.max_group_count[axis]
         if g > top:
-            raise ValueError(f"groups[{axis}] = {g} exceeds {ctx.slot.name!r}'s limit {top}")
+            raise ValueError(f"groups[{axis}] = {short_repr(g)} exceeds {ctx.slot.name!r}'s limit {top}")
     check_kernel_code(ctx, spec)
 
 

@@ -148,7 +148,7 @@ class KernelRuntime:
     def _resolve(self, kernel: KernelRef, label: str = "kernel") -> Kernel:
         if isinstance(kernel, Kernel):
             if kernel.runtime is not self:
-                raise ValueError(f"{label} {kernel.id!r} belongs to another KernelRuntime")
+                raise ValueError(f"{label} {short_repr(kernel.id)} belongs to another KernelRuntime")
             kernel.check()
             return kernel
         if isinstance(kernel, str):
@@ -482,7 +482,7 @@ class KernelRuntime:
 
     def apply_code(self, kernel: Kernel, code: KernelCodeSource, timeout: float | None) -> None:
         """Swap `code` into `kernel` as a hot reload does (Kernel.apply_code's CodeSwapper)."""
-        apply_code(kernel, code, timeout)
+        apply_code(self._resolve(kernel), code, timeout)
 
     # -- teardown ------------------------------------------------------------------------------
 
@@ -494,7 +494,7 @@ class KernelRuntime:
         After a vkmulti.TimeoutError or Ctrl-C it is stopped; call it again to free it."""
         if isinstance(kernel, Kernel):
             if kernel.runtime is not self:
-                raise ValueError(f"kernel {kernel.id!r} belongs to another KernelRuntime")
+                raise ValueError(f"kernel {short_repr(kernel.id)} belongs to another KernelRuntime")
             k = kernel
         else:
             k = self._resolve(kernel)

@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import Any, Callable, Iterable
 
 from ..._core import _native
-from ..._core.checks import is_int, timeout_seconds
+from ..._core.checks import U64_MAX, is_int, short_repr, timeout_seconds
 from ..._core.timeline import as_wait_points
 from ...errors import DeviceLostError, KernelMessageError
 from ...errors import TimeoutError as VkmTimeout
@@ -176,9 +176,9 @@ class Stepping:
             given = [wait] if isinstance(wait, TimelinePoint) else list(wait)
             for p in given:
                 if not isinstance(p, TimelinePoint):
-                    raise TypeError(f"wait must be TimelinePoints, got {p!r}")
+                    raise TypeError(f"wait must be TimelinePoints, got {short_repr(p)}")
                 if p.device_index not in by_device:
-                    raise ValueError(f"wait point {p} is on GPU {p.device_index}, where no kernel of this step runs")
+                    raise ValueError(f"wait point {short_repr(p)} is on GPU {short_repr(p.device_index)}, where no kernel of this step runs")
                 waits.setdefault(p.device_index, []).append(p)
         self._raise_errors(targets)
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
@@ -248,8 +248,8 @@ class Stepping:
         """`steps` steps of `kernels` (see KernelRuntime.run), each made by `gated(step,
         kernels, wait, timeout)` (the lifecycle's gated_step, as step() makes one),
         gathered in one ticket. The arguments are checked once for the run."""
-        if not is_int(steps) or steps < 1:
-            raise ValueError(f"steps must be an int >= 1, got {steps!r}"[:160])
+        if not is_int(steps) or not 1 <= steps <= U64_MAX:
+            raise ValueError(f"steps must be an int >= 1 (and below 2**64), got {short_repr(steps)}")
         self._check()
         timeout = timeout_seconds(timeout)
         targets = self.run_targets(kernels)
