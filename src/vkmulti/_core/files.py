@@ -45,7 +45,7 @@ def read_regular_file(path: str | os.PathLike, limit: int, *, dir_fd: int | None
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise ValueError(str(exc)) from None
+        raise ValueError(_reason(exc)) from None
     if stat.S_ISLNK(st.st_mode):
         raise ValueError("it is a symbolic link; links are never followed")
     if not stat.S_ISREG(st.st_mode):
