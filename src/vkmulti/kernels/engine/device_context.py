@@ -199,7 +199,7 @@ class DeviceContext:
     directory: Buffer
     runner: CommandRunner
 
-    def __init__(self, slot: Any, *, in_flight: int, table_size: int):
+    def __init__(self, slot: Any, *, in_flight: int, table_size: int, timeout: float | None = 60.0):
         if getattr(slot, "device", None) is None or getattr(slot, "native", None) is None:
             raise ValueError(f"device {getattr(slot, 'index', '?')} has no live device with a native table "
                              f"(a destroyed slot, or a passthrough primary); use an active MultiDeviceManager")
@@ -239,12 +239,12 @@ class DeviceContext:
         self.status = self.directory = self.runner = None  # type: ignore[assignment]
         self.staging = StagingBuffers(slot)   # uploads' host-visible buffers, kept between them
         try:
-            self._create()
+            self._create(timeout)
         except BaseException:
             self.destroy()
             raise
 
-    def _create(self) -> None:
+    def _create(self, timeout: float | None) -> None:
         slot, dev = self.slot, self.slot.device
         props = vk.vkGetPhysicalDeviceProperties(slot.physical_device)
         limits = props.limits
@@ -272,8 +272,10 @@ class DeviceContext:
         self.runner = CommandRunner(slot, self.queue)
         self.status = MappedBuffer(slot, self.in_flight * STATUS_WORDS * 4,
                                    usage=BUFFER_USAGE | vk.VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT)
-        self.directory = Buffer(slot, self.table_size * DIRECTORY_ENTRY)
-        self.run_once(lambda cmd: vk.vkCmdFillBuffer(cmd, self.directory.handle, 0, WHOLE_SIZE, 0))
+        directory = Buffer(slot, self.table_size * DIRECTORY_ENTRY)   # (a fill that gave up: the slot's runner frees it once it ran)
+        CommandRunner.for_slot(slot).run(lambda cmd: vk.vkCmdFillBuffer(cmd, directory.handle, 0, WHOLE_SIZE, 0),
+                                         timeout=timeout, keep=[directory], users=[directory])
+        self.directory = directory
         # (the finish pass also surveys the outbox it stamped: the directory and the status ring last)
         self.finish = self.builtin("kernel_finish.comp.spv", [SB, SB, SB_DYN, SB_DYN, SB, SB], FINISH_PUSH)
         self.deliver = self.builtin("kernel_deliver.comp.spv", [SB_DYN, SB, SB], DELIVER_PUSH)
@@ -592,6 +594,7 @@ class DeviceContext:
             vk.vkDestroyPipelineCache(dev, self.pipeline_cache, None)
             self.pipeline_cache = None
         if self.timeline is not None:
-            retire_submits(self.slot, Deadline(max(0.0, deadline - time.monotonic())))   # (see devices.retire_submits)
+            if self.value:   # (no step: no submit waited on the timeline)
+                retire_submits(self.slot, Deadline(max(0.0, deadline - time.monotonic())))   # (see devices.retire_submits)
             self.slot.native.destroy_timeline(self.timeline)
             self.timeline = None

@@ -1,7 +1,8 @@
 """Where a new kernel of a KernelRuntime goes and whether it fits there: its
 initial state padded to its state buffers, the device (pinned or the
-coordinator's choice) and that device's limits; then its buffers' first
-contents, written on that device."""
+coordinator's choice), the runtime's objects on that device (made on first
+use) and that device's limits; then its buffers' first contents, written on
+that device."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,15 +10,16 @@ from typing import Any
 import numpy as np
 
 from ..._core.checks import is_int, seconds_text, short_repr
-from ...errors import TimeoutError as VkmTimeout
+from ...errors import DeviceLostError, TimeoutError as VkmTimeout
 from ...memory.image import as_host_bytes
 from ..engine.device_context import DeviceContext
 from ..engine.recording import barrier
 from ..engine.kernel import INLINE_STATE_BYTES, Kernel, check_kernel_code
 from ..engine.spec import KernelSpec
+from ..engine.stepper import DeviceStepper
 from ..lifecycle.image import staged_copies
 
-__all__ = ["initial_state", "place", "check_fits", "init_buffers"]
+__all__ = ["initial_state", "place", "device_pair", "check_fits", "init_buffers"]
 
 
 def initial_state(spec: KernelSpec, state: Any) -> list[np.ndarray | None]:
@@ -66,6 +68,28 @@ def place(coordinator: Any, device_count: int, kernel_id: str, device: int | Non
         raise ValueError(f"the coordinator chose device {short_repr(idx)}, which the manager does not have "
                          f"({device_count} device(s))")
     return idx
+
+
+def device_pair(rt: Any, index: int, timeout: float | None) -> tuple[DeviceContext, DeviceStepper]:
+    """KernelRuntime `rt`'s (DeviceContext, DeviceStepper) of GPU `index`, made on first use
+    (its set-up waits up to `timeout` s). Made without the runtime's lock: the set-up waits
+    behind the work queued on the GPU, which would hold every launch, step and destroy()
+    of the runtime meanwhile. A thread that raced this one made its own: the first kept."""
+    with rt._lock:
+        rt._check()
+        if (pair := rt._contexts.get(index)) is not None:
+            return pair
+        if rt.device_lost(index):
+            raise DeviceLostError(-4, "KernelRuntime", f"GPU {index} is lost: no kernel runs there any more")
+    ctx = DeviceContext(rt.manager.slot(index), in_flight=rt.in_flight, table_size=rt.max_kernels, timeout=timeout)
+    with rt._lock:
+        if not rt._destroyed and (pair := rt._contexts.get(index)) is None:
+            ctx.dir_dirty.update(rt._by_index)
+            pair = rt._contexts[index] = (ctx, DeviceStepper(rt, ctx))
+            return pair
+    ctx.destroy()
+    rt._check()
+    return pair  # type: ignore[return-value]   # (another thread's; None only once destroyed: _check raised)
 
 
 def check_fits(ctx: DeviceContext, spec: KernelSpec) -> None:

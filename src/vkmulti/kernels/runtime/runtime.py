@@ -40,7 +40,7 @@ from ..reload.swap import apply_code
 from .host_io import HostQueues
 from .inbound import Inbound
 from .ports import OutboxFeed
-from .placement import check_fits, initial_state, place
+from .placement import check_fits, device_pair, initial_state, place
 from .stepping import RunTicket, StepTicket, Stepping
 
 if TYPE_CHECKING:
@@ -115,20 +115,11 @@ class KernelRuntime:
     def _context(self, index: int) -> DeviceContext:
         return self._device(index)[0]
 
-    def _device(self, index: int) -> tuple[DeviceContext, DeviceStepper]:
+    def _device(self, index: int, timeout: float | None = 60.0) -> tuple[DeviceContext, DeviceStepper]:
         pair = self._contexts.get(index)   # (a made pair, without the lock: destroy() and a failover take
         if pair is not None and not self._destroyed:   # pairs out under it, destroy() once _destroyed is set)
             return pair
-        with self._lock:
-            self._check()
-            pair = self._contexts.get(index)
-            if pair is None:
-                if self.device_lost(index):
-                    raise DeviceLostError(-4, "KernelRuntime", f"GPU {index} is lost: no kernel runs there any more")
-                ctx = DeviceContext(self.manager.slot(index), in_flight=self.in_flight, table_size=self.max_kernels)
-                ctx.dir_dirty.update(self._by_index)
-                pair = self._contexts[index] = (ctx, DeviceStepper(self, ctx))
-            return pair
+        return device_pair(self, index, timeout)
 
     @property
     def kernels(self) -> list[Kernel]:
@@ -278,7 +269,7 @@ class KernelRuntime:
 
     def _create(self, spec: KernelSpec, kernel_id: str, index: int, device: int, states: list,
                 params: tuple, tenant: int, options: Any, timeout: float | None) -> Kernel:
-        ctx, _ = self._device(device)
+        ctx, _ = self._device(device, timeout)
         check_fits(ctx, spec)
         address = self._generation[index] * self.max_kernels + index
         if address > U32_MAX:
