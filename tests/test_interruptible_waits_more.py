@@ -7,6 +7,37 @@ import pytest
 
 from blocking_calls import RUNTIME, RUNTIME_DONE, RUNTIME_END, body, check_case, probed
 
+#: a Jacobi grid in two slabs, on GPUs 0 and 1 (halo rows through the K2K router), then GPU 0's
+#: step queue held until the gate opens
+STENCIL = """
+    from vkmulti.kernels import CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator
+    from vkmulti.kernels.engine.device_context import step_queue
+    from vkmulti.kernels.reference import jacobi_reference
+    from vkmulti.kernels.stencil import StencilSlabs, run_stencil
+    mgr = MultiDeviceManager.create()
+    rt = KernelRuntime(MultiGpuCoordinator.from_manager(mgr), mgr, max_kernels=8)
+    router = CrossGpuK2KRouter(rt.coordinator, rt)
+    grid = (np.arange(8 * 16, dtype=np.int32).reshape(8, 16) * 37) % 101
+    zero = np.zeros(16, np.int32)
+    slabs = StencilSlabs(rt, grid, [0, 1])
+    slabs.step(1)
+    gate = Gate(mgr.slot(0))
+    gate.hold(step_queue(mgr.slot(0)))
+"""
+
+#: the gate opens: the slabs' field is numpy's after the steps they made, everything is freed cleanly
+STENCIL_END = """
+    opened(gate)
+    print("FIELD", bool((slabs.field(30) == jacobi_reference(grid, zero, zero, slabs.steps)).all()), flush=True)
+    outcome("slabs", lambda: slabs.destroy())
+    outcome("router", lambda: router.detach(30))
+    outcome("rt", lambda: rt.destroy(30))
+    gate.destroy()
+    outcome("mgr", lambda: mgr.destroy(30))
+"""
+
+STENCIL_DONE = ["FIELD True", "slabs: RETURNED", "router: RETURNED", "rt: RETURNED", "mgr: RETURNED"]
+
 CASES = {
     # the step queues of both GPUs held: a launch on GPU 1 makes the runtime's objects there
     # first, one on GPU 0 only the kernel's; what a launch that gave up queued is freed once
@@ -34,6 +65,16 @@ CASES = {
         gate1.destroy()
     """, RUNTIME_END), probed("first launch") + probed("launch")
         + ["KERNELS [KernelId('k')]", "LAUNCHED 1 3", "LAUNCHED 0 3"] + RUNTIME_DONE),
+    # GPU 0's steps held: GPU 1's slab finds its next outbox region still read in place by them;
+    # the router's wait for those reads before a step is the step's (it defers the slab when it
+    # runs out: the step returns)
+    "step-router": (body(STENCIL, """
+        slabs.step(2)
+        probe("step", lambda to: print("DEFERRED", [k.id for k, _ in rt.step(slabs.kernels, timeout=to).deferred],
+                                       flush=True))
+    """, STENCIL_END), ["DEFERRED [", "step 0.2: RETURNED",
+                        "step ctrl-c: RAISED KeyboardInterrupt\n"]
+        + [f"step bad {bad}: RAISED ValueError" for bad in ("-1", "nan", "'5'", "True")] + STENCIL_DONE),
 }
 
 

@@ -488,10 +488,12 @@ class DeliveryEngine:
         self.reap()
         return not self.busy()
 
-    def prepare(self, kernels: list[Kernel]) -> None:
+    def prepare(self, kernels: list[Kernel], timeout: float | None) -> None:
         """Before a step: let go of batches other devices finished reading in place
-        when a kernel of the step would find its next outbox region still held."""
-        self.peers.settle(kernels, self.submit_timeout)
+        when a kernel of the step would find its next outbox region still held,
+        waiting for those reads up to what is left of the step's `timeout` (None: none)
+        and submit_timeout."""
+        self.peers.settle(kernels, self.submit_timeout if timeout is None else min(timeout, self.submit_timeout))
 
     # -- a lost device ---------------------------------------------------------------
 

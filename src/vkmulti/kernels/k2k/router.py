@@ -453,10 +453,10 @@ class CrossGpuK2KRouter:
             self._check_sent()
             return eng.queued_moves()
 
-    def _prepare(self, kernels: list[Kernel]) -> None:
+    def _prepare(self, kernels: list[Kernel], timeout: float | None) -> None:
         with self._delivery_lock:
             if self._engine is not None:
-                self._engine.prepare(kernels)
+                self._engine.prepare(kernels, timeout)
 
     def _refresh(self) -> None:
         with self._delivery_lock:

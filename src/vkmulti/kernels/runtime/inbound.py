@@ -53,7 +53,7 @@ class Inbound:
         self._lock = threading.Lock()   # listeners and feed (taken with nothing else called)
         self._listeners: list[Callable[[list[OutboxBatch]], Any]] = []
         self._retaining: set[int] = set()   # ids of listeners each new batch starts retained for
-        self._preparers: dict[int, Callable[[list[Kernel]], Any]] = {}   # listener id -> before-step hook
+        self._preparers: dict[int, Callable[[list[Kernel], float | None], Any]] = {}   # listener id -> before-step hook
         self._quiet: dict[int, Callable[[list[Kernel]], bool]] = {}   # listener id -> its quiet(kernels)
         self._hooks: tuple[list, int, list] = ([], 0, [])   # what step_hooks() gives, made on each change
         self._watched: weakref.WeakSet[ImportedBuffer] = weakref.WeakSet()   # imports read in place
@@ -63,15 +63,16 @@ class Inbound:
     # -- listeners and the feed ------------------------------------------------------------
 
     def add_step_listener(self, listener: Callable[[list[OutboxBatch]], Any], *, retain: bool = False,
-                          prepare: Callable[[list[Kernel]], Any] | None = None,
+                          prepare: Callable[[list[Kernel], float | None], Any] | None = None,
                           quiet: Callable[[list[Kernel]], bool] | None = None) -> None:
         """Call `listener(batches)` after each step with the new outbox batches (the
         router's hook: it copies them to other devices and hold()s them). With
         `retain=True` every batch handed to it starts retained once for it (it
         cannot count as done, so its region is not reused) until the listener
         calls `batch.release()`; it must do so exactly once per batch.
-        `prepare(kernels)`, if given, runs at the start of each step call (no
-        device lock held) with the kernels it is asked to step: a router
+        `prepare(kernels, timeout)`, if given, runs at the start of each step call (no
+        device lock held) with the kernels it is asked to step and what is left of
+        the call's timeout (None: no limit), which its waits keep to: a router
         releases there the batches other devices have finished reading, so
         their kernels need not be deferred. `quiet(kernels)`, if given, tells whether
         the listener has nothing to do for steps of `kernels` that send nothing: while
@@ -106,7 +107,8 @@ class Inbound:
                     self._quiet.pop(id(stored), None)
                 self._snapshot_hooks()
 
-    def step_hooks(self) -> tuple[list[Callable[[list[OutboxBatch]], Any]], int, list[Callable[[list[Kernel]], Any]]]:
+    def step_hooks(self) -> tuple[list[Callable[[list[OutboxBatch]], Any]], int,
+                                  list[Callable[[list[Kernel], float | None], Any]]]:
         """For one step: the listeners that see its batches, how many of them retain
         each batch, and the before-step hooks (taken together, so they agree; the
         caller must not change the lists)."""

@@ -181,7 +181,7 @@ class KernelRuntime:
         return self.inbound.feed
 
     def add_step_listener(self, listener: Callable[[list[OutboxBatch]], object], *, retain: bool = False,
-                          prepare: Callable[[list[Kernel]], object] | None = None,
+                          prepare: Callable[[list[Kernel], float | None], object] | None = None,
                           quiet: Callable[[list[Kernel]], bool] | None = None) -> None:
         """Call `listener(batches)` after each step with its new outbox batches (Inbound.add_step_listener)."""
         self.inbound.add_step_listener(listener, retain=retain, prepare=prepare, quiet=quiet)

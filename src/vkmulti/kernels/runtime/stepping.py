@@ -184,7 +184,7 @@ class Stepping:
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
         listeners, retain, preparers = self._step_hooks()   # retaining listeners release each batch once
         for prepare in preparers:   # e.g. the router lets go of batches other devices finished reading
-            prepare(targets)
+            prepare(targets, None if timeout is None else max(0.0, deadline - time.monotonic()))
         points: dict[int, TimelinePoint] = {}
         launched: list[Kernel] = []
         deferred: list[tuple[Kernel, str]] = []
