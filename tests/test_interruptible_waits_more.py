@@ -7,8 +7,8 @@ import pytest
 
 from blocking_calls import RUNTIME, RUNTIME_DONE, RUNTIME_END, body, check_case, probed
 
-#: a Jacobi grid in two slabs, on GPUs 0 and 1 (halo rows through the K2K router), then GPU 0's
-#: step queue held until the gate opens
+#: a Jacobi grid in two slabs, on GPUs 0 and 1 (halo rows through the K2K router), and a gate on
+#: each GPU (`hold` holds its step queue until the gate opens)
 STENCIL = """
     from vkmulti.kernels import CrossGpuK2KRouter, KernelRuntime, MultiGpuCoordinator
     from vkmulti.kernels.engine.device_context import step_queue
@@ -21,18 +21,22 @@ STENCIL = """
     zero = np.zeros(16, np.int32)
     slabs = StencilSlabs(rt, grid, [0, 1])
     slabs.step(1)
-    gate = Gate(mgr.slot(0))
-    gate.hold(step_queue(mgr.slot(0)))
+    rt.synchronize(30)
+    gates = [Gate(mgr.slot(0)), Gate(mgr.slot(1))]
+    def hold(gpu):
+        gates[gpu].hold(step_queue(mgr.slot(gpu)))
 """
 
 #: the gate opens: the slabs' field is numpy's after the steps they made, everything is freed cleanly
 STENCIL_END = """
-    opened(gate)
+    for gate in gates:
+        opened(gate)
     print("FIELD", bool((slabs.field(30) == jacobi_reference(grid, zero, zero, slabs.steps)).all()), flush=True)
     outcome("slabs", lambda: slabs.destroy())
     outcome("router", lambda: router.detach(30))
     outcome("rt", lambda: rt.destroy(30))
-    gate.destroy()
+    for gate in gates:
+        gate.destroy()
     outcome("mgr", lambda: mgr.destroy(30))
 """
 
@@ -69,12 +73,31 @@ CASES = {
     # the router's wait for those reads before a step is the step's (it defers the slab when it
     # runs out: the step returns)
     "step-router": (body(STENCIL, """
+        hold(0)
         slabs.step(2)
         probe("step", lambda to: print("DEFERRED", [k.id for k, _ in rt.step(slabs.kernels, timeout=to).deferred],
                                        flush=True))
     """, STENCIL_END), ["DEFERRED [", "step 0.2: RETURNED",
                         "step ctrl-c: RAISED KeyboardInterrupt\n"]
         + [f"step bad {bad}: RAISED ValueError" for bad in ("-1", "nan", "'5'", "True")] + STENCIL_DONE),
+    # a step of slab 1 on GPU 1 reads slab 0's outbox in place (an import of GPU 0's memory): a
+    # destroy_kernel of slab 0 waits for it, in every call until it is done, and frees the outbox
+    # only then (GPU 0 let go first: slab 0's own steps are done before that read)
+    "destroy-kernel-read-in-place": (body(STENCIL, """
+        hold(0), hold(1)
+        k0, k1 = slabs.kernels
+        rt.step(k0), rt.step(k1)
+        probe("destroy_kernel", lambda to: rt.destroy_kernel(k0, timeout=to))
+        opened(gates[0])
+        outcome("again 0.2", lambda: rt.destroy_kernel(k0, timeout=0.2))
+        opened(gates[1])
+        outcome("again", lambda: rt.destroy_kernel(k0, timeout=30))
+        print("FREED", k0.buffers == [], flush=True)
+        rt.destroy_kernel(k1, timeout=30)
+        slabs = StencilSlabs(rt, grid, [0, 1], name="again")
+        slabs.step(3)
+    """, STENCIL_END), probed("destroy_kernel") + ["again 0.2: RAISED TimeoutError", "again: RETURNED", "FREED True"]
+        + STENCIL_DONE),
 }
 
 

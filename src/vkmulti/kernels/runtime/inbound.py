@@ -57,6 +57,9 @@ class Inbound:
         self._quiet: dict[int, Callable[[list[Kernel]], bool]] = {}   # listener id -> its quiet(kernels)
         self._hooks: tuple[list, int, list] = ([], 0, [])   # what step_hooks() gives, made on each change
         self._watched: weakref.WeakSet[ImportedBuffer] = weakref.WeakSet()   # imports read in place
+        #: import -> the step of its device that must be done before its memory goes, where a
+        #: drop_readers() that took its batches out gave up waiting (a timeout, Ctrl-C)
+        self._unread: weakref.WeakKeyDictionary[ImportedBuffer, int] = weakref.WeakKeyDictionary()
         #: the source of messages the host routes on kernels' behalf (the K2K router), or None
         self.feed: OutboxFeed | None = None
 
@@ -414,12 +417,12 @@ class Inbound:
             return
         ctx, stepper = pair
         held = any(key[0] is view for key in list(ctx.buffer_sets)) or \
-            any(b.buffer is view for b in list(stepper.batches))
+            any(b.buffer is view for b in list(stepper.batches)) or view in self._unread
         if held:
             with ctx.lock:
                 if not ctx.alive:
                     return
-                last = 0
+                last = self._unread.get(view, 0)
                 for b in list(stepper.batches):
                     if b.buffer is view:
                         stepper.batches.remove(b)
@@ -428,12 +431,14 @@ class Inbound:
                         b.done = True
                         b.event.set()
                 ctx.cond.notify_all()
+                self._unread[view] = last   # (until seen done: a later call waits for it too)
                 try:
                     while ctx.completed() < last:
                         ctx.wait_unlocked(last, timeout)
                 except DeviceLostError:
                     if not self._rt.device_lost(view.slot.index):
                         raise   # (a lost device runs nothing more: nothing reads the view)
+                del self._unread[view]
         self.forget_buffer(view)
 
     # -- the rest of the RuntimePort -----------------------------------------------------------
