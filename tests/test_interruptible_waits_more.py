@@ -80,6 +80,23 @@ CASES = {
     """, STENCIL_END), ["DEFERRED [", "step 0.2: RETURNED",
                         "step ctrl-c: RAISED KeyboardInterrupt\n"]
         + [f"step bad {bad}: RAISED ValueError" for bad in ("-1", "nan", "'5'", "True")] + STENCIL_DONE),
+    # a step of the slabs waits for room (no slab may be deferred: it would read a stale halo); a
+    # destroy() that gave up leaves the slabs it stopped to the next
+    "stencil-slabs": (body(STENCIL, """
+        hold(0)
+        slabs.step(2)
+        probe("step", lambda to: slabs.step(1, timeout=to))
+        probe("field", slabs.field)
+        kernels = list(slabs.kernels)
+        probe("destroy", slabs.destroy)
+        print("STOPPED", [k.destroyed for k in kernels], flush=True)
+        opened(gates[0])
+        outcome("again", lambda: slabs.destroy(30))
+        print("FREED", [k.buffers == [] for k in kernels], slabs.kernels, flush=True)
+        slabs = StencilSlabs(rt, grid, [0, 1])
+        slabs.step(3)
+    """, STENCIL_END), probed("step") + probed("field") + probed("destroy")
+        + ["STOPPED [True, False]", "again: RETURNED", "FREED [True, True] []"] + STENCIL_DONE),
     # a step of slab 1 on GPU 1 reads slab 0's outbox in place (an import of GPU 0's memory): a
     # destroy_kernel of slab 0 waits for it, in every call until it is done, and frees the outbox
     # only then (GPU 0 let go first: slab 0's own steps are done before that read)
@@ -98,6 +115,23 @@ CASES = {
         slabs.step(3)
     """, STENCIL_END), probed("destroy_kernel") + ["again 0.2: RAISED TimeoutError", "again: RETURNED", "FREED True"]
         + STENCIL_DONE),
+    # run_stencil's first launch waits behind GPU 0's held step queue
+    "run-stencil": (body("""
+        from vkmulti.kernels.engine.device_context import step_queue
+        from vkmulti.kernels.reference import jacobi_reference
+        from vkmulti.kernels.stencil import run_stencil
+        mgr = MultiDeviceManager.create()
+        grid = (np.arange(8 * 16, dtype=np.int32).reshape(8, 16) * 37) % 101
+        zero = np.zeros(16, np.int32)
+        gate = Gate(mgr.slot(0))
+        gate.hold(step_queue(mgr.slot(0)))
+        probe("run_stencil", lambda to: run_stencil(mgr, grid, 3, timeout=to))
+        opened(gate)
+        run = run_stencil(mgr, grid, 3, timeout=30)
+        print("FIELD", bool((run.field == jacobi_reference(grid, zero, zero, 3)).all()), flush=True)
+        gate.destroy()
+        outcome("mgr", lambda: mgr.destroy(30))
+    """), probed("run_stencil") + ["FIELD True", "mgr: RETURNED"]),
 }
 
 

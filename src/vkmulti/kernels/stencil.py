@@ -11,12 +11,14 @@ boundary rows stay fixed.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field as dc_field
 from typing import TYPE_CHECKING, Any, Iterable, TypedDict
 
 import numpy as np
 
 from .._core.checks import check_count, check_index, is_int, short_repr, short_str
+from .._core.lifetime import Deadline
 from .reference import split_rows, stencil_field, stencil_kernel, stencil_tile_state
 from .coordinator.coordinator import MultiGpuCoordinator
 from .k2k.router import CrossGpuK2KRouter
@@ -79,11 +81,13 @@ class StencilSlabs:
     """The slabs of one grid on a KernelRuntime: slab i holds rows `slabs[i]` on
     device `devices[i]`. Neighbouring slabs exchange their edge rows every step;
     slabs on different devices need a CrossGpuK2KRouter attached to the runtime
-    (the step raises KernelMessageError for the sender otherwise)."""
+    (the step raises KernelMessageError for the sender otherwise). `timeout`: for
+    the launches (KernelRuntime.launch)."""
 
     def __init__(self, runtime: KernelRuntime, field: ArrayLike, devices: Iterable[int], *,
                  top: ArrayLike | None = None, bottom: ArrayLike | None = None,
-                 name: str = "stencil"):
+                 name: str = "stencil", timeout: float | None = 60.0):
+        deadline = Deadline(timeout)   # (checks it)
         f = _as_field(field)
         h, w = f.shape
         self.devices = [check_index(d, "device") for d in devices]   # (int() took bools, floats, digits)
@@ -96,10 +100,15 @@ class StencilSlabs:
         self.slabs = split_rows(h, len(self.devices))
         self.steps = 0
         self.kernels: list[Any] = []
+        # steps not seen done yet; slabs on several devices read each other's outbox regions in
+        # place, read by the step after the one that wrote them: at most in_flight - 2 may be
+        # unfinished when a step is submitted, or a slab's next region is still read and it is deferred
+        self._unfinished: deque = deque()
+        self._ahead = runtime.in_flight - (2 if len(set(self.devices)) > 1 else 1)
         try:
             for i, ((r0, n), dev) in enumerate(zip(self.slabs, self.devices)):
                 spec = stencil_kernel(w, n, runtime.payload_size)
-                self.kernels.append(runtime.launch(spec, f"{name}-{i}", device=dev,
+                self.kernels.append(runtime.launch(spec, f"{name}-{i}", device=dev, timeout=deadline.left(),
                                                    state=stencil_tile_state(f, r0, n, self.top, self.bottom)))
             for i, (k, (_, n)) in enumerate(zip(self.kernels, self.slabs)):
                 up = self.kernels[i - 1].address if i > 0 else 0
@@ -111,14 +120,22 @@ class StencilSlabs:
 
     def step(self, n: int = 1, *, timeout: float | None = 60.0) -> list[float]:
         """Run `n` steps (submitted back to back, the GPUs ordered by semaphores);
-        returns the host time each step() call took."""
+        returns the host time each step() call took. Each waits up to `timeout` s for
+        room (earlier steps to finish); on vkmulti.TimeoutError or Ctrl-C no slab made
+        the step that was waiting."""
         n = check_count(n, "n")
+        Deadline(timeout)   # (checks it)
         times = []
         for _ in range(n):
             t0 = time.perf_counter()
-            ticket = self.rt.step(self.kernels, timeout=timeout)
+            deadline = Deadline(timeout)
+            while len(self._unfinished) > self._ahead:   # (a lost device's steps are not waited for)
+                self._unfinished[0].wait(deadline.left())
+                self._unfinished.popleft()
+            ticket = self.rt.step(self.kernels, timeout=deadline.left())
             if ticket.deferred:   # a slab held back would read a stale halo next step
                 raise RuntimeError(f"stencil slab deferred at step {self.steps}: {ticket.deferred}")
+            self._unfinished.append(ticket)
             times.append(time.perf_counter() - t0)
             self.steps += 1
         return times
@@ -130,11 +147,14 @@ class StencilSlabs:
                  for k, (_, n) in zip(self.kernels, self.slabs)]
         return np.vstack(parts)
 
-    def destroy(self) -> None:
+    def destroy(self, timeout: float | None = 30.0) -> None:
+        """Free the slabs' kernels (idempotent), within `timeout` s. After a
+        vkmulti.TimeoutError or Ctrl-C the kernels it stopped are freed by the next call."""
+        deadline = Deadline(timeout)
         for k in self.kernels:
-            if not k.destroyed:
-                k.destroy()
+            self.rt.destroy_kernel(k, timeout=deadline.left())
         self.kernels = []
+        self._unfinished.clear()
 
     def __enter__(self) -> "StencilSlabs":
         return self
@@ -178,6 +198,7 @@ def run_stencil(manager: MultiDeviceManager, field: ArrayLike, steps: int, devic
     """
     f = _as_field(field)
     steps, warmup = check_count(steps, "steps"), check_count(warmup, "warmup")   # (numpy ints too, never bools)
+    Deadline(timeout)   # (checks it before anything is made)
     devs = list(range(manager.device_count)) if devices is None else [check_index(d, "device") for d in devices]
     for d in devs:
         if not 0 <= d < manager.device_count:
@@ -188,11 +209,11 @@ def run_stencil(manager: MultiDeviceManager, field: ArrayLike, steps: int, devic
     router = CrossGpuK2KRouter(coord, rt) if len(set(devs)) > 1 else None
     try:
         if warmup:
-            with StencilSlabs(rt, f, devs, top=top, bottom=bottom, name="warmup") as w:
+            with StencilSlabs(rt, f, devs, top=top, bottom=bottom, name="warmup", timeout=timeout) as w:
                 w.step(warmup, timeout=timeout)
                 rt.synchronize(timeout)
         before = router.edge_traffic() if router is not None else {}
-        slabs = StencilSlabs(rt, f, devs, top=top, bottom=bottom)
+        slabs = StencilSlabs(rt, f, devs, top=top, bottom=bottom, timeout=timeout)
         try:
             t0, c0 = time.perf_counter(), time.thread_time()
             step_times = slabs.step(steps, timeout=timeout)

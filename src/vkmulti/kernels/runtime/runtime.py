@@ -478,7 +478,7 @@ class KernelRuntime:
     # -- teardown ------------------------------------------------------------------------------
 
     @gated_unheld
-    def destroy_kernel(self, kernel: KernelRef, *, timeout: float = 30.0) -> None:
+    def destroy_kernel(self, kernel: KernelRef, *, timeout: float | None = 30.0) -> None:
         """Stop and free `kernel` (idempotent for a Kernel). Steps already submitted
         finish first; its undelivered outgoing messages and unread host messages
         are dropped (and counted in its stats); later calls on it raise DestroyedError.
@@ -489,7 +489,7 @@ class KernelRuntime:
             k = kernel
         else:
             k = self._resolve(kernel)
-        timeout = timeout_seconds(timeout)  # type: ignore[assignment]
+        timeout = timeout_seconds(timeout)
         ctx = k.ctx
         if not self._contexts.get(k.device_index) and self.device_lost(k.device_index):
             return self._failover.free_stopped(k, self._stopped)   # (lost meanwhile: nothing to wait for)
