@@ -42,7 +42,61 @@ STENCIL_END = """
 
 STENCIL_DONE = ["FIELD True", "slabs: RETURNED", "router: RETURNED", "rt: RETURNED", "mgr: RETURNED"]
 
+#: an SRU offload coordinator (`adaptive` as the case sets ADAPTIVE) that rendered a frame over both
+#: GPUs; then every queue of GPU 0 held and a frame made with wait=False, whose copies to GPU 0 and
+#: composite wait behind the gate
+SRU = """
+    from vkmulti import Image, ReferenceRenderer, ReferenceSRU, SRUOffloadCoordinator
+    mgr = MultiDeviceManager.create()
+    s0 = mgr.slot(0)
+    srus = [ReferenceSRU(i, 32, 32, x=(i % 2) * 32, y=(i // 2) * 32, seed=i, iterations=4) for i in range(4)]
+    def coordinator(**kw):
+        return SRUOffloadCoordinator(mgr, secondary_renderer_factory=lambda ctx: ReferenceRenderer(ctx.slot), **kw)
+    c = coordinator(adaptive=ADAPTIVE)
+    frame = Image(s0, 64, 64)
+    for bad in BAD:
+        outcome(f"no frame bad {bad!r}", lambda: c.wait_frame(bad))
+    print("ON", sorted(set(c.render_frame(srus, frame).rendered_on.values())), flush=True)
+    want = frame.download()
+    gate = Gate(s0)
+    for q in s0.queues():
+        gate.hold(q)
+    c.render_frame(srus, frame, wait=False)
+"""
+
+#: the gate opens: the held frame completes, the next is the same, everything is freed cleanly
+SRU_END = """
+    opened(gate)
+    outcome("after", lambda: c.wait_frame(30))
+    print("SAME", bool((frame.download() == want).all()), flush=True)
+    c.render_frame(srus, frame)
+    print("SAME", bool((frame.download() == want).all()), flush=True)
+    outcome("destroy", lambda: c.destroy(30))
+    frame.destroy()
+    gate.destroy()
+    outcome("mgr", lambda: mgr.destroy(30))
+"""
+
+SRU_DONE = ["after: RETURNED", "SAME True", "SAME True", "destroy: RETURNED", "mgr: RETURNED"]
+NO_FRAME = [f"no frame bad {bad}: RAISED ValueError" for bad in ("-1", "nan", "'5'", "True")] + ["ON [0, 1]"]
+
 CASES = {
+    # the coordinator's own timeout bounds a frame's waits: a new coordinator's first frame makes
+    # its images, which waits behind the gate too
+    "sru-offload": (body("ADAPTIVE = False", SRU, """
+        probe("wait_frame", c.wait_frame)
+        probe("destroy", c.destroy)
+        first = coordinator(timeout=0.2)
+        outcome("first frame", lambda: first.render_frame(srus, frame))
+        outcome("first destroy", lambda: first.destroy(0.2))
+    """, SRU_END), NO_FRAME + probed("wait_frame") + probed("destroy")
+        + ["first frame: RAISED TimeoutError", "first destroy: RETURNED"] + SRU_DONE),
+    # adaptive: the frame's timing waits for it too; forgetting the measurements waits for nothing
+    "sru-offload-adaptive": (body("ADAPTIVE = True", SRU, """
+        probe("wait_frame", c.wait_frame)
+        probe("destroy", c.destroy)
+        outcome("reset", c.reset_measurements)
+    """, SRU_END), NO_FRAME + probed("wait_frame") + probed("destroy") + ["reset: RETURNED"] + SRU_DONE),
     # the step queues of both GPUs held: a launch on GPU 1 makes the runtime's objects there
     # first, one on GPU 0 only the kernel's; what a launch that gave up queued is freed once
     # it ran, never under it

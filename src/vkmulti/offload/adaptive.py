@@ -35,6 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core.lifetime import Deadline
 from .._core.timeline import TimelinePoint
 from .._core.checks import short_repr
 
@@ -183,19 +184,25 @@ class SpeedMeter:
             last = now
         return None if last is None else busy
 
-    def settle(self) -> dict[int, float]:
+    def settle(self, deadline: Deadline | None = None) -> dict[int, float]:
         """Wait for the pending frame and fold it in; returns the busy seconds of each device that
-        rendered part of it ({} if none)."""
-        timing, self._pending = self._pending, None
+        rendered part of it ({} if none). The wait for its last point is bounded by `timeout` (a
+        frame not done by then folds nothing) or, given, by `deadline` (vkmulti.TimeoutError);
+        a TimeoutError there or Ctrl-C leaves the frame pending."""
+        timing = self._pending
         if timing is None:
             return {}
         if not timing.ended:   # the frame failed before end(): stop its waiters, fold nothing
             self._close_queues(timing)
+        elif timing.done is not None and deadline is not None:
+            left = deadline.left()
+            self._wait_point(timing.done, self.timeout if left is None else left)
         elif timing.done is not None:
             try:
                 self._wait_point(timing.done, self.timeout)
             except Exception as exc:
                 log.warning("frame timing: the frame's last point was not reached (%r)", exc)
+        self._pending = None
         timing.cancelled = True
         seconds: dict[int, float] = {}
         for d, fut in timing.futures.items():
@@ -223,13 +230,19 @@ class SpeedMeter:
         self._seconds[device] = old + self._damping * (measured - old)
 
     def reset(self) -> None:
-        """Settle the pending frame, then forget every figure."""
-        self.settle()
+        """Forget every figure and the pending frame's timing (waiting for nothing: its
+        waiters stop within a slice)."""
+        timing, self._pending = self._pending, None
+        if timing is not None:
+            if not timing.ended:
+                self._close_queues(timing)
+            timing.cancelled = True
         self._seconds.clear()
 
-    def close(self) -> None:
-        """Settle the pending frame and stop the timer threads (idempotent)."""
-        self.settle()
+    def close(self, deadline: Deadline | None = None) -> None:
+        """Settle the pending frame (within `deadline`, see settle) and stop the timer threads
+        (idempotent)."""
+        self.settle(deadline)
         if self._timer is not None:
             self._timer.shutdown(wait=True)
             self._timer = None

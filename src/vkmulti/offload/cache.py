@@ -78,7 +78,7 @@ class SruCache:
         spare = self.spares.get(("image", device, w, h))
         if spare:
             return spare.pop()
-        return Image(self.manager.slot(device), w, h, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
+        return Image(self.manager.slot(device), w, h, SRU_FORMAT, usage=SRU_IMAGE_USAGE, timeout=self._timeout())
 
     def fallback(self, sru: Any, sru_id: Any, routes: dict[Any, OffloadRoute]) -> Image:
         """The SRU's fallback image on the primary (no transfer writes it), made on first use; a new
@@ -88,7 +88,8 @@ class SruCache:
             w, h = sru_size(sru)
             e = self.entries[sru_id] = SruEntry(sru_id, routes[sru_id].device_index, w, h)
         if e.fallback is None:
-            e.fallback = Image(self.manager.primary, e.width, e.height, SRU_FORMAT, usage=SRU_IMAGE_USAGE)
+            e.fallback = Image(self.manager.primary, e.width, e.height, SRU_FORMAT, usage=SRU_IMAGE_USAGE,
+                               timeout=self._timeout())
         return e.fallback
 
     def park(self, e: SruEntry) -> None:

@@ -290,7 +290,7 @@ class SRUOffloadCoordinator:
         with self._life.ending(timeout) as dl:
             if dl is None:
                 return
-            self._planner.meter.close()   # no timer thread may still wait on a semaphore freed below
+            self._planner.meter.close(dl)   # no timer thread may still wait on a semaphore freed below
             with self._lock:
                 errors: list[BaseException] = []
                 steps = self._cache.teardown_steps(dl)
@@ -474,9 +474,9 @@ class SRUOffloadCoordinator:
         whose transferred images did not all arrive (a device lost mid-frame) is
         repaired here: those SRUs are rendered on the primary and the frame is
         composited again before this returns."""
+        timeout = self.timeout if timeout is None else timeout_seconds(timeout)   # (checked with no frame too)
         if self._compositor is not None and self._last_frame is not None:
-            self._failover.wait_composite(self._compositor, self._last_frame,
-                                          self.timeout if timeout is None else timeout)
+            self._failover.wait_composite(self._compositor, self._last_frame, timeout)  # type: ignore[arg-type]
             with self._lock:
                 self._failover.verify_frame(self._compositor, self.timeout)
                 self._failover.losses_recovered()
