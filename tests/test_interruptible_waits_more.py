@@ -169,6 +169,46 @@ CASES = {
         slabs.step(3)
     """, STENCIL_END), probed("destroy_kernel") + ["again 0.2: RAISED TimeoutError", "again: RETURNED", "FREED True"]
         + STENCIL_DONE),
+    # the cluster's node agent in-process (no Ray), every queue of its GPUs held: its timeout (one
+    # for all its waits, given when it is made) bounds them, Ctrl-C ends them; a bad one is refused
+    "node-agent": (body("""
+        from vkmulti import ReferenceSRU
+        from vkmulti.cluster import NodeAgent, StencilSlab
+        srus = [ReferenceSRU(i, 32, 32, x=(i % 2) * 32, y=(i // 2) * 32, seed=i, iterations=4) for i in range(4)]
+        rows, edge = (np.arange(4 * 8, dtype=np.int32).reshape(4, 8) * 7) % 23, np.zeros(8, np.int32)
+        for bad in BAD:
+            outcome(f"NodeAgent bad {bad!r}", lambda: NodeAgent(timeout=bad))
+        agent = NodeAgent(timeout=30.0)
+        for bad in BAD:
+            outcome(f"StencilSlab bad {bad!r}", lambda: StencilSlab(agent.manager, rows, edge, edge, [1, 1], timeout=bad))
+        want = agent.render(srus)["images"]
+        gates = [Gate(agent.manager.slot(g)) for g in (0, 1)]
+        for gate in gates:
+            for q in gate.slot.queues():
+                gate.hold(q)
+        interrupted("render", lambda: agent.render(srus))
+        agent.timeout = 0.2
+        outcome("stencil_setup 0.2", lambda: agent.stencil_setup(rows, edge, edge))
+        agent.timeout = 30.0
+        interrupted("stencil_setup", lambda: agent.stencil_setup(rows, edge, edge))
+        agent.timeout = 0.2
+        outcome("shutdown 0.2", agent.shutdown)
+        agent.timeout = 30.0
+        for gate in gates:
+            opened(gate)
+        got = agent.render(srus)
+        print("SAME", sorted(set(got["gpu"].values())), all((got["images"][i] == want[i]).all() for i in want), flush=True)
+        agent.stencil_setup(rows, edge, edge)
+        agent.stencil_step(None, None)
+        print("STEPPED", agent.stencil_field().shape, flush=True)
+        for gate in gates:
+            gate.destroy()
+        outcome("shutdown", agent.shutdown)
+    """), [f"NodeAgent bad {bad}: RAISED " for bad in ("-1", "nan", "'5'", "True")]
+        + [f"StencilSlab bad {bad}: RAISED " for bad in ("-1", "nan", "'5'", "True")]
+        + ["render ctrl-c: RAISED KeyboardInterrupt", "stencil_setup 0.2: RAISED TimeoutError",
+           "stencil_setup ctrl-c: RAISED KeyboardInterrupt", "shutdown 0.2: RAISED TimeoutError", "SAME [0, 1] True",
+           "STEPPED (4, 8)", "shutdown: RETURNED"]),
     # run_stencil's first launch waits behind GPU 0's held step queue
     "run-stencil": (body("""
         from vkmulti.kernels.engine.device_context import step_queue

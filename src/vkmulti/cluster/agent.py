@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 import vulkan as vk
 
-from .._core.checks import is_int, short_repr
+from .._core.checks import check_number, is_int, short_repr
 from ..device.instance import drain_all_validation_messages
 from ..device.manager import MultiDeviceManager
 from ..device.virtual import install_virtual_gpus
@@ -89,13 +89,15 @@ class NodeAgent:
     machines without GPUs). A node whose Vulkan devices cannot be opened keeps
     running with `error` set (describe() reports it; the driver skips the node).
     `device_indices` (default: VKMULTI_AGENT_DEVICES of the node's environment,
-    else all) picks the node's devices by enumeration index.
+    else all) picks the node's devices by enumeration index. `timeout`: seconds
+    (finite, > 0) each wait of a call may take; Ctrl-C ends any of them in-process.
     """
 
     def __init__(self, *, virtual_gpus: int = 0, validation: bool | None = None,
                  device_indices: Sequence[int] | None = None, timeout: float = 60.0, nice: int | None = None):
         if not is_int(virtual_gpus) or virtual_gpus < 0:
             raise ValueError(f"virtual_gpus must be an int >= 0, got {short_repr(virtual_gpus)}")
+        self.timeout = check_number(timeout, "timeout", positive=True)
         if nice is not None and (not is_int(nice) or not -20 <= nice <= 19):
             raise ValueError(f"nice must be None or an int in [-20, 19], got {short_repr(nice)}")
         self.nice_note: str | None = None
@@ -104,7 +106,6 @@ class NodeAgent:
         self.node_id, self.address = _whereami()
         self.hostname = socket.gethostname()
         self.pid = os.getpid()
-        self.timeout = float(timeout)
         self.error: str | None = None
         self.manager: Any = None
         self._renderers: dict[int, Any] = {}
@@ -437,7 +438,8 @@ class NodeAgent:
         return [text for sev, text in drain_all_validation_messages() if sev == "error"]
 
     def shutdown(self) -> None:
-        """Free the stencil slab, targets, renderers and the manager (idempotent)."""
+        """Free the stencil slab, targets, renderers and the manager (idempotent), each within
+        the agent's timeout; vkmulti.TimeoutError while its GPUs still run work (call again)."""
         try:
             self.stencil_teardown()
         except VkmError as exc:
@@ -462,6 +464,6 @@ class NodeAgent:
                 log.warning("%s: read-back buffer teardown failed: %r", self.label, exc)
         self._readbacks.clear()
         if self.manager is not None:
-            self.manager.destroy()
+            self.manager.destroy(self.timeout)
             self.manager = None
             self.error = "shut down"

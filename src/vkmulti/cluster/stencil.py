@@ -75,7 +75,7 @@ class StencilSlab:
         if slab.ndim != 2 or slab.shape[1] < 3 or slab.shape[0] < 1:
             raise ValueError(f"slab must be a (rows >= 1, width >= 3) int32 array, got shape {slab.shape}")
         self.rows, self.width = slab.shape
-        self.timeout = float(timeout)
+        self.timeout = check_number(timeout, "timeout", positive=True)
         gpus = [g for g, w in enumerate(gpu_weights) if w > 0]
         if not gpus:
             raise ValueError(f"no GPU with a weight > 0: {short_repr(list(gpu_weights))}")
@@ -92,7 +92,7 @@ class StencilSlab:
             b = np.asarray(below, dtype=np.int32).reshape(self.width)
             for i, (g, r0, n) in enumerate(parts):
                 k = self.runtime.launch(stencil_kernel(self.width, n, payload_size), f"tile{i}", device=g,
-                                        state=stencil_tile_state(slab, r0, n, a, b))
+                                        state=stencil_tile_state(slab, r0, n, a, b), timeout=self.timeout)
                 self.tiles.append((k, n))
             for i, (k, n) in enumerate(self.tiles):
                 up = self.tiles[i - 1][0].address if i > 0 else 0
