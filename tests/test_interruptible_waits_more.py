@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from blocking_calls import RUNTIME, RUNTIME_DONE, RUNTIME_END, body, check_case, probed
+from blocking_calls import HELD, RUNTIME, RUNTIME_DONE, RUNTIME_END, body, check_case, probed
 
 #: a Jacobi grid in two slabs, on GPUs 0 and 1 (halo rows through the K2K router), and a gate on
 #: each GPU (`hold` holds its step queue until the gate opens)
@@ -169,6 +169,18 @@ CASES = {
         slabs.step(3)
     """, STENCIL_END), probed("destroy_kernel") + ["again 0.2: RAISED TimeoutError", "again: RETURNED", "FREED True"]
         + STENCIL_DONE),
+    # a kernel's seed trait methods (CheckpointableKernel, MigratableKernel, HotReloadableKernel) wait
+    # for its held step; a bad timeout leaves it stepping
+    "kernel-traits": (body(RUNTIME, """
+        ck = k.create_checkpoint()
+    """, HELD, """
+        probe("create_checkpoint", lambda to: k.create_checkpoint(timeout=to))
+        probe("restore_from_checkpoint", lambda to: k.restore_from_checkpoint(ck, timeout=to))
+        probe("prepare_for_migration", lambda to: k.prepare_for_migration(timeout=to))
+        probe("prepare_for_reload", lambda to: k.prepare_for_reload(timeout=to))
+        print("HELD", rt.holds.is_held(k), flush=True)
+    """, RUNTIME_END), probed("create_checkpoint") + probed("restore_from_checkpoint") + probed("prepare_for_migration")
+        + probed("prepare_for_reload") + ["HELD False"] + RUNTIME_DONE),
     # the cluster's node agent in-process (no Ray), every queue of its GPUs held: its timeout (one
     # for all its waits, given when it is made) bounds them, Ctrl-C ends them; a bad one is refused
     "node-agent": (body("""

@@ -100,8 +100,8 @@ class KernelHost(CodeSwapper, Protocol):
     def holds(self) -> KernelHolds: ...
     def exports_outboxes(self, index: int) -> bool: ...
     def destroy_kernel(self, kernel: "Kernel", *, timeout: float | None = ...) -> None: ...
-    def checkpoint(self, kernel: "Kernel") -> Checkpoint: ...
-    def restore(self, checkpoint: Checkpoint, *, into: "Kernel | None" = ...) -> "Kernel": ...
+    def checkpoint(self, kernel: "Kernel", *, timeout: float | None = ...) -> Checkpoint: ...
+    def restore(self, checkpoint: Checkpoint, *, into: "Kernel | None" = ..., timeout: float | None = ...) -> "Kernel": ...
     def _wait_points(self, points: Iterable[TimelinePoint], timeout: float | None) -> None: ...
 
 
@@ -497,19 +497,19 @@ class Kernel:
         """The four user words of the push constants (vkm_step.params) for later steps."""
         self.params = check_params(params)
 
-    def destroy(self, timeout: float = 30.0) -> None:
+    def destroy(self, timeout: float | None = 30.0) -> None:
         """Same as runtime.destroy_kernel(self)."""
         self.runtime.destroy_kernel(self, timeout=timeout)
 
     # -- CheckpointableKernel ------------------------------------------------------------
 
-    def create_checkpoint(self) -> Checkpoint:
-        """runtime.checkpoint(self)."""
-        return self.runtime.checkpoint(self)
+    def create_checkpoint(self, *, timeout: float | None = 60.0) -> Checkpoint:
+        """runtime.checkpoint(self, timeout=timeout)."""
+        return self.runtime.checkpoint(self, timeout=timeout)
 
-    def restore_from_checkpoint(self, checkpoint: Checkpoint) -> None:
+    def restore_from_checkpoint(self, checkpoint: Checkpoint, *, timeout: float | None = 60.0) -> None:
         """runtime.restore(checkpoint, into=self): this kernel takes the checkpoint's state."""
-        self.runtime.restore(checkpoint, into=self)
+        self.runtime.restore(checkpoint, into=self, timeout=timeout)
 
     def checkpoint_kernel_id(self) -> str:
         """The id a checkpoint of this kernel records."""
@@ -531,11 +531,11 @@ class Kernel:
 
     # -- MigratableKernel ----------------------------------------------------------------
 
-    def _quiesce(self, why: str, timeout: float = 60.0) -> None:
+    def _quiesce(self, why: str, timeout: float | None) -> None:
+        timeout = timeout_seconds(timeout)   # (before the hold: a bad one leaves it stepping)
         self.runtime.holds.hold(self, why)
         try:
-            if self.last_value:
-                self.runtime._wait_points([self.ctx.point(self.last_value)], timeout)
+            self.runtime._wait_points([self.ctx.point(self.last_value)] if self.last_value else [], timeout)
         except BaseException:
             self.runtime.holds.release(self, why)
             raise
@@ -543,9 +543,9 @@ class Kernel:
     def _done(self) -> bool:
         return not self.last_value or self.ctx.completed() >= self.last_value
 
-    def prepare_for_migration(self) -> None:
-        """Hold the kernel back from stepping and wait for its submitted steps."""
-        self._quiesce(_MIGRATION)
+    def prepare_for_migration(self, *, timeout: float | None = 60.0) -> None:
+        """Hold the kernel back from stepping and wait (up to `timeout` s) for its submitted steps."""
+        self._quiesce(_MIGRATION, timeout)
 
     def cancel_migration(self) -> None:
         """Let it step again."""
@@ -561,9 +561,9 @@ class Kernel:
 
     # -- HotReloadableKernel -------------------------------------------------------------
 
-    def prepare_for_reload(self) -> None:
-        """Hold the kernel back from stepping and wait for its submitted steps."""
-        self._quiesce(_RELOAD)
+    def prepare_for_reload(self, *, timeout: float | None = 60.0) -> None:
+        """Hold the kernel back from stepping and wait (up to `timeout` s) for its submitted steps."""
+        self._quiesce(_RELOAD, timeout)
 
     def apply_code(self, code: SpirvCode, timeout: float | None = 30.0) -> None:
         """Run `code` (a SPIR-V KernelCodeSource) from the next step on, state kept
