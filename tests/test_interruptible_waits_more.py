@@ -181,6 +181,33 @@ CASES = {
         print("HELD", rt.holds.is_held(k), flush=True)
     """, RUNTIME_END), probed("create_checkpoint") + probed("restore_from_checkpoint") + probed("prepare_for_migration")
         + probed("prepare_for_reload") + ["HELD False"] + RUNTIME_DONE),
+    # glslc blocked reading an included file that is a FIFO nobody writes; a call that gives up leaves
+    # no glslc behind
+    "from-glsl": (body("""
+        import tempfile
+        from vkmulti import KernelCodeSource
+        folder = tempfile.mkdtemp()
+        held = os.path.join(folder, "held.glsl")
+        os.mkfifo(held)
+        src = "#version 450\\n#extension GL_GOOGLE_include_directive : require\\n#include \\"held.glsl\\"\\n" \\
+              "layout(local_size_x = 1) in;\\nvoid main() {}\\n"
+        probe("from_glsl", lambda to: KernelCodeSource.from_glsl(src, include_dirs=(folder,), timeout=to))
+        def children():
+            kids = []
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                            kids.append(pid)
+                except (OSError, IndexError, ValueError):
+                    pass
+            return kids
+        print("CHILDREN", children(), flush=True)
+        os.unlink(held)
+        with open(held, "w") as f:
+            f.write("// nothing held\\n")
+        outcome("after", lambda: KernelCodeSource.from_glsl(src, include_dirs=(folder,), timeout=30))
+    """), probed("from_glsl") + ["CHILDREN []", "after: RETURNED"]),
     # the cluster's node agent in-process (no Ray), every queue of its GPUs held: its timeout (one
     # for all its waits, given when it is made) bounds them, Ctrl-C ends them; a bad one is refused
     "node-agent": (body("""

@@ -20,7 +20,6 @@ import array
 import functools
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,8 +29,8 @@ from typing import Any
 
 from ..._core.checks import short_repr
 from ...errors import KernelValidationError
-from ...errors import TimeoutError as VkmTimeout
 from ..._core.checks import short_repr, short_str
+from ..._core.tools import run_tool
 
 __all__ = ["SPIRV_MAGIC", "SpirvModule", "SpirvBinding", "reflect", "check_kernel_abi", "check_workgroup_size",
            "check_entry_point", "run_spirv_val", "spirv_env_for_api", "MAX_MODULE_BYTES"]
@@ -526,11 +525,7 @@ def run_spirv_val(code: bytes, target_env: str = "vulkan1.1", timeout: float | N
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(code)
-        try:
-            out = subprocess.run([exe, "--target-env", target_env, path], capture_output=True, text=True,
-                                 timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise VkmTimeout(f"spirv-val did not finish within {timeout} s") from None
+        out = run_tool([exe, "--target-env", target_env, path], timeout, "spirv-val")
     finally:
         os.unlink(path)
     if out.returncode != 0:

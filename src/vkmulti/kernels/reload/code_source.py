@@ -14,18 +14,17 @@ import enum
 import hashlib
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..._core.checks import U64_MAX, int_in, timeout_seconds, wait_bound, short_repr
+from ..._core.checks import U64_MAX, int_in, timeout_seconds, short_repr
 from ..._core.files import read_named_file
 from ..._core.shaders import SHADER_DIR
+from ..._core.tools import run_tool
 from ...errors import KernelValidationError, UnsupportedError
-from ...errors import TimeoutError as VkmTimeout
 from ..engine.spec import check_entry_name
 from ..engine.spirv import MAX_MODULE_BYTES, check_entry_point, reflect
 
@@ -135,7 +134,7 @@ class KernelCodeSource:
         not on PATH; KernelValidationError with glslc's message when it does
         not compile). vkm_kernel_abi.glsl's folder is on the include path."""
         text = _text(source, "source")
-        timeout = wait_bound(timeout_seconds(timeout))
+        timeout = timeout_seconds(timeout)
         if isinstance(include_dirs, (str, bytes, os.PathLike)):
             raise TypeError(f"include_dirs must be a tuple of folders, got one {type(include_dirs).__name__}")
         if defines is not None and not isinstance(defines, dict):
@@ -156,11 +155,7 @@ class KernelCodeSource:
         with tempfile.TemporaryDirectory() as tmp:
             src, out = Path(tmp) / "kernel.comp", Path(tmp) / "kernel.spv"
             src.write_text(text)
-            try:
-                res = subprocess.run([*args, "-o", str(out), str(src)], capture_output=True, text=True,
-                                     timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise VkmTimeout(f"glslc did not finish within {timeout} s") from None
+            res = run_tool([*args, "-o", str(out), str(src)], timeout, "glslc")
             if res.returncode != 0:
                 raise KernelValidationError(f"GLSL does not compile: {(res.stderr or res.stdout).strip()[:800]}")
             code = out.read_bytes()
