@@ -181,6 +181,60 @@ CASES = {
         print("HELD", rt.holds.is_held(k), flush=True)
     """, RUNTIME_END), probed("create_checkpoint") + probed("restore_from_checkpoint") + probed("prepare_for_migration")
         + probed("prepare_for_reload") + ["HELD False"] + RUNTIME_DONE),
+    # downloads, gathers, a renderer's waits, the blocking transfer and a slot's teardown behind every
+    # queue of GPU 1 held (a render queued there first)
+    "transfers-and-downloads": (body("""
+        from vkmulti import Image, InterGpuTransfer, ReferenceRenderer, ReferenceSRU
+        mgr = MultiDeviceManager.create()
+        s0, s1 = mgr.slot(0), mgr.slot(1)
+        data = np.arange(1 << 14, dtype=np.uint8)
+        igt = InterGpuTransfer(mgr)
+        for i, b in enumerate(igt.broadcast_blocking(data, src_device=0, timeout=30)):
+            igt.set_device_buffer(i, b)
+        img, img0, buf = Image(s1, 64, 64), Image(s0, 64, 64), Buffer(s1, data.nbytes)
+        buf.upload(data)
+        renderer = ReferenceRenderer(s1)
+        x = CrossDeviceTransfer(s1, s0, TransferMethod.HOST_SHARED)
+        gate = Gate(s1)
+        for q in s1.queues():
+            gate.hold(q)
+        point = renderer.render(ReferenceSRU(1, 64, 64, seed=1, iterations=4), img)
+        probe("buffer download", lambda to: buf.download(timeout=to))
+        probe("image download", lambda to: img.download(timeout=to))
+        probe("gather_blocking", lambda to: igt.gather_blocking(0, timeout=to))
+        probe("gather_to_device_blocking", lambda to: igt.gather_to_device_blocking(0, timeout=to))
+        probe("gather", lambda to: asyncio.run(igt.gather(0, timeout=to)), process=True)
+        probe("renderer wait", lambda to: renderer.wait(point, to))
+        probe("renderer destroy", renderer.destroy)
+        probe("run", lambda to: x.run(src_image=img, dst_image=img0, timeout=to))
+        probe("release_children", s1.release_children)
+        opened(gate)
+        print("DATA", bool((buf.download(timeout=30) == data).all()),
+              all(bool((g == data).all()) for g in igt.gather_blocking(0, timeout=30)), flush=True)
+        for obj in (renderer, x, igt, img, img0, buf):
+            outcome("destroy", lambda: obj.destroy(30))
+        gate.destroy()
+        outcome("mgr", lambda: mgr.destroy(30))
+    """), probed("buffer download") + probed("image download") + probed("gather_blocking")
+        + probed("gather_to_device_blocking") + probed("gather") + probed("renderer wait") + probed("renderer destroy")
+        + probed("run") + probed("release_children") + ["DATA True True"] + ["destroy: RETURNED"] * 6
+        + ["mgr: RETURNED"]),
+    # the router's queue for kernel a is full (max_pending, no step of a takes from it)
+    "route-message": (body(RUNTIME, """
+        from vkmulti import CrossGpuK2KRouter
+        router = CrossGpuK2KRouter(rt.coordinator, rt, max_pending=2)
+        sink = rt.launch(counter_kernel(max_sources=8), "sink", device=1, state=[counter_initial_state(8)])
+        a = rt.launch(counter_kernel(max_sources=8), "a", device=0, state=[counter_initial_state(8)])
+        def routed(to):
+            return router.route_message("a", "sink", np.array([1], np.uint32).tobytes(), timeout=to)
+        routed(0), routed(0)
+        probe("route_message", routed)
+        rt.step(a).wait(30)
+        outcome("again", lambda: routed(30))
+        outcome("detach", lambda: router.detach(30))
+    """, RUNTIME_END), ["route_message 0.2: RAISED QueueFullError", "route_message ctrl-c: RAISED KeyboardInterrupt\\n"]
+        + [f"route_message bad {bad}: RAISED ValueError" for bad in ("-1", "nan", "'5'", "True")]
+        + ["again: RETURNED", "detach: RETURNED"] + RUNTIME_DONE),
     # glslc blocked reading an included file that is a FIFO nobody writes; a call that gives up leaves
     # no glslc behind
     "from-glsl": (body("""
