@@ -235,6 +235,22 @@ CASES = {
     """, RUNTIME_END), ["route_message 0.2: RAISED QueueFullError", "route_message ctrl-c: RAISED KeyboardInterrupt\\n"]
         + [f"route_message bad {bad}: RAISED ValueError" for bad in ("-1", "nan", "'5'", "True")]
         + ["again: RETURNED", "detach: RETURNED"] + RUNTIME_DONE),
+    # the topology probe's transfers wait behind every queue of GPU 1 held; what a probe that gave up
+    # leaves queued is freed once it ran (by the manager's destroy at the latest), never under it
+    "probe-topology": (body("""
+        from vkmulti.kernels import MultiGpuCoordinator
+        mgr = MultiDeviceManager.create()
+        coord = MultiGpuCoordinator.from_manager(mgr)
+        gate = Gate(mgr.slot(1))
+        for q in mgr.slot(1).queues():
+            gate.hold(q)
+        probe("probe_topology", lambda to: coord.probe_topology(force=True, cache=False, timeout=to))
+        opened(gate)
+        topo = coord.probe_topology(force=True, cache=False, timeout=60)
+        print("MEASURED", sorted(topo.details["pairs"]), flush=True)
+        gate.destroy()
+        outcome("mgr", lambda: mgr.destroy(30))
+    """), probed("probe_topology") + ["MEASURED ['0->1', '1->0']", "mgr: RETURNED"]),
     # glslc blocked reading an included file that is a FIFO nobody writes; a call that gives up leaves
     # no glslc behind
     "from-glsl": (body("""

@@ -335,11 +335,11 @@ def test_probe_falls_back_to_staging_when_the_best_method_fails(manager, monkeyp
     real = probe._measure_pair
     failed = []
 
-    def flaky(src, dst, method, nbytes, reps):
+    def flaky(src, dst, method, *rest):
         if method != "staging_copy":
             failed.append(method)
             raise TransferError("link broke")
-        return real(src, dst, method, nbytes, reps)
+        return real(src, dst, method, *rest)
     monkeypatch.setattr(probe, "_measure_pair", flaky)
     topo = probe.measure_topology(manager, nbytes=4096, reps=1)
     for a, b in ((0, 1), (1, 0)):

@@ -22,11 +22,12 @@ import time
 from typing import Any
 
 from ..._core.checks import check_count, short_repr
+from ..._core.lifetime import Deadline
 from ..._core.files import open_private_dir, read_regular_file, replace_file
 from ..._version import __version__
 from ...device.capabilities import DeviceCapabilities
 from ...device.manager import MultiDeviceManager
-from ...errors import VkmError
+from ...errors import TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
 from ...transfer.cross_device import CrossDeviceTransfer
 from ...transfer.methods import TransferMethod, cuda_peer_auto
@@ -46,7 +47,6 @@ CPU_BYTES = 8 << 20
 #: bytes of the latency measurement (one small transfer, submit to landed)
 LATENCY_BYTES = 4096
 DEFAULT_REPS = 5
-WAIT_SECONDS = 60.0
 _PEER = ("cuda_peer", "dmabuf")
 #: The largest topology cache file read (bytes): a measured 64-device matrix takes ~3 MiB.
 MAX_CACHE_BYTES = 16 << 20
@@ -127,7 +127,8 @@ def _save(path: str, dir_fd: int, material: list[dict[str, Any]], topo: GpuTopol
 
 
 def probe_topology(manager: MultiDeviceManager, *, force: bool = False, cache: bool = True, cache_directory: str | None = None,
-                   nbytes: int | None = None, reps: int = DEFAULT_REPS, sysfs_root: str = "/sys") -> GpuTopology:
+                   nbytes: int | None = None, reps: int = DEFAULT_REPS, sysfs_root: str = "/sys",
+                   timeout: float | None = 300.0) -> GpuTopology:
     """The measured topology of `manager`'s devices, marked probed.
 
     From the cache when an entry for these devices exists (unless `force`),
@@ -138,8 +139,10 @@ def probe_topology(manager: MultiDeviceManager, *, force: bool = False, cache: b
     (`nbytes` per transfer, median of `reps`) and latency (a 4 KiB transfer,
     submit to landed) measured with the method select_transfer_method picks.
     `details` records PCI buses, NUMA nodes, NVLink counts, where the figures
-    came from, and notes on what could not be read.
+    came from, and notes on what could not be read. `timeout`: for the whole
+    measurement (None: no limit), behind whatever else the GPUs run.
     """
+    deadline = Deadline(timeout)   # (checks it)
     if not isinstance(manager, MultiDeviceManager):
         raise TypeError(f"manager must be a MultiDeviceManager, got {type(manager).__name__}")
     if nbytes is not None:
@@ -164,7 +167,7 @@ def probe_topology(manager: MultiDeviceManager, *, force: bool = False, cache: b
                 cached.details["source"] = "cache"
                 cached.details["cache_file"] = path
                 return cached
-        topo = measure_topology(manager, nbytes=nbytes, reps=reps, sysfs_root=sysfs_root)
+        topo = measure_topology(manager, nbytes=nbytes, reps=reps, sysfs_root=sysfs_root, timeout=deadline.left())
         if cache:
             topo.details["cache_file"] = path if dir_fd is not None and _save(path, dir_fd, material, topo) else None
         return topo
@@ -174,8 +177,9 @@ def probe_topology(manager: MultiDeviceManager, *, force: bool = False, cache: b
 
 
 def measure_topology(manager: Any, *, nbytes: int | None = None, reps: int = DEFAULT_REPS,
-                     sysfs_root: str = "/sys") -> GpuTopology:
-    """Read the facts and measure every ordered pair now (no cache)."""
+                     sysfs_root: str = "/sys", timeout: float | None = 300.0) -> GpuTopology:
+    """Read the facts and measure every ordered pair now (no cache), within `timeout` s."""
+    deadline = Deadline(timeout)
     slots = manager.slots
     n = len(slots)
     caps = [s.capabilities for s in slots]
@@ -208,14 +212,16 @@ def measure_topology(manager: Any, *, nbytes: int | None = None, reps: int = DEF
             method = methods[(a, b)]
             size = nbytes or (CPU_BYTES if "cpu" in (caps[a].device_type, caps[b].device_type) else GPU_BYTES)
             try:
-                bw, lat = _measure_pair(slots[a], slots[b], method, size, reps)
+                bw, lat = _measure_pair(slots[a], slots[b], method, size, reps, deadline)
+            except VkmTimeout:
+                raise
             except VkmError as exc:
                 if method == TransferMethod.STAGING_COPY:
                     raise
                 notes.append(f"GPU {a} -> GPU {b}: {method} failed ({type(exc).__name__}: {exc}); "
                              f"measured with {TransferMethod.STAGING_COPY} instead")
                 method = TransferMethod.STAGING_COPY
-                bw, lat = _measure_pair(slots[a], slots[b], method, size, reps)
+                bw, lat = _measure_pair(slots[a], slots[b], method, size, reps, deadline)
             kind = _interconnect(caps[a], caps[b], method, links.get((a, b)))
             topo.set_connection(GpuConnection(a, b, kind, bandwidth_gbps=bw, latency_us=lat, bidirectional=False,
                                               method=method))
@@ -237,30 +243,36 @@ def _interconnect(a: DeviceCapabilities, b: DeviceCapabilities, method: str, nvl
     return InterconnectType.PCIE if method in _PEER else InterconnectType.NONE
 
 
-def _measure_pair(src: Any, dst: Any, method: str, nbytes: int, reps: int) -> tuple[float, float]:
-    """(GB/s for `nbytes`, latency in us of a 4 KiB transfer) from src to dst with `method`."""
-    a = Buffer(src, nbytes)
-    b = None
-    x = None
+def _measure_pair(src: Any, dst: Any, method: str, nbytes: int, reps: int,
+                  deadline: Deadline) -> tuple[float, float]:
+    """(GB/s for `nbytes`, latency in us of a 4 KiB transfer) from src to dst with `method`,
+    within `deadline`. A measurement that gives up (a timeout, Ctrl-C, a failure) frees what
+    no transfer uses any more; the rest stays to its manager's destroy(), which waits for it."""
+    made: list[Any] = [Buffer(src, nbytes)]
     try:
-        b = Buffer(dst, nbytes)
+        made.append(Buffer(dst, nbytes))
+        a, b = made
         x = CrossDeviceTransfer(src, dst, method)
+        made.insert(0, x)
 
         def once(size: int) -> float:
             t0 = time.perf_counter()
-            x.submit(src_buffer=a, dst_buffer=b, size=size).wait(WAIT_SECONDS)
+            x.submit(src_buffer=a, dst_buffer=b, size=size).wait(deadline.left())
             return time.perf_counter() - t0
 
         once(nbytes)   # warm-up: makes the link and its ring
         big = statistics.median(once(nbytes) for _ in range(reps))
         small = statistics.median(once(LATENCY_BYTES) for _ in range(max(2 * reps, 5)))
-        return nbytes / big / 1e9, small * 1e6
-    finally:
-        if x is not None:
-            x.destroy(WAIT_SECONDS)
-        if b is not None:
-            b.destroy()
-        a.destroy()
+    except BaseException:
+        for obj in made:   # (the transfer first: the buffers' destroy waits for its jobs)
+            try:
+                obj.destroy(0)
+            except VkmError as exc:
+                log.info("topology probe: %r kept for its manager's destroy() (%s)", obj, exc)
+        raise
+    for obj in made:
+        obj.destroy(deadline.left())
+    return nbytes / big / 1e9, small * 1e6
 
 
 # ---- printing ---------------------------------------------------------------------
