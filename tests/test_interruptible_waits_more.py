@@ -232,7 +232,7 @@ CASES = {
         rt.step(a).wait(30)
         outcome("again", lambda: routed(30))
         outcome("detach", lambda: router.detach(30))
-    """, RUNTIME_END), ["route_message 0.2: RAISED QueueFullError", "route_message ctrl-c: RAISED KeyboardInterrupt\\n"]
+    """, RUNTIME_END), ["route_message 0.2: RAISED QueueFullError", "route_message ctrl-c: RAISED KeyboardInterrupt\n"]
         + [f"route_message bad {bad}: RAISED ValueError" for bad in ("-1", "nan", "'5'", "True")]
         + ["again: RETURNED", "detach: RETURNED"] + RUNTIME_DONE),
     # the topology probe's transfers wait behind every queue of GPU 1 held; what a probe that gave up
