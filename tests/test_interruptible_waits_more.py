@@ -219,6 +219,26 @@ CASES = {
         + probed("gather_to_device_blocking") + probed("gather") + probed("renderer wait") + probed("renderer destroy")
         + probed("run") + probed("release_children") + ["DATA True True"] + ["destroy: RETURNED"] * 6
         + ["mgr: RETURNED"]),
+    # ringkernel's descriptor of a copy (vkmulti.kernels.CrossDeviceTransfer) run behind every queue
+    # of its source GPU held; what a run that gave up queued stays to the manager's destroy()
+    "transfer-descriptor-run": (body("""
+        from vkmulti import kernels
+        mgr = MultiDeviceManager.create()
+        s0, s1 = mgr.slot(0), mgr.slot(1)
+        data = np.arange(1 << 14, dtype=np.uint8)
+        a, b = Buffer(s1, data.nbytes), Buffer(s0, data.nbytes)
+        a.upload(data)
+        gate = Gate(s1)
+        for q in s1.queues():
+            gate.hold(q)
+        copy = kernels.CrossDeviceTransfer(1, 0, data.nbytes)
+        probe("run", lambda to: copy.run(mgr, a, b, timeout=to))
+        opened(gate)
+        outcome("after", lambda: copy.run(mgr, a, b, timeout=30))
+        print("DATA", bool((b.download() == data).all()), flush=True)
+        gate.destroy()
+        outcome("mgr", lambda: mgr.destroy(30))
+    """), probed("run") + ["after: RETURNED", "DATA True", "mgr: RETURNED"]),
     # the router's queue for kernel a is full (max_pending, no step of a takes from it)
     "route-message": (body(RUNTIME, """
         from vkmulti import CrossGpuK2KRouter

@@ -31,7 +31,7 @@ from ..errors import DestroyedError, VkmError
 from .checks import timeout_seconds, short_repr
 from ..errors import TimeoutError as VkmTimeoutError
 
-__all__ = ["Deadline", "LazyEvent", "Lifetime", "operation"]
+__all__ = ["Deadline", "LazyEvent", "Lifetime", "operation", "destroy_idle"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -311,3 +311,17 @@ class LazyEvent:
             if deadline.expired():
                 return False
         return True
+
+
+def destroy_idle(owners: Iterable[Any]) -> list[Any]:
+    """destroy(0) each of `owners` in turn (objects made on a manager's devices, which
+    it adopted), after a call gave up on GPU work it queued (a timeout, Ctrl-C): those
+    that work still uses raise vkmulti.TimeoutError and stay, whole, to their manager's
+    destroy(), which waits for it; nothing is freed under it. Returns those kept."""
+    kept = []
+    for owner in owners:
+        try:
+            owner.destroy(0)
+        except VkmError:
+            kept.append(owner)
+    return kept

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from ..._core.checks import check_count, short_repr
-from ..._core.lifetime import Deadline
+from ..._core.lifetime import Deadline, destroy_idle
 from ..._core.files import open_private_dir, read_regular_file, replace_file
 from ..._version import __version__
 from ...device.capabilities import DeviceCapabilities
@@ -264,11 +264,7 @@ def _measure_pair(src: Any, dst: Any, method: str, nbytes: int, reps: int,
         big = statistics.median(once(nbytes) for _ in range(reps))
         small = statistics.median(once(LATENCY_BYTES) for _ in range(max(2 * reps, 5)))
     except BaseException:
-        for obj in made:   # (the transfer first: the buffers' destroy waits for its jobs)
-            try:
-                obj.destroy(0)
-            except VkmError as exc:
-                log.info("topology probe: %r kept for its manager's destroy() (%s)", obj, exc)
+        destroy_idle(made)   # (the transfer first: the buffers' destroy waits for its jobs)
         raise
     for obj in made:
         obj.destroy(deadline.left())

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..._core.checks import check_count, check_index, short_repr
+from ..._core.lifetime import Deadline, destroy_idle
 from ...transfer.cross_device import CrossDeviceTransfer as TransferEngine
 from ...transfer.methods import TransferMethod, method_support, select_transfer_method
 
@@ -65,7 +66,9 @@ class CrossDeviceTransfer:
             timeout: float | None = None) -> str:
         """Copy `size` bytes from `src_buffer` (on source_device) to `dst_buffer`
         (on dest_device), blocking until they landed; returns the method used.
-        Buffers are vkmulti Buffers of those devices."""
+        Buffers are vkmulti Buffers of those devices. After vkmulti.TimeoutError or
+        Ctrl-C the copy may still run: what it uses stays to the manager's destroy()."""
+        deadline = Deadline(timeout)   # (checks it before anything is queued)
         if self.size == 0:
             return TransferMethod.NONE
         src, dst = self._slots(manager)
@@ -73,9 +76,14 @@ class CrossDeviceTransfer:
         if method == TransferMethod.NONE:
             raise ValueError(f"source and destination are both device {src.index}; copy within a device "
                              f"with the device's own commands")
-        with TransferEngine(src, dst, method) as engine:
+        engine = TransferEngine(src, dst, method)
+        try:
             engine.submit(src_buffer=src_buffer, dst_buffer=dst_buffer, src_offset=src_offset,
-                          dst_offset=dst_offset, size=self.size).wait(timeout)
+                          dst_offset=dst_offset, size=self.size).wait(deadline.left())
+        except BaseException:
+            destroy_idle([engine])
+            raise
+        engine.destroy(deadline.left())
         return method
 
     def _slots(self, manager: Any) -> tuple[Any, Any]:
