@@ -27,7 +27,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..._core.checks import short_repr
 from ...errors import KernelValidationError
 from ..._core.checks import short_repr, short_str
 from ..._core.tools import run_tool
