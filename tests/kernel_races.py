@@ -131,17 +131,14 @@ def users(w: World) -> list[tuple[str, Callable[[], Any]]]:
     ]
 
 
-def race(destroyer: str, round_: int, mgr: Any, rng: random.Random) -> list[str]:
-    """One round; returns what went wrong."""
+def start_users(uses: list[tuple[str, Callable[[], Any]]], rng: random.Random, problems: list[str],
+                stop: threading.Event) -> list[threading.Thread]:
+    """A thread per (name, call) calling it in a loop, with short random pauses, until `stop`
+    is set (a vkmulti error is an answer; anything else goes into `problems` and ends that
+    thread); returns the threads once all of them are running."""
     from vkmulti.errors import VkmError
 
-    w = World(mgr)
-    listed = users(w)
-    chosen = [listed[(USERS * round_ + j) % len(listed)] for j in range(USERS)]
-    destroy = destroyers(w)[destroyer]
-    problems: list[str] = []
-    stop = threading.Event()
-    barrier = threading.Barrier(len(chosen) + 1)
+    barrier = threading.Barrier(len(uses) + 1)
 
     def loop(name: str, use: Callable[[], Any]) -> None:
         barrier.wait(JOIN)
@@ -154,10 +151,24 @@ def race(destroyer: str, round_: int, mgr: Any, rng: random.Random) -> list[str]
                 problems.append(f"{name}: {traceback.format_exc()}")
                 return
             time.sleep(rng.uniform(0, 0.002))
-    threads = [threading.Thread(target=loop, args=u, name=u[0], daemon=True) for u in chosen]
+    threads = [threading.Thread(target=loop, args=u, name=u[0], daemon=True) for u in uses]
     for t in threads:
         t.start()
     barrier.wait(JOIN)
+    return threads
+
+
+def race(destroyer: str, round_: int, mgr: Any, rng: random.Random) -> list[str]:
+    """One round; returns what went wrong."""
+    from vkmulti.errors import VkmError
+
+    w = World(mgr)
+    listed = users(w)
+    chosen = [listed[(USERS * round_ + j) % len(listed)] for j in range(USERS)]
+    destroy = destroyers(w)[destroyer]
+    problems: list[str] = []
+    stop = threading.Event()
+    threads = start_users(chosen, rng, problems, stop)
     time.sleep(rng.uniform(0, 0.03))
     try:
         destroy()
@@ -298,24 +309,7 @@ def loss_race(loser: str, timeout: float | None, mgr: Any, rng: random.Random, u
     calls = loss_users(w, timeout, queries)
     problems: list[str] = []
     stop = threading.Event()
-    barrier = threading.Barrier(len(users) + 1)
-
-    def loop(name: str) -> None:
-        use = calls[name]
-        barrier.wait(JOIN)
-        while not stop.is_set():
-            try:
-                use()
-            except VkmError:
-                pass
-            except BaseException:   # reported
-                problems.append(f"{name}: {traceback.format_exc()}")
-                return
-            time.sleep(rng.uniform(0, 0.002))
-    threads = [threading.Thread(target=loop, args=(u,), name=u, daemon=True) for u in users]
-    for t in threads:
-        t.start()
-    barrier.wait(JOIN)
+    threads = start_users([(u, calls[u]) for u in users], rng, problems, stop)
     time.sleep(rng.uniform(0, 0.04))
     try:
         if loser == "lose_device":
