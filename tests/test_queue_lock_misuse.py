@@ -169,7 +169,8 @@ def test_a_lock_wait_keeps_its_bound_when_the_wall_clock_moves(tmp_path, monkeyp
     src, lib = tmp_path / "shift.c", tmp_path / "libshift.so"
     src.write_text(SHIFTED_WALL_CLOCK)
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src), "-ldl"], check=True, timeout=120)
-    monkeypatch.setenv("LD_PRELOAD", str(lib))
+    first = os.environ.get("LD_PRELOAD")   # (a sanitizer's runtime, under ASan: it must stay first)
+    monkeypatch.setenv("LD_PRELOAD", f"{first}:{lib}" if first else str(lib))
     script = textwrap.dedent("""
         import threading, time
         import vkmulti
