@@ -158,6 +158,15 @@ def start_users(uses: list[tuple[str, Callable[[], Any]]], rng: random.Random, p
     return threads
 
 
+def stop_users(threads: list[threading.Thread], stop: threading.Event, problems: list[str], after: str) -> None:
+    """Stop start_users' threads; one that still runs JOIN s later is a hang, reported as such."""
+    stop.set()
+    for t in threads:
+        t.join(JOIN)
+        if t.is_alive():
+            problems.append(f"{t.name} still runs {JOIN} s after {after}")
+
+
 def race(destroyer: str, round_: int, mgr: Any, rng: random.Random) -> list[str]:
     """One round; returns what went wrong."""
     from vkmulti.errors import VkmError
@@ -178,11 +187,7 @@ def race(destroyer: str, round_: int, mgr: Any, rng: random.Random) -> list[str]
     except BaseException:   # reported
         problems.append(f"{destroyer}: {traceback.format_exc()}")
     time.sleep(0.01)
-    stop.set()
-    for t in threads:
-        t.join(JOIN)
-        if t.is_alive():
-            problems.append(f"{t.name} still runs {JOIN} s after the {destroyer} (a hang)")
+    stop_users(threads, stop, problems, f"the {destroyer} (a hang)")
     if not problems:
         problems += after(w, destroyer)
     return problems
@@ -319,11 +324,7 @@ def loss_race(loser: str, timeout: float | None, mgr: Any, rng: random.Random, u
     except VkmError:   # (the hook's drain may time out: the device stays marked lost)
         pass
     time.sleep(rng.uniform(0, 0.05))
-    stop.set()
-    for t in threads:
-        t.join(JOIN)
-        if t.is_alive():
-            problems.append(f"{t.name} still runs {JOIN} s after the {loser} (timeout={timeout}): a hang")
+    stop_users(threads, stop, problems, f"the {loser} (timeout={timeout}): a hang")
     if not problems:
         problems += after_loss(w)
     return problems
