@@ -7,6 +7,7 @@ severity error fails the test that produced it.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import threading
 
@@ -33,6 +34,37 @@ def _one_gpu_seen_twice() -> bool:
     finally:
         inst.destroy()
     return len(set(uuids)) < len(uuids)
+
+
+#: A test whose set-up, call and teardown together run this long is a hang: every
+#: thread's stack goes to the terminal and the run ends (exit 1), instead of waiting
+#: out CI's limit with nothing to show (VKMULTI_TEST_HANG_S; 0: no guard).
+HANG_S = float(os.environ.get("VKMULTI_TEST_HANG_S", "900"))
+_hang_dump: dict[str, object] = {}
+
+
+def pytest_configure(config):
+    """Keep a file on the terminal's stderr, outside pytest's capture, for the hang dump."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if capman is None:
+        _hang_dump["file"] = os.fdopen(os.dup(2), "w")
+        return
+    with capman.global_and_fixture_disabled():
+        _hang_dump["file"] = os.fdopen(os.dup(2), "w")
+
+
+@pytest.fixture(autouse=True)
+def hang_guard(request):
+    """Arm the hang dump for this test (its fixtures' set-up and teardown included)."""
+    out = _hang_dump.get("file")
+    if HANG_S <= 0 or out is None:
+        yield
+        return
+    faulthandler.dump_traceback_later(HANG_S, exit=True, file=out)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_collection_modifyitems(config, items):
