@@ -222,8 +222,14 @@ def after(w: World, destroyer: str) -> list[str]:
 
 
 def child() -> None:
-    """A child process's set-up: the validation layer on, the virtual pair."""
+    """A child process's set-up: the validation layer on, the virtual pair; past
+    VKMULTI_CHILD_HANG_S s every thread's stack goes to stderr and the child ends."""
+    import faulthandler
+
     os.environ["VKMULTI_VALIDATION"] = "1"
+    hang = float(os.environ.get("VKMULTI_CHILD_HANG_S", "0"))
+    if hang > 0:
+        faulthandler.dump_traceback_later(hang, exit=True)
     from vkmulti.testing import install_virtual_gpus
 
     install_virtual_gpus(2)

@@ -32,12 +32,15 @@ def run_child(source: str, *args: str, timeout: float = 240) -> str:
     """Run `source` (kernel_races.child's preamble first: the virtual pair, the validation
     layer) in a child process; its last line of output ("ok" when it ran through)."""
     code = f"import kernel_races; kernel_races.child()\n{source}\nkernel_races.child_done()\n"
+    env = dict(os.environ, VKMULTI_CHILD_HANG_S=str(max(timeout - 30, timeout / 2)))
     try:
         done = subprocess.run([sys.executable, "-c", code, *args], cwd=HERE, capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=timeout, env=env)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the child hung ({timeout} s):\n{str(exc.stdout)[-3000:]}\n{str(exc.stderr)[-3000:]}")
-    assert done.returncode == 0, f"rc {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    dump = done.stderr.find("Timeout (")   # (the child's hang dump: every thread's stack)
+    err = done.stderr[dump:dump + 20000] if dump >= 0 else done.stderr[-4000:]
+    assert done.returncode == 0, f"rc {done.returncode}\n{done.stdout[-4000:]}\n{err}"
     return done.stdout.strip().splitlines()[-1]
 
 
