@@ -33,7 +33,7 @@ from vkmulti import (Backend, Checkpoint, CheckpointBuilder, CheckpointMetadata,
                      KernelMigrationPlan, LaunchOptions, MemoryStorage, MigrationRequest, MultiGpuBuilder,
                      MultiGpuConfig, MultiGpuCoordinator, QueueFamilies, ReferenceRenderer, ReferenceSRU,
                      SRUOffloadCoordinator, TimelinePoint, assign_srus, assign_srus_array, select_transfer_method)
-from vkmulti._core.checks import short_repr, short_str
+from vkmulti._core.checks import short_repr, short_str, short_text
 from vkmulti.cluster import split_rows_weighted
 from vkmulti.kernels import DevicePath, KernelSpec, format_topology
 
@@ -112,6 +112,13 @@ def test_short_str_is_bounded_and_never_raises():
     assert short_str("x" * MB) == "x" * 197 + "..." and short_str(ValueError("boom")) == "boom"
     assert short_str(StrRaises(), 80).startswith("<StrRaises object") and len(short_str(ReprRaises())) <= 200
     assert len(short_str(ValueError("e" * MB), 2000)) == 2000
+
+
+def test_short_text_quotes_a_name_within_its_limit():
+    assert short_text("llvmpipe") == "'llvmpipe'" and short_text("x" * 100) == repr("x" * 37 + "...")
+    assert short_text(7) == "'7'"
+    for value in ("\U000e0000\x00" * MB, "\n" * MB, 10 ** 5000, ReprRaises()):
+        assert len(short_text(value)) <= 42 and len(short_text(value, 24)) <= 26 and "\n" not in short_text(value)
 
 
 def test_a_record_holding_a_callers_object_keeps_a_short_repr():

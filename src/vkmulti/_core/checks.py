@@ -13,7 +13,7 @@ import threading
 import operator
 from typing import Any
 
-__all__ = ["is_int", "short_repr", "short_str", "int_in", "positive_int", "check_index", "check_count", "check_number",
+__all__ = ["is_int", "short_repr", "short_str", "short_text", "int_in", "positive_int", "check_index", "check_count", "check_number",
            "timeout_seconds", "wait_bound", "seconds_text", "U32_MAX", "U64_MAX"]
 
 U32_MAX = (1 << 32) - 1
@@ -56,6 +56,12 @@ def short_str(value: Any, limit: int = 200) -> str:
     except Exception as exc:
         text = f"<{_type_name(value)} object; its str raised {type(exc).__name__}>"
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def short_text(value: Any, limit: int = 40) -> str:
+    """str(value) quoted, as a repr shows a name: short_str's cut to `limit` characters, then
+    quoted; at most `limit` + 2 characters however many escapes the text needs. Never raises."""
+    return short_repr(short_str(value, limit), limit + 2)
 
 
 #: How deep nested containers are shown before "..." (the text is cut long before in practice).

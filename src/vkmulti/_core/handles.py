@@ -50,12 +50,6 @@ def cstr(raw: Any) -> str:
     return _ffi.string(raw).decode("utf-8", "replace")
 
 
-def short_text(text: Any, limit: int = 40) -> str:
-    """`text` as a quoted str of at most `limit` characters (for reprs and messages)."""
-    s = str(text)
-    return repr(s if len(s) <= limit else s[:limit - 3] + "...")
-
-
 def handle_hex(value: Any) -> str:
     """A Vulkan handle (cffi or int) as 0x..., or None/'?' where it has none."""
     if value is None:

@@ -1,10 +1,11 @@
-"""compact_repr: a one-line repr under 200 characters for data classes.
+"""compact_repr: a one-line repr under 200 characters for data classes and named tuples.
 
 A class body says `__repr__ = compact_repr` (dataclasses keep a __repr__ the
 class defines). Fields print as name=value like the generated repr, but bytes
 as their length, arrays as shape and dtype, long strings and lists cut short,
 enums by member name, nested data classes compacted too; fields that do not
-fit are left out as "...".
+fit are left out as "...". A hand-written repr shows its fields through
+short_value (and a name through checks.short_text) to stay as short.
 """
 from __future__ import annotations
 
@@ -20,7 +21,12 @@ LIMIT = 199
 
 
 def short_value(v: Any, room: int = 60) -> str:
-    """A short text for one field value (at most about `room` characters)."""
+    """A short text for one field value, on one line (at most about `room` characters)."""
+    text = _short_value(v, room)
+    return text if "\n" not in text and "\r" not in text else f"<{type(v).__name__}>"
+
+
+def _short_value(v: Any, room: int) -> str:
     if isinstance(v, enum.Enum):
         return f"{type(v).__name__}.{v.name}"
     if isinstance(v, (bytes, bytearray, memoryview)):
@@ -33,7 +39,10 @@ def short_value(v: Any, room: int = 60) -> str:
         return text if len(text) <= room else f"{type(v).__name__}(...)"
     if isinstance(v, str):
         text = short_repr(v, room + 1)
-        return text if len(text) <= room else repr(v[:room - 5] + "...")
+        if len(text) <= room:
+            return text
+        cut = repr(str.__getitem__(v, slice(0, room - 5)) + "...")
+        return cut if len(cut) <= room else short_repr(v, room)   # (escapes made it long)
     if isinstance(v, float):
         return f"{v:.6g}"
     if isinstance(v, (list, tuple, set, frozenset)):
@@ -56,6 +65,8 @@ def compact_repr(self: Any) -> str:
     name = type(self).__name__
     if dataclasses.is_dataclass(self):
         items = [(f.name, getattr(self, f.name, None)) for f in dataclasses.fields(self) if f.repr]
+    elif isinstance(self, tuple) and hasattr(self, "_fields"):   # a named tuple
+        items = list(zip(self._fields, self))
     else:
         items = [(k, v) for k, v in vars(self).items() if not k.startswith("_")]
     out = name + "("

@@ -20,6 +20,7 @@ import vulkan as vk
 from .checks import is_int, short_repr
 from .handles import handle_int
 from .vktypes import VkSemaphore
+from .reprs import compact_repr
 
 if TYPE_CHECKING:
     #: A point to wait for: a TimelinePoint, or a raw (semaphore, value) pair.
@@ -49,6 +50,8 @@ class PointSlot(Protocol):
 @dataclass(frozen=True)
 class TimelinePoint:
     """A value of a timeline semaphore on one device: "done when it reaches `value`"."""
+
+    __repr__ = compact_repr
     semaphore: int
     value: int
     device_index: int

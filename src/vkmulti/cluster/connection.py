@@ -20,6 +20,7 @@ from typing import Any
 from ..device.instance import Instance
 from .errors import ClusterAddressError, ClusterConnectionError, ClusterError, RayMissingError
 from .._core.checks import is_int, short_repr
+from .._core.reprs import compact_repr
 
 __all__ = ["VK_GPU", "RayAddress", "Connection", "require_ray", "parse_address", "vk_gpu_count",
            "node_resources", "connect"]
@@ -44,6 +45,8 @@ def require_ray(what: str = "vkmulti.cluster") -> types.ModuleType:
 @dataclass(frozen=True)
 class RayAddress:
     """A parsed --ray address: 'auto' (start a local Ray), HOST:PORT (a GCS) or ray://HOST:PORT (Ray Client)."""
+
+    __repr__ = compact_repr
 
     kind: str                 # "auto", "gcs" or "client"
     host: str | None = None
@@ -121,6 +124,8 @@ def node_resources() -> dict[str, float]:
 @dataclass
 class Connection:
     """The Ray connection connect() made or found; close() undoes what it did (idempotent)."""
+
+    __repr__ = compact_repr
 
     address: str
     started_local: bool = False

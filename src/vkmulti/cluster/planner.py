@@ -38,6 +38,8 @@ IMAGE_BYTES_PER_PIXEL = 8
 class LinkInfo:
     """A measured one-way link through Ray's object store: time(n bytes) = latency + n / bandwidth."""
 
+    __repr__ = compact_repr
+
     source: str                    # node id
     destination: str               # node id, or "driver"
     bandwidth: float               # bytes per second (math.inf: same node, shared memory)

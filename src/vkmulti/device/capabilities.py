@@ -11,11 +11,12 @@ import vulkan as vk
 from vulkan._vulkan import lib
 
 from .._core import vkapi
-from .._core.checks import is_int, short_repr
-from .._core.handles import cstr, short_text, to_cffi
+from .._core.checks import is_int, short_repr, short_text
+from .._core.handles import cstr, to_cffi
 from ..errors import raise_for_result
 from .._core.vktypes import VkInstance, VkPhysicalDevice
 from .instance import Instance
+from .._core.reprs import compact_repr
 
 _ffi = vk.ffi
 
@@ -71,6 +72,8 @@ class QueueFamilies:
     `graphics` and `present` as in the seed; `compute` and `transfer` name
     dedicated families (None when the device has none or they are not used).
     """
+
+    __repr__ = compact_repr
     graphics: int
     present: int
     compute: int | None = None
@@ -302,7 +305,7 @@ class RenderCapabilities:
     enabled_extensions: tuple[frozenset[str], ...] = ()
 
     def __repr__(self) -> str:
-        names = ", ".join(short_text(d.name, 24) for d in self.devices[:4]) + (", ..." if len(self.devices) > 4 else "")
+        names = ", ".join(short_text(d.name, 20) for d in self.devices[:4]) + (", ..." if len(self.devices) > 4 else "")
         return (f"RenderCapabilities(physical_device_count={self.physical_device_count}, "
                 f"external_memory_fd_enabled={self.external_memory_fd_enabled}, devices=[{names}])")
 

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core.reprs import short_value
+
 __all__ = ["FailoverStats", "Recovery"]
 
 
@@ -24,8 +26,7 @@ class Recovery:
     reason: str = ""
 
     def __repr__(self) -> str:
-        what = self.what if len(self.what) <= 80 else self.what[:77] + "..."
-        return f"Recovery(GPU {self.device}, {self.seconds * 1e3:.2f} ms, {what!r})"
+        return f"Recovery(GPU {short_value(self.device, 24)}, {self.seconds * 1e3:.2f} ms, {short_value(self.what, 82)})"
 
 
 @dataclass
@@ -65,9 +66,10 @@ class FailoverStats:
         return r
 
     def __repr__(self) -> str:
-        return (f"FailoverStats(lost={self.devices_lost}, kernels_restored={self.kernels_restored}, "
-                f"steps_replayed={self.steps_replayed}, messages_replayed={self.messages_replayed}, "
-                f"srus_rerendered={self.srus_rerendered}, frames_repaired={self.frames_repaired}, "
+        v = short_value
+        return (f"FailoverStats(lost={v(self.devices_lost, 40)}, kernels_restored={v(self.kernels_restored, 20)}, "
+                f"steps_replayed={v(self.steps_replayed, 20)}, messages_replayed={v(self.messages_replayed, 20)}, "
+                f"srus_rerendered={v(self.srus_rerendered, 20)}, frames_repaired={v(self.frames_repaired, 20)}, "
                 f"recoveries={len(self.recoveries)})")
 
     def snapshot(self) -> "FailoverStats":

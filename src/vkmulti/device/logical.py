@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import vulkan as vk
 
-from .._core.checks import is_int, seconds_text, short_repr
+from .._core.checks import is_int, seconds_text, short_repr, short_text
 from .._core import _native, vkapi
-from .._core.handles import handle_hex, handle_int, short_text, to_cffi
+from .._core.handles import handle_hex, handle_int, to_cffi
 from .capabilities import (EXT_DMA_BUF, EXT_FENCE_FD, EXT_MEMORY_BUDGET, EXT_MEMORY_FD,
                            EXT_MEMORY_HOST, EXT_SEMAPHORE_FD, EXT_SYNC2, EXT_TIMELINE,
                            DeviceCapabilities, QueueFamilies, probe_device)

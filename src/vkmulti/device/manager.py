@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import vulkan as vk
 
-from .._core.checks import is_int, short_repr
-from .._core.handles import cstr, handle_hex, handle_int, short_text, to_cffi
+from .._core.checks import is_int, short_repr, short_text
+from .._core.handles import cstr, handle_hex, handle_int, to_cffi
 from .capabilities import (EXT_MEMORY_FD, DeviceCapabilities, QueueFamilies, QueueFamiliesLike, RenderCapabilities,
                            RenderCapabilitiesLike, as_queue_families, as_render_capabilities, probe_device)
 from .logical import (LogicalDevice, Queue, create_logical_device, default_queue_families, destroy_logical_device,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._core.checks import short_repr
+from .._core.checks import short_repr, short_text
 
 __all__ = ["KernelId", "as_kernel_id"]
 
@@ -26,7 +26,7 @@ class KernelId(str):
         return str.__str__(self)
 
     def __repr__(self) -> str:
-        return f"KernelId({str.__repr__(self)})"
+        return f"KernelId({short_text(self, 100)})"
 
 
 def as_kernel_id(value: Any, label: str = "kernel_id") -> KernelId:

@@ -62,6 +62,8 @@ def slot_bytes(payload_size: int) -> int:
 class HlcTimestamp:
     """A hybrid logical clock reading: physical microseconds since the epoch,
     then a logical counter that orders events within one microsecond."""
+
+    __repr__ = compact_repr
     physical_us: int
     logical: int = 0
 

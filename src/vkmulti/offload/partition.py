@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from .._core import _native
+from .._core import _native, reprs
 from .._core.checks import check_count, check_number, is_int, short_repr
 if TYPE_CHECKING:   # S: the caller's SRU objects, handed to its accessors as given
     from numpy.typing import ArrayLike, NDArray
@@ -35,7 +35,7 @@ _INT32_MAX = 2**31 - 1
 @dataclass(frozen=True, slots=True)
 class SRUAssignment:
     """One SRU's device for this frame."""
-
+    __repr__ = reprs.compact_repr
     sru_id: int | str
     device_index: int
 

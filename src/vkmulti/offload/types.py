@@ -19,6 +19,7 @@ from ..transfer.cross_device import CrossDeviceTransfer
 from ..transfer.link import TransferTicket
 from .compositor import scale_pair
 from .partition import sru_cost
+from .._core.reprs import compact_repr
 
 __all__ = ["OffloadRoute", "RendererMissingError", "SecondaryRenderContext", "FrameReport", "SruEntry",
            "default_cost", "int_list", "check_weights", "sru_size", "SizedSRU", "AsyncRenderer", "SeedRenderer",
@@ -62,6 +63,8 @@ class SeedRenderer(Protocol):
 @dataclass(frozen=True, slots=True)
 class OffloadRoute:
     """Where one SRU renders this frame and how its image reaches the primary."""
+
+    __repr__ = compact_repr
 
     sru_id: int | str
     device_index: int
@@ -138,6 +141,8 @@ class SecondaryRenderContext:
 class FrameReport:
     """What render_frame did: the plan, where each SRU really rendered, and the frame's done point."""
 
+    __repr__ = compact_repr
+
     routes: list[OffloadRoute]
     rendered_on: dict[SruId, int]
     fallbacks: list[SruId]
@@ -163,6 +168,8 @@ class FrameReport:
 @dataclass
 class SruEntry:
     """Cached per-SRU resources: target on its device, landing image on the primary, transfer."""
+
+    __repr__ = compact_repr
 
     sru_id: SruId
     device_index: int

@@ -44,6 +44,7 @@ from ..memory.resource import MAX_BYTES, as_host_bytes, require_transfer_usage
 from .link import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, check_ring_shape
 from .methods import TransferMethod
 from .routes import NOTHING_RAN, Holds, Registration, Routes, wait_all
+from .._core.reprs import compact_repr
 
 if TYPE_CHECKING:
     from .._core.protocols import HostData
@@ -72,6 +73,9 @@ class Gathered(NamedTuple):
     offsets: dict[int, int]
     #: device index -> byte count of its data
     sizes: dict[int, int]
+
+    def __repr__(self) -> str:
+        return compact_repr(self)
 
 
 #: Methods whose device->device path goes through host memory (broadcast uploads to them directly).

@@ -11,12 +11,12 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
-from .._core.checks import is_int, short_repr
-from .._core.handles import short_text
+from .._core.checks import is_int, short_repr, short_text
 from ..device import cuda
 from ..device.capabilities import (EXT_DMA_BUF, EXT_MEMORY_FD, EXT_MEMORY_HOST, DeviceCapabilities,
                                    as_render_capabilities)
 from ..device.manager import DeviceSlot
+from .._core.reprs import compact_repr
 
 if TYPE_CHECKING:
     from ..device.capabilities import RenderCapabilities, RenderCapabilitiesLike
@@ -57,6 +57,9 @@ class MethodProblem(NamedTuple):
     not_enabled: bool = False
     #: which device it is about: 0 for a (the source), 1 for b, None for neither
     side: int | None = None
+
+    def __repr__(self) -> str:
+        return compact_repr(self)
 
 
 #: What a reason adds when an extension is present but the VkDevice was made without it.

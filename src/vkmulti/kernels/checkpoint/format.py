@@ -39,7 +39,7 @@ from .header import (CHECKPOINT_MAGIC, CHECKPOINT_VERSION, CHUNK_HEADER_SIZE, DE
                      MAX_CUSTOM_ENTRIES, CheckpointHeader,
                      CheckpointMetadata, ChunkHeader, ChunkType, as_bytes, chunk_name_id, crc32)
 from ..messages import HlcTimestamp
-from ..._core.checks import short_repr
+from ..._core.checks import short_repr, short_text
 
 if TYPE_CHECKING:
     from ..._core.protocols import HostData
@@ -333,7 +333,7 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         m = self.metadata
-        return (f"Checkpoint({m.kernel_id[:40]!r}, {m.kernel_type[:30]!r}, step={m.current_step}, "
+        return (f"Checkpoint({short_text(m.kernel_id)}, {short_text(m.kernel_type, 30)}, step={m.current_step}, "
                 f"{len(self.chunks)} chunks, {sum(len(c.data) for c in self.chunks)} data bytes)")
 
 

@@ -10,9 +10,10 @@ import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..._core.checks import is_int, short_repr
+from ..._core.checks import is_int, short_repr, short_text
 from ...errors import InvalidCheckpointError
 from ..messages import HlcTimestamp
+from ..._core.reprs import compact_repr, short_value
 
 if TYPE_CHECKING:
     from ..._core.protocols import BytesLike
@@ -114,6 +115,8 @@ class ChunkType(enum.Enum):
 @dataclass
 class ChunkHeader:
     """The 32-byte header of a chunk."""
+
+    __repr__ = compact_repr
     chunk_type: int
     flags: int = 0
     uncompressed_size: int = 0
@@ -163,8 +166,10 @@ class CheckpointHeader:
         return cls(total_size=total_size, chunk_count=chunk_count, created_at=time.time_ns() // 1000)
 
     def __repr__(self) -> str:
-        return (f"CheckpointHeader(version={self.version}, total_size={self.total_size}, chunks={self.chunk_count}, "
-                f"checksum=0x{self.checksum:08x}, flags={self.flags})")
+        v = short_value
+        crc = f"0x{self.checksum:08x}" if is_int(self.checksum) and 0 <= self.checksum <= _U64 else v(self.checksum, 24)
+        return (f"CheckpointHeader(version={v(self.version, 24)}, total_size={v(self.total_size, 24)}, "
+                f"chunks={v(self.chunk_count, 24)}, checksum={crc}, flags={v(self.flags, 24)})")
 
     def validate(self) -> None:
         """InvalidCheckpointError for a wrong magic, a newer version or a size past 1 GiB."""
@@ -226,7 +231,7 @@ class CheckpointMetadata:
     hlc_node_id: int = 0
 
     def __repr__(self) -> str:
-        return (f"CheckpointMetadata({self.kernel_id[:40]!r}, {self.kernel_type[:30]!r}, step={self.current_step}, "
+        return (f"CheckpointMetadata({short_text(self.kernel_id)}, {short_text(self.kernel_type, 30)}, step={self.current_step}, "
                 f"grid={self.grid_size}, tile={self.tile_size}, {len(self.custom)} custom)")
 
     def __post_init__(self) -> None:

@@ -12,6 +12,7 @@ from ..._core.checks import check_count, check_index, short_repr
 from ..._core.lifetime import Deadline, destroy_idle
 from ...transfer.cross_device import CrossDeviceTransfer as TransferEngine
 from ...transfer.methods import TransferMethod, method_support, select_transfer_method
+from ..._core.reprs import compact_repr
 
 if TYPE_CHECKING:
     from ..._core.vktypes import VkBuffer
@@ -27,6 +28,8 @@ _PEER = (TransferMethod.CUDA_PEER, TransferMethod.DMABUF)
 class CrossDeviceTransfer:
     """`size` bytes from device `source_device` to `dest_device`; `use_p2p=False`
     (`without_p2p()`) keeps it off peer paths (CUDA_PEER, DMABUF)."""
+
+    __repr__ = compact_repr
     source_device: int
     dest_device: int
     size: int

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from ..._core.reprs import compact_repr
+from ..._core.reprs import compact_repr, short_value
 from ..ids import KernelId, as_kernel_id
 from ..._core.checks import check_count, check_index, check_number, short_repr
 from ..messages import K2KMessage
@@ -49,7 +49,7 @@ class DevicePath(tuple):
     __hash__ = tuple.__hash__
 
     def __repr__(self) -> str:
-        return f"DevicePath({list(self)})"
+        return f"DevicePath({short_value(list(self), 150)})"
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,8 @@ class PendingK2KMessage:
 @dataclass(frozen=True)
 class CrossGpuRouterStatsSnapshot:
     """The router's counters at one moment (the seed's snapshot)."""
+
+    __repr__ = compact_repr
     messages_routed: int = 0
     bytes_transferred: int = 0
     messages_pending: int = 0

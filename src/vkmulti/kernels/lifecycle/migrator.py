@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
-from ..._core.checks import short_repr, timeout_seconds, short_str
+from ..._core.checks import short_repr, timeout_seconds, short_str, short_text
+from ..._core.reprs import short_value
 from ...errors import KernelNotFoundError, MigrationError
 from ..checkpoint.format import Checkpoint
 from ..checkpoint.storage import CheckpointStorage, MemoryStorage
@@ -72,8 +73,10 @@ class MigrationResult:
     live: bool = False
 
     def __repr__(self) -> str:
-        return (f"MigrationResult({self.kernel_id.as_str()[:40]!r}, GPU {self.source_device} -> {self.target_device}, "
-                f"{self.bytes_moved or self.checkpoint_size} bytes, {self.total_duration * 1e3:.2f} ms, "
+        v = short_value
+        return (f"MigrationResult({short_text(self.kernel_id)}, GPU {v(self.source_device, 24)} -> "
+                f"{v(self.target_device, 24)}, {v(self.bytes_moved or self.checkpoint_size, 24)} bytes, "
+                f"{self.total_duration * 1e3:.2f} ms, "
                 f"{'live' if self.live else 'checkpoint'}, crc_match={self.checksum_match})")
 
 
@@ -87,8 +90,9 @@ class MigrationStatsSnapshot:
     avg_restore_time: float = 0.0
 
     def __repr__(self) -> str:
-        return (f"MigrationStatsSnapshot(successful={self.successful_migrations}, failed={self.failed_migrations}, "
-                f"bytes={self.bytes_transferred}, avg_checkpoint={self.avg_checkpoint_time * 1e3:.3f} ms, "
+        v = short_value
+        return (f"MigrationStatsSnapshot(successful={v(self.successful_migrations, 24)}, "
+                f"failed={v(self.failed_migrations, 24)}, bytes={v(self.bytes_transferred, 24)}, avg_checkpoint={self.avg_checkpoint_time * 1e3:.3f} ms, "
                 f"avg_restore={self.avg_restore_time * 1e3:.3f} ms)")
 
 
@@ -139,7 +143,7 @@ class PlanOutcome:
 
     def __repr__(self) -> str:
         what = "ok" if self.result is not None else f"failed: {type(self.error).__name__}"
-        return (f"PlanOutcome({self.plan.kernel_id.as_str()[:40]!r}, GPU {self.plan.source_device} -> "
+        return (f"PlanOutcome({short_text(self.plan.kernel_id)}, GPU {self.plan.source_device} -> "
                 f"{self.plan.target_device}, {what})")
 
     @property

@@ -12,10 +12,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..._core.checks import int_in, short_repr
+from ..._core.checks import int_in, short_repr, short_text
 from ..checkpoint.format import Checkpoint
 from ..ids import KernelId, as_kernel_id
 from .code_source import KernelCodeSource
+from ..._core.reprs import compact_repr, short_value
 
 __all__ = ["HotReloadConfig", "HotReloadState", "HotReloadRequest", "HotReloadResult", "HotReloadStats",
            "HotReloadStatsSnapshot"]
@@ -44,6 +45,8 @@ def _flag(value: Any, label: str) -> bool:
 class HotReloadConfig:
     """Hot reload settings (the seed's defaults; durations in seconds). `max_rule_history`:
     code versions kept per kernel for rollback (FIFO)."""
+
+    __repr__ = compact_repr
     enabled: bool = True
     reload_timeout: float = 30.0
     preserve_state: bool = True
@@ -135,8 +138,8 @@ class HotReloadRequest:
             raise TypeError(f"state must be a HotReloadState, got {short_repr(self.state)}")
 
     def __repr__(self) -> str:
-        return (f"HotReloadRequest({self.kernel_id.as_str()[:40]!r}, version {self.new_code.version_id}, "
-                f"{self.state.name}, retries={self.retry_count})")
+        return (f"HotReloadRequest({short_text(self.kernel_id)}, version {short_value(self.new_code.version_id, 24)}, "
+                f"{self.state.name}, retries={short_value(self.retry_count, 24)})")
 
     @classmethod
     def new(cls, kernel_id: KernelId | str, new_code: KernelCodeSource) -> "HotReloadRequest":
@@ -193,7 +196,8 @@ class HotReloadResult:
     attempts: int = 1
 
     def __repr__(self) -> str:
-        return (f"HotReloadResult({self.kernel_id.as_str()[:40]!r}, v{self.old_version} -> v{self.new_version}, "
+        return (f"HotReloadResult({short_text(self.kernel_id)}, v{short_value(self.old_version, 24)} -> "
+                f"v{short_value(self.new_version, 24)}, "
                 f"swap {self.swap_duration * 1e6:.0f} us, total {self.total_duration * 1e3:.2f} ms, "
                 f"state_preserved={self.state_preserved})")
 
@@ -210,8 +214,9 @@ class HotReloadStatsSnapshot:
     state_preserved_count: int = 0
 
     def __repr__(self) -> str:
-        return (f"HotReloadStatsSnapshot(successful={self.successful_reloads}, failed={self.failed_reloads}, "
-                f"rollbacks={self.rollbacks}, avg_swap={self.avg_swap_time * 1e6:.0f} us)")
+        v = short_value
+        return (f"HotReloadStatsSnapshot(successful={v(self.successful_reloads, 24)}, failed={v(self.failed_reloads, 24)}, "
+                f"rollbacks={v(self.rollbacks, 24)}, avg_swap={self.avg_swap_time * 1e6:.0f} us)")
 
 
 class HotReloadStats:
