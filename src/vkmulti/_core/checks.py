@@ -13,8 +13,8 @@ import threading
 import operator
 from typing import Any
 
-__all__ = ["is_int", "short_repr", "short_str", "short_text", "int_in", "positive_int", "check_index", "check_count", "check_number",
-           "timeout_seconds", "wait_bound", "seconds_text", "U32_MAX", "U64_MAX"]
+__all__ = ["is_int", "short_repr", "short_str", "short_text", "int_in", "positive_int", "check_index", "check_count",
+           "check_number", "timeout_seconds", "wait_bound", "seconds_text", "U32_MAX", "U64_MAX"]
 
 U32_MAX = (1 << 32) - 1
 U64_MAX = (1 << 64) - 1
