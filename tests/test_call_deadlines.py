@@ -113,6 +113,35 @@ def test_first_launch_sets_up_the_device_and_the_kernel_within_one_timeout(runti
     runtime.step(k).wait(30)
 
 
+@pytest.mark.parametrize("maker", ["migration", "prebuild"])
+def test_migration_makes_its_gpu_crc_engines_within_its_timeout(runtime, monkeypatch, maker):
+    """A checked migration's first use of the CRC32 shader makes its engines (a GPU self-check
+    each; it waited 30 s whatever the migration's timeout), or waits for the prebuild thread
+    that makes them (it waited for as long as that took). A self-check job that takes 4 s
+    must end the migration at its own timeout."""
+    runtime.migration_crc = "shader"
+    if maker == "migration":
+        runtime.prebuild.devices = ()   # (nothing built or warmed ahead)
+    real_wait = GpuJobs.wait
+    hang = 4.0
+
+    def slow_wait(self, point, timeout):
+        if timeout is None or timeout >= hang:
+            time.sleep(hang)
+            return real_wait(self, point, timeout)
+        time.sleep(timeout)
+        raise vkmulti.TimeoutError(f"slow job: not done within {timeout:.3f} s")
+    monkeypatch.setattr(GpuJobs, "wait", slow_wait)
+    k = counter(runtime, "moved", 0)
+    runtime.step(k).wait(30)
+    try:
+        _raises_within_bound(lambda: runtime.migrate(k, 1, timeout=T, verify=True))
+    finally:
+        monkeypatch.undo()
+    assert k.device_index == 0
+    runtime.step(k).wait(30)
+
+
 def test_synchronize_reads_the_checkpoint_captures_within_what_is_left(runtime, monkeypatch):
     """synchronize() under a checkpoint policy: the steps take (nearly) all of T; the captures
     still pending (three, each a GPU copy that does not finish here) share what is left (each
