@@ -376,3 +376,78 @@ def job_on_a_lost_gpu():
         s1.native.destroy_timeline(gate.sem)
     finally:
         _bounded_destroy(mgr)
+
+
+class _ReportsLossAtTheSecondQueue:
+    """A slot's native table whose queue drain meets VK_ERROR_DEVICE_LOST from the driver
+    at its second queue's submit, as the native drain does then: the first queue's fence
+    was submitted (and the driver, its device lost, ran it); its handle is handed back as
+    one still pending, and DeviceLostError is raised. Everything else is the real table."""
+
+    def __init__(self, slot):
+        self.real, self.slot, self.fences = slot.native, slot, []
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def drain_queues_raw(self, queues, timeout, pending=None):
+        import vulkan as vk
+        dev = self.slot.device
+        fence = vk.vkCreateFence(dev, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
+        with self.slot.queues()[0].lock:
+            vk.vkQueueSubmit(self.slot.queues()[0].handle, 0, None, fence)
+        assert vk.lib.vkWaitForFences(dev, 1, vk.ffi.new("VkFence[1]", [fence]), vk.VK_TRUE,
+                                      10_000_000_000) == vk.VK_SUCCESS
+        handle = int(vk.ffi.cast("uintptr_t", fence))
+        self.fences.append(handle)
+        if pending is not None:
+            pending.append(handle)
+        raise DeviceLostError(-4, "vkQueueSubmit(teardown drain)", "the driver reported the device lost")
+
+
+def test_a_drain_that_meets_a_reported_loss_frees_the_fences_it_made(monkeypatch):
+    """The driver reports the device lost part-way through a drain: the fences the drain
+    had submitted were left pending with the slot (the teardown waited on them again, and
+    a drain of a device destroyed meanwhile leaked them), though the driver's work is over
+    once it reported the loss. They are freed with the DeviceLostError now."""
+    import vulkan as vk
+    from vkmulti.device.logical import drain_through_driver
+
+    mgr = MultiDeviceManager.create()
+    try:
+        s1 = mgr.slot(1)
+        fake = _ReportsLossAtTheSecondQueue(s1)
+        destroyed = []
+        real_destroy = vk.vkDestroyFence
+        monkeypatch.setattr(vk, "vkDestroyFence", lambda d, f, a: (destroyed.append(int(vk.ffi.cast("uintptr_t", f))),
+                                                                  real_destroy(d, f, a)))
+        monkeypatch.setattr(s1, "native", fake)
+        with pytest.raises(DeviceLostError):
+            drain_through_driver(s1, 5.0)
+        monkeypatch.undo()
+        assert s1.pending_fences == [] and destroyed == fake.fences
+    finally:
+        _bounded_destroy(mgr)
+
+
+def test_a_drain_after_one_that_gave_up_waits_for_its_fences_first():
+    """The fault hook's drain gave up (its fences stay with the slot); a later drain through
+    the driver (a failover's, a GPU job's) made a new fence per queue on top of them and
+    left the old ones pending: each drain that gave up added a set, and one that saw the
+    work done did not free them. It waits for them first, and frees them once signalled."""
+    from vkmulti.device.logical import drain_through_driver
+
+    mgr = MultiDeviceManager.create()
+    try:
+        s1, gate = _gated_loss(mgr)
+        try:
+            before = list(s1.pending_fences)
+            assert drain_through_driver(s1, 0.2) is False
+            assert s1.pending_fences == before   # (the same ones: nothing new on top)
+        finally:
+            gate.open()
+        assert drain_through_driver(s1, 20.0) is True
+        assert s1.pending_fences == []
+        s1.native.destroy_timeline(gate.sem)
+    finally:
+        _bounded_destroy(mgr)

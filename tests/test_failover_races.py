@@ -190,3 +190,39 @@ def test_state_calls_during_the_replay_of_a_restored_kernel_wait_for_its_end(mon
         assert read == [before]
         st = read_counter(r.rt.read_state(r.k))
         assert (st.count, st.sum) == (0, 1000)
+
+
+def test_the_failover_drain_waits_for_the_fences_a_drain_that_gave_up_left():
+    """GPU 1's queues held behind a gate when the fault hook marks it lost: the hook's
+    drain gives up at once and its fences stay with the slot. The failover's own drain
+    through the driver (bounded by DRAIN_TIMEOUT) made a new fence per queue on top of
+    them, and left both sets pending when the gate was still shut; it waits for the
+    hook's fences now (still pending, the same ones), and once the gate opens the next
+    drain frees them."""
+    import vkmulti
+    from gates import Gate
+    from vkmulti.device.logical import drain_through_driver
+    from vkmulti.kernels.lifecycle import failover
+
+    with _Runtime(CheckpointPolicy()) as r:
+        s1 = r.mgr.slot(1)
+        r.rt.step().wait(10)
+        gate = Gate(s1)
+        try:
+            for q in s1.queues():
+                gate.hold(q)
+            with pytest.raises(vkmulti.TimeoutError):
+                lose_device(r.mgr, 1, timeout=0.0)
+            before = list(s1.pending_fences)
+            assert before
+            failover.DRAIN_TIMEOUT, saved = 0.2, failover.DRAIN_TIMEOUT
+            try:
+                r.rt.step()   # the failover: the kernel is lost with its GPU (no checkpoint)
+            finally:
+                failover.DRAIN_TIMEOUT = saved
+            assert r.rt.lost_kernels == {"k": 1}
+            assert s1.pending_fences == before
+        finally:
+            gate.open()
+        assert drain_through_driver(s1, 20.0) and s1.pending_fences == []
+        s1.native.destroy_timeline(gate.sem)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import vulkan as vk
 
 from .._core.checks import is_int, seconds_text, short_repr, short_text
+from .._core.lifetime import Deadline
 from .._core import _native, vkapi
 from .._core.handles import handle_hex, handle_int, to_cffi
 from .capabilities import (EXT_DMA_BUF, EXT_FENCE_FD, EXT_MEMORY_BUDGET, EXT_MEMORY_FD,
@@ -324,19 +325,36 @@ def drain_through_driver(slot: Any, timeout: float | None) -> bool:
     """Whether the work submitted to `slot`'s queues so far has all run, waited for through
     the driver even when the device is marked lost (the fault hook leaves the driver
     running what it was given), bounded by `timeout` s (None: no bound; in slices, Ctrl-C
-    lands between them). False when work still runs then: its fences stay alive in
-    `slot.pending_fences` (the manager's teardown waits for them). DeviceLostError when
-    the driver itself reports the device lost (nothing of it runs any more)."""
+    lands between them). The fences an earlier drain gave up on (`slot.pending_fences`)
+    are waited for first and freed once signalled. False when work still runs then: the
+    fences stay alive in `slot.pending_fences` (the manager's teardown waits for them).
+    DeviceLostError when the driver itself reports the device lost: nothing of it runs
+    any more, so the fences are freed."""
     native = getattr(slot, "native", None)
-    if native is None or getattr(slot, "device", None) is None:
+    dev = getattr(slot, "device", None)
+    if native is None or dev is None:
         return True
+    deadline = Deadline(timeout)
+    with slot.children_lock:   # (each fence is in one list at a time: no two threads free one)
+        mine = [f for d, f in slot.pending_fences if d is dev]
+        slot.pending_fences[:] = [(d, f) for d, f in slot.pending_fences if d is not dev]
     left: list[int] = []
     try:
-        return bool(native.drain_queues_raw([q.lock for q in slot.queues()], timeout, left))
+        while mine:
+            _driver_wait(slot, mine[0], deadline)
+            vk.vkDestroyFence(dev, mine.pop(0), None)
+        return bool(native.drain_queues_raw([q.lock for q in slot.queues()], deadline.left(), left))
+    except VkmTimeoutError:
+        return False
+    except DeviceLostError:
+        for fence in mine + [_ffi.cast("VkFence", f) for f in left]:   # (the driver is done with them)
+            vk.vkDestroyFence(dev, fence, None)
+        mine, left = [], []
+        raise
     finally:
-        if left:
+        if mine or left:
             with slot.children_lock:
-                slot.pending_fences.extend((slot.device, _ffi.cast("VkFence", f)) for f in left)
+                slot.pending_fences.extend((dev, f) for f in mine + [_ffi.cast("VkFence", h) for h in left])
 
 
 def drain_queues(slot: Any, fences: list[tuple[Any, Any]], deadline: Any) -> None:

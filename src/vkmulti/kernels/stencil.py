@@ -141,9 +141,10 @@ class StencilSlabs:
         return times
 
     def field(self, timeout: float | None = 60.0) -> np.ndarray:
-        """The whole field (rows x columns int32) after the steps so far."""
-        self.rt.synchronize(timeout)
-        parts = [stencil_field(self.rt.read_state(k, self.steps % 2, timeout=timeout), self.width, n)
+        """The whole field (rows x columns int32) after the steps so far, within `timeout` s."""
+        deadline = Deadline(timeout)
+        self.rt.synchronize(deadline.left())
+        parts = [stencil_field(self.rt.read_state(k, self.steps % 2, timeout=deadline.left()), self.width, n)
                  for k, (_, n) in zip(self.kernels, self.slabs)]
         return np.vstack(parts)
 

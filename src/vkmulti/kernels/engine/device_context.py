@@ -245,7 +245,7 @@ class DeviceContext:
             raise
 
     def _create(self, timeout: float | None) -> None:
-        slot, dev = self.slot, self.slot.device
+        slot, dev, deadline = self.slot, self.slot.device, Deadline(timeout)   # (the fill and the builds: one bound)
         props = vk.vkGetPhysicalDeviceProperties(slot.physical_device)
         limits = props.limits
         self.min_offset_alignment = max(16, int(limits.minStorageBufferOffsetAlignment))
@@ -274,13 +274,13 @@ class DeviceContext:
                                    usage=BUFFER_USAGE | vk.VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT)
         directory = Buffer(slot, self.table_size * DIRECTORY_ENTRY)   # (a fill that gave up: the slot's runner frees it once it ran)
         CommandRunner.for_slot(slot).run(lambda cmd: vk.vkCmdFillBuffer(cmd, directory.handle, 0, WHOLE_SIZE, 0),
-                                         timeout=timeout, keep=[directory], users=[directory])
+                                         timeout=deadline.left(), keep=[directory], users=[directory])
         self.directory = directory
         # (the finish pass also surveys the outbox it stamped: the directory and the status ring last)
-        self.finish = self.builtin("kernel_finish.comp.spv", [SB, SB, SB_DYN, SB_DYN, SB, SB], FINISH_PUSH)
-        self.deliver = self.builtin("kernel_deliver.comp.spv", [SB_DYN, SB, SB], DELIVER_PUSH)
-        self.deliver_copy = self.builtin("kernel_deliver_copy.comp.spv", [SB_DYN, SB, SB], DELIVER_PUSH)
-        self.survey = self.builtin("kernel_survey.comp.spv", [SB_DYN, SB, SB], SURVEY_PUSH)
+        self.finish = self.builtin("kernel_finish.comp.spv", [SB, SB, SB_DYN, SB_DYN, SB, SB], FINISH_PUSH, deadline.left())
+        self.deliver = self.builtin("kernel_deliver.comp.spv", [SB_DYN, SB, SB], DELIVER_PUSH, deadline.left())
+        self.deliver_copy = self.builtin("kernel_deliver_copy.comp.spv", [SB_DYN, SB, SB], DELIVER_PUSH, deadline.left())
+        self.survey = self.builtin("kernel_survey.comp.spv", [SB_DYN, SB, SB], SURVEY_PUSH, deadline.left())
 
     # -- pipelines -------------------------------------------------------------
 
@@ -309,8 +309,8 @@ class DeviceContext:
         if data and data != self.cache_blob:
             FILES.save(self.cache_identity, data)
 
-    def builtin(self, name: str, types: list[int], push: int) -> ComputePass:
-        return self.pipeline(shader_bytes(name), "main", types, push)
+    def builtin(self, name: str, types: list[int], push: int, timeout: float | None = 60.0) -> ComputePass:
+        return self.pipeline(shader_bytes(name), "main", types, push, timeout)
 
     def pipeline(self, code: bytes, entry: str, types: list[int], push: int,
                  timeout: float | None = 60.0, elsewhere: bool = False) -> ComputePass:

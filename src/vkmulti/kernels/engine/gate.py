@@ -5,6 +5,8 @@ the wait for a kernel that is held back (being migrated or reloaded)."""
 from __future__ import annotations
 
 import functools
+import inspect
+import math
 import threading
 import time
 from contextlib import contextmanager
@@ -187,12 +189,14 @@ def _kernel_arg(rt: Any, args: tuple, kwargs: dict) -> Any:
 
 def gated_unheld(fn: _F) -> _F:
     """Like `gated`, for a method whose first argument is a kernel: it first waits
-    (bounded by the call's `timeout`, default 60 s; None: no limit) until no migration or restore
-    is replacing that kernel's device resources, so it never acts on a half-moved
-    kernel."""
+    (bounded by the call's keyword `timeout`, its default where not given; None: no limit)
+    until no migration or restore is replacing that kernel's device resources, so it never
+    acts on a half-moved kernel. The method then gets what is left of that timeout."""
+    default = inspect.signature(fn).parameters["timeout"].default
+
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        timeout = timeout_seconds(kwargs.get("timeout", 60.0))   # (a bad one is refused before any wait)
+        timeout = timeout_seconds(kwargs.get("timeout", default))   # (a bad one is refused before any wait)
         deadline = time.monotonic() + (timeout if timeout is not None else 1e18)
         gate = gate_of(self)
         while True:
@@ -201,5 +205,7 @@ def gated_unheld(fn: _F) -> _F:
                 self.holds.wait_unheld(k, deadline)
             with gate.shared():
                 if k is None or not self.holds.is_moving(k):
+                    if timeout is not None and math.isfinite(timeout):   # (one deadline for the whole call)
+                        kwargs["timeout"] = max(0.0, deadline - time.monotonic())
                     return fn(self, *args, **kwargs)
     return wrapper  # type: ignore[return-value]

@@ -25,7 +25,7 @@ import numpy as np
 import vulkan as vk
 
 from ..._core.checks import U32_MAX, int_in, short_repr, short_str, timeout_seconds
-from ..._core.lifetime import LazyEvent
+from ..._core.lifetime import Deadline, LazyEvent
 from ..._core.timeline import TimelinePoint
 from ...errors import DestroyedError, DeviceLostError
 from ...memory.image import Buffer
@@ -454,14 +454,14 @@ class Kernel:
         if self.destroyed:
             raise DestroyedError(f"kernel {short_repr(self.id)} was destroyed")
 
-    def free(self) -> None:
-        """Free the Vulkan objects (the GPU no longer uses them)."""
+    def free(self, deadline: Deadline | None = None) -> None:
+        """Free the Vulkan objects (the GPU no longer uses them; copies reading a buffer: until `deadline`)."""
         for s in self.sets + list(self.deliver_sets.values()):
             self.ctx.free_set(s)
         self.sets, self.deliver_sets = [], {}
         self.ctx.let_go(self.residency)   # (its pipeline: another kernel may hold it still)
         for b in reversed(self.buffers):
-            b.destroy()
+            b.destroy(deadline.left() if deadline is not None else 30.0)
         self.buffers = []
         if self.local_slot >= 0:
             self.ctx.release_local_slot(self.local_slot)

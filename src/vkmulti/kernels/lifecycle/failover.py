@@ -207,7 +207,8 @@ class Failover:
     def _drain(self, slot: Any) -> bool:
         """Whether the work submitted to a device marked lost, whose drain nobody saw
         finish (the fault hook's own drain timed out, or a loss the driver reported),
-        has all run: waited for through the driver, bounded by DRAIN_TIMEOUT. A driver
+        has all run: waited for through the driver (the fences such a drain gave up on
+        first: drain_through_driver), bounded by DRAIN_TIMEOUT. A driver
         that reports the device lost says no (its memory contents are undefined)."""
         if getattr(slot, "native", None) is None or not hasattr(slot, "queues"):
             return False

@@ -31,6 +31,7 @@ import numpy as np
 import vulkan as vk
 
 from ..._core.checks import is_int, short_repr
+from ..._core.lifetime import Deadline
 from ...errors import TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
 from ..._core.shaders import shader_bytes
@@ -125,7 +126,6 @@ _SPARES = 4   # results buffers a GpuCrc keeps (a move's jobs on one device: two
 _READY = 2    # results buffers and command buffers a GpuCrc makes at once (a move's jobs on one device)
 _RESULT_WORDS = 16   # the smallest results buffer (one word per range: a move's jobs hash a few)
 _SELF_CHECK_ODD = (4, 4003)   # (offset, bytes) of the odd range a new engine checks itself with
-_SELF_CHECK_TIMEOUT = 30.0
 
 
 def check_ranges(ranges: Iterable[tuple[Any, int, int]], *, word_tail: bool) -> list[tuple[Any, int, int]]:
@@ -198,10 +198,14 @@ class GpuCrc:
 
     kind = "shader"
 
-    def __init__(self, ctx: Any, jobs: GpuJobs, lane_words: int | None = None, contiguous: bool | None = None):
+    def __init__(self, ctx: Any, jobs: GpuJobs, lane_words: int | None = None, contiguous: bool | None = None,
+                 timeout: float | None = 60.0):
         """`lane_words` and `contiguous` (the shader's layout, see crc32.comp):
         by default interleaved with 64 words a lane on a GPU, contiguous with
-        1024 on a CPU device (llvmpipe runs interleaved gathers ~2x slower)."""
+        1024 on a CPU device (llvmpipe runs interleaved gathers ~2x slower).
+        `timeout`: for its set-up (the pipeline, the tables' upload, the self-check)
+        all together; vkmulti.TimeoutError after it."""
+        deadline = Deadline(timeout)
         self.ctx, self.jobs = ctx, jobs
         slot = ctx.slot
         caps = getattr(slot, "capabilities", None)
@@ -216,7 +220,7 @@ class GpuCrc:
             raise TypeError(f"contiguous must be a bool, got {type(contiguous).__name__}")
         self.lane_words, self.contiguous = lane_words, contiguous
         with ctx.lock:
-            self.pass_ = ctx.pipeline(*crc_pass_spec())
+            self.pass_ = ctx.pipeline(*crc_pass_spec(), timeout=deadline.left())
         data = np.ascontiguousarray(zero_tables()).reshape(-1)
         self.tables = Buffer(slot, data.nbytes)
         self._lock = threading.Lock()
@@ -226,7 +230,7 @@ class GpuCrc:
             try:
                 staging.words[:] = data
                 ctx.runner.run(lambda cmd: vk.vkCmdCopyBuffer(cmd, staging.handle, self.tables.handle, 1, [
-                    vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=data.nbytes)]))
+                    vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=data.nbytes)]), timeout=deadline.left())
             finally:
                 staging.destroy()
             # what a move's jobs use on one device at once, made now: its first jobs allocate
@@ -234,18 +238,18 @@ class GpuCrc:
             jobs.prepare(_READY)
             for _ in range(_READY):
                 self._spares.append(MappedBuffer(slot, 4 * _RESULT_WORDS))
-            self._check_itself(data.view(np.uint8))
+            self._check_itself(data.view(np.uint8), deadline)
         except BaseException as exc:
             for b in self._spares:
                 b.destroy()
-            try:
-                self.tables.destroy()
+            try:   # (not under a self-check still running: kept then, freed with the device)
+                self.tables.destroy(deadline.left())
             except Exception as more:   # (the error raised is the one that stopped the engine)
                 log.warning("GPU %d: the CRC32 tables of an engine that failed (%s) were not freed: %s",
                             ctx.index, exc, more)
             raise
 
-    def _check_itself(self, tables: np.ndarray) -> None:
+    def _check_itself(self, tables: np.ndarray, deadline: Deadline) -> None:
         """One job at once, on the engine's own tables (`tables`: their bytes): all of them
         (several workgroups, their results combined) and an odd range (a partial block,
         tail bytes). The pipeline's first dispatch and the queue's first submit are paid
@@ -255,9 +259,9 @@ class GpuCrc:
         want = [zlib.crc32(tables.tobytes()), zlib.crc32(tables[at:at + size].tobytes())]
         job = self.submit([(self.tables, 0, tables.nbytes), (self.tables, at, size)])
         try:
-            got = job.result(_SELF_CHECK_TIMEOUT)
+            got = job.result(deadline.left())
         except BaseException:
-            job.close(_SELF_CHECK_TIMEOUT)
+            job.close(deadline.left())
             raise
         if got != want:
             raise VkmError(f"the CRC32 shader on GPU {self.ctx.index} hashed its own tables to "

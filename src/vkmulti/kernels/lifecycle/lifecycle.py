@@ -71,7 +71,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from ..._core.checks import check_index, timeout_seconds, short_repr
+from ..._core.checks import check_index, seconds_text, timeout_seconds, short_repr
+from ..._core.lifetime import Deadline
 from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
 from ..checkpoint.format import Checkpoint
 from ...memory.buffer import MappedBuffer
@@ -131,6 +132,7 @@ class Lifecycle:
     def __init__(self, rt: RuntimeView, pool_limit: Callable[[], int]):
         self.rt = rt
         self._create = threading.Lock()
+        self._making_crc = threading.Lock()   # (apart: an engine's set-up waits on the GPU)
         self._held_cond = threading.Condition(threading.Lock())
         self._held: dict[Kernel, list[str]] = {}     # kernel -> reasons it is held back from stepping
         self._moving: dict[Kernel, int] = {}         # kernel -> holds whose move replaces its Residency
@@ -236,22 +238,31 @@ class Lifecycle:
                 continue
             self.engines.get(x, y)[1].ensure_staging()
 
-    def crc(self, device: int) -> Any:
+    def crc(self, device: int, timeout: float | None = 60.0) -> Any:
         """The CRC32 engine of `device` chosen by crc_choice, made once per kind and
-        kept; the shader's jobs get their own timeline."""
+        kept; the shader's jobs get their own timeline. `timeout`: for making the
+        shader's engine, or for another thread's making of it (a prebuild warms it)."""
         extras, ctx = self.extras(device), self.rt._context(device)
         kind = self.crc_kind(ctx)
         eng = extras.crc.get(kind)
-        if eng is None:
-            with self._create:
-                eng = extras.crc.get(kind)
-                if eng is None:
-                    if kind == "host":
-                        eng = extras.crc[kind] = HostCrc(ctx)
-                    else:
-                        if extras.crc_jobs is None:
-                            extras.crc_jobs = GpuJobs(ctx.slot, ctx.queue)
-                        eng = extras.crc[kind] = GpuCrc(ctx, extras.crc_jobs)
+        if eng is not None:
+            return eng
+        deadline = Deadline(timeout)
+        while not self._making_crc.acquire(timeout=deadline.slice()):   # (in slices: Ctrl-C lands)
+            if deadline.expired():
+                raise VkmTimeout(f"the CRC32 engine of GPU {device} that another thread makes was not ready "
+                                 f"within {seconds_text(timeout)} s")
+        try:
+            eng = extras.crc.get(kind)
+            if eng is None:
+                if kind == "host":
+                    eng = extras.crc[kind] = HostCrc(ctx)
+                else:
+                    if extras.crc_jobs is None:
+                        extras.crc_jobs = GpuJobs(ctx.slot, ctx.queue)
+                    eng = extras.crc[kind] = GpuCrc(ctx, extras.crc_jobs, timeout=deadline.left())
+        finally:
+            self._making_crc.release()
         return eng
 
     @property

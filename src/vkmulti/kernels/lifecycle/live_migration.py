@@ -285,12 +285,14 @@ def _switch(life: LifecycleView, k: Kernel, twin: Kernel, request: MigrationRequ
     return transfer_d, verify_d, match, time.monotonic() - t0, sum(a.size for a, _ in staging)
 
 
-def _crc_engines(life: LifecycleView, src: int, dst: int, verify: bool) -> tuple[Any, Any]:
+def _crc_engines(life: LifecycleView, src: int, dst: int, verify: bool, deadline: float) -> tuple[Any, Any]:
     """The CRC32 engines of the move's chunked copy: both devices' when it checks, or
     when both are the host's (two CPU devices: the host copies); else None, None
-    (a move that does not check makes no GPU CRC32 engine)."""
+    (a move that does not check makes no GPU CRC32 engine). Made (once per device)
+    before `deadline`."""
     if verify or all(life.crc_kind(life.rt._context(d)) == "host" for d in (src, dst)):
-        return life.crc(src), life.crc(dst)
+        made = life.crc(src, time_left(deadline, f"the CRC32 engine of GPU {src}"))
+        return made, life.crc(dst, time_left(deadline, f"the CRC32 engine of GPU {dst}"))
     return None, None
 
 
@@ -355,7 +357,7 @@ def migrate_live(life: LifecycleView, k: Kernel, request: MigrationRequest, time
         prepare_d = time.monotonic() - t0
     else:
         twin, presets, prepare_d = _twin_ahead(life, k, dst, deadline)
-    src_crc, dst_crc = _crc_engines(life, src, dst, verify)
+    src_crc, dst_crc = _crc_engines(life, src, dst, verify, deadline)
     request.state = MigrationState.QUIESCING
     why = f"migrating to GPU {dst}"
     life.hold(k, why, moving=True)

@@ -22,6 +22,7 @@ from typing import Any, Iterable
 import vulkan as vk
 
 from ..._core.checks import int_in
+from ..._core.lifetime import Deadline
 
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from ..checkpoint.format import Checkpoint
@@ -252,8 +253,10 @@ class PolicyState:
 
     def materialize(self, wait: bool = False, timeout: float | None = None,
                     drained: frozenset[int] = frozenset()) -> None:
-        """Turn completed captures into Checkpoints (all of them, waiting, with `wait`;
-        on the lost devices in `drained`, known to have run all their work, all of them)."""
+        """Turn completed captures into Checkpoints (all of them, waiting, with `wait`, within
+        `timeout` s for them all; on the lost devices in `drained`, known to have run all
+        their work, all of them)."""
+        deadline = Deadline(timeout)
         with self.lock:
             pending, self.pending = self.pending, []
         keep = []
@@ -262,7 +265,7 @@ class PolicyState:
                 if c.jobs.slot.index in drained:
                     pass
                 elif wait:
-                    c.jobs.wait(c.point, timeout)
+                    c.jobs.wait(c.point, deadline.left())
                 elif c.jobs.completed() < c.point.value:
                     keep.append(c)
                     continue

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from ...errors import DestroyedError, DeviceLostError, VkmError, TimeoutError as VkmTimeout
 from ...memory.image import Buffer
+from ..._core.lifetime import Deadline
 from ..._core.timeline import TimelinePoint
 from ...transfer.peer import ExportedBuffer, ImportedBuffer
 from ..._core.checks import int_in, is_int, timeout_seconds, short_repr
@@ -397,14 +398,15 @@ class Inbound:
                     for key in [key for key in k.deliver_sets if key[0] == "in" and key[1] is buffer]:
                         stepper.retired.append((ctx.value, k.deliver_sets.pop(key)))
 
-    def drop_in_place(self, k: Kernel, timeout: float | None) -> None:
+    def drop_in_place(self, k: Kernel, deadline: Deadline) -> None:
         """Other devices stop reading k's outbox in place (batches the K2K router
         handed them through an import of it): what they had not delivered yet is
-        dropped with k, before the outbox is freed (see drop_readers)."""
+        dropped with k, before the outbox is freed (see drop_readers); all of them
+        waited for within `deadline`."""
         out = getattr(k, "outbox", None)
         if isinstance(out, ExportedBuffer):
             for view in out.imports():
-                self.drop_readers(view, timeout)
+                self.drop_readers(view, deadline.left())
 
     def drop_readers(self, view: ImportedBuffer, timeout: float | None = 30.0) -> None:
         """Batches read in place through `view` (an import of another device's outbox)
@@ -432,9 +434,10 @@ class Inbound:
                         b.event.set()
                 ctx.cond.notify_all()
                 self._unread[view] = last   # (until seen done: a later call waits for it too)
+                deadline = Deadline(timeout)
                 try:
                     while ctx.completed() < last:
-                        ctx.wait_unlocked(last, timeout)
+                        ctx.wait_unlocked(last, deadline.left())
                 except DeviceLostError:
                     if not self._rt.device_lost(view.slot.index):
                         raise   # (a lost device runs nothing more: nothing reads the view)

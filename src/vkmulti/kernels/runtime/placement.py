@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..._core.checks import is_int, seconds_text, short_repr
+from ..._core.lifetime import Deadline
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout
 from ...memory.image import as_host_bytes
 from ..engine.device_context import DeviceContext
@@ -92,10 +93,10 @@ def device_pair(rt: Any, index: int, timeout: float | None) -> tuple[DeviceConte
     return pair  # type: ignore[return-value]   # (another thread's; None only once destroyed: _check raised)
 
 
-def check_fits(ctx: DeviceContext, spec: KernelSpec) -> None:
+def check_fits(ctx: DeviceContext, spec: KernelSpec, timeout: float | None = None) -> None:
     """ValueError when a state buffer or the workgroup count of `spec` exceeds the
     limits of the device of `ctx`; KernelValidationError when its SPIR-V does not
-    pass the gate (checked here, before the device's lock is taken)."""
+    pass the gate (checked here, before the device's lock is taken, within `timeout` s)."""
     for i, n in enumerate(spec.state_sizes):
         if n > ctx.max_storage_range:
             raise ValueError(f"state buffer {i} of {short_repr(spec.kernel_type)} is {short_repr(n)} bytes; {ctx.slot.name!r} binds at "
@@ -105,13 +106,13 @@ def check_fits(ctx: DeviceContext, spec: KernelSpec) -> None:
         top = ctx.max_group_count[axis]
         if g > top:
             raise ValueError(f"groups[{axis}] = {short_repr(g)} exceeds {ctx.slot.name!r}'s limit {top}")
-    check_kernel_code(ctx, spec)
+    check_kernel_code(ctx, spec, timeout)
 
 
-def init_buffers(ctx: DeviceContext, k: Kernel, states: list[np.ndarray | None], timeout: float | None) -> None:
+def init_buffers(ctx: DeviceContext, k: Kernel, states: list[np.ndarray | None], deadline: Deadline) -> None:
     """Write the first contents of new kernel k's buffers on its device (rings, control block,
     `states`: the small ones inline, the rest through one staging buffer) in one submit,
-    waited for up to `timeout` s. When it fails k is freed; buffers a submit that gave up
+    waited for until `deadline`. When it fails k is freed; buffers a submit that gave up
     (a timeout, Ctrl-C, a device still busy with earlier work) may still write are left
     to the command runner, which frees them once the GPU is done with them."""
     handed = False
@@ -128,7 +129,7 @@ def init_buffers(ctx: DeviceContext, k: Kernel, states: list[np.ndarray | None],
                 barrier(cmd)
                 staged.record(cmd)
         handed = True   # (from here the runner frees `keep` if the run fails: at once, or once the GPU is done)
-        ctx.run_once(record, timeout=timeout, keep=[*k.buffers, *([staged.buffer] if staged is not None else [])])
+        ctx.run_once(record, timeout=deadline.left(), keep=[*k.buffers, *([staged.buffer] if staged is not None else [])])
     except BaseException as exc:
         if handed:
             k.buffers = []
@@ -138,7 +139,7 @@ def init_buffers(ctx: DeviceContext, k: Kernel, states: list[np.ndarray | None],
             k.free()
         if isinstance(exc, VkmTimeout):
             raise VkmTimeout(f"launching kernel {short_repr(str(k.id))} on GPU {ctx.index}: its initialisation did "
-                             f"not finish within {seconds_text(timeout)} s (it runs after the work queued on the "
+                             f"not finish within {seconds_text(deadline.timeout)} s (it runs after the work queued on the "
                              f"device before it); its buffers are freed once the GPU is done with them") from None
         raise
     if staged is not None:

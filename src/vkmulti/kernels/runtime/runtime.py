@@ -17,6 +17,7 @@ import numpy as np
 
 from ..._core.checks import U32_MAX, int_in, seconds_text, timeout_seconds, wait_bound, short_repr
 from ...errors import DestroyedError, DeviceLostError, KernelNotFoundError, MigrationError, TimeoutError as VkmTimeout
+from ..._core.lifetime import Deadline
 from ..._core.timeline import TimelinePoint
 from ...transfer.peer import shares_memory
 from ..checkpoint.format import Checkpoint
@@ -236,7 +237,7 @@ class KernelRuntime:
             raise TypeError(f"spec must be a KernelSpec, got {type(spec).__name__}")
         params = check_params(tuple(params))
         int_in(tenant, "tenant", 0, U32_MAX)
-        timeout = timeout_seconds(timeout)
+        deadline = Deadline(timeout_seconds(timeout))   # (the device's set-up, the pipeline, the initialisation)
         states = initial_state(spec, state)
         with self._lock:
             self._counter += 1
@@ -256,7 +257,7 @@ class KernelRuntime:
         try:
             placed = place(self.coordinator, self.manager.device_count, kernel_id, device, options)
             try:
-                k = self._create(spec, kernel_id, index, placed, states, params, tenant, options, timeout)
+                k = self._create(spec, kernel_id, index, placed, states, params, tenant, options, deadline)
             except BaseException:
                 self.coordinator.remove_kernel(kernel_id)
                 raise
@@ -268,9 +269,11 @@ class KernelRuntime:
         return k
 
     def _create(self, spec: KernelSpec, kernel_id: str, index: int, device: int, states: list,
-                params: tuple, tenant: int, options: Any, timeout: float | None) -> Kernel:
-        ctx, _ = self._device(device, timeout)
-        check_fits(ctx, spec)
+                params: tuple, tenant: int, options: Any, deadline: Deadline) -> Kernel:
+        ctx, _ = self._device(device, deadline.left())
+        check_fits(ctx, spec, deadline.left())
+        # its pipeline built (or another thread's build waited for) within the deadline; the Kernel holds it
+        ctx.kernel_pass(spec.spirv, spec.entry_point, len(spec.state_sizes), timeout=deadline.left())
         address = self._generation[index] * self.max_kernels + index
         if address > U32_MAX:
             self._generation[index] = 0
@@ -282,7 +285,7 @@ class KernelRuntime:
             cap = getattr(options, option, None)
             if isinstance(cap, int) and cap > 0:
                 setattr(k, field, cap)
-        init_buffers(ctx, k, states, timeout)
+        init_buffers(ctx, k, states, deadline)
         with self._lock:
             self._kernels[kernel_id] = k
             self._by_index[index] = k
@@ -330,11 +333,11 @@ class KernelRuntime:
         """Wait until every submitted step on every device is done and harvested (and their captures)."""
         with self._lock:
             pairs = list(self._contexts.values())
-        timeout = timeout_seconds(timeout)
-        self._wait_points([c.point(c.value) for c, _ in pairs if c.value], timeout)
+        deadline = Deadline(timeout_seconds(timeout))
+        self._wait_points([c.point(c.value) for c, _ in pairs if c.value], deadline.left())
         policy = self._lifecycle.policy_state
         if policy is not None:
-            policy.materialize(wait=True, timeout=timeout)
+            policy.materialize(wait=True, timeout=deadline.left())
 
     def poll(self) -> None:
         """Harvest every completed step on every device, without waiting (results become visible)."""
@@ -489,7 +492,7 @@ class KernelRuntime:
             k = kernel
         else:
             k = self._resolve(kernel)
-        timeout = timeout_seconds(timeout)
+        deadline = Deadline(timeout_seconds(timeout))   # (one for the readers, the steps and the buffers)
         ctx = k.ctx
         if not self._contexts.get(k.device_index) and self.device_lost(k.device_index):
             return self._failover.free_stopped(k, self._stopped)   # (lost meanwhile: nothing to wait for)
@@ -504,11 +507,11 @@ class KernelRuntime:
                 stepper.drop(k)
                 with self._lock:
                     self._stopped.append(k)
-        self.inbound.drop_in_place(k, timeout)   # no device lock held: other devices' locks are taken one at a time
+        self.inbound.drop_in_place(k, deadline)   # no device lock held: other devices' locks are taken one at a time
         with ctx.lock:
             try:
                 while ctx.completed() < k.last_value:
-                    ctx.wait_unlocked(k.last_value, timeout)
+                    ctx.wait_unlocked(k.last_value, deadline.left())
             except VkmTimeout:
                 raise VkmTimeout(f"kernel {short_repr(str(k.id))} on GPU {k.device_index}: its submitted steps did "
                                  f"not finish within {seconds_text(timeout)} s; it is stopped, not freed (a later "
@@ -517,7 +520,8 @@ class KernelRuntime:
                 stepper.harvest()
             if not k.buffers:   # (another call freed it meanwhile)
                 return
-            k.free()   # copies still reading the outbox (a router's transfer or gather) are waited for by Buffer.destroy
+            # copies still reading the outbox (a router's transfer or gather) are waited for by Buffer.destroy
+            k.free(deadline)
             with self._lock:
                 self._stopped.remove(k)
         self._release_address(k)
