@@ -106,6 +106,20 @@ def repr_guard():
 
 
 @pytest.fixture(autouse=True)
+def lock_order_guard():
+    """Fail the test if a thread took a device lock while holding a higher device's (lock_order.py)."""
+    import lock_order
+
+    lock_order.install()
+    del lock_order.problems[:]
+    yield
+    if lock_order.problems:
+        found = lock_order.problems[:2]
+        del lock_order.problems[:]
+        pytest.fail("device locks taken out of order (a deadlock waiting to happen):\n" + "\n".join(found))
+
+
+@pytest.fixture(autouse=True)
 def validation_guard(request):
     """Fail the test if the validation layer reported an error during it."""
     from vkmulti.device.instance import drain_all_validation_messages

@@ -222,26 +222,35 @@ def after(w: World, destroyer: str) -> list[str]:
 
 
 def child() -> None:
-    """A child process's set-up: the validation layer on, the virtual pair; past
-    VKMULTI_CHILD_HANG_S s every thread's stack goes to stderr and the child ends."""
+    """A child process's set-up: the validation layer on, the virtual pair, the device
+    locks' order checked; past VKMULTI_CHILD_HANG_S s every thread's stack goes to stderr
+    and the child ends."""
     import faulthandler
 
     os.environ["VKMULTI_VALIDATION"] = "1"
     hang = float(os.environ.get("VKMULTI_CHILD_HANG_S", "0"))
     if hang > 0:
         faulthandler.dump_traceback_later(hang, exit=True)
+    import lock_order
+
+    lock_order.install()
     from vkmulti.testing import install_virtual_gpus
 
     install_virtual_gpus(2)
 
 
 def child_done() -> None:
-    """A child process's end: no validation error (leaks included), then "ok"."""
+    """A child process's end: no validation error (leaks included), no device lock taken
+    out of order (lock_order.py), then "ok"."""
     from vkmulti.device.instance import drain_all_validation_messages
+
+    import lock_order
 
     errors = [text for sev, text in drain_all_validation_messages() if sev == "error"]
     if errors:
         sys.exit("validation errors:\n" + "\n".join(errors[:3]))
+    if lock_order.problems:
+        sys.exit("device locks taken out of order (a deadlock waiting to happen):\n" + "\n".join(lock_order.problems[:2]))
     print("ok", flush=True)
 
 

@@ -18,6 +18,7 @@ from kernel_support import counter, runtime_fixture
 from vkmulti._core.timeline import TimelinePoint
 from vkmulti.device.commands import CommandRunner
 from vkmulti.kernels.stencil import StencilSlabs
+from vkmulti.kernels.runtime import runtime as runtime_module
 from vkmulti.kernels.engine.gpu_jobs import GpuJobs, StepTimeline
 
 runtime = runtime_fixture(max_kernels=8)
@@ -67,10 +68,9 @@ def test_destroy_kernel_after_slow_outbox_readers_waits_only_what_is_left(runtim
     """Other devices' readers of the outbox take (nearly) all of T; the held step gets what is left."""
     k = held_step
 
-    def slow_readers(kernel, deadline):
-        left = deadline.left() if hasattr(deadline, "left") else deadline
-        time.sleep(0.95 * left)
-    monkeypatch.setattr(runtime.inbound, "drop_in_place", slow_readers)
+    def slow_readers(kernel, timeout):
+        time.sleep(0.95 * timeout)
+    monkeypatch.setattr(runtime_module, "drop_imports", slow_readers)
     _raises_within_bound(lambda: runtime.destroy_kernel(k, timeout=T))
 
 

@@ -36,11 +36,33 @@ def test_the_pair_shares_memory_and_imports_see_the_same_bytes(manager):
     assert view.destroyed and e.destroyed
 
 
+def test_an_imports_finalizer_gets_the_time_left_and_runs_again_after_it_raised(manager):
+    """A finalizer is given what is left of destroy()'s timeout; one that times out keeps
+    the import alive (its readers may still run) and is called again by the next destroy()."""
+    from vkmulti.errors import TimeoutError as VkmTimeout
+
+    e = ExportedBuffer(manager.slot(1), 4096)
+    view = e.import_on(manager.slot(0))
+    given = []
+
+    def finalizer(timeout):
+        given.append(timeout)
+        if len(given) == 1:
+            raise VkmTimeout("the readers did not finish")
+    view.on_destroy(finalizer)
+    with pytest.raises(VkmTimeout):
+        view.destroy(5.0)
+    assert not view.destroyed and 0 < given[0] <= 5.0
+    view.destroy(None)
+    assert view.destroyed and given[1:] == [None]
+    e.destroy()
+
+
 def test_an_import_runs_its_finalizers_before_its_memory_goes(manager):
     e = ExportedBuffer(manager.slot(1), 4096)
     view = e.import_on(manager.slot(0))
     seen = []
-    view.on_destroy(lambda: seen.append(view.handle is not None))
+    view.on_destroy(lambda timeout: seen.append(view.handle is not None))
     with pytest.raises(TypeError):
         view.on_destroy("not callable")
     e.destroy()

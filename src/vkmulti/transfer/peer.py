@@ -27,6 +27,7 @@ from typing import Any
 import vulkan as vk
 
 from .._core import _native, vkapi
+from .._core.lifetime import Deadline
 from ..device.capabilities import EXT_DMA_BUF
 from ..device.logical import retire_submits
 from ..errors import UnsupportedError
@@ -143,14 +144,21 @@ class ExportedBuffer(Buffer):
         return int(get_fd(self.slot.device, vk.VkMemoryGetFdInfoKHR(
             sType=vk.VK_STRUCTURE_TYPE_MEMORY_GET_FD_INFO_KHR, memory=self.memory, handleType=self.handle_type)))
 
-    def destroy(self, timeout: float | None = 30.0) -> None:
-        """Destroy the imports (each once the GPU work tracked on it is done), then the buffer."""
+    def destroy_imports(self, timeout: float | None = 30.0) -> None:
+        """Destroy the imports (each once the GPU work tracked on it is done); the buffer
+        stays. An owner that frees the buffer under a lock of its own calls this first,
+        without that lock: an import's users may need their device's lock to let it go."""
+        deadline = Deadline(timeout)   # (one for all of them)
         with self._imports_lock:
             imports = list(self._imports.values())
         for imp in imports:
-            imp.destroy(timeout)
+            imp.destroy(deadline.left())
         with self._imports_lock:
             self._imports = {k: v for k, v in self._imports.items() if not v.destroyed}
+
+    def destroy(self, timeout: float | None = 30.0) -> None:
+        """Destroy the imports (each once the GPU work tracked on it is done), then the buffer."""
+        self.destroy_imports(timeout)
         super().destroy(timeout)
 
     def __repr__(self) -> str:
@@ -206,16 +214,22 @@ class ImportedBuffer(Buffer):
                 raise
 
     def on_destroy(self, fn: Any) -> None:
-        """Call `fn()` once when destroy() starts (before anything is freed): its
-        users stop reading it there (a runtime drops the batches it reads in place)."""
+        """Call `fn(timeout)` once when destroy() starts (before anything is freed), with
+        what is left of destroy()'s timeout: its users stop reading it there (a runtime
+        drops the batches it reads in place). One that raises (a timeout) is called
+        again by the next destroy()."""
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         self._finalizers.append(fn)
 
     def destroy(self, timeout: float | None = 30.0) -> None:
+        deadline = Deadline(timeout)   # (one for the users and the memory)
         while self._finalizers:
-            self._finalizers.pop(0)()
-        super().destroy(timeout)
+            fn = self._finalizers[0]
+            fn(deadline.left())
+            if self._finalizers and self._finalizers[0] is fn:
+                self._finalizers.pop(0)
+        super().destroy(deadline.left())
 
     def __repr__(self) -> str:
         state = "destroyed" if self.handle is None else f"{self.size} B of GPU {self.source.slot.index}'s memory"

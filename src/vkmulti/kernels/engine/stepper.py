@@ -362,19 +362,31 @@ class DeviceStepper:
 
     # -- runs of quiet steps (the native run) ------------------------------------------
 
-    def quiet_run(self, kernels: list[Kernel], deadline: float) -> Any:
+    def read_back_for_quiet(self, kernels: list[Kernel], deadline: float) -> None:
+        """Wait (harvesting) until the steps in flight that are not quiet steps of `kernels`
+        are done and read back: quiet_run's wait, made with only this device's lock held
+        (the lock is let go while waiting; taking it back while holding another device's
+        could deadlock)."""
+        shape = tuple(kernels)
+        if any(rec.quiet != shape for rec in self.inflight):
+            self._wait_for(lambda: self.inflight[-1].value if self.inflight else 0, deadline)
+
+    def quiet_run(self, kernels: list[Kernel], deadline: float, wait: bool = True) -> Any:
         """A native plan (StepRun) of quiet steps of `kernels`, or None where their next
         step may do more than a quiet one does (StepRecorder.quiet_template): deliver
         or survey a batch, take host messages or routed ones, update the directory,
         capture for a replay log, wait on another timeline, defer a kernel (the caller
         asked the step listeners and the outbox feed first, before taking the device
         locks: Inbound.listeners_quiet). Steps in flight that are not quiet steps of
-        these kernels are waited for and read back first. With the lock held."""
+        these kernels are waited for and read back first (`wait`; else None: see
+        read_back_for_quiet). With the lock held."""
         ctx, d = self.ctx, self.ctx.in_flight
         shape = tuple(kernels)
         if ctx.dir_dirty or len(kernels) * SURVEY_RECORD > STATUS_WORDS or d > _native.RUN_MAX_DEPTH:
             return None
         if any(rec.quiet != shape for rec in self.inflight):   # (every step in flight done and read back first)
+            if not wait:
+                return None
             self._wait_for(lambda: self.inflight[-1].value if self.inflight else 0, deadline)
         else:
             self.harvest()

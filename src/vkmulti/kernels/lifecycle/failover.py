@@ -37,6 +37,7 @@ from ...device.failover import FailoverStats
 from ...device.logical import drain_through_driver
 from ..engine.device_context import DeviceContext
 from ..engine.kernel import Kernel
+from .twin import drop_imports
 from ..._core.checks import short_str
 
 log = logging.getLogger(__name__)
@@ -228,12 +229,15 @@ class Failover:
                 self.lost_kernels[k.id] = d
                 self._forget(k)
             ctx.cond.notify_all()
+        drop_imports(k)   # (the survivors' locks, not under the lost device's)
+        with ctx.lock:
             k.free()
         self._release(k)
 
     def free_stopped(self, k: Kernel, stopped: list[Kernel]) -> None:
         """Free `k`, which a destroy_kernel stopped (and left in `stopped`) before its device
         was lost: nothing runs there any more, so nothing is waited for."""
+        drop_imports(k)   # (other devices' locks, before k's)
         with k.ctx.lock:
             if not k.buffers:   # (freed already, or by another call meanwhile)
                 return

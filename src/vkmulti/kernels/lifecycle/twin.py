@@ -32,13 +32,12 @@ from ..engine.recording import barrier
 from ..engine.kernel import Kernel, OutboxBatch, Residency
 from ..messages import RING_HEADER_BYTES
 from ..engine.spec import KernelSpec
-from ..._core.checks import short_repr
 
 log = logging.getLogger(__name__)
 
 __all__ = ["RuntimeView", "LifecycleView", "MigrationPool", "Retired", "MoveEngines", "Twin", "state_buffers",
            "twin_buffer_sizes", "twin_mapped_sizes", "check_residency",
-           "build_twin", "free_twin", "retire_half", "free_retired", "hand_back", "finish_move", "assign",
+           "build_twin", "drop_imports", "free_twin", "retire_half", "free_retired", "hand_back", "finish_move", "assign",
            "source_usable", "drained_lost", "deadline_of", "time_left", "wait_kernel", "wait_jobs"]
 
 
@@ -347,6 +346,7 @@ def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spe
     except BaseException as exc:
         if handed:
             twin.buffers = []
+        drop_imports(twin)
         with ctx.lock:
             twin.free()
         if isinstance(exc, VkmTimeout):
@@ -356,11 +356,22 @@ def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spe
     return twin
 
 
+def drop_imports(k: Kernel, timeout: float | None = 30.0) -> None:
+    """Other devices' imports of k's buffers go (each after the steps that read it in
+    place, under that device's lock). Called before freeing k under its own device's
+    lock, so that the free takes no other device's lock: device locks are only ever
+    taken in index order (finish_move), never one while holding a higher one."""
+    for b in list(k.buffers):
+        if isinstance(b, ExportedBuffer):
+            b.destroy_imports(timeout)
+
+
 def free_twin(twin: Kernel) -> None:
     """Free a twin that never became the kernel (the GPU no longer uses it)."""
     ctx = twin.ctx
     twin.destroyed = True
     try:
+        drop_imports(twin)
         with ctx.lock:
             twin.free()
     except VkmError as exc:

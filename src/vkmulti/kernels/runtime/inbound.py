@@ -281,7 +281,7 @@ class Inbound:
                     raise DestroyedError("the outbox it lies in was freed: it is no longer read in place")
                 if buffer not in self._watched:   # its memory may go: stop reading it first
                     self._watched.add(buffer)
-                    buffer.on_destroy(lambda view=buffer: self.drop_readers(view))
+                    buffer.on_destroy(lambda timeout, view=buffer: self.drop_readers(view, timeout))
             stepper.batches.append(b)
         return b
 
@@ -397,16 +397,6 @@ class Inbound:
                 if k.ctx is ctx and not k.destroyed:
                     for key in [key for key in k.deliver_sets if key[0] == "in" and key[1] is buffer]:
                         stepper.retired.append((ctx.value, k.deliver_sets.pop(key)))
-
-    def drop_in_place(self, k: Kernel, deadline: Deadline) -> None:
-        """Other devices stop reading k's outbox in place (batches the K2K router
-        handed them through an import of it): what they had not delivered yet is
-        dropped with k, before the outbox is freed (see drop_readers); all of them
-        waited for within `deadline`."""
-        out = getattr(k, "outbox", None)
-        if isinstance(out, ExportedBuffer):
-            for view in out.imports():
-                self.drop_readers(view, deadline.left())
 
     def drop_readers(self, view: ImportedBuffer, timeout: float | None = 30.0) -> None:
         """Batches read in place through `view` (an import of another device's outbox)

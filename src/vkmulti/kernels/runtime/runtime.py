@@ -35,6 +35,7 @@ from ..lifecycle.lifecycle import CheckpointPolicy, Lifecycle, check_choice
 from ..lifecycle.ready_twins import ReadyTwins
 from ..lifecycle.migrator import MigrationResult
 from ..lifecycle.replay import restore_lost_kernels
+from ..lifecycle.twin import drop_imports
 from ..messages import DEFAULT_PAYLOAD_SIZE, ENVELOPE_BYTES, HOST_KERNEL_ID, HybridLogicalClock, K2KMessage
 from ..messages import check_payload_size
 from ..reload.swap import apply_code
@@ -507,7 +508,7 @@ class KernelRuntime:
                 stepper.drop(k)
                 with self._lock:
                     self._stopped.append(k)
-        self.inbound.drop_in_place(k, deadline)   # no device lock held: other devices' locks are taken one at a time
+        drop_imports(k, deadline.left())   # (no device lock held: other devices' locks are taken one at a time)
         with ctx.lock:
             try:
                 while ctx.completed() < k.last_value:

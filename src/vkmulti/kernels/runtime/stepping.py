@@ -294,13 +294,19 @@ class Stepping:
             return empty
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
         pairs = [self._device(dev) for dev in sorted(by_device)]
+        try:   # (steps in flight read back first, one device's lock at a time: see read_back_for_quiet)
+            for ctx, stepper in pairs:
+                with ctx.lock:
+                    stepper.read_back_for_quiet(by_device[ctx.index], deadline)
+        except DeviceLostError:
+            return empty   # (a step fails over from it)
         with contextlib.ExitStack() as locks:
             for ctx, _ in pairs:
                 locks.enter_context(ctx.lock)
             runs = []
             try:
                 for ctx, stepper in pairs:
-                    run = stepper.quiet_run(by_device[ctx.index], deadline)
+                    run = stepper.quiet_run(by_device[ctx.index], deadline, wait=len(pairs) == 1)
                     if run is None:
                         return empty
                     runs.append(run)
