@@ -180,3 +180,16 @@ def test_device_records_keep_a_short_repr_whatever_the_device_is_named(manager, 
         assert check_repr(slot) is None
     finally:
         slot.name = old
+
+
+def test_a_step_tickets_repr_stays_short_however_many_kernels_it_launched():
+    """StepTicket listed every launched and deferred kernel id: 1000 kernels made a repr of
+    thousands of characters."""
+    from types import SimpleNamespace
+
+    from vkmulti.kernels.runtime.stepping import StepTicket
+
+    ks = [SimpleNamespace(id=f"kernel-{i:04d}") for i in range(1000)]
+    ticket = StepTicket(None, {}, ks, [(k, "held") for k in ks], [])
+    text = repr(ticket)
+    assert len(text) < 200 and "\n" not in text and "kernel-0000" in text

@@ -60,8 +60,13 @@ class StepTicket:
         return all(self._steps.context(p.device_index).completed() >= p.value for p in self.points.values())
 
     def __repr__(self) -> str:
-        return (f"StepTicket(devices={sorted(self.points)}, launched={[k.id for k in self.launched]}, "
-                f"deferred={[k.id for k, _ in self.deferred]})")
+        return (f"StepTicket(devices={sorted(self.points)}, launched={_ids(k.id for k in self.launched)}, "
+                f"deferred={_ids(k.id for k, _ in self.deferred)})")
+
+
+def _ids(ids: Iterable[Any]) -> str:
+    """A repr's list of kernel ids, cut short (a step may launch hundreds)."""
+    return short_repr([str(i) for i in ids], 70)
 
 
 def keep_latest(points: dict[int, TimelinePoint], dev: int, p: TimelinePoint) -> None:
