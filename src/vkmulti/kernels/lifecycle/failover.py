@@ -229,8 +229,10 @@ class Failover:
                 self.lost_kernels[k.id] = d
                 self._forget(k)
             ctx.cond.notify_all()
-        drop_imports(k)   # (the survivors' locks, not under the lost device's)
+            buffers, k.buffers = k.buffers, []   # (a destroy_kernel meanwhile finds nothing left to free)
+        drop_imports(k, buffers=buffers)   # (the survivors' locks, not under the lost device's)
         with ctx.lock:
+            k.buffers = buffers
             k.free()
         self._release(k)
 

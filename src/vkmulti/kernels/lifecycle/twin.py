@@ -20,6 +20,7 @@ import numpy as np
 import vulkan as vk
 
 from ..._core.checks import seconds_text, short_repr
+from ..._core.lifetime import Deadline
 from ...errors import DeviceLostError, MigrationError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
 from ...transfer.cross_device import CrossDeviceTransfer
@@ -356,14 +357,15 @@ def build_twin(rt: RuntimeView, pool: MigrationPool, k: Kernel, device: int, spe
     return twin
 
 
-def drop_imports(k: Kernel, timeout: float | None = 30.0) -> None:
-    """Other devices' imports of k's buffers go (each after the steps that read it in
-    place, under that device's lock). Called before freeing k under its own device's
-    lock, so that the free takes no other device's lock: device locks are only ever
-    taken in index order (finish_move), never one while holding a higher one."""
-    for b in list(k.buffers):
+def drop_imports(k: Kernel, timeout: float | None = 30.0, buffers: Sequence[Buffer] | None = None) -> None:
+    """Other devices' imports of k's buffers (or of `buffers`) go, each after the steps
+    that read it in place, under that device's lock. Called before freeing k under its
+    own device's lock, so that the free takes no other device's lock: device locks are
+    only ever taken in index order (finish_move), never one while holding a higher one."""
+    deadline = Deadline(timeout)
+    for b in list(k.buffers if buffers is None else buffers):
         if isinstance(b, ExportedBuffer):
-            b.destroy_imports(timeout)
+            b.destroy_imports(deadline.left())
 
 
 def free_twin(twin: Kernel) -> None:
