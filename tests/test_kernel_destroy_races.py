@@ -187,3 +187,49 @@ def _then(cm, fn):
             fn()
             yield
     return wrapped()
+
+
+def test_a_migration_that_makes_gpu_jobs_while_the_runtime_is_destroyed(manager, monkeypatch):
+    """A migration makes the devices' GPU jobs on first use (for its CRC32 engines); one
+    that had taken the device's context when the runtime's destroy() freed the jobs made
+    new ones after it, which nothing freed (the race matrix's rt.destroy child: a
+    VkSemaphore and a VkCommandPool per device not destroyed at the manager's destroy).
+    The migration is refused with DestroyedError now, and every GPU jobs made is freed."""
+    import threading
+
+    from vkmulti import MigrationError
+    from vkmulti.kernels import KernelRuntime
+    from vkmulti.kernels.engine.gpu_jobs import GpuJobs
+    from vkmulti.kernels.lifecycle import lifecycle
+    from kernel_support import call_in_thread, make_coordinator
+
+    made: list[GpuJobs] = []
+
+    def tracked(*args, **kw):
+        jobs = GpuJobs(*args, **kw)
+        made.append(jobs)
+        return jobs
+    monkeypatch.setattr(lifecycle, "GpuJobs", tracked)
+    rt = KernelRuntime(make_coordinator(manager), manager)
+    k = counter(rt, "k", 1)
+    rt.step(k)
+    paused, go = threading.Event(), threading.Event()
+    context = rt._context
+
+    def pausing(index):   # the mover stops inside Lifecycle.extras, with the context taken
+        ctx = context(index)
+        if threading.current_thread().name == "mover" and sys._getframe(1).f_code.co_name == "extras" \
+                and not paused.is_set():
+            paused.set()
+            assert go.wait(30)
+        return ctx
+    monkeypatch.setattr(rt, "_context", pausing)
+    mover, moved = call_in_thread(lambda: rt.migrate(k, 0, timeout=20), name="mover")
+    mover.start()
+    assert paused.wait(30)
+    rt.destroy(timeout=20)
+    go.set()
+    mover.join(60)
+    assert not mover.is_alive()
+    assert isinstance(moved.get("error"), (DestroyedError, MigrationError)), moved
+    assert all(j.pool is None for j in made), "GPU jobs left unfreed after the runtime's destroy()"

@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from ..._core.checks import check_index, timeout_seconds, short_repr
-from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
+from ...errors import DestroyedError, InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
 from ..checkpoint.format import Checkpoint
 from ...memory.buffer import MappedBuffer
 from ..engine.device_context import StepCondition
@@ -135,6 +135,7 @@ class Lifecycle:
         self._held: dict[Kernel, list[str]] = {}     # kernel -> reasons it is held back from stepping
         self._moving: dict[Kernel, int] = {}         # kernel -> holds whose move replaces its Residency
         self._extras: dict[int, Extras] = {}
+        self._closed = False   # destroy() took the extras: no more are made (under _create)
         self._retired: list[Retired] = []
         #: (jobs, point, staging buffer) of checkpoint copies whose wait gave up: freed once done
         self._parked: list[tuple[GpuJobs, Any, MappedBuffer]] = []
@@ -199,15 +200,22 @@ class Lifecycle:
     # -- per device ----------------------------------------------------------------------
 
     def extras(self, device: int) -> Extras:
-        """The GPU jobs and CRC32 engines of `device` (made on first use)."""
+        """The GPU jobs and CRC32 engines of `device` (made on first use; DestroyedError
+        once destroy() took them: nothing made after it would be freed)."""
         e = self._extras.get(device)
         if e is None:
             ctx = self.rt._context(device)
             with self._create:
+                self._check_open()
                 e = self._extras.get(device)
                 if e is None:
                     e = self._extras[device] = Extras(GpuJobs(ctx.slot, ctx.queue))
         return e
+
+    def _check_open(self) -> None:
+        """DestroyedError once destroy() began freeing what the lifecycle made (`_create` held)."""
+        if self._closed:
+            raise DestroyedError("KernelRuntime used after destroy()")
 
     def extras_if_made(self, device: int) -> Extras | None:
         """The Extras of `device` if any were made, else None."""
@@ -244,6 +252,7 @@ class Lifecycle:
         eng = extras.crc.get(kind)
         if eng is None:
             with self._create:
+                self._check_open()
                 eng = extras.crc.get(kind)
                 if eng is None:
                     if kind == "host":
@@ -459,7 +468,9 @@ class Lifecycle:
         self._pool.clear()
         timeout = timeout if timeout is not None and timeout != float("inf") else 30.0
         self.engines.destroy(timeout)
-        extras, self._extras = self._extras, {}
+        with self._create:   # (a creation under way ends first; later ones are refused)
+            self._closed = True
+            extras, self._extras = self._extras, {}
         for e in extras.values():
             for eng in e.crc.values():
                 eng.destroy()
