@@ -233,3 +233,23 @@ def test_a_migration_that_makes_gpu_jobs_while_the_runtime_is_destroyed(manager,
     assert not mover.is_alive()
     assert isinstance(moved.get("error"), (DestroyedError, MigrationError)), moved
     assert all(j.pool is None for j in made), "GPU jobs left unfreed after the runtime's destroy()"
+
+
+def test_a_one_shot_run_on_a_context_the_runtime_destroy_closed(manager):
+    """A call that took a kernel's device context before the runtime's destroy() closed
+    it (a restore's upload into the kernel it just launched, in the race matrix) ran its
+    one-shot commands on the closed context: AttributeError ('NoneType' object has no
+    attribute 'run'), and the buffers handed to the run left to nobody. It raises
+    DestroyedError now, and those buffers are freed, as a run that fails before its submit
+    frees them."""
+    from vkmulti.kernels import KernelRuntime
+    from vkmulti.memory.image import Buffer
+    from kernel_support import make_coordinator
+
+    rt = KernelRuntime(make_coordinator(manager), manager)
+    ctx = rt._context(0)
+    rt.destroy()
+    handed = Buffer(ctx.slot, 256)
+    with pytest.raises(DestroyedError):
+        ctx.run_once(lambda cmd: None, keep=[handed])
+    assert handed.destroyed
