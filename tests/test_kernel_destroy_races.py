@@ -253,3 +253,53 @@ def test_a_one_shot_run_on_a_context_the_runtime_destroy_closed(manager):
     with pytest.raises(DestroyedError):
         ctx.run_once(lambda cmd: None, keep=[handed])
     assert handed.destroyed
+
+
+def test_a_launch_under_way_while_the_runtime_is_destroyed(manager, monkeypatch):
+    """A launch (a restore's, in the race matrix) that registered its kernel after the
+    runtime's destroy() had listed the kernels to destroy returned a kernel nobody freed
+    (its buffers and address held until the manager's destroy; the restore then ran its
+    upload on the closed context). destroy() now refuses later launches and waits for
+    those under way: the kernel is destroyed and freed with the others."""
+    import threading
+
+    from vkmulti.kernels import KernelRuntime, counter_kernel
+    from vkmulti.kernels.runtime import runtime as runtime_module
+    from kernel_support import call_in_thread, make_coordinator
+
+    rt = KernelRuntime(make_coordinator(manager), manager)
+    counter(rt, "k", 0)
+    paused, go, listed = threading.Event(), threading.Event(), threading.Event()
+    init_buffers = runtime_module.init_buffers
+
+    def pausing(*args):   # the launcher stops with its kernel made and filled, not yet registered
+        init_buffers(*args)
+        if threading.current_thread().name == "launcher":
+            paused.set()
+            assert go.wait(30)
+    monkeypatch.setattr(runtime_module, "init_buffers", pausing)
+    spec = counter_kernel(max_sources=8, inbox_capacity=8, outbox_capacity=8)
+    launcher, launched = call_in_thread(lambda: rt.launch(spec, "late", device=1), name="launcher")
+    launcher.start()
+    assert paused.wait(30)
+    lifecycle_destroy = rt._lifecycle.destroy
+
+    def after_the_list(timeout):   # destroy() listed (and destroyed) the kernels: the launch goes on
+        listed.set()
+        launcher.join(30)
+        return lifecycle_destroy(timeout)
+    monkeypatch.setattr(rt._lifecycle, "destroy", after_the_list)
+    destroyer, destroyed = call_in_thread(lambda: rt.destroy(timeout=20), name="destroyer")
+    destroyer.start()
+    while not go.is_set() and destroyer.is_alive():   # (the fix: destroy() waits for the launch)
+        if listed.is_set() or getattr(getattr(rt, "_launches", None), "closed", False):
+            go.set()
+        go.wait(0.01)
+    for t in (launcher, destroyer):
+        t.join(60)
+        assert not t.is_alive()
+    assert "error" not in destroyed, destroyed
+    k = launched.get("result")
+    assert k is not None or isinstance(launched.get("error"), DestroyedError), launched
+    if k is not None:
+        assert k.destroyed and not k.buffers, "a kernel launched while the runtime was destroyed was left unfreed"
