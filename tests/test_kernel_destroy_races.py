@@ -303,3 +303,54 @@ def test_a_launch_under_way_while_the_runtime_is_destroyed(manager, monkeypatch)
     assert k is not None or isinstance(launched.get("error"), DestroyedError), launched
     if k is not None:
         assert k.destroyed and not k.buffers, "a kernel launched while the runtime was destroyed was left unfreed"
+
+
+STAGE_AFTER_DETACH = """
+import sys, threading
+from kernel_support import call_in_thread, counter, make_coordinator, words
+from vkmulti import CrossGpuK2KRouter, DestroyedError, MigrationError, MultiDeviceManager
+from vkmulti.kernels import KernelRuntime
+from vkmulti.kernels.lifecycle.lifecycle import Lifecycle
+from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
+
+mgr = MultiDeviceManager.create(enabled=True)
+rt = KernelRuntime(make_coordinator(mgr), mgr)
+methods = {(0, 1): sys.argv[1], (1, 0): sys.argv[1]}
+router = CrossGpuK2KRouter(rt.coordinator, rt, transfer_methods=methods)
+sink = counter(rt, "sink", 0)
+fwd = counter(rt, "fwd", 1, params=[sink.address])
+rt.send(fwd, words(3), tag=COUNTER_TAG_FORWARD)
+rt.step(fwd)   # its batch lands on GPU 0: the sink has not stepped since
+rt.synchronize(30)
+paused, go = threading.Event(), threading.Event()
+extras = Lifecycle.extras
+
+def pausing(self, device):   # the move stops in its staging pass, right before the submit
+    if threading.current_thread().name == "mover" and sys._getframe(1).f_code.co_name == "_stage":
+        paused.set()
+        assert go.wait(30)
+    return extras(self, device)
+Lifecycle.extras = pausing
+mover, moved = call_in_thread(lambda: rt.migrate(sink, 1, timeout=30), name="mover")
+mover.start()
+assert paused.wait(30), moved
+router.detach()   # takes the landed batch back: its relay or link goes
+go.set()
+mover.join(60)
+assert not mover.is_alive()
+assert "result" in moved or isinstance(moved.get("error"), (MigrationError, DestroyedError)), moved
+Lifecycle.extras = extras
+rt.destroy()
+mgr.destroy()
+"""
+
+
+@pytest.mark.parametrize("method", ["dmabuf", "staging_copy"])
+def test_a_staging_pass_of_a_move_racing_the_router_detach(method):
+    """A migration's staging pass takes the batches landed for its kernel, then submits
+    a pass that waits on their landing points; the router's detach (the runtime's destroy()
+    detaches it first) took those batches back meanwhile and destroyed the relay (or link)
+    whose timeline the pass then waited on: a SIGSEGV in vkQueueSubmit (the race matrix's
+    rt.destroy child). A batch taken back since is no longer read: the move fails with
+    MigrationError, and nothing waits on a destroyed semaphore."""
+    assert run_child(STAGE_AFTER_DETACH, method) == "ok"
