@@ -187,3 +187,170 @@ def _then(cm, fn):
             fn()
             yield
     return wrapped()
+
+
+def test_a_migration_that_makes_gpu_jobs_while_the_runtime_is_destroyed(manager, monkeypatch):
+    """A migration makes the devices' GPU jobs on first use (for its CRC32 engines); one
+    that had taken the device's context when the runtime's destroy() freed the jobs made
+    new ones after it, which nothing freed (the race matrix's rt.destroy child: a
+    VkSemaphore and a VkCommandPool per device not destroyed at the manager's destroy).
+    The migration is refused with DestroyedError now, and every GPU jobs made is freed."""
+    import threading
+
+    from vkmulti import MigrationError
+    from vkmulti.kernels import KernelRuntime
+    from vkmulti.kernels.engine.gpu_jobs import GpuJobs
+    from vkmulti.kernels.lifecycle import lifecycle
+    from kernel_support import call_in_thread, make_coordinator
+
+    made: list[GpuJobs] = []
+
+    def tracked(*args, **kw):
+        jobs = GpuJobs(*args, **kw)
+        made.append(jobs)
+        return jobs
+    monkeypatch.setattr(lifecycle, "GpuJobs", tracked)
+    rt = KernelRuntime(make_coordinator(manager), manager)
+    k = counter(rt, "k", 1)
+    rt.step(k)
+    paused, go = threading.Event(), threading.Event()
+    context = rt._context
+
+    def pausing(index):   # the mover stops inside Lifecycle.extras, with the context taken
+        ctx = context(index)
+        if threading.current_thread().name == "mover" and sys._getframe(1).f_code.co_name == "extras" \
+                and not paused.is_set():
+            paused.set()
+            assert go.wait(30)
+        return ctx
+    monkeypatch.setattr(rt, "_context", pausing)
+    mover, moved = call_in_thread(lambda: rt.migrate(k, 0, timeout=20), name="mover")
+    mover.start()
+    assert paused.wait(30)
+    rt.destroy(timeout=20)
+    go.set()
+    mover.join(60)
+    assert not mover.is_alive()
+    assert isinstance(moved.get("error"), (DestroyedError, MigrationError)), moved
+    assert all(j.pool is None for j in made), "GPU jobs left unfreed after the runtime's destroy()"
+
+
+def test_a_one_shot_run_on_a_context_the_runtime_destroy_closed(manager):
+    """A call that took a kernel's device context before the runtime's destroy() closed
+    it (a restore's upload into the kernel it just launched, in the race matrix) ran its
+    one-shot commands on the closed context: AttributeError ('NoneType' object has no
+    attribute 'run'), and the buffers handed to the run left to nobody. It raises
+    DestroyedError now, and those buffers are freed, as a run that fails before its submit
+    frees them."""
+    from vkmulti.kernels import KernelRuntime
+    from vkmulti.memory.image import Buffer
+    from kernel_support import make_coordinator
+
+    rt = KernelRuntime(make_coordinator(manager), manager)
+    ctx = rt._context(0)
+    rt.destroy()
+    handed = Buffer(ctx.slot, 256)
+    with pytest.raises(DestroyedError):
+        ctx.run_once(lambda cmd: None, keep=[handed])
+    assert handed.destroyed
+
+
+def test_a_launch_under_way_while_the_runtime_is_destroyed(manager, monkeypatch):
+    """A launch (a restore's, in the race matrix) that registered its kernel after the
+    runtime's destroy() had listed the kernels to destroy returned a kernel nobody freed
+    (its buffers and address held until the manager's destroy; the restore then ran its
+    upload on the closed context). destroy() now refuses later launches and waits for
+    those under way: the kernel is destroyed and freed with the others."""
+    import threading
+
+    from vkmulti.kernels import KernelRuntime, counter_kernel
+    from vkmulti.kernels.runtime import runtime as runtime_module
+    from kernel_support import call_in_thread, make_coordinator
+
+    rt = KernelRuntime(make_coordinator(manager), manager)
+    counter(rt, "k", 0)
+    paused, go, listed = threading.Event(), threading.Event(), threading.Event()
+    init_buffers = runtime_module.init_buffers
+
+    def pausing(*args):   # the launcher stops with its kernel made and filled, not yet registered
+        init_buffers(*args)
+        if threading.current_thread().name == "launcher":
+            paused.set()
+            assert go.wait(30)
+    monkeypatch.setattr(runtime_module, "init_buffers", pausing)
+    spec = counter_kernel(max_sources=8, inbox_capacity=8, outbox_capacity=8)
+    launcher, launched = call_in_thread(lambda: rt.launch(spec, "late", device=1), name="launcher")
+    launcher.start()
+    assert paused.wait(30)
+    lifecycle_destroy = rt._lifecycle.destroy
+
+    def after_the_list(timeout):   # destroy() listed (and destroyed) the kernels: the launch goes on
+        listed.set()
+        launcher.join(30)
+        return lifecycle_destroy(timeout)
+    monkeypatch.setattr(rt._lifecycle, "destroy", after_the_list)
+    destroyer, destroyed = call_in_thread(lambda: rt.destroy(timeout=20), name="destroyer")
+    destroyer.start()
+    while not go.is_set() and destroyer.is_alive():   # (the fix: destroy() waits for the launch)
+        if listed.is_set() or getattr(getattr(rt, "_launches", None), "closed", False):
+            go.set()
+        go.wait(0.01)
+    for t in (launcher, destroyer):
+        t.join(60)
+        assert not t.is_alive()
+    assert "error" not in destroyed, destroyed
+    k = launched.get("result")
+    assert k is not None or isinstance(launched.get("error"), DestroyedError), launched
+    if k is not None:
+        assert k.destroyed and not k.buffers, "a kernel launched while the runtime was destroyed was left unfreed"
+
+
+STAGE_AFTER_DETACH = """
+import sys, threading
+from kernel_support import call_in_thread, counter, make_coordinator, words
+from vkmulti import CrossGpuK2KRouter, DestroyedError, MigrationError, MultiDeviceManager
+from vkmulti.kernels import KernelRuntime
+from vkmulti.kernels.lifecycle.lifecycle import Lifecycle
+from vkmulti.kernels.reference import COUNTER_TAG_FORWARD
+
+mgr = MultiDeviceManager.create(enabled=True)
+rt = KernelRuntime(make_coordinator(mgr), mgr)
+methods = {(0, 1): sys.argv[1], (1, 0): sys.argv[1]}
+router = CrossGpuK2KRouter(rt.coordinator, rt, transfer_methods=methods)
+sink = counter(rt, "sink", 0)
+fwd = counter(rt, "fwd", 1, params=[sink.address])
+rt.send(fwd, words(3), tag=COUNTER_TAG_FORWARD)
+rt.step(fwd)   # its batch lands on GPU 0: the sink has not stepped since
+rt.synchronize(30)
+paused, go = threading.Event(), threading.Event()
+extras = Lifecycle.extras
+
+def pausing(self, device):   # the move stops in its staging pass, right before the submit
+    if threading.current_thread().name == "mover" and sys._getframe(1).f_code.co_name == "_stage":
+        paused.set()
+        assert go.wait(30)
+    return extras(self, device)
+Lifecycle.extras = pausing
+mover, moved = call_in_thread(lambda: rt.migrate(sink, 1, timeout=30), name="mover")
+mover.start()
+assert paused.wait(30), moved
+router.detach()   # takes the landed batch back: its relay or link goes
+go.set()
+mover.join(60)
+assert not mover.is_alive()
+assert "result" in moved or isinstance(moved.get("error"), (MigrationError, DestroyedError)), moved
+Lifecycle.extras = extras
+rt.destroy()
+mgr.destroy()
+"""
+
+
+@pytest.mark.parametrize("method", ["dmabuf", "staging_copy"])
+def test_a_staging_pass_of_a_move_racing_the_router_detach(method):
+    """A migration's staging pass takes the batches landed for its kernel, then submits
+    a pass that waits on their landing points; the router's detach (the runtime's destroy()
+    detaches it first) took those batches back meanwhile and destroyed the relay (or link)
+    whose timeline the pass then waited on: a SIGSEGV in vkQueueSubmit (the race matrix's
+    rt.destroy child). A batch taken back since is no longer read: the move fails with
+    MigrationError, and nothing waits on a destroyed semaphore."""
+    assert run_child(STAGE_AFTER_DETACH, method) == "ok"

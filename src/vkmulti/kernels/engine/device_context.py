@@ -585,7 +585,7 @@ class DeviceContext:
         for obj in (self.status, self.directory, self.runner):
             if obj is not None:
                 obj.destroy()
-        self.status = self.directory = self.runner = None  # type: ignore[assignment]
+        self.status = self.directory = None  # type: ignore[assignment]   # (the runner refuses runs: DestroyedError)
         if self.cmd_pool is not None:
             vk.vkDestroyCommandPool(dev, self.cmd_pool, None)
             self.cmd_pool = None

@@ -51,15 +51,12 @@ API (the contract the failover code builds on):
     The newest completed capture of the policy for a kernel (Kernel or id,
     also of a destroyed or lost one), None if there is none.
 
-The Kernel methods of the traits (CheckpointableKernel, MigratableKernel,
-HotReloadableKernel) call these.
+The Kernel methods of the traits (CheckpointableKernel, ...) call these.
 
-CRC32 engines: "shader" is the GPU shader (gpu_crc.GpuCrc) on the device's own
-queue, always available. "host" is zlib over the device's own mapped memory
-(host_crc.HostCrc), only for a CPU device whose memory is all host-visible
-(lavapipe), where the "GPU" is the host's cores anyway and zlib is several
-times faster than the shader there. "auto" (the default) takes "host" where it
-suits, else "shader".
+CRC32 engines: "shader", the GPU shader (gpu_crc.GpuCrc) on the device's queue,
+always available; "host", zlib over the device's mapped memory (host_crc.HostCrc)
+for a CPU device whose memory is all host-visible (lavapipe: several times faster
+than the shader there); "auto" (the default) takes "host" where it suits.
 """
 from __future__ import annotations
 
@@ -73,7 +70,7 @@ from typing import Any, Callable, Iterator
 
 from ..._core.checks import check_index, seconds_text, timeout_seconds, short_repr
 from ..._core.lifetime import Deadline
-from ...errors import InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
+from ...errors import DestroyedError, InvalidCheckpointError, TimeoutError as VkmTimeout, VkmError
 from ..checkpoint.format import Checkpoint
 from ...memory.buffer import MappedBuffer
 from ..engine.device_context import StepCondition
@@ -137,6 +134,7 @@ class Lifecycle:
         self._held: dict[Kernel, list[str]] = {}     # kernel -> reasons it is held back from stepping
         self._moving: dict[Kernel, int] = {}         # kernel -> holds whose move replaces its Residency
         self._extras: dict[int, Extras] = {}
+        self._closed = False   # destroy() took the extras: no more are made (under _create)
         self._retired: list[Retired] = []
         #: (jobs, point, staging buffer) of checkpoint copies whose wait gave up: freed once done
         self._parked: list[tuple[GpuJobs, Any, MappedBuffer]] = []
@@ -201,15 +199,22 @@ class Lifecycle:
     # -- per device ----------------------------------------------------------------------
 
     def extras(self, device: int) -> Extras:
-        """The GPU jobs and CRC32 engines of `device` (made on first use)."""
+        """The GPU jobs and CRC32 engines of `device` (made on first use; DestroyedError
+        once destroy() took them: nothing made after it would be freed)."""
         e = self._extras.get(device)
         if e is None:
             ctx = self.rt._context(device)
             with self._create:
+                self._check_open()
                 e = self._extras.get(device)
                 if e is None:
                     e = self._extras[device] = Extras(GpuJobs(ctx.slot, ctx.queue))
         return e
+
+    def _check_open(self) -> None:
+        """DestroyedError once destroy() began freeing what the lifecycle made (`_create` held)."""
+        if self._closed:
+            raise DestroyedError("KernelRuntime used after destroy()")
 
     def extras_if_made(self, device: int) -> Extras | None:
         """The Extras of `device` if any were made, else None."""
@@ -256,11 +261,18 @@ class Lifecycle:
             eng = extras.crc.get(kind)
             if eng is None:
                 if kind == "host":
-                    eng = extras.crc[kind] = HostCrc(ctx)
+                    eng = HostCrc(ctx)
                 else:
-                    if extras.crc_jobs is None:
-                        extras.crc_jobs = GpuJobs(ctx.slot, ctx.queue)
-                    eng = extras.crc[kind] = GpuCrc(ctx, extras.crc_jobs, timeout=deadline.left())
+                    with self._create:   # (quick to make; destroy() frees it or it is refused)
+                        self._check_open()
+                        if extras.crc_jobs is None:
+                            extras.crc_jobs = GpuJobs(ctx.slot, ctx.queue)
+                    eng = GpuCrc(ctx, extras.crc_jobs, timeout=deadline.left())
+                with self._create:   # (made outside it: its set-up waits on the GPU)
+                    if self._closed:
+                        eng.destroy()
+                    self._check_open()
+                    extras.crc[kind] = eng
         finally:
             self._making_crc.release()
         return eng
@@ -470,7 +482,9 @@ class Lifecycle:
         self._pool.clear()
         timeout = timeout if timeout is not None and timeout != float("inf") else 30.0
         self.engines.destroy(timeout)
-        extras, self._extras = self._extras, {}
+        with self._create:   # (a creation under way ends first; later ones are refused)
+            self._closed = True
+            extras, self._extras = self._extras, {}
         for e in extras.values():
             for eng in e.crc.values():
                 eng.destroy()

@@ -139,7 +139,11 @@ def _stage(life: LifecycleView, k: Kernel, deadline: float) -> tuple[Buffer | No
             vk.vkCmdCopyBuffer(cmd, ring.handle, ring.handle, 1, [vk.VkBufferCopy(srcOffset=4, dstOffset=0, size=4)])
             cmds.barrier(cmd, host=True)
         jobs = life.extras(ctx.index).jobs
-        point = jobs.submit(record, waits, users=[ring, status, *(b.buffer for b in batches)])
+        with ctx.lock:   # a batch the router took back since (withdraw_batch) may wait on a relay or link it freed
+            if any(b.done for b in batches):
+                raise MigrationError(f"messages landed for {short_repr(k.id)} were taken back by the K2K router "
+                                     f"(detached) while they were staged; migrate it again")
+            point = jobs.submit(record, waits, users=[ring, status, *(b.buffer for b in batches)])
         jobs.wait(point, time_left(deadline, "the staging pass"))
         counts = status.words[:_STATUS_WORDS * len(batches)].reshape(-1, _STATUS_WORDS)
         total = 0

@@ -5,13 +5,15 @@ use) and that device's limits; then its buffers' first contents, written on
 that device."""
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 import numpy as np
 
 from ..._core.checks import is_int, seconds_text, short_repr
 from ..._core.lifetime import Deadline
-from ...errors import DeviceLostError, TimeoutError as VkmTimeout
+from ...errors import DestroyedError, DeviceLostError, TimeoutError as VkmTimeout
 from ...memory.image import as_host_bytes
 from ..engine.device_context import DeviceContext
 from ..engine.recording import barrier
@@ -69,6 +71,40 @@ def place(coordinator: Any, device_count: int, kernel_id: str, device: int | Non
         raise ValueError(f"the coordinator chose device {short_repr(idx)}, which the manager does not have "
                          f"({device_count} device(s))")
     return idx
+
+
+log = logging.getLogger(__name__)
+
+
+class Launches:
+    """A runtime's launches under way, so that its destroy() lists the kernels once none
+    is: a kernel registered after that list would be left to nobody (its buffers, its
+    address), and its launch would go on with the device's objects freed under it."""
+
+    def __init__(self, lock: Any):
+        self._cond = threading.Condition(lock)   # (the runtime's lock)
+        self.running, self.closed = 0, False
+
+    def begin(self) -> None:
+        """A launch starts (the runtime's lock held); DestroyedError once close() began."""
+        if self.closed:
+            raise DestroyedError("KernelRuntime used after destroy()")
+        self.running += 1
+
+    def end(self) -> None:
+        with self._cond:
+            self.running -= 1
+            self._cond.notify_all()
+
+    def close(self, timeout: float | None) -> None:
+        """Refuse later launches; wait up to `timeout` s (None: no limit), in slices, for those under way."""
+        deadline = Deadline(timeout)
+        with self._cond:
+            self.closed = True
+            while self.running and not deadline.expired():
+                self._cond.wait(deadline.slice())
+            if self.running:
+                log.warning("KernelRuntime.destroy(): going on while %d launch(es) still run", self.running)
 
 
 def device_pair(rt: Any, index: int, timeout: float | None) -> tuple[DeviceContext, DeviceStepper]:

@@ -30,7 +30,7 @@ from ..engine.stepper import DeviceStepper
 from ..ids import KernelId, as_kernel_id
 from ...device.failover import FailoverStats
 from ..lifecycle.failover import Failover
-from .placement import init_buffers
+from .placement import Launches, init_buffers
 from ..lifecycle.lifecycle import CheckpointPolicy, Lifecycle, check_choice
 from ..lifecycle.ready_twins import ReadyTwins
 from ..lifecycle.migrator import MigrationResult
@@ -95,6 +95,7 @@ class KernelRuntime:
         self._destroyed, self._torn_down, self._counter = False, False, 0   # destroy() began, finished
         self._stopped: list[Kernel] = []   # destroyed by destroy_kernel, not yet freed (a timeout, Ctrl-C)
         self._closing: list[tuple[DeviceContext, DeviceStepper]] = []   # contexts destroy() has yet to free
+        self._launches = Launches(self._lock)   # destroy() lists the kernels once none is under way
         #: the router's side: step listeners, the outbox feed, batches handed in (the RuntimePort)
         self.inbound = Inbound(self, self._check, self._device, self._lock, self._contexts, self._by_index,
                                self._wait_points)
@@ -253,6 +254,7 @@ class KernelRuntime:
                 raise ValueError(f"a kernel {short_repr(kernel_id)} is already running in this runtime")
             if not self._free_index:
                 raise ValueError(f"this runtime already runs {self.max_kernels - 1} kernels (max_kernels)")
+            self._launches.begin()
             index = self._free_index.pop()
             self._kernels[kernel_id] = None   # type: ignore[assignment]  # (reserved)
         try:
@@ -267,6 +269,8 @@ class KernelRuntime:
                 del self._kernels[kernel_id]
                 self._free_index.append(index)
             raise
+        finally:
+            self._launches.end()
         return k
 
     def _create(self, spec: KernelSpec, kernel_id: str, index: int, device: int, states: list,
@@ -565,6 +569,7 @@ class KernelRuntime:
 
     def _destroy_now(self, timeout: float) -> None:
         self._failover.sync_lost_devices(teardown=True)   # kernels of lost devices go without waits
+        self._launches.close(None if timeout == float("inf") else timeout)
         with self._lock:   # (those a destroy_kernel that gave up left stopped too)
             kernels = [k for k in self._kernels.values() if k is not None] + self._stopped
         for k in kernels:
