@@ -249,8 +249,7 @@ class Lifecycle:
         shader's engine, or for another thread's making of it (a prebuild warms it)."""
         extras, ctx = self.extras(device), self.rt._context(device)
         kind = self.crc_kind(ctx)
-        eng = extras.crc.get(kind)
-        if eng is not None:
+        if (eng := extras.crc.get(kind)) is not None:
             return eng
         deadline = Deadline(timeout)
         while not self._making_crc.acquire(timeout=deadline.slice()):   # (in slices: Ctrl-C lands)
