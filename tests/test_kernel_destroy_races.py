@@ -354,3 +354,18 @@ def test_a_staging_pass_of_a_move_racing_the_router_detach(method):
     rt.destroy child). A batch taken back since is no longer read: the move fails with
     MigrationError, and nothing waits on a destroyed semaphore."""
     assert run_child(STAGE_AFTER_DETACH, method) == "ok"
+
+
+def test_a_move_engine_asked_for_after_the_runtime_is_destroyed_is_refused(manager):
+    """A migration that asked for its pair's transfer engine after KernelRuntime.destroy()
+    took the engines got a new one that nothing freed until the manager's destroy."""
+    from vkmulti.kernels import MultiGpuCoordinator
+    from vkmulti.kernels.lifecycle.twin import MoveEngines
+
+    engines = MoveEngines(MultiGpuCoordinator.from_manager(manager), manager)
+    _, first = engines.get(0, 1)
+    assert engines.get(0, 1)[1] is first   # (kept for later moves)
+    engines.destroy(30)
+    assert first.destroyed
+    with pytest.raises(DestroyedError):
+        engines.get(0, 1)

@@ -113,12 +113,13 @@ class CrossDeviceTransfer:
                              f"expected one of {TransferMethod.ALL}")
 
     @property
-    def _destroyed(self) -> bool:
+    def destroyed(self) -> bool:
+        """Whether destroy() began (a destroyed transfer refuses new copies)."""
         return not self._life.open
 
     def __repr__(self) -> str:
         size = f", {self.width}x{self.height}x{self.bytes_per_pixel} B" if self.width and self.height else ""
-        state = ", destroyed" if self._destroyed else ""
+        state = ", destroyed" if self.destroyed else ""
         return (f"CrossDeviceTransfer(GPU {getattr(self.src, 'index', '?')} -> GPU {getattr(self.dst, 'index', '?')}, "
                 f"{self.method}{size}{state})")
 

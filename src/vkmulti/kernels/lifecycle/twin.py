@@ -21,7 +21,7 @@ import vulkan as vk
 
 from ..._core.checks import seconds_text, short_repr
 from ..._core.lifetime import Deadline
-from ...errors import DeviceLostError, MigrationError, TimeoutError as VkmTimeout, VkmError
+from ...errors import DestroyedError, DeviceLostError, MigrationError, TimeoutError as VkmTimeout, VkmError
 from ...memory.image import Buffer
 from ...transfer.cross_device import CrossDeviceTransfer
 from ...transfer.peer import ExportedBuffer
@@ -202,10 +202,13 @@ class MoveEngines:
         self._coordinator, self._manager = coordinator, manager
         self._engines: dict[tuple[int, int], tuple[str, CrossDeviceTransfer]] = {}
         self._lock = threading.Lock()   # a move and the background build may ask for one pair at once
+        self._closed = False   # destroy() took the engines: none is made after (it would not be freed)
 
     def get(self, a: int, b: int) -> tuple[str, CrossDeviceTransfer]:
-        """(method, engine) for copies from device `a` to device `b`."""
+        """(method, engine) for copies from device `a` to device `b`; DestroyedError after destroy()."""
         with self._lock:
+            if self._closed:
+                raise DestroyedError("KernelRuntime used after destroy(): no engine for a move is made")
             return self._get(a, b)
 
     def _get(self, a: int, b: int) -> tuple[str, CrossDeviceTransfer]:
@@ -216,7 +219,7 @@ class MoveEngines:
                 device_index = a
             method = select_transfer_method(_Src(), self._manager.capabilities, dst_index=b)
         cached = self._engines.get((a, b))
-        if cached is not None and cached[0] == method and not cached[1]._destroyed:
+        if cached is not None and cached[0] == method and not cached[1].destroyed:
             return cached
         eng = CrossDeviceTransfer(self._manager.slot(a), self._manager.slot(b), method)
         self._engines[(a, b)] = (method, eng)
@@ -225,7 +228,7 @@ class MoveEngines:
     def destroy(self, timeout: float) -> None:
         """Destroy the engines (the runtime's destroy())."""
         with self._lock:
-            engines, self._engines = self._engines, {}
+            engines, self._engines, self._closed = self._engines, {}, True
         for _, eng in engines.values():
             try:
                 eng.destroy(timeout)
