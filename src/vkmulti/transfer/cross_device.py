@@ -117,6 +117,8 @@ class CrossDeviceTransfer:
         """Whether destroy() began (a destroyed transfer refuses new copies)."""
         return not self._life.open
 
+    _destroyed = destroyed   # (the seed's spelling)
+
     def __repr__(self) -> str:
         size = f", {self.width}x{self.height}x{self.bytes_per_pixel} B" if self.width and self.height else ""
         state = ", destroyed" if self.destroyed else ""
