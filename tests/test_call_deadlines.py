@@ -164,3 +164,24 @@ def test_synchronize_reads_the_checkpoint_captures_within_what_is_left(runtime, 
     monkeypatch.undo()
     assert took < BOUND_S, f"synchronize({T}) took {took:.2f} s: each capture's wait got the whole timeout again"
     runtime.synchronize(30)
+
+
+def test_the_replay_logs_read_of_its_captures_waits_once_for_all_of_them():
+    """ReplayLog.materialize(wait=True, timeout=T): each capture's copy that did not finish
+    got T again (three of them: 3 T), instead of sharing one deadline."""
+    from types import SimpleNamespace
+
+    from vkmulti.kernels.lifecycle.replay_log import ReplayLog, _Capture
+
+    class HungCopy:
+        def wait(self, point, timeout):
+            time.sleep(timeout)
+            raise vkmulti.TimeoutError(f"replay copy: not done within {timeout:.3f} s")
+
+    log = ReplayLog(SimpleNamespace(rt=None, policy_state=None))
+    log.pending = [_Capture(0, object(), HungCopy(), SimpleNamespace(value=1), []) for _ in range(3)]
+    t0 = time.monotonic()
+    log.materialize(wait=True, timeout=T)
+    took = time.monotonic() - t0
+    assert took < BOUND_S, f"materialize(timeout={T}) took {took:.2f} s: each capture's wait got the whole timeout"
+    assert len(log.pending) == 3   # (kept for a later read)

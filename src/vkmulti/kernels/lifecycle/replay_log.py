@@ -36,6 +36,7 @@ import vulkan as vk
 
 from ..._core import vkapi
 from ..._core.checks import short_repr
+from ..._core.lifetime import Deadline
 from ...errors import DeviceLostError, TimeoutError as VkmTimeout, VkmError
 from ..engine import recording as cmds
 from ...memory.buffer import MappedBuffer
@@ -275,7 +276,8 @@ class ReplayLog:
                     drained: frozenset[int] = frozenset()) -> None:
         """Read the completed copies into the host log (all of them with `wait`; on the
         devices in `drained`, lost but known to have run all their submitted work, all
-        of them without asking the device)."""
+        of them without asking the device); `timeout` bounds the waits of all of them."""
+        deadline = Deadline(timeout)
         with self.lock:
             pending, self.pending = self.pending, []
         keep: list[_Capture] = []
@@ -289,7 +291,7 @@ class ReplayLog:
             if c.device not in drained:
                 try:
                     if wait:
-                        c.jobs.wait(c.point, timeout)
+                        c.jobs.wait(c.point, deadline.left())
                     elif c.jobs.completed() < c.point.value:
                         keep.append(c)
                         continue
