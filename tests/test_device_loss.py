@@ -451,3 +451,28 @@ def test_a_drain_after_one_that_gave_up_waits_for_its_fences_first():
         s1.native.destroy_timeline(gate.sem)
     finally:
         _bounded_destroy(mgr)
+
+
+def test_a_teardown_drain_that_meets_a_reported_loss_frees_its_fences_before_the_device(monkeypatch):
+    """destroy_logical_device: the driver reports the device lost part-way through the
+    drain; the fences the drain had submitted were added to the slot's pending list and
+    the device destroyed under them (a fence leaked, and a list entry for a destroyed
+    device). They go before the device now, with those already pending for it."""
+    import vulkan as vk
+    from vkmulti.device.logical import destroy_logical_device
+
+    mgr = MultiDeviceManager.create()
+    try:
+        s1 = mgr.slot(1)
+        fake = _ReportsLossAtTheSecondQueue(s1)
+        destroyed = []
+        real_destroy = vk.vkDestroyFence
+        monkeypatch.setattr(vk, "vkDestroyFence", lambda d, f, a: (destroyed.append(int(vk.ffi.cast("uintptr_t", f))),
+                                                                  real_destroy(d, f, a)))
+        device, queues = s1.device, s1.queues()
+        destroy_logical_device(device, fake, queues, 5.0, s1.pending_fences)
+        s1.device, s1.native = None, None   # (destroyed here: the manager's destroy skips it)
+        monkeypatch.undo()
+        assert s1.pending_fences == [] and destroyed == fake.fences
+    finally:
+        _bounded_destroy(mgr)

@@ -223,7 +223,9 @@ def destroy_logical_device(device: Any, native: Any, queues: Any, timeout: float
     The wait is an empty fenced submit per queue, bounded by `timeout` s in slices (Ctrl-C
     honoured), lock waits included: vkDeviceWaitIdle has no bound. vkmulti.TimeoutError
     keeps the device (call again once the work can finish); the fences still pending then
-    are appended to `pending` as (device, fence) pairs, to be waited and freed before it."""
+    are appended to `pending` as (device, fence) pairs, to be waited and freed before it.
+    Once the device's work is over (drained, or lost) its fences in `pending` are freed
+    with it."""
     if not native.lost:   # a lost device runs nothing more: its objects are destroyed as they are
         left: list[int] = []
         try:
@@ -231,6 +233,7 @@ def destroy_logical_device(device: Any, native: Any, queues: Any, timeout: float
         except DeviceLostError as exc:
             log.warning("device lost while waiting for it to go idle (%s); destroying it", exc)
             drained = True
+            pending = [] if pending is None else pending   # (its fences go with it, below)
         finally:
             if left and pending is not None:
                 pending.extend((device, _ffi.cast("VkFence", f)) for f in left)
@@ -238,6 +241,12 @@ def destroy_logical_device(device: Any, native: Any, queues: Any, timeout: float
             raise VkmTimeoutError(f"device {native.name!r} still runs work (or a queue's lock is held) after "
                                   f"{seconds_text(timeout)} s; it was not destroyed (call again once the work "
                                   f"can finish)")
+    if pending:   # (its work is over, drained or lost: fences of a destroyed device would dangle)
+        dev = handle_int(device, "VkDevice")
+        mine = [f for d, f in pending if handle_int(d, "VkDevice") == dev]
+        pending[:] = [(d, f) for d, f in pending if handle_int(d, "VkDevice") != dev]
+        for fence in mine:
+            vk.vkDestroyFence(device, fence, None)
     native.release(destroyed=True)
     vk.vkDestroyDevice(device, None)
 
