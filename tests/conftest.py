@@ -105,18 +105,22 @@ def repr_guard():
         pytest.fail("long reprs or object dumps:\n" + "\n".join(dict.fromkeys(found)))
 
 
+import lock_order  # noqa: E402
+
+lock_order.install()   # (before any fixture makes a runtime or a device slot)
+
+
 @pytest.fixture(autouse=True)
 def lock_order_guard():
-    """Fail the test if a thread took a device lock while holding a higher device's (lock_order.py)."""
-    import lock_order
-
-    lock_order.install()
+    """Fail the test if a thread took locks in an order that closes a cycle of lock classes,
+    or a device lock while holding a higher device's (lock_order.py: the edges persist
+    across tests, so the test that closes a cycle fails, with both orders' stacks)."""
     del lock_order.problems[:]
     yield
     if lock_order.problems:
         found = lock_order.problems[:2]
         del lock_order.problems[:]
-        pytest.fail("device locks taken out of order (a deadlock waiting to happen):\n" + "\n".join(found))
+        pytest.fail("locks taken out of order (a deadlock waiting to happen):\n" + "\n".join(found))
 
 
 @pytest.fixture(autouse=True)

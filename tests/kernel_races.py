@@ -241,7 +241,7 @@ def child() -> None:
 
 def child_done() -> None:
     """A child process's end: no validation error (leaks included), no device lock taken
-    out of order (lock_order.py), then "ok"."""
+    out of order (lock_order.py: no cycle of lock classes), then "ok"."""
     from vkmulti.device.instance import drain_all_validation_messages
 
     import lock_order
@@ -250,7 +250,7 @@ def child_done() -> None:
     if errors:
         sys.exit("validation errors:\n" + "\n".join(errors[:3]))
     if lock_order.problems:
-        sys.exit("device locks taken out of order (a deadlock waiting to happen):\n" + "\n".join(lock_order.problems[:2]))
+        sys.exit("locks taken out of order (a deadlock waiting to happen):\n" + "\n".join(lock_order.problems[:2]))
     print("ok", flush=True)
 
 
