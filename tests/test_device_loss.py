@@ -405,22 +405,29 @@ class _ReportsLossAtTheSecondQueue:
         raise DeviceLostError(-4, "vkQueueSubmit(teardown drain)", "the driver reported the device lost")
 
 
+def _spy_fence_destroys(monkeypatch):
+    """The handles vkDestroyFence is called with from here on (it still destroys them)."""
+    import vulkan as vk
+
+    destroyed = []
+    real_destroy = vk.vkDestroyFence
+    monkeypatch.setattr(vk, "vkDestroyFence", lambda d, f, a: (destroyed.append(int(vk.ffi.cast("uintptr_t", f))),
+                                                              real_destroy(d, f, a)))
+    return destroyed
+
+
 def test_a_drain_that_meets_a_reported_loss_frees_the_fences_it_made(monkeypatch):
     """The driver reports the device lost part-way through a drain: the fences the drain
     had submitted were left pending with the slot (the teardown waited on them again, and
     a drain of a device destroyed meanwhile leaked them), though the driver's work is over
     once it reported the loss. They are freed with the DeviceLostError now."""
-    import vulkan as vk
     from vkmulti.device.logical import drain_through_driver
 
     mgr = MultiDeviceManager.create()
     try:
         s1 = mgr.slot(1)
         fake = _ReportsLossAtTheSecondQueue(s1)
-        destroyed = []
-        real_destroy = vk.vkDestroyFence
-        monkeypatch.setattr(vk, "vkDestroyFence", lambda d, f, a: (destroyed.append(int(vk.ffi.cast("uintptr_t", f))),
-                                                                  real_destroy(d, f, a)))
+        destroyed = _spy_fence_destroys(monkeypatch)
         monkeypatch.setattr(s1, "native", fake)
         with pytest.raises(DeviceLostError):
             drain_through_driver(s1, 5.0)
@@ -458,17 +465,13 @@ def test_a_teardown_drain_that_meets_a_reported_loss_frees_its_fences_before_the
     drain; the fences the drain had submitted were added to the slot's pending list and
     the device destroyed under them (a fence leaked, and a list entry for a destroyed
     device). They go before the device now, with those already pending for it."""
-    import vulkan as vk
     from vkmulti.device.logical import destroy_logical_device
 
     mgr = MultiDeviceManager.create()
     try:
         s1 = mgr.slot(1)
         fake = _ReportsLossAtTheSecondQueue(s1)
-        destroyed = []
-        real_destroy = vk.vkDestroyFence
-        monkeypatch.setattr(vk, "vkDestroyFence", lambda d, f, a: (destroyed.append(int(vk.ffi.cast("uintptr_t", f))),
-                                                                  real_destroy(d, f, a)))
+        destroyed = _spy_fence_destroys(monkeypatch)
         device, queues = s1.device, s1.queues()
         destroy_logical_device(device, fake, queues, 5.0, s1.pending_fences)
         s1.device, s1.native = None, None   # (destroyed here: the manager's destroy skips it)
