@@ -228,6 +228,7 @@ def child() -> None:
     import faulthandler
 
     os.environ["VKMULTI_VALIDATION"] = "1"
+    faulthandler.enable()   # (a crash shows every thread's stack)
     hang = float(os.environ.get("VKMULTI_CHILD_HANG_S", "0"))
     if hang > 0:
         faulthandler.dump_traceback_later(hang, exit=True)

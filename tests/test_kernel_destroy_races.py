@@ -38,7 +38,7 @@ def run_child(source: str, *args: str, timeout: float = 240) -> str:
                               timeout=timeout, env=env)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the child hung ({timeout} s):\n{str(exc.stdout)[-3000:]}\n{str(exc.stderr)[-3000:]}")
-    dump = done.stderr.find("Timeout (")   # (the child's hang dump: every thread's stack)
+    dump = max(done.stderr.find("Timeout ("), done.stderr.find("Fatal Python error"))   # (every thread's stack)
     err = done.stderr[dump:dump + 20000] if dump >= 0 else done.stderr[-4000:]
     assert done.returncode == 0, f"rc {done.returncode}\n{done.stdout[-4000:]}\n{err}"
     return done.stdout.strip().splitlines()[-1]
