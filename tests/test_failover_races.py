@@ -226,3 +226,34 @@ def test_the_failover_drain_waits_for_the_fences_a_drain_that_gave_up_left():
             gate.open()
         assert drain_through_driver(s1, 20.0) and s1.pending_fences == []
         s1.native.destroy_timeline(gate.sem)
+
+
+def test_a_restore_into_a_kernel_of_a_reported_lost_gpu_frees_nothing_its_driver_still_runs():
+    """GPU 1 reported lost (the driver keeps running what it was given) while its
+    last step still waits behind a gate, then restore(cp, into=k) before any failover:
+    k comes back on GPU 0. The half k left on GPU 1 was freed at once (its descriptor
+    sets under that step: VUID-vkFreeDescriptorSets-pDescriptorSets-00309, its buffers
+    on the ready-twin thread); now what it left goes once the driver ran GPU 1's work."""
+    from gates import Gate
+
+    with _Runtime(CheckpointPolicy()) as r:
+        r.add(1)
+        cp = r.rt.checkpoint(r.k, timeout=10)
+        s1 = r.mgr.slot(1)
+        gate = Gate(s1)
+        try:
+            for q in s1.queues():
+                gate.hold(q)
+            r.rt.send(r.k, struct.pack("<I", 2), tag=COUNTER_TAG_ADD)
+            r.rt.step()   # queued behind the gate
+            r.mgr.report_device_lost(1, "test")
+            k = r.rt.restore(cp, into=r.k, timeout=10)
+            assert k is r.k and k.device_index == 0
+        finally:
+            gate.open()
+        r.rt.step().wait(10)
+        read_counter(r.rt.read_state(r.k, timeout=10))
+        r.rt.synchronize(10)
+        from vkmulti.device.logical import drain_through_driver
+        assert drain_through_driver(s1, 20.0)
+        s1.native.destroy_timeline(gate.sem)

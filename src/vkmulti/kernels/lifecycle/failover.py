@@ -183,9 +183,10 @@ class Failover:
             self._drop_lost_kernel(k, d)
         if pair is not None:
             ctx, stepper = pair
-            stepper.inflight.clear()   # never harvested: the device runs nothing more
-            for _, s in stepper.retired:
-                ctx.free_set(s)
+            stepper.inflight.clear()   # never harvested
+            if drained:   # (else steps the driver still runs may use them: they go with the pools, in release())
+                for _, s in stepper.retired:
+                    ctx.free_set(s)
             stepper.retired = []
             stepper.batches.clear()
             ctx.retire()   # its objects outlive the failover: see release()

@@ -109,6 +109,7 @@ def _stage(life: LifecycleView, k: Kernel, deadline: float) -> tuple[Buffer | No
     ring = Buffer(ctx.slot, size)
     status = MappedBuffer(ctx.slot, 4 * _STATUS_WORDS * len(batches))
     sets: list[Any] = []
+    ran = True   # False from the pass's submit until its wait saw it done
     try:
         for b in batches:
             hook = getattr(b, "submitted", None)
@@ -144,7 +145,9 @@ def _stage(life: LifecycleView, k: Kernel, deadline: float) -> tuple[Buffer | No
                 raise MigrationError(f"messages landed for {short_repr(k.id)} were taken back by the K2K router "
                                      f"(detached) while they were staged; migrate it again")
             point = jobs.submit(record, waits, users=[ring, status, *(b.buffer for b in batches)])
+            ran = False
         jobs.wait(point, time_left(deadline, "the staging pass"))
+        ran = True
         counts = status.words[:_STATUS_WORDS * len(batches)].reshape(-1, _STATUS_WORDS)
         total = 0
         with ctx.lock:
@@ -167,9 +170,10 @@ def _stage(life: LifecycleView, k: Kernel, deadline: float) -> tuple[Buffer | No
         ring.destroy()
         raise
     finally:
-        with ctx.lock:
-            for s in sets:
-                ctx.free_set(s)
+        if ran:   # (else the pass may still run, as on a reported loss: its sets go with the context's pools)
+            with ctx.lock:
+                for s in sets:
+                    ctx.free_set(s)
         status.destroy()
     if total == 0:
         ring.destroy()

@@ -22,8 +22,8 @@ reload asks for the kernel's twins (the pipeline the reload built there ahead
 and a descriptor set of it: no buffer is freed or made while the steps go
 on); any other is freed. A ready twin holds no local slot of its device (take()
 gives it one), so it never counts against the kernels a device can run.
-The thread also destroys the buffers a failover's restore left on a lost
-device (`free_later`), off the restore's path.
+The thread also destroys what a restore left on a lost device (`free_later`),
+off the restore's path, once that device's driver ran the work given it.
 """
 from __future__ import annotations
 
@@ -37,9 +37,11 @@ from typing import Any, Callable
 import numpy as np
 
 from ..._core.checks import check_count, is_int
+from ..._core.lifetime import Deadline
 from ...errors import DestroyedError, DeviceLostError, VkmError
 from ...transfer.peer import ExportedBuffer
 from ..engine.kernel import Kernel
+from ..engine.gpu_jobs import driver_ran
 from ..engine.prebuild import join_worker, lower_priority
 from ..reload.swap import BUILD_WAIT, kernel_set, put_pass
 from .twin import (LifecycleView, Retired, build_twin, free_retired, free_twin, twin_buffer_sizes,
@@ -51,9 +53,28 @@ __all__ = ["ReadyTwins", "DEFAULT_TWIN_BYTES", "TAKE_WAIT"]
 
 #: ReadyTwins.limit_bytes by default: per device, the most bytes of ready twins' buffers
 DEFAULT_TWIN_BYTES = 256 << 20
+#: s: the longest the thread waits for a lost device's driver before freeing what a kernel left there
+LOST_FREE_WAIT = 30.0
 _IDLE_WAIT = 1.0   # s: how often the idle thread looks for twins gone stale
 #: s: the longest a move waits for the build of its twin that runs (then it builds its own)
 TAKE_WAIT = 5.0
+
+
+def free_lost(rt: Any, item: Retired, timeout: float | None = LOST_FREE_WAIT) -> None:
+    """Free what a kernel left on a lost device once its driver ran the work given it
+    (a reported loss leaves it running: steps may still use the sets and buffers),
+    waited for up to `timeout` s; else they stay for the device's teardown. The sets
+    stay with their pools (freed with the context) once the failover retired it."""
+    ctx = item.ctx
+    if not driver_ran(ctx.slot, Deadline(timeout)):
+        log.warning("GPU %d still runs work given it before its loss: what a moved kernel left there stays until "
+                    "the device goes", ctx.index)
+        return
+    with ctx.lock:
+        for s in item.sets if ctx.alive else ():
+            ctx.free_set(s)
+    item.sets = []
+    free_retired(rt, item)
 
 
 def _twin_bytes(life: LifecycleView, k: Kernel, ctx: Any) -> int:
@@ -172,7 +193,7 @@ class ReadyTwins:
                 self._frees.append(item)
                 self._start()
                 return
-        free_retired(self._life.rt, item)
+        free_lost(self._life.rt, item)
 
     def _enqueue(self, kernel: Kernel, half: Kernel | None, size: int = 0) -> None:
         with self._cond:
@@ -258,7 +279,7 @@ class ReadyTwins:
             try:
                 if job is None:
                     for item in frees:
-                        free_retired(self._life.rt, item)
+                        free_lost(self._life.rt, item)
                 else:
                     self._work(*job)
             finally:
@@ -434,7 +455,8 @@ class ReadyTwins:
             self._frees.clear()
             self._cond.notify_all()
             thread = self._thread
+        deadline = time.monotonic() + timeout
         join_worker(thread, timeout, "the ready-twin thread")
         for item in frees:
-            free_retired(self._life.rt, item)
+            free_lost(self._life.rt, item, max(0.0, deadline - time.monotonic()))
         self._free(queued + self._pop_all())

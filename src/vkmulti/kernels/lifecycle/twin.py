@@ -192,6 +192,7 @@ class Retired:
     buffers: list[Any]
     batches: list[Any] = field(default_factory=list)   # batches that must be done first
     handle: int | None = None                          # an outbox whose receivers' sets go too
+    sets: list[Any] = field(default_factory=list)      # a lost device's: freed once its driver ran its work
 
 
 class MoveEngines:
@@ -395,19 +396,19 @@ def retire_half(life: LifecycleView, half: Kernel, lost: bool) -> None:
     pending = [] if lost or stepper is None else \
         [b for b in stepper.batches if isinstance(b, OutboxBatch) and b.buffer is outbox and not b.done]
     keep = [] if lost else [outbox]
+    sets = half.sets + list(half.deliver_sets.values())
     try:
         with ctx.lock:
-            for s in half.sets + list(half.deliver_sets.values()):
-                if ctx.alive:
-                    ctx.free_set(s)
+            for s in sets if ctx.alive and not lost else ():
+                ctx.free_set(s)
             half.sets, half.deliver_sets = [], {}
             ctx.let_go(half.residency)   # (its pipeline: kept while kernels that may run here have its code)
             if half.local_slot >= 0:
                 if ctx.local[half.local_slot] is half:
                     ctx.release_local_slot(half.local_slot)
                 half.local_slot = -1
-        if lost:
-            life.twins.free_later(Retired(ctx, half.buffers))
+        if lost:   # (a reported loss: the driver may still run the steps that used them)
+            life.twins.free_later(Retired(ctx, half.buffers, sets=sets))
         else:
             for b in half.buffers:
                 if b is outbox:
