@@ -232,8 +232,8 @@ def test_a_restore_into_a_kernel_of_a_reported_lost_gpu_frees_nothing_its_driver
     """GPU 1 reported lost (the driver keeps running what it was given) while its
     last step still waits behind a gate, then restore(cp, into=k) before any failover:
     k comes back on GPU 0. The half k left on GPU 1 was freed at once (its descriptor
-    sets under that step: VUID-vkFreeDescriptorSets-pDescriptorSets-00309, its buffers
-    on the ready-twin thread); now what it left goes once the driver ran GPU 1's work."""
+    sets under that step: VUID-vkFreeDescriptorSets-pDescriptorSets-00309); now what it
+    left (sets and buffers) goes on the ready-twin thread once the driver ran GPU 1's work."""
     from gates import Gate
 
     with _Runtime(CheckpointPolicy()) as r:
@@ -247,10 +247,13 @@ def test_a_restore_into_a_kernel_of_a_reported_lost_gpu_frees_nothing_its_driver
             r.rt.send(r.k, struct.pack("<I", 2), tag=COUNTER_TAG_ADD)
             r.rt.step()   # queued behind the gate
             r.mgr.report_device_lost(1, "test")
+            left = list(r.k.buffers)
             k = r.rt.restore(cp, into=r.k, timeout=10)
             assert k is r.k and k.device_index == 0
         finally:
             gate.open()
+        assert r.rt.ready_twins.wait_idle(30)
+        assert all(b.destroyed for b in left)
         r.rt.step().wait(10)
         read_counter(r.rt.read_state(r.k, timeout=10))
         r.rt.synchronize(10)
