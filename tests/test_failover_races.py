@@ -260,3 +260,48 @@ def test_a_restore_into_a_kernel_of_a_reported_lost_gpu_frees_nothing_its_driver
         from vkmulti.device.logical import drain_through_driver
         assert drain_through_driver(s1, 20.0)
         s1.native.destroy_timeline(gate.sem)
+
+
+def test_a_step_does_not_record_a_kernel_a_restore_moved_off_its_gpu_while_it_waited_for_room():
+    """A step on GPU 1 lets the device lock go while it waits for room (make_room);
+    meanwhile GPU 1 is reported lost and restore(cp, into=k) moves k to GPU 0 (no gate:
+    its source is lost). The step recorded k on GPU 1 all the same, with GPU 0's
+    buffers (the child died of SIGSEGV in the native record); now it leaves k out.
+    In a child process (run_child): a crash ends only the child."""
+    from test_kernel_destroy_races import run_child
+
+    assert run_child("import test_failover_races as t; t.step_racing_a_restore_off_a_lost_gpu()") == "ok"
+
+
+def step_racing_a_restore_off_a_lost_gpu() -> None:
+    """The child's part of the test above."""
+    with _Runtime(CheckpointPolicy()) as r:
+        r.add(1)
+        cp = r.rt.checkpoint(r.k, timeout=10)
+        ctx, stepper = r.rt._contexts[1]
+        waiting, go = threading.Event(), threading.Event()
+        real = stepper.make_room
+
+        def make_room(kernels, deadline):   # as a wait for room does: the lock let go meanwhile
+            real(kernels, deadline)
+            ctx.lock.release()
+            try:
+                waiting.set()
+                assert go.wait(20)
+            finally:
+                ctx.lock.acquire()
+        stepper.make_room = make_room
+        out: list = []
+        t = threading.Thread(target=lambda: out.append(r.rt.step(r.k, timeout=20)))
+        t.start()
+        try:
+            assert waiting.wait(20)
+            r.mgr.report_device_lost(1, "test")
+            assert r.rt.restore(cp, into=r.k, timeout=10).device_index == 0
+        finally:
+            go.set()
+            t.join(30)
+        assert not t.is_alive()
+        assert not out or all(k is not r.k or k.device_index == 0 for k in out[0].launched)
+        r.rt.step().wait(10)
+        r.rt.synchronize(10)

@@ -264,6 +264,10 @@ class DeviceStepper:
         d = self.ctx.in_flight
         launched, deferred = [], []
         for k in kernels:
+            # (moved or freed while the lock was let go for room: a restore from a lost GPU takes no turn)
+            if k.destroyed or k.ctx is not self.ctx:
+                deferred.append((k, "moved off this GPU (or freed) while the step waited"))
+                continue
             old = k.residency.outbox_batches[k.steps % d]
             if old is not None and not old.done:
                 deferred.append((k, "outbox: messages of an earlier step still wait for room in local inboxes"))
