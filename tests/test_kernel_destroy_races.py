@@ -211,6 +211,7 @@ def test_a_migration_that_makes_gpu_jobs_while_the_runtime_is_destroyed(manager,
         return jobs
     monkeypatch.setattr(lifecycle, "GpuJobs", tracked)
     rt = KernelRuntime(make_coordinator(manager), manager)
+    rt.prebuild.devices = ()   # (the background build would make the jobs first, and the mover never pause)
     k = counter(rt, "k", 1)
     rt.step(k)
     paused, go = threading.Event(), threading.Event()
