@@ -157,9 +157,11 @@ class ExportedBuffer(Buffer):
             self._imports = {k: v for k, v in self._imports.items() if not v.destroyed}
 
     def destroy(self, timeout: float | None = 30.0) -> None:
-        """Destroy the imports (each once the GPU work tracked on it is done), then the buffer."""
-        self.destroy_imports(timeout)
-        super().destroy(timeout)
+        """Destroy the imports (each once the GPU work tracked on it is done), then the buffer,
+        within `timeout` s for all of it."""
+        deadline = Deadline(timeout)
+        self.destroy_imports(deadline.left())
+        super().destroy(deadline.left())
 
     def __repr__(self) -> str:
         state = "destroyed" if self.handle is None else f"{self.size} B, imported on {sorted(self._imports)}"

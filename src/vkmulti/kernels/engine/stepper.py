@@ -391,7 +391,7 @@ class DeviceStepper:
         if any(rec.quiet != shape for rec in self.inflight):   # (every step in flight done and read back first)
             if not wait:
                 return None
-            self._wait_for(lambda: self.inflight[-1].value if self.inflight else 0, deadline)
+            self.read_back_for_quiet(kernels, deadline)
         else:
             self.harvest()
         ctx.check()

@@ -455,8 +455,8 @@ class ReadyTwins:
             self._frees.clear()
             self._cond.notify_all()
             thread = self._thread
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         join_worker(thread, timeout, "the ready-twin thread")
         for item in frees:
-            free_lost(self._life.rt, item, max(0.0, deadline - time.monotonic()))
+            free_lost(self._life.rt, item, deadline.left())
         self._free(queued + self._pop_all())

@@ -22,7 +22,9 @@ from ..engine.spec import KernelSpec
 from ..engine.stepper import DeviceStepper
 from ..lifecycle.image import staged_copies
 
-__all__ = ["initial_state", "place", "device_pair", "check_fits", "init_buffers"]
+__all__ = ["initial_state", "place", "Launches", "device_pair", "check_fits", "init_buffers"]
+
+log = logging.getLogger(__name__)
 
 
 def initial_state(spec: KernelSpec, state: Any) -> list[np.ndarray | None]:
@@ -71,9 +73,6 @@ def place(coordinator: Any, device_count: int, kernel_id: str, device: int | Non
         raise ValueError(f"the coordinator chose device {short_repr(idx)}, which the manager does not have "
                          f"({device_count} device(s))")
     return idx
-
-
-log = logging.getLogger(__name__)
 
 
 class Launches:
